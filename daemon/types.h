@@ -1,0 +1,67 @@
+// Plain value types shared by kregd's components. No behaviour beyond
+// formatting; validation lives in validate.h.
+#ifndef KREGD_DAEMON_TYPES_H_
+#define KREGD_DAEMON_TYPES_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <tuple>
+
+namespace kreg {
+
+enum class Platform { kCpu, kCuda };
+
+// "cpu" or "cuda" (the canonical spelling).
+const char* PlatformName(Platform platform);
+
+// Key of the registry, as in XLA's own registry.
+struct TargetKey {
+  std::string name;
+  Platform platform;
+  bool operator<(const TargetKey& o) const {
+    return std::tie(name, platform) < std::tie(o.name, o.platform);
+  }
+  bool operator==(const TargetKey& o) const {
+    return name == o.name && platform == o.platform;
+  }
+};
+
+// Who is on the other end of a Unix socket (SO_PEERCRED).
+struct PeerCred {
+  uid_t uid = static_cast<uid_t>(-1);
+  gid_t gid = static_cast<gid_t>(-1);
+  pid_t pid = 0;
+};
+
+// What the XLA FFI metadata call reported about a handler.
+struct HandlerInfo {
+  uint32_t api_major = 0;
+  uint32_t api_minor = 0;
+  uint32_t traits = 0;
+  int64_t state_type_id = 0;
+};
+
+// One accepted registration. Immutable once in the registry.
+struct TargetEntry {
+  TargetKey key;
+  std::string func_name;
+  std::string content_id;     // what idempotency compares
+  std::string module_digest;  // "sha256:<hex>", the store key
+  uint64_t module_size = 0;
+  HandlerInfo handler_info;
+  PeerCred registered_by;
+  int64_t registered_at_us = 0;
+  std::string origin;  // "path:<p>" or "upload:<n> bytes"
+  // The resolved handler (XLA_FFI_Handler*) in the daemon's copy of the
+  // module; null until loaded. Never unloaded.
+  void* handler = nullptr;
+};
+
+using EntryPtr = std::shared_ptr<const TargetEntry>;
+
+}  // namespace kreg
+
+#endif  // KREGD_DAEMON_TYPES_H_

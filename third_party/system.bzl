@@ -1,0 +1,93 @@
+"""Makes Debian's system libraries, jaxlib's XLA FFI headers and the CUDA
+toolkit visible to Bazel as @system//:<name> targets (offline, no fetches)."""
+
+def _pkg_config(ctx, args):
+    res = ctx.execute(["pkg-config"] + args)
+    if res.return_code != 0:
+        fail("pkg-config %s failed: %s\nRun the README's setup command to install the Debian packages." % (" ".join(args), res.stderr))
+    return [f for f in res.stdout.strip().split(" ") if f]
+
+def _find_python(ctx):
+    env = ctx.os.environ.get("KREG_PYTHON")
+    if env:
+        return env
+    venv = ctx.path(Label("//:WORKSPACE")).dirname.get_child(".venv").get_child("bin").get_child("python")
+    if venv.exists:
+        return str(venv)
+    return "python3"
+
+def _system_deps_impl(ctx):
+    python = _find_python(ctx)
+    res = ctx.execute([python, "-c", "import jax.ffi, jaxlib; print(jax.ffi.include_dir()); print(jaxlib.__version__)"])
+    if res.return_code != 0:
+        fail(("jaxlib's XLA FFI headers were not found with %s (%s).\n" +
+              "Install them with: %s -m pip install jax==0.11.2 jaxlib==0.11.2 " +
+              "(or set KREG_PYTHON to a Python that has them).") % (python, res.stderr.strip(), python))
+    include_dir, jaxlib_version = res.stdout.strip().split("\n")
+    ctx.symlink(include_dir, "xla_include")
+
+    grpc = _pkg_config(ctx, ["--libs", "grpc++", "protobuf"])
+    spdlog_cflags = _pkg_config(ctx, ["--cflags", "spdlog"])
+    spdlog_libs = _pkg_config(ctx, ["--libs", "spdlog"])
+    systemd = _pkg_config(ctx, ["--libs", "libsystemd"])
+    crypto = _pkg_config(ctx, ["--libs", "libcrypto"])
+
+    nvcc = ctx.which("nvcc")
+    if not nvcc and ctx.path("/usr/local/cuda/bin/nvcc").exists:
+        nvcc = ctx.path("/usr/local/cuda/bin/nvcc")
+    cuda_root = str(nvcc.dirname.dirname) if nvcc else ""
+    if cuda_root:
+        ctx.symlink(cuda_root, "cuda")
+
+    ctx.file("defs.bzl", "\n".join([
+        "HAS_CUDA = %s" % ("True" if cuda_root else "False"),
+        "NVCC = %r" % (str(nvcc) if nvcc else ""),
+        "PYTHON = %r" % python,
+        "JAXLIB_VERSION = %r" % jaxlib_version,
+        "",
+    ]))
+    ctx.file("BUILD", """
+package(default_visibility = ["//visibility:public"])
+
+cc_library(name = "grpc", linkopts = {grpc} + ["-lgrpc++_reflection"])
+
+cc_library(name = "spdlog", defines = {spdlog_defines}, linkopts = {spdlog_libs})
+
+cc_library(name = "systemd", linkopts = {systemd})
+
+cc_library(name = "crypto", linkopts = {crypto})
+
+cc_library(name = "catch2")
+
+cc_library(
+    name = "xla_ffi_headers",
+    hdrs = glob(["xla_include/xla/ffi/api/*.h"]),
+    includes = ["xla_include"],
+)
+
+cc_library(
+    name = "cuda_headers",
+    hdrs = glob(["cuda/include/**/*.h"]),
+    includes = ["cuda/include"],
+)
+
+cc_library(
+    name = "cudart",
+    deps = [":cuda_headers"],
+    linkopts = ["-L{cuda_root}/lib64", "-lcudart", "-lcuda"] if {has_cuda} else [],
+)
+""".format(
+        grpc = repr(grpc),
+        spdlog_defines = repr([f[2:] for f in spdlog_cflags if f.startswith("-D")]),
+        spdlog_libs = repr(spdlog_libs),
+        systemd = repr(systemd),
+        crypto = repr(crypto),
+        cuda_root = cuda_root,
+        has_cuda = "True" if cuda_root else "False",
+    ))
+
+system_deps = repository_rule(
+    implementation = _system_deps_impl,
+    environ = ["KREG_PYTHON", "PATH"],
+    local = True,
+)
