@@ -1,0 +1,101 @@
+// The (target_name, platform) -> handler registry of kregd (DESIGN §2).
+#ifndef KREGD_DAEMON_REGISTRY_H_
+#define KREGD_DAEMON_REGISTRY_H_
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/types.h"
+
+namespace kreg {
+
+// A validated registration request (see validate.h for the edge checks).
+struct RegisterArgs {
+  TargetKey key;
+  std::string func_name;
+  std::string content_id;  // empty: "sha256:<hex>" of module_bytes
+  std::string module_bytes;
+  std::string origin;  // "path:<p>" or "upload:<n> bytes"
+  PeerCred peer;
+  bool replace = false;
+};
+
+struct RegisterOutcome {
+  bool created = false;  // false: identical registration existed (no-op)
+  EntryPtr entry;
+};
+
+// Loads and checks handlers for the registry; implemented by ModuleLoader
+// over the module store, faked in unit tests.
+class HandlerLoader {
+ public:
+  virtual ~HandlerLoader() = default;
+  // Stores `bytes` (if new) and returns their digest "sha256:<hex>".
+  // INTERNAL on I/O failure.
+  virtual absl::StatusOr<std::string> Store(const std::string& bytes) = 0;
+  // Checks (out of process) that `func_name` in the stored module is an XLA
+  // FFI handler the daemon can host. INVALID_ARGUMENT/NOT_FOUND otherwise.
+  virtual absl::StatusOr<HandlerInfo> Probe(const std::string& digest,
+                                            const std::string& func_name) = 0;
+  // dlopens the store copy (kept loaded forever) and resolves `func_name`.
+  virtual absl::StatusOr<void*> Load(const std::string& digest,
+                                     const std::string& func_name) = 0;
+};
+
+// Durable log of accepted registrations; implemented by Journal.
+class RegistrationLog {
+ public:
+  virtual ~RegistrationLog() = default;
+  // Appends and fsyncs. The registration is acknowledged only after OK.
+  virtual absl::Status Append(const TargetEntry& entry) = 0;
+};
+
+// Thread-safe. The whole check-and-register sequence is atomic: concurrent
+// identical registrations give one load and N successes, conflicting ones
+// exactly one winner. Entries are never removed.
+class Registry {
+ public:
+  // `loader` and `log` must outlive the registry.
+  Registry(HandlerLoader* loader, RegistrationLog* log);
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
+  // OK with created=true (new), OK with created=false (identical no-op),
+  // FAILED_PRECONDITION (content change under an existing key; the message
+  // names both identities and the remedy), or the loader's/log's error.
+  absl::StatusOr<RegisterOutcome> Register(const RegisterArgs& args);
+
+  // Re-inserts a journaled entry at start-up (loads its module again).
+  // A second record for the same key with other content is refused exactly
+  // like a live registration.
+  absl::Status Restore(const TargetEntry& entry);
+
+  // Null when absent.
+  EntryPtr Lookup(const TargetKey& key) const;
+  std::vector<EntryPtr> List() const;
+  // Every platform registered under `name`.
+  std::vector<EntryPtr> Find(const std::string& name) const;
+
+  uint64_t refused() const { return refused_.load(); }
+
+ private:
+  absl::Status CheckSame(const TargetEntry& existing, const std::string& cid,
+                         const std::string& func_name, bool replace) const;
+
+  HandlerLoader* const loader_;
+  RegistrationLog* const log_;
+  // Serialises check-load-journal-insert; never held by readers.
+  absl::Mutex register_mu_;
+  mutable absl::Mutex mu_;
+  std::map<TargetKey, EntryPtr> entries_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> refused_{0};
+};
+
+}  // namespace kreg
+
+#endif  // KREGD_DAEMON_REGISTRY_H_
