@@ -27,11 +27,11 @@ using AttrList = std::vector<std::pair<std::string, Attr>>;
 struct Attr {
   enum class Kind { kScalar, kArray, kString, kDict };
   Kind kind = Kind::kScalar;
-  int32_t dtype = 0;   // kScalar, kArray: XLA_FFI_DataType value
-  std::string bytes;   // kScalar: the value; kArray: packed elements;
-                       // kString: the characters
-  int64_t count = 0;   // kArray: number of elements
-  AttrList dict;       // kDict
+  int32_t dtype = 0;  // kScalar, kArray: XLA_FFI_DataType value
+  std::string bytes;  // kScalar: the value; kArray: packed elements;
+                      // kString: the characters
+  int64_t count = 0;  // kArray: number of elements
+  AttrList dict;      // kDict
 };
 
 struct LaunchFrame {

@@ -45,6 +45,10 @@ class HandlerLoader {
   // dlopens the store copy (kept loaded forever) and resolves `func_name`.
   virtual absl::StatusOr<void*> Load(const std::string& digest,
                                      const std::string& func_name) = 0;
+  // Like Load, for a journaled entry at start-up: first verifies that the
+  // store file still has the digest (DATA_LOSS otherwise).
+  virtual absl::StatusOr<void*> LoadStored(const std::string& digest,
+                                           const std::string& func_name) = 0;
 };
 
 // Durable log of accepted registrations; implemented by Journal.
@@ -71,8 +75,10 @@ class Registry {
   absl::StatusOr<RegisterOutcome> Register(const RegisterArgs& args);
 
   // Re-inserts a journaled entry at start-up (loads its module again).
-  // A second record for the same key with other content is refused exactly
-  // like a live registration.
+  // If the module cannot be loaded (e.g. DATA_LOSS: corrupt store file) the
+  // entry is still inserted, without a handler, so the name stays reserved;
+  // an identical re-registration repairs it. A second record for the same
+  // key with other content is refused exactly like a live registration.
   absl::Status Restore(const TargetEntry& entry);
 
   // Null when absent.

@@ -56,8 +56,10 @@ struct TargetEntry {
   int64_t registered_at_us = 0;
   std::string origin;  // "path:<p>" or "upload:<n> bytes"
   // The resolved handler (XLA_FFI_Handler*) in the daemon's copy of the
-  // module; null until loaded. Never unloaded.
+  // module; null when the module could not be loaded at start-up (then
+  // `unavailable` says why). Never unloaded.
   void* handler = nullptr;
+  std::string unavailable;
 };
 
 using EntryPtr = std::shared_ptr<const TargetEntry>;

@@ -1,0 +1,133 @@
+#include "daemon/config.h"
+
+#include <climits>
+#include <cstdlib>
+#include <iostream>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "toml++/toml.h"
+
+namespace kreg {
+namespace {
+
+std::string EnvOr(const char* name, const std::string& suffix,
+                  const std::string& fallback) {
+  const char* v = std::getenv(name);
+  if (v != nullptr && v[0] == '/') return std::string(v) + suffix;
+  return fallback;
+}
+
+absl::Status ApplyToml(const std::string& path, Config* c) {
+  toml::table t;
+  try {
+    t = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config file ", path, ": ", std::string(e.description()),
+                     " at line ", e.source().begin.line));
+  }
+  for (const auto& [key, value] : t) {
+    std::string k(std::string(key.str()));
+    auto bad = [&](const char* want) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config file ", path, ": key \"", k, "\" must be ", want));
+    };
+    if (k == "socket" || k == "state_dir" || k == "socket_group" ||
+        k == "log_level" || k == "probe_binary") {
+      auto s = value.value<std::string>();
+      if (!s) return bad("a string");
+      if (k == "socket") c->socket_path = *s;
+      if (k == "state_dir") c->state_dir = *s;
+      if (k == "socket_group") c->socket_group = *s;
+      if (k == "log_level") c->log_level = *s;
+      if (k == "probe_binary") c->probe_binary = *s;
+    } else if (k == "max_module_bytes" || k == "max_arena_bytes") {
+      auto n = value.value<int64_t>();
+      if (!n || *n <= 0) return bad("a positive integer");
+      (k == "max_module_bytes" ? c->max_module_bytes : c->max_arena_bytes) =
+          static_cast<uint64_t>(*n);
+    } else if (k == "allowed_roots") {
+      const toml::array* a = value.as_array();
+      if (a == nullptr) return bad("an array of directory paths");
+      for (const auto& e : *a) {
+        auto s = e.value<std::string>();
+        if (!s) return bad("an array of directory paths");
+        c->allowed_roots.push_back(*s);
+      }
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config file ", path, ": unknown key \"", k,
+          "\" (known: socket, state_dir, allowed_roots, max_module_bytes, "
+          "max_arena_bytes, socket_group, log_level, probe_binary)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string DefaultSocketPath() {
+  return EnvOr("XDG_RUNTIME_DIR", "/kregd/kregd.sock", "/run/kregd/kregd.sock");
+}
+
+std::string DefaultStateDir() {
+  return EnvOr("XDG_STATE_HOME", "/kregd", "/var/lib/kregd");
+}
+
+std::string SessionSocketPath(const std::string& grpc_socket_path) {
+  return grpc_socket_path + ".session";
+}
+
+absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now) {
+  *exit_now = false;
+  Config c;
+  std::string config_file, socket, state_dir, log_level;
+  std::vector<std::string> roots;
+  uint64_t max_module = 0;
+  CLI::App app{
+      "kregd: out-of-process kernel registry and executor for JAX's "
+      "XLA FFI"};
+  app.add_option("--config", config_file, "TOML config file");
+  app.add_option("--socket", socket, "gRPC Unix socket path")
+      ->default_str(DefaultSocketPath());
+  app.add_option("--state-dir", state_dir, "journal and module store")
+      ->default_str(DefaultStateDir());
+  app.add_option("--allow-root", roots,
+                 "directory the daemon may read module paths from "
+                 "(repeatable)");
+  app.add_option("--max-module-bytes", max_module, "largest module accepted");
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    std::cout << app.help();
+    *exit_now = true;
+    return c;
+  } catch (const CLI::ParseError& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(e.what(), "; run kregd --help for the flags"));
+  }
+  if (!config_file.empty()) {
+    absl::Status st = ApplyToml(config_file, &c);
+    if (!st.ok()) return st;
+  }
+  if (!socket.empty()) c.socket_path = socket;
+  if (!state_dir.empty()) c.state_dir = state_dir;
+  if (!log_level.empty()) c.log_level = log_level;
+  if (max_module != 0) c.max_module_bytes = max_module;
+  c.allowed_roots.insert(c.allowed_roots.end(), roots.begin(), roots.end());
+  if (c.socket_path.empty()) c.socket_path = DefaultSocketPath();
+  if (c.state_dir.empty()) c.state_dir = DefaultStateDir();
+  for (std::string& root : c.allowed_roots) {
+    char resolved[PATH_MAX];
+    if (::realpath(root.c_str(), resolved) == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "allowed root \"", root, "\" does not exist or cannot be resolved"));
+    }
+    root = resolved;
+  }
+  return c;
+}
+
+}  // namespace kreg

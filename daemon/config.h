@@ -1,0 +1,38 @@
+// kregd's configuration: embedded defaults, overridden by a TOML file, then
+// by command-line flags.
+#ifndef KREGD_DAEMON_CONFIG_H_
+#define KREGD_DAEMON_CONFIG_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace kreg {
+
+struct Config {
+  std::string socket_path;  // gRPC; the session socket is <path>.session
+  std::string state_dir;    // journal and modules/
+  std::vector<std::string> allowed_roots;
+  uint64_t max_module_bytes = 512ull << 20;
+  uint64_t max_arena_bytes = 4ull << 30;
+  std::string socket_group;  // empty: the daemon's group
+  std::string log_level = "info";
+  std::string probe_binary;  // empty: kregd-probe next to kregd
+};
+
+// $XDG_RUNTIME_DIR/kregd/kregd.sock or /run/kregd/kregd.sock.
+std::string DefaultSocketPath();
+// $XDG_STATE_HOME/kregd or /var/lib/kregd.
+std::string DefaultStateDir();
+// The session (data-plane) socket beside a gRPC socket.
+std::string SessionSocketPath(const std::string& grpc_socket_path);
+
+// Parses flags (and the --config TOML file they name). INVALID_ARGUMENT
+// with the offending flag, key or value. For --help, prints it and sets
+// `*exit_now`.
+absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now);
+
+}  // namespace kreg
+
+#endif  // KREGD_DAEMON_CONFIG_H_

@@ -1,0 +1,129 @@
+#include "daemon/grpc_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "daemon/target_proto.h"
+#include "daemon/validate.h"
+#include "google/rpc/status.pb.h"
+
+namespace kreg {
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+grpc::Status RefusalToGrpcStatus(const absl::Status& status,
+                                 const v1::KernelRegistrationError& error) {
+  google::rpc::Status rpc;
+  rpc.set_code(static_cast<int>(status.code()));
+  rpc.set_message(std::string(status.message()));
+  rpc.add_details()->PackFrom(error);
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()), rpc.SerializeAsString());
+}
+
+RegistryService::RegistryService(Registrar* registrar, Registry* registry,
+                                 PeerOf peer_of, StatusOf status_of)
+    : registrar_(registrar),
+      registry_(registry),
+      peer_of_(std::move(peer_of)),
+      status_of_(std::move(status_of)) {}
+
+grpc::Status RegistryService::RegisterTarget(
+    grpc::ServerContext* ctx, grpc::ServerReader<v1::RegisterTargetChunk>* in,
+    v1::RegisterTargetResponse* resp) {
+  v1::RegisterTargetChunk chunk;
+  if (!in->Read(&chunk) || !chunk.has_header()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "RegisterTarget: the first message must carry the "
+                        "header");
+  }
+  const v1::RegisterTargetHeader header = chunk.header();
+  const uint64_t limit = registrar_->policy().max_module_bytes;
+  std::string upload;
+  while (in->Read(&chunk)) {
+    if (!chunk.has_module_bytes()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "RegisterTarget: only the first message may carry "
+                          "a header");
+    }
+    if (upload.size() + chunk.module_bytes().size() > limit) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("uploaded module exceeds the limit of ",
+                                       limit, " bytes (max_module_bytes)"));
+    }
+    upload += chunk.module_bytes();
+  }
+  absl::StatusOr<RegisterOutcome> out =
+      registrar_->Register(header, std::move(upload), peer_of_(ctx->peer()));
+  if (!out.ok()) {
+    if (out.status().code() != absl::StatusCode::kFailedPrecondition) {
+      return ToGrpcStatus(out.status());
+    }
+    v1::KernelRegistrationError error;
+    error.set_target_name(header.target_name());
+    error.set_requested_content_id(header.content_id());
+    error.set_requested_func_name(header.func_name());
+    error.set_replace_requested(header.replace());
+    absl::StatusOr<Platform> platform = ParsePlatform(header.platform());
+    if (platform.ok()) {
+      error.set_platform(PlatformName(*platform));
+      if (EntryPtr existing =
+              registry_->Lookup({header.target_name(), *platform})) {
+        error.set_existing_content_id(existing->content_id);
+        error.set_existing_func_name(existing->func_name);
+      }
+    }
+    return RefusalToGrpcStatus(out.status(), error);
+  }
+  resp->set_created(out->created);
+  *resp->mutable_target() = ToProto(*out->entry);
+  return grpc::Status::OK;
+}
+
+grpc::Status RegistryService::ListTargets(grpc::ServerContext*,
+                                          const v1::ListTargetsRequest*,
+                                          v1::ListTargetsResponse* resp) {
+  for (const EntryPtr& e : registry_->List()) {
+    *resp->add_targets() = ToProto(*e);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status RegistryService::GetTarget(grpc::ServerContext*,
+                                        const v1::GetTargetRequest* req,
+                                        v1::GetTargetResponse* resp) {
+  absl::Status st = ValidateTargetName(req->target_name());
+  if (!st.ok()) return ToGrpcStatus(st);
+  std::vector<EntryPtr> found;
+  if (req->platform().empty()) {
+    found = registry_->Find(req->target_name());
+  } else {
+    absl::StatusOr<Platform> platform = ParsePlatform(req->platform());
+    if (!platform.ok()) return ToGrpcStatus(platform.status());
+    if (EntryPtr e = registry_->Lookup({req->target_name(), *platform})) {
+      found.push_back(e);
+    }
+  }
+  if (found.empty()) {
+    return grpc::Status(
+        grpc::StatusCode::NOT_FOUND,
+        absl::StrCat("no target \"", req->target_name(), "\"",
+                     req->platform().empty()
+                         ? ""
+                         : absl::StrCat(" on platform ", req->platform()),
+                     " is registered; `kregctl list` shows what is"));
+  }
+  for (const EntryPtr& e : found) *resp->add_targets() = ToProto(*e);
+  return grpc::Status::OK;
+}
+
+grpc::Status RegistryService::GetStatus(grpc::ServerContext*,
+                                        const v1::GetStatusRequest*,
+                                        v1::GetStatusResponse* resp) {
+  status_of_(resp);
+  return grpc::Status::OK;
+}
+
+}  // namespace kreg

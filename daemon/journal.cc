@@ -1,0 +1,129 @@
+#include "daemon/journal.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/target_proto.h"
+#include "kreg/v1/journal.pb.h"
+#include "spdlog/spdlog.h"
+
+namespace kreg {
+namespace {
+
+constexpr size_t kHeader = 8;
+constexpr uint32_t kMaxRecord = 1 << 20;
+
+uint32_t Crc(const char* data, size_t n) {
+  return static_cast<uint32_t>(
+      crc32(0, reinterpret_cast<const Bytef*>(data), static_cast<uInt>(n)));
+}
+
+uint32_t LoadU32(const char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+}  // namespace
+
+Journal::Journal(std::string path) : path_(std::move(path)) {}
+
+absl::StatusOr<std::vector<TargetEntry>> Journal::Open() {
+  std::string data;
+  {
+    std::ifstream in(path_, std::ios::binary);
+    if (in) {
+      std::ostringstream ss;
+      ss << in.rdbuf();
+      data = ss.str();
+    }
+  }
+  std::vector<TargetEntry> entries;
+  size_t pos = 0;
+  while (pos < data.size()) {
+    size_t left = data.size() - pos;
+    uint32_t len = left >= kHeader ? LoadU32(data.data() + pos) : 0;
+    bool complete =
+        left >= kHeader && len <= kMaxRecord && len <= left - kHeader;
+    bool intact = complete && LoadU32(data.data() + pos + 4) ==
+                                  Crc(data.data() + pos + kHeader, len);
+    v1::JournalRecord record;
+    if (intact) {
+      intact = record.ParseFromArray(data.data() + pos + kHeader,
+                                     static_cast<int>(len));
+    }
+    bool last = !complete || pos + kHeader + len == data.size();
+    if (!intact && !last) {
+      return absl::DataLossError(absl::StrCat(
+          "journal ", path_, " has a corrupt record at byte ", pos,
+          " followed by more records; refusing to guess which registrations "
+          "are valid. Restore the journal from a backup."));
+    }
+    if (!intact) {
+      torn_bytes_ = left;
+      spdlog::warn("journal {}: ignoring a torn last record ({} bytes at {})",
+                   path_, left, pos);
+      break;
+    }
+    absl::StatusOr<TargetEntry> entry = FromProto(record.target());
+    if (!entry.ok()) {
+      return absl::DataLossError(absl::StrCat("journal ", path_,
+                                              " record at byte ", pos, ": ",
+                                              entry.status().message()));
+    }
+    entries.push_back(*std::move(entry));
+    pos += kHeader + len;
+  }
+  absl::MutexLock lock(&mu_);
+  fd_.reset(::open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600));
+  if (!fd_.ok()) {
+    return absl::InternalError(absl::StrCat("cannot open journal ", path_, ": ",
+                                            std::strerror(errno)));
+  }
+  if (::ftruncate(fd_.get(), static_cast<off_t>(pos)) != 0 ||
+      ::lseek(fd_.get(), 0, SEEK_END) < 0 || ::fsync(fd_.get()) != 0) {
+    return absl::InternalError(absl::StrCat("cannot prepare journal ", path_,
+                                            ": ", std::strerror(errno)));
+  }
+  return entries;
+}
+
+absl::Status Journal::Append(const TargetEntry& entry) {
+  v1::JournalRecord record;
+  *record.mutable_target() = ToProto(entry);
+  std::string payload = record.SerializeAsString();
+  std::string buf(kHeader, '\0');
+  uint32_t len = static_cast<uint32_t>(payload.size());
+  uint32_t crc = Crc(payload.data(), payload.size());
+  std::memcpy(buf.data(), &len, 4);
+  std::memcpy(buf.data() + 4, &crc, 4);
+  buf += payload;
+  absl::MutexLock lock(&mu_);
+  if (!fd_.ok()) {
+    return absl::FailedPreconditionError("journal is not open");
+  }
+  size_t done = 0;
+  while (done < buf.size()) {
+    ssize_t n = ::write(fd_.get(), buf.data() + done, buf.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      return absl::InternalError(absl::StrCat(
+          "cannot append to journal ", path_, ": ", std::strerror(errno)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fdatasync(fd_.get()) != 0) {
+    return absl::InternalError(absl::StrCat("cannot fsync journal ", path_,
+                                            ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kreg

@@ -1,0 +1,44 @@
+// Append-only, fsynced log of accepted registrations (<state>/journal).
+#ifndef KREGD_DAEMON_JOURNAL_H_
+#define KREGD_DAEMON_JOURNAL_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/registry.h"
+#include "daemon/unique_fd.h"
+
+namespace kreg {
+
+// Record format: u32 little-endian payload length, u32 CRC-32 of the
+// payload, payload (a serialized kreg.v1.JournalRecord). Thread-safe.
+class Journal : public RegistrationLog {
+ public:
+  explicit Journal(std::string path);
+  Journal(const Journal&) = delete;
+  Journal& operator=(const Journal&) = delete;
+
+  // Reads every record and opens the file for appending. A torn last record
+  // (cut short, or a bad checksum on the final record) is a crash during an
+  // unacknowledged append: it is logged and truncated away. A bad record
+  // followed by others is DATA_LOSS: the daemon must not guess.
+  absl::StatusOr<std::vector<TargetEntry>> Open();
+
+  // Appends one record and fdatasyncs it. FAILED_PRECONDITION before Open.
+  absl::Status Append(const TargetEntry& entry) override;
+
+  // Number of bytes dropped by Open as a torn tail (0 if none).
+  uint64_t torn_bytes() const { return torn_bytes_; }
+
+ private:
+  const std::string path_;
+  absl::Mutex mu_;
+  UniqueFd fd_ ABSL_GUARDED_BY(mu_);
+  uint64_t torn_bytes_ = 0;
+};
+
+}  // namespace kreg
+
+#endif  // KREGD_DAEMON_JOURNAL_H_

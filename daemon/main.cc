@@ -1,0 +1,44 @@
+// kregd: out-of-process kernel registry and executor for JAX's XLA FFI.
+#include <signal.h>
+
+#include <cstdio>
+
+#include "daemon/config.h"
+#include "daemon/server.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+
+int main(int argc, char** argv) {
+  bool exit_now = false;
+  absl::StatusOr<kreg::Config> config =
+      kreg::ParseConfig(argc, argv, &exit_now);
+  if (!config.ok()) {
+    std::fprintf(stderr, "kregd: %s\n",
+                 std::string(config.status().message()).c_str());
+    return 2;
+  }
+  if (exit_now) return 0;
+  spdlog::set_default_logger(spdlog::stderr_color_mt("kregd"));
+  spdlog::set_level(spdlog::level::from_str(config->log_level));
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ kregd[%P] %v");
+
+  // Signals are taken synchronously by this thread only.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  kreg::Daemon daemon(*config);
+  absl::Status st = daemon.Start();
+  if (!st.ok()) {
+    spdlog::critical("cannot start: {}", std::string(st.message()));
+    return 1;
+  }
+  int sig = 0;
+  sigwait(&signals, &sig);
+  spdlog::info("received signal {}; shutting down", sig);
+  daemon.Shutdown();
+  return 0;
+}

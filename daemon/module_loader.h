@@ -1,0 +1,49 @@
+// HandlerLoader over the module store and the out-of-process probe.
+#ifndef KREGD_DAEMON_MODULE_LOADER_H_
+#define KREGD_DAEMON_MODULE_LOADER_H_
+
+#include <string>
+
+#include "daemon/module_store.h"
+#include "daemon/registry.h"
+
+namespace kreg {
+
+// The XLA FFI API version kregd hosts (from the headers it is built with).
+extern const uint32_t kHostedFfiApiMajor;
+extern const uint32_t kHostedFfiApiMinor;
+
+// Runs `probe_binary <module path> <symbol>` (posix_spawn, no fork of the
+// daemon) and parses its report. INVALID_ARGUMENT when the helper reports
+// that the symbol is not a handler or when it crashes or hangs, NOT_FOUND
+// for a missing symbol; messages name the module and the symbol.
+absl::StatusOr<HandlerInfo> ProbeHandler(const std::string& probe_binary,
+                                         const std::string& module_path,
+                                         const std::string& display_name,
+                                         const std::string& symbol);
+
+// Checks a probed handler against what kregd can host: FFI API version
+// (same major, minor not newer), no per-instance state.
+absl::Status CheckHostable(const HandlerInfo& info, const std::string& symbol);
+
+// Borrowed store must outlive the loader. Thread-safe.
+class ModuleLoader : public HandlerLoader {
+ public:
+  ModuleLoader(ModuleStore* store, std::string probe_binary);
+
+  absl::StatusOr<std::string> Store(const std::string& bytes) override;
+  absl::StatusOr<HandlerInfo> Probe(const std::string& digest,
+                                    const std::string& func_name) override;
+  absl::StatusOr<void*> Load(const std::string& digest,
+                             const std::string& func_name) override;
+  absl::StatusOr<void*> LoadStored(const std::string& digest,
+                                   const std::string& func_name) override;
+
+ private:
+  ModuleStore* const store_;
+  const std::string probe_binary_;
+};
+
+}  // namespace kreg
+
+#endif  // KREGD_DAEMON_MODULE_LOADER_H_

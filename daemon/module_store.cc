@@ -1,0 +1,149 @@
+#include "daemon/module_store.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "daemon/unique_fd.h"
+#include "spdlog/spdlog.h"
+
+namespace kreg {
+namespace {
+
+constexpr absl::string_view kPrefix = "sha256:";
+
+absl::Status Errno(absl::string_view what, const std::string& path) {
+  return absl::InternalError(
+      absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
+}
+
+absl::Status WriteAll(int fd, const std::string& bytes,
+                      const std::string& path) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Errno("cannot write", path);
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+std::string Sha256Digest(const std::string& bytes) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(bytes.data(), bytes.size(), md, &len, EVP_sha256(), nullptr);
+  return absl::StrCat(kPrefix, absl::BytesToHexString(absl::string_view(
+                                   reinterpret_cast<const char*>(md),
+                                   static_cast<size_t>(len))));
+}
+
+ModuleStore::ModuleStore(std::string dir) : dir_(std::move(dir)) {}
+
+absl::Status ModuleStore::Init() {
+  if (::mkdir(dir_.c_str(), 0700) != 0 && errno != EEXIST) {
+    return Errno("cannot create module store", dir_);
+  }
+  return absl::OkStatus();
+}
+
+std::string ModuleStore::PathOf(const std::string& digest) const {
+  std::string hex = digest;
+  if (absl::StartsWith(hex, kPrefix)) hex = hex.substr(kPrefix.size());
+  return absl::StrCat(dir_, "/sha256-", hex, ".so");
+}
+
+absl::StatusOr<std::string> ModuleStore::Put(const std::string& bytes) {
+  std::string digest = Sha256Digest(bytes);
+  if (Verify(digest).ok()) return digest;
+  std::string path = PathOf(digest);
+  std::string tmp = absl::StrCat(dir_, "/.tmp-XXXXXX");
+  UniqueFd fd(::mkstemp(tmp.data()));
+  if (!fd.ok()) return Errno("cannot create temp file in", dir_);
+  absl::Status st = WriteAll(fd.get(), bytes, tmp);
+  if (st.ok() && ::fchmod(fd.get(), 0500) != 0) st = Errno("chmod", tmp);
+  if (st.ok() && ::fsync(fd.get()) != 0) st = Errno("fsync", tmp);
+  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    st = Errno("rename to", path);
+  }
+  if (!st.ok()) {
+    ::unlink(tmp.c_str());
+    return st;
+  }
+  UniqueFd dir_fd(::open(dir_.c_str(), O_RDONLY | O_DIRECTORY));
+  if (!dir_fd.ok() || ::fsync(dir_fd.get()) != 0) {
+    return Errno("cannot fsync directory", dir_);
+  }
+  return digest;
+}
+
+absl::Status ModuleStore::Verify(const std::string& digest) const {
+  std::string path = PathOf(digest);
+  absl::StatusOr<std::string> bytes = ReadFile(path);
+  if (!bytes.ok()) return bytes.status();
+  std::string actual = Sha256Digest(*bytes);
+  if (actual != digest) {
+    return absl::DataLossError(absl::StrCat(
+        "module store file ", path, " is corrupt: its content is ", actual,
+        " but it is stored as ", digest,
+        "; restore it from a backup or re-register the module's bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> ModuleStore::Resolve(const std::string& digest,
+                                           const std::string& symbol) {
+  void* handle = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = handles_.find(digest);
+    if (it != handles_.end()) handle = it->second;
+  }
+  if (handle == nullptr) {
+    std::string path = PathOf(digest);
+    // dlopen outside the lock: library constructors may take a while.
+    handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot load module ", digest, ": ", ::dlerror()));
+    }
+    absl::MutexLock lock(&mu_);
+    // dlopen of the same path returns the same handle, so a racing loader
+    // stored an identical value; either way keep the first.
+    handle = handles_.emplace(digest, handle).first->second;
+  }
+  ::dlerror();
+  void* sym = ::dlsym(handle, symbol.c_str());
+  if (sym == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("module ", digest, " has no symbol \"", symbol, "\""));
+  }
+  return sym;
+}
+
+int ModuleStore::loaded_modules() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(handles_.size());
+}
+
+}  // namespace kreg

@@ -1,0 +1,55 @@
+// Content-addressed store of kernel modules: <dir>/sha256-<hex>.so.
+#ifndef KREGD_DAEMON_MODULE_STORE_H_
+#define KREGD_DAEMON_MODULE_STORE_H_
+
+#include <map>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace kreg {
+
+// "sha256:<64 lowercase hex>" of `bytes`.
+std::string Sha256Digest(const std::string& bytes);
+
+// Owns the store directory and every module dlopen'ed from it. Modules are
+// never unloaded: handles live until the process exits. Thread-safe.
+class ModuleStore {
+ public:
+  explicit ModuleStore(std::string dir);
+  ModuleStore(const ModuleStore&) = delete;
+  ModuleStore& operator=(const ModuleStore&) = delete;
+
+  // Creates the directory (mode 0700) if missing. INTERNAL on failure.
+  absl::Status Init();
+
+  // Writes `bytes` under their digest (temp file, fsync, rename, fsync dir)
+  // unless an intact copy is already there; returns the digest.
+  absl::StatusOr<std::string> Put(const std::string& bytes);
+
+  // The store path of `digest` ("sha256:<hex>").
+  std::string PathOf(const std::string& digest) const;
+
+  // Re-hashes the stored file. NOT_FOUND if missing, DATA_LOSS if its bytes
+  // no longer match the digest.
+  absl::Status Verify(const std::string& digest) const;
+
+  // dlopens the store copy once (RTLD_NOW | RTLD_LOCAL) and resolves
+  // `symbol`. NOT_FOUND if the symbol is missing, INVALID_ARGUMENT if the
+  // file cannot be loaded.
+  absl::StatusOr<void*> Resolve(const std::string& digest,
+                                const std::string& symbol);
+
+  int loaded_modules() const;
+
+ private:
+  const std::string dir_;
+  mutable absl::Mutex mu_;
+  // digest -> dlopen handle; never erased, never dlclose'd.
+  std::map<std::string, void*> handles_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kreg
+
+#endif  // KREGD_DAEMON_MODULE_STORE_H_

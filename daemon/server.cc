@@ -1,0 +1,294 @@
+#include "daemon/server.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/server_posix.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+namespace kreg {
+namespace {
+
+constexpr char kVersion[] = "0.1.0";
+
+absl::Status Errno(absl::string_view what) {
+  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+// mkdir -p with `mode` for the directories it creates.
+absl::Status MakeDirs(const std::string& dir, mode_t mode) {
+  for (size_t i = 1; i <= dir.size(); ++i) {
+    if (i == dir.size() || dir[i] == '/') {
+      std::string part = dir.substr(0, i);
+      if (::mkdir(part.c_str(), mode) != 0 && errno != EEXIST) {
+        return Errno(absl::StrCat("cannot create directory ", part));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string DirName(const std::string& path) {
+  size_t slash = path.rfind('/');
+  return slash == std::string::npos || slash == 0 ? "/" : path.substr(0, slash);
+}
+
+std::string SelfDir() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  return DirName(std::string(buf, static_cast<size_t>(n)));
+}
+
+// Binds a listening Unix socket at `path` (0660, optional group). A stale
+// socket file left by a dead daemon is replaced; a live one is an error.
+absl::StatusOr<UniqueFd> BindUnixSocket(const std::string& path,
+                                        const std::string& group) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket path \"", path, "\" is longer than ",
+                     sizeof(addr.sun_path) - 1, " bytes"));
+  }
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  absl::Status dirs = MakeDirs(DirName(path), 0755);
+  if (!dirs.ok()) return dirs;
+  UniqueFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (::connect(probe.get(), reinterpret_cast<sockaddr*>(&addr),
+                sizeof(addr)) == 0) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("another daemon is already serving ", path,
+                     "; stop it first or pass a different --socket"));
+  }
+  ::unlink(path.c_str());
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.ok()) return Errno("socket");
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return Errno(absl::StrCat("cannot bind ", path));
+  }
+  if (::chmod(path.c_str(), 0660) != 0) return Errno("chmod socket");
+  if (!group.empty()) {
+    struct group* g = ::getgrnam(group.c_str());
+    if (g == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("socket_group \"", group, "\" does not exist"));
+    }
+    if (::chown(path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
+      return Errno(absl::StrCat("cannot give ", path, " to group ", group));
+    }
+  }
+  if (::listen(fd.get(), 128) != 0) return Errno("listen");
+  return fd;
+}
+
+}  // namespace
+
+Daemon::Daemon(Config config)
+    : config_(std::move(config)),
+      started_(std::chrono::steady_clock::now()),
+      store_(config_.state_dir + "/modules"),
+      loader_(&store_, config_.probe_binary.empty() ? SelfDir() + "/kregd-probe"
+                                                    : config_.probe_binary),
+      journal_(config_.state_dir + "/journal"),
+      registry_(&loader_, &journal_),
+      registrar_(&registry_, ModulePolicy{config_.allowed_roots,
+                                          config_.max_module_bytes}) {}
+
+Daemon::~Daemon() { Shutdown(); }
+
+absl::Status Daemon::LockStateDir() {
+  absl::Status st = MakeDirs(config_.state_dir, 0700);
+  if (!st.ok()) return st;
+  std::string lock = config_.state_dir + "/lock";
+  lock_fd_.reset(::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (!lock_fd_.ok()) return Errno(absl::StrCat("cannot open ", lock));
+  if (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("state directory ", config_.state_dir,
+                     " is in use by another kregd; one daemon per state "
+                     "directory"));
+  }
+  return store_.Init();
+}
+
+absl::Status Daemon::Replay() {
+  absl::StatusOr<std::vector<TargetEntry>> entries = journal_.Open();
+  if (!entries.ok()) return entries.status();
+  int restored = 0;
+  for (const TargetEntry& e : *entries) {
+    absl::Status st = registry_.Restore(e);
+    if (st.ok()) {
+      ++restored;
+    } else {
+      spdlog::error("journal: target {} ({}) kept reserved but unusable: {}",
+                    e.key.name, PlatformName(e.key.platform),
+                    std::string(st.message()));
+    }
+  }
+  spdlog::info("journal replayed: {} records, {} loaded", entries->size(),
+               restored);
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::Listen() {
+  int n = sd_listen_fds(/*unset_environment=*/1);
+  if (n > 0) {
+    listen_fd_.reset(SD_LISTEN_FDS_START);
+    if (n > 1) session_listen_fd_ = SD_LISTEN_FDS_START + 1;
+    spdlog::info("serving on {} socket(s) inherited from systemd", n);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<UniqueFd> fd =
+      BindUnixSocket(config_.socket_path, config_.socket_group);
+  if (!fd.ok()) return fd.status();
+  listen_fd_ = *std::move(fd);
+  owns_socket_file_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::Start() {
+  absl::Status st = LockStateDir();
+  if (st.ok()) st = Replay();
+  if (st.ok()) st = Listen();
+  if (!st.ok()) return st;
+
+  service_ = std::make_unique<RegistryService>(
+      &registrar_, &registry_,
+      [this](const std::string& peer) { return PeerOf(peer); },
+      [this](v1::GetStatusResponse* r) { FillStatus(r); });
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.RegisterService(service_.get());
+  builder.SetMaxReceiveMessageSize(8 << 20);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr) {
+    return absl::InternalError("the gRPC server could not be started");
+  }
+  st = StartSessions();
+  if (!st.ok()) return st;
+  stop_fd_.reset(::eventfd(0, EFD_CLOEXEC));
+  accept_thread_ = std::thread([this] { AcceptLoop(); });
+
+  uint64_t watchdog_us = 0;
+  if (sd_watchdog_enabled(/*unset_environment=*/0, &watchdog_us) > 0) {
+    watchdog_thread_ =
+        std::thread([this, watchdog_us] { WatchdogLoop(watchdog_us / 2); });
+  }
+  sd_notifyf(0, "READY=1\nSTATUS=serving %zu targets on %s",
+             registry_.List().size(), config_.socket_path.c_str());
+  spdlog::info("kregd {} serving {} (state {})", kVersion, config_.socket_path,
+               config_.state_dir);
+  return absl::OkStatus();
+}
+
+void Daemon::AcceptLoop() {
+  while (!stopping_.load()) {
+    pollfd fds[2] = {{listen_fd_.get(), POLLIN, 0},
+                     {stop_fd_.get(), POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      spdlog::error("accept loop: poll: {}", std::strerror(errno));
+      return;
+    }
+    if (fds[1].revents != 0) return;
+    int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
+        spdlog::warn("accept: {}", std::strerror(errno));
+      }
+      continue;
+    }
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      spdlog::warn("SO_PEERCRED failed ({}); closing the connection",
+                   std::strerror(errno));
+      ::close(fd);
+      continue;
+    }
+    {
+      absl::MutexLock lock(&peers_mu_);
+      peers_[absl::StrCat("fd:", fd)] = PeerCred{cred.uid, cred.gid, cred.pid};
+    }
+    spdlog::debug("connection fd {} from uid {} pid {}", fd, cred.uid,
+                  cred.pid);
+    grpc::AddInsecureChannelFromFd(server_.get(), fd);
+  }
+}
+
+PeerCred Daemon::PeerOf(const std::string& grpc_peer) {
+  absl::MutexLock lock(&peers_mu_);
+  auto it = peers_.find(grpc_peer);
+  if (it == peers_.end()) {
+    spdlog::warn("no credentials recorded for peer {}", grpc_peer);
+    return PeerCred{};
+  }
+  return it->second;
+}
+
+void Daemon::WatchdogLoop(uint64_t interval_us) {
+  while (!stopping_.load()) {
+    // Liveness: the registry answers (its lock is not stuck).
+    registry_.List();
+    sd_notify(0, "WATCHDOG=1");
+    pollfd p{stop_fd_.get(), POLLIN, 0};
+    ::poll(&p, 1, static_cast<int>(interval_us / 1000));
+  }
+}
+
+void Daemon::FillStatus(v1::GetStatusResponse* r) {
+  r->set_version(kVersion);
+  r->set_uptime_s(std::chrono::duration_cast<std::chrono::seconds>(
+                      std::chrono::steady_clock::now() - started_)
+                      .count());
+  r->set_targets(static_cast<uint32_t>(registry_.List().size()));
+  r->set_modules_loaded(static_cast<uint32_t>(store_.loaded_modules()));
+  r->set_registrations_refused(registry_.refused());
+  r->set_state_dir(config_.state_dir);
+  r->set_socket_path(config_.socket_path);
+  r->set_ffi_api_major(kHostedFfiApiMajor);
+  r->set_ffi_api_minor(kHostedFfiApiMinor);
+  FillSessionStatus(r);
+}
+
+void Daemon::Shutdown() {
+  if (stopping_.exchange(true)) return;
+  sd_notify(0, "STOPPING=1");
+  if (stop_fd_.ok()) {
+    uint64_t one = 1;
+    (void)!::write(stop_fd_.get(), &one, sizeof(one));
+  }
+  if (accept_thread_.joinable()) accept_thread_.join();
+  if (watchdog_thread_.joinable()) watchdog_thread_.join();
+  StopSessions();
+  if (server_ != nullptr) {
+    server_->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::seconds(5));
+  }
+  if (owns_socket_file_) ::unlink(config_.socket_path.c_str());
+  spdlog::info("kregd stopped");
+}
+
+absl::Status Daemon::StartSessions() { return absl::OkStatus(); }
+
+void Daemon::StopSessions() {}
+
+void Daemon::FillSessionStatus(v1::GetStatusResponse*) {}
+
+}  // namespace kreg

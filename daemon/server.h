@@ -1,0 +1,78 @@
+// The kregd process: owns the store, journal, registry, FFI host, the gRPC
+// server and the session server, and the listening sockets.
+#ifndef KREGD_DAEMON_SERVER_H_
+#define KREGD_DAEMON_SERVER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "daemon/config.h"
+#include "daemon/grpc_service.h"
+#include "daemon/journal.h"
+#include "daemon/module_loader.h"
+#include "daemon/module_store.h"
+#include "daemon/registrar.h"
+#include "daemon/registry.h"
+#include "daemon/unique_fd.h"
+
+namespace kreg {
+
+class FfiHost;
+class SessionServer;
+
+class Daemon {
+ public:
+  explicit Daemon(Config config);
+  ~Daemon();
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // Replays the journal, listens (or adopts systemd's sockets), starts
+  // serving and tells systemd READY=1. Errors are for the operator.
+  absl::Status Start();
+  // Stops accepting, finishes in-flight calls (bounded), closes sessions.
+  void Shutdown();
+
+ private:
+  absl::Status LockStateDir();
+  absl::Status Replay();
+  absl::Status Listen();
+  void AcceptLoop();
+  void WatchdogLoop(uint64_t interval_us);
+  PeerCred PeerOf(const std::string& grpc_peer);
+  void FillStatus(v1::GetStatusResponse* resp);
+  absl::Status StartSessions();
+  void StopSessions();
+  void FillSessionStatus(v1::GetStatusResponse* resp);
+
+  const Config config_;
+  const std::chrono::steady_clock::time_point started_;
+  UniqueFd lock_fd_;
+  ModuleStore store_;
+  ModuleLoader loader_;
+  Journal journal_;
+  Registry registry_;
+  Registrar registrar_;
+  std::unique_ptr<RegistryService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  UniqueFd listen_fd_;
+  int session_listen_fd_ = -1;  // inherited from systemd, or -1
+  UniqueFd stop_fd_;            // eventfd that wakes the accept loop
+  bool owns_socket_file_ = false;
+  std::thread accept_thread_;
+  std::thread watchdog_thread_;
+  std::atomic<bool> stopping_{false};
+  absl::Mutex peers_mu_;
+  // gRPC peer string ("fd:<n>") -> credentials read at accept.
+  std::map<std::string, PeerCred> peers_ ABSL_GUARDED_BY(peers_mu_);
+};
+
+}  // namespace kreg
+
+#endif  // KREGD_DAEMON_SERVER_H_

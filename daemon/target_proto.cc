@@ -1,0 +1,50 @@
+#include "daemon/target_proto.h"
+
+#include "daemon/validate.h"
+
+namespace kreg {
+
+v1::Target ToProto(const TargetEntry& e) {
+  v1::Target t;
+  t.set_target_name(e.key.name);
+  t.set_platform(PlatformName(e.key.platform));
+  t.set_func_name(e.func_name);
+  t.set_content_id(e.content_id);
+  t.set_module_digest(e.module_digest);
+  t.set_module_size(e.module_size);
+  t.set_kind("module");
+  t.set_ffi_api_major(e.handler_info.api_major);
+  t.set_ffi_api_minor(e.handler_info.api_minor);
+  t.set_traits(e.handler_info.traits);
+  v1::Audit* a = t.mutable_audit();
+  a->set_uid(e.registered_by.uid);
+  a->set_gid(e.registered_by.gid);
+  a->set_pid(e.registered_by.pid);
+  a->set_registered_at_us(e.registered_at_us);
+  a->set_origin(e.origin);
+  return t;
+}
+
+absl::StatusOr<TargetEntry> FromProto(const v1::Target& t) {
+  absl::Status st = ValidateTargetName(t.target_name());
+  if (!st.ok()) return st;
+  absl::StatusOr<Platform> platform = ParsePlatform(t.platform());
+  if (!platform.ok()) return platform.status();
+  TargetEntry e;
+  e.key = {t.target_name(), *platform};
+  e.func_name = t.func_name();
+  e.content_id = t.content_id();
+  e.module_digest = t.module_digest();
+  e.module_size = t.module_size();
+  e.handler_info.api_major = t.ffi_api_major();
+  e.handler_info.api_minor = t.ffi_api_minor();
+  e.handler_info.traits = t.traits();
+  e.registered_by.uid = t.audit().uid();
+  e.registered_by.gid = t.audit().gid();
+  e.registered_by.pid = t.audit().pid();
+  e.registered_at_us = t.audit().registered_at_us();
+  e.origin = t.audit().origin();
+  return e;
+}
+
+}  // namespace kreg

@@ -1,0 +1,18 @@
+// Conversions between TargetEntry and its kreg.v1.Target message.
+#ifndef KREGD_DAEMON_TARGET_PROTO_H_
+#define KREGD_DAEMON_TARGET_PROTO_H_
+
+#include "absl/status/statusor.h"
+#include "daemon/types.h"
+#include "kreg/v1/registry.pb.h"
+
+namespace kreg {
+
+v1::Target ToProto(const TargetEntry& entry);
+
+// INVALID_ARGUMENT if the message's name or platform are not valid.
+absl::StatusOr<TargetEntry> FromProto(const v1::Target& target);
+
+}  // namespace kreg
+
+#endif  // KREGD_DAEMON_TARGET_PROTO_H_

@@ -1,0 +1,32 @@
+// Edge validation shared by the gRPC service and the session server: every
+// check that turns untrusted strings into typed values lives here, once.
+#ifndef KREGD_DAEMON_VALIDATE_H_
+#define KREGD_DAEMON_VALIDATE_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "daemon/types.h"
+
+namespace kreg {
+
+// 1-256 chars of [A-Za-z0-9_.:-], first a letter or '_'. INVALID_ARGUMENT
+// quoting the name otherwise.
+absl::Status ValidateTargetName(absl::string_view name);
+
+// "cpu"/"host" -> kCpu, "cuda"/"gpu" -> kCuda, case-insensitive.
+// UNIMPLEMENTED for known-but-unsupported platforms (rocm, tpu, ...),
+// INVALID_ARGUMENT for anything else.
+absl::StatusOr<Platform> ParsePlatform(absl::string_view platform);
+
+// A C symbol name: 1-256 chars of [A-Za-z0-9_], not starting with a digit.
+absl::Status ValidateFuncName(absl::string_view func_name);
+
+// Optional caller identity: empty, or 1-256 printable ASCII chars without
+// whitespace.
+absl::Status ValidateContentId(absl::string_view content_id);
+
+}  // namespace kreg
+
+#endif  // KREGD_DAEMON_VALIDATE_H_
