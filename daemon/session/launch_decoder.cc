@@ -1,0 +1,233 @@
+#include "daemon/session/launch_decoder.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/session/dtype.h"
+#include "daemon/validate.h"
+
+namespace kreg {
+namespace {
+
+// Quotes untrusted text for an error message (control bytes escaped,
+// truncated).
+std::string Quote(const std::string& s) {
+  std::string out = "\"";
+  for (size_t i = 0; i < s.size() && i < 80; ++i) {
+    unsigned char c = s[i];
+    if (c < 0x20 || c >= 0x7f || c == '"' || c == '\\') {
+      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
+    } else {
+      out.push_back(static_cast<char>(c));
+    }
+  }
+  if (s.size() > 80) absl::StrAppend(&out, "...");
+  return out + "\"";
+}
+
+// Byte width of a dtype usable in a buffer or attribute, or an error.
+absl::StatusOr<int> CheckedWidth(int32_t dtype, const std::string& what) {
+  int width = DtypeByteWidth(dtype);
+  if (width < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": dtype code ", dtype, " is not an XLA FFI data type"));
+  }
+  if (width == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": dtype ", DtypeName(dtype), " (code ", dtype,
+                     ") has no byte width; kregd forwards only types of "
+                     "whole bytes"));
+  }
+  return width;
+}
+
+struct AttrBudget {
+  int remaining = kMaxLaunchAttrs;
+};
+
+absl::StatusOr<AttrList> DecodeAttrList(
+    const google::protobuf::RepeatedPtrField<v1::Attribute>& attrs,
+    const std::string& prefix, int depth, AttrBudget* budget);
+
+absl::StatusOr<Attr> DecodeAttr(const v1::Attribute& a, const std::string& what,
+                                int depth, AttrBudget* budget) {
+  Attr out;
+  switch (a.kind()) {
+    case v1::ATTR_KIND_SCALAR: {
+      absl::StatusOr<int> width = CheckedWidth(a.dtype(), what);
+      if (!width.ok()) return width.status();
+      if (a.data().size() != static_cast<size_t>(*width)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": scalar of dtype ", DtypeName(a.dtype()),
+                         " needs ", *width, " bytes, got ", a.data().size()));
+      }
+      out.kind = Attr::Kind::kScalar;
+      out.dtype = a.dtype();
+      out.bytes = a.data();
+      return out;
+    }
+    case v1::ATTR_KIND_ARRAY: {
+      absl::StatusOr<int> width = CheckedWidth(a.dtype(), what);
+      if (!width.ok()) return width.status();
+      uint64_t need;
+      if (a.count() < 0 ||
+          __builtin_mul_overflow(static_cast<uint64_t>(a.count()),
+                                 static_cast<uint64_t>(*width), &need) ||
+          need != a.data().size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": array of ", a.count(), " ", DtypeName(a.dtype()),
+            " elements does not match its ", a.data().size(), " data bytes"));
+      }
+      out.kind = Attr::Kind::kArray;
+      out.dtype = a.dtype();
+      out.count = a.count();
+      out.bytes = a.data();
+      return out;
+    }
+    case v1::ATTR_KIND_STRING:
+      out.kind = Attr::Kind::kString;
+      out.bytes = a.data();
+      return out;
+    case v1::ATTR_KIND_DICT: {
+      if (depth >= kMaxAttrDepth) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": dictionaries nest deeper than ",
+                         kMaxAttrDepth, " levels"));
+      }
+      absl::StatusOr<AttrList> dict =
+          DecodeAttrList(a.dict(), what + ".", depth + 1, budget);
+      if (!dict.ok()) return dict.status();
+      out.kind = Attr::Kind::kDict;
+      out.dict = *std::move(dict);
+      return out;
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": unknown attribute kind ", a.kind()));
+  }
+}
+
+absl::StatusOr<AttrList> DecodeAttrList(
+    const google::protobuf::RepeatedPtrField<v1::Attribute>& attrs,
+    const std::string& prefix, int depth, AttrBudget* budget) {
+  AttrList out;
+  out.reserve(attrs.size());
+  for (int i = 0; i < attrs.size(); ++i) {
+    const v1::Attribute& a = attrs.Get(i);
+    if (--budget->remaining < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "launch carries more than ", kMaxLaunchAttrs, " attributes"));
+    }
+    if (a.name().empty() || a.name().size() > kMaxAttrNameBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("attribute ", prefix, "#", i, " name ", Quote(a.name()),
+                       " must be 1-", kMaxAttrNameBytes, " bytes"));
+    }
+    std::string what = absl::StrCat("attribute ", prefix, a.name());
+    if (i > 0 && !(attrs.Get(i - 1).name() < a.name())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("attribute names must be sorted and unique: ",
+                       Quote(prefix + a.name()), " follows ",
+                       Quote(prefix + attrs.Get(i - 1).name())));
+    }
+    absl::StatusOr<Attr> attr = DecodeAttr(a, what, depth, budget);
+    if (!attr.ok()) return attr.status();
+    out.emplace_back(a.name(), *std::move(attr));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<BufferRef> DecodeBuffer(const v1::Buffer& buffer,
+                                       const ShmArena& arena,
+                                       const std::string& what) {
+  absl::StatusOr<int> width = CheckedWidth(buffer.dtype(), what);
+  if (!width.ok()) return width.status();
+  if (buffer.dims_size() > kMaxLaunchRank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": rank ", buffer.dims_size(),
+                     " exceeds the maximum of ", kMaxLaunchRank));
+  }
+  std::string dims_text =
+      absl::StrCat("[", absl::StrJoin(buffer.dims(), ", "), "]");
+  uint64_t bytes = static_cast<uint64_t>(*width);
+  for (int i = 0; i < buffer.dims_size(); ++i) {
+    int64_t d = buffer.dims(i);
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": dims[", i, "] = ", d, " is negative (dims ",
+                       dims_text, ")"));
+    }
+    if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": byte size of dims ", dims_text, " overflows 64 bits"));
+    }
+  }
+  if (bytes != buffer.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": dims ", dims_text, " of ", DtypeName(buffer.dtype()), " need ",
+        bytes, " bytes but the buffer has ", buffer.size()));
+  }
+  absl::StatusOr<char*> data = arena.Region(buffer.offset(), buffer.size());
+  if (!data.ok()) {
+    return absl::Status(data.status().code(),
+                        absl::StrCat(what, ": ", data.status().message()));
+  }
+  BufferRef out;
+  out.dtype = buffer.dtype();
+  out.dims.assign(buffer.dims().begin(), buffer.dims().end());
+  out.data = *data;
+  return out;
+}
+
+absl::StatusOr<AttrList> DecodeAttrs(
+    const google::protobuf::RepeatedPtrField<v1::Attribute>& attrs) {
+  AttrBudget budget;
+  return DecodeAttrList(attrs, "", 0, &budget);
+}
+
+absl::StatusOr<DecodedLaunch> DecodeLaunch(const v1::Launch& launch,
+                                           const ShmArena& arena) {
+  DecodedLaunch out;
+  if (absl::Status s = ValidateTargetName(launch.target_name()); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<Platform> platform = ParsePlatform(launch.platform());
+  if (!platform.ok()) return platform.status();
+  out.key = TargetKey{launch.target_name(), *platform};
+  out.frame.platform = *platform;
+  if (launch.args_size() > kMaxLaunchBuffers ||
+      launch.rets_size() > kMaxLaunchBuffers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "launch has ", launch.args_size(), " args and ", launch.rets_size(),
+        " rets; the maximum is ", kMaxLaunchBuffers, " each"));
+  }
+  out.frame.args.reserve(launch.args_size());
+  for (int i = 0; i < launch.args_size(); ++i) {
+    absl::StatusOr<BufferRef> b =
+        DecodeBuffer(launch.args(i), arena, absl::StrCat("arg ", i));
+    if (!b.ok()) return b.status();
+    out.frame.args.push_back(*std::move(b));
+  }
+  out.frame.rets.reserve(launch.rets_size());
+  for (int i = 0; i < launch.rets_size(); ++i) {
+    absl::StatusOr<BufferRef> b =
+        DecodeBuffer(launch.rets(i), arena, absl::StrCat("ret ", i));
+    if (!b.ok()) return b.status();
+    out.frame.rets.push_back(*std::move(b));
+  }
+  absl::StatusOr<AttrList> attrs = DecodeAttrs(launch.attrs());
+  if (!attrs.ok()) return attrs.status();
+  out.frame.attrs = *std::move(attrs);
+  if (launch.device_ordinal() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device ordinal ", launch.device_ordinal(), " is negative"));
+  }
+  out.frame.device_ordinal = launch.device_ordinal();
+  out.frame.run_id = launch.run_id();
+  return out;
+}
+
+}  // namespace kreg

@@ -1,0 +1,212 @@
+#include "daemon/session/session.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/session/launch_decoder.h"
+#include "daemon/session/wire.h"
+#include "spdlog/spdlog.h"
+
+namespace kreg {
+namespace {
+
+void SetStatus(const absl::Status& s, v1::SessionResponse* resp) {
+  resp->mutable_status()->set_code(static_cast<int>(s.code()));
+  resp->mutable_status()->set_message(std::string(s.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<PeerCred> PeerCredOf(int sock) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    spdlog::warn("SO_PEERCRED failed: {}", strerror(errno));
+    return absl::InternalError("peer credentials are not available");
+  }
+  PeerCred peer;
+  peer.uid = cred.uid;
+  peer.gid = cred.gid;
+  peer.pid = cred.pid;
+  return peer;
+}
+
+Session::Session(uint64_t id, UniqueFd sock, const PeerCred& peer,
+                 const SessionLimits& limits, SessionBackend* backend,
+                 SessionCounters* counters)
+    : id_(id),
+      sock_(std::move(sock)),
+      peer_(peer),
+      limits_(limits),
+      backend_(backend),
+      counters_(counters),
+      arena_(limits.max_arena_bytes) {}
+
+void Session::Shutdown() { ::shutdown(sock_.get(), SHUT_RDWR); }
+
+void Session::Run() {
+  uint32_t max_bytes = static_cast<uint32_t>(
+      std::min<uint64_t>(limits_.max_message_bytes, UINT32_MAX));
+  std::string payload;
+  std::string out;
+  for (;;) {
+    std::vector<int> raw_fds;
+    int rc = wire::RecvFrame(sock_.get(), max_bytes, &payload, &raw_fds);
+    if (rc == wire::kEof) break;
+    if (rc != wire::kOk) {
+      spdlog::info("session {} (pid {}): closing: {}", id_, peer_.pid,
+                   wire::ResultText(rc));
+      if (rc == wire::kTooLarge || rc == wire::kTooManyFds) {
+        v1::SessionResponse resp;
+        SetStatus(absl::ResourceExhaustedError(absl::StrCat(
+                      "session message refused: ", wire::ResultText(rc),
+                      " (max_message_bytes ", limits_.max_message_bytes,
+                      ", at most ", wire::kMaxFdsPerFrame, " fds)")),
+                  &resp);
+        resp.SerializeToString(&out);
+        wire::SendFrame(sock_.get(), out.data(), out.size(), nullptr, 0);
+      }
+      break;
+    }
+    std::vector<UniqueFd> fds;
+    for (int fd : raw_fds) fds.emplace_back(fd);
+    v1::SessionRequest request;
+    v1::SessionResponse resp;
+    if (!request.ParseFromString(payload)) {
+      SetStatus(absl::InvalidArgumentError(absl::StrCat(
+                    "malformed session request (", payload.size(),
+                    " bytes do not parse as kreg.v1.SessionRequest)")),
+                &resp);
+    } else {
+      resp = Handle(request, std::move(fds));
+    }
+    resp.SerializeToString(&out);
+    rc = wire::SendFrame(sock_.get(), out.data(), out.size(), nullptr, 0);
+    if (rc != wire::kOk) {
+      spdlog::info("session {} (pid {}): reply failed: {}", id_, peer_.pid,
+                   wire::ResultText(rc));
+      break;
+    }
+  }
+}
+
+v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
+                                    std::vector<UniqueFd> fds) {
+  v1::SessionResponse resp;
+  resp.set_id(request.id());
+  absl::Status status;
+  if (!fds.empty() && request.body_case() != v1::SessionRequest::kArenaGrow) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat(fds.size(),
+                     " unexpected file descriptor(s) attached to a request "
+                     "other than ArenaGrow"));
+  } else if (request.body_case() == v1::SessionRequest::kHello) {
+    status = DoHello(request.hello(), resp.mutable_hello());
+  } else if (!hello_done_) {
+    status = absl::FailedPreconditionError(
+        "the first request of a session must be Hello");
+  } else {
+    switch (request.body_case()) {
+      case v1::SessionRequest::kRegisterTarget: {
+        absl::StatusOr<v1::RegisterReply> r =
+            backend_->Register(request.register_target(), peer_);
+        if (r.ok()) {
+          *resp.mutable_register_target() = *std::move(r);
+        } else {
+          status = r.status();
+        }
+        break;
+      }
+      case v1::SessionRequest::kList:
+        *resp.mutable_list() = backend_->List();
+        break;
+      case v1::SessionRequest::kArenaGrow:
+        status = DoArenaGrow(request.arena_grow(), std::move(fds),
+                             resp.mutable_arena_grow());
+        break;
+      case v1::SessionRequest::kLaunch:
+        status = DoLaunch(request.launch());
+        if (status.ok()) resp.mutable_launch();
+        break;
+      default:
+        status = absl::InvalidArgumentError(
+            absl::StrCat("unknown session request kind ",
+                         static_cast<int>(request.body_case())));
+    }
+  }
+  SetStatus(status, &resp);
+  return resp;
+}
+
+absl::Status Session::DoHello(const v1::Hello& hello, v1::HelloReply* reply) {
+  if (hello_done_) {
+    return absl::FailedPreconditionError("Hello was already sent");
+  }
+  if (hello.protocol_major() != kSessionProtocolMajor) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session protocol ", hello.protocol_major(), ".",
+                     hello.protocol_minor(), " is not supported; kregd speaks ",
+                     kSessionProtocolMajor, ".", kSessionProtocolMinor,
+                     " (upgrade the client library or kregd)"));
+  }
+  hello_done_ = true;
+  spdlog::info("session {}: uid {} gid {} pid {} (says pid {}), FFI {}.{}", id_,
+               peer_.uid, peer_.gid, peer_.pid, hello.pid(),
+               hello.ffi_api_major(), hello.ffi_api_minor());
+  reply->set_session_id(id_);
+  reply->set_protocol_major(kSessionProtocolMajor);
+  reply->set_protocol_minor(kSessionProtocolMinor);
+  reply->set_ffi_api_major(backend_->ffi_api_major());
+  reply->set_ffi_api_minor(backend_->ffi_api_minor());
+  reply->set_max_arena_bytes(limits_.max_arena_bytes);
+  reply->set_max_message_bytes(limits_.max_message_bytes);
+  return absl::OkStatus();
+}
+
+absl::Status Session::DoArenaGrow(const v1::ArenaGrow& grow,
+                                  std::vector<UniqueFd> fds,
+                                  v1::ArenaGrowReply* reply) {
+  if (fds.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ArenaGrow needs exactly one memfd attached, got ", fds.size()));
+  }
+  absl::Status s = arena_.Replace(std::move(fds[0]), grow.size());
+  if (!s.ok()) return s;
+  reply->set_size(arena_.size());
+  return absl::OkStatus();
+}
+
+absl::Status Session::DoLaunch(const v1::Launch& launch) {
+  counters_->launches.fetch_add(1, std::memory_order_relaxed);
+  absl::Status status;
+  absl::StatusOr<DecodedLaunch> decoded = DecodeLaunch(launch, arena_);
+  if (!decoded.ok()) {
+    status = decoded.status();
+  } else {
+    void* handler = nullptr;
+    auto it = handlers_.find(decoded->key);
+    if (it != handlers_.end()) {
+      handler = it->second;
+    } else {
+      absl::StatusOr<void*> found = backend_->Lookup(decoded->key);
+      if (found.ok()) {
+        handler = *found;
+        handlers_.emplace(decoded->key, handler);
+      } else {
+        status = found.status();
+      }
+    }
+    if (handler != nullptr) status = backend_->Execute(handler, decoded->frame);
+  }
+  if (!status.ok()) {
+    counters_->launch_errors.fetch_add(1, std::memory_order_relaxed);
+  }
+  return status;
+}
+
+}  // namespace kreg

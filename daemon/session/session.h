@@ -1,0 +1,102 @@
+// One client session (DESIGN §3): a Unix socket connection authenticated by
+// SO_PEERCRED, its shared-memory arena and the request loop.
+#ifndef KREGD_DAEMON_SESSION_SESSION_H_
+#define KREGD_DAEMON_SESSION_SESSION_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "daemon/launch.h"
+#include "daemon/session/shm_arena.h"
+#include "daemon/types.h"
+#include "daemon/unique_fd.h"
+#include "kreg/v1/session.pb.h"
+
+namespace kreg {
+
+// Session protocol version (kreg.v1 session.proto). A different major is
+// refused at Hello.
+constexpr uint32_t kSessionProtocolMajor = 1;
+constexpr uint32_t kSessionProtocolMinor = 0;
+
+// What a session needs from the rest of the daemon. Implemented over
+// Registrar/Registry/FfiHost by SessionServer, faked in tests. Thread-safe:
+// every session thread calls it.
+class SessionBackend {
+ public:
+  virtual ~SessionBackend() = default;
+  // Same rules and errors as the gRPC RegisterTarget.
+  virtual absl::StatusOr<v1::RegisterReply> Register(
+      const v1::RegisterRequest& request, const PeerCred& peer) = 0;
+  virtual v1::ListReply List() = 0;
+  // The handler registered as `key`, or NOT_FOUND naming it.
+  virtual absl::StatusOr<void*> Lookup(const TargetKey& key) = 0;
+  // Runs `handler` on `frame`; the handler's error verbatim.
+  virtual absl::Status Execute(void* handler, const LaunchFrame& frame) = 0;
+  virtual uint32_t ffi_api_major() const = 0;
+  virtual uint32_t ffi_api_minor() const = 0;
+};
+
+struct SessionLimits {
+  uint64_t max_arena_bytes = 4ull << 30;
+  uint64_t max_message_bytes = 64ull << 20;
+};
+
+// Counters shared by all sessions of a server.
+struct SessionCounters {
+  std::atomic<uint64_t> launches{0};
+  std::atomic<uint64_t> launch_errors{0};
+};
+
+// Serves one connection until the peer closes it or Shutdown() is called;
+// the destructor releases the arena and the socket. Run() is called on one
+// thread; Shutdown() from any. `backend` and `counters` must outlive it.
+class Session {
+ public:
+  Session(uint64_t id, UniqueFd sock, const PeerCred& peer,
+          const SessionLimits& limits, SessionBackend* backend,
+          SessionCounters* counters);
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // The request loop. Returns when the connection ends.
+  void Run();
+  // Makes a blocked Run() return (shuts the socket down).
+  void Shutdown();
+
+  // Handles one decoded request with its attached descriptors (owned).
+  // Exposed for tests; Run() calls it for every frame.
+  v1::SessionResponse Handle(const v1::SessionRequest& request,
+                             std::vector<UniqueFd> fds);
+
+  uint64_t id() const { return id_; }
+  const PeerCred& peer() const { return peer_; }
+
+ private:
+  absl::Status DoHello(const v1::Hello& hello, v1::HelloReply* reply);
+  absl::Status DoArenaGrow(const v1::ArenaGrow& grow, std::vector<UniqueFd> fds,
+                           v1::ArenaGrowReply* r);
+  absl::Status DoLaunch(const v1::Launch& launch);
+
+  const uint64_t id_;
+  UniqueFd sock_;
+  const PeerCred peer_;
+  const SessionLimits limits_;
+  SessionBackend* const backend_;
+  SessionCounters* const counters_;
+  bool hello_done_ = false;
+  ShmArena arena_;
+  // Handlers resolved by this session (registrations are never removed).
+  std::map<TargetKey, void*> handlers_;
+};
+
+// SO_PEERCRED of a connected Unix socket. INTERNAL if unavailable.
+absl::StatusOr<PeerCred> PeerCredOf(int sock);
+
+}  // namespace kreg
+
+#endif  // KREGD_DAEMON_SESSION_SESSION_H_

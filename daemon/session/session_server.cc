@@ -1,0 +1,186 @@
+#include "daemon/session/session_server.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+namespace kreg {
+namespace {
+
+absl::Status Errno(const std::string& what) {
+  return absl::InternalError(absl::StrCat(what, ": ", strerror(errno)));
+}
+
+// True if something accepts connections at `path`.
+bool IsLive(const std::string& path) {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  return ::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr),
+                   sizeof(addr)) == 0;
+}
+
+}  // namespace
+
+SessionServer::SessionServer(const SessionOptions& opts,
+                             std::unique_ptr<SessionBackend> backend)
+    : opts_(opts), backend_(std::move(backend)) {}
+
+SessionServer::~SessionServer() { Stop(); }
+
+absl::Status SessionServer::Listen() {
+  if (opts_.listen_fd >= 0) {
+    listen_fd_ = opts_.listen_fd;
+    return absl::OkStatus();
+  }
+  const std::string& path = opts_.socket_path;
+  sockaddr_un addr{};
+  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session socket path \"", path,
+                     "\" is empty or longer "
+                     "than ",
+                     sizeof(addr.sun_path) - 1, " bytes"));
+  }
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "session socket path ", path, " exists and is not a socket"));
+    }
+    if (IsLive(path)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("another daemon is serving sessions on ", path));
+    }
+    ::unlink(path.c_str());  // stale socket of a dead daemon
+  }
+  own_listen_fd_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!own_listen_fd_.ok()) return Errno("socket(AF_UNIX)");
+  addr.sun_family = AF_UNIX;
+  memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  // Created 0660 from the start: no window where others may connect.
+  mode_t old_mask = ::umask(0117);
+  int rc = ::bind(own_listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr),
+                  sizeof(addr));
+  ::umask(old_mask);
+  if (rc != 0) return Errno(absl::StrCat("bind ", path));
+  if (::chmod(path.c_str(), 0660) != 0) return Errno("chmod " + path);
+  if (opts_.socket_gid != static_cast<gid_t>(-1) &&
+      ::chown(path.c_str(), static_cast<uid_t>(-1), opts_.socket_gid) != 0) {
+    return Errno(absl::StrCat("chown ", path, " to gid ", opts_.socket_gid));
+  }
+  if (::listen(own_listen_fd_.get(), 128) != 0) {
+    return Errno("listen " + path);
+  }
+  listen_fd_ = own_listen_fd_.get();
+  return absl::OkStatus();
+}
+
+absl::Status SessionServer::Start() {
+  if (absl::Status s = Listen(); !s.ok()) return s;
+  wake_fd_.reset(::eventfd(0, EFD_CLOEXEC));
+  if (!wake_fd_.ok()) return Errno("eventfd");
+  accept_thread_ = std::thread([this] { AcceptLoop(); });
+  spdlog::info("sessions: listening on {}", opts_.listen_fd >= 0
+                                                ? std::string("inherited fd")
+                                                : opts_.socket_path);
+  return absl::OkStatus();
+}
+
+void SessionServer::AcceptLoop() {
+  while (!stopping_.load()) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      spdlog::error("sessions: poll failed: {}", strerror(errno));
+      return;
+    }
+    if (fds[1].revents != 0 || stopping_.load()) return;
+    if ((fds[0].revents & POLLIN) == 0) continue;
+    UniqueFd sock(::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC));
+    if (!sock.ok()) {
+      if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
+        spdlog::warn("sessions: accept failed: {}", strerror(errno));
+      }
+      continue;
+    }
+    ReapFinished();
+    StartSession(std::move(sock));
+  }
+}
+
+void SessionServer::StartSession(UniqueFd sock) {
+  absl::StatusOr<PeerCred> peer = PeerCredOf(sock.get());
+  if (!peer.ok()) return;  // logged; closing refuses the connection
+  if (live_sessions_.load() >= opts_.max_sessions) {
+    spdlog::warn("sessions: refusing pid {} (uid {}): {} sessions open",
+                 peer->pid, peer->uid, opts_.max_sessions);
+    return;
+  }
+  SessionLimits limits;
+  limits.max_arena_bytes = opts_.max_arena_bytes;
+  limits.max_message_bytes = opts_.max_message_bytes;
+  auto session =
+      std::make_shared<Session>(next_id_.fetch_add(1), std::move(sock), *peer,
+                                limits, backend_.get(), &counters_);
+  absl::MutexLock lock(&mu_);
+  slots_.emplace_back();
+  Slot* slot = &slots_.back();
+  slot->session = session;
+  live_sessions_.fetch_add(1);
+  slot->thread = std::thread([this, slot, session] {
+    session->Run();
+    spdlog::info("session {} (pid {}) closed", session->id(),
+                 session->peer().pid);
+    live_sessions_.fetch_sub(1);
+    slot->done.store(true);
+  });
+}
+
+void SessionServer::ReapFinished() {
+  std::list<Slot> finished;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = slots_.begin(); it != slots_.end();) {
+      auto next = std::next(it);
+      if (it->done.load()) finished.splice(finished.end(), slots_, it);
+      it = next;
+    }
+  }
+  for (Slot& s : finished) s.thread.join();  // releases sessions and arenas
+}
+
+void SessionServer::Stop() {
+  if (stopping_.exchange(true)) return;
+  if (wake_fd_.ok()) {
+    uint64_t one = 1;
+    if (::write(wake_fd_.get(), &one, sizeof(one)) < 0) {
+      spdlog::warn("sessions: wake failed: {}", strerror(errno));
+    }
+  }
+  if (accept_thread_.joinable()) accept_thread_.join();
+  std::list<Slot> all;
+  {
+    absl::MutexLock lock(&mu_);
+    for (Slot& s : slots_) s.session->Shutdown();
+    all.splice(all.end(), slots_);
+  }
+  for (Slot& s : all) s.thread.join();
+  if (own_listen_fd_.ok()) {
+    own_listen_fd_.reset();
+    ::unlink(opts_.socket_path.c_str());
+  }
+}
+
+}  // namespace kreg

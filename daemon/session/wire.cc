@@ -1,0 +1,170 @@
+#include "daemon/session/wire.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+namespace kreg {
+namespace wire {
+namespace {
+
+constexpr size_t kHeaderBytes = 4;
+
+void CloseAll(std::vector<int>* fds, size_t from) {
+  for (size_t i = from; i < fds->size(); ++i) ::close((*fds)[i]);
+  fds->resize(from);
+}
+
+// Collects SCM_RIGHTS descriptors from `msg`. Returns false (after closing
+// them) if there were more than kMaxFdsPerFrame or the control data was cut.
+bool TakeFds(msghdr* msg, std::vector<int>* fds) {
+  bool ok = (msg->msg_flags & MSG_CTRUNC) == 0;
+  for (cmsghdr* c = CMSG_FIRSTHDR(msg); c != nullptr; c = CMSG_NXTHDR(msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < n; ++i) {
+      int fd;
+      memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      fds->push_back(fd);
+    }
+  }
+  return ok;
+}
+
+// Reads exactly `size` bytes (after `done` already read).
+int ReadFully(int sock, char* data, size_t size, size_t done) {
+  while (done < size) {
+    ssize_t n = ::recv(sock, data + done, size - done, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (n == 0) return kTruncated;
+    done += static_cast<size_t>(n);
+  }
+  return kOk;
+}
+
+}  // namespace
+
+std::string ResultText(int result) {
+  switch (result) {
+    case kOk:
+      return "ok";
+    case kEof:
+      return "connection closed by peer";
+    case kTooLarge:
+      return "message larger than the limit";
+    case kTooManyFds:
+      return "too many file descriptors attached";
+    case kTruncated:
+      return "connection closed in the middle of a message";
+    default:
+      return strerror(result);
+  }
+}
+
+int SendFrame(int sock, const void* payload, size_t size, const int* fds,
+              int num_fds) {
+  if (size > UINT32_MAX) return EMSGSIZE;
+  if (num_fds < 0 || num_fds > kMaxFdsPerFrame) return EINVAL;
+  unsigned char header[kHeaderBytes];
+  uint32_t len = static_cast<uint32_t>(size);
+  for (size_t i = 0; i < kHeaderBytes; ++i) header[i] = (len >> (8 * i)) & 0xff;
+
+  iovec iov[2];
+  iov[0].iov_base = header;
+  iov[0].iov_len = kHeaderBytes;
+  iov[1].iov_base = const_cast<void*>(payload);
+  iov[1].iov_len = size;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerFrame)];
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = 2;
+  if (num_fds > 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * num_fds);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * num_fds);
+    memcpy(CMSG_DATA(c), fds, sizeof(int) * num_fds);
+  }
+  size_t total = kHeaderBytes + size;
+  size_t sent = 0;
+  while (sent < total) {
+    ssize_t n = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    sent += static_cast<size_t>(n);
+    // Descriptors went with the first chunk; advance the iovecs.
+    msg.msg_control = nullptr;
+    msg.msg_controllen = 0;
+    size_t skip = static_cast<size_t>(n);
+    while (msg.msg_iovlen > 0 && skip >= msg.msg_iov[0].iov_len) {
+      skip -= msg.msg_iov[0].iov_len;
+      ++msg.msg_iov;
+      --msg.msg_iovlen;
+    }
+    if (msg.msg_iovlen > 0) {
+      msg.msg_iov[0].iov_base =
+          static_cast<char*>(msg.msg_iov[0].iov_base) + skip;
+      msg.msg_iov[0].iov_len -= skip;
+    }
+  }
+  return kOk;
+}
+
+int RecvFrame(int sock, uint32_t max_bytes, std::string* payload,
+              std::vector<int>* fds) {
+  size_t first_fd = fds->size();
+  unsigned char header[kHeaderBytes];
+  size_t got = 0;
+  bool fds_ok = true;
+  // Read the header with recvmsg so the frame's descriptors are collected.
+  while (got < kHeaderBytes) {
+    iovec iov{header + got, kHeaderBytes - got};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerFrame)];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    ssize_t n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      CloseAll(fds, first_fd);
+      return err;
+    }
+    fds_ok = TakeFds(&msg, fds) && fds_ok;
+    if (n == 0) {
+      CloseAll(fds, first_fd);
+      return got == 0 ? kEof : kTruncated;
+    }
+    got += static_cast<size_t>(n);
+  }
+  uint32_t len = 0;
+  for (size_t i = 0; i < kHeaderBytes; ++i) {
+    len |= static_cast<uint32_t>(header[i]) << (8 * i);
+  }
+  if (!fds_ok || fds->size() - first_fd > kMaxFdsPerFrame) {
+    CloseAll(fds, first_fd);
+    return kTooManyFds;
+  }
+  if (len > max_bytes) {
+    CloseAll(fds, first_fd);
+    return kTooLarge;
+  }
+  payload->resize(len);
+  int rc = ReadFully(sock, &(*payload)[0], len, 0);
+  if (rc != kOk) CloseAll(fds, first_fd);
+  return rc;
+}
+
+}  // namespace wire
+}  // namespace kreg

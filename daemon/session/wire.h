@@ -1,0 +1,46 @@
+// Framing of the session socket transport (see proto/kreg/v1/session.proto):
+// a 4-byte little-endian length, then the payload; file descriptors travel as
+// SCM_RIGHTS on the frame's first byte. Shared by kregd and the in-process
+// shim, so it depends on nothing but libc (no absl, no protobuf).
+#ifndef KREGD_DAEMON_SESSION_WIRE_H_
+#define KREGD_DAEMON_SESSION_WIRE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kreg {
+namespace wire {
+
+// At most this many descriptors per frame; more are closed and reported.
+constexpr int kMaxFdsPerFrame = 4;
+
+// Result of a frame operation: 0 or an errno value, or one of these.
+enum : int {
+  kOk = 0,
+  kEof = -1,       // the peer closed the connection (before a frame began)
+  kTooLarge = -2,  // the frame's declared length exceeds the limit
+  kTooManyFds = -3,
+  kTruncated = -4,  // the peer closed the connection inside a frame
+};
+
+// Human-readable text for a result code.
+std::string ResultText(int result);
+
+// Sends `payload` as one frame with `fds` attached (not closed). Blocks until
+// written; retries EINTR; never raises SIGPIPE. Returns kOk or an errno.
+int SendFrame(int sock, const void* payload, size_t size, const int* fds,
+              int num_fds);
+
+// Receives one frame of at most `max_bytes` into `payload`. Received
+// descriptors are appended to `fds` (the caller owns and must close them;
+// on error they are closed). Returns kOk, kEof, kTooLarge, kTooManyFds,
+// kTruncated or an errno.
+int RecvFrame(int sock, uint32_t max_bytes, std::string* payload,
+              std::vector<int>* fds);
+
+}  // namespace wire
+}  // namespace kreg
+
+#endif  // KREGD_DAEMON_SESSION_WIRE_H_
