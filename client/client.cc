@@ -1,0 +1,128 @@
+#include "client/client.h"
+
+#include "absl/strings/str_cat.h"
+#include "google/rpc/status.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+
+namespace kreg {
+namespace {
+
+constexpr size_t kChunk = 1 << 20;
+
+std::unique_ptr<grpc::ClientContext> Context() {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    std::chrono::seconds(120));
+  return ctx;
+}
+
+}  // namespace
+
+Client::Client(const std::string& socket_path)
+    : socket_path_(socket_path),
+      channel_(grpc::CreateChannel("unix:" + socket_path,
+                                   grpc::InsecureChannelCredentials())),
+      stub_(v1::Registry::NewStub(channel_)) {}
+
+absl::Status Client::FromGrpc(const grpc::Status& s) const {
+  if (s.ok()) return absl::OkStatus();
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot reach kregd at ", socket_path_, " (", s.error_message(),
+        "); is it running? Start it with `kregd --socket ", socket_path_,
+        "` or `systemctl start kregd`"));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      s.error_message());
+}
+
+absl::StatusOr<v1::RegisterTargetResponse> Client::Register(
+    const RegisterRequest& req, RegisterError* error) {
+  v1::RegisterTargetChunk header;
+  v1::RegisterTargetHeader* h = header.mutable_header();
+  h->set_target_name(req.target_name);
+  h->set_func_name(req.func_name);
+  h->set_platform(req.platform);
+  h->set_content_id(req.content_id);
+  h->set_replace(req.replace);
+  if (!req.daemon_path.empty()) {
+    h->mutable_module()->set_path(req.daemon_path);
+  } else {
+    h->mutable_module()->set_upload_size(req.module_bytes.size());
+  }
+  auto ctx = Context();
+  v1::RegisterTargetResponse resp;
+  std::unique_ptr<grpc::ClientWriter<v1::RegisterTargetChunk>> writer(
+      stub_->RegisterTarget(ctx.get(), &resp));
+  bool open = writer->Write(header);
+  for (size_t pos = 0; open && req.daemon_path.empty() &&
+                       pos < req.module_bytes.size();
+       pos += kChunk) {
+    v1::RegisterTargetChunk chunk;
+    chunk.set_module_bytes(req.module_bytes.substr(pos, kChunk));
+    open = writer->Write(chunk);
+  }
+  writer->WritesDone();
+  grpc::Status s = writer->Finish();
+  if (!s.ok()) {
+    absl::Status st = FromGrpc(s);
+    if (error != nullptr) {
+      error->status = st;
+      google::rpc::Status rpc;
+      if (!s.error_details().empty() &&
+          rpc.ParseFromString(s.error_details())) {
+        for (const auto& any : rpc.details()) {
+          error->has_detail =
+              error->has_detail || any.UnpackTo(&error->detail);
+        }
+      }
+    }
+    return st;
+  }
+  return resp;
+}
+
+absl::StatusOr<std::vector<v1::Target>> Client::List() {
+  auto ctx = Context();
+  v1::ListTargetsResponse resp;
+  grpc::Status s = stub_->ListTargets(ctx.get(), {}, &resp);
+  if (!s.ok()) return FromGrpc(s);
+  return std::vector<v1::Target>(resp.targets().begin(), resp.targets().end());
+}
+
+absl::StatusOr<std::vector<v1::Target>> Client::Get(
+    const std::string& name, const std::string& platform) {
+  auto ctx = Context();
+  v1::GetTargetRequest req;
+  req.set_target_name(name);
+  req.set_platform(platform);
+  v1::GetTargetResponse resp;
+  grpc::Status s = stub_->GetTarget(ctx.get(), req, &resp);
+  if (!s.ok()) return FromGrpc(s);
+  return std::vector<v1::Target>(resp.targets().begin(), resp.targets().end());
+}
+
+absl::StatusOr<v1::GetStatusResponse> Client::Status() {
+  auto ctx = Context();
+  v1::GetStatusResponse resp;
+  grpc::Status s = stub_->GetStatus(ctx.get(), {}, &resp);
+  if (!s.ok()) return FromGrpc(s);
+  return resp;
+}
+
+absl::Status Client::Health() {
+  auto stub = grpc::health::v1::Health::NewStub(channel_);
+  auto ctx = Context();
+  grpc::health::v1::HealthCheckResponse resp;
+  grpc::Status s = stub->Check(ctx.get(), {}, &resp);
+  if (!s.ok()) return FromGrpc(s);
+  if (resp.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+    return absl::UnavailableError(
+        absl::StrCat("kregd at ", socket_path_, " reports status ",
+                     grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
+                         resp.status())));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kreg

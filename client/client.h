@@ -1,0 +1,61 @@
+// kreg::Client: the C++ client of kregd's gRPC API (used by kregctl and the
+// integration tests). Not thread-safe per instance; cheap to create.
+#ifndef KREGD_CLIENT_CLIENT_H_
+#define KREGD_CLIENT_CLIENT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kreg/v1/registry.grpc.pb.h"
+
+namespace kreg {
+
+struct RegisterRequest {
+  std::string target_name;
+  std::string func_name;
+  std::string platform = "cpu";
+  std::string content_id;
+  bool replace = false;
+  // Exactly one of: bytes to upload, or a path the daemon reads itself.
+  std::string module_bytes;
+  std::string daemon_path;
+};
+
+// A refusal's structured detail, when the daemon sent one.
+struct RegisterError {
+  absl::Status status;
+  bool has_detail = false;
+  v1::KernelRegistrationError detail;
+};
+
+class Client {
+ public:
+  // Does not connect yet; the first call does.
+  explicit Client(const std::string& socket_path);
+
+  // UNAVAILABLE (naming the socket and how to start kregd) when the daemon
+  // cannot be reached; otherwise the daemon's status and message unchanged.
+  absl::StatusOr<v1::RegisterTargetResponse> Register(
+      const RegisterRequest& req, RegisterError* error = nullptr);
+  absl::StatusOr<std::vector<v1::Target>> List();
+  absl::StatusOr<std::vector<v1::Target>> Get(const std::string& name,
+                                              const std::string& platform);
+  absl::StatusOr<v1::GetStatusResponse> Status();
+  // OK when the standard health service says SERVING.
+  absl::Status Health();
+
+ private:
+  absl::Status FromGrpc(const grpc::Status& s) const;
+
+  const std::string socket_path_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Registry::Stub> stub_;
+};
+
+}  // namespace kreg
+
+#endif  // KREGD_CLIENT_CLIENT_H_

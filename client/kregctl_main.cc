@@ -1,0 +1,211 @@
+// kregctl: admin CLI of kregd. Exit codes: 0 success (including an
+// idempotent no-op), 1 other errors, 2 usage or invalid argument,
+// 3 registration refused, 4 daemon unreachable. The daemon's message goes to
+// stderr unchanged.
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "CLI/CLI.hpp"
+#include "client/client.h"
+#include "daemon/config.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+using kreg::v1::Target;
+using nlohmann::json;
+
+int ExitCode(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kOk:
+      return 0;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kUnimplemented:
+      return 2;
+    case absl::StatusCode::kFailedPrecondition:
+      return 3;
+    case absl::StatusCode::kUnavailable:
+      return 4;
+    default:
+      return 1;
+  }
+}
+
+int Fail(const absl::Status& s) {
+  std::cerr << s.message() << "\n";
+  return ExitCode(s);
+}
+
+std::string Time(int64_t us) {
+  std::time_t t = static_cast<std::time_t>(us / 1000000);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+json ToJson(const Target& t) {
+  return json{{"target_name", t.target_name()},
+              {"platform", t.platform()},
+              {"func_name", t.func_name()},
+              {"content_id", t.content_id()},
+              {"module_digest", t.module_digest()},
+              {"module_size", t.module_size()},
+              {"kind", t.kind()},
+              {"ffi_api", std::to_string(t.ffi_api_major()) + "." +
+                              std::to_string(t.ffi_api_minor())},
+              {"traits", t.traits()},
+              {"uid", t.audit().uid()},
+              {"gid", t.audit().gid()},
+              {"pid", t.audit().pid()},
+              {"registered_at", Time(t.audit().registered_at_us())},
+              {"origin", t.audit().origin()}};
+}
+
+void PrintTable(const std::vector<Target>& targets) {
+  std::printf("%-32s %-5s %-20s %-22s %-7s %-6s %-8s %-20s %s\n", "NAME",
+              "PLAT", "FUNCTION", "CONTENT", "KIND", "UID", "PID",
+              "REGISTERED", "ORIGIN");
+  for (const Target& t : targets) {
+    std::string content = t.content_id().substr(0, 22);
+    std::printf("%-32s %-5s %-20s %-22s %-7s %-6u %-8d %-20s %s\n",
+                t.target_name().c_str(), t.platform().c_str(),
+                t.func_name().c_str(), content.c_str(), t.kind().c_str(),
+                t.audit().uid(), t.audit().pid(),
+                Time(t.audit().registered_at_us()).c_str(),
+                t.audit().origin().c_str());
+  }
+}
+
+void PrintTarget(const Target& t) {
+  json j = ToJson(t);
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    std::cout << it.key() << ": "
+              << (it->is_string() ? it->get<std::string>() : it->dump())
+              << "\n";
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kregctl: inspect and drive kregd"};
+  app.require_subcommand(1);
+  std::string socket = kreg::DefaultSocketPath();
+  if (const char* env = std::getenv("KREGD_SOCKET")) socket = env;
+  app.add_option("--socket", socket, "kregd's gRPC socket")
+      ->capture_default_str();
+  bool as_json = false;
+
+  CLI::App* list = app.add_subcommand("list", "list registered targets");
+  list->add_flag("--json", as_json, "print JSON");
+  CLI::App* show = app.add_subcommand("show", "show one target");
+  std::string name, platform;
+  show->add_option("NAME", name, "target name")->required();
+  show->add_option("--platform", platform, "cpu or cuda (default: all)");
+  show->add_flag("--json", as_json, "print JSON");
+  CLI::App* status = app.add_subcommand("status", "daemon status");
+  status->add_flag("--json", as_json, "print JSON");
+  CLI::App* health = app.add_subcommand("health", "health check");
+  CLI::App* reg = app.add_subcommand("register", "register a target");
+  kreg::RegisterRequest req;
+  std::string module_file;
+  bool daemon_reads = false;
+  reg->add_option("NAME", req.target_name, "target name")->required();
+  reg->add_option("--module", module_file, "kernel .so")->required();
+  reg->add_option("--function", req.func_name, "handler symbol")->required();
+  reg->add_option("--platform", req.platform, "cpu or cuda")
+      ->capture_default_str();
+  reg->add_option("--content-id", req.content_id, "content identity");
+  reg->add_flag("--replace", req.replace, "reserved; see the docs");
+  reg->add_flag("--daemon-reads", daemon_reads,
+                "send the path for the daemon to read (under its allowed "
+                "roots) instead of uploading the bytes");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+
+  kreg::Client client(socket);
+  if (*list) {
+    auto targets = client.List();
+    if (!targets.ok()) return Fail(targets.status());
+    if (as_json) {
+      json j = json::array();
+      for (const Target& t : *targets) j.push_back(ToJson(t));
+      std::cout << j.dump(2) << "\n";
+    } else {
+      PrintTable(*targets);
+    }
+    return 0;
+  }
+  if (*show) {
+    auto targets = client.Get(name, platform);
+    if (!targets.ok()) return Fail(targets.status());
+    if (as_json) {
+      json j = json::array();
+      for (const Target& t : *targets) j.push_back(ToJson(t));
+      std::cout << j.dump(2) << "\n";
+    } else {
+      for (const Target& t : *targets) {
+        PrintTarget(t);
+        std::cout << "\n";
+      }
+    }
+    return 0;
+  }
+  if (*status) {
+    auto s = client.Status();
+    if (!s.ok()) return Fail(s.status());
+    json j{{"version", s->version()},
+           {"uptime_s", s->uptime_s()},
+           {"targets", s->targets()},
+           {"modules_loaded", s->modules_loaded()},
+           {"sessions", s->sessions()},
+           {"launches", s->launches()},
+           {"launch_errors", s->launch_errors()},
+           {"registrations_refused", s->registrations_refused()},
+           {"state_dir", s->state_dir()},
+           {"socket", s->socket_path()},
+           {"ffi_api", std::to_string(s->ffi_api_major()) + "." +
+                           std::to_string(s->ffi_api_minor())}};
+    if (as_json) {
+      std::cout << j.dump(2) << "\n";
+    } else {
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        std::cout << it.key() << ": "
+                  << (it->is_string() ? it->get<std::string>() : it->dump())
+                  << "\n";
+      }
+    }
+    return 0;
+  }
+  if (*health) {
+    absl::Status s = client.Health();
+    if (!s.ok()) return Fail(s);
+    std::cout << "SERVING\n";
+    return 0;
+  }
+  // register
+  if (daemon_reads) {
+    req.daemon_path = module_file;
+  } else {
+    std::ifstream in(module_file, std::ios::binary);
+    if (!in) {
+      std::cerr << "cannot read module file \"" << module_file << "\"\n";
+      return 2;
+    }
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    req.module_bytes = ss.str();
+  }
+  auto resp = client.Register(req);
+  if (!resp.ok()) return Fail(resp.status());
+  std::cout << (resp->created() ? "registered " : "already registered ")
+            << resp->target().target_name() << " (" << resp->target().platform()
+            << ") " << resp->target().content_id() << "\n";
+  return 0;
+}
