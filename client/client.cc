@@ -55,8 +55,8 @@ absl::StatusOr<v1::RegisterTargetResponse> Client::Register(
   std::unique_ptr<grpc::ClientWriter<v1::RegisterTargetChunk>> writer(
       stub_->RegisterTarget(ctx.get(), &resp));
   bool open = writer->Write(header);
-  for (size_t pos = 0; open && req.daemon_path.empty() &&
-                       pos < req.module_bytes.size();
+  for (size_t pos = 0;
+       open && req.daemon_path.empty() && pos < req.module_bytes.size();
        pos += kChunk) {
     v1::RegisterTargetChunk chunk;
     chunk.set_module_bytes(req.module_bytes.substr(pos, kChunk));
@@ -72,8 +72,7 @@ absl::StatusOr<v1::RegisterTargetResponse> Client::Register(
       if (!s.error_details().empty() &&
           rpc.ParseFromString(s.error_details())) {
         for (const auto& any : rpc.details()) {
-          error->has_detail =
-              error->has_detail || any.UnpackTo(&error->detail);
+          error->has_detail = error->has_detail || any.UnpackTo(&error->detail);
         }
       }
     }

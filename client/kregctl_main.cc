@@ -65,16 +65,15 @@ json ToJson(const Target& t) {
 
 void PrintTable(const std::vector<Target>& targets) {
   std::printf("%-32s %-5s %-20s %-22s %-7s %-6s %-8s %-20s %s\n", "NAME",
-              "PLAT", "FUNCTION", "CONTENT", "KIND", "UID", "PID",
-              "REGISTERED", "ORIGIN");
+              "PLAT", "FUNCTION", "CONTENT", "KIND", "UID", "PID", "REGISTERED",
+              "ORIGIN");
   for (const Target& t : targets) {
     std::string content = t.content_id().substr(0, 22);
-    std::printf("%-32s %-5s %-20s %-22s %-7s %-6u %-8d %-20s %s\n",
-                t.target_name().c_str(), t.platform().c_str(),
-                t.func_name().c_str(), content.c_str(), t.kind().c_str(),
-                t.audit().uid(), t.audit().pid(),
-                Time(t.audit().registered_at_us()).c_str(),
-                t.audit().origin().c_str());
+    std::printf(
+        "%-32s %-5s %-20s %-22s %-7s %-6u %-8d %-20s %s\n",
+        t.target_name().c_str(), t.platform().c_str(), t.func_name().c_str(),
+        content.c_str(), t.kind().c_str(), t.audit().uid(), t.audit().pid(),
+        Time(t.audit().registered_at_us()).c_str(), t.audit().origin().c_str());
   }
 }
 

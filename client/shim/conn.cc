@@ -1,0 +1,182 @@
+#include "client/shim/conn.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "daemon/session/wire.h"
+#include "xla/ffi/api/c_api.h"
+
+namespace kreg {
+namespace shim {
+namespace {
+
+constexpr uint32_t kProtocolMajor = 1;
+constexpr uint32_t kProtocolMinor = 0;
+// Responses are small; this only bounds a misbehaving peer.
+constexpr uint32_t kMaxResponseBytes = 256u << 20;
+constexpr uint64_t kMinArenaBytes = 1u << 20;
+constexpr uint64_t kPage = 4096;
+
+std::string Errno(int err) { return strerror(err); }
+
+}  // namespace
+
+Conn::Conn(int sock, std::string path) : path_(std::move(path)), sock_(sock) {}
+
+Conn::~Conn() {
+  if (arena_ != nullptr) ::munmap(arena_, arena_size_);
+  if (sock_ >= 0) ::close(sock_);
+}
+
+Status Conn::Open(const std::string& path, std::unique_ptr<Conn>* out) {
+  sockaddr_un addr{};
+  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+    return Status::Error(kInvalidArgument,
+                         "kregd session socket path \"" + path +
+                             "\" is empty or too long for a Unix socket");
+  }
+  int sock = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (sock < 0) {
+    return Status::Error(kInternal, "socket(AF_UNIX): " + Errno(errno));
+  }
+  addr.sun_family = AF_UNIX;
+  memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  int rc;
+  do {
+    rc = ::connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    int err = errno;
+    ::close(sock);
+    return Status::Error(kUnavailable,
+                         "cannot connect to the kregd session socket " + path +
+                             ": " + Errno(err) + " (is kregd running?)");
+  }
+  std::unique_ptr<Conn> conn(new Conn(sock, path));
+  v1::SessionRequest req;
+  v1::Hello* hello = req.mutable_hello();
+  hello->set_protocol_major(kProtocolMajor);
+  hello->set_protocol_minor(kProtocolMinor);
+  hello->set_pid(::getpid());
+  hello->set_ffi_api_major(XLA_FFI_API_MAJOR);
+  hello->set_ffi_api_minor(XLA_FFI_API_MINOR);
+  v1::SessionResponse resp;
+  Status s = conn->Call(&req, &resp);
+  if (!s.ok()) return s;
+  if (!resp.has_hello()) {
+    return Status::Error(kInternal, "kregd answered Hello without HelloReply");
+  }
+  conn->session_id_ = resp.hello().session_id();
+  conn->max_arena_bytes_ = resp.hello().max_arena_bytes();
+  conn->max_message_bytes_ = resp.hello().max_message_bytes();
+  *out = std::move(conn);
+  return Status::Ok();
+}
+
+Status Conn::Transport(const std::string& what, int result) {
+  broken_ = true;
+  return Status::Error(kUnavailable, "kregd session " + path_ + ": " + what +
+                                         " failed: " +
+                                         wire::ResultText(result) +
+                                         " (did kregd stop?)");
+}
+
+Status Conn::Call(v1::SessionRequest* request, v1::SessionResponse* response,
+                  const int* fds, int num_fds) {
+  if (broken_) {
+    return Status::Error(kUnavailable, "kregd session " + path_ + " is closed");
+  }
+  uint64_t id = next_id_++;
+  request->set_id(id);
+  out_buf_.clear();
+  request->SerializeToString(&out_buf_);
+  if (max_message_bytes_ != 0 && out_buf_.size() > max_message_bytes_) {
+    return Status::Error(
+        kResourceExhausted,
+        "session message of " + std::to_string(out_buf_.size()) +
+            " bytes exceeds kregd's max_message_bytes (" +
+            std::to_string(max_message_bytes_) + ")");
+  }
+  int rc = wire::SendFrame(sock_, out_buf_.data(), out_buf_.size(), fds,
+                           num_fds);
+  if (rc != wire::kOk) return Transport("send", rc);
+  std::vector<int> got_fds;
+  rc = wire::RecvFrame(sock_, kMaxResponseBytes, &in_buf_, &got_fds);
+  for (int fd : got_fds) ::close(fd);
+  if (rc != wire::kOk) return Transport("receive", rc);
+  if (!response->ParseFromString(in_buf_)) {
+    broken_ = true;
+    return Status::Error(kInternal, "kregd sent a malformed session response");
+  }
+  if (response->id() != id && response->id() != 0) {
+    broken_ = true;
+    return Status::Error(kInternal, "kregd answered request " +
+                                        std::to_string(response->id()) +
+                                        " instead of " + std::to_string(id));
+  }
+  if (response->status().code() != 0) {
+    if (response->id() == 0) broken_ = true;  // connection-level refusal
+    return Status::Error(response->status().code(),
+                         response->status().message());
+  }
+  return Status::Ok();
+}
+
+Status Conn::EnsureArena(uint64_t bytes) {
+  if (bytes <= arena_size_) return Status::Ok();
+  if (bytes > max_arena_bytes_) {
+    return Status::Error(
+        kResourceExhausted,
+        "this call needs " + std::to_string(bytes) +
+            " bytes of session shared memory; kregd allows at most " +
+            std::to_string(max_arena_bytes_) + " (max_arena_bytes)");
+  }
+  uint64_t size = std::max({bytes, arena_size_ * 2, kMinArenaBytes});
+  size = (size + kPage - 1) / kPage * kPage;
+  size = std::min(size, max_arena_bytes_);
+  int fd = ::memfd_create("kreg-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return Status::Error(kInternal, "memfd_create: " + Errno(errno));
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0 ||
+      ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) !=
+          0) {
+    int err = errno;
+    ::close(fd);
+    return Status::Error(kResourceExhausted,
+                         "cannot create a " + std::to_string(size) +
+                             " byte session arena: " + Errno(err));
+  }
+  void* base =
+      ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    int err = errno;
+    ::close(fd);
+    return Status::Error(kResourceExhausted,
+                         "cannot map a " + std::to_string(size) +
+                             " byte session arena: " + Errno(err));
+  }
+  v1::SessionRequest req;
+  req.mutable_arena_grow()->set_size(size);
+  v1::SessionResponse resp;
+  Status s = Call(&req, &resp, &fd, 1);
+  ::close(fd);  // the mappings keep the memory alive
+  if (!s.ok()) {
+    ::munmap(base, size);
+    return s;
+  }
+  if (arena_ != nullptr) ::munmap(arena_, arena_size_);
+  arena_ = static_cast<char*>(base);
+  arena_size_ = size;
+  return Status::Ok();
+}
+
+}  // namespace shim
+}  // namespace kreg

@@ -1,0 +1,71 @@
+// One session of the shim with kregd: a connected socket and the client's
+// side of the session arena.
+#ifndef KREGD_CLIENT_SHIM_CONN_H_
+#define KREGD_CLIENT_SHIM_CONN_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "client/shim/status.h"
+#include "kreg/v1/session.pb.h"
+
+namespace kreg {
+namespace shim {
+
+// Not thread-safe: a Conn is used by one thread at a time (the Client's pool
+// hands it out exclusively). Closes the socket and unmaps the arena on
+// destruction, which ends the session in the daemon.
+class Conn {
+ public:
+  ~Conn();
+  Conn(const Conn&) = delete;
+  Conn& operator=(const Conn&) = delete;
+
+  // Connects to `path` and says Hello. UNAVAILABLE with the path and reason
+  // when nothing listens there; the daemon's error otherwise.
+  static Status Open(const std::string& path, std::unique_ptr<Conn>* out);
+
+  // Sends `request` (its id is set here) with `fds` attached and waits for
+  // the matching response. A transport failure returns UNAVAILABLE and
+  // marks the Conn broken; the daemon's error status is returned as is.
+  Status Call(v1::SessionRequest* request, v1::SessionResponse* response,
+              const int* fds = nullptr, int num_fds = 0);
+
+  // Makes the arena at least `bytes` long (replacing it with a new sealed
+  // memfd). RESOURCE_EXHAUSTED above the daemon's max_arena_bytes.
+  Status EnsureArena(uint64_t bytes);
+
+  char* arena() const { return arena_; }
+  uint64_t arena_size() const { return arena_size_; }
+  bool broken() const { return broken_; }
+  uint64_t session_id() const { return session_id_; }
+  uint64_t max_message_bytes() const { return max_message_bytes_; }
+
+  // Bookkeeping of the owning Client.
+  uint64_t epoch = 0;
+  pid_t pid = 0;
+
+ private:
+  Conn(int sock, std::string path);
+  Status Transport(const std::string& what, int result);
+
+  const std::string path_;
+  int sock_;
+  bool broken_ = false;
+  uint64_t next_id_ = 1;
+  uint64_t session_id_ = 0;
+  uint64_t max_arena_bytes_ = 0;
+  uint64_t max_message_bytes_ = 0;
+  char* arena_ = nullptr;
+  uint64_t arena_size_ = 0;
+  std::string out_buf_;
+  std::string in_buf_;
+};
+
+}  // namespace shim
+}  // namespace kreg
+
+#endif  // KREGD_CLIENT_SHIM_CONN_H_

@@ -1,0 +1,136 @@
+#include "daemon/journal.h"
+
+#include <fstream>
+#include <iterator>
+
+#include "catch2/catch.hpp"
+#include "tests/testing/temp_dir.h"
+
+namespace kreg {
+namespace {
+
+TargetEntry Entry(const std::string& name) {
+  TargetEntry e;
+  e.key = {name, Platform::kCpu};
+  e.func_name = "Scale";
+  e.content_id = "sha256:" + std::string(64, 'a');
+  e.module_digest = e.content_id;
+  e.registered_by = {1000, 1000, 42};
+  e.origin = "upload:10 bytes";
+  return e;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+void WriteAll(const std::string& path, const std::string& data) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << data;
+}
+
+TEST_CASE("Journal round-trips records across reopen", "[journal]") {
+  testing::TempDir dir;
+  std::string path = dir.path() + "/journal";
+  {
+    Journal j(path);
+    REQUIRE(j.Open().ok());
+    REQUIRE(j.Append(Entry("a")).ok());
+    REQUIRE(j.Append(Entry("b")).ok());
+  }
+  Journal j(path);
+  auto entries = j.Open();
+  REQUIRE(entries.ok());
+  REQUIRE(entries->size() == 2);
+  CHECK((*entries)[1].key.name == "b");
+  CHECK((*entries)[0].registered_by.pid == 42);
+  CHECK((*entries)[0].origin == "upload:10 bytes");
+  CHECK(j.torn_bytes() == 0);
+}
+
+TEST_CASE("Journal append before open fails", "[journal]") {
+  testing::TempDir dir;
+  Journal j(dir.path() + "/journal");
+  CHECK(j.Append(Entry("a")).code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("Journal ignores and truncates a torn last record", "[journal]") {
+  testing::TempDir dir;
+  std::string path = dir.path() + "/journal";
+  {
+    Journal j(path);
+    REQUIRE(j.Open().ok());
+    REQUIRE(j.Append(Entry("a")).ok());
+    REQUIRE(j.Append(Entry("b")).ok());
+  }
+  std::string data = ReadAll(path);
+  WriteAll(path, data.substr(0, data.size() - 5));
+  Journal j(path);
+  auto entries = j.Open();
+  REQUIRE(entries.ok());
+  REQUIRE(entries->size() == 1);
+  CHECK(j.torn_bytes() > 0);
+  // Appending after the cut leaves a clean journal.
+  REQUIRE(j.Append(Entry("c")).ok());
+  Journal again(path);
+  auto after = again.Open();
+  REQUIRE(after.ok());
+  REQUIRE(after->size() == 2);
+  CHECK((*after)[1].key.name == "c");
+}
+
+TEST_CASE("Journal ignores a last record with a bad checksum", "[journal]") {
+  testing::TempDir dir;
+  std::string path = dir.path() + "/journal";
+  {
+    Journal j(path);
+    REQUIRE(j.Open().ok());
+    REQUIRE(j.Append(Entry("a")).ok());
+    REQUIRE(j.Append(Entry("b")).ok());
+  }
+  std::string data = ReadAll(path);
+  data.back() ^= 0x5a;
+  WriteAll(path, data);
+  Journal j(path);
+  auto entries = j.Open();
+  REQUIRE(entries.ok());
+  CHECK(entries->size() == 1);
+}
+
+TEST_CASE("Journal refuses a corrupt record in the middle", "[journal]") {
+  testing::TempDir dir;
+  std::string path = dir.path() + "/journal";
+  {
+    Journal j(path);
+    REQUIRE(j.Open().ok());
+    REQUIRE(j.Append(Entry("a")).ok());
+    REQUIRE(j.Append(Entry("b")).ok());
+  }
+  std::string data = ReadAll(path);
+  data[12] ^= 0x5a;  // inside the first record's payload
+  WriteAll(path, data);
+  Journal j(path);
+  auto entries = j.Open();
+  REQUIRE(entries.status().code() == absl::StatusCode::kDataLoss);
+  CHECK_THAT(std::string(entries.status().message()),
+             Catch::Contains("corrupt record at byte 0") &&
+                 Catch::Contains("Restore the journal"));
+}
+
+TEST_CASE("Journal refuses a record with an invalid target name", "[journal]") {
+  testing::TempDir dir;
+  std::string path = dir.path() + "/journal";
+  {
+    Journal j(path);
+    REQUIRE(j.Open().ok());
+    REQUIRE(j.Append(Entry("9bad name")).ok());
+  }
+  Journal j(path);
+  auto entries = j.Open();
+  REQUIRE(entries.status().code() == absl::StatusCode::kDataLoss);
+  CHECK_THAT(std::string(entries.status().message()),
+             Catch::Contains("9bad name"));
+}
+
+}  // namespace
+}  // namespace kreg
