@@ -84,10 +84,9 @@ Status Conn::Open(const std::string& path, std::unique_ptr<Conn>* out) {
 
 Status Conn::Transport(const std::string& what, int result) {
   broken_ = true;
-  return Status::Error(kUnavailable, "kregd session " + path_ + ": " + what +
-                                         " failed: " +
-                                         wire::ResultText(result) +
-                                         " (did kregd stop?)");
+  return Status::Error(kUnavailable,
+                       "kregd session " + path_ + ": " + what + " failed: " +
+                           wire::ResultText(result) + " (did kregd stop?)");
 }
 
 Status Conn::Call(v1::SessionRequest* request, v1::SessionResponse* response,
@@ -100,14 +99,14 @@ Status Conn::Call(v1::SessionRequest* request, v1::SessionResponse* response,
   out_buf_.clear();
   request->SerializeToString(&out_buf_);
   if (max_message_bytes_ != 0 && out_buf_.size() > max_message_bytes_) {
-    return Status::Error(
-        kResourceExhausted,
-        "session message of " + std::to_string(out_buf_.size()) +
-            " bytes exceeds kregd's max_message_bytes (" +
-            std::to_string(max_message_bytes_) + ")");
+    return Status::Error(kResourceExhausted,
+                         "session message of " +
+                             std::to_string(out_buf_.size()) +
+                             " bytes exceeds kregd's max_message_bytes (" +
+                             std::to_string(max_message_bytes_) + ")");
   }
-  int rc = wire::SendFrame(sock_, out_buf_.data(), out_buf_.size(), fds,
-                           num_fds);
+  int rc =
+      wire::SendFrame(sock_, out_buf_.data(), out_buf_.size(), fds, num_fds);
   if (rc != wire::kOk) return Transport("send", rc);
   std::vector<int> got_fds;
   rc = wire::RecvFrame(sock_, kMaxResponseBytes, &in_buf_, &got_fds);
@@ -154,8 +153,7 @@ Status Conn::EnsureArena(uint64_t bytes) {
                          "cannot create a " + std::to_string(size) +
                              " byte session arena: " + Errno(err));
   }
-  void* base =
-      ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) {
     int err = errno;
     ::close(fd);

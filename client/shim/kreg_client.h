@@ -73,10 +73,10 @@ KREG_EXPORT void kreg_error_destroy(KREG_Error* error);
 
 typedef struct KREG_Version {
   size_t struct_size;
-  int32_t api_major;      /* out: KREG_API_MAJOR of the library */
-  int32_t api_minor;      /* out */
-  int32_t ffi_api_major;  /* out: XLA FFI API the handlers were built with */
-  int32_t ffi_api_minor;  /* out */
+  int32_t api_major;     /* out: KREG_API_MAJOR of the library */
+  int32_t api_minor;     /* out */
+  int32_t ffi_api_major; /* out: XLA FFI API the handlers were built with */
+  int32_t ffi_api_minor; /* out */
 } KREG_Version;
 #define KREG_Version_STRUCT_SIZE KREG_STRUCT_SIZE(KREG_Version, ffi_api_minor)
 
@@ -156,7 +156,8 @@ typedef struct KREG_RegisterArgs {
   int32_t created;         /* out: 0 when an identical entry existed */
   KREG_TargetList* target; /* out: the entry; caller destroys */
 } KREG_RegisterArgs;
-#define KREG_RegisterArgs_STRUCT_SIZE KREG_STRUCT_SIZE(KREG_RegisterArgs, target)
+#define KREG_RegisterArgs_STRUCT_SIZE \
+  KREG_STRUCT_SIZE(KREG_RegisterArgs, target)
 
 /* Registers through the session. The daemon's refusal comes back with its
  * code (e.g. FAILED_PRECONDITION for a content change) and message. The
@@ -197,13 +198,13 @@ KREG_EXPORT KREG_Error* kreg_bind(KREG_BindArgs* args);
 typedef struct KREG_ClientStats {
   size_t struct_size;
   KREG_Client* client;
-  uint64_t launches;       /* out: forwarded calls */
-  uint64_t launch_errors;  /* out */
-  uint64_t reconnects;     /* out: times a session was re-opened after the
-                              daemon went away */
-  uint64_t sessions;       /* out: sessions currently open */
-  int32_t slots_used;      /* out: trampoline slots bound (process-wide) */
-  int32_t slots_total;     /* out */
+  uint64_t launches;      /* out: forwarded calls */
+  uint64_t launch_errors; /* out */
+  uint64_t reconnects;    /* out: times a session was re-opened after the
+                             daemon went away */
+  uint64_t sessions;      /* out: sessions currently open */
+  int32_t slots_used;     /* out: trampoline slots bound (process-wide) */
+  int32_t slots_total;    /* out */
 } KREG_ClientStats;
 #define KREG_ClientStats_STRUCT_SIZE \
   KREG_STRUCT_SIZE(KREG_ClientStats, slots_total)

@@ -1,0 +1,192 @@
+#include "client/shim/client.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <thread>
+
+namespace kreg {
+namespace shim {
+namespace {
+
+int DefaultMaxSessions() {
+  unsigned n = std::thread::hardware_concurrency();
+  return static_cast<int>(std::min(32u, std::max(4u, n)));
+}
+
+}  // namespace
+
+std::string CanonicalPlatform(const std::string& platform) {
+  std::string p = platform;
+  for (char& c : p) c = static_cast<char>(std::tolower(c));
+  if (p == "host") return "cpu";
+  if (p == "gpu") return "cuda";
+  return p;
+}
+
+Client::Client(std::string session_path)
+    : path_(std::move(session_path)),
+      max_sessions_(DefaultMaxSessions()),
+      pid_(::getpid()) {}
+
+Client* Client::ForPath(const std::string& session_path) {
+  static std::mutex mu;
+  static auto* clients = new std::map<std::string, Client*>();
+  std::lock_guard<std::mutex> lock(mu);
+  Client*& c = (*clients)[session_path];
+  if (c == nullptr) c = new Client(session_path);
+  return c;
+}
+
+uint64_t Client::open_sessions() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<uint64_t>(open_);
+}
+
+Status Client::Acquire(std::unique_ptr<Conn>* out) {
+  uint64_t epoch;
+  bool replay;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (pid_ != ::getpid()) {
+      // A forked child must not share the parent's sessions.
+      for (auto& c : idle_) c.release();  // leave the parent's fds alone
+      idle_.clear();
+      open_ = 0;
+      pid_ = ::getpid();
+    }
+    cv_.wait(lock, [&] { return !idle_.empty() || open_ < max_sessions_; });
+    if (!idle_.empty()) {
+      *out = std::move(idle_.back());
+      idle_.pop_back();
+      return Status::Ok();
+    }
+    ++open_;
+    epoch = epoch_;
+    replay = replayed_epoch_ < epoch_;
+  }
+  std::unique_ptr<Conn> conn;
+  Status s = Conn::Open(path_, &conn);
+  if (s.ok() && replay) s = Replay(conn.get());
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!s.ok()) {
+    --open_;
+    cv_.notify_one();
+    return s;
+  }
+  if (replay) {
+    replayed_epoch_ = std::max(replayed_epoch_, epoch);
+    reconnects_.fetch_add(1);
+  }
+  conn->epoch = epoch;
+  conn->pid = pid_;
+  *out = std::move(conn);
+  return Status::Ok();
+}
+
+void Client::Release(std::unique_ptr<Conn> conn) {
+  if (conn->broken()) return Discard(std::move(conn));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (conn->pid != pid_) {
+    conn.release();  // belongs to the parent process
+    return;
+  }
+  if (conn->epoch < epoch_) {
+    --open_;  // opened before the daemon went away
+    conn.reset();
+  } else {
+    idle_.push_back(std::move(conn));
+  }
+  cv_.notify_one();
+}
+
+void Client::Discard(std::unique_ptr<Conn> conn) {
+  std::vector<std::unique_ptr<Conn>> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (conn->pid != pid_) {
+      conn.release();
+      return;
+    }
+    --open_;
+    if (conn->epoch == epoch_) {
+      // First to notice: every idle session talks to the same dead daemon.
+      ++epoch_;
+      open_ -= static_cast<int>(idle_.size());
+      dropped.swap(idle_);
+    }
+    cv_.notify_all();
+  }
+  // Sessions are closed outside the lock.
+}
+
+Status Client::Replay(Conn* conn) {
+  std::vector<v1::RegisterRequest> requests;
+  {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    for (const auto& entry : registrations_) requests.push_back(entry.second);
+  }
+  for (v1::RegisterRequest& r : requests) {
+    v1::SessionRequest req;
+    *req.mutable_register_target() = std::move(r);
+    v1::SessionResponse resp;
+    Status s = conn->Call(&req, &resp);
+    if (!s.ok()) {
+      s.message = "re-registering \"" + req.register_target().target_name() +
+                  "\" with kregd after a reconnect failed: " + s.message;
+      return s;
+    }
+  }
+  return Status::Ok();
+}
+
+Status Client::WithConn(const std::function<Status(Conn*)>& op) {
+  Status s;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    std::unique_ptr<Conn> conn;
+    s = Acquire(&conn);
+    if (!s.ok()) return s;
+    s = op(conn.get());
+    bool broken = conn->broken();
+    Release(std::move(conn));
+    if (!broken) return s;
+  }
+  return s;
+}
+
+Status Client::Ping() {
+  return WithConn([](Conn*) { return Status::Ok(); });
+}
+
+Status Client::Register(const v1::RegisterRequest& request,
+                        v1::RegisterReply* out) {
+  Status s = WithConn([&](Conn* conn) {
+    v1::SessionRequest req;
+    *req.mutable_register_target() = request;
+    v1::SessionResponse resp;
+    Status st = conn->Call(&req, &resp);
+    if (st.ok()) *out = resp.register_target();
+    return st;
+  });
+  if (s.ok()) {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    registrations_[{request.target_name(),
+                    CanonicalPlatform(request.platform())}] = request;
+  }
+  return s;
+}
+
+Status Client::List(v1::ListReply* out) {
+  return WithConn([&](Conn* conn) {
+    v1::SessionRequest req;
+    req.mutable_list();
+    v1::SessionResponse resp;
+    Status st = conn->Call(&req, &resp);
+    if (st.ok()) *out = resp.list();
+    return st;
+  });
+}
+
+}  // namespace shim
+}  // namespace kreg

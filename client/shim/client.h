@@ -1,0 +1,84 @@
+// The shim's connection to one kregd: a pool of sessions, the registrations
+// this process made (replayed after a daemon restart) and counters.
+#ifndef KREGD_CLIENT_SHIM_CLIENT_H_
+#define KREGD_CLIENT_SHIM_CLIENT_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "client/shim/conn.h"
+#include "client/shim/status.h"
+#include "kreg/v1/session.pb.h"
+
+namespace kreg {
+namespace shim {
+
+// Thread-safe. Each operation borrows one session exclusively; up to
+// max_sessions run at once (one daemon thread each). When a session breaks
+// (the daemon went away), the next operation opens a fresh session,
+// re-registers every target this process registered (idempotent in the
+// daemon) and retries the operation once.
+class Client {
+ public:
+  explicit Client(std::string session_path);
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Process-wide client for `session_path` (created on first use, never
+  // destroyed: forwarding handlers keep using it).
+  static Client* ForPath(const std::string& session_path);
+
+  // Checks that the daemon answers (opens a session if none is idle).
+  Status Ping();
+  Status Register(const v1::RegisterRequest& request, v1::RegisterReply* out);
+  Status List(v1::ListReply* out);
+  // Runs `op` on a borrowed session; retried once on a fresh session if the
+  // session broke during `op`.
+  Status WithConn(const std::function<Status(Conn*)>& op);
+
+  const std::string& path() const { return path_; }
+  uint64_t reconnects() const { return reconnects_.load(); }
+  uint64_t open_sessions();
+  std::atomic<uint64_t> launches{0};
+  std::atomic<uint64_t> launch_errors{0};
+
+ private:
+  Status Acquire(std::unique_ptr<Conn>* out);
+  void Release(std::unique_ptr<Conn> conn);
+  void Discard(std::unique_ptr<Conn> conn);
+  Status Replay(Conn* conn);
+
+  const std::string path_;
+  const int max_sessions_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<Conn>> idle_;  // guarded by mu_
+  int open_ = 0;                             // guarded by mu_
+  uint64_t epoch_ = 0;           // guarded by mu_; bumped when a session breaks
+  uint64_t replayed_epoch_ = 0;  // guarded by mu_
+  pid_t pid_;                    // guarded by mu_; reset after fork
+  // (target, canonical platform) -> request; guarded by reg_mu_.
+  std::mutex reg_mu_;
+  std::map<std::pair<std::string, std::string>, v1::RegisterRequest>
+      registrations_;
+  std::atomic<uint64_t> reconnects_{0};
+};
+
+// "cpu" for cpu/host, "cuda" for cuda/gpu (any case); other values as
+// given, lower-cased (the daemon refuses them).
+std::string CanonicalPlatform(const std::string& platform);
+
+}  // namespace shim
+}  // namespace kreg
+
+#endif  // KREGD_CLIENT_SHIM_CLIENT_H_

@@ -1,0 +1,148 @@
+#include "client/shim/forward.h"
+
+#include <string.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "client/shim/launch_encoder.h"
+#include "xla/ffi/api/c_api.h"
+
+namespace kreg {
+namespace shim {
+namespace {
+
+struct Slot {
+  Client* client;
+  std::string target;
+  std::string platform;  // canonical
+};
+
+std::atomic<const Slot*> g_slots[kNumSlots];
+std::mutex g_bind_mu;
+int g_used = 0;  // guarded by g_bind_mu
+
+XLA_FFI_Error* MakeError(const XLA_FFI_Api* api, int code,
+                         const std::string& message) {
+  XLA_FFI_Error_Create_Args args;
+  memset(&args, 0, sizeof(args));
+  args.struct_size = XLA_FFI_Error_Create_Args_STRUCT_SIZE;
+  args.message = message.c_str();
+  args.errc = static_cast<XLA_FFI_Error_Code>(code);
+  return api->XLA_FFI_Error_Create(&args);
+}
+
+// Answers XLA's metadata query: the FFI API of the headers this shim was
+// built with, no traits (not command-buffer compatible), no state.
+XLA_FFI_Error* PopulateMetadata(const XLA_FFI_Api* api,
+                                XLA_FFI_Metadata_Extension* ext) {
+  if (ext->extension_base.struct_size <
+          XLA_FFI_Metadata_Extension_STRUCT_SIZE ||
+      ext->metadata == nullptr ||
+      ext->metadata->struct_size < XLA_FFI_Metadata_STRUCT_SIZE) {
+    return MakeError(api, kInvalidArgument,
+                     "kreg forwarding handler: metadata extension is older "
+                     "than the XLA FFI headers it was built with");
+  }
+  ext->metadata->api_version =
+      XLA_FFI_Api_Version{XLA_FFI_Api_Version_STRUCT_SIZE, nullptr,
+                          XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR};
+  ext->metadata->traits = 0;
+  ext->metadata->state_type_id = XLA_FFI_TypeId{0};
+  return nullptr;
+}
+
+XLA_FFI_Error* Forward(int index, XLA_FFI_CallFrame* call_frame) {
+  const XLA_FFI_Api* api = call_frame->api;
+  if (call_frame->struct_size < XLA_FFI_CallFrame_STRUCT_SIZE) {
+    return MakeError(api, kInvalidArgument,
+                     "kreg forwarding handler: XLA_FFI_CallFrame of size " +
+                         std::to_string(call_frame->struct_size) +
+                         " is smaller than expected " +
+                         std::to_string(XLA_FFI_CallFrame_STRUCT_SIZE));
+  }
+  if (call_frame->extension_start != nullptr &&
+      call_frame->extension_start->type == XLA_FFI_Extension_Metadata) {
+    return PopulateMetadata(api, reinterpret_cast<XLA_FFI_Metadata_Extension*>(
+                                     call_frame->extension_start));
+  }
+  const Slot* slot = g_slots[index].load(std::memory_order_acquire);
+  if (slot == nullptr) {
+    return MakeError(api, kInternal,
+                     "kreg forwarding handler slot " + std::to_string(index) +
+                         " is not bound");
+  }
+  if (call_frame->stage != XLA_FFI_ExecutionStage_EXECUTE) {
+    return MakeError(api, kInvalidArgument,
+                     "kreg forwarding handler for \"" + slot->target +
+                         "\" supports only the execute stage, got stage " +
+                         std::to_string(call_frame->stage));
+  }
+  Status s =
+      ForwardCall(slot->client, slot->target, slot->platform, call_frame);
+  if (s.ok()) return nullptr;
+  return MakeError(api, s.code, s.message);
+}
+
+template <int I>
+XLA_FFI_Error* Trampoline(XLA_FFI_CallFrame* call_frame) {
+  return Forward(I, call_frame);
+}
+
+template <int... I>
+constexpr std::array<XLA_FFI_Handler*, sizeof...(I)> MakeTable(
+    std::integer_sequence<int, I...>) {
+  return {&Trampoline<I>...};
+}
+
+constexpr std::array<XLA_FFI_Handler*, kNumSlots> kTrampolines =
+    MakeTable(std::make_integer_sequence<int, kNumSlots>());
+
+}  // namespace
+
+Status Bind(Client* client, const std::string& target,
+            const std::string& platform, Binding* out) {
+  std::string canonical = CanonicalPlatform(platform);
+  std::lock_guard<std::mutex> lock(g_bind_mu);
+  for (int i = 0; i < g_used; ++i) {
+    const Slot* s = g_slots[i].load(std::memory_order_relaxed);
+    if (s->target == target && s->platform == canonical) {
+      if (s->client != client) {
+        return Status::Error(
+            kFailedPrecondition,
+            "target \"" + target + "\" (" + canonical +
+                ") is already bound to the kregd at " + s->client->path() +
+                "; a process can forward a target to one daemon only");
+      }
+      out->handler = reinterpret_cast<void*>(kTrampolines[i]);
+      out->slot = i;
+      return Status::Ok();
+    }
+  }
+  if (g_used == kNumSlots) {
+    return Status::Error(
+        kResourceExhausted,
+        "cannot bind \"" + target + "\": all " + std::to_string(kNumSlots) +
+            " kreg forwarding handler slots of this process are in use "
+            "(one per registered (target, platform))");
+  }
+  int i = g_used++;
+  g_slots[i].store(new Slot{client, target, canonical},
+                   std::memory_order_release);
+  out->handler = reinterpret_cast<void*>(kTrampolines[i]);
+  out->slot = i;
+  return Status::Ok();
+}
+
+int SlotsUsed() {
+  std::lock_guard<std::mutex> lock(g_bind_mu);
+  return g_used;
+}
+
+}  // namespace shim
+}  // namespace kreg

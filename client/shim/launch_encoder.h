@@ -1,0 +1,32 @@
+// Encodes one XLA FFI call frame as a session Launch, stages its buffers in
+// the session arena and runs it in kregd.
+#ifndef KREGD_CLIENT_SHIM_LAUNCH_ENCODER_H_
+#define KREGD_CLIENT_SHIM_LAUNCH_ENCODER_H_
+
+#include <string>
+
+#include "client/shim/client.h"
+#include "client/shim/status.h"
+#include "kreg/v1/session.pb.h"
+#include "xla/ffi/api/c_api.h"
+
+namespace kreg {
+namespace shim {
+
+// Forwards an EXECUTE-stage call of (target, canonical platform): copies the
+// inputs into a session arena (aliased input/output pairs share one region
+// holding the input's values), sends Launch, copies the outputs back. The
+// daemon's or the handler's error comes back verbatim.
+Status ForwardCall(Client* client, const std::string& target,
+                   const std::string& platform, XLA_FFI_CallFrame* frame);
+
+// Appends the attributes of `attrs` to `out`, byte-exact and in XLA's order.
+// INVALID_ARGUMENT for attribute types or dtypes that cannot be forwarded.
+Status EncodeAttrs(const XLA_FFI_Attrs* attrs,
+                   google::protobuf::RepeatedPtrField<v1::Attribute>* out,
+                   int depth = 0);
+
+}  // namespace shim
+}  // namespace kreg
+
+#endif  // KREGD_CLIENT_SHIM_LAUNCH_ENCODER_H_
