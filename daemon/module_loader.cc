@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -125,8 +126,17 @@ absl::StatusOr<HandlerInfo> ProbeHandler(const std::string& probe_binary,
         absl::StrSplit(line, absl::MaxSplits(' ', 1));
     int code = 0;
     if (absl::SimpleAtoi(parts.first, &code) && code > 0 && code < 17) {
-      return absl::Status(static_cast<absl::StatusCode>(code),
-                          absl::StrCat(what, ": ", parts.second));
+      // Keep NOT_FOUND (missing symbol); anything else the handler or the
+      // loader said means the input is not something kregd can host.
+      auto out = code == static_cast<int>(absl::StatusCode::kNotFound)
+                     ? absl::StatusCode::kNotFound
+                     : absl::StatusCode::kInvalidArgument;
+      std::string hint;
+      if (absl::StrContains(parts.second, "Types used by FFI handlers")) {
+        hint = " (a stateful handler: kregd hosts execute-stage handlers "
+               "without per-instance state)";
+      }
+      return absl::Status(out, absl::StrCat(what, ": ", parts.second, hint));
     }
   }
   return absl::InternalError(

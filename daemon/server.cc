@@ -207,7 +207,8 @@ void Daemon::AcceptLoop() {
       return;
     }
     if (fds[1].revents != 0) return;
-    int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+    int fd = ::accept4(listen_fd_.get(), nullptr, nullptr,
+                       SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
         spdlog::warn("accept: {}", std::strerror(errno));

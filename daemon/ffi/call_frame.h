@@ -1,0 +1,80 @@
+// Internal to //daemon/ffi: turns a LaunchFrame into an XLA_FFI_CallFrame.
+#ifndef KREGD_DAEMON_FFI_CALL_FRAME_H_
+#define KREGD_DAEMON_FFI_CALL_FRAME_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "daemon/launch.h"
+#include "xla/ffi/api/c_api.h"
+
+namespace kreg {
+namespace ffi_internal {
+
+// Deepest nesting of dictionary attributes accepted.
+inline constexpr int kMaxAttrDepth = 32;
+
+// Byte width of one element of `dtype` (an XLA_FFI_DataType value) in an
+// attribute; 0 for unknown, sub-byte and token types.
+size_t AttrByteWidth(int32_t dtype);
+
+// True if `dtype` is an XLA_FFI_DataType value.
+bool IsKnownDataType(int32_t dtype);
+
+// Owns everything the XLA_FFI_CallFrame built from one LaunchFrame points to:
+// XLA_FFI_Buffers and their dims, the attribute tables and aligned copies of
+// scalar and array values. String values and attribute names point into the
+// LaunchFrame, as do buffer data pointers: it must outlive this object.
+// Not thread-safe; one per call. Not copyable or movable (self-referential).
+class CallFrameStorage {
+ public:
+  // The frame has stage EXECUTE, null api/ctx/extension_start/future and
+  // attributes sorted by name. INVALID_ARGUMENT (message naming the operand
+  // or attribute) for an unknown dtype, a negative dim, an attribute whose
+  // bytes do not match its dtype and count, a duplicate attribute name or
+  // dictionaries nested deeper than kMaxAttrDepth.
+  static absl::StatusOr<std::unique_ptr<CallFrameStorage>> Build(
+      const LaunchFrame& frame);
+
+  CallFrameStorage(const CallFrameStorage&) = delete;
+  CallFrameStorage& operator=(const CallFrameStorage&) = delete;
+
+  XLA_FFI_CallFrame* frame() { return &frame_; }
+
+ private:
+  CallFrameStorage() = default;
+
+  absl::Status BuildBuffers(const LaunchFrame& frame);
+  absl::Status BuildAttrs(const AttrList& list, int depth,
+                          const std::string& path, XLA_FFI_Attrs* out);
+
+  // Keeps `value` alive as long as this object; returns its stable address.
+  template <typename T>
+  T* Own(T value) {
+    auto owned = std::make_shared<T>(std::move(value));
+    T* raw = owned.get();
+    owned_.push_back(std::move(owned));
+    return raw;
+  }
+
+  XLA_FFI_CallFrame frame_{};
+  std::vector<XLA_FFI_Buffer> buffers_;  // args, then rets
+  std::vector<int64_t> dims_;            // all buffers' dims
+  std::vector<XLA_FFI_ArgType> arg_types_;
+  std::vector<void*> arg_ptrs_;
+  std::vector<XLA_FFI_RetType> ret_types_;
+  std::vector<void*> ret_ptrs_;
+  std::vector<std::shared_ptr<void>> owned_;  // attribute tables and values
+};
+
+}  // namespace ffi_internal
+}  // namespace kreg
+
+#endif  // KREGD_DAEMON_FFI_CALL_FRAME_H_
