@@ -50,8 +50,10 @@ absl::StatusOr<AttrList> DecodeAttrList(
     const google::protobuf::RepeatedPtrField<v1::Attribute>& attrs,
     const std::string& prefix, int depth, AttrBudget* budget);
 
-absl::StatusOr<Attr> DecodeAttr(const v1::Attribute& a, const std::string& what,
+// `path` is the attribute's dotted name ("outer.inner").
+absl::StatusOr<Attr> DecodeAttr(const v1::Attribute& a, const std::string& path,
                                 int depth, AttrBudget* budget) {
+  const std::string what = "attribute " + path;
   Attr out;
   switch (a.kind()) {
     case v1::ATTR_KIND_SCALAR: {
@@ -96,7 +98,7 @@ absl::StatusOr<Attr> DecodeAttr(const v1::Attribute& a, const std::string& what,
                          kMaxAttrDepth, " levels"));
       }
       absl::StatusOr<AttrList> dict =
-          DecodeAttrList(a.dict(), what + ".", depth + 1, budget);
+          DecodeAttrList(a.dict(), path + ".", depth + 1, budget);
       if (!dict.ok()) return dict.status();
       out.kind = Attr::Kind::kDict;
       out.dict = *std::move(dict);
@@ -124,14 +126,14 @@ absl::StatusOr<AttrList> DecodeAttrList(
           absl::StrCat("attribute ", prefix, "#", i, " name ", Quote(a.name()),
                        " must be 1-", kMaxAttrNameBytes, " bytes"));
     }
-    std::string what = absl::StrCat("attribute ", prefix, a.name());
+    std::string path = absl::StrCat(prefix, a.name());
     if (i > 0 && !(attrs.Get(i - 1).name() < a.name())) {
       return absl::InvalidArgumentError(
           absl::StrCat("attribute names must be sorted and unique: ",
                        Quote(prefix + a.name()), " follows ",
                        Quote(prefix + attrs.Get(i - 1).name())));
     }
-    absl::StatusOr<Attr> attr = DecodeAttr(a, what, depth, budget);
+    absl::StatusOr<Attr> attr = DecodeAttr(a, path, depth, budget);
     if (!attr.ok()) return attr.status();
     out.emplace_back(a.name(), *std::move(attr));
   }

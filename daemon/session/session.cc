@@ -93,6 +93,8 @@ void Session::Run() {
       break;
     }
   }
+  // The peer sees EOF now, not when the session object is reaped.
+  ::shutdown(sock_.get(), SHUT_RDWR);
 }
 
 v1::SessionResponse Session::Handle(const v1::SessionRequest& request,

@@ -1,0 +1,327 @@
+"""The Python face of kregd: connect, register, list (over the C shim)."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import os
+import pathlib
+import re
+import threading
+from typing import Any, Optional, Union
+
+from kreg import _shim
+from kreg._errors import (CODE_NAMES, DaemonNotRunningError,
+                          JaxVersionError, KernelRegistrationError, KregError)
+
+SESSION_SUFFIX = ".session"
+
+
+@dataclasses.dataclass(frozen=True)
+class Module:
+  """A kernel module: a path (read by the daemon when it may, else uploaded)
+  or the shared library's bytes (uploaded)."""
+  path: Optional[Union[str, os.PathLike]] = None
+  data: Optional[bytes] = None
+
+  def __post_init__(self):
+    if (self.path is None) == (self.data is None):
+      raise ValueError("kreg.Module needs exactly one of path= and data=")
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """One entry of kregd's registry."""
+  target_name: str
+  platform: str
+  func_name: str
+  content_id: str
+  module_digest: str
+  module_size: int
+  kind: str
+  ffi_api_major: int
+  ffi_api_minor: int
+  traits: int
+  uid: int
+  gid: int
+  pid: int
+  registered_at_us: int
+  origin: str
+
+
+def default_address() -> str:
+  """$KREGD_SOCKET, else the daemon's default gRPC socket path."""
+  env = os.environ.get("KREGD_SOCKET")
+  if env:
+    return env
+  runtime = os.environ.get("XDG_RUNTIME_DIR")
+  if runtime:
+    return os.path.join(runtime, "kregd", "kregd.sock")
+  return "/run/kregd/kregd.sock"
+
+
+def _strip_scheme(address: str) -> str:
+  for prefix in ("unix://", "unix:"):
+    if address.startswith(prefix):
+      return address[len(prefix):]
+  return address
+
+
+def _canonical_platform(platform: str) -> str:
+  p = platform.lower()
+  return {"host": "cpu", "gpu": "cuda"}.get(p, p)
+
+
+def _jax_platform(canonical: str) -> str:
+  return {"cpu": "cpu", "cuda": "CUDA"}.get(canonical, canonical)
+
+
+def _to_target(info: _shim.TargetInfo) -> Target:
+  s = lambda b: b.decode("utf-8", "replace") if b else ""
+  return Target(s(info.target_name), s(info.platform), s(info.func_name),
+                s(info.content_id), s(info.module_digest), info.module_size,
+                s(info.kind), info.ffi_api_major, info.ffi_api_minor,
+                info.traits, info.uid, info.gid, info.pid,
+                info.registered_at_us, s(info.origin))
+
+
+def _targets(lib, handle) -> list[Target]:
+  out = []
+  try:
+    for i in range(lib.kreg_target_list_size(handle)):
+      info = _shim.new(_shim.TargetInfo)
+      err = lib.kreg_target_list_get(handle, i, ctypes.byref(info))
+      e = _shim.take_error(lib, err)
+      if e:
+        raise KregError(e[1], CODE_NAMES.get(e[0], str(e[0])))
+      out.append(_to_target(info))
+  finally:
+    lib.kreg_target_list_destroy(handle)
+  return out
+
+
+_jax_checked = False
+
+
+def _check_jax() -> None:
+  """JaxVersionError when jaxlib's XLA FFI API is older than the shim's."""
+  global _jax_checked
+  if _jax_checked:
+    return
+  import jax  # pylint: disable=import-outside-toplevel
+  import jaxlib  # pylint: disable=import-outside-toplevel
+  v = _shim.version()
+  need = (v.ffi_api_major, v.ffi_api_minor)
+  have = None
+  try:
+    header = pathlib.Path(jax.ffi.include_dir()) / "xla/ffi/api/c_api.h"
+    text = header.read_text()
+    major = re.search(r"#define XLA_FFI_API_MAJOR (\d+)", text)
+    minor = re.search(r"#define XLA_FFI_API_MINOR (\d+)", text)
+    if major and minor:
+      have = (int(major.group(1)), int(minor.group(1)))
+  except (AttributeError, OSError):
+    pass
+  if have is None or have < need:
+    raise JaxVersionError(
+        f"JAX {jax.__version__} (jaxlib {jaxlib.__version__}) hosts XLA FFI "
+        f"API {'unknown' if have is None else '%d.%d' % have}, older than the "
+        f"{need[0]}.{need[1]} that libkreg_client.so was built for; install "
+        "jax==0.11.2 jaxlib==0.11.2 (or newer), or rebuild the shim against "
+        "your jaxlib's headers.")
+  _jax_checked = True
+
+
+class Client:
+  """A connection to one kregd. Thread-safe; use kreg.connect()."""
+
+  def __init__(self, address: Optional[str] = None):
+    self.address = _strip_scheme(address or default_address())
+    self.session_path = self.address + SESSION_SUFFIX
+    self._lib = _shim.load()
+    args = _shim.new(_shim.ConnectArgs)
+    path = self.session_path.encode()
+    args.session_path = path
+    args.session_path_len = len(path)
+    e = _shim.take_error(self._lib, self._lib.kreg_connect(ctypes.byref(args)))
+    self._handle = args.client
+    if e:
+      self._raise(e, KregError)
+    self._bound: dict[tuple[str, str], int] = {}
+    self._lock = threading.Lock()
+
+  def _raise(self, e, kind):
+    code, message = e
+    name = CODE_NAMES.get(code, str(code))
+    if name == "UNAVAILABLE":
+      raise DaemonNotRunningError(
+          f"kregd is not running or not reachable at {self.address}: "
+          f"{message}. Start it with `kregd --socket {self.address}` (from a "
+          "source checkout: `bazel-bin/daemon/kregd --socket "
+          f"{self.address}`), or point KREGD_SOCKET / kreg.connect() at the "
+          "socket of a running kregd.", name)
+    raise kind(message, name)
+
+  # -- registration ----------------------------------------------------
+
+  def _register(self, target_name, platform, func_name, replace, content_id,
+                path=None, data=None):
+    lib = self._lib
+    args = _shim.new(_shim.RegisterArgs)
+    args.client = self._handle
+    keep = []  # keep the encoded buffers alive during the call
+
+    def put(field, value):
+      b = value if isinstance(value, bytes) else value.encode()
+      keep.append(b)
+      setattr(args, field, b)
+      setattr(args, field + "_len", len(b))
+
+    put("target_name", target_name)
+    put("func_name", func_name)
+    put("platform", platform)
+    put("content_id", content_id or "")
+    if path is not None:
+      put("module_path", os.fsencode(path))
+    else:
+      buf = ctypes.create_string_buffer(bytes(data), len(data))
+      keep.append(buf)
+      args.module_bytes = ctypes.cast(buf, ctypes.c_void_p)
+      args.module_bytes_len = len(data)
+    args.replace = 1 if replace else 0
+    e = _shim.take_error(lib, lib.kreg_register(ctypes.byref(args)))
+    if e:
+      self._raise(e, KernelRegistrationError)
+    return bool(args.created), _targets(lib, args.target)[0]
+
+  def register_ffi_target(self, target_name: str, module: Any, func_name: str,
+                          *, platform: str = "CUDA", replace: bool = False,
+                          content_id: Optional[str] = None) -> None:
+    """Registers `func_name` of `module` with kregd as (target_name, platform)
+    and makes jax.ffi.ffi_call(target_name, ...) forward to it.
+
+    module: a path (str or PathLike; the daemon reads it when it is under
+    its allowed roots and readable, else this process uploads its bytes),
+    bytes, or a kreg.Module. Idempotent for identical content; a content
+    change under a registered name raises KernelRegistrationError whether or
+    not `replace` is set (register the rebuild under a distinct name).
+    """
+    if not isinstance(target_name, str):
+      raise TypeError(f"target_name must be a str, got {type(target_name)}")
+    if not isinstance(func_name, str):
+      raise TypeError(f"func_name must be a str, got {type(func_name)}")
+    if not isinstance(platform, str):
+      raise TypeError(f"platform must be a str, got {type(platform)}")
+    _check_jax()
+    if isinstance(module, Module):
+      path, data = module.path, module.data
+    elif isinstance(module, (bytes, bytearray, memoryview)):
+      path, data = None, bytes(module)
+    elif isinstance(module, (str, os.PathLike)):
+      path, data = module, None
+    else:
+      raise TypeError("module must be a path (str/PathLike), bytes or "
+                      f"kreg.Module, got {type(module).__name__}")
+    if path is not None:
+      path = os.path.abspath(os.fspath(path))
+      try:
+        self._register(target_name, platform, func_name, replace, content_id,
+                       path=path)
+      except KernelRegistrationError as e:
+        # The daemon may not read it (outside its allowed roots, another
+        # host path namespace, permissions): upload the bytes instead.
+        if e.code not in ("PERMISSION_DENIED", "NOT_FOUND") or \
+            not os.path.isfile(path):
+          raise
+        with open(path, "rb") as f:
+          data = f.read()
+        self._register(target_name, platform, func_name, replace, content_id,
+                       data=data)
+    else:
+      self._register(target_name, platform, func_name, replace, content_id,
+                     data=data)
+    self._bind_with_jax(target_name, platform)
+
+  def _bind_with_jax(self, target_name: str, platform: str) -> None:
+    import jax  # pylint: disable=import-outside-toplevel
+    canonical = _canonical_platform(platform)
+    key = (target_name, canonical)
+    with _jax_lock:
+      if key in _jax_registered:
+        return
+      args = _shim.new(_shim.BindArgs)
+      args.client = self._handle
+      name = target_name.encode()
+      plat = canonical.encode()
+      args.target_name, args.target_name_len = name, len(name)
+      args.platform, args.platform_len = plat, len(plat)
+      e = _shim.take_error(self._lib, self._lib.kreg_bind(ctypes.byref(args)))
+      if e:
+        self._raise(e, KregError)
+      jax.ffi.register_ffi_target(target_name, jax.ffi.pycapsule(args.handler),
+                                  platform=_jax_platform(canonical))
+      _jax_registered[key] = args.handler
+
+  def list_registered_targets(self) -> list[Target]:
+    """Every entry of kregd's registry (all processes' registrations)."""
+    args = _shim.new(_shim.ListArgs)
+    args.client = self._handle
+    e = _shim.take_error(self._lib,
+                         self._lib.kreg_list_targets(ctypes.byref(args)))
+    if e:
+      self._raise(e, KregError)
+    return _targets(self._lib, args.targets)
+
+  def stats(self) -> dict[str, int]:
+    """Counters of this process's shim for this daemon."""
+    s = _shim.new(_shim.ClientStats)
+    s.client = self._handle
+    self._lib.kreg_client_stats(ctypes.byref(s))
+    return {f: getattr(s, f) for f in ("launches", "launch_errors",
+                                       "reconnects", "sessions", "slots_used",
+                                       "slots_total")}
+
+
+# (target, canonical platform) registered with this process's JAX.
+_jax_lock = threading.Lock()
+_jax_registered: dict[tuple[str, str], int] = {}
+
+_default_lock = threading.Lock()
+_default: Optional[Client] = None
+
+
+def connect(address: Optional[str] = None) -> Client:
+  """Connects to kregd at `address` (its gRPC socket path; sessions use
+  `<address>.session`), by default $KREGD_SOCKET or the daemon's default
+  socket, and makes it the default client. DaemonNotRunningError when it
+  does not answer."""
+  global _default
+  client = Client(address)
+  with _default_lock:
+    _default = client
+  return client
+
+
+def default_client() -> Client:
+  global _default
+  with _default_lock:
+    if _default is None:
+      _default = Client(None)
+    return _default
+
+
+def register_ffi_target(target_name: str, module: Any, func_name: str, *,
+                        platform: str = "CUDA", replace: bool = False,
+                        content_id: Optional[str] = None) -> None:
+  """Registers a compiled XLA FFI handler with kregd as a JAX FFI target.
+
+  See Client.register_ffi_target; uses the default client (kreg.connect()).
+  """
+  default_client().register_ffi_target(
+      target_name, module, func_name, platform=platform, replace=replace,
+      content_id=content_id)
+
+
+def list_registered_targets() -> list[Target]:
+  """Every entry of the daemon's registry."""
+  return default_client().list_registered_targets()

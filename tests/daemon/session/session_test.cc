@@ -1,0 +1,327 @@
+#include "daemon/session/session.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "catch2/catch.hpp"
+#include "daemon/session/wire.h"
+#include "tests/daemon/session/test_util.h"
+#include "xla/ffi/api/c_api.h"
+
+namespace kreg {
+namespace {
+
+using ::kreg::testing::MakeMemfd;
+
+// Doubles F32 arg 0 into ret 0 for target "t"; everything else NOT_FOUND.
+class FakeBackend : public SessionBackend {
+ public:
+  absl::StatusOr<v1::RegisterReply> Register(const v1::RegisterRequest& r,
+                                             const PeerCred& peer) override {
+    if (r.target_name() == "refused") {
+      return absl::FailedPreconditionError("target \"refused\" exists");
+    }
+    last_peer = peer;
+    v1::RegisterReply reply;
+    reply.set_created(true);
+    reply.mutable_target()->set_target_name(r.target_name());
+    return reply;
+  }
+  v1::ListReply List() override { return {}; }
+  absl::StatusOr<void*> Lookup(const TargetKey& key) override {
+    ++lookups;
+    if (key.name != "t")
+      return absl::NotFoundError("not registered: " + key.name);
+    return reinterpret_cast<void*>(0x1);
+  }
+  absl::Status Execute(void*, const LaunchFrame& frame) override {
+    if (!frame.attrs.empty()) return absl::InternalError("handler says no");
+    auto* in = static_cast<float*>(frame.args[0].data);
+    auto* out = static_cast<float*>(frame.rets[0].data);
+    for (int64_t i = 0; i < frame.args[0].dims[0]; ++i) out[i] = 2 * in[i];
+    return absl::OkStatus();
+  }
+  uint32_t ffi_api_major() const override { return 0; }
+  uint32_t ffi_api_minor() const override { return 4; }
+  int lookups = 0;
+  PeerCred last_peer;
+};
+
+struct Fixture {
+  Fixture()
+      : session(7, UniqueFd(), PeerCred{1, 2, 3}, Limits(), &backend,
+                &counters) {}
+  static SessionLimits Limits() {
+    SessionLimits l;
+    l.max_arena_bytes = 1 << 20;
+    return l;
+  }
+  v1::SessionResponse Send(const v1::SessionRequest& r,
+                           std::vector<UniqueFd> fds = {}) {
+    return session.Handle(r, std::move(fds));
+  }
+  v1::SessionResponse Hello() {
+    v1::SessionRequest r;
+    r.set_id(1);
+    r.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
+    return Send(r);
+  }
+  FakeBackend backend;
+  SessionCounters counters;
+  Session session;
+};
+
+v1::SessionRequest LaunchRequest(const std::string& target) {
+  v1::SessionRequest r;
+  r.set_id(5);
+  v1::Launch* l = r.mutable_launch();
+  l->set_target_name(target);
+  l->set_platform("cpu");
+  for (auto* b : {l->add_args(), l->add_rets()}) {
+    b->set_dtype(XLA_FFI_DataType_F32);
+    b->add_dims(2);
+    b->set_size(8);
+  }
+  l->mutable_rets(0)->set_offset(64);
+  return r;
+}
+
+TEST_CASE("Hello answers with the session's id and limits", "[session]") {
+  Fixture fx;
+  v1::SessionResponse resp = fx.Hello();
+  CHECK(resp.id() == 1);
+  CHECK(resp.status().code() == 0);
+  CHECK(resp.hello().session_id() == 7);
+  CHECK(resp.hello().ffi_api_minor() == 4);
+  CHECK(resp.hello().max_arena_bytes() == 1 << 20);
+}
+
+TEST_CASE("Requests before Hello are refused", "[session]") {
+  Fixture fx;
+  v1::SessionRequest r;
+  r.mutable_list();
+  v1::SessionResponse resp = fx.Send(r);
+  CHECK(resp.status().code() == int(absl::StatusCode::kFailedPrecondition));
+  CHECK(resp.status().message() ==
+        "the first request of a session must be Hello");
+}
+
+TEST_CASE("A second Hello is refused", "[session]") {
+  Fixture fx;
+  fx.Hello();
+  CHECK(fx.Hello().status().message() == "Hello was already sent");
+}
+
+TEST_CASE("Another protocol major version is refused", "[session]") {
+  Fixture fx;
+  v1::SessionRequest r;
+  r.mutable_hello()->set_protocol_major(2);
+  r.mutable_hello()->set_protocol_minor(3);
+  v1::SessionResponse resp = fx.Send(r);
+  CHECK(resp.status().code() == int(absl::StatusCode::kFailedPrecondition));
+  CHECK(resp.status().message() ==
+        "session protocol 2.3 is not supported; kregd speaks 1.0 (upgrade "
+        "the client library or kregd)");
+}
+
+TEST_CASE("An empty request is refused", "[session]") {
+  Fixture fx;
+  fx.Hello();
+  v1::SessionResponse resp = fx.Send(v1::SessionRequest());
+  CHECK(resp.status().message() == "unknown session request kind 0");
+}
+
+TEST_CASE("Descriptors on a request other than ArenaGrow are refused",
+          "[session]") {
+  Fixture fx;
+  fx.Hello();
+  std::vector<UniqueFd> fds;
+  fds.push_back(MakeMemfd(4096));
+  v1::SessionResponse resp = fx.Send(LaunchRequest("t"), std::move(fds));
+  CHECK(resp.status().code() == int(absl::StatusCode::kInvalidArgument));
+  CHECK(resp.status().message() ==
+        "1 unexpected file descriptor(s) attached to a request other than "
+        "ArenaGrow");
+}
+
+TEST_CASE("ArenaGrow needs exactly one descriptor", "[session]") {
+  Fixture fx;
+  fx.Hello();
+  v1::SessionRequest r;
+  r.mutable_arena_grow()->set_size(4096);
+  CHECK(fx.Send(r).status().message() ==
+        "ArenaGrow needs exactly one memfd attached, got 0");
+  std::vector<UniqueFd> two;
+  two.push_back(MakeMemfd(4096));
+  two.push_back(MakeMemfd(4096));
+  CHECK(fx.Send(r, std::move(two)).status().message() ==
+        "ArenaGrow needs exactly one memfd attached, got 2");
+}
+
+TEST_CASE("ArenaGrow passes the arena's refusal through", "[session]") {
+  Fixture fx;
+  fx.Hello();
+  v1::SessionRequest r;
+  r.mutable_arena_grow()->set_size(2 << 20);
+  std::vector<UniqueFd> fds;
+  fds.push_back(MakeMemfd(2 << 20));
+  v1::SessionResponse resp = fx.Send(r, std::move(fds));
+  CHECK(resp.status().code() == int(absl::StatusCode::kResourceExhausted));
+}
+
+TEST_CASE("Launch runs the handler on arena memory", "[session]") {
+  Fixture fx;
+  fx.Hello();
+  UniqueFd fd = MakeMemfd(4096);
+  auto* mem = static_cast<float*>(
+      ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0));
+  v1::SessionRequest grow;
+  grow.mutable_arena_grow()->set_size(4096);
+  std::vector<UniqueFd> fds;
+  fds.push_back(std::move(fd));
+  REQUIRE(fx.Send(grow, std::move(fds)).arena_grow().size() == 4096);
+  mem[0] = 1.5f;
+  mem[1] = -2.0f;
+  v1::SessionResponse resp = fx.Send(LaunchRequest("t"));
+  CHECK(resp.status().code() == 0);
+  CHECK(resp.has_launch());
+  CHECK(mem[16] == 3.0f);
+  CHECK(mem[17] == -4.0f);
+  fx.Send(LaunchRequest("t"));
+  CHECK(fx.backend.lookups == 1);  // cached per session
+  CHECK(fx.counters.launches == 2);
+  CHECK(fx.counters.launch_errors == 0);
+  ::munmap(mem, 4096);
+}
+
+TEST_CASE("Launch: validation, lookup and handler errors come back",
+          "[session]") {
+  Fixture fx;
+  fx.Hello();
+  // No arena yet: the buffers are out of range.
+  v1::SessionResponse resp = fx.Send(LaunchRequest("t"));
+  CHECK(resp.status().code() == int(absl::StatusCode::kOutOfRange));
+  CHECK(resp.status().message() ==
+        "arg 0: region [0, 8) ends past the session arena of 0 bytes");
+  v1::SessionRequest grow;
+  grow.mutable_arena_grow()->set_size(4096);
+  std::vector<UniqueFd> fds;
+  fds.push_back(MakeMemfd(4096));
+  fx.Send(grow, std::move(fds));
+  resp = fx.Send(LaunchRequest("missing"));
+  CHECK(resp.status().code() == int(absl::StatusCode::kNotFound));
+  CHECK(resp.status().message() == "not registered: missing");
+  v1::SessionRequest bad = LaunchRequest("t");
+  v1::Attribute* a = bad.mutable_launch()->add_attrs();
+  a->set_name("x");
+  a->set_kind(v1::ATTR_KIND_STRING);
+  resp = fx.Send(bad);
+  CHECK(resp.status().code() == int(absl::StatusCode::kInternal));
+  CHECK(resp.status().message() == "handler says no");
+  CHECK(fx.counters.launches == 3);
+  CHECK(fx.counters.launch_errors == 3);
+}
+
+TEST_CASE("Register passes the peer and the refusal through", "[session]") {
+  Fixture fx;
+  fx.Hello();
+  v1::SessionRequest r;
+  r.mutable_register_target()->set_target_name("ok");
+  v1::SessionResponse resp = fx.Send(r);
+  CHECK(resp.register_target().created());
+  CHECK(fx.backend.last_peer.pid == 3);
+  r.mutable_register_target()->set_target_name("refused");
+  resp = fx.Send(r);
+  CHECK(resp.status().code() == int(absl::StatusCode::kFailedPrecondition));
+  CHECK(resp.status().message() == "target \"refused\" exists");
+}
+
+// ---- the request loop over a socket --------------------------------------
+
+struct Wired {
+  Wired() {
+    int sv[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+    client.reset(sv[0]);
+    SessionLimits limits;
+    limits.max_message_bytes = 1024;
+    session = std::make_unique<Session>(1, UniqueFd(sv[1]), PeerCred{}, limits,
+                                        &backend, &counters);
+    thread = std::thread([this] { session->Run(); });
+  }
+  ~Wired() {
+    session->Shutdown();
+    thread.join();
+  }
+  v1::SessionResponse Recv() {
+    std::string payload;
+    std::vector<int> fds;
+    REQUIRE(wire::RecvFrame(client.get(), 1 << 20, &payload, &fds) ==
+            wire::kOk);
+    v1::SessionResponse resp;
+    REQUIRE(resp.ParseFromString(payload));
+    return resp;
+  }
+  FakeBackend backend;
+  SessionCounters counters;
+  UniqueFd client;
+  std::unique_ptr<Session> session;
+  std::thread thread;
+};
+
+TEST_CASE("Run answers requests in order", "[session]") {
+  Wired w;
+  v1::SessionRequest r;
+  r.set_id(42);
+  r.mutable_hello()->set_protocol_major(1);
+  std::string out = r.SerializeAsString();
+  REQUIRE(wire::SendFrame(w.client.get(), out.data(), out.size(), nullptr, 0) ==
+          wire::kOk);
+  CHECK(w.Recv().id() == 42);
+}
+
+TEST_CASE("Run answers a malformed request and keeps going", "[session]") {
+  Wired w;
+  std::string junk = "\xff\xff\xff";
+  REQUIRE(wire::SendFrame(w.client.get(), junk.data(), junk.size(), nullptr,
+                          0) == wire::kOk);
+  v1::SessionResponse resp = w.Recv();
+  CHECK(resp.status().code() == int(absl::StatusCode::kInvalidArgument));
+  CHECK(resp.status().message() ==
+        "malformed session request (3 bytes do not parse as "
+        "kreg.v1.SessionRequest)");
+}
+
+TEST_CASE("Run refuses an oversized message and closes", "[session]") {
+  Wired w;
+  std::string big(2000, 'x');
+  REQUIRE(wire::SendFrame(w.client.get(), big.data(), big.size(), nullptr, 0) ==
+          wire::kOk);
+  v1::SessionResponse resp = w.Recv();
+  CHECK(resp.status().code() == int(absl::StatusCode::kResourceExhausted));
+  CHECK(resp.status().message() ==
+        "session message refused: message larger than the limit "
+        "(max_message_bytes 1024, at most 4 fds)");
+  std::string payload;
+  std::vector<int> fds;
+  CHECK(wire::RecvFrame(w.client.get(), 1 << 20, &payload, &fds) == wire::kEof);
+}
+
+TEST_CASE("PeerCredOf reports this process", "[session]") {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  auto peer = PeerCredOf(sv[0]);
+  REQUIRE(peer.ok());
+  CHECK(peer->pid == ::getpid());
+  CHECK(peer->uid == ::getuid());
+  ::close(sv[0]);
+  ::close(sv[1]);
+  CHECK(PeerCredOf(-1).status().code() == absl::StatusCode::kInternal);
+}
+
+}  // namespace
+}  // namespace kreg
