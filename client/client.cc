@@ -67,7 +67,7 @@ absl::StatusOr<v1::RegisterTargetResponse> Client::Register(
   if (!s.ok()) {
     absl::Status st = FromGrpc(s);
     if (error != nullptr) {
-      error->status = st;
+      *error = RegisterError{st};
       google::rpc::Status rpc;
       if (!s.error_details().empty() &&
           rpc.ParseFromString(s.error_details())) {

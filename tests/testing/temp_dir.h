@@ -11,8 +11,8 @@ namespace kreg::testing {
 class TempDir {
  public:
   TempDir() {
-    const char* base = std::getenv("TEST_TMPDIR");
-    std::string tmpl = std::string(base ? base : "/tmp") + "/kreg-XXXXXX";
+    // Not $TEST_TMPDIR: Unix socket paths must stay under 108 bytes.
+    std::string tmpl = "/tmp/kreg-test-XXXXXX";
     path_ = ::mkdtemp(tmpl.data());
   }
   ~TempDir() {
