@@ -18,6 +18,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/ffi/ffi_host.h"
+#include "daemon/session/session_server.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
@@ -286,10 +288,31 @@ void Daemon::Shutdown() {
   spdlog::info("kregd stopped");
 }
 
-absl::Status Daemon::StartSessions() { return absl::OkStatus(); }
+absl::Status Daemon::StartSessions() {
+  host_ = std::make_unique<FfiHost>();
+  SessionOptions opts;
+  opts.socket_path = SessionSocketPath(config_.socket_path);
+  opts.listen_fd = session_listen_fd_;
+  opts.max_arena_bytes = config_.max_arena_bytes;
+  if (!config_.socket_group.empty()) {
+    if (struct group* g = ::getgrnam(config_.socket_group.c_str())) {
+      opts.socket_gid = g->gr_gid;
+    }
+  }
+  sessions_ = std::make_unique<SessionServer>(opts, &registrar_, &registry_,
+                                              host_.get());
+  return sessions_->Start();
+}
 
-void Daemon::StopSessions() {}
+void Daemon::StopSessions() {
+  if (sessions_ != nullptr) sessions_->Stop();
+}
 
-void Daemon::FillSessionStatus(v1::GetStatusResponse*) {}
+void Daemon::FillSessionStatus(v1::GetStatusResponse* r) {
+  if (sessions_ == nullptr) return;
+  r->set_sessions(static_cast<uint32_t>(sessions_->sessions()));
+  r->set_launches(sessions_->launches());
+  r->set_launch_errors(sessions_->launch_errors());
+}
 
 }  // namespace kreg

@@ -59,6 +59,8 @@ class Daemon {
   Journal journal_;
   Registry registry_;
   Registrar registrar_;
+  std::unique_ptr<FfiHost> host_;
+  std::unique_ptr<SessionServer> sessions_;
   std::unique_ptr<RegistryService> service_;
   std::unique_ptr<grpc::Server> server_;
   UniqueFd listen_fd_;
