@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Installs what kregd needs on Debian 12 and is missing: the Debian packages
+# (build tools, gRPC, protobuf, spdlog, Catch2, libsystemd, ...) and a Python
+# 3.12 virtual environment at .venv with jax/jaxlib 0.11.2 (whose XLA FFI
+# headers the build uses). Idempotent; safe to re-run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(bazel-bootstrap bazel-platforms bazel-skylib bazel-rules-proto
+  bazel-rules-java g++ pkg-config libgrpc++-dev protobuf-compiler-grpc
+  libprotobuf-dev protobuf-compiler libspdlog-dev catch2 libsystemd-dev
+  libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libabsl-dev libssl-dev
+  zlib1g-dev systemd clang-format)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
+    || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi
+
+# jax 0.11.2 needs Python >= 3.12 (Debian 12 ships 3.11).
+find_python() {
+  for c in "${KREG_PYTHON_BOOTSTRAP:-}" python3.13 python3.12 \
+      "$HOME"/.pyenv/versions/3.12*/bin/python3.12 \
+      /root/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12; do
+    [[ -n "$c" ]] || continue
+    if command -v "$c" >/dev/null 2>&1 &&
+        "$c" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+      command -v "$c"; return 0
+    fi
+  done
+  return 1
+}
+if [[ ! -x .venv/bin/python ]]; then
+  py=$(find_python) || {
+    echo "setup: jax 0.11.2 needs Python 3.12 or newer and none was found;" \
+         "install one (e.g. pyenv install 3.12) or set KREG_PYTHON_BOOTSTRAP" >&2
+    exit 1
+  }
+  echo "setup: creating .venv with $py"
+  "$py" -m venv .venv
+fi
+if ! .venv/bin/python -c 'import jax, jaxlib, pytest, numpy; assert jax.__version__ == "0.11.2"' 2>/dev/null; then
+  echo "setup: installing jax==0.11.2 jaxlib==0.11.2 pytest numpy into .venv"
+  .venv/bin/pip install -q --disable-pip-version-check \
+    jax==0.11.2 jaxlib==0.11.2 pytest numpy
+fi

@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Counts test cases across Bazel's Catch2 logs and pytest's JUnit XML and
+prints one line: `tests: N passed, N failed`.
+
+A Bazel test target whose log has no Catch2 summary (it crashed, timed out or
+did not build) counts as one failed test case.
+"""
+import pathlib
+import re
+import sys
+import xml.etree.ElementTree as ET
+
+ALL_PASSED = re.compile(r"All tests passed \((\d+) assertions? in (\d+) test cases?\)")
+SUMMARY = re.compile(r"test cases:\s+(\d+) \|\s+(\d+) passed \|\s+(\d+) failed")
+
+
+def catch2(testlogs: pathlib.Path, targets: list[str]):
+    passed = failed = 0
+    for target in targets:
+        log = testlogs / target.lstrip("/").replace(":", "/") / "test.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        if m := ALL_PASSED.search(text):
+            passed += int(m.group(2))
+        elif m := SUMMARY.search(text):
+            passed += int(m.group(2))
+            failed += int(m.group(3))
+        else:
+            print(f"summarize: {target}: no Catch2 summary in {log}; counted as 1 failure",
+                  file=sys.stderr)
+            failed += 1
+    return passed, failed
+
+
+def pytest(xml: pathlib.Path):
+    if not xml.exists():
+        print(f"summarize: {xml} is missing; counted as 1 failure", file=sys.stderr)
+        return 0, 1
+    passed = failed = 0
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        kinds = {child.tag for child in case}
+        if kinds & {"failure", "error"}:
+            failed += 1
+        elif "skipped" not in kinds:
+            passed += 1
+    return passed, failed
+
+
+def main():
+    testlogs = pathlib.Path(sys.argv[1])
+    targets = pathlib.Path(sys.argv[2]).read_text().split()
+    xmls = [pathlib.Path(p) for p in sys.argv[3:]]
+    p, f = catch2(testlogs, targets)
+    for xml in xmls:
+        dp, df = pytest(xml)
+        p, f = p + dp, f + df
+    print(f"tests: {p} passed, {f} failed")
+    return 1 if f else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
