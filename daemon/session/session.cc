@@ -93,8 +93,11 @@ void Session::Run() {
       break;
     }
   }
-  // The peer sees EOF now, not when the session object is reaped.
+  // Release now, not when the session object is reaped: the peer sees EOF
+  // and the arena's memory goes back at once.
   ::shutdown(sock_.get(), SHUT_RDWR);
+  arena_.Reset();
+  handlers_.clear();
 }
 
 v1::SessionResponse Session::Handle(const v1::SessionRequest& request,

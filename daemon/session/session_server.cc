@@ -101,13 +101,17 @@ absl::Status SessionServer::Start() {
 void SessionServer::AcceptLoop() {
   while (!stopping_.load()) {
     pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}};
-    if (::poll(fds, 2, -1) < 0) {
+    // Wakes up now and then to reap finished sessions (joins their threads,
+    // closes their sockets) even when nobody connects.
+    int ready = ::poll(fds, 2, 1000);
+    if (ready < 0) {
       if (errno == EINTR) continue;
       spdlog::error("sessions: poll failed: {}", strerror(errno));
       return;
     }
     if (fds[1].revents != 0 || stopping_.load()) return;
-    if ((fds[0].revents & POLLIN) == 0) continue;
+    ReapFinished();
+    if (ready == 0 || (fds[0].revents & POLLIN) == 0) continue;
     UniqueFd sock(::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC));
     if (!sock.ok()) {
       if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
@@ -115,7 +119,6 @@ void SessionServer::AcceptLoop() {
       }
       continue;
     }
-    ReapFinished();
     StartSession(std::move(sock));
   }
 }

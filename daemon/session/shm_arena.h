@@ -35,6 +35,9 @@ class ShmArena {
   // A zero-size region at or before the end is valid.
   absl::StatusOr<char*> Region(uint64_t offset, uint64_t size) const;
 
+  // Unmaps and closes the arena (the session ended).
+  void Reset() { Unmap(); }
+
   uint64_t size() const { return size_; }
   uint64_t max_bytes() const { return max_bytes_; }
 

@@ -1,0 +1,394 @@
+"""The kreg package and session lifecycle against a real daemon: registration
+rules, errors, threads, several processes, daemon stop and restart, client
+crash, and what the shim exports into a JAX process."""
+
+import concurrent.futures
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import jax
+import numpy as np
+import pytest
+
+import kernels_util as ku
+import kreg
+
+PY = sys.executable
+
+
+def sds(x):
+  return jax.ShapeDtypeStruct(np.shape(x), x.dtype)
+
+
+def scale(name, x, factor=2.0):
+  return jax.ffi.ffi_call(name, sds(x))(x, factor=np.float32(factor))
+
+
+def run_child(kregd, code, timeout=120, env=None):
+  e = kregd.env()
+  e.update(env or {})
+  p = subprocess.run([PY, "-c", textwrap.dedent(code)], env=e,
+                     capture_output=True, text=True, timeout=timeout)
+  return p
+
+
+@pytest.fixture(scope="module")
+def demo(kreg_client):
+  try:
+    return ku.kernel_path(ku.DEMO)
+  except FileNotFoundError as e:
+    pytest.skip(str(e))
+
+
+# ---- registration ---------------------------------------------------------
+
+def test_register_path_is_idempotent_and_listed(running_kregd, demo):
+  kreg.register_ffi_target("t.reg.scale", demo, "Scale", platform="cpu")
+  kreg.register_ffi_target("t.reg.scale", str(demo), "Scale", platform="CPU")
+  x = np.arange(4, dtype=np.float32)
+  np.testing.assert_array_equal(np.asarray(scale("t.reg.scale", x)), 2 * x)
+  entries = [t for t in kreg.list_registered_targets()
+             if t.target_name == "t.reg.scale"]
+  assert len(entries) == 1
+  t = entries[0]
+  assert t.platform == "cpu" and t.func_name == "Scale"
+  assert t.content_id.startswith("sha256:") and len(t.content_id) == 71
+  assert t.origin.startswith("path:")
+  assert t.pid == os.getpid()
+
+
+def test_register_bytes_and_module(running_kregd, demo):
+  data = demo.read_bytes()
+  kreg.register_ffi_target("t.bytes.scale", data, "Scale", platform="host")
+  kreg.register_ffi_target("t.bytes.scale", kreg.Module(data=data), "Scale",
+                           platform="cpu")
+  kreg.register_ffi_target("t.bytes.scale", kreg.Module(path=demo), "Scale",
+                           platform="cpu")  # same content: a no-op
+  x = np.ones(3, np.float32)
+  np.testing.assert_array_equal(np.asarray(scale("t.bytes.scale", x, 3)), 3 * x)
+  t = [t for t in kreg.list_registered_targets()
+       if t.target_name == "t.bytes.scale"][0]
+  assert t.origin.startswith("upload:")
+
+
+def test_path_outside_allowed_roots_is_uploaded(running_kregd, demo, tmp_path):
+  copy = tmp_path / "libcopy.so"
+  shutil.copy(demo, copy)
+  kreg.register_ffi_target("t.upload.scale", copy, "Scale", platform="cpu")
+  t = [t for t in kreg.list_registered_targets()
+       if t.target_name == "t.upload.scale"][0]
+  assert t.origin.startswith("upload:")
+  x = np.ones(2, np.float32)
+  np.testing.assert_array_equal(np.asarray(scale("t.upload.scale", x)), 2 * x)
+
+
+def test_content_id_makes_rebuilds_idempotent(running_kregd, demo):
+  v2 = ku.kernel_path(ku.DEMO_V2)
+  kreg.register_ffi_target("t.cid", demo, "Scale", platform="cpu",
+                           content_id="build-key-1")
+  kreg.register_ffi_target("t.cid", v2, "Scale", platform="cpu",
+                           content_id="build-key-1")  # same identity
+  with pytest.raises(kreg.KernelRegistrationError) as info:
+    kreg.register_ffi_target("t.cid", demo, "Scale", platform="cpu",
+                             content_id="build-key-2")
+  assert info.value.code == "FAILED_PRECONDITION"
+  assert "build-key-1" in info.value.message
+  assert "build-key-2" in info.value.message
+
+
+def test_conflicting_content_is_refused(running_kregd, demo):
+  kreg.register_ffi_target("t.conflict", demo, "Scale", platform="cpu")
+  for replace in (False, True):
+    with pytest.raises(kreg.KernelRegistrationError) as info:
+      kreg.register_ffi_target("t.conflict", ku.kernel_path(ku.DEMO_V2),
+                               "Scale", platform="cpu", replace=replace)
+    assert info.value.code == "FAILED_PRECONDITION"
+    assert "t.conflict" in str(info.value)
+    assert "distinct target name" in str(info.value)
+  with pytest.raises(kreg.KernelRegistrationError):
+    kreg.register_ffi_target("t.conflict", demo, "AddMul", platform="cpu")
+
+
+@pytest.mark.parametrize("name,func,platform,code,text", [
+    ("9bad", "Scale", "cpu", "INVALID_ARGUMENT", '"9bad"'),
+    ("bad name", "Scale", "cpu", "INVALID_ARGUMENT", '"bad name"'),
+    ("t.ok", "Scale", "rocm", "UNIMPLEMENTED", '"rocm"'),
+    ("t.ok", "Scale", "tpu9", "INVALID_ARGUMENT", '"tpu9"'),
+    ("t.ok", "NoSuchSymbol", "cpu", None, "NoSuchSymbol"),
+])
+def test_refusals_carry_the_daemons_message(running_kregd, demo, name, func,
+                                            platform, code, text):
+  with pytest.raises(kreg.KernelRegistrationError) as info:
+    kreg.register_ffi_target(name, demo, func, platform=platform)
+  assert text in info.value.message
+  if code:
+    assert info.value.code == code
+
+
+def test_module_argument_types(running_kregd):
+  with pytest.raises(TypeError, match="module must be a path"):
+    kreg.register_ffi_target("t.x", 42, "Scale", platform="cpu")
+  with pytest.raises(ValueError, match="exactly one of path= and data="):
+    kreg.Module()
+
+
+def test_missing_path_is_refused(running_kregd, tmp_path):
+  with pytest.raises(kreg.KernelRegistrationError) as info:
+    kreg.register_ffi_target("t.missing", tmp_path / "nope.so", "Scale",
+                             platform="cpu")
+  assert "nope.so" in info.value.message
+
+
+# ---- launches ---------------------------------------------------------------
+
+def test_many_threads_and_functions_at_once(running_kregd, demo):
+  kreg.register_ffi_target("t.mt.scale", demo, "Scale", platform="cpu")
+  kreg.register_ffi_target("t.mt.addmul", demo, "AddMul", platform="cpu")
+  fns = []
+  for n in (1, 17, 1000, 100000):
+    fns.append((n, jax.jit(lambda x: scale("t.mt.scale", x, 1.5))))
+    fns.append((n, jax.jit(lambda a: jax.ffi.ffi_call(
+        "t.mt.addmul", (sds(a), sds(a)))(a, a + 1)[1])))
+
+  def work(seed):
+    rng = np.random.default_rng(seed)
+    for it in range(40):
+      n, f = fns[(seed + it) % len(fns)]
+      x = rng.normal(size=n).astype(np.float32)
+      y = np.asarray(f(x))
+      want = x * np.float32(1.5) if (seed + it) % 2 == 0 else x * (x + 1)
+      np.testing.assert_allclose(y, want, rtol=1e-6)
+    return True
+
+  with concurrent.futures.ThreadPoolExecutor(16) as pool:
+    assert all(pool.map(work, range(32)))
+  stats = kreg.connect(running_kregd.socket).stats()
+  assert stats["sessions"] >= 1 and stats["launches"] >= 32 * 40
+
+
+def test_daemon_handler_errors_surface_as_jax_errors(running_kregd, demo):
+  kreg.register_ffi_target("t.fail", demo, "Fail", platform="cpu")
+  x = np.zeros(1, np.float32)
+  with pytest.raises(jax.errors.JaxRuntimeError,
+                     match=r"demo.Fail: refused on purpose \(code=3\)"):
+    jax.block_until_ready(jax.ffi.ffi_call("t.fail", sds(x))(x, code=3))
+
+
+def test_two_processes_share_one_daemon(running_kregd, demo):
+  kreg.register_ffi_target("t.shared", demo, "Scale", platform="cpu")
+  code = f"""
+    import jax, numpy as np, kreg
+    kreg.register_ffi_target("t.shared", {str(demo)!r}, "Scale", platform="cpu")
+    x = np.arange(5, dtype=np.float32)
+    y = jax.jit(lambda v: jax.ffi.ffi_call("t.shared",
+        jax.ShapeDtypeStruct(v.shape, v.dtype))(v, factor=np.float32(4)))(x)
+    print("RESULT", np.asarray(y).tolist())
+  """
+  procs = [subprocess.Popen([PY, "-c", textwrap.dedent(code)],
+                            env=running_kregd.env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+           for _ in range(2)]
+  for p in procs:
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    assert "RESULT [0.0, 4.0, 8.0, 12.0, 16.0]" in out
+  entries = [t for t in kreg.list_registered_targets()
+             if t.target_name == "t.shared"]
+  assert len(entries) == 1 and entries[0].pid == os.getpid()
+
+
+def test_second_process_conflict_raises_with_daemons_message(running_kregd,
+                                                             demo):
+  kreg.register_ffi_target("t.xproc", demo, "Scale", platform="cpu")
+  p = run_child(running_kregd, f"""
+    import kreg
+    try:
+      kreg.register_ffi_target("t.xproc", {str(ku.kernel_path(ku.DEMO_V2))!r},
+                               "Scale", platform="cpu")
+    except kreg.KernelRegistrationError as e:
+      print("CODE", e.code)
+      print("MESSAGE", e.message)
+  """)
+  assert p.returncode == 0, p.stderr
+  assert "CODE FAILED_PRECONDITION" in p.stdout
+  assert "t.xproc" in p.stdout and "distinct target name" in p.stdout
+
+
+def arena_maps(pid):
+  with open(f"/proc/{pid}/maps") as f:
+    return sum(1 for line in f if "kreg-arena" in line)
+
+
+def test_killed_client_releases_its_session(running_kregd, demo):
+  code = f"""
+    import sys, time, jax, numpy as np, kreg
+    kreg.register_ffi_target("t.crash", {str(demo)!r}, "Scale", platform="cpu")
+    x = np.ones(1 << 20, np.float32)
+    jax.block_until_ready(jax.ffi.ffi_call("t.crash",
+        jax.ShapeDtypeStruct(x.shape, x.dtype))(x, factor=np.float32(2)))
+    print("READY", flush=True)
+    time.sleep(600)
+  """
+  before = arena_maps(running_kregd.pid)
+  p = subprocess.Popen([PY, "-c", textwrap.dedent(code)],
+                       env=running_kregd.env(), stdout=subprocess.PIPE,
+                       text=True)
+  try:
+    assert p.stdout.readline().strip() == "READY"
+    assert arena_maps(running_kregd.pid) > before
+  finally:
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+  deadline = time.monotonic() + 10
+  while arena_maps(running_kregd.pid) > before and time.monotonic() < deadline:
+    time.sleep(0.05)
+  assert arena_maps(running_kregd.pid) == before
+
+
+def test_daemon_stop_gives_a_clear_error_and_restart_recovers(running_kregd,
+                                                              demo):
+  kreg.register_ffi_target("t.restart", demo, "Scale", platform="cpu")
+  f = jax.jit(lambda v: scale("t.restart", v, 2.0))
+  x = np.arange(3, dtype=np.float32)
+  np.testing.assert_array_equal(np.asarray(f(x)), 2 * x)
+  client = kreg.connect(running_kregd.socket)
+  reconnects = client.stats()["reconnects"]
+  running_kregd.stop()
+  try:
+    # jaxlib raises UNAVAILABLE statuses as ValueError, others as
+    # JaxRuntimeError; the message is what matters.
+    with pytest.raises((jax.errors.JaxRuntimeError, ValueError)) as info:
+      np.asarray(f(x))
+    msg = str(info.value)
+    assert "UNAVAILABLE" in msg
+    assert running_kregd.session_socket in msg
+    assert "is kregd running?" in msg
+    with pytest.raises(kreg.DaemonNotRunningError) as info:
+      kreg.list_registered_targets()
+    assert running_kregd.socket in str(info.value)
+    assert "kregd --socket" in str(info.value)
+  finally:
+    running_kregd.start()
+  # Same process, same jitted function: reconnects, re-registers, runs.
+  np.testing.assert_array_equal(np.asarray(f(x + 1)), 2 * (x + 1))
+  assert client.stats()["reconnects"] > reconnects
+  assert "t.restart" in [t.target_name for t in kreg.list_registered_targets()]
+
+
+def test_daemon_killed_mid_use_recovers(running_kregd, demo):
+  kreg.register_ffi_target("t.kill9", demo, "AddMul", platform="cpu")
+  a = np.arange(4, dtype=np.float32)
+  f = jax.jit(lambda u: jax.ffi.ffi_call("t.kill9", (sds(u), sds(u)))(u, u))
+  np.testing.assert_array_equal(np.asarray(f(a)[0]), 2 * a)
+  running_kregd.stop(signal.SIGKILL)
+  running_kregd.start()
+  np.testing.assert_array_equal(np.asarray(f(a)[1]), a * a)
+
+
+# ---- environment errors -----------------------------------------------------
+
+def test_daemon_not_running_names_the_socket(tmp_path):
+  sock = str(tmp_path / "nothing.sock")
+  with pytest.raises(kreg.DaemonNotRunningError) as info:
+    kreg.connect(sock)
+  msg = str(info.value)
+  assert sock + ".session" in msg and f"kregd --socket {sock}" in msg
+  assert isinstance(info.value, ConnectionError)
+
+
+def test_default_address(monkeypatch):
+  monkeypatch.setenv("KREGD_SOCKET", "/x/y.sock")
+  assert kreg.default_address() == "/x/y.sock"
+  monkeypatch.delenv("KREGD_SOCKET")
+  monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/7")
+  assert kreg.default_address() == "/run/user/7/kregd/kregd.sock"
+  monkeypatch.delenv("XDG_RUNTIME_DIR")
+  assert kreg.default_address() == "/run/kregd/kregd.sock"
+
+
+def test_shim_not_found_lists_the_paths(running_kregd):
+  p = run_child(running_kregd, """
+    import pathlib, kreg
+    from kreg import _shim
+    _shim.candidate_paths = lambda: [pathlib.Path("/nonexistent/libkreg_client.so")]
+    try:
+      kreg.connect()
+    except kreg.ShimNotFoundError as e:
+      print("ERR", e)
+  """)
+  assert "ERR libkreg_client.so (the kreg client shim) was not found" in p.stdout
+  assert "/nonexistent/libkreg_client.so (missing)" in p.stdout
+  assert "bazel build //client/shim:libkreg_client.so" in p.stdout
+
+
+def test_shim_from_env(running_kregd):
+  lib = kreg._shim.load()  # pylint: disable=protected-access
+  p = run_child(running_kregd, """
+    import kreg
+    from kreg import _shim
+    print("LIB", _shim.load()._name)
+  """, env={"KREG_CLIENT_LIB": lib._name})
+  assert f"LIB {lib._name}" in p.stdout
+
+
+def test_old_jax_is_refused(running_kregd, demo):
+  p = run_child(running_kregd, f"""
+    import kreg
+    from kreg import _shim
+    real = _shim.version
+    def newer():
+      v = real(); v.ffi_api_minor = 99; return v
+    _shim.version = newer
+    try:
+      kreg.register_ffi_target("t.newer", {str(demo)!r}, "Scale", platform="cpu")
+    except kreg.JaxVersionError as e:
+      print("ERR", e)
+  """)
+  assert "ERR JAX" in p.stdout and "older than the 0.99" in p.stdout
+
+
+def test_trampoline_exhaustion_is_a_clear_error(running_kregd):
+  p = run_child(running_kregd, """
+    import ctypes, kreg
+    from kreg import _shim
+    c = kreg.connect()
+    lib = _shim.load()
+    for i in range(300):
+      a = _shim.new(_shim.BindArgs)
+      a.client = c._handle
+      n = f"t.slot{i}".encode()
+      a.target_name, a.target_name_len = n, len(n)
+      a.platform, a.platform_len = b"cpu", 3
+      e = _shim.take_error(lib, lib.kreg_bind(ctypes.byref(a)))
+      if e:
+        print("AT", i, e[0], e[1])
+        break
+  """)
+  assert "AT 256 8 cannot bind \"t.slot256\": all 256 kreg forwarding " \
+      "handler slots of this process are in use" in p.stdout, p.stderr
+
+
+def test_shim_exports_only_its_c_abi_and_clashes_with_nothing(running_kregd):
+  lib = kreg._shim.load()  # pylint: disable=protected-access
+  out = subprocess.run(["nm", "-D", "--defined-only", lib._name],
+                       capture_output=True, text=True, check=True).stdout
+  syms = [l.split()[-1] for l in out.splitlines() if l.split()[-1] != "KREG_CLIENT_1"]
+  assert syms and all(s.startswith("kreg_") for s in syms), syms
+  # No other library in this JAX process exports protobuf (which the shim
+  # takes from libprotobuf-lite), so nothing can interpose on it.
+  libs = set()
+  with open("/proc/self/maps") as f:
+    for line in f:
+      path = line.split()[-1]
+      if ".so" in path and "protobuf" not in path and path != lib._name:
+        libs.add(path)
+  for path in libs:
+    out = subprocess.run(["nm", "-D", "--defined-only", path],
+                         capture_output=True, text=True).stdout
+    assert "google8protobuf" not in out, path
