@@ -150,9 +150,28 @@ absl::Status Daemon::Replay() {
 absl::Status Daemon::Listen() {
   int n = sd_listen_fds(/*unset_environment=*/1);
   if (n > 0) {
+    for (int fd = SD_LISTEN_FDS_START; fd < SD_LISTEN_FDS_START + n; ++fd) {
+      if (sd_is_socket_unix(fd, SOCK_STREAM, /*listening=*/1, nullptr, 0) <=
+          0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "inherited fd ", fd,
+            " is not a listening Unix stream socket; kregd.socket must list "
+            "the gRPC socket first and the session socket second "
+            "(ListenStream=)"));
+      }
+    }
     listen_fd_.reset(SD_LISTEN_FDS_START);
     if (n > 1) session_listen_fd_ = SD_LISTEN_FDS_START + 1;
-    spdlog::info("serving on {} socket(s) inherited from systemd", n);
+    // Report the socket actually served, not the configured default.
+    sockaddr_un addr{};
+    socklen_t len = sizeof(addr);
+    if (::getsockname(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr),
+                      &len) == 0 &&
+        addr.sun_path[0] != '\0') {
+      serving_socket_path_ = addr.sun_path;
+    }
+    spdlog::info("serving on {} socket(s) inherited from systemd ({})", n,
+                 serving_socket_path_);
     return absl::OkStatus();
   }
   absl::StatusOr<UniqueFd> fd =
@@ -160,6 +179,7 @@ absl::Status Daemon::Listen() {
   if (!fd.ok()) return fd.status();
   listen_fd_ = *std::move(fd);
   owns_socket_file_ = true;
+  serving_socket_path_ = config_.socket_path;
   return absl::OkStatus();
 }
 
@@ -193,8 +213,8 @@ absl::Status Daemon::Start() {
         std::thread([this, watchdog_us] { WatchdogLoop(watchdog_us / 2); });
   }
   sd_notifyf(0, "READY=1\nSTATUS=serving %zu targets on %s",
-             registry_.List().size(), config_.socket_path.c_str());
-  spdlog::info("kregd {} serving {} (state {})", kVersion, config_.socket_path,
+             registry_.List().size(), serving_socket_path_.c_str());
+  spdlog::info("kregd {} serving {} (state {})", kVersion, serving_socket_path_,
                config_.state_dir);
   return absl::OkStatus();
 }
@@ -264,7 +284,7 @@ void Daemon::FillStatus(v1::GetStatusResponse* r) {
   r->set_modules_loaded(static_cast<uint32_t>(store_.loaded_modules()));
   r->set_registrations_refused(registry_.refused());
   r->set_state_dir(config_.state_dir);
-  r->set_socket_path(config_.socket_path);
+  r->set_socket_path(serving_socket_path_);
   r->set_ffi_api_major(kHostedFfiApiMajor);
   r->set_ffi_api_minor(kHostedFfiApiMinor);
   FillSessionStatus(r);

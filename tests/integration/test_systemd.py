@@ -464,10 +464,6 @@ def test_socket_activation_restart_keeps_targets(tmp):
         d.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "kregd reports config socket_path (/run/kregd/kregd.sock by default) in "
-    "status even when it serves an inherited fd bound elsewhere; it should "
-    "report the inherited socket's address (getsockname on fd 3)"))
 def test_status_reports_the_inherited_socket(tmp):
     d, sock, _ = start_socket_activated(tmp)
     try:
