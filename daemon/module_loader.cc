@@ -16,16 +16,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "daemon/ffi/ffi_host.h"
 #include "daemon/unique_fd.h"
 #include "spdlog/spdlog.h"
-#include "xla/ffi/api/c_api.h"
 
 extern char** environ;
 
 namespace kreg {
-
-const uint32_t kHostedFfiApiMajor = XLA_FFI_API_MAJOR;
-const uint32_t kHostedFfiApiMinor = XLA_FFI_API_MINOR;
 
 namespace {
 
@@ -133,8 +130,9 @@ absl::StatusOr<HandlerInfo> ProbeHandler(const std::string& probe_binary,
                      : absl::StatusCode::kInvalidArgument;
       std::string hint;
       if (absl::StrContains(parts.second, "Types used by FFI handlers")) {
-        hint = " (a stateful handler: kregd hosts execute-stage handlers "
-               "without per-instance state)";
+        hint =
+            " (a stateful handler: kregd hosts execute-stage handlers "
+            "without per-instance state)";
       }
       return absl::Status(out, absl::StrCat(what, ": ", parts.second, hint));
     }
@@ -146,12 +144,12 @@ absl::StatusOr<HandlerInfo> ProbeHandler(const std::string& probe_binary,
 }
 
 absl::Status CheckHostable(const HandlerInfo& info, const std::string& symbol) {
-  if (info.api_major != kHostedFfiApiMajor ||
-      info.api_minor > kHostedFfiApiMinor) {
+  if (info.api_major != static_cast<uint32_t>(kHostedApiMajor) ||
+      info.api_minor > static_cast<uint32_t>(kHostedApiMinor)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "handler \"", symbol, "\" was built against XLA FFI API ",
         info.api_major, ".", info.api_minor, ", newer than the ",
-        kHostedFfiApiMajor, ".", kHostedFfiApiMinor,
+        kHostedApiMajor, ".", kHostedApiMinor,
         " that kregd hosts; rebuild it against jaxlib 0.11.2's FFI headers "
         "or upgrade kregd"));
   }

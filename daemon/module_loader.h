@@ -9,10 +9,6 @@
 
 namespace kreg {
 
-// The XLA FFI API version kregd hosts (from the headers it is built with).
-extern const uint32_t kHostedFfiApiMajor;
-extern const uint32_t kHostedFfiApiMinor;
-
 // Runs `probe_binary <module path> <symbol>` (posix_spawn, no fork of the
 // daemon) and parses its report. INVALID_ARGUMENT when the helper reports
 // that the symbol is not a handler or when it crashes or hangs, NOT_FOUND
@@ -23,7 +19,8 @@ absl::StatusOr<HandlerInfo> ProbeHandler(const std::string& probe_binary,
                                          const std::string& symbol);
 
 // Checks a probed handler against what kregd can host: FFI API version
-// (same major, minor not newer), no per-instance state.
+// (same major as kHostedApiMajor, minor not newer), no per-instance state.
+// INVALID_ARGUMENT naming both versions, or the state, otherwise.
 absl::Status CheckHostable(const HandlerInfo& info, const std::string& symbol);
 
 // Borrowed store must outlive the loader. Thread-safe.

@@ -285,8 +285,8 @@ void Daemon::FillStatus(v1::GetStatusResponse* r) {
   r->set_registrations_refused(registry_.refused());
   r->set_state_dir(config_.state_dir);
   r->set_socket_path(serving_socket_path_);
-  r->set_ffi_api_major(kHostedFfiApiMajor);
-  r->set_ffi_api_minor(kHostedFfiApiMinor);
+  r->set_ffi_api_major(kHostedApiMajor);
+  r->set_ffi_api_minor(kHostedApiMinor);
   FillSessionStatus(r);
 }
 

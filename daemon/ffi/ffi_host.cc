@@ -170,16 +170,4 @@ absl::StatusOr<HandlerInfo> QueryHandlerMetadata(void* handler,
   return info;
 }
 
-absl::Status CheckHandlerApiVersion(const HandlerInfo& info) {
-  if (info.api_major == static_cast<uint32_t>(kHostedApiMajor) &&
-      info.api_minor <= static_cast<uint32_t>(kHostedApiMinor)) {
-    return absl::OkStatus();
-  }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "the handler was built against XLA FFI API ", info.api_major, ".",
-      info.api_minor, ", but kregd hosts XLA FFI API ", kHostedApiMajor, ".",
-      kHostedApiMinor, "; rebuild it with the XLA FFI headers of jaxlib ",
-      "(jax.ffi.include_dir()) of the version kregd was built with"));
-}
-
 }  // namespace kreg

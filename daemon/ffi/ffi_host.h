@@ -119,11 +119,6 @@ const XLA_FFI_Api* HostedApi();
 absl::StatusOr<HandlerInfo> QueryHandlerMetadata(void* handler,
                                                  absl::string_view symbol = "");
 
-// OK if kregd can run a handler built against `info`'s API version: same
-// major, minor not newer than kHostedApiMinor. Otherwise FAILED_PRECONDITION
-// with a message that gives both versions.
-absl::Status CheckHandlerApiVersion(const HandlerInfo& info);
-
 }  // namespace kreg
 
 #endif  // KREGD_DAEMON_FFI_FFI_HOST_H_

@@ -45,7 +45,6 @@ TEST_CASE("QueryHandlerMetadata reads a real handler's version and traits",
   CHECK(info->api_minor == 4);
   CHECK(info->traits == 0);
   CHECK(info->state_type_id == 0);
-  CHECK(CheckHandlerApiVersion(*info).ok());
 
   absl::StatusOr<HandlerInfo> cmd = QueryHandlerMetadata(AsHandler(kCmdBuffer));
   REQUIRE(cmd.ok());
@@ -76,27 +75,6 @@ TEST_CASE("QueryHandlerMetadata rejects a null symbol", "[metadata][errors]") {
   absl::StatusOr<HandlerInfo> info = QueryHandlerMetadata(nullptr);
   CHECK(info.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(info.status().message() == "symbol is null");
-}
-
-TEST_CASE("CheckHandlerApiVersion refuses a newer or different API",
-          "[metadata][errors]") {
-  HandlerInfo older;
-  older.api_minor = 3;
-  CHECK(CheckHandlerApiVersion(older).ok());
-
-  HandlerInfo newer;
-  newer.api_minor = 5;
-  absl::Status status = CheckHandlerApiVersion(newer);
-  CHECK(status.code() == absl::StatusCode::kFailedPrecondition);
-  CHECK_THAT(std::string(status.message()),
-             Catch::StartsWith("the handler was built against XLA FFI API "
-                               "0.5, but kregd hosts XLA FFI API 0.4;"));
-
-  HandlerInfo major;
-  major.api_major = 1;
-  CHECK_THAT(std::string(CheckHandlerApiVersion(major).message()),
-             Catch::StartsWith("the handler was built against XLA FFI API "
-                               "1.0, but kregd hosts XLA FFI API 0.4;"));
 }
 
 }  // namespace
