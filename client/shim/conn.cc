@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <utility>
 #include <vector>
 
@@ -27,6 +29,31 @@ constexpr uint64_t kMinArenaBytes = 1u << 20;
 constexpr uint64_t kPage = 4096;
 
 std::string Errno(int err) { return strerror(err); }
+
+// Microseconds to busy-poll for a reply before blocking ($KREG_SPIN_US,
+// default 0: block at once. A spin can save the wake-up latency
+// when the daemon answers fast and a core is free).
+int64_t SpinMicros() {
+  static const int64_t us = [] {
+    const char* env = getenv("KREG_SPIN_US");
+    return env ? std::max<int64_t>(0, atoll(env)) : int64_t{0};
+  }();
+  return us;
+}
+
+void SpinUntilReadable(int sock) {
+  int64_t us = SpinMicros();
+  if (us == 0) return;
+  auto start = std::chrono::steady_clock::now();
+  char byte;
+  do {
+    if (::recv(sock, &byte, 1, MSG_PEEK | MSG_DONTWAIT) != -1 ||
+        (errno != EAGAIN && errno != EINTR)) {
+      return;
+    }
+  } while (std::chrono::steady_clock::now() - start <
+           std::chrono::microseconds(us));
+}
 
 }  // namespace
 
@@ -108,6 +135,7 @@ Status Conn::Call(v1::SessionRequest* request, v1::SessionResponse* response,
   int rc =
       wire::SendFrame(sock_, out_buf_.data(), out_buf_.size(), fds, num_fds);
   if (rc != wire::kOk) return Transport("send", rc);
+  SpinUntilReadable(sock_);
   std::vector<int> got_fds;
   rc = wire::RecvFrame(sock_, kMaxResponseBytes, &in_buf_, &got_fds);
   for (int fd : got_fds) ::close(fd);

@@ -9,6 +9,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -134,6 +135,10 @@ void SessionServer::StartSession(UniqueFd sock) {
   SessionLimits limits;
   limits.max_arena_bytes = opts_.max_arena_bytes;
   limits.max_message_bytes = opts_.max_message_bytes;
+  limits.spin_us = opts_.spin_us;
+  if (const char* env = std::getenv("KREGD_SESSION_SPIN_US")) {
+    limits.spin_us = std::atoll(env);
+  }
   auto session =
       std::make_shared<Session>(next_id_.fetch_add(1), std::move(sock), *peer,
                                 limits, backend_.get(), &counters_);

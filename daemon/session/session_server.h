@@ -33,6 +33,9 @@ struct SessionOptions {
   gid_t socket_gid = static_cast<gid_t>(-1);
   uint64_t max_arena_bytes = 4ull << 30;
   uint64_t max_message_bytes = 64ull << 20;
+  // Busy-poll per session for the next request after each reply (µs; 0:
+  // block at once). $KREGD_SESSION_SPIN_US overrides it.
+  int64_t spin_us = 0;
   // Further connections are refused (closed) beyond this many sessions.
   int max_sessions = 1024;
 };
