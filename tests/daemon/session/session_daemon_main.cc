@@ -25,10 +25,14 @@ int main(int argc, char** argv) {
   std::vector<std::string> roots;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
-    if (k == "--socket") socket = argv[i + 1];
-    else if (k == "--state-dir") state = argv[i + 1];
-    else if (k == "--allow-root") roots.push_back(argv[i + 1]);
-    else if (k == "--probe") probe = argv[i + 1];
+    if (k == "--socket")
+      socket = argv[i + 1];
+    else if (k == "--state-dir")
+      state = argv[i + 1];
+    else if (k == "--allow-root")
+      roots.push_back(argv[i + 1]);
+    else if (k == "--probe")
+      probe = argv[i + 1];
   }
   if (socket.empty() || state.empty()) {
     std::cerr << "usage: session_daemon --socket S --state-dir D "
