@@ -50,8 +50,8 @@ Status Client::Acquire(std::unique_ptr<Conn>* out) {
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (pid_ != ::getpid()) {
-      // A forked child must not share the parent's sessions.
-      for (auto& c : idle_) c.release();  // leave the parent's fds alone
+      // A forked child must not share the parent's sessions: drop its
+      // copies (closing them here leaves the parent's untouched).
       idle_.clear();
       open_ = 0;
       pid_ = ::getpid();
@@ -88,10 +88,7 @@ Status Client::Acquire(std::unique_ptr<Conn>* out) {
 void Client::Release(std::unique_ptr<Conn> conn) {
   if (conn->broken()) return Discard(std::move(conn));
   std::lock_guard<std::mutex> lock(mu_);
-  if (conn->pid != pid_) {
-    conn.release();  // belongs to the parent process
-    return;
-  }
+  if (conn->pid != pid_) return;  // opened before a fork: drop the copy
   if (conn->epoch < epoch_) {
     --open_;  // opened before the daemon went away
     conn.reset();
@@ -105,10 +102,7 @@ void Client::Discard(std::unique_ptr<Conn> conn) {
   std::vector<std::unique_ptr<Conn>> dropped;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (conn->pid != pid_) {
-      conn.release();
-      return;
-    }
+    if (conn->pid != pid_) return;  // opened before a fork
     --open_;
     if (conn->epoch == epoch_) {
       // First to notice: every idle session talks to the same dead daemon.

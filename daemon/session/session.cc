@@ -207,6 +207,13 @@ absl::Status Session::DoLaunch(const v1::Launch& launch) {
   absl::StatusOr<DecodedLaunch> decoded = DecodeLaunch(launch, arena_);
   if (!decoded.ok()) {
     status = decoded.status();
+  } else if (decoded->key.platform != Platform::kCpu) {
+    // Session buffers live in host shared memory: only CPU handlers may
+    // see them.
+    status = absl::UnimplementedError(
+        absl::StrCat("launching \"", decoded->key.name, "\" for platform ",
+                     PlatformName(decoded->key.platform),
+                     " over a session is not supported yet (CPU only)"));
   } else {
     void* handler = nullptr;
     auto it = handlers_.find(decoded->key);

@@ -226,6 +226,21 @@ TEST_CASE("Launch: validation, lookup and handler errors come back",
   CHECK(fx.counters.launch_errors == 3);
 }
 
+TEST_CASE("Launch refuses CUDA targets (host arena buffers)", "[session]") {
+  Fixture fx;
+  fx.Hello();
+  v1::SessionRequest r = LaunchRequest("t");
+  r.mutable_launch()->clear_args();
+  r.mutable_launch()->clear_rets();
+  r.mutable_launch()->set_platform("gpu");
+  v1::SessionResponse resp = fx.Send(r);
+  CHECK(resp.status().code() == int(absl::StatusCode::kUnimplemented));
+  CHECK(resp.status().message() ==
+        "launching \"t\" for platform cuda over a session is not supported "
+        "yet (CPU only)");
+  CHECK(fx.backend.lookups == 0);
+}
+
 TEST_CASE("Register passes the peer and the refusal through", "[session]") {
   Fixture fx;
   fx.Hello();
