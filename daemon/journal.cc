@@ -109,13 +109,19 @@ absl::Status Journal::Append(const TargetEntry& entry) {
   if (!fd_.ok()) {
     return absl::FailedPreconditionError("journal is not open");
   }
+  off_t start = ::lseek(fd_.get(), 0, SEEK_END);
   size_t done = 0;
   while (done < buf.size()) {
     ssize_t n = ::write(fd_.get(), buf.data() + done, buf.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      return absl::InternalError(absl::StrCat(
-          "cannot append to journal ", path_, ": ", std::strerror(errno)));
+      int err = errno;
+      // Cut a partial record so the next append does not follow garbage.
+      if (start >= 0 && ::ftruncate(fd_.get(), start) == 0) {
+        ::lseek(fd_.get(), start, SEEK_SET);
+      }
+      return absl::InternalError(absl::StrCat("cannot append to journal ",
+                                              path_, ": ", std::strerror(err)));
     }
     done += static_cast<size_t>(n);
   }

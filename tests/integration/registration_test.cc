@@ -55,6 +55,21 @@ TEST_CASE("Re-registering identical content is a no-op", "[integration]") {
   CHECK(status->targets() == 1);
 }
 
+TEST_CASE("A 256 MiB module uploads in chunks and loads", "[integration]") {
+  TempDir dir;
+  Daemon d(dir.path());
+  d.Start();
+  // An ELF loader ignores bytes past the sections, so padding a real module
+  // gives a loadable 256 MiB library.
+  RegisterRequest big = Upload(d, "big.module");
+  big.module_bytes.resize(256u << 20, '\0');
+  auto r = d.client().Register(big);
+  REQUIRE(r.ok());
+  CHECK(r->created());
+  CHECK(r->target().module_size() == (256u << 20));
+  CHECK(r->target().audit().origin() == "upload:268435456 bytes");
+}
+
 TEST_CASE("Changed content is refused, with and without replace",
           "[integration]") {
   TempDir dir;
