@@ -189,7 +189,8 @@ Where this design stands (goal of a later issue: <= 1.5x at n=1024 and
   handler itself runs on arena pages that stay mapped and populated between
   calls. In-process, `Scale` writes into a fresh XLA output buffer every
   call and pays its page faults single-threaded, so the two end up close
-  (observed 0.8x-1.0x with the threaded copies; 1.19x-1.23x with a plain
+  (0.8x-1.4x across trials and runs here, depending on what else the two
+  vCPUs run; 1.19x-1.23x in quiet runs with a plain single-threaded
   `memcpy`).
 * Measured on a shared 2-vCPU VM while other engineers' builds ran. At
   n=1024 the forwarded median is bimodal across runs on this machine:
