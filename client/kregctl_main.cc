@@ -77,8 +77,8 @@ void PrintTable(const std::vector<Target>& targets) {
   }
 }
 
-void PrintTarget(const Target& t) {
-  json j = ToJson(t);
+// One "key: value" line per field, strings unquoted.
+void PrintFields(const json& j) {
   for (auto it = j.begin(); it != j.end(); ++it) {
     std::cout << it.key() << ": "
               << (it->is_string() ? it->get<std::string>() : it->dump())
@@ -150,7 +150,7 @@ int main(int argc, char** argv) {
       std::cout << j.dump(2) << "\n";
     } else {
       for (const Target& t : *targets) {
-        PrintTarget(t);
+        PrintFields(ToJson(t));
         std::cout << "\n";
       }
     }
@@ -174,11 +174,7 @@ int main(int argc, char** argv) {
     if (as_json) {
       std::cout << j.dump(2) << "\n";
     } else {
-      for (auto it = j.begin(); it != j.end(); ++it) {
-        std::cout << it.key() << ": "
-                  << (it->is_string() ? it->get<std::string>() : it->dump())
-                  << "\n";
-      }
+      PrintFields(j);
     }
     return 0;
   }
