@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -143,6 +144,33 @@ def test_missing_path_is_refused(running_kregd, tmp_path):
     kreg.register_ffi_target("t.missing", tmp_path / "nope.so", "Scale",
                              platform="cpu")
   assert "nope.so" in info.value.message
+
+
+def test_concurrent_identical_registrations_all_succeed(running_kregd, demo):
+  def reg(_):
+    kreg.register_ffi_target("t.concurrent", demo, "Scale", platform="cpu")
+    return True
+  with concurrent.futures.ThreadPoolExecutor(8) as pool:
+    assert all(pool.map(reg, range(16)))
+  x = np.ones(2, np.float32)
+  np.testing.assert_array_equal(np.asarray(scale("t.concurrent", x)), 2 * x)
+
+
+def test_a_target_forwards_to_one_daemon_per_process(running_kregd, demo,
+                                                     tmp_path):
+  import conftest  # pylint: disable=import-outside-toplevel
+  kreg.register_ffi_target("t.onedaemon", demo, "Scale", platform="cpu")
+  other = conftest.Daemon(pathlib.Path(tempfile.mkdtemp(prefix="kreg-",
+                                                        dir="/tmp")),
+                          [conftest.kernels_root()])
+  other.start()
+  try:
+    second = kreg.Client(other.socket)
+    with pytest.raises(kreg.KregError, match="already forwards to the kregd"):
+      second.register_ffi_target("t.onedaemon", demo, "Scale", platform="cpu")
+  finally:
+    other.stop()
+    shutil.rmtree(other.root, ignore_errors=True)
 
 
 # ---- launches ---------------------------------------------------------------

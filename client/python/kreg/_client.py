@@ -248,6 +248,12 @@ class Client:
     key = (target_name, canonical)
     with _jax_lock:
       if key in _jax_registered:
+        bound_to = _jax_registered[key][1]
+        if bound_to != self.session_path:
+          raise KregError(
+              f"target {target_name!r} ({canonical}) already forwards to the "
+              f"kregd at {bound_to} in this process; a process can forward "
+              "a target to one daemon only", "FAILED_PRECONDITION")
         return
       args = _shim.new(_shim.BindArgs)
       args.client = self._handle
@@ -260,7 +266,7 @@ class Client:
         self._raise(e, KregError)
       jax.ffi.register_ffi_target(target_name, jax.ffi.pycapsule(args.handler),
                                   platform=_jax_platform(canonical))
-      _jax_registered[key] = args.handler
+      _jax_registered[key] = (args.handler, self.session_path)
 
   def list_registered_targets(self) -> list[Target]:
     """Every entry of kregd's registry (all processes' registrations)."""
@@ -282,9 +288,10 @@ class Client:
                                        "slots_total")}
 
 
-# (target, canonical platform) registered with this process's JAX.
+# (target, canonical platform) registered with this process's JAX ->
+# (forwarding handler address, session socket of its daemon).
 _jax_lock = threading.Lock()
-_jax_registered: dict[tuple[str, str], int] = {}
+_jax_registered: dict[tuple[str, str], tuple[int, str]] = {}
 
 _default_lock = threading.Lock()
 _default: Optional[Client] = None
