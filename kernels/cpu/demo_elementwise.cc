@@ -36,7 +36,8 @@ namespace {
 #endif
 
 ffi::Error ScaleImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
-                     float factor) {
+                     Factor attr) {
+  float factor = AsFloat(attr);
 #if KREG_DEMO_V2
   factor += 0.0f;
 #endif
@@ -112,7 +113,8 @@ ffi::Error ScratchSumImpl(ffi::ScratchAllocator scratch, Vector x,
 // completes the returned future there. XLA keeps the buffers alive until the
 // future is ready.
 ffi::Future AsyncScaleImpl(ffi::ThreadPool pool, ffi::AnyBuffer x,
-                           ffi::Result<ffi::AnyBuffer> y, float factor) {
+                           ffi::Result<ffi::AnyBuffer> y, Factor attr) {
+  const float factor = AsFloat(attr);
   ffi::Promise promise;
   ffi::Future future(promise);
   if (ffi::Error err = CheckScaleOperands("demo.AsyncScale", x, *y);
@@ -138,10 +140,11 @@ KREG_EXPORT_HANDLER(Fail);
 KREG_EXPORT_HANDLER(ScratchSum);
 KREG_EXPORT_HANDLER(AsyncScale);
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    Scale, kreg::kernels::ScaleImpl,
-    ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Attr<float>(
-        "factor"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Scale, kreg::kernels::ScaleImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<kreg::kernels::Factor>("factor"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AddMul, kreg::kernels::AddMulImpl,
                               ffi::Ffi::Bind()
@@ -165,4 +168,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AsyncScale, kreg::kernels::AsyncScaleImpl,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<float>("factor"));
+                                  .Attr<kreg::kernels::Factor>("factor"));

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <string_view>
+#include <variant>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -28,6 +29,13 @@ xla::ffi::Error CheckScaleOperands(std::string_view who,
 // `out` may be the same pointer.
 void ScaleElements(xla::ffi::DataType dtype, const void* in, void* out,
                    size_t n, float factor);
+
+// The `factor` attribute: JAX passes a Python float as f64 and np.float32 as
+// f32; both are accepted and computed as float.
+using Factor = std::variant<float, double>;
+inline float AsFloat(Factor f) {
+  return std::visit([](auto v) { return static_cast<float>(v); }, f);
+}
 
 // CheckScaleOperands, then ScaleElements.
 xla::ffi::Error ScaleBuffer(std::string_view who, const xla::ffi::AnyBuffer& x,

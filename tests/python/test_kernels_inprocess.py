@@ -124,11 +124,15 @@ def test_scale_rejects_unsupported_dtype_and_wrong_output():
         x, factor=np.float32(1))
 
 
-def test_scale_attribute_must_be_f32():
-  # A Python float lowers to an f64 attribute; Scale binds `factor` as f32.
-  x = np.ones(3, np.float32)
-  with pytest.raises(Exception, match="Wrong scalar data type"):
-    ffi("demo.Scale", sds(x))(x, factor=np.float64(2))
+def test_scale_factor_is_f32_or_f64():
+  # A Python float lowers to an f64 attribute, np.float32 to f32: Scale binds
+  # `factor` as either; anything else is refused by ffi.h's decoding.
+  x = np.arange(3, dtype=np.float32)
+  for factor in (2.0, np.float64(2), np.float32(2)):
+    np.testing.assert_array_equal(
+        np.asarray(ffi("demo.Scale", sds(x))(x, factor=factor)), x * 2)
+  with pytest.raises(Exception, match="doesn't match any of the variant"):
+    ffi("demo.Scale", sds(x))(x, factor=np.int32(3))
 
 
 def test_ok_of_not_handler_module_is_a_real_handler():
