@@ -8,9 +8,9 @@ namespace {
 
 constexpr size_t kMaxNameLength = 256;
 
-// Quotes untrusted text for an error message, escaping control bytes and
-// truncating very long values.
-std::string Quote(absl::string_view s) {
+}  // namespace
+
+std::string QuoteForMessage(absl::string_view s) {
   std::string out = "\"";
   for (size_t i = 0; i < s.size() && i < 80; ++i) {
     unsigned char c = s[i];
@@ -24,8 +24,6 @@ std::string Quote(absl::string_view s) {
   return out + "\"";
 }
 
-}  // namespace
-
 absl::Status ValidateTargetName(absl::string_view name) {
   if (name.empty()) {
     return absl::InvalidArgumentError(
@@ -34,20 +32,22 @@ absl::Status ValidateTargetName(absl::string_view name) {
   }
   if (name.size() > kMaxNameLength) {
     return absl::InvalidArgumentError(
-        absl::StrCat("target name ", Quote(name), " is ", name.size(),
+        absl::StrCat("target name ", QuoteForMessage(name), " is ", name.size(),
                      " characters long; the limit is ", kMaxNameLength));
   }
   if (!absl::ascii_isalpha(name[0]) && name[0] != '_') {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "target name ", Quote(name), " must start with a letter or '_'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("target name ", QuoteForMessage(name),
+                     " must start with a letter or '_'"));
   }
   for (size_t i = 0; i < name.size(); ++i) {
     char c = name[i];
     if (!absl::ascii_isalnum(c) && c != '_' && c != '.' && c != ':' &&
         c != '-') {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "target name ", Quote(name), " has an invalid character at position ",
-          i, "; allowed are [A-Za-z0-9_.:-]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("target name ", QuoteForMessage(name),
+                       " has an invalid character at position ", i,
+                       "; allowed are [A-Za-z0-9_.:-]"));
     }
   }
   return absl::OkStatus();
@@ -59,11 +59,11 @@ absl::StatusOr<Platform> ParsePlatform(absl::string_view platform) {
   if (p == "cuda" || p == "gpu") return Platform::kCuda;
   if (p == "rocm" || p == "tpu" || p == "metal" || p == "sycl") {
     return absl::UnimplementedError(
-        absl::StrCat("platform ", Quote(platform),
+        absl::StrCat("platform ", QuoteForMessage(platform),
                      " is not supported by kregd; use \"cpu\" or \"cuda\""));
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown platform ", Quote(platform),
+      absl::StrCat("unknown platform ", QuoteForMessage(platform),
                    "; use \"cpu\" (alias \"host\") or \"cuda\" (alias "
                    "\"gpu\")"));
 }
@@ -74,7 +74,7 @@ absl::Status ValidateFuncName(absl::string_view func_name) {
   for (char c : func_name) ok = ok && (absl::ascii_isalnum(c) || c == '_');
   if (!ok) {
     return absl::InvalidArgumentError(
-        absl::StrCat("function name ", Quote(func_name),
+        absl::StrCat("function name ", QuoteForMessage(func_name),
                      " is not a C symbol name (1-256 characters of "
                      "[A-Za-z0-9_], not starting with a digit)"));
   }
@@ -86,7 +86,7 @@ absl::Status ValidateContentId(absl::string_view content_id) {
   for (char c : content_id) ok = ok && c > 0x20 && c < 0x7f;
   if (!ok) {
     return absl::InvalidArgumentError(
-        absl::StrCat("content_id ", Quote(content_id),
+        absl::StrCat("content_id ", QuoteForMessage(content_id),
                      " must be at most 256 printable ASCII characters "
                      "without spaces (or empty to use the module's sha256)"));
   }

@@ -11,6 +11,10 @@
 
 namespace kreg {
 
+// Quotes untrusted text for an error message: control and non-ASCII bytes
+// escaped as \xNN, at most 80 characters (then "...").
+std::string QuoteForMessage(absl::string_view s);
+
 // 1-256 chars of [A-Za-z0-9_.:-], first a letter or '_'. INVALID_ARGUMENT
 // quoting the name otherwise.
 absl::Status ValidateTargetName(absl::string_view name);

@@ -41,20 +41,6 @@ int64_t SpinMicros() {
   return us;
 }
 
-void SpinUntilReadable(int sock) {
-  int64_t us = SpinMicros();
-  if (us == 0) return;
-  auto start = std::chrono::steady_clock::now();
-  char byte;
-  do {
-    if (::recv(sock, &byte, 1, MSG_PEEK | MSG_DONTWAIT) != -1 ||
-        (errno != EAGAIN && errno != EINTR)) {
-      return;
-    }
-  } while (std::chrono::steady_clock::now() - start <
-           std::chrono::microseconds(us));
-}
-
 }  // namespace
 
 Conn::Conn(int sock, std::string path) : path_(std::move(path)), sock_(sock) {}
@@ -135,7 +121,7 @@ Status Conn::Call(v1::SessionRequest* request, v1::SessionResponse* response,
   int rc =
       wire::SendFrame(sock_, out_buf_.data(), out_buf_.size(), fds, num_fds);
   if (rc != wire::kOk) return Transport("send", rc);
-  SpinUntilReadable(sock_);
+  wire::SpinUntilReadable(sock_, SpinMicros());
   std::vector<int> got_fds;
   rc = wire::RecvFrame(sock_, kMaxResponseBytes, &in_buf_, &got_fds);
   for (int fd : got_fds) ::close(fd);

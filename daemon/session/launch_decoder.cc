@@ -10,22 +10,6 @@
 namespace kreg {
 namespace {
 
-// Quotes untrusted text for an error message (control bytes escaped,
-// truncated).
-std::string Quote(const std::string& s) {
-  std::string out = "\"";
-  for (size_t i = 0; i < s.size() && i < 80; ++i) {
-    unsigned char c = s[i];
-    if (c < 0x20 || c >= 0x7f || c == '"' || c == '\\') {
-      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
-    } else {
-      out.push_back(static_cast<char>(c));
-    }
-  }
-  if (s.size() > 80) absl::StrAppend(&out, "...");
-  return out + "\"";
-}
-
 // Byte width of a dtype usable in a buffer or attribute, or an error.
 absl::StatusOr<int> CheckedWidth(int32_t dtype, const std::string& what) {
   int width = DtypeByteWidth(dtype);
@@ -122,16 +106,16 @@ absl::StatusOr<AttrList> DecodeAttrList(
           "launch carries more than ", kMaxLaunchAttrs, " attributes"));
     }
     if (a.name().empty() || a.name().size() > kMaxAttrNameBytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("attribute ", prefix, "#", i, " name ", Quote(a.name()),
-                       " must be 1-", kMaxAttrNameBytes, " bytes"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "attribute ", prefix, "#", i, " name ", QuoteForMessage(a.name()),
+          " must be 1-", kMaxAttrNameBytes, " bytes"));
     }
     std::string path = absl::StrCat(prefix, a.name());
     if (i > 0 && !(attrs.Get(i - 1).name() < a.name())) {
       return absl::InvalidArgumentError(
           absl::StrCat("attribute names must be sorted and unique: ",
-                       Quote(prefix + a.name()), " follows ",
-                       Quote(prefix + attrs.Get(i - 1).name())));
+                       QuoteForMessage(prefix + a.name()), " follows ",
+                       QuoteForMessage(prefix + attrs.Get(i - 1).name())));
     }
     absl::StatusOr<Attr> attr = DecodeAttr(a, path, depth, budget);
     if (!attr.ok()) return attr.status();

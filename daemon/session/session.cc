@@ -21,19 +21,6 @@ void SetStatus(const absl::Status& s, v1::SessionResponse* resp) {
   resp->mutable_status()->set_message(std::string(s.message()));
 }
 
-void SpinUntilReadable(int sock, int64_t us) {
-  if (us <= 0) return;
-  auto start = std::chrono::steady_clock::now();
-  char byte;
-  do {
-    if (::recv(sock, &byte, 1, MSG_PEEK | MSG_DONTWAIT) != -1 ||
-        (errno != EAGAIN && errno != EINTR)) {
-      return;
-    }
-  } while (std::chrono::steady_clock::now() - start <
-           std::chrono::microseconds(us));
-}
-
 }  // namespace
 
 absl::StatusOr<PeerCred> PeerCredOf(int sock) {
@@ -69,7 +56,7 @@ void Session::Run() {
   std::string payload;
   std::string out;
   for (;;) {
-    SpinUntilReadable(sock_.get(), limits_.spin_us);
+    wire::SpinUntilReadable(sock_.get(), limits_.spin_us);
     std::vector<int> raw_fds;
     int rc = wire::RecvFrame(sock_.get(), max_bytes, &payload, &raw_fds);
     if (rc == wire::kEof) break;

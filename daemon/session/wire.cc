@@ -6,6 +6,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <chrono>
+
 namespace kreg {
 namespace wire {
 namespace {
@@ -164,6 +166,19 @@ int RecvFrame(int sock, uint32_t max_bytes, std::string* payload,
   int rc = ReadFully(sock, &(*payload)[0], len, 0);
   if (rc != kOk) CloseAll(fds, first_fd);
   return rc;
+}
+
+void SpinUntilReadable(int sock, int64_t spin_us) {
+  if (spin_us <= 0) return;
+  auto start = std::chrono::steady_clock::now();
+  char byte;
+  do {
+    if (::recv(sock, &byte, 1, MSG_PEEK | MSG_DONTWAIT) != -1 ||
+        (errno != EAGAIN && errno != EINTR)) {
+      return;
+    }
+  } while (std::chrono::steady_clock::now() - start <
+           std::chrono::microseconds(spin_us));
 }
 
 }  // namespace wire

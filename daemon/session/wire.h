@@ -40,6 +40,11 @@ int SendFrame(int sock, const void* payload, size_t size, const int* fds,
 int RecvFrame(int sock, uint32_t max_bytes, std::string* payload,
               std::vector<int>* fds);
 
+// Busy-polls `sock` for up to `spin_us` microseconds until a byte is readable
+// (or the peer closed), so that a fast reply skips the blocking wake-up.
+// Returns at once when spin_us <= 0.
+void SpinUntilReadable(int sock, int64_t spin_us);
+
 }  // namespace wire
 }  // namespace kreg
 
