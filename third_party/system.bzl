@@ -65,6 +65,13 @@ cc_library(
     includes = ["xla_include"],
 )
 
+# The same headers as files, for genrules (nvcc, see //third_party:cuda.bzl);
+# their include directory is external/system/xla_include.
+filegroup(
+    name = "xla_ffi_header_files",
+    srcs = glob(["xla_include/xla/ffi/api/*.h"]),
+)
+
 cc_library(
     name = "cuda_headers",
     hdrs = glob(["cuda/include/**/*.h"]),

@@ -1,0 +1,241 @@
+#include "client/cuda/cuda_export.h"
+
+#include <cstdio>
+#include <utility>
+
+namespace kreg::cuda_client {
+namespace {
+
+Status NoDriver() {
+  return Status::Error(kUnavailable,
+                       "no CUDA driver in this process (libcuda.so.1 could "
+                       "not be loaded)");
+}
+
+std::string Describe(const cu::CudaDriver& d, cu::CUresult r) {
+  return cu::DescribeCuResult(d, r);
+}
+
+Status CuError(const cu::CudaDriver& d, cu::CUresult r, const char* what) {
+  int code = kInternal;
+  if (r == cu::CUDA_ERROR_INVALID_VALUE || r == cu::CUDA_ERROR_INVALID_HANDLE ||
+      r == cu::CUDA_ERROR_INVALID_CONTEXT) {
+    code = kInvalidArgument;
+  } else if (r == cu::CUDA_ERROR_OUT_OF_MEMORY) {
+    code = kResourceExhausted;
+  } else if (r == cu::CUDA_ERROR_NOT_SUPPORTED ||
+             r == cu::CUDA_ERROR_NOT_PERMITTED) {
+    code = kFailedPrecondition;
+  }
+  return Status::Error(code, std::string(what) + ": " + Describe(d, r));
+}
+
+std::string Hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// Pushes `ctx` (if any) for the scope.
+class PushContext {
+ public:
+  PushContext(const cu::CudaDriver& d, cu::CUcontext ctx) : d_(d) {
+    pushed_ = ctx != nullptr && d_.cuCtxPushCurrent(ctx) == cu::CUDA_SUCCESS;
+  }
+  ~PushContext() {
+    if (pushed_) {
+      cu::CUcontext popped;
+      d_.cuCtxPopCurrent(&popped);
+    }
+  }
+
+ private:
+  const cu::CudaDriver& d_;
+  bool pushed_ = false;
+};
+
+}  // namespace
+
+const cu::CudaDriver* ProcessDriver(Status* status) {
+  std::string error;
+  const cu::CudaDriver* d = cu::LoadCudaDriver(&error);
+  if (d == nullptr && status != nullptr) {
+    *status = Status::Error(kUnavailable, error);
+  }
+  return d;
+}
+
+Status DeviceUuid(const cu::CudaDriver* driver, int ordinal,
+                  std::string* uuid) {
+  if (driver == nullptr) return NoDriver();
+  cu::CUdevice dev = 0;
+  cu::CUresult r = driver->cuDeviceGet(&dev, ordinal);
+  if (r != cu::CUDA_SUCCESS) return CuError(*driver, r, "cuDeviceGet");
+  cu::CUuuid raw;
+  r = driver->cuDeviceGetUuid(&raw, dev);
+  if (r != cu::CUDA_SUCCESS) return CuError(*driver, r, "cuDeviceGetUuid");
+  uuid->assign(raw.bytes, sizeof(raw.bytes));
+  return Status::Ok();
+}
+
+Status CurrentDeviceUuid(const cu::CudaDriver* driver, std::string* uuid) {
+  if (driver == nullptr) return NoDriver();
+  cu::CUdevice dev = 0;
+  cu::CUresult r = driver->cuCtxGetDevice(&dev);
+  if (r != cu::CUDA_SUCCESS) {
+    return CuError(*driver, r, "cuCtxGetDevice (no current CUDA context?)");
+  }
+  return DeviceUuid(driver, dev, uuid);
+}
+
+Status StreamDevice(const cu::CudaDriver* driver, cu::CUstream stream,
+                    cu::CUcontext* context, int* ordinal, std::string* uuid) {
+  if (driver == nullptr) return NoDriver();
+  cu::CUcontext ctx = nullptr;
+  cu::CUresult r = driver->cuStreamGetCtx(stream, &ctx);
+  if (r != cu::CUDA_SUCCESS) return CuError(*driver, r, "cuStreamGetCtx");
+  cu::CUdevice dev = 0;
+  {
+    PushContext push(*driver, ctx);
+    r = driver->cuCtxGetDevice(&dev);
+  }
+  if (r != cu::CUDA_SUCCESS) return CuError(*driver, r, "cuCtxGetDevice");
+  if (context != nullptr) *context = ctx;
+  if (ordinal != nullptr) *ordinal = dev;
+  return uuid != nullptr ? DeviceUuid(driver, dev, uuid) : Status::Ok();
+}
+
+Status IdentifyBuffer(const cu::CudaDriver* driver, const void* ptr,
+                      AllocationId* out, uint64_t* offset) {
+  if (driver == nullptr) return NoDriver();
+  const auto p = static_cast<cu::CUdeviceptr>(reinterpret_cast<uintptr_t>(ptr));
+  unsigned long long buffer_id = 0;  // NOLINT: the driver's type
+  int ordinal = -1;
+  unsigned int memory_type = 0;
+  cu::CUcontext ctx = nullptr;
+  cu::CUpointer_attribute attrs[] = {cu::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                                     cu::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                     cu::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                     cu::CU_POINTER_ATTRIBUTE_CONTEXT};
+  void* data[] = {&buffer_id, &ordinal, &memory_type, &ctx};
+  cu::CUresult r = driver->cuPointerGetAttributes(4, attrs, data, p);
+  if (r != cu::CUDA_SUCCESS) {
+    return CuError(*driver, r, "cuPointerGetAttributes");
+  }
+  if (memory_type != cu::CU_MEMORYTYPE_DEVICE || ordinal < 0) {
+    return Status::Error(kInvalidArgument,
+                         "pointer " + Hex(p) +
+                             " is not CUDA device memory of this process "
+                             "(memory type " +
+                             std::to_string(memory_type) + ")");
+  }
+  // The mapping holding the pointer: with XLA's default allocator one
+  // mapping covers its whole pool, so one export serves every buffer.
+  cu::CUdeviceptr base = 0;
+  size_t size = 0;
+  {
+    PushContext push(*driver, ctx);
+    r = driver->cuMemGetAddressRange(&base, &size, p);
+  }
+  if (r != cu::CUDA_SUCCESS) return CuError(*driver, r, "cuMemGetAddressRange");
+  if (size == 0 || p < base || p - base >= size) {
+    return Status::Error(kInternal, "cuMemGetAddressRange of " + Hex(p) +
+                                        " gave [" + Hex(base) + ", +" +
+                                        std::to_string(size) +
+                                        "), which does not hold it");
+  }
+  AllocationId id;
+  Status s = DeviceUuid(driver, ordinal, &id.device_uuid);
+  if (!s.ok()) return s;
+  id.device_ordinal = ordinal;
+  id.base = base;
+  id.size = size;
+  id.generation = buffer_id;
+  *out = std::move(id);
+  if (offset != nullptr) *offset = p - base;
+  return Status::Ok();
+}
+
+RetainedAllocation::RetainedAllocation(RetainedAllocation&& o) noexcept
+    : driver_(std::exchange(o.driver_, nullptr)), handle_(o.handle_) {}
+
+RetainedAllocation& RetainedAllocation::operator=(
+    RetainedAllocation&& o) noexcept {
+  if (this != &o) {
+    Reset();
+    driver_ = std::exchange(o.driver_, nullptr);
+    handle_ = o.handle_;
+  }
+  return *this;
+}
+
+void RetainedAllocation::Reset() {
+  if (driver_ != nullptr) driver_->cuMemRelease(handle_);
+  driver_ = nullptr;
+}
+
+Status ExportBuffer(const cu::CudaDriver* driver, const void* ptr,
+                    ExportedBuffer* out) {
+  ExportedBuffer e;
+  Status s = IdentifyBuffer(driver, ptr, &e.id, &e.offset);
+  if (!s.ok()) return s;
+  const cu::CudaDriver& d = *driver;
+  void* base = reinterpret_cast<void*>(static_cast<uintptr_t>(e.id.base));
+
+  // VMM: retain the allocation and export it as a POSIX fd.
+  std::string vmm_reason;
+  cu::CUmemGenericAllocationHandle handle = 0;
+  cu::CUresult r = d.cuMemRetainAllocationHandle(&handle, base);
+  if (r == cu::CUDA_SUCCESS) {
+    RetainedAllocation retained(driver, handle);
+    cu::CUmemAllocationProp prop{};
+    r = d.cuMemGetAllocationPropertiesFromHandle(&prop, handle);
+    if (r != cu::CUDA_SUCCESS) {
+      vmm_reason = "cuMemGetAllocationPropertiesFromHandle: " + Describe(d, r);
+    } else if ((prop.requestedHandleTypes &
+                cu::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0) {
+      vmm_reason =
+          "the VMM allocation was not created exportable as a POSIX "
+          "fd (requestedHandleTypes " +
+          std::to_string(prop.requestedHandleTypes) + ")";
+    } else {
+      int fd = -1;
+      r = d.cuMemExportToShareableHandle(
+          &fd, handle, cu::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+      if (r == cu::CUDA_SUCCESS) {
+        e.kind = ExportKind::kVmmFd;
+        e.fd = UniqueFd(fd);
+        e.retained = std::move(retained);
+        *out = std::move(e);
+        return Status::Ok();
+      }
+      vmm_reason = "cuMemExportToShareableHandle: " + Describe(d, r);
+    }
+  } else {
+    vmm_reason = "cuMemRetainAllocationHandle: " + Describe(d, r);
+  }
+
+  // Legacy IPC, in the context that owns the pointer.
+  cu::CUcontext ctx = nullptr;
+  cu::CUpointer_attribute attr = cu::CU_POINTER_ATTRIBUTE_CONTEXT;
+  void* attr_data[] = {&ctx};
+  d.cuPointerGetAttributes(1, &attr, attr_data, e.id.base);
+  {
+    PushContext push(d, ctx);
+    r = d.cuIpcGetMemHandle(&e.ipc_handle, e.id.base);
+  }
+  if (r == cu::CUDA_SUCCESS) {
+    e.kind = ExportKind::kLegacyIpc;
+    *out = std::move(e);
+    return Status::Ok();
+  }
+  e.kind = ExportKind::kNeedsStaging;
+  e.staging_reason = "CUDA allocation at " + Hex(e.id.base) + " (" +
+                     std::to_string(e.id.size) +
+                     " bytes) cannot be shared: " + vmm_reason +
+                     "; cuIpcGetMemHandle: " + Describe(d, r);
+  *out = std::move(e);
+  return Status::Ok();
+}
+
+}  // namespace kreg::cuda_client
