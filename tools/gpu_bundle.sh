@@ -4,7 +4,8 @@
 # `bundle/tests/gpu/run.sh`. The GPU machine (Ubuntu 24.04, Python 3.12,
 # jax 0.11.2 cuda13) has no Bazel and no gRPC, so the bundle carries:
 #
-#   libexec/          kregd, kregd-probe, kregctl (the ELF binaries)
+#   libexec/          kregd, kregd-probe, kregctl (the ELF binaries) and
+#                     cuda_gpu_test (the C++ [cuda] tests, run by run.sh)
 #   bin/              a bazel-bin-shaped tree ($KREG_BIN_DIR): daemon/kregd,
 #                     daemon/kregd-probe and client/kregctl are wrappers that
 #                     put lib/ on LD_LIBRARY_PATH; client/shim/
@@ -31,7 +32,8 @@ max_mb=${KREG_BUNDLE_MAX_MB:-40}
 
 targets=(//daemon:kregd //daemon:kregd-probe //client:kregctl
   //client/shim:libkreg_client.so //kernels/cpu:all
-  //kernels/cuda:libdemo_cuda.so //kernels/cuda:libbrainevent_cuda.so)
+  //kernels/cuda:libdemo_cuda.so //kernels/cuda:libbrainevent_cuda.so
+  //tests/daemon/cuda:gpu_test)
 bazel build "${targets[@]}"
 bin=$(bazel info bazel-bin 2>/dev/null)
 
@@ -41,6 +43,8 @@ out=$(cd "$out" && pwd)
 
 cp "$bin"/daemon/kregd "$bin"/daemon/kregd-probe "$bin"/client/kregctl \
   "$out"/libexec/
+# The C++ [cuda] tests (daemon/cuda and client/cuda on the real driver).
+cp "$bin"/tests/daemon/cuda/gpu_test "$out"/libexec/cuda_gpu_test
 cp "$bin"/client/shim/libkreg_client.so "$out"/bin/client/shim/
 cp "$bin"/kernels/cpu/*.so "$out"/bin/kernels/cpu/
 cp "$bin"/kernels/cuda/*.so "$out"/bin/kernels/cuda/

@@ -56,6 +56,18 @@ print(f"python {platform.python_version()}, jax {jax.__version__}, "
       f"devices {jax.devices()}")
 EOF
 
+echo "== C++ [cuda] tests"
+cxx_rc=0
+cxx_test="$bundle/libexec/cuda_gpu_test"
+[[ -x $cxx_test ]] || cxx_test="$bundle/bazel-bin/tests/daemon/cuda/gpu_test"
+if [[ -x $cxx_test ]]; then
+  LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    "$cxx_test" --success --reporter compact 2>&1 | tail -n 20
+  cxx_rc=${PIPESTATUS[0]}
+else
+  echo "no cuda_gpu_test binary (bazel build //tests/daemon/cuda:gpu_test)"
+fi
+
 echo "== kregd"
 sock="$work/kregd.sock"
 "$KREGD_BINARY" --socket "$sock" --state-dir "$work/state" \
@@ -86,11 +98,13 @@ if ! kill -0 "$kregd_pid" 2>/dev/null; then
   [[ $rc -eq 0 ]] && rc=1
 fi
 
+[[ $rc -eq 0 && $cxx_rc -ne 0 ]] && rc=$cxx_rc
+
 echo
 echo "== summary"
-"$py" - "$work/gpu.xml" "$rc" <<'EOF'
+"$py" - "$work/gpu.xml" "$rc" "$cxx_rc" <<'EOF'
 import collections, sys, xml.etree.ElementTree as ET
-xml, rc = sys.argv[1], int(sys.argv[2])
+xml, rc, cxx_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 rows = collections.OrderedDict()
 try:
   cases = list(ET.parse(xml).getroot().iter("testcase"))
@@ -112,6 +126,7 @@ for name, r in rows.items():
         f"{r['seconds']:>7.1f}s")
 print(f"{'total':<28} {total['passed']:>7} {total['failed']:>7} "
       f"{total['skipped']:>8} {total['seconds']:>7.1f}s")
+print(f"C++ [cuda] tests: {'passed' if cxx_rc == 0 else 'FAILED'}")
 print(f"gpu tests: {total['passed']} passed, {total['failed']} failed, "
       f"{total['skipped']} skipped (exit {rc})")
 EOF

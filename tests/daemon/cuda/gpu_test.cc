@@ -3,6 +3,8 @@
 #include <string>
 
 #include "catch2/catch.hpp"
+#include "client/cuda/cuda_export.h"
+#include "client/cuda/staging_buffer.h"
 #include "daemon/cuda/cuda_devices.h"
 #include "daemon/cuda/cuda_session.h"
 
@@ -46,6 +48,42 @@ TEST_CASE("A real session stream runs stream-ordered scratch", "[cuda]") {
   });
   CHECK(s.ok());
   CHECK(devices->CheckUsable(0).ok());
+}
+
+TEST_CASE("A VMM allocation exported by the client side is imported by kregd",
+          "[cuda]") {
+  auto devices = DevicesOrSkip();
+  if (devices == nullptr) {
+    SUCCEED("skipped: no CUDA device");
+    return;
+  }
+  const cu::CudaDriver* d = devices->driver();
+  std::unique_ptr<cuda_client::StagingBuffer> staging;
+  cuda_client::Status s =
+      cuda_client::StagingBuffer::Create(d, 0, 3 << 20, &staging);
+  REQUIRE(s.message == "");
+  cuda_client::ExportedBuffer e;
+  s = staging->Export(&e);
+  REQUIRE(s.message == "");
+  CHECK(e.kind == cuda_client::ExportKind::kVmmFd);
+  CHECK(e.id.generation != 0);  // CU_POINTER_ATTRIBUTE_BUFFER_ID
+  INFO("base " << e.id.base << " size " << e.id.size);
+  CHECK(e.id.size == staging->size());
+  CudaSession session(devices.get());
+  const CudaMappingKey key{e.id.device_uuid, e.id.base, e.id.size,
+                           e.id.generation};
+  REQUIRE(session.ShareVmm(key, std::move(e.fd)).ok());
+  auto r = session.Resolve(key, 4096, 4096);
+  REQUIRE(r.ok());
+  CHECK(r->mapping->base() != e.id.base);  // kregd's own mapping
+  absl::Status copy = session.Launch(0, [&](const CallOptions& o) {
+    return CuStatus(*d,
+                    d->cuMemcpyDtoDAsync(reinterpret_cast<uintptr_t>(r->data),
+                                         staging->data(), 4096,
+                                         static_cast<cu::CUstream>(o.stream)),
+                    "cuMemcpyDtoDAsync");
+  });
+  CHECK(copy.ok());
 }
 
 }  // namespace
