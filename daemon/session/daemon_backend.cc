@@ -75,10 +75,21 @@ class DaemonBackend final : public SessionBackend {
 
   absl::StatusOr<void*> Lookup(const TargetKey& key) override {
     EntryPtr e = registry_->Lookup(key);
-    if (e == nullptr || e->handler == nullptr) {
+    if (e == nullptr) {
       return absl::NotFoundError(absl::StrCat(
           "target \"", key.name, "\" is not registered for platform ",
           PlatformName(key.platform), " in kregd"));
+    }
+    if (e->kind == TargetKind::kInProcess) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "target \"", key.name, "\" is an in-process callable of pid ",
+          e->registered_by.pid, "; it runs inside that process, not in kregd"));
+    }
+    if (e->handler == nullptr) {
+      return absl::UnavailableError(absl::StrCat(
+          "target \"", key.name, "\" is registered but its module could not ",
+          "be loaded (", e->unavailable, "); re-register the original module ",
+          "to repair it"));
     }
     return e->handler;
   }
