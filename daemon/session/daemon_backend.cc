@@ -22,7 +22,7 @@ void FillTargetInfo(const TargetEntry& e, v1::TargetInfo* t) {
   t->set_content_id(e.content_id);
   t->set_module_digest(e.module_digest);
   t->set_module_size(e.module_size);
-  t->set_kind("module");
+  t->set_kind(TargetKindName(e.kind));
   t->set_ffi_api_major(e.handler_info.api_major);
   t->set_ffi_api_minor(e.handler_info.api_minor);
   t->set_traits(e.handler_info.traits);
