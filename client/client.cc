@@ -45,7 +45,10 @@ absl::StatusOr<v1::RegisterTargetResponse> Client::Register(
   h->set_platform(req.platform);
   h->set_content_id(req.content_id);
   h->set_replace(req.replace);
-  if (!req.daemon_path.empty()) {
+  h->set_in_process(req.in_process);
+  if (req.in_process) {
+    // No module: the callable runs in the registering process.
+  } else if (!req.daemon_path.empty()) {
     h->mutable_module()->set_path(req.daemon_path);
   } else {
     h->mutable_module()->set_upload_size(req.module_bytes.size());

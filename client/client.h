@@ -20,6 +20,8 @@ struct RegisterRequest {
   std::string platform = "cpu";
   std::string content_id;
   bool replace = false;
+  // An in-process callable (content_id required, no module).
+  bool in_process = false;
   // Exactly one of: bytes to upload, or a path the daemon reads itself.
   std::string module_bytes;
   std::string daemon_path;

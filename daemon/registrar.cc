@@ -131,6 +131,21 @@ absl::StatusOr<RegisterOutcome> Registrar::Register(
   args.content_id = header.content_id();
   args.peer = peer;
   args.replace = header.replace();
+  if (header.in_process()) {
+    if (header.content_id().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "in-process target \"", header.target_name(),
+          "\" needs a content_id (the callable's code fingerprint)"));
+    }
+    if (header.module().source_case() != v1::ModuleSource::SOURCE_NOT_SET) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "in-process target \"", header.target_name(),
+          "\" must not carry a module: it runs inside its own process"));
+    }
+    args.kind = TargetKind::kInProcess;
+    args.origin = absl::StrCat("in-process:pid ", peer.pid);
+    return registry_->Register(args);
+  }
   switch (header.module().source_case()) {
     case v1::ModuleSource::kPath: {
       absl::StatusOr<std::string> bytes =

@@ -9,9 +9,10 @@
 namespace kreg {
 namespace {
 
-std::string Describe(const std::string& content_id,
+std::string Describe(TargetKind kind, const std::string& content_id,
                      const std::string& func_name, Platform platform) {
-  return absl::StrCat("content ", content_id, ", function \"", func_name,
+  return absl::StrCat(kind == TargetKind::kInProcess ? "in-process " : "",
+                      "content ", content_id, ", function \"", func_name,
                       "\", platform ", PlatformName(platform));
 }
 
@@ -26,18 +27,20 @@ int64_t NowMicros() {
 Registry::Registry(HandlerLoader* loader, RegistrationLog* log)
     : loader_(loader), log_(log) {}
 
-absl::Status Registry::CheckSame(const TargetEntry& existing,
+absl::Status Registry::CheckSame(const TargetEntry& existing, TargetKind kind,
                                  const std::string& cid,
                                  const std::string& func_name,
                                  bool replace) const {
-  if (existing.content_id == cid && existing.func_name == func_name) {
+  if (existing.kind == kind && existing.content_id == cid &&
+      existing.func_name == func_name) {
     return absl::OkStatus();
   }
   std::string msg = absl::StrCat(
       "target \"", existing.key.name, "\" is already registered with ",
-      Describe(existing.content_id, existing.func_name, existing.key.platform),
+      Describe(existing.kind, existing.content_id, existing.func_name,
+               existing.key.platform),
       "; refusing to re-point it to ",
-      Describe(cid, func_name, existing.key.platform),
+      Describe(kind, cid, func_name, existing.key.platform),
       ". XLA binds a handler into every compiled executable, so a live "
       "re-point can be neither performed nor verified. Register the rebuild "
       "under a distinct target name (a new name or a version prefix, e.g. \"",
@@ -57,13 +60,18 @@ absl::StatusOr<RegisterOutcome> Registry::Register(const RegisterArgs& args) {
   absl::MutexLock serial(&register_mu_);
   EntryPtr existing = Lookup(args.key);
   if (existing != nullptr) {
-    absl::Status same = CheckSame(*existing, cid, args.func_name, args.replace);
+    absl::Status same =
+        CheckSame(*existing, args.kind, cid, args.func_name, args.replace);
     if (!same.ok()) {
       refused_.fetch_add(1);
       return same;
     }
-    if (existing->handler != nullptr) return RegisterOutcome{false, existing};
+    if (existing->handler != nullptr ||
+        existing->kind == TargetKind::kInProcess) {
+      return RegisterOutcome{false, existing};
+    }
   }
+  if (args.kind == TargetKind::kInProcess) return RegisterInProcess(args);
   absl::StatusOr<std::string> digest = loader_->Store(args.module_bytes);
   if (!digest.ok()) return digest.status();
   if (existing != nullptr && *digest != existing->module_digest) {
@@ -109,14 +117,36 @@ absl::StatusOr<RegisterOutcome> Registry::Register(const RegisterArgs& args) {
   return RegisterOutcome{existing == nullptr, entry};
 }
 
+absl::StatusOr<RegisterOutcome> Registry::RegisterInProcess(
+    const RegisterArgs& args) {
+  auto entry = std::make_shared<TargetEntry>();
+  entry->key = args.key;
+  entry->kind = TargetKind::kInProcess;
+  entry->func_name = args.func_name;
+  entry->content_id = args.content_id;
+  entry->registered_by = args.peer;
+  entry->registered_at_us = NowMicros();
+  entry->origin = args.origin;
+  absl::Status logged = log_->Append(*entry);
+  if (!logged.ok()) return logged;
+  absl::MutexLock lock(&mu_);
+  entries_[args.key] = entry;
+  return RegisterOutcome{true, entry};
+}
+
 absl::Status Registry::Restore(const TargetEntry& journaled) {
   absl::MutexLock serial(&register_mu_);
   EntryPtr existing = Lookup(journaled.key);
   if (existing != nullptr) {
-    return CheckSame(*existing, journaled.content_id, journaled.func_name,
-                     /*replace=*/false);
+    return CheckSame(*existing, journaled.kind, journaled.content_id,
+                     journaled.func_name, /*replace=*/false);
   }
   auto entry = std::make_shared<TargetEntry>(journaled);
+  if (entry->kind == TargetKind::kInProcess) {
+    absl::MutexLock lock(&mu_);
+    entries_[entry->key] = entry;
+    return absl::OkStatus();
+  }
   absl::StatusOr<void*> handler =
       loader_->LoadStored(entry->module_digest, entry->func_name);
   if (handler.ok()) {

@@ -23,6 +23,8 @@ struct RegisterArgs {
   std::string origin;  // "path:<p>" or "upload:<n> bytes"
   PeerCred peer;
   bool replace = false;
+  // kInProcess: nothing is stored or loaded; content_id is the identity.
+  TargetKind kind = TargetKind::kModule;
 };
 
 struct RegisterOutcome {
@@ -90,8 +92,13 @@ class Registry {
   uint64_t refused() const { return refused_.load(); }
 
  private:
-  absl::Status CheckSame(const TargetEntry& existing, const std::string& cid,
-                         const std::string& func_name, bool replace) const;
+  absl::Status CheckSame(const TargetEntry& existing, TargetKind kind,
+                         const std::string& cid, const std::string& func_name,
+                         bool replace) const;
+  // The new-entry half of Register for in-process targets (register_mu_
+  // held): journal and insert, nothing to load.
+  absl::StatusOr<RegisterOutcome> RegisterInProcess(const RegisterArgs& args)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
 
   HandlerLoader* const loader_;
   RegistrationLog* const log_;

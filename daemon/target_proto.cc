@@ -12,7 +12,7 @@ v1::Target ToProto(const TargetEntry& e) {
   t.set_content_id(e.content_id);
   t.set_module_digest(e.module_digest);
   t.set_module_size(e.module_size);
-  t.set_kind("module");
+  t.set_kind(TargetKindName(e.kind));
   t.set_ffi_api_major(e.handler_info.api_major);
   t.set_ffi_api_minor(e.handler_info.api_minor);
   t.set_traits(e.handler_info.traits);
@@ -32,6 +32,12 @@ absl::StatusOr<TargetEntry> FromProto(const v1::Target& t) {
   if (!platform.ok()) return platform.status();
   TargetEntry e;
   e.key = {t.target_name(), *platform};
+  if (t.kind() == "in-process") {
+    e.kind = TargetKind::kInProcess;
+  } else if (!t.kind().empty() && t.kind() != "module") {
+    return absl::InvalidArgumentError("unknown target kind \"" + t.kind() +
+                                      "\"");
+  }
   e.func_name = t.func_name();
   e.content_id = t.content_id();
   e.module_digest = t.module_digest();

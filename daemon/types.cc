@@ -6,4 +6,8 @@ const char* PlatformName(Platform platform) {
   return platform == Platform::kCuda ? "cuda" : "cpu";
 }
 
+const char* TargetKindName(TargetKind kind) {
+  return kind == TargetKind::kInProcess ? "in-process" : "module";
+}
+
 }  // namespace kreg

@@ -44,12 +44,21 @@ struct HandlerInfo {
   int64_t state_type_id = 0;
 };
 
+// What runs a target: a module hosted by kregd, or a callable inside the
+// JAX process that registered it (kreg.numba_cuda_callable).
+enum class TargetKind { kModule, kInProcess };
+
+// "module" or "in-process".
+const char* TargetKindName(TargetKind kind);
+
 // One accepted registration. Immutable once in the registry.
 struct TargetEntry {
   TargetKey key;
+  TargetKind kind = TargetKind::kModule;
   std::string func_name;
   std::string content_id;     // what idempotency compares
-  std::string module_digest;  // "sha256:<hex>", the store key
+  std::string module_digest;  // "sha256:<hex>", the store key; empty for
+                              // in-process targets
   uint64_t module_size = 0;
   HandlerInfo handler_info;
   PeerCred registered_by;

@@ -255,5 +255,74 @@ TEST_CASE("Restore refuses a second journaled record re-pointing a name",
   CHECK(registry.Lookup(e.key)->content_id == Sha256Digest("aa"));
 }
 
+RegisterArgs InProcess(const std::string& name, const std::string& cid) {
+  RegisterArgs a;
+  a.key = {name, Platform::kCuda};
+  a.func_name = "my_kernel";
+  a.content_id = cid;
+  a.kind = TargetKind::kInProcess;
+  a.origin = "in-process:pid 7";
+  a.peer = {1000, 1000, 7};
+  return a;
+}
+
+TEST_CASE("In-process targets: idempotent, refused on change, nothing loaded",
+          "[registry]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log);
+  auto first = registry.Register(InProcess("numba.k", "fp:1"));
+  REQUIRE(first.ok());
+  CHECK(first->created);
+  CHECK(first->entry->kind == TargetKind::kInProcess);
+  CHECK(first->entry->handler == nullptr);
+  CHECK(first->entry->module_digest.empty());
+  CHECK(first->entry->registered_by.pid == 7);
+  auto again = registry.Register(InProcess("numba.k", "fp:1"));
+  REQUIRE(again.ok());
+  CHECK_FALSE(again->created);
+  auto changed = registry.Register(InProcess("numba.k", "fp:2"));
+  REQUIRE(changed.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(changed.status().message()),
+             Catch::Contains("in-process content fp:1") &&
+                 Catch::Contains("in-process content fp:2"));
+  CHECK(loader.loads == 0);
+  CHECK(log.entries.size() == 1);
+}
+
+TEST_CASE("A module cannot take over an in-process name, nor the reverse",
+          "[registry]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log);
+  REQUIRE(registry.Register(InProcess("k", "fp:1")).ok());
+  RegisterArgs module = Args("k", "bytes", "my_kernel", Platform::kCuda);
+  module.content_id = "fp:1";
+  CHECK(registry.Register(module).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  REQUIRE(registry.Register(Args("m", "bytes")).ok());
+  RegisterArgs taken = InProcess("m", Sha256Digest("bytes"));
+  taken.key.platform = Platform::kCpu;
+  taken.func_name = "Scale";
+  CHECK(registry.Register(taken).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("Restore brings back in-process targets without loading",
+          "[registry]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log);
+  TargetEntry e;
+  e.key = {"k", Platform::kCuda};
+  e.kind = TargetKind::kInProcess;
+  e.func_name = "my_kernel";
+  e.content_id = "fp:1";
+  REQUIRE(registry.Restore(e).ok());
+  CHECK(loader.loads == 0);
+  CHECK(registry.Register(InProcess("k", "fp:2")).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace kreg

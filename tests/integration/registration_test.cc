@@ -70,6 +70,43 @@ TEST_CASE("A 256 MiB module uploads in chunks and loads", "[integration]") {
   CHECK(r->target().audit().origin() == "upload:268435456 bytes");
 }
 
+TEST_CASE("In-process targets are registered, listed and persisted",
+          "[integration]") {
+  TempDir dir;
+  Daemon d(dir.path());
+  d.Start();
+  RegisterRequest r;
+  r.target_name = "numba.kernel";
+  r.func_name = "my_kernel";
+  r.platform = "cuda";
+  r.content_id = "numba:abc";
+  r.in_process = true;
+  auto first = d.client().Register(r);
+  REQUIRE(first.ok());
+  CHECK(first->created());
+  CHECK(first->target().kind() == "in-process");
+  CHECK(first->target().audit().pid() == ::getpid());
+  CHECK(first->target().audit().origin() ==
+        "in-process:pid " + std::to_string(::getpid()));
+  RegisterRequest no_cid = r;
+  no_cid.content_id.clear();
+  auto missing = d.client().Register(no_cid);
+  CHECK(missing.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(Message(missing.status()), Catch::Contains("needs a content_id"));
+  REQUIRE(d.Stop() == 0);
+  d.Start();
+  auto again = d.client().Register(r);
+  REQUIRE(again.ok());
+  CHECK_FALSE(again->created());
+  r.content_id = "numba:changed";
+  auto changed = d.client().Register(r);
+  CHECK(changed.status().code() == absl::StatusCode::kFailedPrecondition);
+  auto list = Kregctl({"--socket", d.socket(), "list"});
+  CHECK_THAT(list.out,
+             Catch::Contains("numba.kernel") && Catch::Contains("in-process"));
+  CHECK(d.client().Status()->modules_loaded() == 0);
+}
+
 TEST_CASE("Changed content is refused, with and without replace",
           "[integration]") {
   TempDir dir;
