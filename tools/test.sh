@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: installs what is missing (tools/setup.sh), builds
 # everything with Bazel, runs the Catch2 suites (`bazel test //...`) and the
-# pytest suites against the real kregd binary and real JAX, then prints
+# pytest suites against the real kregd binary and real JAX (tests/gpu skips,
+# with the reason, where no CUDA GPU is visible), then prints
 # `tests: N passed, N failed` (test cases, across both) as its last line.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +18,7 @@ export KREG_BIN_DIR="$PWD/bazel-bin"
 export KREG_KERNELS_DIR="$PWD/bazel-bin/kernels/cpu"
 export KREG_CLIENT_LIB="$PWD/bazel-bin/client/shim/libkreg_client.so"
 .venv/bin/python -m pytest -q -rs -p no:cacheprovider \
-  --junitxml="$out/pytest.xml" tests/python tests/integration || rc=1
+  --junitxml="$out/pytest.xml" tests/python tests/integration tests/gpu || rc=1
 
 python3 tools/summarize_tests.py "$(bazel info bazel-testlogs 2>/dev/null)" \
   "$out/targets" "$out/pytest.xml" || rc=1
