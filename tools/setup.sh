@@ -47,8 +47,11 @@ if [[ ! -x .venv/bin/python ]]; then
   echo "setup: creating .venv with $py"
   "$py" -m venv .venv
 fi
-if ! .venv/bin/python -c 'import jax, jaxlib, pytest, numpy; assert jax.__version__ == "0.11.2"' 2>/dev/null; then
-  echo "setup: installing jax==0.11.2 jaxlib==0.11.2 pytest numpy into .venv"
+# grpcio* are only for the tests of kregd's standard gRPC extras
+# (reflection, health) with stock clients.
+if ! .venv/bin/python -c 'import jax, jaxlib, pytest, numpy, grpc, grpc_reflection, grpc_health; assert jax.__version__ == "0.11.2"' 2>/dev/null; then
+  echo "setup: installing jax==0.11.2 jaxlib==0.11.2 pytest numpy grpcio* into .venv"
   .venv/bin/pip install -q --disable-pip-version-check \
-    jax==0.11.2 jaxlib==0.11.2 pytest numpy
+    jax==0.11.2 jaxlib==0.11.2 pytest numpy grpcio grpcio-reflection \
+    grpcio-health-checking
 fi
