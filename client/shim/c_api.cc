@@ -113,13 +113,21 @@ KREG_Error* kreg_target_list_get(const KREG_TargetList* list, size_t index,
 void kreg_target_list_destroy(KREG_TargetList* list) { delete list; }
 
 KREG_Error* kreg_register(KREG_RegisterArgs* args) {
-  if (args == nullptr || args->struct_size < KREG_RegisterArgs_STRUCT_SIZE ||
+  if (args == nullptr ||
+      args->struct_size < KREG_RegisterArgs_STRUCT_SIZE_1_0 ||
       args->client == nullptr) {
     return Invalid("kreg_register: bad args struct or no client");
   }
+  bool in_process = args->struct_size >= KREG_RegisterArgs_STRUCT_SIZE &&
+                    args->in_process != 0;
   bool has_path = args->module_path != nullptr;
   bool has_bytes = args->module_bytes != nullptr;
-  if (has_path == has_bytes) {
+  if (in_process && (has_path || has_bytes)) {
+    return Invalid(
+        "kreg_register: an in-process target carries no module (set neither "
+        "module_path nor module_bytes)");
+  }
+  if (!in_process && has_path == has_bytes) {
     return Invalid(
         "kreg_register: give exactly one of module_path and module_bytes");
   }
@@ -129,7 +137,10 @@ KREG_Error* kreg_register(KREG_RegisterArgs* args) {
   req.set_platform(Str(args->platform, args->platform_len));
   req.set_content_id(Str(args->content_id, args->content_id_len));
   req.set_replace(args->replace != 0);
-  if (has_path) {
+  req.set_in_process(in_process);
+  if (in_process) {
+    // No module: the callable runs inside this process.
+  } else if (has_path) {
     req.set_path(Str(args->module_path, args->module_path_len));
   } else {
     req.set_upload(static_cast<const char*>(args->module_bytes),

@@ -23,7 +23,7 @@
 #include <stdint.h>
 
 #define KREG_API_MAJOR 1
-#define KREG_API_MINOR 0
+#define KREG_API_MINOR 1
 
 #if defined(__GNUC__)
 #define KREG_EXPORT __attribute__((visibility("default")))
@@ -155,8 +155,16 @@ typedef struct KREG_RegisterArgs {
   int32_t replace;
   int32_t created;         /* out: 0 when an identical entry existed */
   KREG_TargetList* target; /* out: the entry; caller destroys */
+  /* Since 1.1: nonzero registers an in-process target (a callable that runs
+   * inside the registering process, e.g. kreg.numba_cuda_callable): no
+   * module (both module fields NULL), content_id required (the callable's
+   * fingerprint); listed with kind "in-process" and this process's pid. */
+  int32_t in_process;
 } KREG_RegisterArgs;
 #define KREG_RegisterArgs_STRUCT_SIZE \
+  KREG_STRUCT_SIZE(KREG_RegisterArgs, in_process)
+/* The 1.0 layout (ends at `target`): still accepted, in_process = 0. */
+#define KREG_RegisterArgs_STRUCT_SIZE_1_0 \
   KREG_STRUCT_SIZE(KREG_RegisterArgs, target)
 
 /* Registers through the session. The daemon's refusal comes back with its

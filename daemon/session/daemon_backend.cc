@@ -46,13 +46,14 @@ class DaemonBackend final : public SessionBackend {
     header.set_platform(req.platform());
     header.set_replace(req.replace());
     header.set_content_id(req.content_id());
+    header.set_in_process(req.in_process());
     std::string upload;
     if (req.module_case() == v1::RegisterRequest::kPath) {
       header.mutable_module()->set_path(req.path());
     } else if (req.module_case() == v1::RegisterRequest::kUpload) {
       header.mutable_module()->set_upload_size(req.upload().size());
       upload = req.upload();
-    } else {
+    } else if (!req.in_process()) {  // in-process targets carry no module
       return absl::InvalidArgumentError(
           "RegisterRequest carries neither a module path nor an upload");
     }

@@ -165,8 +165,13 @@ class Client:
   # -- registration ----------------------------------------------------
 
   def _register(self, target_name, platform, func_name, replace, content_id,
-                path=None, data=None):
+                path=None, data=None, in_process=False):
     lib = self._lib
+    if in_process and _shim.version().api_minor < _shim.IN_PROCESS_MINOR:
+      raise KregError(
+          "libkreg_client.so is too old for in-process targets (C ABI "
+          f"{_shim.version().api_major}.{_shim.version().api_minor}, needs "
+          f"1.{_shim.IN_PROCESS_MINOR}); rebuild it", "FAILED_PRECONDITION")
     args = _shim.new(_shim.RegisterArgs)
     args.client = self._handle
     keep = []  # keep the encoded buffers alive during the call
@@ -181,7 +186,9 @@ class Client:
     put("func_name", func_name)
     put("platform", platform)
     put("content_id", content_id or "")
-    if path is not None:
+    if in_process:
+      args.in_process = 1  # no module: the callable runs in this process
+    elif path is not None:
       put("module_path", os.fsencode(path))
     else:
       buf = ctypes.create_string_buffer(bytes(data), len(data))

@@ -11,6 +11,7 @@ from kreg._errors import ShimNotFoundError
 
 LIB_NAME = "libkreg_client.so"
 API_MAJOR = 1  # KREG_API_MAJOR this module was written for
+IN_PROCESS_MINOR = 1  # KREG_API_MINOR that added RegisterArgs.in_process
 
 _size_t = ctypes.c_size_t
 
@@ -48,7 +49,8 @@ class RegisterArgs(ctypes.Structure):
               ("module_path", ctypes.c_char_p), ("module_path_len", _size_t),
               ("module_bytes", ctypes.c_void_p), ("module_bytes_len", _size_t),
               ("replace", ctypes.c_int32), ("created", ctypes.c_int32),
-              ("target", ctypes.c_void_p)]
+              ("target", ctypes.c_void_p),
+              ("in_process", ctypes.c_int32)]  # since C ABI 1.1
 
 
 class ListArgs(ctypes.Structure):
