@@ -121,6 +121,21 @@ def kernels_root() -> str:
   return os.path.realpath(ku.kernels_dir())
 
 
+@pytest.fixture
+def second_kregd():
+  """Another kregd (own socket and state), for tests that need two daemons.
+  A fixture rather than `import conftest`: with several test directories in
+  one pytest run, that name may resolve to another directory's conftest."""
+  d = Daemon(pathlib.Path(tempfile.mkdtemp(prefix="kreg-", dir="/tmp")),
+             [kernels_root()])
+  d.start()
+  try:
+    yield d
+  finally:
+    d.stop()
+    shutil.rmtree(d.root, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def kregd():
   # Unix socket paths are limited to 108 bytes: keep the directory short.

@@ -157,20 +157,11 @@ def test_concurrent_identical_registrations_all_succeed(running_kregd, demo):
 
 
 def test_a_target_forwards_to_one_daemon_per_process(running_kregd, demo,
-                                                     tmp_path):
-  import conftest  # pylint: disable=import-outside-toplevel
+                                                     second_kregd):
   kreg.register_ffi_target("t.onedaemon", demo, "Scale", platform="cpu")
-  other = conftest.Daemon(pathlib.Path(tempfile.mkdtemp(prefix="kreg-",
-                                                        dir="/tmp")),
-                          [conftest.kernels_root()])
-  other.start()
-  try:
-    second = kreg.Client(other.socket)
-    with pytest.raises(kreg.KregError, match="already forwards to the kregd"):
-      second.register_ffi_target("t.onedaemon", demo, "Scale", platform="cpu")
-  finally:
-    other.stop()
-    shutil.rmtree(other.root, ignore_errors=True)
+  second = kreg.Client(second_kregd.socket)
+  with pytest.raises(kreg.KregError, match="already forwards to the kregd"):
+    second.register_ffi_target("t.onedaemon", demo, "Scale", platform="cpu")
 
 
 # ---- launches ---------------------------------------------------------------
