@@ -18,6 +18,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/cuda/cuda_devices.h"
 #include "daemon/ffi/ffi_host.h"
 #include "daemon/session/session_server.h"
 #include "spdlog/spdlog.h"
@@ -309,8 +310,17 @@ void Daemon::Shutdown() {
 }
 
 absl::Status Daemon::StartSessions() {
+  // CUDA contexts are created now, not on a first launch (~150 ms each).
+  cuda_ = CudaDevices::OpenSystem();
+  if (cuda_->status().ok()) {
+    spdlog::info("CUDA: {}", cuda_->Describe());
+  } else {
+    spdlog::info("CUDA: not serving GPU launches: {}",
+                 std::string(cuda_->status().message()));
+  }
   host_ = std::make_unique<FfiHost>();
   SessionOptions opts;
+  opts.cuda_devices = cuda_.get();
   opts.socket_path = SessionSocketPath(config_.socket_path);
   opts.listen_fd = session_listen_fd_;
   opts.max_arena_bytes = config_.max_arena_bytes;

@@ -23,6 +23,7 @@
 
 namespace kreg {
 
+class CudaDevices;
 class FfiHost;
 class SessionServer;
 
@@ -59,6 +60,7 @@ class Daemon {
   Journal journal_;
   Registry registry_;
   Registrar registrar_;
+  std::unique_ptr<CudaDevices> cuda_;  // outlives the sessions using it
   std::unique_ptr<FfiHost> host_;
   std::unique_ptr<SessionServer> sessions_;
   std::unique_ptr<RegistryService> service_;
