@@ -134,8 +134,27 @@ Status IdentifyBuffer(const cu::CudaDriver* driver, const void* ptr,
   cu::CUdeviceptr base = 0;
   size_t size = 0;
   {
-    PushContext push(*driver, ctx);
-    r = driver->cuMemGetAddressRange(&base, &size, p);
+    // cuMemGetAddressRange needs a current context. VMM memory (XLA's) has
+    // no owning context (CU_POINTER_ATTRIBUTE_CONTEXT is null): use the
+    // current one, else the device's primary context (XLA's).
+    cu::CUcontext current = nullptr;
+    cu::CUdevice primary_dev = -1;
+    if (ctx == nullptr &&
+        (driver->cuCtxGetCurrent(&current) != cu::CUDA_SUCCESS ||
+         current == nullptr)) {
+      cu::CUdevice dev = 0;
+      if (driver->cuDeviceGet(&dev, ordinal) == cu::CUDA_SUCCESS &&
+          driver->cuDevicePrimaryCtxRetain(&ctx, dev) == cu::CUDA_SUCCESS) {
+        primary_dev = dev;
+      } else {
+        ctx = nullptr;
+      }
+    }
+    {
+      PushContext push(*driver, ctx);
+      r = driver->cuMemGetAddressRange(&base, &size, p);
+    }
+    if (primary_dev >= 0) driver->cuDevicePrimaryCtxRelease(primary_dev);
   }
   if (r != cu::CUDA_SUCCESS) return CuError(*driver, r, "cuMemGetAddressRange");
   if (size == 0 || p < base || p - base >= size) {

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "client/shim/cuda_forward.h"
 #include "daemon/session/wire.h"
 #include "xla/ffi/api/c_api.h"
 
@@ -22,7 +23,7 @@ namespace shim {
 namespace {
 
 constexpr uint32_t kProtocolMajor = 1;
-constexpr uint32_t kProtocolMinor = 0;
+constexpr uint32_t kProtocolMinor = 1;
 // Responses are small; this only bounds a misbehaving peer.
 constexpr uint32_t kMaxResponseBytes = 256u << 20;
 constexpr uint64_t kMinArenaBytes = 1u << 20;
@@ -46,6 +47,7 @@ int64_t SpinMicros() {
 Conn::Conn(int sock, std::string path) : path_(std::move(path)), sock_(sock) {}
 
 Conn::~Conn() {
+  DestroyCudaConnState(cuda_state);
   if (arena_ != nullptr) ::munmap(arena_, arena_size_);
   if (sock_ >= 0) ::close(sock_);
 }
@@ -91,6 +93,10 @@ Status Conn::Open(const std::string& path, std::unique_ptr<Conn>* out) {
   conn->session_id_ = resp.hello().session_id();
   conn->max_arena_bytes_ = resp.hello().max_arena_bytes();
   conn->max_message_bytes_ = resp.hello().max_message_bytes();
+  conn->max_cuda_mappings_ = resp.hello().max_cuda_mappings();
+  conn->cuda_device_uuids_.assign(resp.hello().cuda_device_uuids().begin(),
+                                  resp.hello().cuda_device_uuids().end());
+  conn->cuda_status_ = resp.hello().cuda_status();
   *out = std::move(conn);
   return Status::Ok();
 }

@@ -8,12 +8,15 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "client/shim/status.h"
 #include "kreg/v1/session.pb.h"
 
 namespace kreg {
 namespace shim {
+
+class CudaConnState;
 
 // Not thread-safe: a Conn is used by one thread at a time (the Client's pool
 // hands it out exclusively). Closes the socket and unmaps the arena on
@@ -43,6 +46,17 @@ class Conn {
   bool broken() const { return broken_; }
   uint64_t session_id() const { return session_id_; }
   uint64_t max_message_bytes() const { return max_message_bytes_; }
+  // From kregd's HelloReply: allocations one session may keep shared, the
+  // UUIDs (16 raw bytes) of kregd's GPUs, why it has none.
+  uint32_t max_cuda_mappings() const { return max_cuda_mappings_; }
+  const std::vector<std::string>& cuda_device_uuids() const {
+    return cuda_device_uuids_;
+  }
+  const std::string& cuda_status() const { return cuda_status_; }
+
+  // The session's CUDA state (cuda_forward.cc), created on its first CUDA
+  // call; owned by the Conn.
+  CudaConnState* cuda_state = nullptr;
 
   // Bookkeeping of the owning Client.
   uint64_t epoch = 0;
@@ -59,6 +73,9 @@ class Conn {
   uint64_t session_id_ = 0;
   uint64_t max_arena_bytes_ = 0;
   uint64_t max_message_bytes_ = 0;
+  uint32_t max_cuda_mappings_ = 0;
+  std::vector<std::string> cuda_device_uuids_;
+  std::string cuda_status_;
   char* arena_ = nullptr;
   uint64_t arena_size_ = 0;
   std::string out_buf_;

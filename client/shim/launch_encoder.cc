@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "client/shim/cuda_forward.h"
 #include "daemon/session/dtype.h"
 
 namespace kreg {
@@ -31,6 +32,8 @@ struct Scratch {
   std::vector<Region> rets;
 };
 
+}  // namespace
+
 Status BufferBytes(const XLA_FFI_Buffer* b, const char* kind, int64_t i,
                    uint64_t* bytes) {
   int width = DtypeByteWidth(b->dtype);
@@ -53,6 +56,16 @@ Status BufferBytes(const XLA_FFI_Buffer* b, const char* kind, int64_t i,
   *bytes = n;
   return Status::Ok();
 }
+
+void EncodeBufferShape(const XLA_FFI_Buffer* b, uint64_t bytes,
+                       v1::Buffer* out) {
+  out->set_dtype(b->dtype);
+  out->mutable_dims()->Reserve(static_cast<int>(b->rank));
+  for (int64_t d = 0; d < b->rank; ++d) out->add_dims(b->dims[d]);
+  out->set_size(bytes);
+}
+
+namespace {
 
 void EncodeBuffer(const XLA_FFI_Buffer* b, const Region& r, v1::Buffer* out) {
   out->set_dtype(b->dtype);
@@ -88,7 +101,8 @@ void Copy(void* dst, const void* src, uint64_t n) {
 
 uint64_t AlignUp(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
-// Device ordinal and run id of the call, when XLA provides them.
+}  // namespace
+
 void CallContext(const XLA_FFI_CallFrame* f, int32_t* ordinal,
                  int64_t* run_id) {
   const XLA_FFI_Api* api = f->api;
@@ -116,8 +130,6 @@ void CallContext(const XLA_FFI_CallFrame* f, int32_t* ordinal,
     if (!destroy(api->XLA_FFI_RunId_Get(&r))) *run_id = r.run_id;
   }
 }
-
-}  // namespace
 
 Status EncodeAttrs(const XLA_FFI_Attrs* attrs,
                    google::protobuf::RepeatedPtrField<v1::Attribute>* out,
@@ -188,10 +200,11 @@ Status EncodeAttrs(const XLA_FFI_Attrs* attrs,
 
 Status ForwardCall(Client* client, const std::string& target,
                    const std::string& platform, XLA_FFI_CallFrame* frame) {
+  if (platform == "cuda") return ForwardCudaCall(client, target, frame);
   if (platform != "cpu") {
-    return Status::Error(kUnimplemented,
-                         "kreg: forwarding " + platform + " calls of \"" +
-                             target + "\" is not implemented yet (CPU only)");
+    return Status::Error(kUnimplemented, "kreg: forwarding " + platform +
+                                             " calls of \"" + target +
+                                             "\" is not supported");
   }
   thread_local Scratch scratch;
   v1::SessionRequest& req = scratch.request;

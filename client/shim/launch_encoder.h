@@ -20,6 +20,17 @@ namespace shim {
 Status ForwardCall(Client* client, const std::string& target,
                    const std::string& platform, XLA_FFI_CallFrame* frame);
 
+// Byte size of `b` (INVALID_ARGUMENT for dtypes without a byte width or
+// bad dims); `kind` and `i` name it in errors.
+Status BufferBytes(const XLA_FFI_Buffer* b, const char* kind, int64_t i,
+                   uint64_t* bytes);
+// dtype, dims and size of `b` into `out` (where the bytes live is the
+// caller's).
+void EncodeBufferShape(const XLA_FFI_Buffer* b, uint64_t bytes,
+                       v1::Buffer* out);
+// Device ordinal and run id of the call, when XLA provides them.
+void CallContext(const XLA_FFI_CallFrame* f, int32_t* ordinal, int64_t* run_id);
+
 // Appends the attributes of `attrs` to `out`, byte-exact and in XLA's order.
 // INVALID_ARGUMENT for attribute types or dtypes that cannot be forwarded.
 Status EncodeAttrs(const XLA_FFI_Attrs* attrs,

@@ -99,6 +99,11 @@ class DaemonBackend final : public SessionBackend {
     return host_->Execute(handler, frame);
   }
 
+  absl::Status ExecuteWith(void* handler, const LaunchFrame& frame,
+                           const CallOptions& options) override {
+    return host_->Execute(handler, frame, options);
+  }
+
   uint32_t ffi_api_major() const override { return XLA_FFI_API_MAJOR; }
   uint32_t ffi_api_minor() const override { return XLA_FFI_API_MINOR; }
 

@@ -124,11 +124,9 @@ absl::StatusOr<AttrList> DecodeAttrList(
   return out;
 }
 
-}  // namespace
-
-absl::StatusOr<BufferRef> DecodeBuffer(const v1::Buffer& buffer,
-                                       const ShmArena& arena,
-                                       const std::string& what) {
+// dtype, rank, dims and size of `buffer` (everything but where it lives).
+absl::Status CheckBufferShape(const v1::Buffer& buffer,
+                              const std::string& what) {
   absl::StatusOr<int> width = CheckedWidth(buffer.dtype(), what);
   if (!width.ok()) return width.status();
   if (buffer.dims_size() > kMaxLaunchRank) {
@@ -156,6 +154,19 @@ absl::StatusOr<BufferRef> DecodeBuffer(const v1::Buffer& buffer,
         what, ": dims ", dims_text, " of ", DtypeName(buffer.dtype()), " need ",
         bytes, " bytes but the buffer has ", buffer.size()));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<BufferRef> DecodeBuffer(const v1::Buffer& buffer,
+                                       const ShmArena& arena,
+                                       const std::string& what) {
+  if (absl::Status s = CheckBufferShape(buffer, what); !s.ok()) return s;
+  if (buffer.has_cuda()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " names a CUDA allocation in a CPU launch"));
+  }
   absl::StatusOr<char*> data = arena.Region(buffer.offset(), buffer.size());
   if (!data.ok()) {
     return absl::Status(data.status().code(),
@@ -168,6 +179,26 @@ absl::StatusOr<BufferRef> DecodeBuffer(const v1::Buffer& buffer,
   return out;
 }
 
+absl::StatusOr<BufferRef> DecodeCudaBuffer(const v1::Buffer& buffer,
+                                           const CudaBufferResolver& cuda,
+                                           const std::string& what) {
+  if (absl::Status s = CheckBufferShape(buffer, what); !s.ok()) return s;
+  BufferRef out;
+  out.dtype = buffer.dtype();
+  out.dims.assign(buffer.dims().begin(), buffer.dims().end());
+  if (buffer.size() == 0) return out;  // null, as the proto says
+  if (!buffer.has_cuda()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": a CUDA launch's buffer of ", buffer.size(),
+                     " bytes names no CUDA allocation"));
+  }
+  absl::StatusOr<void*> data =
+      cuda(buffer.cuda(), buffer.offset(), buffer.size(), what);
+  if (!data.ok()) return data.status();
+  out.data = *data;
+  return out;
+}
+
 absl::StatusOr<AttrList> DecodeAttrs(
     const google::protobuf::RepeatedPtrField<v1::Attribute>& attrs) {
   AttrBudget budget;
@@ -175,7 +206,8 @@ absl::StatusOr<AttrList> DecodeAttrs(
 }
 
 absl::StatusOr<DecodedLaunch> DecodeLaunch(const v1::Launch& launch,
-                                           const ShmArena& arena) {
+                                           const ShmArena& arena,
+                                           const CudaBufferResolver* cuda) {
   DecodedLaunch out;
   if (absl::Status s = ValidateTargetName(launch.target_name()); !s.ok()) {
     return s;
@@ -184,6 +216,16 @@ absl::StatusOr<DecodedLaunch> DecodeLaunch(const v1::Launch& launch,
   if (!platform.ok()) return platform.status();
   out.key = TargetKey{launch.target_name(), *platform};
   out.frame.platform = *platform;
+  const bool on_cuda = *platform == Platform::kCuda;
+  if (on_cuda && cuda == nullptr) {
+    return absl::UnimplementedError(
+        absl::StrCat("launching \"", launch.target_name(),
+                     "\" for platform cuda: this kregd serves no CUDA device"));
+  }
+  auto decode = [&](const v1::Buffer& b, const std::string& what) {
+    return on_cuda ? DecodeCudaBuffer(b, *cuda, what)
+                   : DecodeBuffer(b, arena, what);
+  };
   if (launch.args_size() > kMaxLaunchBuffers ||
       launch.rets_size() > kMaxLaunchBuffers) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -193,14 +235,14 @@ absl::StatusOr<DecodedLaunch> DecodeLaunch(const v1::Launch& launch,
   out.frame.args.reserve(launch.args_size());
   for (int i = 0; i < launch.args_size(); ++i) {
     absl::StatusOr<BufferRef> b =
-        DecodeBuffer(launch.args(i), arena, absl::StrCat("arg ", i));
+        decode(launch.args(i), absl::StrCat("arg ", i));
     if (!b.ok()) return b.status();
     out.frame.args.push_back(*std::move(b));
   }
   out.frame.rets.reserve(launch.rets_size());
   for (int i = 0; i < launch.rets_size(); ++i) {
     absl::StatusOr<BufferRef> b =
-        DecodeBuffer(launch.rets(i), arena, absl::StrCat("ret ", i));
+        decode(launch.rets(i), absl::StrCat("ret ", i));
     if (!b.ok()) return b.status();
     out.frame.rets.push_back(*std::move(b));
   }

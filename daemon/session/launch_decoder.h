@@ -4,6 +4,7 @@
 #define KREGD_DAEMON_SESSION_LAUNCH_DECODER_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -26,6 +27,12 @@ struct DecodedLaunch {
   LaunchFrame frame;
 };
 
+// Resolves a CUDA buffer (`ref`, then [offset, offset + size) inside it) to
+// kregd's device address; `what` names the buffer in errors.
+using CudaBufferResolver = std::function<absl::StatusOr<void*>(
+    const v1::CudaMappingRef& ref, uint64_t offset, uint64_t size,
+    const std::string& what)>;
+
 // Validates every field of `launch` (target name syntax, platform, dtype
 // codes with a byte width, rank, dims >= 0, element count * width == size
 // without overflow, offset + size inside `arena` without overflow; attribute
@@ -33,14 +40,25 @@ struct DecodedLaunch {
 // bounds) and decodes it. INVALID_ARGUMENT / OUT_OF_RANGE / UNIMPLEMENTED
 // with a message that names the field and quotes the bad value. The frame's
 // pointers stay valid while `arena` is not replaced.
-absl::StatusOr<DecodedLaunch> DecodeLaunch(const v1::Launch& launch,
-                                           const ShmArena& arena);
+//
+// CUDA launches (platform cuda) need `cuda`: every buffer of non-zero size
+// must name its allocation (Buffer.cuda) and is resolved through `cuda`; a
+// zero-size buffer gets null. Without `cuda` a CUDA launch is UNIMPLEMENTED
+// ("kregd has no CUDA device"); a CPU launch whose buffers name CUDA
+// allocations is INVALID_ARGUMENT.
+absl::StatusOr<DecodedLaunch> DecodeLaunch(
+    const v1::Launch& launch, const ShmArena& arena,
+    const CudaBufferResolver* cuda = nullptr);
 
 // Validates and decodes one buffer descriptor; `what` names it in errors
 // ("arg 2", "ret 0").
 absl::StatusOr<BufferRef> DecodeBuffer(const v1::Buffer& buffer,
                                        const ShmArena& arena,
                                        const std::string& what);
+// The same for a CUDA launch's buffer.
+absl::StatusOr<BufferRef> DecodeCudaBuffer(const v1::Buffer& buffer,
+                                           const CudaBufferResolver& cuda,
+                                           const std::string& what);
 
 // Validates and decodes a list of attributes.
 absl::StatusOr<AttrList> DecodeAttrs(

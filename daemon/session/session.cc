@@ -9,8 +9,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/cuda/cuda_devices.h"
+#include "daemon/cuda/cuda_session.h"
 #include "daemon/session/launch_decoder.h"
 #include "daemon/session/wire.h"
+#include "daemon/validate.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
@@ -19,6 +22,25 @@ namespace {
 void SetStatus(const absl::Status& s, v1::SessionResponse* resp) {
   resp->mutable_status()->set_code(static_cast<int>(s.code()));
   resp->mutable_status()->set_message(std::string(s.message()));
+}
+
+CudaMappingKey KeyOf(const v1::CudaMappingRef& r) {
+  return CudaMappingKey{r.device_uuid(), r.base(), r.size(), r.generation()};
+}
+
+std::string UuidText(const std::string& raw) {
+  if (raw.size() != sizeof(cu::CUuuid)) {
+    return absl::StrCat("<", raw.size(), "-byte uuid>");
+  }
+  cu::CUuuid u;
+  std::copy(raw.begin(), raw.end(), u.bytes);
+  return cu::FormatCuUuid(u);
+}
+
+std::string RefText(const v1::CudaMappingRef& r) {
+  return absl::StrCat("allocation 0x", absl::Hex(r.base()), " (+", r.size(),
+                      " bytes, generation ", r.generation(), ") on ",
+                      UuidText(r.device_uuid()));
 }
 
 }  // namespace
@@ -39,14 +61,17 @@ absl::StatusOr<PeerCred> PeerCredOf(int sock) {
 
 Session::Session(uint64_t id, UniqueFd sock, const PeerCred& peer,
                  const SessionLimits& limits, SessionBackend* backend,
-                 SessionCounters* counters)
+                 SessionCounters* counters, CudaDevices* cuda)
     : id_(id),
       sock_(std::move(sock)),
       peer_(peer),
       limits_(limits),
       backend_(backend),
       counters_(counters),
-      arena_(limits.max_arena_bytes) {}
+      arena_(limits.max_arena_bytes),
+      cuda_devices_(cuda) {}
+
+Session::~Session() = default;
 
 void Session::Shutdown() { ::shutdown(sock_.get(), SHUT_RDWR); }
 
@@ -100,6 +125,15 @@ void Session::Run() {
   ::shutdown(sock_.get(), SHUT_RDWR);
   arena_.Reset();
   handlers_.clear();
+  // Waits for the session's GPU work, then releases its stream, mappings,
+  // events and scratch.
+  cuda_.reset();
+}
+
+CudaSession* Session::Cuda() {
+  if (cuda_devices_ == nullptr || cuda_devices_->count() == 0) return nullptr;
+  if (cuda_ == nullptr) cuda_ = std::make_unique<CudaSession>(cuda_devices_);
+  return cuda_.get();
 }
 
 v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
@@ -107,11 +141,13 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
   v1::SessionResponse resp;
   resp.set_id(request.id());
   absl::Status status;
-  if (!fds.empty() && request.body_case() != v1::SessionRequest::kArenaGrow) {
+  if (!fds.empty() && request.body_case() != v1::SessionRequest::kArenaGrow &&
+      request.body_case() != v1::SessionRequest::kLaunch &&
+      request.body_case() != v1::SessionRequest::kCudaShare) {
     status = absl::InvalidArgumentError(
         absl::StrCat(fds.size(),
                      " unexpected file descriptor(s) attached to a request "
-                     "other than ArenaGrow"));
+                     "other than ArenaGrow, Launch or CudaShare"));
   } else if (request.body_case() == v1::SessionRequest::kHello) {
     status = DoHello(request.hello(), resp.mutable_hello());
   } else if (!hello_done_) {
@@ -136,10 +172,28 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
         status = DoArenaGrow(request.arena_grow(), std::move(fds),
                              resp.mutable_arena_grow());
         break;
-      case v1::SessionRequest::kLaunch:
-        status = DoLaunch(request.launch());
-        if (status.ok()) resp.mutable_launch();
+      case v1::SessionRequest::kLaunch: {
+        v1::LaunchReply reply;
+        status = DoLaunch(request.launch(), std::move(fds), &reply);
+        if (status.ok() || reply.cuda_mapping_missing()) {
+          *resp.mutable_launch() = reply;
+        }
         break;
+      }
+      case v1::SessionRequest::kCudaShare: {
+        if (Cuda() == nullptr) {
+          status = absl::UnimplementedError(
+              "this kregd serves no CUDA device; nothing to share");
+          break;
+        }
+        status = ShareCuda(request.cuda_share().shares(), &fds);
+        if (status.ok() && !fds.empty()) {
+          status = absl::InvalidArgumentError(absl::StrCat(
+              fds.size(), " file descriptor(s) attached beyond the shares"));
+        }
+        if (status.ok()) resp.mutable_cuda_share();
+        break;
+      }
       default:
         status = absl::InvalidArgumentError(
             absl::StrCat("unknown session request kind ",
@@ -172,6 +226,19 @@ absl::Status Session::DoHello(const v1::Hello& hello, v1::HelloReply* reply) {
   reply->set_ffi_api_minor(backend_->ffi_api_minor());
   reply->set_max_arena_bytes(limits_.max_arena_bytes);
   reply->set_max_message_bytes(limits_.max_message_bytes);
+  if (cuda_devices_ != nullptr) {
+    reply->set_max_cuda_mappings(
+        static_cast<uint32_t>(CudaSessionOptions{}.cache.max_entries));
+    for (int i = 0; i < cuda_devices_->count(); ++i) {
+      const cu::CUuuid& u = cuda_devices_->info(i).uuid;
+      reply->add_cuda_device_uuids(std::string(u.bytes, sizeof(u.bytes)));
+    }
+    if (!cuda_devices_->status().ok()) {
+      reply->set_cuda_status(std::string(cuda_devices_->status().message()));
+    }
+  } else {
+    reply->set_cuda_status("kregd was started without CUDA");
+  }
   return absl::OkStatus();
 }
 
@@ -188,39 +255,181 @@ absl::Status Session::DoArenaGrow(const v1::ArenaGrow& grow,
   return absl::OkStatus();
 }
 
-absl::Status Session::DoLaunch(const v1::Launch& launch) {
+absl::StatusOr<void*> Session::LookupHandler(const TargetKey& key) {
+  auto it = handlers_.find(key);
+  if (it != handlers_.end()) return it->second;
+  absl::StatusOr<void*> found = backend_->Lookup(key);
+  if (found.ok()) handlers_.emplace(key, *found);
+  return found;
+}
+
+absl::Status Session::DoLaunch(const v1::Launch& launch,
+                               std::vector<UniqueFd> fds,
+                               v1::LaunchReply* reply) {
   counters_->launches.fetch_add(1, std::memory_order_relaxed);
   absl::Status status;
-  absl::StatusOr<DecodedLaunch> decoded = DecodeLaunch(launch, arena_);
-  if (!decoded.ok()) {
-    status = decoded.status();
-  } else if (decoded->key.platform != Platform::kCpu) {
-    // Session buffers live in host shared memory: only CPU handlers may
-    // see them.
-    status = absl::UnimplementedError(
-        absl::StrCat("launching \"", decoded->key.name, "\" for platform ",
-                     PlatformName(decoded->key.platform),
-                     " over a session is not supported yet (CPU only)"));
+  absl::StatusOr<Platform> platform = ParsePlatform(launch.platform());
+  if (platform.ok() && *platform == Platform::kCuda) {
+    status = DoCudaLaunch(launch, std::move(fds), reply);
+  } else if (!fds.empty()) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        fds.size(), " file descriptor(s) attached to a CPU launch"));
   } else {
-    void* handler = nullptr;
-    auto it = handlers_.find(decoded->key);
-    if (it != handlers_.end()) {
-      handler = it->second;
+    absl::StatusOr<DecodedLaunch> decoded = DecodeLaunch(launch, arena_);
+    if (!decoded.ok()) {
+      status = decoded.status();
     } else {
-      absl::StatusOr<void*> found = backend_->Lookup(decoded->key);
-      if (found.ok()) {
-        handler = *found;
-        handlers_.emplace(decoded->key, handler);
-      } else {
-        status = found.status();
-      }
+      absl::StatusOr<void*> handler = LookupHandler(decoded->key);
+      status = handler.ok() ? backend_->Execute(*handler, decoded->frame)
+                            : handler.status();
     }
-    if (handler != nullptr) status = backend_->Execute(handler, decoded->frame);
   }
   if (!status.ok()) {
     counters_->launch_errors.fetch_add(1, std::memory_order_relaxed);
   }
   return status;
+}
+
+absl::Status Session::ShareCuda(
+    const google::protobuf::RepeatedPtrField<v1::CudaShare>& shares,
+    std::vector<UniqueFd>* fds) {
+  CudaSession* cuda = Cuda();
+  size_t next_fd = 0;
+  absl::Status first;
+  for (int i = 0; i < shares.size(); ++i) {
+    const v1::CudaShare& share = shares.Get(i);
+    CudaMappingKey key = KeyOf(share.mapping());
+    absl::Status s;
+    switch (share.handle_case()) {
+      case v1::CudaShare::kVmmFd:
+        if (next_fd >= fds->size()) {
+          s = absl::InvalidArgumentError(
+              absl::StrCat("share ", i, " expects a VMM fd but only ",
+                           fds->size(), " file descriptor(s) are attached"));
+        } else {
+          s = cuda->ShareVmm(key, std::move((*fds)[next_fd++]));
+        }
+        break;
+      case v1::CudaShare::kIpcMemHandle: {
+        const std::string& h = share.ipc_mem_handle();
+        cu::CUipcMemHandle handle;
+        if (h.size() != sizeof(handle.reserved)) {
+          s = absl::InvalidArgumentError(
+              absl::StrCat("share ", i, ": a CUDA IPC memory handle has ",
+                           sizeof(handle.reserved), " bytes, got ", h.size()));
+        } else {
+          std::copy(h.begin(), h.end(), handle.reserved);
+          s = cuda->ShareIpc(key, handle);
+        }
+        break;
+      }
+      default:
+        s = absl::InvalidArgumentError(
+            absl::StrCat("share ", i,
+                         " carries neither a VMM fd nor an IPC "
+                         "memory handle"));
+    }
+    if (!s.ok() && first.ok()) {
+      first = absl::Status(s.code(),
+                           absl::StrCat("sharing ", RefText(share.mapping()),
+                                        " with kregd failed: ", s.message()));
+    }
+  }
+  // Unused fds are closed with the vector; report the mismatch.
+  fds->erase(fds->begin(), fds->begin() + static_cast<long>(next_fd));
+  return first;
+}
+
+absl::Status Session::DoCudaLaunch(const v1::Launch& launch,
+                                   std::vector<UniqueFd> fds,
+                                   v1::LaunchReply* reply) {
+  CudaSession* cuda = Cuda();
+  if (cuda == nullptr) {
+    return absl::UnimplementedError(absl::StrCat(
+        "launching \"", launch.target_name(),
+        "\" for platform cuda: this kregd serves no CUDA device (",
+        cuda_devices_ == nullptr ? "started without CUDA"
+                                 : cuda_devices_->status().message(),
+        ")"));
+  }
+  absl::StatusOr<int> ordinal = cuda_devices_->FindByUuid(launch.device_uuid());
+  if (!ordinal.ok()) {
+    return absl::Status(
+        ordinal.status().code(),
+        absl::StrCat("the client's GPU cannot be used by kregd: ",
+                     ordinal.status().message()));
+  }
+  for (const v1::CudaMappingRef& r : launch.release()) {
+    cuda->mappings().Erase(KeyOf(r));
+  }
+  if (launch.has_events()) {
+    const v1::CudaEvents& e = launch.events();
+    cu::CUipcEventHandle ready, done;
+    if (e.ready().size() != sizeof(ready.reserved) ||
+        e.done().size() != sizeof(done.reserved)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CUDA IPC event handles have ", sizeof(ready.reserved),
+          " bytes, got ", e.ready().size(), " and ", e.done().size()));
+    }
+    std::copy(e.ready().begin(), e.ready().end(), ready.reserved);
+    std::copy(e.done().begin(), e.done().end(), done.reserved);
+    absl::Status s = cuda->SetEvents(e.device_uuid(), ready, done);
+    if (!s.ok()) {
+      return absl::Status(
+          s.code(),
+          absl::StrCat("opening the client's CUDA IPC events failed: ",
+                       s.message()));
+    }
+  }
+  if (absl::Status s = ShareCuda(launch.shares(), &fds); !s.ok()) return s;
+  if (!fds.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        fds.size(), " file descriptor(s) attached beyond the launch's shares"));
+  }
+  // Every buffer resolved before the handler runs; the holders keep the
+  // mappings alive until the launch's work is queued.
+  std::vector<CudaMappingCache::Resolved> holders;
+  std::vector<CudaMappingKey> distinct;
+  const size_t max_entries = cuda->mappings().max_entries();
+  CudaBufferResolver resolve =
+      [&](const v1::CudaMappingRef& ref, uint64_t offset, uint64_t size,
+          const std::string& what) -> absl::StatusOr<void*> {
+    CudaMappingKey key = KeyOf(ref);
+    if (std::find(distinct.begin(), distinct.end(), key) == distinct.end()) {
+      distinct.push_back(key);
+      if (distinct.size() > max_entries) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "the launch references more than ", max_entries,
+            " distinct GPU allocations (kregd's per-session limit)"));
+      }
+    }
+    if (key.device_uuid != launch.device_uuid()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": ", RefText(ref), " is not on the launch's device ",
+          UuidText(launch.device_uuid())));
+    }
+    absl::StatusOr<CudaMappingCache::Resolved> r =
+        cuda->Resolve(key, offset, size);
+    if (!r.ok()) {
+      if (absl::IsNotFound(r.status())) reply->set_cuda_mapping_missing(true);
+      return absl::Status(
+          r.status().code(),
+          absl::StrCat(what, ": ", RefText(ref), ": ", r.status().message()));
+    }
+    void* data = r->data;
+    holders.push_back(*std::move(r));
+    return data;
+  };
+  absl::StatusOr<DecodedLaunch> decoded =
+      DecodeLaunch(launch, arena_, &resolve);
+  if (!decoded.ok()) return decoded.status();
+  reply->set_cuda_mapping_missing(false);
+  absl::StatusOr<void*> handler = LookupHandler(decoded->key);
+  if (!handler.ok()) return handler.status();
+  decoded->frame.device_ordinal = *ordinal;
+  return cuda->Launch(*ordinal, [&](const CallOptions& options) {
+    return backend_->ExecuteWith(*handler, decoded->frame, options);
+  });
 }
 
 }  // namespace kreg

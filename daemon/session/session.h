@@ -6,10 +6,12 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "daemon/ffi/ffi_host.h"
 #include "daemon/launch.h"
 #include "daemon/session/shm_arena.h"
 #include "daemon/types.h"
@@ -18,10 +20,13 @@
 
 namespace kreg {
 
+class CudaDevices;
+class CudaSession;
+
 // Session protocol version (kreg.v1 session.proto). A different major is
 // refused at Hello.
 constexpr uint32_t kSessionProtocolMajor = 1;
-constexpr uint32_t kSessionProtocolMinor = 0;
+constexpr uint32_t kSessionProtocolMinor = 1;  // 1: CUDA
 
 // What a session needs from the rest of the daemon. Implemented over
 // Registrar/Registry/FfiHost by SessionServer, faked in tests. Thread-safe:
@@ -37,6 +42,13 @@ class SessionBackend {
   virtual absl::StatusOr<void*> Lookup(const TargetKey& key) = 0;
   // Runs `handler` on `frame`; the handler's error verbatim.
   virtual absl::Status Execute(void* handler, const LaunchFrame& frame) = 0;
+  // The same with platform resources (CUDA: the session stream and the
+  // stream-ordered scratch allocator).
+  virtual absl::Status ExecuteWith(void* handler, const LaunchFrame& frame,
+                                   const CallOptions& options) {
+    (void)options;
+    return Execute(handler, frame);
+  }
   virtual uint32_t ffi_api_major() const = 0;
   virtual uint32_t ffi_api_minor() const = 0;
 };
@@ -57,12 +69,16 @@ struct SessionCounters {
 
 // Serves one connection until the peer closes it or Shutdown() is called;
 // the destructor releases the arena and the socket. Run() is called on one
-// thread; Shutdown() from any. `backend` and `counters` must outlive it.
+// thread; Shutdown() from any. `backend`, `counters` and `cuda` (null: no
+// CUDA launches) must outlive it. The session's GPU state (a CudaSession:
+// stream, shared mappings, events, scratch) is created on its first CUDA
+// launch and released when the connection ends.
 class Session {
  public:
   Session(uint64_t id, UniqueFd sock, const PeerCred& peer,
           const SessionLimits& limits, SessionBackend* backend,
-          SessionCounters* counters);
+          SessionCounters* counters, CudaDevices* cuda = nullptr);
+  ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
@@ -83,7 +99,18 @@ class Session {
   absl::Status DoHello(const v1::Hello& hello, v1::HelloReply* reply);
   absl::Status DoArenaGrow(const v1::ArenaGrow& grow, std::vector<UniqueFd> fds,
                            v1::ArenaGrowReply* r);
-  absl::Status DoLaunch(const v1::Launch& launch);
+  absl::Status DoLaunch(const v1::Launch& launch, std::vector<UniqueFd> fds,
+                        v1::LaunchReply* reply);
+  // The CUDA part of a launch (platform cuda).
+  absl::Status DoCudaLaunch(const v1::Launch& launch, std::vector<UniqueFd> fds,
+                            v1::LaunchReply* reply);
+  // Imports `shares`, taking their fds from `fds` in order.
+  absl::Status ShareCuda(
+      const google::protobuf::RepeatedPtrField<v1::CudaShare>& shares,
+      std::vector<UniqueFd>* fds);
+  // The session's CudaSession (created on first use); null without devices.
+  CudaSession* Cuda();
+  absl::StatusOr<void*> LookupHandler(const TargetKey& key);
 
   const uint64_t id_;
   UniqueFd sock_;
@@ -95,6 +122,8 @@ class Session {
   ShmArena arena_;
   // Handlers resolved by this session (registrations are never removed).
   std::map<TargetKey, void*> handlers_;
+  CudaDevices* const cuda_devices_;
+  std::unique_ptr<CudaSession> cuda_;
 };
 
 // SO_PEERCRED of a connected Unix socket. INTERNAL if unavailable.

@@ -139,9 +139,9 @@ void SessionServer::StartSession(UniqueFd sock) {
   if (const char* env = std::getenv("KREGD_SESSION_SPIN_US")) {
     limits.spin_us = std::atoll(env);
   }
-  auto session =
-      std::make_shared<Session>(next_id_.fetch_add(1), std::move(sock), *peer,
-                                limits, backend_.get(), &counters_);
+  auto session = std::make_shared<Session>(
+      next_id_.fetch_add(1), std::move(sock), *peer, limits, backend_.get(),
+      &counters_, opts_.cuda_devices);
   absl::MutexLock lock(&mu_);
   slots_.emplace_back();
   Slot* slot = &slots_.back();

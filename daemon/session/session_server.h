@@ -19,6 +19,7 @@
 
 namespace kreg {
 
+class CudaDevices;
 class FfiHost;
 class Registrar;
 class Registry;
@@ -38,6 +39,9 @@ struct SessionOptions {
   int64_t spin_us = 0;
   // Further connections are refused (closed) beyond this many sessions.
   int max_sessions = 1024;
+  // kregd's GPUs (CudaDevices::OpenSystem at daemon start); null: CUDA
+  // launches are refused. Must outlive the server.
+  CudaDevices* cuda_devices = nullptr;
 };
 
 // Owns the listening socket, the accept thread and every session (and so

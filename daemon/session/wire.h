@@ -14,7 +14,7 @@ namespace kreg {
 namespace wire {
 
 // At most this many descriptors per frame; more are closed and reported.
-constexpr int kMaxFdsPerFrame = 4;
+constexpr int kMaxFdsPerFrame = 32;
 
 // Result of a frame operation: 0 or an errno value, or one of these.
 enum : int {

@@ -124,7 +124,7 @@ TEST_CASE("Another protocol major version is refused", "[session]") {
   v1::SessionResponse resp = fx.Send(r);
   CHECK(resp.status().code() == int(absl::StatusCode::kFailedPrecondition));
   CHECK(resp.status().message() ==
-        "session protocol 2.3 is not supported; kregd speaks 1.0 (upgrade "
+        "session protocol 2.3 is not supported; kregd speaks 1.1 (upgrade "
         "the client library or kregd)");
 }
 
@@ -144,8 +144,7 @@ TEST_CASE("Descriptors on a request other than ArenaGrow are refused",
   v1::SessionResponse resp = fx.Send(LaunchRequest("t"), std::move(fds));
   CHECK(resp.status().code() == int(absl::StatusCode::kInvalidArgument));
   CHECK(resp.status().message() ==
-        "1 unexpected file descriptor(s) attached to a request other than "
-        "ArenaGrow");
+        "1 file descriptor(s) attached to a CPU launch");
 }
 
 TEST_CASE("ArenaGrow needs exactly one descriptor", "[session]") {
@@ -236,8 +235,8 @@ TEST_CASE("Launch refuses CUDA targets (host arena buffers)", "[session]") {
   v1::SessionResponse resp = fx.Send(r);
   CHECK(resp.status().code() == int(absl::StatusCode::kUnimplemented));
   CHECK(resp.status().message() ==
-        "launching \"t\" for platform cuda over a session is not supported "
-        "yet (CPU only)");
+        "launching \"t\" for platform cuda: this kregd serves no CUDA device "
+        "(started without CUDA)");
   CHECK(fx.backend.lookups == 0);
 }
 
@@ -320,7 +319,7 @@ TEST_CASE("Run refuses an oversized message and closes", "[session]") {
   CHECK(resp.status().code() == int(absl::StatusCode::kResourceExhausted));
   CHECK(resp.status().message() ==
         "session message refused: message larger than the limit "
-        "(max_message_bytes 1024, at most 4 fds)");
+        "(max_message_bytes 1024, at most 32 fds)");
   std::string payload;
   std::vector<int> fds;
   CHECK(wire::RecvFrame(w.client.get(), 1 << 20, &payload, &fds) == wire::kEof);

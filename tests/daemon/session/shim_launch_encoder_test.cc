@@ -142,14 +142,13 @@ TEST_CASE("ForwardCall: a sub-byte buffer is refused before any I/O",
         "kreg cannot forward arg 0: dtype U4 (code 22) has no byte width");
 }
 
-TEST_CASE("ForwardCall: CUDA is not forwarded yet", "[shim]") {
+TEST_CASE("ForwardCall: CUDA without a driver says so", "[shim]") {
   Client client("/nonexistent/kregd.sock.session");
   Frame f;
   Status s = ForwardCall(&client, "t", "cuda", &f.frame);
-  CHECK(s.code == kUnimplemented);
-  CHECK(s.message ==
-        "kreg: forwarding cuda calls of \"t\" is not implemented yet (CPU "
-        "only)");
+  CHECK(s.code == kUnavailable);
+  CHECK(s.message.rfind("kreg: forwarding CUDA call of \"t\": no CUDA driver",
+                        0) == 0);
 }
 
 TEST_CASE("ForwardCall: daemon not running is UNAVAILABLE with the path",

@@ -1,0 +1,635 @@
+#include "client/shim/cuda_forward.h"
+
+#include <string.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "client/cuda/cuda_export.h"
+#include "client/cuda/ipc_events.h"
+#include "client/cuda/staging_buffer.h"
+#include "client/shim/conn.h"
+#include "client/shim/launch_encoder.h"
+#include "daemon/cuda/cuda_driver.h"
+#include "daemon/session/wire.h"
+
+namespace kreg {
+namespace shim {
+
+namespace cc = ::kreg::cuda_client;
+
+namespace {
+
+constexpr uint64_t kStageAlign = 256;
+// Cached allocations checked for liveness per launch (the least recently
+// used ones): a freed allocation is dropped, and kregd told to release it,
+// instead of pinning its memory until the LRU reaches it.
+constexpr int kSweepPerLaunch = 4;
+
+Status FromCuda(const cc::Status& s) {
+  return Status::Error(s.code, s.message);
+}
+
+Status CuFailed(const cu::CudaDriver& d, cu::CUresult r,
+                const std::string& what) {
+  return Status::Error(kInternal,
+                       "kreg: " + what + ": " + cu::DescribeCuResult(d, r));
+}
+
+using Key = std::tuple<std::string, uint64_t, uint64_t, uint64_t>;
+
+Key KeyOf(const cc::AllocationId& id) {
+  return Key(id.device_uuid, id.base, id.size, id.generation);
+}
+
+void FillRef(const cc::AllocationId& id, v1::CudaMappingRef* ref) {
+  ref->set_device_uuid(id.device_uuid);
+  ref->set_base(id.base);
+  ref->set_size(id.size);
+  ref->set_generation(id.generation);
+}
+
+// Pushes a context for the scope.
+class CtxScope {
+ public:
+  CtxScope(const cu::CudaDriver& d, cu::CUcontext ctx) : d_(d) {
+    pushed_ = ctx != nullptr && d_.cuCtxPushCurrent(ctx) == cu::CUDA_SUCCESS;
+  }
+  ~CtxScope() {
+    if (pushed_) {
+      cu::CUcontext popped;
+      d_.cuCtxPopCurrent(&popped);
+    }
+  }
+
+ private:
+  const cu::CudaDriver& d_;
+  bool pushed_ = false;
+};
+
+void DestroyError(const XLA_FFI_Api* api, XLA_FFI_Error* e) {
+  XLA_FFI_Error_Destroy_Args d;
+  memset(&d, 0, sizeof(d));
+  d.struct_size = XLA_FFI_Error_Destroy_Args_STRUCT_SIZE;
+  d.error = e;
+  api->XLA_FFI_Error_Destroy(&d);
+}
+
+Status XlaStream(XLA_FFI_CallFrame* frame, cu::CUstream* stream) {
+  const XLA_FFI_Api* api = frame->api;
+  XLA_FFI_Stream_Get_Args a;
+  memset(&a, 0, sizeof(a));
+  a.struct_size = XLA_FFI_Stream_Get_Args_STRUCT_SIZE;
+  a.ctx = frame->ctx;
+  XLA_FFI_Error* e = api->XLA_FFI_Stream_Get(&a);
+  if (e != nullptr) {
+    DestroyError(api, e);
+    return Status::Error(kInternal,
+                         "kreg: XLA did not give the forwarding handler its "
+                         "CUDA stream (XLA_FFI_Stream_Get failed)");
+  }
+  if (a.stream == nullptr) {
+    return Status::Error(kInternal, "kreg: XLA's CUDA stream is null");
+  }
+  *stream = static_cast<cu::CUstream>(a.stream);
+  return Status::Ok();
+}
+
+// One device buffer of the call.
+struct Buf {
+  void* data = nullptr;
+  uint64_t bytes = 0;
+  bool is_arg = false;
+  cc::AllocationId id;  // when bytes > 0
+  uint64_t offset = 0;  // in id's mapping
+  // Staged through the staging buffer at this offset (kNeedsStaging).
+  bool staged = false;
+  uint64_t stage_offset = 0;
+  bool copy_in = false;  // first staged occurrence of an input
+};
+
+}  // namespace
+
+class CudaConnState {
+ public:
+  explicit CudaConnState(const cu::CudaDriver* d) : d_(d), pid_(::getpid()) {}
+
+  ~CudaConnState() {
+    if (::getpid() != pid_) {
+      // A forked child: the parent's CUDA objects are not ours to touch.
+      new std::map<Key, Entry>(std::move(entries_));
+      for (auto& p : events_.pairs) (void)p.second.release();
+      for (auto& s : staging_) (void)s.second.buffer.release();
+      return;
+    }
+    // Work queued on XLA's streams may still use a staging buffer.
+    for (auto& s : staging_) {
+      if (s.second.buffer != nullptr && s.second.last_stream != nullptr) {
+        CtxScope scope(*d_, s.second.context);
+        d_->cuStreamSynchronize(s.second.last_stream);
+      }
+    }
+  }
+
+  struct Entry {
+    cc::AllocationId id;
+    cc::ExportKind kind = cc::ExportKind::kVmmFd;
+    cc::RetainedAllocation retained;  // kVmmFd: kept while kregd maps it
+    std::list<Key>::iterator lru;
+  };
+
+  struct Events {
+    std::map<std::string, std::unique_ptr<cc::IpcEventPair>> pairs;
+    std::map<std::string, bool> sent;
+  };
+
+  struct Staging {
+    std::unique_ptr<cc::StagingBuffer> buffer;
+    cu::CUcontext context = nullptr;
+    cu::CUstream last_stream = nullptr;
+  };
+
+  const cu::CudaDriver* d_;
+  const pid_t pid_;
+  std::map<Key, Entry> entries_;
+  std::list<Key> lru_;  // front: most recent
+  std::vector<cc::AllocationId> pending_release_;
+  Events events_;
+  std::map<std::string, Staging> staging_;  // by device uuid
+
+  Entry* Find(const Key& k) {
+    auto it = entries_.find(k);
+    if (it == entries_.end()) return nullptr;
+    lru_.splice(lru_.begin(), lru_, it->second.lru);
+    return &it->second;
+  }
+
+  void Drop(std::map<Key, Entry>::iterator it, bool tell_kregd) {
+    if (tell_kregd && it->second.kind != cc::ExportKind::kNeedsStaging) {
+      pending_release_.push_back(it->second.id);
+    }
+    lru_.erase(it->second.lru);
+    entries_.erase(it);
+  }
+
+  void Insert(Entry e) {
+    // A new allocation overlapping a cached one means the cached one is gone
+    // (its address was reused).
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      auto next = std::next(it);
+      const cc::AllocationId& o = it->second.id;
+      if (o.device_uuid == e.id.device_uuid && o.base < e.id.base + e.id.size &&
+          e.id.base < o.base + o.size) {
+        Drop(it, true);
+      }
+      it = next;
+    }
+    Key k = KeyOf(e.id);
+    lru_.push_front(k);
+    e.lru = lru_.begin();
+    entries_.emplace(k, std::move(e));
+  }
+
+  // Evicts least recently used entries not in `keep` down to `limit`.
+  void Trim(size_t limit, const std::vector<Key>& keep) {
+    auto it = lru_.end();
+    while (entries_.size() > limit && it != lru_.begin()) {
+      --it;
+      if (std::find(keep.begin(), keep.end(), *it) != keep.end()) continue;
+      auto victim = entries_.find(*it);
+      it = std::next(it);  // Drop erases the current node
+      Drop(victim, true);
+    }
+  }
+
+  // Drops up to kSweepPerLaunch least recently used entries whose
+  // allocation is gone (a different or no BUFFER_ID at its base).
+  void Sweep(const std::vector<Key>& keep) {
+    int checked = 0;
+    for (auto it = lru_.end();
+         it != lru_.begin() && checked < kSweepPerLaunch;) {
+      --it;
+      if (std::find(keep.begin(), keep.end(), *it) != keep.end()) continue;
+      ++checked;
+      auto e = entries_.find(*it);
+      unsigned long long id = 0;  // NOLINT: the driver's type
+      cu::CUpointer_attribute attr = cu::CU_POINTER_ATTRIBUTE_BUFFER_ID;
+      void* data[] = {&id};
+      cu::CUresult r =
+          d_->cuPointerGetAttributes(1, &attr, data, e->second.id.base);
+      if (r != cu::CUDA_SUCCESS || id != e->second.id.generation) {
+        it = std::next(it);
+        Drop(e, true);
+      }
+    }
+  }
+
+  void Clear() {
+    entries_.clear();
+    lru_.clear();
+  }
+};
+
+void DestroyCudaConnState(CudaConnState* state) { delete state; }
+
+namespace {
+
+// What one attempt of a launch sends and keeps.
+struct Plan {
+  std::vector<v1::CudaShare> shares;
+  std::vector<UniqueFd> fds;  // in the order of vmm_fd shares
+  std::vector<CudaConnState::Entry> new_entries;
+};
+
+// Shares (or finds cached) the allocation of `b`; marks it staged when it
+// cannot be shared.
+Status PlanBuffer(CudaConnState* st, Buf* b, Plan* plan,
+                  std::vector<Key>* used) {
+  Key k = KeyOf(b->id);
+  if (std::find(used->begin(), used->end(), k) == used->end()) {
+    used->push_back(k);
+  }
+  if (CudaConnState::Entry* e = st->Find(k)) {
+    b->staged = e->kind == cc::ExportKind::kNeedsStaging;
+    return Status::Ok();
+  }
+  for (const CudaConnState::Entry& e : plan->new_entries) {
+    if (KeyOf(e.id) == k) {
+      b->staged = e.kind == cc::ExportKind::kNeedsStaging;
+      return Status::Ok();
+    }
+  }
+  cc::ExportedBuffer ex;
+  cc::Status s = cc::ExportBuffer(st->d_, b->data, &ex);
+  if (!s.ok()) return FromCuda(s);
+  CudaConnState::Entry entry;
+  entry.id = b->id;  // identified once; ex.id is the same allocation
+  entry.kind = ex.kind;
+  if (ex.kind == cc::ExportKind::kVmmFd) {
+    v1::CudaShare share;
+    FillRef(b->id, share.mutable_mapping());
+    share.set_vmm_fd(true);
+    plan->shares.push_back(std::move(share));
+    plan->fds.push_back(std::move(ex.fd));
+    entry.retained = std::move(ex.retained);
+  } else if (ex.kind == cc::ExportKind::kLegacyIpc) {
+    v1::CudaShare share;
+    FillRef(b->id, share.mutable_mapping());
+    share.set_ipc_mem_handle(ex.ipc_handle.reserved,
+                             sizeof(ex.ipc_handle.reserved));
+    plan->shares.push_back(std::move(share));
+  } else {
+    b->staged = true;
+  }
+  plan->new_entries.push_back(std::move(entry));
+  return Status::Ok();
+}
+
+// Makes the device's staging buffer at least `bytes` long.
+Status EnsureStaging(CudaConnState* st, const std::string& uuid, int ordinal,
+                     cu::CUcontext ctx, cu::CUstream stream, uint64_t bytes,
+                     CudaConnState::Staging** out) {
+  CudaConnState::Staging& s = st->staging_[uuid];
+  if (s.buffer == nullptr || s.buffer->size() < bytes) {
+    uint64_t want = bytes;
+    if (s.buffer != nullptr) {
+      want = std::max<uint64_t>(want, s.buffer->size() * 2);
+      // Rare (the buffer doubles): wait for the work that may still use the
+      // old buffer, and have kregd release its mapping.
+      cu::CUstream last = s.last_stream != nullptr ? s.last_stream : stream;
+      cu::CUresult r = st->d_->cuStreamSynchronize(last);
+      if (r != cu::CUDA_SUCCESS) {
+        return CuFailed(*st->d_, r, "synchronising before growing staging");
+      }
+      cc::AllocationId old;
+      if (cc::IdentifyBuffer(st->d_,
+                             reinterpret_cast<const void*>(
+                                 static_cast<uintptr_t>(s.buffer->data())),
+                             &old)
+              .ok()) {
+        auto it = st->entries_.find(KeyOf(old));
+        if (it != st->entries_.end()) st->Drop(it, true);
+      }
+      s.buffer.reset();
+    }
+    cc::Status cs = cc::StagingBuffer::Create(st->d_, ordinal, want, &s.buffer);
+    if (!cs.ok()) {
+      return Status::Error(
+          cs.code,
+          "kreg: a buffer cannot be shared with kregd (e.g. "
+          "XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async) and the staging buffer "
+          "could not be created: " +
+              cs.message);
+    }
+    s.context = ctx;
+  }
+  s.last_stream = stream;
+  *out = &s;
+  return Status::Ok();
+}
+
+struct Call {
+  const cu::CudaDriver* d;
+  cu::CUstream stream;
+  cu::CUcontext ctx;
+  int ordinal;
+  std::string uuid;
+  std::vector<Buf> bufs;
+};
+
+Status LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
+                    v1::SessionResponse* resp) {
+  const cu::CudaDriver& d = *call->d;
+  if (conn->cuda_state == nullptr) {
+    conn->cuda_state = new CudaConnState(call->d);
+  }
+  CudaConnState* st = conn->cuda_state;
+  const size_t limit =
+      conn->max_cuda_mappings() > 0 ? conn->max_cuda_mappings() : 256;
+  Status s;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    Plan plan;
+    std::vector<Key> used;
+    v1::Launch* launch = req->mutable_launch();
+    launch->clear_shares();
+    launch->clear_events();
+    launch->clear_release();
+
+    // Allocations: cached, shared now, or staged.
+    for (Buf& b : call->bufs) {
+      b.staged = false;
+      if (b.bytes == 0) continue;
+      s = PlanBuffer(st, &b, &plan, &used);
+      if (!s.ok()) return s;
+    }
+    // Staging layout: one region per distinct staged pointer (an aliased
+    // input/output pair shares it, holding the input's values).
+    uint64_t stage_bytes = 0;
+    for (size_t i = 0; i < call->bufs.size(); ++i) {
+      Buf& b = call->bufs[i];
+      if (!b.staged) continue;
+      b.copy_in = b.is_arg;
+      bool shared = false;
+      for (size_t j = 0; j < i; ++j) {
+        const Buf& p = call->bufs[j];
+        if (p.staged && p.data == b.data && p.bytes == b.bytes) {
+          b.stage_offset = p.stage_offset;
+          b.copy_in = false;
+          shared = true;
+          break;
+        }
+      }
+      if (!shared) {
+        b.stage_offset = stage_bytes;
+        stage_bytes += (b.bytes + kStageAlign - 1) / kStageAlign * kStageAlign;
+      }
+    }
+    cc::AllocationId stage_id;
+    if (stage_bytes > 0) {
+      CudaConnState::Staging* staging = nullptr;
+      s = EnsureStaging(st, call->uuid, call->ordinal, call->ctx, call->stream,
+                        stage_bytes, &staging);
+      if (!s.ok()) return s;
+      Buf sb;
+      sb.data = reinterpret_cast<void*>(
+          static_cast<uintptr_t>(staging->buffer->data()));
+      sb.bytes = staging->buffer->size();
+      cc::Status cs = cc::IdentifyBuffer(call->d, sb.data, &sb.id, &sb.offset);
+      if (!cs.ok()) return FromCuda(cs);
+      s = PlanBuffer(st, &sb, &plan, &used);
+      if (!s.ok()) return s;
+      if (sb.staged) {
+        return Status::Error(kInternal,
+                             "kreg: the staging buffer cannot be shared");
+      }
+      stage_id = sb.id;
+      for (Buf& b : call->bufs) {
+        if (!b.staged || !b.copy_in) continue;
+        cu::CUresult r = d.cuMemcpyDtoDAsync(
+            staging->buffer->data() + b.stage_offset,
+            static_cast<cu::CUdeviceptr>(reinterpret_cast<uintptr_t>(b.data)),
+            b.bytes, call->stream);
+        if (r != cu::CUDA_SUCCESS) {
+          return CuFailed(d, r, "staging an input (cuMemcpyDtoDAsync)");
+        }
+      }
+    }
+    // Buffer descriptors.
+    int ai = 0, ri = 0;
+    for (const Buf& b : call->bufs) {
+      v1::Buffer* out =
+          b.is_arg ? launch->mutable_args(ai++) : launch->mutable_rets(ri++);
+      out->clear_cuda();
+      out->set_offset(0);
+      if (b.bytes == 0) continue;
+      if (b.staged) {
+        FillRef(stage_id, out->mutable_cuda());
+        out->set_offset(b.stage_offset);
+      } else {
+        FillRef(b.id, out->mutable_cuda());
+        out->set_offset(b.offset);
+      }
+    }
+    // Cache bounds: what kregd holds for this session must stay within its
+    // max_cuda_mappings.
+    st->Sweep(used);
+    if (used.size() > limit) {
+      return Status::Error(
+          kResourceExhausted,
+          "kreg: this call uses " + std::to_string(used.size()) +
+              " distinct GPU allocations; kregd shares at most " +
+              std::to_string(limit) + " per session");
+    }
+    st->Trim(
+        limit > plan.new_entries.size() ? limit - plan.new_entries.size() : 0,
+        used);
+    for (const cc::AllocationId& id : st->pending_release_) {
+      FillRef(id, launch->add_release());
+    }
+    // Events: created once per session and device, sent until a launch
+    // succeeded with them.
+    std::unique_ptr<cc::IpcEventPair>& pair = st->events_.pairs[call->uuid];
+    if (pair == nullptr) {
+      cc::Status cs = cc::IpcEventPair::Create(call->d, call->ctx, &pair);
+      if (!cs.ok()) return FromCuda(cs);
+      st->events_.sent[call->uuid] = false;
+    }
+    if (!st->events_.sent[call->uuid]) {
+      v1::CudaEvents* ev = launch->mutable_events();
+      ev->set_device_uuid(call->uuid);
+      ev->set_ready(pair->ready_handle().reserved,
+                    sizeof(pair->ready_handle().reserved));
+      ev->set_done(pair->done_handle().reserved,
+                   sizeof(pair->done_handle().reserved));
+    }
+    // Shares: inline when their fds fit one frame, else ahead in chunks.
+    std::vector<int> raw_fds;
+    for (const UniqueFd& fd : plan.fds) raw_fds.push_back(fd.get());
+    if (static_cast<int>(raw_fds.size()) <= wire::kMaxFdsPerFrame) {
+      for (v1::CudaShare& sh : plan.shares) *launch->add_shares() = sh;
+    } else {
+      size_t next_fd = 0;
+      for (size_t i = 0; i < plan.shares.size();) {
+        v1::SessionRequest share_req;
+        std::vector<int> chunk_fds;
+        v1::CudaShareRequest* sr = share_req.mutable_cuda_share();
+        while (i < plan.shares.size()) {
+          bool fd = plan.shares[i].has_vmm_fd();
+          if (fd &&
+              static_cast<int>(chunk_fds.size()) == wire::kMaxFdsPerFrame) {
+            break;
+          }
+          if (fd) chunk_fds.push_back(raw_fds[next_fd++]);
+          *sr->add_shares() = plan.shares[i++];
+        }
+        v1::SessionResponse share_resp;
+        s = conn->Call(&share_req, &share_resp, chunk_fds.data(),
+                       static_cast<int>(chunk_fds.size()));
+        if (!s.ok()) return s;
+      }
+      raw_fds.clear();
+    }
+    // XLA's work so far, then the handler, then XLA's later work.
+    cc::Status cs = pair->RecordReady(call->stream);
+    if (!cs.ok()) return FromCuda(cs);
+    s = conn->Call(req, resp, raw_fds.data(), static_cast<int>(raw_fds.size()));
+    plan.fds.clear();  // closes our copies
+    if (!conn->broken()) {
+      cs = pair->WaitDone(call->stream);
+      if (!cs.ok() && s.ok()) s = FromCuda(cs);
+    }
+    if (s.ok()) {
+      st->pending_release_.clear();
+      st->events_.sent[call->uuid] = true;
+      for (CudaConnState::Entry& e : plan.new_entries) st->Insert(std::move(e));
+      for (const Buf& b : call->bufs) {
+        if (b.is_arg || !b.staged) continue;
+        bool aliased_copy = false;
+        for (const Buf& p : call->bufs) {
+          if (&p != &b && !p.is_arg && p.staged && p.data == b.data &&
+              &p < &b) {
+            aliased_copy = true;  // the same output twice: copy once
+          }
+        }
+        if (aliased_copy) continue;
+        cu::CUresult r = d.cuMemcpyDtoDAsync(
+            static_cast<cu::CUdeviceptr>(reinterpret_cast<uintptr_t>(b.data)),
+            st->staging_[call->uuid].buffer->data() + b.stage_offset, b.bytes,
+            call->stream);
+        if (r != cu::CUDA_SUCCESS) {
+          return CuFailed(d, r, "copying a staged result back");
+        }
+      }
+      return s;
+    }
+    if (conn->broken()) return s;
+    if (attempt == 0 && resp->has_launch() &&
+        resp->launch().cuda_mapping_missing()) {
+      // kregd no longer holds something this session's cache says it
+      // shared: share everything again, once.
+      st->Clear();
+      st->pending_release_.clear();
+      continue;
+    }
+    // The daemon may have imported some shares; re-sending them is harmless.
+    st->pending_release_.clear();
+    return s;
+  }
+  return s;
+}
+
+}  // namespace
+
+Status ForwardCudaCall(Client* client, const std::string& target,
+                       XLA_FFI_CallFrame* frame) {
+  cc::Status cs;
+  const cu::CudaDriver* d = cc::ProcessDriver(&cs);
+  if (d == nullptr) {
+    return Status::Error(kUnavailable, "kreg: forwarding CUDA call of \"" +
+                                           target + "\": " + cs.message);
+  }
+  Call call;
+  call.d = d;
+  Status s = XlaStream(frame, &call.stream);
+  if (!s.ok()) return s;
+  cs = cc::StreamDevice(d, call.stream, &call.ctx, &call.ordinal, &call.uuid);
+  if (!cs.ok()) return FromCuda(cs);
+  CtxScope scope(*d, call.ctx);
+
+  thread_local v1::SessionRequest req;
+  thread_local v1::SessionResponse resp;
+  req.Clear();
+  v1::Launch* launch = req.mutable_launch();
+  launch->set_target_name(target);
+  launch->set_platform("cuda");
+  launch->set_device_uuid(call.uuid);
+  for (int64_t i = 0; i < frame->args.size; ++i) {
+    if (frame->args.types[i] != XLA_FFI_ArgType_BUFFER) {
+      return Status::Error(kInvalidArgument,
+                           "kreg cannot forward arg " + std::to_string(i) +
+                               " of type " +
+                               std::to_string(frame->args.types[i]));
+    }
+    auto* b = static_cast<const XLA_FFI_Buffer*>(frame->args.args[i]);
+    Buf buf;
+    buf.is_arg = true;
+    buf.data = b->data;
+    s = BufferBytes(b, "arg", i, &buf.bytes);
+    if (!s.ok()) return s;
+    EncodeBufferShape(b, buf.bytes, launch->add_args());
+    call.bufs.push_back(std::move(buf));
+  }
+  for (int64_t i = 0; i < frame->rets.size; ++i) {
+    if (frame->rets.types[i] != XLA_FFI_RetType_BUFFER) {
+      return Status::Error(kInvalidArgument,
+                           "kreg cannot forward ret " + std::to_string(i) +
+                               " of type " +
+                               std::to_string(frame->rets.types[i]));
+    }
+    auto* b = static_cast<const XLA_FFI_Buffer*>(frame->rets.rets[i]);
+    Buf buf;
+    buf.data = b->data;
+    s = BufferBytes(b, "ret", i, &buf.bytes);
+    if (!s.ok()) return s;
+    EncodeBufferShape(b, buf.bytes, launch->add_rets());
+    call.bufs.push_back(std::move(buf));
+  }
+  for (Buf& b : call.bufs) {
+    if (b.bytes == 0) continue;
+    cs = cc::IdentifyBuffer(d, b.data, &b.id, &b.offset);
+    if (!cs.ok()) {
+      return Status::Error(cs.code, "kreg: cannot forward a buffer of \"" +
+                                        target + "\" to kregd: " + cs.message);
+    }
+    if (b.offset + b.bytes > b.id.size) {
+      return Status::Error(kInternal,
+                           "kreg: a buffer of " + std::to_string(b.bytes) +
+                               " bytes at offset " + std::to_string(b.offset) +
+                               " overruns its CUDA allocation of " +
+                               std::to_string(b.id.size) + " bytes");
+    }
+  }
+  s = EncodeAttrs(&frame->attrs, launch->mutable_attrs());
+  if (!s.ok()) return s;
+  int32_t ordinal = call.ordinal;
+  int64_t run_id = 0;
+  CallContext(frame, &ordinal, &run_id);
+  launch->set_device_ordinal(ordinal);
+  launch->set_run_id(run_id);
+
+  client->launches.fetch_add(1, std::memory_order_relaxed);
+  s = client->WithConn(
+      [&](Conn* conn) { return LaunchOnConn(conn, &call, &req, &resp); });
+  if (!s.ok()) client->launch_errors.fetch_add(1, std::memory_order_relaxed);
+  return s;
+}
+
+}  // namespace shim
+}  // namespace kreg

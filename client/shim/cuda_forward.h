@@ -1,0 +1,35 @@
+// Forwarding of CUDA calls (DESIGN §3): XLA's device buffers are shared
+// with kregd zero-copy (VMM POSIX fd or legacy IPC, cached per session) or
+// staged through an exportable buffer; XLA's stream and kregd's session
+// stream are ordered by a pair of interprocess events. No host-side GPU
+// synchronisation on the path.
+#ifndef KREGD_CLIENT_SHIM_CUDA_FORWARD_H_
+#define KREGD_CLIENT_SHIM_CUDA_FORWARD_H_
+
+#include <string>
+
+#include "client/shim/client.h"
+#include "client/shim/status.h"
+#include "xla/ffi/api/c_api.h"
+
+namespace kreg {
+namespace shim {
+
+// The CUDA state of one session (Conn): the allocations shared with kregd
+// (an LRU bounded by the daemon's max_cuda_mappings, each holding a
+// retained handle), the event pair and staging buffer of each device.
+// Defined in cuda_forward.cc; destroyed with its Conn (not after a fork:
+// CUDA objects of the parent are leaked in a child, never touched).
+class CudaConnState;
+void DestroyCudaConnState(CudaConnState* state);
+
+// Forwards an EXECUTE-stage call of a CUDA target: the Launch carries, per
+// buffer, its allocation and offset; kregd runs the handler on its session
+// stream after XLA's preceding work and XLA's later work runs after it.
+Status ForwardCudaCall(Client* client, const std::string& target,
+                       XLA_FFI_CallFrame* frame);
+
+}  // namespace shim
+}  // namespace kreg
+
+#endif  // KREGD_CLIENT_SHIM_CUDA_FORWARD_H_

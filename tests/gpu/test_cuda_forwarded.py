@@ -1,0 +1,419 @@
+"""The CUDA reference kernels FORWARDED through kregd equal the same kernels
+registered in-process (DESIGN §3: zero-copy buffers, IPC-event ordering).
+
+Every handler of libdemo_cuda.so and libbrainevent_cuda.so is registered
+twice: in-process (jax.ffi.register_ffi_target of the ctypes symbol) and
+forwarded (kreg.register_ffi_target(..., platform="CUDA")). Both run under
+jit on random inputs with poisoned outputs (NaN / 0x5A bytes donated as the
+output buffers), and the results must be identical. ScratchSum is compared
+with NumPy (in-process XLA:GPU of jaxlib 0.11.2 refuses FFI scratch).
+
+The allocator is the process's: tests/gpu/run.sh runs this file once per
+XLA_PYTHON_CLIENT_ALLOCATOR (default, platform, cuda_async; the last one
+stages buffers through an exportable buffer).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import kernels_util as ku
+
+FWD = "fwd_cuda."
+REF = "ref_cuda."
+DEMO_CUDA = "libdemo_cuda.so"
+BRAINEVENT_CUDA = "libbrainevent_cuda.so"
+HANDLERS = {
+    DEMO_CUDA: ("demo", ("Scale", "AddMul", "Fail", "AttrsDigest",
+                         "Accumulate", "AccumulateInPlace", "ScratchSum")),
+    BRAINEVENT_CUDA: ("brainevent", ("CsrEventMatvec", "CsrEventMatvecT")),
+}
+ALLOCATOR = os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def x64():
+  with jax.enable_x64(True):
+    yield
+
+
+@pytest.fixture(scope="module")
+def kreg_client(kregd_socket):
+  import kreg  # pylint: disable=import-outside-toplevel
+  return kreg.connect(kregd_socket)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered(x64, gpu, cuda_kernels_dir, kreg_client):
+  del x64, gpu
+  for module, (group, handlers) in HANDLERS.items():
+    path = cuda_kernels_dir / module
+    lib = ctypes.cdll.LoadLibrary(str(path))
+    for sym in handlers:
+      jax.ffi.register_ffi_target(f"{REF}{group}.{sym}",
+                                  jax.ffi.pycapsule(getattr(lib, sym)),
+                                  platform="CUDA")
+      kreg_client.register_ffi_target(f"{FWD}{group}.{sym}", str(path), sym,
+                                      platform="CUDA")
+
+
+def sds(x):
+  dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+  return jax.ShapeDtypeStruct(np.shape(x), dtype)
+
+
+def poison_like(spec) -> jax.Array:
+  dtype = np.dtype(spec.dtype)
+  fill = 0xFF if jnp.issubdtype(dtype, jnp.inexact) else 0x5A
+  count = int(np.prod(spec.shape, dtype=np.int64))
+  raw = np.full(count * dtype.itemsize, fill, np.uint8)
+  return jnp.copy(jax.device_put(raw.view(dtype).reshape(spec.shape)))
+
+
+def run(prefix, name, outs, *args, vmap_method=None, **attrs):
+  """ffi_call(prefix + name)(*args, **attrs) under jit, outputs poisoned."""
+  single = not isinstance(outs, (tuple, list))
+  specs = (outs,) if single else tuple(outs)
+  kw = {}
+  if vmap_method is not None:
+    kw["vmap_method"] = vmap_method
+  target = jax.ffi.ffi_call(prefix + name, specs[0] if single else specs, **kw)
+
+  def f(a, poisons):
+    del poisons
+    return target(*a, **attrs)
+
+  fn = jax.jit(f, donate_argnums=1, keep_unused=True)
+  poisons = [poison_like(s) for s in specs]
+  with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message="Some donated buffers")
+    out = jax.block_until_ready(fn([jnp.asarray(a) for a in args], poisons))
+  return [np.asarray(o) for o in ([out] if single else out)]
+
+
+def same(name, outs, *args, exact=True, **attrs):
+  """Forwarded == in-process, element for element (bit patterns for
+  floats: NaN poison left behind is caught either way)."""
+  fwd = run(FWD, name, outs, *args, **attrs)
+  ref = run(REF, name, outs, *args, **attrs)
+  for i, (f, r) in enumerate(zip(fwd, ref)):
+    assert f.dtype == r.dtype and f.shape == r.shape, (i, f.dtype, r.dtype)
+    if exact:
+      np.testing.assert_array_equal(f.view(np.uint8), r.view(np.uint8),
+                                    err_msg=f"{name} output {i}")
+    else:
+      np.testing.assert_allclose(f, r, rtol=1e-5, atol=1e-5,
+                                 err_msg=f"{name} output {i}")
+  return fwd
+
+
+def random_array(rng, shape, dtype):
+  dtype = np.dtype(dtype)
+  if np.issubdtype(dtype, np.integer):
+    info = np.iinfo(dtype)
+    lo, hi = max(info.min, -1000), min(info.max, 1000)
+    return rng.integers(lo, hi, size=shape, endpoint=True).astype(dtype)
+  if np.issubdtype(dtype, np.complexfloating):
+    return (rng.normal(size=shape) + 1j * rng.normal(size=shape)).astype(dtype)
+  return rng.normal(size=shape).astype(dtype)
+
+
+# --------------------------------------------------------------------------
+
+SCALE_DTYPES = [np.float32, np.float64, np.float16, ml_dtypes.bfloat16,
+                np.int8, np.int32, np.int64, np.uint8, np.uint64,
+                np.complex64, np.complex128]
+
+
+@pytest.mark.parametrize("dtype", SCALE_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape", [(), (0,), (1,), (7,), (4, 5), (100_003,)],
+                         ids=str)
+def test_scale(dtype, shape):
+  rng = np.random.default_rng(abs(hash((np.dtype(dtype).name, shape))) % 2**32)
+  x = random_array(rng, shape, dtype)
+  factor = np.float32(2.5 if np.issubdtype(x.dtype, np.unsignedinteger)
+                      else -2.75)
+  (y,) = same("demo.Scale", sds(x), x, factor=factor)
+  np.testing.assert_array_equal(y, ku.scale_reference(x, factor))
+
+
+def test_scale_large_and_repeated():
+  # 64 MiB, several calls: cached mappings reused, new outputs shared.
+  x = np.random.default_rng(0).normal(size=16 << 20).astype(np.float32)
+  for factor in (1.5, -3.0, 0.25):
+    (y,) = same("demo.Scale", sds(x), x, factor=np.float32(factor))
+  np.testing.assert_array_equal(y, x * np.float32(0.25))
+
+
+def test_many_distinct_buffers():
+  # More live allocations than fit one frame's fds (32): shares go ahead in
+  # CudaShare requests. 40 inputs summed pairwise by AddMul in one jit.
+  xs = [np.full(1000 + i, i, np.float32) for i in range(40)]
+  f = jax.jit(lambda *a: [jax.ffi.ffi_call(
+      FWD + "demo.AddMul", (sds(v), sds(v)))(v, v)[0] for v in a])
+  outs = jax.block_until_ready(f(*[jnp.asarray(x) for x in xs]))
+  for x, o in zip(xs, outs):
+    np.testing.assert_array_equal(np.asarray(o), x + x)
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (9,), (3, 4, 2), (65_537,)],
+                         ids=str)
+def test_addmul(shape):
+  rng = np.random.default_rng(7)
+  a = rng.normal(size=shape).astype(np.float32)
+  b = rng.normal(size=shape).astype(np.float32)
+  s, p = same("demo.AddMul", (sds(a), sds(a)), a, b)
+  np.testing.assert_array_equal(s, a + b)
+  np.testing.assert_array_equal(p, a * b)
+
+
+DIGEST_ATTRS = dict(
+    b_pred=True, i_s8=np.int8(-128), i_s64=np.int64(-2**63), i_py=1234567,
+    u_u32=np.uint32(2**32 - 1), f_f32=np.float32(-0.0), f_py=2.5,
+    s_str="héllo;={}", s_empty="", a_s32=np.arange(5, dtype=np.int32),
+    a_f64=np.array([np.pi], np.float64), a_empty=np.zeros(0, np.int32),
+    d_nested={"zeta": np.int8(1), "alpha": np.float32(2), "flag": True},
+)
+
+
+def test_attrs_digest():
+  (out,) = same("demo.AttrsDigest",
+                jax.ShapeDtypeStruct((ku.DIGEST_BYTES,), np.uint8),
+                **DIGEST_ATTRS)
+  assert ku.digest_bytes(out) == ku.attrs_digest_expected(DIGEST_ATTRS)
+
+
+def test_accumulate_into_a_fresh_output():
+  rng = np.random.default_rng(2)
+  state = rng.normal(size=10_000).astype(np.float32)
+  idx = rng.integers(0, 10_000, size=50_000).astype(np.int32)
+  (out,) = same("demo.Accumulate", sds(state), state, idx)
+  np.testing.assert_array_equal(out, ku.accumulate_reference(state, idx))
+
+
+@pytest.mark.parametrize("donate", [False, True], ids=["jit", "jit_donated"])
+def test_accumulate_in_place_sees_one_buffer(donate):
+  # AccumulateInPlace refuses distinct input/output buffers: passing proves
+  # the aliased pair is one buffer in kregd too.
+  rng = np.random.default_rng(3)
+  state = rng.normal(size=10_000).astype(np.float32)
+  idx = rng.integers(0, 10_000, size=50_000).astype(np.int32)
+  results = []
+  for prefix in (FWD, REF):
+    f = lambda s, i, p=prefix: jax.ffi.ffi_call(
+        p + "demo.AccumulateInPlace", sds(state),
+        input_output_aliases={0: 0})(s, i)
+    f = jax.jit(f, donate_argnums=0) if donate else jax.jit(f)
+    results.append(np.asarray(f(jnp.asarray(state), jnp.asarray(idx))))
+  np.testing.assert_array_equal(results[0], results[1])
+  np.testing.assert_array_equal(results[0], ku.accumulate_reference(state, idx))
+
+
+def test_accumulate_in_place_refuses_distinct_buffers_verbatim():
+  state = np.ones(16, np.float32)
+  idx = np.zeros(4, np.int32)
+  with pytest.raises(jax.errors.JaxRuntimeError,
+                     match="AccumulateInPlace: input and output are not the "
+                     "same buffer"):
+    jax.block_until_ready(jax.ffi.ffi_call(
+        FWD + "demo.AccumulateInPlace", sds(state))(state, idx))
+
+
+@pytest.mark.parametrize("n", [0, 1, 17, 4096, 300_000])
+def test_scratch_sum_uses_kregd_scratch(n):
+  x = np.random.default_rng(n).normal(size=n).astype(np.float32)
+  (y,) = run(FWD, "demo.ScratchSum", sds(x), x)
+  np.testing.assert_array_equal(y, ku.scratch_sum_reference(x))
+
+
+def test_scratch_sum_repeated_under_jit():
+  f = jax.jit(lambda v: jax.ffi.ffi_call(FWD + "demo.ScratchSum", sds(v))(
+      jax.ffi.ffi_call(FWD + "demo.ScratchSum", sds(v))(v)))
+  x = np.ones(50_000, np.float32)
+  np.testing.assert_array_equal(
+      np.asarray(f(x)), ku.scratch_sum_reference(ku.scratch_sum_reference(x)))
+
+
+@pytest.mark.parametrize("code", [0, 42, -7])
+def test_handler_error_is_verbatim(code):
+  x = np.zeros(2, np.float32)
+  with pytest.raises(jax.errors.JaxRuntimeError) as info:
+    jax.block_until_ready(jax.ffi.ffi_call(FWD + "demo.Fail", sds(x))(
+        x, code=code))
+  assert f"demo.Fail: refused on purpose (code={code})" in str(info.value)
+  assert "INVALID_ARGUMENT" in str(info.value)
+  # The session still works after an error.
+  (y,) = same("demo.Scale", sds(x), x + 1, factor=np.float32(2))
+  np.testing.assert_array_equal(y, np.full(2, 2, np.float32))
+
+
+def test_shape_error_is_verbatim():
+  x = np.ones((2, 3), np.float32)
+  with pytest.raises(jax.errors.JaxRuntimeError,
+                     match=r"output shape \[3,2\] differs from input shape "
+                     r"\[2,3\]"):
+    jax.block_until_ready(jax.ffi.ffi_call(
+        FWD + "demo.Scale", jax.ShapeDtypeStruct((3, 2), np.float32))(
+            x, factor=np.float32(1)))
+
+
+@pytest.mark.parametrize("homogeneous", [False, True])
+@pytest.mark.parametrize("m,k", [(1, 1), (64, 17), (0, 5), (2000, 3000)])
+def test_csr_event_matvec(m, k, homogeneous):
+  rng = np.random.default_rng(m * 1000 + k)
+  indptr, indices, data = ku.random_csr(rng, m, k, 0.1, homogeneous)
+  for event_dtype in (np.bool_, np.float32):
+    events = (rng.random(k) < 0.3).astype(event_dtype)
+    (y,) = same("brainevent.CsrEventMatvec",
+                jax.ShapeDtypeStruct((m,), np.float32), indptr, indices, data,
+                events)
+    np.testing.assert_allclose(
+        y, ku.csr_event_matvec_reference(indptr, indices, data, events, k),
+        rtol=1e-5, atol=1e-5)
+    spikes = (rng.random(m) < 0.4).astype(event_dtype)
+    # atomicAdd: sums in any order, compared with a tolerance.
+    (yt,) = same("brainevent.CsrEventMatvecT",
+                 jax.ShapeDtypeStruct((k,), np.float32), indptr, indices, data,
+                 spikes, exact=False)
+    np.testing.assert_allclose(
+        yt, ku.csr_event_matvec_t_reference(indptr, indices, data, spikes, k),
+        rtol=1e-4, atol=1e-4)
+
+
+def test_vmap():
+  x = np.random.default_rng(1).normal(size=(5, 3, 2)).astype(np.float32)
+  outs = []
+  for prefix in (FWD, REF):
+    f = lambda v, p=prefix: jax.ffi.ffi_call(
+        p + "demo.Scale", sds(v), vmap_method="sequential")(
+            v, factor=np.float32(1.5))
+    outs.append(np.asarray(jax.jit(jax.vmap(f))(x)))
+  np.testing.assert_array_equal(outs[0], outs[1])
+  np.testing.assert_array_equal(outs[0], x * np.float32(1.5))
+
+
+def test_stream_ordering_in_a_chain():
+  # XLA's own kernels before and after each forwarded call on one stream:
+  # any missing ordering shows up as wrong values.
+  x = jnp.arange(1 << 20, dtype=jnp.float32)
+
+  def f(v):
+    for _ in range(8):
+      v = jax.ffi.ffi_call(FWD + "demo.Scale", sds(v))(
+          v * 2 + 1, factor=np.float32(0.5))
+    return v
+
+  got = np.asarray(jax.jit(f)(x))
+  want = np.asarray(x)
+  for _ in range(8):
+    want = (want * 2 + 1) * np.float32(0.5)
+  np.testing.assert_array_equal(got, want)
+
+
+# --------------------------------------------------------------------------
+# Several processes; a daemon that does not see the client's GPU
+# --------------------------------------------------------------------------
+
+CHILD = textwrap.dedent("""
+    import os, sys
+    import numpy as np, jax, jax.numpy as jnp, kreg
+    path = os.environ["KREG_TEST_MODULE"]
+    kreg.register_ffi_target("fwd_cuda.child.Scale", path, "Scale",
+                             platform="CUDA")
+    seed = int(sys.argv[1])
+    x = jnp.asarray(np.random.default_rng(seed).normal(size=1 << 18)
+                    .astype(np.float32))
+    f = jax.jit(lambda v: jax.ffi.ffi_call(
+        "fwd_cuda.child.Scale", jax.ShapeDtypeStruct(v.shape, v.dtype))(
+            v, factor=np.float32(3)))
+    for i in range(200):
+      y = f(x)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(x) * 3)
+    print("child", seed, "ok")
+""")
+
+
+def test_two_jax_processes_on_one_gpu(cuda_kernels_dir, kregd_socket):
+  env = dict(os.environ)
+  env["KREGD_SOCKET"] = kregd_socket
+  env["KREG_TEST_MODULE"] = str(cuda_kernels_dir / DEMO_CUDA)
+  env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = "0.2"
+  env.pop("XLA_PYTHON_CLIENT_PREALLOCATE", None)
+  procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(seed)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True) for seed in (1, 2)]
+  # This process forwards at the same time.
+  x = np.arange(1 << 18, dtype=np.float32)
+  for _ in range(50):
+    (y,) = run(FWD, "demo.Scale", sds(x), x, factor=np.float32(2))
+  np.testing.assert_array_equal(y, x * 2)
+  for p in procs:
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, out[-4000:]
+
+
+def _start_kregd_without_gpus(root: pathlib.Path, kernels: pathlib.Path):
+  binary = os.environ.get("KREGD_BINARY")
+  if not binary:
+    pytest.skip("KREGD_BINARY is not set")
+  sock = str(root / "kregd.sock")
+  env = dict(os.environ)
+  env["CUDA_VISIBLE_DEVICES"] = ""  # kregd sees no GPU
+  log = open(root / "kregd.log", "ab")
+  proc = subprocess.Popen(
+      [binary, "--socket", sock, "--state-dir", str(root / "state"),
+       "--allow-root", str(kernels)], stdout=log, stderr=log,
+      stdin=subprocess.DEVNULL, env=env)
+  deadline = time.monotonic() + 60
+  while time.monotonic() < deadline:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+      s.connect(sock + ".session")
+      return proc, sock
+    except OSError:
+      time.sleep(0.05)
+    finally:
+      s.close()
+    if proc.poll() is not None:
+      break
+  proc.kill()
+  pytest.fail("kregd without GPUs did not start: " +
+              (root / "kregd.log").read_text(errors="replace")[-3000:])
+
+
+def test_daemon_without_the_clients_gpu_says_so(cuda_kernels_dir):
+  import kreg  # pylint: disable=import-outside-toplevel
+  root = pathlib.Path(tempfile.mkdtemp(prefix="kreg-nogpu-", dir="/tmp"))
+  proc, sock = _start_kregd_without_gpus(root, cuda_kernels_dir)
+  try:
+    c = kreg.connect(sock)
+    c.register_ffi_target("fwd_cuda.nogpu.Scale",
+                          str(cuda_kernels_dir / DEMO_CUDA), "Scale",
+                          platform="CUDA")
+    x = np.ones(4, np.float32)
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match="serves no CUDA device|not visible to kregd"):
+      jax.block_until_ready(jax.ffi.ffi_call("fwd_cuda.nogpu.Scale", sds(x))(
+          x, factor=np.float32(2)))
+  finally:
+    proc.send_signal(signal.SIGTERM)
+    try:
+      proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+      proc.kill()
