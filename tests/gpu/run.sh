@@ -8,7 +8,10 @@
 # `python3 -m pytest tests/gpu`, stops kregd and prints a short table last.
 # From a source checkout without a bundle it uses bazel-bin/. $PYTHON picks
 # the interpreter (default python3); it needs jax[cuda13] 0.11.2 and pytest.
-# Exit status: pytest's (kregd failing to start is 2).
+# The forwarded suite runs once per XLA_PYTHON_CLIENT_ALLOCATOR (default,
+# platform, cuda_async), then bench/bench_gpu.py without and with MPS
+# (KREG_SKIP_BENCH=1 skips them). Exit status: pytest's (kregd failing to
+# start is 2).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bundle=$(cd "$here/../.." && pwd)
@@ -85,33 +88,76 @@ if [[ ! -S $sock.session ]]; then
   exit 2
 fi
 echo "kregd pid $kregd_pid on $sock"
+sleep 0.2
+grep -m2 "CUDA" "$work/kregd.log" || echo "(kregd logged no CUDA line)"
 export KREGD_SOCKET=$sock
 
-echo "== pytest tests/gpu"
-"$py" -m pytest -q -rs -p no:cacheprovider --junitxml="$work/gpu.xml" \
-  "$here" "$@"
-rc=$?
+# Each allocator needs its own JAX process: the whole suite once with the
+# default allocator, the forwarded suite again with platform and cuda_async.
+pytest_args=(-q -rfEs --tb=short -p no:cacheprovider
+  -o faulthandler_timeout=300)
+rc=0
+xmls=()
+for alloc in default platform cuda_async; do
+  echo "== pytest tests/gpu (XLA_PYTHON_CLIENT_ALLOCATOR=$alloc)"
+  files=("$here")
+  [[ $alloc != default ]] && files=("$here/test_cuda_forwarded.py")
+  xml="$work/gpu-$alloc.xml"
+  xmls+=("$xml")
+  if [[ $alloc == default ]]; then
+    env -u XLA_PYTHON_CLIENT_ALLOCATOR timeout -s TERM 1200 \
+      "$py" -m pytest "${pytest_args[@]}" --junitxml="$xml" "${files[@]}" "$@"
+  else
+    XLA_PYTHON_CLIENT_ALLOCATOR=$alloc timeout -s TERM 900 \
+      "$py" -m pytest "${pytest_args[@]}" --junitxml="$xml" "${files[@]}" "$@"
+  fi
+  prc=$?
+  [[ $prc -eq 124 ]] && echo "pytest ($alloc) TIMED OUT"
+  [[ $prc -ne 0 && $rc -eq 0 ]] && rc=$prc
+  if [[ $prc -ne 0 ]]; then
+    echo "-- kregd log (last 60 lines) after the $alloc run:"
+    tail -n 60 "$work/kregd.log"
+  fi
+  if ! kill -0 "$kregd_pid" 2>/dev/null; then
+    echo "kregd died during the $alloc run; its log:"
+    tail -n 80 "$work/kregd.log"
+    [[ $rc -eq 0 ]] && rc=1
+    break
+  fi
+done
 
-if ! kill -0 "$kregd_pid" 2>/dev/null; then
-  echo "kregd died during the tests; its log:"
-  tail -n 50 "$work/kregd.log"
-  [[ $rc -eq 0 ]] && rc=1
+if [[ -n ${KREG_SKIP_BENCH:-} ]]; then
+  echo "== benchmarks skipped (KREG_SKIP_BENCH)"
+else
+  echo "== bench/bench_gpu.py"
+  timeout -s TERM 600 "$py" "$bundle/bench/bench_gpu.py" \
+    --out "$work/bench.json" || echo "bench_gpu.py failed ($?)"
+  if command -v nvidia-cuda-mps-control >/dev/null ||
+    [[ -x /usr/local/nvidia/bin/nvidia-cuda-mps-control ]]; then
+    echo "== bench/bench_gpu.py --mps"
+    timeout -s TERM 600 "$py" "$bundle/bench/bench_gpu.py" --mps \
+      --out "$work/bench_mps.json" || echo "bench_gpu.py --mps failed ($?)"
+  fi
 fi
-
-[[ $rc -eq 0 && $cxx_rc -ne 0 ]] && rc=$cxx_rc
 
 echo
 echo "== summary"
-"$py" - "$work/gpu.xml" "$rc" "$cxx_rc" <<'EOF'
-import collections, sys, xml.etree.ElementTree as ET
-xml, rc, cxx_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+"$py" - "$rc" "$cxx_rc" "$work" "${xmls[@]}" <<'EOF'
+import collections, json, os, sys, xml.etree.ElementTree as ET
+rc, cxx_rc, work = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 rows = collections.OrderedDict()
-try:
-  cases = list(ET.parse(xml).getroot().iter("testcase"))
-except (OSError, ET.ParseError) as e:
-  print(f"no JUnit report ({e})"); cases = []
-for c in cases:
-  name = c.get("classname", "?").rsplit(".", 1)[-1]
+cases = []
+for xml in sys.argv[4:]:
+  alloc = os.path.basename(xml)[len("gpu-"):-len(".xml")]
+  try:
+    cases += [(alloc, c) for c in ET.parse(xml).getroot().iter("testcase")]
+  except (OSError, ET.ParseError) as e:
+    print(f"no JUnit report for {alloc} ({e})")
+failed = []
+for alloc, c in cases:
+  name = c.get("classname", "?").rsplit(".", 1)[-1] + f" [{alloc}]"
+  if {ch.tag for ch in c} & {"failure", "error"}:
+    failed.append(f"{name}::{c.get('name')}")
   r = rows.setdefault(name, collections.Counter())
   kinds = {child.tag for child in c}
   kind = ("failed" if kinds & {"failure", "error"} else
@@ -126,7 +172,18 @@ for name, r in rows.items():
         f"{r['seconds']:>7.1f}s")
 print(f"{'total':<28} {total['passed']:>7} {total['failed']:>7} "
       f"{total['skipped']:>8} {total['seconds']:>7.1f}s")
+for f in failed[:40]:
+  print(f"  FAILED {f}")
 print(f"C++ [cuda] tests: {'passed' if cxx_rc == 0 else 'FAILED'}")
+for name, label in (("bench.json", "no MPS"), ("bench_mps.json", "MPS")):
+  try:
+    b = json.load(open(os.path.join(work, name)))
+  except (OSError, ValueError):
+    continue
+  print(f"bench Scale ({label}): n=1024 {b['inproc_call_us']:.1f} -> "
+        f"{b['fwd_call_us']:.1f} us/call ({b['call_ratio']:.2f}x); 1 GiB "
+        f"{b['inproc_gbps']:.0f} -> {b['fwd_gbps']:.0f} GB/s "
+        f"({b['bw_ratio']:.2f}x)")
 print(f"gpu tests: {total['passed']} passed, {total['failed']} failed, "
       f"{total['skipped']} skipped (exit {rc})")
 EOF

@@ -1,0 +1,203 @@
+"""Forwarded (kregd) vs in-process CUDA Scale on the GPU.
+
+  python bench/bench_gpu.py [--mps] [--calls N] [--out FILE.json]
+
+Measures, for libdemo_cuda.so's Scale registered in-process and forwarded
+through a kregd this script starts (on a private socket):
+  * per call: n=1024 f32 under jit, block_until_ready after each call,
+    median of --calls calls (after a warm-up);
+  * bandwidth: 1 GiB f32 in, 1 GiB out, GB/s = 2 GiB / median time.
+Prints a table, forwarded ÷ in-process. With --mps it first starts the CUDA
+MPS control daemon (nvidia-cuda-mps-control -d, pipe and log directories in
+a temp dir), starts kregd after it so both processes are MPS clients, and
+stops MPS afterwards (echo quit | nvidia-cuda-mps-control).
+
+Needs $KREGD_BINARY and $KREG_CUDA_KERNELS_DIR (tests/gpu/run.sh and the
+bundle's env.sh set them) and jax with CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "client" / "python"))
+
+
+def start_mps(root: pathlib.Path) -> dict[str, str] | None:
+  ctl = shutil.which("nvidia-cuda-mps-control") or \
+      "/usr/local/nvidia/bin/nvidia-cuda-mps-control"
+  if not os.path.exists(ctl):
+    print("bench_gpu: nvidia-cuda-mps-control not found; no MPS run")
+    return None
+  env = {"CUDA_MPS_PIPE_DIRECTORY": str(root / "mps-pipe"),
+         "CUDA_MPS_LOG_DIRECTORY": str(root / "mps-log")}
+  for d in env.values():
+    os.makedirs(d, exist_ok=True)
+  full = dict(os.environ, **env)
+  r = subprocess.run([ctl, "-d"], env=full, capture_output=True, text=True)
+  if r.returncode != 0:
+    print(f"bench_gpu: starting MPS failed ({r.returncode}): {r.stdout}"
+          f"{r.stderr}")
+    return None
+  time.sleep(0.5)
+  env["_ctl"] = ctl
+  return env
+
+
+def stop_mps(env: dict[str, str]) -> None:
+  full = dict(os.environ, **{k: v for k, v in env.items() if k != "_ctl"})
+  subprocess.run([env["_ctl"]], input="quit\n", env=full, text=True,
+                 capture_output=True)
+  time.sleep(0.5)
+
+
+def start_kregd(root: pathlib.Path, kernels: str):
+  binary = os.environ.get("KREGD_BINARY")
+  if not binary:
+    sys.exit("bench_gpu: set KREGD_BINARY (source the bundle's env.sh)")
+  sock = str(root / "kregd.sock")
+  log = open(root / "kregd.log", "ab")
+  proc = subprocess.Popen(
+      [binary, "--socket", sock, "--state-dir", str(root / "state"),
+       "--allow-root", kernels], stdout=log, stderr=log,
+      stdin=subprocess.DEVNULL)
+  deadline = time.monotonic() + 60
+  while time.monotonic() < deadline:
+    if proc.poll() is not None:
+      break
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+      s.connect(sock + ".session")
+      return proc, sock
+    except OSError:
+      time.sleep(0.05)
+    finally:
+      s.close()
+  print((root / "kregd.log").read_text(errors="replace")[-3000:])
+  sys.exit("bench_gpu: kregd did not start")
+
+
+def median_time(fn, arg, calls: int, warmup: int) -> float:
+  import jax  # pylint: disable=import-outside-toplevel
+  for _ in range(warmup):
+    jax.block_until_ready(fn(arg))
+  times = []
+  for _ in range(calls):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(arg))
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def measure(sock: str, kernels: str, calls: int) -> dict[str, float]:
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import kreg  # pylint: disable=import-outside-toplevel
+
+  module = os.path.join(kernels, "libdemo_cuda.so")
+  lib = ctypes.cdll.LoadLibrary(module)
+  jax.ffi.register_ffi_target("bench.inproc.Scale",
+                              jax.ffi.pycapsule(lib.Scale), platform="CUDA")
+  kreg.connect(sock).register_ffi_target("bench.fwd.Scale", module, "Scale",
+                                         platform="CUDA")
+
+  def fn(name):
+    return jax.jit(lambda v: jax.ffi.ffi_call(
+        name, jax.ShapeDtypeStruct(v.shape, v.dtype))(
+            v, factor=np.float32(2)))
+
+  res = {"device": str(jax.devices()[0].device_kind),
+         "allocator": os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default")}
+  small = jnp.arange(1024, dtype=jnp.float32)
+  big = jnp.ones((1 << 28,), jnp.float32)  # 1 GiB
+  for kind, name in (("inproc", "bench.inproc.Scale"),
+                     ("fwd", "bench.fwd.Scale")):
+    f = fn(name)
+    np.testing.assert_array_equal(np.asarray(f(small)), np.asarray(small) * 2)
+    res[f"{kind}_call_us"] = median_time(f, small, calls, 200) * 1e6
+    t = median_time(f, big, 10, 3)
+    res[f"{kind}_gbps"] = 2 * (1 << 30) / t / 1e9
+  res["call_ratio"] = res["fwd_call_us"] / res["inproc_call_us"]
+  res["bw_ratio"] = res["fwd_gbps"] / res["inproc_gbps"]
+  return res
+
+
+def main() -> int:
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--mps", action="store_true")
+  ap.add_argument("--calls", type=int, default=2000)
+  ap.add_argument("--out")
+  ap.add_argument("--child", help=argparse.SUPPRESS)
+  args = ap.parse_args()
+  kernels = os.environ.get("KREG_CUDA_KERNELS_DIR")
+  if not kernels:
+    sys.exit("bench_gpu: set KREG_CUDA_KERNELS_DIR")
+
+  if args.child:  # the JAX process (started after MPS and kregd)
+    res = measure(args.child, kernels, args.calls)
+    print("BENCH_JSON " + json.dumps(res))
+    return 0
+
+  root = pathlib.Path(tempfile.mkdtemp(prefix="kreg-bench-", dir="/tmp"))
+  mps = None
+  env = dict(os.environ)
+  proc = None
+  try:
+    if args.mps:
+      mps = start_mps(root)
+      if mps is None:
+        return 0
+      env.update({k: v for k, v in mps.items() if k != "_ctl"})
+      os.environ.update({k: v for k, v in mps.items() if k != "_ctl"})
+    proc, sock = start_kregd(root, kernels)
+    r = subprocess.run([sys.executable, __file__, "--child", sock, "--calls",
+                        str(args.calls)], env=env, capture_output=True,
+                       text=True, timeout=600)
+    line = [l for l in r.stdout.splitlines() if l.startswith("BENCH_JSON ")]
+    if r.returncode != 0 or not line:
+      print(r.stdout[-3000:], r.stderr[-5000:])
+      print("kregd log:\n" +
+            (root / "kregd.log").read_text(errors="replace")[-3000:])
+      return 1
+    res = json.loads(line[0][len("BENCH_JSON "):])
+    res["mps"] = bool(args.mps)
+    label = "with MPS" if args.mps else "without MPS"
+    print(f"== Scale, forwarded vs in-process ({label}, {res['device']}, "
+          f"allocator {res['allocator']})")
+    print(f"{'':24} {'in-process':>12} {'forwarded':>12} {'ratio':>8}")
+    print(f"{'n=1024 per call (µs)':24} {res['inproc_call_us']:>12.1f} "
+          f"{res['fwd_call_us']:>12.1f} {res['call_ratio']:>7.2f}x")
+    print(f"{'1 GiB bandwidth (GB/s)':24} {res['inproc_gbps']:>12.1f} "
+          f"{res['fwd_gbps']:>12.1f} {res['bw_ratio']:>7.2f}x")
+    if args.out:
+      with open(args.out, "w") as f:
+        json.dump(res, f)
+    return 0
+  finally:
+    if proc is not None and proc.poll() is None:
+      proc.send_signal(signal.SIGTERM)
+      try:
+        proc.wait(timeout=20)
+      except subprocess.TimeoutExpired:
+        proc.kill()
+    if mps is not None:
+      stop_mps(mps)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+  sys.exit(main())
