@@ -161,15 +161,22 @@ def test_scale_large_and_repeated():
   np.testing.assert_array_equal(y, x * np.float32(0.25))
 
 
-def test_many_distinct_buffers():
-  # More live allocations than fit one frame's fds (32): shares go ahead in
-  # CudaShare requests. 40 inputs summed pairwise by AddMul in one jit.
-  xs = [np.full(1000 + i, i, np.float32) for i in range(40)]
-  f = jax.jit(lambda *a: [jax.ffi.ffi_call(
-      FWD + "demo.AddMul", (sds(v), sds(v)))(v, v)[0] for v in a])
-  outs = jax.block_until_ready(f(*[jnp.asarray(x) for x in xs]))
-  for x, o in zip(xs, outs):
-    np.testing.assert_array_equal(np.asarray(o), x + x)
+@pytest.mark.parametrize("count", [3, 40])
+def test_many_distinct_buffers(count):
+  # One call with `count` operands, each its own device buffer: with the
+  # platform allocator each is its own allocation, so 40 exceed one frame's
+  # fds (32) and the shares go ahead in CudaShare requests.
+  xs = [jnp.asarray(np.full(1000 + i, i, np.float32)) for i in range(count)]
+  out = jax.ShapeDtypeStruct((64,), np.uint8)
+  for prefix in (FWD, REF):
+    f = jax.jit(lambda *a, p=prefix: jax.ffi.ffi_call(
+        p + "demo.AttrsDigest", out)(*a, k=np.int32(5)))
+    got = bytes(np.asarray(jax.block_until_ready(f(*xs))))
+    assert got == b"{k=s32:5;}".ljust(64, b"\0"), (prefix, got)
+  # And again: now every allocation is cached.
+  f = jax.jit(lambda *a: jax.ffi.ffi_call(FWD + "demo.AttrsDigest", out)(
+      *a, k=np.int32(5)))
+  assert bytes(np.asarray(f(*xs))) == b"{k=s32:5;}".ljust(64, b"\0")
 
 
 @pytest.mark.parametrize("shape", [(), (0,), (9,), (3, 4, 2), (65_537,)],
