@@ -14,6 +14,7 @@ every client process (per-client state is what XLA FFI's State API is for).
 
 from kreg._client import (Client, Module, Target, connect, default_address,
                           list_registered_targets, register_ffi_target)
+from kreg.numba_cuda import numba_cuda_callable, numba_cuda_scratch
 from kreg._errors import (DaemonNotRunningError, JaxVersionError,
                           KernelRegistrationError, KregError,
                           ShimNotFoundError)
