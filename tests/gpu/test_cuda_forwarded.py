@@ -115,7 +115,9 @@ def same(name, outs, *args, exact=True, **attrs):
   for i, (f, r) in enumerate(zip(fwd, ref)):
     assert f.dtype == r.dtype and f.shape == r.shape, (i, f.dtype, r.dtype)
     if exact:
-      np.testing.assert_array_equal(f.view(np.uint8), r.view(np.uint8),
+      # Compare bytes; reshape first (a 0-d array cannot change itemsize).
+      np.testing.assert_array_equal(f.reshape(-1).view(np.uint8),
+                                    r.reshape(-1).view(np.uint8),
                                     err_msg=f"{name} output {i}")
     else:
       np.testing.assert_allclose(f, r, rtol=1e-5, atol=1e-5,
