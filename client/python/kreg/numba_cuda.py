@@ -784,6 +784,17 @@ def _current_scope() -> _ScratchScope:
   return scopes[-1]
 
 
+def _stream_address(stream) -> int:
+  """The CUstream address of a Numba stream (ctypes or cuda-python handle)
+  or of an int."""
+  if isinstance(stream, int):
+    return stream
+  handle = getattr(stream, "handle", stream)
+  if isinstance(handle, ctypes.c_void_p):
+    return handle.value or 0
+  return int(handle)
+
+
 def numba_cuda_scratch(shape, dtype, stream=None):
   """A temporary Numba CUDA device array for the running numba_cuda_callable
   function, allocated stream-ordered on XLA's stream (cuMemAllocAsync) and
@@ -795,9 +806,7 @@ def numba_cuda_scratch(shape, dtype, stream=None):
   """
   scope = _current_scope()
   if stream is not None and stream is not scope.stream:
-    handle = getattr(stream, "handle", stream)
-    value = getattr(handle, "value", handle)
-    if int(value or 0) != scope.stream_ptr:
+    if _stream_address(stream) != scope.stream_ptr:
       raise ValueError(
           "numba_cuda_scratch: `stream` must be the stream passed to the "
           "numba_cuda_callable function (XLA's stream)")
