@@ -1,5 +1,8 @@
 #include "client/shim/cuda_forward.h"
 
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -36,6 +39,34 @@ constexpr int kSweepPerLaunch = 4;
 Status FromCuda(const cc::Status& s) {
   return Status::Error(s.code, s.message);
 }
+
+// KREG_TRACE_CUDA=1 (stderr) or =PATH (appended): one line per step of each
+// forwarded CUDA call, flushed at once, so the last line before a crash says
+// how far a call got.
+FILE* TraceFile() {
+  static FILE* const file = []() -> FILE* {
+    const char* v = getenv("KREG_TRACE_CUDA");
+    if (v == nullptr || *v == 0 || strcmp(v, "0") == 0) return nullptr;
+    if (strcmp(v, "1") == 0 || strcmp(v, "stderr") == 0) return stderr;
+    FILE* f = fopen(v, "ae");
+    return f != nullptr ? f : stderr;
+  }();
+  return file;
+}
+
+__attribute__((format(printf, 1, 2))) void Trace(const char* fmt, ...) {
+  FILE* f = TraceFile();
+  if (f == nullptr) return;
+  char line[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof(line), fmt, ap);
+  va_end(ap);
+  fprintf(f, "kreg-cuda[%d] %s\n", static_cast<int>(getpid()), line);
+  fflush(f);
+}
+
+bool Tracing() { return TraceFile() != nullptr; }
 
 Status CuFailed(const cu::CudaDriver& d, cu::CUresult r,
                 const std::string& what) {
@@ -112,7 +143,8 @@ struct Buf {
   // Staged through the staging buffer at this offset (kNeedsStaging).
   bool staged = false;
   uint64_t stage_offset = 0;
-  bool copy_in = false;  // first staged occurrence of an input
+  bool copy_in = false;   // first staged occurrence of an input
+  bool copy_out = false;  // first staged occurrence of an output
 };
 
 }  // namespace
@@ -126,16 +158,12 @@ class CudaConnState {
       // A forked child: the parent's CUDA objects are not ours to touch.
       new std::map<Key, Entry>(std::move(entries_));
       for (auto& p : events_.pairs) (void)p.second.release();
-      for (auto& s : staging_) (void)s.second.buffer.release();
+      for (auto& a : arenas_) a.second->Leak();
       return;
     }
-    // Work queued on XLA's streams may still use a staging buffer.
-    for (auto& s : staging_) {
-      if (s.second.buffer != nullptr && s.second.last_stream != nullptr) {
-        CtxScope scope(*d_, s.second.context);
-        d_->cuStreamSynchronize(s.second.last_stream);
-      }
-    }
+    // Each arena waits for the work queued on XLA's streams that may still
+    // use its buffers before freeing them.
+    arenas_.clear();
   }
 
   struct Entry {
@@ -150,19 +178,27 @@ class CudaConnState {
     std::map<std::string, bool> sent;
   };
 
-  struct Staging {
-    std::unique_ptr<cc::StagingBuffer> buffer;
-    cu::CUcontext context = nullptr;
-    cu::CUstream last_stream = nullptr;
-  };
-
   const cu::CudaDriver* d_;
   const pid_t pid_;
   std::map<Key, Entry> entries_;
   std::list<Key> lru_;  // front: most recent
   std::vector<cc::AllocationId> pending_release_;
   Events events_;
-  std::map<std::string, Staging> staging_;  // by device uuid
+  // Staging buffers by device uuid.
+  std::map<std::string, std::unique_ptr<cc::StagingArena>> arenas_;
+
+  cc::StagingArena* Arena(const std::string& uuid, int ordinal,
+                          cu::CUcontext ctx) {
+    std::unique_ptr<cc::StagingArena>& a = arenas_[uuid];
+    if (a == nullptr) a = std::make_unique<cc::StagingArena>(d_, ordinal, ctx);
+    return a.get();
+  }
+
+  // Drops the entry of `key`, if any, telling kregd to release it.
+  void DropKey(const Key& key) {
+    auto it = entries_.find(key);
+    if (it != entries_.end()) Drop(it, true);
+  }
 
   Entry* Find(const Key& k) {
     auto it = entries_.find(k);
@@ -172,6 +208,7 @@ class CudaConnState {
   }
 
   void Drop(std::map<Key, Entry>::iterator it, bool tell_kregd) {
+    if (it == entries_.end()) return;
     if (tell_kregd && it->second.kind != cc::ExportKind::kNeedsStaging) {
       pending_release_.push_back(it->second.id);
     }
@@ -192,6 +229,8 @@ class CudaConnState {
       it = next;
     }
     Key k = KeyOf(e.id);
+    auto existing = entries_.find(k);
+    if (existing != entries_.end()) Drop(existing, false);  // (not reached)
     lru_.push_front(k);
     e.lru = lru_.begin();
     entries_.emplace(k, std::move(e));
@@ -204,6 +243,10 @@ class CudaConnState {
       --it;
       if (std::find(keep.begin(), keep.end(), *it) != keep.end()) continue;
       auto victim = entries_.find(*it);
+      if (victim == entries_.end()) {  // (not reached) an orphaned node
+        it = lru_.erase(it);
+        continue;
+      }
       it = std::next(it);  // Drop erases the current node
       Drop(victim, true);
     }
@@ -219,6 +262,10 @@ class CudaConnState {
       if (std::find(keep.begin(), keep.end(), *it) != keep.end()) continue;
       ++checked;
       auto e = entries_.find(*it);
+      if (e == entries_.end()) {  // (not reached) an orphaned node
+        it = lru_.erase(it);
+        continue;
+      }
       unsigned long long id = 0;  // NOLINT: the driver's type
       cu::CUpointer_attribute attr = cu::CU_POINTER_ATTRIBUTE_BUFFER_ID;
       void* data[] = {&id};
@@ -249,20 +296,28 @@ struct Plan {
 };
 
 // Shares (or finds cached) the allocation of `b`; marks it staged when it
-// cannot be shared.
-Status PlanBuffer(CudaConnState* st, Buf* b, Plan* plan,
-                  std::vector<Key>* used) {
+// cannot be shared. `used`: every allocation of the call (kept in the
+// cache); `mapped`: those kregd maps (what its per-session limit counts).
+Status PlanBuffer(CudaConnState* st, Buf* b, Plan* plan, std::vector<Key>* used,
+                  std::vector<Key>* mapped) {
   Key k = KeyOf(b->id);
   if (std::find(used->begin(), used->end(), k) == used->end()) {
     used->push_back(k);
   }
+  auto note = [&](cc::ExportKind kind) {
+    b->staged = kind == cc::ExportKind::kNeedsStaging;
+    if (!b->staged &&
+        std::find(mapped->begin(), mapped->end(), k) == mapped->end()) {
+      mapped->push_back(k);
+    }
+  };
   if (CudaConnState::Entry* e = st->Find(k)) {
-    b->staged = e->kind == cc::ExportKind::kNeedsStaging;
+    note(e->kind);
     return Status::Ok();
   }
   for (const CudaConnState::Entry& e : plan->new_entries) {
     if (KeyOf(e.id) == k) {
-      b->staged = e.kind == cc::ExportKind::kNeedsStaging;
+      note(e.kind);
       return Status::Ok();
     }
   }
@@ -285,53 +340,14 @@ Status PlanBuffer(CudaConnState* st, Buf* b, Plan* plan,
     share.set_ipc_mem_handle(ex.ipc_handle.reserved,
                              sizeof(ex.ipc_handle.reserved));
     plan->shares.push_back(std::move(share));
-  } else {
-    b->staged = true;
+  } else if (Tracing()) {
+    Trace("  allocation 0x%llx (+%llu) is staged: %s",
+          static_cast<unsigned long long>(b->id.base),
+          static_cast<unsigned long long>(b->id.size),
+          ex.staging_reason.c_str());
   }
+  note(ex.kind);
   plan->new_entries.push_back(std::move(entry));
-  return Status::Ok();
-}
-
-// Makes the device's staging buffer at least `bytes` long.
-Status EnsureStaging(CudaConnState* st, const std::string& uuid, int ordinal,
-                     cu::CUcontext ctx, cu::CUstream stream, uint64_t bytes,
-                     CudaConnState::Staging** out) {
-  CudaConnState::Staging& s = st->staging_[uuid];
-  if (s.buffer == nullptr || s.buffer->size() < bytes) {
-    uint64_t want = bytes;
-    if (s.buffer != nullptr) {
-      want = std::max<uint64_t>(want, s.buffer->size() * 2);
-      // Rare (the buffer doubles): wait for the work that may still use the
-      // old buffer, and have kregd release its mapping.
-      cu::CUstream last = s.last_stream != nullptr ? s.last_stream : stream;
-      cu::CUresult r = st->d_->cuStreamSynchronize(last);
-      if (r != cu::CUDA_SUCCESS) {
-        return CuFailed(*st->d_, r, "synchronising before growing staging");
-      }
-      cc::AllocationId old;
-      if (cc::IdentifyBuffer(st->d_,
-                             reinterpret_cast<const void*>(
-                                 static_cast<uintptr_t>(s.buffer->data())),
-                             &old)
-              .ok()) {
-        auto it = st->entries_.find(KeyOf(old));
-        if (it != st->entries_.end()) st->Drop(it, true);
-      }
-      s.buffer.reset();
-    }
-    cc::Status cs = cc::StagingBuffer::Create(st->d_, ordinal, want, &s.buffer);
-    if (!cs.ok()) {
-      return Status::Error(
-          cs.code,
-          "kreg: a buffer cannot be shared with kregd (e.g. "
-          "XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async) and the staging buffer "
-          "could not be created: " +
-              cs.message);
-    }
-    s.context = ctx;
-  }
-  s.last_stream = stream;
-  *out = &s;
   return Status::Ok();
 }
 
@@ -353,10 +369,22 @@ Status LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
   CudaConnState* st = conn->cuda_state;
   const size_t limit =
       conn->max_cuda_mappings() > 0 ? conn->max_cuda_mappings() : 256;
+  // Once the staging buffer is used, its use ends on every path (the event
+  // that orders the next call's copies and its eventual free).
+  struct ReleaseStaging {
+    cc::StagingArena* arena = nullptr;
+    cu::CUstream stream = nullptr;
+    ~ReleaseStaging() {
+      if (arena == nullptr) return;
+      cc::Status rs = arena->Release(stream);
+      if (!rs.ok()) Trace("  staging release failed: %s", rs.message.c_str());
+    }
+  } release_staging;
   Status s;
   for (int attempt = 0; attempt < 2; ++attempt) {
     Plan plan;
     std::vector<Key> used;
+    std::vector<Key> mapped;
     v1::Launch* launch = req->mutable_launch();
     launch->clear_shares();
     launch->clear_events();
@@ -365,60 +393,104 @@ Status LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
     // Allocations: cached, shared now, or staged.
     for (Buf& b : call->bufs) {
       b.staged = false;
-      if (b.bytes == 0) continue;
-      s = PlanBuffer(st, &b, &plan, &used);
+      b.copy_in = b.copy_out = false;
+      b.stage_offset = 0;
+      if (b.bytes == 0) continue;  // nothing to share, stage or copy
+      s = PlanBuffer(st, &b, &plan, &used, &mapped);
       if (!s.ok()) return s;
     }
-    // Staging layout: one region per distinct staged pointer (an aliased
-    // input/output pair shares it, holding the input's values).
-    uint64_t stage_bytes = 0;
+    // Staging layout: one aligned region per distinct staged buffer (an
+    // aliased input/output pair shares one, holding the input's values).
+    std::vector<size_t> staged_index;
+    std::vector<cc::StagedBuffer> staged;
     for (size_t i = 0; i < call->bufs.size(); ++i) {
-      Buf& b = call->bufs[i];
-      if (!b.staged) continue;
-      b.copy_in = b.is_arg;
-      bool shared = false;
-      for (size_t j = 0; j < i; ++j) {
-        const Buf& p = call->bufs[j];
-        if (p.staged && p.data == b.data && p.bytes == b.bytes) {
-          b.stage_offset = p.stage_offset;
-          b.copy_in = false;
-          shared = true;
-          break;
-        }
-      }
-      if (!shared) {
-        b.stage_offset = stage_bytes;
-        stage_bytes += (b.bytes + kStageAlign - 1) / kStageAlign * kStageAlign;
+      const Buf& b = call->bufs[i];
+      if (!b.staged || b.bytes == 0) continue;
+      staged_index.push_back(i);
+      staged.push_back(cc::StagedBuffer{b.data, b.bytes, b.is_arg});
+    }
+    cc::StagingLayout layout;
+    if (!staged.empty()) {
+      cc::Status cs = cc::LayoutStaging(staged, kStageAlign, &layout);
+      if (!cs.ok()) return Status::Error(cs.code, "kreg: " + cs.message);
+      for (size_t k = 0; k < staged_index.size(); ++k) {
+        Buf& b = call->bufs[staged_index[k]];
+        b.stage_offset = layout.offsets[k];
+        b.copy_in = layout.copy_in[k];
+        b.copy_out = layout.copy_out[k];
       }
     }
     cc::AllocationId stage_id;
-    if (stage_bytes > 0) {
-      CudaConnState::Staging* staging = nullptr;
-      s = EnsureStaging(st, call->uuid, call->ordinal, call->ctx, call->stream,
-                        stage_bytes, &staging);
-      if (!s.ok()) return s;
+    cc::StagingArena* arena = nullptr;
+    if (layout.bytes > 0) {
+      arena = st->Arena(call->uuid, call->ordinal, call->ctx);
+      cc::AllocationId retired;
+      cc::Status cs = arena->Acquire(call->stream, layout.bytes, &retired);
+      if (!cs.ok()) {
+        return Status::Error(
+            cs.code,
+            "kreg: a buffer cannot be shared with kregd (e.g. "
+            "XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async) and staging it failed: " +
+                cs.message);
+      }
+      release_staging.arena = arena;
+      release_staging.stream = call->stream;
+      if (retired.size > 0) {
+        // kregd drops its mapping of the outgrown buffer (behind its own
+        // fence); this process frees it once its last use has completed.
+        st->DropKey(KeyOf(retired));
+        Trace("  staging grew to %llu bytes (retired 0x%llx, +%llu)",
+              static_cast<unsigned long long>(arena->buffer()->size()),
+              static_cast<unsigned long long>(retired.base),
+              static_cast<unsigned long long>(retired.size));
+      }
       Buf sb;
       sb.data = reinterpret_cast<void*>(
-          static_cast<uintptr_t>(staging->buffer->data()));
-      sb.bytes = staging->buffer->size();
-      cc::Status cs = cc::IdentifyBuffer(call->d, sb.data, &sb.id, &sb.offset);
-      if (!cs.ok()) return FromCuda(cs);
-      s = PlanBuffer(st, &sb, &plan, &used);
+          static_cast<uintptr_t>(arena->buffer()->data()));
+      sb.bytes = arena->buffer()->size();
+      sb.id = arena->id();
+      sb.offset = 0;
+      s = PlanBuffer(st, &sb, &plan, &used, &mapped);
       if (!s.ok()) return s;
       if (sb.staged) {
         return Status::Error(kInternal,
                              "kreg: the staging buffer cannot be shared");
       }
+      if (layout.bytes > sb.bytes) {
+        return Status::Error(kInternal,
+                             "kreg: the staging buffer is smaller than the "
+                             "call's staged buffers");
+      }
       stage_id = sb.id;
-      for (Buf& b : call->bufs) {
-        if (!b.staged || !b.copy_in) continue;
+      for (const Buf& b : call->bufs) {
+        if (!b.staged || !b.copy_in || b.bytes == 0) continue;
         cu::CUresult r = d.cuMemcpyDtoDAsync(
-            staging->buffer->data() + b.stage_offset,
+            arena->buffer()->data() + b.stage_offset,
             static_cast<cu::CUdeviceptr>(reinterpret_cast<uintptr_t>(b.data)),
             b.bytes, call->stream);
         if (r != cu::CUDA_SUCCESS) {
           return CuFailed(d, r, "staging an input (cuMemcpyDtoDAsync)");
         }
+      }
+    }
+    if (Tracing()) {
+      int ai = 0, ri = 0;
+      for (const Buf& b : call->bufs) {
+        Trace("  %s %d: %p, %llu bytes, %s, offset %llu%s%s",
+              b.is_arg ? "arg" : "ret", b.is_arg ? ai++ : ri++, b.data,
+              static_cast<unsigned long long>(b.bytes),
+              b.bytes == 0 ? "empty"
+              : b.staged   ? "staged"
+                           : "shared",
+              static_cast<unsigned long long>(b.staged ? b.stage_offset
+                                                       : b.offset),
+              b.copy_in ? ", copy in" : "", b.copy_out ? ", copy out" : "");
+      }
+      if (arena != nullptr) {
+        Trace("  staging %llu of %llu bytes at 0x%llx",
+              static_cast<unsigned long long>(layout.bytes),
+              static_cast<unsigned long long>(arena->buffer()->size()),
+              static_cast<unsigned long long>(arena->buffer()->data()));
       }
     }
     // Buffer descriptors.
@@ -440,10 +512,10 @@ Status LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
     // Cache bounds: what kregd holds for this session must stay within its
     // max_cuda_mappings.
     st->Sweep(used);
-    if (used.size() > limit) {
+    if (mapped.size() > limit) {
       return Status::Error(
           kResourceExhausted,
-          "kreg: this call uses " + std::to_string(used.size()) +
+          "kreg: this call uses " + std::to_string(mapped.size()) +
               " distinct GPU allocations; kregd shares at most " +
               std::to_string(limit) + " per session");
     }
@@ -499,30 +571,30 @@ Status LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
     // XLA's work so far, then the handler, then XLA's later work.
     cc::Status cs = pair->RecordReady(call->stream);
     if (!cs.ok()) return FromCuda(cs);
+    Trace("  launch (attempt %d, %d shares, %zu fds)", attempt,
+          launch->shares_size(), raw_fds.size());
     s = conn->Call(req, resp, raw_fds.data(), static_cast<int>(raw_fds.size()));
     plan.fds.clear();  // closes our copies
     if (!conn->broken()) {
       cs = pair->WaitDone(call->stream);
       if (!cs.ok() && s.ok()) s = FromCuda(cs);
     }
+    Trace("  kregd answered: code %d %s%s", s.code, s.message.c_str(),
+          conn->broken() ? " (connection broken)" : "");
     if (s.ok()) {
       st->pending_release_.clear();
       st->events_.sent[call->uuid] = true;
       for (CudaConnState::Entry& e : plan.new_entries) st->Insert(std::move(e));
       for (const Buf& b : call->bufs) {
-        if (b.is_arg || !b.staged) continue;
-        bool aliased_copy = false;
-        for (const Buf& p : call->bufs) {
-          if (&p != &b && !p.is_arg && p.staged && p.data == b.data &&
-              &p < &b) {
-            aliased_copy = true;  // the same output twice: copy once
-          }
+        if (b.is_arg || !b.staged || !b.copy_out || b.bytes == 0) continue;
+        if (arena == nullptr || arena->buffer() == nullptr) {
+          return Status::Error(kInternal,
+                               "kreg: a staged result without a staging "
+                               "buffer");
         }
-        if (aliased_copy) continue;
         cu::CUresult r = d.cuMemcpyDtoDAsync(
             static_cast<cu::CUdeviceptr>(reinterpret_cast<uintptr_t>(b.data)),
-            st->staging_[call->uuid].buffer->data() + b.stage_offset, b.bytes,
-            call->stream);
+            arena->buffer()->data() + b.stage_offset, b.bytes, call->stream);
         if (r != cu::CUDA_SUCCESS) {
           return CuFailed(d, r, "copying a staged result back");
         }
@@ -625,9 +697,14 @@ Status ForwardCudaCall(Client* client, const std::string& target,
   launch->set_run_id(run_id);
 
   client->launches.fetch_add(1, std::memory_order_relaxed);
+  Trace("call \"%s\": %lld args, %lld rets, stream %p, device %d",
+        target.c_str(), static_cast<long long>(frame->args.size),
+        static_cast<long long>(frame->rets.size),
+        static_cast<void*>(call.stream), call.ordinal);
   s = client->WithConn(
       [&](Conn* conn) { return LaunchOnConn(conn, &call, &req, &resp); });
   if (!s.ok()) client->launch_errors.fetch_add(1, std::memory_order_relaxed);
+  Trace("done \"%s\": code %d %s", target.c_str(), s.code, s.message.c_str());
   return s;
 }
 

@@ -5,6 +5,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -86,12 +87,42 @@ XLA_FFI_Error* Forward(int index, XLA_FFI_CallFrame* call_frame) {
   Status s =
       ForwardCall(slot->client, slot->target, slot->platform, call_frame);
   if (s.ok()) return nullptr;
+  // An error must never read as OK, nor carry a code XLA does not know.
+  if (s.code <= kOk || s.code > 16) s.code = kInternal;
   return MakeError(api, s.code, s.message);
+}
+
+// XLA calls the handler through a C function pointer: nothing may unwind
+// out of it (that would std::terminate the JAX process). Every exception
+// becomes an XLA FFI error.
+XLA_FFI_Error* ForwardNoThrow(int index, XLA_FFI_CallFrame* call_frame) {
+  const XLA_FFI_Api* api = call_frame->api;
+  const char* what = nullptr;
+  try {
+    return Forward(index, call_frame);
+  } catch (const std::exception& e) {
+    try {
+      return MakeError(api, kInternal,
+                       std::string("kreg forwarding handler failed: C++ "
+                                   "exception: ") +
+                           e.what());
+    } catch (...) {
+      what = "kreg forwarding handler failed: C++ exception (out of memory?)";
+    }
+  } catch (...) {
+    what = "kreg forwarding handler failed: unknown C++ exception";
+  }
+  XLA_FFI_Error_Create_Args args;
+  memset(&args, 0, sizeof(args));
+  args.struct_size = XLA_FFI_Error_Create_Args_STRUCT_SIZE;
+  args.message = what;
+  args.errc = static_cast<XLA_FFI_Error_Code>(kInternal);
+  return api->XLA_FFI_Error_Create(&args);
 }
 
 template <int I>
 XLA_FFI_Error* Trampoline(XLA_FFI_CallFrame* call_frame) {
-  return Forward(I, call_frame);
+  return ForwardNoThrow(I, call_frame);
 }
 
 template <int... I>

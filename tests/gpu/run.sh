@@ -94,7 +94,12 @@ export KREGD_SOCKET=$sock
 
 # Each allocator needs its own JAX process: the whole suite once with the
 # default allocator, the forwarded suite again with platform and cuda_async.
-pytest_args=(-q -rfEs --tb=short -p no:cacheprovider
+# --capture=sys: Python-level output is still captured per test, but what C++
+# writes to fd 2 (XLA's CHECK failures, "terminate called after...", glibc's
+# abort messages, the shim's KREG_TRACE_CUDA lines) reaches this log even
+# when the process dies. faulthandler (pytest's default) adds the Python
+# stack on a fatal signal.
+pytest_args=(-q -rfEs --tb=short -p no:cacheprovider --capture=sys
   -o faulthandler_timeout=300)
 rc=0
 xmls=()
@@ -104,14 +109,26 @@ for alloc in default platform cuda_async; do
   [[ $alloc != default ]] && files=("$here/test_cuda_forwarded.py")
   xml="$work/gpu-$alloc.xml"
   xmls+=("$xml")
+  out="$work/pytest-$alloc.log"
+  # The shim traces every forwarded CUDA call (one line per step) to a file:
+  # its last lines say how far a call got when the process died.
+  trace="$work/trace-$alloc.log"
   if [[ $alloc == default ]]; then
-    env -u XLA_PYTHON_CLIENT_ALLOCATOR timeout -s TERM 1200 \
-      "$py" -m pytest "${pytest_args[@]}" --junitxml="$xml" "${files[@]}" "$@"
+    env -u XLA_PYTHON_CLIENT_ALLOCATOR KREG_TRACE_CUDA="$trace" \
+      timeout -s TERM 1200 "$py" -m pytest "${pytest_args[@]}" \
+      --junitxml="$xml" "${files[@]}" "$@" 2>&1 | tee "$out"
   else
-    XLA_PYTHON_CLIENT_ALLOCATOR=$alloc timeout -s TERM 900 \
-      "$py" -m pytest "${pytest_args[@]}" --junitxml="$xml" "${files[@]}" "$@"
+    XLA_PYTHON_CLIENT_ALLOCATOR=$alloc KREG_TRACE_CUDA="$trace" \
+      timeout -s TERM 900 "$py" -m pytest "${pytest_args[@]}" \
+      --junitxml="$xml" "${files[@]}" "$@" 2>&1 | tee "$out"
   fi
-  prc=$?
+  prc=${PIPESTATUS[0]}
+  if [[ $prc -ge 128 || ! -s $xml ]]; then
+    echo "-- pytest ($alloc) died (exit $prc): last 80 lines of its output:"
+    tail -n 80 "$out"
+    echo "-- last 40 lines of the shim's CUDA trace ($trace):"
+    tail -n 40 "$trace" 2>/dev/null || echo "(no trace)"
+  fi
   [[ $prc -eq 124 ]] && echo "pytest ($alloc) TIMED OUT"
   [[ $prc -ne 0 && $rc -eq 0 ]] && rc=$prc
   if [[ $prc -ne 0 ]]; then
