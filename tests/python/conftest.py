@@ -122,6 +122,18 @@ def kernels_root() -> str:
 
 
 @pytest.fixture
+def kregctl_path():
+  """kregctl next to the daemon binary under test, else the repo's; skips
+  when neither is built. (A fixture: `import conftest` is ambiguous when
+  several test directories run in one pytest process.)"""
+  for p in (daemon_binary().parents[1] / "client" / "kregctl",
+            REPO_ROOT / "bazel-bin" / "client" / "kregctl"):
+    if p.is_file():
+      return p
+  pytest.skip("kregctl not built (bazel build //client:kregctl)")
+
+
+@pytest.fixture
 def second_kregd():
   """Another kregd (own socket and state), for tests that need two daemons.
   A fixture rather than `import conftest`: with several test directories in

@@ -412,25 +412,13 @@ def test_ctypes_layouts_match_c_api():
   assert nc._Api.XLA_FFI_DeviceOrdinal_Get.offset == 48 + 17 * 8  # pylint: disable=protected-access
 
 
-def _kregctl():
-  """kregctl next to the daemon binary under test, else the repo's."""
-  import conftest  # pylint: disable=import-outside-toplevel
-  for p in (conftest.daemon_binary().parents[1] / "client" / "kregctl",
-            conftest.REPO_ROOT / "bazel-bin" / "client" / "kregctl"):
-    if p.is_file():
-      return p
-  return None
-
-
-def test_kregctl_lists_in_process_target(kreg_client, running_kregd):
-  kregctl = _kregctl()
-  if kregctl is None:
-    pytest.skip("kregctl not built (bazel build //client:kregctl)")
+def test_kregctl_lists_in_process_target(kreg_client, running_kregd,
+                                        kregctl_path):
   fn = nc._host_callable(scale_op, jax.ShapeDtypeStruct((6,), jnp.float32))  # pylint: disable=protected-access
   fn(jnp.ones(6, jnp.float32))
   [name] = [n for n in nc.registered_targets()
             if ".scale_op." in n and n.startswith("kreg.pyhost.")]
-  out = subprocess.run([str(kregctl), "--socket", running_kregd.socket,
+  out = subprocess.run([str(kregctl_path), "--socket", running_kregd.socket,
                         "list", "--json"], capture_output=True, text=True,
                        timeout=60)
   assert out.returncode == 0, out.stderr
