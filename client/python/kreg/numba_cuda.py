@@ -694,7 +694,18 @@ class _HostBackend:
          *[self._array(b) for b in call.rets], None)
 
 
+def _numpy_compat_for_numba_cuda():
+  """numba-cuda releases of 2025/26 register an overload for np.row_stack
+  while compiling their first kernel; NumPy 2.4 removed that deprecated
+  alias of np.vstack, so every cuda.jit compilation fails with "module
+  'numpy' has no attribute 'row_stack'" (seen on our H200 machine). Restore
+  the alias, which NumPy itself defined as np.vstack, when it is missing."""
+  if not hasattr(np, "row_stack"):
+    np.row_stack = np.vstack
+
+
 def _import_numba_cuda():
+  _numpy_compat_for_numba_cuda()
   try:
     from numba import cuda  # pylint: disable=import-outside-toplevel
   except ImportError as e:
