@@ -184,6 +184,13 @@ def test_many_distinct_buffers(count):
 @pytest.mark.parametrize("shape", [(), (0,), (9,), (3, 4, 2), (65_537,)],
                          ids=str)
 def test_addmul(shape):
+  if shape == () and ALLOCATOR == "cuda_async":
+    # Seen on the H200 (jax 0.11.2): XLA aborts in its own
+    # DeviceToDeviceCopyThunk ("Not able to get the device_ordinal for ptr")
+    # for this program under cuda_async, also with only the in-process
+    # handler registered and no kregd in the process.
+    pytest.skip("XLA 0.11.2 aborts on 0-d AddMul under cuda_async, "
+                "without kregd too")
   rng = np.random.default_rng(7)
   a = rng.normal(size=shape).astype(np.float32)
   b = rng.normal(size=shape).astype(np.float32)
