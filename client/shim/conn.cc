@@ -97,6 +97,7 @@ Status Conn::Open(const std::string& path, std::unique_ptr<Conn>* out) {
   conn->cuda_device_uuids_.assign(resp.hello().cuda_device_uuids().begin(),
                                   resp.hello().cuda_device_uuids().end());
   conn->cuda_status_ = resp.hello().cuda_status();
+  conn->cuda_doorbell_ = resp.hello().cuda_doorbell();
   *out = std::move(conn);
   return Status::Ok();
 }

@@ -53,6 +53,8 @@ class Conn {
     return cuda_device_uuids_;
   }
   const std::string& cuda_status() const { return cuda_status_; }
+  // kregd accepts the stream-memop doorbell (HelloReply.cuda_doorbell).
+  bool cuda_doorbell() const { return cuda_doorbell_; }
 
   // The session's CUDA state (cuda_forward.cc), created on its first CUDA
   // call; owned by the Conn.
@@ -76,6 +78,7 @@ class Conn {
   uint32_t max_cuda_mappings_ = 0;
   std::vector<std::string> cuda_device_uuids_;
   std::string cuda_status_;
+  bool cuda_doorbell_ = false;
   char* arena_ = nullptr;
   uint64_t arena_size_ = 0;
   std::string out_buf_;

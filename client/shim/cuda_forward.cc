@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "client/cuda/cuda_export.h"
+#include "client/cuda/doorbell.h"
 #include "client/cuda/ipc_events.h"
 #include "client/cuda/staging_buffer.h"
 #include "client/shim/conn.h"
@@ -67,6 +68,14 @@ __attribute__((format(printf, 1, 2))) void Trace(const char* fmt, ...) {
 }
 
 bool Tracing() { return TraceFile() != nullptr; }
+
+// KREG_CUDA_DOORBELL=1: order launches by the stream-memop doorbell instead
+// of interprocess events (DESIGN §3), where kregd and the device support it.
+// Read when a session makes its first CUDA call.
+bool WantDoorbell() {
+  const char* v = getenv("KREG_CUDA_DOORBELL");
+  return v != nullptr && *v != 0 && strcmp(v, "0") != 0;
+}
 
 Status CuFailed(const cu::CudaDriver& d, cu::CUresult r,
                 const std::string& what) {
@@ -151,7 +160,8 @@ struct Buf {
 
 class CudaConnState {
  public:
-  explicit CudaConnState(const cu::CudaDriver* d) : d_(d), pid_(::getpid()) {}
+  explicit CudaConnState(const cu::CudaDriver* d)
+      : d_(d), pid_(::getpid()), want_doorbell_(WantDoorbell()) {}
 
   ~CudaConnState() {
     if (::getpid() != pid_) {
@@ -159,8 +169,13 @@ class CudaConnState {
       new std::map<Key, Entry>(std::move(entries_));
       for (auto& p : events_.pairs) (void)p.second.release();
       for (auto& a : arenas_) a.second->Leak();
+      for (auto& b : bells_) {
+        if (b.second.bell != nullptr) b.second.bell->Leak();
+      }
       return;
     }
+    // Each doorbell waits for the last launch's use of it.
+    bells_.clear();
     // Each arena waits for the work queued on XLA's streams that may still
     // use its buffers before freeing them.
     arenas_.clear();
@@ -178,8 +193,17 @@ class CudaConnState {
     std::map<std::string, bool> sent;
   };
 
+  // The doorbell of one device: set up with kregd on the first launch,
+  // or `failed` (then events are used, with a trace line).
+  struct Bell {
+    std::unique_ptr<cc::Doorbell> bell;
+    bool failed = false;
+  };
+
   const cu::CudaDriver* d_;
   const pid_t pid_;
+  const bool want_doorbell_;
+  std::map<std::string, Bell> bells_;  // by device uuid
   std::map<Key, Entry> entries_;
   std::list<Key> lru_;  // front: most recent
   std::vector<cc::AllocationId> pending_release_;
@@ -360,6 +384,59 @@ struct Call {
   std::vector<Buf> bufs;
 };
 
+// The session's doorbell for the call's device, set up with kregd on first
+// use; null when not wanted, not offered by kregd or unsupported (events are
+// used then). Errors only for a broken connection.
+Status DoorbellFor(Conn* conn, CudaConnState* st, const Call& call,
+                   cc::Doorbell** out) {
+  *out = nullptr;
+  if (!st->want_doorbell_) return Status::Ok();
+  CudaConnState::Bell& b = st->bells_[call.uuid];
+  if (b.bell != nullptr) {
+    *out = b.bell.get();
+    return Status::Ok();
+  }
+  if (b.failed) return Status::Ok();
+  b.failed = true;  // until set up
+  if (!conn->cuda_doorbell()) {
+    Trace("  doorbell: kregd does not offer it; using interprocess events");
+    return Status::Ok();
+  }
+  std::unique_ptr<cc::Doorbell> bell;
+  cc::Status cs = cc::Doorbell::Create(call.d, call.ordinal, call.ctx, &bell);
+  UniqueFd fd;
+  if (cs.ok()) cs = bell->Export(&fd);
+  if (!cs.ok()) {
+    Trace("  doorbell unavailable (%s); using interprocess events",
+          cs.message.c_str());
+    return Status::Ok();
+  }
+  v1::SessionRequest req;
+  v1::CudaDoorbellSetup* setup = req.mutable_cuda_doorbell();
+  setup->set_device_uuid(call.uuid);
+  setup->set_size(bell->size());
+  setup->set_ready_offset(cc::Doorbell::kReadyOffset);
+  setup->set_done_offset(cc::Doorbell::kDoneOffset);
+  v1::SessionResponse resp;
+  const int raw = fd.get();
+  Status s = conn->Call(&req, &resp, &raw, 1);
+  fd.reset();
+  if (!s.ok()) {
+    Trace(
+        "  kregd refused the doorbell (code %d: %s); using interprocess "
+        "events",
+        s.code, s.message.c_str());
+    return conn->broken() ? s : Status::Ok();
+  }
+  Trace("  doorbell set up: %llu bytes at 0x%llx",
+        static_cast<unsigned long long>(bell->size()),
+        static_cast<unsigned long long>(bell->ready()));
+  b.failed = false;
+  b.bell = std::move(bell);
+  *out = b.bell.get();
+  return Status::Ok();
+}
+
 Status LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
                     v1::SessionResponse* resp) {
   const cu::CudaDriver& d = *call->d;
@@ -380,7 +457,9 @@ Status LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
       if (!rs.ok()) Trace("  staging release failed: %s", rs.message.c_str());
     }
   } release_staging;
-  Status s;
+  cc::Doorbell* bell = nullptr;
+  Status s = DoorbellFor(conn, st, *call, &bell);
+  if (!s.ok()) return s;
   for (int attempt = 0; attempt < 2; ++attempt) {
     Plan plan;
     std::vector<Key> used;
@@ -389,6 +468,7 @@ Status LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
     launch->clear_shares();
     launch->clear_events();
     launch->clear_release();
+    launch->clear_doorbell_seq();
 
     // Allocations: cached, shared now, or staged.
     for (Buf& b : call->bufs) {
@@ -525,21 +605,25 @@ Status LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
     for (const cc::AllocationId& id : st->pending_release_) {
       FillRef(id, launch->add_release());
     }
-    // Events: created once per session and device, sent until a launch
-    // succeeded with them.
-    std::unique_ptr<cc::IpcEventPair>& pair = st->events_.pairs[call->uuid];
-    if (pair == nullptr) {
-      cc::Status cs = cc::IpcEventPair::Create(call->d, call->ctx, &pair);
-      if (!cs.ok()) return FromCuda(cs);
-      st->events_.sent[call->uuid] = false;
-    }
-    if (!st->events_.sent[call->uuid]) {
-      v1::CudaEvents* ev = launch->mutable_events();
-      ev->set_device_uuid(call->uuid);
-      ev->set_ready(pair->ready_handle().reserved,
-                    sizeof(pair->ready_handle().reserved));
-      ev->set_done(pair->done_handle().reserved,
-                   sizeof(pair->done_handle().reserved));
+    // Events (unless the doorbell orders launches): created once per
+    // session and device, sent until a launch succeeded with them.
+    cc::IpcEventPair* pair = nullptr;
+    if (bell == nullptr) {
+      std::unique_ptr<cc::IpcEventPair>& p = st->events_.pairs[call->uuid];
+      if (p == nullptr) {
+        cc::Status cs = cc::IpcEventPair::Create(call->d, call->ctx, &p);
+        if (!cs.ok()) return FromCuda(cs);
+        st->events_.sent[call->uuid] = false;
+      }
+      pair = p.get();
+      if (!st->events_.sent[call->uuid]) {
+        v1::CudaEvents* ev = launch->mutable_events();
+        ev->set_device_uuid(call->uuid);
+        ev->set_ready(pair->ready_handle().reserved,
+                      sizeof(pair->ready_handle().reserved));
+        ev->set_done(pair->done_handle().reserved,
+                     sizeof(pair->done_handle().reserved));
+      }
     }
     // Shares: inline when their fds fit one frame, else ahead in chunks.
     std::vector<int> raw_fds;
@@ -569,13 +653,38 @@ Status LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
       raw_fds.clear();
     }
     // XLA's work so far, then the handler, then XLA's later work.
-    cc::Status cs = pair->RecordReady(call->stream);
-    if (!cs.ok()) return FromCuda(cs);
-    Trace("  launch (attempt %d, %d shares, %zu fds)", attempt,
-          launch->shares_size(), raw_fds.size());
+    uint64_t seq = 0;
+    cc::Status cs;
+    if (bell != nullptr) {
+      // The doorbell: kregd's stream waits for ready >= seq, runs the
+      // handler and writes done := seq; XLA's stream waits for done >= seq
+      // once kregd said it enqueued that write. The reply comes before the
+      // next launch, so at most one wait per direction is pending.
+      seq = bell->NextSeq();
+      launch->set_doorbell_seq(seq);
+      cs = bell->Ring(call->stream, seq);
+      if (!cs.ok()) {
+        (void)bell->Finish(call->stream);
+        return FromCuda(cs);
+      }
+    } else {
+      cs = pair->RecordReady(call->stream);
+      if (!cs.ok()) return FromCuda(cs);
+    }
+    Trace("  launch (attempt %d, %d shares, %zu fds, doorbell seq %llu)",
+          attempt, launch->shares_size(), raw_fds.size(),
+          static_cast<unsigned long long>(seq));
     s = conn->Call(req, resp, raw_fds.data(), static_cast<int>(raw_fds.size()));
     plan.fds.clear();  // closes our copies
-    if (!conn->broken()) {
+    if (bell != nullptr) {
+      if (!conn->broken() && resp->has_launch() &&
+          resp->launch().doorbell_signalled()) {
+        cs = bell->AwaitDone(call->stream, seq);
+        if (!cs.ok() && s.ok()) s = FromCuda(cs);
+      }
+      cs = bell->Finish(call->stream);
+      if (!cs.ok() && s.ok()) s = FromCuda(cs);
+    } else if (!conn->broken()) {
       cs = pair->WaitDone(call->stream);
       if (!cs.ok() && s.ok()) s = FromCuda(cs);
     }
@@ -583,7 +692,7 @@ Status LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
           conn->broken() ? " (connection broken)" : "");
     if (s.ok()) {
       st->pending_release_.clear();
-      st->events_.sent[call->uuid] = true;
+      if (bell == nullptr) st->events_.sent[call->uuid] = true;
       for (CudaConnState::Entry& e : plan.new_entries) st->Insert(std::move(e));
       for (const Buf& b : call->bufs) {
         if (b.is_arg || !b.staged || !b.copy_out || b.bytes == 0) continue;

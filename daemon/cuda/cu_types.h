@@ -122,6 +122,13 @@ inline constexpr CUdevice_attribute
     CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED = 103;
 inline constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED =
     115;
+// cuStreamWaitValue64/cuStreamWriteValue64 (the v2 memops; CUDA 12+).
+inline constexpr CUdevice_attribute
+    CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS = 122;
+
+// Stream memory operations (CUstreamWaitValue_flags, CUstreamWriteValue_flags).
+inline constexpr unsigned int CU_STREAM_WAIT_VALUE_GEQ = 0x0;
+inline constexpr unsigned int CU_STREAM_WRITE_VALUE_DEFAULT = 0x0;
 
 struct CUmemLocation {
   CUmemLocationType type;

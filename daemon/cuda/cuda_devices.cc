@@ -121,6 +121,8 @@ std::unique_ptr<CudaDevices> CudaDevices::Open(const cu::CudaDriver* driver,
         0;
     info.memory_pools =
         attr(cu::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED) != 0;
+    info.memops64 =
+        attr(cu::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS) != 0;
     cu::CUcontext ctx = nullptr;
     if (broken.empty()) {
       r = driver->cuDevicePrimaryCtxRetain(&ctx, info.device);

@@ -38,6 +38,7 @@ struct CudaDeviceInfo {
   bool vmm = false;           // cuMemCreate/cuMemMap family supported
   bool posix_fd = false;      // VMM handles exportable as POSIX fds
   bool memory_pools = false;  // cuMemAllocAsync supported
+  bool memops64 = false;      // cuStreamWaitValue64/WriteValue64 (the doorbell)
 };
 
 // Owns the retained primary context of every visible device; releases them in

@@ -42,6 +42,8 @@ bool Resolve(void* lib, CudaDriver* d, const char* path, std::string* error) {
       KREG_CU_ENTRY(cuStreamSynchronize, "cuStreamSynchronize"),
       KREG_CU_ENTRY(cuStreamWaitEvent, "cuStreamWaitEvent"),
       KREG_CU_ENTRY(cuStreamGetCtx, "cuStreamGetCtx"),
+      KREG_CU_ENTRY(cuStreamWaitValue64, "cuStreamWaitValue64_v2"),
+      KREG_CU_ENTRY(cuStreamWriteValue64, "cuStreamWriteValue64_v2"),
       KREG_CU_ENTRY(cuEventCreate, "cuEventCreate"),
       KREG_CU_ENTRY(cuEventDestroy, "cuEventDestroy_v2"),
       KREG_CU_ENTRY(cuEventRecord, "cuEventRecord"),

@@ -42,6 +42,11 @@ struct CudaDriver {
   CUresult (*cuStreamSynchronize)(CUstream);
   CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned int);
   CUresult (*cuStreamGetCtx)(CUstream, CUcontext*);
+  // Stream memory operations (the doorbell, DESIGN §3).
+  CUresult (*cuStreamWaitValue64)(CUstream, CUdeviceptr, uint64_t,
+                                  unsigned int);
+  CUresult (*cuStreamWriteValue64)(CUstream, CUdeviceptr, uint64_t,
+                                   unsigned int);
   CUresult (*cuEventCreate)(CUevent*, unsigned int);
   CUresult (*cuEventDestroy)(CUevent);
   CUresult (*cuEventRecord)(CUevent, CUstream);

@@ -3,6 +3,7 @@
 #ifndef KREGD_DAEMON_CUDA_CUDA_SESSION_H_
 #define KREGD_DAEMON_CUDA_CUDA_SESSION_H_
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -23,6 +24,9 @@ namespace kreg {
 
 struct CudaSessionOptions {
   CudaMappingCacheOptions cache;
+  // Session close: how long a doorbell wait still queued may take before
+  // kregd releases it itself (CloseDoorbells).
+  std::chrono::milliseconds doorbell_grace{5000};
 };
 
 // Owns one session's streams (one per device), shared mappings, the client's
@@ -53,6 +57,19 @@ class CudaSession {
                          const cu::CUipcEventHandle& ready,
                          const cu::CUipcEventHandle& done);
 
+  // Maps the client's doorbell of device `device_uuid` (session.proto's
+  // CudaDoorbellSetup): a VMM allocation of `size` bytes from `fd` with two
+  // 64-bit words at `ready_offset` and `done_offset`. Zeroes both words on
+  // the session stream and waits for that (setup only, never per launch),
+  // so no stale value can satisfy a later wait. FAILED_PRECONDITION: the
+  // device has no 64-bit stream memops; ALREADY_EXISTS: this session has a
+  // doorbell for the device; INVALID_ARGUMENT: bad offsets; VmmImport's and
+  // CudaDevices' errors otherwise.
+  absl::Status SetDoorbell(absl::string_view device_uuid, UniqueFd fd,
+                           uint64_t size, uint64_t ready_offset,
+                           uint64_t done_offset);
+  bool HasDoorbell(int ordinal);
+
   // Resolves a buffer of a shared allocation (CudaMappingCache::Resolve).
   absl::StatusOr<CudaMappingCache::Resolved> Resolve(const CudaMappingKey& key,
                                                      uint64_t offset,
@@ -66,8 +83,19 @@ class CudaSession {
   // Returns run's error verbatim, else the first CUDA error (a sticky one
   // marks the device broken). `done` is recorded even if `run` failed, so
   // the client can always wait for it.
+  //
+  // With `doorbell_seq` > 0 the device's doorbell (SetDoorbell;
+  // FAILED_PRECONDITION without one) replaces the events: the stream waits
+  // for ready >= doorbell_seq (cuStreamWaitValue64, GEQ) before `run` and
+  // writes done := doorbell_seq after it, also when `run` failed.
+  // *signalled (if given) says whether that write was enqueued: the client
+  // may wait for it only then. Each launch adds at most one pending wait to
+  // the stream, and the client waits for the reply before its next launch,
+  // so the queue depth per session stream stays at one (DESIGN §3: deep
+  // queues of waits deadlocked in a probe).
   absl::Status Launch(
-      int ordinal, const std::function<absl::Status(const CallOptions&)>& run);
+      int ordinal, const std::function<absl::Status(const CallOptions&)>& run,
+      uint64_t doorbell_seq = 0, bool* signalled = nullptr);
 
   CudaMappingCache& mappings() { return cache_; }
   SessionStreams& streams() { return streams_; }
@@ -77,11 +105,23 @@ class CudaSession {
     std::unique_ptr<IpcEventOpen> ready;
     std::unique_ptr<IpcEventOpen> done;
   };
+  struct Doorbell {
+    std::unique_ptr<VmmImport> mapping;
+    cu::CUdeviceptr ready = 0;  // kregd's addresses of the two words
+    cu::CUdeviceptr done = 0;
+  };
+
+  // Session close: lets every doorbell wait still queued on a session stream
+  // finish (the client's ready write may never come if it died: after a
+  // grace period kregd writes ready := UINT64_MAX itself from a private
+  // stream), then unmaps the doorbells.
+  void CloseDoorbells();
 
   // The allocator for `ordinal` on `stream`, created on first use.
   StreamOrderedAllocator* AllocatorFor(int ordinal, cu::CUstream stream);
 
   CudaDevices* const devices_;
+  const std::chrono::milliseconds doorbell_grace_;
   // Declaration order is destruction order, reversed: events and
   // allocators go first, then the mappings (which wait on fences recorded
   // on the streams), then the streams.
@@ -91,6 +131,7 @@ class CudaSession {
   std::map<int, std::unique_ptr<StreamOrderedAllocator>> allocators_
       ABSL_GUARDED_BY(mu_);
   std::map<int, std::shared_ptr<EventPair>> events_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::shared_ptr<Doorbell>> doorbells_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kreg

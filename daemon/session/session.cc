@@ -143,11 +143,12 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
   absl::Status status;
   if (!fds.empty() && request.body_case() != v1::SessionRequest::kArenaGrow &&
       request.body_case() != v1::SessionRequest::kLaunch &&
-      request.body_case() != v1::SessionRequest::kCudaShare) {
-    status = absl::InvalidArgumentError(
-        absl::StrCat(fds.size(),
-                     " unexpected file descriptor(s) attached to a request "
-                     "other than ArenaGrow, Launch or CudaShare"));
+      request.body_case() != v1::SessionRequest::kCudaShare &&
+      request.body_case() != v1::SessionRequest::kCudaDoorbell) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        fds.size(),
+        " unexpected file descriptor(s) attached to a request "
+        "other than ArenaGrow, Launch, CudaShare or CudaDoorbellSetup"));
   } else if (request.body_case() == v1::SessionRequest::kHello) {
     status = DoHello(request.hello(), resp.mutable_hello());
   } else if (!hello_done_) {
@@ -175,7 +176,8 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
       case v1::SessionRequest::kLaunch: {
         v1::LaunchReply reply;
         status = DoLaunch(request.launch(), std::move(fds), &reply);
-        if (status.ok() || reply.cuda_mapping_missing()) {
+        if (status.ok() || reply.cuda_mapping_missing() ||
+            reply.doorbell_signalled()) {
           *resp.mutable_launch() = reply;
         }
         break;
@@ -194,6 +196,10 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
         if (status.ok()) resp.mutable_cuda_share();
         break;
       }
+      case v1::SessionRequest::kCudaDoorbell:
+        status = DoCudaDoorbell(request.cuda_doorbell(), std::move(fds));
+        if (status.ok()) resp.mutable_cuda_doorbell();
+        break;
       default:
         status = absl::InvalidArgumentError(
             absl::StrCat("unknown session request kind ",
@@ -233,6 +239,7 @@ absl::Status Session::DoHello(const v1::Hello& hello, v1::HelloReply* reply) {
       const cu::CUuuid& u = cuda_devices_->info(i).uuid;
       reply->add_cuda_device_uuids(std::string(u.bytes, sizeof(u.bytes)));
     }
+    reply->set_cuda_doorbell(cuda_devices_->count() > 0);
     if (!cuda_devices_->status().ok()) {
       reply->set_cuda_status(std::string(cuda_devices_->status().message()));
     }
@@ -288,6 +295,31 @@ absl::Status Session::DoLaunch(const v1::Launch& launch,
     counters_->launch_errors.fetch_add(1, std::memory_order_relaxed);
   }
   return status;
+}
+
+absl::Status Session::DoCudaDoorbell(const v1::CudaDoorbellSetup& setup,
+                                     std::vector<UniqueFd> fds) {
+  CudaSession* cuda = Cuda();
+  if (cuda == nullptr) {
+    return absl::UnimplementedError(
+        "this kregd serves no CUDA device; no doorbell to set up");
+  }
+  if (fds.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CudaDoorbellSetup needs exactly one VMM fd attached, got ",
+        fds.size()));
+  }
+  absl::Status s =
+      cuda->SetDoorbell(setup.device_uuid(), std::move(fds[0]), setup.size(),
+                        setup.ready_offset(), setup.done_offset());
+  if (!s.ok()) {
+    return absl::Status(
+        s.code(),
+        absl::StrCat("setting up the CUDA doorbell failed: ", s.message()));
+  }
+  spdlog::info("session {}: CUDA doorbell set up for {}", id_,
+               UuidText(setup.device_uuid()));
+  return absl::OkStatus();
 }
 
 absl::Status Session::ShareCuda(
@@ -427,9 +459,15 @@ absl::Status Session::DoCudaLaunch(const v1::Launch& launch,
   absl::StatusOr<void*> handler = LookupHandler(decoded->key);
   if (!handler.ok()) return handler.status();
   decoded->frame.device_ordinal = *ordinal;
-  return cuda->Launch(*ordinal, [&](const CallOptions& options) {
-    return backend_->ExecuteWith(*handler, decoded->frame, options);
-  });
+  bool signalled = false;
+  absl::Status result = cuda->Launch(
+      *ordinal,
+      [&](const CallOptions& options) {
+        return backend_->ExecuteWith(*handler, decoded->frame, options);
+      },
+      launch.doorbell_seq(), &signalled);
+  reply->set_doorbell_signalled(signalled);
+  return result;
 }
 
 }  // namespace kreg

@@ -26,7 +26,7 @@ class CudaSession;
 // Session protocol version (kreg.v1 session.proto). A different major is
 // refused at Hello.
 constexpr uint32_t kSessionProtocolMajor = 1;
-constexpr uint32_t kSessionProtocolMinor = 1;  // 1: CUDA
+constexpr uint32_t kSessionProtocolMinor = 2;  // 1: CUDA; 2: doorbell
 
 // What a session needs from the rest of the daemon. Implemented over
 // Registrar/Registry/FfiHost by SessionServer, faked in tests. Thread-safe:
@@ -104,6 +104,8 @@ class Session {
   // The CUDA part of a launch (platform cuda).
   absl::Status DoCudaLaunch(const v1::Launch& launch, std::vector<UniqueFd> fds,
                             v1::LaunchReply* reply);
+  absl::Status DoCudaDoorbell(const v1::CudaDoorbellSetup& setup,
+                              std::vector<UniqueFd> fds);
   // Imports `shares`, taking their fds from `fds` in order.
   absl::Status ShareCuda(
       const google::protobuf::RepeatedPtrField<v1::CudaShare>& shares,

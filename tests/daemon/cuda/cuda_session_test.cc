@@ -4,7 +4,10 @@
 
 #include <fcntl.h>
 
+#include <chrono>
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "catch2/catch.hpp"
@@ -287,6 +290,201 @@ TEST_CASE("Closing a session releases all it held", "[cuda_session]") {
   CHECK(fake.live_streams == 0);
   CHECK(fake.live_pool_allocs == 0);
   CHECK(FakeCuda::PushedDepth() == 0);
+}
+
+// --- The doorbell (stream memops) -----------------------------------------
+
+constexpr uint64_t kReadyOff = 0;
+constexpr uint64_t kDoneOff = 128;
+
+// Session close does not wait for the fake GPU, which never runs the waits.
+CudaSessionOptions NoGrace() {
+  CudaSessionOptions o;
+  o.doorbell_grace = std::chrono::milliseconds(0);
+  return o;
+}
+
+absl::Status SetBell(FakeCuda& fake, CudaSession& session,
+                     unsigned char uuid = 0xa0) {
+  return session.SetDoorbell(FakeCuda::Uuid(uuid),
+                             UniqueFd(fake.ExportAllocation(2 * kMiB)),
+                             2 * kMiB, kReadyOff, kDoneOff);
+}
+
+TEST_CASE("Setting up a doorbell maps it and zeroes both words first",
+          "[cuda_session][doorbell]") {
+  FakeCuda fake;
+  auto devices = CudaDevices::Open(fake.driver(), "");
+  CudaSession session(devices.get(), NoGrace());
+  REQUIRE(SetBell(fake, session).ok());
+  CHECK(session.HasDoorbell(0));
+  CHECK(fake.live_maps == 1);
+  REQUIRE(fake.memops.size() == 2);
+  const uint64_t base = fake.maps_.begin()->first;
+  CHECK(fake.memops[0].write);
+  CHECK(fake.memops[0].addr == base + kReadyOff);
+  CHECK(fake.memops[0].value == 0);
+  CHECK(fake.memops[1].addr == base + kDoneOff);
+  CHECK(fake.memops[1].value == 0);
+  CHECK(fake.stream_syncs == 1);  // setup waits for the zeroes, once
+  // A second setup for the device is refused.
+  CHECK(SetBell(fake, session).code() == absl::StatusCode::kAlreadyExists);
+}
+
+TEST_CASE("A doorbell launch waits for ready, runs, then writes done",
+          "[cuda_session][doorbell]") {
+  FakeCuda fake;
+  auto devices = CudaDevices::Open(fake.driver(), "");
+  CudaSession session(devices.get(), NoGrace());
+  const cu::CUipcEventHandle ready = fake.IpcEvent();  // "event0"
+  const cu::CUipcEventHandle done = fake.IpcEvent();   // "event1"
+  REQUIRE(session.SetEvents(FakeCuda::Uuid(0xa0), ready, done).ok());
+  REQUIRE(SetBell(fake, session).ok());
+  const uint64_t base = fake.maps_.begin()->first;
+  const int syncs = fake.stream_syncs;
+  for (uint64_t seq = 1; seq <= 3; ++seq) {
+    fake.memops.clear();
+    size_t memops_at_handler = 99;
+    void* stream = nullptr;
+    bool signalled = false;
+    absl::Status s = session.Launch(
+        0,
+        [&](const CallOptions& o) {
+          memops_at_handler = fake.memops.size();
+          stream = o.stream;
+          return absl::OkStatus();
+        },
+        seq, &signalled);
+    REQUIRE(s.ok());
+    CHECK(signalled);
+    REQUIRE(fake.memops.size() == 2);
+    CHECK(memops_at_handler == 1);  // the wait came before the handler
+    CHECK_FALSE(fake.memops[0].write);
+    CHECK(fake.memops[0].stream == stream);
+    CHECK(fake.memops[0].addr == base + kReadyOff);
+    CHECK(fake.memops[0].value == seq);
+    CHECK(fake.memops[1].write);
+    CHECK(fake.memops[1].stream == stream);
+    CHECK(fake.memops[1].addr == base + kDoneOff);
+    CHECK(fake.memops[1].value == seq);
+  }
+  // The doorbell replaces the events, and nothing synchronises.
+  CHECK(fake.event_log.empty());
+  CHECK(fake.stream_syncs == syncs);
+  // A launch without a sequence number still uses the events.
+  REQUIRE(session.Launch(0, [](const CallOptions&) { return absl::OkStatus(); })
+              .ok());
+  CHECK(fake.event_log ==
+        std::vector<std::string>{"wait event0", "record event1"});
+}
+
+TEST_CASE("A failing doorbell handler still writes done", "[cuda_session]") {
+  FakeCuda fake;
+  auto devices = CudaDevices::Open(fake.driver(), "");
+  CudaSession session(devices.get(), NoGrace());
+  REQUIRE(SetBell(fake, session).ok());
+  fake.memops.clear();
+  bool signalled = false;
+  absl::Status s = session.Launch(
+      0, [](const CallOptions&) { return absl::InternalError("no"); }, 7,
+      &signalled);
+  CHECK(s == absl::InternalError("no"));
+  CHECK(signalled);
+  REQUIRE(fake.memops.size() == 2);
+  CHECK(fake.memops[1].write);
+  CHECK(fake.memops[1].value == 7);
+}
+
+TEST_CASE("Doorbell errors: no doorbell, no memops, bad offsets, failed wait",
+          "[cuda_session][doorbell]") {
+  FakeCuda fake;
+  fake.devices.push_back(FakeCuda::Device{FakeCuda::Uuid(0xb0)});
+  fake.devices.back().memops64 = false;
+  auto devices = CudaDevices::Open(fake.driver(), "");
+  CudaSession session(devices.get(), NoGrace());
+  bool ran = false;
+  bool signalled = true;
+  auto run = [&](const CallOptions&) {
+    ran = true;
+    return absl::OkStatus();
+  };
+  absl::Status s = session.Launch(0, run, 1, &signalled);
+  CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(Contains(s, "set up no doorbell"));
+  CHECK_FALSE(ran);
+  CHECK_FALSE(signalled);
+
+  s = SetBell(fake, session, 0xb0);
+  CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(Contains(s, "64-bit stream memory operations"));
+  CHECK(fake.live_maps == 0);
+
+  for (auto [r, d] : {std::pair<uint64_t, uint64_t>{0, 4},
+                      {4, 64},
+                      {0, 2 * kMiB},
+                      {0, 2 * kMiB - 4}}) {
+    s = session.SetDoorbell(FakeCuda::Uuid(0xa0),
+                            UniqueFd(fake.ExportAllocation(2 * kMiB)), 2 * kMiB,
+                            r, d);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  }
+  CHECK(fake.live_maps == 0);
+  CHECK(SetBell(fake, session, 0x77).code() == absl::StatusCode::kNotFound);
+
+  REQUIRE(SetBell(fake, session).ok());
+  fake.FailNext("cuStreamWaitValue64", cu::CUDA_ERROR_INVALID_VALUE);
+  s = session.Launch(0, run, 2, &signalled);
+  CHECK_FALSE(s.ok());
+  CHECK_FALSE(ran);
+  CHECK_FALSE(signalled);  // the client must not wait for done
+}
+
+TEST_CASE("Closing a session releases the doorbell mapping",
+          "[cuda_session][doorbell]") {
+  FakeCuda fake;
+  auto devices = CudaDevices::Open(fake.driver(), "");
+  {
+    CudaSession session(devices.get(), NoGrace());
+    REQUIRE(SetBell(fake, session).ok());
+    REQUIRE(session
+                .Launch(
+                    0, [](const CallOptions&) { return absl::OkStatus(); }, 1)
+                .ok());
+    fake.CompleteAll();  // the client rang: the wait passed
+    fake.memops.clear();
+  }
+  CHECK(fake.memops.empty());  // nothing had to be released by force
+  CHECK(fake.live_maps == 0);
+  CHECK(fake.live_reservations == 0);
+  CHECK(fake.live_handles == 0);
+  CHECK(fake.live_streams == 0);
+  CHECK(fake.live_events == 0);
+  CHECK(FakeCuda::PushedDepth() == 0);
+}
+
+TEST_CASE("Session close releases a doorbell wait the client never rang",
+          "[cuda_session][doorbell]") {
+  FakeCuda fake;
+  auto devices = CudaDevices::Open(fake.driver(), "");
+  uint64_t ready = 0;
+  {
+    CudaSessionOptions options;
+    options.doorbell_grace = std::chrono::milliseconds(0);
+    CudaSession session(devices.get(), options);
+    REQUIRE(SetBell(fake, session).ok());
+    ready = fake.maps_.begin()->first + kReadyOff;
+    REQUIRE(session
+                .Launch(
+                    0, [](const CallOptions&) { return absl::OkStatus(); }, 1)
+                .ok());
+    fake.memops.clear();  // the GPU has not passed the wait
+  }
+  REQUIRE(fake.memops.size() == 1);
+  CHECK(fake.memops[0].write);
+  CHECK(fake.memops[0].addr == ready);
+  CHECK(fake.memops[0].value == UINT64_MAX);
+  CHECK(fake.live_maps == 0);
+  CHECK(fake.live_streams == 0);
 }
 
 }  // namespace

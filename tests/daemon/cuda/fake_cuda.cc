@@ -138,6 +138,9 @@ CUresult DeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice d) {
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
       *v = dev.memory_pools;
       break;
+    case CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS:
+      *v = dev.memops64;
+      break;
     default:
       *v = 0;
   }
@@ -214,6 +217,29 @@ CUresult StreamWaitEvent(CUstream, CUevent e, unsigned int) {
 CUresult StreamGetCtx(CUstream, CUcontext* ctx) {
   FAKE_ENTER("cuStreamGetCtx");
   *ctx = ContextOf(0);
+  return CUDA_SUCCESS;
+}
+CUresult StreamWaitValue64(CUstream s, CUdeviceptr addr, uint64_t value,
+                           unsigned int flags) {
+  FAKE_ENTER("cuStreamWaitValue64");
+  if (!HasContext()) return CUDA_ERROR_INVALID_CONTEXT;
+  if (flags != CU_STREAM_WAIT_VALUE_GEQ || addr % 8 != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  f.memops.push_back(FakeCuda::MemOp{false, s, addr, value});
+  ++f.enqueued_;
+  return CUDA_SUCCESS;
+}
+CUresult StreamWriteValue64(CUstream s, CUdeviceptr addr, uint64_t value,
+                            unsigned int flags) {
+  FAKE_ENTER("cuStreamWriteValue64");
+  if (!HasContext()) return CUDA_ERROR_INVALID_CONTEXT;
+  if (flags != CU_STREAM_WRITE_VALUE_DEFAULT || addr % 8 != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  f.memops.push_back(FakeCuda::MemOp{true, s, addr, value});
+  f.memory_[addr] = value;
+  ++f.enqueued_;
   return CUDA_SUCCESS;
 }
 CUresult EventCreate(CUevent* e, unsigned int flags) {
@@ -553,6 +579,8 @@ FakeCuda::FakeCuda() {
   table_.cuStreamSynchronize = StreamSynchronize;
   table_.cuStreamWaitEvent = StreamWaitEvent;
   table_.cuStreamGetCtx = StreamGetCtx;
+  table_.cuStreamWaitValue64 = StreamWaitValue64;
+  table_.cuStreamWriteValue64 = StreamWriteValue64;
   table_.cuEventCreate = EventCreate;
   table_.cuEventDestroy = EventDestroy;
   table_.cuEventRecord = EventRecord;

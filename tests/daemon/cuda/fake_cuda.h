@@ -26,6 +26,7 @@ class FakeCuda {
     bool vmm = true;
     bool posix_fd = true;
     bool memory_pools = true;
+    bool memops64 = true;  // CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS
   };
 
   FakeCuda();
@@ -81,6 +82,16 @@ class FakeCuda {
   std::vector<std::string> calls;
   // Records of the client's IPC events (by event id) and waits on them.
   std::vector<std::string> event_log;
+  // Stream memory operations, in order (cuStreamWaitValue64 and
+  // cuStreamWriteValue64); writes also land in memory_ at once.
+  struct MemOp {
+    bool write = false;
+    void* stream = nullptr;
+    uint64_t addr = 0;
+    uint64_t value = 0;
+  };
+  std::vector<MemOp> memops;
+  std::map<uint64_t, uint64_t> memory_;  // 64-bit words written by memops
   // Contexts pushed on this thread and not popped.
   static int PushedDepth();
 

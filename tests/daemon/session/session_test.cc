@@ -124,7 +124,7 @@ TEST_CASE("Another protocol major version is refused", "[session]") {
   v1::SessionResponse resp = fx.Send(r);
   CHECK(resp.status().code() == int(absl::StatusCode::kFailedPrecondition));
   CHECK(resp.status().message() ==
-        "session protocol 2.3 is not supported; kregd speaks 1.1 (upgrade "
+        "session protocol 2.3 is not supported; kregd speaks 1.2 (upgrade "
         "the client library or kregd)");
 }
 

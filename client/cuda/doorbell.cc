@@ -1,0 +1,143 @@
+#include "client/cuda/doorbell.h"
+
+#include <time.h>
+
+#include <string>
+#include <utility>
+
+namespace kreg::cuda_client {
+namespace {
+
+// How long the destructor lets kregd's `done` write arrive by itself.
+constexpr int kGraceMs = 5000;
+
+Status Failed(const cu::CudaDriver& d, cu::CUresult r, const char* what) {
+  return Status::Error(
+      r == cu::CUDA_ERROR_NOT_SUPPORTED ? kFailedPrecondition : kInternal,
+      std::string(what) + ": " + cu::DescribeCuResult(d, r));
+}
+
+}  // namespace
+
+Status Doorbell::Create(const cu::CudaDriver* driver, int ordinal,
+                        cu::CUcontext context, std::unique_ptr<Doorbell>* out) {
+  if (driver == nullptr) {
+    return Status::Error(kUnavailable,
+                         "no CUDA driver in this process (libcuda.so.1 could "
+                         "not be loaded)");
+  }
+  const cu::CudaDriver& d = *driver;
+  cu::CUdevice dev = 0;
+  cu::CUresult r = d.cuDeviceGet(&dev, ordinal);
+  if (r != cu::CUDA_SUCCESS) return Failed(d, r, "cuDeviceGet");
+  int memops = 0;
+  r = d.cuDeviceGetAttribute(
+      &memops, cu::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, dev);
+  if (r != cu::CUDA_SUCCESS || memops == 0) {
+    return Status::Error(kFailedPrecondition,
+                         "the device does not support 64-bit stream memory "
+                         "operations");
+  }
+  std::unique_ptr<Doorbell> bell(new Doorbell(driver, context));
+  Status s =
+      StagingBuffer::Create(driver, ordinal, kDoneOffset + 8, &bell->buffer_);
+  if (!s.ok()) return s;
+  r = d.cuEventCreate(&bell->last_use_, cu::CU_EVENT_DISABLE_TIMING);
+  if (r != cu::CUDA_SUCCESS) {
+    bell->last_use_ = nullptr;
+    return Failed(d, r, "cuEventCreate for the doorbell");
+  }
+  *out = std::move(bell);
+  return Status::Ok();
+}
+
+Doorbell::~Doorbell() {
+  if (buffer_ == nullptr && last_use_ == nullptr) return;
+  const cu::CudaDriver& d = *driver_;
+  bool pushed =
+      context_ != nullptr && d.cuCtxPushCurrent(context_) == cu::CUDA_SUCCESS;
+  bool idle = !recorded_;
+  if (!idle) {
+    for (int ms = 0; ms < kGraceMs; ++ms) {
+      cu::CUresult r = d.cuEventQuery(last_use_);
+      if (r != cu::CUDA_ERROR_NOT_READY) {
+        idle = r == cu::CUDA_SUCCESS;
+        break;
+      }
+      struct timespec ts = {0, 1000000};
+      nanosleep(&ts, nullptr);
+    }
+    if (!idle && buffer_ != nullptr) {
+      cu::CUstream side = nullptr;
+      if (d.cuStreamCreate(&side, cu::CU_STREAM_NON_BLOCKING) ==
+          cu::CUDA_SUCCESS) {
+        if (d.cuStreamWriteValue64(side, done(), UINT64_MAX,
+                                   cu::CU_STREAM_WRITE_VALUE_DEFAULT) ==
+            cu::CUDA_SUCCESS) {
+          d.cuStreamSynchronize(side);
+        }
+        d.cuStreamDestroy(side);
+      }
+      idle = d.cuEventSynchronize(last_use_) == cu::CUDA_SUCCESS;
+    }
+  }
+  // Never unmap memory a queued wait may still read: leak it instead.
+  if (!idle) (void)buffer_.release();
+  buffer_.reset();
+  if (last_use_ != nullptr) d.cuEventDestroy(last_use_);
+  if (pushed) {
+    cu::CUcontext popped;
+    d.cuCtxPopCurrent(&popped);
+  }
+}
+
+void Doorbell::Leak() {
+  (void)buffer_.release();
+  last_use_ = nullptr;
+  recorded_ = false;
+}
+
+Status Doorbell::Export(UniqueFd* fd) const {
+  ExportedBuffer ex;
+  Status s = buffer_->Export(&ex);
+  if (!s.ok()) return s;
+  *fd = std::move(ex.fd);
+  return Status::Ok();
+}
+
+Status Doorbell::Ring(cu::CUstream stream, uint64_t seq) {
+  const cu::CudaDriver& d = *driver_;
+  if (recorded_ && stream != last_stream_) {
+    cu::CUresult r = d.cuStreamWaitEvent(stream, last_use_, 0);
+    if (r != cu::CUDA_SUCCESS) {
+      return Failed(d, r, "cuStreamWaitEvent on the doorbell's last use");
+    }
+  }
+  cu::CUresult r = d.cuStreamWriteValue64(stream, ready(), seq,
+                                          cu::CU_STREAM_WRITE_VALUE_DEFAULT);
+  if (r != cu::CUDA_SUCCESS) {
+    return Failed(d, r, "cuStreamWriteValue64 of the doorbell's ready word");
+  }
+  return Status::Ok();
+}
+
+Status Doorbell::AwaitDone(cu::CUstream stream, uint64_t seq) {
+  cu::CUresult r = driver_->cuStreamWaitValue64(stream, done(), seq,
+                                                cu::CU_STREAM_WAIT_VALUE_GEQ);
+  return r == cu::CUDA_SUCCESS
+             ? Status::Ok()
+             : Failed(*driver_, r,
+                      "cuStreamWaitValue64 on kregd's doorbell done word");
+}
+
+Status Doorbell::Finish(cu::CUstream stream) {
+  cu::CUresult r = driver_->cuEventRecord(last_use_, stream);
+  if (r != cu::CUDA_SUCCESS) {
+    return Failed(*driver_, r, "cuEventRecord of the doorbell's last use");
+  }
+  recorded_ = true;
+  last_stream_ = stream;
+  return Status::Ok();
+}
+
+}  // namespace kreg::cuda_client
