@@ -7,7 +7,12 @@ through a kregd this script starts (on a private socket):
   * per call: n=1024 f32 under jit, block_until_ready after each call,
     median of --calls calls (after a warm-up);
   * bandwidth: 1 GiB f32 in, 1 GiB out, GB/s = 2 GiB / median time.
-Prints a table, forwarded ÷ in-process. With --mps it first starts the CUDA
+Forwarded is measured twice, each in its own JAX process (the shim reads
+KREG_CUDA_DOORBELL when a session makes its first CUDA call): ordered by
+interprocess events (the default) and by the stream-memop doorbell
+(KREG_CUDA_DOORBELL=1; "doorbell_used" says whether kregd set one up, else
+that column silently measured events). Prints a table, forwarded ÷
+in-process. With --mps it first starts the CUDA
 MPS control daemon (nvidia-cuda-mps-control -d, pipe and log directories in
 a temp dir), starts kregd after it so both processes are MPS clients, and
 stops MPS afterwards (echo quit | nvidia-cuda-mps-control).
@@ -102,7 +107,8 @@ def median_time(fn, arg, calls: int, warmup: int) -> float:
   return statistics.median(times)
 
 
-def measure(sock: str, kernels: str, calls: int) -> dict[str, float]:
+def measure(sock: str, kernels: str, calls: int,
+            inproc: bool = True) -> dict[str, float]:
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
@@ -124,15 +130,15 @@ def measure(sock: str, kernels: str, calls: int) -> dict[str, float]:
          "allocator": os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default")}
   small = jnp.arange(1024, dtype=jnp.float32)
   big = jnp.ones((1 << 28,), jnp.float32)  # 1 GiB
-  for kind, name in (("inproc", "bench.inproc.Scale"),
-                     ("fwd", "bench.fwd.Scale")):
+  kinds = [("fwd", "bench.fwd.Scale")]
+  if inproc:
+    kinds.insert(0, ("inproc", "bench.inproc.Scale"))
+  for kind, name in kinds:
     f = fn(name)
     np.testing.assert_array_equal(np.asarray(f(small)), np.asarray(small) * 2)
     res[f"{kind}_call_us"] = median_time(f, small, calls, 200) * 1e6
     t = median_time(f, big, 10, 3)
     res[f"{kind}_gbps"] = 2 * (1 << 30) / t / 1e9
-  res["call_ratio"] = res["fwd_call_us"] / res["inproc_call_us"]
-  res["bw_ratio"] = res["fwd_gbps"] / res["inproc_gbps"]
   return res
 
 
@@ -142,13 +148,14 @@ def main() -> int:
   ap.add_argument("--calls", type=int, default=2000)
   ap.add_argument("--out")
   ap.add_argument("--child", help=argparse.SUPPRESS)
+  ap.add_argument("--no-inproc", action="store_true", help=argparse.SUPPRESS)
   args = ap.parse_args()
   kernels = os.environ.get("KREG_CUDA_KERNELS_DIR")
   if not kernels:
     sys.exit("bench_gpu: set KREG_CUDA_KERNELS_DIR")
 
   if args.child:  # the JAX process (started after MPS and kregd)
-    res = measure(args.child, kernels, args.calls)
+    res = measure(args.child, kernels, args.calls, not args.no_inproc)
     print("BENCH_JSON " + json.dumps(res))
     return 0
 
@@ -164,25 +171,55 @@ def main() -> int:
       env.update({k: v for k, v in mps.items() if k != "_ctl"})
       os.environ.update({k: v for k, v in mps.items() if k != "_ctl"})
     proc, sock = start_kregd(root, kernels)
-    r = subprocess.run([sys.executable, __file__, "--child", sock, "--calls",
-                        str(args.calls)], env=env, capture_output=True,
-                       text=True, timeout=600)
-    line = [l for l in r.stdout.splitlines() if l.startswith("BENCH_JSON ")]
-    if r.returncode != 0 or not line:
-      print(r.stdout[-3000:], r.stderr[-5000:])
-      print("kregd log:\n" +
-            (root / "kregd.log").read_text(errors="replace")[-3000:])
+    def child(extra_env, extra_args):
+      r = subprocess.run([sys.executable, __file__, "--child", sock,
+                          "--calls", str(args.calls)] + extra_args,
+                         env=dict(env, **extra_env), capture_output=True,
+                         text=True, timeout=600)
+      line = [l for l in r.stdout.splitlines()
+              if l.startswith("BENCH_JSON ")]
+      if r.returncode != 0 or not line:
+        print(r.stdout[-3000:], r.stderr[-5000:])
+        print("kregd log:\n" +
+              (root / "kregd.log").read_text(errors="replace")[-3000:])
+        return None
+      return json.loads(line[0][len("BENCH_JSON "):])
+
+    # Events (the default): in-process and forwarded.
+    env.pop("KREG_CUDA_DOORBELL", None)
+    res = child({}, [])
+    if res is None:
       return 1
-    res = json.loads(line[0][len("BENCH_JSON "):])
+    res["call_ratio"] = res["fwd_call_us"] / res["inproc_call_us"]
+    res["bw_ratio"] = res["fwd_gbps"] / res["inproc_gbps"]
+    # The doorbell: forwarded only, in a fresh process.
+    bell = child({"KREG_CUDA_DOORBELL": "1"}, ["--no-inproc"])
+    if bell is not None:
+      res["bell_call_us"] = bell["fwd_call_us"]
+      res["bell_gbps"] = bell["fwd_gbps"]
+      res["bell_call_ratio"] = res["bell_call_us"] / res["inproc_call_us"]
+      res["bell_bw_ratio"] = res["bell_gbps"] / res["inproc_gbps"]
+      res["doorbell_used"] = "CUDA doorbell set up" in (
+          root / "kregd.log").read_text(errors="replace")
     res["mps"] = bool(args.mps)
     label = "with MPS" if args.mps else "without MPS"
     print(f"== Scale, forwarded vs in-process ({label}, {res['device']}, "
           f"allocator {res['allocator']})")
-    print(f"{'':24} {'in-process':>12} {'forwarded':>12} {'ratio':>8}")
-    print(f"{'n=1024 per call (µs)':24} {res['inproc_call_us']:>12.1f} "
-          f"{res['fwd_call_us']:>12.1f} {res['call_ratio']:>7.2f}x")
-    print(f"{'1 GiB bandwidth (GB/s)':24} {res['inproc_gbps']:>12.1f} "
-          f"{res['fwd_gbps']:>12.1f} {res['bw_ratio']:>7.2f}x")
+    print(f"{'':24} {'in-process':>12} {'fwd events':>12} {'ratio':>8} "
+          f"{'fwd doorbell':>13} {'ratio':>8}")
+    def cols(inp, fwd, ratio, bkey, brkey, fmt):
+      b = (f"{res[bkey]:>13{fmt}} {res[brkey]:>7.2f}x" if bkey in res
+           else f"{'failed':>13} {'':>8}")
+      return f"{inp:>12{fmt}} {fwd:>12{fmt}} {ratio:>7.2f}x {b}"
+    print(f"{'n=1024 per call (µs)':24} " +
+          cols(res["inproc_call_us"], res["fwd_call_us"], res["call_ratio"],
+               "bell_call_us", "bell_call_ratio", ".1f"))
+    print(f"{'1 GiB bandwidth (GB/s)':24} " +
+          cols(res["inproc_gbps"], res["fwd_gbps"], res["bw_ratio"],
+               "bell_gbps", "bell_bw_ratio", ".1f"))
+    if "doorbell_used" in res and not res["doorbell_used"]:
+      print("NOTE: kregd set up no doorbell; the doorbell column measured "
+            "events (see KREG_TRACE_CUDA)")
     if args.out:
       with open(args.out, "w") as f:
         json.dump(res, f)

@@ -103,8 +103,14 @@ pytest_args=(-q -rfEs --tb=short -p no:cacheprovider --capture=sys
   -o faulthandler_timeout=300)
 rc=0
 xmls=()
-for alloc in default platform cuda_async; do
-  echo "== pytest tests/gpu (XLA_PYTHON_CLIENT_ALLOCATOR=$alloc)"
+# "doorbell": the default allocator's forwarded suite once more with
+# KREG_CUDA_DOORBELL=1 (stream-memop ordering instead of interprocess events).
+for alloc in default platform cuda_async doorbell; do
+  if [[ $alloc == doorbell ]]; then
+    echo "== pytest tests/gpu (default allocator, KREG_CUDA_DOORBELL=1)"
+  else
+    echo "== pytest tests/gpu (XLA_PYTHON_CLIENT_ALLOCATOR=$alloc)"
+  fi
   files=("$here")
   [[ $alloc != default ]] && files=("$here/test_cuda_forwarded.py")
   xml="$work/gpu-$alloc.xml"
@@ -113,7 +119,16 @@ for alloc in default platform cuda_async; do
   # The shim traces every forwarded CUDA call (one line per step) to a file:
   # its last lines say how far a call got when the process died.
   trace="$work/trace-$alloc.log"
-  if [[ $alloc == default ]]; then
+  if [[ $alloc == doorbell ]]; then
+    env -u XLA_PYTHON_CLIENT_ALLOCATOR KREG_CUDA_DOORBELL=1 \
+      KREG_TRACE_CUDA="$trace" \
+      timeout -s TERM 900 "$py" -m pytest "${pytest_args[@]}" \
+      --junitxml="$xml" "${files[@]}" "$@" 2>&1 | tee "$out"
+    # The trace says whether the doorbell was really used.
+    echo "-- doorbell: $(grep -c 'doorbell set up' "$trace" 2>/dev/null || true)" \
+      "set up, $(grep -c 'using interprocess events' "$trace" 2>/dev/null || true)" \
+      "fallback(s) to events"
+  elif [[ $alloc == default ]]; then
     env -u XLA_PYTHON_CLIENT_ALLOCATOR KREG_TRACE_CUDA="$trace" \
       timeout -s TERM 1200 "$py" -m pytest "${pytest_args[@]}" \
       --junitxml="$xml" "${files[@]}" "$@" 2>&1 | tee "$out"
@@ -201,6 +216,11 @@ for name, label in (("bench.json", "no MPS"), ("bench_mps.json", "MPS")):
         f"{b['fwd_call_us']:.1f} us/call ({b['call_ratio']:.2f}x); 1 GiB "
         f"{b['inproc_gbps']:.0f} -> {b['fwd_gbps']:.0f} GB/s "
         f"({b['bw_ratio']:.2f}x)")
+  if "bell_call_us" in b:
+    print(f"bench Scale ({label}, doorbell"
+          f"{'' if b.get('doorbell_used') else ' NOT USED: events'}): n=1024 "
+          f"{b['bell_call_us']:.1f} us/call ({b['bell_call_ratio']:.2f}x); "
+          f"1 GiB {b['bell_gbps']:.0f} GB/s ({b['bell_bw_ratio']:.2f}x)")
 print(f"gpu tests: {total['passed']} passed, {total['failed']} failed, "
       f"{total['skipped']} skipped (exit {rc})")
 EOF

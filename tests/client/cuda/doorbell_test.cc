@@ -1,0 +1,106 @@
+// The client's doorbell over the fake CUDA driver: memops support check,
+// the words it rings and waits on, cross-stream ordering, release.
+#include "client/cuda/doorbell.h"
+
+#include <algorithm>
+#include <memory>
+
+#include "catch2/catch.hpp"
+#include "tests/daemon/cuda/fake_cuda.h"
+
+namespace kreg::cuda_client {
+namespace {
+
+using ::kreg::testing::FakeCuda;
+
+cu::CUcontext Ctx() {
+  return reinterpret_cast<cu::CUcontext>(static_cast<uintptr_t>(0x1000));
+}
+
+struct Pushed {
+  explicit Pushed(const cu::CudaDriver* d) : d(d) {
+    d->cuCtxPushCurrent(Ctx());
+  }
+  ~Pushed() {
+    cu::CUcontext c;
+    d->cuCtxPopCurrent(&c);
+  }
+  const cu::CudaDriver* d;
+};
+
+cu::CUstream Stream(uintptr_t n) { return reinterpret_cast<cu::CUstream>(n); }
+
+TEST_CASE("A doorbell rings ready and waits for done with sequence numbers",
+          "[doorbell]") {
+  FakeCuda fake;
+  Pushed pushed(fake.driver());
+  {
+    std::unique_ptr<Doorbell> bell;
+    Status s = Doorbell::Create(fake.driver(), 0, Ctx(), &bell);
+    INFO(s.message);
+    REQUIRE(s.ok());
+    CHECK(bell->size() == fake.granularity);
+    CHECK(bell->done() - bell->ready() == Doorbell::kDoneOffset);
+    UniqueFd fd;
+    REQUIRE(bell->Export(&fd).ok());
+    CHECK(fd.ok());
+
+    const cu::CUstream a = Stream(0xa000), b = Stream(0xb000);
+    uint64_t seq = bell->NextSeq();
+    CHECK(seq == 1);
+    REQUIRE(bell->Ring(a, seq).ok());
+    REQUIRE(bell->AwaitDone(a, seq).ok());
+    REQUIRE(bell->Finish(a).ok());
+    REQUIRE(fake.memops.size() == 2);
+    CHECK(fake.memops[0].write);
+    CHECK(fake.memops[0].stream == a);
+    CHECK(fake.memops[0].addr == bell->ready());
+    CHECK(fake.memops[0].value == 1);
+    CHECK_FALSE(fake.memops[1].write);
+    CHECK(fake.memops[1].addr == bell->done());
+    CHECK(fake.memops[1].value == 1);
+
+    // Same stream: no extra ordering. Another stream: it first waits for
+    // the previous launch's last use, so `ready` never goes down.
+    fake.calls.clear();
+    seq = bell->NextSeq();
+    REQUIRE(bell->Ring(a, seq).ok());
+    REQUIRE(bell->Finish(a).ok());  // kregd did not signal: no wait
+    CHECK(std::count(fake.calls.begin(), fake.calls.end(),
+                     "cuStreamWaitEvent") == 0);
+    CHECK(std::count(fake.calls.begin(), fake.calls.end(),
+                     "cuStreamWaitValue64") == 0);
+    seq = bell->NextSeq();
+    CHECK(seq == 3);
+    REQUIRE(bell->Ring(b, seq).ok());
+    CHECK(std::count(fake.calls.begin(), fake.calls.end(),
+                     "cuStreamWaitEvent") == 1);
+    REQUIRE(bell->AwaitDone(b, seq).ok());
+    REQUIRE(bell->Finish(b).ok());
+    CHECK(fake.memops.back().stream == b);
+    CHECK(fake.memops.back().value == 3);
+    fake.CompleteAll();  // kregd wrote done: the last use has passed
+    fake.memops.clear();
+  }
+  CHECK(fake.memops.empty());  // nothing forced
+  CHECK(fake.live_maps == 0);
+  CHECK(fake.live_handles == 0);
+  CHECK(fake.live_reservations == 0);
+  CHECK(fake.live_events == 0);
+}
+
+TEST_CASE("A device without 64-bit stream memops gets no doorbell",
+          "[doorbell]") {
+  FakeCuda fake;
+  fake.devices[0].memops64 = false;
+  Pushed pushed(fake.driver());
+  std::unique_ptr<Doorbell> bell;
+  Status s = Doorbell::Create(fake.driver(), 0, Ctx(), &bell);
+  CHECK(s.code == kFailedPrecondition);
+  CHECK(bell == nullptr);
+  CHECK(fake.live_handles == 0);
+  CHECK(Doorbell::Create(nullptr, 0, Ctx(), &bell).code == kUnavailable);
+}
+
+}  // namespace
+}  // namespace kreg::cuda_client
