@@ -9,9 +9,9 @@ through a kregd this script starts (on a private socket):
   * bandwidth: 1 GiB f32 in, 1 GiB out, GB/s = 2 GiB / median time.
 Forwarded is measured twice, each in its own JAX process (the shim reads
 KREG_CUDA_DOORBELL when a session makes its first CUDA call): ordered by
-interprocess events (the default) and by the stream-memop doorbell
-(KREG_CUDA_DOORBELL=1; "doorbell_used" says whether kregd set one up, else
-that column silently measured events). Prints a table, forwarded ÷
+interprocess events (KREG_CUDA_DOORBELL=0) and by the stream-memop doorbell
+(the default; "doorbell_used" says whether kregd set one up, else that
+column silently measured events). Prints a table, forwarded ÷
 in-process. With --mps it first starts the CUDA
 MPS control daemon (nvidia-cuda-mps-control -d, pipe and log directories in
 a temp dir), starts kregd after it so both processes are MPS clients, and
@@ -185,9 +185,8 @@ def main() -> int:
         return None
       return json.loads(line[0][len("BENCH_JSON "):])
 
-    # Events (the default): in-process and forwarded.
-    env.pop("KREG_CUDA_DOORBELL", None)
-    res = child({}, [])
+    # Events (KREG_CUDA_DOORBELL=0): in-process and forwarded.
+    res = child({"KREG_CUDA_DOORBELL": "0"}, [])
     if res is None:
       return 1
     res["call_ratio"] = res["fwd_call_us"] / res["inproc_call_us"]

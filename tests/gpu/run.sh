@@ -103,11 +103,12 @@ pytest_args=(-q -rfEs --tb=short -p no:cacheprovider --capture=sys
   -o faulthandler_timeout=300)
 rc=0
 xmls=()
-# "doorbell": the default allocator's forwarded suite once more with
-# KREG_CUDA_DOORBELL=1 (stream-memop ordering instead of interprocess events).
-for alloc in default platform cuda_async doorbell; do
-  if [[ $alloc == doorbell ]]; then
-    echo "== pytest tests/gpu (default allocator, KREG_CUDA_DOORBELL=1)"
+# Launches are ordered by the stream-memop doorbell by default; "events":
+# the default allocator's forwarded suite once more with KREG_CUDA_DOORBELL=0
+# (interprocess events, the fallback where memops are unavailable).
+for alloc in default platform cuda_async events; do
+  if [[ $alloc == events ]]; then
+    echo "== pytest tests/gpu (default allocator, KREG_CUDA_DOORBELL=0)"
   else
     echo "== pytest tests/gpu (XLA_PYTHON_CLIENT_ALLOCATOR=$alloc)"
   fi
@@ -119,15 +120,14 @@ for alloc in default platform cuda_async doorbell; do
   # The shim traces every forwarded CUDA call (one line per step) to a file:
   # its last lines say how far a call got when the process died.
   trace="$work/trace-$alloc.log"
-  if [[ $alloc == doorbell ]]; then
-    env -u XLA_PYTHON_CLIENT_ALLOCATOR KREG_CUDA_DOORBELL=1 \
+  if [[ $alloc == events ]]; then
+    env -u XLA_PYTHON_CLIENT_ALLOCATOR KREG_CUDA_DOORBELL=0 \
       KREG_TRACE_CUDA="$trace" \
       timeout -s TERM 900 "$py" -m pytest "${pytest_args[@]}" \
       --junitxml="$xml" "${files[@]}" "$@" 2>&1 | tee "$out"
-    # The trace says whether the doorbell was really used.
-    echo "-- doorbell: $(grep -c 'doorbell set up' "$trace" 2>/dev/null || true)" \
-      "set up, $(grep -c 'using interprocess events' "$trace" 2>/dev/null || true)" \
-      "fallback(s) to events"
+    # The trace says whether events were really used.
+    echo "-- events pass: $(grep -c 'doorbell set up' "$trace" 2>/dev/null || true)" \
+      "doorbell(s) set up (expect 0)"
   elif [[ $alloc == default ]]; then
     env -u XLA_PYTHON_CLIENT_ALLOCATOR KREG_TRACE_CUDA="$trace" \
       timeout -s TERM 1200 "$py" -m pytest "${pytest_args[@]}" \
@@ -138,6 +138,8 @@ for alloc in default platform cuda_async doorbell; do
       --junitxml="$xml" "${files[@]}" "$@" 2>&1 | tee "$out"
   fi
   prc=${PIPESTATUS[0]}
+  echo "-- $alloc: doorbell set up $(grep -c 'doorbell set up' "$trace" 2>/dev/null || true) time(s)," \
+    "interprocess events used $(grep -c 'using interprocess events' "$trace" 2>/dev/null || true) time(s)"
   if [[ $prc -ge 128 || ! -s $xml ]]; then
     echo "-- pytest ($alloc) died (exit $prc): last 80 lines of its output:"
     tail -n 80 "$out"

@@ -110,6 +110,14 @@ def run(prefix, name, outs, *args, vmap_method=None, **attrs):
 def same(name, outs, *args, exact=True, **attrs):
   """Forwarded == in-process, element for element (bit patterns for
   floats: NaN poison left behind is caught either way)."""
+  if ALLOCATOR == "cuda_async" and any(
+      np.ndim(a) == 0 or np.size(a) == 0 for a in args):
+    # Seen on the H200 (jax 0.11.2): under cuda_async XLA aborts in its own
+    # DeviceToDeviceCopyThunk ("Not able to get the device_ordinal for
+    # ptr") around 0-d and empty operands of these programs, also with only
+    # the in-process handler and no kregd in the process.
+    pytest.skip("XLA 0.11.2 aborts on 0-d/empty operands under cuda_async, "
+                "without kregd too")
   fwd = run(FWD, name, outs, *args, **attrs)
   ref = run(REF, name, outs, *args, **attrs)
   for i, (f, r) in enumerate(zip(fwd, ref)):
@@ -184,13 +192,6 @@ def test_many_distinct_buffers(count):
 @pytest.mark.parametrize("shape", [(), (0,), (9,), (3, 4, 2), (65_537,)],
                          ids=str)
 def test_addmul(shape):
-  if shape == () and ALLOCATOR == "cuda_async":
-    # Seen on the H200 (jax 0.11.2): XLA aborts in its own
-    # DeviceToDeviceCopyThunk ("Not able to get the device_ordinal for ptr")
-    # for this program under cuda_async, also with only the in-process
-    # handler registered and no kregd in the process.
-    pytest.skip("XLA 0.11.2 aborts on 0-d AddMul under cuda_async, "
-                "without kregd too")
   rng = np.random.default_rng(7)
   a = rng.normal(size=shape).astype(np.float32)
   b = rng.normal(size=shape).astype(np.float32)
