@@ -57,10 +57,22 @@ std::string SelfDir() {
   return DirName(std::string(buf, static_cast<size_t>(n)));
 }
 
-// Binds a listening Unix socket at `path` (0660, optional group). A stale
-// socket file left by a dead daemon is replaced; a live one is an error.
-absl::StatusOr<UniqueFd> BindUnixSocket(const std::string& path,
-                                        const std::string& group) {
+// The gid of `group` ((gid_t)-1 for ""), INVALID_ARGUMENT if it does not
+// exist.
+absl::StatusOr<gid_t> SocketGid(const std::string& group) {
+  if (group.empty()) return static_cast<gid_t>(-1);
+  struct group* g = ::getgrnam(group.c_str());
+  if (g == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket_group \"", group, "\" does not exist"));
+  }
+  return g->gr_gid;
+}
+
+// Binds a listening Unix socket at `path` (0660, group `gid` unless -1). A
+// stale socket file left by a dead daemon is replaced; a live one is an
+// error.
+absl::StatusOr<UniqueFd> BindUnixSocket(const std::string& path, gid_t gid) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof(addr.sun_path)) {
@@ -85,15 +97,9 @@ absl::StatusOr<UniqueFd> BindUnixSocket(const std::string& path,
     return Errno(absl::StrCat("cannot bind ", path));
   }
   if (::chmod(path.c_str(), 0660) != 0) return Errno("chmod socket");
-  if (!group.empty()) {
-    struct group* g = ::getgrnam(group.c_str());
-    if (g == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("socket_group \"", group, "\" does not exist"));
-    }
-    if (::chown(path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
-      return Errno(absl::StrCat("cannot give ", path, " to group ", group));
-    }
+  if (gid != static_cast<gid_t>(-1) &&
+      ::chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0) {
+    return Errno(absl::StrCat("cannot give ", path, " to gid ", gid));
   }
   if (::listen(fd.get(), 128) != 0) return Errno("listen");
   return fd;
@@ -175,8 +181,7 @@ absl::Status Daemon::Listen() {
                  serving_socket_path_);
     return absl::OkStatus();
   }
-  absl::StatusOr<UniqueFd> fd =
-      BindUnixSocket(config_.socket_path, config_.socket_group);
+  absl::StatusOr<UniqueFd> fd = BindUnixSocket(config_.socket_path, gid_);
   if (!fd.ok()) return fd.status();
   listen_fd_ = *std::move(fd);
   owns_socket_file_ = true;
@@ -185,6 +190,9 @@ absl::Status Daemon::Listen() {
 }
 
 absl::Status Daemon::Start() {
+  absl::StatusOr<gid_t> gid = SocketGid(config_.socket_group);
+  if (!gid.ok()) return gid.status();
+  gid_ = *gid;
   absl::Status st = LockStateDir();
   if (st.ok()) st = Replay();
   if (st.ok()) st = Listen();
@@ -324,11 +332,7 @@ absl::Status Daemon::StartSessions() {
   opts.socket_path = SessionSocketPath(config_.socket_path);
   opts.listen_fd = session_listen_fd_;
   opts.max_arena_bytes = config_.max_arena_bytes;
-  if (!config_.socket_group.empty()) {
-    if (struct group* g = ::getgrnam(config_.socket_group.c_str())) {
-      opts.socket_gid = g->gr_gid;
-    }
-  }
+  opts.socket_gid = gid_;
   sessions_ = std::make_unique<SessionServer>(opts, &registrar_, &registry_,
                                               host_.get());
   return sessions_->Start();

@@ -1,5 +1,6 @@
 // Drives the real kregd binary over real gRPC (kreg::Client) and through
 // kregctl: DESIGN §2 rules, persistence and every invalid input.
+#include <grp.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -517,6 +518,15 @@ TEST_CASE("Daemon start-up errors are clear", "[integration]") {
   auto bad_root = testing::Run({kregd, "--allow-root", "/no/such/dir"});
   CHECK(bad_root.exit_code == 2);
   CHECK_THAT(bad_root.err, Catch::Contains("\"/no/such/dir\" does not exist"));
+  testing::WriteFile(other.path() + "/group.toml",
+                     "socket_group = \"no-such-group-kreg\"\n");
+  auto bad_group = testing::Run(
+      {kregd, "--config", other.path() + "/group.toml", "--socket",
+       other.path() + "/g.sock", "--state-dir", other.path() + "/gstate"});
+  CHECK(bad_group.exit_code == 1);
+  CHECK_THAT(bad_group.err,
+             Catch::Contains("socket_group \"no-such-group-kreg\" does not "
+                             "exist"));
   auto bad_flag = testing::Run({kregd, "--no-such-flag"});
   CHECK(bad_flag.exit_code == 2);
   CHECK_THAT(bad_flag.err, Catch::Contains("--no-such-flag"));
@@ -541,13 +551,15 @@ TEST_CASE("A TOML config file sets socket, state and roots", "[integration]") {
   std::filesystem::create_directories(dir.path() + "/root");
   testing::WriteFile(dir.path() + "/root/libdemo.so",
                      ReadFile(testing::Runfile("kernels/cpu/libdemo.so")));
-  testing::WriteFile(dir.path() + "/kregd.toml", "socket = \"" + dir.path() +
-                                                     "/c.sock\"\n"
-                                                     "state_dir = \"" +
-                                                     dir.path() +
-                                                     "/st\"\n"
-                                                     "allowed_roots = [\"" +
-                                                     dir.path() + "/root\"]\n");
+  testing::WriteFile(dir.path() + "/kregd.toml",
+                     "socket = \"" + dir.path() +
+                         "/c.sock\"\n"
+                         "state_dir = \"" +
+                         dir.path() +
+                         "/st\"\n"
+                         "allowed_roots = [\"" +
+                         dir.path() + "/root\"]\n" + "socket_group = \"" +
+                         ::getgrgid(::getgid())->gr_name + "\"\n");
   pid_t pid = testing::Spawn({kregd, "--config", dir.path() + "/kregd.toml"},
                              "/dev/null", dir.path() + "/log");
   Client c(dir.path() + "/c.sock");
@@ -566,6 +578,12 @@ TEST_CASE("A TOML config file sets socket, state and roots", "[integration]") {
   REQUIRE(status.ok());
   CHECK(status->state_dir() == dir.path() + "/st");
   CHECK(std::filesystem::exists(dir.path() + "/st/journal"));
+  for (const char* sock : {"/c.sock", "/c.sock.session"}) {
+    struct stat st;
+    REQUIRE(::stat((dir.path() + sock).c_str(), &st) == 0);
+    CHECK(st.st_gid == ::getgid());
+    CHECK((st.st_mode & 0777) == 0660);
+  }
   ::kill(pid, SIGTERM);
   CHECK(testing::WaitExit(pid) == 0);
 }
