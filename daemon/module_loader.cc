@@ -168,8 +168,9 @@ absl::Status CheckHostable(const HandlerInfo& info, const std::string& symbol) {
 ModuleLoader::ModuleLoader(ModuleStore* store, std::string probe_binary)
     : store_(store), probe_binary_(std::move(probe_binary)) {}
 
-absl::StatusOr<std::string> ModuleLoader::Store(const std::string& bytes) {
-  return store_->Put(bytes);
+absl::Status ModuleLoader::Store(const std::string& bytes,
+                                 const std::string& digest) {
+  return store_->Put(bytes, digest);
 }
 
 absl::StatusOr<HandlerInfo> ModuleLoader::Probe(const std::string& digest,

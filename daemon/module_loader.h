@@ -28,7 +28,8 @@ class ModuleLoader : public HandlerLoader {
  public:
   ModuleLoader(ModuleStore* store, std::string probe_binary);
 
-  absl::StatusOr<std::string> Store(const std::string& bytes) override;
+  absl::Status Store(const std::string& bytes,
+                     const std::string& digest) override;
   absl::StatusOr<HandlerInfo> Probe(const std::string& digest,
                                     const std::string& func_name) override;
   absl::StatusOr<void*> Load(const std::string& digest,

@@ -24,9 +24,10 @@ class ModuleStore {
   // Creates the directory (mode 0700) if missing. INTERNAL on failure.
   absl::Status Init();
 
-  // Writes `bytes` under their digest (temp file, fsync, rename, fsync dir)
-  // unless an intact copy is already there; returns the digest.
-  absl::StatusOr<std::string> Put(const std::string& bytes);
+  // Writes `bytes` under `digest` (their Sha256Digest, which the caller has
+  // already computed) with temp file, fsync, rename, fsync dir, unless an
+  // intact copy is already there.
+  absl::Status Put(const std::string& bytes, const std::string& digest);
 
   // The store path of `digest` ("sha256:<hex>").
   std::string PathOf(const std::string& digest) const;

@@ -54,9 +54,12 @@ absl::Status Registry::CheckSame(const TargetEntry& existing, TargetKind kind,
 }
 
 absl::StatusOr<RegisterOutcome> Registry::Register(const RegisterArgs& args) {
-  const std::string cid = args.content_id.empty()
-                              ? Sha256Digest(args.module_bytes)
-                              : args.content_id;
+  // The module's digest is its store key, and its identity when no
+  // content_id is given; computed once here.
+  const std::string digest = args.kind == TargetKind::kModule
+                                 ? Sha256Digest(args.module_bytes)
+                                 : std::string();
+  const std::string& cid = args.content_id.empty() ? digest : args.content_id;
   absl::MutexLock serial(&register_mu_);
   EntryPtr existing = Lookup(args.key);
   if (existing != nullptr) {
@@ -72,9 +75,9 @@ absl::StatusOr<RegisterOutcome> Registry::Register(const RegisterArgs& args) {
     }
   }
   if (args.kind == TargetKind::kInProcess) return RegisterInProcess(args);
-  absl::StatusOr<std::string> digest = loader_->Store(args.module_bytes);
-  if (!digest.ok()) return digest.status();
-  if (existing != nullptr && *digest != existing->module_digest) {
+  absl::Status stored = loader_->Store(args.module_bytes, digest);
+  if (!stored.ok()) return stored;
+  if (existing != nullptr && digest != existing->module_digest) {
     // Same identity (content_id) but the journaled module file is lost and
     // these bytes are not it: keep the name reserved, say how to repair.
     return absl::UnavailableError(absl::StrCat(
@@ -84,9 +87,9 @@ absl::StatusOr<RegisterOutcome> Registry::Register(const RegisterArgs& args) {
         "); re-register the original module bytes "
         "to repair it"));
   }
-  absl::StatusOr<HandlerInfo> info = loader_->Probe(*digest, args.func_name);
+  absl::StatusOr<HandlerInfo> info = loader_->Probe(digest, args.func_name);
   if (!info.ok()) return info.status();
-  absl::StatusOr<void*> handler = loader_->Load(*digest, args.func_name);
+  absl::StatusOr<void*> handler = loader_->Load(digest, args.func_name);
   if (!handler.ok()) return handler.status();
 
   auto entry = std::make_shared<TargetEntry>();
@@ -102,7 +105,7 @@ absl::StatusOr<RegisterOutcome> Registry::Register(const RegisterArgs& args) {
     entry->key = args.key;
     entry->func_name = args.func_name;
     entry->content_id = cid;
-    entry->module_digest = *digest;
+    entry->module_digest = digest;
     entry->module_size = args.module_bytes.size();
     entry->handler_info = *info;
     entry->registered_by = args.peer;

@@ -37,9 +37,10 @@ struct RegisterOutcome {
 class HandlerLoader {
  public:
   virtual ~HandlerLoader() = default;
-  // Stores `bytes` (if new) and returns their digest "sha256:<hex>".
-  // INTERNAL on I/O failure.
-  virtual absl::StatusOr<std::string> Store(const std::string& bytes) = 0;
+  // Stores `bytes`, whose digest ("sha256:<hex>", computed by the caller)
+  // is `digest`, unless an intact copy is there. INTERNAL on I/O failure.
+  virtual absl::Status Store(const std::string& bytes,
+                             const std::string& digest) = 0;
   // Checks (out of process) that `func_name` in the stored module is an XLA
   // FFI handler the daemon can host. INVALID_ARGUMENT/NOT_FOUND otherwise.
   virtual absl::StatusOr<HandlerInfo> Probe(const std::string& digest,

@@ -13,9 +13,14 @@ namespace {
 // In-memory HandlerLoader that counts loads.
 class FakeLoader : public HandlerLoader {
  public:
-  absl::StatusOr<std::string> Store(const std::string& bytes) override {
-    return Sha256Digest(bytes);
+  absl::Status Store(const std::string& bytes,
+                     const std::string& digest) override {
+    stored.push_back(digest);
+    return digest == Sha256Digest(bytes)
+               ? absl::OkStatus()
+               : absl::InternalError("digest does not match the bytes");
   }
+  std::vector<std::string> stored;
   absl::StatusOr<HandlerInfo> Probe(const std::string&,
                                     const std::string& func) override {
     if (func == "NotAHandler") {
@@ -72,6 +77,9 @@ TEST_CASE("Register creates, then is an idempotent no-op", "[registry]") {
   CHECK_FALSE(again->created);
   CHECK(loader.loads == 1);
   CHECK(log.entries.size() == 1);
+  // Stored once, under the digest of its bytes; the no-op stores nothing.
+  REQUIRE(loader.stored.size() == 1);
+  CHECK(loader.stored[0] == Sha256Digest("aa"));
 }
 
 TEST_CASE("Register refuses new content under an existing name", "[registry]") {
