@@ -6,17 +6,19 @@
 namespace kreg::cuda_client {
 namespace {
 
-Status NoDriver() {
-  return Status::Error(kUnavailable,
-                       "no CUDA driver in this process (libcuda.so.1 could "
-                       "not be loaded)");
+ClientStatus NoDriver() {
+  return ClientStatus::Error(
+      kUnavailable,
+      "no CUDA driver in this process (libcuda.so.1 could "
+      "not be loaded)");
 }
 
 std::string Describe(const cu::CudaDriver& d, cu::CUresult r) {
   return cu::DescribeCuResult(d, r);
 }
 
-Status CuError(const cu::CudaDriver& d, cu::CUresult r, const char* what) {
+ClientStatus CuError(const cu::CudaDriver& d, cu::CUresult r,
+                     const char* what) {
   int code = kInternal;
   if (r == cu::CUDA_ERROR_INVALID_VALUE || r == cu::CUDA_ERROR_INVALID_HANDLE ||
       r == cu::CUDA_ERROR_INVALID_CONTEXT) {
@@ -27,7 +29,7 @@ Status CuError(const cu::CudaDriver& d, cu::CUresult r, const char* what) {
              r == cu::CUDA_ERROR_NOT_PERMITTED) {
     code = kFailedPrecondition;
   }
-  return Status::Error(code, std::string(what) + ": " + Describe(d, r));
+  return ClientStatus::Error(code, std::string(what) + ": " + Describe(d, r));
 }
 
 std::string Hex(uint64_t v) {
@@ -56,17 +58,17 @@ class PushContext {
 
 }  // namespace
 
-const cu::CudaDriver* ProcessDriver(Status* status) {
+const cu::CudaDriver* ProcessDriver(ClientStatus* status) {
   std::string error;
   const cu::CudaDriver* d = cu::LoadCudaDriver(&error);
   if (d == nullptr && status != nullptr) {
-    *status = Status::Error(kUnavailable, error);
+    *status = ClientStatus::Error(kUnavailable, error);
   }
   return d;
 }
 
-Status DeviceUuid(const cu::CudaDriver* driver, int ordinal,
-                  std::string* uuid) {
+ClientStatus DeviceUuid(const cu::CudaDriver* driver, int ordinal,
+                        std::string* uuid) {
   if (driver == nullptr) return NoDriver();
   cu::CUdevice dev = 0;
   cu::CUresult r = driver->cuDeviceGet(&dev, ordinal);
@@ -75,10 +77,11 @@ Status DeviceUuid(const cu::CudaDriver* driver, int ordinal,
   r = driver->cuDeviceGetUuid(&raw, dev);
   if (r != cu::CUDA_SUCCESS) return CuError(*driver, r, "cuDeviceGetUuid");
   uuid->assign(raw.bytes, sizeof(raw.bytes));
-  return Status::Ok();
+  return ClientStatus::Ok();
 }
 
-Status CurrentDeviceUuid(const cu::CudaDriver* driver, std::string* uuid) {
+ClientStatus CurrentDeviceUuid(const cu::CudaDriver* driver,
+                               std::string* uuid) {
   if (driver == nullptr) return NoDriver();
   cu::CUdevice dev = 0;
   cu::CUresult r = driver->cuCtxGetDevice(&dev);
@@ -88,8 +91,9 @@ Status CurrentDeviceUuid(const cu::CudaDriver* driver, std::string* uuid) {
   return DeviceUuid(driver, dev, uuid);
 }
 
-Status StreamDevice(const cu::CudaDriver* driver, cu::CUstream stream,
-                    cu::CUcontext* context, int* ordinal, std::string* uuid) {
+ClientStatus StreamDevice(const cu::CudaDriver* driver, cu::CUstream stream,
+                          cu::CUcontext* context, int* ordinal,
+                          std::string* uuid) {
   if (driver == nullptr) return NoDriver();
   cu::CUcontext ctx = nullptr;
   cu::CUresult r = driver->cuStreamGetCtx(stream, &ctx);
@@ -102,11 +106,11 @@ Status StreamDevice(const cu::CudaDriver* driver, cu::CUstream stream,
   if (r != cu::CUDA_SUCCESS) return CuError(*driver, r, "cuCtxGetDevice");
   if (context != nullptr) *context = ctx;
   if (ordinal != nullptr) *ordinal = dev;
-  return uuid != nullptr ? DeviceUuid(driver, dev, uuid) : Status::Ok();
+  return uuid != nullptr ? DeviceUuid(driver, dev, uuid) : ClientStatus::Ok();
 }
 
-Status IdentifyBuffer(const cu::CudaDriver* driver, const void* ptr,
-                      AllocationId* out, uint64_t* offset) {
+ClientStatus IdentifyBuffer(const cu::CudaDriver* driver, const void* ptr,
+                            AllocationId* out, uint64_t* offset) {
   if (driver == nullptr) return NoDriver();
   const auto p = static_cast<cu::CUdeviceptr>(reinterpret_cast<uintptr_t>(ptr));
   unsigned long long buffer_id = 0;  // NOLINT: the driver's type
@@ -123,11 +127,11 @@ Status IdentifyBuffer(const cu::CudaDriver* driver, const void* ptr,
     return CuError(*driver, r, "cuPointerGetAttributes");
   }
   if (memory_type != cu::CU_MEMORYTYPE_DEVICE || ordinal < 0) {
-    return Status::Error(kInvalidArgument,
-                         "pointer " + Hex(p) +
-                             " is not CUDA device memory of this process "
-                             "(memory type " +
-                             std::to_string(memory_type) + ")");
+    return ClientStatus::Error(kInvalidArgument,
+                               "pointer " + Hex(p) +
+                                   " is not CUDA device memory of this process "
+                                   "(memory type " +
+                                   std::to_string(memory_type) + ")");
   }
   // The mapping holding the pointer: with XLA's default allocator one
   // mapping covers its whole pool, so one export serves every buffer.
@@ -158,13 +162,13 @@ Status IdentifyBuffer(const cu::CudaDriver* driver, const void* ptr,
   }
   if (r != cu::CUDA_SUCCESS) return CuError(*driver, r, "cuMemGetAddressRange");
   if (size == 0 || p < base || p - base >= size) {
-    return Status::Error(kInternal, "cuMemGetAddressRange of " + Hex(p) +
-                                        " gave [" + Hex(base) + ", +" +
-                                        std::to_string(size) +
-                                        "), which does not hold it");
+    return ClientStatus::Error(kInternal, "cuMemGetAddressRange of " + Hex(p) +
+                                              " gave [" + Hex(base) + ", +" +
+                                              std::to_string(size) +
+                                              "), which does not hold it");
   }
   AllocationId id;
-  Status s = DeviceUuid(driver, ordinal, &id.device_uuid);
+  ClientStatus s = DeviceUuid(driver, ordinal, &id.device_uuid);
   if (!s.ok()) return s;
   id.device_ordinal = ordinal;
   id.base = base;
@@ -172,7 +176,7 @@ Status IdentifyBuffer(const cu::CudaDriver* driver, const void* ptr,
   id.generation = buffer_id;
   *out = std::move(id);
   if (offset != nullptr) *offset = p - base;
-  return Status::Ok();
+  return ClientStatus::Ok();
 }
 
 RetainedAllocation::RetainedAllocation(RetainedAllocation&& o) noexcept
@@ -193,10 +197,10 @@ void RetainedAllocation::Reset() {
   driver_ = nullptr;
 }
 
-Status ExportBuffer(const cu::CudaDriver* driver, const void* ptr,
-                    ExportedBuffer* out) {
+ClientStatus ExportBuffer(const cu::CudaDriver* driver, const void* ptr,
+                          ExportedBuffer* out) {
   ExportedBuffer e;
-  Status s = IdentifyBuffer(driver, ptr, &e.id, &e.offset);
+  ClientStatus s = IdentifyBuffer(driver, ptr, &e.id, &e.offset);
   if (!s.ok()) return s;
   const cu::CudaDriver& d = *driver;
   void* base = reinterpret_cast<void*>(static_cast<uintptr_t>(e.id.base));
@@ -226,7 +230,7 @@ Status ExportBuffer(const cu::CudaDriver* driver, const void* ptr,
         e.fd = UniqueFd(fd);
         e.retained = std::move(retained);
         *out = std::move(e);
-        return Status::Ok();
+        return ClientStatus::Ok();
       }
       vmm_reason = "cuMemExportToShareableHandle: " + Describe(d, r);
     }
@@ -246,7 +250,7 @@ Status ExportBuffer(const cu::CudaDriver* driver, const void* ptr,
   if (r == cu::CUDA_SUCCESS) {
     e.kind = ExportKind::kLegacyIpc;
     *out = std::move(e);
-    return Status::Ok();
+    return ClientStatus::Ok();
   }
   e.kind = ExportKind::kNeedsStaging;
   e.staging_reason = "CUDA allocation at " + Hex(e.id.base) + " (" +
@@ -254,7 +258,7 @@ Status ExportBuffer(const cu::CudaDriver* driver, const void* ptr,
                      " bytes) cannot be shared: " + vmm_reason +
                      "; cuIpcGetMemHandle: " + Describe(d, r);
   *out = std::move(e);
-  return Status::Ok();
+  return ClientStatus::Ok();
 }
 
 }  // namespace kreg::cuda_client

@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "client/cuda/status.h"
+#include "client/common/status.h"
 #include "daemon/cuda/cuda_driver.h"
 #include "daemon/unique_fd.h"
 
@@ -18,7 +18,7 @@ namespace kreg::cuda_client {
 
 // The process's driver table (cu::LoadCudaDriver), or null with *status
 // UNAVAILABLE "no CUDA driver: ...".
-const cu::CudaDriver* ProcessDriver(Status* status);
+const cu::CudaDriver* ProcessDriver(ClientStatus* status);
 
 // The allocation behind a device pointer: what kregd's mapping cache is keyed
 // by (CudaMappingKey).
@@ -36,8 +36,8 @@ struct AllocationId {
 // Identifies the allocation holding `ptr` with one cuPointerGetAttributes
 // call (cheap: meant for every buffer of every launch). INVALID_ARGUMENT if
 // `ptr` is not device memory; UNAVAILABLE without a driver.
-Status IdentifyBuffer(const cu::CudaDriver* driver, const void* ptr,
-                      AllocationId* out, uint64_t* offset = nullptr);
+ClientStatus IdentifyBuffer(const cu::CudaDriver* driver, const void* ptr,
+                            AllocationId* out, uint64_t* offset = nullptr);
 
 // Keeps a VMM allocation alive (a retained handle, cuMemRelease'd on
 // destruction): held for as long as kregd may map the allocation, so its
@@ -83,19 +83,21 @@ struct ExportedBuffer {
 // + cuMemExportToShareableHandle, POSIX fd), else legacy IPC
 // (cuIpcGetMemHandle of the allocation base, in the pointer's context), else
 // kNeedsStaging with the reasons. Only IdentifyBuffer's failures are errors.
-Status ExportBuffer(const cu::CudaDriver* driver, const void* ptr,
-                    ExportedBuffer* out);
+ClientStatus ExportBuffer(const cu::CudaDriver* driver, const void* ptr,
+                          ExportedBuffer* out);
 
 // The UUID (16 raw bytes) of this process's device `ordinal`.
-Status DeviceUuid(const cu::CudaDriver* driver, int ordinal, std::string* uuid);
+ClientStatus DeviceUuid(const cu::CudaDriver* driver, int ordinal,
+                        std::string* uuid);
 
 // The context, device ordinal and UUID of `stream` (XLA's stream).
-Status StreamDevice(const cu::CudaDriver* driver, cu::CUstream stream,
-                    cu::CUcontext* context, int* ordinal, std::string* uuid);
+ClientStatus StreamDevice(const cu::CudaDriver* driver, cu::CUstream stream,
+                          cu::CUcontext* context, int* ordinal,
+                          std::string* uuid);
 
 // The UUID of the current context's device. INVALID_ARGUMENT without a
 // current context.
-Status CurrentDeviceUuid(const cu::CudaDriver* driver, std::string* uuid);
+ClientStatus CurrentDeviceUuid(const cu::CudaDriver* driver, std::string* uuid);
 
 }  // namespace kreg::cuda_client
 

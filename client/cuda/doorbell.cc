@@ -11,20 +11,22 @@ namespace {
 // How long the destructor lets kregd's `done` write arrive by itself.
 constexpr int kGraceMs = 5000;
 
-Status Failed(const cu::CudaDriver& d, cu::CUresult r, const char* what) {
-  return Status::Error(
+ClientStatus Failed(const cu::CudaDriver& d, cu::CUresult r, const char* what) {
+  return ClientStatus::Error(
       r == cu::CUDA_ERROR_NOT_SUPPORTED ? kFailedPrecondition : kInternal,
       std::string(what) + ": " + cu::DescribeCuResult(d, r));
 }
 
 }  // namespace
 
-Status Doorbell::Create(const cu::CudaDriver* driver, int ordinal,
-                        cu::CUcontext context, std::unique_ptr<Doorbell>* out) {
+ClientStatus Doorbell::Create(const cu::CudaDriver* driver, int ordinal,
+                              cu::CUcontext context,
+                              std::unique_ptr<Doorbell>* out) {
   if (driver == nullptr) {
-    return Status::Error(kUnavailable,
-                         "no CUDA driver in this process (libcuda.so.1 could "
-                         "not be loaded)");
+    return ClientStatus::Error(
+        kUnavailable,
+        "no CUDA driver in this process (libcuda.so.1 could "
+        "not be loaded)");
   }
   const cu::CudaDriver& d = *driver;
   cu::CUdevice dev = 0;
@@ -34,12 +36,13 @@ Status Doorbell::Create(const cu::CudaDriver* driver, int ordinal,
   r = d.cuDeviceGetAttribute(
       &memops, cu::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, dev);
   if (r != cu::CUDA_SUCCESS || memops == 0) {
-    return Status::Error(kFailedPrecondition,
-                         "the device does not support 64-bit stream memory "
-                         "operations");
+    return ClientStatus::Error(
+        kFailedPrecondition,
+        "the device does not support 64-bit stream memory "
+        "operations");
   }
   std::unique_ptr<Doorbell> bell(new Doorbell(driver, context));
-  Status s =
+  ClientStatus s =
       StagingBuffer::Create(driver, ordinal, kDoneOffset + 8, &bell->buffer_);
   if (!s.ok()) return s;
   r = d.cuEventCreate(&bell->last_use_, cu::CU_EVENT_DISABLE_TIMING);
@@ -48,7 +51,7 @@ Status Doorbell::Create(const cu::CudaDriver* driver, int ordinal,
     return Failed(d, r, "cuEventCreate for the doorbell");
   }
   *out = std::move(bell);
-  return Status::Ok();
+  return ClientStatus::Ok();
 }
 
 Doorbell::~Doorbell() {
@@ -97,15 +100,15 @@ void Doorbell::Leak() {
   recorded_ = false;
 }
 
-Status Doorbell::Export(UniqueFd* fd) const {
+ClientStatus Doorbell::Export(UniqueFd* fd) const {
   ExportedBuffer ex;
-  Status s = buffer_->Export(&ex);
+  ClientStatus s = buffer_->Export(&ex);
   if (!s.ok()) return s;
   *fd = std::move(ex.fd);
-  return Status::Ok();
+  return ClientStatus::Ok();
 }
 
-Status Doorbell::Ring(cu::CUstream stream, uint64_t seq) {
+ClientStatus Doorbell::Ring(cu::CUstream stream, uint64_t seq) {
   const cu::CudaDriver& d = *driver_;
   if (recorded_ && stream != last_stream_) {
     cu::CUresult r = d.cuStreamWaitEvent(stream, last_use_, 0);
@@ -118,26 +121,26 @@ Status Doorbell::Ring(cu::CUstream stream, uint64_t seq) {
   if (r != cu::CUDA_SUCCESS) {
     return Failed(d, r, "cuStreamWriteValue64 of the doorbell's ready word");
   }
-  return Status::Ok();
+  return ClientStatus::Ok();
 }
 
-Status Doorbell::AwaitDone(cu::CUstream stream, uint64_t seq) {
+ClientStatus Doorbell::AwaitDone(cu::CUstream stream, uint64_t seq) {
   cu::CUresult r = driver_->cuStreamWaitValue64(stream, done(), seq,
                                                 cu::CU_STREAM_WAIT_VALUE_GEQ);
   return r == cu::CUDA_SUCCESS
-             ? Status::Ok()
+             ? ClientStatus::Ok()
              : Failed(*driver_, r,
                       "cuStreamWaitValue64 on kregd's doorbell done word");
 }
 
-Status Doorbell::Finish(cu::CUstream stream) {
+ClientStatus Doorbell::Finish(cu::CUstream stream) {
   cu::CUresult r = driver_->cuEventRecord(last_use_, stream);
   if (r != cu::CUDA_SUCCESS) {
     return Failed(*driver_, r, "cuEventRecord of the doorbell's last use");
   }
   recorded_ = true;
   last_stream_ = stream;
-  return Status::Ok();
+  return ClientStatus::Ok();
 }
 
 }  // namespace kreg::cuda_client

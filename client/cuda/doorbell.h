@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "client/common/status.h"
 #include "client/cuda/staging_buffer.h"
-#include "client/cuda/status.h"
 #include "daemon/cuda/cuda_driver.h"
 #include "daemon/unique_fd.h"
 
@@ -35,8 +35,9 @@ class Doorbell {
   // FAILED_PRECONDITION when the device lacks 64-bit stream memops
   // (CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS) or VMM/POSIX-fd
   // export (StagingBuffer::Create); UNAVAILABLE without a driver.
-  static Status Create(const cu::CudaDriver* driver, int ordinal,
-                       cu::CUcontext context, std::unique_ptr<Doorbell>* out);
+  static ClientStatus Create(const cu::CudaDriver* driver, int ordinal,
+                             cu::CUcontext context,
+                             std::unique_ptr<Doorbell>* out);
   // Waits for the last launch's use (Finish) — after a grace period in
   // which kregd should have written `done`, it writes done := UINT64_MAX
   // itself from a private stream, so XLA's stream can never hang on a
@@ -46,19 +47,19 @@ class Doorbell {
   Doorbell& operator=(const Doorbell&) = delete;
 
   // An fd of the allocation for kregd (CudaDoorbellSetup).
-  Status Export(UniqueFd* fd) const;
+  ClientStatus Export(UniqueFd* fd) const;
   uint64_t size() const { return buffer_->size(); }
 
   uint64_t NextSeq() { return ++seq_; }
   uint64_t last_seq() const { return seq_; }
   // cuStreamWriteValue64(ready, seq) on `stream` (after a cross-stream wait
   // when `stream` is not the previous launch's).
-  Status Ring(cu::CUstream stream, uint64_t seq);
+  ClientStatus Ring(cu::CUstream stream, uint64_t seq);
   // cuStreamWaitValue64(done, seq, GEQ) on `stream`.
-  Status AwaitDone(cu::CUstream stream, uint64_t seq);
+  ClientStatus AwaitDone(cu::CUstream stream, uint64_t seq);
   // Marks the launch's last use of the doorbell on `stream` (every path
   // after Ring).
-  Status Finish(cu::CUstream stream);
+  ClientStatus Finish(cu::CUstream stream);
   // A forked child: forget every CUDA object without touching it.
   void Leak();
 

@@ -5,23 +5,25 @@
 namespace kreg::cuda_client {
 namespace {
 
-Status Failed(const cu::CudaDriver& d, cu::CUresult r, const char* what) {
-  return Status::Error(r == cu::CUDA_ERROR_INVALID_VALUE ||
-                               r == cu::CUDA_ERROR_INVALID_HANDLE ||
-                               r == cu::CUDA_ERROR_INVALID_CONTEXT
-                           ? kInvalidArgument
-                           : kInternal,
-                       std::string(what) + ": " + cu::DescribeCuResult(d, r));
+ClientStatus Failed(const cu::CudaDriver& d, cu::CUresult r, const char* what) {
+  return ClientStatus::Error(
+      r == cu::CUDA_ERROR_INVALID_VALUE || r == cu::CUDA_ERROR_INVALID_HANDLE ||
+              r == cu::CUDA_ERROR_INVALID_CONTEXT
+          ? kInvalidArgument
+          : kInternal,
+      std::string(what) + ": " + cu::DescribeCuResult(d, r));
 }
 
 }  // namespace
 
-Status IpcEventPair::Create(const cu::CudaDriver* driver, cu::CUcontext context,
-                            std::unique_ptr<IpcEventPair>* out) {
+ClientStatus IpcEventPair::Create(const cu::CudaDriver* driver,
+                                  cu::CUcontext context,
+                                  std::unique_ptr<IpcEventPair>* out) {
   if (driver == nullptr) {
-    return Status::Error(kUnavailable,
-                         "no CUDA driver in this process (libcuda.so.1 could "
-                         "not be loaded)");
+    return ClientStatus::Error(
+        kUnavailable,
+        "no CUDA driver in this process (libcuda.so.1 could "
+        "not be loaded)");
   }
   const cu::CudaDriver& d = *driver;
   std::unique_ptr<IpcEventPair> pair(new IpcEventPair(driver, context));
@@ -33,7 +35,7 @@ Status IpcEventPair::Create(const cu::CudaDriver* driver, cu::CUcontext context,
   }
   const unsigned int flags =
       cu::CU_EVENT_INTERPROCESS | cu::CU_EVENT_DISABLE_TIMING;
-  Status s;
+  ClientStatus s;
   cu::CUresult r = d.cuEventCreate(&pair->ready_, flags);
   if (r != cu::CUDA_SUCCESS) s = Failed(d, r, "cuEventCreate");
   if (s.ok()) {
@@ -54,7 +56,7 @@ Status IpcEventPair::Create(const cu::CudaDriver* driver, cu::CUcontext context,
   }
   if (!s.ok()) return s;  // `pair` destroys what was created.
   *out = std::move(pair);
-  return Status::Ok();
+  return ClientStatus::Ok();
 }
 
 IpcEventPair::~IpcEventPair() {
@@ -69,17 +71,17 @@ IpcEventPair::~IpcEventPair() {
   }
 }
 
-Status IpcEventPair::RecordReady(cu::CUstream stream) {
+ClientStatus IpcEventPair::RecordReady(cu::CUstream stream) {
   cu::CUresult r = driver_->cuEventRecord(ready_, stream);
   return r == cu::CUDA_SUCCESS
-             ? Status::Ok()
+             ? ClientStatus::Ok()
              : Failed(*driver_, r, "cuEventRecord of the ready event");
 }
 
-Status IpcEventPair::WaitDone(cu::CUstream stream) {
+ClientStatus IpcEventPair::WaitDone(cu::CUstream stream) {
   cu::CUresult r = driver_->cuStreamWaitEvent(stream, done_, 0);
   return r == cu::CUDA_SUCCESS
-             ? Status::Ok()
+             ? ClientStatus::Ok()
              : Failed(*driver_, r, "cuStreamWaitEvent on kregd's done event");
 }
 

@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "client/cuda/status.h"
+#include "client/common/status.h"
 #include "daemon/cuda/cuda_driver.h"
 
 namespace kreg::cuda_client {
@@ -24,8 +24,9 @@ class IpcEventPair {
   // Creates both events (CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING) in
   // `context` (XLA's stream's, see StreamDevice) and gets their handles.
   // UNAVAILABLE without a driver; the driver's errors otherwise.
-  static Status Create(const cu::CudaDriver* driver, cu::CUcontext context,
-                       std::unique_ptr<IpcEventPair>* out);
+  static ClientStatus Create(const cu::CudaDriver* driver,
+                             cu::CUcontext context,
+                             std::unique_ptr<IpcEventPair>* out);
   ~IpcEventPair();
   IpcEventPair(const IpcEventPair&) = delete;
   IpcEventPair& operator=(const IpcEventPair&) = delete;
@@ -34,10 +35,10 @@ class IpcEventPair {
   const cu::CUipcEventHandle& done_handle() const { return done_handle_; }
 
   // cuEventRecord(ready, stream): before sending the launch.
-  Status RecordReady(cu::CUstream stream);
+  ClientStatus RecordReady(cu::CUstream stream);
   // cuStreamWaitEvent(stream, done): after kregd's reply. XLA's later work on
   // `stream` then runs after the handler's.
-  Status WaitDone(cu::CUstream stream);
+  ClientStatus WaitDone(cu::CUstream stream);
 
  private:
   IpcEventPair(const cu::CudaDriver* driver, cu::CUcontext context)

@@ -7,8 +7,8 @@
 namespace kreg::cuda_client {
 namespace {
 
-Status Failed(const cu::CudaDriver& d, cu::CUresult r,
-              const std::string& what) {
+ClientStatus Failed(const cu::CudaDriver& d, cu::CUresult r,
+                    const std::string& what) {
   int code = kInternal;
   if (r == cu::CUDA_ERROR_OUT_OF_MEMORY) code = kResourceExhausted;
   if (r == cu::CUDA_ERROR_NOT_SUPPORTED || r == cu::CUDA_ERROR_NOT_PERMITTED) {
@@ -17,21 +17,22 @@ Status Failed(const cu::CudaDriver& d, cu::CUresult r,
   if (r == cu::CUDA_ERROR_INVALID_VALUE || r == cu::CUDA_ERROR_INVALID_DEVICE) {
     code = kInvalidArgument;
   }
-  return Status::Error(code, what + ": " + cu::DescribeCuResult(d, r));
+  return ClientStatus::Error(code, what + ": " + cu::DescribeCuResult(d, r));
 }
 
 }  // namespace
 
-Status StagingBuffer::Create(const cu::CudaDriver* driver, int ordinal,
-                             uint64_t size,
-                             std::unique_ptr<StagingBuffer>* out) {
+ClientStatus StagingBuffer::Create(const cu::CudaDriver* driver, int ordinal,
+                                   uint64_t size,
+                                   std::unique_ptr<StagingBuffer>* out) {
   if (driver == nullptr) {
-    return Status::Error(kUnavailable,
-                         "no CUDA driver in this process (libcuda.so.1 could "
-                         "not be loaded)");
+    return ClientStatus::Error(
+        kUnavailable,
+        "no CUDA driver in this process (libcuda.so.1 could "
+        "not be loaded)");
   }
   if (size == 0) {
-    return Status::Error(kInvalidArgument, "a staging buffer of 0 bytes");
+    return ClientStatus::Error(kInvalidArgument, "a staging buffer of 0 bytes");
   }
   const cu::CudaDriver& d = *driver;
   cu::CUdevice dev = 0;
@@ -50,7 +51,7 @@ Status StagingBuffer::Create(const cu::CudaDriver* driver, int ordinal,
   }
   if (granularity == 0) granularity = 1;
   if (size > UINT64_MAX - granularity) {
-    return Status::Error(kResourceExhausted, "staging buffer too large");
+    return ClientStatus::Error(kResourceExhausted, "staging buffer too large");
   }
   const uint64_t rounded = (size + granularity - 1) / granularity * granularity;
   std::unique_ptr<StagingBuffer> b(new StagingBuffer(driver, rounded));
@@ -73,7 +74,7 @@ Status StagingBuffer::Create(const cu::CudaDriver* driver, int ordinal,
   r = d.cuMemSetAccess(b->base_, rounded, &access, 1);
   if (r != cu::CUDA_SUCCESS) return Failed(d, r, "cuMemSetAccess");
   *out = std::move(b);
-  return Status::Ok();
+  return ClientStatus::Ok();
 }
 
 StagingBuffer::~StagingBuffer() {
@@ -82,19 +83,20 @@ StagingBuffer::~StagingBuffer() {
   if (created_) driver_->cuMemRelease(handle_);
 }
 
-Status StagingBuffer::Export(ExportedBuffer* out) const {
-  Status s = ExportBuffer(
+ClientStatus StagingBuffer::Export(ExportedBuffer* out) const {
+  ClientStatus s = ExportBuffer(
       driver_, reinterpret_cast<const void*>(static_cast<uintptr_t>(base_)),
       out);
   if (s.ok() && out->kind != ExportKind::kVmmFd) {
-    return Status::Error(kInternal, "a staging buffer could not be exported: " +
-                                        out->staging_reason);
+    return ClientStatus::Error(
+        kInternal,
+        "a staging buffer could not be exported: " + out->staging_reason);
   }
   return s;
 }
 
-Status LayoutStaging(const std::vector<StagedBuffer>& buffers, uint64_t align,
-                     StagingLayout* out) {
+ClientStatus LayoutStaging(const std::vector<StagedBuffer>& buffers,
+                           uint64_t align, StagingLayout* out) {
   if (align == 0) align = 1;
   const size_t n = buffers.size();
   StagingLayout l;
@@ -119,14 +121,14 @@ Status LayoutStaging(const std::vector<StagedBuffer>& buffers, uint64_t align,
     group[i] = first;
     if (first == i) {
       if (b.bytes > UINT64_MAX - (align - 1)) {
-        return Status::Error(kInvalidArgument, "a staged buffer of " +
-                                                   std::to_string(b.bytes) +
-                                                   " bytes is too large");
+        return ClientStatus::Error(
+            kInvalidArgument, "a staged buffer of " + std::to_string(b.bytes) +
+                                  " bytes is too large");
       }
       const uint64_t region = (b.bytes + align - 1) / align * align;
       if (cursor > UINT64_MAX - region) {
-        return Status::Error(kInvalidArgument,
-                             "the staged buffers of a call overflow 64 bits");
+        return ClientStatus::Error(
+            kInvalidArgument, "the staged buffers of a call overflow 64 bits");
       }
       l.offsets[i] = cursor;
       cursor += region;
@@ -144,7 +146,7 @@ Status LayoutStaging(const std::vector<StagedBuffer>& buffers, uint64_t align,
   }
   l.bytes = cursor;
   *out = std::move(l);
-  return Status::Ok();
+  return ClientStatus::Ok();
 }
 
 namespace {
@@ -213,16 +215,17 @@ void StagingArena::Reap() {
   }
 }
 
-Status StagingArena::Acquire(cu::CUstream stream, uint64_t bytes,
-                             AllocationId* retired) {
+ClientStatus StagingArena::Acquire(cu::CUstream stream, uint64_t bytes,
+                                   AllocationId* retired) {
   if (retired != nullptr) *retired = AllocationId();
   if (driver_ == nullptr) {
-    return Status::Error(kUnavailable,
-                         "no CUDA driver in this process (libcuda.so.1 could "
-                         "not be loaded)");
+    return ClientStatus::Error(
+        kUnavailable,
+        "no CUDA driver in this process (libcuda.so.1 could "
+        "not be loaded)");
   }
   if (bytes == 0) {
-    return Status::Error(kInvalidArgument, "staging 0 bytes");
+    return ClientStatus::Error(kInvalidArgument, "staging 0 bytes");
   }
   if (!retired_.empty()) Reap();
   const cu::CudaDriver& d = *driver_;
@@ -246,7 +249,7 @@ Status StagingArena::Acquire(cu::CUstream stream, uint64_t bytes,
                       "cuStreamWaitEvent on the staging buffer's last use");
       }
     }
-    return Status::Ok();
+    return ClientStatus::Ok();
   }
   // Grow (or create): a new buffer; the old one is retired, freed once its
   // last use has completed.
@@ -255,14 +258,14 @@ Status StagingArena::Acquire(cu::CUstream stream, uint64_t bytes,
     want = std::max<uint64_t>(bytes, current_.buffer->size() * 2);
   }
   std::unique_ptr<StagingBuffer> fresh;
-  Status s = StagingBuffer::Create(driver_, ordinal_, want, &fresh);
+  ClientStatus s = StagingBuffer::Create(driver_, ordinal_, want, &fresh);
   if (!s.ok() && want > bytes) {
     s = StagingBuffer::Create(driver_, ordinal_, bytes, &fresh);
   }
   if (!s.ok()) {
-    return Status::Error(s.code, "creating a staging buffer of " +
-                                     std::to_string(bytes) +
-                                     " bytes: " + s.message);
+    return ClientStatus::Error(s.code, "creating a staging buffer of " +
+                                           std::to_string(bytes) +
+                                           " bytes: " + s.message);
   }
   Slot slot;
   s = IdentifyBuffer(
@@ -270,8 +273,8 @@ Status StagingArena::Acquire(cu::CUstream stream, uint64_t bytes,
       reinterpret_cast<const void*>(static_cast<uintptr_t>(fresh->data())),
       &slot.id);
   if (!s.ok()) {
-    return Status::Error(s.code,
-                         "identifying the staging buffer: " + s.message);
+    return ClientStatus::Error(s.code,
+                               "identifying the staging buffer: " + s.message);
   }
   cu::CUresult r = d.cuEventCreate(&slot.last_use, cu::CU_EVENT_DISABLE_TIMING);
   if (r != cu::CUDA_SUCCESS) {
@@ -290,12 +293,12 @@ Status StagingArena::Acquire(cu::CUstream stream, uint64_t bytes,
     Free(&retired_.front());
     retired_.erase(retired_.begin());
   }
-  return Status::Ok();
+  return ClientStatus::Ok();
 }
 
-Status StagingArena::Release(cu::CUstream stream) {
+ClientStatus StagingArena::Release(cu::CUstream stream) {
   if (current_.buffer == nullptr || current_.last_use == nullptr) {
-    return Status::Ok();
+    return ClientStatus::Ok();
   }
   current_.last_stream = stream;
   cu::CUresult r = driver_->cuEventRecord(current_.last_use, stream);
@@ -306,7 +309,7 @@ Status StagingArena::Release(cu::CUstream stream) {
   }
   current_.recorded = true;
   current_.record_failed = false;
-  return Status::Ok();
+  return ClientStatus::Ok();
 }
 
 }  // namespace kreg::cuda_client

@@ -10,8 +10,8 @@
 #include <memory>
 #include <vector>
 
+#include "client/common/status.h"
 #include "client/cuda/cuda_export.h"
-#include "client/cuda/status.h"
 #include "daemon/cuda/cuda_driver.h"
 
 namespace kreg::cuda_client {
@@ -25,8 +25,9 @@ class StagingBuffer {
   // process's device `ordinal`. RESOURCE_EXHAUSTED when out of memory;
   // FAILED_PRECONDITION without VMM/POSIX-fd support; UNAVAILABLE without a
   // driver.
-  static Status Create(const cu::CudaDriver* driver, int ordinal, uint64_t size,
-                       std::unique_ptr<StagingBuffer>* out);
+  static ClientStatus Create(const cu::CudaDriver* driver, int ordinal,
+                             uint64_t size,
+                             std::unique_ptr<StagingBuffer>* out);
   ~StagingBuffer();
   StagingBuffer(const StagingBuffer&) = delete;
   StagingBuffer& operator=(const StagingBuffer&) = delete;
@@ -35,7 +36,7 @@ class StagingBuffer {
   uint64_t size() const { return size_; }
 
   // ExportBuffer of the whole buffer (always kVmmFd).
-  Status Export(ExportedBuffer* out) const;
+  ClientStatus Export(ExportedBuffer* out) const;
 
  private:
   StagingBuffer(const cu::CudaDriver* driver, uint64_t size)
@@ -66,8 +67,8 @@ struct StagingLayout {
 // input/output pair, or the same buffer passed twice, shares one region
 // (holding the input's values; copied back once). Zero-size buffers get no
 // region and no copy. INVALID_ARGUMENT if the sizes overflow.
-Status LayoutStaging(const std::vector<StagedBuffer>& buffers, uint64_t align,
-                     StagingLayout* out);
+ClientStatus LayoutStaging(const std::vector<StagedBuffer>& buffers,
+                           uint64_t align, StagingLayout* out);
 
 // The staging buffer of one device for one session, reused across calls and
 // grown by doubling. Stream-ordered throughout, never a host wait on the
@@ -93,10 +94,11 @@ class StagingArena {
   // `stream` after its previous use. *retired (if not null) is set to the id
   // of a buffer this call replaced (kregd should drop its mapping), else its
   // size is left 0.
-  Status Acquire(cu::CUstream stream, uint64_t bytes, AllocationId* retired);
+  ClientStatus Acquire(cu::CUstream stream, uint64_t bytes,
+                       AllocationId* retired);
   // Marks the end of a call's use of the buffer on `stream` (after its last
   // copy out, or after the call failed). Safe to call more than once.
-  Status Release(cu::CUstream stream);
+  ClientStatus Release(cu::CUstream stream);
   // Frees retired buffers whose last use has completed. Non-blocking.
   void Reap();
   // A forked child: forget every CUDA object without touching it.

@@ -22,10 +22,10 @@ struct KREG_TargetList {
 
 namespace {
 
+using kreg::ClientStatus;
 using kreg::shim::Client;
-using kreg::shim::Status;
 
-KREG_Error* ToError(const Status& s) {
+KREG_Error* ToError(const ClientStatus& s) {
   if (s.ok()) return nullptr;
   return new KREG_Error{s.code, s.message};
 }
@@ -147,7 +147,7 @@ KREG_Error* kreg_register(KREG_RegisterArgs* args) {
                    args->module_bytes_len);
   }
   kreg::v1::RegisterReply reply;
-  Status s = AsClient(args->client)->Register(req, &reply);
+  ClientStatus s = AsClient(args->client)->Register(req, &reply);
   if (!s.ok()) return ToError(s);
   args->created = reply.created() ? 1 : 0;
   auto* list = new KREG_TargetList;
@@ -162,7 +162,7 @@ KREG_Error* kreg_list_targets(KREG_ListArgs* args) {
     return Invalid("kreg_list_targets: bad args struct or no client");
   }
   kreg::v1::ListReply reply;
-  Status s = AsClient(args->client)->List(&reply);
+  ClientStatus s = AsClient(args->client)->List(&reply);
   if (!s.ok()) return ToError(s);
   auto* list = new KREG_TargetList;
   list->targets.assign(reply.targets().begin(), reply.targets().end());
@@ -176,7 +176,7 @@ KREG_Error* kreg_bind(KREG_BindArgs* args) {
     return Invalid("kreg_bind: bad args struct or no client");
   }
   kreg::shim::Binding binding;
-  Status s = kreg::shim::Bind(
+  ClientStatus s = kreg::shim::Bind(
       AsClient(args->client), Str(args->target_name, args->target_name_len),
       Str(args->platform, args->platform_len), &binding);
   if (!s.ok()) return ToError(s);

@@ -44,7 +44,7 @@ uint64_t Client::open_sessions() {
   return static_cast<uint64_t>(open_);
 }
 
-Status Client::Acquire(std::unique_ptr<Conn>* out) {
+ClientStatus Client::Acquire(std::unique_ptr<Conn>* out) {
   uint64_t epoch;
   bool replay;
   {
@@ -60,14 +60,14 @@ Status Client::Acquire(std::unique_ptr<Conn>* out) {
     if (!idle_.empty()) {
       *out = std::move(idle_.back());
       idle_.pop_back();
-      return Status::Ok();
+      return ClientStatus::Ok();
     }
     ++open_;
     epoch = epoch_;
     replay = replayed_epoch_ < epoch_;
   }
   std::unique_ptr<Conn> conn;
-  Status s = Conn::Open(path_, &conn);
+  ClientStatus s = Conn::Open(path_, &conn);
   if (s.ok() && replay) s = Replay(conn.get());
   std::lock_guard<std::mutex> lock(mu_);
   if (!s.ok()) {
@@ -82,7 +82,7 @@ Status Client::Acquire(std::unique_ptr<Conn>* out) {
   conn->epoch = epoch;
   conn->pid = pid_;
   *out = std::move(conn);
-  return Status::Ok();
+  return ClientStatus::Ok();
 }
 
 void Client::Release(std::unique_ptr<Conn> conn) {
@@ -115,7 +115,7 @@ void Client::Discard(std::unique_ptr<Conn> conn) {
   // Sessions are closed outside the lock.
 }
 
-Status Client::Replay(Conn* conn) {
+ClientStatus Client::Replay(Conn* conn) {
   std::vector<v1::RegisterRequest> requests;
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
@@ -125,18 +125,18 @@ Status Client::Replay(Conn* conn) {
     v1::SessionRequest req;
     *req.mutable_register_target() = std::move(r);
     v1::SessionResponse resp;
-    Status s = conn->Call(&req, &resp);
+    ClientStatus s = conn->Call(&req, &resp);
     if (!s.ok()) {
       s.message = "re-registering \"" + req.register_target().target_name() +
                   "\" with kregd after a reconnect failed: " + s.message;
       return s;
     }
   }
-  return Status::Ok();
+  return ClientStatus::Ok();
 }
 
-Status Client::WithConn(const std::function<Status(Conn*)>& op) {
-  Status s;
+ClientStatus Client::WithConn(const std::function<ClientStatus(Conn*)>& op) {
+  ClientStatus s;
   for (int attempt = 0; attempt < 2; ++attempt) {
     std::unique_ptr<Conn> conn;
     s = Acquire(&conn);
@@ -149,17 +149,17 @@ Status Client::WithConn(const std::function<Status(Conn*)>& op) {
   return s;
 }
 
-Status Client::Ping() {
-  return WithConn([](Conn*) { return Status::Ok(); });
+ClientStatus Client::Ping() {
+  return WithConn([](Conn*) { return ClientStatus::Ok(); });
 }
 
-Status Client::Register(const v1::RegisterRequest& request,
-                        v1::RegisterReply* out) {
-  Status s = WithConn([&](Conn* conn) {
+ClientStatus Client::Register(const v1::RegisterRequest& request,
+                              v1::RegisterReply* out) {
+  ClientStatus s = WithConn([&](Conn* conn) {
     v1::SessionRequest req;
     *req.mutable_register_target() = request;
     v1::SessionResponse resp;
-    Status st = conn->Call(&req, &resp);
+    ClientStatus st = conn->Call(&req, &resp);
     if (st.ok()) *out = resp.register_target();
     return st;
   });
@@ -171,12 +171,12 @@ Status Client::Register(const v1::RegisterRequest& request,
   return s;
 }
 
-Status Client::List(v1::ListReply* out) {
+ClientStatus Client::List(v1::ListReply* out) {
   return WithConn([&](Conn* conn) {
     v1::SessionRequest req;
     req.mutable_list();
     v1::SessionResponse resp;
-    Status st = conn->Call(&req, &resp);
+    ClientStatus st = conn->Call(&req, &resp);
     if (st.ok()) *out = resp.list();
     return st;
   });

@@ -16,8 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "client/common/status.h"
 #include "client/shim/conn.h"
-#include "client/shim/status.h"
 #include "kreg/v1/session.pb.h"
 
 namespace kreg {
@@ -39,12 +39,13 @@ class Client {
   static Client* ForPath(const std::string& session_path);
 
   // Checks that the daemon answers (opens a session if none is idle).
-  Status Ping();
-  Status Register(const v1::RegisterRequest& request, v1::RegisterReply* out);
-  Status List(v1::ListReply* out);
+  ClientStatus Ping();
+  ClientStatus Register(const v1::RegisterRequest& request,
+                        v1::RegisterReply* out);
+  ClientStatus List(v1::ListReply* out);
   // Runs `op` on a borrowed session; retried once on a fresh session if the
   // session broke during `op`.
-  Status WithConn(const std::function<Status(Conn*)>& op);
+  ClientStatus WithConn(const std::function<ClientStatus(Conn*)>& op);
 
   const std::string& path() const { return path_; }
   uint64_t reconnects() const { return reconnects_.load(); }
@@ -53,10 +54,10 @@ class Client {
   std::atomic<uint64_t> launch_errors{0};
 
  private:
-  Status Acquire(std::unique_ptr<Conn>* out);
+  ClientStatus Acquire(std::unique_ptr<Conn>* out);
   void Release(std::unique_ptr<Conn> conn);
   void Discard(std::unique_ptr<Conn> conn);
-  Status Replay(Conn* conn);
+  ClientStatus Replay(Conn* conn);
 
   const std::string path_;
   const int max_sessions_;

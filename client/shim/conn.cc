@@ -52,16 +52,16 @@ Conn::~Conn() {
   if (sock_ >= 0) ::close(sock_);
 }
 
-Status Conn::Open(const std::string& path, std::unique_ptr<Conn>* out) {
+ClientStatus Conn::Open(const std::string& path, std::unique_ptr<Conn>* out) {
   sockaddr_un addr{};
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-    return Status::Error(kInvalidArgument,
-                         "kregd session socket path \"" + path +
-                             "\" is empty or too long for a Unix socket");
+    return ClientStatus::Error(kInvalidArgument,
+                               "kregd session socket path \"" + path +
+                                   "\" is empty or too long for a Unix socket");
   }
   int sock = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (sock < 0) {
-    return Status::Error(kInternal, "socket(AF_UNIX): " + Errno(errno));
+    return ClientStatus::Error(kInternal, "socket(AF_UNIX): " + Errno(errno));
   }
   addr.sun_family = AF_UNIX;
   memcpy(addr.sun_path, path.c_str(), path.size() + 1);
@@ -72,9 +72,9 @@ Status Conn::Open(const std::string& path, std::unique_ptr<Conn>* out) {
   if (rc != 0) {
     int err = errno;
     ::close(sock);
-    return Status::Error(kUnavailable,
-                         "cannot connect to the kregd session socket " + path +
-                             ": " + Errno(err) + " (is kregd running?)");
+    return ClientStatus::Error(
+        kUnavailable, "cannot connect to the kregd session socket " + path +
+                          ": " + Errno(err) + " (is kregd running?)");
   }
   std::unique_ptr<Conn> conn(new Conn(sock, path));
   v1::SessionRequest req;
@@ -85,10 +85,11 @@ Status Conn::Open(const std::string& path, std::unique_ptr<Conn>* out) {
   hello->set_ffi_api_major(XLA_FFI_API_MAJOR);
   hello->set_ffi_api_minor(XLA_FFI_API_MINOR);
   v1::SessionResponse resp;
-  Status s = conn->Call(&req, &resp);
+  ClientStatus s = conn->Call(&req, &resp);
   if (!s.ok()) return s;
   if (!resp.has_hello()) {
-    return Status::Error(kInternal, "kregd answered Hello without HelloReply");
+    return ClientStatus::Error(kInternal,
+                               "kregd answered Hello without HelloReply");
   }
   conn->session_id_ = resp.hello().session_id();
   conn->max_arena_bytes_ = resp.hello().max_arena_bytes();
@@ -99,31 +100,33 @@ Status Conn::Open(const std::string& path, std::unique_ptr<Conn>* out) {
   conn->cuda_status_ = resp.hello().cuda_status();
   conn->cuda_doorbell_ = resp.hello().cuda_doorbell();
   *out = std::move(conn);
-  return Status::Ok();
+  return ClientStatus::Ok();
 }
 
-Status Conn::Transport(const std::string& what, int result) {
+ClientStatus Conn::Transport(const std::string& what, int result) {
   broken_ = true;
-  return Status::Error(kUnavailable,
-                       "kregd session " + path_ + ": " + what + " failed: " +
-                           wire::ResultText(result) + " (did kregd stop?)");
+  return ClientStatus::Error(
+      kUnavailable, "kregd session " + path_ + ": " + what + " failed: " +
+                        wire::ResultText(result) + " (did kregd stop?)");
 }
 
-Status Conn::Call(v1::SessionRequest* request, v1::SessionResponse* response,
-                  const int* fds, int num_fds) {
+ClientStatus Conn::Call(v1::SessionRequest* request,
+                        v1::SessionResponse* response, const int* fds,
+                        int num_fds) {
   if (broken_) {
-    return Status::Error(kUnavailable, "kregd session " + path_ + " is closed");
+    return ClientStatus::Error(kUnavailable,
+                               "kregd session " + path_ + " is closed");
   }
   uint64_t id = next_id_++;
   request->set_id(id);
   out_buf_.clear();
   request->SerializeToString(&out_buf_);
   if (max_message_bytes_ != 0 && out_buf_.size() > max_message_bytes_) {
-    return Status::Error(kResourceExhausted,
-                         "session message of " +
-                             std::to_string(out_buf_.size()) +
-                             " bytes exceeds kregd's max_message_bytes (" +
-                             std::to_string(max_message_bytes_) + ")");
+    return ClientStatus::Error(
+        kResourceExhausted, "session message of " +
+                                std::to_string(out_buf_.size()) +
+                                " bytes exceeds kregd's max_message_bytes (" +
+                                std::to_string(max_message_bytes_) + ")");
   }
   int rc =
       wire::SendFrame(sock_, out_buf_.data(), out_buf_.size(), fds, num_fds);
@@ -135,26 +138,27 @@ Status Conn::Call(v1::SessionRequest* request, v1::SessionResponse* response,
   if (rc != wire::kOk) return Transport("receive", rc);
   if (!response->ParseFromString(in_buf_)) {
     broken_ = true;
-    return Status::Error(kInternal, "kregd sent a malformed session response");
+    return ClientStatus::Error(kInternal,
+                               "kregd sent a malformed session response");
   }
   if (response->id() != id && response->id() != 0) {
     broken_ = true;
-    return Status::Error(kInternal, "kregd answered request " +
-                                        std::to_string(response->id()) +
-                                        " instead of " + std::to_string(id));
+    return ClientStatus::Error(
+        kInternal, "kregd answered request " + std::to_string(response->id()) +
+                       " instead of " + std::to_string(id));
   }
   if (response->status().code() != 0) {
     if (response->id() == 0) broken_ = true;  // connection-level refusal
-    return Status::Error(response->status().code(),
-                         response->status().message());
+    return ClientStatus::Error(response->status().code(),
+                               response->status().message());
   }
-  return Status::Ok();
+  return ClientStatus::Ok();
 }
 
-Status Conn::EnsureArena(uint64_t bytes) {
-  if (bytes <= arena_size_) return Status::Ok();
+ClientStatus Conn::EnsureArena(uint64_t bytes) {
+  if (bytes <= arena_size_) return ClientStatus::Ok();
   if (bytes > max_arena_bytes_) {
-    return Status::Error(
+    return ClientStatus::Error(
         kResourceExhausted,
         "this call needs " + std::to_string(bytes) +
             " bytes of session shared memory; kregd allows at most " +
@@ -164,28 +168,29 @@ Status Conn::EnsureArena(uint64_t bytes) {
   size = (size + kPage - 1) / kPage * kPage;
   size = std::min(size, max_arena_bytes_);
   int fd = ::memfd_create("kreg-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) return Status::Error(kInternal, "memfd_create: " + Errno(errno));
+  if (fd < 0)
+    return ClientStatus::Error(kInternal, "memfd_create: " + Errno(errno));
   if (::ftruncate(fd, static_cast<off_t>(size)) != 0 ||
       ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) !=
           0) {
     int err = errno;
     ::close(fd);
-    return Status::Error(kResourceExhausted,
-                         "cannot create a " + std::to_string(size) +
-                             " byte session arena: " + Errno(err));
+    return ClientStatus::Error(kResourceExhausted,
+                               "cannot create a " + std::to_string(size) +
+                                   " byte session arena: " + Errno(err));
   }
   void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) {
     int err = errno;
     ::close(fd);
-    return Status::Error(kResourceExhausted,
-                         "cannot map a " + std::to_string(size) +
-                             " byte session arena: " + Errno(err));
+    return ClientStatus::Error(kResourceExhausted,
+                               "cannot map a " + std::to_string(size) +
+                                   " byte session arena: " + Errno(err));
   }
   v1::SessionRequest req;
   req.mutable_arena_grow()->set_size(size);
   v1::SessionResponse resp;
-  Status s = Call(&req, &resp, &fd, 1);
+  ClientStatus s = Call(&req, &resp, &fd, 1);
   ::close(fd);  // the mappings keep the memory alive
   if (!s.ok()) {
     ::munmap(base, size);
@@ -194,7 +199,7 @@ Status Conn::EnsureArena(uint64_t bytes) {
   if (arena_ != nullptr) ::munmap(arena_, arena_size_);
   arena_ = static_cast<char*>(base);
   arena_size_ = size;
-  return Status::Ok();
+  return ClientStatus::Ok();
 }
 
 }  // namespace shim

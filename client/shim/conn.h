@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "client/shim/status.h"
+#include "client/common/status.h"
 #include "kreg/v1/session.pb.h"
 
 namespace kreg {
@@ -29,17 +29,17 @@ class Conn {
 
   // Connects to `path` and says Hello. UNAVAILABLE with the path and reason
   // when nothing listens there; the daemon's error otherwise.
-  static Status Open(const std::string& path, std::unique_ptr<Conn>* out);
+  static ClientStatus Open(const std::string& path, std::unique_ptr<Conn>* out);
 
   // Sends `request` (its id is set here) with `fds` attached and waits for
   // the matching response. A transport failure returns UNAVAILABLE and
   // marks the Conn broken; the daemon's error status is returned as is.
-  Status Call(v1::SessionRequest* request, v1::SessionResponse* response,
-              const int* fds = nullptr, int num_fds = 0);
+  ClientStatus Call(v1::SessionRequest* request, v1::SessionResponse* response,
+                    const int* fds = nullptr, int num_fds = 0);
 
   // Makes the arena at least `bytes` long (replacing it with a new sealed
   // memfd). RESOURCE_EXHAUSTED above the daemon's max_arena_bytes.
-  Status EnsureArena(uint64_t bytes);
+  ClientStatus EnsureArena(uint64_t bytes);
 
   char* arena() const { return arena_; }
   uint64_t arena_size() const { return arena_size_; }
@@ -66,7 +66,7 @@ class Conn {
 
  private:
   Conn(int sock, std::string path);
-  Status Transport(const std::string& what, int result);
+  ClientStatus Transport(const std::string& what, int result);
 
   const std::string path_;
   int sock_;

@@ -37,10 +37,6 @@ constexpr uint64_t kStageAlign = 256;
 // instead of pinning its memory until the LRU reaches it.
 constexpr int kSweepPerLaunch = 4;
 
-Status FromCuda(const cc::Status& s) {
-  return Status::Error(s.code, s.message);
-}
-
 // KREG_TRACE_CUDA=1 (stderr) or =PATH (appended): one line per step of each
 // forwarded CUDA call, flushed at once, so the last line before a crash says
 // how far a call got.
@@ -78,10 +74,10 @@ bool WantDoorbell() {
   return v == nullptr || strcmp(v, "0") != 0;
 }
 
-Status CuFailed(const cu::CudaDriver& d, cu::CUresult r,
-                const std::string& what) {
-  return Status::Error(kInternal,
-                       "kreg: " + what + ": " + cu::DescribeCuResult(d, r));
+ClientStatus CuFailed(const cu::CudaDriver& d, cu::CUresult r,
+                      const std::string& what) {
+  return ClientStatus::Error(
+      kInternal, "kreg: " + what + ": " + cu::DescribeCuResult(d, r));
 }
 
 using Key = std::tuple<std::string, uint64_t, uint64_t, uint64_t>;
@@ -123,7 +119,7 @@ void DestroyError(const XLA_FFI_Api* api, XLA_FFI_Error* e) {
   api->XLA_FFI_Error_Destroy(&d);
 }
 
-Status XlaStream(XLA_FFI_CallFrame* frame, cu::CUstream* stream) {
+ClientStatus XlaStream(XLA_FFI_CallFrame* frame, cu::CUstream* stream) {
   const XLA_FFI_Api* api = frame->api;
   XLA_FFI_Stream_Get_Args a;
   memset(&a, 0, sizeof(a));
@@ -132,15 +128,16 @@ Status XlaStream(XLA_FFI_CallFrame* frame, cu::CUstream* stream) {
   XLA_FFI_Error* e = api->XLA_FFI_Stream_Get(&a);
   if (e != nullptr) {
     DestroyError(api, e);
-    return Status::Error(kInternal,
-                         "kreg: XLA did not give the forwarding handler its "
-                         "CUDA stream (XLA_FFI_Stream_Get failed)");
+    return ClientStatus::Error(
+        kInternal,
+        "kreg: XLA did not give the forwarding handler its "
+        "CUDA stream (XLA_FFI_Stream_Get failed)");
   }
   if (a.stream == nullptr) {
-    return Status::Error(kInternal, "kreg: XLA's CUDA stream is null");
+    return ClientStatus::Error(kInternal, "kreg: XLA's CUDA stream is null");
   }
   *stream = static_cast<cu::CUstream>(a.stream);
-  return Status::Ok();
+  return ClientStatus::Ok();
 }
 
 // One device buffer of the call.
@@ -323,8 +320,8 @@ struct Plan {
 // Shares (or finds cached) the allocation of `b`; marks it staged when it
 // cannot be shared. `used`: every allocation of the call (kept in the
 // cache); `mapped`: those kregd maps (what its per-session limit counts).
-Status PlanBuffer(CudaConnState* st, Buf* b, Plan* plan, std::vector<Key>* used,
-                  std::vector<Key>* mapped) {
+ClientStatus PlanBuffer(CudaConnState* st, Buf* b, Plan* plan,
+                        std::vector<Key>* used, std::vector<Key>* mapped) {
   Key k = KeyOf(b->id);
   if (std::find(used->begin(), used->end(), k) == used->end()) {
     used->push_back(k);
@@ -338,17 +335,17 @@ Status PlanBuffer(CudaConnState* st, Buf* b, Plan* plan, std::vector<Key>* used,
   };
   if (CudaConnState::Entry* e = st->Find(k)) {
     note(e->kind);
-    return Status::Ok();
+    return ClientStatus::Ok();
   }
   for (const CudaConnState::Entry& e : plan->new_entries) {
     if (KeyOf(e.id) == k) {
       note(e.kind);
-      return Status::Ok();
+      return ClientStatus::Ok();
     }
   }
   cc::ExportedBuffer ex;
-  cc::Status s = cc::ExportBuffer(st->d_, b->data, &ex);
-  if (!s.ok()) return FromCuda(s);
+  ClientStatus s = cc::ExportBuffer(st->d_, b->data, &ex);
+  if (!s.ok()) return s;
   CudaConnState::Entry entry;
   entry.id = b->id;  // identified once; ex.id is the same allocation
   entry.kind = ex.kind;
@@ -373,7 +370,7 @@ Status PlanBuffer(CudaConnState* st, Buf* b, Plan* plan, std::vector<Key>* used,
   }
   note(ex.kind);
   plan->new_entries.push_back(std::move(entry));
-  return Status::Ok();
+  return ClientStatus::Ok();
 }
 
 struct Call {
@@ -388,29 +385,29 @@ struct Call {
 // The session's doorbell for the call's device, set up with kregd on first
 // use; null when not wanted, not offered by kregd or unsupported (events are
 // used then). Errors only for a broken connection.
-Status DoorbellFor(Conn* conn, CudaConnState* st, const Call& call,
-                   cc::Doorbell** out) {
+ClientStatus DoorbellFor(Conn* conn, CudaConnState* st, const Call& call,
+                         cc::Doorbell** out) {
   *out = nullptr;
-  if (!st->want_doorbell_) return Status::Ok();
+  if (!st->want_doorbell_) return ClientStatus::Ok();
   CudaConnState::Bell& b = st->bells_[call.uuid];
   if (b.bell != nullptr) {
     *out = b.bell.get();
-    return Status::Ok();
+    return ClientStatus::Ok();
   }
-  if (b.failed) return Status::Ok();
+  if (b.failed) return ClientStatus::Ok();
   b.failed = true;  // until set up
   if (!conn->cuda_doorbell()) {
     Trace("  doorbell: kregd does not offer it; using interprocess events");
-    return Status::Ok();
+    return ClientStatus::Ok();
   }
   std::unique_ptr<cc::Doorbell> bell;
-  cc::Status cs = cc::Doorbell::Create(call.d, call.ordinal, call.ctx, &bell);
+  ClientStatus cs = cc::Doorbell::Create(call.d, call.ordinal, call.ctx, &bell);
   UniqueFd fd;
   if (cs.ok()) cs = bell->Export(&fd);
   if (!cs.ok()) {
     Trace("  doorbell unavailable (%s); using interprocess events",
           cs.message.c_str());
-    return Status::Ok();
+    return ClientStatus::Ok();
   }
   v1::SessionRequest req;
   v1::CudaDoorbellSetup* setup = req.mutable_cuda_doorbell();
@@ -420,14 +417,14 @@ Status DoorbellFor(Conn* conn, CudaConnState* st, const Call& call,
   setup->set_done_offset(cc::Doorbell::kDoneOffset);
   v1::SessionResponse resp;
   const int raw = fd.get();
-  Status s = conn->Call(&req, &resp, &raw, 1);
+  ClientStatus s = conn->Call(&req, &resp, &raw, 1);
   fd.reset();
   if (!s.ok()) {
     Trace(
         "  kregd refused the doorbell (code %d: %s); using interprocess "
         "events",
         s.code, s.message.c_str());
-    return conn->broken() ? s : Status::Ok();
+    return conn->broken() ? s : ClientStatus::Ok();
   }
   Trace("  doorbell set up: %llu bytes at 0x%llx",
         static_cast<unsigned long long>(bell->size()),
@@ -435,11 +432,11 @@ Status DoorbellFor(Conn* conn, CudaConnState* st, const Call& call,
   b.failed = false;
   b.bell = std::move(bell);
   *out = b.bell.get();
-  return Status::Ok();
+  return ClientStatus::Ok();
 }
 
-Status LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
-                    v1::SessionResponse* resp) {
+ClientStatus LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
+                          v1::SessionResponse* resp) {
   const cu::CudaDriver& d = *call->d;
   if (conn->cuda_state == nullptr) {
     conn->cuda_state = new CudaConnState(call->d);
@@ -454,12 +451,12 @@ Status LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
     cu::CUstream stream = nullptr;
     ~ReleaseStaging() {
       if (arena == nullptr) return;
-      cc::Status rs = arena->Release(stream);
+      ClientStatus rs = arena->Release(stream);
       if (!rs.ok()) Trace("  staging release failed: %s", rs.message.c_str());
     }
   } release_staging;
   cc::Doorbell* bell = nullptr;
-  Status s = DoorbellFor(conn, st, *call, &bell);
+  ClientStatus s = DoorbellFor(conn, st, *call, &bell);
   if (!s.ok()) return s;
   for (int attempt = 0; attempt < 2; ++attempt) {
     Plan plan;
@@ -492,8 +489,8 @@ Status LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
     }
     cc::StagingLayout layout;
     if (!staged.empty()) {
-      cc::Status cs = cc::LayoutStaging(staged, kStageAlign, &layout);
-      if (!cs.ok()) return Status::Error(cs.code, "kreg: " + cs.message);
+      ClientStatus cs = cc::LayoutStaging(staged, kStageAlign, &layout);
+      if (!cs.ok()) return ClientStatus::Error(cs.code, "kreg: " + cs.message);
       for (size_t k = 0; k < staged_index.size(); ++k) {
         Buf& b = call->bufs[staged_index[k]];
         b.stage_offset = layout.offsets[k];
@@ -506,9 +503,9 @@ Status LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
     if (layout.bytes > 0) {
       arena = st->Arena(call->uuid, call->ordinal, call->ctx);
       cc::AllocationId retired;
-      cc::Status cs = arena->Acquire(call->stream, layout.bytes, &retired);
+      ClientStatus cs = arena->Acquire(call->stream, layout.bytes, &retired);
       if (!cs.ok()) {
-        return Status::Error(
+        return ClientStatus::Error(
             cs.code,
             "kreg: a buffer cannot be shared with kregd (e.g. "
             "XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async) and staging it failed: " +
@@ -534,13 +531,14 @@ Status LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
       s = PlanBuffer(st, &sb, &plan, &used, &mapped);
       if (!s.ok()) return s;
       if (sb.staged) {
-        return Status::Error(kInternal,
-                             "kreg: the staging buffer cannot be shared");
+        return ClientStatus::Error(kInternal,
+                                   "kreg: the staging buffer cannot be shared");
       }
       if (layout.bytes > sb.bytes) {
-        return Status::Error(kInternal,
-                             "kreg: the staging buffer is smaller than the "
-                             "call's staged buffers");
+        return ClientStatus::Error(
+            kInternal,
+            "kreg: the staging buffer is smaller than the "
+            "call's staged buffers");
       }
       stage_id = sb.id;
       for (const Buf& b : call->bufs) {
@@ -594,7 +592,7 @@ Status LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
     // max_cuda_mappings.
     st->Sweep(used);
     if (mapped.size() > limit) {
-      return Status::Error(
+      return ClientStatus::Error(
           kResourceExhausted,
           "kreg: this call uses " + std::to_string(mapped.size()) +
               " distinct GPU allocations; kregd shares at most " +
@@ -612,8 +610,8 @@ Status LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
     if (bell == nullptr) {
       std::unique_ptr<cc::IpcEventPair>& p = st->events_.pairs[call->uuid];
       if (p == nullptr) {
-        cc::Status cs = cc::IpcEventPair::Create(call->d, call->ctx, &p);
-        if (!cs.ok()) return FromCuda(cs);
+        ClientStatus cs = cc::IpcEventPair::Create(call->d, call->ctx, &p);
+        if (!cs.ok()) return cs;
         st->events_.sent[call->uuid] = false;
       }
       pair = p.get();
@@ -655,7 +653,7 @@ Status LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
     }
     // XLA's work so far, then the handler, then XLA's later work.
     uint64_t seq = 0;
-    cc::Status cs;
+    ClientStatus cs;
     if (bell != nullptr) {
       // The doorbell: kregd's stream waits for ready >= seq, runs the
       // handler and writes done := seq; XLA's stream waits for done >= seq
@@ -666,11 +664,11 @@ Status LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
       cs = bell->Ring(call->stream, seq);
       if (!cs.ok()) {
         (void)bell->Finish(call->stream);
-        return FromCuda(cs);
+        return cs;
       }
     } else {
       cs = pair->RecordReady(call->stream);
-      if (!cs.ok()) return FromCuda(cs);
+      if (!cs.ok()) return cs;
     }
     Trace("  launch (attempt %d, %d shares, %zu fds, doorbell seq %llu)",
           attempt, launch->shares_size(), raw_fds.size(),
@@ -681,13 +679,13 @@ Status LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
       if (!conn->broken() && resp->has_launch() &&
           resp->launch().doorbell_signalled()) {
         cs = bell->AwaitDone(call->stream, seq);
-        if (!cs.ok() && s.ok()) s = FromCuda(cs);
+        if (!cs.ok() && s.ok()) s = cs;
       }
       cs = bell->Finish(call->stream);
-      if (!cs.ok() && s.ok()) s = FromCuda(cs);
+      if (!cs.ok() && s.ok()) s = cs;
     } else if (!conn->broken()) {
       cs = pair->WaitDone(call->stream);
-      if (!cs.ok() && s.ok()) s = FromCuda(cs);
+      if (!cs.ok() && s.ok()) s = cs;
     }
     Trace("  kregd answered: code %d %s%s", s.code, s.message.c_str(),
           conn->broken() ? " (connection broken)" : "");
@@ -698,9 +696,9 @@ Status LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
       for (const Buf& b : call->bufs) {
         if (b.is_arg || !b.staged || !b.copy_out || b.bytes == 0) continue;
         if (arena == nullptr || arena->buffer() == nullptr) {
-          return Status::Error(kInternal,
-                               "kreg: a staged result without a staging "
-                               "buffer");
+          return ClientStatus::Error(kInternal,
+                                     "kreg: a staged result without a staging "
+                                     "buffer");
         }
         cu::CUresult r = d.cuMemcpyDtoDAsync(
             static_cast<cu::CUdeviceptr>(reinterpret_cast<uintptr_t>(b.data)),
@@ -729,20 +727,21 @@ Status LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
 
 }  // namespace
 
-Status ForwardCudaCall(Client* client, const std::string& target,
-                       XLA_FFI_CallFrame* frame) {
-  cc::Status cs;
+ClientStatus ForwardCudaCall(Client* client, const std::string& target,
+                             XLA_FFI_CallFrame* frame) {
+  ClientStatus cs;
   const cu::CudaDriver* d = cc::ProcessDriver(&cs);
   if (d == nullptr) {
-    return Status::Error(kUnavailable, "kreg: forwarding CUDA call of \"" +
-                                           target + "\": " + cs.message);
+    return ClientStatus::Error(
+        kUnavailable,
+        "kreg: forwarding CUDA call of \"" + target + "\": " + cs.message);
   }
   Call call;
   call.d = d;
-  Status s = XlaStream(frame, &call.stream);
+  ClientStatus s = XlaStream(frame, &call.stream);
   if (!s.ok()) return s;
   cs = cc::StreamDevice(d, call.stream, &call.ctx, &call.ordinal, &call.uuid);
-  if (!cs.ok()) return FromCuda(cs);
+  if (!cs.ok()) return cs;
   CtxScope scope(*d, call.ctx);
 
   thread_local v1::SessionRequest req;
@@ -754,10 +753,10 @@ Status ForwardCudaCall(Client* client, const std::string& target,
   launch->set_device_uuid(call.uuid);
   for (int64_t i = 0; i < frame->args.size; ++i) {
     if (frame->args.types[i] != XLA_FFI_ArgType_BUFFER) {
-      return Status::Error(kInvalidArgument,
-                           "kreg cannot forward arg " + std::to_string(i) +
-                               " of type " +
-                               std::to_string(frame->args.types[i]));
+      return ClientStatus::Error(
+          kInvalidArgument, "kreg cannot forward arg " + std::to_string(i) +
+                                " of type " +
+                                std::to_string(frame->args.types[i]));
     }
     auto* b = static_cast<const XLA_FFI_Buffer*>(frame->args.args[i]);
     Buf buf;
@@ -770,10 +769,10 @@ Status ForwardCudaCall(Client* client, const std::string& target,
   }
   for (int64_t i = 0; i < frame->rets.size; ++i) {
     if (frame->rets.types[i] != XLA_FFI_RetType_BUFFER) {
-      return Status::Error(kInvalidArgument,
-                           "kreg cannot forward ret " + std::to_string(i) +
-                               " of type " +
-                               std::to_string(frame->rets.types[i]));
+      return ClientStatus::Error(
+          kInvalidArgument, "kreg cannot forward ret " + std::to_string(i) +
+                                " of type " +
+                                std::to_string(frame->rets.types[i]));
     }
     auto* b = static_cast<const XLA_FFI_Buffer*>(frame->rets.rets[i]);
     Buf buf;
@@ -787,15 +786,16 @@ Status ForwardCudaCall(Client* client, const std::string& target,
     if (b.bytes == 0) continue;
     cs = cc::IdentifyBuffer(d, b.data, &b.id, &b.offset);
     if (!cs.ok()) {
-      return Status::Error(cs.code, "kreg: cannot forward a buffer of \"" +
-                                        target + "\" to kregd: " + cs.message);
+      return ClientStatus::Error(
+          cs.code, "kreg: cannot forward a buffer of \"" + target +
+                       "\" to kregd: " + cs.message);
     }
     if (b.offset + b.bytes > b.id.size) {
-      return Status::Error(kInternal,
-                           "kreg: a buffer of " + std::to_string(b.bytes) +
-                               " bytes at offset " + std::to_string(b.offset) +
-                               " overruns its CUDA allocation of " +
-                               std::to_string(b.id.size) + " bytes");
+      return ClientStatus::Error(
+          kInternal, "kreg: a buffer of " + std::to_string(b.bytes) +
+                         " bytes at offset " + std::to_string(b.offset) +
+                         " overruns its CUDA allocation of " +
+                         std::to_string(b.id.size) + " bytes");
     }
   }
   s = EncodeAttrs(&frame->attrs, launch->mutable_attrs());

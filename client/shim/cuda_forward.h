@@ -8,8 +8,8 @@
 
 #include <string>
 
+#include "client/common/status.h"
 #include "client/shim/client.h"
-#include "client/shim/status.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace kreg {
@@ -26,8 +26,8 @@ void DestroyCudaConnState(CudaConnState* state);
 // Forwards an EXECUTE-stage call of a CUDA target: the Launch carries, per
 // buffer, its allocation and offset; kregd runs the handler on its session
 // stream after XLA's preceding work and XLA's later work runs after it.
-Status ForwardCudaCall(Client* client, const std::string& target,
-                       XLA_FFI_CallFrame* frame);
+ClientStatus ForwardCudaCall(Client* client, const std::string& target,
+                             XLA_FFI_CallFrame* frame);
 
 }  // namespace shim
 }  // namespace kreg

@@ -84,7 +84,7 @@ XLA_FFI_Error* Forward(int index, XLA_FFI_CallFrame* call_frame) {
                          "\" supports only the execute stage, got stage " +
                          std::to_string(call_frame->stage));
   }
-  Status s =
+  ClientStatus s =
       ForwardCall(slot->client, slot->target, slot->platform, call_frame);
   if (s.ok()) return nullptr;
   // An error must never read as OK, nor carry a code XLA does not know.
@@ -136,15 +136,15 @@ constexpr std::array<XLA_FFI_Handler*, kNumSlots> kTrampolines =
 
 }  // namespace
 
-Status Bind(Client* client, const std::string& target,
-            const std::string& platform, Binding* out) {
+ClientStatus Bind(Client* client, const std::string& target,
+                  const std::string& platform, Binding* out) {
   std::string canonical = CanonicalPlatform(platform);
   std::lock_guard<std::mutex> lock(g_bind_mu);
   for (int i = 0; i < g_used; ++i) {
     const Slot* s = g_slots[i].load(std::memory_order_relaxed);
     if (s->target == target && s->platform == canonical) {
       if (s->client != client) {
-        return Status::Error(
+        return ClientStatus::Error(
             kFailedPrecondition,
             "target \"" + target + "\" (" + canonical +
                 ") is already bound to the kregd at " + s->client->path() +
@@ -152,11 +152,11 @@ Status Bind(Client* client, const std::string& target,
       }
       out->handler = reinterpret_cast<void*>(kTrampolines[i]);
       out->slot = i;
-      return Status::Ok();
+      return ClientStatus::Ok();
     }
   }
   if (g_used == kNumSlots) {
-    return Status::Error(
+    return ClientStatus::Error(
         kResourceExhausted,
         "cannot bind \"" + target + "\": all " + std::to_string(kNumSlots) +
             " kreg forwarding handler slots of this process are in use "
@@ -167,7 +167,7 @@ Status Bind(Client* client, const std::string& target,
                    std::memory_order_release);
   out->handler = reinterpret_cast<void*>(kTrampolines[i]);
   out->slot = i;
-  return Status::Ok();
+  return ClientStatus::Ok();
 }
 
 int SlotsUsed() {

@@ -5,8 +5,8 @@
 
 #include <string>
 
+#include "client/common/status.h"
 #include "client/shim/client.h"
-#include "client/shim/status.h"
 
 namespace kreg {
 namespace shim {
@@ -23,8 +23,8 @@ struct Binding {
 // binding for the same (target, canonical platform). RESOURCE_EXHAUSTED
 // when all kNumSlots slots are taken; FAILED_PRECONDITION when the pair is
 // bound to another client. Thread-safe.
-Status Bind(Client* client, const std::string& target,
-            const std::string& platform, Binding* out);
+ClientStatus Bind(Client* client, const std::string& target,
+                  const std::string& platform, Binding* out);
 
 int SlotsUsed();
 

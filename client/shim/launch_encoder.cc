@@ -34,27 +34,27 @@ struct Scratch {
 
 }  // namespace
 
-Status BufferBytes(const XLA_FFI_Buffer* b, const char* kind, int64_t i,
-                   uint64_t* bytes) {
+ClientStatus BufferBytes(const XLA_FFI_Buffer* b, const char* kind, int64_t i,
+                         uint64_t* bytes) {
   int width = DtypeByteWidth(b->dtype);
   if (width <= 0) {
-    return Status::Error(kInvalidArgument,
-                         std::string("kreg cannot forward ") + kind + " " +
-                             std::to_string(i) + ": dtype " +
-                             DtypeName(b->dtype) + " (code " +
-                             std::to_string(b->dtype) + ") has no byte width");
+    return ClientStatus::Error(
+        kInvalidArgument, std::string("kreg cannot forward ") + kind + " " +
+                              std::to_string(i) + ": dtype " +
+                              DtypeName(b->dtype) + " (code " +
+                              std::to_string(b->dtype) + ") has no byte width");
   }
   uint64_t n = static_cast<uint64_t>(width);
   for (int64_t d = 0; d < b->rank; ++d) {
     if (b->dims[d] < 0 ||
         __builtin_mul_overflow(n, static_cast<uint64_t>(b->dims[d]), &n)) {
-      return Status::Error(kInvalidArgument,
-                           std::string("kreg cannot forward ") + kind + " " +
-                               std::to_string(i) + ": bad dims");
+      return ClientStatus::Error(
+          kInvalidArgument, std::string("kreg cannot forward ") + kind + " " +
+                                std::to_string(i) + ": bad dims");
     }
   }
   *bytes = n;
-  return Status::Ok();
+  return ClientStatus::Ok();
 }
 
 void EncodeBufferShape(const XLA_FFI_Buffer* b, uint64_t bytes,
@@ -131,14 +131,15 @@ void CallContext(const XLA_FFI_CallFrame* f, int32_t* ordinal,
   }
 }
 
-Status EncodeAttrs(const XLA_FFI_Attrs* attrs,
-                   google::protobuf::RepeatedPtrField<v1::Attribute>* out,
-                   int depth) {
+ClientStatus EncodeAttrs(const XLA_FFI_Attrs* attrs,
+                         google::protobuf::RepeatedPtrField<v1::Attribute>* out,
+                         int depth) {
   if (depth > kMaxDepth) {
-    return Status::Error(kInvalidArgument,
-                         "kreg cannot forward attribute dictionaries nested "
-                         "deeper than " +
-                             std::to_string(kMaxDepth));
+    return ClientStatus::Error(
+        kInvalidArgument,
+        "kreg cannot forward attribute dictionaries nested "
+        "deeper than " +
+            std::to_string(kMaxDepth));
   }
   for (int64_t i = 0; i < attrs->size; ++i) {
     v1::Attribute* a = out->Add();
@@ -150,10 +151,10 @@ Status EncodeAttrs(const XLA_FFI_Attrs* attrs,
         auto* s = static_cast<const XLA_FFI_Scalar*>(value);
         int width = DtypeByteWidth(s->dtype);
         if (width <= 0) {
-          return Status::Error(kInvalidArgument,
-                               "kreg cannot forward scalar attribute \"" +
-                                   a->name() + "\" of dtype code " +
-                                   std::to_string(s->dtype));
+          return ClientStatus::Error(kInvalidArgument,
+                                     "kreg cannot forward scalar attribute \"" +
+                                         a->name() + "\" of dtype code " +
+                                         std::to_string(s->dtype));
         }
         a->set_kind(v1::ATTR_KIND_SCALAR);
         a->set_dtype(s->dtype);
@@ -164,10 +165,10 @@ Status EncodeAttrs(const XLA_FFI_Attrs* attrs,
         auto* arr = static_cast<const XLA_FFI_Array*>(value);
         int width = DtypeByteWidth(arr->dtype);
         if (width <= 0) {
-          return Status::Error(kInvalidArgument,
-                               "kreg cannot forward array attribute \"" +
-                                   a->name() + "\" of dtype code " +
-                                   std::to_string(arr->dtype));
+          return ClientStatus::Error(kInvalidArgument,
+                                     "kreg cannot forward array attribute \"" +
+                                         a->name() + "\" of dtype code " +
+                                         std::to_string(arr->dtype));
         }
         a->set_kind(v1::ATTR_KIND_ARRAY);
         a->set_dtype(arr->dtype);
@@ -183,28 +184,29 @@ Status EncodeAttrs(const XLA_FFI_Attrs* attrs,
       }
       case XLA_FFI_AttrType_DICTIONARY: {
         a->set_kind(v1::ATTR_KIND_DICT);
-        Status s = EncodeAttrs(static_cast<const XLA_FFI_Attrs*>(value),
-                               a->mutable_dict(), depth + 1);
+        ClientStatus s = EncodeAttrs(static_cast<const XLA_FFI_Attrs*>(value),
+                                     a->mutable_dict(), depth + 1);
         if (!s.ok()) return s;
         break;
       }
       default:
-        return Status::Error(kInvalidArgument,
-                             "kreg cannot forward attribute \"" + a->name() +
-                                 "\" of type " +
-                                 std::to_string(attrs->types[i]));
+        return ClientStatus::Error(
+            kInvalidArgument, "kreg cannot forward attribute \"" + a->name() +
+                                  "\" of type " +
+                                  std::to_string(attrs->types[i]));
     }
   }
-  return Status::Ok();
+  return ClientStatus::Ok();
 }
 
-Status ForwardCall(Client* client, const std::string& target,
-                   const std::string& platform, XLA_FFI_CallFrame* frame) {
+ClientStatus ForwardCall(Client* client, const std::string& target,
+                         const std::string& platform,
+                         XLA_FFI_CallFrame* frame) {
   if (platform == "cuda") return ForwardCudaCall(client, target, frame);
   if (platform != "cpu") {
-    return Status::Error(kUnimplemented, "kreg: forwarding " + platform +
-                                             " calls of \"" + target +
-                                             "\" is not supported");
+    return ClientStatus::Error(kUnimplemented, "kreg: forwarding " + platform +
+                                                   " calls of \"" + target +
+                                                   "\" is not supported");
   }
   thread_local Scratch scratch;
   v1::SessionRequest& req = scratch.request;
@@ -220,14 +222,14 @@ Status ForwardCall(Client* client, const std::string& target,
   scratch.rets.clear();
   for (int64_t i = 0; i < frame->args.size; ++i) {
     if (frame->args.types[i] != XLA_FFI_ArgType_BUFFER) {
-      return Status::Error(kInvalidArgument,
-                           "kreg cannot forward arg " + std::to_string(i) +
-                               " of type " +
-                               std::to_string(frame->args.types[i]));
+      return ClientStatus::Error(
+          kInvalidArgument, "kreg cannot forward arg " + std::to_string(i) +
+                                " of type " +
+                                std::to_string(frame->args.types[i]));
     }
     auto* b = static_cast<const XLA_FFI_Buffer*>(frame->args.args[i]);
     uint64_t bytes;
-    Status s = BufferBytes(b, "arg", i, &bytes);
+    ClientStatus s = BufferBytes(b, "arg", i, &bytes);
     if (!s.ok()) return s;
     Region r{b, cursor, bytes, true};
     for (const Region& prev : scratch.args) {
@@ -243,14 +245,14 @@ Status ForwardCall(Client* client, const std::string& target,
   }
   for (int64_t i = 0; i < frame->rets.size; ++i) {
     if (frame->rets.types[i] != XLA_FFI_RetType_BUFFER) {
-      return Status::Error(kInvalidArgument,
-                           "kreg cannot forward ret " + std::to_string(i) +
-                               " of type " +
-                               std::to_string(frame->rets.types[i]));
+      return ClientStatus::Error(
+          kInvalidArgument, "kreg cannot forward ret " + std::to_string(i) +
+                                " of type " +
+                                std::to_string(frame->rets.types[i]));
     }
     auto* b = static_cast<const XLA_FFI_Buffer*>(frame->rets.rets[i]);
     uint64_t bytes;
-    Status s = BufferBytes(b, "ret", i, &bytes);
+    ClientStatus s = BufferBytes(b, "ret", i, &bytes);
     if (!s.ok()) return s;
     Region r{b, cursor, bytes, false};
     bool aliased = false;
@@ -265,7 +267,7 @@ Status ForwardCall(Client* client, const std::string& target,
     scratch.rets.push_back(r);
     EncodeBuffer(b, r, launch->add_rets());
   }
-  Status s = EncodeAttrs(&frame->attrs, launch->mutable_attrs());
+  ClientStatus s = EncodeAttrs(&frame->attrs, launch->mutable_attrs());
   if (!s.ok()) return s;
   int32_t ordinal = 0;
   int64_t run_id = 0;
@@ -275,7 +277,7 @@ Status ForwardCall(Client* client, const std::string& target,
 
   client->launches.fetch_add(1, std::memory_order_relaxed);
   s = client->WithConn([&](Conn* conn) {
-    Status st = conn->EnsureArena(cursor);
+    ClientStatus st = conn->EnsureArena(cursor);
     if (!st.ok()) return st;
     char* arena = conn->arena();
     for (const Region& r : scratch.args) {

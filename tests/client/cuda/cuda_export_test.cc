@@ -39,7 +39,7 @@ TEST_CASE("Without a driver every client call says so", "[client_cuda]") {
   std::string uuid;
   std::unique_ptr<IpcEventPair> events;
   std::unique_ptr<StagingBuffer> staging;
-  for (const Status& s :
+  for (const ClientStatus& s :
        {IdentifyBuffer(nullptr, Ptr(0x1000), &id),
         ExportBuffer(nullptr, Ptr(0x1000), &e), DeviceUuid(nullptr, 0, &uuid),
         CurrentDeviceUuid(nullptr, &uuid),
@@ -52,7 +52,7 @@ TEST_CASE("Without a driver every client call says so", "[client_cuda]") {
 }
 
 TEST_CASE("ProcessDriver loads libcuda.so.1 or says why not", "[client_cuda]") {
-  Status s;
+  ClientStatus s;
   const cu::CudaDriver* d = ProcessDriver(&s);
   if (d == nullptr) {
     WARN("this machine has no CUDA driver: " << s.message);
@@ -66,7 +66,7 @@ TEST_CASE("A pointer that is not device memory is INVALID_ARGUMENT",
   FakeCuda fake;
   int host = 0;
   AllocationId id;
-  Status s = IdentifyBuffer(fake.driver(), &host, &id);
+  ClientStatus s = IdentifyBuffer(fake.driver(), &host, &id);
   CHECK(s.code == kInvalidArgument);
   CHECK(Contains(s.message, "is not CUDA device memory of this process"));
 }

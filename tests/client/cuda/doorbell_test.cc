@@ -36,7 +36,7 @@ TEST_CASE("A doorbell rings ready and waits for done with sequence numbers",
   Pushed pushed(fake.driver());
   {
     std::unique_ptr<Doorbell> bell;
-    Status s = Doorbell::Create(fake.driver(), 0, Ctx(), &bell);
+    ClientStatus s = Doorbell::Create(fake.driver(), 0, Ctx(), &bell);
     INFO(s.message);
     REQUIRE(s.ok());
     CHECK(bell->size() == fake.granularity);
@@ -95,7 +95,7 @@ TEST_CASE("A device without 64-bit stream memops gets no doorbell",
   fake.devices[0].memops64 = false;
   Pushed pushed(fake.driver());
   std::unique_ptr<Doorbell> bell;
-  Status s = Doorbell::Create(fake.driver(), 0, Ctx(), &bell);
+  ClientStatus s = Doorbell::Create(fake.driver(), 0, Ctx(), &bell);
   CHECK(s.code == kFailedPrecondition);
   CHECK(bell == nullptr);
   CHECK(fake.live_handles == 0);

@@ -208,7 +208,7 @@ TEST_CASE("A staging buffer that cannot be created is an error", "[staging]") {
   StagingArena arena(fake.driver(), 0, cur.ctx);
   fake.FailNext("cuMemCreate", cu::CUDA_ERROR_OUT_OF_MEMORY);
   fake.FailNext("cuMemCreate", cu::CUDA_ERROR_OUT_OF_MEMORY);
-  Status s =
+  ClientStatus s =
       arena.Acquire(reinterpret_cast<cu::CUstream>(0x2001), 4096, nullptr);
   CHECK(s.code == kResourceExhausted);
   CHECK(s.message.find("staging buffer") != std::string::npos);

@@ -59,8 +59,7 @@ TEST_CASE("A VMM allocation exported by the client side is imported by kregd",
   }
   const cu::CudaDriver* d = devices->driver();
   std::unique_ptr<cuda_client::StagingBuffer> staging;
-  cuda_client::Status s =
-      cuda_client::StagingBuffer::Create(d, 0, 3 << 20, &staging);
+  ClientStatus s = cuda_client::StagingBuffer::Create(d, 0, 3 << 20, &staging);
   REQUIRE(s.message == "");
   cuda_client::ExportedBuffer e;
   s = staging->Export(&e);

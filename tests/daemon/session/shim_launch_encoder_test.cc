@@ -91,7 +91,7 @@ TEST_CASE("EncodeAttrs: refuses dtypes without a byte width", "[shim]") {
   AttrsBuilder b;
   b.Add("nibble", XLA_FFI_AttrType_SCALAR, &s4);
   google::protobuf::RepeatedPtrField<v1::Attribute> out;
-  Status s = EncodeAttrs(b.Build(), &out);
+  ClientStatus s = EncodeAttrs(b.Build(), &out);
   CHECK(s.code == kInvalidArgument);
   CHECK(s.message ==
         "kreg cannot forward scalar attribute \"nibble\" of dtype code 21");
@@ -136,7 +136,7 @@ TEST_CASE("ForwardCall: a sub-byte buffer is refused before any I/O",
   f.frame.args.size = 1;
   f.frame.args.types = &type;
   f.frame.args.args = args;
-  Status s = ForwardCall(&client, "t", "cpu", &f.frame);
+  ClientStatus s = ForwardCall(&client, "t", "cpu", &f.frame);
   CHECK(s.code == kInvalidArgument);
   CHECK(s.message ==
         "kreg cannot forward arg 0: dtype U4 (code 22) has no byte width");
@@ -145,7 +145,7 @@ TEST_CASE("ForwardCall: a sub-byte buffer is refused before any I/O",
 TEST_CASE("ForwardCall: CUDA without a driver says so", "[shim]") {
   Client client("/nonexistent/kregd.sock.session");
   Frame f;
-  Status s = ForwardCall(&client, "t", "cuda", &f.frame);
+  ClientStatus s = ForwardCall(&client, "t", "cuda", &f.frame);
   CHECK(s.code == kUnavailable);
   CHECK(s.message.rfind("kreg: forwarding CUDA call of \"t\": no CUDA driver",
                         0) == 0);
@@ -155,7 +155,7 @@ TEST_CASE("ForwardCall: daemon not running is UNAVAILABLE with the path",
           "[shim]") {
   Client client("/nonexistent/kregd.sock.session");
   Frame f;
-  Status s = ForwardCall(&client, "t", "cpu", &f.frame);
+  ClientStatus s = ForwardCall(&client, "t", "cpu", &f.frame);
   CHECK(s.code == kUnavailable);
   CHECK(s.message ==
         "cannot connect to the kregd session socket "
@@ -206,7 +206,7 @@ TEST_CASE("Binding a target to a second daemon is refused", "[shim]") {
   Client one("/nonexistent/one.session"), two("/nonexistent/two.session");
   Binding b;
   REQUIRE(Bind(&one, "two.daemons", "cpu", &b).ok());
-  Status s = Bind(&two, "two.daemons", "cpu", &b);
+  ClientStatus s = Bind(&two, "two.daemons", "cpu", &b);
   CHECK(s.code == kFailedPrecondition);
   CHECK(s.message ==
         "target \"two.daemons\" (cpu) is already bound to the kregd at "
