@@ -751,37 +751,16 @@ ClientStatus ForwardCudaCall(Client* client, const std::string& target,
   launch->set_target_name(target);
   launch->set_platform("cuda");
   launch->set_device_uuid(call.uuid);
-  for (int64_t i = 0; i < frame->args.size; ++i) {
-    if (frame->args.types[i] != XLA_FFI_ArgType_BUFFER) {
-      return ClientStatus::Error(
-          kInvalidArgument, "kreg cannot forward arg " + std::to_string(i) +
-                                " of type " +
-                                std::to_string(frame->args.types[i]));
-    }
-    auto* b = static_cast<const XLA_FFI_Buffer*>(frame->args.args[i]);
-    Buf buf;
-    buf.is_arg = true;
-    buf.data = b->data;
-    s = BufferBytes(b, "arg", i, &buf.bytes);
-    if (!s.ok()) return s;
-    EncodeBufferShape(b, buf.bytes, launch->add_args());
-    call.bufs.push_back(std::move(buf));
-  }
-  for (int64_t i = 0; i < frame->rets.size; ++i) {
-    if (frame->rets.types[i] != XLA_FFI_RetType_BUFFER) {
-      return ClientStatus::Error(
-          kInvalidArgument, "kreg cannot forward ret " + std::to_string(i) +
-                                " of type " +
-                                std::to_string(frame->rets.types[i]));
-    }
-    auto* b = static_cast<const XLA_FFI_Buffer*>(frame->rets.rets[i]);
-    Buf buf;
-    buf.data = b->data;
-    s = BufferBytes(b, "ret", i, &buf.bytes);
-    if (!s.ok()) return s;
-    EncodeBufferShape(b, buf.bytes, launch->add_rets());
-    call.bufs.push_back(std::move(buf));
-  }
+  s = EncodeBuffers(
+      frame, launch,
+      [&](const XLA_FFI_Buffer* b, uint64_t bytes, bool is_arg, v1::Buffer*) {
+        Buf buf;
+        buf.is_arg = is_arg;
+        buf.data = b->data;
+        buf.bytes = bytes;
+        call.bufs.push_back(std::move(buf));
+      });
+  if (!s.ok()) return s;
   for (Buf& b : call.bufs) {
     if (b.bytes == 0) continue;
     cs = cc::IdentifyBuffer(d, b.data, &b.id, &b.offset);

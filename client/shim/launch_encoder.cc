@@ -67,14 +67,6 @@ void EncodeBufferShape(const XLA_FFI_Buffer* b, uint64_t bytes,
 
 namespace {
 
-void EncodeBuffer(const XLA_FFI_Buffer* b, const Region& r, v1::Buffer* out) {
-  out->set_dtype(b->dtype);
-  out->mutable_dims()->Reserve(static_cast<int>(b->rank));
-  for (int64_t d = 0; d < b->rank; ++d) out->add_dims(b->dims[d]);
-  out->set_offset(r.offset);
-  out->set_size(r.bytes);
-}
-
 // memcpy, split over a few threads for large buffers (the copies through
 // the arena dominate forwarded calls on big arrays).
 void Copy(void* dst, const void* src, uint64_t n) {
@@ -220,54 +212,38 @@ ClientStatus ForwardCall(Client* client, const std::string& target,
   uint64_t cursor = 0;
   scratch.args.clear();
   scratch.rets.clear();
-  for (int64_t i = 0; i < frame->args.size; ++i) {
-    if (frame->args.types[i] != XLA_FFI_ArgType_BUFFER) {
-      return ClientStatus::Error(
-          kInvalidArgument, "kreg cannot forward arg " + std::to_string(i) +
-                                " of type " +
-                                std::to_string(frame->args.types[i]));
-    }
-    auto* b = static_cast<const XLA_FFI_Buffer*>(frame->args.args[i]);
-    uint64_t bytes;
-    ClientStatus s = BufferBytes(b, "arg", i, &bytes);
-    if (!s.ok()) return s;
-    Region r{b, cursor, bytes, true};
-    for (const Region& prev : scratch.args) {
-      if (bytes > 0 && prev.buffer->data == b->data && prev.bytes == bytes) {
-        r.offset = prev.offset;
-        r.copy_in = false;
-        break;
-      }
-    }
-    if (r.copy_in) cursor = AlignUp(cursor + bytes);
-    scratch.args.push_back(r);
-    EncodeBuffer(b, r, launch->add_args());
-  }
-  for (int64_t i = 0; i < frame->rets.size; ++i) {
-    if (frame->rets.types[i] != XLA_FFI_RetType_BUFFER) {
-      return ClientStatus::Error(
-          kInvalidArgument, "kreg cannot forward ret " + std::to_string(i) +
-                                " of type " +
-                                std::to_string(frame->rets.types[i]));
-    }
-    auto* b = static_cast<const XLA_FFI_Buffer*>(frame->rets.rets[i]);
-    uint64_t bytes;
-    ClientStatus s = BufferBytes(b, "ret", i, &bytes);
-    if (!s.ok()) return s;
-    Region r{b, cursor, bytes, false};
-    bool aliased = false;
-    for (const Region& a : scratch.args) {
-      if (bytes > 0 && a.buffer->data == b->data && a.bytes == bytes) {
-        r.offset = a.offset;
-        aliased = true;
-        break;
-      }
-    }
-    if (!aliased) cursor = AlignUp(cursor + bytes);
-    scratch.rets.push_back(r);
-    EncodeBuffer(b, r, launch->add_rets());
-  }
-  ClientStatus s = EncodeAttrs(&frame->attrs, launch->mutable_attrs());
+  ClientStatus s = EncodeBuffers(
+      frame, launch,
+      [&](const XLA_FFI_Buffer* b, uint64_t bytes, bool is_arg,
+          v1::Buffer* out) {
+        Region r{b, cursor, bytes, is_arg};
+        if (is_arg) {
+          for (const Region& prev : scratch.args) {
+            if (bytes > 0 && prev.buffer->data == b->data &&
+                prev.bytes == bytes) {
+              r.offset = prev.offset;
+              r.copy_in = false;
+              break;
+            }
+          }
+          if (r.copy_in) cursor = AlignUp(cursor + bytes);
+          scratch.args.push_back(r);
+        } else {
+          bool aliased = false;
+          for (const Region& a : scratch.args) {
+            if (bytes > 0 && a.buffer->data == b->data && a.bytes == bytes) {
+              r.offset = a.offset;
+              aliased = true;
+              break;
+            }
+          }
+          if (!aliased) cursor = AlignUp(cursor + bytes);
+          scratch.rets.push_back(r);
+        }
+        out->set_offset(r.offset);
+      });
+  if (!s.ok()) return s;
+  s = EncodeAttrs(&frame->attrs, launch->mutable_attrs());
   if (!s.ok()) return s;
   int32_t ordinal = 0;
   int64_t run_id = 0;

@@ -3,6 +3,7 @@
 #ifndef KREGD_CLIENT_SHIM_LAUNCH_ENCODER_H_
 #define KREGD_CLIENT_SHIM_LAUNCH_ENCODER_H_
 
+#include <cstdint>
 #include <string>
 
 #include "client/common/status.h"
@@ -28,6 +29,47 @@ ClientStatus BufferBytes(const XLA_FFI_Buffer* b, const char* kind, int64_t i,
 // caller's).
 void EncodeBufferShape(const XLA_FFI_Buffer* b, uint64_t bytes,
                        v1::Buffer* out);
+// Walks the args, then the rets, of `frame`, as both the CPU and the CUDA
+// paths forward them: each must be a buffer (INVALID_ARGUMENT naming it
+// otherwise) with a byte size (BufferBytes); its dtype, dims and size go into
+// a new entry of launch->args() (or rets()), then `visit(b, bytes, is_arg,
+// out)` is called with that entry for what is the caller's (where the bytes
+// live). The first error stops the walk and is returned.
+template <typename Visit>
+ClientStatus EncodeBuffers(const XLA_FFI_CallFrame* frame, v1::Launch* launch,
+                           Visit&& visit) {
+  for (int64_t i = 0; i < frame->args.size; ++i) {
+    if (frame->args.types[i] != XLA_FFI_ArgType_BUFFER) {
+      return ClientStatus::Error(
+          kInvalidArgument, "kreg cannot forward arg " + std::to_string(i) +
+                                " of type " +
+                                std::to_string(frame->args.types[i]));
+    }
+    auto* b = static_cast<const XLA_FFI_Buffer*>(frame->args.args[i]);
+    uint64_t bytes;
+    ClientStatus s = BufferBytes(b, "arg", i, &bytes);
+    if (!s.ok()) return s;
+    v1::Buffer* out = launch->add_args();
+    EncodeBufferShape(b, bytes, out);
+    visit(b, bytes, /*is_arg=*/true, out);
+  }
+  for (int64_t i = 0; i < frame->rets.size; ++i) {
+    if (frame->rets.types[i] != XLA_FFI_RetType_BUFFER) {
+      return ClientStatus::Error(
+          kInvalidArgument, "kreg cannot forward ret " + std::to_string(i) +
+                                " of type " +
+                                std::to_string(frame->rets.types[i]));
+    }
+    auto* b = static_cast<const XLA_FFI_Buffer*>(frame->rets.rets[i]);
+    uint64_t bytes;
+    ClientStatus s = BufferBytes(b, "ret", i, &bytes);
+    if (!s.ok()) return s;
+    v1::Buffer* out = launch->add_rets();
+    EncodeBufferShape(b, bytes, out);
+    visit(b, bytes, /*is_arg=*/false, out);
+  }
+  return ClientStatus::Ok();
+}
 // Device ordinal and run id of the call, when XLA provides them.
 void CallContext(const XLA_FFI_CallFrame* f, int32_t* ordinal, int64_t* run_id);
 
