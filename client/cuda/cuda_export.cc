@@ -38,24 +38,6 @@ std::string Hex(uint64_t v) {
   return buf;
 }
 
-// Pushes `ctx` (if any) for the scope.
-class PushContext {
- public:
-  PushContext(const cu::CudaDriver& d, cu::CUcontext ctx) : d_(d) {
-    pushed_ = ctx != nullptr && d_.cuCtxPushCurrent(ctx) == cu::CUDA_SUCCESS;
-  }
-  ~PushContext() {
-    if (pushed_) {
-      cu::CUcontext popped;
-      d_.cuCtxPopCurrent(&popped);
-    }
-  }
-
- private:
-  const cu::CudaDriver& d_;
-  bool pushed_ = false;
-};
-
 }  // namespace
 
 const cu::CudaDriver* ProcessDriver(ClientStatus* status) {

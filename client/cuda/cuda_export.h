@@ -20,6 +20,27 @@ namespace kreg::cuda_client {
 // UNAVAILABLE "no CUDA driver: ...".
 const cu::CudaDriver* ProcessDriver(ClientStatus* status);
 
+// Pushes `ctx` (if any) for the scope; pops it at the end if the push
+// succeeded.
+class PushContext {
+ public:
+  PushContext(const cu::CudaDriver& d, cu::CUcontext ctx) : d_(d) {
+    pushed_ = ctx != nullptr && d_.cuCtxPushCurrent(ctx) == cu::CUDA_SUCCESS;
+  }
+  ~PushContext() {
+    if (pushed_) {
+      cu::CUcontext popped;
+      d_.cuCtxPopCurrent(&popped);
+    }
+  }
+  PushContext(const PushContext&) = delete;
+  PushContext& operator=(const PushContext&) = delete;
+
+ private:
+  const cu::CudaDriver& d_;
+  bool pushed_ = false;
+};
+
 // The allocation behind a device pointer: what kregd's mapping cache is keyed
 // by (CudaMappingKey).
 struct AllocationId {

@@ -93,24 +93,6 @@ void FillRef(const cc::AllocationId& id, v1::CudaMappingRef* ref) {
   ref->set_generation(id.generation);
 }
 
-// Pushes a context for the scope.
-class CtxScope {
- public:
-  CtxScope(const cu::CudaDriver& d, cu::CUcontext ctx) : d_(d) {
-    pushed_ = ctx != nullptr && d_.cuCtxPushCurrent(ctx) == cu::CUDA_SUCCESS;
-  }
-  ~CtxScope() {
-    if (pushed_) {
-      cu::CUcontext popped;
-      d_.cuCtxPopCurrent(&popped);
-    }
-  }
-
- private:
-  const cu::CudaDriver& d_;
-  bool pushed_ = false;
-};
-
 void DestroyError(const XLA_FFI_Api* api, XLA_FFI_Error* e) {
   XLA_FFI_Error_Destroy_Args d;
   memset(&d, 0, sizeof(d));
@@ -742,7 +724,7 @@ ClientStatus ForwardCudaCall(Client* client, const std::string& target,
   if (!s.ok()) return s;
   cs = cc::StreamDevice(d, call.stream, &call.ctx, &call.ordinal, &call.uuid);
   if (!cs.ok()) return cs;
-  CtxScope scope(*d, call.ctx);
+  cc::PushContext scope(*d, call.ctx);
 
   thread_local v1::SessionRequest req;
   thread_local v1::SessionResponse resp;

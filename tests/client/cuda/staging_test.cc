@@ -28,7 +28,7 @@ int Count(const std::vector<std::string>& calls, const std::string& fn) {
   return n;
 }
 
-// Pushes the fake device's context for the scope (the shim's CtxScope).
+// Pushes the fake device's context for the scope (like PushContext).
 struct Current {
   explicit Current(FakeCuda& fake) : d(fake.driver()) {
     REQUIRE(StreamDevice(d, reinterpret_cast<cu::CUstream>(0x2001), &ctx,
