@@ -73,11 +73,6 @@ def registered(x64, gpu, cuda_kernels_dir, kreg_client):
                                       platform="CUDA")
 
 
-def sds(x):
-  dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
-  return jax.ShapeDtypeStruct(np.shape(x), dtype)
-
-
 def poison_like(spec) -> jax.Array:
   dtype = np.dtype(spec.dtype)
   fill = 0xFF if jnp.issubdtype(dtype, jnp.inexact) else 0x5A
@@ -133,17 +128,6 @@ def same(name, outs, *args, exact=True, **attrs):
   return fwd
 
 
-def random_array(rng, shape, dtype):
-  dtype = np.dtype(dtype)
-  if np.issubdtype(dtype, np.integer):
-    info = np.iinfo(dtype)
-    lo, hi = max(info.min, -1000), min(info.max, 1000)
-    return rng.integers(lo, hi, size=shape, endpoint=True).astype(dtype)
-  if np.issubdtype(dtype, np.complexfloating):
-    return (rng.normal(size=shape) + 1j * rng.normal(size=shape)).astype(dtype)
-  return rng.normal(size=shape).astype(dtype)
-
-
 # --------------------------------------------------------------------------
 
 SCALE_DTYPES = [np.float32, np.float64, np.float16, ml_dtypes.bfloat16,
@@ -156,10 +140,10 @@ SCALE_DTYPES = [np.float32, np.float64, np.float16, ml_dtypes.bfloat16,
                          ids=str)
 def test_scale(dtype, shape):
   rng = np.random.default_rng(abs(hash((np.dtype(dtype).name, shape))) % 2**32)
-  x = random_array(rng, shape, dtype)
+  x = ku.random_array(rng, shape, dtype)
   factor = np.float32(2.5 if np.issubdtype(x.dtype, np.unsignedinteger)
                       else -2.75)
-  (y,) = same("demo.Scale", sds(x), x, factor=factor)
+  (y,) = same("demo.Scale", ku.sds(x), x, factor=factor)
   np.testing.assert_array_equal(y, ku.scale_reference(x, factor))
 
 
@@ -167,7 +151,7 @@ def test_scale_large_and_repeated():
   # 64 MiB, several calls: cached mappings reused, new outputs shared.
   x = np.random.default_rng(0).normal(size=16 << 20).astype(np.float32)
   for factor in (1.5, -3.0, 0.25):
-    (y,) = same("demo.Scale", sds(x), x, factor=np.float32(factor))
+    (y,) = same("demo.Scale", ku.sds(x), x, factor=np.float32(factor))
   np.testing.assert_array_equal(y, x * np.float32(0.25))
 
 
@@ -195,7 +179,7 @@ def test_addmul(shape):
   rng = np.random.default_rng(7)
   a = rng.normal(size=shape).astype(np.float32)
   b = rng.normal(size=shape).astype(np.float32)
-  s, p = same("demo.AddMul", (sds(a), sds(a)), a, b)
+  s, p = same("demo.AddMul", (ku.sds(a), ku.sds(a)), a, b)
   np.testing.assert_array_equal(s, a + b)
   np.testing.assert_array_equal(p, a * b)
 
@@ -220,7 +204,7 @@ def test_accumulate_into_a_fresh_output():
   rng = np.random.default_rng(2)
   state = rng.normal(size=10_000).astype(np.float32)
   idx = rng.integers(0, 10_000, size=50_000).astype(np.int32)
-  (out,) = same("demo.Accumulate", sds(state), state, idx)
+  (out,) = same("demo.Accumulate", ku.sds(state), state, idx)
   np.testing.assert_array_equal(out, ku.accumulate_reference(state, idx))
 
 
@@ -234,7 +218,7 @@ def test_accumulate_in_place_sees_one_buffer(donate):
   results = []
   for prefix in (FWD, REF):
     f = lambda s, i, p=prefix: jax.ffi.ffi_call(
-        p + "demo.AccumulateInPlace", sds(state),
+        p + "demo.AccumulateInPlace", ku.sds(state),
         input_output_aliases={0: 0})(s, i)
     f = jax.jit(f, donate_argnums=0) if donate else jax.jit(f)
     results.append(np.asarray(f(jnp.asarray(state), jnp.asarray(idx))))
@@ -249,19 +233,19 @@ def test_accumulate_in_place_refuses_distinct_buffers_verbatim():
                      match="AccumulateInPlace: input and output are not the "
                      "same buffer"):
     jax.block_until_ready(jax.ffi.ffi_call(
-        FWD + "demo.AccumulateInPlace", sds(state))(state, idx))
+        FWD + "demo.AccumulateInPlace", ku.sds(state))(state, idx))
 
 
 @pytest.mark.parametrize("n", [0, 1, 17, 4096, 300_000])
 def test_scratch_sum_uses_kregd_scratch(n):
   x = np.random.default_rng(n).normal(size=n).astype(np.float32)
-  (y,) = run(FWD, "demo.ScratchSum", sds(x), x)
+  (y,) = run(FWD, "demo.ScratchSum", ku.sds(x), x)
   np.testing.assert_array_equal(y, ku.scratch_sum_reference(x))
 
 
 def test_scratch_sum_repeated_under_jit():
-  f = jax.jit(lambda v: jax.ffi.ffi_call(FWD + "demo.ScratchSum", sds(v))(
-      jax.ffi.ffi_call(FWD + "demo.ScratchSum", sds(v))(v)))
+  f = jax.jit(lambda v: jax.ffi.ffi_call(FWD + "demo.ScratchSum", ku.sds(v))(
+      jax.ffi.ffi_call(FWD + "demo.ScratchSum", ku.sds(v))(v)))
   x = np.ones(50_000, np.float32)
   np.testing.assert_array_equal(
       np.asarray(f(x)), ku.scratch_sum_reference(ku.scratch_sum_reference(x)))
@@ -271,12 +255,12 @@ def test_scratch_sum_repeated_under_jit():
 def test_handler_error_is_verbatim(code):
   x = np.zeros(2, np.float32)
   with pytest.raises(jax.errors.JaxRuntimeError) as info:
-    jax.block_until_ready(jax.ffi.ffi_call(FWD + "demo.Fail", sds(x))(
+    jax.block_until_ready(jax.ffi.ffi_call(FWD + "demo.Fail", ku.sds(x))(
         x, code=code))
   assert f"demo.Fail: refused on purpose (code={code})" in str(info.value)
   assert "INVALID_ARGUMENT" in str(info.value)
   # The session still works after an error.
-  (y,) = same("demo.Scale", sds(x), x + 1, factor=np.float32(2))
+  (y,) = same("demo.Scale", ku.sds(x), x + 1, factor=np.float32(2))
   np.testing.assert_array_equal(y, np.full(2, 2, np.float32))
 
 
@@ -318,7 +302,7 @@ def test_vmap():
   outs = []
   for prefix in (FWD, REF):
     f = lambda v, p=prefix: jax.ffi.ffi_call(
-        p + "demo.Scale", sds(v), vmap_method="sequential")(
+        p + "demo.Scale", ku.sds(v), vmap_method="sequential")(
             v, factor=np.float32(1.5))
     outs.append(np.asarray(jax.jit(jax.vmap(f))(x)))
   np.testing.assert_array_equal(outs[0], outs[1])
@@ -332,7 +316,7 @@ def test_stream_ordering_in_a_chain():
 
   def f(v):
     for _ in range(8):
-      v = jax.ffi.ffi_call(FWD + "demo.Scale", sds(v))(
+      v = jax.ffi.ffi_call(FWD + "demo.Scale", ku.sds(v))(
           v * 2 + 1, factor=np.float32(0.5))
     return v
 
@@ -378,7 +362,7 @@ def test_two_jax_processes_on_one_gpu(cuda_kernels_dir, kregd_socket):
   # This process forwards at the same time.
   x = np.arange(1 << 18, dtype=np.float32)
   for _ in range(50):
-    (y,) = run(FWD, "demo.Scale", sds(x), x, factor=np.float32(2))
+    (y,) = run(FWD, "demo.Scale", ku.sds(x), x, factor=np.float32(2))
   np.testing.assert_array_equal(y, x * 2)
   for p in procs:
     out, _ = p.communicate(timeout=300)
@@ -426,7 +410,7 @@ def test_daemon_without_the_clients_gpu_says_so(cuda_kernels_dir):
     x = np.ones(4, np.float32)
     with pytest.raises(jax.errors.JaxRuntimeError,
                        match="serves no CUDA device|not visible to kregd"):
-      jax.block_until_ready(jax.ffi.ffi_call("fwd_cuda.nogpu.Scale", sds(x))(
+      jax.block_until_ready(jax.ffi.ffi_call("fwd_cuda.nogpu.Scale", ku.sds(x))(
           x, factor=np.float32(2)))
   finally:
     proc.send_signal(signal.SIGTERM)

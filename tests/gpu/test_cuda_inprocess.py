@@ -61,12 +61,6 @@ def registered(x64, gpu, cuda_kernels_dir):
                                   platform="CUDA")
 
 
-def sds(x):
-  # x.dtype, not np.asarray(x): x may be a tracer inside jit/vmap.
-  dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
-  return jax.ShapeDtypeStruct(np.shape(x), dtype)
-
-
 # XLA:GPU in jaxlib 0.11.2 refuses FFI scratch allocation in-process
 # (measured on the H200); kregd's stream-ordered allocator does not.
 SCRATCH_REFUSED = "scratch allocation"
@@ -136,24 +130,13 @@ def plain(name, outs, **kw):
   return jax.ffi.ffi_call(PREFIX + name, outs, **kw)
 
 
-def random_array(rng, shape, dtype):
-  dtype = np.dtype(dtype)
-  if np.issubdtype(dtype, np.integer):
-    info = np.iinfo(dtype)
-    lo, hi = max(info.min, -1000), min(info.max, 1000)
-    return rng.integers(lo, hi, size=shape, endpoint=True).astype(dtype)
-  if np.issubdtype(dtype, np.complexfloating):
-    return (rng.normal(size=shape) + 1j * rng.normal(size=shape)).astype(dtype)
-  return rng.normal(size=shape).astype(dtype)
-
-
 # --------------------------------------------------------------------------
 # The poisoning mechanism itself
 # --------------------------------------------------------------------------
 
 def test_poisoned_outputs_reach_the_handler():
   x = np.arange(4096, dtype=np.float32)
-  spec = sds(x)
+  spec = ku.sds(x)
   poison = poison_like(spec)
   assert np.isnan(np.asarray(poison)).all()
   fn = _poisoned_fn("demo.Scale", (spec,), True, {},
@@ -180,22 +163,22 @@ SHAPES = [(), (0,), (1,), (7,), (4, 5), (2, 3, 4), (100_003,)]
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_scale_matches_numpy(dtype, shape):
   rng = np.random.default_rng(abs(hash((np.dtype(dtype).name, shape))) % 2**32)
-  x = random_array(rng, shape, dtype)
+  x = ku.random_array(rng, shape, dtype)
   signed = np.issubdtype(x.dtype, np.signedinteger) or \
       not np.issubdtype(x.dtype, np.integer)
   factor = np.float32(-2.75) if signed else np.float32(2.5)
-  y = call("demo.Scale", sds(x), x, factor=factor)
+  y = call("demo.Scale", ku.sds(x), x, factor=factor)
   assert y.dtype == x.dtype and y.shape == x.shape
   np.testing.assert_array_equal(np.asarray(y), ku.scale_reference(x, factor))
 
 
 def test_scale_saturates_and_rounds_like_the_cpu_kernel():
   x = np.array([-100, -3, 0, 3, 100], np.int8)
-  y = call("demo.Scale", sds(x), x, factor=np.float32(2.5))
+  y = call("demo.Scale", ku.sds(x), x, factor=np.float32(2.5))
   np.testing.assert_array_equal(np.asarray(y), [-128, -7, 0, 7, 127])
   h = np.array([1.0, 65504.0, -0.0, np.inf, 6e-8], np.float16)
   np.testing.assert_array_equal(
-      np.asarray(call("demo.Scale", sds(h), h, factor=np.float32(3))),
+      np.asarray(call("demo.Scale", ku.sds(h), h, factor=np.float32(3))),
       ku.scale_reference(h, 3))
 
 
@@ -203,14 +186,14 @@ def test_scale_keeps_subnormals_on_the_gpu():
   # Unlike XLA:CPU (FTZ/DAZ on), nvcc's default keeps subnormals: NumPy's
   # results exactly.
   x = np.array([1e-30, 1e-40], np.float32)
-  y = call("demo.Scale", sds(x), x, factor=np.float32(1e-9))
+  y = call("demo.Scale", ku.sds(x), x, factor=np.float32(1e-9))
   np.testing.assert_array_equal(np.asarray(y), ku.scale_reference(x, 1e-9))
   assert np.asarray(y)[0] != 0
 
 
 def test_scale_under_vmap():
   x = np.random.default_rng(1).normal(size=(5, 3, 2)).astype(np.float32)
-  f = lambda v: plain("demo.Scale", sds(v), vmap_method="sequential")(
+  f = lambda v: plain("demo.Scale", ku.sds(v), vmap_method="sequential")(
       v, factor=np.float32(1.5))
   np.testing.assert_array_equal(np.asarray(jax.jit(jax.vmap(f))(x)),
                                 x * np.float32(1.5))
@@ -219,21 +202,21 @@ def test_scale_under_vmap():
 def test_scale_errors():
   x = np.array([True, False])
   with pytest.raises(Exception, match="demo.Scale: unsupported dtype pred"):
-    jax.block_until_ready(plain("demo.Scale", sds(x))(x, factor=np.float32(1)))
+    jax.block_until_ready(plain("demo.Scale", ku.sds(x))(x, factor=np.float32(1)))
   x = np.ones((2, 3), np.float32)
   with pytest.raises(Exception, match=r"output shape \[3,2\] differs from "
                      r"input shape \[2,3\]"):
     jax.block_until_ready(plain("demo.Scale", jax.ShapeDtypeStruct(
         (3, 2), np.float32))(x, factor=np.float32(1)))
   with pytest.raises(Exception, match="doesn't match any of the variant"):
-    jax.block_until_ready(plain("demo.Scale", sds(x))(x, factor=np.int32(3)))
+    jax.block_until_ready(plain("demo.Scale", ku.sds(x))(x, factor=np.int32(3)))
 
 
 def test_scale_factor_is_f32_or_f64():
   x = np.arange(3, dtype=np.float32)
   for factor in (2.0, np.float64(2), np.float32(2)):
     np.testing.assert_array_equal(
-        np.asarray(call("demo.Scale", sds(x), x, factor=factor)), x * 2)
+        np.asarray(call("demo.Scale", ku.sds(x), x, factor=factor)), x * 2)
 
 
 # --------------------------------------------------------------------------
@@ -246,7 +229,7 @@ def test_addmul(shape):
   rng = np.random.default_rng(7)
   a = rng.normal(size=shape).astype(np.float32)
   b = rng.normal(size=shape).astype(np.float32)
-  s, p = call("demo.AddMul", (sds(a), sds(a)), a, b)
+  s, p = call("demo.AddMul", (ku.sds(a), ku.sds(a)), a, b)
   np.testing.assert_array_equal(np.asarray(s), a + b)
   np.testing.assert_array_equal(np.asarray(p), a * b)
 
@@ -254,7 +237,7 @@ def test_addmul(shape):
 def test_addmul_checks_shapes():
   a = np.ones(3, np.float32)
   with pytest.raises(Exception, match="demo.AddMul: shapes differ"):
-    jax.block_until_ready(plain("demo.AddMul", (sds(a), sds(a)))(
+    jax.block_until_ready(plain("demo.AddMul", (ku.sds(a), ku.sds(a)))(
         a, np.ones(4, np.float32)))
 
 
@@ -262,7 +245,7 @@ def test_addmul_checks_shapes():
 def test_fail_returns_its_message(code):
   x = np.zeros(2, np.float32)
   with pytest.raises(jax.errors.JaxRuntimeError) as info:
-    jax.block_until_ready(plain("demo.Fail", sds(x))(x, code=code))
+    jax.block_until_ready(plain("demo.Fail", ku.sds(x))(x, code=code))
   assert f"demo.Fail: refused on purpose (code={code})" in str(info.value)
   assert "INVALID_ARGUMENT" in str(info.value)
 
@@ -312,7 +295,7 @@ def random_state_idx(seed, n=10_000, count=50_000):
 @pytest.mark.parametrize("mode", ["jit", "jit_donated"])
 def test_accumulate_aliased(name, mode):
   state, idx = random_state_idx(1)
-  f = lambda s, i: plain(name, sds(state), input_output_aliases={0: 0})(s, i)
+  f = lambda s, i: plain(name, ku.sds(state), input_output_aliases={0: 0})(s, i)
   f = jax.jit(f, donate_argnums=0) if mode == "jit_donated" else jax.jit(f)
   out = f(jnp.asarray(state), idx)
   np.testing.assert_array_equal(np.asarray(out),
@@ -321,7 +304,7 @@ def test_accumulate_aliased(name, mode):
 
 def test_accumulate_into_a_fresh_output():
   state, idx = random_state_idx(2)
-  out = call("demo.Accumulate", sds(state), state, idx)
+  out = call("demo.Accumulate", ku.sds(state), state, idx)
   np.testing.assert_array_equal(np.asarray(out),
                                 ku.accumulate_reference(state, idx))
 
@@ -330,7 +313,7 @@ def test_accumulate_in_place_refuses_distinct_buffers():
   state, idx = random_state_idx(3, 16, 4)
   with pytest.raises(Exception, match="AccumulateInPlace: input and output "
                      "are not the same buffer"):
-    jax.block_until_ready(plain("demo.AccumulateInPlace", sds(state))(
+    jax.block_until_ready(plain("demo.AccumulateInPlace", ku.sds(state))(
         state, idx))
 
 
@@ -338,7 +321,7 @@ def test_accumulate_skips_indices_outside_the_state():
   # The CUDA kernel cannot reject them without a host synchronisation.
   state = np.arange(6, dtype=np.float32)
   idx = np.array([0, 6, -1, 5, 1 << 30], np.int32)
-  out = call("demo.Accumulate", sds(state), state, idx)
+  out = call("demo.Accumulate", ku.sds(state), state, idx)
   np.testing.assert_array_equal(np.asarray(out), [1, 1, 2, 3, 4, 6])
 
 
@@ -349,14 +332,14 @@ def test_accumulate_skips_indices_outside_the_state():
 @pytest.mark.parametrize("n", [0, 1, 17, 4096, 300_000])
 def test_scratch_sum(n):
   x = np.random.default_rng(n).normal(size=n).astype(np.float32)
-  scratch_or_refused(lambda: call("demo.ScratchSum", sds(x), x),
+  scratch_or_refused(lambda: call("demo.ScratchSum", ku.sds(x), x),
                      ku.scratch_sum_reference(x))
 
 
 def test_scratch_sum_repeated_under_jit():
   # Scratch freed after each call and reused by the next: stream-ordered.
-  f = jax.jit(lambda v: plain("demo.ScratchSum", sds(v))(
-      plain("demo.ScratchSum", sds(v))(v)))
+  f = jax.jit(lambda v: plain("demo.ScratchSum", ku.sds(v))(
+      plain("demo.ScratchSum", ku.sds(v))(v)))
   x = np.ones(50_000, np.float32)
   scratch_or_refused(lambda: f(x),
                      ku.scratch_sum_reference(ku.scratch_sum_reference(x)))
@@ -393,22 +376,9 @@ def test_csr_event_matvec(m, k, event_dtype, homogeneous):
 
 
 @pytest.mark.parametrize("case,pattern", [
-    ("rows", r"out has 3 rows but indptr has 5 entries"),
-    ("data", r"data must have shape \[nnz\] = \[4\] or \[1\]"),
-    ("events", r"events must be bool \(pred\) or f32, got s32"),
-])
+    (case, ku.INVALID_CSR[case]) for case in ("rows", "data", "events")])
 def test_csr_event_matvec_validates_shapes(case, pattern):
-  indptr = np.array([0, 1, 2, 3, 4], np.int32)
-  indices = np.array([0, 1, 2, 3], np.int32)
-  data = np.ones(4, np.float32)
-  events = np.ones(4, np.bool_)
-  out_len = 4
-  if case == "rows":
-    out_len = 3
-  elif case == "data":
-    data = np.ones(3, np.float32)
-  elif case == "events":
-    events = np.ones(4, np.int32)
+  indptr, indices, data, events, out_len = ku.invalid_csr(case)
   with pytest.raises(Exception, match="brainevent.CsrEventMatvec: " + pattern):
     jax.block_until_ready(plain("brainevent.CsrEventMatvec",
                                 jax.ShapeDtypeStruct((out_len,), np.float32))(

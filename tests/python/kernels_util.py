@@ -134,6 +134,70 @@ def register_stateful_inprocess(target: str) -> None:
 
 
 # ---------------------------------------------------------------------------
+# Inputs.
+# ---------------------------------------------------------------------------
+
+
+def sds(x: Any) -> Any:
+  """jax.ShapeDtypeStruct of `x` (an array, a tracer or a NumPy scalar)."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  # x.dtype, not np.asarray(x): x may be a tracer inside jit/vmap.
+  dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+  return jax.ShapeDtypeStruct(np.shape(x), dtype)
+
+
+def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
+  """Random values of `dtype`: integers in [-1000, 1000] (clipped to the
+  dtype's range), normal floats, normal real and imaginary parts."""
+  dtype = np.dtype(dtype)
+  if np.issubdtype(dtype, np.integer):
+    info = np.iinfo(dtype)
+    lo, hi = max(info.min, -1000), min(info.max, 1000)
+    return rng.integers(lo, hi, size=shape, endpoint=True).astype(dtype)
+  if np.issubdtype(dtype, np.complexfloating):
+    return (rng.normal(size=shape) + 1j * rng.normal(size=shape)).astype(dtype)
+  return rng.normal(size=shape).astype(dtype)
+
+
+# Invalid CsrEventMatvec calls (see invalid_csr): case -> the error message
+# the kernel must give (a regex, after "brainevent.CsrEventMatvec: ").
+INVALID_CSR = {
+    "rows": r"out has 3 rows but indptr has 5 entries",
+    "column": r"indices\[2\] = 9 is outside \[0, 4\)",
+    "nnz": r"indptr\[m\] = 4 does not match len\(indices\) = 3",
+    "data": r"data must have shape \[nnz\] = \[4\] or \[1\]",
+    "decreasing": r"indptr must be non-decreasing",
+    "events": r"events must be bool \(pred\) or f32, got s32",
+}
+
+
+def invalid_csr(case: str):
+  """(indptr, indices, data, events, out_len) of a 4 x 4 identity
+  CsrEventMatvec call made invalid as INVALID_CSR[case] says."""
+  indptr = np.array([0, 1, 2, 3, 4], np.int32)
+  indices = np.array([0, 1, 2, 3], np.int32)
+  data = np.ones(4, np.float32)
+  events = np.ones(4, np.bool_)
+  out_len = 4
+  if case == "rows":
+    out_len = 3
+  elif case == "column":
+    indices = np.array([0, 1, 9, 3], np.int32)
+  elif case == "nnz":
+    indices = indices[:3]
+  elif case == "data":
+    data = np.ones(3, np.float32)
+  elif case == "decreasing":
+    indptr = np.array([0, 2, 1, 3, 4], np.int32)
+  elif case == "events":
+    events = np.ones(4, np.int32)
+  else:
+    raise ValueError(f"unknown invalid CSR case {case!r}")
+  return indptr, indices, data, events, out_len
+
+
+# ---------------------------------------------------------------------------
 # NumPy references.
 # ---------------------------------------------------------------------------
 

@@ -60,21 +60,6 @@ def assert_same(a, b):
     np.testing.assert_array_equal(x, y)
 
 
-def sds(x):
-  return jax.ShapeDtypeStruct(np.shape(x), x.dtype)
-
-
-def random_array(rng, shape, dtype):
-  dtype = np.dtype(dtype)
-  if np.issubdtype(dtype, np.integer):
-    info = np.iinfo(dtype)
-    lo, hi = max(info.min, -1000), min(info.max, 1000)
-    return rng.integers(lo, hi, size=shape, endpoint=True).astype(dtype)
-  if np.issubdtype(dtype, np.complexfloating):
-    return (rng.normal(size=shape) + 1j * rng.normal(size=shape)).astype(dtype)
-  return rng.normal(size=shape).astype(dtype)
-
-
 SCALE_DTYPES = [np.float32, np.float64, np.float16, ml_dtypes.bfloat16,
                 np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
                 np.uint32, np.uint64, np.complex64, np.complex128]
@@ -86,10 +71,10 @@ SHAPES = [(), (0,), (3, 0, 2), (1,), (7,), (4, 5), (2, 3, 4), (1000,)]
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 def test_scale(dtype, shape, jit):
   rng = np.random.default_rng(abs(hash((np.dtype(dtype).name, shape))) % 2**32)
-  x = random_array(rng, shape, dtype)
+  x = ku.random_array(rng, shape, dtype)
   factor = np.float32(2.5) if np.issubdtype(x.dtype, np.unsignedinteger) \
       else np.float32(-2.75)
-  fwd, oracle = both("demo.Scale", sds(x), x, jit=jit, factor=factor)
+  fwd, oracle = both("demo.Scale", ku.sds(x), x, jit=jit, factor=factor)
   assert_same(fwd, oracle)
   np.testing.assert_array_equal(fwd, ku.scale_reference(x, factor))
 
@@ -99,13 +84,13 @@ def test_addmul(shape):
   rng = np.random.default_rng(7)
   a = rng.normal(size=shape).astype(np.float32)
   b = rng.normal(size=shape).astype(np.float32)
-  fwd, oracle = both("demo.AddMul", (sds(a), sds(a)), a, b, jit=True)
+  fwd, oracle = both("demo.AddMul", (ku.sds(a), ku.sds(a)), a, b, jit=True)
   assert_same(fwd, oracle)
 
 
 def test_same_array_twice():
   a = np.arange(6, dtype=np.float32)
-  fwd, oracle = both("demo.AddMul", (sds(a), sds(a)), a, a, jit=True)
+  fwd, oracle = both("demo.AddMul", (ku.sds(a), ku.sds(a)), a, a, jit=True)
   assert_same(fwd, oracle)
 
 
@@ -118,8 +103,8 @@ def error_message(prefix, name, out, *args, **kw):
 @pytest.mark.parametrize("code", [0, 42, -7, 2**40])
 def test_fail_error_is_verbatim(code):
   x = np.zeros(2, np.float32)
-  fwd = error_message(FWD, "demo.Fail", sds(x), x, code=code)
-  oracle = error_message(ORACLE, "demo.Fail", sds(x), x, code=code)
+  fwd = error_message(FWD, "demo.Fail", ku.sds(x), x, code=code)
+  oracle = error_message(ORACLE, "demo.Fail", ku.sds(x), x, code=code)
   want = f"demo.Fail: refused on purpose (code={code})"
   assert want in fwd and want in oracle
   assert "INVALID_ARGUMENT" in fwd
@@ -129,10 +114,10 @@ def test_fail_error_is_verbatim(code):
 def test_binding_errors_are_the_handlers():
   # Decoding errors of ffi.h's typed binding happen inside the daemon.
   x = np.ones(3, np.float32)
-  fwd = error_message(FWD, "demo.Scale", sds(x), x, factor=np.int32(3))
+  fwd = error_message(FWD, "demo.Scale", ku.sds(x), x, factor=np.int32(3))
   assert "doesn't match any of the variant types" in fwd
   b = np.array([True, False])
-  fwd = error_message(FWD, "demo.Scale", sds(b), b, factor=np.float32(1))
+  fwd = error_message(FWD, "demo.Scale", ku.sds(b), b, factor=np.float32(1))
   assert "demo.Scale: unsupported dtype pred" in fwd
 
 
@@ -185,7 +170,7 @@ IDX = np.array([1, 3, 3, 5], np.int32)
 @pytest.mark.parametrize("mode", ["eager", "jit", "jit_donated"])
 def test_input_output_aliases(name, mode):
   def run(prefix):
-    f = lambda s, i: call(prefix, name, sds(STATE), s, i,
+    f = lambda s, i: call(prefix, name, ku.sds(STATE), s, i,
                           input_output_aliases={0: 0})
     if mode == "jit":
       f = jax.jit(f)
@@ -203,7 +188,7 @@ def test_input_output_aliases(name, mode):
 
 def test_in_place_handler_sees_distinct_buffers_without_aliasing():
   f = lambda p: jax.jit(lambda s, i: call(p, "demo.AccumulateInPlace",
-                                          sds(STATE), s, i))
+                                          ku.sds(STATE), s, i))
   with pytest.raises(Exception, match="AccumulateInPlace: input and output "
                      "are not the same buffer"):
     f(FWD)(STATE, IDX)
@@ -214,7 +199,7 @@ def test_in_place_partial_update_keeps_untouched_elements():
   state = rng.normal(size=4096).astype(np.float32)
   idx = np.array([7, 4000], np.int32)
   f = jax.jit(lambda s, i: call(FWD, "demo.AccumulateInPlace",
-                                sds(state), s, i,
+                                ku.sds(state), s, i,
                                 input_output_aliases={0: 0}))
   np.testing.assert_array_equal(np.asarray(f(state, idx)),
                                 ku.accumulate_reference(state, idx))
@@ -224,7 +209,7 @@ def test_scratch_sum_uses_the_daemons_allocator():
   # In-process XLA:CPU has no scratch allocator; kregd has one.
   for n in (0, 1, 5, 10000):
     x = np.arange(1, n + 1, dtype=np.float32)
-    y = call(FWD, "demo.ScratchSum", sds(x), x)
+    y = call(FWD, "demo.ScratchSum", ku.sds(x), x)
     np.testing.assert_allclose(np.asarray(y), np.cumsum(x, dtype=np.float32),
                                rtol=1e-6)
 
@@ -233,15 +218,15 @@ def test_scratch_sum_uses_the_daemons_allocator():
                                    ml_dtypes.bfloat16])
 @pytest.mark.parametrize("shape", [(), (0,), (1 << 16,), (3, 7)], ids=str)
 def test_async_scale(dtype, shape):
-  x = random_array(np.random.default_rng(3), shape, dtype)
-  fwd, oracle = both("demo.AsyncScale", sds(x), x, jit=True,
+  x = ku.random_array(np.random.default_rng(3), shape, dtype)
+  fwd, oracle = both("demo.AsyncScale", ku.sds(x), x, jit=True,
                      factor=np.float32(-1.25))
   assert_same(fwd, oracle)
 
 
 def test_async_scale_error_through_the_future():
   x = np.array([True])
-  msg = error_message(FWD, "demo.AsyncScale", sds(x), x, factor=np.float32(1))
+  msg = error_message(FWD, "demo.AsyncScale", ku.sds(x), x, factor=np.float32(1))
   assert "demo.AsyncScale: unsupported dtype" in msg
 
 
@@ -271,7 +256,7 @@ VMAP_METHODS = ["sequential", "sequential_unrolled", "expand_dims",
 def test_vmap_scale(method):
   x = np.random.default_rng(1).normal(size=(5, 3, 2)).astype(np.float32)
   def run(prefix):
-    f = lambda v: call(prefix, "demo.Scale", sds(v), v, vmap_method=method,
+    f = lambda v: call(prefix, "demo.Scale", ku.sds(v), v, vmap_method=method,
                        factor=np.float32(1.5))
     return np.asarray(jax.jit(jax.vmap(f))(x))
   np.testing.assert_array_equal(run(FWD), run(ORACLE))
@@ -283,7 +268,7 @@ def test_vmap_addmul_unbatched_operand(method):
   a = rng.normal(size=(4, 6)).astype(np.float32)
   b = rng.normal(size=(6,)).astype(np.float32)
   def run(prefix):
-    f = lambda u, v: call(prefix, "demo.AddMul", (sds(u), sds(u)), u, v,
+    f = lambda u, v: call(prefix, "demo.AddMul", (ku.sds(u), ku.sds(u)), u, v,
                           vmap_method=method)
     return jax.tree.map(np.asarray, jax.jit(jax.vmap(f, in_axes=(0, None)))(
         a, b))
@@ -304,5 +289,5 @@ def test_vmap_csr_over_events():
 
 def test_large_buffer_round_trip():
   x = np.random.default_rng(9).normal(size=(1 << 22,)).astype(np.float32)
-  fwd, oracle = both("demo.Scale", sds(x), x, jit=True, factor=np.float32(3))
+  fwd, oracle = both("demo.Scale", ku.sds(x), x, jit=True, factor=np.float32(3))
   assert_same(fwd, oracle)

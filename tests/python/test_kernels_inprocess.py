@@ -50,21 +50,6 @@ def ffi(name, out, **kw):
   return jax.ffi.ffi_call(target(name), out, **kw)
 
 
-def sds(x):
-  return jax.ShapeDtypeStruct(np.shape(x), x.dtype)
-
-
-def random_array(rng, shape, dtype):
-  dtype = np.dtype(dtype)
-  if np.issubdtype(dtype, np.integer):
-    info = np.iinfo(dtype)
-    lo, hi = max(info.min, -1000), min(info.max, 1000)
-    return rng.integers(lo, hi, size=shape, endpoint=True).astype(dtype)
-  if np.issubdtype(dtype, np.complexfloating):
-    return (rng.normal(size=shape) + 1j * rng.normal(size=shape)).astype(dtype)
-  return rng.normal(size=shape).astype(dtype)
-
-
 # --------------------------------------------------------------------------
 # Scale
 # --------------------------------------------------------------------------
@@ -79,21 +64,21 @@ SHAPES = [(), (0,), (3, 0, 2), (1,), (7,), (4, 5), (2, 3, 4)]
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_scale_matches_numpy(dtype, shape):
   rng = np.random.default_rng(abs(hash((np.dtype(dtype).name, shape))) % 2**32)
-  x = random_array(rng, shape, dtype)
+  x = ku.random_array(rng, shape, dtype)
   factor = np.float32(-2.75) if np.issubdtype(x.dtype, np.signedinteger) or \
       not np.issubdtype(x.dtype, np.integer) else np.float32(2.5)
-  y = ffi("demo.Scale", sds(x))(x, factor=factor)
+  y = ffi("demo.Scale", ku.sds(x))(x, factor=factor)
   assert y.dtype == x.dtype and y.shape == x.shape
   np.testing.assert_array_equal(np.asarray(y), ku.scale_reference(x, factor))
 
 
 def test_scale_under_jit_and_saturation():
   x = np.array([-100, -3, 0, 3, 100], np.int8)
-  f = jax.jit(lambda v: ffi("demo.Scale", sds(v))(v, factor=np.float32(2.5)))
+  f = jax.jit(lambda v: ffi("demo.Scale", ku.sds(v))(v, factor=np.float32(2.5)))
   np.testing.assert_array_equal(np.asarray(f(x)), [-128, -7, 0, 7, 127])
   h = np.array([1.0, 65504.0, -0.0, np.inf], np.float16)
   np.testing.assert_array_equal(
-      np.asarray(ffi("demo.Scale", sds(h))(h, factor=np.float32(3))),
+      np.asarray(ffi("demo.Scale", ku.sds(h))(h, factor=np.float32(3))),
       ku.scale_reference(h, 3))
 
 
@@ -105,15 +90,15 @@ def test_inprocess_handlers_run_with_denormals_flushed():
   ftz = np.array([1e-30], np.float32)
   daz = np.array([1e-40], np.float32)
   for name in ("demo.Scale", "demo.AsyncScale"):
-    assert np.asarray(ffi(name, sds(ftz))(ftz, factor=np.float32(1e-9)))[0] == 0
-    assert np.asarray(ffi(name, sds(daz))(daz, factor=np.float32(1e5)))[0] == 0
+    assert np.asarray(ffi(name, ku.sds(ftz))(ftz, factor=np.float32(1e-9)))[0] == 0
+    assert np.asarray(ffi(name, ku.sds(daz))(daz, factor=np.float32(1e5)))[0] == 0
   assert ku.scale_reference(ftz, 1e-9)[0] != 0
 
 
 def test_scale_rejects_unsupported_dtype_and_wrong_output():
   x = np.array([True, False])
   with pytest.raises(Exception, match="demo.Scale: unsupported dtype pred"):
-    ffi("demo.Scale", sds(x))(x, factor=np.float32(1))
+    ffi("demo.Scale", ku.sds(x))(x, factor=np.float32(1))
   x = np.ones((2, 3), np.float32)
   with pytest.raises(Exception, match=r"output shape \[3,2\] differs from "
                      r"input shape \[2,3\]"):
@@ -130,14 +115,14 @@ def test_scale_factor_is_f32_or_f64():
   x = np.arange(3, dtype=np.float32)
   for factor in (2.0, np.float64(2), np.float32(2)):
     np.testing.assert_array_equal(
-        np.asarray(ffi("demo.Scale", sds(x))(x, factor=factor)), x * 2)
+        np.asarray(ffi("demo.Scale", ku.sds(x))(x, factor=factor)), x * 2)
   with pytest.raises(Exception, match="doesn't match any of the variant"):
-    ffi("demo.Scale", sds(x))(x, factor=np.int32(3))
+    ffi("demo.Scale", ku.sds(x))(x, factor=np.int32(3))
 
 
 def test_ok_of_not_handler_module_is_a_real_handler():
   x = np.arange(5, dtype=np.float32)
-  y = ffi("not_handler.Ok", sds(x))(x, factor=np.float32(0.5))
+  y = ffi("not_handler.Ok", ku.sds(x))(x, factor=np.float32(0.5))
   np.testing.assert_array_equal(np.asarray(y), x * np.float32(0.5))
 
 
@@ -150,7 +135,7 @@ def test_addmul_two_inputs_two_outputs(shape):
   rng = np.random.default_rng(7)
   a = rng.normal(size=shape).astype(np.float32)
   b = rng.normal(size=shape).astype(np.float32)
-  s, p = ffi("demo.AddMul", (sds(a), sds(a)))(a, b)
+  s, p = ffi("demo.AddMul", (ku.sds(a), ku.sds(a)))(a, b)
   np.testing.assert_array_equal(np.asarray(s), a + b)
   np.testing.assert_array_equal(np.asarray(p), a * b)
 
@@ -158,16 +143,16 @@ def test_addmul_two_inputs_two_outputs(shape):
 def test_addmul_checks_dtype_and_shapes():
   a = np.ones(3, np.float32)
   with pytest.raises(Exception, match="demo.AddMul: shapes differ"):
-    ffi("demo.AddMul", (sds(a), sds(a)))(a, np.ones(4, np.float32))
+    ffi("demo.AddMul", (ku.sds(a), ku.sds(a)))(a, np.ones(4, np.float32))
   with pytest.raises(Exception, match="Wrong buffer dtype"):
-    ffi("demo.AddMul", (sds(a), sds(a)))(a, np.ones(3, np.float64))
+    ffi("demo.AddMul", (ku.sds(a), ku.sds(a)))(a, np.ones(3, np.float64))
 
 
 @pytest.mark.parametrize("code", [0, 42, -7, 2**40])
 def test_fail_returns_its_message(code):
   x = np.zeros(2, np.float32)
   with pytest.raises(jax.errors.JaxRuntimeError) as info:
-    jax.block_until_ready(ffi("demo.Fail", sds(x))(x, code=code))
+    jax.block_until_ready(ffi("demo.Fail", ku.sds(x))(x, code=code))
   msg = str(info.value)
   assert "INVALID_ARGUMENT" in msg
   assert f"demo.Fail: refused on purpose (code={code})" in msg
@@ -180,7 +165,7 @@ def test_fail_returns_its_message(code):
 @pytest.mark.parametrize("method", ["sequential", "broadcast_all"])
 def test_vmap_scale(method):
   x = np.random.default_rng(1).normal(size=(5, 3, 2)).astype(np.float32)
-  f = lambda v: ffi("demo.Scale", sds(v), vmap_method=method)(
+  f = lambda v: ffi("demo.Scale", ku.sds(v), vmap_method=method)(
       v, factor=np.float32(1.5))
   np.testing.assert_array_equal(np.asarray(jax.vmap(f)(x)), x * np.float32(1.5))
   np.testing.assert_array_equal(np.asarray(jax.jit(jax.vmap(f))(x)),
@@ -192,7 +177,7 @@ def test_vmap_addmul_with_unbatched_operand(method):
   rng = np.random.default_rng(2)
   a = rng.normal(size=(4, 6)).astype(np.float32)
   b = rng.normal(size=(6,)).astype(np.float32)
-  f = lambda u, v: ffi("demo.AddMul", (sds(u), sds(u)), vmap_method=method)(
+  f = lambda u, v: ffi("demo.AddMul", (ku.sds(u), ku.sds(u)), vmap_method=method)(
       u, v)
   s, p = jax.jit(jax.vmap(f, in_axes=(0, None)))(a, b)
   np.testing.assert_array_equal(np.asarray(s), a + b)
@@ -274,7 +259,7 @@ IDX = np.array([1, 3, 3, 5], np.int32)
 
 def accumulate(name, aliases):
   kw = {"input_output_aliases": {0: 0}} if aliases else {}
-  return lambda s, i: ffi(name, sds(STATE), **kw)(s, i)
+  return lambda s, i: ffi(name, ku.sds(STATE), **kw)(s, i)
 
 
 @pytest.mark.parametrize("name", ["demo.Accumulate", "demo.AccumulateInPlace"])
@@ -328,20 +313,20 @@ def test_scratch_sum_in_process_has_no_scratch_allocator():
   x = np.arange(1, 6, dtype=np.float32)
   with pytest.raises(Exception, match="RESOURCE_EXHAUSTED: demo.ScratchSum: "
                      "scratch allocation of 20 bytes failed"):
-    jax.block_until_ready(ffi("demo.ScratchSum", sds(x))(x))
+    jax.block_until_ready(ffi("demo.ScratchSum", ku.sds(x))(x))
 
 
 def test_scratch_sum_empty_needs_no_scratch():
   x = np.zeros(0, np.float32)
-  assert ffi("demo.ScratchSum", sds(x))(x).shape == (0,)
+  assert ffi("demo.ScratchSum", ku.sds(x))(x).shape == (0,)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32,
                                    ml_dtypes.bfloat16])
 @pytest.mark.parametrize("shape", [(), (0,), (1 << 16,), (3, 7)], ids=str)
 def test_async_scale(dtype, shape):
-  x = random_array(np.random.default_rng(3), shape, dtype)
-  y = jax.jit(lambda v: ffi("demo.AsyncScale", sds(v))(
+  x = ku.random_array(np.random.default_rng(3), shape, dtype)
+  y = jax.jit(lambda v: ffi("demo.AsyncScale", ku.sds(v))(
       v, factor=np.float32(-1.25)))(x)
   np.testing.assert_array_equal(np.asarray(y), ku.scale_reference(x, -1.25))
 
@@ -349,7 +334,7 @@ def test_async_scale(dtype, shape):
 def test_async_scale_reports_errors_through_the_future():
   x = np.array([True])
   with pytest.raises(Exception, match="demo.AsyncScale: unsupported dtype"):
-    jax.block_until_ready(ffi("demo.AsyncScale", sds(x))(
+    jax.block_until_ready(ffi("demo.AsyncScale", ku.sds(x))(
         x, factor=np.float32(1)))
 
 
@@ -398,32 +383,9 @@ def test_csr_event_matvec_vmap_over_events():
         rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("case,pattern", [
-    ("rows", r"out has 3 rows but indptr has 5 entries"),
-    ("column", r"indices\[2\] = 9 is outside \[0, 4\)"),
-    ("nnz", r"indptr\[m\] = 4 does not match len\(indices\) = 3"),
-    ("data", r"data must have shape \[nnz\] = \[4\] or \[1\]"),
-    ("decreasing", r"indptr must be non-decreasing"),
-    ("events", r"events must be bool \(pred\) or f32, got s32"),
-])
+@pytest.mark.parametrize("case,pattern", ku.INVALID_CSR.items())
 def test_csr_event_matvec_validates(case, pattern):
-  indptr = np.array([0, 1, 2, 3, 4], np.int32)
-  indices = np.array([0, 1, 2, 3], np.int32)
-  data = np.ones(4, np.float32)
-  events = np.ones(4, np.bool_)
-  out_len = 4
-  if case == "rows":
-    out_len = 3
-  elif case == "column":
-    indices = np.array([0, 1, 9, 3], np.int32)
-  elif case == "nnz":
-    indices = indices[:3]
-  elif case == "data":
-    data = np.ones(3, np.float32)
-  elif case == "decreasing":
-    indptr = np.array([0, 2, 1, 3, 4], np.int32)
-  elif case == "events":
-    events = np.ones(4, np.int32)
+  indptr, indices, data, events, out_len = ku.invalid_csr(case)
   with pytest.raises(Exception, match="brainevent.CsrEventMatvec: " + pattern):
     csr_call("CsrEventMatvec", out_len, indptr, indices, data, events)
 
@@ -435,7 +397,7 @@ def test_csr_event_matvec_validates(case, pattern):
 def test_stateful_instantiate_then_execute():
   ku.register_stateful_inprocess(target("stateful"))
   x = np.arange(4, dtype=np.float32)
-  f = jax.jit(lambda v: ffi("stateful", sds(v))(v, offset=np.float32(10)))
+  f = jax.jit(lambda v: ffi("stateful", ku.sds(v))(v, offset=np.float32(10)))
   np.testing.assert_array_equal(np.asarray(f(x)), x + 10)
   np.testing.assert_array_equal(np.asarray(f(x + 1)), x + 11)
 

@@ -23,12 +23,8 @@ import kreg
 PY = sys.executable
 
 
-def sds(x):
-  return jax.ShapeDtypeStruct(np.shape(x), x.dtype)
-
-
 def scale(name, x, factor=2.0):
-  return jax.ffi.ffi_call(name, sds(x))(x, factor=np.float32(factor))
+  return jax.ffi.ffi_call(name, ku.sds(x))(x, factor=np.float32(factor))
 
 
 def run_child(kregd, code, timeout=120, env=None):
@@ -173,7 +169,7 @@ def test_many_threads_and_functions_at_once(running_kregd, demo):
   for n in (1, 17, 1000, 100000):
     fns.append((n, jax.jit(lambda x: scale("t.mt.scale", x, 1.5))))
     fns.append((n, jax.jit(lambda a: jax.ffi.ffi_call(
-        "t.mt.addmul", (sds(a), sds(a)))(a, a + 1)[1])))
+        "t.mt.addmul", (ku.sds(a), ku.sds(a)))(a, a + 1)[1])))
 
   def work(seed):
     rng = np.random.default_rng(seed)
@@ -196,7 +192,7 @@ def test_daemon_handler_errors_surface_as_jax_errors(running_kregd, demo):
   x = np.zeros(1, np.float32)
   with pytest.raises(jax.errors.JaxRuntimeError,
                      match=r"demo.Fail: refused on purpose \(code=3\)"):
-    jax.block_until_ready(jax.ffi.ffi_call("t.fail", sds(x))(x, code=3))
+    jax.block_until_ready(jax.ffi.ffi_call("t.fail", ku.sds(x))(x, code=3))
 
 
 def test_two_processes_share_one_daemon(running_kregd, demo):
@@ -303,7 +299,7 @@ def test_daemon_stop_gives_a_clear_error_and_restart_recovers(running_kregd,
 def test_daemon_killed_mid_use_recovers(running_kregd, demo):
   kreg.register_ffi_target("t.kill9", demo, "AddMul", platform="cpu")
   a = np.arange(4, dtype=np.float32)
-  f = jax.jit(lambda u: jax.ffi.ffi_call("t.kill9", (sds(u), sds(u)))(u, u))
+  f = jax.jit(lambda u: jax.ffi.ffi_call("t.kill9", (ku.sds(u), ku.sds(u)))(u, u))
   np.testing.assert_array_equal(np.asarray(f(a)[0]), 2 * a)
   running_kregd.stop(signal.SIGKILL)
   running_kregd.start()
