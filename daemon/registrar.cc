@@ -1,7 +1,9 @@
 #include "daemon/registrar.h"
 
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -45,6 +47,22 @@ absl::Status CheckElf(const std::string& bytes, const std::string& origin) {
 
 }  // namespace
 
+UniqueFd OpenBeneath(const std::string& root, const std::string& path) {
+  UniqueFd dir(::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (dir.ok()) {
+    std::string rel = root == "/"
+                          ? path.substr(1)
+                          : path.substr(std::min(path.size(), root.size() + 1));
+    if (rel.empty()) rel = ".";
+    open_how how{};
+    how.flags = O_RDONLY | O_CLOEXEC | O_NOFOLLOW;
+    how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+    long fd = ::syscall(SYS_openat2, dir.get(), rel.c_str(), &how, sizeof(how));
+    if (fd >= 0 || errno != ENOSYS) return UniqueFd(static_cast<int>(fd));
+  }
+  return UniqueFd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+}
+
 absl::StatusOr<std::string> ReadModuleForPeer(const std::string& path,
                                               const ModulePolicy& policy,
                                               const PeerCred& peer) {
@@ -60,11 +78,11 @@ absl::StatusOr<std::string> ReadModuleForPeer(const std::string& path,
         "\" cannot be resolved on the daemon's host: ", std::strerror(errno)));
   }
   std::string real = resolved;
-  bool allowed = false;
+  const std::string* root_of = nullptr;
   for (const std::string& root : policy.allowed_roots) {
-    allowed = allowed || UnderRoot(real, root);
+    if (root_of == nullptr && UnderRoot(real, root)) root_of = &root;
   }
-  if (!allowed) {
+  if (root_of == nullptr) {
     std::string roots;
     for (const std::string& r : policy.allowed_roots) {
       absl::StrAppend(&roots, roots.empty() ? "" : ", ", r);
@@ -75,7 +93,14 @@ absl::StatusOr<std::string> ReadModuleForPeer(const std::string& path,
         "]; upload the bytes instead or ask the operator to add a root "
         "(--allow-root)"));
   }
-  UniqueFd fd(::open(real.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  UniqueFd fd = OpenBeneath(*root_of, real);
+  if (!fd.ok() && errno == EXDEV) {
+    // The tree changed between realpath and open (a directory or link was
+    // swapped to point outside the root): refuse, as for an escape.
+    return absl::PermissionDeniedError(
+        absl::StrCat("module path \"", path, "\" left the allowed root ",
+                     *root_of, " while it was being opened; refusing it"));
+  }
   struct stat st;
   if (!fd.ok() || ::fstat(fd.get(), &st) != 0) {
     return absl::NotFoundError(absl::StrCat("cannot open module \"", real,

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/registry.h"
+#include "daemon/unique_fd.h"
 #include "kreg/v1/registry.pb.h"
 
 namespace kreg {
@@ -18,6 +19,14 @@ struct ModulePolicy {
   // Largest module accepted, uploaded or read from a path.
   uint64_t max_module_bytes = 512ull << 20;
 };
+
+// Opens `path` (under `root`, which is a canonical directory) for reading so
+// that the kernel refuses to leave `root` while resolving it: openat2 with
+// RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS from `root`, which fails with EXDEV
+// on an escape (a symlink or ".." out of the root, also one swapped in after
+// a realpath check). Falls back to open(O_NOFOLLOW) where openat2 does not
+// exist (Linux < 5.6). On failure the result is not ok() and errno is set.
+UniqueFd OpenBeneath(const std::string& root, const std::string& path);
 
 // Checks that `path` names a regular file under one of `allowed_roots`
 // after resolving symlinks and "..", that `peer` may read it, and reads it.
