@@ -94,7 +94,7 @@ absl::StatusOr<std::string> ReadModuleForPeer(const std::string& path,
         "(--allow-root)"));
   }
   UniqueFd fd = OpenBeneath(*root_of, real);
-  if (!fd.ok() && errno == EXDEV) {
+  if (!fd.ok() && (errno == EXDEV || errno == ELOOP)) {
     // The tree changed between realpath and open (a directory or link was
     // swapped to point outside the root): refuse, as for an escape.
     return absl::PermissionDeniedError(
