@@ -18,7 +18,7 @@ namespace shim {
 // The CUDA state of one session (Conn): the allocations shared with kregd
 // (an LRU bounded by the daemon's max_cuda_mappings, each holding a
 // retained handle), the event pair and staging buffer of each device.
-// Defined in cuda_forward.cc; destroyed with its Conn (not after a fork:
+// Defined in cuda_conn_state.cc; destroyed with its Conn (not after a fork:
 // CUDA objects of the parent are leaked in a child, never touched).
 class CudaConnState;
 void DestroyCudaConnState(CudaConnState* state);

@@ -1,0 +1,219 @@
+// The CUDA path of a session (platform cuda): launches on the session's
+// CudaSession, shared allocations and the doorbell.
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/cuda/cuda_devices.h"
+#include "daemon/cuda/cuda_session.h"
+#include "daemon/session/launch_decoder.h"
+#include "daemon/session/session.h"
+#include "spdlog/spdlog.h"
+
+namespace kreg {
+namespace {
+
+CudaMappingKey KeyOf(const v1::CudaMappingRef& r) {
+  return CudaMappingKey{r.device_uuid(), r.base(), r.size(), r.generation()};
+}
+
+std::string UuidText(const std::string& raw) {
+  if (raw.size() != sizeof(cu::CUuuid)) {
+    return absl::StrCat("<", raw.size(), "-byte uuid>");
+  }
+  cu::CUuuid u;
+  std::copy(raw.begin(), raw.end(), u.bytes);
+  return cu::FormatCuUuid(u);
+}
+
+std::string RefText(const v1::CudaMappingRef& r) {
+  return absl::StrCat("allocation 0x", absl::Hex(r.base()), " (+", r.size(),
+                      " bytes, generation ", r.generation(), ") on ",
+                      UuidText(r.device_uuid()));
+}
+
+}  // namespace
+
+CudaSession* Session::Cuda() {
+  if (cuda_devices_ == nullptr || cuda_devices_->count() == 0) return nullptr;
+  if (cuda_ == nullptr) cuda_ = std::make_unique<CudaSession>(cuda_devices_);
+  return cuda_.get();
+}
+
+absl::Status Session::DoCudaDoorbell(const v1::CudaDoorbellSetup& setup,
+                                     std::vector<UniqueFd> fds) {
+  CudaSession* cuda = Cuda();
+  if (cuda == nullptr) {
+    return absl::UnimplementedError(
+        "this kregd serves no CUDA device; no doorbell to set up");
+  }
+  if (fds.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CudaDoorbellSetup needs exactly one VMM fd attached, got ",
+        fds.size()));
+  }
+  absl::Status s =
+      cuda->SetDoorbell(setup.device_uuid(), std::move(fds[0]), setup.size(),
+                        setup.ready_offset(), setup.done_offset());
+  if (!s.ok()) {
+    return absl::Status(
+        s.code(),
+        absl::StrCat("setting up the CUDA doorbell failed: ", s.message()));
+  }
+  spdlog::info("session {}: CUDA doorbell set up for {}", id_,
+               UuidText(setup.device_uuid()));
+  return absl::OkStatus();
+}
+
+absl::Status Session::ShareCuda(
+    const google::protobuf::RepeatedPtrField<v1::CudaShare>& shares,
+    std::vector<UniqueFd>* fds) {
+  CudaSession* cuda = Cuda();
+  size_t next_fd = 0;
+  absl::Status first;
+  for (int i = 0; i < shares.size(); ++i) {
+    const v1::CudaShare& share = shares.Get(i);
+    CudaMappingKey key = KeyOf(share.mapping());
+    absl::Status s;
+    switch (share.handle_case()) {
+      case v1::CudaShare::kVmmFd:
+        if (next_fd >= fds->size()) {
+          s = absl::InvalidArgumentError(
+              absl::StrCat("share ", i, " expects a VMM fd but only ",
+                           fds->size(), " file descriptor(s) are attached"));
+        } else {
+          s = cuda->ShareVmm(key, std::move((*fds)[next_fd++]));
+        }
+        break;
+      case v1::CudaShare::kIpcMemHandle: {
+        const std::string& h = share.ipc_mem_handle();
+        cu::CUipcMemHandle handle;
+        if (h.size() != sizeof(handle.reserved)) {
+          s = absl::InvalidArgumentError(
+              absl::StrCat("share ", i, ": a CUDA IPC memory handle has ",
+                           sizeof(handle.reserved), " bytes, got ", h.size()));
+        } else {
+          std::copy(h.begin(), h.end(), handle.reserved);
+          s = cuda->ShareIpc(key, handle);
+        }
+        break;
+      }
+      default:
+        s = absl::InvalidArgumentError(
+            absl::StrCat("share ", i,
+                         " carries neither a VMM fd nor an IPC "
+                         "memory handle"));
+    }
+    if (!s.ok() && first.ok()) {
+      first = absl::Status(s.code(),
+                           absl::StrCat("sharing ", RefText(share.mapping()),
+                                        " with kregd failed: ", s.message()));
+    }
+  }
+  // Unused fds are closed with the vector; report the mismatch.
+  fds->erase(fds->begin(), fds->begin() + static_cast<long>(next_fd));
+  return first;
+}
+
+absl::Status Session::DoCudaLaunch(const v1::Launch& launch,
+                                   std::vector<UniqueFd> fds,
+                                   v1::LaunchReply* reply) {
+  CudaSession* cuda = Cuda();
+  if (cuda == nullptr) {
+    return absl::UnimplementedError(absl::StrCat(
+        "launching \"", launch.target_name(),
+        "\" for platform cuda: this kregd serves no CUDA device (",
+        cuda_devices_ == nullptr ? "started without CUDA"
+                                 : cuda_devices_->status().message(),
+        ")"));
+  }
+  absl::StatusOr<int> ordinal = cuda_devices_->FindByUuid(launch.device_uuid());
+  if (!ordinal.ok()) {
+    return absl::Status(
+        ordinal.status().code(),
+        absl::StrCat("the client's GPU cannot be used by kregd: ",
+                     ordinal.status().message()));
+  }
+  for (const v1::CudaMappingRef& r : launch.release()) {
+    cuda->mappings().Erase(KeyOf(r));
+  }
+  if (launch.has_events()) {
+    const v1::CudaEvents& e = launch.events();
+    cu::CUipcEventHandle ready, done;
+    if (e.ready().size() != sizeof(ready.reserved) ||
+        e.done().size() != sizeof(done.reserved)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CUDA IPC event handles have ", sizeof(ready.reserved),
+          " bytes, got ", e.ready().size(), " and ", e.done().size()));
+    }
+    std::copy(e.ready().begin(), e.ready().end(), ready.reserved);
+    std::copy(e.done().begin(), e.done().end(), done.reserved);
+    absl::Status s = cuda->SetEvents(e.device_uuid(), ready, done);
+    if (!s.ok()) {
+      return absl::Status(
+          s.code(),
+          absl::StrCat("opening the client's CUDA IPC events failed: ",
+                       s.message()));
+    }
+  }
+  if (absl::Status s = ShareCuda(launch.shares(), &fds); !s.ok()) return s;
+  if (!fds.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        fds.size(), " file descriptor(s) attached beyond the launch's shares"));
+  }
+  // Every buffer resolved before the handler runs; the holders keep the
+  // mappings alive until the launch's work is queued.
+  std::vector<CudaMappingCache::Resolved> holders;
+  std::vector<CudaMappingKey> distinct;
+  const size_t max_entries = cuda->mappings().max_entries();
+  CudaBufferResolver resolve =
+      [&](const v1::CudaMappingRef& ref, uint64_t offset, uint64_t size,
+          const std::string& what) -> absl::StatusOr<void*> {
+    CudaMappingKey key = KeyOf(ref);
+    if (std::find(distinct.begin(), distinct.end(), key) == distinct.end()) {
+      distinct.push_back(key);
+      if (distinct.size() > max_entries) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "the launch references more than ", max_entries,
+            " distinct GPU allocations (kregd's per-session limit)"));
+      }
+    }
+    if (key.device_uuid != launch.device_uuid()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": ", RefText(ref), " is not on the launch's device ",
+          UuidText(launch.device_uuid())));
+    }
+    absl::StatusOr<CudaMappingCache::Resolved> r =
+        cuda->Resolve(key, offset, size);
+    if (!r.ok()) {
+      if (absl::IsNotFound(r.status())) reply->set_cuda_mapping_missing(true);
+      return absl::Status(
+          r.status().code(),
+          absl::StrCat(what, ": ", RefText(ref), ": ", r.status().message()));
+    }
+    void* data = r->data;
+    holders.push_back(*std::move(r));
+    return data;
+  };
+  absl::StatusOr<DecodedLaunch> decoded =
+      DecodeLaunch(launch, arena_, &resolve);
+  if (!decoded.ok()) return decoded.status();
+  reply->set_cuda_mapping_missing(false);
+  absl::StatusOr<void*> handler = LookupHandler(decoded->key);
+  if (!handler.ok()) return handler.status();
+  decoded->frame.device_ordinal = *ordinal;
+  bool signalled = false;
+  absl::Status result = cuda->Launch(
+      *ordinal,
+      [&](const CallOptions& options) {
+        return backend_->ExecuteWith(*handler, decoded->frame, options);
+      },
+      launch.doorbell_seq(), &signalled);
+  reply->set_doorbell_signalled(signalled);
+  return result;
+}
+
+}  // namespace kreg
