@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/session/dtype.h"
 
 namespace kreg {
 namespace ffi_internal {
@@ -35,55 +36,10 @@ const char* KindName(Attr::Kind kind) {
 }  // namespace
 
 size_t AttrByteWidth(int32_t dtype) {
-  switch (dtype) {
-    case XLA_FFI_DataType_PRED:
-    case XLA_FFI_DataType_S8:
-    case XLA_FFI_DataType_U8:
-    case XLA_FFI_DataType_F8E5M2:
-    case XLA_FFI_DataType_F8E3M4:
-    case XLA_FFI_DataType_F8E4M3:
-    case XLA_FFI_DataType_F8E4M3FN:
-    case XLA_FFI_DataType_F8E4M3B11FNUZ:
-    case XLA_FFI_DataType_F8E5M2FNUZ:
-    case XLA_FFI_DataType_F8E4M3FNUZ:
-    case XLA_FFI_DataType_F8E8M0FNU:
-      return 1;
-    case XLA_FFI_DataType_S16:
-    case XLA_FFI_DataType_U16:
-    case XLA_FFI_DataType_F16:
-    case XLA_FFI_DataType_BF16:
-      return 2;
-    case XLA_FFI_DataType_S32:
-    case XLA_FFI_DataType_U32:
-    case XLA_FFI_DataType_F32:
-      return 4;
-    case XLA_FFI_DataType_S64:
-    case XLA_FFI_DataType_U64:
-    case XLA_FFI_DataType_F64:
-    case XLA_FFI_DataType_C64:
-      return 8;
-    case XLA_FFI_DataType_C128:
-      return 16;
-    default:
-      return 0;
-  }
+  return static_cast<size_t>(std::max(DtypeByteWidth(dtype), 0));
 }
 
-bool IsKnownDataType(int32_t dtype) {
-  switch (dtype) {
-    case XLA_FFI_DataType_S1:
-    case XLA_FFI_DataType_S2:
-    case XLA_FFI_DataType_S4:
-    case XLA_FFI_DataType_U1:
-    case XLA_FFI_DataType_U2:
-    case XLA_FFI_DataType_U4:
-    case XLA_FFI_DataType_F4E2M1FN:
-    case XLA_FFI_DataType_TOKEN:
-      return true;
-    default:
-      return AttrByteWidth(dtype) != 0;
-  }
-}
+bool IsKnownDataType(int32_t dtype) { return DtypeByteWidth(dtype) >= 0; }
 
 absl::StatusOr<std::unique_ptr<CallFrameStorage>> CallFrameStorage::Build(
     const LaunchFrame& frame) {
