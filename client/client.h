@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "kreg/v1/registry.grpc.pb.h"
+#include "kreg/v1/supervision.grpc.pb.h"
 
 namespace kreg {
 
@@ -35,29 +36,33 @@ struct RegisterError {
 };
 
 class Client {
- public:
+public:
   // Does not connect yet; the first call does.
-  explicit Client(const std::string& socket_path);
+  explicit Client(const std::string &socket_path);
 
   // UNAVAILABLE (naming the socket and how to start kregd) when the daemon
   // cannot be reached; otherwise the daemon's status and message unchanged.
-  absl::StatusOr<v1::RegisterTargetResponse> Register(
-      const RegisterRequest& req, RegisterError* error = nullptr);
+  absl::StatusOr<v1::RegisterTargetResponse>
+  Register(const RegisterRequest &req, RegisterError *error = nullptr);
   absl::StatusOr<std::vector<v1::Target>> List();
-  absl::StatusOr<std::vector<v1::Target>> Get(const std::string& name,
-                                              const std::string& platform);
+  absl::StatusOr<std::vector<v1::Target>> Get(const std::string &name,
+                                              const std::string &platform);
   absl::StatusOr<v1::GetStatusResponse> Status();
   // OK when the standard health service says SERVING.
   absl::Status Health();
+  // Executor crash counts and quarantine (kreg.v1.Supervision).
+  absl::StatusOr<v1::ListCrashesResponse> Crashes(const std::string &name);
+  absl::StatusOr<v1::UnquarantineResponse>
+  Unquarantine(const v1::UnquarantineRequest &req);
 
- private:
-  absl::Status FromGrpc(const grpc::Status& s) const;
+private:
+  absl::Status FromGrpc(const grpc::Status &s) const;
 
   const std::string socket_path_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Registry::Stub> stub_;
 };
 
-}  // namespace kreg
+} // namespace kreg
 
-#endif  // KREGD_CLIENT_CLIENT_H_
+#endif // KREGD_CLIENT_CLIENT_H_

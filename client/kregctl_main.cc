@@ -5,6 +5,7 @@
 #include <ctime>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 #include "CLI/CLI.hpp"
@@ -17,23 +18,23 @@ namespace {
 using kreg::v1::Target;
 using nlohmann::json;
 
-int ExitCode(const absl::Status& s) {
+int ExitCode(const absl::Status &s) {
   switch (s.code()) {
-    case absl::StatusCode::kOk:
-      return 0;
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kUnimplemented:
-      return 2;
-    case absl::StatusCode::kFailedPrecondition:
-      return 3;
-    case absl::StatusCode::kUnavailable:
-      return 4;
-    default:
-      return 1;
+  case absl::StatusCode::kOk:
+    return 0;
+  case absl::StatusCode::kInvalidArgument:
+  case absl::StatusCode::kUnimplemented:
+    return 2;
+  case absl::StatusCode::kFailedPrecondition:
+    return 3;
+  case absl::StatusCode::kUnavailable:
+    return 4;
+  default:
+    return 1;
   }
 }
 
-int Fail(const absl::Status& s) {
+int Fail(const absl::Status &s) {
   std::cerr << s.message() << "\n";
   return ExitCode(s);
 }
@@ -45,7 +46,7 @@ std::string Time(int64_t us) {
   return buf;
 }
 
-json ToJson(const Target& t) {
+json ToJson(const Target &t) {
   return json{{"target_name", t.target_name()},
               {"platform", t.platform()},
               {"func_name", t.func_name()},
@@ -63,11 +64,11 @@ json ToJson(const Target& t) {
               {"origin", t.audit().origin()}};
 }
 
-void PrintTable(const std::vector<Target>& targets) {
+void PrintTable(const std::vector<Target> &targets) {
   std::printf("%-32s %-5s %-20s %-22s %-7s %-6s %-8s %-20s %s\n", "NAME",
               "PLAT", "FUNCTION", "CONTENT", "KIND", "UID", "PID", "REGISTERED",
               "ORIGIN");
-  for (const Target& t : targets) {
+  for (const Target &t : targets) {
     std::string content = t.content_id().substr(0, 22);
     std::printf(
         "%-32s %-5s %-20s %-22s %-7s %-6u %-8d %-20s %s\n",
@@ -78,7 +79,7 @@ void PrintTable(const std::vector<Target>& targets) {
 }
 
 // One "key: value" line per field, strings unquoted.
-void PrintFields(const json& j) {
+void PrintFields(const json &j) {
   for (auto it = j.begin(); it != j.end(); ++it) {
     std::cout << it.key() << ": "
               << (it->is_string() ? it->get<std::string>() : it->dump())
@@ -86,28 +87,38 @@ void PrintFields(const json& j) {
   }
 }
 
-}  // namespace
+} // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char **argv) {
   CLI::App app{"kregctl: inspect and drive kregd"};
   app.require_subcommand(1);
   std::string socket = kreg::DefaultSocketPath();
-  if (const char* env = std::getenv("KREGD_SOCKET")) socket = env;
+  if (const char *env = std::getenv("KREGD_SOCKET"))
+    socket = env;
   app.add_option("--socket", socket, "kregd's gRPC socket")
       ->capture_default_str();
   bool as_json = false;
 
-  CLI::App* list = app.add_subcommand("list", "list registered targets");
+  CLI::App *list = app.add_subcommand("list", "list registered targets");
   list->add_flag("--json", as_json, "print JSON");
-  CLI::App* show = app.add_subcommand("show", "show one target");
+  CLI::App *show = app.add_subcommand("show", "show one target");
   std::string name, platform;
   show->add_option("NAME", name, "target name")->required();
   show->add_option("--platform", platform, "cpu or cuda (default: all)");
   show->add_flag("--json", as_json, "print JSON");
-  CLI::App* status = app.add_subcommand("status", "daemon status");
+  CLI::App *status = app.add_subcommand("status", "daemon status");
   status->add_flag("--json", as_json, "print JSON");
-  CLI::App* health = app.add_subcommand("health", "health check");
-  CLI::App* reg = app.add_subcommand("register", "register a target");
+  CLI::App *health = app.add_subcommand("health", "health check");
+  CLI::App *unq = app.add_subcommand(
+      "unquarantine", "lift the quarantine of a target that crashed its "
+                      "executors");
+  int64_t unq_uid = -1;
+  unq->add_option("NAME", name, "target name")->required();
+  unq->add_option("--platform", platform, "cpu or cuda (default: all)");
+  unq->add_option("--uid", unq_uid,
+                  "only this caller uid's quarantine (default: all you may "
+                  "lift)");
+  CLI::App *reg = app.add_subcommand("register", "register a target");
   kreg::RegisterRequest req;
   std::string module_file;
   bool daemon_reads = false;
@@ -123,7 +134,7 @@ int main(int argc, char** argv) {
                 "roots) instead of uploading the bytes");
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::ParseError &e) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
@@ -131,10 +142,12 @@ int main(int argc, char** argv) {
   kreg::Client client(socket);
   if (*list) {
     auto targets = client.List();
-    if (!targets.ok()) return Fail(targets.status());
+    if (!targets.ok())
+      return Fail(targets.status());
     if (as_json) {
       json j = json::array();
-      for (const Target& t : *targets) j.push_back(ToJson(t));
+      for (const Target &t : *targets)
+        j.push_back(ToJson(t));
       std::cout << j.dump(2) << "\n";
     } else {
       PrintTable(*targets);
@@ -143,22 +156,77 @@ int main(int argc, char** argv) {
   }
   if (*show) {
     auto targets = client.Get(name, platform);
-    if (!targets.ok()) return Fail(targets.status());
+    if (!targets.ok())
+      return Fail(targets.status());
+    // Crash counts and quarantine per caller uid (kregd's executors).
+    auto crashes = client.Crashes(name);
+    std::map<std::string, json> rows; // platform -> rows
+    if (crashes.ok()) {
+      for (const auto &r : crashes->rows()) {
+        rows[r.platform()].push_back(
+            json{{"uid", r.uid()},
+                 {"crashes_total", r.crashes_total()},
+                 {"crashes_in_window", r.crashes_in_window()},
+                 {"quarantined", r.quarantined()},
+                 {"last_reason", r.last_reason()},
+                 {"last_crash_unix_s", r.last_crash_unix_s()}});
+      }
+    }
+    auto with_crashes = [&](const Target &t) {
+      json j = ToJson(t);
+      auto it = rows.find(t.platform());
+      j["crashes"] = it == rows.end() ? json::array() : it->second;
+      bool q = false;
+      for (const json &r : j["crashes"])
+        q = q || r["quarantined"].get<bool>();
+      j["quarantined"] = q;
+      return j;
+    };
     if (as_json) {
       json j = json::array();
-      for (const Target& t : *targets) j.push_back(ToJson(t));
+      for (const Target &t : *targets)
+        j.push_back(with_crashes(t));
       std::cout << j.dump(2) << "\n";
     } else {
-      for (const Target& t : *targets) {
-        PrintFields(ToJson(t));
+      for (const Target &t : *targets) {
+        json j = with_crashes(t);
+        json crash_rows = j["crashes"];
+        j.erase("crashes");
+        PrintFields(j);
+        for (const json &r : crash_rows) {
+          std::cout << "  crashes (uid " << r["uid"]
+                    << "): " << r["crashes_in_window"] << " in window, "
+                    << r["crashes_total"] << " total"
+                    << (r["quarantined"].get<bool>() ? ", QUARANTINED" : "")
+                    << "; last: " << r["last_reason"].get<std::string>()
+                    << "\n";
+        }
         std::cout << "\n";
       }
     }
     return 0;
   }
+  if (*unq) {
+    kreg::v1::UnquarantineRequest r;
+    r.set_target_name(name);
+    r.set_platform(platform);
+    if (unq_uid >= 0) {
+      r.set_has_uid(true);
+      r.set_uid(static_cast<uint32_t>(unq_uid));
+    }
+    auto lifted = client.Unquarantine(r);
+    if (!lifted.ok())
+      return Fail(lifted.status());
+    for (const auto &row : lifted->lifted()) {
+      std::cout << "lifted the quarantine of " << row.target_name() << " ("
+                << row.platform() << ") for uid " << row.uid() << "\n";
+    }
+    return 0;
+  }
   if (*status) {
     auto s = client.Status();
-    if (!s.ok()) return Fail(s.status());
+    if (!s.ok())
+      return Fail(s.status());
     json j{{"version", s->version()},
            {"uptime_s", s->uptime_s()},
            {"targets", s->targets()},
@@ -170,17 +238,41 @@ int main(int argc, char** argv) {
            {"state_dir", s->state_dir()},
            {"socket", s->socket_path()},
            {"ffi_api", std::to_string(s->ffi_api_major()) + "." +
-                           std::to_string(s->ffi_api_minor())}};
+                           std::to_string(s->ffi_api_minor())},
+           {"isolation", s->isolation()},
+           {"executors_started", s->executors_started()},
+           {"executor_crashes", s->executor_crashes()},
+           {"quarantined", s->quarantined()},
+           {"seccomp", s->seccomp()}};
+    if (!s->executor_note().empty())
+      j["executor_note"] = s->executor_note();
+    json execs = json::array();
+    for (const auto &e : s->executors()) {
+      execs.push_back(json{{"pid", e.pid()},
+                           {"group", e.group()},
+                           {"uid", e.uid()},
+                           {"gid", e.gid()},
+                           {"sessions", e.sessions()},
+                           {"launches", e.launches()}});
+    }
     if (as_json) {
+      j["executors"] = execs;
       std::cout << j.dump(2) << "\n";
     } else {
       PrintFields(j);
+      for (const json &e : execs) {
+        std::cout << "executor pid " << e["pid"] << " ("
+                  << e["group"].get<std::string>() << ", uid " << e["uid"]
+                  << "): " << e["sessions"] << " sessions, " << e["launches"]
+                  << " launches\n";
+      }
     }
     return 0;
   }
   if (*health) {
     absl::Status s = client.Health();
-    if (!s.ok()) return Fail(s);
+    if (!s.ok())
+      return Fail(s);
     std::cout << "SERVING\n";
     return 0;
   }
@@ -198,7 +290,8 @@ int main(int argc, char** argv) {
     req.module_bytes = ss.str();
   }
   auto resp = client.Register(req);
-  if (!resp.ok()) return Fail(resp.status());
+  if (!resp.ok())
+    return Fail(resp.status());
   std::cout << (resp->created() ? "registered " : "already registered ")
             << resp->target().target_name() << " (" << resp->target().platform()
             << ") " << resp->target().content_id() << "\n";

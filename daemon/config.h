@@ -19,6 +19,16 @@ struct Config {
   std::string socket_group;  // empty: the daemon's group
   std::string log_level = "info";
   std::string probe_binary;  // empty: kregd-probe next to kregd
+  // Executors (DESIGN §8).
+  std::string isolation = "uid";  // uid | client | shared
+  std::string executor_binary;    // empty: kregd-exec next to kregd
+  double launch_timeout_s = 0;    // 0: off
+  int quarantine_crashes = 3;     // 0: never quarantine
+  int64_t quarantine_window_s = 600;
+  int64_t executor_idle_s = 30;
+  bool seccomp = true;
+  int max_sessions = 1024;
+  int max_sessions_per_uid = 128;
 };
 
 // $XDG_RUNTIME_DIR/kregd/kregd.sock or /run/kregd/kregd.sock.

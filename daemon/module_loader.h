@@ -32,10 +32,8 @@ class ModuleLoader : public HandlerLoader {
                      const std::string& digest) override;
   absl::StatusOr<HandlerInfo> Probe(const std::string& digest,
                                     const std::string& func_name) override;
-  absl::StatusOr<void*> Load(const std::string& digest,
-                             const std::string& func_name) override;
-  absl::StatusOr<void*> LoadStored(const std::string& digest,
-                                   const std::string& func_name) override;
+  absl::Status Check(const std::string& digest) override;
+  absl::Status CheckStored(const std::string& digest) override;
 
  private:
   ModuleStore* const store_;

@@ -9,8 +9,8 @@
 namespace kreg {
 namespace {
 
-std::string Describe(TargetKind kind, const std::string& content_id,
-                     const std::string& func_name, Platform platform) {
+std::string Describe(TargetKind kind, const std::string &content_id,
+                     const std::string &func_name, Platform platform) {
   return absl::StrCat(kind == TargetKind::kInProcess ? "in-process " : "",
                       "content ", content_id, ", function \"", func_name,
                       "\", platform ", PlatformName(platform));
@@ -22,14 +22,14 @@ int64_t NowMicros() {
       .count();
 }
 
-}  // namespace
+} // namespace
 
-Registry::Registry(HandlerLoader* loader, RegistrationLog* log)
+Registry::Registry(HandlerLoader *loader, RegistrationLog *log)
     : loader_(loader), log_(log) {}
 
-absl::Status Registry::CheckSame(const TargetEntry& existing, TargetKind kind,
-                                 const std::string& cid,
-                                 const std::string& func_name,
+absl::Status Registry::CheckSame(const TargetEntry &existing, TargetKind kind,
+                                 const std::string &cid,
+                                 const std::string &func_name,
                                  bool replace) const {
   if (existing.kind == kind && existing.content_id == cid &&
       existing.func_name == func_name) {
@@ -53,13 +53,13 @@ absl::Status Registry::CheckSame(const TargetEntry& existing, TargetKind kind,
   return absl::FailedPreconditionError(msg);
 }
 
-absl::StatusOr<RegisterOutcome> Registry::Register(const RegisterArgs& args) {
+absl::StatusOr<RegisterOutcome> Registry::Register(const RegisterArgs &args) {
   // The module's digest is its store key, and its identity when no
   // content_id is given; computed once here.
   const std::string digest = args.kind == TargetKind::kModule
                                  ? Sha256Digest(args.module_bytes)
                                  : std::string();
-  const std::string& cid = args.content_id.empty() ? digest : args.content_id;
+  const std::string &cid = args.content_id.empty() ? digest : args.content_id;
   absl::MutexLock serial(&register_mu_);
   EntryPtr existing = Lookup(args.key);
   if (existing != nullptr) {
@@ -69,14 +69,16 @@ absl::StatusOr<RegisterOutcome> Registry::Register(const RegisterArgs& args) {
       refused_.fetch_add(1);
       return same;
     }
-    if (existing->handler != nullptr ||
+    if (existing->unavailable.empty() ||
         existing->kind == TargetKind::kInProcess) {
       return RegisterOutcome{false, existing};
     }
   }
-  if (args.kind == TargetKind::kInProcess) return RegisterInProcess(args);
+  if (args.kind == TargetKind::kInProcess)
+    return RegisterInProcess(args);
   absl::Status stored = loader_->Store(args.module_bytes, digest);
-  if (!stored.ok()) return stored;
+  if (!stored.ok())
+    return stored;
   if (existing != nullptr && digest != existing->module_digest) {
     // Same identity (content_id) but the journaled module file is lost and
     // these bytes are not it: keep the name reserved, say how to repair.
@@ -88,9 +90,11 @@ absl::StatusOr<RegisterOutcome> Registry::Register(const RegisterArgs& args) {
         "to repair it"));
   }
   absl::StatusOr<HandlerInfo> info = loader_->Probe(digest, args.func_name);
-  if (!info.ok()) return info.status();
-  absl::StatusOr<void*> handler = loader_->Load(digest, args.func_name);
-  if (!handler.ok()) return handler.status();
+  if (!info.ok())
+    return info.status();
+  absl::Status ready = loader_->Check(digest);
+  if (!ready.ok())
+    return ready;
 
   auto entry = std::make_shared<TargetEntry>();
   if (existing != nullptr) {
@@ -98,7 +102,6 @@ absl::StatusOr<RegisterOutcome> Registry::Register(const RegisterArgs& args) {
     // identical identity, fresh copy of the same bytes.
     *entry = *existing;
     entry->unavailable.clear();
-    entry->handler = *handler;
     spdlog::info("repaired target {} ({}) from re-registered bytes",
                  entry->key.name, PlatformName(entry->key.platform));
   } else {
@@ -111,17 +114,17 @@ absl::StatusOr<RegisterOutcome> Registry::Register(const RegisterArgs& args) {
     entry->registered_by = args.peer;
     entry->registered_at_us = NowMicros();
     entry->origin = args.origin;
-    entry->handler = *handler;
     absl::Status logged = log_->Append(*entry);
-    if (!logged.ok()) return logged;
+    if (!logged.ok())
+      return logged;
   }
   absl::MutexLock lock(&mu_);
   entries_[args.key] = entry;
   return RegisterOutcome{existing == nullptr, entry};
 }
 
-absl::StatusOr<RegisterOutcome> Registry::RegisterInProcess(
-    const RegisterArgs& args) {
+absl::StatusOr<RegisterOutcome>
+Registry::RegisterInProcess(const RegisterArgs &args) {
   auto entry = std::make_shared<TargetEntry>();
   entry->key = args.key;
   entry->kind = TargetKind::kInProcess;
@@ -131,13 +134,14 @@ absl::StatusOr<RegisterOutcome> Registry::RegisterInProcess(
   entry->registered_at_us = NowMicros();
   entry->origin = args.origin;
   absl::Status logged = log_->Append(*entry);
-  if (!logged.ok()) return logged;
+  if (!logged.ok())
+    return logged;
   absl::MutexLock lock(&mu_);
   entries_[args.key] = entry;
   return RegisterOutcome{true, entry};
 }
 
-absl::Status Registry::Restore(const TargetEntry& journaled) {
+absl::Status Registry::Restore(const TargetEntry &journaled) {
   absl::MutexLock serial(&register_mu_);
   EntryPtr existing = Lookup(journaled.key);
   if (existing != nullptr) {
@@ -150,22 +154,18 @@ absl::Status Registry::Restore(const TargetEntry& journaled) {
     entries_[entry->key] = entry;
     return absl::OkStatus();
   }
-  absl::StatusOr<void*> handler =
-      loader_->LoadStored(entry->module_digest, entry->func_name);
-  if (handler.ok()) {
-    entry->handler = *handler;
-  } else {
+  absl::Status ready = loader_->CheckStored(entry->module_digest);
+  if (!ready.ok()) {
     // Keep the name reserved so it can never be re-pointed; identical
     // re-registration repairs it.
-    entry->handler = nullptr;
-    entry->unavailable = std::string(handler.status().message());
+    entry->unavailable = std::string(ready.message());
   }
   absl::MutexLock lock(&mu_);
   entries_[entry->key] = entry;
-  return handler.status();
+  return ready;
 }
 
-EntryPtr Registry::Lookup(const TargetKey& key) const {
+EntryPtr Registry::Lookup(const TargetKey &key) const {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(key);
   return it == entries_.end() ? nullptr : it->second;
@@ -175,16 +175,18 @@ std::vector<EntryPtr> Registry::List() const {
   absl::MutexLock lock(&mu_);
   std::vector<EntryPtr> out;
   out.reserve(entries_.size());
-  for (const auto& [key, entry] : entries_) out.push_back(entry);
+  for (const auto &[key, entry] : entries_)
+    out.push_back(entry);
   return out;
 }
 
-std::vector<EntryPtr> Registry::Find(const std::string& name) const {
+std::vector<EntryPtr> Registry::Find(const std::string &name) const {
   std::vector<EntryPtr> out;
   for (Platform p : {Platform::kCpu, Platform::kCuda}) {
-    if (EntryPtr e = Lookup({name, p})) out.push_back(e);
+    if (EntryPtr e = Lookup({name, p}))
+      out.push_back(e);
   }
   return out;
 }
 
-}  // namespace kreg
+} // namespace kreg

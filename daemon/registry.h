@@ -45,13 +45,12 @@ class HandlerLoader {
   // FFI handler the daemon can host. INVALID_ARGUMENT/NOT_FOUND otherwise.
   virtual absl::StatusOr<HandlerInfo> Probe(const std::string& digest,
                                             const std::string& func_name) = 0;
-  // dlopens the store copy (kept loaded forever) and resolves `func_name`.
-  virtual absl::StatusOr<void*> Load(const std::string& digest,
-                                     const std::string& func_name) = 0;
-  // Like Load, for a journaled entry at start-up: first verifies that the
+  // Checks that the store copy executors will load is in place. kregd
+  // itself never dlopens a module (DESIGN §8): executors do.
+  virtual absl::Status Check(const std::string& digest) = 0;
+  // Like Check, for a journaled entry at start-up: also verifies that the
   // store file still has the digest (DATA_LOSS otherwise).
-  virtual absl::StatusOr<void*> LoadStored(const std::string& digest,
-                                           const std::string& func_name) = 0;
+  virtual absl::Status CheckStored(const std::string& digest) = 0;
 };
 
 // Durable log of accepted registrations; implemented by Journal.

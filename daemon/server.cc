@@ -16,10 +16,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <set>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/cuda/cuda_devices.h"
-#include "daemon/ffi/ffi_host.h"
+#include "daemon/exec/broker.h"
+#include "daemon/exec/executor_pool.h"
+#include "daemon/exec/supervision_service.h"
 #include "daemon/session/session_server.h"
 #include "spdlog/spdlog.h"
 
@@ -33,7 +35,7 @@ absl::Status Errno(absl::string_view what) {
 }
 
 // mkdir -p with `mode` for the directories it creates.
-absl::Status MakeDirs(const std::string& dir, mode_t mode) {
+absl::Status MakeDirs(const std::string &dir, mode_t mode) {
   for (size_t i = 1; i <= dir.size(); ++i) {
     if (i == dir.size() || dir[i] == '/') {
       std::string part = dir.substr(0, i);
@@ -45,7 +47,7 @@ absl::Status MakeDirs(const std::string& dir, mode_t mode) {
   return absl::OkStatus();
 }
 
-std::string DirName(const std::string& path) {
+std::string DirName(const std::string &path) {
   size_t slash = path.rfind('/');
   return slash == std::string::npos || slash == 0 ? "/" : path.substr(0, slash);
 }
@@ -53,15 +55,17 @@ std::string DirName(const std::string& path) {
 std::string SelfDir() {
   char buf[4096];
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return ".";
+  if (n <= 0)
+    return ".";
   return DirName(std::string(buf, static_cast<size_t>(n)));
 }
 
 // The gid of `group` ((gid_t)-1 for ""), INVALID_ARGUMENT if it does not
 // exist.
-absl::StatusOr<gid_t> SocketGid(const std::string& group) {
-  if (group.empty()) return static_cast<gid_t>(-1);
-  struct group* g = ::getgrnam(group.c_str());
+absl::StatusOr<gid_t> SocketGid(const std::string &group) {
+  if (group.empty())
+    return static_cast<gid_t>(-1);
+  struct group *g = ::getgrnam(group.c_str());
   if (g == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("socket_group \"", group, "\" does not exist"));
@@ -72,7 +76,7 @@ absl::StatusOr<gid_t> SocketGid(const std::string& group) {
 // Binds a listening Unix socket at `path` (0660, group `gid` unless -1). A
 // stale socket file left by a dead daemon is replaced; a live one is an
 // error.
-absl::StatusOr<UniqueFd> BindUnixSocket(const std::string& path, gid_t gid) {
+absl::StatusOr<UniqueFd> BindUnixSocket(const std::string &path, gid_t gid) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof(addr.sun_path)) {
@@ -82,9 +86,10 @@ absl::StatusOr<UniqueFd> BindUnixSocket(const std::string& path, gid_t gid) {
   }
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   absl::Status dirs = MakeDirs(DirName(path), 0755);
-  if (!dirs.ok()) return dirs;
+  if (!dirs.ok())
+    return dirs;
   UniqueFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (::connect(probe.get(), reinterpret_cast<sockaddr*>(&addr),
+  if (::connect(probe.get(), reinterpret_cast<sockaddr *>(&addr),
                 sizeof(addr)) == 0) {
     return absl::AlreadyExistsError(
         absl::StrCat("another daemon is already serving ", path,
@@ -92,40 +97,46 @@ absl::StatusOr<UniqueFd> BindUnixSocket(const std::string& path, gid_t gid) {
   }
   ::unlink(path.c_str());
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd.ok()) return Errno("socket");
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+  if (!fd.ok())
+    return Errno("socket");
+  if (::bind(fd.get(), reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) !=
+      0) {
     return Errno(absl::StrCat("cannot bind ", path));
   }
-  if (::chmod(path.c_str(), 0660) != 0) return Errno("chmod socket");
+  if (::chmod(path.c_str(), 0660) != 0)
+    return Errno("chmod socket");
   if (gid != static_cast<gid_t>(-1) &&
       ::chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0) {
     return Errno(absl::StrCat("cannot give ", path, " to gid ", gid));
   }
-  if (::listen(fd.get(), 128) != 0) return Errno("listen");
+  if (::listen(fd.get(), 128) != 0)
+    return Errno("listen");
   return fd;
 }
 
-}  // namespace
+} // namespace
 
 Daemon::Daemon(Config config)
-    : config_(std::move(config)),
-      started_(std::chrono::steady_clock::now()),
+    : config_(std::move(config)), started_(std::chrono::steady_clock::now()),
       store_(config_.state_dir + "/modules"),
       loader_(&store_, config_.probe_binary.empty() ? SelfDir() + "/kregd-probe"
                                                     : config_.probe_binary),
-      journal_(config_.state_dir + "/journal"),
-      registry_(&loader_, &journal_),
-      registrar_(&registry_, ModulePolicy{config_.allowed_roots,
-                                          config_.max_module_bytes}) {}
+      journal_(config_.state_dir + "/journal"), registry_(&loader_, &journal_),
+      registrar_(&registry_,
+                 ModulePolicy{config_.allowed_roots, config_.max_module_bytes}),
+      ledger_(CrashPolicy{config_.quarantine_crashes,
+                          config_.quarantine_window_s}) {}
 
 Daemon::~Daemon() { Shutdown(); }
 
 absl::Status Daemon::LockStateDir() {
   absl::Status st = MakeDirs(config_.state_dir, 0700);
-  if (!st.ok()) return st;
+  if (!st.ok())
+    return st;
   std::string lock = config_.state_dir + "/lock";
   lock_fd_.reset(::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  if (!lock_fd_.ok()) return Errno(absl::StrCat("cannot open ", lock));
+  if (!lock_fd_.ok())
+    return Errno(absl::StrCat("cannot open ", lock));
   if (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("state directory ", config_.state_dir,
@@ -137,9 +148,10 @@ absl::Status Daemon::LockStateDir() {
 
 absl::Status Daemon::Replay() {
   absl::StatusOr<std::vector<TargetEntry>> entries = journal_.Open();
-  if (!entries.ok()) return entries.status();
+  if (!entries.ok())
+    return entries.status();
   int restored = 0;
-  for (const TargetEntry& e : *entries) {
+  for (const TargetEntry &e : *entries) {
     absl::Status st = registry_.Restore(e);
     if (st.ok()) {
       ++restored;
@@ -168,11 +180,12 @@ absl::Status Daemon::Listen() {
       }
     }
     listen_fd_.reset(SD_LISTEN_FDS_START);
-    if (n > 1) session_listen_fd_ = SD_LISTEN_FDS_START + 1;
+    if (n > 1)
+      session_listen_fd_ = SD_LISTEN_FDS_START + 1;
     // Report the socket actually served, not the configured default.
     sockaddr_un addr{};
     socklen_t len = sizeof(addr);
-    if (::getsockname(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr),
+    if (::getsockname(listen_fd_.get(), reinterpret_cast<sockaddr *>(&addr),
                       &len) == 0 &&
         addr.sun_path[0] != '\0') {
       serving_socket_path_ = addr.sun_path;
@@ -182,7 +195,8 @@ absl::Status Daemon::Listen() {
     return absl::OkStatus();
   }
   absl::StatusOr<UniqueFd> fd = BindUnixSocket(config_.socket_path, gid_);
-  if (!fd.ok()) return fd.status();
+  if (!fd.ok())
+    return fd.status();
   listen_fd_ = *std::move(fd);
   owns_socket_file_ = true;
   serving_socket_path_ = config_.socket_path;
@@ -191,28 +205,36 @@ absl::Status Daemon::Listen() {
 
 absl::Status Daemon::Start() {
   absl::StatusOr<gid_t> gid = SocketGid(config_.socket_group);
-  if (!gid.ok()) return gid.status();
+  if (!gid.ok())
+    return gid.status();
   gid_ = *gid;
   absl::Status st = LockStateDir();
-  if (st.ok()) st = Replay();
-  if (st.ok()) st = Listen();
-  if (!st.ok()) return st;
+  if (st.ok())
+    st = Replay();
+  if (st.ok())
+    st = Listen();
+  if (!st.ok())
+    return st;
 
   service_ = std::make_unique<RegistryService>(
       &registrar_, &registry_,
-      [this](const std::string& peer) { return PeerOf(peer); },
-      [this](v1::GetStatusResponse* r) { FillStatus(r); });
+      [this](const std::string &peer) { return PeerOf(peer); },
+      [this](v1::GetStatusResponse *r) { FillStatus(r); });
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.RegisterService(service_.get());
+  supervision_ = std::make_unique<SupervisionService>(
+      &ledger_, [this](const std::string &peer) { return PeerOf(peer); });
+  builder.RegisterService(supervision_.get());
   builder.SetMaxReceiveMessageSize(8 << 20);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) {
     return absl::InternalError("the gRPC server could not be started");
   }
   st = StartSessions();
-  if (!st.ok()) return st;
+  if (!st.ok())
+    return st;
   stop_fd_.reset(::eventfd(0, EFD_CLOEXEC));
   accept_thread_ = std::thread([this] { AcceptLoop(); });
 
@@ -233,11 +255,13 @@ void Daemon::AcceptLoop() {
     pollfd fds[2] = {{listen_fd_.get(), POLLIN, 0},
                      {stop_fd_.get(), POLLIN, 0}};
     if (::poll(fds, 2, -1) < 0) {
-      if (errno == EINTR) continue;
+      if (errno == EINTR)
+        continue;
       spdlog::error("accept loop: poll: {}", std::strerror(errno));
       return;
     }
-    if (fds[1].revents != 0) return;
+    if (fds[1].revents != 0)
+      return;
     int fd = ::accept4(listen_fd_.get(), nullptr, nullptr,
                        SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
@@ -264,7 +288,7 @@ void Daemon::AcceptLoop() {
   }
 }
 
-PeerCred Daemon::PeerOf(const std::string& grpc_peer) {
+PeerCred Daemon::PeerOf(const std::string &grpc_peer) {
   absl::MutexLock lock(&peers_mu_);
   auto it = peers_.find(grpc_peer);
   if (it == peers_.end()) {
@@ -284,13 +308,20 @@ void Daemon::WatchdogLoop(uint64_t interval_us) {
   }
 }
 
-void Daemon::FillStatus(v1::GetStatusResponse* r) {
+void Daemon::FillStatus(v1::GetStatusResponse *r) {
   r->set_version(kVersion);
   r->set_uptime_s(std::chrono::duration_cast<std::chrono::seconds>(
                       std::chrono::steady_clock::now() - started_)
                       .count());
   r->set_targets(static_cast<uint32_t>(registry_.List().size()));
-  r->set_modules_loaded(static_cast<uint32_t>(store_.loaded_modules()));
+  // Modules executors load: the distinct store copies registered targets
+  // use (kregd itself loads none).
+  std::set<std::string> modules;
+  for (const EntryPtr &e : registry_.List()) {
+    if (!e->module_digest.empty())
+      modules.insert(e->module_digest);
+  }
+  r->set_modules_loaded(static_cast<uint32_t>(modules.size()));
   r->set_registrations_refused(registry_.refused());
   r->set_state_dir(config_.state_dir);
   r->set_socket_path(serving_socket_path_);
@@ -300,53 +331,124 @@ void Daemon::FillStatus(v1::GetStatusResponse* r) {
 }
 
 void Daemon::Shutdown() {
-  if (stopping_.exchange(true)) return;
+  if (stopping_.exchange(true))
+    return;
   sd_notify(0, "STOPPING=1");
   if (stop_fd_.ok()) {
     uint64_t one = 1;
     (void)!::write(stop_fd_.get(), &one, sizeof(one));
   }
-  if (accept_thread_.joinable()) accept_thread_.join();
-  if (watchdog_thread_.joinable()) watchdog_thread_.join();
+  if (accept_thread_.joinable())
+    accept_thread_.join();
+  if (watchdog_thread_.joinable())
+    watchdog_thread_.join();
   StopSessions();
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(5));
   }
-  if (owns_socket_file_) ::unlink(config_.socket_path.c_str());
+  if (owns_socket_file_)
+    ::unlink(config_.socket_path.c_str());
   spdlog::info("kregd stopped");
 }
 
 absl::Status Daemon::StartSessions() {
-  // CUDA contexts are created now, not on a first launch (~150 ms each).
-  cuda_ = CudaDevices::OpenSystem();
-  if (cuda_->status().ok()) {
-    spdlog::info("CUDA: {}", cuda_->Describe());
-  } else {
-    spdlog::info("CUDA: not serving GPU launches: {}",
-                 std::string(cuda_->status().message()));
+  // kregd runs no kernel and opens no GPU context itself (DESIGN §8): each
+  // executor opens the devices it serves when it starts.
+  PoolOptions pool;
+  absl::StatusOr<Isolation> isolation = ParseIsolation(config_.isolation);
+  if (!isolation.ok())
+    return isolation.status();
+  pool.isolation = *isolation;
+  pool.binary = config_.executor_binary;
+  if (pool.binary.empty()) {
+    // Installed: next to kregd; in a Bazel tree: bazel-bin/daemon/exec/.
+    pool.binary = SelfDir() + "/kregd-exec";
+    if (::access(pool.binary.c_str(), X_OK) != 0 &&
+        ::access((SelfDir() + "/exec/kregd-exec").c_str(), X_OK) == 0) {
+      pool.binary = SelfDir() + "/exec/kregd-exec";
+    }
   }
-  host_ = std::make_unique<FfiHost>();
+  if (::access(pool.binary.c_str(), X_OK) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the executor binary ", pool.binary,
+                     " is missing or not executable (", strerror(errno),
+                     "); install kregd-exec next to kregd or set "
+                     "executor_binary"));
+  }
+  pool.launch_timeout_ms =
+      static_cast<int64_t>(config_.launch_timeout_s * 1000.0);
+  pool.idle_ms = config_.executor_idle_s * 1000;
+  pool.init.set_max_arena_bytes(config_.max_arena_bytes);
+  pool.init.set_max_message_bytes(64ull << 20);
+  pool.init.set_hello_timeout_ms(10000);
+  pool.init.set_open_cuda(true);
+  pool.init.set_seccomp(config_.seccomp);
+  pool.init.set_log_level(config_.log_level);
+  if (const char *env = std::getenv("KREGD_SESSION_SPIN_US")) {
+    pool.init.set_spin_us(std::atoll(env));
+  }
+  pool_ = std::make_unique<ExecutorPool>(std::move(pool), &ledger_);
+  if (::geteuid() != 0) {
+    spdlog::warn(
+        "kregd is not root: executors run as kregd's uid {}, not as their "
+        "callers' (isolation {})",
+        ::geteuid(), config_.isolation);
+  } else {
+    spdlog::info("executors: isolation {}", config_.isolation);
+  }
   SessionOptions opts;
-  opts.cuda_devices = cuda_.get();
   opts.socket_path = SessionSocketPath(config_.socket_path);
   opts.listen_fd = session_listen_fd_;
   opts.max_arena_bytes = config_.max_arena_bytes;
   opts.socket_gid = gid_;
-  sessions_ = std::make_unique<SessionServer>(opts, &registrar_, &registry_,
-                                              host_.get());
+  opts.max_sessions = config_.max_sessions;
+  opts.max_sessions_per_uid = config_.max_sessions_per_uid;
+  BrokerContext ctx{&registrar_, &registry_, &store_, pool_.get(), &ledger_};
+  sessions_ = std::make_unique<SessionServer>(
+      opts, [ctx](uint64_t id, UniqueFd sock, const PeerCred &peer) {
+        return std::make_shared<SessionBroker>(id, std::move(sock), peer, ctx);
+      });
   return sessions_->Start();
 }
 
 void Daemon::StopSessions() {
-  if (sessions_ != nullptr) sessions_->Stop();
+  // Executors first: they end their sessions, so the brokers return.
+  if (pool_ != nullptr)
+    pool_->Shutdown();
+  if (sessions_ != nullptr)
+    sessions_->Stop();
 }
 
-void Daemon::FillSessionStatus(v1::GetStatusResponse* r) {
-  if (sessions_ == nullptr) return;
+void Daemon::FillSessionStatus(v1::GetStatusResponse *r) {
+  if (sessions_ == nullptr || pool_ == nullptr)
+    return;
   r->set_sessions(static_cast<uint32_t>(sessions_->sessions()));
-  r->set_launches(sessions_->launches());
-  r->set_launch_errors(sessions_->launch_errors());
+  PoolCounters c = pool_->counters();
+  r->set_launches(c.launches);
+  r->set_launch_errors(c.launch_errors);
+  r->set_isolation(config_.isolation);
+  r->set_executors_started(c.executors_started);
+  r->set_executor_crashes(c.executor_crashes);
+  r->set_seccomp(config_.seccomp);
+  if (::geteuid() != 0) {
+    r->set_executor_note(
+        absl::StrCat("kregd is not root: executors run as kregd's uid ",
+                     ::geteuid(), ", not as their callers'"));
+  }
+  for (const ExecutorInfo &e : pool_->List()) {
+    v1::ExecutorStatus *s = r->add_executors();
+    s->set_pid(e.pid);
+    s->set_group(e.group);
+    s->set_uid(e.uid);
+    s->set_gid(e.gid);
+    s->set_sessions(static_cast<uint32_t>(e.sessions));
+    s->set_launches(e.launches);
+  }
+  uint32_t quarantined = 0;
+  for (const CrashRecord &row : ledger_.Rows())
+    quarantined += row.quarantined;
+  r->set_quarantined(quarantined);
 }
 
-}  // namespace kreg
+} // namespace kreg

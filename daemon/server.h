@@ -13,6 +13,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "daemon/config.h"
+#include "daemon/exec/crash_ledger.h"
 #include "daemon/grpc_service.h"
 #include "daemon/journal.h"
 #include "daemon/module_loader.h"
@@ -23,9 +24,9 @@
 
 namespace kreg {
 
-class CudaDevices;
-class FfiHost;
+class ExecutorPool;
 class SessionServer;
+class SupervisionService;
 
 class Daemon {
  public:
@@ -60,10 +61,11 @@ class Daemon {
   Journal journal_;
   Registry registry_;
   Registrar registrar_;
-  std::unique_ptr<CudaDevices> cuda_;  // outlives the sessions using it
-  std::unique_ptr<FfiHost> host_;
+  CrashLedger ledger_;
+  std::unique_ptr<ExecutorPool> pool_;  // outlives the sessions using it
   std::unique_ptr<SessionServer> sessions_;
   std::unique_ptr<RegistryService> service_;
+  std::unique_ptr<SupervisionService> supervision_;
   std::unique_ptr<grpc::Server> server_;
   UniqueFd listen_fd_;
   int session_listen_fd_ = -1;  // inherited from systemd, or -1

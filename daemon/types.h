@@ -64,10 +64,8 @@ struct TargetEntry {
   PeerCred registered_by;
   int64_t registered_at_us = 0;
   std::string origin;  // "path:<p>" or "upload:<n> bytes"
-  // The resolved handler (XLA_FFI_Handler*) in the daemon's copy of the
-  // module; null when the module could not be loaded at start-up (then
-  // `unavailable` says why). Never unloaded.
-  void* handler = nullptr;
+  // Empty when executors can load the store copy; why not otherwise (the
+  // store file was lost or corrupt at start-up). kregd never dlopens it.
   std::string unavailable;
 };
 

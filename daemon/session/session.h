@@ -26,31 +26,54 @@ class CudaSession;
 // Session protocol version (kreg.v1 session.proto). A different major is
 // refused at Hello.
 constexpr uint32_t kSessionProtocolMajor = 1;
-constexpr uint32_t kSessionProtocolMinor = 2;  // 1: CUDA; 2: doorbell
+constexpr uint32_t kSessionProtocolMinor = 2; // 1: CUDA; 2: doorbell
 
 // What a session needs from the rest of the daemon. Implemented over
 // Registrar/Registry/FfiHost by SessionServer, faked in tests. Thread-safe:
 // every session thread calls it.
 class SessionBackend {
- public:
+public:
   virtual ~SessionBackend() = default;
   // Same rules and errors as the gRPC RegisterTarget.
-  virtual absl::StatusOr<v1::RegisterReply> Register(
-      const v1::RegisterRequest& request, const PeerCred& peer) = 0;
+  virtual absl::StatusOr<v1::RegisterReply>
+  Register(const v1::RegisterRequest &request, const PeerCred &peer) = 0;
   virtual v1::ListReply List() = 0;
   // The handler registered as `key`, or NOT_FOUND naming it.
-  virtual absl::StatusOr<void*> Lookup(const TargetKey& key) = 0;
+  virtual absl::StatusOr<void *> Lookup(const TargetKey &key) = 0;
   // Runs `handler` on `frame`; the handler's error verbatim.
-  virtual absl::Status Execute(void* handler, const LaunchFrame& frame) = 0;
+  virtual absl::Status Execute(void *handler, const LaunchFrame &frame) = 0;
   // The same with platform resources (CUDA: the session stream and the
   // stream-ordered scratch allocator).
-  virtual absl::Status ExecuteWith(void* handler, const LaunchFrame& frame,
-                                   const CallOptions& options) {
+  virtual absl::Status ExecuteWith(void *handler, const LaunchFrame &frame,
+                                   const CallOptions &options) {
     (void)options;
     return Execute(handler, frame);
   }
   virtual uint32_t ffi_api_major() const = 0;
   virtual uint32_t ffi_api_minor() const = 0;
+  // Around every handler call of a launch: the request's id and target
+  // (an executor records them where kregd can read them if it dies).
+  virtual void BeginLaunch(uint64_t request_id, const TargetKey &key) {
+    (void)request_id;
+    (void)key;
+  }
+  virtual void EndLaunch() {}
+  // After each reply: true asks the session to end (the executor is being
+  // recycled, e.g. after a sticky CUDA error).
+  virtual bool ShouldStop() { return false; }
+};
+
+// One served connection: a Session running launches itself, or kregd's
+// broker that hands the connection to an executor.
+class ServedSession {
+public:
+  virtual ~ServedSession() = default;
+  // Serves until the connection ends.
+  virtual void Run() = 0;
+  // Makes a blocked Run() return. Thread-safe.
+  virtual void Shutdown() = 0;
+  virtual uint64_t id() const = 0;
+  virtual const PeerCred &peer() const = 0;
 };
 
 struct SessionLimits {
@@ -59,6 +82,9 @@ struct SessionLimits {
   // After a reply, busy-poll this long for the next request before blocking
   // (saves the wake-up latency of back-to-back calls; costs CPU).
   int64_t spin_us = 0;
+  // A connection that has not said Hello within this time is closed with
+  // an error (0: no deadline).
+  int64_t hello_timeout_ms = 0;
 };
 
 // Counters shared by all sessions of a server.
@@ -73,64 +99,65 @@ struct SessionCounters {
 // CUDA launches) must outlive it. The session's GPU state (a CudaSession:
 // stream, shared mappings, events, scratch) is created on its first CUDA
 // launch and released when the connection ends.
-class Session {
- public:
-  Session(uint64_t id, UniqueFd sock, const PeerCred& peer,
-          const SessionLimits& limits, SessionBackend* backend,
-          SessionCounters* counters, CudaDevices* cuda = nullptr);
-  ~Session();
-  Session(const Session&) = delete;
-  Session& operator=(const Session&) = delete;
+class Session final : public ServedSession {
+public:
+  Session(uint64_t id, UniqueFd sock, const PeerCred &peer,
+          const SessionLimits &limits, SessionBackend *backend,
+          SessionCounters *counters, CudaDevices *cuda = nullptr);
+  ~Session() override;
+  Session(const Session &) = delete;
+  Session &operator=(const Session &) = delete;
 
   // The request loop. Returns when the connection ends.
-  void Run();
+  void Run() override;
   // Makes a blocked Run() return (shuts the socket down).
-  void Shutdown();
+  void Shutdown() override;
 
   // Handles one decoded request with its attached descriptors (owned).
   // Exposed for tests; Run() calls it for every frame.
-  v1::SessionResponse Handle(const v1::SessionRequest& request,
+  v1::SessionResponse Handle(const v1::SessionRequest &request,
                              std::vector<UniqueFd> fds);
 
-  uint64_t id() const { return id_; }
-  const PeerCred& peer() const { return peer_; }
+  uint64_t id() const override { return id_; }
+  const PeerCred &peer() const override { return peer_; }
 
- private:
-  absl::Status DoHello(const v1::Hello& hello, v1::HelloReply* reply);
-  absl::Status DoArenaGrow(const v1::ArenaGrow& grow, std::vector<UniqueFd> fds,
-                           v1::ArenaGrowReply* r);
-  absl::Status DoLaunch(const v1::Launch& launch, std::vector<UniqueFd> fds,
-                        v1::LaunchReply* reply);
+private:
+  absl::Status DoHello(const v1::Hello &hello, v1::HelloReply *reply);
+  absl::Status DoArenaGrow(const v1::ArenaGrow &grow, std::vector<UniqueFd> fds,
+                           v1::ArenaGrowReply *r);
+  absl::Status DoLaunch(const v1::Launch &launch, std::vector<UniqueFd> fds,
+                        v1::LaunchReply *reply);
   // The CUDA part of a launch (platform cuda).
-  absl::Status DoCudaLaunch(const v1::Launch& launch, std::vector<UniqueFd> fds,
-                            v1::LaunchReply* reply);
-  absl::Status DoCudaDoorbell(const v1::CudaDoorbellSetup& setup,
+  absl::Status DoCudaLaunch(const v1::Launch &launch, std::vector<UniqueFd> fds,
+                            v1::LaunchReply *reply);
+  absl::Status DoCudaDoorbell(const v1::CudaDoorbellSetup &setup,
                               std::vector<UniqueFd> fds);
   // Imports `shares`, taking their fds from `fds` in order.
-  absl::Status ShareCuda(
-      const google::protobuf::RepeatedPtrField<v1::CudaShare>& shares,
-      std::vector<UniqueFd>* fds);
+  absl::Status
+  ShareCuda(const google::protobuf::RepeatedPtrField<v1::CudaShare> &shares,
+            std::vector<UniqueFd> *fds);
   // The session's CudaSession (created on first use); null without devices.
-  CudaSession* Cuda();
-  absl::StatusOr<void*> LookupHandler(const TargetKey& key);
+  CudaSession *Cuda();
+  absl::StatusOr<void *> LookupHandler(const TargetKey &key);
 
   const uint64_t id_;
   UniqueFd sock_;
   const PeerCred peer_;
   const SessionLimits limits_;
-  SessionBackend* const backend_;
-  SessionCounters* const counters_;
+  SessionBackend *const backend_;
+  SessionCounters *const counters_;
   bool hello_done_ = false;
+  uint64_t request_id_ = 0; // of the request being handled
   ShmArena arena_;
   // Handlers resolved by this session (registrations are never removed).
-  std::map<TargetKey, void*> handlers_;
-  CudaDevices* const cuda_devices_;
+  std::map<TargetKey, void *> handlers_;
+  CudaDevices *const cuda_devices_;
   std::unique_ptr<CudaSession> cuda_;
 };
 
 // SO_PEERCRED of a connected Unix socket. INTERNAL if unavailable.
 absl::StatusOr<PeerCred> PeerCredOf(int sock);
 
-}  // namespace kreg
+} // namespace kreg
 
-#endif  // KREGD_DAEMON_SESSION_SESSION_H_
+#endif // KREGD_DAEMON_SESSION_SESSION_H_

@@ -7,7 +7,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <list>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -20,9 +22,6 @@
 namespace kreg {
 
 class CudaDevices;
-class FfiHost;
-class Registrar;
-class Registry;
 
 struct SessionOptions {
   // Where to listen (the gRPC socket path + ".session"); ignored when
@@ -37,26 +36,34 @@ struct SessionOptions {
   // Busy-poll per session for the next request after each reply (µs; 0:
   // block at once). $KREGD_SESSION_SPIN_US overrides it.
   int64_t spin_us = 0;
-  // Further connections are refused (closed) beyond this many sessions.
+  // Further connections are refused with an error beyond this many
+  // sessions, in all and per client uid (so one uid cannot starve others).
   int max_sessions = 1024;
+  int max_sessions_per_uid = 128;
+  // Sessions that have not said Hello within this time are closed.
+  int64_t hello_timeout_ms = 10000;
   // kregd's GPUs (CudaDevices::OpenSystem at daemon start); null: CUDA
   // launches are refused. Must outlive the server.
-  CudaDevices* cuda_devices = nullptr;
+  CudaDevices *cuda_devices = nullptr;
 };
 
+// Makes what serves one accepted connection (kregd: a SessionBroker that
+// hands it to an executor).
+using SessionFactory = std::function<std::shared_ptr<ServedSession>(
+    uint64_t id, UniqueFd sock, const PeerCred &peer)>;
+
 // Owns the listening socket, the accept thread and every session (and so
-// every session's arena). Thread-safe. The registrar, registry and host must
-// outlive it.
+// every session's arena). Thread-safe.
 class SessionServer {
- public:
-  SessionServer(const SessionOptions& opts, Registrar* registrar,
-                Registry* registry, FfiHost* host);
-  // Test seam: serve over any backend (must outlive the server).
-  SessionServer(const SessionOptions& opts,
+public:
+  SessionServer(const SessionOptions &opts, SessionFactory factory);
+  // Runs sessions in this process over `backend` (tests and the executor's
+  // own tests; kregd never does).
+  SessionServer(const SessionOptions &opts,
                 std::unique_ptr<SessionBackend> backend);
   ~SessionServer();
-  SessionServer(const SessionServer&) = delete;
-  SessionServer& operator=(const SessionServer&) = delete;
+  SessionServer(const SessionServer &) = delete;
+  SessionServer &operator=(const SessionServer &) = delete;
 
   // Listens (or adopts opts.listen_fd) and starts the accept thread.
   // INTERNAL/FAILED_PRECONDITION with the path and errno text on failure.
@@ -68,9 +75,9 @@ class SessionServer {
   uint64_t launches() const { return counters_.launches.load(); }
   uint64_t launch_errors() const { return counters_.launch_errors.load(); }
 
- private:
+private:
   struct Slot {
-    std::shared_ptr<Session> session;
+    std::shared_ptr<ServedSession> session;
     std::thread thread;
     std::atomic<bool> done{false};
   };
@@ -80,20 +87,25 @@ class SessionServer {
   void StartSession(UniqueFd sock);
   void ReapFinished();
 
+  // Sends a connection-level error (response id 0) and closes `sock`.
+  static void Refuse(UniqueFd sock, const std::string &message);
+
   const SessionOptions opts_;
   std::unique_ptr<SessionBackend> backend_;
+  SessionFactory factory_;
   SessionCounters counters_;
   UniqueFd own_listen_fd_;
   int listen_fd_ = -1;
-  UniqueFd wake_fd_;  // eventfd that stops the accept loop
+  UniqueFd wake_fd_; // eventfd that stops the accept loop
   std::thread accept_thread_;
   std::atomic<bool> stopping_{false};
   std::atomic<int> live_sessions_{0};
   std::atomic<uint64_t> next_id_{1};
   absl::Mutex mu_;
   std::list<Slot> slots_ ABSL_GUARDED_BY(mu_);
+  std::map<uid_t, int> per_uid_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace kreg
+} // namespace kreg
 
-#endif  // KREGD_DAEMON_SESSION_SESSION_SERVER_H_
+#endif // KREGD_DAEMON_SESSION_SESSION_SERVER_H_

@@ -28,14 +28,13 @@ class FakeLoader : public HandlerLoader {
     }
     return HandlerInfo{0, 4, 0, 0};
   }
-  absl::StatusOr<void*> Load(const std::string&, const std::string&) override {
+  absl::Status Check(const std::string&) override {
     loads.fetch_add(1);
-    return static_cast<void*>(&loads);
+    return absl::OkStatus();
   }
-  absl::StatusOr<void*> LoadStored(const std::string& d,
-                                   const std::string& f) override {
+  absl::Status CheckStored(const std::string& d) override {
     if (!stored_ok) return absl::DataLossError("store file is corrupt");
-    return Load(d, f);
+    return Check(d);
   }
   std::atomic<int> loads{0};
   bool stored_ok = true;
@@ -235,14 +234,13 @@ TEST_CASE("Restore keeps a name with a corrupt module reserved", "[registry]") {
   CHECK(registry.Restore(e).code() == absl::StatusCode::kDataLoss);
   EntryPtr kept = registry.Lookup(e.key);
   REQUIRE(kept != nullptr);
-  CHECK(kept->handler == nullptr);
   CHECK_THAT(kept->unavailable, Catch::Contains("corrupt"));
   // Other content is still refused; the original bytes repair it.
   CHECK(registry.Register(Args("op", "bb")).status().code() ==
         absl::StatusCode::kFailedPrecondition);
   auto repaired = registry.Register(Args("op", "aa"));
   REQUIRE(repaired.ok());
-  CHECK(repaired->entry->handler != nullptr);
+  CHECK(repaired->entry->unavailable.empty());
   CHECK(log.entries.empty());
 }
 
@@ -283,7 +281,6 @@ TEST_CASE("In-process targets: idempotent, refused on change, nothing loaded",
   REQUIRE(first.ok());
   CHECK(first->created);
   CHECK(first->entry->kind == TargetKind::kInProcess);
-  CHECK(first->entry->handler == nullptr);
   CHECK(first->entry->module_digest.empty());
   CHECK(first->entry->registered_by.pid == 7);
   auto again = registry.Register(InProcess("numba.k", "fp:1"));

@@ -1,0 +1,249 @@
+#include "daemon/exec/broker.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/module_store.h"
+#include "daemon/registrar.h"
+#include "daemon/registry.h"
+#include "daemon/session/wire.h"
+#include "daemon/validate.h"
+#include "kreg/v1/registry.pb.h"
+#include "spdlog/spdlog.h"
+
+namespace kreg {
+namespace {
+
+// Broker messages are small; this bounds a misbehaving executor. A
+// registration upload travels through here (session Register), so it
+// allows the largest session message plus framing.
+constexpr uint32_t kMaxBrokerBytes = (64u << 20) + (1u << 20);
+
+void SetStatus(const absl::Status &s, v1::SessionStatus *out) {
+  out->set_code(static_cast<int>(s.code()));
+  out->set_message(std::string(s.message()));
+}
+
+} // namespace
+
+void FillTargetInfo(const TargetEntry &e, v1::TargetInfo *t) {
+  t->set_target_name(e.key.name);
+  t->set_platform(PlatformName(e.key.platform));
+  t->set_func_name(e.func_name);
+  t->set_content_id(e.content_id);
+  t->set_module_digest(e.module_digest);
+  t->set_module_size(e.module_size);
+  t->set_kind(TargetKindName(e.kind));
+  t->set_ffi_api_major(e.handler_info.api_major);
+  t->set_ffi_api_minor(e.handler_info.api_minor);
+  t->set_traits(e.handler_info.traits);
+  t->set_uid(e.registered_by.uid);
+  t->set_gid(e.registered_by.gid);
+  t->set_pid(e.registered_by.pid);
+  t->set_registered_at_us(e.registered_at_us);
+  t->set_origin(e.origin);
+}
+
+absl::StatusOr<v1::RegisterReply>
+RegisterForSession(Registrar *registrar, const v1::RegisterRequest &req,
+                   const PeerCred &peer) {
+  v1::RegisterTargetHeader header;
+  header.set_target_name(req.target_name());
+  header.set_func_name(req.func_name());
+  header.set_platform(req.platform());
+  header.set_replace(req.replace());
+  header.set_content_id(req.content_id());
+  header.set_in_process(req.in_process());
+  std::string upload;
+  if (req.module_case() == v1::RegisterRequest::kPath) {
+    header.mutable_module()->set_path(req.path());
+  } else if (req.module_case() == v1::RegisterRequest::kUpload) {
+    header.mutable_module()->set_upload_size(req.upload().size());
+    upload = req.upload();
+  } else if (!req.in_process()) { // in-process targets carry no module
+    return absl::InvalidArgumentError(
+        "RegisterRequest carries neither a module path nor an upload");
+  }
+  absl::StatusOr<RegisterOutcome> out =
+      registrar->Register(header, std::move(upload), peer);
+  if (!out.ok())
+    return out.status();
+  v1::RegisterReply reply;
+  reply.set_created(out->created);
+  FillTargetInfo(*out->entry, reply.mutable_target());
+  return reply;
+}
+
+v1::ListReply ListForSession(Registry *registry) {
+  v1::ListReply reply;
+  for (const EntryPtr &e : registry->List()) {
+    FillTargetInfo(*e, reply.add_targets());
+  }
+  return reply;
+}
+
+SessionBroker::SessionBroker(uint64_t id, UniqueFd client, const PeerCred &peer,
+                             const BrokerContext &ctx)
+    : id_(id), client_(std::move(client)), peer_(peer), ctx_(ctx) {}
+
+SessionBroker::~SessionBroker() { ctx_.pool->Release(&binding_); }
+
+void SessionBroker::Shutdown() {
+  if (broker_fd_ >= 0)
+    ::shutdown(broker_fd_, SHUT_RDWR);
+  ::shutdown(client_.get(), SHUT_RDWR);
+}
+
+void SessionBroker::RefuseClient(const absl::Status &status) {
+  v1::SessionResponse resp;
+  resp.set_id(0);
+  SetStatus(status, resp.mutable_status());
+  std::string out;
+  resp.SerializeToString(&out);
+  wire::SendFrame(client_.get(), out.data(), out.size(), nullptr, 0);
+  ::shutdown(client_.get(), SHUT_RDWR);
+}
+
+void SessionBroker::Run() {
+  absl::StatusOr<ExecutorPool::Binding> b =
+      ctx_.pool->Bind(id_, client_.get(), peer_);
+  if (!b.ok()) {
+    spdlog::warn("session {} (pid {} uid {}): {}", id_, peer_.pid, peer_.uid,
+                 std::string(b.status().message()));
+    RefuseClient(b.status());
+    return;
+  }
+  binding_ = *std::move(b);
+  broker_fd_ = binding_.broker.get();
+  std::string payload;
+  std::string out;
+  bool closed = false;
+  for (;;) {
+    std::vector<int> raw;
+    int rc = wire::RecvFrame(broker_fd_, kMaxBrokerBytes, &payload, &raw);
+    for (int fd : raw)
+      ::close(fd); // executors attach nothing here
+    if (rc != wire::kOk)
+      break;
+    v1::BrokerRequest req;
+    if (!req.ParseFromString(payload)) {
+      spdlog::warn("session {}: malformed broker request from executor", id_);
+      break;
+    }
+    if (req.body_case() == v1::BrokerRequest::kClosed) {
+      closed = true;
+      break;
+    }
+    UniqueFd fd;
+    v1::BrokerReply reply = Handle(req, &fd);
+    reply.SerializeToString(&out);
+    int fds[1] = {fd.get()};
+    rc = wire::SendFrame(broker_fd_, out.data(), out.size(), fds,
+                         fd.ok() ? 1 : 0);
+    if (rc != wire::kOk)
+      break;
+  }
+  if (!closed) {
+    std::string crash = ctx_.pool->AwaitCrash(&binding_);
+    if (!crash.empty()) {
+      RefuseClient(absl::InternalError(crash));
+    }
+  }
+  ::shutdown(client_.get(), SHUT_RDWR);
+  ctx_.pool->Release(&binding_);
+  binding_.broker.reset();
+  broker_fd_ = -1;
+}
+
+v1::BrokerReply SessionBroker::Handle(const v1::BrokerRequest &req,
+                                      UniqueFd *fd_out) {
+  v1::BrokerReply reply;
+  absl::Status status;
+  switch (req.body_case()) {
+  case v1::BrokerRequest::kRegisterTarget: {
+    absl::StatusOr<v1::RegisterReply> r =
+        RegisterForSession(ctx_.registrar, req.register_target(), peer_);
+    if (r.ok()) {
+      *reply.mutable_register_target() = *std::move(r);
+    } else {
+      status = r.status();
+    }
+    break;
+  }
+  case v1::BrokerRequest::kList:
+    *reply.mutable_list() = ListForSession(ctx_.registry);
+    break;
+  case v1::BrokerRequest::kResolve: {
+    absl::StatusOr<v1::ResolveReply> r = Resolve(req.resolve(), fd_out);
+    if (r.ok()) {
+      *reply.mutable_resolve() = *std::move(r);
+    } else {
+      status = r.status();
+    }
+    break;
+  }
+  default:
+    status = absl::InvalidArgumentError("unknown broker request");
+  }
+  SetStatus(status, reply.mutable_status());
+  return reply;
+}
+
+absl::StatusOr<v1::ResolveReply>
+SessionBroker::Resolve(const v1::ResolveRequest &r, UniqueFd *fd_out) {
+  if (absl::Status s = ValidateTargetName(r.target_name()); !s.ok())
+    return s;
+  absl::StatusOr<Platform> platform = ParsePlatform(r.platform());
+  if (!platform.ok())
+    return platform.status();
+  TargetKey key{r.target_name(), *platform};
+  EntryPtr e = ctx_.registry->Lookup(key);
+  if (e == nullptr) {
+    return absl::NotFoundError(absl::StrCat(
+        "target \"", key.name, "\" is not registered for platform ",
+        PlatformName(key.platform), " in kregd"));
+  }
+  if (e->kind == TargetKind::kInProcess) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "target \"", key.name, "\" is an in-process callable of pid ",
+        e->registered_by.pid, "; it runs inside that process, not in kregd"));
+  }
+  if (!e->unavailable.empty()) {
+    return absl::UnavailableError(absl::StrCat(
+        "target \"", key.name, "\" is registered but its module could not ",
+        "be loaded (", e->unavailable, "); re-register the original module ",
+        "to repair it"));
+  }
+  if (std::optional<CrashRecord> q = ctx_.ledger->Quarantined(key, peer_.uid)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "target \"", key.name, "\" (", PlatformName(key.platform),
+        ") is quarantined for uid ", peer_.uid, ": it crashed its executor ",
+        q->crashes_in_window, " times within ", ctx_.ledger->policy().window_s,
+        " s (last: ", q->last_reason,
+        "). Fix the kernel and register it under a new name, or run "
+        "`kregctl unquarantine ",
+        key.name, " --platform ", PlatformName(key.platform), "`"));
+  }
+  std::string path = ctx_.store->PathOf(e->module_digest);
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd.ok()) {
+    spdlog::error("opening store copy {}: {}", path, strerror(errno));
+    return absl::UnavailableError(absl::StrCat(
+        "the store copy of module ", e->module_digest, " of target \"",
+        key.name, "\" cannot be opened; see kregd's log"));
+  }
+  v1::ResolveReply reply;
+  reply.set_func_name(e->func_name);
+  reply.set_module_digest(e->module_digest);
+  reply.set_token(ctx_.pool->TokenFor(binding_, e));
+  *fd_out = std::move(fd);
+  return reply;
+}
+
+} // namespace kreg

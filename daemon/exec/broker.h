@@ -1,0 +1,70 @@
+// kregd's side of one client session (DESIGN §8): binds the session to an
+// executor, hands the client's socket over, then answers what only kregd
+// may do for that session (register, list, resolve a target to its store
+// copy). Launches never pass through here.
+#ifndef KREGD_DAEMON_EXEC_BROKER_H_
+#define KREGD_DAEMON_EXEC_BROKER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "daemon/exec/crash_ledger.h"
+#include "daemon/exec/executor_pool.h"
+#include "daemon/session/session.h"
+#include "daemon/types.h"
+#include "daemon/unique_fd.h"
+#include "kreg/v1/executor.pb.h"
+
+namespace kreg {
+
+class ModuleStore;
+class Registrar;
+class Registry;
+
+// What the broker of every session borrows; all must outlive the sessions.
+struct BrokerContext {
+  Registrar *registrar = nullptr;
+  Registry *registry = nullptr;
+  ModuleStore *store = nullptr;
+  ExecutorPool *pool = nullptr;
+  CrashLedger *ledger = nullptr;
+};
+
+// Session-protocol translations of the registry, shared with tests.
+void FillTargetInfo(const TargetEntry &e, v1::TargetInfo *t);
+absl::StatusOr<v1::RegisterReply>
+RegisterForSession(Registrar *registrar, const v1::RegisterRequest &req,
+                   const PeerCred &peer);
+v1::ListReply ListForSession(Registry *registry);
+
+// One accepted client connection. Run() on one thread, Shutdown() from any.
+class SessionBroker final : public ServedSession {
+public:
+  SessionBroker(uint64_t id, UniqueFd client, const PeerCred &peer,
+                const BrokerContext &ctx);
+  ~SessionBroker() override;
+
+  void Run() override;
+  void Shutdown() override;
+  uint64_t id() const override { return id_; }
+  const PeerCred &peer() const override { return peer_; }
+
+private:
+  v1::BrokerReply Handle(const v1::BrokerRequest &request, UniqueFd *fd_out);
+  absl::StatusOr<v1::ResolveReply> Resolve(const v1::ResolveRequest &r,
+                                           UniqueFd *fd_out);
+  // Sends a connection-level error (response id 0) to the client.
+  void RefuseClient(const absl::Status &status);
+
+  const uint64_t id_;
+  UniqueFd client_; // kregd's copy: only written to when the executor died
+  const PeerCred peer_;
+  const BrokerContext ctx_;
+  ExecutorPool::Binding binding_;
+  int broker_fd_ = -1;
+};
+
+} // namespace kreg
+
+#endif // KREGD_DAEMON_EXEC_BROKER_H_

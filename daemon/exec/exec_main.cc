@@ -1,0 +1,225 @@
+// kregd-exec: runs registered kernels for the client sessions kregd hands
+// it (DESIGN §8). Started by kregd only (posix_spawn): fd 3 is its control
+// socket, fd 4 its status page. It drops to the credentials kregd names,
+// hardens itself, then serves each adopted session on its own thread until
+// kregd closes the control socket.
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <exception>
+#include <list>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/cuda/cuda_devices.h"
+#include "daemon/exec/executor_backend.h"
+#include "daemon/exec/hardening.h"
+#include "daemon/exec/module_cache.h"
+#include "daemon/exec/status_page.h"
+#include "daemon/ffi/ffi_host.h"
+#include "daemon/session/session.h"
+#include "daemon/session/wire.h"
+#include "kreg/v1/executor.pb.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+
+namespace kreg {
+namespace {
+
+constexpr int kControlFd = 3;
+constexpr int kStatusFd = 4;
+constexpr int kExitRecycle = 75;
+
+StatusPage *g_page = nullptr;
+
+// std::terminate (an uncaught C++ exception, e.g. thrown by a handler):
+// leave the exception's text where kregd reads it, then abort.
+void OnTerminate() {
+  std::string what = "uncaught C++ exception";
+  if (std::exception_ptr e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception &x) {
+      what = absl::StrCat("uncaught C++ exception: ", x.what());
+    } catch (...) {
+      what = "uncaught C++ exception of a non-std type";
+    }
+  }
+  if (g_page != nullptr) {
+    char *note = g_page->header()->note;
+    size_t n = std::min(what.size(), sizeof(g_page->header()->note) - 1);
+    memcpy(note, what.data(), n);
+    note[n] = '\0';
+  }
+  std::abort();
+}
+
+void Reply(const absl::Status &status, const v1::ExecInitReply &base) {
+  v1::ExecInitReply reply = base;
+  reply.mutable_status()->set_code(static_cast<int>(status.code()));
+  reply.mutable_status()->set_message(std::string(status.message()));
+  std::string out;
+  reply.SerializeToString(&out);
+  wire::SendFrame(kControlFd, out.data(), out.size(), nullptr, 0);
+}
+
+struct Served {
+  std::shared_ptr<Session> session;
+  std::thread thread;
+  std::shared_ptr<std::atomic<bool>> done;
+};
+
+int Main() {
+  CloseDescriptorsFrom(kStatusFd + 1);
+  signal(SIGPIPE, SIG_IGN);
+  spdlog::set_default_logger(spdlog::stderr_color_mt("kregd-exec"));
+  std::string payload;
+  std::vector<int> fds;
+  if (wire::RecvFrame(kControlFd, 1 << 20, &payload, &fds) != wire::kOk) {
+    std::fprintf(stderr, "kregd-exec: started without kregd's control socket;"
+                         " it is started by kregd only\n");
+    return 2;
+  }
+  for (int fd : fds)
+    ::close(fd);
+  v1::ExecInit init;
+  v1::ExecInitReply reply;
+  if (!init.ParseFromString(payload)) {
+    Reply(absl::InvalidArgumentError("malformed ExecInit"), reply);
+    return 2;
+  }
+  spdlog::set_level(spdlog::level::from_str(
+      init.log_level().empty() ? "info" : init.log_level()));
+  spdlog::set_pattern(absl::StrCat(
+      "%Y-%m-%dT%H:%M:%S.%e %^%l%$ kregd-exec[%P] (", init.group(), ") %v"));
+  if (init.drop_privileges()) {
+    std::vector<gid_t> groups(init.groups().begin(), init.groups().end());
+    absl::Status s = DropPrivileges(init.uid(), init.gid(), groups);
+    if (!s.ok()) {
+      Reply(s, reply);
+      return 1;
+    }
+  }
+  if (absl::Status s = TieToParent(init.parent_pid()); !s.ok()) {
+    Reply(s, reply);
+    return 1;
+  }
+  absl::StatusOr<StatusPage> page =
+      StatusPage::Map(UniqueFd(kStatusFd), init.slots());
+  if (!page.ok()) {
+    Reply(page.status(), reply);
+    return 1;
+  }
+  g_page = &*page;
+  std::set_terminate(OnTerminate);
+
+  // CUDA contexts now, before the seccomp filter and before any client
+  // waits on a first launch (~150 ms per device).
+  std::unique_ptr<CudaDevices> cuda;
+  if (init.open_cuda()) {
+    cuda = CudaDevices::OpenSystem();
+    if (cuda->status().ok()) {
+      spdlog::info("CUDA: {}", cuda->Describe());
+    } else {
+      reply.set_cuda_status(std::string(cuda->status().message()));
+    }
+  } else {
+    reply.set_cuda_status("kregd was started without CUDA");
+  }
+  if (init.seccomp()) {
+    if (absl::Status s = InstallSeccompFilter(); !s.ok()) {
+      Reply(s, reply);
+      return 1;
+    }
+  }
+  reply.set_seccomp(init.seccomp());
+  reply.set_uid(::getuid());
+  reply.set_gid(::getgid());
+  Reply(absl::OkStatus(), reply);
+
+  FfiHost host;
+  ModuleCache modules;
+  std::atomic<bool> recycle{false};
+  ExecutorShared shared{&modules, &host,
+                        cuda && cuda->status().ok() ? cuda.get() : nullptr,
+                        &*page, &recycle};
+  SessionLimits limits;
+  limits.max_arena_bytes = init.max_arena_bytes();
+  limits.max_message_bytes = init.max_message_bytes();
+  limits.spin_us = init.spin_us();
+  limits.hello_timeout_ms = init.hello_timeout_ms();
+  std::list<Served> served;
+  int exit_code = 0;
+  for (;;) {
+    for (auto it = served.begin(); it != served.end();) {
+      if (!it->done->load()) {
+        ++it;
+        continue;
+      }
+      it->thread.join();
+      it = served.erase(it);
+    }
+    if (recycle.load()) {
+      exit_code = kExitRecycle;
+      break;
+    }
+    pollfd p{kControlFd, POLLIN, 0};
+    int ready = ::poll(&p, 1, 200);
+    if (ready <= 0)
+      continue;
+    fds.clear();
+    int rc = wire::RecvFrame(kControlFd, 1 << 16, &payload, &fds);
+    if (rc != wire::kOk)
+      break; // kregd closed the control socket
+    std::vector<UniqueFd> owned;
+    for (int fd : fds)
+      owned.emplace_back(fd);
+    v1::ExecAdopt adopt;
+    if (!adopt.ParseFromString(payload) || owned.size() != 2 ||
+        page->slot(adopt.slot()) == nullptr) {
+      spdlog::error("ignoring a malformed ExecAdopt from kregd");
+      continue;
+    }
+    PeerCred peer;
+    peer.uid = adopt.uid();
+    peer.gid = adopt.gid();
+    peer.pid = adopt.pid();
+    auto backend = std::make_shared<ExecutorBackend>(std::move(owned[1]),
+                                                     adopt.slot(), shared);
+    auto session = std::make_shared<Session>(
+        adopt.session_id(), std::move(owned[0]), peer, limits, backend.get(),
+        &page->header()->counters, shared.cuda);
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    std::thread t([session, backend, done]() mutable {
+      session->Run();
+      session.reset(); // releases the arena and GPU state first
+      backend.reset(); // then tells kregd the session ended
+      done->store(true);
+    });
+    served.push_back({session, std::move(t), done});
+  }
+  for (Served &s : served)
+    s.session->Shutdown();
+  for (Served &s : served)
+    s.thread.join();
+  served.clear();
+  spdlog::default_logger()->flush();
+  // Loaded modules' static destructors are not run: their code is not
+  // trusted to tear down cleanly.
+  std::fflush(nullptr);
+  ::_exit(exit_code);
+}
+
+} // namespace
+} // namespace kreg
+
+int main() { return kreg::Main(); }

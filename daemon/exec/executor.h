@@ -1,0 +1,75 @@
+// One executor process as seen from kregd (DESIGN §8): kregd-exec started
+// with posix_spawn, its control socket and its status page.
+#ifndef KREGD_DAEMON_EXEC_EXECUTOR_H_
+#define KREGD_DAEMON_EXEC_EXECUTOR_H_
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/exec/status_page.h"
+#include "daemon/unique_fd.h"
+#include "kreg/v1/executor.pb.h"
+
+namespace kreg {
+
+// Owns the child process (through a pidfd, so a signal can never hit a
+// recycled pid), kregd's end of its control socket and kregd's mapping of
+// its status page. Thread-safe. The destructor stops the process (closes
+// the control socket, then SIGKILL after a grace period) unless Reap()
+// already collected it.
+class Executor {
+public:
+  // Spawns `binary` (posix_spawn, its own process group, fds 3 = control,
+  // 4 = status page, nothing else of kregd's), sends `init` and waits up to
+  // `timeout` for its ExecInitReply. UNAVAILABLE naming the binary and what
+  // happened (could not start, exited with code N, killed by signal, no
+  // reply in time, refused: its message).
+  static absl::StatusOr<std::unique_ptr<Executor>>
+  Start(const std::string &binary, const v1::ExecInit &init,
+        std::chrono::milliseconds timeout);
+  ~Executor();
+  Executor(const Executor &) = delete;
+  Executor &operator=(const Executor &) = delete;
+
+  // Hands a client's session socket to the executor; returns kregd's end of
+  // the session's new broker socket. UNAVAILABLE when the executor is gone.
+  absl::StatusOr<UniqueFd> Adopt(const v1::ExecAdopt &adopt, int client_fd);
+
+  // Closes the control socket: the executor finishes and exits.
+  void RequestStop();
+  // Sends `sig` unless the process was reaped already.
+  void Signal(int sig);
+  // Blocks until the process exits and returns its wait status; later
+  // calls return the same status at once.
+  int Reap();
+
+  pid_t pid() const { return pid_; }
+  const StatusPage &page() const { return page_; }
+  const v1::ExecInitReply &info() const { return info_; }
+
+private:
+  Executor(pid_t pid, UniqueFd pidfd, UniqueFd control, StatusPage page);
+
+  const pid_t pid_;
+  UniqueFd pidfd_;
+  StatusPage page_;
+  v1::ExecInitReply info_;
+  absl::Mutex control_mu_;
+  UniqueFd control_ ABSL_GUARDED_BY(control_mu_);
+  absl::Mutex reap_mu_;
+  bool reaped_ ABSL_GUARDED_BY(reap_mu_) = false;
+  int wait_status_ ABSL_GUARDED_BY(reap_mu_) = 0;
+};
+
+// "killed by signal 11 (SIGSEGV, Segmentation fault)", "exited with code
+// 3", "exited normally".
+std::string DescribeWaitStatus(int wait_status);
+
+} // namespace kreg
+
+#endif // KREGD_DAEMON_EXEC_EXECUTOR_H_

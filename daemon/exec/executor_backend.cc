@@ -1,0 +1,165 @@
+#include "daemon/exec/executor_backend.h"
+
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/cuda/cuda_devices.h"
+#include "daemon/ffi/ffi_host.h"
+#include "daemon/session/wire.h"
+#include "spdlog/spdlog.h"
+#include "xla/ffi/api/c_api.h"
+
+namespace kreg {
+namespace {
+
+constexpr uint32_t kMaxReplyBytes = 64u << 20;
+
+int64_t MonotonicNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
+absl::Status StatusOf(const v1::SessionStatus &s) {
+  if (s.code() == 0)
+    return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.code()), s.message());
+}
+
+} // namespace
+
+ExecutorBackend::ExecutorBackend(UniqueFd broker, uint32_t slot,
+                                 const ExecutorShared &shared)
+    : broker_(std::move(broker)), slot_(shared.page->slot(slot)),
+      shared_(shared) {}
+
+ExecutorBackend::~ExecutorBackend() {
+  v1::BrokerRequest req;
+  req.mutable_closed();
+  std::string out;
+  req.SerializeToString(&out);
+  wire::SendFrame(broker_.get(), out.data(), out.size(), nullptr, 0);
+}
+
+absl::StatusOr<v1::BrokerReply>
+ExecutorBackend::Call(const v1::BrokerRequest &request, UniqueFd *fd_out) {
+  std::string buf;
+  request.SerializeToString(&buf);
+  int rc = wire::SendFrame(broker_.get(), buf.data(), buf.size(), nullptr, 0);
+  std::vector<int> fds;
+  if (rc == wire::kOk) {
+    rc = wire::RecvFrame(broker_.get(), kMaxReplyBytes, &buf, &fds);
+  }
+  if (rc != wire::kOk) {
+    return absl::UnavailableError(absl::StrCat(
+        "the executor lost its connection to kregd: ", wire::ResultText(rc)));
+  }
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (i == 0 && fd_out != nullptr) {
+      fd_out->reset(fds[i]);
+    } else {
+      ::close(fds[i]);
+    }
+  }
+  v1::BrokerReply reply;
+  if (!reply.ParseFromString(buf)) {
+    return absl::InternalError("kregd sent a malformed broker reply");
+  }
+  return reply;
+}
+
+absl::StatusOr<v1::RegisterReply>
+ExecutorBackend::Register(const v1::RegisterRequest &request,
+                          const PeerCred &) {
+  v1::BrokerRequest req;
+  *req.mutable_register_target() = request;
+  absl::StatusOr<v1::BrokerReply> r = Call(req, nullptr);
+  if (!r.ok())
+    return r.status();
+  if (absl::Status s = StatusOf(r->status()); !s.ok())
+    return s;
+  return r->register_target();
+}
+
+v1::ListReply ExecutorBackend::List() {
+  v1::BrokerRequest req;
+  req.mutable_list();
+  absl::StatusOr<v1::BrokerReply> r = Call(req, nullptr);
+  if (!r.ok())
+    return v1::ListReply();
+  return r->list();
+}
+
+absl::StatusOr<void *> ExecutorBackend::Lookup(const TargetKey &key) {
+  v1::BrokerRequest req;
+  req.mutable_resolve()->set_target_name(key.name);
+  req.mutable_resolve()->set_platform(PlatformName(key.platform));
+  UniqueFd fd;
+  absl::StatusOr<v1::BrokerReply> r = Call(req, &fd);
+  if (!r.ok())
+    return r.status();
+  if (absl::Status s = StatusOf(r->status()); !s.ok())
+    return s;
+  const v1::ResolveReply &rr = r->resolve();
+  absl::StatusOr<void *> handler = shared_.modules->Handler(
+      rr.module_digest(), std::move(fd), rr.func_name());
+  if (!handler.ok()) {
+    return absl::Status(handler.status().code(),
+                        absl::StrCat("target \"", key.name,
+                                     "\": ", handler.status().message()));
+  }
+  tokens_[key] = rr.token();
+  return handler;
+}
+
+absl::Status ExecutorBackend::Execute(void *handler, const LaunchFrame &frame) {
+  return shared_.host->Execute(handler, frame);
+}
+
+absl::Status ExecutorBackend::ExecuteWith(void *handler,
+                                          const LaunchFrame &frame,
+                                          const CallOptions &options) {
+  absl::Status s = shared_.host->Execute(handler, frame, options);
+  if (shared_.cuda != nullptr && frame.platform == Platform::kCuda) {
+    absl::Status usable = shared_.cuda->CheckUsable(frame.device_ordinal);
+    if (!usable.ok() && !shared_.recycle->exchange(true)) {
+      // The context is corrupt for every session of this executor: write
+      // the last words, finish this reply, then the executor exits and
+      // kregd starts a fresh one on the next call.
+      std::string note = absl::StrCat("recycled after a sticky CUDA error: ",
+                                      usable.message());
+      char *dst = shared_.page->header()->note;
+      size_t n =
+          std::min(note.size(), sizeof(shared_.page->header()->note) - 1);
+      memcpy(dst, note.data(), n);
+      dst[n] = '\0';
+      shared_.page->header()->recycle.store(1);
+      spdlog::error("{}", note);
+    }
+  }
+  return s;
+}
+
+uint32_t ExecutorBackend::ffi_api_major() const { return XLA_FFI_API_MAJOR; }
+uint32_t ExecutorBackend::ffi_api_minor() const { return XLA_FFI_API_MINOR; }
+
+void ExecutorBackend::BeginLaunch(uint64_t request_id, const TargetKey &key) {
+  auto it = tokens_.find(key);
+  slot_->request_id.store(request_id, std::memory_order_relaxed);
+  slot_->started_ns.store(MonotonicNs(), std::memory_order_relaxed);
+  slot_->token.store(it == tokens_.end() ? 0 : it->second,
+                     std::memory_order_release);
+}
+
+void ExecutorBackend::EndLaunch() {
+  slot_->token.store(0, std::memory_order_release);
+}
+
+bool ExecutorBackend::ShouldStop() { return shared_.recycle->load(); }
+
+} // namespace kreg

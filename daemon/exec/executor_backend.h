@@ -1,0 +1,66 @@
+// The SessionBackend of a session running inside an executor (DESIGN §8):
+// registration, listing and target resolution go to kregd over the
+// session's broker socket; handlers run here, through the executor's
+// FfiHost, on modules from its ModuleCache.
+#ifndef KREGD_DAEMON_EXEC_EXECUTOR_BACKEND_H_
+#define KREGD_DAEMON_EXEC_EXECUTOR_BACKEND_H_
+
+#include <atomic>
+#include <map>
+#include <string>
+
+#include "daemon/exec/module_cache.h"
+#include "daemon/exec/status_page.h"
+#include "daemon/session/session.h"
+#include "daemon/unique_fd.h"
+#include "kreg/v1/executor.pb.h"
+
+namespace kreg {
+
+class CudaDevices;
+class FfiHost;
+
+// What every session of one executor shares; all must outlive the
+// sessions. `recycle` is set when the executor must be replaced (a sticky
+// CUDA error): sessions then end after their current reply.
+struct ExecutorShared {
+  ModuleCache *modules = nullptr;
+  FfiHost *host = nullptr;
+  CudaDevices *cuda = nullptr; // null: no CUDA
+  StatusPage *page = nullptr;
+  std::atomic<bool> *recycle = nullptr;
+};
+
+// One session's backend. Used by that session's thread only.
+class ExecutorBackend final : public SessionBackend {
+public:
+  ExecutorBackend(UniqueFd broker, uint32_t slot, const ExecutorShared &shared);
+  ~ExecutorBackend() override; // tells kregd the session ended
+
+  absl::StatusOr<v1::RegisterReply> Register(const v1::RegisterRequest &request,
+                                             const PeerCred &peer) override;
+  v1::ListReply List() override;
+  absl::StatusOr<void *> Lookup(const TargetKey &key) override;
+  absl::Status Execute(void *handler, const LaunchFrame &frame) override;
+  absl::Status ExecuteWith(void *handler, const LaunchFrame &frame,
+                           const CallOptions &options) override;
+  uint32_t ffi_api_major() const override;
+  uint32_t ffi_api_minor() const override;
+  void BeginLaunch(uint64_t request_id, const TargetKey &key) override;
+  void EndLaunch() override;
+  bool ShouldStop() override;
+
+private:
+  // One request/reply with kregd. UNAVAILABLE when kregd is gone.
+  absl::StatusOr<v1::BrokerReply> Call(const v1::BrokerRequest &request,
+                                       UniqueFd *fd_out);
+
+  UniqueFd broker_;
+  ExecSlot *const slot_;
+  const ExecutorShared shared_;
+  std::map<TargetKey, uint32_t> tokens_;
+};
+
+} // namespace kreg
+
+#endif // KREGD_DAEMON_EXEC_EXECUTOR_BACKEND_H_

@@ -1,0 +1,516 @@
+#include "daemon/exec/executor_pool.h"
+
+#include <grp.h>
+#include <pwd.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <set>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/exec/executor.h"
+#include "spdlog/spdlog.h"
+
+namespace kreg {
+
+struct ExecutorPool::Group {
+  std::string key;
+  std::string name; // "uid 1000", "pid 42 (uid 1000)", "shared"
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::unique_ptr<Executor> exec;
+  // Guarded by the pool's mu_.
+  std::vector<bool> used;
+  std::vector<uid_t> slot_uid;
+  int sessions = 0;
+  int64_t idle_since_ms = 0;
+  std::vector<EntryPtr> resolved; // token - 1 -> entry
+  bool stop_requested = false;
+  bool dead = false;
+  std::string killed_because; // launch_timeout
+  std::map<uint32_t, std::string> crash_text;
+};
+
+namespace {
+
+int64_t MonotonicNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
+int64_t MonotonicMs() { return MonotonicNs() / 1000000; }
+
+// The supplementary groups of `uid` (its passwd entry's name and `gid`);
+// just `gid` when the uid has no passwd entry.
+std::vector<gid_t> GroupsOf(uid_t uid, gid_t gid) {
+  std::vector<char> buf(16384);
+  passwd pw;
+  passwd *found = nullptr;
+  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 ||
+      found == nullptr) {
+    return {gid};
+  }
+  int n = 64;
+  std::vector<gid_t> groups(n);
+  while (getgrouplist(pw.pw_name, gid, groups.data(), &n) < 0) {
+    groups.resize(n + 16);
+    n = static_cast<int>(groups.size());
+  }
+  groups.resize(n);
+  return groups;
+}
+
+gid_t PrimaryGid(uid_t uid, gid_t fallback) {
+  std::vector<char> buf(16384);
+  passwd pw;
+  passwd *found = nullptr;
+  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 ||
+      found == nullptr) {
+    return fallback;
+  }
+  return pw.pw_gid;
+}
+
+} // namespace
+
+absl::StatusOr<Isolation> ParseIsolation(absl::string_view text) {
+  std::string t = absl::AsciiStrToLower(text);
+  if (t == "uid")
+    return Isolation::kUid;
+  if (t == "client")
+    return Isolation::kClient;
+  if (t == "shared")
+    return Isolation::kShared;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "isolation \"", text, "\" is not one of uid, client, shared"));
+}
+
+const char *IsolationName(Isolation isolation) {
+  switch (isolation) {
+  case Isolation::kUid:
+    return "uid";
+  case Isolation::kClient:
+    return "client";
+  case Isolation::kShared:
+    return "shared";
+  }
+  return "?";
+}
+
+ExecutorPool::ExecutorPool(PoolOptions options, CrashLedger *ledger)
+    : options_(std::move(options)), ledger_(ledger) {
+  supervisor_ = std::thread([this] { Supervise(); });
+  spawner_ = std::thread([this] { SpawnerLoop(); });
+}
+
+void ExecutorPool::SpawnerLoop() {
+  for (;;) {
+    std::function<void()> fn;
+    {
+      absl::MutexLock lock(&spawn_q_mu_);
+      spawn_q_mu_.Await(absl::Condition(
+          +[](ExecutorPool *p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->spawn_q_mu_) {
+            return p->spawner_stop_ || !p->spawn_q_.empty();
+          },
+          this));
+      if (spawn_q_.empty())
+        return;
+      fn = std::move(spawn_q_.front());
+      spawn_q_.pop_front();
+    }
+    fn();
+  }
+}
+
+void ExecutorPool::OnSpawner(const std::function<void()> &fn) {
+  bool done = false;
+  absl::Mutex done_mu;
+  {
+    absl::MutexLock lock(&spawn_q_mu_);
+    spawn_q_.push_back([&] {
+      fn();
+      absl::MutexLock l(&done_mu);
+      done = true;
+    });
+  }
+  absl::MutexLock l(&done_mu);
+  done_mu.Await(absl::Condition(&done));
+}
+
+ExecutorPool::~ExecutorPool() { Shutdown(); }
+
+std::string ExecutorPool::GroupKey(const PeerCred &peer) const {
+  switch (options_.isolation) {
+  case Isolation::kUid:
+    return absl::StrCat("uid ", peer.uid);
+  case Isolation::kClient:
+    return absl::StrCat("pid ", peer.pid, " (uid ", peer.uid, ")");
+  case Isolation::kShared:
+    return "shared";
+  }
+  return "?";
+}
+
+absl::StatusOr<std::shared_ptr<ExecutorPool::Group>>
+ExecutorPool::Start(const std::string &key, const PeerCred &peer) {
+  auto g = std::make_shared<Group>();
+  g->key = key;
+  g->name = key;
+  v1::ExecInit init = options_.init;
+  bool root = ::geteuid() == 0;
+  if (root) {
+    uid_t uid = peer.uid;
+    gid_t gid = PrimaryGid(peer.uid, peer.gid);
+    std::vector<gid_t> groups = GroupsOf(uid, gid);
+    if (options_.isolation == Isolation::kShared) {
+      // Everybody's kernels in one process: lend them nobody's rights.
+      uid = gid = 65534;
+      groups = {65534};
+    }
+    init.set_drop_privileges(true);
+    init.set_uid(uid);
+    init.set_gid(gid);
+    for (gid_t x : groups)
+      init.add_groups(x);
+  } else {
+    init.set_drop_privileges(false);
+    init.set_uid(::geteuid());
+    init.set_gid(::getegid());
+  }
+  init.set_group(key);
+  init.set_parent_pid(::getpid());
+  init.set_slots(options_.slots);
+  absl::StatusOr<std::unique_ptr<Executor>> exec =
+      absl::UnavailableError("not started");
+  OnSpawner([&] {
+    exec = Executor::Start(options_.binary, init, options_.start_timeout);
+  });
+  if (!exec.ok())
+    return exec.status();
+  g->exec = *std::move(exec);
+  g->uid = g->exec->info().uid();
+  g->gid = g->exec->info().gid();
+  g->used.assign(options_.slots, false);
+  g->slot_uid.assign(options_.slots, 0);
+  g->idle_since_ms = MonotonicMs();
+  spdlog::info("executor pid {} started for {} (uid {} gid {}{}{})",
+               g->exec->pid(), key, g->uid, g->gid,
+               root ? "" : ", kregd is not root: kregd's uid",
+               g->exec->info().cuda_status().empty()
+                   ? ""
+                   : "; CUDA: " + g->exec->info().cuda_status());
+  return g;
+}
+
+absl::StatusOr<ExecutorPool::Binding>
+ExecutorPool::Bind(uint64_t session_id, int client_fd, const PeerCred &peer) {
+  const std::string key = GroupKey(peer);
+  std::shared_ptr<Group> g;
+  auto find = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = groups_.find(key);
+    if (it != groups_.end() && !it->second->dead &&
+        !it->second->stop_requested) {
+      g = it->second;
+    }
+  };
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_)
+      return absl::UnavailableError("kregd is shutting down");
+    find();
+  }
+  if (g == nullptr) {
+    absl::MutexLock start(&start_mu_);
+    {
+      absl::MutexLock lock(&mu_);
+      find();
+    }
+    if (g == nullptr) {
+      absl::StatusOr<std::shared_ptr<Group>> started = Start(key, peer);
+      if (!started.ok())
+        return started.status();
+      g = *started;
+      absl::MutexLock lock(&mu_);
+      if (stopping_)
+        return absl::UnavailableError("kregd is shutting down");
+      groups_[key] = g;
+      dead_counters_.executors_started++;
+      auto done = std::make_shared<std::atomic<bool>>(false);
+      waiters_.push_back({std::thread([this, g, done] {
+                            Wait(g);
+                            done->store(true);
+                          }),
+                          done});
+    }
+  }
+  Binding b;
+  b.group = g;
+  b.peer = peer;
+  {
+    absl::MutexLock lock(&mu_);
+    uint32_t slot = 0;
+    while (slot < g->used.size() && g->used[slot])
+      ++slot;
+    if (slot == g->used.size()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the executor for ", g->name, " already serves ", g->used.size(),
+          " sessions (its limit); close idle sessions or raise "
+          "executor_sessions"));
+    }
+    g->used[slot] = true;
+    g->slot_uid[slot] = peer.uid;
+    g->sessions++;
+    ExecSlot *s = g->exec->page().slot(slot);
+    s->token.store(0);
+    s->request_id.store(0);
+    b.slot = slot;
+  }
+  v1::ExecAdopt adopt;
+  adopt.set_session_id(session_id);
+  adopt.set_uid(peer.uid);
+  adopt.set_gid(peer.gid);
+  adopt.set_pid(peer.pid);
+  adopt.set_slot(b.slot);
+  absl::StatusOr<UniqueFd> broker = g->exec->Adopt(adopt, client_fd);
+  if (!broker.ok()) {
+    Release(&b);
+    return broker.status();
+  }
+  b.broker = *std::move(broker);
+  return b;
+}
+
+uint32_t ExecutorPool::TokenFor(const Binding &b, EntryPtr entry) {
+  absl::MutexLock lock(&mu_);
+  std::vector<EntryPtr> &r = b.group->resolved;
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (r[i] == entry)
+      return static_cast<uint32_t>(i + 1);
+  }
+  r.push_back(std::move(entry));
+  return static_cast<uint32_t>(r.size());
+}
+
+void ExecutorPool::Release(Binding *b) {
+  if (b->group == nullptr)
+    return;
+  absl::MutexLock lock(&mu_);
+  Group *g = b->group.get();
+  if (b->slot < g->used.size() && g->used[b->slot]) {
+    g->used[b->slot] = false;
+    if (--g->sessions == 0)
+      g->idle_since_ms = MonotonicMs();
+  }
+  b->group.reset();
+}
+
+std::string ExecutorPool::AwaitCrash(Binding *b) {
+  std::shared_ptr<Group> g = b->group;
+  if (g == nullptr)
+    return "";
+  absl::MutexLock lock(&mu_);
+  for (int round = 0; round < 2 && !g->dead; ++round) {
+    absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while (!g->dead) {
+      if (changed_.WaitWithDeadline(&mu_, deadline))
+        break;
+    }
+    if (!g->dead) {
+      spdlog::warn("executor pid {} ({}) closed session slot {} without "
+                   "ending it; stopping it",
+                   g->exec->pid(), g->name, b->slot);
+      g->exec->Signal(SIGKILL);
+    }
+  }
+  auto it = g->crash_text.find(b->slot);
+  return it == g->crash_text.end() ? std::string() : it->second;
+}
+
+void ExecutorPool::Wait(std::shared_ptr<Group> g) {
+  int ws = g->exec->Reap();
+  const StatusPage &page = g->exec->page();
+  absl::MutexLock lock(&mu_);
+  g->dead = true;
+  auto it = groups_.find(g->key);
+  if (it != groups_.end() && it->second == g)
+    groups_.erase(it);
+  dead_counters_.launches += page.header()->counters.launches.load();
+  dead_counters_.launch_errors += page.header()->counters.launch_errors.load();
+  const bool planned =
+      g->stop_requested && WIFEXITED(ws) && WEXITSTATUS(ws) == 0;
+  std::string how = g->killed_because.empty()
+                        ? absl::StrCat("it ", DescribeWaitStatus(ws))
+                        : g->killed_because;
+  if (g->stop_requested && g->killed_because.empty()) {
+    how = "it was stopped because kregd is stopping it";
+  }
+  std::string note = page.Note();
+  if (!note.empty())
+    absl::StrAppend(&how, " (", note, ")");
+  std::set<std::pair<std::string, uid_t>> counted;
+  const int64_t now_s = static_cast<int64_t>(::time(nullptr));
+  for (uint32_t i = 0; i < g->used.size(); ++i) {
+    if (!g->used[i])
+      continue;
+    uint32_t token = page.slot(i)->token.load();
+    if (token == 0 || token > g->resolved.size())
+      continue;
+    const TargetEntry &e = *g->resolved[token - 1];
+    uid_t uid = g->slot_uid[i];
+    std::string quarantine;
+    if (!g->stop_requested) {
+      CrashRecord rec = ledger_->Record(e.key, uid, how, now_s);
+      if (counted.insert({e.key.name, uid}).second) {
+        dead_counters_.executor_crashes++;
+      }
+      const CrashPolicy &p = ledger_->policy();
+      if (rec.quarantined) {
+        quarantine = absl::StrCat(
+            " The target is now quarantined for uid ", uid, " after ",
+            rec.crashes_in_window, " crashes within ", p.window_s,
+            " s: its calls fail at once until `kregctl unquarantine ",
+            e.key.name, " --platform ", PlatformName(e.key.platform), "`.");
+      } else if (p.max_crashes > 0) {
+        quarantine = absl::StrCat(" (crash ", rec.crashes_in_window, " of ",
+                                  p.max_crashes, " within ", p.window_s,
+                                  " s before the target is quarantined)");
+      }
+    }
+    std::string text = absl::StrCat(
+        "target \"", e.key.name, "\" (", PlatformName(e.key.platform),
+        ", content ", e.content_id, ", function ", e.func_name, ", module ",
+        e.module_digest, ") crashed its kregd executor (pid ", g->exec->pid(),
+        ", ", g->name, "): ", how,
+        ". kregd and other clients are unaffected; the next call starts a "
+        "fresh executor.",
+        quarantine);
+    spdlog::error("{}", text);
+    g->crash_text[i] = std::move(text);
+  }
+  if (g->crash_text.empty() && !planned) {
+    spdlog::warn("executor pid {} ({}): {} with no call in flight",
+                 g->exec->pid(), g->name, how);
+  } else if (planned) {
+    spdlog::info("executor pid {} ({}) stopped", g->exec->pid(), g->name);
+  }
+  changed_.SignalAll();
+}
+
+void ExecutorPool::Supervise() {
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    changed_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
+    if (stopping_)
+      break;
+    for (auto w = waiters_.begin(); w != waiters_.end();) {
+      if (!w->done->load()) {
+        ++w;
+        continue;
+      }
+      w->thread.join(); // finished: returns at once
+      w = waiters_.erase(w);
+    }
+    const int64_t now_ns = MonotonicNs();
+    const int64_t now_ms = now_ns / 1000000;
+    for (auto it = groups_.begin(); it != groups_.end();) {
+      Group *g = it->second.get();
+      if (options_.launch_timeout_ms > 0 && g->killed_because.empty()) {
+        for (uint32_t i = 0; i < g->used.size(); ++i) {
+          if (!g->used[i])
+            continue;
+          ExecSlot *s = g->exec->page().slot(i);
+          if (s->token.load() == 0)
+            continue;
+          int64_t ran_ms = (now_ns - s->started_ns.load()) / 1000000;
+          if (ran_ms > options_.launch_timeout_ms) {
+            g->killed_because =
+                absl::StrCat("the call ran longer than launch_timeout (",
+                             options_.launch_timeout_ms,
+                             " ms) and kregd killed its executor");
+            g->exec->Signal(SIGKILL);
+            break;
+          }
+        }
+      }
+      if (g->sessions == 0 && now_ms - g->idle_since_ms > options_.idle_ms) {
+        g->stop_requested = true;
+        g->exec->RequestStop();
+        it = groups_.erase(it);
+        continue;
+      }
+      ++it;
+    }
+  }
+}
+
+std::vector<ExecutorInfo> ExecutorPool::List() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<ExecutorInfo> out;
+  for (const auto &[key, g] : groups_) {
+    ExecutorInfo info;
+    info.pid = g->exec->pid();
+    info.group = g->name;
+    info.uid = g->uid;
+    info.gid = g->gid;
+    info.sessions = g->sessions;
+    info.launches = g->exec->page().header()->counters.launches.load();
+    out.push_back(info);
+  }
+  return out;
+}
+
+PoolCounters ExecutorPool::counters() const {
+  absl::MutexLock lock(&mu_);
+  PoolCounters c = dead_counters_;
+  for (const auto &[key, g] : groups_) {
+    c.launches += g->exec->page().header()->counters.launches.load();
+    c.launch_errors += g->exec->page().header()->counters.launch_errors.load();
+  }
+  return c;
+}
+
+void ExecutorPool::Shutdown() {
+  std::vector<Waiter> waiters;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_)
+      return;
+    stopping_ = true;
+    for (auto &[key, g] : groups_) {
+      g->stop_requested = true;
+      g->exec->RequestStop();
+    }
+    changed_.SignalAll();
+  }
+  if (supervisor_.joinable())
+    supervisor_.join();
+  {
+    absl::MutexLock lock(&spawn_q_mu_);
+    spawner_stop_ = true;
+  }
+  if (spawner_.joinable())
+    spawner_.join();
+  {
+    // Executors finish their sessions and exit; ones that do not are
+    // killed by their destructor's grace period.
+    absl::MutexLock lock(&mu_);
+    absl::Time deadline = absl::Now() + absl::Seconds(3);
+    while (!groups_.empty()) {
+      if (changed_.WaitWithDeadline(&mu_, deadline))
+        break;
+    }
+    for (auto &[key, g] : groups_)
+      g->exec->Signal(SIGKILL);
+    waiters.swap(waiters_);
+  }
+  for (Waiter &w : waiters)
+    w.thread.join();
+}
+
+} // namespace kreg

@@ -1,0 +1,147 @@
+// The executors of kregd (DESIGN §8): which executor serves which client
+// session, starting them on demand, supervising them, and turning an
+// executor's death into a clear error for the calls it was running.
+#ifndef KREGD_DAEMON_EXEC_EXECUTOR_POOL_H_
+#define KREGD_DAEMON_EXEC_EXECUTOR_POOL_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/exec/crash_ledger.h"
+#include "daemon/types.h"
+#include "daemon/unique_fd.h"
+#include "kreg/v1/executor.pb.h"
+
+namespace kreg {
+
+class Executor;
+
+// How client sessions are grouped onto executors.
+enum class Isolation {
+  kUid,    // one executor per client uid, running as that uid (default)
+  kClient, // one executor per client process
+  kShared, // one executor for everybody
+};
+absl::StatusOr<Isolation> ParseIsolation(absl::string_view text);
+const char *IsolationName(Isolation isolation);
+
+struct PoolOptions {
+  Isolation isolation = Isolation::kUid;
+  std::string binary; // kregd-exec
+  // Limits and switches every executor gets; the pool fills in the
+  // credentials, group, parent pid and slots.
+  v1::ExecInit init;
+  // Sessions one executor serves at most.
+  uint32_t slots = 256;
+  // Kill an executor whose handler runs longer (0: never).
+  int64_t launch_timeout_ms = 0;
+  // Stop an executor that served no session for this long.
+  int64_t idle_ms = 30000;
+  std::chrono::milliseconds start_timeout{60000};
+};
+
+// A live executor, for status.
+struct ExecutorInfo {
+  pid_t pid = 0;
+  std::string group;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  int sessions = 0;
+  uint64_t launches = 0;
+};
+
+struct PoolCounters {
+  uint64_t launches = 0;
+  uint64_t launch_errors = 0;
+  uint64_t executors_started = 0;
+  uint64_t executor_crashes = 0;
+};
+
+class ExecutorPool {
+public:
+  struct Group; // one executor and its sessions (executor_pool.cc)
+
+  // A client session bound to an executor.
+  struct Binding {
+    std::shared_ptr<Group> group;
+    uint32_t slot = 0;
+    PeerCred peer;
+    UniqueFd broker; // kregd's end of the session's broker socket
+  };
+
+  // `ledger` and `resolve` must outlive the pool.
+  ExecutorPool(PoolOptions options, CrashLedger *ledger);
+  ~ExecutorPool(); // Shutdown()
+  ExecutorPool(const ExecutorPool &) = delete;
+  ExecutorPool &operator=(const ExecutorPool &) = delete;
+
+  // Finds or starts the executor for `peer` and hands it `client_fd` (the
+  // client's session socket; the caller keeps its own descriptor).
+  // UNAVAILABLE when the executor cannot be started, RESOURCE_EXHAUSTED
+  // when it serves `slots` sessions already.
+  absl::StatusOr<Binding> Bind(uint64_t session_id, int client_fd,
+                               const PeerCred &peer);
+  // The token the executor writes to the status page while `entry` runs.
+  uint32_t TokenFor(const Binding &binding, EntryPtr entry);
+  // The session ended normally.
+  void Release(Binding *binding);
+  // The executor closed the broker socket without ending the session:
+  // waits (bounded; kills an executor that lingers) until it is gone and
+  // returns the error for this session's call in flight, or "" when none
+  // was in flight.
+  std::string AwaitCrash(Binding *binding);
+
+  std::vector<ExecutorInfo> List() const;
+  PoolCounters counters() const;
+  const PoolOptions &options() const { return options_; }
+  // Stops every executor and the supervisor. Idempotent.
+  void Shutdown();
+
+private:
+  absl::StatusOr<std::shared_ptr<Group>> Start(const std::string &key,
+                                               const PeerCred &peer);
+  void Wait(std::shared_ptr<Group> group);
+  void Supervise();
+  std::string GroupKey(const PeerCred &peer) const;
+  // Runs `fn` on the spawner thread and waits for it. Executors are started
+  // from that one long-lived thread because the kernel delivers an
+  // executor's parent-death signal when the *thread* that forked it exits.
+  void OnSpawner(const std::function<void()> &fn);
+  void SpawnerLoop();
+
+  const PoolOptions options_;
+  CrashLedger *const ledger_;
+  absl::Mutex start_mu_; // one executor start at a time
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
+  struct Waiter {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  PoolCounters dead_counters_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::CondVar changed_;
+  std::thread supervisor_;
+  absl::Mutex spawn_q_mu_;
+  std::deque<std::function<void()>> spawn_q_ ABSL_GUARDED_BY(spawn_q_mu_);
+  bool spawner_stop_ ABSL_GUARDED_BY(spawn_q_mu_) = false;
+  std::thread spawner_;
+};
+
+} // namespace kreg
+
+#endif // KREGD_DAEMON_EXEC_EXECUTOR_POOL_H_

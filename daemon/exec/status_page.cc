@@ -1,0 +1,114 @@
+#include "daemon/exec/status_page.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace kreg {
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free,
+              "status page atomics must be lock-free to live in shared memory");
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+size_t StatusPage::SizeFor(uint32_t slots) {
+  size_t bytes = sizeof(ExecStatusHeader) + size_t{slots} * sizeof(ExecSlot);
+  return (bytes + 4095) / 4096 * 4096;
+}
+
+StatusPage::StatusPage(UniqueFd fd, void *base, size_t size, uint32_t slots)
+    : fd_(std::move(fd)), base_(base), size_(size), slots_(slots),
+      header_(static_cast<ExecStatusHeader *>(base)) {}
+
+StatusPage::StatusPage(StatusPage &&o) noexcept
+    : fd_(std::move(o.fd_)), base_(std::exchange(o.base_, nullptr)),
+      size_(std::exchange(o.size_, 0)), slots_(o.slots_),
+      header_(std::exchange(o.header_, nullptr)) {}
+
+StatusPage &StatusPage::operator=(StatusPage &&o) noexcept {
+  if (this != &o) {
+    if (base_ != nullptr)
+      ::munmap(base_, size_);
+    fd_ = std::move(o.fd_);
+    base_ = std::exchange(o.base_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    slots_ = o.slots_;
+    header_ = std::exchange(o.header_, nullptr);
+  }
+  return *this;
+}
+
+StatusPage::~StatusPage() {
+  if (base_ != nullptr)
+    ::munmap(base_, size_);
+}
+
+absl::StatusOr<StatusPage> StatusPage::Create(uint32_t slots) {
+  size_t size = SizeFor(slots);
+  UniqueFd fd(::memfd_create("kreg-exec-status", MFD_CLOEXEC));
+  if (!fd.ok()) {
+    return absl::InternalError(absl::StrCat(
+        "memfd_create for an executor status page: ", strerror(errno)));
+  }
+  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
+    return absl::InternalError(
+        absl::StrCat("sizing an executor status page: ", strerror(errno)));
+  }
+  void *base =
+      ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (base == MAP_FAILED) {
+    return absl::InternalError(
+        absl::StrCat("mapping an executor status page: ", strerror(errno)));
+  }
+  StatusPage page(std::move(fd), base, size, slots);
+  page.header_->magic = kExecStatusMagic;
+  page.header_->slots = slots;
+  return page;
+}
+
+absl::StatusOr<StatusPage> StatusPage::Map(UniqueFd fd, uint32_t slots) {
+  size_t size = SizeFor(slots);
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0 || static_cast<size_t>(st.st_size) < size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("executor status page fd ", fd.get(), " is not a page of ",
+                     slots, " slots (", size, " bytes)"));
+  }
+  void *base =
+      ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (base == MAP_FAILED) {
+    return absl::InternalError(
+        absl::StrCat("mapping the status page: ", strerror(errno)));
+  }
+  StatusPage page(std::move(fd), base, size, slots);
+  if (page.header_->magic != kExecStatusMagic || page.header_->slots != slots) {
+    return absl::InvalidArgumentError("executor status page has a bad header");
+  }
+  return page;
+}
+
+ExecSlot *StatusPage::slot(uint32_t i) const {
+  if (i >= slots_)
+    return nullptr;
+  return reinterpret_cast<ExecSlot *>(reinterpret_cast<char *>(base_) +
+                                      sizeof(ExecStatusHeader)) +
+         i;
+}
+
+std::string StatusPage::Note() const {
+  std::string out;
+  for (size_t i = 0; i < sizeof(header_->note); ++i) {
+    char c = header_->note[i];
+    if (c == '\0')
+      break;
+    out.push_back(c >= 0x20 && c < 0x7f ? c : '?');
+  }
+  return out;
+}
+
+} // namespace kreg

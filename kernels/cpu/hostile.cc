@@ -1,0 +1,203 @@
+// libhostile.so: handlers that misbehave on purpose, for the executor tests
+// (DESIGN §8: a kernel that crashes, hangs or probes its rights must only
+// hurt its own call). Not kernels to copy. Each takes one input of any type
+// (ignored) and writes int64 results into an output of at least 4
+// elements.
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/ptrace.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <stdexcept>
+#include <string_view>
+
+#include "kernels/cpu/export.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace kreg::kernels {
+namespace {
+
+namespace ffi = xla::ffi;
+using Out = ffi::Result<ffi::Buffer<ffi::S64>>;
+
+ffi::Error NeedFour(Out &y) {
+  if (y->element_count() < 4) {
+    return ffi::Error::InvalidArgument(
+        "hostile kernels write 4 int64 results; the output is smaller");
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error SegfaultImpl(ffi::AnyBuffer, Out y) {
+  volatile int *p = nullptr;
+  *p = 1;
+  return NeedFour(y);
+}
+
+ffi::Error AbortImpl(ffi::AnyBuffer, Out y) {
+  std::abort();
+  return NeedFour(y);
+}
+
+ffi::Error Exit3Impl(ffi::AnyBuffer, Out y) {
+  std::exit(3);
+  return NeedFour(y);
+}
+
+ffi::Error ThrowImpl(ffi::AnyBuffer, Out y) {
+  if (y->element_count() > 0) {
+    throw std::runtime_error("hostile.Throw threw on purpose");
+  }
+  return NeedFour(y);
+}
+
+__attribute__((noinline)) int64_t Recurse(volatile int64_t depth) {
+  volatile char frame[4096];
+  frame[0] = static_cast<char>(depth);
+  return Recurse(depth + 1) + frame[0];
+}
+
+ffi::Error StackOverflowImpl(ffi::AnyBuffer, Out y) {
+  y->typed_data()[0] = Recurse(0);
+  return NeedFour(y);
+}
+
+ffi::Error WriteFarImpl(ffi::AnyBuffer, Out y) {
+  // 64 GiB past the output: unmapped in any process on this machine.
+  volatile char *p =
+      reinterpret_cast<char *>(y->typed_data()) + (int64_t{1} << 36);
+  *p = 1;
+  return NeedFour(y);
+}
+
+ffi::Error SpinImpl(ffi::AnyBuffer, Out y) {
+  volatile uint64_t n = 0;
+  for (;;)
+    n = n + 1;
+  return NeedFour(y);
+}
+
+// [uid, gid, pid, ppid]
+ffi::Error WhoAmIImpl(ffi::AnyBuffer, Out y) {
+  if (ffi::Error e = NeedFour(y); e.failure())
+    return e;
+  int64_t *out = y->typed_data();
+  out[0] = ::getuid();
+  out[1] = ::getgid();
+  out[2] = ::getpid();
+  out[3] = ::getppid();
+  return ffi::Error::Success();
+}
+
+// [calls so far in this copy of the module, pid, 0, 0]
+ffi::Error CounterImpl(ffi::AnyBuffer, Out y) {
+  static int64_t calls = 0;
+  if (ffi::Error e = NeedFour(y); e.failure())
+    return e;
+  int64_t *out = y->typed_data();
+  out[0] = calls++;
+  out[1] = ::getpid();
+  out[2] = out[3] = 0;
+  return ffi::Error::Success();
+}
+
+// Each probe writes [rc, errno, 0, 0].
+void Report(Out &y, int64_t rc, int err) {
+  int64_t *out = y->typed_data();
+  out[0] = rc;
+  out[1] = rc < 0 ? err : 0;
+  out[2] = out[3] = 0;
+}
+
+ffi::Error TryExecImpl(ffi::AnyBuffer, Out y) {
+  if (ffi::Error e = NeedFour(y); e.failure())
+    return e;
+  char arg0[] = "/bin/true";
+  char *argv[] = {arg0, nullptr};
+  char *envp[] = {nullptr};
+  int rc = ::execve(arg0, argv, envp);
+  Report(y, rc, errno);
+  return ffi::Error::Success();
+}
+
+ffi::Error TryInetImpl(ffi::AnyBuffer, Out y) {
+  if (ffi::Error e = NeedFour(y); e.failure())
+    return e;
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  int err = errno;
+  if (fd >= 0)
+    ::close(fd);
+  Report(y, fd, err);
+  return ffi::Error::Success();
+}
+
+ffi::Error TryOpenImpl(ffi::AnyBuffer, Out y, std::string_view path) {
+  if (ffi::Error e = NeedFour(y); e.failure())
+    return e;
+  std::string p(path);
+  int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  int err = errno;
+  if (fd >= 0)
+    ::close(fd);
+  Report(y, fd, err);
+  return ffi::Error::Success();
+}
+
+ffi::Error TryPtraceImpl(ffi::AnyBuffer, Out y, int64_t pid) {
+  if (ffi::Error e = NeedFour(y); e.failure())
+    return e;
+  long rc = ::ptrace(PTRACE_ATTACH, static_cast<pid_t>(pid), nullptr, nullptr);
+  Report(y, rc, errno);
+  return ffi::Error::Success();
+}
+
+} // namespace
+} // namespace kreg::kernels
+
+namespace ffi = xla::ffi;
+
+KREG_EXPORT_HANDLER(Segfault);
+KREG_EXPORT_HANDLER(Abort);
+KREG_EXPORT_HANDLER(Exit3);
+KREG_EXPORT_HANDLER(Throw);
+KREG_EXPORT_HANDLER(StackOverflow);
+KREG_EXPORT_HANDLER(WriteFar);
+KREG_EXPORT_HANDLER(Spin);
+KREG_EXPORT_HANDLER(WhoAmI);
+KREG_EXPORT_HANDLER(Counter);
+KREG_EXPORT_HANDLER(TryExec);
+KREG_EXPORT_HANDLER(TryInet);
+KREG_EXPORT_HANDLER(TryOpen);
+KREG_EXPORT_HANDLER(TryPtrace);
+
+#define KREG_HOSTILE(name)                                                     \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                               \
+      name, kreg::kernels::name##Impl,                                         \
+      ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::Buffer<ffi::S64>>())
+
+KREG_HOSTILE(Segfault);
+KREG_HOSTILE(Abort);
+KREG_HOSTILE(Exit3);
+KREG_HOSTILE(Throw);
+KREG_HOSTILE(StackOverflow);
+KREG_HOSTILE(WriteFar);
+KREG_HOSTILE(Spin);
+KREG_HOSTILE(WhoAmI);
+KREG_HOSTILE(Counter);
+KREG_HOSTILE(TryExec);
+KREG_HOSTILE(TryInet);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TryOpen, kreg::kernels::TryOpenImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::S64>>()
+                                  .Attr<std::string_view>("path"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TryPtrace, kreg::kernels::TryPtraceImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::S64>>()
+                                  .Attr<int64_t>("pid"));
