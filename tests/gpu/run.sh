@@ -13,8 +13,12 @@
 # runs in a pass of its own ("two_gpus": its own kregd and client
 # processes); then bench/bench_gpu.py without and with MPS, and with two
 # GPUs bench/bench_two_gpus.py without and with MPS (KREG_SKIP_BENCH=1
-# skips the benchmarks). Exit status: pytest's (kregd failing to start is
-# 2).
+# skips the benchmarks). To run part of it (each device command is time
+# limited): KREG_GPU_PASSES picks the pytest passes (space-separated, from
+# "default platform cuda_async events two_gpus"; default all) and
+# KREG_BENCHES the benchmarks ("one_gpu two_gpus"; default both). The C++
+# [cuda] tests always run (seconds). Exit status: pytest's (kregd failing
+# to start is 2).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bundle=$(cd "$here/../.." && pwd)
@@ -120,11 +124,10 @@ xmls=()
 # the default allocator's forwarded suite once more with KREG_CUDA_DOORBELL=0
 # (interprocess events, the fallback where memops are unavailable).
 # "two_gpus": test_multi_gpu.py alone (default allocator), with 2+ GPUs.
-passes=(default platform cuda_async events)
-if [[ $ngpus -ge 2 ]]; then
-  passes+=(two_gpus)
-else
+read -r -a passes <<<"${KREG_GPU_PASSES:-default platform cuda_async events two_gpus}"
+if [[ $ngpus -lt 2 && " ${passes[*]} " == *" two_gpus "* ]]; then
   echo "(two-GPU pass skipped: $ngpus GPU(s) visible)"
+  read -r -a passes <<<"$(printf '%s ' "${passes[@]}" | sed 's/two_gpus//')"
 fi
 for alloc in "${passes[@]}"; do
   if [[ $alloc == events ]]; then
@@ -200,7 +203,9 @@ done
 
 if [[ -n ${KREG_SKIP_BENCH:-} ]]; then
   echo "== benchmarks skipped (KREG_SKIP_BENCH)"
-else
+fi
+benches=" ${KREG_BENCHES:-one_gpu two_gpus} "
+if [[ -z ${KREG_SKIP_BENCH:-} && $benches == *" one_gpu "* ]]; then
   echo "== bench/bench_gpu.py"
   timeout -s TERM 600 "$py" "$bundle/bench/bench_gpu.py" \
     --out "$work/bench.json" || echo "bench_gpu.py failed ($?)"
@@ -210,7 +215,11 @@ else
     timeout -s TERM 600 "$py" "$bundle/bench/bench_gpu.py" --mps \
       --out "$work/bench_mps.json" || echo "bench_gpu.py --mps failed ($?)"
   fi
-  if [[ $ngpus -ge 2 ]]; then
+fi
+if [[ -z ${KREG_SKIP_BENCH:-} && $benches == *" two_gpus "* ]]; then
+  if [[ $ngpus -lt 2 ]]; then
+    echo "== bench/bench_two_gpus.py skipped: $ngpus GPU(s) visible"
+  else
     echo "== bench/bench_two_gpus.py"
     timeout -s TERM 900 "$py" "$bundle/bench/bench_two_gpus.py" \
       --out "$work/bench2.json" || echo "bench_two_gpus.py failed ($?)"
