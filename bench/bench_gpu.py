@@ -26,11 +26,10 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import math
 import os
 import pathlib
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,9 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "client" / "python"))
+# proc_barrier (--barrier), gpu_devices (the device's UUID).
+sys.path.insert(0, str(HERE.parent / "tests" / "python"))
+sys.path.insert(0, str(HERE.parent / "tests" / "gpu"))
 
 
 def start_mps(root: pathlib.Path) -> dict[str, str] | None:
@@ -70,32 +72,21 @@ def stop_mps(env: dict[str, str]) -> None:
 
 
 def start_kregd(root: pathlib.Path, kernels: str):
-  binary = os.environ.get("KREGD_BINARY")
-  if not binary:
+  """kregd on a private socket under `root` (log: root/kregd.log)."""
+  from kregd_proc import Daemon  # pylint: disable=import-outside-toplevel
+  if not os.environ.get("KREGD_BINARY"):
     sys.exit("bench_gpu: set KREGD_BINARY (source the bundle's env.sh)")
-  sock = str(root / "kregd.sock")
-  log = open(root / "kregd.log", "ab")
-  proc = subprocess.Popen(
-      [binary, "--socket", sock, "--state-dir", str(root / "state"),
-       "--allow-root", kernels], stdout=log, stderr=log,
-      stdin=subprocess.DEVNULL)
-  deadline = time.monotonic() + 60
-  while time.monotonic() < deadline:
-    if proc.poll() is not None:
-      break
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-      s.connect(sock + ".session")
-      return proc, sock
-    except OSError:
-      time.sleep(0.05)
-    finally:
-      s.close()
-  print((root / "kregd.log").read_text(errors="replace")[-3000:])
-  sys.exit("bench_gpu: kregd did not start")
+  d = Daemon(root, [kernels])
+  try:
+    d.start(timeout=60)
+  except (OSError, RuntimeError) as e:
+    print(e)
+    sys.exit("bench_gpu: kregd did not start")
+  return d
 
 
-def median_time(fn, arg, calls: int, warmup: int) -> float:
+def call_times(fn, arg, calls: int, warmup: int) -> list[float]:
+  """Seconds per call (block_until_ready after each), after `warmup`."""
   import jax  # pylint: disable=import-outside-toplevel
   for _ in range(warmup):
     jax.block_until_ready(fn(arg))
@@ -104,11 +95,25 @@ def median_time(fn, arg, calls: int, warmup: int) -> float:
     t0 = time.perf_counter()
     jax.block_until_ready(fn(arg))
     times.append(time.perf_counter() - t0)
-  return statistics.median(times)
+  return times
 
 
-def measure(sock: str, kernels: str, calls: int,
-            inproc: bool = True) -> dict[str, float]:
+def median_time(fn, arg, calls: int, warmup: int) -> float:
+  return statistics.median(call_times(fn, arg, calls, warmup))
+
+
+def p99(times: list[float]) -> float:
+  """The 99th percentile (nearest rank)."""
+  ordered = sorted(times)
+  return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+def measure(sock: str, kernels: str, calls: int, inproc: bool = True,
+            before_timing=None) -> dict[str, float]:
+  """In-process and forwarded Scale in this JAX process (its first GPU).
+  `before_timing(kind)`, if given, is called once each kind is compiled and
+  checked, right before it is timed (bench_two_gpus.py lines up concurrent
+  processes with it)."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
@@ -128,6 +133,12 @@ def measure(sock: str, kernels: str, calls: int,
 
   res = {"device": str(jax.devices()[0].device_kind),
          "allocator": os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default")}
+  try:
+    from gpu_devices import cuda_device_uuids  # pylint: disable=import-outside-toplevel
+    res["device_uuid"] = cuda_device_uuids()[
+        jax.devices()[0].local_hardware_id]
+  except Exception as e:  # pylint: disable=broad-except
+    res["device_uuid"] = f"unknown ({e})"
   small = jnp.arange(1024, dtype=jnp.float32)
   big = jnp.ones((1 << 28,), jnp.float32)  # 1 GiB
   kinds = [("fwd", "bench.fwd.Scale")]
@@ -136,7 +147,12 @@ def measure(sock: str, kernels: str, calls: int,
   for kind, name in kinds:
     f = fn(name)
     np.testing.assert_array_equal(np.asarray(f(small)), np.asarray(small) * 2)
-    res[f"{kind}_call_us"] = median_time(f, small, calls, 200) * 1e6
+    jax.block_until_ready(f(big))
+    if before_timing is not None:
+      before_timing(kind)
+    times = call_times(f, small, calls, 200)
+    res[f"{kind}_call_us"] = statistics.median(times) * 1e6
+    res[f"{kind}_call_p99_us"] = p99(times) * 1e6
     t = median_time(f, big, 10, 3)
     res[f"{kind}_gbps"] = 2 * (1 << 30) / t / 1e9
   return res
@@ -149,13 +165,21 @@ def main() -> int:
   ap.add_argument("--out")
   ap.add_argument("--child", help=argparse.SUPPRESS)
   ap.add_argument("--no-inproc", action="store_true", help=argparse.SUPPRESS)
+  # --child NAME:DIR: before timing each kind, wait at proc_barrier DIR.
+  ap.add_argument("--barrier", help=argparse.SUPPRESS)
   args = ap.parse_args()
   kernels = os.environ.get("KREG_CUDA_KERNELS_DIR")
   if not kernels:
     sys.exit("bench_gpu: set KREG_CUDA_KERNELS_DIR")
 
   if args.child:  # the JAX process (started after MPS and kregd)
-    res = measure(args.child, kernels, args.calls, not args.no_inproc)
+    before = None
+    if args.barrier:
+      from proc_barrier import Barrier  # pylint: disable=import-outside-toplevel
+      name, directory = args.barrier.split(":", 1)
+      before = lambda kind: Barrier(directory).arrive(kind, name, 600)
+    res = measure(args.child, kernels, args.calls, not args.no_inproc,
+                  before)
     print("BENCH_JSON " + json.dumps(res))
     return 0
 
@@ -170,7 +194,8 @@ def main() -> int:
         return 0
       env.update({k: v for k, v in mps.items() if k != "_ctl"})
       os.environ.update({k: v for k, v in mps.items() if k != "_ctl"})
-    proc, sock = start_kregd(root, kernels)
+    proc = start_kregd(root, kernels)
+    sock = proc.socket
     def child(extra_env, extra_args):
       r = subprocess.run([sys.executable, __file__, "--child", sock,
                           "--calls", str(args.calls)] + extra_args,
@@ -224,12 +249,8 @@ def main() -> int:
         json.dump(res, f)
     return 0
   finally:
-    if proc is not None and proc.poll() is None:
-      proc.send_signal(signal.SIGTERM)
-      try:
-        proc.wait(timeout=20)
-      except subprocess.TimeoutExpired:
-        proc.kill()
+    if proc is not None:
+      proc.stop()
     if mps is not None:
       stop_mps(mps)
     shutil.rmtree(root, ignore_errors=True)

@@ -1,6 +1,7 @@
 #include "daemon/cuda/cuda_mapping.h"
 
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -21,6 +22,42 @@ void LogRelease(const cu::CudaDriver& d, cu::CUresult r, const char* what) {
     spdlog::warn("releasing a client CUDA mapping: {} failed: {}", what,
                  cu::DescribeCuResult(d, r));
   }
+}
+
+// The device the memory at kregd's address `p` lives on, as the driver
+// answers for kregd's own numbering (CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL): a
+// number, or why it is unknown.
+std::string ResidentDevice(const cu::CudaDriver& d, cu::CUdeviceptr p) {
+  if (d.cuPointerGetAttributes == nullptr) return "unknown";
+  int ordinal = -1;
+  cu::CUpointer_attribute attr = cu::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL;
+  void* data[] = {&ordinal};
+  cu::CUresult r = d.cuPointerGetAttributes(1, &attr, data, p);
+  if (r != cu::CUDA_SUCCESS) {
+    return absl::StrCat("unknown (", cu::DescribeCuResult(d, r), ")");
+  }
+  return absl::StrCat(ordinal);
+}
+
+// Debug log, one line when a client mapping is made and one when it is
+// released (tests/gpu/test_multi_gpu.py reads them: the device each mapping
+// was made for, the device the driver says the memory is on, and that every
+// mapping is released). Nothing is computed below debug level.
+void LogMapped(CudaDevices* devices, int ordinal, cu::CUdeviceptr base,
+               uint64_t size, const char* kind) {
+  if (!spdlog::should_log(spdlog::level::debug)) return;
+  spdlog::debug(
+      "CUDA mapping 0x{:x} (+{} bytes, {}) mapped on kregd device {} {}; "
+      "driver: resident on device {}",
+      base, size, kind, ordinal, devices->info(ordinal).uuid_text,
+      ResidentDevice(*devices->driver(), base));
+}
+
+void LogReleased(CudaDevices* devices, int ordinal, cu::CUdeviceptr base,
+                 uint64_t size) {
+  if (!spdlog::should_log(spdlog::level::debug)) return;
+  spdlog::debug("CUDA mapping 0x{:x} (+{} bytes) on kregd device {} {} released",
+                base, size, ordinal, devices->info(ordinal).uuid_text);
 }
 
 }  // namespace
@@ -105,6 +142,8 @@ absl::StatusOr<std::unique_ptr<VmmImport>> VmmImport::Import(
   if (r != cu::CUDA_SUCCESS) {
     return devices->Check(ordinal, r, "cuMemSetAccess");
   }
+  m->complete_ = true;
+  LogMapped(devices, ordinal, m->base_, size, "VMM import");
   return m;
 }
 
@@ -117,6 +156,7 @@ VmmImport::~VmmImport() {
     LogRelease(d, d.cuMemAddressFree(base_, size_), "cuMemAddressFree");
   }
   if (imported_) LogRelease(d, d.cuMemRelease(handle_), "cuMemRelease");
+  if (complete_) LogReleased(devices_, ordinal_, base_, size_);
 }
 
 absl::StatusOr<std::unique_ptr<IpcMemOpen>> IpcMemOpen::Open(
@@ -150,6 +190,8 @@ absl::StatusOr<std::unique_ptr<IpcMemOpen>> IpcMemOpen::Open(
         "a CUDA IPC mapping claims ", size, " bytes but its handle maps ",
         range_size, " bytes at offset ", base - range_base));
   }
+  m->complete_ = true;
+  LogMapped(devices, ordinal, base, size, "IPC open");
   return m;
 }
 
@@ -157,6 +199,7 @@ IpcMemOpen::~IpcMemOpen() {
   CudaContextScope scope(*devices_, ordinal_);
   const cu::CudaDriver& d = *devices_->driver();
   LogRelease(d, d.cuIpcCloseMemHandle(base_), "cuIpcCloseMemHandle");
+  if (complete_) LogReleased(devices_, ordinal_, base_, size_);
 }
 
 absl::StatusOr<std::unique_ptr<IpcEventOpen>> IpcEventOpen::Open(

@@ -61,6 +61,7 @@ class VmmImport final : public CudaMapping {
   bool imported_ = false;
   cu::CUdeviceptr base_ = 0;  // reservation start, 0 if none
   bool mapped_ = false;
+  bool complete_ = false;  // Import succeeded (logged as mapped)
 };
 
 // Legacy CUDA IPC memory opened with cuIpcOpenMemHandle (lazy peer access);
@@ -88,6 +89,7 @@ class IpcMemOpen final : public CudaMapping {
   const int ordinal_;
   const uint64_t size_;
   const cu::CUdeviceptr base_;
+  bool complete_ = false;  // Open succeeded (logged as mapped)
 };
 
 // A client's interprocess event (cuIpcOpenEventHandle) for stream ordering

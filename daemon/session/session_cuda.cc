@@ -109,6 +109,19 @@ absl::Status Session::ShareCuda(
                        " carries neither a VMM fd nor an IPC "
                        "memory handle"));
     }
+    if (s.ok() && spdlog::should_log(spdlog::level::debug)) {
+      // Which of kregd's devices the client's allocation is mapped on
+      // (tests/gpu/test_multi_gpu.py reads this line).
+      auto m = cuda->mappings().Find(key);
+      if (m.ok()) {
+        const int o = (*m)->ordinal();
+        spdlog::debug(
+            "session {} (pid {}): {} shared as CUDA mapping 0x{:x} on kregd "
+            "device {} {}",
+            id_, peer_.pid, RefText(share.mapping()), (*m)->base(), o,
+            cuda_devices_->info(o).uuid_text);
+      }
+    }
     if (!s.ok() && first.ok()) {
       first = absl::Status(s.code(),
                            absl::StrCat("sharing ", RefText(share.mapping()),

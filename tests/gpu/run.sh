@@ -9,9 +9,16 @@
 # From a source checkout without a bundle it uses bazel-bin/. $PYTHON picks
 # the interpreter (default python3); it needs jax[cuda13] 0.11.2 and pytest.
 # The forwarded suite runs once per XLA_PYTHON_CLIENT_ALLOCATOR (default,
-# platform, cuda_async), then bench/bench_gpu.py without and with MPS
-# (KREG_SKIP_BENCH=1 skips them). Exit status: pytest's (kregd failing to
-# start is 2).
+# platform, cuda_async); with two or more GPUs visible, test_multi_gpu.py
+# runs in a pass of its own ("two_gpus": its own kregd and client
+# processes); then bench/bench_gpu.py without and with MPS, and with two
+# GPUs bench/bench_two_gpus.py without and with MPS (KREG_SKIP_BENCH=1
+# skips the benchmarks). To run part of it (each device command is time
+# limited): KREG_GPU_PASSES picks the pytest passes (space-separated, from
+# "default platform cuda_async events two_gpus"; default all) and
+# KREG_BENCHES the benchmarks ("one_gpu two_gpus"; default both). The C++
+# [cuda] tests always run (seconds). Exit status: pytest's (kregd failing
+# to start is 2).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bundle=$(cd "$here/../.." && pwd)
@@ -71,6 +78,16 @@ else
   echo "no cuda_gpu_test binary (bazel build //tests/daemon/cuda:gpu_test)"
 fi
 
+# How many GPUs the CUDA driver shows (the two-GPU pass needs two).
+ngpus=$("$py" - "$here" <<'EOF' 2>/dev/null || echo 0
+import sys
+sys.path.insert(0, sys.argv[1])
+from gpu_devices import cuda_device_uuids
+print(len(cuda_device_uuids()))
+EOF
+)
+echo "CUDA devices visible: $ngpus"
+
 echo "== kregd"
 sock="$work/kregd.sock"
 "$KREGD_BINARY" --socket "$sock" --state-dir "$work/state" \
@@ -106,14 +123,25 @@ xmls=()
 # Launches are ordered by the stream-memop doorbell by default; "events":
 # the default allocator's forwarded suite once more with KREG_CUDA_DOORBELL=0
 # (interprocess events, the fallback where memops are unavailable).
-for alloc in default platform cuda_async events; do
+# "two_gpus": test_multi_gpu.py alone (default allocator), with 2+ GPUs.
+read -r -a passes <<<"${KREG_GPU_PASSES:-default platform cuda_async events two_gpus}"
+if [[ $ngpus -lt 2 && " ${passes[*]} " == *" two_gpus "* ]]; then
+  echo "(two-GPU pass skipped: $ngpus GPU(s) visible)"
+  read -r -a passes <<<"$(printf '%s ' "${passes[@]}" | sed 's/two_gpus//')"
+fi
+for alloc in "${passes[@]}"; do
   if [[ $alloc == events ]]; then
     echo "== pytest tests/gpu (default allocator, KREG_CUDA_DOORBELL=0)"
+  elif [[ $alloc == two_gpus ]]; then
+    echo "== pytest tests/gpu/test_multi_gpu.py (two GPUs, default allocator)"
   else
     echo "== pytest tests/gpu (XLA_PYTHON_CLIENT_ALLOCATOR=$alloc)"
   fi
-  files=("$here")
+  # test_multi_gpu.py only in its own pass: its client processes need GPU
+  # memory that this pytest process's JAX would otherwise hold.
+  files=("$here" --ignore="$here/test_multi_gpu.py")
   [[ $alloc != default ]] && files=("$here/test_cuda_forwarded.py")
+  [[ $alloc == two_gpus ]] && files=("$here/test_multi_gpu.py")
   xml="$work/gpu-$alloc.xml"
   xmls+=("$xml")
   out="$work/pytest-$alloc.log"
@@ -128,6 +156,12 @@ for alloc in default platform cuda_async events; do
     # The trace says whether events were really used.
     echo "-- events pass: $(grep -c 'doorbell set up' "$trace" 2>/dev/null || true)" \
       "doorbell(s) set up (expect 0)"
+  elif [[ $alloc == two_gpus ]]; then
+    # The clients inherit KREG_TRACE_CUDA: one trace for all three.
+    env -u XLA_PYTHON_CLIENT_ALLOCATOR KREG_TRACE_CUDA="$trace" \
+      KREG_TEST_LOG_DIR="$work/two_gpus" \
+      timeout -s TERM 1200 "$py" -m pytest "${pytest_args[@]}" \
+      --junitxml="$xml" "${files[@]}" "$@" 2>&1 | tee "$out"
   elif [[ $alloc == default ]]; then
     env -u XLA_PYTHON_CLIENT_ALLOCATOR KREG_TRACE_CUDA="$trace" \
       timeout -s TERM 1200 "$py" -m pytest "${pytest_args[@]}" \
@@ -148,7 +182,14 @@ for alloc in default platform cuda_async events; do
   fi
   [[ $prc -eq 124 ]] && echo "pytest ($alloc) TIMED OUT"
   [[ $prc -ne 0 && $rc -eq 0 ]] && rc=$prc
-  if [[ $prc -ne 0 ]]; then
+  if [[ $prc -ne 0 && $alloc == two_gpus ]]; then
+    # The two-GPU suite runs its own kregd and clients.
+    for f in "$work"/two_gpus/*.log; do
+      [[ -f $f ]] || continue
+      echo "-- $(basename "$f") (last 60 lines) after the two-GPU run:"
+      tail -n 60 "$f"
+    done
+  elif [[ $prc -ne 0 ]]; then
     echo "-- kregd log (last 60 lines) after the $alloc run:"
     tail -n 60 "$work/kregd.log"
   fi
@@ -162,7 +203,9 @@ done
 
 if [[ -n ${KREG_SKIP_BENCH:-} ]]; then
   echo "== benchmarks skipped (KREG_SKIP_BENCH)"
-else
+fi
+benches=" ${KREG_BENCHES:-one_gpu two_gpus} "
+if [[ -z ${KREG_SKIP_BENCH:-} && $benches == *" one_gpu "* ]]; then
   echo "== bench/bench_gpu.py"
   timeout -s TERM 600 "$py" "$bundle/bench/bench_gpu.py" \
     --out "$work/bench.json" || echo "bench_gpu.py failed ($?)"
@@ -171,6 +214,22 @@ else
     echo "== bench/bench_gpu.py --mps"
     timeout -s TERM 600 "$py" "$bundle/bench/bench_gpu.py" --mps \
       --out "$work/bench_mps.json" || echo "bench_gpu.py --mps failed ($?)"
+  fi
+fi
+if [[ -z ${KREG_SKIP_BENCH:-} && $benches == *" two_gpus "* ]]; then
+  if [[ $ngpus -lt 2 ]]; then
+    echo "== bench/bench_two_gpus.py skipped: $ngpus GPU(s) visible"
+  else
+    echo "== bench/bench_two_gpus.py"
+    timeout -s TERM 900 "$py" "$bundle/bench/bench_two_gpus.py" \
+      --out "$work/bench2.json" || echo "bench_two_gpus.py failed ($?)"
+    if command -v nvidia-cuda-mps-control >/dev/null ||
+      [[ -x /usr/local/nvidia/bin/nvidia-cuda-mps-control ]]; then
+      echo "== bench/bench_two_gpus.py --mps"
+      timeout -s TERM 900 "$py" "$bundle/bench/bench_two_gpus.py" --mps \
+        --out "$work/bench2_mps.json" ||
+        echo "bench_two_gpus.py --mps failed ($?)"
+    fi
   fi
 fi
 
@@ -223,6 +282,18 @@ for name, label in (("bench.json", "no MPS"), ("bench_mps.json", "MPS")):
           f"{'' if b.get('doorbell_used') else ' NOT USED: events'}): n=1024 "
           f"{b['bell_call_us']:.1f} us/call ({b['bell_call_ratio']:.2f}x); "
           f"1 GiB {b['bell_gbps']:.0f} GB/s ({b['bell_bw_ratio']:.2f}x)")
+for name, label in (("bench2.json", "no MPS"), ("bench2_mps.json", "MPS")):
+  try:
+    b = json.load(open(os.path.join(work, name)))
+  except (OSError, ValueError):
+    continue
+  for r in b["rows"]:
+    print(f"bench two GPUs ({label}, GPU {r['gpu']} {r['mode']}): n=1024 "
+          f"{r['inproc_call_us']:.1f} -> {r['fwd_call_us']:.1f} us/call "
+          f"({r['fwd_call_us'] / r['inproc_call_us']:.2f}x, p99 "
+          f"{r['inproc_call_p99_us']:.1f} -> {r['fwd_call_p99_us']:.1f}); "
+          f"1 GiB {r['inproc_gbps']:.0f} -> {r['fwd_gbps']:.0f} GB/s "
+          f"({r['fwd_gbps'] / r['inproc_gbps']:.2f}x)")
 print(f"gpu tests: {total['passed']} passed, {total['failed']} failed, "
       f"{total['skipped']} skipped (exit {rc})")
 EOF

@@ -15,35 +15,24 @@ stages buffers through an exportable buffer).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import pathlib
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
-import time
-import warnings
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 
+import cuda_cases
 import kernels_util as ku
+from cuda_cases import (DEMO_CUDA, DIGEST_ATTRS, FWD, REF, SCALE_DTYPES,
+                        register_all, run)
+from kregd_proc import Daemon
 
-FWD = "fwd_cuda."
-REF = "ref_cuda."
-DEMO_CUDA = "libdemo_cuda.so"
-BRAINEVENT_CUDA = "libbrainevent_cuda.so"
-HANDLERS = {
-    DEMO_CUDA: ("demo", ("Scale", "AddMul", "Fail", "AttrsDigest",
-                         "Accumulate", "AccumulateInPlace", "ScratchSum")),
-    BRAINEVENT_CUDA: ("brainevent", ("CsrEventMatvec", "CsrEventMatvecT")),
-}
 ALLOCATOR = os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default")
 
 
@@ -62,44 +51,7 @@ def kreg_client(kregd_socket):
 @pytest.fixture(scope="module", autouse=True)
 def registered(x64, gpu, cuda_kernels_dir, kreg_client):
   del x64, gpu
-  for module, (group, handlers) in HANDLERS.items():
-    path = cuda_kernels_dir / module
-    lib = ctypes.cdll.LoadLibrary(str(path))
-    for sym in handlers:
-      jax.ffi.register_ffi_target(f"{REF}{group}.{sym}",
-                                  jax.ffi.pycapsule(getattr(lib, sym)),
-                                  platform="CUDA")
-      kreg_client.register_ffi_target(f"{FWD}{group}.{sym}", str(path), sym,
-                                      platform="CUDA")
-
-
-def poison_like(spec) -> jax.Array:
-  dtype = np.dtype(spec.dtype)
-  fill = 0xFF if jnp.issubdtype(dtype, jnp.inexact) else 0x5A
-  count = int(np.prod(spec.shape, dtype=np.int64))
-  raw = np.full(count * dtype.itemsize, fill, np.uint8)
-  return jnp.copy(jax.device_put(raw.view(dtype).reshape(spec.shape)))
-
-
-def run(prefix, name, outs, *args, vmap_method=None, **attrs):
-  """ffi_call(prefix + name)(*args, **attrs) under jit, outputs poisoned."""
-  single = not isinstance(outs, (tuple, list))
-  specs = (outs,) if single else tuple(outs)
-  kw = {}
-  if vmap_method is not None:
-    kw["vmap_method"] = vmap_method
-  target = jax.ffi.ffi_call(prefix + name, specs[0] if single else specs, **kw)
-
-  def f(a, poisons):
-    del poisons
-    return target(*a, **attrs)
-
-  fn = jax.jit(f, donate_argnums=1, keep_unused=True)
-  poisons = [poison_like(s) for s in specs]
-  with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", message="Some donated buffers")
-    out = jax.block_until_ready(fn([jnp.asarray(a) for a in args], poisons))
-  return [np.asarray(o) for o in ([out] if single else out)]
+  register_all(kreg_client, cuda_kernels_dir)
 
 
 def same(name, outs, *args, exact=True, **attrs):
@@ -113,27 +65,10 @@ def same(name, outs, *args, exact=True, **attrs):
     # the in-process handler and no kregd in the process.
     pytest.skip("XLA 0.11.2 aborts on 0-d/empty operands under cuda_async, "
                 "without kregd too")
-  fwd = run(FWD, name, outs, *args, **attrs)
-  ref = run(REF, name, outs, *args, **attrs)
-  for i, (f, r) in enumerate(zip(fwd, ref)):
-    assert f.dtype == r.dtype and f.shape == r.shape, (i, f.dtype, r.dtype)
-    if exact:
-      # Compare bytes; reshape first (a 0-d array cannot change itemsize).
-      np.testing.assert_array_equal(f.reshape(-1).view(np.uint8),
-                                    r.reshape(-1).view(np.uint8),
-                                    err_msg=f"{name} output {i}")
-    else:
-      np.testing.assert_allclose(f, r, rtol=1e-5, atol=1e-5,
-                                 err_msg=f"{name} output {i}")
-  return fwd
+  return cuda_cases.same(name, outs, *args, exact=exact, **attrs)
 
 
 # --------------------------------------------------------------------------
-
-SCALE_DTYPES = [np.float32, np.float64, np.float16, ml_dtypes.bfloat16,
-                np.int8, np.int32, np.int64, np.uint8, np.uint64,
-                np.complex64, np.complex128]
-
 
 @pytest.mark.parametrize("dtype", SCALE_DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("shape", [(), (0,), (1,), (7,), (4, 5), (100_003,)],
@@ -182,15 +117,6 @@ def test_addmul(shape):
   s, p = same("demo.AddMul", (ku.sds(a), ku.sds(a)), a, b)
   np.testing.assert_array_equal(s, a + b)
   np.testing.assert_array_equal(p, a * b)
-
-
-DIGEST_ATTRS = dict(
-    b_pred=True, i_s8=np.int8(-128), i_s64=np.int64(-2**63), i_py=1234567,
-    u_u32=np.uint32(2**32 - 1), f_f32=np.float32(-0.0), f_py=2.5,
-    s_str="héllo;={}", s_empty="", a_s32=np.arange(5, dtype=np.int32),
-    a_f64=np.array([np.pi], np.float64), a_empty=np.zeros(0, np.int32),
-    d_nested={"zeta": np.int8(1), "alpha": np.float32(2), "flag": True},
-)
 
 
 def test_attrs_digest():
@@ -369,41 +295,18 @@ def test_two_jax_processes_on_one_gpu(cuda_kernels_dir, kregd_socket):
     assert p.returncode == 0, out[-4000:]
 
 
-def _start_kregd_without_gpus(root: pathlib.Path, kernels: pathlib.Path):
-  binary = os.environ.get("KREGD_BINARY")
-  if not binary:
-    pytest.skip("KREGD_BINARY is not set")
-  sock = str(root / "kregd.sock")
-  env = dict(os.environ)
-  env["CUDA_VISIBLE_DEVICES"] = ""  # kregd sees no GPU
-  log = open(root / "kregd.log", "ab")
-  proc = subprocess.Popen(
-      [binary, "--socket", sock, "--state-dir", str(root / "state"),
-       "--allow-root", str(kernels)], stdout=log, stderr=log,
-      stdin=subprocess.DEVNULL, env=env)
-  deadline = time.monotonic() + 60
-  while time.monotonic() < deadline:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-      s.connect(sock + ".session")
-      return proc, sock
-    except OSError:
-      time.sleep(0.05)
-    finally:
-      s.close()
-    if proc.poll() is not None:
-      break
-  proc.kill()
-  pytest.fail("kregd without GPUs did not start: " +
-              (root / "kregd.log").read_text(errors="replace")[-3000:])
-
-
 def test_daemon_without_the_clients_gpu_says_so(cuda_kernels_dir):
   import kreg  # pylint: disable=import-outside-toplevel
   root = pathlib.Path(tempfile.mkdtemp(prefix="kreg-nogpu-", dir="/tmp"))
-  proc, sock = _start_kregd_without_gpus(root, cuda_kernels_dir)
+  # kregd sees no GPU.
+  d = Daemon(root, [str(cuda_kernels_dir)],
+             env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
   try:
-    c = kreg.connect(sock)
+    d.start(timeout=60)
+  except FileNotFoundError as e:
+    pytest.skip(str(e))
+  try:
+    c = kreg.connect(d.socket)
     c.register_ffi_target("fwd_cuda.nogpu.Scale",
                           str(cuda_kernels_dir / DEMO_CUDA), "Scale",
                           platform="CUDA")
@@ -413,8 +316,4 @@ def test_daemon_without_the_clients_gpu_says_so(cuda_kernels_dir):
       jax.block_until_ready(jax.ffi.ffi_call("fwd_cuda.nogpu.Scale", ku.sds(x))(
           x, factor=np.float32(2)))
   finally:
-    proc.send_signal(signal.SIGTERM)
-    try:
-      proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-      proc.kill()
+    d.stop()

@@ -4,9 +4,13 @@
 
 #include <fcntl.h>
 
+#include <memory>
+#include <sstream>
 #include <string>
 
 #include "catch2/catch.hpp"
+#include "spdlog/sinks/ostream_sink.h"
+#include "spdlog/spdlog.h"
 #include "tests/daemon/cuda/fake_cuda.h"
 
 namespace kreg {
@@ -47,6 +51,66 @@ TEST_CASE("A VMM fd is imported, mapped read-write and released",
     CHECK(FakeCuda::PushedDepth() == 0);
   }
   CheckNothingLive(fake);
+}
+
+// Captures the default logger's output at debug level while it lives.
+class DebugLogCapture {
+ public:
+  DebugLogCapture()
+      : previous_(spdlog::default_logger()), level_(spdlog::get_level()) {
+    auto logger = std::make_shared<spdlog::logger>(
+        "capture", std::make_shared<spdlog::sinks::ostream_sink_st>(out_));
+    logger->set_level(spdlog::level::debug);
+    spdlog::set_default_logger(logger);
+  }
+  ~DebugLogCapture() {
+    spdlog::set_default_logger(previous_);
+    spdlog::set_level(level_);
+  }
+  std::string text() const { return out_.str(); }
+
+ private:
+  std::ostringstream out_;
+  std::shared_ptr<spdlog::logger> previous_;
+  spdlog::level::level_enum level_;
+};
+
+TEST_CASE(
+    "At debug level a mapping logs its device when made and when released",
+    "[cuda_mapping]") {
+  // tests/gpu/test_multi_gpu.py parses these lines.
+  DebugLogCapture log;
+  FakeCuda fake;
+  auto devices = CudaDevices::Open(fake.driver(), "");
+  const std::string uuid = devices->info(0).uuid_text;
+  const int fd = fake.ExportAllocation(8 * kMiB);
+  std::string base_hex;
+  {
+    auto m = VmmImport::Import(devices.get(), 0, UniqueFd(fd), 8 * kMiB);
+    REQUIRE(m.ok());
+    std::ostringstream hex;
+    hex << std::hex << (*m)->base();
+    base_hex = hex.str();
+  }
+  const std::string text = log.text();
+  CHECK(text.find("CUDA mapping 0x" + base_hex + " (+8388608 bytes, VMM " +
+                  "import) mapped on kregd device 0 " + uuid +
+                  "; driver: resident on device ") != std::string::npos);
+  CHECK(text.find("CUDA mapping 0x" + base_hex +
+                  " (+8388608 bytes) on kregd device 0 " + uuid +
+                  " released") != std::string::npos);
+  CheckNothingLive(fake);
+}
+
+TEST_CASE("A failed import logs neither mapped nor released",
+          "[cuda_mapping]") {
+  DebugLogCapture log;
+  FakeCuda fake;
+  auto devices = CudaDevices::Open(fake.driver(), "");
+  const int fd = fake.ExportAllocation(8 * kMiB);
+  auto m = VmmImport::Import(devices.get(), 0, UniqueFd(fd), 3 * kMiB);
+  CHECK_FALSE(m.ok());
+  CHECK(log.text().find("CUDA mapping 0x") == std::string::npos);
 }
 
 TEST_CASE(
