@@ -235,9 +235,36 @@ def test_second_process_conflict_raises_with_daemons_message(running_kregd,
   assert "t.xproc" in p.stdout and "distinct target name" in p.stdout
 
 
-def arena_maps(pid):
-  with open(f"/proc/{pid}/maps") as f:
-    return sum(1 for line in f if "kreg-arena" in line)
+def executor_pids(kregd_pid):
+  """Pids of kregd's executors (its children running kregd-exec)."""
+  pids = []
+  for d in os.listdir("/proc"):
+    if not d.isdigit():
+      continue
+    try:
+      with open(f"/proc/{d}/stat") as f:
+        stat = f.read()
+      with open(f"/proc/{d}/cmdline", "rb") as f:
+        cmd = f.read()
+    except OSError:
+      continue
+    ppid = int(stat.rsplit(")", 1)[1].split()[1])
+    if ppid == kregd_pid and b"kregd-exec" in cmd:
+      pids.append(int(d))
+  return pids
+
+
+def arena_maps(kregd_pid):
+  """Session arenas mapped by kregd and its executors (handlers run in the
+  executors; kregd itself maps none)."""
+  n = 0
+  for pid in [kregd_pid] + executor_pids(kregd_pid):
+    try:
+      with open(f"/proc/{pid}/maps") as f:
+        n += sum(1 for line in f if "kreg-arena" in line)
+    except OSError:
+      pass
+  return n
 
 
 def test_killed_client_releases_its_session(running_kregd, demo):
