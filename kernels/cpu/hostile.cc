@@ -54,6 +54,17 @@ ffi::Error ThrowImpl(ffi::AnyBuffer, Out y) {
   return NeedFour(y);
 }
 
+// Throws where nothing can catch it (ffi.h's wrapper turns an exception
+// that leaves a handler into an error): std::terminate.
+void ThrowFromNoexcept() noexcept {
+  throw std::runtime_error("hostile.ThrowUncaught threw on purpose");
+}
+
+ffi::Error ThrowUncaughtImpl(ffi::AnyBuffer, Out y) {
+  ThrowFromNoexcept();
+  return NeedFour(y);
+}
+
 __attribute__((noinline)) int64_t Recurse(volatile int64_t depth) {
   volatile char frame[4096];
   frame[0] = static_cast<char>(depth);
@@ -163,6 +174,7 @@ KREG_EXPORT_HANDLER(Segfault);
 KREG_EXPORT_HANDLER(Abort);
 KREG_EXPORT_HANDLER(Exit3);
 KREG_EXPORT_HANDLER(Throw);
+KREG_EXPORT_HANDLER(ThrowUncaught);
 KREG_EXPORT_HANDLER(StackOverflow);
 KREG_EXPORT_HANDLER(WriteFar);
 KREG_EXPORT_HANDLER(Spin);
@@ -182,6 +194,7 @@ KREG_HOSTILE(Segfault);
 KREG_HOSTILE(Abort);
 KREG_HOSTILE(Exit3);
 KREG_HOSTILE(Throw);
+KREG_HOSTILE(ThrowUncaught);
 KREG_HOSTILE(StackOverflow);
 KREG_HOSTILE(WriteFar);
 KREG_HOSTILE(Spin);

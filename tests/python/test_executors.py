@@ -1,0 +1,289 @@
+"""Executors (DESIGN §8): kernels run in kregd-exec processes, never in
+kregd. A handler that crashes, aborts, exits, throws, overflows its stack,
+writes far out of bounds or hangs fails only its own call, with an error
+naming the target, its identity and what happened; kregd, its registry and
+other clients carry on, and the caller's next call gets a fresh executor.
+Handlers run with their caller's uid, under seccomp; targets that keep
+crashing are quarantined until `kregctl unquarantine`."""
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import jax
+import numpy as np
+import pytest
+
+import kernels_util as ku
+import kreg
+from conftest import kernels_root, start_or_skip  # noqa: F401
+from kregd_proc import Daemon, kregctl_binary
+
+PY = sys.executable
+CLIENT = str(pathlib.Path(__file__).resolve().parent / "executor_client.py")
+HOSTILE = "libhostile.so"
+
+
+def hostile_path():
+  try:
+    return ku.kernel_path(HOSTILE)
+  except FileNotFoundError as e:
+    pytest.skip(str(e))
+
+
+def make_daemon(*extra):
+  root = pathlib.Path(tempfile.mkdtemp(prefix="kreg-x-", dir="/tmp"))
+  d = Daemon(root, [os.path.realpath(ku.kernels_dir())], list(extra))
+  try:
+    d.start()
+  except FileNotFoundError as e:
+    shutil.rmtree(root, ignore_errors=True)
+    pytest.skip(str(e))
+  return d
+
+
+def finish(d):
+  d.stop()
+  if os.environ.get("KREG_KEEP_TEST_DIRS") is None:
+    shutil.rmtree(d.root, ignore_errors=True)
+
+
+def kregctl(d, *args, check=True):
+  exe = kregctl_binary()
+  if exe is None:
+    pytest.skip("kregctl not built")
+  p = subprocess.run([str(exe), "--socket", d.socket, *args],
+                     capture_output=True, text=True, timeout=60)
+  if check:
+    assert p.returncode == 0, p.stdout + p.stderr
+  return p
+
+
+def listing(d):
+  return sorted((t["target_name"], t["platform"], t["content_id"])
+                for t in json.loads(kregctl(d, "list", "--json").stdout))
+
+
+def run_client(d, *specs, timeout=120):
+  p = subprocess.run([PY, CLIENT, "call", *specs], env=d.env(),
+                     capture_output=True, text=True, timeout=timeout)
+  assert p.returncode == 0, f"client failed:\n{p.stdout}\n{p.stderr}"
+  return [json.loads(line) for line in p.stdout.splitlines()
+          if line.startswith("{")]
+
+
+@pytest.fixture(scope="module")
+def client_mode():
+  """kregd with one executor per client process, so a crash can only fail
+  the crashing process's own calls; a 3 s launch_timeout; no quarantine in
+  these tests."""
+  hostile_path()
+  d = make_daemon("--isolation", "client", "--launch-timeout", "3",
+                  "--quarantine-crashes", "0")
+  yield d
+  finish(d)
+
+
+@pytest.fixture(scope="module")
+def bystander(client_mode):
+  """Another JAX process calling a good kernel in a loop all along."""
+  tmp = pathlib.Path(tempfile.mkdtemp(prefix="kreg-loop-"))
+  stop, out = tmp / "stop", tmp / "counts.json"
+  p = subprocess.Popen([PY, CLIENT, "loop", str(stop), str(out)],
+                       env=client_mode.env(), stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
+
+  def counts():
+    try:
+      return json.loads(out.read_text())
+    except (OSError, ValueError):
+      return {"calls": 0, "failures": 0, "errors": []}
+
+  deadline = time.monotonic() + 60
+  while counts()["calls"] < 5:
+    assert p.poll() is None, p.communicate()[1]
+    assert time.monotonic() < deadline, "the bystander never got going"
+    time.sleep(0.1)
+  yield counts
+  stop.touch()
+  p.wait(timeout=60)
+  shutil.rmtree(tmp, ignore_errors=True)
+
+
+CRASHES = {
+    "Segfault": "killed by signal 11 (SIGSEGV",
+    "Abort": "killed by signal 6 (SIGABRT",
+    "Exit3": "exited with code 3",
+    "ThrowUncaught":
+        "uncaught C++ exception: hostile.ThrowUncaught threw on purpose",
+    "StackOverflow": "killed by signal 11 (SIGSEGV",
+    "WriteFar": "killed by signal 11 (SIGSEGV",
+    "Spin": "ran longer than launch_timeout (3000 ms)",
+}
+
+
+@pytest.mark.parametrize("func", list(CRASHES))
+def test_a_crashing_handler_fails_only_its_call(client_mode, bystander, func):
+  d = client_mode
+  kregd_pid = d.pid
+  # Register first so the listing before and after compares like for like.
+  run_client(d, "WhoAmI", f"{func}=noop")
+  before_list = listing(d)
+  before = bystander()
+  results = run_client(d, func, "WhoAmI")
+  crash, after_call = results
+  assert "error" in crash, crash
+  msg = crash["error"]
+  assert CRASHES[func] in msg, msg
+  assert f'target "hostile.{func}" (cpu, content sha256:' in msg, msg
+  assert f"function {func}" in msg and "crashed its kregd executor" in msg
+  assert "the next call starts a fresh executor" in msg
+  # The same process goes on with a fresh executor, no re-import.
+  assert "ok" in after_call, after_call
+  assert after_call["ok"][3] == kregd_pid
+  # kregd, its registry and the other client carry on.
+  assert d.running() and d.pid == kregd_pid
+  assert listing(d) == before_list
+  after = bystander()
+  assert after["failures"] == 0, after["errors"]
+  assert after["calls"] > before["calls"]
+  status = json.loads(kregctl(d, "status", "--json").stdout)
+  assert status["executor_crashes"] >= 1
+  assert status["isolation"] == "client"
+
+
+def test_an_exception_leaving_a_handler_is_its_error(client_mode):
+  # XLA's ffi.h turns an exception that leaves a handler into an error, as
+  # in-process; the executor keeps running.
+  before, thrown, after = run_client(client_mode, "WhoAmI", "Throw", "WhoAmI")
+  assert "threw an exception: hostile.Throw threw on purpose" in (
+      thrown["error"])
+  assert before["ok"][2] == after["ok"][2]
+
+
+def test_handlers_run_in_an_executor_with_the_callers_uid(running_kregd):
+  hostile_path()
+  (who,) = run_client(running_kregd, "WhoAmI")
+  uid, gid, pid, ppid = who["ok"]
+  assert uid == os.getuid()
+  assert pid != running_kregd.pid and ppid == running_kregd.pid
+  status = json.loads(kregctl(running_kregd, "status", "--json").stdout)
+  assert status["isolation"] == "uid"
+  if os.geteuid() != 0:
+    assert "kregd is not root" in status["executor_note"]
+
+
+def test_seccomp_denies_exec_and_inet_sockets(running_kregd):
+  hostile_path()
+  exec_res, inet, who1, who2 = run_client(running_kregd, "TryExec", "TryInet",
+                                          "WhoAmI", "WhoAmI")
+  eperm = 1
+  assert exec_res["ok"][:2] == [-1, eperm], exec_res
+  assert inet["ok"][:2] == [-1, eperm], inet
+  # ... and the executor kept running.
+  assert who1["ok"][2] == who2["ok"][2]
+
+
+def test_an_executor_cannot_trace_kregd_or_others(running_kregd):
+  hostile_path()
+  (own, pt) = run_client(running_kregd, "TryOpen=path:/proc/self/maps",
+                         f"TryPtrace=pid:{running_kregd.pid}")
+  assert own["ok"][0] >= 0, own
+  assert pt["ok"][:2] == [-1, 1], pt  # EPERM from the seccomp filter
+
+
+def counter_values(d, n):
+  res = run_client(d, *["Counter"] * n)
+  return [r["ok"][0] for r in res], {r["ok"][1] for r in res}
+
+
+def test_client_isolation_gives_each_process_its_own_globals(client_mode):
+  first, pids1 = counter_values(client_mode, 3)
+  second, pids2 = counter_values(client_mode, 2)
+  assert first == [0, 1, 2]
+  assert second == [0, 1]
+  assert pids1.isdisjoint(pids2)
+
+
+def test_shared_isolation_shares_globals_and_runs_as_nobody():
+  hostile_path()
+  d = make_daemon("--isolation", "shared")
+  try:
+    first, _ = counter_values(d, 2)
+    second, _ = counter_values(d, 2)
+    assert first == [0, 1]
+    assert second == [2, 3]
+    (who,) = run_client(d, "WhoAmI")
+    if os.geteuid() == 0:
+      assert who["ok"][:2] == [65534, 65534]
+  finally:
+    finish(d)
+
+
+def test_quarantine_after_repeated_crashes_and_unquarantine():
+  hostile_path()
+  d = make_daemon("--quarantine-crashes", "2", "--quarantine-window", "600")
+  try:
+    first, second, third = run_client(d, "Segfault", "Segfault", "Segfault")
+    assert "crash 1 of 2 within 600 s" in first["error"], first
+    assert "now quarantined for uid" in second["error"], second
+    assert "kregctl unquarantine hostile.Segfault --platform cpu" in (
+        second["error"])
+    msg = third["error"]
+    assert "is quarantined for uid" in msg and "SIGSEGV" in msg, msg
+    # Other targets of the same module and user are not affected.
+    (who,) = run_client(d, "WhoAmI")
+    assert "ok" in who
+    (show,) = json.loads(kregctl(d, "show", "hostile.Segfault",
+                                 "--json").stdout)
+    assert show["quarantined"] is True
+    (row,) = show["crashes"]
+    assert row["uid"] == os.getuid() and row["crashes_in_window"] == 2
+    assert json.loads(kregctl(d, "status", "--json").stdout)["quarantined"] == 1
+    text = kregctl(d, "show", "hostile.Segfault").stdout
+    assert "QUARANTINED" in text
+    lifted = kregctl(d, "unquarantine", "hostile.Segfault", "--platform", "cpu")
+    assert "lifted the quarantine of hostile.Segfault (cpu)" in lifted.stdout
+    (again,) = run_client(d, "Segfault")
+    assert "crash 1 of 2" in again["error"], again
+    # Lifting what is not quarantined says so and fails.
+    p = kregctl(d, "unquarantine", "hostile.WhoAmI", check=False)
+    assert p.returncode != 0
+    assert "is not quarantined" in p.stderr + p.stdout
+    p = kregctl(d, "unquarantine", "bad name!", check=False)
+    assert p.returncode == 2 and "bad name!" in p.stderr + p.stdout
+  finally:
+    finish(d)
+
+
+def test_bad_isolation_value_is_refused():
+  d = Daemon(pathlib.Path(tempfile.mkdtemp(prefix="kreg-x-", dir="/tmp")), [],
+             ["--isolation", "per-thread"])
+  try:
+    with pytest.raises(RuntimeError) as info:
+      d.start(timeout=10)
+    assert 'isolation "per-thread" is not one of uid, client, shared' in str(
+        info.value)
+  except FileNotFoundError as e:
+    pytest.skip(str(e))
+  finally:
+    finish(d)
+
+
+def test_missing_executor_binary_is_a_clear_start_error():
+  d = Daemon(pathlib.Path(tempfile.mkdtemp(prefix="kreg-x-", dir="/tmp")), [],
+             ["--executor-binary", "/nonexistent/kregd-exec"])
+  try:
+    with pytest.raises(RuntimeError) as info:
+      d.start(timeout=10)
+    assert "the executor binary /nonexistent/kregd-exec is missing" in str(
+        info.value)
+  except FileNotFoundError as e:
+    pytest.skip(str(e))
+  finally:
+    finish(d)
