@@ -39,6 +39,10 @@ absl::Status ApplyToml(const std::string &path, Config *c) {
       if (!s)
         return bad("a string");
       (k == "isolation" ? c->isolation : c->executor_binary) = *s;
+    } else if (k == "hello_timeout_s") {
+      auto d = value.value<double>();
+      if (!d || *d <= 0) return bad("a number of seconds > 0");
+      c->hello_timeout_s = *d;
     } else if (k == "launch_timeout") {
       auto d = value.value<double>();
       if (!d || *d < 0)
@@ -105,7 +109,7 @@ absl::Status ApplyToml(const std::string &path, Config *c) {
           "max_arena_bytes, socket_group, log_level, probe_binary, "
           "isolation, executor_binary, launch_timeout, seccomp, "
           "quarantine_crashes, quarantine_window_s, executor_idle_s, "
-          "max_sessions, max_sessions_per_uid)"));
+          "max_sessions, max_sessions_per_uid, hello_timeout_s)"));
     }
   }
   return absl::OkStatus();

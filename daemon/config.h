@@ -29,6 +29,7 @@ struct Config {
   bool seccomp = true;
   int max_sessions = 1024;
   int max_sessions_per_uid = 128;
+  double hello_timeout_s = 10;  // a session must say Hello within this
 };
 
 // $XDG_RUNTIME_DIR/kregd/kregd.sock or /run/kregd/kregd.sock.

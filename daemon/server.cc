@@ -381,7 +381,8 @@ absl::Status Daemon::StartSessions() {
   pool.idle_ms = config_.executor_idle_s * 1000;
   pool.init.set_max_arena_bytes(config_.max_arena_bytes);
   pool.init.set_max_message_bytes(64ull << 20);
-  pool.init.set_hello_timeout_ms(10000);
+  pool.init.set_hello_timeout_ms(
+      static_cast<int64_t>(config_.hello_timeout_s * 1000.0));
   pool.init.set_open_cuda(true);
   pool.init.set_seccomp(config_.seccomp);
   pool.init.set_log_level(config_.log_level);

@@ -25,14 +25,14 @@ namespace {
 // allows the largest session message plus framing.
 constexpr uint32_t kMaxBrokerBytes = (64u << 20) + (1u << 20);
 
-void SetStatus(const absl::Status &s, v1::SessionStatus *out) {
+void SetStatus(const absl::Status& s, v1::SessionStatus* out) {
   out->set_code(static_cast<int>(s.code()));
   out->set_message(std::string(s.message()));
 }
 
-} // namespace
+}  // namespace
 
-void FillTargetInfo(const TargetEntry &e, v1::TargetInfo *t) {
+void FillTargetInfo(const TargetEntry& e, v1::TargetInfo* t) {
   t->set_target_name(e.key.name);
   t->set_platform(PlatformName(e.key.platform));
   t->set_func_name(e.func_name);
@@ -50,9 +50,9 @@ void FillTargetInfo(const TargetEntry &e, v1::TargetInfo *t) {
   t->set_origin(e.origin);
 }
 
-absl::StatusOr<v1::RegisterReply>
-RegisterForSession(Registrar *registrar, const v1::RegisterRequest &req,
-                   const PeerCred &peer) {
+absl::StatusOr<v1::RegisterReply> RegisterForSession(
+    Registrar* registrar, const v1::RegisterRequest& req,
+    const PeerCred& peer) {
   v1::RegisterTargetHeader header;
   header.set_target_name(req.target_name());
   header.set_func_name(req.func_name());
@@ -66,41 +66,39 @@ RegisterForSession(Registrar *registrar, const v1::RegisterRequest &req,
   } else if (req.module_case() == v1::RegisterRequest::kUpload) {
     header.mutable_module()->set_upload_size(req.upload().size());
     upload = req.upload();
-  } else if (!req.in_process()) { // in-process targets carry no module
+  } else if (!req.in_process()) {  // in-process targets carry no module
     return absl::InvalidArgumentError(
         "RegisterRequest carries neither a module path nor an upload");
   }
   absl::StatusOr<RegisterOutcome> out =
       registrar->Register(header, std::move(upload), peer);
-  if (!out.ok())
-    return out.status();
+  if (!out.ok()) return out.status();
   v1::RegisterReply reply;
   reply.set_created(out->created);
   FillTargetInfo(*out->entry, reply.mutable_target());
   return reply;
 }
 
-v1::ListReply ListForSession(Registry *registry) {
+v1::ListReply ListForSession(Registry* registry) {
   v1::ListReply reply;
-  for (const EntryPtr &e : registry->List()) {
+  for (const EntryPtr& e : registry->List()) {
     FillTargetInfo(*e, reply.add_targets());
   }
   return reply;
 }
 
-SessionBroker::SessionBroker(uint64_t id, UniqueFd client, const PeerCred &peer,
-                             const BrokerContext &ctx)
+SessionBroker::SessionBroker(uint64_t id, UniqueFd client, const PeerCred& peer,
+                             const BrokerContext& ctx)
     : id_(id), client_(std::move(client)), peer_(peer), ctx_(ctx) {}
 
 SessionBroker::~SessionBroker() { ctx_.pool->Release(&binding_); }
 
 void SessionBroker::Shutdown() {
-  if (broker_fd_ >= 0)
-    ::shutdown(broker_fd_, SHUT_RDWR);
+  if (broker_fd_ >= 0) ::shutdown(broker_fd_, SHUT_RDWR);
   ::shutdown(client_.get(), SHUT_RDWR);
 }
 
-void SessionBroker::RefuseClient(const absl::Status &status) {
+void SessionBroker::RefuseClient(const absl::Status& status) {
   v1::SessionResponse resp;
   resp.set_id(0);
   SetStatus(status, resp.mutable_status());
@@ -127,10 +125,8 @@ void SessionBroker::Run() {
   for (;;) {
     std::vector<int> raw;
     int rc = wire::RecvFrame(broker_fd_, kMaxBrokerBytes, &payload, &raw);
-    for (int fd : raw)
-      ::close(fd); // executors attach nothing here
-    if (rc != wire::kOk)
-      break;
+    for (int fd : raw) ::close(fd);  // executors attach nothing here
+    if (rc != wire::kOk) break;
     v1::BrokerRequest req;
     if (!req.ParseFromString(payload)) {
       spdlog::warn("session {}: malformed broker request from executor", id_);
@@ -146,8 +142,7 @@ void SessionBroker::Run() {
     int fds[1] = {fd.get()};
     rc = wire::SendFrame(broker_fd_, out.data(), out.size(), fds,
                          fd.ok() ? 1 : 0);
-    if (rc != wire::kOk)
-      break;
+    if (rc != wire::kOk) break;
   }
   if (!closed) {
     std::string crash = ctx_.pool->AwaitCrash(&binding_);
@@ -161,47 +156,45 @@ void SessionBroker::Run() {
   broker_fd_ = -1;
 }
 
-v1::BrokerReply SessionBroker::Handle(const v1::BrokerRequest &req,
-                                      UniqueFd *fd_out) {
+v1::BrokerReply SessionBroker::Handle(const v1::BrokerRequest& req,
+                                      UniqueFd* fd_out) {
   v1::BrokerReply reply;
   absl::Status status;
   switch (req.body_case()) {
-  case v1::BrokerRequest::kRegisterTarget: {
-    absl::StatusOr<v1::RegisterReply> r =
-        RegisterForSession(ctx_.registrar, req.register_target(), peer_);
-    if (r.ok()) {
-      *reply.mutable_register_target() = *std::move(r);
-    } else {
-      status = r.status();
+    case v1::BrokerRequest::kRegisterTarget: {
+      absl::StatusOr<v1::RegisterReply> r =
+          RegisterForSession(ctx_.registrar, req.register_target(), peer_);
+      if (r.ok()) {
+        *reply.mutable_register_target() = *std::move(r);
+      } else {
+        status = r.status();
+      }
+      break;
     }
-    break;
-  }
-  case v1::BrokerRequest::kList:
-    *reply.mutable_list() = ListForSession(ctx_.registry);
-    break;
-  case v1::BrokerRequest::kResolve: {
-    absl::StatusOr<v1::ResolveReply> r = Resolve(req.resolve(), fd_out);
-    if (r.ok()) {
-      *reply.mutable_resolve() = *std::move(r);
-    } else {
-      status = r.status();
+    case v1::BrokerRequest::kList:
+      *reply.mutable_list() = ListForSession(ctx_.registry);
+      break;
+    case v1::BrokerRequest::kResolve: {
+      absl::StatusOr<v1::ResolveReply> r = Resolve(req.resolve(), fd_out);
+      if (r.ok()) {
+        *reply.mutable_resolve() = *std::move(r);
+      } else {
+        status = r.status();
+      }
+      break;
     }
-    break;
-  }
-  default:
-    status = absl::InvalidArgumentError("unknown broker request");
+    default:
+      status = absl::InvalidArgumentError("unknown broker request");
   }
   SetStatus(status, reply.mutable_status());
   return reply;
 }
 
-absl::StatusOr<v1::ResolveReply>
-SessionBroker::Resolve(const v1::ResolveRequest &r, UniqueFd *fd_out) {
-  if (absl::Status s = ValidateTargetName(r.target_name()); !s.ok())
-    return s;
+absl::StatusOr<v1::ResolveReply> SessionBroker::Resolve(
+    const v1::ResolveRequest& r, UniqueFd* fd_out) {
+  if (absl::Status s = ValidateTargetName(r.target_name()); !s.ok()) return s;
   absl::StatusOr<Platform> platform = ParsePlatform(r.platform());
-  if (!platform.ok())
-    return platform.status();
+  if (!platform.ok()) return platform.status();
   TargetKey key{r.target_name(), *platform};
   EntryPtr e = ctx_.registry->Lookup(key);
   if (e == nullptr) {
@@ -246,4 +239,4 @@ SessionBroker::Resolve(const v1::ResolveRequest &r, UniqueFd *fd_out) {
   return reply;
 }
 
-} // namespace kreg
+}  // namespace kreg

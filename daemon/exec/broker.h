@@ -24,47 +24,46 @@ class Registry;
 
 // What the broker of every session borrows; all must outlive the sessions.
 struct BrokerContext {
-  Registrar *registrar = nullptr;
-  Registry *registry = nullptr;
-  ModuleStore *store = nullptr;
-  ExecutorPool *pool = nullptr;
-  CrashLedger *ledger = nullptr;
+  Registrar* registrar = nullptr;
+  Registry* registry = nullptr;
+  ModuleStore* store = nullptr;
+  ExecutorPool* pool = nullptr;
+  CrashLedger* ledger = nullptr;
 };
 
 // Session-protocol translations of the registry, shared with tests.
-void FillTargetInfo(const TargetEntry &e, v1::TargetInfo *t);
-absl::StatusOr<v1::RegisterReply>
-RegisterForSession(Registrar *registrar, const v1::RegisterRequest &req,
-                   const PeerCred &peer);
-v1::ListReply ListForSession(Registry *registry);
+void FillTargetInfo(const TargetEntry& e, v1::TargetInfo* t);
+absl::StatusOr<v1::RegisterReply> RegisterForSession(
+    Registrar* registrar, const v1::RegisterRequest& req, const PeerCred& peer);
+v1::ListReply ListForSession(Registry* registry);
 
 // One accepted client connection. Run() on one thread, Shutdown() from any.
 class SessionBroker final : public ServedSession {
-public:
-  SessionBroker(uint64_t id, UniqueFd client, const PeerCred &peer,
-                const BrokerContext &ctx);
+ public:
+  SessionBroker(uint64_t id, UniqueFd client, const PeerCred& peer,
+                const BrokerContext& ctx);
   ~SessionBroker() override;
 
   void Run() override;
   void Shutdown() override;
   uint64_t id() const override { return id_; }
-  const PeerCred &peer() const override { return peer_; }
+  const PeerCred& peer() const override { return peer_; }
 
-private:
-  v1::BrokerReply Handle(const v1::BrokerRequest &request, UniqueFd *fd_out);
-  absl::StatusOr<v1::ResolveReply> Resolve(const v1::ResolveRequest &r,
-                                           UniqueFd *fd_out);
+ private:
+  v1::BrokerReply Handle(const v1::BrokerRequest& request, UniqueFd* fd_out);
+  absl::StatusOr<v1::ResolveReply> Resolve(const v1::ResolveRequest& r,
+                                           UniqueFd* fd_out);
   // Sends a connection-level error (response id 0) to the client.
-  void RefuseClient(const absl::Status &status);
+  void RefuseClient(const absl::Status& status);
 
   const uint64_t id_;
-  UniqueFd client_; // kregd's copy: only written to when the executor died
+  UniqueFd client_;  // kregd's copy: only written to when the executor died
   const PeerCred peer_;
   const BrokerContext ctx_;
   ExecutorPool::Binding binding_;
   int broker_fd_ = -1;
 };
 
-} // namespace kreg
+}  // namespace kreg
 
-#endif // KREGD_DAEMON_EXEC_BROKER_H_
+#endif  // KREGD_DAEMON_EXEC_BROKER_H_

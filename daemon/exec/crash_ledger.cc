@@ -2,10 +2,10 @@
 
 namespace kreg {
 
-CrashRecord CrashLedger::Record(const TargetKey &key, uid_t uid,
-                                const std::string &reason, int64_t now_s) {
+CrashRecord CrashLedger::Record(const TargetKey& key, uid_t uid,
+                                const std::string& reason, int64_t now_s) {
   absl::MutexLock lock(&mu_);
-  Row &row = rows_[KeyOf(key, uid)];
+  Row& row = rows_[KeyOf(key, uid)];
   row.record.key = key;
   row.record.uid = uid;
   row.record.crashes_total++;
@@ -23,30 +23,24 @@ CrashRecord CrashLedger::Record(const TargetKey &key, uid_t uid,
   return row.record;
 }
 
-std::optional<CrashRecord> CrashLedger::Quarantined(const TargetKey &key,
+std::optional<CrashRecord> CrashLedger::Quarantined(const TargetKey& key,
                                                     uid_t uid) const {
   absl::MutexLock lock(&mu_);
   auto it = rows_.find(KeyOf(key, uid));
-  if (it == rows_.end() || !it->second.record.quarantined)
-    return std::nullopt;
+  if (it == rows_.end() || !it->second.record.quarantined) return std::nullopt;
   return it->second.record;
 }
 
-std::vector<CrashRecord>
-CrashLedger::Unquarantine(const std::string &name,
-                          std::optional<Platform> platform,
-                          std::optional<uid_t> uid) {
+std::vector<CrashRecord> CrashLedger::Unquarantine(
+    const std::string& name, std::optional<Platform> platform,
+    std::optional<uid_t> uid) {
   absl::MutexLock lock(&mu_);
   std::vector<CrashRecord> lifted;
-  for (auto &[k, row] : rows_) {
-    if (std::get<0>(k) != name)
-      continue;
-    if (platform && row.record.key.platform != *platform)
-      continue;
-    if (uid && row.record.uid != *uid)
-      continue;
-    if (row.record.quarantined)
-      lifted.push_back(row.record);
+  for (auto& [k, row] : rows_) {
+    if (std::get<0>(k) != name) continue;
+    if (platform && row.record.key.platform != *platform) continue;
+    if (uid && row.record.uid != *uid) continue;
+    if (row.record.quarantined) lifted.push_back(row.record);
     row.record.quarantined = false;
     row.record.crashes_in_window = 0;
     row.times.clear();
@@ -54,14 +48,13 @@ CrashLedger::Unquarantine(const std::string &name,
   return lifted;
 }
 
-std::vector<CrashRecord> CrashLedger::Rows(const std::string &name) const {
+std::vector<CrashRecord> CrashLedger::Rows(const std::string& name) const {
   absl::MutexLock lock(&mu_);
   std::vector<CrashRecord> out;
-  for (const auto &[k, row] : rows_) {
-    if (name.empty() || std::get<0>(k) == name)
-      out.push_back(row.record);
+  for (const auto& [k, row] : rows_) {
+    if (name.empty() || std::get<0>(k) == name) out.push_back(row.record);
   }
   return out;
 }
 
-} // namespace kreg
+}  // namespace kreg

@@ -18,8 +18,8 @@
 namespace kreg {
 
 struct CrashPolicy {
-  int max_crashes = 3;    // quarantined at this many crashes ...
-  int64_t window_s = 600; // ... within this many seconds
+  int max_crashes = 3;     // quarantined at this many crashes ...
+  int64_t window_s = 600;  // ... within this many seconds
 };
 
 // One (target, caller uid) row. Crashes are counted per uid of the caller
@@ -39,32 +39,32 @@ struct CrashRecord {
 // Thread-safe. In memory: a kregd restart forgets crash counts and lifts
 // every quarantine.
 class CrashLedger {
-public:
+ public:
   explicit CrashLedger(CrashPolicy policy) : policy_(policy) {}
 
   // Counts one crash of `key` in a call of `uid` at `now_s` (unix seconds).
   // Returns the row after the update.
-  CrashRecord Record(const TargetKey &key, uid_t uid, const std::string &reason,
+  CrashRecord Record(const TargetKey& key, uid_t uid, const std::string& reason,
                      int64_t now_s);
   // The row when `key` is quarantined for `uid`.
-  std::optional<CrashRecord> Quarantined(const TargetKey &key, uid_t uid) const;
+  std::optional<CrashRecord> Quarantined(const TargetKey& key, uid_t uid) const;
   // Lifts the quarantine of `name` (every platform when `platform` is
   // empty; every uid when `uid` is empty) and resets its counts. Returns
   // the rows lifted.
-  std::vector<CrashRecord> Unquarantine(const std::string &name,
+  std::vector<CrashRecord> Unquarantine(const std::string& name,
                                         std::optional<Platform> platform,
                                         std::optional<uid_t> uid);
   // Every row of `name` (all names when empty).
-  std::vector<CrashRecord> Rows(const std::string &name = "") const;
-  const CrashPolicy &policy() const { return policy_; }
+  std::vector<CrashRecord> Rows(const std::string& name = "") const;
+  const CrashPolicy& policy() const { return policy_; }
 
-private:
+ private:
   struct Row {
     CrashRecord record;
-    std::deque<int64_t> times; // within the window
+    std::deque<int64_t> times;  // within the window
   };
   using Key = std::tuple<std::string, int, uid_t>;
-  static Key KeyOf(const TargetKey &key, uid_t uid) {
+  static Key KeyOf(const TargetKey& key, uid_t uid) {
     return {key.name, static_cast<int>(key.platform), uid};
   }
 
@@ -73,6 +73,6 @@ private:
   std::map<Key, Row> rows_ ABSL_GUARDED_BY(mu_);
 };
 
-} // namespace kreg
+}  // namespace kreg
 
-#endif // KREGD_DAEMON_EXEC_CRASH_LEDGER_H_
+#endif  // KREGD_DAEMON_EXEC_CRASH_LEDGER_H_

@@ -39,7 +39,7 @@ constexpr int kControlFd = 3;
 constexpr int kStatusFd = 4;
 constexpr int kExitRecycle = 75;
 
-StatusPage *g_page = nullptr;
+StatusPage* g_page = nullptr;
 
 // std::terminate (an uncaught C++ exception, e.g. thrown by a handler):
 // leave the exception's text where kregd reads it, then abort.
@@ -48,14 +48,14 @@ void OnTerminate() {
   if (std::exception_ptr e = std::current_exception()) {
     try {
       std::rethrow_exception(e);
-    } catch (const std::exception &x) {
+    } catch (const std::exception& x) {
       what = absl::StrCat("uncaught C++ exception: ", x.what());
     } catch (...) {
       what = "uncaught C++ exception of a non-std type";
     }
   }
   if (g_page != nullptr) {
-    char *note = g_page->header()->note;
+    char* note = g_page->header()->note;
     size_t n = std::min(what.size(), sizeof(g_page->header()->note) - 1);
     memcpy(note, what.data(), n);
     note[n] = '\0';
@@ -63,7 +63,7 @@ void OnTerminate() {
   std::abort();
 }
 
-void Reply(const absl::Status &status, const v1::ExecInitReply &base) {
+void Reply(const absl::Status& status, const v1::ExecInitReply& base) {
   v1::ExecInitReply reply = base;
   reply.mutable_status()->set_code(static_cast<int>(status.code()));
   reply.mutable_status()->set_message(std::string(status.message()));
@@ -85,12 +85,12 @@ int Main() {
   std::string payload;
   std::vector<int> fds;
   if (wire::RecvFrame(kControlFd, 1 << 20, &payload, &fds) != wire::kOk) {
-    std::fprintf(stderr, "kregd-exec: started without kregd's control socket;"
-                         " it is started by kregd only\n");
+    std::fprintf(stderr,
+                 "kregd-exec: started without kregd's control socket;"
+                 " it is started by kregd only\n");
     return 2;
   }
-  for (int fd : fds)
-    ::close(fd);
+  for (int fd : fds) ::close(fd);
   v1::ExecInit init;
   v1::ExecInitReply reply;
   if (!init.ParseFromString(payload)) {
@@ -174,15 +174,12 @@ int Main() {
     }
     pollfd p{kControlFd, POLLIN, 0};
     int ready = ::poll(&p, 1, 200);
-    if (ready <= 0)
-      continue;
+    if (ready <= 0) continue;
     fds.clear();
     int rc = wire::RecvFrame(kControlFd, 1 << 16, &payload, &fds);
-    if (rc != wire::kOk)
-      break; // kregd closed the control socket
+    if (rc != wire::kOk) break;  // kregd closed the control socket
     std::vector<UniqueFd> owned;
-    for (int fd : fds)
-      owned.emplace_back(fd);
+    for (int fd : fds) owned.emplace_back(fd);
     v1::ExecAdopt adopt;
     if (!adopt.ParseFromString(payload) || owned.size() != 2 ||
         page->slot(adopt.slot()) == nullptr) {
@@ -201,16 +198,14 @@ int Main() {
     auto done = std::make_shared<std::atomic<bool>>(false);
     std::thread t([session, backend, done]() mutable {
       session->Run();
-      session.reset(); // releases the arena and GPU state first
-      backend.reset(); // then tells kregd the session ended
+      session.reset();  // releases the arena and GPU state first
+      backend.reset();  // then tells kregd the session ended
       done->store(true);
     });
     served.push_back({session, std::move(t), done});
   }
-  for (Served &s : served)
-    s.session->Shutdown();
-  for (Served &s : served)
-    s.thread.join();
+  for (Served& s : served) s.session->Shutdown();
+  for (Served& s : served) s.thread.join();
   served.clear();
   spdlog::default_logger()->flush();
   // Loaded modules' static destructors are not run: their code is not
@@ -219,7 +214,7 @@ int Main() {
   ::_exit(exit_code);
 }
 
-} // namespace
-} // namespace kreg
+}  // namespace
+}  // namespace kreg
 
 int main() { return kreg::Main(); }

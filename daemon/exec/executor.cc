@@ -20,19 +20,18 @@
 #include "daemon/session/wire.h"
 #include "spdlog/spdlog.h"
 
-extern char **environ;
+extern char** environ;
 
 namespace kreg {
 namespace {
 
 // Variables an executor must not inherit: they describe kregd's own
 // systemd sockets and notification channel.
-bool InheritedVar(const char *kv) {
-  for (const char *prefix :
+bool InheritedVar(const char* kv) {
+  for (const char* prefix :
        {"LISTEN_FDS=", "LISTEN_PID=", "LISTEN_FDNAMES=", "NOTIFY_SOCKET=",
         "WATCHDOG_USEC=", "WATCHDOG_PID="}) {
-    if (absl::StartsWith(kv, prefix))
-      return false;
+    if (absl::StartsWith(kv, prefix)) return false;
   }
   return true;
 }
@@ -52,18 +51,17 @@ bool WaitReadable(int fd, int64_t ms) {
   pollfd p{fd, POLLIN, 0};
   for (;;) {
     int rc = ::poll(&p, 1, static_cast<int>(ms));
-    if (rc < 0 && errno == EINTR)
-      continue;
+    if (rc < 0 && errno == EINTR) continue;
     return rc > 0;
   }
 }
 
-} // namespace
+}  // namespace
 
 std::string DescribeWaitStatus(int ws) {
   if (WIFSIGNALED(ws)) {
     int sig = WTERMSIG(ws);
-    const char *abbrev = sigabbrev_np(sig);
+    const char* abbrev = sigabbrev_np(sig);
     std::string text =
         absl::StrCat("was killed by signal ", sig, " (SIG",
                      abbrev ? abbrev : "?", ", ", strsignal(sig), ")");
@@ -74,34 +72,32 @@ std::string DescribeWaitStatus(int ws) {
     return text;
   }
   if (WIFEXITED(ws)) {
-    if (WEXITSTATUS(ws) == 0)
-      return "exited normally";
+    if (WEXITSTATUS(ws) == 0) return "exited normally";
     return absl::StrCat("exited with code ", WEXITSTATUS(ws));
   }
   return absl::StrCat("ended with wait status ", ws);
 }
 
 Executor::Executor(pid_t pid, UniqueFd pidfd, UniqueFd control, StatusPage page)
-    : pid_(pid), pidfd_(std::move(pidfd)), page_(std::move(page)),
+    : pid_(pid),
+      pidfd_(std::move(pidfd)),
+      page_(std::move(page)),
       control_(std::move(control)) {}
 
-absl::StatusOr<std::unique_ptr<Executor>>
-Executor::Start(const std::string &binary, const v1::ExecInit &init,
-                std::chrono::milliseconds timeout) {
+absl::StatusOr<std::unique_ptr<Executor>> Executor::Start(
+    const std::string& binary, const v1::ExecInit& init,
+    std::chrono::milliseconds timeout) {
   absl::StatusOr<StatusPage> page = StatusPage::Create(init.slots());
-  if (!page.ok())
-    return page.status();
+  if (!page.ok()) return page.status();
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
     return absl::InternalError(absl::StrCat("socketpair: ", strerror(errno)));
   }
   UniqueFd ours(sv[0]);
   absl::StatusOr<UniqueFd> theirs = High(UniqueFd(sv[1]));
-  if (!theirs.ok())
-    return theirs.status();
+  if (!theirs.ok()) return theirs.status();
   absl::StatusOr<UniqueFd> page_fd = High(UniqueFd(::dup(page->fd())));
-  if (!page_fd.ok())
-    return page_fd.status();
+  if (!page_fd.ok()) return page_fd.status();
 
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
@@ -120,14 +116,13 @@ Executor::Start(const std::string &binary, const v1::ExecInit &init,
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK |
                                       POSIX_SPAWN_SETSIGDEF |
                                       POSIX_SPAWN_SETPGROUP);
-  std::vector<char *> env;
-  for (char **e = environ; *e != nullptr; ++e) {
-    if (InheritedVar(*e))
-      env.push_back(*e);
+  std::vector<char*> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (InheritedVar(*e)) env.push_back(*e);
   }
   env.push_back(nullptr);
   std::string arg0 = binary;
-  char *argv[] = {arg0.data(), nullptr};
+  char* argv[] = {arg0.data(), nullptr};
   pid_t pid = 0;
   int rc =
       ::posix_spawn(&pid, binary.c_str(), &actions, &attr, argv, env.data());
@@ -143,7 +138,7 @@ Executor::Start(const std::string &binary, const v1::ExecInit &init,
   UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
   std::unique_ptr<Executor> exec(
       new Executor(pid, std::move(pidfd), std::move(ours), *std::move(page)));
-  auto fail = [&](const std::string &what) -> absl::Status {
+  auto fail = [&](const std::string& what) -> absl::Status {
     exec->Signal(SIGKILL);
     int ws = exec->Reap();
     return absl::UnavailableError(
@@ -164,12 +159,9 @@ Executor::Start(const std::string &binary, const v1::ExecInit &init,
   std::string payload;
   std::vector<int> fds;
   int r = wire::RecvFrame(control, 1 << 16, &payload, &fds);
-  for (int fd : fds)
-    ::close(fd);
-  if (r != wire::kOk)
-    return fail("no answer: " + wire::ResultText(r));
-  if (!exec->info_.ParseFromString(payload))
-    return fail("a malformed answer");
+  for (int fd : fds) ::close(fd);
+  if (r != wire::kOk) return fail("no answer: " + wire::ResultText(r));
+  if (!exec->info_.ParseFromString(payload)) return fail("a malformed answer");
   if (exec->info_.status().code() != 0) {
     return fail(exec->info_.status().message());
   }
@@ -180,15 +172,13 @@ Executor::~Executor() {
   RequestStop();
   {
     absl::MutexLock lock(&reap_mu_);
-    if (reaped_)
-      return;
+    if (reaped_) return;
   }
-  if (!WaitReadable(pidfd_.get(), 2000))
-    Signal(SIGKILL);
+  if (!WaitReadable(pidfd_.get(), 2000)) Signal(SIGKILL);
   Reap();
 }
 
-absl::StatusOr<UniqueFd> Executor::Adopt(const v1::ExecAdopt &adopt,
+absl::StatusOr<UniqueFd> Executor::Adopt(const v1::ExecAdopt& adopt,
                                          int client_fd) {
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
@@ -223,14 +213,12 @@ void Executor::Signal(int sig) {
     return;
   }
   absl::MutexLock lock(&reap_mu_);
-  if (!reaped_)
-    ::kill(pid_, sig);
+  if (!reaped_) ::kill(pid_, sig);
 }
 
 int Executor::Reap() {
   absl::MutexLock lock(&reap_mu_);
-  if (reaped_)
-    return wait_status_;
+  if (reaped_) return wait_status_;
   int ws = 0;
   pid_t r;
   do {
@@ -244,4 +232,4 @@ int Executor::Reap() {
   return ws;
 }
 
-} // namespace kreg
+}  // namespace kreg

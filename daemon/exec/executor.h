@@ -23,22 +23,22 @@ namespace kreg {
 // the control socket, then SIGKILL after a grace period) unless Reap()
 // already collected it.
 class Executor {
-public:
+ public:
   // Spawns `binary` (posix_spawn, its own process group, fds 3 = control,
   // 4 = status page, nothing else of kregd's), sends `init` and waits up to
   // `timeout` for its ExecInitReply. UNAVAILABLE naming the binary and what
   // happened (could not start, exited with code N, killed by signal, no
   // reply in time, refused: its message).
-  static absl::StatusOr<std::unique_ptr<Executor>>
-  Start(const std::string &binary, const v1::ExecInit &init,
-        std::chrono::milliseconds timeout);
+  static absl::StatusOr<std::unique_ptr<Executor>> Start(
+      const std::string& binary, const v1::ExecInit& init,
+      std::chrono::milliseconds timeout);
   ~Executor();
-  Executor(const Executor &) = delete;
-  Executor &operator=(const Executor &) = delete;
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
 
   // Hands a client's session socket to the executor; returns kregd's end of
   // the session's new broker socket. UNAVAILABLE when the executor is gone.
-  absl::StatusOr<UniqueFd> Adopt(const v1::ExecAdopt &adopt, int client_fd);
+  absl::StatusOr<UniqueFd> Adopt(const v1::ExecAdopt& adopt, int client_fd);
 
   // Closes the control socket: the executor finishes and exits.
   void RequestStop();
@@ -49,10 +49,10 @@ public:
   int Reap();
 
   pid_t pid() const { return pid_; }
-  const StatusPage &page() const { return page_; }
-  const v1::ExecInitReply &info() const { return info_; }
+  const StatusPage& page() const { return page_; }
+  const v1::ExecInitReply& info() const { return info_; }
 
-private:
+ private:
   Executor(pid_t pid, UniqueFd pidfd, UniqueFd control, StatusPage page);
 
   const pid_t pid_;
@@ -70,6 +70,6 @@ private:
 // 3", "exited normally".
 std::string DescribeWaitStatus(int wait_status);
 
-} // namespace kreg
+}  // namespace kreg
 
-#endif // KREGD_DAEMON_EXEC_EXECUTOR_H_
+#endif  // KREGD_DAEMON_EXEC_EXECUTOR_H_

@@ -25,17 +25,17 @@ int64_t MonotonicNs() {
   return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
 }
 
-absl::Status StatusOf(const v1::SessionStatus &s) {
-  if (s.code() == 0)
-    return absl::OkStatus();
+absl::Status StatusOf(const v1::SessionStatus& s) {
+  if (s.code() == 0) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(s.code()), s.message());
 }
 
-} // namespace
+}  // namespace
 
 ExecutorBackend::ExecutorBackend(UniqueFd broker, uint32_t slot,
-                                 const ExecutorShared &shared)
-    : broker_(std::move(broker)), slot_(shared.page->slot(slot)),
+                                 const ExecutorShared& shared)
+    : broker_(std::move(broker)),
+      slot_(shared.page->slot(slot)),
       shared_(shared) {}
 
 ExecutorBackend::~ExecutorBackend() {
@@ -46,8 +46,8 @@ ExecutorBackend::~ExecutorBackend() {
   wire::SendFrame(broker_.get(), out.data(), out.size(), nullptr, 0);
 }
 
-absl::StatusOr<v1::BrokerReply>
-ExecutorBackend::Call(const v1::BrokerRequest &request, UniqueFd *fd_out) {
+absl::StatusOr<v1::BrokerReply> ExecutorBackend::Call(
+    const v1::BrokerRequest& request, UniqueFd* fd_out) {
   std::string buf;
   request.SerializeToString(&buf);
   int rc = wire::SendFrame(broker_.get(), buf.data(), buf.size(), nullptr, 0);
@@ -73,16 +73,13 @@ ExecutorBackend::Call(const v1::BrokerRequest &request, UniqueFd *fd_out) {
   return reply;
 }
 
-absl::StatusOr<v1::RegisterReply>
-ExecutorBackend::Register(const v1::RegisterRequest &request,
-                          const PeerCred &) {
+absl::StatusOr<v1::RegisterReply> ExecutorBackend::Register(
+    const v1::RegisterRequest& request, const PeerCred&) {
   v1::BrokerRequest req;
   *req.mutable_register_target() = request;
   absl::StatusOr<v1::BrokerReply> r = Call(req, nullptr);
-  if (!r.ok())
-    return r.status();
-  if (absl::Status s = StatusOf(r->status()); !s.ok())
-    return s;
+  if (!r.ok()) return r.status();
+  if (absl::Status s = StatusOf(r->status()); !s.ok()) return s;
   return r->register_target();
 }
 
@@ -90,23 +87,20 @@ v1::ListReply ExecutorBackend::List() {
   v1::BrokerRequest req;
   req.mutable_list();
   absl::StatusOr<v1::BrokerReply> r = Call(req, nullptr);
-  if (!r.ok())
-    return v1::ListReply();
+  if (!r.ok()) return v1::ListReply();
   return r->list();
 }
 
-absl::StatusOr<void *> ExecutorBackend::Lookup(const TargetKey &key) {
+absl::StatusOr<void*> ExecutorBackend::Lookup(const TargetKey& key) {
   v1::BrokerRequest req;
   req.mutable_resolve()->set_target_name(key.name);
   req.mutable_resolve()->set_platform(PlatformName(key.platform));
   UniqueFd fd;
   absl::StatusOr<v1::BrokerReply> r = Call(req, &fd);
-  if (!r.ok())
-    return r.status();
-  if (absl::Status s = StatusOf(r->status()); !s.ok())
-    return s;
-  const v1::ResolveReply &rr = r->resolve();
-  absl::StatusOr<void *> handler = shared_.modules->Handler(
+  if (!r.ok()) return r.status();
+  if (absl::Status s = StatusOf(r->status()); !s.ok()) return s;
+  const v1::ResolveReply& rr = r->resolve();
+  absl::StatusOr<void*> handler = shared_.modules->Handler(
       rr.module_digest(), std::move(fd), rr.func_name());
   if (!handler.ok()) {
     return absl::Status(handler.status().code(),
@@ -117,13 +111,13 @@ absl::StatusOr<void *> ExecutorBackend::Lookup(const TargetKey &key) {
   return handler;
 }
 
-absl::Status ExecutorBackend::Execute(void *handler, const LaunchFrame &frame) {
+absl::Status ExecutorBackend::Execute(void* handler, const LaunchFrame& frame) {
   return shared_.host->Execute(handler, frame);
 }
 
-absl::Status ExecutorBackend::ExecuteWith(void *handler,
-                                          const LaunchFrame &frame,
-                                          const CallOptions &options) {
+absl::Status ExecutorBackend::ExecuteWith(void* handler,
+                                          const LaunchFrame& frame,
+                                          const CallOptions& options) {
   absl::Status s = shared_.host->Execute(handler, frame, options);
   if (shared_.cuda != nullptr && frame.platform == Platform::kCuda) {
     absl::Status usable = shared_.cuda->CheckUsable(frame.device_ordinal);
@@ -133,7 +127,7 @@ absl::Status ExecutorBackend::ExecuteWith(void *handler,
       // kregd starts a fresh one on the next call.
       std::string note = absl::StrCat("recycled after a sticky CUDA error: ",
                                       usable.message());
-      char *dst = shared_.page->header()->note;
+      char* dst = shared_.page->header()->note;
       size_t n =
           std::min(note.size(), sizeof(shared_.page->header()->note) - 1);
       memcpy(dst, note.data(), n);
@@ -148,7 +142,7 @@ absl::Status ExecutorBackend::ExecuteWith(void *handler,
 uint32_t ExecutorBackend::ffi_api_major() const { return XLA_FFI_API_MAJOR; }
 uint32_t ExecutorBackend::ffi_api_minor() const { return XLA_FFI_API_MINOR; }
 
-void ExecutorBackend::BeginLaunch(uint64_t request_id, const TargetKey &key) {
+void ExecutorBackend::BeginLaunch(uint64_t request_id, const TargetKey& key) {
   auto it = tokens_.find(key);
   slot_->request_id.store(request_id, std::memory_order_relaxed);
   slot_->started_ns.store(MonotonicNs(), std::memory_order_relaxed);
@@ -162,4 +156,4 @@ void ExecutorBackend::EndLaunch() {
 
 bool ExecutorBackend::ShouldStop() { return shared_.recycle->load(); }
 
-} // namespace kreg
+}  // namespace kreg

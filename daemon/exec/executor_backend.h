@@ -24,43 +24,43 @@ class FfiHost;
 // sessions. `recycle` is set when the executor must be replaced (a sticky
 // CUDA error): sessions then end after their current reply.
 struct ExecutorShared {
-  ModuleCache *modules = nullptr;
-  FfiHost *host = nullptr;
-  CudaDevices *cuda = nullptr; // null: no CUDA
-  StatusPage *page = nullptr;
-  std::atomic<bool> *recycle = nullptr;
+  ModuleCache* modules = nullptr;
+  FfiHost* host = nullptr;
+  CudaDevices* cuda = nullptr;  // null: no CUDA
+  StatusPage* page = nullptr;
+  std::atomic<bool>* recycle = nullptr;
 };
 
 // One session's backend. Used by that session's thread only.
 class ExecutorBackend final : public SessionBackend {
-public:
-  ExecutorBackend(UniqueFd broker, uint32_t slot, const ExecutorShared &shared);
-  ~ExecutorBackend() override; // tells kregd the session ended
+ public:
+  ExecutorBackend(UniqueFd broker, uint32_t slot, const ExecutorShared& shared);
+  ~ExecutorBackend() override;  // tells kregd the session ended
 
-  absl::StatusOr<v1::RegisterReply> Register(const v1::RegisterRequest &request,
-                                             const PeerCred &peer) override;
+  absl::StatusOr<v1::RegisterReply> Register(const v1::RegisterRequest& request,
+                                             const PeerCred& peer) override;
   v1::ListReply List() override;
-  absl::StatusOr<void *> Lookup(const TargetKey &key) override;
-  absl::Status Execute(void *handler, const LaunchFrame &frame) override;
-  absl::Status ExecuteWith(void *handler, const LaunchFrame &frame,
-                           const CallOptions &options) override;
+  absl::StatusOr<void*> Lookup(const TargetKey& key) override;
+  absl::Status Execute(void* handler, const LaunchFrame& frame) override;
+  absl::Status ExecuteWith(void* handler, const LaunchFrame& frame,
+                           const CallOptions& options) override;
   uint32_t ffi_api_major() const override;
   uint32_t ffi_api_minor() const override;
-  void BeginLaunch(uint64_t request_id, const TargetKey &key) override;
+  void BeginLaunch(uint64_t request_id, const TargetKey& key) override;
   void EndLaunch() override;
   bool ShouldStop() override;
 
-private:
+ private:
   // One request/reply with kregd. UNAVAILABLE when kregd is gone.
-  absl::StatusOr<v1::BrokerReply> Call(const v1::BrokerRequest &request,
-                                       UniqueFd *fd_out);
+  absl::StatusOr<v1::BrokerReply> Call(const v1::BrokerRequest& request,
+                                       UniqueFd* fd_out);
 
   UniqueFd broker_;
-  ExecSlot *const slot_;
+  ExecSlot* const slot_;
   const ExecutorShared shared_;
   std::map<TargetKey, uint32_t> tokens_;
 };
 
-} // namespace kreg
+}  // namespace kreg
 
-#endif // KREGD_DAEMON_EXEC_EXECUTOR_BACKEND_H_
+#endif  // KREGD_DAEMON_EXEC_EXECUTOR_BACKEND_H_

@@ -20,7 +20,7 @@ namespace kreg {
 
 struct ExecutorPool::Group {
   std::string key;
-  std::string name; // "uid 1000", "pid 42 (uid 1000)", "shared"
+  std::string name;  // "uid 1000", "pid 42 (uid 1000)", "shared"
   uid_t uid = 0;
   gid_t gid = 0;
   std::unique_ptr<Executor> exec;
@@ -29,10 +29,10 @@ struct ExecutorPool::Group {
   std::vector<uid_t> slot_uid;
   int sessions = 0;
   int64_t idle_since_ms = 0;
-  std::vector<EntryPtr> resolved; // token - 1 -> entry
+  std::vector<EntryPtr> resolved;  // token - 1 -> entry
   bool stop_requested = false;
   bool dead = false;
-  std::string killed_because; // launch_timeout
+  std::string killed_because;  // launch_timeout
   std::map<uint32_t, std::string> crash_text;
 };
 
@@ -51,7 +51,7 @@ int64_t MonotonicMs() { return MonotonicNs() / 1000000; }
 std::vector<gid_t> GroupsOf(uid_t uid, gid_t gid) {
   std::vector<char> buf(16384);
   passwd pw;
-  passwd *found = nullptr;
+  passwd* found = nullptr;
   if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 ||
       found == nullptr) {
     return {gid};
@@ -69,7 +69,7 @@ std::vector<gid_t> GroupsOf(uid_t uid, gid_t gid) {
 gid_t PrimaryGid(uid_t uid, gid_t fallback) {
   std::vector<char> buf(16384);
   passwd pw;
-  passwd *found = nullptr;
+  passwd* found = nullptr;
   if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 ||
       found == nullptr) {
     return fallback;
@@ -77,33 +77,30 @@ gid_t PrimaryGid(uid_t uid, gid_t fallback) {
   return pw.pw_gid;
 }
 
-} // namespace
+}  // namespace
 
 absl::StatusOr<Isolation> ParseIsolation(absl::string_view text) {
   std::string t = absl::AsciiStrToLower(text);
-  if (t == "uid")
-    return Isolation::kUid;
-  if (t == "client")
-    return Isolation::kClient;
-  if (t == "shared")
-    return Isolation::kShared;
+  if (t == "uid") return Isolation::kUid;
+  if (t == "client") return Isolation::kClient;
+  if (t == "shared") return Isolation::kShared;
   return absl::InvalidArgumentError(absl::StrCat(
       "isolation \"", text, "\" is not one of uid, client, shared"));
 }
 
-const char *IsolationName(Isolation isolation) {
+const char* IsolationName(Isolation isolation) {
   switch (isolation) {
-  case Isolation::kUid:
-    return "uid";
-  case Isolation::kClient:
-    return "client";
-  case Isolation::kShared:
-    return "shared";
+    case Isolation::kUid:
+      return "uid";
+    case Isolation::kClient:
+      return "client";
+    case Isolation::kShared:
+      return "shared";
   }
   return "?";
 }
 
-ExecutorPool::ExecutorPool(PoolOptions options, CrashLedger *ledger)
+ExecutorPool::ExecutorPool(PoolOptions options, CrashLedger* ledger)
     : options_(std::move(options)), ledger_(ledger) {
   supervisor_ = std::thread([this] { Supervise(); });
   spawner_ = std::thread([this] { SpawnerLoop(); });
@@ -115,12 +112,11 @@ void ExecutorPool::SpawnerLoop() {
     {
       absl::MutexLock lock(&spawn_q_mu_);
       spawn_q_mu_.Await(absl::Condition(
-          +[](ExecutorPool *p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->spawn_q_mu_) {
+          +[](ExecutorPool* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->spawn_q_mu_) {
             return p->spawner_stop_ || !p->spawn_q_.empty();
           },
           this));
-      if (spawn_q_.empty())
-        return;
+      if (spawn_q_.empty()) return;
       fn = std::move(spawn_q_.front());
       spawn_q_.pop_front();
     }
@@ -128,11 +124,12 @@ void ExecutorPool::SpawnerLoop() {
   }
 }
 
-void ExecutorPool::OnSpawner(const std::function<void()> &fn) {
+bool ExecutorPool::OnSpawner(const std::function<void()>& fn) {
   bool done = false;
   absl::Mutex done_mu;
   {
     absl::MutexLock lock(&spawn_q_mu_);
+    if (spawner_stop_) return false;  // shutting down: nothing starts
     spawn_q_.push_back([&] {
       fn();
       absl::MutexLock l(&done_mu);
@@ -141,24 +138,25 @@ void ExecutorPool::OnSpawner(const std::function<void()> &fn) {
   }
   absl::MutexLock l(&done_mu);
   done_mu.Await(absl::Condition(&done));
+  return true;
 }
 
 ExecutorPool::~ExecutorPool() { Shutdown(); }
 
-std::string ExecutorPool::GroupKey(const PeerCred &peer) const {
+std::string ExecutorPool::GroupKey(const PeerCred& peer) const {
   switch (options_.isolation) {
-  case Isolation::kUid:
-    return absl::StrCat("uid ", peer.uid);
-  case Isolation::kClient:
-    return absl::StrCat("pid ", peer.pid, " (uid ", peer.uid, ")");
-  case Isolation::kShared:
-    return "shared";
+    case Isolation::kUid:
+      return absl::StrCat("uid ", peer.uid);
+    case Isolation::kClient:
+      return absl::StrCat("pid ", peer.pid, " (uid ", peer.uid, ")");
+    case Isolation::kShared:
+      return "shared";
   }
   return "?";
 }
 
-absl::StatusOr<std::shared_ptr<ExecutorPool::Group>>
-ExecutorPool::Start(const std::string &key, const PeerCred &peer) {
+absl::StatusOr<std::shared_ptr<ExecutorPool::Group>> ExecutorPool::Start(
+    const std::string& key, const PeerCred& peer) {
   auto g = std::make_shared<Group>();
   g->key = key;
   g->name = key;
@@ -176,8 +174,7 @@ ExecutorPool::Start(const std::string &key, const PeerCred &peer) {
     init.set_drop_privileges(true);
     init.set_uid(uid);
     init.set_gid(gid);
-    for (gid_t x : groups)
-      init.add_groups(x);
+    for (gid_t x : groups) init.add_groups(x);
   } else {
     init.set_drop_privileges(false);
     init.set_uid(::geteuid());
@@ -187,12 +184,11 @@ ExecutorPool::Start(const std::string &key, const PeerCred &peer) {
   init.set_parent_pid(::getpid());
   init.set_slots(options_.slots);
   absl::StatusOr<std::unique_ptr<Executor>> exec =
-      absl::UnavailableError("not started");
+      absl::UnavailableError("kregd is shutting down");
   OnSpawner([&] {
     exec = Executor::Start(options_.binary, init, options_.start_timeout);
   });
-  if (!exec.ok())
-    return exec.status();
+  if (!exec.ok()) return exec.status();
   g->exec = *std::move(exec);
   g->uid = g->exec->info().uid();
   g->gid = g->exec->info().gid();
@@ -208,8 +204,9 @@ ExecutorPool::Start(const std::string &key, const PeerCred &peer) {
   return g;
 }
 
-absl::StatusOr<ExecutorPool::Binding>
-ExecutorPool::Bind(uint64_t session_id, int client_fd, const PeerCred &peer) {
+absl::StatusOr<ExecutorPool::Binding> ExecutorPool::Bind(uint64_t session_id,
+                                                         int client_fd,
+                                                         const PeerCred& peer) {
   const std::string key = GroupKey(peer);
   std::shared_ptr<Group> g;
   auto find = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -221,8 +218,7 @@ ExecutorPool::Bind(uint64_t session_id, int client_fd, const PeerCred &peer) {
   };
   {
     absl::MutexLock lock(&mu_);
-    if (stopping_)
-      return absl::UnavailableError("kregd is shutting down");
+    if (stopping_) return absl::UnavailableError("kregd is shutting down");
     find();
   }
   if (g == nullptr) {
@@ -233,12 +229,10 @@ ExecutorPool::Bind(uint64_t session_id, int client_fd, const PeerCred &peer) {
     }
     if (g == nullptr) {
       absl::StatusOr<std::shared_ptr<Group>> started = Start(key, peer);
-      if (!started.ok())
-        return started.status();
+      if (!started.ok()) return started.status();
       g = *started;
       absl::MutexLock lock(&mu_);
-      if (stopping_)
-        return absl::UnavailableError("kregd is shutting down");
+      if (stopping_) return absl::UnavailableError("kregd is shutting down");
       groups_[key] = g;
       dead_counters_.executors_started++;
       auto done = std::make_shared<std::atomic<bool>>(false);
@@ -255,8 +249,7 @@ ExecutorPool::Bind(uint64_t session_id, int client_fd, const PeerCred &peer) {
   {
     absl::MutexLock lock(&mu_);
     uint32_t slot = 0;
-    while (slot < g->used.size() && g->used[slot])
-      ++slot;
+    while (slot < g->used.size() && g->used[slot]) ++slot;
     if (slot == g->used.size()) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "the executor for ", g->name, " already serves ", g->used.size(),
@@ -266,7 +259,7 @@ ExecutorPool::Bind(uint64_t session_id, int client_fd, const PeerCred &peer) {
     g->used[slot] = true;
     g->slot_uid[slot] = peer.uid;
     g->sessions++;
-    ExecSlot *s = g->exec->page().slot(slot);
+    ExecSlot* s = g->exec->page().slot(slot);
     s->token.store(0);
     s->request_id.store(0);
     b.slot = slot;
@@ -286,45 +279,41 @@ ExecutorPool::Bind(uint64_t session_id, int client_fd, const PeerCred &peer) {
   return b;
 }
 
-uint32_t ExecutorPool::TokenFor(const Binding &b, EntryPtr entry) {
+uint32_t ExecutorPool::TokenFor(const Binding& b, EntryPtr entry) {
   absl::MutexLock lock(&mu_);
-  std::vector<EntryPtr> &r = b.group->resolved;
+  std::vector<EntryPtr>& r = b.group->resolved;
   for (size_t i = 0; i < r.size(); ++i) {
-    if (r[i] == entry)
-      return static_cast<uint32_t>(i + 1);
+    if (r[i] == entry) return static_cast<uint32_t>(i + 1);
   }
   r.push_back(std::move(entry));
   return static_cast<uint32_t>(r.size());
 }
 
-void ExecutorPool::Release(Binding *b) {
-  if (b->group == nullptr)
-    return;
+void ExecutorPool::Release(Binding* b) {
+  if (b->group == nullptr) return;
   absl::MutexLock lock(&mu_);
-  Group *g = b->group.get();
+  Group* g = b->group.get();
   if (b->slot < g->used.size() && g->used[b->slot]) {
     g->used[b->slot] = false;
-    if (--g->sessions == 0)
-      g->idle_since_ms = MonotonicMs();
+    if (--g->sessions == 0) g->idle_since_ms = MonotonicMs();
   }
   b->group.reset();
 }
 
-std::string ExecutorPool::AwaitCrash(Binding *b) {
+std::string ExecutorPool::AwaitCrash(Binding* b) {
   std::shared_ptr<Group> g = b->group;
-  if (g == nullptr)
-    return "";
+  if (g == nullptr) return "";
   absl::MutexLock lock(&mu_);
   for (int round = 0; round < 2 && !g->dead; ++round) {
     absl::Time deadline = absl::Now() + absl::Seconds(5);
     while (!g->dead) {
-      if (changed_.WaitWithDeadline(&mu_, deadline))
-        break;
+      if (changed_.WaitWithDeadline(&mu_, deadline)) break;
     }
     if (!g->dead) {
-      spdlog::warn("executor pid {} ({}) closed session slot {} without "
-                   "ending it; stopping it",
-                   g->exec->pid(), g->name, b->slot);
+      spdlog::warn(
+          "executor pid {} ({}) closed session slot {} without "
+          "ending it; stopping it",
+          g->exec->pid(), g->name, b->slot);
       g->exec->Signal(SIGKILL);
     }
   }
@@ -334,12 +323,11 @@ std::string ExecutorPool::AwaitCrash(Binding *b) {
 
 void ExecutorPool::Wait(std::shared_ptr<Group> g) {
   int ws = g->exec->Reap();
-  const StatusPage &page = g->exec->page();
+  const StatusPage& page = g->exec->page();
   absl::MutexLock lock(&mu_);
   g->dead = true;
   auto it = groups_.find(g->key);
-  if (it != groups_.end() && it->second == g)
-    groups_.erase(it);
+  if (it != groups_.end() && it->second == g) groups_.erase(it);
   dead_counters_.launches += page.header()->counters.launches.load();
   dead_counters_.launch_errors += page.header()->counters.launch_errors.load();
   const bool planned =
@@ -351,17 +339,14 @@ void ExecutorPool::Wait(std::shared_ptr<Group> g) {
     how = "it was stopped because kregd is stopping it";
   }
   std::string note = page.Note();
-  if (!note.empty())
-    absl::StrAppend(&how, " (", note, ")");
+  if (!note.empty()) absl::StrAppend(&how, " (", note, ")");
   std::set<std::pair<std::string, uid_t>> counted;
   const int64_t now_s = static_cast<int64_t>(::time(nullptr));
   for (uint32_t i = 0; i < g->used.size(); ++i) {
-    if (!g->used[i])
-      continue;
+    if (!g->used[i]) continue;
     uint32_t token = page.slot(i)->token.load();
-    if (token == 0 || token > g->resolved.size())
-      continue;
-    const TargetEntry &e = *g->resolved[token - 1];
+    if (token == 0 || token > g->resolved.size()) continue;
+    const TargetEntry& e = *g->resolved[token - 1];
     uid_t uid = g->slot_uid[i];
     std::string quarantine;
     if (!g->stop_requested) {
@@ -369,7 +354,7 @@ void ExecutorPool::Wait(std::shared_ptr<Group> g) {
       if (counted.insert({e.key.name, uid}).second) {
         dead_counters_.executor_crashes++;
       }
-      const CrashPolicy &p = ledger_->policy();
+      const CrashPolicy& p = ledger_->policy();
       if (rec.quarantined) {
         quarantine = absl::StrCat(
             " The target is now quarantined for uid ", uid, " after ",
@@ -406,27 +391,24 @@ void ExecutorPool::Supervise() {
   absl::MutexLock lock(&mu_);
   while (!stopping_) {
     changed_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
-    if (stopping_)
-      break;
+    if (stopping_) break;
     for (auto w = waiters_.begin(); w != waiters_.end();) {
       if (!w->done->load()) {
         ++w;
         continue;
       }
-      w->thread.join(); // finished: returns at once
+      w->thread.join();  // finished: returns at once
       w = waiters_.erase(w);
     }
     const int64_t now_ns = MonotonicNs();
     const int64_t now_ms = now_ns / 1000000;
     for (auto it = groups_.begin(); it != groups_.end();) {
-      Group *g = it->second.get();
+      Group* g = it->second.get();
       if (options_.launch_timeout_ms > 0 && g->killed_because.empty()) {
         for (uint32_t i = 0; i < g->used.size(); ++i) {
-          if (!g->used[i])
-            continue;
-          ExecSlot *s = g->exec->page().slot(i);
-          if (s->token.load() == 0)
-            continue;
+          if (!g->used[i]) continue;
+          ExecSlot* s = g->exec->page().slot(i);
+          if (s->token.load() == 0) continue;
           int64_t ran_ms = (now_ns - s->started_ns.load()) / 1000000;
           if (ran_ms > options_.launch_timeout_ms) {
             g->killed_because =
@@ -452,7 +434,7 @@ void ExecutorPool::Supervise() {
 std::vector<ExecutorInfo> ExecutorPool::List() const {
   absl::MutexLock lock(&mu_);
   std::vector<ExecutorInfo> out;
-  for (const auto &[key, g] : groups_) {
+  for (const auto& [key, g] : groups_) {
     ExecutorInfo info;
     info.pid = g->exec->pid();
     info.group = g->name;
@@ -468,7 +450,7 @@ std::vector<ExecutorInfo> ExecutorPool::List() const {
 PoolCounters ExecutorPool::counters() const {
   absl::MutexLock lock(&mu_);
   PoolCounters c = dead_counters_;
-  for (const auto &[key, g] : groups_) {
+  for (const auto& [key, g] : groups_) {
     c.launches += g->exec->page().header()->counters.launches.load();
     c.launch_errors += g->exec->page().header()->counters.launch_errors.load();
   }
@@ -479,38 +461,32 @@ void ExecutorPool::Shutdown() {
   std::vector<Waiter> waiters;
   {
     absl::MutexLock lock(&mu_);
-    if (stopping_)
-      return;
+    if (stopping_) return;
     stopping_ = true;
-    for (auto &[key, g] : groups_) {
+    for (auto& [key, g] : groups_) {
       g->stop_requested = true;
       g->exec->RequestStop();
     }
     changed_.SignalAll();
   }
-  if (supervisor_.joinable())
-    supervisor_.join();
+  if (supervisor_.joinable()) supervisor_.join();
   {
     absl::MutexLock lock(&spawn_q_mu_);
     spawner_stop_ = true;
   }
-  if (spawner_.joinable())
-    spawner_.join();
+  if (spawner_.joinable()) spawner_.join();
   {
     // Executors finish their sessions and exit; ones that do not are
     // killed by their destructor's grace period.
     absl::MutexLock lock(&mu_);
     absl::Time deadline = absl::Now() + absl::Seconds(3);
     while (!groups_.empty()) {
-      if (changed_.WaitWithDeadline(&mu_, deadline))
-        break;
+      if (changed_.WaitWithDeadline(&mu_, deadline)) break;
     }
-    for (auto &[key, g] : groups_)
-      g->exec->Signal(SIGKILL);
+    for (auto& [key, g] : groups_) g->exec->Signal(SIGKILL);
     waiters.swap(waiters_);
   }
-  for (Waiter &w : waiters)
-    w.thread.join();
+  for (Waiter& w : waiters) w.thread.join();
 }
 
-} // namespace kreg
+}  // namespace kreg

@@ -31,16 +31,16 @@ class Executor;
 
 // How client sessions are grouped onto executors.
 enum class Isolation {
-  kUid,    // one executor per client uid, running as that uid (default)
-  kClient, // one executor per client process
-  kShared, // one executor for everybody
+  kUid,     // one executor per client uid, running as that uid (default)
+  kClient,  // one executor per client process
+  kShared,  // one executor for everybody
 };
 absl::StatusOr<Isolation> ParseIsolation(absl::string_view text);
-const char *IsolationName(Isolation isolation);
+const char* IsolationName(Isolation isolation);
 
 struct PoolOptions {
   Isolation isolation = Isolation::kUid;
-  std::string binary; // kregd-exec
+  std::string binary;  // kregd-exec
   // Limits and switches every executor gets; the pool fills in the
   // credentials, group, parent pid and slots.
   v1::ExecInit init;
@@ -71,60 +71,61 @@ struct PoolCounters {
 };
 
 class ExecutorPool {
-public:
-  struct Group; // one executor and its sessions (executor_pool.cc)
+ public:
+  struct Group;  // one executor and its sessions (executor_pool.cc)
 
   // A client session bound to an executor.
   struct Binding {
     std::shared_ptr<Group> group;
     uint32_t slot = 0;
     PeerCred peer;
-    UniqueFd broker; // kregd's end of the session's broker socket
+    UniqueFd broker;  // kregd's end of the session's broker socket
   };
 
   // `ledger` and `resolve` must outlive the pool.
-  ExecutorPool(PoolOptions options, CrashLedger *ledger);
-  ~ExecutorPool(); // Shutdown()
-  ExecutorPool(const ExecutorPool &) = delete;
-  ExecutorPool &operator=(const ExecutorPool &) = delete;
+  ExecutorPool(PoolOptions options, CrashLedger* ledger);
+  ~ExecutorPool();  // Shutdown()
+  ExecutorPool(const ExecutorPool&) = delete;
+  ExecutorPool& operator=(const ExecutorPool&) = delete;
 
   // Finds or starts the executor for `peer` and hands it `client_fd` (the
   // client's session socket; the caller keeps its own descriptor).
   // UNAVAILABLE when the executor cannot be started, RESOURCE_EXHAUSTED
   // when it serves `slots` sessions already.
   absl::StatusOr<Binding> Bind(uint64_t session_id, int client_fd,
-                               const PeerCred &peer);
+                               const PeerCred& peer);
   // The token the executor writes to the status page while `entry` runs.
-  uint32_t TokenFor(const Binding &binding, EntryPtr entry);
+  uint32_t TokenFor(const Binding& binding, EntryPtr entry);
   // The session ended normally.
-  void Release(Binding *binding);
+  void Release(Binding* binding);
   // The executor closed the broker socket without ending the session:
   // waits (bounded; kills an executor that lingers) until it is gone and
   // returns the error for this session's call in flight, or "" when none
   // was in flight.
-  std::string AwaitCrash(Binding *binding);
+  std::string AwaitCrash(Binding* binding);
 
   std::vector<ExecutorInfo> List() const;
   PoolCounters counters() const;
-  const PoolOptions &options() const { return options_; }
+  const PoolOptions& options() const { return options_; }
   // Stops every executor and the supervisor. Idempotent.
   void Shutdown();
 
-private:
-  absl::StatusOr<std::shared_ptr<Group>> Start(const std::string &key,
-                                               const PeerCred &peer);
+ private:
+  absl::StatusOr<std::shared_ptr<Group>> Start(const std::string& key,
+                                               const PeerCred& peer);
   void Wait(std::shared_ptr<Group> group);
   void Supervise();
-  std::string GroupKey(const PeerCred &peer) const;
+  std::string GroupKey(const PeerCred& peer) const;
   // Runs `fn` on the spawner thread and waits for it. Executors are started
   // from that one long-lived thread because the kernel delivers an
   // executor's parent-death signal when the *thread* that forked it exits.
-  void OnSpawner(const std::function<void()> &fn);
+  // False (and `fn` not run) once the pool is shutting down.
+  bool OnSpawner(const std::function<void()>& fn);
   void SpawnerLoop();
 
   const PoolOptions options_;
-  CrashLedger *const ledger_;
-  absl::Mutex start_mu_; // one executor start at a time
+  CrashLedger* const ledger_;
+  absl::Mutex start_mu_;  // one executor start at a time
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
   struct Waiter {
@@ -142,6 +143,6 @@ private:
   std::thread spawner_;
 };
 
-} // namespace kreg
+}  // namespace kreg
 
-#endif // KREGD_DAEMON_EXEC_EXECUTOR_POOL_H_
+#endif  // KREGD_DAEMON_EXEC_EXECUTOR_POOL_H_

@@ -17,14 +17,12 @@
 namespace kreg {
 
 void CloseDescriptorsFrom(int first) {
-  if (::syscall(SYS_close_range, first, ~0U, 0) == 0)
-    return;
-  for (int fd = first; fd < 65536; ++fd)
-    ::close(fd);
+  if (::syscall(SYS_close_range, first, ~0U, 0) == 0) return;
+  for (int fd = first; fd < 65536; ++fd) ::close(fd);
 }
 
 absl::Status DropPrivileges(uid_t uid, gid_t gid,
-                            const std::vector<gid_t> &groups) {
+                            const std::vector<gid_t>& groups) {
   if (::setgroups(groups.size(), groups.data()) != 0) {
     return absl::PermissionDeniedError(absl::StrCat(
         "setgroups (", groups.size(), " groups) failed: ", strerror(errno)));
@@ -69,11 +67,10 @@ absl::Status InstallSeccompFilter() {
         absl::StrCat("PR_SET_NO_NEW_PRIVS: ", strerror(errno)));
   }
   scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
-  if (ctx == nullptr)
-    return absl::InternalError("seccomp_init failed");
+  if (ctx == nullptr) return absl::InternalError("seccomp_init failed");
   const uint32_t deny = SCMP_ACT_ERRNO(EPERM);
   int rc = 0;
-  for (const char *name : {"execve",
+  for (const char* name : {"execve",
                            "execveat",
                            "ptrace",
                            "process_vm_readv",
@@ -107,17 +104,14 @@ absl::Status InstallSeccompFilter() {
                            "move_mount",
                            "open_tree"}) {
     int nr = seccomp_syscall_resolve_name(name);
-    if (nr == __NR_SCMP_ERROR)
-      continue; // not on this architecture
+    if (nr == __NR_SCMP_ERROR) continue;  // not on this architecture
     rc = seccomp_rule_add(ctx, deny, nr, 0);
-    if (rc != 0)
-      break;
+    if (rc != 0) break;
   }
   // socket(): only local families. One rule per denied family (a rule
   // cannot compare one argument twice), then everything above the last.
   for (int family = 0; rc == 0 && family < 64; ++family) {
-    if (family == AF_UNIX || family == AF_NETLINK)
-      continue;
+    if (family == AF_UNIX || family == AF_NETLINK) continue;
     rc = seccomp_rule_add(ctx, deny, SCMP_SYS(socket), 1,
                           SCMP_A0(SCMP_CMP_EQ, family));
   }
@@ -125,8 +119,7 @@ absl::Status InstallSeccompFilter() {
     rc = seccomp_rule_add(ctx, deny, SCMP_SYS(socket), 1,
                           SCMP_A0(SCMP_CMP_GE, 64));
   }
-  if (rc == 0)
-    rc = seccomp_load(ctx);
+  if (rc == 0) rc = seccomp_load(ctx);
   seccomp_release(ctx);
   if (rc != 0) {
     return absl::InternalError(
@@ -135,4 +128,4 @@ absl::Status InstallSeccompFilter() {
   return absl::OkStatus();
 }
 
-} // namespace kreg
+}  // namespace kreg

@@ -18,7 +18,7 @@ void CloseDescriptorsFrom(int first);
 // setgroups(groups), then gid, then uid (real, effective and saved).
 // PERMISSION_DENIED naming the ids when the switch fails or does not stick.
 absl::Status DropPrivileges(uid_t uid, gid_t gid,
-                            const std::vector<gid_t> &groups);
+                            const std::vector<gid_t>& groups);
 
 // SIGKILL when the parent dies (set after the uid switch, which clears it);
 // FAILED_PRECONDITION when the parent is not `parent_pid` any more.
@@ -32,6 +32,6 @@ absl::Status TieToParent(pid_t parent_pid);
 // AF_NETLINK. Other architectures' system calls kill the process.
 absl::Status InstallSeccompFilter();
 
-} // namespace kreg
+}  // namespace kreg
 
-#endif // KREGD_DAEMON_EXEC_HARDENING_H_
+#endif  // KREGD_DAEMON_EXEC_HARDENING_H_

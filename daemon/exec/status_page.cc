@@ -21,19 +21,23 @@ size_t StatusPage::SizeFor(uint32_t slots) {
   return (bytes + 4095) / 4096 * 4096;
 }
 
-StatusPage::StatusPage(UniqueFd fd, void *base, size_t size, uint32_t slots)
-    : fd_(std::move(fd)), base_(base), size_(size), slots_(slots),
-      header_(static_cast<ExecStatusHeader *>(base)) {}
+StatusPage::StatusPage(UniqueFd fd, void* base, size_t size, uint32_t slots)
+    : fd_(std::move(fd)),
+      base_(base),
+      size_(size),
+      slots_(slots),
+      header_(static_cast<ExecStatusHeader*>(base)) {}
 
-StatusPage::StatusPage(StatusPage &&o) noexcept
-    : fd_(std::move(o.fd_)), base_(std::exchange(o.base_, nullptr)),
-      size_(std::exchange(o.size_, 0)), slots_(o.slots_),
+StatusPage::StatusPage(StatusPage&& o) noexcept
+    : fd_(std::move(o.fd_)),
+      base_(std::exchange(o.base_, nullptr)),
+      size_(std::exchange(o.size_, 0)),
+      slots_(o.slots_),
       header_(std::exchange(o.header_, nullptr)) {}
 
-StatusPage &StatusPage::operator=(StatusPage &&o) noexcept {
+StatusPage& StatusPage::operator=(StatusPage&& o) noexcept {
   if (this != &o) {
-    if (base_ != nullptr)
-      ::munmap(base_, size_);
+    if (base_ != nullptr) ::munmap(base_, size_);
     fd_ = std::move(o.fd_);
     base_ = std::exchange(o.base_, nullptr);
     size_ = std::exchange(o.size_, 0);
@@ -44,8 +48,7 @@ StatusPage &StatusPage::operator=(StatusPage &&o) noexcept {
 }
 
 StatusPage::~StatusPage() {
-  if (base_ != nullptr)
-    ::munmap(base_, size_);
+  if (base_ != nullptr) ::munmap(base_, size_);
 }
 
 absl::StatusOr<StatusPage> StatusPage::Create(uint32_t slots) {
@@ -59,7 +62,7 @@ absl::StatusOr<StatusPage> StatusPage::Create(uint32_t slots) {
     return absl::InternalError(
         absl::StrCat("sizing an executor status page: ", strerror(errno)));
   }
-  void *base =
+  void* base =
       ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED) {
     return absl::InternalError(
@@ -79,7 +82,7 @@ absl::StatusOr<StatusPage> StatusPage::Map(UniqueFd fd, uint32_t slots) {
         absl::StrCat("executor status page fd ", fd.get(), " is not a page of ",
                      slots, " slots (", size, " bytes)"));
   }
-  void *base =
+  void* base =
       ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED) {
     return absl::InternalError(
@@ -92,11 +95,10 @@ absl::StatusOr<StatusPage> StatusPage::Map(UniqueFd fd, uint32_t slots) {
   return page;
 }
 
-ExecSlot *StatusPage::slot(uint32_t i) const {
-  if (i >= slots_)
-    return nullptr;
-  return reinterpret_cast<ExecSlot *>(reinterpret_cast<char *>(base_) +
-                                      sizeof(ExecStatusHeader)) +
+ExecSlot* StatusPage::slot(uint32_t i) const {
+  if (i >= slots_) return nullptr;
+  return reinterpret_cast<ExecSlot*>(reinterpret_cast<char*>(base_) +
+                                     sizeof(ExecStatusHeader)) +
          i;
 }
 
@@ -104,11 +106,10 @@ std::string StatusPage::Note() const {
   std::string out;
   for (size_t i = 0; i < sizeof(header_->note); ++i) {
     char c = header_->note[i];
-    if (c == '\0')
-      break;
+    if (c == '\0') break;
     out.push_back(c >= 0x20 && c < 0x7f ? c : '?');
   }
   return out;
 }
 
-} // namespace kreg
+}  // namespace kreg

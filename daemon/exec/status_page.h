@@ -19,7 +19,7 @@ namespace kreg {
 // One session's slot. `token` is 0 while no handler runs.
 struct ExecSlot {
   std::atomic<uint64_t> request_id;
-  std::atomic<int64_t> started_ns; // CLOCK_MONOTONIC
+  std::atomic<int64_t> started_ns;  // CLOCK_MONOTONIC
   std::atomic<uint32_t> token;
   uint32_t reserved;
 };
@@ -27,7 +27,7 @@ struct ExecSlot {
 struct ExecStatusHeader {
   uint32_t magic;
   uint32_t slots;
-  SessionCounters counters; // the executor's sessions count here
+  SessionCounters counters;  // the executor's sessions count here
   // Set by the executor before it exits on purpose (sticky CUDA error).
   std::atomic<uint32_t> recycle;
   uint32_t reserved;
@@ -36,40 +36,40 @@ struct ExecStatusHeader {
   char note[240];
 };
 
-constexpr uint32_t kExecStatusMagic = 0x6b726567; // "kreg"
+constexpr uint32_t kExecStatusMagic = 0x6b726567;  // "kreg"
 
 // Owns one mapping of a status page. Thread-safe (atomics only).
 class StatusPage {
-public:
+ public:
   // Creates a page with `slots` slots (kregd). INTERNAL on failure.
   static absl::StatusOr<StatusPage> Create(uint32_t slots);
   // Maps an existing page (executor); INVALID_ARGUMENT when `fd` is not a
   // page of `slots` slots.
   static absl::StatusOr<StatusPage> Map(UniqueFd fd, uint32_t slots);
 
-  StatusPage(StatusPage &&o) noexcept;
-  StatusPage &operator=(StatusPage &&o) noexcept;
+  StatusPage(StatusPage&& o) noexcept;
+  StatusPage& operator=(StatusPage&& o) noexcept;
   ~StatusPage();
 
-  ExecStatusHeader *header() const { return header_; }
+  ExecStatusHeader* header() const { return header_; }
   // Null when `i` is out of range.
-  ExecSlot *slot(uint32_t i) const;
+  ExecSlot* slot(uint32_t i) const;
   uint32_t slots() const { return slots_; }
   int fd() const { return fd_.get(); }
   // The note, bounded and printable-only.
   std::string Note() const;
 
-private:
-  StatusPage(UniqueFd fd, void *base, size_t size, uint32_t slots);
+ private:
+  StatusPage(UniqueFd fd, void* base, size_t size, uint32_t slots);
   static size_t SizeFor(uint32_t slots);
 
   UniqueFd fd_;
-  void *base_ = nullptr;
+  void* base_ = nullptr;
   size_t size_ = 0;
   uint32_t slots_ = 0;
-  ExecStatusHeader *header_ = nullptr;
+  ExecStatusHeader* header_ = nullptr;
 };
 
-} // namespace kreg
+}  // namespace kreg
 
-#endif // KREGD_DAEMON_EXEC_STATUS_PAGE_H_
+#endif  // KREGD_DAEMON_EXEC_STATUS_PAGE_H_

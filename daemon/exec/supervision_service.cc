@@ -12,7 +12,7 @@
 namespace kreg {
 namespace {
 
-void Fill(const CrashRecord &r, v1::CrashRow *row) {
+void Fill(const CrashRecord& r, v1::CrashRow* row) {
   row->set_target_name(r.key.name);
   row->set_platform(PlatformName(r.key.platform));
   row->set_uid(r.uid);
@@ -23,15 +23,15 @@ void Fill(const CrashRecord &r, v1::CrashRow *row) {
   row->set_last_crash_unix_s(r.last_crash_unix_s);
 }
 
-} // namespace
+}  // namespace
 
-SupervisionService::SupervisionService(CrashLedger *ledger, PeerOf peer_of)
+SupervisionService::SupervisionService(CrashLedger* ledger, PeerOf peer_of)
     : ledger_(ledger), peer_of_(std::move(peer_of)) {}
 
-grpc::Status SupervisionService::ListCrashes(grpc::ServerContext *,
-                                             const v1::ListCrashesRequest *req,
-                                             v1::ListCrashesResponse *resp) {
-  for (const CrashRecord &r : ledger_->Rows(req->target_name())) {
+grpc::Status SupervisionService::ListCrashes(grpc::ServerContext*,
+                                             const v1::ListCrashesRequest* req,
+                                             v1::ListCrashesResponse* resp) {
+  for (const CrashRecord& r : ledger_->Rows(req->target_name())) {
     Fill(r, resp->add_rows());
   }
   resp->set_max_crashes(
@@ -40,10 +40,9 @@ grpc::Status SupervisionService::ListCrashes(grpc::ServerContext *,
   return grpc::Status::OK;
 }
 
-grpc::Status
-SupervisionService::Unquarantine(grpc::ServerContext *ctx,
-                                 const v1::UnquarantineRequest *req,
-                                 v1::UnquarantineResponse *resp) {
+grpc::Status SupervisionService::Unquarantine(
+    grpc::ServerContext* ctx, const v1::UnquarantineRequest* req,
+    v1::UnquarantineResponse* resp) {
   if (absl::Status s = ValidateTargetName(req->target_name()); !s.ok()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         std::string(s.message()));
@@ -60,22 +59,21 @@ SupervisionService::Unquarantine(grpc::ServerContext *ctx,
   PeerCred peer = peer_of_(ctx->peer());
   const bool admin = peer.uid == 0 || peer.uid == ::geteuid();
   std::optional<uid_t> uid;
-  if (req->has_uid())
-    uid = req->uid();
+  if (req->has_uid()) uid = req->uid();
   if (!admin) {
     if (uid && *uid != peer.uid) {
-      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                          absl::StrCat("uid ", peer.uid,
-                                       " may lift only its own quarantine, "
-                                       "not uid ",
-                                       *uid,
-                                       "'s; ask root or kregd's operator"));
+      return grpc::Status(
+          grpc::StatusCode::PERMISSION_DENIED,
+          absl::StrCat("uid ", peer.uid,
+                       " may lift only its own quarantine, "
+                       "not uid ",
+                       *uid, "'s; ask root or kregd's operator"));
     }
     uid = peer.uid;
   }
   std::vector<CrashRecord> lifted =
       ledger_->Unquarantine(req->target_name(), platform, uid);
-  for (const CrashRecord &r : lifted) {
+  for (const CrashRecord& r : lifted) {
     Fill(r, resp->add_lifted());
     spdlog::info("uid {} (pid {}) lifted the quarantine of {} ({}) for uid {}",
                  peer.uid, peer.pid, r.key.name, PlatformName(r.key.platform),
@@ -93,4 +91,4 @@ SupervisionService::Unquarantine(grpc::ServerContext *ctx,
   return grpc::Status::OK;
 }
 
-} // namespace kreg
+}  // namespace kreg

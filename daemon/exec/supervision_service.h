@@ -13,25 +13,25 @@
 namespace kreg {
 
 class SupervisionService final : public v1::Supervision::Service {
-public:
-  using PeerOf = std::function<PeerCred(const std::string &grpc_peer)>;
+ public:
+  using PeerOf = std::function<PeerCred(const std::string& grpc_peer)>;
   // `ledger` must outlive the service.
-  SupervisionService(CrashLedger *ledger, PeerOf peer_of);
+  SupervisionService(CrashLedger* ledger, PeerOf peer_of);
 
-  grpc::Status ListCrashes(grpc::ServerContext *ctx,
-                           const v1::ListCrashesRequest *req,
-                           v1::ListCrashesResponse *resp) override;
+  grpc::Status ListCrashes(grpc::ServerContext* ctx,
+                           const v1::ListCrashesRequest* req,
+                           v1::ListCrashesResponse* resp) override;
   // PERMISSION_DENIED when a caller who is neither root nor kregd's uid
   // asks for another uid's row; NOT_FOUND when nothing was quarantined.
-  grpc::Status Unquarantine(grpc::ServerContext *ctx,
-                            const v1::UnquarantineRequest *req,
-                            v1::UnquarantineResponse *resp) override;
+  grpc::Status Unquarantine(grpc::ServerContext* ctx,
+                            const v1::UnquarantineRequest* req,
+                            v1::UnquarantineResponse* resp) override;
 
-private:
-  CrashLedger *const ledger_;
+ private:
+  CrashLedger* const ledger_;
   const PeerOf peer_of_;
 };
 
-} // namespace kreg
+}  // namespace kreg
 
-#endif // KREGD_DAEMON_EXEC_SUPERVISION_SERVICE_H_
+#endif  // KREGD_DAEMON_EXEC_SUPERVISION_SERVICE_H_
