@@ -189,6 +189,17 @@ absl::StatusOr<std::string> ReadModuleForPeer(const std::string& path,
         policy.open_helper, path, policy.allowed_roots, peer.uid, peer.gid);
     if (!helped.ok()) return helped.status();
     r = *std::move(helped);
+    bool beneath = false;
+    for (const std::string& root : policy.allowed_roots) {
+      beneath =
+          beneath || (root == r.root && (root == "/" || r.real == root ||
+                                         absl::StartsWith(r.real, root + "/")));
+    }
+    if (r.stage == PathOpen::kOpened && !beneath) {
+      return absl::InternalError(absl::StrCat(
+          "the open helper opened \"", r.real, "\" under \"", r.root,
+          "\", which is not an allowed root; refusing it"));
+    }
   } else {
     r = OpenModulePath(path, policy.allowed_roots);
   }
