@@ -53,6 +53,7 @@ Client::Register(const RegisterRequest &req, RegisterError *error) {
     h->mutable_module()->set_path(req.daemon_path);
   } else {
     h->mutable_module()->set_upload_size(req.module_bytes.size());
+    h->mutable_module()->set_file_name(req.module_file_name);
   }
   auto ctx = Context();
   v1::RegisterTargetResponse resp;

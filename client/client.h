@@ -26,6 +26,8 @@ struct RegisterRequest {
   // Exactly one of: bytes to upload, or a path the daemon reads itself.
   std::string module_bytes;
   std::string daemon_path;
+  // Optional: the uploaded module's file name, for the daemon's messages.
+  std::string module_file_name;
 };
 
 // A refusal's structured detail, when the daemon sent one.

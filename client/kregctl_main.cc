@@ -288,6 +288,7 @@ int main(int argc, char **argv) {
     std::ostringstream ss;
     ss << in.rdbuf();
     req.module_bytes = ss.str();
+    req.module_file_name = module_file.substr(module_file.rfind('/') + 1);
   }
   auto resp = client.Register(req);
   if (!resp.ok())

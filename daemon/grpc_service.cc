@@ -42,12 +42,15 @@ grpc::Status RegistryService::RegisterTarget(
   const v1::RegisterTargetHeader header = chunk.header();
   const uint64_t limit = registrar_->policy().max_module_bytes;
   std::string upload;
-  while (in->Read(&chunk)) {
+  for (size_t index = 1; in->Read(&chunk); ++index) {
     if (!chunk.has_module_bytes()) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "RegisterTarget: only the first message may carry "
                           "a header");
     }
+    absl::Status chunk_ok =
+        ValidateUploadChunk(chunk.module_bytes().size(), index);
+    if (!chunk_ok.ok()) return ToGrpcStatus(chunk_ok);
     if (upload.size() + chunk.module_bytes().size() > limit) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           absl::StrCat("uploaded module exceeds the limit of ",

@@ -130,11 +130,9 @@ absl::StatusOr<HandlerInfo> ProbeHandler(const std::string &probe_binary,
         absl::StrSplit(line, absl::MaxSplits(' ', 1));
     int code = 0;
     if (absl::SimpleAtoi(parts.first, &code) && code > 0 && code < 17) {
-      // Keep NOT_FOUND (missing symbol); anything else the handler or the
-      // loader said means the input is not something kregd can host.
-      auto out = code == static_cast<int>(absl::StatusCode::kNotFound)
-                     ? absl::StatusCode::kNotFound
-                     : absl::StatusCode::kInvalidArgument;
+      // Whatever the handler or the loader said (a missing symbol too), the
+      // input is not something kregd can host: an invalid argument.
+      auto out = absl::StatusCode::kInvalidArgument;
       std::string hint;
       if (absl::StrContains(parts.second, "Types used by FFI handlers")) {
         hint = " (a stateful handler: kregd hosts execute-stage handlers "

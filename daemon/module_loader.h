@@ -11,8 +11,9 @@ namespace kreg {
 
 // Runs `probe_binary <module path> <symbol>` (posix_spawn, no fork of the
 // daemon) and parses its report. INVALID_ARGUMENT when the helper reports
-// that the symbol is not a handler or when it crashes or hangs, NOT_FOUND
-// for a missing symbol; messages name the module and the symbol.
+// that the symbol is missing (listing the module's exported functions,
+// closest first) or is not a handler, or when it crashes or hangs; messages
+// name the module (`display_name`) and the symbol.
 absl::StatusOr<HandlerInfo> ProbeHandler(const std::string& probe_binary,
                                          const std::string& module_path,
                                          const std::string& display_name,

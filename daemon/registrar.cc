@@ -1,9 +1,8 @@
 #include "daemon/registrar.h"
 
-#include <fcntl.h>
-#include <linux/openat2.h>
+#include <grp.h>
+#include <pwd.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -11,26 +10,152 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "daemon/module_path.h"
 #include "daemon/unique_fd.h"
 #include "daemon/validate.h"
 
 namespace kreg {
 namespace {
 
-bool UnderRoot(const std::string& path, const std::string& root) {
-  if (root == "/") return true;
-  return path == root || absl::StartsWith(path, root + "/");
+// Whether `peer` may search (X_OK) or read (R_OK) a file with `st`'s owner
+// and mode, by its mode bits: owner, then any of `groups`, then others.
+bool ModeAllows(const struct stat& st, const PeerCred& peer,
+                const std::vector<gid_t>& groups, int want) {
+  mode_t user = want == R_OK ? S_IRUSR : S_IXUSR;
+  if (st.st_uid == peer.uid) return (st.st_mode & user) != 0;
+  for (gid_t g : groups) {
+    if (st.st_gid == g) return (st.st_mode & (user >> 3)) != 0;
+  }
+  return (st.st_mode & (user >> 6)) != 0;
 }
 
-// Whether `peer` may read a file with `st`'s owner and mode (the peer's
-// primary group only: SO_PEERCRED carries no supplementary groups).
-bool PeerMayRead(const struct stat& st, const PeerCred& peer) {
-  if (peer.uid == 0) return true;
-  if (st.st_uid == peer.uid) return (st.st_mode & S_IRUSR) != 0;
-  if (st.st_gid == peer.gid) return (st.st_mode & S_IRGRP) != 0;
-  return (st.st_mode & S_IROTH) != 0;
+// The peer's primary group and, where its uid has a passwd entry, the
+// groups getgrouplist gives it.
+std::vector<gid_t> GroupsOf(const PeerCred& peer) {
+  std::vector<gid_t> groups = {peer.gid};
+  std::vector<char> buf(16384);
+  passwd pw{};
+  passwd* found = nullptr;
+  if (::getpwuid_r(peer.uid, &pw, buf.data(), buf.size(), &found) == 0 &&
+      found != nullptr) {
+    int n = 64;
+    groups.resize(n);
+    if (::getgrouplist(pw.pw_name, peer.gid, groups.data(), &n) < 0) {
+      groups.resize(n);
+      ::getgrouplist(pw.pw_name, peer.gid, groups.data(), &n);
+    }
+    groups.resize(n);
+  }
+  return groups;
+}
+
+// Without root kregd cannot take the caller's credentials: checks the mode
+// bits of every directory from "/" down to `real` (search) and of the file
+// (read) for the peer. ACLs and capabilities are not considered.
+absl::Status CheckModeBitsAlongPath(const std::string& real,
+                                    const PeerCred& peer) {
+  std::vector<gid_t> groups = GroupsOf(peer);
+  std::string dir = "/";
+  for (absl::string_view part : absl::StrSplit(real, '/', absl::SkipEmpty())) {
+    struct stat st;
+    if (::stat(dir.c_str(), &st) == 0 && !ModeAllows(st, peer, groups, X_OK)) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "permission denied reading module \"", real, "\" as uid ", peer.uid,
+          ": directory ", dir,
+          " is not searchable by it (mode bits); the daemon reads paths only "
+          "on behalf of callers who could read them themselves"));
+    }
+    dir = absl::StrCat(dir == "/" ? "" : dir, "/", part);
+  }
+  struct stat st;
+  if (::stat(real.c_str(), &st) == 0 && !ModeAllows(st, peer, groups, R_OK)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "permission denied reading module \"", real, "\" as uid ", peer.uid,
+        ": the file is not readable by it; the daemon reads paths only on "
+        "behalf of callers who could read them themselves"));
+  }
+  return absl::OkStatus();
+}
+
+// The message for a path that could not be opened.
+absl::Status PathOpenError(const PathOpen& r, const std::string& path,
+                           const ModulePolicy& policy, const PeerCred& peer,
+                           bool as_caller) {
+  std::string who =
+      as_caller ? absl::StrCat(" as uid ", peer.uid) : std::string();
+  std::string shown = QuoteForMessage(path);
+  switch (r.stage) {
+    case PathOpen::kUnresolved:
+      if (r.err == EACCES) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            "permission denied resolving module path ", shown, who,
+            ": a directory on the way is not searchable by the caller"));
+      }
+      return absl::NotFoundError(absl::StrCat(
+          "module path ", shown, " cannot be resolved on the daemon's host",
+          who, ": ", std::strerror(r.err)));
+    case PathOpen::kOutsideRoots: {
+      std::string roots;
+      for (const std::string& root : policy.allowed_roots) {
+        absl::StrAppend(&roots, roots.empty() ? "" : ", ", root);
+      }
+      return absl::PermissionDeniedError(absl::StrCat(
+          "module path ", shown, " resolves to \"", r.real,
+          "\", which is outside the daemon's allowed roots [", roots,
+          "]; upload the bytes instead or ask the operator to add a root "
+          "(--allow-root)"));
+    }
+    case PathOpen::kOpenFailed:
+      if (r.err == EXDEV || r.err == ELOOP) {
+        // The tree changed between realpath and open (a directory or link
+        // was swapped to point outside the root): refuse, as an escape.
+        return absl::PermissionDeniedError(
+            absl::StrCat("module path ", shown, " left the allowed root ",
+                         r.root, " while it was being opened; refusing it"));
+      }
+      if (r.err == EACCES || r.err == EPERM) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            "permission denied opening module \"", r.real, "\"", who,
+            ": the caller cannot search a directory on the way or read the "
+            "file; the daemon reads paths only on behalf of callers who "
+            "could read them themselves"));
+      }
+      return absl::NotFoundError(absl::StrCat("cannot open module \"", r.real,
+                                              "\"", who, ": ",
+                                              std::strerror(r.err)));
+    case PathOpen::kNotRegular:
+      return absl::InvalidArgumentError(
+          absl::StrCat("module path \"", r.real, "\" is ", FileTypeName(r.mode),
+                       ", not a regular file; pass the compiled .so file"));
+    case PathOpen::kCredentials:
+      return absl::InternalError(absl::StrCat(
+          "the open helper could not take the credentials of uid ", peer.uid,
+          " gid ", peer.gid, ": ", std::strerror(r.err)));
+    case PathOpen::kOpened:
+      break;
+  }
+  return absl::OkStatus();
+}
+
+// The loader names a module by its digest ("module sha256:<hex>"); add the
+// name the caller knows it by: "module \"libdemo.so\" (sha256:<hex>)".
+absl::Status NameTheModule(const absl::Status& status,
+                           const std::string& display) {
+  const std::string kAt = "module sha256:";
+  std::string message(status.message());
+  size_t at = message.find(kAt);
+  if (display.empty() || at == std::string::npos) return status;
+  size_t end = at + kAt.size();
+  while (end < message.size() && absl::ascii_isxdigit(message[end])) ++end;
+  std::string digest = message.substr(at + 7, end - at - 7);
+  message.replace(
+      at, end - at,
+      absl::StrCat("module ", QuoteForMessage(display), " (", digest, ")"));
+  return absl::Status(status.code(), message);
 }
 
 absl::Status CheckElf(const std::string& bytes, const std::string& origin) {
@@ -47,75 +172,51 @@ absl::Status CheckElf(const std::string& bytes, const std::string& origin) {
 
 }  // namespace
 
-UniqueFd OpenBeneath(const std::string& root, const std::string& path) {
-  UniqueFd dir(::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
-  if (dir.ok()) {
-    std::string rel = root == "/"
-                          ? path.substr(1)
-                          : path.substr(std::min(path.size(), root.size() + 1));
-    if (rel.empty()) rel = ".";
-    open_how how{};
-    how.flags = O_RDONLY | O_CLOEXEC | O_NOFOLLOW;
-    how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
-    long fd = ::syscall(SYS_openat2, dir.get(), rel.c_str(), &how, sizeof(how));
-    if (fd >= 0 || errno != ENOSYS) return UniqueFd(static_cast<int>(fd));
-  }
-  return UniqueFd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-}
-
 absl::StatusOr<std::string> ReadModuleForPeer(const std::string& path,
                                               const ModulePolicy& policy,
                                               const PeerCred& peer) {
-  if (path.empty() || path[0] != '/') {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "module path \"", path,
-        "\" is not absolute; the daemon resolves paths on its own host"));
-  }
-  char resolved[PATH_MAX];
-  if (::realpath(path.c_str(), resolved) == nullptr) {
-    return absl::NotFoundError(absl::StrCat(
-        "module path \"", path,
-        "\" cannot be resolved on the daemon's host: ", std::strerror(errno)));
-  }
-  std::string real = resolved;
-  const std::string* root_of = nullptr;
-  for (const std::string& root : policy.allowed_roots) {
-    if (root_of == nullptr && UnderRoot(real, root)) root_of = &root;
-  }
-  if (root_of == nullptr) {
-    std::string roots;
-    for (const std::string& r : policy.allowed_roots) {
-      absl::StrAppend(&roots, roots.empty() ? "" : ", ", r);
+  absl::Status valid = ValidateModulePath(path);
+  if (!valid.ok()) return valid;
+  // Root may read anything; the daemon's own uid reads as itself. Another
+  // uid: its own credentials in the helper when kregd is root, else the
+  // mode bits along the path.
+  const bool trusted = peer.uid == 0 || peer.uid == ::geteuid();
+  const bool as_caller =
+      !trusted && ::geteuid() == 0 && !policy.open_helper.empty();
+  PathOpen r;
+  if (as_caller) {
+    absl::StatusOr<PathOpen> helped = OpenModulePathAs(
+        policy.open_helper, path, policy.allowed_roots, peer.uid, peer.gid);
+    if (!helped.ok()) return helped.status();
+    r = *std::move(helped);
+    bool beneath = false;
+    for (const std::string& root : policy.allowed_roots) {
+      beneath =
+          beneath || (root == r.root && (root == "/" || r.real == root ||
+                                         absl::StartsWith(r.real, root + "/")));
     }
-    return absl::PermissionDeniedError(absl::StrCat(
-        "module path \"", path, "\" resolves to \"", real,
-        "\", which is outside the daemon's allowed roots [", roots,
-        "]; upload the bytes instead or ask the operator to add a root "
-        "(--allow-root)"));
+    if (r.stage == PathOpen::kOpened && !beneath) {
+      return absl::InternalError(absl::StrCat(
+          "the open helper opened \"", r.real, "\" under \"", r.root,
+          "\", which is not an allowed root; refusing it"));
+    }
+  } else {
+    r = OpenModulePath(path, policy.allowed_roots);
   }
-  UniqueFd fd = OpenBeneath(*root_of, real);
-  if (!fd.ok() && (errno == EXDEV || errno == ELOOP)) {
-    // The tree changed between realpath and open (a directory or link was
-    // swapped to point outside the root): refuse, as for an escape.
-    return absl::PermissionDeniedError(
-        absl::StrCat("module path \"", path, "\" left the allowed root ",
-                     *root_of, " while it was being opened; refusing it"));
+  if (r.stage != PathOpen::kOpened) {
+    return PathOpenError(r, path, policy, peer, as_caller);
+  }
+  if (!trusted && !as_caller) {
+    absl::Status may = CheckModeBitsAlongPath(r.real, peer);
+    if (!may.ok()) return may;
   }
   struct stat st;
-  if (!fd.ok() || ::fstat(fd.get(), &st) != 0) {
-    return absl::NotFoundError(absl::StrCat("cannot open module \"", real,
-                                            "\": ", std::strerror(errno)));
+  if (::fstat(r.fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::InternalError(absl::StrCat("module \"", r.real,
+                                            "\" is not a regular file after "
+                                            "opening it"));
   }
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("module path \"", real, "\" is not a regular file"));
-  }
-  if (!PeerMayRead(st, peer)) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("module \"", real, "\" is not readable by uid ", peer.uid,
-                     "; the daemon reads paths only on behalf of "
-                     "callers who could read them themselves"));
-  }
+  const std::string& real = r.real;
   if (static_cast<uint64_t>(st.st_size) > policy.max_module_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "module \"", real, "\" is ", st.st_size, " bytes; the limit is ",
@@ -124,7 +225,7 @@ absl::StatusOr<std::string> ReadModuleForPeer(const std::string& path,
   std::string bytes(static_cast<size_t>(st.st_size), '\0');
   size_t done = 0;
   while (done < bytes.size()) {
-    ssize_t n = ::read(fd.get(), bytes.data() + done, bytes.size() - done);
+    ssize_t n = ::read(r.fd.get(), bytes.data() + done, bytes.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       return absl::InternalError(
@@ -171,8 +272,13 @@ absl::StatusOr<RegisterOutcome> Registrar::Register(
     args.origin = absl::StrCat("in-process:pid ", peer.pid);
     return registry_->Register(args);
   }
+  st = ValidateModuleFileName(header.module().file_name());
+  if (!st.ok()) return st;
+  // How messages name the module: the path, else the client's file name.
+  std::string display = header.module().file_name();
   switch (header.module().source_case()) {
     case v1::ModuleSource::kPath: {
+      display = header.module().path();
       absl::StatusOr<std::string> bytes =
           ReadModuleForPeer(header.module().path(), policy_, peer);
       if (!bytes.ok()) return bytes.status();
@@ -201,7 +307,9 @@ absl::StatusOr<RegisterOutcome> Registrar::Register(
   }
   st = CheckElf(args.module_bytes, args.origin);
   if (!st.ok()) return st;
-  return registry_->Register(args);
+  absl::StatusOr<RegisterOutcome> out = registry_->Register(args);
+  if (out.ok()) return out;
+  return NameTheModule(out.status(), display);
 }
 
 }  // namespace kreg

@@ -8,7 +8,6 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/registry.h"
-#include "daemon/unique_fd.h"
 #include "kreg/v1/registry.pb.h"
 
 namespace kreg {
@@ -18,20 +17,22 @@ struct ModulePolicy {
   std::vector<std::string> allowed_roots;
   // Largest module accepted, uploaded or read from a path.
   uint64_t max_module_bytes = 512ull << 20;
+  // kregd-probe, which opens paths with a caller's credentials
+  // (`--open-as`) when kregd runs as root. Empty: mode bits only.
+  std::string open_helper;
 };
 
-// Opens `path` (under `root`, which is a canonical directory) for reading so
-// that the kernel refuses to leave `root` while resolving it: openat2 with
-// RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS from `root`, which fails with EXDEV
-// on an escape (a symlink or ".." out of the root, also one swapped in after
-// a realpath check). Falls back to open(O_NOFOLLOW) where openat2 does not
-// exist (Linux < 5.6). On failure the result is not ok() and errno is set.
-UniqueFd OpenBeneath(const std::string& root, const std::string& path);
-
-// Checks that `path` names a regular file under one of `allowed_roots`
-// after resolving symlinks and "..", that `peer` may read it, and reads it.
-// PERMISSION_DENIED outside the roots or when the peer may not read it,
-// NOT_FOUND when missing, INVALID_ARGUMENT when too large or not a file.
+// Reads a daemon-side module for `peer` (see module_path.h): `path` must be
+// absolute, valid UTF-8 without NUL, resolve under one of the allowed roots
+// and name a regular file (a FIFO, device, socket or directory is refused
+// without being opened for reading). A peer other than root or kregd's own
+// uid must be able to reach and read it with its own credentials: checked
+// by opening it in `policy.open_helper` as the peer's uid, gid and groups
+// when kregd runs as root, else by the mode bits of every directory on the
+// way and of the file. INVALID_ARGUMENT for a bad path or a file that is
+// not regular or too large (the value quoted), PERMISSION_DENIED outside
+// the roots or when the peer may not read it ("... as uid N"), NOT_FOUND
+// when missing, DEADLINE_EXCEEDED when the helper hangs.
 absl::StatusOr<std::string> ReadModuleForPeer(const std::string& path,
                                               const ModulePolicy& policy,
                                               const PeerCred& peer);

@@ -123,7 +123,10 @@ Daemon::Daemon(Config config)
                                                     : config_.probe_binary),
       journal_(config_.state_dir + "/journal"), registry_(&loader_, &journal_),
       registrar_(&registry_,
-                 ModulePolicy{config_.allowed_roots, config_.max_module_bytes}),
+                 ModulePolicy{config_.allowed_roots, config_.max_module_bytes,
+                              config_.probe_binary.empty()
+                                  ? SelfDir() + "/kregd-probe"
+                                  : config_.probe_binary}),
       ledger_(CrashPolicy{config_.quarantine_crashes,
                           config_.quarantine_window_s}) {}
 

@@ -7,6 +7,7 @@ namespace kreg {
 namespace {
 
 constexpr size_t kMaxNameLength = 256;
+constexpr size_t kMaxPathBytes = 4096;  // PATH_MAX, with its NUL
 
 }  // namespace
 
@@ -91,6 +92,90 @@ absl::Status ValidateContentId(absl::string_view content_id) {
                      "without spaces (or empty to use the module's sha256)"));
   }
   return absl::OkStatus();
+}
+
+bool IsValidUtf8(absl::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    unsigned char c = s[i];
+    int extra;
+    uint32_t cp;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xe0) == 0xc0) {
+      extra = 1;
+      cp = c & 0x1f;
+    } else if ((c & 0xf0) == 0xe0) {
+      extra = 2;
+      cp = c & 0x0f;
+    } else if ((c & 0xf8) == 0xf0) {
+      extra = 3;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (s.size() - i <= static_cast<size_t>(extra)) return false;
+    for (int k = 1; k <= extra; ++k) {
+      unsigned char cc = s[i + k];
+      if ((cc & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3f);
+    }
+    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[extra] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) {
+      return false;
+    }
+    i += extra + 1;
+  }
+  return true;
+}
+
+absl::Status ValidateModulePath(absl::string_view path) {
+  if (path.empty()) {
+    return absl::InvalidArgumentError(
+        "module path is empty; give the absolute path of the .so on the "
+        "daemon's host, or upload its bytes");
+  }
+  size_t nul = path.find('\0');
+  if (nul != absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "module path ", QuoteForMessage(path), " contains a NUL byte at ",
+        "position ", nul, "; a path cannot contain NUL (refused, not cut)"));
+  }
+  if (path[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "module path ", QuoteForMessage(path),
+        " is not absolute; the daemon resolves paths on its own host"));
+  }
+  if (path.size() >= kMaxPathBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("module path ", QuoteForMessage(path), " is ", path.size(),
+                     " bytes long; the limit is ", kMaxPathBytes - 1));
+  }
+  if (!IsValidUtf8(path)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "module path ", QuoteForMessage(path),
+        " is not valid UTF-8; rename the file or upload its bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateModuleFileName(absl::string_view name) {
+  if (name.size() > kMaxNameLength || name.find('\0') != name.npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "module file name ", QuoteForMessage(name),
+        " must be at most 256 bytes without NUL (it is shown in messages)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateUploadChunk(size_t size, size_t index) {
+  if (size <= kMaxUploadChunkBytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "upload chunk ", index, " carries ", size,
+      " bytes; a chunk may carry at ", "most ", kMaxUploadChunkBytes,
+      " (4 MiB, kreg.v1.RegisterTargetChunk): ",
+      "send the module in smaller chunks"));
 }
 
 }  // namespace kreg

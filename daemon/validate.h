@@ -31,6 +31,26 @@ absl::Status ValidateFuncName(absl::string_view func_name);
 // whitespace.
 absl::Status ValidateContentId(absl::string_view content_id);
 
+// Whether `s` is well-formed UTF-8 (no overlong forms, surrogates or code
+// points above U+10FFFF).
+bool IsValidUtf8(absl::string_view s);
+
+// A daemon-side module path: non-empty, absolute, no NUL byte (refused, not
+// cut at it), shorter than PATH_MAX, valid UTF-8. INVALID_ARGUMENT quoting
+// the path (and the NUL's position) otherwise.
+absl::Status ValidateModulePath(absl::string_view path);
+
+// The client's name for an uploaded module, used in messages only: at most
+// 256 bytes without NUL (may be empty). INVALID_ARGUMENT otherwise.
+absl::Status ValidateModuleFileName(absl::string_view name);
+
+// Largest RegisterTargetChunk.module_bytes (registry.proto: 4 MiB).
+constexpr size_t kMaxUploadChunkBytes = 4u << 20;
+
+// INVALID_ARGUMENT quoting the size when upload chunk number `index` (from
+// 1) carries more than kMaxUploadChunkBytes.
+absl::Status ValidateUploadChunk(size_t size, size_t index);
+
 }  // namespace kreg
 
 #endif  // KREGD_DAEMON_VALIDATE_H_

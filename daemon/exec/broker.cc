@@ -60,6 +60,7 @@ absl::StatusOr<v1::RegisterReply> RegisterForSession(
   header.set_replace(req.replace());
   header.set_content_id(req.content_id());
   header.set_in_process(req.in_process());
+  header.mutable_module()->set_file_name(req.file_name());
   std::string upload;
   if (req.module_case() == v1::RegisterRequest::kPath) {
     header.mutable_module()->set_path(req.path());

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/cuda/cuda_devices.h"
 #include "daemon/cuda/cuda_session.h"
+#include "daemon/log_limit.h"
 #include "daemon/session/launch_decoder.h"
 #include "daemon/session/wire.h"
 #include "daemon/validate.h"
@@ -88,8 +89,11 @@ void Session::Run() {
     if (rc == wire::kEof)
       break;
     if (rc != wire::kOk) {
-      spdlog::info("session {} (pid {}): closing: {}", id_, peer_.pid,
-                   wire::ResultText(rc));
+      std::string more;
+      if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
+        spdlog::info("session {} (uid {} pid {}): closing: {}{}", id_,
+                     peer_.uid, peer_.pid, wire::ResultText(rc), more);
+      }
       if (rc == wire::kTooLarge || rc == wire::kTooManyFds) {
         v1::SessionResponse resp;
         SetStatus(absl::ResourceExhaustedError(absl::StrCat(

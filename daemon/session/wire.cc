@@ -6,6 +6,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 
 namespace kreg {
@@ -13,6 +14,10 @@ namespace wire {
 namespace {
 
 constexpr size_t kHeaderBytes = 4;
+// The payload buffer starts at this size and doubles as bytes arrive.
+constexpr size_t kFirstChunk = 64 << 10;
+// A payload buffer above this capacity is freed before a much smaller frame.
+constexpr size_t kKeepCapacity = 4 << 20;
 
 void CloseAll(std::vector<int>* fds, size_t from) {
   for (size_t i = from; i < fds->size(); ++i) ::close((*fds)[i]);
@@ -35,15 +40,32 @@ bool TakeFds(msghdr* msg, std::vector<int>* fds) {
   return ok;
 }
 
-// Reads exactly `size` bytes (after `done` already read).
-int ReadFully(int sock, char* data, size_t size, size_t done) {
-  while (done < size) {
-    ssize_t n = ::recv(sock, data + done, size - done, 0);
+// Reads a `len`-byte payload into `payload`, growing it with the bytes that
+// actually arrive (doubling from kFirstChunk) rather than allocating `len`
+// up front: a peer that only announces a large frame costs nothing.
+int ReadPayload(int sock, size_t len, std::string* payload) {
+  // A buffer left large by an earlier big frame is given back.
+  if (payload->capacity() > kKeepCapacity && len < payload->capacity() / 4) {
+    std::string().swap(*payload);
+  }
+  payload->clear();
+  size_t done = 0;
+  while (done < len) {
+    if (done == payload->size()) {
+      size_t target = std::max(kFirstChunk, 2 * done);
+      if (payload->capacity() > target) target = payload->capacity();
+      payload->resize(std::min(len, target));
+    }
+    ssize_t n = ::recv(sock, &(*payload)[done], payload->size() - done, 0);
     if (n < 0) {
       if (errno == EINTR) continue;
+      payload->resize(done);
       return errno;
     }
-    if (n == 0) return kTruncated;
+    if (n == 0) {
+      payload->resize(done);
+      return kTruncated;
+    }
     done += static_cast<size_t>(n);
   }
   return kOk;
@@ -162,8 +184,7 @@ int RecvFrame(int sock, uint32_t max_bytes, std::string* payload,
     CloseAll(fds, first_fd);
     return kTooLarge;
   }
-  payload->resize(len);
-  int rc = ReadFully(sock, &(*payload)[0], len, 0);
+  int rc = ReadPayload(sock, len, payload);
   if (rc != kOk) CloseAll(fds, first_fd);
   return rc;
 }

@@ -36,7 +36,11 @@ int SendFrame(int sock, const void* payload, size_t size, const int* fds,
 // Receives one frame of at most `max_bytes` into `payload`. Received
 // descriptors are appended to `fds` (the caller owns and must close them;
 // on error they are closed). Returns kOk, kEof, kTooLarge, kTooManyFds,
-// kTruncated or an errno.
+// kTruncated or an errno. Memory follows the bytes received, not the
+// declared length: `payload` grows from 64 KiB, doubling as bytes arrive (at
+// most twice what arrived), so announcing a large frame costs nothing; after
+// an error it holds the bytes that did arrive. A buffer over 4 MiB left by
+// an earlier frame is freed before a frame under a quarter of its size.
 int RecvFrame(int sock, uint32_t max_bytes, std::string* payload,
               std::vector<int>* fds);
 

@@ -67,5 +67,57 @@ TEST_CASE("Content ids are printable and bounded", "[validate]") {
   CHECK_FALSE(ValidateContentId(std::string(300, 'x')).ok());
 }
 
+TEST_CASE("UTF-8: well-formed passes, malformed is caught", "[validate]") {
+  for (const char* ok : {"", "plain", "caf\xc3\xa9", "\xe2\x82\xac",
+                         "\xf0\x9f\x98\x80", "\xf4\x8f\xbf\xbf"}) {
+    INFO(ok);
+    CHECK(IsValidUtf8(ok));
+  }
+  for (const char* bad :
+       {"\xff", "\x80", "caf\xc3", "\xc0\xaf" /* overlong */,
+        "\xed\xa0\x80" /* surrogate */, "\xf4\x90\x80\x80" /* > 10FFFF */,
+        "\xe2\x82", "a\xe2\x28\xa1"}) {
+    INFO(QuoteForMessage(bad));
+    CHECK_FALSE(IsValidUtf8(bad));
+  }
+}
+
+TEST_CASE("Module paths: NUL, relative, too long, bad UTF-8 are refused",
+          "[validate]") {
+  CHECK(ValidateModulePath("/srv/kernels/libdemo.so").ok());
+  absl::Status nul =
+      ValidateModulePath(std::string("/srv/libdemo.so\0/../../etc/x", 28));
+  CHECK(nul.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(Message(nul), Catch::Contains("\"/srv/libdemo.so\\x00/../..") &&
+                               Catch::Contains("NUL byte at position 15") &&
+                               Catch::Contains("refused, not cut"));
+  CHECK_THAT(Message(ValidateModulePath("")), Catch::Contains("empty"));
+  CHECK_THAT(Message(ValidateModulePath("lib/x.so")),
+             Catch::Contains("\"lib/x.so\" is not absolute"));
+  CHECK_THAT(Message(ValidateModulePath("/" + std::string(5000, 'a'))),
+             Catch::Contains("5001 bytes long; the limit is 4095"));
+  CHECK_THAT(Message(ValidateModulePath("/srv/\xff.so")),
+             Catch::Contains("\"/srv/\\xff.so\" is not valid UTF-8"));
+  CHECK(ValidateModulePath("/srv/caf\xc3\xa9.so").ok());
+}
+
+TEST_CASE("Upload chunks above 4 MiB are refused with their size",
+          "[validate]") {
+  CHECK(ValidateUploadChunk(4u << 20, 1).ok());
+  absl::Status big = ValidateUploadChunk((5u << 20), 3);
+  CHECK(big.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(Message(big), Catch::Contains("upload chunk 3 carries 5242880 "
+                                           "bytes") &&
+                               Catch::Contains("at most 4194304"));
+}
+
+TEST_CASE("Module file names: at most 256 bytes, no NUL", "[validate]") {
+  CHECK(ValidateModuleFileName("").ok());
+  CHECK(ValidateModuleFileName("libdemo.so").ok());
+  CHECK_THAT(Message(ValidateModuleFileName(std::string("a\0b", 3))),
+             Catch::Contains("\"a\\x00b\""));
+  CHECK_FALSE(ValidateModuleFileName(std::string(257, 'x')).ok());
+}
+
 }  // namespace
 }  // namespace kreg

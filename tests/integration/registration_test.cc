@@ -376,7 +376,7 @@ TEST_CASE("Invalid inputs are refused with clear messages", "[integration]") {
   expect(weird, absl::StatusCode::kInvalidArgument,
          "unknown platform \"quantum\"");
   expect(Upload(d, "op", "libdemo.so", "NoSuchSymbol"),
-         absl::StatusCode::kNotFound, "no symbol \"NoSuchSymbol\"");
+         absl::StatusCode::kInvalidArgument, "no symbol \"NoSuchSymbol\"");
   expect(Upload(d, "op", "libdemo.so", "bad-symbol"),
          absl::StatusCode::kInvalidArgument, "not a C symbol name");
   RegisterRequest not_elf = Upload(d, "op");
