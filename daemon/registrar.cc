@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/unique_fd.h"
 #include "daemon/validate.h"
+#include "spdlog/spdlog.h"
 
 namespace kreg {
 namespace {
@@ -141,6 +142,23 @@ Registrar::Registrar(Registry* registry, ModulePolicy policy)
 absl::StatusOr<RegisterOutcome> Registrar::Register(
     const v1::RegisterTargetHeader& header, std::string upload,
     const PeerCred& peer) {
+  absl::StatusOr<RegisterArgs> args = Parse(header, std::move(upload), peer);
+  if (!args.ok()) {
+    // The registry logs its own decisions; these are the edge's.
+    spdlog::info(
+        "registration refused ({}): target {} ({}) by uid {} pid {}: {}",
+        absl::StatusCodeToString(args.status().code()),
+        QuoteForMessage(header.target_name()),
+        QuoteForMessage(header.platform()), peer.uid, peer.pid,
+        std::string(args.status().message()));
+    return args.status();
+  }
+  return registry_->Register(*args);
+}
+
+absl::StatusOr<RegisterArgs> Registrar::Parse(
+    const v1::RegisterTargetHeader& header, std::string upload,
+    const PeerCred& peer) {
   absl::Status st = ValidateTargetName(header.target_name());
   if (!st.ok()) return st;
   absl::StatusOr<Platform> platform = ParsePlatform(header.platform());
@@ -169,7 +187,7 @@ absl::StatusOr<RegisterOutcome> Registrar::Register(
     }
     args.kind = TargetKind::kInProcess;
     args.origin = absl::StrCat("in-process:pid ", peer.pid);
-    return registry_->Register(args);
+    return args;
   }
   switch (header.module().source_case()) {
     case v1::ModuleSource::kPath: {
@@ -201,7 +219,7 @@ absl::StatusOr<RegisterOutcome> Registrar::Register(
   }
   st = CheckElf(args.module_bytes, args.origin);
   if (!st.ok()) return st;
-  return registry_->Register(args);
+  return args;
 }
 
 }  // namespace kreg
