@@ -487,6 +487,16 @@ TEST_CASE("Invalid inputs are refused with clear messages", "[integration]") {
   CHECK(StoreFiles(d).empty());
   // The daemon is still healthy after the crashing probes.
   CHECK(c.Health().ok());
+  // Each refusal is logged with who asked and why, at the edge and in the
+  // registry.
+  const std::string pid = std::to_string(::getpid());
+  CHECK_THAT(d.log(),
+             Catch::Contains("registration refused (INVALID_ARGUMENT): target "
+                             "\"9x\" (\"cpu\") by uid 0 pid " +
+                             pid + ": target name"));
+  CHECK_THAT(d.log(), Catch::Contains("registration refused (NOT_FOUND): "
+                                      "target \"op\" (cpu) by uid 0 pid " +
+                                      pid + ": module sha256:"));
   REQUIRE(d.Stop() == 0);
   d.Start();
   CHECK(StoreFiles(d).empty());
