@@ -132,11 +132,11 @@ int main(int argc, char **argv) {
   reg->add_flag("--daemon-reads", daemon_reads,
                 "send the path for the daemon to read (under its allowed "
                 "roots) instead of uploading the bytes");
-  CLI::App* retire = app.add_subcommand(
+  CLI::App *retire = app.add_subcommand(
       "retire", "retire a target so its name can be registered again");
   retire->add_option("NAME", name, "target name")->required();
   retire->add_option("--platform", platform, "cpu or cuda (default: all)");
-  CLI::App* gc = app.add_subcommand(
+  CLI::App *gc = app.add_subcommand(
       "gc", "remove module store files no registration references");
   try {
     app.parse(argc, argv);
@@ -284,8 +284,9 @@ int main(int argc, char **argv) {
   }
   if (*retire) {
     auto retired = client.Retire(name, platform);
-    if (!retired.ok()) return Fail(retired.status());
-    for (const Target& t : *retired) {
+    if (!retired.ok())
+      return Fail(retired.status());
+    for (const Target &t : *retired) {
       std::cout << "retired " << t.target_name() << " (" << t.platform() << ") "
                 << t.content_id() << "\n";
     }
@@ -293,7 +294,8 @@ int main(int argc, char **argv) {
   }
   if (*gc) {
     auto out = client.CollectGarbage();
-    if (!out.ok()) return Fail(out.status());
+    if (!out.ok())
+      return Fail(out.status());
     std::cout << "removed " << out->files_removed() << " files ("
               << out->bytes_removed() << " bytes); kept " << out->files_kept()
               << " files (" << out->bytes_kept() << " bytes)\n";
