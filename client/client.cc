@@ -24,6 +24,10 @@ Client::Client(const std::string &socket_path)
                                    grpc::InsecureChannelCredentials())),
       stub_(v1::Registry::NewStub(channel_)) {}
 
+Client::Client(std::shared_ptr<grpc::Channel> channel, const std::string &name)
+    : socket_path_(name), channel_(std::move(channel)),
+      stub_(v1::Registry::NewStub(channel_)) {}
+
 absl::Status Client::FromGrpc(const grpc::Status &s) const {
   if (s.ok())
     return absl::OkStatus();
@@ -136,6 +140,28 @@ Client::Unquarantine(const v1::UnquarantineRequest &req) {
   auto ctx = Context();
   v1::UnquarantineResponse resp;
   grpc::Status s = stub->Unquarantine(ctx.get(), req, &resp);
+  if (!s.ok())
+    return FromGrpc(s);
+  return resp;
+}
+
+absl::StatusOr<std::vector<v1::Target>>
+Client::Retire(const std::string &name, const std::string &platform) {
+  auto ctx = Context();
+  v1::RetireTargetRequest req;
+  req.set_target_name(name);
+  req.set_platform(platform);
+  v1::RetireTargetResponse resp;
+  grpc::Status s = stub_->RetireTarget(ctx.get(), req, &resp);
+  if (!s.ok())
+    return FromGrpc(s);
+  return std::vector<v1::Target>(resp.retired().begin(), resp.retired().end());
+}
+
+absl::StatusOr<v1::CollectGarbageResponse> Client::CollectGarbage() {
+  auto ctx = Context();
+  v1::CollectGarbageResponse resp;
+  grpc::Status s = stub_->CollectGarbage(ctx.get(), {}, &resp);
   if (!s.ok())
     return FromGrpc(s);
   return resp;

@@ -41,6 +41,9 @@ class Client {
 public:
   // Does not connect yet; the first call does.
   explicit Client(const std::string &socket_path);
+  // Over an existing channel (e.g. from a connected socket fd); `name` is
+  // what error messages call it.
+  Client(std::shared_ptr<grpc::Channel> channel, const std::string &name);
 
   // UNAVAILABLE (naming the socket and how to start kregd) when the daemon
   // cannot be reached; otherwise the daemon's status and message unchanged.
@@ -50,6 +53,11 @@ public:
   absl::StatusOr<std::vector<v1::Target>> Get(const std::string &name,
                                               const std::string &platform);
   absl::StatusOr<v1::GetStatusResponse> Status();
+  // Retires `name` on `platform` (every platform when empty); returns the
+  // retired entries.
+  absl::StatusOr<std::vector<v1::Target>> Retire(const std::string &name,
+                                                 const std::string &platform);
+  absl::StatusOr<v1::CollectGarbageResponse> CollectGarbage();
   // OK when the standard health service says SERVING.
   absl::Status Health();
   // Executor crash counts and quarantine (kreg.v1.Supervision).

@@ -132,6 +132,12 @@ int main(int argc, char **argv) {
   reg->add_flag("--daemon-reads", daemon_reads,
                 "send the path for the daemon to read (under its allowed "
                 "roots) instead of uploading the bytes");
+  CLI::App *retire = app.add_subcommand(
+      "retire", "retire a target so its name can be registered again");
+  retire->add_option("NAME", name, "target name")->required();
+  retire->add_option("--platform", platform, "cpu or cuda (default: all)");
+  CLI::App *gc = app.add_subcommand(
+      "gc", "remove module store files no registration references");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
@@ -274,6 +280,25 @@ int main(int argc, char **argv) {
     if (!s.ok())
       return Fail(s);
     std::cout << "SERVING\n";
+    return 0;
+  }
+  if (*retire) {
+    auto retired = client.Retire(name, platform);
+    if (!retired.ok())
+      return Fail(retired.status());
+    for (const Target &t : *retired) {
+      std::cout << "retired " << t.target_name() << " (" << t.platform() << ") "
+                << t.content_id() << "\n";
+    }
+    return 0;
+  }
+  if (*gc) {
+    auto out = client.CollectGarbage();
+    if (!out.ok())
+      return Fail(out.status());
+    std::cout << "removed " << out->files_removed() << " files ("
+              << out->bytes_removed() << " bytes); kept " << out->files_kept()
+              << " files (" << out->bytes_kept() << " bytes)\n";
     return 0;
   }
   // register

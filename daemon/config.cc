@@ -19,6 +19,19 @@ std::string EnvOr(const char *name, const std::string &suffix,
   return fallback;
 }
 
+// The field of a positive-integer config key, or null.
+uint64_t *NumberKey(const std::string &k, Config *c) {
+  if (k == "max_module_bytes")
+    return &c->max_module_bytes;
+  if (k == "max_arena_bytes")
+    return &c->max_arena_bytes;
+  if (k == "max_registrations_per_uid")
+    return &c->max_registrations_per_uid;
+  if (k == "max_store_bytes_per_uid")
+    return &c->max_store_bytes_per_uid;
+  return nullptr;
+}
+
 absl::Status ApplyToml(const std::string &path, Config *c) {
   toml::table t;
   try {
@@ -86,12 +99,11 @@ absl::Status ApplyToml(const std::string &path, Config *c) {
         c->log_level = *s;
       if (k == "probe_binary")
         c->probe_binary = *s;
-    } else if (k == "max_module_bytes" || k == "max_arena_bytes") {
+    } else if (uint64_t *field = NumberKey(k, c)) {
       auto n = value.value<int64_t>();
       if (!n || *n <= 0)
         return bad("a positive integer");
-      (k == "max_module_bytes" ? c->max_module_bytes : c->max_arena_bytes) =
-          static_cast<uint64_t>(*n);
+      *field = static_cast<uint64_t>(*n);
     } else if (k == "allowed_roots") {
       const toml::array *a = value.as_array();
       if (a == nullptr)
@@ -106,7 +118,8 @@ absl::Status ApplyToml(const std::string &path, Config *c) {
       return absl::InvalidArgumentError(absl::StrCat(
           "config file ", path, ": unknown key \"", k,
           "\" (known: socket, state_dir, allowed_roots, max_module_bytes, "
-          "max_arena_bytes, socket_group, log_level, probe_binary, "
+          "max_arena_bytes, max_registrations_per_uid, "
+          "max_store_bytes_per_uid, socket_group, log_level, probe_binary, "
           "isolation, executor_binary, launch_timeout, seccomp, "
           "quarantine_crashes, quarantine_window_s, executor_idle_s, "
           "max_sessions, max_sessions_per_uid, hello_timeout_s)"));
@@ -134,7 +147,7 @@ absl::StatusOr<Config> ParseConfig(int argc, char **argv, bool *exit_now) {
   Config c;
   std::string config_file, socket, state_dir, log_level;
   std::vector<std::string> roots;
-  uint64_t max_module = 0;
+  uint64_t max_module = 0, max_registrations = 0, max_store_bytes = 0;
   CLI::App app{"kregd: out-of-process kernel registry and executor for JAX's "
                "XLA FFI"};
   app.add_option("--config", config_file, "TOML config file");
@@ -146,6 +159,13 @@ absl::StatusOr<Config> ParseConfig(int argc, char **argv, bool *exit_now) {
                  "directory the daemon may read module paths from "
                  "(repeatable)");
   app.add_option("--max-module-bytes", max_module, "largest module accepted");
+  app.add_option("--max-registrations-per-uid", max_registrations,
+                 "registrations one uid may hold (root exempt)")
+      ->default_str("1024");
+  app.add_option("--max-store-bytes-per-uid", max_store_bytes,
+                 "module store bytes one uid's registrations may reference "
+                 "(root exempt)")
+      ->default_str("4294967296");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   std::string isolation, executor_binary;
   double launch_timeout = -1;
@@ -186,6 +206,10 @@ absl::StatusOr<Config> ParseConfig(int argc, char **argv, bool *exit_now) {
     c.log_level = log_level;
   if (max_module != 0)
     c.max_module_bytes = max_module;
+  if (max_registrations != 0)
+    c.max_registrations_per_uid = max_registrations;
+  if (max_store_bytes != 0)
+    c.max_store_bytes_per_uid = max_store_bytes;
   if (!isolation.empty())
     c.isolation = isolation;
   if (!executor_binary.empty())

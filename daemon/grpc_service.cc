@@ -129,4 +129,35 @@ grpc::Status RegistryService::GetStatus(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
+grpc::Status RegistryService::RetireTarget(grpc::ServerContext* ctx,
+                                           const v1::RetireTargetRequest* req,
+                                           v1::RetireTargetResponse* resp) {
+  absl::Status st = ValidateTargetName(req->target_name());
+  if (!st.ok()) return ToGrpcStatus(st);
+  std::optional<Platform> platform;
+  if (!req->platform().empty()) {
+    absl::StatusOr<Platform> parsed = ParsePlatform(req->platform());
+    if (!parsed.ok()) return ToGrpcStatus(parsed.status());
+    platform = *parsed;
+  }
+  absl::StatusOr<std::vector<EntryPtr>> retired =
+      registry_->Retire(req->target_name(), platform, peer_of_(ctx->peer()));
+  if (!retired.ok()) return ToGrpcStatus(retired.status());
+  for (const EntryPtr& e : *retired) *resp->add_retired() = ToProto(*e);
+  return grpc::Status::OK;
+}
+
+grpc::Status RegistryService::CollectGarbage(grpc::ServerContext* ctx,
+                                             const v1::CollectGarbageRequest*,
+                                             v1::CollectGarbageResponse* resp) {
+  absl::StatusOr<GcOutcome> out =
+      registry_->CollectGarbage(peer_of_(ctx->peer()));
+  if (!out.ok()) return ToGrpcStatus(out.status());
+  resp->set_files_removed(out->files_removed);
+  resp->set_bytes_removed(out->bytes_removed);
+  resp->set_files_kept(out->files_kept);
+  resp->set_bytes_kept(out->bytes_kept);
+  return grpc::Status::OK;
+}
+
 }  // namespace kreg

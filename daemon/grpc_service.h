@@ -39,6 +39,12 @@ class RegistryService final : public v1::Registry::Service {
   grpc::Status GetStatus(grpc::ServerContext* ctx,
                          const v1::GetStatusRequest* req,
                          v1::GetStatusResponse* resp) override;
+  grpc::Status RetireTarget(grpc::ServerContext* ctx,
+                            const v1::RetireTargetRequest* req,
+                            v1::RetireTargetResponse* resp) override;
+  grpc::Status CollectGarbage(grpc::ServerContext* ctx,
+                              const v1::CollectGarbageRequest* req,
+                              v1::CollectGarbageResponse* resp) override;
 
  private:
   Registrar* const registrar_;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -11,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/target_proto.h"
+#include "daemon/validate.h"
 #include "kreg/v1/journal.pb.h"
 #include "spdlog/spdlog.h"
 
@@ -29,6 +31,34 @@ uint32_t LoadU32(const char* p) {
   uint32_t v;
   std::memcpy(&v, p, 4);
   return v;
+}
+
+absl::Status AddEntry(const v1::Target& target,
+                      std::vector<TargetEntry>* entries) {
+  absl::StatusOr<TargetEntry> entry = FromProto(target);
+  if (!entry.ok()) return entry.status();
+  entries->push_back(*std::move(entry));
+  return absl::OkStatus();
+}
+
+// Drops the registrations of the retired key recorded before it.
+absl::Status ApplyRetirement(const v1::RetirementRecord& r,
+                             std::vector<TargetEntry>* entries) {
+  absl::StatusOr<Platform> platform = ParsePlatform(r.platform());
+  if (!platform.ok()) return platform.status();
+  const TargetKey key{r.target_name(), *platform};
+  size_t before = entries->size();
+  entries->erase(
+      std::remove_if(entries->begin(), entries->end(),
+                     [&](const TargetEntry& e) { return e.key == key; }),
+      entries->end());
+  if (entries->size() == before) {
+    spdlog::warn(
+        "journal: retirement of \"{}\" ({}) follows no registration "
+        "of it; ignored",
+        key.name, PlatformName(key.platform));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -72,13 +102,13 @@ absl::StatusOr<std::vector<TargetEntry>> Journal::Open() {
                    path_, left, pos);
       break;
     }
-    absl::StatusOr<TargetEntry> entry = FromProto(record.target());
-    if (!entry.ok()) {
-      return absl::DataLossError(absl::StrCat("journal ", path_,
-                                              " record at byte ", pos, ": ",
-                                              entry.status().message()));
+    absl::Status st = record.has_retirement()
+                          ? ApplyRetirement(record.retirement(), &entries)
+                          : AddEntry(record.target(), &entries);
+    if (!st.ok()) {
+      return absl::DataLossError(absl::StrCat(
+          "journal ", path_, " record at byte ", pos, ": ", st.message()));
     }
-    entries.push_back(*std::move(entry));
     pos += kHeader + len;
   }
   absl::MutexLock lock(&mu_);
@@ -98,7 +128,24 @@ absl::StatusOr<std::vector<TargetEntry>> Journal::Open() {
 absl::Status Journal::Append(const TargetEntry& entry) {
   v1::JournalRecord record;
   *record.mutable_target() = ToProto(entry);
-  std::string payload = record.SerializeAsString();
+  return AppendRecord(record.SerializeAsString());
+}
+
+absl::Status Journal::AppendRetirement(const Retirement& r) {
+  v1::JournalRecord record;
+  v1::RetirementRecord* p = record.mutable_retirement();
+  p->set_target_name(r.key.name);
+  p->set_platform(PlatformName(r.key.platform));
+  p->set_content_id(r.content_id);
+  p->set_module_digest(r.module_digest);
+  p->set_uid(r.retired_by.uid);
+  p->set_gid(r.retired_by.gid);
+  p->set_pid(r.retired_by.pid);
+  p->set_retired_at_us(r.retired_at_us);
+  return AppendRecord(record.SerializeAsString());
+}
+
+absl::Status Journal::AppendRecord(const std::string& payload) {
   std::string buf(kHeader, '\0');
   uint32_t len = static_cast<uint32_t>(payload.size());
   uint32_t crc = Crc(payload.data(), payload.size());

@@ -20,19 +20,24 @@ class Journal : public RegistrationLog {
   Journal(const Journal&) = delete;
   Journal& operator=(const Journal&) = delete;
 
-  // Reads every record and opens the file for appending. A torn last record
-  // (cut short, or a bad checksum on the final record) is a crash during an
-  // unacknowledged append: it is logged and truncated away. A bad record
-  // followed by others is DATA_LOSS: the daemon must not guess.
+  // Reads every record and opens the file for appending; returns the
+  // registrations in effect, in journal order (a retirement drops the
+  // earlier registrations of its key). A torn last record (cut short, or a
+  // bad checksum on the final record) is a crash during an unacknowledged
+  // append: it is logged and truncated away. A bad record followed by
+  // others is DATA_LOSS: the daemon must not guess.
   absl::StatusOr<std::vector<TargetEntry>> Open();
 
-  // Appends one record and fdatasyncs it. FAILED_PRECONDITION before Open.
+  // Append one record and fdatasync it. FAILED_PRECONDITION before Open.
   absl::Status Append(const TargetEntry& entry) override;
+  absl::Status AppendRetirement(const Retirement& retirement) override;
 
   // Number of bytes dropped by Open as a torn tail (0 if none).
   uint64_t torn_bytes() const { return torn_bytes_; }
 
  private:
+  absl::Status AppendRecord(const std::string& payload);
+
   const std::string path_;
   absl::Mutex mu_;
   UniqueFd fd_ ABSL_GUARDED_BY(mu_);

@@ -20,7 +20,7 @@
 #include "daemon/unique_fd.h"
 #include "spdlog/spdlog.h"
 
-extern char **environ;
+extern char** environ;
 
 namespace kreg {
 
@@ -29,7 +29,7 @@ namespace {
 constexpr int kProbeTimeoutMs = 20000;
 
 // Reads the child's stdout until EOF or the deadline.
-std::string ReadReport(int fd, bool *timed_out) {
+std::string ReadReport(int fd, bool* timed_out) {
   std::string out;
   auto deadline = std::chrono::steady_clock::now() +
                   std::chrono::milliseconds(kProbeTimeoutMs);
@@ -45,26 +45,21 @@ std::string ReadReport(int fd, bool *timed_out) {
     }
     pollfd p{fd, POLLIN, 0};
     int r = ::poll(&p, 1, left);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r <= 0)
-      continue;
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) continue;
     ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      return out;
-    if (out.size() < 65536)
-      out.append(buf, static_cast<size_t>(n));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return out;
+    if (out.size() < 65536) out.append(buf, static_cast<size_t>(n));
   }
 }
 
-} // namespace
+}  // namespace
 
-absl::StatusOr<HandlerInfo> ProbeHandler(const std::string &probe_binary,
-                                         const std::string &module_path,
-                                         const std::string &display_name,
-                                         const std::string &symbol) {
+absl::StatusOr<HandlerInfo> ProbeHandler(const std::string& probe_binary,
+                                         const std::string& module_path,
+                                         const std::string& display_name,
+                                         const std::string& symbol) {
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
     return absl::InternalError(
@@ -75,9 +70,8 @@ absl::StatusOr<HandlerInfo> ProbeHandler(const std::string &probe_binary,
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, write_end.get(), STDOUT_FILENO);
   std::vector<std::string> argv_s = {probe_binary, module_path, symbol};
-  std::vector<char *> argv;
-  for (auto &a : argv_s)
-    argv.push_back(a.data());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
   argv.push_back(nullptr);
   pid_t pid = -1;
   int rc = ::posix_spawn(&pid, probe_binary.c_str(), &actions, nullptr,
@@ -91,8 +85,7 @@ absl::StatusOr<HandlerInfo> ProbeHandler(const std::string &probe_binary,
   write_end.reset();
   bool timed_out = false;
   std::string report = ReadReport(read_end.get(), &timed_out);
-  if (timed_out)
-    ::kill(pid, SIGKILL);
+  if (timed_out) ::kill(pid, SIGKILL);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
@@ -135,8 +128,9 @@ absl::StatusOr<HandlerInfo> ProbeHandler(const std::string &probe_binary,
       auto out = absl::StatusCode::kInvalidArgument;
       std::string hint;
       if (absl::StrContains(parts.second, "Types used by FFI handlers")) {
-        hint = " (a stateful handler: kregd hosts execute-stage handlers "
-               "without per-instance state)";
+        hint =
+            " (a stateful handler: kregd hosts execute-stage handlers "
+            "without per-instance state)";
       }
       return absl::Status(out, absl::StrCat(what, ": ", parts.second, hint));
     }
@@ -147,7 +141,7 @@ absl::StatusOr<HandlerInfo> ProbeHandler(const std::string &probe_binary,
                    " and an unreadable report: \"", line.substr(0, 200), "\""));
 }
 
-absl::Status CheckHostable(const HandlerInfo &info, const std::string &symbol) {
+absl::Status CheckHostable(const HandlerInfo& info, const std::string& symbol) {
   if (info.api_major != static_cast<uint32_t>(kHostedApiMajor) ||
       info.api_minor > static_cast<uint32_t>(kHostedApiMinor)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -169,27 +163,57 @@ absl::Status CheckHostable(const HandlerInfo &info, const std::string &symbol) {
   return absl::OkStatus();
 }
 
-ModuleLoader::ModuleLoader(ModuleStore *store, std::string probe_binary)
+ModuleLoader::ModuleLoader(ModuleStore* store, std::string probe_binary)
     : store_(store), probe_binary_(std::move(probe_binary)) {}
 
-absl::Status ModuleLoader::Store(const std::string &bytes,
-                                 const std::string &digest) {
-  return store_->Put(bytes, digest);
+absl::StatusOr<StagedModule> ModuleLoader::Stage(const std::string& bytes,
+                                                 const std::string& digest) {
+  StagedModule staged{digest, store_->PathOf(digest), false};
+  if (store_->Verify(digest).ok()) return staged;
+  absl::StatusOr<std::string> temp = store_->WriteTemp(bytes, digest);
+  if (!temp.ok()) return temp.status();
+  staged.path = *std::move(temp);
+  staged.fresh = true;
+  return staged;
 }
 
-absl::StatusOr<HandlerInfo> ModuleLoader::Probe(const std::string &digest,
-                                                const std::string &func_name) {
+absl::Status ModuleLoader::Commit(const StagedModule& staged) {
+  if (!staged.fresh) return absl::OkStatus();
+  return store_->CommitTemp(staged.path, staged.digest);
+}
+
+void ModuleLoader::Discard(const StagedModule& staged, bool committed) {
+  if (!staged.fresh) return;
+  std::string path = committed ? store_->PathOf(staged.digest) : staged.path;
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    spdlog::warn(
+        "cannot remove {} of a registration that was not accepted: "
+        "{} (kregctl gc will retry)",
+        path, std::strerror(errno));
+  }
+}
+
+absl::StatusOr<GcOutcome> ModuleLoader::RemoveUnreferenced(
+    const std::set<std::string>& keep) {
+  GcOutcome out;
+  absl::Status st =
+      store_->RemoveUnreferenced(keep, &out.files_removed, &out.bytes_removed,
+                                 &out.files_kept, &out.bytes_kept);
+  if (!st.ok()) return st;
+  return out;
+}
+
+absl::StatusOr<HandlerInfo> ModuleLoader::Probe(const StagedModule& staged,
+                                                const std::string& func_name) {
   absl::StatusOr<HandlerInfo> info =
-      ProbeHandler(probe_binary_, store_->PathOf(digest), digest, func_name);
-  if (!info.ok())
-    return info.status();
+      ProbeHandler(probe_binary_, staged.path, staged.digest, func_name);
+  if (!info.ok()) return info.status();
   absl::Status hostable = CheckHostable(*info, func_name);
-  if (!hostable.ok())
-    return hostable;
+  if (!hostable.ok()) return hostable;
   return info;
 }
 
-absl::Status ModuleLoader::Check(const std::string &digest) {
+absl::Status ModuleLoader::Check(const std::string& digest) {
   if (::access(store_->PathOf(digest).c_str(), R_OK) != 0) {
     return absl::InternalError(
         absl::StrCat("the store copy of module ", digest,
@@ -198,8 +222,8 @@ absl::Status ModuleLoader::Check(const std::string &digest) {
   return absl::OkStatus();
 }
 
-absl::Status ModuleLoader::CheckStored(const std::string &digest) {
+absl::Status ModuleLoader::CheckStored(const std::string& digest) {
   return store_->Verify(digest);
 }
 
-} // namespace kreg
+}  // namespace kreg

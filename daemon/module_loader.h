@@ -29,10 +29,14 @@ class ModuleLoader : public HandlerLoader {
  public:
   ModuleLoader(ModuleStore* store, std::string probe_binary);
 
-  absl::Status Store(const std::string& bytes,
-                     const std::string& digest) override;
-  absl::StatusOr<HandlerInfo> Probe(const std::string& digest,
+  absl::StatusOr<StagedModule> Stage(const std::string& bytes,
+                                     const std::string& digest) override;
+  absl::StatusOr<HandlerInfo> Probe(const StagedModule& staged,
                                     const std::string& func_name) override;
+  absl::Status Commit(const StagedModule& staged) override;
+  void Discard(const StagedModule& staged, bool committed) override;
+  absl::StatusOr<GcOutcome> RemoveUnreferenced(
+      const std::set<std::string>& keep) override;
   absl::Status Check(const std::string& digest) override;
   absl::Status CheckStored(const std::string& digest) override;
 

@@ -1,5 +1,6 @@
 #include "daemon/module_store.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
@@ -21,6 +22,8 @@ namespace kreg {
 namespace {
 
 constexpr absl::string_view kPrefix = "sha256:";
+// Files being written for a registration that is not accepted yet.
+constexpr absl::string_view kTempPrefix = ".tmp-";
 
 absl::Status Errno(absl::string_view what, const std::string& path) {
   return absl::InternalError(
@@ -37,6 +40,47 @@ absl::Status WriteAll(int fd, const std::string& bytes,
     done += static_cast<size_t>(n);
   }
   return absl::OkStatus();
+}
+
+// Removes temp files in `dir` and, when `keep` is given, store files
+// ("sha256-<hex>.so") whose digest is not in it; adds to the counters.
+absl::Status Sweep(const std::string& dir, const std::set<std::string>* keep,
+                   uint64_t* files, uint64_t* bytes, uint64_t* kept_files,
+                   uint64_t* kept_bytes) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return Errno("cannot list module store", dir);
+  absl::Status st;
+  while (dirent* ent = ::readdir(d)) {
+    absl::string_view name = ent->d_name;
+    bool temp = absl::StartsWith(name, kTempPrefix);
+    bool stored =
+        absl::StartsWith(name, "sha256-") && absl::EndsWith(name, ".so");
+    if (!temp && !(stored && keep != nullptr)) continue;
+    struct stat sb;
+    if (::fstatat(::dirfd(d), ent->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !S_ISREG(sb.st_mode)) {
+      continue;
+    }
+    std::string digest;
+    if (stored) {
+      name.remove_prefix(7);
+      name.remove_suffix(3);
+      digest = absl::StrCat(kPrefix, name);
+    }
+    if (stored && keep->count(digest) != 0) {
+      if (kept_files != nullptr) ++*kept_files;
+      if (kept_bytes != nullptr) *kept_bytes += sb.st_size;
+      continue;
+    }
+    if (::unlinkat(::dirfd(d), ent->d_name, 0) != 0) {
+      st = Errno("cannot remove", absl::StrCat(dir, "/", ent->d_name));
+      continue;
+    }
+    ++*files;
+    *bytes += static_cast<uint64_t>(sb.st_size);
+  }
+  ::closedir(d);
+  return st;
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
@@ -64,7 +108,16 @@ absl::Status ModuleStore::Init() {
   if (::mkdir(dir_.c_str(), 0700) != 0 && errno != EEXIST) {
     return Errno("cannot create module store", dir_);
   }
-  return absl::OkStatus();
+  // Only temp files: every store file may be referenced by the journal.
+  uint64_t files = 0, bytes = 0;
+  absl::Status st = Sweep(dir_, nullptr, &files, &bytes, nullptr, nullptr);
+  if (st.ok() && files > 0) {
+    spdlog::info(
+        "module store {}: removed {} temp files ({} bytes) left by "
+        "an interrupted registration",
+        dir_, files, bytes);
+  }
+  return st;
 }
 
 std::string ModuleStore::PathOf(const std::string& digest) const {
@@ -73,28 +126,56 @@ std::string ModuleStore::PathOf(const std::string& digest) const {
   return absl::StrCat(dir_, "/sha256-", hex, ".so");
 }
 
-absl::Status ModuleStore::Put(const std::string& bytes,
-                              const std::string& digest) {
-  if (Verify(digest).ok()) return absl::OkStatus();
-  std::string path = PathOf(digest);
-  std::string tmp = absl::StrCat(dir_, "/.tmp-XXXXXX");
-  UniqueFd fd(::mkstemp(tmp.data()));
+absl::StatusOr<std::string> ModuleStore::WriteTemp(const std::string& bytes,
+                                                   const std::string&) {
+  std::string tmp = absl::StrCat(dir_, "/", kTempPrefix, "XXXXXX");
+  UniqueFd fd(::mkostemp(tmp.data(), O_CLOEXEC));
   if (!fd.ok()) return Errno("cannot create temp file in", dir_);
   absl::Status st = WriteAll(fd.get(), bytes, tmp);
   if (st.ok() && ::fchmod(fd.get(), 0500) != 0) st = Errno("chmod", tmp);
   if (st.ok() && ::fsync(fd.get()) != 0) st = Errno("fsync", tmp);
-  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    st = Errno("rename to", path);
-  }
   if (!st.ok()) {
     ::unlink(tmp.c_str());
     return st;
   }
-  UniqueFd dir_fd(::open(dir_.c_str(), O_RDONLY | O_DIRECTORY));
+  return tmp;
+}
+
+absl::Status ModuleStore::CommitTemp(const std::string& temp_path,
+                                     const std::string& digest) {
+  std::string path = PathOf(digest);
+  if (::rename(temp_path.c_str(), path.c_str()) != 0) {
+    absl::Status st = Errno("rename to", path);
+    ::unlink(temp_path.c_str());
+    return st;
+  }
+  return SyncDir();
+}
+
+absl::Status ModuleStore::SyncDir() const {
+  UniqueFd dir_fd(::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!dir_fd.ok() || ::fsync(dir_fd.get()) != 0) {
     return Errno("cannot fsync directory", dir_);
   }
   return absl::OkStatus();
+}
+
+absl::Status ModuleStore::Put(const std::string& bytes,
+                              const std::string& digest) {
+  if (Verify(digest).ok()) return absl::OkStatus();
+  absl::StatusOr<std::string> tmp = WriteTemp(bytes, digest);
+  if (!tmp.ok()) return tmp.status();
+  return CommitTemp(*tmp, digest);
+}
+
+absl::Status ModuleStore::RemoveUnreferenced(const std::set<std::string>& keep,
+                                             uint64_t* files, uint64_t* bytes,
+                                             uint64_t* kept_files,
+                                             uint64_t* kept_bytes) {
+  *files = *bytes = *kept_files = *kept_bytes = 0;
+  absl::Status st = Sweep(dir_, &keep, files, bytes, kept_files, kept_bytes);
+  if (st.ok() && *files > 0) st = SyncDir();
+  return st;
 }
 
 absl::Status ModuleStore::Verify(const std::string& digest) const {

@@ -3,6 +3,7 @@
 #define KREGD_DAEMON_MODULE_STORE_H_
 
 #include <map>
+#include <set>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -21,13 +22,29 @@ class ModuleStore {
   ModuleStore(const ModuleStore&) = delete;
   ModuleStore& operator=(const ModuleStore&) = delete;
 
-  // Creates the directory (mode 0700) if missing. INTERNAL on failure.
+  // Creates the directory (mode 0700) if missing and removes temp files
+  // left by a crash during a registration. INTERNAL on failure.
   absl::Status Init();
 
-  // Writes `bytes` under `digest` (their Sha256Digest, which the caller has
-  // already computed) with temp file, fsync, rename, fsync dir, unless an
-  // intact copy is already there.
+  // Writes `bytes` (whose Sha256Digest, computed by the caller, is
+  // `digest`) to a fsynced temp file in the store directory that is not a
+  // store entry yet; returns its path. INTERNAL on I/O failure.
+  absl::StatusOr<std::string> WriteTemp(const std::string& bytes,
+                                        const std::string& digest);
+  // Renames a WriteTemp file to the store path of `digest`, fsyncs the
+  // directory.
+  absl::Status CommitTemp(const std::string& temp_path,
+                          const std::string& digest);
+
+  // WriteTemp + CommitTemp, unless an intact copy is already there.
   absl::Status Put(const std::string& bytes, const std::string& digest);
+
+  // Removes the store file of every digest not in `keep` and every temp
+  // file; other files are left alone. Counts in `*files`/`*bytes` what was
+  // removed and in `*kept_files`/`*kept_bytes` what stays.
+  absl::Status RemoveUnreferenced(const std::set<std::string>& keep,
+                                  uint64_t* files, uint64_t* bytes,
+                                  uint64_t* kept_files, uint64_t* kept_bytes);
 
   // The store path of `digest` ("sha256:<hex>").
   std::string PathOf(const std::string& digest) const;
@@ -45,6 +62,8 @@ class ModuleStore {
   int loaded_modules() const;
 
  private:
+  absl::Status SyncDir() const;
+
   const std::string dir_;
   mutable absl::Mutex mu_;
   // digest -> dlopen handle; never erased, never dlclose'd.

@@ -17,6 +17,7 @@
 #include "daemon/module_path.h"
 #include "daemon/unique_fd.h"
 #include "daemon/validate.h"
+#include "spdlog/spdlog.h"
 
 namespace kreg {
 namespace {
@@ -242,6 +243,30 @@ Registrar::Registrar(Registry* registry, ModulePolicy policy)
 absl::StatusOr<RegisterOutcome> Registrar::Register(
     const v1::RegisterTargetHeader& header, std::string upload,
     const PeerCred& peer) {
+  absl::StatusOr<RegisterArgs> args = Parse(header, std::move(upload), peer);
+  if (!args.ok()) {
+    // The registry logs its own decisions; these are the edge's.
+    spdlog::info(
+        "registration refused ({}): target {} ({}) by uid {} pid {}: {}",
+        absl::StatusCodeToString(args.status().code()),
+        QuoteForMessage(header.target_name()),
+        QuoteForMessage(header.platform()), peer.uid, peer.pid,
+        std::string(args.status().message()));
+    return args.status();
+  }
+  absl::StatusOr<RegisterOutcome> out = registry_->Register(*args);
+  if (out.ok()) return out;
+  // How messages name the module: the path, else the client's file name.
+  const std::string& display = header.module().source_case() ==
+                                       v1::ModuleSource::kPath
+                                   ? header.module().path()
+                                   : header.module().file_name();
+  return NameTheModule(out.status(), display);
+}
+
+absl::StatusOr<RegisterArgs> Registrar::Parse(
+    const v1::RegisterTargetHeader& header, std::string upload,
+    const PeerCred& peer) {
   absl::Status st = ValidateTargetName(header.target_name());
   if (!st.ok()) return st;
   absl::StatusOr<Platform> platform = ParsePlatform(header.platform());
@@ -270,15 +295,12 @@ absl::StatusOr<RegisterOutcome> Registrar::Register(
     }
     args.kind = TargetKind::kInProcess;
     args.origin = absl::StrCat("in-process:pid ", peer.pid);
-    return registry_->Register(args);
+    return args;
   }
   st = ValidateModuleFileName(header.module().file_name());
   if (!st.ok()) return st;
-  // How messages name the module: the path, else the client's file name.
-  std::string display = header.module().file_name();
   switch (header.module().source_case()) {
     case v1::ModuleSource::kPath: {
-      display = header.module().path();
       absl::StatusOr<std::string> bytes =
           ReadModuleForPeer(header.module().path(), policy_, peer);
       if (!bytes.ok()) return bytes.status();
@@ -307,9 +329,7 @@ absl::StatusOr<RegisterOutcome> Registrar::Register(
   }
   st = CheckElf(args.module_bytes, args.origin);
   if (!st.ok()) return st;
-  absl::StatusOr<RegisterOutcome> out = registry_->Register(args);
-  if (out.ok()) return out;
-  return NameTheModule(out.status(), display);
+  return args;
 }
 
 }  // namespace kreg

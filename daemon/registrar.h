@@ -44,7 +44,8 @@ class Registrar {
 
   // `upload` holds the module bytes when header.module() is an upload
   // (its size must equal upload_size). Errors: INVALID_ARGUMENT for bad
-  // fields (quoted), those of ReadModuleForPeer, and the registry's.
+  // fields (quoted), those of ReadModuleForPeer, and the registry's. Every
+  // refusal here is logged at info (the registry logs its own decisions).
   absl::StatusOr<RegisterOutcome> Register(
       const v1::RegisterTargetHeader& header, std::string upload,
       const PeerCred& peer);
@@ -52,6 +53,10 @@ class Registrar {
   const ModulePolicy& policy() const { return policy_; }
 
  private:
+  // The edge checks: the typed request, or the first error.
+  absl::StatusOr<RegisterArgs> Parse(const v1::RegisterTargetHeader& header,
+                                     std::string upload, const PeerCred& peer);
+
   Registry* const registry_;
   const ModulePolicy policy_;
 };

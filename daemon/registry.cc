@@ -1,7 +1,11 @@
 #include "daemon/registry.h"
 
+#include <unistd.h>
+
 #include <chrono>
 
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/module_store.h"
 #include "spdlog/spdlog.h"
@@ -9,11 +13,92 @@
 namespace kreg {
 namespace {
 
-std::string Describe(TargetKind kind, const std::string &content_id,
-                     const std::string &func_name, Platform platform) {
+std::string Describe(TargetKind kind, const std::string& content_id,
+                     const std::string& func_name, Platform platform) {
   return absl::StrCat(kind == TargetKind::kInProcess ? "in-process " : "",
                       "content ", content_id, ", function \"", func_name,
                       "\", platform ", PlatformName(platform));
+}
+
+RegistryLimits WithAdmin(RegistryLimits limits) {
+  if (limits.admin_uid == static_cast<uid_t>(-1))
+    limits.admin_uid = ::geteuid();
+  return limits;
+}
+
+// A content_id of the form "sha256:..." claims to be the module's digest:
+// it must be. INVALID_ARGUMENT quoting both otherwise.
+absl::Status CheckClaimedDigest(const std::string& content_id,
+                                const std::string& digest) {
+  if (content_id.size() < 7 ||
+      !absl::EqualsIgnoreCase(content_id.substr(0, 7), "sha256:") ||
+      content_id == digest) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "content_id \"", content_id,
+      "\" has the form of a module digest but the module's digest is ", digest,
+      "; a \"sha256:\" content_id must be the module's own digest. Omit "
+      "content_id (the digest is then used), pass the module's digest, or "
+      "use a build cache key without the \"sha256:\" prefix."));
+}
+
+// For an identity equal by content_id: the same uid may rebuild (the
+// build-cache case); another uid must bring the same module bytes, or it
+// would be handed the owner's code under its own content_id claim.
+absl::Status CheckOwnerOrDigest(const TargetEntry& existing,
+                                const PeerCred& peer,
+                                const std::string& digest) {
+  if (existing.kind != TargetKind::kModule ||
+      existing.registered_by.uid == peer.uid ||
+      existing.module_digest == digest) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "target \"", existing.key.name, "\" (",
+      PlatformName(existing.key.platform), ") is registered by uid ",
+      existing.registered_by.uid, " with content_id \"", existing.content_id,
+      "\" and module ", existing.module_digest, "; this registration by uid ",
+      peer.uid, " claims the same content_id but its module is ", digest,
+      ". A content_id stands for the module only for the uid that "
+      "registered it; other uids must register the identical module bytes. "
+      "Register the owner's module, or your build under a distinct target "
+      "name."));
+}
+
+std::string Identity(const RegisterArgs& args, const std::string& digest) {
+  if (args.kind == TargetKind::kInProcess) {
+    return absl::StrCat("in-process content_id \"", args.content_id,
+                        "\", function \"", args.func_name, "\"");
+  }
+  return absl::StrCat(
+      "module ", digest, " (", args.module_bytes.size(), " bytes, ",
+      args.origin, ")",
+      args.content_id.empty()
+          ? ""
+          : absl::StrCat(", content_id \"", args.content_id, "\""),
+      ", function \"", args.func_name, "\"");
+}
+
+// One info line per decision: who, what, the outcome and why.
+void LogDecision(const RegisterArgs& args, const std::string& digest,
+                 const absl::StatusOr<RegisterOutcome>& out) {
+  std::string what =
+      absl::StrCat("target \"", args.key.name, "\" (",
+                   PlatformName(args.key.platform), ") by uid ", args.peer.uid,
+                   " pid ", args.peer.pid, ": ", Identity(args, digest));
+  if (!out.ok()) {
+    spdlog::info("registration refused ({}): {}: {}",
+                 absl::StatusCodeToString(out.status().code()), what,
+                 std::string(out.status().message()));
+  } else if (out->created) {
+    spdlog::info("registration created: {}", what);
+  } else {
+    spdlog::info(
+        "registration no-op (identical to the entry registered by "
+        "uid {}): {}",
+        out->entry->registered_by.uid, what);
+  }
 }
 
 int64_t NowMicros() {
@@ -22,14 +107,15 @@ int64_t NowMicros() {
       .count();
 }
 
-} // namespace
+}  // namespace
 
-Registry::Registry(HandlerLoader *loader, RegistrationLog *log)
-    : loader_(loader), log_(log) {}
+Registry::Registry(HandlerLoader* loader, RegistrationLog* log,
+                   RegistryLimits limits)
+    : loader_(loader), log_(log), limits_(WithAdmin(limits)) {}
 
-absl::Status Registry::CheckSame(const TargetEntry &existing, TargetKind kind,
-                                 const std::string &cid,
-                                 const std::string &func_name,
+absl::Status Registry::CheckSame(const TargetEntry& existing, TargetKind kind,
+                                 const std::string& cid,
+                                 const std::string& func_name,
                                  bool replace) const {
   if (existing.kind == kind && existing.content_id == cid &&
       existing.func_name == func_name) {
@@ -53,18 +139,30 @@ absl::Status Registry::CheckSame(const TargetEntry &existing, TargetKind kind,
   return absl::FailedPreconditionError(msg);
 }
 
-absl::StatusOr<RegisterOutcome> Registry::Register(const RegisterArgs &args) {
+absl::StatusOr<RegisterOutcome> Registry::Register(const RegisterArgs& args) {
   // The module's digest is its store key, and its identity when no
   // content_id is given; computed once here.
   const std::string digest = args.kind == TargetKind::kModule
                                  ? Sha256Digest(args.module_bytes)
                                  : std::string();
-  const std::string &cid = args.content_id.empty() ? digest : args.content_id;
+  absl::StatusOr<RegisterOutcome> out = Decide(args, digest);
+  LogDecision(args, digest, out);
+  return out;
+}
+
+absl::StatusOr<RegisterOutcome> Registry::Decide(const RegisterArgs& args,
+                                                 const std::string& digest) {
+  if (args.kind == TargetKind::kModule) {
+    absl::Status claimed = CheckClaimedDigest(args.content_id, digest);
+    if (!claimed.ok()) return claimed;
+  }
+  const std::string& cid = args.content_id.empty() ? digest : args.content_id;
   absl::MutexLock serial(&register_mu_);
   EntryPtr existing = Lookup(args.key);
   if (existing != nullptr) {
     absl::Status same =
         CheckSame(*existing, args.kind, cid, args.func_name, args.replace);
+    if (same.ok()) same = CheckOwnerOrDigest(*existing, args.peer, digest);
     if (!same.ok()) {
       refused_.fetch_add(1);
       return same;
@@ -73,12 +171,17 @@ absl::StatusOr<RegisterOutcome> Registry::Register(const RegisterArgs &args) {
         existing->kind == TargetKind::kInProcess) {
       return RegisterOutcome{false, existing};
     }
+  } else {
+    absl::Status within = CheckLimits(args, digest);
+    if (!within.ok()) return within;
   }
-  if (args.kind == TargetKind::kInProcess)
-    return RegisterInProcess(args);
-  absl::Status stored = loader_->Store(args.module_bytes, digest);
-  if (!stored.ok())
-    return stored;
+  if (args.kind == TargetKind::kInProcess) return RegisterInProcess(args);
+  return RegisterModule(args, digest, cid, existing);
+}
+
+absl::StatusOr<RegisterOutcome> Registry::RegisterModule(
+    const RegisterArgs& args, const std::string& digest, const std::string& cid,
+    EntryPtr existing) {
   if (existing != nullptr && digest != existing->module_digest) {
     // Same identity (content_id) but the journaled module file is lost and
     // these bytes are not it: keep the name reserved, say how to repair.
@@ -89,12 +192,21 @@ absl::StatusOr<RegisterOutcome> Registry::Register(const RegisterArgs &args) {
         "); re-register the original module bytes "
         "to repair it"));
   }
-  absl::StatusOr<HandlerInfo> info = loader_->Probe(digest, args.func_name);
-  if (!info.ok())
-    return info.status();
+  absl::StatusOr<StagedModule> staged =
+      loader_->Stage(args.module_bytes, digest);
+  if (!staged.ok()) return staged.status();
+  // Until the journal has the entry, a refusal or failure removes what this
+  // registration wrote: nothing of a refused module stays in the store.
+  bool committed = false;
+  auto discard =
+      absl::MakeCleanup([&] { loader_->Discard(*staged, committed); });
+  absl::StatusOr<HandlerInfo> info = loader_->Probe(*staged, args.func_name);
+  if (!info.ok()) return info.status();
+  absl::Status st = loader_->Commit(*staged);
+  if (!st.ok()) return st;
+  committed = true;
   absl::Status ready = loader_->Check(digest);
-  if (!ready.ok())
-    return ready;
+  if (!ready.ok()) return ready;
 
   auto entry = std::make_shared<TargetEntry>();
   if (existing != nullptr) {
@@ -115,16 +227,16 @@ absl::StatusOr<RegisterOutcome> Registry::Register(const RegisterArgs &args) {
     entry->registered_at_us = NowMicros();
     entry->origin = args.origin;
     absl::Status logged = log_->Append(*entry);
-    if (!logged.ok())
-      return logged;
+    if (!logged.ok()) return logged;
   }
+  std::move(discard).Cancel();
   absl::MutexLock lock(&mu_);
   entries_[args.key] = entry;
   return RegisterOutcome{existing == nullptr, entry};
 }
 
-absl::StatusOr<RegisterOutcome>
-Registry::RegisterInProcess(const RegisterArgs &args) {
+absl::StatusOr<RegisterOutcome> Registry::RegisterInProcess(
+    const RegisterArgs& args) {
   auto entry = std::make_shared<TargetEntry>();
   entry->key = args.key;
   entry->kind = TargetKind::kInProcess;
@@ -134,14 +246,13 @@ Registry::RegisterInProcess(const RegisterArgs &args) {
   entry->registered_at_us = NowMicros();
   entry->origin = args.origin;
   absl::Status logged = log_->Append(*entry);
-  if (!logged.ok())
-    return logged;
+  if (!logged.ok()) return logged;
   absl::MutexLock lock(&mu_);
   entries_[args.key] = entry;
   return RegisterOutcome{true, entry};
 }
 
-absl::Status Registry::Restore(const TargetEntry &journaled) {
+absl::Status Registry::Restore(const TargetEntry& journaled) {
   absl::MutexLock serial(&register_mu_);
   EntryPtr existing = Lookup(journaled.key);
   if (existing != nullptr) {
@@ -165,7 +276,7 @@ absl::Status Registry::Restore(const TargetEntry &journaled) {
   return ready;
 }
 
-EntryPtr Registry::Lookup(const TargetKey &key) const {
+EntryPtr Registry::Lookup(const TargetKey& key) const {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(key);
   return it == entries_.end() ? nullptr : it->second;
@@ -175,18 +286,16 @@ std::vector<EntryPtr> Registry::List() const {
   absl::MutexLock lock(&mu_);
   std::vector<EntryPtr> out;
   out.reserve(entries_.size());
-  for (const auto &[key, entry] : entries_)
-    out.push_back(entry);
+  for (const auto& [key, entry] : entries_) out.push_back(entry);
   return out;
 }
 
-std::vector<EntryPtr> Registry::Find(const std::string &name) const {
+std::vector<EntryPtr> Registry::Find(const std::string& name) const {
   std::vector<EntryPtr> out;
   for (Platform p : {Platform::kCpu, Platform::kCuda}) {
-    if (EntryPtr e = Lookup({name, p}))
-      out.push_back(e);
+    if (EntryPtr e = Lookup({name, p})) out.push_back(e);
   }
   return out;
 }
 
-} // namespace kreg
+}  // namespace kreg

@@ -5,11 +5,14 @@
 #include <atomic>
 #include <functional>
 #include <map>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/binding_oracle.h"
 #include "daemon/types.h"
 
 namespace kreg {
@@ -32,49 +35,110 @@ struct RegisterOutcome {
   EntryPtr entry;
 };
 
-// Loads and checks handlers for the registry; implemented by ModuleLoader
-// over the module store, faked in unit tests.
+// A module written for a pending registration. Nothing is in the store
+// until the registration is accepted and the module committed.
+struct StagedModule {
+  std::string digest;  // "sha256:<hex>" of the bytes
+  std::string path;    // the file the probe opens
+  bool fresh = false;  // true: `path` is a temp file written by Stage; false:
+                       // an intact store copy already existed
+};
+
+// What CollectGarbage removed from (and left in) the module store.
+struct GcOutcome {
+  uint64_t files_removed = 0;
+  uint64_t bytes_removed = 0;
+  uint64_t files_kept = 0;
+  uint64_t bytes_kept = 0;
+};
+
+// Stores, checks and loads modules for the registry; implemented by
+// ModuleLoader over the module store, faked in unit tests.
 class HandlerLoader {
  public:
   virtual ~HandlerLoader() = default;
-  // Stores `bytes`, whose digest ("sha256:<hex>", computed by the caller)
-  // is `digest`, unless an intact copy is there. INTERNAL on I/O failure.
-  virtual absl::Status Store(const std::string& bytes,
-                             const std::string& digest) = 0;
-  // Checks (out of process) that `func_name` in the stored module is an XLA
+  // Writes `bytes`, whose digest ("sha256:<hex>", computed by the caller)
+  // is `digest`, to a private fsynced temp file beside the store, unless an
+  // intact store copy exists. INTERNAL on I/O failure.
+  virtual absl::StatusOr<StagedModule> Stage(const std::string& bytes,
+                                             const std::string& digest) = 0;
+  // Checks (out of process) that `func_name` in the staged module is an XLA
   // FFI handler the daemon can host. INVALID_ARGUMENT/NOT_FOUND otherwise.
-  virtual absl::StatusOr<HandlerInfo> Probe(const std::string& digest,
+  virtual absl::StatusOr<HandlerInfo> Probe(const StagedModule& staged,
                                             const std::string& func_name) = 0;
+  // Makes a fresh staged file the store copy of its digest (rename, fsync).
+  virtual absl::Status Commit(const StagedModule& staged) = 0;
+  // Removes what Stage wrote: the temp file, or (`committed`) the store copy
+  // it became. Nothing for a module that was already stored.
+  virtual void Discard(const StagedModule& staged, bool committed) = 0;
   // Checks that the store copy executors will load is in place. kregd
   // itself never dlopens a module (DESIGN §8): executors do.
   virtual absl::Status Check(const std::string& digest) = 0;
   // Like Check, for a journaled entry at start-up: also verifies that the
   // store file still has the digest (DATA_LOSS otherwise).
   virtual absl::Status CheckStored(const std::string& digest) = 0;
+  // Removes every store file whose digest is not in `keep`, and leftover
+  // temp files. INTERNAL when the store cannot be listed.
+  virtual absl::StatusOr<GcOutcome> RemoveUnreferenced(
+      const std::set<std::string>& keep) = 0;
 };
 
-// Durable log of accepted registrations; implemented by Journal.
+// Durable log of accepted registrations and retirements; implemented by
+// Journal. A change is acknowledged only after its Append returned OK.
 class RegistrationLog {
  public:
   virtual ~RegistrationLog() = default;
-  // Appends and fsyncs. The registration is acknowledged only after OK.
+  // Appends and fsyncs.
   virtual absl::Status Append(const TargetEntry& entry) = 0;
+  virtual absl::Status AppendRetirement(const Retirement& retirement) = 0;
+};
+
+// Per-uid limits, checked before anything is stored. Root is exempt.
+struct RegistryLimits {
+  uint64_t max_registrations_per_uid = 1024;
+  uint64_t max_store_bytes_per_uid = 4ull << 30;
+  // Besides root, the uid that may run CollectGarbage (kregd's own).
+  uid_t admin_uid = static_cast<uid_t>(-1);
 };
 
 // Thread-safe. The whole check-and-register sequence is atomic: concurrent
 // identical registrations give one load and N successes, conflicting ones
-// exactly one winner. Entries are never removed.
+// exactly one winner. Entries are removed only by Retire.
 class Registry {
  public:
-  // `loader` and `log` must outlive the registry.
-  Registry(HandlerLoader* loader, RegistrationLog* log);
+  // `loader` and `log` must outlive the registry. `limits.admin_uid`
+  // defaults to the process's effective uid.
+  Registry(HandlerLoader* loader, RegistrationLog* log,
+           RegistryLimits limits = {});
   Registry(const Registry&) = delete;
   Registry& operator=(const Registry&) = delete;
 
   // OK with created=true (new), OK with created=false (identical no-op),
-  // FAILED_PRECONDITION (content change under an existing key; the message
-  // names both identities and the remedy), or the loader's/log's error.
+  // FAILED_PRECONDITION (content change under an existing key, or another
+  // uid's module equal only by content_id; the message names both
+  // identities and the remedy), INVALID_ARGUMENT (a "sha256:" content_id
+  // that is not the module's digest), RESOURCE_EXHAUSTED (a per-uid limit),
+  // or the loader's/log's error. Every decision is logged at info. A module
+  // reaches the store only once its registration is accepted.
   absl::StatusOr<RegisterOutcome> Register(const RegisterArgs& args);
+
+  // Removes (target_name, platform), or every platform under the name when
+  // `platform` is empty, so the name can be registered again with any
+  // content; journaled first. NOT_FOUND when nothing is registered,
+  // PERMISSION_DENIED unless `peer` is root or the registering uid,
+  // FAILED_PRECONDITION (naming the pids) while a live session has it bound.
+  // All-or-nothing for the checks. Returns the retired entries.
+  absl::StatusOr<std::vector<EntryPtr>> Retire(const std::string& name,
+                                               std::optional<Platform> platform,
+                                               const PeerCred& peer);
+
+  // Removes store files no entry references. PERMISSION_DENIED unless
+  // `peer` is root or limits.admin_uid.
+  absl::StatusOr<GcOutcome> CollectGarbage(const PeerCred& peer);
+
+  // Consulted by Retire; null (the default) means nothing is ever bound.
+  // The oracle must outlive the registry. Thread-safe.
+  void SetBindingOracle(BindingOracle* oracle) { oracle_.store(oracle); }
 
   // Re-inserts a journaled entry at start-up (loads its module again).
   // If the module cannot be loaded (e.g. DATA_LOSS: corrupt store file) the
@@ -95,6 +159,21 @@ class Registry {
   absl::Status CheckSame(const TargetEntry& existing, TargetKind kind,
                          const std::string& cid, const std::string& func_name,
                          bool replace) const;
+  // Register without the decision log (register_mu_ taken inside).
+  absl::StatusOr<RegisterOutcome> Decide(const RegisterArgs& args,
+                                         const std::string& digest);
+  // RESOURCE_EXHAUSTED when registering `size` more bytes of `digest`
+  // would take `peer.uid` over a limit.
+  absl::Status CheckLimits(const RegisterArgs& args,
+                           const std::string& digest) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
+  // Stage, probe, commit, load, journal and insert a new module entry (or
+  // repair `existing`).
+  absl::StatusOr<RegisterOutcome> RegisterModule(const RegisterArgs& args,
+                                                 const std::string& digest,
+                                                 const std::string& cid,
+                                                 EntryPtr existing)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
   // The new-entry half of Register for in-process targets (register_mu_
   // held): journal and insert, nothing to load.
   absl::StatusOr<RegisterOutcome> RegisterInProcess(const RegisterArgs& args)
@@ -102,6 +181,8 @@ class Registry {
 
   HandlerLoader* const loader_;
   RegistrationLog* const log_;
+  const RegistryLimits limits_;
+  std::atomic<BindingOracle*> oracle_{nullptr};
   // Serialises check-load-journal-insert; never held by readers.
   absl::Mutex register_mu_;
   mutable absl::Mutex mu_;

@@ -121,7 +121,10 @@ Daemon::Daemon(Config config)
       store_(config_.state_dir + "/modules"),
       loader_(&store_, config_.probe_binary.empty() ? SelfDir() + "/kregd-probe"
                                                     : config_.probe_binary),
-      journal_(config_.state_dir + "/journal"), registry_(&loader_, &journal_),
+      journal_(config_.state_dir + "/journal"),
+      registry_(&loader_, &journal_,
+                RegistryLimits{config_.max_registrations_per_uid,
+                               config_.max_store_bytes_per_uid}),
       registrar_(&registry_,
                  ModulePolicy{config_.allowed_roots, config_.max_module_bytes,
                               config_.probe_binary.empty()

@@ -71,6 +71,16 @@ struct TargetEntry {
 
 using EntryPtr = std::shared_ptr<const TargetEntry>;
 
+// The retirement of a (target_name, platform): after it the name may be
+// registered again with any content. Journaled like a registration.
+struct Retirement {
+  TargetKey key;
+  std::string content_id;     // of the entry retired (audit)
+  std::string module_digest;  // of the entry retired (audit)
+  PeerCred retired_by;
+  int64_t retired_at_us = 0;
+};
+
 }  // namespace kreg
 
 #endif  // KREGD_DAEMON_TYPES_H_

@@ -1,9 +1,12 @@
 #include "daemon/journal.h"
 
+#include <zlib.h>
+
 #include <fstream>
 #include <iterator>
 
 #include "catch2/catch.hpp"
+#include "kreg/v1/journal.pb.h"
 #include "tests/testing/temp_dir.h"
 
 namespace kreg {
@@ -130,6 +133,96 @@ TEST_CASE("Journal refuses a record with an invalid target name", "[journal]") {
   REQUIRE(entries.status().code() == absl::StatusCode::kDataLoss);
   CHECK_THAT(std::string(entries.status().message()),
              Catch::Contains("9bad name"));
+}
+
+Retirement Retired(const std::string& name) {
+  Retirement r;
+  r.key = {name, Platform::kCpu};
+  r.content_id = r.module_digest = "sha256:" + std::string(64, 'a');
+  r.retired_by = {1000, 1000, 43};
+  r.retired_at_us = 1234;
+  return r;
+}
+
+TEST_CASE("Journal replays a retirement: the name is free again",
+          "[journal][retire]") {
+  testing::TempDir dir;
+  std::string path = dir.path() + "/journal";
+  {
+    Journal j(path);
+    REQUIRE(j.Open().ok());
+    REQUIRE(j.Append(Entry("a")).ok());
+    REQUIRE(j.Append(Entry("b")).ok());
+    REQUIRE(j.AppendRetirement(Retired("a")).ok());
+  }
+  {
+    Journal j(path);
+    auto entries = j.Open();
+    REQUIRE(entries.ok());
+    REQUIRE(entries->size() == 1);
+    CHECK((*entries)[0].key.name == "b");
+    // Registered again after the retirement, with other content.
+    TargetEntry again = Entry("a");
+    again.content_id = again.module_digest = "sha256:" + std::string(64, 'b');
+    REQUIRE(j.Append(again).ok());
+  }
+  Journal j(path);
+  auto entries = j.Open();
+  REQUIRE(entries.ok());
+  REQUIRE(entries->size() == 2);
+  CHECK((*entries)[1].key.name == "a");
+  CHECK((*entries)[1].content_id == "sha256:" + std::string(64, 'b'));
+}
+
+TEST_CASE("Journal retirement records carry who and when",
+          "[journal][retire]") {
+  testing::TempDir dir;
+  std::string path = dir.path() + "/journal";
+  Journal j(path);
+  REQUIRE(j.Open().ok());
+  REQUIRE(j.AppendRetirement(Retired("a")).ok());
+  std::string data = ReadAll(path);
+  v1::JournalRecord record;
+  REQUIRE(record.ParseFromString(data.substr(8)));
+  REQUIRE(record.has_retirement());
+  CHECK(record.retirement().target_name() == "a");
+  CHECK(record.retirement().platform() == "cpu");
+  CHECK(record.retirement().uid() == 1000);
+  CHECK(record.retirement().pid() == 43);
+  CHECK(record.retirement().retired_at_us() == 1234);
+  // A retirement of a name never registered is ignored (logged).
+  Journal again(path);
+  auto entries = again.Open();
+  REQUIRE(entries.ok());
+  CHECK(entries->empty());
+}
+
+TEST_CASE("Journal refuses a retirement with a bad platform",
+          "[journal][retire]") {
+  testing::TempDir dir;
+  std::string path = dir.path() + "/journal";
+  {
+    Journal j(path);
+    REQUIRE(j.Open().ok());
+    REQUIRE(j.Append(Entry("a")).ok());
+  }
+  // A retirement record for platform "tpu", framed as Journal frames it.
+  v1::JournalRecord record;
+  record.mutable_retirement()->set_target_name("a");
+  record.mutable_retirement()->set_platform("tpu");
+  std::string payload = record.SerializeAsString();
+  uint32_t len = static_cast<uint32_t>(payload.size());
+  uint32_t crc = static_cast<uint32_t>(
+      crc32(0, reinterpret_cast<const Bytef*>(payload.data()), len));
+  std::string data = ReadAll(path);
+  data.append(reinterpret_cast<const char*>(&len), 4);
+  data.append(reinterpret_cast<const char*>(&crc), 4);
+  data += payload;
+  WriteAll(path, data);
+  Journal j(path);
+  auto entries = j.Open();
+  REQUIRE(entries.status().code() == absl::StatusCode::kDataLoss);
+  CHECK_THAT(std::string(entries.status().message()), Catch::Contains("tpu"));
 }
 
 }  // namespace

@@ -1,66 +1,16 @@
 #include "daemon/registry.h"
 
 #include <atomic>
+#include <set>
 #include <thread>
 #include <vector>
 
 #include "catch2/catch.hpp"
 #include "daemon/module_store.h"
+#include "tests/daemon/registry_fakes.h"
 
 namespace kreg {
 namespace {
-
-// In-memory HandlerLoader that counts loads.
-class FakeLoader : public HandlerLoader {
- public:
-  absl::Status Store(const std::string& bytes,
-                     const std::string& digest) override {
-    stored.push_back(digest);
-    return digest == Sha256Digest(bytes)
-               ? absl::OkStatus()
-               : absl::InternalError("digest does not match the bytes");
-  }
-  std::vector<std::string> stored;
-  absl::StatusOr<HandlerInfo> Probe(const std::string&,
-                                    const std::string& func) override {
-    if (func == "NotAHandler") {
-      return absl::InvalidArgumentError("NotAHandler is not a handler");
-    }
-    return HandlerInfo{0, 4, 0, 0};
-  }
-  absl::Status Check(const std::string&) override {
-    loads.fetch_add(1);
-    return absl::OkStatus();
-  }
-  absl::Status CheckStored(const std::string& d) override {
-    if (!stored_ok) return absl::DataLossError("store file is corrupt");
-    return Check(d);
-  }
-  std::atomic<int> loads{0};
-  bool stored_ok = true;
-};
-
-class MemLog : public RegistrationLog {
- public:
-  absl::Status Append(const TargetEntry& e) override {
-    if (fail) return absl::InternalError("disk full");
-    entries.push_back(e);
-    return absl::OkStatus();
-  }
-  std::vector<TargetEntry> entries;
-  bool fail = false;
-};
-
-RegisterArgs Args(const std::string& name, const std::string& bytes,
-                  const std::string& func = "Scale",
-                  Platform platform = Platform::kCpu) {
-  RegisterArgs a;
-  a.key = {name, platform};
-  a.func_name = func;
-  a.module_bytes = bytes;
-  a.origin = "upload";
-  return a;
-}
 
 TEST_CASE("Register creates, then is an idempotent no-op", "[registry]") {
   FakeLoader loader;
@@ -327,6 +277,161 @@ TEST_CASE("Restore brings back in-process targets without loading",
   CHECK(loader.loads == 0);
   CHECK(registry.Register(InProcess("k", "fp:2")).status().code() ==
         absl::StatusCode::kFailedPrecondition);
+}
+
+// --- content_id is a claim (issue 9 item 5) --------------------------------
+
+TEST_CASE("content_id: the same uid's rebuild with other bytes is a no-op",
+          "[registry][content_id]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log);
+  RegisterArgs a = ArgsBy(1000, "op", "build-1");
+  a.content_id = "cache:1";
+  REQUIRE(registry.Register(a).ok());
+  RegisterArgs rebuilt = ArgsBy(1000, "op", "build-2");
+  rebuilt.content_id = "cache:1";
+  auto same = registry.Register(rebuilt);
+  REQUIRE(same.ok());
+  CHECK_FALSE(same->created);
+  CHECK(same->entry->module_digest == Sha256Digest("build-1"));
+  CHECK(loader.stored.size() == 1);
+}
+
+TEST_CASE("content_id: another uid with other bytes is refused",
+          "[registry][content_id]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log);
+  RegisterArgs owner = ArgsBy(1000, "demo", "the first user's module");
+  owner.content_id = "cache:1";
+  REQUIRE(registry.Register(owner).ok());
+  RegisterArgs other = ArgsBy(1001, "demo", "the real module");
+  other.content_id = "cache:1";
+  auto refused = registry.Register(other);
+  REQUIRE(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+  std::string msg(refused.status().message());
+  CHECK_THAT(msg, Catch::Contains("registered by uid 1000"));
+  CHECK_THAT(msg, Catch::Contains("by uid 1001"));
+  CHECK_THAT(msg, Catch::Contains(Sha256Digest("the first user's module")));
+  CHECK_THAT(msg, Catch::Contains(Sha256Digest("the real module")));
+  CHECK_THAT(msg, Catch::Contains("\"cache:1\""));
+  CHECK_THAT(msg, Catch::Contains("distinct target name"));
+  CHECK(registry.refused() == 1);
+  CHECK(loader.stored.size() == 1);
+  CHECK(log.entries.size() == 1);
+}
+
+TEST_CASE("content_id: another uid with the same bytes is a no-op",
+          "[registry][content_id]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log);
+  RegisterArgs owner = ArgsBy(1000, "demo", "module");
+  owner.content_id = "cache:1";
+  REQUIRE(registry.Register(owner).ok());
+  RegisterArgs other = ArgsBy(1001, "demo", "module");
+  other.content_id = "cache:1";
+  auto same = registry.Register(other);
+  REQUIRE(same.ok());
+  CHECK_FALSE(same->created);
+  // Without a content_id the digest is the identity: equal for anyone.
+  auto plain_owner = registry.Register(ArgsBy(1000, "plain", "m"));
+  REQUIRE(plain_owner.ok());
+  auto plain_other = registry.Register(ArgsBy(1001, "plain", "m"));
+  REQUIRE(plain_other.ok());
+  CHECK_FALSE(plain_other->created);
+}
+
+TEST_CASE("content_id: a sha256: claim must be the module's digest",
+          "[registry][content_id]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log);
+  const std::string real = Sha256Digest("real libdemo.so");
+  RegisterArgs spoof = ArgsBy(1000, "demo", "other code");
+  spoof.content_id = real;
+  auto refused = registry.Register(spoof);
+  REQUIRE(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  std::string msg(refused.status().message());
+  CHECK_THAT(msg, Catch::Contains("\"" + real + "\""));
+  CHECK_THAT(msg, Catch::Contains(Sha256Digest("other code")));
+  CHECK_THAT(msg, Catch::Contains("must be the module's own digest"));
+  CHECK(loader.stored.empty());
+  CHECK(registry.Lookup({"demo", Platform::kCpu}) == nullptr);
+
+  // The prefix is recognised in any case; a short claim is refused too.
+  spoof.content_id = "SHA256:" + real.substr(7);
+  CHECK(registry.Register(spoof).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  spoof.content_id = "sha256:abc";
+  CHECK(registry.Register(spoof).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+
+  RegisterArgs honest = ArgsBy(1000, "demo", "other code");
+  honest.content_id = Sha256Digest("other code");
+  auto ok = registry.Register(honest);
+  REQUIRE(ok.ok());
+  CHECK(ok->entry->content_id == honest.content_id);
+  // The real module under the spoofed claim: the name is taken by other
+  // content, refused as a change.
+  RegisterArgs victim = ArgsBy(1001, "demo", "real libdemo.so");
+  CHECK(registry.Register(victim).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("content_id: in-process fingerprints are not module digests",
+          "[registry][content_id]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log);
+  RegisterArgs a = InProcess("k", "sha256:fingerprint");
+  REQUIRE(registry.Register(a).ok());
+  a.peer.uid = 1001;
+  auto other = registry.Register(a);
+  REQUIRE(other.ok());
+  CHECK_FALSE(other->created);
+}
+
+// --- the store holds accepted modules only (issue 9 item 6) ----------------
+
+TEST_CASE("A refused or failed registration leaves nothing in the store",
+          "[registry][disk]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log);
+  SECTION("probe failure: the temp file is discarded, nothing committed") {
+    CHECK(registry.Register(Args("op", "aa", "NotAHandler")).status().code() ==
+          absl::StatusCode::kInvalidArgument);
+    CHECK(loader.discarded == std::vector<std::string>{Sha256Digest("aa")});
+  }
+  SECTION("journal failure: the committed file is removed again") {
+    log.fail = true;
+    CHECK(registry.Register(Args("op", "aa")).status().code() ==
+          absl::StatusCode::kInternal);
+    CHECK(loader.discarded == std::vector<std::string>{Sha256Digest("aa")});
+  }
+  SECTION("conflict: refused before anything is written") {
+    REQUIRE(registry.Register(Args("op", "aa")).ok());
+    CHECK(registry.Register(Args("op", "bb")).status().code() ==
+          absl::StatusCode::kFailedPrecondition);
+    CHECK(loader.stored.size() == 1);
+    CHECK(loader.files == std::set<std::string>{Sha256Digest("aa")});
+  }
+  CHECK(loader.temps.empty());
+  CHECK(loader.files.count(Sha256Digest("bb")) == 0);
+}
+
+TEST_CASE("A failure never removes a module another entry uses",
+          "[registry][disk]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log);
+  REQUIRE(registry.Register(Args("a", "aa")).ok());
+  log.fail = true;
+  CHECK_FALSE(registry.Register(Args("b", "aa")).ok());
+  CHECK(loader.discarded.empty());
+  CHECK(loader.files == std::set<std::string>{Sha256Digest("aa")});
 }
 
 }  // namespace

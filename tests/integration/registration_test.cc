@@ -34,6 +34,16 @@ RegisterRequest Upload(const Daemon& d, const std::string& name,
 
 std::string Message(const absl::Status& s) { return std::string(s.message()); }
 
+// Files in kregd's module store.
+std::vector<std::string> StoreFiles(const Daemon& d) {
+  std::vector<std::string> out;
+  for (const auto& e :
+       std::filesystem::directory_iterator(d.state_dir() + "/modules")) {
+    out.push_back(e.path().filename().string());
+  }
+  return out;
+}
+
 TEST_CASE("Re-registering identical content is a no-op", "[integration]") {
   TempDir dir;
   Daemon d(dir.path());
@@ -399,11 +409,33 @@ TEST_CASE("Invalid inputs are refused with clear messages", "[integration]") {
   RegisterRequest bad_cid = Upload(d, "op");
   bad_cid.content_id = "has space";
   expect(bad_cid, absl::StatusCode::kInvalidArgument, "content_id");
-  // Nothing above registered anything or loaded a module.
+  RegisterRequest spoof = Upload(d, "op");
+  spoof.content_id = "sha256:" + std::string(64, 'a');
+  expect(spoof, absl::StatusCode::kInvalidArgument,
+         "content_id \"sha256:" + std::string(64, 'a') +
+             "\" has the form of a module digest but the module's digest is "
+             "sha256:");
+  // Nothing above registered anything, loaded a module or left a file in
+  // the store (also after a restart).
   CHECK(c.List()->empty());
   CHECK(c.Status()->modules_loaded() == 0);
+  CHECK(StoreFiles(d).empty());
   // The daemon is still healthy after the crashing probes.
   CHECK(c.Health().ok());
+  // Each refusal is logged with who asked and why, at the edge and in the
+  // registry.
+  const std::string pid = std::to_string(::getpid());
+  CHECK_THAT(d.log(),
+             Catch::Contains("registration refused (INVALID_ARGUMENT): target "
+                             "\"9x\" (\"cpu\") by uid 0 pid " +
+                             pid + ": target name"));
+  CHECK_THAT(d.log(), Catch::Contains("registration refused (NOT_FOUND): "
+                                      "target \"op\" (cpu) by uid 0 pid " +
+                                      pid + ": module sha256:"));
+  REQUIRE(d.Stop() == 0);
+  d.Start();
+  CHECK(StoreFiles(d).empty());
+  CHECK(d.client().List()->empty());
 }
 
 TEST_CASE("Daemon-side paths: allowed roots, traversal, symlink escape",

@@ -60,6 +60,34 @@ def test_register_path_is_idempotent_and_listed(running_kregd, demo):
   assert t.pid == os.getpid()
 
 
+def test_register_returns_a_result_truthy_only_when_created(running_kregd,
+                                                           demo):
+  first = kreg.register_ffi_target("t.result", demo, "Scale", platform="cpu")
+  assert isinstance(first, kreg.Registration)
+  assert first.created is True and bool(first)
+  assert first.target_name == "t.result" and first.platform == "cpu"
+  assert first.target.func_name == "Scale"
+  assert first.content_id == first.target.module_digest
+  again = kreg.register_ffi_target("t.result", demo, "Scale", platform="cpu")
+  assert again.created is False and not again
+  assert again.target == first.target
+
+
+def test_sha256_content_id_must_be_the_module_digest(running_kregd, demo):
+  wrong = "sha256:" + "0" * 64
+  with pytest.raises(kreg.KernelRegistrationError) as info:
+    kreg.register_ffi_target("t.spoof", demo, "Scale", platform="cpu",
+                             content_id=wrong)
+  assert info.value.code == "INVALID_ARGUMENT"
+  assert wrong in info.value.message
+  assert "module's digest is sha256:" in info.value.message
+  right = kreg.register_ffi_target("t.spoof", demo, "Scale", platform="cpu")
+  assert right.created
+  again = kreg.register_ffi_target("t.spoof", demo, "Scale", platform="cpu",
+                                   content_id=right.target.module_digest)
+  assert not again
+
+
 def test_register_bytes_and_module(running_kregd, demo):
   data = demo.read_bytes()
   kreg.register_ffi_target("t.bytes.scale", data, "Scale", platform="host")

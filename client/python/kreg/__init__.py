@@ -12,8 +12,9 @@ static state lives in the daemon's one copy of the module and is shared by
 every client process (per-client state is what XLA FFI's State API is for).
 """
 
-from kreg._client import (Client, Module, Target, connect, default_address,
-                          list_registered_targets, register_ffi_target)
+from kreg._client import (Client, Module, Registration, Target, connect,
+                          default_address, list_registered_targets,
+                          register_ffi_target)
 from kreg.numba_cuda import numba_cuda_callable, numba_cuda_scratch
 from kreg._errors import (DaemonNotRunningError, JaxVersionError,
                           KernelRegistrationError, KregError,
@@ -21,7 +22,8 @@ from kreg._errors import (DaemonNotRunningError, JaxVersionError,
 
 __all__ = [
     "Client", "DaemonNotRunningError", "JaxVersionError",
-    "KernelRegistrationError", "KregError", "Module", "ShimNotFoundError",
+    "KernelRegistrationError", "KregError", "Module", "Registration",
+    "ShimNotFoundError",
     "Target", "connect", "default_address", "list_registered_targets",
     "register_ffi_target",
 ]

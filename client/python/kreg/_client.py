@@ -49,6 +49,34 @@ class Target:
   origin: str
 
 
+@dataclasses.dataclass(frozen=True)
+class Registration:
+  """What register_ffi_target did.
+
+  `created` is True when this call made a new registration and False when an
+  identical one already existed (an idempotent no-op); `target` is the
+  registry entry. Truthiness is `created`: `if kreg.register_ffi_target(...)`
+  reads "was it new?", and a no-op stays falsy as the None returned before.
+  """
+  created: bool
+  target: Target
+
+  @property
+  def target_name(self) -> str:
+    return self.target.target_name
+
+  @property
+  def platform(self) -> str:
+    return self.target.platform
+
+  @property
+  def content_id(self) -> str:
+    return self.target.content_id
+
+  def __bool__(self) -> bool:
+    return self.created
+
+
 def default_address() -> str:
   """$KREGD_SOCKET, else the daemon's default gRPC socket path."""
   env = os.environ.get("KREGD_SOCKET")
@@ -203,9 +231,12 @@ class Client:
 
   def register_ffi_target(self, target_name: str, module: Any, func_name: str,
                           *, platform: str = "CUDA", replace: bool = False,
-                          content_id: Optional[str] = None) -> None:
+                          content_id: Optional[str] = None) -> Registration:
     """Registers `func_name` of `module` with kregd as (target_name, platform)
     and makes jax.ffi.ffi_call(target_name, ...) forward to it.
+
+    Returns a Registration: `.created` (False for an identical re-register,
+    which is also falsy) and `.target`.
 
     module: a path (str or PathLike; the daemon reads it when it is under
     its allowed roots and readable, else this process uploads its bytes),
@@ -232,8 +263,8 @@ class Client:
     if path is not None:
       path = os.path.abspath(os.fspath(path))
       try:
-        self._register(target_name, platform, func_name, replace, content_id,
-                       path=path)
+        created, target = self._register(target_name, platform, func_name,
+                                          replace, content_id, path=path)
       except KernelRegistrationError as e:
         # The daemon may not read it (outside its allowed roots, another
         # host path namespace, permissions): upload the bytes instead.
@@ -242,12 +273,13 @@ class Client:
           raise
         with open(path, "rb") as f:
           data = f.read()
-        self._register(target_name, platform, func_name, replace, content_id,
-                       data=data)
+        created, target = self._register(target_name, platform, func_name,
+                                          replace, content_id, data=data)
     else:
-      self._register(target_name, platform, func_name, replace, content_id,
-                     data=data)
+      created, target = self._register(target_name, platform, func_name,
+                                        replace, content_id, data=data)
     self._bind_with_jax(target_name, platform)
+    return Registration(created, target)
 
   def _bind_with_jax(self, target_name: str, platform: str) -> None:
     import jax  # pylint: disable=import-outside-toplevel
@@ -326,12 +358,13 @@ def default_client() -> Client:
 
 def register_ffi_target(target_name: str, module: Any, func_name: str, *,
                         platform: str = "CUDA", replace: bool = False,
-                        content_id: Optional[str] = None) -> None:
+                        content_id: Optional[str] = None) -> Registration:
   """Registers a compiled XLA FFI handler with kregd as a JAX FFI target.
 
   See Client.register_ffi_target; uses the default client (kreg.connect()).
+  Returns a Registration, truthy only when a new registration was created.
   """
-  default_client().register_ffi_target(
+  return default_client().register_ffi_target(
       target_name, module, func_name, platform=platform, replace=replace,
       content_id=content_id)
 

@@ -1,0 +1,155 @@
+// Registry: per-uid limits, retirement of names, garbage collection of the
+// module store (the parts of DESIGN §2 that end or bound a registration).
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/registry.h"
+#include "spdlog/spdlog.h"
+
+namespace kreg {
+namespace {
+
+constexpr uid_t kRoot = 0;
+
+std::string Named(const TargetKey& key) {
+  return absl::StrCat("target \"", key.name, "\" (", PlatformName(key.platform),
+                      ")");
+}
+
+}  // namespace
+
+absl::Status Registry::CheckLimits(const RegisterArgs& args,
+                                   const std::string& digest) const {
+  const uid_t uid = args.peer.uid;
+  if (uid == kRoot) return absl::OkStatus();
+  uint64_t registrations = 0, bytes = 0;
+  bool has_digest = false;
+  {
+    absl::MutexLock lock(&mu_);
+    std::set<std::string> digests;
+    for (const auto& [key, e] : entries_) {
+      if (e->registered_by.uid != uid) continue;
+      ++registrations;
+      if (!e->module_digest.empty() &&
+          digests.insert(e->module_digest).second) {
+        bytes += e->module_size;
+      }
+    }
+    has_digest = digests.count(digest) != 0;
+  }
+  const char* remedy =
+      "; retire targets you no longer use (kregctl retire NAME) or ask the "
+      "operator to raise the limit";
+  if (registrations + 1 > limits_.max_registrations_per_uid) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot register ", Named(args.key), ": uid ", uid, " already has ",
+        registrations, " registrations, the limit per uid is ",
+        limits_.max_registrations_per_uid, " (max_registrations_per_uid)",
+        remedy));
+  }
+  const uint64_t more = args.kind == TargetKind::kModule && !has_digest
+                            ? args.module_bytes.size()
+                            : 0;
+  if (bytes + more > limits_.max_store_bytes_per_uid) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot register ", Named(args.key), ": its ", more,
+        "-byte module would bring uid ", uid, "'s module store use to ",
+        bytes + more, " bytes (now ", bytes, "); the limit per uid is ",
+        limits_.max_store_bytes_per_uid, " bytes (max_store_bytes_per_uid)",
+        remedy));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<EntryPtr>> Registry::Retire(
+    const std::string& name, std::optional<Platform> platform,
+    const PeerCred& peer) {
+  absl::MutexLock serial(&register_mu_);
+  std::vector<EntryPtr> targets;
+  if (platform.has_value()) {
+    if (EntryPtr e = Lookup({name, *platform})) targets.push_back(e);
+  } else {
+    targets = Find(name);
+  }
+  if (targets.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        "cannot retire \"", name, "\"",
+        platform ? absl::StrCat(" on platform ", PlatformName(*platform)) : "",
+        ": no such target is registered; `kregctl list` shows what is"));
+  }
+  for (const EntryPtr& e : targets) {
+    if (peer.uid != kRoot && peer.uid != e->registered_by.uid) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot retire ", Named(e->key),
+                       ": it was registered by uid ", e->registered_by.uid,
+                       " and only that uid or root may retire it "
+                       "(you are uid ",
+                       peer.uid, ")"));
+    }
+  }
+  if (BindingOracle* oracle = oracle_.load()) {
+    for (const EntryPtr& e : targets) {
+      std::vector<pid_t> pids = oracle->PidsBinding(e->key);
+      if (!pids.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "cannot retire ", Named(e->key),
+            ": live sessions have it bound (pid", pids.size() > 1 ? "s " : " ",
+            absl::StrJoin(pids, ", "),
+            "); retire it once those processes have exited"));
+      }
+    }
+  }
+  const int64_t now_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(
+          std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  std::vector<EntryPtr> retired;
+  for (const EntryPtr& e : targets) {
+    Retirement r{e->key, e->content_id, e->module_digest, peer, now_us};
+    absl::Status logged = log_->AppendRetirement(r);
+    if (!logged.ok()) {
+      spdlog::error("retirement of {} by uid {} failed: {}", Named(e->key),
+                    peer.uid, std::string(logged.message()));
+      return logged;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      entries_.erase(e->key);
+    }
+    spdlog::info(
+        "retired {} (content_id \"{}\", module {}, registered by uid {}) at "
+        "the request of uid {} pid {}",
+        Named(e->key), e->content_id, e->module_digest, e->registered_by.uid,
+        peer.uid, peer.pid);
+    retired.push_back(e);
+  }
+  return retired;
+}
+
+absl::StatusOr<GcOutcome> Registry::CollectGarbage(const PeerCred& peer) {
+  if (peer.uid != kRoot && peer.uid != limits_.admin_uid) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "garbage collection of the module store is for root or kregd's own "
+        "uid (",
+        limits_.admin_uid, "); uid ", peer.uid, " may not run it"));
+  }
+  // register_mu_ keeps registrations (which stage and commit files) out
+  // while the store is swept.
+  absl::MutexLock serial(&register_mu_);
+  std::set<std::string> keep;
+  for (const EntryPtr& e : List()) {
+    if (!e->module_digest.empty()) keep.insert(e->module_digest);
+  }
+  absl::StatusOr<GcOutcome> out = loader_->RemoveUnreferenced(keep);
+  if (out.ok()) {
+    spdlog::info(
+        "gc by uid {} pid {}: removed {} unreferenced store files ({} bytes); "
+        "{} files ({} bytes) kept",
+        peer.uid, peer.pid, out->files_removed, out->bytes_removed,
+        out->files_kept, out->bytes_kept);
+  }
+  return out;
+}
+
+}  // namespace kreg
