@@ -1,5 +1,7 @@
 #include "daemon/registrar.h"
 
+#include "daemon/log_limit.h"
+
 #include <grp.h>
 #include <pwd.h>
 #include <sys/stat.h>
@@ -245,13 +247,17 @@ absl::StatusOr<RegisterOutcome> Registrar::Register(
     const PeerCred& peer) {
   absl::StatusOr<RegisterArgs> args = Parse(header, std::move(upload), peer);
   if (!args.ok()) {
-    // The registry logs its own decisions; these are the edge's.
-    spdlog::info(
-        "registration refused ({}): target {} ({}) by uid {} pid {}: {}",
-        absl::StatusCodeToString(args.status().code()),
-        QuoteForMessage(header.target_name()),
-        QuoteForMessage(header.platform()), peer.uid, peer.pid,
-        std::string(args.status().message()));
+    // The registry logs its own decisions; these are the edge's
+    // (rate-limited per uid: a client can send bad requests at will).
+    std::string suppressed;
+    if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer.uid), &suppressed)) {
+      spdlog::info(
+          "registration refused ({}): target {} ({}) by uid {} pid {}: {}{}",
+          absl::StatusCodeToString(args.status().code()),
+          QuoteForMessage(header.target_name()),
+          QuoteForMessage(header.platform()), peer.uid, peer.pid,
+          std::string(args.status().message()), suppressed);
+    }
     return args.status();
   }
   absl::StatusOr<RegisterOutcome> out = registry_->Register(*args);

@@ -1,5 +1,7 @@
 #include "daemon/registry.h"
 
+#include "daemon/log_limit.h"
+
 #include <unistd.h>
 
 #include <chrono>
@@ -87,17 +89,25 @@ void LogDecision(const RegisterArgs& args, const std::string& digest,
       absl::StrCat("target \"", args.key.name, "\" (",
                    PlatformName(args.key.platform), ") by uid ", args.peer.uid,
                    " pid ", args.peer.pid, ": ", Identity(args, digest));
+  if (out.ok() && out->created) {
+    spdlog::info("registration created: {}", what);  // bounded by quotas
+    return;
+  }
+  // Refusals and no-ops a client can repeat at will: rate-limited per uid.
+  std::string suppressed;
+  if (!PeerLogLimiter().Allow(absl::StrCat("uid ", args.peer.uid),
+                              &suppressed)) {
+    return;
+  }
   if (!out.ok()) {
-    spdlog::info("registration refused ({}): {}: {}",
+    spdlog::info("registration refused ({}): {}: {}{}",
                  absl::StatusCodeToString(out.status().code()), what,
-                 std::string(out.status().message()));
-  } else if (out->created) {
-    spdlog::info("registration created: {}", what);
+                 std::string(out.status().message()), suppressed);
   } else {
     spdlog::info(
         "registration no-op (identical to the entry registered by "
-        "uid {}): {}",
-        out->entry->registered_by.uid, what);
+        "uid {}): {}{}",
+        out->entry->registered_by.uid, what, suppressed);
   }
 }
 

@@ -429,9 +429,10 @@ TEST_CASE("Invalid inputs are refused with clear messages", "[integration]") {
              Catch::Contains("registration refused (INVALID_ARGUMENT): target "
                              "\"9x\" (\"cpu\") by uid 0 pid " +
                              pid + ": target name"));
-  CHECK_THAT(d.log(), Catch::Contains("registration refused (NOT_FOUND): "
-                                      "target \"op\" (cpu) by uid 0 pid " +
-                                      pid + ": module sha256:"));
+  CHECK_THAT(d.log(),
+             Catch::Contains("registration refused (INVALID_ARGUMENT): "
+                             "target \"op\" (cpu) by uid 0 pid " +
+                             pid + ": module sha256:"));
   REQUIRE(d.Stop() == 0);
   d.Start();
   CHECK(StoreFiles(d).empty());
