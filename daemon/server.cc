@@ -22,13 +22,14 @@
 #include "daemon/exec/broker.h"
 #include "daemon/exec/executor_pool.h"
 #include "daemon/exec/supervision_service.h"
+#include "daemon/runnable.h"
 #include "daemon/session/session_server.h"
+#include "daemon/version.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
 namespace {
 
-constexpr char kVersion[] = "0.1.0";
 
 absl::Status Errno(absl::string_view what) {
   return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
@@ -220,6 +221,9 @@ absl::Status Daemon::Start() {
       &registrar_, &registry_,
       [this](const std::string &peer) { return PeerOf(peer); },
       [this](v1::GetStatusResponse *r) { FillStatus(r); });
+  // Whether executors here can run CUDA launches (driver and a device; no
+  // context is created in kregd), for Target.not_runnable.
+  service_->set_cuda_status_of([] { return CudaLaunchStatus(); });
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -232,6 +236,9 @@ absl::Status Daemon::Start() {
   if (server_ == nullptr) {
     return absl::InternalError("the gRPC server could not be started");
   }
+  // grpc.health.v1 answers for the whole server ("") and, by name, for the
+  // service clients actually use.
+  server_->GetHealthCheckService()->SetServingStatus("kreg.v1.Registry", true);
   st = StartSessions();
   if (!st.ok())
     return st;
@@ -245,7 +252,7 @@ absl::Status Daemon::Start() {
   }
   sd_notifyf(0, "READY=1\nSTATUS=serving %zu targets on %s",
              registry_.List().size(), serving_socket_path_.c_str());
-  spdlog::info("kregd {} serving {} (state {})", kVersion, serving_socket_path_,
+  spdlog::info("kregd {} serving {} (state {})", kKregVersion, serving_socket_path_,
                config_.state_dir);
   return absl::OkStatus();
 }
@@ -309,7 +316,7 @@ void Daemon::WatchdogLoop(uint64_t interval_us) {
 }
 
 void Daemon::FillStatus(v1::GetStatusResponse *r) {
-  r->set_version(kVersion);
+  r->set_version(kKregVersion);
   r->set_uptime_s(std::chrono::duration_cast<std::chrono::seconds>(
                       std::chrono::steady_clock::now() - started_)
                       .count());
@@ -327,6 +334,7 @@ void Daemon::FillStatus(v1::GetStatusResponse *r) {
   r->set_socket_path(serving_socket_path_);
   r->set_ffi_api_major(kHostedApiMajor);
   r->set_ffi_api_minor(kHostedApiMinor);
+  r->set_max_module_bytes(config_.max_module_bytes);
   FillSessionStatus(r);
 }
 

@@ -12,6 +12,7 @@
 #include "daemon/module_store.h"
 #include "daemon/registrar.h"
 #include "daemon/registry.h"
+#include "daemon/runnable.h"
 #include "daemon/session/wire.h"
 #include "daemon/validate.h"
 #include "kreg/v1/registry.pb.h"
@@ -48,6 +49,7 @@ void FillTargetInfo(const TargetEntry &e, v1::TargetInfo *t) {
   t->set_pid(e.registered_by.pid);
   t->set_registered_at_us(e.registered_at_us);
   t->set_origin(e.origin);
+  t->set_not_runnable(NotRunnableReason(e, CudaLaunchStatus()));
 }
 
 absl::StatusOr<v1::RegisterReply>
