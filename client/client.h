@@ -5,6 +5,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +27,8 @@ struct RegisterRequest {
   // Exactly one of: bytes to upload, or a path the daemon reads itself.
   std::string module_bytes;
   std::string daemon_path;
+  // Called after each uploaded chunk with (bytes sent, total); may be empty.
+  std::function<void(uint64_t, uint64_t)> progress;
 };
 
 // A refusal's structured detail, when the daemon sent one.

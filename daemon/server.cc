@@ -389,6 +389,7 @@ absl::Status Daemon::StartSessions() {
   pool.idle_ms = config_.executor_idle_s * 1000;
   pool.init.set_max_arena_bytes(config_.max_arena_bytes);
   pool.init.set_max_message_bytes(64ull << 20);
+  pool.init.set_max_module_bytes(config_.max_module_bytes);
   pool.init.set_hello_timeout_ms(10000);
   pool.init.set_open_cuda(true);
   pool.init.set_seccomp(config_.seccomp);
@@ -413,6 +414,7 @@ absl::Status Daemon::StartSessions() {
   opts.max_sessions = config_.max_sessions;
   opts.max_sessions_per_uid = config_.max_sessions_per_uid;
   BrokerContext ctx{&registrar_, &registry_, &store_, pool_.get(), &ledger_};
+  ctx.max_module_bytes = config_.max_module_bytes;
   sessions_ = std::make_unique<SessionServer>(
       opts, [ctx](uint64_t id, UniqueFd sock, const PeerCred &peer) {
         return std::make_shared<SessionBroker>(id, std::move(sock), peer, ctx);

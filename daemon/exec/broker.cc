@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -22,9 +23,14 @@ namespace kreg {
 namespace {
 
 // Broker messages are small; this bounds a misbehaving executor. A
-// registration upload travels through here (session Register), so it
-// allows the largest session message plus framing.
-constexpr uint32_t kMaxBrokerBytes = (64u << 20) + (1u << 20);
+// registration upload travels through here (session Register, also the
+// bytes of an fd upload, which may be up to max_module_bytes), so it allows
+// that plus framing.
+uint32_t MaxBrokerBytes(uint64_t max_module_bytes) {
+  return static_cast<uint32_t>(std::min<uint64_t>(
+      std::max<uint64_t>(max_module_bytes, 64ull << 20) + (1u << 20),
+      UINT32_MAX));
+}
 
 void SetStatus(const absl::Status &s, v1::SessionStatus *out) {
   out->set_code(static_cast<int>(s.code()));
@@ -128,7 +134,8 @@ void SessionBroker::Run() {
   bool closed = false;
   for (;;) {
     std::vector<int> raw;
-    int rc = wire::RecvFrame(broker_fd_, kMaxBrokerBytes, &payload, &raw);
+    int rc = wire::RecvFrame(broker_fd_, MaxBrokerBytes(ctx_.max_module_bytes),
+                             &payload, &raw);
     for (int fd : raw)
       ::close(fd); // executors attach nothing here
     if (rc != wire::kOk)

@@ -29,6 +29,8 @@ struct BrokerContext {
   ModuleStore *store = nullptr;
   ExecutorPool *pool = nullptr;
   CrashLedger *ledger = nullptr;
+  // kregd's max_module_bytes: bounds the registration uploads relayed here.
+  uint64_t max_module_bytes = 512ull << 20;
 };
 
 // Session-protocol translations of the registry, shared with tests.
