@@ -17,7 +17,7 @@ from kreg._errors import (CODE_NAMES, DaemonNotRunningError,
                           NotRunnableWarning)
 
 SESSION_SUFFIX = ".session"
-# The jax/jaxlib release the shim is built and tested against (DESIGN §7).
+# The jax/jaxlib release the shim is built and tested against (docs/design.md §7).
 SUPPORTED_JAX = "0.11.2"
 
 
