@@ -2,7 +2,7 @@
 """Generates docs/man/kregd.8 and docs/man/kregctl.1 from the binaries'
 --help text (so they cannot drift from the flags), plus fixed sections.
 
-    tools/gen_manpages.py [BIN_DIR]     # default: bazel-bin
+    tools/gen_manpages.py [BIN_DIR [OUT_DIR]]   # default: bazel-bin docs/man
     man -l docs/man/kregctl.1
 """
 
@@ -101,7 +101,7 @@ def main() -> int:
   bin_dir = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "bazel-bin"
   kregd = bin_dir / "daemon" / "kregd"
   kregctl = bin_dir / "client" / "kregctl"
-  out = REPO / "docs" / "man"
+  out = pathlib.Path(sys.argv[2]) if len(sys.argv) > 2 else REPO / "docs" / "man"
   out.mkdir(parents=True, exist_ok=True)
 
   d = help_text(kregd)
