@@ -8,7 +8,7 @@ namespace kreg {
 std::string NotRunnableReason(const TargetEntry& entry,
                               const absl::Status& cuda) {
   if (entry.kind == TargetKind::kInProcess) return "";
-  if (entry.handler == nullptr && !entry.unavailable.empty()) {
+  if (!entry.unavailable.empty()) {
     return absl::StrCat("its module could not be loaded (", entry.unavailable,
                         ")");
   }

@@ -8,7 +8,6 @@ namespace {
 TargetEntry Entry(Platform platform) {
   TargetEntry e;
   e.key = {"demo.scale", platform};
-  e.handler = reinterpret_cast<void*>(0x1);
   return e;
 }
 
@@ -31,13 +30,11 @@ TEST_CASE("In-process targets are runnable whatever kregd serves",
           "[runnable]") {
   TargetEntry e = Entry(Platform::kCuda);
   e.kind = TargetKind::kInProcess;
-  e.handler = nullptr;
   CHECK(NotRunnableReason(e, absl::UnavailableError("no GPU")).empty());
 }
 
 TEST_CASE("A target whose module could not be loaded says why", "[runnable]") {
   TargetEntry e = Entry(Platform::kCpu);
-  e.handler = nullptr;
   e.unavailable = "digest mismatch";
   CHECK(NotRunnableReason(e, absl::OkStatus()).find("digest mismatch") !=
         std::string::npos);

@@ -48,9 +48,13 @@ def test_kregd_starts_with_the_example_config(tmp_path):
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
       assert proc.poll() is None, proc.stdout.read().decode()
+      # The gRPC socket, once the session socket exists (probing the session
+      # socket would start an executor for nothing).
       s = socket.socket(socket.AF_UNIX)
       try:
-        s.connect(str(sock) + ".session")
+        if not os.path.exists(str(sock) + ".session"):
+          raise OSError("not yet")
+        s.connect(str(sock))
         break
       except OSError:
         time.sleep(0.05)

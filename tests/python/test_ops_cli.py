@@ -58,9 +58,13 @@ class OwnKregd:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
       assert self.proc.poll() is None, self.log.read_text()
+      # The gRPC socket (bound before the session socket): probing the
+      # session socket would start an executor for nothing.
       s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
       try:
-        s.connect(self.socket + ".session")
+        if not os.path.exists(self.socket + ".session"):
+          raise OSError("session socket not there yet")
+        s.connect(self.socket)
         return
       except OSError:
         time.sleep(0.02)
