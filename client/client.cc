@@ -1,5 +1,7 @@
 #include "client/client.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "google/rpc/status.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -70,6 +72,10 @@ Client::Register(const RegisterRequest &req, RegisterError *error) {
     v1::RegisterTargetChunk chunk;
     chunk.set_module_bytes(req.module_bytes.substr(pos, kChunk));
     open = writer->Write(chunk);
+    if (req.progress) {
+      req.progress(std::min<uint64_t>(pos + kChunk, req.module_bytes.size()),
+                   req.module_bytes.size());
+    }
   }
   writer->WritesDone();
   grpc::Status s = writer->Finish();

@@ -5,6 +5,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +29,8 @@ struct RegisterRequest {
   std::string daemon_path;
   // Optional: the uploaded module's file name, for the daemon's messages.
   std::string module_file_name;
+  // Called after each uploaded chunk with (bytes sent, total); may be empty.
+  std::function<void(uint64_t, uint64_t)> progress;
 };
 
 // A refusal's structured detail, when the daemon sent one.

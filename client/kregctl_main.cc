@@ -2,6 +2,9 @@
 // idempotent no-op), 1 other errors, 2 usage or invalid argument,
 // 3 registration refused, 4 daemon unreachable. The daemon's message goes to
 // stderr unchanged.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <ctime>
 #include <fstream>
 #include <iostream>
@@ -11,6 +14,7 @@
 #include "CLI/CLI.hpp"
 #include "client/client.h"
 #include "daemon/config.h"
+#include "daemon/version.h"
 #include "nlohmann/json.hpp"
 
 namespace {
@@ -61,22 +65,100 @@ json ToJson(const Target &t) {
               {"gid", t.audit().gid()},
               {"pid", t.audit().pid()},
               {"registered_at", Time(t.audit().registered_at_us())},
-              {"origin", t.audit().origin()}};
+              {"origin", t.audit().origin()},
+              {"runnable", t.not_runnable().empty()},
+              {"not_runnable", t.not_runnable()}};
 }
 
+// Targets this kregd cannot run are marked "no" under RUN, with the reason
+// after the table.
 void PrintTable(const std::vector<Target> &targets) {
-  std::printf("%-32s %-5s %-20s %-22s %-7s %-6s %-8s %-20s %s\n", "NAME",
-              "PLAT", "FUNCTION", "CONTENT", "KIND", "UID", "PID", "REGISTERED",
-              "ORIGIN");
+  std::printf("%-32s %-5s %-4s %-20s %-22s %-7s %-6s %-8s %-20s %s\n", "NAME",
+              "PLAT", "RUN", "FUNCTION", "CONTENT", "KIND", "UID", "PID",
+              "REGISTERED", "ORIGIN");
+  std::vector<const Target *> not_runnable;
   for (const Target &t : targets) {
     std::string content = t.content_id().substr(0, 22);
-    std::printf(
-        "%-32s %-5s %-20s %-22s %-7s %-6u %-8d %-20s %s\n",
-        t.target_name().c_str(), t.platform().c_str(), t.func_name().c_str(),
-        content.c_str(), t.kind().c_str(), t.audit().uid(), t.audit().pid(),
-        Time(t.audit().registered_at_us()).c_str(), t.audit().origin().c_str());
+    bool runnable = t.not_runnable().empty();
+    if (!runnable)
+      not_runnable.push_back(&t);
+    std::printf("%-32s %-5s %-4s %-20s %-22s %-7s %-6u %-8d %-20s %s\n",
+                t.target_name().c_str(), t.platform().c_str(),
+                runnable ? "yes" : "no", t.func_name().c_str(), content.c_str(),
+                t.kind().c_str(), t.audit().uid(), t.audit().pid(),
+                Time(t.audit().registered_at_us()).c_str(),
+                t.audit().origin().c_str());
+  }
+  for (const Target *t : not_runnable) {
+    std::printf("not runnable here: %s (%s): %s\n", t->target_name().c_str(),
+                t->platform().c_str(), t->not_runnable().c_str());
   }
 }
+
+// The subcommand names of `app`, comma-separated.
+std::string CommandList(CLI::App &app) {
+  std::string out;
+  for (const CLI::App *sub : app.get_subcommands({})) {
+    if (!out.empty())
+      out += ", ";
+    out += sub->get_name();
+  }
+  return out;
+}
+
+// "unknown command foo" (exit 2) when the first word that is not a global
+// option names no subcommand; CLI11 alone would say "arguments were not
+// expected".
+bool UnknownCommand(CLI::App &app, int argc, char **argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--socket") {
+      ++i;
+      continue;
+    }
+    if (a.empty() || a[0] == '-')
+      continue;
+    for (const CLI::App *sub : app.get_subcommands({})) {
+      if (sub->get_name() == a)
+        return false;
+    }
+    std::cerr << "kregctl: unknown command " << a
+              << " (commands: " << CommandList(app)
+              << "); run kregctl --help\n";
+    return true;
+  }
+  return false;
+}
+
+// KREGD_SOCKET/--socket must name the gRPC socket; the session socket beside
+// it speaks another protocol (gRPC would only say "Failed parsing HTTP/2").
+bool IsSessionSocket(const std::string &socket) {
+  const std::string suffix = ".session";
+  if (socket.size() <= suffix.size() ||
+      socket.compare(socket.size() - suffix.size(), suffix.size(), suffix) !=
+          0) {
+    return false;
+  }
+  std::cerr << "kregctl: " << socket
+            << " is kregd's session socket (the data plane of "
+               "libkreg_client.so); --socket and KREGD_SOCKET take its gRPC "
+               "socket: "
+            << socket.substr(0, socket.size() - suffix.size()) << "\n";
+  return true;
+}
+
+// Upload progress on stderr, only when it is a terminal.
+void ShowProgress(uint64_t sent, uint64_t total) {
+  std::fprintf(stderr, "\ruploading %.1f / %.1f MiB (%3d%%)",
+               static_cast<double>(sent) / (1 << 20),
+               static_cast<double>(total) / (1 << 20),
+               static_cast<int>(total == 0 ? 100 : sent * 100 / total));
+  if (sent >= total)
+    std::fprintf(stderr, "\n");
+}
+
+// Modules at least this large show upload progress on a terminal.
+constexpr uint64_t kProgressBytes = 8ull << 20;
 
 // One "key: value" line per field, strings unquoted.
 void PrintFields(const json &j) {
@@ -92,6 +174,8 @@ void PrintFields(const json &j) {
 int main(int argc, char **argv) {
   CLI::App app{"kregctl: inspect and drive kregd"};
   app.require_subcommand(1);
+  app.set_version_flag("--version",
+                       std::string("kregctl ") + kreg::kKregVersion);
   std::string socket = kreg::DefaultSocketPath();
   if (const char *env = std::getenv("KREGD_SOCKET"))
     socket = env;
@@ -138,12 +222,16 @@ int main(int argc, char **argv) {
   retire->add_option("--platform", platform, "cpu or cuda (default: all)");
   CLI::App *gc = app.add_subcommand(
       "gc", "remove module store files no registration references");
+  if (UnknownCommand(app, argc, argv))
+    return 2;
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
+  if (IsSessionSocket(socket))
+    return 2;
 
   kreg::Client client(socket);
   if (*list) {
@@ -249,7 +337,8 @@ int main(int argc, char **argv) {
            {"executors_started", s->executors_started()},
            {"executor_crashes", s->executor_crashes()},
            {"quarantined", s->quarantined()},
-           {"seccomp", s->seccomp()}};
+           {"seccomp", s->seccomp()},
+           {"max_module_bytes", s->max_module_bytes()}};
     if (!s->executor_note().empty())
       j["executor_note"] = s->executor_note();
     json execs = json::array();
@@ -305,6 +394,26 @@ int main(int argc, char **argv) {
   if (daemon_reads) {
     req.daemon_path = module_file;
   } else {
+    struct stat st {};
+    if (::stat(module_file.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      std::cerr << "cannot read module file \"" << module_file << "\"\n";
+      return 2;
+    }
+    // The one upload limit is kregd's max_module_bytes: refuse before
+    // reading or sending anything (a kregd that does not report it checks
+    // on receipt).
+    auto daemon = client.Status();
+    if (!daemon.ok())
+      return Fail(daemon.status());
+    const uint64_t size = static_cast<uint64_t>(st.st_size);
+    if (daemon->max_module_bytes() != 0 && size > daemon->max_module_bytes()) {
+      std::cerr << "module \"" << module_file << "\" has " << size
+                << " bytes, more than kregd's max_module_bytes ("
+                << daemon->max_module_bytes()
+                << "); nothing was sent. Raise max_module_bytes in kregd's "
+                   "config (or --max-module-bytes)\n";
+      return 2;
+    }
     std::ifstream in(module_file, std::ios::binary);
     if (!in) {
       std::cerr << "cannot read module file \"" << module_file << "\"\n";
@@ -314,6 +423,8 @@ int main(int argc, char **argv) {
     ss << in.rdbuf();
     req.module_bytes = ss.str();
     req.module_file_name = module_file.substr(module_file.rfind('/') + 1);
+    if (req.module_bytes.size() >= kProgressBytes && ::isatty(2))
+      req.progress = ShowProgress;
   }
   auto resp = client.Register(req);
   if (!resp.ok())

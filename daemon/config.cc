@@ -6,10 +6,27 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "daemon/version.h"
 #include "toml++/toml.h"
 
 namespace kreg {
 namespace {
+
+// spdlog's level names (spdlog::level::from_str maps anything else to
+// "off", which would silence the log).
+constexpr const char *kLogLevels[] = {"trace",   "debug", "info",     "warn",
+                                      "warning", "error", "critical", "off"};
+
+absl::Status CheckLogLevel(const std::string &level, const std::string &from) {
+  for (const char *known : kLogLevels) {
+    if (level == known)
+      return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown log level \"", level, "\" (", from,
+                   "); use one of trace, debug, info, warn, error, critical, "
+                   "off"));
+}
 
 std::string EnvOr(const char *name, const std::string &suffix,
                   const std::string &fallback) {
@@ -166,7 +183,9 @@ absl::StatusOr<Config> ParseConfig(int argc, char **argv, bool *exit_now) {
                  "module store bytes one uid's registrations may reference "
                  "(root exempt)")
       ->default_str("4294967296");
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  app.add_option("--log-level", log_level,
+                 "trace|debug|info|warn|error|critical|off");
+  app.set_version_flag("--version", absl::StrCat("kregd ", kKregVersion));
   std::string isolation, executor_binary;
   double launch_timeout = -1;
   int quarantine_crashes = -1;
@@ -189,6 +208,10 @@ absl::StatusOr<Config> ParseConfig(int argc, char **argv, bool *exit_now) {
     std::cout << app.help();
     *exit_now = true;
     return c;
+  } catch (const CLI::CallForVersion &e) {
+    std::cout << e.what() << "\n";
+    *exit_now = true;
+    return c;
   } catch (const CLI::ParseError &e) {
     return absl::InvalidArgumentError(
         absl::StrCat(e.what(), "; run kregd --help for the flags"));
@@ -204,6 +227,11 @@ absl::StatusOr<Config> ParseConfig(int argc, char **argv, bool *exit_now) {
     c.state_dir = state_dir;
   if (!log_level.empty())
     c.log_level = log_level;
+  absl::Status level = CheckLogLevel(
+      c.log_level, log_level.empty() ? "log_level in the config file"
+                                     : "--log-level");
+  if (!level.ok())
+    return level;
   if (max_module != 0)
     c.max_module_bytes = max_module;
   if (max_registrations != 0)

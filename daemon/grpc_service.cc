@@ -1,6 +1,7 @@
 #include "daemon/grpc_service.h"
 
 #include "absl/strings/str_cat.h"
+#include "daemon/runnable.h"
 #include "daemon/target_proto.h"
 #include "daemon/validate.h"
 #include "google/rpc/status.pb.h"
@@ -29,6 +30,14 @@ RegistryService::RegistryService(Registrar* registrar, Registry* registry,
       registry_(registry),
       peer_of_(std::move(peer_of)),
       status_of_(std::move(status_of)) {}
+
+v1::Target RegistryService::Describe(const TargetEntry& entry) const {
+  v1::Target t = ToProto(entry);
+  if (cuda_status_of_) {
+    t.set_not_runnable(NotRunnableReason(entry, cuda_status_of_()));
+  }
+  return t;
+}
 
 grpc::Status RegistryService::RegisterTarget(
     grpc::ServerContext* ctx, grpc::ServerReader<v1::RegisterTargetChunk>* in,
@@ -81,7 +90,7 @@ grpc::Status RegistryService::RegisterTarget(
     return RefusalToGrpcStatus(out.status(), error);
   }
   resp->set_created(out->created);
-  *resp->mutable_target() = ToProto(*out->entry);
+  *resp->mutable_target() = Describe(*out->entry);
   return grpc::Status::OK;
 }
 
@@ -89,7 +98,7 @@ grpc::Status RegistryService::ListTargets(grpc::ServerContext*,
                                           const v1::ListTargetsRequest*,
                                           v1::ListTargetsResponse* resp) {
   for (const EntryPtr& e : registry_->List()) {
-    *resp->add_targets() = ToProto(*e);
+    *resp->add_targets() = Describe(*e);
   }
   return grpc::Status::OK;
 }
@@ -118,7 +127,7 @@ grpc::Status RegistryService::GetTarget(grpc::ServerContext*,
                          : absl::StrCat(" on platform ", req->platform()),
                      " is registered; `kregctl list` shows what is"));
   }
-  for (const EntryPtr& e : found) *resp->add_targets() = ToProto(*e);
+  for (const EntryPtr& e : found) *resp->add_targets() = Describe(*e);
   return grpc::Status::OK;
 }
 

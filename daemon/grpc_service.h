@@ -23,6 +23,8 @@ class RegistryService final : public v1::Registry::Service {
  public:
   using PeerOf = std::function<PeerCred(const std::string& grpc_peer)>;
   using StatusOf = std::function<void(v1::GetStatusResponse*)>;
+  // The status of kregd's GPUs (OK when it serves CUDA launches).
+  using CudaStatusOf = std::function<absl::Status()>;
   // All borrowed pointers must outlive the service.
   RegistryService(Registrar* registrar, Registry* registry, PeerOf peer_of,
                   StatusOf status_of);
@@ -46,11 +48,20 @@ class RegistryService final : public v1::Registry::Service {
                               const v1::CollectGarbageRequest* req,
                               v1::CollectGarbageResponse* resp) override;
 
+  // Targets listed or registered from now on carry Target.not_runnable
+  // (runnable.h) computed from `cuda_status_of`; unset: never filled.
+  void set_cuda_status_of(CudaStatusOf cuda_status_of) {
+    cuda_status_of_ = std::move(cuda_status_of);
+  }
+
  private:
+  v1::Target Describe(const TargetEntry& entry) const;
+
   Registrar* const registrar_;
   Registry* const registry_;
   const PeerOf peer_of_;
   const StatusOf status_of_;
+  CudaStatusOf cuda_status_of_;
 };
 
 }  // namespace kreg

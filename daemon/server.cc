@@ -22,13 +22,14 @@
 #include "daemon/exec/broker.h"
 #include "daemon/exec/executor_pool.h"
 #include "daemon/exec/supervision_service.h"
+#include "daemon/runnable.h"
 #include "daemon/session/session_server.h"
+#include "daemon/version.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
 namespace {
 
-constexpr char kVersion[] = "0.1.0";
 
 absl::Status Errno(absl::string_view what) {
   return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
@@ -226,6 +227,9 @@ absl::Status Daemon::Start() {
       &registrar_, &registry_,
       [this](const std::string &peer) { return PeerOf(peer); },
       [this](v1::GetStatusResponse *r) { FillStatus(r); });
+  // Whether executors here can run CUDA launches (driver and a device; no
+  // context is created in kregd), for Target.not_runnable.
+  service_->set_cuda_status_of([] { return CudaLaunchStatus(); });
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -238,6 +242,9 @@ absl::Status Daemon::Start() {
   if (server_ == nullptr) {
     return absl::InternalError("the gRPC server could not be started");
   }
+  // grpc.health.v1 answers for the whole server ("") and, by name, for the
+  // service clients actually use.
+  server_->GetHealthCheckService()->SetServingStatus("kreg.v1.Registry", true);
   st = StartSessions();
   if (!st.ok())
     return st;
@@ -251,7 +258,7 @@ absl::Status Daemon::Start() {
   }
   sd_notifyf(0, "READY=1\nSTATUS=serving %zu targets on %s",
              registry_.List().size(), serving_socket_path_.c_str());
-  spdlog::info("kregd {} serving {} (state {})", kVersion, serving_socket_path_,
+  spdlog::info("kregd {} serving {} (state {})", kKregVersion, serving_socket_path_,
                config_.state_dir);
   return absl::OkStatus();
 }
@@ -315,7 +322,7 @@ void Daemon::WatchdogLoop(uint64_t interval_us) {
 }
 
 void Daemon::FillStatus(v1::GetStatusResponse *r) {
-  r->set_version(kVersion);
+  r->set_version(kKregVersion);
   r->set_uptime_s(std::chrono::duration_cast<std::chrono::seconds>(
                       std::chrono::steady_clock::now() - started_)
                       .count());
@@ -333,6 +340,7 @@ void Daemon::FillStatus(v1::GetStatusResponse *r) {
   r->set_socket_path(serving_socket_path_);
   r->set_ffi_api_major(kHostedApiMajor);
   r->set_ffi_api_minor(kHostedApiMinor);
+  r->set_max_module_bytes(config_.max_module_bytes);
   FillSessionStatus(r);
 }
 
@@ -387,6 +395,7 @@ absl::Status Daemon::StartSessions() {
   pool.idle_ms = config_.executor_idle_s * 1000;
   pool.init.set_max_arena_bytes(config_.max_arena_bytes);
   pool.init.set_max_message_bytes(64ull << 20);
+  pool.init.set_max_module_bytes(config_.max_module_bytes);
   pool.init.set_hello_timeout_ms(
       static_cast<int64_t>(config_.hello_timeout_s * 1000.0));
   pool.init.set_open_cuda(true);
@@ -412,6 +421,7 @@ absl::Status Daemon::StartSessions() {
   opts.max_sessions = config_.max_sessions;
   opts.max_sessions_per_uid = config_.max_sessions_per_uid;
   BrokerContext ctx{&registrar_, &registry_, &store_, pool_.get(), &ledger_};
+  ctx.max_module_bytes = config_.max_module_bytes;
   sessions_ = std::make_unique<SessionServer>(
       opts, [ctx](uint64_t id, UniqueFd sock, const PeerCred &peer) {
         return std::make_shared<SessionBroker>(id, std::move(sock), peer, ctx);

@@ -84,7 +84,7 @@ size_t kreg_target_list_size(const KREG_TargetList *list) {
 KREG_Error *kreg_target_list_get(const KREG_TargetList *list, size_t index,
                                  KREG_TargetInfo *info) {
   if (list == nullptr || info == nullptr ||
-      info->struct_size < KREG_TargetInfo_STRUCT_SIZE) {
+      info->struct_size < KREG_TargetInfo_STRUCT_SIZE_1_0) {
     return Invalid("kreg_target_list_get: bad arguments");
   }
   if (index >= list->targets.size()) {
@@ -109,6 +109,9 @@ KREG_Error *kreg_target_list_get(const KREG_TargetList *list, size_t index,
   info->pid = t.pid();
   info->registered_at_us = t.registered_at_us();
   info->origin = t.origin().c_str();
+  if (info->struct_size >= KREG_TargetInfo_STRUCT_SIZE) {
+    info->not_runnable = t.not_runnable().c_str();
+  }
   return nullptr;
 }
 

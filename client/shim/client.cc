@@ -6,6 +6,8 @@
 #include <cctype>
 #include <thread>
 
+#include "client/shim/module_upload.h"
+
 namespace kreg {
 namespace shim {
 namespace {
@@ -129,13 +131,11 @@ ClientStatus Client::Replay(Conn *conn) {
     for (const auto &entry : registrations_)
       requests.push_back(entry.second);
   }
-  for (v1::RegisterRequest &r : requests) {
-    v1::SessionRequest req;
-    *req.mutable_register_target() = std::move(r);
+  for (const v1::RegisterRequest &r : requests) {
     v1::SessionResponse resp;
-    ClientStatus s = conn->Call(&req, &resp);
+    ClientStatus s = CallRegister(conn, r, &resp);
     if (!s.ok()) {
-      s.message = "re-registering \"" + req.register_target().target_name() +
+      s.message = "re-registering \"" + r.target_name() +
                   "\" with kregd after a reconnect failed: " + s.message;
       return s;
     }
@@ -170,10 +170,8 @@ ClientStatus Client::Ping() {
 ClientStatus Client::Register(const v1::RegisterRequest &request,
                               v1::RegisterReply *out) {
   ClientStatus s = WithConn([&](Conn *conn) {
-    v1::SessionRequest req;
-    *req.mutable_register_target() = request;
     v1::SessionResponse resp;
-    ClientStatus st = conn->Call(&req, &resp);
+    ClientStatus st = CallRegister(conn, request, &resp);
     if (st.ok())
       *out = resp.register_target();
     return st;

@@ -97,6 +97,7 @@ ClientStatus Conn::Open(const std::string &path, std::unique_ptr<Conn> *out) {
   conn->session_id_ = resp.hello().session_id();
   conn->max_arena_bytes_ = resp.hello().max_arena_bytes();
   conn->max_message_bytes_ = resp.hello().max_message_bytes();
+  conn->max_module_bytes_ = resp.hello().max_module_bytes();
   conn->max_cuda_mappings_ = resp.hello().max_cuda_mappings();
   conn->cuda_device_uuids_.assign(resp.hello().cuda_device_uuids().begin(),
                                   resp.hello().cuda_device_uuids().end());

@@ -50,6 +50,9 @@ public:
   bool refused() const { return refused_; }
   uint64_t session_id() const { return session_id_; }
   uint64_t max_message_bytes() const { return max_message_bytes_; }
+  // kregd's max_module_bytes; 0 from a kregd older than session protocol
+  // 1.3, which takes module uploads inline only.
+  uint64_t max_module_bytes() const { return max_module_bytes_; }
   // From kregd's HelloReply: allocations one session may keep shared, the
   // UUIDs (16 raw bytes) of kregd's GPUs, why it has none.
   uint32_t max_cuda_mappings() const { return max_cuda_mappings_; }
@@ -80,6 +83,7 @@ private:
   uint64_t session_id_ = 0;
   uint64_t max_arena_bytes_ = 0;
   uint64_t max_message_bytes_ = 0;
+  uint64_t max_module_bytes_ = 0;
   uint32_t max_cuda_mappings_ = 0;
   std::vector<std::string> cuda_device_uuids_;
   std::string cuda_status_;

@@ -23,7 +23,8 @@
 #include <stdint.h>
 
 #define KREG_API_MAJOR 1
-#define KREG_API_MINOR 1
+/* Minor 1: RegisterArgs.in_process; 2: TargetInfo.not_runnable. */
+#define KREG_API_MINOR 2
 
 #if defined(__GNUC__)
 #define KREG_EXPORT __attribute__((visibility("default")))
@@ -123,8 +124,14 @@ typedef struct KREG_TargetInfo {
   int32_t pid;
   int64_t registered_at_us;
   const char* origin;
+  /* Since 1.2: "" when this kregd can run the target, else why not (e.g. a
+   * cuda target on a daemon without a usable GPU). */
+  const char* not_runnable;
 } KREG_TargetInfo;
-#define KREG_TargetInfo_STRUCT_SIZE KREG_STRUCT_SIZE(KREG_TargetInfo, origin)
+#define KREG_TargetInfo_STRUCT_SIZE_1_0 \
+  KREG_STRUCT_SIZE(KREG_TargetInfo, origin)
+#define KREG_TargetInfo_STRUCT_SIZE \
+  KREG_STRUCT_SIZE(KREG_TargetInfo, not_runnable)
 
 KREG_EXPORT size_t kreg_target_list_size(const KREG_TargetList* list);
 /* Fills `info` (its struct_size set by the caller) with entry `index`.

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "daemon/module_store.h"
 #include "daemon/registrar.h"
 #include "daemon/registry.h"
+#include "daemon/runnable.h"
 #include "daemon/session/wire.h"
 #include "daemon/validate.h"
 #include "kreg/v1/registry.pb.h"
@@ -21,9 +23,14 @@ namespace kreg {
 namespace {
 
 // Broker messages are small; this bounds a misbehaving executor. A
-// registration upload travels through here (session Register), so it
-// allows the largest session message plus framing.
-constexpr uint32_t kMaxBrokerBytes = (64u << 20) + (1u << 20);
+// registration upload travels through here (session Register, also the
+// bytes of an fd upload, which may be up to max_module_bytes), so it allows
+// that plus framing.
+uint32_t MaxBrokerBytes(uint64_t max_module_bytes) {
+  return static_cast<uint32_t>(std::min<uint64_t>(
+      std::max<uint64_t>(max_module_bytes, 64ull << 20) + (1u << 20),
+      UINT32_MAX));
+}
 
 void SetStatus(const absl::Status& s, v1::SessionStatus* out) {
   out->set_code(static_cast<int>(s.code()));
@@ -48,6 +55,7 @@ void FillTargetInfo(const TargetEntry& e, v1::TargetInfo* t) {
   t->set_pid(e.registered_by.pid);
   t->set_registered_at_us(e.registered_at_us);
   t->set_origin(e.origin);
+  t->set_not_runnable(NotRunnableReason(e, CudaLaunchStatus()));
 }
 
 absl::StatusOr<v1::RegisterReply> RegisterForSession(
@@ -125,9 +133,12 @@ void SessionBroker::Run() {
   bool closed = false;
   for (;;) {
     std::vector<int> raw;
-    int rc = wire::RecvFrame(broker_fd_, kMaxBrokerBytes, &payload, &raw);
-    for (int fd : raw) ::close(fd);  // executors attach nothing here
-    if (rc != wire::kOk) break;
+    int rc = wire::RecvFrame(broker_fd_, MaxBrokerBytes(ctx_.max_module_bytes),
+                             &payload, &raw);
+    for (int fd : raw)
+      ::close(fd); // executors attach nothing here
+    if (rc != wire::kOk)
+      break;
     v1::BrokerRequest req;
     if (!req.ParseFromString(payload)) {
       spdlog::warn("session {}: malformed broker request from executor", id_);

@@ -155,6 +155,8 @@ int Main() {
   SessionLimits limits;
   limits.max_arena_bytes = init.max_arena_bytes();
   limits.max_message_bytes = init.max_message_bytes();
+  if (init.max_module_bytes() != 0)
+    limits.max_module_bytes = init.max_module_bytes();
   limits.spin_us = init.spin_us();
   limits.hello_timeout_ms = init.hello_timeout_ms();
   std::list<Served> served;

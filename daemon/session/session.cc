@@ -14,6 +14,7 @@
 #include "daemon/cuda/cuda_session.h"
 #include "daemon/log_limit.h"
 #include "daemon/session/launch_decoder.h"
+#include "daemon/session/module_upload.h"
 #include "daemon/session/wire.h"
 #include "daemon/validate.h"
 #include "spdlog/spdlog.h"
@@ -148,11 +149,13 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest &request,
   if (!fds.empty() && request.body_case() != v1::SessionRequest::kArenaGrow &&
       request.body_case() != v1::SessionRequest::kLaunch &&
       request.body_case() != v1::SessionRequest::kCudaShare &&
-      request.body_case() != v1::SessionRequest::kCudaDoorbell) {
+      request.body_case() != v1::SessionRequest::kCudaDoorbell &&
+      request.body_case() != v1::SessionRequest::kRegisterTarget) {
     status = absl::InvalidArgumentError(absl::StrCat(
         fds.size(),
         " unexpected file descriptor(s) attached to a request "
-        "other than ArenaGrow, Launch, CudaShare or CudaDoorbellSetup"));
+        "other than ArenaGrow, Launch, CudaShare, CudaDoorbellSetup or "
+        "RegisterRequest"));
   } else if (request.body_case() == v1::SessionRequest::kHello) {
     status = DoHello(request.hello(), resp.mutable_hello());
   } else if (!hello_done_) {
@@ -161,8 +164,13 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest &request,
   } else {
     switch (request.body_case()) {
     case v1::SessionRequest::kRegisterTarget: {
-      absl::StatusOr<v1::RegisterReply> r =
-          backend_->Register(request.register_target(), peer_);
+      absl::StatusOr<v1::RegisterRequest> reg =
+          WithUploadedModule(request.register_target(), std::move(fds));
+      if (!reg.ok()) {
+        status = reg.status();
+        break;
+      }
+      absl::StatusOr<v1::RegisterReply> r = backend_->Register(*reg, peer_);
       if (r.ok()) {
         *resp.mutable_register_target() = *std::move(r);
       } else {
@@ -216,6 +224,33 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest &request,
   return resp;
 }
 
+absl::StatusOr<v1::RegisterRequest>
+Session::WithUploadedModule(const v1::RegisterRequest &req,
+                            std::vector<UniqueFd> fds) const {
+  const bool by_fd = req.module_case() == v1::RegisterRequest::kUploadFdSize;
+  if (fds.size() != (by_fd ? 1u : 0u)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RegisterRequest carries ", fds.size(), " file descriptor(s); ",
+        by_fd ? "upload_fd_size needs exactly one (the module's memfd)"
+              : "only an upload_fd_size registration may carry one"));
+  }
+  v1::RegisterRequest out = req;
+  if (by_fd) {
+    absl::StatusOr<std::string> bytes = ReadModuleFd(
+        fds[0].get(), req.upload_fd_size(), limits_.max_module_bytes);
+    if (!bytes.ok())
+      return bytes.status();
+    out.set_upload(*std::move(bytes));
+  } else if (req.module_case() == v1::RegisterRequest::kUpload &&
+             req.upload().size() > limits_.max_module_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "uploaded module of ", req.upload().size(),
+        " bytes exceeds the limit of ", limits_.max_module_bytes,
+        " bytes (max_module_bytes)"));
+  }
+  return out;
+}
+
 absl::Status Session::DoHello(const v1::Hello &hello, v1::HelloReply *reply) {
   if (hello_done_) {
     return absl::FailedPreconditionError("Hello was already sent");
@@ -238,6 +273,7 @@ absl::Status Session::DoHello(const v1::Hello &hello, v1::HelloReply *reply) {
   reply->set_ffi_api_minor(backend_->ffi_api_minor());
   reply->set_max_arena_bytes(limits_.max_arena_bytes);
   reply->set_max_message_bytes(limits_.max_message_bytes);
+  reply->set_max_module_bytes(limits_.max_module_bytes);
   if (cuda_devices_ != nullptr) {
     reply->set_max_cuda_mappings(
         static_cast<uint32_t>(CudaSessionOptions{}.cache.max_entries));

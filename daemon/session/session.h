@@ -26,7 +26,8 @@ class CudaSession;
 // Session protocol version (kreg.v1 session.proto). A different major is
 // refused at Hello.
 constexpr uint32_t kSessionProtocolMajor = 1;
-constexpr uint32_t kSessionProtocolMinor = 2; // 1: CUDA; 2: doorbell
+// 1: CUDA; 2: doorbell; 3: fd uploads (RegisterRequest.upload_fd_size).
+constexpr uint32_t kSessionProtocolMinor = 3;
 
 // What a session needs from the rest of the daemon. Implemented over
 // Registrar/Registry/FfiHost by SessionServer, faked in tests. Thread-safe:
@@ -79,6 +80,8 @@ public:
 struct SessionLimits {
   uint64_t max_arena_bytes = 4ull << 30;
   uint64_t max_message_bytes = 64ull << 20;
+  // Largest module a RegisterRequest may upload (inline or as an fd).
+  uint64_t max_module_bytes = 512ull << 20;
   // After a reply, busy-poll this long for the next request before blocking
   // (saves the wake-up latency of back-to-back calls; costs CPU).
   int64_t spin_us = 0;
@@ -122,6 +125,11 @@ public:
   const PeerCred &peer() const override { return peer_; }
 
 private:
+  // `req` with an fd upload (upload_fd_size) read into `upload`, checked
+  // against max_module_bytes; INVALID_ARGUMENT for a wrong fd count or size.
+  absl::StatusOr<v1::RegisterRequest>
+  WithUploadedModule(const v1::RegisterRequest &req,
+                     std::vector<UniqueFd> fds) const;
   absl::Status DoHello(const v1::Hello &hello, v1::HelloReply *reply);
   absl::Status DoArenaGrow(const v1::ArenaGrow &grow, std::vector<UniqueFd> fds,
                            v1::ArenaGrowReply *r);

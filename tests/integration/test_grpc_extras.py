@@ -62,6 +62,13 @@ def test_health_service_reports_serving(channel):
   assert resp.status == health_pb2.HealthCheckResponse.SERVING
 
 
+def test_health_reports_the_registry_service_by_name(channel):
+  stub = health_pb2_grpc.HealthStub(channel)
+  resp = stub.Check(health_pb2.HealthCheckRequest(service="kreg.v1.Registry"),
+                    timeout=10)
+  assert resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
 def test_health_of_an_unknown_service_is_not_found(channel):
   stub = health_pb2_grpc.HealthStub(channel)
   with pytest.raises(grpc.RpcError) as err:

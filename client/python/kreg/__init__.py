@@ -6,10 +6,10 @@
     y = jax.jit(lambda x: jax.ffi.ffi_call(
         "demo.scale", jax.ShapeDtypeStruct(x.shape, x.dtype))(x, factor=2.0))(x)
 
-The handler runs inside kregd; this process registers a forwarding handler
-(libkreg_client.so) with JAX. Handler globals are daemon-wide: a handler's
-static state lives in the daemon's one copy of the module and is shared by
-every client process (per-client state is what XLA FFI's State API is for).
+The handler runs out of this process, in kregd; this process registers a
+forwarding handler (libkreg_client.so, bundled in the wheel) with JAX.
+`python -m kreg list|show NAME|status` (or the `kreg` command) inspects the
+daemon. See docs/user-guide.md in the kregd repository.
 """
 
 from kreg._client import (Client, Module, Registration, Target, connect,
@@ -18,13 +18,15 @@ from kreg._client import (Client, Module, Registration, Target, connect,
 from kreg.numba_cuda import numba_cuda_callable, numba_cuda_scratch
 from kreg._errors import (DaemonNotRunningError, JaxVersionError,
                           KernelRegistrationError, KregError,
-                          ShimNotFoundError)
+                          NotRunnableWarning, ShimNotFoundError)
 
 __all__ = [
     "Client", "DaemonNotRunningError", "JaxVersionError",
-    "KernelRegistrationError", "KregError", "Module", "Registration",
+    "KernelRegistrationError", "KregError", "Module", "NotRunnableWarning",
+    "Registration",
     "ShimNotFoundError",
     "Target", "connect", "default_address", "list_registered_targets",
     "register_ffi_target",
 ]
+# Same as `kregd --version` (daemon/version.h); a test keeps them equal.
 __version__ = "0.1.0"

@@ -8,13 +8,17 @@ import os
 import pathlib
 import re
 import threading
+import warnings
 from typing import Any, Optional, Union
 
 from kreg import _shim
 from kreg._errors import (CODE_NAMES, DaemonNotRunningError,
-                          JaxVersionError, KernelRegistrationError, KregError)
+                          JaxVersionError, KernelRegistrationError, KregError,
+                          NotRunnableWarning)
 
 SESSION_SUFFIX = ".session"
+# The jax/jaxlib release the shim is built and tested against (docs/design.md §7).
+SUPPORTED_JAX = "0.11.2"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +51,13 @@ class Target:
   pid: int
   registered_at_us: int
   origin: str
+  # Empty when the daemon can run the target; otherwise why not (a cuda
+  # target on a kregd without a usable GPU, an unloadable module).
+  not_runnable: str = ""
+
+  @property
+  def runnable(self) -> bool:
+    return not self.not_runnable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +121,7 @@ def _to_target(info: _shim.TargetInfo) -> Target:
                 s(info.content_id), s(info.module_digest), info.module_size,
                 s(info.kind), info.ffi_api_major, info.ffi_api_minor,
                 info.traits, info.uid, info.gid, info.pid,
-                info.registered_at_us, s(info.origin))
+                info.registered_at_us, s(info.origin), s(info.not_runnable))
 
 
 def _targets(lib, handle) -> list[Target]:
@@ -132,12 +143,23 @@ _jax_checked = False
 
 
 def _check_jax() -> None:
-  """JaxVersionError when jaxlib's XLA FFI API is older than the shim's."""
+  """JaxVersionError unless jax and jaxlib are the release the shim was built
+  and tested with ($KREG_ALLOW_ANY_JAX=1 skips that pin), or when jaxlib's
+  XLA FFI API is older than the shim's."""
   global _jax_checked
   if _jax_checked:
     return
   import jax  # pylint: disable=import-outside-toplevel
   import jaxlib  # pylint: disable=import-outside-toplevel
+  found = (jax.__version__, jaxlib.__version__)
+  if found != (SUPPORTED_JAX, SUPPORTED_JAX) and \
+      os.environ.get("KREG_ALLOW_ANY_JAX") != "1":
+    raise JaxVersionError(
+        f"kreg is built and tested with jax=={SUPPORTED_JAX} "
+        f"jaxlib=={SUPPORTED_JAX}, found jax {found[0]} jaxlib {found[1]}; "
+        f"install `pip install jax=={SUPPORTED_JAX} jaxlib=={SUPPORTED_JAX}` "
+        "(or set KREG_ALLOW_ANY_JAX=1 to try this JAX anyway; XLA refuses "
+        "handlers built against a newer FFI API than its own)")
   v = _shim.version()
   need = (v.ffi_api_major, v.ffi_api_minor)
   have = None
@@ -165,6 +187,13 @@ class Client:
 
   def __init__(self, address: Optional[str] = None):
     self.address = _strip_scheme(address or default_address())
+    if self.address.endswith(SESSION_SUFFIX):
+      origin = ("KREGD_SOCKET" if address is None and
+                os.environ.get("KREGD_SOCKET") else "the address")
+      raise KregError(
+          f"{origin} {self.address} names kregd's session socket; give its "
+          f"gRPC socket {self.address[:-len(SESSION_SUFFIX)]} (kreg opens "
+          f"<socket>{SESSION_SUFFIX} itself)", "INVALID_ARGUMENT")
     self.session_path = self.address + SESSION_SUFFIX
     self._lib = _shim.load()
     args = _shim.new(_shim.ConnectArgs)
@@ -227,7 +256,10 @@ class Client:
     e = _shim.take_error(lib, lib.kreg_register(ctypes.byref(args)))
     if e:
       self._raise(e, KernelRegistrationError)
-    return bool(args.created), _targets(lib, args.target)[0]
+    target = _targets(lib, args.target)[0]
+    if target.not_runnable:
+      _warn_not_runnable(target)
+    return bool(args.created), target
 
   def register_ffi_target(self, target_name: str, module: Any, func_name: str,
                           *, platform: str = "CUDA", replace: bool = False,
@@ -325,6 +357,24 @@ class Client:
     return {f: getattr(s, f) for f in ("launches", "launch_errors",
                                        "reconnects", "sessions", "slots_used",
                                        "slots_total")}
+
+
+_warned_lock = threading.Lock()
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_not_runnable(target: Target) -> None:
+  """One NotRunnableWarning per process and (target, platform)."""
+  key = (target.target_name, target.platform)
+  with _warned_lock:
+    if key in _warned:
+      return
+    _warned.add(key)
+  warnings.warn(
+      f"kregd registered {target.target_name!r} ({target.platform}) but "
+      f"cannot run it: {target.not_runnable}. Calls will fail; did you mean "
+      "platform=\"cpu\"? (register_ffi_target defaults to platform=\"CUDA\")",
+      NotRunnableWarning, stacklevel=5)
 
 
 # (target, canonical platform) registered with this process's JAX ->

@@ -44,4 +44,10 @@ class ShimNotFoundError(ImportError):
 
 
 class JaxVersionError(ImportError):
-  """The installed JAX is older than the XLA FFI API the shim needs."""
+  """The installed JAX is not the release kreg is built and tested with
+  (jax/jaxlib 0.11.2), or its XLA FFI API is older than the shim's."""
+
+
+class NotRunnableWarning(UserWarning):
+  """kregd accepted a registration it cannot run here (e.g. a cuda target on
+  a daemon without a usable GPU). Issued once per process and target."""

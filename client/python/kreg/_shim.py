@@ -37,7 +37,8 @@ class TargetInfo(ctypes.Structure):
               ("ffi_api_minor", ctypes.c_uint32), ("traits", ctypes.c_uint32),
               ("uid", ctypes.c_uint32), ("gid", ctypes.c_uint32),
               ("pid", ctypes.c_int32), ("registered_at_us", ctypes.c_int64),
-              ("origin", ctypes.c_char_p)]
+              ("origin", ctypes.c_char_p),
+              ("not_runnable", ctypes.c_char_p)]  # since C ABI 1.2
 
 
 class RegisterArgs(ctypes.Structure):
@@ -83,11 +84,12 @@ def new(struct_type, **fields):
 
 
 def candidate_paths() -> list[pathlib.Path]:
-  """Where the shim is looked for, in order."""
-  paths = []
+  """Where the shim is looked for, in order: $KREG_CLIENT_LIB alone when it
+  is set; else the copy bundled in the wheel, then a source checkout's."""
   env = os.environ.get("KREG_CLIENT_LIB")
   if env:
-    paths.append(pathlib.Path(env))
+    return [pathlib.Path(env)]
+  paths = []
   here = pathlib.Path(__file__).resolve().parent
   paths.append(here / LIB_NAME)
   # A source checkout: <repo>/client/python/kreg/_shim.py.
@@ -103,6 +105,12 @@ def candidate_paths() -> list[pathlib.Path]:
 
 _lock = threading.Lock()
 _lib = None
+_lib_path = None
+
+
+def loaded_path():
+  """The path the shim was loaded from (None before load())."""
+  return _lib_path
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -135,10 +143,16 @@ def _declare(lib: ctypes.CDLL) -> None:
 def load() -> ctypes.CDLL:
   """The shim, loaded once per process (ShimNotFoundError lists the paths
   tried when it is nowhere)."""
-  global _lib
+  global _lib, _lib_path
   with _lock:
     if _lib is not None:
       return _lib
+    env = os.environ.get("KREG_CLIENT_LIB")
+    if env and not pathlib.Path(env).is_file():
+      raise ShimNotFoundError(
+          f"KREG_CLIENT_LIB={env} does not name a file; point it at "
+          f"{LIB_NAME} (e.g. <kregd checkout>/bazel-bin/client/shim/"
+          f"{LIB_NAME}) or unset it to use the copy bundled with kreg")
     tried = []
     for path in candidate_paths():
       if not path.is_file():
@@ -156,13 +170,15 @@ def load() -> ctypes.CDLL:
         tried.append(f"{path} (C ABI {v.api_major}.{v.api_minor}, this "
                      f"package needs {API_MAJOR}.x)")
         continue
-      _lib = lib
+      _lib, _lib_path = lib, path
       return lib
     raise ShimNotFoundError(
         f"{LIB_NAME} (the kreg client shim) was not found; tried:\n  " +
         "\n  ".join(tried) +
-        "\nBuild it with `bazel build //client/shim:libkreg_client.so` in the "
-        "kregd repository, or set KREG_CLIENT_LIB to its path.")
+        "\nInstall the kreg wheel built by tools/build_wheel.sh (it bundles "
+        "the shim), or build it with `bazel build "
+        "//client/shim:libkreg_client.so` in the kregd repository and set "
+        "KREG_CLIENT_LIB to its path.")
 
 
 def version() -> Version:

@@ -1,0 +1,128 @@
+"""The kreg wheel (tools/build_wheel.py) installed into a fresh virtual
+environment works from a directory outside the repository: `import kreg`
+finds the bundled shim, the README's first snippet registers and calls the
+kernel against a running kregd, and the `kreg` console script answers.
+
+Offline: the fresh venv sees the repo venv's jax/jaxlib 0.11.2 through a
+.pth file, so `pip install --no-index` can check the wheel's pins without
+downloading anything (with PyPI access a plain `pip install` would fetch
+them)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+BIN_DIR = pathlib.Path(os.environ.get("KREG_BIN_DIR", REPO / "bazel-bin"))
+SHIM = BIN_DIR / "client" / "shim" / "libkreg_client.so"
+DEMO = BIN_DIR / "kernels" / "cpu" / "libdemo.so"
+
+
+def readme_snippet() -> str:
+  text = (REPO / "README.md").read_text()
+  m = re.search(r"```python\n(.*?)```", text, re.S)
+  assert m, "README.md has no python snippet"
+  return m.group(1)
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+  if not SHIM.is_file():
+    pytest.skip(f"{SHIM} not built")
+  out = tmp_path_factory.mktemp("dist")
+  r = subprocess.run([sys.executable, str(REPO / "tools/build_wheel.py"),
+                      "--shim", str(SHIM), "--out", str(out)],
+                     capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0, r.stderr
+  return pathlib.Path(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def venv(wheel, tmp_path_factory):
+  import jax  # pylint: disable=import-outside-toplevel
+  root = tmp_path_factory.mktemp("venv")
+  subprocess.run([sys.executable, "-m", "venv", str(root)], check=True,
+                 timeout=300)
+  py = root / "bin" / "python"
+  site = subprocess.run(
+      [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+      capture_output=True, text=True, check=True).stdout.strip()
+  jax_site = pathlib.Path(jax.__file__).resolve().parents[1]
+  (pathlib.Path(site) / "repo_jax.pth").write_text(f"{jax_site}\n")
+  r = subprocess.run([str(py), "-m", "pip", "install", "--no-index",
+                      "--disable-pip-version-check", str(wheel)],
+                     capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stdout + r.stderr
+  return root
+
+
+def clean_env(**extra) -> dict:
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("PYTHONPATH", "KREG_CLIENT_LIB", "KREGD_SOCKET")}
+  env["JAX_PLATFORMS"] = "cpu"
+  env.update(extra)
+  return env
+
+
+def test_wheel_is_platform_tagged_and_bundles_the_shim(wheel):
+  assert re.fullmatch(r"kreg-[0-9.]+-py3-none-linux_\w+\.whl", wheel.name)
+  with zipfile.ZipFile(wheel) as zf:
+    names = zf.namelist()
+    metadata = zf.read(next(n for n in names if n.endswith("METADATA")))
+  assert "kreg/libkreg_client.so" in names
+  assert "kreg/__main__.py" in names
+  assert b"Requires-Dist: jax==0.11.2" in metadata
+  assert b"Requires-Dist: jaxlib==0.11.2" in metadata
+
+
+def test_readme_snippet_runs_from_outside_the_repo(venv, running_kregd,
+                                                   tmp_path):
+  code = readme_snippet().replace("bazel-bin/kernels/cpu/libdemo.so",
+                                  str(DEMO))
+  code += ("\nimport kreg._shim as s\n"
+           "print('KREG', kreg.__file__)\nprint('SHIM', s.loaded_path())\n")
+  r = subprocess.run([str(venv / "bin" / "python"), "-c", code],
+                     cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                     env=clean_env(KREGD_SOCKET=running_kregd.socket))
+  assert r.returncode == 0, r.stdout + r.stderr
+  assert "[0. 2. 4. 6.]" in r.stdout
+  kreg_line = next(l for l in r.stdout.splitlines() if l.startswith("KREG "))
+  shim_line = next(l for l in r.stdout.splitlines() if l.startswith("SHIM "))
+  assert str(venv) in kreg_line and str(REPO) not in kreg_line
+  assert str(venv) in shim_line
+
+
+def test_kreg_console_script(venv, running_kregd, tmp_path):
+  r = subprocess.run([str(venv / "bin" / "kreg"), "status"], cwd=tmp_path,
+                     capture_output=True, text=True, timeout=120,
+                     env=clean_env(KREGD_SOCKET=running_kregd.socket))
+  assert r.returncode == 0, r.stderr
+  assert "reachable: True" in r.stdout
+  v = subprocess.run([str(venv / "bin" / "kreg"), "--version"],
+                     capture_output=True, text=True, timeout=60)
+  assert v.returncode == 0 and v.stdout.startswith("kreg ")
+
+
+def test_other_jax_versions_are_refused_at_register_time(venv, running_kregd,
+                                                         tmp_path):
+  code = f"""
+import jax, kreg
+jax.__version__ = "0.12.0"   # what an unpinned install pulled once
+try:
+  kreg.register_ffi_target("wheel.pin", {str(DEMO)!r}, "Scale", platform="cpu")
+except kreg.JaxVersionError as e:
+  print("ERR", e)
+"""
+  r = subprocess.run([str(venv / "bin" / "python"), "-c", code], cwd=tmp_path,
+                     capture_output=True, text=True, timeout=300,
+                     env=clean_env(KREGD_SOCKET=running_kregd.socket))
+  assert r.returncode == 0, r.stderr
+  assert "ERR kreg is built and tested with jax==0.11.2 jaxlib==0.11.2, " \
+      "found jax 0.12.0" in r.stdout

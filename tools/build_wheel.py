@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Writes the kreg wheel: client/python/kreg plus the Bazel-built shim.
+
+    tools/build_wheel.py --shim bazel-bin/client/shim/libkreg_client.so \
+        --out dist/
+
+The wheel is assembled directly (PEP 427: a zip with *.dist-info/METADATA,
+WHEEL, RECORD and entry_points.txt) so that building needs neither network
+nor setuptools. It is tagged py3-none-<platform>: the shim is loaded with
+ctypes, so any CPython >= 3.12 works, but it is native code for this
+machine's architecture and links the system's libprotobuf-lite and
+libstdc++ (build it on the distribution you install it on).
+Name, version, dependencies and scripts come from client/python/pyproject.toml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import pathlib
+import re
+import sys
+import sysconfig
+import tomllib
+import zipfile
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+PKG_DIR = REPO / "client" / "python"
+
+
+def platform_tag() -> str:
+  return re.sub(r"[-.]", "_", sysconfig.get_platform())
+
+
+def record_hash(data: bytes) -> str:
+  digest = hashlib.sha256(data).digest()
+  return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def metadata(project: dict) -> str:
+  lines = ["Metadata-Version: 2.1", f"Name: {project['name']}",
+           f"Version: {project['version']}",
+           f"Summary: {project['description']}",
+           f"Requires-Python: {project['requires-python']}"]
+  lines += [f"Requires-Dist: {d}" for d in project.get("dependencies", [])]
+  readme = (PKG_DIR / project.get("readme", "README.md")).read_text()
+  lines += ["Description-Content-Type: text/markdown", "", readme]
+  return "\n".join(lines)
+
+
+def main() -> int:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--shim", required=True, type=pathlib.Path)
+  ap.add_argument("--out", required=True, type=pathlib.Path)
+  args = ap.parse_args()
+  project = tomllib.loads((PKG_DIR / "pyproject.toml").read_text())["project"]
+  name, version = project["name"], project["version"]
+  init = (PKG_DIR / "kreg" / "__init__.py").read_text()
+  if f'__version__ = "{version}"' not in init:
+    print(f"build_wheel: kreg.__version__ differs from pyproject's {version}",
+          file=sys.stderr)
+    return 1
+  if not args.shim.is_file():
+    print(f"build_wheel: {args.shim} is not built "
+          "(bazel build //client/shim:libkreg_client.so)", file=sys.stderr)
+    return 1
+  tag = f"py3-none-{platform_tag()}"
+  dist_info = f"{name}-{version}.dist-info"
+  files: list[tuple[str, bytes]] = []
+  for src in sorted((PKG_DIR / "kreg").glob("*.py")):
+    files.append((f"kreg/{src.name}", src.read_bytes()))
+  files.append(("kreg/libkreg_client.so", args.shim.read_bytes()))
+  files.append((f"{dist_info}/METADATA", metadata(project).encode()))
+  files.append((f"{dist_info}/WHEEL", (
+      "Wheel-Version: 1.0\nGenerator: kregd tools/build_wheel.py\n"
+      f"Root-Is-Purelib: false\nTag: {tag}\n").encode()))
+  scripts = project.get("scripts", {})
+  if scripts:
+    files.append((f"{dist_info}/entry_points.txt", (
+        "[console_scripts]\n" +
+        "".join(f"{k} = {v}\n" for k, v in scripts.items())).encode()))
+  record = "".join(f"{path},{record_hash(data)},{len(data)}\n"
+                   for path, data in files) + f"{dist_info}/RECORD,,\n"
+  files.append((f"{dist_info}/RECORD", record.encode()))
+
+  args.out.mkdir(parents=True, exist_ok=True)
+  wheel = args.out / f"{name}-{version}-{tag}.whl"
+  with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
+    for path, data in files:
+      info = zipfile.ZipInfo(path, date_time=(2020, 1, 1, 0, 0, 0))
+      mode = 0o755 if path.endswith(".so") else 0o644
+      info.external_attr = (0o100000 | mode) << 16
+      info.compress_type = zipfile.ZIP_DEFLATED
+      zf.writestr(info, data)
+  print(wheel)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
