@@ -21,7 +21,6 @@ import pytest
 
 import kernels_util as ku
 import kreg
-from conftest import kernels_root, start_or_skip  # noqa: F401
 from kregd_proc import Daemon, kregctl_binary
 
 PY = sys.executable

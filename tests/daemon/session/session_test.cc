@@ -124,8 +124,9 @@ TEST_CASE("Another protocol major version is refused", "[session]") {
   v1::SessionResponse resp = fx.Send(r);
   CHECK(resp.status().code() == int(absl::StatusCode::kFailedPrecondition));
   CHECK(resp.status().message() ==
-        "session protocol 2.3 is not supported; kregd speaks 1.2 (upgrade "
-        "the client library or kregd)");
+        "session protocol 2.3 is not supported; kregd speaks 1." +
+            std::to_string(kSessionProtocolMinor) +
+            " (upgrade the client library or kregd)");
 }
 
 TEST_CASE("An empty request is refused", "[session]") {
