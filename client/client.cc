@@ -18,21 +18,21 @@ std::unique_ptr<grpc::ClientContext> Context() {
   return ctx;
 }
 
-} // namespace
+}  // namespace
 
-Client::Client(const std::string &socket_path)
+Client::Client(const std::string& socket_path)
     : socket_path_(socket_path),
       channel_(grpc::CreateChannel("unix:" + socket_path,
                                    grpc::InsecureChannelCredentials())),
       stub_(v1::Registry::NewStub(channel_)) {}
 
-Client::Client(std::shared_ptr<grpc::Channel> channel, const std::string &name)
-    : socket_path_(name), channel_(std::move(channel)),
+Client::Client(std::shared_ptr<grpc::Channel> channel, const std::string& name)
+    : socket_path_(name),
+      channel_(std::move(channel)),
       stub_(v1::Registry::NewStub(channel_)) {}
 
-absl::Status Client::FromGrpc(const grpc::Status &s) const {
-  if (s.ok())
-    return absl::OkStatus();
+absl::Status Client::FromGrpc(const grpc::Status& s) const {
+  if (s.ok()) return absl::OkStatus();
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
     return absl::UnavailableError(absl::StrCat(
         "cannot reach kregd at ", socket_path_, " (", s.error_message(),
@@ -43,10 +43,10 @@ absl::Status Client::FromGrpc(const grpc::Status &s) const {
                       s.error_message());
 }
 
-absl::StatusOr<v1::RegisterTargetResponse>
-Client::Register(const RegisterRequest &req, RegisterError *error) {
+absl::StatusOr<v1::RegisterTargetResponse> Client::Register(
+    const RegisterRequest& req, RegisterError* error) {
   v1::RegisterTargetChunk header;
-  v1::RegisterTargetHeader *h = header.mutable_header();
+  v1::RegisterTargetHeader* h = header.mutable_header();
   h->set_target_name(req.target_name);
   h->set_func_name(req.func_name);
   h->set_platform(req.platform);
@@ -86,7 +86,7 @@ Client::Register(const RegisterRequest &req, RegisterError *error) {
       google::rpc::Status rpc;
       if (!s.error_details().empty() &&
           rpc.ParseFromString(s.error_details())) {
-        for (const auto &any : rpc.details()) {
+        for (const auto& any : rpc.details()) {
           error->has_detail = error->has_detail || any.UnpackTo(&error->detail);
         }
       }
@@ -100,21 +100,19 @@ absl::StatusOr<std::vector<v1::Target>> Client::List() {
   auto ctx = Context();
   v1::ListTargetsResponse resp;
   grpc::Status s = stub_->ListTargets(ctx.get(), {}, &resp);
-  if (!s.ok())
-    return FromGrpc(s);
+  if (!s.ok()) return FromGrpc(s);
   return std::vector<v1::Target>(resp.targets().begin(), resp.targets().end());
 }
 
-absl::StatusOr<std::vector<v1::Target>>
-Client::Get(const std::string &name, const std::string &platform) {
+absl::StatusOr<std::vector<v1::Target>> Client::Get(
+    const std::string& name, const std::string& platform) {
   auto ctx = Context();
   v1::GetTargetRequest req;
   req.set_target_name(name);
   req.set_platform(platform);
   v1::GetTargetResponse resp;
   grpc::Status s = stub_->GetTarget(ctx.get(), req, &resp);
-  if (!s.ok())
-    return FromGrpc(s);
+  if (!s.ok()) return FromGrpc(s);
   return std::vector<v1::Target>(resp.targets().begin(), resp.targets().end());
 }
 
@@ -122,45 +120,41 @@ absl::StatusOr<v1::GetStatusResponse> Client::Status() {
   auto ctx = Context();
   v1::GetStatusResponse resp;
   grpc::Status s = stub_->GetStatus(ctx.get(), {}, &resp);
-  if (!s.ok())
-    return FromGrpc(s);
+  if (!s.ok()) return FromGrpc(s);
   return resp;
 }
 
-absl::StatusOr<v1::ListCrashesResponse>
-Client::Crashes(const std::string &name) {
+absl::StatusOr<v1::ListCrashesResponse> Client::Crashes(
+    const std::string& name) {
   auto stub = v1::Supervision::NewStub(channel_);
   auto ctx = Context();
   v1::ListCrashesRequest req;
   req.set_target_name(name);
   v1::ListCrashesResponse resp;
   grpc::Status s = stub->ListCrashes(ctx.get(), req, &resp);
-  if (!s.ok())
-    return FromGrpc(s);
+  if (!s.ok()) return FromGrpc(s);
   return resp;
 }
 
-absl::StatusOr<v1::UnquarantineResponse>
-Client::Unquarantine(const v1::UnquarantineRequest &req) {
+absl::StatusOr<v1::UnquarantineResponse> Client::Unquarantine(
+    const v1::UnquarantineRequest& req) {
   auto stub = v1::Supervision::NewStub(channel_);
   auto ctx = Context();
   v1::UnquarantineResponse resp;
   grpc::Status s = stub->Unquarantine(ctx.get(), req, &resp);
-  if (!s.ok())
-    return FromGrpc(s);
+  if (!s.ok()) return FromGrpc(s);
   return resp;
 }
 
-absl::StatusOr<std::vector<v1::Target>>
-Client::Retire(const std::string &name, const std::string &platform) {
+absl::StatusOr<std::vector<v1::Target>> Client::Retire(
+    const std::string& name, const std::string& platform) {
   auto ctx = Context();
   v1::RetireTargetRequest req;
   req.set_target_name(name);
   req.set_platform(platform);
   v1::RetireTargetResponse resp;
   grpc::Status s = stub_->RetireTarget(ctx.get(), req, &resp);
-  if (!s.ok())
-    return FromGrpc(s);
+  if (!s.ok()) return FromGrpc(s);
   return std::vector<v1::Target>(resp.retired().begin(), resp.retired().end());
 }
 
@@ -168,8 +162,7 @@ absl::StatusOr<v1::CollectGarbageResponse> Client::CollectGarbage() {
   auto ctx = Context();
   v1::CollectGarbageResponse resp;
   grpc::Status s = stub_->CollectGarbage(ctx.get(), {}, &resp);
-  if (!s.ok())
-    return FromGrpc(s);
+  if (!s.ok()) return FromGrpc(s);
   return resp;
 }
 
@@ -178,8 +171,7 @@ absl::Status Client::Health() {
   auto ctx = Context();
   grpc::health::v1::HealthCheckResponse resp;
   grpc::Status s = stub->Check(ctx.get(), {}, &resp);
-  if (!s.ok())
-    return FromGrpc(s);
+  if (!s.ok()) return FromGrpc(s);
   if (resp.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
     return absl::UnavailableError(
         absl::StrCat("kregd at ", socket_path_, " reports status ",
@@ -189,4 +181,4 @@ absl::Status Client::Health() {
   return absl::OkStatus();
 }
 
-} // namespace kreg
+}  // namespace kreg

@@ -41,41 +41,41 @@ struct RegisterError {
 };
 
 class Client {
-public:
+ public:
   // Does not connect yet; the first call does.
-  explicit Client(const std::string &socket_path);
+  explicit Client(const std::string& socket_path);
   // Over an existing channel (e.g. from a connected socket fd); `name` is
   // what error messages call it.
-  Client(std::shared_ptr<grpc::Channel> channel, const std::string &name);
+  Client(std::shared_ptr<grpc::Channel> channel, const std::string& name);
 
   // UNAVAILABLE (naming the socket and how to start kregd) when the daemon
   // cannot be reached; otherwise the daemon's status and message unchanged.
-  absl::StatusOr<v1::RegisterTargetResponse>
-  Register(const RegisterRequest &req, RegisterError *error = nullptr);
+  absl::StatusOr<v1::RegisterTargetResponse> Register(
+      const RegisterRequest& req, RegisterError* error = nullptr);
   absl::StatusOr<std::vector<v1::Target>> List();
-  absl::StatusOr<std::vector<v1::Target>> Get(const std::string &name,
-                                              const std::string &platform);
+  absl::StatusOr<std::vector<v1::Target>> Get(const std::string& name,
+                                              const std::string& platform);
   absl::StatusOr<v1::GetStatusResponse> Status();
   // Retires `name` on `platform` (every platform when empty); returns the
   // retired entries.
-  absl::StatusOr<std::vector<v1::Target>> Retire(const std::string &name,
-                                                 const std::string &platform);
+  absl::StatusOr<std::vector<v1::Target>> Retire(const std::string& name,
+                                                 const std::string& platform);
   absl::StatusOr<v1::CollectGarbageResponse> CollectGarbage();
   // OK when the standard health service says SERVING.
   absl::Status Health();
   // Executor crash counts and quarantine (kreg.v1.Supervision).
-  absl::StatusOr<v1::ListCrashesResponse> Crashes(const std::string &name);
-  absl::StatusOr<v1::UnquarantineResponse>
-  Unquarantine(const v1::UnquarantineRequest &req);
+  absl::StatusOr<v1::ListCrashesResponse> Crashes(const std::string& name);
+  absl::StatusOr<v1::UnquarantineResponse> Unquarantine(
+      const v1::UnquarantineRequest& req);
 
-private:
-  absl::Status FromGrpc(const grpc::Status &s) const;
+ private:
+  absl::Status FromGrpc(const grpc::Status& s) const;
 
   const std::string socket_path_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Registry::Stub> stub_;
 };
 
-} // namespace kreg
+}  // namespace kreg
 
-#endif // KREGD_CLIENT_CLIENT_H_
+#endif  // KREGD_CLIENT_CLIENT_H_

@@ -22,23 +22,23 @@ namespace {
 using kreg::v1::Target;
 using nlohmann::json;
 
-int ExitCode(const absl::Status &s) {
+int ExitCode(const absl::Status& s) {
   switch (s.code()) {
-  case absl::StatusCode::kOk:
-    return 0;
-  case absl::StatusCode::kInvalidArgument:
-  case absl::StatusCode::kUnimplemented:
-    return 2;
-  case absl::StatusCode::kFailedPrecondition:
-    return 3;
-  case absl::StatusCode::kUnavailable:
-    return 4;
-  default:
-    return 1;
+    case absl::StatusCode::kOk:
+      return 0;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kUnimplemented:
+      return 2;
+    case absl::StatusCode::kFailedPrecondition:
+      return 3;
+    case absl::StatusCode::kUnavailable:
+      return 4;
+    default:
+      return 1;
   }
 }
 
-int Fail(const absl::Status &s) {
+int Fail(const absl::Status& s) {
   std::cerr << s.message() << "\n";
   return ExitCode(s);
 }
@@ -50,7 +50,7 @@ std::string Time(int64_t us) {
   return buf;
 }
 
-json ToJson(const Target &t) {
+json ToJson(const Target& t) {
   return json{{"target_name", t.target_name()},
               {"platform", t.platform()},
               {"func_name", t.func_name()},
@@ -72,16 +72,15 @@ json ToJson(const Target &t) {
 
 // Targets this kregd cannot run are marked "no" under RUN, with the reason
 // after the table.
-void PrintTable(const std::vector<Target> &targets) {
+void PrintTable(const std::vector<Target>& targets) {
   std::printf("%-32s %-5s %-4s %-20s %-22s %-7s %-6s %-8s %-20s %s\n", "NAME",
               "PLAT", "RUN", "FUNCTION", "CONTENT", "KIND", "UID", "PID",
               "REGISTERED", "ORIGIN");
-  std::vector<const Target *> not_runnable;
-  for (const Target &t : targets) {
+  std::vector<const Target*> not_runnable;
+  for (const Target& t : targets) {
     std::string content = t.content_id().substr(0, 22);
     bool runnable = t.not_runnable().empty();
-    if (!runnable)
-      not_runnable.push_back(&t);
+    if (!runnable) not_runnable.push_back(&t);
     std::printf("%-32s %-5s %-4s %-20s %-22s %-7s %-6u %-8d %-20s %s\n",
                 t.target_name().c_str(), t.platform().c_str(),
                 runnable ? "yes" : "no", t.func_name().c_str(), content.c_str(),
@@ -89,18 +88,17 @@ void PrintTable(const std::vector<Target> &targets) {
                 Time(t.audit().registered_at_us()).c_str(),
                 t.audit().origin().c_str());
   }
-  for (const Target *t : not_runnable) {
+  for (const Target* t : not_runnable) {
     std::printf("not runnable here: %s (%s): %s\n", t->target_name().c_str(),
                 t->platform().c_str(), t->not_runnable().c_str());
   }
 }
 
 // The subcommand names of `app`, comma-separated.
-std::string CommandList(CLI::App &app) {
+std::string CommandList(CLI::App& app) {
   std::string out;
-  for (const CLI::App *sub : app.get_subcommands({})) {
-    if (!out.empty())
-      out += ", ";
+  for (const CLI::App* sub : app.get_subcommands({})) {
+    if (!out.empty()) out += ", ";
     out += sub->get_name();
   }
   return out;
@@ -109,18 +107,16 @@ std::string CommandList(CLI::App &app) {
 // "unknown command foo" (exit 2) when the first word that is not a global
 // option names no subcommand; CLI11 alone would say "arguments were not
 // expected".
-bool UnknownCommand(CLI::App &app, int argc, char **argv) {
+bool UnknownCommand(CLI::App& app, int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--socket") {
       ++i;
       continue;
     }
-    if (a.empty() || a[0] == '-')
-      continue;
-    for (const CLI::App *sub : app.get_subcommands({})) {
-      if (sub->get_name() == a)
-        return false;
+    if (a.empty() || a[0] == '-') continue;
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      if (sub->get_name() == a) return false;
     }
     std::cerr << "kregctl: unknown command " << a
               << " (commands: " << CommandList(app)
@@ -132,7 +128,7 @@ bool UnknownCommand(CLI::App &app, int argc, char **argv) {
 
 // KREGD_SOCKET/--socket must name the gRPC socket; the session socket beside
 // it speaks another protocol (gRPC would only say "Failed parsing HTTP/2").
-bool IsSessionSocket(const std::string &socket) {
+bool IsSessionSocket(const std::string& socket) {
   const std::string suffix = ".session";
   if (socket.size() <= suffix.size() ||
       socket.compare(socket.size() - suffix.size(), suffix.size(), suffix) !=
@@ -153,15 +149,14 @@ void ShowProgress(uint64_t sent, uint64_t total) {
                static_cast<double>(sent) / (1 << 20),
                static_cast<double>(total) / (1 << 20),
                static_cast<int>(total == 0 ? 100 : sent * 100 / total));
-  if (sent >= total)
-    std::fprintf(stderr, "\n");
+  if (sent >= total) std::fprintf(stderr, "\n");
 }
 
 // Modules at least this large show upload progress on a terminal.
 constexpr uint64_t kProgressBytes = 8ull << 20;
 
 // One "key: value" line per field, strings unquoted.
-void PrintFields(const json &j) {
+void PrintFields(const json& j) {
   for (auto it = j.begin(); it != j.end(); ++it) {
     std::cout << it.key() << ": "
               << (it->is_string() ? it->get<std::string>() : it->dump())
@@ -169,40 +164,40 @@ void PrintFields(const json &j) {
   }
 }
 
-} // namespace
+}  // namespace
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   CLI::App app{"kregctl: inspect and drive kregd"};
   app.require_subcommand(1);
   app.set_version_flag("--version",
                        std::string("kregctl ") + kreg::kKregVersion);
   std::string socket = kreg::DefaultSocketPath();
-  if (const char *env = std::getenv("KREGD_SOCKET"))
-    socket = env;
+  if (const char* env = std::getenv("KREGD_SOCKET")) socket = env;
   app.add_option("--socket", socket, "kregd's gRPC socket")
       ->capture_default_str();
   bool as_json = false;
 
-  CLI::App *list = app.add_subcommand("list", "list registered targets");
+  CLI::App* list = app.add_subcommand("list", "list registered targets");
   list->add_flag("--json", as_json, "print JSON");
-  CLI::App *show = app.add_subcommand("show", "show one target");
+  CLI::App* show = app.add_subcommand("show", "show one target");
   std::string name, platform;
   show->add_option("NAME", name, "target name")->required();
   show->add_option("--platform", platform, "cpu or cuda (default: all)");
   show->add_flag("--json", as_json, "print JSON");
-  CLI::App *status = app.add_subcommand("status", "daemon status");
+  CLI::App* status = app.add_subcommand("status", "daemon status");
   status->add_flag("--json", as_json, "print JSON");
-  CLI::App *health = app.add_subcommand("health", "health check");
-  CLI::App *unq = app.add_subcommand(
-      "unquarantine", "lift the quarantine of a target that crashed its "
-                      "executors");
+  CLI::App* health = app.add_subcommand("health", "health check");
+  CLI::App* unq =
+      app.add_subcommand("unquarantine",
+                         "lift the quarantine of a target that crashed its "
+                         "executors");
   int64_t unq_uid = -1;
   unq->add_option("NAME", name, "target name")->required();
   unq->add_option("--platform", platform, "cpu or cuda (default: all)");
   unq->add_option("--uid", unq_uid,
                   "only this caller uid's quarantine (default: all you may "
                   "lift)");
-  CLI::App *reg = app.add_subcommand("register", "register a target");
+  CLI::App* reg = app.add_subcommand("register", "register a target");
   kreg::RegisterRequest req;
   std::string module_file;
   bool daemon_reads = false;
@@ -216,32 +211,28 @@ int main(int argc, char **argv) {
   reg->add_flag("--daemon-reads", daemon_reads,
                 "send the path for the daemon to read (under its allowed "
                 "roots) instead of uploading the bytes");
-  CLI::App *retire = app.add_subcommand(
+  CLI::App* retire = app.add_subcommand(
       "retire", "retire a target so its name can be registered again");
   retire->add_option("NAME", name, "target name")->required();
   retire->add_option("--platform", platform, "cpu or cuda (default: all)");
-  CLI::App *gc = app.add_subcommand(
+  CLI::App* gc = app.add_subcommand(
       "gc", "remove module store files no registration references");
-  if (UnknownCommand(app, argc, argv))
-    return 2;
+  if (UnknownCommand(app, argc, argv)) return 2;
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError &e) {
+  } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
-  if (IsSessionSocket(socket))
-    return 2;
+  if (IsSessionSocket(socket)) return 2;
 
   kreg::Client client(socket);
   if (*list) {
     auto targets = client.List();
-    if (!targets.ok())
-      return Fail(targets.status());
+    if (!targets.ok()) return Fail(targets.status());
     if (as_json) {
       json j = json::array();
-      for (const Target &t : *targets)
-        j.push_back(ToJson(t));
+      for (const Target& t : *targets) j.push_back(ToJson(t));
       std::cout << j.dump(2) << "\n";
     } else {
       PrintTable(*targets);
@@ -250,13 +241,12 @@ int main(int argc, char **argv) {
   }
   if (*show) {
     auto targets = client.Get(name, platform);
-    if (!targets.ok())
-      return Fail(targets.status());
+    if (!targets.ok()) return Fail(targets.status());
     // Crash counts and quarantine per caller uid (kregd's executors).
     auto crashes = client.Crashes(name);
-    std::map<std::string, json> rows; // platform -> rows
+    std::map<std::string, json> rows;  // platform -> rows
     if (crashes.ok()) {
-      for (const auto &r : crashes->rows()) {
+      for (const auto& r : crashes->rows()) {
         rows[r.platform()].push_back(
             json{{"uid", r.uid()},
                  {"crashes_total", r.crashes_total()},
@@ -266,28 +256,26 @@ int main(int argc, char **argv) {
                  {"last_crash_unix_s", r.last_crash_unix_s()}});
       }
     }
-    auto with_crashes = [&](const Target &t) {
+    auto with_crashes = [&](const Target& t) {
       json j = ToJson(t);
       auto it = rows.find(t.platform());
       j["crashes"] = it == rows.end() ? json::array() : it->second;
       bool q = false;
-      for (const json &r : j["crashes"])
-        q = q || r["quarantined"].get<bool>();
+      for (const json& r : j["crashes"]) q = q || r["quarantined"].get<bool>();
       j["quarantined"] = q;
       return j;
     };
     if (as_json) {
       json j = json::array();
-      for (const Target &t : *targets)
-        j.push_back(with_crashes(t));
+      for (const Target& t : *targets) j.push_back(with_crashes(t));
       std::cout << j.dump(2) << "\n";
     } else {
-      for (const Target &t : *targets) {
+      for (const Target& t : *targets) {
         json j = with_crashes(t);
         json crash_rows = j["crashes"];
         j.erase("crashes");
         PrintFields(j);
-        for (const json &r : crash_rows) {
+        for (const json& r : crash_rows) {
           std::cout << "  crashes (uid " << r["uid"]
                     << "): " << r["crashes_in_window"] << " in window, "
                     << r["crashes_total"] << " total"
@@ -309,9 +297,8 @@ int main(int argc, char **argv) {
       r.set_uid(static_cast<uint32_t>(unq_uid));
     }
     auto lifted = client.Unquarantine(r);
-    if (!lifted.ok())
-      return Fail(lifted.status());
-    for (const auto &row : lifted->lifted()) {
+    if (!lifted.ok()) return Fail(lifted.status());
+    for (const auto& row : lifted->lifted()) {
       std::cout << "lifted the quarantine of " << row.target_name() << " ("
                 << row.platform() << ") for uid " << row.uid() << "\n";
     }
@@ -319,8 +306,7 @@ int main(int argc, char **argv) {
   }
   if (*status) {
     auto s = client.Status();
-    if (!s.ok())
-      return Fail(s.status());
+    if (!s.ok()) return Fail(s.status());
     json j{{"version", s->version()},
            {"uptime_s", s->uptime_s()},
            {"targets", s->targets()},
@@ -339,10 +325,9 @@ int main(int argc, char **argv) {
            {"quarantined", s->quarantined()},
            {"seccomp", s->seccomp()},
            {"max_module_bytes", s->max_module_bytes()}};
-    if (!s->executor_note().empty())
-      j["executor_note"] = s->executor_note();
+    if (!s->executor_note().empty()) j["executor_note"] = s->executor_note();
     json execs = json::array();
-    for (const auto &e : s->executors()) {
+    for (const auto& e : s->executors()) {
       execs.push_back(json{{"pid", e.pid()},
                            {"group", e.group()},
                            {"uid", e.uid()},
@@ -355,7 +340,7 @@ int main(int argc, char **argv) {
       std::cout << j.dump(2) << "\n";
     } else {
       PrintFields(j);
-      for (const json &e : execs) {
+      for (const json& e : execs) {
         std::cout << "executor pid " << e["pid"] << " ("
                   << e["group"].get<std::string>() << ", uid " << e["uid"]
                   << "): " << e["sessions"] << " sessions, " << e["launches"]
@@ -366,16 +351,14 @@ int main(int argc, char **argv) {
   }
   if (*health) {
     absl::Status s = client.Health();
-    if (!s.ok())
-      return Fail(s);
+    if (!s.ok()) return Fail(s);
     std::cout << "SERVING\n";
     return 0;
   }
   if (*retire) {
     auto retired = client.Retire(name, platform);
-    if (!retired.ok())
-      return Fail(retired.status());
-    for (const Target &t : *retired) {
+    if (!retired.ok()) return Fail(retired.status());
+    for (const Target& t : *retired) {
       std::cout << "retired " << t.target_name() << " (" << t.platform() << ") "
                 << t.content_id() << "\n";
     }
@@ -383,8 +366,7 @@ int main(int argc, char **argv) {
   }
   if (*gc) {
     auto out = client.CollectGarbage();
-    if (!out.ok())
-      return Fail(out.status());
+    if (!out.ok()) return Fail(out.status());
     std::cout << "removed " << out->files_removed() << " files ("
               << out->bytes_removed() << " bytes); kept " << out->files_kept()
               << " files (" << out->bytes_kept() << " bytes)\n";
@@ -403,8 +385,7 @@ int main(int argc, char **argv) {
     // reading or sending anything (a kregd that does not report it checks
     // on receipt).
     auto daemon = client.Status();
-    if (!daemon.ok())
-      return Fail(daemon.status());
+    if (!daemon.ok()) return Fail(daemon.status());
     const uint64_t size = static_cast<uint64_t>(st.st_size);
     if (daemon->max_module_bytes() != 0 && size > daemon->max_module_bytes()) {
       std::cerr << "module \"" << module_file << "\" has " << size
@@ -427,8 +408,7 @@ int main(int argc, char **argv) {
       req.progress = ShowProgress;
   }
   auto resp = client.Register(req);
-  if (!resp.ok())
-    return Fail(resp.status());
+  if (!resp.ok()) return Fail(resp.status());
   std::cout << (resp->created() ? "registered " : "already registered ")
             << resp->target().target_name() << " (" << resp->target().platform()
             << ") " << resp->target().content_id() << "\n";

@@ -14,13 +14,12 @@ namespace {
 
 // spdlog's level names (spdlog::level::from_str maps anything else to
 // "off", which would silence the log).
-constexpr const char *kLogLevels[] = {"trace",   "debug", "info",     "warn",
+constexpr const char* kLogLevels[] = {"trace",   "debug", "info",     "warn",
                                       "warning", "error", "critical", "off"};
 
-absl::Status CheckLogLevel(const std::string &level, const std::string &from) {
-  for (const char *known : kLogLevels) {
-    if (level == known)
-      return absl::OkStatus();
+absl::Status CheckLogLevel(const std::string& level, const std::string& from) {
+  for (const char* known : kLogLevels) {
+    if (level == known) return absl::OkStatus();
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown log level \"", level, "\" (", from,
@@ -28,46 +27,40 @@ absl::Status CheckLogLevel(const std::string &level, const std::string &from) {
                    "off"));
 }
 
-std::string EnvOr(const char *name, const std::string &suffix,
-                  const std::string &fallback) {
-  const char *v = std::getenv(name);
-  if (v != nullptr && v[0] == '/')
-    return std::string(v) + suffix;
+std::string EnvOr(const char* name, const std::string& suffix,
+                  const std::string& fallback) {
+  const char* v = std::getenv(name);
+  if (v != nullptr && v[0] == '/') return std::string(v) + suffix;
   return fallback;
 }
 
 // The field of a positive-integer config key, or null.
-uint64_t *NumberKey(const std::string &k, Config *c) {
-  if (k == "max_module_bytes")
-    return &c->max_module_bytes;
-  if (k == "max_arena_bytes")
-    return &c->max_arena_bytes;
-  if (k == "max_registrations_per_uid")
-    return &c->max_registrations_per_uid;
-  if (k == "max_store_bytes_per_uid")
-    return &c->max_store_bytes_per_uid;
+uint64_t* NumberKey(const std::string& k, Config* c) {
+  if (k == "max_module_bytes") return &c->max_module_bytes;
+  if (k == "max_arena_bytes") return &c->max_arena_bytes;
+  if (k == "max_registrations_per_uid") return &c->max_registrations_per_uid;
+  if (k == "max_store_bytes_per_uid") return &c->max_store_bytes_per_uid;
   return nullptr;
 }
 
-absl::Status ApplyToml(const std::string &path, Config *c) {
+absl::Status ApplyToml(const std::string& path, Config* c) {
   toml::table t;
   try {
     t = toml::parse_file(path);
-  } catch (const toml::parse_error &e) {
+  } catch (const toml::parse_error& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("config file ", path, ": ", std::string(e.description()),
                      " at line ", e.source().begin.line));
   }
-  for (const auto &[key, value] : t) {
+  for (const auto& [key, value] : t) {
     std::string k(std::string(key.str()));
-    auto bad = [&](const char *want) {
+    auto bad = [&](const char* want) {
       return absl::InvalidArgumentError(absl::StrCat(
           "config file ", path, ": key \"", k, "\" must be ", want));
     };
     if (k == "isolation" || k == "executor_binary") {
       auto s = value.value<std::string>();
-      if (!s)
-        return bad("a string");
+      if (!s) return bad("a string");
       (k == "isolation" ? c->isolation : c->executor_binary) = *s;
     } else if (k == "hello_timeout_s") {
       auto d = value.value<double>();
@@ -75,13 +68,11 @@ absl::Status ApplyToml(const std::string &path, Config *c) {
       c->hello_timeout_s = *d;
     } else if (k == "launch_timeout") {
       auto d = value.value<double>();
-      if (!d || *d < 0)
-        return bad("a number of seconds >= 0 (0: off)");
+      if (!d || *d < 0) return bad("a number of seconds >= 0 (0: off)");
       c->launch_timeout_s = *d;
     } else if (k == "seccomp") {
       auto b = value.value<bool>();
-      if (!b)
-        return bad("true or false");
+      if (!b) return bad("true or false");
       c->seccomp = *b;
     } else if (k == "quarantine_crashes" || k == "quarantine_window_s" ||
                k == "executor_idle_s" || k == "max_sessions" ||
@@ -92,43 +83,31 @@ absl::Status ApplyToml(const std::string &path, Config *c) {
       }
       if (k == "quarantine_crashes")
         c->quarantine_crashes = static_cast<int>(*n);
-      if (k == "quarantine_window_s")
-        c->quarantine_window_s = *n;
-      if (k == "executor_idle_s")
-        c->executor_idle_s = *n;
-      if (k == "max_sessions")
-        c->max_sessions = static_cast<int>(*n);
+      if (k == "quarantine_window_s") c->quarantine_window_s = *n;
+      if (k == "executor_idle_s") c->executor_idle_s = *n;
+      if (k == "max_sessions") c->max_sessions = static_cast<int>(*n);
       if (k == "max_sessions_per_uid") {
         c->max_sessions_per_uid = static_cast<int>(*n);
       }
     } else if (k == "socket" || k == "state_dir" || k == "socket_group" ||
                k == "log_level" || k == "probe_binary") {
       auto s = value.value<std::string>();
-      if (!s)
-        return bad("a string");
-      if (k == "socket")
-        c->socket_path = *s;
-      if (k == "state_dir")
-        c->state_dir = *s;
-      if (k == "socket_group")
-        c->socket_group = *s;
-      if (k == "log_level")
-        c->log_level = *s;
-      if (k == "probe_binary")
-        c->probe_binary = *s;
-    } else if (uint64_t *field = NumberKey(k, c)) {
+      if (!s) return bad("a string");
+      if (k == "socket") c->socket_path = *s;
+      if (k == "state_dir") c->state_dir = *s;
+      if (k == "socket_group") c->socket_group = *s;
+      if (k == "log_level") c->log_level = *s;
+      if (k == "probe_binary") c->probe_binary = *s;
+    } else if (uint64_t* field = NumberKey(k, c)) {
       auto n = value.value<int64_t>();
-      if (!n || *n <= 0)
-        return bad("a positive integer");
+      if (!n || *n <= 0) return bad("a positive integer");
       *field = static_cast<uint64_t>(*n);
     } else if (k == "allowed_roots") {
-      const toml::array *a = value.as_array();
-      if (a == nullptr)
-        return bad("an array of directory paths");
-      for (const auto &e : *a) {
+      const toml::array* a = value.as_array();
+      if (a == nullptr) return bad("an array of directory paths");
+      for (const auto& e : *a) {
         auto s = e.value<std::string>();
-        if (!s)
-          return bad("an array of directory paths");
+        if (!s) return bad("an array of directory paths");
         c->allowed_roots.push_back(*s);
       }
     } else {
@@ -145,7 +124,7 @@ absl::Status ApplyToml(const std::string &path, Config *c) {
   return absl::OkStatus();
 }
 
-} // namespace
+}  // namespace
 
 std::string DefaultSocketPath() {
   return EnvOr("XDG_RUNTIME_DIR", "/kregd/kregd.sock", "/run/kregd/kregd.sock");
@@ -155,18 +134,19 @@ std::string DefaultStateDir() {
   return EnvOr("XDG_STATE_HOME", "/kregd", "/var/lib/kregd");
 }
 
-std::string SessionSocketPath(const std::string &grpc_socket_path) {
+std::string SessionSocketPath(const std::string& grpc_socket_path) {
   return grpc_socket_path + ".session";
 }
 
-absl::StatusOr<Config> ParseConfig(int argc, char **argv, bool *exit_now) {
+absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now) {
   *exit_now = false;
   Config c;
   std::string config_file, socket, state_dir, log_level;
   std::vector<std::string> roots;
   uint64_t max_module = 0, max_registrations = 0, max_store_bytes = 0;
-  CLI::App app{"kregd: out-of-process kernel registry and executor for JAX's "
-               "XLA FFI"};
+  CLI::App app{
+      "kregd: out-of-process kernel registry and executor for JAX's "
+      "XLA FFI"};
   app.add_option("--config", config_file, "TOML config file");
   app.add_option("--socket", socket, "gRPC Unix socket path")
       ->default_str(DefaultSocketPath());
@@ -204,54 +184,40 @@ absl::StatusOr<Config> ParseConfig(int argc, char **argv, bool *exit_now) {
                  "the quarantine window in seconds (default 600)");
   try {
     app.parse(argc, argv);
-  } catch (const CLI::CallForHelp &e) {
+  } catch (const CLI::CallForHelp& e) {
     std::cout << app.help();
     *exit_now = true;
     return c;
-  } catch (const CLI::CallForVersion &e) {
+  } catch (const CLI::CallForVersion& e) {
     std::cout << e.what() << "\n";
     *exit_now = true;
     return c;
-  } catch (const CLI::ParseError &e) {
+  } catch (const CLI::ParseError& e) {
     return absl::InvalidArgumentError(
         absl::StrCat(e.what(), "; run kregd --help for the flags"));
   }
   if (!config_file.empty()) {
     absl::Status st = ApplyToml(config_file, &c);
-    if (!st.ok())
-      return st;
+    if (!st.ok()) return st;
   }
-  if (!socket.empty())
-    c.socket_path = socket;
-  if (!state_dir.empty())
-    c.state_dir = state_dir;
-  if (!log_level.empty())
-    c.log_level = log_level;
+  if (!socket.empty()) c.socket_path = socket;
+  if (!state_dir.empty()) c.state_dir = state_dir;
+  if (!log_level.empty()) c.log_level = log_level;
   absl::Status level = CheckLogLevel(
-      c.log_level, log_level.empty() ? "log_level in the config file"
-                                     : "--log-level");
-  if (!level.ok())
-    return level;
-  if (max_module != 0)
-    c.max_module_bytes = max_module;
-  if (max_registrations != 0)
-    c.max_registrations_per_uid = max_registrations;
-  if (max_store_bytes != 0)
-    c.max_store_bytes_per_uid = max_store_bytes;
-  if (!isolation.empty())
-    c.isolation = isolation;
-  if (!executor_binary.empty())
-    c.executor_binary = executor_binary;
-  if (launch_timeout >= 0)
-    c.launch_timeout_s = launch_timeout;
-  if (quarantine_crashes >= 0)
-    c.quarantine_crashes = quarantine_crashes;
-  if (quarantine_window >= 0)
-    c.quarantine_window_s = quarantine_window;
+      c.log_level,
+      log_level.empty() ? "log_level in the config file" : "--log-level");
+  if (!level.ok()) return level;
+  if (max_module != 0) c.max_module_bytes = max_module;
+  if (max_registrations != 0) c.max_registrations_per_uid = max_registrations;
+  if (max_store_bytes != 0) c.max_store_bytes_per_uid = max_store_bytes;
+  if (!isolation.empty()) c.isolation = isolation;
+  if (!executor_binary.empty()) c.executor_binary = executor_binary;
+  if (launch_timeout >= 0) c.launch_timeout_s = launch_timeout;
+  if (quarantine_crashes >= 0) c.quarantine_crashes = quarantine_crashes;
+  if (quarantine_window >= 0) c.quarantine_window_s = quarantine_window;
   {
     std::string iso = c.isolation;
-    for (char &ch : iso)
-      ch = static_cast<char>(std::tolower(ch));
+    for (char& ch : iso) ch = static_cast<char>(std::tolower(ch));
     if (iso != "uid" && iso != "client" && iso != "shared") {
       return absl::InvalidArgumentError(
           absl::StrCat("isolation \"", c.isolation,
@@ -260,11 +226,9 @@ absl::StatusOr<Config> ParseConfig(int argc, char **argv, bool *exit_now) {
     c.isolation = iso;
   }
   c.allowed_roots.insert(c.allowed_roots.end(), roots.begin(), roots.end());
-  if (c.socket_path.empty())
-    c.socket_path = DefaultSocketPath();
-  if (c.state_dir.empty())
-    c.state_dir = DefaultStateDir();
-  for (std::string &root : c.allowed_roots) {
+  if (c.socket_path.empty()) c.socket_path = DefaultSocketPath();
+  if (c.state_dir.empty()) c.state_dir = DefaultStateDir();
+  for (std::string& root : c.allowed_roots) {
     char resolved[PATH_MAX];
     if (::realpath(root.c_str(), resolved) == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -275,4 +239,4 @@ absl::StatusOr<Config> ParseConfig(int argc, char **argv, bool *exit_now) {
   return c;
 }
 
-} // namespace kreg
+}  // namespace kreg

@@ -1,7 +1,5 @@
 #include "daemon/registrar.h"
 
-#include "daemon/log_limit.h"
-
 #include <grp.h>
 #include <pwd.h>
 #include <sys/stat.h>
@@ -16,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "daemon/log_limit.h"
 #include "daemon/module_path.h"
 #include "daemon/unique_fd.h"
 #include "daemon/validate.h"
@@ -263,10 +262,10 @@ absl::StatusOr<RegisterOutcome> Registrar::Register(
   absl::StatusOr<RegisterOutcome> out = registry_->Register(*args);
   if (out.ok()) return out;
   // How messages name the module: the path, else the client's file name.
-  const std::string& display = header.module().source_case() ==
-                                       v1::ModuleSource::kPath
-                                   ? header.module().path()
-                                   : header.module().file_name();
+  const std::string& display =
+      header.module().source_case() == v1::ModuleSource::kPath
+          ? header.module().path()
+          : header.module().file_name();
   return NameTheModule(out.status(), display);
 }
 

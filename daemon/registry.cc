@@ -1,7 +1,5 @@
 #include "daemon/registry.h"
 
-#include "daemon/log_limit.h"
-
 #include <unistd.h>
 
 #include <chrono>
@@ -9,6 +7,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/log_limit.h"
 #include "daemon/module_store.h"
 #include "spdlog/spdlog.h"
 

@@ -30,13 +30,12 @@
 namespace kreg {
 namespace {
 
-
 absl::Status Errno(absl::string_view what) {
   return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
 }
 
 // mkdir -p with `mode` for the directories it creates.
-absl::Status MakeDirs(const std::string &dir, mode_t mode) {
+absl::Status MakeDirs(const std::string& dir, mode_t mode) {
   for (size_t i = 1; i <= dir.size(); ++i) {
     if (i == dir.size() || dir[i] == '/') {
       std::string part = dir.substr(0, i);
@@ -48,7 +47,7 @@ absl::Status MakeDirs(const std::string &dir, mode_t mode) {
   return absl::OkStatus();
 }
 
-std::string DirName(const std::string &path) {
+std::string DirName(const std::string& path) {
   size_t slash = path.rfind('/');
   return slash == std::string::npos || slash == 0 ? "/" : path.substr(0, slash);
 }
@@ -56,17 +55,15 @@ std::string DirName(const std::string &path) {
 std::string SelfDir() {
   char buf[4096];
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0)
-    return ".";
+  if (n <= 0) return ".";
   return DirName(std::string(buf, static_cast<size_t>(n)));
 }
 
 // The gid of `group` ((gid_t)-1 for ""), INVALID_ARGUMENT if it does not
 // exist.
-absl::StatusOr<gid_t> SocketGid(const std::string &group) {
-  if (group.empty())
-    return static_cast<gid_t>(-1);
-  struct group *g = ::getgrnam(group.c_str());
+absl::StatusOr<gid_t> SocketGid(const std::string& group) {
+  if (group.empty()) return static_cast<gid_t>(-1);
+  struct group* g = ::getgrnam(group.c_str());
   if (g == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("socket_group \"", group, "\" does not exist"));
@@ -77,7 +74,7 @@ absl::StatusOr<gid_t> SocketGid(const std::string &group) {
 // Binds a listening Unix socket at `path` (0660, group `gid` unless -1). A
 // stale socket file left by a dead daemon is replaced; a live one is an
 // error.
-absl::StatusOr<UniqueFd> BindUnixSocket(const std::string &path, gid_t gid) {
+absl::StatusOr<UniqueFd> BindUnixSocket(const std::string& path, gid_t gid) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof(addr.sun_path)) {
@@ -87,10 +84,9 @@ absl::StatusOr<UniqueFd> BindUnixSocket(const std::string &path, gid_t gid) {
   }
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   absl::Status dirs = MakeDirs(DirName(path), 0755);
-  if (!dirs.ok())
-    return dirs;
+  if (!dirs.ok()) return dirs;
   UniqueFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (::connect(probe.get(), reinterpret_cast<sockaddr *>(&addr),
+  if (::connect(probe.get(), reinterpret_cast<sockaddr*>(&addr),
                 sizeof(addr)) == 0) {
     return absl::AlreadyExistsError(
         absl::StrCat("another daemon is already serving ", path,
@@ -98,27 +94,24 @@ absl::StatusOr<UniqueFd> BindUnixSocket(const std::string &path, gid_t gid) {
   }
   ::unlink(path.c_str());
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd.ok())
-    return Errno("socket");
-  if (::bind(fd.get(), reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) !=
-      0) {
+  if (!fd.ok()) return Errno("socket");
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     return Errno(absl::StrCat("cannot bind ", path));
   }
-  if (::chmod(path.c_str(), 0660) != 0)
-    return Errno("chmod socket");
+  if (::chmod(path.c_str(), 0660) != 0) return Errno("chmod socket");
   if (gid != static_cast<gid_t>(-1) &&
       ::chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0) {
     return Errno(absl::StrCat("cannot give ", path, " to gid ", gid));
   }
-  if (::listen(fd.get(), 128) != 0)
-    return Errno("listen");
+  if (::listen(fd.get(), 128) != 0) return Errno("listen");
   return fd;
 }
 
-} // namespace
+}  // namespace
 
 Daemon::Daemon(Config config)
-    : config_(std::move(config)), started_(std::chrono::steady_clock::now()),
+    : config_(std::move(config)),
+      started_(std::chrono::steady_clock::now()),
       store_(config_.state_dir + "/modules"),
       loader_(&store_, config_.probe_binary.empty() ? SelfDir() + "/kregd-probe"
                                                     : config_.probe_binary),
@@ -126,11 +119,11 @@ Daemon::Daemon(Config config)
       registry_(&loader_, &journal_,
                 RegistryLimits{config_.max_registrations_per_uid,
                                config_.max_store_bytes_per_uid}),
-      registrar_(&registry_,
-                 ModulePolicy{config_.allowed_roots, config_.max_module_bytes,
-                              config_.probe_binary.empty()
-                                  ? SelfDir() + "/kregd-probe"
-                                  : config_.probe_binary}),
+      registrar_(
+          &registry_,
+          ModulePolicy{config_.allowed_roots, config_.max_module_bytes,
+                       config_.probe_binary.empty() ? SelfDir() + "/kregd-probe"
+                                                    : config_.probe_binary}),
       ledger_(CrashPolicy{config_.quarantine_crashes,
                           config_.quarantine_window_s}) {}
 
@@ -138,12 +131,10 @@ Daemon::~Daemon() { Shutdown(); }
 
 absl::Status Daemon::LockStateDir() {
   absl::Status st = MakeDirs(config_.state_dir, 0700);
-  if (!st.ok())
-    return st;
+  if (!st.ok()) return st;
   std::string lock = config_.state_dir + "/lock";
   lock_fd_.reset(::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  if (!lock_fd_.ok())
-    return Errno(absl::StrCat("cannot open ", lock));
+  if (!lock_fd_.ok()) return Errno(absl::StrCat("cannot open ", lock));
   if (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("state directory ", config_.state_dir,
@@ -155,10 +146,9 @@ absl::Status Daemon::LockStateDir() {
 
 absl::Status Daemon::Replay() {
   absl::StatusOr<std::vector<TargetEntry>> entries = journal_.Open();
-  if (!entries.ok())
-    return entries.status();
+  if (!entries.ok()) return entries.status();
   int restored = 0;
-  for (const TargetEntry &e : *entries) {
+  for (const TargetEntry& e : *entries) {
     absl::Status st = registry_.Restore(e);
     if (st.ok()) {
       ++restored;
@@ -187,12 +177,11 @@ absl::Status Daemon::Listen() {
       }
     }
     listen_fd_.reset(SD_LISTEN_FDS_START);
-    if (n > 1)
-      session_listen_fd_ = SD_LISTEN_FDS_START + 1;
+    if (n > 1) session_listen_fd_ = SD_LISTEN_FDS_START + 1;
     // Report the socket actually served, not the configured default.
     sockaddr_un addr{};
     socklen_t len = sizeof(addr);
-    if (::getsockname(listen_fd_.get(), reinterpret_cast<sockaddr *>(&addr),
+    if (::getsockname(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr),
                       &len) == 0 &&
         addr.sun_path[0] != '\0') {
       serving_socket_path_ = addr.sun_path;
@@ -202,8 +191,7 @@ absl::Status Daemon::Listen() {
     return absl::OkStatus();
   }
   absl::StatusOr<UniqueFd> fd = BindUnixSocket(config_.socket_path, gid_);
-  if (!fd.ok())
-    return fd.status();
+  if (!fd.ok()) return fd.status();
   listen_fd_ = *std::move(fd);
   owns_socket_file_ = true;
   serving_socket_path_ = config_.socket_path;
@@ -212,21 +200,17 @@ absl::Status Daemon::Listen() {
 
 absl::Status Daemon::Start() {
   absl::StatusOr<gid_t> gid = SocketGid(config_.socket_group);
-  if (!gid.ok())
-    return gid.status();
+  if (!gid.ok()) return gid.status();
   gid_ = *gid;
   absl::Status st = LockStateDir();
-  if (st.ok())
-    st = Replay();
-  if (st.ok())
-    st = Listen();
-  if (!st.ok())
-    return st;
+  if (st.ok()) st = Replay();
+  if (st.ok()) st = Listen();
+  if (!st.ok()) return st;
 
   service_ = std::make_unique<RegistryService>(
       &registrar_, &registry_,
-      [this](const std::string &peer) { return PeerOf(peer); },
-      [this](v1::GetStatusResponse *r) { FillStatus(r); });
+      [this](const std::string& peer) { return PeerOf(peer); },
+      [this](v1::GetStatusResponse* r) { FillStatus(r); });
   // Whether executors here can run CUDA launches (driver and a device; no
   // context is created in kregd), for Target.not_runnable.
   service_->set_cuda_status_of([] { return CudaLaunchStatus(); });
@@ -235,7 +219,7 @@ absl::Status Daemon::Start() {
   grpc::ServerBuilder builder;
   builder.RegisterService(service_.get());
   supervision_ = std::make_unique<SupervisionService>(
-      &ledger_, [this](const std::string &peer) { return PeerOf(peer); });
+      &ledger_, [this](const std::string& peer) { return PeerOf(peer); });
   builder.RegisterService(supervision_.get());
   builder.SetMaxReceiveMessageSize(8 << 20);
   server_ = builder.BuildAndStart();
@@ -246,8 +230,7 @@ absl::Status Daemon::Start() {
   // service clients actually use.
   server_->GetHealthCheckService()->SetServingStatus("kreg.v1.Registry", true);
   st = StartSessions();
-  if (!st.ok())
-    return st;
+  if (!st.ok()) return st;
   stop_fd_.reset(::eventfd(0, EFD_CLOEXEC));
   accept_thread_ = std::thread([this] { AcceptLoop(); });
 
@@ -258,8 +241,8 @@ absl::Status Daemon::Start() {
   }
   sd_notifyf(0, "READY=1\nSTATUS=serving %zu targets on %s",
              registry_.List().size(), serving_socket_path_.c_str());
-  spdlog::info("kregd {} serving {} (state {})", kKregVersion, serving_socket_path_,
-               config_.state_dir);
+  spdlog::info("kregd {} serving {} (state {})", kKregVersion,
+               serving_socket_path_, config_.state_dir);
   return absl::OkStatus();
 }
 
@@ -268,13 +251,11 @@ void Daemon::AcceptLoop() {
     pollfd fds[2] = {{listen_fd_.get(), POLLIN, 0},
                      {stop_fd_.get(), POLLIN, 0}};
     if (::poll(fds, 2, -1) < 0) {
-      if (errno == EINTR)
-        continue;
+      if (errno == EINTR) continue;
       spdlog::error("accept loop: poll: {}", std::strerror(errno));
       return;
     }
-    if (fds[1].revents != 0)
-      return;
+    if (fds[1].revents != 0) return;
     int fd = ::accept4(listen_fd_.get(), nullptr, nullptr,
                        SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
@@ -301,7 +282,7 @@ void Daemon::AcceptLoop() {
   }
 }
 
-PeerCred Daemon::PeerOf(const std::string &grpc_peer) {
+PeerCred Daemon::PeerOf(const std::string& grpc_peer) {
   absl::MutexLock lock(&peers_mu_);
   auto it = peers_.find(grpc_peer);
   if (it == peers_.end()) {
@@ -321,7 +302,7 @@ void Daemon::WatchdogLoop(uint64_t interval_us) {
   }
 }
 
-void Daemon::FillStatus(v1::GetStatusResponse *r) {
+void Daemon::FillStatus(v1::GetStatusResponse* r) {
   r->set_version(kKregVersion);
   r->set_uptime_s(std::chrono::duration_cast<std::chrono::seconds>(
                       std::chrono::steady_clock::now() - started_)
@@ -330,9 +311,8 @@ void Daemon::FillStatus(v1::GetStatusResponse *r) {
   // Modules executors load: the distinct store copies registered targets
   // use (kregd itself loads none).
   std::set<std::string> modules;
-  for (const EntryPtr &e : registry_.List()) {
-    if (!e->module_digest.empty())
-      modules.insert(e->module_digest);
+  for (const EntryPtr& e : registry_.List()) {
+    if (!e->module_digest.empty()) modules.insert(e->module_digest);
   }
   r->set_modules_loaded(static_cast<uint32_t>(modules.size()));
   r->set_registrations_refused(registry_.refused());
@@ -345,24 +325,20 @@ void Daemon::FillStatus(v1::GetStatusResponse *r) {
 }
 
 void Daemon::Shutdown() {
-  if (stopping_.exchange(true))
-    return;
+  if (stopping_.exchange(true)) return;
   sd_notify(0, "STOPPING=1");
   if (stop_fd_.ok()) {
     uint64_t one = 1;
     (void)!::write(stop_fd_.get(), &one, sizeof(one));
   }
-  if (accept_thread_.joinable())
-    accept_thread_.join();
-  if (watchdog_thread_.joinable())
-    watchdog_thread_.join();
+  if (accept_thread_.joinable()) accept_thread_.join();
+  if (watchdog_thread_.joinable()) watchdog_thread_.join();
   StopSessions();
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(5));
   }
-  if (owns_socket_file_)
-    ::unlink(config_.socket_path.c_str());
+  if (owns_socket_file_) ::unlink(config_.socket_path.c_str());
   spdlog::info("kregd stopped");
 }
 
@@ -371,8 +347,7 @@ absl::Status Daemon::StartSessions() {
   // executor opens the devices it serves when it starts.
   PoolOptions pool;
   absl::StatusOr<Isolation> isolation = ParseIsolation(config_.isolation);
-  if (!isolation.ok())
-    return isolation.status();
+  if (!isolation.ok()) return isolation.status();
   pool.isolation = *isolation;
   pool.binary = config_.executor_binary;
   if (pool.binary.empty()) {
@@ -401,7 +376,7 @@ absl::Status Daemon::StartSessions() {
   pool.init.set_open_cuda(true);
   pool.init.set_seccomp(config_.seccomp);
   pool.init.set_log_level(config_.log_level);
-  if (const char *env = std::getenv("KREGD_SESSION_SPIN_US")) {
+  if (const char* env = std::getenv("KREGD_SESSION_SPIN_US")) {
     pool.init.set_spin_us(std::atoll(env));
   }
   pool_ = std::make_unique<ExecutorPool>(std::move(pool), &ledger_);
@@ -423,7 +398,7 @@ absl::Status Daemon::StartSessions() {
   BrokerContext ctx{&registrar_, &registry_, &store_, pool_.get(), &ledger_};
   ctx.max_module_bytes = config_.max_module_bytes;
   sessions_ = std::make_unique<SessionServer>(
-      opts, [ctx](uint64_t id, UniqueFd sock, const PeerCred &peer) {
+      opts, [ctx](uint64_t id, UniqueFd sock, const PeerCred& peer) {
         return std::make_shared<SessionBroker>(id, std::move(sock), peer, ctx);
       });
   return sessions_->Start();
@@ -431,15 +406,12 @@ absl::Status Daemon::StartSessions() {
 
 void Daemon::StopSessions() {
   // Executors first: they end their sessions, so the brokers return.
-  if (pool_ != nullptr)
-    pool_->Shutdown();
-  if (sessions_ != nullptr)
-    sessions_->Stop();
+  if (pool_ != nullptr) pool_->Shutdown();
+  if (sessions_ != nullptr) sessions_->Stop();
 }
 
-void Daemon::FillSessionStatus(v1::GetStatusResponse *r) {
-  if (sessions_ == nullptr || pool_ == nullptr)
-    return;
+void Daemon::FillSessionStatus(v1::GetStatusResponse* r) {
+  if (sessions_ == nullptr || pool_ == nullptr) return;
   r->set_sessions(static_cast<uint32_t>(sessions_->sessions()));
   PoolCounters c = pool_->counters();
   r->set_launches(c.launches);
@@ -453,8 +425,8 @@ void Daemon::FillSessionStatus(v1::GetStatusResponse *r) {
         absl::StrCat("kregd is not root: executors run as kregd's uid ",
                      ::geteuid(), ", not as their callers'"));
   }
-  for (const ExecutorInfo &e : pool_->List()) {
-    v1::ExecutorStatus *s = r->add_executors();
+  for (const ExecutorInfo& e : pool_->List()) {
+    v1::ExecutorStatus* s = r->add_executors();
     s->set_pid(e.pid);
     s->set_group(e.group);
     s->set_uid(e.uid);
@@ -463,9 +435,8 @@ void Daemon::FillSessionStatus(v1::GetStatusResponse *r) {
     s->set_launches(e.launches);
   }
   uint32_t quarantined = 0;
-  for (const CrashRecord &row : ledger_.Rows())
-    quarantined += row.quarantined;
+  for (const CrashRecord& row : ledger_.Rows()) quarantined += row.quarantined;
   r->set_quarantined(quarantined);
 }
 
-} // namespace kreg
+}  // namespace kreg

@@ -25,37 +25,36 @@ namespace {
 using kreg::ClientStatus;
 using kreg::shim::Client;
 
-KREG_Error *ToError(const ClientStatus &s) {
-  if (s.ok())
-    return nullptr;
+KREG_Error* ToError(const ClientStatus& s) {
+  if (s.ok()) return nullptr;
   return new KREG_Error{s.code, s.message};
 }
 
-KREG_Error *Invalid(const std::string &message) {
+KREG_Error* Invalid(const std::string& message) {
   return new KREG_Error{KREG_INVALID_ARGUMENT, message};
 }
 
-std::string Str(const char *p, size_t n) {
+std::string Str(const char* p, size_t n) {
   return p == nullptr ? std::string() : std::string(p, n);
 }
 
-Client *AsClient(KREG_Client *c) { return reinterpret_cast<Client *>(c); }
+Client* AsClient(KREG_Client* c) { return reinterpret_cast<Client*>(c); }
 
-} // namespace
+}  // namespace
 
 extern "C" {
 
-int32_t kreg_error_code(const KREG_Error *error) {
+int32_t kreg_error_code(const KREG_Error* error) {
   return error == nullptr ? KREG_OK : error->code;
 }
 
-const char *kreg_error_message(const KREG_Error *error) {
+const char* kreg_error_message(const KREG_Error* error) {
   return error == nullptr ? "" : error->message.c_str();
 }
 
-void kreg_error_destroy(KREG_Error *error) { delete error; }
+void kreg_error_destroy(KREG_Error* error) { delete error; }
 
-void kreg_get_version(KREG_Version *version) {
+void kreg_get_version(KREG_Version* version) {
   if (version == nullptr || version->struct_size < KREG_Version_STRUCT_SIZE) {
     return;
   }
@@ -65,24 +64,23 @@ void kreg_get_version(KREG_Version *version) {
   version->ffi_api_minor = XLA_FFI_API_MINOR;
 }
 
-KREG_Error *kreg_connect(KREG_ConnectArgs *args) {
+KREG_Error* kreg_connect(KREG_ConnectArgs* args) {
   if (args == nullptr || args->struct_size < KREG_ConnectArgs_STRUCT_SIZE) {
     return Invalid("kreg_connect: bad args struct");
   }
   std::string path = Str(args->session_path, args->session_path_len);
-  if (path.empty())
-    return Invalid("kreg_connect: empty session socket path");
-  Client *client = Client::ForPath(path);
-  args->client = reinterpret_cast<KREG_Client *>(client);
+  if (path.empty()) return Invalid("kreg_connect: empty session socket path");
+  Client* client = Client::ForPath(path);
+  args->client = reinterpret_cast<KREG_Client*>(client);
   return ToError(client->Ping());
 }
 
-size_t kreg_target_list_size(const KREG_TargetList *list) {
+size_t kreg_target_list_size(const KREG_TargetList* list) {
   return list == nullptr ? 0 : list->targets.size();
 }
 
-KREG_Error *kreg_target_list_get(const KREG_TargetList *list, size_t index,
-                                 KREG_TargetInfo *info) {
+KREG_Error* kreg_target_list_get(const KREG_TargetList* list, size_t index,
+                                 KREG_TargetInfo* info) {
   if (list == nullptr || info == nullptr ||
       info->struct_size < KREG_TargetInfo_STRUCT_SIZE_1_0) {
     return Invalid("kreg_target_list_get: bad arguments");
@@ -93,7 +91,7 @@ KREG_Error *kreg_target_list_get(const KREG_TargetList *list, size_t index,
                               " out of range (" +
                               std::to_string(list->targets.size()) + ")"};
   }
-  const kreg::v1::TargetInfo &t = list->targets[index];
+  const kreg::v1::TargetInfo& t = list->targets[index];
   info->target_name = t.target_name().c_str();
   info->platform = t.platform().c_str();
   info->func_name = t.func_name().c_str();
@@ -115,9 +113,9 @@ KREG_Error *kreg_target_list_get(const KREG_TargetList *list, size_t index,
   return nullptr;
 }
 
-void kreg_target_list_destroy(KREG_TargetList *list) { delete list; }
+void kreg_target_list_destroy(KREG_TargetList* list) { delete list; }
 
-KREG_Error *kreg_register(KREG_RegisterArgs *args) {
+KREG_Error* kreg_register(KREG_RegisterArgs* args) {
   if (args == nullptr ||
       args->struct_size < KREG_RegisterArgs_STRUCT_SIZE_1_0 ||
       args->client == nullptr) {
@@ -148,36 +146,34 @@ KREG_Error *kreg_register(KREG_RegisterArgs *args) {
   } else if (has_path) {
     req.set_path(Str(args->module_path, args->module_path_len));
   } else {
-    req.set_upload(static_cast<const char *>(args->module_bytes),
+    req.set_upload(static_cast<const char*>(args->module_bytes),
                    args->module_bytes_len);
   }
   kreg::v1::RegisterReply reply;
   ClientStatus s = AsClient(args->client)->Register(req, &reply);
-  if (!s.ok())
-    return ToError(s);
+  if (!s.ok()) return ToError(s);
   args->created = reply.created() ? 1 : 0;
-  auto *list = new KREG_TargetList;
+  auto* list = new KREG_TargetList;
   list->targets.push_back(reply.target());
   args->target = list;
   return nullptr;
 }
 
-KREG_Error *kreg_list_targets(KREG_ListArgs *args) {
+KREG_Error* kreg_list_targets(KREG_ListArgs* args) {
   if (args == nullptr || args->struct_size < KREG_ListArgs_STRUCT_SIZE ||
       args->client == nullptr) {
     return Invalid("kreg_list_targets: bad args struct or no client");
   }
   kreg::v1::ListReply reply;
   ClientStatus s = AsClient(args->client)->List(&reply);
-  if (!s.ok())
-    return ToError(s);
-  auto *list = new KREG_TargetList;
+  if (!s.ok()) return ToError(s);
+  auto* list = new KREG_TargetList;
   list->targets.assign(reply.targets().begin(), reply.targets().end());
   args->targets = list;
   return nullptr;
 }
 
-KREG_Error *kreg_bind(KREG_BindArgs *args) {
+KREG_Error* kreg_bind(KREG_BindArgs* args) {
   if (args == nullptr || args->struct_size < KREG_BindArgs_STRUCT_SIZE ||
       args->client == nullptr) {
     return Invalid("kreg_bind: bad args struct or no client");
@@ -186,26 +182,24 @@ KREG_Error *kreg_bind(KREG_BindArgs *args) {
   ClientStatus s = kreg::shim::Bind(
       AsClient(args->client), Str(args->target_name, args->target_name_len),
       Str(args->platform, args->platform_len), &binding);
-  if (!s.ok())
-    return ToError(s);
+  if (!s.ok()) return ToError(s);
   args->handler = binding.handler;
   args->slot = binding.slot;
   return nullptr;
 }
 
-void kreg_client_stats(KREG_ClientStats *stats) {
+void kreg_client_stats(KREG_ClientStats* stats) {
   if (stats == nullptr || stats->struct_size < KREG_ClientStats_STRUCT_SIZE) {
     return;
   }
   stats->slots_used = kreg::shim::SlotsUsed();
   stats->slots_total = kreg::shim::kNumSlots;
-  Client *c = AsClient(stats->client);
-  if (c == nullptr)
-    return;
+  Client* c = AsClient(stats->client);
+  if (c == nullptr) return;
   stats->launches = c->launches.load();
   stats->launch_errors = c->launch_errors.load();
   stats->reconnects = c->reconnects();
   stats->sessions = c->open_sessions();
 }
 
-} // extern "C"
+}  // extern "C"

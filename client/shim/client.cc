@@ -17,30 +17,27 @@ int DefaultMaxSessions() {
   return static_cast<int>(std::min(32u, std::max(4u, n)));
 }
 
-} // namespace
+}  // namespace
 
-std::string CanonicalPlatform(const std::string &platform) {
+std::string CanonicalPlatform(const std::string& platform) {
   std::string p = platform;
-  for (char &c : p)
-    c = static_cast<char>(std::tolower(c));
-  if (p == "host")
-    return "cpu";
-  if (p == "gpu")
-    return "cuda";
+  for (char& c : p) c = static_cast<char>(std::tolower(c));
+  if (p == "host") return "cpu";
+  if (p == "gpu") return "cuda";
   return p;
 }
 
 Client::Client(std::string session_path)
-    : path_(std::move(session_path)), max_sessions_(DefaultMaxSessions()),
+    : path_(std::move(session_path)),
+      max_sessions_(DefaultMaxSessions()),
       pid_(::getpid()) {}
 
-Client *Client::ForPath(const std::string &session_path) {
+Client* Client::ForPath(const std::string& session_path) {
   static std::mutex mu;
-  static auto *clients = new std::map<std::string, Client *>();
+  static auto* clients = new std::map<std::string, Client*>();
   std::lock_guard<std::mutex> lock(mu);
-  Client *&c = (*clients)[session_path];
-  if (c == nullptr)
-    c = new Client(session_path);
+  Client*& c = (*clients)[session_path];
+  if (c == nullptr) c = new Client(session_path);
   return c;
 }
 
@@ -49,7 +46,7 @@ uint64_t Client::open_sessions() {
   return static_cast<uint64_t>(open_);
 }
 
-ClientStatus Client::Acquire(std::unique_ptr<Conn> *out) {
+ClientStatus Client::Acquire(std::unique_ptr<Conn>* out) {
   uint64_t epoch;
   bool replay;
   {
@@ -73,8 +70,7 @@ ClientStatus Client::Acquire(std::unique_ptr<Conn> *out) {
   }
   std::unique_ptr<Conn> conn;
   ClientStatus s = Conn::Open(path_, &conn);
-  if (s.ok() && replay)
-    s = Replay(conn.get());
+  if (s.ok() && replay) s = Replay(conn.get());
   std::lock_guard<std::mutex> lock(mu_);
   if (!s.ok()) {
     --open_;
@@ -92,13 +88,11 @@ ClientStatus Client::Acquire(std::unique_ptr<Conn> *out) {
 }
 
 void Client::Release(std::unique_ptr<Conn> conn) {
-  if (conn->broken())
-    return Discard(std::move(conn));
+  if (conn->broken()) return Discard(std::move(conn));
   std::lock_guard<std::mutex> lock(mu_);
-  if (conn->pid != pid_)
-    return; // opened before a fork: drop the copy
+  if (conn->pid != pid_) return;  // opened before a fork: drop the copy
   if (conn->epoch < epoch_) {
-    --open_; // opened before the daemon went away
+    --open_;  // opened before the daemon went away
     conn.reset();
   } else {
     idle_.push_back(std::move(conn));
@@ -110,8 +104,7 @@ void Client::Discard(std::unique_ptr<Conn> conn) {
   std::vector<std::unique_ptr<Conn>> dropped;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (conn->pid != pid_)
-      return; // opened before a fork
+    if (conn->pid != pid_) return;  // opened before a fork
     --open_;
     if (conn->epoch == epoch_) {
       // First to notice: every idle session talks to the same dead daemon.
@@ -124,14 +117,13 @@ void Client::Discard(std::unique_ptr<Conn> conn) {
   // Sessions are closed outside the lock.
 }
 
-ClientStatus Client::Replay(Conn *conn) {
+ClientStatus Client::Replay(Conn* conn) {
   std::vector<v1::RegisterRequest> requests;
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
-    for (const auto &entry : registrations_)
-      requests.push_back(entry.second);
+    for (const auto& entry : registrations_) requests.push_back(entry.second);
   }
-  for (const v1::RegisterRequest &r : requests) {
+  for (const v1::RegisterRequest& r : requests) {
     v1::SessionResponse resp;
     ClientStatus s = CallRegister(conn, r, &resp);
     if (!s.ok()) {
@@ -143,13 +135,12 @@ ClientStatus Client::Replay(Conn *conn) {
   return ClientStatus::Ok();
 }
 
-ClientStatus Client::WithConn(const std::function<ClientStatus(Conn *)> &op) {
+ClientStatus Client::WithConn(const std::function<ClientStatus(Conn*)>& op) {
   ClientStatus s;
   for (int attempt = 0; attempt < 2; ++attempt) {
     std::unique_ptr<Conn> conn;
     s = Acquire(&conn);
-    if (!s.ok())
-      return s;
+    if (!s.ok()) return s;
     s = op(conn.get());
     bool broken = conn->broken();
     bool refused = conn->refused();
@@ -157,23 +148,21 @@ ClientStatus Client::WithConn(const std::function<ClientStatus(Conn *)> &op) {
     // A stale session (kregd restarted, an idle executor was replaced) is
     // retried once on a fresh one; kregd's own refusal (e.g. the executor
     // crashed running this very call) is final.
-    if (!broken || refused)
-      return s;
+    if (!broken || refused) return s;
   }
   return s;
 }
 
 ClientStatus Client::Ping() {
-  return WithConn([](Conn *) { return ClientStatus::Ok(); });
+  return WithConn([](Conn*) { return ClientStatus::Ok(); });
 }
 
-ClientStatus Client::Register(const v1::RegisterRequest &request,
-                              v1::RegisterReply *out) {
-  ClientStatus s = WithConn([&](Conn *conn) {
+ClientStatus Client::Register(const v1::RegisterRequest& request,
+                              v1::RegisterReply* out) {
+  ClientStatus s = WithConn([&](Conn* conn) {
     v1::SessionResponse resp;
     ClientStatus st = CallRegister(conn, request, &resp);
-    if (st.ok())
-      *out = resp.register_target();
+    if (st.ok()) *out = resp.register_target();
     return st;
   });
   if (s.ok()) {
@@ -184,17 +173,16 @@ ClientStatus Client::Register(const v1::RegisterRequest &request,
   return s;
 }
 
-ClientStatus Client::List(v1::ListReply *out) {
-  return WithConn([&](Conn *conn) {
+ClientStatus Client::List(v1::ListReply* out) {
+  return WithConn([&](Conn* conn) {
     v1::SessionRequest req;
     req.mutable_list();
     v1::SessionResponse resp;
     ClientStatus st = conn->Call(&req, &resp);
-    if (st.ok())
-      *out = resp.list();
+    if (st.ok()) *out = resp.list();
     return st;
   });
 }
 
-} // namespace shim
-} // namespace kreg
+}  // namespace shim
+}  // namespace kreg

@@ -36,25 +36,23 @@ std::string Errno(int err) { return strerror(err); }
 // when the daemon answers fast and a core is free).
 int64_t SpinMicros() {
   static const int64_t us = [] {
-    const char *env = getenv("KREG_SPIN_US");
+    const char* env = getenv("KREG_SPIN_US");
     return env ? std::max<int64_t>(0, atoll(env)) : int64_t{0};
   }();
   return us;
 }
 
-} // namespace
+}  // namespace
 
 Conn::Conn(int sock, std::string path) : path_(std::move(path)), sock_(sock) {}
 
 Conn::~Conn() {
   DestroyCudaConnState(cuda_state);
-  if (arena_ != nullptr)
-    ::munmap(arena_, arena_size_);
-  if (sock_ >= 0)
-    ::close(sock_);
+  if (arena_ != nullptr) ::munmap(arena_, arena_size_);
+  if (sock_ >= 0) ::close(sock_);
 }
 
-ClientStatus Conn::Open(const std::string &path, std::unique_ptr<Conn> *out) {
+ClientStatus Conn::Open(const std::string& path, std::unique_ptr<Conn>* out) {
   sockaddr_un addr{};
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
     return ClientStatus::Error(kInvalidArgument,
@@ -69,7 +67,7 @@ ClientStatus Conn::Open(const std::string &path, std::unique_ptr<Conn> *out) {
   memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   int rc;
   do {
-    rc = ::connect(sock, reinterpret_cast<sockaddr *>(&addr), sizeof(addr));
+    rc = ::connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   } while (rc != 0 && errno == EINTR);
   if (rc != 0) {
     int err = errno;
@@ -80,7 +78,7 @@ ClientStatus Conn::Open(const std::string &path, std::unique_ptr<Conn> *out) {
   }
   std::unique_ptr<Conn> conn(new Conn(sock, path));
   v1::SessionRequest req;
-  v1::Hello *hello = req.mutable_hello();
+  v1::Hello* hello = req.mutable_hello();
   hello->set_protocol_major(kProtocolMajor);
   hello->set_protocol_minor(kProtocolMinor);
   hello->set_pid(::getpid());
@@ -88,8 +86,7 @@ ClientStatus Conn::Open(const std::string &path, std::unique_ptr<Conn> *out) {
   hello->set_ffi_api_minor(XLA_FFI_API_MINOR);
   v1::SessionResponse resp;
   ClientStatus s = conn->Call(&req, &resp);
-  if (!s.ok())
-    return s;
+  if (!s.ok()) return s;
   if (!resp.has_hello()) {
     return ClientStatus::Error(kInternal,
                                "kregd answered Hello without HelloReply");
@@ -107,16 +104,15 @@ ClientStatus Conn::Open(const std::string &path, std::unique_ptr<Conn> *out) {
   return ClientStatus::Ok();
 }
 
-ClientStatus Conn::Transport(const std::string &what, int result) {
+ClientStatus Conn::Transport(const std::string& what, int result) {
   broken_ = true;
-  return ClientStatus::Error(kUnavailable,
-                             "kregd session " + path_ + ": " + what +
-                                 " failed: " + wire::ResultText(result) +
-                                 " (did kregd stop?)");
+  return ClientStatus::Error(
+      kUnavailable, "kregd session " + path_ + ": " + what + " failed: " +
+                        wire::ResultText(result) + " (did kregd stop?)");
 }
 
-ClientStatus Conn::Call(v1::SessionRequest *request,
-                        v1::SessionResponse *response, const int *fds,
+ClientStatus Conn::Call(v1::SessionRequest* request,
+                        v1::SessionResponse* response, const int* fds,
                         int num_fds) {
   if (broken_) {
     return ClientStatus::Error(kUnavailable,
@@ -135,15 +131,12 @@ ClientStatus Conn::Call(v1::SessionRequest *request,
   }
   int rc =
       wire::SendFrame(sock_, out_buf_.data(), out_buf_.size(), fds, num_fds);
-  if (rc != wire::kOk)
-    return Transport("send", rc);
+  if (rc != wire::kOk) return Transport("send", rc);
   wire::SpinUntilReadable(sock_, SpinMicros());
   std::vector<int> got_fds;
   rc = wire::RecvFrame(sock_, kMaxResponseBytes, &in_buf_, &got_fds);
-  for (int fd : got_fds)
-    ::close(fd);
-  if (rc != wire::kOk)
-    return Transport("receive", rc);
+  for (int fd : got_fds) ::close(fd);
+  if (rc != wire::kOk) return Transport("receive", rc);
   if (!response->ParseFromString(in_buf_)) {
     broken_ = true;
     return ClientStatus::Error(kInternal,
@@ -156,7 +149,7 @@ ClientStatus Conn::Call(v1::SessionRequest *request,
                        " instead of " + std::to_string(id));
   }
   if (response->status().code() != 0) {
-    if (response->id() == 0) { // connection-level refusal
+    if (response->id() == 0) {  // connection-level refusal
       broken_ = true;
       refused_ = true;
     }
@@ -167,8 +160,7 @@ ClientStatus Conn::Call(v1::SessionRequest *request,
 }
 
 ClientStatus Conn::EnsureArena(uint64_t bytes) {
-  if (bytes <= arena_size_)
-    return ClientStatus::Ok();
+  if (bytes <= arena_size_) return ClientStatus::Ok();
   if (bytes > max_arena_bytes_) {
     return ClientStatus::Error(
         kResourceExhausted,
@@ -191,7 +183,7 @@ ClientStatus Conn::EnsureArena(uint64_t bytes) {
                                "cannot create a " + std::to_string(size) +
                                    " byte session arena: " + Errno(err));
   }
-  void *base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) {
     int err = errno;
     ::close(fd);
@@ -203,17 +195,16 @@ ClientStatus Conn::EnsureArena(uint64_t bytes) {
   req.mutable_arena_grow()->set_size(size);
   v1::SessionResponse resp;
   ClientStatus s = Call(&req, &resp, &fd, 1);
-  ::close(fd); // the mappings keep the memory alive
+  ::close(fd);  // the mappings keep the memory alive
   if (!s.ok()) {
     ::munmap(base, size);
     return s;
   }
-  if (arena_ != nullptr)
-    ::munmap(arena_, arena_size_);
-  arena_ = static_cast<char *>(base);
+  if (arena_ != nullptr) ::munmap(arena_, arena_size_);
+  arena_ = static_cast<char*>(base);
   arena_size_ = size;
   return ClientStatus::Ok();
 }
 
-} // namespace shim
-} // namespace kreg
+}  // namespace shim
+}  // namespace kreg

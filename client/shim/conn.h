@@ -22,26 +22,26 @@ class CudaConnState;
 // hands it out exclusively). Closes the socket and unmaps the arena on
 // destruction, which ends the session in the daemon.
 class Conn {
-public:
+ public:
   ~Conn();
-  Conn(const Conn &) = delete;
-  Conn &operator=(const Conn &) = delete;
+  Conn(const Conn&) = delete;
+  Conn& operator=(const Conn&) = delete;
 
   // Connects to `path` and says Hello. UNAVAILABLE with the path and reason
   // when nothing listens there; the daemon's error otherwise.
-  static ClientStatus Open(const std::string &path, std::unique_ptr<Conn> *out);
+  static ClientStatus Open(const std::string& path, std::unique_ptr<Conn>* out);
 
   // Sends `request` (its id is set here) with `fds` attached and waits for
   // the matching response. A transport failure returns UNAVAILABLE and
   // marks the Conn broken; the daemon's error status is returned as is.
-  ClientStatus Call(v1::SessionRequest *request, v1::SessionResponse *response,
-                    const int *fds = nullptr, int num_fds = 0);
+  ClientStatus Call(v1::SessionRequest* request, v1::SessionResponse* response,
+                    const int* fds = nullptr, int num_fds = 0);
 
   // Makes the arena at least `bytes` long (replacing it with a new sealed
   // memfd). RESOURCE_EXHAUSTED above the daemon's max_arena_bytes.
   ClientStatus EnsureArena(uint64_t bytes);
 
-  char *arena() const { return arena_; }
+  char* arena() const { return arena_; }
   uint64_t arena_size() const { return arena_size_; }
   bool broken() const { return broken_; }
   // kregd ended the session with an error of its own (a response with id
@@ -56,24 +56,24 @@ public:
   // From kregd's HelloReply: allocations one session may keep shared, the
   // UUIDs (16 raw bytes) of kregd's GPUs, why it has none.
   uint32_t max_cuda_mappings() const { return max_cuda_mappings_; }
-  const std::vector<std::string> &cuda_device_uuids() const {
+  const std::vector<std::string>& cuda_device_uuids() const {
     return cuda_device_uuids_;
   }
-  const std::string &cuda_status() const { return cuda_status_; }
+  const std::string& cuda_status() const { return cuda_status_; }
   // kregd accepts the stream-memop doorbell (HelloReply.cuda_doorbell).
   bool cuda_doorbell() const { return cuda_doorbell_; }
 
   // The session's CUDA state (cuda_forward.cc), created on its first CUDA
   // call; owned by the Conn.
-  CudaConnState *cuda_state = nullptr;
+  CudaConnState* cuda_state = nullptr;
 
   // Bookkeeping of the owning Client.
   uint64_t epoch = 0;
   pid_t pid = 0;
 
-private:
+ private:
   Conn(int sock, std::string path);
-  ClientStatus Transport(const std::string &what, int result);
+  ClientStatus Transport(const std::string& what, int result);
 
   const std::string path_;
   int sock_;
@@ -88,13 +88,13 @@ private:
   std::vector<std::string> cuda_device_uuids_;
   std::string cuda_status_;
   bool cuda_doorbell_ = false;
-  char *arena_ = nullptr;
+  char* arena_ = nullptr;
   uint64_t arena_size_ = 0;
   std::string out_buf_;
   std::string in_buf_;
 };
 
-} // namespace shim
-} // namespace kreg
+}  // namespace shim
+}  // namespace kreg
 
-#endif // KREGD_CLIENT_SHIM_CONN_H_
+#endif  // KREGD_CLIENT_SHIM_CONN_H_

@@ -24,37 +24,34 @@ constexpr int kSweepPerLaunch = 4;
 // forces events. Read when a session makes its first CUDA call. (On the H200
 // the doorbell took a small call from ~480 to ~105 µs without MPS.)
 bool WantDoorbell() {
-  const char *v = getenv("KREG_CUDA_DOORBELL");
+  const char* v = getenv("KREG_CUDA_DOORBELL");
   return v == nullptr || strcmp(v, "0") != 0;
 }
 
-} // namespace
+}  // namespace
 
-Key KeyOf(const cc::AllocationId &id) {
+Key KeyOf(const cc::AllocationId& id) {
   return Key(id.device_uuid, id.base, id.size, id.generation);
 }
 
-void FillRef(const cc::AllocationId &id, v1::CudaMappingRef *ref) {
+void FillRef(const cc::AllocationId& id, v1::CudaMappingRef* ref) {
   ref->set_device_uuid(id.device_uuid);
   ref->set_base(id.base);
   ref->set_size(id.size);
   ref->set_generation(id.generation);
 }
 
-CudaConnState::CudaConnState(const cu::CudaDriver *d)
+CudaConnState::CudaConnState(const cu::CudaDriver* d)
     : d_(d), pid_(::getpid()), want_doorbell_(WantDoorbell()) {}
 
 CudaConnState::~CudaConnState() {
   if (::getpid() != pid_) {
     // A forked child: the parent's CUDA objects are not ours to touch.
     new std::map<Key, Entry>(std::move(entries_));
-    for (auto &p : events_.pairs)
-      (void)p.second.release();
-    for (auto &a : arenas_)
-      a.second->Leak();
-    for (auto &b : bells_) {
-      if (b.second.bell != nullptr)
-        b.second.bell->Leak();
+    for (auto& p : events_.pairs) (void)p.second.release();
+    for (auto& a : arenas_) a.second->Leak();
+    for (auto& b : bells_) {
+      if (b.second.bell != nullptr) b.second.bell->Leak();
     }
     return;
   }
@@ -65,31 +62,27 @@ CudaConnState::~CudaConnState() {
   arenas_.clear();
 }
 
-cc::StagingArena *CudaConnState::Arena(const std::string &uuid, int ordinal,
+cc::StagingArena* CudaConnState::Arena(const std::string& uuid, int ordinal,
                                        cu::CUcontext ctx) {
-  std::unique_ptr<cc::StagingArena> &a = arenas_[uuid];
-  if (a == nullptr)
-    a = std::make_unique<cc::StagingArena>(d_, ordinal, ctx);
+  std::unique_ptr<cc::StagingArena>& a = arenas_[uuid];
+  if (a == nullptr) a = std::make_unique<cc::StagingArena>(d_, ordinal, ctx);
   return a.get();
 }
 
-void CudaConnState::DropKey(const Key &key) {
+void CudaConnState::DropKey(const Key& key) {
   auto it = entries_.find(key);
-  if (it != entries_.end())
-    Drop(it, true);
+  if (it != entries_.end()) Drop(it, true);
 }
 
-CudaConnState::Entry *CudaConnState::Find(const Key &k) {
+CudaConnState::Entry* CudaConnState::Find(const Key& k) {
   auto it = entries_.find(k);
-  if (it == entries_.end())
-    return nullptr;
+  if (it == entries_.end()) return nullptr;
   lru_.splice(lru_.begin(), lru_, it->second.lru);
   return &it->second;
 }
 
 void CudaConnState::Drop(std::map<Key, Entry>::iterator it, bool tell_kregd) {
-  if (it == entries_.end())
-    return;
+  if (it == entries_.end()) return;
   if (tell_kregd && it->second.kind != cc::ExportKind::kNeedsStaging) {
     pending_release_.push_back(it->second.id);
   }
@@ -102,7 +95,7 @@ void CudaConnState::Insert(Entry e) {
   // (its address was reused).
   for (auto it = entries_.begin(); it != entries_.end();) {
     auto next = std::next(it);
-    const cc::AllocationId &o = it->second.id;
+    const cc::AllocationId& o = it->second.id;
     if (o.device_uuid == e.id.device_uuid && o.base < e.id.base + e.id.size &&
         e.id.base < o.base + o.size) {
       Drop(it, true);
@@ -111,44 +104,41 @@ void CudaConnState::Insert(Entry e) {
   }
   Key k = KeyOf(e.id);
   auto existing = entries_.find(k);
-  if (existing != entries_.end())
-    Drop(existing, false); // (not reached)
+  if (existing != entries_.end()) Drop(existing, false);  // (not reached)
   lru_.push_front(k);
   e.lru = lru_.begin();
   entries_.emplace(k, std::move(e));
 }
 
-void CudaConnState::Trim(size_t limit, const std::vector<Key> &keep) {
+void CudaConnState::Trim(size_t limit, const std::vector<Key>& keep) {
   auto it = lru_.end();
   while (entries_.size() > limit && it != lru_.begin()) {
     --it;
-    if (std::find(keep.begin(), keep.end(), *it) != keep.end())
-      continue;
+    if (std::find(keep.begin(), keep.end(), *it) != keep.end()) continue;
     auto victim = entries_.find(*it);
-    if (victim == entries_.end()) { // (not reached) an orphaned node
+    if (victim == entries_.end()) {  // (not reached) an orphaned node
       it = lru_.erase(it);
       continue;
     }
-    it = std::next(it); // Drop erases the current node
+    it = std::next(it);  // Drop erases the current node
     Drop(victim, true);
   }
 }
 
-void CudaConnState::Sweep(const std::vector<Key> &keep) {
+void CudaConnState::Sweep(const std::vector<Key>& keep) {
   int checked = 0;
   for (auto it = lru_.end(); it != lru_.begin() && checked < kSweepPerLaunch;) {
     --it;
-    if (std::find(keep.begin(), keep.end(), *it) != keep.end())
-      continue;
+    if (std::find(keep.begin(), keep.end(), *it) != keep.end()) continue;
     ++checked;
     auto e = entries_.find(*it);
-    if (e == entries_.end()) { // (not reached) an orphaned node
+    if (e == entries_.end()) {  // (not reached) an orphaned node
       it = lru_.erase(it);
       continue;
     }
-    unsigned long long id = 0; // NOLINT: the driver's type
+    unsigned long long id = 0;  // NOLINT: the driver's type
     cu::CUpointer_attribute attr = cu::CU_POINTER_ATTRIBUTE_BUFFER_ID;
-    void *data[] = {&id};
+    void* data[] = {&id};
     cu::CUresult r =
         d_->cuPointerGetAttributes(1, &attr, data, e->second.id.base);
     if (r != cu::CUDA_SUCCESS || id != e->second.id.generation) {
@@ -163,13 +153,13 @@ void CudaConnState::Clear() {
   lru_.clear();
 }
 
-void DestroyCudaConnState(CudaConnState *state) { delete state; }
+void DestroyCudaConnState(CudaConnState* state) { delete state; }
 
 // Shares (or finds cached) the allocation of `b`; marks it staged when it
 // cannot be shared. `used`: every allocation of the call (kept in the
 // cache); `mapped`: those kregd maps (what its per-session limit counts).
-ClientStatus PlanBuffer(CudaConnState *st, Buf *b, Plan *plan,
-                        std::vector<Key> *used, std::vector<Key> *mapped) {
+ClientStatus PlanBuffer(CudaConnState* st, Buf* b, Plan* plan,
+                        std::vector<Key>* used, std::vector<Key>* mapped) {
   Key k = KeyOf(b->id);
   if (std::find(used->begin(), used->end(), k) == used->end()) {
     used->push_back(k);
@@ -181,11 +171,11 @@ ClientStatus PlanBuffer(CudaConnState *st, Buf *b, Plan *plan,
       mapped->push_back(k);
     }
   };
-  if (CudaConnState::Entry *e = st->Find(k)) {
+  if (CudaConnState::Entry* e = st->Find(k)) {
     note(e->kind);
     return ClientStatus::Ok();
   }
-  for (const CudaConnState::Entry &e : plan->new_entries) {
+  for (const CudaConnState::Entry& e : plan->new_entries) {
     if (KeyOf(e.id) == k) {
       note(e.kind);
       return ClientStatus::Ok();
@@ -193,10 +183,9 @@ ClientStatus PlanBuffer(CudaConnState *st, Buf *b, Plan *plan,
   }
   cc::ExportedBuffer ex;
   ClientStatus s = cc::ExportBuffer(st->d_, b->data, &ex);
-  if (!s.ok())
-    return s;
+  if (!s.ok()) return s;
   CudaConnState::Entry entry;
-  entry.id = b->id; // identified once; ex.id is the same allocation
+  entry.id = b->id;  // identified once; ex.id is the same allocation
   entry.kind = ex.kind;
   if (ex.kind == cc::ExportKind::kVmmFd) {
     v1::CudaShare share;
@@ -222,5 +211,5 @@ ClientStatus PlanBuffer(CudaConnState *st, Buf *b, Plan *plan,
   return ClientStatus::Ok();
 }
 
-} // namespace shim
-} // namespace kreg
+}  // namespace shim
+}  // namespace kreg

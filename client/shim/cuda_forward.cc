@@ -18,7 +18,7 @@ namespace shim {
 
 namespace {
 
-void DestroyError(const XLA_FFI_Api *api, XLA_FFI_Error *e) {
+void DestroyError(const XLA_FFI_Api* api, XLA_FFI_Error* e) {
   XLA_FFI_Error_Destroy_Args d;
   memset(&d, 0, sizeof(d));
   d.struct_size = XLA_FFI_Error_Destroy_Args_STRUCT_SIZE;
@@ -26,18 +26,19 @@ void DestroyError(const XLA_FFI_Api *api, XLA_FFI_Error *e) {
   api->XLA_FFI_Error_Destroy(&d);
 }
 
-ClientStatus XlaStream(XLA_FFI_CallFrame *frame, cu::CUstream *stream) {
-  const XLA_FFI_Api *api = frame->api;
+ClientStatus XlaStream(XLA_FFI_CallFrame* frame, cu::CUstream* stream) {
+  const XLA_FFI_Api* api = frame->api;
   XLA_FFI_Stream_Get_Args a;
   memset(&a, 0, sizeof(a));
   a.struct_size = XLA_FFI_Stream_Get_Args_STRUCT_SIZE;
   a.ctx = frame->ctx;
-  XLA_FFI_Error *e = api->XLA_FFI_Stream_Get(&a);
+  XLA_FFI_Error* e = api->XLA_FFI_Stream_Get(&a);
   if (e != nullptr) {
     DestroyError(api, e);
     return ClientStatus::Error(
-        kInternal, "kreg: XLA did not give the forwarding handler its "
-                   "CUDA stream (XLA_FFI_Stream_Get failed)");
+        kInternal,
+        "kreg: XLA did not give the forwarding handler its "
+        "CUDA stream (XLA_FFI_Stream_Get failed)");
   }
   if (a.stream == nullptr) {
     return ClientStatus::Error(kInternal, "kreg: XLA's CUDA stream is null");
@@ -46,53 +47,49 @@ ClientStatus XlaStream(XLA_FFI_CallFrame *frame, cu::CUstream *stream) {
   return ClientStatus::Ok();
 }
 
-} // namespace
+}  // namespace
 
-ClientStatus ForwardCudaCall(Client *client, const std::string &target,
-                             XLA_FFI_CallFrame *frame) {
+ClientStatus ForwardCudaCall(Client* client, const std::string& target,
+                             XLA_FFI_CallFrame* frame) {
   ClientStatus cs;
-  const cu::CudaDriver *d = cc::ProcessDriver(&cs);
+  const cu::CudaDriver* d = cc::ProcessDriver(&cs);
   if (d == nullptr) {
-    return ClientStatus::Error(kUnavailable,
-                               "kreg: forwarding CUDA call of \"" + target +
-                                   "\": " + cs.message);
+    return ClientStatus::Error(
+        kUnavailable,
+        "kreg: forwarding CUDA call of \"" + target + "\": " + cs.message);
   }
   Call call;
   call.d = d;
   ClientStatus s = XlaStream(frame, &call.stream);
-  if (!s.ok())
-    return s;
+  if (!s.ok()) return s;
   cs = cc::StreamDevice(d, call.stream, &call.ctx, &call.ordinal, &call.uuid);
-  if (!cs.ok())
-    return cs;
+  if (!cs.ok()) return cs;
   cc::PushContext scope(*d, call.ctx);
 
   thread_local v1::SessionRequest req;
   thread_local v1::SessionResponse resp;
   req.Clear();
-  v1::Launch *launch = req.mutable_launch();
+  v1::Launch* launch = req.mutable_launch();
   launch->set_target_name(target);
   launch->set_platform("cuda");
   launch->set_device_uuid(call.uuid);
   s = EncodeBuffers(
       frame, launch,
-      [&](const XLA_FFI_Buffer *b, uint64_t bytes, bool is_arg, v1::Buffer *) {
+      [&](const XLA_FFI_Buffer* b, uint64_t bytes, bool is_arg, v1::Buffer*) {
         Buf buf;
         buf.is_arg = is_arg;
         buf.data = b->data;
         buf.bytes = bytes;
         call.bufs.push_back(std::move(buf));
       });
-  if (!s.ok())
-    return s;
-  for (Buf &b : call.bufs) {
-    if (b.bytes == 0)
-      continue;
+  if (!s.ok()) return s;
+  for (Buf& b : call.bufs) {
+    if (b.bytes == 0) continue;
     cs = cc::IdentifyBuffer(d, b.data, &b.id, &b.offset);
     if (!cs.ok()) {
-      return ClientStatus::Error(cs.code,
-                                 "kreg: cannot forward a buffer of \"" +
-                                     target + "\" to kregd: " + cs.message);
+      return ClientStatus::Error(
+          cs.code, "kreg: cannot forward a buffer of \"" + target +
+                       "\" to kregd: " + cs.message);
     }
     if (b.offset + b.bytes > b.id.size) {
       return ClientStatus::Error(
@@ -103,8 +100,7 @@ ClientStatus ForwardCudaCall(Client *client, const std::string &target,
     }
   }
   s = EncodeAttrs(&frame->attrs, launch->mutable_attrs());
-  if (!s.ok())
-    return s;
+  if (!s.ok()) return s;
   int32_t ordinal = call.ordinal;
   int64_t run_id = 0;
   CallContext(frame, &ordinal, &run_id);
@@ -115,14 +111,13 @@ ClientStatus ForwardCudaCall(Client *client, const std::string &target,
   Trace("call \"%s\": %lld args, %lld rets, stream %p, device %d",
         target.c_str(), static_cast<long long>(frame->args.size),
         static_cast<long long>(frame->rets.size),
-        static_cast<void *>(call.stream), call.ordinal);
+        static_cast<void*>(call.stream), call.ordinal);
   s = client->WithConn(
-      [&](Conn *conn) { return LaunchOnConn(conn, &call, &req, &resp); });
-  if (!s.ok())
-    client->launch_errors.fetch_add(1, std::memory_order_relaxed);
+      [&](Conn* conn) { return LaunchOnConn(conn, &call, &req, &resp); });
+  if (!s.ok()) client->launch_errors.fetch_add(1, std::memory_order_relaxed);
   Trace("done \"%s\": code %d %s", target.c_str(), s.code, s.message.c_str());
   return s;
 }
 
-} // namespace shim
-} // namespace kreg
+}  // namespace shim
+}  // namespace kreg

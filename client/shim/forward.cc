@@ -19,17 +19,17 @@ namespace shim {
 namespace {
 
 struct Slot {
-  Client *client;
+  Client* client;
   std::string target;
-  std::string platform; // canonical
+  std::string platform;  // canonical
 };
 
-std::atomic<const Slot *> g_slots[kNumSlots];
+std::atomic<const Slot*> g_slots[kNumSlots];
 std::mutex g_bind_mu;
-int g_used = 0; // guarded by g_bind_mu
+int g_used = 0;  // guarded by g_bind_mu
 
-XLA_FFI_Error *MakeError(const XLA_FFI_Api *api, int code,
-                         const std::string &message) {
+XLA_FFI_Error* MakeError(const XLA_FFI_Api* api, int code,
+                         const std::string& message) {
   XLA_FFI_Error_Create_Args args;
   memset(&args, 0, sizeof(args));
   args.struct_size = XLA_FFI_Error_Create_Args_STRUCT_SIZE;
@@ -40,8 +40,8 @@ XLA_FFI_Error *MakeError(const XLA_FFI_Api *api, int code,
 
 // Answers XLA's metadata query: the FFI API of the headers this shim was
 // built with, no traits (not command-buffer compatible), no state.
-XLA_FFI_Error *PopulateMetadata(const XLA_FFI_Api *api,
-                                XLA_FFI_Metadata_Extension *ext) {
+XLA_FFI_Error* PopulateMetadata(const XLA_FFI_Api* api,
+                                XLA_FFI_Metadata_Extension* ext) {
   if (ext->extension_base.struct_size <
           XLA_FFI_Metadata_Extension_STRUCT_SIZE ||
       ext->metadata == nullptr ||
@@ -58,8 +58,8 @@ XLA_FFI_Error *PopulateMetadata(const XLA_FFI_Api *api,
   return nullptr;
 }
 
-XLA_FFI_Error *Forward(int index, XLA_FFI_CallFrame *call_frame) {
-  const XLA_FFI_Api *api = call_frame->api;
+XLA_FFI_Error* Forward(int index, XLA_FFI_CallFrame* call_frame) {
+  const XLA_FFI_Api* api = call_frame->api;
   if (call_frame->struct_size < XLA_FFI_CallFrame_STRUCT_SIZE) {
     return MakeError(api, kInvalidArgument,
                      "kreg forwarding handler: XLA_FFI_CallFrame of size " +
@@ -69,10 +69,10 @@ XLA_FFI_Error *Forward(int index, XLA_FFI_CallFrame *call_frame) {
   }
   if (call_frame->extension_start != nullptr &&
       call_frame->extension_start->type == XLA_FFI_Extension_Metadata) {
-    return PopulateMetadata(api, reinterpret_cast<XLA_FFI_Metadata_Extension *>(
+    return PopulateMetadata(api, reinterpret_cast<XLA_FFI_Metadata_Extension*>(
                                      call_frame->extension_start));
   }
-  const Slot *slot = g_slots[index].load(std::memory_order_acquire);
+  const Slot* slot = g_slots[index].load(std::memory_order_acquire);
   if (slot == nullptr) {
     return MakeError(api, kInternal,
                      "kreg forwarding handler slot " + std::to_string(index) +
@@ -86,23 +86,21 @@ XLA_FFI_Error *Forward(int index, XLA_FFI_CallFrame *call_frame) {
   }
   ClientStatus s =
       ForwardCall(slot->client, slot->target, slot->platform, call_frame);
-  if (s.ok())
-    return nullptr;
+  if (s.ok()) return nullptr;
   // An error must never read as OK, nor carry a code XLA does not know.
-  if (s.code <= kOk || s.code > 16)
-    s.code = kInternal;
+  if (s.code <= kOk || s.code > 16) s.code = kInternal;
   return MakeError(api, s.code, s.message);
 }
 
 // XLA calls the handler through a C function pointer: nothing may unwind
 // out of it (that would std::terminate the JAX process). Every exception
 // becomes an XLA FFI error.
-XLA_FFI_Error *ForwardNoThrow(int index, XLA_FFI_CallFrame *call_frame) {
-  const XLA_FFI_Api *api = call_frame->api;
-  const char *what = nullptr;
+XLA_FFI_Error* ForwardNoThrow(int index, XLA_FFI_CallFrame* call_frame) {
+  const XLA_FFI_Api* api = call_frame->api;
+  const char* what = nullptr;
   try {
     return Forward(index, call_frame);
-  } catch (const std::exception &e) {
+  } catch (const std::exception& e) {
     try {
       return MakeError(api, kInternal,
                        std::string("kreg forwarding handler failed: C++ "
@@ -122,27 +120,28 @@ XLA_FFI_Error *ForwardNoThrow(int index, XLA_FFI_CallFrame *call_frame) {
   return api->XLA_FFI_Error_Create(&args);
 }
 
-template <int I> XLA_FFI_Error *Trampoline(XLA_FFI_CallFrame *call_frame) {
+template <int I>
+XLA_FFI_Error* Trampoline(XLA_FFI_CallFrame* call_frame) {
   return ForwardNoThrow(I, call_frame);
 }
 
 template <int... I>
-constexpr std::array<XLA_FFI_Handler *, sizeof...(I)>
-MakeTable(std::integer_sequence<int, I...>) {
+constexpr std::array<XLA_FFI_Handler*, sizeof...(I)> MakeTable(
+    std::integer_sequence<int, I...>) {
   return {&Trampoline<I>...};
 }
 
-constexpr std::array<XLA_FFI_Handler *, kNumSlots> kTrampolines =
+constexpr std::array<XLA_FFI_Handler*, kNumSlots> kTrampolines =
     MakeTable(std::make_integer_sequence<int, kNumSlots>());
 
-} // namespace
+}  // namespace
 
-ClientStatus Bind(Client *client, const std::string &target,
-                  const std::string &platform, Binding *out) {
+ClientStatus Bind(Client* client, const std::string& target,
+                  const std::string& platform, Binding* out) {
   std::string canonical = CanonicalPlatform(platform);
   std::lock_guard<std::mutex> lock(g_bind_mu);
   for (int i = 0; i < g_used; ++i) {
-    const Slot *s = g_slots[i].load(std::memory_order_relaxed);
+    const Slot* s = g_slots[i].load(std::memory_order_relaxed);
     if (s->target == target && s->platform == canonical) {
       if (s->client != client) {
         return ClientStatus::Error(
@@ -151,7 +150,7 @@ ClientStatus Bind(Client *client, const std::string &target,
                 ") is already bound to the kregd at " + s->client->path() +
                 "; a process can forward a target to one daemon only");
       }
-      out->handler = reinterpret_cast<void *>(kTrampolines[i]);
+      out->handler = reinterpret_cast<void*>(kTrampolines[i]);
       out->slot = i;
       return ClientStatus::Ok();
     }
@@ -166,7 +165,7 @@ ClientStatus Bind(Client *client, const std::string &target,
   int i = g_used++;
   g_slots[i].store(new Slot{client, target, canonical},
                    std::memory_order_release);
-  out->handler = reinterpret_cast<void *>(kTrampolines[i]);
+  out->handler = reinterpret_cast<void*>(kTrampolines[i]);
   out->slot = i;
   return ClientStatus::Ok();
 }
@@ -176,5 +175,5 @@ int SlotsUsed() {
   return g_used;
 }
 
-} // namespace shim
-} // namespace kreg
+}  // namespace shim
+}  // namespace kreg

@@ -56,8 +56,9 @@ void LogMapped(CudaDevices* devices, int ordinal, cu::CUdeviceptr base,
 void LogReleased(CudaDevices* devices, int ordinal, cu::CUdeviceptr base,
                  uint64_t size) {
   if (!spdlog::should_log(spdlog::level::debug)) return;
-  spdlog::debug("CUDA mapping 0x{:x} (+{} bytes) on kregd device {} {} released",
-                base, size, ordinal, devices->info(ordinal).uuid_text);
+  spdlog::debug(
+      "CUDA mapping 0x{:x} (+{} bytes) on kregd device {} {} released", base,
+      size, ordinal, devices->info(ordinal).uuid_text);
 }
 
 }  // namespace

@@ -135,10 +135,8 @@ void SessionBroker::Run() {
     std::vector<int> raw;
     int rc = wire::RecvFrame(broker_fd_, MaxBrokerBytes(ctx_.max_module_bytes),
                              &payload, &raw);
-    for (int fd : raw)
-      ::close(fd); // executors attach nothing here
-    if (rc != wire::kOk)
-      break;
+    for (int fd : raw) ::close(fd);  // executors attach nothing here
+    if (rc != wire::kOk) break;
     v1::BrokerRequest req;
     if (!req.ParseFromString(payload)) {
       spdlog::warn("session {}: malformed broker request from executor", id_);

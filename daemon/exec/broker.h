@@ -24,11 +24,11 @@ class Registry;
 
 // What the broker of every session borrows; all must outlive the sessions.
 struct BrokerContext {
-  Registrar *registrar = nullptr;
-  Registry *registry = nullptr;
-  ModuleStore *store = nullptr;
-  ExecutorPool *pool = nullptr;
-  CrashLedger *ledger = nullptr;
+  Registrar* registrar = nullptr;
+  Registry* registry = nullptr;
+  ModuleStore* store = nullptr;
+  ExecutorPool* pool = nullptr;
+  CrashLedger* ledger = nullptr;
   // kregd's max_module_bytes: bounds the registration uploads relayed here.
   uint64_t max_module_bytes = 512ull << 20;
 };

@@ -22,12 +22,12 @@
 namespace kreg {
 namespace {
 
-void SetStatus(const absl::Status &s, v1::SessionResponse *resp) {
+void SetStatus(const absl::Status& s, v1::SessionResponse* resp) {
   resp->mutable_status()->set_code(static_cast<int>(s.code()));
   resp->mutable_status()->set_message(std::string(s.message()));
 }
 
-} // namespace
+}  // namespace
 
 absl::StatusOr<PeerCred> PeerCredOf(int sock) {
   ucred cred{};
@@ -43,11 +43,16 @@ absl::StatusOr<PeerCred> PeerCredOf(int sock) {
   return peer;
 }
 
-Session::Session(uint64_t id, UniqueFd sock, const PeerCred &peer,
-                 const SessionLimits &limits, SessionBackend *backend,
-                 SessionCounters *counters, CudaDevices *cuda)
-    : id_(id), sock_(std::move(sock)), peer_(peer), limits_(limits),
-      backend_(backend), counters_(counters), arena_(limits.max_arena_bytes),
+Session::Session(uint64_t id, UniqueFd sock, const PeerCred& peer,
+                 const SessionLimits& limits, SessionBackend* backend,
+                 SessionCounters* counters, CudaDevices* cuda)
+    : id_(id),
+      sock_(std::move(sock)),
+      peer_(peer),
+      limits_(limits),
+      backend_(backend),
+      counters_(counters),
+      arena_(limits.max_arena_bytes),
       cuda_devices_(cuda) {}
 
 Session::~Session() = default;
@@ -68,12 +73,12 @@ void Session::Run() {
                          .count();
       pollfd p{sock_.get(), POLLIN, 0};
       int ready = left > 0 ? ::poll(&p, 1, static_cast<int>(left)) : 0;
-      if (ready < 0 && errno == EINTR)
-        continue;
+      if (ready < 0 && errno == EINTR) continue;
       if (ready == 0) {
-        spdlog::info("session {} (pid {} uid {}): no Hello within {} ms; "
-                     "closing",
-                     id_, peer_.pid, peer_.uid, limits_.hello_timeout_ms);
+        spdlog::info(
+            "session {} (pid {} uid {}): no Hello within {} ms; "
+            "closing",
+            id_, peer_.pid, peer_.uid, limits_.hello_timeout_ms);
         v1::SessionResponse resp;
         SetStatus(absl::DeadlineExceededError(absl::StrCat(
                       "kregd closed this session: no Hello within ",
@@ -87,8 +92,7 @@ void Session::Run() {
     wire::SpinUntilReadable(sock_.get(), limits_.spin_us);
     std::vector<int> raw_fds;
     int rc = wire::RecvFrame(sock_.get(), max_bytes, &payload, &raw_fds);
-    if (rc == wire::kEof)
-      break;
+    if (rc == wire::kEof) break;
     if (rc != wire::kOk) {
       std::string more;
       if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
@@ -108,8 +112,7 @@ void Session::Run() {
       break;
     }
     std::vector<UniqueFd> fds;
-    for (int fd : raw_fds)
-      fds.emplace_back(fd);
+    for (int fd : raw_fds) fds.emplace_back(fd);
     v1::SessionRequest request;
     v1::SessionResponse resp;
     if (!request.ParseFromString(payload)) {
@@ -127,8 +130,7 @@ void Session::Run() {
                    wire::ResultText(rc));
       break;
     }
-    if (backend_->ShouldStop())
-      break;
+    if (backend_->ShouldStop()) break;
   }
   // Release now, not when the session object is reaped: the peer sees EOF
   // and the arena's memory goes back at once.
@@ -140,7 +142,7 @@ void Session::Run() {
   cuda_.reset();
 }
 
-v1::SessionResponse Session::Handle(const v1::SessionRequest &request,
+v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
                                     std::vector<UniqueFd> fds) {
   v1::SessionResponse resp;
   resp.set_id(request.id());
@@ -163,70 +165,67 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest &request,
         "the first request of a session must be Hello");
   } else {
     switch (request.body_case()) {
-    case v1::SessionRequest::kRegisterTarget: {
-      absl::StatusOr<v1::RegisterRequest> reg =
-          WithUploadedModule(request.register_target(), std::move(fds));
-      if (!reg.ok()) {
-        status = reg.status();
+      case v1::SessionRequest::kRegisterTarget: {
+        absl::StatusOr<v1::RegisterRequest> reg =
+            WithUploadedModule(request.register_target(), std::move(fds));
+        if (!reg.ok()) {
+          status = reg.status();
+          break;
+        }
+        absl::StatusOr<v1::RegisterReply> r = backend_->Register(*reg, peer_);
+        if (r.ok()) {
+          *resp.mutable_register_target() = *std::move(r);
+        } else {
+          status = r.status();
+        }
         break;
       }
-      absl::StatusOr<v1::RegisterReply> r = backend_->Register(*reg, peer_);
-      if (r.ok()) {
-        *resp.mutable_register_target() = *std::move(r);
-      } else {
-        status = r.status();
-      }
-      break;
-    }
-    case v1::SessionRequest::kList:
-      *resp.mutable_list() = backend_->List();
-      break;
-    case v1::SessionRequest::kArenaGrow:
-      status = DoArenaGrow(request.arena_grow(), std::move(fds),
-                           resp.mutable_arena_grow());
-      break;
-    case v1::SessionRequest::kLaunch: {
-      v1::LaunchReply reply;
-      status = DoLaunch(request.launch(), std::move(fds), &reply);
-      if (status.ok() || reply.cuda_mapping_missing() ||
-          reply.doorbell_signalled()) {
-        *resp.mutable_launch() = reply;
-      }
-      break;
-    }
-    case v1::SessionRequest::kCudaShare: {
-      if (Cuda() == nullptr) {
-        status = absl::UnimplementedError(
-            "this kregd serves no CUDA device; nothing to share");
+      case v1::SessionRequest::kList:
+        *resp.mutable_list() = backend_->List();
+        break;
+      case v1::SessionRequest::kArenaGrow:
+        status = DoArenaGrow(request.arena_grow(), std::move(fds),
+                             resp.mutable_arena_grow());
+        break;
+      case v1::SessionRequest::kLaunch: {
+        v1::LaunchReply reply;
+        status = DoLaunch(request.launch(), std::move(fds), &reply);
+        if (status.ok() || reply.cuda_mapping_missing() ||
+            reply.doorbell_signalled()) {
+          *resp.mutable_launch() = reply;
+        }
         break;
       }
-      status = ShareCuda(request.cuda_share().shares(), &fds);
-      if (status.ok() && !fds.empty()) {
-        status = absl::InvalidArgumentError(absl::StrCat(
-            fds.size(), " file descriptor(s) attached beyond the shares"));
+      case v1::SessionRequest::kCudaShare: {
+        if (Cuda() == nullptr) {
+          status = absl::UnimplementedError(
+              "this kregd serves no CUDA device; nothing to share");
+          break;
+        }
+        status = ShareCuda(request.cuda_share().shares(), &fds);
+        if (status.ok() && !fds.empty()) {
+          status = absl::InvalidArgumentError(absl::StrCat(
+              fds.size(), " file descriptor(s) attached beyond the shares"));
+        }
+        if (status.ok()) resp.mutable_cuda_share();
+        break;
       }
-      if (status.ok())
-        resp.mutable_cuda_share();
-      break;
-    }
-    case v1::SessionRequest::kCudaDoorbell:
-      status = DoCudaDoorbell(request.cuda_doorbell(), std::move(fds));
-      if (status.ok())
-        resp.mutable_cuda_doorbell();
-      break;
-    default:
-      status = absl::InvalidArgumentError(
-          absl::StrCat("unknown session request kind ",
-                       static_cast<int>(request.body_case())));
+      case v1::SessionRequest::kCudaDoorbell:
+        status = DoCudaDoorbell(request.cuda_doorbell(), std::move(fds));
+        if (status.ok()) resp.mutable_cuda_doorbell();
+        break;
+      default:
+        status = absl::InvalidArgumentError(
+            absl::StrCat("unknown session request kind ",
+                         static_cast<int>(request.body_case())));
     }
   }
   SetStatus(status, &resp);
   return resp;
 }
 
-absl::StatusOr<v1::RegisterRequest>
-Session::WithUploadedModule(const v1::RegisterRequest &req,
-                            std::vector<UniqueFd> fds) const {
+absl::StatusOr<v1::RegisterRequest> Session::WithUploadedModule(
+    const v1::RegisterRequest& req, std::vector<UniqueFd> fds) const {
   const bool by_fd = req.module_case() == v1::RegisterRequest::kUploadFdSize;
   if (fds.size() != (by_fd ? 1u : 0u)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -238,20 +237,19 @@ Session::WithUploadedModule(const v1::RegisterRequest &req,
   if (by_fd) {
     absl::StatusOr<std::string> bytes = ReadModuleFd(
         fds[0].get(), req.upload_fd_size(), limits_.max_module_bytes);
-    if (!bytes.ok())
-      return bytes.status();
+    if (!bytes.ok()) return bytes.status();
     out.set_upload(*std::move(bytes));
   } else if (req.module_case() == v1::RegisterRequest::kUpload &&
              req.upload().size() > limits_.max_module_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "uploaded module of ", req.upload().size(),
-        " bytes exceeds the limit of ", limits_.max_module_bytes,
-        " bytes (max_module_bytes)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("uploaded module of ", req.upload().size(),
+                     " bytes exceeds the limit of ", limits_.max_module_bytes,
+                     " bytes (max_module_bytes)"));
   }
   return out;
 }
 
-absl::Status Session::DoHello(const v1::Hello &hello, v1::HelloReply *reply) {
+absl::Status Session::DoHello(const v1::Hello& hello, v1::HelloReply* reply) {
   if (hello_done_) {
     return absl::FailedPreconditionError("Hello was already sent");
   }
@@ -278,7 +276,7 @@ absl::Status Session::DoHello(const v1::Hello &hello, v1::HelloReply *reply) {
     reply->set_max_cuda_mappings(
         static_cast<uint32_t>(CudaSessionOptions{}.cache.max_entries));
     for (int i = 0; i < cuda_devices_->count(); ++i) {
-      const cu::CUuuid &u = cuda_devices_->info(i).uuid;
+      const cu::CUuuid& u = cuda_devices_->info(i).uuid;
       reply->add_cuda_device_uuids(std::string(u.bytes, sizeof(u.bytes)));
     }
     reply->set_cuda_doorbell(cuda_devices_->count() > 0);
@@ -291,33 +289,30 @@ absl::Status Session::DoHello(const v1::Hello &hello, v1::HelloReply *reply) {
   return absl::OkStatus();
 }
 
-absl::Status Session::DoArenaGrow(const v1::ArenaGrow &grow,
+absl::Status Session::DoArenaGrow(const v1::ArenaGrow& grow,
                                   std::vector<UniqueFd> fds,
-                                  v1::ArenaGrowReply *reply) {
+                                  v1::ArenaGrowReply* reply) {
   if (fds.size() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ArenaGrow needs exactly one memfd attached, got ", fds.size()));
   }
   absl::Status s = arena_.Replace(std::move(fds[0]), grow.size());
-  if (!s.ok())
-    return s;
+  if (!s.ok()) return s;
   reply->set_size(arena_.size());
   return absl::OkStatus();
 }
 
-absl::StatusOr<void *> Session::LookupHandler(const TargetKey &key) {
+absl::StatusOr<void*> Session::LookupHandler(const TargetKey& key) {
   auto it = handlers_.find(key);
-  if (it != handlers_.end())
-    return it->second;
-  absl::StatusOr<void *> found = backend_->Lookup(key);
-  if (found.ok())
-    handlers_.emplace(key, *found);
+  if (it != handlers_.end()) return it->second;
+  absl::StatusOr<void*> found = backend_->Lookup(key);
+  if (found.ok()) handlers_.emplace(key, *found);
   return found;
 }
 
-absl::Status Session::DoLaunch(const v1::Launch &launch,
+absl::Status Session::DoLaunch(const v1::Launch& launch,
                                std::vector<UniqueFd> fds,
-                               v1::LaunchReply *reply) {
+                               v1::LaunchReply* reply) {
   counters_->launches.fetch_add(1, std::memory_order_relaxed);
   absl::Status status;
   absl::StatusOr<Platform> platform = ParsePlatform(launch.platform());
@@ -331,7 +326,7 @@ absl::Status Session::DoLaunch(const v1::Launch &launch,
     if (!decoded.ok()) {
       status = decoded.status();
     } else {
-      absl::StatusOr<void *> handler = LookupHandler(decoded->key);
+      absl::StatusOr<void*> handler = LookupHandler(decoded->key);
       if (handler.ok()) {
         backend_->BeginLaunch(request_id_, decoded->key);
         status = backend_->Execute(*handler, decoded->frame);
@@ -347,4 +342,4 @@ absl::Status Session::DoLaunch(const v1::Launch &launch,
   return status;
 }
 
-} // namespace kreg
+}  // namespace kreg

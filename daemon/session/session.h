@@ -33,20 +33,20 @@ constexpr uint32_t kSessionProtocolMinor = 3;
 // Registrar/Registry/FfiHost by SessionServer, faked in tests. Thread-safe:
 // every session thread calls it.
 class SessionBackend {
-public:
+ public:
   virtual ~SessionBackend() = default;
   // Same rules and errors as the gRPC RegisterTarget.
-  virtual absl::StatusOr<v1::RegisterReply>
-  Register(const v1::RegisterRequest &request, const PeerCred &peer) = 0;
+  virtual absl::StatusOr<v1::RegisterReply> Register(
+      const v1::RegisterRequest& request, const PeerCred& peer) = 0;
   virtual v1::ListReply List() = 0;
   // The handler registered as `key`, or NOT_FOUND naming it.
-  virtual absl::StatusOr<void *> Lookup(const TargetKey &key) = 0;
+  virtual absl::StatusOr<void*> Lookup(const TargetKey& key) = 0;
   // Runs `handler` on `frame`; the handler's error verbatim.
-  virtual absl::Status Execute(void *handler, const LaunchFrame &frame) = 0;
+  virtual absl::Status Execute(void* handler, const LaunchFrame& frame) = 0;
   // The same with platform resources (CUDA: the session stream and the
   // stream-ordered scratch allocator).
-  virtual absl::Status ExecuteWith(void *handler, const LaunchFrame &frame,
-                                   const CallOptions &options) {
+  virtual absl::Status ExecuteWith(void* handler, const LaunchFrame& frame,
+                                   const CallOptions& options) {
     (void)options;
     return Execute(handler, frame);
   }
@@ -54,7 +54,7 @@ public:
   virtual uint32_t ffi_api_minor() const = 0;
   // Around every handler call of a launch: the request's id and target
   // (an executor records them where kregd can read them if it dies).
-  virtual void BeginLaunch(uint64_t request_id, const TargetKey &key) {
+  virtual void BeginLaunch(uint64_t request_id, const TargetKey& key) {
     (void)request_id;
     (void)key;
   }
@@ -67,14 +67,14 @@ public:
 // One served connection: a Session running launches itself, or kregd's
 // broker that hands the connection to an executor.
 class ServedSession {
-public:
+ public:
   virtual ~ServedSession() = default;
   // Serves until the connection ends.
   virtual void Run() = 0;
   // Makes a blocked Run() return. Thread-safe.
   virtual void Shutdown() = 0;
   virtual uint64_t id() const = 0;
-  virtual const PeerCred &peer() const = 0;
+  virtual const PeerCred& peer() const = 0;
 };
 
 struct SessionLimits {
@@ -103,13 +103,13 @@ struct SessionCounters {
 // stream, shared mappings, events, scratch) is created on its first CUDA
 // launch and released when the connection ends.
 class Session final : public ServedSession {
-public:
-  Session(uint64_t id, UniqueFd sock, const PeerCred &peer,
-          const SessionLimits &limits, SessionBackend *backend,
-          SessionCounters *counters, CudaDevices *cuda = nullptr);
+ public:
+  Session(uint64_t id, UniqueFd sock, const PeerCred& peer,
+          const SessionLimits& limits, SessionBackend* backend,
+          SessionCounters* counters, CudaDevices* cuda = nullptr);
   ~Session() override;
-  Session(const Session &) = delete;
-  Session &operator=(const Session &) = delete;
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
 
   // The request loop. Returns when the connection ends.
   void Run() override;
@@ -118,54 +118,53 @@ public:
 
   // Handles one decoded request with its attached descriptors (owned).
   // Exposed for tests; Run() calls it for every frame.
-  v1::SessionResponse Handle(const v1::SessionRequest &request,
+  v1::SessionResponse Handle(const v1::SessionRequest& request,
                              std::vector<UniqueFd> fds);
 
   uint64_t id() const override { return id_; }
-  const PeerCred &peer() const override { return peer_; }
+  const PeerCred& peer() const override { return peer_; }
 
-private:
+ private:
   // `req` with an fd upload (upload_fd_size) read into `upload`, checked
   // against max_module_bytes; INVALID_ARGUMENT for a wrong fd count or size.
-  absl::StatusOr<v1::RegisterRequest>
-  WithUploadedModule(const v1::RegisterRequest &req,
-                     std::vector<UniqueFd> fds) const;
-  absl::Status DoHello(const v1::Hello &hello, v1::HelloReply *reply);
-  absl::Status DoArenaGrow(const v1::ArenaGrow &grow, std::vector<UniqueFd> fds,
-                           v1::ArenaGrowReply *r);
-  absl::Status DoLaunch(const v1::Launch &launch, std::vector<UniqueFd> fds,
-                        v1::LaunchReply *reply);
+  absl::StatusOr<v1::RegisterRequest> WithUploadedModule(
+      const v1::RegisterRequest& req, std::vector<UniqueFd> fds) const;
+  absl::Status DoHello(const v1::Hello& hello, v1::HelloReply* reply);
+  absl::Status DoArenaGrow(const v1::ArenaGrow& grow, std::vector<UniqueFd> fds,
+                           v1::ArenaGrowReply* r);
+  absl::Status DoLaunch(const v1::Launch& launch, std::vector<UniqueFd> fds,
+                        v1::LaunchReply* reply);
   // The CUDA part of a launch (platform cuda).
-  absl::Status DoCudaLaunch(const v1::Launch &launch, std::vector<UniqueFd> fds,
-                            v1::LaunchReply *reply);
-  absl::Status DoCudaDoorbell(const v1::CudaDoorbellSetup &setup,
+  absl::Status DoCudaLaunch(const v1::Launch& launch, std::vector<UniqueFd> fds,
+                            v1::LaunchReply* reply);
+  absl::Status DoCudaDoorbell(const v1::CudaDoorbellSetup& setup,
                               std::vector<UniqueFd> fds);
   // Imports `shares`, taking their fds from `fds` in order.
-  absl::Status
-  ShareCuda(const google::protobuf::RepeatedPtrField<v1::CudaShare> &shares,
-            std::vector<UniqueFd> *fds);
+  absl::Status ShareCuda(
+      const google::protobuf::RepeatedPtrField<v1::CudaShare>& shares,
+      std::vector<UniqueFd>* fds);
   // The session's CudaSession (created on first use); null without devices.
-  CudaSession *Cuda();
-  absl::StatusOr<void *> LookupHandler(const TargetKey &key);
+  CudaSession* Cuda();
+  absl::StatusOr<void*> LookupHandler(const TargetKey& key);
 
   const uint64_t id_;
   UniqueFd sock_;
   const PeerCred peer_;
   const SessionLimits limits_;
-  SessionBackend *const backend_;
-  SessionCounters *const counters_;
+  SessionBackend* const backend_;
+  SessionCounters* const counters_;
   bool hello_done_ = false;
-  uint64_t request_id_ = 0; // of the request being handled
+  uint64_t request_id_ = 0;  // of the request being handled
   ShmArena arena_;
   // Handlers resolved by this session (registrations are never removed).
-  std::map<TargetKey, void *> handlers_;
-  CudaDevices *const cuda_devices_;
+  std::map<TargetKey, void*> handlers_;
+  CudaDevices* const cuda_devices_;
   std::unique_ptr<CudaSession> cuda_;
 };
 
 // SO_PEERCRED of a connected Unix socket. INTERNAL if unavailable.
 absl::StatusOr<PeerCred> PeerCredOf(int sock);
 
-} // namespace kreg
+}  // namespace kreg
 
-#endif // KREGD_DAEMON_SESSION_SESSION_H_
+#endif  // KREGD_DAEMON_SESSION_SESSION_H_

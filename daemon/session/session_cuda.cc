@@ -16,11 +16,11 @@
 namespace kreg {
 namespace {
 
-CudaMappingKey KeyOf(const v1::CudaMappingRef &r) {
+CudaMappingKey KeyOf(const v1::CudaMappingRef& r) {
   return CudaMappingKey{r.device_uuid(), r.base(), r.size(), r.generation()};
 }
 
-std::string UuidText(const std::string &raw) {
+std::string UuidText(const std::string& raw) {
   if (raw.size() != sizeof(cu::CUuuid)) {
     return absl::StrCat("<", raw.size(), "-byte uuid>");
   }
@@ -29,25 +29,23 @@ std::string UuidText(const std::string &raw) {
   return cu::FormatCuUuid(u);
 }
 
-std::string RefText(const v1::CudaMappingRef &r) {
+std::string RefText(const v1::CudaMappingRef& r) {
   return absl::StrCat("allocation 0x", absl::Hex(r.base()), " (+", r.size(),
                       " bytes, generation ", r.generation(), ") on ",
                       UuidText(r.device_uuid()));
 }
 
-} // namespace
+}  // namespace
 
-CudaSession *Session::Cuda() {
-  if (cuda_devices_ == nullptr || cuda_devices_->count() == 0)
-    return nullptr;
-  if (cuda_ == nullptr)
-    cuda_ = std::make_unique<CudaSession>(cuda_devices_);
+CudaSession* Session::Cuda() {
+  if (cuda_devices_ == nullptr || cuda_devices_->count() == 0) return nullptr;
+  if (cuda_ == nullptr) cuda_ = std::make_unique<CudaSession>(cuda_devices_);
   return cuda_.get();
 }
 
-absl::Status Session::DoCudaDoorbell(const v1::CudaDoorbellSetup &setup,
+absl::Status Session::DoCudaDoorbell(const v1::CudaDoorbellSetup& setup,
                                      std::vector<UniqueFd> fds) {
-  CudaSession *cuda = Cuda();
+  CudaSession* cuda = Cuda();
   if (cuda == nullptr) {
     return absl::UnimplementedError(
         "this kregd serves no CUDA device; no doorbell to set up");
@@ -71,43 +69,43 @@ absl::Status Session::DoCudaDoorbell(const v1::CudaDoorbellSetup &setup,
 }
 
 absl::Status Session::ShareCuda(
-    const google::protobuf::RepeatedPtrField<v1::CudaShare> &shares,
-    std::vector<UniqueFd> *fds) {
-  CudaSession *cuda = Cuda();
+    const google::protobuf::RepeatedPtrField<v1::CudaShare>& shares,
+    std::vector<UniqueFd>* fds) {
+  CudaSession* cuda = Cuda();
   size_t next_fd = 0;
   absl::Status first;
   for (int i = 0; i < shares.size(); ++i) {
-    const v1::CudaShare &share = shares.Get(i);
+    const v1::CudaShare& share = shares.Get(i);
     CudaMappingKey key = KeyOf(share.mapping());
     absl::Status s;
     switch (share.handle_case()) {
-    case v1::CudaShare::kVmmFd:
-      if (next_fd >= fds->size()) {
-        s = absl::InvalidArgumentError(
-            absl::StrCat("share ", i, " expects a VMM fd but only ",
-                         fds->size(), " file descriptor(s) are attached"));
-      } else {
-        s = cuda->ShareVmm(key, std::move((*fds)[next_fd++]));
+      case v1::CudaShare::kVmmFd:
+        if (next_fd >= fds->size()) {
+          s = absl::InvalidArgumentError(
+              absl::StrCat("share ", i, " expects a VMM fd but only ",
+                           fds->size(), " file descriptor(s) are attached"));
+        } else {
+          s = cuda->ShareVmm(key, std::move((*fds)[next_fd++]));
+        }
+        break;
+      case v1::CudaShare::kIpcMemHandle: {
+        const std::string& h = share.ipc_mem_handle();
+        cu::CUipcMemHandle handle;
+        if (h.size() != sizeof(handle.reserved)) {
+          s = absl::InvalidArgumentError(
+              absl::StrCat("share ", i, ": a CUDA IPC memory handle has ",
+                           sizeof(handle.reserved), " bytes, got ", h.size()));
+        } else {
+          std::copy(h.begin(), h.end(), handle.reserved);
+          s = cuda->ShareIpc(key, handle);
+        }
+        break;
       }
-      break;
-    case v1::CudaShare::kIpcMemHandle: {
-      const std::string &h = share.ipc_mem_handle();
-      cu::CUipcMemHandle handle;
-      if (h.size() != sizeof(handle.reserved)) {
+      default:
         s = absl::InvalidArgumentError(
-            absl::StrCat("share ", i, ": a CUDA IPC memory handle has ",
-                         sizeof(handle.reserved), " bytes, got ", h.size()));
-      } else {
-        std::copy(h.begin(), h.end(), handle.reserved);
-        s = cuda->ShareIpc(key, handle);
-      }
-      break;
-    }
-    default:
-      s = absl::InvalidArgumentError(
-          absl::StrCat("share ", i,
-                       " carries neither a VMM fd nor an IPC "
-                       "memory handle"));
+            absl::StrCat("share ", i,
+                         " carries neither a VMM fd nor an IPC "
+                         "memory handle"));
     }
     if (s.ok() && spdlog::should_log(spdlog::level::debug)) {
       // Which of kregd's devices the client's allocation is mapped on
@@ -133,10 +131,10 @@ absl::Status Session::ShareCuda(
   return first;
 }
 
-absl::Status Session::DoCudaLaunch(const v1::Launch &launch,
+absl::Status Session::DoCudaLaunch(const v1::Launch& launch,
                                    std::vector<UniqueFd> fds,
-                                   v1::LaunchReply *reply) {
-  CudaSession *cuda = Cuda();
+                                   v1::LaunchReply* reply) {
+  CudaSession* cuda = Cuda();
   if (cuda == nullptr) {
     return absl::UnimplementedError(absl::StrCat(
         "launching \"", launch.target_name(),
@@ -152,11 +150,11 @@ absl::Status Session::DoCudaLaunch(const v1::Launch &launch,
         absl::StrCat("the client's GPU cannot be used by kregd: ",
                      ordinal.status().message()));
   }
-  for (const v1::CudaMappingRef &r : launch.release()) {
+  for (const v1::CudaMappingRef& r : launch.release()) {
     cuda->mappings().Erase(KeyOf(r));
   }
   if (launch.has_events()) {
-    const v1::CudaEvents &e = launch.events();
+    const v1::CudaEvents& e = launch.events();
     cu::CUipcEventHandle ready, done;
     if (e.ready().size() != sizeof(ready.reserved) ||
         e.done().size() != sizeof(done.reserved)) {
@@ -174,8 +172,7 @@ absl::Status Session::DoCudaLaunch(const v1::Launch &launch,
                        s.message()));
     }
   }
-  if (absl::Status s = ShareCuda(launch.shares(), &fds); !s.ok())
-    return s;
+  if (absl::Status s = ShareCuda(launch.shares(), &fds); !s.ok()) return s;
   if (!fds.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         fds.size(), " file descriptor(s) attached beyond the launch's shares"));
@@ -186,8 +183,8 @@ absl::Status Session::DoCudaLaunch(const v1::Launch &launch,
   std::vector<CudaMappingKey> distinct;
   const size_t max_entries = cuda->mappings().max_entries();
   CudaBufferResolver resolve =
-      [&](const v1::CudaMappingRef &ref, uint64_t offset, uint64_t size,
-          const std::string &what) -> absl::StatusOr<void *> {
+      [&](const v1::CudaMappingRef& ref, uint64_t offset, uint64_t size,
+          const std::string& what) -> absl::StatusOr<void*> {
     CudaMappingKey key = KeyOf(ref);
     if (std::find(distinct.begin(), distinct.end(), key) == distinct.end()) {
       distinct.push_back(key);
@@ -205,29 +202,26 @@ absl::Status Session::DoCudaLaunch(const v1::Launch &launch,
     absl::StatusOr<CudaMappingCache::Resolved> r =
         cuda->Resolve(key, offset, size);
     if (!r.ok()) {
-      if (absl::IsNotFound(r.status()))
-        reply->set_cuda_mapping_missing(true);
+      if (absl::IsNotFound(r.status())) reply->set_cuda_mapping_missing(true);
       return absl::Status(
           r.status().code(),
           absl::StrCat(what, ": ", RefText(ref), ": ", r.status().message()));
     }
-    void *data = r->data;
+    void* data = r->data;
     holders.push_back(*std::move(r));
     return data;
   };
   absl::StatusOr<DecodedLaunch> decoded =
       DecodeLaunch(launch, arena_, &resolve);
-  if (!decoded.ok())
-    return decoded.status();
+  if (!decoded.ok()) return decoded.status();
   reply->set_cuda_mapping_missing(false);
-  absl::StatusOr<void *> handler = LookupHandler(decoded->key);
-  if (!handler.ok())
-    return handler.status();
+  absl::StatusOr<void*> handler = LookupHandler(decoded->key);
+  if (!handler.ok()) return handler.status();
   decoded->frame.device_ordinal = *ordinal;
   bool signalled = false;
   absl::Status result = cuda->Launch(
       *ordinal,
-      [&](const CallOptions &options) {
+      [&](const CallOptions& options) {
         backend_->BeginLaunch(request_id_, decoded->key);
         absl::Status s =
             backend_->ExecuteWith(*handler, decoded->frame, options);
@@ -239,4 +233,4 @@ absl::Status Session::DoCudaLaunch(const v1::Launch &launch,
   return result;
 }
 
-} // namespace kreg
+}  // namespace kreg

@@ -19,35 +19,35 @@
 namespace kreg {
 namespace {
 
-absl::Status Errno(const std::string &what) {
+absl::Status Errno(const std::string& what) {
   return absl::InternalError(absl::StrCat(what, ": ", strerror(errno)));
 }
 
 // True if something accepts connections at `path`.
-bool IsLive(const std::string &path) {
+bool IsLive(const std::string& path) {
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  return ::connect(fd.get(), reinterpret_cast<sockaddr *>(&addr),
+  return ::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr),
                    sizeof(addr)) == 0;
 }
 
-} // namespace
+}  // namespace
 
-SessionServer::SessionServer(const SessionOptions &opts, SessionFactory factory)
+SessionServer::SessionServer(const SessionOptions& opts, SessionFactory factory)
     : opts_(opts), factory_(std::move(factory)) {}
 
-SessionServer::SessionServer(const SessionOptions &opts,
+SessionServer::SessionServer(const SessionOptions& opts,
                              std::unique_ptr<SessionBackend> backend)
     : opts_(opts), backend_(std::move(backend)) {
-  factory_ = [this](uint64_t id, UniqueFd sock, const PeerCred &peer) {
+  factory_ = [this](uint64_t id, UniqueFd sock, const PeerCred& peer) {
     SessionLimits limits;
     limits.max_arena_bytes = opts_.max_arena_bytes;
     limits.max_message_bytes = opts_.max_message_bytes;
     limits.spin_us = opts_.spin_us;
     limits.hello_timeout_ms = opts_.hello_timeout_ms;
-    if (const char *env = std::getenv("KREGD_SESSION_SPIN_US")) {
+    if (const char* env = std::getenv("KREGD_SESSION_SPIN_US")) {
       limits.spin_us = std::atoll(env);
     }
     return std::make_shared<Session>(id, std::move(sock), peer, limits,
@@ -56,7 +56,7 @@ SessionServer::SessionServer(const SessionOptions &opts,
   };
 }
 
-void SessionServer::Refuse(UniqueFd sock, const std::string &message) {
+void SessionServer::Refuse(UniqueFd sock, const std::string& message) {
   v1::SessionResponse resp;
   resp.set_id(0);
   resp.mutable_status()->set_code(
@@ -74,7 +74,7 @@ absl::Status SessionServer::Listen() {
     listen_fd_ = opts_.listen_fd;
     return absl::OkStatus();
   }
-  const std::string &path = opts_.socket_path;
+  const std::string& path = opts_.socket_path;
   sockaddr_un addr{};
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(
@@ -93,22 +93,19 @@ absl::Status SessionServer::Listen() {
       return absl::FailedPreconditionError(
           absl::StrCat("another daemon is serving sessions on ", path));
     }
-    ::unlink(path.c_str()); // stale socket of a dead daemon
+    ::unlink(path.c_str());  // stale socket of a dead daemon
   }
   own_listen_fd_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!own_listen_fd_.ok())
-    return Errno("socket(AF_UNIX)");
+  if (!own_listen_fd_.ok()) return Errno("socket(AF_UNIX)");
   addr.sun_family = AF_UNIX;
   memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   // Created 0660 from the start: no window where others may connect.
   mode_t old_mask = ::umask(0117);
-  int rc = ::bind(own_listen_fd_.get(), reinterpret_cast<sockaddr *>(&addr),
+  int rc = ::bind(own_listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr),
                   sizeof(addr));
   ::umask(old_mask);
-  if (rc != 0)
-    return Errno(absl::StrCat("bind ", path));
-  if (::chmod(path.c_str(), 0660) != 0)
-    return Errno("chmod " + path);
+  if (rc != 0) return Errno(absl::StrCat("bind ", path));
+  if (::chmod(path.c_str(), 0660) != 0) return Errno("chmod " + path);
   if (opts_.socket_gid != static_cast<gid_t>(-1) &&
       ::chown(path.c_str(), static_cast<uid_t>(-1), opts_.socket_gid) != 0) {
     return Errno(absl::StrCat("chown ", path, " to gid ", opts_.socket_gid));
@@ -121,11 +118,9 @@ absl::Status SessionServer::Listen() {
 }
 
 absl::Status SessionServer::Start() {
-  if (absl::Status s = Listen(); !s.ok())
-    return s;
+  if (absl::Status s = Listen(); !s.ok()) return s;
   wake_fd_.reset(::eventfd(0, EFD_CLOEXEC));
-  if (!wake_fd_.ok())
-    return Errno("eventfd");
+  if (!wake_fd_.ok()) return Errno("eventfd");
   accept_thread_ = std::thread([this] { AcceptLoop(); });
   spdlog::info("sessions: listening on {}", opts_.listen_fd >= 0
                                                 ? std::string("inherited fd")
@@ -140,16 +135,13 @@ void SessionServer::AcceptLoop() {
     // closes their sockets) even when nobody connects.
     int ready = ::poll(fds, 2, 1000);
     if (ready < 0) {
-      if (errno == EINTR)
-        continue;
+      if (errno == EINTR) continue;
       spdlog::error("sessions: poll failed: {}", strerror(errno));
       return;
     }
-    if (fds[1].revents != 0 || stopping_.load())
-      return;
+    if (fds[1].revents != 0 || stopping_.load()) return;
     ReapFinished();
-    if (ready == 0 || (fds[0].revents & POLLIN) == 0)
-      continue;
+    if (ready == 0 || (fds[0].revents & POLLIN) == 0) continue;
     UniqueFd sock(::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC));
     if (!sock.ok()) {
       if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
@@ -163,8 +155,7 @@ void SessionServer::AcceptLoop() {
 
 void SessionServer::StartSession(UniqueFd sock) {
   absl::StatusOr<PeerCred> peer = PeerCredOf(sock.get());
-  if (!peer.ok())
-    return; // logged; closing refuses the connection
+  if (!peer.ok()) return;  // logged; closing refuses the connection
   std::string refusal;
   {
     absl::MutexLock lock(&mu_);
@@ -192,7 +183,7 @@ void SessionServer::StartSession(UniqueFd sock) {
       factory_(next_id_.fetch_add(1), std::move(sock), *peer);
   absl::MutexLock lock(&mu_);
   slots_.emplace_back();
-  Slot *slot = &slots_.back();
+  Slot* slot = &slots_.back();
   slot->session = session;
   const uid_t uid = peer->uid;
   slot->thread = std::thread([this, slot, session, uid] {
@@ -201,8 +192,7 @@ void SessionServer::StartSession(UniqueFd sock) {
                  session->peer().pid);
     {
       absl::MutexLock lock(&mu_);
-      if (--per_uid_[uid] == 0)
-        per_uid_.erase(uid);
+      if (--per_uid_[uid] == 0) per_uid_.erase(uid);
     }
     live_sessions_.fetch_sub(1);
     slot->done.store(true);
@@ -215,39 +205,33 @@ void SessionServer::ReapFinished() {
     absl::MutexLock lock(&mu_);
     for (auto it = slots_.begin(); it != slots_.end();) {
       auto next = std::next(it);
-      if (it->done.load())
-        finished.splice(finished.end(), slots_, it);
+      if (it->done.load()) finished.splice(finished.end(), slots_, it);
       it = next;
     }
   }
-  for (Slot &s : finished)
-    s.thread.join(); // releases sessions and arenas
+  for (Slot& s : finished) s.thread.join();  // releases sessions and arenas
 }
 
 void SessionServer::Stop() {
-  if (stopping_.exchange(true))
-    return;
+  if (stopping_.exchange(true)) return;
   if (wake_fd_.ok()) {
     uint64_t one = 1;
     if (::write(wake_fd_.get(), &one, sizeof(one)) < 0) {
       spdlog::warn("sessions: wake failed: {}", strerror(errno));
     }
   }
-  if (accept_thread_.joinable())
-    accept_thread_.join();
+  if (accept_thread_.joinable()) accept_thread_.join();
   std::list<Slot> all;
   {
     absl::MutexLock lock(&mu_);
-    for (Slot &s : slots_)
-      s.session->Shutdown();
+    for (Slot& s : slots_) s.session->Shutdown();
     all.splice(all.end(), slots_);
   }
-  for (Slot &s : all)
-    s.thread.join();
+  for (Slot& s : all) s.thread.join();
   if (own_listen_fd_.ok()) {
     own_listen_fd_.reset();
     ::unlink(opts_.socket_path.c_str());
   }
 }
 
-} // namespace kreg
+}  // namespace kreg

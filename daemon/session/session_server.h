@@ -44,26 +44,26 @@ struct SessionOptions {
   int64_t hello_timeout_ms = 10000;
   // kregd's GPUs (CudaDevices::OpenSystem at daemon start); null: CUDA
   // launches are refused. Must outlive the server.
-  CudaDevices *cuda_devices = nullptr;
+  CudaDevices* cuda_devices = nullptr;
 };
 
 // Makes what serves one accepted connection (kregd: a SessionBroker that
 // hands it to an executor).
 using SessionFactory = std::function<std::shared_ptr<ServedSession>(
-    uint64_t id, UniqueFd sock, const PeerCred &peer)>;
+    uint64_t id, UniqueFd sock, const PeerCred& peer)>;
 
 // Owns the listening socket, the accept thread and every session (and so
 // every session's arena). Thread-safe.
 class SessionServer {
-public:
-  SessionServer(const SessionOptions &opts, SessionFactory factory);
+ public:
+  SessionServer(const SessionOptions& opts, SessionFactory factory);
   // Runs sessions in this process over `backend` (tests and the executor's
   // own tests; kregd never does).
-  SessionServer(const SessionOptions &opts,
+  SessionServer(const SessionOptions& opts,
                 std::unique_ptr<SessionBackend> backend);
   ~SessionServer();
-  SessionServer(const SessionServer &) = delete;
-  SessionServer &operator=(const SessionServer &) = delete;
+  SessionServer(const SessionServer&) = delete;
+  SessionServer& operator=(const SessionServer&) = delete;
 
   // Listens (or adopts opts.listen_fd) and starts the accept thread.
   // INTERNAL/FAILED_PRECONDITION with the path and errno text on failure.
@@ -75,7 +75,7 @@ public:
   uint64_t launches() const { return counters_.launches.load(); }
   uint64_t launch_errors() const { return counters_.launch_errors.load(); }
 
-private:
+ private:
   struct Slot {
     std::shared_ptr<ServedSession> session;
     std::thread thread;
@@ -88,7 +88,7 @@ private:
   void ReapFinished();
 
   // Sends a connection-level error (response id 0) and closes `sock`.
-  static void Refuse(UniqueFd sock, const std::string &message);
+  static void Refuse(UniqueFd sock, const std::string& message);
 
   const SessionOptions opts_;
   std::unique_ptr<SessionBackend> backend_;
@@ -96,7 +96,7 @@ private:
   SessionCounters counters_;
   UniqueFd own_listen_fd_;
   int listen_fd_ = -1;
-  UniqueFd wake_fd_; // eventfd that stops the accept loop
+  UniqueFd wake_fd_;  // eventfd that stops the accept loop
   std::thread accept_thread_;
   std::atomic<bool> stopping_{false};
   std::atomic<int> live_sessions_{0};
@@ -106,6 +106,6 @@ private:
   std::map<uid_t, int> per_uid_ ABSL_GUARDED_BY(mu_);
 };
 
-} // namespace kreg
+}  // namespace kreg
 
-#endif // KREGD_DAEMON_SESSION_SESSION_SERVER_H_
+#endif  // KREGD_DAEMON_SESSION_SESSION_SERVER_H_

@@ -23,7 +23,7 @@ namespace {
 namespace ffi = xla::ffi;
 using Out = ffi::Result<ffi::Buffer<ffi::S64>>;
 
-ffi::Error NeedFour(Out &y) {
+ffi::Error NeedFour(Out& y) {
   if (y->element_count() < 4) {
     return ffi::Error::InvalidArgument(
         "hostile kernels write 4 int64 results; the output is smaller");
@@ -32,7 +32,7 @@ ffi::Error NeedFour(Out &y) {
 }
 
 ffi::Error SegfaultImpl(ffi::AnyBuffer, Out y) {
-  volatile int *p = nullptr;
+  volatile int* p = nullptr;
   *p = 1;
   return NeedFour(y);
 }
@@ -78,24 +78,22 @@ ffi::Error StackOverflowImpl(ffi::AnyBuffer, Out y) {
 
 ffi::Error WriteFarImpl(ffi::AnyBuffer, Out y) {
   // 64 GiB past the output: unmapped in any process on this machine.
-  volatile char *p =
-      reinterpret_cast<char *>(y->typed_data()) + (int64_t{1} << 36);
+  volatile char* p =
+      reinterpret_cast<char*>(y->typed_data()) + (int64_t{1} << 36);
   *p = 1;
   return NeedFour(y);
 }
 
 ffi::Error SpinImpl(ffi::AnyBuffer, Out y) {
   volatile uint64_t n = 0;
-  for (;;)
-    n = n + 1;
+  for (;;) n = n + 1;
   return NeedFour(y);
 }
 
 // [uid, gid, pid, ppid]
 ffi::Error WhoAmIImpl(ffi::AnyBuffer, Out y) {
-  if (ffi::Error e = NeedFour(y); e.failure())
-    return e;
-  int64_t *out = y->typed_data();
+  if (ffi::Error e = NeedFour(y); e.failure()) return e;
+  int64_t* out = y->typed_data();
   out[0] = ::getuid();
   out[1] = ::getgid();
   out[2] = ::getpid();
@@ -106,9 +104,8 @@ ffi::Error WhoAmIImpl(ffi::AnyBuffer, Out y) {
 // [calls so far in this copy of the module, pid, 0, 0]
 ffi::Error CounterImpl(ffi::AnyBuffer, Out y) {
   static int64_t calls = 0;
-  if (ffi::Error e = NeedFour(y); e.failure())
-    return e;
-  int64_t *out = y->typed_data();
+  if (ffi::Error e = NeedFour(y); e.failure()) return e;
+  int64_t* out = y->typed_data();
   out[0] = calls++;
   out[1] = ::getpid();
   out[2] = out[3] = 0;
@@ -116,57 +113,51 @@ ffi::Error CounterImpl(ffi::AnyBuffer, Out y) {
 }
 
 // Each probe writes [rc, errno, 0, 0].
-void Report(Out &y, int64_t rc, int err) {
-  int64_t *out = y->typed_data();
+void Report(Out& y, int64_t rc, int err) {
+  int64_t* out = y->typed_data();
   out[0] = rc;
   out[1] = rc < 0 ? err : 0;
   out[2] = out[3] = 0;
 }
 
 ffi::Error TryExecImpl(ffi::AnyBuffer, Out y) {
-  if (ffi::Error e = NeedFour(y); e.failure())
-    return e;
+  if (ffi::Error e = NeedFour(y); e.failure()) return e;
   char arg0[] = "/bin/true";
-  char *argv[] = {arg0, nullptr};
-  char *envp[] = {nullptr};
+  char* argv[] = {arg0, nullptr};
+  char* envp[] = {nullptr};
   int rc = ::execve(arg0, argv, envp);
   Report(y, rc, errno);
   return ffi::Error::Success();
 }
 
 ffi::Error TryInetImpl(ffi::AnyBuffer, Out y) {
-  if (ffi::Error e = NeedFour(y); e.failure())
-    return e;
+  if (ffi::Error e = NeedFour(y); e.failure()) return e;
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   int err = errno;
-  if (fd >= 0)
-    ::close(fd);
+  if (fd >= 0) ::close(fd);
   Report(y, fd, err);
   return ffi::Error::Success();
 }
 
 ffi::Error TryOpenImpl(ffi::AnyBuffer, Out y, std::string_view path) {
-  if (ffi::Error e = NeedFour(y); e.failure())
-    return e;
+  if (ffi::Error e = NeedFour(y); e.failure()) return e;
   std::string p(path);
   int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
   int err = errno;
-  if (fd >= 0)
-    ::close(fd);
+  if (fd >= 0) ::close(fd);
   Report(y, fd, err);
   return ffi::Error::Success();
 }
 
 ffi::Error TryPtraceImpl(ffi::AnyBuffer, Out y, int64_t pid) {
-  if (ffi::Error e = NeedFour(y); e.failure())
-    return e;
+  if (ffi::Error e = NeedFour(y); e.failure()) return e;
   long rc = ::ptrace(PTRACE_ATTACH, static_cast<pid_t>(pid), nullptr, nullptr);
   Report(y, rc, errno);
   return ffi::Error::Success();
 }
 
-} // namespace
-} // namespace kreg::kernels
+}  // namespace
+}  // namespace kreg::kernels
 
 namespace ffi = xla::ffi;
 
@@ -185,9 +176,9 @@ KREG_EXPORT_HANDLER(TryInet);
 KREG_EXPORT_HANDLER(TryOpen);
 KREG_EXPORT_HANDLER(TryPtrace);
 
-#define KREG_HOSTILE(name)                                                     \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                               \
-      name, kreg::kernels::name##Impl,                                         \
+#define KREG_HOSTILE(name)             \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(       \
+      name, kreg::kernels::name##Impl, \
       ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::Buffer<ffi::S64>>())
 
 KREG_HOSTILE(Segfault);
