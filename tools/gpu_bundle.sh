@@ -33,6 +33,7 @@ max_mb=${KREG_BUNDLE_MAX_MB:-40}
 targets=(//daemon:kregd //daemon:kregd-probe //daemon/exec:kregd-exec //client:kregctl
   //client/shim:libkreg_client.so //kernels/cpu:all
   //kernels/cuda:libdemo_cuda.so //kernels/cuda:libbrainevent_cuda.so
+  //kernels/cuda:libhostile_cuda.so
   //tests/daemon/cuda:gpu_test)
 bazel build "${targets[@]}"
 bin=$(bazel info bazel-bin 2>/dev/null)
