@@ -395,8 +395,15 @@ absl::Status Daemon::StartSessions() {
   opts.socket_gid = gid_;
   opts.max_sessions = config_.max_sessions;
   opts.max_sessions_per_uid = config_.max_sessions_per_uid;
-  BrokerContext ctx{&registrar_, &registry_, &store_, pool_.get(), &ledger_};
+  BrokerContext ctx;
+  ctx.registrar = &registrar_;
+  ctx.registry = &registry_;
+  ctx.store = &store_;
+  ctx.pool = pool_.get();
+  ctx.ledger = &ledger_;
+  ctx.bindings = &bindings_;
   ctx.max_module_bytes = config_.max_module_bytes;
+  registry_.SetBindingOracle(&bindings_);
   sessions_ = std::make_unique<SessionServer>(
       opts, [ctx](uint64_t id, UniqueFd sock, const PeerCred& peer) {
         return std::make_shared<SessionBroker>(id, std::move(sock), peer, ctx);

@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/config.h"
 #include "daemon/exec/crash_ledger.h"
+#include "daemon/exec/session_bindings.h"
 #include "daemon/grpc_service.h"
 #include "daemon/journal.h"
 #include "daemon/module_loader.h"
@@ -62,6 +63,7 @@ class Daemon {
   Registry registry_;
   Registrar registrar_;
   CrashLedger ledger_;
+  SessionBindings bindings_;            // the registry's BindingOracle
   std::unique_ptr<ExecutorPool> pool_;  // outlives the sessions using it
   std::unique_ptr<SessionServer> sessions_;
   std::unique_ptr<RegistryService> service_;

@@ -161,6 +161,7 @@ void SessionBroker::Run() {
     }
   }
   ::shutdown(client_.get(), SHUT_RDWR);
+  if (ctx_.bindings != nullptr) ctx_.bindings->RemoveSession(id_);
   ctx_.pool->Release(&binding_);
   binding_.broker.reset();
   broker_fd_ = -1;
@@ -174,6 +175,12 @@ v1::BrokerReply SessionBroker::Handle(const v1::BrokerRequest& req,
     case v1::BrokerRequest::kRegisterTarget: {
       absl::StatusOr<v1::RegisterReply> r =
           RegisterForSession(ctx_.registrar, req.register_target(), peer_);
+      if (r.ok() && ctx_.bindings != nullptr) {
+        absl::StatusOr<Platform> p = ParsePlatform(r->target().platform());
+        if (p.ok()) {
+          ctx_.bindings->Add(id_, peer_.pid, {r->target().target_name(), *p});
+        }
+      }
       if (r.ok()) {
         *reply.mutable_register_target() = *std::move(r);
       } else {
@@ -245,6 +252,7 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::Resolve(
   reply.set_func_name(e->func_name);
   reply.set_module_digest(e->module_digest);
   reply.set_token(ctx_.pool->TokenFor(binding_, e));
+  if (ctx_.bindings != nullptr) ctx_.bindings->Add(id_, peer_.pid, key);
   *fd_out = std::move(fd);
   return reply;
 }

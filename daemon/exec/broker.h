@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "daemon/exec/crash_ledger.h"
 #include "daemon/exec/executor_pool.h"
+#include "daemon/exec/session_bindings.h"
 #include "daemon/session/session.h"
 #include "daemon/types.h"
 #include "daemon/unique_fd.h"
@@ -29,6 +30,7 @@ struct BrokerContext {
   ModuleStore* store = nullptr;
   ExecutorPool* pool = nullptr;
   CrashLedger* ledger = nullptr;
+  SessionBindings* bindings = nullptr;  // optional
   // kregd's max_module_bytes: bounds the registration uploads relayed here.
   uint64_t max_module_bytes = 512ull << 20;
 };

@@ -286,3 +286,36 @@ def test_missing_executor_binary_is_a_clear_start_error():
     pytest.skip(str(e))
   finally:
     finish(d)
+
+
+def test_retire_is_refused_while_a_live_process_has_the_target_bound():
+  hostile_path()
+  d = make_daemon()
+  try:
+    code = """
+import sys, jax, numpy as np, kreg, kernels_util as ku
+kreg.register_ffi_target("bound.who", ku.kernel_path("libhostile.so"),
+                         "WhoAmI", platform="cpu")
+f = jax.ffi.ffi_call("bound.who", jax.ShapeDtypeStruct((4,), np.int64))
+print("READY", np.asarray(f(np.zeros(4, np.float32))).tolist(), flush=True)
+sys.stdin.readline()
+"""
+    p = subprocess.Popen([PY, "-c", code], env=d.env(), stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+      assert p.stdout.readline().startswith("READY")
+      r = kregctl(d, "retire", "bound.who", "--platform", "cpu", check=False)
+      assert r.returncode != 0
+      assert str(p.pid) in r.stderr + r.stdout, r.stderr + r.stdout
+    finally:
+      p.stdin.close()
+      p.wait(timeout=60)
+    deadline = time.monotonic() + 10
+    while True:
+      r = kregctl(d, "retire", "bound.who", "--platform", "cpu", check=False)
+      if r.returncode == 0 or time.monotonic() > deadline:
+        break
+      time.sleep(0.2)
+    assert r.returncode == 0, r.stderr
+  finally:
+    finish(d)

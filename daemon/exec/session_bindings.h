@@ -1,0 +1,39 @@
+// Which live client sessions have which targets bound (registered through
+// the session or resolved for calls): the BindingOracle that refuses to
+// retire a name a running JAX process still uses.
+#ifndef KREGD_DAEMON_EXEC_SESSION_BINDINGS_H_
+#define KREGD_DAEMON_EXEC_SESSION_BINDINGS_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "daemon/binding_oracle.h"
+#include "daemon/types.h"
+
+namespace kreg {
+
+// Thread-safe; never calls into the registry.
+class SessionBindings final : public BindingOracle {
+ public:
+  void Add(uint64_t session_id, pid_t pid, const TargetKey& key);
+  // The session ended: forget what it had bound.
+  void RemoveSession(uint64_t session_id);
+  std::vector<pid_t> PidsBinding(const TargetKey& key) override;
+
+ private:
+  struct Session {
+    pid_t pid = 0;
+    std::set<TargetKey> keys;
+  };
+  absl::Mutex mu_;
+  std::map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kreg
+
+#endif  // KREGD_DAEMON_EXEC_SESSION_BINDINGS_H_
