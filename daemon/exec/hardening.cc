@@ -112,8 +112,9 @@ absl::Status InstallSeccompFilter() {
   // cannot compare one argument twice), then everything above the last.
   for (int family = 0; rc == 0 && family < 64; ++family) {
     if (family == AF_UNIX || family == AF_NETLINK) continue;
-    rc = seccomp_rule_add(ctx, deny, SCMP_SYS(socket), 1,
-                          SCMP_A0(SCMP_CMP_EQ, family));
+    rc = seccomp_rule_add(
+        ctx, deny, SCMP_SYS(socket), 1,
+        SCMP_A0(SCMP_CMP_EQ, static_cast<scmp_datum_t>(family)));
   }
   if (rc == 0) {
     rc = seccomp_rule_add(ctx, deny, SCMP_SYS(socket), 1,
