@@ -31,7 +31,7 @@ struct Config {
   int64_t executor_idle_s = 30;
   bool seccomp = true;
   int max_sessions = 1024;
-  int max_sessions_per_uid = 128;
+  int max_sessions_per_uid = 256;
   double hello_timeout_s = 10;  // a session must say Hello within this
 };
 

@@ -39,7 +39,7 @@ struct SessionOptions {
   // Further connections are refused with an error beyond this many
   // sessions, in all and per client uid (so one uid cannot starve others).
   int max_sessions = 1024;
-  int max_sessions_per_uid = 128;
+  int max_sessions_per_uid = 256;
   // Sessions that have not said Hello within this time are closed.
   int64_t hello_timeout_ms = 10000;
   // kregd's GPUs (CudaDevices::OpenSystem at daemon start); null: CUDA
