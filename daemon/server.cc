@@ -14,6 +14,7 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <set>
@@ -368,6 +369,7 @@ absl::Status Daemon::StartSessions() {
   pool.launch_timeout_ms =
       static_cast<int64_t>(config_.launch_timeout_s * 1000.0);
   pool.idle_ms = config_.executor_idle_s * 1000;
+  pool.slots = static_cast<uint32_t>(std::max(1, config_.max_sessions));
   pool.init.set_max_arena_bytes(config_.max_arena_bytes);
   pool.init.set_max_message_bytes(64ull << 20);
   pool.init.set_max_module_bytes(config_.max_module_bytes);

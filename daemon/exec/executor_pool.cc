@@ -210,51 +210,57 @@ absl::StatusOr<ExecutorPool::Binding> ExecutorPool::Bind(uint64_t session_id,
   const std::string key = GroupKey(peer);
   std::shared_ptr<Group> g;
   auto find = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    g = nullptr;
     auto it = groups_.find(key);
     if (it != groups_.end() && !it->second->dead &&
         !it->second->stop_requested) {
       g = it->second;
     }
   };
-  {
-    absl::MutexLock lock(&mu_);
-    if (stopping_) return absl::UnavailableError("kregd is shutting down");
-    find();
-  }
-  if (g == nullptr) {
-    absl::MutexLock start(&start_mu_);
+  Binding b;
+  b.peer = peer;
+  // The executor found may be stopped (idle) or die before a slot is
+  // taken: then look again (a fresh one is started).
+  for (int attempt = 0;; ++attempt) {
     {
       absl::MutexLock lock(&mu_);
+      if (stopping_) return absl::UnavailableError("kregd is shutting down");
       find();
     }
     if (g == nullptr) {
-      absl::StatusOr<std::shared_ptr<Group>> started = Start(key, peer);
-      if (!started.ok()) return started.status();
-      g = *started;
-      absl::MutexLock lock(&mu_);
-      if (stopping_) return absl::UnavailableError("kregd is shutting down");
-      groups_[key] = g;
-      dead_counters_.executors_started++;
-      auto done = std::make_shared<std::atomic<bool>>(false);
-      waiters_.push_back({std::thread([this, g, done] {
-                            Wait(g);
-                            done->store(true);
-                          }),
-                          done});
+      absl::MutexLock start(&start_mu_);
+      {
+        absl::MutexLock lock(&mu_);
+        find();
+      }
+      if (g == nullptr) {
+        absl::StatusOr<std::shared_ptr<Group>> started = Start(key, peer);
+        if (!started.ok()) return started.status();
+        g = *started;
+        absl::MutexLock lock(&mu_);
+        if (stopping_) return absl::UnavailableError("kregd is shutting down");
+        groups_[key] = g;
+        dead_counters_.executors_started++;
+        auto done = std::make_shared<std::atomic<bool>>(false);
+        waiters_.push_back({std::thread([this, g, done] {
+                              Wait(g);
+                              done->store(true);
+                            }),
+                            done});
+      }
     }
-  }
-  Binding b;
-  b.group = g;
-  b.peer = peer;
-  {
     absl::MutexLock lock(&mu_);
+    if (g->dead || g->stop_requested) {
+      if (attempt < 3) continue;
+      return absl::UnavailableError(absl::StrCat(
+          "the executor for ", g->name, " keeps going away; see kregd's log"));
+    }
     uint32_t slot = 0;
     while (slot < g->used.size() && g->used[slot]) ++slot;
     if (slot == g->used.size()) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "the executor for ", g->name, " already serves ", g->used.size(),
-          " sessions (its limit); close idle sessions or raise "
-          "executor_sessions"));
+          " sessions (its limit, max_sessions); close idle sessions"));
     }
     g->used[slot] = true;
     g->slot_uid[slot] = peer.uid;
@@ -263,6 +269,8 @@ absl::StatusOr<ExecutorPool::Binding> ExecutorPool::Bind(uint64_t session_id,
     s->token.store(0);
     s->request_id.store(0);
     b.slot = slot;
+    b.group = g;
+    break;
   }
   v1::ExecAdopt adopt;
   adopt.set_session_id(session_id);
