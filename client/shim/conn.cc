@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -15,6 +16,8 @@
 #include <vector>
 
 #include "client/shim/cuda_forward.h"
+#include "client/shim/ring_client.h"
+#include "daemon/session/ring_layout.h"
 #include "daemon/session/wire.h"
 #include "xla/ffi/api/c_api.h"
 
@@ -23,7 +26,8 @@ namespace shim {
 namespace {
 
 constexpr uint32_t kProtocolMajor = 1;
-constexpr uint32_t kProtocolMinor = 1;
+// 4: the launch ring.
+constexpr uint32_t kProtocolMinor = 4;
 // Responses are small; this only bounds a misbehaving peer.
 constexpr uint32_t kMaxResponseBytes = 256u << 20;
 constexpr uint64_t kMinArenaBytes = 1u << 20;
@@ -42,12 +46,40 @@ int64_t SpinMicros() {
   return us;
 }
 
+int64_t EnvInt(const char* name, int64_t fallback) {
+  const char* env = getenv(name);
+  return env ? std::max<int64_t>(0, atoll(env)) : fallback;
+}
+
+// The launch ring: $KREG_LAUNCH_RING=0 keeps CPU launches on the socket.
+bool RingWanted() {
+  static const bool wanted = [] {
+    const char* env = getenv("KREG_LAUNCH_RING");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return wanted;
+}
+
+// Nanoseconds a ring launch spins for its completion before it sleeps
+// ($KREG_RING_SPIN_US, default 200), and the longest sleep between two
+// looks at the socket ($KREG_RING_SLICE_MS, default 10).
+int64_t RingSpinNs() {
+  static const int64_t ns = EnvInt("KREG_RING_SPIN_US", 200) * 1000;
+  return ns;
+}
+int64_t RingSliceNs() {
+  static const int64_t ns =
+      std::max<int64_t>(1, EnvInt("KREG_RING_SLICE_MS", 10)) * 1000000;
+  return ns;
+}
+
 }  // namespace
 
 Conn::Conn(int sock, std::string path) : path_(std::move(path)), sock_(sock) {}
 
 Conn::~Conn() {
   DestroyCudaConnState(cuda_state);
+  ring_.reset();
   if (arena_ != nullptr) ::munmap(arena_, arena_size_);
   if (sock_ >= 0) ::close(sock_);
 }
@@ -100,6 +132,10 @@ ClientStatus Conn::Open(const std::string& path, std::unique_ptr<Conn>* out) {
                                   resp.hello().cuda_device_uuids().end());
   conn->cuda_status_ = resp.hello().cuda_status();
   conn->cuda_doorbell_ = resp.hello().cuda_doorbell();
+  if (resp.hello().launch_ring() == ring::kVersion && RingWanted()) {
+    s = conn->SetUpRing();
+    if (!s.ok()) return s;
+  }
   *out = std::move(conn);
   return ClientStatus::Ok();
 }
@@ -157,6 +193,62 @@ ClientStatus Conn::Call(v1::SessionRequest* request,
                                response->status().message());
   }
   return ClientStatus::Ok();
+}
+
+ClientStatus Conn::SetUpRing() {
+  std::unique_ptr<ClientRing> ring;
+  if (!ClientRing::Create(&ring).ok()) return ClientStatus::Ok();  // socket
+  v1::SessionRequest req;
+  req.mutable_ring_setup()->set_size(ring::kRegionBytes);
+  req.mutable_ring_setup()->set_version(ring::kVersion);
+  v1::SessionResponse resp;
+  int fd = ring->fd();
+  ClientStatus s = Call(&req, &resp, &fd, 1);
+  if (broken_) return s;
+  ring->CloseFd();  // the mappings keep the region alive
+  if (s.ok()) ring_ = std::move(ring);
+  return ClientStatus::Ok();
+}
+
+ClientStatus Conn::Unsolicited() {
+  std::vector<int> got_fds;
+  int rc = wire::RecvFrame(sock_, kMaxResponseBytes, &in_buf_, &got_fds);
+  for (int fd : got_fds) ::close(fd);
+  if (rc != wire::kOk) return Transport("a launch ring call", rc);
+  broken_ = true;
+  v1::SessionResponse response;
+  if (!response.ParseFromString(in_buf_) || response.id() != 0 ||
+      response.status().code() == 0) {
+    return ClientStatus::Error(
+        kInternal,
+        "kregd sent an unexpected session response while a "
+        "launch ring call waited");
+  }
+  refused_ = true;
+  return ClientStatus::Error(response.status().code(),
+                             response.status().message());
+}
+
+ClientStatus Conn::Launch(v1::SessionRequest* request,
+                          v1::SessionResponse* response) {
+  if (ring_ == nullptr || broken_) return Call(request, response);
+  uint64_t id = next_id_++;
+  if (!ring_->Submit(request->launch(), id)) return Call(request, response);
+  for (;;) {
+    int code = 0;
+    ClientRing::Wait w =
+        ring_->Await(RingSpinNs(), RingSliceNs(), &code, &ring_message_);
+    if (w == ClientRing::Wait::kDone) {
+      response->Clear();
+      if (code == 0) return ClientStatus::Ok();
+      return ClientStatus::Error(code, ring_message_);
+    }
+    // The sleep ended, or the executor left the ring: has kregd said
+    // something (its executor died) or has the session ended?
+    pollfd p{sock_, POLLIN, 0};
+    int ready = ::poll(&p, 1, w == ClientRing::Wait::kClosed ? 10 : 0);
+    if (ready > 0) return Unsolicited();
+  }
 }
 
 ClientStatus Conn::EnsureArena(uint64_t bytes) {

@@ -16,6 +16,7 @@
 namespace kreg {
 namespace shim {
 
+class ClientRing;
 class CudaConnState;
 
 // Not thread-safe: a Conn is used by one thread at a time (the Client's pool
@@ -36,6 +37,16 @@ class Conn {
   // marks the Conn broken; the daemon's error status is returned as is.
   ClientStatus Call(v1::SessionRequest* request, v1::SessionResponse* response,
                     const int* fds = nullptr, int num_fds = 0);
+
+  // Runs a CPU `request` (a Launch): on the session's launch ring when
+  // kregd serves one and the launch fits a descriptor, else as Call().
+  // Errors as Call(); on the ring, a session kregd ended while this call
+  // waited (its executor died) is noticed on the socket within
+  // $KREG_RING_SLICE_MS (default 10 ms) and reported as Call() would.
+  ClientStatus Launch(v1::SessionRequest* request,
+                      v1::SessionResponse* response);
+  // The launch ring is in use (HelloReply.launch_ring and RingSetup).
+  bool ring() const { return ring_ != nullptr; }
 
   // Makes the arena at least `bytes` long (replacing it with a new sealed
   // memfd). RESOURCE_EXHAUSTED above the daemon's max_arena_bytes.
@@ -74,6 +85,11 @@ class Conn {
  private:
   Conn(int sock, std::string path);
   ClientStatus Transport(const std::string& what, int result);
+  // Sets up the launch ring; false (socket launches) when kregd refused it.
+  ClientStatus SetUpRing();
+  // What arrived on the socket while a ring launch waited: kregd's
+  // connection-level error, or the end of the session.
+  ClientStatus Unsolicited();
 
   const std::string path_;
   int sock_;
@@ -92,6 +108,8 @@ class Conn {
   uint64_t arena_size_ = 0;
   std::string out_buf_;
   std::string in_buf_;
+  std::unique_ptr<ClientRing> ring_;
+  std::string ring_message_;
 };
 
 }  // namespace shim

@@ -261,7 +261,7 @@ ClientStatus ForwardCall(Client* client, const std::string& target,
         Copy(arena + r.offset, r.buffer->data, r.bytes);
       }
     }
-    st = conn->Call(&req, &scratch.response);
+    st = conn->Launch(&req, &scratch.response);
     if (!st.ok()) return st;
     for (const Region& r : scratch.rets) {
       if (r.bytes > 0) Copy(r.buffer->data, arena + r.offset, r.bytes);

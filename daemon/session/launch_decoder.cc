@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/types/span.h"
 #include "daemon/session/dtype.h"
 #include "daemon/validate.h"
 
@@ -124,40 +125,79 @@ absl::StatusOr<AttrList> DecodeAttrList(
   return out;
 }
 
-// dtype, rank, dims and size of `buffer` (everything but where it lives).
-absl::Status CheckBufferShape(const v1::Buffer& buffer,
-                              const std::string& what) {
-  absl::StatusOr<int> width = CheckedWidth(buffer.dtype(), what);
+// dtype, rank, dims and size of a buffer (everything but where it lives).
+absl::Status CheckBufferShape(int32_t dtype, const int64_t* dims, size_t rank,
+                              uint64_t size, const std::string& what) {
+  absl::StatusOr<int> width = CheckedWidth(dtype, what);
   if (!width.ok()) return width.status();
-  if (buffer.dims_size() > kMaxLaunchRank) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": rank ", buffer.dims_size(),
-                     " exceeds the maximum of ", kMaxLaunchRank));
+  if (rank > static_cast<size_t>(kMaxLaunchRank)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": rank ", rank, " exceeds the maximum of ", kMaxLaunchRank));
   }
-  std::string dims_text =
-      absl::StrCat("[", absl::StrJoin(buffer.dims(), ", "), "]");
+  auto dims_text = [&] {
+    return absl::StrCat(
+        "[", absl::StrJoin(absl::MakeConstSpan(dims, rank), ", "), "]");
+  };
   uint64_t bytes = static_cast<uint64_t>(*width);
-  for (int i = 0; i < buffer.dims_size(); ++i) {
-    int64_t d = buffer.dims(i);
+  for (size_t i = 0; i < rank; ++i) {
+    int64_t d = dims[i];
     if (d < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": dims[", i, "] = ", d, " is negative (dims ",
-                       dims_text, ")"));
+                       dims_text(), ")"));
     }
     if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": byte size of dims ", dims_text, " overflows 64 bits"));
+          what, ": byte size of dims ", dims_text(), " overflows 64 bits"));
     }
   }
-  if (bytes != buffer.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": dims ", dims_text, " of ", DtypeName(buffer.dtype()), " need ",
-        bytes, " bytes but the buffer has ", buffer.size()));
+  if (bytes != size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": dims ", dims_text(), " of ", DtypeName(dtype),
+                     " need ", bytes, " bytes but the buffer has ", size));
   }
   return absl::OkStatus();
 }
 
+absl::Status CheckBufferShape(const v1::Buffer& buffer,
+                              const std::string& what) {
+  return CheckBufferShape(buffer.dtype(), buffer.dims().data(),
+                          static_cast<size_t>(buffer.dims_size()),
+                          buffer.size(), what);
+}
+
 }  // namespace
+
+namespace {
+
+// [offset, offset + size) of `arena` as `out`'s data, with `out`'s dtype and
+// dims (the shape was checked).
+absl::Status PlaceInArena(int32_t dtype, const int64_t* dims, size_t rank,
+                          uint64_t offset, uint64_t size, const ShmArena& arena,
+                          const std::string& what, BufferRef* out) {
+  absl::StatusOr<char*> data = arena.Region(offset, size);
+  if (!data.ok()) {
+    return absl::Status(data.status().code(),
+                        absl::StrCat(what, ": ", data.status().message()));
+  }
+  out->dtype = dtype;
+  out->dims.assign(dims, dims + rank);
+  out->data = *data;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status DecodeArenaBuffer(int32_t dtype, const int64_t* dims, size_t rank,
+                               uint64_t offset, uint64_t size,
+                               const ShmArena& arena, const std::string& what,
+                               BufferRef* out) {
+  if (absl::Status s = CheckBufferShape(dtype, dims, rank, size, what);
+      !s.ok()) {
+    return s;
+  }
+  return PlaceInArena(dtype, dims, rank, offset, size, arena, what, out);
+}
 
 absl::StatusOr<BufferRef> DecodeBuffer(const v1::Buffer& buffer,
                                        const ShmArena& arena,
@@ -167,15 +207,12 @@ absl::StatusOr<BufferRef> DecodeBuffer(const v1::Buffer& buffer,
     return absl::InvalidArgumentError(
         absl::StrCat(what, " names a CUDA allocation in a CPU launch"));
   }
-  absl::StatusOr<char*> data = arena.Region(buffer.offset(), buffer.size());
-  if (!data.ok()) {
-    return absl::Status(data.status().code(),
-                        absl::StrCat(what, ": ", data.status().message()));
-  }
   BufferRef out;
-  out.dtype = buffer.dtype();
-  out.dims.assign(buffer.dims().begin(), buffer.dims().end());
-  out.data = *data;
+  absl::Status s =
+      PlaceInArena(buffer.dtype(), buffer.dims().data(),
+                   static_cast<size_t>(buffer.dims_size()), buffer.offset(),
+                   buffer.size(), arena, what, &out);
+  if (!s.ok()) return s;
   return out;
 }
 

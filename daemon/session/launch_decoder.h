@@ -55,6 +55,13 @@ absl::StatusOr<DecodedLaunch> DecodeLaunch(
 absl::StatusOr<BufferRef> DecodeBuffer(const v1::Buffer& buffer,
                                        const ShmArena& arena,
                                        const std::string& what);
+// The same from plain fields (the launch ring's descriptors): dtype, `rank`
+// dims at `dims`, [offset, offset + size) in `arena`; fills `out` (its dims
+// vector is reused). Exactly DecodeBuffer's checks and messages.
+absl::Status DecodeArenaBuffer(int32_t dtype, const int64_t* dims, size_t rank,
+                               uint64_t offset, uint64_t size,
+                               const ShmArena& arena, const std::string& what,
+                               BufferRef* out);
 // The same for a CUDA launch's buffer.
 absl::StatusOr<BufferRef> DecodeCudaBuffer(const v1::Buffer& buffer,
                                            const CudaBufferResolver& cuda,

@@ -14,7 +14,9 @@
 #include "daemon/cuda/cuda_session.h"
 #include "daemon/log_limit.h"
 #include "daemon/session/launch_decoder.h"
+#include "daemon/session/launch_ring.h"
 #include "daemon/session/module_upload.h"
+#include "daemon/session/ring_layout.h"
 #include "daemon/session/wire.h"
 #include "daemon/validate.h"
 #include "spdlog/spdlog.h"
@@ -55,7 +57,7 @@ Session::Session(uint64_t id, UniqueFd sock, const PeerCred& peer,
       arena_(limits.max_arena_bytes),
       cuda_devices_(cuda) {}
 
-Session::~Session() = default;
+Session::~Session() { StopRing(); }
 
 void Session::Shutdown() { ::shutdown(sock_.get(), SHUT_RDWR); }
 
@@ -121,6 +123,7 @@ void Session::Run() {
                     " bytes do not parse as kreg.v1.SessionRequest)")),
                 &resp);
     } else {
+      std::lock_guard<std::mutex> lock(mu_);
       resp = Handle(request, std::move(fds));
     }
     resp.SerializeToString(&out);
@@ -135,6 +138,7 @@ void Session::Run() {
   // Release now, not when the session object is reaped: the peer sees EOF
   // and the arena's memory goes back at once.
   ::shutdown(sock_.get(), SHUT_RDWR);
+  StopRing();
   arena_.Reset();
   handlers_.clear();
   // Waits for the session's GPU work, then releases its stream, mappings,
@@ -152,12 +156,13 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
       request.body_case() != v1::SessionRequest::kLaunch &&
       request.body_case() != v1::SessionRequest::kCudaShare &&
       request.body_case() != v1::SessionRequest::kCudaDoorbell &&
+      request.body_case() != v1::SessionRequest::kRingSetup &&
       request.body_case() != v1::SessionRequest::kRegisterTarget) {
     status = absl::InvalidArgumentError(absl::StrCat(
         fds.size(),
         " unexpected file descriptor(s) attached to a request "
-        "other than ArenaGrow, Launch, CudaShare, CudaDoorbellSetup or "
-        "RegisterRequest"));
+        "other than ArenaGrow, Launch, CudaShare, CudaDoorbellSetup, "
+        "RingSetup or RegisterRequest"));
   } else if (request.body_case() == v1::SessionRequest::kHello) {
     status = DoHello(request.hello(), resp.mutable_hello());
   } else if (!hello_done_) {
@@ -213,6 +218,10 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
       case v1::SessionRequest::kCudaDoorbell:
         status = DoCudaDoorbell(request.cuda_doorbell(), std::move(fds));
         if (status.ok()) resp.mutable_cuda_doorbell();
+        break;
+      case v1::SessionRequest::kRingSetup:
+        status = DoRingSetup(request.ring_setup(), std::move(fds));
+        if (status.ok()) resp.mutable_ring_setup();
         break;
       default:
         status = absl::InvalidArgumentError(
@@ -272,6 +281,7 @@ absl::Status Session::DoHello(const v1::Hello& hello, v1::HelloReply* reply) {
   reply->set_max_arena_bytes(limits_.max_arena_bytes);
   reply->set_max_message_bytes(limits_.max_message_bytes);
   reply->set_max_module_bytes(limits_.max_module_bytes);
+  if (limits_.launch_ring) reply->set_launch_ring(ring::kVersion);
   if (cuda_devices_ != nullptr) {
     reply->set_max_cuda_mappings(
         static_cast<uint32_t>(CudaSessionOptions{}.cache.max_entries));

@@ -7,12 +7,15 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "daemon/ffi/ffi_host.h"
 #include "daemon/launch.h"
+#include "daemon/session/ring_decoder.h"
 #include "daemon/session/shm_arena.h"
 #include "daemon/types.h"
 #include "daemon/unique_fd.h"
@@ -22,12 +25,14 @@ namespace kreg {
 
 class CudaDevices;
 class CudaSession;
+class LaunchRing;
 
 // Session protocol version (kreg.v1 session.proto). A different major is
 // refused at Hello.
 constexpr uint32_t kSessionProtocolMajor = 1;
-// 1: CUDA; 2: doorbell; 3: fd uploads (RegisterRequest.upload_fd_size).
-constexpr uint32_t kSessionProtocolMinor = 3;
+// 1: CUDA; 2: doorbell; 3: fd uploads (RegisterRequest.upload_fd_size);
+// 4: the launch ring (HelloReply.launch_ring, RingSetup).
+constexpr uint32_t kSessionProtocolMinor = 4;
 
 // What a session needs from the rest of the daemon. Implemented over
 // Registrar/Registry/FfiHost by SessionServer, faked in tests. Thread-safe:
@@ -88,6 +93,15 @@ struct SessionLimits {
   // A connection that has not said Hello within this time is closed with
   // an error (0: no deadline).
   int64_t hello_timeout_ms = 0;
+  // The launch ring (DESIGN §9): offered at Hello when true; its thread
+  // spins this long for the next descriptor before it sleeps on the futex.
+  // Defaults: $KREGD_LAUNCH_RING (0 turns the ring off) and
+  // $KREGD_RING_SPIN_US.
+  bool launch_ring = DefaultLaunchRing();
+  int64_t ring_spin_us = DefaultRingSpinUs();
+
+  static bool DefaultLaunchRing();
+  static int64_t DefaultRingSpinUs();
 };
 
 // Counters shared by all sessions of a server.
@@ -98,10 +112,12 @@ struct SessionCounters {
 
 // Serves one connection until the peer closes it or Shutdown() is called;
 // the destructor releases the arena and the socket. Run() is called on one
-// thread; Shutdown() from any. `backend`, `counters` and `cuda` (null: no
-// CUDA launches) must outlive it. The session's GPU state (a CudaSession:
-// stream, shared mappings, events, scratch) is created on its first CUDA
-// launch and released when the connection ends.
+// thread; Shutdown() from any. Once the client set up a launch ring, a
+// second thread serves it; it and Run() handle one request at a time
+// (mu_), and Run() stops and joins it before it releases anything. `backend`,
+// `counters` and `cuda` (null: no CUDA launches) must outlive it. The session's
+// GPU state (a CudaSession: stream, shared mappings, events, scratch) is
+// created on its first CUDA launch and released when the connection ends.
 class Session final : public ServedSession {
  public:
   Session(uint64_t id, UniqueFd sock, const PeerCred& peer,
@@ -134,6 +150,16 @@ class Session final : public ServedSession {
                            v1::ArenaGrowReply* r);
   absl::Status DoLaunch(const v1::Launch& launch, std::vector<UniqueFd> fds,
                         v1::LaunchReply* reply);
+  // Maps the ring region (the one fd) and starts the ring thread.
+  absl::Status DoRingSetup(const v1::RingSetup& setup,
+                           std::vector<UniqueFd> fds);
+  // The ring thread: takes descriptors until the ring stops or breaks.
+  void RingLoop();
+  // One descriptor taken off the ring, validated and run (mu_ held).
+  absl::Status RunRingLaunch(const std::string& descriptor, uint64_t* tag);
+  // Stops the ring thread and waits for it (the launch in progress ends
+  // first), then unmaps the ring.
+  void StopRing();
   // The CUDA part of a launch (platform cuda).
   absl::Status DoCudaLaunch(const v1::Launch& launch, std::vector<UniqueFd> fds,
                             v1::LaunchReply* reply);
@@ -160,6 +186,12 @@ class Session final : public ServedSession {
   std::map<TargetKey, void*> handlers_;
   CudaDevices* const cuda_devices_;
   std::unique_ptr<CudaSession> cuda_;
+  // Held while a request or a ring launch is handled.
+  std::mutex mu_;
+  std::unique_ptr<LaunchRing> ring_;
+  std::thread ring_thread_;
+  std::atomic<bool> ring_exited_{false};
+  RingDecoder ring_decoder_;  // used by the ring thread only
 };
 
 // SO_PEERCRED of a connected Unix socket. INTERNAL if unavailable.

@@ -1,0 +1,166 @@
+#include "daemon/session/ring_decoder.h"
+
+#include <string.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "daemon/session/ring_layout.h"
+#include "daemon/validate.h"
+
+namespace kreg {
+namespace {
+
+// Reads a descriptor front to back, never past its end.
+class Cursor {
+ public:
+  Cursor(const char* data, size_t size) : data_(data), size_(size) {}
+  size_t left() const { return size_ - pos_; }
+  size_t pos() const { return pos_; }
+  // The next `n` bytes, or null when fewer are left.
+  const char* Take(size_t n) {
+    if (n > left()) return nullptr;
+    const char* p = data_ + pos_;
+    pos_ += n;
+    return p;
+  }
+
+ private:
+  const char* data_;
+  size_t size_;
+  size_t pos_ = 0;
+};
+
+absl::Status Truncated(const char* what, size_t need, size_t left) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("launch descriptor is truncated: ", what, " needs ", need,
+                   " bytes, ", left, " are left"));
+}
+
+}  // namespace
+
+absl::Status RingDecoder::DecodeAttrBytes(const char* data, size_t size) {
+  if (attrs_valid_ && attr_bytes_.size() == size &&
+      memcmp(attr_bytes_.data(), data, size) == 0) {
+    return absl::OkStatus();
+  }
+  attrs_valid_ = false;
+  attr_message_.Clear();
+  if (!attr_message_.ParseFromArray(data, static_cast<int>(size))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("launch descriptor: its ", size,
+                     " attribute bytes do not parse as kreg.v1.Launch.attrs"));
+  }
+  absl::StatusOr<AttrList> attrs = DecodeAttrs(attr_message_.attrs());
+  if (!attrs.ok()) return attrs.status();
+  launch_.frame.attrs = *std::move(attrs);
+  attr_bytes_.assign(data, size);
+  attrs_valid_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const DecodedLaunch*> RingDecoder::Decode(const char* data,
+                                                         size_t size,
+                                                         uint32_t seq,
+                                                         const ShmArena& arena,
+                                                         uint64_t* tag) {
+  *tag = 0;
+  ring::SubmitHeader h;
+  if (size < sizeof(h)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("launch descriptor of ", size,
+                     " bytes is shorter than its ", sizeof(h), "-byte header"));
+  }
+  memcpy(&h, data, sizeof(h));
+  *tag = h.tag;
+  if (h.length != size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("torn launch descriptor: its header says ", h.length,
+                     " bytes, ", size, " were taken (a descriptor is ",
+                     sizeof(h), "-", ring::kSubmitSlotBytes, " bytes)"));
+  }
+  if (h.seq != seq) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("launch descriptor at ring position ", seq,
+                     " carries sequence number ", h.seq));
+  }
+  Cursor in(data, size);
+  in.Take(sizeof(h));
+  const char* name = in.Take(h.target_len);
+  if (name == nullptr) return Truncated("target name", h.target_len, in.left());
+  const char* platform_text = in.Take(h.platform_len);
+  if (platform_text == nullptr) {
+    return Truncated("platform", h.platform_len, in.left());
+  }
+  const absl::string_view target(name, h.target_len);
+  if (absl::Status s = ValidateTargetName(target); !s.ok()) return s;
+  absl::StatusOr<Platform> platform =
+      ParsePlatform(absl::string_view(platform_text, h.platform_len));
+  if (!platform.ok()) return platform.status();
+  if (*platform != Platform::kCpu) {
+    return absl::UnimplementedError(
+        absl::StrCat("launching \"", target,
+                     "\": the launch ring carries CPU launches only; CUDA "
+                     "launches travel on the session socket"));
+  }
+  if (launch_.key.name != target || launch_.key.platform != *platform) {
+    launch_.key = TargetKey{std::string(target), *platform};
+  }
+  launch_.frame.platform = *platform;
+  if (size_t pad = (8 - in.pos() % 8) % 8; in.Take(pad) == nullptr) {
+    return Truncated("padding", pad, in.left());
+  }
+  if (h.num_args > static_cast<uint32_t>(kMaxLaunchBuffers) ||
+      h.num_rets > static_cast<uint32_t>(kMaxLaunchBuffers)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("launch has ", h.num_args, " args and ", h.num_rets,
+                     " rets; the maximum is ", kMaxLaunchBuffers, " each"));
+  }
+  launch_.frame.args.resize(h.num_args);
+  launch_.frame.rets.resize(h.num_rets);
+  int64_t dims[kMaxLaunchRank];
+  for (uint32_t i = 0; i < h.num_args + h.num_rets; ++i) {
+    const bool is_arg = i < h.num_args;
+    const uint32_t index = is_arg ? i : i - h.num_args;
+    const char* d = in.Take(sizeof(ring::BufferDesc));
+    if (d == nullptr) {
+      return Truncated(is_arg ? "an arg" : "a ret", sizeof(ring::BufferDesc),
+                       in.left());
+    }
+    ring::BufferDesc b;
+    memcpy(&b, d, sizeof(b));
+    const std::string what = absl::StrCat(is_arg ? "arg " : "ret ", index);
+    BufferRef* out =
+        is_arg ? &launch_.frame.args[index] : &launch_.frame.rets[index];
+    const int64_t* dims_at = nullptr;
+    if (b.rank <= static_cast<uint32_t>(kMaxLaunchRank)) {
+      const char* raw = in.Take(size_t{b.rank} * sizeof(int64_t));
+      if (raw == nullptr) {
+        return Truncated("dims", size_t{b.rank} * sizeof(int64_t), in.left());
+      }
+      memcpy(dims, raw, size_t{b.rank} * sizeof(int64_t));
+      dims_at = dims;
+    }
+    // A rank above the maximum fails in there before its dims are read.
+    absl::Status s = DecodeArenaBuffer(b.dtype, dims_at, b.rank, b.offset,
+                                       b.size, arena, what, out);
+    if (!s.ok()) return s;
+  }
+  const char* attrs = in.Take(h.attrs_len);
+  if (attrs == nullptr) return Truncated("attributes", h.attrs_len, in.left());
+  if (in.left() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "launch descriptor has ", in.left(), " bytes after its attributes"));
+  }
+  if (absl::Status s = DecodeAttrBytes(attrs, h.attrs_len); !s.ok()) return s;
+  if (h.device_ordinal < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device ordinal ", h.device_ordinal, " is negative"));
+  }
+  launch_.frame.device_ordinal = h.device_ordinal;
+  launch_.frame.run_id = h.run_id;
+  return &launch_;
+}
+
+}  // namespace kreg

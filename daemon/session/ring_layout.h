@@ -1,0 +1,148 @@
+// The shared-memory launch ring of a session (DESIGN §9): the layout of the
+// control region both processes map, the fixed-layout launch descriptor and
+// completion entry, and spin-then-futex helpers. Shared by kregd-exec and
+// the in-process shim, so it depends on nothing but libc (like wire.h).
+//
+// The control region is its own memfd (RingSetup in session.proto), created
+// by the client, sealed against shrinking and growing, mapped once for the
+// session's lifetime (the arena is replaced when it grows; the ring is not).
+//
+//   [0, kControlBytes)                 Control: indices, doorbells, flags
+//   [kSubmitOffset, +kSlots*kSubmitSlotBytes)     submission slots
+//   [kCompleteOffset, +kSlots*kCompleteSlotBytes) completion slots
+//
+// Single producer, single consumer each way. The client writes a
+// descriptor into submission slot (sq_tail % kSlots), then publishes it by
+// storing sq_tail + 1; if sq_waiting is set it FUTEX_WAKEs sq_tail. The
+// executor copies the slot out of shared memory before it reads any field,
+// validates it like a socket Launch, runs the handler, writes completion
+// slot (cq_tail % kSlots), stores cq_tail + 1 and wakes cq_tail when
+// cq_waiting is set. Both sides spin a bounded time before they set their
+// waiting word and FUTEX_WAIT (shared futexes: the two processes map the
+// same memfd) on the other side's tail. The executor trusts nothing in the
+// region: it keeps its own indices and checks the client's against them.
+#ifndef KREGD_DAEMON_SESSION_RING_LAYOUT_H_
+#define KREGD_DAEMON_SESSION_RING_LAYOUT_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kreg {
+namespace ring {
+
+// HelloReply.launch_ring / RingSetup.version: the layout below.
+constexpr uint32_t kVersion = 1;
+constexpr uint32_t kMagic = 0x4b524e47;  // "KRNG"
+constexpr uint32_t kSlots = 4;           // a power of two
+constexpr uint32_t kSubmitSlotBytes = 16 * 1024;
+constexpr uint32_t kCompleteSlotBytes = 4 * 1024;
+
+// One 32-bit word on its own cache line.
+struct alignas(64) Word {
+  uint32_t value;
+};
+
+struct Control {
+  uint32_t magic;    // kMagic, written by the client (informational)
+  uint32_t version;  // kVersion
+  Word sq_tail;      // client: descriptors published; the executor's futex
+  Word sq_head;      // executor: descriptors taken (their slots are free)
+  Word sq_waiting;   // executor: 1 while it sleeps (or is about to)
+  Word cq_tail;      // executor: completions published; the client's futex
+  Word cq_head;      // client: completions consumed
+  Word cq_waiting;   // client: 1 while it sleeps (or is about to)
+  Word closed;       // executor: 1 once it stopped serving the ring
+};
+
+constexpr size_t kControlBytes = 4096;
+static_assert(sizeof(Control) <= kControlBytes, "Control outgrew its page");
+constexpr size_t kSubmitOffset = kControlBytes;
+constexpr size_t kCompleteOffset =
+    kSubmitOffset + size_t{kSlots} * kSubmitSlotBytes;
+constexpr size_t kRegionBytes =
+    kCompleteOffset + size_t{kSlots} * kCompleteSlotBytes;
+
+// A launch descriptor: this header at the start of a submission slot, then
+// target_len bytes of target name, platform_len bytes of platform, zero
+// padding to a multiple of 8, num_args + num_rets BufferDescs (args first),
+// each followed by `rank` int64 dims, then attrs_len bytes of attributes:
+// the protobuf encoding of kreg.v1.Launch holding only `attrs` (field 5),
+// byte-exact as a socket Launch carries them. `length` covers all of it.
+struct SubmitHeader {
+  uint32_t length;
+  uint32_t seq;  // the descriptor's sq position (sq_tail before publishing)
+  uint64_t tag;  // echoed in the completion
+  int64_t run_id;
+  int32_t device_ordinal;
+  uint32_t num_args;
+  uint32_t num_rets;
+  uint32_t target_len;
+  uint32_t platform_len;
+  uint32_t attrs_len;
+};
+static_assert(sizeof(SubmitHeader) == 48, "SubmitHeader layout");
+
+struct BufferDesc {
+  int32_t dtype;  // XLA_FFI_DataType
+  uint32_t rank;
+  uint64_t offset;  // in the session arena
+  uint64_t size;
+};
+static_assert(sizeof(BufferDesc) == 24, "BufferDesc layout");
+
+// A completion entry: this header, then message_len bytes of message.
+struct CompletionHeader {
+  uint32_t seq;  // the descriptor's seq
+  int32_t code;  // absl/XLA FFI status code, 0 = OK
+  uint64_t tag;
+  uint32_t message_len;
+  uint32_t truncated;  // 1: the message was cut to fit (a marker ends it)
+};
+constexpr size_t kMaxMessageBytes =
+    kCompleteSlotBytes - sizeof(CompletionHeader);
+
+inline Control* ControlOf(char* base) {
+  return reinterpret_cast<Control*>(base);
+}
+inline char* SubmitSlot(char* base, uint32_t index) {
+  return base + kSubmitOffset + size_t{index % kSlots} * kSubmitSlotBytes;
+}
+inline char* CompleteSlot(char* base, uint32_t index) {
+  return base + kCompleteOffset + size_t{index % kSlots} * kCompleteSlotBytes;
+}
+
+// Sequentially consistent loads and stores of a shared word (the waiting
+// flags pair with the tails Dekker-style, so both need a full fence).
+inline uint32_t Load(const Word& w) {
+  return __atomic_load_n(&w.value, __ATOMIC_SEQ_CST);
+}
+inline void Store(Word& w, uint32_t v) {
+  __atomic_store_n(&w.value, v, __ATOMIC_SEQ_CST);
+}
+
+// FUTEX_WAIT (shared) on `w` while it holds `expected`, for at most
+// `timeout_ns` (< 0: no limit). Returns at once if the word differs.
+// Spurious returns are possible: callers re-check.
+void FutexWait(Word* w, uint32_t expected, int64_t timeout_ns);
+// FUTEX_WAKE (shared) of every waiter on `w`.
+void FutexWake(Word* w);
+
+// Busy-waits up to `spin_ns` for `w` to differ from `value` (a CPU pause
+// between loads). True if it changed.
+bool SpinWhileEqual(const Word& w, uint32_t value, int64_t spin_ns);
+
+// Monotonic clock in nanoseconds.
+int64_t NowNs();
+
+// Spin-then-futex wait for `w` to leave `value`: spins `spin_ns`, then sets
+// `waiting` to 1, re-checks and sleeps (each sleep at most `slice_ns`, < 0:
+// unbounded), clearing `waiting` before it returns. Returns true when the
+// word changed, false when a sleep slice ended without a change (the caller
+// checks its other conditions and calls again).
+bool SpinThenWait(Word* w, uint32_t value, Word* waiting, int64_t spin_ns,
+                  int64_t slice_ns);
+
+}  // namespace ring
+}  // namespace kreg
+
+#endif  // KREGD_DAEMON_SESSION_RING_LAYOUT_H_

@@ -1,0 +1,125 @@
+// The launch ring of a Session (DESIGN §9): setup over the socket, then a
+// thread that takes descriptors off the ring, validates and runs them.
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/log_limit.h"
+#include "daemon/session/launch_ring.h"
+#include "daemon/session/ring_layout.h"
+#include "daemon/session/session.h"
+#include "spdlog/spdlog.h"
+
+namespace kreg {
+
+bool SessionLimits::DefaultLaunchRing() {
+  const char* env = getenv("KREGD_LAUNCH_RING");
+  return env == nullptr || std::string(env) != "0";
+}
+
+int64_t SessionLimits::DefaultRingSpinUs() {
+  const char* env = getenv("KREGD_RING_SPIN_US");
+  return env != nullptr ? std::max<int64_t>(0, atoll(env)) : int64_t{50};
+}
+
+absl::Status Session::DoRingSetup(const v1::RingSetup& setup,
+                                  std::vector<UniqueFd> fds) {
+  if (!limits_.launch_ring) {
+    return absl::FailedPreconditionError(
+        "this kregd serves no launch ring (HelloReply.launch_ring is 0)");
+  }
+  if (ring_ != nullptr) {
+    return absl::FailedPreconditionError(
+        "this session's launch ring is already set up");
+  }
+  if (setup.version() != ring::kVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "launch ring version ", setup.version(),
+        " is not supported; kregd serves version ", ring::kVersion));
+  }
+  if (fds.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RingSetup needs exactly one memfd attached, got ", fds.size()));
+  }
+  absl::StatusOr<std::unique_ptr<LaunchRing>> ring =
+      LaunchRing::Map(std::move(fds[0]), setup.size());
+  if (!ring.ok()) return ring.status();
+  ring_ = *std::move(ring);
+  ring_exited_.store(false);
+  ring_thread_ = std::thread([this] { RingLoop(); });
+  return absl::OkStatus();
+}
+
+void Session::StopRing() {
+  if (ring_ == nullptr) return;
+  // A wake can race the ring thread going to sleep: repeat it until the
+  // thread has left (it finishes a launch in progress first).
+  while (!ring_exited_.load()) {
+    ring_->Stop();
+    ::usleep(1000);
+  }
+  ring_thread_.join();
+  ring_.reset();
+}
+
+void Session::RingLoop() {
+  const int64_t spin_ns = limits_.ring_spin_us * 1000;
+  std::string descriptor;
+  std::string why;
+  for (;;) {
+    LaunchRing::Next next = ring_->Take(spin_ns, &descriptor, &why);
+    if (next == LaunchRing::Next::kStopped) break;
+    if (next == LaunchRing::Next::kBroken) {
+      std::string more;
+      if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
+        spdlog::info("session {} (uid {} pid {}): closing: launch ring: {}{}",
+                     id_, peer_.uid, peer_.pid, why, more);
+      }
+      ::shutdown(sock_.get(), SHUT_RDWR);  // ends Run(), which joins us
+      break;
+    }
+    uint64_t tag = 0;
+    absl::Status status;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      status = RunRingLaunch(descriptor, &tag);
+    }
+    ring_->Complete(tag, status);
+    if (backend_->ShouldStop()) {
+      ::shutdown(sock_.get(), SHUT_RDWR);
+      break;
+    }
+  }
+  ring_exited_.store(true);
+}
+
+absl::Status Session::RunRingLaunch(const std::string& descriptor,
+                                    uint64_t* tag) {
+  counters_->launches.fetch_add(1, std::memory_order_relaxed);
+  absl::Status status;
+  absl::StatusOr<const DecodedLaunch*> decoded = ring_decoder_.Decode(
+      descriptor.data(), descriptor.size(), ring_->seq(), arena_, tag);
+  if (!decoded.ok()) {
+    status = decoded.status();
+  } else {
+    absl::StatusOr<void*> handler = LookupHandler((*decoded)->key);
+    if (handler.ok()) {
+      backend_->BeginLaunch(*tag, (*decoded)->key);
+      status = backend_->Execute(*handler, (*decoded)->frame);
+      backend_->EndLaunch();
+    } else {
+      status = handler.status();
+    }
+  }
+  if (!status.ok()) {
+    counters_->launch_errors.fetch_add(1, std::memory_order_relaxed);
+  }
+  return status;
+}
+
+}  // namespace kreg
