@@ -6,36 +6,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "daemon/session/ring_encode.h"
 #include "daemon/session/ring_layout.h"
 
 namespace kreg {
 namespace shim {
-namespace {
-
-void AppendVarint(uint64_t v, std::string* out) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>(v | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
-
-// `launch.attrs()` as the protobuf encoding of a Launch holding only them
-// (repeated field 5, length-delimited).
-void EncodeAttrBytes(const v1::Launch& launch, std::string* out) {
-  out->clear();
-  for (const v1::Attribute& a : launch.attrs()) {
-    out->push_back(static_cast<char>((5 << 3) | 2));
-    size_t n = a.ByteSizeLong();
-    AppendVarint(n, out);
-    size_t at = out->size();
-    out->resize(at + n);
-    a.SerializeWithCachedSizesToArray(
-        reinterpret_cast<uint8_t*>(out->data() + at));
-  }
-}
-
-}  // namespace
 
 ClientStatus ClientRing::Create(std::unique_ptr<ClientRing>* out) {
   int fd = ::memfd_create("kreg-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -79,52 +54,13 @@ void ClientRing::CloseFd() {
 }
 
 bool ClientRing::Submit(const v1::Launch& launch, uint64_t tag) {
-  EncodeAttrBytes(launch, &attrs_);
-  const std::string& target = launch.target_name();
-  const std::string& platform = launch.platform();
-  size_t need = sizeof(ring::SubmitHeader) + target.size() + platform.size();
-  need = (need + 7) / 8 * 8;
-  for (const auto* list : {&launch.args(), &launch.rets()}) {
-    for (const v1::Buffer& b : *list) {
-      need += sizeof(ring::BufferDesc) + b.dims_size() * sizeof(int64_t);
-    }
-  }
-  need += attrs_.size();
-  if (need > ring::kSubmitSlotBytes) return false;
-
+  ring::EncodeAttrBytes(launch, &attrs_);
   char* slot = ring::SubmitSlot(base_, sq_tail_);
-  ring::SubmitHeader h{};
-  h.length = static_cast<uint32_t>(need);
-  h.seq = sq_tail_;
-  h.tag = tag;
-  tag_ = tag;
-  h.run_id = launch.run_id();
-  h.device_ordinal = launch.device_ordinal();
-  h.num_args = static_cast<uint32_t>(launch.args_size());
-  h.num_rets = static_cast<uint32_t>(launch.rets_size());
-  h.target_len = static_cast<uint32_t>(target.size());
-  h.platform_len = static_cast<uint32_t>(platform.size());
-  h.attrs_len = static_cast<uint32_t>(attrs_.size());
-  char* p = slot;
-  memcpy(p, &h, sizeof(h));
-  p += sizeof(h);
-  memcpy(p, target.data(), target.size());
-  p += target.size();
-  memcpy(p, platform.data(), platform.size());
-  p += platform.size();
-  while ((p - slot) % 8 != 0) *p++ = 0;
-  for (const auto* list : {&launch.args(), &launch.rets()}) {
-    for (const v1::Buffer& b : *list) {
-      ring::BufferDesc d{b.dtype(), static_cast<uint32_t>(b.dims_size()),
-                         b.offset(), b.size()};
-      memcpy(p, &d, sizeof(d));
-      p += sizeof(d);
-      size_t dims = b.dims_size() * sizeof(int64_t);
-      if (dims > 0) memcpy(p, b.dims().data(), dims);
-      p += dims;
-    }
+  if (ring::EncodeDescriptor(launch, sq_tail_, tag, attrs_, slot,
+                             ring::kSubmitSlotBytes) == 0) {
+    return false;
   }
-  memcpy(p, attrs_.data(), attrs_.size());
+  tag_ = tag;
   ring::Control* c = ring::ControlOf(base_);
   ++sq_tail_;
   ring::Store(c->sq_tail, sq_tail_);

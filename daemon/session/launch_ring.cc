@@ -47,11 +47,15 @@ absl::StatusOr<std::unique_ptr<LaunchRing>> LaunchRing::Map(UniqueFd fd,
 LaunchRing::LaunchRing(UniqueFd fd, char* base)
     : fd_(std::move(fd)), base_(base) {
   ring::Control* c = ring::ControlOf(base_);
-  // The client may have left anything here; these words are ours from now
-  // on (both sides start counting at 0).
-  ring::Store(c->sq_head, 0);
+  // The client may have left anything here. The indices start where its
+  // sq_tail is (it sets cq_head to the same value; if not, its first
+  // submission reads as a protocol violation); the words below are ours
+  // from now on.
+  head_ = ring::Load(c->sq_tail);
+  cq_tail_ = head_;
+  ring::Store(c->sq_head, head_);
   ring::Store(c->sq_waiting, 0);
-  ring::Store(c->cq_tail, 0);
+  ring::Store(c->cq_tail, cq_tail_);
   ring::Store(c->closed, 0);
 }
 

@@ -59,9 +59,10 @@ void Session::StopRing() {
   if (ring_ == nullptr) return;
   // A wake can race the ring thread going to sleep: repeat it until the
   // thread has left (it finishes a launch in progress first).
+  ring_->Stop();
   while (!ring_exited_.load()) {
-    ring_->Stop();
     ::usleep(1000);
+    ring_->Stop();
   }
   ring_thread_.join();
   ring_.reset();

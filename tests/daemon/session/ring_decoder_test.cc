@@ -1,0 +1,253 @@
+// The ring decoder gives every field the socket decoder's check, with the
+// same code and message, plus the descriptor's own framing checks.
+#include "daemon/session/ring_decoder.h"
+
+#include <string.h>
+
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "catch2/catch.hpp"
+#include "daemon/session/launch_decoder.h"
+#include "daemon/session/ring_encode.h"
+#include "daemon/session/ring_layout.h"
+#include "tests/daemon/session/test_util.h"
+#include "xla/ffi/api/c_api.h"
+
+namespace kreg {
+namespace {
+
+using ::kreg::testing::MakeMemfd;
+
+v1::Launch ValidLaunch() {
+  v1::Launch l;
+  l.set_target_name("demo.scale");
+  l.set_platform("cpu");
+  for (auto* b : {l.add_args(), l.add_rets()}) {
+    b->set_dtype(XLA_FFI_DataType_F32);
+    b->add_dims(2);
+    b->add_dims(3);
+    b->set_size(24);
+  }
+  l.mutable_rets(0)->set_offset(64);
+  v1::Attribute* a = l.add_attrs();
+  a->set_name("factor");
+  a->set_kind(v1::ATTR_KIND_SCALAR);
+  a->set_dtype(XLA_FFI_DataType_F32);
+  float two = 2.0f;
+  a->set_data(&two, 4);
+  l.set_device_ordinal(0);
+  l.set_run_id(9);
+  return l;
+}
+
+std::string Encode(const v1::Launch& l, uint32_t seq = 0, uint64_t tag = 42) {
+  std::string attrs;
+  ring::EncodeAttrBytes(l, &attrs);
+  std::string slot(ring::kSubmitSlotBytes, '\0');
+  size_t n =
+      ring::EncodeDescriptor(l, seq, tag, attrs, slot.data(), slot.size());
+  slot.resize(n);
+  return slot;
+}
+
+struct Arena {
+  Arena() : arena(1 << 20) {
+    REQUIRE(arena.Replace(MakeMemfd(4096), 4096).ok());
+  }
+  ShmArena arena;
+};
+
+absl::Status RingStatus(const v1::Launch& l, const ShmArena& arena) {
+  RingDecoder d;
+  uint64_t tag;
+  std::string bytes = Encode(l);
+  return d.Decode(bytes.data(), bytes.size(), 0, arena, &tag).status();
+}
+
+TEST_CASE("RingDecoder decodes what DecodeLaunch decodes", "[ring]") {
+  Arena a;
+  v1::Launch l = ValidLaunch();
+  absl::StatusOr<DecodedLaunch> want = DecodeLaunch(l, a.arena);
+  REQUIRE(want.ok());
+  RingDecoder d;
+  uint64_t tag = 0;
+  std::string bytes = Encode(l, 5, 77);
+  absl::StatusOr<const DecodedLaunch*> got =
+      d.Decode(bytes.data(), bytes.size(), 5, a.arena, &tag);
+  REQUIRE(got.ok());
+  CHECK(tag == 77);
+  CHECK((*got)->key.name == "demo.scale");
+  CHECK((*got)->frame.args.size() == 1);
+  CHECK((*got)->frame.rets[0].data == want->frame.rets[0].data);
+  CHECK((*got)->frame.rets[0].dims == want->frame.rets[0].dims);
+  CHECK((*got)->frame.attrs.size() == 1);
+  CHECK((*got)->frame.attrs[0].second.bytes ==
+        want->frame.attrs[0].second.bytes);
+  CHECK((*got)->frame.run_id == 9);
+  // Unchanged attributes are reused; changed ones are decoded again.
+  l.mutable_attrs(0)->set_data(std::string("\0\0\x80\x40", 4));
+  bytes = Encode(l, 6, 78);
+  got = d.Decode(bytes.data(), bytes.size(), 6, a.arena, &tag);
+  REQUIRE(got.ok());
+  CHECK((*got)->frame.attrs[0].second.bytes == std::string("\0\0\x80\x40", 4));
+}
+
+TEST_CASE("RingDecoder refuses each bad field as DecodeLaunch does", "[ring]") {
+  Arena a;
+  std::vector<std::pair<const char*, std::function<void(v1::Launch*)>>> bad = {
+      {"target name", [](v1::Launch* l) { l->set_target_name("bad name!"); }},
+      {"platform", [](v1::Launch* l) { l->set_platform("tpu"); }},
+      {"dtype", [](v1::Launch* l) { l->mutable_args(0)->set_dtype(999); }},
+      {"no width",
+       [](v1::Launch* l) {
+         l->mutable_args(0)->set_dtype(XLA_FFI_DataType_TOKEN);
+       }},
+      {"rank",
+       [](v1::Launch* l) {
+         for (int i = 0; i < 70; ++i) l->mutable_args(0)->add_dims(1);
+       }},
+      {"negative dim",
+       [](v1::Launch* l) { l->mutable_rets(0)->set_dims(1, -3); }},
+      {"dims overflow",
+       [](v1::Launch* l) {
+         l->mutable_args(0)->set_dims(0, int64_t{1} << 62);
+         l->mutable_args(0)->set_dims(1, int64_t{1} << 62);
+       }},
+      {"size mismatch",
+       [](v1::Launch* l) { l->mutable_args(0)->set_size(20); }},
+      {"past the arena",
+       [](v1::Launch* l) { l->mutable_rets(0)->set_offset(4090); }},
+      {"offset overflow",
+       [](v1::Launch* l) { l->mutable_args(0)->set_offset(~uint64_t{0} - 3); }},
+      {"scalar size",
+       [](v1::Launch* l) { l->mutable_attrs(0)->set_data("abc"); }},
+      {"attr kind",
+       [](v1::Launch* l) {
+         l->mutable_attrs(0)->set_kind(static_cast<v1::AttrKind>(9));
+       }},
+      {"attr order",
+       [](v1::Launch* l) {
+         v1::Attribute* b = l->add_attrs();
+         *b = l->attrs(0);
+       }},
+      {"device ordinal", [](v1::Launch* l) { l->set_device_ordinal(-1); }},
+  };
+  for (const auto& [what, mutate] : bad) {
+    INFO(what);
+    v1::Launch l = ValidLaunch();
+    mutate(&l);
+    absl::StatusOr<DecodedLaunch> want = DecodeLaunch(l, a.arena);
+    REQUIRE(!want.ok());
+    absl::Status got = RingStatus(l, a.arena);
+    CHECK(got.code() == want.status().code());
+    CHECK(got.message() == want.status().message());
+  }
+}
+
+TEST_CASE("RingDecoder: a CUDA launch belongs on the socket", "[ring]") {
+  Arena a;
+  v1::Launch l = ValidLaunch();
+  l.set_platform("cuda");
+  CHECK(RingStatus(l, a.arena).code() == absl::StatusCode::kUnimplemented);
+}
+
+TEST_CASE("RingDecoder: torn, short and mis-sequenced descriptors", "[ring]") {
+  Arena a;
+  RingDecoder d;
+  uint64_t tag = 0;
+  std::string bytes = Encode(ValidLaunch(), 3, 11);
+  // Fewer bytes taken than the header announces (a torn write).
+  absl::Status s =
+      d.Decode(bytes.data(), bytes.size() - 8, 3, a.arena, &tag).status();
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.message().find("torn launch descriptor") == 0);
+  CHECK(tag == 11);
+  s = d.Decode(bytes.data(), 20, 3, a.arena, &tag).status();
+  CHECK(s.message() ==
+        "launch descriptor of 20 bytes is shorter than its 48-byte header");
+  CHECK(tag == 0);
+  s = d.Decode(bytes.data(), bytes.size(), 4, a.arena, &tag).status();
+  CHECK(s.message() ==
+        "launch descriptor at ring position 4 carries sequence number 3");
+  // Lengths inside the descriptor that point past its end.
+  std::string copy = bytes;
+  ring::SubmitHeader h;
+  memcpy(&h, copy.data(), sizeof(h));
+  h.attrs_len += 100;
+  memcpy(copy.data(), &h, sizeof(h));
+  s = d.Decode(copy.data(), copy.size(), 3, a.arena, &tag).status();
+  CHECK(s.message().find("launch descriptor is truncated: attributes") == 0);
+  memcpy(&h, bytes.data(), sizeof(h));
+  h.num_rets = 3;
+  copy = bytes;
+  memcpy(copy.data(), &h, sizeof(h));
+  s = d.Decode(copy.data(), copy.size(), 3, a.arena, &tag).status();
+  CHECK(s.message().find("launch descriptor is truncated") == 0);
+  memcpy(&h, bytes.data(), sizeof(h));
+  h.num_args = 5000;
+  copy = bytes;
+  memcpy(copy.data(), &h, sizeof(h));
+  s = d.Decode(copy.data(), copy.size(), 3, a.arena, &tag).status();
+  CHECK(s.message() ==
+        "launch has 5000 args and 1 rets; the maximum is 4096 each");
+  // Trailing bytes.
+  memcpy(&h, bytes.data(), sizeof(h));
+  h.attrs_len -= 1;
+  copy = bytes;
+  memcpy(copy.data(), &h, sizeof(h));
+  s = d.Decode(copy.data(), copy.size(), 3, a.arena, &tag).status();
+  CHECK(s.message() == "launch descriptor has 1 bytes after its attributes");
+  // Attribute bytes that are not a Launch.
+  copy = bytes;
+  memset(copy.data() + copy.size() - h.attrs_len - 1, 0xff, h.attrs_len + 1);
+  s = d.Decode(copy.data(), copy.size(), 3, a.arena, &tag).status();
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  // And the decoder still works afterwards.
+  CHECK(d.Decode(bytes.data(), bytes.size(), 3, a.arena, &tag).ok());
+}
+
+TEST_CASE("RingDecoder survives garbage and bit flips", "[ring]") {
+  Arena a;
+  RingDecoder d;
+  uint64_t tag;
+  std::mt19937_64 rng(1234);
+  const std::string valid = Encode(ValidLaunch(), 0, 1);
+  int ok = 0;
+  for (int i = 0; i < 20000; ++i) {
+    std::string bytes;
+    if (i % 2 == 0) {
+      bytes.resize(rng() % 600);
+      for (char& c : bytes) c = static_cast<char>(rng());
+      if (bytes.size() >= 8) {  // often a plausible header
+        uint32_t len = static_cast<uint32_t>(bytes.size());
+        memcpy(bytes.data(), &len, 4);
+        memset(bytes.data() + 4, 0, 4);
+      }
+    } else {
+      bytes = valid;
+      for (int f = 0; f < 1 + i % 4; ++f) {
+        bytes[rng() % bytes.size()] ^= static_cast<char>(1u << (rng() % 8));
+      }
+    }
+    absl::StatusOr<const DecodedLaunch*> r =
+        d.Decode(bytes.data(), bytes.size(), 0, a.arena, &tag);
+    if (r.ok()) {
+      ++ok;
+      for (const auto* list : {&(*r)->frame.args, &(*r)->frame.rets}) {
+        for (const BufferRef& b : *list) {
+          char* p = static_cast<char*>(b.data);
+          bool inside = b.data != nullptr &&
+                        p >= static_cast<char*>(*a.arena.Region(0, 0));
+          CHECK(inside);
+        }
+      }
+    }
+  }
+  CHECK(ok < 20000);
+}
+
+}  // namespace
+}  // namespace kreg
