@@ -1,6 +1,7 @@
 #include "daemon/session/ring_layout.h"
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -47,6 +48,10 @@ bool SpinWhileEqual(const Word& w, uint32_t value, int64_t spin_ns) {
       }
     }
     if (NowNs() >= deadline) return false;
+    // Let a runnable thread queued on this CPU (often the other side of
+    // the ring, on an oversubscribed machine) run instead of spinning
+    // against it; an instant syscall when nothing else is runnable.
+    sched_yield();
   }
 }
 
