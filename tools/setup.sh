@@ -10,7 +10,8 @@ PACKAGES=(bazel-bootstrap bazel-platforms bazel-skylib bazel-rules-proto
   bazel-rules-java g++ pkg-config libgrpc++-dev protobuf-compiler-grpc
   libprotobuf-dev protobuf-compiler libspdlog-dev catch2 libsystemd-dev
   libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libabsl-dev libssl-dev
-  zlib1g-dev systemd clang-format libseccomp-dev)
+  zlib1g-dev systemd clang-format libseccomp-dev
+  clang libclang-rt-14-dev)  # clang + libFuzzer: tools/fuzz.sh
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -1,9 +1,14 @@
 #!/usr/bin/env python3
-"""Counts test cases across Bazel's Catch2 logs and pytest's JUnit XML and
-prints one line: `tests: N passed, N failed`.
+"""Counts test cases across Bazel's Catch2 logs and JUnit XML files (pytest's,
+tools/fuzz.sh's: one case per fuzz target) and prints one line:
+`tests: N passed, N failed`.
 
-A Bazel test target whose log has no Catch2 summary (it crashed, timed out or
-did not build) counts as one failed test case.
+    summarize_tests.py TESTLOGS TARGETS [XML...] [--also-catch2 TESTLOGS TARGETS]...
+
+--also-catch2 adds another run of Catch2 suites (e.g. `bazel test
+--config=asan`, whose logs live in their own directory); its test cases count
+again. A Bazel test target whose log has no Catch2 summary (it crashed, timed
+out or did not build) counts as one failed test case.
 """
 import pathlib
 import re
@@ -46,12 +51,24 @@ def pytest(xml: pathlib.Path):
 
 
 def main():
-    testlogs = pathlib.Path(sys.argv[1])
-    targets = pathlib.Path(sys.argv[2]).read_text().split()
-    xmls = [pathlib.Path(p) for p in sys.argv[3:]]
-    p, f = catch2(testlogs, targets)
+    args = sys.argv[1:]
+    runs = []  # (testlogs, targets file) of each Catch2 run
+    while "--also-catch2" in args:
+        i = args.index("--also-catch2")
+        runs.append((args[i + 1], args[i + 2]))
+        del args[i:i + 3]
+    runs.insert(0, (args[0], args[1]))
+    xmls = [pathlib.Path(p) for p in args[2:]]
+    p = f = 0
+    for testlogs, targets in runs:
+        dp, df = catch2(pathlib.Path(testlogs),
+                        pathlib.Path(targets).read_text().split())
+        print(f"summarize: Catch2 in {testlogs}: {dp} passed, {df} failed",
+              file=sys.stderr)
+        p, f = p + dp, f + df
     for xml in xmls:
         dp, df = pytest(xml)
+        print(f"summarize: {xml.name}: {dp} passed, {df} failed", file=sys.stderr)
         p, f = p + dp, f + df
     print(f"tests: {p} passed, {f} failed")
     return 1 if f else 0

@@ -2,8 +2,11 @@
 # Runs every test: installs what is missing (tools/setup.sh), builds
 # everything with Bazel, runs the Catch2 suites (`bazel test //...`) and the
 # pytest suites against the real kregd binary and real JAX (tests/gpu skips,
-# with the reason, where no CUDA GPU is visible), then prints
-# `tests: N passed, N failed` (test cases, across both) as its last line.
+# with the reason, where no CUDA GPU is visible), the Catch2 suites again
+# under ASan + UBSan + LSan (--config=asan, issue 9), and each libFuzzer
+# target for a bounded time (tools/fuzz.sh; KREG_FUZZ_SECONDS, default 25),
+# then prints `tests: N passed, N failed` (test cases, across all of them;
+# one per fuzz target) as its last line.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh || exit 1
@@ -20,6 +23,14 @@ export KREG_CLIENT_LIB="$PWD/bazel-bin/client/shim/libkreg_client.so"
 .venv/bin/python -m pytest -q -rs -p no:cacheprovider \
   --junitxml="$out/pytest.xml" tests/python tests/integration tests/gpu || rc=1
 
+# Sanitizers: the Catch2 suites under ASan + UBSan + LSan. Their outputs and
+# logs have their own directory; bazel-bin stays the plain build.
+bazel test --config=asan $(cat "$out/targets") || rc=1
+asan_logs=$(bazel info --config=asan bazel-testlogs 2>/dev/null)
+
+bash tools/fuzz.sh --junit "$out/fuzz.xml" || rc=1
+
 python3 tools/summarize_tests.py "$(bazel info bazel-testlogs 2>/dev/null)" \
-  "$out/targets" "$out/pytest.xml" || rc=1
+  "$out/targets" "$out/pytest.xml" "$out/fuzz.xml" \
+  --also-catch2 "$asan_logs" "$out/targets" || rc=1
 exit $rc

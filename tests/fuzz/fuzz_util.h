@@ -1,0 +1,53 @@
+// Helpers shared by the libFuzzer targets in tests/fuzz (see README.md).
+#ifndef KREGD_TESTS_FUZZ_FUZZ_UTIL_H_
+#define KREGD_TESTS_FUZZ_FUZZ_UTIL_H_
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "daemon/unique_fd.h"
+#include "spdlog/spdlog.h"
+
+namespace kreg::fuzz {
+
+// A finding: prints `what` and aborts, which libFuzzer reports as a crash
+// (with the input that caused it).
+[[noreturn]] inline void Fail(const std::string& what) {
+  std::fprintf(stderr, "fuzz invariant violated: %s\n", what.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+// kregd logs a line per refused message; at fuzzing rates that is noise.
+inline void QuietLogs() { spdlog::set_level(spdlog::level::off); }
+
+// A fresh directory under $TMPDIR (or /tmp), never removed: a fuzzer process
+// makes one at start-up.
+inline std::string MakeTempDir(const char* tag) {
+  const char* base = getenv("TMPDIR");
+  std::string templ =
+      std::string(base && *base ? base : "/tmp") + "/kreg-" + tag + "-XXXXXX";
+  if (mkdtemp(templ.data()) == nullptr) Fail("mkdtemp " + templ);
+  return templ;
+}
+
+// A memfd of `size` bytes sealed against shrinking and growing, as a
+// client's arena is.
+inline UniqueFd SealedMemfd(uint64_t size) {
+  UniqueFd fd(::memfd_create("fuzz-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd.ok() || ::ftruncate(fd.get(), static_cast<off_t>(size)) != 0 ||
+      ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+    Fail("memfd");
+  }
+  return fd;
+}
+
+}  // namespace kreg::fuzz
+
+#endif  // KREGD_TESTS_FUZZ_FUZZ_UTIL_H_

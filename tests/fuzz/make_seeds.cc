@@ -1,0 +1,145 @@
+// Writes the protobuf seed inputs of tests/fuzz/corpus (see make_corpus.sh):
+// a few well-formed requests per target, so the fuzzers start past the
+// parser. Usage: make_seeds CORPUS_DIR
+#include <zlib.h>
+
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "kreg/v1/executor.pb.h"
+#include "kreg/v1/journal.pb.h"
+#include "kreg/v1/session.pb.h"
+#include "xla/ffi/api/c_api.h"
+
+namespace {
+
+std::string dir;
+
+void Write(const std::string& name, const std::string& bytes) {
+  std::ofstream(dir + "/" + name, std::ios::binary) << bytes;
+}
+
+std::string Frame(const kreg::v1::SessionRequest& r) {
+  std::string p = r.SerializeAsString();
+  uint32_t n = static_cast<uint32_t>(p.size());
+  return std::string(reinterpret_cast<const char*>(&n), 4) + p;
+}
+
+std::string Record(const kreg::v1::JournalRecord& r) {
+  std::string p = r.SerializeAsString();
+  uint32_t n = static_cast<uint32_t>(p.size());
+  uint32_t crc = static_cast<uint32_t>(
+      crc32(0, reinterpret_cast<const Bytef*>(p.data()), n));
+  return std::string(reinterpret_cast<const char*>(&n), 4) +
+         std::string(reinterpret_cast<const char*>(&crc), 4) + p;
+}
+
+kreg::v1::Launch CpuLaunch(const std::string& target) {
+  kreg::v1::Launch l;
+  l.set_target_name(target);
+  l.set_platform("cpu");
+  for (auto* b : {l.add_args(), l.add_rets()}) {
+    b->set_dtype(XLA_FFI_DataType_F32);
+    b->add_dims(4);
+    b->set_size(16);
+  }
+  l.mutable_rets(0)->set_offset(64);
+  kreg::v1::Attribute* a = l.add_attrs();
+  a->set_name("factor");
+  a->set_kind(kreg::v1::ATTR_KIND_SCALAR);
+  a->set_dtype(XLA_FFI_DataType_F32);
+  float f = 2;
+  a->set_data(std::string(reinterpret_cast<const char*>(&f), 4));
+  kreg::v1::Attribute* s = l.add_attrs();
+  s->set_name("mode");
+  s->set_kind(kreg::v1::ATTR_KIND_STRING);
+  s->set_data("fast");
+  return l;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) return 2;
+  const std::string root = argv[1];
+  using namespace kreg::v1;
+
+  dir = root + "/launch_decoder";
+  Write("cpu", CpuLaunch("t.scale").SerializeAsString());
+  Launch cuda = CpuLaunch("t.scale");
+  cuda.set_platform("cuda");
+  for (auto* b : {cuda.mutable_args(0), cuda.mutable_rets(0)}) {
+    b->mutable_cuda()->set_device_uuid(std::string(16, 'u'));
+    b->mutable_cuda()->set_size(4096);
+  }
+  Write("cuda", cuda.SerializeAsString());
+  Launch dict = CpuLaunch("t.dict");
+  Attribute* d = dict.add_attrs();
+  d->set_name("nested");
+  d->set_kind(ATTR_KIND_DICT);
+  *d->add_dict() = dict.attrs(0);
+  Write("dict", dict.SerializeAsString());
+
+  // Session: byte 0 is the harness's prelude selector (3: Hello + arena).
+  dir = root + "/session";
+  SessionRequest launch;
+  launch.set_id(3);
+  *launch.mutable_launch() = CpuLaunch("t.scale");
+  SessionRequest list;
+  list.set_id(4);
+  list.mutable_list();
+  SessionRequest reg;
+  reg.set_id(5);
+  reg.mutable_register_target()->set_target_name("t.new");
+  reg.mutable_register_target()->set_func_name("Scale");
+  reg.mutable_register_target()->set_platform("cpu");
+  reg.mutable_register_target()->set_upload(
+      "\x7f"
+      "ELF");
+  Write("launch", "\x03" + Frame(launch) + Frame(list));
+  Write("register", "\x01" + Frame(reg) + Frame(list));
+  SessionRequest hello;
+  hello.set_id(1);
+  hello.mutable_hello()->set_protocol_major(1);
+  hello.mutable_hello()->set_protocol_minor(3);
+  SessionRequest grow;
+  grow.set_id(2);
+  grow.mutable_arena_grow()->set_size(4096);
+  Write("hello", std::string("\x00", 1) + Frame(hello) + Frame(grow));
+
+  dir = root + "/broker_request";
+  BrokerRequest b;
+  *b.mutable_register_target() = reg.register_target();
+  Write("register_upload", b.SerializeAsString());
+  b.mutable_register_target()->set_path("sub/up.so");
+  Write("register_path", b.SerializeAsString());
+  b.Clear();
+  b.mutable_resolve()->set_target_name("t.new");
+  b.mutable_resolve()->set_platform("cpu");
+  Write("resolve", b.SerializeAsString());
+  b.Clear();
+  b.mutable_list();
+  Write("list", b.SerializeAsString());
+
+  // Journal: byte 0 bit 0 asks the harness to fix the CRCs.
+  dir = root + "/journal";
+  JournalRecord t;
+  Target* target = t.mutable_target();
+  target->set_target_name("demo.scale");
+  target->set_platform("cpu");
+  target->set_func_name("Scale");
+  target->set_content_id("sha256:ab");
+  target->set_module_digest("sha256:ab");
+  target->set_module_size(4096);
+  target->mutable_audit()->set_uid(1000);
+  target->mutable_audit()->set_origin("upload:4096 bytes");
+  JournalRecord r;
+  r.mutable_retirement()->set_target_name("demo.scale");
+  r.mutable_retirement()->set_platform("cpu");
+  Write("one", "\x01" + Record(t));
+  Write("retired", "\x01" + Record(t) + Record(r) + Record(t));
+  Write("torn", "\x00" + Record(t) + Record(t).substr(0, 11));
+  return 0;
+}
