@@ -148,7 +148,12 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Start(
   };
   std::string out;
   init.SerializeToString(&out);
-  int control = exec->control_.get();
+  int control = -1;
+  {
+    // Not shared with another thread yet; locked for the annotation's sake.
+    absl::MutexLock lock(&exec->control_mu_);
+    control = exec->control_.get();
+  }
   if (int s = wire::SendFrame(control, out.data(), out.size(), nullptr, 0);
       s != wire::kOk) {
     return fail("sending its configuration failed: " + wire::ResultText(s));
