@@ -320,6 +320,16 @@ absl::StatusOr<void*> Session::LookupHandler(const TargetKey& key) {
   return found;
 }
 
+absl::Status Session::RunCpuHandler(uint64_t request_id,
+                                    const DecodedLaunch& decoded) {
+  absl::StatusOr<void*> handler = LookupHandler(decoded.key);
+  if (!handler.ok()) return handler.status();
+  backend_->BeginLaunch(request_id, decoded.key);
+  absl::Status status = backend_->Execute(*handler, decoded.frame);
+  backend_->EndLaunch();
+  return status;
+}
+
 absl::Status Session::DoLaunch(const v1::Launch& launch,
                                std::vector<UniqueFd> fds,
                                v1::LaunchReply* reply) {
@@ -333,18 +343,8 @@ absl::Status Session::DoLaunch(const v1::Launch& launch,
         fds.size(), " file descriptor(s) attached to a CPU launch"));
   } else {
     absl::StatusOr<DecodedLaunch> decoded = DecodeLaunch(launch, arena_);
-    if (!decoded.ok()) {
-      status = decoded.status();
-    } else {
-      absl::StatusOr<void*> handler = LookupHandler(decoded->key);
-      if (handler.ok()) {
-        backend_->BeginLaunch(request_id_, decoded->key);
-        status = backend_->Execute(*handler, decoded->frame);
-        backend_->EndLaunch();
-      } else {
-        status = handler.status();
-      }
-    }
+    status =
+        decoded.ok() ? RunCpuHandler(request_id_, *decoded) : decoded.status();
   }
   if (!status.ok()) {
     counters_->launch_errors.fetch_add(1, std::memory_order_relaxed);

@@ -172,6 +172,9 @@ class Session final : public ServedSession {
   // The session's CudaSession (created on first use); null without devices.
   CudaSession* Cuda();
   absl::StatusOr<void*> LookupHandler(const TargetKey& key);
+  // Resolves and runs the handler of a decoded CPU launch (socket or ring),
+  // telling the backend which request runs it.
+  absl::Status RunCpuHandler(uint64_t request_id, const DecodedLaunch& decoded);
 
   const uint64_t id_;
   UniqueFd sock_;

@@ -105,18 +105,7 @@ absl::Status Session::RunRingLaunch(const std::string& descriptor,
   absl::Status status;
   absl::StatusOr<const DecodedLaunch*> decoded = ring_decoder_.Decode(
       descriptor.data(), descriptor.size(), ring_->seq(), arena_, tag);
-  if (!decoded.ok()) {
-    status = decoded.status();
-  } else {
-    absl::StatusOr<void*> handler = LookupHandler((*decoded)->key);
-    if (handler.ok()) {
-      backend_->BeginLaunch(*tag, (*decoded)->key);
-      status = backend_->Execute(*handler, (*decoded)->frame);
-      backend_->EndLaunch();
-    } else {
-      status = handler.status();
-    }
-  }
+  status = decoded.ok() ? RunCpuHandler(*tag, **decoded) : decoded.status();
   if (!status.ok()) {
     counters_->launch_errors.fetch_add(1, std::memory_order_relaxed);
   }
