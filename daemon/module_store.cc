@@ -1,7 +1,6 @@
 #include "daemon/module_store.h"
 
 #include <dirent.h>
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
 #include <sys/stat.h>
@@ -190,41 +189,6 @@ absl::Status ModuleStore::Verify(const std::string& digest) const {
         "; restore it from a backup or re-register the module's bytes"));
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<void*> ModuleStore::Resolve(const std::string& digest,
-                                           const std::string& symbol) {
-  void* handle = nullptr;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = handles_.find(digest);
-    if (it != handles_.end()) handle = it->second;
-  }
-  if (handle == nullptr) {
-    std::string path = PathOf(digest);
-    // dlopen outside the lock: library constructors may take a while.
-    handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cannot load module ", digest, ": ", ::dlerror()));
-    }
-    absl::MutexLock lock(&mu_);
-    // dlopen of the same path returns the same handle, so a racing loader
-    // stored an identical value; either way keep the first.
-    handle = handles_.emplace(digest, handle).first->second;
-  }
-  ::dlerror();
-  void* sym = ::dlsym(handle, symbol.c_str());
-  if (sym == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("module ", digest, " has no symbol \"", symbol, "\""));
-  }
-  return sym;
-}
-
-int ModuleStore::loaded_modules() const {
-  absl::MutexLock lock(&mu_);
-  return static_cast<int>(handles_.size());
 }
 
 }  // namespace kreg

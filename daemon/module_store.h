@@ -14,8 +14,8 @@ namespace kreg {
 // "sha256:<64 lowercase hex>" of `bytes`.
 std::string Sha256Digest(const std::string& bytes);
 
-// Owns the store directory and every module dlopen'ed from it. Modules are
-// never unloaded: handles live until the process exits. Thread-safe.
+// Owns the store directory. kregd never loads a module itself: executors
+// (and the probe) get the store copies (DESIGN §8). Thread-safe.
 class ModuleStore {
  public:
   explicit ModuleStore(std::string dir);
@@ -53,21 +53,10 @@ class ModuleStore {
   // no longer match the digest.
   absl::Status Verify(const std::string& digest) const;
 
-  // dlopens the store copy once (RTLD_NOW | RTLD_LOCAL) and resolves
-  // `symbol`. NOT_FOUND if the symbol is missing, INVALID_ARGUMENT if the
-  // file cannot be loaded.
-  absl::StatusOr<void*> Resolve(const std::string& digest,
-                                const std::string& symbol);
-
-  int loaded_modules() const;
-
  private:
   absl::Status SyncDir() const;
 
   const std::string dir_;
-  mutable absl::Mutex mu_;
-  // digest -> dlopen handle; never erased, never dlclose'd.
-  std::map<std::string, void*> handles_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kreg
