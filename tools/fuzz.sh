@@ -27,8 +27,8 @@ while (($#)); do
     *) targets+=("$1"); shift ;;
   esac
 done
-((${#targets[@]})) || targets=(session launch_decoder broker_request journal
-  module_path elf_symbols)
+((${#targets[@]})) || targets=(session launch_decoder ring_decoder
+  broker_request journal module_path elf_symbols)
 [[ -n $results ]] || results=$(mktemp -d /tmp/kreg-fuzz-results.XXXXXX)
 mkdir -p "$results"
 

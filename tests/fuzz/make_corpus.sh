@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 corpus=tests/fuzz/corpus
 rm -rf "$corpus"
-mkdir -p "$corpus"/{session,launch_decoder,broker_request,journal,module_path,elf_symbols}
+mkdir -p "$corpus"/{session,launch_decoder,ring_decoder,broker_request,journal,module_path,elf_symbols}
 bazel run -q //tests/fuzz:make_seeds -- "$PWD/$corpus"
 
 # elf_symbols: a stripped shared object with two handler-like exports.

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <string>
 
+#include "daemon/session/ring_encode.h"
 #include "kreg/v1/executor.pb.h"
 #include "kreg/v1/journal.pb.h"
 #include "kreg/v1/session.pb.h"
@@ -81,6 +82,21 @@ int main(int argc, char** argv) {
   d->set_kind(ATTR_KIND_DICT);
   *d->add_dict() = dict.attrs(0);
   Write("dict", dict.SerializeAsString());
+
+  // Ring descriptors: 4 bytes of the expected seq, then the descriptor.
+  dir = root + "/ring_decoder";
+  for (const auto& [name, l] :
+       {std::pair<const char*, Launch>{"cpu", CpuLaunch("t.scale")},
+        std::pair<const char*, Launch>{"dict", dict}}) {
+    std::string attrs;
+    kreg::ring::EncodeAttrBytes(l, &attrs);
+    std::string slot(16384, '\0');
+    size_t n =
+        kreg::ring::EncodeDescriptor(l, 7, 42, attrs, slot.data(), slot.size());
+    uint32_t seq = 7;
+    Write(name, std::string(reinterpret_cast<const char*>(&seq), 4) +
+                    slot.substr(0, n));
+  }
 
   // Session: byte 0 is the harness's prelude selector (3: Hello + arena).
   dir = root + "/session";
