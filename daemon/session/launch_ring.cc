@@ -120,7 +120,7 @@ void LaunchRing::Complete(uint64_t tag, const absl::Status& status) {
   }
   h.message_len = static_cast<uint32_t>(msg.size());
   memcpy(slot, &h, sizeof(h));
-  memcpy(slot + sizeof(h), msg.data(), msg.size());
+  if (!msg.empty()) memcpy(slot + sizeof(h), msg.data(), msg.size());
   ++cq_tail_;
   ring::Store(c->cq_tail, cq_tail_);
   if (ring::Load(c->cq_waiting) != 0) ring::FutexWake(&c->cq_tail);
