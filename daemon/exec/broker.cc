@@ -108,12 +108,7 @@ void SessionBroker::Shutdown() {
 }
 
 void SessionBroker::RefuseClient(const absl::Status& status) {
-  v1::SessionResponse resp;
-  resp.set_id(0);
-  SetStatus(status, resp.mutable_status());
-  std::string out;
-  resp.SerializeToString(&out);
-  wire::SendFrame(client_.get(), out.data(), out.size(), nullptr, 0);
+  SendConnectionError(client_.get(), status);
   ::shutdown(client_.get(), SHUT_RDWR);
 }
 

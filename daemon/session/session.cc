@@ -31,6 +31,15 @@ void SetStatus(const absl::Status& s, v1::SessionResponse* resp) {
 
 }  // namespace
 
+void SendConnectionError(int sock, const absl::Status& status) {
+  v1::SessionResponse resp;
+  resp.set_id(0);
+  SetStatus(status, &resp);
+  std::string out;
+  resp.SerializeToString(&out);
+  wire::SendFrame(sock, out.data(), out.size(), nullptr, 0);
+}
+
 absl::StatusOr<PeerCred> PeerCredOf(int sock) {
   ucred cred{};
   socklen_t len = sizeof(cred);
@@ -81,13 +90,10 @@ void Session::Run() {
             "session {} (pid {} uid {}): no Hello within {} ms; "
             "closing",
             id_, peer_.pid, peer_.uid, limits_.hello_timeout_ms);
-        v1::SessionResponse resp;
-        SetStatus(absl::DeadlineExceededError(absl::StrCat(
-                      "kregd closed this session: no Hello within ",
-                      limits_.hello_timeout_ms, " ms of connecting")),
-                  &resp);
-        resp.SerializeToString(&out);
-        wire::SendFrame(sock_.get(), out.data(), out.size(), nullptr, 0);
+        SendConnectionError(
+            sock_.get(), absl::DeadlineExceededError(absl::StrCat(
+                             "kregd closed this session: no Hello within ",
+                             limits_.hello_timeout_ms, " ms of connecting")));
         break;
       }
     }
@@ -102,14 +108,11 @@ void Session::Run() {
                      peer_.uid, peer_.pid, wire::ResultText(rc), more);
       }
       if (rc == wire::kTooLarge || rc == wire::kTooManyFds) {
-        v1::SessionResponse resp;
-        SetStatus(absl::ResourceExhaustedError(absl::StrCat(
-                      "session message refused: ", wire::ResultText(rc),
-                      " (max_message_bytes ", limits_.max_message_bytes,
-                      ", at most ", wire::kMaxFdsPerFrame, " fds)")),
-                  &resp);
-        resp.SerializeToString(&out);
-        wire::SendFrame(sock_.get(), out.data(), out.size(), nullptr, 0);
+        SendConnectionError(
+            sock_.get(), absl::ResourceExhaustedError(absl::StrCat(
+                             "session message refused: ", wire::ResultText(rc),
+                             " (max_message_bytes ", limits_.max_message_bytes,
+                             ", at most ", wire::kMaxFdsPerFrame, " fds)")));
       }
       break;
     }

@@ -197,6 +197,12 @@ class Session final : public ServedSession {
   RingDecoder ring_decoder_;  // used by the ring thread only
 };
 
+// Sends a connection-level error on a session socket: a SessionResponse
+// with id 0 carrying `status`, which the client reports and after which it
+// drops the session (session limits, a missing Hello, an oversized frame,
+// an executor that died during the call). Best effort; errors are ignored.
+void SendConnectionError(int sock, const absl::Status& status);
+
 // SO_PEERCRED of a connected Unix socket. INTERNAL if unavailable.
 absl::StatusOr<PeerCred> PeerCredOf(int sock);
 

@@ -56,17 +56,6 @@ SessionServer::SessionServer(const SessionOptions& opts,
   };
 }
 
-void SessionServer::Refuse(UniqueFd sock, const std::string& message) {
-  v1::SessionResponse resp;
-  resp.set_id(0);
-  resp.mutable_status()->set_code(
-      static_cast<int>(absl::StatusCode::kResourceExhausted));
-  resp.mutable_status()->set_message(message);
-  std::string out;
-  resp.SerializeToString(&out);
-  wire::SendFrame(sock.get(), out.data(), out.size(), nullptr, 0);
-}
-
 SessionServer::~SessionServer() { Stop(); }
 
 absl::Status SessionServer::Listen() {
@@ -176,7 +165,7 @@ void SessionServer::StartSession(UniqueFd sock) {
   if (!refusal.empty()) {
     spdlog::warn("sessions: refusing pid {} (uid {}): {}", peer->pid, peer->uid,
                  refusal);
-    Refuse(std::move(sock), refusal);
+    SendConnectionError(sock.get(), absl::ResourceExhaustedError(refusal));
     return;
   }
   std::shared_ptr<ServedSession> session =

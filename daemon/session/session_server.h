@@ -87,9 +87,6 @@ class SessionServer {
   void StartSession(UniqueFd sock);
   void ReapFinished();
 
-  // Sends a connection-level error (response id 0) and closes `sock`.
-  static void Refuse(UniqueFd sock, const std::string& message);
-
   const SessionOptions opts_;
   std::unique_ptr<SessionBackend> backend_;
   SessionFactory factory_;

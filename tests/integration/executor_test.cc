@@ -291,7 +291,7 @@ TEST_CASE(
   CHECK(status->executor_note().empty());
 }
 
-TEST_CASE("One executor per uid reports each uid's own result",
+TEST_CASE("A handler gets its caller's file permissions, not kregd's",
           "[integration][executors]") {
   if (::geteuid() != 0) {
     WARN("skipped: needs root to switch test clients to other uids");
@@ -303,8 +303,8 @@ TEST_CASE("One executor per uid reports each uid's own result",
   OpenToEveryone(dir, d);
   Register(d, "x.open", "TryOpen");
   const std::string path = d.socket() + ".session";
-  // A's handler opens B-owned /proc of its own executor: fine; then tries
-  // a file only root may read: EACCES, as the caller would get.
+  // A file only root may read: EACCES, as uid 54321 itself would get,
+  // although kregd runs as root.
   int report = -1;
   pid_t a = StartChild(path, 54321, 54321,
                        {Hello(1), Grow(2), Launch(3, "x.open", "/etc/shadow")},

@@ -260,32 +260,28 @@ def test_quarantine_after_repeated_crashes_and_unquarantine():
     finish(d)
 
 
-def test_bad_isolation_value_is_refused():
+def start_error(*args):
+  """The error of a kregd started with `args` that must refuse to start."""
   d = Daemon(pathlib.Path(tempfile.mkdtemp(prefix="kreg-x-", dir="/tmp")), [],
-             ["--isolation", "per-thread"])
+             list(args))
   try:
     with pytest.raises(RuntimeError) as info:
       d.start(timeout=10)
-    assert 'isolation "per-thread" is not one of uid, client, shared' in str(
-        info.value)
+    return str(info.value)
   except FileNotFoundError as e:
     pytest.skip(str(e))
   finally:
     finish(d)
+
+
+def test_bad_isolation_value_is_refused():
+  assert 'isolation "per-thread" is not one of uid, client, shared' in (
+      start_error("--isolation", "per-thread"))
 
 
 def test_missing_executor_binary_is_a_clear_start_error():
-  d = Daemon(pathlib.Path(tempfile.mkdtemp(prefix="kreg-x-", dir="/tmp")), [],
-             ["--executor-binary", "/nonexistent/kregd-exec"])
-  try:
-    with pytest.raises(RuntimeError) as info:
-      d.start(timeout=10)
-    assert "the executor binary /nonexistent/kregd-exec is missing" in str(
-        info.value)
-  except FileNotFoundError as e:
-    pytest.skip(str(e))
-  finally:
-    finish(d)
+  assert "the executor binary /nonexistent/kregd-exec is missing" in (
+      start_error("--executor-binary", "/nonexistent/kregd-exec"))
 
 
 def test_retire_is_refused_while_a_live_process_has_the_target_bound():
