@@ -20,6 +20,9 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/cluster/cluster_registry.h"
+#include "daemon/cluster/cluster_service.h"
+#include "daemon/cluster/module_exchange.h"
 #include "daemon/exec/broker.h"
 #include "daemon/exec/executor_pool.h"
 #include "daemon/exec/supervision_service.h"
@@ -205,6 +208,7 @@ absl::Status Daemon::Start() {
   gid_ = *gid;
   absl::Status st = LockStateDir();
   if (st.ok()) st = Replay();
+  if (st.ok()) st = StartCluster();
   if (st.ok()) st = Listen();
   if (!st.ok()) return st;
 
@@ -222,6 +226,7 @@ absl::Status Daemon::Start() {
   supervision_ = std::make_unique<SupervisionService>(
       &ledger_, [this](const std::string& peer) { return PeerOf(peer); });
   builder.RegisterService(supervision_.get());
+  builder.RegisterService(cluster_service_.get());
   builder.SetMaxReceiveMessageSize(8 << 20);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) {
@@ -339,6 +344,7 @@ void Daemon::Shutdown() {
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(5));
   }
+  StopCluster();
   if (owns_socket_file_) ::unlink(config_.socket_path.c_str());
   spdlog::info("kregd stopped");
 }
