@@ -18,8 +18,8 @@ bool HostPort(const std::string& s) {
     return false;
   }
   std::string port = s.substr(colon + 1);
-  if (port.size() > 5 || port.find_first_not_of("0123456789") !=
-                             std::string::npos) {
+  if (port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string::npos) {
     return false;
   }
   int p = std::stoi(port);
@@ -32,8 +32,8 @@ bool ApplyClusterKey(const std::string& path, const std::string& k,
                      const void* toml_node, Config* c, absl::Status* status) {
   const toml::node& value = *static_cast<const toml::node*>(toml_node);
   auto bad = [&](const char* want) {
-    *status = absl::InvalidArgumentError(absl::StrCat(
-        "config file ", path, ": key \"", k, "\" must be ", want));
+    *status = absl::InvalidArgumentError(
+        absl::StrCat("config file ", path, ": key \"", k, "\" must be ", want));
     return true;
   };
   *status = absl::OkStatus();
@@ -43,7 +43,8 @@ bool ApplyClusterKey(const std::string& path, const std::string& k,
       return true;
     }
     const toml::array* a = value.as_array();
-    if (a == nullptr) return bad("an array of URLs (or one comma-separated string)");
+    if (a == nullptr)
+      return bad("an array of URLs (or one comma-separated string)");
     c->etcd_endpoints.clear();
     for (const auto& e : *a) {
       auto s = e.value<std::string>();
@@ -68,7 +69,8 @@ bool ApplyClusterKey(const std::string& path, const std::string& k,
   }
   if (k == "etcd_timeout_s") {
     auto d = value.value<double>();
-    if (!d || *d <= 0 || *d > 600) return bad("a number of seconds in (0, 600]");
+    if (!d || *d <= 0 || *d > 600)
+      return bad("a number of seconds in (0, 600]");
     c->etcd_timeout_s = *d;
     return true;
   }
@@ -92,8 +94,8 @@ absl::Status FinishClusterConfig(Config* c) {
     if (!target.ok()) return target.status();
   }
   if (c->cluster.empty() || c->cluster.size() > 64 ||
-      c->cluster.find_first_not_of(
-          "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") !=
+      c->cluster.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQ"
+                                   "RSTUVWXYZ0123456789_.-") !=
           std::string::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("cluster name \"", c->cluster,
@@ -101,7 +103,8 @@ absl::Status FinishClusterConfig(Config* c) {
   }
   if (c->advertise.empty()) {
     return absl::InvalidArgumentError(
-        "cluster mode (--etcd-endpoints) needs --advertise HOST:PORT (advertise "
+        "cluster mode (--etcd-endpoints) needs --advertise HOST:PORT "
+        "(advertise "
         "in the config file): the address other hosts fetch modules from");
   }
   if (!HostPort(c->advertise)) {

@@ -59,10 +59,10 @@ absl::Status CheckOwnerOrDigest(const TargetEntry& existing,
       "target \"", existing.key.name, "\" (",
       PlatformName(existing.key.platform), ") is registered ",
       existing.host.empty() ? "" : absl::StrCat("on host ", existing.host, " "),
-      "by uid ",
-      existing.registered_by.uid, " with content_id \"", existing.content_id,
-      "\" and module ", existing.module_digest, "; this registration by uid ",
-      peer.uid, " claims the same content_id but its module is ", digest,
+      "by uid ", existing.registered_by.uid, " with content_id \"",
+      existing.content_id, "\" and module ", existing.module_digest,
+      "; this registration by uid ", peer.uid,
+      " claims the same content_id but its module is ", digest,
       ". A content_id stands for the module only for the uid that "
       "registered it; other uids must register the identical module bytes. "
       "Register the owner's module, or your build under a distinct target "

@@ -32,15 +32,13 @@ bool SameBinding(const TargetEntry& a, const TargetEntry& b) {
 }
 
 // kregd itself, as the one who retires a local entry the cluster replaced.
-PeerCred Self() {
-  return PeerCred{::geteuid(), ::getegid(), ::getpid()};
-}
+PeerCred Self() { return PeerCred{::geteuid(), ::getegid(), ::getpid()}; }
 
 }  // namespace
 
 absl::StatusOr<RegisterOutcome> Registry::RegisterClaimed(
-    const RegisterArgs& args, const std::string& digest,
-    const std::string& cid, BindingAuthority* authority) {
+    const RegisterArgs& args, const std::string& digest, const std::string& cid,
+    BindingAuthority* authority) {
   TargetEntry proposed;
   proposed.key = args.key;
   proposed.kind = args.kind;
@@ -112,9 +110,11 @@ absl::StatusOr<RegisterOutcome> Registry::AdoptClaimed(
   if (!bytes.ok()) {
     return absl::Status(
         bytes.status().code(),
-        absl::StrCat(Named(args.key), " is registered cluster-wide (host ",
-                     binding.host, ") with module ", binding.module_digest,
-                     ", which this host does not hold and could not fetch: ",
+        absl::StrCat(Named(args.key),
+                     " is bound in the cluster registry (host ", binding.host,
+                     ") to module ", binding.module_digest,
+                     ", which this host does not hold and could not fetch "
+                     "from a peer: ",
                      bytes.status().message()));
   }
   absl::StatusOr<EntryPtr> entry = Install(binding, *bytes);
@@ -222,12 +222,13 @@ absl::Status Registry::Unmirror(const TargetEntry& retired,
   if (BindingOracle* oracle = oracle_.load()) {
     std::vector<pid_t> pids = oracle->PidsBinding(local->key);
     if (!pids.empty()) {
-      bound = absl::StrCat(" (live sessions of pids ", absl::StrJoin(pids, ", "),
-                           " keep it until they end)");
+      bound =
+          absl::StrCat(" (live sessions of pids ", absl::StrJoin(pids, ", "),
+                       " keep it until they end)");
     }
   }
-  spdlog::warn("cluster: {} (content {}) retired here: {}{}",
-               Named(local->key), local->content_id, why, bound);
+  spdlog::warn("cluster: {} (content {}) retired here: {}{}", Named(local->key),
+               local->content_id, why, bound);
   return absl::OkStatus();
 }
 

@@ -42,6 +42,14 @@ bool FromJson(const std::string& json, google::protobuf::Message* m) {
   return google::protobuf::util::JsonStringToMessage(json, m, opts).ok();
 }
 
+// Clients tell kregd's own UNAVAILABLE from an unreachable kregd by the
+// words "the cluster registry".
+absl::Status Unreachable(const absl::Status& st) {
+  if (st.code() != absl::StatusCode::kUnavailable) return st;
+  return absl::UnavailableError(absl::StrCat(
+      "the cluster registry (etcd) is unreachable: ", st.message()));
+}
+
 bool SameBinding(const TargetEntry& a, const TargetEntry& b) {
   return a.kind == b.kind && a.content_id == b.content_id &&
          a.func_name == b.func_name && a.module_digest == b.module_digest;
@@ -53,8 +61,7 @@ ClusterRegistry::ClusterRegistry(ClusterOptions options,
                                  const ModuleStore* store)
     : options_(std::move(options)),
       prefix_(absl::StrCat("/kregd/", options_.cluster, "/")),
-      host_id_(absl::StrCat(options_.host_name, " (", options_.advertise,
-                            ")")),
+      host_id_(absl::StrCat(options_.host_name, " (", options_.advertise, ")")),
       started_at_us_(NowMicros()),
       store_(store),
       etcd_(options_.etcd),
@@ -98,8 +105,8 @@ std::string ClusterRegistry::TargetKeyOf(const TargetKey& key) const {
 absl::StatusOr<TargetEntry> ClusterRegistry::Parse(const EtcdKv& kv) const {
   v1::Target t;
   if (!FromJson(kv.value, &t)) {
-    return absl::DataLossError(absl::StrCat("etcd key ", kv.key,
-                                            " does not hold a kreg binding"));
+    return absl::DataLossError(
+        absl::StrCat("etcd key ", kv.key, " does not hold a kreg binding"));
   }
   absl::StatusOr<TargetEntry> e = FromProto(t);
   if (!e.ok()) return e.status();
@@ -120,9 +127,10 @@ absl::StatusOr<ClaimResult> ClusterRegistry::Claim(
       return created.status();
     }
     return absl::UnavailableError(absl::StrCat(
-        "cannot register ", Named(proposed.key), ": the cluster registry of "
-        "cluster \"", options_.cluster, "\" is unreachable (",
-        created.status().message(),
+        "cannot register ", Named(proposed.key),
+        ": the cluster registry of "
+        "cluster \"",
+        options_.cluster, "\" is unreachable (", created.status().message(),
         "). In cluster mode a binding is made for every host in etcd or not "
         "at all, so nothing was registered; targets already registered keep "
         "working. Retry once etcd is back (check the etcd members and "
@@ -131,8 +139,8 @@ absl::StatusOr<ClaimResult> ClusterRegistry::Claim(
   ClaimResult out;
   out.created = created->created;
   if (out.created) {
-    spdlog::info("cluster: claimed {} at etcd revision {}",
-                 Named(proposed.key), created->revision);
+    spdlog::info("cluster: claimed {} at etcd revision {}", Named(proposed.key),
+                 created->revision);
     absl::MutexLock lock(&mu_);
     republish_ = true;
     return out;
@@ -167,8 +175,10 @@ absl::Status ClusterRegistry::Release(const TargetEntry& entry) {
   absl::StatusOr<EtcdRange> now = etcd_.Range(key, false);
   if (!now.ok()) {
     return absl::UnavailableError(absl::StrCat(
-        "cannot retire ", Named(entry.key), ": the cluster registry is "
-        "unreachable (", now.status().message(),
+        "cannot retire ", Named(entry.key),
+        ": the cluster registry is "
+        "unreachable (",
+        now.status().message(),
         "); a retirement is made in etcd for every host or not at all. Retry "
         "once etcd is back."));
   }
@@ -176,10 +186,11 @@ absl::Status ClusterRegistry::Release(const TargetEntry& entry) {
   absl::StatusOr<TargetEntry> e = Parse(now->kvs[0]);
   if (e.ok() && !SameBinding(*e, entry)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "cannot retire ", Named(entry.key), ": the cluster binding is now "
-        "content ", e->content_id, " (host ", e->host,
-        "), not this host's ", entry.content_id,
-        "; this host catches up shortly, then retry"));
+        "cannot retire ", Named(entry.key),
+        ": the cluster binding is now "
+        "content ",
+        e->content_id, " (host ", e->host, "), not this host's ",
+        entry.content_id, "; this host catches up shortly, then retry"));
   }
   absl::StatusOr<bool> deleted =
       etcd_.DeleteIfUnchanged(key, now->kvs[0].mod_revision);
@@ -236,10 +247,9 @@ absl::StatusOr<std::string> ClusterRegistry::FetchModule(
   }
   first.insert(first.end(), then.begin(), then.end());
   if (first.empty()) {
-    return absl::NotFoundError(
-        absl::StrCat("no other kregd of cluster \"", options_.cluster,
-                     "\" is advertised in etcd to fetch module ", digest,
-                     " from"));
+    return absl::NotFoundError(absl::StrCat(
+        "no other kregd of cluster \"", options_.cluster,
+        "\" is advertised in etcd to fetch module ", digest, " from"));
   }
   std::vector<std::string> errors;
   bool data_loss = false, all_not_found = true;
@@ -247,11 +257,12 @@ absl::StatusOr<std::string> ClusterRegistry::FetchModule(
     absl::StatusOr<std::string> bytes = FetchModuleFrom(
         address, digest, size, peer_creds_, options_.fetch_timeout_ms);
     if (bytes.ok()) {
-      spdlog::info("cluster: fetched module {} ({} bytes) from peer {}",
-                   digest, bytes->size(), address);
+      spdlog::info("cluster: fetched module {} ({} bytes) from peer {}", digest,
+                   bytes->size(), address);
       return bytes;
     }
-    data_loss = data_loss || bytes.status().code() == absl::StatusCode::kDataLoss;
+    data_loss =
+        data_loss || bytes.status().code() == absl::StatusCode::kDataLoss;
     all_not_found =
         all_not_found && bytes.status().code() == absl::StatusCode::kNotFound;
     spdlog::warn("cluster: fetching module {}: {}", digest,
@@ -424,10 +435,9 @@ void ClusterRegistry::LeaseLoop() {
     }
     warned = !st.ok();
     absl::MutexLock lock(&mu_);
-    mu_.AwaitWithTimeout(absl::Condition(this, &ClusterRegistry::Woken),
-                         absl::Milliseconds(st.ok() ? options_.lease_ttl_s *
-                                                          1000 / 3
-                                                    : 1000));
+    mu_.AwaitWithTimeout(
+        absl::Condition(this, &ClusterRegistry::Woken),
+        absl::Milliseconds(st.ok() ? options_.lease_ttl_s * 1000 / 3 : 1000));
     republish_ = false;
     if (stopping_) break;
   }
@@ -436,7 +446,7 @@ void ClusterRegistry::LeaseLoop() {
 
 absl::StatusOr<v1::ListClusterTargetsResponse> ClusterRegistry::ListTargets() {
   absl::StatusOr<EtcdRange> all = etcd_.Range(prefix_ + "targets/", true);
-  if (!all.ok()) return all.status();
+  if (!all.ok()) return Unreachable(all.status());
   v1::ListClusterTargetsResponse out;
   out.set_cluster(options_.cluster);
   out.set_revision(all->revision);
@@ -449,7 +459,7 @@ absl::StatusOr<v1::ListClusterTargetsResponse> ClusterRegistry::ListTargets() {
 
 absl::StatusOr<v1::ListHostsResponse> ClusterRegistry::ListHosts() {
   absl::StatusOr<EtcdRange> all = etcd_.Range(prefix_ + "peers/", true);
-  if (!all.ok()) return all.status();
+  if (!all.ok()) return Unreachable(all.status());
   v1::ListHostsResponse out;
   out.set_cluster(options_.cluster);
   for (const EtcdKv& kv : all->kvs) {

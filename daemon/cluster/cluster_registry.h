@@ -82,7 +82,7 @@ class ClusterRegistry : public BindingAuthority {
   }
 
   const ClusterOptions options_;
-  const std::string prefix_;  // "/kregd/<cluster>/"
+  const std::string prefix_;   // "/kregd/<cluster>/"
   const std::string host_id_;  // "<host name> (<advertise>)"
   const int64_t started_at_us_;
   const ModuleStore* const store_;

@@ -29,8 +29,7 @@ EtcdKv FromKv(const mvccpb::KeyValue& kv) {
 
 }  // namespace
 
-absl::StatusOr<std::string> EtcdTarget(const std::string& endpoint,
-                                       bool* tls) {
+absl::StatusOr<std::string> EtcdTarget(const std::string& endpoint, bool* tls) {
   std::string rest = endpoint;
   *tls = false;
   if (absl::StartsWith(rest, "https://")) {
@@ -46,11 +45,10 @@ absl::StatusOr<std::string> EtcdTarget(const std::string& endpoint,
   }
   while (!rest.empty() && rest.back() == '/') rest.pop_back();
   size_t colon = rest.rfind(':');
-  bool port_ok = colon != std::string::npos && colon > 0 &&
-                 colon + 1 < rest.size() &&
-                 rest.find_first_not_of("0123456789", colon + 1) ==
-                     std::string::npos &&
-                 rest.size() - colon - 1 <= 5;
+  bool port_ok =
+      colon != std::string::npos && colon > 0 && colon + 1 < rest.size() &&
+      rest.find_first_not_of("0123456789", colon + 1) == std::string::npos &&
+      rest.size() - colon - 1 <= 5;
   if (!port_ok || rest.find('/') != std::string::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("etcd endpoint \"", endpoint,
@@ -79,8 +77,9 @@ EtcdClient::EtcdClient(EtcdOptions options) : options_(std::move(options)) {
     absl::StatusOr<std::string> target = EtcdTarget(endpoint, &tls);
     if (!target.ok()) continue;  // checked by the config
     std::shared_ptr<grpc::ChannelCredentials> creds =
-        tls ? (options_.tls ? options_.tls
-                            : grpc::SslCredentials(grpc::SslCredentialsOptions()))
+        tls ? (options_.tls
+                   ? options_.tls
+                   : grpc::SslCredentials(grpc::SslCredentialsOptions()))
             : grpc::InsecureChannelCredentials();
     grpc::ChannelArguments args;
     // Find a restarted member quickly (the default backoff grows to 120 s).
@@ -123,9 +122,9 @@ absl::Status EtcdClient::OnAnyMember(
     errors.push_back(
         absl::StrCat(members_[at].endpoint, ": ", st.error_message()));
   }
-  return absl::UnavailableError(
-      absl::StrCat("etcd (", endpoints_text_, ") did not answer ", what, " (",
-                   absl::StrJoin(errors, "; "), ")"));
+  return absl::UnavailableError(absl::StrCat("etcd (", endpoints_text_,
+                                             ") did not answer ", what, " (",
+                                             absl::StrJoin(errors, "; "), ")"));
 }
 
 absl::StatusOr<EtcdCreate> EtcdClient::CreateIfAbsent(const std::string& key,
@@ -143,11 +142,10 @@ absl::StatusOr<EtcdCreate> EtcdClient::CreateIfAbsent(const std::string& key,
   put->set_lease(lease);
   req.add_failure()->mutable_request_range()->set_key(key);
   etcdserverpb::TxnResponse resp;
-  absl::Status st = OnAnyMember(
-      "a create-if-absent transaction",
-      [&](Member& m, grpc::ClientContext* ctx) {
-        return m.kv->Txn(ctx, req, &resp);
-      });
+  absl::Status st = OnAnyMember("a create-if-absent transaction",
+                                [&](Member& m, grpc::ClientContext* ctx) {
+                                  return m.kv->Txn(ctx, req, &resp);
+                                });
   if (!st.ok()) return st;
   EtcdCreate out;
   out.created = resp.succeeded();
@@ -192,10 +190,10 @@ absl::StatusOr<bool> EtcdClient::DeleteIfUnchanged(const std::string& key,
   cmp->set_mod_revision(mod_revision);
   req.add_success()->mutable_request_delete_range()->set_key(key);
   etcdserverpb::TxnResponse resp;
-  absl::Status st = OnAnyMember(
-      "a delete transaction", [&](Member& m, grpc::ClientContext* ctx) {
-        return m.kv->Txn(ctx, req, &resp);
-      });
+  absl::Status st = OnAnyMember("a delete transaction",
+                                [&](Member& m, grpc::ClientContext* ctx) {
+                                  return m.kv->Txn(ctx, req, &resp);
+                                });
   if (!st.ok()) return st;
   return resp.succeeded();
 }

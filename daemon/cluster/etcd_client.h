@@ -47,8 +47,7 @@ struct EtcdEvent {
 
 // One endpoint: "http://host:port", "https://host:port" or "host:port"
 // (http). INVALID_ARGUMENT quoting it otherwise.
-absl::StatusOr<std::string> EtcdTarget(const std::string& endpoint,
-                                       bool* tls);
+absl::StatusOr<std::string> EtcdTarget(const std::string& endpoint, bool* tls);
 
 // The range_end that makes a range cover every key starting with `prefix`.
 std::string PrefixEnd(const std::string& prefix);

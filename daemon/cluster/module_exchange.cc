@@ -47,16 +47,17 @@ grpc::Status ModuleExchangeService::FetchModule(
                      "\" is not \"sha256:\" followed by 64 lowercase hex"));
   }
   if (!held_(digest)) {
-    return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                        absl::StrCat("this kregd holds no registered module ",
-                                     digest));
+    return grpc::Status(
+        grpc::StatusCode::NOT_FOUND,
+        absl::StrCat("this kregd holds no registered module ", digest));
   }
   UniqueFd fd(::open(store_->PathOf(digest).c_str(), O_RDONLY | O_CLOEXEC));
   struct stat st;
   if (!fd.ok() || ::fstat(fd.get(), &st) != 0) {
-    return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                        absl::StrCat("module ", digest, " is not in the store: ",
-                                     std::strerror(errno)));
+    return grpc::Status(
+        grpc::StatusCode::NOT_FOUND,
+        absl::StrCat("module ", digest,
+                     " is not in the store: ", std::strerror(errno)));
   }
   spdlog::info("cluster: serving module {} ({} bytes) to {}", digest,
                st.st_size, ctx->peer());
@@ -126,10 +127,9 @@ absl::StatusOr<std::string> FetchModuleFrom(
   }
   const std::string got = Sha256Digest(bytes);
   if (bytes.size() != size || got != digest) {
-    return absl::DataLossError(
-        absl::StrCat("peer ", address, " served ", bytes.size(),
-                     " bytes with digest ", got, " for module ", digest,
-                     "; refused (not stored, not loaded)"));
+    return absl::DataLossError(absl::StrCat(
+        "peer ", address, " served ", bytes.size(), " bytes with digest ", got,
+        " for module ", digest, "; refused (not stored, not loaded)"));
   }
   return bytes;
 }

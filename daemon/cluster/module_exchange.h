@@ -41,8 +41,7 @@ class ModuleExchangeService final : public v1::ModuleExchange::Service {
 // fails).
 absl::StatusOr<std::string> FetchModuleFrom(
     const std::string& address, const std::string& digest, uint64_t size,
-    const std::shared_ptr<grpc::ChannelCredentials>& creds,
-    int64_t timeout_ms);
+    const std::shared_ptr<grpc::ChannelCredentials>& creds, int64_t timeout_ms);
 
 }  // namespace kreg
 

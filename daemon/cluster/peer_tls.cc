@@ -9,13 +9,12 @@
 namespace kreg {
 namespace {
 
-absl::StatusOr<std::string> ReadPem(const std::string& path,
-                                    const char* what) {
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot read the peer TLS ", what, " \"", path, "\" (", what,
-        " file of peer_tls_*)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read the peer TLS ", what, " \"", path, "\" (",
+                     what, " file of peer_tls_*)"));
   }
   std::ostringstream s;
   s << in.rdbuf();
