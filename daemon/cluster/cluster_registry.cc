@@ -131,10 +131,11 @@ absl::StatusOr<ClaimResult> ClusterRegistry::Claim(
         ": the cluster registry of "
         "cluster \"",
         options_.cluster, "\" is unreachable (", created.status().message(),
-        "). In cluster mode a binding is made for every host in etcd or not "
-        "at all, so nothing was registered; targets already registered keep "
-        "working. Retry once etcd is back (check the etcd members and "
-        "--etcd-endpoints)."));
+        "). In cluster mode a binding is made in etcd for every host or not "
+        "at all; this host did not register it. Targets already registered "
+        "keep working. Retry once etcd is back (check the etcd members and "
+        "--etcd-endpoints); should etcd have applied this claim before its "
+        "answer was lost, the retry is an idempotent no-op."));
   }
   ClaimResult out;
   out.created = created->created;
@@ -276,11 +277,12 @@ absl::StatusOr<std::string> ClusterRegistry::FetchModule(
   return absl::UnavailableError(msg);
 }
 
-void ClusterRegistry::Apply(const TargetEntry& binding) {
+void ClusterRegistry::Apply(const TargetEntry& binding, bool may_fetch) {
   Registry* r = registry_.load();
   std::string bytes;
   if (binding.kind == TargetKind::kModule &&
       !store_->Verify(binding.module_digest).ok()) {
+    if (!may_fetch) return;
     // The registering host commits its copy just after claiming: give it
     // a moment before concluding that nobody serves the module.
     absl::StatusOr<std::string> got;
@@ -324,7 +326,7 @@ absl::Status ClusterRegistry::Reconcile(int64_t* revision) {
       continue;
     }
     bound.insert(b->key);
-    Apply(*b);
+    Apply(*b, /*may_fetch=*/true);
   }
   for (const EntryPtr& e : before) {
     if (bound.count(e->key) != 0) continue;
@@ -362,8 +364,9 @@ void ClusterRegistry::WatchLoop() {
       spdlog::error("cluster: {}", std::string(b.status().message()));
       return;
     }
-    if (b->host == host_id_) return;  // made here: already committed
-    Apply(*b);
+    // Made here: committed by the registration itself, unless etcd applied
+    // a claim whose answer was lost (then bind it if the module is here).
+    Apply(*b, /*may_fetch=*/b->host != host_id_);
   };
   while (true) {
     {

@@ -68,8 +68,9 @@ class ClusterRegistry : public BindingAuthority {
  private:
   std::string TargetKeyOf(const TargetKey& key) const;
   absl::StatusOr<TargetEntry> Parse(const EtcdKv& kv) const;
-  // Bring a binding made elsewhere into the registry (fetching its module).
-  void Apply(const TargetEntry& binding);
+  // Bring a binding into the registry, fetching its module from a peer
+  // when this host lacks it and `may_fetch`.
+  void Apply(const TargetEntry& binding, bool may_fetch);
   absl::Status Reconcile(int64_t* revision);
   void WatchLoop();
   void LeaseLoop();
