@@ -20,6 +20,8 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/paths.h"
+#include "common/version.h"
 #include "daemon/cluster/cluster_registry.h"
 #include "daemon/cluster/cluster_service.h"
 #include "daemon/cluster/module_exchange.h"
@@ -28,7 +30,6 @@
 #include "daemon/exec/supervision_service.h"
 #include "daemon/runnable.h"
 #include "daemon/session/session_server.h"
-#include "daemon/version.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {

@@ -9,9 +9,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/version.h"
 #include "daemon/cluster/module_exchange.h"
 #include "daemon/target_proto.h"
-#include "daemon/version.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
