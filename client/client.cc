@@ -33,7 +33,10 @@ Client::Client(std::shared_ptr<grpc::Channel> channel, const std::string& name)
 
 absl::Status Client::FromGrpc(const grpc::Status& s) const {
   if (s.ok()) return absl::OkStatus();
-  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+  // kregd's own UNAVAILABLE (cluster mode: etcd unreachable) says so; any
+  // other is the transport's: kregd itself is not there.
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+      s.error_message().find("the cluster registry") == std::string::npos) {
     return absl::UnavailableError(absl::StrCat(
         "cannot reach kregd at ", socket_path_, " (", s.error_message(),
         "); is it running? Start it with `kregd --socket ", socket_path_,
@@ -132,6 +135,25 @@ absl::StatusOr<v1::ListCrashesResponse> Client::Crashes(
   req.set_target_name(name);
   v1::ListCrashesResponse resp;
   grpc::Status s = stub->ListCrashes(ctx.get(), req, &resp);
+  if (!s.ok()) return FromGrpc(s);
+  return resp;
+}
+
+absl::StatusOr<v1::ListClusterTargetsResponse> Client::ClusterTargets() {
+  auto stub = v1::Cluster::NewStub(channel_);
+  auto ctx = Context();
+  v1::ListClusterTargetsResponse resp;
+  grpc::Status s =
+      stub->ListTargets(ctx.get(), v1::ListClusterTargetsRequest(), &resp);
+  if (!s.ok()) return FromGrpc(s);
+  return resp;
+}
+
+absl::StatusOr<v1::ListHostsResponse> Client::Hosts() {
+  auto stub = v1::Cluster::NewStub(channel_);
+  auto ctx = Context();
+  v1::ListHostsResponse resp;
+  grpc::Status s = stub->ListHosts(ctx.get(), v1::ListHostsRequest(), &resp);
   if (!s.ok()) return FromGrpc(s);
   return resp;
 }

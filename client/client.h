@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kreg/v1/cluster.grpc.pb.h"
 #include "kreg/v1/registry.grpc.pb.h"
 #include "kreg/v1/supervision.grpc.pb.h"
 
@@ -65,6 +66,10 @@ class Client {
   absl::Status Health();
   // Executor crash counts and quarantine (kreg.v1.Supervision).
   absl::StatusOr<v1::ListCrashesResponse> Crashes(const std::string& name);
+  // Cluster mode: every binding in etcd, and the kregd hosts advertised.
+  // FAILED_PRECONDITION from a standalone kregd.
+  absl::StatusOr<v1::ListClusterTargetsResponse> ClusterTargets();
+  absl::StatusOr<v1::ListHostsResponse> Hosts();
   absl::StatusOr<v1::UnquarantineResponse> Unquarantine(
       const v1::UnquarantineRequest& req);
 

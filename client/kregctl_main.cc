@@ -13,6 +13,7 @@
 
 #include "CLI/CLI.hpp"
 #include "client/client.h"
+#include "client/kregctl_cluster.h"
 #include "common/paths.h"
 #include "common/version.h"
 #include "nlohmann/json.hpp"
@@ -66,6 +67,7 @@ json ToJson(const Target& t) {
               {"pid", t.audit().pid()},
               {"registered_at", Time(t.audit().registered_at_us())},
               {"origin", t.audit().origin()},
+              {"host", t.audit().host()},
               {"runnable", t.not_runnable().empty()},
               {"not_runnable", t.not_runnable()}};
 }
@@ -177,8 +179,15 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bool as_json = false;
 
+  bool cluster_wide = false;
   CLI::App* list = app.add_subcommand("list", "list registered targets");
   list->add_flag("--json", as_json, "print JSON");
+  list->add_flag("--cluster", cluster_wide,
+                 "cluster mode: every binding in etcd, with the host that "
+                 "made it");
+  CLI::App* hosts = app.add_subcommand(
+      "hosts", "cluster mode: the kregd hosts, their leases and modules");
+  hosts->add_flag("--json", as_json, "print JSON");
   CLI::App* show = app.add_subcommand("show", "show one target");
   std::string name, platform;
   show->add_option("NAME", name, "target name")->required();
@@ -227,6 +236,10 @@ int main(int argc, char** argv) {
   if (IsSessionSocket(socket)) return 2;
 
   kreg::Client client(socket);
+  if (*list && cluster_wide) {
+    return kreg::ListCluster(client, as_json, ToJson, Fail);
+  }
+  if (*hosts) return kreg::ListHosts(client, as_json, Fail);
   if (*list) {
     auto targets = client.List();
     if (!targets.ok()) return Fail(targets.status());

@@ -6,6 +6,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/paths.h"
 #include "common/version.h"
 #include "toml++/toml.h"
@@ -93,6 +94,8 @@ absl::Status ApplyToml(const std::string& path, Config* c) {
       if (k == "socket_group") c->socket_group = *s;
       if (k == "log_level") c->log_level = *s;
       if (k == "probe_binary") c->probe_binary = *s;
+    } else if (absl::Status cst; ApplyClusterKey(path, k, &value, c, &cst)) {
+      if (!cst.ok()) return cst;
     } else if (uint64_t* field = NumberKey(k, c)) {
       auto n = value.value<int64_t>();
       if (!n || *n <= 0) return bad("a positive integer");
@@ -113,7 +116,10 @@ absl::Status ApplyToml(const std::string& path, Config* c) {
           "max_store_bytes_per_uid, socket_group, log_level, probe_binary, "
           "isolation, executor_binary, launch_timeout, seccomp, "
           "quarantine_crashes, quarantine_window_s, executor_idle_s, "
-          "max_sessions, max_sessions_per_uid, hello_timeout_s)"));
+          "max_sessions, max_sessions_per_uid, hello_timeout_s, "
+          "etcd_endpoints, cluster, advertise, peer_listen, host_name, "
+          "peer_tls_ca, peer_tls_cert, peer_tls_key, etcd_timeout_s, "
+          "peer_lease_ttl_s)"));
     }
   }
   return absl::OkStatus();
@@ -165,6 +171,28 @@ absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now) {
                  "(default 3; 0: never)");
   app.add_option("--quarantine-window", quarantine_window,
                  "the quarantine window in seconds (default 600)");
+  std::string etcd_endpoints, cluster, advertise, peer_listen, host_name;
+  std::string tls_ca, tls_cert, tls_key;
+  app.add_option("--etcd-endpoints", etcd_endpoints,
+                 "cluster mode: etcd members, URL[,URL...] "
+                 "(http://HOST:PORT)");
+  app.add_option("--cluster", cluster,
+                 "cluster mode: the cluster's name (default \"default\")");
+  app.add_option("--advertise", advertise,
+                 "cluster mode: HOST:PORT other hosts fetch modules from");
+  app.add_option("--peer-listen", peer_listen,
+                 "cluster mode: HOST:PORT to serve peers on (default: the "
+                 "--advertise address)");
+  app.add_option("--host-name", host_name,
+                 "cluster mode: this host's name in messages (default: its "
+                 "hostname)");
+  app.add_option("--peer-tls-ca", tls_ca,
+                 "cluster mode: CA certificate (PEM) peers' certificates "
+                 "must be signed by");
+  app.add_option("--peer-tls-cert", tls_cert,
+                 "cluster mode: this host's certificate (PEM)");
+  app.add_option("--peer-tls-key", tls_key,
+                 "cluster mode: this host's private key (PEM)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -198,6 +226,20 @@ absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now) {
   if (launch_timeout >= 0) c.launch_timeout_s = launch_timeout;
   if (quarantine_crashes >= 0) c.quarantine_crashes = quarantine_crashes;
   if (quarantine_window >= 0) c.quarantine_window_s = quarantine_window;
+  if (!etcd_endpoints.empty()) {
+    c.etcd_endpoints = absl::StrSplit(etcd_endpoints, ',', absl::SkipEmpty());
+  }
+  for (auto [flag, field] : {std::pair{&cluster, &c.cluster},
+                             {&advertise, &c.advertise},
+                             {&peer_listen, &c.peer_listen},
+                             {&host_name, &c.host_name},
+                             {&tls_ca, &c.peer_tls_ca},
+                             {&tls_cert, &c.peer_tls_cert},
+                             {&tls_key, &c.peer_tls_key}}) {
+    if (!flag->empty()) *field = *flag;
+  }
+  absl::Status cluster_ok = FinishClusterConfig(&c);
+  if (!cluster_ok.ok()) return cluster_ok;
   {
     std::string iso = c.isolation;
     for (char& ch : iso) ch = static_cast<char>(std::tolower(ch));

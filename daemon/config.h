@@ -35,7 +35,24 @@ struct Config {
   int max_sessions = 1024;
   int max_sessions_per_uid = 256;
   double hello_timeout_s = 10;  // a session must say Hello within this
+  // Cluster mode (DESIGN §10); off while etcd_endpoints is empty.
+  std::vector<std::string> etcd_endpoints;
+  std::string cluster = "default";
+  std::string advertise;    // HOST:PORT peers fetch modules from
+  std::string peer_listen;  // empty: the advertise address
+  std::string host_name;    // empty: gethostname()
+  std::string peer_tls_ca, peer_tls_cert, peer_tls_key;
+  double etcd_timeout_s = 5;
+  int64_t peer_lease_ttl_s = 10;
 };
+
+// config_cluster.cc: the cluster keys of the TOML file. Returns false when
+// `key` is not one of them; otherwise sets `*status`.
+bool ApplyClusterKey(const std::string& path, const std::string& key,
+                     const void* toml_node, Config* c, absl::Status* status);
+// Checks the cluster settings once flags and file are merged and fills the
+// defaults. INVALID_ARGUMENT naming the key or flag.
+absl::Status FinishClusterConfig(Config* c);
 
 // Parses flags (and the --config TOML file they name). INVALID_ARGUMENT
 // with the offending flag, key or value. For --help, prints it and sets

@@ -57,10 +57,12 @@ absl::Status CheckOwnerOrDigest(const TargetEntry& existing,
   }
   return absl::FailedPreconditionError(absl::StrCat(
       "target \"", existing.key.name, "\" (",
-      PlatformName(existing.key.platform), ") is registered by uid ",
-      existing.registered_by.uid, " with content_id \"", existing.content_id,
-      "\" and module ", existing.module_digest, "; this registration by uid ",
-      peer.uid, " claims the same content_id but its module is ", digest,
+      PlatformName(existing.key.platform), ") is registered ",
+      existing.host.empty() ? "" : absl::StrCat("on host ", existing.host, " "),
+      "by uid ", existing.registered_by.uid, " with content_id \"",
+      existing.content_id, "\" and module ", existing.module_digest,
+      "; this registration by uid ", peer.uid,
+      " claims the same content_id but its module is ", digest,
       ". A content_id stands for the module only for the uid that "
       "registered it; other uids must register the identical module bytes. "
       "Register the owner's module, or your build under a distinct target "
@@ -130,8 +132,17 @@ absl::Status Registry::CheckSame(const TargetEntry& existing, TargetKind kind,
       existing.func_name == func_name) {
     return absl::OkStatus();
   }
+  // Cluster mode: the binding may have been made on another host; say
+  // which, and by whom.
+  std::string where =
+      existing.host.empty()
+          ? std::string()
+          : absl::StrCat("(cluster-wide, first registered on host ",
+                         existing.host, " by uid ", existing.registered_by.uid,
+                         ") ");
   std::string msg = absl::StrCat(
-      "target \"", existing.key.name, "\" is already registered with ",
+      "target \"", existing.key.name, "\" is already registered ", where,
+      "with ",
       Describe(existing.kind, existing.content_id, existing.func_name,
                existing.key.platform),
       "; refusing to re-point it to ",
@@ -146,6 +157,16 @@ absl::Status Registry::CheckSame(const TargetEntry& existing, TargetKind kind,
                     "content change is refused whether or not it is set.");
   }
   return absl::FailedPreconditionError(msg);
+}
+
+absl::Status Registry::CheckIdentity(const TargetEntry& existing,
+                                     const RegisterArgs& args,
+                                     const std::string& cid,
+                                     const std::string& digest) const {
+  absl::Status same =
+      CheckSame(existing, args.kind, cid, args.func_name, args.replace);
+  if (same.ok()) same = CheckOwnerOrDigest(existing, args.peer, digest);
+  return same;
 }
 
 absl::StatusOr<RegisterOutcome> Registry::Register(const RegisterArgs& args) {
@@ -169,9 +190,7 @@ absl::StatusOr<RegisterOutcome> Registry::Decide(const RegisterArgs& args,
   absl::MutexLock serial(&register_mu_);
   EntryPtr existing = Lookup(args.key);
   if (existing != nullptr) {
-    absl::Status same =
-        CheckSame(*existing, args.kind, cid, args.func_name, args.replace);
-    if (same.ok()) same = CheckOwnerOrDigest(*existing, args.peer, digest);
+    absl::Status same = CheckIdentity(*existing, args, cid, digest);
     if (!same.ok()) {
       refused_.fetch_add(1);
       return same;
@@ -183,6 +202,9 @@ absl::StatusOr<RegisterOutcome> Registry::Decide(const RegisterArgs& args,
   } else {
     absl::Status within = CheckLimits(args, digest);
     if (!within.ok()) return within;
+    if (BindingAuthority* authority = authority_.load()) {
+      return RegisterClaimed(args, digest, cid, authority);
+    }
   }
   if (args.kind == TargetKind::kInProcess) return RegisterInProcess(args);
   return RegisterModule(args, digest, cid, existing);

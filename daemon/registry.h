@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/binding_authority.h"
 #include "daemon/binding_oracle.h"
 #include "daemon/types.h"
 
@@ -140,6 +141,27 @@ class Registry {
   // The oracle must outlive the registry. Thread-safe.
   void SetBindingOracle(BindingOracle* oracle) { oracle_.store(oracle); }
 
+  // Cluster mode (DESIGN §10): a new binding is claimed from `authority`
+  // before it is committed, and a retirement released there first. Null
+  // (the default): this registry decides alone. Set before serving; the
+  // authority must outlive the registry.
+  void SetBindingAuthority(BindingAuthority* authority) {
+    authority_.store(authority);
+  }
+
+  // Cluster mode: makes `binding` (made by the authority, e.g. on another
+  // host) the local entry of its key, journaled. `module_bytes` are its
+  // module's bytes, or empty when the store already holds them. A local
+  // entry with other content is logged as a conflict and replaced: the
+  // cluster's binding wins for new sessions. INVALID_ARGUMENT/DATA_LOSS when
+  // the bytes are not the binding's module, the loader's errors otherwise.
+  absl::Status Mirror(const TargetEntry& binding,
+                      const std::string& module_bytes);
+  // Cluster mode: the binding of `retired.key` with `retired`'s content was
+  // removed by the authority (retired elsewhere, or gone at reconcile):
+  // retires the local entry if it is still that content. Journaled.
+  absl::Status Unmirror(const TargetEntry& retired, const std::string& why);
+
   // Re-inserts a journaled entry at start-up (loads its module again).
   // If the module cannot be loaded (e.g. DATA_LOSS: corrupt store file) the
   // entry is still inserted, without a handler, so the name stays reserved;
@@ -168,6 +190,11 @@ class Registry {
   absl::Status CheckSame(const TargetEntry& existing, TargetKind kind,
                          const std::string& cid, const std::string& func_name,
                          bool replace) const;
+  // CheckSame, then (equal by content_id) that another uid brings the
+  // owner's module bytes.
+  absl::Status CheckIdentity(const TargetEntry& existing,
+                             const RegisterArgs& args, const std::string& cid,
+                             const std::string& digest) const;
   // Register without the decision log (register_mu_ taken inside).
   absl::StatusOr<RegisterOutcome> Decide(const RegisterArgs& args,
                                          const std::string& digest);
@@ -196,10 +223,33 @@ class Registry {
   absl::StatusOr<RegisterOutcome> RegisterInProcess(const RegisterArgs& args)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
 
+  // Cluster mode: the rest of Register for a key with no local entry.
+  absl::StatusOr<RegisterOutcome> RegisterClaimed(const RegisterArgs& args,
+                                                  const std::string& digest,
+                                                  const std::string& cid,
+                                                  BindingAuthority* authority)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
+  // A request equal to the cluster's `binding` by content_id but with other
+  // module bytes: the local entry becomes the binding, with its module
+  // fetched from a peer.
+  absl::StatusOr<RegisterOutcome> AdoptClaimed(const RegisterArgs& args,
+                                               const TargetEntry& binding,
+                                               BindingAuthority* authority)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
+  // Stage, probe, commit, journal and insert `entry` with `bytes` (which
+  // must be its module).
+  absl::StatusOr<EntryPtr> Install(const TargetEntry& entry,
+                                   const std::string& bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
+  // Journal and insert `entry` (module already in place, or in-process).
+  absl::StatusOr<EntryPtr> Insert(const TargetEntry& entry)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
+
   HandlerLoader* const loader_;
   RegistrationLog* const log_;
   const RegistryLimits limits_;
   std::atomic<BindingOracle*> oracle_{nullptr};
+  std::atomic<BindingAuthority*> authority_{nullptr};
   // Serialises check-load-journal-insert; never held by readers.
   absl::Mutex register_mu_;
   mutable absl::Mutex mu_;

@@ -139,6 +139,15 @@ absl::StatusOr<std::vector<EntryPtr>> Registry::Retire(
           .count();
   std::vector<EntryPtr> retired;
   for (const EntryPtr& e : targets) {
+    // Cluster mode: the binding goes everywhere or nowhere.
+    if (BindingAuthority* authority = authority_.load()) {
+      absl::Status released = authority->Release(*e);
+      if (!released.ok()) {
+        spdlog::warn("retirement of {} by uid {} not made: {}", Named(e->key),
+                     peer.uid, std::string(released.message()));
+        return released;
+      }
+    }
     Retirement r{e->key, e->content_id, e->module_digest, peer, now_us};
     absl::Status logged = log_->AppendRetirement(r);
     if (!logged.ok()) {

@@ -22,6 +22,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/paths.h"
 #include "common/version.h"
+#include "daemon/cluster/cluster_registry.h"
+#include "daemon/cluster/cluster_service.h"
+#include "daemon/cluster/module_exchange.h"
 #include "daemon/exec/broker.h"
 #include "daemon/exec/executor_pool.h"
 #include "daemon/exec/supervision_service.h"
@@ -206,6 +209,7 @@ absl::Status Daemon::Start() {
   gid_ = *gid;
   absl::Status st = LockStateDir();
   if (st.ok()) st = Replay();
+  if (st.ok()) st = StartCluster();
   if (st.ok()) st = Listen();
   if (!st.ok()) return st;
 
@@ -223,6 +227,7 @@ absl::Status Daemon::Start() {
   supervision_ = std::make_unique<SupervisionService>(
       &ledger_, [this](const std::string& peer) { return PeerOf(peer); });
   builder.RegisterService(supervision_.get());
+  builder.RegisterService(cluster_service_.get());
   builder.SetMaxReceiveMessageSize(8 << 20);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) {
@@ -340,6 +345,7 @@ void Daemon::Shutdown() {
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(5));
   }
+  StopCluster();
   if (owns_socket_file_) ::unlink(config_.socket_path.c_str());
   spdlog::info("kregd stopped");
 }

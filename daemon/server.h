@@ -25,7 +25,10 @@
 
 namespace kreg {
 
+class ClusterRegistry;
+class ClusterService;
 class ExecutorPool;
+class ModuleExchangeService;
 class SessionServer;
 class SupervisionService;
 
@@ -53,6 +56,9 @@ class Daemon {
   absl::Status StartSessions();
   void StopSessions();
   void FillSessionStatus(v1::GetStatusResponse* resp);
+  // server_cluster.cc: cluster mode (when etcd_endpoints are set).
+  absl::Status StartCluster();
+  void StopCluster();
 
   const Config config_;
   const std::chrono::steady_clock::time_point started_;
@@ -69,6 +75,13 @@ class Daemon {
   std::unique_ptr<RegistryService> service_;
   std::unique_ptr<SupervisionService> supervision_;
   std::unique_ptr<grpc::Server> server_;
+  // Cluster mode: the etcd-backed authority, the local kreg.v1.Cluster
+  // service (answers FAILED_PRECONDITION when standalone) and the TCP
+  // server peers fetch modules from.
+  std::unique_ptr<ClusterRegistry> cluster_;
+  std::unique_ptr<ClusterService> cluster_service_;
+  std::unique_ptr<ModuleExchangeService> exchange_;
+  std::unique_ptr<grpc::Server> peer_server_;
   UniqueFd listen_fd_;
   int session_listen_fd_ = -1;  // inherited from systemd, or -1
   UniqueFd stop_fd_;            // eventfd that wakes the accept loop

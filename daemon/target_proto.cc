@@ -22,6 +22,7 @@ v1::Target ToProto(const TargetEntry& e) {
   a->set_pid(e.registered_by.pid);
   a->set_registered_at_us(e.registered_at_us);
   a->set_origin(e.origin);
+  a->set_host(e.host);
   return t;
 }
 
@@ -50,6 +51,7 @@ absl::StatusOr<TargetEntry> FromProto(const v1::Target& t) {
   e.registered_by.pid = t.audit().pid();
   e.registered_at_us = t.audit().registered_at_us();
   e.origin = t.audit().origin();
+  e.host = t.audit().host();
   return e;
 }
 

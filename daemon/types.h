@@ -64,6 +64,9 @@ struct TargetEntry {
   PeerCred registered_by;
   int64_t registered_at_us = 0;
   std::string origin;  // "path:<p>" or "upload:<n> bytes"
+  // Cluster mode: the host whose registration made the binding; empty on a
+  // standalone kregd.
+  std::string host;
   // Empty when executors can load the store copy; why not otherwise (the
   // store file was lost or corrupt at start-up). kregd never dlopens it.
   std::string unavailable;

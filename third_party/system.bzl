@@ -16,6 +16,12 @@ def _find_python(ctx):
         return str(venv)
     return "python3"
 
+ETCD_PROTOS = [
+    "mvcc/mvccpb/kv.proto",
+    "auth/authpb/auth.proto",
+    "etcdserver/etcdserverpb/rpc.proto",
+]
+
 def _system_deps_impl(ctx):
     python = _find_python(ctx)
     res = ctx.execute([python, "-c", "import jax.ffi, jaxlib; print(jax.ffi.include_dir()); print(jaxlib.__version__)"])
@@ -39,6 +45,16 @@ def _system_deps_impl(ctx):
     if cuda_root:
         ctx.symlink(cuda_root, "cuda")
 
+    # etcd's v3 API (cluster mode, //proto:etcd_v3_cc): the .proto files of
+    # Debian's golang-etcd-server-dev. Placeholders that make the genrule say
+    # what to install when the package is missing.
+    for f in ETCD_PROTOS:
+        src = ctx.path("/usr/share/gocode/src/go.etcd.io/etcd/" + f)
+        if src.exists:
+            ctx.symlink(src, "etcd_proto/etcd/" + f)
+        else:
+            ctx.file("etcd_proto/etcd/" + f, "KREG_MISSING_ETCD_PROTO\n")
+
     ctx.file("defs.bzl", "\n".join([
         "HAS_CUDA = %s" % ("True" if cuda_root else "False"),
         "NVCC = %r" % (str(nvcc) if nvcc else ""),
@@ -58,6 +74,11 @@ cc_library(name = "systemd", linkopts = {systemd})
 cc_library(name = "crypto", linkopts = {crypto})
 
 cc_library(name = "catch2")
+
+filegroup(
+    name = "etcd_protos",
+    srcs = glob(["etcd_proto/etcd/**/*.proto"]),
+)
 
 cc_library(
     name = "xla_ffi_headers",

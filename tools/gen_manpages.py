@@ -31,7 +31,8 @@ platform or module, module above max_module_bytes)
 registration refused (the name is registered with other content)
 .TP
 .B 4
-kregd unreachable
+kregd unreachable (or, in cluster mode, etcd unreachable: the registration
+was not made)
 """
 
 KREGD_EXTRA = """.SH CONFIGURATION

@@ -11,7 +11,10 @@ PACKAGES=(bazel-bootstrap bazel-platforms bazel-skylib bazel-rules-proto
   libprotobuf-dev protobuf-compiler libspdlog-dev catch2 libsystemd-dev
   libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libabsl-dev libssl-dev
   zlib1g-dev systemd clang-format libseccomp-dev
-  clang libclang-rt-14-dev)  # clang + libFuzzer: tools/fuzz.sh
+  clang libclang-rt-14-dev  # clang + libFuzzer: tools/fuzz.sh
+  # Cluster mode: etcd's .proto files for the build, etcd and etcdctl for
+  # tests/python/test_cluster.py, openssl for its test CA.
+  golang-etcd-server-dev etcd-server etcd-client openssl)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

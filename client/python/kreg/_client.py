@@ -210,7 +210,9 @@ class Client:
   def _raise(self, e, kind):
     code, message = e
     name = CODE_NAMES.get(code, str(code))
-    if name == "UNAVAILABLE":
+    # kregd's own UNAVAILABLE (cluster mode: etcd is unreachable) says so;
+    # any other means kregd itself is not there.
+    if name == "UNAVAILABLE" and "the cluster registry" not in message:
       raise DaemonNotRunningError(
           f"kregd is not running or not reachable at {self.address}: "
           f"{message}. Start it with `kregd --socket {self.address}` (from a "

@@ -1,0 +1,102 @@
+// Cluster mode (DESIGN §10): the (cluster, name, platform) -> identity
+// bindings live in etcd; this kregd claims its registrations there, mirrors
+// the others' into its registry (watch), advertises itself under a leased
+// key and fetches missing modules from peers.
+#ifndef KREGD_DAEMON_CLUSTER_CLUSTER_REGISTRY_H_
+#define KREGD_DAEMON_CLUSTER_CLUSTER_REGISTRY_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "daemon/binding_authority.h"
+#include "daemon/cluster/etcd_client.h"
+#include "daemon/cluster/peer_tls.h"
+#include "daemon/module_store.h"
+#include "daemon/registry.h"
+#include "kreg/v1/cluster.pb.h"
+
+namespace kreg {
+
+struct ClusterOptions {
+  std::string cluster = "default";
+  std::string host_name;  // this host, in messages and `kregctl hosts`
+  std::string advertise;  // HOST:PORT peers fetch modules from
+  EtcdOptions etcd;
+  PeerTls tls;
+  int64_t lease_ttl_s = 10;
+  int64_t fetch_timeout_ms = 60000;
+};
+
+// Owns the etcd client and the watch and lease threads. Thread-safe. The
+// registry and the store must outlive it; Stop before they go.
+class ClusterRegistry : public BindingAuthority {
+ public:
+  ClusterRegistry(ClusterOptions options, const ModuleStore* store);
+  ~ClusterRegistry() override;
+  ClusterRegistry(const ClusterRegistry&) = delete;
+  ClusterRegistry& operator=(const ClusterRegistry&) = delete;
+
+  // Becomes `registry`'s authority and starts the threads: reconcile the
+  // journaled entries with etcd (when etcd answers; retried until it does),
+  // then watch; advertise this host under a leased key. Never fails for an
+  // unreachable etcd: known targets keep working meanwhile.
+  void Start(Registry* registry);
+  void Stop();
+
+  // BindingAuthority.
+  std::string HostName() const override { return host_id_; }
+  absl::StatusOr<ClaimResult> Claim(const TargetEntry& proposed) override;
+  void Unclaim(const TargetEntry& claimed) override;
+  absl::Status Release(const TargetEntry& entry) override;
+  absl::StatusOr<std::string> FetchModule(const std::string& digest,
+                                          uint64_t size) override;
+
+  // What etcd holds (kregctl list --cluster, kregctl hosts). UNAVAILABLE
+  // when it cannot be reached.
+  absl::StatusOr<v1::ListClusterTargetsResponse> ListTargets();
+  absl::StatusOr<v1::ListHostsResponse> ListHosts();
+
+  // Whether this host serves module `digest` (a registered target's).
+  bool Holds(const std::string& digest) const;
+
+  const std::string& cluster() const { return options_.cluster; }
+
+ private:
+  std::string TargetKeyOf(const TargetKey& key) const;
+  absl::StatusOr<TargetEntry> Parse(const EtcdKv& kv) const;
+  // Bring a binding into the registry, fetching its module from a peer
+  // when this host lacks it and `may_fetch`.
+  void Apply(const TargetEntry& binding, bool may_fetch);
+  absl::Status Reconcile(int64_t* revision);
+  void WatchLoop();
+  void LeaseLoop();
+  // The host record with the modules held now.
+  std::string HostRecord() const;
+  // Waits up to `ms` or until Stop; false when stopping.
+  bool Sleep(int64_t ms);
+  bool Woken() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || republish_;
+  }
+
+  const ClusterOptions options_;
+  const std::string prefix_;   // "/kregd/<cluster>/"
+  const std::string host_id_;  // "<host name> (<advertise>)"
+  const int64_t started_at_us_;
+  const ModuleStore* const store_;
+  EtcdClient etcd_;
+  std::shared_ptr<grpc::ChannelCredentials> peer_creds_;
+  std::atomic<Registry*> registry_{nullptr};
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool republish_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread watch_thread_;
+  std::thread lease_thread_;
+};
+
+}  // namespace kreg
+
+#endif  // KREGD_DAEMON_CLUSTER_CLUSTER_REGISTRY_H_

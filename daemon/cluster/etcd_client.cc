@@ -1,0 +1,349 @@
+#include "daemon/cluster/etcd_client.h"
+
+#include <chrono>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "spdlog/spdlog.h"
+
+namespace kreg {
+namespace {
+
+using Clock = std::chrono::system_clock;
+
+absl::Status FromGrpc(const grpc::Status& st) {
+  return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
+                      st.error_message());
+}
+
+bool Retryable(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE ||
+         code == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+EtcdKv FromKv(const mvccpb::KeyValue& kv) {
+  return EtcdKv{kv.key(), kv.value(), kv.create_revision(), kv.mod_revision(),
+                kv.lease()};
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> EtcdTarget(const std::string& endpoint, bool* tls) {
+  std::string rest = endpoint;
+  *tls = false;
+  if (absl::StartsWith(rest, "https://")) {
+    *tls = true;
+    rest = rest.substr(8);
+  } else if (absl::StartsWith(rest, "http://")) {
+    rest = rest.substr(7);
+  } else if (rest.find("://") != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("etcd endpoint \"", endpoint,
+                     "\" has an unknown scheme; use http://HOST:PORT or "
+                     "https://HOST:PORT"));
+  }
+  while (!rest.empty() && rest.back() == '/') rest.pop_back();
+  size_t colon = rest.rfind(':');
+  bool port_ok =
+      colon != std::string::npos && colon > 0 && colon + 1 < rest.size() &&
+      rest.find_first_not_of("0123456789", colon + 1) == std::string::npos &&
+      rest.size() - colon - 1 <= 5;
+  if (!port_ok || rest.find('/') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("etcd endpoint \"", endpoint,
+                     "\" is not HOST:PORT (e.g. http://10.0.0.5:2379)"));
+  }
+  return rest;
+}
+
+std::string PrefixEnd(const std::string& prefix) {
+  std::string end = prefix;
+  while (!end.empty()) {
+    unsigned char last = static_cast<unsigned char>(end.back());
+    if (last < 0xff) {
+      end.back() = static_cast<char>(last + 1);
+      return end;
+    }
+    end.pop_back();
+  }
+  return std::string(1, '\0');  // every key
+}
+
+EtcdClient::EtcdClient(EtcdOptions options) : options_(std::move(options)) {
+  endpoints_text_ = absl::StrJoin(options_.endpoints, ",");
+  for (const std::string& endpoint : options_.endpoints) {
+    bool tls = false;
+    absl::StatusOr<std::string> target = EtcdTarget(endpoint, &tls);
+    if (!target.ok()) continue;  // checked by the config
+    std::shared_ptr<grpc::ChannelCredentials> creds =
+        tls ? (options_.tls
+                   ? options_.tls
+                   : grpc::SslCredentials(grpc::SslCredentialsOptions()))
+            : grpc::InsecureChannelCredentials();
+    grpc::ChannelArguments args;
+    // Find a restarted member quickly (the default backoff grows to 120 s).
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
+    args.SetMaxReceiveMessageSize(64 << 20);
+    Member m;
+    m.endpoint = endpoint;
+    m.channel = grpc::CreateCustomChannel(*target, creds, args);
+    m.kv = etcdserverpb::KV::NewStub(m.channel);
+    m.watch = etcdserverpb::Watch::NewStub(m.channel);
+    m.lease = etcdserverpb::Lease::NewStub(m.channel);
+    members_.push_back(std::move(m));
+  }
+}
+
+absl::Status EtcdClient::OnAnyMember(
+    const std::string& what,
+    const std::function<grpc::Status(Member&, grpc::ClientContext*)>& call) {
+  const auto deadline =
+      Clock::now() + std::chrono::milliseconds(options_.timeout_ms);
+  // Each member gets an equal share of the time left, so one that hangs
+  // (no quorum) cannot use it all.
+  std::vector<std::string> errors;
+  const size_t n = members_.size();
+  const size_t first = preferred_.load();
+  for (size_t i = 0; i < n; ++i) {
+    const size_t at = (first + i) % n;
+    auto left = deadline - Clock::now();
+    if (left <= Clock::duration::zero()) break;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Clock::now() + left / static_cast<int>(n - i));
+    grpc::Status st = call(members_[at], &ctx);
+    if (st.ok() || !Retryable(st.error_code())) {
+      preferred_.store(at);
+      if (st.ok()) return absl::OkStatus();
+      return FromGrpc(st);
+    }
+    errors.push_back(
+        absl::StrCat(members_[at].endpoint, ": ", st.error_message()));
+  }
+  return absl::UnavailableError(absl::StrCat("etcd (", endpoints_text_,
+                                             ") did not answer ", what, " (",
+                                             absl::StrJoin(errors, "; "), ")"));
+}
+
+absl::StatusOr<EtcdCreate> EtcdClient::CreateIfAbsent(const std::string& key,
+                                                      const std::string& value,
+                                                      int64_t lease) {
+  etcdserverpb::TxnRequest req;
+  etcdserverpb::Compare* cmp = req.add_compare();
+  cmp->set_result(etcdserverpb::Compare::EQUAL);
+  cmp->set_target(etcdserverpb::Compare::CREATE);
+  cmp->set_key(key);
+  cmp->set_create_revision(0);
+  etcdserverpb::PutRequest* put = req.add_success()->mutable_request_put();
+  put->set_key(key);
+  put->set_value(value);
+  put->set_lease(lease);
+  req.add_failure()->mutable_request_range()->set_key(key);
+  etcdserverpb::TxnResponse resp;
+  absl::Status st = OnAnyMember("a create-if-absent transaction",
+                                [&](Member& m, grpc::ClientContext* ctx) {
+                                  return m.kv->Txn(ctx, req, &resp);
+                                });
+  if (!st.ok()) return st;
+  EtcdCreate out;
+  out.created = resp.succeeded();
+  out.revision = resp.header().revision();
+  if (!out.created) {
+    if (resp.responses_size() != 1 ||
+        resp.responses(0).response_range().kvs_size() != 1) {
+      // Deleted between the compare and the read: cannot happen inside one
+      // transaction; report it rather than guess.
+      return absl::InternalError(absl::StrCat(
+          "etcd transaction on \"", key, "\" neither created nor read it"));
+    }
+    out.existing = FromKv(resp.responses(0).response_range().kvs(0));
+  }
+  return out;
+}
+
+absl::StatusOr<EtcdRange> EtcdClient::Range(const std::string& key,
+                                            bool prefix) {
+  etcdserverpb::RangeRequest req;
+  req.set_key(key);
+  if (prefix) req.set_range_end(PrefixEnd(key));
+  etcdserverpb::RangeResponse resp;
+  absl::Status st =
+      OnAnyMember("a range read", [&](Member& m, grpc::ClientContext* ctx) {
+        return m.kv->Range(ctx, req, &resp);
+      });
+  if (!st.ok()) return st;
+  EtcdRange out;
+  out.revision = resp.header().revision();
+  for (const mvccpb::KeyValue& kv : resp.kvs()) out.kvs.push_back(FromKv(kv));
+  return out;
+}
+
+absl::StatusOr<bool> EtcdClient::DeleteIfUnchanged(const std::string& key,
+                                                   int64_t mod_revision) {
+  etcdserverpb::TxnRequest req;
+  etcdserverpb::Compare* cmp = req.add_compare();
+  cmp->set_result(etcdserverpb::Compare::EQUAL);
+  cmp->set_target(etcdserverpb::Compare::MOD);
+  cmp->set_key(key);
+  cmp->set_mod_revision(mod_revision);
+  req.add_success()->mutable_request_delete_range()->set_key(key);
+  etcdserverpb::TxnResponse resp;
+  absl::Status st = OnAnyMember("a delete transaction",
+                                [&](Member& m, grpc::ClientContext* ctx) {
+                                  return m.kv->Txn(ctx, req, &resp);
+                                });
+  if (!st.ok()) return st;
+  return resp.succeeded();
+}
+
+absl::Status EtcdClient::Put(const std::string& key, const std::string& value,
+                             int64_t lease) {
+  etcdserverpb::PutRequest req;
+  req.set_key(key);
+  req.set_value(value);
+  req.set_lease(lease);
+  etcdserverpb::PutResponse resp;
+  return OnAnyMember("a put", [&](Member& m, grpc::ClientContext* ctx) {
+    return m.kv->Put(ctx, req, &resp);
+  });
+}
+
+absl::StatusOr<int64_t> EtcdClient::GrantLease(int64_t ttl_s) {
+  etcdserverpb::LeaseGrantRequest req;
+  req.set_ttl(ttl_s);
+  etcdserverpb::LeaseGrantResponse resp;
+  absl::Status st =
+      OnAnyMember("a lease grant", [&](Member& m, grpc::ClientContext* ctx) {
+        return m.lease->LeaseGrant(ctx, req, &resp);
+      });
+  if (!st.ok()) return st;
+  if (!resp.error().empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("etcd refused a lease: ", resp.error()));
+  }
+  return resp.id();
+}
+
+absl::StatusOr<int64_t> EtcdClient::KeepAlive(int64_t lease) {
+  etcdserverpb::LeaseKeepAliveRequest req;
+  req.set_id(lease);
+  etcdserverpb::LeaseKeepAliveResponse resp;
+  bool got = false;
+  absl::Status st = OnAnyMember(
+      "a lease keep-alive", [&](Member& m, grpc::ClientContext* ctx) {
+        auto stream = m.lease->LeaseKeepAlive(ctx);
+        got = stream->Write(req) && stream->Read(&resp);
+        stream->WritesDone();
+        if (got) ctx->TryCancel();  // the stream has no natural end
+        grpc::Status fin = stream->Finish();
+        return got ? grpc::Status::OK : fin;
+      });
+  if (!st.ok()) return st;
+  if (resp.ttl() <= 0) {
+    return absl::NotFoundError(
+        absl::StrCat("etcd lease ", lease, " has expired"));
+  }
+  return resp.ttl();
+}
+
+absl::StatusOr<int64_t> EtcdClient::TimeToLive(int64_t lease) {
+  etcdserverpb::LeaseTimeToLiveRequest req;
+  req.set_id(lease);
+  etcdserverpb::LeaseTimeToLiveResponse resp;
+  absl::Status st = OnAnyMember(
+      "a lease time-to-live", [&](Member& m, grpc::ClientContext* ctx) {
+        return m.lease->LeaseTimeToLive(ctx, req, &resp);
+      });
+  if (!st.ok()) return st;
+  return resp.ttl();
+}
+
+absl::Status EtcdClient::Revoke(int64_t lease) {
+  etcdserverpb::LeaseRevokeRequest req;
+  req.set_id(lease);
+  etcdserverpb::LeaseRevokeResponse resp;
+  return OnAnyMember("a lease revoke",
+                     [&](Member& m, grpc::ClientContext* ctx) {
+                       return m.lease->LeaseRevoke(ctx, req, &resp);
+                     });
+}
+
+absl::Status EtcdClient::Watch(
+    const std::string& prefix, int64_t start_revision,
+    const std::function<void(const EtcdEvent&)>& on_event,
+    int64_t* last_revision) {
+  Member& m = members_[preferred_.load() % members_.size()];
+  grpc::ClientContext ctx;
+  // Without a leader the member cancels the watch instead of going quiet.
+  ctx.AddMetadata("hasleader", "true");
+  {
+    absl::MutexLock lock(&watch_mu_);
+    if (watches_cancelled_) return absl::CancelledError("watch cancelled");
+    watches_.insert(&ctx);
+  }
+  auto done = [&] {
+    absl::MutexLock lock(&watch_mu_);
+    watches_.erase(&ctx);
+  };
+  auto stream = m.watch->Watch(&ctx);
+  etcdserverpb::WatchRequest req;
+  etcdserverpb::WatchCreateRequest* create = req.mutable_create_request();
+  create->set_key(prefix);
+  create->set_range_end(PrefixEnd(prefix));
+  create->set_start_revision(start_revision);
+  create->set_prev_kv(true);
+  absl::Status result = absl::UnavailableError(
+      absl::StrCat("etcd watch on ", m.endpoint, " ended"));
+  if (stream->Write(req)) {
+    etcdserverpb::WatchResponse resp;
+    while (stream->Read(&resp)) {
+      if (resp.canceled()) {
+        if (resp.compact_revision() > 0) {
+          result = absl::OutOfRangeError(absl::StrCat(
+              "etcd compacted the history to revision ",
+              resp.compact_revision(), " (watch from ", start_revision, ")"));
+        } else {
+          result = absl::UnavailableError(
+              absl::StrCat("etcd cancelled the watch on ", m.endpoint, ": ",
+                           resp.cancel_reason()));
+        }
+        break;
+      }
+      for (const mvccpb::Event& ev : resp.events()) {
+        EtcdEvent e;
+        e.deleted = ev.type() == mvccpb::Event::DELETE;
+        e.kv = FromKv(ev.kv());
+        if (ev.has_prev_kv()) e.prev = FromKv(ev.prev_kv());
+        on_event(e);
+        *last_revision = std::max(*last_revision, ev.kv().mod_revision());
+      }
+    }
+  }
+  ctx.TryCancel();
+  grpc::Status fin = stream->Finish();
+  done();
+  {
+    absl::MutexLock lock(&watch_mu_);
+    if (watches_cancelled_) return absl::CancelledError("watch cancelled");
+  }
+  if (!fin.ok() && fin.error_code() != grpc::StatusCode::CANCELLED &&
+      result.code() == absl::StatusCode::kUnavailable) {
+    result = absl::UnavailableError(absl::StrCat(
+        "etcd watch on ", m.endpoint, " failed: ", fin.error_message()));
+  }
+  // Next time, start from another member.
+  if (result.code() == absl::StatusCode::kUnavailable) {
+    preferred_.store((preferred_.load() + 1) % members_.size());
+  }
+  return result;
+}
+
+void EtcdClient::CancelWatches() {
+  absl::MutexLock lock(&watch_mu_);
+  watches_cancelled_ = true;
+  for (grpc::ClientContext* ctx : watches_) ctx->TryCancel();
+}
+
+}  // namespace kreg

@@ -1,0 +1,48 @@
+// Module bytes between kregd hosts: the kreg.v1.ModuleExchange service
+// (serving this host's store copies) and the fetch from a peer.
+#ifndef KREGD_DAEMON_CLUSTER_MODULE_EXCHANGE_H_
+#define KREGD_DAEMON_CLUSTER_MODULE_EXCHANGE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "daemon/module_store.h"
+#include "kreg/v1/cluster.grpc.pb.h"
+
+namespace kreg {
+
+// Serves the store copy of a digest that `held` says this host holds for a
+// registered target (NOT_FOUND otherwise; INVALID_ARGUMENT for a malformed
+// digest). Sends the file as it is on disk: the receiver verifies.
+class ModuleExchangeService final : public v1::ModuleExchange::Service {
+ public:
+  using Held = std::function<bool(const std::string& digest)>;
+  // `store` must outlive the service.
+  ModuleExchangeService(const ModuleStore* store, Held held);
+
+  grpc::Status FetchModule(grpc::ServerContext* ctx,
+                           const v1::FetchModuleRequest* req,
+                           grpc::ServerWriter<v1::ModuleChunk>* out) override;
+
+ private:
+  const ModuleStore* const store_;
+  const Held held_;
+};
+
+// Fetches module `digest` from the peer at `address` (HOST:PORT) and
+// verifies it: the size announced and received must be `size` (checked
+// before more is read) and the bytes must hash to `digest`. DATA_LOSS
+// (naming the peer and both digests) for other bytes, the peer's status
+// otherwise (UNAVAILABLE when it cannot be reached or the TLS handshake
+// fails).
+absl::StatusOr<std::string> FetchModuleFrom(
+    const std::string& address, const std::string& digest, uint64_t size,
+    const std::shared_ptr<grpc::ChannelCredentials>& creds, int64_t timeout_ms);
+
+}  // namespace kreg
+
+#endif  // KREGD_DAEMON_CLUSTER_MODULE_EXCHANGE_H_

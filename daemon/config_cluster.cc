@@ -1,0 +1,134 @@
+// The cluster-mode part of kregd's configuration (DESIGN §10).
+#include <unistd.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "daemon/cluster/etcd_client.h"
+#include "daemon/config.h"
+#include "toml++/toml.h"
+
+namespace kreg {
+namespace {
+
+// HOST:PORT with a port in 1..65535.
+bool HostPort(const std::string& s) {
+  size_t colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == s.size()) {
+    return false;
+  }
+  std::string port = s.substr(colon + 1);
+  if (port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string::npos) {
+    return false;
+  }
+  int p = std::stoi(port);
+  return p > 0 && p < 65536 && s.find_first_of(" /\t") == std::string::npos;
+}
+
+}  // namespace
+
+bool ApplyClusterKey(const std::string& path, const std::string& k,
+                     const void* toml_node, Config* c, absl::Status* status) {
+  const toml::node& value = *static_cast<const toml::node*>(toml_node);
+  auto bad = [&](const char* want) {
+    *status = absl::InvalidArgumentError(
+        absl::StrCat("config file ", path, ": key \"", k, "\" must be ", want));
+    return true;
+  };
+  *status = absl::OkStatus();
+  if (k == "etcd_endpoints") {
+    if (auto s = value.value<std::string>()) {
+      c->etcd_endpoints = absl::StrSplit(*s, ',', absl::SkipEmpty());
+      return true;
+    }
+    const toml::array* a = value.as_array();
+    if (a == nullptr)
+      return bad("an array of URLs (or one comma-separated string)");
+    c->etcd_endpoints.clear();
+    for (const auto& e : *a) {
+      auto s = e.value<std::string>();
+      if (!s) return bad("an array of URLs");
+      c->etcd_endpoints.push_back(*s);
+    }
+    return true;
+  }
+  std::string* field = nullptr;
+  if (k == "cluster") field = &c->cluster;
+  if (k == "advertise") field = &c->advertise;
+  if (k == "peer_listen") field = &c->peer_listen;
+  if (k == "host_name") field = &c->host_name;
+  if (k == "peer_tls_ca") field = &c->peer_tls_ca;
+  if (k == "peer_tls_cert") field = &c->peer_tls_cert;
+  if (k == "peer_tls_key") field = &c->peer_tls_key;
+  if (field != nullptr) {
+    auto s = value.value<std::string>();
+    if (!s) return bad("a string");
+    *field = *s;
+    return true;
+  }
+  if (k == "etcd_timeout_s") {
+    auto d = value.value<double>();
+    if (!d || *d <= 0 || *d > 600)
+      return bad("a number of seconds in (0, 600]");
+    c->etcd_timeout_s = *d;
+    return true;
+  }
+  if (k == "peer_lease_ttl_s") {
+    auto n = value.value<int64_t>();
+    if (!n || *n < 2 || *n > 3600) return bad("an integer in [2, 3600]");
+    c->peer_lease_ttl_s = *n;
+    return true;
+  }
+  return false;
+}
+
+absl::Status FinishClusterConfig(Config* c) {
+  for (std::string& e : c->etcd_endpoints) {
+    e = std::string(absl::StripAsciiWhitespace(e));
+  }
+  if (c->etcd_endpoints.empty()) return absl::OkStatus();
+  for (const std::string& e : c->etcd_endpoints) {
+    bool tls = false;
+    absl::StatusOr<std::string> target = EtcdTarget(e, &tls);
+    if (!target.ok()) return target.status();
+  }
+  if (c->cluster.empty() || c->cluster.size() > 64 ||
+      c->cluster.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQ"
+                                   "RSTUVWXYZ0123456789_.-") !=
+          std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster name \"", c->cluster,
+                     "\" must be 1-64 characters of [A-Za-z0-9_.-]"));
+  }
+  if (c->advertise.empty()) {
+    return absl::InvalidArgumentError(
+        "cluster mode (--etcd-endpoints) needs --advertise HOST:PORT "
+        "(advertise "
+        "in the config file): the address other hosts fetch modules from");
+  }
+  if (!HostPort(c->advertise)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "advertise address \"", c->advertise, "\" is not HOST:PORT"));
+  }
+  if (c->peer_listen.empty()) c->peer_listen = c->advertise;
+  if (!HostPort(c->peer_listen)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "peer_listen address \"", c->peer_listen, "\" is not HOST:PORT"));
+  }
+  if (c->host_name.empty()) {
+    char buf[256] = {};
+    ::gethostname(buf, sizeof(buf) - 1);
+    c->host_name = buf[0] != '\0' ? buf : "localhost";
+  }
+  const int tls = !c->peer_tls_ca.empty() + !c->peer_tls_cert.empty() +
+                  !c->peer_tls_key.empty();
+  if (tls != 0 && tls != 3) {
+    return absl::InvalidArgumentError(
+        "peer TLS needs all three of peer_tls_ca, peer_tls_cert and "
+        "peer_tls_key (--peer-tls-ca/-cert/-key); only some are set");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kreg

@@ -1,0 +1,577 @@
+"""Cluster mode (issue 13, DESIGN §10): one registry for every host, in etcd.
+
+A real 3-member etcd cluster (Debian's etcd-server binaries, own data dirs,
+free loopback ports) and three kregd "hosts" (own state dirs, sockets and
+peer ports) on this machine. Checks: concurrent conflicting registrations on
+different hosts give one winner cluster-wide; a JAX process on each host
+gets identical results with the module fetched from a peer; losing one etcd
+member changes nothing, losing quorum keeps known targets working and fails
+new registrations clearly, and registration resumes once etcd is back; a
+peer serving wrong bytes is refused; retirement goes through etcd; restart
+reconciles the journal with etcd; TLS between hosts is required when
+configured.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import pytest
+
+import kernels_util as ku
+from kregd_proc import Daemon, kregctl_binary
+
+ETCD = shutil.which("etcd")
+ETCDCTL = shutil.which("etcdctl")
+
+if ETCD is None or ETCDCTL is None:
+  if os.environ.get("CI"):
+    raise RuntimeError("etcd/etcdctl missing in CI: tools/setup.sh installs "
+                       "etcd-server and etcd-client")
+  pytest.skip("etcd and etcdctl not installed (apt-get install etcd-server "
+              "etcd-client, or run tools/setup.sh)", allow_module_level=True)
+
+
+def free_ports(n: int) -> list[int]:
+  socks, ports = [], []
+  for _ in range(n):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    socks.append(s)
+    ports.append(s.getsockname()[1])
+  for s in socks:
+    s.close()
+  return ports
+
+
+def wait_for(pred, timeout=30.0, what="condition"):
+  deadline = time.monotonic() + timeout
+  last = None
+  while time.monotonic() < deadline:
+    last = pred()
+    if last:
+      return last
+    time.sleep(0.1)
+  raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+def kregctl(host: Daemon, *args, timeout=60) -> subprocess.CompletedProcess:
+  return subprocess.run([str(kregctl_binary()), "--socket", host.socket,
+                         *map(str, args)], capture_output=True, text=True,
+                        timeout=timeout)
+
+
+def listed(host: Daemon) -> dict:
+  """(name, platform) -> target (kregctl list --json) of one host."""
+  out = kregctl(host, "list", "--json")
+  assert out.returncode == 0, out.stderr
+  return {(t["target_name"], t["platform"]): t for t in json.loads(out.stdout)}
+
+
+def variant(root: pathlib.Path, tag: str) -> pathlib.Path:
+  """libdemo.so with `tag` appended: loads and behaves the same, but has
+  other bytes (another build of the same source)."""
+  p = root / f"demo-{tag}.so"
+  if not p.exists():
+    p.write_bytes(ku.kernel_path(ku.DEMO).read_bytes() + tag.encode())
+  return p
+
+
+def digest_of(path: pathlib.Path) -> str:
+  return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def store_file(host: Daemon, digest: str) -> pathlib.Path:
+  return pathlib.Path(host.state_dir) / "modules" / (
+      "sha256-" + digest.split(":", 1)[1] + ".so")
+
+
+class EtcdCluster:
+  """Three etcd members on loopback, each with its own data dir."""
+
+  def __init__(self, root: pathlib.Path):
+    self.root = root
+    ports = free_ports(6)
+    self.client_ports, self.peer_ports = ports[:3], ports[3:]
+    self.names = ["m0", "m1", "m2"]
+    self.initial = ",".join(f"{n}=http://127.0.0.1:{p}"
+                            for n, p in zip(self.names, self.peer_ports))
+    self.procs: list[subprocess.Popen | None] = [None] * 3
+    self.endpoints = ",".join(f"http://127.0.0.1:{p}"
+                              for p in self.client_ports)
+
+  def start(self, i: int) -> None:
+    c, p = self.client_ports[i], self.peer_ports[i]
+    log = open(self.root / f"etcd-{i}.log", "ab")
+    self.procs[i] = subprocess.Popen(
+        [ETCD, "--name", self.names[i], "--data-dir",
+         str(self.root / f"etcd-{i}"),
+         "--listen-client-urls", f"http://127.0.0.1:{c}",
+         "--advertise-client-urls", f"http://127.0.0.1:{c}",
+         "--listen-peer-urls", f"http://127.0.0.1:{p}",
+         "--initial-advertise-peer-urls", f"http://127.0.0.1:{p}",
+         "--initial-cluster", self.initial, "--initial-cluster-state", "new",
+         "--initial-cluster-token", f"kreg-test-{os.getpid()}"],
+        stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    log.close()
+
+  def kill(self, i: int) -> None:
+    p = self.procs[i]
+    if p is not None and p.poll() is None:
+      p.send_signal(signal.SIGKILL)
+      p.wait()
+    self.procs[i] = None
+
+  def ctl(self, *args, timeout=20):
+    return subprocess.run([ETCDCTL, "--endpoints", self.endpoints,
+                           "--command-timeout=5s", *args],
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "ETCDCTL_API": "3"})
+
+  def wait_healthy(self) -> None:
+    wait_for(lambda: self.ctl("put", "/kreg-test/ping", "1").returncode == 0,
+             60, "etcd to accept writes")
+
+
+def start_host(root: pathlib.Path, name: str, etcd: str, port: int,
+               *extra) -> Daemon:
+  d = Daemon(root / name, [os.path.realpath(ku.kernels_dir())],
+             ["--etcd-endpoints", etcd, "--advertise", f"127.0.0.1:{port}",
+              "--host-name", name, *extra])
+  d.root.mkdir(parents=True, exist_ok=True)
+  d.start()
+  return d
+
+
+@pytest.fixture(scope="module")
+def cluster():
+  if kregctl_binary() is None:
+    pytest.skip("kregctl not built (bazel build //client:kregctl)")
+  root = pathlib.Path(tempfile.mkdtemp(prefix="kc-", dir="/tmp"))
+  etcd = EtcdCluster(root)
+  hosts: dict[str, Daemon] = {}
+  try:
+    for i in range(3):
+      etcd.start(i)
+    etcd.wait_healthy()
+    ports = free_ports(3)
+    for name, port in zip(("hostA", "hostB", "hostC"), ports):
+      hosts[name] = start_host(root, name, etcd.endpoints, port)
+    ns = type("Cluster", (), {})()
+    ns.root, ns.etcd, ns.hosts, ns.ports = root, etcd, hosts, dict(
+        zip(("hostA", "hostB", "hostC"), ports))
+    ns.a, ns.b, ns.c = hosts["hostA"], hosts["hostB"], hosts["hostC"]
+    yield ns
+  finally:
+    for d in hosts.values():
+      d.stop()
+    for i in range(3):
+      etcd.kill(i)
+    if os.environ.get("KREG_KEEP_TEST_DIRS") is None:
+      shutil.rmtree(root, ignore_errors=True)
+
+
+def register(host: Daemon, name: str, module: pathlib.Path, *extra,
+             timeout=60):
+  return kregctl(host, "register", name, "--module", module, "--function",
+                 "Scale", "--platform", "cpu", *extra, timeout=timeout)
+
+
+def test_concurrent_conflicting_registrations_have_one_winner(cluster):
+  hosts = [cluster.a, cluster.b, cluster.c]
+  jobs = [(hosts[i % 3], variant(cluster.root, f"race{i}")) for i in range(9)]
+  with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+    results = list(pool.map(lambda j: register(j[0], "race.op", j[1]), jobs))
+  winners = [(j, r) for j, r in zip(jobs, results) if r.returncode == 0]
+  assert len(winners) == 1, [(r.returncode, r.stdout, r.stderr)
+                             for r in results]
+  (win_host, win_module), _ = winners[0]
+  win_digest = digest_of(win_module)
+  win_name = pathlib.Path(win_host.root).name
+  for r in results:
+    if r.returncode != 0:
+      # The local refusal, naming the host and uid of the first one.
+      assert r.returncode == 3, r.stderr
+      assert "is already registered" in r.stderr
+      assert f"first registered on host {win_name} (127.0.0.1:" in r.stderr
+      assert f"by uid {os.geteuid()}" in r.stderr
+      assert win_digest in r.stderr
+  # Every host binds the winner's module (mirrored through the watch).
+  for h in hosts:
+    wait_for(lambda: listed(h).get(("race.op", "cpu"), {}).get(
+        "module_digest") == win_digest, 30, f"race.op on {h.root.name}")
+  # An equal registration anywhere is a no-op.
+  for h in hosts:
+    again = register(h, "race.op", win_module)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.startswith("already registered"), again.stdout
+  cl = kregctl(cluster.b, "list", "--cluster", "--json")
+  assert cl.returncode == 0, cl.stderr
+  (entry,) = [t for t in json.loads(cl.stdout) if t["target_name"] == "race.op"]
+  assert entry["module_digest"] == win_digest
+  assert entry["host"].startswith(win_name + " (127.0.0.1:")
+
+
+JAX_CALL = """
+import json, pathlib, sys
+import jax, jax.numpy as jnp, numpy as np, kreg
+data = pathlib.Path(sys.argv[1]).read_bytes()
+r = kreg.register_ffi_target("fetch.scale", data, "Scale", platform="cpu",
+                             content_id="demo-build-1")
+f = jax.jit(lambda x: jax.ffi.ffi_call(
+    "fetch.scale", jax.ShapeDtypeStruct(x.shape, x.dtype))(x, factor=3.0))
+out = np.asarray(f(jnp.arange(16, dtype=jnp.float32))).tolist()
+print(json.dumps({"created": r.created, "digest": r.target.module_digest,
+                  "out": out}))
+"""
+
+
+def jax_on(host: Daemon, module: pathlib.Path) -> dict:
+  out = subprocess.run([sys.executable, "-c", JAX_CALL, str(module)],
+                       env=host.env(), capture_output=True, text=True,
+                       timeout=300)
+  assert out.returncode == 0, out.stderr + host.log()
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_jax_on_each_host_same_results_with_module_from_a_peer(cluster):
+  # Host A's build registers first; B and C bring their own builds of the
+  # same source (same content_id, other bytes): every host runs A's module,
+  # fetched from a peer and verified.
+  first = variant(cluster.root, "buildA")
+  a = jax_on(cluster.a, first)
+  assert a["created"] is True
+  assert a["digest"] == digest_of(first)
+  for name, h in (("buildB", cluster.b), ("buildC", cluster.c)):
+    own = variant(cluster.root, name)
+    got = jax_on(h, own)
+    assert got["created"] is False
+    assert got["digest"] == digest_of(first)
+    assert got["out"] == a["out"] == [3.0 * i for i in range(16)]
+    assert store_file(h, digest_of(first)).read_bytes() == first.read_bytes()
+    assert not store_file(h, digest_of(own)).exists()
+    assert f"fetched module {digest_of(first)}" in h.log(None)
+  hosts = kregctl(cluster.a, "hosts", "--json")
+  assert hosts.returncode == 0, hosts.stderr
+  table = {h["host_name"]: h for h in json.loads(hosts.stdout)}
+  assert set(table) == {"hostA", "hostB", "hostC"}
+  for name, h in table.items():
+    assert h["address"] == f"127.0.0.1:{cluster.ports[name]}"
+    assert 0 < h["lease_ttl_s"] <= 10
+    assert h["self"] == (name == "hostA")
+  # The held-modules list is republished after each change.
+  wait_for(lambda: all(
+      digest_of(first) in h["modules"] for h in json.loads(
+          kregctl(cluster.a, "hosts", "--json").stdout)), 15, "modules held")
+  text = kregctl(cluster.c, "hosts")
+  assert text.returncode == 0 and "(this kregd)" in text.stdout
+
+
+def test_retirement_goes_through_etcd(cluster):
+  m1, m2 = variant(cluster.root, "ret1"), variant(cluster.root, "ret2")
+  assert register(cluster.a, "ret.op", m1).returncode == 0
+  for h in (cluster.b, cluster.c):
+    wait_for(lambda: ("ret.op", "cpu") in listed(h), 30, "ret.op mirrored")
+  out = kregctl(cluster.b, "retire", "ret.op", "--platform", "cpu")
+  assert out.returncode == 0, out.stderr
+  for h in (cluster.a, cluster.b, cluster.c):
+    wait_for(lambda: ("ret.op", "cpu") not in listed(h), 30, "ret.op gone")
+  assert "ret.op" not in cluster.etcd.ctl(
+      "get", "--prefix", "/kregd/default/targets/").stdout
+  again = register(cluster.c, "ret.op", m2)
+  assert again.returncode == 0, again.stderr
+  assert again.stdout.startswith("registered"), again.stdout
+
+
+def test_etcd_member_loss_then_quorum_loss_then_recovery(cluster):
+  known = variant(cluster.root, "known")
+  assert register(cluster.a, "known.op", known).returncode == 0
+  wait_for(lambda: ("known.op", "cpu") in listed(cluster.c), 30, "known.op")
+  # One member down: the other two keep quorum; kregd fails over.
+  cluster.etcd.kill(0)
+  one = register(cluster.b, "q.one", variant(cluster.root, "q1"))
+  assert one.returncode == 0, one.stderr
+  assert one.stdout.startswith("registered")
+  # Quorum lost: new registrations fail with UNAVAILABLE and say why ...
+  cluster.etcd.kill(1)
+  two = register(cluster.c, "q.two", variant(cluster.root, "q2"), timeout=120)
+  assert two.returncode == 4, (two.stdout, two.stderr)
+  assert "the cluster registry" in two.stderr and "unreachable" in two.stderr
+  assert "this host did not register it" in two.stderr
+  assert "cannot reach kregd" not in two.stderr
+  assert ("q.two", "cpu") not in listed(cluster.c)
+  cl = kregctl(cluster.c, "list", "--cluster")
+  assert cl.returncode == 4 and "the cluster registry" in cl.stderr
+  # ... while known targets keep working (launches never touch etcd, and an
+  # identical re-registration is a local no-op).
+  again = register(cluster.c, "known.op", known)
+  assert again.returncode == 0 and "already registered" in again.stdout
+  got = subprocess.run(
+      [sys.executable, "-c", textwrap.dedent("""
+        import jax, jax.numpy as jnp, numpy as np, kreg, sys
+        kreg.register_ffi_target("known.op", sys.argv[1], "Scale",
+                                 platform="cpu")
+        f = jax.jit(lambda x: jax.ffi.ffi_call(
+            "known.op", jax.ShapeDtypeStruct(x.shape, x.dtype))(x, factor=2.0))
+        print(np.asarray(f(jnp.arange(4, dtype=jnp.float32))).tolist())
+      """), str(known)], env=cluster.c.env(), capture_output=True, text=True,
+      timeout=300)
+  assert got.returncode == 0, got.stderr
+  assert got.stdout.strip().splitlines()[-1] == "[0.0, 2.0, 4.0, 6.0]"
+  # In Python the same refusal is a KernelRegistrationError, not "kregd is
+  # not running".
+  py = subprocess.run(
+      [sys.executable, "-c", textwrap.dedent("""
+        import kreg, sys
+        try:
+          kreg.register_ffi_target("q.py", sys.argv[1], "Scale",
+                                   platform="cpu")
+        except kreg.KernelRegistrationError as e:
+          print(type(e).__name__, e.code)
+      """), str(variant(cluster.root, "qpy"))], env=cluster.c.env(),
+      capture_output=True, text=True, timeout=300)
+  assert py.stdout.strip() == "KernelRegistrationError UNAVAILABLE", py.stderr
+  # etcd back: registration resumes.
+  cluster.etcd.start(0)
+  cluster.etcd.start(1)
+  cluster.etcd.wait_healthy()
+  # (A retry while etcd elects a leader may time out after etcd applied
+  # it: the next one is then a no-op, "already registered".)
+  q2 = variant(cluster.root, "q2")
+  resumed = wait_for(
+      lambda: (lambda r: r if r.returncode == 0 else None)(
+          register(cluster.c, "q.two", q2)), 60, "registration to resume")
+  assert "registered q.two (cpu) " + digest_of(q2) in resumed.stdout
+  for h in (cluster.a, cluster.b, cluster.c):
+    wait_for(lambda: listed(h).get(("q.two", "cpu"), {}).get(
+        "module_digest") == digest_of(q2), 30, "q.two everywhere")
+
+
+def test_peer_serving_wrong_bytes_is_refused(cluster):
+  # Only host A holds the module: B and C are down while it registers.
+  cluster.b.stop()
+  cluster.c.stop()
+  mod = variant(cluster.root, "corrupt")
+  digest = digest_of(mod)
+  try:
+    assert register(cluster.a, "bad.fetch", mod, "--content-id",
+                    "bad-build-1").returncode == 0
+    # A's store copy rots (same size, other bytes); A serves it as is.
+    f = store_file(cluster.a, digest)
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 0xFF
+    f.chmod(0o600)
+    f.write_bytes(bytes(data))
+    cluster.b.start()
+    wait_for(lambda: "served" in cluster.b.log(None) and digest in
+             cluster.b.log(None), 30, "the fetch from A")
+    log = cluster.b.log(None)
+    assert f"for module {digest}; refused" in log
+    assert ("bad.fetch", "cpu") not in listed(cluster.b)
+    assert not store_file(cluster.b, digest).exists()
+    # Registering it on B (same content_id claim, other bytes) needs the
+    # binding's module: refused with DATA_LOSS naming the peer.
+    out = register(cluster.b, "bad.fetch", variant(cluster.root, "corrupt2"),
+                   "--content-id", "bad-build-1")
+    assert out.returncode == 1, out.stderr
+    assert "which this host does not hold and could not fetch" in out.stderr
+    assert f"served {len(data)} bytes with digest" in out.stderr
+    assert f"for module {digest}; refused" in out.stderr
+    assert ("bad.fetch", "cpu") not in listed(cluster.b)
+  finally:
+    if not cluster.b.running():
+      cluster.b.start()
+    if not cluster.c.running():
+      cluster.c.start()
+    kregctl(cluster.a, "retire", "bad.fetch")
+
+
+def test_restart_reconciles_the_journal_with_etcd(cluster):
+  c = cluster.c
+  c.stop()
+  # Offline, C's journal gets bindings etcd does not have: run it standalone.
+  alone = Daemon(c.root, c.allow_roots)
+  alone.log_path = c.root / "standalone.log"
+  alone.start()
+  try:
+    assert register(alone, "recon.op", variant(cluster.root, "reconX")
+                    ).returncode == 0
+    assert register(alone, "recon.local", variant(cluster.root, "reconL")
+                    ).returncode == 0
+  finally:
+    alone.stop()
+  y = variant(cluster.root, "reconY")
+  assert register(cluster.a, "recon.op", y).returncode == 0
+  c.start()
+  wait_for(lambda: listed(c).get(("recon.op", "cpu"), {}).get(
+      "module_digest") == digest_of(y), 30, "etcd's recon.op on C")
+  log = c.log(None)
+  assert "CLUSTER CONFLICT" in log and "recon.op" in log
+  assert "the cluster's binding wins for new sessions" in log
+  assert ("recon.local", "cpu") not in listed(c)
+  assert "recon.local" in log and "not bound in the cluster registry" in log
+
+
+# ---- TLS between hosts.
+
+def openssl(*args, cwd):
+  subprocess.run(["openssl", *args], cwd=cwd, check=True,
+                 capture_output=True)
+
+
+def make_ca(d: pathlib.Path, name: str) -> None:
+  d.mkdir(parents=True, exist_ok=True)
+  openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+          "-subj", f"/CN={name}", "-keyout", "ca.key", "-out", "ca.pem",
+          cwd=d)
+
+
+def make_cert(d: pathlib.Path, name: str) -> tuple[str, str]:
+  (d / "ext.cnf").write_text(
+      "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+      "extendedKeyUsage=serverAuth,clientAuth\n")
+  openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+          "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)
+  openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey",
+          "ca.key", "-CAcreateserial", "-days", "2", "-extfile", "ext.cnf",
+          "-out", f"{name}.pem", cwd=d)
+  return str(d / f"{name}.pem"), str(d / f"{name}.key")
+
+
+def fetch_raw(address: str, digest: str, creds=None):
+  """kreg.v1.ModuleExchange/FetchModule with grpcio, as any client could."""
+  import grpc  # pylint: disable=import-outside-toplevel
+  req = b"\x0a" + bytes([len(digest)]) + digest.encode()
+  ch = (grpc.secure_channel(address, creds) if creds else
+        grpc.insecure_channel(address))
+  call = ch.unary_stream("/kreg.v1.ModuleExchange/FetchModule",
+                         request_serializer=lambda b: b,
+                         response_deserializer=lambda b: b)
+  try:
+    return b"".join(list(call(req, timeout=10)))
+  finally:
+    ch.close()
+
+
+def test_tls_required_between_hosts_when_configured(cluster):
+  if shutil.which("openssl") is None:
+    pytest.fail("openssl missing: tools/setup.sh installs it")
+  import grpc  # pylint: disable=import-outside-toplevel
+  pki = cluster.root / "pki"
+  make_ca(pki, "kreg-test-ca")
+  cert1, key1 = make_cert(pki, "t1")
+  cert2, key2 = make_cert(pki, "t2")
+  rogue = cluster.root / "rogue"
+  make_ca(rogue, "rogue-ca")
+  rcert, rkey = make_cert(rogue, "r")
+  ca = str(pki / "ca.pem")
+  p1, p2, p3 = free_ports(3)
+  tls = lambda c, k: ["--cluster", "tls", "--peer-tls-ca", ca,
+                      "--peer-tls-cert", c, "--peer-tls-key", k]
+  t1 = start_host(cluster.root, "t1", cluster.etcd.endpoints, p1,
+                  *tls(cert1, key1))
+  t2 = start_host(cluster.root, "t2", cluster.etcd.endpoints, p2,
+                  *tls(cert2, key2))
+  plain = start_host(cluster.root, "t3", cluster.etcd.endpoints, p3,
+                     "--cluster", "tls")
+  try:
+    mod = variant(cluster.root, "tls")
+    digest = digest_of(mod)
+    assert register(t1, "tls.op", mod).returncode == 0
+    # A TLS peer fetches over mutual TLS.
+    wait_for(lambda: ("tls.op", "cpu") in listed(t2), 30, "tls.op on t2")
+    assert store_file(t2, digest).read_bytes() == mod.read_bytes()
+    # A plaintext kregd cannot fetch from a TLS host.
+    wait_for(lambda: "could not fetch its module" in plain.log(None), 30,
+             "the plaintext host to give up")
+    assert ("tls.op", "cpu") not in listed(plain)
+    # Neither can a plaintext client, nor a TLS client without a cert or
+    # with one from another CA.
+    ca_pem = (pki / "ca.pem").read_bytes()
+    for creds in (None, grpc.ssl_channel_credentials(ca_pem),
+                  grpc.ssl_channel_credentials(
+                      ca_pem, pathlib.Path(rkey).read_bytes(),
+                      pathlib.Path(rcert).read_bytes())):
+      with pytest.raises(grpc.RpcError) as e:
+        fetch_raw(f"127.0.0.1:{p1}", digest, creds)
+      assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    # With the CA's certificate it is served (bytes as stored).
+    ok = fetch_raw(f"127.0.0.1:{p1}", digest, grpc.ssl_channel_credentials(
+        ca_pem, pathlib.Path(key2).read_bytes(),
+        pathlib.Path(cert2).read_bytes()))
+    assert mod.read_bytes()[:4096] in ok and len(ok) > mod.stat().st_size
+  finally:
+    for d in (t1, t2, plain):
+      d.stop()
+
+
+def test_module_exchange_rejects_bad_requests(cluster):
+  import grpc  # pylint: disable=import-outside-toplevel
+  addr = f"127.0.0.1:{cluster.ports['hostA']}"
+  for bad in ("", "sha256:zz", "md5:" + "0" * 32, "sha256:" + "A" * 64):
+    with pytest.raises(grpc.RpcError) as e:
+      fetch_raw(addr, bad)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "is not \"sha256:\" followed by 64 lowercase hex" in \
+        e.value.details()
+  with pytest.raises(grpc.RpcError) as e:
+    fetch_raw(addr, "sha256:" + "0" * 64)
+  assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--etcd-endpoints", "http://127.0.0.1:1"],
+     "needs --advertise HOST:PORT"),
+    (["--etcd-endpoints", "ftp://x:1", "--advertise", "127.0.0.1:9"],
+     "etcd endpoint \"ftp://x:1\" has an unknown scheme"),
+    (["--etcd-endpoints", "http://x", "--advertise", "127.0.0.1:9"],
+     "etcd endpoint \"http://x\" is not HOST:PORT"),
+    (["--etcd-endpoints", "http://x:1", "--advertise", "nowhere"],
+     "advertise address \"nowhere\" is not HOST:PORT"),
+    (["--etcd-endpoints", "http://x:1", "--advertise", "127.0.0.1:9",
+      "--cluster", "a/b"], "cluster name \"a/b\" must be 1-64 characters"),
+    (["--etcd-endpoints", "http://x:1", "--advertise", "127.0.0.1:9",
+      "--peer-tls-ca", "/x"], "needs all three of peer_tls_ca"),
+])
+def test_bad_cluster_flags_are_refused(tmp_path, flags, message):
+  from kregd_proc import daemon_binary  # pylint: disable=import-outside-toplevel
+  out = subprocess.run([str(daemon_binary()), "--socket",
+                        str(tmp_path / "s"), "--state-dir",
+                        str(tmp_path / "st"), *flags], capture_output=True,
+                       text=True, timeout=30)
+  assert out.returncode == 2, out.stderr
+  assert message in out.stderr
+
+
+def test_unreadable_tls_files_stop_kregd(tmp_path):
+  from kregd_proc import daemon_binary  # pylint: disable=import-outside-toplevel
+  out = subprocess.run([str(daemon_binary()), "--socket",
+                        str(tmp_path / "s"), "--state-dir",
+                        str(tmp_path / "st"), "--etcd-endpoints",
+                        "http://127.0.0.1:1", "--advertise", "127.0.0.1:9",
+                        "--peer-tls-ca", str(tmp_path / "none.pem"),
+                        "--peer-tls-cert", "/dev/null", "--peer-tls-key",
+                        "/dev/null"], capture_output=True, text=True,
+                       timeout=30)
+  assert out.returncode == 1
+  assert f"cannot read the peer TLS CA certificate \"{tmp_path}/none.pem\"" \
+      in out.stderr
+
+
+def test_standalone_kregd_says_it_is_not_clustered(kregd):
+  for args in (["list", "--cluster"], ["hosts"]):
+    out = kregctl(kregd, *args)
+    assert out.returncode == 3, out.stderr
+    assert "not in cluster mode" in out.stderr
