@@ -6,6 +6,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "daemon/metrics/listen_address.h"
 #include "daemon/version.h"
 #include "toml++/toml.h"
 
@@ -58,10 +59,12 @@ absl::Status ApplyToml(const std::string& path, Config* c) {
       return absl::InvalidArgumentError(absl::StrCat(
           "config file ", path, ": key \"", k, "\" must be ", want));
     };
-    if (k == "isolation" || k == "executor_binary") {
+    if (k == "isolation" || k == "executor_binary" || k == "metrics_listen") {
       auto s = value.value<std::string>();
       if (!s) return bad("a string");
-      (k == "isolation" ? c->isolation : c->executor_binary) = *s;
+      (k == "isolation"         ? c->isolation
+       : k == "executor_binary" ? c->executor_binary
+                                : c->metrics_listen) = *s;
     } else if (k == "hello_timeout_s") {
       auto d = value.value<double>();
       if (!d || *d <= 0) return bad("a number of seconds > 0");
@@ -70,10 +73,10 @@ absl::Status ApplyToml(const std::string& path, Config* c) {
       auto d = value.value<double>();
       if (!d || *d < 0) return bad("a number of seconds >= 0 (0: off)");
       c->launch_timeout_s = *d;
-    } else if (k == "seccomp") {
+    } else if (k == "seccomp" || k == "metrics_allow_remote") {
       auto b = value.value<bool>();
       if (!b) return bad("true or false");
-      c->seccomp = *b;
+      (k == "seccomp" ? c->seccomp : c->metrics_allow_remote) = *b;
     } else if (k == "quarantine_crashes" || k == "quarantine_window_s" ||
                k == "executor_idle_s" || k == "max_sessions" ||
                k == "max_sessions_per_uid") {
@@ -118,7 +121,8 @@ absl::Status ApplyToml(const std::string& path, Config* c) {
           "max_store_bytes_per_uid, socket_group, log_level, probe_binary, "
           "isolation, executor_binary, launch_timeout, seccomp, "
           "quarantine_crashes, quarantine_window_s, executor_idle_s, "
-          "max_sessions, max_sessions_per_uid, hello_timeout_s)"));
+          "max_sessions, max_sessions_per_uid, hello_timeout_s, "
+          "metrics_listen, metrics_allow_remote)"));
     }
   }
   return absl::OkStatus();
@@ -182,6 +186,13 @@ absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now) {
                  "(default 3; 0: never)");
   app.add_option("--quarantine-window", quarantine_window,
                  "the quarantine window in seconds (default 600)");
+  std::string metrics_listen;
+  bool metrics_allow_remote = false;
+  app.add_option("--metrics-listen", metrics_listen,
+                 "serve Prometheus metrics at http://ADDR/metrics: "
+                 "127.0.0.1:PORT, [::1]:PORT or unix:/path (default: off)");
+  app.add_flag("--metrics-allow-remote", metrics_allow_remote,
+               "allow a --metrics-listen address that is not loopback");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -215,6 +226,17 @@ absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now) {
   if (launch_timeout >= 0) c.launch_timeout_s = launch_timeout;
   if (quarantine_crashes >= 0) c.quarantine_crashes = quarantine_crashes;
   if (quarantine_window >= 0) c.quarantine_window_s = quarantine_window;
+  if (!metrics_listen.empty()) c.metrics_listen = metrics_listen;
+  if (metrics_allow_remote) c.metrics_allow_remote = true;
+  if (!c.metrics_listen.empty()) {
+    absl::StatusOr<MetricsAddress> address =
+        ParseMetricsAddress(c.metrics_listen, c.metrics_allow_remote);
+    if (!address.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          address.status().message(),
+          metrics_listen.empty() ? " (config file)" : " (--metrics-listen)"));
+    }
+  }
   {
     std::string iso = c.isolation;
     for (char& ch : iso) ch = static_cast<char>(std::tolower(ch));

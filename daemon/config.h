@@ -33,6 +33,10 @@ struct Config {
   int max_sessions = 1024;
   int max_sessions_per_uid = 256;
   double hello_timeout_s = 10;  // a session must say Hello within this
+  // The Prometheus endpoint: "" (off), "127.0.0.1:PORT", "[::1]:PORT" or
+  // "unix:/path"; other addresses need metrics_allow_remote.
+  std::string metrics_listen;
+  bool metrics_allow_remote = false;
 };
 
 // $XDG_RUNTIME_DIR/kregd/kregd.sock or /run/kregd/kregd.sock.

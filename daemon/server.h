@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "daemon/config.h"
@@ -26,6 +27,7 @@
 namespace kreg {
 
 class ExecutorPool;
+class MetricsServer;
 class SessionServer;
 class SupervisionService;
 
@@ -53,6 +55,13 @@ class Daemon {
   absl::Status StartSessions();
   void StopSessions();
   void FillSessionStatus(v1::GetStatusResponse* resp);
+  // daemon_metrics.cc: launch statistics, sessions and the Prometheus
+  // exposition, from the registry, the pool and the executors' pages.
+  absl::Status StartMetrics();
+  std::vector<v1::TargetStats> CurrentTargetStats();
+  v1::TargetStats StatsOf(const TargetEntry& entry);
+  void ListSessions(v1::ListSessionsResponse* resp);
+  std::string RenderMetrics();
 
   const Config config_;
   const std::chrono::steady_clock::time_point started_;
@@ -69,6 +78,7 @@ class Daemon {
   std::unique_ptr<RegistryService> service_;
   std::unique_ptr<SupervisionService> supervision_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<MetricsServer> metrics_;  // null unless metrics_listen
   UniqueFd listen_fd_;
   int session_listen_fd_ = -1;  // inherited from systemd, or -1
   UniqueFd stop_fd_;            // eventfd that wakes the accept loop

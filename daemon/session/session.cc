@@ -143,6 +143,7 @@ void Session::Run() {
   ::shutdown(sock_.get(), SHUT_RDWR);
   StopRing();
   arena_.Reset();
+  backend_->ArenaSized(0);
   handlers_.clear();
   // Waits for the session's GPU work, then releases its stream, mappings,
   // events and scratch.
@@ -312,6 +313,7 @@ absl::Status Session::DoArenaGrow(const v1::ArenaGrow& grow,
   absl::Status s = arena_.Replace(std::move(fds[0]), grow.size());
   if (!s.ok()) return s;
   reply->set_size(arena_.size());
+  backend_->ArenaSized(arena_.size());
   return absl::OkStatus();
 }
 
@@ -329,7 +331,7 @@ absl::Status Session::RunCpuHandler(uint64_t request_id,
   if (!handler.ok()) return handler.status();
   backend_->BeginLaunch(request_id, decoded.key);
   absl::Status status = backend_->Execute(*handler, decoded.frame);
-  backend_->EndLaunch();
+  backend_->EndLaunch(status.ok());
   return status;
 }
 

@@ -225,7 +225,7 @@ absl::Status Session::DoCudaLaunch(const v1::Launch& launch,
         backend_->BeginLaunch(request_id_, decoded->key);
         absl::Status s =
             backend_->ExecuteWith(*handler, decoded->frame, options);
-        backend_->EndLaunch();
+        backend_->EndLaunch(s.ok());
         return s;
       },
       launch.doorbell_seq(), &signalled);
