@@ -331,9 +331,11 @@ void ExecutorPool::Wait(std::shared_ptr<Group> g) {
   auto it = groups_.find(g->key);
   if (it != groups_.end() && it->second == g) groups_.erase(it);
   if (unreaped_.erase(g) != 0) {
-    dead_counters_.launches += page.header()->counters.launches.load();
-    dead_counters_.launch_errors +=
-        page.header()->counters.launch_errors.load();
+    const SessionCounters& n = page.header()->counters;
+    dead_counters_.launches =
+        SaturatingAdd(dead_counters_.launches, n.launches.load());
+    dead_counters_.launch_errors =
+        SaturatingAdd(dead_counters_.launch_errors, n.launch_errors.load());
     AddGroupStats(*g, &dead_stats_);
   }
   const bool planned =
@@ -457,8 +459,10 @@ PoolCounters ExecutorPool::counters() const {
   absl::MutexLock lock(&mu_);
   PoolCounters c = dead_counters_;
   for (const std::shared_ptr<Group>& g : unreaped_) {
-    c.launches += g->exec->page().header()->counters.launches.load();
-    c.launch_errors += g->exec->page().header()->counters.launch_errors.load();
+    // Untrusted counts: saturate rather than wrap.
+    const SessionCounters& n = g->exec->page().header()->counters;
+    c.launches = SaturatingAdd(c.launches, n.launches.load());
+    c.launch_errors = SaturatingAdd(c.launch_errors, n.launch_errors.load());
   }
   return c;
 }

@@ -61,6 +61,14 @@ HttpHead ParseHttpHead(absl::string_view buf, size_t max_bytes) {
   absl::string_view rest = window;
   absl::string_view line;
   if (!NextLine(&rest, &line)) {
+    // No request line has such bytes (a TLS hello, binary noise): refuse
+    // now rather than wait for a line end that may never come.
+    for (char c : window) {
+      unsigned char u = static_cast<unsigned char>(c);
+      if ((u < 0x20 && c != '\r') || u >= 0x7f) {
+        return Error(400, "not an HTTP/1.x request");
+      }
+    }
     if (buf.size() >= max_bytes) {
       return Error(
           431, absl::StrCat("request line longer than ", max_bytes, " bytes"));
