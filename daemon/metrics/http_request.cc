@@ -90,7 +90,9 @@ HttpHead ParseHttpHead(absl::string_view buf, size_t max_bytes) {
       !std::all_of(method.begin(), method.end(), IsTokenChar)) {
     return Error(400, "malformed method");
   }
-  if (target.empty()) return Error(400, "empty request target");
+  if (target.empty() || target[0] != '/') {
+    return Error(400, "the request target must be a path starting with /");
+  }
   for (char c : target) {
     unsigned char u = static_cast<unsigned char>(c);
     if (u <= 0x20 || u >= 0x7f) return Error(400, "bad byte in request target");

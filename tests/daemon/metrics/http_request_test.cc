@@ -77,6 +77,10 @@ TEST_CASE("Malformed heads are refused with 400 and why", "[http]") {
   CHECK(status("GET /metrics\r\n\r\n").first == 400);
   CHECK(status("GET  /metrics HTTP/1.1\r\n\r\n").first == 400);
   CHECK(status("GET /metrics HTTP/1.1 extra\r\n\r\n").first == 400);
+  // Found by http_request_fuzzer: a target that is only a query.
+  CHECK_THAT(status("GET ?metrics HTTP/1.1\r\n\r\n").second,
+             Catch::Contains("starting with /"));
+  CHECK(status("GET http://x/metrics HTTP/1.1\r\n\r\n").first == 400);
   CHECK(status("G@T /metrics HTTP/1.1\r\n\r\n").second == "malformed method");
   CHECK(status("GET /me\x01trics HTTP/1.1\r\n\r\n").second ==
         "bad byte in request target");
