@@ -16,7 +16,7 @@
 #include "daemon/server.h"
 #include "daemon/session/session_server.h"
 #include "daemon/target_proto.h"
-#include "daemon/version.h"
+#include "common/version.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "common/unique_fd.h"
 #include "daemon/config.h"
 #include "daemon/exec/crash_ledger.h"
 #include "daemon/exec/session_bindings.h"
@@ -22,7 +23,6 @@
 #include "daemon/module_store.h"
 #include "daemon/registrar.h"
 #include "daemon/registry.h"
-#include "daemon/unique_fd.h"
 
 namespace kreg {
 

@@ -13,9 +13,9 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "common/unique_fd.h"
 #include "daemon/exec/target_stats.h"
 #include "daemon/session/session.h"
-#include "daemon/unique_fd.h"
 
 namespace kreg {
 

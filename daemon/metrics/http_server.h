@@ -18,7 +18,7 @@
 #include "absl/status/statusor.h"
 #include "daemon/metrics/http_request.h"
 #include "daemon/metrics/listen_address.h"
-#include "daemon/unique_fd.h"
+#include "common/unique_fd.h"
 
 namespace kreg {
 
