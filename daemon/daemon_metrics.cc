@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/version.h"
 #include "daemon/exec/executor_pool.h"
 #include "daemon/exec/target_stats.h"
 #include "daemon/metrics/http_server.h"
@@ -16,7 +17,6 @@
 #include "daemon/server.h"
 #include "daemon/session/session_server.h"
 #include "daemon/target_proto.h"
-#include "common/version.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {

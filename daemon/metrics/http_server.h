@@ -16,9 +16,9 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "common/unique_fd.h"
 #include "daemon/metrics/http_request.h"
 #include "daemon/metrics/listen_address.h"
-#include "common/unique_fd.h"
 
 namespace kreg {
 
