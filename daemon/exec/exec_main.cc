@@ -159,6 +159,12 @@ int Main() {
     limits.max_module_bytes = init.max_module_bytes();
   limits.spin_us = init.spin_us();
   limits.hello_timeout_ms = init.hello_timeout_ms();
+  std::unique_ptr<wire::ByteBudget> receive_budget;
+  if (init.max_buffered_bytes() != 0) {
+    receive_budget =
+        std::make_unique<wire::ByteBudget>(init.max_buffered_bytes());
+    limits.receive_budget = receive_budget.get();
+  }
   std::list<Served> served;
   int exit_code = 0;
   for (;;) {
