@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "common/paths.h"
 #include "common/version.h"
+#include "daemon/metrics/listen_address.h"
 #include "toml++/toml.h"
 
 namespace kreg {
@@ -54,10 +55,12 @@ absl::Status ApplyToml(const std::string& path, Config* c) {
       return absl::InvalidArgumentError(absl::StrCat(
           "config file ", path, ": key \"", k, "\" must be ", want));
     };
-    if (k == "isolation" || k == "executor_binary") {
+    if (k == "isolation" || k == "executor_binary" || k == "metrics_listen") {
       auto s = value.value<std::string>();
       if (!s) return bad("a string");
-      (k == "isolation" ? c->isolation : c->executor_binary) = *s;
+      (k == "isolation"         ? c->isolation
+       : k == "executor_binary" ? c->executor_binary
+                                : c->metrics_listen) = *s;
     } else if (k == "hello_timeout_s") {
       auto d = value.value<double>();
       if (!d || *d <= 0) return bad("a number of seconds > 0");
@@ -66,10 +69,10 @@ absl::Status ApplyToml(const std::string& path, Config* c) {
       auto d = value.value<double>();
       if (!d || *d < 0) return bad("a number of seconds >= 0 (0: off)");
       c->launch_timeout_s = *d;
-    } else if (k == "seccomp") {
+    } else if (k == "seccomp" || k == "metrics_allow_remote") {
       auto b = value.value<bool>();
       if (!b) return bad("true or false");
-      c->seccomp = *b;
+      (k == "seccomp" ? c->seccomp : c->metrics_allow_remote) = *b;
     } else if (k == "quarantine_crashes" || k == "quarantine_window_s" ||
                k == "executor_idle_s" || k == "max_sessions" ||
                k == "max_sessions_per_uid") {
@@ -119,7 +122,7 @@ absl::Status ApplyToml(const std::string& path, Config* c) {
           "max_sessions, max_sessions_per_uid, hello_timeout_s, "
           "etcd_endpoints, cluster, advertise, peer_listen, host_name, "
           "peer_tls_ca, peer_tls_cert, peer_tls_key, etcd_timeout_s, "
-          "peer_lease_ttl_s)"));
+          "peer_lease_ttl_s, metrics_listen, metrics_allow_remote)"));
     }
   }
   return absl::OkStatus();
@@ -193,6 +196,13 @@ absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now) {
                  "cluster mode: this host's certificate (PEM)");
   app.add_option("--peer-tls-key", tls_key,
                  "cluster mode: this host's private key (PEM)");
+  std::string metrics_listen;
+  bool metrics_allow_remote = false;
+  app.add_option("--metrics-listen", metrics_listen,
+                 "serve Prometheus metrics at http://ADDR/metrics: "
+                 "127.0.0.1:PORT, [::1]:PORT or unix:/path (default: off)");
+  app.add_flag("--metrics-allow-remote", metrics_allow_remote,
+               "allow a --metrics-listen address that is not loopback");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -240,6 +250,17 @@ absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now) {
   }
   absl::Status cluster_ok = FinishClusterConfig(&c);
   if (!cluster_ok.ok()) return cluster_ok;
+  if (!metrics_listen.empty()) c.metrics_listen = metrics_listen;
+  if (metrics_allow_remote) c.metrics_allow_remote = true;
+  if (!c.metrics_listen.empty()) {
+    absl::StatusOr<MetricsAddress> address =
+        ParseMetricsAddress(c.metrics_listen, c.metrics_allow_remote);
+    if (!address.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          address.status().message(),
+          metrics_listen.empty() ? " (config file)" : " (--metrics-listen)"));
+    }
+  }
   {
     std::string iso = c.isolation;
     for (char& ch : iso) ch = static_cast<char>(std::tolower(ch));

@@ -44,6 +44,10 @@ struct Config {
   std::string peer_tls_ca, peer_tls_cert, peer_tls_key;
   double etcd_timeout_s = 5;
   int64_t peer_lease_ttl_s = 10;
+  // The Prometheus endpoint: "" (off), "127.0.0.1:PORT", "[::1]:PORT" or
+  // "unix:/path"; other addresses need metrics_allow_remote.
+  std::string metrics_listen;
+  bool metrics_allow_remote = false;
 };
 
 // config_cluster.cc: the cluster keys of the TOML file. Returns false when

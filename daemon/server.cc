@@ -28,6 +28,7 @@
 #include "daemon/exec/broker.h"
 #include "daemon/exec/executor_pool.h"
 #include "daemon/exec/supervision_service.h"
+#include "daemon/metrics/http_server.h"
 #include "daemon/runnable.h"
 #include "daemon/session/session_server.h"
 #include "spdlog/spdlog.h"
@@ -220,6 +221,9 @@ absl::Status Daemon::Start() {
   // Whether executors here can run CUDA launches (driver and a device; no
   // context is created in kregd), for Target.not_runnable.
   service_->set_cuda_status_of([] { return CudaLaunchStatus(); });
+  service_->set_stats_of([this](const TargetEntry& e) { return StatsOf(e); });
+  service_->set_sessions_of(
+      [this](v1::ListSessionsResponse* r) { ListSessions(r); });
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -237,6 +241,7 @@ absl::Status Daemon::Start() {
   // service clients actually use.
   server_->GetHealthCheckService()->SetServingStatus("kreg.v1.Registry", true);
   st = StartSessions();
+  if (st.ok()) st = StartMetrics();
   if (!st.ok()) return st;
   stop_fd_.reset(::eventfd(0, EFD_CLOEXEC));
   accept_thread_ = std::thread([this] { AcceptLoop(); });
@@ -340,6 +345,7 @@ void Daemon::Shutdown() {
   }
   if (accept_thread_.joinable()) accept_thread_.join();
   if (watchdog_thread_.joinable()) watchdog_thread_.join();
+  metrics_.reset();  // before what it reads
   StopSessions();
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() +
@@ -454,6 +460,9 @@ void Daemon::FillSessionStatus(v1::GetStatusResponse* r) {
   uint32_t quarantined = 0;
   for (const CrashRecord& row : ledger_.Rows()) quarantined += row.quarantined;
   r->set_quarantined(quarantined);
+  for (v1::TargetStats& t : CurrentTargetStats()) {
+    *r->add_target_stats() = std::move(t);
+  }
 }
 
 }  // namespace kreg

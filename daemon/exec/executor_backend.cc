@@ -145,14 +145,27 @@ uint32_t ExecutorBackend::ffi_api_minor() const { return XLA_FFI_API_MINOR; }
 
 void ExecutorBackend::BeginLaunch(uint64_t request_id, const TargetKey& key) {
   auto it = tokens_.find(key);
+  const uint32_t token = it == tokens_.end() ? 0 : it->second;
+  launch_row_ = shared_.page->stats_row(token);
+  launch_started_ns_ = MonotonicNs();
   slot_->request_id.store(request_id, std::memory_order_relaxed);
-  slot_->started_ns.store(MonotonicNs(), std::memory_order_relaxed);
-  slot_->token.store(it == tokens_.end() ? 0 : it->second,
-                     std::memory_order_release);
+  slot_->started_ns.store(launch_started_ns_, std::memory_order_relaxed);
+  slot_->token.store(token, std::memory_order_release);
 }
 
-void ExecutorBackend::EndLaunch() {
+void ExecutorBackend::EndLaunch(bool ok) {
+  if (launch_row_ != nullptr) {
+    const int64_t ns = MonotonicNs() - launch_started_ns_;
+    RecordLaunch(launch_row_, static_cast<uint64_t>(std::max<int64_t>(ns, 0)),
+                 ok);
+    launch_row_ = nullptr;
+  }
+  slot_->launches.fetch_add(1, std::memory_order_relaxed);
   slot_->token.store(0, std::memory_order_release);
+}
+
+void ExecutorBackend::ArenaSized(uint64_t bytes) {
+  slot_->arena_bytes.store(bytes, std::memory_order_relaxed);
 }
 
 bool ExecutorBackend::ShouldStop() { return shared_.recycle->load(); }

@@ -26,7 +26,7 @@ absl::Status CpuExecutor::Run(uint64_t request_id,
   if (!handler.ok()) return handler.status();
   ctx_.backend->BeginLaunch(request_id, decoded.key);
   absl::Status status = ctx_.backend->Execute(*handler, decoded.frame);
-  ctx_.backend->EndLaunch();
+  ctx_.backend->EndLaunch(status.ok());
   return status;
 }
 

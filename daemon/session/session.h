@@ -61,12 +61,16 @@ class SessionBackend {
   virtual uint32_t ffi_api_major() const = 0;
   virtual uint32_t ffi_api_minor() const = 0;
   // Around every handler call of a launch: the request's id and target
-  // (an executor records them where kregd can read them if it dies).
+  // (an executor records them where kregd can read them if it dies), then
+  // whether the handler succeeded (an executor counts the call and its
+  // latency per target).
   virtual void BeginLaunch(uint64_t request_id, const TargetKey& key) {
     (void)request_id;
     (void)key;
   }
-  virtual void EndLaunch() {}
+  virtual void EndLaunch(bool ok) { (void)ok; }
+  // The session's arena now has `bytes` (0 once released).
+  virtual void ArenaSized(uint64_t bytes) { (void)bytes; }
   // After each reply: true asks the session to end (the executor is being
   // recycled, e.g. after a sticky CUDA error).
   virtual bool ShouldStop() { return false; }
