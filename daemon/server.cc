@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -23,6 +24,7 @@
 #include "daemon/exec/broker.h"
 #include "daemon/exec/executor_pool.h"
 #include "daemon/exec/supervision_service.h"
+#include "daemon/gpu_sharing.h"
 #include "daemon/runnable.h"
 #include "daemon/session/session_server.h"
 #include "daemon/version.h"
@@ -232,6 +234,7 @@ absl::Status Daemon::Start() {
   server_->GetHealthCheckService()->SetServingStatus("kreg.v1.Registry", true);
   st = StartSessions();
   if (!st.ok()) return st;
+  LogGpuSharing();
   stop_fd_.reset(::eventfd(0, EFD_CLOEXEC));
   accept_thread_ = std::thread([this] { AcceptLoop(); });
 
@@ -322,6 +325,11 @@ void Daemon::FillStatus(v1::GetStatusResponse* r) {
   r->set_ffi_api_major(kHostedApiMajor);
   r->set_ffi_api_minor(kHostedApiMinor);
   r->set_max_module_bytes(config_.max_module_bytes);
+  GpuSharing sharing = DescribeGpuSharing(
+      CudaLaunchStatus(),
+      ProbeMpsControl(MpsPipeDir(std::getenv("CUDA_MPS_PIPE_DIRECTORY"))));
+  r->set_gpu_sharing(sharing.mode);
+  r->set_gpu_sharing_note(sharing.note);
   FillSessionStatus(r);
 }
 
@@ -341,6 +349,17 @@ void Daemon::Shutdown() {
   }
   if (owns_socket_file_) ::unlink(config_.socket_path.c_str());
   spdlog::info("kregd stopped");
+}
+
+void Daemon::LogGpuSharing() {
+  MpsControl mps =
+      ProbeMpsControl(MpsPipeDir(std::getenv("CUDA_MPS_PIPE_DIRECTORY")));
+  GpuSharing sharing = DescribeGpuSharing(CudaLaunchStatus(), mps);
+  if (std::string warning = GpuSharingWarning(sharing, mps); !warning.empty()) {
+    spdlog::warn("{}", warning);
+  } else {
+    spdlog::info("GPU sharing: {} ({})", sharing.mode, sharing.note);
+  }
 }
 
 absl::Status Daemon::StartSessions() {

@@ -53,6 +53,8 @@ class Daemon {
   absl::Status StartSessions();
   void StopSessions();
   void FillSessionStatus(v1::GetStatusResponse* resp);
+  // The GPU sharing mode at start: a warning without MPS (DESIGN §8).
+  void LogGpuSharing();
 
   const Config config_;
   const std::chrono::steady_clock::time_point started_;
