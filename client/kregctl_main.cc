@@ -13,8 +13,8 @@
 
 #include "CLI/CLI.hpp"
 #include "client/client.h"
-#include "daemon/config.h"
-#include "daemon/version.h"
+#include "common/paths.h"
+#include "common/version.h"
 #include "nlohmann/json.hpp"
 
 namespace {

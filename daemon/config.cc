@@ -6,7 +6,8 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
-#include "daemon/version.h"
+#include "common/paths.h"
+#include "common/version.h"
 #include "toml++/toml.h"
 
 namespace kreg {
@@ -25,13 +26,6 @@ absl::Status CheckLogLevel(const std::string& level, const std::string& from) {
       absl::StrCat("unknown log level \"", level, "\" (", from,
                    "); use one of trace, debug, info, warn, error, critical, "
                    "off"));
-}
-
-std::string EnvOr(const char* name, const std::string& suffix,
-                  const std::string& fallback) {
-  const char* v = std::getenv(name);
-  if (v != nullptr && v[0] == '/') return std::string(v) + suffix;
-  return fallback;
 }
 
 // The field of a positive-integer config key, or null.
@@ -125,18 +119,6 @@ absl::Status ApplyToml(const std::string& path, Config* c) {
 }
 
 }  // namespace
-
-std::string DefaultSocketPath() {
-  return EnvOr("XDG_RUNTIME_DIR", "/kregd/kregd.sock", "/run/kregd/kregd.sock");
-}
-
-std::string DefaultStateDir() {
-  return EnvOr("XDG_STATE_HOME", "/kregd", "/var/lib/kregd");
-}
-
-std::string SessionSocketPath(const std::string& grpc_socket_path) {
-  return grpc_socket_path + ".session";
-}
 
 absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now) {
   *exit_now = false;

@@ -35,13 +35,6 @@ struct Config {
   double hello_timeout_s = 10;  // a session must say Hello within this
 };
 
-// $XDG_RUNTIME_DIR/kregd/kregd.sock or /run/kregd/kregd.sock.
-std::string DefaultSocketPath();
-// $XDG_STATE_HOME/kregd or /var/lib/kregd.
-std::string DefaultStateDir();
-// The session (data-plane) socket beside a gRPC socket.
-std::string SessionSocketPath(const std::string& grpc_socket_path);
-
 // Parses flags (and the --config TOML file they name). INVALID_ARGUMENT
 // with the offending flag, key or value. For --help, prints it and sets
 // `*exit_now`.

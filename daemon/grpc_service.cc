@@ -67,8 +67,29 @@ grpc::Status RegistryService::RegisterTarget(
     }
     upload += chunk.module_bytes();
   }
+  RegistrationRequest request;
+  request.target_name = header.target_name();
+  request.func_name = header.func_name();
+  request.platform = header.platform();
+  request.content_id = header.content_id();
+  request.file_name = header.module().file_name();
+  request.replace = header.replace();
+  request.in_process = header.in_process();
+  switch (header.module().source_case()) {
+    case v1::ModuleSource::kPath:
+      request.source = RegistrationRequest::Source::kPath;
+      request.path = header.module().path();
+      break;
+    case v1::ModuleSource::kUploadSize:
+      request.source = RegistrationRequest::Source::kUpload;
+      request.upload_size = header.module().upload_size();
+      request.upload = std::move(upload);
+      break;
+    case v1::ModuleSource::SOURCE_NOT_SET:
+      break;
+  }
   absl::StatusOr<RegisterOutcome> out =
-      registrar_->Register(header, std::move(upload), peer_of_(ctx->peer()));
+      registrar_->Register(std::move(request), peer_of_(ctx->peer()));
   if (!out.ok()) {
     if (out.status().code() != absl::StatusCode::kFailedPrecondition) {
       return ToGrpcStatus(out.status());

@@ -7,8 +7,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/unique_fd.h"
 #include "daemon/registry.h"
-#include "daemon/unique_fd.h"
 
 namespace kreg {
 

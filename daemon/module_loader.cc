@@ -16,8 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/unique_fd.h"
 #include "daemon/ffi/ffi_host.h"
-#include "daemon/unique_fd.h"
 #include "spdlog/spdlog.h"
 
 extern char** environ;

@@ -23,7 +23,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "daemon/session/wire.h"
+#include "common/wire.h"
 
 extern char** environ;
 

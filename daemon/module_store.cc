@@ -14,7 +14,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "daemon/unique_fd.h"
+#include "common/unique_fd.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {

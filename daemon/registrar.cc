@@ -14,9 +14,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/unique_fd.h"
 #include "daemon/log_limit.h"
 #include "daemon/module_path.h"
-#include "daemon/unique_fd.h"
 #include "daemon/validate.h"
 #include "spdlog/spdlog.h"
 
@@ -241,10 +241,9 @@ absl::StatusOr<std::string> ReadModuleForPeer(const std::string& path,
 Registrar::Registrar(Registry* registry, ModulePolicy policy)
     : registry_(registry), policy_(std::move(policy)) {}
 
-absl::StatusOr<RegisterOutcome> Registrar::Register(
-    const v1::RegisterTargetHeader& header, std::string upload,
-    const PeerCred& peer) {
-  absl::StatusOr<RegisterArgs> args = Parse(header, std::move(upload), peer);
+absl::StatusOr<RegisterOutcome> Registrar::Register(RegistrationRequest request,
+                                                    const PeerCred& peer) {
+  absl::StatusOr<RegisterArgs> args = Parse(request, peer);
   if (!args.ok()) {
     // The registry logs its own decisions; these are the edge's
     // (rate-limited per uid: a client can send bad requests at will).
@@ -253,8 +252,8 @@ absl::StatusOr<RegisterOutcome> Registrar::Register(
       spdlog::info(
           "registration refused ({}): target {} ({}) by uid {} pid {}: {}{}",
           absl::StatusCodeToString(args.status().code()),
-          QuoteForMessage(header.target_name()),
-          QuoteForMessage(header.platform()), peer.uid, peer.pid,
+          QuoteForMessage(request.target_name),
+          QuoteForMessage(request.platform), peer.uid, peer.pid,
           std::string(args.status().message()), suppressed);
     }
     return args.status();
@@ -263,72 +262,69 @@ absl::StatusOr<RegisterOutcome> Registrar::Register(
   if (out.ok()) return out;
   // How messages name the module: the path, else the client's file name.
   const std::string& display =
-      header.module().source_case() == v1::ModuleSource::kPath
-          ? header.module().path()
-          : header.module().file_name();
+      request.source == RegistrationRequest::Source::kPath ? request.path
+                                                           : request.file_name;
   return NameTheModule(out.status(), display);
 }
 
-absl::StatusOr<RegisterArgs> Registrar::Parse(
-    const v1::RegisterTargetHeader& header, std::string upload,
-    const PeerCred& peer) {
-  absl::Status st = ValidateTargetName(header.target_name());
+absl::StatusOr<RegisterArgs> Registrar::Parse(RegistrationRequest& request,
+                                              const PeerCred& peer) {
+  absl::Status st = ValidateTargetName(request.target_name);
   if (!st.ok()) return st;
-  absl::StatusOr<Platform> platform = ParsePlatform(header.platform());
+  absl::StatusOr<Platform> platform = ParsePlatform(request.platform);
   if (!platform.ok()) return platform.status();
-  st = ValidateFuncName(header.func_name());
+  st = ValidateFuncName(request.func_name);
   if (!st.ok()) return st;
-  st = ValidateContentId(header.content_id());
+  st = ValidateContentId(request.content_id);
   if (!st.ok()) return st;
 
   RegisterArgs args;
-  args.key = {header.target_name(), *platform};
-  args.func_name = header.func_name();
-  args.content_id = header.content_id();
+  args.key = {request.target_name, *platform};
+  args.func_name = request.func_name;
+  args.content_id = request.content_id;
   args.peer = peer;
-  args.replace = header.replace();
-  if (header.in_process()) {
-    if (header.content_id().empty()) {
+  args.replace = request.replace;
+  if (request.in_process) {
+    if (request.content_id.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "in-process target \"", header.target_name(),
+          "in-process target \"", request.target_name,
           "\" needs a content_id (the callable's code fingerprint)"));
     }
-    if (header.module().source_case() != v1::ModuleSource::SOURCE_NOT_SET) {
+    if (request.source != RegistrationRequest::Source::kNone) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "in-process target \"", header.target_name(),
+          "in-process target \"", request.target_name,
           "\" must not carry a module: it runs inside its own process"));
     }
     args.kind = TargetKind::kInProcess;
     args.origin = absl::StrCat("in-process:pid ", peer.pid);
     return args;
   }
-  st = ValidateModuleFileName(header.module().file_name());
+  st = ValidateModuleFileName(request.file_name);
   if (!st.ok()) return st;
-  switch (header.module().source_case()) {
-    case v1::ModuleSource::kPath: {
+  switch (request.source) {
+    case RegistrationRequest::Source::kPath: {
       absl::StatusOr<std::string> bytes =
-          ReadModuleForPeer(header.module().path(), policy_, peer);
+          ReadModuleForPeer(request.path, policy_, peer);
       if (!bytes.ok()) return bytes.status();
       args.module_bytes = *std::move(bytes);
-      args.origin = absl::StrCat("path:", header.module().path());
+      args.origin = absl::StrCat("path:", request.path);
       break;
     }
-    case v1::ModuleSource::kUploadSize:
-      if (header.module().upload_size() > policy_.max_module_bytes) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("uploaded module is ", header.module().upload_size(),
-                         " bytes; the limit is ", policy_.max_module_bytes,
-                         " (max_module_bytes)"));
+    case RegistrationRequest::Source::kUpload:
+      if (request.upload_size > policy_.max_module_bytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "uploaded module is ", request.upload_size, " bytes; the limit is ",
+            policy_.max_module_bytes, " (max_module_bytes)"));
       }
-      if (upload.size() != header.module().upload_size()) {
+      if (request.upload.size() != request.upload_size) {
         return absl::InvalidArgumentError(
-            absl::StrCat("upload announced ", header.module().upload_size(),
-                         " bytes but ", upload.size(), " arrived"));
+            absl::StrCat("upload announced ", request.upload_size,
+                         " bytes but ", request.upload.size(), " arrived"));
       }
-      args.module_bytes = std::move(upload);
+      args.module_bytes = std::move(request.upload);
       args.origin = absl::StrCat("upload:", args.module_bytes.size(), " bytes");
       break;
-    default:
+    case RegistrationRequest::Source::kNone:
       return absl::InvalidArgumentError(
           "the request names no module: set module.path or module.upload_size");
   }

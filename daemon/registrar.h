@@ -8,7 +8,6 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/registry.h"
-#include "kreg/v1/registry.pb.h"
 
 namespace kreg {
 
@@ -37,25 +36,44 @@ absl::StatusOr<std::string> ReadModuleForPeer(const std::string& path,
                                               const ModulePolicy& policy,
                                               const PeerCred& peer);
 
+// One registration request as every front end hands it over (the gRPC
+// RegisterTarget stream, a session's RegisterRequest through its broker):
+// the client's text fields still unvalidated (Registrar checks them, once)
+// and where the module comes from.
+struct RegistrationRequest {
+  enum class Source { kNone, kPath, kUpload };
+
+  std::string target_name;
+  std::string func_name;
+  std::string platform;  // "cpu"/"host"/"cuda"/"gpu", any case
+  std::string content_id;
+  std::string file_name;  // the module's name on the client (messages only)
+  bool replace = false;
+  bool in_process = false;
+  Source source = Source::kNone;
+  std::string path;          // kPath: a path on the daemon's host
+  uint64_t upload_size = 0;  // kUpload: the size the client announced
+  std::string upload;        // kUpload: the bytes that arrived
+};
+
 // Thread-safe; the registry must outlive it.
 class Registrar {
  public:
   Registrar(Registry* registry, ModulePolicy policy);
 
-  // `upload` holds the module bytes when header.module() is an upload
-  // (its size must equal upload_size). Errors: INVALID_ARGUMENT for bad
-  // fields (quoted), those of ReadModuleForPeer, and the registry's. Every
-  // refusal here is logged at info (the registry logs its own decisions).
-  absl::StatusOr<RegisterOutcome> Register(
-      const v1::RegisterTargetHeader& header, std::string upload,
-      const PeerCred& peer);
+  // An upload's bytes must number upload_size. Errors: INVALID_ARGUMENT for
+  // bad fields (quoted), those of ReadModuleForPeer, and the registry's.
+  // Every refusal here is logged at info (the registry logs its own
+  // decisions).
+  absl::StatusOr<RegisterOutcome> Register(RegistrationRequest request,
+                                           const PeerCred& peer);
 
   const ModulePolicy& policy() const { return policy_; }
 
  private:
   // The edge checks: the typed request, or the first error.
-  absl::StatusOr<RegisterArgs> Parse(const v1::RegisterTargetHeader& header,
-                                     std::string upload, const PeerCred& peer);
+  absl::StatusOr<RegisterArgs> Parse(RegistrationRequest& request,
+                                     const PeerCred& peer);
 
   Registry* const registry_;
   const ModulePolicy policy_;

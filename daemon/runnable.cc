@@ -1,7 +1,7 @@
 #include "daemon/runnable.h"
 
 #include "absl/strings/str_cat.h"
-#include "daemon/cuda/cuda_driver.h"
+#include "common/cuda_driver.h"
 
 namespace kreg {
 

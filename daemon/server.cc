@@ -21,13 +21,14 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/paths.h"
+#include "common/version.h"
 #include "daemon/exec/broker.h"
 #include "daemon/exec/executor_pool.h"
 #include "daemon/exec/supervision_service.h"
 #include "daemon/gpu_sharing.h"
 #include "daemon/runnable.h"
 #include "daemon/session/session_server.h"
-#include "daemon/version.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {

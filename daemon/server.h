@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
+#include "common/unique_fd.h"
 #include "daemon/config.h"
 #include "daemon/exec/crash_ledger.h"
 #include "daemon/exec/session_bindings.h"
@@ -21,7 +22,6 @@
 #include "daemon/module_store.h"
 #include "daemon/registrar.h"
 #include "daemon/registry.h"
-#include "daemon/unique_fd.h"
 
 namespace kreg {
 

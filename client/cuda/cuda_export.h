@@ -10,9 +10,9 @@
 #include <memory>
 #include <string>
 
-#include "client/common/status.h"
-#include "daemon/cuda/cuda_driver.h"
-#include "daemon/unique_fd.h"
+#include "common/cuda_driver.h"
+#include "common/status.h"
+#include "common/unique_fd.h"
 
 namespace kreg::cuda_client {
 

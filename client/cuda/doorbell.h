@@ -8,10 +8,10 @@
 #include <cstdint>
 #include <memory>
 
-#include "client/common/status.h"
 #include "client/cuda/staging_buffer.h"
-#include "daemon/cuda/cuda_driver.h"
-#include "daemon/unique_fd.h"
+#include "common/cuda_driver.h"
+#include "common/status.h"
+#include "common/unique_fd.h"
 
 namespace kreg::cuda_client {
 

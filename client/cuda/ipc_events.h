@@ -5,8 +5,8 @@
 
 #include <memory>
 
-#include "client/common/status.h"
-#include "daemon/cuda/cuda_driver.h"
+#include "common/cuda_driver.h"
+#include "common/status.h"
 
 namespace kreg::cuda_client {
 

@@ -10,9 +10,9 @@
 #include <memory>
 #include <vector>
 
-#include "client/common/status.h"
 #include "client/cuda/cuda_export.h"
-#include "daemon/cuda/cuda_driver.h"
+#include "common/cuda_driver.h"
+#include "common/status.h"
 
 namespace kreg::cuda_client {
 

@@ -16,8 +16,8 @@
 #include <utility>
 #include <vector>
 
-#include "client/common/status.h"
 #include "client/shim/conn.h"
+#include "common/status.h"
 #include "kreg/v1/session.pb.h"
 
 namespace kreg {

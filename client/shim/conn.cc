@@ -17,8 +17,8 @@
 
 #include "client/shim/cuda_forward.h"
 #include "client/shim/ring_client.h"
-#include "daemon/session/ring_layout.h"
-#include "daemon/session/wire.h"
+#include "common/ring_layout.h"
+#include "common/wire.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace kreg {

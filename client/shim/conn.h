@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "client/common/status.h"
+#include "common/status.h"
 #include "kreg/v1/session.pb.h"
 
 namespace kreg {

@@ -14,14 +14,14 @@
 #include <tuple>
 #include <vector>
 
-#include "client/common/status.h"
 #include "client/cuda/cuda_export.h"
 #include "client/cuda/doorbell.h"
 #include "client/cuda/ipc_events.h"
 #include "client/cuda/staging_buffer.h"
 #include "client/shim/cuda_forward.h"
-#include "daemon/cuda/cuda_driver.h"
-#include "daemon/unique_fd.h"
+#include "common/cuda_driver.h"
+#include "common/status.h"
+#include "common/unique_fd.h"
 #include "kreg/v1/session.pb.h"
 
 namespace kreg {

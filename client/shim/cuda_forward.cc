@@ -11,7 +11,7 @@
 #include "client/shim/cuda_launch.h"
 #include "client/shim/cuda_trace.h"
 #include "client/shim/launch_encoder.h"
-#include "daemon/cuda/cuda_driver.h"
+#include "common/cuda_driver.h"
 
 namespace kreg {
 namespace shim {

@@ -8,8 +8,8 @@
 
 #include <string>
 
-#include "client/common/status.h"
 #include "client/shim/client.h"
+#include "common/status.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace kreg {

@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "client/shim/cuda_trace.h"
-#include "daemon/session/wire.h"
+#include "common/wire.h"
 
 namespace kreg {
 namespace shim {

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "client/common/status.h"
 #include "client/shim/conn.h"
 #include "client/shim/cuda_conn_state.h"
-#include "daemon/cuda/cuda_driver.h"
+#include "common/cuda_driver.h"
+#include "common/status.h"
 #include "kreg/v1/session.pb.h"
 
 namespace kreg {

@@ -5,8 +5,8 @@
 
 #include <string>
 
-#include "client/common/status.h"
 #include "client/shim/client.h"
+#include "common/status.h"
 
 namespace kreg {
 namespace shim {

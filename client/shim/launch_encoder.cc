@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "client/shim/cuda_forward.h"
-#include "daemon/session/dtype.h"
+#include "common/dtype.h"
 
 namespace kreg {
 namespace shim {

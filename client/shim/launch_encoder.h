@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <string>
 
-#include "client/common/status.h"
 #include "client/shim/client.h"
+#include "common/status.h"
 #include "kreg/v1/session.pb.h"
 #include "xla/ffi/api/c_api.h"
 

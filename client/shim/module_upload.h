@@ -4,8 +4,8 @@
 #ifndef KREGD_CLIENT_SHIM_MODULE_UPLOAD_H_
 #define KREGD_CLIENT_SHIM_MODULE_UPLOAD_H_
 
-#include "client/common/status.h"
 #include "client/shim/conn.h"
+#include "common/status.h"
 #include "kreg/v1/session.pb.h"
 
 namespace kreg {

@@ -6,8 +6,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "daemon/session/ring_encode.h"
-#include "daemon/session/ring_layout.h"
+#include "common/ring_encode.h"
+#include "common/ring_layout.h"
 
 namespace kreg {
 namespace shim {

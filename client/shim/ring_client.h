@@ -1,5 +1,5 @@
 // The shim's side of a session's shared-memory launch ring (DESIGN §9,
-// layout in daemon/session/ring_layout.h).
+// layout in common/ring_layout.h).
 #ifndef KREGD_CLIENT_SHIM_RING_CLIENT_H_
 #define KREGD_CLIENT_SHIM_RING_CLIENT_H_
 
@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "client/common/status.h"
+#include "common/status.h"
 #include "kreg/v1/session.pb.h"
 
 namespace kreg {

@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/cuda/cuda_driver.h"
+#include "common/cuda_driver.h"
 
 namespace kreg {
 

@@ -11,8 +11,8 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "common/unique_fd.h"
 #include "daemon/cuda/cuda_devices.h"
-#include "daemon/unique_fd.h"
 
 namespace kreg {
 

@@ -12,13 +12,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "common/unique_fd.h"
 #include "daemon/cuda/cuda_devices.h"
 #include "daemon/cuda/cuda_mapping.h"
 #include "daemon/cuda/mapping_cache.h"
 #include "daemon/cuda/session_streams.h"
 #include "daemon/cuda/stream_allocator.h"
 #include "daemon/ffi/ffi_host.h"
-#include "daemon/unique_fd.h"
 
 namespace kreg {
 

@@ -10,11 +10,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/wire.h"
 #include "daemon/module_store.h"
 #include "daemon/registrar.h"
 #include "daemon/registry.h"
 #include "daemon/runnable.h"
-#include "daemon/session/wire.h"
 #include "daemon/validate.h"
 #include "kreg/v1/registry.pb.h"
 #include "spdlog/spdlog.h"
@@ -61,26 +61,27 @@ void FillTargetInfo(const TargetEntry& e, v1::TargetInfo* t) {
 absl::StatusOr<v1::RegisterReply> RegisterForSession(
     Registrar* registrar, const v1::RegisterRequest& req,
     const PeerCred& peer) {
-  v1::RegisterTargetHeader header;
-  header.set_target_name(req.target_name());
-  header.set_func_name(req.func_name());
-  header.set_platform(req.platform());
-  header.set_replace(req.replace());
-  header.set_content_id(req.content_id());
-  header.set_in_process(req.in_process());
-  header.mutable_module()->set_file_name(req.file_name());
-  std::string upload;
+  RegistrationRequest request;
+  request.target_name = req.target_name();
+  request.func_name = req.func_name();
+  request.platform = req.platform();
+  request.content_id = req.content_id();
+  request.file_name = req.file_name();
+  request.replace = req.replace();
+  request.in_process = req.in_process();
   if (req.module_case() == v1::RegisterRequest::kPath) {
-    header.mutable_module()->set_path(req.path());
+    request.source = RegistrationRequest::Source::kPath;
+    request.path = req.path();
   } else if (req.module_case() == v1::RegisterRequest::kUpload) {
-    header.mutable_module()->set_upload_size(req.upload().size());
-    upload = req.upload();
+    request.source = RegistrationRequest::Source::kUpload;
+    request.upload_size = req.upload().size();
+    request.upload = req.upload();
   } else if (!req.in_process()) {  // in-process targets carry no module
     return absl::InvalidArgumentError(
         "RegisterRequest carries neither a module path nor an upload");
   }
   absl::StatusOr<RegisterOutcome> out =
-      registrar->Register(header, std::move(upload), peer);
+      registrar->Register(std::move(request), peer);
   if (!out.ok()) return out.status();
   v1::RegisterReply reply;
   reply.set_created(out->created);

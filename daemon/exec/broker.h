@@ -9,12 +9,12 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/unique_fd.h"
 #include "daemon/exec/crash_ledger.h"
 #include "daemon/exec/executor_pool.h"
 #include "daemon/exec/session_bindings.h"
 #include "daemon/session/session.h"
 #include "daemon/types.h"
-#include "daemon/unique_fd.h"
 #include "kreg/v1/executor.pb.h"
 
 namespace kreg {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/wire.h"
 #include "daemon/cuda/cuda_devices.h"
 #include "daemon/exec/executor_backend.h"
 #include "daemon/exec/hardening.h"
@@ -27,7 +28,6 @@
 #include "daemon/exec/status_page.h"
 #include "daemon/ffi/ffi_host.h"
 #include "daemon/session/session.h"
-#include "daemon/session/wire.h"
 #include "kreg/v1/executor.pb.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"

@@ -17,7 +17,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "daemon/session/wire.h"
+#include "common/wire.h"
 #include "spdlog/spdlog.h"
 
 extern char** environ;

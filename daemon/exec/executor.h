@@ -11,8 +11,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/unique_fd.h"
 #include "daemon/exec/status_page.h"
-#include "daemon/unique_fd.h"
 #include "kreg/v1/executor.pb.h"
 
 namespace kreg {

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/wire.h"
 #include "daemon/cuda/cuda_devices.h"
 #include "daemon/ffi/ffi_host.h"
-#include "daemon/session/wire.h"
 #include "spdlog/spdlog.h"
 #include "xla/ffi/api/c_api.h"
 

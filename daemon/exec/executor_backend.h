@@ -9,10 +9,10 @@
 #include <map>
 #include <string>
 
+#include "common/unique_fd.h"
 #include "daemon/exec/module_cache.h"
 #include "daemon/exec/status_page.h"
 #include "daemon/session/session.h"
-#include "daemon/unique_fd.h"
 #include "kreg/v1/executor.pb.h"
 
 namespace kreg {

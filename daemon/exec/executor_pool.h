@@ -20,9 +20,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "common/unique_fd.h"
 #include "daemon/exec/crash_ledger.h"
 #include "daemon/types.h"
-#include "daemon/unique_fd.h"
 #include "kreg/v1/executor.pb.h"
 
 namespace kreg {

@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/unique_fd.h"
+#include "common/unique_fd.h"
 
 namespace kreg {
 

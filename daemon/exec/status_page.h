@@ -11,8 +11,8 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "common/unique_fd.h"
 #include "daemon/session/session.h"
-#include "daemon/unique_fd.h"
 
 namespace kreg {
 

@@ -5,7 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/session/dtype.h"
+#include "common/dtype.h"
 
 namespace kreg {
 namespace ffi_internal {

@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
-#include "daemon/session/dtype.h"
+#include "common/dtype.h"
 #include "daemon/validate.h"
 
 namespace kreg {

@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/session/ring_layout.h"
+#include "common/ring_layout.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {

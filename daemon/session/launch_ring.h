@@ -10,7 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "daemon/unique_fd.h"
+#include "common/unique_fd.h"
 
 namespace kreg {
 

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "daemon/session/ring_layout.h"
+#include "common/ring_layout.h"
 #include "daemon/validate.h"
 
 namespace kreg {

@@ -10,14 +10,14 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/ring_layout.h"
+#include "common/wire.h"
 #include "daemon/cuda/cuda_devices.h"
 #include "daemon/cuda/cuda_session.h"
 #include "daemon/log_limit.h"
 #include "daemon/session/launch_decoder.h"
 #include "daemon/session/launch_ring.h"
 #include "daemon/session/module_upload.h"
-#include "daemon/session/ring_layout.h"
-#include "daemon/session/wire.h"
 #include "daemon/validate.h"
 #include "spdlog/spdlog.h"
 

@@ -13,12 +13,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/unique_fd.h"
 #include "daemon/ffi/ffi_host.h"
 #include "daemon/launch.h"
 #include "daemon/session/ring_decoder.h"
 #include "daemon/session/shm_arena.h"
 #include "daemon/types.h"
-#include "daemon/unique_fd.h"
 #include "kreg/v1/session.pb.h"
 
 namespace kreg {

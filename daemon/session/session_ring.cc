@@ -9,9 +9,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/ring_layout.h"
 #include "daemon/log_limit.h"
 #include "daemon/session/launch_ring.h"
-#include "daemon/session/ring_layout.h"
 #include "daemon/session/session.h"
 #include "spdlog/spdlog.h"
 

@@ -13,7 +13,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/session/wire.h"
+#include "common/wire.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {

@@ -16,8 +16,8 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "common/unique_fd.h"
 #include "daemon/session/session.h"
-#include "daemon/unique_fd.h"
 
 namespace kreg {
 

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/dtype.h"
 #include "daemon/launch.h"
-#include "daemon/session/dtype.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace kreg::fuzz {

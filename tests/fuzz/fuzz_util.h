@@ -11,7 +11,7 @@
 #include <cstdio>
 #include <string>
 
-#include "daemon/unique_fd.h"
+#include "common/unique_fd.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg::fuzz {

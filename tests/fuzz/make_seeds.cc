@@ -8,7 +8,7 @@
 #include <fstream>
 #include <string>
 
-#include "daemon/session/ring_encode.h"
+#include "common/ring_encode.h"
 #include "kreg/v1/executor.pb.h"
 #include "kreg/v1/journal.pb.h"
 #include "kreg/v1/session.pb.h"

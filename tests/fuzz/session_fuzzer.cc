@@ -13,8 +13,8 @@
 #include <string>
 #include <thread>
 
+#include "common/wire.h"
 #include "daemon/session/session.h"
-#include "daemon/session/wire.h"
 #include "tests/fuzz/buffer_check.h"
 #include "tests/fuzz/fuzz_util.h"
 

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
-#include "daemon/session/wire.h"
+#include "common/wire.h"
 #include "kreg/v1/session.pb.h"
 #include "tests/testing/daemon_fixture.h"
 #include "tests/testing/temp_dir.h"

@@ -28,5 +28,5 @@ __all__ = [
     "Target", "connect", "default_address", "list_registered_targets",
     "register_ffi_target",
 ]
-# Same as `kregd --version` (daemon/version.h); a test keeps them equal.
+# Same as `kregd --version` (common/version.h); a test keeps them equal.
 __version__ = "0.1.0"

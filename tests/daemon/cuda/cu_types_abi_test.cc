@@ -6,7 +6,7 @@
 #include <type_traits>
 
 #include "catch2/catch.hpp"
-#include "daemon/cuda/cu_types.h"
+#include "common/cu_types.h"
 
 namespace {
 

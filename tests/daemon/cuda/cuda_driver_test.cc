@@ -1,5 +1,5 @@
 // The driver loader and the driver-independent helpers of cuda_driver.h.
-#include "daemon/cuda/cuda_driver.h"
+#include "common/cuda_driver.h"
 
 #include <string>
 

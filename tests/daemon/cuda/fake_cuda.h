@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/cuda/cuda_driver.h"
+#include "common/cuda_driver.h"
 
 namespace kreg::testing {
 

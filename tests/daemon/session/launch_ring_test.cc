@@ -17,10 +17,10 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
-#include "daemon/session/ring_encode.h"
-#include "daemon/session/ring_layout.h"
+#include "common/ring_encode.h"
+#include "common/ring_layout.h"
+#include "common/wire.h"
 #include "daemon/session/session.h"
-#include "daemon/session/wire.h"
 #include "tests/daemon/session/test_util.h"
 #include "xla/ffi/api/c_api.h"
 

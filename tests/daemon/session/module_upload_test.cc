@@ -6,7 +6,7 @@
 #include <string>
 
 #include "catch2/catch.hpp"
-#include "daemon/unique_fd.h"
+#include "common/unique_fd.h"
 
 namespace kreg {
 namespace {

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "common/ring_encode.h"
+#include "common/ring_layout.h"
 #include "daemon/session/launch_decoder.h"
-#include "daemon/session/ring_encode.h"
-#include "daemon/session/ring_layout.h"
 #include "tests/daemon/session/test_util.h"
 #include "xla/ffi/api/c_api.h"
 

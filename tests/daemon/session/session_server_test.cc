@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "catch2/catch.hpp"
-#include "daemon/session/wire.h"
+#include "common/wire.h"
 
 namespace kreg {
 namespace {

@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
-#include "daemon/session/wire.h"
+#include "common/wire.h"
 #include "tests/daemon/session/test_util.h"
 #include "xla/ffi/api/c_api.h"
 

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "daemon/unique_fd.h"
+#include "common/unique_fd.h"
 
 namespace kreg::testing {
 

@@ -1,4 +1,4 @@
-#include "daemon/session/wire.h"
+#include "common/wire.h"
 
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
-#include "daemon/unique_fd.h"
+#include "common/unique_fd.h"
 
 namespace kreg {
 namespace {

@@ -5,12 +5,12 @@
 //
 // Tests build their own table of fakes (a CudaDriver is a plain struct) and
 // hand it to the components instead of LoadCudaDriver()'s.
-#ifndef KREGD_DAEMON_CUDA_CUDA_DRIVER_H_
-#define KREGD_DAEMON_CUDA_CUDA_DRIVER_H_
+#ifndef KREGD_COMMON_CUDA_DRIVER_H_
+#define KREGD_COMMON_CUDA_DRIVER_H_
 
 #include <string>
 
-#include "daemon/cuda/cu_types.h"
+#include "common/cu_types.h"
 
 namespace kreg::cu {
 
@@ -115,4 +115,4 @@ std::string FormatCuUuid(const CUuuid& uuid);
 
 }  // namespace kreg::cu
 
-#endif  // KREGD_DAEMON_CUDA_CUDA_DRIVER_H_
+#endif  // KREGD_COMMON_CUDA_DRIVER_H_

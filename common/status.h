@@ -1,8 +1,8 @@
 // The status value of the client side (//client/cuda and //client/shim, which
 // link neither absl nor gRPC): one type for both, so no conversion between
 // them.
-#ifndef KREGD_CLIENT_COMMON_STATUS_H_
-#define KREGD_CLIENT_COMMON_STATUS_H_
+#ifndef KREGD_COMMON_STATUS_H_
+#define KREGD_COMMON_STATUS_H_
 
 #include <string>
 #include <utility>
@@ -38,4 +38,4 @@ struct ClientStatus {
 
 }  // namespace kreg
 
-#endif  // KREGD_CLIENT_COMMON_STATUS_H_
+#endif  // KREGD_COMMON_STATUS_H_

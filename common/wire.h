@@ -2,8 +2,8 @@
 // a 4-byte little-endian length, then the payload; file descriptors travel as
 // SCM_RIGHTS on the frame's first byte. Shared by kregd and the in-process
 // shim, so it depends on nothing but libc (no absl, no protobuf).
-#ifndef KREGD_DAEMON_SESSION_WIRE_H_
-#define KREGD_DAEMON_SESSION_WIRE_H_
+#ifndef KREGD_COMMON_WIRE_H_
+#define KREGD_COMMON_WIRE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -52,4 +52,4 @@ void SpinUntilReadable(int sock, int64_t spin_us);
 }  // namespace wire
 }  // namespace kreg
 
-#endif  // KREGD_DAEMON_SESSION_WIRE_H_
+#endif  // KREGD_COMMON_WIRE_H_

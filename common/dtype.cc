@@ -1,4 +1,4 @@
-#include "daemon/session/dtype.h"
+#include "common/dtype.h"
 
 #include "xla/ffi/api/c_api.h"
 

@@ -1,8 +1,8 @@
 // Encodes a kreg.v1.Launch as a launch-ring descriptor (ring_layout.h).
 // Header-only and templated on the message type, so the shim (its own
 // protobuf-lite build of session.proto) and kregd's tests share one encoder.
-#ifndef KREGD_DAEMON_SESSION_RING_ENCODE_H_
-#define KREGD_DAEMON_SESSION_RING_ENCODE_H_
+#ifndef KREGD_COMMON_RING_ENCODE_H_
+#define KREGD_COMMON_RING_ENCODE_H_
 
 #include <string.h>
 
@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <string>
 
-#include "daemon/session/ring_layout.h"
+#include "common/ring_layout.h"
 
 namespace kreg {
 namespace ring {
@@ -87,4 +87,4 @@ size_t EncodeDescriptor(const LaunchT& launch, uint32_t seq, uint64_t tag,
 }  // namespace ring
 }  // namespace kreg
 
-#endif  // KREGD_DAEMON_SESSION_RING_ENCODE_H_
+#endif  // KREGD_COMMON_RING_ENCODE_H_

@@ -1,4 +1,4 @@
-#include "daemon/cuda/cuda_driver.h"
+#include "common/cuda_driver.h"
 
 #include <dlfcn.h>
 

@@ -8,8 +8,8 @@
 // Names are cuda.h's, inside namespace kreg::cu. The opaque handle structs are
 // declared globally, as cuda.h does, so a CUstream here is the very type of a
 // cudaStream_t.
-#ifndef KREGD_DAEMON_CUDA_CU_TYPES_H_
-#define KREGD_DAEMON_CUDA_CU_TYPES_H_
+#ifndef KREGD_COMMON_CU_TYPES_H_
+#define KREGD_COMMON_CU_TYPES_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -155,4 +155,4 @@ struct CUmemAccessDesc {
 
 }  // namespace kreg::cu
 
-#endif  // KREGD_DAEMON_CUDA_CU_TYPES_H_
+#endif  // KREGD_COMMON_CU_TYPES_H_

@@ -21,8 +21,8 @@
 // waiting word and FUTEX_WAIT (shared futexes: the two processes map the
 // same memfd) on the other side's tail. The executor trusts nothing in the
 // region: it keeps its own indices and checks the client's against them.
-#ifndef KREGD_DAEMON_SESSION_RING_LAYOUT_H_
-#define KREGD_DAEMON_SESSION_RING_LAYOUT_H_
+#ifndef KREGD_COMMON_RING_LAYOUT_H_
+#define KREGD_COMMON_RING_LAYOUT_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -145,4 +145,4 @@ bool SpinThenWait(Word* w, uint32_t value, Word* waiting, int64_t spin_ns,
 }  // namespace ring
 }  // namespace kreg
 
-#endif  // KREGD_DAEMON_SESSION_RING_LAYOUT_H_
+#endif  // KREGD_COMMON_RING_LAYOUT_H_

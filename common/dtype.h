@@ -1,7 +1,7 @@
 // XLA FFI data types as the session layer sees them: names and byte widths.
 // Shared by kregd and the shim; depends only on the XLA FFI C header.
-#ifndef KREGD_DAEMON_SESSION_DTYPE_H_
-#define KREGD_DAEMON_SESSION_DTYPE_H_
+#ifndef KREGD_COMMON_DTYPE_H_
+#define KREGD_COMMON_DTYPE_H_
 
 #include <cstdint>
 
@@ -17,4 +17,4 @@ const char* DtypeName(int32_t dtype);
 
 }  // namespace kreg
 
-#endif  // KREGD_DAEMON_SESSION_DTYPE_H_
+#endif  // KREGD_COMMON_DTYPE_H_

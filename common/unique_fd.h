@@ -1,6 +1,6 @@
 // RAII owner of one file descriptor.
-#ifndef KREGD_DAEMON_UNIQUE_FD_H_
-#define KREGD_DAEMON_UNIQUE_FD_H_
+#ifndef KREGD_COMMON_UNIQUE_FD_H_
+#define KREGD_COMMON_UNIQUE_FD_H_
 
 #include <unistd.h>
 
@@ -35,4 +35,4 @@ class UniqueFd {
 
 }  // namespace kreg
 
-#endif  // KREGD_DAEMON_UNIQUE_FD_H_
+#endif  // KREGD_COMMON_UNIQUE_FD_H_

@@ -1,4 +1,4 @@
-#include "daemon/session/wire.h"
+#include "common/wire.h"
 
 #include <errno.h>
 #include <string.h>

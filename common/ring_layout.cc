@@ -1,4 +1,4 @@
-#include "daemon/session/ring_layout.h"
+#include "common/ring_layout.h"
 
 #include <linux/futex.h>
 #include <sched.h>
