@@ -33,7 +33,14 @@ struct Config {
   int max_sessions = 1024;
   int max_sessions_per_uid = 256;
   double hello_timeout_s = 10;  // a session must say Hello within this
+  // The CPU launch ring (DESIGN §9): offered to clients; the executor side
+  // spins this long for the next descriptor before it sleeps on the futex.
+  bool launch_ring = true;
+  int64_t ring_spin_us = 50;
 };
+
+// The largest ring_spin_us accepted (1 s: a longer spin only burns a core).
+inline constexpr int64_t kMaxRingSpinUs = 1000000;
 
 // Parses flags (and the --config TOML file they name). INVALID_ARGUMENT
 // with the offending flag, key or value. For --help, prints it and sets

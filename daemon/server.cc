@@ -398,6 +398,8 @@ absl::Status Daemon::StartSessions() {
   pool.init.set_open_cuda(true);
   pool.init.set_seccomp(config_.seccomp);
   pool.init.set_log_level(config_.log_level);
+  pool.init.set_launch_ring_off(!config_.launch_ring);
+  pool.init.set_ring_spin_us(config_.ring_spin_us);
   if (const char* env = std::getenv("KREGD_SESSION_SPIN_US")) {
     pool.init.set_spin_us(std::atoll(env));
   }

@@ -159,6 +159,8 @@ int Main() {
     limits.max_module_bytes = init.max_module_bytes();
   limits.spin_us = init.spin_us();
   limits.hello_timeout_ms = init.hello_timeout_ms();
+  limits.launch_ring = !init.launch_ring_off();
+  if (init.has_ring_spin_us()) limits.ring_spin_us = init.ring_spin_us();
   std::list<Served> served;
   int exit_code = 0;
   for (;;) {
