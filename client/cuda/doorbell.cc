@@ -94,6 +94,39 @@ Doorbell::~Doorbell() {
   }
 }
 
+bool Doorbell::Pending() const {
+  return recorded_ &&
+         driver_->cuEventQuery(last_use_) == cu::CUDA_ERROR_NOT_READY;
+}
+
+bool Doorbell::Abandon() {
+  if (buffer_ == nullptr || seq_ == 0) return false;
+  const cu::CudaDriver& d = *driver_;
+  bool pushed =
+      context_ != nullptr && d.cuCtxPushCurrent(context_) == cu::CUDA_SUCCESS;
+  bool lost = true;  // unless `done` says otherwise
+  cu::CUstream side = nullptr;
+  if (d.cuStreamCreate(&side, cu::CU_STREAM_NON_BLOCKING) == cu::CUDA_SUCCESS) {
+    uint64_t done_value = 0;
+    if (d.cuMemcpyDtoHAsync(&done_value, done(), sizeof(done_value), side) ==
+            cu::CUDA_SUCCESS &&
+        d.cuStreamSynchronize(side) == cu::CUDA_SUCCESS) {
+      lost = done_value < seq_;
+    }
+    if (lost && d.cuStreamWriteValue64(side, done(), UINT64_MAX,
+                                       cu::CU_STREAM_WRITE_VALUE_DEFAULT) ==
+                    cu::CUDA_SUCCESS) {
+      d.cuStreamSynchronize(side);
+    }
+    d.cuStreamDestroy(side);
+  }
+  if (pushed) {
+    cu::CUcontext popped;
+    d.cuCtxPopCurrent(&popped);
+  }
+  return lost;
+}
+
 void Doorbell::Leak() {
   (void)buffer_.release();
   last_use_ = nullptr;

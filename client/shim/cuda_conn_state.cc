@@ -155,6 +155,30 @@ void CudaConnState::Clear() {
 
 void DestroyCudaConnState(CudaConnState* state) { delete state; }
 
+bool CudaConnStateAwaitsExecutor(const CudaConnState* state) {
+  if (state == nullptr || state->pid_ != ::getpid()) return false;
+  for (const auto& [uuid, b] : state->bells_) {
+    if (b.bell != nullptr && b.bell->Pending()) return true;
+  }
+  return false;
+}
+
+bool AbandonCudaConnState(CudaConnState* state, std::string* devices) {
+  if (state == nullptr || state->pid_ != ::getpid()) return false;
+  bool lost = false;
+  for (auto& [uuid, b] : state->bells_) {
+    if (b.bell == nullptr || !b.bell->Abandon()) continue;
+    lost = true;
+    if (devices != nullptr) {
+      if (!devices->empty()) *devices += ", ";
+      cu::CUuuid u{};
+      memcpy(u.bytes, uuid.data(), std::min(uuid.size(), sizeof(u.bytes)));
+      *devices += cu::FormatCuUuid(u);
+    }
+  }
+  return lost;
+}
+
 // Shares (or finds cached) the allocation of `b`; marks it staged when it
 // cannot be shared. `used`: every allocation of the call (kept in the
 // cache); `mapped`: those kregd maps (what its per-session limit counts).

@@ -194,6 +194,12 @@ ClientStatus EncodeAttrs(const XLA_FFI_Attrs* attrs,
 ClientStatus ForwardCall(Client* client, const std::string& target,
                          const std::string& platform,
                          XLA_FFI_CallFrame* frame) {
+  // An earlier call's GPU work never completed (its executor died after
+  // the handler returned): this call reports it instead of running.
+  if (ClientStatus lost = client->TakeLostWork(); !lost.ok()) {
+    client->launch_errors.fetch_add(1, std::memory_order_relaxed);
+    return lost;
+  }
   if (platform == "cuda") return ForwardCudaCall(client, target, frame);
   if (platform != "cpu") {
     return ClientStatus::Error(kUnimplemented, "kreg: forwarding " + platform +
