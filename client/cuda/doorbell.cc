@@ -99,8 +99,8 @@ bool Doorbell::Pending() const {
          driver_->cuEventQuery(last_use_) == cu::CUDA_ERROR_NOT_READY;
 }
 
-bool Doorbell::Abandon() {
-  if (buffer_ == nullptr || seq_ == 0) return false;
+bool Doorbell::Abandon(const std::function<void()>& before_release) {
+  if (buffer_ == nullptr || awaited_ == 0) return false;
   const cu::CudaDriver& d = *driver_;
   bool pushed =
       context_ != nullptr && d.cuCtxPushCurrent(context_) == cu::CUDA_SUCCESS;
@@ -111,8 +111,9 @@ bool Doorbell::Abandon() {
     if (d.cuMemcpyDtoHAsync(&done_value, done(), sizeof(done_value), side) ==
             cu::CUDA_SUCCESS &&
         d.cuStreamSynchronize(side) == cu::CUDA_SUCCESS) {
-      lost = done_value < seq_;
+      lost = done_value < awaited_;
     }
+    if (lost && before_release) before_release();
     if (lost && d.cuStreamWriteValue64(side, done(), UINT64_MAX,
                                        cu::CU_STREAM_WRITE_VALUE_DEFAULT) ==
                     cu::CUDA_SUCCESS) {
@@ -120,6 +121,7 @@ bool Doorbell::Abandon() {
     }
     d.cuStreamDestroy(side);
   }
+  if (lost && side == nullptr && before_release) before_release();
   if (pushed) {
     cu::CUcontext popped;
     d.cuCtxPopCurrent(&popped);
@@ -160,6 +162,7 @@ ClientStatus Doorbell::Ring(cu::CUstream stream, uint64_t seq) {
 ClientStatus Doorbell::AwaitDone(cu::CUstream stream, uint64_t seq) {
   cu::CUresult r = driver_->cuStreamWaitValue64(stream, done(), seq,
                                                 cu::CU_STREAM_WAIT_VALUE_GEQ);
+  if (r == cu::CUDA_SUCCESS) awaited_ = seq;
   return r == cu::CUDA_SUCCESS
              ? ClientStatus::Ok()
              : Failed(*driver_, r,

@@ -183,41 +183,47 @@ void Client::WatchLoop() {
       Trace("idle session %llu ended: code %d %s",
             static_cast<unsigned long long>(conn->session_id()), why.code,
             why.message.c_str());
-      if (conn->ended()) KeepLostWork(Abandon(conn.get(), why));
+      if (conn->ended()) Abandon(conn.get(), why, /*keep=*/true);
       Discard(std::move(conn));
     }
   }
 }
 
-ClientStatus Client::Abandon(Conn* conn, const ClientStatus& why) {
-  std::string devices;
-  if (!AbandonCudaConnState(conn->cuda_state, &devices)) {
-    return ClientStatus::Ok();
-  }
-  ClientStatus lost = ClientStatus::Error(
-      why.ok() ? kInternal : why.code,
-      "kreg: the GPU work of an earlier forwarded CUDA call on " + devices +
-          " never completed, so its outputs were not written (their values "
-          "are undefined); this call was not run. kregd said: " +
-          (why.ok() ? std::string("its session ended") : why.message) +
-          ". The next call runs on a fresh executor.");
-  Trace("lost GPU work: %s", lost.message.c_str());
+ClientStatus Client::Abandon(Conn* conn, const ClientStatus& why, bool keep) {
+  ClientStatus lost;
+  AbandonCudaConnState(conn->cuda_state, [&](const std::string& device) {
+    if (!lost.ok()) return;  // the first device's is enough
+    lost = ClientStatus::Error(
+        why.ok() ? kInternal : why.code,
+        "kreg: the GPU work of an earlier forwarded CUDA call on " + device +
+            " never completed, so its outputs were not written (their "
+            "values are undefined); this call was not run. kregd said: " +
+            (why.ok() ? std::string("its session ended") : why.message) +
+            ". The next call runs on a fresh executor.");
+    Trace("lost GPU work: %s", lost.message.c_str());
+    // Kept before the stream is released: the process's next call (which
+    // may follow at once) must see it.
+    if (keep) KeepLostWork(lost);
+  });
   return lost;
 }
 
 void Client::KeepLostWork(ClientStatus lost) {
   if (lost.ok()) return;
   std::lock_guard<std::mutex> lock(mu_);
-  if (!has_lost_work_) {
-    has_lost_work_ = true;
+  if (!has_lost_work_.load()) {
+    has_lost_work_.store(true);
     lost_work_ = std::move(lost);
   }
 }
 
 ClientStatus Client::TakeLostWork() {
+  if (!has_lost_work_.load(std::memory_order_acquire)) {
+    return ClientStatus::Ok();
+  }
   std::lock_guard<std::mutex> lock(mu_);
-  if (!has_lost_work_) return ClientStatus::Ok();
-  has_lost_work_ = false;
+  if (!has_lost_work_.load()) return ClientStatus::Ok();
+  has_lost_work_.store(false);
   return std::move(lost_work_);
 }
 
@@ -283,7 +289,9 @@ ClientStatus Client::WithConn(const std::function<ClientStatus(Conn*)>& op) {
     bool refused = conn->refused();
     // The executor went away during the call: earlier launches' GPU work
     // that an XLA stream still waits on will never complete.
-    if (conn->ended() && lost.ok()) lost = Abandon(conn.get(), s);
+    if (conn->ended() && lost.ok()) {
+      lost = Abandon(conn.get(), s, /*keep=*/false);
+    }
     Release(std::move(conn));
     // A stale session (kregd restarted, an idle executor was replaced) is
     // retried once on a fresh one; kregd's own refusal (e.g. the executor

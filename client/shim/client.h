@@ -69,8 +69,10 @@ class Client {
   ClientStatus Replay(Conn* conn);
   // The session of `conn` ended (Conn::ended()): releases the doorbell
   // waits its executor will never answer. When GPU work was lost, the
-  // error to report (naming the devices and `why`, kregd's word); else OK.
-  ClientStatus Abandon(Conn* conn, const ClientStatus& why);
+  // error to report (naming the device and `why`, kregd's word), also
+  // kept for TakeLostWork (before the wait is released) when `keep`; else
+  // OK.
+  ClientStatus Abandon(Conn* conn, const ClientStatus& why, bool keep);
   // Keeps a lost-work error (if not OK and none is kept) for TakeLostWork.
   void KeepLostWork(ClientStatus lost);
   // The idle watch: idle sessions whose GPU work an XLA stream may still
@@ -95,11 +97,12 @@ class Client {
       registrations_;
   std::atomic<uint64_t> reconnects_{0};
   std::condition_variable watch_cv_;
-  std::thread watch_;           // guarded by mu_
-  pid_t watch_pid_ = 0;         // guarded by mu_: the process that started it
-  bool stop_watch_ = false;     // guarded by mu_
-  bool has_lost_work_ = false;  // guarded by mu_
-  ClientStatus lost_work_;      // guarded by mu_
+  std::thread watch_;        // guarded by mu_
+  pid_t watch_pid_ = 0;      // guarded by mu_: the process that started it
+  bool stop_watch_ = false;  // guarded by mu_
+  // Written under mu_; read without it first (the launch path).
+  std::atomic<bool> has_lost_work_{false};
+  ClientStatus lost_work_;  // guarded by mu_
 };
 
 // "cpu" for cpu/host, "cuda" for cuda/gpu (any case); other values as

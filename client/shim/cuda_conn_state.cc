@@ -163,17 +163,20 @@ bool CudaConnStateAwaitsExecutor(const CudaConnState* state) {
   return false;
 }
 
-bool AbandonCudaConnState(CudaConnState* state, std::string* devices) {
+bool AbandonCudaConnState(
+    CudaConnState* state,
+    const std::function<void(const std::string& device)>& on_lost) {
   if (state == nullptr || state->pid_ != ::getpid()) return false;
   bool lost = false;
   for (auto& [uuid, b] : state->bells_) {
-    if (b.bell == nullptr || !b.bell->Abandon()) continue;
-    lost = true;
-    if (devices != nullptr) {
-      if (!devices->empty()) *devices += ", ";
-      cu::CUuuid u{};
-      memcpy(u.bytes, uuid.data(), std::min(uuid.size(), sizeof(u.bytes)));
-      *devices += cu::FormatCuUuid(u);
+    if (b.bell == nullptr) continue;
+    cu::CUuuid u{};
+    memcpy(u.bytes, uuid.data(), std::min(uuid.size(), sizeof(u.bytes)));
+    const std::string device = cu::FormatCuUuid(u);
+    if (b.bell->Abandon([&] {
+          if (on_lost) on_lost(device);
+        })) {
+      lost = true;
     }
   }
   return lost;

@@ -6,6 +6,7 @@
 #ifndef KREGD_CLIENT_SHIM_CUDA_FORWARD_H_
 #define KREGD_CLIENT_SHIM_CUDA_FORWARD_H_
 
+#include <functional>
 #include <string>
 
 #include "client/shim/client.h"
@@ -29,8 +30,11 @@ void DestroyCudaConnState(CudaConnState* state);
 bool CudaConnStateAwaitsExecutor(const CudaConnState* state);
 // The session has ended (Conn::ended()): releases every doorbell wait the
 // executor will never answer (Doorbell::Abandon). True when a launch's GPU
-// work never completed; *devices then lists the device UUIDs.
-bool AbandonCudaConnState(CudaConnState* state, std::string* devices);
+// work never completed; `on_lost` is then called with the device's UUID
+// ("GPU-...") before that device's wait is released.
+bool AbandonCudaConnState(
+    CudaConnState* state,
+    const std::function<void(const std::string& device)>& on_lost);
 
 // Forwards an EXECUTE-stage call of a CUDA target: the Launch carries, per
 // buffer, its allocation and offset; kregd runs the handler on its session

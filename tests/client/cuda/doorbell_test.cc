@@ -117,8 +117,11 @@ TEST_CASE("Abandon releases a wait whose done never came and says so",
   REQUIRE(bell->Finish(a).ok());
   fake.memops.clear();
   CHECK(bell->Pending());  // XLA's stream has not passed the wait
-  // The executor died before its stream wrote done := 1.
-  CHECK(bell->Abandon());
+  // The executor died before its stream wrote done := 1: the error is
+  // recorded before the wait is released.
+  size_t writes_before_callback = 99;
+  CHECK(bell->Abandon([&] { writes_before_callback = fake.memops.size(); }));
+  CHECK(writes_before_callback == 0);
   REQUIRE(fake.memops.size() == 1);
   CHECK(fake.memops[0].write);
   CHECK(fake.memops[0].addr == bell->done());
@@ -148,12 +151,37 @@ TEST_CASE("Abandon leaves a doorbell whose done was written alone",
   fake.memory_[bell->done()] = 2;
   fake.CompleteAll();
   fake.memops.clear();
-  CHECK_FALSE(bell->Abandon());
+  bool called = false;
+  CHECK_FALSE(bell->Abandon([&] { called = true; }));
+  CHECK_FALSE(called);
   CHECK(fake.memops.empty());  // nothing forced
   // done := 1 only (the last launch's write never came): lost.
   fake.memory_[bell->done()] = 1;
   CHECK(bell->Abandon());
   CHECK(fake.memops.size() == 1);
+}
+
+TEST_CASE("Abandon does not count a launch nobody waits for as lost",
+          "[doorbell]") {
+  FakeCuda fake;
+  Pushed pushed(fake.driver());
+  std::unique_ptr<Doorbell> bell;
+  REQUIRE(Doorbell::Create(fake.driver(), 0, Ctx(), &bell).ok());
+  const cu::CUstream a = Stream(0xa000);
+  uint64_t seq = bell->NextSeq();
+  REQUIRE(bell->Ring(a, seq).ok());
+  REQUIRE(bell->AwaitDone(a, seq).ok());
+  REQUIRE(bell->Finish(a).ok());
+  fake.memory_[bell->done()] = 1;  // launch 1 completed
+  // Launch 2 failed in the executor (no done write, so no wait queued):
+  // the call itself reported that; nothing on XLA's stream waits for it.
+  seq = bell->NextSeq();
+  REQUIRE(bell->Ring(a, seq).ok());
+  REQUIRE(bell->Finish(a).ok());
+  fake.CompleteAll();
+  fake.memops.clear();
+  CHECK_FALSE(bell->Abandon());
+  CHECK(fake.memops.empty());
 }
 
 }  // namespace
