@@ -40,10 +40,23 @@ bool TakeFds(msghdr* msg, std::vector<int>* fds) {
   return ok;
 }
 
+// Grows `payload` to `size` bytes; false when the budget is spent.
+using Grow = bool (*)(void* ctx, std::string* payload, size_t size);
+
+bool PlainGrow(void*, std::string* payload, size_t size) {
+  payload->resize(size);
+  return true;
+}
+
+bool BudgetGrow(void* ctx, std::string*, size_t size) {
+  return static_cast<RecvBuffer*>(ctx)->Resize(size);
+}
+
 // Reads a `len`-byte payload into `payload`, growing it with the bytes that
 // actually arrive (doubling from kFirstChunk) rather than allocating `len`
 // up front: a peer that only announces a large frame costs nothing.
-int ReadPayload(int sock, size_t len, std::string* payload) {
+int ReadPayload(int sock, size_t len, std::string* payload, Grow grow,
+                void* ctx) {
   // A buffer left large by an earlier big frame is given back.
   if (payload->capacity() > kKeepCapacity && len < payload->capacity() / 4) {
     std::string().swap(*payload);
@@ -54,7 +67,7 @@ int ReadPayload(int sock, size_t len, std::string* payload) {
     if (done == payload->size()) {
       size_t target = std::max(kFirstChunk, 2 * done);
       if (payload->capacity() > target) target = payload->capacity();
-      payload->resize(std::min(len, target));
+      if (!grow(ctx, payload, std::min(len, target))) return kOverBudget;
     }
     ssize_t n = ::recv(sock, &(*payload)[done], payload->size() - done, 0);
     if (n < 0) {
@@ -73,6 +86,39 @@ int ReadPayload(int sock, size_t len, std::string* payload) {
 
 }  // namespace
 
+bool ByteBudget::TryTake(uint64_t n) {
+  uint64_t used = used_.load(std::memory_order_relaxed);
+  do {
+    if (n > limit_ || used > limit_ - n) return false;
+  } while (
+      !used_.compare_exchange_weak(used, used + n, std::memory_order_relaxed));
+  return true;
+}
+
+bool RecvBuffer::Resize(size_t size) {
+  if (budget_ != nullptr && size > held_) {
+    if (!budget_->TryTake(size - held_)) return false;
+    held_ = size;
+  }
+  payload_.resize(size);
+  return true;
+}
+
+void RecvBuffer::Shrink(size_t keep) {
+  if (payload_.capacity() > keep) {
+    std::string().swap(payload_);
+    Release();
+  } else if (budget_ != nullptr && held_ > payload_.capacity()) {
+    budget_->Give(held_ - payload_.capacity());
+    held_ = payload_.capacity();
+  }
+}
+
+void RecvBuffer::Release() {
+  if (budget_ != nullptr && held_ > 0) budget_->Give(held_);
+  held_ = 0;
+}
+
 std::string ResultText(int result) {
   switch (result) {
     case kOk:
@@ -85,6 +131,8 @@ std::string ResultText(int result) {
       return "too many file descriptors attached";
     case kTruncated:
       return "connection closed in the middle of a message";
+    case kOverBudget:
+      return "the receive buffers of this process's sessions are full";
     default:
       return strerror(result);
   }
@@ -143,8 +191,10 @@ int SendFrame(int sock, const void* payload, size_t size, const int* fds,
   return kOk;
 }
 
-int RecvFrame(int sock, uint32_t max_bytes, std::string* payload,
-              std::vector<int>* fds) {
+namespace {
+
+int RecvFrameImpl(int sock, uint32_t max_bytes, std::string* payload,
+                  std::vector<int>* fds, Grow grow, void* ctx) {
   size_t first_fd = fds->size();
   unsigned char header[kHeaderBytes];
   size_t got = 0;
@@ -184,9 +234,22 @@ int RecvFrame(int sock, uint32_t max_bytes, std::string* payload,
     CloseAll(fds, first_fd);
     return kTooLarge;
   }
-  int rc = ReadPayload(sock, len, payload);
+  int rc = ReadPayload(sock, len, payload, grow, ctx);
   if (rc != kOk) CloseAll(fds, first_fd);
   return rc;
+}
+
+}  // namespace
+
+int RecvFrame(int sock, uint32_t max_bytes, std::string* payload,
+              std::vector<int>* fds) {
+  return RecvFrameImpl(sock, max_bytes, payload, fds, &PlainGrow, nullptr);
+}
+
+int RecvFrame(int sock, uint32_t max_bytes, RecvBuffer* buffer,
+              std::vector<int>* fds) {
+  return RecvFrameImpl(sock, max_bytes, &buffer->payload(), fds, &BudgetGrow,
+                       buffer);
 }
 
 void SpinUntilReadable(int sock, int64_t spin_us) {

@@ -5,6 +5,7 @@
 #ifndef KREGD_COMMON_WIRE_H_
 #define KREGD_COMMON_WIRE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -22,7 +23,51 @@ enum : int {
   kEof = -1,       // the peer closed the connection (before a frame began)
   kTooLarge = -2,  // the frame's declared length exceeds the limit
   kTooManyFds = -3,
-  kTruncated = -4,  // the peer closed the connection inside a frame
+  kTruncated = -4,   // the peer closed the connection inside a frame
+  kOverBudget = -5,  // the receive buffers' shared budget is spent
+};
+
+// The bytes that the receive buffers of many connections (all sessions of a
+// process) may hold at once. Thread-safe.
+class ByteBudget {
+ public:
+  explicit ByteBudget(uint64_t limit) : limit_(limit) {}
+  // Takes `n` bytes; false (taking nothing) when that would exceed the
+  // limit.
+  bool TryTake(uint64_t n);
+  void Give(uint64_t n) { used_.fetch_sub(n, std::memory_order_relaxed); }
+  uint64_t used() const { return used_.load(std::memory_order_relaxed); }
+  uint64_t limit() const { return limit_; }
+
+ private:
+  const uint64_t limit_;
+  std::atomic<uint64_t> used_{0};
+};
+
+// One connection's receive buffer and what it holds of a budget (null:
+// unbounded). Give the buffer back with Shrink (after each frame) and
+// Release (when the connection ends).
+class RecvBuffer {
+ public:
+  explicit RecvBuffer(ByteBudget* budget = nullptr) : budget_(budget) {}
+  ~RecvBuffer() { Release(); }
+  RecvBuffer(const RecvBuffer&) = delete;
+  RecvBuffer& operator=(const RecvBuffer&) = delete;
+
+  std::string& payload() { return payload_; }
+  // Grows the buffer to `size` bytes, taking what it adds from the budget
+  // first; false (unchanged) when the budget cannot cover it.
+  bool Resize(size_t size);
+  // Frees the buffer (giving its bytes back) if it holds more than `keep`
+  // bytes.
+  void Shrink(size_t keep);
+  void Release();
+  uint64_t held() const { return held_; }
+
+ private:
+  ByteBudget* const budget_;
+  std::string payload_;
+  uint64_t held_ = 0;  // taken from budget_
 };
 
 // Human-readable text for a result code.
@@ -42,6 +87,10 @@ int SendFrame(int sock, const void* payload, size_t size, const int* fds,
 // an error it holds the bytes that did arrive. A buffer over 4 MiB left by
 // an earlier frame is freed before a frame under a quarter of its size.
 int RecvFrame(int sock, uint32_t max_bytes, std::string* payload,
+              std::vector<int>* fds);
+// The same into `buffer`, whose growth is taken from its budget first:
+// kOverBudget when the budget cannot cover the next step.
+int RecvFrame(int sock, uint32_t max_bytes, RecvBuffer* buffer,
               std::vector<int>* fds);
 
 // Busy-polls `sock` for up to `spin_us` microseconds until a byte is readable

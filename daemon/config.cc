@@ -60,6 +60,7 @@ absl::StatusOr<int64_t> ParseSpinUs(const std::string& value,
 uint64_t* NumberKey(const std::string& k, Config* c) {
   if (k == "max_module_bytes") return &c->max_module_bytes;
   if (k == "max_arena_bytes") return &c->max_arena_bytes;
+  if (k == "max_buffered_bytes") return &c->max_buffered_bytes;
   if (k == "max_registrations_per_uid") return &c->max_registrations_per_uid;
   if (k == "max_store_bytes_per_uid") return &c->max_store_bytes_per_uid;
   return nullptr;
@@ -148,7 +149,7 @@ absl::Status ApplyToml(const std::string& path, Config* c) {
       return absl::InvalidArgumentError(absl::StrCat(
           "config file ", path, ": unknown key \"", k,
           "\" (known: socket, state_dir, allowed_roots, max_module_bytes, "
-          "max_arena_bytes, max_registrations_per_uid, "
+          "max_arena_bytes, max_buffered_bytes, max_registrations_per_uid, "
           "max_store_bytes_per_uid, socket_group, log_level, probe_binary, "
           "isolation, executor_binary, launch_timeout, seccomp, "
           "quarantine_crashes, quarantine_window_s, executor_idle_s, "

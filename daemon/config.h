@@ -16,6 +16,8 @@ struct Config {
   std::vector<std::string> allowed_roots;
   uint64_t max_module_bytes = 512ull << 20;
   uint64_t max_arena_bytes = 4ull << 30;
+  // Bytes the receive buffers of one executor's sessions may hold at once.
+  uint64_t max_buffered_bytes = 1ull << 30;
   // Per-uid limits of the registry (root is exempt).
   uint64_t max_registrations_per_uid = 1024;
   uint64_t max_store_bytes_per_uid = 4ull << 30;

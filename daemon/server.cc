@@ -392,6 +392,7 @@ absl::Status Daemon::StartSessions() {
   pool.slots = static_cast<uint32_t>(std::max(1, config_.max_sessions));
   pool.init.set_max_arena_bytes(config_.max_arena_bytes);
   pool.init.set_max_message_bytes(64ull << 20);
+  pool.init.set_max_buffered_bytes(config_.max_buffered_bytes);
   pool.init.set_max_module_bytes(config_.max_module_bytes);
   pool.init.set_hello_timeout_ms(
       static_cast<int64_t>(config_.hello_timeout_s * 1000.0));

@@ -11,17 +11,39 @@
 #include <utility>
 #include <vector>
 
-#include "client/shim/launch_encoder.h"
+#include "client/shim/cpu_forward.h"
+#include "client/shim/cuda_forward.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace kreg {
 namespace shim {
 namespace {
 
+using Forwarder = ClientStatus (*)(Client* client, const std::string& target,
+                                   XLA_FFI_CallFrame* frame);
+
+// The forwarding path of each platform the shim forwards.
+constexpr struct {
+  const char* platform;  // canonical
+  Forwarder forward;
+} kForwarders[] = {
+    {"cpu", &ForwardCpuCall},
+    {"cuda", &ForwardCudaCall},
+};
+
+// Null for a platform the shim cannot forward.
+Forwarder ForwarderOf(const std::string& platform) {
+  for (const auto& f : kForwarders) {
+    if (platform == f.platform) return f.forward;
+  }
+  return nullptr;
+}
+
 struct Slot {
   Client* client;
   std::string target;
   std::string platform;  // canonical
+  Forwarder forward;     // null: the platform cannot be forwarded
 };
 
 std::atomic<const Slot*> g_slots[kNumSlots];
@@ -84,8 +106,17 @@ XLA_FFI_Error* Forward(int index, XLA_FFI_CallFrame* call_frame) {
                          "\" supports only the execute stage, got stage " +
                          std::to_string(call_frame->stage));
   }
-  ClientStatus s =
-      ForwardCall(slot->client, slot->target, slot->platform, call_frame);
+  // An earlier call's GPU work never completed (its executor died after
+  // the handler returned): this call reports it instead of running.
+  ClientStatus s = slot->client->TakeLostWork();
+  if (!s.ok()) {
+    slot->client->launch_errors.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    s = slot->forward != nullptr
+            ? slot->forward(slot->client, slot->target, call_frame)
+            : ForwardCall(slot->client, slot->target, slot->platform,
+                          call_frame);
+  }
   if (s.ok()) return nullptr;
   // An error must never read as OK, nor carry a code XLA does not know.
   if (s.code <= kOk || s.code > 16) s.code = kInternal;
@@ -163,11 +194,23 @@ ClientStatus Bind(Client* client, const std::string& target,
             "(one per registered (target, platform))");
   }
   int i = g_used++;
-  g_slots[i].store(new Slot{client, target, canonical},
+  g_slots[i].store(new Slot{client, target, canonical, ForwarderOf(canonical)},
                    std::memory_order_release);
   out->handler = reinterpret_cast<void*>(kTrampolines[i]);
   out->slot = i;
   return ClientStatus::Ok();
+}
+
+ClientStatus ForwardCall(Client* client, const std::string& target,
+                         const std::string& platform,
+                         XLA_FFI_CallFrame* frame) {
+  Forwarder forward = ForwarderOf(platform);
+  if (forward == nullptr) {
+    return ClientStatus::Error(kUnimplemented, "kreg: forwarding " + platform +
+                                                   " calls of \"" + target +
+                                                   "\" is not supported");
+  }
+  return forward(client, target, frame);
 }
 
 int SlotsUsed() {

@@ -7,6 +7,7 @@
 
 #include "client/shim/client.h"
 #include "common/status.h"
+#include "xla/ffi/api/c_api.h"
 
 namespace kreg {
 namespace shim {
@@ -27,6 +28,12 @@ ClientStatus Bind(Client* client, const std::string& target,
                   const std::string& platform, Binding* out);
 
 int SlotsUsed();
+
+// Forwards one EXECUTE-stage call of (target, canonical platform) with the
+// forwarder of its platform (cpu: ForwardCpuCall, cuda: ForwardCudaCall);
+// UNIMPLEMENTED for any other platform.
+ClientStatus ForwardCall(Client* client, const std::string& target,
+                         const std::string& platform, XLA_FFI_CallFrame* frame);
 
 }  // namespace shim
 }  // namespace kreg

@@ -1,25 +1,18 @@
-// Encodes one XLA FFI call frame as a session Launch, stages its buffers in
-// the session arena and runs it in kregd.
+// Encodes an XLA FFI call frame's buffers, attributes and call context into
+// a session Launch, for the platform forwarders (cpu_forward.h,
+// cuda_forward.h). Encoding only: no I/O.
 #ifndef KREGD_CLIENT_SHIM_LAUNCH_ENCODER_H_
 #define KREGD_CLIENT_SHIM_LAUNCH_ENCODER_H_
 
 #include <cstdint>
 #include <string>
 
-#include "client/shim/client.h"
 #include "common/status.h"
 #include "kreg/v1/session.pb.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace kreg {
 namespace shim {
-
-// Forwards an EXECUTE-stage call of (target, canonical platform): copies the
-// inputs into a session arena (aliased input/output pairs share one region
-// holding the input's values), sends Launch, copies the outputs back. The
-// daemon's or the handler's error comes back verbatim.
-ClientStatus ForwardCall(Client* client, const std::string& target,
-                         const std::string& platform, XLA_FFI_CallFrame* frame);
 
 // Byte size of `b` (INVALID_ARGUMENT for dtypes without a byte width or
 // bad dims); `kind` and `i` name it in errors.

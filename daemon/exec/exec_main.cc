@@ -207,6 +207,12 @@ int Main() {
   limits.hello_timeout_ms = init.hello_timeout_ms();
   limits.launch_ring = !init.launch_ring_off();
   if (init.has_ring_spin_us()) limits.ring_spin_us = init.ring_spin_us();
+  std::unique_ptr<wire::ByteBudget> receive_budget;
+  if (init.max_buffered_bytes() != 0) {
+    receive_budget =
+        std::make_unique<wire::ByteBudget>(init.max_buffered_bytes());
+    limits.receive_budget = receive_budget.get();
+  }
   std::atomic<bool> stop_gpu_watch{false};
   std::thread gpu_watch;
   if (shared.cuda != nullptr) {

@@ -12,9 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/ring_layout.h"
 #include "common/wire.h"
-#include "daemon/cuda/cuda_devices.h"
-#include "daemon/cuda/cuda_session.h"
 #include "daemon/log_limit.h"
+#include "daemon/session/cpu_executor.h"
+#include "daemon/session/cuda_executor.h"
 #include "daemon/session/launch_decoder.h"
 #include "daemon/session/launch_ring.h"
 #include "daemon/session/module_upload.h"
@@ -64,7 +64,15 @@ Session::Session(uint64_t id, UniqueFd sock, const PeerCred& peer,
       backend_(backend),
       counters_(counters),
       arena_(limits.max_arena_bytes),
-      cuda_devices_(cuda) {}
+      handlers_(backend) {
+  SessionContext ctx{id, peer, backend, &arena_, &handlers_};
+  auto cpu = std::make_unique<CpuExecutor>(ctx);
+  auto gpu = std::make_unique<CudaExecutor>(ctx, cuda);
+  cpu_ = cpu.get();
+  cuda_ = gpu.get();
+  executors_.emplace(Platform::kCpu, std::move(cpu));
+  executors_.emplace(Platform::kCuda, std::move(gpu));
+}
 
 Session::~Session() { StopRing(); }
 
@@ -73,7 +81,10 @@ void Session::Shutdown() { ::shutdown(sock_.get(), SHUT_RDWR); }
 void Session::Run() {
   uint32_t max_bytes = static_cast<uint32_t>(
       std::min<uint64_t>(limits_.max_message_bytes, UINT32_MAX));
-  std::string payload;
+  // A buffer above this is given back after its frame (large frames are
+  // rare: module bytes and tensors travel in fds and the arena).
+  constexpr size_t kKeepBytes = 1 << 20;
+  wire::RecvBuffer buffer(limits_.receive_budget);
   std::string out;
   const auto started = std::chrono::steady_clock::now();
   for (;;) {
@@ -99,13 +110,27 @@ void Session::Run() {
     }
     wire::SpinUntilReadable(sock_.get(), limits_.spin_us);
     std::vector<int> raw_fds;
-    int rc = wire::RecvFrame(sock_.get(), max_bytes, &payload, &raw_fds);
+    int rc = wire::RecvFrame(sock_.get(), max_bytes, &buffer, &raw_fds);
     if (rc == wire::kEof) break;
     if (rc != wire::kOk) {
       std::string more;
       if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
         spdlog::info("session {} (uid {} pid {}): closing: {}{}", id_,
                      peer_.uid, peer_.pid, wire::ResultText(rc), more);
+      }
+      if (rc == wire::kOverBudget) {
+        const wire::ByteBudget& budget = *limits_.receive_budget;
+        SendConnectionError(
+            sock_.get(),
+            absl::ResourceExhaustedError(absl::StrCat(
+                "session message refused: it would take the bytes buffered "
+                "for messages in flight by every session of this executor "
+                "(uid ",
+                peer_.uid, ") past ", budget.limit(), " (max_buffered_bytes; ",
+                budget.used(),
+                " in use); send fewer large messages at once (modules go by "
+                "fd, tensors through the arena) or ask the operator to raise "
+                "max_buffered_bytes")));
       }
       if (rc == wire::kTooLarge || rc == wire::kTooManyFds) {
         SendConnectionError(
@@ -120,15 +145,18 @@ void Session::Run() {
     for (int fd : raw_fds) fds.emplace_back(fd);
     v1::SessionRequest request;
     v1::SessionResponse resp;
+    const std::string& payload = buffer.payload();
     if (!request.ParseFromString(payload)) {
       SetStatus(absl::InvalidArgumentError(absl::StrCat(
                     "malformed session request (", payload.size(),
                     " bytes do not parse as kreg.v1.SessionRequest)")),
                 &resp);
     } else {
+      buffer.Shrink(kKeepBytes);  // parsed: the bytes are in `request`
       std::lock_guard<std::mutex> lock(mu_);
       resp = Handle(request, std::move(fds));
     }
+    buffer.Shrink(kKeepBytes);
     resp.SerializeToString(&out);
     rc = wire::SendFrame(sock_.get(), out.data(), out.size(), nullptr, 0);
     if (rc != wire::kOk) {
@@ -142,11 +170,11 @@ void Session::Run() {
   // and the arena's memory goes back at once.
   ::shutdown(sock_.get(), SHUT_RDWR);
   StopRing();
-  arena_.Reset();
-  handlers_.clear();
   // Waits for the session's GPU work, then releases its stream, mappings,
   // events and scratch.
-  cuda_.reset();
+  for (auto& [platform, executor] : executors_) executor->Release();
+  arena_.Reset();
+  handlers_.Clear();
 }
 
 v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
@@ -204,22 +232,12 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
         }
         break;
       }
-      case v1::SessionRequest::kCudaShare: {
-        if (Cuda() == nullptr) {
-          status = absl::UnimplementedError(
-              "this kregd serves no CUDA device; nothing to share");
-          break;
-        }
-        status = ShareCuda(request.cuda_share().shares(), &fds);
-        if (status.ok() && !fds.empty()) {
-          status = absl::InvalidArgumentError(absl::StrCat(
-              fds.size(), " file descriptor(s) attached beyond the shares"));
-        }
+      case v1::SessionRequest::kCudaShare:
+        status = cuda_->Share(request.cuda_share().shares(), std::move(fds));
         if (status.ok()) resp.mutable_cuda_share();
         break;
-      }
       case v1::SessionRequest::kCudaDoorbell:
-        status = DoCudaDoorbell(request.cuda_doorbell(), std::move(fds));
+        status = cuda_->SetDoorbell(request.cuda_doorbell(), std::move(fds));
         if (status.ok()) resp.mutable_cuda_doorbell();
         break;
       case v1::SessionRequest::kRingSetup:
@@ -285,19 +303,8 @@ absl::Status Session::DoHello(const v1::Hello& hello, v1::HelloReply* reply) {
   reply->set_max_message_bytes(limits_.max_message_bytes);
   reply->set_max_module_bytes(limits_.max_module_bytes);
   if (limits_.launch_ring) reply->set_launch_ring(ring::kVersion);
-  if (cuda_devices_ != nullptr) {
-    reply->set_max_cuda_mappings(
-        static_cast<uint32_t>(CudaSessionOptions{}.cache.max_entries));
-    for (int i = 0; i < cuda_devices_->count(); ++i) {
-      const cu::CUuuid& u = cuda_devices_->info(i).uuid;
-      reply->add_cuda_device_uuids(std::string(u.bytes, sizeof(u.bytes)));
-    }
-    reply->set_cuda_doorbell(cuda_devices_->count() > 0);
-    if (!cuda_devices_->status().ok()) {
-      reply->set_cuda_status(std::string(cuda_devices_->status().message()));
-    }
-  } else {
-    reply->set_cuda_status("kregd was started without CUDA");
+  for (const auto& [platform, executor] : executors_) {
+    executor->DescribeTo(reply);
   }
   return absl::OkStatus();
 }
@@ -315,40 +322,17 @@ absl::Status Session::DoArenaGrow(const v1::ArenaGrow& grow,
   return absl::OkStatus();
 }
 
-absl::StatusOr<void*> Session::LookupHandler(const TargetKey& key) {
-  auto it = handlers_.find(key);
-  if (it != handlers_.end()) return it->second;
-  absl::StatusOr<void*> found = backend_->Lookup(key);
-  if (found.ok()) handlers_.emplace(key, *found);
-  return found;
-}
-
-absl::Status Session::RunCpuHandler(uint64_t request_id,
-                                    const DecodedLaunch& decoded) {
-  absl::StatusOr<void*> handler = LookupHandler(decoded.key);
-  if (!handler.ok()) return handler.status();
-  backend_->BeginLaunch(request_id, decoded.key);
-  absl::Status status = backend_->Execute(*handler, decoded.frame);
-  backend_->EndLaunch();
-  return status;
-}
-
 absl::Status Session::DoLaunch(const v1::Launch& launch,
                                std::vector<UniqueFd> fds,
                                v1::LaunchReply* reply) {
   counters_->launches.fetch_add(1, std::memory_order_relaxed);
-  absl::Status status;
+  // A launch whose platform does not parse goes to the CPU executor, whose
+  // decoder names the bad value.
   absl::StatusOr<Platform> platform = ParsePlatform(launch.platform());
-  if (platform.ok() && *platform == Platform::kCuda) {
-    status = DoCudaLaunch(launch, std::move(fds), reply);
-  } else if (!fds.empty()) {
-    status = absl::InvalidArgumentError(absl::StrCat(
-        fds.size(), " file descriptor(s) attached to a CPU launch"));
-  } else {
-    absl::StatusOr<DecodedLaunch> decoded = DecodeLaunch(launch, arena_);
-    status =
-        decoded.ok() ? RunCpuHandler(request_id_, *decoded) : decoded.status();
-  }
+  LaunchExecutor* executor =
+      executors_.at(platform.ok() ? *platform : Platform::kCpu).get();
+  absl::Status status =
+      executor->Launch(request_id_, launch, std::move(fds), reply);
   if (!status.ok()) {
     counters_->launch_errors.fetch_add(1, std::memory_order_relaxed);
   }

@@ -14,8 +14,10 @@
 
 #include "absl/status/statusor.h"
 #include "common/unique_fd.h"
+#include "common/wire.h"
 #include "daemon/ffi/ffi_host.h"
 #include "daemon/launch.h"
+#include "daemon/session/launch_executor.h"
 #include "daemon/session/ring_decoder.h"
 #include "daemon/session/shm_arena.h"
 #include "daemon/types.h"
@@ -23,8 +25,9 @@
 
 namespace kreg {
 
+class CpuExecutor;
 class CudaDevices;
-class CudaSession;
+class CudaExecutor;
 class LaunchRing;
 
 // Session protocol version (kreg.v1 session.proto). A different major is
@@ -98,6 +101,9 @@ struct SessionLimits {
   // kregd's config keys launch_ring and ring_spin_us (ExecInit) set them.
   bool launch_ring = true;
   int64_t ring_spin_us = 50;
+  // What the receive buffers of all sessions of this process may hold at
+  // once (max_buffered_bytes; shared, must outlive them). Null: unbounded.
+  wire::ByteBudget* receive_budget = nullptr;
 };
 
 // Counters shared by all sessions of a server.
@@ -107,13 +113,15 @@ struct SessionCounters {
 };
 
 // Serves one connection until the peer closes it or Shutdown() is called;
-// the destructor releases the arena and the socket. Run() is called on one
-// thread; Shutdown() from any. Once the client set up a launch ring, a
-// second thread serves it; it and Run() handle one request at a time
-// (mu_), and Run() stops and joins it before it releases anything. `backend`,
-// `counters` and `cuda` (null: no CUDA launches) must outlive it. The session's
-// GPU state (a CudaSession: stream, shared mappings, events, scratch) is
-// created on its first CUDA launch and released when the connection ends.
+// the destructor releases the arena and the socket. The session is the
+// transport (socket frames and the launch ring), Hello and the arena; each
+// Launch goes to the LaunchExecutor of its platform (CpuExecutor,
+// CudaExecutor), which also owns that platform's state (the CUDA one is
+// created on the first CUDA request and released when the connection ends).
+// Run() is called on one thread; Shutdown() from any. Once the client set up
+// a launch ring, a second thread serves it; it and Run() handle one request
+// at a time (mu_), and Run() stops and joins it before it releases anything.
+// `backend`, `counters` and `cuda` (null: no CUDA launches) must outlive it.
 class Session final : public ServedSession {
  public:
   Session(uint64_t id, UniqueFd sock, const PeerCred& peer,
@@ -156,21 +164,6 @@ class Session final : public ServedSession {
   // Stops the ring thread and waits for it (the launch in progress ends
   // first), then unmaps the ring.
   void StopRing();
-  // The CUDA part of a launch (platform cuda).
-  absl::Status DoCudaLaunch(const v1::Launch& launch, std::vector<UniqueFd> fds,
-                            v1::LaunchReply* reply);
-  absl::Status DoCudaDoorbell(const v1::CudaDoorbellSetup& setup,
-                              std::vector<UniqueFd> fds);
-  // Imports `shares`, taking their fds from `fds` in order.
-  absl::Status ShareCuda(
-      const google::protobuf::RepeatedPtrField<v1::CudaShare>& shares,
-      std::vector<UniqueFd>* fds);
-  // The session's CudaSession (created on first use); null without devices.
-  CudaSession* Cuda();
-  absl::StatusOr<void*> LookupHandler(const TargetKey& key);
-  // Resolves and runs the handler of a decoded CPU launch (socket or ring),
-  // telling the backend which request runs it.
-  absl::Status RunCpuHandler(uint64_t request_id, const DecodedLaunch& decoded);
 
   const uint64_t id_;
   UniqueFd sock_;
@@ -181,10 +174,11 @@ class Session final : public ServedSession {
   bool hello_done_ = false;
   uint64_t request_id_ = 0;  // of the request being handled
   ShmArena arena_;
-  // Handlers resolved by this session (registrations are never removed).
-  std::map<TargetKey, void*> handlers_;
-  CudaDevices* const cuda_devices_;
-  std::unique_ptr<CudaSession> cuda_;
+  HandlerTable handlers_;
+  // One per platform; cpu_ and cuda_ point into it.
+  std::map<Platform, std::unique_ptr<LaunchExecutor>> executors_;
+  CpuExecutor* cpu_ = nullptr;
+  CudaExecutor* cuda_ = nullptr;
   // Held while a request or a ring launch is handled.
   std::mutex mu_;
   std::unique_ptr<LaunchRing> ring_;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/ring_layout.h"
 #include "daemon/log_limit.h"
+#include "daemon/session/cpu_executor.h"
 #include "daemon/session/launch_ring.h"
 #include "daemon/session/session.h"
 #include "spdlog/spdlog.h"
@@ -95,7 +96,7 @@ absl::Status Session::RunRingLaunch(const std::string& descriptor,
   absl::Status status;
   absl::StatusOr<const DecodedLaunch*> decoded = ring_decoder_.Decode(
       descriptor.data(), descriptor.size(), ring_->seq(), arena_, tag);
-  status = decoded.ok() ? RunCpuHandler(*tag, **decoded) : decoded.status();
+  status = decoded.ok() ? cpu_->Run(*tag, **decoded) : decoded.status();
   if (!status.ok()) {
     counters_->launch_errors.fetch_add(1, std::memory_order_relaxed);
   }

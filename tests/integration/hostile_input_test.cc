@@ -246,6 +246,58 @@ TEST_CASE("Length prefixes with nothing behind them cost kregd no memory",
   CHECK(d.client().Health().ok());
 }
 
+TEST_CASE(
+    "Bytes buffered across a uid's sessions are bounded "
+    "(max_buffered_bytes); its other sessions and kregd serve on",
+    "[integration][hostile]") {
+  TempDir dir;
+  std::string config = dir.path() + "/kregd.toml";
+  testing::WriteFile(config, "max_buffered_bytes = 8388608\n");  // 8 MiB
+  Daemon d(dir.path(), {"--config", config});
+  d.Start();
+  // Session A sends 6 MiB of a 7 MiB message and holds it.
+  int a = ConnectSession(d);
+  SendLength(a, 7u << 20);
+  std::string bytes(6u << 20, 'a');
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    ssize_t n =
+        ::send(a, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    REQUIRE(n > 0);
+    sent += static_cast<size_t>(n);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // Session B (same uid, same executor) tries the same: refused, closed.
+  int b = ConnectSession(d);
+  SendLength(b, 7u << 20);
+  std::string reply;
+  sent = 0;
+  while (sent < bytes.size()) {
+    ssize_t n =
+        ::send(b, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;  // kregd closed it
+    sent += static_cast<size_t>(n);
+  }
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(b, buf, sizeof(buf), 0)) > 0;) {
+    reply.append(buf, static_cast<size_t>(n));
+  }
+  ::close(b);
+  INFO(reply);
+  CHECK(reply.find("max_buffered_bytes") != std::string::npos);
+  CHECK(reply.find("8388608") != std::string::npos);
+  // A new session of the same uid still works for small messages, and
+  // gRPC is unaffected.
+  int c = ConnectSession(d);
+  SendLength(c, 0);  // an empty frame parses as an empty request
+  std::string got;
+  ssize_t n = ::recv(c, buf, sizeof(buf), 0);
+  CHECK(n > 4);  // a reply frame (the error: Hello first)
+  ::close(c);
+  ::close(a);
+  CHECK(d.client().Health().ok());
+}
+
 TEST_CASE("Repeated session errors from one uid are rate-limited in the log",
           "[integration][hostile]") {
   TempDir dir;

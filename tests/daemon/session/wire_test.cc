@@ -73,6 +73,51 @@ TEST_CASE("A frame above the limit is refused", "[wire]") {
   CHECK(wire::ResultText(wire::kTooLarge) == "message larger than the limit");
 }
 
+TEST_CASE("A byte budget never goes past its limit", "[wire]") {
+  wire::ByteBudget budget(100);
+  CHECK(budget.TryTake(60));
+  CHECK_FALSE(budget.TryTake(41));
+  CHECK(budget.used() == 60);
+  CHECK(budget.TryTake(40));
+  CHECK_FALSE(budget.TryTake(1));
+  budget.Give(100);
+  CHECK(budget.used() == 0);
+  CHECK_FALSE(budget.TryTake(101));
+  CHECK_FALSE(budget.TryTake(UINT64_MAX));  // no overflow
+  CHECK(budget.used() == 0);
+}
+
+TEST_CASE("Receive buffers take their growth from a shared budget", "[wire]") {
+  Pair p1, p2;
+  wire::ByteBudget budget(3 << 20);
+  wire::RecvBuffer one(&budget), two(&budget);
+  std::string big(2 << 20, 'x');
+  std::thread sender([&] {
+    CHECK(wire::SendFrame(p1.a.get(), big.data(), big.size(), nullptr, 0) ==
+          wire::kOk);
+  });
+  std::vector<int> fds;
+  REQUIRE(wire::RecvFrame(p1.b.get(), 16 << 20, &one, &fds) == wire::kOk);
+  sender.join();
+  CHECK(one.payload() == big);
+  CHECK(one.held() >= big.size());
+  CHECK(budget.used() == one.held());
+  // The second connection's 2 MiB frame does not fit beside the first.
+  std::thread sender2(
+      [&] { wire::SendFrame(p2.a.get(), big.data(), big.size(), nullptr, 0); });
+  CHECK(wire::RecvFrame(p2.b.get(), 16 << 20, &two, &fds) == wire::kOverBudget);
+  CHECK(budget.used() <= budget.limit());
+  CHECK(wire::ResultText(wire::kOverBudget) ==
+        "the receive buffers of this process's sessions are full");
+  // Once the first buffer is given back, the budget is free again.
+  one.Shrink(1 << 20);
+  CHECK(one.held() == 0);
+  two.Release();
+  CHECK(budget.used() == 0);
+  p2.b.reset();  // the blocked sender gets EPIPE
+  sender2.join();
+}
+
 TEST_CASE("Too many descriptors are closed and refused", "[wire]") {
   Pair p;
   REQUIRE(wire::SendFrame(p.a.get(), "x", 1, nullptr,

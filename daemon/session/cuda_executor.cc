@@ -1,5 +1,5 @@
-// The CUDA path of a session (platform cuda): launches on the session's
-// CudaSession, shared allocations and the doorbell.
+#include "daemon/session/cuda_executor.h"
+
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -37,14 +37,53 @@ std::string RefText(const v1::CudaMappingRef& r) {
 
 }  // namespace
 
-CudaSession* Session::Cuda() {
-  if (cuda_devices_ == nullptr || cuda_devices_->count() == 0) return nullptr;
-  if (cuda_ == nullptr) cuda_ = std::make_unique<CudaSession>(cuda_devices_);
+CudaExecutor::CudaExecutor(const SessionContext& ctx, CudaDevices* devices)
+    : ctx_(ctx), devices_(devices) {}
+
+CudaExecutor::~CudaExecutor() = default;
+
+void CudaExecutor::Release() { cuda_.reset(); }
+
+void CudaExecutor::DescribeTo(v1::HelloReply* reply) const {
+  if (devices_ == nullptr) {
+    reply->set_cuda_status("kregd was started without CUDA");
+    return;
+  }
+  reply->set_max_cuda_mappings(
+      static_cast<uint32_t>(CudaSessionOptions{}.cache.max_entries));
+  for (int i = 0; i < devices_->count(); ++i) {
+    const cu::CUuuid& u = devices_->info(i).uuid;
+    reply->add_cuda_device_uuids(std::string(u.bytes, sizeof(u.bytes)));
+  }
+  reply->set_cuda_doorbell(devices_->count() > 0);
+  if (!devices_->status().ok()) {
+    reply->set_cuda_status(std::string(devices_->status().message()));
+  }
+}
+
+CudaSession* CudaExecutor::Cuda() {
+  if (devices_ == nullptr || devices_->count() == 0) return nullptr;
+  if (cuda_ == nullptr) cuda_ = std::make_unique<CudaSession>(devices_);
   return cuda_.get();
 }
 
-absl::Status Session::DoCudaDoorbell(const v1::CudaDoorbellSetup& setup,
-                                     std::vector<UniqueFd> fds) {
+absl::Status CudaExecutor::Share(
+    const google::protobuf::RepeatedPtrField<v1::CudaShare>& shares,
+    std::vector<UniqueFd> fds) {
+  if (Cuda() == nullptr) {
+    return absl::UnimplementedError(
+        "this kregd serves no CUDA device; nothing to share");
+  }
+  absl::Status status = ShareCuda(shares, &fds);
+  if (status.ok() && !fds.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        fds.size(), " file descriptor(s) attached beyond the shares"));
+  }
+  return status;
+}
+
+absl::Status CudaExecutor::SetDoorbell(const v1::CudaDoorbellSetup& setup,
+                                       std::vector<UniqueFd> fds) {
   CudaSession* cuda = Cuda();
   if (cuda == nullptr) {
     return absl::UnimplementedError(
@@ -63,12 +102,12 @@ absl::Status Session::DoCudaDoorbell(const v1::CudaDoorbellSetup& setup,
         s.code(),
         absl::StrCat("setting up the CUDA doorbell failed: ", s.message()));
   }
-  spdlog::info("session {}: CUDA doorbell set up for {}", id_,
+  spdlog::info("session {}: CUDA doorbell set up for {}", ctx_.id,
                UuidText(setup.device_uuid()));
   return absl::OkStatus();
 }
 
-absl::Status Session::ShareCuda(
+absl::Status CudaExecutor::ShareCuda(
     const google::protobuf::RepeatedPtrField<v1::CudaShare>& shares,
     std::vector<UniqueFd>* fds) {
   CudaSession* cuda = Cuda();
@@ -116,8 +155,8 @@ absl::Status Session::ShareCuda(
         spdlog::debug(
             "session {} (pid {}): {} shared as CUDA mapping 0x{:x} on kregd "
             "device {} {}",
-            id_, peer_.pid, RefText(share.mapping()), (*m)->base(), o,
-            cuda_devices_->info(o).uuid_text);
+            ctx_.id, ctx_.peer.pid, RefText(share.mapping()), (*m)->base(), o,
+            devices_->info(o).uuid_text);
       }
     }
     if (!s.ok() && first.ok()) {
@@ -131,19 +170,19 @@ absl::Status Session::ShareCuda(
   return first;
 }
 
-absl::Status Session::DoCudaLaunch(const v1::Launch& launch,
-                                   std::vector<UniqueFd> fds,
-                                   v1::LaunchReply* reply) {
+absl::Status CudaExecutor::Launch(uint64_t request_id, const v1::Launch& launch,
+                                  std::vector<UniqueFd> fds,
+                                  v1::LaunchReply* reply) {
   CudaSession* cuda = Cuda();
   if (cuda == nullptr) {
-    return absl::UnimplementedError(absl::StrCat(
-        "launching \"", launch.target_name(),
-        "\" for platform cuda: this kregd serves no CUDA device (",
-        cuda_devices_ == nullptr ? "started without CUDA"
-                                 : cuda_devices_->status().message(),
-        ")"));
+    return absl::UnimplementedError(
+        absl::StrCat("launching \"", launch.target_name(),
+                     "\" for platform cuda: this kregd serves no CUDA device (",
+                     devices_ == nullptr ? "started without CUDA"
+                                         : devices_->status().message(),
+                     ")"));
   }
-  absl::StatusOr<int> ordinal = cuda_devices_->FindByUuid(launch.device_uuid());
+  absl::StatusOr<int> ordinal = devices_->FindByUuid(launch.device_uuid());
   if (!ordinal.ok()) {
     return absl::Status(
         ordinal.status().code(),
@@ -212,20 +251,20 @@ absl::Status Session::DoCudaLaunch(const v1::Launch& launch,
     return data;
   };
   absl::StatusOr<DecodedLaunch> decoded =
-      DecodeLaunch(launch, arena_, &resolve);
+      DecodeLaunch(launch, *ctx_.arena, &resolve);
   if (!decoded.ok()) return decoded.status();
   reply->set_cuda_mapping_missing(false);
-  absl::StatusOr<void*> handler = LookupHandler(decoded->key);
+  absl::StatusOr<void*> handler = ctx_.handlers->Lookup(decoded->key);
   if (!handler.ok()) return handler.status();
   decoded->frame.device_ordinal = *ordinal;
   bool signalled = false;
   absl::Status result = cuda->Launch(
       *ordinal,
       [&](const CallOptions& options) {
-        backend_->BeginLaunch(request_id_, decoded->key);
+        ctx_.backend->BeginLaunch(request_id, decoded->key);
         absl::Status s =
-            backend_->ExecuteWith(*handler, decoded->frame, options);
-        backend_->EndLaunch();
+            ctx_.backend->ExecuteWith(*handler, decoded->frame, options);
+        ctx_.backend->EndLaunch();
         return s;
       },
       launch.doorbell_seq(), &signalled);

@@ -1,0 +1,33 @@
+#include "daemon/session/cpu_executor.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/session/session.h"
+
+namespace kreg {
+
+absl::Status CpuExecutor::Launch(uint64_t request_id, const v1::Launch& launch,
+                                 std::vector<UniqueFd> fds,
+                                 v1::LaunchReply* reply) {
+  (void)reply;
+  if (!fds.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        fds.size(), " file descriptor(s) attached to a CPU launch"));
+  }
+  absl::StatusOr<DecodedLaunch> decoded = DecodeLaunch(launch, *ctx_.arena);
+  if (!decoded.ok()) return decoded.status();
+  return Run(request_id, *decoded);
+}
+
+absl::Status CpuExecutor::Run(uint64_t request_id,
+                              const DecodedLaunch& decoded) {
+  absl::StatusOr<void*> handler = ctx_.handlers->Lookup(decoded.key);
+  if (!handler.ok()) return handler.status();
+  ctx_.backend->BeginLaunch(request_id, decoded.key);
+  absl::Status status = ctx_.backend->Execute(*handler, decoded.frame);
+  ctx_.backend->EndLaunch();
+  return status;
+}
+
+}  // namespace kreg

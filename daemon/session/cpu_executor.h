@@ -1,0 +1,34 @@
+// The CPU launches of a session: decoded from the arena, run on the
+// session's thread by the backend's FFI host.
+#ifndef KREGD_DAEMON_SESSION_CPU_EXECUTOR_H_
+#define KREGD_DAEMON_SESSION_CPU_EXECUTOR_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "daemon/session/launch_decoder.h"
+#include "daemon/session/launch_executor.h"
+
+namespace kreg {
+
+class CpuExecutor final : public LaunchExecutor {
+ public:
+  explicit CpuExecutor(const SessionContext& ctx) : ctx_(ctx) {}
+
+  // A socket launch: INVALID_ARGUMENT when descriptors are attached, the
+  // decoder's errors, then Run's.
+  absl::Status Launch(uint64_t request_id, const v1::Launch& launch,
+                      std::vector<UniqueFd> fds,
+                      v1::LaunchReply* reply) override;
+  // Resolves and runs the handler of a decoded launch (socket or launch
+  // ring), telling the backend which request runs it. The handler's error
+  // verbatim.
+  absl::Status Run(uint64_t request_id, const DecodedLaunch& decoded);
+
+ private:
+  const SessionContext ctx_;
+};
+
+}  // namespace kreg
+
+#endif  // KREGD_DAEMON_SESSION_CPU_EXECUTOR_H_
