@@ -95,8 +95,17 @@ Doorbell::~Doorbell() {
 }
 
 bool Doorbell::Pending() const {
-  return recorded_ &&
-         driver_->cuEventQuery(last_use_) == cu::CUDA_ERROR_NOT_READY;
+  if (!recorded_) return false;
+  // Any thread: the event's context is made current for the query.
+  const cu::CudaDriver& d = *driver_;
+  bool pushed =
+      context_ != nullptr && d.cuCtxPushCurrent(context_) == cu::CUDA_SUCCESS;
+  const bool pending = d.cuEventQuery(last_use_) == cu::CUDA_ERROR_NOT_READY;
+  if (pushed) {
+    cu::CUcontext popped;
+    d.cuCtxPopCurrent(&popped);
+  }
+  return pending;
 }
 
 bool Doorbell::Abandon(const std::function<void()>& before_release) {

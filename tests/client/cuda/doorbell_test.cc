@@ -116,7 +116,8 @@ TEST_CASE("Abandon releases a wait whose done never came and says so",
   REQUIRE(bell->AwaitDone(a, seq).ok());
   REQUIRE(bell->Finish(a).ok());
   fake.memops.clear();
-  CHECK(bell->Pending());  // XLA's stream has not passed the wait
+  CHECK(bell->Pending());               // XLA's stream has not passed the wait
+  CHECK(FakeCuda::PushedDepth() == 1);  // its context pushed and popped
   // The executor died before its stream wrote done := 1: the error is
   // recorded before the wait is released.
   size_t writes_before_callback = 99;
