@@ -50,6 +50,13 @@ grpc::Status RegistryService::RegisterTarget(
   }
   const v1::RegisterTargetHeader header = chunk.header();
   const uint64_t limit = registrar_->policy().max_module_bytes;
+  if (header.module().source_case() == v1::ModuleSource::kUploadSize) {
+    // Refused before the bytes are spent (quota, size, name, platform).
+    absl::Status early = registrar_->PrecheckUpload(
+        header.target_name(), header.platform(), header.module().upload_size(),
+        peer_of_(ctx->peer()));
+    if (!early.ok()) return ToGrpcStatus(early);
+  }
   std::string upload;
   for (size_t index = 1; in->Read(&chunk); ++index) {
     if (!chunk.has_module_bytes()) {

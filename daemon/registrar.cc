@@ -245,18 +245,7 @@ absl::StatusOr<RegisterOutcome> Registrar::Register(RegistrationRequest request,
                                                     const PeerCred& peer) {
   absl::StatusOr<RegisterArgs> args = Parse(request, peer);
   if (!args.ok()) {
-    // The registry logs its own decisions; these are the edge's
-    // (rate-limited per uid: a client can send bad requests at will).
-    std::string suppressed;
-    if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer.uid), &suppressed)) {
-      spdlog::info(
-          "registration refused ({}): target {} ({}) by uid {} pid {}: {}{}",
-          absl::StatusCodeToString(args.status().code()),
-          QuoteForMessage(request.target_name),
-          QuoteForMessage(request.platform), peer.uid, peer.pid,
-          std::string(args.status().message()), suppressed);
-    }
-    return args.status();
+    return Refused(args.status(), request.target_name, request.platform, peer);
   }
   absl::StatusOr<RegisterOutcome> out = registry_->Register(*args);
   if (out.ok()) return out;
@@ -265,6 +254,40 @@ absl::StatusOr<RegisterOutcome> Registrar::Register(RegistrationRequest request,
       request.source == RegistrationRequest::Source::kPath ? request.path
                                                            : request.file_name;
   return NameTheModule(out.status(), display);
+}
+
+absl::Status Registrar::Refused(absl::Status status,
+                                const std::string& target_name,
+                                const std::string& platform,
+                                const PeerCred& peer) {
+  // The registry logs its own decisions; these are the edge's (rate-limited
+  // per uid: a client can send bad requests at will).
+  std::string suppressed;
+  if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer.uid), &suppressed)) {
+    spdlog::info(
+        "registration refused ({}): target {} ({}) by uid {} pid {}: {}{}",
+        absl::StatusCodeToString(status.code()), QuoteForMessage(target_name),
+        QuoteForMessage(platform), peer.uid, peer.pid,
+        std::string(status.message()), suppressed);
+  }
+  return status;
+}
+
+absl::Status Registrar::PrecheckUpload(const std::string& target_name,
+                                       const std::string& platform,
+                                       uint64_t size, const PeerCred& peer) {
+  absl::Status st = ValidateTargetName(target_name);
+  absl::StatusOr<Platform> parsed = ParsePlatform(platform);
+  if (st.ok() && !parsed.ok()) st = parsed.status();
+  if (st.ok() && size > policy_.max_module_bytes) {
+    st = absl::InvalidArgumentError(
+        absl::StrCat("uploaded module is ", size, " bytes; the limit is ",
+                     policy_.max_module_bytes, " (max_module_bytes)"));
+  }
+  if (st.ok())
+    st = registry_->PrecheckUpload({target_name, *parsed}, size, peer);
+  if (!st.ok()) return Refused(st, target_name, platform, peer);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<RegisterArgs> Registrar::Parse(RegistrationRequest& request,

@@ -68,9 +68,20 @@ class Registrar {
   absl::StatusOr<RegisterOutcome> Register(RegistrationRequest request,
                                            const PeerCred& peer);
 
+  // Before the bytes of a `size`-byte upload are read: the name and
+  // platform checks, max_module_bytes, and the registry's per-uid quotas
+  // (Registry::PrecheckUpload), so that an upload that cannot be accepted
+  // is refused before it is spent. Refusals are logged as Register's.
+  absl::Status PrecheckUpload(const std::string& target_name,
+                              const std::string& platform, uint64_t size,
+                              const PeerCred& peer);
+
   const ModulePolicy& policy() const { return policy_; }
 
  private:
+  // Logs a refusal at info (rate-limited per uid) and returns it.
+  absl::Status Refused(absl::Status status, const std::string& target_name,
+                       const std::string& platform, const PeerCred& peer);
   // The edge checks: the typed request, or the first error.
   absl::StatusOr<RegisterArgs> Parse(RegistrationRequest& request,
                                      const PeerCred& peer);

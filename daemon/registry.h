@@ -153,6 +153,15 @@ class Registry {
   // Every platform registered under `name`.
   std::vector<EntryPtr> Find(const std::string& name) const;
 
+  // Before a `size`-byte upload for `key` is read: RESOURCE_EXHAUSTED (the
+  // message registration would give) when no bytes of that size could fit
+  // `peer.uid`'s limits — a new name past max_registrations_per_uid, or
+  // `size` more store bytes past max_store_bytes_per_uid while the uid holds
+  // no module of that size (which the upload might repeat). OK otherwise:
+  // the registration checks again with the digest.
+  absl::Status PrecheckUpload(const TargetKey& key, uint64_t size,
+                              const PeerCred& peer) const;
+
   uint64_t refused() const { return refused_.load(); }
 
  private:
@@ -162,6 +171,14 @@ class Registry {
   // Register without the decision log (register_mu_ taken inside).
   absl::StatusOr<RegisterOutcome> Decide(const RegisterArgs& args,
                                          const std::string& digest);
+  // What one uid's registrations hold: how many, the distinct module
+  // digests (with their sizes) and their total bytes.
+  struct UidUse {
+    uint64_t registrations = 0;
+    uint64_t bytes = 0;
+    std::map<std::string, uint64_t> digests;
+  };
+  UidUse UseOf(uid_t uid) const;
   // RESOURCE_EXHAUSTED when registering `size` more bytes of `digest`
   // would take `peer.uid` over a limit.
   absl::Status CheckLimits(const RegisterArgs& args,

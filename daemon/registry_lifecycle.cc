@@ -19,45 +19,78 @@ std::string Named(const TargetKey& key) {
 
 }  // namespace
 
+namespace {
+
+constexpr char kRemedy[] =
+    "; retire targets you no longer use (kregctl retire NAME) or ask the "
+    "operator to raise the limit";
+
+absl::Status TooManyRegistrations(const TargetKey& key, uid_t uid,
+                                  uint64_t registrations,
+                                  const RegistryLimits& limits) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "cannot register ", Named(key), ": uid ", uid, " already has ",
+      registrations, " registrations, the limit per uid is ",
+      limits.max_registrations_per_uid, " (max_registrations_per_uid)",
+      kRemedy));
+}
+
+absl::Status TooManyBytes(const TargetKey& key, uid_t uid, uint64_t bytes,
+                          uint64_t more, const RegistryLimits& limits) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "cannot register ", Named(key), ": its ", more,
+      "-byte module would bring uid ", uid, "'s module store use to ",
+      bytes + more, " bytes (now ", bytes, "); the limit per uid is ",
+      limits.max_store_bytes_per_uid, " bytes (max_store_bytes_per_uid)",
+      kRemedy));
+}
+
+}  // namespace
+
+Registry::UidUse Registry::UseOf(uid_t uid) const {
+  UidUse use;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [key, e] : entries_) {
+    if (e->registered_by.uid != uid) continue;
+    ++use.registrations;
+    if (!e->module_digest.empty() &&
+        use.digests.emplace(e->module_digest, e->module_size).second) {
+      use.bytes += e->module_size;
+    }
+  }
+  return use;
+}
+
 absl::Status Registry::CheckLimits(const RegisterArgs& args,
                                    const std::string& digest) const {
   const uid_t uid = args.peer.uid;
   if (uid == kRoot) return absl::OkStatus();
-  uint64_t registrations = 0, bytes = 0;
-  bool has_digest = false;
-  {
-    absl::MutexLock lock(&mu_);
-    std::set<std::string> digests;
-    for (const auto& [key, e] : entries_) {
-      if (e->registered_by.uid != uid) continue;
-      ++registrations;
-      if (!e->module_digest.empty() &&
-          digests.insert(e->module_digest).second) {
-        bytes += e->module_size;
-      }
-    }
-    has_digest = digests.count(digest) != 0;
+  const UidUse use = UseOf(uid);
+  if (use.registrations + 1 > limits_.max_registrations_per_uid) {
+    return TooManyRegistrations(args.key, uid, use.registrations, limits_);
   }
-  const char* remedy =
-      "; retire targets you no longer use (kregctl retire NAME) or ask the "
-      "operator to raise the limit";
-  if (registrations + 1 > limits_.max_registrations_per_uid) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot register ", Named(args.key), ": uid ", uid, " already has ",
-        registrations, " registrations, the limit per uid is ",
-        limits_.max_registrations_per_uid, " (max_registrations_per_uid)",
-        remedy));
+  const uint64_t more =
+      args.kind == TargetKind::kModule && use.digests.count(digest) == 0
+          ? args.module_bytes.size()
+          : 0;
+  if (use.bytes + more > limits_.max_store_bytes_per_uid) {
+    return TooManyBytes(args.key, uid, use.bytes, more, limits_);
   }
-  const uint64_t more = args.kind == TargetKind::kModule && !has_digest
-                            ? args.module_bytes.size()
-                            : 0;
-  if (bytes + more > limits_.max_store_bytes_per_uid) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot register ", Named(args.key), ": its ", more,
-        "-byte module would bring uid ", uid, "'s module store use to ",
-        bytes + more, " bytes (now ", bytes, "); the limit per uid is ",
-        limits_.max_store_bytes_per_uid, " bytes (max_store_bytes_per_uid)",
-        remedy));
+  return absl::OkStatus();
+}
+
+absl::Status Registry::PrecheckUpload(const TargetKey& key, uint64_t size,
+                                      const PeerCred& peer) const {
+  if (peer.uid == kRoot || Lookup(key) != nullptr) return absl::OkStatus();
+  const UidUse use = UseOf(peer.uid);
+  if (use.registrations + 1 > limits_.max_registrations_per_uid) {
+    return TooManyRegistrations(key, peer.uid, use.registrations, limits_);
+  }
+  for (const auto& [digest, held_size] : use.digests) {
+    if (held_size == size) return absl::OkStatus();  // may be this module
+  }
+  if (use.bytes + size > limits_.max_store_bytes_per_uid) {
+    return TooManyBytes(key, peer.uid, use.bytes, size, limits_);
   }
   return absl::OkStatus();
 }

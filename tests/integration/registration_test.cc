@@ -406,7 +406,9 @@ TEST_CASE("Invalid inputs are refused with clear messages", "[integration]") {
          absl::StatusCode::kInvalidArgument, "stateful handler");
   RegisterRequest big = Upload(d, "op");
   big.module_bytes = std::string(9000000, '\x7f');
-  expect(big, absl::StatusCode::kInvalidArgument, "limit of 8000000 bytes");
+  expect(big, absl::StatusCode::kInvalidArgument,
+         "uploaded module is 9000000 bytes; the limit is 8000000 "
+         "(max_module_bytes)");
   RegisterRequest bad_cid = Upload(d, "op");
   bad_cid.content_id = "has space";
   expect(bad_cid, absl::StatusCode::kInvalidArgument, "content_id");

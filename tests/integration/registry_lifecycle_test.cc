@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "kreg/v1/registry.grpc.pb.h"
 #include "tests/testing/daemon_fixture.h"
 #include "tests/testing/temp_dir.h"
 
@@ -42,7 +43,8 @@ constexpr uid_t kNobody = 65534;
 // at connect(), so a child switches to `uid`, connects and hands the socket
 // back over SCM_RIGHTS (the child runs no gRPC). Opens the test directory
 // and the socket to other uids.
-Client ClientAs(const Daemon& d, const std::string& dir, uid_t uid) {
+std::shared_ptr<grpc::Channel> ChannelAs(const Daemon& d,
+                                         const std::string& dir, uid_t uid) {
   REQUIRE(::chmod(dir.c_str(), 0711) == 0);
   REQUIRE(::chmod(d.socket().c_str(), 0666) == 0);
   int sv[2];
@@ -93,8 +95,30 @@ Client ClientAs(const Daemon& d, const std::string& dir, uid_t uid) {
   REQUIRE(c != nullptr);
   int fd = -1;
   std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
-  return Client(grpc::CreateInsecureChannelFromFd("kregd", fd),
+  return grpc::CreateInsecureChannelFromFd("kregd", fd);
+}
+
+Client ClientAs(const Daemon& d, const std::string& dir, uid_t uid) {
+  return Client(ChannelAs(d, dir, uid),
                 d.socket() + " (as uid " + std::to_string(uid) + ")");
+}
+
+// Sends only the header of an upload of `size` bytes (no bytes follow).
+grpc::Status AnnounceUpload(const std::shared_ptr<grpc::Channel>& channel,
+                            const std::string& name, uint64_t size) {
+  auto stub = v1::Registry::NewStub(channel);
+  grpc::ClientContext ctx;
+  v1::RegisterTargetResponse resp;
+  auto writer = stub->RegisterTarget(&ctx, &resp);
+  v1::RegisterTargetChunk chunk;
+  v1::RegisterTargetHeader* h = chunk.mutable_header();
+  h->set_target_name(name);
+  h->set_func_name("Scale");
+  h->set_platform("cpu");
+  h->mutable_module()->set_upload_size(size);
+  writer->Write(chunk);
+  writer->WritesDone();
+  return writer->Finish();
 }
 
 // Files in kregd's module store.
@@ -184,6 +208,36 @@ TEST_CASE("Per-uid limits: registrations and store bytes, root exempt",
   CHECK(d.client().Register(big).ok());
   CHECK(d.client().Register(Upload(d, "r2", "libdemo_v2.so")).ok());
   CHECK(d.client().Register(Upload(d, "r3")).ok());
+}
+
+TEST_CASE("An upload past a per-uid quota is refused on its header",
+          "[integration][quota]") {
+  TempDir dir;
+  const uint64_t demo =
+      ReadFile(testing::Runfile("kernels/cpu/libdemo.so")).size();
+  Daemon d(dir.path(),
+           {"--max-store-bytes-per-uid", std::to_string(demo + demo / 2)});
+  d.Start();
+  auto channel = ChannelAs(d, dir.path(), kNobody);
+  Client nobody(channel, "nobody");
+  REQUIRE(nobody.Register(Upload(d, "one")).ok());
+  // 64 MiB announced and never sent: refused for the quota, not for the
+  // missing bytes, so the bytes would never have been read.
+  grpc::Status big = AnnounceUpload(channel, "big", 64u << 20);
+  CHECK(big.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK_THAT(big.error_message(),
+             Catch::Contains("uid 65534's module store use") &&
+                 Catch::Contains("max_store_bytes_per_uid"));
+  CHECK_THAT(d.log(), Catch::Contains("registration refused "
+                                      "(RESOURCE_EXHAUSTED): target \"big\""));
+  // The size of a module the uid already holds may be that module again:
+  // the header passes, and the (absent) bytes decide.
+  grpc::Status same = AnnounceUpload(channel, "again", demo);
+  CHECK(same.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK_THAT(same.error_message(), Catch::Contains("but 0 arrived"));
+  // A name that is already registered is never refused for a quota here.
+  grpc::Status existing = AnnounceUpload(channel, "one", 64u << 20);
+  CHECK(existing.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 TEST_CASE("kregctl retire: the name can be registered again, across restarts",
