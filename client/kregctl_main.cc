@@ -345,6 +345,11 @@ int main(int argc, char** argv) {
            {"quarantined", s->quarantined()},
            {"seccomp", s->seccomp()},
            {"max_module_bytes", s->max_module_bytes()}};
+    // An older kregd does not report GPU sharing.
+    if (!s->gpu_sharing().empty()) {
+      j["gpu_sharing"] = s->gpu_sharing();
+      j["gpu_sharing_note"] = s->gpu_sharing_note();
+    }
     if (!s->executor_note().empty()) j["executor_note"] = s->executor_note();
     json execs = json::array();
     for (const auto& e : s->executors()) {

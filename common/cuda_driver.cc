@@ -75,6 +75,7 @@ bool Resolve(void* lib, CudaDriver* d, const char* path, std::string* error) {
       KREG_CU_ENTRY(cuMemAllocAsync, "cuMemAllocAsync"),
       KREG_CU_ENTRY(cuMemFreeAsync, "cuMemFreeAsync"),
       KREG_CU_ENTRY(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"),
+      KREG_CU_ENTRY(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"),
   };
   for (const Entry& e : entries) {
     *e.slot = dlsym(lib, e.symbol);

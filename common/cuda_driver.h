@@ -88,6 +88,7 @@ struct CudaDriver {
   CUresult (*cuMemAllocAsync)(CUdeviceptr*, size_t, CUstream);
   CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream);
   CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+  CUresult (*cuMemcpyDtoHAsync)(void*, CUdeviceptr, size_t, CUstream);
 };
 
 // The process's table for libcuda.so.1, loaded on first use and never

@@ -1,10 +1,12 @@
 #include "daemon/config.h"
 
+#include <cctype>
 #include <climits>
 #include <cstdlib>
 #include <iostream>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/paths.h"
@@ -30,6 +32,32 @@ absl::Status CheckLogLevel(const std::string& level, const std::string& from) {
                    "off"));
 }
 
+// "on"/"true"/"1" or "off"/"false"/"0" (any case); INVALID_ARGUMENT
+// naming `from` and the value otherwise.
+absl::StatusOr<bool> ParseOnOff(const std::string& value,
+                                const std::string& from) {
+  std::string v = value;
+  for (char& ch : v) ch = static_cast<char>(std::tolower(ch));
+  if (v == "on" || v == "true" || v == "1") return true;
+  if (v == "off" || v == "false" || v == "0") return false;
+  return absl::InvalidArgumentError(absl::StrCat(
+      from, " is \"", value, "\"; use on or off (also true/false, 1/0)"));
+}
+
+// A whole number of microseconds in [0, kMaxRingSpinUs]; INVALID_ARGUMENT
+// naming `from` and the value otherwise.
+absl::StatusOr<int64_t> ParseSpinUs(const std::string& value,
+                                    const std::string& from) {
+  int64_t n = 0;
+  if (!absl::SimpleAtoi(value, &n) || n < 0 || n > kMaxRingSpinUs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        from, " is \"", value,
+        "\"; use a whole number of microseconds from 0 (sleep at once) to ",
+        kMaxRingSpinUs));
+  }
+  return n;
+}
+
 // The field of a positive-integer config key, or null.
 uint64_t* NumberKey(const std::string& k, Config* c) {
   if (k == "max_module_bytes") return &c->max_module_bytes;
@@ -51,7 +79,7 @@ absl::Status ApplyToml(const std::string& path, Config* c) {
   }
   for (const auto& [key, value] : t) {
     std::string k(std::string(key.str()));
-    auto bad = [&](const char* want) {
+    auto bad = [&](absl::string_view want) {
       return absl::InvalidArgumentError(absl::StrCat(
           "config file ", path, ": key \"", k, "\" must be ", want));
     };
@@ -61,6 +89,18 @@ absl::Status ApplyToml(const std::string& path, Config* c) {
       (k == "isolation"         ? c->isolation
        : k == "executor_binary" ? c->executor_binary
                                 : c->metrics_listen) = *s;
+    } else if (k == "launch_ring") {
+      auto b = value.value<bool>();
+      if (!b) return bad("true or false");
+      c->launch_ring = *b;
+    } else if (k == "ring_spin_us") {
+      auto n = value.value<int64_t>();
+      if (!n || *n < 0 || *n > kMaxRingSpinUs) {
+        return bad(absl::StrCat(
+            "a whole number of microseconds from 0 to ", kMaxRingSpinUs,
+            n ? absl::StrCat(", not ", *n) : std::string(", not a number")));
+      }
+      c->ring_spin_us = *n;
     } else if (k == "hello_timeout_s") {
       auto d = value.value<double>();
       if (!d || *d <= 0) return bad("a number of seconds > 0");
@@ -122,7 +162,8 @@ absl::Status ApplyToml(const std::string& path, Config* c) {
           "max_sessions, max_sessions_per_uid, hello_timeout_s, "
           "etcd_endpoints, cluster, advertise, peer_listen, host_name, "
           "peer_tls_ca, peer_tls_cert, peer_tls_key, etcd_timeout_s, "
-          "peer_lease_ttl_s, metrics_listen, metrics_allow_remote)"));
+          "peer_lease_ttl_s, metrics_listen, metrics_allow_remote, "
+          "launch_ring, ring_spin_us)"));
     }
   }
   return absl::OkStatus();
@@ -203,6 +244,13 @@ absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now) {
                  "127.0.0.1:PORT, [::1]:PORT or unix:/path (default: off)");
   app.add_flag("--metrics-allow-remote", metrics_allow_remote,
                "allow a --metrics-listen address that is not loopback");
+  std::string launch_ring_flag, ring_spin_flag;
+  app.add_option("--launch-ring", launch_ring_flag,
+                 "offer clients the shared-memory launch ring for CPU "
+                 "launches: on (default) or off");
+  app.add_option("--ring-spin-us", ring_spin_flag,
+                 "microseconds an executor's ring thread spins for the next "
+                 "launch before it sleeps (default 50; 0 to 1000000)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -217,9 +265,31 @@ absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now) {
     return absl::InvalidArgumentError(
         absl::StrCat(e.what(), "; run kregd --help for the flags"));
   }
+  // The environment variables these keys replaced still work, below the
+  // config file and the flags.
+  if (const char* env = std::getenv("KREGD_LAUNCH_RING")) {
+    absl::StatusOr<bool> on = ParseOnOff(env, "$KREGD_LAUNCH_RING");
+    if (!on.ok()) return on.status();
+    c.launch_ring = *on;
+  }
+  if (const char* env = std::getenv("KREGD_RING_SPIN_US")) {
+    absl::StatusOr<int64_t> us = ParseSpinUs(env, "$KREGD_RING_SPIN_US");
+    if (!us.ok()) return us.status();
+    c.ring_spin_us = *us;
+  }
   if (!config_file.empty()) {
     absl::Status st = ApplyToml(config_file, &c);
     if (!st.ok()) return st;
+  }
+  if (!launch_ring_flag.empty()) {
+    absl::StatusOr<bool> on = ParseOnOff(launch_ring_flag, "--launch-ring");
+    if (!on.ok()) return on.status();
+    c.launch_ring = *on;
+  }
+  if (!ring_spin_flag.empty()) {
+    absl::StatusOr<int64_t> us = ParseSpinUs(ring_spin_flag, "--ring-spin-us");
+    if (!us.ok()) return us.status();
+    c.ring_spin_us = *us;
   }
   if (!socket.empty()) c.socket_path = socket;
   if (!state_dir.empty()) c.state_dir = state_dir;

@@ -48,7 +48,14 @@ struct Config {
   // "unix:/path"; other addresses need metrics_allow_remote.
   std::string metrics_listen;
   bool metrics_allow_remote = false;
+  // The CPU launch ring (DESIGN §9): offered to clients; the executor side
+  // spins this long for the next descriptor before it sleeps on the futex.
+  bool launch_ring = true;
+  int64_t ring_spin_us = 50;
 };
+
+// The largest ring_spin_us accepted (1 s: a longer spin only burns a core).
+inline constexpr int64_t kMaxRingSpinUs = 1000000;
 
 // config_cluster.cc: the cluster keys of the TOML file. Returns false when
 // `key` is not one of them; otherwise sets `*status`.

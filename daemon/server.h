@@ -68,6 +68,8 @@ class Daemon {
   v1::TargetStats StatsOf(const TargetEntry& entry);
   void ListSessions(v1::ListSessionsResponse* resp);
   std::string RenderMetrics();
+  // The GPU sharing mode at start: a warning without MPS (DESIGN §8).
+  void LogGpuSharing();
 
   const Config config_;
   const std::chrono::steady_clock::time_point started_;

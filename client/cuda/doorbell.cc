@@ -94,6 +94,50 @@ Doorbell::~Doorbell() {
   }
 }
 
+bool Doorbell::Pending() const {
+  if (!recorded_) return false;
+  // Any thread: the event's context is made current for the query.
+  const cu::CudaDriver& d = *driver_;
+  bool pushed =
+      context_ != nullptr && d.cuCtxPushCurrent(context_) == cu::CUDA_SUCCESS;
+  const bool pending = d.cuEventQuery(last_use_) == cu::CUDA_ERROR_NOT_READY;
+  if (pushed) {
+    cu::CUcontext popped;
+    d.cuCtxPopCurrent(&popped);
+  }
+  return pending;
+}
+
+bool Doorbell::Abandon(const std::function<void()>& before_release) {
+  if (buffer_ == nullptr || awaited_ == 0) return false;
+  const cu::CudaDriver& d = *driver_;
+  bool pushed =
+      context_ != nullptr && d.cuCtxPushCurrent(context_) == cu::CUDA_SUCCESS;
+  bool lost = true;  // unless `done` says otherwise
+  cu::CUstream side = nullptr;
+  if (d.cuStreamCreate(&side, cu::CU_STREAM_NON_BLOCKING) == cu::CUDA_SUCCESS) {
+    uint64_t done_value = 0;
+    if (d.cuMemcpyDtoHAsync(&done_value, done(), sizeof(done_value), side) ==
+            cu::CUDA_SUCCESS &&
+        d.cuStreamSynchronize(side) == cu::CUDA_SUCCESS) {
+      lost = done_value < awaited_;
+    }
+    if (lost && before_release) before_release();
+    if (lost && d.cuStreamWriteValue64(side, done(), UINT64_MAX,
+                                       cu::CU_STREAM_WRITE_VALUE_DEFAULT) ==
+                    cu::CUDA_SUCCESS) {
+      d.cuStreamSynchronize(side);
+    }
+    d.cuStreamDestroy(side);
+  }
+  if (lost && side == nullptr && before_release) before_release();
+  if (pushed) {
+    cu::CUcontext popped;
+    d.cuCtxPopCurrent(&popped);
+  }
+  return lost;
+}
+
 void Doorbell::Leak() {
   (void)buffer_.release();
   last_use_ = nullptr;
@@ -127,6 +171,7 @@ ClientStatus Doorbell::Ring(cu::CUstream stream, uint64_t seq) {
 ClientStatus Doorbell::AwaitDone(cu::CUstream stream, uint64_t seq) {
   cu::CUresult r = driver_->cuStreamWaitValue64(stream, done(), seq,
                                                 cu::CU_STREAM_WAIT_VALUE_GEQ);
+  if (r == cu::CUDA_SUCCESS) awaited_ = seq;
   return r == cu::CUDA_SUCCESS
              ? ClientStatus::Ok()
              : Failed(*driver_, r,

@@ -37,7 +37,9 @@ ExecutorBackend::ExecutorBackend(UniqueFd broker, uint32_t slot,
                                  const ExecutorShared& shared)
     : broker_(std::move(broker)),
       slot_(shared.page->slot(slot)),
-      shared_(shared) {}
+      shared_(shared) {
+  slot_->gpu_token.store(0, std::memory_order_relaxed);
+}
 
 ExecutorBackend::~ExecutorBackend() {
   v1::BrokerRequest req;
@@ -122,7 +124,10 @@ absl::Status ExecutorBackend::ExecuteWith(void* handler,
   absl::Status s = shared_.host->Execute(handler, frame, options);
   if (shared_.cuda != nullptr && frame.platform == Platform::kCuda) {
     absl::Status usable = shared_.cuda->CheckUsable(frame.device_ordinal);
-    if (!usable.ok() && !shared_.recycle->exchange(true)) {
+    uint32_t none = 0;
+    if (!usable.ok() &&
+        shared_.page->header()->recycle.compare_exchange_strong(none, 1)) {
+      shared_.recycle->store(true);
       // The context is corrupt for every session of this executor: write
       // the last words, finish this reply, then the executor exits and
       // kregd starts a fresh one on the next call.
@@ -133,7 +138,6 @@ absl::Status ExecutorBackend::ExecuteWith(void* handler,
           std::min(note.size(), sizeof(shared_.page->header()->note) - 1);
       memcpy(dst, note.data(), n);
       dst[n] = '\0';
-      shared_.page->header()->recycle.store(1);
       spdlog::error("{}", note);
     }
   }
@@ -150,6 +154,9 @@ void ExecutorBackend::BeginLaunch(uint64_t request_id, const TargetKey& key) {
   launch_started_ns_ = MonotonicNs();
   slot_->request_id.store(request_id, std::memory_order_relaxed);
   slot_->started_ns.store(launch_started_ns_, std::memory_order_relaxed);
+  if (key.platform == Platform::kCuda) {
+    slot_->gpu_token.store(token, std::memory_order_relaxed);
+  }
   slot_->token.store(token, std::memory_order_release);
 }
 

@@ -350,14 +350,35 @@ void ExecutorPool::Wait(std::shared_ptr<Group> g) {
   if (!note.empty()) absl::StrAppend(&how, " (", note, ")");
   std::set<std::pair<std::string, uid_t>> counted;
   const int64_t now_s = static_cast<int64_t>(::time(nullptr));
+  // Which target each session's crash is blamed on: the handler it was
+  // running; or, when the executor's sticky-error watch found a GPU fault
+  // after the handlers had returned (recycle 2), the target of the
+  // session's last CUDA launch, whose GPU work was lost with the context.
+  const bool gpu_fault = page.header()->recycle.load() == 2;
+  std::vector<uint32_t> blamed(g->used.size(), 0);
+  std::vector<bool> running(g->used.size(), false);
+  int gpu_only = 0;
   for (uint32_t i = 0; i < g->used.size(); ++i) {
     if (!g->used[i]) continue;
     uint32_t token = page.slot(i)->token.load();
-    if (token == 0 || token > g->resolved.size()) continue;
+    running[i] = token != 0;
+    if (token == 0 && gpu_fault) {
+      token = page.slot(i)->gpu_token.load();
+      if (token != 0) ++gpu_only;
+    }
+    if (token != 0 && token <= g->resolved.size()) blamed[i] = token;
+  }
+  for (uint32_t i = 0; i < g->used.size(); ++i) {
+    if (!g->used[i] || blamed[i] == 0) continue;
+    const uint32_t token = blamed[i];
     const TargetEntry& e = *g->resolved[token - 1];
     uid_t uid = g->slot_uid[i];
     std::string quarantine;
-    if (!g->stop_requested) {
+    // A fault found after the handlers returned counts against a target
+    // only when its session was the only one with GPU work in the
+    // executor (otherwise which kernel faulted is not known).
+    const bool count = running[i] || gpu_only == 1;
+    if (!g->stop_requested && count) {
       CrashRecord rec = ledger_->Record(e.key, uid, how, now_s);
       if (counted.insert({e.key.name, uid}).second) {
         dead_counters_.executor_crashes++;
@@ -375,14 +396,30 @@ void ExecutorPool::Wait(std::shared_ptr<Group> g) {
                                   " s before the target is quarantined)");
       }
     }
-    std::string text = absl::StrCat(
+    const std::string target = absl::StrCat(
         "target \"", e.key.name, "\" (", PlatformName(e.key.platform),
         ", content ", e.content_id, ", function ", e.func_name, ", module ",
-        e.module_digest, ") crashed its kregd executor (pid ", g->exec->pid(),
-        ", ", g->name, "): ", how,
-        ". kregd and other clients are unaffected; the next call starts a "
-        "fresh executor.",
-        quarantine);
+        e.module_digest, ")");
+    std::string text =
+        running[i]
+            ? absl::StrCat(target, " crashed its kregd executor (pid ",
+                           g->exec->pid(), ", ", g->name, "): ", how,
+                           ". kregd and other clients are unaffected; the "
+                           "next call starts a fresh executor.",
+                           quarantine)
+            : absl::StrCat(
+                  "the GPU work of the last call of ", target,
+                  " was lost: its kregd executor (pid ", g->exec->pid(), ", ",
+                  g->name, ") ended after the handler returned: ", how,
+                  gpu_only > 1
+                      ? absl::StrCat("; ", gpu_only,
+                                     " sessions of that executor had GPU "
+                                     "work, so which kernel faulted is not "
+                                     "known")
+                      : std::string(),
+                  ". kregd and other executors are unaffected; the next call "
+                  "starts a fresh executor.",
+                  quarantine);
     spdlog::error("{}", text);
     g->crash_text[i] = std::move(text);
   }

@@ -19,22 +19,31 @@
 
 namespace kreg {
 
-// One session's slot. `token` is 0 while no handler runs.
+// One session's slot. `token` is 0 while no handler runs. `gpu_token` is
+// the token of the session's last CUDA launch, whose GPU work may still run
+// after the handler returned (0: none since the session was adopted): when
+// the executor exits for a sticky CUDA error found after the handler
+// returned, kregd names that target.
 struct ExecSlot {
   std::atomic<uint64_t> request_id;
   std::atomic<int64_t> started_ns;  // CLOCK_MONOTONIC
   std::atomic<uint32_t> token;
-  uint32_t reserved;
+  // The CUDA target of the session's last CUDA launch (kregd's token).
+  std::atomic<uint32_t> gpu_token;
   // Handler calls of the session in this slot, and its arena's size.
   std::atomic<uint64_t> launches;
   std::atomic<uint64_t> arena_bytes;
 };
+static_assert(sizeof(ExecSlot) == 40, "the status page layout");
 
 struct ExecStatusHeader {
   uint32_t magic;
   uint32_t slots;
   SessionCounters counters;  // the executor's sessions count here
-  // Set by the executor before it exits on purpose (sticky CUDA error).
+  // Set by the executor before it exits on purpose (sticky CUDA error):
+  // 1 after a handler call saw it (that call's reply carried the error),
+  // 2 when its sticky-error watch found it (kExitGpuFault): in-flight GPU
+  // work of every session may be lost.
   std::atomic<uint32_t> recycle;
   uint32_t reserved;
   // Last words (NUL-terminated): an uncaught exception's what(), the

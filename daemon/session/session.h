@@ -102,16 +102,12 @@ struct SessionLimits {
   int64_t hello_timeout_ms = 0;
   // The launch ring (DESIGN §9): offered at Hello when true; its thread
   // spins this long for the next descriptor before it sleeps on the futex.
-  // Defaults: $KREGD_LAUNCH_RING (0 turns the ring off) and
-  // $KREGD_RING_SPIN_US.
-  bool launch_ring = DefaultLaunchRing();
-  int64_t ring_spin_us = DefaultRingSpinUs();
+  // kregd's config keys launch_ring and ring_spin_us (ExecInit) set them.
+  bool launch_ring = true;
+  int64_t ring_spin_us = 50;
   // What the receive buffers of all sessions of this process may hold at
   // once (max_buffered_bytes; shared, must outlive them). Null: unbounded.
   wire::ByteBudget* receive_budget = nullptr;
-
-  static bool DefaultLaunchRing();
-  static int64_t DefaultRingSpinUs();
 };
 
 // Counters shared by all sessions of a server.

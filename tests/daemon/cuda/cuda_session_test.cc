@@ -487,5 +487,27 @@ TEST_CASE("Session close releases a doorbell wait the client never rang",
   CHECK(fake.live_streams == 0);
 }
 
+TEST_CASE("A session's stream is watched for sticky errors while it lives",
+          "[cuda_session]") {
+  FakeCuda fake;
+  auto devices = CudaDevices::Open(fake.driver(), "");
+  auto queries = [&] {
+    fake.calls.clear();
+    REQUIRE(devices->PollSticky().ok());
+    int n = 0;
+    for (const std::string& c : fake.calls) n += c == "cuStreamQuery";
+    return n;
+  };
+  CHECK(queries() == 1);  // the probe stream only
+  {
+    CudaSession session(devices.get());
+    REQUIRE(
+        session.Launch(0, [](const CallOptions&) { return absl::OkStatus(); })
+            .ok());
+    CHECK(queries() == 2);  // and the session's stream
+  }
+  CHECK(queries() == 1);  // unwatched before it was destroyed
+}
+
 }  // namespace
 }  // namespace kreg

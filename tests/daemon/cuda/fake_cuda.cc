@@ -549,6 +549,17 @@ CUresult MemcpyDtoDAsync(CUdeviceptr, CUdeviceptr, size_t, CUstream) {
   ++f.enqueued_;
   return CUDA_SUCCESS;
 }
+// Reads 64-bit words written by memops (0 where none was written).
+CUresult MemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t bytes, CUstream) {
+  FAKE_ENTER("cuMemcpyDtoHAsync");
+  if (!HasContext()) return CUDA_ERROR_INVALID_CONTEXT;
+  if (bytes != sizeof(uint64_t)) return CUDA_ERROR_INVALID_VALUE;
+  auto it = f.memory_.find(src);
+  uint64_t v = it == f.memory_.end() ? 0 : it->second;
+  memcpy(dst, &v, sizeof(v));
+  ++f.enqueued_;
+  return CUDA_SUCCESS;
+}
 
 #undef FAKE_ENTER
 
@@ -608,6 +619,7 @@ FakeCuda::FakeCuda() {
   table_.cuMemAllocAsync = MemAllocAsync;
   table_.cuMemFreeAsync = MemFreeAsync;
   table_.cuMemcpyDtoDAsync = MemcpyDtoDAsync;
+  table_.cuMemcpyDtoHAsync = MemcpyDtoHAsync;
 }
 
 FakeCuda::~FakeCuda() {
