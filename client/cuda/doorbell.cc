@@ -74,7 +74,7 @@ Doorbell::~Doorbell() {
       cu::CUstream side = nullptr;
       if (d.cuStreamCreate(&side, cu::CU_STREAM_NON_BLOCKING) ==
           cu::CUDA_SUCCESS) {
-        if (d.cuStreamWriteValue64(side, done(), UINT64_MAX,
+        if (d.cuStreamWriteValue64(side, done(), cu::ReleaseValue(awaited_),
                                    cu::CU_STREAM_WRITE_VALUE_DEFAULT) ==
             cu::CUDA_SUCCESS) {
           d.cuStreamSynchronize(side);
@@ -111,8 +111,27 @@ bool Doorbell::Pending() const {
 bool Doorbell::Abandon(const std::function<void()>& before_release) {
   if (buffer_ == nullptr || awaited_ == 0) return false;
   const cu::CudaDriver& d = *driver_;
+  // The rescue runs in a context of its own when the driver can make one:
+  // the XLA stream blocked in cuStreamWaitValue64 on `done` holds one of
+  // its context's hardware queues, and a stream of that context may be
+  // placed behind it (CUDA cannot see that our write would unblock it), so
+  // the read and the write below would wait forever. Another context has
+  // its own queues; the doorbell's VMM mapping is accessible from every
+  // context of the process on its device (access is granted per device).
+  cu::CUcontext rescue = nullptr;
+  cu::CUdevice device = 0;
   bool pushed =
       context_ != nullptr && d.cuCtxPushCurrent(context_) == cu::CUDA_SUCCESS;
+  if (pushed && d.cuCtxCreate != nullptr &&
+      d.cuCtxGetDevice(&device) == cu::CUDA_SUCCESS) {
+    cu::CUcontext popped;
+    d.cuCtxPopCurrent(&popped);
+    pushed = false;
+    if (d.cuCtxCreate(&rescue, nullptr, 0, device) != cu::CUDA_SUCCESS) {
+      rescue = nullptr;  // fall back to the doorbell's own context
+      pushed = d.cuCtxPushCurrent(context_) == cu::CUDA_SUCCESS;
+    }
+  }
   bool lost = true;  // unless `done` says otherwise
   cu::CUstream side = nullptr;
   if (d.cuStreamCreate(&side, cu::CU_STREAM_NON_BLOCKING) == cu::CUDA_SUCCESS) {
@@ -123,7 +142,7 @@ bool Doorbell::Abandon(const std::function<void()>& before_release) {
       lost = done_value < awaited_;
     }
     if (lost && before_release) before_release();
-    if (lost && d.cuStreamWriteValue64(side, done(), UINT64_MAX,
+    if (lost && d.cuStreamWriteValue64(side, done(), cu::ReleaseValue(awaited_),
                                        cu::CU_STREAM_WRITE_VALUE_DEFAULT) ==
                     cu::CUDA_SUCCESS) {
       d.cuStreamSynchronize(side);
@@ -131,6 +150,7 @@ bool Doorbell::Abandon(const std::function<void()>& before_release) {
     d.cuStreamDestroy(side);
   }
   if (lost && side == nullptr && before_release) before_release();
+  if (rescue != nullptr) d.cuCtxDestroy(rescue);  // also pops it
   if (pushed) {
     cu::CUcontext popped;
     d.cuCtxPopCurrent(&popped);

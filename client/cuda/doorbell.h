@@ -40,9 +40,9 @@ class Doorbell {
                              cu::CUcontext context,
                              std::unique_ptr<Doorbell>* out);
   // Waits for the last launch's use (Finish) — after a grace period in
-  // which kregd should have written `done`, it writes done := UINT64_MAX
-  // itself from a private stream, so XLA's stream can never hang on a
-  // vanished kregd — then unmaps.
+  // which kregd should have written `done`, it writes done :=
+  // cu::ReleaseValue(last awaited) itself from a private stream, so XLA's
+  // stream can never hang on a vanished kregd — then unmaps.
   ~Doorbell();
   Doorbell(const Doorbell&) = delete;
   Doorbell& operator=(const Doorbell&) = delete;
@@ -73,13 +73,13 @@ class Doorbell {
   // and, when the last awaited launch's sequence number (AwaitDone) is not
   // there, calls
   // `before_release` (if given: e.g. to record the error the process must
-  // see before its stream can move on), then writes done := UINT64_MAX
-  // from that stream so that an XLA stream waiting on it proceeds, and
-  // returns true: that launch's GPU work never completed, so its outputs
-  // were not written. False when every launch completed (or none was
-  // made). Only for a session known to have ended: with a live peer it
-  // would release a wait early. The doorbell orders nothing after it;
-  // destroy it.
+  // see before its stream can move on), then writes done :=
+  // cu::ReleaseValue(last awaited) from that stream so that an XLA stream
+  // waiting on it proceeds, and returns true: that launch's GPU work never
+  // completed, so its outputs were not written. False when every launch
+  // completed (or none was made). Only for a session known to have ended: with
+  // a live peer it would release a wait early. The doorbell orders nothing
+  // after it; destroy it.
   bool Abandon(const std::function<void()>& before_release = {});
 
   cu::CUdeviceptr ready() const { return buffer_->data() + kReadyOffset; }

@@ -110,15 +110,25 @@ def test_a_gpu_fault_fails_only_its_caller(gpu, cuda_kernels_dir):
       assert time.monotonic() < deadline, "the bystander never got going"
       time.sleep(0.1)
     kregd_pid = d.pid
-    try:
-      fp = subprocess.run([PY, "-c", textwrap.dedent(FAULTER), str(hostile),
-                           str(demo)], env=env, capture_output=True,
-                          text=True, timeout=120)
-      fault_out = fp.stdout + fp.stderr[-2000:]
-      timed_out = False
-    except subprocess.TimeoutExpired as e:
-      fault_out = f"TIMEOUT after 120 s; stdout: {e.stdout!r}"
-      timed_out = True
+    # Output goes to files (kept on a timeout) with the shim's CUDA trace,
+    # so that a hang says where it hangs.
+    fenv = dict(env, KREG_TRACE_CUDA="1")
+    fout, ferr = root / "faulter.out", root / "faulter.err"
+    with open(fout, "w") as o, open(ferr, "w") as e:
+      fp = subprocess.Popen([PY, "-c", textwrap.dedent(FAULTER), str(hostile),
+                             str(demo)], env=fenv, stdout=o, stderr=e,
+                            text=True)
+      try:
+        fp.wait(timeout=120)
+        timed_out = False
+      except subprocess.TimeoutExpired:
+        fp.kill()
+        fp.wait()
+        timed_out = True
+    err_lines = ferr.read_text(errors="replace").splitlines()
+    fault_out = (("TIMEOUT after 120 s\n" if timed_out else "") +
+                 fout.read_text(errors="replace") +
+                 "\n".join(l for l in err_lines[-60:]))
     print(fault_out)
     time.sleep(1)
     stop.touch()
