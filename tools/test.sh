@@ -3,7 +3,9 @@
 # everything with Bazel, runs the Catch2 suites (`bazel test //...`) and the
 # pytest suites against the real kregd binary and real JAX (tests/gpu skips,
 # with the reason, where no CUDA GPU is visible), the Catch2 suites again
-# under ASan + UBSan + LSan (--config=asan, issue 9), and each libFuzzer
+# under ASan + UBSan + LSan (--config=asan, issue 9), the Python suites that
+# drive kregd hardest against an ASan kregd (tools/asan_pytest.sh), and each
+# libFuzzer
 # target for a bounded time (tools/fuzz.sh; KREG_FUZZ_SECONDS, default 25),
 # then prints `tests: N passed, N failed` (test cases, across all of them;
 # one per fuzz target) as its last line.
@@ -27,10 +29,13 @@ export KREG_CLIENT_LIB="$PWD/bazel-bin/client/shim/libkreg_client.so"
 # logs have their own directory; bazel-bin stays the plain build.
 bazel test --config=asan $(cat "$out/targets") || rc=1
 asan_logs=$(bazel info --config=asan bazel-testlogs 2>/dev/null)
+# The Python suites against ASan kregd/kregd-exec/kregd-probe.
+bash tools/asan_pytest.sh "$out" || rc=1
 
 bash tools/fuzz.sh --junit "$out/fuzz.xml" || rc=1
 
 python3 tools/summarize_tests.py "$(bazel info bazel-testlogs 2>/dev/null)" \
   "$out/targets" "$out/pytest.xml" "$out/fuzz.xml" \
+  "$out/asan_pytest.xml" "$out/asan_reports.xml" \
   --also-catch2 "$asan_logs" "$out/targets" || rc=1
 exit $rc
