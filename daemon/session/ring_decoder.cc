@@ -2,6 +2,7 @@
 
 #include <string.h>
 
+#include <atomic>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -55,6 +56,10 @@ absl::Status RingDecoder::DecodeAttrBytes(const char* data, size_t size) {
   absl::StatusOr<AttrList> attrs = DecodeAttrs(attr_message_.attrs());
   if (!attrs.ok()) return attrs.status();
   launch_.frame.attrs = *std::move(attrs);
+  // Unique across decoders: a cache keyed by it can never confuse two
+  // sessions' attributes.
+  static std::atomic<uint64_t> generations{0};
+  launch_.frame.attrs_generation = generations.fetch_add(1) + 1;
   attr_bytes_.assign(data, size);
   attrs_valid_ = true;
   return absl::OkStatus();
