@@ -50,16 +50,38 @@ absl::StatusOr<std::unique_ptr<CallFrameStorage>> CallFrameStorage::Build(
 
 absl::Status CallFrameStorage::Prepare(const LaunchFrame& frame) {
   if (absl::Status s = BuildBuffers(frame); !s.ok()) return s;
-  if (frame.attrs_generation == 0 ||
-      frame.attrs_generation != attrs_generation_) {
-    attrs_generation_ = 0;
-    owned_.clear();
-    attrs_ = XLA_FFI_Attrs{};
-    if (absl::Status s = BuildAttrs(frame.attrs, 0, "", &attrs_); !s.ok()) {
-      return s;
+  ++clock_;
+  AttrTables* tables = nullptr;
+  if (frame.attrs_generation != 0) {
+    for (AttrTables& t : attr_tables_) {
+      if (t.generation == frame.attrs_generation) tables = &t;
     }
-    attrs_generation_ = frame.attrs_generation;
   }
+  if (tables == nullptr) {
+    // An unusable set first (generation 0: a frame that promised nothing,
+    // or a failed build), then a new one, then the least recently used.
+    for (AttrTables& t : attr_tables_) {
+      if (t.generation == 0) tables = &t;
+    }
+    if (tables == nullptr && attr_tables_.size() < kAttrTables) {
+      tables = &attr_tables_.emplace_back();
+    }
+    if (tables == nullptr) {
+      tables = &attr_tables_[0];
+      for (AttrTables& t : attr_tables_) {
+        if (t.used < tables->used) tables = &t;
+      }
+    }
+    tables->generation = 0;
+    tables->owned.clear();
+    tables->attrs = XLA_FFI_Attrs{};
+    building_ = tables;
+    absl::Status s = BuildAttrs(frame.attrs, 0, "", &tables->attrs);
+    building_ = nullptr;
+    if (!s.ok()) return s;
+    tables->generation = frame.attrs_generation;
+  }
+  tables->used = clock_;
 
   // Every field, every call: a handler may have written to the last frame.
   XLA_FFI_CallFrame& f = frame_;
@@ -74,7 +96,7 @@ absl::Status CallFrameStorage::Prepare(const LaunchFrame& frame) {
   f.rets = XLA_FFI_Rets{XLA_FFI_Rets_STRUCT_SIZE, nullptr,
                         static_cast<int64_t>(ret_ptrs_.size()),
                         ret_types_.data(), ret_ptrs_.data()};
-  f.attrs = attrs_;
+  f.attrs = tables->attrs;
   f.future = nullptr;
   return absl::OkStatus();
 }

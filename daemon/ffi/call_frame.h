@@ -33,10 +33,12 @@ bool IsKnownDataType(int32_t dtype);
 // scalar and array values. String values and attribute names point into the
 // LaunchFrame, as do buffer data pointers: it must outlive the call.
 // Reusable: Prepare() refills the buffer tables in place (no allocation once
-// they are large enough) and rebuilds the attribute tables only when the
-// frame's attrs_generation is 0 or differs from the last one's, so a caller
-// that keeps one (FfiHost's CallFrameCache) allocates nothing per call in
-// steady state. Not thread-safe. Not copyable or movable (self-referential).
+// they are large enough) and keeps the attribute tables of the last
+// kAttrTables nonzero attrs_generations it saw (a frame with generation 0
+// gets new ones every call), so a caller that keeps one (FfiHost's
+// CallFrameCache) allocates nothing per call in steady state, even when a
+// few call sites alternate. Not thread-safe. Not copyable or movable
+// (self-referential).
 class CallFrameStorage {
  public:
   CallFrameStorage() = default;
@@ -64,13 +66,23 @@ class CallFrameStorage {
   absl::Status BuildAttrs(const AttrList& list, int depth,
                           const std::string& path, XLA_FFI_Attrs* out);
 
-  // Keeps `value` alive until the attributes are rebuilt; returns its stable
-  // address.
+  static constexpr size_t kAttrTables = 16;
+
+  // The attribute tables built for one attrs_generation.
+  struct AttrTables {
+    uint64_t generation = 0;  // 0: being built, or unusable
+    uint64_t used = 0;
+    XLA_FFI_Attrs attrs{};                     // the top-level table
+    std::vector<std::shared_ptr<void>> owned;  // every table and value
+  };
+
+  // Keeps `value` alive as long as the tables being built; returns its
+  // stable address.
   template <typename T>
   T* Own(T value) {
     auto owned = std::make_shared<T>(std::move(value));
     T* raw = owned.get();
-    owned_.push_back(std::move(owned));
+    building_->owned.push_back(std::move(owned));
     return raw;
   }
 
@@ -81,9 +93,9 @@ class CallFrameStorage {
   std::vector<void*> arg_ptrs_;
   std::vector<XLA_FFI_RetType> ret_types_;
   std::vector<void*> ret_ptrs_;
-  std::vector<std::shared_ptr<void>> owned_;  // attribute tables and values
-  XLA_FFI_Attrs attrs_{};                     // the top-level table
-  uint64_t attrs_generation_ = 0;  // what attrs_ holds; 0: nothing reusable
+  std::vector<AttrTables> attr_tables_;  // at most kAttrTables
+  AttrTables* building_ = nullptr;       // where Own() puts what it keeps
+  uint64_t clock_ = 0;
 };
 
 }  // namespace ffi_internal
