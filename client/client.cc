@@ -127,6 +127,14 @@ absl::StatusOr<v1::GetStatusResponse> Client::Status() {
   return resp;
 }
 
+absl::StatusOr<v1::ListSessionsResponse> Client::Sessions() {
+  auto ctx = Context();
+  v1::ListSessionsResponse resp;
+  grpc::Status s = stub_->ListSessions(ctx.get(), {}, &resp);
+  if (!s.ok()) return FromGrpc(s);
+  return resp;
+}
+
 absl::StatusOr<v1::ListCrashesResponse> Client::Crashes(
     const std::string& name) {
   auto stub = v1::Supervision::NewStub(channel_);

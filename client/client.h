@@ -57,6 +57,8 @@ class Client {
   absl::StatusOr<std::vector<v1::Target>> Get(const std::string& name,
                                               const std::string& platform);
   absl::StatusOr<v1::GetStatusResponse> Status();
+  // The live client sessions.
+  absl::StatusOr<v1::ListSessionsResponse> Sessions();
   // Retires `name` on `platform` (every platform when empty); returns the
   // retired entries.
   absl::StatusOr<std::vector<v1::Target>> Retire(const std::string& name,

@@ -14,6 +14,7 @@
 #include "CLI/CLI.hpp"
 #include "client/client.h"
 #include "client/kregctl_cluster.h"
+#include "client/kregctl_stats.h"
 #include "common/paths.h"
 #include "common/version.h"
 #include "nlohmann/json.hpp"
@@ -196,6 +197,9 @@ int main(int argc, char** argv) {
   CLI::App* status = app.add_subcommand("status", "daemon status");
   status->add_flag("--json", as_json, "print JSON");
   CLI::App* health = app.add_subcommand("health", "health check");
+  CLI::App* sessions = app.add_subcommand(
+      "sessions", "list the live client sessions (pid, uid, targets)");
+  sessions->add_flag("--json", as_json, "print JSON");
   CLI::App* unq =
       app.add_subcommand("unquarantine",
                          "lift the quarantine of a target that crashed its "
@@ -276,6 +280,7 @@ int main(int argc, char** argv) {
       bool q = false;
       for (const json& r : j["crashes"]) q = q || r["quarantined"].get<bool>();
       j["quarantined"] = q;
+      j["stats"] = kreg::StatsJson(t.stats());
       return j;
     };
     if (as_json) {
@@ -287,7 +292,9 @@ int main(int argc, char** argv) {
         json j = with_crashes(t);
         json crash_rows = j["crashes"];
         j.erase("crashes");
+        j.erase("stats");
         PrintFields(j);
+        std::cout << "calls: " << kreg::StatsLine(t.stats()) << "\n";
         for (const json& r : crash_rows) {
           std::cout << "  crashes (uid " << r["uid"]
                     << "): " << r["crashes_in_window"] << " in window, "
@@ -338,6 +345,11 @@ int main(int argc, char** argv) {
            {"quarantined", s->quarantined()},
            {"seccomp", s->seccomp()},
            {"max_module_bytes", s->max_module_bytes()}};
+    // An older kregd does not report GPU sharing.
+    if (!s->gpu_sharing().empty()) {
+      j["gpu_sharing"] = s->gpu_sharing();
+      j["gpu_sharing_note"] = s->gpu_sharing_note();
+    }
     if (!s->executor_note().empty()) j["executor_note"] = s->executor_note();
     json execs = json::array();
     for (const auto& e : s->executors()) {
@@ -350,6 +362,14 @@ int main(int argc, char** argv) {
     }
     if (as_json) {
       j["executors"] = execs;
+      json stats = json::array();
+      for (const auto& t : s->target_stats()) {
+        json row = kreg::StatsJson(t);
+        row["target_name"] = t.target_name();
+        row["platform"] = t.platform();
+        stats.push_back(row);
+      }
+      j["target_stats"] = stats;
       std::cout << j.dump(2) << "\n";
     } else {
       PrintFields(j);
@@ -359,6 +379,19 @@ int main(int argc, char** argv) {
                   << "): " << e["sessions"] << " sessions, " << e["launches"]
                   << " launches\n";
       }
+      kreg::PrintStatsTable(s->target_stats());
+    }
+    return 0;
+  }
+  if (*sessions) {
+    auto list = client.Sessions();
+    if (!list.ok()) return Fail(list.status());
+    if (as_json) {
+      json j = json::array();
+      for (const auto& s : list->sessions()) j.push_back(kreg::SessionJson(s));
+      std::cout << j.dump(2) << "\n";
+    } else {
+      kreg::PrintSessionsTable(*list);
     }
     return 0;
   }

@@ -75,7 +75,17 @@ bool Resolve(void* lib, CudaDriver* d, const char* path, std::string* error) {
       KREG_CU_ENTRY(cuMemAllocAsync, "cuMemAllocAsync"),
       KREG_CU_ENTRY(cuMemFreeAsync, "cuMemFreeAsync"),
       KREG_CU_ENTRY(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"),
+      KREG_CU_ENTRY(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"),
   };
+  // Optional entries: null when this driver lacks them.
+  d->cuCtxCreate =
+      reinterpret_cast<decltype(d->cuCtxCreate)>(dlsym(lib, "cuCtxCreate_v4"));
+  d->cuCtxDestroy = reinterpret_cast<decltype(d->cuCtxDestroy)>(
+      dlsym(lib, "cuCtxDestroy_v2"));
+  if (d->cuCtxCreate == nullptr || d->cuCtxDestroy == nullptr) {
+    d->cuCtxCreate = nullptr;
+    d->cuCtxDestroy = nullptr;
+  }
   for (const Entry& e : entries) {
     *e.slot = dlsym(lib, e.symbol);
     if (*e.slot == nullptr) {

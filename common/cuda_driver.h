@@ -8,6 +8,7 @@
 #ifndef KREGD_COMMON_CUDA_DRIVER_H_
 #define KREGD_COMMON_CUDA_DRIVER_H_
 
+#include <cstdint>
 #include <string>
 
 #include "common/cu_types.h"
@@ -35,6 +36,11 @@ struct CudaDriver {
   CUresult (*cuCtxPopCurrent)(CUcontext*);
   CUresult (*cuCtxGetCurrent)(CUcontext*);
   CUresult (*cuCtxGetDevice)(CUdevice*);
+  // Optional (null on drivers older than CUDA 12.5): a context of one's own
+  // (cuCtxCreate_v4 with no create params), beside the primary one.
+  CUresult (*cuCtxCreate)(CUcontext*, void* params, unsigned int flags,
+                          CUdevice);
+  CUresult (*cuCtxDestroy)(CUcontext);
   // Streams and events.
   CUresult (*cuStreamCreate)(CUstream*, unsigned int);
   CUresult (*cuStreamDestroy)(CUstream);
@@ -88,6 +94,7 @@ struct CudaDriver {
   CUresult (*cuMemAllocAsync)(CUdeviceptr*, size_t, CUstream);
   CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream);
   CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+  CUresult (*cuMemcpyDtoHAsync)(void*, CUdeviceptr, size_t, CUstream);
 };
 
 // The process's table for libcuda.so.1, loaded on first use and never
@@ -112,6 +119,12 @@ bool IsStickyCuError(CUresult result);
 
 // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints a UUID.
 std::string FormatCuUuid(const CUuuid& uuid);
+
+// The value to write to release every cuStreamWaitValue64(GEQ) wait for a
+// sequence number up to `last` (from the same counter): GEQ compares
+// cyclically, (int64_t)(*addr - value) >= 0, so UINT64_MAX would read as -1
+// and release nothing.
+inline uint64_t ReleaseValue(uint64_t last) { return last + (1ull << 62); }
 
 }  // namespace kreg::cu
 

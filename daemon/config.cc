@@ -1,14 +1,17 @@
 #include "daemon/config.h"
 
+#include <cctype>
 #include <climits>
 #include <cstdlib>
 #include <iostream>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/paths.h"
 #include "common/version.h"
+#include "daemon/metrics/listen_address.h"
 #include "toml++/toml.h"
 
 namespace kreg {
@@ -27,6 +30,32 @@ absl::Status CheckLogLevel(const std::string& level, const std::string& from) {
       absl::StrCat("unknown log level \"", level, "\" (", from,
                    "); use one of trace, debug, info, warn, error, critical, "
                    "off"));
+}
+
+// "on"/"true"/"1" or "off"/"false"/"0" (any case); INVALID_ARGUMENT
+// naming `from` and the value otherwise.
+absl::StatusOr<bool> ParseOnOff(const std::string& value,
+                                const std::string& from) {
+  std::string v = value;
+  for (char& ch : v) ch = static_cast<char>(std::tolower(ch));
+  if (v == "on" || v == "true" || v == "1") return true;
+  if (v == "off" || v == "false" || v == "0") return false;
+  return absl::InvalidArgumentError(absl::StrCat(
+      from, " is \"", value, "\"; use on or off (also true/false, 1/0)"));
+}
+
+// A whole number of microseconds in [0, kMaxRingSpinUs]; INVALID_ARGUMENT
+// naming `from` and the value otherwise.
+absl::StatusOr<int64_t> ParseSpinUs(const std::string& value,
+                                    const std::string& from) {
+  int64_t n = 0;
+  if (!absl::SimpleAtoi(value, &n) || n < 0 || n > kMaxRingSpinUs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        from, " is \"", value,
+        "\"; use a whole number of microseconds from 0 (sleep at once) to ",
+        kMaxRingSpinUs));
+  }
+  return n;
 }
 
 // The field of a positive-integer config key, or null.
@@ -50,14 +79,28 @@ absl::Status ApplyToml(const std::string& path, Config* c) {
   }
   for (const auto& [key, value] : t) {
     std::string k(std::string(key.str()));
-    auto bad = [&](const char* want) {
+    auto bad = [&](absl::string_view want) {
       return absl::InvalidArgumentError(absl::StrCat(
           "config file ", path, ": key \"", k, "\" must be ", want));
     };
-    if (k == "isolation" || k == "executor_binary") {
+    if (k == "isolation" || k == "executor_binary" || k == "metrics_listen") {
       auto s = value.value<std::string>();
       if (!s) return bad("a string");
-      (k == "isolation" ? c->isolation : c->executor_binary) = *s;
+      (k == "isolation"         ? c->isolation
+       : k == "executor_binary" ? c->executor_binary
+                                : c->metrics_listen) = *s;
+    } else if (k == "launch_ring") {
+      auto b = value.value<bool>();
+      if (!b) return bad("true or false");
+      c->launch_ring = *b;
+    } else if (k == "ring_spin_us") {
+      auto n = value.value<int64_t>();
+      if (!n || *n < 0 || *n > kMaxRingSpinUs) {
+        return bad(absl::StrCat(
+            "a whole number of microseconds from 0 to ", kMaxRingSpinUs,
+            n ? absl::StrCat(", not ", *n) : std::string(", not a number")));
+      }
+      c->ring_spin_us = *n;
     } else if (k == "hello_timeout_s") {
       auto d = value.value<double>();
       if (!d || *d <= 0) return bad("a number of seconds > 0");
@@ -66,10 +109,10 @@ absl::Status ApplyToml(const std::string& path, Config* c) {
       auto d = value.value<double>();
       if (!d || *d < 0) return bad("a number of seconds >= 0 (0: off)");
       c->launch_timeout_s = *d;
-    } else if (k == "seccomp") {
+    } else if (k == "seccomp" || k == "metrics_allow_remote") {
       auto b = value.value<bool>();
       if (!b) return bad("true or false");
-      c->seccomp = *b;
+      (k == "seccomp" ? c->seccomp : c->metrics_allow_remote) = *b;
     } else if (k == "quarantine_crashes" || k == "quarantine_window_s" ||
                k == "executor_idle_s" || k == "max_sessions" ||
                k == "max_sessions_per_uid") {
@@ -119,7 +162,8 @@ absl::Status ApplyToml(const std::string& path, Config* c) {
           "max_sessions, max_sessions_per_uid, hello_timeout_s, "
           "etcd_endpoints, cluster, advertise, peer_listen, host_name, "
           "peer_tls_ca, peer_tls_cert, peer_tls_key, etcd_timeout_s, "
-          "peer_lease_ttl_s)"));
+          "peer_lease_ttl_s, metrics_listen, metrics_allow_remote, "
+          "launch_ring, ring_spin_us)"));
     }
   }
   return absl::OkStatus();
@@ -193,6 +237,20 @@ absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now) {
                  "cluster mode: this host's certificate (PEM)");
   app.add_option("--peer-tls-key", tls_key,
                  "cluster mode: this host's private key (PEM)");
+  std::string metrics_listen;
+  bool metrics_allow_remote = false;
+  app.add_option("--metrics-listen", metrics_listen,
+                 "serve Prometheus metrics at http://ADDR/metrics: "
+                 "127.0.0.1:PORT, [::1]:PORT or unix:/path (default: off)");
+  app.add_flag("--metrics-allow-remote", metrics_allow_remote,
+               "allow a --metrics-listen address that is not loopback");
+  std::string launch_ring_flag, ring_spin_flag;
+  app.add_option("--launch-ring", launch_ring_flag,
+                 "offer clients the shared-memory launch ring for CPU "
+                 "launches: on (default) or off");
+  app.add_option("--ring-spin-us", ring_spin_flag,
+                 "microseconds an executor's ring thread spins for the next "
+                 "launch before it sleeps (default 50; 0 to 1000000)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -207,9 +265,31 @@ absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now) {
     return absl::InvalidArgumentError(
         absl::StrCat(e.what(), "; run kregd --help for the flags"));
   }
+  // The environment variables these keys replaced still work, below the
+  // config file and the flags.
+  if (const char* env = std::getenv("KREGD_LAUNCH_RING")) {
+    absl::StatusOr<bool> on = ParseOnOff(env, "$KREGD_LAUNCH_RING");
+    if (!on.ok()) return on.status();
+    c.launch_ring = *on;
+  }
+  if (const char* env = std::getenv("KREGD_RING_SPIN_US")) {
+    absl::StatusOr<int64_t> us = ParseSpinUs(env, "$KREGD_RING_SPIN_US");
+    if (!us.ok()) return us.status();
+    c.ring_spin_us = *us;
+  }
   if (!config_file.empty()) {
     absl::Status st = ApplyToml(config_file, &c);
     if (!st.ok()) return st;
+  }
+  if (!launch_ring_flag.empty()) {
+    absl::StatusOr<bool> on = ParseOnOff(launch_ring_flag, "--launch-ring");
+    if (!on.ok()) return on.status();
+    c.launch_ring = *on;
+  }
+  if (!ring_spin_flag.empty()) {
+    absl::StatusOr<int64_t> us = ParseSpinUs(ring_spin_flag, "--ring-spin-us");
+    if (!us.ok()) return us.status();
+    c.ring_spin_us = *us;
   }
   if (!socket.empty()) c.socket_path = socket;
   if (!state_dir.empty()) c.state_dir = state_dir;
@@ -240,6 +320,17 @@ absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now) {
   }
   absl::Status cluster_ok = FinishClusterConfig(&c);
   if (!cluster_ok.ok()) return cluster_ok;
+  if (!metrics_listen.empty()) c.metrics_listen = metrics_listen;
+  if (metrics_allow_remote) c.metrics_allow_remote = true;
+  if (!c.metrics_listen.empty()) {
+    absl::StatusOr<MetricsAddress> address =
+        ParseMetricsAddress(c.metrics_listen, c.metrics_allow_remote);
+    if (!address.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          address.status().message(),
+          metrics_listen.empty() ? " (config file)" : " (--metrics-listen)"));
+    }
+  }
   {
     std::string iso = c.isolation;
     for (char& ch : iso) ch = static_cast<char>(std::tolower(ch));

@@ -44,7 +44,18 @@ struct Config {
   std::string peer_tls_ca, peer_tls_cert, peer_tls_key;
   double etcd_timeout_s = 5;
   int64_t peer_lease_ttl_s = 10;
+  // The Prometheus endpoint: "" (off), "127.0.0.1:PORT", "[::1]:PORT" or
+  // "unix:/path"; other addresses need metrics_allow_remote.
+  std::string metrics_listen;
+  bool metrics_allow_remote = false;
+  // The CPU launch ring (DESIGN §9): offered to clients; the executor side
+  // spins this long for the next descriptor before it sleeps on the futex.
+  bool launch_ring = true;
+  int64_t ring_spin_us = 50;
 };
+
+// The largest ring_spin_us accepted (1 s: a longer spin only burns a core).
+inline constexpr int64_t kMaxRingSpinUs = 1000000;
 
 // config_cluster.cc: the cluster keys of the TOML file. Returns false when
 // `key` is not one of them; otherwise sets `*status`.

@@ -155,7 +155,11 @@ grpc::Status RegistryService::GetTarget(grpc::ServerContext*,
                          : absl::StrCat(" on platform ", req->platform()),
                      " is registered; `kregctl list` shows what is"));
   }
-  for (const EntryPtr& e : found) *resp->add_targets() = Describe(*e);
+  for (const EntryPtr& e : found) {
+    v1::Target* t = resp->add_targets();
+    *t = Describe(*e);
+    if (stats_of_) *t->mutable_stats() = stats_of_(*e);
+  }
   return grpc::Status::OK;
 }
 
@@ -194,6 +198,13 @@ grpc::Status RegistryService::CollectGarbage(grpc::ServerContext* ctx,
   resp->set_bytes_removed(out->bytes_removed);
   resp->set_files_kept(out->files_kept);
   resp->set_bytes_kept(out->bytes_kept);
+  return grpc::Status::OK;
+}
+
+grpc::Status RegistryService::ListSessions(grpc::ServerContext*,
+                                           const v1::ListSessionsRequest*,
+                                           v1::ListSessionsResponse* resp) {
+  if (sessions_of_) sessions_of_(resp);
   return grpc::Status::OK;
 }
 

@@ -47,6 +47,19 @@ class RegistryService final : public v1::Registry::Service {
   grpc::Status CollectGarbage(grpc::ServerContext* ctx,
                               const v1::CollectGarbageRequest* req,
                               v1::CollectGarbageResponse* resp) override;
+  grpc::Status ListSessions(grpc::ServerContext* ctx,
+                            const v1::ListSessionsRequest* req,
+                            v1::ListSessionsResponse* resp) override;
+
+  // Launch statistics of one entry (Target.stats in GetTarget); unset:
+  // never filled.
+  using StatsOf = std::function<v1::TargetStats(const TargetEntry&)>;
+  void set_stats_of(StatsOf stats_of) { stats_of_ = std::move(stats_of); }
+  // The live sessions; unset: ListSessions answers an empty list.
+  using SessionsOf = std::function<void(v1::ListSessionsResponse*)>;
+  void set_sessions_of(SessionsOf sessions_of) {
+    sessions_of_ = std::move(sessions_of);
+  }
 
   // Targets listed or registered from now on carry Target.not_runnable
   // (runnable.h) computed from `cuda_status_of`; unset: never filled.
@@ -62,6 +75,8 @@ class RegistryService final : public v1::Registry::Service {
   const PeerOf peer_of_;
   const StatusOf status_of_;
   CudaStatusOf cuda_status_of_;
+  StatsOf stats_of_;
+  SessionsOf sessions_of_;
 };
 
 }  // namespace kreg

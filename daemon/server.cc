@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -28,6 +29,8 @@
 #include "daemon/exec/broker.h"
 #include "daemon/exec/executor_pool.h"
 #include "daemon/exec/supervision_service.h"
+#include "daemon/gpu_sharing.h"
+#include "daemon/metrics/http_server.h"
 #include "daemon/runnable.h"
 #include "daemon/session/session_server.h"
 #include "spdlog/spdlog.h"
@@ -220,6 +223,9 @@ absl::Status Daemon::Start() {
   // Whether executors here can run CUDA launches (driver and a device; no
   // context is created in kregd), for Target.not_runnable.
   service_->set_cuda_status_of([] { return CudaLaunchStatus(); });
+  service_->set_stats_of([this](const TargetEntry& e) { return StatsOf(e); });
+  service_->set_sessions_of(
+      [this](v1::ListSessionsResponse* r) { ListSessions(r); });
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -237,7 +243,9 @@ absl::Status Daemon::Start() {
   // service clients actually use.
   server_->GetHealthCheckService()->SetServingStatus("kreg.v1.Registry", true);
   st = StartSessions();
+  if (st.ok()) st = StartMetrics();
   if (!st.ok()) return st;
+  LogGpuSharing();
   stop_fd_.reset(::eventfd(0, EFD_CLOEXEC));
   accept_thread_ = std::thread([this] { AcceptLoop(); });
 
@@ -328,6 +336,11 @@ void Daemon::FillStatus(v1::GetStatusResponse* r) {
   r->set_ffi_api_major(kHostedApiMajor);
   r->set_ffi_api_minor(kHostedApiMinor);
   r->set_max_module_bytes(config_.max_module_bytes);
+  GpuSharing sharing = DescribeGpuSharing(
+      CudaLaunchStatus(),
+      ProbeMpsControl(MpsPipeDir(std::getenv("CUDA_MPS_PIPE_DIRECTORY"))));
+  r->set_gpu_sharing(sharing.mode);
+  r->set_gpu_sharing_note(sharing.note);
   FillSessionStatus(r);
 }
 
@@ -340,6 +353,7 @@ void Daemon::Shutdown() {
   }
   if (accept_thread_.joinable()) accept_thread_.join();
   if (watchdog_thread_.joinable()) watchdog_thread_.join();
+  metrics_.reset();  // before what it reads
   StopSessions();
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() +
@@ -348,6 +362,17 @@ void Daemon::Shutdown() {
   StopCluster();
   if (owns_socket_file_) ::unlink(config_.socket_path.c_str());
   spdlog::info("kregd stopped");
+}
+
+void Daemon::LogGpuSharing() {
+  MpsControl mps =
+      ProbeMpsControl(MpsPipeDir(std::getenv("CUDA_MPS_PIPE_DIRECTORY")));
+  GpuSharing sharing = DescribeGpuSharing(CudaLaunchStatus(), mps);
+  if (std::string warning = GpuSharingWarning(sharing, mps); !warning.empty()) {
+    spdlog::warn("{}", warning);
+  } else {
+    spdlog::info("GPU sharing: {} ({})", sharing.mode, sharing.note);
+  }
 }
 
 absl::Status Daemon::StartSessions() {
@@ -386,6 +411,8 @@ absl::Status Daemon::StartSessions() {
   pool.init.set_open_cuda(true);
   pool.init.set_seccomp(config_.seccomp);
   pool.init.set_log_level(config_.log_level);
+  pool.init.set_launch_ring_off(!config_.launch_ring);
+  pool.init.set_ring_spin_us(config_.ring_spin_us);
   if (const char* env = std::getenv("KREGD_SESSION_SPIN_US")) {
     pool.init.set_spin_us(std::atoll(env));
   }
@@ -454,6 +481,9 @@ void Daemon::FillSessionStatus(v1::GetStatusResponse* r) {
   uint32_t quarantined = 0;
   for (const CrashRecord& row : ledger_.Rows()) quarantined += row.quarantined;
   r->set_quarantined(quarantined);
+  for (v1::TargetStats& t : CurrentTargetStats()) {
+    *r->add_target_stats() = std::move(t);
+  }
 }
 
 }  // namespace kreg

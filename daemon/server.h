@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "common/unique_fd.h"
@@ -29,6 +30,7 @@ class ClusterRegistry;
 class ClusterService;
 class ExecutorPool;
 class ModuleExchangeService;
+class MetricsServer;
 class SessionServer;
 class SupervisionService;
 
@@ -59,6 +61,15 @@ class Daemon {
   // server_cluster.cc: cluster mode (when etcd_endpoints are set).
   absl::Status StartCluster();
   void StopCluster();
+  // daemon_metrics.cc: launch statistics, sessions and the Prometheus
+  // exposition, from the registry, the pool and the executors' pages.
+  absl::Status StartMetrics();
+  std::vector<v1::TargetStats> CurrentTargetStats();
+  v1::TargetStats StatsOf(const TargetEntry& entry);
+  void ListSessions(v1::ListSessionsResponse* resp);
+  std::string RenderMetrics();
+  // The GPU sharing mode at start: a warning without MPS (DESIGN §8).
+  void LogGpuSharing();
 
   const Config config_;
   const std::chrono::steady_clock::time_point started_;
@@ -82,6 +93,7 @@ class Daemon {
   std::unique_ptr<ClusterService> cluster_service_;
   std::unique_ptr<ModuleExchangeService> exchange_;
   std::unique_ptr<grpc::Server> peer_server_;
+  std::unique_ptr<MetricsServer> metrics_;  // null unless metrics_listen
   UniqueFd listen_fd_;
   int session_listen_fd_ = -1;  // inherited from systemd, or -1
   UniqueFd stop_fd_;            // eventfd that wakes the accept loop

@@ -1,5 +1,7 @@
 #include "daemon/target_proto.h"
 
+#include <algorithm>
+
 #include "daemon/validate.h"
 
 namespace kreg {
@@ -23,6 +25,24 @@ v1::Target ToProto(const TargetEntry& e) {
   a->set_registered_at_us(e.registered_at_us);
   a->set_origin(e.origin);
   a->set_host(e.host);
+  return t;
+}
+
+v1::TargetStats StatsToProto(const TargetKey& key, const TargetStats& stats) {
+  v1::TargetStats t;
+  t.set_target_name(key.name);
+  t.set_platform(PlatformName(key.platform));
+  t.set_launches(stats.launches);
+  t.set_errors(stats.errors);
+  v1::LatencySummary* l = t.mutable_latency();
+  l->set_count(stats.count());
+  const double p50 = stats.QuantileNs(0.50) / 1000;
+  const double p90 = std::max(p50, stats.QuantileNs(0.90) / 1000);
+  const double p99 = std::max(p90, stats.QuantileNs(0.99) / 1000);
+  l->set_p50_us(p50);
+  l->set_p90_us(p90);
+  l->set_p99_us(p99);
+  l->set_sum_us(static_cast<double>(stats.sum_ns) / 1000);
   return t;
 }
 

@@ -28,7 +28,7 @@ while (($#)); do
   esac
 done
 ((${#targets[@]})) || targets=(session launch_decoder ring_decoder
-  broker_request journal module_path elf_symbols)
+  broker_request journal module_path elf_symbols http_request)
 [[ -n $results ]] || results=$(mktemp -d /tmp/kreg-fuzz-results.XXXXXX)
 mkdir -p "$results"
 

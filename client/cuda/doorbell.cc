@@ -74,7 +74,7 @@ Doorbell::~Doorbell() {
       cu::CUstream side = nullptr;
       if (d.cuStreamCreate(&side, cu::CU_STREAM_NON_BLOCKING) ==
           cu::CUDA_SUCCESS) {
-        if (d.cuStreamWriteValue64(side, done(), UINT64_MAX,
+        if (d.cuStreamWriteValue64(side, done(), cu::ReleaseValue(awaited_),
                                    cu::CU_STREAM_WRITE_VALUE_DEFAULT) ==
             cu::CUDA_SUCCESS) {
           d.cuStreamSynchronize(side);
@@ -92,6 +92,70 @@ Doorbell::~Doorbell() {
     cu::CUcontext popped;
     d.cuCtxPopCurrent(&popped);
   }
+}
+
+bool Doorbell::Pending() const {
+  if (!recorded_) return false;
+  // Any thread: the event's context is made current for the query.
+  const cu::CudaDriver& d = *driver_;
+  bool pushed =
+      context_ != nullptr && d.cuCtxPushCurrent(context_) == cu::CUDA_SUCCESS;
+  const bool pending = d.cuEventQuery(last_use_) == cu::CUDA_ERROR_NOT_READY;
+  if (pushed) {
+    cu::CUcontext popped;
+    d.cuCtxPopCurrent(&popped);
+  }
+  return pending;
+}
+
+bool Doorbell::Abandon(const std::function<void()>& before_release) {
+  if (buffer_ == nullptr || awaited_ == 0) return false;
+  const cu::CudaDriver& d = *driver_;
+  // The rescue runs in a context of its own when the driver can make one:
+  // the XLA stream blocked in cuStreamWaitValue64 on `done` holds one of
+  // its context's hardware queues, and a stream of that context may be
+  // placed behind it (CUDA cannot see that our write would unblock it), so
+  // the read and the write below would wait forever. Another context has
+  // its own queues; the doorbell's VMM mapping is accessible from every
+  // context of the process on its device (access is granted per device).
+  cu::CUcontext rescue = nullptr;
+  cu::CUdevice device = 0;
+  bool pushed =
+      context_ != nullptr && d.cuCtxPushCurrent(context_) == cu::CUDA_SUCCESS;
+  if (pushed && d.cuCtxCreate != nullptr &&
+      d.cuCtxGetDevice(&device) == cu::CUDA_SUCCESS) {
+    cu::CUcontext popped;
+    d.cuCtxPopCurrent(&popped);
+    pushed = false;
+    if (d.cuCtxCreate(&rescue, nullptr, 0, device) != cu::CUDA_SUCCESS) {
+      rescue = nullptr;  // fall back to the doorbell's own context
+      pushed = d.cuCtxPushCurrent(context_) == cu::CUDA_SUCCESS;
+    }
+  }
+  bool lost = true;  // unless `done` says otherwise
+  cu::CUstream side = nullptr;
+  if (d.cuStreamCreate(&side, cu::CU_STREAM_NON_BLOCKING) == cu::CUDA_SUCCESS) {
+    uint64_t done_value = 0;
+    if (d.cuMemcpyDtoHAsync(&done_value, done(), sizeof(done_value), side) ==
+            cu::CUDA_SUCCESS &&
+        d.cuStreamSynchronize(side) == cu::CUDA_SUCCESS) {
+      lost = done_value < awaited_;
+    }
+    if (lost && before_release) before_release();
+    if (lost && d.cuStreamWriteValue64(side, done(), cu::ReleaseValue(awaited_),
+                                       cu::CU_STREAM_WRITE_VALUE_DEFAULT) ==
+                    cu::CUDA_SUCCESS) {
+      d.cuStreamSynchronize(side);
+    }
+    d.cuStreamDestroy(side);
+  }
+  if (lost && side == nullptr && before_release) before_release();
+  if (rescue != nullptr) d.cuCtxDestroy(rescue);  // also pops it
+  if (pushed) {
+    cu::CUcontext popped;
+    d.cuCtxPopCurrent(&popped);
+  }
+  return lost;
 }
 
 void Doorbell::Leak() {
@@ -127,6 +191,7 @@ ClientStatus Doorbell::Ring(cu::CUstream stream, uint64_t seq) {
 ClientStatus Doorbell::AwaitDone(cu::CUstream stream, uint64_t seq) {
   cu::CUresult r = driver_->cuStreamWaitValue64(stream, done(), seq,
                                                 cu::CU_STREAM_WAIT_VALUE_GEQ);
+  if (r == cu::CUDA_SUCCESS) awaited_ = seq;
   return r == cu::CUDA_SUCCESS
              ? ClientStatus::Ok()
              : Failed(*driver_, r,

@@ -6,6 +6,7 @@
 #define KREGD_CLIENT_CUDA_DOORBELL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "client/cuda/staging_buffer.h"
@@ -39,9 +40,9 @@ class Doorbell {
                              cu::CUcontext context,
                              std::unique_ptr<Doorbell>* out);
   // Waits for the last launch's use (Finish) — after a grace period in
-  // which kregd should have written `done`, it writes done := UINT64_MAX
-  // itself from a private stream, so XLA's stream can never hang on a
-  // vanished kregd — then unmaps.
+  // which kregd should have written `done`, it writes done :=
+  // cu::ReleaseValue(last awaited) itself from a private stream, so XLA's
+  // stream can never hang on a vanished kregd — then unmaps.
   ~Doorbell();
   Doorbell(const Doorbell&) = delete;
   Doorbell& operator=(const Doorbell&) = delete;
@@ -52,6 +53,9 @@ class Doorbell {
 
   uint64_t NextSeq() { return ++seq_; }
   uint64_t last_seq() const { return seq_; }
+  // The last launch's use of the doorbell (Finish) has not passed yet: an
+  // XLA stream may still wait for `done` (cuEventQuery; any thread).
+  bool Pending() const;
   // cuStreamWriteValue64(ready, seq) on `stream` (after a cross-stream wait
   // when `stream` is not the previous launch's).
   ClientStatus Ring(cu::CUstream stream, uint64_t seq);
@@ -62,6 +66,21 @@ class Doorbell {
   ClientStatus Finish(cu::CUstream stream);
   // A forked child: forget every CUDA object without touching it.
   void Leak();
+
+  // The session ended (its executor died or was recycled; kregd closed the
+  // session): nothing will write `done` again. Reads `done` (a copy on a
+  // private stream of this process's context; no wait on any XLA stream)
+  // and, when the last awaited launch's sequence number (AwaitDone) is not
+  // there, calls
+  // `before_release` (if given: e.g. to record the error the process must
+  // see before its stream can move on), then writes done :=
+  // cu::ReleaseValue(last awaited) from that stream so that an XLA stream
+  // waiting on it proceeds, and returns true: that launch's GPU work never
+  // completed, so its outputs were not written. False when every launch
+  // completed (or none was made). Only for a session known to have ended: with
+  // a live peer it would release a wait early. The doorbell orders nothing
+  // after it; destroy it.
+  bool Abandon(const std::function<void()>& before_release = {});
 
   cu::CUdeviceptr ready() const { return buffer_->data() + kReadyOffset; }
   cu::CUdeviceptr done() const { return buffer_->data() + kDoneOffset; }
@@ -77,6 +96,7 @@ class Doorbell {
   bool recorded_ = false;
   cu::CUstream last_stream_ = nullptr;
   uint64_t seq_ = 0;
+  uint64_t awaited_ = 0;  // the last seq AwaitDone enqueued a wait for
 };
 
 }  // namespace kreg::cuda_client

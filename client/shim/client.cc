@@ -1,13 +1,17 @@
 #include "client/shim/client.h"
 
+#include <poll.h>
 #include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <chrono>
 #include <thread>
 
+#include "client/shim/cuda_forward.h"
+#include "client/shim/cuda_trace.h"
 #include "client/shim/module_upload.h"
 
 namespace kreg {
@@ -49,6 +53,21 @@ Client::Client(std::string session_path)
     : path_(std::move(session_path)),
       max_sessions_(DefaultMaxSessions()),
       pid_(CurrentPid()) {}
+
+Client::~Client() {
+  std::thread watch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_watch_ = true;
+    if (watch_pid_ == ::getpid()) {
+      watch = std::move(watch_);
+    } else if (watch_.joinable()) {
+      new std::thread(std::move(watch_));  // a forked child's copy: not ours
+    }
+  }
+  watch_cv_.notify_all();
+  if (watch.joinable()) watch.join();
+}
 
 Client* Client::ForPath(const std::string& session_path) {
   static std::mutex mu;
@@ -113,9 +132,117 @@ void Client::Release(std::unique_ptr<Conn> conn) {
     --open_;  // opened before the daemon went away
     conn.reset();
   } else {
+    if (CudaConnStateAwaitsExecutor(conn->cuda_state)) {
+      StartWatchLocked();
+      watch_cv_.notify_one();
+    }
     idle_.push_back(std::move(conn));
   }
   cv_.notify_one();
+}
+
+void Client::StartWatchLocked() {
+  if (watch_pid_ == ::getpid() || stop_watch_) return;
+  if (watch_.joinable()) {
+    new std::thread(std::move(watch_));  // the parent's, before a fork
+  }
+  watch_pid_ = ::getpid();
+  watch_ = std::thread([this] { WatchLoop(); });
+}
+
+void Client::WatchLoop() {
+  std::vector<pollfd> fds;
+  std::vector<const Conn*> watched;
+  for (;;) {
+    fds.clear();
+    watched.clear();
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      auto collect = [&] {
+        fds.clear();
+        watched.clear();
+        if (pid_ != ::getpid()) return false;
+        for (const std::unique_ptr<Conn>& c : idle_) {
+          if (!CudaConnStateAwaitsExecutor(c->cuda_state)) continue;
+          fds.push_back(pollfd{c->fd(), POLLIN, 0});
+          watched.push_back(c.get());
+        }
+        return !fds.empty();
+      };
+      watch_cv_.wait_for(lock, std::chrono::seconds(1),
+                         [&] { return stop_watch_ || collect(); });
+      if (stop_watch_) return;
+    }
+    if (fds.empty()) continue;
+    // POLLHUP/POLLERR come without asking.
+    int n = ::poll(fds.data(), fds.size(), 100);
+    if (n <= 0) continue;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      std::unique_ptr<Conn> conn;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (auto it = idle_.begin(); it != idle_.end(); ++it) {
+          if (it->get() != watched[i]) continue;
+          conn = std::move(*it);
+          idle_.erase(it);
+          break;
+        }
+      }
+      if (conn == nullptr) continue;  // a call took it meanwhile
+      // A call may have used and returned it between the poll and now:
+      // only what is still there is the end of the session.
+      pollfd again{conn->fd(), POLLIN, 0};
+      if (::poll(&again, 1, 0) <= 0) {
+        Release(std::move(conn));
+        continue;
+      }
+      ClientStatus why = conn->ReadEnd();
+      Trace("idle session %llu ended: code %d %s",
+            static_cast<unsigned long long>(conn->session_id()), why.code,
+            why.message.c_str());
+      if (conn->ended()) Abandon(conn.get(), why, /*keep=*/true);
+      Discard(std::move(conn));
+    }
+  }
+}
+
+ClientStatus Client::Abandon(Conn* conn, const ClientStatus& why, bool keep) {
+  ClientStatus lost;
+  AbandonCudaConnState(conn->cuda_state, [&](const std::string& device) {
+    if (!lost.ok()) return;  // the first device's is enough
+    lost = ClientStatus::Error(
+        why.ok() ? kInternal : why.code,
+        "kreg: the GPU work of an earlier forwarded CUDA call on " + device +
+            " never completed, so its outputs were not written (their "
+            "values are undefined); this call was not run. kregd said: " +
+            (why.ok() ? std::string("its session ended") : why.message) +
+            ". The next call runs on a fresh executor.");
+    Trace("lost GPU work: %s", lost.message.c_str());
+    // Kept before the stream is released: the process's next call (which
+    // may follow at once) must see it.
+    if (keep) KeepLostWork(lost);
+  });
+  return lost;
+}
+
+void Client::KeepLostWork(ClientStatus lost) {
+  if (lost.ok()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!has_lost_work_.load()) {
+    has_lost_work_.store(true);
+    lost_work_ = std::move(lost);
+  }
+}
+
+ClientStatus Client::TakeLostWork() {
+  if (!has_lost_work_.load(std::memory_order_acquire)) {
+    return ClientStatus::Ok();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!has_lost_work_.load()) return ClientStatus::Ok();
+  has_lost_work_.store(false);
+  return std::move(lost_work_);
 }
 
 void Client::Discard(std::unique_ptr<Conn> conn) {
@@ -155,6 +282,22 @@ ClientStatus Client::Replay(Conn* conn) {
 
 ClientStatus Client::WithConn(const std::function<ClientStatus(Conn*)>& op) {
   ClientStatus s;
+  ClientStatus lost;
+  // Earlier launches' lost GPU work: part of this call's error, or the
+  // next call's when this one succeeds (on a fresh session).
+  struct Report {
+    Client* client;
+    ClientStatus* s;
+    ClientStatus* lost;
+    ~Report() {
+      if (lost->ok()) return;
+      if (s->ok()) {
+        client->KeepLostWork(std::move(*lost));
+      } else {
+        s->message += " (and: " + lost->message + ")";
+      }
+    }
+  } report{this, &s, &lost};
   for (int attempt = 0; attempt < 2; ++attempt) {
     std::unique_ptr<Conn> conn;
     s = Acquire(&conn);
@@ -162,6 +305,11 @@ ClientStatus Client::WithConn(const std::function<ClientStatus(Conn*)>& op) {
     s = op(conn.get());
     bool broken = conn->broken();
     bool refused = conn->refused();
+    // The executor went away during the call: earlier launches' GPU work
+    // that an XLA stream still waits on will never complete.
+    if (conn->ended() && lost.ok()) {
+      lost = Abandon(conn.get(), s, /*keep=*/false);
+    }
     Release(std::move(conn));
     // A stale session (kregd restarted, an idle executor was replaced) is
     // retried once on a fresh one; kregd's own refusal (e.g. the executor

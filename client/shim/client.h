@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -31,6 +32,8 @@ namespace shim {
 class Client {
  public:
   explicit Client(std::string session_path);
+  // Stops the idle watch (if this process started it).
+  ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
@@ -47,6 +50,12 @@ class Client {
   // session broke during `op`.
   ClientStatus WithConn(const std::function<ClientStatus(Conn*)>& op);
 
+  // GPU work of an earlier forwarded call that never completed (its
+  // executor died after the handler returned, e.g. a kernel faulted on the
+  // GPU): the error, once, for the next forwarded call to return; OK when
+  // there is none.
+  ClientStatus TakeLostWork();
+
   const std::string& path() const { return path_; }
   uint64_t reconnects() const { return reconnects_.load(); }
   uint64_t open_sessions();
@@ -58,6 +67,20 @@ class Client {
   void Release(std::unique_ptr<Conn> conn);
   void Discard(std::unique_ptr<Conn> conn);
   ClientStatus Replay(Conn* conn);
+  // The session of `conn` ended (Conn::ended()): releases the doorbell
+  // waits its executor will never answer. When GPU work was lost, the
+  // error to report (naming the device and `why`, kregd's word), also
+  // kept for TakeLostWork (before the wait is released) when `keep`; else
+  // OK.
+  ClientStatus Abandon(Conn* conn, const ClientStatus& why, bool keep);
+  // Keeps a lost-work error (if not OK and none is kept) for TakeLostWork.
+  void KeepLostWork(ClientStatus lost);
+  // The idle watch: idle sessions whose GPU work an XLA stream may still
+  // wait on are polled; one whose socket reports the end of the session
+  // (its executor died while the process waited on the GPU) is taken out
+  // of the pool and abandoned, so the stream cannot wait forever.
+  void StartWatchLocked();  // mu_ held
+  void WatchLoop();
 
   const std::string path_;
   const int max_sessions_;
@@ -73,6 +96,13 @@ class Client {
   std::map<std::pair<std::string, std::string>, v1::RegisterRequest>
       registrations_;
   std::atomic<uint64_t> reconnects_{0};
+  std::condition_variable watch_cv_;
+  std::thread watch_;        // guarded by mu_
+  pid_t watch_pid_ = 0;      // guarded by mu_: the process that started it
+  bool stop_watch_ = false;  // guarded by mu_
+  // Written under mu_; read without it first (the launch path).
+  std::atomic<bool> has_lost_work_{false};
+  ClientStatus lost_work_;  // guarded by mu_
 };
 
 // "cpu" for cpu/host, "cuda" for cuda/gpu (any case); other values as

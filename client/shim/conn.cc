@@ -170,6 +170,10 @@ ClientStatus Conn::Open(const std::string& path, std::unique_ptr<Conn>* out) {
 
 ClientStatus Conn::Transport(const std::string& what, int result) {
   broken_ = true;
+  if (result == wire::kEof || result == wire::kTruncated ||
+      result == ECONNRESET || result == EPIPE) {
+    ended_ = true;
+  }
   return ClientStatus::Error(
       kUnavailable, "kregd session " + path_ + ": " + what + " failed: " +
                         wire::ResultText(result) + " (did kregd stop?)");
@@ -216,6 +220,7 @@ ClientStatus Conn::Call(v1::SessionRequest* request,
     if (response->id() == 0) {  // connection-level refusal
       broken_ = true;
       refused_ = true;
+      ended_ = true;
     }
     return ClientStatus::Error(response->status().code(),
                                response->status().message());
@@ -253,6 +258,32 @@ ClientStatus Conn::Unsolicited() {
         "launch ring call waited");
   }
   refused_ = true;
+  ended_ = true;
+  return ClientStatus::Error(response.status().code(),
+                             response.status().message());
+}
+
+ClientStatus Conn::ReadEnd() {
+  std::vector<int> got_fds;
+  int rc = wire::RecvFrame(sock_, kMaxResponseBytes, &in_buf_, &got_fds);
+  for (int fd : got_fds) ::close(fd);
+  broken_ = true;
+  if (rc != wire::kOk) {
+    (void)Transport("an idle session", rc);
+    return ClientStatus::Error(kUnavailable, "kregd ended session " +
+                                                 std::to_string(session_id_) +
+                                                 " (" + wire::ResultText(rc) +
+                                                 "): its executor went away");
+  }
+  v1::SessionResponse response;
+  if (!response.ParseFromString(in_buf_) || response.id() != 0 ||
+      response.status().code() == 0) {
+    return ClientStatus::Error(kInternal,
+                               "kregd sent an unexpected session response "
+                               "to an idle session");
+  }
+  refused_ = true;
+  ended_ = true;
   return ClientStatus::Error(response.status().code(),
                              response.status().message());
 }

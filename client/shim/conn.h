@@ -59,6 +59,18 @@ class Conn {
   char* arena() const { return arena_; }
   uint64_t arena_size() const { return arena_size_; }
   bool broken() const { return broken_; }
+  // The peer ended the session: the socket reached its end, or kregd sent
+  // its connection-level error (refused()). Unlike other transport errors
+  // this means the executor serves the session no more (it died, or its
+  // sessions were ended), so nothing of it runs later.
+  bool ended() const { return ended_; }
+  // The session socket (for a poll by the Client's idle watch).
+  int fd() const { return sock_; }
+  // An idle session's socket became readable: reads what arrived — kregd's
+  // connection-level error (an id-0 response: its executor died) or the
+  // end of the session — marks the Conn broken and ended, and returns that
+  // error (UNAVAILABLE "... ended" for a plain end of the session).
+  ClientStatus ReadEnd();
   // kregd ended the session with an error of its own (a response with id
   // 0: its executor crashed while running this call, a session limit): the
   // call must not be retried on a fresh session.
@@ -99,6 +111,7 @@ class Conn {
   int sock_;
   bool broken_ = false;
   bool refused_ = false;
+  bool ended_ = false;
   uint64_t next_id_ = 1;
   uint64_t session_id_ = 0;
   uint64_t max_arena_bytes_ = 0;

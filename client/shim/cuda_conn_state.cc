@@ -155,6 +155,33 @@ void CudaConnState::Clear() {
 
 void DestroyCudaConnState(CudaConnState* state) { delete state; }
 
+bool CudaConnStateAwaitsExecutor(const CudaConnState* state) {
+  if (state == nullptr || state->pid_ != ::getpid()) return false;
+  for (const auto& [uuid, b] : state->bells_) {
+    if (b.bell != nullptr && b.bell->Pending()) return true;
+  }
+  return false;
+}
+
+bool AbandonCudaConnState(
+    CudaConnState* state,
+    const std::function<void(const std::string& device)>& on_lost) {
+  if (state == nullptr || state->pid_ != ::getpid()) return false;
+  bool lost = false;
+  for (auto& [uuid, b] : state->bells_) {
+    if (b.bell == nullptr) continue;
+    cu::CUuuid u{};
+    memcpy(u.bytes, uuid.data(), std::min(uuid.size(), sizeof(u.bytes)));
+    const std::string device = cu::FormatCuUuid(u);
+    if (b.bell->Abandon([&] {
+          if (on_lost) on_lost(device);
+        })) {
+      lost = true;
+    }
+  }
+  return lost;
+}
+
 // Shares (or finds cached) the allocation of `b`; marks it staged when it
 // cannot be shared. `used`: every allocation of the call (kept in the
 // cache); `mapped`: those kregd maps (what its per-session limit counts).

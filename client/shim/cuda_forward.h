@@ -6,6 +6,7 @@
 #ifndef KREGD_CLIENT_SHIM_CUDA_FORWARD_H_
 #define KREGD_CLIENT_SHIM_CUDA_FORWARD_H_
 
+#include <functional>
 #include <string>
 
 #include "client/shim/client.h"
@@ -22,6 +23,18 @@ namespace shim {
 // CUDA objects of the parent are leaked in a child, never touched).
 class CudaConnState;
 void DestroyCudaConnState(CudaConnState* state);
+// Whether an XLA stream may still wait on a doorbell of the state (its last
+// launch's use has not passed): the Client's idle watch watches such
+// sessions, so that an executor that dies meanwhile cannot leave the
+// stream waiting forever.
+bool CudaConnStateAwaitsExecutor(const CudaConnState* state);
+// The session has ended (Conn::ended()): releases every doorbell wait the
+// executor will never answer (Doorbell::Abandon). True when a launch's GPU
+// work never completed; `on_lost` is then called with the device's UUID
+// ("GPU-...") before that device's wait is released.
+bool AbandonCudaConnState(
+    CudaConnState* state,
+    const std::function<void(const std::string& device)>& on_lost);
 
 // Forwards an EXECUTE-stage call of a CUDA target: the Launch carries, per
 // buffer, its allocation and offset; kregd runs the handler on its session

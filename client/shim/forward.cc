@@ -106,10 +106,17 @@ XLA_FFI_Error* Forward(int index, XLA_FFI_CallFrame* call_frame) {
                          "\" supports only the execute stage, got stage " +
                          std::to_string(call_frame->stage));
   }
-  ClientStatus s =
-      slot->forward != nullptr
-          ? slot->forward(slot->client, slot->target, call_frame)
-          : ForwardCall(slot->client, slot->target, slot->platform, call_frame);
+  // An earlier call's GPU work never completed (its executor died after
+  // the handler returned): this call reports it instead of running.
+  ClientStatus s = slot->client->TakeLostWork();
+  if (!s.ok()) {
+    slot->client->launch_errors.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    s = slot->forward != nullptr
+            ? slot->forward(slot->client, slot->target, call_frame)
+            : ForwardCall(slot->client, slot->target, slot->platform,
+                          call_frame);
+  }
   if (s.ok()) return nullptr;
   // An error must never read as OK, nor carry a code XLA does not know.
   if (s.code <= kOk || s.code > 16) s.code = kInternal;

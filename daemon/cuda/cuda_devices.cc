@@ -1,5 +1,6 @@
 #include "daemon/cuda/cuda_devices.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <utility>
 
@@ -161,6 +162,15 @@ std::unique_ptr<CudaDevices> CudaDevices::OpenSystem() {
 }
 
 CudaDevices::~CudaDevices() {
+  absl::MutexLock lock(&watch_mu_);
+  for (size_t i = 0; i < probes_.size() && i < contexts_.size(); ++i) {
+    if (probes_[i] == nullptr || contexts_[i] == nullptr) continue;
+    if (driver_->cuCtxPushCurrent(contexts_[i]) == cu::CUDA_SUCCESS) {
+      driver_->cuStreamDestroy(probes_[i]);
+      cu::CUcontext popped;
+      driver_->cuCtxPopCurrent(&popped);
+    }
+  }
   for (size_t i = 0; i < contexts_.size(); ++i) {
     if (contexts_[i] != nullptr) {
       driver_->cuDevicePrimaryCtxRelease(devices_[i].device);
@@ -236,6 +246,8 @@ absl::Status CudaDevices::Check(int ordinal, CUresult result,
   if (broken_[ordinal].empty()) {
     spdlog::error("{}", why);
     broken_[ordinal] = why;
+    broken_result_.resize(broken_.size(), cu::CUDA_SUCCESS);
+    broken_result_[ordinal] = result;
   }
   return absl::InternalError(broken_[ordinal]);
 }
@@ -247,6 +259,70 @@ absl::Status CudaDevices::CheckStream(int ordinal, cu::CUstream stream) {
     return absl::OkStatus();
   }
   return Check(ordinal, r, "the session stream (cuStreamQuery)");
+}
+
+void CudaDevices::Watch(int ordinal, cu::CUstream stream) {
+  absl::MutexLock lock(&watch_mu_);
+  watched_.emplace_back(ordinal, stream);
+}
+
+void CudaDevices::Unwatch(cu::CUstream stream) {
+  absl::MutexLock lock(&watch_mu_);
+  watched_.erase(std::remove_if(watched_.begin(), watched_.end(),
+                                [&](const std::pair<int, cu::CUstream>& w) {
+                                  return w.second == stream;
+                                }),
+                 watched_.end());
+}
+
+absl::Status CudaDevices::PollSticky(cu::CUresult* sticky, int* ordinal) {
+  if (driver_ == nullptr) return absl::OkStatus();
+  const cu::CudaDriver& d = *driver_;
+  absl::MutexLock lock(&watch_mu_);
+  probes_.resize(devices_.size(), nullptr);
+  for (int i = 0; i < count(); ++i) {
+    if (contexts_[i] == nullptr) continue;
+    {
+      absl::MutexLock broken_lock(&mu_);
+      if (!broken_[i].empty() && i < static_cast<int>(broken_result_.size()) &&
+          broken_result_[i] != cu::CUDA_SUCCESS) {
+        if (sticky != nullptr) *sticky = broken_result_[i];
+        if (ordinal != nullptr) *ordinal = i;
+        return absl::InternalError(broken_[i]);
+      }
+      if (!broken_[i].empty()) continue;  // broken at start, not sticky
+    }
+    if (d.cuCtxPushCurrent(contexts_[i]) != cu::CUDA_SUCCESS) continue;
+    auto query = [&](cu::CUstream s, const char* what) {
+      CUresult r = d.cuStreamQuery(s);
+      if (r == cu::CUDA_SUCCESS || r == cu::CUDA_ERROR_NOT_READY ||
+          !cu::IsStickyCuError(r)) {
+        return absl::OkStatus();
+      }
+      if (sticky != nullptr) *sticky = r;
+      if (ordinal != nullptr) *ordinal = i;
+      return Check(i, r, what);
+    };
+    absl::Status s;
+    if (probes_[i] == nullptr &&
+        d.cuStreamCreate(&probes_[i], cu::CU_STREAM_NON_BLOCKING) !=
+            cu::CUDA_SUCCESS) {
+      probes_[i] = nullptr;
+    }
+    if (probes_[i] != nullptr) {
+      s = query(probes_[i],
+                "the executor's sticky-error watch (cuStreamQuery)");
+    }
+    for (const auto& [on, stream] : watched_) {
+      if (!s.ok()) break;
+      if (on != i) continue;
+      s = query(stream, "a session stream (cuStreamQuery by the watch)");
+    }
+    cu::CUcontext popped;
+    d.cuCtxPopCurrent(&popped);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 CudaContextScope::CudaContextScope(const CudaDevices& devices, int ordinal) {

@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -94,6 +95,23 @@ class CudaDevices {
   // context). Not-ready is fine. Check()'s errors.
   absl::Status CheckStream(int ordinal, cu::CUstream stream);
 
+  // The sticky-error watch (an executor polls it from a thread of its own):
+  // a kernel that faults after its handler returned leaves nobody waiting
+  // on the host, so its executor learns of the fault only by asking.
+  // Watch adds a session stream on `ordinal` to the streams PollSticky
+  // queries; Unwatch removes it (before it is destroyed; returns once no
+  // poll uses it).
+  void Watch(int ordinal, cu::CUstream stream);
+  void Unwatch(cu::CUstream stream);
+  // Queries, without blocking (cuStreamQuery), every watched stream and a
+  // private stream of every usable device. The first sticky error marks
+  // its device broken (Check) and is returned (INTERNAL, naming the
+  // device and the CUDA error); a device already broken (whoever found
+  // it) is returned the same way; OK when no device is broken. `*sticky`
+  // (if given) gets the CUresult and `*ordinal` the device of an error.
+  absl::Status PollSticky(cu::CUresult* sticky = nullptr,
+                          int* ordinal = nullptr);
+
  private:
   CudaDevices(const cu::CudaDriver* driver, absl::Status status);
 
@@ -105,6 +123,12 @@ class CudaDevices {
   mutable absl::Mutex mu_;
   // Per ordinal: empty, or why the device is unusable.
   std::vector<std::string> broken_ ABSL_GUARDED_BY(mu_);
+  std::vector<cu::CUresult> broken_result_ ABSL_GUARDED_BY(mu_);
+  // The watch; held while polling (never while mu_ is, never while calling
+  // out but to the driver).
+  absl::Mutex watch_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::vector<std::pair<int, cu::CUstream>> watched_ ABSL_GUARDED_BY(watch_mu_);
+  std::vector<cu::CUstream> probes_ ABSL_GUARDED_BY(watch_mu_);  // by ordinal
 };
 
 // Makes `ordinal`'s primary context current on this thread for the scope's

@@ -162,7 +162,8 @@ void CudaSession::CloseDoorbells() {
       if (d.cuStreamCreate(&side, cu::CU_STREAM_NON_BLOCKING) ==
           cu::CUDA_SUCCESS) {
         cu::CUresult r = d.cuStreamWriteValue64(
-            side, bell->ready, UINT64_MAX, cu::CU_STREAM_WRITE_VALUE_DEFAULT);
+            side, bell->ready, cu::ReleaseValue(bell->last_seq.load()),
+            cu::CU_STREAM_WRITE_VALUE_DEFAULT);
         if (r == cu::CUDA_SUCCESS) r = d.cuStreamSynchronize(side);
         if (r != cu::CUDA_SUCCESS) {
           spdlog::warn("releasing a doorbell wait failed: {}",
@@ -226,6 +227,7 @@ absl::Status CudaSession::Launch(
                               cu::CU_STREAM_WAIT_VALUE_GEQ),
         "cuStreamWaitValue64 on the client's doorbell");
     if (!s.ok()) return s;
+    bell->last_seq.store(doorbell_seq);
   } else if (events != nullptr) {
     if (absl::Status s = events->ready->WaitOn(*stream); !s.ok()) return s;
   }

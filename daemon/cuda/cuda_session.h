@@ -3,6 +3,7 @@
 #ifndef KREGD_DAEMON_CUDA_CUDA_SESSION_H_
 #define KREGD_DAEMON_CUDA_CUDA_SESSION_H_
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -109,11 +110,14 @@ class CudaSession {
     std::unique_ptr<VmmImport> mapping;
     cu::CUdeviceptr ready = 0;  // kregd's addresses of the two words
     cu::CUdeviceptr done = 0;
+    // The last sequence number a session stream waits for on `ready`.
+    std::atomic<uint64_t> last_seq{0};
   };
 
   // Session close: lets every doorbell wait still queued on a session stream
   // finish (the client's ready write may never come if it died: after a
-  // grace period kregd writes ready := UINT64_MAX itself from a private
+  // grace period kregd writes ready := cu::ReleaseValue(last_seq) itself
+  // from a private
   // stream), then unmaps the doorbells.
   void CloseDoorbells();
 

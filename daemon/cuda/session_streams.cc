@@ -49,6 +49,7 @@ SessionStreams::~SessionStreams() {
   absl::MutexLock lock(&mu_);
   for (size_t i = 0; i < streams_.size(); ++i) {
     if (streams_[i] == nullptr) continue;
+    devices_->Unwatch(streams_[i]);
     const int ordinal = static_cast<int>(i);
     CudaContextScope scope(*devices_, ordinal);
     const cu::CudaDriver& d = *devices_->driver();
@@ -77,6 +78,7 @@ absl::StatusOr<cu::CUstream> SessionStreams::Get(int ordinal) {
       "cuStreamCreate of a session stream");
   if (!s.ok()) return s;
   streams_[ordinal] = stream;
+  devices_->Watch(ordinal, stream);
   return stream;
 }
 

@@ -7,8 +7,10 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <exception>
@@ -38,9 +40,58 @@ namespace {
 
 constexpr int kControlFd = 3;
 constexpr int kStatusFd = 4;
+// The executor leaves because of a sticky CUDA error (its contexts are
+// corrupt): after a handler call saw it (its sessions end first), or at
+// once when the sticky-error watch found it (the status page says which).
 constexpr int kExitRecycle = 75;
+// How often the sticky-error watch asks the driver (cuStreamQuery: no GPU
+// work, no context switch).
+constexpr int kGpuWatchMs = 50;
 
 StatusPage* g_page = nullptr;
+
+void WriteNote(StatusPage* page, const std::string& text) {
+  char* note = page->header()->note;
+  size_t n = std::min(text.size(), sizeof(page->header()->note) - 1);
+  memcpy(note, text.data(), n);
+  note[n] = '\0';
+}
+
+// A kernel that faults on the GPU after its handler returned (the launch
+// was acknowledged) leaves no host thread waiting: every session's GPU
+// work on that context is gone, and the clients' streams wait on doorbells
+// nobody will write. The watch asks the driver every kGpuWatchMs; on a
+// sticky error it leaves the last words and exits at once, so that kregd
+// answers each session (naming the target of its last CUDA launch and the
+// CUDA error) and the clients release their streams (DESIGN §8).
+void WatchGpu(CudaDevices* cuda, StatusPage* page, std::atomic<bool>* recycle,
+              const std::atomic<bool>* stop) {
+  while (!stop->load()) {
+    struct timespec ts = {0, kGpuWatchMs * 1000000L};
+    nanosleep(&ts, nullptr);
+    // A handler call saw it first: its reply carries the error and the
+    // executor ends its sessions.
+    if (recycle->load()) return;
+    cu::CUresult r = cu::CUDA_SUCCESS;
+    int ordinal = 0;
+    absl::Status s = cuda->PollSticky(&r, &ordinal);
+    if (s.ok()) continue;
+    // Claim the exit (a handler call may see the error at the same time;
+    // then its path ends the sessions). `recycle` stays unset: the main
+    // loop must not end the sessions as if they had ended cleanly.
+    uint32_t none = 0;
+    if (!page->header()->recycle.compare_exchange_strong(none, 2)) return;
+    WriteNote(page, absl::StrCat("GPU fault after the handler returned: ",
+                                 cu::DescribeCuResult(*cuda->driver(), r),
+                                 ", on ", cuda->info(ordinal).uuid_text,
+                                 "; the executor's CUDA context is corrupt"));
+    spdlog::error("{}; exiting so that kregd fails the calls in flight",
+                  std::string(s.message()));
+    spdlog::default_logger()->flush();
+    std::fflush(nullptr);
+    ::_exit(kExitRecycle);
+  }
+}
 
 // std::terminate (an uncaught C++ exception, e.g. thrown by a handler):
 // leave the exception's text where kregd reads it, then abort.
@@ -55,12 +106,7 @@ void OnTerminate() {
       what = "uncaught C++ exception of a non-std type";
     }
   }
-  if (g_page != nullptr) {
-    char* note = g_page->header()->note;
-    size_t n = std::min(what.size(), sizeof(g_page->header()->note) - 1);
-    memcpy(note, what.data(), n);
-    note[n] = '\0';
-  }
+  if (g_page != nullptr) WriteNote(g_page, what);
   std::abort();
 }
 
@@ -165,11 +211,19 @@ int Main() {
     limits.max_module_bytes = init.max_module_bytes();
   limits.spin_us = init.spin_us();
   limits.hello_timeout_ms = init.hello_timeout_ms();
+  limits.launch_ring = !init.launch_ring_off();
+  if (init.has_ring_spin_us()) limits.ring_spin_us = init.ring_spin_us();
   std::unique_ptr<wire::ByteBudget> receive_budget;
   if (init.max_buffered_bytes() != 0) {
     receive_budget =
         std::make_unique<wire::ByteBudget>(init.max_buffered_bytes());
     limits.receive_budget = receive_budget.get();
+  }
+  std::atomic<bool> stop_gpu_watch{false};
+  std::thread gpu_watch;
+  if (shared.cuda != nullptr) {
+    gpu_watch =
+        std::thread(WatchGpu, shared.cuda, &*page, &recycle, &stop_gpu_watch);
   }
   std::list<Served> served;
   int exit_code = 0;
@@ -221,6 +275,8 @@ int Main() {
   for (Served& s : served) s.session->Shutdown();
   for (Served& s : served) s.thread.join();
   served.clear();
+  stop_gpu_watch.store(true);
+  if (gpu_watch.joinable()) gpu_watch.join();
   spdlog::default_logger()->flush();
   // Loaded modules' static destructors are not run: their code is not
   // trusted to tear down cleanly.

@@ -37,7 +37,9 @@ ExecutorBackend::ExecutorBackend(UniqueFd broker, uint32_t slot,
                                  const ExecutorShared& shared)
     : broker_(std::move(broker)),
       slot_(shared.page->slot(slot)),
-      shared_(shared) {}
+      shared_(shared) {
+  slot_->gpu_token.store(0, std::memory_order_relaxed);
+}
 
 ExecutorBackend::~ExecutorBackend() {
   v1::BrokerRequest req;
@@ -122,7 +124,10 @@ absl::Status ExecutorBackend::ExecuteWith(void* handler,
   absl::Status s = shared_.host->Execute(handler, frame, options);
   if (shared_.cuda != nullptr && frame.platform == Platform::kCuda) {
     absl::Status usable = shared_.cuda->CheckUsable(frame.device_ordinal);
-    if (!usable.ok() && !shared_.recycle->exchange(true)) {
+    uint32_t none = 0;
+    if (!usable.ok() &&
+        shared_.page->header()->recycle.compare_exchange_strong(none, 1)) {
+      shared_.recycle->store(true);
       // The context is corrupt for every session of this executor: write
       // the last words, finish this reply, then the executor exits and
       // kregd starts a fresh one on the next call.
@@ -133,7 +138,6 @@ absl::Status ExecutorBackend::ExecuteWith(void* handler,
           std::min(note.size(), sizeof(shared_.page->header()->note) - 1);
       memcpy(dst, note.data(), n);
       dst[n] = '\0';
-      shared_.page->header()->recycle.store(1);
       spdlog::error("{}", note);
     }
   }
@@ -145,14 +149,30 @@ uint32_t ExecutorBackend::ffi_api_minor() const { return XLA_FFI_API_MINOR; }
 
 void ExecutorBackend::BeginLaunch(uint64_t request_id, const TargetKey& key) {
   auto it = tokens_.find(key);
+  const uint32_t token = it == tokens_.end() ? 0 : it->second;
+  launch_row_ = shared_.page->stats_row(token);
+  launch_started_ns_ = MonotonicNs();
   slot_->request_id.store(request_id, std::memory_order_relaxed);
-  slot_->started_ns.store(MonotonicNs(), std::memory_order_relaxed);
-  slot_->token.store(it == tokens_.end() ? 0 : it->second,
-                     std::memory_order_release);
+  slot_->started_ns.store(launch_started_ns_, std::memory_order_relaxed);
+  if (key.platform == Platform::kCuda) {
+    slot_->gpu_token.store(token, std::memory_order_relaxed);
+  }
+  slot_->token.store(token, std::memory_order_release);
 }
 
-void ExecutorBackend::EndLaunch() {
+void ExecutorBackend::EndLaunch(bool ok) {
+  if (launch_row_ != nullptr) {
+    const int64_t ns = MonotonicNs() - launch_started_ns_;
+    RecordLaunch(launch_row_, static_cast<uint64_t>(std::max<int64_t>(ns, 0)),
+                 ok);
+    launch_row_ = nullptr;
+  }
+  slot_->launches.fetch_add(1, std::memory_order_relaxed);
   slot_->token.store(0, std::memory_order_release);
+}
+
+void ExecutorBackend::ArenaSized(uint64_t bytes) {
+  slot_->arena_bytes.store(bytes, std::memory_order_relaxed);
 }
 
 bool ExecutorBackend::ShouldStop() { return shared_.recycle->load(); }

@@ -47,7 +47,9 @@ class ExecutorBackend final : public SessionBackend {
   uint32_t ffi_api_major() const override;
   uint32_t ffi_api_minor() const override;
   void BeginLaunch(uint64_t request_id, const TargetKey& key) override;
-  void EndLaunch() override;
+  // Counts the call and its latency in the target's stats row.
+  void EndLaunch(bool ok) override;
+  void ArenaSized(uint64_t bytes) override;
   bool ShouldStop() override;
 
  private:
@@ -59,6 +61,9 @@ class ExecutorBackend final : public SessionBackend {
   ExecSlot* const slot_;
   const ExecutorShared shared_;
   std::map<TargetKey, uint32_t> tokens_;
+  // The launch in progress (BeginLaunch .. EndLaunch).
+  StatsRow* launch_row_ = nullptr;
+  int64_t launch_started_ns_ = 0;
 };
 
 }  // namespace kreg

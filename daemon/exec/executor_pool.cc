@@ -14,27 +14,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "daemon/exec/executor.h"
+#include "daemon/exec/executor_group.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
-
-struct ExecutorPool::Group {
-  std::string key;
-  std::string name;  // "uid 1000", "pid 42 (uid 1000)", "shared"
-  uid_t uid = 0;
-  gid_t gid = 0;
-  std::unique_ptr<Executor> exec;
-  // Guarded by the pool's mu_.
-  std::vector<bool> used;
-  std::vector<uid_t> slot_uid;
-  int sessions = 0;
-  int64_t idle_since_ms = 0;
-  std::vector<EntryPtr> resolved;  // token - 1 -> entry
-  bool stop_requested = false;
-  bool dead = false;
-  std::string killed_because;  // launch_timeout
-  std::map<uint32_t, std::string> crash_text;
-};
 
 namespace {
 
@@ -45,6 +28,12 @@ int64_t MonotonicNs() {
 }
 
 int64_t MonotonicMs() { return MonotonicNs() / 1000000; }
+
+int64_t WallUs() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return int64_t{ts.tv_sec} * 1000000 + ts.tv_nsec / 1000;
+}
 
 // The supplementary groups of `uid` (its passwd entry's name and `gid`);
 // just `gid` when the uid has no passwd entry.
@@ -194,6 +183,7 @@ absl::StatusOr<std::shared_ptr<ExecutorPool::Group>> ExecutorPool::Start(
   g->gid = g->exec->info().gid();
   g->used.assign(options_.slots, false);
   g->slot_uid.assign(options_.slots, 0);
+  g->slot_info.assign(options_.slots, SlotInfo{});
   g->idle_since_ms = MonotonicMs();
   spdlog::info("executor pid {} started for {} (uid {} gid {}{}{})",
                g->exec->pid(), key, g->uid, g->gid,
@@ -240,6 +230,7 @@ absl::StatusOr<ExecutorPool::Binding> ExecutorPool::Bind(uint64_t session_id,
         absl::MutexLock lock(&mu_);
         if (stopping_) return absl::UnavailableError("kregd is shutting down");
         groups_[key] = g;
+        unreaped_.insert(g);
         dead_counters_.executors_started++;
         auto done = std::make_shared<std::atomic<bool>>(false);
         waiters_.push_back({std::thread([this, g, done] {
@@ -264,10 +255,13 @@ absl::StatusOr<ExecutorPool::Binding> ExecutorPool::Bind(uint64_t session_id,
     }
     g->used[slot] = true;
     g->slot_uid[slot] = peer.uid;
+    g->slot_info[slot] = {session_id, peer, WallUs()};
     g->sessions++;
     ExecSlot* s = g->exec->page().slot(slot);
     s->token.store(0);
     s->request_id.store(0);
+    s->launches.store(0);
+    s->arena_bytes.store(0);
     b.slot = slot;
     b.group = g;
     break;
@@ -336,8 +330,14 @@ void ExecutorPool::Wait(std::shared_ptr<Group> g) {
   g->dead = true;
   auto it = groups_.find(g->key);
   if (it != groups_.end() && it->second == g) groups_.erase(it);
-  dead_counters_.launches += page.header()->counters.launches.load();
-  dead_counters_.launch_errors += page.header()->counters.launch_errors.load();
+  if (unreaped_.erase(g) != 0) {
+    const SessionCounters& n = page.header()->counters;
+    dead_counters_.launches =
+        SaturatingAdd(dead_counters_.launches, n.launches.load());
+    dead_counters_.launch_errors =
+        SaturatingAdd(dead_counters_.launch_errors, n.launch_errors.load());
+    AddGroupStats(*g, &dead_stats_);
+  }
   const bool planned =
       g->stop_requested && WIFEXITED(ws) && WEXITSTATUS(ws) == 0;
   std::string how = g->killed_because.empty()
@@ -350,14 +350,35 @@ void ExecutorPool::Wait(std::shared_ptr<Group> g) {
   if (!note.empty()) absl::StrAppend(&how, " (", note, ")");
   std::set<std::pair<std::string, uid_t>> counted;
   const int64_t now_s = static_cast<int64_t>(::time(nullptr));
+  // Which target each session's crash is blamed on: the handler it was
+  // running; or, when the executor's sticky-error watch found a GPU fault
+  // after the handlers had returned (recycle 2), the target of the
+  // session's last CUDA launch, whose GPU work was lost with the context.
+  const bool gpu_fault = page.header()->recycle.load() == 2;
+  std::vector<uint32_t> blamed(g->used.size(), 0);
+  std::vector<bool> running(g->used.size(), false);
+  int gpu_only = 0;
   for (uint32_t i = 0; i < g->used.size(); ++i) {
     if (!g->used[i]) continue;
     uint32_t token = page.slot(i)->token.load();
-    if (token == 0 || token > g->resolved.size()) continue;
+    running[i] = token != 0;
+    if (token == 0 && gpu_fault) {
+      token = page.slot(i)->gpu_token.load();
+      if (token != 0) ++gpu_only;
+    }
+    if (token != 0 && token <= g->resolved.size()) blamed[i] = token;
+  }
+  for (uint32_t i = 0; i < g->used.size(); ++i) {
+    if (!g->used[i] || blamed[i] == 0) continue;
+    const uint32_t token = blamed[i];
     const TargetEntry& e = *g->resolved[token - 1];
     uid_t uid = g->slot_uid[i];
     std::string quarantine;
-    if (!g->stop_requested) {
+    // A fault found after the handlers returned counts against a target
+    // only when its session was the only one with GPU work in the
+    // executor (otherwise which kernel faulted is not known).
+    const bool count = running[i] || gpu_only == 1;
+    if (!g->stop_requested && count) {
       CrashRecord rec = ledger_->Record(e.key, uid, how, now_s);
       if (counted.insert({e.key.name, uid}).second) {
         dead_counters_.executor_crashes++;
@@ -375,14 +396,30 @@ void ExecutorPool::Wait(std::shared_ptr<Group> g) {
                                   " s before the target is quarantined)");
       }
     }
-    std::string text = absl::StrCat(
+    const std::string target = absl::StrCat(
         "target \"", e.key.name, "\" (", PlatformName(e.key.platform),
         ", content ", e.content_id, ", function ", e.func_name, ", module ",
-        e.module_digest, ") crashed its kregd executor (pid ", g->exec->pid(),
-        ", ", g->name, "): ", how,
-        ". kregd and other clients are unaffected; the next call starts a "
-        "fresh executor.",
-        quarantine);
+        e.module_digest, ")");
+    std::string text =
+        running[i]
+            ? absl::StrCat(target, " crashed its kregd executor (pid ",
+                           g->exec->pid(), ", ", g->name, "): ", how,
+                           ". kregd and other clients are unaffected; the "
+                           "next call starts a fresh executor.",
+                           quarantine)
+            : absl::StrCat(
+                  "the GPU work of the last call of ", target,
+                  " was lost: its kregd executor (pid ", g->exec->pid(), ", ",
+                  g->name, ") ended after the handler returned: ", how,
+                  gpu_only > 1
+                      ? absl::StrCat("; ", gpu_only,
+                                     " sessions of that executor had GPU "
+                                     "work, so which kernel faulted is not "
+                                     "known")
+                      : std::string(),
+                  ". kregd and other executors are unaffected; the next call "
+                  "starts a fresh executor.",
+                  quarantine);
     spdlog::error("{}", text);
     g->crash_text[i] = std::move(text);
   }
@@ -458,9 +495,11 @@ std::vector<ExecutorInfo> ExecutorPool::List() const {
 PoolCounters ExecutorPool::counters() const {
   absl::MutexLock lock(&mu_);
   PoolCounters c = dead_counters_;
-  for (const auto& [key, g] : groups_) {
-    c.launches += g->exec->page().header()->counters.launches.load();
-    c.launch_errors += g->exec->page().header()->counters.launch_errors.load();
+  for (const std::shared_ptr<Group>& g : unreaped_) {
+    // Untrusted counts: saturate rather than wrap.
+    const SessionCounters& n = g->exec->page().header()->counters;
+    c.launches = SaturatingAdd(c.launches, n.launches.load());
+    c.launch_errors = SaturatingAdd(c.launch_errors, n.launch_errors.load());
   }
   return c;
 }

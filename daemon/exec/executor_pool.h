@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/unique_fd.h"
 #include "daemon/exec/crash_ledger.h"
+#include "daemon/exec/target_stats.h"
 #include "daemon/types.h"
 #include "kreg/v1/executor.pb.h"
 
@@ -61,6 +63,25 @@ struct ExecutorInfo {
   gid_t gid = 0;
   int sessions = 0;
   uint64_t launches = 0;
+};
+
+// A client session bound to an executor slot, for `kregctl sessions`.
+struct BoundSession {
+  uint64_t session_id = 0;
+  PeerCred peer;
+  int64_t since_us = 0;  // bound at, microseconds since the Unix epoch
+  pid_t executor_pid = 0;
+  std::string executor;  // the executor's group
+  // As the executor reports them (untrusted; arena clamped to the limit).
+  uint64_t launches = 0;
+  uint64_t arena_bytes = 0;
+};
+
+// One registered target's statistics, summed over live and reaped
+// executors.
+struct TargetStatsRow {
+  EntryPtr entry;
+  TargetStats stats;
 };
 
 struct PoolCounters {
@@ -106,6 +127,13 @@ class ExecutorPool {
 
   std::vector<ExecutorInfo> List() const;
   PoolCounters counters() const;
+  // Every session bound to a live executor.
+  std::vector<BoundSession> Sessions() const;
+  // Launch statistics per target entry, from every executor's status page
+  // (only for targets that executor's own sessions resolved: a row is
+  // credited through the token kregd gave it, never through what the page
+  // says) plus the totals of executors already reaped.
+  std::vector<TargetStatsRow> TargetStatsSnapshot() const;
   const PoolOptions& options() const { return options_; }
   // Stops every executor and the supervisor. Idempotent.
   void Shutdown();
@@ -134,6 +162,11 @@ class ExecutorPool {
   };
   std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   PoolCounters dead_counters_ ABSL_GUARDED_BY(mu_);
+  // Started and not yet reaped (groups_ drops an idle executor when it asks
+  // it to stop; its counters count until it is reaped).
+  std::set<std::shared_ptr<Group>> unreaped_ ABSL_GUARDED_BY(mu_);
+  // What reaped executors counted, per target entry.
+  std::map<const TargetEntry*, TargetStatsRow> dead_stats_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::CondVar changed_;
   std::thread supervisor_;

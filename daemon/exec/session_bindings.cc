@@ -24,4 +24,13 @@ std::vector<pid_t> SessionBindings::PidsBinding(const TargetKey& key) {
   return std::vector<pid_t>(pids.begin(), pids.end());
 }
 
+std::map<uint64_t, std::vector<TargetKey>> SessionBindings::Snapshot() {
+  absl::MutexLock lock(&mu_);
+  std::map<uint64_t, std::vector<TargetKey>> out;
+  for (const auto& [id, s] : sessions_) {
+    out[id] = std::vector<TargetKey>(s.keys.begin(), s.keys.end());
+  }
+  return out;
+}
+
 }  // namespace kreg

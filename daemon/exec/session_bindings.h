@@ -24,6 +24,8 @@ class SessionBindings final : public BindingOracle {
   // The session ended: forget what it had bound.
   void RemoveSession(uint64_t session_id);
   std::vector<pid_t> PidsBinding(const TargetKey& key) override;
+  // What each live session has bound, by session id.
+  std::map<uint64_t, std::vector<TargetKey>> Snapshot();
 
  private:
   struct Session {

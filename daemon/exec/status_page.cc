@@ -16,8 +16,17 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free,
               "status page atomics must be lock-free to live in shared memory");
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
+namespace {
+
+size_t StatsOffset(uint32_t slots) {
+  size_t end = sizeof(ExecStatusHeader) + size_t{slots} * sizeof(ExecSlot);
+  return (end + 63) / 64 * 64;  // rows start on a cache line
+}
+
+}  // namespace
+
 size_t StatusPage::SizeFor(uint32_t slots) {
-  size_t bytes = sizeof(ExecStatusHeader) + size_t{slots} * sizeof(ExecSlot);
+  size_t bytes = StatsOffset(slots) + size_t{kStatsRows} * sizeof(StatsRow);
   return (bytes + 4095) / 4096 * 4096;
 }
 
@@ -100,6 +109,13 @@ ExecSlot* StatusPage::slot(uint32_t i) const {
   return reinterpret_cast<ExecSlot*>(reinterpret_cast<char*>(base_) +
                                      sizeof(ExecStatusHeader)) +
          i;
+}
+
+StatsRow* StatusPage::stats_row(uint32_t token) const {
+  if (token == 0 || token > kStatsRows) return nullptr;
+  return reinterpret_cast<StatsRow*>(static_cast<char*>(base_) +
+                                     StatsOffset(slots_)) +
+         (token - 1);
 }
 
 std::string StatusPage::Note() const {

@@ -2,6 +2,8 @@
 // creates and maps, and the executor maps too. The executor writes, per
 // session slot, which target it is running and since when; kregd reads it to
 // name the target when the executor dies and to enforce launch_timeout.
+// After the slots comes a table of per-target statistics (target_stats.h),
+// indexed by the token kregd gave the executor for each target it resolved.
 // Everything kregd reads from it is untrusted (a kernel shares the
 // executor's address space): values are range-checked before use.
 #ifndef KREGD_DAEMON_EXEC_STATUS_PAGE_H_
@@ -12,23 +14,36 @@
 
 #include "absl/status/statusor.h"
 #include "common/unique_fd.h"
+#include "daemon/exec/target_stats.h"
 #include "daemon/session/session.h"
 
 namespace kreg {
 
-// One session's slot. `token` is 0 while no handler runs.
+// One session's slot. `token` is 0 while no handler runs. `gpu_token` is
+// the token of the session's last CUDA launch, whose GPU work may still run
+// after the handler returned (0: none since the session was adopted): when
+// the executor exits for a sticky CUDA error found after the handler
+// returned, kregd names that target.
 struct ExecSlot {
   std::atomic<uint64_t> request_id;
   std::atomic<int64_t> started_ns;  // CLOCK_MONOTONIC
   std::atomic<uint32_t> token;
-  uint32_t reserved;
+  // The CUDA target of the session's last CUDA launch (kregd's token).
+  std::atomic<uint32_t> gpu_token;
+  // Handler calls of the session in this slot, and its arena's size.
+  std::atomic<uint64_t> launches;
+  std::atomic<uint64_t> arena_bytes;
 };
+static_assert(sizeof(ExecSlot) == 40, "the status page layout");
 
 struct ExecStatusHeader {
   uint32_t magic;
   uint32_t slots;
   SessionCounters counters;  // the executor's sessions count here
-  // Set by the executor before it exits on purpose (sticky CUDA error).
+  // Set by the executor before it exits on purpose (sticky CUDA error):
+  // 1 after a handler call saw it (that call's reply carried the error),
+  // 2 when its sticky-error watch found it (kExitGpuFault): in-flight GPU
+  // work of every session may be lost.
   std::atomic<uint32_t> recycle;
   uint32_t reserved;
   // Last words (NUL-terminated): an uncaught exception's what(), the
@@ -36,7 +51,11 @@ struct ExecStatusHeader {
   char note[240];
 };
 
-constexpr uint32_t kExecStatusMagic = 0x6b726567;  // "kreg"
+// "kre" + layout version: a kregd-exec of another layout refuses the page.
+constexpr uint32_t kExecStatusMagic = 0x6b726502;
+// Rows of the statistics table: tokens 1..kStatsRows have one; calls of
+// targets with larger tokens are not counted per target.
+constexpr uint32_t kStatsRows = 1024;
 
 // Owns one mapping of a status page. Thread-safe (atomics only).
 class StatusPage {
@@ -55,6 +74,8 @@ class StatusPage {
   // Null when `i` is out of range.
   ExecSlot* slot(uint32_t i) const;
   uint32_t slots() const { return slots_; }
+  // The statistics row of `token`; null for 0 or beyond kStatsRows.
+  StatsRow* stats_row(uint32_t token) const;
   int fd() const { return fd_.get(); }
   // The note, bounded and printable-only.
   std::string Note() const;

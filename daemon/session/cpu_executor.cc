@@ -29,7 +29,7 @@ absl::Status CpuExecutor::Run(uint64_t request_id,
   options.frame_cache = &frames_;
   absl::Status status =
       ctx_.backend->ExecuteWith(*handler, decoded.frame, options);
-  ctx_.backend->EndLaunch();
+  ctx_.backend->EndLaunch(status.ok());
   return status;
 }
 

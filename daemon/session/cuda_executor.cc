@@ -264,7 +264,7 @@ absl::Status CudaExecutor::Launch(uint64_t request_id, const v1::Launch& launch,
         ctx_.backend->BeginLaunch(request_id, decoded->key);
         absl::Status s =
             ctx_.backend->ExecuteWith(*handler, decoded->frame, options);
-        ctx_.backend->EndLaunch();
+        ctx_.backend->EndLaunch(s.ok());
         return s;
       },
       launch.doorbell_seq(), &signalled);

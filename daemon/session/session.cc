@@ -174,6 +174,7 @@ void Session::Run() {
   // events and scratch.
   for (auto& [platform, executor] : executors_) executor->Release();
   arena_.Reset();
+  backend_->ArenaSized(0);
   handlers_.Clear();
 }
 
@@ -319,6 +320,7 @@ absl::Status Session::DoArenaGrow(const v1::ArenaGrow& grow,
   absl::Status s = arena_.Replace(std::move(fds[0]), grow.size());
   if (!s.ok()) return s;
   reply->set_size(arena_.size());
+  backend_->ArenaSized(arena_.size());
   return absl::OkStatus();
 }
 

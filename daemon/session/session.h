@@ -61,12 +61,16 @@ class SessionBackend {
   virtual uint32_t ffi_api_major() const = 0;
   virtual uint32_t ffi_api_minor() const = 0;
   // Around every handler call of a launch: the request's id and target
-  // (an executor records them where kregd can read them if it dies).
+  // (an executor records them where kregd can read them if it dies), then
+  // whether the handler succeeded (an executor counts the call and its
+  // latency per target).
   virtual void BeginLaunch(uint64_t request_id, const TargetKey& key) {
     (void)request_id;
     (void)key;
   }
-  virtual void EndLaunch() {}
+  virtual void EndLaunch(bool ok) { (void)ok; }
+  // The session's arena now has `bytes` (0 once released).
+  virtual void ArenaSized(uint64_t bytes) { (void)bytes; }
   // After each reply: true asks the session to end (the executor is being
   // recycled, e.g. after a sticky CUDA error).
   virtual bool ShouldStop() { return false; }
@@ -98,16 +102,12 @@ struct SessionLimits {
   int64_t hello_timeout_ms = 0;
   // The launch ring (DESIGN §9): offered at Hello when true; its thread
   // spins this long for the next descriptor before it sleeps on the futex.
-  // Defaults: $KREGD_LAUNCH_RING (0 turns the ring off) and
-  // $KREGD_RING_SPIN_US.
-  bool launch_ring = DefaultLaunchRing();
-  int64_t ring_spin_us = DefaultRingSpinUs();
+  // kregd's config keys launch_ring and ring_spin_us (ExecInit) set them.
+  bool launch_ring = true;
+  int64_t ring_spin_us = 50;
   // What the receive buffers of all sessions of this process may hold at
   // once (max_buffered_bytes; shared, must outlive them). Null: unbounded.
   wire::ByteBudget* receive_budget = nullptr;
-
-  static bool DefaultLaunchRing();
-  static int64_t DefaultRingSpinUs();
 };
 
 // Counters shared by all sessions of a server.

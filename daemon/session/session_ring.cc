@@ -18,16 +18,6 @@
 
 namespace kreg {
 
-bool SessionLimits::DefaultLaunchRing() {
-  const char* env = getenv("KREGD_LAUNCH_RING");
-  return env == nullptr || std::string(env) != "0";
-}
-
-int64_t SessionLimits::DefaultRingSpinUs() {
-  const char* env = getenv("KREGD_RING_SPIN_US");
-  return env != nullptr ? std::max<int64_t>(0, atoll(env)) : int64_t{50};
-}
-
 absl::Status Session::DoRingSetup(const v1::RingSetup& setup,
                                   std::vector<UniqueFd> fds) {
   if (!limits_.launch_ring) {

@@ -10,7 +10,9 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string_view>
 
@@ -156,6 +158,35 @@ ffi::Error TryPtraceImpl(ffi::AnyBuffer, Out y, int64_t pid) {
   return ffi::Error::Success();
 }
 
+// Fills every mapping of kregd's executor status page in this process
+// (memfd "kreg-exec-status") with 0xff bytes: kregd must take what it reads
+// there as untrusted. y[0] = bytes written, y[1] = mappings found.
+ffi::Error ScribbleStatusImpl(ffi::AnyBuffer, Out y) {
+  if (ffi::Error e = NeedFour(y); e.failure()) return e;
+  int64_t bytes = 0;
+  int64_t found = 0;
+  if (FILE* maps = std::fopen("/proc/self/maps", "r")) {
+    char line[512];
+    while (std::fgets(line, sizeof(line), maps) != nullptr) {
+      if (std::strstr(line, "kreg-exec-status") == nullptr) continue;
+      unsigned long lo = 0;
+      unsigned long hi = 0;
+      char perms[8] = {};
+      if (std::sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3) continue;
+      if (perms[1] != 'w') continue;
+      std::memset(reinterpret_cast<void*>(lo), 0xff, hi - lo);
+      bytes += static_cast<int64_t>(hi - lo);
+      ++found;
+    }
+    std::fclose(maps);
+  }
+  int64_t* out = y->typed_data();
+  out[0] = bytes;
+  out[1] = found;
+  out[2] = out[3] = 0;
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace kreg::kernels
 
@@ -175,6 +206,7 @@ KREG_EXPORT_HANDLER(TryExec);
 KREG_EXPORT_HANDLER(TryInet);
 KREG_EXPORT_HANDLER(TryOpen);
 KREG_EXPORT_HANDLER(TryPtrace);
+KREG_EXPORT_HANDLER(ScribbleStatus);
 
 #define KREG_HOSTILE(name)             \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(       \
@@ -193,6 +225,7 @@ KREG_HOSTILE(WhoAmI);
 KREG_HOSTILE(Counter);
 KREG_HOSTILE(TryExec);
 KREG_HOSTILE(TryInet);
+KREG_HOSTILE(ScribbleStatus);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TryOpen, kreg::kernels::TryOpenImpl,
                               ffi::Ffi::Bind()

@@ -11,11 +11,16 @@
 # The forwarded suite runs once per XLA_PYTHON_CLIENT_ALLOCATOR (default,
 # platform, cuda_async); with two or more GPUs visible, test_multi_gpu.py
 # runs in a pass of its own ("two_gpus": its own kregd and client
-# processes); then bench/bench_gpu.py without and with MPS, and with two
+# processes); "mps" runs the forwarded suite again under the CUDA MPS control
+# daemon (started here with `nvidia-cuda-mps-control -d` on private pipe and
+# log directories, with its own kregd, and stopped with `echo quit |
+# nvidia-cuda-mps-control` after the pass and on every exit: never left
+# running; no GPU setting is changed); then bench/bench_gpu.py without and
+# with MPS, and with two
 # GPUs bench/bench_two_gpus.py without and with MPS (KREG_SKIP_BENCH=1
 # skips the benchmarks). To run part of it (each device command is time
 # limited): KREG_GPU_PASSES picks the pytest passes (space-separated, from
-# "default platform cuda_async events two_gpus"; default all) and
+# "default platform cuda_async events mps two_gpus"; default all) and
 # KREG_BENCHES the benchmarks ("one_gpu two_gpus"; default both). The C++
 # [cuda] tests always run (seconds). Exit status: pytest's (kregd failing
 # to start is 2).
@@ -43,12 +48,69 @@ py=${PYTHON:-python3}
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/kreg-gpu.XXXXXX")
 kregd_pid=""
-cleanup() {
-  if [[ -n $kregd_pid ]] && kill -0 "$kregd_pid" 2>/dev/null; then
-    kill -TERM "$kregd_pid"
-    for _ in $(seq 100); do kill -0 "$kregd_pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$kregd_pid" 2>/dev/null
+mps_kregd_pid=""
+stop_pid() {  # stop_pid PID: SIGTERM, then SIGKILL after 10 s
+  [[ -n $1 ]] && kill -0 "$1" 2>/dev/null || return 0
+  kill -TERM "$1"
+  for _ in $(seq 100); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done
+  kill -KILL "$1" 2>/dev/null
+}
+
+# The CUDA MPS control daemon of the "mps" pass: its own pipe and log
+# directories under $work, so it serves only this script's processes.
+mps_ctl=""
+for c in "$(command -v nvidia-cuda-mps-control 2>/dev/null)" \
+  /usr/local/nvidia/bin/nvidia-cuda-mps-control; do
+  if [[ -n $c && -x $c ]]; then mps_ctl=$c; break; fi
+done
+mps_dir="$work/mps"
+mps_started=""
+# The environment of an MPS client of this script's control daemon.
+mps_env=("CUDA_MPS_PIPE_DIRECTORY=$mps_dir/pipe"
+  "CUDA_MPS_LOG_DIRECTORY=$mps_dir/log")
+mps_pids() {  # pids of MPS processes (control daemon, servers) on our pipe dir
+  local p
+  for p in $(pgrep -x nvidia-cuda-mps 2>/dev/null; pgrep -f '^[^ ]*nvidia-cuda-mps-(control|server)' 2>/dev/null); do
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null |
+      grep -qx "CUDA_MPS_PIPE_DIRECTORY=$mps_dir/pipe"; then
+      echo "$p"
+    fi
+  done | sort -u
+}
+start_mps() {  # start_mps: 0 once the control daemon's socket exists
+  mkdir -p "$mps_dir/pipe" "$mps_dir/log"
+  mps_started=1
+  env "${mps_env[@]}" "$mps_ctl" -d || return 1
+  for _ in $(seq 100); do
+    [[ -e $mps_dir/pipe/control ]] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+stop_mps() {  # quit the control daemon (after its clients are gone)
+  [[ -n $mps_started ]] || return 0
+  echo quit | env "${mps_env[@]}" "$mps_ctl" >/dev/null 2>&1
+  local left=""
+  for _ in $(seq 150); do
+    left=$(mps_pids)
+    [[ -z $left ]] && break
+    sleep 0.1
+  done
+  if [[ -n $left ]]; then
+    echo "MPS did not quit within 15 s; stopping pid(s)" $left >&2
+    for p in $left; do kill -TERM "$p" 2>/dev/null; done
+    sleep 2
+    for p in $left; do kill -KILL "$p" 2>/dev/null; done
   fi
+  echo "-- MPS control log (last 10 lines):"
+  tail -n 10 "$mps_dir/log/control.log" 2>/dev/null || echo "(none)"
+  mps_started=""
+}
+
+cleanup() {
+  stop_pid "$kregd_pid"
+  stop_pid "$mps_kregd_pid"
+  stop_mps
   [[ -n ${KREG_KEEP_WORK:-} ]] || rm -rf "$work"
 }
 trap cleanup EXIT
@@ -124,13 +186,45 @@ xmls=()
 # the default allocator's forwarded suite once more with KREG_CUDA_DOORBELL=0
 # (interprocess events, the fallback where memops are unavailable).
 # "two_gpus": test_multi_gpu.py alone (default allocator), with 2+ GPUs.
-read -r -a passes <<<"${KREG_GPU_PASSES:-default platform cuda_async events two_gpus}"
+read -r -a passes <<<"${KREG_GPU_PASSES:-default platform cuda_async events mps two_gpus}"
 if [[ $ngpus -lt 2 && " ${passes[*]} " == *" two_gpus "* ]]; then
   echo "(two-GPU pass skipped: $ngpus GPU(s) visible)"
   read -r -a passes <<<"$(printf '%s ' "${passes[@]}" | sed 's/two_gpus//')"
 fi
 for alloc in "${passes[@]}"; do
-  if [[ $alloc == events ]]; then
+  if [[ $alloc == mps ]]; then
+    if [[ -z $mps_ctl ]]; then
+      echo "(mps pass skipped: nvidia-cuda-mps-control not found)"
+      continue
+    fi
+    echo "== pytest tests/gpu under MPS (its own kregd, default allocator)"
+    if ! start_mps; then
+      echo "-- mps: nvidia-cuda-mps-control -d did not create $mps_dir/pipe/control"
+      stop_mps
+      [[ $rc -eq 0 ]] && rc=1
+      continue
+    fi
+    mps_sock="$work/mps/kregd.sock"
+    env "${mps_env[@]}" "$KREGD_BINARY" --socket "$mps_sock" \
+      --state-dir "$work/mps/state" --allow-root "$KREG_KERNELS_DIR" \
+      --allow-root "$KREG_CUDA_KERNELS_DIR" >"$work/kregd-mps.log" 2>&1 &
+    mps_kregd_pid=$!
+    for _ in $(seq 300); do
+      [[ -S $mps_sock.session ]] && break
+      kill -0 "$mps_kregd_pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    if [[ ! -S $mps_sock.session ]]; then
+      echo "-- mps: kregd did not start; its log:"
+      cat "$work/kregd-mps.log"
+      stop_pid "$mps_kregd_pid"
+      mps_kregd_pid=""
+      stop_mps
+      [[ $rc -eq 0 ]] && rc=2
+      continue
+    fi
+    grep -m1 "GPU sharing" "$work/kregd-mps.log" || true
+  elif [[ $alloc == events ]]; then
     echo "== pytest tests/gpu (default allocator, KREG_CUDA_DOORBELL=0)"
   elif [[ $alloc == two_gpus ]]; then
     echo "== pytest tests/gpu/test_multi_gpu.py (two GPUs, default allocator)"
@@ -142,6 +236,10 @@ for alloc in "${passes[@]}"; do
   files=("$here" --ignore="$here/test_multi_gpu.py")
   [[ $alloc != default ]] && files=("$here/test_cuda_forwarded.py")
   [[ $alloc == two_gpus ]] && files=("$here/test_multi_gpu.py")
+  # Under MPS: the forwarded suite, the sharing report and the GPU-fault
+  # test (which skips there: the documented trade-off).
+  [[ $alloc == mps ]] && files=("$here/test_cuda_forwarded.py"
+    "$here/test_gpu_sharing.py" "$here/test_executors_gpu.py")
   xml="$work/gpu-$alloc.xml"
   xmls+=("$xml")
   out="$work/pytest-$alloc.log"
@@ -161,6 +259,11 @@ for alloc in "${passes[@]}"; do
     env -u XLA_PYTHON_CLIENT_ALLOCATOR KREG_TRACE_CUDA="$trace" \
       KREG_TEST_LOG_DIR="$work/two_gpus" \
       timeout -s TERM 1200 "$py" -m pytest "${pytest_args[@]}" \
+      --junitxml="$xml" "${files[@]}" "$@" 2>&1 | tee "$out"
+  elif [[ $alloc == mps ]]; then
+    env -u XLA_PYTHON_CLIENT_ALLOCATOR "${mps_env[@]}" KREGD_SOCKET="$mps_sock" \
+      KREG_EXPECT_GPU_SHARING=mps KREG_TRACE_CUDA="$trace" \
+      timeout -s TERM 900 "$py" -m pytest "${pytest_args[@]}" \
       --junitxml="$xml" "${files[@]}" "$@" 2>&1 | tee "$out"
   elif [[ $alloc == default ]]; then
     env -u XLA_PYTHON_CLIENT_ALLOCATOR KREG_TRACE_CUDA="$trace" \
@@ -189,9 +292,23 @@ for alloc in "${passes[@]}"; do
       echo "-- $(basename "$f") (last 60 lines) after the two-GPU run:"
       tail -n 60 "$f"
     done
+  elif [[ $prc -ne 0 && $alloc == mps ]]; then
+    echo "-- kregd (MPS) log (last 60 lines) after the mps run:"
+    tail -n 60 "$work/kregd-mps.log"
   elif [[ $prc -ne 0 ]]; then
     echo "-- kregd log (last 60 lines) after the $alloc run:"
     tail -n 60 "$work/kregd.log"
+  fi
+  if [[ $alloc == mps ]]; then
+    if ! kill -0 "$mps_kregd_pid" 2>/dev/null; then
+      echo "kregd (MPS) died during the mps run; its log:"
+      tail -n 80 "$work/kregd-mps.log"
+      [[ $rc -eq 0 ]] && rc=1
+    fi
+    stop_pid "$mps_kregd_pid"
+    mps_kregd_pid=""
+    stop_mps
+    continue
   fi
   if ! kill -0 "$kregd_pid" 2>/dev/null; then
     echo "kregd died during the $alloc run; its log:"

@@ -271,10 +271,29 @@ def verify_copy(tmp):
     return tmp / "kregd.service", tmp / "kregd.socket"
 
 
+INSTALLED_MPS_CONTROL = "/usr/bin/nvidia-cuda-mps-control"
+
+
+def verify_mps_copy(tmp):
+    """Copies nvidia-mps.service into tmp with nvidia-cuda-mps-control
+    replaced by a stand-in script (this machine has no NVIDIA driver)."""
+    fake = tmp / "nvidia-cuda-mps-control"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    text = (UNIT_DIR / "nvidia-mps.service").read_text()
+    assert text.count(INSTALLED_MPS_CONTROL) == 2, \
+        "nvidia-mps.service runs nvidia-cuda-mps-control in ExecStart= and ExecStop="
+    (tmp / "nvidia-mps.service").write_text(
+        text.replace(INSTALLED_MPS_CONTROL, str(fake)))
+    return tmp / "nvidia-mps.service"
+
+
 def test_units_pass_systemd_analyze_verify(tmp):
     tool = need_tool("systemd-analyze")
     service, sock = verify_copy(tmp)
-    r = subprocess.run([tool, "verify", "--man=no", str(sock), str(service)],
+    mps = verify_mps_copy(tmp)
+    r = subprocess.run([tool, "verify", "--man=no", str(sock), str(service),
+                        str(mps)],
                        capture_output=True, text=True, timeout=120, cwd=tmp,
                        env=clean_env(SYSTEMD_LOG_COLOR="0"))
     out = r.stdout + r.stderr
@@ -282,8 +301,47 @@ def test_units_pass_systemd_analyze_verify(tmp):
     # Any diagnostic about our units (unknown keys, bad values, missing
     # binaries, ordering cycles) is a failure even though verify exits 0 for
     # many of them.
-    ours = [l for l in out.splitlines() if "kregd" in l]
+    ours = [l for l in out.splitlines() if "kregd" in l or "nvidia-mps" in l]
     assert ours == [], "\n".join(ours)
+
+
+def test_verify_catches_a_broken_mps_unit(tmp):
+    """Guards the test above for nvidia-mps.service."""
+    tool = need_tool("systemd-analyze")
+    mps = verify_mps_copy(tmp)
+    mps.write_text(mps.read_text().replace(
+        "[Service]\n", "[Service]\nNoSuchMpsKey=1\n"))
+    r = subprocess.run([tool, "verify", "--man=no", str(mps)],
+                       capture_output=True, text=True, timeout=120, cwd=tmp,
+                       env=clean_env(SYSTEMD_LOG_COLOR="0"))
+    assert "NoSuchMpsKey" in r.stdout + r.stderr
+
+
+def test_mps_unit_contents():
+    """nvidia-mps.service runs the MPS control daemon in the foreground with
+    the pipe directory kregd.service gives kregd (not under /tmp: kregd has
+    PrivateTmp=yes), and kregd.service wants it and starts after it."""
+    e = read_unit(UNIT_DIR / "nvidia-mps.service")
+    one = lambda sec, key: values(e, sec, key)  # noqa: E731
+    assert one("Service", "ExecStart") == [INSTALLED_MPS_CONTROL + " -f"]
+    assert one("Service", "ExecStop") == [
+        "/bin/sh -c 'echo quit | " + INSTALLED_MPS_CONTROL + "'"]
+    env = one("Service", "Environment")
+    assert "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia-mps" in env
+    assert "/run/" + one("Service", "RuntimeDirectory")[0] == "/run/nvidia-mps"
+    assert any("/run/nvidia-mps/control" in v
+               for v in one("Service", "ExecStartPost"))
+    assert one("Install", "WantedBy") == ["multi-user.target"]
+    keys = {k for _, k, _ in e}
+    # It must not change the GPU's settings.
+    assert not any("nvidia-smi" in v for _, _, v in e)
+    assert "User" not in keys  # the control daemon starts servers per uid
+    k = read_unit(UNIT_DIR / "kregd.service")
+    assert "nvidia-mps.service" in " ".join(values(k, "Unit", "Wants"))
+    assert "nvidia-mps.service" in " ".join(values(k, "Unit", "After"))
+    assert "nvidia-mps.service" not in " ".join(values(k, "Unit", "Requires"))
+    assert "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia-mps" in \
+        values(k, "Service", "Environment")
 
 
 def test_verify_catches_a_broken_unit(tmp):

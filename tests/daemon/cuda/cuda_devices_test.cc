@@ -189,5 +189,79 @@ TEST_CASE("A context scope pushes and pops the device's context",
   CHECK(FakeCuda::PushedDepth() == 0);
 }
 
+int Queries(const FakeCuda& fake) {
+  int n = 0;
+  for (const std::string& c : fake.calls) n += c == "cuStreamQuery";
+  return n;
+}
+
+TEST_CASE("The sticky-error watch queries without blocking and finds a fault",
+          "[cuda_devices]") {
+  FakeCuda fake;
+  auto devices = CudaDevices::Open(fake.driver(), "");
+  fake.EnqueueKernel();  // pending GPU work is no error
+  CHECK(devices->PollSticky().ok());
+  CHECK(Queries(fake) == 1);  // the device's private probe stream
+  CHECK(fake.live_streams == 1);
+  auto session_stream = reinterpret_cast<cu::CUstream>(0x2f01);
+  devices->Watch(0, session_stream);
+  fake.calls.clear();
+  CHECK(devices->PollSticky().ok());
+  CHECK(Queries(fake) == 2);  // and the watched session stream
+  CHECK(FakeCuda::PushedDepth() == 0);
+  CHECK(fake.stream_syncs == 0);  // never waits for the GPU
+
+  // The kernel faulted after its handler returned.
+  fake.stream_query_result = cu::CUDA_ERROR_ILLEGAL_ADDRESS;
+  cu::CUresult sticky = cu::CUDA_SUCCESS;
+  int ordinal = -1;
+  absl::Status s = devices->PollSticky(&sticky, &ordinal);
+  CHECK(s.code() == absl::StatusCode::kInternal);
+  CHECK(Contains(std::string(s.message()),
+                 "hit a sticky error in the executor's sticky-error watch "
+                 "(cuStreamQuery): CUDA_ERROR_ILLEGAL_ADDRESS (700)"));
+  CHECK(sticky == cu::CUDA_ERROR_ILLEGAL_ADDRESS);
+  CHECK(ordinal == 0);
+  CHECK_FALSE(devices->CheckUsable(0).ok());
+  CHECK(FakeCuda::PushedDepth() == 0);
+  // Reported again, without asking the driver, on every later poll.
+  fake.calls.clear();
+  CHECK(devices->PollSticky() == s);
+  CHECK(Queries(fake) == 0);
+  devices->Unwatch(session_stream);
+  devices.reset();
+  CHECK(fake.live_streams == 0);  // the probe stream is destroyed
+}
+
+TEST_CASE("The watch reports a sticky error a launch's probe found first",
+          "[cuda_devices]") {
+  FakeCuda fake;
+  fake.devices.push_back(FakeCuda::Device{FakeCuda::Uuid(0xb1), "Fake B"});
+  auto devices = CudaDevices::Open(fake.driver(), "");
+  absl::Status first =
+      devices->Check(1, cu::CUDA_ERROR_LAUNCH_FAILED, "the session stream");
+  cu::CUresult sticky = cu::CUDA_SUCCESS;
+  int ordinal = -1;
+  CHECK(devices->PollSticky(&sticky, &ordinal) == first);
+  CHECK(sticky == cu::CUDA_ERROR_LAUNCH_FAILED);
+  CHECK(ordinal == 1);
+}
+
+TEST_CASE("The watch ignores errors that are not sticky", "[cuda_devices]") {
+  FakeCuda fake;
+  auto devices = CudaDevices::Open(fake.driver(), "");
+  fake.FailNext("cuStreamQuery", cu::CUDA_ERROR_INVALID_HANDLE);
+  CHECK(devices->PollSticky().ok());
+  CHECK(devices->CheckUsable(0).ok());
+  // Unwatching a stream never watched is harmless.
+  devices->Unwatch(reinterpret_cast<cu::CUstream>(0x2f02));
+  CHECK(devices->PollSticky().ok());
+}
+
+TEST_CASE("Without a driver the watch has nothing to poll", "[cuda_devices]") {
+  auto devices = CudaDevices::Open(nullptr, "no CUDA driver: test");
+  CHECK(devices->PollSticky().ok());
+}
+
 }  // namespace
 }  // namespace kreg

@@ -482,9 +482,34 @@ TEST_CASE("Session close releases a doorbell wait the client never rang",
   REQUIRE(fake.memops.size() == 1);
   CHECK(fake.memops[0].write);
   CHECK(fake.memops[0].addr == ready);
-  CHECK(fake.memops[0].value == UINT64_MAX);
+  // Releases the GEQ wait for sequence 1, which compares cyclically:
+  // UINT64_MAX would read as -1 and release nothing.
+  CHECK(static_cast<int64_t>(fake.memops[0].value - 1) >= 0);
+  CHECK(fake.memops[0].value != UINT64_MAX);
   CHECK(fake.live_maps == 0);
   CHECK(fake.live_streams == 0);
+}
+
+TEST_CASE("A session's stream is watched for sticky errors while it lives",
+          "[cuda_session]") {
+  FakeCuda fake;
+  auto devices = CudaDevices::Open(fake.driver(), "");
+  auto queries = [&] {
+    fake.calls.clear();
+    REQUIRE(devices->PollSticky().ok());
+    int n = 0;
+    for (const std::string& c : fake.calls) n += c == "cuStreamQuery";
+    return n;
+  };
+  CHECK(queries() == 1);  // the probe stream only
+  {
+    CudaSession session(devices.get());
+    REQUIRE(
+        session.Launch(0, [](const CallOptions&) { return absl::OkStatus(); })
+            .ok());
+    CHECK(queries() == 2);  // and the session's stream
+  }
+  CHECK(queries() == 1);  // unwatched before it was destroyed
 }
 
 }  // namespace

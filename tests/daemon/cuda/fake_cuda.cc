@@ -175,8 +175,26 @@ CUresult CtxGetCurrent(CUcontext* ctx) {
 }
 CUresult CtxGetDevice(CUdevice* d) {
   if (!HasContext()) return CUDA_ERROR_INVALID_CONTEXT;
-  *d = static_cast<CUdevice>(reinterpret_cast<uintptr_t>(t_stack.back()) -
-                             0x1000);
+  // Primary contexts are 0x1000 + ordinal; created ones add 0x10000 * n.
+  *d = static_cast<CUdevice>(
+      (reinterpret_cast<uintptr_t>(t_stack.back()) - 0x1000) & 0xffff);
+  return CUDA_SUCCESS;
+}
+CUresult CtxCreate(CUcontext* ctx, void* params, unsigned int flags,
+                   CUdevice dev) {
+  FAKE_ENTER("cuCtxCreate");
+  if (params != nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  ++f.contexts_created;
+  ++f.contexts_live;
+  *ctx = reinterpret_cast<CUcontext>(
+      static_cast<uintptr_t>(0x1000 + dev + 0x10000 * f.contexts_created));
+  t_stack.push_back(*ctx);  // cuCtxCreate makes it current
+  return CUDA_SUCCESS;
+}
+CUresult CtxDestroy(CUcontext ctx) {
+  FAKE_ENTER("cuCtxDestroy");
+  --f.contexts_live;
+  if (!t_stack.empty() && t_stack.back() == ctx) t_stack.pop_back();
   return CUDA_SUCCESS;
 }
 
@@ -226,7 +244,8 @@ CUresult StreamWaitValue64(CUstream s, CUdeviceptr addr, uint64_t value,
   if (flags != CU_STREAM_WAIT_VALUE_GEQ || addr % 8 != 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  f.memops.push_back(FakeCuda::MemOp{false, s, addr, value});
+  f.memops.push_back(FakeCuda::MemOp{
+      false, s, addr, value, t_stack.empty() ? nullptr : t_stack.back()});
   ++f.enqueued_;
   return CUDA_SUCCESS;
 }
@@ -237,7 +256,8 @@ CUresult StreamWriteValue64(CUstream s, CUdeviceptr addr, uint64_t value,
   if (flags != CU_STREAM_WRITE_VALUE_DEFAULT || addr % 8 != 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  f.memops.push_back(FakeCuda::MemOp{true, s, addr, value});
+  f.memops.push_back(FakeCuda::MemOp{
+      true, s, addr, value, t_stack.empty() ? nullptr : t_stack.back()});
   f.memory_[addr] = value;
   ++f.enqueued_;
   return CUDA_SUCCESS;
@@ -549,10 +569,26 @@ CUresult MemcpyDtoDAsync(CUdeviceptr, CUdeviceptr, size_t, CUstream) {
   ++f.enqueued_;
   return CUDA_SUCCESS;
 }
+// Reads 64-bit words written by memops (0 where none was written).
+CUresult MemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t bytes, CUstream) {
+  FAKE_ENTER("cuMemcpyDtoHAsync");
+  if (!HasContext()) return CUDA_ERROR_INVALID_CONTEXT;
+  if (bytes != sizeof(uint64_t)) return CUDA_ERROR_INVALID_VALUE;
+  auto it = f.memory_.find(src);
+  uint64_t v = it == f.memory_.end() ? 0 : it->second;
+  memcpy(dst, &v, sizeof(v));
+  ++f.enqueued_;
+  return CUDA_SUCCESS;
+}
 
 #undef FAKE_ENTER
 
 }  // namespace
+
+void FakeCuda::EnableCtxCreate() {
+  table_.cuCtxCreate = CtxCreate;
+  table_.cuCtxDestroy = CtxDestroy;
+}
 
 FakeCuda::FakeCuda() {
   if (g_fake != nullptr) throw std::logic_error("one FakeCuda at a time");
@@ -608,6 +644,7 @@ FakeCuda::FakeCuda() {
   table_.cuMemAllocAsync = MemAllocAsync;
   table_.cuMemFreeAsync = MemFreeAsync;
   table_.cuMemcpyDtoDAsync = MemcpyDtoDAsync;
+  table_.cuMemcpyDtoHAsync = MemcpyDtoHAsync;
 }
 
 FakeCuda::~FakeCuda() {

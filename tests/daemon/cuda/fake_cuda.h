@@ -89,7 +89,13 @@ class FakeCuda {
     void* stream = nullptr;
     uint64_t addr = 0;
     uint64_t value = 0;
+    void* context = nullptr;  // current when it was enqueued
   };
+  // Offers cuCtxCreate/cuCtxDestroy (off: the table's are null, as with a
+  // driver older than CUDA 12.5). Contexts made by it are counted.
+  void EnableCtxCreate();
+  int contexts_created = 0;
+  int contexts_live = 0;
   std::vector<MemOp> memops;
   std::map<uint64_t, uint64_t> memory_;  // 64-bit words written by memops
   // Contexts pushed on this thread and not popped.

@@ -1,0 +1,223 @@
+// Daemon: launch statistics, the session list and the Prometheus endpoint
+// (issue 11). kregd runs no kernel: the executors count calls in their
+// status pages and the pool folds them (and those of reaped executors)
+// into per-target totals; this file matches them to registered targets.
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/version.h"
+#include "daemon/exec/executor_pool.h"
+#include "daemon/exec/target_stats.h"
+#include "daemon/metrics/http_server.h"
+#include "daemon/metrics/prometheus_text.h"
+#include "daemon/server.h"
+#include "daemon/session/session_server.h"
+#include "daemon/target_proto.h"
+#include "spdlog/spdlog.h"
+
+namespace kreg {
+namespace {
+
+// Statistics of the entries registered now (a retired entry's calls no
+// longer count under its name).
+std::vector<std::pair<EntryPtr, TargetStats>> Current(
+    const std::vector<EntryPtr>& entries,
+    const std::vector<TargetStatsRow>& rows) {
+  std::map<const TargetEntry*, const TargetStats*> by_entry;
+  for (const TargetStatsRow& r : rows) by_entry[r.entry.get()] = &r.stats;
+  std::vector<std::pair<EntryPtr, TargetStats>> out;
+  for (const EntryPtr& e : entries) {
+    auto it = by_entry.find(e.get());
+    if (it != by_entry.end()) out.emplace_back(e, *it->second);
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Status Daemon::StartMetrics() {
+  if (config_.metrics_listen.empty()) return absl::OkStatus();
+  absl::StatusOr<MetricsAddress> address =
+      ParseMetricsAddress(config_.metrics_listen, config_.metrics_allow_remote);
+  if (!address.ok()) return address.status();
+  MetricsServerOptions options;
+  options.socket_gid = gid_;
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server = MetricsServer::Start(
+      *address, [this] { return RenderMetrics(); }, options);
+  if (!server.ok()) return server.status();
+  metrics_ = *std::move(server);
+  spdlog::info("metrics: serving http://{}/metrics", metrics_->address());
+  return absl::OkStatus();
+}
+
+std::vector<v1::TargetStats> Daemon::CurrentTargetStats() {
+  std::vector<v1::TargetStats> out;
+  if (pool_ == nullptr) return out;
+  for (const auto& [e, s] :
+       Current(registry_.List(), pool_->TargetStatsSnapshot())) {
+    out.push_back(StatsToProto(e->key, s));
+  }
+  return out;
+}
+
+v1::TargetStats Daemon::StatsOf(const TargetEntry& entry) {
+  TargetStats stats;
+  if (pool_ != nullptr) {
+    for (const TargetStatsRow& r : pool_->TargetStatsSnapshot()) {
+      if (r.entry.get() == &entry) stats.Add(r.stats);
+    }
+  }
+  return StatsToProto(entry.key, stats);
+}
+
+void Daemon::ListSessions(v1::ListSessionsResponse* resp) {
+  if (pool_ == nullptr) return;
+  std::map<uint64_t, std::vector<TargetKey>> bound = bindings_.Snapshot();
+  for (const BoundSession& b : pool_->Sessions()) {
+    v1::SessionInfo* s = resp->add_sessions();
+    s->set_session_id(b.session_id);
+    s->set_pid(b.peer.pid);
+    s->set_uid(b.peer.uid);
+    s->set_gid(b.peer.gid);
+    s->set_launches(b.launches);
+    s->set_since_us(b.since_us);
+    s->set_executor_pid(b.executor_pid);
+    s->set_executor(b.executor);
+    s->set_arena_bytes(b.arena_bytes);
+    auto it = bound.find(b.session_id);
+    if (it == bound.end()) continue;
+    for (const TargetKey& k : it->second) {
+      v1::TargetRef* t = s->add_targets();
+      t->set_target_name(k.name);
+      t->set_platform(PlatformName(k.platform));
+    }
+  }
+}
+
+std::string Daemon::RenderMetrics() {
+  PromWriter w;
+  w.Family("kregd_build_info", "gauge", "kregd's version (always 1)");
+  w.Sample("kregd_build_info", {{"version", kKregVersion}}, uint64_t{1});
+  w.Family("kregd_uptime_seconds", "gauge", "seconds since kregd started");
+  w.Sample(
+      "kregd_uptime_seconds", {},
+      static_cast<double>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                              std::chrono::steady_clock::now() - started_)
+                              .count()) /
+          1000);
+
+  // Registry and store.
+  const std::vector<EntryPtr> entries = registry_.List();
+  std::map<std::string, uint64_t> per_platform{{"cpu", 0}, {"cuda", 0}};
+  std::map<std::string, uint64_t> modules;  // digest -> size
+  for (const EntryPtr& e : entries) {
+    per_platform[PlatformName(e->key.platform)]++;
+    if (!e->module_digest.empty()) modules[e->module_digest] = e->module_size;
+  }
+  w.Family("kregd_targets", "gauge", "registered targets");
+  for (const auto& [platform, n] : per_platform) {
+    w.Sample("kregd_targets", {{"platform", platform}}, n);
+  }
+  w.Family("kregd_registrations_refused_total", "counter",
+           "registrations refused (content change under a registered name)");
+  w.Sample("kregd_registrations_refused_total", {}, registry_.refused());
+  uint64_t store_bytes = 0;
+  for (const auto& [digest, size] : modules) store_bytes += size;
+  w.Family("kregd_modules", "gauge",
+           "distinct module store files registered targets use");
+  w.Sample("kregd_modules", {}, static_cast<uint64_t>(modules.size()));
+  w.Family("kregd_store_bytes", "gauge",
+           "bytes of the module store files registered targets use");
+  w.Sample("kregd_store_bytes", {}, store_bytes);
+
+  // Sessions and executors.
+  std::vector<BoundSession> sessions;
+  if (pool_ != nullptr) sessions = pool_->Sessions();
+  w.Family("kregd_sessions", "gauge", "open client sessions");
+  w.Sample("kregd_sessions", {},
+           static_cast<uint64_t>(sessions_ ? sessions_->sessions() : 0));
+  std::map<uid_t, uint64_t> per_uid;
+  uint64_t arena_bytes = 0;
+  for (const BoundSession& s : sessions) {
+    per_uid[s.peer.uid]++;
+    arena_bytes = SaturatingAdd(arena_bytes, s.arena_bytes);
+  }
+  w.Family("kregd_sessions_by_uid", "gauge",
+           "client sessions bound to an executor, per client uid");
+  for (const auto& [uid, n] : per_uid) {
+    w.Sample("kregd_sessions_by_uid", {{"uid", absl::StrCat(uid)}}, n);
+  }
+  w.Family("kregd_shared_arena_bytes", "gauge",
+           "bytes of the shared-memory arenas of the open sessions");
+  w.Sample("kregd_shared_arena_bytes", {}, arena_bytes);
+  if (pool_ != nullptr) {
+    PoolCounters c = pool_->counters();
+    w.Family("kregd_executors", "gauge", "running executor processes");
+    w.Sample("kregd_executors", {{"isolation", config_.isolation}},
+             static_cast<uint64_t>(pool_->List().size()));
+    w.Family("kregd_executors_started_total", "counter",
+             "executor processes started");
+    w.Sample("kregd_executors_started_total", {}, c.executors_started);
+    w.Family("kregd_executor_crashes_total", "counter",
+             "executor deaths during a call (per target and caller uid)");
+    w.Sample("kregd_executor_crashes_total", {}, c.executor_crashes);
+    w.Family("kregd_launches_total", "counter",
+             "launches received by the executors (all targets, including "
+             "ones refused before a handler ran)");
+    w.Sample("kregd_launches_total", {}, c.launches);
+    w.Family("kregd_launch_errors_total", "counter",
+             "launches that failed (all targets)");
+    w.Sample("kregd_launch_errors_total", {}, c.launch_errors);
+  }
+  uint64_t quarantined = 0;
+  for (const CrashRecord& row : ledger_.Rows()) quarantined += row.quarantined;
+  w.Family("kregd_quarantined_targets", "gauge",
+           "(target, caller uid) pairs quarantined after repeated crashes");
+  w.Sample("kregd_quarantined_targets", {}, quarantined);
+
+  // Per target.
+  std::vector<std::pair<EntryPtr, TargetStats>> stats;
+  if (pool_ != nullptr) {
+    stats = Current(entries, pool_->TargetStatsSnapshot());
+  }
+  auto labels = [](const TargetEntry& e) {
+    return PromLabels{{"target", e.key.name},
+                      {"platform", PlatformName(e.key.platform)}};
+  };
+  w.Family("kregd_target_launches_total", "counter",
+           "handler calls of a target");
+  for (const auto& [e, s] : stats) {
+    w.Sample("kregd_target_launches_total", labels(*e), s.launches);
+  }
+  w.Family("kregd_target_launch_errors_total", "counter",
+           "handler calls of a target that returned an error");
+  for (const auto& [e, s] : stats) {
+    w.Sample("kregd_target_launch_errors_total", labels(*e), s.errors);
+  }
+  w.Family("kregd_target_launch_duration_seconds", "histogram",
+           "handler call latency of a target in its executor (CUDA: host "
+           "time to enqueue)");
+  for (const auto& [e, s] : stats) {
+    uint64_t cumulative = 0;
+    for (int i = 0; i < kLatencyBuckets; ++i) {
+      cumulative = SaturatingAdd(cumulative, s.buckets[i]);
+      PromLabels l = labels(*e);
+      l.emplace_back(
+          "le", i < kLatencyBounds
+                    ? PromNumber(static_cast<double>(kLatencyBoundNs[i]) / 1e9)
+                    : "+Inf");
+      w.Sample("kregd_target_launch_duration_seconds_bucket", l, cumulative);
+    }
+    w.Sample("kregd_target_launch_duration_seconds_sum", labels(*e),
+             static_cast<double>(s.sum_ns) / 1e9);
+    w.Sample("kregd_target_launch_duration_seconds_count", labels(*e),
+             cumulative);
+  }
+  return w.text();
+}
+
+}  // namespace kreg

@@ -1,0 +1,224 @@
+#include "daemon/metrics/http_server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "catch2/catch.hpp"
+#include "tests/testing/temp_dir.h"
+
+namespace kreg {
+namespace {
+
+int ConnectUnix(const std::string& path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  snprintf(a.sun_path, sizeof(a.sun_path), "%s", path.c_str());
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  return fd;
+}
+
+// Sends `request` (may be empty) and reads until the server closes or
+// `timeout_ms` passes.
+std::string Exchange(int fd, const std::string& request,
+                     int timeout_ms = 5000) {
+  size_t off = 0;
+  while (off < request.size()) {
+    ssize_t n =
+        ::send(fd, request.data() + off, request.size() - off, MSG_NOSIGNAL);
+    if (n <= 0) break;  // the server may refuse before reading it all
+    off += static_cast<size_t>(n);
+  }
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, timeout_ms) <= 0) break;
+    ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+struct Fixture {
+  testing::TempDir dir;
+  std::string path = dir.path() + "/metrics.sock";
+  std::atomic<int> renders{0};
+  std::unique_ptr<MetricsServer> server;
+
+  explicit Fixture(MetricsServerOptions options = {}) {
+    MetricsAddress a;
+    a.kind = MetricsAddress::Kind::kUnix;
+    a.path = path;
+    auto s = MetricsServer::Start(
+        a,
+        [this] {
+          renders++;
+          return std::string("kregd_up 1\n");
+        },
+        options);
+    REQUIRE(s.ok());
+    server = *std::move(s);
+  }
+  std::string Get(const std::string& request) {
+    return Exchange(ConnectUnix(path), request);
+  }
+};
+
+TEST_CASE("GET /metrics answers 200 with the rendered text", "[http]") {
+  Fixture f;
+  std::string r = f.Get("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  CHECK_THAT(r, Catch::StartsWith("HTTP/1.1 200 OK\r\n"));
+  CHECK_THAT(r, Catch::Contains(
+                    "Content-Type: text/plain; version=0.0.4; charset=utf-8"));
+  CHECK_THAT(r, Catch::Contains("Content-Length: 11\r\n"));
+  CHECK_THAT(r, Catch::EndsWith("\r\n\r\nkregd_up 1\n"));
+  CHECK(f.renders == 1);
+
+  r = f.Get("HEAD /metrics HTTP/1.0\r\n\r\n");
+  CHECK_THAT(r, Catch::StartsWith("HTTP/1.1 200 OK\r\n"));
+  CHECK_THAT(
+      r, Catch::EndsWith("Content-Length: 11\r\nConnection: close\r\n\r\n"));
+
+  struct stat st;
+  REQUIRE(::stat(f.path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0660);
+}
+
+TEST_CASE("Other paths, methods and bad heads get their status", "[http]") {
+  Fixture f;
+  CHECK_THAT(f.Get("GET /other HTTP/1.1\r\n\r\n"),
+             Catch::StartsWith("HTTP/1.1 404 Not Found\r\n"));
+  std::string r = f.Get("DELETE /metrics HTTP/1.1\r\n\r\n");
+  CHECK_THAT(r, Catch::StartsWith("HTTP/1.1 405 Method Not Allowed\r\n"));
+  CHECK_THAT(r, Catch::Contains("Allow: GET, HEAD\r\n"));
+  // A TLS ClientHello's first bytes (NULs included), no line end.
+  const char tls[] = "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03";
+  CHECK_THAT(f.Get(std::string(tls, sizeof(tls) - 1)),
+             Catch::StartsWith("HTTP/1.1 400 Bad Request\r\n"));
+  CHECK_THAT(f.Get("GET /metrics HTTP/3.0\r\n\r\n"),
+             Catch::StartsWith("HTTP/1.1 505 "));
+  CHECK(f.renders == 0);
+}
+
+TEST_CASE("An oversized head is refused with 431 and the reply arrives",
+          "[http]") {
+  Fixture f;
+  std::string big =
+      "GET /metrics HTTP/1.1\r\nX-Big: " + std::string(64 * 1024, 'a') +
+      "\r\n\r\n";
+  std::string r = f.Get(big);
+  CHECK_THAT(
+      r, Catch::StartsWith("HTTP/1.1 431 Request Header Fields Too Large\r\n"));
+  CHECK(f.renders == 0);
+  // The server still serves.
+  CHECK_THAT(f.Get("GET /metrics HTTP/1.1\r\n\r\n"),
+             Catch::StartsWith("HTTP/1.1 200"));
+}
+
+TEST_CASE("A client that sends nothing gets 408 after the deadline", "[http]") {
+  MetricsServerOptions o;
+  o.connection_timeout_ms = 200;
+  Fixture f(o);
+  int fd = ConnectUnix(f.path);
+  std::string r = Exchange(fd, "GET /metr", 3000);
+  CHECK_THAT(r, Catch::StartsWith("HTTP/1.1 408 Request Timeout\r\n"));
+  CHECK_THAT(f.Get("GET /metrics HTTP/1.1\r\n\r\n"),
+             Catch::StartsWith("HTTP/1.1 200"));
+}
+
+TEST_CASE("Connections beyond the cap get 503 at once", "[http]") {
+  MetricsServerOptions o;
+  o.max_connections = 2;
+  o.connection_timeout_ms = 3000;
+  Fixture f(o);
+  int idle1 = ConnectUnix(f.path);
+  int idle2 = ConnectUnix(f.path);
+  ::usleep(100 * 1000);  // both accepted
+  std::string r = Exchange(ConnectUnix(f.path), "", 2000);
+  CHECK_THAT(r, Catch::StartsWith("HTTP/1.1 503 Service Unavailable\r\n"));
+  CHECK_THAT(r, Catch::Contains("more than 2 concurrent"));
+  ::close(idle1);
+  ::close(idle2);
+  ::usleep(100 * 1000);  // their slots are freed
+  CHECK_THAT(f.Get("GET /metrics HTTP/1.1\r\n\r\n"),
+             Catch::StartsWith("HTTP/1.1 200"));
+}
+
+TEST_CASE("Unix sockets: stale files are replaced, live ones refused",
+          "[http]") {
+  testing::TempDir dir;
+  MetricsAddress a;
+  a.kind = MetricsAddress::Kind::kUnix;
+  a.path = dir.path() + "/m.sock";
+  auto render = [] { return std::string(); };
+  {
+    auto first = MetricsServer::Start(a, render);
+    REQUIRE(first.ok());
+    auto second = MetricsServer::Start(a, render);
+    CHECK(second.status().code() == absl::StatusCode::kAlreadyExists);
+    CHECK_THAT(std::string(second.status().message()),
+               Catch::Contains("another server answers there"));
+  }
+  // Stop() removed the file; a stale socket file is replaced.
+  struct stat st;
+  CHECK(::stat(a.path.c_str(), &st) != 0);
+  int stale = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", a.path.c_str());
+  REQUIRE(::bind(stale, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0);
+  ::close(stale);
+  auto again = MetricsServer::Start(a, render);
+  CHECK(again.ok());
+  again->reset();
+  // A regular file in the way is not removed.
+  FILE* file = fopen(a.path.c_str(), "w");
+  fclose(file);
+  auto blocked = MetricsServer::Start(a, render);
+  CHECK(blocked.status().code() == absl::StatusCode::kAlreadyExists);
+  CHECK_THAT(std::string(blocked.status().message()),
+             Catch::Contains("not a socket"));
+}
+
+TEST_CASE("TCP on loopback serves and reports the port it got", "[http]") {
+  MetricsAddress a;
+  a.kind = MetricsAddress::Kind::kTcp4;
+  a.host = "127.0.0.1";
+  a.port = 0;
+  a.loopback = true;
+  auto s = MetricsServer::Start(a, [] { return std::string("x 1\n"); });
+  REQUIRE(s.ok());
+  const std::string& bound = (*s)->address();
+  REQUIRE(bound.rfind("127.0.0.1:", 0) == 0);
+  int port = std::stoi(bound.substr(10));
+  CHECK(port > 0);
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in in{};
+  in.sin_family = AF_INET;
+  in.sin_port = htons(static_cast<uint16_t>(port));
+  in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&in), sizeof(in)) == 0);
+  CHECK_THAT(Exchange(fd, "GET /metrics HTTP/1.1\r\n\r\n"),
+             Catch::EndsWith("\r\n\r\nx 1\n"));
+  // The same port again is in use.
+  a.port = static_cast<uint16_t>(port);
+  auto clash = MetricsServer::Start(a, [] { return std::string(); });
+  CHECK(clash.status().code() == absl::StatusCode::kUnavailable);
+  CHECK_THAT(std::string(clash.status().message()),
+             Catch::Contains("cannot bind metrics_listen 127.0.0.1:"));
+}
+
+}  // namespace
+}  // namespace kreg
