@@ -2,15 +2,21 @@
 
 Runs the same handler (kernels/cpu libdemo.so `Scale`, float32) registered
 in-process with jax.ffi and forwarded through kregd, interleaving the two,
-and prints per-call medians and their ratio for each size.
+and prints per-call medians, p99s and their ratios for each size.
 
   bazel build //daemon:kregd //daemon:kregd-probe \
       //client/shim:libkreg_client.so //kernels/cpu:all
-  .venv/bin/python bench/bench_cpu.py [--write bench/RESULTS.md]
+  .venv/bin/python bench/bench_cpu.py [--sizes 1024] [--write FILE]
+
+--clients N instead measures throughput: N JAX processes call the n=1024
+target at once for --duration seconds, all in-process, then all forwarded
+(repeated --trials times), and the aggregate calls/s of each and their
+ratio are printed; then, with the N sessions open and idle, the CPU time
+kregd and its executors use over --idle-seconds (from /proc/PID/stat).
 
 By default a private kregd is started on a temporary socket; --socket uses a
 running one (its allowed roots must include the kernels directory, or the
-module is uploaded).
+module is uploaded; no idle measurement then).
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ import numpy as np  # pylint: disable=wrong-import-position
 import kreg  # pylint: disable=wrong-import-position
 
 KERNELS = REPO / "bazel-bin" / "kernels" / "cpu"
+INPROC = "bench.inproc.scale"
+FWD = "bench.fwd.scale"
 
 
 def start_kregd(binary: pathlib.Path, root: pathlib.Path):
@@ -65,36 +73,202 @@ def timed(fn, x, iters):
   return samples
 
 
-def bench(n: int, iters: int, rounds: int) -> tuple[float, float]:
+def p99(samples):
+  s = sorted(samples)
+  return s[min(len(s) - 1, int(len(s) * 0.99))]
+
+
+def make_fns(n: int):
   x = jax.device_put(np.random.default_rng(0).normal(size=n).astype(np.float32))
   out = jax.ShapeDtypeStruct(x.shape, x.dtype)
   fns = {
       name: jax.jit(lambda v, name=name: jax.ffi.ffi_call(name, out)(
           v, factor=np.float32(2.0)))
-      for name in ("bench.inproc.scale", "bench.fwd.scale")
+      for name in (INPROC, FWD)
   }
   want = np.asarray(x) * np.float32(2.0)
   for fn in fns.values():
     np.testing.assert_array_equal(np.asarray(fn(x)), want)
+  return x, fns
+
+
+def bench(n: int, iters: int, rounds: int):
+  """(in-process median, forwarded median, in-process p99, forwarded p99)."""
+  x, fns = make_fns(n)
+  for fn in fns.values():
     timed(fn, x, max(3, iters // 10))  # warm up
   samples = {name: [] for name in fns}
   # Interleave in rounds so drift and noise hit both alike.
   for _ in range(rounds):
     for name, fn in fns.items():
       samples[name] += timed(fn, x, iters // rounds)
-  return (statistics.median(samples["bench.inproc.scale"]),
-          statistics.median(samples["bench.fwd.scale"]))
+  return (statistics.median(samples[INPROC]), statistics.median(samples[FWD]),
+          p99(samples[INPROC]), p99(samples[FWD]))
+
+
+def register(sock: str) -> None:
+  kreg.connect(sock)
+  lib = ctypes.cdll.LoadLibrary(str(KERNELS / "libdemo.so"))
+  jax.ffi.register_ffi_target(INPROC, jax.ffi.pycapsule(lib.Scale),
+                              platform="cpu")
+  kreg.register_ffi_target(FWD, KERNELS / "libdemo.so", "Scale",
+                           platform="cpu")
+
+
+def worker(sock: str) -> None:
+  """One client process of --clients: commands on stdin, results on stdout."""
+  register(sock)
+  x, fns = make_fns(1024)
+  for fn in fns.values():
+    timed(fn, x, 200)
+  print("ready", flush=True)
+  for line in sys.stdin:
+    cmd = line.split()
+    if not cmd or cmd[0] == "quit":
+      break
+    fn, seconds = fns[cmd[1]], float(cmd[2])
+    calls = 0
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+    while True:
+      fn(x).block_until_ready()
+      calls += 1
+      if calls % 16 == 0 and time.perf_counter() >= deadline:
+        break
+    print(calls, time.perf_counter() - t0, flush=True)
+
+
+def cpu_ticks(pid: int) -> int:
+  """utime + stime of `pid` in clock ticks; 0 once it is gone."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      fields = f.read().rsplit(")", 1)[1].split()
+  except OSError:
+    return 0
+  return int(fields[11]) + int(fields[12])
+
+
+def descendants(pid: int) -> list[int]:
+  """`pid` and every process below it (kregd's executors)."""
+  parent = {}
+  for d in os.listdir("/proc"):
+    if d.isdigit():
+      try:
+        with open(f"/proc/{d}/stat") as f:
+          parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
+      except OSError:
+        pass
+  found, todo = [], [pid]
+  while todo:
+    p = todo.pop()
+    found.append(p)
+    todo += [c for c, pp in parent.items() if pp == p]
+  return found
+
+
+def proc_name(pid: int) -> str:
+  try:
+    with open(f"/proc/{pid}/comm") as f:
+      return f.read().strip()
+  except OSError:
+    return "?"
+
+
+def idle_cpu(pids: list[int], seconds: float) -> list[tuple[int, str, float]]:
+  """(pid, name, % of one CPU) of each of `pids` over `seconds`."""
+  before = {p: cpu_ticks(p) for p in pids}
+  time.sleep(seconds)
+  hz = os.sysconf("SC_CLK_TCK")
+  return [(p, proc_name(p), 100.0 * (cpu_ticks(p) - before[p]) / hz / seconds)
+          for p in pids]
+
+
+def throughput(sock: str, args, kregd_pid) -> str:
+  env = dict(os.environ)
+  procs = [
+      subprocess.Popen(
+          [sys.executable, __file__, "--worker", "--socket", sock],
+          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+      for _ in range(args.clients)
+  ]
+  try:
+    for p in procs:
+      if p.stdout.readline().strip() != "ready":
+        sys.exit("a bench client failed to start")
+    totals = {INPROC: [], FWD: []}
+    for _ in range(args.trials):
+      for name in (INPROC, FWD):
+        for p in procs:
+          p.stdin.write(f"run {name} {args.duration}\n")
+          p.stdin.flush()
+        rate = 0.0
+        for p in procs:
+          calls, secs = p.stdout.readline().split()
+          rate += int(calls) / float(secs)
+        totals[name].append(rate)
+    lines = [
+        f"| clients | in-process calls/s | forwarded calls/s | "
+        f"forwarded / in-process | ({args.trials} trials of "
+        f"{args.duration:g} s; median, range) |",
+        "| ---: | ---: | ---: | ---: | ---: |",
+    ]
+    ratios = sorted(f / i for i, f in zip(totals[INPROC], totals[FWD]))
+    lines.append(
+        f"| {args.clients} | {statistics.median(totals[INPROC]):,.0f} | "
+        f"{statistics.median(totals[FWD]):,.0f} | "
+        f"{statistics.median(ratios):.2f}x | "
+        f"{ratios[0]:.2f}x - {ratios[-1]:.2f}x |")
+    if kregd_pid is None:
+      lines.append("\nidle CPU: not measured (--socket: kregd's pid unknown)")
+    else:
+      time.sleep(1.0)  # let every spin end
+      usage = idle_cpu(descendants(kregd_pid), args.idle_seconds)
+      clients = idle_cpu([p.pid for p in procs], args.idle_seconds)
+      lines.append(f"\nidle CPU over {args.idle_seconds:g} s with "
+                   f"{args.clients} open sessions (% of one CPU):")
+      lines += [f"  {name} (pid {pid}): {pct:.1f}%" for pid, name, pct in usage]
+      lines.append(f"  the {len(procs)} JAX clients together: "
+                   f"{sum(c[2] for c in clients):.1f}%")
+    return "\n".join(lines)
+  finally:
+    for p in procs:
+      try:
+        p.stdin.write("quit\n")
+        p.stdin.close()
+      except OSError:
+        pass
+    for p in procs:
+      try:
+        p.wait(timeout=30)
+      except subprocess.TimeoutExpired:
+        p.kill()
 
 
 def main() -> None:
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap = argparse.ArgumentParser(
+      description=__doc__.split("\n")[0],
+      formatter_class=argparse.RawDescriptionHelpFormatter,
+      epilog="\n".join(__doc__.split("\n")[2:]))
   ap.add_argument("--kregd", default=str(REPO / "bazel-bin/daemon/kregd"))
   ap.add_argument("--socket", help="use a running kregd (its gRPC socket)")
   ap.add_argument("--write", help="write the results as Markdown here")
   ap.add_argument("--trials", type=int, default=3,
                   help="repeat the whole measurement; report the median "
                   "trial and the range of the per-trial ratios")
+  ap.add_argument("--sizes", default="1024,16777216",
+                  help="comma-separated float32 element counts "
+                  "(per-call mode)")
+  ap.add_argument("--clients", type=int, default=0,
+                  help="throughput mode: this many JAX client processes")
+  ap.add_argument("--duration", type=float, default=5.0,
+                  help="seconds each throughput trial runs (--clients)")
+  ap.add_argument("--idle-seconds", type=float, default=5.0,
+                  help="how long idle CPU is measured (--clients)")
+  ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   args = ap.parse_args()
+  if args.worker:
+    worker(args.socket)
+    return
 
   root = pathlib.Path(tempfile.mkdtemp(prefix="kreg-bench-", dir="/tmp"))
   proc = None
@@ -103,19 +277,19 @@ def main() -> None:
       sock = args.socket
     else:
       proc, sock = start_kregd(pathlib.Path(args.kregd), root)
-    kreg.connect(sock)
-    lib = ctypes.cdll.LoadLibrary(str(KERNELS / "libdemo.so"))
-    jax.ffi.register_ffi_target("bench.inproc.scale",
-                                jax.ffi.pycapsule(lib.Scale), platform="cpu")
-    kreg.register_ffi_target("bench.fwd.scale", KERNELS / "libdemo.so",
-                             "Scale", platform="cpu")
+    if args.clients > 0:
+      print(throughput(sock, args, proc.pid if proc else None))
+      return
+    register(sock)
     rows = []
-    for n, iters, rounds in ((1024, 4000, 8), (16 << 20, 40, 4)):
+    for n in (int(v) for v in args.sizes.split(",")):
+      iters, rounds = (4000, 8) if n <= 65536 else (40, 4)
       trials = sorted((bench(n, iters, rounds) for _ in range(args.trials)),
                       key=lambda t: t[1] / t[0])
-      inproc, fwd = trials[len(trials) // 2]
-      ratios = [f / i for i, f in trials]
-      rows.append((n, inproc, fwd, fwd / inproc, min(ratios), max(ratios)))
+      inproc, fwd, inproc99, fwd99 = trials[len(trials) // 2]
+      ratios = [t[1] / t[0] for t in trials]
+      rows.append((n, inproc, fwd, fwd / inproc, min(ratios), max(ratios),
+                   inproc99, fwd99, fwd99 / inproc99))
   finally:
     if proc is not None:
       proc.terminate()
@@ -123,12 +297,14 @@ def main() -> None:
     shutil.rmtree(root, ignore_errors=True)
 
   header = ("| n (float32) | in-process median | forwarded median | ratio | "
-            f"ratio range ({args.trials} trials) |\n"
-            "| ---: | ---: | ---: | ---: | ---: |")
+            f"ratio range ({args.trials} trials) | in-process p99 | "
+            "forwarded p99 | p99 ratio |\n"
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
   lines = [header] + [
       f"| {n:,} | {a * 1e6:.1f} µs | {b * 1e6:.1f} µs | {r:.2f}x | "
-      f"{lo:.2f}x - {hi:.2f}x |"
-      for n, a, b, r, lo, hi in rows]
+      f"{lo:.2f}x - {hi:.2f}x | {a99 * 1e6:.1f} µs | {b99 * 1e6:.1f} µs | "
+      f"{r99:.2f}x |"
+      for n, a, b, r, lo, hi, a99, b99, r99 in rows]
   table = "\n".join(lines)
   print(table)
   if args.write:

@@ -1,6 +1,9 @@
-// Encodes a kreg.v1.Launch as a launch-ring descriptor (ring_layout.h).
-// Header-only and templated on the message type, so the shim (its own
-// protobuf-lite build of session.proto) and kregd's tests share one encoder.
+// Encodes launch-ring descriptors (ring_layout.h). Header-only and libc
+// only. The shim's hot path encodes a DescriptorView built straight from
+// XLA's call frame (no protobuf); the templates below adapt a
+// kreg.v1.Launch to the same encoder (templated on the message type, so the
+// shim's protobuf-lite build of session.proto and kregd's tests share it),
+// and produce the attribute bytes a descriptor carries.
 #ifndef KREGD_COMMON_RING_ENCODE_H_
 #define KREGD_COMMON_RING_ENCODE_H_
 
@@ -9,14 +12,89 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "common/ring_layout.h"
 
 namespace kreg {
 namespace ring {
 
-// `launch.attrs()` as the protobuf encoding of a Launch holding only them
-// (repeated field 5, length-delimited), into `out`.
+// One arg or ret of a descriptor; `dims` holds `rank` values (borrowed).
+struct BufferView {
+  int32_t dtype = 0;
+  uint32_t rank = 0;
+  const int64_t* dims = nullptr;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+
+// Everything a descriptor carries but its seq and tag; all borrowed.
+// `attrs` are EncodeAttrBytes' bytes (or the shim's cached copy of them).
+struct DescriptorView {
+  std::string_view target;
+  std::string_view platform;
+  const BufferView* args = nullptr;
+  uint32_t num_args = 0;
+  const BufferView* rets = nullptr;
+  uint32_t num_rets = 0;
+  std::string_view attrs;
+  int64_t run_id = 0;
+  int32_t device_ordinal = 0;
+};
+
+// Bytes the descriptor of `d` takes.
+inline size_t DescriptorBytes(const DescriptorView& d) {
+  size_t need = sizeof(SubmitHeader) + d.target.size() + d.platform.size();
+  need = (need + 7) / 8 * 8;
+  for (uint32_t i = 0; i < d.num_args + d.num_rets; ++i) {
+    const BufferView& b = i < d.num_args ? d.args[i] : d.rets[i - d.num_args];
+    need += sizeof(BufferDesc) + size_t{b.rank} * sizeof(int64_t);
+  }
+  return need + d.attrs.size();
+}
+
+// Writes the descriptor of `d` (seq, tag) into `slot` of `capacity` bytes.
+// Returns its length, or 0 when it does not fit (nothing written).
+inline size_t EncodeDescriptor(const DescriptorView& d, uint32_t seq,
+                               uint64_t tag, char* slot, size_t capacity) {
+  const size_t need = DescriptorBytes(d);
+  if (need > capacity) return 0;
+  SubmitHeader h{};
+  h.length = static_cast<uint32_t>(need);
+  h.seq = seq;
+  h.tag = tag;
+  h.run_id = d.run_id;
+  h.device_ordinal = d.device_ordinal;
+  h.num_args = d.num_args;
+  h.num_rets = d.num_rets;
+  h.target_len = static_cast<uint32_t>(d.target.size());
+  h.platform_len = static_cast<uint32_t>(d.platform.size());
+  h.attrs_len = static_cast<uint32_t>(d.attrs.size());
+  char* p = slot;
+  memcpy(p, &h, sizeof(h));
+  p += sizeof(h);
+  memcpy(p, d.target.data(), d.target.size());
+  p += d.target.size();
+  memcpy(p, d.platform.data(), d.platform.size());
+  p += d.platform.size();
+  while ((p - slot) % 8 != 0) *p++ = 0;
+  for (uint32_t i = 0; i < d.num_args + d.num_rets; ++i) {
+    const BufferView& b = i < d.num_args ? d.args[i] : d.rets[i - d.num_args];
+    BufferDesc desc{b.dtype, b.rank, b.offset, b.size};
+    memcpy(p, &desc, sizeof(desc));
+    p += sizeof(desc);
+    const size_t dims = size_t{b.rank} * sizeof(int64_t);
+    if (dims > 0) memcpy(p, b.dims, dims);
+    p += dims;
+  }
+  if (!d.attrs.empty()) memcpy(p, d.attrs.data(), d.attrs.size());
+  return need;
+}
+
+// The attributes of `launch` as the protobuf encoding of a Launch holding
+// only them (repeated field 5, length-delimited), into `out`: the bytes a
+// descriptor carries (and what a Launch parses back into its attrs).
 template <typename LaunchT>
 void EncodeAttrBytes(const LaunchT& launch, std::string* out) {
   out->clear();
@@ -33,55 +111,30 @@ void EncodeAttrBytes(const LaunchT& launch, std::string* out) {
   }
 }
 
-// Writes the descriptor of `launch` (seq, tag; attribute bytes `attrs`
-// from EncodeAttrBytes) into `slot` of `capacity` bytes. Returns its length,
-// or 0 when it does not fit (nothing useful written).
+// The descriptor of `launch` (attribute bytes `attrs` from EncodeAttrBytes),
+// as EncodeDescriptor(DescriptorView) writes it. For tests and tools.
 template <typename LaunchT>
 size_t EncodeDescriptor(const LaunchT& launch, uint32_t seq, uint64_t tag,
                         const std::string& attrs, char* slot, size_t capacity) {
-  const auto& target = launch.target_name();
-  const auto& platform = launch.platform();
-  size_t need = sizeof(SubmitHeader) + target.size() + platform.size();
-  need = (need + 7) / 8 * 8;
+  std::vector<BufferView> views;
   for (const auto* list : {&launch.args(), &launch.rets()}) {
     for (const auto& b : *list) {
-      need += sizeof(BufferDesc) + size_t(b.dims_size()) * sizeof(int64_t);
+      views.push_back(BufferView{b.dtype(),
+                                 static_cast<uint32_t>(b.dims_size()),
+                                 b.dims().data(), b.offset(), b.size()});
     }
   }
-  need += attrs.size();
-  if (need > capacity) return 0;
-  SubmitHeader h{};
-  h.length = static_cast<uint32_t>(need);
-  h.seq = seq;
-  h.tag = tag;
-  h.run_id = launch.run_id();
-  h.device_ordinal = launch.device_ordinal();
-  h.num_args = static_cast<uint32_t>(launch.args_size());
-  h.num_rets = static_cast<uint32_t>(launch.rets_size());
-  h.target_len = static_cast<uint32_t>(target.size());
-  h.platform_len = static_cast<uint32_t>(platform.size());
-  h.attrs_len = static_cast<uint32_t>(attrs.size());
-  char* p = slot;
-  memcpy(p, &h, sizeof(h));
-  p += sizeof(h);
-  memcpy(p, target.data(), target.size());
-  p += target.size();
-  memcpy(p, platform.data(), platform.size());
-  p += platform.size();
-  while ((p - slot) % 8 != 0) *p++ = 0;
-  for (const auto* list : {&launch.args(), &launch.rets()}) {
-    for (const auto& b : *list) {
-      BufferDesc d{b.dtype(), static_cast<uint32_t>(b.dims_size()), b.offset(),
-                   b.size()};
-      memcpy(p, &d, sizeof(d));
-      p += sizeof(d);
-      size_t dims = size_t(b.dims_size()) * sizeof(int64_t);
-      if (dims > 0) memcpy(p, b.dims().data(), dims);
-      p += dims;
-    }
-  }
-  if (!attrs.empty()) memcpy(p, attrs.data(), attrs.size());
-  return need;
+  DescriptorView d;
+  d.target = launch.target_name();
+  d.platform = launch.platform();
+  d.args = views.data();
+  d.num_args = static_cast<uint32_t>(launch.args_size());
+  d.rets = views.data() + launch.args_size();
+  d.num_rets = static_cast<uint32_t>(launch.rets_size());
+  d.attrs = attrs;
+  d.run_id = launch.run_id();
+  d.device_ordinal = launch.device_ordinal();
+  return EncodeDescriptor(d, seq, tag, slot, capacity);
 }
 
 }  // namespace ring

@@ -39,6 +39,12 @@ struct LaunchFrame {
   std::vector<BufferRef> args;
   std::vector<BufferRef> rets;
   AttrList attrs;
+  // Nonzero: a promise that every LaunchFrame carrying this value carries
+  // these very attributes (the same objects at the same addresses,
+  // unmodified), so what a cache built from them (FfiHost's CallFrameCache)
+  // stays valid. Whoever decodes new attributes gives them a value never
+  // used before (RingDecoder); 0 promises nothing (built every call).
+  uint64_t attrs_generation = 0;
   int32_t device_ordinal = 0;
   int64_t run_id = 0;
 };

@@ -1,9 +1,11 @@
 #include "client/shim/client.h"
 
 #include <poll.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <thread>
@@ -15,6 +17,22 @@
 namespace kreg {
 namespace shim {
 namespace {
+
+std::atomic<pid_t> g_pid{0};
+
+void RefreshPid() { g_pid.store(::getpid(), std::memory_order_relaxed); }
+
+// This process's pid without a syscall per call (every launch asks):
+// cached, and refreshed in a fork()ed child by a pthread_atfork handler.
+pid_t CurrentPid() {
+  static const bool registered = [] {
+    RefreshPid();
+    ::pthread_atfork(nullptr, nullptr, &RefreshPid);
+    return true;
+  }();
+  (void)registered;
+  return g_pid.load(std::memory_order_relaxed);
+}
 
 int DefaultMaxSessions() {
   unsigned n = std::thread::hardware_concurrency();
@@ -34,7 +52,7 @@ std::string CanonicalPlatform(const std::string& platform) {
 Client::Client(std::string session_path)
     : path_(std::move(session_path)),
       max_sessions_(DefaultMaxSessions()),
-      pid_(::getpid()) {}
+      pid_(CurrentPid()) {}
 
 Client::~Client() {
   std::thread watch;
@@ -70,12 +88,12 @@ ClientStatus Client::Acquire(std::unique_ptr<Conn>* out) {
   bool replay;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    if (pid_ != ::getpid()) {
+    if (pid_ != CurrentPid()) {
       // A forked child must not share the parent's sessions: drop its
       // copies (closing them here leaves the parent's untouched).
       idle_.clear();
       open_ = 0;
-      pid_ = ::getpid();
+      pid_ = CurrentPid();
     }
     cv_.wait(lock, [&] { return !idle_.empty() || open_ < max_sessions_; });
     if (!idle_.empty()) {

@@ -73,6 +73,34 @@ int64_t RingSliceNs() {
   return ns;
 }
 
+// `d` as a session Launch request (the socket path): its attribute bytes
+// are a Launch's attrs field, so parsing them merges the attributes in.
+ClientStatus ToLaunch(const ring::DescriptorView& d,
+                      v1::SessionRequest* request) {
+  request->Clear();
+  v1::Launch* l = request->mutable_launch();
+  l->set_target_name(d.target.data(), d.target.size());
+  l->set_platform(d.platform.data(), d.platform.size());
+  for (uint32_t i = 0; i < d.num_args + d.num_rets; ++i) {
+    const ring::BufferView& b =
+        i < d.num_args ? d.args[i] : d.rets[i - d.num_args];
+    v1::Buffer* out = i < d.num_args ? l->add_args() : l->add_rets();
+    out->set_dtype(b.dtype);
+    for (uint32_t r = 0; r < b.rank; ++r) out->add_dims(b.dims[r]);
+    out->set_offset(b.offset);
+    out->set_size(b.size);
+  }
+  l->set_device_ordinal(d.device_ordinal);
+  l->set_run_id(d.run_id);
+  if (!d.attrs.empty() && !l->MergeFromString(std::string(d.attrs))) {
+    return ClientStatus::Error(
+        kInternal, "kreg: the encoded attributes of \"" + l->target_name() +
+                       "\" do not parse back (" +
+                       std::to_string(d.attrs.size()) + " bytes)");
+  }
+  return ClientStatus::Ok();
+}
+
 }  // namespace
 
 Conn::Conn(int sock, std::string path) : path_(std::move(path)), sock_(sock) {}
@@ -260,17 +288,20 @@ ClientStatus Conn::ReadEnd() {
                              response.status().message());
 }
 
-ClientStatus Conn::Launch(v1::SessionRequest* request,
-                          v1::SessionResponse* response) {
-  if (ring_ == nullptr || broken_) return Call(request, response);
-  uint64_t id = next_id_++;
-  if (!ring_->Submit(request->launch(), id)) return Call(request, response);
+ClientStatus Conn::LaunchCpu(const ring::DescriptorView& launch,
+                             v1::SessionRequest* request,
+                             v1::SessionResponse* response) {
+  if (ring_ == nullptr || broken_ || !ring_->Submit(launch, next_id_)) {
+    ClientStatus s = ToLaunch(launch, request);
+    if (!s.ok()) return s;
+    return Call(request, response);
+  }
+  ++next_id_;
   for (;;) {
     int code = 0;
     ClientRing::Wait w =
         ring_->Await(RingSpinNs(), RingSliceNs(), &code, &ring_message_);
     if (w == ClientRing::Wait::kDone) {
-      response->Clear();
       if (code == 0) return ClientStatus::Ok();
       return ClientStatus::Error(code, ring_message_);
     }

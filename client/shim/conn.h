@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/ring_encode.h"
 #include "common/status.h"
 #include "kreg/v1/session.pb.h"
 
@@ -38,13 +39,16 @@ class Conn {
   ClientStatus Call(v1::SessionRequest* request, v1::SessionResponse* response,
                     const int* fds = nullptr, int num_fds = 0);
 
-  // Runs a CPU `request` (a Launch): on the session's launch ring when
-  // kregd serves one and the launch fits a descriptor, else as Call().
-  // Errors as Call(); on the ring, a session kregd ended while this call
-  // waited (its executor died) is noticed on the socket within
-  // $KREG_RING_SLICE_MS (default 10 ms) and reported as Call() would.
-  ClientStatus Launch(v1::SessionRequest* request,
-                      v1::SessionResponse* response);
+  // Runs a CPU launch: on the session's launch ring when kregd serves one
+  // and `launch` fits a descriptor (encoded straight into the ring: no
+  // protobuf), else as a Launch request by Call(), built in `request` and
+  // answered in `response` (scratch the caller reuses). Errors as Call();
+  // on the ring, a session kregd ended while this call waited (its
+  // executor died) is noticed on the socket within $KREG_RING_SLICE_MS
+  // (default 10 ms) and reported as Call() would.
+  ClientStatus LaunchCpu(const ring::DescriptorView& launch,
+                         v1::SessionRequest* request,
+                         v1::SessionResponse* response);
   // The launch ring is in use (HelloReply.launch_ring and RingSetup).
   bool ring() const { return ring_ != nullptr; }
 

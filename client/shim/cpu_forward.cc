@@ -9,8 +9,10 @@
 #include <thread>
 #include <vector>
 
+#include "client/shim/attr_cache.h"
 #include "client/shim/conn.h"
 #include "client/shim/launch_encoder.h"
+#include "common/ring_encode.h"
 
 namespace kreg {
 namespace shim {
@@ -27,10 +29,13 @@ struct Region {
 
 // Per-thread scratch so a call allocates nothing in steady state.
 struct Scratch {
-  v1::SessionRequest request;
-  v1::SessionResponse response;
   std::vector<Region> args;
   std::vector<Region> rets;
+  std::vector<ring::BufferView> views;  // args, then rets
+  AttrCache attrs;
+  // The socket path only.
+  v1::SessionRequest request;
+  v1::SessionResponse response;
 };
 
 // memcpy, split over a few threads for large buffers (the copies through
@@ -64,69 +69,75 @@ uint64_t AlignUp(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 ClientStatus ForwardCpuCall(Client* client, const std::string& target,
                             XLA_FFI_CallFrame* frame) {
   thread_local Scratch scratch;
-  v1::SessionRequest& req = scratch.request;
-  req.Clear();
-  v1::Launch* launch = req.mutable_launch();
-  launch->set_target_name(target);
-  launch->set_platform("cpu");
-
   // Lay out the arena: one region per distinct input buffer; an output whose
   // data pointer is an input's (input_output_aliases) shares its region.
   uint64_t cursor = 0;
   scratch.args.clear();
   scratch.rets.clear();
-  ClientStatus s = EncodeBuffers(
-      frame, launch,
-      [&](const XLA_FFI_Buffer* b, uint64_t bytes, bool is_arg,
-          v1::Buffer* out) {
-        Region r{b, cursor, bytes, is_arg};
-        if (is_arg) {
-          for (const Region& prev : scratch.args) {
-            if (bytes > 0 && prev.buffer->data == b->data &&
-                prev.bytes == bytes) {
-              r.offset = prev.offset;
-              r.copy_in = false;
-              break;
-            }
-          }
-          if (r.copy_in) cursor = AlignUp(cursor + bytes);
-          scratch.args.push_back(r);
-        } else {
-          bool aliased = false;
-          for (const Region& a : scratch.args) {
-            if (bytes > 0 && a.buffer->data == b->data && a.bytes == bytes) {
-              r.offset = a.offset;
-              aliased = true;
-              break;
-            }
-          }
-          if (!aliased) cursor = AlignUp(cursor + bytes);
-          scratch.rets.push_back(r);
+  scratch.views.clear();
+  ClientStatus s = ForEachBuffer(frame, [&](const XLA_FFI_Buffer* b,
+                                            uint64_t bytes, bool is_arg) {
+    Region r{b, cursor, bytes, is_arg};
+    if (is_arg) {
+      for (const Region& prev : scratch.args) {
+        if (bytes > 0 && prev.buffer->data == b->data && prev.bytes == bytes) {
+          r.offset = prev.offset;
+          r.copy_in = false;
+          break;
         }
-        out->set_offset(r.offset);
-      });
+      }
+      if (r.copy_in) cursor = AlignUp(cursor + bytes);
+      scratch.args.push_back(r);
+    } else {
+      bool aliased = false;
+      for (const Region& a : scratch.args) {
+        if (bytes > 0 && a.buffer->data == b->data && a.bytes == bytes) {
+          r.offset = a.offset;
+          aliased = true;
+          break;
+        }
+      }
+      if (!aliased) cursor = AlignUp(cursor + bytes);
+      scratch.rets.push_back(r);
+    }
+    scratch.views.push_back(ring::BufferView{static_cast<int32_t>(b->dtype),
+                                             static_cast<uint32_t>(b->rank),
+                                             b->dims, r.offset, bytes});
+  });
   if (!s.ok()) return s;
-  s = EncodeAttrs(&frame->attrs, launch->mutable_attrs());
+  const std::string* attrs;
+  s = scratch.attrs.Get(&frame->attrs, &attrs);
   if (!s.ok()) return s;
-  int32_t ordinal = 0;
-  int64_t run_id = 0;
-  CallContext(frame, &ordinal, &run_id);
-  launch->set_device_ordinal(ordinal);
-  launch->set_run_id(run_id);
+  ring::DescriptorView launch;
+  launch.target = target;
+  launch.platform = "cpu";
+  launch.args = scratch.views.data();
+  launch.num_args = static_cast<uint32_t>(scratch.args.size());
+  launch.rets = scratch.views.data() + scratch.args.size();
+  launch.num_rets = static_cast<uint32_t>(scratch.rets.size());
+  launch.attrs = *attrs;
+  CallContext(frame, &launch.device_ordinal, &launch.run_id);
 
   client->launches.fetch_add(1, std::memory_order_relaxed);
-  s = client->WithConn([&](Conn* conn) {
-    ClientStatus st = conn->EnsureArena(cursor);
+  // One captured pointer: std::function keeps it inline (no allocation).
+  struct Call {
+    uint64_t arena_bytes;
+    const ring::DescriptorView* launch;
+    Scratch* scratch;
+  } call{cursor, &launch, &scratch};
+  s = client->WithConn([c = &call](Conn* conn) {
+    ClientStatus st = conn->EnsureArena(c->arena_bytes);
     if (!st.ok()) return st;
     char* arena = conn->arena();
-    for (const Region& r : scratch.args) {
+    for (const Region& r : c->scratch->args) {
       if (r.copy_in && r.bytes > 0) {
         Copy(arena + r.offset, r.buffer->data, r.bytes);
       }
     }
-    st = conn->Launch(&req, &scratch.response);
+    st = conn->LaunchCpu(*c->launch, &c->scratch->request,
+                         &c->scratch->response);
     if (!st.ok()) return st;
-    for (const Region& r : scratch.rets) {
+    for (const Region& r : c->scratch->rets) {
       if (r.bytes > 0) Copy(r.buffer->data, arena + r.offset, r.bytes);
     }
     return st;

@@ -24,13 +24,10 @@ void EncodeBufferShape(const XLA_FFI_Buffer* b, uint64_t bytes,
                        v1::Buffer* out);
 // Walks the args, then the rets, of `frame`, as both the CPU and the CUDA
 // paths forward them: each must be a buffer (INVALID_ARGUMENT naming it
-// otherwise) with a byte size (BufferBytes); its dtype, dims and size go into
-// a new entry of launch->args() (or rets()), then `visit(b, bytes, is_arg,
-// out)` is called with that entry for what is the caller's (where the bytes
-// live). The first error stops the walk and is returned.
+// otherwise) with a byte size (BufferBytes); then `visit(b, bytes, is_arg)`
+// is called. The first error stops the walk and is returned.
 template <typename Visit>
-ClientStatus EncodeBuffers(const XLA_FFI_CallFrame* frame, v1::Launch* launch,
-                           Visit&& visit) {
+ClientStatus ForEachBuffer(const XLA_FFI_CallFrame* frame, Visit&& visit) {
   for (int64_t i = 0; i < frame->args.size; ++i) {
     if (frame->args.types[i] != XLA_FFI_ArgType_BUFFER) {
       return ClientStatus::Error(
@@ -42,9 +39,7 @@ ClientStatus EncodeBuffers(const XLA_FFI_CallFrame* frame, v1::Launch* launch,
     uint64_t bytes;
     ClientStatus s = BufferBytes(b, "arg", i, &bytes);
     if (!s.ok()) return s;
-    v1::Buffer* out = launch->add_args();
-    EncodeBufferShape(b, bytes, out);
-    visit(b, bytes, /*is_arg=*/true, out);
+    visit(b, bytes, /*is_arg=*/true);
   }
   for (int64_t i = 0; i < frame->rets.size; ++i) {
     if (frame->rets.types[i] != XLA_FFI_RetType_BUFFER) {
@@ -57,11 +52,22 @@ ClientStatus EncodeBuffers(const XLA_FFI_CallFrame* frame, v1::Launch* launch,
     uint64_t bytes;
     ClientStatus s = BufferBytes(b, "ret", i, &bytes);
     if (!s.ok()) return s;
-    v1::Buffer* out = launch->add_rets();
-    EncodeBufferShape(b, bytes, out);
-    visit(b, bytes, /*is_arg=*/false, out);
+    visit(b, bytes, /*is_arg=*/false);
   }
   return ClientStatus::Ok();
+}
+// ForEachBuffer, putting each buffer's dtype, dims and size into a new entry
+// of launch->args() (or rets()) and calling `visit(b, bytes, is_arg, out)`
+// with that entry for what is the caller's (where the bytes live).
+template <typename Visit>
+ClientStatus EncodeBuffers(const XLA_FFI_CallFrame* frame, v1::Launch* launch,
+                           Visit&& visit) {
+  return ForEachBuffer(
+      frame, [&](const XLA_FFI_Buffer* b, uint64_t bytes, bool is_arg) {
+        v1::Buffer* out = is_arg ? launch->add_args() : launch->add_rets();
+        EncodeBufferShape(b, bytes, out);
+        visit(b, bytes, is_arg, out);
+      });
 }
 // Device ordinal and run id of the call, when XLA provides them.
 void CallContext(const XLA_FFI_CallFrame* f, int32_t* ordinal, int64_t* run_id);

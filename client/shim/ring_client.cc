@@ -53,10 +53,9 @@ void ClientRing::CloseFd() {
   fd_ = -1;
 }
 
-bool ClientRing::Submit(const v1::Launch& launch, uint64_t tag) {
-  ring::EncodeAttrBytes(launch, &attrs_);
+bool ClientRing::Submit(const ring::DescriptorView& launch, uint64_t tag) {
   char* slot = ring::SubmitSlot(base_, sq_tail_);
-  if (ring::EncodeDescriptor(launch, sq_tail_, tag, attrs_, slot,
+  if (ring::EncodeDescriptor(launch, sq_tail_, tag, slot,
                              ring::kSubmitSlotBytes) == 0) {
     return false;
   }

@@ -7,8 +7,8 @@
 #include <memory>
 #include <string>
 
+#include "common/ring_encode.h"
 #include "common/status.h"
-#include "kreg/v1/session.pb.h"
 
 namespace kreg {
 namespace shim {
@@ -29,10 +29,10 @@ class ClientRing {
   // Closes the fd once kregd has mapped the region.
   void CloseFd();
 
-  // Encodes `launch` (CPU: no CUDA fields) as the next descriptor and
+  // Encodes `launch` as the next descriptor, straight into its slot, and
   // publishes it, waking the executor if it sleeps. False (nothing
   // published) when it does not fit a slot: send it on the socket.
-  bool Submit(const v1::Launch& launch, uint64_t tag);
+  bool Submit(const ring::DescriptorView& launch, uint64_t tag);
 
   enum class Wait { kDone, kClosed, kSlice };
   // Waits for the completion of the submitted launch: spins `spin_ns`,
@@ -50,8 +50,7 @@ class ClientRing {
   char* const base_;
   uint32_t sq_tail_ = 0;
   uint32_t cq_head_ = 0;
-  uint64_t tag_ = 0;   // of the launch submitted last
-  std::string attrs_;  // scratch
+  uint64_t tag_ = 0;  // of the launch submitted last
 };
 
 }  // namespace shim

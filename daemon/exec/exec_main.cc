@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/wire.h"
 #include "daemon/cuda/cuda_devices.h"
 #include "daemon/exec/executor_backend.h"
@@ -127,6 +128,11 @@ struct Served {
 int Main() {
   CloseDescriptorsFrom(kStatusFd + 1);
   signal(SIGPIPE, SIG_IGN);
+  // Debian's absl is built with its debug checks on: every absl::Mutex
+  // lock then updates a process-wide lock graph under one global lock (a
+  // handler call takes one such lock, and an executor's sessions all share
+  // that graph). A debugging aid only: release builds of absl skip it.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   spdlog::set_default_logger(spdlog::stderr_color_mt("kregd-exec"));
   std::string payload;
   std::vector<int> fds;

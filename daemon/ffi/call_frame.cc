@@ -43,29 +43,62 @@ bool IsKnownDataType(int32_t dtype) { return DtypeByteWidth(dtype) >= 0; }
 
 absl::StatusOr<std::unique_ptr<CallFrameStorage>> CallFrameStorage::Build(
     const LaunchFrame& frame) {
-  std::unique_ptr<CallFrameStorage> storage(new CallFrameStorage());
-  if (absl::Status s = storage->BuildBuffers(frame); !s.ok()) return s;
-  XLA_FFI_Attrs attrs{};
-  if (absl::Status s = storage->BuildAttrs(frame.attrs, 0, "", &attrs);
-      !s.ok()) {
-    return s;
-  }
+  auto storage = std::make_unique<CallFrameStorage>();
+  if (absl::Status s = storage->Prepare(frame); !s.ok()) return s;
+  return storage;
+}
 
-  XLA_FFI_CallFrame& f = storage->frame_;
+absl::Status CallFrameStorage::Prepare(const LaunchFrame& frame) {
+  if (absl::Status s = BuildBuffers(frame); !s.ok()) return s;
+  ++clock_;
+  AttrTables* tables = nullptr;
+  if (frame.attrs_generation != 0) {
+    for (AttrTables& t : attr_tables_) {
+      if (t.generation == frame.attrs_generation) tables = &t;
+    }
+  }
+  if (tables == nullptr) {
+    // An unusable set first (generation 0: a frame that promised nothing,
+    // or a failed build), then a new one, then the least recently used.
+    for (AttrTables& t : attr_tables_) {
+      if (t.generation == 0) tables = &t;
+    }
+    if (tables == nullptr && attr_tables_.size() < kAttrTables) {
+      tables = &attr_tables_.emplace_back();
+    }
+    if (tables == nullptr) {
+      tables = &attr_tables_[0];
+      for (AttrTables& t : attr_tables_) {
+        if (t.used < tables->used) tables = &t;
+      }
+    }
+    tables->generation = 0;
+    tables->owned.clear();
+    tables->attrs = XLA_FFI_Attrs{};
+    building_ = tables;
+    absl::Status s = BuildAttrs(frame.attrs, 0, "", &tables->attrs);
+    building_ = nullptr;
+    if (!s.ok()) return s;
+    tables->generation = frame.attrs_generation;
+  }
+  tables->used = clock_;
+
+  // Every field, every call: a handler may have written to the last frame.
+  XLA_FFI_CallFrame& f = frame_;
   f.struct_size = XLA_FFI_CallFrame_STRUCT_SIZE;
   f.extension_start = nullptr;
   f.api = nullptr;
   f.ctx = nullptr;
   f.stage = XLA_FFI_ExecutionStage_EXECUTE;
   f.args = XLA_FFI_Args{XLA_FFI_Args_STRUCT_SIZE, nullptr,
-                        static_cast<int64_t>(storage->arg_ptrs_.size()),
-                        storage->arg_types_.data(), storage->arg_ptrs_.data()};
+                        static_cast<int64_t>(arg_ptrs_.size()),
+                        arg_types_.data(), arg_ptrs_.data()};
   f.rets = XLA_FFI_Rets{XLA_FFI_Rets_STRUCT_SIZE, nullptr,
-                        static_cast<int64_t>(storage->ret_ptrs_.size()),
-                        storage->ret_types_.data(), storage->ret_ptrs_.data()};
-  f.attrs = attrs;
+                        static_cast<int64_t>(ret_ptrs_.size()),
+                        ret_types_.data(), ret_ptrs_.data()};
+  f.attrs = tables->attrs;
   f.future = nullptr;
-  return storage;
+  return absl::OkStatus();
 }
 
 absl::Status CallFrameStorage::BuildBuffers(const LaunchFrame& frame) {
@@ -73,7 +106,13 @@ absl::Status CallFrameStorage::BuildBuffers(const LaunchFrame& frame) {
   for (const auto* list : {&frame.args, &frame.rets}) {
     for (const BufferRef& buffer : *list) total_rank += buffer.dims.size();
   }
-  // Sized once: the pointers taken below stay valid.
+  // Sized before any pointer is taken: the pointers taken below stay valid.
+  buffers_.clear();
+  dims_.clear();
+  arg_types_.clear();
+  arg_ptrs_.clear();
+  ret_types_.clear();
+  ret_ptrs_.clear();
   buffers_.reserve(frame.args.size() + frame.rets.size());
   dims_.reserve(total_rank);
 

@@ -28,20 +28,33 @@ size_t AttrByteWidth(int32_t dtype);
 // True if `dtype` is an XLA_FFI_DataType value.
 bool IsKnownDataType(int32_t dtype);
 
-// Owns everything the XLA_FFI_CallFrame built from one LaunchFrame points to:
+// Owns everything the XLA_FFI_CallFrame built from a LaunchFrame points to:
 // XLA_FFI_Buffers and their dims, the attribute tables and aligned copies of
 // scalar and array values. String values and attribute names point into the
-// LaunchFrame, as do buffer data pointers: it must outlive this object.
-// Not thread-safe; one per call. Not copyable or movable (self-referential).
+// LaunchFrame, as do buffer data pointers: it must outlive the call.
+// Reusable: Prepare() refills the buffer tables in place (no allocation once
+// they are large enough) and keeps the attribute tables of the last
+// kAttrTables nonzero attrs_generations it saw (a frame with generation 0
+// gets new ones every call), so a caller that keeps one (FfiHost's
+// CallFrameCache) allocates nothing per call in steady state, even when a
+// few call sites alternate. Not thread-safe. Not copyable or movable
+// (self-referential).
 class CallFrameStorage {
  public:
-  // The frame has stage EXECUTE, null api/ctx/extension_start/future and
-  // attributes sorted by name. INVALID_ARGUMENT (message naming the operand
-  // or attribute) for an unknown dtype, a negative dim, an attribute whose
-  // bytes do not match its dtype and count, a duplicate attribute name or
-  // dictionaries nested deeper than kMaxAttrDepth.
+  CallFrameStorage() = default;
+
+  // A new storage prepared from `frame` (Prepare's errors).
   static absl::StatusOr<std::unique_ptr<CallFrameStorage>> Build(
       const LaunchFrame& frame);
+
+  // Makes frame() the call frame of `frame`: stage EXECUTE, null
+  // api/ctx/extension_start/future and attributes sorted by name.
+  // INVALID_ARGUMENT (message naming the operand or attribute) for an
+  // unknown dtype, a negative dim, an attribute whose bytes do not match its
+  // dtype and count, a duplicate attribute name or dictionaries nested
+  // deeper than kMaxAttrDepth; frame() is then unusable until a Prepare
+  // succeeds.
+  absl::Status Prepare(const LaunchFrame& frame);
 
   CallFrameStorage(const CallFrameStorage&) = delete;
   CallFrameStorage& operator=(const CallFrameStorage&) = delete;
@@ -49,18 +62,27 @@ class CallFrameStorage {
   XLA_FFI_CallFrame* frame() { return &frame_; }
 
  private:
-  CallFrameStorage() = default;
-
   absl::Status BuildBuffers(const LaunchFrame& frame);
   absl::Status BuildAttrs(const AttrList& list, int depth,
                           const std::string& path, XLA_FFI_Attrs* out);
 
-  // Keeps `value` alive as long as this object; returns its stable address.
+  static constexpr size_t kAttrTables = 16;
+
+  // The attribute tables built for one attrs_generation.
+  struct AttrTables {
+    uint64_t generation = 0;  // 0: being built, or unusable
+    uint64_t used = 0;
+    XLA_FFI_Attrs attrs{};                     // the top-level table
+    std::vector<std::shared_ptr<void>> owned;  // every table and value
+  };
+
+  // Keeps `value` alive as long as the tables being built; returns its
+  // stable address.
   template <typename T>
   T* Own(T value) {
     auto owned = std::make_shared<T>(std::move(value));
     T* raw = owned.get();
-    owned_.push_back(std::move(owned));
+    building_->owned.push_back(std::move(owned));
     return raw;
   }
 
@@ -71,7 +93,9 @@ class CallFrameStorage {
   std::vector<void*> arg_ptrs_;
   std::vector<XLA_FFI_RetType> ret_types_;
   std::vector<void*> ret_ptrs_;
-  std::vector<std::shared_ptr<void>> owned_;  // attribute tables and values
+  std::vector<AttrTables> attr_tables_;  // at most kAttrTables
+  AttrTables* building_ = nullptr;       // where Own() puts what it keeps
+  uint64_t clock_ = 0;
 };
 
 }  // namespace ffi_internal

@@ -48,6 +48,9 @@ class ScopedCurrentCall {
 
 }  // namespace
 
+CallFrameCache::CallFrameCache() = default;
+CallFrameCache::~CallFrameCache() = default;
+
 FfiHost::FfiHost(FfiHostOptions options)
     : pool_(std::make_unique<ffi_internal::ThreadPool>(
           ResolveNumThreads(options.num_threads))) {}
@@ -84,13 +87,25 @@ absl::Status FfiHost::Execute(void* handler, const LaunchFrame& frame,
   if (handler == nullptr) {
     return absl::InvalidArgumentError("FfiHost::Execute: handler is null");
   }
-  absl::StatusOr<std::unique_ptr<ffi_internal::CallFrameStorage>> storage =
-      ffi_internal::CallFrameStorage::Build(frame);
-  if (!storage.ok()) return storage.status();
+  std::unique_ptr<ffi_internal::CallFrameStorage> own;
+  ffi_internal::CallFrameStorage* storage;
+  if (options.frame_cache != nullptr) {
+    std::unique_ptr<ffi_internal::CallFrameStorage>& kept =
+        options.frame_cache->storage_;
+    if (kept == nullptr) {
+      kept = std::make_unique<ffi_internal::CallFrameStorage>();
+    }
+    storage = kept.get();
+  } else {
+    own = std::make_unique<ffi_internal::CallFrameStorage>();
+    storage = own.get();
+  }
+  if (absl::Status s = storage->Prepare(frame); !s.ok()) return s;
 
-  // Destroyed before `storage`, after any returned future completed.
+  // Destroyed before the storage is reused or freed, after any returned
+  // future completed.
   XLA_FFI_InvokeContext ctx(frame, options, pool_.get(), &scratch_bytes_);
-  XLA_FFI_CallFrame* call_frame = (*storage)->frame();
+  XLA_FFI_CallFrame* call_frame = storage->frame();
   call_frame->api = api();
   call_frame->ctx = &ctx;
 

@@ -24,8 +24,27 @@ inline constexpr int kHostedApiMajor = XLA_FFI_API_MAJOR;
 inline constexpr int kHostedApiMinor = XLA_FFI_API_MINOR;
 
 namespace ffi_internal {
+class CallFrameStorage;
 class ThreadPool;
 }  // namespace ffi_internal
+
+// The call frame FfiHost built for the last call of one caller (a session),
+// kept so the next call reuses it: the buffer tables are refilled in place
+// and the attribute tables rebuilt only when the LaunchFrame's
+// attrs_generation changed (or is 0). The LaunchFrame's attributes must stay
+// unmodified while their generation is unchanged. Used by one thread at a
+// time; must outlive the Executes it is passed to.
+class CallFrameCache {
+ public:
+  CallFrameCache();
+  ~CallFrameCache();
+  CallFrameCache(const CallFrameCache&) = delete;
+  CallFrameCache& operator=(const CallFrameCache&) = delete;
+
+ private:
+  friend class FfiHost;
+  std::unique_ptr<ffi_internal::CallFrameStorage> storage_;
+};
 
 // Device memory behind XLA_FFI_DeviceMemory_Allocate/Free on a platform whose
 // memory FfiHost does not manage itself (CUDA: the executor's stream-ordered
@@ -45,6 +64,8 @@ struct CallOptions {
   DeviceAllocator* device_allocator = nullptr;  // CUDA scratch memory
   // Chain searched by XLA_FFI_InvokeContext_FindExtension.
   const XLA_FFI_Extension* extensions = nullptr;
+  // Null: the call frame is built for this call alone.
+  CallFrameCache* frame_cache = nullptr;
 };
 
 struct FfiHostOptions {

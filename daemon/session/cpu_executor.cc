@@ -25,7 +25,10 @@ absl::Status CpuExecutor::Run(uint64_t request_id,
   absl::StatusOr<void*> handler = ctx_.handlers->Lookup(decoded.key);
   if (!handler.ok()) return handler.status();
   ctx_.backend->BeginLaunch(request_id, decoded.key);
-  absl::Status status = ctx_.backend->Execute(*handler, decoded.frame);
+  CallOptions options;
+  options.frame_cache = &frames_;
+  absl::Status status =
+      ctx_.backend->ExecuteWith(*handler, decoded.frame, options);
   ctx_.backend->EndLaunch(status.ok());
   return status;
 }

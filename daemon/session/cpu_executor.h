@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "daemon/ffi/ffi_host.h"
 #include "daemon/session/launch_decoder.h"
 #include "daemon/session/launch_executor.h"
 
@@ -22,11 +23,13 @@ class CpuExecutor final : public LaunchExecutor {
                       v1::LaunchReply* reply) override;
   // Resolves and runs the handler of a decoded launch (socket or launch
   // ring), telling the backend which request runs it. The handler's error
-  // verbatim.
+  // verbatim. The call frame is kept for the next Run: `decoded`'s
+  // attributes must stay unmodified while its attrs_generation is unchanged.
   absl::Status Run(uint64_t request_id, const DecodedLaunch& decoded);
 
  private:
   const SessionContext ctx_;
+  CallFrameCache frames_;
 };
 
 }  // namespace kreg

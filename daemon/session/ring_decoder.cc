@@ -2,6 +2,7 @@
 
 #include <string.h>
 
+#include <atomic>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -40,12 +41,32 @@ absl::Status Truncated(const char* what, size_t need, size_t left) {
 
 }  // namespace
 
+void RingDecoder::UseEntry(size_t i) {
+  if (current_ >= 0) {
+    attr_entries_[current_].attrs = std::move(launch_.frame.attrs);
+  }
+  launch_.frame.attrs = std::move(attr_entries_[i].attrs);
+  launch_.frame.attrs_generation = attr_entries_[i].generation;
+  current_ = static_cast<int>(i);
+}
+
 absl::Status RingDecoder::DecodeAttrBytes(const char* data, size_t size) {
-  if (attrs_valid_ && attr_bytes_.size() == size &&
-      memcmp(attr_bytes_.data(), data, size) == 0) {
+  ++clock_;
+  auto same = [&](const AttrEntry& e) {
+    return e.bytes.size() == size &&
+           (size == 0 || memcmp(e.bytes.data(), data, size) == 0);
+  };
+  if (current_ >= 0 && same(attr_entries_[current_])) {
+    attr_entries_[current_].used = clock_;
     return absl::OkStatus();
   }
-  attrs_valid_ = false;
+  for (size_t i = 0; i < attr_entries_.size(); ++i) {
+    if (static_cast<int>(i) != current_ && same(attr_entries_[i])) {
+      attr_entries_[i].used = clock_;
+      UseEntry(i);
+      return absl::OkStatus();
+    }
+  }
   attr_message_.Clear();
   if (!attr_message_.ParseFromArray(data, static_cast<int>(size))) {
     return absl::InvalidArgumentError(
@@ -54,9 +75,28 @@ absl::Status RingDecoder::DecodeAttrBytes(const char* data, size_t size) {
   }
   absl::StatusOr<AttrList> attrs = DecodeAttrs(attr_message_.attrs());
   if (!attrs.ok()) return attrs.status();
-  launch_.frame.attrs = *std::move(attrs);
-  attr_bytes_.assign(data, size);
-  attrs_valid_ = true;
+  size_t slot = attr_entries_.size();
+  if (slot < kAttrEntries) {
+    attr_entries_.emplace_back();
+  } else {
+    // The least recently used block other than the one in the frame.
+    slot = current_ == 0 ? 1 : 0;
+    for (size_t i = 0; i < attr_entries_.size(); ++i) {
+      if (static_cast<int>(i) != current_ &&
+          attr_entries_[i].used < attr_entries_[slot].used) {
+        slot = i;
+      }
+    }
+  }
+  AttrEntry& e = attr_entries_[slot];
+  e.bytes.assign(data, size);
+  e.attrs = *std::move(attrs);
+  // Unique across decoders and never reused: a cache keyed by it can never
+  // confuse two blocks, an evicted one or another session's.
+  static std::atomic<uint64_t> generations{0};
+  e.generation = generations.fetch_add(1) + 1;
+  e.used = clock_;
+  UseEntry(slot);
   return absl::OkStatus();
 }
 

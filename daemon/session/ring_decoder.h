@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "daemon/session/launch_decoder.h"
@@ -15,9 +16,13 @@
 namespace kreg {
 
 // Decodes descriptors of one session. Keeps the last decoded launch (its
-// vectors are reused) and the last attribute bytes with their decoded list,
-// so a call site whose attributes did not change skips parsing them (the
-// decoded list is a function of the bytes: the checks are the same).
+// vectors are reused) and the last kAttrEntries distinct attribute blocks
+// with their decoded lists, so call sites whose attributes did not change
+// skip parsing them, even when several alternate (the decoded list is a
+// function of the bytes: the checks are the same). Each block's list keeps
+// one attrs_generation for as long as it is cached, and is the same objects
+// whenever the frame carries it (moved in and out, never copied), so
+// FfiHost's CallFrameCache may keep what it built from it.
 // Thread-compatible: one session's ring thread uses it.
 class RingDecoder {
  public:
@@ -42,11 +47,24 @@ class RingDecoder {
                                               uint64_t* tag);
 
  private:
+  static constexpr size_t kAttrEntries = 16;
+
+  // An attribute block and its decoded list.
+  struct AttrEntry {
+    std::string bytes;
+    AttrList attrs;  // empty while launch_.frame.attrs holds it
+    uint64_t generation = 0;
+    uint64_t used = 0;
+  };
+
   absl::Status DecodeAttrBytes(const char* data, size_t size);
+  // Puts entry `i`'s list into the frame (and the current one's back).
+  void UseEntry(size_t i);
 
   DecodedLaunch launch_;
-  std::string attr_bytes_;  // what launch_.frame.attrs was decoded from
-  bool attrs_valid_ = false;
+  std::vector<AttrEntry> attr_entries_;
+  int current_ = -1;  // the entry whose list launch_.frame.attrs holds
+  uint64_t clock_ = 0;
   v1::Launch attr_message_;
 };
 

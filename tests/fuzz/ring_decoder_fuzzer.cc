@@ -4,10 +4,16 @@
 // descriptor bytes. Each input is decoded twice by one decoder (the second
 // pass exercises its attribute cache) and once by a fresh one; every
 // decoded CPU buffer must lie inside the arena and is read or written in
-// full, and the two decoders must agree.
+// full, and the two decoders must agree. A decoded launch then runs through
+// FfiHost twice, the long-lived decoder's with one long-lived CallFrameCache
+// (as an executor session does) and the fresh one's without: the handler
+// must see the same call frame both times.
 #include <cstdint>
 #include <cstring>
+#include <string>
 
+#include "common/dtype.h"
+#include "daemon/ffi/ffi_host.h"
 #include "daemon/session/ring_decoder.h"
 #include "tests/fuzz/buffer_check.h"
 #include "tests/fuzz/fuzz_util.h"
@@ -25,6 +31,70 @@ kreg::ShmArena* Arena() {
     return a;
   }();
   return arena;
+}
+
+// Everything a handler can read from its frame but the data, as bytes.
+void DigestAttrs(const XLA_FFI_Attrs& a, int depth, std::string* out) {
+  auto put = [out](const void* p, size_t n) {
+    out->append(static_cast<const char*>(p), n);
+  };
+  put(&a.size, sizeof(a.size));
+  for (int64_t i = 0; i < a.size; ++i) {
+    put(&a.types[i], sizeof(a.types[i]));
+    put(&a.names[i]->len, sizeof(size_t));
+    put(a.names[i]->ptr, a.names[i]->len);
+    switch (a.types[i]) {
+      case XLA_FFI_AttrType_SCALAR: {
+        auto* v = static_cast<const XLA_FFI_Scalar*>(a.attrs[i]);
+        put(&v->dtype, sizeof(v->dtype));
+        int w = kreg::DtypeByteWidth(v->dtype);
+        if (w > 0) put(v->value, static_cast<size_t>(w));
+        break;
+      }
+      case XLA_FFI_AttrType_ARRAY: {
+        auto* v = static_cast<const XLA_FFI_Array*>(a.attrs[i]);
+        put(&v->dtype, sizeof(v->dtype));
+        put(&v->size, sizeof(v->size));
+        int w = kreg::DtypeByteWidth(v->dtype);
+        if (w > 0) put(v->data, v->size * static_cast<size_t>(w));
+        break;
+      }
+      case XLA_FFI_AttrType_STRING: {
+        auto* v = static_cast<const XLA_FFI_ByteSpan*>(a.attrs[i]);
+        put(&v->len, sizeof(v->len));
+        put(v->ptr, v->len);
+        break;
+      }
+      case XLA_FFI_AttrType_DICTIONARY:
+        if (depth > 64) kreg::fuzz::Fail("attribute nesting without end");
+        DigestAttrs(*static_cast<const XLA_FFI_Attrs*>(a.attrs[i]), depth + 1,
+                    out);
+        break;
+      default:
+        kreg::fuzz::Fail("an attribute of unknown type in a call frame");
+    }
+  }
+}
+
+std::string g_digest;
+
+XLA_FFI_Error* Digest(XLA_FFI_CallFrame* f) {
+  g_digest.clear();
+  for (int64_t i = 0; i < f->args.size + f->rets.size; ++i) {
+    auto* b = static_cast<const XLA_FFI_Buffer*>(
+        i < f->args.size ? f->args.args[i] : f->rets.rets[i - f->args.size]);
+    g_digest.append(reinterpret_cast<const char*>(&b->dtype), sizeof(b->dtype));
+    g_digest.append(reinterpret_cast<const char*>(&b->data), sizeof(b->data));
+    g_digest.append(reinterpret_cast<const char*>(b->dims),
+                    static_cast<size_t>(b->rank) * sizeof(int64_t));
+  }
+  DigestAttrs(f->attrs, 0, &g_digest);
+  return nullptr;
+}
+
+kreg::FfiHost* Host() {
+  static kreg::FfiHost* host = new kreg::FfiHost(kreg::FfiHostOptions{1});
+  return host;
 }
 
 }  // namespace
@@ -64,6 +134,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if ((*d)->frame.attrs.size() != (*want)->frame.attrs.size() ||
         (*d)->key.name != (*want)->key.name) {
       kreg::fuzz::Fail("the attribute cache changed a decoding");
+    }
+    static kreg::CallFrameCache* frames = new kreg::CallFrameCache();
+    kreg::CallOptions cached;
+    cached.frame_cache = frames;
+    absl::Status ran =
+        Host()->Execute(reinterpret_cast<void*>(&Digest), (*d)->frame, cached);
+    const std::string seen = g_digest;
+    absl::Status ran_fresh =
+        Host()->Execute(reinterpret_cast<void*>(&Digest), (*want)->frame);
+    if (ran.ok() != ran_fresh.ok() ||
+        (!ran.ok() && ran.message() != ran_fresh.message())) {
+      kreg::fuzz::Fail("the call frame cache changed an outcome");
+    }
+    if (ran.ok() && seen != g_digest) {
+      kreg::fuzz::Fail("the call frame cache changed a call frame");
     }
   }
   return 0;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -20,6 +21,7 @@
 #include "common/ring_encode.h"
 #include "common/ring_layout.h"
 #include "common/wire.h"
+#include "daemon/ffi/ffi_host.h"
 #include "daemon/session/session.h"
 #include "tests/daemon/session/test_util.h"
 #include "xla/ffi/api/c_api.h"
@@ -54,9 +56,38 @@ class Backend : public SessionBackend {
     executed.fetch_add(1);
     return absl::OkStatus();
   }
+  // With `host` set, launches run ScaleByFactor through that real FfiHost
+  // (with the session's call frame cache) instead of Execute's doubling.
+  absl::Status ExecuteWith(void* handler, const LaunchFrame& f,
+                           const CallOptions& options) override {
+    if (host == nullptr) return Execute(handler, f);
+    executed.fetch_add(1);
+    return host->Execute(reinterpret_cast<void*>(&ScaleByFactor), f, options);
+  }
   uint32_t ffi_api_major() const override { return 0; }
   uint32_t ffi_api_minor() const override { return 4; }
   std::atomic<int> executed{0};
+  FfiHost* host = nullptr;
+
+ private:
+  // ret 0 = factor * arg 0 (F32, rank 1), `factor` an F32 scalar attribute.
+  static XLA_FFI_Error* ScaleByFactor(XLA_FFI_CallFrame* f) {
+    float factor = 0;
+    for (int64_t i = 0; i < f->attrs.size; ++i) {
+      const XLA_FFI_ByteSpan* name = f->attrs.names[i];
+      if (std::string(name->ptr, name->len) == "factor") {
+        auto* s = static_cast<XLA_FFI_Scalar*>(f->attrs.attrs[i]);
+        memcpy(&factor, s->value, sizeof(factor));
+      }
+    }
+    auto* in = static_cast<XLA_FFI_Buffer*>(f->args.args[0]);
+    auto* out = static_cast<XLA_FFI_Buffer*>(f->rets.rets[0]);
+    for (int64_t i = 0; i < in->dims[0]; ++i) {
+      static_cast<float*>(out->data)[i] =
+          factor * static_cast<float*>(in->data)[i];
+    }
+    return nullptr;
+  }
 };
 
 SessionLimits Limits() {
@@ -78,6 +109,21 @@ v1::Launch Doubling(uint64_t in, uint64_t out, int n = 4) {
   }
   l.mutable_args(0)->set_offset(in);
   l.mutable_rets(0)->set_offset(out);
+  return l;
+}
+
+// Doubling(), with an F32 scalar attribute `factor` and a string `tag`.
+v1::Launch Scaling(float factor, const std::string& tag = "t") {
+  v1::Launch l = Doubling(0, 64);
+  v1::Attribute* a = l.add_attrs();
+  a->set_name("factor");
+  a->set_kind(v1::ATTR_KIND_SCALAR);
+  a->set_dtype(XLA_FFI_DataType_F32);
+  a->set_data(&factor, sizeof(factor));
+  v1::Attribute* t = l.add_attrs();
+  t->set_name("tag");
+  t->set_kind(v1::ATTR_KIND_STRING);
+  t->set_data(tag);
   return l;
 }
 
@@ -357,6 +403,110 @@ TEST_CASE("A client rewriting descriptors while they are read", "[ring]") {
   stop = true;
   scribbler.join();
   INFO(ok << " of 3000 launches survived the scribbler intact");
+  SUCCEED();
+}
+
+// Runs `l` (published as written, after `rewrite` changed the slot) and
+// returns the 4 outputs; the launch must succeed.
+std::vector<float> RunScaling(Fixture* fx, const v1::Launch& l,
+                              const std::function<void(char*)>& rewrite = {}) {
+  for (int i = 0; i < 4; ++i) fx->client.floats(0)[i] = float(i + 1);
+  std::string attrs;
+  ring::EncodeAttrBytes(l, &attrs);
+  char* slot = ring::SubmitSlot(fx->client.base, fx->client.tail);
+  REQUIRE(ring::EncodeDescriptor(l, fx->client.tail, 1, attrs, slot,
+                                 ring::kSubmitSlotBytes) > 0);
+  if (rewrite) rewrite(slot);
+  fx->client.Publish();
+  int code = -1;
+  std::string msg;
+  REQUIRE(fx->client.Await(&code, &msg));
+  INFO(msg);
+  REQUIRE(code == 0);
+  return std::vector<float>(fx->client.floats(64), fx->client.floats(64) + 4);
+}
+
+std::vector<float> Times(float f) { return {f, 2 * f, 3 * f, 4 * f}; }
+
+// Where the descriptors of Scaling(2) and Scaling(3) differ: one byte.
+size_t FactorByte() {
+  std::string a(ring::kSubmitSlotBytes, '\0'), b = a, attrs;
+  ring::EncodeAttrBytes(Scaling(2), &attrs);
+  size_t n =
+      ring::EncodeDescriptor(Scaling(2), 0, 1, attrs, a.data(), a.size());
+  ring::EncodeAttrBytes(Scaling(3), &attrs);
+  REQUIRE(ring::EncodeDescriptor(Scaling(3), 0, 1, attrs, b.data(), b.size()) ==
+          n);
+  size_t at = 0, differ = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (a[i] != b[i]) {
+      at = i;
+      ++differ;
+    }
+  }
+  REQUIRE(differ == 1);
+  return at;
+}
+
+TEST_CASE("Attribute blocks: alternating call sites through a real FfiHost",
+          "[ring][attrs]") {
+  FfiHost host(FfiHostOptions{1});
+  Fixture fx;
+  fx.backend.host = &host;
+  REQUIRE(fx.SetUp().status().code() == 0);
+  // A few call sites alternating, and a stream of new ones (more than the
+  // executor keeps) in between.
+  for (int i = 0; i < 300; ++i) {
+    const float factors[] = {2.0f, 3.0f, 0.5f, -1.0f};
+    float f = i % 5 == 4 ? float(i) : factors[i % 4];
+    CHECK(RunScaling(&fx, Scaling(f, std::to_string(f))) == Times(f));
+  }
+}
+
+TEST_CASE("Attribute blocks the client rewrites in the slot", "[ring][attrs]") {
+  FfiHost host(FfiHostOptions{1});
+  Fixture fx;
+  fx.backend.host = &host;
+  REQUIRE(fx.SetUp().status().code() == 0);
+  const size_t at = FactorByte();
+  CHECK(RunScaling(&fx, Scaling(2)) == Times(2));
+  // The executor has the block of factor 2 cached; the client writes the
+  // same descriptor, then rewrites the factor in place before publishing.
+  for (int i = 0; i < 8; ++i) {
+    CHECK(RunScaling(&fx, Scaling(2), [&](char* slot) { slot[at] = 0x40; }) ==
+          Times(3));
+    CHECK(RunScaling(&fx, Scaling(2)) == Times(2));
+  }
+}
+
+TEST_CASE("Attribute blocks rewritten while the executor reads them",
+          "[ring][attrs]") {
+  FfiHost host(FfiHostOptions{1});
+  Fixture fx;
+  fx.backend.host = &host;
+  REQUIRE(fx.SetUp().status().code() == 0);
+  const size_t at = FactorByte();
+  std::atomic<bool> stop{false};
+  std::thread scribbler([&] {
+    for (uint32_t n = 0; !stop.load(); ++n) {
+      char* slot = ring::SubmitSlot(fx.client.base, n % ring::kSlots);
+      __atomic_store_n(slot + at, static_cast<char>(n & 64), __ATOMIC_RELAXED);
+    }
+  });
+  // Every launch runs with factor 2 or 3 (the one byte it copied), all of
+  // its outputs alike; none fails, none sees stale attributes.
+  int threes = 0;
+  for (int i = 0; i < 2000; ++i) {
+    std::vector<float> got = RunScaling(&fx, Scaling(2));
+    if (got == Times(3)) {
+      ++threes;
+    } else {
+      CHECK(got == Times(2));
+    }
+  }
+  stop = true;
+  scribbler.join();
+  INFO(threes << " of 2000 launches saw the rewritten factor");
   SUCCEED();
 }
 

@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -93,6 +94,94 @@ TEST_CASE("RingDecoder decodes what DecodeLaunch decodes", "[ring]") {
   got = d.Decode(bytes.data(), bytes.size(), 6, a.arena, &tag);
   REQUIRE(got.ok());
   CHECK((*got)->frame.attrs[0].second.bytes == std::string("\0\0\x80\x40", 4));
+}
+
+v1::Launch WithFactor(float factor) {
+  v1::Launch l = ValidLaunch();
+  l.mutable_attrs(0)->set_data(&factor, 4);
+  return l;
+}
+
+float FactorOf(const DecodedLaunch& d) {
+  float f;
+  REQUIRE(d.frame.attrs.size() == 1);
+  REQUIRE(d.frame.attrs[0].second.bytes.size() == 4);
+  memcpy(&f, d.frame.attrs[0].second.bytes.data(), 4);
+  return f;
+}
+
+TEST_CASE("RingDecoder keeps alternating attribute blocks", "[ring]") {
+  Arena a;
+  RingDecoder d;
+  uint64_t tag;
+  // Two call sites alternating: each keeps its attrs_generation, and its
+  // decoded list stays the same objects (what the call frame cache keeps
+  // pointers into).
+  std::string two = Encode(WithFactor(2)), three = Encode(WithFactor(3));
+  absl::StatusOr<const DecodedLaunch*> r =
+      d.Decode(two.data(), two.size(), 0, a.arena, &tag);
+  REQUIRE(r.ok());
+  const uint64_t gen_two = (*r)->frame.attrs_generation;
+  const void* name_two = (*r)->frame.attrs[0].first.data();
+  r = d.Decode(three.data(), three.size(), 0, a.arena, &tag);
+  REQUIRE(r.ok());
+  const uint64_t gen_three = (*r)->frame.attrs_generation;
+  CHECK(gen_three != gen_two);
+  CHECK(gen_two != 0);
+  for (int i = 0; i < 4; ++i) {
+    r = d.Decode(two.data(), two.size(), 0, a.arena, &tag);
+    REQUIRE(r.ok());
+    CHECK((*r)->frame.attrs_generation == gen_two);
+    CHECK((*r)->frame.attrs[0].first.data() == name_two);
+    CHECK(FactorOf(**r) == 2.0f);
+    r = d.Decode(three.data(), three.size(), 0, a.arena, &tag);
+    REQUIRE(r.ok());
+    CHECK((*r)->frame.attrs_generation == gen_three);
+    CHECK(FactorOf(**r) == 3.0f);
+  }
+  // Many more blocks than it keeps: every decoding is right, and a block
+  // decoded again after its eviction gets a generation never seen before.
+  std::set<uint64_t> seen = {gen_two, gen_three};
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 0; i < 40; ++i) {
+      std::string bytes = Encode(WithFactor(float(100 + i)));
+      r = d.Decode(bytes.data(), bytes.size(), 0, a.arena, &tag);
+      REQUIRE(r.ok());
+      CHECK(FactorOf(**r) == float(100 + i));
+      CHECK(seen.insert((*r)->frame.attrs_generation).second);
+    }
+  }
+  // A failed decoding between two of the same block changes nothing.
+  r = d.Decode(two.data(), two.size(), 0, a.arena, &tag);
+  REQUIRE(r.ok());
+  const uint64_t gen_again = (*r)->frame.attrs_generation;
+  v1::Launch odd = ValidLaunch();
+  odd.mutable_attrs(0)->set_data("abc", 3);  // 3 bytes for an F32
+  std::string wrong = Encode(odd);
+  CHECK_FALSE(d.Decode(wrong.data(), wrong.size(), 0, a.arena, &tag).ok());
+  r = d.Decode(two.data(), two.size(), 0, a.arena, &tag);
+  REQUIRE(r.ok());
+  CHECK((*r)->frame.attrs_generation == gen_again);
+  CHECK(FactorOf(**r) == 2.0f);
+}
+
+TEST_CASE("RingDecoder: a block rewritten between two launches", "[ring]") {
+  Arena a;
+  RingDecoder d;
+  uint64_t tag;
+  // The same slot bytes, the factor rewritten in place (same length): the
+  // decoder compares bytes, never where or how long they are.
+  std::string slot = Encode(WithFactor(2));
+  std::string three = Encode(WithFactor(3));
+  REQUIRE(slot.size() == three.size());
+  absl::StatusOr<const DecodedLaunch*> r =
+      d.Decode(slot.data(), slot.size(), 0, a.arena, &tag);
+  REQUIRE(r.ok());
+  CHECK(FactorOf(**r) == 2.0f);
+  memcpy(slot.data(), three.data(), slot.size());
+  r = d.Decode(slot.data(), slot.size(), 0, a.arena, &tag);
+  REQUIRE(r.ok());
+  CHECK(FactorOf(**r) == 3.0f);
 }
 
 TEST_CASE("RingDecoder refuses each bad field as DecodeLaunch does", "[ring]") {
