@@ -112,12 +112,6 @@ void LogDecision(const RegisterArgs& args, const std::string& digest,
   }
 }
 
-int64_t NowMicros() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 }  // namespace
 
 Registry::Registry(HandlerLoader* loader, RegistrationLog* log,

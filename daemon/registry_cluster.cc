@@ -15,17 +15,6 @@
 namespace kreg {
 namespace {
 
-int64_t NowMicros() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-std::string Named(const TargetKey& key) {
-  return absl::StrCat("target \"", key.name, "\" (", PlatformName(key.platform),
-                      ")");
-}
-
 bool SameBinding(const TargetEntry& a, const TargetEntry& b) {
   return a.kind == b.kind && a.content_id == b.content_id &&
          a.func_name == b.func_name && a.module_digest == b.module_digest;

@@ -12,11 +12,6 @@ namespace {
 
 constexpr uid_t kRoot = 0;
 
-std::string Named(const TargetKey& key) {
-  return absl::StrCat("target \"", key.name, "\" (", PlatformName(key.platform),
-                      ")");
-}
-
 }  // namespace
 
 namespace {

@@ -1,9 +1,21 @@
 #include "daemon/types.h"
 
+#include <chrono>
+
 namespace kreg {
 
 const char* PlatformName(Platform platform) {
   return platform == Platform::kCuda ? "cuda" : "cpu";
+}
+
+std::string Named(const TargetKey& key) {
+  return "target \"" + key.name + "\" (" + PlatformName(key.platform) + ")";
+}
+
+int64_t NowMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 const char* TargetKindName(TargetKind kind) {

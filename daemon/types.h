@@ -29,6 +29,12 @@ struct TargetKey {
   }
 };
 
+// `target "NAME" (PLATFORM)`, as messages name a target.
+std::string Named(const TargetKey& key);
+
+// Microseconds since the epoch (registration and retirement times).
+int64_t NowMicros();
+
 // Who is on the other end of a Unix socket (SO_PEERCRED).
 struct PeerCred {
   uid_t uid = static_cast<uid_t>(-1);

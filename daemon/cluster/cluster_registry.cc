@@ -17,17 +17,6 @@
 namespace kreg {
 namespace {
 
-int64_t NowMicros() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-std::string Named(const TargetKey& key) {
-  return absl::StrCat("target \"", key.name, "\" (", PlatformName(key.platform),
-                      ")");
-}
-
 std::string ToJson(const google::protobuf::Message& m) {
   std::string out;
   google::protobuf::util::JsonPrintOptions opts;
