@@ -239,7 +239,7 @@ for alloc in "${passes[@]}"; do
   # Under MPS: the forwarded suite, the sharing report and the GPU-fault
   # test (which skips there: the documented trade-off).
   [[ $alloc == mps ]] && files=("$here/test_cuda_forwarded.py"
-    "$here/test_gpu_sharing.py" "$here/test_executors_gpu.py")
+    "$here/test_gpu_sharing_gpu.py" "$here/test_executors_gpu.py")
   xml="$work/gpu-$alloc.xml"
   xmls+=("$xml")
   out="$work/pytest-$alloc.log"

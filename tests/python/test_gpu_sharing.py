@@ -2,7 +2,7 @@
 `gpu_sharing: mps | time-sliced | none`, probed from kregd's
 CUDA_MPS_PIPE_DIRECTORY. Real kregd and kregctl; the pipe directories are
 real sockets in a temporary directory. On a host with a GPU the tests that
-need "no GPU" skip (tests/gpu/test_gpu_sharing.py covers that side)."""
+need "no GPU" skip (tests/gpu/test_gpu_sharing_gpu.py covers that side)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def stale_pipe_dir(root: pathlib.Path) -> pathlib.Path:
 
 def skip_with_gpu(status: dict) -> None:
   if status["gpu_sharing"] != "none":
-    pytest.skip("this host has a GPU (tests/gpu/test_gpu_sharing.py covers "
+    pytest.skip("this host has a GPU (tests/gpu/test_gpu_sharing_gpu.py covers "
                 f"it): {status['gpu_sharing_note']}")
 
 
