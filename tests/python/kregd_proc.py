@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from typing import Optional, Sequence
 
@@ -146,3 +148,26 @@ class Daemon:
          env.get("PYTHONPATH", "")])
     env.setdefault("JAX_PLATFORMS", "cpu")
     return env
+
+
+def start_test_daemon(prefix: str, extra_args: Sequence[str] = ()) -> Daemon:
+  """A started kregd under a fresh /tmp directory that may read the test
+  kernels (pytest.skip when the binary is not built). Stop it with
+  finish_test_daemon."""
+  import pytest  # only the test suites use this helper
+  import kernels_util as ku
+  root = pathlib.Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+  d = Daemon(root, [os.path.realpath(ku.kernels_dir())], list(extra_args))
+  try:
+    d.start()
+  except FileNotFoundError as e:
+    shutil.rmtree(root, ignore_errors=True)
+    pytest.skip(str(e))
+  return d
+
+
+def finish_test_daemon(d: Daemon) -> None:
+  """Stops `d` and removes its directory (kept with KREG_KEEP_TEST_DIRS)."""
+  d.stop()
+  if os.environ.get("KREG_KEEP_TEST_DIRS") is None:
+    shutil.rmtree(d.root, ignore_errors=True)

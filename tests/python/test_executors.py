@@ -11,8 +11,8 @@ import os
 import pathlib
 import shutil
 import subprocess
-import sys
 import tempfile
+import sys
 import time
 
 import jax
@@ -21,7 +21,7 @@ import pytest
 
 import kernels_util as ku
 import kreg
-from kregd_proc import Daemon, kregctl_binary
+from kregd_proc import start_test_daemon, finish_test_daemon, Daemon, kregctl_binary
 
 PY = sys.executable
 CLIENT = str(pathlib.Path(__file__).resolve().parent / "executor_client.py")
@@ -36,20 +36,11 @@ def hostile_path():
 
 
 def make_daemon(*extra):
-  root = pathlib.Path(tempfile.mkdtemp(prefix="kreg-x-", dir="/tmp"))
-  d = Daemon(root, [os.path.realpath(ku.kernels_dir())], list(extra))
-  try:
-    d.start()
-  except FileNotFoundError as e:
-    shutil.rmtree(root, ignore_errors=True)
-    pytest.skip(str(e))
-  return d
+  return start_test_daemon("kreg-x-", extra)
 
 
 def finish(d):
-  d.stop()
-  if os.environ.get("KREG_KEEP_TEST_DIRS") is None:
-    shutil.rmtree(d.root, ignore_errors=True)
+  finish_test_daemon(d)
 
 
 def kregctl(d, *args, check=True):

@@ -22,7 +22,7 @@ import time
 import pytest
 
 import kernels_util as ku
-from kregd_proc import Daemon, daemon_binary, kregctl_binary
+from kregd_proc import start_test_daemon, finish_test_daemon, Daemon, daemon_binary, kregctl_binary
 
 CLIENT = str(pathlib.Path(__file__).resolve().parent / "metrics_client.py")
 
@@ -274,20 +274,11 @@ def run_client(d, prefix, n_scale, n_fail, *extra, timeout=180):
 
 
 def make_daemon(*extra):
-  root = pathlib.Path(tempfile.mkdtemp(prefix="kreg-m-", dir="/tmp"))
-  d = Daemon(root, [os.path.realpath(ku.kernels_dir())], list(extra))
-  try:
-    d.start()
-  except FileNotFoundError as e:
-    shutil.rmtree(root, ignore_errors=True)
-    pytest.skip(str(e))
-  return d
+  return start_test_daemon("kreg-m-", extra)
 
 
 def finish(d):
-  d.stop()
-  if os.environ.get("KREG_KEEP_TEST_DIRS") is None:
-    shutil.rmtree(d.root, ignore_errors=True)
+  finish_test_daemon(d)
 
 
 def wait_until(cond, timeout, what):
