@@ -266,6 +266,11 @@ absl::StatusOr<v1::RegisterRequest> Session::WithUploadedModule(
   }
   v1::RegisterRequest out = req;
   if (by_fd) {
+    // kregd's size, name and quota checks first: an upload it would refuse
+    // is never read.
+    absl::Status early =
+        backend_->PrecheckUpload(req, req.upload_fd_size(), peer_);
+    if (!early.ok()) return early;
     absl::StatusOr<std::string> bytes = ReadModuleFd(
         fds[0].get(), req.upload_fd_size(), limits_.max_module_bytes);
     if (!bytes.ok()) return bytes.status();
