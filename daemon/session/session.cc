@@ -64,8 +64,10 @@ Session::Session(uint64_t id, UniqueFd sock, const PeerCred& peer,
       backend_(backend),
       counters_(counters),
       arena_(limits.max_arena_bytes),
-      handlers_(backend) {
-  SessionContext ctx{id, peer, backend, &arena_, &handlers_};
+      handlers_(backend),
+      ring_decoder_(limits.receive_budget) {
+  SessionContext ctx{id,      peer,       backend,
+                     &arena_, &handlers_, limits.receive_budget};
   auto cpu = std::make_unique<CpuExecutor>(ctx);
   auto gpu = std::make_unique<CudaExecutor>(ctx, cuda);
   cpu_ = cpu.get();
