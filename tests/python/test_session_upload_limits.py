@@ -10,6 +10,7 @@ than announced (the error would say what it holds)."""
 
 import json
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -181,6 +182,21 @@ def test_fd_upload_over_limits_is_refused_before_it_is_read(daemon):
             f"uid is {STORE_QUOTA} bytes (max_store_bytes_per_uid)") in msg
     # Never read: reading a pipe fails, a short memfd says what it holds.
     assert "cannot be read" not in msg and "holds" not in msg, msg
+  # The gRPC path refuses the same upload with the same message.
+  kregctl = kregctl_binary()
+  if kregctl is not None:
+    exe = daemon.root / "kregctl"
+    shutil.copy(kregctl, exe)
+    os.chmod(exe, 0o755)
+    module = daemon.root / "big.so"
+    module.write_bytes(b"\x7fELF" + b"\0" * (over_quota - 4))
+    os.chmod(module, 0o644)
+    p = subprocess.run([str(exe), "--socket", daemon.socket, "register",
+                        "lim.quota", "--module", str(module), "--function",
+                        "Scale"], capture_output=True, text=True, timeout=60,
+                       user=NOBODY, group=0, extra_groups=[])
+    assert p.returncode != 0
+    assert pipe_quota["message"] in p.stdout + p.stderr, p.stdout + p.stderr
   # The session carries on; so do kregd and other clients.
   assert listed["code"] == 0, listed
   assert daemon.running()
@@ -188,7 +204,6 @@ def test_fd_upload_over_limits_is_refused_before_it_is_read(daemon):
   hello, created = run_client(daemon, [
       {"kind": "register", "name": "lim.ok", "path": demo}], user=0)
   assert created["code"] == 0 and created["has_body"], created
-  kregctl = kregctl_binary()
   if kregctl is not None:
     listing = subprocess.run(
         [str(kregctl), "--socket", daemon.socket, "list", "--json"],
