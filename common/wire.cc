@@ -95,6 +95,28 @@ bool ByteBudget::TryTake(uint64_t n) {
   return true;
 }
 
+BudgetHold& BudgetHold::operator=(BudgetHold&& other) noexcept {
+  if (this != &other) {
+    Set(0);
+    budget_ = other.budget_;
+    held_ = other.held_;
+    other.held_ = 0;
+  }
+  return *this;
+}
+
+bool BudgetHold::Set(uint64_t n) {
+  if (budget_ != nullptr) {
+    if (n > held_) {
+      if (!budget_->TryTake(n - held_)) return false;
+    } else if (n < held_) {
+      budget_->Give(held_ - n);
+    }
+  }
+  held_ = n;
+  return true;
+}
+
 bool RecvBuffer::Resize(size_t size) {
   if (budget_ != nullptr && size > held_) {
     if (!budget_->TryTake(size - held_)) return false;
@@ -117,6 +139,18 @@ void RecvBuffer::Shrink(size_t keep) {
 void RecvBuffer::Release() {
   if (budget_ != nullptr && held_ > 0) budget_->Give(held_);
   held_ = 0;
+}
+
+std::string OverBudgetText(const ByteBudget& budget, uint64_t need,
+                           const std::string& what) {
+  return what + " needs " + std::to_string(need) +
+         " bytes, but the receive buffers and launch caches of this "
+         "executor's sessions already hold " +
+         std::to_string(budget.used()) + " of their limit of " +
+         std::to_string(budget.limit()) +
+         " bytes (max_buffered_bytes); use fewer distinct large attributes "
+         "at once, end idle sessions, or ask the operator to raise "
+         "max_buffered_bytes";
 }
 
 std::string ResultText(int result) {

@@ -44,6 +44,39 @@ class ByteBudget {
   std::atomic<uint64_t> used_{0};
 };
 
+// Bytes that one cache entry (or any owner other than a RecvBuffer) holds of
+// a budget (null: unbounded), given back when it is destroyed or Set lower.
+// Movable, not copyable; not thread-safe.
+class BudgetHold {
+ public:
+  explicit BudgetHold(ByteBudget* budget = nullptr) : budget_(budget) {}
+  ~BudgetHold() { Set(0); }
+  BudgetHold(BudgetHold&& other) noexcept
+      : budget_(other.budget_), held_(other.held_) {
+    other.held_ = 0;
+  }
+  BudgetHold& operator=(BudgetHold&& other) noexcept;
+  BudgetHold(const BudgetHold&) = delete;
+  BudgetHold& operator=(const BudgetHold&) = delete;
+
+  // Holds `n` bytes instead of held(): takes the increase from the budget
+  // first (false, unchanged, when it cannot cover it) or gives the decrease
+  // back.
+  bool Set(uint64_t n);
+  uint64_t held() const { return held_; }
+  ByteBudget* budget() const { return budget_; }
+
+ private:
+  ByteBudget* budget_;
+  uint64_t held_ = 0;
+};
+
+// The message of a cache that `budget` cannot cover: "<what> needs <need>
+// bytes, but ... hold <used> of max_buffered_bytes (<limit>) ...". For
+// RESOURCE_EXHAUSTED errors.
+std::string OverBudgetText(const ByteBudget& budget, uint64_t need,
+                           const std::string& what);
+
 // One connection's receive buffer and what it holds of a budget (null:
 // unbounded). Give the buffer back with Shrink (after each frame) and
 // Release (when the connection ends).

@@ -61,6 +61,32 @@ absl::Status ApplyRetirement(const v1::RetirementRecord& r,
   return absl::OkStatus();
 }
 
+// Folds a quarantine record into the state in effect: the last record of a
+// (target, uid) wins.
+absl::Status ApplyQuarantine(const v1::QuarantineRecord& r,
+                             std::vector<QuarantineEvent>* in_effect) {
+  absl::Status st = ValidateTargetName(r.target_name());
+  if (!st.ok()) return st;
+  absl::StatusOr<Platform> platform = ParsePlatform(r.platform());
+  if (!platform.ok()) return platform.status();
+  QuarantineEvent e;
+  e.key = {r.target_name(), *platform};
+  e.uid = r.uid();
+  e.quarantined = r.quarantined();
+  e.crashes_in_window =
+      static_cast<int>(std::min<uint32_t>(r.crashes_in_window(), 1u << 30));
+  e.crashes_total = r.crashes_total();
+  e.last_reason = r.last_reason();
+  e.last_crash_unix_s = r.last_crash_unix_s();
+  in_effect->erase(std::remove_if(in_effect->begin(), in_effect->end(),
+                                  [&](const QuarantineEvent& q) {
+                                    return q.key == e.key && q.uid == e.uid;
+                                  }),
+                   in_effect->end());
+  if (e.quarantined) in_effect->push_back(std::move(e));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 Journal::Journal(std::string path) : path_(std::move(path)) {}
@@ -76,6 +102,7 @@ absl::StatusOr<std::vector<TargetEntry>> Journal::Open() {
     }
   }
   std::vector<TargetEntry> entries;
+  std::vector<QuarantineEvent> quarantines;
   size_t pos = 0;
   while (pos < data.size()) {
     size_t left = data.size() - pos;
@@ -104,6 +131,8 @@ absl::StatusOr<std::vector<TargetEntry>> Journal::Open() {
     }
     absl::Status st = record.has_retirement()
                           ? ApplyRetirement(record.retirement(), &entries)
+                      : record.has_quarantine()
+                          ? ApplyQuarantine(record.quarantine(), &quarantines)
                           : AddEntry(record.target(), &entries);
     if (!st.ok()) {
       return absl::DataLossError(absl::StrCat(
@@ -111,6 +140,7 @@ absl::StatusOr<std::vector<TargetEntry>> Journal::Open() {
     }
     pos += kHeader + len;
   }
+  quarantines_ = std::move(quarantines);
   absl::MutexLock lock(&mu_);
   fd_.reset(::open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600));
   if (!fd_.ok()) {
@@ -142,6 +172,21 @@ absl::Status Journal::AppendRetirement(const Retirement& r) {
   p->set_gid(r.retired_by.gid);
   p->set_pid(r.retired_by.pid);
   p->set_retired_at_us(r.retired_at_us);
+  return AppendRecord(record.SerializeAsString());
+}
+
+absl::Status Journal::AppendQuarantine(const QuarantineEvent& e) {
+  v1::JournalRecord record;
+  v1::QuarantineRecord* q = record.mutable_quarantine();
+  q->set_target_name(e.key.name);
+  q->set_platform(PlatformName(e.key.platform));
+  q->set_uid(e.uid);
+  q->set_quarantined(e.quarantined);
+  q->set_crashes_in_window(
+      static_cast<uint32_t>(std::max(0, e.crashes_in_window)));
+  q->set_crashes_total(e.crashes_total);
+  q->set_last_reason(e.last_reason.substr(0, 4096));
+  q->set_last_crash_unix_s(e.last_crash_unix_s);
   return AppendRecord(record.SerializeAsString());
 }
 

@@ -2,6 +2,9 @@
 #ifndef KREGD_DAEMON_JOURNAL_H_
 #define KREGD_DAEMON_JOURNAL_H_
 
+#include <sys/types.h>
+
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -11,6 +14,18 @@
 #include "daemon/registry.h"
 
 namespace kreg {
+
+// A target's quarantine for a uid, set after repeated executor crashes or
+// lifted (CrashLedger), journaled so that it survives a restart.
+struct QuarantineEvent {
+  TargetKey key;
+  uid_t uid = 0;
+  bool quarantined = false;  // false: lifted
+  int crashes_in_window = 0;
+  uint64_t crashes_total = 0;
+  std::string last_reason;
+  int64_t last_crash_unix_s = 0;
+};
 
 // Record format: u32 little-endian payload length, u32 CRC-32 of the
 // payload, payload (a serialized kreg.v1.JournalRecord). Thread-safe.
@@ -31,6 +46,13 @@ class Journal : public RegistrationLog {
   // Append one record and fdatasync it. FAILED_PRECONDITION before Open.
   absl::Status Append(const TargetEntry& entry) override;
   absl::Status AppendRetirement(const Retirement& retirement) override;
+  absl::Status AppendQuarantine(const QuarantineEvent& event);
+
+  // After Open: the quarantines in effect (the last record of each target
+  // and uid, when it quarantined), in journal order.
+  const std::vector<QuarantineEvent>& quarantines() const {
+    return quarantines_;
+  }
 
   // Number of bytes dropped by Open as a torn tail (0 if none).
   uint64_t torn_bytes() const { return torn_bytes_; }
@@ -42,6 +64,7 @@ class Journal : public RegistrationLog {
   absl::Mutex mu_;
   UniqueFd fd_ ABSL_GUARDED_BY(mu_);
   uint64_t torn_bytes_ = 0;
+  std::vector<QuarantineEvent> quarantines_;  // set by Open
 };
 
 }  // namespace kreg

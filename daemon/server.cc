@@ -168,6 +168,41 @@ absl::Status Daemon::Replay() {
   }
   spdlog::info("journal replayed: {} records, {} loaded", entries->size(),
                restored);
+  // Quarantines survive restarts until `kregctl unquarantine`.
+  for (const QuarantineEvent& q : journal_.quarantines()) {
+    CrashRecord row;
+    row.key = q.key;
+    row.uid = q.uid;
+    row.quarantined = true;
+    row.crashes_in_window = q.crashes_in_window;
+    row.crashes_total = q.crashes_total;
+    row.last_reason = q.last_reason;
+    row.last_crash_unix_s = q.last_crash_unix_s;
+    ledger_.Restore(row);
+    spdlog::warn(
+        "journal: target {} ({}) stays quarantined for uid {} (last: {}); "
+        "`kregctl unquarantine {} --platform {}` lifts it",
+        q.key.name, PlatformName(q.key.platform), q.uid, q.last_reason,
+        q.key.name, PlatformName(q.key.platform));
+  }
+  ledger_.SetSink([this](const CrashRecord& row, bool quarantined) {
+    QuarantineEvent e;
+    e.key = row.key;
+    e.uid = row.uid;
+    e.quarantined = quarantined;
+    e.crashes_in_window = row.crashes_in_window;
+    e.crashes_total = row.crashes_total;
+    e.last_reason = row.last_reason;
+    e.last_crash_unix_s = row.last_crash_unix_s;
+    absl::Status st = journal_.AppendQuarantine(e);
+    if (!st.ok()) {
+      spdlog::error(
+          "journal: the {} of target {} ({}) for uid {} is not recorded and "
+          "will not survive a restart: {}",
+          quarantined ? "quarantine" : "lifted quarantine", row.key.name,
+          PlatformName(row.key.platform), row.uid, std::string(st.message()));
+    }
+  });
   return absl::OkStatus();
 }
 

@@ -1,6 +1,5 @@
 #include "daemon/cluster/cluster_registry.h"
 
-#include <google/protobuf/util/json_util.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -10,26 +9,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/version.h"
+#include "daemon/cluster/cluster_records.h"
 #include "daemon/cluster/module_exchange.h"
 #include "daemon/target_proto.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
 namespace {
-
-std::string ToJson(const google::protobuf::Message& m) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions opts;
-  opts.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(m, &out, opts);
-  return out;
-}
-
-bool FromJson(const std::string& json, google::protobuf::Message* m) {
-  google::protobuf::util::JsonParseOptions opts;
-  opts.ignore_unknown_fields = true;  // records of newer kregd versions
-  return google::protobuf::util::JsonStringToMessage(json, m, opts).ok();
-}
 
 // Clients tell kregd's own UNAVAILABLE from an unreachable kregd by the
 // words "the cluster registry".
@@ -87,29 +73,17 @@ bool ClusterRegistry::Sleep(int64_t ms) {
 }
 
 std::string ClusterRegistry::TargetKeyOf(const TargetKey& key) const {
-  return absl::StrCat(prefix_, "targets/", PlatformName(key.platform), "/",
-                      key.name);
+  return BindingKey(prefix_, key);
 }
 
 absl::StatusOr<TargetEntry> ClusterRegistry::Parse(const EtcdKv& kv) const {
-  v1::Target t;
-  if (!FromJson(kv.value, &t)) {
-    return absl::DataLossError(
-        absl::StrCat("etcd key ", kv.key, " does not hold a kreg binding"));
-  }
-  absl::StatusOr<TargetEntry> e = FromProto(t);
-  if (!e.ok()) return e.status();
-  if (TargetKeyOf(e->key) != kv.key) {
-    return absl::DataLossError(absl::StrCat(
-        "etcd key ", kv.key, " holds the binding of ", Named(e->key)));
-  }
-  return e;
+  return ParseBindingRecord(prefix_, kv.key, kv.value);
 }
 
 absl::StatusOr<ClaimResult> ClusterRegistry::Claim(
     const TargetEntry& proposed) {
   absl::StatusOr<EtcdCreate> created = etcd_.CreateIfAbsent(
-      TargetKeyOf(proposed.key), ToJson(ToProto(proposed)));
+      TargetKeyOf(proposed.key), RecordJson(ToProto(proposed)));
   if (!created.ok()) {
     if (created.status().code() != absl::StatusCode::kUnavailable &&
         created.status().code() != absl::StatusCode::kDeadlineExceeded) {
@@ -220,7 +194,7 @@ std::string ClusterRegistry::HostRecord() const {
     }
   }
   for (const std::string& d : held) h.add_modules(d);
-  return ToJson(h);
+  return RecordJson(h);
 }
 
 absl::StatusOr<std::string> ClusterRegistry::FetchModule(
@@ -229,11 +203,16 @@ absl::StatusOr<std::string> ClusterRegistry::FetchModule(
   if (!peers.ok()) return peers.status();
   std::vector<std::string> first, then;
   for (const EtcdKv& kv : peers->kvs) {
-    v1::ClusterHost h;
-    if (!FromJson(kv.value, &h) || h.address() == options_.advertise) continue;
+    absl::StatusOr<v1::ClusterHost> h = ParseHostRecord(kv.value);
+    if (!h.ok()) {
+      spdlog::warn("cluster: etcd key {} ignored: {}", kv.key.substr(0, 200),
+                   std::string(h.status().message()));
+      continue;
+    }
+    if (h->address() == options_.advertise) continue;
     bool has = false;
-    for (const std::string& d : h.modules()) has = has || d == digest;
-    (has ? first : then).push_back(h.address());
+    for (const std::string& d : h->modules()) has = has || d == digest;
+    (has ? first : then).push_back(h->address());
   }
   first.insert(first.end(), then.begin(), then.end());
   if (first.empty()) {
@@ -456,7 +435,8 @@ absl::StatusOr<v1::ListHostsResponse> ClusterRegistry::ListHosts() {
   out.set_cluster(options_.cluster);
   for (const EtcdKv& kv : all->kvs) {
     v1::ClusterHost* h = out.add_hosts();
-    if (!FromJson(kv.value, h)) h->set_address(kv.key.substr(prefix_.size()));
+    if (!RecordFromJson(kv.value, h))
+      h->set_address(kv.key.substr(prefix_.size()));
     h->set_lease_id(kv.lease);
     absl::StatusOr<int64_t> ttl = etcd_.TimeToLive(kv.lease);
     h->set_lease_ttl_s(ttl.ok() ? *ttl : -1);

@@ -8,27 +8,15 @@
 #include <chrono>
 #include <cstring>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/unique_fd.h"
+#include "daemon/cluster/cluster_records.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
 namespace {
 
 constexpr size_t kChunkBytes = 1 << 20;
-
-bool WellFormedDigest(const std::string& digest) {
-  if (digest.size() != 7 + 64 || !absl::StartsWith(digest, "sha256:")) {
-    return false;
-  }
-  for (size_t i = 7; i < digest.size(); ++i) {
-    char c = digest[i];
-    if (!absl::ascii_isdigit(c) && !(c >= 'a' && c <= 'f')) return false;
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -92,28 +80,10 @@ absl::StatusOr<std::string> FetchModuleFrom(
   v1::FetchModuleRequest req;
   req.set_digest(digest);
   auto reader = stub->FetchModule(&ctx, req);
-  std::string bytes;
+  ModuleAssembler module(address, digest, size);
   v1::ModuleChunk chunk;
-  bool first = true;
   absl::Status bad;
-  while (reader->Read(&chunk)) {
-    if (first && chunk.total_size() != size) {
-      bad = absl::DataLossError(
-          absl::StrCat("peer ", address, " announced module ", digest, " as ",
-                       chunk.total_size(), " bytes, but the binding says ",
-                       size, "; refused"));
-      break;
-    }
-    first = false;
-    // The limit holds before the bytes are kept.
-    if (bytes.size() + chunk.data().size() > size) {
-      bad = absl::DataLossError(
-          absl::StrCat("peer ", address, " sent more than the ", size,
-                       " bytes of module ", digest, "; refused"));
-      break;
-    }
-    bytes += chunk.data();
-  }
+  while (bad.ok() && reader->Read(&chunk)) bad = module.Add(chunk);
   if (!bad.ok()) {
     ctx.TryCancel();
     reader->Finish();
@@ -125,13 +95,44 @@ absl::StatusOr<std::string> FetchModuleFrom(
         static_cast<absl::StatusCode>(st.error_code()),
         absl::StrCat("peer ", address, ": ", st.error_message()));
   }
-  const std::string got = Sha256Digest(bytes);
-  if (bytes.size() != size || got != digest) {
-    return absl::DataLossError(absl::StrCat(
-        "peer ", address, " served ", bytes.size(), " bytes with digest ", got,
-        " for module ", digest, "; refused (not stored, not loaded)"));
+  return module.Finish();
+}
+
+ModuleAssembler::ModuleAssembler(std::string peer, std::string digest,
+                                 uint64_t size)
+    : peer_(std::move(peer)), digest_(std::move(digest)), size_(size) {}
+
+absl::Status ModuleAssembler::Add(const v1::ModuleChunk& chunk) {
+  if (!bad_.ok()) return bad_;
+  if (first_ && chunk.total_size() != size_) {
+    bad_ = absl::DataLossError(
+        absl::StrCat("peer ", peer_, " announced module ", digest_, " as ",
+                     chunk.total_size(), " bytes, but the binding says ", size_,
+                     "; refused"));
+    return bad_;
   }
-  return bytes;
+  first_ = false;
+  // The limit holds before the bytes are kept.
+  if (chunk.data().size() > size_ - bytes_.size()) {
+    bad_ = absl::DataLossError(
+        absl::StrCat("peer ", peer_, " sent more than the ", size_,
+                     " bytes of module ", digest_, "; refused"));
+    std::string().swap(bytes_);
+    return bad_;
+  }
+  bytes_ += chunk.data();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ModuleAssembler::Finish() {
+  if (!bad_.ok()) return bad_;
+  const std::string got = Sha256Digest(bytes_);
+  if (bytes_.size() != size_ || got != digest_) {
+    return absl::DataLossError(absl::StrCat(
+        "peer ", peer_, " served ", bytes_.size(), " bytes with digest ", got,
+        " for module ", digest_, "; refused (not stored, not loaded)"));
+  }
+  return std::move(bytes_);
 }
 
 }  // namespace kreg

@@ -33,6 +33,32 @@ class ModuleExchangeService final : public v1::ModuleExchange::Service {
   const Held held_;
 };
 
+// Assembles module `digest` of `size` bytes from the chunks a peer streams
+// (hostile input): the first chunk must announce `size` (total_size), the
+// bytes kept never exceed `size` (checked before a chunk is kept), and
+// Finish wants exactly `size` bytes that hash to `digest`. Every refusal is
+// DATA_LOSS naming `peer` and the digest(s); after one, Add refuses again
+// and nothing more is kept. Not thread-safe.
+class ModuleAssembler {
+ public:
+  ModuleAssembler(std::string peer, std::string digest, uint64_t size);
+  ModuleAssembler(const ModuleAssembler&) = delete;
+  ModuleAssembler& operator=(const ModuleAssembler&) = delete;
+
+  absl::Status Add(const v1::ModuleChunk& chunk);
+  // Once the stream ended without error: the verified bytes.
+  absl::StatusOr<std::string> Finish();
+  uint64_t held() const { return bytes_.size(); }
+
+ private:
+  const std::string peer_;
+  const std::string digest_;
+  const uint64_t size_;
+  bool first_ = true;
+  absl::Status bad_;
+  std::string bytes_;
+};
+
 // Fetches module `digest` from the peer at `address` (HOST:PORT) and
 // verifies it: the size announced and received must be `size` (checked
 // before more is read) and the bytes must hash to `digest`. DATA_LOSS

@@ -184,6 +184,12 @@ v1::BrokerReply SessionBroker::Handle(const v1::BrokerRequest& req,
       }
       break;
     }
+    case v1::BrokerRequest::kPrecheckUpload: {
+      const v1::UploadPrecheck& p = req.precheck_upload();
+      status = ctx_.registrar->PrecheckUpload(p.target_name(), p.platform(),
+                                              p.size(), peer_);
+      break;
+    }
     case v1::BrokerRequest::kList:
       *reply.mutable_list() = ListForSession(ctx_.registry);
       break;

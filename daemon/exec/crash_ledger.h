@@ -6,10 +6,12 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -36,11 +38,22 @@ struct CrashRecord {
   int64_t last_crash_unix_s = 0;
 };
 
-// Thread-safe. In memory: a kregd restart forgets crash counts and lifts
-// every quarantine.
+// Thread-safe. Crash counts are in memory only (a restart forgets them);
+// quarantines survive a restart when a sink records them (kregd: the
+// journal) and Restore brings them back at start.
 class CrashLedger {
  public:
+  // Told each time a row becomes quarantined (`quarantined` true) or is
+  // lifted (false), after the change, without the ledger's lock held.
+  using QuarantineSink =
+      std::function<void(const CrashRecord& row, bool quarantined)>;
+
   explicit CrashLedger(CrashPolicy policy) : policy_(policy) {}
+
+  // Before the ledger is shared with other threads.
+  void SetSink(QuarantineSink sink) { sink_ = std::move(sink); }
+  // A quarantined row recorded before a restart (not told to the sink).
+  void Restore(const CrashRecord& row);
 
   // Counts one crash of `key` in a call of `uid` at `now_s` (unix seconds).
   // Returns the row after the update.
@@ -69,6 +82,7 @@ class CrashLedger {
   }
 
   const CrashPolicy policy_;
+  QuarantineSink sink_;
   mutable absl::Mutex mu_;
   std::map<Key, Row> rows_ ABSL_GUARDED_BY(mu_);
 };

@@ -86,6 +86,18 @@ absl::StatusOr<v1::RegisterReply> ExecutorBackend::Register(
   return r->register_target();
 }
 
+absl::Status ExecutorBackend::PrecheckUpload(const v1::RegisterRequest& request,
+                                             uint64_t size, const PeerCred&) {
+  v1::BrokerRequest req;
+  v1::UploadPrecheck* p = req.mutable_precheck_upload();
+  p->set_target_name(request.target_name());
+  p->set_platform(request.platform());
+  p->set_size(size);
+  absl::StatusOr<v1::BrokerReply> r = Call(req, nullptr);
+  if (!r.ok()) return r.status();
+  return StatusOf(r->status());
+}
+
 v1::ListReply ExecutorBackend::List() {
   v1::BrokerRequest req;
   req.mutable_list();

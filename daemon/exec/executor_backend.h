@@ -39,6 +39,10 @@ class ExecutorBackend final : public SessionBackend {
 
   absl::StatusOr<v1::RegisterReply> Register(const v1::RegisterRequest& request,
                                              const PeerCred& peer) override;
+  // Asks kregd (BrokerRequest.precheck_upload); the session's peer is the
+  // one kregd attributes the broker socket to.
+  absl::Status PrecheckUpload(const v1::RegisterRequest& request, uint64_t size,
+                              const PeerCred& peer) override;
   v1::ListReply List() override;
   absl::StatusOr<void*> Lookup(const TargetKey& key) override;
   absl::Status Execute(void* handler, const LaunchFrame& frame) override;

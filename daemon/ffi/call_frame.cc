@@ -41,6 +41,64 @@ size_t AttrByteWidth(int32_t dtype) {
 
 bool IsKnownDataType(int32_t dtype) { return DtypeByteWidth(dtype) >= 0; }
 
+uint64_t AttrTablesBytes(const AttrList& list) {
+  // A shared_ptr's control block and the object's own header, per Own().
+  constexpr uint64_t kOwned = 64;
+  const uint64_t n = list.size();
+  uint64_t bytes =
+      4 * kOwned + n * (sizeof(XLA_FFI_AttrType) + sizeof(XLA_FFI_ByteSpan) +
+                        2 * sizeof(void*));
+  for (const auto& [name, attr] : list) {
+    switch (attr.kind) {
+      case Attr::Kind::kScalar:
+      case Attr::Kind::kArray:
+        bytes += 2 * kOwned + sizeof(XLA_FFI_Array) +
+                 (attr.bytes.size() + 7) / 8 * 8;
+        break;
+      case Attr::Kind::kString:
+        bytes += kOwned + sizeof(XLA_FFI_ByteSpan);
+        break;
+      case Attr::Kind::kDict:
+        bytes += kOwned + sizeof(XLA_FFI_Attrs) + AttrTablesBytes(attr.dict);
+        break;
+    }
+  }
+  return bytes;
+}
+
+void CallFrameStorage::Drop(AttrTables* t) {
+  t->generation = 0;
+  t->owned.clear();
+  t->attrs = XLA_FFI_Attrs{};
+  t->hold.Set(0);
+}
+
+absl::Status CallFrameStorage::Charge(AttrTables* t, uint64_t need) {
+  while (!t->hold.Set(need)) {
+    AttrTables* victim = nullptr;
+    for (AttrTables& other : attr_tables_) {
+      if (&other != t && other.hold.held() > 0 &&
+          (victim == nullptr || other.used < victim->used)) {
+        victim = &other;
+      }
+    }
+    if (victim == nullptr) {
+      return absl::ResourceExhaustedError(
+          wire::OverBudgetText(*budget_, need,
+                               "the launch's attribute tables (call frame "
+                               "cache)"));
+    }
+    Drop(victim);
+  }
+  return absl::OkStatus();
+}
+
+uint64_t CallFrameStorage::charged_bytes() const {
+  uint64_t n = 0;
+  for (const AttrTables& t : attr_tables_) n += t.hold.held();
+  return n;
+}
+
 absl::StatusOr<std::unique_ptr<CallFrameStorage>> CallFrameStorage::Build(
     const LaunchFrame& frame) {
   auto storage = std::make_unique<CallFrameStorage>();
@@ -65,6 +123,7 @@ absl::Status CallFrameStorage::Prepare(const LaunchFrame& frame) {
     }
     if (tables == nullptr && attr_tables_.size() < kAttrTables) {
       tables = &attr_tables_.emplace_back();
+      tables->hold = wire::BudgetHold(budget_);
     }
     if (tables == nullptr) {
       tables = &attr_tables_[0];
@@ -72,13 +131,18 @@ absl::Status CallFrameStorage::Prepare(const LaunchFrame& frame) {
         if (t.used < tables->used) tables = &t;
       }
     }
-    tables->generation = 0;
-    tables->owned.clear();
-    tables->attrs = XLA_FFI_Attrs{};
+    Drop(tables);
+    if (absl::Status s = Charge(tables, AttrTablesBytes(frame.attrs));
+        !s.ok()) {
+      return s;
+    }
     building_ = tables;
     absl::Status s = BuildAttrs(frame.attrs, 0, "", &tables->attrs);
     building_ = nullptr;
-    if (!s.ok()) return s;
+    if (!s.ok()) {
+      Drop(tables);
+      return s;
+    }
     tables->generation = frame.attrs_generation;
   }
   tables->used = clock_;

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/wire.h"
 #include "daemon/launch.h"
 #include "xla/ffi/api/c_api.h"
 
@@ -20,6 +21,11 @@ namespace ffi_internal {
 
 // Deepest nesting of dictionary attributes accepted.
 inline constexpr int kMaxAttrDepth = 32;
+
+// What the attribute tables built from `list` take (an estimate from the
+// attributes: tables, aligned value copies and their bookkeeping), charged
+// to a CallFrameStorage's budget before they are built.
+uint64_t AttrTablesBytes(const AttrList& list);
 
 // Byte width of one element of `dtype` (an XLA_FFI_DataType value) in an
 // attribute; 0 for unknown, sub-byte and token types.
@@ -39,9 +45,15 @@ bool IsKnownDataType(int32_t dtype);
 // CallFrameCache) allocates nothing per call in steady state, even when a
 // few call sites alternate. Not thread-safe. Not copyable or movable
 // (self-referential).
+//
+// With a budget, each kept set of attribute tables is charged to it (an
+// estimate from the attributes, taken before the tables are built) and given
+// back when the set is evicted or the storage destroyed.
 class CallFrameStorage {
  public:
-  CallFrameStorage() = default;
+  // `budget` (null: unbounded) must outlive the storage.
+  explicit CallFrameStorage(wire::ByteBudget* budget = nullptr)
+      : budget_(budget) {}
 
   // A new storage prepared from `frame` (Prepare's errors).
   static absl::StatusOr<std::unique_ptr<CallFrameStorage>> Build(
@@ -52,9 +64,13 @@ class CallFrameStorage {
   // INVALID_ARGUMENT (message naming the operand or attribute) for an
   // unknown dtype, a negative dim, an attribute whose bytes do not match its
   // dtype and count, a duplicate attribute name or dictionaries nested
-  // deeper than kMaxAttrDepth; frame() is then unusable until a Prepare
-  // succeeds.
+  // deeper than kMaxAttrDepth; RESOURCE_EXHAUSTED (OverBudgetText) when the
+  // budget cannot cover new attribute tables even after evicting the others;
+  // frame() is then unusable until a Prepare succeeds.
   absl::Status Prepare(const LaunchFrame& frame);
+
+  // Bytes held of the budget by the kept attribute tables.
+  uint64_t charged_bytes() const;
 
   CallFrameStorage(const CallFrameStorage&) = delete;
   CallFrameStorage& operator=(const CallFrameStorage&) = delete;
@@ -74,7 +90,14 @@ class CallFrameStorage {
     uint64_t used = 0;
     XLA_FFI_Attrs attrs{};                     // the top-level table
     std::vector<std::shared_ptr<void>> owned;  // every table and value
+    wire::BudgetHold hold;                     // what `owned` is charged
   };
+
+  // Frees `t`'s tables and gives their charge back.
+  static void Drop(AttrTables* t);
+  // Charges `need` bytes to `t` (which holds nothing), evicting the least
+  // recently used other tables while the budget cannot cover it.
+  absl::Status Charge(AttrTables* t, uint64_t need);
 
   // Keeps `value` alive as long as the tables being built; returns its
   // stable address.
@@ -93,6 +116,7 @@ class CallFrameStorage {
   std::vector<void*> arg_ptrs_;
   std::vector<XLA_FFI_RetType> ret_types_;
   std::vector<void*> ret_ptrs_;
+  wire::ByteBudget* const budget_;
   std::vector<AttrTables> attr_tables_;  // at most kAttrTables
   AttrTables* building_ = nullptr;       // where Own() puts what it keeps
   uint64_t clock_ = 0;

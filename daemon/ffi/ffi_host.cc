@@ -48,8 +48,12 @@ class ScopedCurrentCall {
 
 }  // namespace
 
-CallFrameCache::CallFrameCache() = default;
+CallFrameCache::CallFrameCache(wire::ByteBudget* budget) : budget_(budget) {}
 CallFrameCache::~CallFrameCache() = default;
+
+uint64_t CallFrameCache::charged_bytes() const {
+  return storage_ == nullptr ? 0 : storage_->charged_bytes();
+}
 
 FfiHost::FfiHost(FfiHostOptions options)
     : pool_(std::make_unique<ffi_internal::ThreadPool>(
@@ -93,7 +97,8 @@ absl::Status FfiHost::Execute(void* handler, const LaunchFrame& frame,
     std::unique_ptr<ffi_internal::CallFrameStorage>& kept =
         options.frame_cache->storage_;
     if (kept == nullptr) {
-      kept = std::make_unique<ffi_internal::CallFrameStorage>();
+      kept = std::make_unique<ffi_internal::CallFrameStorage>(
+          options.frame_cache->budget_);
     }
     storage = kept.get();
   } else {

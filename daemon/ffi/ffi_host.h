@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/wire.h"
 #include "daemon/launch.h"
 #include "daemon/types.h"
 #include "xla/ffi/api/c_api.h"
@@ -34,15 +35,27 @@ class ThreadPool;
 // attrs_generation changed (or is 0). The LaunchFrame's attributes must stay
 // unmodified while their generation is unchanged. Used by one thread at a
 // time; must outlive the Executes it is passed to.
+//
+// The attribute tables it keeps are charged to `budget` (an executor's
+// max_buffered_bytes, shared with its sessions' receive buffers; null:
+// unbounded, must outlive the cache) before they are built, and given back
+// when evicted or when the cache is destroyed (the session ends). When the
+// budget cannot cover a new table even after evicting this cache's other
+// tables, Execute fails with RESOURCE_EXHAUSTED naming max_buffered_bytes
+// and the handler is not called.
 class CallFrameCache {
  public:
-  CallFrameCache();
+  explicit CallFrameCache(wire::ByteBudget* budget = nullptr);
   ~CallFrameCache();
   CallFrameCache(const CallFrameCache&) = delete;
   CallFrameCache& operator=(const CallFrameCache&) = delete;
 
+  // Bytes this cache holds of its budget (0 without one).
+  uint64_t charged_bytes() const;
+
  private:
   friend class FfiHost;
+  wire::ByteBudget* const budget_;
   std::unique_ptr<ffi_internal::CallFrameStorage> storage_;
 };
 

@@ -14,7 +14,9 @@ namespace kreg {
 
 class CpuExecutor final : public LaunchExecutor {
  public:
-  explicit CpuExecutor(const SessionContext& ctx) : ctx_(ctx) {}
+  // The call-frame cache is charged to ctx.budget.
+  explicit CpuExecutor(const SessionContext& ctx)
+      : ctx_(ctx), frames_(ctx.budget) {}
 
   // A socket launch: INVALID_ARGUMENT when descriptors are attached, the
   // decoder's errors, then Run's.

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/unique_fd.h"
+#include "common/wire.h"
 #include "daemon/types.h"
 #include "kreg/v1/session.pb.h"
 
@@ -42,6 +43,9 @@ struct SessionContext {
   SessionBackend* backend = nullptr;
   ShmArena* arena = nullptr;
   HandlerTable* handlers = nullptr;
+  // What the platform's launch caches are charged to (max_buffered_bytes;
+  // null: unbounded).
+  wire::ByteBudget* budget = nullptr;
 };
 
 // Runs one platform's launches of one session. Called with the session's

@@ -39,7 +39,55 @@ absl::Status Truncated(const char* what, size_t need, size_t left) {
                    " bytes, ", left, " are left"));
 }
 
+// What a decoded attribute list takes (an estimate: its vectors and the
+// bytes of its names and values).
+uint64_t AttrListBytes(const AttrList& list) {
+  uint64_t n = list.capacity() * sizeof(AttrList::value_type);
+  for (const auto& [name, attr] : list) {
+    n += name.size() + attr.bytes.size() + AttrListBytes(attr.dict);
+  }
+  return n;
+}
+
 }  // namespace
+
+uint64_t RingDecoder::charged_bytes() const {
+  uint64_t n = 0;
+  for (const AttrEntry& e : attr_entries_) n += e.hold.held();
+  return n;
+}
+
+void RingDecoder::Evict(size_t i) {
+  AttrEntry& e = attr_entries_[i];
+  std::string().swap(e.bytes);
+  AttrList().swap(e.attrs);
+  e.generation = 0;
+  e.used = 0;
+  e.valid = false;
+  e.hold.Set(0);
+}
+
+absl::Status RingDecoder::Charge(size_t slot, uint64_t need) {
+  while (!attr_entries_[slot].hold.Set(need)) {
+    size_t victim = attr_entries_.size();
+    for (size_t i = 0; i < attr_entries_.size(); ++i) {
+      if (i != slot && static_cast<int>(i) != current_ &&
+          attr_entries_[i].valid &&
+          (victim == attr_entries_.size() ||
+           attr_entries_[i].used < attr_entries_[victim].used)) {
+        victim = i;
+      }
+    }
+    if (victim == attr_entries_.size()) {
+      return absl::ResourceExhaustedError(wire::OverBudgetText(
+          *budget_, need,
+          "launch refused: caching its attribute block (the launch "
+          "ring's attribute cache)"));
+    }
+    Evict(victim);
+  }
+  return absl::OkStatus();
+}
 
 void RingDecoder::UseEntry(size_t i) {
   if (current_ >= 0) {
@@ -53,7 +101,7 @@ void RingDecoder::UseEntry(size_t i) {
 absl::Status RingDecoder::DecodeAttrBytes(const char* data, size_t size) {
   ++clock_;
   auto same = [&](const AttrEntry& e) {
-    return e.bytes.size() == size &&
+    return e.valid && e.bytes.size() == size &&
            (size == 0 || memcmp(e.bytes.data(), data, size) == 0);
   };
   if (current_ >= 0 && same(attr_entries_[current_])) {
@@ -75,11 +123,15 @@ absl::Status RingDecoder::DecodeAttrBytes(const char* data, size_t size) {
   }
   absl::StatusOr<AttrList> attrs = DecodeAttrs(attr_message_.attrs());
   if (!attrs.ok()) return attrs.status();
+  // An evicted entry, else a new one, else the least recently used block
+  // other than the one in the frame (evicted used are 0: the least).
   size_t slot = attr_entries_.size();
-  if (slot < kAttrEntries) {
-    attr_entries_.emplace_back();
-  } else {
-    // The least recently used block other than the one in the frame.
+  for (size_t i = 0; i < attr_entries_.size(); ++i) {
+    if (!attr_entries_[i].valid && static_cast<int>(i) != current_) slot = i;
+  }
+  if (slot == attr_entries_.size() && slot < kAttrEntries) {
+    attr_entries_.emplace_back().hold = wire::BudgetHold(budget_);
+  } else if (slot == attr_entries_.size()) {
     slot = current_ == 0 ? 1 : 0;
     for (size_t i = 0; i < attr_entries_.size(); ++i) {
       if (static_cast<int>(i) != current_ &&
@@ -88,7 +140,12 @@ absl::Status RingDecoder::DecodeAttrBytes(const char* data, size_t size) {
       }
     }
   }
+  Evict(slot);
+  if (absl::Status s = Charge(slot, size + AttrListBytes(*attrs)); !s.ok()) {
+    return s;
+  }
   AttrEntry& e = attr_entries_[slot];
+  e.valid = true;
   e.bytes.assign(data, size);
   e.attrs = *std::move(attrs);
   // Unique across decoders and never reused: a cache keyed by it can never

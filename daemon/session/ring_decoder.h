@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/wire.h"
 #include "daemon/session/launch_decoder.h"
 #include "daemon/session/shm_arena.h"
 #include "kreg/v1/session.pb.h"
@@ -23,10 +24,18 @@ namespace kreg {
 // one attrs_generation for as long as it is cached, and is the same objects
 // whenever the frame carries it (moved in and out, never copied), so
 // FfiHost's CallFrameCache may keep what it built from it.
+// Each cached block (its bytes and decoded list) is charged to `budget` (the
+// executor's max_buffered_bytes, shared with the sessions' receive buffers;
+// null: unbounded) before the cache keeps it, and given back when it is
+// evicted or the decoder destroyed (the session ends). A block the budget
+// cannot cover, even after evicting this decoder's other blocks, fails its
+// launch with RESOURCE_EXHAUSTED naming max_buffered_bytes. (The transient
+// decode of one descriptor is bounded by the descriptor's size.)
 // Thread-compatible: one session's ring thread uses it.
 class RingDecoder {
  public:
-  RingDecoder() = default;
+  // `budget` must outlive the decoder.
+  explicit RingDecoder(wire::ByteBudget* budget = nullptr) : budget_(budget) {}
   RingDecoder(const RingDecoder&) = delete;
   RingDecoder& operator=(const RingDecoder&) = delete;
 
@@ -46,6 +55,9 @@ class RingDecoder {
                                               const ShmArena& arena,
                                               uint64_t* tag);
 
+  // Bytes the cached attribute blocks hold of the budget.
+  uint64_t charged_bytes() const;
+
  private:
   static constexpr size_t kAttrEntries = 16;
 
@@ -55,11 +67,20 @@ class RingDecoder {
     AttrList attrs;  // empty while launch_.frame.attrs holds it
     uint64_t generation = 0;
     uint64_t used = 0;
+    bool valid = false;     // false: evicted (or never filled)
+    wire::BudgetHold hold;  // what bytes and attrs are charged
   };
 
   absl::Status DecodeAttrBytes(const char* data, size_t size);
   // Puts entry `i`'s list into the frame (and the current one's back).
   void UseEntry(size_t i);
+  // Frees entry `i` (never the current one) and gives its charge back.
+  void Evict(size_t i);
+  // Charges `need` bytes to entry `slot`, evicting the least recently used
+  // other entries (never the current one) while the budget cannot cover it.
+  absl::Status Charge(size_t slot, uint64_t need);
+
+  wire::ByteBudget* const budget_;
 
   DecodedLaunch launch_;
   std::vector<AttrEntry> attr_entries_;

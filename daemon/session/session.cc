@@ -64,8 +64,10 @@ Session::Session(uint64_t id, UniqueFd sock, const PeerCred& peer,
       backend_(backend),
       counters_(counters),
       arena_(limits.max_arena_bytes),
-      handlers_(backend) {
-  SessionContext ctx{id, peer, backend, &arena_, &handlers_};
+      handlers_(backend),
+      ring_decoder_(limits.receive_budget) {
+  SessionContext ctx{id,      peer,       backend,
+                     &arena_, &handlers_, limits.receive_budget};
   auto cpu = std::make_unique<CpuExecutor>(ctx);
   auto gpu = std::make_unique<CudaExecutor>(ctx, cuda);
   cpu_ = cpu.get();
@@ -266,6 +268,11 @@ absl::StatusOr<v1::RegisterRequest> Session::WithUploadedModule(
   }
   v1::RegisterRequest out = req;
   if (by_fd) {
+    // kregd's size, name and quota checks first: an upload it would refuse
+    // is never read.
+    absl::Status early =
+        backend_->PrecheckUpload(req, req.upload_fd_size(), peer_);
+    if (!early.ok()) return early;
     absl::StatusOr<std::string> bytes = ReadModuleFd(
         fds[0].get(), req.upload_fd_size(), limits_.max_module_bytes);
     if (!bytes.ok()) return bytes.status();

@@ -46,6 +46,17 @@ class SessionBackend {
   // Same rules and errors as the gRPC RegisterTarget.
   virtual absl::StatusOr<v1::RegisterReply> Register(
       const v1::RegisterRequest& request, const PeerCred& peer) = 0;
+  // Before a byte of an fd upload (RegisterRequest.upload_fd_size) of
+  // `size` bytes is read: kregd's checks of the gRPC path's upload header
+  // (name, platform, max_module_bytes, the peer's quotas), with the same
+  // errors. OK lets the session read the bytes.
+  virtual absl::Status PrecheckUpload(const v1::RegisterRequest& request,
+                                      uint64_t size, const PeerCred& peer) {
+    (void)request;
+    (void)size;
+    (void)peer;
+    return absl::OkStatus();
+  }
   virtual v1::ListReply List() = 0;
   // The handler registered as `key`, or NOT_FOUND naming it.
   virtual absl::StatusOr<void*> Lookup(const TargetKey& key) = 0;
@@ -149,8 +160,10 @@ class Session final : public ServedSession {
   const PeerCred& peer() const override { return peer_; }
 
  private:
-  // `req` with an fd upload (upload_fd_size) read into `upload`, checked
-  // against max_module_bytes; INVALID_ARGUMENT for a wrong fd count or size.
+  // `req` with an fd upload (upload_fd_size) read into `upload` once the
+  // backend's PrecheckUpload accepted the announced size (its error
+  // otherwise, nothing read), checked against max_module_bytes;
+  // INVALID_ARGUMENT for a wrong fd count or size.
   absl::StatusOr<v1::RegisterRequest> WithUploadedModule(
       const v1::RegisterRequest& req, std::vector<UniqueFd> fds) const;
   absl::Status DoHello(const v1::Hello& hello, v1::HelloReply* reply);

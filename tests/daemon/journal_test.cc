@@ -4,6 +4,9 @@
 
 #include <fstream>
 #include <iterator>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "catch2/catch.hpp"
 #include "kreg/v1/journal.pb.h"
@@ -223,6 +226,86 @@ TEST_CASE("Journal refuses a retirement with a bad platform",
   auto entries = j.Open();
   REQUIRE(entries.status().code() == absl::StatusCode::kDataLoss);
   CHECK_THAT(std::string(entries.status().message()), Catch::Contains("tpu"));
+}
+
+QuarantineEvent Quarantine(const std::string& name, uid_t uid, bool on) {
+  QuarantineEvent q;
+  q.key = {name, Platform::kCpu};
+  q.uid = uid;
+  q.quarantined = on;
+  q.crashes_in_window = 3;
+  q.crashes_total = 5;
+  q.last_reason = "SIGSEGV";
+  q.last_crash_unix_s = 1700000000;
+  return q;
+}
+
+TEST_CASE("Journal replays quarantines: the last record of a target wins",
+          "[journal][quarantine]") {
+  testing::TempDir dir;
+  std::string path = dir.path() + "/journal";
+  {
+    Journal j(path);
+    REQUIRE(j.Open().ok());
+    CHECK(j.quarantines().empty());
+    REQUIRE(j.Append(Entry("a")).ok());
+    REQUIRE(j.AppendQuarantine(Quarantine("a", 1000, true)).ok());
+    REQUIRE(j.AppendQuarantine(Quarantine("a", 1001, true)).ok());
+    REQUIRE(j.AppendQuarantine(Quarantine("b", 1000, true)).ok());
+    REQUIRE(j.AppendQuarantine(Quarantine("b", 1000, false)).ok());  // lifted
+  }
+  Journal j(path);
+  auto entries = j.Open();
+  REQUIRE(entries.ok());
+  CHECK(entries->size() == 1);  // quarantines are no registrations
+  REQUIRE(j.quarantines().size() == 2);
+  const QuarantineEvent& q = j.quarantines()[0];
+  CHECK(q.key.name == "a");
+  CHECK(q.uid == 1000);
+  CHECK(q.quarantined);
+  CHECK(q.crashes_in_window == 3);
+  CHECK(q.crashes_total == 5);
+  CHECK(q.last_reason == "SIGSEGV");
+  CHECK(q.last_crash_unix_s == 1700000000);
+  CHECK(j.quarantines()[1].uid == 1001);
+  // Lifted after a restart: gone after the next one.
+  REQUIRE(j.AppendQuarantine(Quarantine("a", 1000, false)).ok());
+  Journal again(path);
+  REQUIRE(again.Open().ok());
+  REQUIRE(again.quarantines().size() == 1);
+  CHECK(again.quarantines()[0].uid == 1001);
+}
+
+TEST_CASE("Journal refuses a quarantine record with a bad name or platform",
+          "[journal][quarantine]") {
+  for (const auto& [name, platform, what] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"a", "tpu", "tpu"}, {"bad name!", "cpu", "bad name!"}}) {
+    testing::TempDir dir;
+    std::string path = dir.path() + "/journal";
+    {
+      Journal j(path);
+      REQUIRE(j.Open().ok());
+    }
+    v1::JournalRecord record;
+    record.mutable_quarantine()->set_target_name(name);
+    record.mutable_quarantine()->set_platform(platform);
+    record.mutable_quarantine()->set_quarantined(true);
+    std::string payload = record.SerializeAsString();
+    uint32_t len = static_cast<uint32_t>(payload.size());
+    uint32_t crc = static_cast<uint32_t>(
+        crc32(0, reinterpret_cast<const Bytef*>(payload.data()), len));
+    std::string data = ReadAll(path);
+    data.append(reinterpret_cast<const char*>(&len), 4);
+    data.append(reinterpret_cast<const char*>(&crc), 4);
+    data += payload;
+    WriteAll(path, data);
+    Journal j(path);
+    auto entries = j.Open();
+    REQUIRE(entries.status().code() == absl::StatusCode::kDataLoss);
+    CHECK_THAT(std::string(entries.status().message()),
+               Catch::Contains("record at byte 0") && Catch::Contains(what));
+  }
 }
 
 }  // namespace

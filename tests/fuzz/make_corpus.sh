@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 corpus=tests/fuzz/corpus
 rm -rf "$corpus"
-mkdir -p "$corpus"/{session,launch_decoder,ring_decoder,broker_request,journal,module_path,elf_symbols,http_request}
+mkdir -p "$corpus"/{session,launch_decoder,ring_decoder,broker_request,journal,module_path,elf_symbols,http_request,cluster_inputs}
 bazel run -q //tests/fuzz:make_seeds -- "$PWD/$corpus"
 
 # elf_symbols: a stripped shared object with two handler-like exports.
@@ -30,3 +30,18 @@ printf '\x01GET /metrics HTTP/1.1\r\nX-Long: %s\r\n\r\n' "$(printf 'a%.0s' {1..6
 printf '\x40POST /metrics?x=1 HTTP/1.0\nContent-Length: 3\n\nabc' > "$h/post_body"
 printf '\x40\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03' > "$h/tls"
 printf '\x40%%PO ?metrics HTTP/1.1\r\n\r\n' > "$h/query_only_target"  # a finding
+
+# cluster_inputs: byte 0 % 3 picks the decoder (0 binding, 1 host, 2 chunks).
+c=$corpus/cluster_inputs
+d=sha256:$(printf '%064d' 0 | tr 0 a)
+printf '\x00{"target_name":"fuzz.t","platform":"cpu","func_name":"Scale","content_id":"v1","module_digest":"%s","module_size":"4096","kind":"module","ffi_api_major":0,"ffi_api_minor":1,"audit":{"uid":1000,"gid":1000,"pid":7,"registered_at_us":"1","origin":"upload","host":"h1 (10.0.0.1:7000)"}}' "$d" > "$c/binding"
+printf '\x00/kregd/fuzz/targets/cuda/a.b\x00{"target_name":"a.b","platform":"cuda","func_name":"Run","module_digest":"%s","module_size":"1"}' "$d" > "$c/binding_keyed"
+printf '\x00{"target_name":"fuzz.t","platform":"cpu","func_name":"cb","content_id":"fp:123","kind":"in-process","newer_field":[1,2]}' > "$c/binding_in_process"
+printf '\x00/kregd/fuzz/targets/cpu/other\x00{"target_name":"fuzz.t","platform":"cpu","func_name":"Scale","module_digest":"sha256:../../x"}' > "$c/binding_bad"
+printf '\x01{"address":"10.0.0.2:7000","host_name":"h2","version":"0.9","pid":42,"started_at_us":"5","modules":["%s"]}' "$d" > "$c/host"
+printf '\x01{"address":"[fe80::1]:7000","modules":[]}' > "$c/host_v6"
+printf '\x01{"address":"unix:/run/kregd.sock:1"}' > "$c/host_unix"
+printf '\x02\x07\x00\x00\x05hello\x03abc' > "$c/chunks_ok"
+printf '\x02\x03\x0a\x00\x04abcd' > "$c/chunks_short"
+printf '\x02\x01\x04\x00\x08abcdefgh' > "$c/chunks_over"
+printf '\x02\x06\x00\x00\x00\x02hi' > "$c/chunks_wrong_total"

@@ -251,6 +251,35 @@ def test_quarantine_after_repeated_crashes_and_unquarantine():
     finish(d)
 
 
+def test_quarantine_survives_a_restart_until_unquarantine():
+  hostile_path()
+  d = make_daemon("--quarantine-crashes", "2", "--quarantine-window", "600")
+  try:
+    first, second = run_client(d, "Segfault", "Segfault")
+    assert "now quarantined for uid" in second["error"], second
+    d.restart()
+    # The journal brought the quarantine back: the call fails at once.
+    (third,) = run_client(d, "Segfault")
+    msg = third["error"]
+    assert "is quarantined for uid" in msg and "SIGSEGV" in msg, msg
+    assert "stays quarantined for uid" in d.log()
+    (show,) = json.loads(kregctl(d, "show", "hostile.Segfault",
+                                 "--json").stdout)
+    assert show["quarantined"] is True
+    # Other targets of the module are not affected.
+    (who,) = run_client(d, "WhoAmI")
+    assert "ok" in who, who
+    lifted = kregctl(d, "unquarantine", "hostile.Segfault", "--platform",
+                     "cpu")
+    assert "lifted the quarantine of hostile.Segfault (cpu)" in lifted.stdout
+    d.restart()
+    # Lifted before the restart: stays lifted, and crashes count afresh.
+    (again,) = run_client(d, "Segfault")
+    assert "crash 1 of 2" in again["error"], again
+  finally:
+    finish(d)
+
+
 def start_error(*args):
   """The error of a kregd started with `args` that must refuse to start."""
   d = Daemon(pathlib.Path(tempfile.mkdtemp(prefix="kreg-x-", dir="/tmp")), [],

@@ -210,5 +210,97 @@ TEST_CASE("CallFrameCache keeps no failed build", "[call_frame][cache]") {
   CHECK(g_seen.factor == 7.0f);
 }
 
+// ---- accounting in max_buffered_bytes (wire::ByteBudget) -----------------
+
+TEST_CASE("CallFrameCache charges its attribute tables to the budget",
+          "[call_frame][cache][budget]") {
+  FfiHost host(FfiHostOptions{1});
+  wire::ByteBudget budget(1 << 20);
+  std::vector<float> x = {3}, y = {0};
+  LaunchFrame a = Frame(x, y, 1.5f, 2001, "a");
+  LaunchFrame b = Frame(x, y, 2.5f, 2002, "b");
+  {
+    CallFrameCache cache(&budget);
+    CallOptions options;
+    options.frame_cache = &cache;
+    CHECK(cache.charged_bytes() == 0);
+    REQUIRE(host.Execute(AsHandler(Observe), a, options).ok());
+    const uint64_t one = budget.used();
+    CHECK(one > 0);
+    CHECK(cache.charged_bytes() == one);
+    // Reusing a generation charges nothing more; a second one adds its own.
+    REQUIRE(host.Execute(AsHandler(Observe), a, options).ok());
+    CHECK(budget.used() == one);
+    REQUIRE(host.Execute(AsHandler(Observe), b, options).ok());
+    CHECK(budget.used() == 2 * one);
+    CHECK(cache.charged_bytes() == 2 * one);
+    // Many more generations than it keeps: evicted tables give theirs back.
+    for (uint64_t g = 0; g < 40; ++g) {
+      LaunchFrame f = Frame(x, y, 1.0f, 3000 + g, "c");
+      REQUIRE(host.Execute(AsHandler(Observe), f, options).ok());
+    }
+    CHECK(budget.used() == cache.charged_bytes());
+    CHECK(budget.used() <= 16 * one);
+  }
+  // The session ended: everything is given back.
+  CHECK(budget.used() == 0);
+}
+
+TEST_CASE("CallFrameCache evicts its own tables before it refuses",
+          "[call_frame][cache][budget]") {
+  FfiHost host(FfiHostOptions{1});
+  std::vector<float> x = {3}, y = {0};
+  uint64_t one = 0;
+  {
+    wire::ByteBudget probe(1 << 20);
+    CallFrameCache cache(&probe);
+    CallOptions options;
+    options.frame_cache = &cache;
+    REQUIRE(host.Execute(AsHandler(Observe), Frame(x, y, 1, 4001, "a"), options)
+                .ok());
+    one = probe.used();
+  }
+  wire::ByteBudget budget(2 * one + one / 2);  // room for two sets
+  CallFrameCache cache(&budget);
+  CallOptions options;
+  options.frame_cache = &cache;
+  for (uint64_t g = 0; g < 5; ++g) {
+    REQUIRE(
+        host.Execute(AsHandler(Observe), Frame(x, y, 1, 4100 + g, "a"), options)
+            .ok());
+    CHECK(budget.used() <= budget.limit());
+  }
+  CHECK(budget.used() == 2 * one);
+}
+
+TEST_CASE("CallFrameCache refuses tables the budget cannot cover",
+          "[call_frame][cache][budget]") {
+  FfiHost host(FfiHostOptions{1});
+  wire::ByteBudget budget(1 << 20);
+  REQUIRE(budget.TryTake((1 << 20) - 16));  // other sessions' buffers
+  CallFrameCache cache(&budget);
+  CallOptions options;
+  options.frame_cache = &cache;
+  std::vector<float> x = {3}, y = {0};
+  g_seen = Seen();
+  g_seen.num_args = 12345;  // Observe resets it when called
+  absl::Status s =
+      host.Execute(AsHandler(Observe), Frame(x, y, 1, 5001, "a"), options);
+  CHECK(s.code() == absl::StatusCode::kResourceExhausted);
+  const std::string msg(s.message());
+  CHECK(msg.find("the launch's attribute tables (call frame cache) needs ") ==
+        0);
+  CHECK(msg.find("already hold 1048560 of their limit of 1048576 bytes "
+                 "(max_buffered_bytes)") != std::string::npos);
+  CHECK(g_seen.num_args == 12345);  // the handler did not run
+  CHECK(budget.used() == (1 << 20) - 16);
+  CHECK(cache.charged_bytes() == 0);
+  // Once the other bytes are given back, the same call runs.
+  budget.Give((1 << 20) - 16);
+  CHECK(host.Execute(AsHandler(Observe), Frame(x, y, 1, 5001, "a"), options)
+            .ok());
+  CHECK(g_seen.num_args == 1);
+}
+
 }  // namespace
 }  // namespace kreg

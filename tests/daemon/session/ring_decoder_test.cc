@@ -10,9 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "common/ring_encode.h"
 #include "common/ring_layout.h"
+#include "common/wire.h"
 #include "daemon/session/launch_decoder.h"
 #include "tests/daemon/session/test_util.h"
 #include "xla/ffi/api/c_api.h"
@@ -336,6 +338,98 @@ TEST_CASE("RingDecoder survives garbage and bit flips", "[ring]") {
     }
   }
   CHECK(ok < 20000);
+}
+
+// ---- accounting in max_buffered_bytes (wire::ByteBudget) -----------------
+
+// What one cached block of WithFactor costs.
+uint64_t OneBlock(const ShmArena& arena) {
+  wire::ByteBudget budget(1 << 20);
+  RingDecoder d(&budget);
+  uint64_t tag;
+  std::string bytes = Encode(WithFactor(1));
+  REQUIRE(d.Decode(bytes.data(), bytes.size(), 0, arena, &tag).ok());
+  return budget.used();
+}
+
+TEST_CASE("RingDecoder charges cached blocks and gives them back",
+          "[ring][budget]") {
+  Arena a;
+  const uint64_t one = OneBlock(a.arena);
+  CHECK(one > 0);
+  wire::ByteBudget budget(1 << 20);
+  {
+    RingDecoder d(&budget);
+    uint64_t tag;
+    std::string two = Encode(WithFactor(2)), three = Encode(WithFactor(3));
+    REQUIRE(d.Decode(two.data(), two.size(), 0, a.arena, &tag).ok());
+    CHECK(budget.used() == one);
+    REQUIRE(d.Decode(two.data(), two.size(), 0, a.arena, &tag).ok());
+    CHECK(budget.used() == one);  // a cached block costs nothing more
+    REQUIRE(d.Decode(three.data(), three.size(), 0, a.arena, &tag).ok());
+    CHECK(budget.used() == 2 * one);
+    CHECK(d.charged_bytes() == 2 * one);
+    // Evicted blocks give their bytes back.
+    for (int i = 0; i < 40; ++i) {
+      std::string bytes = Encode(WithFactor(float(100 + i)));
+      REQUIRE(d.Decode(bytes.data(), bytes.size(), 0, a.arena, &tag).ok());
+    }
+    CHECK(budget.used() == 16 * one);
+    CHECK(d.charged_bytes() == budget.used());
+  }
+  CHECK(budget.used() == 0);  // the session ended
+}
+
+TEST_CASE("RingDecoder evicts its own blocks before it refuses",
+          "[ring][budget]") {
+  Arena a;
+  const uint64_t one = OneBlock(a.arena);
+  wire::ByteBudget budget(2 * one + one / 2);  // room for two blocks
+  RingDecoder d(&budget);
+  uint64_t tag;
+  for (int i = 0; i < 5; ++i) {
+    std::string bytes = Encode(WithFactor(float(i)));
+    absl::StatusOr<const DecodedLaunch*> r =
+        d.Decode(bytes.data(), bytes.size(), 0, a.arena, &tag);
+    REQUIRE(r.ok());
+    CHECK(FactorOf(**r) == float(i));
+    CHECK(budget.used() <= budget.limit());
+  }
+  CHECK(budget.used() == 2 * one);
+  // The block in the frame stays usable.
+  std::string last = Encode(WithFactor(4));
+  absl::StatusOr<const DecodedLaunch*> r =
+      d.Decode(last.data(), last.size(), 0, a.arena, &tag);
+  REQUIRE(r.ok());
+  CHECK(FactorOf(**r) == 4.0f);
+}
+
+TEST_CASE("RingDecoder refuses a block the budget cannot cover",
+          "[ring][budget]") {
+  Arena a;
+  const uint64_t one = OneBlock(a.arena);
+  wire::ByteBudget budget(1000 + one - 1);
+  REQUIRE(budget.TryTake(1000));  // another session's receive buffer
+  RingDecoder d(&budget);
+  uint64_t tag;
+  std::string bytes = Encode(WithFactor(2));
+  absl::StatusOr<const DecodedLaunch*> r =
+      d.Decode(bytes.data(), bytes.size(), 0, a.arena, &tag);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == absl::StatusCode::kResourceExhausted);
+  const std::string msg(r.status().message());
+  CHECK(msg.find(absl::StrCat("launch refused: caching its attribute block "
+                              "(the launch ring's attribute cache) needs ",
+                              one, " bytes")) == 0);
+  CHECK(msg.find(absl::StrCat("already hold 1000 of their limit of ",
+                              1000 + one - 1, " bytes (max_buffered_bytes)")) !=
+        std::string::npos);
+  CHECK(budget.used() == 1000);
+  CHECK(d.charged_bytes() == 0);
+  budget.Give(1000);
+  r = d.Decode(bytes.data(), bytes.size(), 0, a.arena, &tag);
+  REQUIRE(r.ok());
+  CHECK(FactorOf(**r) == 2.0f);
 }
 
 }  // namespace

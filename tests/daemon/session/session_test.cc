@@ -1,5 +1,6 @@
 #include "daemon/session/session.h"
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -31,6 +32,17 @@ class FakeBackend : public SessionBackend {
     reply.mutable_target()->set_target_name(r.target_name());
     return reply;
   }
+  // Refuses uploads over 100 bytes, like kregd's quota would.
+  absl::Status PrecheckUpload(const v1::RegisterRequest& r, uint64_t size,
+                              const PeerCred& peer) override {
+    ++prechecks;
+    last_peer = peer;
+    if (size > 100) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "precheck of \"", r.target_name(), "\": ", size, " bytes"));
+    }
+    return absl::OkStatus();
+  }
   v1::ListReply List() override { return {}; }
   absl::StatusOr<void*> Lookup(const TargetKey& key) override {
     ++lookups;
@@ -48,6 +60,7 @@ class FakeBackend : public SessionBackend {
   uint32_t ffi_api_major() const override { return 0; }
   uint32_t ffi_api_minor() const override { return 4; }
   int lookups = 0;
+  int prechecks = 0;
   PeerCred last_peer;
 };
 
@@ -253,6 +266,41 @@ TEST_CASE("Register passes the peer and the refusal through", "[session]") {
   resp = fx.Send(r);
   CHECK(resp.status().code() == int(absl::StatusCode::kFailedPrecondition));
   CHECK(resp.status().message() == "target \"refused\" exists");
+}
+
+TEST_CASE("An fd upload refused by the precheck is never read", "[session]") {
+  Fixture fx;
+  fx.Hello();
+  // A pipe cannot be pread: had the session read it, the error would say
+  // the descriptor cannot be read.
+  int p[2];
+  REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+  UniqueFd read_end(p[0]), write_end(p[1]);
+  v1::SessionRequest r;
+  r.mutable_register_target()->set_target_name("big");
+  r.mutable_register_target()->set_upload_fd_size(1 << 20);
+  std::vector<UniqueFd> fds;
+  fds.push_back(std::move(read_end));
+  v1::SessionResponse resp = fx.Send(r, std::move(fds));
+  CHECK(fx.backend.prechecks == 1);
+  CHECK(fx.backend.last_peer.pid == 3);
+  CHECK(resp.status().code() == int(absl::StatusCode::kResourceExhausted));
+  CHECK(resp.status().message() == "precheck of \"big\": 1048576 bytes");
+}
+
+TEST_CASE("An fd upload the precheck accepts is read and registered",
+          "[session]") {
+  Fixture fx;
+  fx.Hello();
+  v1::SessionRequest r;
+  r.mutable_register_target()->set_target_name("small");
+  r.mutable_register_target()->set_upload_fd_size(4);
+  std::vector<UniqueFd> fds;
+  fds.push_back(MakeMemfd(4));
+  v1::SessionResponse resp = fx.Send(r, std::move(fds));
+  CHECK(fx.backend.prechecks == 1);
+  CHECK(resp.status().code() == 0);
+  CHECK(resp.register_target().created());
 }
 
 // ---- the request loop over a socket --------------------------------------

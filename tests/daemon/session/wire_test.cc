@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "catch2/catch.hpp"
@@ -223,6 +224,36 @@ TEST_CASE("Sending to a closed peer fails without SIGPIPE", "[wire]") {
   Pair p;
   p.b.reset();
   CHECK(wire::SendFrame(p.a.get(), "x", 1, nullptr, 0) == EPIPE);
+}
+
+TEST_CASE("BudgetHold takes, gives back and moves what it holds",
+          "[wire][budget]") {
+  wire::ByteBudget budget(100);
+  {
+    wire::BudgetHold a(&budget);
+    CHECK(a.Set(60));
+    CHECK(budget.used() == 60);
+    wire::BudgetHold b(&budget);
+    CHECK_FALSE(b.Set(41));  // unchanged when the budget cannot cover it
+    CHECK(b.held() == 0);
+    CHECK(budget.used() == 60);
+    CHECK(b.Set(40));
+    CHECK(a.Set(10));  // lower: the difference goes back
+    CHECK(budget.used() == 50);
+    wire::BudgetHold c(std::move(a));
+    CHECK(a.held() == 0);
+    CHECK(c.held() == 10);
+    b = std::move(c);  // b's 40 go back, it holds c's 10
+    CHECK(budget.used() == 10);
+  }
+  CHECK(budget.used() == 0);
+  wire::BudgetHold unbounded;
+  CHECK(unbounded.Set(uint64_t{1} << 40));
+  CHECK(wire::OverBudgetText(budget, 7, "x") ==
+        "x needs 7 bytes, but the receive buffers and launch caches of this "
+        "executor's sessions already hold 0 of their limit of 100 bytes "
+        "(max_buffered_bytes); use fewer distinct large attributes at once, "
+        "end idle sessions, or ask the operator to raise max_buffered_bytes");
 }
 
 }  // namespace

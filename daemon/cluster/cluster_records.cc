@@ -1,0 +1,125 @@
+#include "daemon/cluster/cluster_records.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "daemon/target_proto.h"
+#include "daemon/validate.h"
+
+namespace kreg {
+namespace {
+
+// At most this much of a hostile value goes into a message.
+std::string Quoted(const std::string& s) {
+  return absl::StrCat("\"", absl::CEscape(s.substr(0, 80)),
+                      s.size() > 80 ? "...\"" : "\"");
+}
+
+}  // namespace
+
+std::string RecordJson(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, opts);
+  return out;
+}
+
+bool RecordFromJson(const std::string& json, google::protobuf::Message* m) {
+  google::protobuf::util::JsonParseOptions opts;
+  opts.ignore_unknown_fields = true;  // records of newer kregd versions
+  return google::protobuf::util::JsonStringToMessage(json, m, opts).ok();
+}
+
+bool WellFormedDigest(const std::string& digest) {
+  if (digest.size() != 7 + 64 || !absl::StartsWith(digest, "sha256:")) {
+    return false;
+  }
+  for (size_t i = 7; i < digest.size(); ++i) {
+    char c = digest[i];
+    if (!absl::ascii_isdigit(c) && !(c >= 'a' && c <= 'f')) return false;
+  }
+  return true;
+}
+
+std::string BindingKey(const std::string& prefix, const TargetKey& key) {
+  return absl::StrCat(prefix, "targets/", PlatformName(key.platform), "/",
+                      key.name);
+}
+
+absl::StatusOr<TargetEntry> ParseBindingRecord(const std::string& prefix,
+                                               const std::string& key,
+                                               const std::string& value) {
+  v1::Target t;
+  if (!RecordFromJson(value, &t)) {
+    return absl::DataLossError(absl::StrCat("etcd key ", Quoted(key),
+                                            " does not hold a kreg binding"));
+  }
+  absl::StatusOr<TargetEntry> e = FromProto(t);
+  if (!e.ok()) return e.status();
+  // What a registration on any host would have been refused for.
+  absl::Status st = ValidateFuncName(e->func_name);
+  if (st.ok()) st = ValidateContentId(e->content_id);
+  if (st.ok() && e->kind == TargetKind::kModule &&
+      !WellFormedDigest(e->module_digest)) {
+    st = absl::InvalidArgumentError(
+        absl::StrCat("module digest ", Quoted(e->module_digest),
+                     " is not \"sha256:\" followed by 64 lowercase hex"));
+  }
+  if (!st.ok()) {
+    return absl::DataLossError(absl::StrCat(
+        "etcd key ", Quoted(key), " holds an invalid binding: ", st.message()));
+  }
+  if (BindingKey(prefix, e->key) != key) {
+    return absl::DataLossError(absl::StrCat(
+        "etcd key ", Quoted(key), " holds the binding of ", Named(e->key)));
+  }
+  return e;
+}
+
+bool PeerAddressOk(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  const std::string host = address.substr(0, colon);
+  const std::string port = address.substr(colon + 1);
+  if (port.empty() || port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string::npos) {
+    return false;
+  }
+  const int p = std::stoi(port);
+  if (p <= 0 || p > 65535) return false;
+  if (host.front() == '[') {
+    return host.size() > 2 && host.back() == ']' &&
+           host.find_first_not_of("0123456789abcdefABCDEF:.", 1) ==
+               host.size() - 1;
+  }
+  return host.size() <= 253 &&
+         host.find_first_not_of(
+             "abcdefghijklmnopqrstuvwxyz"
+             "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_") == std::string::npos;
+}
+
+absl::StatusOr<v1::ClusterHost> ParseHostRecord(const std::string& value) {
+  v1::ClusterHost h;
+  if (!RecordFromJson(value, &h)) {
+    return absl::DataLossError("the host record does not parse as a kregd's");
+  }
+  if (!PeerAddressOk(h.address())) {
+    return absl::DataLossError(absl::StrCat("the host record's address ",
+                                            Quoted(h.address()),
+                                            " is not HOST:PORT"));
+  }
+  for (const std::string& d : h.modules()) {
+    if (!WellFormedDigest(d)) {
+      return absl::DataLossError(absl::StrCat(
+          "host ", h.address(), " lists module ", Quoted(d),
+          ", which is not \"sha256:\" followed by 64 lowercase hex"));
+    }
+  }
+  return h;
+}
+
+}  // namespace kreg

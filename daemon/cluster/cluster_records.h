@@ -1,0 +1,49 @@
+// What cluster mode reads from etcd (DESIGN §10): binding records and host
+// records, written by other hosts and so hostile input, decoded and
+// validated here once. Pure functions; thread-safe.
+#ifndef KREGD_DAEMON_CLUSTER_CLUSTER_RECORDS_H_
+#define KREGD_DAEMON_CLUSTER_CLUSTER_RECORDS_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "daemon/types.h"
+#include "google/protobuf/message.h"
+#include "kreg/v1/cluster.pb.h"
+
+namespace kreg {
+
+// A record's JSON (proto field names), as kregd writes it to etcd.
+std::string RecordJson(const google::protobuf::Message& m);
+// Parses a record's JSON, ignoring fields of newer kregd versions.
+bool RecordFromJson(const std::string& json, google::protobuf::Message* m);
+
+// The etcd key of `key`'s binding: "<prefix>targets/<platform>/<name>".
+std::string BindingKey(const std::string& prefix, const TargetKey& key);
+
+// The binding stored under etcd key `key` (`value`: a kreg.v1.Target's
+// JSON), with every field checked as a registration's would be: FromProto's
+// errors (name, platform, kind); DATA_LOSS naming the key when the value is
+// not a binding, has an invalid function name or content id, a module
+// binding's digest is not "sha256:" and 64 lowercase hex, or it holds the
+// binding of another target than its key names.
+absl::StatusOr<TargetEntry> ParseBindingRecord(const std::string& prefix,
+                                               const std::string& key,
+                                               const std::string& value);
+
+// Whether `digest` is "sha256:" followed by 64 lowercase hex.
+bool WellFormedDigest(const std::string& digest);
+
+// Whether `address` is what a peer may be fetched from: HOST:PORT with a
+// host name or IPv4 address ([A-Za-z0-9.-_]) or a bracketed IPv6 address,
+// and a port in 1..65535 — never a gRPC target scheme ("unix:", "dns:").
+bool PeerAddressOk(const std::string& address);
+
+// A peer's host record (`value`: a kreg.v1.ClusterHost's JSON). DATA_LOSS
+// when it does not parse, its address fails PeerAddressOk or one of its
+// module digests is not "sha256:" and 64 lowercase hex.
+absl::StatusOr<v1::ClusterHost> ParseHostRecord(const std::string& value);
+
+}  // namespace kreg
+
+#endif  // KREGD_DAEMON_CLUSTER_CLUSTER_RECORDS_H_

@@ -1,0 +1,161 @@
+// What cluster mode reads from other hosts (etcd records, peer chunks) is
+// decoded and checked once; each refusal names what was wrong.
+#include "daemon/cluster/cluster_records.h"
+
+#include <string>
+
+#include "catch2/catch.hpp"
+#include "daemon/cluster/module_exchange.h"
+#include "daemon/module_store.h"
+#include "daemon/target_proto.h"
+
+namespace kreg {
+namespace {
+
+const char kPrefix[] = "/kregd/c/";
+const std::string kDigest = "sha256:" + std::string(64, 'a');
+
+TargetEntry Binding() {
+  TargetEntry e;
+  e.key = {"demo.scale", Platform::kCpu};
+  e.func_name = "Scale";
+  e.content_id = "v1";
+  e.module_digest = kDigest;
+  e.module_size = 4096;
+  return e;
+}
+
+std::string Key() { return BindingKey(kPrefix, Binding().key); }
+
+bool Contains(const absl::Status& s, const std::string& text) {
+  return std::string(s.message()).find(text) != std::string::npos;
+}
+
+TEST_CASE("A binding record round-trips", "[cluster]") {
+  CHECK(Key() == "/kregd/c/targets/cpu/demo.scale");
+  absl::StatusOr<TargetEntry> e =
+      ParseBindingRecord(kPrefix, Key(), RecordJson(ToProto(Binding())));
+  REQUIRE(e.ok());
+  CHECK(e->key == Binding().key);
+  CHECK(e->module_digest == kDigest);
+  CHECK(e->module_size == 4096);
+}
+
+TEST_CASE("Bad binding records are refused naming the key", "[cluster]") {
+  absl::Status s = ParseBindingRecord(kPrefix, Key(), "{not json").status();
+  CHECK(s.code() == absl::StatusCode::kDataLoss);
+  CHECK(s.message() ==
+        "etcd key \"/kregd/c/targets/cpu/demo.scale\" does not hold a kreg "
+        "binding");
+
+  s = ParseBindingRecord(kPrefix, "/kregd/c/targets/cpu/other",
+                         RecordJson(ToProto(Binding())))
+          .status();
+  CHECK(s.code() == absl::StatusCode::kDataLoss);
+  CHECK(Contains(s, "holds the binding of"));
+
+  TargetEntry bad = Binding();
+  bad.module_digest = "sha256:../../../etc/passwd";
+  s = ParseBindingRecord(kPrefix, Key(), RecordJson(ToProto(bad))).status();
+  CHECK(s.code() == absl::StatusCode::kDataLoss);
+  CHECK(s.message() ==
+        "etcd key \"/kregd/c/targets/cpu/demo.scale\" holds an invalid "
+        "binding: module digest \"sha256:../../../etc/passwd\" is not "
+        "\"sha256:\" followed by 64 lowercase hex");
+
+  bad = Binding();
+  bad.func_name = "Scale; rm -rf";
+  s = ParseBindingRecord(kPrefix, Key(), RecordJson(ToProto(bad))).status();
+  CHECK(s.code() == absl::StatusCode::kDataLoss);
+  CHECK(Contains(s, "holds an invalid binding: "));
+
+  bad = Binding();
+  bad.content_id = "has space";
+  s = ParseBindingRecord(kPrefix, Key(), RecordJson(ToProto(bad))).status();
+  CHECK(s.code() == absl::StatusCode::kDataLoss);
+
+  // A long hostile key is cut in the message.
+  s = ParseBindingRecord(kPrefix, std::string(500, 'k'), "[").status();
+  CHECK(s.message().size() < 200);
+}
+
+TEST_CASE("Peer addresses are HOST:PORT only", "[cluster]") {
+  CHECK(PeerAddressOk("10.0.0.2:7000"));
+  CHECK(PeerAddressOk("node-3.example.org:1"));
+  CHECK(PeerAddressOk("[fe80::1]:65535"));
+  CHECK_FALSE(PeerAddressOk("unix:/run/kregd.sock"));
+  CHECK_FALSE(PeerAddressOk("unix:kregd:1"));
+  CHECK_FALSE(PeerAddressOk("dns:///h:1"));
+  CHECK_FALSE(PeerAddressOk("h:0"));
+  CHECK_FALSE(PeerAddressOk("h:65536"));
+  CHECK_FALSE(PeerAddressOk(":80"));
+  CHECK_FALSE(PeerAddressOk("h:"));
+  CHECK_FALSE(PeerAddressOk("[::1:80"));
+}
+
+TEST_CASE("Host records are checked", "[cluster]") {
+  v1::ClusterHost h;
+  h.set_address("10.0.0.2:7000");
+  h.add_modules(kDigest);
+  absl::StatusOr<v1::ClusterHost> got = ParseHostRecord(RecordJson(h));
+  REQUIRE(got.ok());
+  CHECK(got->modules_size() == 1);
+
+  CHECK(ParseHostRecord("][").status().message() ==
+        "the host record does not parse as a kregd's");
+  h.set_address("unix:/run/x.sock:1");
+  CHECK(ParseHostRecord(RecordJson(h)).status().message() ==
+        "the host record's address \"unix:/run/x.sock:1\" is not HOST:PORT");
+  h.set_address("10.0.0.2:7000");
+  h.add_modules("md5:00");
+  CHECK(ParseHostRecord(RecordJson(h)).status().message() ==
+        "host 10.0.0.2:7000 lists module \"md5:00\", which is not "
+        "\"sha256:\" followed by 64 lowercase hex");
+}
+
+v1::ModuleChunk Chunk(const std::string& data, uint64_t total = 0) {
+  v1::ModuleChunk c;
+  c.set_data(data);
+  c.set_total_size(total);
+  return c;
+}
+
+TEST_CASE("ModuleAssembler keeps only verified bytes", "[cluster]") {
+  const std::string bytes = "hello module";
+  const std::string digest = Sha256Digest(bytes);
+  {
+    ModuleAssembler m("p:1", digest, bytes.size());
+    REQUIRE(m.Add(Chunk("hello ", bytes.size())).ok());
+    REQUIRE(m.Add(Chunk("module")).ok());
+    absl::StatusOr<std::string> got = m.Finish();
+    REQUIRE(got.ok());
+    CHECK(*got == bytes);
+  }
+  {
+    ModuleAssembler m("p:1", digest, bytes.size());
+    absl::Status s = m.Add(Chunk("hello ", 99));
+    CHECK(s.code() == absl::StatusCode::kDataLoss);
+    CHECK(s.message() == "peer p:1 announced module " + digest +
+                             " as 99 bytes, but the binding says 12; refused");
+    CHECK_FALSE(m.Add(Chunk("x")).ok());  // keeps refusing
+    CHECK_FALSE(m.Finish().ok());
+  }
+  {
+    ModuleAssembler m("p:1", digest, bytes.size());
+    REQUIRE(m.Add(Chunk("hello ", bytes.size())).ok());
+    absl::Status s = m.Add(Chunk("module and more"));
+    CHECK(s.message() == "peer p:1 sent more than the 12 bytes of module " +
+                             digest + "; refused");
+    CHECK(m.held() == 0);
+  }
+  {
+    ModuleAssembler m("p:1", digest, bytes.size());
+    REQUIRE(m.Add(Chunk("HELLO MODULE", bytes.size())).ok());
+    absl::StatusOr<std::string> got = m.Finish();
+    CHECK(got.status().code() == absl::StatusCode::kDataLoss);
+    CHECK(Contains(got.status(), "; refused (not stored, not loaded)"));
+  }
+}
+
+}  // namespace
+}  // namespace kreg
