@@ -34,6 +34,7 @@ absl::Status Daemon::StartCluster() {
   if (tls->enabled) opts.etcd.tls = PeerChannelCredentials(*tls);
   opts.tls = *tls;
   opts.lease_ttl_s = config_.peer_lease_ttl_s;
+  opts.max_module_bytes = config_.max_module_bytes;
   cluster_ = std::make_unique<ClusterRegistry>(std::move(opts), &store_);
   cluster_service_ = std::make_unique<ClusterService>(cluster_.get());
   ClusterRegistry* cluster = cluster_.get();

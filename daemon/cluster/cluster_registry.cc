@@ -199,6 +199,14 @@ std::string ClusterRegistry::HostRecord() const {
 
 absl::StatusOr<std::string> ClusterRegistry::FetchModule(
     const std::string& digest, uint64_t size) {
+  if (size > options_.max_module_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "module ", digest, " is bound in etcd with a size of ", size,
+        " bytes, more than this kregd's max_module_bytes (",
+        options_.max_module_bytes,
+        "); not fetched. Raise max_module_bytes on this host if the module "
+        "is legitimate"));
+  }
   absl::StatusOr<EtcdRange> peers = etcd_.Range(prefix_ + "peers/", true);
   if (!peers.ok()) return peers.status();
   std::vector<std::string> first, then;
@@ -257,6 +265,7 @@ void ClusterRegistry::Apply(const TargetEntry& binding, bool may_fetch) {
     for (int64_t wait_ms = 100; wait_ms <= 6400; wait_ms *= 2) {
       got = FetchModule(binding.module_digest, binding.module_size);
       if (got.ok() || got.status().code() == absl::StatusCode::kDataLoss ||
+          got.status().code() == absl::StatusCode::kResourceExhausted ||
           !Sleep(wait_ms)) {
         break;
       }

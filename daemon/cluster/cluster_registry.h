@@ -29,6 +29,9 @@ struct ClusterOptions {
   PeerTls tls;
   int64_t lease_ttl_s = 10;
   int64_t fetch_timeout_ms = 60000;
+  // A binding whose module is larger is not fetched from peers (kregd's
+  // max_module_bytes: etcd's module_size is a claim of another host).
+  uint64_t max_module_bytes = 512ull << 20;
 };
 
 // Owns the etcd client and the watch and lease threads. Thread-safe. The

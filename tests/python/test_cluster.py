@@ -398,6 +398,33 @@ def test_peer_serving_wrong_bytes_is_refused(cluster):
     kregctl(cluster.a, "retire", "bad.fetch")
 
 
+def test_binding_larger_than_max_module_bytes_is_not_fetched(cluster):
+  # etcd's module_size is another host's claim: a host whose
+  # max_module_bytes is smaller does not fetch the module at all.
+  mod = variant(cluster.root, "toolarge")
+  digest = digest_of(mod)
+  size = mod.stat().st_size
+  small = start_host(cluster.root, "hostD", cluster.etcd.endpoints,
+                     free_ports(1)[0], "--max-module-bytes",
+                     str(size // 2))
+  try:
+    assert register(cluster.a, "big.fetch", mod).returncode == 0
+    wait_for(lambda: "big.fetch" in small.log(None) and
+             "max_module_bytes" in small.log(None), 30,
+             "host D to skip the binding")
+    log = small.log(None)
+    assert (f"module {digest} is bound in etcd with a size of {size} bytes, "
+            f"more than this kregd's max_module_bytes ({size // 2}); "
+            "not fetched") in log
+    assert ("big.fetch", "cpu") not in listed(small)
+    assert not store_file(small, digest).exists()
+    wait_for(lambda: ("big.fetch", "cpu") in listed(cluster.b), 30,
+             "host B (default max_module_bytes) to fetch it")
+  finally:
+    small.stop()
+    kregctl(cluster.a, "retire", "big.fetch")
+
+
 def test_restart_reconciles_the_journal_with_etcd(cluster):
   c = cluster.c
   c.stop()
