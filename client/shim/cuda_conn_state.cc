@@ -155,6 +155,12 @@ void CudaConnState::Clear() {
 
 void DestroyCudaConnState(CudaConnState* state) { delete state; }
 
+void ForgetCudaMappings(CudaConnState* state) {
+  if (state == nullptr) return;
+  state->Clear();
+  state->pending_release_.clear();
+}
+
 bool CudaConnStateAwaitsExecutor(const CudaConnState* state) {
   if (state == nullptr || state->pid_ != ::getpid()) return false;
   for (const auto& [uuid, b] : state->bells_) {
