@@ -506,8 +506,11 @@ ClientStatus CompleteAttempt(Conn* conn, CudaConnState* st, Call* call,
 
 ClientStatus LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
                           v1::SessionResponse* resp) {
-  // An earlier asynchronous launch's error is this call's (not run).
-  ClientStatus s = conn->ReapAsync(false);
+  // An earlier asynchronous launch's error is this call's (not run): the
+  // previous launch's completion is consumed first (by now kregd has
+  // usually acknowledged it; waiting for it keeps "the next call" exact
+  // and at most one launch in flight per session).
+  ClientStatus s = conn->ReapAsync(true);
   if (!s.ok()) return s;
   s = conn->TakeAsyncError();
   if (!s.ok()) return s;
