@@ -1,8 +1,5 @@
 #include "client/shim/cuda_launch.h"
 
-#include <stdlib.h>
-#include <string.h>
-
 #include <cstdint>
 #include <memory>
 #include <utility>
@@ -18,17 +15,6 @@ namespace shim {
 namespace {
 
 constexpr uint64_t kStageAlign = 256;
-
-// KREG_ASYNC_LAUNCH=1: steady-state CUDA launches on the launch ring return
-// before kregd acknowledges them; a handler's error is reported on the
-// session's next call (DESIGN §9). Read once per process.
-bool AsyncWanted() {
-  static const bool wanted = [] {
-    const char* v = getenv("KREG_ASYNC_LAUNCH");
-    return v != nullptr && strcmp(v, "1") == 0;
-  }();
-  return wanted;
-}
 
 ClientStatus CuFailed(const cu::CudaDriver& d, cu::CUresult r,
                       const std::string& what) {
@@ -301,7 +287,7 @@ bool DescribeRing(Conn* conn, const CudaConnState* st, const Call& call,
   out->run_id = launch.run_id();
   out->device_ordinal = launch.device_ordinal();
   out->device_uuid = call.uuid;
-  out->flags = AsyncWanted() ? ring::kSubmitAsync : 0;
+  out->flags = st->want_async_ ? ring::kSubmitAsync : 0;
   return ring::DescriptorBytes(*out) <= ring::kSubmitSlotBytes;
 }
 
