@@ -13,6 +13,7 @@
 #include "common/ring_encode.h"
 #include "common/ring_layout.h"
 #include "daemon/cuda/cuda_devices.h"
+#include "daemon/cuda/cuda_session.h"
 #include "daemon/session/session.h"
 #include "tests/daemon/cuda/fake_cuda.h"
 #include "tests/daemon/session/test_util.h"
@@ -374,6 +375,62 @@ TEST_CASE(
   fx.client.Submit(fx.Steady(7), 7);
   REQUIRE(fx.client.Await(&h, &msg));
   CHECK(h.code == 0);
+  CHECK(fx.backend.calls == 2);
+}
+
+TEST_CASE(
+    "A ring launch naming more allocations than kregd may hold is "
+    "refused before any is resolved",
+    "[cuda_launch][ring]") {
+  RingFixture fx;
+  const size_t limit = CudaSessionOptions{}.cache.max_entries;
+  // The fixture shared one allocation; share limit - 1 more.
+  v1::SessionRequest share;
+  share.set_id(9);
+  std::vector<UniqueFd> fds;
+  for (size_t i = 1; i < limit; ++i) {
+    v1::CudaShare* s = share.mutable_cuda_share()->add_shares();
+    *s->mutable_mapping() = Ref(fx.uuid);
+    s->mutable_mapping()->set_base(kClientBase + i * kSize);
+    s->set_vmm_fd(true);
+    fds.emplace_back(fx.fake.ExportAllocation(kSize));
+  }
+  v1::SessionResponse r = fx.session.Handle(share, std::move(fds));
+  INFO(r.status().message());
+  REQUIRE(r.status().code() == 0);
+  auto with_args = [&](size_t n) {
+    v1::Launch l = fx.Steady(0);
+    l.clear_args();
+    l.clear_rets();
+    for (size_t i = 0; i < n; ++i) {
+      v1::Buffer* b = l.add_args();
+      b->set_dtype(XLA_FFI_DataType_F32);
+      b->add_dims(4);
+      b->set_size(16);
+      *b->mutable_cuda() = Ref(fx.uuid);
+      b->mutable_cuda()->set_base(kClientBase + i * kSize);
+    }
+    return l;
+  };
+  ring::CompletionHeader h;
+  std::string msg;
+  // Every allocation the session holds: runs.
+  v1::Launch all = with_args(limit);
+  all.set_doorbell_seq(2);
+  fx.client.Submit(all, 2);
+  REQUIRE(fx.client.Await(&h, &msg));
+  INFO(msg);
+  CHECK(h.code == 0);
+  CHECK(fx.backend.last.args.size() == limit);
+  // One more: refused, and the doorbell still rung.
+  v1::Launch more = with_args(limit + 1);
+  more.set_doorbell_seq(3);
+  fx.client.Submit(more, 3);
+  REQUIRE(fx.client.Await(&h, &msg));
+  CHECK(h.code == int(absl::StatusCode::kResourceExhausted));
+  CHECK(msg == "the launch references more than " + std::to_string(limit) +
+                   " distinct GPU allocations (kregd's per-session limit)");
+  CHECK(h.flags == ring::kDoneSignalled);
   CHECK(fx.backend.calls == 2);
 }
 
