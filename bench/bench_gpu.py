@@ -10,7 +10,8 @@ through a kregd this script starts (on a private socket):
   * pipelined: --calls calls back to back, one block_until_ready at the
     end (what a caller that does not wait per call sees).
 Forwarded is measured three times, each in its own JAX process (the shim
-reads KREG_CUDA_DOORBELL and KREG_ASYNC_LAUNCH once): ordered by
+reads KREG_CUDA_DOORBELL and KREG_ASYNC_LAUNCH when a session makes its
+first CUDA call): ordered by
 interprocess events (KREG_CUDA_DOORBELL=0: every call on the session
 socket), by the stream-memop doorbell (the default: steady-state calls on
 the launch ring, acknowledged once kregd enqueued the handler's work; "fwd

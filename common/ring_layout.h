@@ -21,6 +21,10 @@
 // waiting word and FUTEX_WAIT (shared futexes: the two processes map the
 // same memfd) on the other side's tail. The executor trusts nothing in the
 // region: it keeps its own indices and checks the client's against them.
+//
+// CPU launches and, since version 2, steady-state CUDA launches use it (see
+// SubmitHeader). The client keeps at most one launch in flight, except
+// asynchronous CUDA launches, of which it keeps fewer than kSlots.
 #ifndef KREGD_COMMON_RING_LAYOUT_H_
 #define KREGD_COMMON_RING_LAYOUT_H_
 

@@ -35,8 +35,10 @@ class Conn {
   static ClientStatus Open(const std::string& path, std::unique_ptr<Conn>* out);
 
   // Sends `request` (its id is set here) with `fds` attached and waits for
-  // the matching response. A transport failure returns UNAVAILABLE and
-  // marks the Conn broken; the daemon's error status is returned as is.
+  // the matching response (asynchronous ring launches in flight complete
+  // first: the socket never overtakes the ring; their errors are kept). A
+  // transport failure returns UNAVAILABLE and marks the Conn broken; the
+  // daemon's error status is returned as is.
   ClientStatus Call(v1::SessionRequest* request, v1::SessionResponse* response,
                     const int* fds = nullptr, int num_fds = 0);
 
@@ -46,7 +48,9 @@ class Conn {
   // answered in `response` (scratch the caller reuses). Errors as Call();
   // on the ring, a session kregd ended while this call waited (its
   // executor died) is noticed on the socket within $KREG_RING_SLICE_MS
-  // (default 10 ms) and reported as Call() would.
+  // (default 10 ms) and reported as Call() would. Asynchronous CUDA launches
+  // in flight complete first; an error of one is returned instead (this
+  // launch is not run).
   ClientStatus LaunchCpu(const ring::DescriptorView& launch,
                          v1::SessionRequest* request,
                          v1::SessionResponse* response);

@@ -7,8 +7,9 @@ allocations, releases, interprocess events) stays on the socket. With
 KREG_ASYNC_LAUNCH=1 a ring launch returns before kregd acknowledges it and a
 handler's error is reported on the session's next call.
 
-Each case runs a client process of its own (the shim reads KREG_LAUNCH_RING,
-KREG_ASYNC_LAUNCH and KREG_CUDA_DOORBELL once per process) against a kregd
+Each case runs a client process of its own (the shim reads KREG_LAUNCH_RING
+once per process, KREG_ASYNC_LAUNCH and KREG_CUDA_DOORBELL when a session
+makes its first CUDA call) against a kregd
 of this module, with the shim's trace (KREG_TRACE_CUDA) in a file: its lines
 say which channel each call took ("launch on the launch ring (synchronous |
 asynchronous, ...)" for the ring, "launch (attempt N, ..." for the socket).
