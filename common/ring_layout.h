@@ -23,8 +23,8 @@
 // region: it keeps its own indices and checks the client's against them.
 //
 // CPU launches and, since version 2, steady-state CUDA launches use it (see
-// SubmitHeader). The client keeps at most one launch in flight, except
-// asynchronous CUDA launches, of which it keeps fewer than kSlots.
+// SubmitHeader). The client keeps at most one launch in flight (an
+// asynchronous CUDA launch until the session's next call).
 #ifndef KREGD_COMMON_RING_LAYOUT_H_
 #define KREGD_COMMON_RING_LAYOUT_H_
 
