@@ -7,12 +7,19 @@ through a kregd this script starts (on a private socket):
   * per call: n=1024 f32 under jit, block_until_ready after each call,
     median of --calls calls (after a warm-up);
   * bandwidth: 1 GiB f32 in, 1 GiB out, GB/s = 2 GiB / median time.
-Forwarded is measured twice, each in its own JAX process (the shim reads
-KREG_CUDA_DOORBELL when a session makes its first CUDA call): ordered by
-interprocess events (KREG_CUDA_DOORBELL=0) and by the stream-memop doorbell
-(the default; "doorbell_used" says whether kregd set one up, else that
-column silently measured events). Prints a table, forwarded ÷
-in-process. With --mps it first starts the CUDA
+  * pipelined: --calls calls back to back, one block_until_ready at the
+    end (what a caller that does not wait per call sees).
+Forwarded is measured three times, each in its own JAX process (the shim
+reads KREG_CUDA_DOORBELL and KREG_ASYNC_LAUNCH when a session makes its
+first CUDA call): ordered by
+interprocess events (KREG_CUDA_DOORBELL=0: every call on the session
+socket), by the stream-memop doorbell (the default: steady-state calls on
+the launch ring, acknowledged once kregd enqueued the handler's work; "fwd
+doorbell") and the doorbell with KREG_ASYNC_LAUNCH=1 (ring calls return
+before kregd's acknowledgement; "fwd async"). "doorbell_used" says whether
+kregd set a doorbell up, else those columns silently measured events.
+Prints a table, forwarded ÷ in-process, then median and p99 per call of
+each mode. With --mps it first starts the CUDA
 MPS control daemon (nvidia-cuda-mps-control -d, pipe and log directories in
 a temp dir), starts kregd after it so both processes are MPS clients, and
 stops MPS afterwards (echo quit | nvidia-cuda-mps-control).
@@ -153,6 +160,12 @@ def measure(sock: str, kernels: str, calls: int, inproc: bool = True,
     times = call_times(f, small, calls, 200)
     res[f"{kind}_call_us"] = statistics.median(times) * 1e6
     res[f"{kind}_call_p99_us"] = p99(times) * 1e6
+    t0 = time.perf_counter()
+    y = small
+    for _ in range(calls):
+      y = f(small)
+    jax.block_until_ready(y)
+    res[f"{kind}_pipelined_us"] = (time.perf_counter() - t0) / calls * 1e6
     t = median_time(f, big, 10, 3)
     res[f"{kind}_gbps"] = 2 * (1 << 30) / t / 1e9
   return res
@@ -223,8 +236,17 @@ def main() -> int:
       res["bell_gbps"] = bell["fwd_gbps"]
       res["bell_call_ratio"] = res["bell_call_us"] / res["inproc_call_us"]
       res["bell_bw_ratio"] = res["bell_gbps"] / res["inproc_gbps"]
+      res["bell_call_p99_us"] = bell["fwd_call_p99_us"]
+      res["bell_pipelined_us"] = bell["fwd_pipelined_us"]
       res["doorbell_used"] = "CUDA doorbell set up" in (
           root / "kregd.log").read_text(errors="replace")
+    # The doorbell with asynchronous ring launches, in a fresh process.
+    asy = child({"KREG_CUDA_DOORBELL": "1", "KREG_ASYNC_LAUNCH": "1"},
+                ["--no-inproc"])
+    if asy is not None:
+      for key in ("call_us", "call_p99_us", "pipelined_us", "gbps"):
+        res[f"async_{key}"] = asy[f"fwd_{key}"]
+      res["async_call_ratio"] = res["async_call_us"] / res["inproc_call_us"]
     res["mps"] = bool(args.mps)
     label = "with MPS" if args.mps else "without MPS"
     print(f"== Scale, forwarded vs in-process ({label}, {res['device']}, "
@@ -241,6 +263,20 @@ def main() -> int:
     print(f"{'1 GiB bandwidth (GB/s)':24} " +
           cols(res["inproc_gbps"], res["fwd_gbps"], res["bw_ratio"],
                "bell_gbps", "bell_bw_ratio", ".1f"))
+    print(f"{'n=1024 per call (µs)':44} {'median':>9} {'p99':>9} "
+          f"{'pipelined':>10} {'÷ in-proc':>10}")
+    for title, key in (("in-process", "inproc"),
+                       ("forwarded, events (socket)", "fwd"),
+                       ("forwarded, doorbell, ring (sync)", "bell"),
+                       ("forwarded, doorbell, ring (KREG_ASYNC_LAUNCH=1)",
+                        "async")):
+      if f"{key}_call_us" not in res:
+        print(f"{title:44} {'failed':>9}")
+        continue
+      print(f"{title:44} {res[f'{key}_call_us']:>9.1f} "
+            f"{res[f'{key}_call_p99_us']:>9.1f} "
+            f"{res[f'{key}_pipelined_us']:>10.1f} "
+            f"{res[f'{key}_call_us'] / res['inproc_call_us']:>9.2f}x")
     if "doorbell_used" in res and not res["doorbell_used"]:
       print("NOTE: kregd set up no doorbell; the doorbell column measured "
             "events (see KREG_TRACE_CUDA)")

@@ -27,6 +27,7 @@ struct BufferView {
   const int64_t* dims = nullptr;
   uint64_t offset = 0;
   uint64_t size = 0;
+  CudaRef cuda{};  // platform "cuda": the buffer's allocation
 };
 
 // Everything a descriptor carries but its seq and tag; all borrowed.
@@ -41,15 +42,27 @@ struct DescriptorView {
   std::string_view attrs;
   int64_t run_id = 0;
   int32_t device_ordinal = 0;
+  // Platform "cuda" only: the device (16 raw bytes; fewer are zero-padded),
+  // the doorbell sequence number and kSubmit* flags.
+  std::string_view device_uuid;
+  uint64_t doorbell_seq = 0;
+  uint32_t flags = 0;
 };
+
+// Whether descriptors of `platform` carry a CudaRef per buffer.
+inline bool HasCudaRefs(std::string_view platform) {
+  return platform == "cuda";
+}
 
 // Bytes the descriptor of `d` takes.
 inline size_t DescriptorBytes(const DescriptorView& d) {
   size_t need = sizeof(SubmitHeader) + d.target.size() + d.platform.size();
   need = (need + 7) / 8 * 8;
+  const size_t per_buffer =
+      sizeof(BufferDesc) + (HasCudaRefs(d.platform) ? sizeof(CudaRef) : 0);
   for (uint32_t i = 0; i < d.num_args + d.num_rets; ++i) {
     const BufferView& b = i < d.num_args ? d.args[i] : d.rets[i - d.num_args];
-    need += sizeof(BufferDesc) + size_t{b.rank} * sizeof(int64_t);
+    need += per_buffer + size_t{b.rank} * sizeof(int64_t);
   }
   return need + d.attrs.size();
 }
@@ -71,6 +84,12 @@ inline size_t EncodeDescriptor(const DescriptorView& d, uint32_t seq,
   h.target_len = static_cast<uint32_t>(d.target.size());
   h.platform_len = static_cast<uint32_t>(d.platform.size());
   h.attrs_len = static_cast<uint32_t>(d.attrs.size());
+  h.doorbell_seq = d.doorbell_seq;
+  memcpy(h.device_uuid, d.device_uuid.data(),
+         d.device_uuid.size() < sizeof(h.device_uuid) ? d.device_uuid.size()
+                                                      : sizeof(h.device_uuid));
+  h.flags = d.flags;
+  const bool refs = HasCudaRefs(d.platform);
   char* p = slot;
   memcpy(p, &h, sizeof(h));
   p += sizeof(h);
@@ -84,6 +103,10 @@ inline size_t EncodeDescriptor(const DescriptorView& d, uint32_t seq,
     BufferDesc desc{b.dtype, b.rank, b.offset, b.size};
     memcpy(p, &desc, sizeof(desc));
     p += sizeof(desc);
+    if (refs) {
+      memcpy(p, &b.cuda, sizeof(b.cuda));
+      p += sizeof(b.cuda);
+    }
     const size_t dims = size_t{b.rank} * sizeof(int64_t);
     if (dims > 0) memcpy(p, b.dims, dims);
     p += dims;
@@ -112,16 +135,19 @@ void EncodeAttrBytes(const LaunchT& launch, std::string* out) {
 }
 
 // The descriptor of `launch` (attribute bytes `attrs` from EncodeAttrBytes),
-// as EncodeDescriptor(DescriptorView) writes it. For tests and tools.
+// as EncodeDescriptor(DescriptorView) writes it (a CUDA launch: its
+// device_uuid, doorbell_seq and each buffer's `cuda` ref; flags 0). For
+// tests and tools.
 template <typename LaunchT>
 size_t EncodeDescriptor(const LaunchT& launch, uint32_t seq, uint64_t tag,
                         const std::string& attrs, char* slot, size_t capacity) {
   std::vector<BufferView> views;
   for (const auto* list : {&launch.args(), &launch.rets()}) {
     for (const auto& b : *list) {
-      views.push_back(BufferView{b.dtype(),
-                                 static_cast<uint32_t>(b.dims_size()),
-                                 b.dims().data(), b.offset(), b.size()});
+      views.push_back(BufferView{
+          b.dtype(), static_cast<uint32_t>(b.dims_size()), b.dims().data(),
+          b.offset(), b.size(),
+          CudaRef{b.cuda().base(), b.cuda().size(), b.cuda().generation()}});
     }
   }
   DescriptorView d;
@@ -134,6 +160,8 @@ size_t EncodeDescriptor(const LaunchT& launch, uint32_t seq, uint64_t tag,
   d.attrs = attrs;
   d.run_id = launch.run_id();
   d.device_ordinal = launch.device_ordinal();
+  d.device_uuid = launch.device_uuid();
+  d.doorbell_seq = launch.doorbell_seq();
   return EncodeDescriptor(d, seq, tag, slot, capacity);
 }
 

@@ -21,6 +21,10 @@
 // waiting word and FUTEX_WAIT (shared futexes: the two processes map the
 // same memfd) on the other side's tail. The executor trusts nothing in the
 // region: it keeps its own indices and checks the client's against them.
+//
+// CPU launches and, since version 2, steady-state CUDA launches use it (see
+// SubmitHeader). The client keeps at most one launch in flight (an
+// asynchronous CUDA launch until the session's next call).
 #ifndef KREGD_COMMON_RING_LAYOUT_H_
 #define KREGD_COMMON_RING_LAYOUT_H_
 
@@ -30,8 +34,9 @@
 namespace kreg {
 namespace ring {
 
-// HelloReply.launch_ring / RingSetup.version: the layout below.
-constexpr uint32_t kVersion = 1;
+// HelloReply.launch_ring / RingSetup.version: the layout below. 2: CUDA
+// launches (the CUDA fields of SubmitHeader, CudaRef, completion flags).
+constexpr uint32_t kVersion = 2;
 constexpr uint32_t kMagic = 0x4b524e47;  // "KRNG"
 constexpr uint32_t kSlots = 4;           // a power of two
 constexpr uint32_t kSubmitSlotBytes = 16 * 1024;
@@ -65,9 +70,19 @@ constexpr size_t kRegionBytes =
 // A launch descriptor: this header at the start of a submission slot, then
 // target_len bytes of target name, platform_len bytes of platform, zero
 // padding to a multiple of 8, num_args + num_rets BufferDescs (args first),
-// each followed by `rank` int64 dims, then attrs_len bytes of attributes:
-// the protobuf encoding of kreg.v1.Launch holding only `attrs` (field 5),
-// byte-exact as a socket Launch carries them. `length` covers all of it.
+// each followed (platform "cuda" only) by a CudaRef and then by `rank` int64
+// dims, then attrs_len bytes of attributes: the protobuf encoding of
+// kreg.v1.Launch holding only `attrs` (field 5), byte-exact as a socket
+// Launch carries them. `length` covers all of it.
+//
+// A CUDA descriptor (platform "cuda") is a steady-state launch: every
+// buffer's allocation is already shared in the session (no new shares, no
+// fds, no releases) and it is ordered by the session's doorbell of
+// `device_uuid` with `doorbell_seq` (> 0). A BufferDesc's `offset` is then
+// inside its CudaRef's allocation; a 0-byte buffer has an all-zero CudaRef
+// (the handler sees null). A CPU descriptor has all CUDA fields zero.
+constexpr uint32_t kSubmitAsync = 1;  // flags: the client does not wait
+constexpr uint32_t kSubmitFlags = kSubmitAsync;  // every known flag
 struct SubmitHeader {
   uint32_t length;
   uint32_t seq;  // the descriptor's sq position (sq_tail before publishing)
@@ -79,8 +94,13 @@ struct SubmitHeader {
   uint32_t target_len;
   uint32_t platform_len;
   uint32_t attrs_len;
+  // Version 2: CUDA launches (zero in a CPU descriptor).
+  uint64_t doorbell_seq;
+  uint8_t device_uuid[16];  // cuDeviceGetUuid's raw bytes
+  uint32_t flags;           // kSubmit* bits
+  uint32_t reserved;        // 0
 };
-static_assert(sizeof(SubmitHeader) == 48, "SubmitHeader layout");
+static_assert(sizeof(SubmitHeader) == 80, "SubmitHeader layout");
 
 struct BufferDesc {
   int32_t dtype;  // XLA_FFI_DataType
@@ -90,6 +110,23 @@ struct BufferDesc {
 };
 static_assert(sizeof(BufferDesc) == 24, "BufferDesc layout");
 
+// The client GPU allocation of a CUDA descriptor's buffer (what
+// kreg.v1.CudaMappingRef names; its device is the header's device_uuid).
+struct CudaRef {
+  uint64_t base;
+  uint64_t size;
+  uint64_t generation;
+};
+static_assert(sizeof(CudaRef) == 24, "CudaRef layout");
+
+// CompletionHeader.flags of a CUDA launch (LaunchReply's fields):
+// the executor enqueued done := doorbell_seq on its session stream (after
+// the handler, also when it failed or did not run), so the client may wait
+// for it; a buffer named an allocation the session does not hold (the
+// handler did not run; the client shares again on the socket).
+constexpr uint32_t kDoneSignalled = 1;
+constexpr uint32_t kMappingMissing = 2;
+
 // A completion entry: this header, then message_len bytes of message.
 struct CompletionHeader {
   uint32_t seq;  // the descriptor's seq
@@ -97,7 +134,10 @@ struct CompletionHeader {
   uint64_t tag;
   uint32_t message_len;
   uint32_t truncated;  // 1: the message was cut to fit (a marker ends it)
+  uint32_t flags;      // kDoneSignalled | kMappingMissing
+  uint32_t reserved;
 };
+static_assert(sizeof(CompletionHeader) == 32, "CompletionHeader layout");
 constexpr size_t kMaxMessageBytes =
     kCompleteSlotBytes - sizeof(CompletionHeader);
 

@@ -131,8 +131,10 @@ bytes=$(du -sb "$out" | cut -f1)
 mb=$(( (bytes + 1048575) / 1048576 ))
 echo "gpu_bundle: $out: $mb MiB ($(find "$out" -type f | wc -l) files)"
 echo "gpu_bundle: largest:"
-find "$out" -type f -printf '%s %P\n' | sort -rn | head -5 |
-  awk '{printf "  %7.1f MiB  %s\n", $1 / 1048576, $2}'
+# (awk reads all of sort's output: `head` would end the pipeline with
+# SIGPIPE, which pipefail turns into the script's exit status 141.)
+find "$out" -type f -printf '%s %P\n' | sort -rn |
+  awk 'NR <= 5 {printf "  %7.1f MiB  %s\n", $1 / 1048576, $2}'
 if (( mb > max_mb )); then
   echo "gpu_bundle: the bundle is $mb MiB, above the $max_mb MiB budget" >&2
   exit 1

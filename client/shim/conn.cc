@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "client/shim/cuda_forward.h"
+#include "client/shim/cuda_trace.h"
 #include "client/shim/ring_client.h"
 #include "common/ring_layout.h"
 #include "common/wire.h"
@@ -26,8 +27,8 @@ namespace shim {
 namespace {
 
 constexpr uint32_t kProtocolMajor = 1;
-// 4: the launch ring.
-constexpr uint32_t kProtocolMinor = 4;
+// 4: the launch ring; 5: CUDA launches on it (ring layout version 2).
+constexpr uint32_t kProtocolMinor = 5;
 // Responses are small; this only bounds a misbehaving peer.
 constexpr uint32_t kMaxResponseBytes = 256u << 20;
 constexpr uint64_t kMinArenaBytes = 1u << 20;
@@ -160,9 +161,17 @@ ClientStatus Conn::Open(const std::string& path, std::unique_ptr<Conn>* out) {
                                   resp.hello().cuda_device_uuids().end());
   conn->cuda_status_ = resp.hello().cuda_status();
   conn->cuda_doorbell_ = resp.hello().cuda_doorbell();
-  if (resp.hello().launch_ring() == ring::kVersion && RingWanted()) {
+  const uint32_t offered = resp.hello().launch_ring();
+  if (offered == ring::kVersion && RingWanted()) {
     s = conn->SetUpRing();
     if (!s.ok()) return s;
+  } else if (offered != 0 && RingWanted()) {
+    Trace(
+        "session %llu: kregd serves launch ring version %u, this client "
+        "speaks version %u: launches go on the session socket (update the "
+        "older of the two)",
+        static_cast<unsigned long long>(conn->session_id_), offered,
+        ring::kVersion);
   }
   *out = std::move(conn);
   return ClientStatus::Ok();
@@ -185,6 +194,13 @@ ClientStatus Conn::Call(v1::SessionRequest* request,
   if (broken_) {
     return ClientStatus::Error(kUnavailable,
                                "kregd session " + path_ + " is closed");
+  }
+  // kregd serves the ring and the socket in arrival order only per
+  // channel: asynchronous ring launches complete before anything is sent
+  // here (their errors are kept for the next launch).
+  if (!async_targets_.empty()) {
+    ClientStatus drained = ReapAsync(true);
+    if (!drained.ok()) return drained;
   }
   uint64_t id = next_id_++;
   request->set_id(id);
@@ -288,29 +304,111 @@ ClientStatus Conn::ReadEnd() {
                              response.status().message());
 }
 
-ClientStatus Conn::LaunchCpu(const ring::DescriptorView& launch,
-                             v1::SessionRequest* request,
-                             v1::SessionResponse* response) {
-  if (ring_ == nullptr || broken_ || !ring_->Submit(launch, next_id_)) {
-    ClientStatus s = ToLaunch(launch, request);
-    if (!s.ok()) return s;
-    return Call(request, response);
-  }
-  ++next_id_;
+ClientStatus Conn::AwaitOne(int* code, std::string* message, uint32_t* flags) {
   for (;;) {
-    int code = 0;
     ClientRing::Wait w =
-        ring_->Await(RingSpinNs(), RingSliceNs(), &code, &ring_message_);
-    if (w == ClientRing::Wait::kDone) {
-      if (code == 0) return ClientStatus::Ok();
-      return ClientStatus::Error(code, ring_message_);
-    }
+        ring_->Await(RingSpinNs(), RingSliceNs(), code, message, flags);
+    if (w == ClientRing::Wait::kDone) return ClientStatus::Ok();
     // The sleep ended, or the executor left the ring: has kregd said
     // something (its executor died) or has the session ended?
     pollfd p{sock_, POLLIN, 0};
     int ready = ::poll(&p, 1, w == ClientRing::Wait::kClosed ? 10 : 0);
     if (ready > 0) return Unsolicited();
   }
+}
+
+ClientStatus Conn::LaunchCpu(const ring::DescriptorView& launch,
+                             v1::SessionRequest* request,
+                             v1::SessionResponse* response) {
+  if (!async_targets_.empty()) {
+    ClientStatus s = ReapAsync(true);
+    if (!s.ok()) return s;
+  }
+  if (!async_error_.ok()) return TakeAsyncError();
+  if (ring_ == nullptr || broken_ || !ring_->Submit(launch, next_id_)) {
+    ClientStatus s = ToLaunch(launch, request);
+    if (!s.ok()) return s;
+    return Call(request, response);
+  }
+  ++next_id_;
+  int code = 0;
+  ClientStatus s = AwaitOne(&code, &ring_message_, nullptr);
+  if (!s.ok()) return s;
+  if (code == 0) return ClientStatus::Ok();
+  return ClientStatus::Error(code, ring_message_);
+}
+
+ClientStatus Conn::SubmitRing(const ring::DescriptorView& launch, bool async,
+                              const std::string& target, bool* submitted) {
+  *submitted = false;
+  if (ring_ == nullptr || broken_) return ClientStatus::Ok();
+  if (!async && !async_targets_.empty()) {
+    ClientStatus s = ReapAsync(true);
+    if (!s.ok()) return s;
+  }
+  while (ring_->in_flight() >= ring::kSlots) {  // full: the oldest first
+    ClientStatus s = ReapOne();
+    if (!s.ok()) return s;
+  }
+  if (!ring_->Submit(launch, next_id_)) return ClientStatus::Ok();
+  ++next_id_;
+  *submitted = true;
+  if (async) async_targets_.push_back(target);
+  return ClientStatus::Ok();
+}
+
+ClientStatus Conn::AwaitRing(uint32_t* flags) {
+  int code = 0;
+  *flags = 0;
+  ClientStatus s = AwaitOne(&code, &ring_message_, flags);
+  if (!s.ok()) return s;
+  if (code == 0) return ClientStatus::Ok();
+  return ClientStatus::Error(code, ring_message_);
+}
+
+ClientStatus Conn::ReapOne() {
+  int code = 0;
+  uint32_t flags = 0;
+  std::string message;
+  ClientStatus s = AwaitOne(&code, &message, &flags);
+  if (!s.ok()) {
+    async_targets_.clear();
+    return s;
+  }
+  // Only asynchronous launches stay in flight between calls.
+  std::string target;
+  if (!async_targets_.empty()) {
+    target = std::move(async_targets_.front());
+    async_targets_.pop_front();
+  }
+  if (flags & ring::kMappingMissing) ForgetCudaMappings(cuda_state);
+  if (code != 0) {
+    Trace("asynchronous launch of \"%s\" failed: code %d %s", target.c_str(),
+          code, message.c_str());
+    if (async_error_.ok()) {
+      async_error_ = ClientStatus::Error(
+          code, "kreg: an earlier asynchronous launch of \"" + target +
+                    "\" failed (KREG_ASYNC_LAUNCH=1 reports it on the "
+                    "session's next call; that call was not run): " +
+                    message);
+    }
+  }
+  return ClientStatus::Ok();
+}
+
+ClientStatus Conn::ReapAsync(bool all) {
+  while (!async_targets_.empty() && ring_ != nullptr && !broken_) {
+    if (!all && !ring_->Ready()) break;
+    ClientStatus s = ReapOne();
+    if (!s.ok()) return s;
+  }
+  return ClientStatus::Ok();
+}
+
+ClientStatus Conn::TakeAsyncError() {
+  ClientStatus s = std::move(async_error_);
+  async_error_ = ClientStatus::Ok();
+  return s;
 }
 
 ClientStatus Conn::EnsureArena(uint64_t bytes) {

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,8 +35,10 @@ class Conn {
   static ClientStatus Open(const std::string& path, std::unique_ptr<Conn>* out);
 
   // Sends `request` (its id is set here) with `fds` attached and waits for
-  // the matching response. A transport failure returns UNAVAILABLE and
-  // marks the Conn broken; the daemon's error status is returned as is.
+  // the matching response (asynchronous ring launches in flight complete
+  // first: the socket never overtakes the ring; their errors are kept). A
+  // transport failure returns UNAVAILABLE and marks the Conn broken; the
+  // daemon's error status is returned as is.
   ClientStatus Call(v1::SessionRequest* request, v1::SessionResponse* response,
                     const int* fds = nullptr, int num_fds = 0);
 
@@ -45,12 +48,41 @@ class Conn {
   // answered in `response` (scratch the caller reuses). Errors as Call();
   // on the ring, a session kregd ended while this call waited (its
   // executor died) is noticed on the socket within $KREG_RING_SLICE_MS
-  // (default 10 ms) and reported as Call() would.
+  // (default 10 ms) and reported as Call() would. Asynchronous CUDA launches
+  // in flight complete first; an error of one is returned instead (this
+  // launch is not run).
   ClientStatus LaunchCpu(const ring::DescriptorView& launch,
                          v1::SessionRequest* request,
                          v1::SessionResponse* response);
   // The launch ring is in use (HelloReply.launch_ring and RingSetup).
   bool ring() const { return ring_ != nullptr; }
+
+  // CUDA launches on the ring (cuda_launch.cc). Publishes `launch` (a
+  // steady-state CUDA descriptor); false when there is no ring or it does
+  // not fit a slot (nothing published: use the socket). Synchronous
+  // (`async` false): every asynchronous launch in flight has completed
+  // first; the caller then calls AwaitRing(). Asynchronous: the caller does
+  // not wait; its completion is consumed later (ReapAsync) and an error is
+  // kept for the session's next call (TakeAsyncError), naming `target`. A
+  // full ring first waits for the oldest completion. Errors only when the
+  // session broke meanwhile (Call()'s).
+  ClientStatus SubmitRing(const ring::DescriptorView& launch, bool async,
+                          const std::string& target, bool* submitted);
+  // Waits for the completion of the synchronous ring launch submitted last:
+  // its status, and its flags (ring::kDoneSignalled, ring::kMappingMissing)
+  // in `*flags`. A session kregd ended meanwhile is reported as LaunchCpu
+  // does.
+  ClientStatus AwaitRing(uint32_t* flags);
+  // Consumes the completions of asynchronous launches: those already there
+  // (`all` false) or every one in flight (`all` true, waiting). The first
+  // error is kept for TakeAsyncError; a kMappingMissing one also clears
+  // the session's CUDA cache (the next call shares again). Errors only for
+  // a broken session.
+  ClientStatus ReapAsync(bool all);
+  // The kept error of an earlier asynchronous launch (once), else OK.
+  ClientStatus TakeAsyncError();
+  // Asynchronous launches whose completion was not consumed yet.
+  size_t async_in_flight() const { return async_targets_.size(); }
 
   // Makes the arena at least `bytes` long (replacing it with a new sealed
   // memfd). RESOURCE_EXHAUSTED above the daemon's max_arena_bytes.
@@ -106,6 +138,12 @@ class Conn {
   // What arrived on the socket while a ring launch waited: kregd's
   // connection-level error, or the end of the session.
   ClientStatus Unsolicited();
+  // Waits for the oldest ring completion (watching the socket while it
+  // sleeps). Errors only for a session that ended or broke.
+  ClientStatus AwaitOne(int* code, std::string* message, uint32_t* flags);
+  // Consumes the oldest asynchronous completion (waiting for it), keeping
+  // its error.
+  ClientStatus ReapOne();
 
   const std::string path_;
   int sock_;
@@ -127,6 +165,9 @@ class Conn {
   std::string in_buf_;
   std::unique_ptr<ClientRing> ring_;
   std::string ring_message_;
+  // Targets of the asynchronous launches in flight, oldest first.
+  std::deque<std::string> async_targets_;
+  ClientStatus async_error_;
 };
 
 }  // namespace shim

@@ -28,6 +28,13 @@ bool WantDoorbell() {
   return v == nullptr || strcmp(v, "0") != 0;
 }
 
+// KREG_ASYNC_LAUNCH=1 (read, like KREG_CUDA_DOORBELL, when a session makes
+// its first CUDA call).
+bool WantAsync() {
+  const char* v = getenv("KREG_ASYNC_LAUNCH");
+  return v != nullptr && strcmp(v, "1") == 0;
+}
+
 }  // namespace
 
 Key KeyOf(const cc::AllocationId& id) {
@@ -42,7 +49,10 @@ void FillRef(const cc::AllocationId& id, v1::CudaMappingRef* ref) {
 }
 
 CudaConnState::CudaConnState(const cu::CudaDriver* d)
-    : d_(d), pid_(::getpid()), want_doorbell_(WantDoorbell()) {}
+    : d_(d),
+      pid_(::getpid()),
+      want_doorbell_(WantDoorbell()),
+      want_async_(WantAsync()) {}
 
 CudaConnState::~CudaConnState() {
   if (::getpid() != pid_) {
@@ -154,6 +164,12 @@ void CudaConnState::Clear() {
 }
 
 void DestroyCudaConnState(CudaConnState* state) { delete state; }
+
+void ForgetCudaMappings(CudaConnState* state) {
+  if (state == nullptr) return;
+  state->Clear();
+  state->pending_release_.clear();
+}
 
 bool CudaConnStateAwaitsExecutor(const CudaConnState* state) {
   if (state == nullptr || state->pid_ != ::getpid()) return false;

@@ -77,6 +77,10 @@ class CudaConnState {
   const cu::CudaDriver* d_;
   const pid_t pid_;
   const bool want_doorbell_;
+  // KREG_ASYNC_LAUNCH=1: steady-state launches on the launch ring return
+  // before kregd acknowledges them; an error is reported on the session's
+  // next call (DESIGN §9).
+  const bool want_async_;
   std::map<std::string, Bell> bells_;  // by device uuid
   std::map<Key, Entry> entries_;
   std::list<Key> lru_;  // front: most recent

@@ -36,6 +36,11 @@ bool AbandonCudaConnState(
     CudaConnState* state,
     const std::function<void(const std::string& device)>& on_lost);
 
+// Forgets every allocation the state says kregd holds (without telling
+// kregd): the next call shares its buffers again. For a completion that
+// said kregd no longer holds one (ring::kMappingMissing).
+void ForgetCudaMappings(CudaConnState* state);
+
 // Forwards an EXECUTE-stage call of a CUDA target: the Launch carries, per
 // buffer, its allocation and offset; kregd runs the handler on its session
 // stream after XLA's preceding work and XLA's later work runs after it.

@@ -5,6 +5,8 @@
 #include <utility>
 
 #include "client/shim/cuda_trace.h"
+#include "common/ring_encode.h"
+#include "common/ring_layout.h"
 #include "common/wire.h"
 
 namespace kreg {
@@ -73,294 +75,464 @@ ClientStatus DoorbellFor(Conn* conn, CudaConnState* st, const Call& call,
   return ClientStatus::Ok();
 }
 
+// Once the staging buffer is used, its use ends on every path (the event
+// that orders the next call's copies and its eventual free).
+struct ReleaseStaging {
+  cc::StagingArena* arena = nullptr;
+  cu::CUstream stream = nullptr;
+  ~ReleaseStaging() {
+    if (arena == nullptr) return;
+    ClientStatus rs = arena->Release(stream);
+    if (!rs.ok()) Trace("  staging release failed: %s", rs.message.c_str());
+  }
+};
+
+// One attempt of a launch: what it shares, stages and sends, and how.
+struct Attempt {
+  int number = 0;
+  Plan plan;
+  std::vector<Key> used;    // every allocation of the call
+  std::vector<Key> mapped;  // those kregd maps
+  cc::StagingLayout layout;
+  cc::StagingArena* arena = nullptr;  // when something is staged
+  cc::AllocationId stage_id;
+  cc::IpcEventPair* pair = nullptr;  // ordering by events (no doorbell)
+  std::vector<int> raw_fds;          // attached to the Launch
+  uint64_t seq = 0;                  // doorbell sequence number
+  bool ordered = false;              // the ordering was enqueued
+  bool on_ring = false;              // sent on the launch ring
+  bool async = false;                // ... without awaiting its completion
+};
+
+// plan: which buffers are shared (cached or now) and which are staged, and
+// where in the staging buffer.
+ClientStatus PlanAttempt(CudaConnState* st, Call* call, Attempt* a) {
+  for (Buf& b : call->bufs) {
+    b.staged = false;
+    b.copy_in = b.copy_out = false;
+    b.stage_offset = 0;
+    if (b.bytes == 0) continue;  // nothing to share, stage or copy
+    ClientStatus s = PlanBuffer(st, &b, &a->plan, &a->used, &a->mapped);
+    if (!s.ok()) return s;
+  }
+  // Staging layout: one aligned region per distinct staged buffer (an
+  // aliased input/output pair shares one, holding the input's values).
+  std::vector<size_t> staged_index;
+  std::vector<cc::StagedBuffer> staged;
+  for (size_t i = 0; i < call->bufs.size(); ++i) {
+    const Buf& b = call->bufs[i];
+    if (!b.staged || b.bytes == 0) continue;
+    staged_index.push_back(i);
+    staged.push_back(cc::StagedBuffer{b.data, b.bytes, b.is_arg});
+  }
+  if (staged.empty()) return ClientStatus::Ok();
+  ClientStatus cs = cc::LayoutStaging(staged, kStageAlign, &a->layout);
+  if (!cs.ok()) return ClientStatus::Error(cs.code, "kreg: " + cs.message);
+  for (size_t k = 0; k < staged_index.size(); ++k) {
+    Buf& b = call->bufs[staged_index[k]];
+    b.stage_offset = a->layout.offsets[k];
+    b.copy_in = a->layout.copy_in[k];
+    b.copy_out = a->layout.copy_out[k];
+  }
+  return ClientStatus::Ok();
+}
+
+// stage: the staging buffer (shared like any allocation) and the copies of
+// staged inputs into it, on XLA's stream.
+ClientStatus StageInputs(CudaConnState* st, Call* call, Attempt* a,
+                         ReleaseStaging* release) {
+  const cu::CudaDriver& d = *call->d;
+  if (a->layout.bytes > 0) {
+    cc::StagingArena* arena = st->Arena(call->uuid, call->ordinal, call->ctx);
+    cc::AllocationId retired;
+    ClientStatus cs = arena->Acquire(call->stream, a->layout.bytes, &retired);
+    if (!cs.ok()) {
+      return ClientStatus::Error(
+          cs.code,
+          "kreg: a buffer cannot be shared with kregd (e.g. "
+          "XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async) and staging it failed: " +
+              cs.message);
+    }
+    a->arena = arena;
+    release->arena = arena;
+    release->stream = call->stream;
+    if (retired.size > 0) {
+      // kregd drops its mapping of the outgrown buffer (behind its own
+      // fence); this process frees it once its last use has completed.
+      st->DropKey(KeyOf(retired));
+      Trace("  staging grew to %llu bytes (retired 0x%llx, +%llu)",
+            static_cast<unsigned long long>(arena->buffer()->size()),
+            static_cast<unsigned long long>(retired.base),
+            static_cast<unsigned long long>(retired.size));
+    }
+    Buf sb;
+    sb.data = reinterpret_cast<void*>(
+        static_cast<uintptr_t>(arena->buffer()->data()));
+    sb.bytes = arena->buffer()->size();
+    sb.id = arena->id();
+    sb.offset = 0;
+    ClientStatus s = PlanBuffer(st, &sb, &a->plan, &a->used, &a->mapped);
+    if (!s.ok()) return s;
+    if (sb.staged) {
+      return ClientStatus::Error(kInternal,
+                                 "kreg: the staging buffer cannot be shared");
+    }
+    if (a->layout.bytes > sb.bytes) {
+      return ClientStatus::Error(kInternal,
+                                 "kreg: the staging buffer is smaller than the "
+                                 "call's staged buffers");
+    }
+    a->stage_id = sb.id;
+    for (const Buf& b : call->bufs) {
+      if (!b.staged || !b.copy_in || b.bytes == 0) continue;
+      cu::CUresult r = d.cuMemcpyDtoDAsync(
+          arena->buffer()->data() + b.stage_offset,
+          static_cast<cu::CUdeviceptr>(reinterpret_cast<uintptr_t>(b.data)),
+          b.bytes, call->stream);
+      if (r != cu::CUDA_SUCCESS) {
+        return CuFailed(d, r, "staging an input (cuMemcpyDtoDAsync)");
+      }
+    }
+  }
+  if (Tracing()) {
+    int ai = 0, ri = 0;
+    for (const Buf& b : call->bufs) {
+      Trace(
+          "  %s %d: %p, %llu bytes, %s, offset %llu%s%s",
+          b.is_arg ? "arg" : "ret", b.is_arg ? ai++ : ri++, b.data,
+          static_cast<unsigned long long>(b.bytes),
+          b.bytes == 0 ? "empty"
+          : b.staged   ? "staged"
+                       : "shared",
+          static_cast<unsigned long long>(b.staged ? b.stage_offset : b.offset),
+          b.copy_in ? ", copy in" : "", b.copy_out ? ", copy out" : "");
+    }
+    if (a->arena != nullptr) {
+      Trace("  staging %llu of %llu bytes at 0x%llx",
+            static_cast<unsigned long long>(a->layout.bytes),
+            static_cast<unsigned long long>(a->arena->buffer()->size()),
+            static_cast<unsigned long long>(a->arena->buffer()->data()));
+    }
+  }
+  return ClientStatus::Ok();
+}
+
+// Cache bounds: what kregd holds for this session must stay within its
+// max_cuda_mappings (evictions become the launch's releases).
+ClientStatus BoundCache(CudaConnState* st, size_t limit, Attempt* a) {
+  st->Sweep(a->used);
+  if (a->mapped.size() > limit) {
+    return ClientStatus::Error(
+        kResourceExhausted,
+        "kreg: this call uses " + std::to_string(a->mapped.size()) +
+            " distinct GPU allocations; kregd shares at most " +
+            std::to_string(limit) + " per session");
+  }
+  st->Trim(limit > a->plan.new_entries.size()
+               ? limit - a->plan.new_entries.size()
+               : 0,
+           a->used);
+  return ClientStatus::Ok();
+}
+
+// The allocation and offset kregd resolves buffer `b` by (none for an
+// empty buffer).
+void WhereIs(const Buf& b, const Attempt& a, const cc::AllocationId** id,
+             uint64_t* offset) {
+  *id = nullptr;
+  *offset = 0;
+  if (b.bytes == 0) return;
+  *id = b.staged ? &a.stage_id : &b.id;
+  *offset = b.staged ? b.stage_offset : b.offset;
+}
+
+// describe (ring): the launch as a CUDA ring descriptor, when it is a
+// steady-state one: everything already shared, nothing to release,
+// ordered by the doorbell, fitting a slot. The views point into `launch`,
+// `call` and thread-local storage until the next call.
+bool DescribeRing(Conn* conn, const CudaConnState* st, const Call& call,
+                  const v1::Launch& launch, const cc::Doorbell* bell,
+                  const Attempt& a, ring::DescriptorView* out) {
+  if (!conn->ring() || bell == nullptr || a.number > 0 ||
+      !a.plan.shares.empty() || !a.plan.new_entries.empty() ||
+      !st->pending_release_.empty()) {
+    return false;
+  }
+  thread_local std::vector<ring::BufferView> views;
+  thread_local std::string attrs;
+  views.clear();
+  int ai = 0, ri = 0;
+  for (const Buf& b : call.bufs) {
+    const v1::Buffer& pb = b.is_arg ? launch.args(ai++) : launch.rets(ri++);
+    ring::BufferView v;
+    v.dtype = pb.dtype();
+    v.rank = static_cast<uint32_t>(pb.dims_size());
+    v.dims = pb.dims().data();
+    v.size = pb.size();
+    const cc::AllocationId* id;
+    WhereIs(b, a, &id, &v.offset);
+    if (id != nullptr)
+      v.cuda = ring::CudaRef{id->base, id->size, id->generation};
+    views.push_back(v);
+  }
+  ring::EncodeAttrBytes(launch, &attrs);
+  *out = ring::DescriptorView{};
+  out->target = launch.target_name();
+  out->platform = launch.platform();
+  out->args = views.data();
+  out->num_args = static_cast<uint32_t>(launch.args_size());
+  out->rets = views.data() + launch.args_size();
+  out->num_rets = static_cast<uint32_t>(launch.rets_size());
+  out->attrs = attrs;
+  out->run_id = launch.run_id();
+  out->device_ordinal = launch.device_ordinal();
+  out->device_uuid = call.uuid;
+  out->flags = st->want_async_ ? ring::kSubmitAsync : 0;
+  return ring::DescriptorBytes(*out) <= ring::kSubmitSlotBytes;
+}
+
+// describe (socket): the Launch's buffer refs, releases, events (unless
+// the doorbell orders it) and shares (inline when their fds fit one frame,
+// else sent ahead in chunks).
+ClientStatus DescribeSocket(Conn* conn, CudaConnState* st, Call* call,
+                            const cc::Doorbell* bell, v1::Launch* launch,
+                            Attempt* a) {
+  launch->clear_shares();
+  launch->clear_events();
+  launch->clear_release();
+  launch->clear_doorbell_seq();
+  int ai = 0, ri = 0;
+  for (const Buf& b : call->bufs) {
+    v1::Buffer* out =
+        b.is_arg ? launch->mutable_args(ai++) : launch->mutable_rets(ri++);
+    out->clear_cuda();
+    const cc::AllocationId* id;
+    uint64_t offset;
+    WhereIs(b, *a, &id, &offset);
+    out->set_offset(offset);
+    if (id != nullptr) FillRef(*id, out->mutable_cuda());
+  }
+  for (const cc::AllocationId& id : st->pending_release_) {
+    FillRef(id, launch->add_release());
+  }
+  // Events (unless the doorbell orders launches): created once per
+  // session and device, sent until a launch succeeded with them.
+  if (bell == nullptr) {
+    std::unique_ptr<cc::IpcEventPair>& p = st->events_.pairs[call->uuid];
+    if (p == nullptr) {
+      ClientStatus cs = cc::IpcEventPair::Create(call->d, call->ctx, &p);
+      if (!cs.ok()) return cs;
+      st->events_.sent[call->uuid] = false;
+    }
+    a->pair = p.get();
+    if (!st->events_.sent[call->uuid]) {
+      v1::CudaEvents* ev = launch->mutable_events();
+      ev->set_device_uuid(call->uuid);
+      ev->set_ready(a->pair->ready_handle().reserved,
+                    sizeof(a->pair->ready_handle().reserved));
+      ev->set_done(a->pair->done_handle().reserved,
+                   sizeof(a->pair->done_handle().reserved));
+    }
+  }
+  a->raw_fds.clear();
+  for (const UniqueFd& fd : a->plan.fds) a->raw_fds.push_back(fd.get());
+  if (static_cast<int>(a->raw_fds.size()) <= wire::kMaxFdsPerFrame) {
+    for (v1::CudaShare& sh : a->plan.shares) *launch->add_shares() = sh;
+    return ClientStatus::Ok();
+  }
+  size_t next_fd = 0;
+  for (size_t i = 0; i < a->plan.shares.size();) {
+    v1::SessionRequest share_req;
+    std::vector<int> chunk_fds;
+    v1::CudaShareRequest* sr = share_req.mutable_cuda_share();
+    while (i < a->plan.shares.size()) {
+      bool fd = a->plan.shares[i].has_vmm_fd();
+      if (fd && static_cast<int>(chunk_fds.size()) == wire::kMaxFdsPerFrame) {
+        break;
+      }
+      if (fd) chunk_fds.push_back(a->raw_fds[next_fd++]);
+      *sr->add_shares() = a->plan.shares[i++];
+    }
+    v1::SessionResponse share_resp;
+    ClientStatus s = conn->Call(&share_req, &share_resp, chunk_fds.data(),
+                                static_cast<int>(chunk_fds.size()));
+    if (!s.ok()) return s;
+  }
+  a->raw_fds.clear();
+  return ClientStatus::Ok();
+}
+
+// order-and-send: XLA's work so far, then the handler, then XLA's later
+// work. The doorbell: kregd's stream waits for ready >= seq, runs the
+// handler and writes done := seq; XLA's stream waits for done >= seq (in
+// complete). Else the ready event. Then the launch goes on the ring
+// (`ring` set: its descriptor) or as the Launch in `req`. The result of the
+// launch itself is the caller's to await.
+ClientStatus OrderAndSend(Conn* conn, CudaConnState* st, Call* call,
+                          cc::Doorbell* bell, ring::DescriptorView* ring,
+                          v1::SessionRequest* req, v1::SessionResponse* resp,
+                          Attempt* a) {
+  v1::Launch* launch = req->mutable_launch();
+  if (bell != nullptr) {
+    a->seq = bell->NextSeq();
+    ClientStatus cs = bell->Ring(call->stream, a->seq);
+    if (!cs.ok()) {
+      (void)bell->Finish(call->stream);
+      return cs;
+    }
+  } else {
+    ClientStatus cs = a->pair->RecordReady(call->stream);
+    if (!cs.ok()) return cs;
+  }
+  a->ordered = true;
+  if (ring != nullptr) {
+    ring->doorbell_seq = a->seq;
+    bool submitted = false;
+    ClientStatus s = conn->SubmitRing(*ring, a->async = ring->flags != 0,
+                                      launch->target_name(), &submitted);
+    if (!s.ok()) {
+      a->async = false;
+      return s;
+    }
+    if (submitted) {
+      a->on_ring = true;
+      Trace("  launch on the launch ring (%s, doorbell seq %llu)",
+            a->async ? "asynchronous" : "synchronous",
+            static_cast<unsigned long long>(a->seq));
+      return ClientStatus::Ok();
+    }
+    a->async = false;  // (not reached: it fit) the socket then
+    ClientStatus ds = DescribeSocket(conn, st, call, bell, launch, a);
+    if (!ds.ok()) return ds;
+  }
+  launch->set_doorbell_seq(a->seq);
+  Trace("  launch (attempt %d, %d shares, %zu fds, doorbell seq %llu)",
+        a->number, launch->shares_size(), a->raw_fds.size(),
+        static_cast<unsigned long long>(a->seq));
+  return conn->Call(req, resp, a->raw_fds.data(),
+                    static_cast<int>(a->raw_fds.size()));
+}
+
+// complete: the launch's answer (awaited on the ring unless asynchronous),
+// XLA's stream ordered after the handler, then on success the cache
+// entries committed and staged results copied back. *retry: kregd no
+// longer holds a mapping this session's cache says it shared.
+ClientStatus CompleteAttempt(Conn* conn, CudaConnState* st, Call* call,
+                             cc::Doorbell* bell, ClientStatus s,
+                             const v1::SessionResponse& resp, Attempt* a,
+                             bool* retry) {
+  const cu::CudaDriver& d = *call->d;
+  *retry = false;
+  bool signalled = false;
+  bool mapping_missing = false;
+  if (a->on_ring && a->async) {
+    signalled = true;  // kregd writes done whatever happens (or ends)
+  } else if (a->on_ring && s.ok()) {
+    uint32_t flags = 0;
+    s = conn->AwaitRing(&flags);
+    signalled = (flags & ring::kDoneSignalled) != 0;
+    mapping_missing = (flags & ring::kMappingMissing) != 0;
+  } else if (resp.has_launch()) {
+    signalled = resp.launch().doorbell_signalled();
+    mapping_missing = resp.launch().cuda_mapping_missing();
+  }
+  a->plan.fds.clear();  // closes our copies
+  ClientStatus cs;
+  if (bell != nullptr) {
+    if (!conn->broken() && signalled) {
+      cs = bell->AwaitDone(call->stream, a->seq);
+      if (!cs.ok() && s.ok()) s = cs;
+    }
+    cs = bell->Finish(call->stream);
+    if (!cs.ok() && s.ok()) s = cs;
+  } else if (!conn->broken()) {
+    cs = a->pair->WaitDone(call->stream);
+    if (!cs.ok() && s.ok()) s = cs;
+  }
+  Trace("  kregd answered: code %d %s%s", s.code, s.message.c_str(),
+        a->async         ? " (asynchronous: not awaited)"
+        : conn->broken() ? " (connection broken)"
+                         : "");
+  if (s.ok()) {
+    st->pending_release_.clear();
+    if (bell == nullptr) st->events_.sent[call->uuid] = true;
+    for (CudaConnState::Entry& e : a->plan.new_entries)
+      st->Insert(std::move(e));
+    for (const Buf& b : call->bufs) {
+      if (b.is_arg || !b.staged || !b.copy_out || b.bytes == 0) continue;
+      if (a->arena == nullptr || a->arena->buffer() == nullptr) {
+        return ClientStatus::Error(kInternal,
+                                   "kreg: a staged result without a staging "
+                                   "buffer");
+      }
+      cu::CUresult r = d.cuMemcpyDtoDAsync(
+          static_cast<cu::CUdeviceptr>(reinterpret_cast<uintptr_t>(b.data)),
+          a->arena->buffer()->data() + b.stage_offset, b.bytes, call->stream);
+      if (r != cu::CUDA_SUCCESS) {
+        return CuFailed(d, r, "copying a staged result back");
+      }
+    }
+    return s;
+  }
+  if (conn->broken()) return s;
+  if (a->number == 0 && mapping_missing) {
+    // kregd no longer holds something this session's cache says it
+    // shared: share everything again (on the socket), once.
+    st->Clear();
+    st->pending_release_.clear();
+    *retry = true;
+    return s;
+  }
+  // The daemon may have imported some shares; re-sending them is harmless.
+  st->pending_release_.clear();
+  return s;
+}
+
 }  // namespace
 
 ClientStatus LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
                           v1::SessionResponse* resp) {
-  const cu::CudaDriver& d = *call->d;
+  // An earlier asynchronous launch's error is this call's (not run): the
+  // previous launch's completion is consumed first (by now kregd has
+  // usually acknowledged it; waiting for it keeps "the next call" exact
+  // and at most one launch in flight per session).
+  ClientStatus s = conn->ReapAsync(true);
+  if (!s.ok()) return s;
+  s = conn->TakeAsyncError();
+  if (!s.ok()) return s;
   if (conn->cuda_state == nullptr) {
     conn->cuda_state = new CudaConnState(call->d);
   }
   CudaConnState* st = conn->cuda_state;
   const size_t limit =
       conn->max_cuda_mappings() > 0 ? conn->max_cuda_mappings() : 256;
-  // Once the staging buffer is used, its use ends on every path (the event
-  // that orders the next call's copies and its eventual free).
-  struct ReleaseStaging {
-    cc::StagingArena* arena = nullptr;
-    cu::CUstream stream = nullptr;
-    ~ReleaseStaging() {
-      if (arena == nullptr) return;
-      ClientStatus rs = arena->Release(stream);
-      if (!rs.ok()) Trace("  staging release failed: %s", rs.message.c_str());
-    }
-  } release_staging;
+  ReleaseStaging release_staging;
   cc::Doorbell* bell = nullptr;
-  ClientStatus s = DoorbellFor(conn, st, *call, &bell);
+  s = DoorbellFor(conn, st, *call, &bell);
   if (!s.ok()) return s;
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    Plan plan;
-    std::vector<Key> used;
-    std::vector<Key> mapped;
+  for (int number = 0; number < 2; ++number) {
+    Attempt a;
+    a.number = number;
     v1::Launch* launch = req->mutable_launch();
-    launch->clear_shares();
-    launch->clear_events();
-    launch->clear_release();
-    launch->clear_doorbell_seq();
-
-    // Allocations: cached, shared now, or staged.
-    for (Buf& b : call->bufs) {
-      b.staged = false;
-      b.copy_in = b.copy_out = false;
-      b.stage_offset = 0;
-      if (b.bytes == 0) continue;  // nothing to share, stage or copy
-      s = PlanBuffer(st, &b, &plan, &used, &mapped);
+    s = PlanAttempt(st, call, &a);
+    if (!s.ok()) return s;
+    s = StageInputs(st, call, &a, &release_staging);
+    if (!s.ok()) return s;
+    s = BoundCache(st, limit, &a);
+    if (!s.ok()) return s;
+    ring::DescriptorView ring;
+    const bool on_ring = DescribeRing(conn, st, *call, *launch, bell, a, &ring);
+    if (!on_ring) {
+      s = DescribeSocket(conn, st, call, bell, launch, &a);
       if (!s.ok()) return s;
     }
-    // Staging layout: one aligned region per distinct staged buffer (an
-    // aliased input/output pair shares one, holding the input's values).
-    std::vector<size_t> staged_index;
-    std::vector<cc::StagedBuffer> staged;
-    for (size_t i = 0; i < call->bufs.size(); ++i) {
-      const Buf& b = call->bufs[i];
-      if (!b.staged || b.bytes == 0) continue;
-      staged_index.push_back(i);
-      staged.push_back(cc::StagedBuffer{b.data, b.bytes, b.is_arg});
-    }
-    cc::StagingLayout layout;
-    if (!staged.empty()) {
-      ClientStatus cs = cc::LayoutStaging(staged, kStageAlign, &layout);
-      if (!cs.ok()) return ClientStatus::Error(cs.code, "kreg: " + cs.message);
-      for (size_t k = 0; k < staged_index.size(); ++k) {
-        Buf& b = call->bufs[staged_index[k]];
-        b.stage_offset = layout.offsets[k];
-        b.copy_in = layout.copy_in[k];
-        b.copy_out = layout.copy_out[k];
-      }
-    }
-    cc::AllocationId stage_id;
-    cc::StagingArena* arena = nullptr;
-    if (layout.bytes > 0) {
-      arena = st->Arena(call->uuid, call->ordinal, call->ctx);
-      cc::AllocationId retired;
-      ClientStatus cs = arena->Acquire(call->stream, layout.bytes, &retired);
-      if (!cs.ok()) {
-        return ClientStatus::Error(
-            cs.code,
-            "kreg: a buffer cannot be shared with kregd (e.g. "
-            "XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async) and staging it failed: " +
-                cs.message);
-      }
-      release_staging.arena = arena;
-      release_staging.stream = call->stream;
-      if (retired.size > 0) {
-        // kregd drops its mapping of the outgrown buffer (behind its own
-        // fence); this process frees it once its last use has completed.
-        st->DropKey(KeyOf(retired));
-        Trace("  staging grew to %llu bytes (retired 0x%llx, +%llu)",
-              static_cast<unsigned long long>(arena->buffer()->size()),
-              static_cast<unsigned long long>(retired.base),
-              static_cast<unsigned long long>(retired.size));
-      }
-      Buf sb;
-      sb.data = reinterpret_cast<void*>(
-          static_cast<uintptr_t>(arena->buffer()->data()));
-      sb.bytes = arena->buffer()->size();
-      sb.id = arena->id();
-      sb.offset = 0;
-      s = PlanBuffer(st, &sb, &plan, &used, &mapped);
-      if (!s.ok()) return s;
-      if (sb.staged) {
-        return ClientStatus::Error(kInternal,
-                                   "kreg: the staging buffer cannot be shared");
-      }
-      if (layout.bytes > sb.bytes) {
-        return ClientStatus::Error(
-            kInternal,
-            "kreg: the staging buffer is smaller than the "
-            "call's staged buffers");
-      }
-      stage_id = sb.id;
-      for (const Buf& b : call->bufs) {
-        if (!b.staged || !b.copy_in || b.bytes == 0) continue;
-        cu::CUresult r = d.cuMemcpyDtoDAsync(
-            arena->buffer()->data() + b.stage_offset,
-            static_cast<cu::CUdeviceptr>(reinterpret_cast<uintptr_t>(b.data)),
-            b.bytes, call->stream);
-        if (r != cu::CUDA_SUCCESS) {
-          return CuFailed(d, r, "staging an input (cuMemcpyDtoDAsync)");
-        }
-      }
-    }
-    if (Tracing()) {
-      int ai = 0, ri = 0;
-      for (const Buf& b : call->bufs) {
-        Trace("  %s %d: %p, %llu bytes, %s, offset %llu%s%s",
-              b.is_arg ? "arg" : "ret", b.is_arg ? ai++ : ri++, b.data,
-              static_cast<unsigned long long>(b.bytes),
-              b.bytes == 0 ? "empty"
-              : b.staged   ? "staged"
-                           : "shared",
-              static_cast<unsigned long long>(b.staged ? b.stage_offset
-                                                       : b.offset),
-              b.copy_in ? ", copy in" : "", b.copy_out ? ", copy out" : "");
-      }
-      if (arena != nullptr) {
-        Trace("  staging %llu of %llu bytes at 0x%llx",
-              static_cast<unsigned long long>(layout.bytes),
-              static_cast<unsigned long long>(arena->buffer()->size()),
-              static_cast<unsigned long long>(arena->buffer()->data()));
-      }
-    }
-    // Buffer descriptors.
-    int ai = 0, ri = 0;
-    for (const Buf& b : call->bufs) {
-      v1::Buffer* out =
-          b.is_arg ? launch->mutable_args(ai++) : launch->mutable_rets(ri++);
-      out->clear_cuda();
-      out->set_offset(0);
-      if (b.bytes == 0) continue;
-      if (b.staged) {
-        FillRef(stage_id, out->mutable_cuda());
-        out->set_offset(b.stage_offset);
-      } else {
-        FillRef(b.id, out->mutable_cuda());
-        out->set_offset(b.offset);
-      }
-    }
-    // Cache bounds: what kregd holds for this session must stay within its
-    // max_cuda_mappings.
-    st->Sweep(used);
-    if (mapped.size() > limit) {
-      return ClientStatus::Error(
-          kResourceExhausted,
-          "kreg: this call uses " + std::to_string(mapped.size()) +
-              " distinct GPU allocations; kregd shares at most " +
-              std::to_string(limit) + " per session");
-    }
-    st->Trim(
-        limit > plan.new_entries.size() ? limit - plan.new_entries.size() : 0,
-        used);
-    for (const cc::AllocationId& id : st->pending_release_) {
-      FillRef(id, launch->add_release());
-    }
-    // Events (unless the doorbell orders launches): created once per
-    // session and device, sent until a launch succeeded with them.
-    cc::IpcEventPair* pair = nullptr;
-    if (bell == nullptr) {
-      std::unique_ptr<cc::IpcEventPair>& p = st->events_.pairs[call->uuid];
-      if (p == nullptr) {
-        ClientStatus cs = cc::IpcEventPair::Create(call->d, call->ctx, &p);
-        if (!cs.ok()) return cs;
-        st->events_.sent[call->uuid] = false;
-      }
-      pair = p.get();
-      if (!st->events_.sent[call->uuid]) {
-        v1::CudaEvents* ev = launch->mutable_events();
-        ev->set_device_uuid(call->uuid);
-        ev->set_ready(pair->ready_handle().reserved,
-                      sizeof(pair->ready_handle().reserved));
-        ev->set_done(pair->done_handle().reserved,
-                     sizeof(pair->done_handle().reserved));
-      }
-    }
-    // Shares: inline when their fds fit one frame, else ahead in chunks.
-    std::vector<int> raw_fds;
-    for (const UniqueFd& fd : plan.fds) raw_fds.push_back(fd.get());
-    if (static_cast<int>(raw_fds.size()) <= wire::kMaxFdsPerFrame) {
-      for (v1::CudaShare& sh : plan.shares) *launch->add_shares() = sh;
-    } else {
-      size_t next_fd = 0;
-      for (size_t i = 0; i < plan.shares.size();) {
-        v1::SessionRequest share_req;
-        std::vector<int> chunk_fds;
-        v1::CudaShareRequest* sr = share_req.mutable_cuda_share();
-        while (i < plan.shares.size()) {
-          bool fd = plan.shares[i].has_vmm_fd();
-          if (fd &&
-              static_cast<int>(chunk_fds.size()) == wire::kMaxFdsPerFrame) {
-            break;
-          }
-          if (fd) chunk_fds.push_back(raw_fds[next_fd++]);
-          *sr->add_shares() = plan.shares[i++];
-        }
-        v1::SessionResponse share_resp;
-        s = conn->Call(&share_req, &share_resp, chunk_fds.data(),
-                       static_cast<int>(chunk_fds.size()));
-        if (!s.ok()) return s;
-      }
-      raw_fds.clear();
-    }
-    // XLA's work so far, then the handler, then XLA's later work.
-    uint64_t seq = 0;
-    ClientStatus cs;
-    if (bell != nullptr) {
-      // The doorbell: kregd's stream waits for ready >= seq, runs the
-      // handler and writes done := seq; XLA's stream waits for done >= seq
-      // once kregd said it enqueued that write. The reply comes before the
-      // next launch, so at most one wait per direction is pending.
-      seq = bell->NextSeq();
-      launch->set_doorbell_seq(seq);
-      cs = bell->Ring(call->stream, seq);
-      if (!cs.ok()) {
-        (void)bell->Finish(call->stream);
-        return cs;
-      }
-    } else {
-      cs = pair->RecordReady(call->stream);
-      if (!cs.ok()) return cs;
-    }
-    Trace("  launch (attempt %d, %d shares, %zu fds, doorbell seq %llu)",
-          attempt, launch->shares_size(), raw_fds.size(),
-          static_cast<unsigned long long>(seq));
-    s = conn->Call(req, resp, raw_fds.data(), static_cast<int>(raw_fds.size()));
-    plan.fds.clear();  // closes our copies
-    if (bell != nullptr) {
-      if (!conn->broken() && resp->has_launch() &&
-          resp->launch().doorbell_signalled()) {
-        cs = bell->AwaitDone(call->stream, seq);
-        if (!cs.ok() && s.ok()) s = cs;
-      }
-      cs = bell->Finish(call->stream);
-      if (!cs.ok() && s.ok()) s = cs;
-    } else if (!conn->broken()) {
-      cs = pair->WaitDone(call->stream);
-      if (!cs.ok() && s.ok()) s = cs;
-    }
-    Trace("  kregd answered: code %d %s%s", s.code, s.message.c_str(),
-          conn->broken() ? " (connection broken)" : "");
-    if (s.ok()) {
-      st->pending_release_.clear();
-      if (bell == nullptr) st->events_.sent[call->uuid] = true;
-      for (CudaConnState::Entry& e : plan.new_entries) st->Insert(std::move(e));
-      for (const Buf& b : call->bufs) {
-        if (b.is_arg || !b.staged || !b.copy_out || b.bytes == 0) continue;
-        if (arena == nullptr || arena->buffer() == nullptr) {
-          return ClientStatus::Error(kInternal,
-                                     "kreg: a staged result without a staging "
-                                     "buffer");
-        }
-        cu::CUresult r = d.cuMemcpyDtoDAsync(
-            static_cast<cu::CUdeviceptr>(reinterpret_cast<uintptr_t>(b.data)),
-            arena->buffer()->data() + b.stage_offset, b.bytes, call->stream);
-        if (r != cu::CUDA_SUCCESS) {
-          return CuFailed(d, r, "copying a staged result back");
-        }
-      }
-      return s;
-    }
-    if (conn->broken()) return s;
-    if (attempt == 0 && resp->has_launch() &&
-        resp->launch().cuda_mapping_missing()) {
-      // kregd no longer holds something this session's cache says it
-      // shared: share everything again, once.
-      st->Clear();
-      st->pending_release_.clear();
-      continue;
-    }
-    // The daemon may have imported some shares; re-sending them is harmless.
-    st->pending_release_.clear();
-    return s;
+    resp->Clear();
+    s = OrderAndSend(conn, st, call, bell, on_ring ? &ring : nullptr, req, resp,
+                     &a);
+    if (!a.ordered) return s;  // nothing to complete
+    bool retry = false;
+    s = CompleteAttempt(conn, st, call, bell, s, *resp, &a, &retry);
+    if (!retry) return s;
   }
   return s;
 }

@@ -26,10 +26,18 @@ struct Call {
   std::vector<Buf> bufs;
 };
 
-// Sends the Launch in `req` (its buffers, attributes and context already
+// Runs the launch in `req` (its buffers, attributes and context already
 // encoded) for `call` on `conn`, sharing or staging its buffers and ordering
-// it between XLA's preceding and later work; retried once when kregd no
-// longer holds a mapping this session's cache says it shared.
+// it between XLA's preceding and later work. In steps over one attempt:
+// plan (shared, cached or staged), stage (copies into the staging buffer),
+// bound the cache, describe (a launch-ring descriptor for a steady-state
+// launch ordered by the doorbell, else the socket Launch with its shares,
+// releases and events), order and send, complete (await kregd unless
+// asynchronous, order XLA's stream after the handler, commit the cache and
+// copy staged results back). Retried once, on the socket, when kregd no
+// longer holds a mapping this session's cache says it shared. An earlier
+// asynchronous launch's error (KREG_ASYNC_LAUNCH=1) is returned first and
+// this launch is not run.
 ClientStatus LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
                           v1::SessionResponse* resp);
 

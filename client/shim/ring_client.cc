@@ -59,7 +59,7 @@ bool ClientRing::Submit(const ring::DescriptorView& launch, uint64_t tag) {
                              ring::kSubmitSlotBytes) == 0) {
     return false;
   }
-  tag_ = tag;
+  tags_[sq_tail_ % ring::kSlots] = tag;
   ring::Control* c = ring::ControlOf(base_);
   ++sq_tail_;
   ring::Store(c->sq_tail, sq_tail_);
@@ -67,8 +67,13 @@ bool ClientRing::Submit(const ring::DescriptorView& launch, uint64_t tag) {
   return true;
 }
 
+bool ClientRing::Ready() const {
+  return in_flight() > 0 &&
+         ring::Load(ring::ControlOf(base_)->cq_tail) != cq_head_;
+}
+
 ClientRing::Wait ClientRing::Await(int64_t spin_ns, int64_t slice_ns, int* code,
-                                   std::string* message) {
+                                   std::string* message, uint32_t* flags) {
   ring::Control* c = ring::ControlOf(base_);
   if (ring::Load(c->cq_tail) == cq_head_) {
     if (ring::Load(c->closed) != 0) return Wait::kClosed;
@@ -84,10 +89,13 @@ ClientRing::Wait ClientRing::Await(int64_t spin_ns, int64_t slice_ns, int* code,
   if (n > ring::kMaxMessageBytes) n = ring::kMaxMessageBytes;
   message->assign(slot + sizeof(h), n);
   *code = h.code;
-  if (h.tag != tag_) {
+  if (flags != nullptr) *flags = h.flags;
+  const uint64_t want = tags_[cq_head_ % ring::kSlots];
+  if (h.tag != want) {
     *code = kInternal;
     *message = "kregd completed launch " + std::to_string(h.tag) +
-               " on the launch ring instead of " + std::to_string(tag_);
+               " on the launch ring instead of " + std::to_string(want);
+    if (flags != nullptr) *flags = 0;
   }
   ++cq_head_;
   ring::Store(c->cq_head, cq_head_);

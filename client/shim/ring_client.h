@@ -14,8 +14,9 @@ namespace kreg {
 namespace shim {
 
 // Owns the client's mapping of the ring region and memfd, and its own
-// indices. One launch at a time (the Conn is used by one thread at a time):
-// Submit(), then Await() until kDone.
+// indices. Used by one thread at a time (the Conn's). Up to ring::kSlots
+// launches may be in flight (asynchronous CUDA launches); completions come
+// back in submission order: Await() returns the oldest one's.
 class ClientRing {
  public:
   // Creates a zeroed region (memfd sealed against shrinking, growing and
@@ -32,16 +33,23 @@ class ClientRing {
   // Encodes `launch` as the next descriptor, straight into its slot, and
   // publishes it, waking the executor if it sleeps. False (nothing
   // published) when it does not fit a slot: send it on the socket.
+  // The caller keeps in_flight() below ring::kSlots (Await() first).
   bool Submit(const ring::DescriptorView& launch, uint64_t tag);
 
+  // Launches submitted whose completion was not consumed yet.
+  uint32_t in_flight() const { return sq_tail_ - cq_head_; }
+  // The oldest launch in flight has completed (Await() returns at once).
+  bool Ready() const;
+
   enum class Wait { kDone, kClosed, kSlice };
-  // Waits for the completion of the submitted launch: spins `spin_ns`,
-  // then sleeps at most `slice_ns` on the completion doorbell. kDone with
-  // its code and message (consumed); kClosed when the executor stopped
-  // serving the ring; kSlice when the sleep ended without either (the
-  // caller checks the socket: kregd reports a dead executor there).
-  Wait Await(int64_t spin_ns, int64_t slice_ns, int* code,
-             std::string* message);
+  // Waits for the completion of the oldest launch in flight: spins
+  // `spin_ns`, then sleeps at most `slice_ns` on the completion doorbell.
+  // kDone with its code, message and flags (ring::kDoneSignalled, ...;
+  // consumed); kClosed when the executor stopped serving the ring; kSlice
+  // when the sleep ended without either (the caller checks the socket:
+  // kregd reports a dead executor there).
+  Wait Await(int64_t spin_ns, int64_t slice_ns, int* code, std::string* message,
+             uint32_t* flags = nullptr);
 
  private:
   ClientRing(int fd, char* base) : fd_(fd), base_(base) {}
@@ -50,7 +58,7 @@ class ClientRing {
   char* const base_;
   uint32_t sq_tail_ = 0;
   uint32_t cq_head_ = 0;
-  uint64_t tag_ = 0;  // of the launch submitted last
+  uint64_t tags_[ring::kSlots] = {};  // of the launches in flight, by sq
 };
 
 }  // namespace shim

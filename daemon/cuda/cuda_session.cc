@@ -253,4 +253,34 @@ absl::Status CudaSession::Launch(
   return result;
 }
 
+absl::Status CudaSession::SignalDoorbell(int ordinal, uint64_t doorbell_seq,
+                                         bool* signalled) {
+  *signalled = false;
+  if (absl::Status s = devices_->CheckUsable(ordinal); !s.ok()) return s;
+  absl::StatusOr<cu::CUstream> stream = streams_.Get(ordinal);
+  if (!stream.ok()) return stream.status();
+  CudaContextScope scope(*devices_, ordinal);
+  if (!scope.status().ok()) return scope.status();
+  std::shared_ptr<Doorbell> bell;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = doorbells_.find(ordinal);
+    if (it != doorbells_.end()) bell = it->second;
+  }
+  if (bell == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("a doorbell launch (sequence ", doorbell_seq,
+                     ") but this session set up no doorbell for CUDA device ",
+                     devices_->info(ordinal).uuid_text));
+  }
+  const cu::CudaDriver& d = *devices_->driver();
+  absl::Status s =
+      devices_->Check(ordinal,
+                      d.cuStreamWriteValue64(*stream, bell->done, doorbell_seq,
+                                             cu::CU_STREAM_WRITE_VALUE_DEFAULT),
+                      "cuStreamWriteValue64 of the doorbell's done word");
+  if (s.ok()) *signalled = true;
+  return s;
+}
+
 }  // namespace kreg

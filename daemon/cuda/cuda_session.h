@@ -91,12 +91,23 @@ class CudaSession {
   // writes done := doorbell_seq after it, also when `run` failed.
   // *signalled (if given) says whether that write was enqueued: the client
   // may wait for it only then. Each launch adds at most one pending wait to
-  // the stream, and the client waits for the reply before its next launch,
-  // so the queue depth per session stream stays at one (DESIGN §3: deep
-  // queues of waits deadlocked in a probe).
+  // the stream, and the client has at most ring::kSlots launches in flight
+  // (one on the socket, up to kSlots on the launch ring in asynchronous
+  // mode), so the queue depth per session stream stays that small (DESIGN
+  // §3: deep queues of waits deadlocked in a probe).
   absl::Status Launch(
       int ordinal, const std::function<absl::Status(const CallOptions&)>& run,
       uint64_t doorbell_seq = 0, bool* signalled = nullptr);
+
+  // A doorbell launch that failed before Launch enqueued anything (a bad
+  // descriptor, a missing mapping): enqueues done := doorbell_seq on the
+  // session stream of `ordinal` without waiting for `ready` (nothing of
+  // the launch runs, so nothing needs ordering after the client's work),
+  // so that an XLA stream already waiting for it (an asynchronous ring
+  // launch) moves on. *signalled says whether the write was enqueued.
+  // FAILED_PRECONDITION without a doorbell; CUDA errors as Launch.
+  absl::Status SignalDoorbell(int ordinal, uint64_t doorbell_seq,
+                              bool* signalled);
 
   CudaMappingCache& mappings() { return cache_; }
   SessionStreams& streams() { return streams_; }

@@ -20,7 +20,7 @@ CudaMappingKey KeyOf(const v1::CudaMappingRef& r) {
   return CudaMappingKey{r.device_uuid(), r.base(), r.size(), r.generation()};
 }
 
-std::string UuidText(const std::string& raw) {
+std::string UuidText(absl::string_view raw) {
   if (raw.size() != sizeof(cu::CUuuid)) {
     return absl::StrCat("<", raw.size(), "-byte uuid>");
   }
@@ -29,11 +29,13 @@ std::string UuidText(const std::string& raw) {
   return cu::FormatCuUuid(u);
 }
 
-std::string RefText(const v1::CudaMappingRef& r) {
-  return absl::StrCat("allocation 0x", absl::Hex(r.base()), " (+", r.size(),
-                      " bytes, generation ", r.generation(), ") on ",
-                      UuidText(r.device_uuid()));
+std::string RefText(const CudaRefView& r) {
+  return absl::StrCat("allocation 0x", absl::Hex(r.base), " (+", r.size,
+                      " bytes, generation ", r.generation, ") on ",
+                      UuidText(r.device_uuid));
 }
+
+std::string RefText(const v1::CudaMappingRef& r) { return RefText(RefView(r)); }
 
 }  // namespace
 
@@ -170,25 +172,35 @@ absl::Status CudaExecutor::ShareCuda(
   return first;
 }
 
-absl::Status CudaExecutor::Launch(uint64_t request_id, const v1::Launch& launch,
-                                  std::vector<UniqueFd> fds,
-                                  v1::LaunchReply* reply) {
-  CudaSession* cuda = Cuda();
-  if (cuda == nullptr) {
+absl::StatusOr<int> CudaExecutor::Device(absl::string_view target,
+                                         absl::string_view device_uuid,
+                                         CudaSession** cuda) {
+  *cuda = Cuda();
+  if (*cuda == nullptr) {
     return absl::UnimplementedError(
-        absl::StrCat("launching \"", launch.target_name(),
+        absl::StrCat("launching \"", target,
                      "\" for platform cuda: this kregd serves no CUDA device (",
                      devices_ == nullptr ? "started without CUDA"
                                          : devices_->status().message(),
                      ")"));
   }
-  absl::StatusOr<int> ordinal = devices_->FindByUuid(launch.device_uuid());
+  absl::StatusOr<int> ordinal = devices_->FindByUuid(std::string(device_uuid));
   if (!ordinal.ok()) {
     return absl::Status(
         ordinal.status().code(),
         absl::StrCat("the client's GPU cannot be used by kregd: ",
                      ordinal.status().message()));
   }
+  return ordinal;
+}
+
+absl::Status CudaExecutor::Launch(uint64_t request_id, const v1::Launch& launch,
+                                  std::vector<UniqueFd> fds,
+                                  v1::LaunchReply* reply) {
+  CudaSession* cuda = nullptr;
+  absl::StatusOr<int> ordinal =
+      Device(launch.target_name(), launch.device_uuid(), &cuda);
+  if (!ordinal.ok()) return ordinal.status();
   for (const v1::CudaMappingRef& r : launch.release()) {
     cuda->mappings().Erase(KeyOf(r));
   }
@@ -216,15 +228,56 @@ absl::Status CudaExecutor::Launch(uint64_t request_id, const v1::Launch& launch,
     return absl::InvalidArgumentError(absl::StrCat(
         fds.size(), " file descriptor(s) attached beyond the launch's shares"));
   }
+  absl::StatusOr<DecodedLaunch> decoded;
+  Outcome out;
+  absl::Status result = Run(
+      request_id, cuda, *ordinal, launch.device_uuid(), launch.doorbell_seq(),
+      [&](const CudaBufferResolver& resolve) -> absl::StatusOr<DecodedLaunch*> {
+        decoded = DecodeLaunch(launch, *ctx_.arena, &resolve);
+        if (!decoded.ok()) return decoded.status();
+        return &*decoded;
+      },
+      &out);
+  reply->set_cuda_mapping_missing(out.mapping_missing);
+  reply->set_doorbell_signalled(out.signalled);
+  return result;
+}
+
+absl::Status CudaExecutor::RingLaunch(uint64_t tag, absl::string_view target,
+                                      absl::string_view device_uuid,
+                                      uint64_t doorbell_seq,
+                                      const Decoder& decode, Outcome* out) {
+  *out = Outcome{};
+  CudaSession* cuda = nullptr;
+  absl::StatusOr<int> ordinal = Device(target, device_uuid, &cuda);
+  if (!ordinal.ok()) return ordinal.status();
+  absl::Status result =
+      Run(tag, cuda, *ordinal, device_uuid, doorbell_seq, decode, out);
+  if (!result.ok() && !out->signalled) {
+    absl::Status s =
+        cuda->SignalDoorbell(*ordinal, doorbell_seq, &out->signalled);
+    if (!s.ok()) {
+      spdlog::debug("session {}: signalling doorbell {} of a failed launch: {}",
+                    ctx_.id, doorbell_seq, std::string(s.message()));
+    }
+  }
+  return result;
+}
+
+absl::Status CudaExecutor::Run(uint64_t request_id, CudaSession* cuda,
+                               int ordinal, absl::string_view device_uuid,
+                               uint64_t doorbell_seq, const Decoder& decode,
+                               Outcome* out) {
   // Every buffer resolved before the handler runs; the holders keep the
   // mappings alive until the launch's work is queued.
   std::vector<CudaMappingCache::Resolved> holders;
   std::vector<CudaMappingKey> distinct;
   const size_t max_entries = cuda->mappings().max_entries();
   CudaBufferResolver resolve =
-      [&](const v1::CudaMappingRef& ref, uint64_t offset, uint64_t size,
+      [&](const CudaRefView& ref, uint64_t offset, uint64_t size,
           const std::string& what) -> absl::StatusOr<void*> {
-    CudaMappingKey key = KeyOf(ref);
+    CudaMappingKey key{std::string(ref.device_uuid), ref.base, ref.size,
+                       ref.generation};
     if (std::find(distinct.begin(), distinct.end(), key) == distinct.end()) {
       distinct.push_back(key);
       if (distinct.size() > max_entries) {
@@ -233,15 +286,15 @@ absl::Status CudaExecutor::Launch(uint64_t request_id, const v1::Launch& launch,
             " distinct GPU allocations (kregd's per-session limit)"));
       }
     }
-    if (key.device_uuid != launch.device_uuid()) {
+    if (ref.device_uuid != device_uuid) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, ": ", RefText(ref), " is not on the launch's device ",
-          UuidText(launch.device_uuid())));
+          UuidText(device_uuid)));
     }
     absl::StatusOr<CudaMappingCache::Resolved> r =
         cuda->Resolve(key, offset, size);
     if (!r.ok()) {
-      if (absl::IsNotFound(r.status())) reply->set_cuda_mapping_missing(true);
+      if (absl::IsNotFound(r.status())) out->mapping_missing = true;
       return absl::Status(
           r.status().code(),
           absl::StrCat(what, ": ", RefText(ref), ": ", r.status().message()));
@@ -250,26 +303,23 @@ absl::Status CudaExecutor::Launch(uint64_t request_id, const v1::Launch& launch,
     holders.push_back(*std::move(r));
     return data;
   };
-  absl::StatusOr<DecodedLaunch> decoded =
-      DecodeLaunch(launch, *ctx_.arena, &resolve);
+  absl::StatusOr<DecodedLaunch*> decoded = decode(resolve);
   if (!decoded.ok()) return decoded.status();
-  reply->set_cuda_mapping_missing(false);
-  absl::StatusOr<void*> handler = ctx_.handlers->Lookup(decoded->key);
+  out->mapping_missing = false;
+  absl::StatusOr<void*> handler = ctx_.handlers->Lookup((*decoded)->key);
   if (!handler.ok()) return handler.status();
-  decoded->frame.device_ordinal = *ordinal;
-  bool signalled = false;
-  absl::Status result = cuda->Launch(
-      *ordinal,
+  DecodedLaunch& launch = **decoded;
+  launch.frame.device_ordinal = ordinal;
+  return cuda->Launch(
+      ordinal,
       [&](const CallOptions& options) {
-        ctx_.backend->BeginLaunch(request_id, decoded->key);
+        ctx_.backend->BeginLaunch(request_id, launch.key);
         absl::Status s =
-            ctx_.backend->ExecuteWith(*handler, decoded->frame, options);
+            ctx_.backend->ExecuteWith(*handler, launch.frame, options);
         ctx_.backend->EndLaunch(s.ok());
         return s;
       },
-      launch.doorbell_seq(), &signalled);
-  reply->set_doorbell_signalled(signalled);
-  return result;
+      doorbell_seq, &out->signalled);
 }
 
 }  // namespace kreg

@@ -5,9 +5,12 @@
 #define KREGD_DAEMON_SESSION_CUDA_EXECUTOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
+#include "absl/strings/string_view.h"
+#include "daemon/session/launch_decoder.h"
 #include "daemon/session/launch_executor.h"
 
 namespace kreg {
@@ -28,6 +31,27 @@ class CudaExecutor final : public LaunchExecutor {
   void DescribeTo(v1::HelloReply* reply) const override;
   void Release() override;
 
+  // What a CUDA launch tells the client besides its status (LaunchReply's
+  // fields; a ring completion's flags).
+  struct Outcome {
+    bool mapping_missing = false;  // a buffer's allocation is not held
+    bool signalled = false;        // done := doorbell_seq was enqueued
+  };
+  // Decodes a launch's buffers through the resolver it is given (the
+  // socket's DecodeLaunch or the ring's RingDecoder::Decode).
+  using Decoder = std::function<absl::StatusOr<DecodedLaunch*>(
+      const CudaBufferResolver& resolve)>;
+
+  // A steady-state CUDA launch taken off the launch ring (its header
+  // checked by RingDecoder::Header): the same sequence as Launch() without
+  // shares, events or releases. Whatever fails after the device is found,
+  // done := doorbell_seq is still enqueued when possible
+  // (CudaSession::SignalDoorbell), so an XLA stream that already waits for
+  // it (asynchronous mode) moves on; out->signalled says whether it was.
+  absl::Status RingLaunch(uint64_t tag, absl::string_view target,
+                          absl::string_view device_uuid, uint64_t doorbell_seq,
+                          const Decoder& decode, Outcome* out);
+
   // CudaShareRequest: imports `shares`, one VMM fd each from `fds` in
   // order; INVALID_ARGUMENT when fds are left over.
   absl::Status Share(
@@ -44,6 +68,17 @@ class CudaExecutor final : public LaunchExecutor {
       std::vector<UniqueFd>* fds);
   // The session's CudaSession (created on first use); null without devices.
   CudaSession* Cuda();
+  // The session's CudaSession and kregd's ordinal of the client's device
+  // `device_uuid`; UNIMPLEMENTED without devices, FindByUuid's errors.
+  absl::StatusOr<int> Device(absl::string_view target,
+                             absl::string_view device_uuid, CudaSession** cuda);
+  // The part of a launch the socket and the ring share: resolves every
+  // buffer through the session's mapping cache (limit on distinct
+  // allocations, device check), decodes, looks the handler up and runs it
+  // on the session stream (CudaSession::Launch).
+  absl::Status Run(uint64_t request_id, CudaSession* cuda, int ordinal,
+                   absl::string_view device_uuid, uint64_t doorbell_seq,
+                   const Decoder& decode, Outcome* out);
 
   const SessionContext ctx_;
   CudaDevices* const devices_;

@@ -216,23 +216,46 @@ absl::StatusOr<BufferRef> DecodeBuffer(const v1::Buffer& buffer,
   return out;
 }
 
+CudaRefView RefView(const v1::CudaMappingRef& ref) {
+  return CudaRefView{ref.device_uuid(), ref.base(), ref.size(),
+                     ref.generation()};
+}
+
+absl::Status DecodeCudaBufferFields(int32_t dtype, const int64_t* dims,
+                                    size_t rank, const CudaRefView* ref,
+                                    uint64_t offset, uint64_t size,
+                                    const CudaBufferResolver& cuda,
+                                    const std::string& what, BufferRef* out) {
+  if (absl::Status s = CheckBufferShape(dtype, dims, rank, size, what);
+      !s.ok()) {
+    return s;
+  }
+  out->dtype = dtype;
+  out->dims.assign(dims, dims + rank);
+  out->data = nullptr;
+  if (size == 0) return absl::OkStatus();  // null, as the proto says
+  if (ref == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": a CUDA launch's buffer of ", size,
+                     " bytes names no CUDA allocation"));
+  }
+  absl::StatusOr<void*> data = cuda(*ref, offset, size, what);
+  if (!data.ok()) return data.status();
+  out->data = *data;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<BufferRef> DecodeCudaBuffer(const v1::Buffer& buffer,
                                            const CudaBufferResolver& cuda,
                                            const std::string& what) {
-  if (absl::Status s = CheckBufferShape(buffer, what); !s.ok()) return s;
   BufferRef out;
-  out.dtype = buffer.dtype();
-  out.dims.assign(buffer.dims().begin(), buffer.dims().end());
-  if (buffer.size() == 0) return out;  // null, as the proto says
-  if (!buffer.has_cuda()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": a CUDA launch's buffer of ", buffer.size(),
-                     " bytes names no CUDA allocation"));
-  }
-  absl::StatusOr<void*> data =
-      cuda(buffer.cuda(), buffer.offset(), buffer.size(), what);
-  if (!data.ok()) return data.status();
-  out.data = *data;
+  const CudaRefView ref = RefView(buffer.cuda());
+  absl::Status s =
+      DecodeCudaBufferFields(buffer.dtype(), buffer.dims().data(),
+                             static_cast<size_t>(buffer.dims_size()),
+                             buffer.has_cuda() ? &ref : nullptr,
+                             buffer.offset(), buffer.size(), cuda, what, &out);
+  if (!s.ok()) return s;
   return out;
 }
 

@@ -27,10 +27,20 @@ struct DecodedLaunch {
   LaunchFrame frame;
 };
 
+// A client GPU allocation a CUDA buffer names (a kreg.v1.CudaMappingRef, or
+// a launch-ring descriptor's CudaRef with the header's device).
+struct CudaRefView {
+  absl::string_view device_uuid;  // 16 raw bytes when well formed
+  uint64_t base = 0;
+  uint64_t size = 0;
+  uint64_t generation = 0;
+};
+CudaRefView RefView(const v1::CudaMappingRef& ref);
+
 // Resolves a CUDA buffer (`ref`, then [offset, offset + size) inside it) to
 // kregd's device address; `what` names the buffer in errors.
 using CudaBufferResolver = std::function<absl::StatusOr<void*>(
-    const v1::CudaMappingRef& ref, uint64_t offset, uint64_t size,
+    const CudaRefView& ref, uint64_t offset, uint64_t size,
     const std::string& what)>;
 
 // Validates every field of `launch` (target name syntax, platform, dtype
@@ -66,6 +76,14 @@ absl::Status DecodeArenaBuffer(int32_t dtype, const int64_t* dims, size_t rank,
 absl::StatusOr<BufferRef> DecodeCudaBuffer(const v1::Buffer& buffer,
                                            const CudaBufferResolver& cuda,
                                            const std::string& what);
+// The same from plain fields (a launch-ring CUDA descriptor): `ref` null for
+// a buffer that names no allocation. Exactly DecodeCudaBuffer's checks and
+// messages; fills `out` (its dims vector is reused).
+absl::Status DecodeCudaBufferFields(int32_t dtype, const int64_t* dims,
+                                    size_t rank, const CudaRefView* ref,
+                                    uint64_t offset, uint64_t size,
+                                    const CudaBufferResolver& cuda,
+                                    const std::string& what, BufferRef* out);
 
 // Validates and decodes a list of attributes.
 absl::StatusOr<AttrList> DecodeAttrs(

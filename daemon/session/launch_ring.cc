@@ -101,13 +101,15 @@ LaunchRing::Next LaunchRing::Take(int64_t spin_ns, std::string* out,
   return Next::kDescriptor;
 }
 
-void LaunchRing::Complete(uint64_t tag, const absl::Status& status) {
+void LaunchRing::Complete(uint64_t tag, const absl::Status& status,
+                          uint32_t flags) {
   ring::Control* c = ring::ControlOf(base_);
   char* slot = ring::CompleteSlot(base_, cq_tail_);
   ring::CompletionHeader h{};
   h.seq = seq();
   h.code = static_cast<int32_t>(status.code());
   h.tag = tag;
+  h.flags = flags;
   absl::string_view msg = status.message();
   std::string cut;
   if (msg.size() > ring::kMaxMessageBytes) {

@@ -44,8 +44,9 @@ class LaunchRing {
   uint32_t seq() const { return head_ - 1; }
   // Publishes the completion of that descriptor and wakes a sleeping
   // client. A message longer than a completion entry is cut, ending with a
-  // marker that says how long it was.
-  void Complete(uint64_t tag, const absl::Status& status);
+  // marker that says how long it was. `flags`: ring::kDoneSignalled,
+  // ring::kMappingMissing (CUDA launches).
+  void Complete(uint64_t tag, const absl::Status& status, uint32_t flags = 0);
   // Makes Take() return kStopped (now, or after the launch in progress) and
   // marks the ring closed for the client. Wakes a sleeping Take(); a wake
   // can race the thread going to sleep, so callers repeat it until the ring

@@ -1,5 +1,6 @@
 #include "daemon/session/ring_decoder.h"
 
+#include <stddef.h>
 #include <string.h>
 
 #include <atomic>
@@ -157,13 +158,14 @@ absl::Status RingDecoder::DecodeAttrBytes(const char* data, size_t size) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<const DecodedLaunch*> RingDecoder::Decode(const char* data,
-                                                         size_t size,
-                                                         uint32_t seq,
-                                                         const ShmArena& arena,
-                                                         uint64_t* tag) {
+absl::Status RingDecoder::CheckHeader(const char* data, size_t size,
+                                      uint32_t seq, uint64_t* tag,
+                                      ring::SubmitHeader* hp,
+                                      absl::string_view* target,
+                                      Platform* platform_out,
+                                      size_t* pos) const {
   *tag = 0;
-  ring::SubmitHeader h;
+  ring::SubmitHeader& h = *hp;
   if (size < sizeof(h)) {
     return absl::InvalidArgumentError(
         absl::StrCat("launch descriptor of ", size,
@@ -182,6 +184,13 @@ absl::StatusOr<const DecodedLaunch*> RingDecoder::Decode(const char* data,
         absl::StrCat("launch descriptor at ring position ", seq,
                      " carries sequence number ", h.seq));
   }
+  if ((h.flags & ~ring::kSubmitFlags) != 0 || h.reserved != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "launch descriptor has unknown flags 0x", absl::Hex(h.flags),
+        " or a reserved word of ", h.reserved, " (launch ring version ",
+        ring::kVersion, " knows flags 0x", absl::Hex(ring::kSubmitFlags),
+        "; client and kregd disagree on the ring layout?)"));
+  }
   Cursor in(data, size);
   in.Take(sizeof(h));
   const char* name = in.Take(h.target_len);
@@ -190,17 +199,89 @@ absl::StatusOr<const DecodedLaunch*> RingDecoder::Decode(const char* data,
   if (platform_text == nullptr) {
     return Truncated("platform", h.platform_len, in.left());
   }
-  const absl::string_view target(name, h.target_len);
-  if (absl::Status s = ValidateTargetName(target); !s.ok()) return s;
+  *target = absl::string_view(name, h.target_len);
+  if (absl::Status s = ValidateTargetName(*target); !s.ok()) return s;
   absl::StatusOr<Platform> platform =
       ParsePlatform(absl::string_view(platform_text, h.platform_len));
   if (!platform.ok()) return platform.status();
-  if (*platform != Platform::kCpu) {
+  static constexpr uint8_t kNoUuid[sizeof(h.device_uuid)] = {};
+  const bool has_uuid = memcmp(h.device_uuid, kNoUuid, sizeof(kNoUuid)) != 0;
+  if (*platform == Platform::kCpu) {
+    if (h.doorbell_seq != 0 || has_uuid) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("launching \"", *target,
+                       "\": a CPU launch descriptor carries CUDA fields "
+                       "(doorbell sequence number ",
+                       h.doorbell_seq, has_uuid ? ", a device UUID)" : ")"));
+    }
+  } else if (*platform == Platform::kCuda) {
+    if (h.doorbell_seq == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "launching \"", *target,
+          "\": a CUDA launch descriptor needs a doorbell sequence number "
+          "> 0 (the launch ring orders CUDA launches by the doorbell only; "
+          "interprocess events travel on the session socket)"));
+    }
+  } else {
+    return absl::UnimplementedError(
+        absl::StrCat("launching \"", *target,
+                     "\": the launch ring carries CPU and CUDA launches only"));
+  }
+  *platform_out = *platform;
+  *pos = in.pos();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RingLaunchHeader> RingDecoder::Header(const char* data,
+                                                     size_t size, uint32_t seq,
+                                                     uint64_t* tag) const {
+  ring::SubmitHeader h;
+  absl::string_view target;
+  Platform platform;
+  size_t pos;
+  if (absl::Status s =
+          CheckHeader(data, size, seq, tag, &h, &target, &platform, &pos);
+      !s.ok()) {
+    return s;
+  }
+  RingLaunchHeader out;
+  out.platform = platform;
+  out.target = target;
+  if (platform == Platform::kCuda) {
+    out.device_uuid =
+        absl::string_view(data + offsetof(ring::SubmitHeader, device_uuid),
+                          sizeof(h.device_uuid));
+  }
+  out.doorbell_seq = h.doorbell_seq;
+  out.flags = h.flags;
+  return out;
+}
+
+absl::StatusOr<DecodedLaunch*> RingDecoder::Decode(
+    const char* data, size_t size, uint32_t seq, const ShmArena& arena,
+    uint64_t* tag, const CudaBufferResolver* cuda) {
+  ring::SubmitHeader h;
+  absl::string_view target;
+  Platform platform_value;
+  size_t header_end;
+  if (absl::Status s = CheckHeader(data, size, seq, tag, &h, &target,
+                                   &platform_value, &header_end);
+      !s.ok()) {
+    return s;
+  }
+  const Platform* platform = &platform_value;
+  const bool on_cuda = *platform == Platform::kCuda;
+  if (on_cuda && cuda == nullptr) {
     return absl::UnimplementedError(
         absl::StrCat("launching \"", target,
-                     "\": the launch ring carries CPU launches only; CUDA "
-                     "launches travel on the session socket"));
+                     "\" for platform cuda: this kregd serves no CUDA device"));
   }
+  if (on_cuda) {
+    device_uuid_.assign(reinterpret_cast<const char*>(h.device_uuid),
+                        sizeof(h.device_uuid));
+  }
+  Cursor in(data, size);
+  in.Take(header_end);
   if (launch_.key.name != target || launch_.key.platform != *platform) {
     launch_.key = TargetKey{std::string(target), *platform};
   }
@@ -227,6 +308,16 @@ absl::StatusOr<const DecodedLaunch*> RingDecoder::Decode(const char* data,
     }
     ring::BufferDesc b;
     memcpy(&b, d, sizeof(b));
+    ring::CudaRef ref{};
+    if (on_cuda) {
+      const char* r = in.Take(sizeof(ref));
+      if (r == nullptr) {
+        return Truncated(
+            is_arg ? "an arg's CUDA allocation" : "a ret's CUDA allocation",
+            sizeof(ref), in.left());
+      }
+      memcpy(&ref, r, sizeof(ref));
+    }
     const std::string what = absl::StrCat(is_arg ? "arg " : "ret ", index);
     BufferRef* out =
         is_arg ? &launch_.frame.args[index] : &launch_.frame.rets[index];
@@ -240,8 +331,25 @@ absl::StatusOr<const DecodedLaunch*> RingDecoder::Decode(const char* data,
       dims_at = dims;
     }
     // A rank above the maximum fails in there before its dims are read.
-    absl::Status s = DecodeArenaBuffer(b.dtype, dims_at, b.rank, b.offset,
-                                       b.size, arena, what, out);
+    absl::Status s;
+    if (on_cuda) {
+      const bool no_ref = ref.base == 0 && ref.size == 0 && ref.generation == 0;
+      if (b.size == 0 && (!no_ref || b.offset != 0)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": a 0-byte buffer names allocation 0x", absl::Hex(ref.base),
+            " (+", ref.size, " bytes, generation ", ref.generation,
+            ") at offset ", b.offset,
+            "; an empty buffer of a CUDA descriptor has an all-zero CudaRef "
+            "and offset"));
+      }
+      const CudaRefView view{device_uuid_, ref.base, ref.size, ref.generation};
+      s = DecodeCudaBufferFields(b.dtype, dims_at, b.rank,
+                                 no_ref ? nullptr : &view, b.offset, b.size,
+                                 *cuda, what, out);
+    } else {
+      s = DecodeArenaBuffer(b.dtype, dims_at, b.rank, b.offset, b.size, arena,
+                            what, out);
+    }
     if (!s.ok()) return s;
   }
   const char* attrs = in.Take(h.attrs_len);

@@ -9,12 +9,25 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/ring_layout.h"
 #include "common/wire.h"
 #include "daemon/session/launch_decoder.h"
 #include "daemon/session/shm_arena.h"
 #include "kreg/v1/session.pb.h"
 
 namespace kreg {
+
+// What a descriptor's header says, once its framing was checked
+// (RingDecoder::Header). The views point into the descriptor's bytes.
+struct RingLaunchHeader {
+  Platform platform = Platform::kCpu;
+  absl::string_view target;
+  // CUDA: the device (16 raw bytes), the doorbell sequence number (> 0).
+  absl::string_view device_uuid;
+  uint64_t doorbell_seq = 0;
+  uint32_t flags = 0;  // ring::kSubmit* bits
+};
 
 // Decodes descriptors of one session. Keeps the last decoded launch (its
 // vectors are reused) and the last kAttrEntries distinct attribute blocks
@@ -47,13 +60,21 @@ class RingDecoder {
   // descriptor's own framing: a header, `length` equal to the bytes
   // published (else the write was torn), `seq`, every length inside the
   // descriptor and no trailing bytes. INVALID_ARGUMENT / OUT_OF_RANGE naming
-  // the field; UNIMPLEMENTED for a CUDA launch (those use the socket).
+  // the field. A CUDA descriptor's buffers are resolved through `cuda`
+  // (DecodeCudaBufferFields: its ref carries the header's device_uuid);
+  // without `cuda` it is UNIMPLEMENTED ("serves no CUDA device").
   // `*tag` gets the descriptor's tag when its header was complete (else 0).
   // The result stays valid until the next call or until `arena` changes.
-  absl::StatusOr<const DecodedLaunch*> Decode(const char* data, size_t size,
-                                              uint32_t seq,
-                                              const ShmArena& arena,
-                                              uint64_t* tag);
+  absl::StatusOr<DecodedLaunch*> Decode(
+      const char* data, size_t size, uint32_t seq, const ShmArena& arena,
+      uint64_t* tag, const CudaBufferResolver* cuda = nullptr);
+
+  // Only the header and framing of the descriptor (Decode's first checks):
+  // size, `length`, `seq`, reserved bits and flags, target name, platform,
+  // and the platform's header fields (a CPU descriptor has no CUDA fields;
+  // a CUDA one has a doorbell_seq > 0). The same errors as Decode.
+  absl::StatusOr<RingLaunchHeader> Header(const char* data, size_t size,
+                                          uint32_t seq, uint64_t* tag) const;
 
   // Bytes the cached attribute blocks hold of the budget.
   uint64_t charged_bytes() const;
@@ -82,7 +103,14 @@ class RingDecoder {
 
   wire::ByteBudget* const budget_;
 
+  // Header's checks; `*pos` gets the offset after the platform text.
+  absl::Status CheckHeader(const char* data, size_t size, uint32_t seq,
+                           uint64_t* tag, ring::SubmitHeader* h,
+                           absl::string_view* target, Platform* platform,
+                           size_t* pos) const;
+
   DecodedLaunch launch_;
+  std::string device_uuid_;  // of the CUDA descriptor decoded last
   std::vector<AttrEntry> attr_entries_;
   int current_ = -1;  // the entry whose list launch_.frame.attrs holds
   uint64_t clock_ = 0;

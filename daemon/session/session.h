@@ -34,8 +34,9 @@ class LaunchRing;
 // refused at Hello.
 constexpr uint32_t kSessionProtocolMajor = 1;
 // 1: CUDA; 2: doorbell; 3: fd uploads (RegisterRequest.upload_fd_size);
-// 4: the launch ring (HelloReply.launch_ring, RingSetup).
-constexpr uint32_t kSessionProtocolMinor = 4;
+// 4: the launch ring (HelloReply.launch_ring, RingSetup); 5: CUDA launches on
+// the launch ring (ring layout version 2).
+constexpr uint32_t kSessionProtocolMinor = 5;
 
 // What a session needs from the rest of the daemon. Implemented over
 // Registrar/Registry/FfiHost by SessionServer, faked in tests. Thread-safe:
@@ -177,7 +178,12 @@ class Session final : public ServedSession {
   // The ring thread: takes descriptors until the ring stops or breaks.
   void RingLoop();
   // One descriptor taken off the ring, validated and run (mu_ held).
-  absl::Status RunRingLaunch(const std::string& descriptor, uint64_t* tag);
+  // `*flags` gets the completion's flags (CUDA). `*end_session` is set when
+  // an asynchronous CUDA launch could not signal its doorbell: the
+  // client's stream waits for it, so the session must end (the client
+  // then releases that wait itself).
+  absl::Status RunRingLaunch(const std::string& descriptor, uint64_t* tag,
+                             uint32_t* flags, bool* end_session);
   // Stops the ring thread and waits for it (the launch in progress ends
   // first), then unmaps the ring.
   void StopRing();

@@ -1,6 +1,7 @@
 // The launch ring of a Session (DESIGN §9): setup over the socket, then a
 // thread that takes descriptors off the ring, validates and runs them.
 #include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include "common/ring_layout.h"
 #include "daemon/log_limit.h"
 #include "daemon/session/cpu_executor.h"
+#include "daemon/session/cuda_executor.h"
 #include "daemon/session/launch_ring.h"
 #include "daemon/session/session.h"
 #include "spdlog/spdlog.h"
@@ -31,7 +33,9 @@ absl::Status Session::DoRingSetup(const v1::RingSetup& setup,
   if (setup.version() != ring::kVersion) {
     return absl::FailedPreconditionError(absl::StrCat(
         "launch ring version ", setup.version(),
-        " is not supported; kregd serves version ", ring::kVersion));
+        " is not supported; kregd serves version ", ring::kVersion,
+        " (the client library and kregd are from different releases; "
+        "launches go on the session socket: update the older one)"));
   }
   if (fds.size() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -76,12 +80,18 @@ void Session::RingLoop() {
       break;
     }
     uint64_t tag = 0;
+    uint32_t flags = 0;
+    bool end_session = false;
     absl::Status status;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      status = RunRingLaunch(descriptor, &tag);
+      status = RunRingLaunch(descriptor, &tag, &flags, &end_session);
     }
-    ring_->Complete(tag, status);
+    ring_->Complete(tag, status, flags);
+    if (end_session) {
+      ::shutdown(sock_.get(), SHUT_RDWR);  // ends Run(), which joins us
+      break;
+    }
     if (backend_->ShouldStop()) {
       ::shutdown(sock_.get(), SHUT_RDWR);
       break;
@@ -91,14 +101,57 @@ void Session::RingLoop() {
 }
 
 absl::Status Session::RunRingLaunch(const std::string& descriptor,
-                                    uint64_t* tag) {
+                                    uint64_t* tag, uint32_t* flags,
+                                    bool* end_session) {
   counters_->launches.fetch_add(1, std::memory_order_relaxed);
+  *flags = 0;
   absl::Status status;
-  absl::StatusOr<const DecodedLaunch*> decoded = ring_decoder_.Decode(
-      descriptor.data(), descriptor.size(), ring_->seq(), arena_, tag);
-  status = decoded.ok() ? cpu_->Run(*tag, **decoded) : decoded.status();
+  absl::StatusOr<RingLaunchHeader> header = ring_decoder_.Header(
+      descriptor.data(), descriptor.size(), ring_->seq(), tag);
+  bool async = false;
+  if (!header.ok()) {
+    status = header.status();
+    // An unreadable header is not signalled (nothing in it can be
+    // trusted, its flags included): the client library never writes one.
+  } else if (header->platform == Platform::kCuda) {
+    async = (header->flags & ring::kSubmitAsync) != 0;
+    CudaExecutor::Outcome outcome;
+    status = cuda_->RingLaunch(
+        *tag, header->target, header->device_uuid, header->doorbell_seq,
+        [&](const CudaBufferResolver& resolve) {
+          return ring_decoder_.Decode(descriptor.data(), descriptor.size(),
+                                      ring_->seq(), arena_, tag, &resolve);
+        },
+        &outcome);
+    if (outcome.signalled) *flags |= ring::kDoneSignalled;
+    if (outcome.mapping_missing) *flags |= ring::kMappingMissing;
+    *end_session = async && !outcome.signalled;
+  } else {
+    absl::StatusOr<DecodedLaunch*> decoded = ring_decoder_.Decode(
+        descriptor.data(), descriptor.size(), ring_->seq(), arena_, tag);
+    status = decoded.ok() ? cpu_->Run(*tag, **decoded) : decoded.status();
+  }
   if (!status.ok()) {
     counters_->launch_errors.fetch_add(1, std::memory_order_relaxed);
+    // The client of an asynchronous launch sees this error only on its
+    // next call (if it makes one): say it here too.
+    std::string more;
+    if (async &&
+        PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
+      spdlog::warn(
+          "session {} (uid {} pid {}): asynchronous launch of \"{}\" "
+          "failed (the client sees it on its next call): {}{}",
+          id_, peer_.uid, peer_.pid,
+          header.ok() ? std::string(header->target) : std::string("?"),
+          std::string(status.message()), more);
+    }
+    if (*end_session) {
+      spdlog::warn(
+          "session {} (uid {} pid {}): closing: the doorbell of a failed "
+          "asynchronous CUDA launch could not be signalled, and the "
+          "client's stream waits for it",
+          id_, peer_.uid, peer_.pid);
+    }
   }
   return status;
 }

@@ -26,13 +26,12 @@ kreg::ShmArena* Arena() {
 
 // A fake device allocation of 4 KiB per mapping; a region outside it is
 // OUT_OF_RANGE, as in CudaMappingCache.
-absl::StatusOr<void*> ResolveCuda(const kreg::v1::CudaMappingRef& ref,
-                                  uint64_t offset, uint64_t size,
-                                  const std::string& what) {
+absl::StatusOr<void*> ResolveCuda(const kreg::CudaRefView& ref, uint64_t offset,
+                                  uint64_t size, const std::string& what) {
   static char device[4096];
   uint64_t end;
   if (__builtin_add_overflow(offset, size, &end) || end > sizeof(device) ||
-      ref.device_uuid().size() != 16) {
+      ref.device_uuid.size() != 16) {
     return absl::OutOfRangeError(absl::StrCat(what, " is out of range"));
   }
   return device + offset;

@@ -85,9 +85,19 @@ int main(int argc, char** argv) {
 
   // Ring descriptors: 4 bytes of the expected seq, then the descriptor.
   dir = root + "/ring_decoder";
+  // A steady-state CUDA launch (ring layout version 2): device, doorbell
+  // sequence number, each buffer's allocation (the fuzzer's fake device
+  // holds 4 KiB per allocation), an empty buffer without one.
+  Launch cuda_ring = cuda;
+  cuda_ring.set_device_uuid(std::string(16, 'u'));
+  cuda_ring.set_doorbell_seq(3);
+  Buffer* empty = cuda_ring.add_args();
+  empty->set_dtype(XLA_FFI_DataType_F32);
+  empty->add_dims(0);
   for (const auto& [name, l] :
        {std::pair<const char*, Launch>{"cpu", CpuLaunch("t.scale")},
-        std::pair<const char*, Launch>{"dict", dict}}) {
+        std::pair<const char*, Launch>{"dict", dict},
+        std::pair<const char*, Launch>{"cuda", cuda_ring}}) {
     std::string attrs;
     kreg::ring::EncodeAttrBytes(l, &attrs);
     std::string slot(16384, '\0');

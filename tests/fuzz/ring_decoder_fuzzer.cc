@@ -7,7 +7,10 @@
 // full, and the two decoders must agree. A decoded launch then runs through
 // FfiHost twice, the long-lived decoder's with one long-lived CallFrameCache
 // (as an executor session does) and the fresh one's without: the handler
-// must see the same call frame both times.
+// must see the same call frame both times. CUDA descriptors (ring layout
+// version 2) are also decoded with a fake device resolver (4 KiB per
+// allocation of a 16-byte device UUID, as the launch_decoder target's): each
+// decoded CUDA buffer must lie inside it and is read in full.
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -76,6 +79,34 @@ void DigestAttrs(const XLA_FFI_Attrs& a, int depth, std::string* out) {
   }
 }
 
+// A fake device allocation of 4 KiB per mapping; a region outside it is
+// OUT_OF_RANGE, as in CudaMappingCache.
+char g_device[4096];
+absl::StatusOr<void*> ResolveCuda(const kreg::CudaRefView& ref, uint64_t offset,
+                                  uint64_t size, const std::string& what) {
+  uint64_t end;
+  if (__builtin_add_overflow(offset, size, &end) || end > sizeof(g_device) ||
+      ref.device_uuid.size() != 16) {
+    return absl::OutOfRangeError(what + " is out of range");
+  }
+  return g_device + offset;
+}
+
+void CheckCudaFrame(const kreg::LaunchFrame& frame) {
+  volatile char sink = 0;
+  for (const auto* list : {&frame.args, &frame.rets}) {
+    for (const kreg::BufferRef& b : *list) {
+      const uint64_t n = kreg::fuzz::BufferBytes(b);
+      if (n == 0) continue;
+      const char* p = static_cast<const char*>(b.data);
+      if (p < g_device || p + n > g_device + sizeof(g_device)) {
+        kreg::fuzz::Fail("a decoded CUDA buffer lies outside its allocation");
+      }
+      for (uint64_t i = 0; i < n; ++i) sink = sink + p[i];
+    }
+  }
+}
+
 std::string g_digest;
 
 XLA_FFI_Error* Digest(XLA_FFI_CallFrame* f) {
@@ -117,6 +148,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   uint64_t tag_fresh = 0;
   absl::StatusOr<const kreg::DecodedLaunch*> want =
       fresh.Decode(desc, len, seq, *arena, &tag_fresh);
+  {
+    // With CUDA: the header agrees with Decode, and buffers stay inside
+    // their allocations.
+    static kreg::RingDecoder* with_cuda = new kreg::RingDecoder();
+    const kreg::CudaBufferResolver cuda = ResolveCuda;
+    uint64_t tag = 0, header_tag = 0;
+    absl::StatusOr<kreg::DecodedLaunch*> d =
+        with_cuda->Decode(desc, len, seq, *arena, &tag, &cuda);
+    absl::StatusOr<kreg::RingLaunchHeader> h =
+        with_cuda->Header(desc, len, seq, &header_tag);
+    if (tag != header_tag) kreg::fuzz::Fail("Header and Decode tags differ");
+    if (d.ok() && !h.ok()) kreg::fuzz::Fail("decoded without a valid header");
+    if (!d.ok() && d.status().message().empty()) {
+      kreg::fuzz::Fail("error without text");
+    }
+    if (d.ok() && (*d)->frame.platform == kreg::Platform::kCuda) {
+      if (h->doorbell_seq == 0 || h->device_uuid.size() != 16) {
+        kreg::fuzz::Fail("a CUDA descriptor without doorbell or device");
+      }
+      CheckCudaFrame((*d)->frame);
+    }
+  }
   for (int pass = 0; pass < 2; ++pass) {
     uint64_t tag = 0;
     absl::StatusOr<const kreg::DecodedLaunch*> d =

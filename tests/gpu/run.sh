@@ -276,7 +276,9 @@ for alloc in "${passes[@]}"; do
   fi
   prc=${PIPESTATUS[0]}
   echo "-- $alloc: doorbell set up $(grep -c 'doorbell set up' "$trace" 2>/dev/null || true) time(s)," \
-    "interprocess events used $(grep -c 'using interprocess events' "$trace" 2>/dev/null || true) time(s)"
+    "interprocess events used $(grep -c 'using interprocess events' "$trace" 2>/dev/null || true) time(s)," \
+    "launches on the launch ring $(grep -c 'launch on the launch ring' "$trace" 2>/dev/null || true)," \
+    "on the socket $(grep -c '  launch (attempt' "$trace" 2>/dev/null || true)"
   if [[ $prc -ge 128 || ! -s $xml ]]; then
     echo "-- pytest ($alloc) died (exit $prc): last 80 lines of its output:"
     tail -n 80 "$out"

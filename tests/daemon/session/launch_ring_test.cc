@@ -252,7 +252,9 @@ TEST_CASE("Hello offers the launch ring", "[ring]") {
 TEST_CASE("RingSetup refusals", "[ring]") {
   Fixture fx;
   CHECK(fx.SetUp(ring::kRegionBytes, 99).status().message() ==
-        "launch ring version 99 is not supported; kregd serves version 1");
+        "launch ring version 99 is not supported; kregd serves version 2 "
+        "(the client library and kregd are from different releases; "
+        "launches go on the session socket: update the older one)");
   CHECK(fx.session.Handle(RingRequest(), {}).status().message() ==
         "RingSetup needs exactly one memfd attached, got 0");
   CHECK(fx.SetUp(4096).status().code() ==

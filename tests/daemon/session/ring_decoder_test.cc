@@ -238,11 +238,253 @@ TEST_CASE("RingDecoder refuses each bad field as DecodeLaunch does", "[ring]") {
   }
 }
 
-TEST_CASE("RingDecoder: a CUDA launch belongs on the socket", "[ring]") {
-  Arena a;
+// --- CUDA descriptors ------------------------------------------------------
+
+const std::string kUuid = std::string("0123456789abcdef", 16);
+constexpr uint64_t kBase = 0x7f0000000000ull;
+constexpr uint64_t kAlloc = 4096;
+
+v1::Launch ValidCudaLaunch() {
   v1::Launch l = ValidLaunch();
   l.set_platform("cuda");
-  CHECK(RingStatus(l, a.arena).code() == absl::StatusCode::kUnimplemented);
+  l.set_device_uuid(kUuid);
+  l.set_doorbell_seq(12);
+  for (auto* b : {l.mutable_args(0), l.mutable_rets(0)}) {
+    b->mutable_cuda()->set_device_uuid(kUuid);
+    b->mutable_cuda()->set_base(kBase);
+    b->mutable_cuda()->set_size(kAlloc);
+    b->mutable_cuda()->set_generation(5);
+  }
+  v1::Buffer* empty = l.add_args();  // size 0: no ref, null for the handler
+  empty->set_dtype(XLA_FFI_DataType_F32);
+  empty->add_dims(0);
+  return l;
+}
+
+// A fake of CudaExecutor's resolver: one allocation of kAlloc bytes at
+// kBase (generation 5) on kUuid; anything else is NOT_FOUND, a region past
+// it OUT_OF_RANGE (the messages CudaMappingCache gives are its own).
+struct FakeGpu {
+  char memory[kAlloc];
+  std::vector<std::string> seen;
+  CudaBufferResolver resolver() {
+    return [this](const CudaRefView& ref, uint64_t offset, uint64_t size,
+                  const std::string& what) -> absl::StatusOr<void*> {
+      seen.push_back(what);
+      if (ref.device_uuid != kUuid || ref.base != kBase || ref.size != kAlloc ||
+          ref.generation != 5) {
+        return absl::NotFoundError(what + ": allocation not shared");
+      }
+      uint64_t end;
+      if (__builtin_add_overflow(offset, size, &end) || end > kAlloc) {
+        return absl::OutOfRangeError(absl::StrCat(what, ": [", offset, ", +",
+                                                  size, ") is outside the ",
+                                                  kAlloc, "-byte allocation"));
+      }
+      return memory + offset;
+    };
+  }
+};
+
+absl::Status CudaRingStatus(const v1::Launch& l, const ShmArena& arena,
+                            FakeGpu* gpu, uint32_t flags = 0) {
+  RingDecoder d;
+  uint64_t tag;
+  std::string bytes = Encode(l);
+  if (flags != 0) {
+    ring::SubmitHeader h;
+    memcpy(&h, bytes.data(), sizeof(h));
+    h.flags = flags;
+    memcpy(bytes.data(), &h, sizeof(h));
+  }
+  const CudaBufferResolver r = gpu->resolver();
+  return d.Decode(bytes.data(), bytes.size(), 0, arena, &tag, &r).status();
+}
+
+TEST_CASE("RingDecoder: a CUDA descriptor decodes what DecodeLaunch decodes",
+          "[ring][cuda]") {
+  Arena a;
+  FakeGpu gpu;
+  v1::Launch l = ValidCudaLaunch();
+  const CudaBufferResolver r = gpu.resolver();
+  absl::StatusOr<DecodedLaunch> want = DecodeLaunch(l, a.arena, &r);
+  REQUIRE(want.ok());
+  RingDecoder d;
+  uint64_t tag = 0;
+  std::string bytes = Encode(l, 5, 77);
+  ring::SubmitHeader h;
+  memcpy(&h, bytes.data(), sizeof(h));
+  h.flags = ring::kSubmitAsync;
+  memcpy(bytes.data(), &h, sizeof(h));
+  absl::StatusOr<RingLaunchHeader> header =
+      d.Header(bytes.data(), bytes.size(), 5, &tag);
+  REQUIRE(header.ok());
+  CHECK(tag == 77);
+  CHECK(header->platform == Platform::kCuda);
+  CHECK(header->target == "demo.scale");
+  CHECK(header->device_uuid == kUuid);
+  CHECK(header->doorbell_seq == 12);
+  CHECK(header->flags == ring::kSubmitAsync);
+  absl::StatusOr<DecodedLaunch*> got =
+      d.Decode(bytes.data(), bytes.size(), 5, a.arena, &tag, &r);
+  REQUIRE(got.ok());
+  CHECK((*got)->key.platform == Platform::kCuda);
+  REQUIRE((*got)->frame.args.size() == 2);
+  CHECK((*got)->frame.args[0].data == gpu.memory);
+  CHECK((*got)->frame.rets[0].data == gpu.memory + 64);
+  CHECK((*got)->frame.rets[0].data == want->frame.rets[0].data);
+  CHECK((*got)->frame.args[1].data == nullptr);
+  CHECK((*got)->frame.args[1].dims == std::vector<int64_t>{0});
+  CHECK((*got)->frame.rets[0].dims == want->frame.rets[0].dims);
+  CHECK((*got)->frame.attrs.size() == 1);
+  CHECK((*got)->frame.run_id == 9);
+  // A CPU descriptor still decodes on the same decoder.
+  std::string cpu = Encode(ValidLaunch(), 6, 78);
+  CHECK(d.Decode(cpu.data(), cpu.size(), 6, a.arena, &tag).ok());
+}
+
+TEST_CASE("RingDecoder refuses each bad CUDA field as DecodeLaunch does",
+          "[ring][cuda]") {
+  Arena a;
+  std::vector<std::pair<const char*, std::function<void(v1::Launch*)>>> bad = {
+      {"offset past the allocation",
+       [](v1::Launch* l) { l->mutable_rets(0)->set_offset(kAlloc - 8); }},
+      {"offset overflow",
+       [](v1::Launch* l) { l->mutable_args(0)->set_offset(~uint64_t{0} - 3); }},
+      {"unknown allocation",
+       [](v1::Launch* l) {
+         l->mutable_args(0)->mutable_cuda()->set_generation(6);
+       }},
+      {"size mismatch",
+       [](v1::Launch* l) { l->mutable_args(0)->set_size(20); }},
+      {"negative dim",
+       [](v1::Launch* l) { l->mutable_rets(0)->set_dims(1, -3); }},
+      {"dtype", [](v1::Launch* l) { l->mutable_args(0)->set_dtype(999); }},
+      {"target name", [](v1::Launch* l) { l->set_target_name("bad name!"); }},
+      {"platform", [](v1::Launch* l) { l->set_platform("tpu"); }},
+  };
+  for (const auto& [what, mutate] : bad) {
+    INFO(what);
+    v1::Launch l = ValidCudaLaunch();
+    mutate(&l);
+    FakeGpu g1, g2;
+    const CudaBufferResolver r = g1.resolver();
+    absl::Status want = DecodeLaunch(l, a.arena, &r).status();
+    REQUIRE_FALSE(want.ok());
+    absl::Status got = CudaRingStatus(l, a.arena, &g2);
+    CHECK(got.code() == want.code());
+    CHECK(got.message() == want.message());
+  }
+}
+
+TEST_CASE("RingDecoder: CUDA header fields and what only the ring checks",
+          "[ring][cuda]") {
+  Arena a;
+  FakeGpu gpu;
+  // No CUDA on this kregd (no resolver).
+  v1::Launch l = ValidCudaLaunch();
+  CHECK(RingStatus(l, a.arena) ==
+        absl::UnimplementedError("launching \"demo.scale\" for platform cuda: "
+                                 "this kregd serves no CUDA device"));
+  // Not ordered by the doorbell.
+  l.set_doorbell_seq(0);
+  CHECK(CudaRingStatus(l, a.arena, &gpu) ==
+        absl::InvalidArgumentError(
+            "launching \"demo.scale\": a CUDA launch descriptor needs a "
+            "doorbell sequence number > 0 (the launch ring orders CUDA "
+            "launches by the doorbell only; interprocess events travel on "
+            "the session socket)"));
+  // A CPU descriptor with CUDA fields.
+  v1::Launch cpu = ValidLaunch();
+  cpu.set_doorbell_seq(3);
+  CHECK(RingStatus(cpu, a.arena) ==
+        absl::InvalidArgumentError(
+            "launching \"demo.scale\": a CPU launch descriptor carries CUDA "
+            "fields (doorbell sequence number 3)"));
+  cpu.set_doorbell_seq(0);
+  cpu.set_device_uuid(kUuid);
+  CHECK(RingStatus(cpu, a.arena) ==
+        absl::InvalidArgumentError(
+            "launching \"demo.scale\": a CPU launch descriptor carries CUDA "
+            "fields (doorbell sequence number 0, a device UUID)"));
+  // Unknown flags.
+  CHECK(CudaRingStatus(ValidCudaLaunch(), a.arena, &gpu, 6) ==
+        absl::InvalidArgumentError(
+            "launch descriptor has unknown flags 0x6 or a reserved word of 0 "
+            "(launch ring version 2 knows flags 0x1; client and kregd "
+            "disagree on the ring layout?)"));
+  // A 0-byte buffer that names an allocation.
+  l = ValidCudaLaunch();
+  *l.mutable_args(1)->mutable_cuda() = l.args(0).cuda();
+  CHECK(CudaRingStatus(l, a.arena, &gpu) ==
+        absl::InvalidArgumentError(
+            "arg 1: a 0-byte buffer names allocation 0x7f0000000000 (+4096 "
+            "bytes, generation 5) at offset 0; an empty buffer of a CUDA "
+            "descriptor has an all-zero CudaRef and offset"));
+  // A buffer of bytes without an allocation.
+  l = ValidCudaLaunch();
+  l.mutable_args(0)->clear_cuda();
+  CHECK(CudaRingStatus(l, a.arena, &gpu) ==
+        absl::InvalidArgumentError(
+            "arg 0: a CUDA launch's buffer of 24 bytes names no CUDA "
+            "allocation"));
+  // The device in the descriptor is what every ref is resolved on: a
+  // wrong one is the resolver's (CudaExecutor refuses it: not the
+  // session's device, or not one of kregd's).
+  l = ValidCudaLaunch();
+  l.set_device_uuid(std::string(16, 'x'));
+  absl::Status s = CudaRingStatus(l, a.arena, &gpu);
+  CHECK(s == absl::NotFoundError("arg 0: allocation not shared"));
+}
+
+TEST_CASE("RingDecoder: torn and truncated CUDA descriptors", "[ring][cuda]") {
+  Arena a;
+  FakeGpu gpu;
+  const CudaBufferResolver r = gpu.resolver();
+  RingDecoder d;
+  uint64_t tag = 0;
+  std::string bytes = Encode(ValidCudaLaunch(), 3, 11);
+  absl::Status s =
+      d.Decode(bytes.data(), bytes.size() - 8, 3, a.arena, &tag, &r).status();
+  CHECK(s.message().find("torn launch descriptor: its header says") == 0);
+  // One buffer more than the bytes hold: its CudaRef is cut.
+  ring::SubmitHeader h;
+  memcpy(&h, bytes.data(), sizeof(h));
+  const size_t header_and_names =
+      (sizeof(h) + h.target_len + h.platform_len + 7) / 8 * 8;
+  // arg 0 complete (desc, ref, 2 dims), then arg 1's desc only.
+  const size_t cut = header_and_names + 24 + 24 + 16 + 24;
+  std::string copy = bytes.substr(0, cut);
+  h.length = static_cast<uint32_t>(cut);
+  h.attrs_len = 0;
+  memcpy(copy.data(), &h, sizeof(h));
+  s = d.Decode(copy.data(), copy.size(), 3, a.arena, &tag, &r).status();
+  CHECK(s.message() ==
+        "launch descriptor is truncated: an arg's CUDA allocation needs 24 "
+        "bytes, 0 are left");
+  // Garbage of every length, as a CUDA descriptor: never a crash, always a
+  // message.
+  std::mt19937 rng(7);
+  for (int i = 0; i < 2000; ++i) {
+    std::string junk = bytes;
+    for (int k = 0; k < 4; ++k) {
+      junk[rng() % junk.size()] = static_cast<char>(rng());
+    }
+    absl::StatusOr<DecodedLaunch*> got =
+        d.Decode(junk.data(), junk.size(), 3, a.arena, &tag, &r);
+    if (!got.ok()) {
+      CHECK_FALSE(got.status().message().empty());
+      continue;
+    }
+    for (const auto* list : {&(*got)->frame.args, &(*got)->frame.rets}) {
+      for (const BufferRef& b : *list) {
+        if (b.data == nullptr) continue;
+        CHECK(static_cast<char*>(b.data) >= gpu.memory);
+        CHECK(static_cast<char*>(b.data) < gpu.memory + kAlloc);
+      }
+    }
+  }
+  CHECK(d.Decode(bytes.data(), bytes.size(), 3, a.arena, &tag, &r).ok());
 }
 
 TEST_CASE("RingDecoder: torn, short and mis-sequenced descriptors", "[ring]") {
@@ -258,7 +500,7 @@ TEST_CASE("RingDecoder: torn, short and mis-sequenced descriptors", "[ring]") {
   CHECK(tag == 11);
   s = d.Decode(bytes.data(), 20, 3, a.arena, &tag).status();
   CHECK(s.message() ==
-        "launch descriptor of 20 bytes is shorter than its 48-byte header");
+        "launch descriptor of 20 bytes is shorter than its 80-byte header");
   CHECK(tag == 0);
   s = d.Decode(bytes.data(), bytes.size(), 4, a.arena, &tag).status();
   CHECK(s.message() ==

@@ -1,0 +1,453 @@
+// The shim's CUDA launch path (client/shim/cuda_launch.cc) over the fake CUDA
+// driver against a fake kregd: a session socket and launch ring served by
+// threads of this test, written against session.proto and ring_layout.h
+// only. Checks which launches go on the socket and which on the ring, the
+// ring descriptor's CUDA fields, the doorbell operations on XLA's stream,
+// the mapping-missing retry, and the asynchronous mode (KREG_ASYNC_LAUNCH=1):
+// no wait for the completion, an error on the session's next call naming
+// the target, and ring launches completed before anything goes on the
+// socket.
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "catch2/catch.hpp"
+#include "client/cuda/cuda_export.h"
+#include "client/shim/conn.h"
+#include "client/shim/cuda_conn_state.h"
+#include "client/shim/cuda_launch.h"
+#include "common/ring_layout.h"
+#include "common/wire.h"
+#include "kreg/v1/session.pb.h"
+#include "tests/daemon/cuda/fake_cuda.h"
+#include "xla/ffi/api/c_api.h"
+
+namespace kreg::shim {
+namespace {
+
+using ::kreg::testing::FakeCuda;
+
+// What a ring descriptor carried (the fake executor's copy).
+struct RingSeen {
+  std::string target, platform, device_uuid;
+  uint64_t doorbell_seq = 0;
+  uint32_t flags = 0;
+  std::vector<ring::CudaRef> refs;
+  std::vector<uint64_t> offsets;
+};
+
+// A fake kregd: one session, served like an executor serves it (the socket
+// on one thread, the ring on another), recording what it got.
+class FakeKregd {
+ public:
+  FakeKregd() {
+    char dir[] = "/tmp/kreg-shim-cuda.XXXXXX";
+    REQUIRE(::mkdtemp(dir) != nullptr);
+    dir_ = dir;
+    path = dir_ + "/session.sock";
+    listen_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strcpy(addr.sun_path, path.c_str());
+    REQUIRE(::bind(listen_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) ==
+            0);
+    REQUIRE(::listen(listen_, 4) == 0);
+    socket_thread_ = std::thread([this] { Serve(); });
+  }
+  ~FakeKregd() {
+    stop_ = true;
+    ::shutdown(listen_, SHUT_RDWR);
+    if (sock_ >= 0) ::shutdown(sock_, SHUT_RDWR);
+    socket_thread_.join();
+    if (ring_thread_.joinable()) {
+      ring::FutexWake(&ring::ControlOf(ring_)->sq_tail);
+      ring_thread_.join();
+    }
+    if (ring_ != nullptr) ::munmap(ring_, ring::kRegionBytes);
+    ::close(listen_);
+    if (sock_ >= 0) ::close(sock_);
+    ::unlink(path.c_str());
+    ::rmdir(dir_.c_str());
+  }
+
+  std::string uuid = FakeCuda::Uuid(0xa0);
+  // How the ring answers a descriptor (default: OK, doorbell signalled).
+  std::function<void(const RingSeen&, int* code, std::string* message,
+                     uint32_t* flags)>
+      on_ring;
+  // Completions wait this long (to show what the client waits for).
+  std::chrono::milliseconds ring_delay{0};
+
+  std::string path;
+  std::mutex mu;
+  std::vector<kreg::v1::Launch> socket_launches;  // guarded by mu
+  std::vector<RingSeen> ring_launches;            // guarded by mu
+  std::vector<std::string> order;                 // "ring N" / "socket N"
+  size_t ring_count() {
+    std::lock_guard<std::mutex> l(mu);
+    return ring_launches.size();
+  }
+  size_t socket_count() {
+    std::lock_guard<std::mutex> l(mu);
+    return socket_launches.size();
+  }
+
+ private:
+  void Serve() {
+    sock_ = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (sock_ < 0) return;
+    std::string in;
+    for (;;) {
+      std::vector<int> fds;
+      if (wire::RecvFrame(sock_, 64 << 20, &in, &fds) != wire::kOk) return;
+      kreg::v1::SessionRequest req;
+      REQUIRE(req.ParseFromString(in));
+      kreg::v1::SessionResponse resp;
+      resp.set_id(req.id());
+      switch (req.body_case()) {
+        case kreg::v1::SessionRequest::kHello: {
+          kreg::v1::HelloReply* h = resp.mutable_hello();
+          h->set_session_id(1);
+          h->set_protocol_major(1);
+          h->set_protocol_minor(5);
+          h->set_max_arena_bytes(1 << 20);
+          h->set_max_message_bytes(64 << 20);
+          h->set_max_cuda_mappings(256);
+          h->add_cuda_device_uuids(uuid);
+          h->set_cuda_doorbell(true);
+          h->set_launch_ring(ring::kVersion);
+          break;
+        }
+        case kreg::v1::SessionRequest::kRingSetup: {
+          REQUIRE(fds.size() == 1);
+          REQUIRE(req.ring_setup().version() == ring::kVersion);
+          void* p = ::mmap(nullptr, ring::kRegionBytes, PROT_READ | PROT_WRITE,
+                           MAP_SHARED, fds[0], 0);
+          REQUIRE(p != MAP_FAILED);
+          ring_ = static_cast<char*>(p);
+          // The indices start where the client's are now, before the reply
+          // (as LaunchRing::Map does), not whenever the thread starts.
+          const uint32_t start = ring::Load(ring::ControlOf(ring_)->sq_tail);
+          cq_tail_ = start;
+          ring_thread_ = std::thread([this, start] { ServeRing(start); });
+          resp.mutable_ring_setup();
+          break;
+        }
+        case kreg::v1::SessionRequest::kCudaDoorbell:
+          REQUIRE(fds.size() == 1);
+          resp.mutable_cuda_doorbell();
+          break;
+        case kreg::v1::SessionRequest::kCudaShare:
+          resp.mutable_cuda_share();
+          break;
+        case kreg::v1::SessionRequest::kLaunch: {
+          std::lock_guard<std::mutex> l(mu);
+          socket_launches.push_back(req.launch());
+          order.push_back("socket " +
+                          std::to_string(req.launch().doorbell_seq()));
+          resp.mutable_launch()->set_doorbell_signalled(
+              req.launch().doorbell_seq() > 0);
+          break;
+        }
+        default:
+          resp.mutable_status()->set_code(3);
+          resp.mutable_status()->set_message("fake kregd: unexpected request");
+      }
+      for (int fd : fds) ::close(fd);
+      std::string out = resp.SerializeAsString();
+      if (wire::SendFrame(sock_, out.data(), out.size(), nullptr, 0) !=
+          wire::kOk) {
+        return;
+      }
+    }
+  }
+
+  void ServeRing(uint32_t head) {
+    ring::Control* c = ring::ControlOf(ring_);
+    while (!stop_) {
+      const uint32_t tail = ring::Load(c->sq_tail);
+      if (tail == head) {
+        ring::SpinThenWait(&c->sq_tail, tail, &c->sq_waiting, 1000, 5'000'000);
+        continue;
+      }
+      std::string d(ring::SubmitSlot(ring_, head), ring::kSubmitSlotBytes);
+      ring::SubmitHeader h;
+      std::memcpy(&h, d.data(), sizeof(h));
+      RingSeen seen;
+      const char* p = d.data() + sizeof(h);
+      seen.target.assign(p, h.target_len);
+      p += h.target_len;
+      seen.platform.assign(p, h.platform_len);
+      seen.device_uuid.assign(reinterpret_cast<const char*>(h.device_uuid), 16);
+      seen.doorbell_seq = h.doorbell_seq;
+      seen.flags = h.flags;
+      size_t at = (sizeof(h) + h.target_len + h.platform_len + 7) / 8 * 8;
+      for (uint32_t i = 0; i < h.num_args + h.num_rets; ++i) {
+        ring::BufferDesc b;
+        ring::CudaRef r;
+        std::memcpy(&b, d.data() + at, sizeof(b));
+        std::memcpy(&r, d.data() + at + sizeof(b), sizeof(r));
+        at += sizeof(b) + sizeof(r) + b.rank * sizeof(int64_t);
+        seen.refs.push_back(r);
+        seen.offsets.push_back(b.offset);
+      }
+      ++head;
+      ring::Store(c->sq_head, head);
+      int code = 0;
+      std::string message;
+      uint32_t flags = ring::kDoneSignalled;
+      if (on_ring) on_ring(seen, &code, &message, &flags);
+      std::this_thread::sleep_for(ring_delay);
+      {
+        std::lock_guard<std::mutex> l(mu);
+        ring_launches.push_back(seen);
+        order.push_back("ring " + std::to_string(seen.doorbell_seq));
+      }
+      char* slot = ring::CompleteSlot(ring_, cq_tail_);
+      ring::CompletionHeader ch{};
+      ch.seq = head - 1;
+      ch.code = code;
+      ch.tag = h.tag;
+      ch.message_len = static_cast<uint32_t>(message.size());
+      ch.flags = flags;
+      std::memcpy(slot, &ch, sizeof(ch));
+      std::memcpy(slot + sizeof(ch), message.data(), message.size());
+      ++cq_tail_;
+      ring::Store(c->cq_tail, cq_tail_);
+      if (ring::Load(c->cq_waiting) != 0) ring::FutexWake(&c->cq_tail);
+    }
+  }
+
+  std::string dir_;
+  int listen_ = -1;
+  int sock_ = -1;
+  std::thread socket_thread_, ring_thread_;
+  std::atomic<bool> stop_{false};
+  char* ring_ = nullptr;
+  uint32_t cq_tail_ = 0;
+};
+
+cu::CUcontext Ctx() {
+  return reinterpret_cast<cu::CUcontext>(static_cast<uintptr_t>(0x1000));
+}
+
+// The client: a session with the fake kregd and a forwarded call of
+// "t.scale" (one f32[256] arg and ret, in one VMM allocation).
+struct Client {
+  explicit Client(FakeKregd* kregd, bool async) {
+    if (async) {
+      ::setenv("KREG_ASYNC_LAUNCH", "1", 1);
+    } else {
+      ::unsetenv("KREG_ASYNC_LAUNCH");
+    }
+    fake.driver()->cuCtxPushCurrent(Ctx());
+    ClientStatus s = Conn::Open(kregd->path, &conn);
+    INFO(s.message);
+    REQUIRE(s.ok());
+    REQUIRE(conn->ring());
+    alloc = fake.ClientAllocation(FakeCuda::Kind::kVmmPosixFd, 1 << 20);
+  }
+  ~Client() {
+    fake.CompleteAll();  // the doorbell's last use has passed
+    conn.reset();
+    cu::CUcontext c;
+    fake.driver()->cuCtxPopCurrent(&c);
+    ::unsetenv("KREG_ASYNC_LAUNCH");
+  }
+  // One call of `target` on [alloc + in, alloc + out).
+  ClientStatus Launch(const std::string& target, uint64_t in = 0,
+                      uint64_t out = 4096) {
+    Call call;
+    call.d = fake.driver();
+    call.stream = reinterpret_cast<cu::CUstream>(uintptr_t{0xa000});
+    call.ctx = Ctx();
+    call.ordinal = 0;
+    call.uuid = FakeCuda::Uuid(0xa0);
+    req.Clear();
+    kreg::v1::Launch* l = req.mutable_launch();
+    l->set_target_name(target);
+    l->set_platform("cuda");
+    l->set_device_uuid(call.uuid);
+    for (uint64_t at : {in, out}) {
+      const bool is_arg = at == in;
+      kreg::v1::Buffer* b = is_arg ? l->add_args() : l->add_rets();
+      b->set_dtype(XLA_FFI_DataType_F32);
+      b->add_dims(256);
+      b->set_size(1024);
+      Buf buf;
+      buf.is_arg = is_arg;
+      buf.data = reinterpret_cast<void*>(static_cast<uintptr_t>(alloc + at));
+      buf.bytes = 1024;
+      ClientStatus id =
+          cuda_client::IdentifyBuffer(call.d, buf.data, &buf.id, &buf.offset);
+      INFO(id.message);
+      REQUIRE(id.ok());
+      call.bufs.push_back(buf);
+    }
+    return LaunchOnConn(conn.get(), &call, &req, &resp);
+  }
+  // Stream memory operations the client enqueued on XLA's stream since the
+  // last look: "ready N" (write) and "wait N" (wait on done).
+  std::vector<std::string> Memops() {
+    std::vector<std::string> out;
+    for (size_t i = seen_memops; i < fake.memops.size(); ++i) {
+      const FakeCuda::MemOp& m = fake.memops[i];
+      out.push_back((m.write ? "ready " : "wait ") + std::to_string(m.value));
+    }
+    seen_memops = fake.memops.size();
+    return out;
+  }
+  FakeCuda fake;
+  std::unique_ptr<Conn> conn;
+  uint64_t alloc = 0;
+  kreg::v1::SessionRequest req;
+  kreg::v1::SessionResponse resp;
+  size_t seen_memops = 0;
+};
+
+TEST_CASE(
+    "Steady-state CUDA calls go on the ring; the first shares on the "
+    "socket",
+    "[shim][cuda][ring]") {
+  FakeKregd kregd;
+  Client client(&kregd, /*async=*/false);
+  REQUIRE(client.Launch("t.scale").ok());
+  CHECK(kregd.socket_count() == 1);
+  CHECK(kregd.ring_count() == 0);
+  {
+    std::lock_guard<std::mutex> l(kregd.mu);
+    const kreg::v1::Launch& first = kregd.socket_launches[0];
+    CHECK(first.shares_size() == 1);  // the allocation, with its fd
+    CHECK(first.doorbell_seq() == 1);
+  }
+  CHECK(client.Memops() == std::vector<std::string>{"ready 1", "wait 1"});
+  for (int i = 0; i < 6; ++i) {
+    ClientStatus s = client.Launch("t.scale");
+    INFO(s.message);
+    REQUIRE(s.ok());
+  }
+  CHECK(kregd.socket_count() == 1);
+  REQUIRE(kregd.ring_count() == 6);
+  {
+    std::lock_guard<std::mutex> l(kregd.mu);
+    const RingSeen& r = kregd.ring_launches.back();
+    CHECK(r.target == "t.scale");
+    CHECK(r.platform == "cuda");
+    CHECK(r.device_uuid == kregd.uuid);
+    CHECK(r.doorbell_seq == 7);
+    CHECK(r.flags == 0);
+    REQUIRE(r.refs.size() == 2);
+    CHECK(r.refs[0].base == client.alloc);
+    CHECK(r.refs[0].size == 1 << 20);
+    CHECK(r.refs[0].generation != 0);
+    CHECK(r.offsets == std::vector<uint64_t>{0, 4096});
+  }
+  std::vector<std::string> ops = client.Memops();
+  REQUIRE(ops.size() == 12);
+  CHECK(ops[10] == "ready 7");
+  CHECK(ops[11] == "wait 7");
+
+  // An error from the ring is this call's; done not signalled: no wait.
+  kregd.on_ring = [](const RingSeen&, int* code, std::string* message,
+                     uint32_t* flags) {
+    *code = 3;
+    *message = "t.scale: refused";
+    *flags = 0;
+  };
+  ClientStatus s = client.Launch("t.scale");
+  CHECK(s.code == 3);
+  CHECK(s.message == "t.scale: refused");
+  CHECK(client.Memops() == std::vector<std::string>{"ready 8"});
+
+  // kregd no longer holds the allocation: shared again on the socket.
+  kregd.on_ring = [](const RingSeen&, int* code, std::string* message,
+                     uint32_t* flags) {
+    *code = 5;
+    *message = "arg 0: allocation ... is not shared";
+    *flags = ring::kDoneSignalled | ring::kMappingMissing;
+  };
+  s = client.Launch("t.scale");
+  INFO(s.message);
+  CHECK(s.ok());
+  CHECK(kregd.socket_count() == 2);
+  {
+    std::lock_guard<std::mutex> l(kregd.mu);
+    CHECK(kregd.socket_launches[1].shares_size() == 1);
+    CHECK(kregd.socket_launches[1].doorbell_seq() == 10);
+  }
+  CHECK(client.Memops() ==
+        std::vector<std::string>{"ready 9", "wait 9", "ready 10", "wait 10"});
+}
+
+TEST_CASE(
+    "Asynchronous ring launches: no wait for kregd, errors on the next "
+    "call",
+    "[shim][cuda][ring]") {
+  FakeKregd kregd;
+  kregd.ring_delay = std::chrono::milliseconds(30);
+  Client client(&kregd, /*async=*/true);
+  REQUIRE(client.Launch("t.scale").ok());  // shares: the socket
+  CHECK(kregd.socket_count() == 1);
+  client.Memops();
+  // Returns before the completion (delayed 30 ms), with XLA's stream told
+  // to wait for done.
+  REQUIRE(client.Launch("t.scale").ok());
+  CHECK(client.conn->async_in_flight() == 1);
+  CHECK(client.Memops() == std::vector<std::string>{"ready 2", "wait 2"});
+  {
+    std::lock_guard<std::mutex> l(kregd.mu);
+    REQUIRE(kregd.ring_launches.size() <= 1);
+  }
+  // A failing handler: its call returns OK; the next call reports it,
+  // naming the target, and is not run.
+  kregd.on_ring = [](const RingSeen& r, int* code, std::string* message,
+                     uint32_t*) {
+    if (r.target == "t.fail") {
+      *code = 3;
+      *message = "t.fail: refused on purpose";
+    }
+  };
+  REQUIRE(client.Launch("t.fail").ok());
+  CHECK(client.Memops() == std::vector<std::string>{"ready 3", "wait 3"});
+  ClientStatus s = client.Launch("t.scale");
+  CHECK(s.code == 3);
+  CHECK(s.message ==
+        "kreg: an earlier asynchronous launch of \"t.fail\" failed "
+        "(KREG_ASYNC_LAUNCH=1 reports it on the session's next call; that "
+        "call was not run): t.fail: refused on purpose");
+  CHECK(client.Memops().empty());  // not run
+  CHECK(kregd.ring_count() == 2);
+  {
+    std::lock_guard<std::mutex> l(kregd.mu);
+    CHECK(kregd.ring_launches[1].flags == ring::kSubmitAsync);
+  }
+  // Reported once: the session goes on.
+  REQUIRE(client.Launch("t.scale").ok());
+  CHECK(client.Memops() == std::vector<std::string>{"ready 4", "wait 4"});
+
+  // A new allocation goes on the socket, after the ring launch in flight
+  // has completed (never overtaking it).
+  const uint64_t other =
+      client.fake.ClientAllocation(FakeCuda::Kind::kVmmPosixFd, 1 << 20);
+  client.alloc = other;
+  REQUIRE(client.Launch("t.scale").ok());
+  CHECK(client.conn->async_in_flight() == 0);
+  std::lock_guard<std::mutex> l(kregd.mu);
+  CHECK(kregd.order == std::vector<std::string>{"socket 1", "ring 2", "ring 3",
+                                                "ring 4", "socket 5"});
+}
+
+}  // namespace
+}  // namespace kreg::shim
