@@ -15,8 +15,9 @@ first CUDA call): ordered by
 interprocess events (KREG_CUDA_DOORBELL=0: every call on the session
 socket), by the stream-memop doorbell (the default: steady-state calls on
 the launch ring, acknowledged once kregd enqueued the handler's work; "fwd
-doorbell") and the doorbell with KREG_ASYNC_LAUNCH=1 (ring calls return
-before kregd's acknowledgement; "fwd async"). "doorbell_used" says whether
+doorbell") and the doorbell with KREG_ASYNC_LAUNCH=force (ring calls return
+before kregd's acknowledgement; "fwd async"; =force so that the mode is
+measured without MPS too, where =1 keeps launches synchronous). "doorbell_used" says whether
 kregd set a doorbell up, else those columns silently measured events.
 Prints a table, forwarded ÷ in-process, then median and p99 per call of
 each mode. With --mps it first starts the CUDA
@@ -241,7 +242,7 @@ def main() -> int:
       res["doorbell_used"] = "CUDA doorbell set up" in (
           root / "kregd.log").read_text(errors="replace")
     # The doorbell with asynchronous ring launches, in a fresh process.
-    asy = child({"KREG_CUDA_DOORBELL": "1", "KREG_ASYNC_LAUNCH": "1"},
+    asy = child({"KREG_CUDA_DOORBELL": "1", "KREG_ASYNC_LAUNCH": "force"},
                 ["--no-inproc"])
     if asy is not None:
       for key in ("call_us", "call_p99_us", "pipelined_us", "gbps"):
@@ -268,7 +269,7 @@ def main() -> int:
     for title, key in (("in-process", "inproc"),
                        ("forwarded, events (socket)", "fwd"),
                        ("forwarded, doorbell, ring (sync)", "bell"),
-                       ("forwarded, doorbell, ring (KREG_ASYNC_LAUNCH=1)",
+                       ("forwarded, doorbell, ring, async",
                         "async")):
       if f"{key}_call_us" not in res:
         print(f"{title:44} {'failed':>9}")

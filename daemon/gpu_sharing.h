@@ -9,34 +9,9 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/mps_control.h"
 
 namespace kreg {
-
-// What the MPS control daemon's pipe directory says.
-struct MpsControl {
-  // A process serves `control_path`: a Unix socket that accepts a
-  // connection (or exists bound with another socket type), or a FIFO that
-  // has a reader.
-  bool live = false;
-  std::string pipe_dir;      // $CUDA_MPS_PIPE_DIRECTORY or /tmp/nvidia-mps
-  std::string control_path;  // <pipe_dir>/control
-  // One sentence: "MPS control daemon at <path>" or why there is none
-  // ("<path> does not exist", "stale: nothing listens on <path> ...").
-  std::string detail;
-};
-
-// The pipe directory CUDA clients of this process use: `env_value` (the
-// value of $CUDA_MPS_PIPE_DIRECTORY; null or empty: unset) or
-// /tmp/nvidia-mps.
-std::string MpsPipeDir(const char* env_value);
-
-// Probes <pipe_dir>/control without blocking and without a CUDA call: a
-// socket is live when connect() succeeds (or is in progress, or is refused
-// only for its socket type); ECONNREFUSED means a stale socket file left by
-// a daemon that is gone. A FIFO is live when a non-blocking open for
-// writing finds a reader. The connection is closed at once, unused (the
-// control daemon sees a client that went away).
-MpsControl ProbeMpsControl(const std::string& pipe_dir);
 
 // "mps", "time-sliced" or "none".
 struct GpuSharing {

@@ -20,6 +20,8 @@
 #include "client/cuda/staging_buffer.h"
 #include "client/shim/cuda_forward.h"
 #include "common/cuda_driver.h"
+#include "common/mps_control.h"
+#include "common/mps_control.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "kreg/v1/session.pb.h"
@@ -34,6 +36,14 @@ using Key = std::tuple<std::string, uint64_t, uint64_t, uint64_t>;
 Key KeyOf(const cc::AllocationId& id);
 
 void FillRef(const cc::AllocationId& id, v1::CudaMappingRef* ref);
+
+// Whether CUDA ring launches are asynchronous, from KREG_ASYNC_LAUNCH
+// (`env_value`, null: unset) and the MPS probe of this process's pipe
+// directory: "force" yes; "1" only under MPS (without it, an asynchronous
+// launch measured ~8x slower than a synchronous one on the H200, so "1" is
+// refused and *warning says why and what to do); anything else no.
+bool ChooseAsyncLaunch(const char* env_value, const MpsControl& mps,
+                       std::string* warning);
 
 // One device buffer of the call.
 struct Buf {
@@ -77,9 +87,9 @@ class CudaConnState {
   const cu::CudaDriver* d_;
   const pid_t pid_;
   const bool want_doorbell_;
-  // KREG_ASYNC_LAUNCH=1: steady-state launches on the launch ring return
-  // before kregd acknowledges them; an error is reported on the session's
-  // next call (DESIGN §9).
+  // KREG_ASYNC_LAUNCH=1 under MPS, or =force: steady-state launches on the
+  // launch ring return before kregd acknowledges them; an error is reported
+  // on the session's next call (DESIGN §9). ChooseAsyncLaunch decides.
   const bool want_async_;
   std::map<std::string, Bell> bells_;  // by device uuid
   std::map<Key, Entry> entries_;

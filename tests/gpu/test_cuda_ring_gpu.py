@@ -133,7 +133,9 @@ def run_client(daemon, cuda_kernels_dir, tmp_path, prefix, calls, env=None,
                              "\n".join(lines[-40:]))
   res = [l for l in p.stdout.splitlines() if l.startswith("RESULTS ")]
   assert res, p.stdout[-3000:] + p.stderr[-3000:]
-  return json.loads(res[-1][len("RESULTS "):]), lines
+  out = json.loads(res[-1][len("RESULTS "):])
+  out["_stderr"] = p.stderr
+  return out, lines
 
 
 def body(line):
@@ -179,7 +181,7 @@ def test_steady_state_calls_go_on_the_ring(daemon, cuda_kernels_dir,
 
 def test_async_results_over_many_calls(daemon, cuda_kernels_dir, tmp_path):
   res, lines = run_client(daemon, cuda_kernels_dir, tmp_path, "ring_async.",
-                          300, env={"KREG_ASYNC_LAUNCH": "1"})
+                          300, env={"KREG_ASYNC_LAUNCH": "force"})
   assert res["mismatches"] == 0, res
   assert not res["errors"], res
   ring = ring_lines(lines, "asynchronous")
@@ -192,7 +194,7 @@ def test_async_handler_error_surfaces_on_the_next_call(daemon,
                                                        cuda_kernels_dir,
                                                        tmp_path):
   res, lines = run_client(daemon, cuda_kernels_dir, tmp_path, "ring_fail.",
-                          3, env={"KREG_ASYNC_LAUNCH": "1"}, fail=True)
+                          3, env={"KREG_ASYNC_LAUNCH": "force"}, fail=True)
   assert res["mismatches"] == 0, res
   refused = "demo.Fail: refused on purpose (code=5)"
   fail_on_ring = bool(ring_lines(call_lines(lines, "ring_fail.Fail"),
@@ -213,6 +215,26 @@ def test_async_handler_error_surfaces_on_the_next_call(daemon,
     assert res["next"] == "ok right", res
   # Reported once; the session works on.
   assert res["after"] == "ok right", res
+
+
+def test_async_1_without_mps_stays_synchronous_and_says_so(
+    daemon, cuda_kernels_dir, tmp_path):
+  # KREG_ASYNC_LAUNCH=1 pays only under MPS: without an MPS control daemon
+  # in the client's pipe directory the shim keeps launches synchronous and
+  # says why once on stderr (=force would keep them asynchronous).
+  nomps = tmp_path / "no-mps"
+  nomps.mkdir()
+  res, lines = run_client(daemon, cuda_kernels_dir, tmp_path, "ring_nomps.",
+                          20, env={"KREG_ASYNC_LAUNCH": "1",
+                                   "CUDA_MPS_PIPE_DIRECTORY": str(nomps)})
+  assert res["mismatches"] == 0, res
+  err = res["_stderr"]
+  assert ("kreg: KREG_ASYNC_LAUNCH=1 ignored: CUDA launches stay synchronous "
+          "because the GPU is time-sliced (no MPS control daemon: "
+          f"{nomps}/control does not exist)") in err, err[-3000:]
+  assert err.count("KREG_ASYNC_LAUNCH=1 ignored") == 1, err[-3000:]
+  assert ring_lines(lines, "synchronous"), "\n".join(lines[-40:])
+  assert not ring_lines(lines, "asynchronous")
 
 
 def test_socket_fallback_without_the_ring(daemon, cuda_kernels_dir, tmp_path):

@@ -246,9 +246,10 @@ cu::CUcontext Ctx() {
 // The client: a session with the fake kregd and a forwarded call of
 // "t.scale" (one f32[256] arg and ret, in one VMM allocation).
 struct Client {
-  explicit Client(FakeKregd* kregd, bool async) {
+  explicit Client(FakeKregd* kregd, bool async,
+                  const char* async_value = "force") {
     if (async) {
-      ::setenv("KREG_ASYNC_LAUNCH", "1", 1);
+      ::setenv("KREG_ASYNC_LAUNCH", async_value, 1);
     } else {
       ::unsetenv("KREG_ASYNC_LAUNCH");
     }
@@ -447,6 +448,50 @@ TEST_CASE(
   std::lock_guard<std::mutex> l(kregd.mu);
   CHECK(kregd.order == std::vector<std::string>{"socket 1", "ring 2", "ring 3",
                                                 "ring 4", "socket 5"});
+}
+
+TEST_CASE("KREG_ASYNC_LAUNCH: 1 only under MPS, force always, else off",
+          "[shim][cuda][ring]") {
+  MpsControl live;
+  live.live = true;
+  live.detail = "MPS control daemon at /run/nvidia-mps/control";
+  MpsControl none;
+  none.detail = "no MPS control daemon: /tmp/nvidia-mps/control does not exist";
+  std::string warning = "stale";
+  CHECK_FALSE(ChooseAsyncLaunch(nullptr, none, &warning));
+  CHECK(warning.empty());
+  CHECK_FALSE(ChooseAsyncLaunch("0", live, &warning));
+  CHECK_FALSE(ChooseAsyncLaunch("yes", live, &warning));
+  CHECK(warning.empty());
+  CHECK(ChooseAsyncLaunch("force", none, &warning));
+  CHECK(warning.empty());
+  CHECK(ChooseAsyncLaunch("1", live, &warning));
+  CHECK(warning.empty());
+  CHECK_FALSE(ChooseAsyncLaunch("1", none, &warning));
+  CHECK_THAT(warning,
+             Catch::Contains("KREG_ASYNC_LAUNCH=1 ignored: CUDA launches stay "
+                             "synchronous because the GPU is time-sliced (no "
+                             "MPS control daemon: /tmp/nvidia-mps/control "
+                             "does not exist)"));
+  CHECK_THAT(warning, Catch::Contains("set KREG_ASYNC_LAUNCH=force"));
+}
+
+TEST_CASE("KREG_ASYNC_LAUNCH=1 without MPS: the launch stays synchronous",
+          "[shim][cuda][ring]") {
+  char dir[] = "/tmp/kreg-nomps-XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  ::setenv("CUDA_MPS_PIPE_DIRECTORY", dir, 1);
+  FakeKregd kregd;
+  Client client(&kregd, /*async=*/true, "1");
+  ClientStatus s = client.Launch("t.scale");  // shares: socket
+  INFO(s.message);
+  REQUIRE(s.ok());
+  s = client.Launch("t.scale");  // steady state: ring, awaited
+  INFO(s.message);
+  CHECK(s.ok());
+  CHECK(client.conn->async_in_flight() == 0);
+  ::unsetenv("CUDA_MPS_PIPE_DIRECTORY");
+  ::rmdir(dir);
 }
 
 }  // namespace
