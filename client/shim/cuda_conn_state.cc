@@ -65,9 +65,10 @@ bool ChooseAsyncLaunch(const char* env_value, const MpsControl& mps,
       "kreg: KREG_ASYNC_LAUNCH=1 ignored: CUDA launches stay synchronous "
       "because the GPU is time-sliced (" +
       mps.detail +
-      "). Without MPS an asynchronous launch measured ~8x slower than a "
-      "synchronous one (the two CUDA contexts wait for each other's time "
-      "slice; bench/RESULTS.md). Run the CUDA MPS control daemon with the "
+      "). Without MPS asynchronous launches measured 6.6x-7.9x the "
+      "in-process time in every run on the H200 (the client's wait and the "
+      "executor's work land in different time slices; synchronous ones: "
+      "1.5x-6.2x; bench/RESULTS.md). Run the CUDA MPS control daemon with the "
       "same CUDA_MPS_PIPE_DIRECTORY as kregd, or set KREG_ASYNC_LAUNCH=force "
       "to use asynchronous launches anyway.";
   return false;

@@ -21,7 +21,6 @@
 #include "client/shim/cuda_forward.h"
 #include "common/cuda_driver.h"
 #include "common/mps_control.h"
-#include "common/mps_control.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "kreg/v1/session.pb.h"
@@ -40,7 +39,7 @@ void FillRef(const cc::AllocationId& id, v1::CudaMappingRef* ref);
 // Whether CUDA ring launches are asynchronous, from KREG_ASYNC_LAUNCH
 // (`env_value`, null: unset) and the MPS probe of this process's pipe
 // directory: "force" yes; "1" only under MPS (without it, an asynchronous
-// launch measured ~8x slower than a synchronous one on the H200, so "1" is
+// launch measured 6.6x-7.9x in-process on the H200, so "1" is
 // refused and *warning says why and what to do); anything else no.
 bool ChooseAsyncLaunch(const char* env_value, const MpsControl& mps,
                        std::string* warning);
