@@ -7,7 +7,9 @@ cd "$(dirname "$0")/../.."
 corpus=tests/fuzz/corpus
 rm -rf "$corpus"
 mkdir -p "$corpus"/{session,launch_decoder,ring_decoder,broker_request,journal,module_path,elf_symbols,http_request,cluster_inputs}
-bazel run -q //tests/fuzz:make_seeds -- "$PWD/$corpus"
+# (Bazel 4 has no `run -q`: build, then run the binary.)
+bazel build //tests/fuzz:make_seeds
+bazel-bin/tests/fuzz/make_seeds "$PWD/$corpus"
 
 # elf_symbols: a stripped shared object with two handler-like exports.
 tmp=$(mktemp -d)
