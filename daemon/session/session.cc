@@ -205,8 +205,9 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
   } else {
     switch (request.body_case()) {
       case v1::SessionRequest::kRegisterTarget: {
-        absl::StatusOr<v1::RegisterRequest> reg =
-            WithUploadedModule(request.register_target(), std::move(fds));
+        wire::BudgetHold upload_hold(limits_.receive_budget);
+        absl::StatusOr<v1::RegisterRequest> reg = WithUploadedModule(
+            request.register_target(), std::move(fds), &upload_hold);
         if (!reg.ok()) {
           status = reg.status();
           break;
@@ -258,7 +259,8 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
 }
 
 absl::StatusOr<v1::RegisterRequest> Session::WithUploadedModule(
-    const v1::RegisterRequest& req, std::vector<UniqueFd> fds) const {
+    const v1::RegisterRequest& req, std::vector<UniqueFd> fds,
+    wire::BudgetHold* hold) const {
   const bool by_fd = req.module_case() == v1::RegisterRequest::kUploadFdSize;
   if (fds.size() != (by_fd ? 1u : 0u)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -273,6 +275,18 @@ absl::StatusOr<v1::RegisterRequest> Session::WithUploadedModule(
     absl::Status early =
         backend_->PrecheckUpload(req, req.upload_fd_size(), peer_);
     if (!early.ok()) return early;
+    if (req.upload_fd_size() <= limits_.max_module_bytes &&
+        !hold->Set(req.upload_fd_size())) {
+      const wire::ByteBudget& budget = *hold->budget();
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "reading the uploaded module of ", req.upload_fd_size(),
+          " bytes would take the bytes buffered by every session of this "
+          "executor (uid ",
+          peer_.uid, ") past ", budget.limit(), " (max_buffered_bytes; ",
+          budget.used(),
+          " in use); retry once other uploads are done or ask the operator "
+          "to raise max_buffered_bytes"));
+    }
     absl::StatusOr<std::string> bytes = ReadModuleFd(
         fds[0].get(), req.upload_fd_size(), limits_.max_module_bytes);
     if (!bytes.ok()) return bytes.status();

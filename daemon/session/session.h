@@ -164,9 +164,13 @@ class Session final : public ServedSession {
   // `req` with an fd upload (upload_fd_size) read into `upload` once the
   // backend's PrecheckUpload accepted the announced size (its error
   // otherwise, nothing read), checked against max_module_bytes;
-  // INVALID_ARGUMENT for a wrong fd count or size.
+  // INVALID_ARGUMENT for a wrong fd count or size. The bytes read are taken
+  // from the receive budget (max_buffered_bytes) into `*hold` before they
+  // are read (RESOURCE_EXHAUSTED, nothing read, when it cannot cover them);
+  // the caller keeps `*hold` until the registration is done.
   absl::StatusOr<v1::RegisterRequest> WithUploadedModule(
-      const v1::RegisterRequest& req, std::vector<UniqueFd> fds) const;
+      const v1::RegisterRequest& req, std::vector<UniqueFd> fds,
+      wire::BudgetHold* hold) const;
   absl::Status DoHello(const v1::Hello& hello, v1::HelloReply* reply);
   absl::Status DoArenaGrow(const v1::ArenaGrow& grow, std::vector<UniqueFd> fds,
                            v1::ArenaGrowReply* r);

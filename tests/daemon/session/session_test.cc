@@ -303,6 +303,47 @@ TEST_CASE("An fd upload the precheck accepts is read and registered",
   CHECK(resp.register_target().created());
 }
 
+TEST_CASE("An fd upload is charged to max_buffered_bytes before it is read",
+          "[session]") {
+  FakeBackend backend;
+  SessionCounters counters;
+  wire::ByteBudget budget(64);
+  SessionLimits limits;
+  limits.receive_budget = &budget;
+  Session session(7, UniqueFd(), PeerCred{1, 2, 3}, limits, &backend,
+                  &counters);
+  v1::SessionRequest hello;
+  hello.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
+  REQUIRE(session.Handle(hello, {}).status().code() == 0);
+  // 80 bytes pass the precheck (<= 100) but not the budget (64): refused
+  // before reading (a pipe cannot be pread: reading it would say so).
+  int p[2];
+  REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+  UniqueFd read_end(p[0]), write_end(p[1]);
+  v1::SessionRequest r;
+  r.mutable_register_target()->set_target_name("mid");
+  r.mutable_register_target()->set_upload_fd_size(80);
+  std::vector<UniqueFd> fds;
+  fds.push_back(std::move(read_end));
+  v1::SessionResponse resp = session.Handle(r, std::move(fds));
+  CHECK(resp.status().code() == int(absl::StatusCode::kResourceExhausted));
+  CHECK(resp.status().message() ==
+        "reading the uploaded module of 80 bytes would take the bytes "
+        "buffered by every session of this executor (uid 1) past 64 "
+        "(max_buffered_bytes; 0 in use); retry once other uploads are done "
+        "or ask the operator to raise max_buffered_bytes");
+  CHECK(budget.used() == 0);
+  // One that fits is read and registered; its charge is given back after.
+  r.mutable_register_target()->set_target_name("small");
+  r.mutable_register_target()->set_upload_fd_size(4);
+  fds.clear();
+  fds.push_back(MakeMemfd(4));
+  resp = session.Handle(r, std::move(fds));
+  CHECK(resp.status().code() == 0);
+  CHECK(resp.register_target().created());
+  CHECK(budget.used() == 0);
+}
+
 // ---- the request loop over a socket --------------------------------------
 
 struct Wired {
