@@ -167,5 +167,19 @@ int main(int argc, char** argv) {
   Write("one", "\x01" + Record(t));
   Write("retired", "\x01" + Record(t) + Record(r) + Record(t));
   Write("torn", "\x00" + Record(t) + Record(t).substr(0, 11));
+  JournalRecord q;
+  QuarantineRecord* qr = q.mutable_quarantine();
+  qr->set_target_name("demo.scale");
+  qr->set_platform("cpu");
+  qr->set_uid(1000);
+  qr->set_quarantined(true);
+  qr->set_crashes_in_window(3);
+  qr->set_crashes_total(3);
+  qr->set_last_reason("SIGSEGV");
+  qr->set_last_crash_unix_s(1764583200);
+  JournalRecord lifted = q;
+  lifted.mutable_quarantine()->set_quarantined(false);
+  Write("quarantined",
+        "\x01" + Record(t) + Record(q) + Record(lifted) + Record(q));
   return 0;
 }
