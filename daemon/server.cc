@@ -115,6 +115,31 @@ absl::StatusOr<UniqueFd> BindUnixSocket(const std::string& path, gid_t gid) {
   return fd;
 }
 
+// A quarantine as the journal records it and as the crash ledger holds it.
+CrashRecord ToCrashRecord(const QuarantineEvent& q) {
+  CrashRecord row;
+  row.key = q.key;
+  row.uid = q.uid;
+  row.quarantined = q.quarantined;
+  row.crashes_in_window = q.crashes_in_window;
+  row.crashes_total = q.crashes_total;
+  row.last_reason = q.last_reason;
+  row.last_crash_unix_s = q.last_crash_unix_s;
+  return row;
+}
+
+QuarantineEvent ToQuarantineEvent(const CrashRecord& row, bool quarantined) {
+  QuarantineEvent e;
+  e.key = row.key;
+  e.uid = row.uid;
+  e.quarantined = quarantined;
+  e.crashes_in_window = row.crashes_in_window;
+  e.crashes_total = row.crashes_total;
+  e.last_reason = row.last_reason;
+  e.last_crash_unix_s = row.last_crash_unix_s;
+  return e;
+}
+
 }  // namespace
 
 Daemon::Daemon(Config config)
@@ -170,15 +195,7 @@ absl::Status Daemon::Replay() {
                restored);
   // Quarantines survive restarts until `kregctl unquarantine`.
   for (const QuarantineEvent& q : journal_.quarantines()) {
-    CrashRecord row;
-    row.key = q.key;
-    row.uid = q.uid;
-    row.quarantined = true;
-    row.crashes_in_window = q.crashes_in_window;
-    row.crashes_total = q.crashes_total;
-    row.last_reason = q.last_reason;
-    row.last_crash_unix_s = q.last_crash_unix_s;
-    ledger_.Restore(row);
+    ledger_.Restore(ToCrashRecord(q));
     spdlog::warn(
         "journal: target {} ({}) stays quarantined for uid {} (last: {}); "
         "`kregctl unquarantine {} --platform {}` lifts it",
@@ -186,15 +203,8 @@ absl::Status Daemon::Replay() {
         q.key.name, PlatformName(q.key.platform));
   }
   ledger_.SetSink([this](const CrashRecord& row, bool quarantined) {
-    QuarantineEvent e;
-    e.key = row.key;
-    e.uid = row.uid;
-    e.quarantined = quarantined;
-    e.crashes_in_window = row.crashes_in_window;
-    e.crashes_total = row.crashes_total;
-    e.last_reason = row.last_reason;
-    e.last_crash_unix_s = row.last_crash_unix_s;
-    absl::Status st = journal_.AppendQuarantine(e);
+    absl::Status st =
+        journal_.AppendQuarantine(ToQuarantineEvent(row, quarantined));
     if (!st.ok()) {
       spdlog::error(
           "journal: the {} of target {} ({}) for uid {} is not recorded and "
