@@ -253,9 +253,11 @@ void WhereIs(const Buf& b, const Attempt& a, const cc::AllocationId** id,
 bool DescribeRing(Conn* conn, const CudaConnState* st, const Call& call,
                   const v1::Launch& launch, const cc::Doorbell* bell,
                   const Attempt& a, ring::DescriptorView* out) {
+  // New cache entries that share nothing (staged allocations, e.g. each
+  // call's fresh pool allocation under cuda_async) need nothing of kregd:
+  // only shares and releases keep a launch on the socket.
   if (!conn->ring() || bell == nullptr || a.number > 0 ||
-      !a.plan.shares.empty() || !a.plan.new_entries.empty() ||
-      !st->pending_release_.empty()) {
+      !a.plan.shares.empty() || !st->pending_release_.empty()) {
     return false;
   }
   thread_local std::vector<ring::BufferView> views;

@@ -267,9 +267,10 @@ struct Client {
     fake.driver()->cuCtxPopCurrent(&c);
     ::unsetenv("KREG_ASYNC_LAUNCH");
   }
-  // One call of `target` on [alloc + in, alloc + out).
+  // One call of `target` on [alloc + in, alloc + out); the input in
+  // `in_alloc` instead when it is not 0.
   ClientStatus Launch(const std::string& target, uint64_t in = 0,
-                      uint64_t out = 4096) {
+                      uint64_t out = 4096, uint64_t in_alloc = 0) {
     Call call;
     call.d = fake.driver();
     call.stream = reinterpret_cast<cu::CUstream>(uintptr_t{0xa000});
@@ -289,7 +290,8 @@ struct Client {
       b->set_size(1024);
       Buf buf;
       buf.is_arg = is_arg;
-      buf.data = reinterpret_cast<void*>(static_cast<uintptr_t>(alloc + at));
+      const uint64_t base = is_arg && in_alloc != 0 ? in_alloc : alloc;
+      buf.data = reinterpret_cast<void*>(static_cast<uintptr_t>(base + at));
       buf.bytes = 1024;
       ClientStatus id =
           cuda_client::IdentifyBuffer(call.d, buf.data, &buf.id, &buf.offset);
@@ -448,6 +450,27 @@ TEST_CASE(
   std::lock_guard<std::mutex> l(kregd.mu);
   CHECK(kregd.order == std::vector<std::string>{"socket 1", "ring 2", "ring 3",
                                                 "ring 4", "socket 5"});
+}
+
+TEST_CASE(
+    "A call whose only new buffer is staged (a pool allocation) goes on the "
+    "ring",
+    "[shim][cuda][ring]") {
+  FakeKregd kregd;
+  Client client(&kregd, /*async=*/false);
+  // The output's allocation and the staging buffer are shared by the first
+  // calls; after that, each call's input is a fresh stream-ordered pool
+  // allocation (as with XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async): staged,
+  // nothing for kregd to map, so the launch needs no socket.
+  for (int i = 0; i < 4; ++i) {
+    const uint64_t pool =
+        client.fake.ClientAllocation(FakeCuda::Kind::kPool, 4096);
+    ClientStatus s = client.Launch("t.scale", 0, 4096, pool);
+    INFO(i << ": " << s.message);
+    REQUIRE(s.ok());
+  }
+  CHECK(kregd.socket_count() == 1);
+  CHECK(kregd.ring_count() == 3);
 }
 
 TEST_CASE("KREG_ASYNC_LAUNCH: 1 only under MPS, force always, else off",
