@@ -4,6 +4,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "daemon/cluster/cluster_records.h"
 #include "daemon/cluster/etcd_client.h"
 #include "daemon/config.h"
 #include "toml++/toml.h"
@@ -110,6 +111,14 @@ absl::Status FinishClusterConfig(Config* c) {
   if (!HostPort(c->advertise)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "advertise address \"", c->advertise, "\" is not HOST:PORT"));
+  }
+  // What other hosts dial: the same check they apply to a peer record.
+  if (!PeerAddressOk(c->advertise)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "advertise address \"", c->advertise,
+        "\" is not a host name, IPv4 or [IPv6] address with a port that "
+        "other hosts can dial (a gRPC scheme such as unix: or dns: is not "
+        "one); use e.g. 10.0.0.5:7000"));
   }
   if (c->peer_listen.empty()) c->peer_listen = c->advertise;
   if (!HostPort(c->peer_listen)) {

@@ -91,6 +91,13 @@ bool PeerAddressOk(const std::string& address) {
   }
   const int p = std::stoi(port);
   if (p <= 0 || p > 65535) return false;
+  // gRPC reads "SCHEME:rest" as a target URI when it knows the scheme:
+  // "unix:1" would dial the Unix socket "1", not host "unix" port 1.
+  const std::string lower = absl::AsciiStrToLower(host);
+  for (const char* scheme :
+       {"unix", "unix-abstract", "dns", "ipv4", "ipv6", "vsock"}) {
+    if (lower == scheme) return false;
+  }
   if (host.front() == '[') {
     return host.size() > 2 && host.back() == ']' &&
            host.find_first_not_of("0123456789abcdefABCDEF:.", 1) ==

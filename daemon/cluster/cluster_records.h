@@ -36,7 +36,8 @@ bool WellFormedDigest(const std::string& digest);
 
 // Whether `address` is what a peer may be fetched from: HOST:PORT with a
 // host name or IPv4 address ([A-Za-z0-9.-_]) or a bracketed IPv6 address,
-// and a port in 1..65535 — never a gRPC target scheme ("unix:", "dns:").
+// and a port in 1..65535 — never a gRPC target scheme ("unix:", "dns:"),
+// also where it would parse as HOST:PORT ("unix:1" dials the socket "1").
 bool PeerAddressOk(const std::string& address);
 
 // A peer's host record (`value`: a kreg.v1.ClusterHost's JSON). DATA_LOSS

@@ -43,6 +43,7 @@ printf '\x00/kregd/fuzz/targets/cpu/other\x00{"target_name":"fuzz.t","platform":
 printf '\x01{"address":"10.0.0.2:7000","host_name":"h2","version":"0.9","pid":42,"started_at_us":"5","modules":["%s"]}' "$d" > "$c/host"
 printf '\x01{"address":"[fe80::1]:7000","modules":[]}' > "$c/host_v6"
 printf '\x01{"address":"unix:/run/kregd.sock:1"}' > "$c/host_unix"
+printf '\x01{"address":"unix:1"}' > "$c/host_unix_port"  # a finding: dials socket "1"
 printf '\x02\x07\x00\x00\x05hello\x03abc' > "$c/chunks_ok"
 printf '\x02\x03\x0a\x00\x04abcd' > "$c/chunks_short"
 printf '\x02\x01\x04\x00\x08abcdefgh' > "$c/chunks_over"

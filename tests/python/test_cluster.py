@@ -567,6 +567,9 @@ def test_module_exchange_rejects_bad_requests(cluster):
      "etcd endpoint \"http://x\" is not HOST:PORT"),
     (["--etcd-endpoints", "http://x:1", "--advertise", "nowhere"],
      "advertise address \"nowhere\" is not HOST:PORT"),
+    (["--etcd-endpoints", "http://127.0.0.1:1", "--advertise", "unix:1"],
+     "advertise address \"unix:1\" is not a host name, IPv4 or [IPv6] "
+     "address with a port that other hosts can dial"),
     (["--etcd-endpoints", "http://x:1", "--advertise", "127.0.0.1:9",
       "--cluster", "a/b"], "cluster name \"a/b\" must be 1-64 characters"),
     (["--etcd-endpoints", "http://x:1", "--advertise", "127.0.0.1:9",

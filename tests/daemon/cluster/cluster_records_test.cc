@@ -86,6 +86,14 @@ TEST_CASE("Peer addresses are HOST:PORT only", "[cluster]") {
   CHECK_FALSE(PeerAddressOk("unix:/run/kregd.sock"));
   CHECK_FALSE(PeerAddressOk("unix:kregd:1"));
   CHECK_FALSE(PeerAddressOk("dns:///h:1"));
+  // Scheme names that would pass as a host name (a fuzzer finding).
+  CHECK_FALSE(PeerAddressOk("unix:1"));
+  CHECK_FALSE(PeerAddressOk("UNIX:7000"));
+  CHECK_FALSE(PeerAddressOk("unix-abstract:2"));
+  CHECK_FALSE(PeerAddressOk("dns:53"));
+  CHECK_FALSE(PeerAddressOk("ipv4:80"));
+  CHECK_FALSE(PeerAddressOk("vsock:3"));
+  CHECK(PeerAddressOk("unixbox:7000"));
   CHECK_FALSE(PeerAddressOk("h:0"));
   CHECK_FALSE(PeerAddressOk("h:65536"));
   CHECK_FALSE(PeerAddressOk(":80"));
