@@ -35,6 +35,20 @@ void WriteAll(const std::string& path, const std::string& data) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << data;
 }
 
+// Appends `record` to the journal file at `path`, framed as Journal frames
+// it (length, CRC-32 of the payload, payload), bypassing Journal's checks.
+void AppendFramed(const std::string& path, const v1::JournalRecord& record) {
+  std::string payload = record.SerializeAsString();
+  uint32_t len = static_cast<uint32_t>(payload.size());
+  uint32_t crc = static_cast<uint32_t>(
+      crc32(0, reinterpret_cast<const Bytef*>(payload.data()), len));
+  std::string data = ReadAll(path);
+  data.append(reinterpret_cast<const char*>(&len), 4);
+  data.append(reinterpret_cast<const char*>(&crc), 4);
+  data += payload;
+  WriteAll(path, data);
+}
+
 TEST_CASE("Journal round-trips records across reopen", "[journal]") {
   testing::TempDir dir;
   std::string path = dir.path() + "/journal";
@@ -213,15 +227,7 @@ TEST_CASE("Journal refuses a retirement with a bad platform",
   v1::JournalRecord record;
   record.mutable_retirement()->set_target_name("a");
   record.mutable_retirement()->set_platform("tpu");
-  std::string payload = record.SerializeAsString();
-  uint32_t len = static_cast<uint32_t>(payload.size());
-  uint32_t crc = static_cast<uint32_t>(
-      crc32(0, reinterpret_cast<const Bytef*>(payload.data()), len));
-  std::string data = ReadAll(path);
-  data.append(reinterpret_cast<const char*>(&len), 4);
-  data.append(reinterpret_cast<const char*>(&crc), 4);
-  data += payload;
-  WriteAll(path, data);
+  AppendFramed(path, record);
   Journal j(path);
   auto entries = j.Open();
   REQUIRE(entries.status().code() == absl::StatusCode::kDataLoss);
@@ -291,15 +297,7 @@ TEST_CASE("Journal refuses a quarantine record with a bad name or platform",
     record.mutable_quarantine()->set_target_name(name);
     record.mutable_quarantine()->set_platform(platform);
     record.mutable_quarantine()->set_quarantined(true);
-    std::string payload = record.SerializeAsString();
-    uint32_t len = static_cast<uint32_t>(payload.size());
-    uint32_t crc = static_cast<uint32_t>(
-        crc32(0, reinterpret_cast<const Bytef*>(payload.data()), len));
-    std::string data = ReadAll(path);
-    data.append(reinterpret_cast<const char*>(&len), 4);
-    data.append(reinterpret_cast<const char*>(&crc), 4);
-    data += payload;
-    WriteAll(path, data);
+    AppendFramed(path, record);
     Journal j(path);
     auto entries = j.Open();
     REQUIRE(entries.status().code() == absl::StatusCode::kDataLoss);
