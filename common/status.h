@@ -14,12 +14,14 @@ enum ClientCode : int {
   kOk = 0,
   kInvalidArgument = 3,
   kNotFound = 5,
+  kPermissionDenied = 7,
   kResourceExhausted = 8,
   kFailedPrecondition = 9,
   kOutOfRange = 11,
   kUnimplemented = 12,
   kInternal = 13,
   kUnavailable = 14,
+  kDataLoss = 15,
 };
 
 struct ClientStatus {

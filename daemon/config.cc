@@ -83,11 +83,13 @@ absl::Status ApplyToml(const std::string& path, Config* c) {
       return absl::InvalidArgumentError(absl::StrCat(
           "config file ", path, ": key \"", k, "\" must be ", want));
     };
-    if (k == "isolation" || k == "executor_binary" || k == "metrics_listen") {
+    if (k == "isolation" || k == "executor_binary" || k == "metrics_listen" ||
+        k == "local_execution") {
       auto s = value.value<std::string>();
       if (!s) return bad("a string");
       (k == "isolation"         ? c->isolation
        : k == "executor_binary" ? c->executor_binary
+       : k == "local_execution" ? c->local_execution
                                 : c->metrics_listen) = *s;
     } else if (k == "launch_ring") {
       auto b = value.value<bool>();
@@ -163,7 +165,7 @@ absl::Status ApplyToml(const std::string& path, Config* c) {
           "etcd_endpoints, cluster, advertise, peer_listen, host_name, "
           "peer_tls_ca, peer_tls_cert, peer_tls_key, etcd_timeout_s, "
           "peer_lease_ttl_s, metrics_listen, metrics_allow_remote, "
-          "launch_ring, ring_spin_us)"));
+          "launch_ring, ring_spin_us, local_execution)"));
     }
   }
   return absl::OkStatus();
@@ -204,7 +206,11 @@ absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now) {
   int quarantine_crashes = -1;
   int64_t quarantine_window = -1;
   app.add_option("--isolation", isolation,
-                 "executor grouping: uid (default), client or shared");
+                 "executor grouping: client (default), uid or shared");
+  std::string local_execution;
+  app.add_option("--local-execution", local_execution,
+                 "allow (default) or deny: whether clients may run "
+                 "registered kernels in their own process");
   app.add_option("--executor-binary", executor_binary,
                  "kregd-exec to start (default: next to kregd)");
   app.add_option("--launch-timeout", launch_timeout,
@@ -302,6 +308,7 @@ absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now) {
   if (max_registrations != 0) c.max_registrations_per_uid = max_registrations;
   if (max_store_bytes != 0) c.max_store_bytes_per_uid = max_store_bytes;
   if (!isolation.empty()) c.isolation = isolation;
+  if (!local_execution.empty()) c.local_execution = local_execution;
   if (!executor_binary.empty()) c.executor_binary = executor_binary;
   if (launch_timeout >= 0) c.launch_timeout_s = launch_timeout;
   if (quarantine_crashes >= 0) c.quarantine_crashes = quarantine_crashes;
@@ -340,6 +347,17 @@ absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now) {
                        "\" is not one of uid, client, shared (see --help)"));
     }
     c.isolation = iso;
+  }
+  {
+    std::string policy = c.local_execution;
+    for (char& ch : policy) ch = static_cast<char>(std::tolower(ch));
+    if (policy != "allow" && policy != "deny") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "local_execution \"", c.local_execution, "\" (",
+          local_execution.empty() ? "config file" : "--local-execution",
+          ") is not one of allow, deny"));
+    }
+    c.local_execution = policy;
   }
   c.allowed_roots.insert(c.allowed_roots.end(), roots.begin(), roots.end());
   if (c.socket_path.empty()) c.socket_path = DefaultSocketPath();

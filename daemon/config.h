@@ -25,7 +25,12 @@ struct Config {
   std::string log_level = "info";
   std::string probe_binary;  // empty: kregd-probe next to kregd
   // Executors (DESIGN §8).
-  std::string isolation = "uid";  // uid | client | shared
+  // One executor per client process by default: handler globals and
+  // crashes are per process, as in-process (DESIGN §11).
+  std::string isolation = "client";  // client | uid | shared
+  // Whether clients may run registered kernels in their own process
+  // (DESIGN §11): allow | deny.
+  std::string local_execution = "allow";
   std::string executor_binary;    // empty: kregd-exec next to kregd
   double launch_timeout_s = 0;    // 0: off
   int quarantine_crashes = 3;     // 0: never quarantine

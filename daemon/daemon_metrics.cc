@@ -76,7 +76,8 @@ v1::TargetStats Daemon::StatsOf(const TargetEntry& entry) {
 
 void Daemon::ListSessions(v1::ListSessionsResponse* resp) {
   if (pool_ == nullptr) return;
-  std::map<uint64_t, std::vector<TargetKey>> bound = bindings_.Snapshot();
+  std::map<uint64_t, std::vector<SessionBindings::Bound>> bound =
+      bindings_.Snapshot();
   for (const BoundSession& b : pool_->Sessions()) {
     v1::SessionInfo* s = resp->add_sessions();
     s->set_session_id(b.session_id);
@@ -90,10 +91,11 @@ void Daemon::ListSessions(v1::ListSessionsResponse* resp) {
     s->set_arena_bytes(b.arena_bytes);
     auto it = bound.find(b.session_id);
     if (it == bound.end()) continue;
-    for (const TargetKey& k : it->second) {
+    for (const SessionBindings::Bound& held : it->second) {
       v1::TargetRef* t = s->add_targets();
-      t->set_target_name(k.name);
-      t->set_platform(PlatformName(k.platform));
+      t->set_target_name(held.key.name);
+      t->set_platform(PlatformName(held.key.platform));
+      t->set_mode(held.local ? "local" : "isolated");
     }
   }
 }
@@ -146,6 +148,13 @@ std::string Daemon::RenderMetrics() {
     per_uid[s.peer.uid]++;
     arena_bytes = SaturatingAdd(arena_bytes, s.arena_bytes);
   }
+  w.Family("kregd_local_binds_total", "counter",
+           "targets handed to clients for local execution (DESIGN §11)");
+  w.Sample("kregd_local_binds_total", {}, local_binds_.load());
+  w.Family("kregd_local_sessions", "gauge",
+           "client sessions that hold at least one target locally");
+  w.Sample("kregd_local_sessions", {},
+           static_cast<uint64_t>(bindings_.LocalSessions()));
   w.Family("kregd_sessions_by_uid", "gauge",
            "client sessions bound to an executor, per client uid");
   for (const auto& [uid, n] : per_uid) {

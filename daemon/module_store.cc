@@ -3,6 +3,8 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
+#include <sys/mman.h>
+#include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -93,9 +95,13 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 }  // namespace
 
 std::string Sha256Digest(const std::string& bytes) {
+  return Sha256Digest(bytes.data(), bytes.size());
+}
+
+std::string Sha256Digest(const void* data, size_t size) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
-  EVP_Digest(bytes.data(), bytes.size(), md, &len, EVP_sha256(), nullptr);
+  EVP_Digest(data, size, md, &len, EVP_sha256(), nullptr);
   return absl::StrCat(kPrefix, absl::BytesToHexString(absl::string_view(
                                    reinterpret_cast<const char*>(md),
                                    static_cast<size_t>(len))));
@@ -175,6 +181,67 @@ absl::Status ModuleStore::RemoveUnreferenced(const std::set<std::string>& keep,
   absl::Status st = Sweep(dir_, &keep, files, bytes, kept_files, kept_bytes);
   if (st.ok() && *files > 0) st = SyncDir();
   return st;
+}
+
+absl::StatusOr<UniqueFd> ModuleStore::SealedCopy(const std::string& digest,
+                                                 uint64_t max_bytes,
+                                                 bool tamper_for_test) const {
+  const std::string path = PathOf(digest);
+  UniqueFd in(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!in.ok()) {
+    spdlog::error("opening store copy {}: {}", path, std::strerror(errno));
+    return absl::UnavailableError(
+        absl::StrCat("the store copy of module ", digest,
+                     " cannot be opened; see kregd's log"));
+  }
+  struct stat st;
+  if (::fstat(in.get(), &st) != 0) return Errno("cannot stat", path);
+  if (!S_ISREG(st.st_mode)) {
+    return absl::DataLossError(
+        absl::StrCat("module store entry ", path, " is not a regular file"));
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size == 0 || size > max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "module ", digest, " has ", size, " bytes in the store; a module for ",
+        "local execution must have 1 to ", max_bytes,
+        " bytes (max_module_bytes)"));
+  }
+  std::string label = absl::StrCat("kreg-module-", digest.substr(7, 16));
+  UniqueFd out(::memfd_create(label.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!out.ok()) return Errno("memfd_create for", path);
+  if (::ftruncate(out.get(), static_cast<off_t>(size)) != 0) {
+    return Errno("cannot size the memfd copy of", path);
+  }
+  off_t offset = 0;
+  while (static_cast<uint64_t>(offset) < size) {
+    ssize_t n = ::sendfile(out.get(), in.get(), &offset,
+                           static_cast<size_t>(size - offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Errno("cannot copy", path);
+    if (n == 0) {
+      return absl::DataLossError(absl::StrCat("module store file ", path,
+                                              " shrank while it was copied"));
+    }
+  }
+  void* map =
+      ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, out.get(), 0);
+  if (map == MAP_FAILED) return Errno("cannot map the memfd copy of", path);
+  std::string actual = Sha256Digest(map, size);
+  if (actual == digest && tamper_for_test) {
+    static_cast<unsigned char*>(map)[size - 1] ^= 0xff;
+  }
+  ::munmap(map, size);
+  if (actual != digest) {
+    return absl::DataLossError(absl::StrCat(
+        "module store file ", path, " is corrupt: its content is ", actual,
+        " but it is stored as ", digest,
+        "; restore it from a backup or re-register the module's bytes"));
+  }
+  if (::fcntl(out.get(), F_ADD_SEALS, kModuleSeals) != 0) {
+    return Errno("cannot seal the memfd copy of", path);
+  }
+  return out;
 }
 
 absl::Status ModuleStore::Verify(const std::string& digest) const {

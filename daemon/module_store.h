@@ -2,17 +2,25 @@
 #ifndef KREGD_DAEMON_MODULE_STORE_H_
 #define KREGD_DAEMON_MODULE_STORE_H_
 
+#include <fcntl.h>
+
 #include <map>
 #include <set>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/unique_fd.h"
 
 namespace kreg {
 
 // "sha256:<64 lowercase hex>" of `bytes`.
 std::string Sha256Digest(const std::string& bytes);
+std::string Sha256Digest(const void* data, size_t size);
+
+// The seals a module memfd handed to a client carries (DESIGN §11).
+inline constexpr int kModuleSeals =
+    F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
 
 // Owns the store directory. kregd never loads a module itself: executors
 // (and the probe) get the store copies (DESIGN §8). Thread-safe.
@@ -48,6 +56,17 @@ class ModuleStore {
 
   // The store path of `digest` ("sha256:<hex>").
   std::string PathOf(const std::string& digest) const;
+
+  // Local execution (DESIGN §11): a memfd holding the stored bytes of
+  // `digest`, re-hashed after the copy (DATA_LOSS naming the file when they
+  // do not match) and sealed with kModuleSeals, so its holder can neither
+  // change it nor be handed something else. Copied in the kernel (no heap
+  // buffer of the module's size). RESOURCE_EXHAUSTED when the file is
+  // larger than `max_bytes`. `tamper_for_test` flips the copy's last byte
+  // before sealing (the shim's digest check is tested with it).
+  absl::StatusOr<UniqueFd> SealedCopy(const std::string& digest,
+                                      uint64_t max_bytes,
+                                      bool tamper_for_test = false) const;
 
   // Re-hashes the stored file. NOT_FOUND if missing, DATA_LOSS if its bytes
   // no longer match the digest.

@@ -485,6 +485,16 @@ absl::Status Daemon::StartSessions() {
   ctx.ledger = &ledger_;
   ctx.bindings = &bindings_;
   ctx.max_module_bytes = config_.max_module_bytes;
+  ctx.local_execution = config_.local_execution == "allow";
+  ctx.local_binds = &local_binds_;
+  if (const char* tamper = std::getenv("KREGD_TEST_TAMPER_LOCAL_MODULES");
+      tamper != nullptr && std::string(tamper) == "1") {
+    spdlog::warn(
+        "KREGD_TEST_TAMPER_LOCAL_MODULES=1: modules handed out for local "
+        "execution are corrupted on purpose (a test hook; never set it in "
+        "production)");
+    ctx.tamper_local_modules_for_test = true;
+  }
   registry_.SetBindingOracle(&bindings_);
   sessions_ = std::make_unique<SessionServer>(
       opts, [ctx](uint64_t id, UniqueFd sock, const PeerCred& peer) {

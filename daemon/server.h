@@ -81,6 +81,7 @@ class Daemon {
   Registrar registrar_;
   CrashLedger ledger_;
   SessionBindings bindings_;            // the registry's BindingOracle
+  std::atomic<uint64_t> local_binds_{0};  // modules handed out (DESIGN §11)
   std::unique_ptr<ExecutorPool> pool_;  // outlives the sessions using it
   std::unique_ptr<SessionServer> sessions_;
   std::unique_ptr<RegistryService> service_;

@@ -10,6 +10,7 @@
 #include "client/shim/client.h"
 #include "client/shim/forward.h"
 #include "client/shim/kreg_client.h"
+#include "client/shim/local_bind.h"
 
 struct KREG_Error {
   int32_t code;
@@ -185,6 +186,25 @@ KREG_Error* kreg_bind(KREG_BindArgs* args) {
   if (!s.ok()) return ToError(s);
   args->handler = binding.handler;
   args->slot = binding.slot;
+  return nullptr;
+}
+
+KREG_Error* kreg_bind_local(KREG_BindLocalArgs* args) {
+  if (args == nullptr || args->struct_size < KREG_BindLocalArgs_STRUCT_SIZE ||
+      args->client == nullptr) {
+    return Invalid("kreg_bind_local: bad args struct or no client");
+  }
+  std::string target = Str(args->target_name, args->target_name_len);
+  std::string platform = Str(args->platform, args->platform_len);
+  if (target.empty()) return Invalid("kreg_bind_local: empty target name");
+  kreg::shim::LocalBinding binding;
+  ClientStatus s =
+      kreg::shim::BindLocal(AsClient(args->client), target, platform, &binding);
+  if (!s.ok()) return ToError(s);
+  args->handler = binding.handler;
+  auto* list = new KREG_TargetList;
+  list->targets.push_back(binding.target);
+  args->target = list;
   return nullptr;
 }
 

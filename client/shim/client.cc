@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -277,7 +278,59 @@ ClientStatus Client::Replay(Conn* conn) {
       return s;
     }
   }
+  // Local holds: the module already runs in this process; the new kregd
+  // only has to know (retire refuses while it does). Not fatal: a kregd
+  // that now denies local execution cannot take back what is loaded.
+  std::vector<std::pair<std::string, std::string>> holds;
+  {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    holds.assign(local_holds_.begin(), local_holds_.end());
+  }
+  for (const auto& [target, platform] : holds) {
+    v1::SessionRequest req;
+    req.mutable_bind_local()->set_target_name(target);
+    req.mutable_bind_local()->set_platform(platform);
+    v1::SessionResponse resp;
+    UniqueFd module;  // closed: the loaded copy stays
+    ClientStatus s = conn->Call(&req, &resp, nullptr, 0, &module);
+    if (!s.ok()) {
+      if (conn->broken()) return s;
+      fprintf(stderr,
+              "kreg: kregd at %s did not re-record this process's local "
+              "hold of \"%s\" (%s) after a reconnect: %s (the loaded "
+              "module keeps running)\n",
+              path_.c_str(), target.c_str(), platform.c_str(),
+              s.message.c_str());
+    }
+  }
   return ClientStatus::Ok();
+}
+
+ClientStatus Client::BindLocal(const std::string& target,
+                               const std::string& platform,
+                               v1::BindLocalReply* out, UniqueFd* module) {
+  ClientStatus s = WithConn([&](Conn* conn) {
+    v1::SessionRequest req;
+    req.mutable_bind_local()->set_target_name(target);
+    req.mutable_bind_local()->set_platform(platform);
+    v1::SessionResponse resp;
+    module->reset();
+    ClientStatus st = conn->Call(&req, &resp, nullptr, 0, module);
+    if (st.ok() && !resp.has_bind_local()) {
+      st = ClientStatus::Error(
+          kUnimplemented,
+          "kregd at " + path_ +
+              " does not support local execution (session protocol older "
+              "than 1.6); upgrade kregd or run the target isolated");
+    }
+    if (st.ok()) *out = resp.bind_local();
+    return st;
+  });
+  if (s.ok()) {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    local_holds_.insert({target, CanonicalPlatform(platform)});
+  }
+  return s;
 }
 
 ClientStatus Client::WithConn(const std::function<ClientStatus(Conn*)>& op) {

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -46,6 +47,12 @@ class Client {
   ClientStatus Register(const v1::RegisterRequest& request,
                         v1::RegisterReply* out);
   ClientStatus List(v1::ListReply* out);
+  // Asks kregd for the module of (target, platform) for local execution
+  // (BindLocal): its entry in `*out` and the sealed memfd in `*module`,
+  // unchecked (local_bind.cc checks and loads it). The hold is re-recorded
+  // on the fresh session after a reconnect.
+  ClientStatus BindLocal(const std::string& target, const std::string& platform,
+                         v1::BindLocalReply* out, UniqueFd* module);
   // Runs `op` on a borrowed session; retried once on a fresh session if the
   // session broke during `op`.
   ClientStatus WithConn(const std::function<ClientStatus(Conn*)>& op);
@@ -95,6 +102,8 @@ class Client {
   std::mutex reg_mu_;
   std::map<std::pair<std::string, std::string>, v1::RegisterRequest>
       registrations_;
+  // (target, canonical platform) held locally; guarded by reg_mu_.
+  std::set<std::pair<std::string, std::string>> local_holds_;
   std::atomic<uint64_t> reconnects_{0};
   std::condition_variable watch_cv_;
   std::thread watch_;        // guarded by mu_

@@ -190,7 +190,7 @@ ClientStatus Conn::Transport(const std::string& what, int result) {
 
 ClientStatus Conn::Call(v1::SessionRequest* request,
                         v1::SessionResponse* response, const int* fds,
-                        int num_fds) {
+                        int num_fds, UniqueFd* received) {
   if (broken_) {
     return ClientStatus::Error(kUnavailable,
                                "kregd session " + path_ + " is closed");
@@ -219,7 +219,13 @@ ClientStatus Conn::Call(v1::SessionRequest* request,
   wire::SpinUntilReadable(sock_, SpinMicros());
   std::vector<int> got_fds;
   rc = wire::RecvFrame(sock_, kMaxResponseBytes, &in_buf_, &got_fds);
-  for (int fd : got_fds) ::close(fd);
+  for (size_t i = 0; i < got_fds.size(); ++i) {
+    if (i == 0 && received != nullptr && rc == wire::kOk) {
+      received->reset(got_fds[i]);
+    } else {
+      ::close(got_fds[i]);
+    }
+  }
   if (rc != wire::kOk) return Transport("receive", rc);
   if (!response->ParseFromString(in_buf_)) {
     broken_ = true;

@@ -13,6 +13,7 @@
 
 #include "common/ring_encode.h"
 #include "common/status.h"
+#include "common/unique_fd.h"
 #include "kreg/v1/session.pb.h"
 
 namespace kreg {
@@ -39,8 +40,11 @@ class Conn {
   // first: the socket never overtakes the ring; their errors are kept). A
   // transport failure returns UNAVAILABLE and marks the Conn broken; the
   // daemon's error status is returned as is.
+  // `received`, when given, gets the first fd attached to the response
+  // (BindLocal's module); other attached fds are closed.
   ClientStatus Call(v1::SessionRequest* request, v1::SessionResponse* response,
-                    const int* fds = nullptr, int num_fds = 0);
+                    const int* fds = nullptr, int num_fds = 0,
+                    UniqueFd* received = nullptr);
 
   // Runs a CPU launch: on the session's launch ring when kregd serves one
   // and `launch` fits a descriptor (encoded straight into the ring: no

@@ -23,8 +23,9 @@
 #include <stdint.h>
 
 #define KREG_API_MAJOR 1
-/* Minor 1: RegisterArgs.in_process; 2: TargetInfo.not_runnable. */
-#define KREG_API_MINOR 2
+/* Minor 1: RegisterArgs.in_process; 2: TargetInfo.not_runnable;
+ * 3: kreg_bind_local (local execution). */
+#define KREG_API_MINOR 3
 
 #if defined(__GNUC__)
 #define KREG_EXPORT __attribute__((visibility("default")))
@@ -209,6 +210,36 @@ typedef struct KREG_BindArgs {
 /* RESOURCE_EXHAUSTED when every trampoline slot is taken,
  * FAILED_PRECONDITION when (target, platform) is bound to another client. */
 KREG_EXPORT KREG_Error* kreg_bind(KREG_BindArgs* args);
+
+/* ---- Local execution (since 1.3) -------------------------------------- */
+
+typedef struct KREG_BindLocalArgs {
+  size_t struct_size;
+  KREG_Client* client;
+  const char* target_name;
+  size_t target_name_len;
+  const char* platform;
+  size_t platform_len;
+  /* out: the genuine XLA_FFI_Handler* of the registered module, loaded into
+   * this process: kregd hands out the stored bytes as a sealed memfd; the
+   * library checks seals, size and digest, dlopens it (RTLD_LOCAL) and
+   * keeps it loaded for the rest of the process. The same pointer for the
+   * same (target_name, platform); targets of one module share one copy. */
+  void* handler;
+  KREG_TargetList* target; /* out: the registry entry; caller destroys */
+} KREG_BindLocalArgs;
+#define KREG_BindLocalArgs_STRUCT_SIZE \
+  KREG_STRUCT_SIZE(KREG_BindLocalArgs, target)
+
+/* Binds (target_name, platform) for local execution. kregd applies every
+ * registration rule first: NOT_FOUND for an unregistered name,
+ * FAILED_PRECONDITION for a quarantined target or an in-process callable,
+ * PERMISSION_DENIED when its site policy is local_execution = "deny";
+ * DATA_LOSS when the bytes handed out are not the registered ones. kregd
+ * records the hold (retire refuses while this process lives) and it is
+ * re-recorded after a reconnect. Register the handler with XLA yourself
+ * (jax.ffi.register_ffi_target). */
+KREG_EXPORT KREG_Error* kreg_bind_local(KREG_BindLocalArgs* args);
 
 typedef struct KREG_ClientStats {
   size_t struct_size;

@@ -221,6 +221,15 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::Resolve(
         "target \"", key.name, "\" is not registered for platform ",
         PlatformName(key.platform), " in kregd"));
   }
+  if (r.local() && !ctx_.local_execution) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "target \"", key.name, "\" (", PlatformName(key.platform),
+        "): this kregd does not allow local execution (local_execution = "
+        "\"deny\" in its configuration), so its kernels run only in its "
+        "executors; run the target isolated (execution=\"isolated\", or "
+        "unset KREG_EXECUTION) or ask the operator to allow local "
+        "execution"));
+  }
   if (e->kind == TargetKind::kInProcess) {
     return absl::FailedPreconditionError(absl::StrCat(
         "target \"", key.name, "\" is an in-process callable of pid ",
@@ -242,6 +251,7 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::Resolve(
         "`kregctl unquarantine ",
         key.name, " --platform ", PlatformName(key.platform), "`"));
   }
+  if (r.local()) return ResolveLocal(key, e, fd_out);
   std::string path = ctx_.store->PathOf(e->module_digest);
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (!fd.ok()) {
@@ -256,6 +266,32 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::Resolve(
   reply.set_token(ctx_.pool->TokenFor(binding_, e));
   if (ctx_.bindings != nullptr) ctx_.bindings->Add(id_, peer_.pid, key);
   *fd_out = std::move(fd);
+  return reply;
+}
+
+absl::StatusOr<v1::ResolveReply> SessionBroker::ResolveLocal(
+    const TargetKey& key, const EntryPtr& e, UniqueFd* fd_out) {
+  absl::StatusOr<UniqueFd> memfd =
+      ctx_.store->SealedCopy(e->module_digest, ctx_.max_module_bytes,
+                             ctx_.tamper_local_modules_for_test);
+  if (!memfd.ok()) {
+    return absl::Status(
+        memfd.status().code(),
+        absl::StrCat("target \"", key.name, "\" (", PlatformName(key.platform),
+                     "): ", memfd.status().message()));
+  }
+  v1::ResolveReply reply;
+  reply.set_func_name(e->func_name);
+  reply.set_module_digest(e->module_digest);
+  FillTargetInfo(*e, reply.mutable_target());
+  if (ctx_.bindings != nullptr) {
+    ctx_.bindings->Add(id_, peer_.pid, key, /*local=*/true);
+  }
+  if (ctx_.local_binds != nullptr) ctx_.local_binds->fetch_add(1);
+  spdlog::info("session {} (pid {} uid {}): \"{}\" ({}) bound locally ({})",
+               id_, peer_.pid, peer_.uid, key.name, PlatformName(key.platform),
+               e->module_digest);
+  *fd_out = *std::move(memfd);
   return reply;
 }
 

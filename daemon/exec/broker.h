@@ -5,6 +5,7 @@
 #ifndef KREGD_DAEMON_EXEC_BROKER_H_
 #define KREGD_DAEMON_EXEC_BROKER_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -33,6 +34,12 @@ struct BrokerContext {
   SessionBindings* bindings = nullptr;  // optional
   // kregd's max_module_bytes: bounds the registration uploads relayed here.
   uint64_t max_module_bytes = 512ull << 20;
+  // Local execution (DESIGN §11): the site's local_execution policy, the
+  // count of modules handed out (optional), and the test hook that hands
+  // out a copy whose last byte is flipped ($KREGD_TEST_TAMPER_LOCAL_MODULES).
+  bool local_execution = true;
+  std::atomic<uint64_t>* local_binds = nullptr;
+  bool tamper_local_modules_for_test = false;
 };
 
 // Session-protocol translations of the registry, shared with tests.
@@ -57,6 +64,11 @@ class SessionBroker final : public ServedSession {
   v1::BrokerReply Handle(const v1::BrokerRequest& request, UniqueFd* fd_out);
   absl::StatusOr<v1::ResolveReply> Resolve(const v1::ResolveRequest& r,
                                            UniqueFd* fd_out);
+  // Resolve for the client's own process (ResolveRequest.local), once the
+  // registry's rules passed: the sealed memfd and a local hold.
+  absl::StatusOr<v1::ResolveReply> ResolveLocal(const TargetKey& key,
+                                                const EntryPtr& e,
+                                                UniqueFd* fd_out);
   // Sends a connection-level error (response id 0) to the client.
   void RefuseClient(const absl::Status& status);
 

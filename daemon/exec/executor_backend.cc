@@ -12,6 +12,7 @@
 #include "common/wire.h"
 #include "daemon/cuda/cuda_devices.h"
 #include "daemon/ffi/ffi_host.h"
+#include "daemon/validate.h"
 #include "spdlog/spdlog.h"
 #include "xla/ffi/api/c_api.h"
 
@@ -104,6 +105,30 @@ v1::ListReply ExecutorBackend::List() {
   absl::StatusOr<v1::BrokerReply> r = Call(req, nullptr);
   if (!r.ok()) return v1::ListReply();
   return r->list();
+}
+
+absl::StatusOr<v1::BindLocalReply> ExecutorBackend::BindLocal(
+    const v1::BindLocal& request, UniqueFd* module) {
+  // Checked here too: the broker's fields are strings, and kregd checks
+  // them again (it trusts no executor).
+  if (absl::Status s = ValidateTargetName(request.target_name()); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<Platform> platform = ParsePlatform(request.platform());
+  if (!platform.ok()) return platform.status();
+  v1::BrokerRequest req;
+  req.mutable_resolve()->set_target_name(request.target_name());
+  req.mutable_resolve()->set_platform(PlatformName(*platform));
+  req.mutable_resolve()->set_local(true);
+  absl::StatusOr<v1::BrokerReply> r = Call(req, module);
+  if (!r.ok()) return r.status();
+  if (absl::Status s = StatusOf(r->status()); !s.ok()) {
+    module->reset();
+    return s;
+  }
+  v1::BindLocalReply reply;
+  *reply.mutable_target() = r->resolve().target();
+  return reply;
 }
 
 absl::StatusOr<void*> ExecutorBackend::Lookup(const TargetKey& key) {

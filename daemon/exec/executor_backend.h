@@ -44,6 +44,10 @@ class ExecutorBackend final : public SessionBackend {
   absl::Status PrecheckUpload(const v1::RegisterRequest& request, uint64_t size,
                               const PeerCred& peer) override;
   v1::ListReply List() override;
+  // Relays to kregd (BrokerRequest.resolve with local set): kregd applies
+  // the rules and its policy and attaches the sealed memfd, passed on as is.
+  absl::StatusOr<v1::BindLocalReply> BindLocal(const v1::BindLocal& request,
+                                               UniqueFd* module) override;
   absl::StatusOr<void*> Lookup(const TargetKey& key) override;
   absl::Status Execute(void* handler, const LaunchFrame& frame) override;
   absl::Status ExecuteWith(void* handler, const LaunchFrame& frame,

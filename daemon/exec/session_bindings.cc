@@ -2,12 +2,12 @@
 
 namespace kreg {
 
-void SessionBindings::Add(uint64_t session_id, pid_t pid,
-                          const TargetKey& key) {
+void SessionBindings::Add(uint64_t session_id, pid_t pid, const TargetKey& key,
+                          bool local) {
   absl::MutexLock lock(&mu_);
   Session& s = sessions_[session_id];
   s.pid = pid;
-  s.keys.insert(key);
+  s.keys[key] |= local;
 }
 
 void SessionBindings::RemoveSession(uint64_t session_id) {
@@ -24,13 +24,29 @@ std::vector<pid_t> SessionBindings::PidsBinding(const TargetKey& key) {
   return std::vector<pid_t>(pids.begin(), pids.end());
 }
 
-std::map<uint64_t, std::vector<TargetKey>> SessionBindings::Snapshot() {
+std::map<uint64_t, std::vector<SessionBindings::Bound>>
+SessionBindings::Snapshot() {
   absl::MutexLock lock(&mu_);
-  std::map<uint64_t, std::vector<TargetKey>> out;
+  std::map<uint64_t, std::vector<Bound>> out;
   for (const auto& [id, s] : sessions_) {
-    out[id] = std::vector<TargetKey>(s.keys.begin(), s.keys.end());
+    std::vector<Bound>& v = out[id];
+    for (const auto& [key, local] : s.keys) v.push_back(Bound{key, local});
   }
   return out;
+}
+
+size_t SessionBindings::LocalSessions() {
+  absl::MutexLock lock(&mu_);
+  size_t n = 0;
+  for (const auto& [id, s] : sessions_) {
+    for (const auto& [key, local] : s.keys) {
+      if (local) {
+        ++n;
+        break;
+      }
+    }
+  }
+  return n;
 }
 
 }  // namespace kreg

@@ -20,17 +20,26 @@ namespace kreg {
 // Thread-safe; never calls into the registry.
 class SessionBindings final : public BindingOracle {
  public:
-  void Add(uint64_t session_id, pid_t pid, const TargetKey& key);
+  // `local`: the client's own process holds the module (DESIGN §11); a
+  // session that holds a key both ways shows it as local.
+  void Add(uint64_t session_id, pid_t pid, const TargetKey& key,
+           bool local = false);
   // The session ended: forget what it had bound.
   void RemoveSession(uint64_t session_id);
   std::vector<pid_t> PidsBinding(const TargetKey& key) override;
+  struct Bound {
+    TargetKey key;
+    bool local = false;
+  };
   // What each live session has bound, by session id.
-  std::map<uint64_t, std::vector<TargetKey>> Snapshot();
+  std::map<uint64_t, std::vector<Bound>> Snapshot();
+  // Live sessions that hold at least one target locally.
+  size_t LocalSessions();
 
  private:
   struct Session {
     pid_t pid = 0;
-    std::set<TargetKey> keys;
+    std::map<TargetKey, bool> keys;  // -> held locally
   };
   absl::Mutex mu_;
   std::map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);

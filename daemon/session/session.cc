@@ -160,7 +160,11 @@ void Session::Run() {
     }
     buffer.Shrink(kKeepBytes);
     resp.SerializeToString(&out);
-    rc = wire::SendFrame(sock_.get(), out.data(), out.size(), nullptr, 0);
+    UniqueFd attach = TakeReplyFd();
+    int attach_fds[1] = {attach.get()};
+    rc = wire::SendFrame(sock_.get(), out.data(), out.size(), attach_fds,
+                         attach.ok() ? 1 : 0);
+    attach.reset();
     if (rc != wire::kOk) {
       spdlog::info("session {} (pid {}): reply failed: {}", id_, peer_.pid,
                    wire::ResultText(rc));
@@ -185,6 +189,7 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
   v1::SessionResponse resp;
   resp.set_id(request.id());
   request_id_ = request.id();
+  reply_fd_.reset();
   absl::Status status;
   if (!fds.empty() && request.body_case() != v1::SessionRequest::kArenaGrow &&
       request.body_case() != v1::SessionRequest::kLaunch &&
@@ -223,6 +228,22 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
       case v1::SessionRequest::kList:
         *resp.mutable_list() = backend_->List();
         break;
+      case v1::SessionRequest::kBindLocal: {
+        UniqueFd module;
+        absl::StatusOr<v1::BindLocalReply> r =
+            backend_->BindLocal(request.bind_local(), &module);
+        if (r.ok() && !module.ok()) {
+          r = absl::InternalError(
+              "kregd answered BindLocal without the module's memfd");
+        }
+        if (r.ok()) {
+          *resp.mutable_bind_local() = *std::move(r);
+          reply_fd_ = std::move(module);
+        } else {
+          status = r.status();
+        }
+        break;
+      }
       case v1::SessionRequest::kArenaGrow:
         status = DoArenaGrow(request.arena_grow(), std::move(fds),
                              resp.mutable_arena_grow());

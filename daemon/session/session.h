@@ -35,8 +35,8 @@ class LaunchRing;
 constexpr uint32_t kSessionProtocolMajor = 1;
 // 1: CUDA; 2: doorbell; 3: fd uploads (RegisterRequest.upload_fd_size);
 // 4: the launch ring (HelloReply.launch_ring, RingSetup); 5: CUDA launches on
-// the launch ring (ring layout version 2).
-constexpr uint32_t kSessionProtocolMinor = 5;
+// the launch ring (ring layout version 2); 6: BindLocal (local execution).
+constexpr uint32_t kSessionProtocolMinor = 6;
 
 // What a session needs from the rest of the daemon. Implemented over
 // Registrar/Registry/FfiHost by SessionServer, faked in tests. Thread-safe:
@@ -59,6 +59,16 @@ class SessionBackend {
     return absl::OkStatus();
   }
   virtual v1::ListReply List() = 0;
+  // Local execution (DESIGN §11): the registered module of (name, platform)
+  // as a sealed memfd (`*module`) for the client's own process, after every
+  // registration rule and the site's local_execution policy.
+  virtual absl::StatusOr<v1::BindLocalReply> BindLocal(
+      const v1::BindLocal& request, UniqueFd* module) {
+    (void)request;
+    (void)module;
+    return absl::UnimplementedError(
+        "this session backend cannot hand out modules for local execution");
+  }
   // The handler registered as `key`, or NOT_FOUND naming it.
   virtual absl::StatusOr<void*> Lookup(const TargetKey& key) = 0;
   // Runs `handler` on `frame`; the handler's error verbatim.
@@ -156,6 +166,9 @@ class Session final : public ServedSession {
   // Exposed for tests; Run() calls it for every frame.
   v1::SessionResponse Handle(const v1::SessionRequest& request,
                              std::vector<UniqueFd> fds);
+  // The descriptor the last Handle() attaches to its response (BindLocal's
+  // module memfd), taken; Run() sends it with the response.
+  UniqueFd TakeReplyFd() { return std::move(reply_fd_); }
 
   uint64_t id() const override { return id_; }
   const PeerCred& peer() const override { return peer_; }
@@ -200,6 +213,7 @@ class Session final : public ServedSession {
   SessionCounters* const counters_;
   bool hello_done_ = false;
   uint64_t request_id_ = 0;  // of the request being handled
+  UniqueFd reply_fd_;        // attached to the response being built
   ShmArena arena_;
   HandlerTable handlers_;
   // One per platform; cpu_ and cuda_ point into it.

@@ -1,0 +1,204 @@
+#include "client/shim/local_bind.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "common/sha256.h"
+
+namespace kreg {
+namespace shim {
+namespace {
+
+// What kregd seals a module memfd with (daemon/module_store.h kModuleSeals).
+constexpr int kRequiredSeals =
+    F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
+
+std::string Describe(const v1::TargetInfo& t) {
+  return "\"" + t.target_name() + "\" (" + t.platform() + ")";
+}
+
+std::mutex g_mu;
+// Module digest -> dlopen handle (never closed: XLA keeps the handler).
+std::map<std::string, void*>* g_modules = new std::map<std::string, void*>();
+// (target, canonical platform) -> its local binding.
+std::map<std::pair<std::string, std::string>, LocalBinding>* g_bound =
+    new std::map<std::pair<std::string, std::string>, LocalBinding>();
+
+// True when `addr` lies in a mapping of the file (dev, ino) of this
+// process (/proc/self/maps).
+bool MappedFrom(const void* addr, dev_t dev, ino_t ino) {
+  FILE* f = fopen("/proc/self/maps", "re");
+  if (f == nullptr) return false;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  char line[4096];
+  bool found = false;
+  while (fgets(line, sizeof(line), f) != nullptr) {
+    uintptr_t lo = 0, hi = 0;
+    unsigned int maj = 0, min = 0;
+    unsigned long long inode = 0;  // NOLINT(runtime/int): sscanf's type
+    if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %*s %*s %x:%x %llu", &lo, &hi,
+               &maj, &min, &inode) != 5) {
+      continue;
+    }
+    if (a < lo || a >= hi) continue;
+    found = maj == major(dev) && min == minor(dev) &&
+            static_cast<ino_t>(inode) == ino;
+    break;
+  }
+  fclose(f);
+  return found;
+}
+
+}  // namespace
+
+ClientStatus CheckModuleFd(int fd, const v1::TargetInfo& target) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    return ClientStatus::Error(
+        kFailedPrecondition,
+        "kreg: kregd handed out something that is not a module file for " +
+            Describe(target) + "; nothing was loaded");
+  }
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & kRequiredSeals) != kRequiredSeals) {
+    return ClientStatus::Error(
+        kFailedPrecondition,
+        "kreg: the module kregd handed out for " + Describe(target) +
+            " is not sealed against changes (seals " + std::to_string(seals) +
+            "), so it could change after the check; nothing was loaded");
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size != target.module_size() || size == 0) {
+    return ClientStatus::Error(
+        kDataLoss,
+        "kreg: the module kregd handed out for " + Describe(target) + " has " +
+            std::to_string(size) + " bytes, not the registered " +
+            std::to_string(target.module_size()) + "; nothing was loaded");
+  }
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) {
+    return ClientStatus::Error(kInternal, "kreg: cannot map the module of " +
+                                              Describe(target) + ": " +
+                                              strerror(errno));
+  }
+  const std::string digest = Sha256Hex(map, size);
+  ::munmap(map, size);
+  if (digest != target.module_digest()) {
+    return ClientStatus::Error(
+        kDataLoss, "kreg: the module kregd handed out for " + Describe(target) +
+                       " has digest " + digest + ", not the registered " +
+                       target.module_digest() +
+                       "; it was not loaded. kregd's store copy may be "
+                       "corrupt: see `kregctl show " +
+                       target.target_name() + "` and kregd's log");
+  }
+  return ClientStatus::Ok();
+}
+
+ClientStatus LoadModule(UniqueFd fd, const v1::TargetInfo& target,
+                        void** handler, void** library) {
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) {
+    return ClientStatus::Error(kInternal,
+                               std::string("kreg: fstat: ") + strerror(errno));
+  }
+  const std::string path = "/proc/self/fd/" + std::to_string(fd.get());
+  // RTLD_LOCAL: its symbols cannot clash with jaxlib's or other modules';
+  // RTLD_NODELETE: pinned for the process's life (XLA keeps the handler).
+  void* dl = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+  if (dl == nullptr) {
+    const char* why = ::dlerror();
+    return ClientStatus::Error(
+        kInternal, "kreg: cannot load the module of " + Describe(target) +
+                       " (" + target.module_digest() +
+                       ") into this process: " + (why ? why : "dlopen failed") +
+                       ". Run it isolated (execution=\"isolated\") instead");
+  }
+  ::dlerror();
+  void* sym = ::dlsym(dl, target.func_name().c_str());
+  if (sym == nullptr) {
+    return ClientStatus::Error(
+        kNotFound, "kreg: module " + target.module_digest() + " of " +
+                       Describe(target) + " has no symbol \"" +
+                       target.func_name() + "\"");
+  }
+  // dlopen matches already loaded objects by name first: a path reused by
+  // an earlier, closed fd would hand back that object. The symbol must lie
+  // in this very file.
+  if (!MappedFrom(sym, st.st_dev, st.st_ino)) {
+    return ClientStatus::Error(
+        kInternal, "kreg: dlopen of " + path + " returned another library " +
+                       "than the module of " + Describe(target) +
+                       " (a library loaded earlier under the same path); "
+                       "nothing was bound");
+  }
+  (void)fd.release();  // kept open: the path stays this module's
+  *handler = sym;
+  if (library != nullptr) *library = dl;
+  return ClientStatus::Ok();
+}
+
+ClientStatus BindLocal(Client* client, const std::string& target,
+                       const std::string& platform, LocalBinding* out) {
+  const std::pair<std::string, std::string> key{target,
+                                                CanonicalPlatform(platform)};
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = g_bound->find(key);
+    if (it != g_bound->end()) {
+      *out = it->second;
+      return ClientStatus::Ok();
+    }
+  }
+  v1::BindLocalReply reply;
+  UniqueFd module;
+  ClientStatus s = client->BindLocal(target, platform, &reply, &module);
+  if (!s.ok()) return s;
+  const v1::TargetInfo& info = reply.target();
+  s = CheckModuleFd(module.get(), info);
+  if (!s.ok()) return s;
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = g_bound->find(key);
+  if (it != g_bound->end()) {  // another thread bound it meanwhile
+    *out = it->second;
+    return ClientStatus::Ok();
+  }
+  LocalBinding binding;
+  binding.target = info;
+  auto loaded = g_modules->find(info.module_digest());
+  if (loaded != g_modules->end()) {
+    // One copy per module, as in-process: targets of one library share
+    // its globals.
+    ::dlerror();
+    binding.handler = ::dlsym(loaded->second, info.func_name().c_str());
+    if (binding.handler == nullptr) {
+      return ClientStatus::Error(
+          kNotFound, "kreg: module " + info.module_digest() + " of " +
+                         Describe(info) + " has no symbol \"" +
+                         info.func_name() + "\"");
+    }
+  } else {
+    void* library = nullptr;
+    s = LoadModule(std::move(module), info, &binding.handler, &library);
+    if (!s.ok()) return s;
+    (*g_modules)[info.module_digest()] = library;
+  }
+  (*g_bound)[key] = binding;
+  *out = binding;
+  return ClientStatus::Ok();
+}
+
+}  // namespace shim
+}  // namespace kreg

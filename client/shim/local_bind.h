@@ -1,0 +1,48 @@
+// Local execution (DESIGN §11): the registered module of a target, handed
+// out by kregd as a sealed memfd, checked and loaded into this process, so
+// XLA calls the genuine handler directly.
+#ifndef KREGD_CLIENT_SHIM_LOCAL_BIND_H_
+#define KREGD_CLIENT_SHIM_LOCAL_BIND_H_
+
+#include <string>
+
+#include "client/shim/client.h"
+#include "common/status.h"
+#include "common/unique_fd.h"
+#include "kreg/v1/session.pb.h"
+
+namespace kreg {
+namespace shim {
+
+struct LocalBinding {
+  void* handler = nullptr;  // XLA_FFI_Handler* of the registered module
+  v1::TargetInfo target;    // its registry entry
+};
+
+// Binds (target, platform) locally through `client`: asks kregd
+// (Client::BindLocal), checks the memfd (CheckModuleFd) and loads it
+// (LoadModule). The same handler for the same (target, canonical
+// platform); modules are loaded once per digest and never unloaded.
+// Thread-safe.
+ClientStatus BindLocal(Client* client, const std::string& target,
+                       const std::string& platform, LocalBinding* out);
+
+// Checks that `fd` is what kregd must hand out for `target`: a regular
+// file of exactly target.module_size() bytes, sealed against writes,
+// growth and shrinking (and further seal changes), whose SHA-256 is
+// target.module_digest(). DATA_LOSS / FAILED_PRECONDITION naming the target
+// and what differs.
+ClientStatus CheckModuleFd(int fd, const v1::TargetInfo& target);
+
+// dlopens a checked module fd (kept open for the life of the process, so
+// its /proc/self/fd path is never reused) and resolves target.func_name();
+// verifies that the symbol lies in a mapping of that very file. NOT_FOUND
+// for a missing symbol, INTERNAL with dlerror() otherwise. `*library`
+// (optional) gets the dlopen handle.
+ClientStatus LoadModule(UniqueFd fd, const v1::TargetInfo& target,
+                        void** handler, void** library = nullptr);
+
+}  // namespace shim
+}  // namespace kreg
+
+#endif  // KREGD_CLIENT_SHIM_LOCAL_BIND_H_
