@@ -273,8 +273,25 @@ int main(int argc, char** argv) {
                  {"last_crash_unix_s", r.last_crash_unix_s()}});
       }
     }
+    // Which live processes hold it, and how (DESIGN §11).
+    std::map<std::string, json> holders;  // platform -> rows
+    auto live = client.Sessions();
+    if (live.ok()) {
+      for (const auto& s : live->sessions()) {
+        for (const auto& t : s.targets()) {
+          if (t.target_name() != name) continue;
+          holders[t.platform()].push_back(
+              json{{"pid", s.pid()},
+                   {"uid", s.uid()},
+                   {"session_id", s.session_id()},
+                   {"mode", t.mode().empty() ? "isolated" : t.mode()}});
+        }
+      }
+    }
     auto with_crashes = [&](const Target& t) {
       json j = ToJson(t);
+      auto held = holders.find(t.platform());
+      j["bound_by"] = held == holders.end() ? json::array() : held->second;
       auto it = rows.find(t.platform());
       j["crashes"] = it == rows.end() ? json::array() : it->second;
       bool q = false;
@@ -291,9 +308,18 @@ int main(int argc, char** argv) {
       for (const Target& t : *targets) {
         json j = with_crashes(t);
         json crash_rows = j["crashes"];
+        json bound_by = j["bound_by"];
         j.erase("crashes");
         j.erase("stats");
+        j.erase("bound_by");
         PrintFields(j);
+        std::string held;
+        for (const json& b : bound_by) {
+          if (!held.empty()) held += ", ";
+          held += "pid " + std::to_string(b["pid"].get<int>()) + " (" +
+                  b["mode"].get<std::string>() + ")";
+        }
+        std::cout << "bound by: " << (held.empty() ? "-" : held) << "\n";
         std::cout << "calls: " << kreg::StatsLine(t.stats()) << "\n";
         for (const json& r : crash_rows) {
           std::cout << "  crashes (uid " << r["uid"]

@@ -28,7 +28,9 @@ std::string Since(int64_t us) {
 }
 
 std::string TargetText(const v1::TargetRef& t) {
-  return t.target_name() + "(" + t.platform() + ")";
+  // Isolated is the default; only local holds are marked.
+  return t.target_name() + "(" + t.platform() +
+         (t.mode() == "local" ? ",local" : "") + ")";
 }
 
 }  // namespace
@@ -71,8 +73,9 @@ void PrintStatsTable(
 json SessionJson(const v1::SessionInfo& s) {
   json targets = json::array();
   for (const v1::TargetRef& t : s.targets()) {
-    targets.push_back(
-        json{{"target_name", t.target_name()}, {"platform", t.platform()}});
+    targets.push_back(json{{"target_name", t.target_name()},
+                           {"platform", t.platform()},
+                           {"mode", t.mode().empty() ? "isolated" : t.mode()}});
   }
   return json{{"session_id", s.session_id()},
               {"pid", s.pid()},

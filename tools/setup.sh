@@ -53,9 +53,9 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 # grpcio* are only for the tests of kregd's standard gRPC extras
 # (reflection, health) with stock clients.
-if ! .venv/bin/python -c 'import jax, jaxlib, pytest, numpy, grpc, grpc_reflection, grpc_health; assert jax.__version__ == "0.11.2"' 2>/dev/null; then
+if ! .venv/bin/python -c 'import jax, jaxlib, pytest, numpy, grpc, grpc_reflection, grpc_health, flatbuffers; assert jax.__version__ == "0.11.2"' 2>/dev/null; then
   echo "setup: installing jax==0.11.2 jaxlib==0.11.2 pytest numpy grpcio* into .venv"
   .venv/bin/pip install -q --disable-pip-version-check \
     jax==0.11.2 jaxlib==0.11.2 pytest numpy grpcio grpcio-reflection \
-    grpcio-health-checking
+    grpcio-health-checking flatbuffers
 fi

@@ -1,6 +1,8 @@
 """Every reference handler forwarded through kregd equals the same handler
 registered in-process (the oracle), on random inputs across dtypes and
-shapes including 0-d and zero-size, under jit, vmap and aliasing."""
+shapes including 0-d and zero-size, under jit, vmap and aliasing. Every test
+runs twice: isolated (a kregd executor runs the handler) and local (this
+process runs kregd's stored copy, DESIGN §11)."""
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +13,10 @@ import pytest
 import kernels_util as ku
 import kreg
 
-FWD = "fwd."
+# The prefix of the targets under test: MODES[mode] (set by `mode`).
+MODES = {"isolated": "fwd.", "local": "loc."}
+FWD = MODES["isolated"]
+MODE = "isolated"
 ORACLE = "oracle."
 
 
@@ -29,10 +34,21 @@ def registered(x64, kreg_client):
       prefix = "demo." if module == ku.DEMO else "brainevent."
       for sym in handlers:
         ku.register_inprocess(ORACLE + prefix + sym, module, sym)
-        kreg.register_ffi_target(FWD + prefix + sym, ku.kernel_path(module),
-                                 sym, platform="cpu")
+        for execution, target_prefix in MODES.items():
+          kreg.register_ffi_target(target_prefix + prefix + sym,
+                                   ku.kernel_path(module), sym,
+                                   platform="cpu", execution=execution)
   except FileNotFoundError as e:
     pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module", autouse=True, params=sorted(MODES))
+def mode(request, registered):
+  """Runs the module's tests once per execution mode."""
+  global FWD, MODE
+  FWD, MODE = MODES[request.param], request.param
+  yield request.param
+  FWD, MODE = MODES["isolated"], "isolated"
 
 
 CALL_OPTIONS = ("vmap_method", "input_output_aliases")
@@ -206,7 +222,13 @@ def test_in_place_partial_update_keeps_untouched_elements():
 
 
 def test_scratch_sum_uses_the_daemons_allocator():
-  # In-process XLA:CPU has no scratch allocator; kregd has one.
+  # In-process XLA:CPU has no scratch allocator; kregd has one. Local
+  # execution is in-process: it fails as the oracle does.
+  if MODE == "local":
+    x = np.arange(1, 6, dtype=np.float32)
+    assert error_message(FWD, "demo.ScratchSum", ku.sds(x), x).replace(
+        FWD, ORACLE) == error_message(ORACLE, "demo.ScratchSum", ku.sds(x), x)
+    return
   for n in (0, 1, 5, 10000):
     x = np.arange(1, n + 1, dtype=np.float32)
     y = call(FWD, "demo.ScratchSum", ku.sds(x), x)

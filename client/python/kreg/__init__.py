@@ -6,26 +6,33 @@
     y = jax.jit(lambda x: jax.ffi.ffi_call(
         "demo.scale", jax.ShapeDtypeStruct(x.shape, x.dtype))(x, factor=2.0))(x)
 
-The handler runs out of this process, in kregd; this process registers a
-forwarding handler (libkreg_client.so, bundled in the wheel) with JAX.
+By default the handler runs out of this process, in a kregd executor; this
+process registers a forwarding handler (libkreg_client.so, bundled in the
+wheel) with JAX. With execution="local" (or KREG_EXECUTION=local,
+kreg.configure(execution="local")) it runs in this process, from kregd's
+stored copy of the registered module. kreg.bind_ffi_target(name) and
+kreg.bind_exported(exported) bind targets other processes registered.
 `python -m kreg list|show NAME|status` (or the `kreg` command) inspects the
 daemon. See docs/user-guide.md in the kregd repository.
 """
 
-from kreg._client import (Client, Module, Registration, Target, connect,
-                          default_address, list_registered_targets,
-                          register_ffi_target)
+from kreg._client import (Client, Module, Registration, Target,
+                          bind_exported, bind_ffi_target, configure, connect,
+                          default_address, default_execution,
+                          list_registered_targets, register_ffi_target)
 from kreg.numba_cuda import numba_cuda_callable, numba_cuda_scratch
 from kreg._errors import (DaemonNotRunningError, JaxVersionError,
                           KernelRegistrationError, KregError,
-                          NotRunnableWarning, ShimNotFoundError)
+                          NotRunnableWarning, ShimNotFoundError,
+                          TargetNotFoundError)
 
 __all__ = [
     "Client", "DaemonNotRunningError", "JaxVersionError",
     "KernelRegistrationError", "KregError", "Module", "NotRunnableWarning",
     "Registration",
-    "ShimNotFoundError",
-    "Target", "connect", "default_address", "list_registered_targets",
+    "ShimNotFoundError", "TargetNotFoundError",
+    "Target", "bind_exported", "bind_ffi_target", "configure", "connect",
+    "default_address", "default_execution", "list_registered_targets",
     "register_ffi_target",
 ]
 # Same as `kregd --version` (common/version.h); a test keeps them equal.

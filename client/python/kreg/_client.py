@@ -14,11 +14,56 @@ from typing import Any, Optional, Union
 from kreg import _shim
 from kreg._errors import (CODE_NAMES, DaemonNotRunningError,
                           JaxVersionError, KernelRegistrationError, KregError,
-                          NotRunnableWarning)
+                          NotRunnableWarning, TargetNotFoundError)
 
 SESSION_SUFFIX = ".session"
 # The jax/jaxlib release the shim is built and tested against (docs/design.md §7).
 SUPPORTED_JAX = "0.11.2"
+# How a bound target runs (docs/design.md §11): "isolated" in a kregd
+# executor (the default), or "local" in this process.
+EXECUTION_MODES = ("isolated", "local")
+
+_config_lock = threading.Lock()
+_configured_execution: Optional[str] = None
+
+
+def _check_execution(value: Any, origin: str) -> str:
+  if not isinstance(value, str) or value.lower() not in EXECUTION_MODES:
+    raise ValueError(
+        f"{origin} is {value!r}; it must be \"isolated\" (the kernel runs in "
+        "a kregd executor, crash-contained) or \"local\" (the registered "
+        "module runs in this process, at in-process speed)")
+  return value.lower()
+
+
+def configure(*, execution: Optional[str] = None) -> None:
+  """Sets this process's defaults. `execution`: "isolated" or "local", the
+  mode of every later register_ffi_target / bind_ffi_target /
+  bind_exported call that passes no `execution=` (None: back to
+  $KREG_EXECUTION, else "isolated")."""
+  global _configured_execution
+  if execution is not None:
+    execution = _check_execution(execution, "kreg.configure(execution=...)")
+  with _config_lock:
+    _configured_execution = execution
+
+
+def default_execution() -> str:
+  """The process's execution mode: kreg.configure(execution=...), else
+  $KREG_EXECUTION, else "isolated"."""
+  with _config_lock:
+    if _configured_execution is not None:
+      return _configured_execution
+  env = os.environ.get("KREG_EXECUTION")
+  if env:
+    return _check_execution(env, "KREG_EXECUTION")
+  return "isolated"
+
+
+def _resolve_execution(execution: Optional[str]) -> str:
+  if execution is None:
+    return default_execution()
+  return _check_execution(execution, "execution")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,9 +310,14 @@ class Client:
 
   def register_ffi_target(self, target_name: str, module: Any, func_name: str,
                           *, platform: str = "CUDA", replace: bool = False,
-                          content_id: Optional[str] = None) -> Registration:
+                          content_id: Optional[str] = None,
+                          execution: Optional[str] = None) -> Registration:
     """Registers `func_name` of `module` with kregd as (target_name, platform)
-    and makes jax.ffi.ffi_call(target_name, ...) forward to it.
+    and makes jax.ffi.ffi_call(target_name, ...) run it: forwarded to a kregd
+    executor (execution="isolated") or loaded into this process from kregd's
+    stored copy (execution="local"); None: the process default
+    (kreg.configure, $KREG_EXECUTION, else isolated). The mode is not part
+    of the registration's identity.
 
     Returns a Registration: `.created` (False for an identical re-register,
     which is also falsy) and `.target`.
@@ -284,6 +334,7 @@ class Client:
       raise TypeError(f"func_name must be a str, got {type(func_name)}")
     if not isinstance(platform, str):
       raise TypeError(f"platform must be a str, got {type(platform)}")
+    mode = _resolve_execution(execution)
     _check_jax()
     if isinstance(module, Module):
       path, data = module.path, module.data
@@ -312,34 +363,139 @@ class Client:
     else:
       created, target = self._register(target_name, platform, func_name,
                                         replace, content_id, data=data)
-    self._bind_with_jax(target_name, platform)
+    self._bind_with_jax(target_name, platform, mode)
     return Registration(created, target)
 
-  def _bind_with_jax(self, target_name: str, platform: str) -> None:
+  def _bind_with_jax(self, target_name: str, platform: str,
+                     mode: str) -> Optional[Target]:
+    """Registers (target_name, platform) with this process's JAX, running
+    in `mode`; the registry entry for a local bind (None when it was bound
+    before or runs isolated)."""
     import jax  # pylint: disable=import-outside-toplevel
     canonical = _canonical_platform(platform)
     key = (target_name, canonical)
     with _jax_lock:
       if key in _jax_registered:
-        bound_to = _jax_registered[key][1]
+        _, bound_to, bound_mode = _jax_registered[key]
         if bound_to != self.session_path:
           raise KregError(
               f"target {target_name!r} ({canonical}) already forwards to the "
               f"kregd at {bound_to} in this process; a process can forward "
               "a target to one daemon only", "FAILED_PRECONDITION")
-        return
-      args = _shim.new(_shim.BindArgs)
-      args.client = self._handle
+        if bound_mode != mode:
+          raise KregError(
+              f"target {target_name!r} ({canonical}) is already bound "
+              f"{bound_mode} in this process, so it cannot also run {mode}: "
+              "XLA keeps the first handler registered under a name. Choose "
+              "the mode before the first registration or bind (execution=, "
+              "kreg.configure or $KREG_EXECUTION)", "FAILED_PRECONDITION")
+        return None
       name = target_name.encode()
       plat = canonical.encode()
-      args.target_name, args.target_name_len = name, len(name)
-      args.platform, args.platform_len = plat, len(plat)
-      e = _shim.take_error(self._lib, self._lib.kreg_bind(ctypes.byref(args)))
-      if e:
-        self._raise(e, KregError)
+      target = None
+      if mode == "local":
+        if not hasattr(self._lib, "kreg_bind_local"):
+          raise KregError(
+              "libkreg_client.so is too old for local execution (C ABI "
+              f"{_shim.version().api_major}.{_shim.version().api_minor}, "
+              f"needs 1.{_shim.LOCAL_MINOR}); rebuild it",
+              "FAILED_PRECONDITION")
+        args = _shim.new(_shim.BindLocalArgs)
+        args.client = self._handle
+        args.target_name, args.target_name_len = name, len(name)
+        args.platform, args.platform_len = plat, len(plat)
+        e = _shim.take_error(self._lib,
+                             self._lib.kreg_bind_local(ctypes.byref(args)))
+        if e:
+          self._raise(e, KregError)
+        target = _targets(self._lib, args.target)[0]
+      else:
+        args = _shim.new(_shim.BindArgs)
+        args.client = self._handle
+        args.target_name, args.target_name_len = name, len(name)
+        args.platform, args.platform_len = plat, len(plat)
+        e = _shim.take_error(self._lib,
+                             self._lib.kreg_bind(ctypes.byref(args)))
+        if e:
+          self._raise(e, KregError)
       jax.ffi.register_ffi_target(target_name, jax.ffi.pycapsule(args.handler),
                                   platform=_jax_platform(canonical))
-      _jax_registered[key] = (args.handler, self.session_path)
+      _jax_registered[key] = (args.handler, self.session_path, mode)
+      return target
+
+  def bound_mode(self, target_name: str, platform: str) -> Optional[str]:
+    """How (target_name, platform) runs in this process: "local",
+    "isolated", or None when this process has not bound it."""
+    with _jax_lock:
+      entry = _jax_registered.get((target_name, _canonical_platform(platform)))
+    return None if entry is None else entry[2]
+
+  def _lookup(self, names, platform: str) -> dict[str, Target]:
+    """The registry entries of `names` for canonical `platform`;
+    TargetNotFoundError listing every missing name with close names."""
+    targets = self.list_registered_targets()
+    found = {t.target_name: t for t in targets if t.platform == platform}
+    missing = [n for n in names if n not in found]
+    if missing:
+      import difflib  # pylint: disable=import-outside-toplevel
+      known = sorted({t.target_name for t in targets})
+      parts = []
+      for n in missing:
+        close = difflib.get_close_matches(n, known, n=3, cutoff=0.6)
+        other = sorted(t.platform for t in targets if t.target_name == n)
+        hint = ""
+        if other:
+          hint = f" (registered for {', '.join(other)} only)"
+        elif close:
+          hint = f" (did you mean {', '.join(repr(c) for c in close)}?)"
+        parts.append(f"{n!r}{hint}")
+      raise TargetNotFoundError(
+          f"not registered with kregd at {self.address} for platform "
+          f"{platform}: {'; '.join(parts)}. Register them first "
+          "(kreg.register_ffi_target, `kregctl register`) or check the "
+          "names with `kregctl list`", missing)
+    return {n: found[n] for n in names}
+
+  def bind_ffi_target(self, target_name: str, *, platform: str = "CUDA",
+                      execution: Optional[str] = None) -> Registration:
+    """Makes jax.ffi.ffi_call(target_name, ...) run the target that some
+    process registered with kregd (module and symbol come from the
+    registry), without knowing its module. Returns the Registration (always
+    `created` False). TargetNotFoundError (a KeyError) when it is not
+    registered for `platform`, naming close names."""
+    if not isinstance(target_name, str):
+      raise TypeError(f"target_name must be a str, got {type(target_name)}")
+    if not isinstance(platform, str):
+      raise TypeError(f"platform must be a str, got {type(platform)}")
+    mode = _resolve_execution(execution)
+    _check_jax()
+    canonical = _canonical_platform(platform)
+    target = self._lookup([target_name], canonical)[target_name]
+    local_target = self._bind_with_jax(target_name, canonical, mode)
+    return Registration(False, local_target or target)
+
+  def bind_exported(self, exported: Any, *,
+                    execution: Optional[str] = None) -> list[Registration]:
+    """Binds every custom-call target that a jax.export.Exported program
+    calls, for each platform it was lowered for, so a deserialized program
+    runs in a fresh process (`exp.call(...)`). Targets this process's XLA
+    already knows (JAX's own, or bound before) are left alone. One
+    TargetNotFoundError lists every name kregd does not have."""
+    mode = _resolve_execution(execution)
+    _check_jax()
+    names = exported_custom_call_targets(exported)
+    platforms = [_canonical_platform(p) for p in exported.platforms]
+    out = []
+    for platform in platforms:
+      if platform not in ("cpu", "cuda"):
+        continue
+      wanted = [n for n in names if not _known_to_xla(n, platform)]
+      if not wanted:
+        continue
+      for name, target in self._lookup(wanted, platform).items():
+        local_target = self._bind_with_jax(name, platform, mode)
+        out.append(Registration(False, local_target or target))
+    return out
 
   def list_registered_targets(self) -> list[Target]:
     """Every entry of kregd's registry (all processes' registrations)."""
@@ -380,9 +536,66 @@ def _warn_not_runnable(target: Target) -> None:
 
 
 # (target, canonical platform) registered with this process's JAX ->
-# (forwarding handler address, session socket of its daemon).
+# (handler address, session socket of its daemon, execution mode).
 _jax_lock = threading.Lock()
-_jax_registered: dict[tuple[str, str], tuple[int, str]] = {}
+_jax_registered: dict[tuple[str, str], tuple[int, str, str]] = {}
+
+# XLA's own custom calls (not FFI targets anyone registers): a program
+# names them without a registration.
+_XLA_BUILTIN_CALLS = frozenset((
+    "Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape",
+    "annotate_device_placement", "MoveToHost", "MoveToDevice",
+    "LayoutConstraint", "X64Combine", "X64SplitHigh", "X64SplitLow",
+    "xla_python_cpu_callback", "xla_python_gpu_callback",
+    "xla_ffi_python_cpu_callback", "xla_ffi_python_gpu_callback",
+    "xla_ffi_partitioned_python_cpu_callback",
+    "xla_ffi_partitioned_python_gpu_callback",
+    "xla_buffer_python_cpu_callback", "xla_buffer_python_gpu_callback",
+))
+# Prefixes of the custom calls jaxlib registers itself (LAPACK, cuSOLVER,
+# cuBLAS, cuSPARSE, PRNG, RNN, ducc FFT, Triton, Mosaic).
+_JAXLIB_PREFIXES = ("lapack_", "cusolver_", "cublas", "cusparse_", "cu_",
+                    "cudnn_", "hipsolver_", "hipblas", "hipsparse_", "hip_",
+                    "ducc_", "triton_kernel_call", "mosaic_gpu",
+                    "tpu_custom_call", "shape_assertion", "dce_sink")
+
+
+def _known_to_xla(name: str, platform: str) -> bool:
+  """Whether this process's XLA resolves `name` without kregd: one of XLA's
+  or jaxlib's own custom calls, or a target bound in this process already."""
+  if name in _XLA_BUILTIN_CALLS or name.startswith(_JAXLIB_PREFIXES):
+    return True
+  with _jax_lock:
+    if (name, platform) in _jax_registered:
+      return True
+  try:
+    from jax._src.lib import _jax  # pylint: disable=import-outside-toplevel
+    xla_platform = {"cpu": "Host", "cuda": "CUDA"}[platform]
+    return name in _jax.custom_call_targets(xla_platform)
+  except Exception:  # pylint: disable=broad-except  # private API: a hint
+    return False
+
+
+_CUSTOM_CALL_RE = re.compile(
+    r'stablehlo\.custom_call\s+@(?:"((?:[^"\\]|\\.)*)"|([A-Za-z_][\w$.\-]*))'
+    r'|call_target_name\s*=\s*"((?:[^"\\]|\\.)*)"')
+
+
+def exported_custom_call_targets(exported: Any) -> list[str]:
+  """The custom-call target names a jax.export.Exported program calls, in
+  order of first use (read from its StableHLO module)."""
+  if not hasattr(exported, "mlir_module") or not hasattr(exported,
+                                                         "platforms"):
+    raise TypeError(
+        "bind_exported needs a jax.export.Exported (from jax.export.export "
+        f"or jax.export.deserialize), got {type(exported).__name__}")
+  text = exported.mlir_module()
+  names: list[str] = []
+  for m in _CUSTOM_CALL_RE.finditer(text):
+    name = next(g for g in m.groups() if g is not None)
+    if name not in names:
+      names.append(name)
+  return names
 
 _default_lock = threading.Lock()
 _default: Optional[Client] = None
@@ -410,15 +623,33 @@ def default_client() -> Client:
 
 def register_ffi_target(target_name: str, module: Any, func_name: str, *,
                         platform: str = "CUDA", replace: bool = False,
-                        content_id: Optional[str] = None) -> Registration:
+                        content_id: Optional[str] = None,
+                        execution: Optional[str] = None) -> Registration:
   """Registers a compiled XLA FFI handler with kregd as a JAX FFI target.
 
   See Client.register_ffi_target; uses the default client (kreg.connect()).
   Returns a Registration, truthy only when a new registration was created.
+  `execution`: "isolated" (a kregd executor runs it) or "local" (this
+  process runs kregd's stored copy); None: the process default.
   """
   return default_client().register_ffi_target(
       target_name, module, func_name, platform=platform, replace=replace,
-      content_id=content_id)
+      content_id=content_id, execution=execution)
+
+
+def bind_ffi_target(target_name: str, *, platform: str = "CUDA",
+                    execution: Optional[str] = None) -> Registration:
+  """Binds a target registered by any process, by name. See
+  Client.bind_ffi_target; uses the default client."""
+  return default_client().bind_ffi_target(target_name, platform=platform,
+                                          execution=execution)
+
+
+def bind_exported(exported: Any, *,
+                  execution: Optional[str] = None) -> list[Registration]:
+  """Binds every kregd target a jax.export.Exported program calls. See
+  Client.bind_exported; uses the default client."""
+  return default_client().bind_exported(exported, execution=execution)
 
 
 def list_registered_targets() -> list[Target]:

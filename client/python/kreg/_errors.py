@@ -35,6 +35,19 @@ class KernelRegistrationError(KregError):
   """
 
 
+class TargetNotFoundError(KregError, KeyError):
+  """A target to bind by name is not registered with kregd (for that
+  platform). `names` lists the missing names; the message lists close
+  registered names. Also a KeyError, as for a missing mapping key."""
+
+  def __init__(self, message: str, names=(), code: str = "NOT_FOUND"):
+    super().__init__(message, code)
+    self.names = list(names)
+
+  def __str__(self) -> str:  # KeyError would quote the message
+    return self.message
+
+
 class DaemonNotRunningError(KregError, ConnectionError):
   """kregd does not answer on its socket."""
 

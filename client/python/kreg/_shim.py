@@ -12,6 +12,7 @@ from kreg._errors import ShimNotFoundError
 LIB_NAME = "libkreg_client.so"
 API_MAJOR = 1  # KREG_API_MAJOR this module was written for
 IN_PROCESS_MINOR = 1  # KREG_API_MINOR that added RegisterArgs.in_process
+LOCAL_MINOR = 3  # KREG_API_MINOR that added kreg_bind_local
 
 _size_t = ctypes.c_size_t
 
@@ -64,6 +65,13 @@ class BindArgs(ctypes.Structure):
               ("target_name", ctypes.c_char_p), ("target_name_len", _size_t),
               ("platform", ctypes.c_char_p), ("platform_len", _size_t),
               ("handler", ctypes.c_void_p), ("slot", ctypes.c_int32)]
+
+
+class BindLocalArgs(ctypes.Structure):
+  _fields_ = [("struct_size", _size_t), ("client", ctypes.c_void_p),
+              ("target_name", ctypes.c_char_p), ("target_name_len", _size_t),
+              ("platform", ctypes.c_char_p), ("platform_len", _size_t),
+              ("handler", ctypes.c_void_p), ("target", ctypes.c_void_p)]
 
 
 class ClientStats(ctypes.Structure):
@@ -129,6 +137,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn = getattr(lib, name)
     fn.argtypes = [ctypes.POINTER(args)]
     fn.restype = err
+  if hasattr(lib, "kreg_bind_local"):  # since C ABI 1.3
+    lib.kreg_bind_local.argtypes = [ctypes.POINTER(BindLocalArgs)]
+    lib.kreg_bind_local.restype = err
   lib.kreg_target_list_size.argtypes = [ctypes.c_void_p]
   lib.kreg_target_list_size.restype = _size_t
   lib.kreg_target_list_get.argtypes = [
