@@ -17,11 +17,12 @@
 # nvidia-cuda-mps-control` after the pass and on every exit: never left
 # running; no GPU setting is changed); then bench/bench_gpu.py without and
 # with MPS, and with two
-# GPUs bench/bench_two_gpus.py without and with MPS (KREG_SKIP_BENCH=1
-# skips the benchmarks). To run part of it (each device command is time
+# GPUs bench/bench_two_gpus.py without and with MPS, and
+# bench/bench_local.py (in-process vs local vs isolated: CPU, CUDA, CUDA
+# under MPS) (KREG_SKIP_BENCH=1 skips the benchmarks). To run part of it (each device command is time
 # limited): KREG_GPU_PASSES picks the pytest passes (space-separated, from
 # "default platform cuda_async events mps two_gpus"; default all) and
-# KREG_BENCHES the benchmarks ("one_gpu two_gpus"; default both). The C++
+# KREG_BENCHES the benchmarks ("one_gpu two_gpus local"; default all). The C++
 # [cuda] tests always run (seconds). Exit status: pytest's (kregd failing
 # to start is 2).
 set -uo pipefail
@@ -239,7 +240,8 @@ for alloc in "${passes[@]}"; do
   # Under MPS: the forwarded suite, the sharing report and the GPU-fault
   # test (which skips there: the documented trade-off).
   [[ $alloc == mps ]] && files=("$here/test_cuda_forwarded.py"
-    "$here/test_gpu_sharing_gpu.py" "$here/test_executors_gpu.py")
+    "$here/test_cuda_local.py" "$here/test_gpu_sharing_gpu.py"
+    "$here/test_executors_gpu.py")
   xml="$work/gpu-$alloc.xml"
   xmls+=("$xml")
   out="$work/pytest-$alloc.log"
@@ -323,7 +325,17 @@ done
 if [[ -n ${KREG_SKIP_BENCH:-} ]]; then
   echo "== benchmarks skipped (KREG_SKIP_BENCH)"
 fi
-benches=" ${KREG_BENCHES:-one_gpu two_gpus} "
+benches=" ${KREG_BENCHES:-one_gpu two_gpus local} "
+if [[ -z ${KREG_SKIP_BENCH:-} && $benches == *" local "* ]]; then
+  # In-process vs local vs isolated (design §11): CPU, CUDA, CUDA under MPS.
+  for args in "--platform cpu" "--platform cuda" "--platform cuda --mps"; do
+    tag=$(echo "$args" | tr -d ' -' | sed 's/platform//')
+    echo "== bench/bench_local.py $args"
+    # shellcheck disable=SC2086
+    timeout -s TERM 600 "$py" "$bundle/bench/bench_local.py" $args \
+      --out "$work/bench_local_$tag.json" || echo "bench_local.py $args failed ($?)"
+  done
+fi
 if [[ -z ${KREG_SKIP_BENCH:-} && $benches == *" one_gpu "* ]]; then
   echo "== bench/bench_gpu.py"
   timeout -s TERM 600 "$py" "$bundle/bench/bench_gpu.py" \
@@ -413,6 +425,18 @@ for name, label in (("bench2.json", "no MPS"), ("bench2_mps.json", "MPS")):
           f"{r['inproc_call_p99_us']:.1f} -> {r['fwd_call_p99_us']:.1f}); "
           f"1 GiB {r['inproc_gbps']:.0f} -> {r['fwd_gbps']:.0f} GB/s "
           f"({r['fwd_gbps'] / r['inproc_gbps']:.2f}x)")
+for tag in ("cpu", "cuda", "cudamps"):
+  try:
+    b = json.load(open(os.path.join(work, f"bench_local_{tag}.json")))
+  except (OSError, ValueError):
+    continue
+  for case in ("Scale n=1024", "step n=1024", "step n=1M"):
+    m = lambda k: b[f"{case}|{k}|median_us"]
+    q = lambda k: b[f"{case}|{k}|p99_us"]
+    print(f"bench local ({tag}) {case}: in-process {m('inproc'):.1f}, local "
+          f"{m('local'):.1f} ({m('local') / m('inproc'):.2f}x, p99 "
+          f"{q('local') / q('inproc'):.2f}x), isolated {m('isolated'):.1f} "
+          f"({m('isolated') / m('inproc'):.2f}x) us")
 print(f"gpu tests: {total['passed']} passed, {total['failed']} failed, "
       f"{total['skipped']} skipped (exit {rc})")
 EOF

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import tempfile
 import sys
+import textwrap
 import time
 
 import jax
@@ -237,6 +238,15 @@ def test_quarantine_after_repeated_crashes_and_unquarantine():
     assert json.loads(kregctl(d, "status", "--json").stdout)["quarantined"] == 1
     text = kregctl(d, "show", "hostile.Segfault").stdout
     assert "QUARANTINED" in text
+    # Local execution applies the same rule: no new local binds either.
+    p = subprocess.run([PY, "-c", textwrap.dedent("""
+        import kreg
+        kreg.bind_ffi_target("hostile.Segfault", platform="cpu",
+                             execution="local")
+        """)], env=d.env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert ("target \"hostile.Segfault\" (cpu) is quarantined for uid"
+            in p.stderr), p.stderr
     lifted = kregctl(d, "unquarantine", "hostile.Segfault", "--platform", "cpu")
     assert "lifted the quarantine of hostile.Segfault (cpu)" in lifted.stdout
     (again,) = run_client(d, "Segfault")

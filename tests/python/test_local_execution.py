@@ -495,3 +495,25 @@ def test_handler_globals_are_per_process_by_default(daemon, mode):
   _has(HOSTILE)
   runs = [run_py(daemon, COUNTER, mode)[0]["calls"] for _ in range(2)]
   assert runs == [[0, 1, 2], [0, 1, 2]]
+
+
+def test_an_in_process_callable_cannot_be_bound_by_another_process(daemon):
+  # kreg.numba_cuda_callable's targets run in the process that registered
+  # them: kregd has no module to hand out, and no executor can run them.
+  daemon.client._register(  # pylint: disable=protected-access
+      "inproc.callable", "cpu", "numba_cuda_callable", False,
+      "numba-fingerprint:0123abcd", in_process=True)
+  # Its own process asks kregd, which refuses.
+  with pytest.raises(kreg.KregError, match=r"is an in-process callable of pid "
+                     rf"{os.getpid()}; it runs inside that process"):
+    daemon.client.bind_ffi_target("inproc.callable", platform="cpu",
+                                  execution="local")
+  for mode in ("local", "isolated"):
+    p, _ = run_py(daemon, """
+        import sys, kreg
+        kreg.bind_ffi_target("inproc.callable", platform="cpu",
+                             execution=sys.argv[1])
+        """, mode, check=False)
+    assert p.returncode != 0
+    assert (f'target "inproc.callable" is an in-process callable of pid '
+            f"{os.getpid()}; it runs inside that process") in p.stderr

@@ -454,6 +454,14 @@ class Client:
           f"{platform}: {'; '.join(parts)}. Register them first "
           "(kreg.register_ffi_target, `kregctl register`) or check the "
           "names with `kregctl list`", missing)
+    for n in names:
+      t = found[n]
+      if t.kind == "in-process" and t.pid != os.getpid():
+        raise KregError(
+            f'target "{n}" is an in-process callable of pid {t.pid}; it runs '
+            "inside that process (kreg.numba_cuda_callable), so no other "
+            "process can bind it: call the callable there, or register a "
+            "compiled module under a name of its own", "FAILED_PRECONDITION")
     return {n: found[n] for n in names}
 
   def bind_ffi_target(self, target_name: str, *, platform: str = "CUDA",

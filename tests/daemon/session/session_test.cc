@@ -44,6 +44,20 @@ class FakeBackend : public SessionBackend {
     return absl::OkStatus();
   }
   v1::ListReply List() override { return {}; }
+  // "local.ok": a module fd; "local.nofd": success without one; other
+  // names: the backend's refusal.
+  absl::StatusOr<v1::BindLocalReply> BindLocal(const v1::BindLocal& r,
+                                               UniqueFd* module) override {
+    if (r.target_name() == "local.ok") {
+      *module = MakeMemfd(64);
+      v1::BindLocalReply reply;
+      reply.mutable_target()->set_target_name("local.ok");
+      reply.mutable_target()->set_module_size(64);
+      return reply;
+    }
+    if (r.target_name() == "local.nofd") return v1::BindLocalReply();
+    return absl::PermissionDeniedError("local_execution = \"deny\"");
+  }
   absl::StatusOr<void*> Lookup(const TargetKey& key) override {
     ++lookups;
     if (key.name != "t")
@@ -121,6 +135,80 @@ TEST_CASE("Requests before Hello are refused", "[session]") {
   CHECK(resp.status().code() == int(absl::StatusCode::kFailedPrecondition));
   CHECK(resp.status().message() ==
         "the first request of a session must be Hello");
+}
+
+v1::SessionRequest BindLocalRequest(const std::string& target) {
+  v1::SessionRequest r;
+  r.set_id(9);
+  r.mutable_bind_local()->set_target_name(target);
+  r.mutable_bind_local()->set_platform("cpu");
+  return r;
+}
+
+TEST_CASE("BindLocal answers with the entry and attaches the module fd",
+          "[session][local]") {
+  Fixture fx;
+  fx.Hello();
+  v1::SessionResponse resp = fx.Send(BindLocalRequest("local.ok"));
+  CHECK(resp.status().code() == 0);
+  CHECK(resp.bind_local().target().target_name() == "local.ok");
+  UniqueFd fd = fx.session.TakeReplyFd();
+  REQUIRE(fd.ok());
+  CHECK(::lseek(fd.get(), 0, SEEK_END) == 64);
+  // Taken once: the next response carries none.
+  CHECK_FALSE(fx.session.TakeReplyFd().ok());
+  fx.Send(BindLocalRequest("local.ok"));
+  v1::SessionRequest list;
+  list.mutable_list();
+  fx.Send(list);  // a later request drops a fd nobody took
+  CHECK_FALSE(fx.session.TakeReplyFd().ok());
+}
+
+TEST_CASE("BindLocal errors come back and attach nothing", "[session][local]") {
+  Fixture fx;
+  v1::SessionResponse before = fx.Send(BindLocalRequest("local.ok"));
+  CHECK(before.status().message() ==
+        "the first request of a session must be Hello");
+  CHECK_FALSE(fx.session.TakeReplyFd().ok());
+  fx.Hello();
+  v1::SessionResponse denied = fx.Send(BindLocalRequest("local.denied"));
+  CHECK(denied.status().code() == int(absl::StatusCode::kPermissionDenied));
+  CHECK(denied.status().message() == "local_execution = \"deny\"");
+  CHECK_FALSE(denied.has_bind_local());
+  CHECK_FALSE(fx.session.TakeReplyFd().ok());
+  v1::SessionResponse nofd = fx.Send(BindLocalRequest("local.nofd"));
+  CHECK(nofd.status().code() == int(absl::StatusCode::kInternal));
+  CHECK(nofd.status().message() ==
+        "kregd answered BindLocal without the module's memfd");
+  // A client may not attach descriptors to it.
+  std::vector<UniqueFd> fds;
+  fds.push_back(MakeMemfd(8));
+  v1::SessionResponse with_fd =
+      fx.Send(BindLocalRequest("local.ok"), std::move(fds));
+  CHECK(with_fd.status().code() == int(absl::StatusCode::kInvalidArgument));
+  CHECK_THAT(with_fd.status().message(),
+             Catch::Contains("1 unexpected file descriptor(s)"));
+  CHECK_FALSE(fx.session.TakeReplyFd().ok());
+}
+
+TEST_CASE("A backend without local execution says so", "[session][local]") {
+  class Plain : public FakeBackend {
+   public:
+    absl::StatusOr<v1::BindLocalReply> BindLocal(const v1::BindLocal& r,
+                                                 UniqueFd* m) override {
+      return SessionBackend::BindLocal(r, m);
+    }
+  } backend;
+  SessionCounters counters;
+  Session session(8, UniqueFd(), PeerCred{1, 2, 3}, Fixture::Limits(), &backend,
+                  &counters);
+  v1::SessionRequest hello;
+  hello.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
+  session.Handle(hello, {});
+  v1::SessionResponse resp = session.Handle(BindLocalRequest("x"), {});
+  CHECK(resp.status().code() == int(absl::StatusCode::kUnimplemented));
+  CHECK(resp.status().message() ==
+        "this session backend cannot hand out modules for local execution");
 }
 
 TEST_CASE("A second Hello is refused", "[session]") {
