@@ -304,8 +304,10 @@ def check_ordered(stats):
 def mdaemon():
   root = pathlib.Path(tempfile.mkdtemp(prefix="kreg-m-", dir="/tmp"))
   metrics = f"unix:{root}/metrics.sock"
+  # One executor per uid: the counting tests follow one executor (the
+  # default, client, gives each process its own).
   d = Daemon(root, [os.path.realpath(ku.kernels_dir())],
-             ["--metrics-listen", metrics])
+             ["--metrics-listen", metrics, "--isolation", "uid"])
   try:
     d.start()
   except FileNotFoundError as e:
@@ -462,7 +464,7 @@ def test_metrics_over_loopback_tcp():
     m = scrape(f"127.0.0.1:{port}")
     # (Daemon.start's readiness probe may hold a session for a moment.)
     assert sample(m, "kregd_sessions") >= 0
-    assert sample(m, "kregd_executors", isolation="uid") >= 0
+    assert sample(m, "kregd_executors", isolation="client") >= 0
     assert f"metrics: serving http://127.0.0.1:{port}/metrics" in d.log()
   finally:
     finish(d)
