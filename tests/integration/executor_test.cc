@@ -284,10 +284,11 @@ TEST_CASE(
   ::close(hold[1]);
   CHECK(testing::WaitExit(b) == 0);
 
-  // Two executors, one per uid, listed with their uids.
+  // Two executors (one per client process, the default grouping), each
+  // running as its client's uid.
   auto status = d.client().Status();
   REQUIRE(status.ok());
-  CHECK(status->isolation() == "uid");
+  CHECK(status->isolation() == "client");
   CHECK(status->executor_note().empty());
 }
 
