@@ -1,6 +1,7 @@
 #include "common/wire.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -40,6 +41,22 @@ bool TakeFds(msghdr* msg, std::vector<int>* fds) {
   return ok;
 }
 
+// Waits until `sock` is readable (or the peer closed it) or `*deadline`
+// passes (no deadline: returns at once). kOk, kTimedOut or an errno.
+int WaitReadable(int sock, const Clock::time_point* deadline) {
+  if (deadline == nullptr) return kOk;
+  for (;;) {
+    auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(*deadline - Clock::now());
+    if (left.count() <= 0) return kTimedOut;
+    pollfd p{sock, POLLIN, 0};
+    int ready = ::poll(
+        &p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1 << 30)));
+    if (ready > 0) return kOk;
+    if (ready < 0 && errno != EINTR) return errno;
+  }
+}
+
 // Grows `payload` to `size` bytes; false when the budget is spent.
 using Grow = bool (*)(void* ctx, std::string* payload, size_t size);
 
@@ -56,7 +73,7 @@ bool BudgetGrow(void* ctx, std::string*, size_t size) {
 // actually arrive (doubling from kFirstChunk) rather than allocating `len`
 // up front: a peer that only announces a large frame costs nothing.
 int ReadPayload(int sock, size_t len, std::string* payload, Grow grow,
-                void* ctx) {
+                void* ctx, const Clock::time_point* deadline) {
   // A buffer left large by an earlier big frame is given back.
   if (payload->capacity() > kKeepCapacity && len < payload->capacity() / 4) {
     std::string().swap(*payload);
@@ -68,6 +85,10 @@ int ReadPayload(int sock, size_t len, std::string* payload, Grow grow,
       size_t target = std::max(kFirstChunk, 2 * done);
       if (payload->capacity() > target) target = payload->capacity();
       if (!grow(ctx, payload, std::min(len, target))) return kOverBudget;
+    }
+    if (int w = WaitReadable(sock, deadline); w != kOk) {
+      payload->resize(done);
+      return w;
     }
     ssize_t n = ::recv(sock, &(*payload)[done], payload->size() - done, 0);
     if (n < 0) {
@@ -167,6 +188,8 @@ std::string ResultText(int result) {
       return "connection closed in the middle of a message";
     case kOverBudget:
       return "the receive buffers of this process's sessions are full";
+    case kTimedOut:
+      return "the message did not arrive in time";
     default:
       return strerror(result);
   }
@@ -228,13 +251,18 @@ int SendFrame(int sock, const void* payload, size_t size, const int* fds,
 namespace {
 
 int RecvFrameImpl(int sock, uint32_t max_bytes, std::string* payload,
-                  std::vector<int>* fds, Grow grow, void* ctx) {
+                  std::vector<int>* fds, Grow grow, void* ctx,
+                  const Clock::time_point* deadline) {
   size_t first_fd = fds->size();
   unsigned char header[kHeaderBytes];
   size_t got = 0;
   bool fds_ok = true;
   // Read the header with recvmsg so the frame's descriptors are collected.
   while (got < kHeaderBytes) {
+    if (int w = WaitReadable(sock, deadline); w != kOk) {
+      CloseAll(fds, first_fd);
+      return w;
+    }
     iovec iov{header + got, kHeaderBytes - got};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerFrame)];
     msghdr msg{};
@@ -268,7 +296,7 @@ int RecvFrameImpl(int sock, uint32_t max_bytes, std::string* payload,
     CloseAll(fds, first_fd);
     return kTooLarge;
   }
-  int rc = ReadPayload(sock, len, payload, grow, ctx);
+  int rc = ReadPayload(sock, len, payload, grow, ctx, deadline);
   if (rc != kOk) CloseAll(fds, first_fd);
   return rc;
 }
@@ -277,13 +305,20 @@ int RecvFrameImpl(int sock, uint32_t max_bytes, std::string* payload,
 
 int RecvFrame(int sock, uint32_t max_bytes, std::string* payload,
               std::vector<int>* fds) {
-  return RecvFrameImpl(sock, max_bytes, payload, fds, &PlainGrow, nullptr);
+  return RecvFrameImpl(sock, max_bytes, payload, fds, &PlainGrow, nullptr,
+                       nullptr);
 }
 
 int RecvFrame(int sock, uint32_t max_bytes, RecvBuffer* buffer,
               std::vector<int>* fds) {
   return RecvFrameImpl(sock, max_bytes, &buffer->payload(), fds, &BudgetGrow,
-                       buffer);
+                       buffer, nullptr);
+}
+
+int RecvFrame(int sock, uint32_t max_bytes, RecvBuffer* buffer,
+              std::vector<int>* fds, Clock::time_point deadline) {
+  return RecvFrameImpl(sock, max_bytes, &buffer->payload(), fds, &BudgetGrow,
+                       buffer, &deadline);
 }
 
 void SpinUntilReadable(int sock, int64_t spin_us) {

@@ -6,6 +6,7 @@
 #define KREGD_COMMON_WIRE_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -25,7 +26,10 @@ enum : int {
   kTooManyFds = -3,
   kTruncated = -4,   // the peer closed the connection inside a frame
   kOverBudget = -5,  // the receive buffers' shared budget is spent
+  kTimedOut = -6,    // the deadline passed before the whole frame arrived
 };
+
+using Clock = std::chrono::steady_clock;
 
 // The bytes that the receive buffers of many connections (all sessions of a
 // process) may hold at once. Thread-safe.
@@ -125,6 +129,11 @@ int RecvFrame(int sock, uint32_t max_bytes, std::string* payload,
 // kOverBudget when the budget cannot cover the next step.
 int RecvFrame(int sock, uint32_t max_bytes, RecvBuffer* buffer,
               std::vector<int>* fds);
+// The same, but every byte of the frame (header, descriptors, payload) must
+// arrive by `deadline`: the socket is polled before each read, so a peer
+// that sends part of a frame and stalls gets kTimedOut at the deadline.
+int RecvFrame(int sock, uint32_t max_bytes, RecvBuffer* buffer,
+              std::vector<int>* fds, Clock::time_point deadline);
 
 // Busy-polls `sock` for up to `spin_us` microseconds until a byte is readable
 // (or the peer closed), so that a fast reply skips the blocking wake-up.

@@ -174,6 +174,11 @@ std::string Daemon::RenderMetrics() {
     w.Family("kregd_executor_crashes_total", "counter",
              "executor deaths during a call (per target and caller uid)");
     w.Sample("kregd_executor_crashes_total", {}, c.executor_crashes);
+    w.Family("kregd_broker_messages_refused_total", "counter",
+             "executor messages to kregd refused unread (over the size "
+             "limit); each ended its session");
+    w.Sample("kregd_broker_messages_refused_total", {},
+             c.broker_messages_refused);
     w.Family("kregd_launches_total", "counter",
              "launches received by the executors (all targets, including "
              "ones refused before a handler ran)");

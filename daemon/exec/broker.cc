@@ -11,26 +11,19 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/wire.h"
+#include "daemon/exec/broker_limits.h"
+#include "daemon/log_limit.h"
 #include "daemon/module_store.h"
 #include "daemon/registrar.h"
 #include "daemon/registry.h"
 #include "daemon/runnable.h"
+#include "daemon/session/module_upload.h"
 #include "daemon/validate.h"
 #include "kreg/v1/registry.pb.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
 namespace {
-
-// Broker messages are small; this bounds a misbehaving executor. A
-// registration upload travels through here (session Register, also the
-// bytes of an fd upload, which may be up to max_module_bytes), so it allows
-// that plus framing.
-uint32_t MaxBrokerBytes(uint64_t max_module_bytes) {
-  return static_cast<uint32_t>(std::min<uint64_t>(
-      std::max<uint64_t>(max_module_bytes, 64ull << 20) + (1u << 20),
-      UINT32_MAX));
-}
 
 void SetStatus(const absl::Status& s, v1::SessionStatus* out) {
   out->set_code(static_cast<int>(s.code()));
@@ -58,9 +51,9 @@ void FillTargetInfo(const TargetEntry& e, v1::TargetInfo* t) {
   t->set_not_runnable(NotRunnableReason(e, CudaLaunchStatus()));
 }
 
-absl::StatusOr<v1::RegisterReply> RegisterForSession(
-    Registrar* registrar, const v1::RegisterRequest& req,
-    const PeerCred& peer) {
+absl::StatusOr<v1::RegisterReply> RegisterForSession(Registrar* registrar,
+                                                     v1::RegisterRequest req,
+                                                     const PeerCred& peer) {
   RegistrationRequest request;
   request.target_name = req.target_name();
   request.func_name = req.func_name();
@@ -75,7 +68,7 @@ absl::StatusOr<v1::RegisterReply> RegisterForSession(
   } else if (req.module_case() == v1::RegisterRequest::kUpload) {
     request.source = RegistrationRequest::Source::kUpload;
     request.upload_size = req.upload().size();
-    request.upload = req.upload();
+    request.upload = std::move(*req.mutable_upload());
   } else if (!req.in_process()) {  // in-process targets carry no module
     return absl::InvalidArgumentError(
         "RegisterRequest carries neither a module path nor an upload");
@@ -87,6 +80,39 @@ absl::StatusOr<v1::RegisterReply> RegisterForSession(
   reply.set_created(out->created);
   FillTargetInfo(*out->entry, reply.mutable_target());
   return reply;
+}
+
+absl::StatusOr<v1::RegisterRequest> TakeRelayedModule(
+    Registrar* registrar, const v1::RegisterRequest& req,
+    std::vector<UniqueFd> fds, const PeerCred& peer,
+    uint64_t max_module_bytes) {
+  const bool by_fd = req.module_case() == v1::RegisterRequest::kUploadFdSize;
+  if (req.module_case() == v1::RegisterRequest::kUpload) {
+    return absl::InvalidArgumentError(
+        "the executor relayed module bytes inline; executors relay an upload "
+        "as a sealed memfd (upload_fd_size)");
+  }
+  if (fds.size() != (by_fd ? 1u : 0u)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the executor relayed a registration with ", fds.size(),
+        " file descriptor(s); ",
+        by_fd ? "an upload needs exactly one (the module's sealed memfd)"
+              : "only an upload may carry one"));
+  }
+  if (!by_fd) return req;
+  // The executor's own precheck is not to be trusted: the same checks
+  // again, before a byte of the memfd is read.
+  if (absl::Status s = registrar->PrecheckUpload(
+          req.target_name(), req.platform(), req.upload_fd_size(), peer);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::string> bytes =
+      ReadSealedModule(fds[0].get(), req.upload_fd_size(), max_module_bytes);
+  if (!bytes.ok()) return bytes.status();
+  v1::RegisterRequest out = req;  // no module bytes: small
+  out.set_upload(*std::move(bytes));
+  return out;
 }
 
 v1::ListReply ListForSession(Registry* registry) {
@@ -127,11 +153,20 @@ void SessionBroker::Run() {
   std::string payload;
   std::string out;
   bool closed = false;
+  bool refused = false;
   for (;;) {
     std::vector<int> raw;
-    int rc = wire::RecvFrame(broker_fd_, MaxBrokerBytes(ctx_.max_module_bytes),
-                             &payload, &raw);
-    for (int fd : raw) ::close(fd);  // executors attach nothing here
+    // Never more than kMaxBrokerRequestBytes: the length is checked before
+    // a byte of the payload is buffered.
+    int rc =
+        wire::RecvFrame(broker_fd_, kMaxBrokerRequestBytes, &payload, &raw);
+    std::vector<UniqueFd> fds;
+    for (int fd : raw) fds.emplace_back(fd);
+    if (rc == wire::kTooLarge || rc == wire::kTooManyFds) {
+      RefuseExecutorMessage(rc);
+      refused = true;
+      break;
+    }
     if (rc != wire::kOk) break;
     v1::BrokerRequest req;
     if (!req.ParseFromString(payload)) {
@@ -143,14 +178,14 @@ void SessionBroker::Run() {
       break;
     }
     UniqueFd fd;
-    v1::BrokerReply reply = Handle(req, &fd);
+    v1::BrokerReply reply = Handle(req, std::move(fds), &fd);
     reply.SerializeToString(&out);
-    int fds[1] = {fd.get()};
-    rc = wire::SendFrame(broker_fd_, out.data(), out.size(), fds,
+    int reply_fds[1] = {fd.get()};
+    rc = wire::SendFrame(broker_fd_, out.data(), out.size(), reply_fds,
                          fd.ok() ? 1 : 0);
     if (rc != wire::kOk) break;
   }
-  if (!closed) {
+  if (!closed && !refused) {
     std::string crash = ctx_.pool->AwaitCrash(&binding_);
     if (!crash.empty()) {
       RefuseClient(absl::InternalError(crash));
@@ -163,14 +198,39 @@ void SessionBroker::Run() {
   broker_fd_ = -1;
 }
 
+void SessionBroker::RefuseExecutorMessage(int result) {
+  const pid_t exec_pid = ctx_.pool->CountRefusedBrokerMessage(binding_);
+  std::string more;
+  if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
+    spdlog::warn(
+        "session {} (pid {} uid {}): executor pid {} sent kregd a broker "
+        "message it does not read ({}; at most {} bytes); ending the "
+        "session{}",
+        id_, peer_.pid, peer_.uid, exec_pid, wire::ResultText(result),
+        kMaxBrokerRequestBytes, more);
+  }
+  RefuseClient(absl::ResourceExhaustedError(absl::StrCat(
+      "kregd closed this session: its executor (pid ", exec_pid,
+      ") sent kregd a message over the limit for executor messages (",
+      kMaxBrokerRequestBytes, " bytes, at most ", wire::kMaxFdsPerFrame,
+      " fds); a kernel running in that executor may be writing into its "
+      "sockets")));
+}
+
 v1::BrokerReply SessionBroker::Handle(const v1::BrokerRequest& req,
+                                      std::vector<UniqueFd> fds,
                                       UniqueFd* fd_out) {
   v1::BrokerReply reply;
   absl::Status status;
   switch (req.body_case()) {
     case v1::BrokerRequest::kRegisterTarget: {
+      absl::StatusOr<v1::RegisterRequest> relayed =
+          TakeRelayedModule(ctx_.registrar, req.register_target(),
+                            std::move(fds), peer_, ctx_.max_module_bytes);
       absl::StatusOr<v1::RegisterReply> r =
-          RegisterForSession(ctx_.registrar, req.register_target(), peer_);
+          relayed.ok()
+              ? RegisterForSession(ctx_.registrar, *std::move(relayed), peer_)
+              : absl::StatusOr<v1::RegisterReply>(relayed.status());
       if (r.ok() && ctx_.bindings != nullptr) {
         absl::StatusOr<Platform> p = ParsePlatform(r->target().platform());
         if (p.ok()) {

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/unique_fd.h"
@@ -44,8 +45,19 @@ struct BrokerContext {
 
 // Session-protocol translations of the registry, shared with tests.
 void FillTargetInfo(const TargetEntry& e, v1::TargetInfo* t);
-absl::StatusOr<v1::RegisterReply> RegisterForSession(
-    Registrar* registrar, const v1::RegisterRequest& req, const PeerCred& peer);
+absl::StatusOr<v1::RegisterReply> RegisterForSession(Registrar* registrar,
+                                                     v1::RegisterRequest req,
+                                                     const PeerCred& peer);
+
+// kregd's intake of a registration relayed by an executor with `fds`
+// attached to its frame: an upload (upload_fd_size) must come as exactly
+// one memfd sealed with kModuleSeals of exactly that size, is prechecked
+// (Registrar::PrecheckUpload, for `peer`) before a byte is read and comes
+// back as `upload`; inline module bytes and descriptors on any other
+// registration are refused (INVALID_ARGUMENT). Shared with the fuzzer.
+absl::StatusOr<v1::RegisterRequest> TakeRelayedModule(
+    Registrar* registrar, const v1::RegisterRequest& req,
+    std::vector<UniqueFd> fds, const PeerCred& peer, uint64_t max_module_bytes);
 v1::ListReply ListForSession(Registry* registry);
 
 // One accepted client connection. Run() on one thread, Shutdown() from any.
@@ -61,7 +73,12 @@ class SessionBroker final : public ServedSession {
   const PeerCred& peer() const override { return peer_; }
 
  private:
-  v1::BrokerReply Handle(const v1::BrokerRequest& request, UniqueFd* fd_out);
+  v1::BrokerReply Handle(const v1::BrokerRequest& request,
+                         std::vector<UniqueFd> fds, UniqueFd* fd_out);
+  // The executor sent a frame kregd does not read (over
+  // kMaxBrokerRequestBytes, or too many descriptors): logs and counts it and
+  // ends the session with RESOURCE_EXHAUSTED to the client.
+  void RefuseExecutorMessage(int result);
   absl::StatusOr<v1::ResolveReply> Resolve(const v1::ResolveRequest& r,
                                            UniqueFd* fd_out);
   // Resolve for the client's own process (ResolveRequest.local), once the

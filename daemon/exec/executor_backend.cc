@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/wire.h"
 #include "daemon/cuda/cuda_devices.h"
+#include "daemon/exec/broker_limits.h"
 #include "daemon/ffi/ffi_host.h"
 #include "daemon/validate.h"
 #include "spdlog/spdlog.h"
@@ -51,10 +52,18 @@ ExecutorBackend::~ExecutorBackend() {
 }
 
 absl::StatusOr<v1::BrokerReply> ExecutorBackend::Call(
-    const v1::BrokerRequest& request, UniqueFd* fd_out) {
+    const v1::BrokerRequest& request, UniqueFd* fd_out, int fd_in) {
   std::string buf;
   request.SerializeToString(&buf);
-  int rc = wire::SendFrame(broker_.get(), buf.data(), buf.size(), nullptr, 0);
+  if (buf.size() > kMaxBrokerRequestBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the request relayed to kregd would be ", buf.size(),
+        " bytes, more than the ", kMaxBrokerRequestBytes,
+        " bytes an executor may send it; shorten the names, path or file "
+        "name it carries"));
+  }
+  int rc = wire::SendFrame(broker_.get(), buf.data(), buf.size(), &fd_in,
+                           fd_in >= 0 ? 1 : 0);
   std::vector<int> fds;
   if (rc == wire::kOk) {
     rc = wire::RecvFrame(broker_.get(), kMaxReplyBytes, &buf, &fds);
@@ -78,10 +87,10 @@ absl::StatusOr<v1::BrokerReply> ExecutorBackend::Call(
 }
 
 absl::StatusOr<v1::RegisterReply> ExecutorBackend::Register(
-    const v1::RegisterRequest& request, const PeerCred&) {
+    const v1::RegisterRequest& request, UniqueFd module, const PeerCred&) {
   v1::BrokerRequest req;
-  *req.mutable_register_target() = request;
-  absl::StatusOr<v1::BrokerReply> r = Call(req, nullptr);
+  *req.mutable_register_target() = request;  // no inline module bytes
+  absl::StatusOr<v1::BrokerReply> r = Call(req, nullptr, module.get());
   if (!r.ok()) return r.status();
   if (absl::Status s = StatusOf(r->status()); !s.ok()) return s;
   return r->register_target();

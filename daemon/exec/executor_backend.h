@@ -37,7 +37,10 @@ class ExecutorBackend final : public SessionBackend {
   ExecutorBackend(UniqueFd broker, uint32_t slot, const ExecutorShared& shared);
   ~ExecutorBackend() override;  // tells kregd the session ended
 
+  // Relays `request` to kregd with `module` (the sealed memfd of an upload)
+  // attached to the broker frame.
   absl::StatusOr<v1::RegisterReply> Register(const v1::RegisterRequest& request,
+                                             UniqueFd module,
                                              const PeerCred& peer) override;
   // Asks kregd (BrokerRequest.precheck_upload); the session's peer is the
   // one kregd attributes the broker socket to.
@@ -61,9 +64,11 @@ class ExecutorBackend final : public SessionBackend {
   bool ShouldStop() override;
 
  private:
-  // One request/reply with kregd. UNAVAILABLE when kregd is gone.
+  // One request/reply with kregd, `fd_in` (when >= 0) attached.
+  // UNAVAILABLE when kregd is gone; INVALID_ARGUMENT (nothing sent) when the
+  // request exceeds kMaxBrokerRequestBytes.
   absl::StatusOr<v1::BrokerReply> Call(const v1::BrokerRequest& request,
-                                       UniqueFd* fd_out);
+                                       UniqueFd* fd_out, int fd_in = -1);
 
   UniqueFd broker_;
   ExecSlot* const slot_;

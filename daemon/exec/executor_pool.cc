@@ -323,6 +323,12 @@ std::string ExecutorPool::AwaitCrash(Binding* b) {
   return it == g->crash_text.end() ? std::string() : it->second;
 }
 
+pid_t ExecutorPool::CountRefusedBrokerMessage(const Binding& b) {
+  absl::MutexLock lock(&mu_);
+  ++broker_messages_refused_;
+  return b.group == nullptr ? 0 : b.group->exec->pid();
+}
+
 void ExecutorPool::Wait(std::shared_ptr<Group> g) {
   int ws = g->exec->Reap();
   const StatusPage& page = g->exec->page();
@@ -495,6 +501,7 @@ std::vector<ExecutorInfo> ExecutorPool::List() const {
 PoolCounters ExecutorPool::counters() const {
   absl::MutexLock lock(&mu_);
   PoolCounters c = dead_counters_;
+  c.broker_messages_refused = broker_messages_refused_;
   for (const std::shared_ptr<Group>& g : unreaped_) {
     // Untrusted counts: saturate rather than wrap.
     const SessionCounters& n = g->exec->page().header()->counters;

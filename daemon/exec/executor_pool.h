@@ -89,6 +89,9 @@ struct PoolCounters {
   uint64_t launch_errors = 0;
   uint64_t executors_started = 0;
   uint64_t executor_crashes = 0;
+  // Broker frames kregd refused to read (over the size limit); each ended
+  // its session.
+  uint64_t broker_messages_refused = 0;
 };
 
 class ExecutorPool {
@@ -124,6 +127,9 @@ class ExecutorPool {
   // returns the error for this session's call in flight, or "" when none
   // was in flight.
   std::string AwaitCrash(Binding* binding);
+  // The executor of `binding` sent a broker frame kregd refused: counts it
+  // (PoolCounters::broker_messages_refused). Returns that executor's pid.
+  pid_t CountRefusedBrokerMessage(const Binding& binding);
 
   std::vector<ExecutorInfo> List() const;
   PoolCounters counters() const;
@@ -162,6 +168,7 @@ class ExecutorPool {
   };
   std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   PoolCounters dead_counters_ ABSL_GUARDED_BY(mu_);
+  uint64_t broker_messages_refused_ ABSL_GUARDED_BY(mu_) = 0;
   // Started and not yet reaped (groups_ drops an idle executor when it asks
   // it to stop; its counters count until it is reaped).
   std::set<std::shared_ptr<Group>> unreaped_ ABSL_GUARDED_BY(mu_);

@@ -1,15 +1,26 @@
 // Module uploads over a session as a file descriptor (a memfd) instead of
 // message bytes, so a module of any size up to max_module_bytes registers
-// through the session like through the gRPC stream (issue 11, item 5).
+// through the session like through the gRPC stream (issue 11, item 5); and
+// how an executor relays a session's upload to kregd: always as a sealed
+// memfd, never inline, so that executor -> kregd messages stay small
+// (issue 19).
 #ifndef KREGD_DAEMON_SESSION_MODULE_UPLOAD_H_
 #define KREGD_DAEMON_SESSION_MODULE_UPLOAD_H_
 
+#include <fcntl.h>
+
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
+#include "common/unique_fd.h"
 
 namespace kreg {
+
+// The seals a relayed module's memfd must carry: its bytes and size are
+// fixed for good once kregd has checked them.
+constexpr int kModuleSeals = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW;
 
 // Reads the first `size` bytes of `fd` (from offset 0, with pread, so the
 // sender's file offset does not matter). INVALID_ARGUMENT when `size` is 0
@@ -17,6 +28,24 @@ namespace kreg {
 // in the message) or when the fd holds fewer than `size` bytes.
 absl::StatusOr<std::string> ReadModuleFd(int fd, uint64_t size,
                                          uint64_t max_module_bytes);
+
+// A memfd holding exactly `bytes`, sealed with kModuleSeals (and
+// F_SEAL_SEAL). INTERNAL when the memfd cannot be made.
+absl::StatusOr<UniqueFd> SealedModuleMemfd(std::string_view bytes);
+
+// The first `size` bytes of `fd` as a memfd sealed with kModuleSeals: `fd`
+// itself when it already is one of exactly `size` bytes, else a copy made
+// in bounded chunks (never the whole module in memory). The errors of
+// ReadModuleFd; INTERNAL when the memfd cannot be made.
+absl::StatusOr<UniqueFd> SealedModuleCopy(UniqueFd fd, uint64_t size,
+                                          uint64_t max_module_bytes);
+
+// kregd's side of a relayed upload: the bytes of `fd`, which must be a memfd
+// sealed with (at least) kModuleSeals whose size (fstat) is exactly `size`,
+// with 0 < size <= max_module_bytes. INVALID_ARGUMENT naming what is wrong
+// otherwise, before a byte is read.
+absl::StatusOr<std::string> ReadSealedModule(int fd, uint64_t size,
+                                             uint64_t max_module_bytes);
 
 }  // namespace kreg
 

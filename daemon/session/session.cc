@@ -1,7 +1,6 @@
 #include "daemon/session/session.h"
 
 #include <errno.h>
-#include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
 
@@ -88,31 +87,32 @@ void Session::Run() {
   constexpr size_t kKeepBytes = 1 << 20;
   wire::RecvBuffer buffer(limits_.receive_budget);
   std::string out;
-  const auto started = std::chrono::steady_clock::now();
+  // Until Hello, every byte of every frame must arrive within
+  // hello_timeout_ms of connecting: half a frame cannot hold the connection.
+  const wire::Clock::time_point hello_deadline =
+      wire::Clock::now() + std::chrono::milliseconds(limits_.hello_timeout_ms);
   for (;;) {
-    if (!hello_done_ && limits_.hello_timeout_ms > 0) {
-      int64_t left = limits_.hello_timeout_ms -
-                     std::chrono::duration_cast<std::chrono::milliseconds>(
-                         std::chrono::steady_clock::now() - started)
-                         .count();
-      pollfd p{sock_.get(), POLLIN, 0};
-      int ready = left > 0 ? ::poll(&p, 1, static_cast<int>(left)) : 0;
-      if (ready < 0 && errno == EINTR) continue;
-      if (ready == 0) {
+    const bool before_hello = !hello_done_ && limits_.hello_timeout_ms > 0;
+    if (!before_hello) wire::SpinUntilReadable(sock_.get(), limits_.spin_us);
+    std::vector<int> raw_fds;
+    int rc = before_hello
+                 ? wire::RecvFrame(sock_.get(), max_bytes, &buffer, &raw_fds,
+                                   hello_deadline)
+                 : wire::RecvFrame(sock_.get(), max_bytes, &buffer, &raw_fds);
+    if (rc == wire::kTimedOut) {
+      std::string more;
+      if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
         spdlog::info(
             "session {} (pid {} uid {}): no Hello within {} ms; "
-            "closing",
-            id_, peer_.pid, peer_.uid, limits_.hello_timeout_ms);
-        SendConnectionError(
-            sock_.get(), absl::DeadlineExceededError(absl::StrCat(
-                             "kregd closed this session: no Hello within ",
-                             limits_.hello_timeout_ms, " ms of connecting")));
-        break;
+            "closing{}",
+            id_, peer_.pid, peer_.uid, limits_.hello_timeout_ms, more);
       }
+      SendConnectionError(sock_.get(),
+                          absl::DeadlineExceededError(absl::StrCat(
+                              "kregd closed this session: no Hello within ",
+                              limits_.hello_timeout_ms, " ms of connecting")));
+      break;
     }
-    wire::SpinUntilReadable(sock_.get(), limits_.spin_us);
-    std::vector<int> raw_fds;
-    int rc = wire::RecvFrame(sock_.get(), max_bytes, &buffer, &raw_fds);
     if (rc == wire::kEof) break;
     if (rc != wire::kOk) {
       std::string more;
@@ -211,13 +211,15 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
     switch (request.body_case()) {
       case v1::SessionRequest::kRegisterTarget: {
         wire::BudgetHold upload_hold(limits_.receive_budget);
+        UniqueFd module;
         absl::StatusOr<v1::RegisterRequest> reg = WithUploadedModule(
-            request.register_target(), std::move(fds), &upload_hold);
+            request.register_target(), std::move(fds), &upload_hold, &module);
         if (!reg.ok()) {
           status = reg.status();
           break;
         }
-        absl::StatusOr<v1::RegisterReply> r = backend_->Register(*reg, peer_);
+        absl::StatusOr<v1::RegisterReply> r =
+            backend_->Register(*reg, std::move(module), peer_);
         if (r.ok()) {
           *resp.mutable_register_target() = *std::move(r);
         } else {
@@ -281,7 +283,7 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
 
 absl::StatusOr<v1::RegisterRequest> Session::WithUploadedModule(
     const v1::RegisterRequest& req, std::vector<UniqueFd> fds,
-    wire::BudgetHold* hold) const {
+    wire::BudgetHold* hold, UniqueFd* module) const {
   const bool by_fd = req.module_case() == v1::RegisterRequest::kUploadFdSize;
   if (fds.size() != (by_fd ? 1u : 0u)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -289,7 +291,6 @@ absl::StatusOr<v1::RegisterRequest> Session::WithUploadedModule(
         by_fd ? "upload_fd_size needs exactly one (the module's memfd)"
               : "only an upload_fd_size registration may carry one"));
   }
-  v1::RegisterRequest out = req;
   if (by_fd) {
     // kregd's size, name and quota checks first: an upload it would refuse
     // is never read.
@@ -308,17 +309,24 @@ absl::StatusOr<v1::RegisterRequest> Session::WithUploadedModule(
           " in use); retry once other uploads are done or ask the operator "
           "to raise max_buffered_bytes"));
     }
-    absl::StatusOr<std::string> bytes = ReadModuleFd(
-        fds[0].get(), req.upload_fd_size(), limits_.max_module_bytes);
-    if (!bytes.ok()) return bytes.status();
-    out.set_upload(*std::move(bytes));
-  } else if (req.module_case() == v1::RegisterRequest::kUpload &&
-             req.upload().size() > limits_.max_module_bytes) {
+    absl::StatusOr<UniqueFd> sealed = SealedModuleCopy(
+        std::move(fds[0]), req.upload_fd_size(), limits_.max_module_bytes);
+    if (!sealed.ok()) return sealed.status();
+    *module = *std::move(sealed);
+    return req;
+  }
+  if (req.module_case() != v1::RegisterRequest::kUpload) return req;
+  if (req.upload().size() > limits_.max_module_bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("uploaded module of ", req.upload().size(),
                      " bytes exceeds the limit of ", limits_.max_module_bytes,
                      " bytes (max_module_bytes)"));
   }
+  absl::StatusOr<UniqueFd> sealed = SealedModuleMemfd(req.upload());
+  if (!sealed.ok()) return sealed.status();
+  *module = *std::move(sealed);
+  v1::RegisterRequest out = req;                // bounded by max_message_bytes
+  out.set_upload_fd_size(req.upload().size());  // drops the inline bytes
   return out;
 }
 

@@ -44,9 +44,13 @@ constexpr uint32_t kSessionProtocolMinor = 6;
 class SessionBackend {
  public:
   virtual ~SessionBackend() = default;
-  // Same rules and errors as the gRPC RegisterTarget.
+  // Same rules and errors as the gRPC RegisterTarget. An uploaded module
+  // (inline or by fd from the client) arrives as `module`, a memfd sealed
+  // with kModuleSeals holding exactly request.upload_fd_size() bytes; the
+  // request then carries no inline bytes. Otherwise `module` is empty.
   virtual absl::StatusOr<v1::RegisterReply> Register(
-      const v1::RegisterRequest& request, const PeerCred& peer) = 0;
+      const v1::RegisterRequest& request, UniqueFd module,
+      const PeerCred& peer) = 0;
   // Before a byte of an fd upload (RegisterRequest.upload_fd_size) of
   // `size` bytes is read: kregd's checks of the gRPC path's upload header
   // (name, platform, max_module_bytes, the peer's quotas), with the same
@@ -174,16 +178,19 @@ class Session final : public ServedSession {
   const PeerCred& peer() const override { return peer_; }
 
  private:
-  // `req` with an fd upload (upload_fd_size) read into `upload` once the
-  // backend's PrecheckUpload accepted the announced size (its error
-  // otherwise, nothing read), checked against max_module_bytes;
-  // INVALID_ARGUMENT for a wrong fd count or size. The bytes read are taken
-  // from the receive budget (max_buffered_bytes) into `*hold` before they
-  // are read (RESOURCE_EXHAUSTED, nothing read, when it cannot cover them);
-  // the caller keeps `*hold` until the registration is done.
+  // `req` with its uploaded module (inline `upload`, or the client's fd
+  // with upload_fd_size) moved into `*module`, a memfd sealed with
+  // kModuleSeals, and the request's module set to upload_fd_size (the
+  // backend relays it to kregd as that memfd, never inline). An fd upload
+  // is first passed to the backend's PrecheckUpload (its error otherwise,
+  // nothing read); both are checked against max_module_bytes;
+  // INVALID_ARGUMENT for a wrong fd count or size. The bytes of an fd upload
+  // are taken from the receive budget (max_buffered_bytes) into `*hold`
+  // before they are copied (RESOURCE_EXHAUSTED, nothing read, when it cannot
+  // cover them); the caller keeps `*hold` until the registration is done.
   absl::StatusOr<v1::RegisterRequest> WithUploadedModule(
       const v1::RegisterRequest& req, std::vector<UniqueFd> fds,
-      wire::BudgetHold* hold) const;
+      wire::BudgetHold* hold, UniqueFd* module) const;
   absl::Status DoHello(const v1::Hello& hello, v1::HelloReply* reply);
   absl::Status DoArenaGrow(const v1::ArenaGrow& grow, std::vector<UniqueFd> fds,
                            v1::ArenaGrowReply* r);

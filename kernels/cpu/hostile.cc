@@ -3,18 +3,23 @@
 // hurt its own call). Not kernels to copy. Each takes one input of any type
 // (ignored) and writes int64 results into an output of at least 4
 // elements.
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/ptrace.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string_view>
+#include <vector>
 
 #include "kernels/cpu/export.h"
 #include "xla/ffi/api/ffi.h"
@@ -187,6 +192,76 @@ ffi::Error ScribbleStatusImpl(ffi::AnyBuffer, Out y) {
   return ffi::Error::Success();
 }
 
+// Sends `n` bytes of `chunk` (repeated) into `fd` without blocking for
+// good: gives up when the socket takes nothing for a second. Returns the
+// bytes sent; `*failed` is set when sending failed (the peer closed the
+// socket, or the executor closed it under us as its session ended).
+int64_t Flood(int fd, const std::vector<char>& chunk, int64_t n, bool* failed) {
+  int64_t sent = 0;
+  while (sent < n) {
+    size_t want = static_cast<size_t>(
+        std::min<int64_t>(n - sent, static_cast<int64_t>(chunk.size())));
+    ssize_t w = ::send(fd, chunk.data(), want, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (w > 0) {
+      sent += w;
+      continue;
+    }
+    if (w < 0 && (errno == EAGAIN || errno == EINTR)) {
+      pollfd p{fd, POLLOUT, 0};
+      if (::poll(&p, 1, 1000) <= 0) break;  // stalled: nobody reads it
+      continue;
+    }
+    *failed = true;
+    break;
+  }
+  return sent;
+}
+
+// Writes into every Unix socket this executor holds to its parent (kregd:
+// the broker socket of each session and the control socket) a frame header
+// announcing `announce` bytes, then `send` bytes of payload. kregd must
+// refuse such frames without buffering them. y = [sockets found, bytes
+// sent, sockets that stopped taking bytes with an error, 1 once done].
+ffi::Error FloodBrokersImpl(ffi::AnyBuffer, Out y, int64_t announce,
+                            int64_t send) {
+  if (ffi::Error e = NeedFour(y); e.failure()) return e;
+  int64_t* out = y->typed_data();
+  out[0] = out[1] = out[2] = out[3] = 0;
+  const pid_t parent = ::getppid();
+  std::vector<char> chunk(1 << 20, 'k');
+  unsigned char header[4];
+  for (int i = 0; i < 4; ++i) {
+    header[i] = static_cast<unsigned char>((announce >> (8 * i)) & 0xff);
+  }
+  std::vector<int> fds;
+  if (DIR* dir = ::opendir("/proc/self/fd")) {
+    while (dirent* e = ::readdir(dir)) {
+      if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+      fds.push_back(std::atoi(e->d_name));
+    }
+    ::closedir(dir);
+  }
+  for (int fd : fds) {
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
+        cred.pid != parent) {
+      continue;
+    }
+    ++out[0];
+    bool failed = false;
+    std::vector<char> head(header, header + 4);
+    if (Flood(fd, head, 4, &failed) == 4) {
+      out[1] += Flood(fd, chunk, send, &failed);
+    }
+    if (failed) ++out[2];
+  }
+  __atomic_store_n(&out[3], 1, __ATOMIC_RELEASE);
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace kreg::kernels
 
@@ -207,6 +282,7 @@ KREG_EXPORT_HANDLER(TryInet);
 KREG_EXPORT_HANDLER(TryOpen);
 KREG_EXPORT_HANDLER(TryPtrace);
 KREG_EXPORT_HANDLER(ScribbleStatus);
+KREG_EXPORT_HANDLER(FloodBrokers);
 
 #define KREG_HOSTILE(name)             \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(       \
@@ -238,3 +314,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TryPtrace, kreg::kernels::TryPtraceImpl,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::S64>>()
                                   .Attr<int64_t>("pid"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FloodBrokers, kreg::kernels::FloodBrokersImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::S64>>()
+                                  .Attr<int64_t>("announce")
+                                  .Attr<int64_t>("send"));

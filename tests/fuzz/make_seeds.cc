@@ -149,6 +149,26 @@ int main(int argc, char** argv) {
   b.mutable_list();
   Write("list", b.SerializeAsString());
 
+  // broker_frames: byte 0 picks the module fd (1: sealed memfd of the
+  // announced size), then the raw bytes of the broker socket.
+  dir = root + "/broker_frames";
+  auto broker_frame = [](const BrokerRequest& r) {
+    std::string p = r.SerializeAsString();
+    uint32_t n = static_cast<uint32_t>(p.size());
+    return std::string(reinterpret_cast<const char*>(&n), 4) + p;
+  };
+  b.Clear();
+  *b.mutable_register_target() = reg.register_target();
+  b.mutable_register_target()->set_upload_fd_size(
+      reg.register_target().upload().size());
+  BrokerRequest broker_list;
+  broker_list.mutable_list();
+  Write("register_memfd", "\x01" + broker_frame(broker_list) + broker_frame(b));
+  *b.mutable_register_target() = reg.register_target();
+  Write("register_inline", "\x00" + broker_frame(b));
+  // A frame announcing 400 MiB, then some of it.
+  Write("huge", std::string("\x00\x00\x00\x00\x19", 5) + std::string(100, 'k'));
+
   // Journal: byte 0 bit 0 asks the harness to fix the CRCs.
   dir = root + "/journal";
   JournalRecord t;

@@ -26,6 +26,7 @@ constexpr uint64_t kArenaBytes = 64 << 10;
 class FakeBackend : public SessionBackend {
  public:
   absl::StatusOr<v1::RegisterReply> Register(const v1::RegisterRequest& r,
+                                             UniqueFd,
                                              const PeerCred&) override {
     v1::RegisterReply reply;
     reply.mutable_target()->set_target_name(r.target_name());

@@ -27,6 +27,7 @@ using ::kreg::testing::FakeCuda;
 class Backend : public SessionBackend {
  public:
   absl::StatusOr<v1::RegisterReply> Register(const v1::RegisterRequest&,
+                                             UniqueFd,
                                              const PeerCred&) override {
     return absl::UnimplementedError("");
   }

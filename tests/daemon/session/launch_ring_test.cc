@@ -37,6 +37,7 @@ constexpr uint64_t kArenaBytes = 1 << 16;
 class Backend : public SessionBackend {
  public:
   absl::StatusOr<v1::RegisterReply> Register(const v1::RegisterRequest&,
+                                             UniqueFd,
                                              const PeerCred&) override {
     return absl::UnimplementedError("no");
   }

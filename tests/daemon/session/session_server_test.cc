@@ -21,6 +21,7 @@ namespace {
 class NullBackend : public SessionBackend {
  public:
   absl::StatusOr<v1::RegisterReply> Register(const v1::RegisterRequest&,
+                                             UniqueFd,
                                              const PeerCred&) override {
     return absl::UnimplementedError("no");
   }

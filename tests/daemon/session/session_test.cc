@@ -1,9 +1,11 @@
 #include "daemon/session/session.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <thread>
 
@@ -22,11 +24,22 @@ using ::kreg::testing::MakeMemfd;
 class FakeBackend : public SessionBackend {
  public:
   absl::StatusOr<v1::RegisterReply> Register(const v1::RegisterRequest& r,
+                                             UniqueFd module,
                                              const PeerCred& peer) override {
     if (r.target_name() == "refused") {
       return absl::FailedPreconditionError("target \"refused\" exists");
     }
     last_peer = peer;
+    last_request = r;
+    last_module_seals = module.ok() ? ::fcntl(module.get(), F_GET_SEALS) : -1;
+    last_module.clear();
+    if (module.ok()) {
+      last_module.resize(r.upload_fd_size());
+      if (::pread(module.get(), last_module.data(), last_module.size(), 0) !=
+          static_cast<ssize_t>(last_module.size())) {
+        last_module = "(short memfd)";
+      }
+    }
     v1::RegisterReply reply;
     reply.set_created(true);
     reply.mutable_target()->set_target_name(r.target_name());
@@ -76,6 +89,9 @@ class FakeBackend : public SessionBackend {
   int lookups = 0;
   int prechecks = 0;
   PeerCred last_peer;
+  v1::RegisterRequest last_request;
+  std::string last_module;  // the bytes of the memfd Register got
+  int last_module_seals = -1;
 };
 
 struct Fixture {
@@ -391,6 +407,49 @@ TEST_CASE("An fd upload the precheck accepts is read and registered",
   CHECK(resp.register_target().created());
 }
 
+constexpr int kSealed = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW;
+
+TEST_CASE("An inline upload reaches the backend as a sealed memfd",
+          "[session]") {
+  Fixture fx;
+  fx.Hello();
+  v1::SessionRequest r;
+  r.mutable_register_target()->set_target_name("inline");
+  r.mutable_register_target()->set_upload(
+      "\x7f"
+      "ELF bytes");
+  v1::SessionResponse resp = fx.Send(r);
+  REQUIRE(resp.status().code() == 0);
+  const v1::RegisterRequest& got = fx.backend.last_request;
+  CHECK(got.module_case() == v1::RegisterRequest::kUploadFdSize);
+  CHECK(got.upload_fd_size() == 10);
+  CHECK(got.upload().empty());
+  CHECK((fx.backend.last_module_seals & kSealed) == kSealed);
+  CHECK(fx.backend.last_module ==
+        "\x7f"
+        "ELF bytes");
+}
+
+TEST_CASE("An fd upload reaches the backend as a sealed memfd of its size",
+          "[session]") {
+  Fixture fx;
+  fx.Hello();
+  // The client's memfd is longer than the upload and not sealed against
+  // writing: the backend gets a sealed copy of the announced bytes.
+  UniqueFd fd(::memfd_create("m", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  REQUIRE(::write(fd.get(), "abcdefgh", 8) == 8);
+  v1::SessionRequest r;
+  r.mutable_register_target()->set_target_name("byfd");
+  r.mutable_register_target()->set_upload_fd_size(5);
+  std::vector<UniqueFd> fds;
+  fds.push_back(std::move(fd));
+  v1::SessionResponse resp = fx.Send(r, std::move(fds));
+  REQUIRE(resp.status().code() == 0);
+  CHECK(fx.backend.last_request.upload_fd_size() == 5);
+  CHECK((fx.backend.last_module_seals & kSealed) == kSealed);
+  CHECK(fx.backend.last_module == "abcde");
+}
+
 TEST_CASE("An fd upload is charged to max_buffered_bytes before it is read",
           "[session]") {
   FakeBackend backend;
@@ -501,6 +560,83 @@ TEST_CASE("Run refuses an oversized message and closes", "[session]") {
   std::string payload;
   std::vector<int> fds;
   CHECK(wire::RecvFrame(w.client.get(), 1 << 20, &payload, &fds) == wire::kEof);
+}
+
+TEST_CASE(
+    "Half a first frame is cut off at the Hello deadline with "
+    "DeadlineExceeded",
+    "[session]") {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+  UniqueFd client(sv[0]);
+  FakeBackend backend;
+  SessionCounters counters;
+  SessionLimits limits;
+  limits.hello_timeout_ms = 300;
+  Session session(1, UniqueFd(sv[1]), PeerCred{}, limits, &backend, &counters);
+  const auto start = std::chrono::steady_clock::now();
+  std::thread run([&] { session.Run(); });
+  // A length of 100 and 10 of its bytes, then nothing.
+  const char partial[14] = {100, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  REQUIRE(::send(client.get(), partial, sizeof(partial), MSG_NOSIGNAL) == 14);
+  std::string payload;
+  std::vector<int> fds;
+  REQUIRE(wire::RecvFrame(client.get(), 1 << 20, &payload, &fds) == wire::kOk);
+  v1::SessionResponse resp;
+  REQUIRE(resp.ParseFromString(payload));
+  CHECK(resp.id() == 0);
+  CHECK(resp.status().code() == int(absl::StatusCode::kDeadlineExceeded));
+  CHECK(resp.status().message() ==
+        "kregd closed this session: no Hello within 300 ms of connecting");
+  CHECK(wire::RecvFrame(client.get(), 1 << 20, &payload, &fds) == wire::kEof);
+  const auto took = std::chrono::steady_clock::now() - start;
+  CHECK(took >= std::chrono::milliseconds(250));
+  CHECK(took < std::chrono::seconds(3));
+  run.join();
+}
+
+TEST_CASE("A complete Hello before the deadline keeps the session open",
+          "[session]") {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+  UniqueFd client(sv[0]);
+  FakeBackend backend;
+  SessionCounters counters;
+  SessionLimits limits;
+  limits.hello_timeout_ms = 200;
+  Session session(1, UniqueFd(sv[1]), PeerCred{}, limits, &backend, &counters);
+  std::thread run([&] { session.Run(); });
+  v1::SessionRequest r;
+  r.set_id(5);
+  r.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
+  std::string out = r.SerializeAsString();
+  // Sent in two parts, the second well before the deadline.
+  uint32_t len = static_cast<uint32_t>(out.size());
+  REQUIRE(::send(client.get(), &len, 4, MSG_NOSIGNAL) == 4);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  REQUIRE(::send(client.get(), out.data(), out.size(), MSG_NOSIGNAL) ==
+          static_cast<ssize_t>(out.size()));
+  std::string payload;
+  std::vector<int> fds;
+  REQUIRE(wire::RecvFrame(client.get(), 1 << 20, &payload, &fds) == wire::kOk);
+  v1::SessionResponse resp;
+  REQUIRE(resp.ParseFromString(payload));
+  CHECK(resp.id() == 5);
+  CHECK(resp.has_hello());
+  // Well past the deadline, the session still answers.
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  v1::SessionRequest list;
+  list.set_id(6);
+  list.mutable_list();
+  out = list.SerializeAsString();
+  REQUIRE(wire::SendFrame(client.get(), out.data(), out.size(), nullptr, 0) ==
+          wire::kOk);
+  REQUIRE(wire::RecvFrame(client.get(), 1 << 20, &payload, &fds) == wire::kOk);
+  REQUIRE(resp.ParseFromString(payload));
+  CHECK(resp.id() == 6);
+  CHECK(resp.status().code() == 0);
+  session.Shutdown();
+  run.join();
 }
 
 TEST_CASE("PeerCredOf reports this process", "[session]") {

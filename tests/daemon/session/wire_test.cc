@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 #include <thread>
 #include <utility>
@@ -170,6 +171,47 @@ TEST_CASE("Announcing a huge frame allocates nothing until bytes arrive",
   CHECK(got == "0123456789");
   // Not 64 MiB: the buffer is sized by what arrived (its first 64 KiB step).
   CHECK(got.capacity() <= (64u << 10) + 64);
+}
+
+TEST_CASE("A deadline covers every byte of a frame", "[wire]") {
+  Pair p;
+  wire::RecvBuffer buffer;
+  std::vector<int> fds;
+  using std::chrono::milliseconds;
+  SECTION("half a header") { REQUIRE(::write(p.a.get(), "\x05\x00", 2) == 2); }
+  SECTION("a header and part of the payload") {
+    std::string bytes = Announce(100, "0123456789");
+    REQUIRE(::write(p.a.get(), bytes.data(), bytes.size()) ==
+            static_cast<ssize_t>(bytes.size()));
+  }
+  SECTION("nothing") {}
+  const auto start = wire::Clock::now();
+  CHECK(wire::RecvFrame(p.b.get(), 1 << 20, &buffer, &fds,
+                        start + milliseconds(200)) == wire::kTimedOut);
+  const auto took = wire::Clock::now() - start;
+  CHECK(took >= milliseconds(190));
+  CHECK(took < milliseconds(2000));
+  CHECK(fds.empty());
+  CHECK(wire::ResultText(wire::kTimedOut) ==
+        "the message did not arrive in time");
+}
+
+TEST_CASE("A frame that arrives before its deadline is received", "[wire]") {
+  Pair p;
+  std::string bytes = Announce(5, "hello");
+  std::thread sender([&] {
+    REQUIRE(::write(p.a.get(), bytes.data(), 3) == 3);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    REQUIRE(::write(p.a.get(), bytes.data() + 3, bytes.size() - 3) ==
+            static_cast<ssize_t>(bytes.size() - 3));
+  });
+  wire::RecvBuffer buffer;
+  std::vector<int> fds;
+  CHECK(wire::RecvFrame(p.b.get(), 1 << 20, &buffer, &fds,
+                        wire::Clock::now() + std::chrono::seconds(5)) ==
+        wire::kOk);
+  CHECK(buffer.payload() == "hello");
+  sender.join();
 }
 
 TEST_CASE("A frame's buffer grows with the bytes that arrive", "[wire]") {

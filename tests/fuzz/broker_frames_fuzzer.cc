@@ -1,0 +1,163 @@
+// Fuzzes what kregd reads from an executor's broker socket (broker.cc), at
+// the frame level: the bytes an executor (or a kernel running in it) writes
+// into the socket, framed with wire::RecvFrame at kMaxBrokerRequestBytes,
+// each frame parsed as a BrokerRequest and a registration taken in by
+// TakeRelayedModule with a module memfd the first byte chooses, then
+// registered through a real Registrar. Invariants: no frame is buffered
+// past the cap (whatever length it announces), and module bytes are taken
+// only from a memfd sealed against writing, shrinking and growing whose
+// size is the announced one, never inline.
+//
+// Input: byte 0 = how a registration's module fd is made (mod 5): 0 none,
+// 1 a sealed memfd of the announced size, 2 the same unsealed, 3 sealed but
+// one byte longer, 4 a pipe; the rest is the byte stream.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/wire.h"
+#include "daemon/exec/broker.h"
+#include "daemon/exec/broker_limits.h"
+#include "daemon/registrar.h"
+#include "daemon/session/module_upload.h"
+#include "tests/daemon/registry_fakes.h"
+#include "tests/fuzz/fuzz_util.h"
+
+namespace kreg {
+namespace {
+
+constexpr uint64_t kMaxModule = 1 << 20;
+
+// The daemon's state; recreated when it has grown, so memory stays flat.
+struct World {
+  explicit World(const std::string& root)
+      : registry(&loader, &log),
+        registrar(&registry, ModulePolicy{{root}, kMaxModule, ""}) {}
+  FakeLoader loader;
+  MemLog log;
+  Registry registry;
+  Registrar registrar;
+};
+
+World& TheWorld() {
+  static std::string* root = new std::string(fuzz::MakeTempDir("frames"));
+  static std::unique_ptr<World> world;
+  if (world == nullptr || world->registry.List().size() > 64) {
+    world = std::make_unique<World>(*root);
+  }
+  return *world;
+}
+
+enum FdKind { kNone, kSealed, kUnsealed, kLonger, kPipe, kKinds };
+
+// The module fd of `kind` for an upload of `size` bytes: the memfd holds
+// `bytes` (repeated), at most kMaxModule + 1 bytes of it.
+UniqueFd ModuleFd(int kind, uint64_t size, const std::string& bytes) {
+  if (kind == kPipe) {
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0) fuzz::Fail("pipe");
+    ::close(p[1]);
+    return UniqueFd(p[0]);
+  }
+  UniqueFd fd(::memfd_create("fuzz-module", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  uint64_t n =
+      std::min<uint64_t>(size + (kind == kLonger ? 1 : 0), kMaxModule + 1);
+  std::string content(n, '\0');
+  for (uint64_t i = 0; i < n && !bytes.empty(); ++i) {
+    content[i] = bytes[i % bytes.size()];
+  }
+  if (!fd.ok() || ::write(fd.get(), content.data(), content.size()) !=
+                      static_cast<ssize_t>(content.size())) {
+    fuzz::Fail("memfd");
+  }
+  if (kind != kUnsealed && ::fcntl(fd.get(), F_ADD_SEALS, kModuleSeals) != 0) {
+    fuzz::Fail("seal");
+  }
+  return fd;
+}
+
+void OneFrame(int kind, const std::string& payload) {
+  v1::BrokerRequest req;
+  if (!req.ParseFromString(payload) || !req.has_register_target()) return;
+  const v1::RegisterRequest& reg = req.register_target();
+  const bool by_fd = reg.module_case() == v1::RegisterRequest::kUploadFdSize;
+  std::vector<UniqueFd> fds;
+  if (kind != kNone) {
+    fds.push_back(ModuleFd(kind, reg.upload_fd_size(), payload));
+  }
+  World& w = TheWorld();
+  const PeerCred peer{::getuid(), ::getgid(), ::getpid()};
+  absl::StatusOr<v1::RegisterRequest> taken =
+      TakeRelayedModule(&w.registrar, reg, std::move(fds), peer, kMaxModule);
+  if (!taken.ok()) {
+    if (taken.status().message().empty()) fuzz::Fail("refusal without text");
+    return;
+  }
+  if (reg.module_case() == v1::RegisterRequest::kUpload) {
+    fuzz::Fail("took inline module bytes from an executor");
+  }
+  if (by_fd) {
+    if (kind != kSealed) fuzz::Fail("took a module fd that is not sealed");
+    if (taken->upload().size() != reg.upload_fd_size() ||
+        taken->upload().size() > kMaxModule) {
+      fuzz::Fail("took a module of another size than announced");
+    }
+  } else if (kind != kNone) {
+    fuzz::Fail("took a registration with a stray fd");
+  }
+  absl::StatusOr<v1::RegisterReply> r =
+      RegisterForSession(&w.registrar, *std::move(taken), peer);
+  if (!r.ok() && r.status().message().empty()) {
+    fuzz::Fail("refusal without a message");
+  }
+}
+
+}  // namespace
+}  // namespace kreg
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  kreg::fuzz::QuietLogs();
+  kreg::TheWorld();
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace kreg;
+  // What fits a Unix socket's buffer at once (written before it is read).
+  if (size < 1 || size > (96u << 10)) return 0;
+  const int kind = data[0] % kKinds;
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    fuzz::Fail("socketpair");
+  }
+  UniqueFd executor(sv[0]);
+  UniqueFd kregd(sv[1]);
+  if (size > 1 && ::send(executor.get(), data + 1, size - 1, MSG_NOSIGNAL) !=
+                      static_cast<ssize_t>(size - 1)) {
+    fuzz::Fail("send");
+  }
+  executor.reset();
+  std::string payload;
+  for (;;) {
+    std::vector<int> raw;
+    int rc =
+        wire::RecvFrame(kregd.get(), kMaxBrokerRequestBytes, &payload, &raw);
+    for (int fd : raw) ::close(fd);
+    // Nothing is sized by the announced length: at most the cap arrives,
+    // and the buffer grows with the bytes that did.
+    if (payload.size() > kMaxBrokerRequestBytes ||
+        payload.capacity() > 2 * size_t{kMaxBrokerRequestBytes}) {
+      fuzz::Fail("a broker frame was buffered past the cap");
+    }
+    if (rc != wire::kOk) break;  // kregd ends the session here
+    OneFrame(kind, payload);
+  }
+  return 0;
+}

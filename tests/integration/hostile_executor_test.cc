@@ -1,0 +1,379 @@
+// Hostile kernels and half frames against the real kregd (issue 19, items 1
+// and 2): a kernel that writes huge frames into every socket its executor
+// holds to kregd, registrations whose module bytes must reach kregd as a
+// sealed memfd (never inline), and a first frame that stops halfway. Spoken
+// over the raw session protocol.
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "catch2/catch.hpp"
+#include "common/wire.h"
+#include "kreg/v1/session.pb.h"
+#include "tests/testing/daemon_fixture.h"
+#include "tests/testing/temp_dir.h"
+
+namespace kreg {
+namespace {
+
+using testing::Daemon;
+using testing::TempDir;
+
+constexpr int32_t kF32 = 11;  // XLA_FFI_DataType
+constexpr int32_t kS64 = 5;
+constexpr uint64_t kArenaBytes = 1 << 20;
+constexpr uint64_t kOutOffset = 64;
+constexpr int kCanceled = static_cast<int>(absl::StatusCode::kCancelled);
+
+int Connect(const std::string& path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  return fd;
+}
+
+// VmRSS of `pid` in KiB.
+long RssKib(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  }
+  return -1;
+}
+
+// The next frame on `sock` within `ms`, parsed; a response with status
+// CANCELLED and message "eof"/"timeout"/... when none came.
+v1::SessionResponse Next(int sock, int ms = 10000) {
+  v1::SessionResponse resp;
+  pollfd p{sock, POLLIN, 0};
+  if (::poll(&p, 1, ms) != 1) {
+    resp.mutable_status()->set_code(kCanceled);
+    resp.mutable_status()->set_message("timeout");
+    return resp;
+  }
+  std::string payload;
+  std::vector<int> fds;
+  int rc = wire::RecvFrame(sock, 1 << 20, &payload, &fds);
+  for (int fd : fds) ::close(fd);
+  if (rc != wire::kOk || !resp.ParseFromString(payload)) {
+    resp.mutable_status()->set_code(kCanceled);
+    resp.mutable_status()->set_message(rc == wire::kEof ? "eof" : "bad frame");
+  }
+  return resp;
+}
+
+v1::SessionResponse Call(int sock, const v1::SessionRequest& r, int fd = -1) {
+  std::string out;
+  r.SerializeToString(&out);
+  REQUIRE(wire::SendFrame(sock, out.data(), out.size(), &fd, fd >= 0 ? 1 : 0) ==
+          wire::kOk);
+  return Next(sock);
+}
+
+void Hello(int sock) {
+  v1::SessionRequest r;
+  r.set_id(1);
+  r.mutable_hello()->set_protocol_major(1);
+  r.mutable_hello()->set_protocol_minor(3);
+  v1::SessionResponse resp = Call(sock, r);
+  INFO(resp.status().message());
+  REQUIRE(resp.has_hello());
+}
+
+// A 1 MiB arena for `sock`, mapped here.
+char* Arena(int sock) {
+  int memfd = ::memfd_create("kreg-arena", MFD_ALLOW_SEALING | MFD_CLOEXEC);
+  REQUIRE(::ftruncate(memfd, kArenaBytes) == 0);
+  REQUIRE(::fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) == 0);
+  void* p = ::mmap(nullptr, kArenaBytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                   memfd, 0);
+  REQUIRE(p != MAP_FAILED);
+  v1::SessionRequest r;
+  r.set_id(2);
+  r.mutable_arena_grow()->set_size(kArenaBytes);
+  v1::SessionResponse resp = Call(sock, r, memfd);
+  ::close(memfd);
+  INFO(resp.status().message());
+  REQUIRE(resp.status().code() == 0);
+  return static_cast<char*>(p);
+}
+
+void AddS64(v1::Launch* l, const std::string& name, int64_t value) {
+  v1::Attribute* a = l->add_attrs();
+  a->set_name(name);
+  a->set_kind(v1::ATTR_KIND_SCALAR);
+  a->set_dtype(kS64);
+  a->set_data(std::string(reinterpret_cast<const char*>(&value), 8));
+}
+
+// A launch of a libhostile handler: f32[4] in at 0, s64[4] out at 64.
+v1::SessionRequest Launch(uint64_t id, const std::string& target) {
+  v1::SessionRequest r;
+  r.set_id(id);
+  v1::Launch* l = r.mutable_launch();
+  l->set_target_name(target);
+  l->set_platform("cpu");
+  v1::Buffer* in = l->add_args();
+  in->set_dtype(kF32);
+  in->add_dims(4);
+  in->set_size(16);
+  v1::Buffer* out = l->add_rets();
+  out->set_dtype(kS64);
+  out->add_dims(4);
+  out->set_offset(kOutOffset);
+  out->set_size(32);
+  return r;
+}
+
+const int64_t* Out(char* arena) {
+  return reinterpret_cast<const int64_t*>(arena + kOutOffset);
+}
+
+void RegisterGrpc(Daemon& d, const std::string& target,
+                  const std::string& func) {
+  RegisterRequest req;
+  req.target_name = target;
+  req.func_name = func;
+  req.module_bytes = testing::ReadFile(d.Kernel("libhostile.so"));
+  auto resp = d.client().Register(req);
+  INFO(resp.status().message());
+  REQUIRE(resp.ok());
+}
+
+TEST_CASE(
+    "A kernel writing huge frames into its executor's broker sockets "
+    "cannot grow kregd; those sessions end with RESOURCE_EXHAUSTED",
+    "[integration][hostile][executors]") {
+  TempDir dir;
+  Daemon d(dir.path());
+  d.Start();
+  RegisterGrpc(d, "x.flood", "FloodBrokers");
+  const std::string path = d.socket() + ".session";
+  // 16 sessions of this process: one executor, 16 broker sockets.
+  constexpr int kSessions = 16;
+  std::vector<int> socks;
+  for (int i = 0; i < kSessions; ++i) {
+    socks.push_back(Connect(path));
+    Hello(socks.back());
+  }
+  char* arena = Arena(socks[0]);
+  const long before = RssKib(d.pid());
+  REQUIRE(before > 0);
+
+  // Each broker socket: a frame announcing 400 MiB, then 64 MiB of it.
+  v1::SessionRequest flood = Launch(3, "x.flood");
+  AddS64(flood.mutable_launch(), "announce", int64_t{400} << 20);
+  AddS64(flood.mutable_launch(), "send", int64_t{64} << 20);
+  std::string out;
+  flood.SerializeToString(&out);
+  REQUIRE(wire::SendFrame(socks[0], out.data(), out.size(), nullptr, 0) ==
+          wire::kOk);
+  long peak = before;
+  const auto start = std::chrono::steady_clock::now();
+  while (__atomic_load_n(&Out(arena)[3], __ATOMIC_ACQUIRE) != 1 &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(90)) {
+    peak = std::max(peak, RssKib(d.pid()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  REQUIRE(Out(arena)[3] == 1);  // the kernel is done
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  peak = std::max(peak, RssKib(d.pid()));
+  INFO("kregd VmRSS before "
+       << before << " KiB, peak " << peak << " KiB; the kernel found "
+       << Out(arena)[0] << " sockets to kregd, sent " << Out(arena)[1]
+       << " bytes, " << Out(arena)[2] << " stopped with an error");
+  // Buffering what was sent would be 16 x 64 MiB = 1 GiB.
+  CHECK(peak < 200 * 1024);
+  CHECK(Out(arena)[0] >= kSessions);  // the brokers (and the control socket)
+  // kregd hung up on each broker after its header: the kernel got rid of
+  // little more than the sockets' own buffers.
+  CHECK(Out(arena)[2] >= kSessions);
+  CHECK(Out(arena)[1] < (int64_t{64} << 20));
+
+  // Every session of that executor ends with kregd's error naming the limit.
+  for (int s : socks) {
+    v1::SessionResponse resp = Next(s, 3000);
+    while (resp.id() != 0 && resp.status().code() != kCanceled) {
+      resp = Next(s, 3000);  // e.g. the flood's own launch reply
+    }
+    INFO(resp.status().message());
+    CHECK(resp.id() == 0);
+    CHECK(resp.status().code() ==
+          static_cast<int>(absl::StatusCode::kResourceExhausted));
+    CHECK_THAT(resp.status().message(),
+               Catch::Contains("over the limit for executor messages (65536 "
+                               "bytes"));
+    CHECK(Next(s, 3000).status().message() == "eof");
+    ::close(s);
+  }
+  CHECK_THAT(d.log(),
+             Catch::Contains("sent kregd a broker message it does not read"));
+
+  // kregd serves on: a new session registers, resolves and launches.
+  RegisterGrpc(d, "x.who", "WhoAmI");
+  int fresh = Connect(path);
+  Hello(fresh);
+  char* fresh_arena = Arena(fresh);
+  v1::SessionResponse resp = Call(fresh, Launch(3, "x.who"));
+  INFO(resp.status().message());
+  CHECK(resp.status().code() == 0);
+  CHECK(Out(fresh_arena)[3] == d.pid());  // WhoAmI: ppid is kregd
+  ::close(fresh);
+  CHECK(d.client().Health().ok());
+  CHECK(RssKib(d.pid()) < 200 * 1024);
+}
+
+v1::SessionRequest RegisterIn(uint64_t id, const std::string& target,
+                              const std::string& func) {
+  v1::SessionRequest r;
+  r.set_id(id);
+  v1::RegisterRequest* reg = r.mutable_register_target();
+  reg->set_target_name(target);
+  reg->set_func_name(func);
+  reg->set_platform("cpu");
+  return r;
+}
+
+int ModuleMemfd(const std::string& bytes, bool seal) {
+  int fd = ::memfd_create("module", MFD_ALLOW_SEALING | MFD_CLOEXEC);
+  REQUIRE(fd >= 0);
+  REQUIRE(::write(fd, bytes.data(), bytes.size()) ==
+          static_cast<ssize_t>(bytes.size()));
+  if (seal) {
+    REQUIRE(::fcntl(fd, F_ADD_SEALS,
+                    F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) ==
+            0);
+  }
+  return fd;
+}
+
+TEST_CASE(
+    "Session registrations upload through the executor inline and by fd; "
+    "an oversized relay is refused and the session goes on",
+    "[integration][executors]") {
+  TempDir dir;
+  Daemon d(dir.path());
+  d.Start();
+  const std::string module = testing::ReadFile(d.Kernel("libhostile.so"));
+  int s = Connect(d.socket() + ".session");
+  Hello(s);
+  char* arena = Arena(s);
+
+  v1::SessionRequest inline_reg = RegisterIn(3, "s.inline", "WhoAmI");
+  inline_reg.mutable_register_target()->set_upload(module);
+  v1::SessionResponse resp = Call(s, inline_reg);
+  INFO(resp.status().message());
+  REQUIRE(resp.status().code() == 0);
+  CHECK(resp.register_target().target().module_size() == module.size());
+  const std::string digest = resp.register_target().target().module_digest();
+
+  // The shim's way: a sealed memfd (passed on as is).
+  v1::SessionRequest sealed_reg = RegisterIn(4, "s.sealed", "WhoAmI");
+  sealed_reg.mutable_register_target()->set_upload_fd_size(module.size());
+  int fd = ModuleMemfd(module, /*seal=*/true);
+  resp = Call(s, sealed_reg, fd);
+  ::close(fd);
+  INFO(resp.status().message());
+  REQUIRE(resp.status().code() == 0);
+  CHECK(resp.register_target().target().module_size() == module.size());
+
+  // An unsealed memfd with more bytes than announced: the executor relays
+  // a sealed copy of the announced ones.
+  v1::SessionRequest open_reg = RegisterIn(5, "s.open", "WhoAmI");
+  open_reg.mutable_register_target()->set_upload_fd_size(module.size());
+  fd = ModuleMemfd(module + "trailing bytes", /*seal=*/false);
+  resp = Call(s, open_reg, fd);
+  ::close(fd);
+  INFO(resp.status().message());
+  REQUIRE(resp.status().code() == 0);
+  CHECK(resp.register_target().target().module_digest() == digest);
+
+  // A request the executor cannot relay within the broker limit.
+  v1::SessionRequest long_reg = RegisterIn(6, "s.long", "WhoAmI");
+  long_reg.mutable_register_target()->set_file_name(std::string(80000, 'f'));
+  long_reg.mutable_register_target()->set_upload(module);
+  resp = Call(s, long_reg);
+  CHECK(resp.status().code() ==
+        static_cast<int>(absl::StatusCode::kInvalidArgument));
+  CHECK_THAT(resp.status().message(),
+             Catch::Contains("more than the 65536 bytes an executor may "
+                             "send it"));
+
+  // All three run; the session is still up after the refusal.
+  uint64_t id = 10;
+  for (const char* target : {"s.inline", "s.sealed", "s.open"}) {
+    std::memset(arena + kOutOffset, 0, 32);
+    resp = Call(s, Launch(id++, target));
+    INFO(target << ": " << resp.status().message());
+    CHECK(resp.status().code() == 0);
+    CHECK(Out(arena)[0] == static_cast<int64_t>(::getuid()));
+    CHECK(Out(arena)[3] == d.pid());
+  }
+  ::close(s);
+  auto listed = d.client().List();
+  REQUIRE(listed.ok());
+  CHECK(listed->size() == 3);
+}
+
+TEST_CASE(
+    "Half a first frame, or one trickled byte by byte, is closed at the "
+    "Hello deadline",
+    "[integration][hostile][executors]") {
+  TempDir dir;
+  std::string config = dir.path() + "/kregd.toml";
+  testing::WriteFile(config, "hello_timeout_s = 0.5\n");
+  Daemon d(dir.path(), {"--config", config});
+  d.Start();
+  const std::string path = d.socket() + ".session";
+  const auto start = std::chrono::steady_clock::now();
+  // A 4-byte length (100) and 10 of its bytes, then nothing.
+  int half = Connect(path);
+  const char partial[14] = {100, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  REQUIRE(::send(half, partial, sizeof(partial), MSG_NOSIGNAL) == 14);
+  // Another sends the length, then one byte every 100 ms.
+  int trickle = Connect(path);
+  std::thread trickler([trickle] {
+    const char len[4] = {100, 0, 0, 0};
+    ::send(trickle, len, 4, MSG_NOSIGNAL);
+    for (int i = 0; i < 50; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (::send(trickle, "x", 1, MSG_NOSIGNAL) != 1) break;
+    }
+  });
+  for (int s : {half, trickle}) {
+    v1::SessionResponse resp = Next(s, 5000);
+    INFO(resp.status().message());
+    CHECK(resp.id() == 0);
+    CHECK(resp.status().code() ==
+          static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+    CHECK_THAT(resp.status().message(),
+               Catch::Contains("no Hello within 500 ms"));
+    CHECK(Next(s, 5000).status().message() == "eof");
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  CHECK(took >= std::chrono::milliseconds(400));
+  CHECK(took < std::chrono::seconds(4));
+  trickler.join();
+  ::close(half);
+  ::close(trickle);
+  // A complete Hello still opens a session.
+  int good = Connect(path);
+  Hello(good);
+  ::close(good);
+}
+
+}  // namespace
+}  // namespace kreg
