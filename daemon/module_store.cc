@@ -238,7 +238,7 @@ absl::StatusOr<UniqueFd> ModuleStore::SealedCopy(const std::string& digest,
         " but it is stored as ", digest,
         "; restore it from a backup or re-register the module's bytes"));
   }
-  if (::fcntl(out.get(), F_ADD_SEALS, kModuleSeals) != 0) {
+  if (::fcntl(out.get(), F_ADD_SEALS, kLocalModuleSeals) != 0) {
     return Errno("cannot seal the memfd copy of", path);
   }
   return out;

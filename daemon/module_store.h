@@ -19,7 +19,7 @@ std::string Sha256Digest(const std::string& bytes);
 std::string Sha256Digest(const void* data, size_t size);
 
 // The seals a module memfd handed to a client carries (DESIGN §11).
-inline constexpr int kModuleSeals =
+inline constexpr int kLocalModuleSeals =
     F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
 
 // Owns the store directory. kregd never loads a module itself: executors
@@ -59,7 +59,7 @@ class ModuleStore {
 
   // Local execution (DESIGN §11): a memfd holding the stored bytes of
   // `digest`, re-hashed after the copy (DATA_LOSS naming the file when they
-  // do not match) and sealed with kModuleSeals, so its holder can neither
+  // do not match) and sealed with kLocalModuleSeals, so its holder can neither
   // change it nor be handed something else. Copied in the kernel (no heap
   // buffer of the module's size). RESOURCE_EXHAUSTED when the file is
   // larger than `max_bytes`. `tamper_for_test` flips the copy's last byte

@@ -72,7 +72,8 @@ TEST_CASE("SealedCopy hands out the stored bytes, sealed", "[store][local]") {
   struct stat st;
   REQUIRE(::fstat(fd->get(), &st) == 0);
   CHECK(st.st_size == 10000);
-  CHECK((::fcntl(fd->get(), F_GET_SEALS) & kModuleSeals) == kModuleSeals);
+  CHECK((::fcntl(fd->get(), F_GET_SEALS) & kLocalModuleSeals) ==
+        kLocalModuleSeals);
   std::string back(bytes.size(), '\0');
   REQUIRE(::pread(fd->get(), back.data(), back.size(), 0) ==
           static_cast<ssize_t>(back.size()));
