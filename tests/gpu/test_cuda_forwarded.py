@@ -280,8 +280,11 @@ def test_two_jax_processes_on_one_gpu(cuda_kernels_dir, kregd_socket):
   env = dict(os.environ)
   env["KREGD_SOCKET"] = kregd_socket
   env["KREG_TEST_MODULE"] = str(cuda_kernels_dir / DEMO_CUDA)
-  env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = "0.2"
-  env.pop("XLA_PYTHON_CLIENT_PREALLOCATE", None)
+  # No preallocation: this pytest process already holds JAX's default 75%
+  # of the GPU, and with one executor per client process (the default
+  # isolation, design §11) each child adds a CUDA context of its own; two
+  # children preallocating 20% each ran out of memory once (H200, a674f0e).
+  env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
   procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(seed)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True) for seed in (1, 2)]
