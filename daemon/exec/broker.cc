@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -186,7 +187,12 @@ void SessionBroker::Run() {
     if (rc != wire::kOk) break;
   }
   if (!closed && !refused) {
-    std::string crash = ctx_.pool->AwaitCrash(&binding_);
+    // A request the client sent and no executor read: the client is
+    // waiting for its answer.
+    int unread = 0;
+    const bool pending =
+        ::ioctl(client_.get(), FIONREAD, &unread) == 0 && unread > 0;
+    std::string crash = ctx_.pool->AwaitCrash(&binding_, pending);
     if (!crash.empty()) {
       RefuseClient(absl::InternalError(crash));
     }

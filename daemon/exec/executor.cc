@@ -179,7 +179,13 @@ Executor::~Executor() {
     absl::MutexLock lock(&reap_mu_);
     if (reaped_) return;
   }
-  if (!WaitReadable(pidfd_.get(), 2000)) Signal(SIGKILL);
+  if (!WaitReadable(pidfd_.get(), 2000)) {
+    spdlog::warn(
+        "killing executor pid {}: asked to stop, it did not exit "
+        "within 2 s",
+        pid_);
+    Signal(SIGKILL);
+  }
   Reap();
 }
 

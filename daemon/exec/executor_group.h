@@ -39,8 +39,11 @@ struct ExecutorPool::Group {
   std::vector<EntryPtr> resolved;  // token - 1 -> entry
   bool stop_requested = false;
   bool dead = false;
-  std::string killed_because;  // launch_timeout
+  std::string killed_because;  // why kregd killed it (logged when it did)
   std::map<uint32_t, std::string> crash_text;
+  // An unplanned end: "kregd executor pid N (group) ended: <how>", for the
+  // sessions that had a request in flight but no handler running.
+  std::string death_note;
 };
 
 // Adds the stats rows of `g`'s status page to `out`, row t crediting the

@@ -302,7 +302,7 @@ void ExecutorPool::Release(Binding* b) {
   b->group.reset();
 }
 
-std::string ExecutorPool::AwaitCrash(Binding* b) {
+std::string ExecutorPool::AwaitCrash(Binding* b, bool request_pending) {
   std::shared_ptr<Group> g = b->group;
   if (g == nullptr) return "";
   absl::MutexLock lock(&mu_);
@@ -312,15 +312,27 @@ std::string ExecutorPool::AwaitCrash(Binding* b) {
       if (changed_.WaitWithDeadline(&mu_, deadline)) break;
     }
     if (!g->dead) {
-      spdlog::warn(
-          "executor pid {} ({}) closed session slot {} without "
-          "ending it; stopping it",
-          g->exec->pid(), g->name, b->slot);
+      if (g->killed_because.empty()) {
+        g->killed_because = absl::StrCat(
+            "it closed the broker socket of session slot ", b->slot,
+            " without ending the session and did not exit within 5 s, so "
+            "kregd killed it");
+      }
+      spdlog::warn("killing executor pid {} ({}): {}", g->exec->pid(), g->name,
+                   g->killed_because);
       g->exec->Signal(SIGKILL);
     }
   }
   auto it = g->crash_text.find(b->slot);
-  return it == g->crash_text.end() ? std::string() : it->second;
+  if (it != g->crash_text.end()) return it->second;
+  if (request_pending && g->dead && !g->death_note.empty()) {
+    return absl::StrCat(
+        g->death_note,
+        " before it read this session's request, so the call did not run. "
+        "kregd and your registrations are unaffected; the next call starts "
+        "a fresh executor.");
+  }
+  return "";
 }
 
 pid_t ExecutorPool::CountRefusedBrokerMessage(const Binding& b) {
@@ -349,6 +361,14 @@ void ExecutorPool::Wait(std::shared_ptr<Group> g) {
   std::string how = g->killed_because.empty()
                         ? absl::StrCat("it ", DescribeWaitStatus(ws))
                         : g->killed_because;
+  if (g->killed_because.empty() && WIFSIGNALED(ws) && WTERMSIG(ws) == SIGKILL) {
+    // kregd records and logs every kill it makes ("killing executor ..."):
+    // this one came from elsewhere.
+    how =
+        "it was killed by signal 9 (SIGKILL) from outside kregd (kregd logs "
+        "every kill it makes): the kernel's OOM killer, a cgroup limit or an "
+        "operator";
+  }
   if (g->stop_requested && g->killed_because.empty()) {
     how = "it was stopped because kregd is stopping it";
   }
@@ -429,7 +449,16 @@ void ExecutorPool::Wait(std::shared_ptr<Group> g) {
     spdlog::error("{}", text);
     g->crash_text[i] = std::move(text);
   }
+  if (!planned && !g->stop_requested) {
+    g->death_note = absl::StrCat(
+        "the kregd executor serving this session "
+        "(pid ",
+        g->exec->pid(), ", ", g->name, ") ended: ", how, ",");
+  }
   if (g->crash_text.empty() && !planned) {
+    // Counted like a crash: an executor that dies (or that kregd kills)
+    // with no handler running is as gone as one a handler killed.
+    if (!g->stop_requested) dead_counters_.executor_crashes++;
     spdlog::warn("executor pid {} ({}): {} with no call in flight",
                  g->exec->pid(), g->name, how);
   } else if (planned) {
@@ -466,6 +495,10 @@ void ExecutorPool::Supervise() {
                 absl::StrCat("the call ran longer than launch_timeout (",
                              options_.launch_timeout_ms,
                              " ms) and kregd killed its executor");
+            spdlog::warn(
+                "killing executor pid {} ({}): session slot {} "
+                "ran a call for {} ms, over launch_timeout ({} ms)",
+                g->exec->pid(), g->name, i, ran_ms, options_.launch_timeout_ms);
             g->exec->Signal(SIGKILL);
             break;
           }
@@ -537,7 +570,14 @@ void ExecutorPool::Shutdown() {
     while (!groups_.empty()) {
       if (changed_.WaitWithDeadline(&mu_, deadline)) break;
     }
-    for (auto& [key, g] : groups_) g->exec->Signal(SIGKILL);
+    for (auto& [key, g] : groups_) {
+      g->killed_because =
+          "kregd is stopping and the executor did not exit within 3 s, so "
+          "kregd killed it";
+      spdlog::warn("killing executor pid {} ({}): {}", g->exec->pid(), g->name,
+                   g->killed_because);
+      g->exec->Signal(SIGKILL);
+    }
     waiters.swap(waiters_);
   }
   for (Waiter& w : waiters) w.thread.join();

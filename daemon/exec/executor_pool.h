@@ -124,9 +124,11 @@ class ExecutorPool {
   void Release(Binding* binding);
   // The executor closed the broker socket without ending the session:
   // waits (bounded; kills an executor that lingers) until it is gone and
-  // returns the error for this session's call in flight, or "" when none
-  // was in flight.
-  std::string AwaitCrash(Binding* binding);
+  // returns the error for this session's call in flight: the crash of the
+  // handler it ran; else, when `request_pending` (the client sent a request
+  // the executor never read) and the executor ended unplanned, what ended
+  // it; "" otherwise (an idle session: the client reconnects quietly).
+  std::string AwaitCrash(Binding* binding, bool request_pending = false);
   // The executor of `binding` sent a broker frame kregd refused: counts it
   // (PoolCounters::broker_messages_refused). Returns that executor's pid.
   pid_t CountRefusedBrokerMessage(const Binding& binding);

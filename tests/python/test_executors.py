@@ -9,7 +9,9 @@ crashing are quarantined until `kregctl unquarantine`."""
 import json
 import os
 import pathlib
+import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import sys
@@ -167,6 +169,75 @@ def test_handlers_run_in_an_executor_with_the_callers_uid(running_kregd):
   assert status["isolation"] == "client"  # the default (design §11)
   if os.geteuid() != 0:
     assert "kregd is not root" in status["executor_note"]
+
+
+PENDING = """
+import json, sys
+import kreg, kernels_util as ku
+kreg.register_ffi_target("pending.first", ku.kernel_path("libdemo.so"),
+                         "Scale", platform="cpu")
+print(json.dumps({"ready": True}), flush=True)
+sys.stdin.readline()
+try:
+  kreg.register_ffi_target("pending.second", ku.kernel_path("libdemo.so"),
+                           "AddMul", platform="cpu")
+  print(json.dumps({"ok": True}), flush=True)
+except Exception as e:  # pylint: disable=broad-except
+  print(json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
+"""
+
+
+def test_a_request_no_executor_read_names_the_executor_that_died():
+  # The executor dies (killed from outside) while the client's request
+  # waits unread in the session socket: the call fails naming that
+  # executor and what ended it, not "send failed ... did kregd stop?"; the
+  # death counts as a crash, and kregd's log says it was not kregd's kill.
+  d = make_daemon()
+  try:
+    p = subprocess.Popen([PY, "-c", PENDING], env=d.env(),
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+      assert json.loads(p.stdout.readline()) == {"ready": True}, (
+          p.stderr.read())
+      status = json.loads(kregctl(d, "status", "--json").stdout)
+      (ex,) = [e for e in status["executors"]
+               if e["group"].startswith(f"pid {p.pid} ")]
+      before = status["executor_crashes"]
+      os.kill(ex["pid"], signal.SIGSTOP)
+      p.stdin.write("go\n")
+      p.stdin.flush()
+      time.sleep(0.5)  # the request is in the socket; nobody reads it
+      os.kill(ex["pid"], signal.SIGKILL)
+      r = json.loads(p.stdout.readline())
+    finally:
+      p.kill()
+      p.wait()
+    msg = r["error"]
+    assert (f"the kregd executor serving this session (pid {ex['pid']}, "
+            f"pid {p.pid} (uid {os.getuid()})) ended: it was killed by signal "
+            "9 (SIGKILL) from outside kregd") in msg, msg
+    assert "before it read this session's request, so the call did not run" in (
+        msg)
+    status = json.loads(kregctl(d, "status", "--json").stdout)
+    assert status["executor_crashes"] == before + 1
+    assert "from outside kregd" in d.log()
+    assert "with no call in flight" in d.log()
+  finally:
+    finish(d)
+
+
+def test_every_kill_kregd_makes_is_logged_with_its_reason():
+  hostile_path()
+  d = make_daemon("--launch-timeout", "1", "--quarantine-crashes", "0")
+  try:
+    (spin,) = run_client(d, "Spin")
+    assert "ran longer than launch_timeout (1000 ms)" in spin["error"], spin
+    assert re.search(r"killing executor pid \d+ \(pid \d+ \(uid \d+\)\): "
+                     r"session slot \d+ ran a call for \d+ ms, over "
+                     r"launch_timeout \(1000 ms\)", d.log()), d.log()
+  finally:
+    finish(d)
 
 
 def test_seccomp_denies_exec_and_inet_sockets(running_kregd):
