@@ -1,8 +1,10 @@
 #include "daemon/session/session.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -91,14 +93,53 @@ void Session::Run() {
   // hello_timeout_ms of connecting: half a frame cannot hold the connection.
   const wire::Clock::time_point hello_deadline =
       wire::Clock::now() + std::chrono::milliseconds(limits_.hello_timeout_ms);
+  // After Hello a session may idle between messages as long as it likes,
+  // but a message that has begun must arrive whole within
+  // hello_timeout_ms of its first byte, and a reply the client does not
+  // read within that time ends the session: a peer that stalls mid-frame
+  // or stops reading cannot hold a session thread and its buffers.
+  if (limits_.hello_timeout_ms > 0) {
+    timeval tv{};
+    tv.tv_sec = limits_.hello_timeout_ms / 1000;
+    tv.tv_usec = (limits_.hello_timeout_ms % 1000) * 1000;
+    ::setsockopt(sock_.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  }
   for (;;) {
     const bool before_hello = !hello_done_ && limits_.hello_timeout_ms > 0;
-    if (!before_hello) wire::SpinUntilReadable(sock_.get(), limits_.spin_us);
     std::vector<int> raw_fds;
-    int rc = before_hello
-                 ? wire::RecvFrame(sock_.get(), max_bytes, &buffer, &raw_fds,
-                                   hello_deadline)
-                 : wire::RecvFrame(sock_.get(), max_bytes, &buffer, &raw_fds);
+    int rc;
+    if (before_hello) {
+      rc = wire::RecvFrame(sock_.get(), max_bytes, &buffer, &raw_fds,
+                           hello_deadline);
+    } else if (limits_.hello_timeout_ms > 0) {
+      wire::SpinUntilReadable(sock_.get(), limits_.spin_us);
+      pollfd p{sock_.get(), POLLIN, 0};
+      while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
+      }
+      rc = wire::RecvFrame(sock_.get(), max_bytes, &buffer, &raw_fds,
+                           wire::Clock::now() + std::chrono::milliseconds(
+                                                    limits_.hello_timeout_ms));
+      if (rc == wire::kTimedOut) {
+        std::string more;
+        if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
+          spdlog::info(
+              "session {} (pid {} uid {}): a message did not arrive whole "
+              "within {} ms of its first byte; closing{}",
+              id_, peer_.pid, peer_.uid, limits_.hello_timeout_ms, more);
+        }
+        SendConnectionError(
+            sock_.get(),
+            absl::DeadlineExceededError(absl::StrCat(
+                "kregd closed this session: a message did not arrive whole "
+                "within ",
+                limits_.hello_timeout_ms,
+                " ms of its first byte (hello_timeout_s)")));
+        break;
+      }
+    } else {
+      wire::SpinUntilReadable(sock_.get(), limits_.spin_us);
+      rc = wire::RecvFrame(sock_.get(), max_bytes, &buffer, &raw_fds);
+    }
     if (rc == wire::kTimedOut) {
       std::string more;
       if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {

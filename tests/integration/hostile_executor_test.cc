@@ -375,5 +375,54 @@ TEST_CASE(
   ::close(good);
 }
 
+TEST_CASE(
+    "After Hello a session may idle, but half a message is closed at the "
+    "deadline",
+    "[integration][hostile][executors]") {
+  TempDir dir;
+  std::string config = dir.path() + "/kregd.toml";
+  testing::WriteFile(config, "hello_timeout_s = 0.5\n");
+  Daemon d(dir.path(), {"--config", config});
+  d.Start();
+  const std::string path = d.socket() + ".session";
+  int idle = Connect(path);
+  Hello(idle);
+  int half = Connect(path);
+  Hello(half);
+  // Idle for longer than the deadline: nothing happens.
+  std::this_thread::sleep_for(std::chrono::milliseconds(900));
+  pollfd p{idle, POLLIN, 0};
+  CHECK(::poll(&p, 1, 0) == 0);
+  // Then a 4-byte length (100) and 10 of its bytes, and nothing more.
+  const auto start = std::chrono::steady_clock::now();
+  const char partial[14] = {100, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  REQUIRE(::send(half, partial, sizeof(partial), MSG_NOSIGNAL) == 14);
+  v1::SessionResponse resp = Next(half, 5000);
+  INFO(resp.status().message());
+  CHECK(resp.id() == 0);
+  CHECK(resp.status().code() ==
+        static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  CHECK(resp.status().message() ==
+        "kregd closed this session: a message did not arrive whole within "
+        "500 ms of its first byte (hello_timeout_s)");
+  CHECK(Next(half, 5000).status().message() == "eof");
+  const auto took = std::chrono::steady_clock::now() - start;
+  CHECK(took >= std::chrono::milliseconds(400));
+  CHECK(took < std::chrono::seconds(4));
+  // The idle session still works.
+  v1::SessionRequest list;
+  list.set_id(2);
+  list.mutable_list();
+  std::string out;
+  list.SerializeToString(&out);
+  REQUIRE(wire::SendFrame(idle, out.data(), out.size(), nullptr, 0) ==
+          wire::kOk);
+  v1::SessionResponse listed = Next(idle, 5000);
+  CHECK(listed.id() == 2);
+  CHECK(listed.status().code() == 0);
+  ::close(half);
+  ::close(idle);
+}
+
 }  // namespace
 }  // namespace kreg
