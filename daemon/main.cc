@@ -1,4 +1,5 @@
 // kregd: out-of-process kernel registry and executor for JAX's XLA FFI.
+#include <malloc.h>
 #include <signal.h>
 
 #include <cstdio>
@@ -10,6 +11,12 @@
 #include "spdlog/spdlog.h"
 
 int main(int argc, char** argv) {
+  // Module uploads are buffered by gRPC and session threads: with a fixed
+  // mmap threshold every large buffer is its own mapping, unmapped when
+  // freed, so kregd's RSS goes back down after a burst (glibc's dynamic
+  // threshold would keep them in the threads' arenas).
+  ::mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+  ::mallopt(M_TRIM_THRESHOLD, 1 << 20);
   bool exit_now = false;
   absl::StatusOr<kreg::Config> config =
       kreg::ParseConfig(argc, argv, &exit_now);

@@ -3,6 +3,7 @@
 // socket, fd 4 its status page. It drops to the credentials kregd names,
 // hardens itself, then serves each adopted session on its own thread until
 // kregd closes the control socket.
+#include <malloc.h>
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
@@ -128,6 +129,15 @@ struct Served {
 int Main() {
   CloseDescriptorsFrom(kStatusFd + 1);
   signal(SIGPIPE, SIG_IGN);
+  // Clients' messages are buffered in every session thread's malloc arena.
+  // glibc raises its mmap threshold each time a large buffer is freed, so
+  // later large buffers come from those arenas and stay resident after
+  // they are freed (an executor kept ~500 MB after a flood of 64 MiB
+  // announcements had ended). A fixed threshold maps each buffer over
+  // 128 KiB on its own and unmaps it when it is freed: RSS follows what
+  // max_buffered_bytes accounts for.
+  ::mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+  ::mallopt(M_TRIM_THRESHOLD, 1 << 20);
   // Debian's absl is built with its debug checks on: every absl::Mutex
   // lock then updates a process-wide lock graph under one global lock (a
   // handler call takes one such lock, and an executor's sessions all share
