@@ -53,6 +53,11 @@ const char* ReasonPhrase(int status) {
   }
 }
 
+// How long a refused connection is kept to send its 503 and read the rest
+// of its request (it holds no slot meanwhile; as many are kept as there are
+// slots).
+constexpr int64_t kRefusalLingerMs = 1000;
+
 absl::Status Errno(const std::string& what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", strerror(errno)));
 }
@@ -143,7 +148,10 @@ std::string HttpResponse(int status, const std::string& body, bool head_only) {
 
 struct MetricsServer::Conn {
   UniqueFd fd;
+  int64_t accepted_ms = 0;
   int64_t deadline_ms = 0;
+  // Refused at accept (over the cap): holds no slot.
+  bool refused = false;
   std::string in;
   std::string out;
   size_t sent = 0;
@@ -265,7 +273,7 @@ void MetricsServer::Loop() {
     int timeout = -1;
     for (auto it = conns.begin(); it != conns.end();) {
       if (now >= it->deadline_ms) {
-        if (!it->writing && !it->draining) {
+        if (!it->writing && !it->draining && !it->refused) {
           // Best effort; the connection closes either way.
           std::string r =
               HttpResponse(408, "request not received in time\n", false);
@@ -314,19 +322,55 @@ void MetricsServer::Loop() {
       UniqueFd fd(::accept4(listen_.get(), nullptr, nullptr,
                             SOCK_CLOEXEC | SOCK_NONBLOCK));
       if (!fd.ok()) continue;
-      if (static_cast<int>(conns.size()) >= options_.max_connections) {
-        std::string r =
-            HttpResponse(503,
-                         absl::StrCat("more than ", options_.max_connections,
-                                      " concurrent metrics connections\n"),
-                         false);
-        (void)!::send(fd.get(), r.data(), r.size(),
-                      MSG_NOSIGNAL | MSG_DONTWAIT);
-        continue;  // closed here
+      const int64_t now_ms = NowMs();
+      int held = 0, refusing = 0;
+      Conn* oldest_reader = nullptr;  // the slot a slow client holds longest
+      for (Conn& c : conns) {
+        if (c.refused) {
+          ++refusing;
+          continue;
+        }
+        ++held;
+        if (!c.writing && !c.draining &&
+            (oldest_reader == nullptr ||
+             c.accepted_ms < oldest_reader->accepted_ms)) {
+          oldest_reader = &c;
+        }
+      }
+      if (held >= options_.max_connections && oldest_reader != nullptr) {
+        // Full, and some connections have not sent a whole request head:
+        // the one that has had the longest makes room, told so with 503. A
+        // scraper sends its head with the connection and is answered at
+        // once; connections that keep slots by trickling bytes evict each
+        // other, oldest first, and never a newer one that is being served.
+        Respond(
+            oldest_reader, 503,
+            absl::StrCat("evicted: request head not complete after ",
+                         now_ms - oldest_reader->accepted_ms, " ms while ",
+                         options_.max_connections, " connections were open\n"),
+            false);
+        oldest_reader->refused = true;
+        oldest_reader->deadline_ms = now_ms + kRefusalLingerMs;
+        --held;
       }
       Conn c;
       c.fd = std::move(fd);
-      c.deadline_ms = NowMs() + options_.connection_timeout_ms;
+      c.accepted_ms = now_ms;
+      c.deadline_ms = now_ms + options_.connection_timeout_ms;
+      if (held >= options_.max_connections) {
+        if (refusing >= options_.max_connections) continue;  // closed here
+        // The documented 503, sent whole: the request is read and dropped
+        // (closing with it unread would reset the connection instead).
+        Respond(&c, 503,
+                absl::StrCat("more than ", options_.max_connections,
+                             " concurrent metrics connections\n"),
+                false);
+        c.refused = true;
+        c.deadline_ms = now_ms + kRefusalLingerMs;
+        conns.push_back(std::move(c));
+        OnWritable(&conns.back());
+        continue;
+      }
       conns.push_back(std::move(c));
     }
   }
