@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cctype>
 #include <chrono>
+#include <cstdlib>
 #include <thread>
 
 #include "client/shim/cuda_forward.h"
@@ -107,7 +108,7 @@ ClientStatus Client::Acquire(std::unique_ptr<Conn>* out) {
     replay = replayed_epoch_ < epoch_;
   }
   std::unique_ptr<Conn> conn;
-  ClientStatus s = Conn::Open(path_, &conn);
+  ClientStatus s = OpenSession(&conn);
   if (s.ok() && replay) s = Replay(conn.get());
   std::lock_guard<std::mutex> lock(mu_);
   if (!s.ok()) {
@@ -123,6 +124,45 @@ ClientStatus Client::Acquire(std::unique_ptr<Conn>* out) {
   conn->pid = pid_;
   *out = std::move(conn);
   return ClientStatus::Ok();
+}
+
+ClientStatus Client::OpenSession(std::unique_ptr<Conn>* out) {
+  ClientStatus s = Conn::Open(path_, out);
+  if (s.ok()) {
+    ever_connected_.store(true);
+    return s;
+  }
+  // Only a kregd this process has talked to is waited for (it is
+  // restarting); a first connection fails at once.
+  if (s.code != kUnavailable || !ever_connected_.load()) return s;
+  double timeout_s = 30;
+  if (const char* env = std::getenv("KREG_RECONNECT_TIMEOUT")) {
+    char* end = nullptr;
+    double v = std::strtod(env, &end);
+    if (end != env && *end == '\0' && v >= 0) timeout_s = v;
+  }
+  if (timeout_s <= 0) return s;
+  if (!said_waiting_.exchange(true)) {
+    fprintf(stderr,
+            "kreg: kregd at %s is not answering (%s); waiting up to %g s for "
+            "it to come back (KREG_RECONNECT_TIMEOUT)\n",
+            path_.c_str(), s.message.c_str(), timeout_s);
+  }
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  auto pause = std::chrono::milliseconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(250));
+    out->reset();
+    s = Conn::Open(path_, out);
+    if (s.ok() || s.code != kUnavailable) return s;
+  }
+  s.message += " (kregd did not come back within " +
+               std::to_string(static_cast<int64_t>(timeout_s)) +
+               " s, KREG_RECONNECT_TIMEOUT)";
+  return s;
 }
 
 void Client::Release(std::unique_ptr<Conn> conn) {

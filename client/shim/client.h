@@ -71,6 +71,11 @@ class Client {
 
  private:
   ClientStatus Acquire(std::unique_ptr<Conn>* out);
+  // Opens a session; once this Client has had one, a kregd that does not
+  // answer (restarting) is retried with backoff for up to
+  // $KREG_RECONNECT_TIMEOUT seconds (default 30; 0: no retry), said once
+  // on stderr.
+  ClientStatus OpenSession(std::unique_ptr<Conn>* out);
   void Release(std::unique_ptr<Conn> conn);
   void Discard(std::unique_ptr<Conn> conn);
   ClientStatus Replay(Conn* conn);
@@ -105,6 +110,8 @@ class Client {
   // (target, canonical platform) held locally; guarded by reg_mu_.
   std::set<std::pair<std::string, std::string>> local_holds_;
   std::atomic<uint64_t> reconnects_{0};
+  std::atomic<bool> ever_connected_{false};
+  std::atomic<bool> said_waiting_{false};
   std::condition_variable watch_cv_;
   std::thread watch_;        // guarded by mu_
   pid_t watch_pid_ = 0;      // guarded by mu_: the process that started it

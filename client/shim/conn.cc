@@ -28,7 +28,7 @@ namespace {
 
 constexpr uint32_t kProtocolMajor = 1;
 // 4: the launch ring; 5: CUDA launches on it (ring layout version 2).
-constexpr uint32_t kProtocolMinor = 5;
+constexpr uint32_t kProtocolMinor = 6;
 // Responses are small; this only bounds a misbehaving peer.
 constexpr uint32_t kMaxResponseBytes = 256u << 20;
 constexpr uint64_t kMinArenaBytes = 1u << 20;

@@ -3,6 +3,7 @@ rules, errors, threads, several processes, daemon stop and restart, client
 crash, and what the shim exports into a JAX process."""
 
 import concurrent.futures
+import json
 import os
 import pathlib
 import shutil
@@ -322,7 +323,11 @@ def test_killed_client_releases_its_session(running_kregd, demo):
 
 
 def test_daemon_stop_gives_a_clear_error_and_restart_recovers(running_kregd,
-                                                              demo):
+                                                              demo,
+                                                              monkeypatch):
+  # The shim waits this long for a kregd it talked to before (restarts);
+  # then the error is the clear one.
+  monkeypatch.setenv("KREG_RECONNECT_TIMEOUT", "1")
   kreg.register_ffi_target("t.restart", demo, "Scale", platform="cpu")
   f = jax.jit(lambda v: scale("t.restart", v, 2.0))
   x = np.arange(3, dtype=np.float32)
@@ -339,6 +344,7 @@ def test_daemon_stop_gives_a_clear_error_and_restart_recovers(running_kregd,
     assert "UNAVAILABLE" in msg
     assert running_kregd.session_socket in msg
     assert "is kregd running?" in msg
+    assert "kregd did not come back within 1 s, KREG_RECONNECT_TIMEOUT" in msg
     with pytest.raises(kreg.DaemonNotRunningError) as info:
       kreg.list_registered_targets()
     assert running_kregd.socket in str(info.value)
@@ -359,6 +365,64 @@ def test_daemon_killed_mid_use_recovers(running_kregd, demo):
   running_kregd.stop(signal.SIGKILL)
   running_kregd.start()
   np.testing.assert_array_equal(np.asarray(f(a)[1]), a * a)
+
+
+LOOP = """
+import json, os, sys, time
+import jax, numpy as np
+import kreg, kernels_util as ku
+kreg.register_ffi_target("t.loop", ku.kernel_path("libdemo.so"), "Scale",
+                         platform="cpu")
+f = jax.jit(lambda v: jax.ffi.ffi_call(
+    "t.loop", jax.ShapeDtypeStruct(v.shape, v.dtype))(v, factor=np.float32(2)))
+x = np.arange(8, dtype=np.float32)
+ok = failed = 0
+errors = []
+print(json.dumps({"ready": True}), flush=True)
+while not os.path.exists(sys.argv[1]):
+  try:
+    y = np.asarray(f(x))
+    assert (y == 2 * x).all(), y
+    ok += 1
+  except Exception as e:  # pylint: disable=broad-except
+    failed += 1
+    errors.append(str(e)[:300])
+print(json.dumps({"ok": ok, "failed": failed, "errors": errors[:3]}),
+      flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL],
+                         ids=["sigterm", "sigkill"])
+def test_restarting_kregd_under_load_fails_no_call(tmp_path, how):
+  # A client calls a CPU target in a loop while kregd is stopped (SIGTERM)
+  # or killed (SIGKILL) and started again a second later: the shim waits
+  # for the new kregd and re-runs what broke; no call fails, no result is
+  # wrong (design §12).
+  from kregd_proc import finish_test_daemon, start_test_daemon  # pylint: disable=import-outside-toplevel
+  d = start_test_daemon("kreg-restart-")
+  stop = tmp_path / "stop"
+  p = subprocess.Popen([sys.executable, "-c", LOOP, str(stop)], env=d.env(),
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True)
+  try:
+    assert json.loads(p.stdout.readline()) == {"ready": True}
+    time.sleep(0.5)
+    d.stop(how)
+    time.sleep(1.0)
+    d.start()
+    time.sleep(1.5)
+    stop.touch()
+    r = json.loads(p.stdout.readline())
+    err = p.stderr.read()
+  finally:
+    stop.touch()
+    p.wait(timeout=120)
+    finish_test_daemon(d)
+  assert r["failed"] == 0, r
+  assert r["ok"] > 10, r
+  assert "is not answering" in err and "KREG_RECONNECT_TIMEOUT" in err, err
+  assert err.count("is not answering") == 1, err  # said once
 
 
 # ---- environment errors -----------------------------------------------------
