@@ -99,6 +99,25 @@ def test_readme_snippet_runs_from_outside_the_repo(venv, running_kregd,
   assert str(venv) in shim_line
 
 
+def test_wheel_readme_snippet_runs_and_its_description_is_current(
+    wheel, venv, running_kregd, tmp_path):
+  # client/python/README.md is the wheel's description (pip show, PyPI).
+  text = (REPO / "client/python/README.md").read_text()
+  snippet = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+  assert "/path/to/libdemo.so" in snippet
+  code = snippet.replace("/path/to/libdemo.so", str(DEMO))
+  r = subprocess.run([str(venv / "bin" / "python"), "-c", code],
+                     cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                     env=clean_env(KREGD_SOCKET=running_kregd.socket))
+  assert r.returncode == 0, r.stdout + r.stderr
+  assert "[0. 2. 4. 6.]" in r.stdout
+  with zipfile.ZipFile(wheel) as zf:
+    metadata = zf.read(next(n for n in zf.namelist()
+                            if n.endswith("METADATA"))).decode()
+  assert 'isolation = "client"' in metadata
+  assert "daemon-wide" not in metadata
+
+
 def test_kreg_console_script(venv, running_kregd, tmp_path):
   r = subprocess.run([str(venv / "bin" / "kreg"), "status"], cwd=tmp_path,
                      capture_output=True, text=True, timeout=120,
