@@ -1,8 +1,12 @@
 #include "daemon/config.h"
 
+#include <grp.h>
+
 #include <cctype>
+#include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 
 #include "CLI/CLI.hpp"
@@ -369,6 +373,23 @@ absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now) {
           "allowed root \"", root, "\" does not exist or cannot be resolved"));
     }
     root = resolved;
+  }
+  // The group is resolved here, not when the sockets are bound, so that a
+  // typo is a configuration error (exit 2) like every other one.
+  if (!c.socket_group.empty()) {
+    errno = 0;
+    if (::getgrnam(c.socket_group.c_str()) == nullptr) {
+      const int err = errno;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "socket_group \"", c.socket_group, "\" (config file) does not exist",
+          err != 0 && err != ENOENT && err != ESRCH && err != EBADF &&
+                  err != EPERM
+              ? absl::StrCat(" or cannot be looked up (", std::strerror(err),
+                             ")")
+              : std::string(),
+          "; give an existing group (getent group NAME), or leave "
+          "socket_group empty for kregd's own group"));
+    }
   }
   return c;
 }

@@ -27,8 +27,11 @@ def _system_deps_impl(ctx):
     res = ctx.execute([python, "-c", "import jax.ffi, jaxlib; print(jax.ffi.include_dir()); print(jaxlib.__version__)"])
     if res.return_code != 0:
         fail(("jaxlib's XLA FFI headers were not found with %s (%s).\n" +
-              "Install them with: %s -m pip install jax==0.11.2 jaxlib==0.11.2 " +
-              "(or set KREG_PYTHON to a Python that has them).") % (python, res.stderr.strip(), python))
+              "Run tools/setup.sh: it creates .venv with jax==0.11.2 " +
+              "jaxlib==0.11.2 from a Python >= 3.12 (jax 0.11.2 needs it; " +
+              "Debian 12's python3 is 3.11), which the build then uses. Or " +
+              "set KREG_PYTHON to a Python >= 3.12 that has jax==0.11.2 " +
+              "jaxlib==0.11.2.") % (python, res.stderr.strip()))
     include_dir, jaxlib_version = res.stdout.strip().split("\n")
     ctx.symlink(include_dir, "xla_include")
 

@@ -3,14 +3,28 @@
 # //client/shim:libkreg_client.so and writes
 # dist/kreg-<version>-py3-none-<platform>.whl (path printed last).
 #   tools/build_wheel.sh [OUT_DIR]
-# Install it with `pip install dist/kreg-*.whl` (pulls jax==0.11.2 and
-# jaxlib==0.11.2); `import kreg` then works from any directory and
-# `kreg list|show|status` is on PATH.
+# The shim is compiled against jaxlib 0.11.2's XLA FFI headers, which the
+# build takes from .venv (jax 0.11.2 needs Python >= 3.12; Debian 12's
+# python3 is 3.11). In a checkout without .venv (a fresh clone) this first
+# runs tools/setup.sh, which installs the missing Debian packages (apt-get,
+# as root or with sudo) and creates .venv from a Python >= 3.12 (python3.13,
+# python3.12, pyenv's, or $KREG_PYTHON_BOOTSTRAP). Or set KREG_PYTHON to a
+# Python >= 3.12 that has jax==0.11.2 and jaxlib==0.11.2 to use it instead.
+# Install the wheel into a Python >= 3.12 with `pip install dist/kreg-*.whl`
+# (pulls jax==0.11.2 and jaxlib==0.11.2); `import kreg` then works from any
+# directory and `kreg list|show|status` is on PATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-dist}
-py=python3
-[[ -x .venv/bin/python ]] && py=.venv/bin/python
+if [[ -n ${KREG_PYTHON:-} ]]; then
+  py=$KREG_PYTHON
+else
+  if [[ ! -x .venv/bin/python ]]; then
+    echo "build_wheel: no .venv in $PWD: running tools/setup.sh first" >&2
+    bash tools/setup.sh >&2
+  fi
+  py=.venv/bin/python
+fi
 bazel build //client/shim:libkreg_client.so >&2
 "$py" tools/build_wheel.py --shim bazel-bin/client/shim/libkreg_client.so \
   --out "$out"

@@ -40,7 +40,8 @@ Embedded defaults, overridden by the TOML file given with
 .BR \\-\\-config ,
 then by flags. Every key is described in
 .IR docs/kregd.toml.example .
-An unknown key, a wrong type or an unknown log level is an error (exit 2).
+An unknown key, a wrong type, an unknown log level, an allowed root that does
+not exist or an unknown socket_group is an error (exit 2).
 .SH FILES
 .TP
 .I <socket>

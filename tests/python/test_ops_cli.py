@@ -140,6 +140,21 @@ def test_kregd_rejects_an_unknown_log_level(tmp_path, how):
   assert not (tmp_path / "k.sock").exists()
 
 
+def test_kregd_rejects_an_unknown_socket_group_as_a_config_error(tmp_path):
+  # docs/operator-guide.md: any configuration mistake, an unknown group
+  # included, stops kregd with exit status 2 and a message naming it.
+  if not kregd_binary().is_file():
+    pytest.skip("kregd not built")
+  (tmp_path / "k.toml").write_text('socket_group = "no-such-group-kreg"\n')
+  r = run([kregd_binary(), "--config", tmp_path / "k.toml", "--socket",
+           tmp_path / "k.sock", "--state-dir", tmp_path / "state"], timeout=30)
+  assert r.returncode == 2, r.stderr
+  assert 'socket_group "no-such-group-kreg" (config file) does not exist' \
+      in r.stderr
+  assert not (tmp_path / "k.sock").exists()
+  assert not (tmp_path / "state").exists()
+
+
 def test_kregd_accepts_every_documented_log_level(tmp_path):
   if not kregd_binary().is_file():
     pytest.skip("kregd not built")

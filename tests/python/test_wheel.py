@@ -99,6 +99,25 @@ def test_readme_snippet_runs_from_outside_the_repo(venv, running_kregd,
   assert str(venv) in shim_line
 
 
+def test_wheel_readme_snippet_runs_and_its_description_is_current(
+    wheel, venv, running_kregd, tmp_path):
+  # client/python/README.md is the wheel's description (pip show, PyPI).
+  text = (REPO / "client/python/README.md").read_text()
+  snippet = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+  assert "/path/to/libdemo.so" in snippet
+  code = snippet.replace("/path/to/libdemo.so", str(DEMO))
+  r = subprocess.run([str(venv / "bin" / "python"), "-c", code],
+                     cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                     env=clean_env(KREGD_SOCKET=running_kregd.socket))
+  assert r.returncode == 0, r.stdout + r.stderr
+  assert "[0. 2. 4. 6.]" in r.stdout
+  with zipfile.ZipFile(wheel) as zf:
+    metadata = zf.read(next(n for n in zf.namelist()
+                            if n.endswith("METADATA"))).decode()
+  assert 'isolation = "client"' in metadata
+  assert "daemon-wide" not in metadata
+
+
 def test_kreg_console_script(venv, running_kregd, tmp_path):
   r = subprocess.run([str(venv / "bin" / "kreg"), "status"], cwd=tmp_path,
                      capture_output=True, text=True, timeout=120,
@@ -126,3 +145,40 @@ except kreg.JaxVersionError as e:
   assert r.returncode == 0, r.stderr
   assert "ERR kreg is built and tested with jax==0.11.2 jaxlib==0.11.2, " \
       "found jax 0.12.0" in r.stdout
+
+
+def test_build_wheel_sh_in_a_checkout_without_venv(tmp_path):
+  # A fresh clone has no .venv: build_wheel.sh runs tools/setup.sh (stubbed
+  # here: it makes .venv from this Python) and then builds with .venv's
+  # Python (bazel stubbed: it "builds" the shim by copying a file).
+  import shutil  # pylint: disable=import-outside-toplevel
+  clone = tmp_path / "clone"
+  (clone / "tools").mkdir(parents=True)
+  for f in ("build_wheel.sh", "build_wheel.py"):
+    shutil.copy2(REPO / "tools" / f, clone / "tools" / f)
+  shutil.copytree(REPO / "client" / "python", clone / "client" / "python",
+                  ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+  (clone / "tools/setup.sh").write_text(
+      "set -e\necho SETUP-RAN\nmkdir -p .venv/bin\n"
+      f"ln -s {sys.executable} .venv/bin/python\n")
+  stubs = tmp_path / "bin"
+  stubs.mkdir()
+  (stubs / "bazel").write_text(
+      "#!/bin/sh\nset -e\necho \"bazel $*\" >&2\n"
+      "mkdir -p bazel-bin/client/shim\n"
+      "echo not-a-real-shim > bazel-bin/client/shim/libkreg_client.so\n")
+  (stubs / "bazel").chmod(0o755)
+  env = {k: v for k, v in os.environ.items() if k != "KREG_PYTHON"}
+  env["PATH"] = f"{stubs}:{env['PATH']}"
+  r = subprocess.run(["bash", str(clone / "tools/build_wheel.sh")],
+                     capture_output=True, text=True, env=env, timeout=120)
+  assert r.returncode == 0, r.stderr
+  assert "no .venv" in r.stderr and "SETUP-RAN" in r.stderr
+  assert "bazel build //client/shim:libkreg_client.so" in r.stderr
+  wheel = pathlib.Path(r.stdout.strip().splitlines()[-1])
+  assert not wheel.is_absolute() and (clone / wheel).is_file()
+  # Bazel's own hint, for a build started without .venv, names setup.sh
+  # and the Python it needs (not a pip command Debian's 3.11 cannot run).
+  hint = (REPO / "third_party/system.bzl").read_text()
+  assert "Run tools/setup.sh" in hint and "Python >= 3.12" in hint
+  assert "-m pip install jax" not in hint
