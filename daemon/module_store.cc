@@ -207,7 +207,8 @@ absl::StatusOr<UniqueFd> ModuleStore::SealedCopy(const std::string& digest,
         "local execution must have 1 to ", max_bytes,
         " bytes (max_module_bytes)"));
   }
-  std::string label = absl::StrCat("kreg-module-", digest.substr(7, 16));
+  std::string label = absl::StrCat(
+      "kreg-module-", digest.size() > 7 ? digest.substr(7, 16) : "unknown");
   UniqueFd out(::memfd_create(label.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!out.ok()) return Errno("memfd_create for", path);
   if (::ftruncate(out.get(), static_cast<off_t>(size)) != 0) {

@@ -134,6 +134,11 @@ int main(int argc, char** argv) {
   grow.set_id(2);
   grow.mutable_arena_grow()->set_size(4096);
   Write("hello", std::string("\x00", 1) + Frame(hello) + Frame(grow));
+  SessionRequest bind_local;
+  bind_local.set_id(6);
+  bind_local.mutable_bind_local()->set_target_name("t.scale");
+  bind_local.mutable_bind_local()->set_platform("cpu");
+  Write("bind_local", "\x03" + Frame(bind_local) + Frame(list));
 
   dir = root + "/broker_request";
   BrokerRequest b;
@@ -145,6 +150,8 @@ int main(int argc, char** argv) {
   b.mutable_resolve()->set_target_name("t.new");
   b.mutable_resolve()->set_platform("cpu");
   Write("resolve", b.SerializeAsString());
+  b.mutable_resolve()->set_local(true);
+  Write("resolve_local", b.SerializeAsString());
   b.Clear();
   b.mutable_list();
   Write("list", b.SerializeAsString());
