@@ -2,10 +2,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -113,6 +115,22 @@ Conn::~Conn() {
   if (sock_ >= 0) ::close(sock_);
 }
 
+namespace {
+
+// "name (gid N)", or "gid N" when the group has no name here.
+std::string GroupText(gid_t gid) {
+  group g;
+  group* found = nullptr;
+  std::vector<char> buf(16384);
+  if (::getgrgid_r(gid, &g, buf.data(), buf.size(), &found) == 0 &&
+      found != nullptr) {
+    return std::string(g.gr_name) + " (gid " + std::to_string(gid) + ")";
+  }
+  return "gid " + std::to_string(gid);
+}
+
+}  // namespace
+
 ClientStatus Conn::Open(const std::string& path, std::unique_ptr<Conn>* out) {
   sockaddr_un addr{};
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
@@ -133,6 +151,22 @@ ClientStatus Conn::Open(const std::string& path, std::unique_ptr<Conn>* out) {
   if (rc != 0) {
     int err = errno;
     ::close(sock);
+    struct stat st;
+    if (err == EACCES && ::stat(path.c_str(), &st) == 0) {
+      // kregd is there; this process may not talk to it.
+      char mode[8];
+      snprintf(mode, sizeof(mode), "%04o", st.st_mode & 07777);
+      return ClientStatus::Error(
+          kPermissionDenied,
+          "permission denied connecting to the kregd session socket " + path +
+              " (owner uid " + std::to_string(st.st_uid) + ", group " +
+              GroupText(st.st_gid) + ", mode " + mode +
+              "; this process runs as uid " + std::to_string(::geteuid()) +
+              ", gid " + std::to_string(::getegid()) +
+              "): kregd is running, but only its group may connect; ask the "
+              "operator to add your user to that group (kregd's "
+              "socket_group) and log in again");
+    }
     return ClientStatus::Error(
         kUnavailable, "cannot connect to the kregd session socket " + path +
                           ": " + Errno(err) + " (is kregd running?)");

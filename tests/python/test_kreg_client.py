@@ -427,6 +427,52 @@ def test_restarting_kregd_under_load_fails_no_call(tmp_path, how):
 
 # ---- environment errors -----------------------------------------------------
 
+CONNECT_AS = """
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+class Args(ctypes.Structure):
+  _fields_ = [("struct_size", ctypes.c_size_t), ("path", ctypes.c_char_p),
+              ("path_len", ctypes.c_size_t), ("client", ctypes.c_void_p)]
+lib.kreg_connect.restype = ctypes.c_void_p
+lib.kreg_error_code.argtypes = [ctypes.c_void_p]
+lib.kreg_error_message.argtypes = [ctypes.c_void_p]
+lib.kreg_error_message.restype = ctypes.c_char_p
+path = sys.argv[2].encode()
+a = Args(ctypes.sizeof(Args), path, len(path), None)
+e = lib.kreg_connect(ctypes.byref(a))
+print(lib.kreg_error_code(e), lib.kreg_error_message(e).decode())
+"""
+
+
+def test_permission_denied_on_the_socket_says_whose_and_what():
+  # A user outside kregd's socket group: not "is kregd running?", but who
+  # owns the socket, its mode, and what to ask for.
+  if os.geteuid() != 0:
+    pytest.skip("needs root: the client runs as uid 65534")
+  if not os.path.exists("/usr/bin/python3"):
+    pytest.skip("needs /usr/bin/python3 (a Python uid 65534 may run)")
+  from kregd_proc import finish_test_daemon, start_test_daemon  # pylint: disable=import-outside-toplevel
+  d = start_test_daemon("kreg-perm-")
+  try:
+    os.chmod(d.root, 0o711)  # the path is reachable; the socket is 0660
+    shim = d.root / "libkreg_client.so"
+    shutil.copy(os.environ.get("KREG_CLIENT_LIB") or
+                ku.REPO_ROOT / "bazel-bin/client/shim/libkreg_client.so", shim)
+    os.chmod(shim, 0o755)
+    p = subprocess.run(["/usr/bin/python3", "-c", CONNECT_AS, str(shim),
+                        d.session_socket], capture_output=True, text=True,
+                       timeout=60, user=65534, group=65534, extra_groups=[])
+    assert p.returncode == 0, p.stderr
+    out = p.stdout.strip()
+    assert out.startswith("7 permission denied connecting to the kregd "
+                          f"session socket {d.session_socket} (owner uid 0, "
+                          "group root (gid 0), mode 0660; this process runs "
+                          "as uid 65534, gid 65534): kregd is running"), out
+    assert "socket_group" in out, out
+  finally:
+    finish_test_daemon(d)
+
+
 def test_daemon_not_running_names_the_socket(tmp_path):
   sock = str(tmp_path / "nothing.sock")
   with pytest.raises(kreg.DaemonNotRunningError) as info:
