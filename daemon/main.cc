@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "daemon/config.h"
+#include "daemon/log_format.h"
 #include "daemon/log_limit.h"
 #include "daemon/server.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -28,7 +29,7 @@ int main(int argc, char** argv) {
   if (exit_now) return 0;
   spdlog::set_default_logger(spdlog::stderr_color_mt("kregd"));
   spdlog::set_level(spdlog::level::from_str(config->log_level));
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ kregd[%P] %v");
+  kreg::SetLogFormat("kregd");
   kreg::RouteProtobufLogs();  // rate-limited, into this log
 
   // Signals are taken synchronously by this thread only.

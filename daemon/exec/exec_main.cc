@@ -31,6 +31,7 @@
 #include "daemon/exec/module_cache.h"
 #include "daemon/exec/status_page.h"
 #include "daemon/ffi/ffi_host.h"
+#include "daemon/log_format.h"
 #include "daemon/session/session.h"
 #include "kreg/v1/executor.pb.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -161,8 +162,7 @@ int Main() {
   }
   spdlog::set_level(spdlog::level::from_str(
       init.log_level().empty() ? "info" : init.log_level()));
-  spdlog::set_pattern(absl::StrCat(
-      "%Y-%m-%dT%H:%M:%S.%e %^%l%$ kregd-exec[%P] (", init.group(), ") %v"));
+  SetLogFormat("kregd-exec", absl::StrCat(" (", init.group(), ")"));
   if (init.drop_privileges()) {
     std::vector<gid_t> groups(init.groups().begin(), init.groups().end());
     absl::Status s = DropPrivileges(init.uid(), init.gid(), groups);

@@ -416,3 +416,47 @@ sys.stdin.readline()
     assert r.returncode == 0, r.stderr
   finally:
     finish(d)
+
+
+def test_under_journald_log_lines_carry_their_syslog_priority():
+  # systemd names the stream it gave as stderr in $JOURNAL_STREAM: kregd
+  # and its executors then prefix each line with its priority (<6> info,
+  # <4> warning), so `journalctl -p warning` finds kregd's warnings.
+  hostile_path()
+  root = pathlib.Path(tempfile.mkdtemp(prefix="kreg-jr-", dir="/tmp"))
+  log = root / "kregd.log"
+  log.touch()
+  st = os.stat(log)
+  d = Daemon(root, [os.path.realpath(ku.kernels_dir())],
+             env=dict(os.environ, JOURNAL_STREAM=f"{st.st_dev}:{st.st_ino}"))
+  d.start()
+  try:
+    (who,) = run_client(d, "WhoAmI")
+    status = json.loads(kregctl(d, "status", "--json").stdout)
+    for ex in status["executors"]:
+      os.kill(ex["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while "<4>warning kregd[" not in log.read_text():
+      assert time.monotonic() < deadline, log.read_text()
+      time.sleep(0.1)
+    text = log.read_text()
+    lines = [l for l in text.splitlines() if l.strip()]
+    assert "ok" in who
+    assert re.search(r"^<6>info kregd\[\d+\] journal replayed", text, re.M)
+    assert re.search(r"^<6>info kregd-exec\[\d+\] \(pid \d+ \(uid \d+\)\) "
+                     r"session \d+: uid", text, re.M), text
+    assert re.search(r"^<4>warning kregd\[\d+\] executor pid \d+ .* with no "
+                     r"call in flight", text, re.M), text
+    # Every line kregd and its executors wrote has a priority and no
+    # timestamp of its own (journald keeps one).
+    ours = [l for l in lines if re.match(r"^(<\d>)?\S+ kregd(-exec)?\[", l)]
+    assert ours and all(re.match(r"^<[2-7]>", l) for l in ours), ours[:5]
+  finally:
+    finish(d)
+  # Without $JOURNAL_STREAM: timestamps, no priorities.
+  d = make_daemon()
+  try:
+    assert re.search(r"^\d{4}-\d\d-\d\dT[\d:.]+ info kregd\[\d+\] ", d.log(),
+                     re.M), d.log()
+  finally:
+    finish(d)
