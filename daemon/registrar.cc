@@ -245,6 +245,21 @@ absl::StatusOr<RegisterOutcome> Registrar::Register(RegistrationRequest request,
                                                     const PeerCred& peer) {
   absl::StatusOr<RegisterArgs> args = Parse(request, peer);
   if (!args.ok()) {
+    const absl::StatusCode code = args.status().code();
+    if (request.source == RegistrationRequest::Source::kPath &&
+        (code == absl::StatusCode::kPermissionDenied ||
+         code == absl::StatusCode::kNotFound)) {
+      // A path kregd may not read (outside its allowed roots, not the
+      // caller's to read, not on this host): kreg then uploads the bytes,
+      // so this is a step of a registration, not its refusal.
+      spdlog::debug(
+          "path registration of {} ({}) by uid {} pid {}: {}; "
+          "the client may upload the bytes instead",
+          QuoteForMessage(request.target_name),
+          QuoteForMessage(request.platform), peer.uid, peer.pid,
+          std::string(args.status().message()));
+      return args.status();
+    }
     return Refused(args.status(), request.target_name, request.platform, peer);
   }
   absl::StatusOr<RegisterOutcome> out = registry_->Register(*args);

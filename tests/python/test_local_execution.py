@@ -203,6 +203,21 @@ print(json.dumps({"y": y, "v1": b"kreg demo kernels v1" in image,
 """
 
 
+def test_a_path_outside_the_roots_is_uploaded_without_a_false_refusal(
+    daemon, tmp_path):
+  # kreg tries the path first; kregd may not read it and kreg uploads the
+  # bytes. kregd's log must not call that step a refused registration.
+  mine = tmp_path / "libelsewhere.so"
+  shutil.copyfile(ku.kernel_path("libdemo.so"), mine)
+  r = daemon.client.register_ffi_target("demo.elsewhere", mine, "Scale",
+                                        platform="cpu")
+  assert r.created
+  log = daemon.log(tail=None)
+  assert "demo.elsewhere" in log
+  assert not [l for l in log.splitlines()
+              if "registration refused" in l and "demo.elsewhere" in l], log
+
+
 def test_the_callers_file_changing_later_changes_nothing(daemon, tmp_path):
   v1, v2 = ku.kernel_path("libdemo.so"), ku.kernel_path("libdemo_v2.so")
   mine = tmp_path / "libmine.so"
