@@ -127,6 +127,10 @@ ClientStatus LoadModule(UniqueFd fd, const v1::TargetInfo& target,
                        ") into this process: " + (why ? why : "dlopen failed") +
                        ". Run it isolated (execution=\"isolated\") instead");
   }
+  // Kept open from here on, whatever follows: the library stays loaded
+  // (RTLD_NODELETE), so its /proc/self/fd path must never name another
+  // file.
+  (void)fd.release();
   ::dlerror();
   void* sym = ::dlsym(dl, target.func_name().c_str());
   if (sym == nullptr) {
@@ -145,7 +149,6 @@ ClientStatus LoadModule(UniqueFd fd, const v1::TargetInfo& target,
                        " (a library loaded earlier under the same path); "
                        "nothing was bound");
   }
-  (void)fd.release();  // kept open: the path stays this module's
   *handler = sym;
   if (library != nullptr) *library = dl;
   return ClientStatus::Ok();
