@@ -1,9 +1,9 @@
 // Module uploads over a session as a file descriptor (a memfd) instead of
 // message bytes, so a module of any size up to max_module_bytes registers
-// through the session like through the gRPC stream (issue 11, item 5); and
-// how an executor relays a session's upload to kregd: always as a sealed
-// memfd, never inline, so that executor -> kregd messages stay small
-// (issue 19).
+// through the session like through the gRPC stream; and how an executor
+// relays a session's upload to kregd: always as a sealed memfd, never
+// inline, so that executor -> kregd messages stay small (docs/design.md
+// §8: kregd trusts no executor).
 #ifndef KREGD_DAEMON_SESSION_MODULE_UPLOAD_H_
 #define KREGD_DAEMON_SESSION_MODULE_UPLOAD_H_
 

@@ -46,8 +46,10 @@ def handler_names() -> list[str]:
           for sym in syms]
 
 
-def register_all(kreg_client, kernels_dir: pathlib.Path) -> None:
-  """Registers every handler in-process (REF) and with kregd (FWD)."""
+def register_all(kreg_client, kernels_dir: pathlib.Path, prefix: str = FWD,
+                 execution: Optional[str] = None) -> None:
+  """Registers every handler in-process (REF) and with kregd (under
+  `prefix`, run as `execution`: None is the process default)."""
   for module, (group, handlers) in HANDLERS.items():
     path = kernels_dir / module
     lib = ctypes.cdll.LoadLibrary(str(path))
@@ -55,8 +57,9 @@ def register_all(kreg_client, kernels_dir: pathlib.Path) -> None:
       jax.ffi.register_ffi_target(f"{REF}{group}.{sym}",
                                   jax.ffi.pycapsule(getattr(lib, sym)),
                                   platform="CUDA")
-      kreg_client.register_ffi_target(f"{FWD}{group}.{sym}", str(path), sym,
-                                      platform="CUDA")
+      kreg_client.register_ffi_target(f"{prefix}{group}.{sym}", str(path),
+                                      sym, platform="CUDA",
+                                      execution=execution)
 
 
 def put(a, device=None) -> jax.Array:

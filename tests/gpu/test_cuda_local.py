@@ -7,7 +7,6 @@ fresh process. Runs in every pass of tests/gpu/run.sh (each allocator, MPS).
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import subprocess
@@ -20,7 +19,7 @@ import pytest
 
 import cuda_cases
 import kernels_util as ku
-from cuda_cases import DEVICE_CASES, HANDLERS, REF
+from cuda_cases import DEVICE_CASES, REF
 
 LOC = "loc_cuda."
 ALLOCATOR = os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default")
@@ -41,16 +40,10 @@ def client(kregd_socket):
 @pytest.fixture(scope="module", autouse=True)
 def registered(x64, gpu, cuda_kernels_dir, client):
   del x64, gpu
-  for module, (group, handlers) in HANDLERS.items():
-    path = cuda_kernels_dir / module
-    lib = ctypes.cdll.LoadLibrary(str(path))
-    for sym in handlers:
-      jax.ffi.register_ffi_target(f"{REF}{group}.{sym}",
-                                  jax.ffi.pycapsule(getattr(lib, sym)),
-                                  platform="CUDA")
-      r = client.register_ffi_target(f"{LOC}{group}.{sym}", str(path), sym,
-                                     platform="CUDA", execution="local")
-      assert client.bound_mode(r.target_name, "cuda") == "local"
+  cuda_cases.register_all(client, cuda_kernels_dir, prefix=LOC,
+                          execution="local")
+  for name in cuda_cases.handler_names():
+    assert client.bound_mode(LOC + name, "cuda") == "local"
 
 
 @pytest.fixture(autouse=True)

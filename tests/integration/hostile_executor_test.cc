@@ -1,5 +1,5 @@
-// Hostile kernels and half frames against the real kregd (issue 19, items 1
-// and 2): a kernel that writes huge frames into every socket its executor
+// Hostile kernels and half frames against the real kregd (docs/design.md
+// §6, §8): a kernel that writes huge frames into every socket its executor
 // holds to kregd, registrations whose module bytes must reach kregd as a
 // sealed memfd (never inline), and a first frame that stops halfway. Spoken
 // over the raw session protocol.

@@ -124,7 +124,7 @@ def test_readme_and_units_point_at_docs_in_the_repo():
   assert "docs/design.md" in readme
 
 
-# -- docs that are followed literally (issue 22 item 1) -----------------------
+# -- docs that are followed literally ------------------------------------------
 
 
 def code_blocks(path: pathlib.Path, lang: str) -> list[str]:

@@ -400,24 +400,20 @@ class Client:
               f"{_shim.version().api_major}.{_shim.version().api_minor}, "
               f"needs 1.{_shim.LOCAL_MINOR}); rebuild it",
               "FAILED_PRECONDITION")
-        args = _shim.new(_shim.BindLocalArgs)
-        args.client = self._handle
-        args.target_name, args.target_name_len = name, len(name)
-        args.platform, args.platform_len = plat, len(plat)
-        e = _shim.take_error(self._lib,
-                             self._lib.kreg_bind_local(ctypes.byref(args)))
-        if e:
-          self._raise(e, KregError)
+      # The forwarding trampoline (kreg_bind), or the registered module's
+      # own handler loaded into this process (kreg_bind_local).
+      args = _shim.new(_shim.BindLocalArgs if mode == "local" else
+                       _shim.BindArgs)
+      args.client = self._handle
+      args.target_name, args.target_name_len = name, len(name)
+      args.platform, args.platform_len = plat, len(plat)
+      bind = (self._lib.kreg_bind_local if mode == "local" else
+              self._lib.kreg_bind)
+      e = _shim.take_error(self._lib, bind(ctypes.byref(args)))
+      if e:
+        self._raise(e, KregError)
+      if mode == "local":
         target = _targets(self._lib, args.target)[0]
-      else:
-        args = _shim.new(_shim.BindArgs)
-        args.client = self._handle
-        args.target_name, args.target_name_len = name, len(name)
-        args.platform, args.platform_len = plat, len(plat)
-        e = _shim.take_error(self._lib,
-                             self._lib.kreg_bind(ctypes.byref(args)))
-        if e:
-          self._raise(e, KregError)
       jax.ffi.register_ffi_target(target_name, jax.ffi.pycapsule(args.handler),
                                   platform=_jax_platform(canonical))
       _jax_registered[key] = (args.handler, self.session_path, mode)
