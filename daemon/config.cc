@@ -1,17 +1,21 @@
 #include "daemon/config.h"
 
 #include <grp.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/paths.h"
 #include "common/version.h"
@@ -72,8 +76,84 @@ uint64_t* NumberKey(const std::string& k, Config* c) {
   return nullptr;
 }
 
+// Every key a config file may set, as the unknown-key message lists them.
+constexpr const char* kKnownKeys[] = {"socket",
+                                      "state_dir",
+                                      "allowed_roots",
+                                      "max_module_bytes",
+                                      "max_arena_bytes",
+                                      "max_buffered_bytes",
+                                      "max_registrations_per_uid",
+                                      "max_store_bytes_per_uid",
+                                      "socket_group",
+                                      "log_level",
+                                      "probe_binary",
+                                      "isolation",
+                                      "executor_binary",
+                                      "launch_timeout",
+                                      "seccomp",
+                                      "quarantine_crashes",
+                                      "quarantine_window_s",
+                                      "executor_idle_s",
+                                      "max_sessions",
+                                      "max_sessions_per_uid",
+                                      "hello_timeout_s",
+                                      "etcd_endpoints",
+                                      "cluster",
+                                      "advertise",
+                                      "peer_listen",
+                                      "host_name",
+                                      "peer_tls_ca",
+                                      "peer_tls_cert",
+                                      "peer_tls_key",
+                                      "etcd_timeout_s",
+                                      "peer_lease_ttl_s",
+                                      "metrics_listen",
+                                      "metrics_allow_remote",
+                                      "launch_ring",
+                                      "ring_spin_us",
+                                      "local_execution"};
+
+// Levenshtein distance (keys are short).
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min(
+          {row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string UnknownKeyText(const std::string& path, const std::string& key) {
+  std::string best;
+  size_t best_distance = 3;  // a suggestion only within 2 edits
+  for (const char* known : kKnownKeys) {
+    size_t d = EditDistance(key, known);
+    if (d < best_distance) {
+      best_distance = d;
+      best = known;
+    }
+  }
+  std::string suggestion =
+      best.empty() ? "" : absl::StrCat("did you mean \"", best, "\"? ");
+  return absl::StrCat("config file ", path, ": unknown key \"", key, "\" (",
+                      suggestion, "known: ", absl::StrJoin(kKnownKeys, ", "),
+                      ")");
+}
+
 absl::Status ApplyToml(const std::string& path, Config* c) {
   toml::table t;
+  if (::access(path.c_str(), R_OK) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config file ", path, " cannot be read: ", strerror(errno)));
+  }
   try {
     t = toml::parse_file(path);
   } catch (const toml::parse_error& e) {
@@ -158,18 +238,7 @@ absl::Status ApplyToml(const std::string& path, Config* c) {
         c->allowed_roots.push_back(*s);
       }
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "config file ", path, ": unknown key \"", k,
-          "\" (known: socket, state_dir, allowed_roots, max_module_bytes, "
-          "max_arena_bytes, max_buffered_bytes, max_registrations_per_uid, "
-          "max_store_bytes_per_uid, socket_group, log_level, probe_binary, "
-          "isolation, executor_binary, launch_timeout, seccomp, "
-          "quarantine_crashes, quarantine_window_s, executor_idle_s, "
-          "max_sessions, max_sessions_per_uid, hello_timeout_s, "
-          "etcd_endpoints, cluster, advertise, peer_listen, host_name, "
-          "peer_tls_ca, peer_tls_cert, peer_tls_key, etcd_timeout_s, "
-          "peer_lease_ttl_s, metrics_listen, metrics_allow_remote, "
-          "launch_ring, ring_spin_us, local_execution)"));
+      return absl::InvalidArgumentError(UnknownKeyText(path, k));
     }
   }
   return absl::OkStatus();

@@ -574,7 +574,20 @@ TEST_CASE("Daemon start-up errors are clear", "[integration]") {
   auto unknown =
       testing::Run({kregd, "--config", other.path() + "/unknown.toml"});
   CHECK(unknown.exit_code == 2);
-  CHECK_THAT(unknown.err, Catch::Contains("unknown key \"sockett\""));
+  CHECK_THAT(unknown.err, Catch::Contains("unknown key \"sockett\" (did "
+                                          "you mean \"socket\"? known: "
+                                          "socket, state_dir,"));
+  testing::WriteFile(other.path() + "/far.toml", "zzzzzzzz = 1\n");
+  auto far = testing::Run({kregd, "--config", other.path() + "/far.toml"});
+  CHECK(far.exit_code == 2);
+  CHECK_THAT(far.err, Catch::Contains("unknown key \"zzzzzzzz\" (known: "));
+  auto missing =
+      testing::Run({kregd, "--config", other.path() + "/no-such-config.toml"});
+  CHECK(missing.exit_code == 2);
+  CHECK_THAT(missing.err,
+             Catch::Contains("config file " + other.path() +
+                             "/no-such-config.toml cannot be read: No such "
+                             "file or directory"));
   // The first daemon is unaffected, and a clean stop removes its socket.
   CHECK(d.client().Health().ok());
   CHECK(d.Stop() == 0);

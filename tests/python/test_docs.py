@@ -43,6 +43,24 @@ def test_example_config_names_every_key_kregd_reads():
     assert re.search(rf"^{key} = ", text, re.M), f"{key} missing from {EXAMPLE}"
 
 
+def test_the_unknown_key_message_lists_every_key_kregd_reads(tmp_path):
+  # One list in config.cc names the keys for the message; it must be the
+  # keys ApplyToml reads.
+  need(KREGD)
+  keys = set()
+  for src in ("daemon/config.cc", "daemon/config_cluster.cc"):
+    keys |= set(re.findall(r'\bk == "(\w+)"', (REPO / src).read_text()))
+  config = tmp_path / "k.toml"
+  config.write_text("isolaton = \"client\"\n")
+  p = subprocess.run([str(KREGD), "--config", str(config)],
+                     capture_output=True, text=True, timeout=30)
+  assert p.returncode == 2
+  m = re.search(r'unknown key "isolaton" \(did you mean "isolation"\? '
+                r"known: ([^)]*)\)", p.stderr)
+  assert m, p.stderr
+  assert set(m.group(1).split(", ")) == keys
+
+
 def test_kregd_starts_with_the_example_config(tmp_path):
   need(KREGD)
   sock = tmp_path / "k.sock"
