@@ -470,6 +470,20 @@ absl::Status Daemon::StartSessions() {
   } else {
     spdlog::info("executors: isolation {}", config_.isolation);
   }
+  if (!config_.seccomp) {
+    spdlog::warn(
+        "seccomp = false: executors run kernels without the seccomp filter "
+        "(execve, ptrace, network sockets, ... are allowed); remove the "
+        "setting unless you are debugging the filter");
+  }
+  if (config_.local_execution == "allow") {
+    spdlog::info(
+        "local execution: allowed (clients may run registered "
+        "kernels in their own process; local_execution = \"deny\" "
+        "keeps every kernel in executors)");
+  } else {
+    spdlog::info("local execution: denied (local_execution = \"deny\")");
+  }
   SessionOptions opts;
   opts.socket_path = SessionSocketPath(config_.socket_path);
   opts.listen_fd = session_listen_fd_;

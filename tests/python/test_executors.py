@@ -460,3 +460,20 @@ def test_under_journald_log_lines_carry_their_syslog_priority():
                      re.M), d.log()
   finally:
     finish(d)
+
+
+def test_seccomp_off_is_said_at_start(tmp_path):
+  config = tmp_path / "kregd.toml"
+  config.write_text("seccomp = false\n")
+  d = make_daemon("--config", str(config))
+  try:
+    assert re.search(r"warning kregd\[\d+\] seccomp = false: executors run "
+                     r"kernels without the seccomp filter", d.log()), d.log()
+  finally:
+    finish(d)
+  d = make_daemon()
+  try:
+    assert "seccomp = false" not in d.log()
+    assert "local execution: allowed" in d.log()
+  finally:
+    finish(d)

@@ -277,6 +277,7 @@ def test_site_policy_deny():
     assert ("this kregd does not allow local execution (local_execution = "
             "\"deny\" in its configuration)") in p.stderr
     assert "execution=\"isolated\"" in p.stderr
+    assert "local execution: denied (local_execution = \"deny\")" in d.log()
     # The registration itself stands, and runs isolated.
     [r] = run_py(d, """
         import json, jax, numpy as np, kreg
