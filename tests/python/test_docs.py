@@ -253,6 +253,32 @@ def test_user_guide_a_second_process_binds_by_name(running_kregd,
   assert "[0. 2. 4. 6.]" in second.stdout
 
 
+def test_readme_local_bind_and_export_examples_run_as_written(tmp_path):
+  # The README's local-execution, bind-by-name and jax.export examples,
+  # verbatim, from the repository root (their module path is relative to
+  # it), each in a fresh process against a fresh kregd.
+  pytest.importorskip("flatbuffers")
+  from kregd_proc import finish_test_daemon, start_test_daemon  # pylint: disable=import-outside-toplevel
+  blocks = code_blocks(REPO / "README.md", "python")
+  local = [b for b in blocks if 'execution="local"' in b and "configure" in b]
+  bind = [b for b in blocks if "kreg.bind_ffi_target(" in b]
+  export = [b for b in blocks if "exp.serialize()" in b]
+  run = [b for b in blocks if "kreg.bind_exported(exp)" in b]
+  assert len(local) == len(bind) == len(export) == len(run) == 1
+  d = start_test_daemon("kreg-readme-")
+  try:
+    env = d.env()
+    for code in (local[0], bind[0], export[0]):
+      r = run_py(code, env, cwd=REPO)
+      assert r.returncode == 0, code + r.stderr
+    r = run_py(run[0], env, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert "[0. 2. 4. 6.]" in r.stdout
+  finally:
+    (REPO / "f.jax").unlink(missing_ok=True)
+    finish_test_daemon(d)
+
+
 def test_kernel_author_guide_example_builds_and_takes_a_python_float(
     running_kregd, tmp_path):
   if shutil.which("g++") is None:
