@@ -479,6 +479,12 @@ def _has(module):
 
 def _scrape(path):
   import socket  # pylint: disable=import-outside-toplevel
+  # kregd opens its metrics socket just after the session socket, which is
+  # what Daemon.start waits for.
+  deadline = time.monotonic() + 20
+  while not path.exists():
+    assert time.monotonic() < deadline, f"{path} never appeared"
+    time.sleep(0.05)
   with socket.socket(socket.AF_UNIX) as s:
     s.settimeout(10)
     s.connect(str(path))
