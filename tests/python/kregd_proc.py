@@ -150,6 +150,21 @@ class Daemon:
     return env
 
 
+def run_kregctl(d: Daemon, *args: str,
+                check: bool = True) -> subprocess.CompletedProcess:
+  """`kregctl --socket <d's socket> ARGS...` (pytest.skip when kregctl is
+  not built); with `check`, asserts it succeeded."""
+  import pytest  # only the test suites use this helper
+  exe = kregctl_binary()
+  if exe is None:
+    pytest.skip("kregctl not built")
+  p = subprocess.run([str(exe), "--socket", d.socket, *args],
+                     capture_output=True, text=True, timeout=60)
+  if check:
+    assert p.returncode == 0, p.stdout + p.stderr
+  return p
+
+
 def start_test_daemon(prefix: str, extra_args: Sequence[str] = ()) -> Daemon:
   """A started kregd under a fresh /tmp directory that may read the test
   kernels (pytest.skip when the binary is not built). Stop it with

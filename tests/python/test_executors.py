@@ -24,7 +24,8 @@ import pytest
 
 import kernels_util as ku
 import kreg
-from kregd_proc import start_test_daemon, finish_test_daemon, Daemon, kregctl_binary
+from kregd_proc import start_test_daemon, finish_test_daemon, Daemon
+from kregd_proc import run_kregctl as kregctl
 
 PY = sys.executable
 CLIENT = str(pathlib.Path(__file__).resolve().parent / "executor_client.py")
@@ -44,17 +45,6 @@ def make_daemon(*extra):
 
 def finish(d):
   finish_test_daemon(d)
-
-
-def kregctl(d, *args, check=True):
-  exe = kregctl_binary()
-  if exe is None:
-    pytest.skip("kregctl not built")
-  p = subprocess.run([str(exe), "--socket", d.socket, *args],
-                     capture_output=True, text=True, timeout=60)
-  if check:
-    assert p.returncode == 0, p.stdout + p.stderr
-  return p
 
 
 def listing(d):

@@ -25,7 +25,8 @@ import pytest
 import kernels_util as ku
 import kreg
 from kregd_proc import (Daemon, daemon_binary, finish_test_daemon,
-                        kregctl_binary, start_test_daemon)
+                        start_test_daemon)
+from kregd_proc import run_kregctl as kregctl
 
 PY = sys.executable
 
@@ -52,17 +53,6 @@ def run_py(d, code, *args, env=None, timeout=120, check=True):
   out = [json.loads(line) for line in p.stdout.splitlines()
          if line.startswith("{")]
   return out if check else (p, out)
-
-
-def kregctl(d, *args, check=True):
-  exe = kregctl_binary()
-  if exe is None:
-    pytest.skip("kregctl not built")
-  p = subprocess.run([str(exe), "--socket", d.socket, *args],
-                     capture_output=True, text=True, timeout=60)
-  if check:
-    assert p.returncode == 0, p.stdout + p.stderr
-  return p
 
 
 HOSTILE = "libhostile.so"

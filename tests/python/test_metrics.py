@@ -22,7 +22,8 @@ import time
 import pytest
 
 import kernels_util as ku
-from kregd_proc import start_test_daemon, finish_test_daemon, Daemon, daemon_binary, kregctl_binary
+from kregd_proc import start_test_daemon, finish_test_daemon, Daemon, daemon_binary
+from kregd_proc import run_kregctl as kregctl
 
 CLIENT = str(pathlib.Path(__file__).resolve().parent / "metrics_client.py")
 
@@ -211,17 +212,6 @@ def test_the_parser_itself_refuses_what_the_format_forbids():
 
 
 # -- helpers -----------------------------------------------------------------
-
-
-def kregctl(d, *args, check=True):
-  exe = kregctl_binary()
-  if exe is None:
-    pytest.skip("kregctl not built")
-  p = subprocess.run([str(exe), "--socket", d.socket, *args],
-                     capture_output=True, text=True, timeout=60)
-  if check:
-    assert p.returncode == 0, p.stdout + p.stderr
-  return p
 
 
 def http(address: str, request: bytes, timeout: float = 10) -> tuple:
