@@ -17,6 +17,7 @@ enum ClientCode : int {
   kPermissionDenied = 7,
   kResourceExhausted = 8,
   kFailedPrecondition = 9,
+  kAborted = 10,
   kOutOfRange = 11,
   kUnimplemented = 12,
   kInternal = 13,

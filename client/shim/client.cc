@@ -373,7 +373,23 @@ ClientStatus Client::BindLocal(const std::string& target,
   return s;
 }
 
-ClientStatus Client::WithConn(const std::function<ClientStatus(Conn*)>& op) {
+namespace {
+
+// Said once per process: a re-run is harmless but should not be silent.
+void SayRerunOnce(const std::string& target, const std::string& why) {
+  static std::atomic<bool> said{false};
+  if (said.exchange(true)) return;
+  std::fprintf(stderr,
+               "kreg: a forwarded call of \"%s\" was run again on a new kregd "
+               "session (its outputs do not alias its inputs, so that cannot "
+               "change a result): %s (said once per process)\n",
+               target.c_str(), why.c_str());
+}
+
+}  // namespace
+
+ClientStatus Client::WithConn(const std::function<ClientStatus(Conn*)>& op,
+                              const Rerun* rerun) {
   ClientStatus s;
   ClientStatus lost;
   // Earlier launches' lost GPU work: part of this call's error, or the
@@ -395,9 +411,14 @@ ClientStatus Client::WithConn(const std::function<ClientStatus(Conn*)>& op) {
     std::unique_ptr<Conn> conn;
     s = Acquire(&conn);
     if (!s.ok()) return s;
+    conn->ClearLaunchSent();
     s = op(conn.get());
     bool broken = conn->broken();
     bool refused = conn->refused();
+    const bool sent = conn->launch_sent();
+    // kregd's ABORTED refusal: another session's handler crashed the
+    // executor while this call ran (this one was not at fault).
+    const bool interrupted = refused && s.code == kAborted;
     // The executor went away during the call: earlier launches' GPU work
     // that an XLA stream still waits on will never complete.
     if (conn->ended() && lost.ok()) {
@@ -407,7 +428,19 @@ ClientStatus Client::WithConn(const std::function<ClientStatus(Conn*)>& op) {
     // A stale session (kregd restarted, an idle executor was replaced) is
     // retried once on a fresh one; kregd's own refusal (e.g. the executor
     // crashed running this very call) is final.
-    if (!broken || refused) return s;
+    if (!broken || (refused && !interrupted) || attempt == 1) return s;
+    if (rerun != nullptr && sent) {
+      if (rerun->outputs_alias_inputs) {
+        s.message =
+            "kreg: the call of \"" + rerun->target +
+            "\" may have partly run and was not run again: " + s.message +
+            ". Its outputs alias its inputs (input_output_aliases), "
+            "so running it again could change the result; re-run "
+            "the step from its inputs.";
+        return s;
+      }
+      SayRerunOnce(rerun->target, s.message);
+    }
   }
   return s;
 }

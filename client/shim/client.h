@@ -53,9 +53,22 @@ class Client {
   // on the fresh session after a reconnect.
   ClientStatus BindLocal(const std::string& target, const std::string& platform,
                          v1::BindLocalReply* out, UniqueFd* module);
+  // Whether a launch whose session ended while it was in flight may run
+  // again on a fresh session (DESIGN §12): only when that cannot change a
+  // result. CPU outputs are copied back only on success, so a CPU launch
+  // always may; a CUDA launch writes its outputs in place and may only
+  // when no output overlaps an input.
+  struct Rerun {
+    std::string target;
+    bool outputs_alias_inputs = false;
+  };
   // Runs `op` on a borrowed session; retried once on a fresh session if the
-  // session broke during `op`.
-  ClientStatus WithConn(const std::function<ClientStatus(Conn*)>& op);
+  // session broke during `op` (kregd went away, or an executor crash
+  // caused by another session interrupted it: ABORTED). For a launch
+  // (`rerun` set) that had left when the session broke, the retry follows
+  // `rerun` and is said once per process on stderr.
+  ClientStatus WithConn(const std::function<ClientStatus(Conn*)>& op,
+                        const Rerun* rerun = nullptr);
 
   // GPU work of an earlier forwarded call that never completed (its
   // executor died after the handler returned, e.g. a kernel faulted on the

@@ -247,6 +247,7 @@ ClientStatus Conn::Call(v1::SessionRequest* request,
                                 " bytes exceeds kregd's max_message_bytes (" +
                                 std::to_string(max_message_bytes_) + ")");
   }
+  if (request->has_launch()) launch_sent_ = true;
   int rc =
       wire::SendFrame(sock_, out_buf_.data(), out_buf_.size(), fds, num_fds);
   if (rc != wire::kOk) return Transport("send", rc);
@@ -371,6 +372,7 @@ ClientStatus Conn::LaunchCpu(const ring::DescriptorView& launch,
     return Call(request, response);
   }
   ++next_id_;
+  launch_sent_ = true;
   int code = 0;
   ClientStatus s = AwaitOne(&code, &ring_message_, nullptr);
   if (!s.ok()) return s;
@@ -393,6 +395,7 @@ ClientStatus Conn::SubmitRing(const ring::DescriptorView& launch, bool async,
   if (!ring_->Submit(launch, next_id_)) return ClientStatus::Ok();
   ++next_id_;
   *submitted = true;
+  launch_sent_ = true;
   if (async) async_targets_.push_back(target);
   return ClientStatus::Ok();
 }

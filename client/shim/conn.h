@@ -111,6 +111,11 @@ class Conn {
   // 0: its executor crashed while running this call, a session limit): the
   // call must not be retried on a fresh session.
   bool refused() const { return refused_; }
+  // A launch left for kregd or the executor (socket or ring) since
+  // ClearLaunchSent(): a session that broke after that may have run part
+  // of the call.
+  bool launch_sent() const { return launch_sent_; }
+  void ClearLaunchSent() { launch_sent_ = false; }
   uint64_t session_id() const { return session_id_; }
   uint64_t max_message_bytes() const { return max_message_bytes_; }
   // kregd's max_module_bytes; 0 from a kregd older than session protocol
@@ -154,6 +159,7 @@ class Conn {
   bool broken_ = false;
   bool refused_ = false;
   bool ended_ = false;
+  bool launch_sent_ = false;
   uint64_t next_id_ = 1;
   uint64_t session_id_ = 0;
   uint64_t max_arena_bytes_ = 0;

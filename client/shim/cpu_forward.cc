@@ -125,23 +125,27 @@ ClientStatus ForwardCpuCall(Client* client, const std::string& target,
     const ring::DescriptorView* launch;
     Scratch* scratch;
   } call{cursor, &launch, &scratch};
-  s = client->WithConn([c = &call](Conn* conn) {
-    ClientStatus st = conn->EnsureArena(c->arena_bytes);
-    if (!st.ok()) return st;
-    char* arena = conn->arena();
-    for (const Region& r : c->scratch->args) {
-      if (r.copy_in && r.bytes > 0) {
-        Copy(arena + r.offset, r.buffer->data, r.bytes);
-      }
-    }
-    st = conn->LaunchCpu(*c->launch, &c->scratch->request,
-                         &c->scratch->response);
-    if (!st.ok()) return st;
-    for (const Region& r : c->scratch->rets) {
-      if (r.bytes > 0) Copy(r.buffer->data, arena + r.offset, r.bytes);
-    }
-    return st;
-  });
+  thread_local Client::Rerun rerun;
+  rerun.target = target;
+  s = client->WithConn(
+      [c = &call](Conn* conn) {
+        ClientStatus st = conn->EnsureArena(c->arena_bytes);
+        if (!st.ok()) return st;
+        char* arena = conn->arena();
+        for (const Region& r : c->scratch->args) {
+          if (r.copy_in && r.bytes > 0) {
+            Copy(arena + r.offset, r.buffer->data, r.bytes);
+          }
+        }
+        st = conn->LaunchCpu(*c->launch, &c->scratch->request,
+                             &c->scratch->response);
+        if (!st.ok()) return st;
+        for (const Region& r : c->scratch->rets) {
+          if (r.bytes > 0) Copy(r.buffer->data, arena + r.offset, r.bytes);
+        }
+        return st;
+      },
+      &rerun);
   if (!s.ok()) client->launch_errors.fetch_add(1, std::memory_order_relaxed);
   return s;
 }

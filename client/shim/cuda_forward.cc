@@ -112,8 +112,24 @@ ClientStatus ForwardCudaCall(Client* client, const std::string& target,
         target.c_str(), static_cast<long long>(frame->args.size),
         static_cast<long long>(frame->rets.size),
         static_cast<void*>(call.stream), call.ordinal);
+  // Outputs written in place over an input: a partly run call may have
+  // changed its own inputs, so it is never run again (DESIGN §12).
+  Client::Rerun rerun;
+  rerun.target = target;
+  for (const Buf& r : call.bufs) {
+    if (r.is_arg || r.bytes == 0) continue;
+    const char* r0 = static_cast<const char*>(r.data);
+    for (const Buf& a : call.bufs) {
+      if (!a.is_arg || a.bytes == 0) continue;
+      const char* a0 = static_cast<const char*>(a.data);
+      if (r0 < a0 + a.bytes && a0 < r0 + r.bytes) {
+        rerun.outputs_alias_inputs = true;
+      }
+    }
+  }
   s = client->WithConn(
-      [&](Conn* conn) { return LaunchOnConn(conn, &call, &req, &resp); });
+      [&](Conn* conn) { return LaunchOnConn(conn, &call, &req, &resp); },
+      &rerun);
   if (!s.ok()) client->launch_errors.fetch_add(1, std::memory_order_relaxed);
   Trace("done \"%s\": code %d %s", target.c_str(), s.code, s.message.c_str());
   return s;

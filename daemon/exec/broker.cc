@@ -192,10 +192,8 @@ void SessionBroker::Run() {
     int unread = 0;
     const bool pending =
         ::ioctl(client_.get(), FIONREAD, &unread) == 0 && unread > 0;
-    std::string crash = ctx_.pool->AwaitCrash(&binding_, pending);
-    if (!crash.empty()) {
-      RefuseClient(absl::InternalError(crash));
-    }
+    absl::Status crash = ctx_.pool->AwaitCrash(&binding_, pending);
+    if (!crash.ok()) RefuseClient(crash);
   }
   ::shutdown(client_.get(), SHUT_RDWR);
   if (ctx_.bindings != nullptr) ctx_.bindings->RemoveSession(id_);

@@ -112,6 +112,32 @@ void OnTerminate() {
   std::abort();
 }
 
+// A fatal signal on a thread that runs a session's handler: record the
+// slot in the status page (kregd blames that session's target alone, not
+// every session whose handler was running at the time), then die of the
+// same signal (SA_RESETHAND restored the default action; the raised signal
+// is delivered when the handler returns). Only async-signal-safe work.
+void OnFatalSignal(int sig) {
+  const int32_t slot = RunningSlotOfThisThread();
+  if (g_page != nullptr && slot >= 0) {
+    uint32_t none = 0;
+    g_page->header()->faulted_slot.compare_exchange_strong(
+        none, static_cast<uint32_t>(slot) + 1);
+  }
+  ::raise(sig);
+}
+
+void RecordFatalSignals() {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = OnFatalSignal;
+  sa.sa_flags = SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP, SIGSYS}) {
+    ::sigaction(sig, &sa, nullptr);
+  }
+}
+
 void Reply(const absl::Status& status, const v1::ExecInitReply& base) {
   v1::ExecInitReply reply = base;
   reply.mutable_status()->set_code(static_cast<int>(status.code()));
@@ -183,6 +209,7 @@ int Main() {
   }
   g_page = &*page;
   std::set_terminate(OnTerminate);
+  RecordFatalSignals();
 
   // CUDA contexts now, before the seccomp filter and before any client
   // waits on a first launch (~150 ms per device).

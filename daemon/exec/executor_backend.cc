@@ -33,12 +33,20 @@ absl::Status StatusOf(const v1::SessionStatus& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.code()), s.message());
 }
 
+// The slot whose handler this thread runs, -1 when none. Constant-
+// initialized thread-local data of the executable: readable from a signal
+// handler.
+thread_local int32_t t_running_slot = -1;
+
 }  // namespace
+
+int32_t RunningSlotOfThisThread() { return t_running_slot; }
 
 ExecutorBackend::ExecutorBackend(UniqueFd broker, uint32_t slot,
                                  const ExecutorShared& shared)
     : broker_(std::move(broker)),
       slot_(shared.page->slot(slot)),
+      slot_index_(static_cast<int32_t>(slot)),
       shared_(shared) {
   slot_->gpu_token.store(0, std::memory_order_relaxed);
 }
@@ -204,6 +212,7 @@ void ExecutorBackend::BeginLaunch(uint64_t request_id, const TargetKey& key) {
     slot_->gpu_token.store(token, std::memory_order_relaxed);
   }
   slot_->token.store(token, std::memory_order_release);
+  t_running_slot = slot_index_;
 }
 
 void ExecutorBackend::EndLaunch(bool ok) {
@@ -215,6 +224,7 @@ void ExecutorBackend::EndLaunch(bool ok) {
   }
   slot_->launches.fetch_add(1, std::memory_order_relaxed);
   slot_->token.store(0, std::memory_order_release);
+  t_running_slot = -1;
 }
 
 void ExecutorBackend::ArenaSized(uint64_t bytes) {

@@ -32,6 +32,11 @@ struct ExecutorShared {
 };
 
 // One session's backend. Used by that session's thread only.
+// The session slot whose handler the calling thread is running (between
+// BeginLaunch and EndLaunch), -1 when none. Async-signal-safe: the
+// executor's crash handler records it in the status page.
+int32_t RunningSlotOfThisThread();
+
 class ExecutorBackend final : public SessionBackend {
  public:
   ExecutorBackend(UniqueFd broker, uint32_t slot, const ExecutorShared& shared);
@@ -72,6 +77,7 @@ class ExecutorBackend final : public SessionBackend {
 
   UniqueFd broker_;
   ExecSlot* const slot_;
+  const int32_t slot_index_;
   const ExecutorShared shared_;
   std::map<TargetKey, uint32_t> tokens_;
   // The launch in progress (BeginLaunch .. EndLaunch).

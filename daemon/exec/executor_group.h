@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "daemon/exec/executor.h"
 #include "daemon/exec/executor_pool.h"
 #include "daemon/types.h"
@@ -40,7 +41,10 @@ struct ExecutorPool::Group {
   bool stop_requested = false;
   bool dead = false;
   std::string killed_because;  // why kregd killed it (logged when it did)
-  std::map<uint32_t, std::string> crash_text;
+  // Per slot, the error of the call that was running when the executor
+  // died: INTERNAL for the crashing call, ABORTED for a call another
+  // session's crash interrupted (the client may re-run it).
+  std::map<uint32_t, absl::Status> crash_text;
   // An unplanned end: "kregd executor pid N (group) ended: <how>", for the
   // sessions that had a request in flight but no handler running.
   std::string death_note;

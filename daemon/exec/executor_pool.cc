@@ -302,9 +302,9 @@ void ExecutorPool::Release(Binding* b) {
   b->group.reset();
 }
 
-std::string ExecutorPool::AwaitCrash(Binding* b, bool request_pending) {
+absl::Status ExecutorPool::AwaitCrash(Binding* b, bool request_pending) {
   std::shared_ptr<Group> g = b->group;
-  if (g == nullptr) return "";
+  if (g == nullptr) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
   for (int round = 0; round < 2 && !g->dead; ++round) {
     absl::Time deadline = absl::Now() + absl::Seconds(5);
@@ -326,13 +326,13 @@ std::string ExecutorPool::AwaitCrash(Binding* b, bool request_pending) {
   auto it = g->crash_text.find(b->slot);
   if (it != g->crash_text.end()) return it->second;
   if (request_pending && g->dead && !g->death_note.empty()) {
-    return absl::StrCat(
+    return absl::InternalError(absl::StrCat(
         g->death_note,
         " before it read this session's request, so the call did not run. "
         "kregd and your registrations are unaffected; the next call starts "
-        "a fresh executor.");
+        "a fresh executor."));
   }
-  return "";
+  return absl::OkStatus();
 }
 
 pid_t ExecutorPool::CountRefusedBrokerMessage(const Binding& b) {
@@ -394,10 +394,44 @@ void ExecutorPool::Wait(std::shared_ptr<Group> g) {
     }
     if (token != 0 && token <= g->resolved.size()) blamed[i] = token;
   }
+  // The executor's crash handler names the session whose handler took the
+  // fatal signal (untrusted: range-checked, and only a slot that was
+  // running counts). The other running sessions were interrupted, not at
+  // fault.
+  const uint32_t faulted = page.header()->faulted_slot.load();
+  const int64_t culprit =
+      faulted >= 1 && faulted <= g->used.size() && g->used[faulted - 1] &&
+              running[faulted - 1] && blamed[faulted - 1] != 0
+          ? static_cast<int64_t>(faulted) - 1
+          : -1;
+  auto describe = [&](uint32_t token) {
+    const TargetEntry& e = *g->resolved[token - 1];
+    return absl::StrCat("target \"", e.key.name, "\" (",
+                        PlatformName(e.key.platform), ", content ",
+                        e.content_id, ", function ", e.func_name, ", module ",
+                        e.module_digest, ")");
+  };
   for (uint32_t i = 0; i < g->used.size(); ++i) {
     if (!g->used[i] || blamed[i] == 0) continue;
     const uint32_t token = blamed[i];
     const TargetEntry& e = *g->resolved[token - 1];
+    const std::string target = describe(token);
+    if (culprit >= 0 && i != culprit) {
+      std::string text = absl::StrCat(
+          "this call of ", target, " was interrupted: its kregd executor (pid ",
+          g->exec->pid(), ", ", g->name,
+          ") ended while it ran because the "
+          "call of ",
+          describe(blamed[culprit]), " in another session crashed it: ", how,
+          ". Its outputs were not returned and the crash is not counted "
+          "against \"",
+          e.key.name,
+          "\"; the next call starts a fresh "
+          "executor.");
+      spdlog::warn("{}", text);
+      g->crash_text[i] = absl::AbortedError(std::move(text));
+      continue;
+    }
     uid_t uid = g->slot_uid[i];
     std::string quarantine;
     // A fault found after the handlers returned counts against a target
@@ -422,10 +456,6 @@ void ExecutorPool::Wait(std::shared_ptr<Group> g) {
                                   " s before the target is quarantined)");
       }
     }
-    const std::string target = absl::StrCat(
-        "target \"", e.key.name, "\" (", PlatformName(e.key.platform),
-        ", content ", e.content_id, ", function ", e.func_name, ", module ",
-        e.module_digest, ")");
     std::string text =
         running[i]
             ? absl::StrCat(target, " crashed its kregd executor (pid ",
@@ -447,7 +477,7 @@ void ExecutorPool::Wait(std::shared_ptr<Group> g) {
                   "starts a fresh executor.",
                   quarantine);
     spdlog::error("{}", text);
-    g->crash_text[i] = std::move(text);
+    g->crash_text[i] = absl::InternalError(std::move(text));
   }
   if (!planned && !g->stop_requested) {
     g->death_note = absl::StrCat(

@@ -125,10 +125,12 @@ class ExecutorPool {
   // The executor closed the broker socket without ending the session:
   // waits (bounded; kills an executor that lingers) until it is gone and
   // returns the error for this session's call in flight: the crash of the
-  // handler it ran; else, when `request_pending` (the client sent a request
-  // the executor never read) and the executor ended unplanned, what ended
-  // it; "" otherwise (an idle session: the client reconnects quietly).
-  std::string AwaitCrash(Binding* binding, bool request_pending = false);
+  // handler it ran (INTERNAL), or ABORTED when another session's handler
+  // crashed the executor while this one's ran; else, when
+  // `request_pending` (the client sent a request the executor never read)
+  // and the executor ended unplanned, what ended it; OK otherwise (an idle
+  // session: the client reconnects quietly).
+  absl::Status AwaitCrash(Binding* binding, bool request_pending = false);
   // The executor of `binding` sent a broker frame kregd refused: counts it
   // (PoolCounters::broker_messages_refused). Returns that executor's pid.
   pid_t CountRefusedBrokerMessage(const Binding& binding);

@@ -45,7 +45,12 @@ struct ExecStatusHeader {
   // 2 when its sticky-error watch found it (kExitGpuFault): in-flight GPU
   // work of every session may be lost.
   std::atomic<uint32_t> recycle;
-  uint32_t reserved;
+  // 1 + the slot whose session thread took a fatal signal (SIGSEGV,
+  // SIGBUS, SIGFPE, SIGILL, SIGABRT, ...) while running that session's
+  // handler, written by the executor's crash handler; 0 when not known
+  // (another thread, a kill from outside, an older kregd-exec). kregd then
+  // blames that session's target alone.
+  std::atomic<uint32_t> faulted_slot;
   // Last words (NUL-terminated): an uncaught exception's what(), the
   // sticky CUDA error. Written only just before the executor dies.
   char note[240];

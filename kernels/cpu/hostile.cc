@@ -10,6 +10,7 @@
 #include <sys/ptrace.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -98,6 +99,19 @@ ffi::Error SpinImpl(ffi::AnyBuffer, Out y) {
 }
 
 // [uid, gid, pid, ppid]
+ffi::Error WhoAmIImpl(ffi::AnyBuffer, Out y);
+
+// Sleeps `ms` milliseconds, then answers as WhoAmI: a call that is still
+// running when another session's handler crashes the executor.
+ffi::Error NapImpl(ffi::AnyBuffer x, Out y, int64_t ms) {
+  if (ms < 0 || ms > 60000) return ffi::Error::InvalidArgument("ms: 0..60000");
+  struct timespec ts = {static_cast<time_t>(ms / 1000),
+                        static_cast<long>(ms % 1000) * 1000000L};
+  while (::nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+  return WhoAmIImpl(x, y);
+}
+
 ffi::Error WhoAmIImpl(ffi::AnyBuffer, Out y) {
   if (ffi::Error e = NeedFour(y); e.failure()) return e;
   int64_t* out = y->typed_data();
@@ -281,6 +295,7 @@ KREG_EXPORT_HANDLER(TryExec);
 KREG_EXPORT_HANDLER(TryInet);
 KREG_EXPORT_HANDLER(TryOpen);
 KREG_EXPORT_HANDLER(TryPtrace);
+KREG_EXPORT_HANDLER(Nap);
 KREG_EXPORT_HANDLER(ScribbleStatus);
 KREG_EXPORT_HANDLER(FloodBrokers);
 
@@ -308,6 +323,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TryOpen, kreg::kernels::TryOpenImpl,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::S64>>()
                                   .Attr<std::string_view>("path"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Nap, kreg::kernels::NapImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::S64>>()
+                                  .Attr<int64_t>("ms"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TryPtrace, kreg::kernels::TryPtraceImpl,
                               ffi::Ffi::Bind()

@@ -6,7 +6,8 @@ call: {"target": T, "ok": [4 ints]} or {"target": T, "error": text}.
   executor_client.py loop STOPFILE OUTFILE     call demo Scale until STOPFILE
                                                exists, keeping counts in
                                                OUTFILE
-Attributes: FUNC=path:/some/file (TryOpen), FUNC=pid:123 (TryPtrace).
+Attributes: FUNC=path:/some/file (TryOpen), FUNC=pid:123 (TryPtrace),
+FUNC=ms:500 (Nap).
 """
 
 import json
@@ -31,6 +32,8 @@ def call_hostile(spec: str) -> dict:
     kwargs["path"] = attr[len("path:"):]
   elif attr.startswith("pid:"):
     kwargs["pid"] = np.int64(int(attr[len("pid:"):]))
+  elif attr.startswith("ms:"):
+    kwargs["ms"] = np.int64(int(attr[len("ms:"):]))
   x = np.zeros(4, np.float32)
   f = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((4,), np.int64))
   try:

@@ -217,6 +217,49 @@ def test_a_request_no_executor_read_names_the_executor_that_died():
     finish(d)
 
 
+def test_a_crash_blames_only_the_crashing_call_and_reruns_the_others():
+  # Two processes share one executor (isolation uid). One's handler naps
+  # while the other's segfaults: the executor's crash handler names the
+  # faulting session, so only hostile.Segfault is blamed and counted; the
+  # napping call is told it was interrupted (ABORTED) and, being a CPU call
+  # (outputs copied back only on success), the shim runs it again on a
+  # fresh executor and says so once on stderr.
+  hostile_path()
+  d = make_daemon("--isolation", "uid", "--quarantine-crashes", "0")
+  try:
+    run_client(d, "WhoAmI")  # the executor exists; registrations work
+    before = json.loads(kregctl(d, "status", "--json").stdout)
+    nap = subprocess.Popen([PY, CLIENT, "call", "Nap=ms:6000"], env=d.env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    deadline = time.monotonic() + 60
+    while "hostile.Nap" not in {t[0] for t in listing(d)}:
+      assert nap.poll() is None, nap.communicate()
+      assert time.monotonic() < deadline
+      time.sleep(0.05)
+    time.sleep(0.5)
+    (crash,) = run_client(d, "Segfault")
+    out, err = nap.communicate(timeout=120)
+    assert nap.returncode == 0, err
+    (napped,) = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+    assert "crashed its kregd executor" in crash["error"], crash
+    assert 'target "hostile.Segfault"' in crash["error"], crash
+    # The nap ran again, on a fresh executor, and succeeded.
+    assert "ok" in napped, napped
+    assert napped["ok"][2] not in (0, before["executors"][0]["pid"])
+    assert 'a forwarded call of "hostile.Nap" was run again' in err, err
+    assert "was interrupted" in err and "hostile.Segfault" in err, err
+    log = d.log()
+    assert re.search(r'this call of target "hostile.Nap" .* was interrupted: '
+                     r'its kregd executor \(pid \d+, uid \d+\) ended while '
+                     r'it ran because the call of target "hostile.Segfault"',
+                     log), log
+    after = json.loads(kregctl(d, "status", "--json").stdout)
+    assert after["executor_crashes"] == before["executor_crashes"] + 1
+  finally:
+    finish(d)
+
+
 def test_every_kill_kregd_makes_is_logged_with_its_reason():
   hostile_path()
   d = make_daemon("--launch-timeout", "1", "--quarantine-crashes", "0")
