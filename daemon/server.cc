@@ -499,6 +499,9 @@ absl::Status Daemon::StartSessions() {
   ctx.ledger = &ledger_;
   ctx.bindings = &bindings_;
   ctx.max_module_bytes = config_.max_module_bytes;
+  upload_budget_ =
+      std::make_unique<wire::ByteBudget>(2 * config_.max_module_bytes);
+  ctx.upload_budget = upload_budget_.get();
   ctx.local_execution = config_.local_execution == "allow";
   ctx.local_binds = &local_binds_;
   if (const char* tamper = std::getenv("KREGD_TEST_TAMPER_LOCAL_MODULES");

@@ -14,6 +14,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "common/unique_fd.h"
+#include "common/wire.h"
 #include "daemon/config.h"
 #include "daemon/exec/crash_ledger.h"
 #include "daemon/exec/session_bindings.h"
@@ -80,8 +81,10 @@ class Daemon {
   Registry registry_;
   Registrar registrar_;
   CrashLedger ledger_;
-  SessionBindings bindings_;            // the registry's BindingOracle
+  SessionBindings bindings_;              // the registry's BindingOracle
   std::atomic<uint64_t> local_binds_{0};  // modules handed out (DESIGN §11)
+  // Relayed module uploads kregd holds at once (twice max_module_bytes).
+  std::unique_ptr<wire::ByteBudget> upload_budget_;
   std::unique_ptr<ExecutorPool> pool_;  // outlives the sessions using it
   std::unique_ptr<SessionServer> sessions_;
   std::unique_ptr<RegistryService> service_;

@@ -85,8 +85,8 @@ absl::StatusOr<v1::RegisterReply> RegisterForSession(Registrar* registrar,
 
 absl::StatusOr<v1::RegisterRequest> TakeRelayedModule(
     Registrar* registrar, const v1::RegisterRequest& req,
-    std::vector<UniqueFd> fds, const PeerCred& peer,
-    uint64_t max_module_bytes) {
+    std::vector<UniqueFd> fds, const PeerCred& peer, uint64_t max_module_bytes,
+    wire::BudgetHold* hold) {
   const bool by_fd = req.module_case() == v1::RegisterRequest::kUploadFdSize;
   if (req.module_case() == v1::RegisterRequest::kUpload) {
     return absl::InvalidArgumentError(
@@ -107,6 +107,15 @@ absl::StatusOr<v1::RegisterRequest> TakeRelayedModule(
           req.target_name(), req.platform(), req.upload_fd_size(), peer);
       !s.ok()) {
     return s;
+  }
+  if (!hold->Set(req.upload_fd_size())) {
+    const wire::ByteBudget& b = *hold->budget();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "kregd is taking in other module uploads now: this one of ",
+        req.upload_fd_size(), " bytes would exceed the ", b.limit(),
+        " bytes of uploads kregd holds at once for all clients (twice "
+        "max_module_bytes; ",
+        b.used(), " in use); register again in a moment"));
   }
   absl::StatusOr<std::string> bytes =
       ReadSealedModule(fds[0].get(), req.upload_fd_size(), max_module_bytes);
@@ -228,9 +237,12 @@ v1::BrokerReply SessionBroker::Handle(const v1::BrokerRequest& req,
   absl::Status status;
   switch (req.body_case()) {
     case v1::BrokerRequest::kRegisterTarget: {
-      absl::StatusOr<v1::RegisterRequest> relayed =
-          TakeRelayedModule(ctx_.registrar, req.register_target(),
-                            std::move(fds), peer_, ctx_.max_module_bytes);
+      // Holds the upload's bytes against the daemon-wide budget until the
+      // registration is done with them.
+      wire::BudgetHold hold(ctx_.upload_budget);
+      absl::StatusOr<v1::RegisterRequest> relayed = TakeRelayedModule(
+          ctx_.registrar, req.register_target(), std::move(fds), peer_,
+          ctx_.max_module_bytes, &hold);
       absl::StatusOr<v1::RegisterReply> r =
           relayed.ok()
               ? RegisterForSession(ctx_.registrar, *std::move(relayed), peer_)

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/unique_fd.h"
+#include "common/wire.h"
 #include "daemon/exec/crash_ledger.h"
 #include "daemon/exec/executor_pool.h"
 #include "daemon/exec/session_bindings.h"
@@ -35,6 +36,9 @@ struct BrokerContext {
   SessionBindings* bindings = nullptr;  // optional
   // kregd's max_module_bytes: bounds the registration uploads relayed here.
   uint64_t max_module_bytes = 512ull << 20;
+  // Module bytes kregd holds at once from relayed uploads, all sessions
+  // together (null: unbounded). Owned by the server.
+  wire::ByteBudget* upload_budget = nullptr;
   // Local execution (DESIGN §11): the site's local_execution policy, the
   // count of modules handed out (optional), and the test hook that hands
   // out a copy whose last byte is flipped ($KREGD_TEST_TAMPER_LOCAL_MODULES).
@@ -54,10 +58,15 @@ absl::StatusOr<v1::RegisterReply> RegisterForSession(Registrar* registrar,
 // one memfd sealed with kModuleSeals of exactly that size, is prechecked
 // (Registrar::PrecheckUpload, for `peer`) before a byte is read and comes
 // back as `upload`; inline module bytes and descriptors on any other
-// registration are refused (INVALID_ARGUMENT). Shared with the fuzzer.
+// registration are refused (INVALID_ARGUMENT). The module's bytes are
+// charged to `hold` (its budget: what kregd reads of uploads at once, for
+// all clients) before they are read: RESOURCE_EXHAUSTED, naming the limit,
+// when the budget cannot cover them; the caller keeps `hold` until it is
+// done with the bytes. Shared with the fuzzer.
 absl::StatusOr<v1::RegisterRequest> TakeRelayedModule(
     Registrar* registrar, const v1::RegisterRequest& req,
-    std::vector<UniqueFd> fds, const PeerCred& peer, uint64_t max_module_bytes);
+    std::vector<UniqueFd> fds, const PeerCred& peer, uint64_t max_module_bytes,
+    wire::BudgetHold* hold);
 v1::ListReply ListForSession(Registry* registry);
 
 // One accepted client connection. Run() on one thread, Shutdown() from any.

@@ -94,8 +94,10 @@ void OneFrame(int kind, const std::string& payload) {
   }
   World& w = TheWorld();
   const PeerCred peer{::getuid(), ::getgid(), ::getpid()};
-  absl::StatusOr<v1::RegisterRequest> taken =
-      TakeRelayedModule(&w.registrar, reg, std::move(fds), peer, kMaxModule);
+  wire::ByteBudget budget(2 * kMaxModule);
+  wire::BudgetHold hold(&budget);
+  absl::StatusOr<v1::RegisterRequest> taken = TakeRelayedModule(
+      &w.registrar, reg, std::move(fds), peer, kMaxModule, &hold);
   if (!taken.ok()) {
     if (taken.status().message().empty()) fuzz::Fail("refusal without text");
     return;
