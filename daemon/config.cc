@@ -95,6 +95,7 @@ constexpr const char* kKnownKeys[] = {"socket",
                                       "quarantine_crashes",
                                       "quarantine_window_s",
                                       "executor_idle_s",
+                                      "orphan_timeout",
                                       "max_sessions",
                                       "max_sessions_per_uid",
                                       "hello_timeout_s",
@@ -191,6 +192,14 @@ absl::Status ApplyToml(const std::string& path, Config* c) {
       auto d = value.value<double>();
       if (!d || *d <= 0) return bad("a number of seconds > 0");
       c->hello_timeout_s = *d;
+    } else if (k == "orphan_timeout") {
+      auto n = value.value<int64_t>();
+      if (!n || *n < 0 || *n > 86400) {
+        return bad(
+            "a whole number of seconds from 0 to 86400 (0: executors "
+            "stop with kregd)");
+      }
+      c->orphan_timeout_s = *n;
     } else if (k == "launch_timeout") {
       auto d = value.value<double>();
       if (!d || *d < 0) return bad("a number of seconds >= 0 (0: off)");
@@ -276,6 +285,7 @@ absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now) {
   app.set_version_flag("--version", absl::StrCat("kregd ", kKregVersion));
   std::string isolation, executor_binary;
   double launch_timeout = -1;
+  int64_t orphan_timeout = -1;
   int quarantine_crashes = -1;
   int64_t quarantine_window = -1;
   app.add_option("--isolation", isolation,
@@ -289,6 +299,10 @@ absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now) {
   app.add_option("--launch-timeout", launch_timeout,
                  "seconds a handler may run before its executor is killed "
                  "(0: off, the default)");
+  app.add_option("--orphan-timeout", orphan_timeout,
+                 "seconds executors serve their sessions on after kregd "
+                 "stops or dies (default 300; 0: they stop with kregd)")
+      ->check(CLI::Range(int64_t{0}, int64_t{86400}));
   app.add_option("--quarantine-crashes", quarantine_crashes,
                  "crashes within the window that quarantine a target "
                  "(default 3; 0: never)");
@@ -384,6 +398,7 @@ absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now) {
   if (!local_execution.empty()) c.local_execution = local_execution;
   if (!executor_binary.empty()) c.executor_binary = executor_binary;
   if (launch_timeout >= 0) c.launch_timeout_s = launch_timeout;
+  if (orphan_timeout >= 0) c.orphan_timeout_s = orphan_timeout;
   if (quarantine_crashes >= 0) c.quarantine_crashes = quarantine_crashes;
   if (quarantine_window >= 0) c.quarantine_window_s = quarantine_window;
   if (!etcd_endpoints.empty()) {

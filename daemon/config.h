@@ -31,11 +31,15 @@ struct Config {
   // Whether clients may run registered kernels in their own process
   // (DESIGN §11): allow | deny.
   std::string local_execution = "allow";
-  std::string executor_binary;    // empty: kregd-exec next to kregd
-  double launch_timeout_s = 0;    // 0: off
-  int quarantine_crashes = 3;     // 0: never quarantine
+  std::string executor_binary;  // empty: kregd-exec next to kregd
+  double launch_timeout_s = 0;  // 0: off
+  int quarantine_crashes = 3;   // 0: never quarantine
   int64_t quarantine_window_s = 600;
   int64_t executor_idle_s = 30;
+  // Executors outlive kregd (DESIGN §12): one serving sessions when kregd
+  // stops or dies serves them on until they close, at most this long
+  // (seconds); 0: executors stop with kregd.
+  int64_t orphan_timeout_s = 300;
   bool seccomp = true;
   int max_sessions = 1024;
   int max_sessions_per_uid = 256;

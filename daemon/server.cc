@@ -400,6 +400,11 @@ void Daemon::Shutdown() {
   if (watchdog_thread_.joinable()) watchdog_thread_.join();
   metrics_.reset();  // before what it reads
   StopSessions();
+  if (pool_ != nullptr && pool_->leaving()) {
+    // Threads still wait for the executors left serving their sessions
+    // (DESIGN §12): the pool outlives them, until the process exits.
+    (void)pool_.release();
+  }
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(5));
@@ -458,6 +463,7 @@ absl::Status Daemon::StartSessions() {
   pool.init.set_log_level(config_.log_level);
   pool.init.set_launch_ring_off(!config_.launch_ring);
   pool.init.set_ring_spin_us(config_.ring_spin_us);
+  pool.init.set_orphan_timeout_s(config_.orphan_timeout_s);
   if (const char* env = std::getenv("KREGD_SESSION_SPIN_US")) {
     pool.init.set_spin_us(std::atoll(env));
   }

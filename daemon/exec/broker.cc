@@ -141,7 +141,9 @@ SessionBroker::~SessionBroker() { ctx_.pool->Release(&binding_); }
 
 void SessionBroker::Shutdown() {
   if (broker_fd_ >= 0) ::shutdown(broker_fd_, SHUT_RDWR);
-  ::shutdown(client_.get(), SHUT_RDWR);
+  // An executor left running serves the client's connection on (kregd
+  // only closes its copy).
+  if (!ctx_.pool->leaving()) ::shutdown(client_.get(), SHUT_RDWR);
 }
 
 void SessionBroker::RefuseClient(const absl::Status& status) {
@@ -194,6 +196,14 @@ void SessionBroker::Run() {
     rc = wire::SendFrame(broker_fd_, out.data(), out.size(), reply_fds,
                          fd.ok() ? 1 : 0);
     if (rc != wire::kOk) break;
+  }
+  if (!closed && !refused && ctx_.pool->leaving()) {
+    // kregd is stopping and left the executor serving this session.
+    if (ctx_.bindings != nullptr) ctx_.bindings->RemoveSession(id_);
+    ctx_.pool->Release(&binding_);
+    binding_.broker.reset();
+    broker_fd_ = -1;
+    return;
   }
   if (!closed && !refused) {
     // A request the client sent and no executor read: the client is

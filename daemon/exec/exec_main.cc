@@ -52,6 +52,12 @@ constexpr int kGpuWatchMs = 50;
 
 StatusPage* g_page = nullptr;
 
+int64_t MonotonicMs() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000 + ts.tv_nsec / 1000000;
+}
+
 void WriteNote(StatusPage* page, const std::string& text) {
   char* note = page->header()->note;
   size_t n = std::min(text.size(), sizeof(page->header()->note) - 1);
@@ -197,7 +203,9 @@ int Main() {
       return 1;
     }
   }
-  if (absl::Status s = TieToParent(init.parent_pid()); !s.ok()) {
+  if (absl::Status s =
+          TieToParent(init.parent_pid(), init.orphan_timeout_s() == 0);
+      !s.ok()) {
     Reply(s, reply);
     return 1;
   }
@@ -264,6 +272,8 @@ int Main() {
   }
   std::list<Served> served;
   int exit_code = 0;
+  // Without kregd (DESIGN §12): since when, or 0 while kregd is there.
+  int64_t orphan_since_ms = 0;
   for (;;) {
     for (auto it = served.begin(); it != served.end();) {
       if (!it->done->load()) {
@@ -277,12 +287,39 @@ int Main() {
       exit_code = kExitRecycle;
       break;
     }
+    if (orphan_since_ms != 0) {
+      if (served.empty()) {
+        spdlog::info("kregd is gone and the last session closed; exiting");
+        break;
+      }
+      if (MonotonicMs() - orphan_since_ms >
+          int64_t{init.orphan_timeout_s()} * 1000) {
+        spdlog::info(
+            "kregd has been gone for orphan_timeout ({} s); ending the {} "
+            "session(s) left (their clients retry with the next kregd)",
+            init.orphan_timeout_s(), served.size());
+        break;
+      }
+      struct timespec ts = {0, 200 * 1000000L};
+      nanosleep(&ts, nullptr);
+      continue;
+    }
     pollfd p{kControlFd, POLLIN, 0};
     int ready = ::poll(&p, 1, 200);
     if (ready <= 0) continue;
     fds.clear();
     int rc = wire::RecvFrame(kControlFd, 1 << 16, &payload, &fds);
-    if (rc != wire::kOk) break;  // kregd closed the control socket
+    if (rc != wire::kOk) {  // kregd closed the control socket
+      if (init.orphan_timeout_s() == 0 || served.empty()) break;
+      // kregd stopped or died: the sessions' launches need no kregd, so
+      // they go on; what needs kregd ends its session (LostDaemon).
+      orphan_since_ms = MonotonicMs();
+      spdlog::info(
+          "kregd closed the control socket (it stopped or died); serving "
+          "{} session(s) on until they close, at most orphan_timeout ({} s)",
+          served.size(), init.orphan_timeout_s());
+      continue;
+    }
     std::vector<UniqueFd> owned;
     for (int fd : fds) owned.emplace_back(fd);
     v1::ExecAdopt adopt;

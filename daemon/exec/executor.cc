@@ -177,7 +177,7 @@ Executor::~Executor() {
   RequestStop();
   {
     absl::MutexLock lock(&reap_mu_);
-    if (reaped_) return;
+    if (reaped_ || abandoned_.load()) return;
   }
   if (!WaitReadable(pidfd_.get(), 2000)) {
     spdlog::warn(
@@ -211,6 +211,11 @@ absl::StatusOr<UniqueFd> Executor::Adopt(const v1::ExecAdopt& adopt,
                      " failed: ", wire::ResultText(rc)));
   }
   return ours;
+}
+
+void Executor::Abandon() {
+  abandoned_.store(true);
+  RequestStop();
 }
 
 void Executor::RequestStop() {

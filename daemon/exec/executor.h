@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -42,6 +43,10 @@ class Executor {
 
   // Closes the control socket: the executor finishes and exits.
   void RequestStop();
+  // Closes the control socket like RequestStop but leaves the executor
+  // running (DESIGN §12: it serves its sessions on without kregd); the
+  // destructor then neither waits for it nor kills it.
+  void Abandon();
   // Sends `sig` unless the process was reaped already.
   void Signal(int sig);
   // Blocks until the process exits and returns its wait status; later
@@ -63,6 +68,8 @@ class Executor {
   UniqueFd control_ ABSL_GUARDED_BY(control_mu_);
   absl::Mutex reap_mu_;
   bool reaped_ ABSL_GUARDED_BY(reap_mu_) = false;
+  // Not under reap_mu_: Reap() holds that while it waits for the process.
+  std::atomic<bool> abandoned_{false};
   int wait_status_ ABSL_GUARDED_BY(reap_mu_) = 0;
 };
 

@@ -77,6 +77,7 @@ absl::StatusOr<v1::BrokerReply> ExecutorBackend::Call(
     rc = wire::RecvFrame(broker_.get(), kMaxReplyBytes, &buf, &fds);
   }
   if (rc != wire::kOk) {
+    lost_kregd_ = true;
     return absl::UnavailableError(absl::StrCat(
         "the executor lost its connection to kregd: ", wire::ResultText(rc)));
   }

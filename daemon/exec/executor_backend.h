@@ -31,12 +31,12 @@ struct ExecutorShared {
   std::atomic<bool>* recycle = nullptr;
 };
 
-// One session's backend. Used by that session's thread only.
 // The session slot whose handler the calling thread is running (between
 // BeginLaunch and EndLaunch), -1 when none. Async-signal-safe: the
 // executor's crash handler records it in the status page.
 int32_t RunningSlotOfThisThread();
 
+// One session's backend. Used by that session's thread only.
 class ExecutorBackend final : public SessionBackend {
  public:
   ExecutorBackend(UniqueFd broker, uint32_t slot, const ExecutorShared& shared);
@@ -67,6 +67,7 @@ class ExecutorBackend final : public SessionBackend {
   void EndLaunch(bool ok) override;
   void ArenaSized(uint64_t bytes) override;
   bool ShouldStop() override;
+  bool LostDaemon() const override { return lost_kregd_; }
 
  private:
   // One request/reply with kregd, `fd_in` (when >= 0) attached.
@@ -78,6 +79,7 @@ class ExecutorBackend final : public SessionBackend {
   UniqueFd broker_;
   ExecSlot* const slot_;
   const int32_t slot_index_;
+  bool lost_kregd_ = false;  // a relay found the broker socket closed
   const ExecutorShared shared_;
   std::map<TargetKey, uint32_t> tokens_;
   // The launch in progress (BeginLaunch .. EndLaunch).

@@ -576,13 +576,29 @@ PoolCounters ExecutorPool::counters() const {
 
 void ExecutorPool::Shutdown() {
   std::vector<Waiter> waiters;
+  const bool leave = options_.init.orphan_timeout_s() > 0;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
     stopping_ = true;
+    int serving = 0;
     for (auto& [key, g] : groups_) {
       g->stop_requested = true;
-      g->exec->RequestStop();
+      if (leave && g->sessions > 0) {
+        // Its sessions' launches need no kregd: it serves them on and
+        // exits when they close (at most orphan_timeout later).
+        ++serving;
+        g->exec->Abandon();
+      } else {
+        g->exec->RequestStop();
+      }
+    }
+    if (serving > 0) {
+      leaving_.store(true);
+      spdlog::info(
+          "leaving {} executor(s) running for their sessions: they exit when "
+          "those close, at most orphan_timeout ({} s) from now",
+          serving, options_.init.orphan_timeout_s());
     }
     changed_.SignalAll();
   }
@@ -592,6 +608,14 @@ void ExecutorPool::Shutdown() {
     spawner_stop_ = true;
   }
   if (spawner_.joinable()) spawner_.join();
+  if (leaving_.load()) {
+    // The threads waiting for the left executors keep waiting (the pool
+    // is never destroyed: Daemon leaks it); idle executors exit now.
+    absl::MutexLock lock(&mu_);
+    for (Waiter& w : waiters_) w.thread.detach();
+    waiters_.clear();
+    return;
+  }
   {
     // Executors finish their sessions and exit; ones that do not are
     // killed by their destructor's grace period.

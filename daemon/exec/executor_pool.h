@@ -137,6 +137,10 @@ class ExecutorPool {
 
   std::vector<ExecutorInfo> List() const;
   PoolCounters counters() const;
+  // Shutdown() left the executors serving their sessions (orphan_timeout
+  // > 0, DESIGN §12): brokers must not end their clients' connections, and
+  // the pool must outlive the threads still waiting for those executors.
+  bool leaving() const { return leaving_.load(); }
   // Every session bound to a live executor.
   std::vector<BoundSession> Sessions() const;
   // Launch statistics per target entry, from every executor's status page
@@ -179,6 +183,8 @@ class ExecutorPool {
   // What reaped executors counted, per target entry.
   std::map<const TargetEntry*, TargetStatsRow> dead_stats_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Shutdown() left the executors running for their sessions.
+  std::atomic<bool> leaving_{false};
   absl::CondVar changed_;
   std::thread supervisor_;
   absl::Mutex spawn_q_mu_;

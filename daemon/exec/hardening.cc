@@ -49,8 +49,8 @@ absl::Status DropPrivileges(uid_t uid, gid_t gid,
   return absl::OkStatus();
 }
 
-absl::Status TieToParent(pid_t parent_pid) {
-  if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) {
+absl::Status TieToParent(pid_t parent_pid, bool die_with_parent) {
+  if (die_with_parent && ::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) {
     return absl::InternalError(
         absl::StrCat("PR_SET_PDEATHSIG: ", strerror(errno)));
   }

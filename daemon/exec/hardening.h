@@ -20,9 +20,10 @@ void CloseDescriptorsFrom(int first);
 absl::Status DropPrivileges(uid_t uid, gid_t gid,
                             const std::vector<gid_t>& groups);
 
-// SIGKILL when the parent dies (set after the uid switch, which clears it);
-// FAILED_PRECONDITION when the parent is not `parent_pid` any more.
-absl::Status TieToParent(pid_t parent_pid);
+// With `die_with_parent`, SIGKILL when the parent dies (set after the uid
+// switch, which clears it); FAILED_PRECONDITION when the parent is not
+// `parent_pid` any more.
+absl::Status TieToParent(pid_t parent_pid, bool die_with_parent);
 
 // PR_SET_NO_NEW_PRIVS, then a seccomp filter that answers EPERM to what
 // kernels never need: execve/execveat, ptrace, process_vm_readv/writev,

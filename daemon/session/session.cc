@@ -200,6 +200,13 @@ void Session::Run() {
       resp = Handle(request, std::move(fds));
     }
     buffer.Shrink(kKeepBytes);
+    if (backend_->LostDaemon()) {
+      spdlog::info(
+          "session {} (pid {}): kregd is gone; ending the session so that "
+          "the client retries with the next kregd",
+          id_, peer_.pid);
+      break;
+    }
     resp.SerializeToString(&out);
     UniqueFd attach = TakeReplyFd();
     int attach_fds[1] = {attach.get()};

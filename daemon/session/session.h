@@ -100,6 +100,10 @@ class SessionBackend {
   // After each reply: true asks the session to end (the executor is being
   // recycled, e.g. after a sticky CUDA error).
   virtual bool ShouldStop() { return false; }
+  // The request just handled needed kregd, which is gone (it stopped or
+  // died; DESIGN §12): the session ends without answering, so the client
+  // retries on a new session, with the next kregd.
+  virtual bool LostDaemon() const { return false; }
 };
 
 // One served connection: a Session running launches itself, or kregd's

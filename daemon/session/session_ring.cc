@@ -87,6 +87,13 @@ void Session::RingLoop() {
       std::lock_guard<std::mutex> lock(mu_);
       status = RunRingLaunch(descriptor, &tag, &flags, &end_session);
     }
+    if (!status.ok() && backend_->LostDaemon()) {
+      // The launch needed kregd (its target was not resolved yet) and
+      // kregd is gone: not completed, the session ends, and the client
+      // runs it again on a new session (it did not run).
+      ::shutdown(sock_.get(), SHUT_RDWR);
+      break;
+    }
     ring_->Complete(tag, status, flags);
     if (end_session) {
       ::shutdown(sock_.get(), SHUT_RDWR);  // ends Run(), which joins us

@@ -49,6 +49,12 @@ class Daemon:
                extra_args: Sequence[str] = (),
                env: Optional[dict[str, str]] = None):
     self.root = root
+    # Tests stop many daemons while their own process keeps sessions open:
+    # executors outliving kregd (DESIGN §12, orphan_timeout) are what
+    # tests/python/test_orphans.py asks for; elsewhere they stop with kregd.
+    extra_args = list(extra_args)
+    if not any(a.startswith("--orphan-timeout") for a in extra_args):
+      extra_args += ["--orphan-timeout", "0"]
     self.socket = str(root / "kregd.sock")
     self.session_socket = self.socket + ".session"
     self.state_dir = str(root / "state")
