@@ -9,6 +9,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -80,9 +81,9 @@ class Daemon {
   Registry registry_;
   Registrar registrar_;
   CrashLedger ledger_;
-  SessionBindings bindings_;            // the registry's BindingOracle
+  SessionBindings bindings_;              // the registry's BindingOracle
   std::atomic<uint64_t> local_binds_{0};  // modules handed out (DESIGN §11)
-  std::unique_ptr<ExecutorPool> pool_;  // outlives the sessions using it
+  std::unique_ptr<ExecutorPool> pool_;    // outlives the sessions using it
   std::unique_ptr<SessionServer> sessions_;
   std::unique_ptr<RegistryService> service_;
   std::unique_ptr<SupervisionService> supervision_;
@@ -95,6 +96,11 @@ class Daemon {
   std::unique_ptr<ModuleExchangeService> exchange_;
   std::unique_ptr<grpc::Server> peer_server_;
   std::unique_ptr<MetricsServer> metrics_;  // null unless metrics_listen
+  // Retired targets whose per-target series a scrape has already shown one
+  // final time (operator guide, "Metrics"); pruned when the pool forgets
+  // them.
+  absl::Mutex metrics_mu_;
+  std::set<EntryPtr> metrics_retired_shown_ ABSL_GUARDED_BY(metrics_mu_);
   UniqueFd listen_fd_;
   int session_listen_fd_ = -1;  // inherited from systemd, or -1
   UniqueFd stop_fd_;            // eventfd that wakes the accept loop
