@@ -13,6 +13,7 @@
 #include "daemon/exec/executor_pool.h"
 #include "daemon/exec/target_stats.h"
 #include "daemon/metrics/http_server.h"
+#include "daemon/metrics/process_stats.h"
 #include "daemon/metrics/prometheus_text.h"
 #include "daemon/server.h"
 #include "daemon/session/session_server.h"
@@ -111,6 +112,13 @@ std::string Daemon::RenderMetrics() {
                               std::chrono::steady_clock::now() - started_)
                               .count()) /
           1000);
+  // The standard process_* families (operator guide, "Metrics").
+  if (absl::StatusOr<ProcessStats> ps = ReadProcessStats(); ps.ok()) {
+    WriteProcessStats(*ps, &w);
+  } else {
+    spdlog::warn("metrics: process_* left out: {}",
+                 std::string(ps.status().message()));
+  }
 
   // Registry and store.
   const std::vector<EntryPtr> entries = registry_.List();
@@ -124,9 +132,20 @@ std::string Daemon::RenderMetrics() {
   for (const auto& [platform, n] : per_platform) {
     w.Sample("kregd_targets", {{"platform", platform}}, n);
   }
+  const RegistrationCounts reg = registrar_.counts();
+  w.Family("kregd_registrations_total", "counter",
+           "registrations accepted: outcome=\"created\" (a new binding) or "
+           "\"noop\" (identical to the registered entry)");
+  w.Sample("kregd_registrations_total", {{"outcome", "created"}}, reg.created);
+  w.Sample("kregd_registrations_total", {{"outcome", "noop"}}, reg.noop);
   w.Family("kregd_registrations_refused_total", "counter",
-           "registrations refused (content change under a registered name)");
-  w.Sample("kregd_registrations_refused_total", {}, registry_.refused());
+           "registrations refused, by reason: conflict (the name is bound to "
+           "other content), invalid, quota, permission, unavailable, other");
+  for (int i = 0; i < kNumRefusalReasons; ++i) {
+    w.Sample("kregd_registrations_refused_total",
+             {{"reason", RefusalReasonName(static_cast<RefusalReason>(i))}},
+             reg.refused[i]);
+  }
   uint64_t store_bytes = 0;
   for (const auto& [digest, size] : modules) store_bytes += size;
   w.Family("kregd_modules", "gauge",
@@ -193,10 +212,39 @@ std::string Daemon::RenderMetrics() {
            "(target, caller uid) pairs quarantined after repeated crashes");
   w.Sample("kregd_quarantined_targets", {}, quarantined);
 
-  // Per target.
+  // Per target: the registered ones, and each retired one a last time
+  // with its final values, so that a scrape sees where its counters ended
+  // before the series vanish (operator guide, "Metrics").
   std::vector<std::pair<EntryPtr, TargetStats>> stats;
   if (pool_ != nullptr) {
-    stats = Current(entries, pool_->TargetStatsSnapshot());
+    std::vector<TargetStatsRow> rows = pool_->TargetStatsSnapshot();
+    stats = Current(entries, rows);
+    // A name registered again after its retirement has one series: the new
+    // entry's.
+    std::set<const TargetEntry*> registered;
+    std::set<std::pair<std::string, std::string>> registered_keys;
+    for (const EntryPtr& e : entries) {
+      registered.insert(e.get());
+      registered_keys.emplace(e->key.name, PlatformName(e->key.platform));
+    }
+    std::map<EntryPtr, TargetStats> retired;
+    for (const TargetStatsRow& r : rows) {
+      if (registered.count(r.entry.get()) ||
+          registered_keys.count(
+              {r.entry->key.name, PlatformName(r.entry->key.platform)})) {
+        continue;
+      }
+      retired[r.entry].Add(r.stats);
+    }
+    absl::MutexLock lock(&metrics_mu_);
+    for (auto it = metrics_retired_shown_.begin();
+         it != metrics_retired_shown_.end();) {
+      it =
+          retired.count(*it) ? std::next(it) : metrics_retired_shown_.erase(it);
+    }
+    for (const auto& [e, s] : retired) {
+      if (metrics_retired_shown_.insert(e).second) stats.emplace_back(e, s);
+    }
   }
   auto labels = [](const TargetEntry& e) {
     return PromLabels{{"target", e.key.name},

@@ -241,6 +241,58 @@ absl::StatusOr<std::string> ReadModuleForPeer(const std::string& path,
 Registrar::Registrar(Registry* registry, ModulePolicy policy)
     : registry_(registry), policy_(std::move(policy)) {}
 
+const char* RefusalReasonName(RefusalReason r) {
+  switch (r) {
+    case RefusalReason::kConflict:
+      return "conflict";
+    case RefusalReason::kInvalid:
+      return "invalid";
+    case RefusalReason::kQuota:
+      return "quota";
+    case RefusalReason::kPermission:
+      return "permission";
+    case RefusalReason::kUnavailable:
+      return "unavailable";
+    case RefusalReason::kOther:
+      break;
+  }
+  return "other";
+}
+
+RefusalReason RefusalReasonOf(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kFailedPrecondition:
+      return RefusalReason::kConflict;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kUnimplemented:
+      return RefusalReason::kInvalid;
+    case absl::StatusCode::kResourceExhausted:
+      return RefusalReason::kQuota;
+    case absl::StatusCode::kPermissionDenied:
+      return RefusalReason::kPermission;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+      return RefusalReason::kUnavailable;
+    default:
+      return RefusalReason::kOther;
+  }
+}
+
+void Registrar::CountRefusal(absl::StatusCode code) {
+  refused_[static_cast<int>(RefusalReasonOf(code))].fetch_add(
+      1, std::memory_order_relaxed);
+}
+
+RegistrationCounts Registrar::counts() const {
+  RegistrationCounts c;
+  c.created = created_.load(std::memory_order_relaxed);
+  c.noop = noop_.load(std::memory_order_relaxed);
+  for (int i = 0; i < kNumRefusalReasons; ++i) {
+    c.refused[i] = refused_[i].load(std::memory_order_relaxed);
+  }
+  return c;
+}
+
 absl::StatusOr<RegisterOutcome> Registrar::Register(RegistrationRequest request,
                                                     const PeerCred& peer) {
   absl::StatusOr<RegisterArgs> args = Parse(request, peer);
@@ -263,7 +315,11 @@ absl::StatusOr<RegisterOutcome> Registrar::Register(RegistrationRequest request,
     return Refused(args.status(), request.target_name, request.platform, peer);
   }
   absl::StatusOr<RegisterOutcome> out = registry_->Register(*args);
-  if (out.ok()) return out;
+  if (out.ok()) {
+    (out->created ? created_ : noop_).fetch_add(1, std::memory_order_relaxed);
+    return out;
+  }
+  CountRefusal(out.status().code());
   // How messages name the module: the path, else the client's file name.
   const std::string& display =
       request.source == RegistrationRequest::Source::kPath ? request.path
@@ -275,6 +331,7 @@ absl::Status Registrar::Refused(absl::Status status,
                                 const std::string& target_name,
                                 const std::string& platform,
                                 const PeerCred& peer) {
+  CountRefusal(status.code());
   // The registry logs its own decisions; these are the edge's (rate-limited
   // per uid: a client can send bad requests at will).
   std::string suppressed;

@@ -3,6 +3,8 @@
 #ifndef KREGD_DAEMON_REGISTRAR_H_
 #define KREGD_DAEMON_REGISTRAR_H_
 
+#include <atomic>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -56,6 +58,30 @@ struct RegistrationRequest {
   std::string upload;        // kUpload: the bytes that arrived
 };
 
+// Why a registration was refused, for kregd_registrations_refused_total's
+// `reason` label (operator guide, "Metrics"): a small fixed set, derived
+// from the refusal's status code.
+enum class RefusalReason {
+  kConflict,     // FAILED_PRECONDITION: the name is bound to other content
+  kInvalid,      // INVALID_ARGUMENT, UNIMPLEMENTED: bad request or module
+  kQuota,        // RESOURCE_EXHAUSTED: a per-uid limit
+  kPermission,   // PERMISSION_DENIED
+  kUnavailable,  // UNAVAILABLE, DEADLINE_EXCEEDED: etcd, the probe helper
+  kOther,        // anything else (INTERNAL, ...)
+};
+inline constexpr int kNumRefusalReasons = 6;
+// The label value of `r`: conflict, invalid, quota, permission,
+// unavailable, other.
+const char* RefusalReasonName(RefusalReason r);
+RefusalReason RefusalReasonOf(absl::StatusCode code);
+
+// Registration outcomes since kregd started.
+struct RegistrationCounts {
+  uint64_t created = 0;
+  uint64_t noop = 0;  // idempotent: identical to the registered entry
+  uint64_t refused[kNumRefusalReasons] = {};
+};
+
 // Thread-safe; the registry must outlive it.
 class Registrar {
  public:
@@ -78,6 +104,10 @@ class Registrar {
 
   const ModulePolicy& policy() const { return policy_; }
 
+  // Outcomes of Register and PrecheckUpload so far. A path kregd may not
+  // read (the client uploads instead) is a step, not a refusal: uncounted.
+  RegistrationCounts counts() const;
+
  private:
   // Logs a refusal at info (rate-limited per uid) and returns it.
   absl::Status Refused(absl::Status status, const std::string& target_name,
@@ -86,8 +116,13 @@ class Registrar {
   absl::StatusOr<RegisterArgs> Parse(RegistrationRequest& request,
                                      const PeerCred& peer);
 
+  void CountRefusal(absl::StatusCode code);
+
   Registry* const registry_;
   const ModulePolicy policy_;
+  std::atomic<uint64_t> created_{0};
+  std::atomic<uint64_t> noop_{0};
+  std::atomic<uint64_t> refused_[kNumRefusalReasons] = {};
 };
 
 }  // namespace kreg

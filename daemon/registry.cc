@@ -1,8 +1,10 @@
 #include "daemon/registry.h"
 
+#include <pwd.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <ctime>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
@@ -19,6 +21,30 @@ std::string Describe(TargetKind kind, const std::string& content_id,
   return absl::StrCat(kind == TargetKind::kInProcess ? "in-process " : "",
                       "content ", content_id, ", function \"", func_name,
                       "\", platform ", PlatformName(platform));
+}
+
+// Who holds a binding and since when, for refusals: "uid 1000 (alice)
+// since 2025-01-02T03:04:05Z". The user name is left out when the uid has
+// no passwd entry here; the time when the entry has none.
+std::string Holder(const TargetEntry& e) {
+  std::string who = absl::StrCat("uid ", e.registered_by.uid);
+  struct passwd pw;
+  struct passwd* found = nullptr;
+  char buf[1024];
+  if (::getpwuid_r(e.registered_by.uid, &pw, buf, sizeof(buf), &found) == 0 &&
+      found != nullptr && found->pw_name != nullptr) {
+    absl::StrAppend(&who, " (", found->pw_name, ")");
+  }
+  if (e.registered_at_us > 0) {
+    std::time_t t = static_cast<std::time_t>(e.registered_at_us / 1000000);
+    struct tm tm;
+    char when[32];
+    if (::gmtime_r(&t, &tm) != nullptr &&
+        std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm) > 0) {
+      absl::StrAppend(&who, " since ", when);
+    }
+  }
+  return who;
 }
 
 RegistryLimits WithAdmin(RegistryLimits limits) {
@@ -59,10 +85,9 @@ absl::Status CheckOwnerOrDigest(const TargetEntry& existing,
       "target \"", existing.key.name, "\" (",
       PlatformName(existing.key.platform), ") is registered ",
       existing.host.empty() ? "" : absl::StrCat("on host ", existing.host, " "),
-      "by uid ", existing.registered_by.uid, " with content_id \"",
-      existing.content_id, "\" and module ", existing.module_digest,
-      "; this registration by uid ", peer.uid,
-      " claims the same content_id but its module is ", digest,
+      "by ", Holder(existing), " with content_id \"", existing.content_id,
+      "\" and module ", existing.module_digest, "; this registration by uid ",
+      peer.uid, " claims the same content_id but its module is ", digest,
       ". A content_id stands for the module only for the uid that "
       "registered it; other uids must register the identical module bytes. "
       "Register the owner's module, or your build under a distinct target "
@@ -126,14 +151,13 @@ absl::Status Registry::CheckSame(const TargetEntry& existing, TargetKind kind,
       existing.func_name == func_name) {
     return absl::OkStatus();
   }
-  // Cluster mode: the binding may have been made on another host; say
-  // which, and by whom.
+  // Who holds the name and since when (in cluster mode also on which
+  // host: the binding may have been made on another one).
   std::string where =
       existing.host.empty()
-          ? std::string()
+          ? absl::StrCat("(first registered by ", Holder(existing), ") ")
           : absl::StrCat("(cluster-wide, first registered on host ",
-                         existing.host, " by uid ", existing.registered_by.uid,
-                         ") ");
+                         existing.host, " by ", Holder(existing), ") ");
   std::string msg = absl::StrCat(
       "target \"", existing.key.name, "\" is already registered ", where,
       "with ",

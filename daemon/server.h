@@ -9,6 +9,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -98,6 +99,11 @@ class Daemon {
   std::unique_ptr<ModuleExchangeService> exchange_;
   std::unique_ptr<grpc::Server> peer_server_;
   std::unique_ptr<MetricsServer> metrics_;  // null unless metrics_listen
+  // Retired targets whose per-target series a scrape has already shown one
+  // final time (operator guide, "Metrics"); pruned when the pool forgets
+  // them.
+  absl::Mutex metrics_mu_;
+  std::set<EntryPtr> metrics_retired_shown_ ABSL_GUARDED_BY(metrics_mu_);
   UniqueFd listen_fd_;
   int session_listen_fd_ = -1;  // inherited from systemd, or -1
   UniqueFd stop_fd_;            // eventfd that wakes the accept loop

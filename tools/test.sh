@@ -8,34 +8,62 @@
 # libFuzzer
 # target for a bounded time (tools/fuzz.sh; KREG_FUZZ_SECONDS, default 25),
 # then prints `tests: N passed, N failed` (test cases, across all of them;
-# one per fuzz target) as its last line.
+# one per fuzz target) as its last line. Each stage prints its wall time as
+# `stage NAME: SECONDS s` when it ends.
+#
+#   tools/test.sh [--quick]
+#
+# --quick: the plain build, the Catch2 suites and pytest only (no ASan, no
+# fuzzing); README says how long each run takes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash tools/setup.sh || exit 1
+quick=0
+[[ "${1:-}" == "--quick" ]] && quick=1
 
 out=$(mktemp -d)
 rc=0
-bazel build //... || rc=1
-bazel query 'tests(//...)' 2>/dev/null | sort > "$out/targets"
-bazel test //... || rc=1
 
+# stage NAME COMMAND...: runs COMMAND, records a failure in rc, prints the
+# stage's wall time.
+stage() {
+  local name=$1 start=$SECONDS
+  shift
+  "$@" || rc=1
+  echo "stage $name: $((SECONDS - start)) s"
+}
+
+catch2() {
+  bazel query 'tests(//...)' 2>/dev/null | sort > "$out/targets"
+  bazel test //...
+}
+
+python_suites() {
+  .venv/bin/python -m pytest -q -rs -p no:cacheprovider \
+    --junitxml="$out/pytest.xml" tests/python tests/integration tests/gpu
+}
+
+stage setup bash tools/setup.sh
+[[ $rc == 0 ]] || exit 1
+stage build bazel build //...
+stage catch2 catch2
 export KREG_BIN_DIR="$PWD/bazel-bin"
 export KREG_KERNELS_DIR="$PWD/bazel-bin/kernels/cpu"
 export KREG_CLIENT_LIB="$PWD/bazel-bin/client/shim/libkreg_client.so"
-.venv/bin/python -m pytest -q -rs -p no:cacheprovider \
-  --junitxml="$out/pytest.xml" tests/python tests/integration tests/gpu || rc=1
+stage pytest python_suites
 
-# Sanitizers: the Catch2 suites under ASan + UBSan + LSan. Their outputs and
-# logs have their own directory; bazel-bin stays the plain build.
-bazel test --config=asan $(cat "$out/targets") || rc=1
-asan_logs=$(bazel info --config=asan bazel-testlogs 2>/dev/null)
-# The Python suites against ASan kregd/kregd-exec/kregd-probe.
-bash tools/asan_pytest.sh "$out" || rc=1
-
-bash tools/fuzz.sh --junit "$out/fuzz.xml" || rc=1
+summary=("$out/targets" "$out/pytest.xml")
+if [[ $quick == 0 ]]; then
+  # Sanitizers: the Catch2 suites under ASan + UBSan + LSan. Their outputs
+  # and logs have their own directory; bazel-bin stays the plain build.
+  stage catch2-asan bazel test --config=asan $(cat "$out/targets")
+  asan_logs=$(bazel info --config=asan bazel-testlogs 2>/dev/null)
+  # The Python suites against ASan kregd/kregd-exec/kregd-probe.
+  stage pytest-asan bash tools/asan_pytest.sh "$out"
+  stage fuzz bash tools/fuzz.sh --junit "$out/fuzz.xml"
+  summary+=("$out/fuzz.xml" "$out/asan_pytest.xml" "$out/asan_reports.xml"
+            --also-catch2 "$asan_logs" "$out/targets")
+fi
 
 python3 tools/summarize_tests.py "$(bazel info bazel-testlogs 2>/dev/null)" \
-  "$out/targets" "$out/pytest.xml" "$out/fuzz.xml" \
-  "$out/asan_pytest.xml" "$out/asan_reports.xml" \
-  --also-catch2 "$asan_logs" "$out/targets" || rc=1
+  "${summary[@]}" || rc=1
 exit $rc

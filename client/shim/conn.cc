@@ -28,6 +28,20 @@ namespace kreg {
 namespace shim {
 namespace {
 
+// How to start the kregd a session socket belongs to (its --socket is the
+// session socket's path without ".session"), as the admin client says it.
+std::string StartHint(const std::string& session_path) {
+  static const std::string kSuffix = ".session";
+  std::string admin = session_path;
+  if (admin.size() > kSuffix.size() &&
+      admin.compare(admin.size() - kSuffix.size(), kSuffix.size(), kSuffix) ==
+          0) {
+    admin.resize(admin.size() - kSuffix.size());
+  }
+  return ". Start it with `kregd --socket " + admin +
+         "` or `systemctl start kregd`";
+}
+
 constexpr uint32_t kProtocolMajor = 1;
 // 4: the launch ring; 5: CUDA launches on it (ring layout version 2).
 constexpr uint32_t kProtocolMinor = 6;
@@ -169,7 +183,8 @@ ClientStatus Conn::Open(const std::string& path, std::unique_ptr<Conn>* out) {
     }
     return ClientStatus::Error(
         kUnavailable, "cannot connect to the kregd session socket " + path +
-                          ": " + Errno(err) + " (is kregd running?)");
+                          ": " + Errno(err) + " (is kregd running?)" +
+                          StartHint(path));
   }
   std::unique_ptr<Conn> conn(new Conn(sock, path));
   v1::SessionRequest req;
@@ -217,9 +232,10 @@ ClientStatus Conn::Transport(const std::string& what, int result) {
       result == ECONNRESET || result == EPIPE) {
     ended_ = true;
   }
-  return ClientStatus::Error(
-      kUnavailable, "kregd session " + path_ + ": " + what + " failed: " +
-                        wire::ResultText(result) + " (did kregd stop?)");
+  return ClientStatus::Error(kUnavailable,
+                             "kregd session " + path_ + ": " + what +
+                                 " failed: " + wire::ResultText(result) +
+                                 " (did kregd stop?)" + StartHint(path_));
 }
 
 ClientStatus Conn::Call(v1::SessionRequest* request,

@@ -13,6 +13,7 @@
 
 #include "client/shim/cpu_forward.h"
 #include "client/shim/cuda_forward.h"
+#include "client/shim/decode_error.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace kreg {
@@ -120,6 +121,12 @@ XLA_FFI_Error* Forward(int index, XLA_FFI_CallFrame* call_frame) {
   if (s.ok()) return nullptr;
   // An error must never read as OK, nor carry a code XLA does not know.
   if (s.code <= kOk || s.code > 16) s.code = kInternal;
+  // The genuine handler's operand decoding names neither the target nor
+  // the attribute: add them (user guide, "Errors of a call").
+  if (s.code == kInvalidArgument) {
+    s.message = ExplainDecodeError(slot->target, slot->platform,
+                                   call_frame->attrs, s.message);
+  }
   return MakeError(api, s.code, s.message);
 }
 

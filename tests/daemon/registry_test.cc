@@ -322,6 +322,37 @@ TEST_CASE("content_id: another uid with other bytes is refused",
   CHECK(log.entries.size() == 1);
 }
 
+TEST_CASE("A refusal names the uid, user and time of the holding registration",
+          "[registry]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log);
+  // uid 0 has a passwd entry everywhere ("root"); 54321 (most likely) none.
+  REQUIRE(registry.Register(ArgsBy(0, "held", "owner's module")).ok());
+  auto other = registry.Register(ArgsBy(1001, "held", "another module"));
+  REQUIRE(other.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(other.status().message()),
+             Catch::Matches(".*is already registered \\(first registered by "
+                            "uid 0 \\(root\\) since "
+                            "20[0-9][0-9]-[01][0-9]-[0-3][0-9]T[0-2][0-9]:"
+                            "[0-5][0-9]:[0-5][0-9]Z\\) with content .*"));
+  REQUIRE(registry.Register(ArgsBy(54321, "nameless", "m1")).ok());
+  auto again = registry.Register(ArgsBy(1001, "nameless", "m2"));
+  CHECK_THAT(std::string(again.status().message()),
+             Catch::Matches(".*\\(first registered by uid 54321 since 20.*Z\\) "
+                            "with content .*"));
+  // Same content_id, other bytes, other uid: the owner and time as well.
+  RegisterArgs owner = ArgsBy(0, "cached", "owner build");
+  owner.content_id = "cache:7";
+  REQUIRE(registry.Register(owner).ok());
+  RegisterArgs intruder = ArgsBy(1001, "cached", "other build");
+  intruder.content_id = "cache:7";
+  auto refused = registry.Register(intruder);
+  CHECK_THAT(std::string(refused.status().message()),
+             Catch::Matches(".*\\(cpu\\) is registered by uid 0 \\(root\\) "
+                            "since 20.*Z with content_id \"cache:7\".*"));
+}
+
 TEST_CASE("content_id: another uid with the same bytes is a no-op",
           "[registry][content_id]") {
   FakeLoader loader;

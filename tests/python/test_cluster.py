@@ -601,7 +601,14 @@ def test_unreadable_tls_files_stop_kregd(tmp_path):
 
 
 def test_standalone_kregd_says_it_is_not_clustered(kregd):
-  for args in (["list", "--cluster"], ["hosts"]):
+  # A usage/precondition failure (exit 2), not "registration refused" (3).
+  for args, what in ((["list", "--cluster"], "cluster-wide bindings"),
+                     (["hosts"], "cluster hosts"),
+                     (["hosts", "--json"], "cluster hosts")):
     out = kregctl(kregd, *args)
-    assert out.returncode == 3, out.stderr
-    assert "not in cluster mode" in out.stderr
+    assert out.returncode == 2, (args, out.returncode, out.stderr)
+    assert out.stdout == ""
+    assert ("this kregd is not in cluster mode (cluster mode is off: no etcd "
+            f"endpoints are configured), so it has no {what} to list. Turn "
+            "cluster mode on by starting kregd with --etcd-endpoints "
+            "URL[,URL...] --advertise HOST:PORT") in out.stderr, out.stderr

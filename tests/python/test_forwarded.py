@@ -137,6 +137,29 @@ def test_binding_errors_are_the_handlers():
   assert "demo.Scale: unsupported dtype pred" in fwd
 
 
+def test_a_wrongly_typed_attribute_is_named_with_the_target():
+  # Fail's `code` is an S64 attribute; a Python float is F64 under x64.
+  x = np.zeros(2, np.float32)
+  msg = error_message(FWD, "demo.Fail", ku.sds(x), x, code=3.0)
+  diag = "Wrong scalar data type: expected S64 but got F64"
+  assert diag in msg  # XLA FFI's own diagnostics stay, verbatim
+  if MODE == "local":
+    # XLA calls the genuine handler directly (user guide, "Errors of a
+    # call"): no kreg code sees the error, so it is XLA FFI's alone.
+    assert "kreg: target" not in msg
+    return
+  assert (f'kreg: target "{FWD}demo.Fail" (cpu): the handler could not '
+          'decode its operands: attribute "code" is F64 but the handler '
+          'expects S64; pass a value of that type, e.g. np.int64(...). '
+          'XLA FFI says: [execute] Failed to decode all FFI handler operands '
+          '(bad operands at: 1)') in msg
+  # A misspelt attribute: the target is named, XLA FFI says the rest.
+  msg = error_message(FWD, "demo.Fail", ku.sds(x), x, cod=np.int64(3))
+  assert (f'kreg: target "{FWD}demo.Fail" (cpu): the handler could not '
+          'decode its operands. XLA FFI says: ') in msg
+  assert "Attribute name mismatch: cod vs code" in msg
+
+
 ALL_KINDS = dict(
     b_pred=True, b_pred_np=np.bool_(False),
     i_s8=np.int8(-128), i_s16=np.int16(-300), i_s32=np.int32(2**31 - 1),

@@ -357,6 +357,32 @@ def test_daemon_stop_gives_a_clear_error_and_restart_recovers(running_kregd,
   assert "t.restart" in [t.target_name for t in kreg.list_registered_targets()]
 
 
+def test_a_stopped_daemon_is_the_calls_jax_error_with_the_start_hint(
+    running_kregd, demo, monkeypatch):
+  # No waiting for a restart: the first call after the stop fails.
+  monkeypatch.setenv("KREG_RECONNECT_TIMEOUT", "0")
+  kreg.register_ffi_target("t.stopped", demo, "Scale", platform="cpu")
+  x = np.arange(3, dtype=np.float32)
+  f = jax.jit(lambda v: scale("t.stopped", v, 2.0))
+  np.testing.assert_array_equal(np.asarray(f(x)), 2 * x)
+  running_kregd.stop()
+  try:
+    # The exception type is JAX's choice, as for a handler's own error:
+    # jaxlib 0.11.2 raises JaxRuntimeError when the execution has failed by
+    # the time it is dispatched and ValueError when the failure surfaces
+    # while the result is awaited (user guide, "Errors of a call").
+    with pytest.raises((jax.errors.JaxRuntimeError, ValueError)) as info:
+      np.asarray(f(x))
+    msg = str(info.value)
+    assert msg.startswith("UNAVAILABLE: cannot connect to the kregd session "
+                          f"socket {running_kregd.session_socket}: "), msg
+    assert ("(is kregd running?). Start it with `kregd --socket "
+            f"{running_kregd.socket}` or `systemctl start kregd`") in msg
+  finally:
+    running_kregd.start()
+  np.testing.assert_array_equal(np.asarray(f(x)), 2 * x)
+
+
 def test_daemon_killed_mid_use_recovers(running_kregd, demo):
   kreg.register_ffi_target("t.kill9", demo, "AddMul", platform="cpu")
   a = np.arange(4, dtype=np.float32)

@@ -377,6 +377,95 @@ def test_a_target_never_called_has_no_stats(mdaemon):
     sample(m, "kregd_target_launches_total", target="idle.target")
 
 
+def test_process_metrics_follow_the_prometheus_conventions(mdaemon):
+  # The standard process_* families of Prometheus' client libraries, for
+  # kregd itself, from /proc.
+  m = scrape(mdaemon.metrics)
+  types = {"process_start_time_seconds": "gauge",
+           "process_cpu_seconds_total": "counter",
+           "process_resident_memory_bytes": "gauge",
+           "process_virtual_memory_bytes": "gauge",
+           "process_open_fds": "gauge", "process_max_fds": "gauge"}
+  for name, kind in types.items():
+    assert m[name]["type"] == kind, name
+    assert [(n, l) for n, l, _ in m[name]["samples"]] == [(name, {})], name
+  started = sample(m, "process_start_time_seconds")
+  uptime = sample(m, "kregd_uptime_seconds")
+  assert abs(time.time() - uptime - started) < 5, (started, uptime)
+  assert sample(m, "process_cpu_seconds_total") >= 0
+  rss = sample(m, "process_resident_memory_bytes")
+  assert rss > 1 << 20
+  assert sample(m, "process_virtual_memory_bytes") >= rss
+  fds = sample(m, "process_open_fds")
+  actual = len(os.listdir(f"/proc/{mdaemon.pid}/fd"))
+  assert 3 <= fds and abs(fds - actual) <= 4, (fds, actual)
+  limits = pathlib.Path(f"/proc/{mdaemon.pid}/limits").read_text()
+  soft = re.search(r"^Max open files\s+(\d+)", limits, re.M).group(1)
+  assert sample(m, "process_max_fds") == int(soft)
+  # CPU time is a counter: it never goes down.
+  assert sample(scrape(mdaemon.metrics), "process_cpu_seconds_total") >= (
+      sample(m, "process_cpu_seconds_total"))
+
+
+def test_registration_outcomes_are_counted_by_outcome_and_reason(mdaemon):
+  def counts():
+    m = scrape(mdaemon.metrics)
+    assert m["kregd_registrations_total"]["type"] == "counter"
+    reasons = {l["reason"] for _, l, _ in
+               m["kregd_registrations_refused_total"]["samples"]}
+    assert reasons == {"conflict", "invalid", "quota", "permission",
+                       "unavailable", "other"}
+    return {"created": sample(m, "kregd_registrations_total",
+                              outcome="created"),
+            "noop": sample(m, "kregd_registrations_total", outcome="noop"),
+            **{r: sample(m, "kregd_registrations_refused_total", reason=r)
+               for r in reasons}}
+
+  def register(name, module, check=True):
+    return kregctl(mdaemon, "register", name, "--module",
+                   str(ku.kernel_path(module)), "--function", "Scale",
+                   check=check)
+
+  before = counts()
+  register("outcome.one", ku.DEMO)
+  after_create = counts()
+  assert after_create == {**before, "created": before["created"] + 1}
+  register("outcome.one", ku.DEMO)
+  after_noop = counts()
+  assert after_noop == {**after_create, "noop": after_create["noop"] + 1}
+  assert register("outcome.one", ku.DEMO_V2, check=False).returncode == 3
+  after_conflict = counts()
+  assert after_conflict == {**after_noop,
+                            "conflict": after_noop["conflict"] + 1}
+  assert register("9bad name", ku.DEMO, check=False).returncode == 2
+  assert counts() == {**after_conflict,
+                      "invalid": after_conflict["invalid"] + 1}
+
+
+def test_a_retired_target_is_scraped_once_more_with_its_final_values(
+    mdaemon):
+  d = mdaemon
+  out = run_client(d, "gone", 4, 2)
+  assert (out["scale_ok"], out["fail_errors"]) == (4, 2)
+  lbl = {"target": "gone.fail", "platform": "cpu"}
+  assert sample(scrape(d.metrics), "kregd_target_launches_total", **lbl) == 2
+  kregctl(d, "retire", "gone.fail", "--platform", "cpu")
+  # The first scrape after the retirement shows the final values ...
+  m = scrape(d.metrics)
+  assert sample(m, "kregd_target_launches_total", **lbl) == 2
+  assert sample(m, "kregd_target_launch_errors_total", **lbl) == 2
+  assert sample(m, "kregd_target_launch_duration_seconds_count", **lbl) == 2
+  # ... later ones no longer have the series; the live target keeps its.
+  m = scrape(d.metrics)
+  for name in ("kregd_target_launches_total",
+               "kregd_target_launch_errors_total",
+               "kregd_target_launch_duration_seconds_count"):
+    with pytest.raises(KeyError):
+      sample(m, name, **lbl)
+  assert sample(m, "kregd_target_launches_total", target="gone.scale",
+                platform="cpu") == 4
+
+
 # -- kregctl sessions --------------------------------------------------------
 
 

@@ -1,0 +1,145 @@
+#include "client/shim/decode_error.h"
+
+#include <string.h>
+
+#include <vector>
+
+namespace kreg {
+namespace shim {
+namespace {
+
+constexpr char kDecodeFailed[] = "Failed to decode all FFI handler operands";
+
+struct DtypeInfo {
+  int dtype;
+  const char* name;   // XLA FFI's
+  const char* numpy;  // how to pass a scalar of it from Python
+};
+
+constexpr DtypeInfo kDtypes[] = {
+    {XLA_FFI_DataType_PRED, "PRED", "np.bool_(...)"},
+    {XLA_FFI_DataType_S8, "S8", "np.int8(...)"},
+    {XLA_FFI_DataType_S16, "S16", "np.int16(...)"},
+    {XLA_FFI_DataType_S32, "S32", "np.int32(...)"},
+    {XLA_FFI_DataType_S64, "S64", "np.int64(...)"},
+    {XLA_FFI_DataType_U8, "U8", "np.uint8(...)"},
+    {XLA_FFI_DataType_U16, "U16", "np.uint16(...)"},
+    {XLA_FFI_DataType_U32, "U32", "np.uint32(...)"},
+    {XLA_FFI_DataType_U64, "U64", "np.uint64(...)"},
+    {XLA_FFI_DataType_F16, "F16", "np.float16(...)"},
+    {XLA_FFI_DataType_F32, "F32", "np.float32(...)"},
+    {XLA_FFI_DataType_F64, "F64", "np.float64(...)"},
+    {XLA_FFI_DataType_BF16, "BF16", nullptr},
+    {XLA_FFI_DataType_C64, "C64", "np.complex64(...)"},
+    {XLA_FFI_DataType_C128, "C128", "np.complex128(...)"},
+};
+
+const char* AttrTypeName(XLA_FFI_AttrType t) {
+  switch (t) {
+    case XLA_FFI_AttrType_ARRAY:
+      return "array";
+    case XLA_FFI_AttrType_DICTIONARY:
+      return "dictionary";
+    case XLA_FFI_AttrType_SCALAR:
+      return "scalar";
+    case XLA_FFI_AttrType_STRING:
+      return "string";
+  }
+  return "?";
+}
+
+// The word after `prefix` in `text` (up to a space, newline or the end);
+// empty when `prefix` does not occur.
+std::string WordAfter(const std::string& text, const std::string& prefix,
+                      size_t from = 0) {
+  size_t at = text.find(prefix, from);
+  if (at == std::string::npos) return "";
+  at += prefix.size();
+  size_t end = text.find_first_of(" \n,)", at);
+  return text.substr(at, end == std::string::npos ? end : end - at);
+}
+
+std::string Quoted(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += "\"" + names[i] + "\"";
+  }
+  return out;
+}
+
+std::string NameOf(const XLA_FFI_Attrs& attrs, int64_t i) {
+  const XLA_FFI_ByteSpan* n = attrs.names[i];
+  return n == nullptr ? std::string("?") : std::string(n->ptr, n->len);
+}
+
+}  // namespace
+
+std::string DataTypeName(int dtype) {
+  for (const DtypeInfo& d : kDtypes) {
+    if (d.dtype == dtype) return d.name;
+  }
+  return "dtype " + std::to_string(dtype);
+}
+
+std::string ExplainDecodeError(const std::string& target,
+                               const std::string& platform,
+                               const XLA_FFI_Attrs& attrs,
+                               const std::string& message) {
+  if (message.find(kDecodeFailed) == std::string::npos) return message;
+  const std::string head = "kreg: target \"" + target + "\" (" + platform +
+                           "): the handler could not decode its operands";
+  std::string detail;
+  const std::string prefix_scalar = "Wrong scalar data type: expected ";
+  const std::string prefix_kind = "Wrong attribute type: expected ";
+  if (message.find(prefix_scalar) != std::string::npos) {
+    std::string expected = WordAfter(message, prefix_scalar);
+    std::string got =
+        WordAfter(message, " but got ", message.find(prefix_scalar));
+    std::vector<std::string> names;
+    for (int64_t i = 0; i < attrs.size; ++i) {
+      if (attrs.types[i] != XLA_FFI_AttrType_SCALAR) continue;
+      auto* s = static_cast<const XLA_FFI_Scalar*>(attrs.attrs[i]);
+      if (s != nullptr && DataTypeName(s->dtype) == got) {
+        names.push_back(NameOf(attrs, i));
+      }
+    }
+    const char* numpy = nullptr;
+    for (const DtypeInfo& d : kDtypes) {
+      if (expected == d.name) numpy = d.numpy;
+    }
+    std::string pass = numpy == nullptr ? "pass a value of that type"
+                                        : "pass a value of that type, e.g. " +
+                                              std::string(numpy);
+    if (names.size() == 1) {
+      detail = ": attribute \"" + names[0] + "\" is " + got +
+               " but the handler expects " + expected + "; " + pass;
+    } else if (names.size() > 1) {
+      detail = ": one of the attributes " + Quoted(names) + " (all " + got +
+               ") should be " + expected + "; " + pass;
+    } else {
+      detail = ": an attribute is " + got + " but the handler expects " +
+               expected + "; " + pass;
+    }
+  } else if (message.find(prefix_kind) != std::string::npos) {
+    std::string expected = WordAfter(message, prefix_kind);
+    std::string got =
+        WordAfter(message, " but got ", message.find(prefix_kind));
+    std::vector<std::string> names;
+    for (int64_t i = 0; i < attrs.size; ++i) {
+      if (got == AttrTypeName(attrs.types[i]))
+        names.push_back(NameOf(attrs, i));
+    }
+    if (names.size() == 1) {
+      detail = ": attribute \"" + names[0] + "\" is a " + got +
+               " but the handler expects a " + expected;
+    } else if (!names.empty()) {
+      detail = ": one of the attributes " + Quoted(names) + " (each a " + got +
+               ") should be a " + expected;
+    }
+  }
+  return head + detail + ". XLA FFI says: " + message;
+}
+
+}  // namespace shim
+}  // namespace kreg
