@@ -160,7 +160,8 @@ TEST_CASE("ForwardCall: daemon not running is UNAVAILABLE with the path",
   CHECK(s.message ==
         "cannot connect to the kregd session socket "
         "/nonexistent/kregd.sock.session: No such file or directory (is "
-        "kregd running?)");
+        "kregd running?). Start it with `kregd --socket "
+        "/nonexistent/kregd.sock` or `systemctl start kregd`");
 }
 
 TEST_CASE("Forwarding handler answers XLA's metadata call", "[shim]") {
