@@ -79,42 +79,6 @@ absl::StatusOr<gid_t> SocketGid(const std::string& group) {
   return g->gr_gid;
 }
 
-// Binds a listening Unix socket at `path` (0660, group `gid` unless -1). A
-// stale socket file left by a dead daemon is replaced; a live one is an
-// error.
-absl::StatusOr<UniqueFd> BindUnixSocket(const std::string& path, gid_t gid) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("socket path \"", path, "\" is longer than ",
-                     sizeof(addr.sun_path) - 1, " bytes"));
-  }
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  absl::Status dirs = MakeDirs(DirName(path), 0755);
-  if (!dirs.ok()) return dirs;
-  UniqueFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (::connect(probe.get(), reinterpret_cast<sockaddr*>(&addr),
-                sizeof(addr)) == 0) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("another daemon is already serving ", path,
-                     "; stop it first or pass a different --socket"));
-  }
-  ::unlink(path.c_str());
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd.ok()) return Errno("socket");
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return Errno(absl::StrCat("cannot bind ", path));
-  }
-  if (::chmod(path.c_str(), 0660) != 0) return Errno("chmod socket");
-  if (gid != static_cast<gid_t>(-1) &&
-      ::chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0) {
-    return Errno(absl::StrCat("cannot give ", path, " to gid ", gid));
-  }
-  if (::listen(fd.get(), 128) != 0) return Errno("listen");
-  return fd;
-}
-
 // A quarantine as the journal records it and as the crash ledger holds it.
 CrashRecord ToCrashRecord(const QuarantineEvent& q) {
   CrashRecord row;
@@ -243,10 +207,13 @@ absl::Status Daemon::Listen() {
                  serving_socket_path_);
     return absl::OkStatus();
   }
-  absl::StatusOr<UniqueFd> fd = BindUnixSocket(config_.socket_path, gid_);
-  if (!fd.ok()) return fd.status();
-  listen_fd_ = *std::move(fd);
-  owns_socket_file_ = true;
+  absl::Status dirs = MakeDirs(DirName(config_.socket_path), 0755);
+  if (!dirs.ok()) return dirs;
+  absl::StatusOr<UnixListener> l =
+      UnixListener::Bind(config_.socket_path, 0660, gid_, "socket");
+  if (!l.ok()) return l.status();
+  listener_ = std::make_unique<UnixListener>(*std::move(l));
+  listen_fd_.reset(::dup(listener_->fd()));  // ours to poll and accept on
   serving_socket_path_ = config_.socket_path;
   return absl::OkStatus();
 }
@@ -410,7 +377,7 @@ void Daemon::Shutdown() {
                       std::chrono::seconds(5));
   }
   StopCluster();
-  if (owns_socket_file_) ::unlink(config_.socket_path.c_str());
+  listener_.reset();  // removes the path unless a newer kregd took it
   spdlog::info("kregd stopped");
 }
 

@@ -25,6 +25,7 @@
 #include "daemon/module_store.h"
 #include "daemon/registrar.h"
 #include "daemon/registry.h"
+#include "daemon/unix_listener.h"
 
 namespace kreg {
 
@@ -107,8 +108,8 @@ class Daemon {
   UniqueFd listen_fd_;
   int session_listen_fd_ = -1;  // inherited from systemd, or -1
   UniqueFd stop_fd_;            // eventfd that wakes the accept loop
-  bool owns_socket_file_ = false;
-  gid_t gid_ = static_cast<gid_t>(-1);  // socket_group, resolved at Start
+  std::unique_ptr<UnixListener> listener_;  // unless inherited from systemd
+  gid_t gid_ = static_cast<gid_t>(-1);      // socket_group, resolved at Start
   std::string serving_socket_path_;
   std::thread accept_thread_;
   std::thread watchdog_thread_;

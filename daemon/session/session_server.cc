@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/wire.h"
+#include "daemon/unix_listener.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
@@ -21,16 +22,6 @@ namespace {
 
 absl::Status Errno(const std::string& what) {
   return absl::InternalError(absl::StrCat(what, ": ", strerror(errno)));
-}
-
-// True if something accepts connections at `path`.
-bool IsLive(const std::string& path) {
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  return ::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr),
-                   sizeof(addr)) == 0;
 }
 
 }  // namespace
@@ -63,46 +54,11 @@ absl::Status SessionServer::Listen() {
     listen_fd_ = opts_.listen_fd;
     return absl::OkStatus();
   }
-  const std::string& path = opts_.socket_path;
-  sockaddr_un addr{};
-  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("session socket path \"", path,
-                     "\" is empty or longer "
-                     "than ",
-                     sizeof(addr.sun_path) - 1, " bytes"));
-  }
-  struct stat st;
-  if (::lstat(path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "session socket path ", path, " exists and is not a socket"));
-    }
-    if (IsLive(path)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("another daemon is serving sessions on ", path));
-    }
-    ::unlink(path.c_str());  // stale socket of a dead daemon
-  }
-  own_listen_fd_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!own_listen_fd_.ok()) return Errno("socket(AF_UNIX)");
-  addr.sun_family = AF_UNIX;
-  memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  // Created 0660 from the start: no window where others may connect.
-  mode_t old_mask = ::umask(0117);
-  int rc = ::bind(own_listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr),
-                  sizeof(addr));
-  ::umask(old_mask);
-  if (rc != 0) return Errno(absl::StrCat("bind ", path));
-  if (::chmod(path.c_str(), 0660) != 0) return Errno("chmod " + path);
-  if (opts_.socket_gid != static_cast<gid_t>(-1) &&
-      ::chown(path.c_str(), static_cast<uid_t>(-1), opts_.socket_gid) != 0) {
-    return Errno(absl::StrCat("chown ", path, " to gid ", opts_.socket_gid));
-  }
-  if (::listen(own_listen_fd_.get(), 128) != 0) {
-    return Errno("listen " + path);
-  }
-  listen_fd_ = own_listen_fd_.get();
+  absl::StatusOr<UnixListener> l = UnixListener::Bind(
+      opts_.socket_path, 0660, opts_.socket_gid, "session socket");
+  if (!l.ok()) return l.status();
+  own_listener_ = std::make_unique<UnixListener>(*std::move(l));
+  listen_fd_ = own_listener_->fd();
   return absl::OkStatus();
 }
 
@@ -217,10 +173,7 @@ void SessionServer::Stop() {
     all.splice(all.end(), slots_);
   }
   for (Slot& s : all) s.thread.join();
-  if (own_listen_fd_.ok()) {
-    own_listen_fd_.reset();
-    ::unlink(opts_.socket_path.c_str());
-  }
+  own_listener_.reset();  // removes the path unless a newer kregd took it
 }
 
 }  // namespace kreg

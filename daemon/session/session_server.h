@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/unique_fd.h"
 #include "daemon/session/session.h"
+#include "daemon/unix_listener.h"
 
 namespace kreg {
 
@@ -91,7 +92,7 @@ class SessionServer {
   std::unique_ptr<SessionBackend> backend_;
   SessionFactory factory_;
   SessionCounters counters_;
-  UniqueFd own_listen_fd_;
+  std::unique_ptr<UnixListener> own_listener_;  // unless inherited
   int listen_fd_ = -1;
   UniqueFd wake_fd_;  // eventfd that stops the accept loop
   std::thread accept_thread_;

@@ -151,8 +151,9 @@ TEST_CASE("A live socket of another server is not taken over", "[server]") {
   REQUIRE(first.Start().ok());
   SessionServer second(Opts(path), std::make_unique<NullBackend>());
   absl::Status s = second.Start();
-  CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(s.message() == "another daemon is serving sessions on " + path);
+  CHECK(s.code() == absl::StatusCode::kAlreadyExists);
+  CHECK(s.message() == "another daemon is already serving " + path +
+                           "; stop it first or pass a different --socket");
 }
 
 TEST_CASE("A path that is not a socket is refused", "[server]") {
@@ -162,8 +163,9 @@ TEST_CASE("A path that is not a socket is refused", "[server]") {
   SessionServer server(Opts(path), std::make_unique<NullBackend>());
   absl::Status s = server.Start();
   CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(s.message() ==
-        "session socket path " + path + " exists and is not a socket");
+  CHECK(s.message() == "session socket path " + path +
+                           " exists and is not a socket; remove it or pass a "
+                           "different --socket");
 }
 
 TEST_CASE("An over-long socket path is refused", "[server]") {
