@@ -8,6 +8,10 @@ and prints per-call medians, p99s and their ratios for each size.
       //client/shim:libkreg_client.so //kernels/cpu:all
   .venv/bin/python bench/bench_cpu.py [--sizes 1024] [--write FILE]
 
+--stages instead traces N=1024 forwarded calls stage by stage
+(KREG_TRACE_STAGES=1; bench/stages.py) and prints where the time of one
+call goes: shim, ring handoffs, executor decode, call frame, handler.
+
 --clients N instead measures throughput: N JAX processes call the n=1024
 target at once for --duration seconds, all in-process, then all forwarded
 (repeated --trials times), and the aggregate calls/s of each and their
@@ -35,6 +39,7 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "client" / "python"))
+sys.path.insert(0, str(REPO / "bench"))
 
 import jax  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
@@ -104,6 +109,23 @@ def bench(n: int, iters: int, rounds: int):
       samples[name] += timed(fn, x, iters // rounds)
   return (statistics.median(samples[INPROC]), statistics.median(samples[FWD]),
           p99(samples[INPROC]), p99(samples[FWD]))
+
+
+def stage_breakdown(calls: int = 20000) -> str:
+  """Traces `calls` forwarded n=1024 calls (after a warm-up) and returns the
+  per-stage table, with the in-process call's median beside it."""
+  import stages  # pylint: disable=import-outside-toplevel
+  from kreg import _shim  # pylint: disable=import-outside-toplevel
+  x, fns = make_fns(1024)
+  timed(fns[FWD], x, 500)
+  inproc = statistics.median(timed(fns[INPROC], x, calls))
+  _shim.take_stage_records()  # drop the warm-up's
+  fwd = statistics.median(timed(fns[FWD], x, calls))
+  summary = stages.summarize(_shim.take_stage_records())
+  return (stages.table(summary, f"CPU Scale n=1024, {calls} forwarded calls "
+                       "(KREG_TRACE_STAGES=1)") +
+          f"\nwhole call from Python: in-process {inproc * 1e6:.2f} µs, "
+          f"forwarded {fwd * 1e6:.2f} µs (traced)")
 
 
 def register(sock: str) -> None:
@@ -264,8 +286,13 @@ def main() -> None:
                   help="seconds each throughput trial runs (--clients)")
   ap.add_argument("--idle-seconds", type=float, default=5.0,
                   help="how long idle CPU is measured (--clients)")
+  ap.add_argument("--stages", action="store_true",
+                  help="per-stage breakdown of forwarded n=1024 calls")
   ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   args = ap.parse_args()
+  if args.stages:
+    # Read by the shim at its first forwarded call.
+    os.environ["KREG_TRACE_STAGES"] = "1"
   if args.worker:
     worker(args.socket)
     return
@@ -281,6 +308,9 @@ def main() -> None:
       print(throughput(sock, args, proc.pid if proc else None))
       return
     register(sock)
+    if args.stages:
+      print(stage_breakdown())
+      return
     rows = []
     for n in (int(v) for v in args.sizes.split(",")):
       iters, rounds = (4000, 8) if n <= 65536 else (40, 4)

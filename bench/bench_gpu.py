@@ -11,7 +11,12 @@ through a kregd this script starts (on a private socket):
     to back, one block_until_ready at the end (the kernel's own bandwidth
     without the per-call round trip).
   * pipelined: --calls calls back to back, one block_until_ready at the
-    end (what a caller that does not wait per call sees).
+    end (what a caller that does not wait per call sees);
+  * where the time of one synchronous ring call goes: a fourth process
+    with KREG_TRACE_STAGES=1 (bench/stages.py) prints the per-stage
+    medians and p99s (shim, handoffs, executor decode, call frame,
+    handler; the CUDA doorbell's stream operations fall in "inputs ready
+    -> publish" and "outputs -> return").
 Forwarded is measured three times, each in its own JAX process (the shim
 reads KREG_CUDA_DOORBELL and KREG_ASYNC_LAUNCH when a session makes its
 first CUDA call): ordered by
@@ -49,6 +54,7 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "client" / "python"))
+sys.path.insert(0, str(HERE))
 # proc_barrier (--barrier), gpu_devices (the device's UUID).
 sys.path.insert(0, str(HERE.parent / "tests" / "python"))
 sys.path.insert(0, str(HERE.parent / "tests" / "gpu"))
@@ -161,7 +167,15 @@ def measure(sock: str, kernels: str, calls: int, inproc: bool = True,
     jax.block_until_ready(f(big))
     if before_timing is not None:
       before_timing(kind)
-    times = call_times(f, small, calls, 200)
+    traced = kind == "fwd" and os.environ.get("KREG_TRACE_STAGES") == "1"
+    if traced:
+      from kreg import _shim  # pylint: disable=import-outside-toplevel
+      import stages  # pylint: disable=import-outside-toplevel
+      call_times(f, small, 200, 0)  # warm, then drop the warm-up's stamps
+      _shim.take_stage_records()
+    times = call_times(f, small, calls, 0 if traced else 200)
+    if traced:
+      res["stages"] = stages.summarize(_shim.take_stage_records())
     res[f"{kind}_call_us"] = statistics.median(times) * 1e6
     res[f"{kind}_call_p99_us"] = p99(times) * 1e6
     t0 = time.perf_counter()
@@ -262,6 +276,13 @@ def main() -> int:
       for key in ("call_us", "call_p99_us", "pipelined_us", "gbps"):
         res[f"async_{key}"] = asy[f"fwd_{key}"]
       res["async_call_ratio"] = res["async_call_us"] / res["inproc_call_us"]
+    # Where one synchronous ring call's time goes (KREG_TRACE_STAGES=1,
+    # bench/stages.py), in a fresh process.
+    traced = child({"KREG_CUDA_DOORBELL": "1", "KREG_TRACE_STAGES": "1"},
+                   ["--no-inproc"])
+    if traced is not None and "stages" in traced:
+      res["stages"] = traced["stages"]
+      res["stages_call_us"] = traced["fwd_call_us"]
     res["mps"] = bool(args.mps)
     label = "with MPS" if args.mps else "without MPS"
     print(f"== Scale, forwarded vs in-process ({label}, {res['device']}, "
@@ -299,6 +320,15 @@ def main() -> int:
     if "doorbell_used" in res and not res["doorbell_used"]:
       print("NOTE: kregd set up no doorbell; the doorbell column measured "
             "events (see KREG_TRACE_CUDA)")
+    if "stages" in res:
+      import stages  # pylint: disable=import-outside-toplevel
+      print(stages.table(
+          res["stages"],
+          f"CUDA Scale n=1024, synchronous ring, {label} "
+          f"(KREG_TRACE_STAGES=1; traced median "
+          f"{res['stages_call_us']:.1f} µs per call from Python)"))
+    else:
+      print("stage breakdown: the traced run failed")
     if args.out:
       with open(args.out, "w") as f:
         json.dump(res, f)

@@ -6,7 +6,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/stage_trace.h"
+
 namespace kreg {
+namespace stage {
+
+thread_local Times* t_stage = nullptr;
+
+}  // namespace stage
+
 namespace ring {
 
 int64_t NowNs() {

@@ -82,7 +82,10 @@ constexpr size_t kRegionBytes =
 // inside its CudaRef's allocation; a 0-byte buffer has an all-zero CudaRef
 // (the handler sees null). A CPU descriptor has all CUDA fields zero.
 constexpr uint32_t kSubmitAsync = 1;  // flags: the client does not wait
-constexpr uint32_t kSubmitFlags = kSubmitAsync;  // every known flag
+// flags: the client traces this launch's stages (KREG_TRACE_STAGES=1, for
+// bench/): the executor stamps its own in the completion's StageTrailer.
+constexpr uint32_t kSubmitTrace = 2;
+constexpr uint32_t kSubmitFlags = kSubmitAsync | kSubmitTrace;  // all known
 struct SubmitHeader {
   uint32_t length;
   uint32_t seq;  // the descriptor's sq position (sq_tail before publishing)
@@ -138,8 +141,28 @@ struct CompletionHeader {
   uint32_t reserved;
 };
 static_assert(sizeof(CompletionHeader) == 32, "CompletionHeader layout");
+// The last bytes of a completion slot: the executor's stage stamps
+// (CLOCK_MONOTONIC ns; 0: not reached) of a launch submitted with
+// kSubmitTrace; `present` is 1 then. Untrusted numbers, for benchmarks.
+struct StageTrailer {
+  uint32_t present;
+  uint32_t reserved;
+  int64_t picked_ns;         // the ring thread took the descriptor
+  int64_t decoded_ns;        // validated and decoded
+  int64_t handler_start_ns;  // the call frame is built; the handler starts
+  int64_t handler_end_ns;    // the handler returned
+  int64_t completed_ns;      // just before the completion is published
+  int64_t spare[2];
+};
+static_assert(sizeof(StageTrailer) == 64, "StageTrailer layout");
 constexpr size_t kMaxMessageBytes =
-    kCompleteSlotBytes - sizeof(CompletionHeader);
+    kCompleteSlotBytes - sizeof(CompletionHeader) - sizeof(StageTrailer);
+inline char* TrailerOf(char* slot) {
+  return slot + kCompleteSlotBytes - sizeof(StageTrailer);
+}
+inline const char* TrailerOf(const char* slot) {
+  return slot + kCompleteSlotBytes - sizeof(StageTrailer);
+}
 
 inline Control* ControlOf(char* base) {
   return reinterpret_cast<Control*>(base);

@@ -222,4 +222,30 @@ void kreg_client_stats(KREG_ClientStats* stats) {
   stats->sessions = c->open_sessions();
 }
 
+KREG_Error* kreg_stage_trace(KREG_StageTraceArgs* args) {
+  if (args == nullptr || args->struct_size < KREG_StageTraceArgs_STRUCT_SIZE) {
+    return Invalid(
+        "kreg_stage_trace: args is null or its struct_size is too small");
+  }
+  static_assert(static_cast<int>(KREG_STAGE_POINTS) ==
+                    static_cast<int>(kreg::stage::kPoints),
+                "KREG_STAGE_* follow stage::Point");
+  if (args->record_size != sizeof(KREG_StageRecord)) {
+    return Invalid("kreg_stage_trace: record_size " +
+                   std::to_string(args->record_size) + " is not " +
+                   std::to_string(sizeof(KREG_StageRecord)) +
+                   " (a kreg_client.h of another version)");
+  }
+  args->count = 0;
+  if (args->records == nullptr) return nullptr;
+  for (const kreg::shim::StageRecord& r :
+       kreg::shim::TakeStageRecords(args->capacity)) {
+    KREG_StageRecord& out = args->records[args->count++];
+    out.platform = r.platform;
+    out.reserved = 0;
+    for (int i = 0; i < KREG_STAGE_POINTS; ++i) out.ns[i] = r.times.ns[i];
+  }
+  return nullptr;
+}
+
 }  // extern "C"

@@ -13,6 +13,7 @@
 #include "client/shim/conn.h"
 #include "client/shim/launch_encoder.h"
 #include "common/ring_encode.h"
+#include "common/stage_trace.h"
 
 namespace kreg {
 namespace shim {
@@ -137,6 +138,7 @@ ClientStatus ForwardCpuCall(Client* client, const std::string& target,
             Copy(arena + r.offset, r.buffer->data, r.bytes);
           }
         }
+        stage::Mark(stage::kPrepared);  // inputs copied into the arena
         st = conn->LaunchCpu(*c->launch, &c->scratch->request,
                              &c->scratch->response);
         if (!st.ok()) return st;

@@ -7,6 +7,7 @@
 #include "client/shim/cuda_trace.h"
 #include "common/ring_encode.h"
 #include "common/ring_layout.h"
+#include "common/stage_trace.h"
 #include "common/wire.h"
 
 namespace kreg {
@@ -374,6 +375,7 @@ ClientStatus OrderAndSend(Conn* conn, CudaConnState* st, Call* call,
                           cc::Doorbell* bell, ring::DescriptorView* ring,
                           v1::SessionRequest* req, v1::SessionResponse* resp,
                           Attempt* a) {
+  stage::Mark(stage::kPrepared);  // buffers shared, descriptor described
   v1::Launch* launch = req->mutable_launch();
   if (bell != nullptr) {
     a->seq = bell->NextSeq();

@@ -81,6 +81,34 @@ XLA_FFI_Error* PopulateMetadata(const XLA_FFI_Api* api,
   return nullptr;
 }
 
+// Traced launches not yet taken (KREG_TRACE_STAGES=1), at most
+// kMaxTraceRecords (later ones are dropped).
+constexpr size_t kMaxTraceRecords = size_t{1} << 18;
+std::mutex g_trace_mu;
+std::vector<StageRecord> g_trace;
+
+// Runs `forward`, stamping the stages of the call when KREG_TRACE_STAGES=1.
+ClientStatus RunForwarder(Forwarder forward, Client* client,
+                          const std::string& target,
+                          const std::string& platform,
+                          XLA_FFI_CallFrame* frame) {
+  if (!TracingStages()) return forward(client, target, frame);
+  stage::Times times{};
+  stage::t_stage = &times;
+  stage::Mark(stage::kEnter);
+  ClientStatus s = forward(client, target, frame);
+  stage::Mark(stage::kReturned);
+  stage::t_stage = nullptr;
+  // Ring launches only (the executor stamps its stages there).
+  if (times.ns[stage::kPublished] != 0) {
+    std::lock_guard<std::mutex> lock(g_trace_mu);
+    if (g_trace.size() < kMaxTraceRecords) {
+      g_trace.push_back({platform == "cuda" ? 1 : 0, times});
+    }
+  }
+  return s;
+}
+
 XLA_FFI_Error* Forward(int index, XLA_FFI_CallFrame* call_frame) {
   const XLA_FFI_Api* api = call_frame->api;
   if (call_frame->struct_size < XLA_FFI_CallFrame_STRUCT_SIZE) {
@@ -114,7 +142,8 @@ XLA_FFI_Error* Forward(int index, XLA_FFI_CallFrame* call_frame) {
     slot->client->launch_errors.fetch_add(1, std::memory_order_relaxed);
   } else {
     s = slot->forward != nullptr
-            ? slot->forward(slot->client, slot->target, call_frame)
+            ? RunForwarder(slot->forward, slot->client, slot->target,
+                           slot->platform, call_frame)
             : ForwardCall(slot->client, slot->target, slot->platform,
                           call_frame);
   }
@@ -217,7 +246,23 @@ ClientStatus ForwardCall(Client* client, const std::string& target,
                                                    " calls of \"" + target +
                                                    "\" is not supported");
   }
-  return forward(client, target, frame);
+  return RunForwarder(forward, client, target, platform, frame);
+}
+
+bool TracingStages() {
+  static const bool on = [] {
+    const char* v = ::getenv("KREG_TRACE_STAGES");
+    return v != nullptr && strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+
+std::vector<StageRecord> TakeStageRecords(size_t max) {
+  std::lock_guard<std::mutex> lock(g_trace_mu);
+  const size_t n = std::min(max, g_trace.size());
+  std::vector<StageRecord> out(g_trace.begin(), g_trace.begin() + n);
+  g_trace.erase(g_trace.begin(), g_trace.begin() + n);
+  return out;
 }
 
 int SlotsUsed() {

@@ -4,8 +4,10 @@
 #define KREGD_CLIENT_SHIM_FORWARD_H_
 
 #include <string>
+#include <vector>
 
 #include "client/shim/client.h"
+#include "common/stage_trace.h"
 #include "common/status.h"
 #include "xla/ffi/api/c_api.h"
 
@@ -28,6 +30,17 @@ ClientStatus Bind(Client* client, const std::string& target,
                   const std::string& platform, Binding* out);
 
 int SlotsUsed();
+
+// Stage tracing (KREG_TRACE_STAGES=1 in the environment, for bench/): each
+// forwarded call that went on the launch ring leaves its client and
+// executor stage stamps (common/stage_trace.h).
+bool TracingStages();
+struct StageRecord {
+  int platform;  // 0 cpu, 1 cuda
+  stage::Times times;
+};
+// Takes (and forgets) up to `max` of the records kept so far, oldest first.
+std::vector<StageRecord> TakeStageRecords(size_t max);
 
 // Forwards one EXECUTE-stage call of (target, canonical platform) with the
 // forwarder of its platform (cpu: ForwardCpuCall, cuda: ForwardCudaCall);

@@ -24,8 +24,8 @@
 
 #define KREG_API_MAJOR 1
 /* Minor 1: RegisterArgs.in_process; 2: TargetInfo.not_runnable;
- * 3: kreg_bind_local (local execution). */
-#define KREG_API_MINOR 3
+ * 3: kreg_bind_local (local execution); 4: kreg_stage_trace. */
+#define KREG_API_MINOR 4
 
 #if defined(__GNUC__)
 #define KREG_EXPORT __attribute__((visibility("default")))
@@ -256,6 +256,45 @@ typedef struct KREG_ClientStats {
   KREG_STRUCT_SIZE(KREG_ClientStats, slots_total)
 
 KREG_EXPORT void kreg_client_stats(KREG_ClientStats* stats);
+
+/* Stage tracing, for benchmarks (bench/, DESIGN §9). With
+ * KREG_TRACE_STAGES=1 in the environment, every forwarded call that goes on
+ * the launch ring records when it passed each stage: CLOCK_MONOTONIC
+ * nanoseconds, 0 for a stage not reached, the executor's stamps included.
+ * Indices of KREG_StageRecord.ns: */
+enum {
+  KREG_STAGE_ENTER = 0,     /* XLA called the forwarding handler */
+  KREG_STAGE_PREPARED,      /* inputs ready (CPU: copied into the arena) */
+  KREG_STAGE_PUBLISHED,     /* descriptor published on the ring */
+  KREG_STAGE_PICKED,        /* executor: its ring thread took it */
+  KREG_STAGE_DECODED,       /* executor: validated and decoded */
+  KREG_STAGE_HANDLER_START, /* executor: call frame built, handler starts */
+  KREG_STAGE_HANDLER_END,   /* executor: the handler returned */
+  KREG_STAGE_COMPLETED,     /* executor: completion about to be published */
+  KREG_STAGE_WOKE,          /* the client saw the completion */
+  KREG_STAGE_RETURNED,      /* the forwarding handler returns to XLA */
+  KREG_STAGE_POINTS
+};
+typedef struct KREG_StageRecord {
+  int32_t platform; /* 0 cpu, 1 cuda */
+  int32_t reserved;
+  int64_t ns[KREG_STAGE_POINTS];
+} KREG_StageRecord;
+
+typedef struct KREG_StageTraceArgs {
+  size_t struct_size;
+  size_t record_size;        /* sizeof(KREG_StageRecord) */
+  KREG_StageRecord* records; /* out: room for `capacity` records */
+  size_t capacity;
+  size_t count; /* out: records written (taken, oldest first) */
+} KREG_StageTraceArgs;
+#define KREG_StageTraceArgs_STRUCT_SIZE \
+  KREG_STRUCT_SIZE(KREG_StageTraceArgs, count)
+
+/* Takes up to `capacity` of the records kept (at most 262144 are kept; the
+ * rest are dropped). INVALID_ARGUMENT for a record_size this library does
+ * not know. */
+KREG_EXPORT KREG_Error* kreg_stage_trace(KREG_StageTraceArgs* args);
 
 #ifdef __cplusplus
 }

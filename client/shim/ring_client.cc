@@ -8,6 +8,7 @@
 
 #include "common/ring_encode.h"
 #include "common/ring_layout.h"
+#include "common/stage_trace.h"
 
 namespace kreg {
 namespace shim {
@@ -61,6 +62,11 @@ bool ClientRing::Submit(const ring::DescriptorView& launch, uint64_t tag) {
   }
   tags_[sq_tail_ % ring::kSlots] = tag;
   ring::Control* c = ring::ControlOf(base_);
+  if (stage::t_stage != nullptr) {
+    // A traced call (KREG_TRACE_STAGES=1): the executor stamps its stages.
+    reinterpret_cast<ring::SubmitHeader*>(slot)->flags |= ring::kSubmitTrace;
+    stage::Mark(stage::kPublished);
+  }
   ++sq_tail_;
   ring::Store(c->sq_tail, sq_tail_);
   if (ring::Load(c->sq_waiting) != 0) ring::FutexWake(&c->sq_tail);
@@ -85,6 +91,20 @@ ClientRing::Wait ClientRing::Await(int64_t spin_ns, int64_t slice_ns, int* code,
   const char* slot = ring::CompleteSlot(base_, cq_head_);
   ring::CompletionHeader h;
   memcpy(&h, slot, sizeof(h));
+  if (stage::t_stage != nullptr) {
+    stage::Mark(stage::kWoke);
+    ring::StageTrailer t;
+    memcpy(&t, ring::TrailerOf(slot), sizeof(t));
+    stage::Times& s = *stage::t_stage;
+    // Only this launch's stamps (a stale trailer is older than it).
+    if (t.present == 1 && t.picked_ns >= s.ns[stage::kPublished]) {
+      s.ns[stage::kPicked] = t.picked_ns;
+      s.ns[stage::kDecoded] = t.decoded_ns;
+      s.ns[stage::kHandlerStart] = t.handler_start_ns;
+      s.ns[stage::kHandlerEnd] = t.handler_end_ns;
+      s.ns[stage::kCompleted] = t.completed_ns;
+    }
+  }
   size_t n = h.message_len;
   if (n > ring::kMaxMessageBytes) n = ring::kMaxMessageBytes;
   message->assign(slot + sizeof(h), n);

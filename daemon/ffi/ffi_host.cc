@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/stage_trace.h"
 #include "daemon/ffi/call_frame.h"
 #include "daemon/ffi/ffi_internal.h"
 #include "daemon/ffi/thread_pool.h"
@@ -117,7 +118,9 @@ absl::Status FfiHost::Execute(void* handler, const LaunchFrame& frame,
   absl::StatusOr<XLA_FFI_Error*> returned;
   {
     ScopedCurrentCall current(&ctx);
+    stage::Mark(stage::kHandlerStart);
     returned = InvokeHandler(handler, call_frame);
+    stage::Mark(stage::kHandlerEnd);
   }
   absl::Status status =
       returned.ok() ? ErrorToStatus(api(), *returned) : returned.status();

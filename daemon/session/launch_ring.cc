@@ -102,7 +102,7 @@ LaunchRing::Next LaunchRing::Take(int64_t spin_ns, std::string* out,
 }
 
 void LaunchRing::Complete(uint64_t tag, const absl::Status& status,
-                          uint32_t flags) {
+                          uint32_t flags, const ring::StageTrailer* trace) {
   ring::Control* c = ring::ControlOf(base_);
   char* slot = ring::CompleteSlot(base_, cq_tail_);
   ring::CompletionHeader h{};
@@ -123,6 +123,9 @@ void LaunchRing::Complete(uint64_t tag, const absl::Status& status,
   h.message_len = static_cast<uint32_t>(msg.size());
   memcpy(slot, &h, sizeof(h));
   if (!msg.empty()) memcpy(slot + sizeof(h), msg.data(), msg.size());
+  if (trace != nullptr) {
+    memcpy(ring::TrailerOf(slot), trace, sizeof(*trace));
+  }
   ++cq_tail_;
   ring::Store(c->cq_tail, cq_tail_);
   if (ring::Load(c->cq_waiting) != 0) ring::FutexWake(&c->cq_tail);

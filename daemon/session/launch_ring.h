@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/ring_layout.h"
 #include "common/unique_fd.h"
 
 namespace kreg {
@@ -46,7 +47,10 @@ class LaunchRing {
   // client. A message longer than a completion entry is cut, ending with a
   // marker that says how long it was. `flags`: ring::kDoneSignalled,
   // ring::kMappingMissing (CUDA launches).
-  void Complete(uint64_t tag, const absl::Status& status, uint32_t flags = 0);
+  // `trace`: the executor's stage stamps of a launch submitted with
+  // ring::kSubmitTrace, written to the slot's StageTrailer.
+  void Complete(uint64_t tag, const absl::Status& status, uint32_t flags = 0,
+                const ring::StageTrailer* trace = nullptr);
   // Makes Take() return kStopped (now, or after the launch in progress) and
   // marks the ring closed for the client. Wakes a sleeping Take(); a wake
   // can race the thread going to sleep, so callers repeat it until the ring

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/stage_trace.h"
 #include "common/unique_fd.h"
 #include "common/wire.h"
 #include "daemon/ffi/ffi_host.h"
@@ -210,8 +211,12 @@ class Session final : public ServedSession {
   // an asynchronous CUDA launch could not signal its doorbell: the
   // client's stream waits for it, so the session must end (the client
   // then releases that wait itself).
+  // `times` receives the stage stamps of a traced launch
+  // (ring::kSubmitTrace: stage::t_stage then points at it until the
+  // completion is published).
   absl::Status RunRingLaunch(const std::string& descriptor, uint64_t* tag,
-                             uint32_t* flags, bool* end_session);
+                             uint32_t* flags, bool* end_session,
+                             stage::Times* times);
   // Stops the ring thread and waits for it (the launch in progress ends
   // first), then unmaps the ring.
   void StopRing();

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/ring_layout.h"
+#include "common/stage_trace.h"
 #include "daemon/log_limit.h"
 #include "daemon/session/cpu_executor.h"
 #include "daemon/session/cuda_executor.h"
@@ -69,6 +70,7 @@ void Session::RingLoop() {
   std::string why;
   for (;;) {
     LaunchRing::Next next = ring_->Take(spin_ns, &descriptor, &why);
+    const int64_t picked_ns = ring::NowNs();
     if (next == LaunchRing::Next::kStopped) break;
     if (next == LaunchRing::Next::kBroken) {
       std::string more;
@@ -83,18 +85,36 @@ void Session::RingLoop() {
     uint32_t flags = 0;
     bool end_session = false;
     absl::Status status;
+    stage::Times times{};
+    times.ns[stage::kPicked] = picked_ns;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      status = RunRingLaunch(descriptor, &tag, &flags, &end_session);
+      status = RunRingLaunch(descriptor, &tag, &flags, &end_session, &times);
     }
     if (!status.ok() && backend_->LostDaemon()) {
       // The launch needed kregd (its target was not resolved yet) and
       // kregd is gone: not completed, the session ends, and the client
       // runs it again on a new session (it did not run).
+      stage::t_stage = nullptr;
       ::shutdown(sock_.get(), SHUT_RDWR);
       break;
     }
-    ring_->Complete(tag, status, flags);
+    if (stage::t_stage != nullptr) {
+      // A traced launch (ring::kSubmitTrace): its stamps go back with it.
+      stage::Mark(stage::kCompleted);
+      const stage::Times& t = *stage::t_stage;
+      ring::StageTrailer trace{};
+      trace.present = 1;
+      trace.picked_ns = t.ns[stage::kPicked];
+      trace.decoded_ns = t.ns[stage::kDecoded];
+      trace.handler_start_ns = t.ns[stage::kHandlerStart];
+      trace.handler_end_ns = t.ns[stage::kHandlerEnd];
+      trace.completed_ns = t.ns[stage::kCompleted];
+      stage::t_stage = nullptr;
+      ring_->Complete(tag, status, flags, &trace);
+    } else {
+      ring_->Complete(tag, status, flags);
+    }
     if (end_session) {
       ::shutdown(sock_.get(), SHUT_RDWR);  // ends Run(), which joins us
       break;
@@ -109,13 +129,16 @@ void Session::RingLoop() {
 
 absl::Status Session::RunRingLaunch(const std::string& descriptor,
                                     uint64_t* tag, uint32_t* flags,
-                                    bool* end_session) {
+                                    bool* end_session, stage::Times* times) {
   counters_->launches.fetch_add(1, std::memory_order_relaxed);
   *flags = 0;
   absl::Status status;
   absl::StatusOr<RingLaunchHeader> header = ring_decoder_.Header(
       descriptor.data(), descriptor.size(), ring_->seq(), tag);
   bool async = false;
+  if (header.ok() && (header->flags & ring::kSubmitTrace) != 0) {
+    stage::t_stage = times;  // Complete() clears it
+  }
   if (!header.ok()) {
     status = header.status();
     // An unreadable header is not signalled (nothing in it can be
@@ -126,8 +149,11 @@ absl::Status Session::RunRingLaunch(const std::string& descriptor,
     status = cuda_->RingLaunch(
         *tag, header->target, header->device_uuid, header->doorbell_seq,
         [&](const CudaBufferResolver& resolve) {
-          return ring_decoder_.Decode(descriptor.data(), descriptor.size(),
-                                      ring_->seq(), arena_, tag, &resolve);
+          auto decoded =
+              ring_decoder_.Decode(descriptor.data(), descriptor.size(),
+                                   ring_->seq(), arena_, tag, &resolve);
+          stage::Mark(stage::kDecoded);
+          return decoded;
         },
         &outcome);
     if (outcome.signalled) *flags |= ring::kDoneSignalled;
@@ -136,6 +162,7 @@ absl::Status Session::RunRingLaunch(const std::string& descriptor,
   } else {
     absl::StatusOr<DecodedLaunch*> decoded = ring_decoder_.Decode(
         descriptor.data(), descriptor.size(), ring_->seq(), arena_, tag);
+    stage::Mark(stage::kDecoded);
     status = decoded.ok() ? cpu_->Run(*tag, **decoded) : decoded.status();
   }
   if (!status.ok()) {

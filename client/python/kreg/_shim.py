@@ -81,6 +81,23 @@ class ClientStats(ctypes.Structure):
               ("slots_used", ctypes.c_int32), ("slots_total", ctypes.c_int32)]
 
 
+STAGE_POINTS = 10  # KREG_STAGE_POINTS
+STAGE_NAMES = ("enter", "prepared", "published", "picked", "decoded",
+               "handler_start", "handler_end", "completed", "woke",
+               "returned")
+
+
+class StageRecord(ctypes.Structure):
+  _fields_ = [("platform", ctypes.c_int32), ("reserved", ctypes.c_int32),
+              ("ns", ctypes.c_int64 * STAGE_POINTS)]
+
+
+class StageTraceArgs(ctypes.Structure):
+  _fields_ = [("struct_size", _size_t), ("record_size", _size_t),
+              ("records", ctypes.POINTER(StageRecord)),
+              ("capacity", _size_t), ("count", _size_t)]
+
+
 def new(struct_type, **fields):
   """An args struct with struct_size set (the whole struct: no trailing
   padding matters since every last field is 8-byte sized or padded)."""
@@ -149,6 +166,9 @@ def _declare(lib: ctypes.CDLL) -> None:
   lib.kreg_target_list_destroy.restype = None
   lib.kreg_client_stats.argtypes = [ctypes.POINTER(ClientStats)]
   lib.kreg_client_stats.restype = None
+  if hasattr(lib, "kreg_stage_trace"):  # since C ABI 1.4
+    lib.kreg_stage_trace.argtypes = [ctypes.POINTER(StageTraceArgs)]
+    lib.kreg_stage_trace.restype = err
 
 
 def load() -> ctypes.CDLL:
@@ -206,3 +226,24 @@ def take_error(lib: ctypes.CDLL, err: int | None):
   message = lib.kreg_error_message(err).decode("utf-8", "replace")
   lib.kreg_error_destroy(err)
   return code, message
+
+
+def take_stage_records(capacity: int = 1 << 18) -> list[dict[str, int]]:
+  """The stage stamps of forwarded ring calls recorded since the last take
+  (KREG_TRACE_STAGES=1; for bench/): one dict per call, stage name -> ns
+  (CLOCK_MONOTONIC; 0: not reached), plus "platform" ("cpu" or "cuda")."""
+  lib = load()
+  buf = (StageRecord * capacity)()
+  args = new(StageTraceArgs, record_size=ctypes.sizeof(StageRecord),
+             records=buf, capacity=capacity)
+  e = lib.kreg_stage_trace(ctypes.byref(args))
+  if e:
+    msg = lib.kreg_error_message(e).decode()
+    lib.kreg_error_destroy(e)
+    raise RuntimeError(msg)
+  out = []
+  for r in buf[:args.count]:
+    d = dict(zip(STAGE_NAMES, r.ns))
+    d["platform"] = "cuda" if r.platform == 1 else "cpu"
+    out.append(d)
+  return out

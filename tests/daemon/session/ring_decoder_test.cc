@@ -411,8 +411,11 @@ TEST_CASE("RingDecoder: CUDA header fields and what only the ring checks",
   CHECK(CudaRingStatus(ValidCudaLaunch(), a.arena, &gpu, 6) ==
         absl::InvalidArgumentError(
             "launch descriptor has unknown flags 0x6 or a reserved word of 0 "
-            "(launch ring version 2 knows flags 0x1; client and kregd "
+            "(launch ring version 2 knows flags 0x3; client and kregd "
             "disagree on the ring layout?)"));
+  // The trace flag (ring::kSubmitTrace) is known.
+  CHECK(CudaRingStatus(ValidCudaLaunch(), a.arena, &gpu, ring::kSubmitTrace)
+            .ok());
   // A 0-byte buffer that names an allocation.
   l = ValidCudaLaunch();
   *l.mutable_args(1)->mutable_cuda() = l.args(0).cuda();
