@@ -202,8 +202,14 @@ int64_t NowNs();
 // unbounded), clearing `waiting` before it returns. Returns true when the
 // word changed, false when a sleep slice ended without a change (the caller
 // checks its other conditions and calls again).
+// Spins are skipped while MachineBusy() (DESIGN §9: a full machine).
 bool SpinThenWait(Word* w, uint32_t value, Word* waiting, int64_t spin_ns,
                   int64_t slice_ns);
+
+// Whether the machine has more runnable threads than this process has
+// CPUs (from /proc/loadavg, at most every 5 ms; with hysteresis). Always
+// false with KREG_RING_ADAPTIVE=0 in the environment.
+bool MachineBusy();
 
 }  // namespace ring
 }  // namespace kreg
