@@ -12,6 +12,7 @@ PACKAGES=(bazel-bootstrap bazel-platforms bazel-skylib bazel-rules-proto
   libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libabsl-dev libssl-dev
   zlib1g-dev systemd clang-format libseccomp-dev
   clang libclang-rt-14-dev  # clang + libFuzzer: tools/fuzz.sh
+  dpkg-dev cmake  # abseil's Debian source built with TSan: tools/tsan_absl.sh
   # Cluster mode: etcd's .proto files for the build, etcd and etcdctl for
   # tests/python/test_cluster.py, openssl for its test CA.
   golang-etcd-server-dev etcd-server etcd-client openssl)

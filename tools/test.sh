@@ -4,8 +4,10 @@
 # pytest suites against the real kregd binary and real JAX (tests/gpu skips,
 # with the reason, where no CUDA GPU is visible), the Catch2 suites again
 # under ASan + UBSan + LSan (--config=asan, issue 9), the Python suites that
-# drive kregd hardest against an ASan kregd (tools/asan_pytest.sh), and each
-# libFuzzer
+# drive kregd hardest against an ASan kregd (tools/asan_pytest.sh), the
+# Catch2 suites under TSan (--config=tsan, tools/tsan_test.sh, with abseil
+# built with TSan by tools/tsan_absl.sh: a few minutes the first time, then
+# cached), and each libFuzzer
 # target for a bounded time (tools/fuzz.sh; KREG_FUZZ_SECONDS, default 25),
 # then prints `tests: N passed, N failed` (test cases, across all of them;
 # one per fuzz target) as its last line. Each stage prints its wall time as
@@ -59,9 +61,16 @@ if [[ $quick == 0 ]]; then
   asan_logs=$(bazel info --config=asan bazel-testlogs 2>/dev/null)
   # The Python suites against ASan kregd/kregd-exec/kregd-probe.
   stage pytest-asan bash tools/asan_pytest.sh "$out"
+  # The Catch2 suites under ThreadSanitizer, with a TSan build of abseil
+  # (tools/tsan_absl.sh, cached) under them and the kregd processes they
+  # start; any TSan report fails (tests/fuzz/README.md, "TSan").
+  stage catch2-tsan bash tools/tsan_test.sh "$out" "$out/targets"
+  tsan_logs=$(bazel info --config=tsan bazel-testlogs 2>/dev/null)
   stage fuzz bash tools/fuzz.sh --junit "$out/fuzz.xml"
   summary+=("$out/fuzz.xml" "$out/asan_pytest.xml" "$out/asan_reports.xml"
-            --also-catch2 "$asan_logs" "$out/targets")
+            "$out/tsan_reports.xml"
+            --also-catch2 "$asan_logs" "$out/targets"
+            --also-catch2 "$tsan_logs" "$out/targets")
 fi
 
 python3 tools/summarize_tests.py "$(bazel info bazel-testlogs 2>/dev/null)" \

@@ -611,6 +611,7 @@ TEST_CASE("A TOML config file sets socket, state and roots", "[integration]") {
                          ::getgrgid(::getgid())->gr_name + "\"\n");
   pid_t pid = testing::Spawn({kregd, "--config", dir.path() + "/kregd.toml"},
                              "/dev/null", dir.path() + "/log");
+  REQUIRE(pid > 0);
   Client c(dir.path() + "/c.sock");
   bool healthy = false;
   for (int i = 0; i < 400 && !healthy; ++i) {

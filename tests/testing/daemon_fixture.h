@@ -24,13 +24,16 @@ struct CommandResult {
 };
 
 // Starts argv[0] (absolute) with stdout to `out` and stderr appended to
-// `err`; returns its pid.
+// `err`; returns its pid, or -1 (the reason appended to `err`) if it could
+// not be started. Run() and Kregctl() may be called from several threads:
+// they use no Catch2 assertions.
 pid_t Spawn(const std::vector<std::string>& argv, const std::string& out,
             const std::string& err);
 // Waits for `pid`; WEXITSTATUS, or 128 + the signal that killed it.
 int WaitExit(pid_t pid);
 
-// Runs argv[0] (an absolute path) with `argv`, capturing its output.
+// Runs argv[0] (an absolute path) with `argv`, capturing its output;
+// exit_code 127 if it could not be started.
 CommandResult Run(const std::vector<std::string>& argv);
 
 // Runs kregctl with `args`, capturing stdout and stderr.

@@ -134,6 +134,24 @@ void* MapFd(int fd, size_t size) {
   return p;
 }
 
+// Encodes `l` into `slot` (ring::kSubmitSlotBytes) as a client does, but
+// byte by byte with relaxed atomic stores: the scribbler tests rewrite the
+// same slot bytes from another thread on purpose (a hostile client), and
+// plain stores into this process's mapping would make that a data race in
+// the test itself (TSan). The session reads through its own mapping and
+// copies the slot before decoding, so torn copies are refused there.
+// Returns the encoded size, 0 if it does not fit.
+size_t EncodeIntoSlot(const v1::Launch& l, uint32_t seq, uint64_t tag,
+                      const std::string& attrs, char* slot) {
+  std::vector<char> bytes(ring::kSubmitSlotBytes);
+  size_t n =
+      ring::EncodeDescriptor(l, seq, tag, attrs, bytes.data(), bytes.size());
+  for (size_t i = 0; i < n; ++i) {
+    __atomic_store_n(slot + i, bytes[i], __ATOMIC_RELAXED);
+  }
+  return n;
+}
+
 // The client's side, written against ring_layout.h only.
 struct Client {
   Client() {
@@ -161,9 +179,8 @@ struct Client {
   void Submit(const v1::Launch& l, uint64_t tag) {
     std::string attrs;
     ring::EncodeAttrBytes(l, &attrs);
-    REQUIRE(ring::EncodeDescriptor(l, tail, tag, attrs,
-                                   ring::SubmitSlot(base, tail),
-                                   ring::kSubmitSlotBytes) > 0);
+    REQUIRE(EncodeIntoSlot(l, tail, tag, attrs, ring::SubmitSlot(base, tail)) >
+            0);
     Publish();
   }
   // Waits up to 10 s for the next completion.
@@ -417,8 +434,7 @@ std::vector<float> RunScaling(Fixture* fx, const v1::Launch& l,
   std::string attrs;
   ring::EncodeAttrBytes(l, &attrs);
   char* slot = ring::SubmitSlot(fx->client.base, fx->client.tail);
-  REQUIRE(ring::EncodeDescriptor(l, fx->client.tail, 1, attrs, slot,
-                                 ring::kSubmitSlotBytes) > 0);
+  REQUIRE(EncodeIntoSlot(l, fx->client.tail, 1, attrs, slot) > 0);
   if (rewrite) rewrite(slot);
   fx->client.Publish();
   int code = -1;

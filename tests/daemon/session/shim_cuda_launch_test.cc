@@ -82,16 +82,26 @@ class FakeKregd {
     ::rmdir(dir_.c_str());
   }
 
+  using OnRing = std::function<void(const RingSeen&, int* code,
+                                    std::string* message, uint32_t* flags)>;
   std::string uuid = FakeCuda::Uuid(0xa0);
   // How the ring answers a descriptor (default: OK, doorbell signalled).
-  std::function<void(const RingSeen&, int* code, std::string* message,
-                     uint32_t* flags)>
-      on_ring;
+  // Set while the ring thread runs (an asynchronous launch may still be in
+  // flight), so under mu.
+  void SetOnRing(OnRing f) {
+    std::lock_guard<std::mutex> l(mu);
+    on_ring = std::move(f);
+  }
   // Completions wait this long (to show what the client waits for).
-  std::chrono::milliseconds ring_delay{0};
+  void SetRingDelay(std::chrono::milliseconds d) {
+    std::lock_guard<std::mutex> l(mu);
+    ring_delay = d;
+  }
 
   std::string path;
   std::mutex mu;
+  OnRing on_ring;                                 // guarded by mu
+  std::chrono::milliseconds ring_delay{0};        // guarded by mu
   std::vector<kreg::v1::Launch> socket_launches;  // guarded by mu
   std::vector<RingSeen> ring_launches;            // guarded by mu
   std::vector<std::string> order;                 // "ring N" / "socket N"
@@ -208,8 +218,15 @@ class FakeKregd {
       int code = 0;
       std::string message;
       uint32_t flags = ring::kDoneSignalled;
-      if (on_ring) on_ring(seen, &code, &message, &flags);
-      std::this_thread::sleep_for(ring_delay);
+      OnRing answer;
+      std::chrono::milliseconds delay;
+      {
+        std::lock_guard<std::mutex> l(mu);
+        answer = on_ring;
+        delay = ring_delay;
+      }
+      if (answer) answer(seen, &code, &message, &flags);
+      std::this_thread::sleep_for(delay);
       {
         std::lock_guard<std::mutex> l(mu);
         ring_launches.push_back(seen);
@@ -363,24 +380,24 @@ TEST_CASE(
   CHECK(ops[11] == "wait 7");
 
   // An error from the ring is this call's; done not signalled: no wait.
-  kregd.on_ring = [](const RingSeen&, int* code, std::string* message,
-                     uint32_t* flags) {
-    *code = 3;
-    *message = "t.scale: refused";
-    *flags = 0;
-  };
+  kregd.SetOnRing(
+      [](const RingSeen&, int* code, std::string* message, uint32_t* flags) {
+        *code = 3;
+        *message = "t.scale: refused";
+        *flags = 0;
+      });
   ClientStatus s = client.Launch("t.scale");
   CHECK(s.code == 3);
   CHECK(s.message == "t.scale: refused");
   CHECK(client.Memops() == std::vector<std::string>{"ready 8"});
 
   // kregd no longer holds the allocation: shared again on the socket.
-  kregd.on_ring = [](const RingSeen&, int* code, std::string* message,
-                     uint32_t* flags) {
-    *code = 5;
-    *message = "arg 0: allocation ... is not shared";
-    *flags = ring::kDoneSignalled | ring::kMappingMissing;
-  };
+  kregd.SetOnRing(
+      [](const RingSeen&, int* code, std::string* message, uint32_t* flags) {
+        *code = 5;
+        *message = "arg 0: allocation ... is not shared";
+        *flags = ring::kDoneSignalled | ring::kMappingMissing;
+      });
   s = client.Launch("t.scale");
   INFO(s.message);
   CHECK(s.ok());
@@ -399,7 +416,7 @@ TEST_CASE(
     "call",
     "[shim][cuda][ring]") {
   FakeKregd kregd;
-  kregd.ring_delay = std::chrono::milliseconds(30);
+  kregd.SetRingDelay(std::chrono::milliseconds(30));
   Client client(&kregd, /*async=*/true);
   REQUIRE(client.Launch("t.scale").ok());  // shares: the socket
   CHECK(kregd.socket_count() == 1);
@@ -415,13 +432,13 @@ TEST_CASE(
   }
   // A failing handler: its call returns OK; the next call reports it,
   // naming the target, and is not run.
-  kregd.on_ring = [](const RingSeen& r, int* code, std::string* message,
-                     uint32_t*) {
-    if (r.target == "t.fail") {
-      *code = 3;
-      *message = "t.fail: refused on purpose";
-    }
-  };
+  kregd.SetOnRing(
+      [](const RingSeen& r, int* code, std::string* message, uint32_t*) {
+        if (r.target == "t.fail") {
+          *code = 3;
+          *message = "t.fail: refused on purpose";
+        }
+      });
   REQUIRE(client.Launch("t.fail").ok());
   CHECK(client.Memops() == std::vector<std::string>{"ready 3", "wait 3"});
   ClientStatus s = client.Launch("t.scale");

@@ -50,18 +50,28 @@ TEST_CASE("Frames round-trip, with descriptors", "[wire]") {
 TEST_CASE("Empty and large frames round-trip", "[wire]") {
   Pair p;
   std::string big(8 << 20, 'x');
+  // The sender keeps its results for the main thread to check: Catch2's
+  // assertion macros are not thread-safe.
+  int sent_empty = -1, sent_big = -1;
   std::thread sender([&] {
-    CHECK(wire::SendFrame(p.a.get(), "", 0, nullptr, 0) == wire::kOk);
-    CHECK(wire::SendFrame(p.a.get(), big.data(), big.size(), nullptr, 0) ==
-          wire::kOk);
+    sent_empty = wire::SendFrame(p.a.get(), "", 0, nullptr, 0);
+    sent_big = wire::SendFrame(p.a.get(), big.data(), big.size(), nullptr, 0);
   });
   std::string got;
   std::vector<int> fds;
-  REQUIRE(wire::RecvFrame(p.b.get(), 16 << 20, &got, &fds) == wire::kOk);
-  CHECK(got.empty());
-  REQUIRE(wire::RecvFrame(p.b.get(), 16 << 20, &got, &fds) == wire::kOk);
-  CHECK(got == big);
+  int got_empty = wire::RecvFrame(p.b.get(), 16 << 20, &got, &fds);
+  bool empty = got.empty();
+  int got_big = got_empty == wire::kOk
+                    ? wire::RecvFrame(p.b.get(), 16 << 20, &got, &fds)
+                    : got_empty;
+  if (got_big != wire::kOk) ::shutdown(p.b.get(), SHUT_RDWR);  // frees sender
   sender.join();
+  CHECK(sent_empty == wire::kOk);
+  CHECK(sent_big == wire::kOk);
+  REQUIRE(got_empty == wire::kOk);
+  CHECK(empty);
+  REQUIRE(got_big == wire::kOk);
+  CHECK(got == big);
 }
 
 TEST_CASE("A frame above the limit is refused", "[wire]") {
@@ -94,13 +104,16 @@ TEST_CASE("Receive buffers take their growth from a shared budget", "[wire]") {
   wire::ByteBudget budget(3 << 20);
   wire::RecvBuffer one(&budget), two(&budget);
   std::string big(2 << 20, 'x');
+  int sent = -1;  // checked here: Catch2 assertions are not thread-safe
   std::thread sender([&] {
-    CHECK(wire::SendFrame(p1.a.get(), big.data(), big.size(), nullptr, 0) ==
-          wire::kOk);
+    sent = wire::SendFrame(p1.a.get(), big.data(), big.size(), nullptr, 0);
   });
   std::vector<int> fds;
-  REQUIRE(wire::RecvFrame(p1.b.get(), 16 << 20, &one, &fds) == wire::kOk);
+  int received = wire::RecvFrame(p1.b.get(), 16 << 20, &one, &fds);
+  if (received != wire::kOk) p1.b.reset();  // frees the sender
   sender.join();
+  CHECK(sent == wire::kOk);
+  REQUIRE(received == wire::kOk);
   CHECK(one.payload() == big);
   CHECK(one.held() >= big.size());
   CHECK(budget.used() == one.held());
@@ -199,19 +212,21 @@ TEST_CASE("A deadline covers every byte of a frame", "[wire]") {
 TEST_CASE("A frame that arrives before its deadline is received", "[wire]") {
   Pair p;
   std::string bytes = Announce(5, "hello");
+  ssize_t first = -1, rest = -1;  // checked here: Catch2 is not thread-safe
   std::thread sender([&] {
-    REQUIRE(::write(p.a.get(), bytes.data(), 3) == 3);
+    first = ::write(p.a.get(), bytes.data(), 3);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    REQUIRE(::write(p.a.get(), bytes.data() + 3, bytes.size() - 3) ==
-            static_cast<ssize_t>(bytes.size() - 3));
+    rest = ::write(p.a.get(), bytes.data() + 3, bytes.size() - 3);
   });
   wire::RecvBuffer buffer;
   std::vector<int> fds;
-  CHECK(wire::RecvFrame(p.b.get(), 1 << 20, &buffer, &fds,
-                        wire::Clock::now() + std::chrono::seconds(5)) ==
-        wire::kOk);
-  CHECK(buffer.payload() == "hello");
+  int received = wire::RecvFrame(p.b.get(), 1 << 20, &buffer, &fds,
+                                 wire::Clock::now() + std::chrono::seconds(5));
   sender.join();
+  CHECK(first == 3);
+  CHECK(rest == static_cast<ssize_t>(bytes.size() - 3));
+  CHECK(received == wire::kOk);
+  CHECK(buffer.payload() == "hello");
 }
 
 TEST_CASE("A frame's buffer grows with the bytes that arrive", "[wire]") {
@@ -220,21 +235,28 @@ TEST_CASE("A frame's buffer grows with the bytes that arrive", "[wire]") {
   std::string big(kSize, '\0');
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 7);
   std::string bytes = Announce(kSize, big);
+  bool write_failed = false;  // checked here: Catch2 is not thread-safe
   std::thread sender([&] {
     // Trickle in uneven pieces, so the receiver sees many short reads.
     size_t pos = 0, step = 1000;
     while (pos < bytes.size()) {
       size_t n = std::min(step, bytes.size() - pos);
       ssize_t w = ::write(p.a.get(), bytes.data() + pos, n);
-      REQUIRE(w > 0);
+      if (w <= 0) {
+        write_failed = true;
+        break;
+      }
       pos += static_cast<size_t>(w);
       step = step * 3 % 200003 + 1;
     }
   });
   std::string got;
   std::vector<int> fds;
-  REQUIRE(wire::RecvFrame(p.b.get(), 16u << 20, &got, &fds) == wire::kOk);
+  int received = wire::RecvFrame(p.b.get(), 16u << 20, &got, &fds);
+  if (received != wire::kOk) p.b.reset();  // frees the sender
   sender.join();
+  CHECK_FALSE(write_failed);
+  REQUIRE(received == wire::kOk);
   CHECK(got.size() == kSize);
   CHECK(got == big);
   // Doubling from 64 KiB: never more than twice the frame.
@@ -250,12 +272,16 @@ TEST_CASE("Frames at the growth steps round-trip; a big buffer is released",
                       size_t{131073}, size_t{5u << 20}, size_t{3}}) {
     INFO(size);
     std::string payload(size, static_cast<char>('a' + size % 26));
+    int sent = -1;  // checked here: Catch2 assertions are not thread-safe
     std::thread sender([&] {
-      CHECK(wire::SendFrame(p.a.get(), payload.data(), payload.size(), nullptr,
-                            0) == wire::kOk);
+      sent = wire::SendFrame(p.a.get(), payload.data(), payload.size(), nullptr,
+                             0);
     });
-    REQUIRE(wire::RecvFrame(p.b.get(), 8u << 20, &got, &fds) == wire::kOk);
+    int received = wire::RecvFrame(p.b.get(), 8u << 20, &got, &fds);
+    if (received != wire::kOk) p.b.reset();  // frees the sender
     sender.join();
+    CHECK(sent == wire::kOk);
+    REQUIRE(received == wire::kOk);
     CHECK(got == payload);
   }
   // The 5 MiB buffer was not kept for the 3-byte frame that followed it.
