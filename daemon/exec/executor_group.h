@@ -39,11 +39,16 @@ struct ExecutorPool::Group {
   int64_t idle_since_ms = 0;
   std::vector<EntryPtr> resolved;  // token - 1 -> entry
   bool stop_requested = false;
+  // Reaped: out of the pool; stop_requested and killed_because no longer
+  // change.
   bool dead = false;
   std::string killed_because;  // why kregd killed it (logged when it did)
+  // After dead: crash_text and death_note are in place (the pool's Wait
+  // decides blame and records crashes between the two, without mu_).
+  bool blamed = false;
   // Per slot, the error of the call that was running when the executor
-  // died: INTERNAL for the crashing call, ABORTED for a call another
-  // session's crash interrupted (the client may re-run it).
+  // died (crash_blame.h): INTERNAL for the crashing call, ABORTED for a
+  // call another session's crash interrupted (the client may re-run it).
   std::map<uint32_t, absl::Status> crash_text;
   // An unplanned end: "kregd executor pid N (group) ended: <how>", for the
   // sessions that had a request in flight but no handler running.
