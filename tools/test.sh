@@ -3,7 +3,7 @@
 # everything with Bazel, runs the Catch2 suites (`bazel test //...`) and the
 # pytest suites against the real kregd binary and real JAX (tests/gpu skips,
 # with the reason, where no CUDA GPU is visible), the Catch2 suites again
-# under ASan + UBSan + LSan (--config=asan, issue 9), the Python suites that
+# under ASan + UBSan + LSan (--config=asan), the Python suites that
 # drive kregd hardest against an ASan kregd (tools/asan_pytest.sh), and each
 # libFuzzer
 # target for a bounded time (tools/fuzz.sh; KREG_FUZZ_SECONDS, default 25),
