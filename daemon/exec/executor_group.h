@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "daemon/exec/executor.h"
 #include "daemon/exec/executor_pool.h"
+#include "daemon/exec/executor_process.h"
 #include "daemon/types.h"
 
 namespace kreg {
@@ -30,7 +30,7 @@ struct ExecutorPool::Group {
   std::string name;  // "uid 1000", "pid 42 (uid 1000)", "shared"
   uid_t uid = 0;
   gid_t gid = 0;
-  std::unique_ptr<Executor> exec;
+  std::unique_ptr<ExecutorProcess> exec;
   // Guarded by the pool's mu_.
   std::vector<bool> used;
   std::vector<uid_t> slot_uid;

@@ -174,10 +174,20 @@ absl::StatusOr<std::shared_ptr<ExecutorPool::Group>> ExecutorPool::Start(
   init.set_group(key);
   init.set_parent_pid(::getpid());
   init.set_slots(options_.slots);
-  absl::StatusOr<std::unique_ptr<Executor>> exec =
+  absl::StatusOr<std::unique_ptr<ExecutorProcess>> exec =
       absl::UnavailableError("kregd is shutting down");
   OnSpawner([&] {
-    exec = Executor::Start(options_.binary, init, options_.start_timeout);
+    if (options_.launcher) {
+      exec = options_.launcher(options_.binary, init, options_.start_timeout);
+      return;
+    }
+    absl::StatusOr<std::unique_ptr<Executor>> real =
+        Executor::Start(options_.binary, init, options_.start_timeout);
+    if (real.ok()) {
+      exec = std::unique_ptr<ExecutorProcess>(*std::move(real));
+    } else {
+      exec = real.status();
+    }
   });
   if (!exec.ok()) return exec.status();
   g->exec = *std::move(exec);

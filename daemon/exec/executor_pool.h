@@ -23,13 +23,12 @@
 #include "absl/synchronization/mutex.h"
 #include "common/unique_fd.h"
 #include "daemon/exec/crash_ledger.h"
+#include "daemon/exec/executor_process.h"
 #include "daemon/exec/target_stats.h"
 #include "daemon/types.h"
 #include "kreg/v1/executor.pb.h"
 
 namespace kreg {
-
-class Executor;
 
 // How client sessions are grouped onto executors.
 enum class Isolation {
@@ -53,6 +52,9 @@ struct PoolOptions {
   // Stop an executor that served no session for this long.
   int64_t idle_ms = 30000;
   std::chrono::milliseconds start_timeout{60000};
+  // Starts executors; null: Executor::Start (kregd-exec processes). Tests
+  // pass fakes.
+  ExecutorLauncher launcher;
 };
 
 // A live executor, for status.
