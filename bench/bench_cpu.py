@@ -375,7 +375,7 @@ Environment: {env}.
 """
 
 NOTES = """
-Where this design stands (goal of a later issue: <= 1.5x at n=1024 and
+Where this design stands (the goal, not met yet: <= 1.5x at n=1024 and
 <= 1.3x at 16M):
 
 * n=1024 is dominated by the socket round trip: the shim serialises a

@@ -1,4 +1,4 @@
-"""The two-input slow mode (issue 10 item 4): a kernel with two inputs, one a
+"""The two-input slow mode (DESIGN §9): a kernel with two inputs, one a
 jit constant, forwarded vs in-process.
 
   python bench/bench_gpu_const.py [--mps] [--calls N]

@@ -1,7 +1,8 @@
 // Daemon: launch statistics, the session list and the Prometheus endpoint
-// (issue 11). kregd runs no kernel: the executors count calls in their
-// status pages and the pool folds them (and those of reaped executors)
-// into per-target totals; this file matches them to registered targets.
+// (docs/operator-guide.md "Watching it"). kregd runs no kernel: the executors
+// count calls in their status pages and the pool folds them (and those of
+// reaped executors) into per-target totals; this file matches them to
+// registered targets.
 #include <map>
 #include <set>
 #include <string>

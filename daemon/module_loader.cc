@@ -17,7 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/unique_fd.h"
-#include "daemon/ffi/ffi_host.h"
+#include "daemon/ffi/hosted_api.h"
 #include "spdlog/spdlog.h"
 
 extern char** environ;

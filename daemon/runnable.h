@@ -1,4 +1,5 @@
-// Whether this kregd can run a registered target (issue 11, item 2): a cuda
+// Whether this kregd can run a registered target (docs/errors.md "Not
+// runnable here"): a cuda
 // target registered on a daemon without a usable GPU is accepted (the name
 // is reserved for every process, as always) but cannot be called here; the
 // replies and `kregctl list` say so instead of letting the call fail inside

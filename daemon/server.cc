@@ -29,6 +29,7 @@
 #include "daemon/exec/broker.h"
 #include "daemon/exec/executor_pool.h"
 #include "daemon/exec/supervision_service.h"
+#include "daemon/ffi/hosted_api.h"
 #include "daemon/gpu_sharing.h"
 #include "daemon/metrics/http_server.h"
 #include "daemon/runnable.h"
@@ -468,7 +469,6 @@ absl::Status Daemon::StartSessions() {
   SessionOptions opts;
   opts.socket_path = SessionSocketPath(config_.socket_path);
   opts.listen_fd = session_listen_fd_;
-  opts.max_arena_bytes = config_.max_arena_bytes;
   opts.socket_gid = gid_;
   opts.max_sessions = config_.max_sessions;
   opts.max_sessions_per_uid = config_.max_sessions_per_uid;

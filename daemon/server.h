@@ -1,5 +1,7 @@
-// The kregd process: owns the store, journal, registry, FFI host, the gRPC
-// server and the session server, and the listening sockets.
+// The kregd process: owns the store, journal, registry, crash ledger, the
+// executor pool, the gRPC server, the session server (whose sessions are
+// brokers handing connections to executors) and the listening sockets.
+// It hosts no handler: executors (kregd-exec) run them (DESIGN §8).
 #ifndef KREGD_DAEMON_SERVER_H_
 #define KREGD_DAEMON_SERVER_H_
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 9: the Python suites that drive kregd hardest from real JAX clients
+# DESIGN §6 (hostile input): the Python suites that drive kregd hardest from real JAX clients
 # (sessions, registrations, the launch ring, status pages, the CLI) against
 # an ASan + UBSan + LSan build of kregd, kregd-exec and kregd-probe (the
 # shim and the kernels stay plain: they load into Python). Every report the

@@ -3,7 +3,7 @@
 # everything with Bazel, runs the Catch2 suites (`bazel test //...`) and the
 # pytest suites against the real kregd binary and real JAX (tests/gpu skips,
 # with the reason, where no CUDA GPU is visible), the Catch2 suites again
-# under ASan + UBSan + LSan (--config=asan, issue 9), the Python suites that
+# under ASan + UBSan + LSan (--config=asan), the Python suites that
 # drive kregd hardest against an ASan kregd (tools/asan_pytest.sh), the
 # Catch2 suites under TSan (--config=tsan, tools/tsan_test.sh, with abseil
 # built with TSan by tools/tsan_absl.sh: a few minutes the first time, then
@@ -47,13 +47,14 @@ python_suites() {
 stage setup bash tools/setup.sh
 [[ $rc == 0 ]] || exit 1
 stage build bazel build //...
+stage kregd-deps bash tools/check_kregd_deps.sh --junit "$out/kregd_deps.xml"
 stage catch2 catch2
 export KREG_BIN_DIR="$PWD/bazel-bin"
 export KREG_KERNELS_DIR="$PWD/bazel-bin/kernels/cpu"
 export KREG_CLIENT_LIB="$PWD/bazel-bin/client/shim/libkreg_client.so"
 stage pytest python_suites
 
-summary=("$out/targets" "$out/pytest.xml")
+summary=("$out/targets" "$out/pytest.xml" "$out/kregd_deps.xml")
 if [[ $quick == 0 ]]; then
   # Sanitizers: the Catch2 suites under ASan + UBSan + LSan. Their outputs
   # and logs have their own directory; bazel-bin stays the plain build.

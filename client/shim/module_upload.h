@@ -1,6 +1,7 @@
 // Registration over a session with the module's bytes in a sealed memfd
 // (RegisterRequest.upload_fd_size) instead of inline, so the one limit is
-// kregd's max_module_bytes on every path (issue 11, item 5).
+// kregd's max_module_bytes on every path (docs/operator-guide.md
+// "Configuration", limits).
 #ifndef KREGD_CLIENT_SHIM_MODULE_UPLOAD_H_
 #define KREGD_CLIENT_SHIM_MODULE_UPLOAD_H_
 

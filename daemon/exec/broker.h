@@ -16,7 +16,7 @@
 #include "daemon/exec/crash_ledger.h"
 #include "daemon/exec/executor_pool.h"
 #include "daemon/exec/session_bindings.h"
-#include "daemon/session/session.h"
+#include "daemon/session/served_session.h"
 #include "daemon/types.h"
 #include "kreg/v1/executor.pb.h"
 

@@ -5,14 +5,15 @@
 
 #include <sys/types.h>
 
-#include <chrono>
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/unique_fd.h"
+#include "daemon/exec/executor_process.h"
 #include "daemon/exec/status_page.h"
 #include "kreg/v1/executor.pb.h"
 
@@ -23,7 +24,7 @@ namespace kreg {
 // its status page. Thread-safe. The destructor stops the process (closes
 // the control socket, then SIGKILL after a grace period) unless Reap()
 // already collected it.
-class Executor {
+class Executor final : public ExecutorProcess {
  public:
   // Spawns `binary` (posix_spawn, its own process group, fds 3 = control,
   // 4 = status page, nothing else of kregd's), sends `init` and waits up to
@@ -33,29 +34,21 @@ class Executor {
   static absl::StatusOr<std::unique_ptr<Executor>> Start(
       const std::string& binary, const v1::ExecInit& init,
       std::chrono::milliseconds timeout);
-  ~Executor();
+  ~Executor() override;
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
-  // Hands a client's session socket to the executor; returns kregd's end of
-  // the session's new broker socket. UNAVAILABLE when the executor is gone.
-  absl::StatusOr<UniqueFd> Adopt(const v1::ExecAdopt& adopt, int client_fd);
-
-  // Closes the control socket: the executor finishes and exits.
-  void RequestStop();
-  // Closes the control socket like RequestStop but leaves the executor
-  // running (DESIGN §12: it serves its sessions on without kregd); the
-  // destructor then neither waits for it nor kills it.
-  void Abandon();
-  // Sends `sig` unless the process was reaped already.
-  void Signal(int sig);
-  // Blocks until the process exits and returns its wait status; later
-  // calls return the same status at once.
-  int Reap();
-
-  pid_t pid() const { return pid_; }
-  const StatusPage& page() const { return page_; }
-  const v1::ExecInitReply& info() const { return info_; }
+  // ExecutorProcess. After Abandon() the destructor neither waits for the
+  // process nor kills it.
+  absl::StatusOr<UniqueFd> Adopt(const v1::ExecAdopt& adopt,
+                                 int client_fd) override;
+  void RequestStop() override;
+  void Abandon() override;
+  void Signal(int sig) override;
+  int Reap() override;
+  pid_t pid() const override { return pid_; }
+  const StatusPage& page() const override { return page_; }
+  const v1::ExecInitReply& info() const override { return info_; }
 
  private:
   Executor(pid_t pid, UniqueFd pidfd, UniqueFd control, StatusPage page);

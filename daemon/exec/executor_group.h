@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "daemon/exec/executor.h"
 #include "daemon/exec/executor_pool.h"
+#include "daemon/exec/executor_process.h"
 #include "daemon/types.h"
 
 namespace kreg {
@@ -30,7 +30,7 @@ struct ExecutorPool::Group {
   std::string name;  // "uid 1000", "pid 42 (uid 1000)", "shared"
   uid_t uid = 0;
   gid_t gid = 0;
-  std::unique_ptr<Executor> exec;
+  std::unique_ptr<ExecutorProcess> exec;
   // Guarded by the pool's mu_.
   std::vector<bool> used;
   std::vector<uid_t> slot_uid;
@@ -39,11 +39,16 @@ struct ExecutorPool::Group {
   int64_t idle_since_ms = 0;
   std::vector<EntryPtr> resolved;  // token - 1 -> entry
   bool stop_requested = false;
+  // Reaped: out of the pool; stop_requested and killed_because no longer
+  // change.
   bool dead = false;
   std::string killed_because;  // why kregd killed it (logged when it did)
+  // After dead: crash_text and death_note are in place (the pool's Wait
+  // decides blame and records crashes between the two, without mu_).
+  bool blamed = false;
   // Per slot, the error of the call that was running when the executor
-  // died: INTERNAL for the crashing call, ABORTED for a call another
-  // session's crash interrupted (the client may re-run it).
+  // died (crash_blame.h): INTERNAL for the crashing call, ABORTED for a
+  // call another session's crash interrupted (the client may re-run it).
   std::map<uint32_t, absl::Status> crash_text;
   // An unplanned end: "kregd executor pid N (group) ended: <how>", for the
   // sessions that had a request in flight but no handler running.

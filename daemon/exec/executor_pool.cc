@@ -7,12 +7,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <map>
 #include <set>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "daemon/exec/crash_blame.h"
 #include "daemon/exec/executor.h"
 #include "daemon/exec/executor_group.h"
 #include "spdlog/spdlog.h"
@@ -172,10 +174,20 @@ absl::StatusOr<std::shared_ptr<ExecutorPool::Group>> ExecutorPool::Start(
   init.set_group(key);
   init.set_parent_pid(::getpid());
   init.set_slots(options_.slots);
-  absl::StatusOr<std::unique_ptr<Executor>> exec =
+  absl::StatusOr<std::unique_ptr<ExecutorProcess>> exec =
       absl::UnavailableError("kregd is shutting down");
   OnSpawner([&] {
-    exec = Executor::Start(options_.binary, init, options_.start_timeout);
+    if (options_.launcher) {
+      exec = options_.launcher(options_.binary, init, options_.start_timeout);
+      return;
+    }
+    absl::StatusOr<std::unique_ptr<Executor>> real =
+        Executor::Start(options_.binary, init, options_.start_timeout);
+    if (real.ok()) {
+      exec = std::unique_ptr<ExecutorProcess>(*std::move(real));
+    } else {
+      exec = real.status();
+    }
   });
   if (!exec.ok()) return exec.status();
   g->exec = *std::move(exec);
@@ -306,9 +318,11 @@ absl::Status ExecutorPool::AwaitCrash(Binding* b, bool request_pending) {
   std::shared_ptr<Group> g = b->group;
   if (g == nullptr) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
-  for (int round = 0; round < 2 && !g->dead; ++round) {
+  // `blamed` (not `dead`): Wait fills crash_text and death_note after the
+  // executor is reaped, outside mu_, then sets it.
+  for (int round = 0; round < 2 && !g->blamed; ++round) {
     absl::Time deadline = absl::Now() + absl::Seconds(5);
-    while (!g->dead) {
+    while (!g->blamed) {
       if (changed_.WaitWithDeadline(&mu_, deadline)) break;
     }
     if (!g->dead) {
@@ -342,159 +356,102 @@ pid_t ExecutorPool::CountRefusedBrokerMessage(const Binding& b) {
 }
 
 void ExecutorPool::Wait(std::shared_ptr<Group> g) {
-  int ws = g->exec->Reap();
+  const int ws = g->exec->Reap();
   const StatusPage& page = g->exec->page();
-  absl::MutexLock lock(&mu_);
-  g->dead = true;
-  auto it = groups_.find(g->key);
-  if (it != groups_.end() && it->second == g) groups_.erase(it);
-  if (unreaped_.erase(g) != 0) {
-    const SessionCounters& n = page.header()->counters;
-    dead_counters_.launches =
-        SaturatingAdd(dead_counters_.launches, n.launches.load());
-    dead_counters_.launch_errors =
-        SaturatingAdd(dead_counters_.launch_errors, n.launch_errors.load());
-    AddGroupStats(*g, &dead_stats_);
+  // Under mu_: the group leaves the pool (no Bind takes its slots from now
+  // on, nothing sets its stop_requested or killed_because any more) and
+  // what blame needs is copied out. Blame is decided, crashes recorded
+  // (the ledger's sink writes the journal) and texts formatted after it;
+  // AwaitCrash waits for `blamed`, set once the texts are in place.
+  BlameInput in;
+  ExecutorEnd end;
+  std::vector<EntryPtr> resolved;
+  std::vector<uid_t> slot_uid;
+  {
+    absl::MutexLock lock(&mu_);
+    g->dead = true;
+    auto it = groups_.find(g->key);
+    if (it != groups_.end() && it->second == g) groups_.erase(it);
+    if (unreaped_.erase(g) != 0) {
+      const SessionCounters& n = page.header()->counters;
+      dead_counters_.launches =
+          SaturatingAdd(dead_counters_.launches, n.launches.load());
+      dead_counters_.launch_errors =
+          SaturatingAdd(dead_counters_.launch_errors, n.launch_errors.load());
+      AddGroupStats(*g, &dead_stats_);
+    }
+    in.slots.resize(g->used.size());
+    for (uint32_t i = 0; i < g->used.size(); ++i) {
+      if (!g->used[i]) continue;
+      in.slots[i].used = true;
+      in.slots[i].token = page.slot(i)->token.load();
+      in.slots[i].gpu_token = page.slot(i)->gpu_token.load();
+    }
+    resolved = g->resolved;
+    slot_uid = g->slot_uid;
+    in.stop_requested = end.stop_requested = g->stop_requested;
+    end.killed_because = g->killed_because;
   }
+  in.resolved = static_cast<uint32_t>(resolved.size());
+  in.faulted_slot = page.header()->faulted_slot.load();
+  in.gpu_fault = page.header()->recycle.load() == 2;
+  end.wait_text = DescribeWaitStatus(ws);
+  end.sigkill = WIFSIGNALED(ws) && WTERMSIG(ws) == SIGKILL;
+  end.note = page.Note();
   const bool planned =
-      g->stop_requested && WIFEXITED(ws) && WEXITSTATUS(ws) == 0;
-  std::string how = g->killed_because.empty()
-                        ? absl::StrCat("it ", DescribeWaitStatus(ws))
-                        : g->killed_because;
-  if (g->killed_because.empty() && WIFSIGNALED(ws) && WTERMSIG(ws) == SIGKILL) {
-    // kregd records and logs every kill it makes ("killing executor ..."):
-    // this one came from elsewhere.
-    how =
-        "it was killed by signal 9 (SIGKILL) from outside kregd (kregd logs "
-        "every kill it makes): the kernel's OOM killer, a cgroup limit or an "
-        "operator";
-  }
-  if (g->stop_requested && g->killed_because.empty()) {
-    how = "it was stopped because kregd is stopping it";
-  }
-  std::string note = page.Note();
-  if (!note.empty()) absl::StrAppend(&how, " (", note, ")");
-  std::set<std::pair<std::string, uid_t>> counted;
+      end.stop_requested && WIFEXITED(ws) && WEXITSTATUS(ws) == 0;
+  const std::string how = DescribeEnd(end);
+  const ExecutorName name{g->exec->pid(), g->name};
+
+  const CrashBlame blame = DecideBlame(in);
   const int64_t now_s = static_cast<int64_t>(::time(nullptr));
-  // Which target each session's crash is blamed on: the handler it was
-  // running; or, when the executor's sticky-error watch found a GPU fault
-  // after the handlers had returned (recycle 2), the target of the
-  // session's last CUDA launch, whose GPU work was lost with the context.
-  const bool gpu_fault = page.header()->recycle.load() == 2;
-  std::vector<uint32_t> blamed(g->used.size(), 0);
-  std::vector<bool> running(g->used.size(), false);
-  int gpu_only = 0;
-  for (uint32_t i = 0; i < g->used.size(); ++i) {
-    if (!g->used[i]) continue;
-    uint32_t token = page.slot(i)->token.load();
-    running[i] = token != 0;
-    if (token == 0 && gpu_fault) {
-      token = page.slot(i)->gpu_token.load();
-      if (token != 0) ++gpu_only;
-    }
-    if (token != 0 && token <= g->resolved.size()) blamed[i] = token;
-  }
-  // The executor's crash handler names the session whose handler took the
-  // fatal signal (untrusted: range-checked, and only a slot that was
-  // running counts). The other running sessions were interrupted, not at
-  // fault.
-  const uint32_t faulted = page.header()->faulted_slot.load();
-  const int64_t culprit =
-      faulted >= 1 && faulted <= g->used.size() && g->used[faulted - 1] &&
-              running[faulted - 1] && blamed[faulted - 1] != 0
-          ? static_cast<int64_t>(faulted) - 1
-          : -1;
-  auto describe = [&](uint32_t token) {
-    const TargetEntry& e = *g->resolved[token - 1];
-    return absl::StrCat("target \"", e.key.name, "\" (",
-                        PlatformName(e.key.platform), ", content ",
-                        e.content_id, ", function ", e.func_name, ", module ",
-                        e.module_digest, ")");
-  };
-  for (uint32_t i = 0; i < g->used.size(); ++i) {
-    if (!g->used[i] || blamed[i] == 0) continue;
-    const uint32_t token = blamed[i];
-    const TargetEntry& e = *g->resolved[token - 1];
-    const std::string target = describe(token);
-    if (culprit >= 0 && i != culprit) {
-      std::string text = absl::StrCat(
-          "this call of ", target, " was interrupted: its kregd executor (pid ",
-          g->exec->pid(), ", ", g->name,
-          ") ended while it ran because the "
-          "call of ",
-          describe(blamed[culprit]), " in another session crashed it: ", how,
-          ". Its outputs were not returned and the crash is not counted "
-          "against \"",
-          e.key.name,
-          "\"; the next call starts a fresh "
-          "executor.");
-      spdlog::warn("{}", text);
-      g->crash_text[i] = absl::AbortedError(std::move(text));
-      continue;
-    }
-    uid_t uid = g->slot_uid[i];
+  std::map<uint32_t, absl::Status> texts;
+  std::set<std::pair<std::string, uid_t>> counted;
+  const TargetEntry* culprit =
+      blame.culprit >= 0 ? resolved[in.slots[blame.culprit].token - 1].get()
+                         : nullptr;
+  for (const SlotBlame& b : blame.slots) {
+    const TargetEntry& e = *resolved[b.token - 1];
     std::string quarantine;
-    // A fault found after the handlers returned counts against a target
-    // only when its session was the only one with GPU work in the
-    // executor (otherwise which kernel faulted is not known).
-    const bool count = running[i] || gpu_only == 1;
-    if (!g->stop_requested && count) {
+    if (b.counted) {
+      const uid_t uid = slot_uid[b.slot];
       CrashRecord rec = ledger_->Record(e.key, uid, how, now_s);
-      if (counted.insert({e.key.name, uid}).second) {
-        dead_counters_.executor_crashes++;
-      }
-      const CrashPolicy& p = ledger_->policy();
-      if (rec.quarantined) {
-        quarantine = absl::StrCat(
-            " The target is now quarantined for uid ", uid, " after ",
-            rec.crashes_in_window, " crashes within ", p.window_s,
-            " s: its calls fail at once until `kregctl unquarantine ",
-            e.key.name, " --platform ", PlatformName(e.key.platform), "`.");
-      } else if (p.max_crashes > 0) {
-        quarantine = absl::StrCat(" (crash ", rec.crashes_in_window, " of ",
-                                  p.max_crashes, " within ", p.window_s,
-                                  " s before the target is quarantined)");
-      }
+      counted.insert({e.key.name, uid});
+      quarantine = QuarantineNote(rec, ledger_->policy());
     }
-    std::string text =
-        running[i]
-            ? absl::StrCat(target, " crashed its kregd executor (pid ",
-                           g->exec->pid(), ", ", g->name, "): ", how,
-                           ". kregd and other clients are unaffected; the "
-                           "next call starts a fresh executor.",
-                           quarantine)
-            : absl::StrCat(
-                  "the GPU work of the last call of ", target,
-                  " was lost: its kregd executor (pid ", g->exec->pid(), ", ",
-                  g->name, ") ended after the handler returned: ", how,
-                  gpu_only > 1
-                      ? absl::StrCat("; ", gpu_only,
-                                     " sessions of that executor had GPU "
-                                     "work, so which kernel faulted is not "
-                                     "known")
-                      : std::string(),
-                  ". kregd and other executors are unaffected; the next call "
-                  "starts a fresh executor.",
-                  quarantine);
-    spdlog::error("{}", text);
-    g->crash_text[i] = absl::InternalError(std::move(text));
+    texts[b.slot] =
+        CrashError(b, e, culprit, name, how, blame.gpu_only, quarantine);
   }
-  if (!planned && !g->stop_requested) {
-    g->death_note = absl::StrCat(
-        "the kregd executor serving this session "
-        "(pid ",
-        g->exec->pid(), ", ", g->name, ") ended: ", how, ",");
-  }
-  if (g->crash_text.empty() && !planned) {
+  const bool idle_death = texts.empty() && !planned;
+  {
+    absl::MutexLock lock(&mu_);
+    dead_counters_.executor_crashes += counted.size();
     // Counted like a crash: an executor that dies (or that kregd kills)
     // with no handler running is as gone as one a handler killed.
-    if (!g->stop_requested) dead_counters_.executor_crashes++;
-    spdlog::warn("executor pid {} ({}): {} with no call in flight",
-                 g->exec->pid(), g->name, how);
-  } else if (planned) {
-    spdlog::info("executor pid {} ({}) stopped", g->exec->pid(), g->name);
+    if (idle_death && !end.stop_requested) dead_counters_.executor_crashes++;
+    if (!planned && !end.stop_requested) {
+      g->death_note = absl::StrCat(
+          "the kregd executor serving this session "
+          "(pid ",
+          name.pid, ", ", name.group, ") ended: ", how, ",");
+    }
+    g->crash_text = texts;
+    g->blamed = true;
+    changed_.SignalAll();
   }
-  changed_.SignalAll();
+  for (const auto& [slot, status] : texts) {
+    if (status.code() == absl::StatusCode::kAborted) {
+      spdlog::warn("{}", std::string(status.message()));
+    } else {
+      spdlog::error("{}", std::string(status.message()));
+    }
+  }
+  if (idle_death) {
+    spdlog::warn("executor pid {} ({}): {} with no call in flight", name.pid,
+                 name.group, how);
+  } else if (planned) {
+    spdlog::info("executor pid {} ({}) stopped", name.pid, name.group);
+  }
 }
 
 void ExecutorPool::Supervise() {

@@ -23,13 +23,12 @@
 #include "absl/synchronization/mutex.h"
 #include "common/unique_fd.h"
 #include "daemon/exec/crash_ledger.h"
+#include "daemon/exec/executor_process.h"
 #include "daemon/exec/target_stats.h"
 #include "daemon/types.h"
 #include "kreg/v1/executor.pb.h"
 
 namespace kreg {
-
-class Executor;
 
 // How client sessions are grouped onto executors.
 enum class Isolation {
@@ -53,6 +52,9 @@ struct PoolOptions {
   // Stop an executor that served no session for this long.
   int64_t idle_ms = 30000;
   std::chrono::milliseconds start_timeout{60000};
+  // Starts executors; null: Executor::Start (kregd-exec processes). Tests
+  // pass fakes.
+  ExecutorLauncher launcher;
 };
 
 // A live executor, for status.
@@ -94,6 +96,10 @@ struct PoolCounters {
   uint64_t broker_messages_refused = 0;
 };
 
+// Thread-safe. One mutex (mu_) guards the groups and counters; it is never
+// held across a process start, a wait, the crash ledger (whose sink writes
+// the journal) or a log line about a dead executor: Wait decides blame
+// (crash_blame.h) from a copy taken under mu_ and publishes the result.
 class ExecutorPool {
  public:
   struct Group;  // one executor and its sessions (executor_pool.cc)
@@ -106,7 +112,7 @@ class ExecutorPool {
     UniqueFd broker;  // kregd's end of the session's broker socket
   };
 
-  // `ledger` and `resolve` must outlive the pool.
+  // `ledger` must outlive the pool.
   ExecutorPool(PoolOptions options, CrashLedger* ledger);
   ~ExecutorPool();  // Shutdown()
   ExecutorPool(const ExecutorPool&) = delete;
@@ -155,12 +161,15 @@ class ExecutorPool {
  private:
   absl::StatusOr<std::shared_ptr<Group>> Start(const std::string& key,
                                                const PeerCred& peer);
+  // Reaps `group`'s executor (its own thread), then decides who is blamed,
+  // records counted crashes, sets the group's crash texts and `blamed`.
   void Wait(std::shared_ptr<Group> group);
   void Supervise();
   std::string GroupKey(const PeerCred& peer) const;
   // Runs `fn` on the spawner thread and waits for it. Executors are started
   // from that one long-lived thread because the kernel delivers an
-  // executor's parent-death signal when the *thread* that forked it exits.
+  // executor's parent-death signal (set with orphan_timeout = 0) when the
+  // *thread* that forked it exits.
   // False (and `fn` not run) once the pool is shutting down.
   bool OnSpawner(const std::function<void()>& fn);
   void SpawnerLoop();

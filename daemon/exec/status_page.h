@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "common/unique_fd.h"
 #include "daemon/exec/target_stats.h"
-#include "daemon/session/session.h"
+#include "daemon/session/served_session.h"
 
 namespace kreg {
 

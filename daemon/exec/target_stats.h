@@ -1,4 +1,5 @@
-// Per-target launch statistics (issue 11): counts, errors and a log-scale
+// Per-target launch statistics (docs/operator-guide.md "Launch statistics"):
+// counts, errors and a log-scale
 // latency histogram. The executor updates a StatsRow in its status page
 // lock-free on every handler call; kregd reads the rows (untrusted: a
 // kernel shares the executor's address space), folds them into TargetStats

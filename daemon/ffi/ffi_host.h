@@ -1,6 +1,7 @@
-// kregd's host for genuine, unmodified XLA FFI handlers: its own XLA_FFI_Api,
-// the XLA_FFI_CallFrame a handler sees (rebuilt from a LaunchFrame), the
-// per-call execution context behind it, and XLA's handler metadata call.
+// The executor's host for genuine, unmodified XLA FFI handlers (DESIGN §8):
+// its own XLA_FFI_Api, the XLA_FFI_CallFrame a handler sees (rebuilt from a
+// LaunchFrame), the per-call execution context behind it, and XLA's handler
+// metadata call (also used by kregd-probe). kregd itself links none of it.
 #ifndef KREGD_DAEMON_FFI_FFI_HOST_H_
 #define KREGD_DAEMON_FFI_FFI_HOST_H_
 
@@ -13,16 +14,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/wire.h"
+#include "daemon/ffi/hosted_api.h"
 #include "daemon/launch.h"
 #include "daemon/types.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace kreg {
-
-// The XLA FFI API version kregd implements: that of the headers it is built
-// with (jaxlib 0.11.2: 0.4).
-inline constexpr int kHostedApiMajor = XLA_FFI_API_MAJOR;
-inline constexpr int kHostedApiMinor = XLA_FFI_API_MINOR;
 
 namespace ffi_internal {
 class CallFrameStorage;

@@ -32,29 +32,6 @@ void SetStatus(const absl::Status& s, v1::SessionResponse* resp) {
 
 }  // namespace
 
-void SendConnectionError(int sock, const absl::Status& status) {
-  v1::SessionResponse resp;
-  resp.set_id(0);
-  SetStatus(status, &resp);
-  std::string out;
-  resp.SerializeToString(&out);
-  wire::SendFrame(sock, out.data(), out.size(), nullptr, 0);
-}
-
-absl::StatusOr<PeerCred> PeerCredOf(int sock) {
-  ucred cred{};
-  socklen_t len = sizeof(cred);
-  if (::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-    spdlog::warn("SO_PEERCRED failed: {}", strerror(errno));
-    return absl::InternalError("peer credentials are not available");
-  }
-  PeerCred peer;
-  peer.uid = cred.uid;
-  peer.gid = cred.gid;
-  peer.pid = cred.pid;
-  return peer;
-}
-
 Session::Session(uint64_t id, UniqueFd sock, const PeerCred& peer,
                  const SessionLimits& limits, SessionBackend* backend,
                  SessionCounters* counters, CudaDevices* cuda)

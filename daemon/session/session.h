@@ -1,5 +1,7 @@
-// One client session (DESIGN §3): a Unix socket connection authenticated by
-// SO_PEERCRED, its shared-memory arena and the request loop.
+// One client session as an executor serves it (DESIGN §3, §8): the Unix
+// socket connection kregd handed over, its shared-memory arena, the request
+// loop and the launch executors that call handlers. Only kregd-exec (and
+// tests) link this; kregd sees sessions through served_session.h.
 #ifndef KREGD_DAEMON_SESSION_SESSION_H_
 #define KREGD_DAEMON_SESSION_SESSION_H_
 
@@ -20,6 +22,7 @@
 #include "daemon/launch.h"
 #include "daemon/session/launch_executor.h"
 #include "daemon/session/ring_decoder.h"
+#include "daemon/session/served_session.h"
 #include "daemon/session/shm_arena.h"
 #include "daemon/types.h"
 #include "kreg/v1/session.pb.h"
@@ -39,9 +42,10 @@ constexpr uint32_t kSessionProtocolMajor = 1;
 // the launch ring (ring layout version 2); 6: BindLocal (local execution).
 constexpr uint32_t kSessionProtocolMinor = 6;
 
-// What a session needs from the rest of the daemon. Implemented over
-// Registrar/Registry/FfiHost by SessionServer, faked in tests. Thread-safe:
-// every session thread calls it.
+// What a session needs from the rest of its process. Implemented by the
+// executor's ExecutorBackend (daemon/exec/executor_backend.h: handlers from
+// its module cache, run through FfiHost; registrations relayed to kregd),
+// faked in tests. Thread-safe: every session thread calls it.
 class SessionBackend {
  public:
   virtual ~SessionBackend() = default;
@@ -107,19 +111,6 @@ class SessionBackend {
   virtual bool LostDaemon() const { return false; }
 };
 
-// One served connection: a Session running launches itself, or kregd's
-// broker that hands the connection to an executor.
-class ServedSession {
- public:
-  virtual ~ServedSession() = default;
-  // Serves until the connection ends.
-  virtual void Run() = 0;
-  // Makes a blocked Run() return. Thread-safe.
-  virtual void Shutdown() = 0;
-  virtual uint64_t id() const = 0;
-  virtual const PeerCred& peer() const = 0;
-};
-
 struct SessionLimits {
   uint64_t max_arena_bytes = 4ull << 30;
   uint64_t max_message_bytes = 64ull << 20;
@@ -139,12 +130,6 @@ struct SessionLimits {
   // What the receive buffers of all sessions of this process may hold at
   // once (max_buffered_bytes; shared, must outlive them). Null: unbounded.
   wire::ByteBudget* receive_budget = nullptr;
-};
-
-// Counters shared by all sessions of a server.
-struct SessionCounters {
-  std::atomic<uint64_t> launches{0};
-  std::atomic<uint64_t> launch_errors{0};
 };
 
 // Serves one connection until the peer closes it or Shutdown() is called;
@@ -243,15 +228,6 @@ class Session final : public ServedSession {
   std::atomic<bool> ring_exited_{false};
   RingDecoder ring_decoder_;  // used by the ring thread only
 };
-
-// Sends a connection-level error on a session socket: a SessionResponse
-// with id 0 carrying `status`, which the client reports and after which it
-// drops the session (session limits, a missing Hello, an oversized frame,
-// an executor that died during the call). Best effort; errors are ignored.
-void SendConnectionError(int sock, const absl::Status& status);
-
-// SO_PEERCRED of a connected Unix socket. INTERNAL if unavailable.
-absl::StatusOr<PeerCred> PeerCredOf(int sock);
 
 }  // namespace kreg
 

@@ -29,24 +29,6 @@ absl::Status Errno(const std::string& what) {
 SessionServer::SessionServer(const SessionOptions& opts, SessionFactory factory)
     : opts_(opts), factory_(std::move(factory)) {}
 
-SessionServer::SessionServer(const SessionOptions& opts,
-                             std::unique_ptr<SessionBackend> backend)
-    : opts_(opts), backend_(std::move(backend)) {
-  factory_ = [this](uint64_t id, UniqueFd sock, const PeerCred& peer) {
-    SessionLimits limits;
-    limits.max_arena_bytes = opts_.max_arena_bytes;
-    limits.max_message_bytes = opts_.max_message_bytes;
-    limits.spin_us = opts_.spin_us;
-    limits.hello_timeout_ms = opts_.hello_timeout_ms;
-    if (const char* env = std::getenv("KREGD_SESSION_SPIN_US")) {
-      limits.spin_us = std::atoll(env);
-    }
-    return std::make_shared<Session>(id, std::move(sock), peer, limits,
-                                     backend_.get(), &counters_,
-                                     opts_.cuda_devices);
-  };
-}
-
 SessionServer::~SessionServer() { Stop(); }
 
 absl::Status SessionServer::Listen() {

@@ -1,5 +1,7 @@
 // The session server of kregd: accepts client sessions on a Unix socket next
-// to the gRPC socket and runs one thread per session (DESIGN §3).
+// to the gRPC socket and runs one thread per session (DESIGN §3). What serves
+// a connection comes from a SessionFactory (kregd: a SessionBroker handing it
+// to an executor, DESIGN §8), so this links no code that runs handlers.
 #ifndef KREGD_DAEMON_SESSION_SESSION_SERVER_H_
 #define KREGD_DAEMON_SESSION_SESSION_SERVER_H_
 
@@ -17,12 +19,10 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "common/unique_fd.h"
-#include "daemon/session/session.h"
+#include "daemon/session/served_session.h"
 #include "daemon/unix_listener.h"
 
 namespace kreg {
-
-class CudaDevices;
 
 struct SessionOptions {
   // Where to listen (the gRPC socket path + ".session"); ignored when
@@ -32,36 +32,22 @@ struct SessionOptions {
   int listen_fd = -1;
   // Group of the socket file when >= 0.
   gid_t socket_gid = static_cast<gid_t>(-1);
-  uint64_t max_arena_bytes = 4ull << 30;
-  uint64_t max_message_bytes = 64ull << 20;
-  // Busy-poll per session for the next request after each reply (µs; 0:
-  // block at once). $KREGD_SESSION_SPIN_US overrides it.
-  int64_t spin_us = 0;
   // Further connections are refused with an error beyond this many
   // sessions, in all and per client uid (so one uid cannot starve others).
   int max_sessions = 1024;
   int max_sessions_per_uid = 256;
-  // Sessions that have not said Hello within this time are closed.
-  int64_t hello_timeout_ms = 10000;
-  // kregd's GPUs (CudaDevices::OpenSystem at daemon start); null: CUDA
-  // launches are refused. Must outlive the server.
-  CudaDevices* cuda_devices = nullptr;
 };
 
 // Makes what serves one accepted connection (kregd: a SessionBroker that
-// hands it to an executor).
+// hands it to an executor; tests: a Session over a fake backend).
 using SessionFactory = std::function<std::shared_ptr<ServedSession>(
     uint64_t id, UniqueFd sock, const PeerCred& peer)>;
 
-// Owns the listening socket, the accept thread and every session (and so
-// every session's arena). Thread-safe.
+// Owns the listening socket, the accept thread and every session the
+// factory made. Thread-safe.
 class SessionServer {
  public:
   SessionServer(const SessionOptions& opts, SessionFactory factory);
-  // Runs sessions in this process over `backend` (tests and the executor's
-  // own tests; kregd never does).
-  SessionServer(const SessionOptions& opts,
-                std::unique_ptr<SessionBackend> backend);
   ~SessionServer();
   SessionServer(const SessionServer&) = delete;
   SessionServer& operator=(const SessionServer&) = delete;
@@ -73,8 +59,6 @@ class SessionServer {
   void Stop();
 
   int sessions() const { return live_sessions_.load(); }
-  uint64_t launches() const { return counters_.launches.load(); }
-  uint64_t launch_errors() const { return counters_.launch_errors.load(); }
 
  private:
   struct Slot {
@@ -89,9 +73,7 @@ class SessionServer {
   void ReapFinished();
 
   const SessionOptions opts_;
-  std::unique_ptr<SessionBackend> backend_;
   SessionFactory factory_;
-  SessionCounters counters_;
   std::unique_ptr<UnixListener> own_listener_;  // unless inherited
   int listen_fd_ = -1;
   UniqueFd wake_fd_;  // eventfd that stops the accept loop

@@ -1,7 +1,7 @@
 #include "daemon/module_loader.h"
 
 #include "catch2/catch.hpp"
-#include "daemon/ffi/ffi_host.h"
+#include "daemon/ffi/hosted_api.h"
 
 namespace kreg {
 namespace {

@@ -279,7 +279,7 @@ TEST_CASE("Restore brings back in-process targets without loading",
         absl::StatusCode::kFailedPrecondition);
 }
 
-// --- content_id is a claim (issue 9 item 5) --------------------------------
+// --- content_id is a claim (DESIGN §2, content identity) -------------------
 
 TEST_CASE("content_id: the same uid's rebuild with other bytes is a no-op",
           "[registry][content_id]") {
@@ -424,7 +424,7 @@ TEST_CASE("content_id: in-process fingerprints are not module digests",
   CHECK_FALSE(other->created);
 }
 
-// --- the store holds accepted modules only (issue 9 item 6) ----------------
+// --- the store holds accepted modules only (DESIGN §2) ---------------------
 
 TEST_CASE("A refused or failed registration leaves nothing in the store",
           "[registry][disk]") {

@@ -1,4 +1,5 @@
-"""Launch statistics of a CUDA target (issue 11): the executor counts each
+"""Launch statistics of a CUDA target (docs/operator-guide.md "Launch
+statistics"): the executor counts each
 handler call of a cuda target (latency: the host time to enqueue the work)
 exactly like a CPU one, so `kregctl show --json` has the number of calls a
 real JAX process made on the GPU."""

@@ -1,4 +1,4 @@
-"""One kregd serving JAX processes on two GPUs (issue 12).
+"""One kregd serving JAX processes on two GPUs.
 
 Skipped, with the reason, where fewer than two CUDA devices are visible.
 tests/gpu/run.sh runs this file in a pass of its own (its clients need GPU

@@ -1,4 +1,4 @@
-// Executors against the real kregd (DESIGN §8, issue "executors"): caller
+// Executors against the real kregd (DESIGN §8): caller
 // credentials, per-uid session limits and the Hello deadline, spoken over
 // the raw session protocol. The cross-uid cases fork children that drop to
 // test uids (root only; skipped with the reason otherwise): the test's own

@@ -1,4 +1,4 @@
-// Hostile local clients against the real kregd (issue 9): special files and
+// Hostile local clients against the real kregd (DESIGN §6): special files and
 // other users' files under an allowed root, bytes that are not text, large
 // upload chunks, length prefixes with nothing behind them, log floods. Each
 // checks the message a person gets and that kregd keeps serving.

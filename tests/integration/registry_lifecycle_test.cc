@@ -1,6 +1,6 @@
 // kregd's registry against hostile and careless users, over real gRPC from
 // root and from uid 65534: content_id claims, per-uid limits, retire, gc
-// (issue 9 items 5 and 6, issue 11 items 3 and 4).
+// (DESIGN §2 and §6; docs/operator-guide.md "State, backup, upgrades").
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>

@@ -1,4 +1,4 @@
-"""Cluster mode (issue 13, DESIGN §10): one registry for every host, in etcd.
+"""Cluster mode (DESIGN §10): one registry for every host, in etcd.
 
 A real 3-member etcd cluster (Debian's etcd-server binaries, own data dirs,
 free loopback ports) and three kregd "hosts" (own state dirs, sockets and

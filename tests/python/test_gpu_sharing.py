@@ -1,4 +1,4 @@
-"""GPU sharing mode (DESIGN §8, issue 10 item 3): `kregctl status` reports
+"""GPU sharing mode (DESIGN §8; docs/operator-guide.md "GPU sharing (MPS)"): `kregctl status` reports
 `gpu_sharing: mps | time-sliced | none`, probed from kregd's
 CUDA_MPS_PIPE_DIRECTORY. Real kregd and kregctl; the pipe directories are
 real sockets in a temporary directory. On a host with a GPU the tests that

@@ -1,4 +1,4 @@
-"""Visibility (issue 11): per-target launch/error counts and latency
+"""Visibility (docs/operator-guide.md "Watching it"): per-target launch/error counts and latency
 percentiles in `kregctl status`/`show`, `kregctl sessions`, and the opt-in
 Prometheus endpoint (`--metrics-listen`). Every test runs the real kregd,
 its executors and real JAX processes; the scrape is read by a strict

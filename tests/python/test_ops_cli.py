@@ -1,4 +1,4 @@
-"""Operability (issue 11): versions, CLI exit codes and messages, log-level
+"""Operability (DESIGN §5, docs/errors.md): versions, CLI exit codes and messages, log-level
 rejection, not-runnable targets, environment mistakes, the one upload limit
 and `python -m kreg`. Every test runs the real kregd / kregctl binaries."""
 

@@ -1,4 +1,4 @@
-"""The launch ring's knobs as configuration (issue 10): `launch_ring` and
+"""The launch ring's knobs as configuration (DESIGN §9): `launch_ring` and
 `ring_spin_us` (TOML keys, `--launch-ring` / `--ring-spin-us` flags, and the
 older $KREGD_LAUNCH_RING / $KREGD_RING_SPIN_US below both). Bad values stop
 kregd with exit 2 and a message naming the source and the value; good ones

@@ -1,6 +1,6 @@
 """Module uploads over the session socket (RegisterRequest.upload_fd_size)
 are refused by kregd's size and quota checks before the executor reads a
-byte (issue 9, "hostile clients"): the executor asks kregd's precheck (the
+byte (DESIGN §6, hostile clients): the executor asks kregd's precheck (the
 one the gRPC path runs on its upload header) with the announced size, so
 the refusal carries the gRPC path's message. The client runs as uid 65534
 (quotas do not apply to root) and speaks the session protocol itself, so it

@@ -14,6 +14,7 @@
 
 #include "catch2/catch.hpp"
 #include "common/wire.h"
+#include "daemon/session/session.h"
 
 namespace kreg {
 namespace {
@@ -35,6 +36,17 @@ class NullBackend : public SessionBackend {
   uint32_t ffi_api_major() const override { return 0; }
   uint32_t ffi_api_minor() const override { return 4; }
 };
+
+// Sessions served in the test's process over a NullBackend (kregd's own
+// factory hands connections to executors instead).
+SessionFactory InProcess() {
+  auto backend = std::make_shared<NullBackend>();
+  auto counters = std::make_shared<SessionCounters>();
+  return [backend, counters](uint64_t id, UniqueFd sock, const PeerCred& peer) {
+    return std::make_shared<Session>(id, std::move(sock), peer, SessionLimits{},
+                                     backend.get(), counters.get());
+  };
+}
 
 UniqueFd Connect(const std::string& path) {
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -95,7 +107,7 @@ SessionOptions Opts(const std::string& path) {
 TEST_CASE("Server listens 0660, counts and releases sessions", "[server]") {
   ShortTempDir dir;
   std::string path = dir.path() + "/kregd.sock.session";
-  SessionServer server(Opts(path), std::make_unique<NullBackend>());
+  SessionServer server(Opts(path), InProcess());
   REQUIRE(server.Start().ok());
   struct stat st;
   REQUIRE(::stat(path.c_str(), &st) == 0);
@@ -119,7 +131,7 @@ TEST_CASE("Server listens 0660, counts and releases sessions", "[server]") {
 TEST_CASE("Stop closes live sessions", "[server]") {
   ShortTempDir dir;
   std::string path = dir.path() + "/s";
-  SessionServer server(Opts(path), std::make_unique<NullBackend>());
+  SessionServer server(Opts(path), InProcess());
   REQUIRE(server.Start().ok());
   UniqueFd a = Connect(path);
   Hello(a.get());
@@ -140,16 +152,16 @@ TEST_CASE("A stale socket file is replaced", "[server]") {
     REQUIRE(::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr),
                    sizeof(addr)) == 0);
   }  // closed without unlinking: stale
-  SessionServer server(Opts(path), std::make_unique<NullBackend>());
+  SessionServer server(Opts(path), InProcess());
   CHECK(server.Start().ok());
 }
 
 TEST_CASE("A live socket of another server is not taken over", "[server]") {
   ShortTempDir dir;
   std::string path = dir.path() + "/s";
-  SessionServer first(Opts(path), std::make_unique<NullBackend>());
+  SessionServer first(Opts(path), InProcess());
   REQUIRE(first.Start().ok());
-  SessionServer second(Opts(path), std::make_unique<NullBackend>());
+  SessionServer second(Opts(path), InProcess());
   absl::Status s = second.Start();
   CHECK(s.code() == absl::StatusCode::kAlreadyExists);
   CHECK(s.message() == "another daemon is already serving " + path +
@@ -160,7 +172,7 @@ TEST_CASE("A path that is not a socket is refused", "[server]") {
   ShortTempDir dir;
   std::string path = dir.path() + "/file";
   std::ofstream(path) << "x";
-  SessionServer server(Opts(path), std::make_unique<NullBackend>());
+  SessionServer server(Opts(path), InProcess());
   absl::Status s = server.Start();
   CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
   CHECK(s.message() == "session socket path " + path +
@@ -169,8 +181,7 @@ TEST_CASE("A path that is not a socket is refused", "[server]") {
 }
 
 TEST_CASE("An over-long socket path is refused", "[server]") {
-  SessionServer server(Opts("/tmp/" + std::string(200, 'x')),
-                       std::make_unique<NullBackend>());
+  SessionServer server(Opts("/tmp/" + std::string(200, 'x')), InProcess());
   CHECK(server.Start().code() == absl::StatusCode::kInvalidArgument);
 }
 
@@ -186,7 +197,7 @@ TEST_CASE("An inherited listening fd is served", "[server]") {
   REQUIRE(::listen(lfd.get(), 8) == 0);
   SessionOptions o;
   o.listen_fd = lfd.get();
-  SessionServer server(o, std::make_unique<NullBackend>());
+  SessionServer server(o, InProcess());
   REQUIRE(server.Start().ok());
   UniqueFd c = Connect(path);
   CHECK(Hello(c.get()).status().code() == 0);
