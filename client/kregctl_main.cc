@@ -1,4 +1,5 @@
-// kregctl: admin CLI of kregd. Exit codes: 0 success (including an
+// kregctl: admin CLI of kregd. Exit codes (docs/errors.md, "Exit status of
+// kregctl", the list the man page is made from): 0 success (including an
 // idempotent no-op), 1 other errors, 2 usage or invalid argument (also a
 // cluster-only command on a kregd not in cluster mode: UNIMPLEMENTED),
 // 3 registration refused, 4 daemon unreachable. The daemon's message goes to
