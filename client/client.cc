@@ -127,6 +127,14 @@ absl::StatusOr<v1::GetStatusResponse> Client::Status() {
   return resp;
 }
 
+absl::StatusOr<v1::GetConfigResponse> Client::Config() {
+  auto ctx = Context();
+  v1::GetConfigResponse resp;
+  grpc::Status s = stub_->GetConfig(ctx.get(), {}, &resp);
+  if (!s.ok()) return FromGrpc(s);
+  return resp;
+}
+
 absl::StatusOr<v1::ListSessionsResponse> Client::Sessions() {
   auto ctx = Context();
   v1::ListSessionsResponse resp;

@@ -59,6 +59,8 @@ class Client {
   absl::StatusOr<v1::GetStatusResponse> Status();
   // The live client sessions.
   absl::StatusOr<v1::ListSessionsResponse> Sessions();
+  // kregd's effective configuration and each value's origin.
+  absl::StatusOr<v1::GetConfigResponse> Config();
   // Retires `name` on `platform` (every platform when empty); returns the
   // retired entries.
   absl::StatusOr<std::vector<v1::Target>> Retire(const std::string& name,

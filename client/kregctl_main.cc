@@ -1,4 +1,5 @@
-// kregctl: admin CLI of kregd. Exit codes: 0 success (including an
+// kregctl: admin CLI of kregd. Exit codes (docs/errors.md, "Exit status of
+// kregctl", the list the man page is made from): 0 success (including an
 // idempotent no-op), 1 other errors, 2 usage or invalid argument (also a
 // cluster-only command on a kregd not in cluster mode: UNIMPLEMENTED),
 // 3 registration refused, 4 daemon unreachable. The daemon's message goes to
@@ -197,6 +198,11 @@ int main(int argc, char** argv) {
   show->add_flag("--json", as_json, "print JSON");
   CLI::App* status = app.add_subcommand("status", "daemon status");
   status->add_flag("--json", as_json, "print JSON");
+  CLI::App* config = app.add_subcommand(
+      "config",
+      "kregd's effective configuration as TOML, each value followed by "
+      "where it came from (default, config file, --flag)");
+  config->add_flag("--json", as_json, "print JSON");
   CLI::App* health = app.add_subcommand("health", "health check");
   CLI::App* sessions = app.add_subcommand(
       "sessions", "list the live client sessions (pid, uid, targets)");
@@ -420,6 +426,32 @@ int main(int argc, char** argv) {
     } else {
       kreg::PrintSessionsTable(*list);
     }
+    return 0;
+  }
+  if (*config) {
+    auto cfg = client.Config();
+    if (!cfg.ok() && cfg.status().code() == absl::StatusCode::kUnimplemented) {
+      // A kregd older than kregctl config has no GetConfig.
+      std::cerr << "kregd at " << socket
+                << " does not report its configuration: it predates "
+                   "`kregctl config` (`kregctl status` shows its version); "
+                   "upgrade kregd, or read its --config file and flags\n";
+      return 1;
+    }
+    if (!cfg.ok()) return Fail(cfg.status());
+    if (!as_json) {
+      std::cout << cfg->toml();
+      return 0;
+    }
+    json values = json::object();
+    for (const auto& v : cfg->values()) {
+      // value_toml is also valid JSON (GetConfigResponse).
+      values[v.key()] = json{{"value", json::parse(v.value_toml(), nullptr,
+                                                   /*allow_exceptions=*/false)},
+                             {"origin", v.origin()}};
+    }
+    json j{{"config_file", cfg->config_file()}, {"values", values}};
+    std::cout << j.dump(2) << "\n";
     return 0;
   }
   if (*health) {

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -76,44 +77,148 @@ uint64_t* NumberKey(const std::string& k, Config* c) {
   return nullptr;
 }
 
-// Every key a config file may set, as the unknown-key message lists them.
-constexpr const char* kKnownKeys[] = {"socket",
-                                      "state_dir",
-                                      "allowed_roots",
-                                      "max_module_bytes",
-                                      "max_arena_bytes",
-                                      "max_buffered_bytes",
-                                      "max_registrations_per_uid",
-                                      "max_store_bytes_per_uid",
-                                      "socket_group",
-                                      "log_level",
-                                      "probe_binary",
-                                      "isolation",
-                                      "executor_binary",
-                                      "launch_timeout",
-                                      "seccomp",
-                                      "quarantine_crashes",
-                                      "quarantine_window_s",
-                                      "executor_idle_s",
-                                      "orphan_timeout",
-                                      "max_sessions",
-                                      "max_sessions_per_uid",
-                                      "hello_timeout_s",
-                                      "etcd_endpoints",
-                                      "cluster",
-                                      "advertise",
-                                      "peer_listen",
-                                      "host_name",
-                                      "peer_tls_ca",
-                                      "peer_tls_cert",
-                                      "peer_tls_key",
-                                      "etcd_timeout_s",
-                                      "peer_lease_ttl_s",
-                                      "metrics_listen",
-                                      "metrics_allow_remote",
-                                      "launch_ring",
-                                      "ring_spin_us",
-                                      "local_execution"};
+// TOML literals for the dump (written so that each is also valid JSON).
+std::string TomlString(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char ch : s) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += static_cast<char>(ch);
+    } else if (ch < 0x20 || ch == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", ch);
+      out += buf;
+    } else {
+      out += static_cast<char>(ch);
+    }
+  }
+  return out + "\"";
+}
+
+std::string TomlStrings(const std::vector<std::string>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += TomlString(v[i]);
+  }
+  return out + "]";
+}
+
+std::string TomlFloat(double d) {
+  std::string out = absl::StrCat(d);
+  if (out.find_first_of(".e") == std::string::npos) out += ".0";
+  return out;
+}
+
+std::string TomlInt(int64_t n) { return absl::StrCat(n); }
+std::string TomlBool(bool b) { return b ? "true" : "false"; }
+
+// Every key a config file may set, in the order of docs/kregd.toml.example:
+// the flag that overrides it ("" when none) and its value as TOML. The
+// unknown-key message and the dump (kregctl config) are made from this
+// table; ApplyToml parses each key (tests/python/test_docs.py checks that
+// the two agree).
+struct KeySpec {
+  const char* name;
+  const char* flag;
+  std::string (*toml)(const Config&);
+};
+
+const KeySpec kKeys[] = {
+    {"socket", "--socket",
+     [](const Config& c) { return TomlString(c.socket_path); }},
+    {"state_dir", "--state-dir",
+     [](const Config& c) { return TomlString(c.state_dir); }},
+    {"allowed_roots", "--allow-root",
+     [](const Config& c) { return TomlStrings(c.allowed_roots); }},
+    {"max_module_bytes", "--max-module-bytes",
+     [](const Config& c) {
+       return TomlInt(static_cast<int64_t>(c.max_module_bytes));
+     }},
+    {"max_arena_bytes", "",
+     [](const Config& c) {
+       return TomlInt(static_cast<int64_t>(c.max_arena_bytes));
+     }},
+    {"max_buffered_bytes", "",
+     [](const Config& c) {
+       return TomlInt(static_cast<int64_t>(c.max_buffered_bytes));
+     }},
+    {"socket_group", "",
+     [](const Config& c) { return TomlString(c.socket_group); }},
+    {"log_level", "--log-level",
+     [](const Config& c) { return TomlString(c.log_level); }},
+    {"probe_binary", "",
+     [](const Config& c) { return TomlString(c.probe_binary); }},
+    {"isolation", "--isolation",
+     [](const Config& c) { return TomlString(c.isolation); }},
+    {"local_execution", "--local-execution",
+     [](const Config& c) { return TomlString(c.local_execution); }},
+    {"executor_binary", "--executor-binary",
+     [](const Config& c) { return TomlString(c.executor_binary); }},
+    {"launch_timeout", "--launch-timeout",
+     [](const Config& c) { return TomlFloat(c.launch_timeout_s); }},
+    {"quarantine_crashes", "--quarantine-crashes",
+     [](const Config& c) { return TomlInt(c.quarantine_crashes); }},
+    {"quarantine_window_s", "--quarantine-window",
+     [](const Config& c) { return TomlInt(c.quarantine_window_s); }},
+    {"executor_idle_s", "",
+     [](const Config& c) { return TomlInt(c.executor_idle_s); }},
+    {"orphan_timeout", "--orphan-timeout",
+     [](const Config& c) { return TomlInt(c.orphan_timeout_s); }},
+    {"seccomp", "", [](const Config& c) { return TomlBool(c.seccomp); }},
+    {"max_sessions", "",
+     [](const Config& c) { return TomlInt(c.max_sessions); }},
+    {"max_sessions_per_uid", "",
+     [](const Config& c) { return TomlInt(c.max_sessions_per_uid); }},
+    {"hello_timeout_s", "",
+     [](const Config& c) { return TomlFloat(c.hello_timeout_s); }},
+    {"launch_ring", "--launch-ring",
+     [](const Config& c) { return TomlBool(c.launch_ring); }},
+    {"ring_spin_us", "--ring-spin-us",
+     [](const Config& c) { return TomlInt(c.ring_spin_us); }},
+    {"max_registrations_per_uid", "--max-registrations-per-uid",
+     [](const Config& c) {
+       return TomlInt(static_cast<int64_t>(c.max_registrations_per_uid));
+     }},
+    {"max_store_bytes_per_uid", "--max-store-bytes-per-uid",
+     [](const Config& c) {
+       return TomlInt(static_cast<int64_t>(c.max_store_bytes_per_uid));
+     }},
+    {"etcd_endpoints", "--etcd-endpoints",
+     [](const Config& c) { return TomlStrings(c.etcd_endpoints); }},
+    {"cluster", "--cluster",
+     [](const Config& c) { return TomlString(c.cluster); }},
+    {"advertise", "--advertise",
+     [](const Config& c) { return TomlString(c.advertise); }},
+    {"peer_listen", "--peer-listen",
+     [](const Config& c) { return TomlString(c.peer_listen); }},
+    {"host_name", "--host-name",
+     [](const Config& c) { return TomlString(c.host_name); }},
+    {"peer_tls_ca", "--peer-tls-ca",
+     [](const Config& c) { return TomlString(c.peer_tls_ca); }},
+    {"peer_tls_cert", "--peer-tls-cert",
+     [](const Config& c) { return TomlString(c.peer_tls_cert); }},
+    {"peer_tls_key", "--peer-tls-key",
+     [](const Config& c) { return TomlString(c.peer_tls_key); }},
+    {"etcd_timeout_s", "",
+     [](const Config& c) { return TomlFloat(c.etcd_timeout_s); }},
+    {"peer_lease_ttl_s", "",
+     [](const Config& c) { return TomlInt(c.peer_lease_ttl_s); }},
+    {"metrics_listen", "--metrics-listen",
+     [](const Config& c) { return TomlString(c.metrics_listen); }},
+    {"metrics_allow_remote", "--metrics-allow-remote",
+     [](const Config& c) { return TomlBool(c.metrics_allow_remote); }},
+};
+
+// The keys, comma-separated, for the unknown-key message.
+std::string KnownKeys() {
+  std::string out;
+  for (const KeySpec& k : kKeys) {
+    if (!out.empty()) out += ", ";
+    out += k.name;
+  }
+  return out;
+}
 
 // Levenshtein distance (keys are short).
 size_t EditDistance(const std::string& a, const std::string& b) {
@@ -135,18 +240,17 @@ size_t EditDistance(const std::string& a, const std::string& b) {
 std::string UnknownKeyText(const std::string& path, const std::string& key) {
   std::string best;
   size_t best_distance = 3;  // a suggestion only within 2 edits
-  for (const char* known : kKnownKeys) {
-    size_t d = EditDistance(key, known);
+  for (const KeySpec& known : kKeys) {
+    size_t d = EditDistance(key, known.name);
     if (d < best_distance) {
       best_distance = d;
-      best = known;
+      best = known.name;
     }
   }
   std::string suggestion =
       best.empty() ? "" : absl::StrCat("did you mean \"", best, "\"? ");
   return absl::StrCat("config file ", path, ": unknown key \"", key, "\" (",
-                      suggestion, "known: ", absl::StrJoin(kKnownKeys, ", "),
-                      ")");
+                      suggestion, "known: ", KnownKeys(), ")");
 }
 
 absl::Status ApplyToml(const std::string& path, Config* c) {
@@ -249,11 +353,39 @@ absl::Status ApplyToml(const std::string& path, Config* c) {
     } else {
       return absl::InvalidArgumentError(UnknownKeyText(path, k));
     }
+    c->origins[k] = path;
   }
   return absl::OkStatus();
 }
 
 }  // namespace
+
+std::vector<ConfigEntry> DescribeConfig(const Config& c) {
+  std::vector<ConfigEntry> out;
+  for (const KeySpec& k : kKeys) {
+    auto origin = c.origins.find(k.name);
+    out.push_back({k.name, k.toml(c),
+                   origin == c.origins.end() ? "default" : origin->second});
+  }
+  return out;
+}
+
+std::string ConfigToml(const Config& c) {
+  std::string out = absl::StrCat(
+      "# kregd ", kKregVersion,
+      ": the effective configuration (kregctl config); kregd accepts\n"
+      "# it back with --config. After each value: where it came from.\n");
+  if (!c.config_file.empty()) {
+    absl::StrAppend(&out, "# config file: ", c.config_file, "\n");
+  }
+  for (const ConfigEntry& e : DescribeConfig(c)) {
+    // An origin is a path or a flag: one line, no comment breaks.
+    std::string origin = e.origin;
+    std::replace(origin.begin(), origin.end(), '\n', ' ');
+    absl::StrAppend(&out, e.key, " = ", e.value_toml, "  # ", origin, "\n");
+  }
+  return out;
+}
 
 absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now) {
   *exit_now = false;
@@ -364,12 +496,15 @@ absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now) {
     absl::StatusOr<bool> on = ParseOnOff(env, "$KREGD_LAUNCH_RING");
     if (!on.ok()) return on.status();
     c.launch_ring = *on;
+    c.origins["launch_ring"] = "$KREGD_LAUNCH_RING";
   }
   if (const char* env = std::getenv("KREGD_RING_SPIN_US")) {
     absl::StatusOr<int64_t> us = ParseSpinUs(env, "$KREGD_RING_SPIN_US");
     if (!us.ok()) return us.status();
     c.ring_spin_us = *us;
+    c.origins["ring_spin_us"] = "$KREGD_RING_SPIN_US";
   }
+  c.config_file = config_file;
   if (!config_file.empty()) {
     absl::Status st = ApplyToml(config_file, &c);
     if (!st.ok()) return st;
@@ -448,6 +583,14 @@ absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now) {
     c.local_execution = policy;
   }
   c.allowed_roots.insert(c.allowed_roots.end(), roots.begin(), roots.end());
+  // Flags given on the command line; --allow-root adds to the file's roots.
+  for (const KeySpec& k : kKeys) {
+    if (k.flag[0] == '\0' || app.count(k.flag) == 0) continue;
+    std::string& origin = c.origins[k.name];
+    origin = k.name == std::string("allowed_roots") && !origin.empty()
+                 ? absl::StrCat(origin, ", ", k.flag)
+                 : k.flag;
+  }
   if (c.socket_path.empty()) c.socket_path = DefaultSocketPath();
   if (c.state_dir.empty()) c.state_dir = DefaultStateDir();
   for (std::string& root : c.allowed_roots) {

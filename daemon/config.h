@@ -3,6 +3,7 @@
 #ifndef KREGD_DAEMON_CONFIG_H_
 #define KREGD_DAEMON_CONFIG_H_
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -61,7 +62,29 @@ struct Config {
   // spins this long for the next descriptor before it sleeps on the futex.
   bool launch_ring = true;
   int64_t ring_spin_us = 50;
+
+  // Where each key's value came from (operator guide, "Seeing the effective
+  // configuration"): the config file's path, "--flag" or "$ENV"; a key
+  // absent here has its default. Filled by ParseConfig.
+  std::map<std::string, std::string> origins;
+  std::string config_file;  // --config, or empty
 };
+
+// One key of the effective configuration: its value as a TOML literal
+// (strings, integers, floats, booleans and arrays of strings, written so
+// that the literal is also valid JSON) and where it came from: "default",
+// the config file's path or "--flag".
+struct ConfigEntry {
+  std::string key;
+  std::string value_toml;
+  std::string origin;
+};
+
+// Every key a config file may set, in the order of docs/kregd.toml.example.
+std::vector<ConfigEntry> DescribeConfig(const Config& c);
+// The effective configuration as a TOML file kregd accepts back with
+// --config: one `key = value  # origin` line per key (kregctl config).
+std::string ConfigToml(const Config& c);
 
 // The largest ring_spin_us accepted (1 s: a longer spin only burns a core).
 inline constexpr int64_t kMaxRingSpinUs = 1000000;

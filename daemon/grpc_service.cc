@@ -208,4 +208,11 @@ grpc::Status RegistryService::ListSessions(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
+grpc::Status RegistryService::GetConfig(grpc::ServerContext*,
+                                        const v1::GetConfigRequest*,
+                                        v1::GetConfigResponse* resp) {
+  if (config_of_) config_of_(resp);
+  return grpc::Status::OK;
+}
+
 }  // namespace kreg

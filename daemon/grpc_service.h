@@ -50,6 +50,9 @@ class RegistryService final : public v1::Registry::Service {
   grpc::Status ListSessions(grpc::ServerContext* ctx,
                             const v1::ListSessionsRequest* req,
                             v1::ListSessionsResponse* resp) override;
+  grpc::Status GetConfig(grpc::ServerContext* ctx,
+                         const v1::GetConfigRequest* req,
+                         v1::GetConfigResponse* resp) override;
 
   // Launch statistics of one entry (Target.stats in GetTarget); unset:
   // never filled.
@@ -60,6 +63,10 @@ class RegistryService final : public v1::Registry::Service {
   void set_sessions_of(SessionsOf sessions_of) {
     sessions_of_ = std::move(sessions_of);
   }
+
+  // The effective configuration; unset: GetConfig answers an empty one.
+  using ConfigOf = std::function<void(v1::GetConfigResponse*)>;
+  void set_config_of(ConfigOf config_of) { config_of_ = std::move(config_of); }
 
   // Targets listed or registered from now on carry Target.not_runnable
   // (runnable.h) computed from `cuda_status_of`; unset: never filled.
@@ -77,6 +84,7 @@ class RegistryService final : public v1::Registry::Service {
   CudaStatusOf cuda_status_of_;
   StatsOf stats_of_;
   SessionsOf sessions_of_;
+  ConfigOf config_of_;
 };
 
 }  // namespace kreg

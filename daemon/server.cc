@@ -248,6 +248,16 @@ absl::Status Daemon::Start() {
   service_->set_stats_of([this](const TargetEntry& e) { return StatsOf(e); });
   service_->set_sessions_of(
       [this](v1::ListSessionsResponse* r) { ListSessions(r); });
+  service_->set_config_of([this](v1::GetConfigResponse* r) {
+    for (const ConfigEntry& e : DescribeConfig(config_)) {
+      v1::ConfigValue* v = r->add_values();
+      v->set_key(e.key);
+      v->set_value_toml(e.value_toml);
+      v->set_origin(e.origin);
+    }
+    r->set_toml(ConfigToml(config_));
+    r->set_config_file(config_.config_file);
+  });
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;

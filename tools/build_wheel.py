@@ -1,16 +1,23 @@
 #!/usr/bin/env python3
-"""Writes the kreg wheel: client/python/kreg plus the Bazel-built shim.
+"""Writes the kreg wheel: client/python/kreg plus the Bazel-built shim and
+kregctl.
 
     tools/build_wheel.py --shim bazel-bin/client/shim/libkreg_client.so \
-        --out dist/
+        [--kregctl bazel-bin/client/kregctl] --out dist/
 
+kregctl (default: bazel-bin/client/kregctl beside the shim's directory) is
+bundled as kreg/kregctl and installed as the `kregctl` command
+(kreg._kregctl execs it).
 The wheel is assembled directly (PEP 427: a zip with *.dist-info/METADATA,
 WHEEL, RECORD and entry_points.txt) so that building needs neither network
 nor setuptools. It is tagged py3-none-<platform>: the shim is loaded with
 ctypes, so any CPython >= 3.12 works, but it is native code for this
 machine's architecture and links the system's libprotobuf-lite and
-libstdc++ (build it on the distribution you install it on).
-Name, version, dependencies and scripts come from client/python/pyproject.toml.
+libstdc++, and kregctl the system's gRPC (build it on the distribution you
+install it on).
+Name, version, dependencies and scripts come from client/python/pyproject.toml;
+License and Home-page too, when it has `license` and `urls.Homepage` (it has
+neither while the repository states no license).
 """
 
 from __future__ import annotations
@@ -43,6 +50,14 @@ def metadata(project: dict) -> str:
            f"Version: {project['version']}",
            f"Summary: {project['description']}",
            f"Requires-Python: {project['requires-python']}"]
+  license = project.get("license")
+  if isinstance(license, dict):
+    license = license.get("text")
+  if license:
+    lines.append(f"License: {license}")
+  homepage = project.get("urls", {}).get("Homepage")
+  if homepage:
+    lines.append(f"Home-page: {homepage}")
   lines += [f"Requires-Dist: {d}" for d in project.get("dependencies", [])]
   readme = (PKG_DIR / project.get("readme", "README.md")).read_text()
   lines += ["Description-Content-Type: text/markdown", "", readme]
@@ -52,8 +67,11 @@ def metadata(project: dict) -> str:
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--shim", required=True, type=pathlib.Path)
+  ap.add_argument("--kregctl", type=pathlib.Path,
+                  help="kregctl binary (default: <shim dir>/../kregctl)")
   ap.add_argument("--out", required=True, type=pathlib.Path)
   args = ap.parse_args()
+  kregctl = args.kregctl or args.shim.parent.parent / "kregctl"
   project = tomllib.loads((PKG_DIR / "pyproject.toml").read_text())["project"]
   name, version = project["name"], project["version"]
   init = (PKG_DIR / "kreg" / "__init__.py").read_text()
@@ -65,12 +83,17 @@ def main() -> int:
     print(f"build_wheel: {args.shim} is not built "
           "(bazel build //client/shim:libkreg_client.so)", file=sys.stderr)
     return 1
+  if not kregctl.is_file():
+    print(f"build_wheel: {kregctl} is not built (bazel build "
+          "//client:kregctl), or pass --kregctl PATH", file=sys.stderr)
+    return 1
   tag = f"py3-none-{platform_tag()}"
   dist_info = f"{name}-{version}.dist-info"
   files: list[tuple[str, bytes]] = []
   for src in sorted((PKG_DIR / "kreg").glob("*.py")):
     files.append((f"kreg/{src.name}", src.read_bytes()))
   files.append(("kreg/libkreg_client.so", args.shim.read_bytes()))
+  files.append(("kreg/kregctl", kregctl.read_bytes()))
   files.append((f"{dist_info}/METADATA", metadata(project).encode()))
   files.append((f"{dist_info}/WHEEL", (
       "Wheel-Version: 1.0\nGenerator: kregd tools/build_wheel.py\n"
@@ -89,7 +112,7 @@ def main() -> int:
   with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
     for path, data in files:
       info = zipfile.ZipInfo(path, date_time=(2020, 1, 1, 0, 0, 0))
-      mode = 0o755 if path.endswith(".so") else 0o644
+      mode = 0o755 if path.endswith(".so") or path == "kreg/kregctl" else 0o644
       info.external_attr = (0o100000 | mode) << 16
       info.compress_type = zipfile.ZIP_DEFLATED
       zf.writestr(info, data)

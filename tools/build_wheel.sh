@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the kreg wheel with the shim inside: bazel-builds
-# //client/shim:libkreg_client.so and writes
+# Builds the kreg wheel with the shim and kregctl inside: bazel-builds
+# //client/shim:libkreg_client.so and //client:kregctl and writes
 # dist/kreg-<version>-py3-none-<platform>.whl (path printed last).
 #   tools/build_wheel.sh [OUT_DIR]
 # The shim is compiled against jaxlib 0.11.2's XLA FFI headers, which the
@@ -12,7 +12,7 @@
 # Python >= 3.12 that has jax==0.11.2 and jaxlib==0.11.2 to use it instead.
 # Install the wheel into a Python >= 3.12 with `pip install dist/kreg-*.whl`
 # (pulls jax==0.11.2 and jaxlib==0.11.2); `import kreg` then works from any
-# directory and `kreg list|show|status` is on PATH.
+# directory and `kreg list|show|status` and `kregctl` are on PATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-dist}
@@ -25,6 +25,6 @@ else
   fi
   py=.venv/bin/python
 fi
-bazel build //client/shim:libkreg_client.so >&2
+bazel build //client/shim:libkreg_client.so //client:kregctl >&2
 "$py" tools/build_wheel.py --shim bazel-bin/client/shim/libkreg_client.so \
-  --out "$out"
+  --kregctl bazel-bin/client/kregctl --out "$out"

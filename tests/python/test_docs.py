@@ -113,6 +113,63 @@ def test_man_pages_are_generated_from_the_current_help(tmp_path):
     assert f".SS {c}\n" in page
 
 
+MAN_SECTIONS = {
+    "kregd.8": ["NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "CONFIGURATION",
+                "FILES", "SIGNALS", "EXIT STATUS", "EXAMPLES", "SEE ALSO"],
+    "kregctl.1": ["NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "COMMANDS",
+                  "EXIT STATUS", "ENVIRONMENT", "FILES", "EXAMPLES",
+                  "SEE ALSO"],
+}
+
+
+@pytest.mark.parametrize("page", sorted(MAN_SECTIONS))
+def test_man_pages_have_their_sections(page):
+  text = (REPO / "docs/man" / page).read_text()
+  found = re.findall(r"^\.SH (.+)$", text, re.M)
+  assert found == MAN_SECTIONS[page], found
+  # OPTIONS is the --help text.
+  options = text.split(".SH OPTIONS\n")[1].split(".SH ")[0]
+  assert "\\-\\-help" in options and "\\-\\-version" in options
+  assert "\\-\\-socket" in options
+
+
+def test_kregctl_exit_status_is_the_list_in_errors_md():
+  # One list (docs/errors.md), word for word in the man page.
+  md = section(REPO / "docs/errors.md", "Exit status of kregctl")
+  items = re.findall(r"^- `(\d)`: (.*?)(?=^- |\Z)", md.strip() + "\n",
+                     re.S | re.M)
+  assert [c for c, _ in items] == ["0", "1", "2", "3", "4"]
+  page = (REPO / "docs/man/kregctl.1").read_text()
+  exit_status = page.split(".SH EXIT STATUS\n")[1].split(".SH ")[0]
+  for code, body in items:
+    words = " ".join(body.split())
+    roff = re.sub(r"`([^`]+)`", r"\\fB\1\\fR", words.replace("-", "\\-"))
+    assert f".TP\n.B {code}\n{roff}\n" in exit_status, (code, exit_status)
+  # The mapping in kregctl itself.
+  src = (REPO / "client/kregctl_main.cc").read_text()
+  for code in ("kInvalidArgument", "kUnimplemented"):
+    assert re.search(rf"case absl::StatusCode::{code}:[^}}]*?return 2;", src)
+  assert re.search(r"kFailedPrecondition:\s*return 3;", src)
+  assert re.search(r"kUnavailable:\s*return 4;", src)
+
+
+@pytest.mark.parametrize("page", sorted(MAN_SECTIONS))
+def test_man_pages_render_without_warnings(page):
+  path = REPO / "docs/man" / page
+  env = {**os.environ, "MANWIDTH": "80", "LC_ALL": "C.UTF-8"}
+  if shutil.which("man"):
+    cmd = ["man", "--warnings", "-l", str(path)]
+  elif shutil.which("groff"):
+    cmd = ["groff", "-man", "-Tutf8", "-ww", "-z", str(path)]
+  else:
+    pytest.skip("neither man nor groff is installed")
+  r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+  assert r.returncode == 0, r.stderr
+  assert r.stderr == "", r.stderr
+  if cmd[0] == "man":
+    assert "EXIT STATUS" in r.stdout and "EXAMPLES" in r.stdout
+
+
 def test_bash_completion_offers_kregctl_commands_and_options():
   need(KREGCTL)
   script = f"""

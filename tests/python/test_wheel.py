@@ -129,6 +129,69 @@ def test_kreg_console_script(venv, running_kregd, tmp_path):
   assert v.returncode == 0 and v.stdout.startswith("kreg ")
 
 
+def test_wheel_carries_kregctl_and_its_entry_point(wheel):
+  with zipfile.ZipFile(wheel) as zf:
+    info = zf.getinfo("kreg/kregctl")
+    entry_points = zf.read(next(n for n in zf.namelist()
+                                if n.endswith("entry_points.txt"))).decode()
+  assert (info.external_attr >> 16) & 0o777 == 0o755
+  assert "kregctl = kreg._kregctl:main" in entry_points
+
+
+def test_kregctl_console_script(venv, running_kregd, tmp_path):
+  exe = venv / "bin" / "kregctl"
+  r = subprocess.run([str(exe), "health"], cwd=tmp_path, capture_output=True,
+                     text=True, timeout=120,
+                     env=clean_env(KREGD_SOCKET=running_kregd.socket))
+  assert r.returncode == 0, r.stderr
+  assert r.stdout == "SERVING\n"
+  # Exit codes pass through: an unknown command is a usage error.
+  bad = subprocess.run([str(exe), "frobnicate"], capture_output=True,
+                       text=True, timeout=60, env=clean_env())
+  assert bad.returncode == 2
+  assert "kregctl: unknown command frobnicate" in bad.stderr
+
+
+def test_kregctl_console_script_without_the_binary(venv, tmp_path):
+  # `pip install ./client/python` has no bundled kregctl: say so.
+  site = subprocess.run(
+      [str(venv / "bin" / "python"), "-c",
+       "import kreg, os; print(os.path.dirname(kreg.__file__))"],
+      capture_output=True, text=True, check=True, cwd=tmp_path,
+      env=clean_env()).stdout.strip()
+  bundled = pathlib.Path(site) / "kregctl"
+  hidden = bundled.with_name("kregctl.hidden")
+  bundled.rename(hidden)
+  try:
+    r = subprocess.run([str(venv / "bin" / "kregctl"), "status"],
+                       capture_output=True, text=True, timeout=60,
+                       env=clean_env())
+  finally:
+    hidden.rename(bundled)
+  assert r.returncode == 1
+  assert f"kregctl: this kreg install has no bundled kregctl ({bundled} is " \
+      "missing" in r.stderr
+
+
+def test_wheel_metadata_license_and_home_page_follow_pyproject(wheel):
+  import tomllib  # pylint: disable=import-outside-toplevel
+  project = tomllib.loads(
+      (REPO / "client/python/pyproject.toml").read_text())["project"]
+  with zipfile.ZipFile(wheel) as zf:
+    metadata = zf.read(next(n for n in zf.namelist()
+                            if n.endswith("METADATA"))).decode()
+  headers = metadata.split("\n\n")[0]
+  license = project.get("license")
+  if isinstance(license, dict):
+    license = license.get("text")
+  # The repository states no license: then the wheel claims none.
+  assert (f"License: {license}" in headers) if license else (
+      "License:" not in headers)
+  home = project.get("urls", {}).get("Homepage")
+  assert (f"Home-page: {home}" in headers) if home else (
+      "Home-page:" not in headers)
+
+
 def test_other_jax_versions_are_refused_at_register_time(venv, running_kregd,
                                                          tmp_path):
   code = f"""
@@ -166,7 +229,8 @@ def test_build_wheel_sh_in_a_checkout_without_venv(tmp_path):
   (stubs / "bazel").write_text(
       "#!/bin/sh\nset -e\necho \"bazel $*\" >&2\n"
       "mkdir -p bazel-bin/client/shim\n"
-      "echo not-a-real-shim > bazel-bin/client/shim/libkreg_client.so\n")
+      "echo not-a-real-shim > bazel-bin/client/shim/libkreg_client.so\n"
+      "echo not-a-real-kregctl > bazel-bin/client/kregctl\n")
   (stubs / "bazel").chmod(0o755)
   env = {k: v for k, v in os.environ.items() if k != "KREG_PYTHON"}
   env["PATH"] = f"{stubs}:{env['PATH']}"
@@ -174,7 +238,8 @@ def test_build_wheel_sh_in_a_checkout_without_venv(tmp_path):
                      capture_output=True, text=True, env=env, timeout=120)
   assert r.returncode == 0, r.stderr
   assert "no .venv" in r.stderr and "SETUP-RAN" in r.stderr
-  assert "bazel build //client/shim:libkreg_client.so" in r.stderr
+  assert ("bazel build //client/shim:libkreg_client.so //client:kregctl"
+          in r.stderr)
   wheel = pathlib.Path(r.stdout.strip().splitlines()[-1])
   assert not wheel.is_absolute() and (clone / wheel).is_file()
   # Bazel's own hint, for a build started without .venv, names setup.sh

@@ -417,7 +417,9 @@ class Client:
       jax.ffi.register_ffi_target(target_name, jax.ffi.pycapsule(args.handler),
                                   platform=_jax_platform(canonical))
       _jax_registered[key] = (args.handler, self.session_path, mode)
-      return target
+    if canonical == "cuda":
+      _warn_if_no_gpu_backend(jax, target_name)
+    return target
 
   def bound_mode(self, target_name: str, platform: str) -> Optional[str]:
     """How (target_name, platform) runs in this process: "local",
@@ -525,18 +527,83 @@ _warned_lock = threading.Lock()
 _warned: set[tuple[str, str]] = set()
 
 
-def _warn_not_runnable(target: Target) -> None:
-  """One NotRunnableWarning per process and (target, platform)."""
-  key = (target.target_name, target.platform)
+def _no_gpu_backend(jax) -> Optional[str]:
+  """Why this process's JAX cannot have a GPU backend, or None when it has
+  one or may get one. Never initializes the backends (a process may still
+  have to call jax.distributed.initialize first)."""
+  try:
+    from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
+    if xla_bridge.backends_are_initialized():
+      names = sorted(xla_bridge.backends())
+      if {"cuda", "gpu"} & set(names):
+        return None
+      return f"its backends are {', '.join(names)}"
+    requested = getattr(jax.config, "jax_platforms", None)
+    if requested:
+      platforms = set()
+      for p in requested.split(","):
+        platforms.update(xla_bridge.expand_platform_alias(p.strip()))
+      if "cuda" in platforms:
+        return None
+      return f"JAX_PLATFORMS (jax_platforms) is {requested!r}"
+    import importlib.metadata  # pylint: disable=import-outside-toplevel
+    import importlib.util  # pylint: disable=import-outside-toplevel
+    import pkgutil  # pylint: disable=import-outside-toplevel
+    plugins = {e.name for e in importlib.metadata.entry_points(
+        group="jax_plugins")}
+    spec = importlib.util.find_spec("jax_plugins")
+    if spec is not None and spec.submodule_search_locations:
+      plugins |= {m.name for m in pkgutil.iter_modules(
+          spec.submodule_search_locations)}
+    if any("cuda" in n for n in plugins):
+      return None
+    return "no CUDA plugin for jaxlib is installed"
+  except Exception:  # pylint: disable=broad-except
+    return None  # a JAX whose internals differ: say nothing rather than guess
+
+
+def _host_call_fails_text(target_name: str, reason: str) -> str:
+  return (f"this process's JAX has no GPU backend ({reason}), so "
+          f"jax.ffi.ffi_call({target_name!r}, ...) runs on the CPU, where "
+          f"the name is not bound, and fails with XLA's \"No FFI handler "
+          f"registered for {target_name} on a platform Host\" (NOT_FOUND). "
+          "Register a CPU build of the kernel under the same name with "
+          "platform=\"cpu\", or run this process with a CUDA-enabled jax "
+          "(pip install \"jax[cuda12]\"; JAX_PLATFORMS unset or including "
+          "cuda)")
+
+
+def _warn_once(key: tuple[str, str], message: str) -> None:
   with _warned_lock:
     if key in _warned:
       return
     _warned.add(key)
-  warnings.warn(
+  # The caller of kreg.register_ffi_target or kreg.bind_ffi_target.
+  warnings.warn(message, NotRunnableWarning, stacklevel=6)
+
+
+def _warn_not_runnable(target: Target) -> None:
+  """One NotRunnableWarning per process and (target, platform)."""
+  message = (
       f"kregd registered {target.target_name!r} ({target.platform}) but "
       f"cannot run it: {target.not_runnable}. Calls will fail; did you mean "
-      "platform=\"cpu\"? (register_ffi_target defaults to platform=\"CUDA\")",
-      NotRunnableWarning, stacklevel=5)
+      "platform=\"cpu\"? (register_ffi_target defaults to platform=\"CUDA\")")
+  if target.platform == "cuda":
+    import jax  # pylint: disable=import-outside-toplevel
+    reason = _no_gpu_backend(jax)
+    if reason:
+      message += ". Also, " + _host_call_fails_text(target.target_name, reason)
+  _warn_once((target.target_name, target.platform), message)
+
+
+def _warn_if_no_gpu_backend(jax, target_name: str) -> None:
+  """A cuda-only target bound in a process whose JAX has no GPU backend:
+  one NotRunnableWarning saying what its calls will fail with and why."""
+  reason = _no_gpu_backend(jax)
+  if reason:
+    _warn_once((target_name, "cuda"),
+               f"target {target_name!r} is bound for cuda only, but " +
+               _host_call_fails_text(target_name, reason))
 
 
 # (target, canonical platform) registered with this process's JAX ->

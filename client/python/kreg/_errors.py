@@ -63,4 +63,7 @@ class JaxVersionError(ImportError):
 
 class NotRunnableWarning(UserWarning):
   """kregd accepted a registration it cannot run here (e.g. a cuda target on
-  a daemon without a usable GPU). Issued once per process and target."""
+  a daemon without a usable GPU), or a target bound for cuda only in a
+  process whose JAX has no GPU backend (its calls fail with XLA's "No FFI
+  handler registered for <name> on a platform Host"). Issued once per
+  process and target."""

@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Builds dist/kregd_<version>_<arch>.deb from the Bazel outputs with plain
+# dpkg-deb (no debhelper, no debian/ directory in the repository):
+#   tools/build_deb.sh [BIN_DIR [OUT_DIR]]     # default: bazel-bin dist
+# Build the binaries first:
+#   bazel build //daemon:kregd //daemon:kregd-probe \
+#       //daemon/exec:kregd-exec //client:kregctl
+# The package installs (docs/operator-guide.md, "Debian package"):
+#   /usr/bin/kregd, kregd-exec, kregd-probe (kregd starts its helpers from
+#     its own directory), kregctl
+#   /lib/systemd/system/kregd.service, kregd.socket, nvidia-mps.service:
+#     the units of daemon/systemd with ExecStart=/usr/bin/kregd (the
+#     repository's unit says /usr/local/bin/kregd, where the manual install
+#     steps put it; Debian packages do not install into /usr/local)
+#   /usr/share/man/man8/kregd.8.gz, /usr/share/man/man1/kregctl.1.gz
+#   /usr/share/bash-completion/completions/kregctl
+#   /usr/share/doc/kregd/kregd.toml.example
+# Depends: is computed from the binaries' shared libraries with
+# dpkg-shlibdeps (given a scratch debian/control), or, where that fails, by
+# mapping each library ldd finds to its package with dpkg -S (unversioned,
+# and also naming the packages of indirect dependencies).
+# The maintainer scripts only run `systemctl daemon-reload` (and, on
+# removal, stop the units) when systemd is the running init; they enable or
+# start nothing. The path of the .deb is printed last.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+bin=$(realpath "${1:-$repo/bazel-bin}")
+out=${2:-$repo/dist}
+
+version=$(sed -n 's/.*kKregVersion\[\] = "\([^"]*\)".*/\1/p' \
+  "$repo/common/version.h")
+[[ -n $version ]] || { echo "build_deb: no kKregVersion in common/version.h" >&2; exit 1; }
+arch=$(dpkg --print-architecture)
+
+binaries=(daemon/kregd daemon/kregd-probe daemon/exec/kregd-exec client/kregctl)
+for b in "${binaries[@]}"; do
+  if [[ ! -x $bin/$b ]]; then
+    echo "build_deb: $bin/$b is not built; run: bazel build //daemon:kregd" \
+      "//daemon:kregd-probe //daemon/exec:kregd-exec //client:kregctl" >&2
+    exit 1
+  fi
+done
+
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+root=$stage/root
+install -d -m 0755 "$root/DEBIAN" "$root/usr/bin" "$root/lib/systemd/system" \
+  "$root/usr/share/man/man1" "$root/usr/share/man/man8" \
+  "$root/usr/share/bash-completion/completions" "$root/usr/share/doc/kregd"
+for b in "${binaries[@]}"; do
+  install -m 0755 "$bin/$b" "$root/usr/bin/"
+done
+# Bazel leaves the binaries unstripped; keep their symbols (crash reports
+# name functions) but drop the debug sections.
+strip --strip-debug "$root"/usr/bin/*
+for unit in kregd.service kregd.socket nvidia-mps.service; do
+  install -m 0644 "$repo/daemon/systemd/$unit" "$root/lib/systemd/system/"
+done
+sed -i -e 's|^ExecStart=/usr/local/bin/kregd$|ExecStart=/usr/bin/kregd|' \
+  -e '1a # Installed by the kregd Debian package: kregd is /usr/bin/kregd; the\n# manual install steps below are for a build without the package.' \
+  "$root/lib/systemd/system/kregd.service"
+grep -qx 'ExecStart=/usr/bin/kregd' "$root/lib/systemd/system/kregd.service" || {
+  echo "build_deb: daemon/systemd/kregd.service has no" \
+    "ExecStart=/usr/local/bin/kregd line to point at /usr/bin/kregd" >&2
+  exit 1
+}
+gzip -9n -c "$repo/docs/man/kregd.8" > "$root/usr/share/man/man8/kregd.8.gz"
+gzip -9n -c "$repo/docs/man/kregctl.1" > "$root/usr/share/man/man1/kregctl.1.gz"
+install -m 0644 "$repo/docs/completion/kregctl.bash" \
+  "$root/usr/share/bash-completion/completions/kregctl"
+install -m 0644 "$repo/docs/kregd.toml.example" "$root/usr/share/doc/kregd/"
+
+# Depends: from the shared libraries of the installed binaries.
+depends=
+shl=$stage/shlibdeps
+mkdir -p "$shl/debian"
+printf 'Source: kregd\n\nPackage: kregd\nArchitecture: any\n' > "$shl/debian/control"
+if depends=$(cd "$shl" && dpkg-shlibdeps -O "$root"/usr/bin/* 2>/dev/null); then
+  depends=${depends#shlibs:Depends=}
+else
+  depends=$(ldd "$root"/usr/bin/* | awk '$2 == "=>" && $3 ~ /^\// { print $3 }' |
+    sort -u | while read -r lib; do
+      dpkg -S "$(realpath "$lib")" 2>/dev/null || dpkg -S "$lib" 2>/dev/null || true
+    done | cut -d: -f1 | sort -u | paste -sd, - | sed 's/,/, /g')
+fi
+[[ -n $depends ]] || { echo "build_deb: could not compute Depends" >&2; exit 1; }
+
+size=$(du -sk --exclude=DEBIAN "$root" | cut -f1)
+cat > "$root/DEBIAN/control" <<EOF
+Package: kregd
+Version: $version
+Architecture: $arch
+Maintainer: ${KREG_DEB_MAINTAINER:-kregd developers <kregd@localhost>}
+Installed-Size: $size
+Depends: $depends
+Section: admin
+Priority: optional
+Description: out-of-process kernel registry and executor for JAX's XLA FFI
+ kregd hosts XLA FFI kernels for JAX processes: kernels are registered
+ under a name, journaled and content-addressed, and run in per-client
+ executors as the caller's uid, so a crashing kernel cannot take down the
+ JAX process. kregctl is its admin command line. The Python client (kreg)
+ is a separate wheel.
+ .
+ Enable with: systemctl enable --now kregd.socket
+EOF
+
+# systemd is the running init exactly when /run/systemd/system exists
+# (sd_booted(3)); in a container or chroot it is not, and nothing is called.
+cat > "$root/DEBIAN/postinst" <<'EOF'
+#!/bin/sh
+set -e
+if [ "$1" = configure ] && [ -d /run/systemd/system ]; then
+  systemctl daemon-reload || true
+fi
+exit 0
+EOF
+cat > "$root/DEBIAN/prerm" <<'EOF'
+#!/bin/sh
+set -e
+# On removal only: an upgrade leaves kregd running (its executors outlive
+# a restart anyway, KillMode=process).
+if [ "$1" = remove ] && [ -d /run/systemd/system ]; then
+  systemctl stop kregd.socket kregd.service || true
+fi
+exit 0
+EOF
+cat > "$root/DEBIAN/postrm" <<'EOF'
+#!/bin/sh
+set -e
+# /var/lib/kregd (the journal and module store) is kept, also on purge:
+# remove it by hand once its registrations are no longer wanted.
+if [ -d /run/systemd/system ]; then
+  systemctl daemon-reload || true
+fi
+exit 0
+EOF
+chmod 0755 "$root/DEBIAN/postinst" "$root/DEBIAN/prerm" "$root/DEBIAN/postrm"
+
+mkdir -p "$out"
+deb=$out/kregd_${version}_${arch}.deb
+dpkg-deb --root-owner-group -Zxz --build "$root" "$deb" >&2
+echo "$deb"
