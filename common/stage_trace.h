@@ -1,6 +1,8 @@
 // Stage stamps of one traced ring launch (KREG_TRACE_STAGES=1; bench/
 // prints the breakdown, DESIGN §9). A thread that runs a traced launch
-// points t_stage at its Times; Mark() is a no-op (one load) otherwise.
+// sets Current() to its Times; Mark() is a no-op (one call, one load)
+// otherwise. The thread-local lives in ring_layout.cc with internal linkage,
+// so the client shim exports no symbol for it.
 // Both the shim and kregd-exec use it; the executor's stamps travel back in
 // the completion's ring::StageTrailer.
 #ifndef KREGD_COMMON_STAGE_TRACE_H_
@@ -33,10 +35,12 @@ struct Times {
   int64_t ns[kPoints];
 };
 
-extern thread_local Times* t_stage;
+// The Times of the launch this thread traces, or null (almost always).
+Times* Current();
+void SetCurrent(Times* times);
 
 inline void Mark(Point p) {
-  if (t_stage != nullptr) t_stage->ns[p] = ring::NowNs();
+  if (Times* t = Current(); t != nullptr) t->ns[p] = ring::NowNs();
 }
 
 }  // namespace stage

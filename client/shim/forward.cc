@@ -94,11 +94,11 @@ ClientStatus RunForwarder(Forwarder forward, Client* client,
                           XLA_FFI_CallFrame* frame) {
   if (!TracingStages()) return forward(client, target, frame);
   stage::Times times{};
-  stage::t_stage = &times;
+  stage::SetCurrent(&times);
   stage::Mark(stage::kEnter);
   ClientStatus s = forward(client, target, frame);
   stage::Mark(stage::kReturned);
-  stage::t_stage = nullptr;
+  stage::SetCurrent(nullptr);
   // Ring launches only (the executor stamps its stages there).
   if (times.ns[stage::kPublished] != 0) {
     std::lock_guard<std::mutex> lock(g_trace_mu);

@@ -62,7 +62,7 @@ bool ClientRing::Submit(const ring::DescriptorView& launch, uint64_t tag) {
   }
   tags_[sq_tail_ % ring::kSlots] = tag;
   ring::Control* c = ring::ControlOf(base_);
-  if (stage::t_stage != nullptr) {
+  if (stage::Current() != nullptr) {
     // A traced call (KREG_TRACE_STAGES=1): the executor stamps its stages.
     reinterpret_cast<ring::SubmitHeader*>(slot)->flags |= ring::kSubmitTrace;
     stage::Mark(stage::kPublished);
@@ -91,11 +91,11 @@ ClientRing::Wait ClientRing::Await(int64_t spin_ns, int64_t slice_ns, int* code,
   const char* slot = ring::CompleteSlot(base_, cq_head_);
   ring::CompletionHeader h;
   memcpy(&h, slot, sizeof(h));
-  if (stage::t_stage != nullptr) {
+  if (stage::Current() != nullptr) {
     stage::Mark(stage::kWoke);
     ring::StageTrailer t;
     memcpy(&t, ring::TrailerOf(slot), sizeof(t));
-    stage::Times& s = *stage::t_stage;
+    stage::Times& s = *stage::Current();
     // Only this launch's stamps (a stale trailer is older than it).
     if (t.present == 1 && t.picked_ns >= s.ns[stage::kPublished]) {
       s.ns[stage::kPicked] = t.picked_ns;

@@ -40,7 +40,7 @@ std::string RefText(const v1::CudaMappingRef& r) { return RefText(RefView(r)); }
 }  // namespace
 
 CudaExecutor::CudaExecutor(const SessionContext& ctx, CudaDevices* devices)
-    : ctx_(ctx), devices_(devices) {}
+    : ctx_(ctx), devices_(devices), frames_(ctx.budget) {}
 
 CudaExecutor::~CudaExecutor() = default;
 
@@ -313,9 +313,11 @@ absl::Status CudaExecutor::Run(uint64_t request_id, CudaSession* cuda,
   return cuda->Launch(
       ordinal,
       [&](const CallOptions& options) {
+        CallOptions cached = options;
+        cached.frame_cache = &frames_;
         ctx_.backend->BeginLaunch(request_id, launch.key);
         absl::Status s =
-            ctx_.backend->ExecuteWith(*handler, launch.frame, options);
+            ctx_.backend->ExecuteWith(*handler, launch.frame, cached);
         ctx_.backend->EndLaunch(s.ok());
         return s;
       },

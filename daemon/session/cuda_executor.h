@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "daemon/ffi/ffi_host.h"
 #include "daemon/session/launch_decoder.h"
 #include "daemon/session/launch_executor.h"
 
@@ -82,6 +83,9 @@ class CudaExecutor final : public LaunchExecutor {
 
   const SessionContext ctx_;
   CudaDevices* const devices_;
+  // The call frame of the last launch, reused while its attributes are
+  // unchanged (as the CPU executor does; charged to ctx.budget).
+  CallFrameCache frames_;
   std::unique_ptr<CudaSession> cuda_;
 };
 

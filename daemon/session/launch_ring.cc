@@ -76,7 +76,16 @@ LaunchRing::Next LaunchRing::Take(int64_t spin_ns, std::string* out,
       return Next::kBroken;
     }
     if (avail > 0) break;
-    ring::SpinThenWait(&c->sq_tail, tail, &c->sq_waiting, spin_ns, -1);
+    int64_t spin = spin_ns;
+    if (spin > 0 && gap_ns_ > 0 && gap_ns_ <= kMaxSpinStretch * spin_ns) {
+      spin = std::max(spin_ns, gap_ns_ + gap_ns_ / 4);
+    }
+    ring::SpinThenWait(&c->sq_tail, tail, &c->sq_waiting, spin, -1);
+  }
+  if (completed_ns_ != 0) {
+    const int64_t gap = ring::NowNs() - completed_ns_;
+    gap_ns_ = gap_ns_ == 0 ? gap : (gap_ns_ * 7 + gap) / 8;
+    completed_ns_ = 0;
   }
   uint32_t pending = cq_tail_ - ring::Load(c->cq_head);
   if (pending >= ring::kSlots) {
@@ -129,6 +138,7 @@ void LaunchRing::Complete(uint64_t tag, const absl::Status& status,
   ++cq_tail_;
   ring::Store(c->cq_tail, cq_tail_);
   if (ring::Load(c->cq_waiting) != 0) ring::FutexWake(&c->cq_tail);
+  completed_ns_ = ring::NowNs();
 }
 
 void LaunchRing::Stop() {

@@ -197,7 +197,7 @@ class Session final : public ServedSession {
   // client's stream waits for it, so the session must end (the client
   // then releases that wait itself).
   // `times` receives the stage stamps of a traced launch
-  // (ring::kSubmitTrace: stage::t_stage then points at it until the
+  // (ring::kSubmitTrace: stage::Current() then points at it until the
   // completion is published).
   absl::Status RunRingLaunch(const std::string& descriptor, uint64_t* tag,
                              uint32_t* flags, bool* end_session,

@@ -95,14 +95,14 @@ void Session::RingLoop() {
       // The launch needed kregd (its target was not resolved yet) and
       // kregd is gone: not completed, the session ends, and the client
       // runs it again on a new session (it did not run).
-      stage::t_stage = nullptr;
+      stage::SetCurrent(nullptr);
       ::shutdown(sock_.get(), SHUT_RDWR);
       break;
     }
-    if (stage::t_stage != nullptr) {
+    if (stage::Current() != nullptr) {
       // A traced launch (ring::kSubmitTrace): its stamps go back with it.
       stage::Mark(stage::kCompleted);
-      const stage::Times& t = *stage::t_stage;
+      const stage::Times& t = *stage::Current();
       ring::StageTrailer trace{};
       trace.present = 1;
       trace.picked_ns = t.ns[stage::kPicked];
@@ -110,7 +110,7 @@ void Session::RingLoop() {
       trace.handler_start_ns = t.ns[stage::kHandlerStart];
       trace.handler_end_ns = t.ns[stage::kHandlerEnd];
       trace.completed_ns = t.ns[stage::kCompleted];
-      stage::t_stage = nullptr;
+      stage::SetCurrent(nullptr);
       ring_->Complete(tag, status, flags, &trace);
     } else {
       ring_->Complete(tag, status, flags);
@@ -137,7 +137,7 @@ absl::Status Session::RunRingLaunch(const std::string& descriptor,
       descriptor.data(), descriptor.size(), ring_->seq(), tag);
   bool async = false;
   if (header.ok() && (header->flags & ring::kSubmitTrace) != 0) {
-    stage::t_stage = times;  // Complete() clears it
+    stage::SetCurrent(times);  // cleared once the completion is out
   }
   if (!header.ok()) {
     status = header.status();
