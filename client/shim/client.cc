@@ -108,8 +108,17 @@ ClientStatus Client::Acquire(std::unique_ptr<Conn>* out) {
     replay = replayed_epoch_ < epoch_;
   }
   std::unique_ptr<Conn> conn;
-  ClientStatus s = OpenSession(&conn);
-  if (s.ok() && replay) s = Replay(conn.get());
+  ClientStatus s;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    conn.reset();
+    s = OpenSession(&conn);
+    if (s.ok() && replay) s = Replay(conn.get());
+    // kregd went away again while the session was set up (a restart in
+    // the middle of re-registering): the next kregd gets another one.
+    if (s.ok() || conn == nullptr || !conn->broken() || conn->refused()) {
+      break;
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (!s.ok()) {
     --open_;
@@ -407,7 +416,12 @@ ClientStatus Client::WithConn(const std::function<ClientStatus(Conn*)>& op,
       }
     }
   } report{this, &s, &lost};
-  for (int attempt = 0; attempt < 2; ++attempt) {
+  // Several idle sessions may be stale at once (kregd restarted and left
+  // their executor serving launches only: a request that needs kregd ends
+  // each in turn), so a broken session is retried a few times, each time
+  // on another one; Acquire waits for a kregd that is away.
+  constexpr int kAttempts = 6;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
     std::unique_ptr<Conn> conn;
     s = Acquire(&conn);
     if (!s.ok()) return s;
@@ -426,9 +440,11 @@ ClientStatus Client::WithConn(const std::function<ClientStatus(Conn*)>& op,
     }
     Release(std::move(conn));
     // A stale session (kregd restarted, an idle executor was replaced) is
-    // retried once on a fresh one; kregd's own refusal (e.g. the executor
+    // retried on a fresh one; kregd's own refusal (e.g. the executor
     // crashed running this very call) is final.
-    if (!broken || (refused && !interrupted) || attempt == 1) return s;
+    if (!broken || (refused && !interrupted) || attempt == kAttempts - 1) {
+      return s;
+    }
     if (rerun != nullptr && sent) {
       if (rerun->outputs_alias_inputs) {
         s.message =

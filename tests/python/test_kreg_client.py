@@ -510,6 +510,7 @@ def test_daemon_not_running_names_the_socket(tmp_path):
     kreg.connect(sock)
   msg = str(info.value)
   assert sock + ".session" in msg and f"kregd --socket {sock}" in msg
+  assert msg.count("Start it with") == 1, msg  # the shim's hint, not twice
   assert isinstance(info.value, ConnectionError)
 
 

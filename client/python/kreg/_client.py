@@ -258,12 +258,14 @@ class Client:
     # kregd's own UNAVAILABLE (cluster mode: etcd is unreachable) says so;
     # any other means kregd itself is not there.
     if name == "UNAVAILABLE" and "the cluster registry" not in message:
+      # The shim's message may carry the start hint already.
+      hint = "" if "Start it with" in message else (
+          f". Start it with `kregd --socket {self.address}`")
       raise DaemonNotRunningError(
           f"kregd is not running or not reachable at {self.address}: "
-          f"{message}. Start it with `kregd --socket {self.address}` (from a "
-          "source checkout: `bazel-bin/daemon/kregd --socket "
-          f"{self.address}`), or point KREGD_SOCKET / kreg.connect() at the "
-          "socket of a running kregd.", name)
+          f"{message}{hint} (from a source checkout: `bazel-bin/daemon/kregd "
+          f"--socket {self.address}`), or point KREGD_SOCKET / kreg.connect() "
+          "at the socket of a running kregd.", name)
     raise kind(message, name)
 
   # -- registration ----------------------------------------------------
