@@ -6,6 +6,14 @@
 namespace kreg::cuda_client {
 namespace {
 
+// Allocations this thread identified lately, by buffer ID (IdentifyBuffer).
+constexpr size_t kKnownAllocations = 8;
+struct KnownAllocation {
+  AllocationId id;
+};
+thread_local KnownAllocation t_known[kKnownAllocations];
+thread_local size_t t_known_next = 0;
+
 ClientStatus NoDriver() {
   return ClientStatus::Error(
       kUnavailable,
@@ -115,6 +123,20 @@ ClientStatus IdentifyBuffer(const cu::CudaDriver* driver, const void* ptr,
                                    "(memory type " +
                                    std::to_string(memory_type) + ")");
   }
+  // Seen before (a buffer ID is unique in the process for the life of its
+  // allocation): the rest of the identification is known. Saves the
+  // context juggling and cuMemGetAddressRange on every buffer of every
+  // launch (DESIGN §9; bench/RESULTS.md, "Isolated calls").
+  if (buffer_id != 0) {
+    for (const KnownAllocation& k : t_known) {
+      if (k.id.generation == buffer_id && k.id.device_ordinal == ordinal &&
+          p >= k.id.base && p - k.id.base < k.id.size) {
+        *out = k.id;
+        if (offset != nullptr) *offset = p - k.id.base;
+        return ClientStatus::Ok();
+      }
+    }
+  }
   // The mapping holding the pointer: with XLA's default allocator one
   // mapping covers its whole pool, so one export serves every buffer.
   cu::CUdeviceptr base = 0;
@@ -156,6 +178,9 @@ ClientStatus IdentifyBuffer(const cu::CudaDriver* driver, const void* ptr,
   id.base = base;
   id.size = size;
   id.generation = buffer_id;
+  if (buffer_id != 0) {
+    t_known[t_known_next++ % kKnownAllocations].id = id;
+  }
   *out = std::move(id);
   if (offset != nullptr) *offset = p - base;
   return ClientStatus::Ok();

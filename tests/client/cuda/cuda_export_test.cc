@@ -6,7 +6,9 @@
 
 #include <fcntl.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "catch2/catch.hpp"
 #include "client/cuda/ipc_events.h"
@@ -90,6 +92,32 @@ TEST_CASE("A buffer is identified by device UUID, mapping and generation",
   CHECK(ia.generation != 0);
   CHECK(ia.generation != ib.generation);
   CHECK(FakeCuda::PushedDepth() == 0);
+}
+
+TEST_CASE("A buffer identified before costs one driver call", "[client_cuda]") {
+  FakeCuda fake;
+  const uint64_t a =
+      fake.ClientAllocation(FakeCuda::Kind::kVmmPosixFd, 8 * kMiB);
+  AllocationId first, again;
+  uint64_t offset = 0;
+  REQUIRE(IdentifyBuffer(fake.driver(), Ptr(a), &first).ok());
+  fake.calls.clear();
+  REQUIRE(IdentifyBuffer(fake.driver(), Ptr(a + 8192), &again, &offset).ok());
+  CHECK(fake.calls == std::vector<std::string>{"cuPointerGetAttributes"});
+  CHECK(again.base == first.base);
+  CHECK(again.size == first.size);
+  CHECK(again.generation == first.generation);
+  CHECK(again.device_uuid == first.device_uuid);
+  CHECK(offset == 8192);
+  // Another allocation (another buffer ID) is identified in full.
+  const uint64_t b =
+      fake.ClientAllocation(FakeCuda::Kind::kVmmPosixFd, 8 * kMiB);
+  fake.calls.clear();
+  AllocationId other;
+  REQUIRE(IdentifyBuffer(fake.driver(), Ptr(b), &other).ok());
+  CHECK(std::count(fake.calls.begin(), fake.calls.end(),
+                   "cuMemGetAddressRange") == 1);
+  CHECK(other.generation != first.generation);
 }
 
 TEST_CASE("VMM memory is exported as a POSIX fd that kregd imports",

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <stdexcept>
 
@@ -29,6 +30,13 @@ uint64_t HandleId(const char* reserved) {
   FakeCuda& f = *FakeCuda::current(); \
   f.calls.push_back(fn);              \
   if (CUresult injected; f.ShouldFail(fn, &injected)) return injected
+
+// CU_POINTER_ATTRIBUTE_BUFFER_ID: unique in the process, as the driver's
+// (the client caches identifications by it, across FakeCuda instances).
+uint64_t NextBufferId() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1);
+}
 
 bool ValidDevice(const FakeCuda& f, int d) {
   return d >= 0 && d < static_cast<int>(f.devices.size());
@@ -522,7 +530,7 @@ CUresult MemMap(CUdeviceptr p, size_t size, size_t offset,
     f.client_[p] = FakeCuda::ClientAlloc{it->second.posix_fd
                                              ? FakeCuda::Kind::kVmmPosixFd
                                              : FakeCuda::Kind::kVmmNoExport,
-                                         size, 0, f.next_id_++};
+                                         size, 0, NextBufferId()};
   }
   return CUDA_SUCCESS;
 }
@@ -690,7 +698,7 @@ cu::CUipcMemHandle FakeCuda::IpcAllocation(uint64_t size) {
 uint64_t FakeCuda::ClientAllocation(Kind kind, uint64_t size, int ordinal) {
   const uint64_t base = next_va_;
   next_va_ += (size + 0xfffff) & ~0xfffffull;
-  client_[base] = ClientAlloc{kind, size, ordinal, next_id_++};
+  client_[base] = ClientAlloc{kind, size, ordinal, NextBufferId()};
   return base;
 }
 
