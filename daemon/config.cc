@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "common/paths.h"
 #include "common/version.h"
+#include "daemon/edit_distance.h"
 #include "daemon/metrics/listen_address.h"
 #include "toml++/toml.h"
 
@@ -218,23 +219,6 @@ std::string KnownKeys() {
     out += k.name;
   }
   return out;
-}
-
-// Levenshtein distance (keys are short).
-size_t EditDistance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t up = row[j];
-      row[j] = std::min(
-          {row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
 }
 
 std::string UnknownKeyText(const std::string& path, const std::string& key) {

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "daemon/edit_distance.h"
 
 namespace kreg {
 
@@ -19,9 +20,6 @@ namespace kreg {
 // (every offset is bounds-checked).
 absl::StatusOr<std::vector<std::string>> HandlerLikeExports(
     absl::string_view image);
-
-// Case-insensitive Levenshtein distance between `a` and `b`.
-size_t EditDistance(absl::string_view a, absl::string_view b);
 
 // At most `max` of `names`, closest to `wanted` first (edit distance, then
 // name).
