@@ -106,9 +106,4 @@ UnixListener::~UnixListener() {
   }
 }
 
-UniqueFd UnixListener::Release() {
-  path_.clear();
-  return std::move(fd_);
-}
-
 }  // namespace kreg

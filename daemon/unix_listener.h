@@ -34,8 +34,6 @@ class UnixListener {
   ~UnixListener();
 
   int fd() const { return fd_.get(); }
-  // Gives up the descriptor (and the duty to remove the path).
-  UniqueFd Release();
 
  private:
   UnixListener(UniqueFd fd, std::string path, ino_t ino, dev_t dev);
