@@ -1,6 +1,7 @@
 // kregd: out-of-process kernel registry and executor for JAX's XLA FFI.
 #include <malloc.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 
@@ -50,5 +51,12 @@ int main(int argc, char** argv) {
   sigwait(&signals, &sig);
   spdlog::info("received signal {}; shutting down", sig);
   daemon.Shutdown();
+  if (daemon.left_executors()) {
+    // Threads still wait for the executors left running; destroying the
+    // daemon under them would pull their state away. End here.
+    spdlog::default_logger()->flush();
+    std::fflush(nullptr);
+    ::_exit(0);
+  }
   return 0;
 }

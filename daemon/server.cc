@@ -390,6 +390,7 @@ void Daemon::Shutdown() {
     // Threads still wait for the executors left serving their sessions
     // (DESIGN §12): the pool outlives them, until the process exits.
     (void)pool_.release();
+    left_executors_ = true;
   }
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() +

@@ -51,6 +51,10 @@ class Daemon {
   absl::Status Start();
   // Stops accepting, finishes in-flight calls (bounded), closes sessions.
   void Shutdown();
+  // Shutdown() left executors serving their sessions (orphan_timeout): the
+  // threads that wait for them use this object until the process exits, so
+  // the caller must end the process without destroying it (_exit).
+  bool left_executors() const { return left_executors_; }
 
  private:
   absl::Status LockStateDir();
@@ -111,7 +115,8 @@ class Daemon {
   int session_listen_fd_ = -1;  // inherited from systemd, or -1
   UniqueFd stop_fd_;            // eventfd that wakes the accept loop
   std::unique_ptr<UnixListener> listener_;  // unless inherited from systemd
-  gid_t gid_ = static_cast<gid_t>(-1);      // socket_group, resolved at Start
+  bool left_executors_ = false;
+  gid_t gid_ = static_cast<gid_t>(-1);  // socket_group, resolved at Start
   std::string serving_socket_path_;
   std::thread accept_thread_;
   std::thread watchdog_thread_;

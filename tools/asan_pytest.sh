@@ -30,7 +30,7 @@ rc=0
   --junitxml="$out/asan_pytest.xml" \
   tests/python/test_kreg_client.py tests/python/test_forwarded.py \
   tests/python/test_metrics.py tests/python/test_ops_cli.py \
-  tests/python/test_local_execution.py || rc=1
+  tests/python/test_local_execution.py tests/python/test_orphans.py || rc=1
 reports=$(grep -lE "ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:" \
   "$logs"/* 2>/dev/null)
 if [[ -n $reports ]]; then
