@@ -24,6 +24,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/ring_layout.h"
 #include "common/wire.h"
 #include "daemon/cuda/cuda_devices.h"
 #include "daemon/exec/executor_backend.h"
@@ -51,12 +52,6 @@ constexpr int kExitRecycle = 75;
 constexpr int kGpuWatchMs = 50;
 
 StatusPage* g_page = nullptr;
-
-int64_t MonotonicMs() {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1000 + ts.tv_nsec / 1000000;
-}
 
 void WriteNote(StatusPage* page, const std::string& text) {
   char* note = page->header()->note;
@@ -292,7 +287,7 @@ int Main() {
         spdlog::info("kregd is gone and the last session closed; exiting");
         break;
       }
-      if (MonotonicMs() - orphan_since_ms >
+      if (ring::NowNs() / 1000000 - orphan_since_ms >
           int64_t{init.orphan_timeout_s()} * 1000) {
         spdlog::info(
             "kregd has been gone for orphan_timeout ({} s); ending the {} "
@@ -313,7 +308,7 @@ int Main() {
       if (init.orphan_timeout_s() == 0 || served.empty()) break;
       // kregd stopped or died: the sessions' launches need no kregd, so
       // they go on; what needs kregd ends its session (LostDaemon).
-      orphan_since_ms = MonotonicMs();
+      orphan_since_ms = ring::NowNs() / 1000000;
       spdlog::info(
           "kregd closed the control socket (it stopped or died); serving "
           "{} session(s) on until they close, at most orphan_timeout ({} s)",
