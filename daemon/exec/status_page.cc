@@ -1,6 +1,7 @@
 #include "daemon/exec/status_page.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -62,7 +63,8 @@ StatusPage::~StatusPage() {
 
 absl::StatusOr<StatusPage> StatusPage::Create(uint32_t slots) {
   size_t size = SizeFor(slots);
-  UniqueFd fd(::memfd_create("kreg-exec-status", MFD_CLOEXEC));
+  UniqueFd fd(
+      ::memfd_create("kreg-exec-status", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd.ok()) {
     return absl::InternalError(absl::StrCat(
         "memfd_create for an executor status page: ", strerror(errno)));
@@ -70,6 +72,13 @@ absl::StatusOr<StatusPage> StatusPage::Create(uint32_t slots) {
   if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
     return absl::InternalError(
         absl::StrCat("sizing an executor status page: ", strerror(errno)));
+  }
+  // The executor (and whatever kernel runs in it) holds this fd: it must
+  // not be able to shrink the page under kregd's mapping (kregd would take
+  // SIGBUS reading it).
+  if (::fcntl(fd.get(), F_ADD_SEALS, kPageSeals) != 0) {
+    return absl::InternalError(
+        absl::StrCat("sealing an executor status page: ", strerror(errno)));
   }
   void* base =
       ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
@@ -83,8 +92,18 @@ absl::StatusOr<StatusPage> StatusPage::Create(uint32_t slots) {
   return page;
 }
 
-absl::StatusOr<StatusPage> StatusPage::Map(UniqueFd fd, uint32_t slots) {
+absl::StatusOr<StatusPage> StatusPage::Map(UniqueFd fd, uint32_t slots,
+                                           bool require_seals) {
   size_t size = SizeFor(slots);
+  if (require_seals) {
+    const int seals = ::fcntl(fd.get(), F_GET_SEALS);
+    if (seals < 0 || (seals & kPageSeals) != kPageSeals) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the executor status page offered is not a memfd sealed against "
+          "resizing (seals ",
+          seals, ", want ", kPageSeals, ")"));
+    }
+  }
   struct stat st;
   if (::fstat(fd.get(), &st) != 0 || static_cast<size_t>(st.st_size) < size) {
     return absl::InvalidArgumentError(

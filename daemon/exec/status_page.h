@@ -9,6 +9,8 @@
 #ifndef KREGD_DAEMON_EXEC_STATUS_PAGE_H_
 #define KREGD_DAEMON_EXEC_STATUS_PAGE_H_
 
+#include <fcntl.h>
+
 #include <atomic>
 #include <cstdint>
 
@@ -62,14 +64,20 @@ constexpr uint32_t kExecStatusMagic = 0x6b726502;
 // targets with larger tokens are not counted per target.
 constexpr uint32_t kStatsRows = 1024;
 
+// Seals of every page kregd creates: nobody can resize it under kregd's
+// mapping.
+constexpr int kPageSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+
 // Owns one mapping of a status page. Thread-safe (atomics only).
 class StatusPage {
  public:
   // Creates a page with `slots` slots (kregd). INTERNAL on failure.
   static absl::StatusOr<StatusPage> Create(uint32_t slots);
-  // Maps an existing page (executor); INVALID_ARGUMENT when `fd` is not a
-  // page of `slots` slots.
-  static absl::StatusOr<StatusPage> Map(UniqueFd fd, uint32_t slots);
+  // Maps an existing page; INVALID_ARGUMENT when `fd` is not a page of
+  // `slots` slots or, with `require_seals` (kregd mapping a page an
+  // executor offers, DESIGN §12), not sealed against resizing.
+  static absl::StatusOr<StatusPage> Map(UniqueFd fd, uint32_t slots,
+                                        bool require_seals = false);
 
   StatusPage(StatusPage&& o) noexcept;
   StatusPage& operator=(StatusPage&& o) noexcept;

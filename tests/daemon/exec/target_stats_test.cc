@@ -1,8 +1,13 @@
 #include "daemon/exec/target_stats.h"
 
+#include <fcntl.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include "catch2/catch.hpp"
@@ -152,6 +157,42 @@ TEST_CASE("An executor refuses a page of another layout version",
   absl::StatusOr<StatusPage> exec =
       StatusPage::Map(UniqueFd(::dup(kregd->fd())), 2);
   CHECK(exec.status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("Nobody holding the page's fd can resize it under kregd",
+          "[status_page]") {
+  absl::StatusOr<StatusPage> kregd = StatusPage::Create(2);
+  REQUIRE(kregd.ok());
+  // What a kernel in the executor could do to fd 4: kregd would take SIGBUS
+  // reading a shrunk page.
+  CHECK(::ftruncate(kregd->fd(), 0) != 0);
+  CHECK(::ftruncate(kregd->fd(), 1 << 30) != 0);
+  CHECK(::fcntl(kregd->fd(), F_ADD_SEALS, F_SEAL_WRITE) != 0);  // sealed seals
+  absl::StatusOr<StatusPage> again =
+      StatusPage::Map(UniqueFd(::dup(kregd->fd())), 2, /*require_seals=*/true);
+  CHECK(again.ok());
+}
+
+TEST_CASE("kregd refuses an offered page that could be resized",
+          "[status_page]") {
+  // A page-sized memfd with the right header but no seals, as a forged
+  // executor could offer it.
+  absl::StatusOr<StatusPage> model = StatusPage::Create(2);
+  REQUIRE(model.ok());
+  struct stat st;
+  REQUIRE(::fstat(model->fd(), &st) == 0);
+  UniqueFd fd(::memfd_create("forged", MFD_CLOEXEC));
+  REQUIRE(::ftruncate(fd.get(), st.st_size) == 0);
+  std::string bytes(st.st_size, '\0');
+  REQUIRE(::pread(model->fd(), bytes.data(), bytes.size(), 0) ==
+          static_cast<ssize_t>(bytes.size()));
+  REQUIRE(::pwrite(fd.get(), bytes.data(), bytes.size(), 0) ==
+          static_cast<ssize_t>(bytes.size()));
+  absl::StatusOr<StatusPage> page =
+      StatusPage::Map(std::move(fd), 2, /*require_seals=*/true);
+  REQUIRE(page.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(page.status().message()).find("sealed against resizing") !=
+        std::string::npos);
 }
 
 }  // namespace
