@@ -26,7 +26,9 @@
 #include "daemon/cluster/cluster_registry.h"
 #include "daemon/cluster/cluster_service.h"
 #include "daemon/cluster/module_exchange.h"
+#include "daemon/exec/adoption.h"
 #include "daemon/exec/broker.h"
+#include "daemon/exec/executor.h"
 #include "daemon/exec/executor_pool.h"
 #include "daemon/exec/supervision_service.h"
 #include "daemon/ffi/hosted_api.h"
@@ -454,6 +456,21 @@ absl::Status Daemon::StartSessions() {
   if (const char* env = std::getenv("KREGD_SESSION_SPIN_US")) {
     pool.init.set_spin_us(std::atoll(env));
   }
+  // Re-adoption (DESIGN §12): executors left running by this kregd offer
+  // themselves to the next one on the supervision socket.
+  const std::string supervision_path =
+      SessionSocketPath(config_.socket_path) + ".exec";
+  AdoptionPolicy policy;
+  if (config_.orphan_timeout_s > 0) {
+    absl::StatusOr<std::string> secret = LoadAdoptionSecret(config_.state_dir);
+    if (!secret.ok()) return secret.status();
+    policy.secret = *secret;
+    policy.settings_digest = SettingsDigest(pool.init);
+    policy.session_protocol_major = AdoptableProtocolMajor();
+    pool.adoption_secret = *secret;
+    pool.init.set_supervision_socket(supervision_path);
+    pool.init.set_settings_digest(policy.settings_digest);
+  }
   pool_ = std::make_unique<ExecutorPool>(std::move(pool), &ledger_);
   if (::geteuid() != 0) {
     spdlog::warn(
@@ -483,7 +500,7 @@ absl::Status Daemon::StartSessions() {
   opts.socket_gid = gid_;
   opts.max_sessions = config_.max_sessions;
   opts.max_sessions_per_uid = config_.max_sessions_per_uid;
-  BrokerContext ctx;
+  BrokerContext& ctx = broker_ctx_;
   ctx.registrar = &registrar_;
   ctx.registry = &registry_;
   ctx.store = &store_;
@@ -509,10 +526,66 @@ absl::Status Daemon::StartSessions() {
       opts, [ctx](uint64_t id, UniqueFd sock, const PeerCred& peer) {
         return std::make_shared<SessionBroker>(id, std::move(sock), peer, ctx);
       });
-  return sessions_->Start();
+  if (absl::Status s = sessions_->Start(); !s.ok()) return s;
+  if (policy.secret.empty()) return absl::OkStatus();
+  spdlog::info(
+      "executors speak session protocol {}.{}; executors an earlier kregd "
+      "left running are re-adopted when theirs has major {}",
+      AdoptableProtocolMajor(), AdoptableProtocolMinor(),
+      AdoptableProtocolMajor());
+  readopt_ = std::make_unique<ReadoptListener>(
+      supervision_path, policy,
+      [this](ReadoptOffer offer, const std::function<bool()>& confirm) {
+        return Readopt(std::move(offer), confirm);
+      });
+  return readopt_->Start();
+}
+
+absl::Status Daemon::Readopt(ReadoptOffer offer,
+                             const std::function<bool()>& confirm) {
+  const v1::ExecReadopt& h = offer.header;
+  v1::ExecInitReply info;
+  info.set_uid(h.uid());
+  info.set_gid(h.gid());
+  info.set_cuda_status(h.cuda_status());
+  info.set_seccomp(h.seccomp());
+  absl::StatusOr<std::unique_ptr<Executor>> exec = Executor::Readopt(
+      h.pid(), std::move(offer.control), *std::move(offer.page), info);
+  if (!exec.ok()) return exec.status();
+  std::vector<ReadoptedSession> sessions;
+  for (const ReadoptOffer::Session& s : offer.sessions) {
+    ReadoptedSession r;
+    r.session_id = sessions_->NextId();
+    r.slot = s.slot;
+    r.peer = s.peer;
+    for (const auto& [key, token] : s.tokens) {
+      r.tokens.emplace_back(registry_.Lookup(key), token);
+    }
+    sessions.push_back(std::move(r));
+  }
+  absl::StatusOr<std::vector<ExecutorPool::Binding>> bound =
+      pool_->Readopt(*std::move(exec), h.group(), sessions, confirm);
+  if (!bound.ok()) return bound.status();
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    const ReadoptedSession& r = sessions[i];
+    ExecutorPool::Binding& b = (*bound)[i];
+    b.broker = std::move(offer.sessions[i].broker);
+    for (size_t t = 0; t < r.tokens.size(); ++t) {
+      if (r.tokens[t].first == nullptr) continue;
+      bindings_.Add(r.session_id, r.peer.pid, offer.sessions[i].tokens[t].first,
+                    /*local=*/r.tokens[t].second == 0);
+    }
+    auto broker = std::make_shared<SessionBroker>(
+        r.session_id, std::move(offer.sessions[i].client), r.peer, broker_ctx_,
+        std::move(b));
+    sessions_->Serve(std::move(broker), r.peer.uid);
+  }
+  return absl::OkStatus();
 }
 
 void Daemon::StopSessions() {
+  // No executor may offer itself to a kregd that is going away.
+  if (readopt_ != nullptr) readopt_->Stop();
   // Executors first: they end their sessions, so the brokers return.
   if (pool_ != nullptr) pool_->Shutdown();
   if (sessions_ != nullptr) sessions_->Stop();

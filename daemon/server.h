@@ -19,7 +19,9 @@
 #include "common/unique_fd.h"
 #include "common/wire.h"
 #include "daemon/config.h"
+#include "daemon/exec/broker.h"
 #include "daemon/exec/crash_ledger.h"
+#include "daemon/exec/readopt_listener.h"
 #include "daemon/exec/session_bindings.h"
 #include "daemon/grpc_service.h"
 #include "daemon/journal.h"
@@ -66,6 +68,10 @@ class Daemon {
   void FillStatus(v1::GetStatusResponse* resp);
   absl::Status StartSessions();
   void StopSessions();
+  // Takes over an executor an earlier kregd left running (DESIGN §12) and
+  // serves the sessions it brought.
+  absl::Status Readopt(ReadoptOffer offer,
+                       const std::function<bool()>& confirm);
   void FillSessionStatus(v1::GetStatusResponse* resp);
   // server_cluster.cc: cluster mode (when etcd_endpoints are set).
   absl::Status StartCluster();
@@ -95,6 +101,9 @@ class Daemon {
   std::unique_ptr<wire::ByteBudget> upload_budget_;
   std::unique_ptr<ExecutorPool> pool_;  // outlives the sessions using it
   std::unique_ptr<SessionServer> sessions_;
+  BrokerContext broker_ctx_;  // what every session's broker borrows
+  // The supervision socket (session socket path + ".exec").
+  std::unique_ptr<ReadoptListener> readopt_;
   std::unique_ptr<RegistryService> service_;
   std::unique_ptr<SupervisionService> supervision_;
   std::unique_ptr<grpc::Server> server_;

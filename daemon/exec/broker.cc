@@ -137,6 +137,16 @@ SessionBroker::SessionBroker(uint64_t id, UniqueFd client, const PeerCred& peer,
                              const BrokerContext& ctx)
     : id_(id), client_(std::move(client)), peer_(peer), ctx_(ctx) {}
 
+SessionBroker::SessionBroker(uint64_t id, UniqueFd client, const PeerCred& peer,
+                             const BrokerContext& ctx,
+                             ExecutorPool::Binding binding)
+    : id_(id),
+      client_(std::move(client)),
+      peer_(peer),
+      ctx_(ctx),
+      binding_(std::move(binding)),
+      broker_fd_(binding_.broker.get()) {}
+
 SessionBroker::~SessionBroker() { ctx_.pool->Release(&binding_); }
 
 void SessionBroker::Shutdown() {
@@ -152,16 +162,18 @@ void SessionBroker::RefuseClient(const absl::Status& status) {
 }
 
 void SessionBroker::Run() {
-  absl::StatusOr<ExecutorPool::Binding> b =
-      ctx_.pool->Bind(id_, client_.get(), peer_);
-  if (!b.ok()) {
-    spdlog::warn("session {} (pid {} uid {}): {}", id_, peer_.pid, peer_.uid,
-                 std::string(b.status().message()));
-    RefuseClient(b.status());
-    return;
+  if (binding_.group == nullptr) {
+    absl::StatusOr<ExecutorPool::Binding> b =
+        ctx_.pool->Bind(id_, client_.get(), peer_);
+    if (!b.ok()) {
+      spdlog::warn("session {} (pid {} uid {}): {}", id_, peer_.pid, peer_.uid,
+                   std::string(b.status().message()));
+      RefuseClient(b.status());
+      return;
+    }
+    binding_ = *std::move(b);
+    broker_fd_ = binding_.broker.get();
   }
-  binding_ = *std::move(b);
-  broker_fd_ = binding_.broker.get();
   std::string payload;
   std::string out;
   bool closed = false;

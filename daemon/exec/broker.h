@@ -74,6 +74,10 @@ class SessionBroker final : public ServedSession {
  public:
   SessionBroker(uint64_t id, UniqueFd client, const PeerCred& peer,
                 const BrokerContext& ctx);
+  // A session a re-adopted executor serves already (DESIGN §12): Run()
+  // serves `binding`'s broker socket and binds nothing.
+  SessionBroker(uint64_t id, UniqueFd client, const PeerCred& peer,
+                const BrokerContext& ctx, ExecutorPool::Binding binding);
   ~SessionBroker() override;
 
   void Run() override;

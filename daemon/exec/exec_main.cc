@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -92,6 +93,7 @@ void WatchGpu(CudaDevices* cuda, StatusPage* page, std::atomic<bool>* recycle,
                   std::string(s.message()));
     spdlog::default_logger()->flush();
     std::fflush(nullptr);
+    page->header()->exit_status.store(kExitKnown | (kExitRecycle << 8));
     ::_exit(kExitRecycle);
   }
 }
@@ -125,6 +127,11 @@ void OnFatalSignal(int sig) {
     g_page->header()->faulted_slot.compare_exchange_strong(
         none, static_cast<uint32_t>(slot) + 1);
   }
+  if (g_page != nullptr) {
+    uint32_t none = 0;
+    g_page->header()->exit_status.compare_exchange_strong(
+        none, kExitKnown | static_cast<uint32_t>(sig));
+  }
   ::raise(sig);
 }
 
@@ -150,9 +157,129 @@ void Reply(const absl::Status& status, const v1::ExecInitReply& base) {
 
 struct Served {
   std::shared_ptr<Session> session;
+  // Alive until the session told kregd it ended.
+  std::weak_ptr<ExecutorBackend> backend;
+  int client_fd = -1;  // owned by `session`
+  uint64_t session_id = 0;
+  uint32_t slot = 0;
   std::thread thread;
   std::shared_ptr<std::atomic<bool>> done;
 };
+
+// Offering this executor to the next kregd (DESIGN §12).
+enum class Offer {
+  kNoKregd,  // nobody listens on the supervision socket (yet)
+  kAdopted,  // the connection is the control socket from now on
+  kDrain,    // end the sessions after their current reply and exit
+  kRefused,  // go on as an orphan; do not offer again
+};
+
+bool SendMessage(int fd, const google::protobuf::MessageLite& m,
+                 const std::vector<int>& fds) {
+  std::string out;
+  m.SerializeToString(&out);
+  return wire::SendFrame(fd, out.data(), out.size(), fds.data(),
+                         static_cast<int>(fds.size())) == wire::kOk;
+}
+
+Offer OfferToKregd(const v1::ExecInit& init, const v1::ExecInitReply& info,
+                   const StatusPage& page, std::list<Served>* served,
+                   UniqueFd* control, std::string* why) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string& path = init.supervision_socket();
+  if (path.size() >= sizeof(addr.sun_path)) {
+    *why = "the supervision socket's path is too long";
+    return Offer::kRefused;
+  }
+  memcpy(addr.sun_path, path.data(), path.size());
+  UniqueFd sock(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!sock.ok() || ::connect(sock.get(), reinterpret_cast<sockaddr*>(&addr),
+                              sizeof(addr)) != 0) {
+    return Offer::kNoKregd;
+  }
+  timeval tv{5, 0};
+  ::setsockopt(sock.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  ::setsockopt(sock.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  struct Live {
+    Served* served;
+    std::shared_ptr<ExecutorBackend> backend;
+    UniqueFd broker;  // the executor's end of the session's new broker
+  };
+  std::vector<Live> live;
+  for (Served& s : *served) {
+    if (s.done->load()) continue;
+    std::shared_ptr<ExecutorBackend> b = s.backend.lock();
+    if (b != nullptr && !b->LostDaemon()) live.push_back({&s, b, UniqueFd()});
+  }
+  v1::ExecReadopt m;
+  m.set_pid(::getpid());
+  m.set_uid(::getuid());
+  m.set_gid(::getgid());
+  m.set_group(init.group());
+  m.set_slots(init.slots());
+  m.set_adoption_nonce(init.adoption_nonce());
+  m.set_adoption_key(init.adoption_key());
+  m.set_settings_digest(init.settings_digest());
+  m.set_session_protocol_major(kSessionProtocolMajor);
+  m.set_session_protocol_minor(kSessionProtocolMinor);
+  m.set_cuda_status(info.cuda_status());
+  m.set_seccomp(info.seccomp());
+  m.set_sessions(static_cast<uint32_t>(live.size()));
+  if (!SendMessage(sock.get(), m, {page.fd()})) {
+    *why = "the supervision socket closed while the executor offered itself";
+    return Offer::kNoKregd;
+  }
+  for (Live& l : live) {
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+      *why = absl::StrCat("socketpair: ", strerror(errno));
+      return Offer::kNoKregd;
+    }
+    l.broker = UniqueFd(sv[0]);
+    UniqueFd theirs(sv[1]);
+    v1::ExecReadoptSession rs;
+    rs.set_session_id(l.served->session_id);
+    rs.set_slot(l.served->slot);
+    for (const auto& [key, token] : l.backend->Resolved()) {
+      v1::ResolvedToken* t = rs.add_tokens();
+      t->set_name(key.name);
+      t->set_platform(PlatformName(key.platform));
+      t->set_token(token);
+    }
+    if (!SendMessage(sock.get(), rs, {l.served->client_fd, theirs.get()})) {
+      *why = "the supervision socket closed while the executor offered itself";
+      return Offer::kNoKregd;
+    }
+  }
+  std::string payload;
+  std::vector<int> fds;
+  int rc = wire::RecvFrame(sock.get(), 1 << 16, &payload, &fds);
+  for (int fd : fds) ::close(fd);
+  v1::ExecReadoptReply reply;
+  if (rc != wire::kOk || !reply.ParseFromString(payload)) {
+    *why = absl::StrCat("no answer from the new kregd (", wire::ResultText(rc),
+                        ")");
+    return Offer::kNoKregd;
+  }
+  if (reply.status().code() != 0) {
+    *why = reply.status().message();
+    return reply.drain() ? Offer::kDrain : Offer::kRefused;
+  }
+  v1::BrokerRequest closed;
+  closed.mutable_closed();
+  for (Live& l : live) {
+    // A session that ended meanwhile tells the new kregd so itself.
+    if (!l.backend->ReplaceBroker(&l.broker)) {
+      SendMessage(l.broker.get(), closed, {});
+    }
+  }
+  tv = timeval{0, 0};
+  ::setsockopt(sock.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  ::setsockopt(sock.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  *control = std::move(sock);
+  return Offer::kAdopted;
+}
 
 int Main() {
   CloseDescriptorsFrom(kStatusFd + 1);
@@ -241,9 +368,10 @@ int Main() {
   FfiHost host;
   ModuleCache modules;
   std::atomic<bool> recycle{false};
-  ExecutorShared shared{&modules, &host,
-                        cuda && cuda->status().ok() ? cuda.get() : nullptr,
-                        &*page, &recycle};
+  std::atomic<bool> drain{false};
+  ExecutorShared shared{
+      &modules, &host,    cuda && cuda->status().ok() ? cuda.get() : nullptr,
+      &*page,   &recycle, &drain};
   SessionLimits limits;
   limits.max_arena_bytes = init.max_arena_bytes();
   limits.max_message_bytes = init.max_message_bytes();
@@ -269,6 +397,10 @@ int Main() {
   int exit_code = 0;
   // Without kregd (DESIGN §12): since when, or 0 while kregd is there.
   int64_t orphan_since_ms = 0;
+  // Offer the executor to the next kregd while an orphan (stops after a
+  // refusal); when it last tried.
+  bool offer = !init.supervision_socket().empty();
+  int64_t offered_ms = 0;
   for (;;) {
     for (auto it = served.begin(); it != served.end();) {
       if (!it->done->load()) {
@@ -284,11 +416,49 @@ int Main() {
     }
     if (orphan_since_ms != 0) {
       if (served.empty()) {
-        spdlog::info("kregd is gone and the last session closed; exiting");
+        spdlog::info(
+            drain.load()
+                ? "drained: the last session closed; exiting"
+                : "kregd is gone and the last session closed; exiting");
         break;
       }
-      if (ring::NowNs() / 1000000 - orphan_since_ms >
-          int64_t{init.orphan_timeout_s()} * 1000) {
+      const int64_t now_ms = ring::NowNs() / 1000000;
+      if (drain.load()) {
+        // Sessions between calls end now; the others after their reply.
+        for (Served& s : served) {
+          if (page->slot(s.slot)->token.load() == 0) s.session->Shutdown();
+        }
+      } else if (offer && now_ms - offered_ms >= 250) {
+        offered_ms = now_ms;
+        UniqueFd control;
+        std::string why;
+        switch (OfferToKregd(init, reply, *page, &served, &control, &why)) {
+          case Offer::kNoKregd:
+            break;
+          case Offer::kAdopted:
+            ::dup2(control.get(), kControlFd);
+            orphan_since_ms = 0;
+            spdlog::info(
+                "adopted by the new kregd; serving {} session(s) under it",
+                served.size());
+            continue;
+          case Offer::kDrain:
+            drain.store(true);
+            spdlog::info(
+                "the new kregd drains this executor: {}; ending the {} "
+                "session(s) once their calls in flight are answered",
+                why, served.size());
+            continue;
+          case Offer::kRefused:
+            offer = false;
+            spdlog::warn(
+                "the new kregd did not adopt this executor: {}; serving the "
+                "{} session(s) on until they close",
+                why, served.size());
+            break;
+        }
+      }
+      if (now_ms - orphan_since_ms > int64_t{init.orphan_timeout_s()} * 1000) {
         spdlog::info(
             "kregd has been gone for orphan_timeout ({} s); ending the {} "
             "session(s) left (their clients retry with the next kregd)",
@@ -329,6 +499,7 @@ int Main() {
     peer.pid = adopt.pid();
     auto backend = std::make_shared<ExecutorBackend>(std::move(owned[1]),
                                                      adopt.slot(), shared);
+    const int client_fd = owned[0].get();
     auto session = std::make_shared<Session>(
         adopt.session_id(), std::move(owned[0]), peer, limits, backend.get(),
         &page->header()->counters, shared.cuda);
@@ -339,7 +510,8 @@ int Main() {
       backend.reset();  // then tells kregd the session ended
       done->store(true);
     });
-    served.push_back({session, std::move(t), done});
+    served.push_back({session, backend, client_fd, adopt.session_id(),
+                      adopt.slot(), std::move(t), done});
   }
   for (Served& s : served) s.session->Shutdown();
   for (Served& s : served) s.thread.join();
@@ -350,6 +522,8 @@ int Main() {
   // Loaded modules' static destructors are not run: their code is not
   // trusted to tear down cleanly.
   std::fflush(nullptr);
+  page->header()->exit_status.store(kExitKnown |
+                                    (static_cast<uint32_t>(exit_code) << 8));
   ::_exit(exit_code);
 }
 

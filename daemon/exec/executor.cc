@@ -173,6 +173,21 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Start(
   return exec;
 }
 
+absl::StatusOr<std::unique_ptr<Executor>> Executor::Readopt(
+    pid_t pid, UniqueFd control, StatusPage page, v1::ExecInitReply info) {
+  UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+  if (!pidfd.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("executor pid ", pid,
+                     " cannot be supervised: pidfd_open: ", strerror(errno)));
+  }
+  std::unique_ptr<Executor> exec(
+      new Executor(pid, std::move(pidfd), std::move(control), std::move(page)));
+  exec->child_ = false;
+  exec->info_ = std::move(info);
+  return exec;
+}
+
 Executor::~Executor() {
   RequestStop();
   {
@@ -235,6 +250,16 @@ void Executor::Signal(int sig) {
 int Executor::Reap() {
   absl::MutexLock lock(&reap_mu_);
   if (reaped_) return wait_status_;
+  if (!child_) {
+    // Its parent (init or a subreaper) collects the status; the pidfd
+    // turns readable when the process has exited.
+    WaitReadable(pidfd_.get(), -1);
+    const uint32_t said = page_.header()->exit_status.load();
+    reaped_ = true;
+    wait_status_ =
+        (said & kExitKnown) != 0 ? static_cast<int>(said & 0xffff) : SIGKILL;
+    return wait_status_;
+  }
   int ws = 0;
   pid_t r;
   do {

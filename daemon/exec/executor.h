@@ -34,6 +34,13 @@ class Executor final : public ExecutorProcess {
   static absl::StatusOr<std::unique_ptr<Executor>> Start(
       const std::string& binary, const v1::ExecInit& init,
       std::chrono::milliseconds timeout);
+  // An executor an earlier kregd started (DESIGN §12), offered on the
+  // supervision socket with `control` its connection: not kregd's child,
+  // so Reap() waits on a pidfd and reads how it ended from its status page
+  // (ExecStatusHeader::exit_status; unknown: as if killed by SIGKILL).
+  // UNAVAILABLE when `pid` is gone already.
+  static absl::StatusOr<std::unique_ptr<Executor>> Readopt(
+      pid_t pid, UniqueFd control, StatusPage page, v1::ExecInitReply info);
   ~Executor() override;
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
@@ -54,6 +61,7 @@ class Executor final : public ExecutorProcess {
   Executor(pid_t pid, UniqueFd pidfd, UniqueFd control, StatusPage page);
 
   const pid_t pid_;
+  bool child_ = true;  // started by this kregd (waitpid works)
   UniqueFd pidfd_;
   StatusPage page_;
   v1::ExecInitReply info_;

@@ -56,7 +56,21 @@ ExecutorBackend::~ExecutorBackend() {
   req.mutable_closed();
   std::string out;
   req.SerializeToString(&out);
+  absl::MutexLock lock(&broker_mu_);
+  closed_ = true;
   wire::SendFrame(broker_.get(), out.data(), out.size(), nullptr, 0);
+}
+
+bool ExecutorBackend::ReplaceBroker(UniqueFd* broker) {
+  absl::MutexLock lock(&broker_mu_);
+  if (closed_ || lost_kregd_.load()) return false;
+  broker_ = std::move(*broker);
+  return true;
+}
+
+std::vector<ExecutorBackend::Resolution> ExecutorBackend::Resolved() const {
+  absl::MutexLock lock(&resolved_mu_);
+  return resolved_;
 }
 
 absl::StatusOr<v1::BrokerReply> ExecutorBackend::Call(
@@ -70,6 +84,7 @@ absl::StatusOr<v1::BrokerReply> ExecutorBackend::Call(
         " bytes an executor may send it; shorten the names, path or file "
         "name it carries"));
   }
+  absl::MutexLock lock(&broker_mu_);
   int rc = wire::SendFrame(broker_.get(), buf.data(), buf.size(), &fd_in,
                            fd_in >= 0 ? 1 : 0);
   std::vector<int> fds;
@@ -77,7 +92,7 @@ absl::StatusOr<v1::BrokerReply> ExecutorBackend::Call(
     rc = wire::RecvFrame(broker_.get(), kMaxReplyBytes, &buf, &fds);
   }
   if (rc != wire::kOk) {
-    lost_kregd_ = true;
+    lost_kregd_.store(true);
     return absl::UnavailableError(absl::StrCat(
         "the executor lost its connection to kregd: ", wire::ResultText(rc)));
   }
@@ -146,6 +161,8 @@ absl::StatusOr<v1::BindLocalReply> ExecutorBackend::BindLocal(
   }
   v1::BindLocalReply reply;
   *reply.mutable_target() = r->resolve().target();
+  absl::MutexLock lock(&resolved_mu_);
+  resolved_.emplace_back(TargetKey{request.target_name(), *platform}, 0);
   return reply;
 }
 
@@ -166,6 +183,8 @@ absl::StatusOr<void*> ExecutorBackend::Lookup(const TargetKey& key) {
                                      "\": ", handler.status().message()));
   }
   tokens_[key] = rr.token();
+  absl::MutexLock lock(&resolved_mu_);
+  resolved_.emplace_back(key, rr.token());
   return handler;
 }
 
@@ -232,6 +251,9 @@ void ExecutorBackend::ArenaSized(uint64_t bytes) {
   slot_->arena_bytes.store(bytes, std::memory_order_relaxed);
 }
 
-bool ExecutorBackend::ShouldStop() { return shared_.recycle->load(); }
+bool ExecutorBackend::ShouldStop() {
+  return shared_.recycle->load() ||
+         (shared_.drain != nullptr && shared_.drain->load());
+}
 
 }  // namespace kreg

@@ -8,7 +8,10 @@
 #include <atomic>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "common/unique_fd.h"
 #include "daemon/exec/module_cache.h"
 #include "daemon/exec/status_page.h"
@@ -29,6 +32,9 @@ struct ExecutorShared {
   CudaDevices* cuda = nullptr;  // null: no CUDA
   StatusPage* page = nullptr;
   std::atomic<bool>* recycle = nullptr;
+  // Set when the next kregd drains the executor (DESIGN §12): sessions end
+  // after their current reply.
+  std::atomic<bool>* drain = nullptr;
 };
 
 // The session slot whose handler the calling thread is running (between
@@ -36,9 +42,15 @@ struct ExecutorShared {
 // executor's crash handler records it in the status page.
 int32_t RunningSlotOfThisThread();
 
-// One session's backend. Used by that session's thread only.
+// One session's backend. Used by that session's thread, except
+// ReplaceBroker and Resolved (the executor's main thread, when a new kregd
+// adopts it).
 class ExecutorBackend final : public SessionBackend {
  public:
+  // A target this session resolved through kregd and the token kregd gave
+  // it (0: bound for the client's own process, DESIGN §11).
+  using Resolution = std::pair<TargetKey, uint32_t>;
+
   ExecutorBackend(UniqueFd broker, uint32_t slot, const ExecutorShared& shared);
   ~ExecutorBackend() override;  // tells kregd the session ended
 
@@ -67,7 +79,13 @@ class ExecutorBackend final : public SessionBackend {
   void EndLaunch(bool ok) override;
   void ArenaSized(uint64_t bytes) override;
   bool ShouldStop() override;
-  bool LostDaemon() const override { return lost_kregd_; }
+  bool LostDaemon() const override { return lost_kregd_.load(); }
+
+  // Re-adoption (DESIGN §12): from now on relay to kregd over `broker`.
+  // False (and `broker` untouched) once the session is ending: it found
+  // its broker closed, or it told kregd it ended.
+  bool ReplaceBroker(UniqueFd* broker);
+  std::vector<Resolution> Resolved() const;
 
  private:
   // One request/reply with kregd, `fd_in` (when >= 0) attached.
@@ -76,12 +94,18 @@ class ExecutorBackend final : public SessionBackend {
   absl::StatusOr<v1::BrokerReply> Call(const v1::BrokerRequest& request,
                                        UniqueFd* fd_out, int fd_in = -1);
 
-  UniqueFd broker_;
+  // Held across a whole relay: only re-adoption contends for it.
+  mutable absl::Mutex broker_mu_;
+  UniqueFd broker_ ABSL_GUARDED_BY(broker_mu_);
+  bool closed_ ABSL_GUARDED_BY(broker_mu_) = false;  // SessionClosed sent
   ExecSlot* const slot_;
   const int32_t slot_index_;
-  bool lost_kregd_ = false;  // a relay found the broker socket closed
+  // A relay found the broker socket closed.
+  std::atomic<bool> lost_kregd_{false};
   const ExecutorShared shared_;
-  std::map<TargetKey, uint32_t> tokens_;
+  std::map<TargetKey, uint32_t> tokens_;  // the session thread's copy
+  mutable absl::Mutex resolved_mu_;
+  std::vector<Resolution> resolved_ ABSL_GUARDED_BY(resolved_mu_);
   // The launch in progress (BeginLaunch .. EndLaunch).
   StatsRow* launch_row_ = nullptr;
   int64_t launch_started_ns_ = 0;

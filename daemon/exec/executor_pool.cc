@@ -3,6 +3,8 @@
 #include <grp.h>
 #include <pwd.h>
 #include <signal.h>
+#include <string.h>
+#include <sys/random.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -14,6 +16,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "daemon/exec/adoption.h"
 #include "daemon/exec/crash_blame.h"
 #include "daemon/exec/executor.h"
 #include "daemon/exec/executor_group.h"
@@ -66,6 +69,14 @@ gid_t PrimaryGid(uid_t uid, gid_t fallback) {
     return fallback;
   }
   return pw.pw_gid;
+}
+
+// `token` when kregd knows its entry, else 0 (nothing blamed on it): a
+// re-adopted executor's tokens for targets that are not registered any
+// more have no entry (DESIGN §12).
+uint32_t KnownToken(const std::vector<EntryPtr>& resolved, uint32_t token) {
+  if (token == 0 || token > resolved.size()) return token;
+  return resolved[token - 1] == nullptr ? 0 : token;
 }
 
 }  // namespace
@@ -174,6 +185,22 @@ absl::StatusOr<std::shared_ptr<ExecutorPool::Group>> ExecutorPool::Start(
   init.set_group(key);
   init.set_parent_pid(::getpid());
   init.set_slots(options_.slots);
+  if (!options_.adoption_secret.empty()) {
+    AdoptionIdentity id;
+    id.nonce.resize(kAdoptionNonceBytes);
+    if (::getrandom(id.nonce.data(), id.nonce.size(), 0) !=
+        static_cast<ssize_t>(id.nonce.size())) {
+      return absl::UnavailableError(absl::StrCat(
+          "getrandom for an executor's adoption nonce: ", strerror(errno)));
+    }
+    id.uid = init.uid();
+    id.gid = init.gid();
+    id.group = key;
+    id.slots = options_.slots;
+    id.settings_digest = init.settings_digest();
+    init.set_adoption_nonce(id.nonce);
+    init.set_adoption_key(AdoptionKey(options_.adoption_secret, id));
+  }
   absl::StatusOr<std::unique_ptr<ExecutorProcess>> exec =
       absl::UnavailableError("kregd is shutting down");
   OnSpawner([&] {
@@ -242,14 +269,8 @@ absl::StatusOr<ExecutorPool::Binding> ExecutorPool::Bind(uint64_t session_id,
         absl::MutexLock lock(&mu_);
         if (stopping_) return absl::UnavailableError("kregd is shutting down");
         groups_[key] = g;
-        unreaped_.insert(g);
         dead_counters_.executors_started++;
-        auto done = std::make_shared<std::atomic<bool>>(false);
-        waiters_.push_back({std::thread([this, g, done] {
-                              Wait(g);
-                              done->store(true);
-                            }),
-                            done});
+        Admit(g);
       }
     }
     absl::MutexLock lock(&mu_);
@@ -291,6 +312,100 @@ absl::StatusOr<ExecutorPool::Binding> ExecutorPool::Bind(uint64_t session_id,
   }
   b.broker = *std::move(broker);
   return b;
+}
+
+void ExecutorPool::Admit(const std::shared_ptr<Group>& g) {
+  unreaped_.insert(g);
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  waiters_.push_back({std::thread([this, g, done] {
+                        Wait(g);
+                        done->store(true);
+                      }),
+                      done});
+}
+
+absl::StatusOr<std::vector<ExecutorPool::Binding>> ExecutorPool::Readopt(
+    std::unique_ptr<ExecutorProcess> exec, const std::string& group,
+    const std::vector<ReadoptedSession>& sessions,
+    const std::function<bool()>& confirm) {
+  const uint32_t slots = exec->page().slots();
+  std::vector<bool> used(slots, false);
+  for (const ReadoptedSession& s : sessions) {
+    if (s.slot >= slots || used[s.slot]) {
+      exec->Abandon();
+      return absl::InvalidArgumentError(
+          absl::StrCat("it offers session slot ", s.slot,
+                       " twice or out of range (", slots, " slots)"));
+    }
+    used[s.slot] = true;
+    if (GroupKey(s.peer) != group) {
+      exec->Abandon();  // it drains itself
+      return absl::FailedPreconditionError(absl::StrCat(
+          "it serves \"", group, "\", but under isolation ",
+          IsolationName(options_.isolation), " its session of pid ", s.peer.pid,
+          " (uid ", s.peer.uid, ") belongs to \"", GroupKey(s.peer), "\""));
+    }
+  }
+  auto g = std::make_shared<Group>();
+  g->name = group;
+  g->exec = std::move(exec);
+  g->uid = g->exec->info().uid();
+  g->gid = g->exec->info().gid();
+  g->used = used;
+  g->slot_uid.assign(slots, 0);
+  g->slot_info.assign(slots, SlotInfo{});
+  g->idle_since_ms = MonotonicMs();
+  for (const ReadoptedSession& s : sessions) {
+    g->slot_uid[s.slot] = s.peer.uid;
+    g->slot_info[s.slot] = {s.session_id, s.peer, WallUs()};
+    for (const auto& [entry, token] : s.tokens) {
+      if (token == 0 || token > kStatsRows) continue;
+      if (g->resolved.size() < token) g->resolved.resize(token);
+      if (g->resolved[token - 1] == nullptr) g->resolved[token - 1] = entry;
+    }
+  }
+  g->sessions = static_cast<int>(sessions.size());
+  absl::MutexLock lock(&mu_);
+  // Refused: the executor is not ours to stop (nor to wait for).
+  auto refuse = [&](absl::Status why) {
+    g->exec->Abandon();
+    return why;
+  };
+  if (stopping_)
+    return refuse(absl::UnavailableError("kregd is shutting down"));
+  for (const std::shared_ptr<Group>& other : unreaped_) {
+    if (other->exec->pid() == g->exec->pid()) {
+      return refuse(absl::AlreadyExistsError(absl::StrCat(
+          "this kregd supervises executor pid ", g->exec->pid(), " already")));
+    }
+  }
+  if (!confirm()) {
+    return refuse(absl::UnavailableError(absl::StrCat(
+        "executor pid ", g->exec->pid(), " went away while offering itself")));
+  }
+  auto it = groups_.find(group);
+  if (it == groups_.end() || it->second->dead || it->second->stop_requested) {
+    g->key = group;
+    groups_[group] = g;
+  } else {
+    // Serves its own sessions only: Bind never finds this key.
+    g->key = absl::StrCat(group, " (re-adopted pid ", g->exec->pid(), ")");
+    groups_[g->key] = g;
+  }
+  Admit(g);
+  std::vector<Binding> out;
+  for (const ReadoptedSession& s : sessions) {
+    Binding b;
+    b.group = g;
+    b.slot = s.slot;
+    b.peer = s.peer;
+    out.push_back(std::move(b));
+  }
+  spdlog::info(
+      "re-adopted executor pid {} ({}, uid {} gid {}) with {} session(s) "
+      "that an earlier kregd left running",
+      g->exec->pid(), group, g->uid, g->gid, sessions.size());
+  return out;
 }
 
 uint32_t ExecutorPool::TokenFor(const Binding& b, EntryPtr entry) {
@@ -384,8 +499,9 @@ void ExecutorPool::Wait(std::shared_ptr<Group> g) {
     for (uint32_t i = 0; i < g->used.size(); ++i) {
       if (!g->used[i]) continue;
       in.slots[i].used = true;
-      in.slots[i].token = page.slot(i)->token.load();
-      in.slots[i].gpu_token = page.slot(i)->gpu_token.load();
+      in.slots[i].token = KnownToken(g->resolved, page.slot(i)->token.load());
+      in.slots[i].gpu_token =
+          KnownToken(g->resolved, page.slot(i)->gpu_token.load());
     }
     resolved = g->resolved;
     slot_uid = g->slot_uid;

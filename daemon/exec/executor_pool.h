@@ -55,6 +55,20 @@ struct PoolOptions {
   // Starts executors; null: Executor::Start (kregd-exec processes). Tests
   // pass fakes.
   ExecutorLauncher launcher;
+  // Re-adoption (DESIGN §12; adoption.h): each executor gets a fresh nonce
+  // and its key under this secret (empty: executors cannot be re-adopted).
+  // init carries the supervision socket and the settings digest.
+  std::string adoption_secret;
+};
+
+// A session an executor offered along with itself (DESIGN §12), checked:
+// the client's credentials come from its socket, the entries from this
+// kregd's registry (null: that target is not registered now).
+struct ReadoptedSession {
+  uint64_t session_id = 0;  // this kregd's id for it
+  uint32_t slot = 0;
+  PeerCred peer;
+  std::vector<std::pair<EntryPtr, uint32_t>> tokens;
 };
 
 // A live executor, for status.
@@ -124,6 +138,21 @@ class ExecutorPool {
   // when it serves `slots` sessions already.
   absl::StatusOr<Binding> Bind(uint64_t session_id, int client_fd,
                                const PeerCred& peer);
+  // Takes over an executor an earlier kregd left running, with its
+  // sessions in their slots: one Binding per session, in order (the
+  // caller sets each one's broker). It serves new sessions of its group
+  // unless this kregd already has an executor for that group (then it only
+  // serves its own until they close). FAILED_PRECONDITION when its
+  // sessions do not belong to `group` under this kregd's isolation (it
+  // should be drained), ALREADY_EXISTS when this kregd supervises that pid
+  // already, INVALID_ARGUMENT for two sessions in one slot or a slot out
+  // of range, UNAVAILABLE while shutting down.
+  // `confirm` is called once everything is checked, before a Bind can
+  // find the executor (readopt_listener.h); false from it: UNAVAILABLE.
+  absl::StatusOr<std::vector<Binding>> Readopt(
+      std::unique_ptr<ExecutorProcess> exec, const std::string& group,
+      const std::vector<ReadoptedSession>& sessions,
+      const std::function<bool()>& confirm);
   // The token the executor writes to the status page while `entry` runs.
   uint32_t TokenFor(const Binding& binding, EntryPtr entry);
   // The session ended normally.
@@ -161,6 +190,9 @@ class ExecutorPool {
  private:
   absl::StatusOr<std::shared_ptr<Group>> Start(const std::string& key,
                                                const PeerCred& peer);
+  // Puts a started or re-adopted group in the pool and starts its waiter.
+  void Admit(const std::shared_ptr<Group>& g)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reaps `group`'s executor (its own thread), then decides who is blamed,
   // records counted crashes, sets the group's crash texts and `blamed`.
   void Wait(std::shared_ptr<Group> group);

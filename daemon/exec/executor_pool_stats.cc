@@ -15,6 +15,7 @@ void AddGroupStats(const ExecutorPool::Group& g,
   for (size_t i = 0; i < tokens; ++i) {
     const StatsRow* row = page.stats_row(static_cast<uint32_t>(i + 1));
     if (row == nullptr) break;
+    if (g.resolved[i] == nullptr) continue;  // not registered now
     TargetStats s = ReadUntrusted(*row);
     if (s.launches == 0 && s.count() == 0) continue;
     TargetStatsRow& dst = (*out)[g.resolved[i].get()];

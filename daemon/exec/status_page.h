@@ -53,13 +53,19 @@ struct ExecStatusHeader {
   // (another thread, a kill from outside, an older kregd-exec). kregd then
   // blames that session's target alone.
   std::atomic<uint32_t> faulted_slot;
+  // How the executor ended, written by itself just before: kExitKnown | its
+  // wait status (exit code << 8, or the fatal signal); 0 when it could not
+  // say (SIGKILL). A kregd that did not start it cannot waitpid() for it
+  // (DESIGN §12: re-adopted executors) and reads this instead.
+  std::atomic<uint32_t> exit_status;
   // Last words (NUL-terminated): an uncaught exception's what(), the
   // sticky CUDA error. Written only just before the executor dies.
-  char note[240];
+  char note[236];
 };
+constexpr uint32_t kExitKnown = 1u << 16;
 
 // "kre" + layout version: a kregd-exec of another layout refuses the page.
-constexpr uint32_t kExecStatusMagic = 0x6b726502;
+constexpr uint32_t kExecStatusMagic = 0x6b726503;
 // Rows of the statistics table: tokens 1..kStatsRows have one; calls of
 // targets with larger tokens are not counted per target.
 constexpr uint32_t kStatsRows = 1024;

@@ -21,6 +21,7 @@
 #include "daemon/ffi/ffi_host.h"
 #include "daemon/launch.h"
 #include "daemon/session/launch_executor.h"
+#include "daemon/session/protocol_version.h"
 #include "daemon/session/ring_decoder.h"
 #include "daemon/session/served_session.h"
 #include "daemon/session/shm_arena.h"
@@ -33,14 +34,6 @@ class CpuExecutor;
 class CudaDevices;
 class CudaExecutor;
 class LaunchRing;
-
-// Session protocol version (kreg.v1 session.proto). A different major is
-// refused at Hello.
-constexpr uint32_t kSessionProtocolMajor = 1;
-// 1: CUDA; 2: doorbell; 3: fd uploads (RegisterRequest.upload_fd_size);
-// 4: the launch ring (HelloReply.launch_ring, RingSetup); 5: CUDA launches on
-// the launch ring (ring layout version 2); 6: BindLocal (local execution).
-constexpr uint32_t kSessionProtocolMinor = 6;
 
 // What a session needs from the rest of its process. Implemented by the
 // executor's ExecutorBackend (daemon/exec/executor_backend.h: handlers from

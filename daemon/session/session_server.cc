@@ -109,10 +109,23 @@ void SessionServer::StartSession(UniqueFd sock) {
   std::shared_ptr<ServedSession> session =
       factory_(next_id_.fetch_add(1), std::move(sock), *peer);
   absl::MutexLock lock(&mu_);
+  RunSession(std::move(session), peer->uid);
+}
+
+bool SessionServer::Serve(std::shared_ptr<ServedSession> session, uid_t uid) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_.load()) return false;
+  per_uid_[uid]++;
+  live_sessions_.fetch_add(1);
+  RunSession(std::move(session), uid);
+  return true;
+}
+
+void SessionServer::RunSession(std::shared_ptr<ServedSession> session,
+                               uid_t uid) {
   slots_.emplace_back();
   Slot* slot = &slots_.back();
   slot->session = session;
-  const uid_t uid = peer->uid;
   slot->thread = std::thread([this, slot, session, uid] {
     session->Run();
     spdlog::info("session {} (pid {}) closed", session->id(),

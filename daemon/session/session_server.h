@@ -59,6 +59,12 @@ class SessionServer {
   void Stop();
 
   int sessions() const { return live_sessions_.load(); }
+  // An id for a session that did not come through this server's socket.
+  uint64_t NextId() { return next_id_.fetch_add(1); }
+  // Serves `session` like an accepted one, of client uid `uid` (a session
+  // a re-adopted executor brought along, DESIGN §12: counted, not refused
+  // for limits). False once stopping.
+  bool Serve(std::shared_ptr<ServedSession> session, uid_t uid);
 
  private:
   struct Slot {
@@ -70,6 +76,8 @@ class SessionServer {
   absl::Status Listen();
   void AcceptLoop();
   void StartSession(UniqueFd sock);
+  void RunSession(std::shared_ptr<ServedSession> session, uid_t uid)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReapFinished();
 
   const SessionOptions opts_;

@@ -49,6 +49,8 @@ class Daemon:
                extra_args: Sequence[str] = (),
                env: Optional[dict[str, str]] = None):
     self.root = root
+    # Another kregd build to start (the upgrade tests); None: kregd.
+    self.binary: Optional[pathlib.Path] = None
     # Tests stop many daemons while their own process keeps sessions open:
     # executors outliving kregd (DESIGN §12, orphan_timeout) are what
     # tests/python/test_orphans.py asks for; elsewhere they stop with kregd.
@@ -68,7 +70,7 @@ class Daemon:
     """Starts kregd and waits until its session socket accepts connections.
     FileNotFoundError when the binary is not built; RuntimeError (with the
     log) when it exits or does not listen in time."""
-    binary = daemon_binary()
+    binary = self.binary or daemon_binary()
     if not binary.is_file():
       raise FileNotFoundError(
           f"{binary} not built (bazel build //daemon:kregd)")

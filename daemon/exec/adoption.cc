@@ -1,0 +1,171 @@
+#include "daemon/exec/adoption.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "common/sha256.h"
+#include "common/unique_fd.h"
+
+namespace kreg {
+namespace {
+
+constexpr size_t kSecretBytes = 32;
+
+void AppendField(std::string* out, const std::string& value) {
+  absl::StrAppend(out, value.size(), ":", value, ";");
+}
+
+bool SameBytes(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ b[i];
+  return diff == 0;
+}
+
+OfferJudgement Refuse(std::string why) {
+  return {OfferVerdict::kRefuse, std::move(why)};
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> LoadAdoptionSecret(const std::string& state_dir) {
+  const std::string path = state_dir + "/executor-adoption.key";
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd.ok() && errno == ENOENT) {
+    char bytes[kSecretBytes];
+    if (::getrandom(bytes, sizeof(bytes), 0) !=
+        static_cast<ssize_t>(sizeof(bytes))) {
+      return absl::InternalError(
+          absl::StrCat("getrandom for ", path, ": ", strerror(errno)));
+    }
+    const std::string tmp = absl::StrCat(path, ".new.", ::getpid());
+    UniqueFd out(::open(tmp.c_str(),
+                        O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW,
+                        0600));
+    if (!out.ok() ||
+        ::write(out.get(), bytes, sizeof(bytes)) !=
+            static_cast<ssize_t>(sizeof(bytes)) ||
+        ::fsync(out.get()) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
+      const std::string err = strerror(errno);
+      ::unlink(tmp.c_str());
+      return absl::InternalError(
+          absl::StrCat("cannot create ", path, ": ", err,
+                       " (the state directory must be writable by kregd)"));
+    }
+    fd = UniqueFd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  }
+  if (!fd.ok()) {
+    return absl::InternalError(
+        absl::StrCat("cannot open ", path, ": ", strerror(errno)));
+  }
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) ||
+      st.st_size != static_cast<off_t>(kSecretBytes) ||
+      (st.st_mode & 077) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " is not a ", kSecretBytes,
+        "-byte regular file readable by its owner only; remove it (kregd "
+        "makes a new one; executors left by the kregd before cannot then be "
+        "adopted)"));
+  }
+  std::string secret(kSecretBytes, '\0');
+  if (::pread(fd.get(), secret.data(), kSecretBytes, 0) !=
+      static_cast<ssize_t>(kSecretBytes)) {
+    return absl::InternalError(
+        absl::StrCat("cannot read ", path, ": ", strerror(errno)));
+  }
+  return secret;
+}
+
+std::string AdoptionKey(const std::string& secret, const AdoptionIdentity& id) {
+  std::string m = "kregd executor adoption 1;";
+  AppendField(&m, id.nonce);
+  AppendField(&m, absl::StrCat(id.uid));
+  AppendField(&m, absl::StrCat(id.gid));
+  AppendField(&m, id.group);
+  AppendField(&m, absl::StrCat(id.slots));
+  AppendField(&m, id.settings_digest);
+  return HmacSha256(secret, m);
+}
+
+std::string SettingsDigest(const v1::ExecInit& init) {
+  v1::ExecInit t = init;
+  t.clear_drop_privileges();
+  t.clear_uid();
+  t.clear_gid();
+  t.clear_groups();
+  t.clear_group();
+  t.clear_parent_pid();
+  t.clear_slots();
+  t.clear_log_level();
+  t.clear_orphan_timeout_s();
+  t.clear_supervision_socket();
+  t.clear_adoption_nonce();
+  t.clear_adoption_key();
+  t.clear_settings_digest();
+  std::string bytes;
+  t.SerializeToString(&bytes);
+  return Sha256Hex(bytes.data(), bytes.size());
+}
+
+OfferJudgement JudgeOffer(const v1::ExecReadopt& offer, const PeerCred& conn,
+                          const AdoptionPolicy& policy) {
+  if (offer.pid() <= 0 || offer.pid() != conn.pid) {
+    return Refuse(absl::StrCat("it claims pid ", offer.pid(),
+                               " but the connection is from pid ", conn.pid));
+  }
+  if (offer.uid() != conn.uid) {
+    return Refuse(absl::StrCat("it claims uid ", offer.uid(),
+                               " but the connection is from uid ", conn.uid));
+  }
+  if (offer.slots() == 0 || offer.slots() > policy.max_slots) {
+    return Refuse(absl::StrCat("it claims ", offer.slots(),
+                               " session slots (1 to ", policy.max_slots,
+                               " allowed)"));
+  }
+  if (offer.sessions() > offer.slots()) {
+    return Refuse(absl::StrCat("it offers ", offer.sessions(),
+                               " sessions but has only ", offer.slots(),
+                               " slots"));
+  }
+  if (offer.adoption_nonce().size() != kAdoptionNonceBytes) {
+    return Refuse(absl::StrCat("its adoption nonce has ",
+                               offer.adoption_nonce().size(), " bytes, not ",
+                               kAdoptionNonceBytes));
+  }
+  AdoptionIdentity id;
+  id.nonce = offer.adoption_nonce();
+  id.uid = offer.uid();
+  id.gid = offer.gid();
+  id.group = offer.group();
+  id.slots = offer.slots();
+  id.settings_digest = offer.settings_digest();
+  if (!SameBytes(AdoptionKey(policy.secret, id), offer.adoption_key())) {
+    return Refuse(
+        "its adoption key does not verify: it was not started by a kregd "
+        "with this state directory's executor-adoption.key");
+  }
+  if (offer.session_protocol_major() != policy.session_protocol_major) {
+    return {OfferVerdict::kDrain,
+            absl::StrCat("it speaks session protocol ",
+                         offer.session_protocol_major(), ".",
+                         offer.session_protocol_minor(), " and this kregd ",
+                         policy.session_protocol_major, ".x")};
+  }
+  if (offer.settings_digest() != policy.settings_digest) {
+    return {OfferVerdict::kDrain,
+            "it was started with other executor settings (limits, seccomp, "
+            "launch ring) than this kregd's"};
+  }
+  return {OfferVerdict::kAdopt, ""};
+}
+
+}  // namespace kreg
