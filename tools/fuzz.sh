@@ -28,8 +28,8 @@ while (($#)); do
   esac
 done
 ((${#targets[@]})) || targets=(session launch_decoder ring_decoder
-  broker_request broker_frames journal module_path elf_symbols http_request
-  cluster_inputs)
+  broker_request broker_frames readopt_offer journal module_path elf_symbols
+  http_request cluster_inputs)
 [[ -n $results ]] || results=$(mktemp -d /tmp/kreg-fuzz-results.XXXXXX)
 mkdir -p "$results"
 

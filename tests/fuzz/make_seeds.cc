@@ -177,6 +177,36 @@ int main(int argc, char** argv) {
   Write("huge", std::string("\x00\x00\x00\x00\x19", 5) + std::string(100, 'k'));
 
   // Journal: byte 0 bit 0 asks the harness to fix the CRCs.
+  // readopt_offer: byte 0 = sessions announced, then an ExecReadopt frame
+  // and session frames (without their descriptors).
+  dir = root + "/readopt_offer";
+  kreg::v1::ExecReadopt offer;
+  offer.set_pid(4242);
+  offer.set_uid(1000);
+  offer.set_gid(1000);
+  offer.set_group("uid 1000");
+  offer.set_slots(2);
+  offer.set_adoption_nonce(std::string(16, 'n'));
+  offer.set_adoption_key(std::string(32, 'k'));
+  offer.set_session_protocol_major(1);
+  offer.set_session_protocol_minor(6);
+  offer.set_sessions(1);
+  kreg::v1::ExecReadoptSession offered;
+  offered.set_session_id(7);
+  offered.set_slot(1);
+  kreg::v1::ResolvedToken* token = offered.add_tokens();
+  token->set_name("t.scale");
+  token->set_platform("cpu");
+  token->set_token(1);
+  auto frame = [](const std::string& p) {
+    uint32_t n = static_cast<uint32_t>(p.size());
+    return std::string(reinterpret_cast<const char*>(&n), 4) + p;
+  };
+  Write("one_session", "\x01" + frame(offer.SerializeAsString()) +
+                           frame(offered.SerializeAsString()));
+  offer.set_sessions(0);
+  Write("no_session", std::string(1, '\0') + frame(offer.SerializeAsString()));
+
   dir = root + "/journal";
   JournalRecord t;
   Target* target = t.mutable_target();
