@@ -14,6 +14,7 @@ cd "$(dirname "$0")/.."
 out=${1:?usage: tools/asan_pytest.sh OUT_DIR}
 mkdir -p "$out"
 bazel build --config=asan //daemon:kregd //daemon:kregd-probe \
+  //daemon:kregd_next_minor //daemon:kregd_next_major \
   //daemon/exec:kregd-exec //client:kregctl || exit 1
 asan_bin=$(bazel info --config=asan bazel-bin 2>/dev/null)
 logs=$(mktemp -d)
