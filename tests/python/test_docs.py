@@ -146,7 +146,7 @@ def test_kregctl_exit_status_is_the_list_in_errors_md():
     roff = re.sub(r"`([^`]+)`", r"\\fB\1\\fR", words.replace("-", "\\-"))
     assert f".TP\n.B {code}\n{roff}\n" in exit_status, (code, exit_status)
   # The mapping in kregctl itself.
-  src = (REPO / "client/kregctl_main.cc").read_text()
+  src = (REPO / "client/kregctl_common.cc").read_text()
   for code in ("kInvalidArgument", "kUnimplemented"):
     assert re.search(rf"case absl::StatusCode::{code}:[^}}]*?return 2;", src)
   assert re.search(r"kFailedPrecondition:\s*return 3;", src)
