@@ -2,16 +2,19 @@
 
 #include <cstdio>
 #include <iostream>
+#include <memory>
+
+#include "CLI/CLI.hpp"
+#include "client/kregctl_commands.h"
 
 namespace kreg {
 
-int ListCluster(Client& client, bool as_json, const TargetToJson& to_json,
-                const FailWith& fail) {
+int ListCluster(Client& client, bool as_json) {
   auto all = client.ClusterTargets();
-  if (!all.ok()) return fail(all.status());
+  if (!all.ok()) return Fail(all.status());
   if (as_json) {
     nlohmann::json j = nlohmann::json::array();
-    for (const v1::Target& t : all->targets()) j.push_back(to_json(t));
+    for (const v1::Target& t : all->targets()) j.push_back(TargetJson(t));
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -28,9 +31,9 @@ int ListCluster(Client& client, bool as_json, const TargetToJson& to_json,
   return 0;
 }
 
-int ListHosts(Client& client, bool as_json, const FailWith& fail) {
+int ListHosts(Client& client, bool as_json) {
   auto hosts = client.Hosts();
-  if (!hosts.ok()) return fail(hosts.status());
+  if (!hosts.ok()) return Fail(hosts.status());
   if (as_json) {
     nlohmann::json j = nlohmann::json::array();
     for (const v1::ClusterHost& h : hosts->hosts()) {
@@ -63,6 +66,16 @@ int ListHosts(Client& client, bool as_json, const FailWith& fail) {
     for (const std::string& m : h.modules()) std::printf("    %s\n", m.c_str());
   }
   return 0;
+}
+
+Command AddHostsCommand(CLI::App& app) {
+  auto as_json = std::make_shared<bool>(false);
+  CLI::App* cmd = app.add_subcommand(
+      "hosts", "cluster mode: the kregd hosts, their leases and modules");
+  cmd->add_flag("--json", *as_json, "print JSON");
+  return {cmd, [as_json](Connection& kregd) {
+            return ListHosts(*kregd.client, *as_json);
+          }};
 }
 
 }  // namespace kreg

@@ -89,12 +89,8 @@ std::string ConfigToml(const Config& c);
 // The largest ring_spin_us accepted (1 s: a longer spin only burns a core).
 inline constexpr int64_t kMaxRingSpinUs = 1000000;
 
-// config_cluster.cc: the cluster keys of the TOML file. Returns false when
-// `key` is not one of them; otherwise sets `*status`.
-bool ApplyClusterKey(const std::string& path, const std::string& key,
-                     const void* toml_node, Config* c, absl::Status* status);
-// Checks the cluster settings once flags and file are merged and fills the
-// defaults. INVALID_ARGUMENT naming the key or flag.
+// config_cluster.cc: checks the cluster settings once flags and file are
+// merged and fills the defaults. INVALID_ARGUMENT naming the key or flag.
 absl::Status FinishClusterConfig(Config* c);
 
 // Parses flags (and the --config TOML file they name). INVALID_ARGUMENT

@@ -7,7 +7,6 @@
 #include "daemon/cluster/cluster_records.h"
 #include "daemon/cluster/etcd_client.h"
 #include "daemon/config.h"
-#include "toml++/toml.h"
 
 namespace kreg {
 namespace {
@@ -28,61 +27,6 @@ bool HostPort(const std::string& s) {
 }
 
 }  // namespace
-
-bool ApplyClusterKey(const std::string& path, const std::string& k,
-                     const void* toml_node, Config* c, absl::Status* status) {
-  const toml::node& value = *static_cast<const toml::node*>(toml_node);
-  auto bad = [&](const char* want) {
-    *status = absl::InvalidArgumentError(
-        absl::StrCat("config file ", path, ": key \"", k, "\" must be ", want));
-    return true;
-  };
-  *status = absl::OkStatus();
-  if (k == "etcd_endpoints") {
-    if (auto s = value.value<std::string>()) {
-      c->etcd_endpoints = absl::StrSplit(*s, ',', absl::SkipEmpty());
-      return true;
-    }
-    const toml::array* a = value.as_array();
-    if (a == nullptr)
-      return bad("an array of URLs (or one comma-separated string)");
-    c->etcd_endpoints.clear();
-    for (const auto& e : *a) {
-      auto s = e.value<std::string>();
-      if (!s) return bad("an array of URLs");
-      c->etcd_endpoints.push_back(*s);
-    }
-    return true;
-  }
-  std::string* field = nullptr;
-  if (k == "cluster") field = &c->cluster;
-  if (k == "advertise") field = &c->advertise;
-  if (k == "peer_listen") field = &c->peer_listen;
-  if (k == "host_name") field = &c->host_name;
-  if (k == "peer_tls_ca") field = &c->peer_tls_ca;
-  if (k == "peer_tls_cert") field = &c->peer_tls_cert;
-  if (k == "peer_tls_key") field = &c->peer_tls_key;
-  if (field != nullptr) {
-    auto s = value.value<std::string>();
-    if (!s) return bad("a string");
-    *field = *s;
-    return true;
-  }
-  if (k == "etcd_timeout_s") {
-    auto d = value.value<double>();
-    if (!d || *d <= 0 || *d > 600)
-      return bad("a number of seconds in (0, 600]");
-    c->etcd_timeout_s = *d;
-    return true;
-  }
-  if (k == "peer_lease_ttl_s") {
-    auto n = value.value<int64_t>();
-    if (!n || *n < 2 || *n > 3600) return bad("an integer in [2, 3600]");
-    c->peer_lease_ttl_s = *n;
-    return true;
-  }
-  return false;
-}
 
 absl::Status FinishClusterConfig(Config* c) {
   for (std::string& e : c->etcd_endpoints) {

@@ -22,11 +22,11 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def parse_keys() -> set[str]:
-  """The keys ApplyToml parses (`k == "socket"` ...)."""
-  keys = set()
-  for src in ("daemon/config.cc", "daemon/config_cluster.cc"):
-    keys |= set(re.findall(r'\bk == "(\w+)"', (REPO / src).read_text()))
-  return keys
+  """The keys ApplyToml parses: the rows of the key table in
+  daemon/config_keys.cc (`KeyString("socket", ...`)."""
+  return set(
+      re.findall(r'\bKey(?:String|Strings|Bool|Int|Float|Custom)\(\s*"(\w+)"',
+                 (REPO / "daemon/config_keys.cc").read_text()))
 
 
 @pytest.fixture

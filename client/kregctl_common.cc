@@ -1,0 +1,67 @@
+#include "client/kregctl_common.h"
+
+#include <ctime>
+#include <iostream>
+
+namespace kreg {
+
+using nlohmann::json;
+
+int ExitCode(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kOk:
+      return 0;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kUnimplemented:
+      return 2;
+    case absl::StatusCode::kFailedPrecondition:
+      return 3;
+    case absl::StatusCode::kUnavailable:
+      return 4;
+    default:
+      return 1;
+  }
+}
+
+int Fail(const absl::Status& s) {
+  std::cerr << s.message() << "\n";
+  return ExitCode(s);
+}
+
+std::string UtcTime(int64_t us) {
+  std::time_t t = static_cast<std::time_t>(us / 1000000);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+json TargetJson(const v1::Target& t) {
+  return json{{"target_name", t.target_name()},
+              {"platform", t.platform()},
+              {"func_name", t.func_name()},
+              {"content_id", t.content_id()},
+              {"module_digest", t.module_digest()},
+              {"module_size", t.module_size()},
+              {"kind", t.kind()},
+              {"ffi_api", std::to_string(t.ffi_api_major()) + "." +
+                              std::to_string(t.ffi_api_minor())},
+              {"traits", t.traits()},
+              {"uid", t.audit().uid()},
+              {"gid", t.audit().gid()},
+              {"pid", t.audit().pid()},
+              {"registered_at", UtcTime(t.audit().registered_at_us())},
+              {"origin", t.audit().origin()},
+              {"host", t.audit().host()},
+              {"runnable", t.not_runnable().empty()},
+              {"not_runnable", t.not_runnable()}};
+}
+
+void PrintFields(const json& j) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    std::cout << it.key() << ": "
+              << (it->is_string() ? it->get<std::string>() : it->dump())
+              << "\n";
+  }
+}
+
+}  // namespace kreg

@@ -1,0 +1,51 @@
+// What kregctl's subcommands share: the connection to kregd, the exit code
+// of a failed call, and the output helpers for targets and key/value lists.
+// Each subcommand is one function that adds its CLI11 node and returns a
+// Command; kregctl_main.cc runs the one that was parsed.
+#ifndef KREGD_CLIENT_KREGCTL_COMMON_H_
+#define KREGD_CLIENT_KREGCTL_COMMON_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "client/client.h"
+#include "nlohmann/json.hpp"
+
+namespace CLI {
+class App;
+}  // namespace CLI
+
+namespace kreg {
+
+// The kregd a subcommand talks to; `client` is not owned.
+struct Connection {
+  std::string socket;  // --socket or $KREGD_SOCKET
+  Client* client;
+};
+
+// One kregctl subcommand: its CLI11 node (owned by the parent app) and what
+// it does once parsed, returning kregctl's exit code.
+struct Command {
+  CLI::App* app;
+  std::function<int(Connection&)> run;
+};
+
+// The exit code of a failed call (docs/errors.md, "Exit status of
+// kregctl"): 2 INVALID_ARGUMENT or UNIMPLEMENTED, 3 FAILED_PRECONDITION,
+// 4 UNAVAILABLE, 1 otherwise; 0 for OK.
+int ExitCode(const absl::Status& s);
+// Prints the daemon's message to stderr unchanged; returns ExitCode(s).
+int Fail(const absl::Status& s);
+
+// Microseconds since the epoch as "YYYY-MM-DDTHH:MM:SSZ".
+std::string UtcTime(int64_t us);
+// A target as `kregctl list --json` and `show --json` print it.
+nlohmann::json TargetJson(const v1::Target& t);
+// One "key: value" line per field, strings unquoted.
+void PrintFields(const nlohmann::json& j);
+
+}  // namespace kreg
+
+#endif  // KREGD_CLIENT_KREGCTL_COMMON_H_

@@ -1,0 +1,109 @@
+// kregctl register: uploads a module (or names a path kregd reads itself)
+// and binds a target to one of its handlers.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "client/kregctl_commands.h"
+
+namespace kreg {
+namespace {
+
+// Modules at least this large show upload progress on a terminal.
+constexpr uint64_t kProgressBytes = 8ull << 20;
+
+// Upload progress on stderr, only when it is a terminal.
+void ShowProgress(uint64_t sent, uint64_t total) {
+  std::fprintf(stderr, "\ruploading %.1f / %.1f MiB (%3d%%)",
+               static_cast<double>(sent) / (1 << 20),
+               static_cast<double>(total) / (1 << 20),
+               static_cast<int>(total == 0 ? 100 : sent * 100 / total));
+  if (sent >= total) std::fprintf(stderr, "\n");
+}
+
+struct RegisterOptions {
+  RegisterRequest req;
+  std::string module_file;
+  bool daemon_reads = false;
+};
+
+// Reads the module into `req` for upload. Returns 0, or the exit code after
+// printing why not.
+int ReadModule(Connection& kregd, const std::string& module_file,
+               RegisterRequest* req) {
+  struct stat st {};
+  if (::stat(module_file.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    std::cerr << "cannot read module file \"" << module_file << "\"\n";
+    return 2;
+  }
+  // The one upload limit is kregd's max_module_bytes: refuse before
+  // reading or sending anything (a kregd that does not report it checks
+  // on receipt).
+  auto daemon = kregd.client->Status();
+  if (!daemon.ok()) return Fail(daemon.status());
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (daemon->max_module_bytes() != 0 && size > daemon->max_module_bytes()) {
+    std::cerr << "module \"" << module_file << "\" has " << size
+              << " bytes, more than kregd's max_module_bytes ("
+              << daemon->max_module_bytes()
+              << "); nothing was sent. Raise max_module_bytes in kregd's "
+                 "config (or --max-module-bytes)\n";
+    return 2;
+  }
+  std::ifstream in(module_file, std::ios::binary);
+  if (!in) {
+    std::cerr << "cannot read module file \"" << module_file << "\"\n";
+    return 2;
+  }
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  req->module_bytes = ss.str();
+  req->module_file_name = module_file.substr(module_file.rfind('/') + 1);
+  if (req->module_bytes.size() >= kProgressBytes && ::isatty(2)) {
+    req->progress = ShowProgress;
+  }
+  return 0;
+}
+
+int RunRegister(Connection& kregd, const RegisterOptions& opts) {
+  RegisterRequest req = opts.req;
+  if (opts.daemon_reads) {
+    req.daemon_path = opts.module_file;
+  } else if (int rc = ReadModule(kregd, opts.module_file, &req); rc != 0) {
+    return rc;
+  }
+  auto resp = kregd.client->Register(req);
+  if (!resp.ok()) return Fail(resp.status());
+  std::cout << (resp->created() ? "registered " : "already registered ")
+            << resp->target().target_name() << " (" << resp->target().platform()
+            << ") " << resp->target().content_id() << "\n";
+  return 0;
+}
+
+}  // namespace
+
+Command AddRegisterCommand(CLI::App& app) {
+  auto opts = std::make_shared<RegisterOptions>();
+  RegisterRequest& req = opts->req;
+  CLI::App* cmd = app.add_subcommand("register", "register a target");
+  cmd->add_option("NAME", req.target_name, "target name")->required();
+  cmd->add_option("--module", opts->module_file, "kernel .so")->required();
+  cmd->add_option("--function", req.func_name, "handler symbol")->required();
+  cmd->add_option("--platform", req.platform, "cpu or cuda")
+      ->capture_default_str();
+  cmd->add_option("--content-id", req.content_id, "content identity");
+  cmd->add_flag("--replace", req.replace, "reserved; see the docs");
+  cmd->add_flag("--daemon-reads", opts->daemon_reads,
+                "send the path for the daemon to read (under its allowed "
+                "roots) instead of uploading the bytes");
+  return {cmd, [opts](Connection& kregd) { return RunRegister(kregd, *opts); }};
+}
+
+}  // namespace kreg
