@@ -285,5 +285,152 @@ TEST_CASE(
   pool.Release(&*a);
 }
 
+// An executor an earlier kregd left running, as ExecutorPool::Readopt
+// takes it (DESIGN §12).
+std::unique_ptr<FakeExecutor> Orphan(pid_t pid, uid_t uid) {
+  absl::StatusOr<StatusPage> page = StatusPage::Create(4);
+  REQUIRE(page.ok());
+  return std::make_unique<FakeExecutor>(pid, *std::move(page), uid);
+}
+
+ReadoptedSession Offered(uint32_t slot, const PeerCred& peer,
+                         std::vector<std::pair<EntryPtr, uint32_t>> tokens) {
+  ReadoptedSession s;
+  s.session_id = 50 + slot;
+  s.slot = slot;
+  s.peer = peer;
+  s.tokens = std::move(tokens);
+  return s;
+}
+
+TEST_CASE("A re-adopted executor is supervised like one the pool started",
+          "[executor_pool][readopt]") {
+  CrashLedger ledger(CrashPolicy{3, 600});
+  Fakes fakes;
+  ExecutorPool pool(Options(&fakes), &ledger);
+  std::unique_ptr<FakeExecutor> orphan = Orphan(4242, 1000);
+  FakeExecutor* exec = orphan.get();
+  const EntryPtr scale = Entry("t.scale");
+  const EntryPtr crashy = Entry("hostile.Segfault");
+  int confirmed = 0;
+  absl::StatusOr<std::vector<ExecutorPool::Binding>> bound = pool.Readopt(
+      std::move(orphan), "uid 1000",
+      {Offered(2, Peer(1000, 77), {{scale, 1}, {nullptr, 2}, {crashy, 3}})},
+      [&] { return ++confirmed == 1; });
+  REQUIRE(bound.ok());
+  CHECK(confirmed == 1);
+  REQUIRE(bound->size() == 1);
+  ExecutorPool::Binding& b = (*bound)[0];
+  CHECK(b.slot == 2);
+  // Listed, with its session; new sessions of its group go to it.
+  REQUIRE(pool.List().size() == 1);
+  CHECK(pool.List()[0].pid == 4242);
+  CHECK(pool.List()[0].sessions == 1);
+  CHECK(pool.Sessions()[0].session_id == 52);
+  Client c;
+  absl::StatusOr<ExecutorPool::Binding> more =
+      pool.Bind(9, c.ours.get(), Peer(1000, 78));
+  REQUIRE(more.ok());
+  CHECK(more->group == b.group);
+  CHECK(fakes.at(0) == nullptr);  // nothing started
+  // The earlier kregd's tokens still name its targets: a resolve of the
+  // same entry gets the same token, its statistics row.
+  CHECK(pool.TokenFor(b, scale) == 1);
+  // A crash on it is blamed on the target its page names and counted.
+  exec->page().slot(2)->token.store(3);
+  exec->page().header()->faulted_slot.store(3);
+  exec->End(kSegv);
+  absl::Status st = pool.AwaitCrash(&b);
+  CHECK(st.code() == absl::StatusCode::kInternal);
+  CHECK(st.message().find("target \"hostile.Segfault\"") !=
+        absl::string_view::npos);
+  CHECK(pool.counters().executor_crashes == 1);
+  pool.Release(&b);
+  pool.Release(&*more);
+}
+
+TEST_CASE("A token whose target is not registered any more is not blamed",
+          "[executor_pool][readopt]") {
+  CrashLedger ledger(CrashPolicy{3, 600});
+  Fakes fakes;
+  ExecutorPool pool(Options(&fakes), &ledger);
+  std::unique_ptr<FakeExecutor> orphan = Orphan(4243, 1000);
+  FakeExecutor* exec = orphan.get();
+  absl::StatusOr<std::vector<ExecutorPool::Binding>> bound = pool.Readopt(
+      std::move(orphan), "uid 1000",
+      {Offered(0, Peer(1000, 77), {{nullptr, 1}})}, [] { return true; });
+  REQUIRE(bound.ok());
+  exec->page().slot(0)->token.store(1);
+  exec->page().header()->faulted_slot.store(1);
+  exec->End(kSegv);
+  absl::Status st = pool.AwaitCrash(&(*bound)[0]);
+  CHECK(st.ok());  // nothing to name: an idle death, not a crash of a target
+  CHECK(ledger.Rows().empty());
+  pool.Release(&(*bound)[0]);
+}
+
+TEST_CASE("An executor of a group this kregd serves already keeps its own",
+          "[executor_pool][readopt]") {
+  CrashLedger ledger(CrashPolicy{3, 600});
+  Fakes fakes;
+  ExecutorPool pool(Options(&fakes), &ledger);
+  Client c;
+  absl::StatusOr<ExecutorPool::Binding> fresh =
+      pool.Bind(1, c.ours.get(), Peer(1000, 11));
+  REQUIRE(fresh.ok());
+  absl::StatusOr<std::vector<ExecutorPool::Binding>> bound =
+      pool.Readopt(Orphan(4244, 1000), "uid 1000",
+                   {Offered(1, Peer(1000, 77), {})}, [] { return true; });
+  REQUIRE(bound.ok());
+  CHECK(pool.List().size() == 2);
+  // New sessions still go to the executor this kregd started.
+  Client d;
+  absl::StatusOr<ExecutorPool::Binding> next =
+      pool.Bind(2, d.ours.get(), Peer(1000, 12));
+  REQUIRE(next.ok());
+  CHECK(next->group == fresh->group);
+  pool.Release(&*fresh);
+  pool.Release(&*next);
+  pool.Release(&(*bound)[0]);
+}
+
+TEST_CASE("Offers the pool cannot take are refused, naming why",
+          "[executor_pool][readopt]") {
+  CrashLedger ledger(CrashPolicy{3, 600});
+  Fakes fakes;
+  ExecutorPool pool(Options(&fakes), &ledger);
+  auto ok = [] { return true; };
+  SECTION("a session of another group under this isolation") {
+    absl::StatusOr<std::vector<ExecutorPool::Binding>> r = pool.Readopt(
+        Orphan(1, 1000), "uid 1000", {Offered(0, Peer(1001, 7), {})}, ok);
+    CHECK(r.status().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(r.status().message().find("belongs to \"uid 1001\"") !=
+          absl::string_view::npos);
+  }
+  SECTION("two sessions in one slot") {
+    absl::StatusOr<std::vector<ExecutorPool::Binding>> r = pool.Readopt(
+        Orphan(1, 1000), "uid 1000",
+        {Offered(0, Peer(1000, 7), {}), Offered(0, Peer(1000, 8), {})}, ok);
+    CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+  }
+  SECTION("a slot past the page") {
+    absl::StatusOr<std::vector<ExecutorPool::Binding>> r = pool.Readopt(
+        Orphan(1, 1000), "uid 1000", {Offered(4, Peer(1000, 7), {})}, ok);
+    CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+  }
+  SECTION("a pid it supervises already") {
+    REQUIRE(pool.Readopt(Orphan(5, 1000), "uid 1000", {}, ok).ok());
+    absl::StatusOr<std::vector<ExecutorPool::Binding>> r =
+        pool.Readopt(Orphan(5, 1000), "uid 1000", {}, ok);
+    CHECK(r.status().code() == absl::StatusCode::kAlreadyExists);
+  }
+  SECTION("an executor that went away before it was told") {
+    absl::StatusOr<std::vector<ExecutorPool::Binding>> r =
+        pool.Readopt(Orphan(6, 1000), "uid 1000", {}, [] { return false; });
+    CHECK(r.status().code() == absl::StatusCode::kUnavailable);
+    CHECK(pool.List().empty());
+  }
+}
+
 }  // namespace
 }  // namespace kreg
