@@ -168,7 +168,26 @@ void ReadoptListener::Stop() {
     (void)!::write(wake_fd_.get(), &one, sizeof(one));
   }
   if (thread_.joinable()) thread_.join();
+  Reap(/*all=*/true);
   listener_.reset();
+}
+
+void ReadoptListener::Reap(bool all) {
+  std::list<Worker> finished;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = workers_.begin(); it != workers_.end();) {
+      if (all && !it->done) ::shutdown(it->fd, SHUT_RDWR);
+      if (all || it->done) {
+        auto next = std::next(it);
+        finished.splice(finished.end(), workers_, it);
+        it = next;
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (Worker& w : finished) w.thread.join();
 }
 
 void ReadoptListener::AcceptLoop() {
@@ -181,8 +200,44 @@ void ReadoptListener::AcceptLoop() {
       return;
     }
     if (fds[1].revents != 0 || stopping_.load()) return;
+    Reap(/*all=*/false);
     UniqueFd conn(::accept4(listener_->fd(), nullptr, nullptr, SOCK_CLOEXEC));
-    if (conn.ok()) Serve(std::move(conn));
+    if (!conn.ok()) continue;
+    absl::StatusOr<PeerCred> peer = PeerCredOf(conn.get());
+    if (!peer.ok()) continue;
+    absl::MutexLock lock(&mu_);
+    int total = 0;
+    int of_uid = 0;
+    for (const Worker& w : workers_) {
+      if (w.done) continue;
+      ++total;
+      of_uid += w.uid == peer->uid;
+    }
+    if (total >= kMaxOffers || of_uid >= kMaxOffersPerUid) {
+      refused_.fetch_add(1);
+      std::string more;
+      if (PeerLogLimiter().Allow(absl::StrCat("supervision uid ", peer->uid),
+                                 &more)) {
+        spdlog::warn(
+            "supervision: closing a connection of pid {} (uid {}): {} offers "
+            "are being read ({} of that uid; at most {}, {} per uid){}",
+            peer->pid, peer->uid, total, of_uid, kMaxOffers, kMaxOffersPerUid,
+            more);
+      }
+      continue;
+    }
+    workers_.emplace_back();
+    Worker* w = &workers_.back();
+    // Open until the worker is marked done, so that Stop() never shuts
+    // down a descriptor number that was reused meanwhile.
+    auto guard = std::make_shared<UniqueFd>(::dup(conn.get()));
+    w->fd = guard->get();
+    w->uid = peer->uid;
+    w->thread = std::thread([this, w, guard, c = std::move(conn)]() mutable {
+      Serve(std::move(c));
+      absl::MutexLock lock(&mu_);
+      w->done = true;
+    });
   }
 }
 

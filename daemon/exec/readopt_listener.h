@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/unique_fd.h"
 #include "daemon/exec/adoption.h"
 #include "daemon/exec/status_page.h"
@@ -68,11 +70,16 @@ absl::StatusOr<ReadoptOffer> ReadOfferSessions(
 using ReadoptHandler = std::function<absl::Status(
     ReadoptOffer offer, const std::function<bool()>& confirm)>;
 
-// Owns the socket and its accept thread; offers are served one at a time,
-// each within kOfferDeadline.
+// Owns the socket, its accept thread and a thread per offer being read.
+// Each offer must arrive within kOfferDeadline; at most kMaxOffers are read
+// at once, kMaxOffersPerUid of them from one uid (a connection beyond
+// either is closed at once), so nobody can hold the socket against the
+// executors that need it.
 class ReadoptListener {
  public:
   static constexpr std::chrono::seconds kOfferDeadline{5};
+  static constexpr int kMaxOffers = 16;
+  static constexpr int kMaxOffersPerUid = 4;
 
   ReadoptListener(std::string path, AdoptionPolicy policy,
                   ReadoptHandler handler);
@@ -90,8 +97,17 @@ class ReadoptListener {
   uint64_t refused() const { return refused_.load(); }
 
  private:
+  struct Worker {
+    std::thread thread;
+    int fd = -1;  // the connection, shut down by Stop()
+    uid_t uid = 0;
+    bool done = false;
+  };
+
   void AcceptLoop();
   void Serve(UniqueFd conn);
+  // Joins finished workers; with `all`, shuts down and joins every one.
+  void Reap(bool all);
 
   const std::string path_;
   const AdoptionPolicy policy_;
@@ -102,6 +118,8 @@ class ReadoptListener {
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> adopted_{0};
   std::atomic<uint64_t> refused_{0};
+  absl::Mutex mu_;
+  std::list<Worker> workers_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kreg

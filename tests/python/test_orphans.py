@@ -357,7 +357,7 @@ def test_the_supervision_socket_refuses_forged_offers(tmp_path, case, expect):
       payload = b"\xff" * 40
     answer = offer(path, payload)
     assert expect in answer, answer
-    assert expect.decode() in d.log(), d.log()
+    assert wait_for(lambda: expect.decode() in d.log()), d.log()
     # kregd goes on serving; nothing was adopted.
     assert me not in [e["pid"] for e in d.status()["executors"]]
     assert d.running()
@@ -430,4 +430,32 @@ def test_an_upgrade_to_the_next_major_drains_running_executors(hostile):
     if p is not None:
       p.kill()
       p.wait()
+    finish_test_daemon(d)
+
+
+def test_stalled_connections_cannot_hold_the_supervision_socket():
+  d = start_test_daemon("kreg-orphan-", ["--orphan-timeout", "60"])
+  stalled = []
+  try:
+    path = d.session_socket + ".exec"
+    for _ in range(4):  # kMaxOffersPerUid: each read for up to 5 s
+      s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+      s.connect(path)
+      stalled.append(s)
+    time.sleep(0.3)
+    extra = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    extra.settimeout(3)
+    extra.connect(path)
+    started = time.monotonic()
+    assert extra.recv(64) == b""  # closed at once, unread
+    assert time.monotonic() - started < 2
+    extra.close()
+    assert wait_for(lambda: "4 of that uid; at most 16, 4 per uid" in d.log())
+    # The stalled ones end at the offer deadline with the reason.
+    stalled[0].settimeout(10)
+    answer = stalled[0].recv(4096)
+    assert b"did not arrive whole within 5 s" in answer, answer
+  finally:
+    for s in stalled:
+      s.close()
     finish_test_daemon(d)
