@@ -2,10 +2,13 @@
 
 #include <chrono>
 
+#include "common/platforms.h"
+
 namespace kreg {
 
 const char* PlatformName(Platform platform) {
-  return platform == Platform::kCuda ? "cuda" : "cpu";
+  const size_t i = static_cast<size_t>(platform);
+  return i < kNumPlatforms ? kPlatforms[i].name : "?";
 }
 
 std::string Named(const TargetKey& key) {

@@ -12,6 +12,7 @@
 
 namespace kreg {
 
+// A row of kPlatforms (common/platforms.h): the enumerator is its index.
 enum class Platform { kCpu, kCuda };
 
 // "cpu" or "cuda" (the canonical spelling).

@@ -2,6 +2,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/platforms.h"
 
 namespace kreg {
 namespace {
@@ -55,18 +56,16 @@ absl::Status ValidateTargetName(absl::string_view name) {
 }
 
 absl::StatusOr<Platform> ParsePlatform(absl::string_view platform) {
-  std::string p = absl::AsciiStrToLower(platform);
-  if (p == "cpu" || p == "host") return Platform::kCpu;
-  if (p == "cuda" || p == "gpu") return Platform::kCuda;
-  if (p == "rocm" || p == "tpu" || p == "metal" || p == "sycl") {
+  const std::string_view spelling(platform.data(), platform.size());
+  if (int i = FindPlatform(spelling); i >= 0) return static_cast<Platform>(i);
+  if (IsUnservedPlatform(spelling)) {
     return absl::UnimplementedError(
         absl::StrCat("platform ", QuoteForMessage(platform),
-                     " is not supported by kregd; use \"cpu\" or \"cuda\""));
+                     " is not supported by kregd; use ", PlatformChoices()));
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown platform ", QuoteForMessage(platform),
-                   "; use \"cpu\" (alias \"host\") or \"cuda\" (alias "
-                   "\"gpu\")"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown platform ",
+                                                 QuoteForMessage(platform),
+                                                 "; use ", PlatformChoices()));
 }
 
 absl::Status ValidateFuncName(absl::string_view func_name) {

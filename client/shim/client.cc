@@ -15,6 +15,7 @@
 #include "client/shim/cuda_forward.h"
 #include "client/shim/cuda_trace.h"
 #include "client/shim/module_upload.h"
+#include "common/platforms.h"
 
 namespace kreg {
 namespace shim {
@@ -44,10 +45,9 @@ int DefaultMaxSessions() {
 }  // namespace
 
 std::string CanonicalPlatform(const std::string& platform) {
+  if (int i = FindPlatform(platform); i >= 0) return kPlatforms[i].name;
   std::string p = platform;
   for (char& c : p) c = static_cast<char>(std::tolower(c));
-  if (p == "host") return "cpu";
-  if (p == "gpu") return "cuda";
   return p;
 }
 

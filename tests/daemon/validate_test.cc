@@ -1,6 +1,7 @@
 #include "daemon/validate.h"
 
 #include "catch2/catch.hpp"
+#include "common/platforms.h"
 
 namespace kreg {
 namespace {
@@ -37,6 +38,20 @@ TEST_CASE("Platforms: canonical names and aliases", "[validate]") {
   CHECK(*ParsePlatform("Host") == Platform::kCpu);
   CHECK(*ParsePlatform("CUDA") == Platform::kCuda);
   CHECK(*ParsePlatform("gpu") == Platform::kCuda);
+}
+
+TEST_CASE("Platforms: every row of the table parses and names itself",
+          "[validate]") {
+  for (size_t i = 0; i < kNumPlatforms; ++i) {
+    const Platform p = static_cast<Platform>(i);
+    CHECK(*ParsePlatform(kPlatforms[i].name) == p);
+    CHECK(*ParsePlatform(kPlatforms[i].alias) == p);
+    CHECK(std::string(PlatformName(p)) == kPlatforms[i].name);
+  }
+  CHECK(std::string(PlatformName(static_cast<Platform>(kNumPlatforms))) == "?");
+  CHECK(PlatformChoices() ==
+        "\"cpu\" (alias \"host\") or \"cuda\" (alias "
+        "\"gpu\")");
 }
 
 TEST_CASE("Platforms: unsupported and unknown are refused", "[validate]") {

@@ -400,3 +400,19 @@ def test_errors_md_registration_rows_are_what_kregctl_prints(
     assert quoted, "kernel-author guide: no Stateful message"
     parts = quoted.group(1).split("…")
     assert re.search(".+?".join(map(re.escape, parts)), r.stderr), r.stderr
+
+
+def test_python_spells_platforms_like_common_platforms_h():
+  # One table of platforms (common/platforms.h) for kregd and the shim; the
+  # Python client's copy must say the same.
+  import re
+  from kreg import _client  # pylint: disable=import-outside-toplevel
+  header = (REPO / "common" / "platforms.h").read_text()
+  table = header.split("kPlatforms[] = {", 1)[1].split("};", 1)[0]
+  rows = re.findall(r'\{"([^"]+)", "([^"]+)", (?:"([^"]+)"|nullptr)\}', table)
+  assert rows, table
+  assert _client._PLATFORMS == {  # pylint: disable=protected-access
+      name: (jax, alias or None) for name, jax, alias in rows}
+  for name, jax, alias in rows:
+    assert _client._canonical_platform(alias.upper()) == name
+    assert _client._jax_platform(name) == jax

@@ -151,13 +151,21 @@ def _strip_scheme(address: str) -> str:
   return address
 
 
+# name -> (the name JAX uses, an alias): the table of common/platforms.h
+# (tests/python/test_docs.py checks that the two agree).
+_PLATFORMS = {"cpu": ("cpu", "host"), "cuda": ("CUDA", "gpu")}
+
+
 def _canonical_platform(platform: str) -> str:
   p = platform.lower()
-  return {"host": "cpu", "gpu": "cuda"}.get(p, p)
+  for name, (_, alias) in _PLATFORMS.items():
+    if p == alias:
+      return name
+  return p
 
 
 def _jax_platform(canonical: str) -> str:
-  return {"cpu": "cpu", "cuda": "CUDA"}.get(canonical, canonical)
+  return _PLATFORMS.get(canonical, (canonical, None))[0]
 
 
 def _to_target(info: _shim.TargetInfo) -> Target:

@@ -1,0 +1,41 @@
+// The platforms kregd serves and how they are spelled (DESIGN §2: a target
+// is a name on a platform): defined here once for kregd and the shim. The
+// Python client keeps a copy (client/python/kreg/_client.py) that
+// tests/python/test_docs.py checks against this table.
+#ifndef KREGD_COMMON_PLATFORMS_H_
+#define KREGD_COMMON_PLATFORMS_H_
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace kreg {
+
+struct PlatformRow {
+  const char* name;      // canonical, lower case; the row's index is its id
+  const char* jax_name;  // what jax.ffi.register_ffi_target calls it
+  const char* alias;     // another spelling accepted (lower case), or null
+};
+
+inline constexpr PlatformRow kPlatforms[] = {
+    {"cpu", "cpu", "host"},
+    {"cuda", "CUDA", "gpu"},
+};
+inline constexpr size_t kNumPlatforms =
+    sizeof(kPlatforms) / sizeof(*kPlatforms);
+
+// Platforms of JAX that kregd does not serve (refused as unsupported
+// rather than unknown).
+inline constexpr const char* kUnservedPlatforms[] = {"rocm", "tpu", "metal",
+                                                     "sycl"};
+
+// The row index of `spelling` (its name or alias, any case); -1 if none.
+int FindPlatform(std::string_view spelling);
+// Whether `spelling` (any case) is one of kUnservedPlatforms.
+bool IsUnservedPlatform(std::string_view spelling);
+// `"cpu" (alias "host") or "cuda" (alias "gpu")`, for messages.
+std::string PlatformChoices();
+
+}  // namespace kreg
+
+#endif  // KREGD_COMMON_PLATFORMS_H_
