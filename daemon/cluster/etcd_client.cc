@@ -1,10 +1,13 @@
 #include "daemon/cluster/etcd_client.h"
 
+#include <algorithm>
 #include <chrono>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "daemon/cluster/etcd_decode.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
@@ -20,11 +23,6 @@ absl::Status FromGrpc(const grpc::Status& st) {
 bool Retryable(grpc::StatusCode code) {
   return code == grpc::StatusCode::UNAVAILABLE ||
          code == grpc::StatusCode::DEADLINE_EXCEEDED;
-}
-
-EtcdKv FromKv(const mvccpb::KeyValue& kv) {
-  return EtcdKv{kv.key(), kv.value(), kv.create_revision(), kv.mod_revision(),
-                kv.lease()};
 }
 
 }  // namespace
@@ -147,20 +145,7 @@ absl::StatusOr<EtcdCreate> EtcdClient::CreateIfAbsent(const std::string& key,
                                   return m.kv->Txn(ctx, req, &resp);
                                 });
   if (!st.ok()) return st;
-  EtcdCreate out;
-  out.created = resp.succeeded();
-  out.revision = resp.header().revision();
-  if (!out.created) {
-    if (resp.responses_size() != 1 ||
-        resp.responses(0).response_range().kvs_size() != 1) {
-      // Deleted between the compare and the read: cannot happen inside one
-      // transaction; report it rather than guess.
-      return absl::InternalError(absl::StrCat(
-          "etcd transaction on \"", key, "\" neither created nor read it"));
-    }
-    out.existing = FromKv(resp.responses(0).response_range().kvs(0));
-  }
-  return out;
+  return DecodeCreate(key, resp);
 }
 
 absl::StatusOr<EtcdRange> EtcdClient::Range(const std::string& key,
@@ -174,10 +159,7 @@ absl::StatusOr<EtcdRange> EtcdClient::Range(const std::string& key,
         return m.kv->Range(ctx, req, &resp);
       });
   if (!st.ok()) return st;
-  EtcdRange out;
-  out.revision = resp.header().revision();
-  for (const mvccpb::KeyValue& kv : resp.kvs()) out.kvs.push_back(FromKv(kv));
-  return out;
+  return DecodeRange(resp);
 }
 
 absl::StatusOr<bool> EtcdClient::DeleteIfUnchanged(const std::string& key,
@@ -219,11 +201,7 @@ absl::StatusOr<int64_t> EtcdClient::GrantLease(int64_t ttl_s) {
         return m.lease->LeaseGrant(ctx, req, &resp);
       });
   if (!st.ok()) return st;
-  if (!resp.error().empty()) {
-    return absl::UnavailableError(
-        absl::StrCat("etcd refused a lease: ", resp.error()));
-  }
-  return resp.id();
+  return DecodeLeaseGrant(resp);
 }
 
 absl::StatusOr<int64_t> EtcdClient::KeepAlive(int64_t lease) {
@@ -241,11 +219,7 @@ absl::StatusOr<int64_t> EtcdClient::KeepAlive(int64_t lease) {
         return got ? grpc::Status::OK : fin;
       });
   if (!st.ok()) return st;
-  if (resp.ttl() <= 0) {
-    return absl::NotFoundError(
-        absl::StrCat("etcd lease ", lease, " has expired"));
-  }
-  return resp.ttl();
+  return DecodeKeepAlive(lease, resp);
 }
 
 absl::StatusOr<int64_t> EtcdClient::TimeToLive(int64_t lease) {
@@ -298,26 +272,18 @@ absl::Status EtcdClient::Watch(
       absl::StrCat("etcd watch on ", m.endpoint, " ended"));
   if (stream->Write(req)) {
     etcdserverpb::WatchResponse resp;
+    std::vector<EtcdEvent> events;
     while (stream->Read(&resp)) {
-      if (resp.canceled()) {
-        if (resp.compact_revision() > 0) {
-          result = absl::OutOfRangeError(absl::StrCat(
-              "etcd compacted the history to revision ",
-              resp.compact_revision(), " (watch from ", start_revision, ")"));
-        } else {
-          result = absl::UnavailableError(
-              absl::StrCat("etcd cancelled the watch on ", m.endpoint, ": ",
-                           resp.cancel_reason()));
-        }
+      events.clear();
+      absl::Status decoded =
+          DecodeWatch(resp, m.endpoint, start_revision, &events);
+      if (!decoded.ok()) {
+        result = decoded;
         break;
       }
-      for (const mvccpb::Event& ev : resp.events()) {
-        EtcdEvent e;
-        e.deleted = ev.type() == mvccpb::Event::DELETE;
-        e.kv = FromKv(ev.kv());
-        if (ev.has_prev_kv()) e.prev = FromKv(ev.prev_kv());
+      for (const EtcdEvent& e : events) {
         on_event(e);
-        *last_revision = std::max(*last_revision, ev.kv().mod_revision());
+        *last_revision = std::max(*last_revision, e.kv.mod_revision);
       }
     }
   }

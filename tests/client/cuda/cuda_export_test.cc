@@ -14,7 +14,7 @@
 #include "client/cuda/ipc_events.h"
 #include "client/cuda/staging_buffer.h"
 #include "daemon/cuda/cuda_session.h"
-#include "tests/daemon/cuda/fake_cuda.h"
+#include "tests/testing/fake_cuda.h"
 
 namespace kreg::cuda_client {
 namespace {

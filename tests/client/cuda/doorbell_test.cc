@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "catch2/catch.hpp"
-#include "tests/daemon/cuda/fake_cuda.h"
+#include "tests/testing/fake_cuda.h"
 
 namespace kreg::cuda_client {
 namespace {

@@ -9,7 +9,7 @@
 #include "catch2/catch.hpp"
 #include "client/cuda/cuda_export.h"
 #include "client/cuda/staging_buffer.h"
-#include "tests/daemon/cuda/fake_cuda.h"
+#include "tests/testing/fake_cuda.h"
 
 namespace kreg::cuda_client {
 namespace {

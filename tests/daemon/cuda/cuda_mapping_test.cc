@@ -11,7 +11,7 @@
 #include "catch2/catch.hpp"
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
-#include "tests/daemon/cuda/fake_cuda.h"
+#include "tests/testing/fake_cuda.h"
 
 namespace kreg {
 namespace {

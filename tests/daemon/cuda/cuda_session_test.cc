@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
-#include "tests/daemon/cuda/fake_cuda.h"
+#include "tests/testing/fake_cuda.h"
 
 namespace kreg {
 namespace {

@@ -15,8 +15,8 @@
 #include "daemon/cuda/cuda_devices.h"
 #include "daemon/cuda/cuda_session.h"
 #include "daemon/session/session.h"
-#include "tests/daemon/cuda/fake_cuda.h"
 #include "tests/daemon/session/test_util.h"
+#include "tests/testing/fake_cuda.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace kreg {

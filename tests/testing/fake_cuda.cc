@@ -1,4 +1,4 @@
-#include "tests/daemon/cuda/fake_cuda.h"
+#include "tests/testing/fake_cuda.h"
 
 #include <sys/mman.h>
 #include <sys/stat.h>

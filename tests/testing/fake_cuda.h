@@ -1,13 +1,14 @@
 // An in-memory fake of the CUDA driver (a cu::CudaDriver table whose entries
-// act on this object), so daemon/cuda runs its error paths and release
-// bookkeeping without a GPU. One FakeCuda may exist at a time.
+// act on this object), so daemon/cuda, client/cuda and the shim run their
+// error paths and release bookkeeping without a GPU. One FakeCuda may exist
+// at a time.
 //
 // GPU work is a sequence number: enqueueing (stream waits, records,
 // stream-ordered alloc/free, EnqueueKernel) bumps it; the fake "GPU" has
 // completed everything up to completed(). Events recorded after the last
 // CompleteAll() are not ready until the next one.
-#ifndef KREGD_TESTS_DAEMON_CUDA_FAKE_CUDA_H_
-#define KREGD_TESTS_DAEMON_CUDA_FAKE_CUDA_H_
+#ifndef KREGD_TESTS_TESTING_FAKE_CUDA_H_
+#define KREGD_TESTS_TESTING_FAKE_CUDA_H_
 
 #include <cstdint>
 #include <map>
@@ -150,4 +151,4 @@ class FakeCuda {
 
 }  // namespace kreg::testing
 
-#endif  // KREGD_TESTS_DAEMON_CUDA_FAKE_CUDA_H_
+#endif  // KREGD_TESTS_TESTING_FAKE_CUDA_H_

@@ -4,12 +4,13 @@
 // (values rewritten in place, names, dtypes, counts or nesting changed, a
 // table freed and its address reused); same attributes under another table
 // are found without encoding; bounded; errors are never cached.
+#include "client/shim/attr_cache.h"
+
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "catch2/catch.hpp"
-#include "client/shim/attr_cache.h"
 #include "client/shim/launch_encoder.h"
 #include "common/ring_encode.h"
 #include "xla/ffi/api/c_api.h"

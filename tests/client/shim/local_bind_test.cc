@@ -1,3 +1,5 @@
+#include "client/shim/local_bind.h"
+
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -8,7 +10,6 @@
 #include <string>
 
 #include "catch2/catch.hpp"
-#include "client/shim/local_bind.h"
 #include "common/sha256.h"
 
 namespace kreg {

@@ -1,8 +1,11 @@
 // Client-side half of the session encoding (client/shim): attributes of
 // every kind, including what JAX cannot lower (nested dictionaries, f16/bf16
 // scalars, pred arrays), the buffers the shim refuses, and the forwarding
-// handler's answers to XLA's metadata call and to wrong stages. Lives here
-// beside the daemon-side decoder tests it mirrors.
+// handler's answers to XLA's metadata call and to wrong stages. The
+// daemon-side decoder tests it mirrors are in tests/daemon/session/
+// (launch_decoder_test, ring_decoder_test).
+#include "client/shim/launch_encoder.h"
+
 #include <cstring>
 #include <string>
 #include <vector>
@@ -10,7 +13,6 @@
 #include "catch2/catch.hpp"
 #include "client/shim/client.h"
 #include "client/shim/forward.h"
-#include "client/shim/launch_encoder.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace kreg::shim {

@@ -1,8 +1,9 @@
+#include "client/shim/decode_error.h"
+
 #include <string>
 #include <vector>
 
 #include "catch2/catch.hpp"
-#include "client/shim/decode_error.h"
 
 namespace kreg {
 namespace shim {

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "catch2/catch.hpp"
-#include "tests/daemon/cuda/fake_cuda.h"
+#include "tests/testing/fake_cuda.h"
 
 namespace kreg {
 namespace {

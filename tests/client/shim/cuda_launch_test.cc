@@ -7,6 +7,8 @@
 // no wait for the completion, an error on the session's next call naming
 // the target, and ring launches completed before anything goes on the
 // socket.
+#include "client/shim/cuda_launch.h"
+
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -27,11 +29,10 @@
 #include "client/cuda/cuda_export.h"
 #include "client/shim/conn.h"
 #include "client/shim/cuda_conn_state.h"
-#include "client/shim/cuda_launch.h"
 #include "common/ring_layout.h"
 #include "common/wire.h"
 #include "kreg/v1/session.pb.h"
-#include "tests/daemon/cuda/fake_cuda.h"
+#include "tests/testing/fake_cuda.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace kreg::shim {
