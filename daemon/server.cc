@@ -458,8 +458,20 @@ absl::Status Daemon::StartSessions() {
   }
   // Re-adoption (DESIGN §12): executors left running by this kregd offer
   // themselves to the next one on the supervision socket.
-  const std::string supervision_path =
-      SessionSocketPath(config_.socket_path) + ".exec";
+  // Next to the session socket: the inherited one's path under socket
+  // activation (the configured path may not exist then).
+  std::string session_path = SessionSocketPath(config_.socket_path);
+  if (session_listen_fd_ >= 0) {
+    sockaddr_un addr{};
+    socklen_t len = sizeof(addr);
+    if (::getsockname(session_listen_fd_, reinterpret_cast<sockaddr*>(&addr),
+                      &len) == 0 &&
+        addr.sun_family == AF_UNIX && addr.sun_path[0] != '\0') {
+      session_path.assign(addr.sun_path,
+                          strnlen(addr.sun_path, sizeof(addr.sun_path)));
+    }
+  }
+  const std::string supervision_path = session_path + ".exec";
   AdoptionPolicy policy;
   if (config_.orphan_timeout_s > 0) {
     absl::StatusOr<std::string> secret = LoadAdoptionSecret(config_.state_dir);
@@ -538,7 +550,17 @@ absl::Status Daemon::StartSessions() {
       [this](ReadoptOffer offer, const std::function<bool()>& confirm) {
         return Readopt(std::move(offer), confirm);
       });
-  return readopt_->Start();
+  if (absl::Status s = readopt_->Start(); !s.ok()) {
+    // Serving goes on; only the next restart cannot re-adopt what this
+    // kregd leaves running.
+    spdlog::warn(
+        "supervision: {}; executors this kregd leaves running cannot be "
+        "re-adopted by the next one (they serve their sessions until those "
+        "close, at most orphan_timeout)",
+        std::string(s.message()));
+    readopt_.reset();
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Daemon::Readopt(ReadoptOffer offer,

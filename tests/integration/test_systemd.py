@@ -464,9 +464,14 @@ def test_socket_activation_serves_inherited_fd(tmp):
         st = parse_kv(r.stdout)
         assert st.get("state_dir") == str(tmp / "state"), r.stdout
 
-        # It served the inherited sockets instead of binding its own.
+        # It served the inherited sockets instead of binding its own; the
+        # supervision socket (re-adoption, DESIGN §12) is bound next to the
+        # inherited session socket, not next to the configured path.
         assert not (tmp / "own.sock").exists()
         assert not (tmp / "own.sock.session").exists()
+        assert not (tmp / "own.sock.session.exec").exists()
+        wait_for(lambda: (tmp / "k.sock.session.exec").exists(), 10.0,
+                 "the supervision socket beside the inherited one", d)
         assert "inherited from systemd" in d.log_text()
         # Same process (exec): LISTEN_PID matched.
         comm = Path(f"/proc/{d.pid}/comm").read_text().strip()

@@ -341,6 +341,8 @@ def test_the_supervision_socket_refuses_forged_offers(tmp_path, case, expect):
   d = start_test_daemon("kreg-orphan-", ["--orphan-timeout", "60"])
   try:
     path = d.session_socket + ".exec"
+    # Bound once the session socket listens.
+    assert wait_for(lambda: os.path.exists(path)), d.log()
     assert stat_mode(path) == 0o666
     me = os.getpid()
     fields = {1: me, 2: os.getuid(), 3: os.getgid(),
@@ -438,6 +440,7 @@ def test_stalled_connections_cannot_hold_the_supervision_socket():
   stalled = []
   try:
     path = d.session_socket + ".exec"
+    assert wait_for(lambda: os.path.exists(path)), d.log()
     for _ in range(4):  # kMaxOffersPerUid: each read for up to 5 s
       s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
       s.connect(path)
@@ -458,4 +461,21 @@ def test_stalled_connections_cannot_hold_the_supervision_socket():
   finally:
     for s in stalled:
       s.close()
+    finish_test_daemon(d)
+
+
+def test_a_supervision_socket_that_cannot_be_bound_only_costs_readoption():
+  import tempfile
+  from kregd_proc import Daemon
+  root = pathlib.Path(tempfile.mkdtemp(prefix="kreg-orphan-", dir="/tmp"))
+  d = Daemon(root, [os.path.realpath(ku.kernels_dir())],
+             ["--orphan-timeout", "60"])
+  (root / "kregd.sock.session.exec").mkdir()  # in the way
+  try:
+    d.start()
+    assert wait_for(lambda: "cannot be re-adopted by the next one" in d.log())
+    assert "supervision socket" in d.log() and "not a socket" in d.log(), \
+        d.log()
+    assert d.status()["state_dir"]  # kregd serves on
+  finally:
     finish_test_daemon(d)
