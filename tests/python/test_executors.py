@@ -177,6 +177,25 @@ except Exception as e:  # pylint: disable=broad-except
 """
 
 
+def wait_unread(pid: int, seconds: float = 10.0) -> bool:
+  """Waits until a Unix socket of process `pid` holds bytes it has not read
+  (`ss -x`'s Recv-Q); False after `seconds` (True after a pause where `ss`
+  is missing)."""
+  if shutil.which("ss") is None:
+    time.sleep(0.5)
+    return True
+  deadline = time.monotonic() + seconds
+  while time.monotonic() < deadline:
+    out = subprocess.run(["ss", "-xpn"], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+      fields = line.split()
+      if (len(fields) > 2 and f"pid={pid}," in line and fields[2].isdigit()
+          and int(fields[2]) > 0):
+        return True
+    time.sleep(0.02)
+  return False
+
+
 def test_a_request_no_executor_read_names_the_executor_that_died():
   # The executor dies (killed from outside) while the client's request
   # waits unread in the session socket: the call fails naming that
@@ -197,7 +216,8 @@ def test_a_request_no_executor_read_names_the_executor_that_died():
       os.kill(ex["pid"], signal.SIGSTOP)
       p.stdin.write("go\n")
       p.stdin.flush()
-      time.sleep(0.5)  # the request is in the socket; nobody reads it
+      # The request is in the executor's session socket; nobody reads it.
+      assert wait_unread(ex["pid"]), "the request never reached the executor"
       os.kill(ex["pid"], signal.SIGKILL)
       r = json.loads(p.stdout.readline())
     finally:
