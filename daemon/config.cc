@@ -209,6 +209,35 @@ const KeySpec kKeys[] = {
      [](const Config& c) { return TomlString(c.metrics_listen); }},
     {"metrics_allow_remote", "--metrics-allow-remote",
      [](const Config& c) { return TomlBool(c.metrics_allow_remote); }},
+    // The compile service (config_compile.cc).
+    {"max_parallel_compiles", "",
+     [](const Config& c) { return TomlInt(c.max_parallel_compiles); }},
+    {"compile_cpu_s", "",
+     [](const Config& c) { return TomlInt(c.compile_cpu_s); }},
+    {"compile_timeout_s", "",
+     [](const Config& c) { return TomlFloat(c.compile_timeout_s); }},
+    {"compile_memory_bytes", "",
+     [](const Config& c) {
+       return TomlInt(static_cast<int64_t>(c.compile_memory_bytes));
+     }},
+    {"compile_output_bytes", "",
+     [](const Config& c) {
+       return TomlInt(static_cast<int64_t>(c.compile_output_bytes));
+     }},
+    {"compile_max_processes", "",
+     [](const Config& c) { return TomlInt(c.compile_max_processes); }},
+    {"compile_cache_bytes", "",
+     [](const Config& c) {
+       return TomlInt(static_cast<int64_t>(c.compile_cache_bytes));
+     }},
+    {"compile_cxx", "",
+     [](const Config& c) { return TomlString(c.compile_cxx); }},
+    {"compile_nvcc", "",
+     [](const Config& c) { return TomlString(c.compile_nvcc); }},
+    {"compile_ffi_include_dir", "",
+     [](const Config& c) { return TomlString(c.compile_ffi_include_dir); }},
+    {"compile_binary", "",
+     [](const Config& c) { return TomlString(c.compile_binary); }},
 };
 
 // The keys, comma-separated, for the unknown-key message.
@@ -321,6 +350,8 @@ absl::Status ApplyToml(const std::string& path, Config* c) {
       if (k == "log_level") c->log_level = *s;
       if (k == "probe_binary") c->probe_binary = *s;
     } else if (absl::Status cst; ApplyClusterKey(path, k, &value, c, &cst)) {
+      if (!cst.ok()) return cst;
+    } else if (absl::Status cst; ApplyCompileKey(path, k, &value, c, &cst)) {
       if (!cst.ok()) return cst;
     } else if (uint64_t* field = NumberKey(k, c)) {
       auto n = value.value<int64_t>();

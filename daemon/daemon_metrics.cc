@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/version.h"
+#include "daemon/compile/compile_service.h"
 #include "daemon/exec/executor_pool.h"
 #include "daemon/exec/target_stats.h"
 #include "daemon/metrics/http_server.h"
@@ -155,6 +156,21 @@ std::string Daemon::RenderMetrics() {
   w.Family("kregd_store_bytes", "gauge",
            "bytes of the module store files registered targets use");
   w.Sample("kregd_store_bytes", {}, store_bytes);
+  if (compile_ != nullptr) {
+    const CompileCounts cc = compile_->counts();
+    w.Family("kregd_compiles_total", "counter",
+             "compiles run by the compile service (concurrent requests for "
+             "one cache key share one)");
+    w.Sample("kregd_compiles_total", {}, cc.compiles);
+    w.Family("kregd_compile_requests_total", "counter",
+             "CompileTarget requests, by outcome: cache_hit (no compile "
+             "needed), waited (shared another request's compile), failed");
+    w.Sample("kregd_compile_requests_total", {{"outcome", "cache_hit"}},
+             cc.cache_hits);
+    w.Sample("kregd_compile_requests_total", {{"outcome", "waited"}}, cc.waits);
+    w.Sample("kregd_compile_requests_total", {{"outcome", "failed"}},
+             cc.failures);
+  }
 
   // Sessions and executors.
   std::vector<BoundSession> sessions;

@@ -1,0 +1,125 @@
+// The compile service (DESIGN §13, docs/user-guide.md "Compile once"):
+// checks a CompileTarget request, computes its cache key, answers from the
+// compile cache (or, in cluster mode, a peer) or compiles in a sandboxed
+// kregd-compile worker as the caller, then registers the module through the
+// Registrar with content_id = the cache key, so DESIGN §2's rules apply
+// unchanged. Concurrent requests for one key share one compile; different
+// keys compile in parallel up to max_parallel.
+//
+// Thread-safe. The registrar and cache must outlive it.
+#ifndef KREGD_DAEMON_COMPILE_COMPILE_SERVICE_H_
+#define KREGD_DAEMON_COMPILE_COMPILE_SERVICE_H_
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/compile/compile_cache.h"
+#include "daemon/compile/compile_request.h"
+#include "daemon/registrar.h"
+#include "kreg/v1/compile.pb.h"
+
+namespace kreg {
+
+// The payload (absl::Status::GetPayload) saying which step a Compile error
+// came from: "compile" (the sources do not compile), "limit" (a compile
+// limit stopped it) or "registration" (the Registrar refused the result).
+inline constexpr char kCompileStagePayload[] = "kreg.dev/compile-stage";
+
+struct CompileOptions {
+  std::string worker_binary;  // kregd-compile
+  std::string cxx;            // g++ for cpu
+  std::string nvcc;           // nvcc for cuda; empty: none found
+  std::string ffi_include_dir;
+  v1::CompileLimits limits;
+  int max_parallel = 1;
+};
+
+struct CompileOutcome {
+  RegisterOutcome registration;
+  std::string cache_key;
+  bool cache_hit = false;  // no compile ran for this request
+  bool waited = false;     // it shared another request's compile
+  std::string diagnostics;
+};
+
+struct CompileCounts {
+  uint64_t requests = 0;
+  uint64_t compiles = 0;  // kregd_compiles_total
+  uint64_t cache_hits = 0;
+  uint64_t waits = 0;
+  uint64_t failures = 0;
+};
+
+class CompileService {
+ public:
+  // A module fetched from a peer by key (cluster mode), or nullopt.
+  using PeerFetch =
+      std::function<std::optional<std::string>(const std::string& key)>;
+
+  CompileService(Registrar* registrar, CompileCache* cache,
+                 CompileOptions options);
+  CompileService(const CompileService&) = delete;
+  CompileService& operator=(const CompileService&) = delete;
+
+  void set_peer_fetch(PeerFetch fetch) { peer_fetch_ = std::move(fetch); }
+
+  // Compiles (or finds) and registers. Errors: ParseCompileRequest's;
+  // FAILED_PRECONDITION when the platform's compiler is missing (naming
+  // it); INVALID_ARGUMENT for a compile error and RESOURCE_EXHAUSTED for a
+  // limit, both with the diagnostics in the message; the Registrar's.
+  // `diagnostics` (may be null) receives the compiler's output once the
+  // compile is done, also when it failed.
+  absl::StatusOr<CompileOutcome> Compile(
+      const v1::CompileTargetRequest& request, const PeerCred& peer,
+      const std::function<void(const std::string&)>& diagnostics);
+
+  // The module cached under `key` (cluster peers ask for it), or nullopt.
+  std::optional<std::string> Cached(const std::string& key);
+
+  CompileCounts counts() const;
+  CompileCache* cache() { return cache_; }
+
+ private:
+  // One compile that concurrent requests for its key share.
+  struct Flight {
+    bool done = false;
+    absl::StatusOr<std::string> module = std::string();
+    std::string diagnostics;
+  };
+
+  absl::StatusOr<std::string> Identity(Platform platform);
+  // The caller's error for a compile that failed or hit a limit.
+  static absl::Status CompileFailure(const CompileRequest& req,
+                                     const v1::CompileJobResult& r);
+  bool SlotFree() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs the worker for `req` as `peer` (waiting for a parallel slot).
+  absl::StatusOr<std::string> RunCompile(const CompileRequest& req,
+                                         const PeerCred& peer,
+                                         std::string* diagnostics);
+
+  Registrar* const registrar_;
+  CompileCache* const cache_;
+  const CompileOptions options_;
+  PeerFetch peer_fetch_;
+
+  absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Flight>> flights_ ABSL_GUARDED_BY(mu_);
+  std::map<Platform, std::string> identities_ ABSL_GUARDED_BY(mu_);
+  int running_ ABSL_GUARDED_BY(mu_) = 0;
+
+  std::atomic<uint64_t> requests_{0};
+  std::atomic<uint64_t> compiles_{0};
+  std::atomic<uint64_t> hits_{0};
+  std::atomic<uint64_t> waits_{0};
+  std::atomic<uint64_t> failures_{0};
+};
+
+}  // namespace kreg
+
+#endif  // KREGD_DAEMON_COMPILE_COMPILE_SERVICE_H_
