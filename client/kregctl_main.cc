@@ -16,6 +16,7 @@
 #include "CLI/CLI.hpp"
 #include "client/client.h"
 #include "client/kregctl_cluster.h"
+#include "client/kregctl_compile.h"
 #include "client/kregctl_stats.h"
 #include "common/paths.h"
 #include "common/version.h"
@@ -196,6 +197,8 @@ int main(int argc, char** argv) {
   show->add_option("NAME", name, "target name")->required();
   show->add_option("--platform", platform, "cpu or cuda (default: all)");
   show->add_flag("--json", as_json, "print JSON");
+  kreg::CompileArgs compile_args;
+  CLI::App* compile = kreg::AddCompileCommand(app, &compile_args);
   CLI::App* status = app.add_subcommand("status", "daemon status");
   status->add_flag("--json", as_json, "print JSON");
   CLI::App* config = app.add_subcommand(
@@ -357,6 +360,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  if (*compile) return kreg::RunCompile(client, compile_args, ToJson, Fail);
   if (*status) {
     auto s = client.Status();
     if (!s.ok()) return Fail(s.status());
@@ -377,7 +381,14 @@ int main(int argc, char** argv) {
            {"executor_crashes", s->executor_crashes()},
            {"quarantined", s->quarantined()},
            {"seccomp", s->seccomp()},
-           {"max_module_bytes", s->max_module_bytes()}};
+           {"max_module_bytes", s->max_module_bytes()},
+           {"compile_requests", s->compile_requests()},
+           {"compiles", s->compiles()},
+           {"compile_cache_hits", s->compile_cache_hits()},
+           {"compile_waits", s->compile_waits()},
+           {"compile_failures", s->compile_failures()},
+           {"compile_cache_bytes", s->compile_cache_bytes()},
+           {"compile_cache_entries", s->compile_cache_entries()}};
     // An older kregd does not report GPU sharing.
     if (!s->gpu_sharing().empty()) {
       j["gpu_sharing"] = s->gpu_sharing();
@@ -474,7 +485,11 @@ int main(int argc, char** argv) {
     if (!out.ok()) return Fail(out.status());
     std::cout << "removed " << out->files_removed() << " files ("
               << out->bytes_removed() << " bytes); kept " << out->files_kept()
-              << " files (" << out->bytes_kept() << " bytes)\n";
+              << " files (" << out->bytes_kept() << " bytes)\n"
+              << "compile cache: removed " << out->compile_files_removed()
+              << " files (" << out->compile_bytes_removed() << " bytes); kept "
+              << out->compile_files_kept() << " files ("
+              << out->compile_bytes_kept() << " bytes)\n";
     return 0;
   }
   // register

@@ -12,6 +12,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
@@ -106,7 +107,8 @@ bool MakeParents(const std::string& root, const std::string& rel) {
 }
 
 struct RunResult {
-  int status = 0;  // waitpid's
+  int status = 0;    // wait4's
+  double cpu_s = 0;  // the compiler's processes, together
   bool timed_out = false;
   std::string output;  // stdout and stderr, capped
   bool truncated = false;
@@ -183,8 +185,11 @@ RunResult Run(const std::vector<std::string>& argv, const std::string& cwd,
   // it is killed.
   ::kill(-pid, SIGKILL);
   ::close(out[0]);
-  while (::waitpid(pid, &r.status, 0) < 0 && errno == EINTR) {
+  rusage ru{};
+  while (::wait4(pid, &r.status, 0, &ru) < 0 && errno == EINTR) {
   }
+  r.cpu_s = ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
+            (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
   return r;
 }
 
@@ -224,11 +229,13 @@ std::string Trim(const std::string& s) {
 
 // Which limit a failed compile hit (a config key), from how it ended and
 // what the compiler said; empty for an ordinary compile error.
-std::string LimitHit(const RunResult& r) {
+std::string LimitHit(const RunResult& r, const v1::CompileLimits& l) {
   if (r.timed_out) return "compile_timeout_s";
   const int sig = WIFSIGNALED(r.status) ? WTERMSIG(r.status) : 0;
   const std::string& o = r.output;
-  if (sig == SIGXCPU || absl::StrContains(o, "CPU time limit exceeded")) {
+  // A compiler process killed at the hard CPU limit says only "Killed".
+  if (sig == SIGXCPU || absl::StrContains(o, "CPU time limit exceeded") ||
+      (l.cpu_s() > 0 && r.cpu_s + 0.05 >= static_cast<double>(l.cpu_s()))) {
     return "compile_cpu_s";
   }
   if (sig == SIGXFSZ || absl::StrContains(o, "File size limit exceeded") ||
@@ -352,12 +359,12 @@ std::string LimitText(const std::string& key, const v1::CompileLimits& l) {
   const bool ok =
       !run.timed_out && WIFEXITED(run.status) && WEXITSTATUS(run.status) == 0;
   if (!ok) {
-    std::string limit = LimitHit(run);
+    std::string limit = LimitHit(run, l);
     if (!limit.empty()) {
       r.set_code(8);  // RESOURCE_EXHAUSTED
       r.set_limit(limit);
-      r.set_message(absl::StrCat("the compile was stopped by ",
-                                 LimitText(limit, l), " (", limit, ")"));
+      r.set_message(
+          absl::StrCat("it hit ", LimitText(limit, l), " (", limit, ")"));
     } else {
       r.set_code(3);  // INVALID_ARGUMENT: the sources do not compile
       r.set_message(WIFEXITED(run.status)

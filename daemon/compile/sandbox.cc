@@ -87,7 +87,11 @@ bool ApplyChildLimits(const ChildLimits& limits) {
     rlimit r{value, value};
     return ::setrlimit(resource, &r) == 0;
   };
-  return set(RLIMIT_CPU, limits.cpu_s) && set(RLIMIT_AS, limits.memory_bytes) &&
+  // CPU: SIGXCPU at the soft limit (the compiler driver reports "CPU time
+  // limit exceeded"), SIGKILL a second later.
+  const rlimit cpu{limits.cpu_s, limits.cpu_s + 1};
+  if (limits.cpu_s != 0 && ::setrlimit(RLIMIT_CPU, &cpu) != 0) return false;
+  return set(RLIMIT_AS, limits.memory_bytes) &&
          set(RLIMIT_FSIZE, limits.output_bytes) &&
          set(RLIMIT_NPROC, limits.nproc) &&
          ::setrlimit(RLIMIT_CORE, &kNoCore) == 0;

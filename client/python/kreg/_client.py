@@ -406,7 +406,7 @@ class Client:
     mode = _resolve_execution(execution)
     _check_jax()
     request = _compile.encode_request(target_name, sources, func_name,
-                                      platform, tuple(options), headers,
+                                      platform, options, headers,
                                       content_id, replace)
     created, target, key, hit, _, diagnostics = _compile.compile_target(
         self.address, request, timeout)

@@ -201,6 +201,7 @@ def encode_request(target_name: str, sources: Any, func_name: str,
   if isinstance(options, (str, bytes)):
     raise TypeError("options must be a sequence of compiler options, e.g. "
                     "(\"-DN=4\",), not one string")
+  options = tuple(options)
   msg = bytearray()
   msg += _field(1, target_name) + _field(2, func_name) + _field(3, platform)
   for name, text in _files(sources, "sources"):
