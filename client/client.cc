@@ -224,9 +224,9 @@ absl::StatusOr<v1::CompileTargetResult> Client::Compile(
     const v1::CompileTargetRequest& req, double timeout_s,
     const std::function<void(const std::string&)>& on_diagnostics) {
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   std::chrono::milliseconds(
-                       static_cast<int64_t>(timeout_s * 1000.0)));
+  ctx.set_deadline(
+      std::chrono::system_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0)));
   std::unique_ptr<grpc::ClientReader<v1::CompileTargetEvent>> reader =
       stub_->CompileTarget(&ctx, req);
   v1::CompileTargetEvent event;
