@@ -537,3 +537,22 @@ def test_gc_trims_the_compile_cache_least_recently_used_first(tmp_path):
     assert d.status()["compile_cache_entries"] == 1
   finally:
     kregd_proc.finish_test_daemon(d)
+
+
+def test_the_user_guide_compile_once_example_runs_as_written():
+  # docs/user-guide.md "Compile once": five lines, verbatim, from the
+  # repository root, in a fresh process against a fresh kregd.
+  text = (ku.REPO_ROOT / "docs/user-guide.md").read_text()
+  blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+  block = [b for b in blocks if "kreg.compile_ffi_target(" in b]
+  assert len(block) == 1 and len(block[0].strip().splitlines()) <= 5
+  d = kregd_proc.start_test_daemon("kreg-compile-guide-")
+  try:
+    for hit in ("False", "True"):
+      r = subprocess.run([sys.executable, "-c", block[0]], env=d.env(),
+                         cwd=ku.REPO_ROOT, capture_output=True, text=True,
+                         timeout=300)
+      assert r.returncode == 0, r.stderr
+      assert r.stdout.strip() == f"[0.5 2.5 4.5 6.5] {hit}", r.stdout
+  finally:
+    kregd_proc.finish_test_daemon(d)

@@ -24,8 +24,9 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 def parse_keys() -> set[str]:
   """The keys ApplyToml parses (`k == "socket"` ...)."""
   keys = set()
-  for src in ("daemon/config.cc", "daemon/config_cluster.cc"):
-    keys |= set(re.findall(r'\bk == "(\w+)"', (REPO / src).read_text()))
+  # config.cc and its parts (config_cluster.cc, config_compile.cc, ...).
+  for src in sorted((REPO / "daemon").glob("config*.cc")):
+    keys |= set(re.findall(r'\bk == "(\w+)"', src.read_text()))
   return keys
 
 
