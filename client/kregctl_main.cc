@@ -388,7 +388,8 @@ int main(int argc, char** argv) {
            {"compile_waits", s->compile_waits()},
            {"compile_failures", s->compile_failures()},
            {"compile_cache_bytes", s->compile_cache_bytes()},
-           {"compile_cache_entries", s->compile_cache_entries()}};
+           {"compile_cache_entries", s->compile_cache_entries()},
+           {"compile_peer_fetches", s->compile_peer_fetches()}};
     // An older kregd does not report GPU sharing.
     if (!s->gpu_sharing().empty()) {
       j["gpu_sharing"] = s->gpu_sharing();

@@ -35,6 +35,7 @@ namespace kreg {
 
 class ClusterRegistry;
 class CompileCache;
+class CompilePeers;
 class CompileService;
 class ClusterService;
 class ExecutorPool;
@@ -112,6 +113,7 @@ class Daemon {
   // The compile service (DESIGN §13): cache in <state>/compile.
   std::unique_ptr<CompileCache> compile_cache_;
   std::unique_ptr<CompileService> compile_;
+  std::unique_ptr<CompilePeers> compile_peers_;  // cluster mode
   std::unique_ptr<RegistryService> service_;
   std::unique_ptr<SupervisionService> supervision_;
   std::unique_ptr<grpc::Server> server_;

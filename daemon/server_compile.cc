@@ -2,9 +2,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/cluster/cluster_registry.h"
 #include "daemon/compile/compile_cache.h"
 #include "daemon/compile/compile_service.h"
 #include "daemon/server.h"
@@ -21,6 +24,84 @@ std::string ExeDir() {
   size_t slash = path.rfind('/');
   return slash == std::string::npos ? "." : path.substr(0, slash);
 }
+
+// The cluster's other hosts (DESIGN §10, §13): before compiling a key, a
+// host asks etcd whether a host built it (then fetches the module from a
+// peer, verified against the recorded digest) or is building it (then
+// waits for that, up to the compile's wall-clock limit and a minute);
+// otherwise it claims the key and compiles.
+class ClusterCompilePeers final : public CompilePeers {
+ public:
+  ClusterCompilePeers(ClusterRegistry* cluster, double wall_s)
+      : cluster_(cluster), wait_s_(wall_s + 60) {}
+
+  std::optional<std::string> Before(const std::string& key,
+                                    int64_t* claim) override {
+    const std::string hex = KeyHex(key);
+    const auto deadline =
+        std::chrono::steady_clock::now() +
+        std::chrono::milliseconds(static_cast<int64_t>(wait_s_ * 1000));
+    bool said_waiting = false;
+    while (std::chrono::steady_clock::now() < deadline) {
+      absl::StatusOr<std::optional<ClusterRegistry::CompiledModule>> found =
+          cluster_->FindCompiled(hex);
+      if (!found.ok()) return Local(key, found.status());
+      if (*found) {
+        absl::StatusOr<std::string> bytes =
+            cluster_->FetchModule((*found)->digest, (*found)->size);
+        if (!bytes.ok()) return Local(key, bytes.status());
+        spdlog::info("compile {}: fetched {} from a peer, not compiled", key,
+                     (*found)->digest);
+        return *std::move(bytes);
+      }
+      absl::StatusOr<int64_t> lease =
+          cluster_->ClaimCompile(hex, static_cast<int64_t>(wait_s_));
+      if (!lease.ok()) return Local(key, lease.status());
+      if (*lease != 0) {
+        *claim = *lease;
+        return std::nullopt;  // ours to compile
+      }
+      if (!said_waiting) {
+        spdlog::info("compile {}: another host is compiling it; waiting", key);
+        said_waiting = true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    spdlog::warn(
+        "compile {}: no other host finished it in {} s; compiling "
+        "here",
+        key, wait_s_);
+    return std::nullopt;
+  }
+
+  void Done(const std::string& key, const std::string& digest, uint64_t size,
+            int64_t claim) override {
+    if (!digest.empty()) {
+      absl::Status s = cluster_->RecordCompiled(
+          KeyHex(key), ClusterRegistry::CompiledModule{digest, size});
+      if (!s.ok()) {
+        spdlog::warn(
+            "compile {}: not recorded in etcd ({}); other hosts "
+            "will compile it themselves",
+            key, std::string(s.message()));
+      }
+    }
+    cluster_->ReleaseCompile(claim);
+  }
+
+ private:
+  std::optional<std::string> Local(const std::string& key,
+                                   const absl::Status& why) {
+    spdlog::warn(
+        "compile {}: the cluster could not say or serve whether "
+        "another host built it ({}); compiling here",
+        key, std::string(why.message()));
+    return std::nullopt;
+  }
+
+  ClusterRegistry* const cluster_;
+  const double wait_s_;
+};
 
 }  // namespace
 
@@ -63,8 +144,14 @@ absl::Status Daemon::StartCompile() {
       opts.max_parallel, config_.state_dir + "/compile",
       config_.compile_cache_bytes, opts.cxx,
       opts.nvcc.empty() ? "not found" : opts.nvcc);
+  const double wall_s = opts.limits.wall_s();
   compile_ = std::make_unique<CompileService>(&registrar_, compile_cache_.get(),
                                               std::move(opts));
+  if (cluster_ != nullptr) {
+    compile_peers_ =
+        std::make_unique<ClusterCompilePeers>(cluster_.get(), wall_s);
+    compile_->set_peers(compile_peers_.get());
+  }
   return absl::OkStatus();
 }
 
@@ -76,6 +163,7 @@ void Daemon::FillCompileStatus(v1::GetStatusResponse* r) {
   r->set_compile_cache_hits(c.cache_hits);
   r->set_compile_waits(c.waits);
   r->set_compile_failures(c.failures);
+  r->set_compile_peer_fetches(c.peer_fetches);
   CompileCacheUsage u = compile_cache_->Usage();
   r->set_compile_cache_bytes(u.bytes);
   r->set_compile_cache_entries(static_cast<uint32_t>(u.files));

@@ -224,16 +224,15 @@ absl::StatusOr<CompileOutcome> CompileService::Compile(
   CompileOutcome out;
   out.cache_key = CompileCacheKey(*req, *identity);
   std::optional<std::string> module = cache_->Get(out.cache_key);
-  if (!module && peer_fetch_) {
-    module = peer_fetch_(out.cache_key);
-    if (module) (void)cache_->Put(out.cache_key, *module);
-  }
+  // This request leads the compile of its key and, in cluster mode, holds
+  // the cluster's claim of it: it tells the peers how it ended.
+  bool leader = false;
+  int64_t claim = 0;
   if (module) {
     out.cache_hit = true;
     hits_.fetch_add(1);
   } else {
     std::shared_ptr<Flight> flight;
-    bool leader = false;
     {
       absl::MutexLock lock(&mu_);
       auto [it, inserted] =
@@ -242,8 +241,17 @@ absl::StatusOr<CompileOutcome> CompileService::Compile(
       leader = inserted;
     }
     if (leader) {
-      // Another request may have finished this key since the lookup.
+      // Another request may have finished this key since the lookup; in
+      // cluster mode another host may have built it.
       std::optional<std::string> again = cache_->Get(out.cache_key);
+      if (!again && peers_ != nullptr) {
+        again = peers_->Before(out.cache_key, &claim);
+        if (again) {
+          out.from_peer = true;
+          peer_fetches_.fetch_add(1);
+          (void)cache_->Put(out.cache_key, *again);
+        }
+      }
       absl::StatusOr<std::string> built = std::string();
       std::string diag;
       if (again) {
@@ -274,6 +282,8 @@ absl::StatusOr<CompileOutcome> CompileService::Compile(
     if (diagnostics && !out.diagnostics.empty()) diagnostics(out.diagnostics);
     if (!flight->module.ok()) {
       failures_.fetch_add(1);
+      if (leader && peers_ != nullptr)
+        peers_->Done(out.cache_key, "", 0, claim);
       return flight->module.status();
     }
     module = *flight->module;
@@ -290,6 +300,15 @@ absl::StatusOr<CompileOutcome> CompileService::Compile(
   reg.upload = *std::move(module);
   absl::StatusOr<RegisterOutcome> registered =
       registrar_->Register(std::move(reg), peer);
+  if (leader && peers_ != nullptr) {
+    // What this host now serves to the cluster's other hosts.
+    if (registered.ok() && !out.from_peer) {
+      peers_->Done(out.cache_key, registered->entry->module_digest,
+                   registered->entry->module_size, claim);
+    } else {
+      peers_->Done(out.cache_key, "", 0, claim);
+    }
+  }
   if (!registered.ok()) {
     absl::Status st = registered.status();
     st.SetPayload(kCompileStagePayload, absl::Cord("registration"));
@@ -310,6 +329,7 @@ CompileCounts CompileService::counts() const {
   c.cache_hits = hits_.load();
   c.waits = waits_.load();
   c.failures = failures_.load();
+  c.peer_fetches = peer_fetches_.load();
   return c;
 }
 

@@ -40,11 +40,27 @@ struct CompileOptions {
   int max_parallel = 1;
 };
 
+// The other hosts of a cluster (DESIGN §10, §13); see server_compile.cc.
+class CompilePeers {
+ public:
+  virtual ~CompilePeers() = default;
+  // Before this host compiles `key`: the module another host built for it
+  // (verified against the digest the cluster records), or nullopt when this
+  // host is to compile it. Sets `*claim` when this host claimed the key.
+  virtual std::optional<std::string> Before(const std::string& key,
+                                            int64_t* claim) = 0;
+  // After: the module this host registered for `key` (`digest` empty when
+  // none: the compile or its registration failed); ends `claim`.
+  virtual void Done(const std::string& key, const std::string& digest,
+                    uint64_t size, int64_t claim) = 0;
+};
+
 struct CompileOutcome {
   RegisterOutcome registration;
   std::string cache_key;
   bool cache_hit = false;  // no compile ran for this request
   bool waited = false;     // it shared another request's compile
+  bool from_peer = false;  // a cluster peer had the module
   std::string diagnostics;
 };
 
@@ -54,20 +70,19 @@ struct CompileCounts {
   uint64_t cache_hits = 0;
   uint64_t waits = 0;
   uint64_t failures = 0;
+  uint64_t peer_fetches = 0;  // modules a cluster peer had built
 };
 
 class CompileService {
  public:
-  // A module fetched from a peer by key (cluster mode), or nullopt.
-  using PeerFetch =
-      std::function<std::optional<std::string>(const std::string& key)>;
-
   CompileService(Registrar* registrar, CompileCache* cache,
                  CompileOptions options);
   CompileService(const CompileService&) = delete;
   CompileService& operator=(const CompileService&) = delete;
 
-  void set_peer_fetch(PeerFetch fetch) { peer_fetch_ = std::move(fetch); }
+  // Cluster mode: asks `peers` (which must outlive this) for a key before
+  // compiling it.
+  void set_peers(CompilePeers* peers) { peers_ = peers; }
 
   // Compiles (or finds) and registers. Errors: ParseCompileRequest's;
   // FAILED_PRECONDITION when the platform's compiler is missing (naming
@@ -106,7 +121,7 @@ class CompileService {
   Registrar* const registrar_;
   CompileCache* const cache_;
   const CompileOptions options_;
-  PeerFetch peer_fetch_;
+  CompilePeers* peers_ = nullptr;
 
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Flight>> flights_ ABSL_GUARDED_BY(mu_);
@@ -118,6 +133,7 @@ class CompileService {
   std::atomic<uint64_t> hits_{0};
   std::atomic<uint64_t> waits_{0};
   std::atomic<uint64_t> failures_{0};
+  std::atomic<uint64_t> peer_fetches_{0};
 };
 
 }  // namespace kreg
