@@ -279,7 +279,15 @@ std::string LimitText(const std::string& key, const v1::CompileLimits& l) {
   if (job.sandbox()) {
     absl::Status s = EnterSandbox(scratch, l.output_bytes() * 2 + (64u << 20),
                                   job.uid(), job.gid());
-    if (!s.ok()) Fail(13, std::string(s.message()));
+    if (!s.ok()) {
+      // FAILED_PRECONDITION: the host, not the sources (operator guide,
+      // "The compile service").
+      Fail(9, absl::StrCat(
+                  "the compile sandbox could not be set up (", s.message(),
+                  "); kregd needs CAP_SYS_ADMIN and mount, network and IPC "
+                  "namespaces for it (kregd.service: CAP_SYS_ADMIN in "
+                  "CapabilityBoundingSet=, RestrictNamespaces=mnt net ipc)"));
+    }
     note = "sandboxed";
   } else {
     const char* tmp = std::getenv("TMPDIR");

@@ -92,10 +92,12 @@ absl::StatusOr<v1::CompileJobResult> RunCompileWorker(
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK |
                                       POSIX_SPAWN_SETSIGDEF |
                                       POSIX_SPAWN_SETPGROUP);
-  // A plain environment: the worker sets the compiler's own.
+  // A plain environment (the worker sets the compiler's own): where its
+  // libraries are, its scratch directory, sanitizer settings.
   std::vector<char*> env;
   for (char** e = environ; *e != nullptr; ++e) {
     if (std::strncmp(*e, "TMPDIR=", 7) == 0 ||
+        std::strncmp(*e, "LD_LIBRARY_PATH=", 16) == 0 ||
         std::strncmp(*e, "ASAN_OPTIONS=", 13) == 0 ||
         std::strncmp(*e, "UBSAN_OPTIONS=", 14) == 0 ||
         std::strncmp(*e, "LSAN_OPTIONS=", 13) == 0) {
