@@ -546,6 +546,9 @@ def test_the_user_guide_compile_once_example_runs_as_written():
   blocks = re.findall(r"```python\n(.*?)```", text, re.S)
   block = [b for b in blocks if "kreg.compile_ffi_target(" in b]
   assert len(block) == 1 and len(block[0].strip().splitlines()) <= 5
+  # The README shows the same lines.
+  readme = (ku.REPO_ROOT / "README.md").read_text()
+  assert block[0] in re.findall(r"```python\n(.*?)```", readme, re.S)
   d = kregd_proc.start_test_daemon("kreg-compile-guide-")
   try:
     for hit in ("False", "True"):
