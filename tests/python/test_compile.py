@@ -559,3 +559,35 @@ def test_the_user_guide_compile_once_example_runs_as_written():
       assert r.stdout.strip() == f"[0.5 2.5 4.5 6.5] {hit}", r.stdout
   finally:
     kregd_proc.finish_test_daemon(d)
+
+
+def test_compiles_are_counted_in_prometheus_metrics(tmp_path):
+  import socket  # pylint: disable=import-outside-toplevel
+  d = kregd_proc.start_test_daemon("kreg-compile-metrics-")
+  d.stop()
+  metrics = d.root / "metrics.sock"
+  d.extra_args += ["--metrics-listen", f"unix:{metrics}"]
+  d.start()
+  try:
+    client = kreg.Client(d.socket)  # the default stays the module's kregd
+    src = {"k.cc": unique(AXPB)}
+    for name in ("cc.m1", "cc.m2"):
+      client.compile_ffi_target(name, src, "AxpbHandler", platform="cpu",
+                                headers={"axpb.h": AXPB_H})
+    with pytest.raises(kreg.CompileError):
+      client.compile_ffi_target("cc.m3", {"k.cc": "int f( {"}, "f",
+                                platform="cpu")
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(str(metrics))
+    s.sendall(b"GET /metrics HTTP/1.1\r\nHost: kregd\r\n\r\n")
+    body = b""
+    while chunk := s.recv(65536):
+      body += chunk
+    s.close()
+    text = body.decode()
+    assert "\nkregd_compiles_total 2\n" in text, text
+    assert 'kregd_compile_requests_total{outcome="cache_hit"} 1' in text
+    assert 'kregd_compile_requests_total{outcome="failed"} 1' in text
+    assert "# TYPE kregd_compiles_total counter" in text
+  finally:
+    kregd_proc.finish_test_daemon(d)
