@@ -67,6 +67,16 @@ std::chrono::milliseconds WorkerTimeout(const v1::CompileLimits& l) {
 
 }  // namespace
 
+absl::StatusOr<v1::CompileJobResult> CompileService::RunWorker(
+    const v1::CompileJob& job, std::chrono::milliseconds timeout,
+    uint64_t max_module_bytes) {
+  if (options_.run_worker) {
+    return options_.run_worker(job, timeout, max_module_bytes);
+  }
+  return RunCompileWorker(options_.worker_binary, job, timeout,
+                          max_module_bytes);
+}
+
 bool CompileService::SlotFree() const {
   return running_ < std::max(1, options_.max_parallel);
 }
@@ -113,8 +123,8 @@ absl::StatusOr<std::string> CompileService::Identity(Platform platform) {
     job.set_uid(65534);
     job.set_gid(65534);
   }
-  absl::StatusOr<v1::CompileJobResult> r = RunCompileWorker(
-      options_.worker_binary, job, std::chrono::seconds(60), 1);
+  absl::StatusOr<v1::CompileJobResult> r =
+      RunWorker(job, std::chrono::seconds(60), 1);
   if (!r.ok()) return r.status();
   if (r->code() != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -166,8 +176,7 @@ absl::StatusOr<std::string> CompileService::RunCompile(
   compiles_.fetch_add(1);
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<v1::CompileJobResult> r =
-      RunCompileWorker(options_.worker_binary, job, WorkerTimeout(job.limits()),
-                       job.limits().output_bytes());
+      RunWorker(job, WorkerTimeout(job.limits()), job.limits().output_bytes());
   {
     absl::MutexLock lock(&mu_);
     --running_;

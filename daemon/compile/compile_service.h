@@ -11,6 +11,7 @@
 #define KREGD_DAEMON_COMPILE_COMPILE_SERVICE_H_
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -38,6 +39,11 @@ struct CompileOptions {
   std::string ffi_include_dir;
   v1::CompileLimits limits;
   int max_parallel = 1;
+  // Runs one job (tests fake it); unset: RunCompileWorker(worker_binary).
+  std::function<absl::StatusOr<v1::CompileJobResult>(
+      const v1::CompileJob& job, std::chrono::milliseconds timeout,
+      uint64_t max_module_bytes)>
+      run_worker;
 };
 
 // The other hosts of a cluster (DESIGN §10, §13); see server_compile.cc.
@@ -112,6 +118,9 @@ class CompileService {
   // The caller's error for a compile that failed or hit a limit.
   static absl::Status CompileFailure(const CompileRequest& req,
                                      const v1::CompileJobResult& r);
+  absl::StatusOr<v1::CompileJobResult> RunWorker(
+      const v1::CompileJob& job, std::chrono::milliseconds timeout,
+      uint64_t max_module_bytes);
   bool SlotFree() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs the worker for `req` as `peer` (waiting for a parallel slot).
   absl::StatusOr<std::string> RunCompile(const CompileRequest& req,
