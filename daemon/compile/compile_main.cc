@@ -28,6 +28,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/compile/compiler_process.h"
 #include "daemon/compile/sandbox.h"
 #include "daemon/exec/hardening.h"
 #include "kreg/v1/compile.pb.h"
@@ -106,93 +107,6 @@ bool MakeParents(const std::string& root, const std::string& rel) {
   return true;
 }
 
-struct RunResult {
-  int status = 0;    // wait4's
-  double cpu_s = 0;  // the compiler's processes, together
-  bool timed_out = false;
-  std::string output;  // stdout and stderr, capped
-  bool truncated = false;
-};
-
-// Runs argv in `cwd` in its own process group under `limits`; kills the
-// group after `wall_s`. The child's stdout and stderr go to one pipe.
-RunResult Run(const std::vector<std::string>& argv, const std::string& cwd,
-              const ChildLimits& limits, double wall_s,
-              const std::vector<std::string>& env) {
-  RunResult r;
-  int out[2];
-  if (::pipe2(out, O_CLOEXEC) != 0) Fail(13, "pipe2 failed");
-  pid_t pid = ::fork();
-  if (pid < 0) Fail(13, absl::StrCat("fork: ", std::strerror(errno)));
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    ::dup2(out[1], 1);
-    ::dup2(out[1], 2);
-    int devnull = ::open("/dev/null", O_RDONLY);
-    if (devnull >= 0) ::dup2(devnull, 0);
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::chdir(cwd.c_str()) != 0 || !ApplyChildLimits(limits)) {
-      std::string m = absl::StrCat(
-          "kregd-compile: cannot set up the compiler "
-          "process: ",
-          std::strerror(errno), "\n");
-      WriteAll(2, m);
-      ::_exit(127);
-    }
-    std::vector<char*> args, envp;
-    for (const std::string& a : argv)
-      args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    for (const std::string& e : env)
-      envp.push_back(const_cast<char*>(e.c_str()));
-    envp.push_back(nullptr);
-    ::execve(args[0], args.data(), envp.data());
-    std::string m = absl::StrCat("kregd-compile: cannot run ", argv[0], ": ",
-                                 std::strerror(errno), "\n");
-    WriteAll(2, m);
-    ::_exit(127);
-  }
-  ::close(out[1]);
-  ::setpgid(pid, pid);
-  const auto deadline =
-      std::chrono::steady_clock::now() +
-      std::chrono::milliseconds(static_cast<int64_t>(wall_s * 1000.0));
-  char buf[65536];
-  bool open = true;
-  while (open) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                    deadline - std::chrono::steady_clock::now())
-                    .count();
-    if (left <= 0) {
-      r.timed_out = true;
-      break;
-    }
-    pollfd p{out[0], POLLIN, 0};
-    int n = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
-    if (n < 0 && errno != EINTR) break;
-    if (n <= 0) continue;
-    ssize_t got = ::read(out[0], buf, sizeof(buf));
-    if (got <= 0) {
-      open = got < 0 && errno == EINTR;
-      continue;
-    }
-    size_t room =
-        kMaxDiagnosticsBytes - std::min(kMaxDiagnosticsBytes, r.output.size());
-    r.output.append(buf, std::min(room, static_cast<size_t>(got)));
-    if (static_cast<size_t>(got) > room) r.truncated = true;
-  }
-  // The compiler's whole group: cc1plus, as and ld outlive the driver when
-  // it is killed.
-  ::kill(-pid, SIGKILL);
-  ::close(out[0]);
-  rusage ru{};
-  while (::wait4(pid, &r.status, 0, &ru) < 0 && errno == EINTR) {
-  }
-  r.cpu_s = ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
-            (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-  return r;
-}
-
 std::string Trim(const std::string& s) {
   size_t end = s.find_last_not_of(" \n\r\t");
   return end == std::string::npos ? "" : s.substr(0, end + 1);
@@ -209,9 +123,11 @@ std::string Trim(const std::string& s) {
   const std::vector<std::string> env = {"PATH=/usr/local/bin:/usr/bin:/bin",
                                         "LANG=C", "LC_ALL=C"};
   ChildLimits limits{30, 0, 0, 0};
-  RunResult version = Run({real, "--version"}, "/", limits, 30, env);
-  if (!WIFEXITED(version.status) || WEXITSTATUS(version.status) != 0) {
-    Fail(9, absl::StrCat(real, " --version failed: ", Trim(version.output)));
+  absl::StatusOr<CompilerRun> version = RunCompiler(
+      {real, "--version"}, "/", limits, 30, env, kMaxDiagnosticsBytes);
+  if (!version.ok()) Fail(13, std::string(version.status().message()));
+  if (!WIFEXITED(version->status) || WEXITSTATUS(version->status) != 0) {
+    Fail(9, absl::StrCat(real, " --version failed: ", Trim(version->output)));
   }
   std::string arch;
   if (absl::StrContains(real, "nvcc")) {
@@ -219,57 +135,13 @@ std::string Trim(const std::string& s) {
     ::uname(&u);
     arch = u.machine;
   } else {
-    RunResult m = Run({real, "-dumpmachine"}, "/", limits, 30, env);
-    arch = Trim(m.output);
+    absl::StatusOr<CompilerRun> m = RunCompiler(
+        {real, "-dumpmachine"}, "/", limits, 30, env, kMaxDiagnosticsBytes);
+    if (m.ok()) arch = Trim(m->output);
   }
   v1::CompileJobResult r;
-  r.set_identity(absl::StrCat(real, "\n", Trim(version.output), "\n", arch));
+  r.set_identity(absl::StrCat(real, "\n", Trim(version->output), "\n", arch));
   Answer(r);
-}
-
-// Which limit a failed compile hit (a config key), from how it ended and
-// what the compiler said; empty for an ordinary compile error.
-std::string LimitHit(const RunResult& r, const v1::CompileLimits& l) {
-  if (r.timed_out) return "compile_timeout_s";
-  const int sig = WIFSIGNALED(r.status) ? WTERMSIG(r.status) : 0;
-  const std::string& o = r.output;
-  // A compiler process killed at the hard CPU limit says only "Killed".
-  if (sig == SIGXCPU || absl::StrContains(o, "CPU time limit exceeded") ||
-      (l.cpu_s() > 0 && r.cpu_s + 0.05 >= static_cast<double>(l.cpu_s()))) {
-    return "compile_cpu_s";
-  }
-  if (sig == SIGXFSZ || absl::StrContains(o, "File size limit exceeded") ||
-      absl::StrContains(o, "No space left on device")) {
-    return "compile_output_bytes";
-  }
-  if (absl::StrContains(o, "memory exhausted") ||
-      absl::StrContains(o, "out of memory") ||
-      absl::StrContains(o, "Cannot allocate memory") ||
-      absl::StrContains(o, "std::bad_alloc")) {
-    return "compile_memory_bytes";
-  }
-  if (absl::StrContains(o, "Resource temporarily unavailable")) {
-    return "compile_max_processes";
-  }
-  return "";
-}
-
-std::string LimitText(const std::string& key, const v1::CompileLimits& l) {
-  if (key == "compile_timeout_s") {
-    return absl::StrCat("the wall-clock limit of ", l.wall_s(), " s");
-  }
-  if (key == "compile_cpu_s") {
-    return absl::StrCat("the CPU time limit of ", l.cpu_s(), " s");
-  }
-  if (key == "compile_output_bytes") {
-    return absl::StrCat("the output size limit of ", l.output_bytes(),
-                        " bytes");
-  }
-  if (key == "compile_memory_bytes") {
-    return absl::StrCat("the memory limit of ", l.memory_bytes(), " bytes");
-  }
-  return absl::StrCat("the process limit of ", l.processes(),
-                      " processes at once");
 }
 
 [[noreturn]] void Compile(const v1::CompileJob& job) {
@@ -355,7 +227,10 @@ std::string LimitText(const std::string& key, const v1::CompileLimits& l) {
   // the compile's own processes.
   limits.nproc =
       l.processes() == 0 ? 0 : TasksOfUid(::getuid()) + l.processes();
-  RunResult run = Run(argv, src, limits, l.wall_s(), env);
+  absl::StatusOr<CompilerRun> ran =
+      RunCompiler(argv, src, limits, l.wall_s(), env, kMaxDiagnosticsBytes);
+  if (!ran.ok()) Fail(13, std::string(ran.status().message()), note);
+  const CompilerRun& run = *ran;
   v1::CompileJobResult r;
   r.set_note(note);
   r.set_diagnostics(run.output);
