@@ -591,3 +591,71 @@ def test_compiles_are_counted_in_prometheus_metrics(tmp_path):
     assert "# TYPE kregd_compiles_total counter" in text
   finally:
     kregd_proc.finish_test_daemon(d)
+
+
+def test_a_kregd_that_is_not_root_compiles_unsandboxed_and_says_so(
+    nobody_dir):
+  # kregd as uid 65534: the worker cannot change uid or make namespaces; it
+  # compiles as kregd's uid with the limits, and kregd's log says so.
+  bindir = nobody_dir / "bin"
+  bindir.mkdir()
+  for rel in ("daemon/kregd", "daemon/kregd-probe", "daemon/exec/kregd-exec",
+              "daemon/compile/kregd-compile"):
+    src = kregd_proc.daemon_binary().parent.parent / rel
+    shutil.copy(src, bindir / src.name)
+    os.chmod(bindir / src.name, 0o755)
+  home = nobody_dir / "kregd"
+  home.mkdir()
+  os.chown(home, 65534, 65534)
+  sock = home / "kregd.sock"
+  log = open(home / "kregd.log", "wb")
+  proc = subprocess.Popen(
+      [str(bindir / "kregd"), "--socket", str(sock), "--state-dir",
+       str(home / "state"), "--orphan-timeout", "0"],
+      stdout=log, stderr=log, user=65534, group=65534, extra_groups=[],
+      env={"PATH": "/usr/bin:/bin", "TMPDIR": str(home)})
+  try:
+    deadline = time.monotonic() + 30
+    while not os.path.exists(str(sock) + ".session"):
+      assert proc.poll() is None and time.monotonic() < deadline, (
+          home / "kregd.log").read_text()
+      time.sleep(0.05)
+    reg = kreg.Client(str(sock)).compile_ffi_target(
+        "cc.nonroot", {"k.cc": unique(AXPB)}, "AxpbHandler", platform="cpu",
+        headers={"axpb.h": AXPB_H})
+    assert reg.created
+    text = (home / "kregd.log").read_text()
+    assert ("kregd is not root: compile workers run as kregd's uid 65534, "
+            "not as their callers'") in text, text
+    assert "not sandboxed (kregd is not root), as kregd's uid 65534" in text
+    # Its scratch directory is gone.
+    assert not list(home.glob("kregd-compile-*"))
+  finally:
+    proc.terminate()
+    proc.wait(timeout=20)
+    log.close()
+
+
+def test_a_sandbox_that_cannot_be_set_up_says_what_kregd_needs(nobody_dir):
+  # The worker itself, asked for a sandbox without the rights for one.
+  from kreg._compile import _decode, _field  # pylint: disable=import-outside-toplevel
+  worker = nobody_dir / "kregd-compile"
+  shutil.copy(kregd_proc.daemon_binary().parent / "compile" / "kregd-compile",
+              worker)
+  os.chmod(worker, 0o755)
+  job = (_field(2, "/usr/bin/g++") +
+         _field(4, _field(1, "k.cc") + _field(2, "int x;")) +
+         _field(12, True))
+  p = subprocess.run([str(worker)], input=job, capture_output=True,
+                     timeout=60, user=65534, group=65534, extra_groups=[])
+  answer = _decode(p.stdout)
+  assert answer[1] == [9], answer  # FAILED_PRECONDITION
+  message = answer[2][0].decode()
+  assert message.startswith("the compile sandbox could not be set up "
+                            "(sandbox: unshare("), message
+  assert "CAP_SYS_ADMIN" in message and "RestrictNamespaces=mnt net ipc" in (
+      message)
+  # And garbage instead of a job: INVALID_ARGUMENT, not a crash.
+  p = subprocess.run([str(worker)], input=b"\xff\xff\xff", capture_output=True,
+                     timeout=60)
+  assert _decode(p.stdout)[1] == [3]
