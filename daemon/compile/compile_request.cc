@@ -145,6 +145,17 @@ absl::StatusOr<CompileRequest> ParseCompileRequest(
       (header ? out.headers : out.sources).emplace_back(f.name(), f.text());
     }
   }
+  // A file cannot also be a directory of another ("a.h" and "a.h/b.h").
+  for (const std::string& name : seen) {
+    for (size_t slash = name.find('/'); slash != std::string::npos;
+         slash = name.find('/', slash + 1)) {
+      if (seen.count(name.substr(0, slash)) != 0) {
+        return BadFile("header", name,
+                       absl::StrCat("lies under \"", name.substr(0, slash),
+                                    "\", which is sent as a file"));
+      }
+    }
+  }
   if (req.options_size() > static_cast<int>(kMaxCompileOptions)) {
     return absl::InvalidArgumentError(
         absl::StrCat("compile: ", req.options_size(),

@@ -80,6 +80,14 @@ TEST_CASE("A name sent twice is refused", "[compile]") {
   CHECK(Refusal(r).find("is sent twice") != std::string::npos);
 }
 
+TEST_CASE("A file cannot also be a directory", "[compile]") {
+  v1::CompileTargetRequest r = Request();
+  r.add_headers()->set_name("a.h");
+  r.add_headers()->set_name("a.h/b.h");
+  CHECK(Refusal(r).find("lies under \"a.h\", which is sent as a file") !=
+        std::string::npos);
+}
+
 TEST_CASE("Counts and sizes are bounded", "[compile]") {
   v1::CompileTargetRequest none = Request();
   none.clear_sources();
