@@ -187,9 +187,13 @@ absl::StatusOr<std::string> CompileService::RunCompile(
   if (!r.ok()) {
     spdlog::error("compile of \"{}\" for uid {}: {}", req.target_name, peer.uid,
                   std::string(r.status().message()));
-    return absl::Status(r.status().code(),
+    // Tagged "compile": kregd itself is up (a client must not read this
+    // UNAVAILABLE as "kregd is not running").
+    absl::Status failed(r.status().code(),
                         absl::StrCat("compile of target \"", req.target_name,
                                      "\": ", r.status().message()));
+    failed.SetPayload(kCompileStagePayload, absl::Cord("compile"));
+    return failed;
   }
   *diagnostics = r->diagnostics();
   spdlog::info("compile of \"{}\" ({}) for uid {} pid {}: {} in {:.2f} s ({})",

@@ -23,6 +23,7 @@ struct FakeWorker {
       r.set_identity("fake g++ 1.0");
       return r;
     }
+    if (!fail_with.ok()) return fail_with;
     const int now = ++running;
     int seen = max_running.load();
     while (now > seen && !max_running.compare_exchange_weak(seen, now)) {
@@ -53,6 +54,7 @@ struct FakeWorker {
   std::atomic<int> runs{0}, running{0}, max_running{0};
   std::atomic<uint32_t> last_uid{0};
   int delay_ms = 100;
+  absl::Status fail_with;  // set: every compile job fails with it
 };
 
 struct Fixture {
@@ -118,14 +120,16 @@ TEST_CASE("Different keys compile in parallel up to max_parallel",
           "[compile]") {
   Fixture f(2);
   std::vector<std::thread> threads;
+  std::atomic<int> ok{0};  // Catch2 asserts on this thread only
   for (int i = 0; i < 6; ++i) {
-    threads.emplace_back([&f, i] {
-      CHECK(f.Compile("cc.p" + std::to_string(i),
+    threads.emplace_back([&f, &ok, i] {
+      ok += f.Compile("cc.p" + std::to_string(i),
                       "int x" + std::to_string(i) + ";")
-                .ok());
+                .ok();
     });
   }
   for (std::thread& t : threads) t.join();
+  CHECK(ok == 6);
   CHECK(f.worker.runs == 6);
   CHECK(f.worker.max_running == 2);
 }
@@ -173,6 +177,18 @@ TEST_CASE("A failed compile is not cached and carries the diagnostics",
   }
   CHECK(f.worker.runs == 2);
   CHECK(f.service->counts().failures == 2);
+}
+
+TEST_CASE("A worker that fails is a compile error, not kregd's absence",
+          "[compile]") {
+  Fixture f;
+  f.worker.fail_with = absl::UnavailableError("the compile worker died");
+  absl::StatusOr<CompileOutcome> r = f.Compile("cc.died", "int d;");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(std::string(r.status().message()) ==
+        "compile of target \"cc.died\": the compile worker died");
+  CHECK(r.status().GetPayload(kCompileStagePayload) == absl::Cord("compile"));
 }
 
 TEST_CASE("A limit names its key", "[compile]") {
