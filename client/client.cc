@@ -1,6 +1,7 @@
 #include "client/client.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "google/rpc/status.pb.h"
@@ -217,6 +218,29 @@ absl::Status Client::Health() {
                          resp.status())));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<v1::CompileTargetResult> Client::Compile(
+    const v1::CompileTargetRequest& req, double timeout_s,
+    const std::function<void(const std::string&)>& on_diagnostics) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(
+      std::chrono::system_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0)));
+  std::unique_ptr<grpc::ClientReader<v1::CompileTargetEvent>> reader =
+      stub_->CompileTarget(&ctx, req);
+  v1::CompileTargetEvent event;
+  std::optional<v1::CompileTargetResult> result;
+  while (reader->Read(&event)) {
+    if (event.has_diagnostics() && on_diagnostics) {
+      on_diagnostics(event.diagnostics());
+    }
+    if (event.has_result()) result = event.result();
+  }
+  grpc::Status s = reader->Finish();
+  if (!s.ok()) return FromGrpc(s);
+  if (!result) return absl::InternalError("kregd sent no compile result");
+  return *result;
 }
 
 }  // namespace kreg

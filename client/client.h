@@ -76,6 +76,12 @@ class Client {
   absl::StatusOr<v1::ListHostsResponse> Hosts();
   absl::StatusOr<v1::UnquarantineResponse> Unquarantine(
       const v1::UnquarantineRequest& req);
+  // Compiles and registers (DESIGN §13). The compiler's diagnostics go to
+  // `on_diagnostics` as they arrive; a failed compile's status carries them
+  // too. Waits up to `timeout_s`.
+  absl::StatusOr<v1::CompileTargetResult> Compile(
+      const v1::CompileTargetRequest& req, double timeout_s,
+      const std::function<void(const std::string&)>& on_diagnostics);
 
  private:
   absl::Status FromGrpc(const grpc::Status& s) const;

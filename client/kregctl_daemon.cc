@@ -35,7 +35,15 @@ json StatusJson(const v1::GetStatusResponse& s) {
          {"executor_crashes", s.executor_crashes()},
          {"quarantined", s.quarantined()},
          {"seccomp", s.seccomp()},
-         {"max_module_bytes", s.max_module_bytes()}};
+         {"max_module_bytes", s.max_module_bytes()},
+         {"compile_requests", s.compile_requests()},
+         {"compiles", s.compiles()},
+         {"compile_cache_hits", s.compile_cache_hits()},
+         {"compile_waits", s.compile_waits()},
+         {"compile_failures", s.compile_failures()},
+         {"compile_cache_bytes", s.compile_cache_bytes()},
+         {"compile_cache_entries", s.compile_cache_entries()},
+         {"compile_peer_fetches", s.compile_peer_fetches()}};
   // An older kregd does not report GPU sharing.
   if (!s.gpu_sharing().empty()) {
     j["gpu_sharing"] = s.gpu_sharing();
@@ -139,7 +147,11 @@ int RunGc(Connection& kregd) {
   if (!out.ok()) return Fail(out.status());
   std::cout << "removed " << out->files_removed() << " files ("
             << out->bytes_removed() << " bytes); kept " << out->files_kept()
-            << " files (" << out->bytes_kept() << " bytes)\n";
+            << " files (" << out->bytes_kept() << " bytes)\n"
+            << "compile cache: removed " << out->compile_files_removed()
+            << " files (" << out->compile_bytes_removed() << " bytes); kept "
+            << out->compile_files_kept() << " files ("
+            << out->compile_bytes_kept() << " bytes)\n";
   return 0;
 }
 

@@ -18,6 +18,7 @@
 #include "CLI/CLI.hpp"
 #include "client/client.h"
 #include "client/kregctl_commands.h"
+#include "client/kregctl_compile.h"
 #include "common/paths.h"
 #include "common/version.h"
 
@@ -85,12 +86,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   // In the order `kregctl --help` lists them.
   const std::vector<kreg::Command> commands = {
-      kreg::AddListCommand(app),     kreg::AddHostsCommand(app),
-      kreg::AddShowCommand(app),     kreg::AddStatusCommand(app),
-      kreg::AddConfigCommand(app),   kreg::AddHealthCommand(app),
-      kreg::AddSessionsCommand(app), kreg::AddUnquarantineCommand(app),
-      kreg::AddRegisterCommand(app), kreg::AddRetireCommand(app),
-      kreg::AddGcCommand(app),
+      kreg::AddListCommand(app),         kreg::AddHostsCommand(app),
+      kreg::AddShowCommand(app),         kreg::AddCompileCommand(app),
+      kreg::AddStatusCommand(app),       kreg::AddConfigCommand(app),
+      kreg::AddHealthCommand(app),       kreg::AddSessionsCommand(app),
+      kreg::AddUnquarantineCommand(app), kreg::AddRegisterCommand(app),
+      kreg::AddRetireCommand(app),       kreg::AddGcCommand(app),
   };
   if (UnknownCommand(app, argc, argv)) return 2;
   try {

@@ -62,6 +62,18 @@ struct Config {
   // spins this long for the next descriptor before it sleeps on the futex.
   bool launch_ring = true;
   int64_t ring_spin_us = 50;
+  // The compile service (DESIGN §13; config_compile.cc).
+  int64_t max_parallel_compiles = 0;  // 0: half the cores (at least 1)
+  int64_t compile_cpu_s = 300;
+  double compile_timeout_s = 600;
+  uint64_t compile_memory_bytes = 4ull << 30;
+  uint64_t compile_output_bytes = 256ull << 20;
+  int64_t compile_max_processes = 64;
+  uint64_t compile_cache_bytes = 2ull << 30;
+  std::string compile_cxx = "/usr/bin/g++";
+  std::string compile_nvcc;             // empty: PATH, /usr/local/cuda/bin
+  std::string compile_ffi_include_dir;  // empty: the build's jaxlib headers
+  std::string compile_binary;           // empty: kregd-compile next to kregd
 
   // Where each key's value came from (operator guide, "Seeing the effective
   // configuration"): the config file's path, "--flag" or "$ENV"; a key
@@ -92,6 +104,15 @@ inline constexpr int64_t kMaxRingSpinUs = 1000000;
 // config_cluster.cc: checks the cluster settings once flags and file are
 // merged and fills the defaults. INVALID_ARGUMENT naming the key or flag.
 absl::Status FinishClusterConfig(Config* c);
+
+// config_compile.cc: the compile service's tools (its keys are in
+// config_keys.cc's table).
+// The XLA FFI include directory compiles use: compile_ffi_include_dir, else
+// the jaxlib headers kregd was built against.
+std::string CompileFfiIncludeDir(const Config& c);
+// nvcc: compile_nvcc, else on PATH, else /usr/local/cuda/bin/nvcc; empty
+// when none is found.
+std::string CompileNvcc(const Config& c);
 
 // Parses flags (and the --config TOML file they name). INVALID_ARGUMENT
 // with the offending flag, key or value. For --help, prints it and sets

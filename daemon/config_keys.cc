@@ -149,6 +149,25 @@ bool EtcdEndpointsToml(const toml::node& value, Config* c,
   return true;
 }
 
+// An absolute path, or empty (the default) for a compile tool's path key.
+template <std::string Config::*F>
+bool AbsolutePathToml(const toml::node& value, Config* c,
+                      std::string* must_be) {
+  auto s = value.value<std::string>();
+  if (!s || (!s->empty() && (*s)[0] != '/')) {
+    *must_be = "an absolute path";
+    return false;
+  }
+  c->*F = *s;
+  return true;
+}
+
+bool CompileCount(int64_t n) { return n >= 1 && n <= 100000; }
+bool ParallelCompiles(int64_t n) { return n >= 0 && n <= 100000; }
+bool AtLeastMiB(int64_t n) { return n >= (1 << 20); }
+bool NotNegativeInt(int64_t n) { return n >= 0; }
+bool UpToADay(double d) { return d > 0 && d <= 86400; }
+
 absl::Status EtcdEndpointsFlag(const std::string& text, const char*,
                                Config* c) {
   c->etcd_endpoints = absl::StrSplit(text, ',', absl::SkipEmpty());
@@ -221,6 +240,32 @@ const std::vector<KeySpec>& Keys() {
       KeyString("metrics_listen", "--metrics-listen", &Config::metrics_listen),
       KeyBool("metrics_allow_remote", "--metrics-allow-remote",
               &Config::metrics_allow_remote),
+      // The compile service (DESIGN §13; config_compile.cc).
+      KeyInt("max_parallel_compiles", "", &Config::max_parallel_compiles,
+             ParallelCompiles,
+             "a whole number from 0 (half the cores) to 100000"),
+      KeyInt("compile_cpu_s", "", &Config::compile_cpu_s, CompileCount,
+             "a whole number from 1 to 100000"),
+      KeyFloat("compile_timeout_s", "", &Config::compile_timeout_s, UpToADay,
+               "a number of seconds > 0 and at most 86400"),
+      KeyInt("compile_memory_bytes", "", &Config::compile_memory_bytes,
+             AtLeastMiB, "a number of bytes of at least 1048576 (1 MiB)"),
+      KeyInt("compile_output_bytes", "", &Config::compile_output_bytes,
+             AtLeastMiB, "a number of bytes of at least 1048576 (1 MiB)"),
+      KeyInt("compile_max_processes", "", &Config::compile_max_processes,
+             CompileCount, "a whole number from 1 to 100000"),
+      KeyInt("compile_cache_bytes", "", &Config::compile_cache_bytes,
+             NotNegativeInt, "a number of bytes >= 0 (0: unbounded)"),
+      KeyCustom("compile_cxx", "", &Config::compile_cxx, "an absolute path",
+                AbsolutePathToml<&Config::compile_cxx>, nullptr),
+      KeyCustom("compile_nvcc", "", &Config::compile_nvcc, "an absolute path",
+                AbsolutePathToml<&Config::compile_nvcc>, nullptr),
+      KeyCustom("compile_ffi_include_dir", "", &Config::compile_ffi_include_dir,
+                "an absolute path",
+                AbsolutePathToml<&Config::compile_ffi_include_dir>, nullptr),
+      KeyCustom("compile_binary", "", &Config::compile_binary,
+                "an absolute path", AbsolutePathToml<&Config::compile_binary>,
+                nullptr),
   };
   return *keys;
 }

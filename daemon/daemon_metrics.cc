@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/version.h"
+#include "daemon/compile/compile_service.h"
 #include "daemon/exec/executor_pool.h"
 #include "daemon/exec/target_stats.h"
 #include "daemon/metrics/http_server.h"
@@ -58,6 +59,22 @@ void WriteDaemonFamilies(std::chrono::steady_clock::time_point started,
     spdlog::warn("metrics: process_* left out: {}",
                  std::string(ps.status().message()));
   }
+}
+
+// The compile service's counters (DESIGN §13).
+void WriteCompileFamilies(const CompileCounts& cc, PromWriter* w) {
+  w->Family("kregd_compiles_total", "counter",
+            "compiles run by the compile service (concurrent requests for "
+            "one cache key share one)");
+  w->Sample("kregd_compiles_total", {}, cc.compiles);
+  w->Family("kregd_compile_requests_total", "counter",
+            "CompileTarget requests, by outcome: cache_hit (no compile "
+            "needed), waited (shared another request's compile), failed");
+  w->Sample("kregd_compile_requests_total", {{"outcome", "cache_hit"}},
+            cc.cache_hits);
+  w->Sample("kregd_compile_requests_total", {{"outcome", "waited"}}, cc.waits);
+  w->Sample("kregd_compile_requests_total", {{"outcome", "failed"}},
+            cc.failures);
 }
 
 // The registry and the module store: targets per platform, registrations
@@ -282,6 +299,7 @@ std::string Daemon::RenderMetrics() {
   WriteDaemonFamilies(started_, &w);
   const std::vector<EntryPtr> entries = registry_.List();
   WriteRegistryFamilies(entries, registrar_.counts(), &w);
+  if (compile_ != nullptr) WriteCompileFamilies(compile_->counts(), &w);
 
   std::vector<BoundSession> sessions;
   if (pool_ != nullptr) sessions = pool_->Sessions();

@@ -198,6 +198,16 @@ grpc::Status RegistryService::CollectGarbage(grpc::ServerContext* ctx,
   resp->set_bytes_removed(out->bytes_removed);
   resp->set_files_kept(out->files_kept);
   resp->set_bytes_kept(out->bytes_kept);
+  if (compile_ != nullptr) {
+    // The compile cache down to half its bound, least recently used first
+    // (docs/operator-guide.md, "The compile service").
+    CompileCacheTrim trim =
+        compile_->cache()->TrimTo(compile_->cache()->max_bytes() / 2);
+    resp->set_compile_files_removed(trim.removed.files);
+    resp->set_compile_bytes_removed(trim.removed.bytes);
+    resp->set_compile_files_kept(trim.kept.files);
+    resp->set_compile_bytes_kept(trim.kept.bytes);
+  }
   return grpc::Status::OK;
 }
 
@@ -212,6 +222,39 @@ grpc::Status RegistryService::GetConfig(grpc::ServerContext*,
                                         const v1::GetConfigRequest*,
                                         v1::GetConfigResponse* resp) {
   if (config_of_) config_of_(resp);
+  return grpc::Status::OK;
+}
+
+grpc::Status RegistryService::CompileTarget(
+    grpc::ServerContext* ctx, const v1::CompileTargetRequest* req,
+    grpc::ServerWriter<v1::CompileTargetEvent>* out) {
+  if (compile_ == nullptr) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                        "this kregd has no compile service");
+  }
+  absl::StatusOr<CompileOutcome> r = compile_->Compile(
+      *req, peer_of_(ctx->peer()), [out](const std::string& diagnostics) {
+        v1::CompileTargetEvent e;
+        e.set_diagnostics(diagnostics);
+        out->Write(e);
+      });
+  if (!r.ok()) {
+    // Which step failed, for clients that raise a different error for a
+    // compile error than for a registration refusal (kreg.CompileError).
+    if (absl::optional<absl::Cord> stage =
+            r.status().GetPayload(kCompileStagePayload)) {
+      ctx->AddTrailingMetadata("kreg-compile-stage", std::string(*stage));
+    }
+    return ToGrpcStatus(r.status());
+  }
+  v1::CompileTargetEvent e;
+  v1::CompileTargetResult* result = e.mutable_result();
+  result->set_created(r->registration.created);
+  *result->mutable_target() = Describe(*r->registration.entry);
+  result->set_cache_key(r->cache_key);
+  result->set_cache_hit(r->cache_hit);
+  result->set_waited(r->waited);
+  out->Write(e);
   return grpc::Status::OK;
 }
 

@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 
+#include "daemon/compile/compile_service.h"
 #include "daemon/registrar.h"
 #include "daemon/registry.h"
 #include "kreg/v1/registry.grpc.pb.h"
@@ -53,6 +54,9 @@ class RegistryService final : public v1::Registry::Service {
   grpc::Status GetConfig(grpc::ServerContext* ctx,
                          const v1::GetConfigRequest* req,
                          v1::GetConfigResponse* resp) override;
+  grpc::Status CompileTarget(
+      grpc::ServerContext* ctx, const v1::CompileTargetRequest* req,
+      grpc::ServerWriter<v1::CompileTargetEvent>* out) override;
 
   // Launch statistics of one entry (Target.stats in GetTarget); unset:
   // never filled.
@@ -67,6 +71,10 @@ class RegistryService final : public v1::Registry::Service {
   // The effective configuration; unset: GetConfig answers an empty one.
   using ConfigOf = std::function<void(v1::GetConfigResponse*)>;
   void set_config_of(ConfigOf config_of) { config_of_ = std::move(config_of); }
+
+  // The compile service (DESIGN §13); unset: CompileTarget is UNIMPLEMENTED.
+  // It must outlive the service.
+  void set_compile(CompileService* compile) { compile_ = compile; }
 
   // Targets listed or registered from now on carry Target.not_runnable
   // (runnable.h) computed from `cuda_status_of`; unset: never filled.
@@ -85,6 +93,7 @@ class RegistryService final : public v1::Registry::Service {
   StatsOf stats_of_;
   SessionsOf sessions_of_;
   ConfigOf config_of_;
+  CompileService* compile_ = nullptr;
 };
 
 }  // namespace kreg

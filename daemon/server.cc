@@ -26,6 +26,7 @@
 #include "daemon/cluster/cluster_registry.h"
 #include "daemon/cluster/cluster_service.h"
 #include "daemon/cluster/module_exchange.h"
+#include "daemon/compile/compile_service.h"
 #include "daemon/exec/adoption.h"
 #include "daemon/exec/broker.h"
 #include "daemon/exec/executor.h"
@@ -238,6 +239,7 @@ absl::Status Daemon::Start() {
   if (st.ok()) st = Replay();
   if (st.ok()) st = StartCluster();
   if (st.ok()) st = Listen();
+  if (st.ok()) st = StartCompile();
   if (!st.ok()) return st;
 
   service_ = std::make_unique<RegistryService>(
@@ -248,6 +250,7 @@ absl::Status Daemon::Start() {
   // context is created in kregd), for Target.not_runnable.
   service_->set_cuda_status_of([] { return CudaLaunchStatus(); });
   service_->set_stats_of([this](const TargetEntry& e) { return StatsOf(e); });
+  service_->set_compile(compile_.get());
   service_->set_sessions_of(
       [this](v1::ListSessionsResponse* r) { ListSessions(r); });
   service_->set_config_of([this](v1::GetConfigResponse* r) {
@@ -375,6 +378,7 @@ void Daemon::FillStatus(v1::GetStatusResponse* r) {
   r->set_gpu_sharing(sharing.mode);
   r->set_gpu_sharing_note(sharing.note);
   FillSessionStatus(r);
+  FillCompileStatus(r);
 }
 
 void Daemon::Shutdown() {

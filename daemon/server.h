@@ -34,6 +34,9 @@
 namespace kreg {
 
 class ClusterRegistry;
+class CompileCache;
+class CompilePeers;
+class CompileService;
 class ClusterService;
 class ExecutorPool;
 class ModuleExchangeService;
@@ -83,6 +86,9 @@ class Daemon {
   v1::TargetStats StatsOf(const TargetEntry& entry);
   void ListSessions(v1::ListSessionsResponse* resp);
   std::string RenderMetrics();
+  // The compile service from the config (server_compile.cc).
+  absl::Status StartCompile();
+  void FillCompileStatus(v1::GetStatusResponse* resp);
   // The GPU sharing mode at start: a warning without MPS (DESIGN §8).
   void LogGpuSharing();
 
@@ -104,6 +110,10 @@ class Daemon {
   BrokerContext broker_ctx_;  // what every session's broker borrows
   // The supervision socket (session socket path + ".exec").
   std::unique_ptr<ReadoptListener> readopt_;
+  // The compile service (DESIGN §13): cache in <state>/compile.
+  std::unique_ptr<CompileCache> compile_cache_;
+  std::unique_ptr<CompileService> compile_;
+  std::unique_ptr<CompilePeers> compile_peers_;  // cluster mode
   std::unique_ptr<RegistryService> service_;
   std::unique_ptr<SupervisionService> supervision_;
   std::unique_ptr<grpc::Server> server_;

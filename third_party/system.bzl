@@ -63,6 +63,7 @@ def _system_deps_impl(ctx):
         "NVCC = %r" % (str(nvcc) if nvcc else ""),
         "PYTHON = %r" % python,
         "JAXLIB_VERSION = %r" % jaxlib_version,
+        "XLA_INCLUDE_DIR = %r" % include_dir,
         "",
     ]))
     ctx.file("BUILD", """

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # DESIGN §6 (hostile input): the Python suites that drive kregd hardest from real JAX clients
 # (sessions, registrations, the launch ring, status pages, the CLI) against
-# an ASan + UBSan + LSan build of kregd, kregd-exec and kregd-probe (the
+# an ASan + UBSan + LSan build of kregd, kregd-exec, kregd-probe and
+# kregd-compile (the
 # shim and the kernels stay plain: they load into Python). Every report the
 # sanitizers write (log_path) fails the run.
 #
@@ -15,7 +16,8 @@ out=${1:?usage: tools/asan_pytest.sh OUT_DIR}
 mkdir -p "$out"
 bazel build --config=asan //daemon:kregd //daemon:kregd-probe \
   //daemon:kregd_next_minor //daemon:kregd_next_major \
-  //daemon/exec:kregd-exec //client:kregctl || exit 1
+  //daemon/exec:kregd-exec //daemon/compile:kregd-compile //client:kregctl ||
+  exit 1
 asan_bin=$(bazel info --config=asan bazel-bin 2>/dev/null)
 logs=$(mktemp -d)
 export KREG_BIN_DIR="$PWD/bazel-bin"
@@ -31,7 +33,8 @@ rc=0
   --junitxml="$out/asan_pytest.xml" \
   tests/python/test_kreg_client.py tests/python/test_forwarded.py \
   tests/python/test_metrics.py tests/python/test_ops_cli.py \
-  tests/python/test_local_execution.py tests/python/test_orphans.py || rc=1
+  tests/python/test_local_execution.py tests/python/test_orphans.py \
+  tests/python/test_compile.py || rc=1
 reports=$(grep -lE "ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:" \
   "$logs"/* 2>/dev/null)
 if [[ -n $reports ]]; then

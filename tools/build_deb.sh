@@ -4,9 +4,9 @@
 #   tools/build_deb.sh [BIN_DIR [OUT_DIR]]     # default: bazel-bin dist
 # Build the binaries first:
 #   bazel build //daemon:kregd //daemon:kregd-probe \
-#       //daemon/exec:kregd-exec //client:kregctl
+#       //daemon/exec:kregd-exec //daemon/compile:kregd-compile //client:kregctl
 # The package installs (docs/operator-guide.md, "Debian package"):
-#   /usr/bin/kregd, kregd-exec, kregd-probe (kregd starts its helpers from
+#   /usr/bin/kregd, kregd-exec, kregd-probe, kregd-compile (kregd starts its helpers from
 #     its own directory), kregctl
 #   /lib/systemd/system/kregd.service, kregd.socket, nvidia-mps.service:
 #     the units of daemon/systemd with ExecStart=/usr/bin/kregd (the
@@ -32,11 +32,13 @@ version=$(sed -n 's/.*kKregVersion\[\] = "\([^"]*\)".*/\1/p' \
 [[ -n $version ]] || { echo "build_deb: no kKregVersion in common/version.h" >&2; exit 1; }
 arch=$(dpkg --print-architecture)
 
-binaries=(daemon/kregd daemon/kregd-probe daemon/exec/kregd-exec client/kregctl)
+binaries=(daemon/kregd daemon/kregd-probe daemon/exec/kregd-exec
+          daemon/compile/kregd-compile client/kregctl)
 for b in "${binaries[@]}"; do
   if [[ ! -x $bin/$b ]]; then
     echo "build_deb: $bin/$b is not built; run: bazel build //daemon:kregd" \
-      "//daemon:kregd-probe //daemon/exec:kregd-exec //client:kregctl" >&2
+      "//daemon:kregd-probe //daemon/exec:kregd-exec" \
+      "//daemon/compile:kregd-compile //client:kregctl" >&2
     exit 1
   fi
 done

@@ -59,6 +59,10 @@ def metadata(project: dict) -> str:
   if homepage:
     lines.append(f"Home-page: {homepage}")
   lines += [f"Requires-Dist: {d}" for d in project.get("dependencies", [])]
+  # Extras: pip install 'kreg[compile]' (grpcio for kreg.compile_ffi_target).
+  for extra, deps in sorted(project.get("optional-dependencies", {}).items()):
+    lines.append(f"Provides-Extra: {extra}")
+    lines += [f'Requires-Dist: {d}; extra == "{extra}"' for d in deps]
   readme = (PKG_DIR / project.get("readme", "README.md")).read_text()
   lines += ["Description-Content-Type: text/markdown", "", readme]
   return "\n".join(lines)

@@ -88,8 +88,13 @@ every accepted registration, fsynced before the reply, replayed at start.
 .I /var/lib/kregd/modules/sha256\\-<hex>.so
 content-addressed module store.
 .TP
-.I kregd\\-exec\\fR, \\fPkregd\\-probe
-executor and probe, found in the directory of the kregd binary.
+.I /var/lib/kregd/compile/<hex>.so
+compile cache: modules the compile service built, by cache key
+(compile_cache_bytes, least recently used evicted first).
+.TP
+.I kregd\\-exec\\fR, \\fPkregd\\-probe\\fR, \\fPkregd\\-compile
+executor, probe and compile worker, found in the directory of the kregd
+binary.
 .TP
 .I /lib/systemd/system/kregd.service\\fR, \\fPkregd.socket\\fR, \\fPnvidia\\-mps.service
 systemd units (the Debian package installs them there; a manual install
@@ -176,6 +181,7 @@ kregctl register demo.scale \\-\\-module /opt/kernels/libdemo.so \\\\
         \\-\\-function scale \\-\\-platform cpu
 kregctl list \\-\\-json
 kregctl show demo.scale
+kregctl compile demo.axpb AxpbHandler axpb.cc \\-\\-header axpb.h
 kregctl config
 KREGD_SOCKET=/tmp/k/kregd.sock kregctl health
 .fi

@@ -4,7 +4,7 @@
 # `bundle/tests/gpu/run.sh`. The GPU machine (Ubuntu 24.04, Python 3.12,
 # jax 0.11.2 cuda13) has no Bazel and no gRPC, so the bundle carries:
 #
-#   libexec/          kregd, kregd-probe, kregd-exec, kregctl (the ELF binaries) and
+#   libexec/          kregd, kregd-probe, kregd-exec, kregd-compile, kregctl (the ELF binaries) and
 #                     cuda_gpu_test (the C++ [cuda] tests, run by run.sh)
 #   bin/              a bazel-bin-shaped tree ($KREG_BIN_DIR): daemon/kregd,
 #                     daemon/kregd-probe and client/kregctl are wrappers that
@@ -30,7 +30,8 @@ cd "$(dirname "$0")/.."
 out=${1:-bundle}
 max_mb=${KREG_BUNDLE_MAX_MB:-40}
 
-targets=(//daemon:kregd //daemon:kregd-probe //daemon/exec:kregd-exec //client:kregctl
+targets=(//daemon:kregd //daemon:kregd-probe //daemon/exec:kregd-exec
+  //daemon/compile:kregd-compile //client:kregctl
   //client/shim:libkreg_client.so //kernels/cpu:all
   //kernels/cuda:libdemo_cuda.so //kernels/cuda:libbrainevent_cuda.so
   //kernels/cuda:libhostile_cuda.so
@@ -43,7 +44,7 @@ mkdir -p "$out"/{libexec,lib/client,bin/daemon,bin/client/shim,bin/kernels/cpu,b
 out=$(cd "$out" && pwd)
 
 cp "$bin"/daemon/kregd "$bin"/daemon/kregd-probe "$bin"/daemon/exec/kregd-exec \
-  "$bin"/client/kregctl \
+  "$bin"/daemon/compile/kregd-compile "$bin"/client/kregctl \
   "$out"/libexec/
 # The C++ [cuda] tests (daemon/cuda and client/cuda on the real driver).
 cp "$bin"/tests/daemon/cuda/gpu_test "$out"/libexec/cuda_gpu_test

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -65,6 +66,29 @@ class ClusterRegistry : public BindingAuthority {
 
   // Whether this host serves module `digest` (a registered target's).
   bool Holds(const std::string& digest) const;
+
+  // The compile service across hosts (DESIGN §13; cluster_compile.cc):
+  // etcd maps a compile cache key to the module a host built for it
+  // (compiled/<key hex>: "<digest> <size>"), and one host at a time claims
+  // a key it is compiling (compiling/<key hex>, under a lease).
+  struct CompiledModule {
+    std::string digest;
+    uint64_t size = 0;
+  };
+  // The module recorded for `key_hex`, or nullopt. UNAVAILABLE without etcd.
+  absl::StatusOr<std::optional<CompiledModule>> FindCompiled(
+      const std::string& key_hex);
+  // Records what this host built for `key_hex` (first record wins).
+  absl::Status RecordCompiled(const std::string& key_hex,
+                              const CompiledModule& module);
+  // Claims `key_hex` for this host for `ttl_s` seconds: the lease id when
+  // this host got it, 0 when another host holds it.
+  absl::StatusOr<int64_t> ClaimCompile(const std::string& key_hex,
+                                       int64_t ttl_s);
+  // Whether some host holds the claim of `key_hex` now.
+  absl::StatusOr<bool> CompileClaimed(const std::string& key_hex);
+  // Ends a claim (its lease).
+  void ReleaseCompile(int64_t lease);
 
   const std::string& cluster() const { return options_.cluster; }
 

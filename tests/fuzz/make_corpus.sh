@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 corpus=tests/fuzz/corpus
 rm -rf "$corpus"
-mkdir -p "$corpus"/{session,launch_decoder,ring_decoder,broker_request,broker_frames,readopt_offer,journal,module_path,elf_symbols,http_request,cluster_inputs}
+mkdir -p "$corpus"/{session,launch_decoder,ring_decoder,broker_request,broker_frames,readopt_offer,journal,module_path,elf_symbols,http_request,cluster_inputs,compile_inputs}
 # (Bazel 4 has no `run -q`: build, then run the binary.)
 bazel build //tests/fuzz:make_seeds
 bazel-bin/tests/fuzz/make_seeds "$PWD/$corpus"
@@ -48,3 +48,13 @@ printf '\x02\x07\x00\x00\x05hello\x03abc' > "$c/chunks_ok"
 printf '\x02\x03\x0a\x00\x04abcd' > "$c/chunks_short"
 printf '\x02\x01\x04\x00\x08abcdefgh' > "$c/chunks_over"
 printf '\x02\x06\x00\x00\x00\x02hi' > "$c/chunks_wrong_total"
+
+# compile_inputs: byte 0 even: a CompileTargetRequest; odd: a worker's
+# CompileJobResult (compile.proto).
+c=$corpus/compile_inputs
+printf '\x00\x0a\x04cc.x\x12\x01f\x1a\x03cpu\x22\x0e\x0a\x04k.cc\x12\x06int x;' > "$c/request"
+printf '\x00\x0a\x04cc.x\x12\x01f\x1a\x03cpu\x22\x11\x0a\x07../x.cc\x12\x06int x;' > "$c/dotdot"
+printf '\x00\x0a\x04cc.x\x12\x01f\x1a\x03cpu\x22\x0e\x0a\x04k.cc\x12\x06int x;\x2a\x0b\x0a\x05d/h.h\x12\x02//\x32\x03-O2' > "$c/header_option"
+printf '\x01\x2a\x03ELF' > "$c/answer_ok"
+printf '\x01\x08\x03\x12\x04fail\x22\x05diag!' > "$c/answer_failed"
+printf '\x01\x08\x08\x12\x01x\x1a\x0dcompile_cpu_s' > "$c/answer_limit"

@@ -279,6 +279,57 @@ def test_jax_on_each_host_same_results_with_module_from_a_peer(cluster):
   assert text.returncode == 0 and "(this kregd)" in text.stdout
 
 
+def test_three_hosts_compile_one_source_once(cluster, tmp_path):
+  # DESIGN §13: the three hosts compile the same sources at once; one host
+  # compiles, the other two find its record in etcd and fetch the module
+  # from it (digest verified), so every host registers the same bytes.
+  if shutil.which("g++") is None:
+    pytest.skip("no g++")
+  src = tmp_path / "k.cc"
+  src.write_text(f"// {os.getpid()} {time.time()}\n" + textwrap.dedent("""
+      #include "xla/ffi/api/ffi.h"
+      namespace ffi = xla::ffi;
+      static ffi::Error Twice(ffi::Buffer<ffi::F32> x,
+                             ffi::ResultBuffer<ffi::F32> y) {
+        for (size_t i = 0; i < x.element_count(); ++i)
+          y->typed_data()[i] = 2 * x.typed_data()[i];
+        return ffi::Error::Success();
+      }
+      XLA_FFI_DEFINE_HANDLER_SYMBOL(TwiceHandler, Twice,
+          ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>()
+                          .Ret<ffi::Buffer<ffi::F32>>());
+      """))
+  hosts = [cluster.a, cluster.b, cluster.c]
+  before = {h.socket: h.status() for h in hosts}
+  with concurrent.futures.ThreadPoolExecutor(3) as pool:
+    results = list(pool.map(
+        lambda h: kregctl(h, "compile", "cc.cluster", "TwiceHandler", src,
+                          "--json", timeout=300), hosts))
+  outs = []
+  for h, r in zip(hosts, results):
+    assert r.returncode == 0, r.stderr + h.log()
+    outs.append(json.loads(r.stdout))
+  assert len({o["cache_key"] for o in outs}) == 1
+  assert len({o["target"]["module_digest"] for o in outs}) == 1
+  after = {h.socket: h.status() for h in hosts}
+  compiled = sum(after[h.socket]["compiles"] - before[h.socket]["compiles"]
+                 for h in hosts)
+  fetched = sum(after[h.socket]["compile_peer_fetches"] -
+                before[h.socket]["compile_peer_fetches"] for h in hosts)
+  assert compiled == 1 and fetched == 2, (after, [h.log() for h in hosts])
+  digest = outs[0]["target"]["module_digest"]
+  for h in hosts:
+    assert store_file(h, digest).is_file()
+  # Another name with the same sources on a host that fetched: no compile.
+  fetcher = next(h for h in hosts
+                 if after[h.socket]["compiles"] == before[h.socket]["compiles"])
+  r = kregctl(fetcher, "compile", "cc.cluster.again", "TwiceHandler", src,
+              "--json")
+  assert r.returncode == 0, r.stderr
+  assert json.loads(r.stdout)["cache_hit"] is True
+  assert fetcher.status()["compiles"] == after[fetcher.socket]["compiles"]
+
+
 def test_retirement_goes_through_etcd(cluster):
   m1, m2 = variant(cluster.root, "ret1"), variant(cluster.root, "ret2")
   assert register(cluster.a, "ret.op", m1).returncode == 0

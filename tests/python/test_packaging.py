@@ -23,7 +23,7 @@ from kregd_proc import Daemon, finish_test_daemon
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BIN_DIR = pathlib.Path(os.environ.get("KREG_BIN_DIR", REPO / "bazel-bin"))
-BINARIES = ("kregd", "kregd-exec", "kregd-probe", "kregctl")
+BINARIES = ("kregd", "kregd-exec", "kregd-probe", "kregd-compile", "kregctl")
 VERSION = re.search(r'kKregVersion\[\] = "([^"]+)"',
                     (REPO / "common/version.h").read_text()).group(1)
 
@@ -33,7 +33,7 @@ def deb(tmp_path_factory):
   if shutil.which("dpkg-deb") is None:
     pytest.skip("dpkg-deb is not installed")
   for b in ("daemon/kregd", "daemon/kregd-probe", "daemon/exec/kregd-exec",
-            "client/kregctl"):
+            "daemon/compile/kregd-compile", "client/kregctl"):
     if not (BIN_DIR / b).is_file():
       pytest.skip(f"{BIN_DIR / b} not built")
   out = tmp_path_factory.mktemp("dist")
@@ -255,7 +255,8 @@ def test_build_deb_names_a_binary_that_is_not_built(tmp_path):
   assert r.returncode == 1
   assert (f"build_deb: {tmp_path / 'empty'}/daemon/kregd is not built; run: "
           "bazel build //daemon:kregd //daemon:kregd-probe "
-          "//daemon/exec:kregd-exec //client:kregctl") in r.stderr
+          "//daemon/exec:kregd-exec //daemon/compile:kregd-compile "
+          "//client:kregctl") in r.stderr
   assert not (tmp_path / "out").exists()
 
 

@@ -80,6 +80,8 @@ def test_wheel_is_platform_tagged_and_bundles_the_shim(wheel):
   assert "kreg/__main__.py" in names
   assert b"Requires-Dist: jax==0.11.2" in metadata
   assert b"Requires-Dist: jaxlib==0.11.2" in metadata
+  assert b"Provides-Extra: compile" in metadata
+  assert b'Requires-Dist: grpcio; extra == "compile"' in metadata
 
 
 def test_readme_snippet_runs_from_outside_the_repo(venv, running_kregd,

@@ -17,9 +17,11 @@ daemon. See docs/user-guide.md in the kregd repository.
 """
 
 from kreg._client import (Client, Module, Registration, Target,
-                          bind_exported, bind_ffi_target, configure, connect,
+                          bind_exported, bind_ffi_target, compile_ffi_target,
+                          configure, connect,
                           default_address, default_execution,
                           list_registered_targets, register_ffi_target)
+from kreg._compile import CompileError
 from kreg.numba_cuda import numba_cuda_callable, numba_cuda_scratch
 from kreg._errors import (DaemonNotRunningError, JaxVersionError,
                           KernelRegistrationError, KregError,
@@ -27,11 +29,12 @@ from kreg._errors import (DaemonNotRunningError, JaxVersionError,
                           TargetNotFoundError)
 
 __all__ = [
-    "Client", "DaemonNotRunningError", "JaxVersionError",
+    "Client", "CompileError", "DaemonNotRunningError", "JaxVersionError",
     "KernelRegistrationError", "KregError", "Module", "NotRunnableWarning",
     "Registration",
     "ShimNotFoundError", "TargetNotFoundError",
-    "Target", "bind_exported", "bind_ffi_target", "configure", "connect",
+    "Target", "bind_exported", "bind_ffi_target", "compile_ffi_target",
+    "configure", "connect",
     "default_address", "default_execution", "list_registered_targets",
     "register_ffi_target",
 ]

@@ -113,9 +113,17 @@ class Registration:
   identical one already existed (an idempotent no-op); `target` is the
   registry entry. Truthiness is `created`: `if kreg.register_ffi_target(...)`
   reads "was it new?", and a no-op stays falsy as the None returned before.
+
+  From kreg.compile_ffi_target also: `cache_hit` (True when no compile was
+  needed: kregd's compile cache or a cluster peer had the cache key),
+  `cache_key` (the content_id it registered under, unless the caller gave
+  its own) and `diagnostics` (the compiler's warnings, verbatim).
   """
   created: bool
   target: Target
+  cache_hit: bool = False
+  cache_key: str = ""
+  diagnostics: str = ""
 
   @property
   def target_name(self) -> str:
@@ -375,6 +383,45 @@ class Client:
                                         replace, content_id, data=data)
     self._bind_with_jax(target_name, platform, mode)
     return Registration(created, target)
+
+  def compile_ffi_target(self, target_name: str, sources: Any,
+                         func_name: str, *, platform: str = "cpu",
+                         options: Any = (), headers: Any = None,
+                         content_id: Optional[str] = None,
+                         replace: bool = False,
+                         execution: Optional[str] = None,
+                         timeout: Optional[float] = None) -> Registration:
+    """Has kregd compile `sources` into a shared library once for every
+    process and host (docs/design.md §13) and registers `func_name` of it
+    as (target_name, platform), as register_ffi_target would, with
+    content_id = the compile's cache key; then binds it with this process's
+    JAX.
+
+    sources: {file name: text}; headers: {file name: text}, include
+    directories this process can read (sent as their files), or a list of
+    both; options: compiler options after kregd's own. Returns a
+    Registration with `cache_hit` and `content_id` (the cache key). Raises
+    CompileError (with `.diagnostics`) when the sources do not compile or a
+    limit stops the compiler, KernelRegistrationError when the name is bound
+    to other content.
+    """
+    # pylint: disable=import-outside-toplevel
+    from kreg import _compile
+    for value, what in ((target_name, "target_name"), (func_name, "func_name"),
+                        (platform, "platform")):
+      if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, got {type(value)}")
+    mode = _resolve_execution(execution)
+    _check_jax()
+    request = _compile.encode_request(target_name, sources, func_name,
+                                      platform, options, headers,
+                                      content_id, replace)
+    created, target, key, hit, _, diagnostics = _compile.compile_target(
+        self.address, request, timeout)
+    if target.not_runnable:
+      _warn_not_runnable(target)
+    self._bind_with_jax(target_name, platform, mode)
+    return Registration(created, target, hit, key, diagnostics)
 
   def _bind_with_jax(self, target_name: str, platform: str,
                      mode: str) -> Optional[Target]:
@@ -716,6 +763,20 @@ def register_ffi_target(target_name: str, module: Any, func_name: str, *,
   return default_client().register_ffi_target(
       target_name, module, func_name, platform=platform, replace=replace,
       content_id=content_id, execution=execution)
+
+
+def compile_ffi_target(target_name: str, sources: Any, func_name: str, *,
+                       platform: str = "cpu", options: Any = (),
+                       headers: Any = None, content_id: Optional[str] = None,
+                       replace: bool = False, execution: Optional[str] = None,
+                       timeout: Optional[float] = None) -> Registration:
+  """kregd compiles `sources` once (for every process and host) and
+  registers the result as target_name. See Client.compile_ffi_target; uses
+  the default client."""
+  return default_client().compile_ffi_target(
+      target_name, sources, func_name, platform=platform, options=options,
+      headers=headers, content_id=content_id, replace=replace,
+      execution=execution, timeout=timeout)
 
 
 def bind_ffi_target(target_name: str, *, platform: str = "CUDA",

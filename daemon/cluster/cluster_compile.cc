@@ -1,0 +1,72 @@
+// ClusterRegistry: the compile service across hosts (DESIGN §13,
+// docs/operator-guide.md "The compile service"). A host that built a
+// module for a cache key records its digest in etcd; another host asks etcd
+// for the key before compiling and fetches the module from a peer, verified
+// against that digest (FetchModule).
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "daemon/cluster/cluster_records.h"
+#include "daemon/cluster/cluster_registry.h"
+#include "spdlog/spdlog.h"
+
+namespace kreg {
+
+absl::StatusOr<std::optional<ClusterRegistry::CompiledModule>>
+ClusterRegistry::FindCompiled(const std::string& key_hex) {
+  absl::StatusOr<EtcdRange> r =
+      etcd_.Range(absl::StrCat(prefix_, "compiled/", key_hex), false);
+  if (!r.ok()) return r.status();
+  if (r->kvs.empty()) return std::nullopt;
+  // "<digest> <size>"; anything else is ignored (and compiled here).
+  std::vector<std::string> parts = absl::StrSplit(r->kvs[0].value, ' ');
+  CompiledModule m;
+  if (parts.size() != 2 || !WellFormedDigest(parts[0]) ||
+      !absl::SimpleAtoi(parts[1], &m.size)) {
+    spdlog::warn("cluster: etcd's record of compile {} is malformed; ignored",
+                 key_hex);
+    return std::nullopt;
+  }
+  m.digest = parts[0];
+  return m;
+}
+
+absl::Status ClusterRegistry::RecordCompiled(const std::string& key_hex,
+                                             const CompiledModule& module) {
+  absl::StatusOr<EtcdCreate> c =
+      etcd_.CreateIfAbsent(absl::StrCat(prefix_, "compiled/", key_hex),
+                           absl::StrCat(module.digest, " ", module.size));
+  return c.status();
+}
+
+absl::StatusOr<int64_t> ClusterRegistry::ClaimCompile(
+    const std::string& key_hex, int64_t ttl_s) {
+  absl::StatusOr<int64_t> lease = etcd_.GrantLease(ttl_s);
+  if (!lease.ok()) return lease.status();
+  absl::StatusOr<EtcdCreate> c = etcd_.CreateIfAbsent(
+      absl::StrCat(prefix_, "compiling/", key_hex), host_id_, *lease);
+  if (!c.ok() || !c->created) {
+    (void)etcd_.Revoke(*lease);
+    if (!c.ok()) return c.status();
+    return 0;
+  }
+  return *lease;
+}
+
+absl::StatusOr<bool> ClusterRegistry::CompileClaimed(
+    const std::string& key_hex) {
+  absl::StatusOr<EtcdRange> r =
+      etcd_.Range(absl::StrCat(prefix_, "compiling/", key_hex), false);
+  if (!r.ok()) return r.status();
+  return !r->kvs.empty();
+}
+
+void ClusterRegistry::ReleaseCompile(int64_t lease) {
+  if (lease == 0) return;
+  if (absl::Status s = etcd_.Revoke(lease); !s.ok()) {
+    spdlog::warn("cluster: ending a compile claim: {}",
+                 std::string(s.message()));
+  }
+}
+
+}  // namespace kreg

@@ -1,0 +1,298 @@
+// kregd-compile: compiles one CompileJob (proto/kreg/v1/compile.proto) read
+// from stdin and writes one CompileJobResult to stdout (DESIGN §13,
+// docs/operator-guide.md "The compile service"). Started by kregd only
+// (posix_spawn), once per compile; kregd never runs a compiler itself.
+//
+// As root it enters its sandbox (sandbox.h), takes the caller's
+// credentials and refuses new privileges before it writes a byte of the
+// caller's sources; the compiler then runs in its own process group under
+// the job's limits, killed at the wall-clock limit.
+#include <fcntl.h>
+#include <ftw.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "daemon/compile/compiler_process.h"
+#include "daemon/compile/sandbox.h"
+#include "daemon/exec/hardening.h"
+#include "kreg/v1/compile.pb.h"
+
+namespace kreg {
+namespace {
+
+constexpr size_t kMaxJobBytes = 16u << 20;
+constexpr size_t kMaxDiagnosticsBytes = 1u << 20;
+constexpr char kScratch[] = "/tmp";  // the sandbox's tmpfs
+
+bool ReadAll(int fd, std::string* out, size_t limit) {
+  char buf[65536];
+  while (true) {
+    ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n == 0) return true;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    if (out->size() + static_cast<size_t>(n) > limit) return false;
+    out->append(buf, static_cast<size_t>(n));
+  }
+}
+
+void WriteAll(int fd, const std::string& s) {
+  size_t done = 0;
+  while (done < s.size()) {
+    ssize_t n = ::write(fd, s.data() + done, s.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
+// A scratch directory to remove before answering (not sandboxed: the
+// sandbox's tmpfs goes with its mount namespace).
+std::string g_remove_scratch;
+
+int RemoveOne(const char* path, const struct stat*, int, FTW*) {
+  ::remove(path);
+  return 0;
+}
+
+[[noreturn]] void Answer(const v1::CompileJobResult& r) {
+  if (!g_remove_scratch.empty()) {
+    ::nftw(g_remove_scratch.c_str(), RemoveOne, 16, FTW_DEPTH | FTW_PHYS);
+  }
+  WriteAll(1, r.SerializeAsString());
+  ::_exit(0);
+}
+
+[[noreturn]] void Fail(int code, const std::string& message,
+                       const std::string& note = "") {
+  v1::CompileJobResult r;
+  r.set_code(code);
+  r.set_message(message);
+  r.set_note(note);
+  Answer(r);
+}
+
+bool WriteFile(const std::string& path, const std::string& text) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  WriteAll(fd, text);
+  return ::close(fd) == 0;
+}
+
+// mkdir -p of the directories of a header's relative path under `root`.
+bool MakeParents(const std::string& root, const std::string& rel) {
+  for (size_t i = rel.find('/'); i != std::string::npos;
+       i = rel.find('/', i + 1)) {
+    std::string dir = root + "/" + rel.substr(0, i);
+    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return false;
+  }
+  return true;
+}
+
+std::string Trim(const std::string& s) {
+  size_t end = s.find_last_not_of(" \n\r\t");
+  return end == std::string::npos ? "" : s.substr(0, end + 1);
+}
+
+// Identity: the compiler's real path, `--version` and target arch (the
+// cache key covers it: a compiler upgrade is a new key).
+[[noreturn]] void Identity(const v1::CompileJob& job) {
+  char real[PATH_MAX];
+  if (::realpath(job.compiler().c_str(), real) == nullptr) {
+    Fail(5, absl::StrCat("the compiler ", job.compiler(),
+                         " cannot be found: ", std::strerror(errno)));
+  }
+  const std::vector<std::string> env = {"PATH=/usr/local/bin:/usr/bin:/bin",
+                                        "LANG=C", "LC_ALL=C"};
+  ChildLimits limits{30, 0, 0, 0};
+  absl::StatusOr<CompilerRun> version = RunCompiler(
+      {real, "--version"}, "/", limits, 30, env, kMaxDiagnosticsBytes);
+  if (!version.ok()) Fail(13, std::string(version.status().message()));
+  if (!WIFEXITED(version->status) || WEXITSTATUS(version->status) != 0) {
+    Fail(9, absl::StrCat(real, " --version failed: ", Trim(version->output)));
+  }
+  std::string arch;
+  if (absl::StrContains(real, "nvcc")) {
+    utsname u{};
+    ::uname(&u);
+    arch = u.machine;
+  } else {
+    absl::StatusOr<CompilerRun> m = RunCompiler(
+        {real, "-dumpmachine"}, "/", limits, 30, env, kMaxDiagnosticsBytes);
+    if (m.ok()) arch = Trim(m->output);
+  }
+  v1::CompileJobResult r;
+  r.set_identity(absl::StrCat(real, "\n", Trim(version->output), "\n", arch));
+  Answer(r);
+}
+
+[[noreturn]] void Compile(const v1::CompileJob& job) {
+  const v1::CompileLimits& l = job.limits();
+  std::string note;
+  std::string scratch = kScratch;
+  if (job.sandbox()) {
+    absl::Status s = EnterSandbox(scratch, l.output_bytes() * 2 + (64u << 20),
+                                  job.uid(), job.gid());
+    if (!s.ok()) {
+      // FAILED_PRECONDITION: the host, not the sources (operator guide,
+      // "The compile service").
+      Fail(9, absl::StrCat(
+                  "the compile sandbox could not be set up (", s.message(),
+                  "); kregd needs CAP_SYS_ADMIN and mount, network and IPC "
+                  "namespaces for it (kregd.service: CAP_SYS_ADMIN in "
+                  "CapabilityBoundingSet=, RestrictNamespaces=mnt net ipc)"));
+    }
+    note = "sandboxed";
+  } else {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string tmpl =
+        absl::StrCat(tmp && *tmp ? tmp : "/tmp", "/kregd-compile-XXXXXX");
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      Fail(13, absl::StrCat("mkdtemp ", tmpl, ": ", std::strerror(errno)));
+    }
+    scratch = tmpl;
+    g_remove_scratch = tmpl;
+    note = "not sandboxed (kregd is not root)";
+  }
+  if (job.drop_privileges()) {
+    std::vector<gid_t> groups(job.groups().begin(), job.groups().end());
+    absl::Status s = DropPrivileges(job.uid(), job.gid(), groups);
+    if (!s.ok()) Fail(7, std::string(s.message()));
+    absl::StrAppend(&note, ", as uid ", job.uid());
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the uid switch cleared it
+  } else {
+    absl::StrAppend(&note, ", as kregd's uid ", ::geteuid());
+  }
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
+    Fail(13, absl::StrCat("PR_SET_NO_NEW_PRIVS: ", std::strerror(errno)));
+  }
+  const std::string src = scratch + "/src";
+  const std::string tmp = scratch + "/tmp";
+  if (::mkdir(src.c_str(), 0700) != 0 || ::mkdir(tmp.c_str(), 0700) != 0) {
+    Fail(13, absl::StrCat("mkdir in ", scratch, ": ", std::strerror(errno)),
+         note);
+  }
+  // Names are checked by kregd (compile_request.h): plain names and
+  // relative paths without "." or "..".
+  for (int kind = 0; kind < 2; ++kind) {
+    for (const v1::SourceFile& f : kind ? job.headers() : job.sources()) {
+      if (!MakeParents(src, f.name()) ||
+          !WriteFile(src + "/" + f.name(), f.text())) {
+        std::string why = std::strerror(errno);
+        bool full = errno == ENOSPC || errno == EFBIG;
+        v1::CompileJobResult r;
+        r.set_code(full ? 8 : 13);
+        r.set_limit(full ? "compile_output_bytes" : "");
+        r.set_message(
+            absl::StrCat("cannot write ", f.name(),
+                         " into the compile's scratch directory: ", why));
+        r.set_note(note);
+        Answer(r);
+      }
+    }
+  }
+  const std::string output = scratch + "/out.so";
+  std::vector<std::string> argv = {job.compiler()};
+  for (const std::string& a : job.base_args()) argv.push_back(a);
+  for (const std::string& o : job.options()) argv.push_back(o);
+  for (const v1::SourceFile& f : job.sources()) argv.push_back(f.name());
+  argv.push_back("-o");
+  argv.push_back(output);
+  const std::vector<std::string> env = {
+      "PATH=/usr/local/cuda/bin:/usr/local/bin:/usr/bin:/bin", "LANG=C",
+      "LC_ALL=C", "TMPDIR=" + tmp, "HOME=" + scratch};
+  ChildLimits limits;
+  limits.cpu_s = l.cpu_s();
+  limits.memory_bytes = l.memory_bytes();
+  limits.output_bytes = l.output_bytes();
+  // RLIMIT_NPROC counts every task of the uid: allow what runs now plus
+  // the compile's own processes.
+  limits.nproc =
+      l.processes() == 0 ? 0 : TasksOfUid(::getuid()) + l.processes();
+  absl::StatusOr<CompilerRun> ran =
+      RunCompiler(argv, src, limits, l.wall_s(), env, kMaxDiagnosticsBytes);
+  if (!ran.ok()) Fail(13, std::string(ran.status().message()), note);
+  const CompilerRun& run = *ran;
+  v1::CompileJobResult r;
+  r.set_note(note);
+  r.set_diagnostics(run.output);
+  if (run.truncated) {
+    r.mutable_diagnostics()->append(
+        absl::StrCat("\n[kregd: diagnostics truncated at ",
+                     kMaxDiagnosticsBytes, " bytes]\n"));
+  }
+  const bool ok =
+      !run.timed_out && WIFEXITED(run.status) && WEXITSTATUS(run.status) == 0;
+  if (!ok) {
+    std::string limit = LimitHit(run, l);
+    if (!limit.empty()) {
+      r.set_code(8);  // RESOURCE_EXHAUSTED
+      r.set_limit(limit);
+      r.set_message(
+          absl::StrCat("it hit ", LimitText(limit, l), " (", limit, ")"));
+    } else {
+      r.set_code(3);  // INVALID_ARGUMENT: the sources do not compile
+      r.set_message(WIFEXITED(run.status)
+                        ? absl::StrCat("the compiler failed (exit status ",
+                                       WEXITSTATUS(run.status), ")")
+                        : absl::StrCat("the compiler was killed by signal ",
+                                       WTERMSIG(run.status)));
+    }
+    Answer(r);
+  }
+  std::string module;
+  int fd = ::open(output.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0 || !ReadAll(fd, &module, l.output_bytes())) {
+    r.set_code(13);
+    r.set_message(
+        absl::StrCat("the compiler succeeded but left no readable "
+                     "shared library (an -o option in the "
+                     "options?): ",
+                     std::strerror(errno)));
+    Answer(r);
+  }
+  r.set_module(std::move(module));
+  Answer(r);
+}
+
+}  // namespace
+}  // namespace kreg
+
+int main() {
+  // stdin: the job; stdout: the result; stderr: kregd's log.
+  kreg::CloseDescriptorsFrom(3);
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  std::string bytes;
+  kreg::v1::CompileJob job;
+  if (!kreg::ReadAll(0, &bytes, kreg::kMaxJobBytes) ||
+      !job.ParseFromString(bytes)) {
+    kreg::Fail(3, "kregd-compile: unreadable job on stdin (kregd starts it)");
+  }
+  if (job.identity_only()) {
+    if (job.drop_privileges()) {
+      std::vector<gid_t> groups = {job.gid()};
+      absl::Status s = kreg::DropPrivileges(job.uid(), job.gid(), groups);
+      if (!s.ok()) kreg::Fail(7, std::string(s.message()));
+    }
+    kreg::Identity(job);
+  }
+  kreg::Compile(job);
+}

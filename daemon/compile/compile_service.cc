@@ -1,0 +1,349 @@
+#include "daemon/compile/compile_service.h"
+
+#include <grp.h>
+#include <pwd.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "daemon/compile/compile_worker.h"
+#include "spdlog/spdlog.h"
+
+namespace kreg {
+namespace {
+
+// The status message carries the diagnostics up to this many bytes (gRPC
+// carries a status message in a header); the stream carries all of them.
+constexpr size_t kMessageDiagnosticsBytes = 4096;
+
+// The primary group and, where the uid has a passwd entry, the groups
+// getgrouplist gives it (the caller's supplementary groups).
+std::vector<gid_t> GroupsOf(uid_t uid, gid_t gid) {
+  std::vector<char> buf(16384);
+  passwd pw;
+  passwd* found = nullptr;
+  if (::getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 ||
+      found == nullptr) {
+    return {gid};
+  }
+  int n = 64;
+  std::vector<gid_t> groups(n);
+  while (::getgrouplist(pw.pw_name, gid, groups.data(), &n) < 0) {
+    groups.resize(n + 16);
+    n = static_cast<int>(groups.size());
+  }
+  groups.resize(n);
+  return groups;
+}
+
+std::vector<std::string> BaseArgs(Platform platform,
+                                  const std::string& ffi_include) {
+  if (platform == Platform::kCuda) {
+    return {"-shared",    "-Xcompiler", "-fPIC",    "-O2",
+            "-std=c++17", "-I.",        "-isystem", ffi_include};
+  }
+  // -isystem: the XLA FFI headers' own warnings are not the caller's.
+  return {"-shared", "-fPIC",    "-O2",      "-std=c++17",
+          "-I.",     "-isystem", ffi_include};
+}
+
+std::string Excerpt(const std::string& diagnostics) {
+  if (diagnostics.size() <= kMessageDiagnosticsBytes) return diagnostics;
+  return absl::StrCat(diagnostics.substr(0, kMessageDiagnosticsBytes),
+                      "\n[... ", diagnostics.size() - kMessageDiagnosticsBytes,
+                      " more bytes in the diagnostics stream]");
+}
+
+std::chrono::milliseconds WorkerTimeout(const v1::CompileLimits& l) {
+  // The worker kills the compiler at wall_s; kregd kills the worker a
+  // little later.
+  return std::chrono::milliseconds(
+      static_cast<int64_t>((l.wall_s() + 15.0) * 1000.0));
+}
+
+}  // namespace
+
+absl::StatusOr<v1::CompileJobResult> CompileService::RunWorker(
+    const v1::CompileJob& job, std::chrono::milliseconds timeout,
+    uint64_t max_module_bytes) {
+  if (options_.run_worker) {
+    return options_.run_worker(job, timeout, max_module_bytes);
+  }
+  return RunCompileWorker(options_.worker_binary, job, timeout,
+                          max_module_bytes);
+}
+
+bool CompileService::SlotFree() const {
+  return running_ < std::max(1, options_.max_parallel);
+}
+
+CompileService::CompileService(Registrar* registrar, CompileCache* cache,
+                               CompileOptions options)
+    : registrar_(registrar), cache_(cache), options_(std::move(options)) {
+  if (::geteuid() != 0) {
+    spdlog::warn(
+        "kregd is not root: compile workers run as kregd's uid {}, not as "
+        "their callers', without their own mount and network namespaces "
+        "(CPU, memory, output, process and wall-clock limits still apply)",
+        ::geteuid());
+  }
+}
+
+absl::StatusOr<std::string> CompileService::Identity(Platform platform) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = identities_.find(platform);
+    if (it != identities_.end()) return it->second;
+  }
+  const std::string& compiler =
+      platform == Platform::kCuda ? options_.nvcc : options_.cxx;
+  if (compiler.empty() || ::access(compiler.c_str(), X_OK) != 0) {
+    if (platform == Platform::kCuda) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "compiling for cuda needs nvcc, which kregd did not find",
+          compiler.empty() ? std::string(" (not on PATH nor in "
+                                         "/usr/local/cuda/bin)")
+                           : absl::StrCat(" at ", compiler),
+          "; install the CUDA toolkit on kregd's host or set compile_nvcc in "
+          "kregd's config"));
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "compiling for cpu needs a C++ compiler; compile_cxx = \"", compiler,
+        "\" is not an executable file; install g++ or set compile_cxx"));
+  }
+  v1::CompileJob job;
+  job.set_identity_only(true);
+  job.set_compiler(compiler);
+  if (::geteuid() == 0) {  // nobody's rights suffice for --version
+    job.set_drop_privileges(true);
+    job.set_uid(65534);
+    job.set_gid(65534);
+  }
+  absl::StatusOr<v1::CompileJobResult> r =
+      RunWorker(job, std::chrono::seconds(60), 1);
+  if (!r.ok()) return r.status();
+  if (r->code() != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the compiler's identity could not be read: ", r->message()));
+  }
+  std::string identity = absl::StrCat(
+      r->identity(), "\n",
+      absl::StrJoin(BaseArgs(platform, options_.ffi_include_dir), " "));
+  absl::MutexLock lock(&mu_);
+  identities_[platform] = identity;
+  std::vector<std::string> lines = absl::StrSplit(identity, '\n');
+  spdlog::info("compile: {} compiler: {} ({})", PlatformName(platform),
+               lines[0], lines.size() > 1 ? lines[1] : "");
+  return identity;
+}
+
+absl::StatusOr<std::string> CompileService::RunCompile(
+    const CompileRequest& req, const PeerCred& peer, std::string* diagnostics) {
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &CompileService::SlotFree));
+    ++running_;
+  }
+  v1::CompileJob job;
+  job.set_compiler(req.platform == Platform::kCuda ? options_.nvcc
+                                                   : options_.cxx);
+  for (std::string& a : BaseArgs(req.platform, options_.ffi_include_dir)) {
+    job.add_base_args(std::move(a));
+  }
+  for (const auto& [name, text] : req.sources) {
+    v1::SourceFile* f = job.add_sources();
+    f->set_name(name);
+    f->set_text(text);
+  }
+  for (const auto& [name, text] : req.headers) {
+    v1::SourceFile* f = job.add_headers();
+    f->set_name(name);
+    f->set_text(text);
+  }
+  for (const std::string& o : req.options) job.add_options(o);
+  *job.mutable_limits() = options_.limits;
+  if (::geteuid() == 0) {
+    job.set_sandbox(true);
+    job.set_drop_privileges(true);
+    job.set_uid(peer.uid);
+    job.set_gid(peer.gid);
+    for (gid_t g : GroupsOf(peer.uid, peer.gid)) job.add_groups(g);
+  }
+  compiles_.fetch_add(1);
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<v1::CompileJobResult> r =
+      RunWorker(job, WorkerTimeout(job.limits()), job.limits().output_bytes());
+  {
+    absl::MutexLock lock(&mu_);
+    --running_;
+  }
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  if (!r.ok()) {
+    spdlog::error("compile of \"{}\" for uid {}: {}", req.target_name, peer.uid,
+                  std::string(r.status().message()));
+    // Tagged "compile": kregd itself is up (a client must not read this
+    // UNAVAILABLE as "kregd is not running").
+    absl::Status failed(r.status().code(),
+                        absl::StrCat("compile of target \"", req.target_name,
+                                     "\": ", r.status().message()));
+    failed.SetPayload(kCompileStagePayload, absl::Cord("compile"));
+    return failed;
+  }
+  *diagnostics = r->diagnostics();
+  spdlog::info("compile of \"{}\" ({}) for uid {} pid {}: {} in {:.2f} s ({})",
+               req.target_name, PlatformName(req.platform), peer.uid, peer.pid,
+               r->code() == 0 ? "done" : r->message(), secs, r->note());
+  if (r->code() == 0) return std::move(*r->mutable_module());
+  absl::Status failed = CompileFailure(req, *r);
+  failed.SetPayload(kCompileStagePayload,
+                    absl::Cord(r->limit().empty() ? "compile" : "limit"));
+  return failed;
+}
+
+absl::Status CompileService::CompileFailure(
+    const CompileRequest& req, const v1::CompileJobResult& result) {
+  const v1::CompileJobResult* r = &result;
+  const std::string named =
+      absl::StrCat("compile of target \"", req.target_name, "\" (",
+                   PlatformName(req.platform), ")");
+  if (!r->limit().empty()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(named, " stopped: ", r->message(), "; raise ", r->limit(),
+                     " in kregd's config if the kernel needs more",
+                     r->diagnostics().empty() ? "" : ". Compiler output:\n",
+                     Excerpt(r->diagnostics())));
+  }
+  return absl::Status(
+      static_cast<absl::StatusCode>(r->code()),
+      absl::StrCat(named, " failed: ", r->message(),
+                   r->diagnostics().empty() ? "" : ". Compiler output:\n",
+                   Excerpt(r->diagnostics())));
+}
+
+absl::StatusOr<CompileOutcome> CompileService::Compile(
+    const v1::CompileTargetRequest& request, const PeerCred& peer,
+    const std::function<void(const std::string&)>& diagnostics) {
+  requests_.fetch_add(1);
+  absl::StatusOr<CompileRequest> req = ParseCompileRequest(request);
+  if (!req.ok()) return req.status();
+  absl::StatusOr<std::string> identity = Identity(req->platform);
+  if (!identity.ok()) return identity.status();
+  CompileOutcome out;
+  out.cache_key = CompileCacheKey(*req, *identity);
+  std::optional<std::string> module = cache_->Get(out.cache_key);
+  // This request leads the compile of its key and, in cluster mode, holds
+  // the cluster's claim of it: it tells the peers how it ended.
+  bool leader = false;
+  int64_t claim = 0;
+  if (module) {
+    out.cache_hit = true;
+    hits_.fetch_add(1);
+  } else {
+    std::shared_ptr<Flight> flight;
+    {
+      absl::MutexLock lock(&mu_);
+      auto [it, inserted] =
+          flights_.try_emplace(out.cache_key, std::make_shared<Flight>());
+      flight = it->second;
+      leader = inserted;
+    }
+    if (leader) {
+      // Another request may have finished this key since the lookup; in
+      // cluster mode another host may have built it.
+      std::optional<std::string> again = cache_->Get(out.cache_key);
+      if (!again && peers_ != nullptr) {
+        again = peers_->Before(out.cache_key, &claim);
+        if (again) {
+          out.from_peer = true;
+          peer_fetches_.fetch_add(1);
+          (void)cache_->Put(out.cache_key, *again);
+        }
+      }
+      absl::StatusOr<std::string> built = std::string();
+      std::string diag;
+      if (again) {
+        built = *std::move(again);
+        out.cache_hit = true;
+        hits_.fetch_add(1);
+      } else {
+        built = RunCompile(*req, peer, &diag);
+        if (built.ok()) {
+          if (absl::Status s = cache_->Put(out.cache_key, *built); !s.ok()) {
+            spdlog::warn("compile cache: {}", std::string(s.message()));
+          }
+        }
+      }
+      absl::MutexLock lock(&mu_);
+      flight->module = built;
+      flight->diagnostics = diag;
+      flight->done = true;
+      flights_.erase(out.cache_key);
+    } else {
+      waits_.fetch_add(1);
+      out.waited = true;
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(&flight->done));
+    }
+    // Done: nobody writes the flight any more.
+    out.diagnostics = flight->diagnostics;
+    if (diagnostics && !out.diagnostics.empty()) diagnostics(out.diagnostics);
+    if (!flight->module.ok()) {
+      failures_.fetch_add(1);
+      if (leader && peers_ != nullptr)
+        peers_->Done(out.cache_key, "", 0, claim);
+      return flight->module.status();
+    }
+    module = *flight->module;
+  }
+  RegistrationRequest reg;
+  reg.target_name = req->target_name;
+  reg.func_name = req->func_name;
+  reg.platform = PlatformName(req->platform);
+  reg.content_id = req->content_id.empty() ? out.cache_key : req->content_id;
+  reg.file_name = absl::StrCat("compiled from ", req->sources.front().first);
+  reg.replace = req->replace;
+  reg.source = RegistrationRequest::Source::kUpload;
+  reg.upload_size = module->size();
+  reg.upload = *std::move(module);
+  absl::StatusOr<RegisterOutcome> registered =
+      registrar_->Register(std::move(reg), peer);
+  if (leader && peers_ != nullptr) {
+    // What this host now serves to the cluster's other hosts.
+    if (registered.ok() && !out.from_peer) {
+      peers_->Done(out.cache_key, registered->entry->module_digest,
+                   registered->entry->module_size, claim);
+    } else {
+      peers_->Done(out.cache_key, "", 0, claim);
+    }
+  }
+  if (!registered.ok()) {
+    absl::Status st = registered.status();
+    st.SetPayload(kCompileStagePayload, absl::Cord("registration"));
+    return st;
+  }
+  out.registration = *std::move(registered);
+  return out;
+}
+
+std::optional<std::string> CompileService::Cached(const std::string& key) {
+  return cache_->Get(key);
+}
+
+CompileCounts CompileService::counts() const {
+  CompileCounts c;
+  c.requests = requests_.load();
+  c.compiles = compiles_.load();
+  c.cache_hits = hits_.load();
+  c.waits = waits_.load();
+  c.failures = failures_.load();
+  c.peer_fetches = peer_fetches_.load();
+  return c;
+}
+
+}  // namespace kreg

@@ -1,0 +1,150 @@
+// The compile service (DESIGN §13, docs/user-guide.md "Compile once"):
+// checks a CompileTarget request, computes its cache key, answers from the
+// compile cache (or, in cluster mode, a peer) or compiles in a sandboxed
+// kregd-compile worker as the caller, then registers the module through the
+// Registrar with content_id = the cache key, so DESIGN §2's rules apply
+// unchanged. Concurrent requests for one key share one compile; different
+// keys compile in parallel up to max_parallel.
+//
+// Thread-safe. The registrar and cache must outlive it.
+#ifndef KREGD_DAEMON_COMPILE_COMPILE_SERVICE_H_
+#define KREGD_DAEMON_COMPILE_COMPILE_SERVICE_H_
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/compile/compile_cache.h"
+#include "daemon/compile/compile_request.h"
+#include "daemon/registrar.h"
+#include "kreg/v1/compile.pb.h"
+
+namespace kreg {
+
+// The payload (absl::Status::GetPayload) saying which step a Compile error
+// came from: "compile" (the sources do not compile), "limit" (a compile
+// limit stopped it) or "registration" (the Registrar refused the result).
+inline constexpr char kCompileStagePayload[] = "kreg.dev/compile-stage";
+
+struct CompileOptions {
+  std::string worker_binary;  // kregd-compile
+  std::string cxx;            // g++ for cpu
+  std::string nvcc;           // nvcc for cuda; empty: none found
+  std::string ffi_include_dir;
+  v1::CompileLimits limits;
+  int max_parallel = 1;
+  // Runs one job (tests fake it); unset: RunCompileWorker(worker_binary).
+  std::function<absl::StatusOr<v1::CompileJobResult>(
+      const v1::CompileJob& job, std::chrono::milliseconds timeout,
+      uint64_t max_module_bytes)>
+      run_worker;
+};
+
+// The other hosts of a cluster (DESIGN §10, §13); see server_compile.cc.
+class CompilePeers {
+ public:
+  virtual ~CompilePeers() = default;
+  // Before this host compiles `key`: the module another host built for it
+  // (verified against the digest the cluster records), or nullopt when this
+  // host is to compile it. Sets `*claim` when this host claimed the key.
+  virtual std::optional<std::string> Before(const std::string& key,
+                                            int64_t* claim) = 0;
+  // After: the module this host registered for `key` (`digest` empty when
+  // none: the compile or its registration failed); ends `claim`.
+  virtual void Done(const std::string& key, const std::string& digest,
+                    uint64_t size, int64_t claim) = 0;
+};
+
+struct CompileOutcome {
+  RegisterOutcome registration;
+  std::string cache_key;
+  bool cache_hit = false;  // no compile ran for this request
+  bool waited = false;     // it shared another request's compile
+  bool from_peer = false;  // a cluster peer had the module
+  std::string diagnostics;
+};
+
+struct CompileCounts {
+  uint64_t requests = 0;
+  uint64_t compiles = 0;  // kregd_compiles_total
+  uint64_t cache_hits = 0;
+  uint64_t waits = 0;
+  uint64_t failures = 0;
+  uint64_t peer_fetches = 0;  // modules a cluster peer had built
+};
+
+class CompileService {
+ public:
+  CompileService(Registrar* registrar, CompileCache* cache,
+                 CompileOptions options);
+  CompileService(const CompileService&) = delete;
+  CompileService& operator=(const CompileService&) = delete;
+
+  // Cluster mode: asks `peers` (which must outlive this) for a key before
+  // compiling it.
+  void set_peers(CompilePeers* peers) { peers_ = peers; }
+
+  // Compiles (or finds) and registers. Errors: ParseCompileRequest's;
+  // FAILED_PRECONDITION when the platform's compiler is missing (naming
+  // it); INVALID_ARGUMENT for a compile error and RESOURCE_EXHAUSTED for a
+  // limit, both with the diagnostics in the message; the Registrar's.
+  // `diagnostics` (may be null) receives the compiler's output once the
+  // compile is done, also when it failed.
+  absl::StatusOr<CompileOutcome> Compile(
+      const v1::CompileTargetRequest& request, const PeerCred& peer,
+      const std::function<void(const std::string&)>& diagnostics);
+
+  // The module cached under `key` (cluster peers ask for it), or nullopt.
+  std::optional<std::string> Cached(const std::string& key);
+
+  CompileCounts counts() const;
+  CompileCache* cache() { return cache_; }
+
+ private:
+  // One compile that concurrent requests for its key share.
+  struct Flight {
+    bool done = false;
+    absl::StatusOr<std::string> module = std::string();
+    std::string diagnostics;
+  };
+
+  absl::StatusOr<std::string> Identity(Platform platform);
+  // The caller's error for a compile that failed or hit a limit.
+  static absl::Status CompileFailure(const CompileRequest& req,
+                                     const v1::CompileJobResult& r);
+  absl::StatusOr<v1::CompileJobResult> RunWorker(
+      const v1::CompileJob& job, std::chrono::milliseconds timeout,
+      uint64_t max_module_bytes);
+  bool SlotFree() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs the worker for `req` as `peer` (waiting for a parallel slot).
+  absl::StatusOr<std::string> RunCompile(const CompileRequest& req,
+                                         const PeerCred& peer,
+                                         std::string* diagnostics);
+
+  Registrar* const registrar_;
+  CompileCache* const cache_;
+  const CompileOptions options_;
+  CompilePeers* peers_ = nullptr;
+
+  absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Flight>> flights_ ABSL_GUARDED_BY(mu_);
+  std::map<Platform, std::string> identities_ ABSL_GUARDED_BY(mu_);
+  int running_ ABSL_GUARDED_BY(mu_) = 0;
+
+  std::atomic<uint64_t> requests_{0};
+  std::atomic<uint64_t> compiles_{0};
+  std::atomic<uint64_t> hits_{0};
+  std::atomic<uint64_t> waits_{0};
+  std::atomic<uint64_t> failures_{0};
+  std::atomic<uint64_t> peer_fetches_{0};
+};
+
+}  // namespace kreg
+
+#endif  // KREGD_DAEMON_COMPILE_COMPILE_SERVICE_H_

@@ -1,0 +1,172 @@
+// The compile service's part of the kregd process (DESIGN §13).
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <optional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/cluster/cluster_registry.h"
+#include "daemon/compile/compile_cache.h"
+#include "daemon/compile/compile_service.h"
+#include "daemon/server.h"
+#include "spdlog/spdlog.h"
+
+namespace kreg {
+namespace {
+
+std::string ExeDir() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  std::string path(buf, static_cast<size_t>(n));
+  size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+// The cluster's other hosts (DESIGN §10, §13): before compiling a key, a
+// host asks etcd whether a host built it (then fetches the module from a
+// peer, verified against the recorded digest) or is building it (then
+// waits for that, up to the compile's wall-clock limit and a minute);
+// otherwise it claims the key and compiles.
+class ClusterCompilePeers final : public CompilePeers {
+ public:
+  ClusterCompilePeers(ClusterRegistry* cluster, double wall_s)
+      : cluster_(cluster), wait_s_(wall_s + 60) {}
+
+  std::optional<std::string> Before(const std::string& key,
+                                    int64_t* claim) override {
+    const std::string hex = KeyHex(key);
+    const auto deadline =
+        std::chrono::steady_clock::now() +
+        std::chrono::milliseconds(static_cast<int64_t>(wait_s_ * 1000));
+    bool said_waiting = false;
+    while (std::chrono::steady_clock::now() < deadline) {
+      absl::StatusOr<std::optional<ClusterRegistry::CompiledModule>> found =
+          cluster_->FindCompiled(hex);
+      if (!found.ok()) return Local(key, found.status());
+      if (*found) {
+        absl::StatusOr<std::string> bytes =
+            cluster_->FetchModule((*found)->digest, (*found)->size);
+        if (!bytes.ok()) return Local(key, bytes.status());
+        spdlog::info("compile {}: fetched {} from a peer, not compiled", key,
+                     (*found)->digest);
+        return *std::move(bytes);
+      }
+      absl::StatusOr<int64_t> lease =
+          cluster_->ClaimCompile(hex, static_cast<int64_t>(wait_s_));
+      if (!lease.ok()) return Local(key, lease.status());
+      if (*lease != 0) {
+        *claim = *lease;
+        return std::nullopt;  // ours to compile
+      }
+      if (!said_waiting) {
+        spdlog::info("compile {}: another host is compiling it; waiting", key);
+        said_waiting = true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    spdlog::warn(
+        "compile {}: no other host finished it in {} s; compiling "
+        "here",
+        key, wait_s_);
+    return std::nullopt;
+  }
+
+  void Done(const std::string& key, const std::string& digest, uint64_t size,
+            int64_t claim) override {
+    if (!digest.empty()) {
+      absl::Status s = cluster_->RecordCompiled(
+          KeyHex(key), ClusterRegistry::CompiledModule{digest, size});
+      if (!s.ok()) {
+        spdlog::warn(
+            "compile {}: not recorded in etcd ({}); other hosts "
+            "will compile it themselves",
+            key, std::string(s.message()));
+      }
+    }
+    cluster_->ReleaseCompile(claim);
+  }
+
+ private:
+  std::optional<std::string> Local(const std::string& key,
+                                   const absl::Status& why) {
+    spdlog::warn(
+        "compile {}: the cluster could not say or serve whether "
+        "another host built it ({}); compiling here",
+        key, std::string(why.message()));
+    return std::nullopt;
+  }
+
+  ClusterRegistry* const cluster_;
+  const double wait_s_;
+};
+
+}  // namespace
+
+absl::Status Daemon::StartCompile() {
+  compile_cache_ = std::make_unique<CompileCache>(
+      config_.state_dir + "/compile", config_.compile_cache_bytes);
+  if (absl::Status s = compile_cache_->Init(); !s.ok()) return s;
+  CompileOptions opts;
+  opts.worker_binary = config_.compile_binary;
+  if (opts.worker_binary.empty()) {
+    // Installed: next to kregd; in a Bazel tree: bazel-bin/daemon/compile/.
+    opts.worker_binary = ExeDir() + "/kregd-compile";
+    if (::access(opts.worker_binary.c_str(), X_OK) != 0) {
+      opts.worker_binary = ExeDir() + "/compile/kregd-compile";
+    }
+  }
+  if (::access(opts.worker_binary.c_str(), X_OK) != 0) {
+    spdlog::warn(
+        "the compile worker {} is missing or not executable; CompileTarget "
+        "will fail until it is installed (or compile_binary is set)",
+        opts.worker_binary);
+  }
+  opts.cxx = config_.compile_cxx;
+  opts.nvcc = CompileNvcc(config_);
+  opts.ffi_include_dir = CompileFfiIncludeDir(config_);
+  opts.limits.set_cpu_s(static_cast<uint64_t>(config_.compile_cpu_s));
+  opts.limits.set_wall_s(config_.compile_timeout_s);
+  opts.limits.set_memory_bytes(config_.compile_memory_bytes);
+  opts.limits.set_output_bytes(config_.compile_output_bytes);
+  opts.limits.set_processes(
+      static_cast<uint64_t>(config_.compile_max_processes));
+  opts.max_parallel =
+      config_.max_parallel_compiles > 0
+          ? static_cast<int>(config_.max_parallel_compiles)
+          : std::max(1,
+                     static_cast<int>(std::thread::hardware_concurrency()) / 2);
+  spdlog::info(
+      "compile service: up to {} compiles at once, cache {} ({} bytes), "
+      "g++ {}, nvcc {}",
+      opts.max_parallel, config_.state_dir + "/compile",
+      config_.compile_cache_bytes, opts.cxx,
+      opts.nvcc.empty() ? "not found" : opts.nvcc);
+  const double wall_s = opts.limits.wall_s();
+  compile_ = std::make_unique<CompileService>(&registrar_, compile_cache_.get(),
+                                              std::move(opts));
+  if (cluster_ != nullptr) {
+    compile_peers_ =
+        std::make_unique<ClusterCompilePeers>(cluster_.get(), wall_s);
+    compile_->set_peers(compile_peers_.get());
+  }
+  return absl::OkStatus();
+}
+
+void Daemon::FillCompileStatus(v1::GetStatusResponse* r) {
+  if (compile_ == nullptr) return;
+  CompileCounts c = compile_->counts();
+  r->set_compile_requests(c.requests);
+  r->set_compiles(c.compiles);
+  r->set_compile_cache_hits(c.cache_hits);
+  r->set_compile_waits(c.waits);
+  r->set_compile_failures(c.failures);
+  r->set_compile_peer_fetches(c.peer_fetches);
+  CompileCacheUsage u = compile_cache_->Usage();
+  r->set_compile_cache_bytes(u.bytes);
+  r->set_compile_cache_entries(static_cast<uint32_t>(u.files));
+}
+
+}  // namespace kreg

@@ -1,0 +1,277 @@
+#include "daemon/compile/compile_service.h"
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "catch2/catch.hpp"
+#include "tests/daemon/registry_fakes.h"
+#include "tests/testing/temp_dir.h"
+
+namespace kreg {
+namespace {
+
+// A worker that "compiles" a module from the job's first source text,
+// counting runs and the most that ran at once. A source text starting
+// with "bad" fails like a compile error, "huge" like a limit.
+struct FakeWorker {
+  absl::StatusOr<v1::CompileJobResult> Run(const v1::CompileJob& job) {
+    v1::CompileJobResult r;
+    if (job.identity_only()) {
+      r.set_identity("fake g++ 1.0");
+      return r;
+    }
+    if (!fail_with.ok()) return fail_with;
+    const int now = ++running;
+    int seen = max_running.load();
+    while (now > seen && !max_running.compare_exchange_weak(seen, now)) {
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    --running;
+    ++runs;
+    last_uid = job.uid();
+    const std::string& text = job.sources(0).text();
+    if (text.rfind("bad", 0) == 0) {
+      r.set_code(3);
+      r.set_message("the compiler failed (exit status 1)");
+      r.set_diagnostics("k.cc:1:1: error: bad\n");
+    } else if (text.rfind("huge", 0) == 0) {
+      r.set_code(8);
+      r.set_limit("compile_memory_bytes");
+      r.set_message(
+          "it hit the memory limit of 1 bytes (compile_memory_bytes)");
+    } else {
+      r.set_module(
+          "\x7f"
+          "ELF " +
+          text);
+      r.set_diagnostics("k.cc:1: warning: fine\n");
+    }
+    return r;
+  }
+  std::atomic<int> runs{0}, running{0}, max_running{0};
+  std::atomic<uint32_t> last_uid{0};
+  int delay_ms = 100;
+  absl::Status fail_with;  // set: every compile job fails with it
+};
+
+struct Fixture {
+  explicit Fixture(int max_parallel = 2)
+      : registry(&loader, &log),
+        registrar(&registry, ModulePolicy{}),
+        cache(dir.path() + "/compile", 0) {
+    REQUIRE(cache.Init().ok());
+    CompileOptions o;
+    o.cxx = "/bin/true";  // Identity wants an executable
+    o.max_parallel = max_parallel;
+    o.limits.set_output_bytes(1 << 20);
+    o.limits.set_wall_s(10);
+    o.run_worker = [this](const v1::CompileJob& job, std::chrono::milliseconds,
+                          uint64_t) { return worker.Run(job); };
+    service = std::make_unique<CompileService>(&registrar, &cache, o);
+  }
+  absl::StatusOr<CompileOutcome> Compile(const std::string& name,
+                                         const std::string& text) {
+    v1::CompileTargetRequest r;
+    r.set_target_name(name);
+    r.set_func_name("Scale");
+    r.set_platform("cpu");
+    v1::SourceFile* f = r.add_sources();
+    f->set_name("k.cc");
+    f->set_text(text);
+    return service->Compile(r, PeerCred{1000, 1000, 42}, nullptr);
+  }
+  testing::TempDir dir;
+  FakeLoader loader;
+  MemLog log;
+  Registry registry;
+  Registrar registrar;
+  CompileCache cache;
+  FakeWorker worker;
+  std::unique_ptr<CompileService> service;
+};
+
+TEST_CASE("Concurrent requests for one key share one compile", "[compile]") {
+  Fixture f;
+  std::vector<std::thread> threads;
+  std::vector<absl::StatusOr<CompileOutcome>> out(8, absl::UnknownError(""));
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] { out[i] = f.Compile("cc.one", "int x;"); });
+  }
+  for (std::thread& t : threads) t.join();
+  CHECK(f.worker.runs == 1);
+  int created = 0;
+  for (const auto& o : out) {
+    REQUIRE(o.ok());
+    CHECK(o->cache_key == out[0]->cache_key);
+    CHECK(o->registration.entry->content_id == o->cache_key);
+    created += o->registration.created;
+  }
+  CHECK(created == 1);
+  CompileCounts c = f.service->counts();
+  CHECK(c.requests == 8);
+  CHECK(c.compiles == 1);
+  CHECK(c.waits + c.cache_hits == 7);
+}
+
+TEST_CASE("Different keys compile in parallel up to max_parallel",
+          "[compile]") {
+  Fixture f(2);
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};  // Catch2 asserts on this thread only
+  for (int i = 0; i < 6; ++i) {
+    threads.emplace_back([&f, &ok, i] {
+      ok += f.Compile("cc.p" + std::to_string(i),
+                      "int x" + std::to_string(i) + ";")
+                .ok();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  CHECK(ok == 6);
+  CHECK(f.worker.runs == 6);
+  CHECK(f.worker.max_running == 2);
+}
+
+TEST_CASE("A cached key is a hit; the compiler runs as the caller",
+          "[compile]") {
+  Fixture f;
+  REQUIRE(f.Compile("cc.a", "int y;").ok());
+  absl::StatusOr<CompileOutcome> again = f.Compile("cc.a", "int y;");
+  REQUIRE(again.ok());
+  CHECK(again->cache_hit);
+  CHECK_FALSE(again->registration.created);
+  CHECK(f.worker.runs == 1);
+  if (::geteuid() == 0) CHECK(f.worker.last_uid == 1000);
+}
+
+TEST_CASE(
+    "A changed source under a registered name is refused at "
+    "registration",
+    "[compile]") {
+  Fixture f;
+  REQUIRE(f.Compile("cc.c", "int a;").ok());
+  absl::StatusOr<CompileOutcome> changed = f.Compile("cc.c", "int b;");
+  REQUIRE_FALSE(changed.ok());
+  CHECK(changed.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(changed.status().message()).find("distinct target name") !=
+        std::string::npos);
+  CHECK(changed.status().GetPayload(kCompileStagePayload) ==
+        absl::Cord("registration"));
+}
+
+TEST_CASE("A failed compile is not cached and carries the diagnostics",
+          "[compile]") {
+  Fixture f;
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<CompileOutcome> bad = f.Compile("cc.bad", "bad code");
+    REQUIRE_FALSE(bad.ok());
+    CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+    std::string msg(bad.status().message());
+    CHECK(msg.find("compile of target \"cc.bad\" (cpu) failed") !=
+          std::string::npos);
+    CHECK(msg.find("k.cc:1:1: error: bad") != std::string::npos);
+    CHECK(bad.status().GetPayload(kCompileStagePayload) ==
+          absl::Cord("compile"));
+  }
+  CHECK(f.worker.runs == 2);
+  CHECK(f.service->counts().failures == 2);
+}
+
+TEST_CASE("A worker that fails is a compile error, not kregd's absence",
+          "[compile]") {
+  Fixture f;
+  f.worker.fail_with = absl::UnavailableError("the compile worker died");
+  absl::StatusOr<CompileOutcome> r = f.Compile("cc.died", "int d;");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(std::string(r.status().message()) ==
+        "compile of target \"cc.died\": the compile worker died");
+  CHECK(r.status().GetPayload(kCompileStagePayload) == absl::Cord("compile"));
+}
+
+TEST_CASE("A limit names its key", "[compile]") {
+  Fixture f;
+  absl::StatusOr<CompileOutcome> r = f.Compile("cc.huge", "huge");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(std::string(r.status().message())
+            .find("raise compile_memory_bytes in kregd's config") !=
+        std::string::npos);
+  CHECK(r.status().GetPayload(kCompileStagePayload) == absl::Cord("limit"));
+}
+
+TEST_CASE("cuda without nvcc is FAILED_PRECONDITION naming nvcc", "[compile]") {
+  Fixture f;
+  v1::CompileTargetRequest r;
+  r.set_target_name("cc.cu");
+  r.set_func_name("K");
+  r.set_platform("cuda");
+  v1::SourceFile* s = r.add_sources();
+  s->set_name("k.cu");
+  absl::StatusOr<CompileOutcome> out =
+      f.service->Compile(r, PeerCred{0, 0, 1}, nullptr);
+  REQUIRE_FALSE(out.ok());
+  CHECK(out.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(out.status().message()).find("needs nvcc") !=
+        std::string::npos);
+  CHECK(f.worker.runs == 0);
+}
+
+struct FakePeers : CompilePeers {
+  std::optional<std::string> Before(const std::string&,
+                                    int64_t* claim) override {
+    ++asked;
+    if (have)
+      return std::string(
+          "\x7f"
+          "ELF from a peer");
+    *claim = 7;
+    return std::nullopt;
+  }
+  void Done(const std::string&, const std::string& digest, uint64_t,
+            int64_t claim) override {
+    done_digest = digest;
+    done_claim = claim;
+  }
+  bool have = false;
+  int asked = 0;
+  std::string done_digest;
+  int64_t done_claim = 0;
+};
+
+TEST_CASE("In a cluster a peer's module is used instead of a compile",
+          "[compile]") {
+  Fixture f;
+  FakePeers peers;
+  f.service->set_peers(&peers);
+  peers.have = true;
+  absl::StatusOr<CompileOutcome> got = f.Compile("cc.peer", "int p;");
+  REQUIRE(got.ok());
+  CHECK(got->cache_hit);
+  CHECK(got->from_peer);
+  CHECK(f.worker.runs == 0);
+  CHECK(f.service->counts().peer_fetches == 1);
+  CHECK(peers.done_digest.empty());  // nothing new to tell the cluster
+  // A key no peer has: compiled here, then recorded with its digest and
+  // the claim ended.
+  peers.have = false;
+  absl::StatusOr<CompileOutcome> built = f.Compile("cc.peer2", "int q;");
+  REQUIRE(built.ok());
+  CHECK(f.worker.runs == 1);
+  CHECK(peers.done_digest == built->registration.entry->module_digest);
+  CHECK(peers.done_claim == 7);
+}
+
+TEST_CASE("Bad requests are refused before the compiler's identity is read",
+          "[compile]") {
+  Fixture f;
+  absl::StatusOr<CompileOutcome> r = f.Compile("9bad", "int x;");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(f.worker.runs == 0);
+}
+
+}  // namespace
+}  // namespace kreg
