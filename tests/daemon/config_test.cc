@@ -124,6 +124,18 @@ std::vector<FileCase> FileCases(const std::string& dir) {
       {"metrics_listen", "metrics_listen = \"127.0.0.1:9100\"",
        "\"127.0.0.1:9100\""},
       {"metrics_allow_remote", "metrics_allow_remote = true", "true"},
+      {"max_parallel_compiles", "max_parallel_compiles = 3", "3"},
+      {"compile_cpu_s", "compile_cpu_s = 30", "30"},
+      {"compile_timeout_s", "compile_timeout_s = 90.5", "90.5"},
+      {"compile_memory_bytes", "compile_memory_bytes = 2097152", "2097152"},
+      {"compile_output_bytes", "compile_output_bytes = 1048576", "1048576"},
+      {"compile_max_processes", "compile_max_processes = 8", "8"},
+      {"compile_cache_bytes", "compile_cache_bytes = 0", "0"},
+      {"compile_cxx", "compile_cxx = \"/usr/bin/c++\"", "\"/usr/bin/c++\""},
+      {"compile_nvcc", "compile_nvcc = \"/opt/nvcc\"", "\"/opt/nvcc\""},
+      {"compile_ffi_include_dir", "compile_ffi_include_dir = \"/inc\"",
+       "\"/inc\""},
+      {"compile_binary", "compile_binary = \"/bin/kc\"", "\"/bin/kc\""},
   };
 }
 
@@ -276,6 +288,22 @@ TEST_CASE("Bad values in the config file name the key and what it must be",
        "key \"etcd_timeout_s\" must be a number of seconds in (0, 600]"},
       {"peer_lease_ttl_s = 1",
        "key \"peer_lease_ttl_s\" must be an integer in [2, 3600]"},
+      {"max_parallel_compiles = -1",
+       "key \"max_parallel_compiles\" must be a whole number from 0 (half "
+       "the cores) to 100000"},
+      {"compile_cpu_s = 0",
+       "key \"compile_cpu_s\" must be a whole number from 1 to 100000"},
+      {"compile_timeout_s = 86401",
+       "key \"compile_timeout_s\" must be a number of seconds > 0 and at most "
+       "86400"},
+      {"compile_memory_bytes = 1000",
+       "key \"compile_memory_bytes\" must be a number of bytes of at least "
+       "1048576 (1 MiB)"},
+      {"compile_cache_bytes = -1",
+       "key \"compile_cache_bytes\" must be a number of bytes >= 0 (0: "
+       "unbounded)"},
+      {"compile_cxx = \"g++\"", "key \"compile_cxx\" must be an absolute path"},
+      {"compile_nvcc = 5", "key \"compile_nvcc\" must be an absolute path"},
       {"isolaton = \"uid\"",
        "unknown key \"isolaton\" (did you mean \"isolation\"? known: socket, "
        "state_dir, "},
