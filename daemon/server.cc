@@ -398,6 +398,9 @@ void Daemon::Shutdown() {
     (void)pool_.release();
     left_executors_ = true;
   }
+  // A compile in flight would hold the gRPC server's shutdown for up to
+  // compile_timeout_s (operator guide, "The compile service").
+  if (compile_ != nullptr) compile_->Shutdown();
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(5));

@@ -64,6 +64,19 @@ void WriteAll(int fd, const std::string& s) {
   }
 }
 
+// The compiler's process group while it runs. kregd ends a worker it gives
+// up on (shutdown, its own deadline) with SIGTERM, and a worker whose kregd
+// died gets SIGTERM too (the parent-death signal): the handler takes the
+// compiler's whole group along (cc1plus, as and ld are not the worker's
+// children, so they would outlive a SIGKILLed worker).
+volatile sig_atomic_t g_compiler_group = 0;
+
+void OnTerm(int) {
+  const pid_t group = g_compiler_group;
+  if (group > 0) ::kill(-group, SIGKILL);
+  ::_exit(128 + SIGTERM);
+}
+
 // A scratch directory to remove before answering (not sandboxed: the
 // sandbox's tmpfs goes with its mount namespace).
 std::string g_remove_scratch;
@@ -177,7 +190,7 @@ std::string Trim(const std::string& s) {
     absl::Status s = DropPrivileges(job.uid(), job.gid(), groups);
     if (!s.ok()) Fail(7, std::string(s.message()));
     absl::StrAppend(&note, ", as uid ", job.uid());
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the uid switch cleared it
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);  // the uid switch cleared it
   } else {
     absl::StrAppend(&note, ", as kregd's uid ", ::geteuid());
   }
@@ -228,7 +241,8 @@ std::string Trim(const std::string& s) {
   limits.nproc =
       l.processes() == 0 ? 0 : TasksOfUid(::getuid()) + l.processes();
   absl::StatusOr<CompilerRun> ran =
-      RunCompiler(argv, src, limits, l.wall_s(), env, kMaxDiagnosticsBytes);
+      RunCompiler(argv, src, limits, l.wall_s(), env, kMaxDiagnosticsBytes,
+                  &g_compiler_group);
   if (!ran.ok()) Fail(13, std::string(ran.status().message()), note);
   const CompilerRun& run = *ran;
   v1::CompileJobResult r;
@@ -279,7 +293,10 @@ std::string Trim(const std::string& s) {
 int main() {
   // stdin: the job; stdout: the result; stderr: kregd's log.
   kreg::CloseDescriptorsFrom(3);
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  struct sigaction term {};
+  term.sa_handler = kreg::OnTerm;
+  ::sigaction(SIGTERM, &term, nullptr);
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   std::string bytes;
   kreg::v1::CompileJob job;
   if (!kreg::ReadAll(0, &bytes, kreg::kMaxJobBytes) ||

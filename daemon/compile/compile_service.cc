@@ -70,15 +70,21 @@ std::chrono::milliseconds WorkerTimeout(const v1::CompileLimits& l) {
 absl::StatusOr<v1::CompileJobResult> CompileService::RunWorker(
     const v1::CompileJob& job, std::chrono::milliseconds timeout,
     uint64_t max_module_bytes) {
+  const std::function<bool()> cancelled = [this] { return stopping_.load(); };
   if (options_.run_worker) {
-    return options_.run_worker(job, timeout, max_module_bytes);
+    return options_.run_worker(job, timeout, max_module_bytes, cancelled);
   }
   return RunCompileWorker(options_.worker_binary, job, timeout,
-                          max_module_bytes);
+                          max_module_bytes, cancelled);
+}
+
+void CompileService::Shutdown() {
+  stopping_.store(true);
+  absl::MutexLock lock(&mu_);  // wakes requests waiting for a slot
 }
 
 bool CompileService::SlotFree() const {
-  return running_ < std::max(1, options_.max_parallel);
+  return stopping_.load() || running_ < std::max(1, options_.max_parallel);
 }
 
 CompileService::CompileService(Registrar* registrar, CompileCache* cache,
@@ -146,6 +152,10 @@ absl::StatusOr<std::string> CompileService::RunCompile(
   {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(this, &CompileService::SlotFree));
+    if (stopping_.load()) {
+      return absl::CancelledError(
+          "kregd is shutting down; compile again once kregd is back");
+    }
     ++running_;
   }
   v1::CompileJob job;

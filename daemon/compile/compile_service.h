@@ -40,9 +40,10 @@ struct CompileOptions {
   v1::CompileLimits limits;
   int max_parallel = 1;
   // Runs one job (tests fake it); unset: RunCompileWorker(worker_binary).
+  // `cancelled` says when to give up (kregd is stopping).
   std::function<absl::StatusOr<v1::CompileJobResult>(
       const v1::CompileJob& job, std::chrono::milliseconds timeout,
-      uint64_t max_module_bytes)>
+      uint64_t max_module_bytes, const std::function<bool()>& cancelled)>
       run_worker;
 };
 
@@ -100,6 +101,11 @@ class CompileService {
       const v1::CompileTargetRequest& request, const PeerCred& peer,
       const std::function<void(const std::string&)>& diagnostics);
 
+  // kregd is stopping: running compiles are stopped (their workers killed
+  // within a second) and later or waiting ones fail with CANCELLED, so the
+  // gRPC server's shutdown does not wait for a long compile.
+  void Shutdown();
+
   // The module cached under `key` (cluster peers ask for it), or nullopt.
   std::optional<std::string> Cached(const std::string& key);
 
@@ -136,6 +142,7 @@ class CompileService {
   std::map<std::string, std::shared_ptr<Flight>> flights_ ABSL_GUARDED_BY(mu_);
   std::map<Platform, std::string> identities_ ABSL_GUARDED_BY(mu_);
   int running_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<bool> stopping_{false};
 
   std::atomic<uint64_t> requests_{0};
   std::atomic<uint64_t> compiles_{0};

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -70,7 +71,8 @@ absl::StatusOr<v1::CompileJobResult> DecodeWorkerResult(
 
 absl::StatusOr<v1::CompileJobResult> RunCompileWorker(
     const std::string& binary, const v1::CompileJob& job,
-    std::chrono::milliseconds timeout, uint64_t max_module_bytes) {
+    std::chrono::milliseconds timeout, uint64_t max_module_bytes,
+    const std::function<bool()>& cancelled) {
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
     return absl::InternalError(absl::StrCat("socketpair: ", strerror(errno)));
@@ -118,9 +120,20 @@ absl::StatusOr<v1::CompileJobResult> RunCompileWorker(
         "cannot start the compile worker ", binary, ": ", strerror(rc),
         " (install kregd-compile next to kregd or set compile_binary)"));
   }
+  // Ending a worker: SIGTERM, on which it ends its compiler's process
+  // group (compile_main.cc), then SIGKILL after two seconds.
   auto reap = [pid](bool kill) {
-    if (kill) ::kill(pid, SIGKILL);
     int ws = 0;
+    if (kill) {
+      ::kill(pid, SIGTERM);
+      for (int i = 0; i < 200; ++i) {
+        pid_t r = ::waitpid(pid, &ws, WNOHANG);
+        if (r == pid) return ws;
+        if (r < 0 && errno != EINTR) return ws;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      ::kill(pid, SIGKILL);
+    }
     while (::waitpid(pid, &ws, 0) < 0 && errno == EINTR) {
     }
     return ws;
@@ -149,6 +162,12 @@ absl::StatusOr<v1::CompileJobResult> RunCompileWorker(
       return absl::DeadlineExceededError(absl::StrCat(
           "the compile worker (pid ", pid, ") did not answer within ",
           timeout.count() / 1000.0, " s; it was killed"));
+    }
+    if (cancelled && cancelled()) {
+      reap(true);
+      return absl::CancelledError(
+          absl::StrCat("kregd is shutting down; the compile worker (pid ", pid,
+                       ") was stopped. Compile again once kregd is back"));
     }
     pollfd p{ours.get(), POLLIN, 0};
     int n = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -27,12 +28,14 @@ absl::StatusOr<v1::CompileJobResult> DecodeWorkerResult(
 
 // Starts `binary` with posix_spawn (stdin and stdout one socket to kregd,
 // stderr kregd's), sends `job`, and waits up to `timeout` for its answer
-// (then kills it). UNAVAILABLE when it cannot start or dies without
-// answering, DEADLINE_EXCEEDED past the timeout, DecodeWorkerResult's
-// errors.
+// (then kills it). `cancelled` (optional) is asked about once a second: when
+// it says true the worker is killed. UNAVAILABLE when it cannot start or
+// dies without answering, DEADLINE_EXCEEDED past the timeout, CANCELLED,
+// DecodeWorkerResult's errors.
 absl::StatusOr<v1::CompileJobResult> RunCompileWorker(
     const std::string& binary, const v1::CompileJob& job,
-    std::chrono::milliseconds timeout, uint64_t max_module_bytes);
+    std::chrono::milliseconds timeout, uint64_t max_module_bytes,
+    const std::function<bool()>& cancelled = nullptr);
 
 }  // namespace kreg
 

@@ -36,7 +36,8 @@ absl::StatusOr<CompilerRun> RunCompiler(const std::vector<std::string>& argv,
                                         const ChildLimits& limits,
                                         double wall_s,
                                         const std::vector<std::string>& env,
-                                        size_t max_output) {
+                                        size_t max_output,
+                                        volatile sig_atomic_t* running_group) {
   CompilerRun r;
   int out[2];
   if (::pipe2(out, O_CLOEXEC) != 0) {
@@ -78,6 +79,7 @@ absl::StatusOr<CompilerRun> RunCompiler(const std::vector<std::string>& argv,
   }
   ::close(out[1]);
   ::setpgid(pid, pid);
+  if (running_group != nullptr) *running_group = pid;
   const auto deadline =
       std::chrono::steady_clock::now() +
       std::chrono::milliseconds(static_cast<int64_t>(wall_s * 1000.0));
@@ -107,6 +109,7 @@ absl::StatusOr<CompilerRun> RunCompiler(const std::vector<std::string>& argv,
   // The compiler's whole group: cc1plus, as and ld outlive the driver when
   // it is killed.
   ::kill(-pid, SIGKILL);
+  if (running_group != nullptr) *running_group = 0;
   ::close(out[0]);
   rusage ru{};
   while (::wait4(pid, &r.status, 0, &ru) < 0 && errno == EINTR) {

@@ -4,6 +4,8 @@
 #ifndef KREGD_DAEMON_COMPILE_COMPILER_PROCESS_H_
 #define KREGD_DAEMON_COMPILE_COMPILER_PROCESS_H_
 
+#include <signal.h>
+
 #include <string>
 #include <vector>
 
@@ -26,12 +28,13 @@ struct CompilerRun {
 // stderr go to one pipe, of which the first `max_output` bytes are kept.
 // Kills the whole group at `wall_s` or when the driver is done. INTERNAL
 // when the pipe or the process cannot be made.
-absl::StatusOr<CompilerRun> RunCompiler(const std::vector<std::string>& argv,
-                                        const std::string& cwd,
-                                        const ChildLimits& limits,
-                                        double wall_s,
-                                        const std::vector<std::string>& env,
-                                        size_t max_output);
+// While it runs, *running_group (when given) holds its process group, so
+// that a signal handler can end the whole compile.
+absl::StatusOr<CompilerRun> RunCompiler(
+    const std::vector<std::string>& argv, const std::string& cwd,
+    const ChildLimits& limits, double wall_s,
+    const std::vector<std::string>& env, size_t max_output,
+    volatile sig_atomic_t* running_group = nullptr);
 
 // Which limit a failed run hit (a config key: compile_timeout_s,
 // compile_cpu_s, compile_output_bytes, compile_memory_bytes,

@@ -666,3 +666,50 @@ def test_a_sandbox_that_cannot_be_set_up_says_what_kregd_needs(nobody_dir):
   p = subprocess.run([str(worker)], input=b"\xff\xff\xff", capture_output=True,
                      timeout=60)
   assert _decode(p.stdout)[1] == [3]
+
+
+def test_kregd_stops_promptly_while_a_compile_runs():
+  # A compile that would run for minutes (an include that never ends) must
+  # not hold kregd's shutdown: its worker is stopped and the caller told.
+  import threading  # pylint: disable=import-outside-toplevel
+  d = kregd_proc.start_test_daemon("kreg-compile-stop-")
+  fifo_dir = pathlib.Path(tempfile.mkdtemp(prefix="kreg-fifo-",
+                                           dir="/var/tmp"))
+  try:
+    fifo = fifo_dir / "never_written"
+    os.mkfifo(fifo)
+    os.chmod(fifo_dir, 0o755)
+    os.chmod(fifo, 0o666)
+    errors = []
+    source = f"forever_{uuid.uuid4().hex}.cc"  # found in ps below
+
+    def compile_forever():
+      try:
+        kreg.Client(d.socket).compile_ffi_target(
+            "cc.forever", {source: f'#include "{fifo}"\n'}, "f",
+            platform="cpu")
+      except kreg.KregError as e:
+        errors.append(e)
+
+    t = threading.Thread(target=compile_forever)
+    t.start()
+    deadline = time.monotonic() + 30
+    while source not in subprocess.run(
+        ["ps", "-eww", "-o", "args"], capture_output=True, text=True).stdout:
+      assert time.monotonic() < deadline, d.log()
+      time.sleep(0.1)
+    start = time.monotonic()
+    d.stop()
+    assert time.monotonic() - start < 15, d.log()
+    t.join(timeout=30)
+    assert not t.is_alive()
+    assert errors and errors[0].code in ("CANCELLED", "UNAVAILABLE"), errors
+    # Nothing of the compile is left (cc1plus reading the FIFO included).
+    deadline = time.monotonic() + 10
+    while source in subprocess.run(["ps", "-eww", "-o", "args"],
+                                   capture_output=True, text=True).stdout:
+      assert time.monotonic() < deadline, "the compiler outlived its worker"
+      time.sleep(0.1)
+  finally:
+    shutil.rmtree(fifo_dir, ignore_errors=True)
+    kregd_proc.finish_test_daemon(d)

@@ -55,6 +55,7 @@ struct FakeWorker {
   std::atomic<uint32_t> last_uid{0};
   int delay_ms = 100;
   absl::Status fail_with;  // set: every compile job fails with it
+  std::function<bool()> cancelled;
 };
 
 struct Fixture {
@@ -69,7 +70,10 @@ struct Fixture {
     o.limits.set_output_bytes(1 << 20);
     o.limits.set_wall_s(10);
     o.run_worker = [this](const v1::CompileJob& job, std::chrono::milliseconds,
-                          uint64_t) { return worker.Run(job); };
+                          uint64_t, const std::function<bool()>& cancelled) {
+      worker.cancelled = cancelled;
+      return worker.Run(job);
+    };
     service = std::make_unique<CompileService>(&registrar, &cache, o);
   }
   absl::StatusOr<CompileOutcome> Compile(const std::string& name,
@@ -189,6 +193,30 @@ TEST_CASE("A worker that fails is a compile error, not kregd's absence",
   CHECK(std::string(r.status().message()) ==
         "compile of target \"cc.died\": the compile worker died");
   CHECK(r.status().GetPayload(kCompileStagePayload) == absl::Cord("compile"));
+}
+
+TEST_CASE("Shutdown stops waiting and later compiles with CANCELLED",
+          "[compile]") {
+  Fixture f(1);
+  f.worker.delay_ms = 300;
+  absl::StatusOr<CompileOutcome> first = absl::UnknownError("");
+  std::thread running([&] { first = f.Compile("cc.s1", "int s1;"); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  absl::StatusOr<CompileOutcome> queued = absl::UnknownError("");
+  std::thread waiting([&] { queued = f.Compile("cc.s2", "int s2;"); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  f.service->Shutdown();
+  running.join();
+  waiting.join();
+  REQUIRE(f.worker.cancelled);
+  CHECK(f.worker.cancelled());
+  CHECK(first.ok());  // the fake worker ignores cancellation
+  REQUIRE_FALSE(queued.ok());
+  CHECK(queued.status().code() == absl::StatusCode::kCancelled);
+  CHECK(std::string(queued.status().message()).find("shutting down") !=
+        std::string::npos);
+  CHECK(f.Compile("cc.s3", "int s3;").status().code() ==
+        absl::StatusCode::kCancelled);
 }
 
 TEST_CASE("A limit names its key", "[compile]") {

@@ -99,6 +99,17 @@ TEST_CASE("A worker answering without end is killed at the bound",
         std::string::npos);
 }
 
+TEST_CASE("A cancelled compile kills its worker: CANCELLED", "[compile]") {
+  v1::CompileJob job;
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<v1::CompileJobResult> r =
+      RunCompileWorker("/usr/bin/yes", job, std::chrono::seconds(30), 1 << 30,
+                       [] { return true; });
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == absl::StatusCode::kCancelled);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+}
+
 TEST_CASE("A worker answering garbage is refused", "[compile]") {
   v1::CompileJob job;
   job.set_compiler("x");  // echoed by cat: a result with a message only
