@@ -201,6 +201,21 @@ std::string CompileCacheKey(const CompileRequest& req,
   return out;
 }
 
+std::string CallerScopedKey(const std::string& key, uint32_t uid) {
+  Sha256 h;
+  PutField(&h, 'K', key);
+  PutField(&h, 'U', absl::StrCat(uid));
+  uint8_t digest[32];
+  h.Final(digest);
+  static const char kHex[] = "0123456789abcdef";
+  std::string out = kKeyPrefix;
+  for (uint8_t b : digest) {
+    out += kHex[b >> 4];
+    out += kHex[b & 15];
+  }
+  return out;
+}
+
 std::string KeyHex(const std::string& key) {
   return absl::StartsWith(key, kKeyPrefix) ? key.substr(sizeof(kKeyPrefix) - 1)
                                            : key;

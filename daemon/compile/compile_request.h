@@ -50,7 +50,13 @@ absl::StatusOr<CompileRequest> ParseCompileRequest(
 std::string CompileCacheKey(const CompileRequest& req,
                             const std::string& compiler_identity);
 
-// The 64 hex digits of a key made by CompileCacheKey (cache file names).
+// Where a build of `key` for a caller of `uid` is kept and looked up (the
+// compile cache, single flight, the cluster's records): a compile runs as
+// its caller, who could tamper with it, so a build is only reused for the
+// same uid. The key itself (the content_id) is the same for everybody.
+std::string CallerScopedKey(const std::string& key, uint32_t uid);
+// The 64 hex digits of a key made by CompileCacheKey or CallerScopedKey
+// (cache file names).
 std::string KeyHex(const std::string& key);
 
 }  // namespace kreg

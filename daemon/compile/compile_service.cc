@@ -246,7 +246,9 @@ absl::StatusOr<CompileOutcome> CompileService::Compile(
   if (!identity.ok()) return identity.status();
   CompileOutcome out;
   out.cache_key = CompileCacheKey(*req, *identity);
-  std::optional<std::string> module = cache_->Get(out.cache_key);
+  // Builds are reused only for the caller's uid (CallerScopedKey).
+  const std::string scoped = CallerScopedKey(out.cache_key, peer.uid);
+  std::optional<std::string> module = cache_->Get(scoped);
   // This request leads the compile of its key and, in cluster mode, holds
   // the cluster's claim of it: it tells the peers how it ended.
   bool leader = false;
@@ -259,20 +261,20 @@ absl::StatusOr<CompileOutcome> CompileService::Compile(
     {
       absl::MutexLock lock(&mu_);
       auto [it, inserted] =
-          flights_.try_emplace(out.cache_key, std::make_shared<Flight>());
+          flights_.try_emplace(scoped, std::make_shared<Flight>());
       flight = it->second;
       leader = inserted;
     }
     if (leader) {
       // Another request may have finished this key since the lookup; in
       // cluster mode another host may have built it.
-      std::optional<std::string> again = cache_->Get(out.cache_key);
+      std::optional<std::string> again = cache_->Get(scoped);
       if (!again && peers_ != nullptr) {
-        again = peers_->Before(out.cache_key, &claim);
+        again = peers_->Before(scoped, &claim);
         if (again) {
           out.from_peer = true;
           peer_fetches_.fetch_add(1);
-          (void)cache_->Put(out.cache_key, *again);
+          (void)cache_->Put(scoped, *again);
         }
       }
       absl::StatusOr<std::string> built = std::string();
@@ -284,7 +286,7 @@ absl::StatusOr<CompileOutcome> CompileService::Compile(
       } else {
         built = RunCompile(*req, peer, &diag);
         if (built.ok()) {
-          if (absl::Status s = cache_->Put(out.cache_key, *built); !s.ok()) {
+          if (absl::Status s = cache_->Put(scoped, *built); !s.ok()) {
             spdlog::warn("compile cache: {}", std::string(s.message()));
           }
         }
@@ -293,7 +295,7 @@ absl::StatusOr<CompileOutcome> CompileService::Compile(
       flight->module = built;
       flight->diagnostics = diag;
       flight->done = true;
-      flights_.erase(out.cache_key);
+      flights_.erase(scoped);
     } else {
       waits_.fetch_add(1);
       out.waited = true;
@@ -305,8 +307,7 @@ absl::StatusOr<CompileOutcome> CompileService::Compile(
     if (diagnostics && !out.diagnostics.empty()) diagnostics(out.diagnostics);
     if (!flight->module.ok()) {
       failures_.fetch_add(1);
-      if (leader && peers_ != nullptr)
-        peers_->Done(out.cache_key, "", 0, claim);
+      if (leader && peers_ != nullptr) peers_->Done(scoped, "", 0, claim);
       return flight->module.status();
     }
     module = *flight->module;
@@ -326,10 +327,10 @@ absl::StatusOr<CompileOutcome> CompileService::Compile(
   if (leader && peers_ != nullptr) {
     // What this host now serves to the cluster's other hosts.
     if (registered.ok() && !out.from_peer) {
-      peers_->Done(out.cache_key, registered->entry->module_digest,
+      peers_->Done(scoped, registered->entry->module_digest,
                    registered->entry->module_size, claim);
     } else {
-      peers_->Done(out.cache_key, "", 0, claim);
+      peers_->Done(scoped, "", 0, claim);
     }
   }
   if (!registered.ok()) {

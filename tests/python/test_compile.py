@@ -443,6 +443,30 @@ def nobody_dir():
   shutil.rmtree(root, ignore_errors=True)
 
 
+def test_one_uids_build_is_never_handed_to_another_uid(daemon, nobody_dir):
+  # A compile runs as its caller, who could tamper with it: a build is reused
+  # only for the same uid. Another uid compiling the same sources compiles
+  # again (no cache hit) and gets the same key, so the content_id rules
+  # are unchanged.
+  src = nobody_dir / "shared.cc"
+  src.write_text(unique(AXPB).replace('#include "axpb.h"',
+                                      "#define KREG_B 3.0f"))
+  os.chmod(src, 0o644)
+  root = kreg.compile_ffi_target("cc.uid.root", {"shared.cc": src.read_text()},
+                                 "AxpbHandler", platform="cpu")
+  assert not root.cache_hit
+  again = kreg.compile_ffi_target("cc.uid.root2",
+                                  {"shared.cc": src.read_text()},
+                                  "AxpbHandler", platform="cpu")
+  assert again.cache_hit  # the same uid reuses its build
+  p = as_nobody(daemon, nobody_dir, "cc.uid.nobody", "AxpbHandler", str(src),
+                "--json")
+  assert p.returncode == 0, p.stdout + p.stderr
+  out = json.loads(p.stdout)
+  assert not out["cache_hit"] and not out["waited"], out
+  assert out["cache_key"] == root.content_id
+
+
 def test_a_header_the_caller_cannot_read_cannot_be_included_through_kregd(
     daemon, nobody_dir):
   secret_dir = nobody_dir / "secret"
@@ -518,6 +542,16 @@ def test_kregctl_compile_and_status(daemon, tmp_path):
   assert p.returncode == 1 and "no such file" in p.stderr
 
 
+def scoped_hex(key: str, uid: int) -> str:
+  import hashlib  # pylint: disable=import-outside-toplevel
+  import struct  # pylint: disable=import-outside-toplevel
+  h = hashlib.sha256()
+  for tag, text in (("K", key), ("U", str(uid))):
+    data = text.encode()
+    h.update(tag.encode() + struct.pack("<Q", len(data)) + data)
+  return h.hexdigest()
+
+
 def test_gc_trims_the_compile_cache_least_recently_used_first(tmp_path):
   cfg = tmp_path / "c.toml"
   # Room for about two modules of ~60 KB; gc trims to half of it.
@@ -535,7 +569,9 @@ def test_gc_trims_the_compile_cache_least_recently_used_first(tmp_path):
       time.sleep(0.05)
     cache = pathlib.Path(d.state_dir) / "compile"
     names = {p.name for p in cache.glob("*.so")}
-    hexes = [k.split(":")[1] + ".so" for k in keys]
+    # Cache files are named by the key scoped to the caller's uid
+    # (CallerScopedKey, daemon/compile/compile_request.h).
+    hexes = [scoped_hex(k, os.getuid()) + ".so" for k in keys]
     # The size bound evicted the least recently used (the first).
     assert hexes[0] not in names and hexes[2] in names, names
     p = kregd_proc.run_kregctl(d, "gc")

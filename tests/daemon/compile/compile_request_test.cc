@@ -182,5 +182,17 @@ TEST_CASE(
   CHECK(key(moved, "g++ 12") != k);
 }
 
+TEST_CASE("A build is kept per caller uid under the same key",
+          "[compile]") {
+  const std::string k = "kcc-sha256:" + std::string(64, 'a');
+  const std::string mine = CallerScopedKey(k, 1000);
+  CHECK(mine.rfind("kcc-sha256:", 0) == 0);
+  CHECK(mine.size() == 11 + 64);
+  CHECK(mine != k);
+  CHECK(CallerScopedKey(k, 1000) == mine);
+  CHECK(CallerScopedKey(k, 1001) != mine);
+  CHECK(CallerScopedKey("kcc-sha256:" + std::string(64, 'b'), 1000) != mine);
+}
+
 }  // namespace
 }  // namespace kreg
