@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -55,6 +57,8 @@ struct FakeWorker {
   std::atomic<uint32_t> last_uid{0};
   int delay_ms = 100;
   absl::Status fail_with;  // set: every compile job fails with it
+  // The last job's cancellation check (jobs run on several threads).
+  std::mutex cancelled_mu;
   std::function<bool()> cancelled;
 };
 
@@ -71,7 +75,10 @@ struct Fixture {
     o.limits.set_wall_s(10);
     o.run_worker = [this](const v1::CompileJob& job, std::chrono::milliseconds,
                           uint64_t, const std::function<bool()>& cancelled) {
-      worker.cancelled = cancelled;
+      {
+        std::lock_guard<std::mutex> lock(worker.cancelled_mu);
+        worker.cancelled = cancelled;
+      }
       return worker.Run(job);
     };
     service = std::make_unique<CompileService>(&registrar, &cache, o);
@@ -208,8 +215,13 @@ TEST_CASE("Shutdown stops waiting and later compiles with CANCELLED",
   f.service->Shutdown();
   running.join();
   waiting.join();
-  REQUIRE(f.worker.cancelled);
-  CHECK(f.worker.cancelled());
+  std::function<bool()> cancelled;
+  {
+    std::lock_guard<std::mutex> lock(f.worker.cancelled_mu);
+    cancelled = f.worker.cancelled;
+  }
+  REQUIRE(cancelled);
+  CHECK(cancelled());
   CHECK(first.ok());  // the fake worker ignores cancellation
   REQUIRE_FALSE(queued.ok());
   CHECK(queued.status().code() == absl::StatusCode::kCancelled);
