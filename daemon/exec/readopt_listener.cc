@@ -50,14 +50,15 @@ absl::Status ReadFrame(int conn, std::chrono::steady_clock::time_point deadline,
   return absl::OkStatus();
 }
 
-void Reply(int conn, const absl::Status& status, bool drain) {
+// False when the executor cannot be told (it went away).
+bool Reply(int conn, const absl::Status& status, bool drain) {
   v1::ExecReadoptReply reply;
   reply.mutable_status()->set_code(static_cast<int>(status.code()));
   reply.mutable_status()->set_message(std::string(status.message()));
   reply.set_drain(drain);
   std::string out;
   reply.SerializeToString(&out);
-  wire::SendFrame(conn, out.data(), out.size(), nullptr, 0);
+  return wire::SendFrame(conn, out.data(), out.size(), nullptr, 0) == wire::kOk;
 }
 
 }  // namespace
@@ -291,12 +292,7 @@ void ReadoptListener::Serve(UniqueFd conn) {
   bool confirmed = false;
   auto confirm = [&] {
     confirmed = true;
-    v1::ExecReadoptReply reply;
-    reply.mutable_status()->set_code(0);
-    std::string out;
-    reply.SerializeToString(&out);
-    return wire::SendFrame(keep.get(), out.data(), out.size(), nullptr, 0) ==
-           wire::kOk;
+    return Reply(keep.get(), absl::OkStatus(), /*drain=*/false);
   };
   absl::Status s = handler_(*std::move(offer), confirm);
   if (!s.ok() && !confirmed) {
