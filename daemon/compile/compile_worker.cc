@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/unique_fd.h"
+#include "daemon/spawn.h"
 
 extern char** environ;
 
@@ -79,21 +80,6 @@ absl::StatusOr<v1::CompileJobResult> RunCompileWorker(
   }
   UniqueFd ours(sv[0]);
   UniqueFd theirs(sv[1]);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, theirs.get(), 0);
-  posix_spawn_file_actions_adddup2(&actions, theirs.get(), 1);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t none, all;
-  sigemptyset(&none);
-  sigfillset(&all);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &all);
-  posix_spawnattr_setpgroup(&attr, 0);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK |
-                                      POSIX_SPAWN_SETSIGDEF |
-                                      POSIX_SPAWN_SETPGROUP);
   // A plain environment (the worker sets the compiler's own): where its
   // libraries are, its scratch directory, sanitizer settings.
   std::vector<char*> env;
@@ -107,13 +93,9 @@ absl::StatusOr<v1::CompileJobResult> RunCompileWorker(
     }
   }
   env.push_back(nullptr);
-  std::string arg0 = binary;
-  char* argv[] = {arg0.data(), nullptr};
   pid_t pid = 0;
-  int rc =
-      ::posix_spawn(&pid, binary.c_str(), &actions, &attr, argv, env.data());
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
+  int rc = SpawnInOwnGroup(binary, {{theirs.get(), 0}, {theirs.get(), 1}},
+                           env.data(), &pid);
   theirs.reset();
   if (rc != 0) {
     return absl::UnavailableError(absl::StrCat(

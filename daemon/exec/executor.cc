@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/wire.h"
+#include "daemon/spawn.h"
 #include "spdlog/spdlog.h"
 
 extern char** environ;
@@ -99,35 +100,14 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Start(
   absl::StatusOr<UniqueFd> page_fd = High(UniqueFd(::dup(page->fd())));
   if (!page_fd.ok()) return page_fd.status();
 
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, theirs->get(), 3);
-  posix_spawn_file_actions_adddup2(&actions, page_fd->get(), 4);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t none, all;
-  sigemptyset(&none);
-  sigfillset(&all);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &all);
-  // Its own process group: a terminal's ^C reaches kregd, which stops its
-  // executors, not the executors directly.
-  posix_spawnattr_setpgroup(&attr, 0);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK |
-                                      POSIX_SPAWN_SETSIGDEF |
-                                      POSIX_SPAWN_SETPGROUP);
   std::vector<char*> env;
   for (char** e = environ; *e != nullptr; ++e) {
     if (InheritedVar(*e)) env.push_back(*e);
   }
   env.push_back(nullptr);
-  std::string arg0 = binary;
-  char* argv[] = {arg0.data(), nullptr};
   pid_t pid = 0;
-  int rc =
-      ::posix_spawn(&pid, binary.c_str(), &actions, &attr, argv, env.data());
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
+  int rc = SpawnInOwnGroup(binary, {{theirs->get(), 3}, {page_fd->get(), 4}},
+                           env.data(), &pid);
   theirs->reset();
   page_fd->reset();
   if (rc != 0) {
