@@ -1,7 +1,7 @@
 #include "daemon/grpc_service.h"
 
 #include "absl/strings/str_cat.h"
-#include "daemon/runnable.h"
+#include "daemon/registration_mapper.h"
 #include "daemon/target_proto.h"
 #include "daemon/validate.h"
 #include "google/rpc/status.pb.h"
@@ -31,12 +31,8 @@ RegistryService::RegistryService(Registrar* registrar, Registry* registry,
       peer_of_(std::move(peer_of)),
       status_of_(std::move(status_of)) {}
 
-v1::Target RegistryService::Describe(const TargetEntry& entry) const {
-  v1::Target t = ToProto(entry);
-  if (cuda_status_of_) {
-    t.set_not_runnable(NotRunnableReason(entry, cuda_status_of_()));
-  }
-  return t;
+absl::Status RegistryService::CudaStatus() const {
+  return cuda_status_of_ ? cuda_status_of_() : absl::OkStatus();
 }
 
 grpc::Status RegistryService::RegisterTarget(
@@ -74,60 +70,21 @@ grpc::Status RegistryService::RegisterTarget(
     }
     upload += chunk.module_bytes();
   }
-  RegistrationRequest request;
-  request.target_name = header.target_name();
-  request.func_name = header.func_name();
-  request.platform = header.platform();
-  request.content_id = header.content_id();
-  request.file_name = header.module().file_name();
-  request.replace = header.replace();
-  request.in_process = header.in_process();
-  switch (header.module().source_case()) {
-    case v1::ModuleSource::kPath:
-      request.source = RegistrationRequest::Source::kPath;
-      request.path = header.module().path();
-      break;
-    case v1::ModuleSource::kUploadSize:
-      request.source = RegistrationRequest::Source::kUpload;
-      request.upload_size = header.module().upload_size();
-      request.upload = std::move(upload);
-      break;
-    case v1::ModuleSource::SOURCE_NOT_SET:
-      break;
+  absl::StatusOr<v1::RegisterTargetResponse> out =
+      RegisterFromHeader(registrar_, header, std::move(upload),
+                         peer_of_(ctx->peer()), CudaStatus());
+  if (out.status().code() == absl::StatusCode::kFailedPrecondition) {
+    return RefusalToGrpcStatus(out.status(), RefusalDetail(header, *registry_));
   }
-  absl::StatusOr<RegisterOutcome> out =
-      registrar_->Register(std::move(request), peer_of_(ctx->peer()));
-  if (!out.ok()) {
-    if (out.status().code() != absl::StatusCode::kFailedPrecondition) {
-      return ToGrpcStatus(out.status());
-    }
-    v1::KernelRegistrationError error;
-    error.set_target_name(header.target_name());
-    error.set_requested_content_id(header.content_id());
-    error.set_requested_func_name(header.func_name());
-    error.set_replace_requested(header.replace());
-    absl::StatusOr<Platform> platform = ParsePlatform(header.platform());
-    if (platform.ok()) {
-      error.set_platform(PlatformName(*platform));
-      if (EntryPtr existing =
-              registry_->Lookup({header.target_name(), *platform})) {
-        error.set_existing_content_id(existing->content_id);
-        error.set_existing_func_name(existing->func_name);
-      }
-    }
-    return RefusalToGrpcStatus(out.status(), error);
-  }
-  resp->set_created(out->created);
-  *resp->mutable_target() = Describe(*out->entry);
+  if (!out.ok()) return ToGrpcStatus(out.status());
+  *resp = *std::move(out);
   return grpc::Status::OK;
 }
 
 grpc::Status RegistryService::ListTargets(grpc::ServerContext*,
                                           const v1::ListTargetsRequest*,
                                           v1::ListTargetsResponse* resp) {
-  for (const EntryPtr& e : registry_->List()) {
-    *resp->add_targets() = Describe(*e);
-  }
+  *resp = DescribeTargets(*registry_, CudaStatus());
   return grpc::Status::OK;
 }
 
@@ -157,7 +114,7 @@ grpc::Status RegistryService::GetTarget(grpc::ServerContext*,
   }
   for (const EntryPtr& e : found) {
     v1::Target* t = resp->add_targets();
-    *t = Describe(*e);
+    *t = DescribeTarget(*e, CudaStatus());
     if (stats_of_) *t->mutable_stats() = stats_of_(*e);
   }
   return grpc::Status::OK;
@@ -250,7 +207,8 @@ grpc::Status RegistryService::CompileTarget(
   v1::CompileTargetEvent e;
   v1::CompileTargetResult* result = e.mutable_result();
   result->set_created(r->registration.created);
-  *result->mutable_target() = Describe(*r->registration.entry);
+  *result->mutable_target() =
+      DescribeTarget(*r->registration.entry, CudaStatus());
   result->set_cache_key(r->cache_key);
   result->set_cache_hit(r->cache_hit);
   result->set_waited(r->waited);

@@ -76,14 +76,15 @@ class RegistryService final : public v1::Registry::Service {
   // It must outlive the service.
   void set_compile(CompileService* compile) { compile_ = compile; }
 
-  // Targets listed or registered from now on carry Target.not_runnable
-  // (runnable.h) computed from `cuda_status_of`; unset: never filled.
+  // Target.not_runnable (runnable.h) of targets listed or registered from
+  // now on takes CUDA's status from `cuda_status_of`; unset: CUDA counts as
+  // usable.
   void set_cuda_status_of(CudaStatusOf cuda_status_of) {
     cuda_status_of_ = std::move(cuda_status_of);
   }
 
  private:
-  v1::Target Describe(const TargetEntry& entry) const;
+  absl::Status CudaStatus() const;
 
   Registrar* const registrar_;
   Registry* const registry_;

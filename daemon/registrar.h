@@ -39,9 +39,9 @@ absl::StatusOr<std::string> ReadModuleForPeer(const std::string& path,
                                               const PeerCred& peer);
 
 // One registration request as every front end hands it over (the gRPC
-// RegisterTarget stream, a session's RegisterRequest through its broker):
-// the client's text fields still unvalidated (Registrar checks them, once)
-// and where the module comes from.
+// RegisterTarget stream, a session's registration through its broker; both
+// mapped by registration_mapper.h): the client's text fields still
+// unvalidated (Registrar checks them, once) and where the module comes from.
 struct RegistrationRequest {
   enum class Source { kNone, kPath, kUpload };
 

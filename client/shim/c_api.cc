@@ -18,7 +18,7 @@ struct KREG_Error {
 };
 
 struct KREG_TargetList {
-  std::vector<kreg::v1::TargetInfo> targets;
+  std::vector<kreg::v1::Target> targets;
 };
 
 namespace {
@@ -92,7 +92,7 @@ KREG_Error* kreg_target_list_get(const KREG_TargetList* list, size_t index,
                               " out of range (" +
                               std::to_string(list->targets.size()) + ")"};
   }
-  const kreg::v1::TargetInfo& t = list->targets[index];
+  const kreg::v1::Target& t = list->targets[index];
   info->target_name = t.target_name().c_str();
   info->platform = t.platform().c_str();
   info->func_name = t.func_name().c_str();
@@ -103,11 +103,11 @@ KREG_Error* kreg_target_list_get(const KREG_TargetList* list, size_t index,
   info->ffi_api_major = t.ffi_api_major();
   info->ffi_api_minor = t.ffi_api_minor();
   info->traits = t.traits();
-  info->uid = t.uid();
-  info->gid = t.gid();
-  info->pid = t.pid();
-  info->registered_at_us = t.registered_at_us();
-  info->origin = t.origin().c_str();
+  info->uid = t.audit().uid();
+  info->gid = t.audit().gid();
+  info->pid = t.audit().pid();
+  info->registered_at_us = t.audit().registered_at_us();
+  info->origin = t.audit().origin().c_str();
   if (info->struct_size >= KREG_TargetInfo_STRUCT_SIZE) {
     info->not_runnable = t.not_runnable().c_str();
   }
@@ -135,23 +135,25 @@ KREG_Error* kreg_register(KREG_RegisterArgs* args) {
     return Invalid(
         "kreg_register: give exactly one of module_path and module_bytes");
   }
-  kreg::v1::RegisterRequest req;
-  req.set_target_name(Str(args->target_name, args->target_name_len));
-  req.set_func_name(Str(args->func_name, args->func_name_len));
-  req.set_platform(Str(args->platform, args->platform_len));
-  req.set_content_id(Str(args->content_id, args->content_id_len));
-  req.set_replace(args->replace != 0);
-  req.set_in_process(in_process);
+  kreg::shim::Registration reg;
+  kreg::v1::RegisterTargetHeader& h = reg.header;
+  h.set_target_name(Str(args->target_name, args->target_name_len));
+  h.set_func_name(Str(args->func_name, args->func_name_len));
+  h.set_platform(Str(args->platform, args->platform_len));
+  h.set_content_id(Str(args->content_id, args->content_id_len));
+  h.set_replace(args->replace != 0);
+  h.set_in_process(in_process);
   if (in_process) {
     // No module: the callable runs inside this process.
   } else if (has_path) {
-    req.set_path(Str(args->module_path, args->module_path_len));
+    h.mutable_module()->set_path(Str(args->module_path, args->module_path_len));
   } else {
-    req.set_upload(static_cast<const char*>(args->module_bytes),
-                   args->module_bytes_len);
+    reg.module.assign(static_cast<const char*>(args->module_bytes),
+                      args->module_bytes_len);
+    h.mutable_module()->set_upload_size(reg.module.size());
   }
-  kreg::v1::RegisterReply reply;
-  ClientStatus s = AsClient(args->client)->Register(req, &reply);
+  kreg::v1::RegisterTargetResponse reply;
+  ClientStatus s = AsClient(args->client)->Register(reg, &reply);
   if (!s.ok()) return ToError(s);
   args->created = reply.created() ? 1 : 0;
   auto* list = new KREG_TargetList;
@@ -165,7 +167,7 @@ KREG_Error* kreg_list_targets(KREG_ListArgs* args) {
       args->client == nullptr) {
     return Invalid("kreg_list_targets: bad args struct or no client");
   }
-  kreg::v1::ListReply reply;
+  kreg::v1::ListTargetsResponse reply;
   ClientStatus s = AsClient(args->client)->List(&reply);
   if (!s.ok()) return ToError(s);
   auto* list = new KREG_TargetList;

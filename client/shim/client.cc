@@ -313,16 +313,18 @@ void Client::Discard(std::unique_ptr<Conn> conn) {
 }
 
 ClientStatus Client::Replay(Conn* conn) {
-  std::vector<v1::RegisterRequest> requests;
+  std::vector<Registration> registrations;
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
-    for (const auto& entry : registrations_) requests.push_back(entry.second);
+    for (const auto& entry : registrations_) {
+      registrations.push_back(entry.second);
+    }
   }
-  for (const v1::RegisterRequest& r : requests) {
+  for (const Registration& r : registrations) {
     v1::SessionResponse resp;
     ClientStatus s = CallRegister(conn, r, &resp);
     if (!s.ok()) {
-      s.message = "re-registering \"" + r.target_name() +
+      s.message = "re-registering \"" + r.header.target_name() +
                   "\" with kregd after a reconnect failed: " + s.message;
       return s;
     }
@@ -465,23 +467,24 @@ ClientStatus Client::Ping() {
   return WithConn([](Conn*) { return ClientStatus::Ok(); });
 }
 
-ClientStatus Client::Register(const v1::RegisterRequest& request,
-                              v1::RegisterReply* out) {
+ClientStatus Client::Register(const Registration& registration,
+                              v1::RegisterTargetResponse* out) {
   ClientStatus s = WithConn([&](Conn* conn) {
     v1::SessionResponse resp;
-    ClientStatus st = CallRegister(conn, request, &resp);
+    ClientStatus st = CallRegister(conn, registration, &resp);
     if (st.ok()) *out = resp.register_target();
     return st;
   });
   if (s.ok()) {
+    const v1::RegisterTargetHeader& h = registration.header;
     std::lock_guard<std::mutex> lock(reg_mu_);
-    registrations_[{request.target_name(),
-                    CanonicalPlatform(request.platform())}] = request;
+    registrations_[{h.target_name(), CanonicalPlatform(h.platform())}] =
+        registration;
   }
   return s;
 }
 
-ClientStatus Client::List(v1::ListReply* out) {
+ClientStatus Client::List(v1::ListTargetsResponse* out) {
   return WithConn([&](Conn* conn) {
     v1::SessionRequest req;
     req.mutable_list();

@@ -25,6 +25,14 @@
 namespace kreg {
 namespace shim {
 
+// A registration as the shim sends it (and replays after a reconnect): the
+// header (registration.proto) and, for an upload (module.upload_size), the
+// module's bytes.
+struct Registration {
+  v1::RegisterTargetHeader header;
+  std::string module;
+};
+
 // Thread-safe. Each operation borrows one session exclusively; up to
 // max_sessions run at once (one daemon thread each). When a session breaks
 // (the daemon went away), the next operation opens a fresh session,
@@ -44,9 +52,9 @@ class Client {
 
   // Checks that the daemon answers (opens a session if none is idle).
   ClientStatus Ping();
-  ClientStatus Register(const v1::RegisterRequest& request,
-                        v1::RegisterReply* out);
-  ClientStatus List(v1::ListReply* out);
+  ClientStatus Register(const Registration& registration,
+                        v1::RegisterTargetResponse* out);
+  ClientStatus List(v1::ListTargetsResponse* out);
   // Asks kregd for the module of (target, platform) for local execution
   // (BindLocal): its entry in `*out` and the sealed memfd in `*module`,
   // unchecked (local_bind.cc checks and loads it). The hold is re-recorded
@@ -116,10 +124,9 @@ class Client {
   uint64_t epoch_ = 0;           // guarded by mu_; bumped when a session breaks
   uint64_t replayed_epoch_ = 0;  // guarded by mu_
   pid_t pid_;                    // guarded by mu_; reset after fork
-  // (target, canonical platform) -> request; guarded by reg_mu_.
+  // (target, canonical platform) -> registration; guarded by reg_mu_.
   std::mutex reg_mu_;
-  std::map<std::pair<std::string, std::string>, v1::RegisterRequest>
-      registrations_;
+  std::map<std::pair<std::string, std::string>, Registration> registrations_;
   // (target, canonical platform) held locally; guarded by reg_mu_.
   std::set<std::pair<std::string, std::string>> local_holds_;
   std::atomic<uint64_t> reconnects_{0};

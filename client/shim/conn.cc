@@ -42,9 +42,10 @@ std::string StartHint(const std::string& session_path) {
          "` or `systemctl start kregd`";
 }
 
-constexpr uint32_t kProtocolMajor = 1;
-// 4: the launch ring; 5: CUDA launches on it (ring layout version 2).
-constexpr uint32_t kProtocolMinor = 6;
+// daemon/session/protocol_version.h: 2.0 carries registration.proto's
+// messages.
+constexpr uint32_t kProtocolMajor = 2;
+constexpr uint32_t kProtocolMinor = 0;
 // Responses are small; this only bounds a misbehaving peer.
 constexpr uint32_t kMaxResponseBytes = 256u << 20;
 constexpr uint64_t kMinArenaBytes = 1u << 20;

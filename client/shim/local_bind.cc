@@ -26,7 +26,7 @@ namespace {
 constexpr int kRequiredSeals =
     F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
 
-std::string Describe(const v1::TargetInfo& t) {
+std::string Describe(const v1::Target& t) {
   return "\"" + t.target_name() + "\" (" + t.platform() + ")";
 }
 
@@ -64,7 +64,7 @@ bool MappedFrom(const void* addr, dev_t dev, ino_t ino) {
 
 }  // namespace
 
-ClientStatus CheckModuleFd(int fd, const v1::TargetInfo& target) {
+ClientStatus CheckModuleFd(int fd, const v1::Target& target) {
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     return ClientStatus::Error(
@@ -108,8 +108,8 @@ ClientStatus CheckModuleFd(int fd, const v1::TargetInfo& target) {
   return ClientStatus::Ok();
 }
 
-ClientStatus LoadModule(UniqueFd fd, const v1::TargetInfo& target,
-                        void** handler, void** library) {
+ClientStatus LoadModule(UniqueFd fd, const v1::Target& target, void** handler,
+                        void** library) {
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) {
     return ClientStatus::Error(kInternal,
@@ -170,7 +170,7 @@ ClientStatus BindLocal(Client* client, const std::string& target,
   UniqueFd module;
   ClientStatus s = client->BindLocal(target, platform, &reply, &module);
   if (!s.ok()) return s;
-  const v1::TargetInfo& info = reply.target();
+  const v1::Target& info = reply.target();
   s = CheckModuleFd(module.get(), info);
   if (!s.ok()) return s;
   std::lock_guard<std::mutex> lock(g_mu);

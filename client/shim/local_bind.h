@@ -16,7 +16,7 @@ namespace shim {
 
 struct LocalBinding {
   void* handler = nullptr;  // XLA_FFI_Handler* of the registered module
-  v1::TargetInfo target;    // its registry entry
+  v1::Target target;        // its registry entry
 };
 
 // Binds (target, platform) locally through `client`: asks kregd
@@ -32,15 +32,15 @@ ClientStatus BindLocal(Client* client, const std::string& target,
 // growth and shrinking (and further seal changes), whose SHA-256 is
 // target.module_digest(). DATA_LOSS / FAILED_PRECONDITION naming the target
 // and what differs.
-ClientStatus CheckModuleFd(int fd, const v1::TargetInfo& target);
+ClientStatus CheckModuleFd(int fd, const v1::Target& target);
 
 // dlopens a checked module fd (kept open for the life of the process, so
 // its /proc/self/fd path is never reused) and resolves target.func_name();
 // verifies that the symbol lies in a mapping of that very file. NOT_FOUND
 // for a missing symbol, INTERNAL with dlerror() otherwise. `*library`
 // (optional) gets the dlopen handle.
-ClientStatus LoadModule(UniqueFd fd, const v1::TargetInfo& target,
-                        void** handler, void** library = nullptr);
+ClientStatus LoadModule(UniqueFd fd, const v1::Target& target, void** handler,
+                        void** library = nullptr);
 
 }  // namespace shim
 }  // namespace kreg

@@ -43,35 +43,30 @@ int SealedMemfd(const std::string& bytes, std::string* error) {
 
 }  // namespace
 
-ClientStatus CallRegister(Conn* conn, const v1::RegisterRequest& request,
+ClientStatus CallRegister(Conn* conn, const Registration& registration,
                           v1::SessionResponse* response) {
-  const bool upload = request.module_case() == v1::RegisterRequest::kUpload;
+  v1::SessionRequest req;
+  *req.mutable_register_target() = registration.header;
+  if (registration.header.module().source_case() !=
+      v1::ModuleSource::kUploadSize) {
+    return conn->Call(&req, response);
+  }
+  const std::string& bytes = registration.module;
   const uint64_t limit = conn->max_module_bytes();
-  if (upload && limit != 0 && request.upload().size() > limit) {
+  if (limit != 0 && bytes.size() > limit) {
     return ClientStatus::Error(
         kInvalidArgument,
-        "module of " + std::to_string(request.upload().size()) +
-            " bytes for target \"" + request.target_name() +
+        "module of " + std::to_string(bytes.size()) + " bytes for target \"" +
+            registration.header.target_name() +
             "\" exceeds kregd's max_module_bytes (" + std::to_string(limit) +
             "); nothing was sent. Raise max_module_bytes in kregd's config "
             "(or --max-module-bytes) or ship a smaller module");
   }
-  v1::SessionRequest req;
-  if (!upload || limit == 0) {
-    *req.mutable_register_target() = request;
-    return conn->Call(&req, response);
-  }
+  req.mutable_register_target()->mutable_module()->set_upload_size(
+      bytes.size());
   std::string error;
-  int fd = SealedMemfd(request.upload(), &error);
+  int fd = SealedMemfd(bytes, &error);
   if (fd < 0) return ClientStatus::Error(kInternal, error);
-  v1::RegisterRequest* r = req.mutable_register_target();
-  r->set_target_name(request.target_name());
-  r->set_func_name(request.func_name());
-  r->set_platform(request.platform());
-  r->set_replace(request.replace());
-  r->set_content_id(request.content_id());
-  r->set_in_process(request.in_process());
-  r->set_upload_fd_size(request.upload().size());
   ClientStatus s = conn->Call(&req, response, &fd, 1);
   ::close(fd);
   return s;

@@ -1,10 +1,11 @@
-// Registration over a session with the module's bytes in a sealed memfd
-// (RegisterRequest.upload_fd_size) instead of inline, so the one limit is
+// Registration over a session (session.proto): the header with an upload's
+// bytes in a sealed memfd attached to the frame, so the one limit is
 // kregd's max_module_bytes on every path (docs/operator-guide.md
 // "Configuration", limits).
 #ifndef KREGD_CLIENT_SHIM_MODULE_UPLOAD_H_
 #define KREGD_CLIENT_SHIM_MODULE_UPLOAD_H_
 
+#include "client/shim/client.h"
 #include "client/shim/conn.h"
 #include "common/status.h"
 #include "kreg/v1/session.pb.h"
@@ -12,12 +13,11 @@
 namespace kreg {
 namespace shim {
 
-// Sends `request` over `conn` and fills `response`. An inline upload larger
-// than kregd's max_module_bytes is INVALID_ARGUMENT before anything is sent
-// (both sizes in the message); otherwise, when kregd accepts fd uploads
-// (Conn::max_module_bytes() != 0), the bytes travel in a sealed memfd and
-// the message stays small. Errors as Conn::Call.
-ClientStatus CallRegister(Conn* conn, const v1::RegisterRequest& request,
+// Sends `registration` over `conn` and fills `response`; an upload's bytes
+// travel as a sealed memfd and module.upload_size is set to their count.
+// An upload larger than kregd's max_module_bytes is INVALID_ARGUMENT before
+// anything is sent (both sizes in the message). Errors as Conn::Call.
+ClientStatus CallRegister(Conn* conn, const Registration& registration,
                           v1::SessionResponse* response);
 
 }  // namespace shim

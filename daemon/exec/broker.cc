@@ -16,6 +16,7 @@
 #include "daemon/log_limit.h"
 #include "daemon/module_store.h"
 #include "daemon/registrar.h"
+#include "daemon/registration_mapper.h"
 #include "daemon/registry.h"
 #include "daemon/runnable.h"
 #include "daemon/session/module_upload.h"
@@ -33,104 +34,38 @@ void SetStatus(const absl::Status& s, v1::SessionStatus* out) {
 
 }  // namespace
 
-void FillTargetInfo(const TargetEntry& e, v1::TargetInfo* t) {
-  t->set_target_name(e.key.name);
-  t->set_platform(PlatformName(e.key.platform));
-  t->set_func_name(e.func_name);
-  t->set_content_id(e.content_id);
-  t->set_module_digest(e.module_digest);
-  t->set_module_size(e.module_size);
-  t->set_kind(TargetKindName(e.kind));
-  t->set_ffi_api_major(e.handler_info.api_major);
-  t->set_ffi_api_minor(e.handler_info.api_minor);
-  t->set_traits(e.handler_info.traits);
-  t->set_uid(e.registered_by.uid);
-  t->set_gid(e.registered_by.gid);
-  t->set_pid(e.registered_by.pid);
-  t->set_registered_at_us(e.registered_at_us);
-  t->set_origin(e.origin);
-  t->set_not_runnable(NotRunnableReason(e, CudaLaunchStatus()));
-}
-
-absl::StatusOr<v1::RegisterReply> RegisterForSession(Registrar* registrar,
-                                                     v1::RegisterRequest req,
-                                                     const PeerCred& peer) {
-  RegistrationRequest request;
-  request.target_name = req.target_name();
-  request.func_name = req.func_name();
-  request.platform = req.platform();
-  request.content_id = req.content_id();
-  request.file_name = req.file_name();
-  request.replace = req.replace();
-  request.in_process = req.in_process();
-  if (req.module_case() == v1::RegisterRequest::kPath) {
-    request.source = RegistrationRequest::Source::kPath;
-    request.path = req.path();
-  } else if (req.module_case() == v1::RegisterRequest::kUpload) {
-    request.source = RegistrationRequest::Source::kUpload;
-    request.upload_size = req.upload().size();
-    request.upload = std::move(*req.mutable_upload());
-  } else if (!req.in_process()) {  // in-process targets carry no module
-    return absl::InvalidArgumentError(
-        "RegisterRequest carries neither a module path nor an upload");
-  }
-  absl::StatusOr<RegisterOutcome> out =
-      registrar->Register(std::move(request), peer);
-  if (!out.ok()) return out.status();
-  v1::RegisterReply reply;
-  reply.set_created(out->created);
-  FillTargetInfo(*out->entry, reply.mutable_target());
-  return reply;
-}
-
-absl::StatusOr<v1::RegisterRequest> TakeRelayedModule(
-    Registrar* registrar, const v1::RegisterRequest& req,
+absl::StatusOr<std::string> TakeRelayedModule(
+    Registrar* registrar, const v1::RegisterTargetHeader& header,
     std::vector<UniqueFd> fds, const PeerCred& peer, uint64_t max_module_bytes,
     wire::BudgetHold* hold) {
-  const bool by_fd = req.module_case() == v1::RegisterRequest::kUploadFdSize;
-  if (req.module_case() == v1::RegisterRequest::kUpload) {
-    return absl::InvalidArgumentError(
-        "the executor relayed module bytes inline; executors relay an upload "
-        "as a sealed memfd (upload_fd_size)");
-  }
-  if (fds.size() != (by_fd ? 1u : 0u)) {
+  const bool upload =
+      header.module().source_case() == v1::ModuleSource::kUploadSize;
+  if (fds.size() != (upload ? 1u : 0u)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the executor relayed a registration with ", fds.size(),
         " file descriptor(s); ",
-        by_fd ? "an upload needs exactly one (the module's sealed memfd)"
-              : "only an upload may carry one"));
+        upload ? "an upload needs exactly one (the module's sealed memfd)"
+               : "only an upload may carry one"));
   }
-  if (!by_fd) return req;
+  if (!upload) return std::string();
+  const uint64_t size = header.module().upload_size();
   // The executor's own precheck is not to be trusted: the same checks
   // again, before a byte of the memfd is read.
-  if (absl::Status s = registrar->PrecheckUpload(
-          req.target_name(), req.platform(), req.upload_fd_size(), peer);
+  if (absl::Status s = registrar->PrecheckUpload(header.target_name(),
+                                                 header.platform(), size, peer);
       !s.ok()) {
     return s;
   }
-  if (!hold->Set(req.upload_fd_size())) {
+  if (!hold->Set(size)) {
     const wire::ByteBudget& b = *hold->budget();
     return absl::ResourceExhaustedError(absl::StrCat(
-        "kregd is taking in other module uploads now: this one of ",
-        req.upload_fd_size(), " bytes would exceed the ", b.limit(),
+        "kregd is taking in other module uploads now: this one of ", size,
+        " bytes would exceed the ", b.limit(),
         " bytes of uploads kregd holds at once for all clients (twice "
         "max_module_bytes; ",
         b.used(), " in use); register again in a moment"));
   }
-  absl::StatusOr<std::string> bytes =
-      ReadSealedModule(fds[0].get(), req.upload_fd_size(), max_module_bytes);
-  if (!bytes.ok()) return bytes.status();
-  v1::RegisterRequest out = req;  // no module bytes: small
-  out.set_upload(*std::move(bytes));
-  return out;
-}
-
-v1::ListReply ListForSession(Registry* registry) {
-  v1::ListReply reply;
-  for (const EntryPtr& e : registry->List()) {
-    FillTargetInfo(*e, reply.add_targets());
-  }
-  return reply;
+  return ReadSealedModule(fds[0].get(), size, max_module_bytes);
 }
 
 SessionBroker::SessionBroker(uint64_t id, UniqueFd client, const PeerCred& peer,
@@ -262,13 +197,15 @@ v1::BrokerReply SessionBroker::Handle(const v1::BrokerRequest& req,
       // Holds the upload's bytes against the daemon-wide budget until the
       // registration is done with them.
       wire::BudgetHold hold(ctx_.upload_budget);
-      absl::StatusOr<v1::RegisterRequest> relayed = TakeRelayedModule(
+      absl::StatusOr<std::string> module = TakeRelayedModule(
           ctx_.registrar, req.register_target(), std::move(fds), peer_,
           ctx_.max_module_bytes, &hold);
-      absl::StatusOr<v1::RegisterReply> r =
-          relayed.ok()
-              ? RegisterForSession(ctx_.registrar, *std::move(relayed), peer_)
-              : absl::StatusOr<v1::RegisterReply>(relayed.status());
+      absl::StatusOr<v1::RegisterTargetResponse> r =
+          module.ok()
+              ? RegisterFromHeader(ctx_.registrar, req.register_target(),
+                                   *std::move(module), peer_,
+                                   CudaLaunchStatus())
+              : absl::StatusOr<v1::RegisterTargetResponse>(module.status());
       if (r.ok() && ctx_.bindings != nullptr) {
         absl::StatusOr<Platform> p = ParsePlatform(r->target().platform());
         if (p.ok()) {
@@ -289,7 +226,8 @@ v1::BrokerReply SessionBroker::Handle(const v1::BrokerRequest& req,
       break;
     }
     case v1::BrokerRequest::kList:
-      *reply.mutable_list() = ListForSession(ctx_.registry);
+      *reply.mutable_list() =
+          DescribeTargets(*ctx_.registry, CudaLaunchStatus());
       break;
     case v1::BrokerRequest::kResolve: {
       absl::StatusOr<v1::ResolveReply> r = Resolve(req.resolve(), fd_out);
@@ -381,7 +319,7 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::ResolveLocal(
   v1::ResolveReply reply;
   reply.set_func_name(e->func_name);
   reply.set_module_digest(e->module_digest);
-  FillTargetInfo(*e, reply.mutable_target());
+  *reply.mutable_target() = DescribeTarget(*e, CudaLaunchStatus());
   if (ctx_.bindings != nullptr) {
     ctx_.bindings->Add(id_, peer_.pid, key, /*local=*/true);
   }

@@ -47,27 +47,20 @@ struct BrokerContext {
   bool tamper_local_modules_for_test = false;
 };
 
-// Session-protocol translations of the registry, shared with tests.
-void FillTargetInfo(const TargetEntry& e, v1::TargetInfo* t);
-absl::StatusOr<v1::RegisterReply> RegisterForSession(Registrar* registrar,
-                                                     v1::RegisterRequest req,
-                                                     const PeerCred& peer);
-
 // kregd's intake of a registration relayed by an executor with `fds`
-// attached to its frame: an upload (upload_fd_size) must come as exactly
-// one memfd sealed with kModuleSeals of exactly that size, is prechecked
-// (Registrar::PrecheckUpload, for `peer`) before a byte is read and comes
-// back as `upload`; inline module bytes and descriptors on any other
-// registration are refused (INVALID_ARGUMENT). The module's bytes are
-// charged to `hold` (its budget: what kregd reads of uploads at once, for
-// all clients) before they are read: RESOURCE_EXHAUSTED, naming the limit,
+// attached to its frame: an upload (module.upload_size) must come as
+// exactly one memfd sealed with kModuleSeals of exactly that size, is
+// prechecked (Registrar::PrecheckUpload, for `peer`) before a byte is read
+// and its bytes are returned; any other registration carries no descriptor
+// and gets "" (INVALID_ARGUMENT otherwise). The module's bytes are charged
+// to `hold` (its budget: what kregd reads of uploads at once, for all
+// clients) before they are read: RESOURCE_EXHAUSTED, naming the limit,
 // when the budget cannot cover them; the caller keeps `hold` until it is
 // done with the bytes. Shared with the fuzzer.
-absl::StatusOr<v1::RegisterRequest> TakeRelayedModule(
-    Registrar* registrar, const v1::RegisterRequest& req,
+absl::StatusOr<std::string> TakeRelayedModule(
+    Registrar* registrar, const v1::RegisterTargetHeader& header,
     std::vector<UniqueFd> fds, const PeerCred& peer, uint64_t max_module_bytes,
     wire::BudgetHold* hold);
-v1::ListReply ListForSession(Registry* registry);
 
 // One accepted client connection. Run() on one thread, Shutdown() from any.
 class SessionBroker final : public ServedSession {

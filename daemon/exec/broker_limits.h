@@ -8,7 +8,7 @@
 namespace kreg {
 
 // The largest BrokerRequest kregd reads from an executor. Executor -> kregd
-// messages are small by design (names, a path, sizes: a RegisterRequest is
+// messages are small by design (names, a path, sizes: a registration is
 // at most a few KiB; module bytes travel as a sealed memfd attached to the
 // frame), and an executor runs untrusted kernels that can write into its
 // broker sockets: a frame announcing more is refused before kregd allocates

@@ -110,33 +110,33 @@ absl::StatusOr<v1::BrokerReply> ExecutorBackend::Call(
   return reply;
 }
 
-absl::StatusOr<v1::RegisterReply> ExecutorBackend::Register(
-    const v1::RegisterRequest& request, UniqueFd module, const PeerCred&) {
+absl::StatusOr<v1::RegisterTargetResponse> ExecutorBackend::Register(
+    const v1::RegisterTargetHeader& header, UniqueFd module, const PeerCred&) {
   v1::BrokerRequest req;
-  *req.mutable_register_target() = request;  // no inline module bytes
+  *req.mutable_register_target() = header;
   absl::StatusOr<v1::BrokerReply> r = Call(req, nullptr, module.get());
   if (!r.ok()) return r.status();
   if (absl::Status s = StatusOf(r->status()); !s.ok()) return s;
   return r->register_target();
 }
 
-absl::Status ExecutorBackend::PrecheckUpload(const v1::RegisterRequest& request,
-                                             uint64_t size, const PeerCred&) {
+absl::Status ExecutorBackend::PrecheckUpload(
+    const v1::RegisterTargetHeader& header, const PeerCred&) {
   v1::BrokerRequest req;
   v1::UploadPrecheck* p = req.mutable_precheck_upload();
-  p->set_target_name(request.target_name());
-  p->set_platform(request.platform());
-  p->set_size(size);
+  p->set_target_name(header.target_name());
+  p->set_platform(header.platform());
+  p->set_size(header.module().upload_size());
   absl::StatusOr<v1::BrokerReply> r = Call(req, nullptr);
   if (!r.ok()) return r.status();
   return StatusOf(r->status());
 }
 
-v1::ListReply ExecutorBackend::List() {
+v1::ListTargetsResponse ExecutorBackend::List() {
   v1::BrokerRequest req;
   req.mutable_list();
   absl::StatusOr<v1::BrokerReply> r = Call(req, nullptr);
-  if (!r.ok()) return v1::ListReply();
+  if (!r.ok()) return v1::ListTargetsResponse();
   return r->list();
 }
 

@@ -54,16 +54,16 @@ class ExecutorBackend final : public SessionBackend {
   ExecutorBackend(UniqueFd broker, uint32_t slot, const ExecutorShared& shared);
   ~ExecutorBackend() override;  // tells kregd the session ended
 
-  // Relays `request` to kregd with `module` (the sealed memfd of an upload)
+  // Relays `header` to kregd with `module` (the sealed memfd of an upload)
   // attached to the broker frame.
-  absl::StatusOr<v1::RegisterReply> Register(const v1::RegisterRequest& request,
-                                             UniqueFd module,
-                                             const PeerCred& peer) override;
+  absl::StatusOr<v1::RegisterTargetResponse> Register(
+      const v1::RegisterTargetHeader& header, UniqueFd module,
+      const PeerCred& peer) override;
   // Asks kregd (BrokerRequest.precheck_upload); the session's peer is the
   // one kregd attributes the broker socket to.
-  absl::Status PrecheckUpload(const v1::RegisterRequest& request, uint64_t size,
+  absl::Status PrecheckUpload(const v1::RegisterTargetHeader& header,
                               const PeerCred& peer) override;
-  v1::ListReply List() override;
+  v1::ListTargetsResponse List() override;
   // Relays to kregd (BrokerRequest.resolve with local set): kregd applies
   // the rules and its policy and attaches the sealed memfd, passed on as is.
   absl::StatusOr<v1::BindLocalReply> BindLocal(const v1::BindLocal& request,

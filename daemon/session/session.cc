@@ -226,7 +226,7 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
         fds.size(),
         " unexpected file descriptor(s) attached to a request "
         "other than ArenaGrow, Launch, CudaShare, CudaDoorbellSetup, "
-        "RingSetup or RegisterRequest"));
+        "RingSetup or a registration"));
   } else if (request.body_case() == v1::SessionRequest::kHello) {
     status = DoHello(request.hello(), resp.mutable_hello());
   } else if (!hello_done_) {
@@ -237,14 +237,11 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
       case v1::SessionRequest::kRegisterTarget: {
         wire::BudgetHold upload_hold(limits_.receive_budget);
         UniqueFd module;
-        absl::StatusOr<v1::RegisterRequest> reg = WithUploadedModule(
-            request.register_target(), std::move(fds), &upload_hold, &module);
-        if (!reg.ok()) {
-          status = reg.status();
-          break;
-        }
-        absl::StatusOr<v1::RegisterReply> r =
-            backend_->Register(*reg, std::move(module), peer_);
+        status = TakeUploadedModule(request.register_target(), std::move(fds),
+                                    &upload_hold, &module);
+        if (!status.ok()) break;
+        absl::StatusOr<v1::RegisterTargetResponse> r = backend_->Register(
+            request.register_target(), std::move(module), peer_);
         if (r.ok()) {
           *resp.mutable_register_target() = *std::move(r);
         } else {
@@ -306,53 +303,41 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
   return resp;
 }
 
-absl::StatusOr<v1::RegisterRequest> Session::WithUploadedModule(
-    const v1::RegisterRequest& req, std::vector<UniqueFd> fds,
-    wire::BudgetHold* hold, UniqueFd* module) const {
-  const bool by_fd = req.module_case() == v1::RegisterRequest::kUploadFdSize;
-  if (fds.size() != (by_fd ? 1u : 0u)) {
+absl::Status Session::TakeUploadedModule(const v1::RegisterTargetHeader& header,
+                                         std::vector<UniqueFd> fds,
+                                         wire::BudgetHold* hold,
+                                         UniqueFd* module) const {
+  const bool upload =
+      header.module().source_case() == v1::ModuleSource::kUploadSize;
+  if (fds.size() != (upload ? 1u : 0u)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "RegisterRequest carries ", fds.size(), " file descriptor(s); ",
-        by_fd ? "upload_fd_size needs exactly one (the module's memfd)"
-              : "only an upload_fd_size registration may carry one"));
+        "the registration carries ", fds.size(), " file descriptor(s); ",
+        upload ? "an upload (module.upload_size) needs exactly one (the "
+                 "module's memfd)"
+               : "only an upload (module.upload_size) may carry one"));
   }
-  if (by_fd) {
-    // kregd's size, name and quota checks first: an upload it would refuse
-    // is never read.
-    absl::Status early =
-        backend_->PrecheckUpload(req, req.upload_fd_size(), peer_);
-    if (!early.ok()) return early;
-    if (req.upload_fd_size() <= limits_.max_module_bytes &&
-        !hold->Set(req.upload_fd_size())) {
-      const wire::ByteBudget& budget = *hold->budget();
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "reading the uploaded module of ", req.upload_fd_size(),
-          " bytes would take the bytes buffered by every session of this "
-          "executor (uid ",
-          peer_.uid, ") past ", budget.limit(), " (max_buffered_bytes; ",
-          budget.used(),
-          " in use); retry once other uploads are done or ask the operator "
-          "to raise max_buffered_bytes"));
-    }
-    absl::StatusOr<UniqueFd> sealed = SealedModuleCopy(
-        std::move(fds[0]), req.upload_fd_size(), limits_.max_module_bytes);
-    if (!sealed.ok()) return sealed.status();
-    *module = *std::move(sealed);
-    return req;
+  if (!upload) return absl::OkStatus();
+  const uint64_t size = header.module().upload_size();
+  // kregd's size, name and quota checks first: an upload it would refuse
+  // is never read.
+  absl::Status early = backend_->PrecheckUpload(header, peer_);
+  if (!early.ok()) return early;
+  if (size <= limits_.max_module_bytes && !hold->Set(size)) {
+    const wire::ByteBudget& budget = *hold->budget();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "reading the uploaded module of ", size,
+        " bytes would take the bytes buffered by every session of this "
+        "executor (uid ",
+        peer_.uid, ") past ", budget.limit(), " (max_buffered_bytes; ",
+        budget.used(),
+        " in use); retry once other uploads are done or ask the operator "
+        "to raise max_buffered_bytes"));
   }
-  if (req.module_case() != v1::RegisterRequest::kUpload) return req;
-  if (req.upload().size() > limits_.max_module_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("uploaded module of ", req.upload().size(),
-                     " bytes exceeds the limit of ", limits_.max_module_bytes,
-                     " bytes (max_module_bytes)"));
-  }
-  absl::StatusOr<UniqueFd> sealed = SealedModuleMemfd(req.upload());
+  absl::StatusOr<UniqueFd> sealed =
+      SealedModuleCopy(std::move(fds[0]), size, limits_.max_module_bytes);
   if (!sealed.ok()) return sealed.status();
   *module = *std::move(sealed);
-  v1::RegisterRequest out = req;                // bounded by max_message_bytes
-  out.set_upload_fd_size(req.upload().size());  // drops the inline bytes
-  return out;
+  return absl::OkStatus();
 }
 
 absl::Status Session::DoHello(const v1::Hello& hello, v1::HelloReply* reply) {

@@ -42,25 +42,24 @@ class LaunchRing;
 class SessionBackend {
  public:
   virtual ~SessionBackend() = default;
-  // Same rules and errors as the gRPC RegisterTarget. An uploaded module
-  // (inline or by fd from the client) arrives as `module`, a memfd sealed
-  // with kModuleSeals holding exactly request.upload_fd_size() bytes; the
-  // request then carries no inline bytes. Otherwise `module` is empty.
-  virtual absl::StatusOr<v1::RegisterReply> Register(
-      const v1::RegisterRequest& request, UniqueFd module,
+  // Same rules and errors as the gRPC RegisterTarget. An upload
+  // (module.upload_size) arrives as `module`, a memfd sealed with
+  // kModuleSeals holding exactly that many bytes; otherwise `module` is
+  // empty.
+  virtual absl::StatusOr<v1::RegisterTargetResponse> Register(
+      const v1::RegisterTargetHeader& header, UniqueFd module,
       const PeerCred& peer) = 0;
-  // Before a byte of an fd upload (RegisterRequest.upload_fd_size) of
-  // `size` bytes is read: kregd's checks of the gRPC path's upload header
-  // (name, platform, max_module_bytes, the peer's quotas), with the same
-  // errors. OK lets the session read the bytes.
-  virtual absl::Status PrecheckUpload(const v1::RegisterRequest& request,
-                                      uint64_t size, const PeerCred& peer) {
-    (void)request;
-    (void)size;
+  // Before a byte of an upload (module.upload_size) is read: kregd's checks
+  // of the gRPC path's upload header (name, platform, max_module_bytes, the
+  // peer's quotas), with the same errors. OK lets the session read the
+  // bytes.
+  virtual absl::Status PrecheckUpload(const v1::RegisterTargetHeader& header,
+                                      const PeerCred& peer) {
+    (void)header;
     (void)peer;
     return absl::OkStatus();
   }
-  virtual v1::ListReply List() = 0;
+  virtual v1::ListTargetsResponse List() = 0;
   // Local execution (DESIGN §11): the registered module of (name, platform)
   // as a sealed memfd (`*module`) for the client's own process, after every
   // registration rule and the site's local_execution policy.
@@ -107,7 +106,7 @@ class SessionBackend {
 struct SessionLimits {
   uint64_t max_arena_bytes = 4ull << 30;
   uint64_t max_message_bytes = 64ull << 20;
-  // Largest module a RegisterRequest may upload (inline or as an fd).
+  // Largest module a registration may upload.
   uint64_t max_module_bytes = 512ull << 20;
   // After a reply, busy-poll this long for the next request before blocking
   // (saves the wake-up latency of back-to-back calls; costs CPU).
@@ -161,19 +160,19 @@ class Session final : public ServedSession {
   const PeerCred& peer() const override { return peer_; }
 
  private:
-  // `req` with its uploaded module (inline `upload`, or the client's fd
-  // with upload_fd_size) moved into `*module`, a memfd sealed with
-  // kModuleSeals, and the request's module set to upload_fd_size (the
-  // backend relays it to kregd as that memfd, never inline). An fd upload
-  // is first passed to the backend's PrecheckUpload (its error otherwise,
-  // nothing read); both are checked against max_module_bytes;
-  // INVALID_ARGUMENT for a wrong fd count or size. The bytes of an fd upload
-  // are taken from the receive budget (max_buffered_bytes) into `*hold`
-  // before they are copied (RESOURCE_EXHAUSTED, nothing read, when it cannot
-  // cover them); the caller keeps `*hold` until the registration is done.
-  absl::StatusOr<v1::RegisterRequest> WithUploadedModule(
-      const v1::RegisterRequest& req, std::vector<UniqueFd> fds,
-      wire::BudgetHold* hold, UniqueFd* module) const;
+  // The uploaded module of `header` (module.upload_size: the one fd in
+  // `fds`) as `*module`, a memfd sealed with kModuleSeals, which the backend
+  // relays to kregd. The upload is first passed to the backend's
+  // PrecheckUpload (its error otherwise, nothing read) and checked against
+  // max_module_bytes; INVALID_ARGUMENT for a wrong fd count or size. Its
+  // bytes are taken from the receive budget (max_buffered_bytes) into
+  // `*hold` before they are copied (RESOURCE_EXHAUSTED, nothing read, when
+  // it cannot cover them); the caller keeps `*hold` until the registration
+  // is done.
+  absl::Status TakeUploadedModule(const v1::RegisterTargetHeader& header,
+                                  std::vector<UniqueFd> fds,
+                                  wire::BudgetHold* hold,
+                                  UniqueFd* module) const;
   absl::Status DoHello(const v1::Hello& hello, v1::HelloReply* reply);
   absl::Status DoArenaGrow(const v1::ArenaGrow& grow, std::vector<UniqueFd> fds,
                            v1::ArenaGrowReply* r);

@@ -6,7 +6,7 @@
 // registered through a real Registrar. Invariants: no frame is buffered
 // past the cap (whatever length it announces), and module bytes are taken
 // only from a memfd sealed against writing, shrinking and growing whose
-// size is the announced one, never inline.
+// size is the announced one (module.upload_size), never without an upload.
 //
 // Input: byte 0 = how a registration's module fd is made (mod 5): 0 none,
 // 1 a sealed memfd of the announced size, 2 the same unsealed, 3 sealed but
@@ -26,6 +26,7 @@
 #include "daemon/exec/broker.h"
 #include "daemon/exec/broker_limits.h"
 #include "daemon/registrar.h"
+#include "daemon/registration_mapper.h"
 #include "daemon/session/module_upload.h"
 #include "tests/daemon/registry_fakes.h"
 #include "tests/fuzz/fuzz_util.h"
@@ -86,36 +87,34 @@ UniqueFd ModuleFd(int kind, uint64_t size, const std::string& bytes) {
 void OneFrame(int kind, const std::string& payload) {
   v1::BrokerRequest req;
   if (!req.ParseFromString(payload) || !req.has_register_target()) return;
-  const v1::RegisterRequest& reg = req.register_target();
-  const bool by_fd = reg.module_case() == v1::RegisterRequest::kUploadFdSize;
+  const v1::RegisterTargetHeader& reg = req.register_target();
+  const uint64_t size = reg.module().upload_size();
+  const bool by_fd =
+      reg.module().source_case() == v1::ModuleSource::kUploadSize;
   std::vector<UniqueFd> fds;
-  if (kind != kNone) {
-    fds.push_back(ModuleFd(kind, reg.upload_fd_size(), payload));
-  }
+  if (kind != kNone) fds.push_back(ModuleFd(kind, size, payload));
   World& w = TheWorld();
   const PeerCred peer{::getuid(), ::getgid(), ::getpid()};
   wire::ByteBudget budget(2 * kMaxModule);
   wire::BudgetHold hold(&budget);
-  absl::StatusOr<v1::RegisterRequest> taken = TakeRelayedModule(
+  absl::StatusOr<std::string> taken = TakeRelayedModule(
       &w.registrar, reg, std::move(fds), peer, kMaxModule, &hold);
   if (!taken.ok()) {
     if (taken.status().message().empty()) fuzz::Fail("refusal without text");
     return;
   }
-  if (reg.module_case() == v1::RegisterRequest::kUpload) {
-    fuzz::Fail("took inline module bytes from an executor");
-  }
   if (by_fd) {
     if (kind != kSealed) fuzz::Fail("took a module fd that is not sealed");
-    if (taken->upload().size() != reg.upload_fd_size() ||
-        taken->upload().size() > kMaxModule) {
+    if (taken->size() != size || taken->size() > kMaxModule) {
       fuzz::Fail("took a module of another size than announced");
     }
   } else if (kind != kNone) {
     fuzz::Fail("took a registration with a stray fd");
+  } else if (!taken->empty()) {
+    fuzz::Fail("took module bytes without an upload");
   }
-  absl::StatusOr<v1::RegisterReply> r =
-      RegisterForSession(&w.registrar, *std::move(taken), peer);
+  absl::StatusOr<v1::RegisterTargetResponse> r = RegisterFromHeader(
+      &w.registrar, reg, *std::move(taken), peer, absl::OkStatus());
   if (!r.ok() && r.status().message().empty()) {
     fuzz::Fail("refusal without a message");
   }

@@ -1,8 +1,9 @@
 // Fuzzes what kregd does with a BrokerRequest from an executor (broker.cc):
 // the parse, then for each body what SessionBroker::Handle runs before it
-// needs a live executor: RegisterForSession through a real Registrar and
-// Registry (in-memory loader and log; daemon-side paths under a temp root),
-// ListForSession, and Resolve's name/platform validation and lookup.
+// needs a live executor: RegisterFromHeader (registration_mapper.h) through
+// a real Registrar and Registry (in-memory loader and log; daemon-side
+// paths under a temp root), DescribeTargets, and Resolve's name/platform
+// validation and lookup.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 
 #include "daemon/exec/broker.h"
 #include "daemon/registrar.h"
+#include "daemon/registration_mapper.h"
 #include "daemon/validate.h"
 #include "tests/daemon/registry_fakes.h"
 #include "tests/fuzz/fuzz_util.h"
@@ -68,8 +70,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const PeerCred peer{::getuid(), ::getgid(), ::getpid()};
   switch (req.body_case()) {
     case v1::BrokerRequest::kRegisterTarget: {
-      absl::StatusOr<v1::RegisterReply> r =
-          RegisterForSession(&w.registrar, req.register_target(), peer);
+      absl::StatusOr<v1::RegisterTargetResponse> r = RegisterFromHeader(
+          &w.registrar, req.register_target(), "", peer, absl::OkStatus());
       if (r.ok()) {
         // What was accepted must pass the edge checks it went through.
         if (!ValidateTargetName(r->target().target_name()).ok() ||
@@ -82,7 +84,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     }
     case v1::BrokerRequest::kList:
-      ListForSession(&w.registry);
+      DescribeTargets(w.registry, absl::OkStatus());
       break;
     case v1::BrokerRequest::kResolve: {
       const v1::ResolveRequest& r = req.resolve();

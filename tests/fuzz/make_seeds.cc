@@ -121,15 +121,12 @@ int main(int argc, char** argv) {
   reg.mutable_register_target()->set_target_name("t.new");
   reg.mutable_register_target()->set_func_name("Scale");
   reg.mutable_register_target()->set_platform("cpu");
-  reg.mutable_register_target()->set_upload(
-      "\x7f"
-      "ELF");
+  reg.mutable_register_target()->mutable_module()->set_upload_size(4);
   Write("launch", "\x03" + Frame(launch) + Frame(list));
   Write("register", "\x01" + Frame(reg) + Frame(list));
   SessionRequest hello;
   hello.set_id(1);
-  hello.mutable_hello()->set_protocol_major(1);
-  hello.mutable_hello()->set_protocol_minor(3);
+  hello.mutable_hello()->set_protocol_major(2);
   SessionRequest grow;
   grow.set_id(2);
   grow.mutable_arena_grow()->set_size(4096);
@@ -144,7 +141,7 @@ int main(int argc, char** argv) {
   BrokerRequest b;
   *b.mutable_register_target() = reg.register_target();
   Write("register_upload", b.SerializeAsString());
-  b.mutable_register_target()->set_path("sub/up.so");
+  b.mutable_register_target()->mutable_module()->set_path("sub/up.so");
   Write("register_path", b.SerializeAsString());
   b.Clear();
   b.mutable_resolve()->set_target_name("t.new");
@@ -166,13 +163,11 @@ int main(int argc, char** argv) {
   };
   b.Clear();
   *b.mutable_register_target() = reg.register_target();
-  b.mutable_register_target()->set_upload_fd_size(
-      reg.register_target().upload().size());
   BrokerRequest broker_list;
   broker_list.mutable_list();
   Write("register_memfd", "\x01" + broker_frame(broker_list) + broker_frame(b));
-  *b.mutable_register_target() = reg.register_target();
-  Write("register_inline", "\x00" + broker_frame(b));
+  b.mutable_register_target()->mutable_module()->set_path("sub/up.so");
+  Write("register_path_fd", "\x01" + broker_frame(b));
   // A frame announcing 400 MiB, then some of it.
   Write("huge", std::string("\x00\x00\x00\x00\x19", 5) + std::string(100, 'k'));
 
@@ -188,8 +183,8 @@ int main(int argc, char** argv) {
   offer.set_slots(2);
   offer.set_adoption_nonce(std::string(16, 'n'));
   offer.set_adoption_key(std::string(32, 'k'));
-  offer.set_session_protocol_major(1);
-  offer.set_session_protocol_minor(6);
+  offer.set_session_protocol_major(2);
+  offer.set_session_protocol_minor(0);
   offer.set_sessions(1);
   kreg::v1::ExecReadoptSession offered;
   offered.set_session_id(7);

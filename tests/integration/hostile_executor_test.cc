@@ -86,8 +86,7 @@ v1::SessionResponse Call(int sock, const v1::SessionRequest& r, int fd = -1) {
 void Hello(int sock) {
   v1::SessionRequest r;
   r.set_id(1);
-  r.mutable_hello()->set_protocol_major(1);
-  r.mutable_hello()->set_protocol_minor(3);
+  r.mutable_hello()->set_protocol_major(2);
   v1::SessionResponse resp = Call(sock, r);
   INFO(resp.status().message());
   REQUIRE(resp.has_hello());
@@ -240,7 +239,7 @@ v1::SessionRequest RegisterIn(uint64_t id, const std::string& target,
                               const std::string& func) {
   v1::SessionRequest r;
   r.set_id(id);
-  v1::RegisterRequest* reg = r.mutable_register_target();
+  v1::RegisterTargetHeader* reg = r.mutable_register_target();
   reg->set_target_name(target);
   reg->set_func_name(func);
   reg->set_platform("cpu");
@@ -261,8 +260,8 @@ int ModuleMemfd(const std::string& bytes, bool seal) {
 }
 
 TEST_CASE(
-    "Session registrations upload through the executor inline and by fd; "
-    "an oversized relay is refused and the session goes on",
+    "Session registrations upload through the executor by fd; an oversized "
+    "relay is refused and the session goes on",
     "[integration][executors]") {
   TempDir dir;
   Daemon d(dir.path());
@@ -272,28 +271,23 @@ TEST_CASE(
   Hello(s);
   char* arena = Arena(s);
 
-  v1::SessionRequest inline_reg = RegisterIn(3, "s.inline", "WhoAmI");
-  inline_reg.mutable_register_target()->set_upload(module);
-  v1::SessionResponse resp = Call(s, inline_reg);
+  // The shim's way: a sealed memfd (passed on as is).
+  v1::SessionRequest sealed_reg = RegisterIn(4, "s.sealed", "WhoAmI");
+  sealed_reg.mutable_register_target()->mutable_module()->set_upload_size(
+      module.size());
+  int fd = ModuleMemfd(module, /*seal=*/true);
+  v1::SessionResponse resp = Call(s, sealed_reg, fd);
+  ::close(fd);
   INFO(resp.status().message());
   REQUIRE(resp.status().code() == 0);
   CHECK(resp.register_target().target().module_size() == module.size());
   const std::string digest = resp.register_target().target().module_digest();
 
-  // The shim's way: a sealed memfd (passed on as is).
-  v1::SessionRequest sealed_reg = RegisterIn(4, "s.sealed", "WhoAmI");
-  sealed_reg.mutable_register_target()->set_upload_fd_size(module.size());
-  int fd = ModuleMemfd(module, /*seal=*/true);
-  resp = Call(s, sealed_reg, fd);
-  ::close(fd);
-  INFO(resp.status().message());
-  REQUIRE(resp.status().code() == 0);
-  CHECK(resp.register_target().target().module_size() == module.size());
-
   // An unsealed memfd with more bytes than announced: the executor relays
   // a sealed copy of the announced ones.
   v1::SessionRequest open_reg = RegisterIn(5, "s.open", "WhoAmI");
-  open_reg.mutable_register_target()->set_upload_fd_size(module.size());
+  open_reg.mutable_register_target()->mutable_module()->set_upload_size(
+      module.size());
   fd = ModuleMemfd(module + "trailing bytes", /*seal=*/false);
   resp = Call(s, open_reg, fd);
   ::close(fd);
@@ -303,8 +297,10 @@ TEST_CASE(
 
   // A request the executor cannot relay within the broker limit.
   v1::SessionRequest long_reg = RegisterIn(6, "s.long", "WhoAmI");
-  long_reg.mutable_register_target()->set_file_name(std::string(80000, 'f'));
-  long_reg.mutable_register_target()->set_upload(module);
+  v1::ModuleSource* long_module =
+      long_reg.mutable_register_target()->mutable_module();
+  long_module->set_file_name(std::string(80000, 'f'));
+  long_module->set_path(d.Kernel("libhostile.so"));
   resp = Call(s, long_reg);
   CHECK(resp.status().code() ==
         static_cast<int>(absl::StatusCode::kInvalidArgument));
@@ -312,9 +308,9 @@ TEST_CASE(
              Catch::Contains("more than the 65536 bytes an executor may "
                              "send it"));
 
-  // All three run; the session is still up after the refusal.
+  // Both run; the session is still up after the refusal.
   uint64_t id = 10;
-  for (const char* target : {"s.inline", "s.sealed", "s.open"}) {
+  for (const char* target : {"s.sealed", "s.open"}) {
     std::memset(arena + kOutOffset, 0, 32);
     resp = Call(s, Launch(id++, target));
     INFO(target << ": " << resp.status().message());
@@ -325,7 +321,7 @@ TEST_CASE(
   ::close(s);
   auto listed = d.client().List();
   REQUIRE(listed.ok());
-  CHECK(listed->size() == 3);
+  CHECK(listed->size() == 2);
 }
 
 TEST_CASE(

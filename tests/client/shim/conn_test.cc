@@ -195,8 +195,8 @@ TEST_CASE("Open says Hello and keeps what kregd answers", "[shim][conn]") {
   REQUIRE(kregd.requests.size() == 1);
   const v1::SessionRequest& hello = kregd.requests[0];
   CHECK(hello.id() == 1);
-  CHECK(hello.hello().protocol_major() == 1);
-  CHECK(hello.hello().protocol_minor() == 6);
+  CHECK(hello.hello().protocol_major() == 2);
+  CHECK(hello.hello().protocol_minor() == 0);
   CHECK(hello.hello().pid() == ::getpid());
   CHECK(hello.hello().ffi_api_major() == XLA_FFI_API_MAJOR);
   CHECK(hello.hello().ffi_api_minor() == XLA_FFI_API_MINOR);

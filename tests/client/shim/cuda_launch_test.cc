@@ -131,8 +131,7 @@ class FakeKregd {
         case kreg::v1::SessionRequest::kHello: {
           kreg::v1::HelloReply* h = resp.mutable_hello();
           h->set_session_id(1);
-          h->set_protocol_major(1);
-          h->set_protocol_minor(5);
+          h->set_protocol_major(2);
           h->set_max_arena_bytes(1 << 20);
           h->set_max_message_bytes(64 << 20);
           h->set_max_cuda_mappings(256);

@@ -34,8 +34,8 @@ UniqueFd Memfd(const std::string& bytes, int seals) {
   return fd;
 }
 
-v1::TargetInfo Info(const std::string& bytes, const std::string& func) {
-  v1::TargetInfo t;
+v1::Target Info(const std::string& bytes, const std::string& func) {
+  v1::Target t;
   t.set_target_name("demo.local");
   t.set_platform("cpu");
   t.set_func_name(func);
@@ -53,7 +53,7 @@ TEST_CASE("CheckModuleFd accepts exactly the registered, sealed bytes",
 TEST_CASE("CheckModuleFd refuses what could change or is not the module",
           "[shim][local]") {
   const std::string bytes = "module bytes";
-  const v1::TargetInfo info = Info(bytes, "F");
+  const v1::Target info = Info(bytes, "F");
   SECTION("unsealed") {
     ClientStatus s = CheckModuleFd(Memfd(bytes, 0).get(), info);
     CHECK(s.code == kFailedPrecondition);
@@ -67,7 +67,7 @@ TEST_CASE("CheckModuleFd refuses what could change or is not the module",
     CHECK(s.code == kFailedPrecondition);
   }
   SECTION("another size") {
-    v1::TargetInfo bigger = info;
+    v1::Target bigger = info;
     bigger.set_module_size(bytes.size() + 1);
     ClientStatus s = CheckModuleFd(Memfd(bytes, kAllSeals).get(), bigger);
     CHECK(s.code == kDataLoss);

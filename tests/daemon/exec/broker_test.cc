@@ -41,12 +41,12 @@ struct World {
   Registrar registrar;
 };
 
-v1::RegisterRequest Upload(uint64_t size) {
-  v1::RegisterRequest req;
+v1::RegisterTargetHeader Upload(uint64_t size) {
+  v1::RegisterTargetHeader req;
   req.set_target_name("t.relayed");
   req.set_func_name("F");
   req.set_platform("cpu");
-  req.set_upload_fd_size(size);
+  req.mutable_module()->set_upload_size(size);
   return req;
 }
 
@@ -71,7 +71,7 @@ TEST_CASE("A relayed upload is charged to the budget before it is read",
         TakeRelayedModule(&w.registrar, Upload(module.size()),
                           One(SealedModule(module)), kPeer, kMaxModule, &hold);
     REQUIRE(taken.ok());
-    CHECK(taken->upload() == module);
+    CHECK(*taken == module);
     CHECK(budget.used() == 1000);
   }
   CHECK(budget.used() == 0);
@@ -104,13 +104,15 @@ TEST_CASE("A relayed registration's bad forms are refused with their reason",
   wire::BudgetHold hold(&budget);
   const std::string module(64, 'm');
 
-  SECTION("inline bytes") {
-    v1::RegisterRequest req = Upload(0);
-    req.set_upload(module);
-    auto r = TakeRelayedModule(&w.registrar, req, {}, kPeer, kMaxModule, &hold);
+  SECTION("a memfd on a registration by path") {
+    v1::RegisterTargetHeader req = Upload(0);
+    req.mutable_module()->set_path("/m.so");
+    auto r = TakeRelayedModule(&w.registrar, req, One(SealedModule(module)),
+                               kPeer, kMaxModule, &hold);
     REQUIRE(!r.ok());
     CHECK_THAT(std::string(r.status().message()),
-               Catch::Contains("relayed module bytes inline"));
+               Catch::Contains("with 1 file descriptor(s); only an upload may "
+                               "carry one"));
   }
   SECTION("an upload without its memfd") {
     auto r = TakeRelayedModule(&w.registrar, Upload(module.size()), {}, kPeer,

@@ -26,12 +26,11 @@ using ::kreg::testing::FakeCuda;
 
 class Backend : public SessionBackend {
  public:
-  absl::StatusOr<v1::RegisterReply> Register(const v1::RegisterRequest&,
-                                             UniqueFd,
-                                             const PeerCred&) override {
+  absl::StatusOr<v1::RegisterTargetResponse> Register(
+      const v1::RegisterTargetHeader&, UniqueFd, const PeerCred&) override {
     return absl::UnimplementedError("");
   }
-  v1::ListReply List() override { return {}; }
+  v1::ListTargetsResponse List() override { return {}; }
   absl::StatusOr<void*> Lookup(const TargetKey& key) override {
     if (key.name != "t" || key.platform != Platform::kCuda) {
       return absl::NotFoundError("not registered");

@@ -21,12 +21,11 @@ namespace {
 
 class NullBackend : public SessionBackend {
  public:
-  absl::StatusOr<v1::RegisterReply> Register(const v1::RegisterRequest&,
-                                             UniqueFd,
-                                             const PeerCred&) override {
+  absl::StatusOr<v1::RegisterTargetResponse> Register(
+      const v1::RegisterTargetHeader&, UniqueFd, const PeerCred&) override {
     return absl::UnimplementedError("no");
   }
-  v1::ListReply List() override { return {}; }
+  v1::ListTargetsResponse List() override { return {}; }
   absl::StatusOr<void*> Lookup(const TargetKey&) override {
     return absl::NotFoundError("no");
   }
@@ -62,7 +61,7 @@ UniqueFd Connect(const std::string& path) {
 
 v1::SessionResponse Hello(int fd) {
   v1::SessionRequest r;
-  r.mutable_hello()->set_protocol_major(1);
+  r.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
   std::string out = r.SerializeAsString();
   REQUIRE(wire::SendFrame(fd, out.data(), out.size(), nullptr, 0) == 0);
   std::string in;

@@ -23,9 +23,9 @@ using ::kreg::testing::MakeMemfd;
 // Doubles F32 arg 0 into ret 0 for target "t"; everything else NOT_FOUND.
 class FakeBackend : public SessionBackend {
  public:
-  absl::StatusOr<v1::RegisterReply> Register(const v1::RegisterRequest& r,
-                                             UniqueFd module,
-                                             const PeerCred& peer) override {
+  absl::StatusOr<v1::RegisterTargetResponse> Register(
+      const v1::RegisterTargetHeader& r, UniqueFd module,
+      const PeerCred& peer) override {
     if (r.target_name() == "refused") {
       return absl::FailedPreconditionError("target \"refused\" exists");
     }
@@ -34,20 +34,21 @@ class FakeBackend : public SessionBackend {
     last_module_seals = module.ok() ? ::fcntl(module.get(), F_GET_SEALS) : -1;
     last_module.clear();
     if (module.ok()) {
-      last_module.resize(r.upload_fd_size());
+      last_module.resize(r.module().upload_size());
       if (::pread(module.get(), last_module.data(), last_module.size(), 0) !=
           static_cast<ssize_t>(last_module.size())) {
         last_module = "(short memfd)";
       }
     }
-    v1::RegisterReply reply;
+    v1::RegisterTargetResponse reply;
     reply.set_created(true);
     reply.mutable_target()->set_target_name(r.target_name());
     return reply;
   }
   // Refuses uploads over 100 bytes, like kregd's quota would.
-  absl::Status PrecheckUpload(const v1::RegisterRequest& r, uint64_t size,
+  absl::Status PrecheckUpload(const v1::RegisterTargetHeader& r,
                               const PeerCred& peer) override {
+    const uint64_t size = r.module().upload_size();
     ++prechecks;
     last_peer = peer;
     if (size > 100) {
@@ -56,7 +57,7 @@ class FakeBackend : public SessionBackend {
     }
     return absl::OkStatus();
   }
-  v1::ListReply List() override { return {}; }
+  v1::ListTargetsResponse List() override { return {}; }
   // "local.ok": a module fd; "local.nofd": success without one; other
   // names: the backend's refusal.
   absl::StatusOr<v1::BindLocalReply> BindLocal(const v1::BindLocal& r,
@@ -89,7 +90,7 @@ class FakeBackend : public SessionBackend {
   int lookups = 0;
   int prechecks = 0;
   PeerCred last_peer;
-  v1::RegisterRequest last_request;
+  v1::RegisterTargetHeader last_request;
   std::string last_module;  // the bytes of the memfd Register got
   int last_module_seals = -1;
 };
@@ -236,12 +237,13 @@ TEST_CASE("A second Hello is refused", "[session]") {
 TEST_CASE("Another protocol major version is refused", "[session]") {
   Fixture fx;
   v1::SessionRequest r;
-  r.mutable_hello()->set_protocol_major(2);
-  r.mutable_hello()->set_protocol_minor(3);
+  // A 1.x client (flattened registration messages) gets a clear refusal.
+  r.mutable_hello()->set_protocol_major(1);
+  r.mutable_hello()->set_protocol_minor(6);
   v1::SessionResponse resp = fx.Send(r);
   CHECK(resp.status().code() == int(absl::StatusCode::kFailedPrecondition));
   CHECK(resp.status().message() ==
-        "session protocol 2.3 is not supported; kregd speaks 1." +
+        "session protocol 1.6 is not supported; kregd speaks 2." +
             std::to_string(kSessionProtocolMinor) +
             " (upgrade the client library or kregd)");
 }
@@ -382,7 +384,7 @@ TEST_CASE("An fd upload refused by the precheck is never read", "[session]") {
   UniqueFd read_end(p[0]), write_end(p[1]);
   v1::SessionRequest r;
   r.mutable_register_target()->set_target_name("big");
-  r.mutable_register_target()->set_upload_fd_size(1 << 20);
+  r.mutable_register_target()->mutable_module()->set_upload_size(1 << 20);
   std::vector<UniqueFd> fds;
   fds.push_back(std::move(read_end));
   v1::SessionResponse resp = fx.Send(r, std::move(fds));
@@ -398,7 +400,7 @@ TEST_CASE("An fd upload the precheck accepts is read and registered",
   fx.Hello();
   v1::SessionRequest r;
   r.mutable_register_target()->set_target_name("small");
-  r.mutable_register_target()->set_upload_fd_size(4);
+  r.mutable_register_target()->mutable_module()->set_upload_size(4);
   std::vector<UniqueFd> fds;
   fds.push_back(MakeMemfd(4));
   v1::SessionResponse resp = fx.Send(r, std::move(fds));
@@ -409,25 +411,26 @@ TEST_CASE("An fd upload the precheck accepts is read and registered",
 
 constexpr int kSealed = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW;
 
-TEST_CASE("An inline upload reaches the backend as a sealed memfd",
+TEST_CASE("An upload must carry exactly one fd, nothing else any",
           "[session]") {
   Fixture fx;
   fx.Hello();
   v1::SessionRequest r;
-  r.mutable_register_target()->set_target_name("inline");
-  r.mutable_register_target()->set_upload(
-      "\x7f"
-      "ELF bytes");
+  r.mutable_register_target()->set_target_name("nofd");
+  r.mutable_register_target()->mutable_module()->set_upload_size(4);
   v1::SessionResponse resp = fx.Send(r);
-  REQUIRE(resp.status().code() == 0);
-  const v1::RegisterRequest& got = fx.backend.last_request;
-  CHECK(got.module_case() == v1::RegisterRequest::kUploadFdSize);
-  CHECK(got.upload_fd_size() == 10);
-  CHECK(got.upload().empty());
-  CHECK((fx.backend.last_module_seals & kSealed) == kSealed);
-  CHECK(fx.backend.last_module ==
-        "\x7f"
-        "ELF bytes");
+  CHECK(resp.status().code() == int(absl::StatusCode::kInvalidArgument));
+  CHECK(resp.status().message() ==
+        "the registration carries 0 file descriptor(s); an upload "
+        "(module.upload_size) needs exactly one (the module's memfd)");
+  r.mutable_register_target()->mutable_module()->set_path("/m.so");
+  std::vector<UniqueFd> fds;
+  fds.push_back(MakeMemfd(4));
+  resp = fx.Send(r, std::move(fds));
+  CHECK(resp.status().message() ==
+        "the registration carries 1 file descriptor(s); only an upload "
+        "(module.upload_size) may carry one");
+  CHECK(fx.backend.prechecks == 0);
 }
 
 TEST_CASE("An fd upload reaches the backend as a sealed memfd of its size",
@@ -440,12 +443,12 @@ TEST_CASE("An fd upload reaches the backend as a sealed memfd of its size",
   REQUIRE(::write(fd.get(), "abcdefgh", 8) == 8);
   v1::SessionRequest r;
   r.mutable_register_target()->set_target_name("byfd");
-  r.mutable_register_target()->set_upload_fd_size(5);
+  r.mutable_register_target()->mutable_module()->set_upload_size(5);
   std::vector<UniqueFd> fds;
   fds.push_back(std::move(fd));
   v1::SessionResponse resp = fx.Send(r, std::move(fds));
   REQUIRE(resp.status().code() == 0);
-  CHECK(fx.backend.last_request.upload_fd_size() == 5);
+  CHECK(fx.backend.last_request.module().upload_size() == 5);
   CHECK((fx.backend.last_module_seals & kSealed) == kSealed);
   CHECK(fx.backend.last_module == "abcde");
 }
@@ -469,7 +472,7 @@ TEST_CASE("An fd upload is charged to max_buffered_bytes before it is read",
   UniqueFd read_end(p[0]), write_end(p[1]);
   v1::SessionRequest r;
   r.mutable_register_target()->set_target_name("mid");
-  r.mutable_register_target()->set_upload_fd_size(80);
+  r.mutable_register_target()->mutable_module()->set_upload_size(80);
   std::vector<UniqueFd> fds;
   fds.push_back(std::move(read_end));
   v1::SessionResponse resp = session.Handle(r, std::move(fds));
@@ -482,7 +485,7 @@ TEST_CASE("An fd upload is charged to max_buffered_bytes before it is read",
   CHECK(budget.used() == 0);
   // One that fits is read and registered; its charge is given back after.
   r.mutable_register_target()->set_target_name("small");
-  r.mutable_register_target()->set_upload_fd_size(4);
+  r.mutable_register_target()->mutable_module()->set_upload_size(4);
   fds.clear();
   fds.push_back(MakeMemfd(4));
   resp = session.Handle(r, std::move(fds));
@@ -528,7 +531,7 @@ TEST_CASE("Run answers requests in order", "[session]") {
   Wired w;
   v1::SessionRequest r;
   r.set_id(42);
-  r.mutable_hello()->set_protocol_major(1);
+  r.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
   std::string out = r.SerializeAsString();
   REQUIRE(wire::SendFrame(w.client.get(), out.data(), out.size(), nullptr, 0) ==
           wire::kOk);
