@@ -220,9 +220,9 @@ v1::BrokerReply SessionBroker::Handle(const v1::BrokerRequest& req,
       break;
     }
     case v1::BrokerRequest::kPrecheckUpload: {
-      const v1::UploadPrecheck& p = req.precheck_upload();
-      status = ctx_.registrar->PrecheckUpload(p.target_name(), p.platform(),
-                                              p.size(), peer_);
+      const v1::RegisterTargetHeader& h = req.precheck_upload();
+      status = ctx_.registrar->PrecheckUpload(h.target_name(), h.platform(),
+                                              h.module().upload_size(), peer_);
       break;
     }
     case v1::BrokerRequest::kList:

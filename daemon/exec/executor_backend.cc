@@ -123,10 +123,7 @@ absl::StatusOr<v1::RegisterTargetResponse> ExecutorBackend::Register(
 absl::Status ExecutorBackend::PrecheckUpload(
     const v1::RegisterTargetHeader& header, const PeerCred&) {
   v1::BrokerRequest req;
-  v1::UploadPrecheck* p = req.mutable_precheck_upload();
-  p->set_target_name(header.target_name());
-  p->set_platform(header.platform());
-  p->set_size(header.module().upload_size());
+  *req.mutable_precheck_upload() = header;
   absl::StatusOr<v1::BrokerReply> r = Call(req, nullptr);
   if (!r.ok()) return r.status();
   return StatusOf(r->status());

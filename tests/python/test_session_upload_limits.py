@@ -1,4 +1,4 @@
-"""Module uploads over the session socket (RegisterRequest.upload_fd_size)
+"""Module uploads over the session socket (module.upload_size and an fd)
 are refused by kregd's size and quota checks before the executor reads a
 byte (DESIGN §6, hostile clients): the executor asks kregd's precheck (the
 one the gRPC path runs on its upload header) with the announced size, so
@@ -91,17 +91,19 @@ def call(s, rid, body_num, body, fds=()):
           "has_body": any(k >= 3 for k in resp)}
 
 def register(name, platform=b"cpu", size=None, path=None, func=b"Scale"):
-  msg = bfield(1, name) + bfield(2, func) + bfield(3, platform)
+  # A RegisterTargetHeader (registration.proto); module = ModuleSource.
+  module = b""
   if path is not None:
-    msg += bfield(6, path)
+    module += bfield(1, path)
   if size is not None:
-    msg += vfield(20, size)
-  return msg
+    module += vfield(2, size)
+  msg = bfield(1, name) + bfield(2, func) + bfield(3, platform)
+  return msg + (bfield(6, module) if module else b"")
 
 sock_path, cases = sys.argv[1], json.loads(sys.argv[2])
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.connect(sock_path)
-hello = vfield(1, 1) + vfield(2, 4) + vfield(3, os.getpid())
+hello = vfield(1, 2) + vfield(2, 0) + vfield(3, os.getpid())
 print(json.dumps(call(s, 1, 2, hello)), flush=True)
 rid = 2
 for case in cases:
@@ -117,7 +119,7 @@ for case in cases:
   if case["kind"] == "list":
     out = call(s, rid, 4, b"")
   else:
-    out = call(s, rid, 3, register(
+    out = call(s, rid, 11, register(
         case["name"].encode(), size=case.get("size"),
         path=case["path"].encode() if "path" in case else None), fds)
   for fd in keep:

@@ -3,7 +3,8 @@ and host (docs/design.md §13, docs/user-guide.md "Compile once").
 
 The request travels over kregd's gRPC socket (Registry.CompileTarget), with
 grpcio; its few messages are encoded here by hand (proto/kreg/v1/
-registry.proto), so the package needs no generated code.
+registry.proto and registration.proto), so the package needs no generated
+code.
 """
 
 from __future__ import annotations
