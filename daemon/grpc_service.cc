@@ -31,10 +31,6 @@ RegistryService::RegistryService(Registrar* registrar, Registry* registry,
       peer_of_(std::move(peer_of)),
       status_of_(std::move(status_of)) {}
 
-absl::Status RegistryService::CudaStatus() const {
-  return cuda_status_of_ ? cuda_status_of_() : absl::OkStatus();
-}
-
 grpc::Status RegistryService::RegisterTarget(
     grpc::ServerContext* ctx, grpc::ServerReader<v1::RegisterTargetChunk>* in,
     v1::RegisterTargetResponse* resp) {
@@ -72,7 +68,7 @@ grpc::Status RegistryService::RegisterTarget(
   }
   absl::StatusOr<v1::RegisterTargetResponse> out =
       RegisterFromHeader(registrar_, header, std::move(upload),
-                         peer_of_(ctx->peer()), CudaStatus());
+                         peer_of_(ctx->peer()), cuda_status_of_());
   if (out.status().code() == absl::StatusCode::kFailedPrecondition) {
     return RefusalToGrpcStatus(out.status(), RefusalDetail(header, *registry_));
   }
@@ -84,7 +80,7 @@ grpc::Status RegistryService::RegisterTarget(
 grpc::Status RegistryService::ListTargets(grpc::ServerContext*,
                                           const v1::ListTargetsRequest*,
                                           v1::ListTargetsResponse* resp) {
-  *resp = DescribeTargets(*registry_, CudaStatus());
+  *resp = DescribeTargets(*registry_, cuda_status_of_());
   return grpc::Status::OK;
 }
 
@@ -114,7 +110,7 @@ grpc::Status RegistryService::GetTarget(grpc::ServerContext*,
   }
   for (const EntryPtr& e : found) {
     v1::Target* t = resp->add_targets();
-    *t = DescribeTarget(*e, CudaStatus());
+    *t = DescribeTarget(*e, cuda_status_of_());
     if (stats_of_) *t->mutable_stats() = stats_of_(*e);
   }
   return grpc::Status::OK;
@@ -208,7 +204,7 @@ grpc::Status RegistryService::CompileTarget(
   v1::CompileTargetResult* result = e.mutable_result();
   result->set_created(r->registration.created);
   *result->mutable_target() =
-      DescribeTarget(*r->registration.entry, CudaStatus());
+      DescribeTarget(*r->registration.entry, cuda_status_of_());
   result->set_cache_key(r->cache_key);
   result->set_cache_hit(r->cache_hit);
   result->set_waited(r->waited);

@@ -84,13 +84,11 @@ class RegistryService final : public v1::Registry::Service {
   }
 
  private:
-  absl::Status CudaStatus() const;
-
   Registrar* const registrar_;
   Registry* const registry_;
   const PeerOf peer_of_;
   const StatusOf status_of_;
-  CudaStatusOf cuda_status_of_;
+  CudaStatusOf cuda_status_of_ = [] { return absl::OkStatus(); };
   StatsOf stats_of_;
   SessionsOf sessions_of_;
   ConfigOf config_of_;
