@@ -8,10 +8,10 @@ namespace kreg {
 namespace {
 
 constexpr PlatformTraits kTraits[] = {
-    {Platform::kCpu, PlatformMemory::kHost, /*ffi_stream=*/false,
-     /*ffi_thread_pool=*/true},
-    {Platform::kCuda, PlatformMemory::kCuda, /*ffi_stream=*/true,
-     /*ffi_thread_pool=*/false},
+    {Platform::kCpu, PlatformMemory::kHost, PlatformCompiler::kCxx,
+     /*ffi_stream=*/false, /*ffi_thread_pool=*/true},
+    {Platform::kCuda, PlatformMemory::kCuda, PlatformCompiler::kNvcc,
+     /*ffi_stream=*/true, /*ffi_thread_pool=*/false},
 };
 constexpr size_t kNumTraits = sizeof(kTraits) / sizeof(*kTraits);
 

@@ -28,9 +28,17 @@ enum class PlatformMemory {
   kCuda,
 };
 
+// What the compile service (daemon/compile/) builds a platform's sources
+// with.
+enum class PlatformCompiler {
+  kCxx,   // the C++ compiler (compile_cxx): C and C++ sources
+  kNvcc,  // nvcc (compile_nvcc): .cu sources as well
+};
+
 struct PlatformTraits {
   Platform platform;  // the row's index in common/platforms.h
   PlatformMemory memory;
+  PlatformCompiler compiler;
   // The XLA FFI API's platform pieces (daemon/ffi/ffi_api.cc): whether
   // XLA_FFI_Stream_Get answers with the call's stream (else UNIMPLEMENTED,
   // as XLA:CPU), and whether XLA_FFI_ThreadPool_* have a pool (else

@@ -63,6 +63,7 @@ Platform RegisterFakePlatform() {
     const Platform p = static_cast<Platform>(index);
     if (index < 0 ||
         !AddPlatformTraitsForTest({p, PlatformMemory::kHost,
+                                   PlatformCompiler::kCxx,
                                    /*ffi_stream=*/false,
                                    /*ffi_thread_pool=*/false}) ||
         !AddExecutorRowForTest({p, &MakeExecutor<FakeExecutor>})) {

@@ -1,6 +1,7 @@
 // A third platform, "fake" (alias "phony"), for the tests of the platform
-// tables (docs/adding-a-platform.md): its buffers are host memory, it has
-// neither an XLA FFI stream nor a thread pool, and its LaunchExecutor runs
+// tables (docs/adding-a-platform.md): its buffers are host memory, its
+// sources are built with the C++ compiler, it has neither an XLA FFI stream
+// nor a thread pool, and its LaunchExecutor runs
 // launches like the CPU one and counts them. It exists only in test
 // binaries that call RegisterFakePlatform(): nothing outside these files
 // knows it.

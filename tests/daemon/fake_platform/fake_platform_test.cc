@@ -16,6 +16,7 @@
 #include "catch2/catch.hpp"
 #include "common/platforms.h"
 #include "common/ring_encode.h"
+#include "daemon/compile/compile_request.h"
 #include "daemon/ffi/ffi_host.h"
 #include "daemon/platform_table.h"
 #include "daemon/registry.h"
@@ -154,6 +155,20 @@ TEST_CASE("A fake target follows its row's registry and status rules",
   REQUIRE(found.size() == 2);
   CHECK(found[1]->key.platform == fake);
   CHECK(Named(found[1]->key) == "target \"op\" (fake)");
+
+  // Built with the C++ compiler: C and C++ sources, no .cu.
+  v1::CompileTargetRequest compile;
+  compile.set_target_name("op");
+  compile.set_func_name("Handler");
+  compile.set_platform("phony");
+  v1::SourceFile* source = compile.add_sources();
+  source->set_name("op.cc");
+  absl::StatusOr<CompileRequest> parsed = ParseCompileRequest(compile);
+  REQUIRE(parsed.ok());
+  CHECK(parsed->platform == fake);
+  source->set_name("op.cu");
+  CHECK_THAT(std::string(ParseCompileRequest(compile).status().message()),
+             Catch::Contains("needs a C or C++ source extension"));
 }
 
 struct SessionFixture {
