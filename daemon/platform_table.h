@@ -23,8 +23,10 @@ enum class PlatformMemory {
   // CUDA device memory: a buffer is part of a CUDA allocation the client
   // shared (resolved through the executor's CudaBufferResolver), a ring
   // descriptor carries a device UUID and a doorbell sequence number,
-  // scratch memory comes from the call's device allocator, and a target is
-  // not runnable while this kregd cannot run CUDA launches (runnable.h).
+  // scratch memory comes from the call's device allocator, a target is not
+  // runnable while this kregd cannot run CUDA launches (runnable.h), and an
+  // executor whose launch left a sticky CUDA error is recycled
+  // (daemon/exec/executor_backend.cc).
   kCuda,
 };
 
