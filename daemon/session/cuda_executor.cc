@@ -233,8 +233,8 @@ absl::Status CudaExecutor::Launch(uint64_t request_id, const v1::Launch& launch,
   Outcome out;
   absl::Status result = Run(
       request_id, cuda, *ordinal, launch.device_uuid(), launch.doorbell_seq(),
-      [&](const CudaBufferResolver& resolve) -> absl::StatusOr<DecodedLaunch*> {
-        decoded = DecodeLaunch(launch, *ctx_.arena, &resolve);
+      [&](const CudaBufferResolver* resolve) -> absl::StatusOr<DecodedLaunch*> {
+        decoded = DecodeLaunch(launch, *ctx_.arena, resolve);
         if (!decoded.ok()) return decoded.status();
         return &*decoded;
       },
@@ -253,10 +253,8 @@ absl::Status CudaExecutor::RingLaunch(uint64_t tag,
       Device(header.target, header.device_uuid, &cuda);
   if (!ordinal.ok()) return ordinal.status();
   Outcome out;
-  absl::Status result = Run(
-      tag, cuda, *ordinal, header.device_uuid, header.doorbell_seq,
-      [&](const CudaBufferResolver& resolve) { return decode(&resolve); },
-      &out);
+  absl::Status result = Run(tag, cuda, *ordinal, header.device_uuid,
+                            header.doorbell_seq, decode, &out);
   if (!result.ok() && !out.signalled) {
     absl::Status s =
         cuda->SignalDoorbell(*ordinal, header.doorbell_seq, &out.signalled);
@@ -291,7 +289,7 @@ bool CudaExecutor::HandleRequest(const v1::SessionRequest& request,
 
 absl::Status CudaExecutor::Run(uint64_t request_id, CudaSession* cuda,
                                int ordinal, absl::string_view device_uuid,
-                               uint64_t doorbell_seq, const Decoder& decode,
+                               uint64_t doorbell_seq, const RingDecode& decode,
                                Outcome* out) {
   // Every buffer resolved before the handler runs; the holders keep the
   // mappings alive until the launch's work is queued.
@@ -328,7 +326,7 @@ absl::Status CudaExecutor::Run(uint64_t request_id, CudaSession* cuda,
     holders.push_back(*std::move(r));
     return data;
   };
-  absl::StatusOr<DecodedLaunch*> decoded = decode(resolve);
+  absl::StatusOr<DecodedLaunch*> decoded = decode(&resolve);
   if (!decoded.ok()) return decoded.status();
   out->mapping_missing = false;
   absl::StatusOr<void*> handler = ctx_.handlers->Lookup((*decoded)->key);

@@ -5,7 +5,6 @@
 #define KREGD_DAEMON_SESSION_CUDA_EXECUTOR_H_
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <vector>
 
@@ -53,10 +52,6 @@ class CudaExecutor final : public LaunchExecutor {
     bool mapping_missing = false;  // a buffer's allocation is not held
     bool signalled = false;        // done := doorbell_seq was enqueued
   };
-  // Decodes a launch's buffers through the resolver it is given (the
-  // socket's DecodeLaunch or the ring's RingDecoder::Decode).
-  using Decoder = std::function<absl::StatusOr<DecodedLaunch*>(
-      const CudaBufferResolver& resolve)>;
 
   // CudaShareRequest: imports `shares`, one VMM fd each from `fds` in
   // order; INVALID_ARGUMENT when fds are left over.
@@ -78,11 +73,12 @@ class CudaExecutor final : public LaunchExecutor {
                              absl::string_view device_uuid, CudaSession** cuda);
   // The part of a launch the socket and the ring share: resolves every
   // buffer through the session's mapping cache (limit on distinct
-  // allocations, device check), decodes, looks the handler up and runs it
-  // on the session stream (CudaSession::Launch).
+  // allocations, device check), decodes through `decode` (given that
+  // resolver), looks the handler up and runs it on the session stream
+  // (CudaSession::Launch).
   absl::Status Run(uint64_t request_id, CudaSession* cuda, int ordinal,
                    absl::string_view device_uuid, uint64_t doorbell_seq,
-                   const Decoder& decode, Outcome* out);
+                   const RingDecode& decode, Outcome* out);
 
   const SessionContext ctx_;
   CudaDevices* const devices_;
