@@ -14,11 +14,10 @@
 #include "common/ring_layout.h"
 #include "common/wire.h"
 #include "daemon/log_limit.h"
-#include "daemon/session/cpu_executor.h"
-#include "daemon/session/cuda_executor.h"
 #include "daemon/session/launch_decoder.h"
 #include "daemon/session/launch_ring.h"
 #include "daemon/session/module_upload.h"
+#include "daemon/session/platform_executors.h"
 #include "daemon/validate.h"
 #include "spdlog/spdlog.h"
 
@@ -43,16 +42,9 @@ Session::Session(uint64_t id, UniqueFd sock, const PeerCred& peer,
       counters_(counters),
       arena_(limits.max_arena_bytes),
       handlers_(backend),
-      ring_decoder_(limits.receive_budget) {
-  SessionContext ctx{id,      peer,       backend,
-                     &arena_, &handlers_, limits.receive_budget};
-  auto cpu = std::make_unique<CpuExecutor>(ctx);
-  auto gpu = std::make_unique<CudaExecutor>(ctx, cuda);
-  cpu_ = cpu.get();
-  cuda_ = gpu.get();
-  executors_.emplace(Platform::kCpu, std::move(cpu));
-  executors_.emplace(Platform::kCuda, std::move(gpu));
-}
+      executors_(MakeLaunchExecutors({id, peer, backend, &arena_, &handlers_,
+                                      limits.receive_budget, cuda})),
+      ring_decoder_(limits.receive_budget) {}
 
 Session::~Session() { StopRing(); }
 
@@ -203,7 +195,7 @@ void Session::Run() {
   StopRing();
   // Waits for the session's GPU work, then releases its stream, mappings,
   // events and scratch.
-  for (auto& [platform, executor] : executors_) executor->Release();
+  for (auto& executor : executors_) executor->Release();
   arena_.Reset();
   backend_->ArenaSized(0);
   handlers_.Clear();
@@ -284,22 +276,23 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
         }
         break;
       }
-      case v1::SessionRequest::kCudaShare:
-        status = cuda_->Share(request.cuda_share().shares(), std::move(fds));
-        if (status.ok()) resp.mutable_cuda_share();
-        break;
-      case v1::SessionRequest::kCudaDoorbell:
-        status = cuda_->SetDoorbell(request.cuda_doorbell(), std::move(fds));
-        if (status.ok()) resp.mutable_cuda_doorbell();
-        break;
       case v1::SessionRequest::kRingSetup:
         status = DoRingSetup(request.ring_setup(), std::move(fds));
         if (status.ok()) resp.mutable_ring_setup();
         break;
-      default:
-        status = absl::InvalidArgumentError(
-            absl::StrCat("unknown session request kind ",
-                         static_cast<int>(request.body_case())));
+      default: {
+        // A platform's own requests (CudaShare, CudaDoorbellSetup).
+        bool handled = false;
+        for (auto& executor : executors_) {
+          handled = executor->HandleRequest(request, &fds, &resp, &status);
+          if (handled) break;
+        }
+        if (!handled) {
+          status = absl::InvalidArgumentError(
+              absl::StrCat("unknown session request kind ",
+                           static_cast<int>(request.body_case())));
+        }
+      }
     }
   }
   SetStatus(status, &resp);
@@ -379,7 +372,7 @@ absl::Status Session::DoHello(const v1::Hello& hello, v1::HelloReply* reply) {
   reply->set_max_message_bytes(limits_.max_message_bytes);
   reply->set_max_module_bytes(limits_.max_module_bytes);
   if (limits_.launch_ring) reply->set_launch_ring(ring::kVersion);
-  for (const auto& [platform, executor] : executors_) {
+  for (const auto& executor : executors_) {
     executor->DescribeTo(reply);
   }
   return absl::OkStatus();
@@ -403,11 +396,11 @@ absl::Status Session::DoLaunch(const v1::Launch& launch,
                                std::vector<UniqueFd> fds,
                                v1::LaunchReply* reply) {
   counters_->launches.fetch_add(1, std::memory_order_relaxed);
-  // A launch whose platform does not parse goes to the CPU executor, whose
-  // decoder names the bad value.
+  // A launch whose platform does not parse goes to the first platform's
+  // executor, whose decoder names the bad value.
   absl::StatusOr<Platform> platform = ParsePlatform(launch.platform());
   LaunchExecutor* executor =
-      executors_.at(platform.ok() ? *platform : Platform::kCpu).get();
+      executors_[platform.ok() ? static_cast<size_t>(*platform) : 0].get();
   absl::Status status =
       executor->Launch(request_id_, launch, std::move(fds), reply);
   if (!status.ok()) {

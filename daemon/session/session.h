@@ -7,7 +7,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -30,9 +29,7 @@
 
 namespace kreg {
 
-class CpuExecutor;
 class CudaDevices;
-class CudaExecutor;
 class LaunchRing;
 
 // What a session needs from the rest of its process. Implemented by the
@@ -128,9 +125,10 @@ struct SessionLimits {
 // Serves one connection until the peer closes it or Shutdown() is called;
 // the destructor releases the arena and the socket. The session is the
 // transport (socket frames and the launch ring), Hello and the arena; each
-// Launch goes to the LaunchExecutor of its platform (CpuExecutor,
-// CudaExecutor), which also owns that platform's state (the CUDA one is
-// created on the first CUDA request and released when the connection ends).
+// Launch goes to the LaunchExecutor of its platform (platform_executors.h:
+// CpuExecutor, CudaExecutor), which also owns that platform's state and
+// requests (the CUDA one is created on the first CUDA request and released
+// when the connection ends).
 // Run() is called on one thread; Shutdown() from any. Once the client set up
 // a launch ring, a second thread serves it; it and Run() handle one request
 // at a time (mu_), and Run() stops and joins it before it releases anything.
@@ -210,10 +208,8 @@ class Session final : public ServedSession {
   UniqueFd reply_fd_;        // attached to the response being built
   ShmArena arena_;
   HandlerTable handlers_;
-  // One per platform; cpu_ and cuda_ point into it.
-  std::map<Platform, std::unique_ptr<LaunchExecutor>> executors_;
-  CpuExecutor* cpu_ = nullptr;
-  CudaExecutor* cuda_ = nullptr;
+  // One per platform, at its Platform's index (MakeLaunchExecutors).
+  std::vector<std::unique_ptr<LaunchExecutor>> executors_;
   // Held while a request or a ring launch is handled.
   std::mutex mu_;
   std::unique_ptr<LaunchRing> ring_;
