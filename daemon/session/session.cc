@@ -50,6 +50,84 @@ Session::~Session() { StopRing(); }
 
 void Session::Shutdown() { ::shutdown(sock_.get(), SHUT_RDWR); }
 
+int Session::NextFrame(uint32_t max_bytes,
+                       wire::Clock::time_point hello_deadline,
+                       bool before_hello, wire::RecvBuffer* buffer,
+                       std::vector<int>* fds) {
+  if (before_hello) {
+    return wire::RecvFrame(sock_.get(), max_bytes, buffer, fds, hello_deadline);
+  }
+  wire::SpinUntilReadable(sock_.get(), limits_.spin_us);
+  if (limits_.hello_timeout_ms <= 0) {
+    return wire::RecvFrame(sock_.get(), max_bytes, buffer, fds);
+  }
+  pollfd p{sock_.get(), POLLIN, 0};
+  while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
+  }
+  return wire::RecvFrame(
+      sock_.get(), max_bytes, buffer, fds,
+      wire::Clock::now() + std::chrono::milliseconds(limits_.hello_timeout_ms));
+}
+
+void Session::SayFrameRefused(int rc, bool before_hello) {
+  std::string more;
+  const bool log =
+      PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more);
+  if (rc == wire::kTimedOut && before_hello) {
+    if (log) {
+      spdlog::info(
+          "session {} (pid {} uid {}): no Hello within {} ms; closing{}", id_,
+          peer_.pid, peer_.uid, limits_.hello_timeout_ms, more);
+    }
+    SendConnectionError(sock_.get(),
+                        absl::DeadlineExceededError(absl::StrCat(
+                            "kregd closed this session: no Hello within ",
+                            limits_.hello_timeout_ms, " ms of connecting")));
+    return;
+  }
+  if (rc == wire::kTimedOut) {
+    if (log) {
+      spdlog::info(
+          "session {} (pid {} uid {}): a message did not arrive whole "
+          "within {} ms of its first byte; closing{}",
+          id_, peer_.pid, peer_.uid, limits_.hello_timeout_ms, more);
+    }
+    SendConnectionError(
+        sock_.get(),
+        absl::DeadlineExceededError(absl::StrCat(
+            "kregd closed this session: a message did not arrive whole "
+            "within ",
+            limits_.hello_timeout_ms,
+            " ms of its first byte (hello_timeout_s)")));
+    return;
+  }
+  if (log) {
+    spdlog::info("session {} (uid {} pid {}): closing: {}{}", id_, peer_.uid,
+                 peer_.pid, wire::ResultText(rc), more);
+  }
+  if (rc == wire::kOverBudget) {
+    const wire::ByteBudget& budget = *limits_.receive_budget;
+    SendConnectionError(
+        sock_.get(),
+        absl::ResourceExhaustedError(absl::StrCat(
+            "session message refused: it would take the bytes buffered "
+            "for messages in flight by every session of this executor "
+            "(uid ",
+            peer_.uid, ") past ", budget.limit(), " (max_buffered_bytes; ",
+            budget.used(),
+            " in use); send fewer large messages at once (modules go by "
+            "fd, tensors through the arena) or ask the operator to raise "
+            "max_buffered_bytes")));
+  }
+  if (rc == wire::kTooLarge || rc == wire::kTooManyFds) {
+    SendConnectionError(sock_.get(),
+                        absl::ResourceExhaustedError(absl::StrCat(
+                            "session message refused: ", wire::ResultText(rc),
+                            " (max_message_bytes ", limits_.max_message_bytes,
+                            ", at most ", wire::kMaxFdsPerFrame, " fds)")));
+  }
+}
+
 void Session::Run() {
   uint32_t max_bytes = static_cast<uint32_t>(
       std::min<uint64_t>(limits_.max_message_bytes, UINT32_MAX));
@@ -76,81 +154,11 @@ void Session::Run() {
   for (;;) {
     const bool before_hello = !hello_done_ && limits_.hello_timeout_ms > 0;
     std::vector<int> raw_fds;
-    int rc;
-    if (before_hello) {
-      rc = wire::RecvFrame(sock_.get(), max_bytes, &buffer, &raw_fds,
-                           hello_deadline);
-    } else if (limits_.hello_timeout_ms > 0) {
-      wire::SpinUntilReadable(sock_.get(), limits_.spin_us);
-      pollfd p{sock_.get(), POLLIN, 0};
-      while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
-      }
-      rc = wire::RecvFrame(sock_.get(), max_bytes, &buffer, &raw_fds,
-                           wire::Clock::now() + std::chrono::milliseconds(
-                                                    limits_.hello_timeout_ms));
-      if (rc == wire::kTimedOut) {
-        std::string more;
-        if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
-          spdlog::info(
-              "session {} (pid {} uid {}): a message did not arrive whole "
-              "within {} ms of its first byte; closing{}",
-              id_, peer_.pid, peer_.uid, limits_.hello_timeout_ms, more);
-        }
-        SendConnectionError(
-            sock_.get(),
-            absl::DeadlineExceededError(absl::StrCat(
-                "kregd closed this session: a message did not arrive whole "
-                "within ",
-                limits_.hello_timeout_ms,
-                " ms of its first byte (hello_timeout_s)")));
-        break;
-      }
-    } else {
-      wire::SpinUntilReadable(sock_.get(), limits_.spin_us);
-      rc = wire::RecvFrame(sock_.get(), max_bytes, &buffer, &raw_fds);
-    }
-    if (rc == wire::kTimedOut) {
-      std::string more;
-      if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
-        spdlog::info(
-            "session {} (pid {} uid {}): no Hello within {} ms; "
-            "closing{}",
-            id_, peer_.pid, peer_.uid, limits_.hello_timeout_ms, more);
-      }
-      SendConnectionError(sock_.get(),
-                          absl::DeadlineExceededError(absl::StrCat(
-                              "kregd closed this session: no Hello within ",
-                              limits_.hello_timeout_ms, " ms of connecting")));
-      break;
-    }
+    int rc =
+        NextFrame(max_bytes, hello_deadline, before_hello, &buffer, &raw_fds);
     if (rc == wire::kEof) break;
     if (rc != wire::kOk) {
-      std::string more;
-      if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
-        spdlog::info("session {} (uid {} pid {}): closing: {}{}", id_,
-                     peer_.uid, peer_.pid, wire::ResultText(rc), more);
-      }
-      if (rc == wire::kOverBudget) {
-        const wire::ByteBudget& budget = *limits_.receive_budget;
-        SendConnectionError(
-            sock_.get(),
-            absl::ResourceExhaustedError(absl::StrCat(
-                "session message refused: it would take the bytes buffered "
-                "for messages in flight by every session of this executor "
-                "(uid ",
-                peer_.uid, ") past ", budget.limit(), " (max_buffered_bytes; ",
-                budget.used(),
-                " in use); send fewer large messages at once (modules go by "
-                "fd, tensors through the arena) or ask the operator to raise "
-                "max_buffered_bytes")));
-      }
-      if (rc == wire::kTooLarge || rc == wire::kTooManyFds) {
-        SendConnectionError(
-            sock_.get(), absl::ResourceExhaustedError(absl::StrCat(
-                             "session message refused: ", wire::ResultText(rc),
-                             " (max_message_bytes ", limits_.max_message_bytes,
-                             ", at most ", wire::kMaxFdsPerFrame, " fds)")));
-      }
+      SayFrameRefused(rc, before_hello);
       break;
     }
     std::vector<UniqueFd> fds;

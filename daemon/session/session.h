@@ -159,6 +159,16 @@ class Session final : public ServedSession {
   const PeerCred& peer() const override { return peer_; }
 
  private:
+  // Run's parts. The next frame into `buffer` and `fds`: before Hello all
+  // of it by `hello_deadline`; after Hello (with a hello_timeout) all of
+  // it within hello_timeout_ms of its first byte, after any wait for that
+  // byte. wire's result.
+  int NextFrame(uint32_t max_bytes, wire::Clock::time_point hello_deadline,
+                bool before_hello, wire::RecvBuffer* buffer,
+                std::vector<int>* fds);
+  // Why a frame could not be taken (`rc`, not kOk or kEof), said in the
+  // log (rate-limited per uid) and to the client where it can act on it.
+  void SayFrameRefused(int rc, bool before_hello);
   // `req` with its uploaded module (inline `upload`, or the client's fd
   // with upload_fd_size) moved into `*module`, a memfd sealed with
   // kModuleSeals, and the request's module set to upload_fd_size (the
