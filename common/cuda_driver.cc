@@ -82,6 +82,8 @@ bool Resolve(void* lib, CudaDriver* d, const char* path, std::string* error) {
       reinterpret_cast<decltype(d->cuCtxCreate)>(dlsym(lib, "cuCtxCreate_v4"));
   d->cuCtxDestroy = reinterpret_cast<decltype(d->cuCtxDestroy)>(
       dlsym(lib, "cuCtxDestroy_v2"));
+  d->cuCtxGetId =
+      reinterpret_cast<decltype(d->cuCtxGetId)>(dlsym(lib, "cuCtxGetId"));
   if (d->cuCtxCreate == nullptr || d->cuCtxDestroy == nullptr) {
     d->cuCtxCreate = nullptr;
     d->cuCtxDestroy = nullptr;

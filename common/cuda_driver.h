@@ -41,6 +41,9 @@ struct CudaDriver {
   CUresult (*cuCtxCreate)(CUcontext*, void* params, unsigned int flags,
                           CUdevice);
   CUresult (*cuCtxDestroy)(CUcontext);
+  // Optional (null where the driver lacks it): a context's ID, unique for
+  // the life of the process (what StreamDevice caches a device by).
+  CUresult (*cuCtxGetId)(CUcontext, unsigned long long*);  // NOLINT
   // Streams and events.
   CUresult (*cuStreamCreate)(CUstream*, unsigned int);
   CUresult (*cuStreamDestroy)(CUstream);

@@ -16,11 +16,31 @@ bool SameIgnoringCase(std::string_view a, std::string_view b) {
   return true;
 }
 
+constexpr size_t kMaxPlatforms = 8;
+PlatformRow g_added[kMaxPlatforms - kNumPlatforms];
+size_t g_num_added = 0;
+
 }  // namespace
 
+size_t NumPlatforms() { return kNumPlatforms + g_num_added; }
+
+const PlatformRow& PlatformAt(size_t index) {
+  return index < kNumPlatforms ? kPlatforms[index]
+                               : g_added[index - kNumPlatforms];
+}
+
+int AddPlatformForTest(const PlatformRow& row) {
+  if (NumPlatforms() == kMaxPlatforms || FindPlatform(row.name) >= 0 ||
+      (row.alias != nullptr && FindPlatform(row.alias) >= 0)) {
+    return -1;
+  }
+  g_added[g_num_added++] = row;
+  return static_cast<int>(NumPlatforms() - 1);
+}
+
 int FindPlatform(std::string_view spelling) {
-  for (size_t i = 0; i < kNumPlatforms; ++i) {
-    const PlatformRow& row = kPlatforms[i];
+  for (size_t i = 0; i < NumPlatforms(); ++i) {
+    const PlatformRow& row = PlatformAt(i);
     if (SameIgnoringCase(spelling, row.name) ||
         (row.alias != nullptr && SameIgnoringCase(spelling, row.alias))) {
       return static_cast<int>(i);
@@ -38,14 +58,16 @@ bool IsUnservedPlatform(std::string_view spelling) {
 
 std::string PlatformChoices() {
   std::string out;
-  for (size_t i = 0; i < kNumPlatforms; ++i) {
-    if (i > 0) out += i + 1 == kNumPlatforms ? " or " : ", ";
+  const size_t n = NumPlatforms();
+  for (size_t i = 0; i < n; ++i) {
+    const PlatformRow& row = PlatformAt(i);
+    if (i > 0) out += i + 1 == n ? " or " : ", ";
     out += "\"";
-    out += kPlatforms[i].name;
+    out += row.name;
     out += "\"";
-    if (kPlatforms[i].alias != nullptr) {
+    if (row.alias != nullptr) {
       out += " (alias \"";
-      out += kPlatforms[i].alias;
+      out += row.alias;
       out += "\")";
     }
   }

@@ -1,7 +1,9 @@
 // The platforms kregd serves and how they are spelled (DESIGN §2: a target
 // is a name on a platform): defined here once for kregd and the shim. The
 // Python client keeps a copy (client/python/kreg/_client.py) that
-// tests/python/test_docs.py checks against this table.
+// tests/python/test_docs.py checks against this table. What kregd does per
+// platform is in daemon/platform_table.h and
+// daemon/session/platform_executors.h (docs/adding-a-platform.md).
 #ifndef KREGD_COMMON_PLATFORMS_H_
 #define KREGD_COMMON_PLATFORMS_H_
 
@@ -23,6 +25,16 @@ inline constexpr PlatformRow kPlatforms[] = {
 };
 inline constexpr size_t kNumPlatforms =
     sizeof(kPlatforms) / sizeof(*kPlatforms);
+
+// The rows in use: kPlatforms, then those a test added (AddPlatformForTest).
+size_t NumPlatforms();
+const PlatformRow& PlatformAt(size_t index);  // index < NumPlatforms()
+
+// Tests only (a fake platform, docs/adding-a-platform.md): appends `row` and
+// returns its index, or -1 when the table is full (8 rows) or a spelling of
+// `row` is taken. Not thread-safe: call before any other thread reads the
+// table.
+int AddPlatformForTest(const PlatformRow& row);
 
 // Platforms of JAX that kregd does not serve (refused as unsupported
 // rather than unknown).

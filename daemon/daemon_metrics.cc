@@ -17,6 +17,7 @@
 #include "daemon/metrics/http_server.h"
 #include "daemon/metrics/process_stats.h"
 #include "daemon/metrics/prometheus_text.h"
+#include "daemon/platform_table.h"
 #include "daemon/server.h"
 #include "daemon/session/session_server.h"
 #include "daemon/target_proto.h"
@@ -81,7 +82,8 @@ void WriteCompileFamilies(const CompileCounts& cc, PromWriter* w) {
 // by outcome and refusal reason, the store files registered targets use.
 void WriteRegistryFamilies(const std::vector<EntryPtr>& entries,
                            const RegistrationCounts& reg, PromWriter* w) {
-  std::map<std::string, uint64_t> per_platform{{"cpu", 0}, {"cuda", 0}};
+  std::map<std::string, uint64_t> per_platform;
+  for (Platform p : AllPlatforms()) per_platform[PlatformName(p)] = 0;
   std::map<std::string, uint64_t> modules;  // digest -> size
   for (const EntryPtr& e : entries) {
     per_platform[PlatformName(e->key.platform)]++;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/log_limit.h"
 #include "daemon/module_store.h"
+#include "daemon/platform_table.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
@@ -341,7 +342,7 @@ std::vector<EntryPtr> Registry::List() const {
 
 std::vector<EntryPtr> Registry::Find(const std::string& name) const {
   std::vector<EntryPtr> out;
-  for (Platform p : {Platform::kCpu, Platform::kCuda}) {
+  for (Platform p : AllPlatforms()) {
     if (EntryPtr e = Lookup({name, p})) out.push_back(e);
   }
   return out;

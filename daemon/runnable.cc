@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_driver.h"
+#include "daemon/platform_table.h"
 
 namespace kreg {
 
@@ -12,7 +13,8 @@ std::string NotRunnableReason(const TargetEntry& entry,
     return absl::StrCat("its module could not be loaded (", entry.unavailable,
                         ")");
   }
-  if (entry.key.platform == Platform::kCuda && !cuda.ok()) {
+  if (TraitsOf(entry.key.platform).memory == PlatformMemory::kCuda &&
+      !cuda.ok()) {
     return absl::StrCat("this kregd cannot run CUDA launches: ",
                         cuda.message());
   }

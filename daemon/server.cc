@@ -421,91 +421,92 @@ void Daemon::LogGpuSharing() {
   }
 }
 
-absl::Status Daemon::StartSessions() {
-  // kregd runs no kernel and opens no GPU context itself (DESIGN §8): each
-  // executor opens the devices it serves when it starts.
-  PoolOptions pool;
-  absl::StatusOr<Isolation> isolation = ParseIsolation(config_.isolation);
-  if (!isolation.ok()) return isolation.status();
-  pool.isolation = *isolation;
-  pool.binary = config_.executor_binary;
-  if (pool.binary.empty()) {
-    // Installed: next to kregd; in a Bazel tree: bazel-bin/daemon/exec/.
-    pool.binary = SelfDir() + "/kregd-exec";
-    if (::access(pool.binary.c_str(), X_OK) != 0 &&
+namespace {
+
+// The executor binary: executor_binary, else kregd-exec next to kregd
+// (installed) or in exec/ beside it (a Bazel tree); FAILED_PRECONDITION when
+// it is not executable.
+absl::StatusOr<std::string> ExecutorBinary(const Config& c) {
+  std::string binary = c.executor_binary;
+  if (binary.empty()) {
+    binary = SelfDir() + "/kregd-exec";
+    if (::access(binary.c_str(), X_OK) != 0 &&
         ::access((SelfDir() + "/exec/kregd-exec").c_str(), X_OK) == 0) {
-      pool.binary = SelfDir() + "/exec/kregd-exec";
+      binary = SelfDir() + "/exec/kregd-exec";
     }
   }
-  if (::access(pool.binary.c_str(), X_OK) != 0) {
+  if (::access(binary.c_str(), X_OK) != 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("the executor binary ", pool.binary,
+        absl::StrCat("the executor binary ", binary,
                      " is missing or not executable (", strerror(errno),
                      "); install kregd-exec next to kregd or set "
                      "executor_binary"));
   }
-  pool.launch_timeout_ms =
-      static_cast<int64_t>(config_.launch_timeout_s * 1000.0);
-  pool.idle_ms = config_.executor_idle_s * 1000;
-  pool.slots = static_cast<uint32_t>(std::max(1, config_.max_sessions));
-  pool.init.set_max_arena_bytes(config_.max_arena_bytes);
+  return binary;
+}
+
+// What the config says of executors (adoption aside).
+absl::StatusOr<PoolOptions> PoolOptionsOf(const Config& c) {
+  PoolOptions pool;
+  absl::StatusOr<Isolation> isolation = ParseIsolation(c.isolation);
+  if (!isolation.ok()) return isolation.status();
+  pool.isolation = *isolation;
+  absl::StatusOr<std::string> binary = ExecutorBinary(c);
+  if (!binary.ok()) return binary.status();
+  pool.binary = *std::move(binary);
+  pool.launch_timeout_ms = static_cast<int64_t>(c.launch_timeout_s * 1000.0);
+  pool.idle_ms = c.executor_idle_s * 1000;
+  pool.slots = static_cast<uint32_t>(std::max(1, c.max_sessions));
+  pool.init.set_max_arena_bytes(c.max_arena_bytes);
   pool.init.set_max_message_bytes(64ull << 20);
-  pool.init.set_max_buffered_bytes(config_.max_buffered_bytes);
-  pool.init.set_max_module_bytes(config_.max_module_bytes);
+  pool.init.set_max_buffered_bytes(c.max_buffered_bytes);
+  pool.init.set_max_module_bytes(c.max_module_bytes);
   pool.init.set_hello_timeout_ms(
-      static_cast<int64_t>(config_.hello_timeout_s * 1000.0));
+      static_cast<int64_t>(c.hello_timeout_s * 1000.0));
   pool.init.set_open_cuda(true);
-  pool.init.set_seccomp(config_.seccomp);
-  pool.init.set_log_level(config_.log_level);
-  pool.init.set_launch_ring_off(!config_.launch_ring);
-  pool.init.set_ring_spin_us(config_.ring_spin_us);
-  pool.init.set_orphan_timeout_s(config_.orphan_timeout_s);
+  pool.init.set_seccomp(c.seccomp);
+  pool.init.set_log_level(c.log_level);
+  pool.init.set_launch_ring_off(!c.launch_ring);
+  pool.init.set_ring_spin_us(c.ring_spin_us);
+  pool.init.set_orphan_timeout_s(c.orphan_timeout_s);
   if (const char* env = std::getenv("KREGD_SESSION_SPIN_US")) {
     pool.init.set_spin_us(std::atoll(env));
   }
-  // Re-adoption (DESIGN §12): executors left running by this kregd offer
-  // themselves to the next one on the supervision socket.
-  // Next to the session socket: the inherited one's path under socket
-  // activation (the configured path may not exist then).
-  std::string session_path = SessionSocketPath(config_.socket_path);
-  if (session_listen_fd_ >= 0) {
-    sockaddr_un addr{};
-    socklen_t len = sizeof(addr);
-    if (::getsockname(session_listen_fd_, reinterpret_cast<sockaddr*>(&addr),
-                      &len) == 0 &&
-        addr.sun_family == AF_UNIX && addr.sun_path[0] != '\0') {
-      session_path.assign(addr.sun_path,
-                          strnlen(addr.sun_path, sizeof(addr.sun_path)));
-    }
+  return pool;
+}
+
+// The session socket's path: under socket activation the inherited
+// socket's (`listen_fd`; the configured path may not exist then).
+std::string SessionPathOf(const Config& c, int listen_fd) {
+  std::string path = SessionSocketPath(c.socket_path);
+  if (listen_fd < 0) return path;
+  sockaddr_un addr{};
+  socklen_t len = sizeof(addr);
+  if (::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0 &&
+      addr.sun_family == AF_UNIX && addr.sun_path[0] != '\0') {
+    path.assign(addr.sun_path, strnlen(addr.sun_path, sizeof(addr.sun_path)));
   }
-  const std::string supervision_path = session_path + ".exec";
-  AdoptionPolicy policy;
-  if (config_.orphan_timeout_s > 0) {
-    absl::StatusOr<std::string> secret = LoadAdoptionSecret(config_.state_dir);
-    if (!secret.ok()) return secret.status();
-    policy.secret = *secret;
-    policy.settings_digest = SettingsDigest(pool.init);
-    policy.session_protocol_major = AdoptableProtocolMajor();
-    pool.adoption_secret = *secret;
-    pool.init.set_supervision_socket(supervision_path);
-    pool.init.set_settings_digest(policy.settings_digest);
-  }
-  pool_ = std::make_unique<ExecutorPool>(std::move(pool), &ledger_);
+  return path;
+}
+
+// Says at start how executors run: as whom, with or without seccomp, and
+// whether clients may run kernels themselves.
+void LogExecutorPolicy(const Config& c) {
   if (::geteuid() != 0) {
     spdlog::warn(
         "kregd is not root: executors run as kregd's uid {}, not as their "
         "callers' (isolation {})",
-        ::geteuid(), config_.isolation);
+        ::geteuid(), c.isolation);
   } else {
-    spdlog::info("executors: isolation {}", config_.isolation);
+    spdlog::info("executors: isolation {}", c.isolation);
   }
-  if (!config_.seccomp) {
+  if (!c.seccomp) {
     spdlog::warn(
         "seccomp = false: executors run kernels without the seccomp filter "
         "(execve, ptrace, network sockets, ... are allowed); remove the "
         "setting unless you are debugging the filter");
   }
-  if (config_.local_execution == "allow") {
+  if (c.local_execution == "allow") {
     spdlog::info(
         "local execution: allowed (clients may run registered "
         "kernels in their own process; local_execution = \"deny\" "
@@ -513,12 +514,52 @@ absl::Status Daemon::StartSessions() {
   } else {
     spdlog::info("local execution: denied (local_execution = \"deny\")");
   }
+}
+
+}  // namespace
+
+absl::Status Daemon::StartSessions() {
+  // kregd runs no kernel and opens no GPU context itself (DESIGN §8): each
+  // executor opens the devices it serves when it starts.
+  absl::StatusOr<PoolOptions> pool = PoolOptionsOf(config_);
+  if (!pool.ok()) return pool.status();
+  // Re-adoption (DESIGN §12): executors left running by this kregd offer
+  // themselves to the next one on the supervision socket, next to the
+  // session socket.
+  const std::string supervision_path =
+      SessionPathOf(config_, session_listen_fd_) + ".exec";
+  AdoptionPolicy policy;
+  if (config_.orphan_timeout_s > 0) {
+    absl::StatusOr<std::string> secret = LoadAdoptionSecret(config_.state_dir);
+    if (!secret.ok()) return secret.status();
+    policy.secret = *secret;
+    policy.settings_digest = SettingsDigest(pool->init);
+    policy.session_protocol_major = AdoptableProtocolMajor();
+    pool->adoption_secret = *secret;
+    pool->init.set_supervision_socket(supervision_path);
+    pool->init.set_settings_digest(policy.settings_digest);
+  }
+  pool_ = std::make_unique<ExecutorPool>(*std::move(pool), &ledger_);
+  LogExecutorPolicy(config_);
+  FillBrokerContext();
+  registry_.SetBindingOracle(&bindings_);
   SessionOptions opts;
   opts.socket_path = SessionSocketPath(config_.socket_path);
   opts.listen_fd = session_listen_fd_;
   opts.socket_gid = gid_;
   opts.max_sessions = config_.max_sessions;
   opts.max_sessions_per_uid = config_.max_sessions_per_uid;
+  sessions_ = std::make_unique<SessionServer>(
+      opts,
+      [ctx = broker_ctx_](uint64_t id, UniqueFd sock, const PeerCred& peer) {
+        return std::make_shared<SessionBroker>(id, std::move(sock), peer, ctx);
+      });
+  if (absl::Status s = sessions_->Start(); !s.ok()) return s;
+  if (!policy.secret.empty()) StartReadopt(supervision_path, policy);
+  return absl::OkStatus();
+}
+
+void Daemon::FillBrokerContext() {
   BrokerContext& ctx = broker_ctx_;
   ctx.registrar = &registrar_;
   ctx.registry = &registry_;
@@ -540,13 +581,10 @@ absl::Status Daemon::StartSessions() {
         "production)");
     ctx.tamper_local_modules_for_test = true;
   }
-  registry_.SetBindingOracle(&bindings_);
-  sessions_ = std::make_unique<SessionServer>(
-      opts, [ctx](uint64_t id, UniqueFd sock, const PeerCred& peer) {
-        return std::make_shared<SessionBroker>(id, std::move(sock), peer, ctx);
-      });
-  if (absl::Status s = sessions_->Start(); !s.ok()) return s;
-  if (policy.secret.empty()) return absl::OkStatus();
+}
+
+void Daemon::StartReadopt(const std::string& supervision_path,
+                          const AdoptionPolicy& policy) {
   spdlog::info(
       "executors speak session protocol {}.{}; executors an earlier kregd "
       "left running are re-adopted when theirs has major {}",
@@ -567,7 +605,6 @@ absl::Status Daemon::StartSessions() {
         std::string(s.message()));
     readopt_.reset();
   }
-  return absl::OkStatus();
 }
 
 absl::Status Daemon::Readopt(ReadoptOffer offer,

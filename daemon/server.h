@@ -70,6 +70,11 @@ class Daemon {
   PeerCred PeerOf(const std::string& grpc_peer);
   void FillStatus(v1::GetStatusResponse* resp);
   absl::Status StartSessions();
+  // StartSessions' parts: what every session's broker borrows, and the
+  // supervision socket's listener (a warning, not an error, when it fails).
+  void FillBrokerContext();
+  void StartReadopt(const std::string& supervision_path,
+                    const AdoptionPolicy& policy);
   void StopSessions();
   // Takes over an executor an earlier kregd left running (DESIGN §12) and
   // serves the sessions it brought.

@@ -8,7 +8,7 @@ namespace kreg {
 
 const char* PlatformName(Platform platform) {
   const size_t i = static_cast<size_t>(platform);
-  return i < kNumPlatforms ? kPlatforms[i].name : "?";
+  return i < NumPlatforms() ? PlatformAt(i).name : "?";
 }
 
 std::string Named(const TargetKey& key) {

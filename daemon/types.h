@@ -12,10 +12,11 @@
 
 namespace kreg {
 
-// A row of kPlatforms (common/platforms.h): the enumerator is its index.
+// A row of the platform table (common/platforms.h): the enumerator is its
+// index (a platform a test adds is the next index; docs/adding-a-platform.md).
 enum class Platform { kCpu, kCuda };
 
-// "cpu" or "cuda" (the canonical spelling).
+// The canonical spelling ("cpu", "cuda"); "?" for an index with no row.
 const char* PlatformName(Platform platform);
 
 // Key of the registry, as in XLA's own registry.

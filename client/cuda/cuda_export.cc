@@ -14,6 +14,19 @@ struct KnownAllocation {
 thread_local KnownAllocation t_known[kKnownAllocations];
 thread_local size_t t_known_next = 0;
 
+// Contexts this thread resolved lately (StreamDevice), by the driver's
+// context ID, which no other context of the process ever gets: a context
+// destroyed and re-created at the same address misses.
+constexpr size_t kKnownContexts = 4;
+struct KnownContext {
+  unsigned long long id = 0;  // NOLINT: the driver's type; 0: empty
+  cu::CUcontext ctx = nullptr;
+  int ordinal = -1;
+  std::string uuid;
+};
+thread_local KnownContext t_contexts[kKnownContexts];
+thread_local size_t t_contexts_next = 0;
+
 ClientStatus NoDriver() {
   return ClientStatus::Error(
       kUnavailable,
@@ -88,15 +101,42 @@ ClientStatus StreamDevice(const cu::CudaDriver* driver, cu::CUstream stream,
   cu::CUcontext ctx = nullptr;
   cu::CUresult r = driver->cuStreamGetCtx(stream, &ctx);
   if (r != cu::CUDA_SUCCESS) return CuError(*driver, r, "cuStreamGetCtx");
+  // Seen before: the device of a context never changes (saves four driver
+  // calls on every forwarded launch; bench/RESULTS.md, "Isolated calls").
+  unsigned long long id = 0;  // NOLINT: the driver's type
+  if (driver->cuCtxGetId == nullptr ||
+      driver->cuCtxGetId(ctx, &id) != cu::CUDA_SUCCESS) {
+    id = 0;
+  }
+  if (id != 0) {
+    for (const KnownContext& k : t_contexts) {
+      if (k.id != id || k.ctx != ctx) continue;
+      if (context != nullptr) *context = ctx;
+      if (ordinal != nullptr) *ordinal = k.ordinal;
+      if (uuid != nullptr) *uuid = k.uuid;
+      return ClientStatus::Ok();
+    }
+  }
   cu::CUdevice dev = 0;
   {
     PushContext push(*driver, ctx);
     r = driver->cuCtxGetDevice(&dev);
   }
   if (r != cu::CUDA_SUCCESS) return CuError(*driver, r, "cuCtxGetDevice");
+  std::string device_uuid;
+  ClientStatus s = DeviceUuid(driver, dev, &device_uuid);
+  if (!s.ok()) return s;
+  if (id != 0) {
+    KnownContext& k = t_contexts[t_contexts_next++ % kKnownContexts];
+    k.id = id;
+    k.ctx = ctx;
+    k.ordinal = dev;
+    k.uuid = device_uuid;
+  }
   if (context != nullptr) *context = ctx;
   if (ordinal != nullptr) *ordinal = dev;
-  return uuid != nullptr ? DeviceUuid(driver, dev, uuid) : ClientStatus::Ok();
+  if (uuid != nullptr) *uuid = std::move(device_uuid);
+  return ClientStatus::Ok();
 }
 
 ClientStatus IdentifyBuffer(const cu::CudaDriver* driver, const void* ptr,

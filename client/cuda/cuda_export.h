@@ -24,8 +24,15 @@ const cu::CudaDriver* ProcessDriver(ClientStatus* status);
 // succeeded.
 class PushContext {
  public:
+  // Pushes nothing when `ctx` is already current (XLA calls handlers with
+  // its context current): one driver call instead of two.
   PushContext(const cu::CudaDriver& d, cu::CUcontext ctx) : d_(d) {
-    pushed_ = ctx != nullptr && d_.cuCtxPushCurrent(ctx) == cu::CUDA_SUCCESS;
+    if (ctx == nullptr) return;
+    cu::CUcontext current = nullptr;
+    if (d_.cuCtxGetCurrent(&current) == cu::CUDA_SUCCESS && current == ctx) {
+      return;
+    }
+    pushed_ = d_.cuCtxPushCurrent(ctx) == cu::CUDA_SUCCESS;
   }
   ~PushContext() {
     if (pushed_) {
@@ -111,7 +118,9 @@ ClientStatus ExportBuffer(const cu::CudaDriver* driver, const void* ptr,
 ClientStatus DeviceUuid(const cu::CudaDriver* driver, int ordinal,
                         std::string* uuid);
 
-// The context, device ordinal and UUID of `stream` (XLA's stream).
+// The context, device ordinal and UUID of `stream` (XLA's stream). The
+// device of a context is remembered per thread, by the driver's context ID
+// (cuCtxGetId; every call asks the driver where it lacks one).
 ClientStatus StreamDevice(const cu::CudaDriver* driver, cu::CUstream stream,
                           cu::CUcontext* context, int* ordinal,
                           std::string* uuid);

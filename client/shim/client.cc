@@ -45,7 +45,7 @@ int DefaultMaxSessions() {
 }  // namespace
 
 std::string CanonicalPlatform(const std::string& platform) {
-  if (int i = FindPlatform(platform); i >= 0) return kPlatforms[i].name;
+  if (int i = FindPlatform(platform); i >= 0) return PlatformAt(i).name;
   std::string p = platform;
   for (char& c : p) c = static_cast<char>(std::tolower(c));
   return p;

@@ -49,6 +49,10 @@ struct Buf {
   void* data = nullptr;
   uint64_t bytes = 0;
   bool is_arg = false;
+  // The buffer's shape, as XLA gave it (dims borrowed for the call).
+  int32_t dtype = 0;
+  uint32_t rank = 0;
+  const int64_t* dims = nullptr;
   cc::AllocationId id;  // when bytes > 0
   uint64_t offset = 0;  // in id's mapping
   // Staged through the staging buffer at this offset (kNeedsStaging).

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "client/cuda/cuda_export.h"
+#include "client/shim/attr_cache.h"
 #include "client/shim/conn.h"
 #include "client/shim/cuda_conn_state.h"
 #include "client/shim/cuda_launch.h"
@@ -58,30 +59,36 @@ ClientStatus ForwardCudaCall(Client* client, const std::string& target,
         kUnavailable,
         "kreg: forwarding CUDA call of \"" + target + "\": " + cs.message);
   }
-  Call call;
+  // Per-thread scratch: a steady-state call allocates nothing and builds
+  // no protobuf (the attribute bytes are cached per call site, as on CPU).
+  struct Scratch {
+    Call call;
+    AttrCache attrs;
+    v1::SessionRequest req;  // the socket path only
+    v1::SessionResponse resp;
+  };
+  thread_local Scratch scratch;
+  Call& call = scratch.call;
   call.d = d;
+  call.bufs.clear();
+  call.target = &target;
   ClientStatus s = XlaStream(frame, &call.stream);
   if (!s.ok()) return s;
   cs = cc::StreamDevice(d, call.stream, &call.ctx, &call.ordinal, &call.uuid);
   if (!cs.ok()) return cs;
   cc::PushContext scope(*d, call.ctx);
 
-  thread_local v1::SessionRequest req;
-  thread_local v1::SessionResponse resp;
-  req.Clear();
-  v1::Launch* launch = req.mutable_launch();
-  launch->set_target_name(target);
-  launch->set_platform("cuda");
-  launch->set_device_uuid(call.uuid);
-  s = EncodeBuffers(
-      frame, launch,
-      [&](const XLA_FFI_Buffer* b, uint64_t bytes, bool is_arg, v1::Buffer*) {
-        Buf buf;
-        buf.is_arg = is_arg;
-        buf.data = b->data;
-        buf.bytes = bytes;
-        call.bufs.push_back(std::move(buf));
-      });
+  s = ForEachBuffer(frame,
+                    [&](const XLA_FFI_Buffer* b, uint64_t bytes, bool is_arg) {
+                      Buf buf;
+                      buf.is_arg = is_arg;
+                      buf.data = b->data;
+                      buf.bytes = bytes;
+                      buf.dtype = static_cast<int32_t>(b->dtype);
+                      buf.rank = static_cast<uint32_t>(b->rank);
+                      buf.dims = b->dims;
+                      call.bufs.push_back(buf);
+                    });
   if (!s.ok()) return s;
   for (Buf& b : call.bufs) {
     if (b.bytes == 0) continue;
@@ -99,13 +106,17 @@ ClientStatus ForwardCudaCall(Client* client, const std::string& target,
                          std::to_string(b.id.size) + " bytes");
     }
   }
-  s = EncodeAttrs(&frame->attrs, launch->mutable_attrs());
+  const std::string* attrs;
+  s = scratch.attrs.Get(&frame->attrs, &attrs);
   if (!s.ok()) return s;
-  int32_t ordinal = call.ordinal;
-  int64_t run_id = 0;
-  CallContext(frame, &ordinal, &run_id);
-  launch->set_device_ordinal(ordinal);
-  launch->set_run_id(run_id);
+  ring::DescriptorView& launch = call.launch;
+  launch = ring::DescriptorView{};
+  launch.target = target;
+  launch.platform = "cuda";
+  launch.attrs = *attrs;
+  launch.device_uuid = call.uuid;
+  launch.device_ordinal = call.ordinal;
+  CallContext(frame, &launch.device_ordinal, &launch.run_id);
 
   client->launches.fetch_add(1, std::memory_order_relaxed);
   Trace("call \"%s\": %lld args, %lld rets, stream %p, device %d",
@@ -114,8 +125,9 @@ ClientStatus ForwardCudaCall(Client* client, const std::string& target,
         static_cast<void*>(call.stream), call.ordinal);
   // Outputs written in place over an input: a partly run call may have
   // changed its own inputs, so it is never run again (DESIGN §12).
-  Client::Rerun rerun;
+  thread_local Client::Rerun rerun;
   rerun.target = target;
+  rerun.outputs_alias_inputs = false;
   for (const Buf& r : call.bufs) {
     if (r.is_arg || r.bytes == 0) continue;
     const char* r0 = static_cast<const char*>(r.data);
@@ -128,7 +140,9 @@ ClientStatus ForwardCudaCall(Client* client, const std::string& target,
     }
   }
   s = client->WithConn(
-      [&](Conn* conn) { return LaunchOnConn(conn, &call, &req, &resp); },
+      [sc = &scratch](Conn* conn) {  // one pointer: kept inline
+        return LaunchOnConn(conn, &sc->call, &sc->req, &sc->resp);
+      },
       &rerun);
   if (!s.ok()) client->launch_errors.fetch_add(1, std::memory_order_relaxed);
   Trace("done \"%s\": code %d %s", target.c_str(), s.code, s.message.c_str());

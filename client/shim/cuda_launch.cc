@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "client/shim/cuda_trace.h"
+#include "client/shim/launch_encoder.h"
 #include "common/ring_encode.h"
 #include "common/ring_layout.h"
 #include "common/stage_trace.h"
@@ -247,13 +248,38 @@ void WhereIs(const Buf& b, const Attempt& a, const cc::AllocationId** id,
   *offset = b.staged ? b.stage_offset : b.offset;
 }
 
-// describe (ring): the launch as a CUDA ring descriptor, when it is a
-// steady-state one: everything already shared, nothing to release,
-// ordered by the doorbell, fitting a slot. The views point into `launch`,
-// `call` and thread-local storage until the next call.
-bool DescribeRing(Conn* conn, const CudaConnState* st, const Call& call,
-                  const v1::Launch& launch, const cc::Doorbell* bell,
-                  const Attempt& a, ring::DescriptorView* out) {
+// describe: each buffer's view (shape, and where kregd finds it: its
+// allocation and the offset in it) into call->launch, per attempt. The
+// views live in thread-local storage until the thread's next call.
+void DescribeBuffers(Call* call, const Attempt& a) {
+  thread_local std::vector<ring::BufferView> views;
+  views.clear();
+  uint32_t num_args = 0;
+  for (const Buf& b : call->bufs) {
+    ring::BufferView v;
+    v.dtype = b.dtype;
+    v.rank = b.rank;
+    v.dims = b.dims;
+    v.size = b.bytes;
+    const cc::AllocationId* id;
+    WhereIs(b, a, &id, &v.offset);
+    if (id != nullptr)
+      v.cuda = ring::CudaRef{id->base, id->size, id->generation};
+    views.push_back(v);
+    if (b.is_arg) ++num_args;  // args come first (ForEachBuffer)
+  }
+  ring::DescriptorView& l = call->launch;
+  l.args = views.data();
+  l.num_args = num_args;
+  l.rets = views.data() + num_args;
+  l.num_rets = static_cast<uint32_t>(views.size()) - num_args;
+}
+
+// describe (ring): whether the launch goes on the ring as it is described:
+// a steady-state one (everything already shared, nothing to release,
+// ordered by the doorbell) that fits a slot.
+bool RingLaunch(Conn* conn, const CudaConnState* st, Call* call,
+                const cc::Doorbell* bell, const Attempt& a) {
   // New cache entries that share nothing (staged allocations, e.g. each
   // call's fresh pool allocation under cuda_async) need nothing of kregd:
   // only shares and releases keep a launch on the socket.
@@ -261,58 +287,28 @@ bool DescribeRing(Conn* conn, const CudaConnState* st, const Call& call,
       !a.plan.shares.empty() || !st->pending_release_.empty()) {
     return false;
   }
-  thread_local std::vector<ring::BufferView> views;
-  thread_local std::string attrs;
-  views.clear();
-  int ai = 0, ri = 0;
-  for (const Buf& b : call.bufs) {
-    const v1::Buffer& pb = b.is_arg ? launch.args(ai++) : launch.rets(ri++);
-    ring::BufferView v;
-    v.dtype = pb.dtype();
-    v.rank = static_cast<uint32_t>(pb.dims_size());
-    v.dims = pb.dims().data();
-    v.size = pb.size();
-    const cc::AllocationId* id;
-    WhereIs(b, a, &id, &v.offset);
-    if (id != nullptr)
-      v.cuda = ring::CudaRef{id->base, id->size, id->generation};
-    views.push_back(v);
-  }
-  ring::EncodeAttrBytes(launch, &attrs);
-  *out = ring::DescriptorView{};
-  out->target = launch.target_name();
-  out->platform = launch.platform();
-  out->args = views.data();
-  out->num_args = static_cast<uint32_t>(launch.args_size());
-  out->rets = views.data() + launch.args_size();
-  out->num_rets = static_cast<uint32_t>(launch.rets_size());
-  out->attrs = attrs;
-  out->run_id = launch.run_id();
-  out->device_ordinal = launch.device_ordinal();
-  out->device_uuid = call.uuid;
-  out->flags = st->want_async_ ? ring::kSubmitAsync : 0;
-  return ring::DescriptorBytes(*out) <= ring::kSubmitSlotBytes;
+  call->launch.flags = st->want_async_ ? ring::kSubmitAsync : 0;
+  return ring::DescriptorBytes(call->launch) <= ring::kSubmitSlotBytes;
 }
 
-// describe (socket): the Launch's buffer refs, releases, events (unless
-// the doorbell orders it) and shares (inline when their fds fit one frame,
-// else sent ahead in chunks).
+// describe (socket): the Launch (the described launch, its buffers' refs),
+// releases, events (unless the doorbell orders it) and shares (inline when
+// their fds fit one frame, else sent ahead in chunks).
 ClientStatus DescribeSocket(Conn* conn, CudaConnState* st, Call* call,
-                            const cc::Doorbell* bell, v1::Launch* launch,
+                            const cc::Doorbell* bell, v1::SessionRequest* req,
                             Attempt* a) {
-  launch->clear_shares();
-  launch->clear_events();
-  launch->clear_release();
-  launch->clear_doorbell_seq();
+  call->launch.flags = 0;
+  ClientStatus s = ToLaunch(call->launch, req);
+  if (!s.ok()) return s;
+  v1::Launch* launch = req->mutable_launch();
+  launch->set_device_uuid(call->uuid);
   int ai = 0, ri = 0;
   for (const Buf& b : call->bufs) {
     v1::Buffer* out =
         b.is_arg ? launch->mutable_args(ai++) : launch->mutable_rets(ri++);
-    out->clear_cuda();
     const cc::AllocationId* id;
     uint64_t offset;
     WhereIs(b, *a, &id, &offset);
-    out->set_offset(offset);
     if (id != nullptr) FillRef(*id, out->mutable_cuda());
   }
   for (const cc::AllocationId& id : st->pending_release_) {
@@ -372,11 +368,10 @@ ClientStatus DescribeSocket(Conn* conn, CudaConnState* st, Call* call,
 // (`ring` set: its descriptor) or as the Launch in `req`. The result of the
 // launch itself is the caller's to await.
 ClientStatus OrderAndSend(Conn* conn, CudaConnState* st, Call* call,
-                          cc::Doorbell* bell, ring::DescriptorView* ring,
+                          cc::Doorbell* bell, bool on_ring,
                           v1::SessionRequest* req, v1::SessionResponse* resp,
                           Attempt* a) {
   stage::Mark(stage::kPrepared);  // buffers shared, descriptor described
-  v1::Launch* launch = req->mutable_launch();
   if (bell != nullptr) {
     a->seq = bell->NextSeq();
     ClientStatus cs = bell->Ring(call->stream, a->seq);
@@ -389,11 +384,12 @@ ClientStatus OrderAndSend(Conn* conn, CudaConnState* st, Call* call,
     if (!cs.ok()) return cs;
   }
   a->ordered = true;
-  if (ring != nullptr) {
-    ring->doorbell_seq = a->seq;
+  if (on_ring) {
+    ring::DescriptorView& ring = call->launch;
+    ring.doorbell_seq = a->seq;
     bool submitted = false;
-    ClientStatus s = conn->SubmitRing(*ring, a->async = ring->flags != 0,
-                                      launch->target_name(), &submitted);
+    ClientStatus s = conn->SubmitRing(ring, a->async = ring.flags != 0,
+                                      *call->target, &submitted);
     if (!s.ok()) {
       a->async = false;
       return s;
@@ -406,9 +402,10 @@ ClientStatus OrderAndSend(Conn* conn, CudaConnState* st, Call* call,
       return ClientStatus::Ok();
     }
     a->async = false;  // (not reached: it fit) the socket then
-    ClientStatus ds = DescribeSocket(conn, st, call, bell, launch, a);
+    ClientStatus ds = DescribeSocket(conn, st, call, bell, req, a);
     if (!ds.ok()) return ds;
   }
+  v1::Launch* launch = req->mutable_launch();
   launch->set_doorbell_seq(a->seq);
   Trace("  launch (attempt %d, %d shares, %zu fds, doorbell seq %llu)",
         a->number, launch->shares_size(), a->raw_fds.size(),
@@ -517,22 +514,20 @@ ClientStatus LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
   for (int number = 0; number < 2; ++number) {
     Attempt a;
     a.number = number;
-    v1::Launch* launch = req->mutable_launch();
     s = PlanAttempt(st, call, &a);
     if (!s.ok()) return s;
     s = StageInputs(st, call, &a, &release_staging);
     if (!s.ok()) return s;
     s = BoundCache(st, limit, &a);
     if (!s.ok()) return s;
-    ring::DescriptorView ring;
-    const bool on_ring = DescribeRing(conn, st, *call, *launch, bell, a, &ring);
+    DescribeBuffers(call, a);
+    const bool on_ring = RingLaunch(conn, st, call, bell, a);
     if (!on_ring) {
-      s = DescribeSocket(conn, st, call, bell, launch, &a);
+      s = DescribeSocket(conn, st, call, bell, req, &a);
       if (!s.ok()) return s;
     }
     resp->Clear();
-    s = OrderAndSend(conn, st, call, bell, on_ring ? &ring : nullptr, req, resp,
-                     &a);
+    s = OrderAndSend(conn, st, call, bell, on_ring, req, resp, &a);
     if (!a.ordered) return s;  // nothing to complete
     bool retry = false;
     s = CompleteAttempt(conn, st, call, bell, s, *resp, &a, &retry);

@@ -39,14 +39,6 @@ ClientStatus BufferBytes(const XLA_FFI_Buffer* b, const char* kind, int64_t i,
   return ClientStatus::Ok();
 }
 
-void EncodeBufferShape(const XLA_FFI_Buffer* b, uint64_t bytes,
-                       v1::Buffer* out) {
-  out->set_dtype(b->dtype);
-  out->mutable_dims()->Reserve(static_cast<int>(b->rank));
-  for (int64_t d = 0; d < b->rank; ++d) out->add_dims(b->dims[d]);
-  out->set_size(bytes);
-}
-
 void CallContext(const XLA_FFI_CallFrame* f, int32_t* ordinal,
                  int64_t* run_id) {
   const XLA_FFI_Api* api = f->api;
@@ -139,6 +131,34 @@ ClientStatus EncodeAttrs(const XLA_FFI_Attrs* attrs,
                                   "\" of type " +
                                   std::to_string(attrs->types[i]));
     }
+  }
+  return ClientStatus::Ok();
+}
+
+// `d` as a session Launch request (the socket path): its attribute bytes
+// are a Launch's attrs field, so parsing them merges the attributes in.
+ClientStatus ToLaunch(const ring::DescriptorView& d,
+                      v1::SessionRequest* request) {
+  request->Clear();
+  v1::Launch* l = request->mutable_launch();
+  l->set_target_name(d.target.data(), d.target.size());
+  l->set_platform(d.platform.data(), d.platform.size());
+  for (uint32_t i = 0; i < d.num_args + d.num_rets; ++i) {
+    const ring::BufferView& b =
+        i < d.num_args ? d.args[i] : d.rets[i - d.num_args];
+    v1::Buffer* out = i < d.num_args ? l->add_args() : l->add_rets();
+    out->set_dtype(b.dtype);
+    for (uint32_t r = 0; r < b.rank; ++r) out->add_dims(b.dims[r]);
+    out->set_offset(b.offset);
+    out->set_size(b.size);
+  }
+  l->set_device_ordinal(d.device_ordinal);
+  l->set_run_id(d.run_id);
+  if (!d.attrs.empty() && !l->MergeFromString(std::string(d.attrs))) {
+    return ClientStatus::Error(
+        kInternal, "kreg: the encoded attributes of \"" + l->target_name() +
+                       "\" do not parse back (" +
+                       std::to_string(d.attrs.size()) + " bytes)");
   }
   return ClientStatus::Ok();
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/ring_encode.h"
 #include "common/status.h"
 #include "kreg/v1/session.pb.h"
 #include "xla/ffi/api/c_api.h"
@@ -18,10 +19,6 @@ namespace shim {
 // bad dims); `kind` and `i` name it in errors.
 ClientStatus BufferBytes(const XLA_FFI_Buffer* b, const char* kind, int64_t i,
                          uint64_t* bytes);
-// dtype, dims and size of `b` into `out` (where the bytes live is the
-// caller's).
-void EncodeBufferShape(const XLA_FFI_Buffer* b, uint64_t bytes,
-                       v1::Buffer* out);
 // Walks the args, then the rets, of `frame`, as both the CPU and the CUDA
 // paths forward them: each must be a buffer (INVALID_ARGUMENT naming it
 // otherwise) with a byte size (BufferBytes); then `visit(b, bytes, is_arg)`
@@ -56,21 +53,14 @@ ClientStatus ForEachBuffer(const XLA_FFI_CallFrame* frame, Visit&& visit) {
   }
   return ClientStatus::Ok();
 }
-// ForEachBuffer, putting each buffer's dtype, dims and size into a new entry
-// of launch->args() (or rets()) and calling `visit(b, bytes, is_arg, out)`
-// with that entry for what is the caller's (where the bytes live).
-template <typename Visit>
-ClientStatus EncodeBuffers(const XLA_FFI_CallFrame* frame, v1::Launch* launch,
-                           Visit&& visit) {
-  return ForEachBuffer(
-      frame, [&](const XLA_FFI_Buffer* b, uint64_t bytes, bool is_arg) {
-        v1::Buffer* out = is_arg ? launch->add_args() : launch->add_rets();
-        EncodeBufferShape(b, bytes, out);
-        visit(b, bytes, is_arg, out);
-      });
-}
 // Device ordinal and run id of the call, when XLA provides them.
 void CallContext(const XLA_FFI_CallFrame* f, int32_t* ordinal, int64_t* run_id);
+
+// `d` as a session Launch request (the socket path; a descriptor's CUDA
+// refs and device are the caller's to add): its attribute bytes are a
+// Launch's attrs field, so parsing them merges the attributes in.
+ClientStatus ToLaunch(const ring::DescriptorView& d,
+                      v1::SessionRequest* request);
 
 // Appends the attributes of `attrs` to `out`, byte-exact and in XLA's order.
 // INVALID_ARGUMENT for attribute types or dtypes that cannot be forwarded.

@@ -157,12 +157,13 @@ std::string Trim(const std::string& s) {
   Answer(r);
 }
 
-[[noreturn]] void Compile(const v1::CompileJob& job) {
+// The compile's scratch directory: the sandbox's private tmpfs (root) or a
+// fresh temporary directory (kregd is not root); `*note` says which.
+// Exits with an answer when it cannot be made.
+std::string EnterScratch(const v1::CompileJob& job, std::string* note) {
   const v1::CompileLimits& l = job.limits();
-  std::string note;
-  std::string scratch = kScratch;
   if (job.sandbox()) {
-    absl::Status s = EnterSandbox(scratch, l.output_bytes() * 2 + (64u << 20),
+    absl::Status s = EnterSandbox(kScratch, l.output_bytes() * 2 + (64u << 20),
                                   job.uid(), job.gid());
     if (!s.ok()) {
       // FAILED_PRECONDITION: the host, not the sources (operator guide,
@@ -173,55 +174,94 @@ std::string Trim(const std::string& s) {
                   "namespaces for it (kregd.service: CAP_SYS_ADMIN in "
                   "CapabilityBoundingSet=, RestrictNamespaces=mnt net ipc)"));
     }
-    note = "sandboxed";
-  } else {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string tmpl =
-        absl::StrCat(tmp && *tmp ? tmp : "/tmp", "/kregd-compile-XXXXXX");
-    if (::mkdtemp(tmpl.data()) == nullptr) {
-      Fail(13, absl::StrCat("mkdtemp ", tmpl, ": ", std::strerror(errno)));
-    }
-    scratch = tmpl;
-    g_remove_scratch = tmpl;
-    note = "not sandboxed (kregd is not root)";
+    *note = "sandboxed";
+    return kScratch;
   }
+  const char* tmp = std::getenv("TMPDIR");
+  std::string tmpl =
+      absl::StrCat(tmp && *tmp ? tmp : "/tmp", "/kregd-compile-XXXXXX");
+  if (::mkdtemp(tmpl.data()) == nullptr) {
+    Fail(13, absl::StrCat("mkdtemp ", tmpl, ": ", std::strerror(errno)));
+  }
+  g_remove_scratch = tmpl;
+  *note = "not sandboxed (kregd is not root)";
+  return tmpl;
+}
+
+// The caller's credentials (when kregd runs as root) and no new
+// privileges; appends whose uid the compile runs as to `*note`.
+void BecomeCaller(const v1::CompileJob& job, std::string* note) {
   if (job.drop_privileges()) {
     std::vector<gid_t> groups(job.groups().begin(), job.groups().end());
     absl::Status s = DropPrivileges(job.uid(), job.gid(), groups);
     if (!s.ok()) Fail(7, std::string(s.message()));
-    absl::StrAppend(&note, ", as uid ", job.uid());
+    absl::StrAppend(note, ", as uid ", job.uid());
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);  // the uid switch cleared it
   } else {
-    absl::StrAppend(&note, ", as kregd's uid ", ::geteuid());
+    absl::StrAppend(note, ", as kregd's uid ", ::geteuid());
   }
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
     Fail(13, absl::StrCat("PR_SET_NO_NEW_PRIVS: ", std::strerror(errno)));
   }
+}
+
+// Writes the job's sources and headers under `src`. Names are checked by
+// kregd (compile_request.h): plain names and relative paths without "."
+// or "..". A full scratch is compile_output_bytes' RESOURCE_EXHAUSTED.
+void WriteInputs(const v1::CompileJob& job, const std::string& src,
+                 const std::string& note) {
+  for (int kind = 0; kind < 2; ++kind) {
+    for (const v1::SourceFile& f : kind ? job.headers() : job.sources()) {
+      if (MakeParents(src, f.name()) &&
+          WriteFile(src + "/" + f.name(), f.text())) {
+        continue;
+      }
+      std::string why = std::strerror(errno);
+      bool full = errno == ENOSPC || errno == EFBIG;
+      v1::CompileJobResult r;
+      r.set_code(full ? 8 : 13);
+      r.set_limit(full ? "compile_output_bytes" : "");
+      r.set_message(
+          absl::StrCat("cannot write ", f.name(),
+                       " into the compile's scratch directory: ", why));
+      r.set_note(note);
+      Answer(r);
+    }
+  }
+}
+
+// The compiler's failure as the result's code and message: a limit it hit
+// (RESOURCE_EXHAUSTED naming the key), else the sources (INVALID_ARGUMENT).
+void DescribeFailure(const CompilerRun& run, const v1::CompileLimits& l,
+                     v1::CompileJobResult* r) {
+  std::string limit = LimitHit(run, l);
+  if (!limit.empty()) {
+    r->set_code(8);  // RESOURCE_EXHAUSTED
+    r->set_limit(limit);
+    r->set_message(
+        absl::StrCat("it hit ", LimitText(limit, l), " (", limit, ")"));
+    return;
+  }
+  r->set_code(3);  // INVALID_ARGUMENT: the sources do not compile
+  r->set_message(WIFEXITED(run.status)
+                     ? absl::StrCat("the compiler failed (exit status ",
+                                    WEXITSTATUS(run.status), ")")
+                     : absl::StrCat("the compiler was killed by signal ",
+                                    WTERMSIG(run.status)));
+}
+
+[[noreturn]] void Compile(const v1::CompileJob& job) {
+  const v1::CompileLimits& l = job.limits();
+  std::string note;
+  const std::string scratch = EnterScratch(job, &note);
+  BecomeCaller(job, &note);
   const std::string src = scratch + "/src";
   const std::string tmp = scratch + "/tmp";
   if (::mkdir(src.c_str(), 0700) != 0 || ::mkdir(tmp.c_str(), 0700) != 0) {
     Fail(13, absl::StrCat("mkdir in ", scratch, ": ", std::strerror(errno)),
          note);
   }
-  // Names are checked by kregd (compile_request.h): plain names and
-  // relative paths without "." or "..".
-  for (int kind = 0; kind < 2; ++kind) {
-    for (const v1::SourceFile& f : kind ? job.headers() : job.sources()) {
-      if (!MakeParents(src, f.name()) ||
-          !WriteFile(src + "/" + f.name(), f.text())) {
-        std::string why = std::strerror(errno);
-        bool full = errno == ENOSPC || errno == EFBIG;
-        v1::CompileJobResult r;
-        r.set_code(full ? 8 : 13);
-        r.set_limit(full ? "compile_output_bytes" : "");
-        r.set_message(
-            absl::StrCat("cannot write ", f.name(),
-                         " into the compile's scratch directory: ", why));
-        r.set_note(note);
-        Answer(r);
-      }
-    }
-  }
+  WriteInputs(job, src, note);
   const std::string output = scratch + "/out.so";
   std::vector<std::string> argv = {job.compiler()};
   for (const std::string& a : job.base_args()) argv.push_back(a);
@@ -253,23 +293,8 @@ std::string Trim(const std::string& s) {
         absl::StrCat("\n[kregd: diagnostics truncated at ",
                      kMaxDiagnosticsBytes, " bytes]\n"));
   }
-  const bool ok =
-      !run.timed_out && WIFEXITED(run.status) && WEXITSTATUS(run.status) == 0;
-  if (!ok) {
-    std::string limit = LimitHit(run, l);
-    if (!limit.empty()) {
-      r.set_code(8);  // RESOURCE_EXHAUSTED
-      r.set_limit(limit);
-      r.set_message(
-          absl::StrCat("it hit ", LimitText(limit, l), " (", limit, ")"));
-    } else {
-      r.set_code(3);  // INVALID_ARGUMENT: the sources do not compile
-      r.set_message(WIFEXITED(run.status)
-                        ? absl::StrCat("the compiler failed (exit status ",
-                                       WEXITSTATUS(run.status), ")")
-                        : absl::StrCat("the compiler was killed by signal ",
-                                       WTERMSIG(run.status)));
-    }
+  if (run.timed_out || !WIFEXITED(run.status) || WEXITSTATUS(run.status) != 0) {
+    DescribeFailure(run, l, &r);
     Answer(r);
   }
   std::string module;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/sha256.h"
+#include "daemon/platform_table.h"
 #include "daemon/validate.h"
 
 namespace kreg {
@@ -31,7 +32,8 @@ bool KnownExtension(absl::string_view name, Platform platform) {
   for (absl::string_view ext : {".cc", ".cpp", ".cxx", ".c", ".C"}) {
     if (absl::EndsWith(name, ext)) return true;
   }
-  return platform == Platform::kCuda && absl::EndsWith(name, ".cu");
+  return TraitsOf(platform).compiler == PlatformCompiler::kNvcc &&
+         absl::EndsWith(name, ".cu");
 }
 
 absl::Status BadFile(absl::string_view kind, absl::string_view name,
@@ -125,12 +127,13 @@ absl::StatusOr<CompileRequest> ParseCompileRequest(
         return s;
       }
       if (!header && !KnownExtension(f.name(), out.platform)) {
-        return BadFile(what, f.name(),
-                       out.platform == Platform::kCuda
-                           ? "needs a source extension (.cu, .cc, .cpp, "
-                             ".cxx or .c); pass headers as headers"
-                           : "needs a C or C++ source extension (.cc, .cpp, "
-                             ".cxx or .c); pass headers as headers");
+        return BadFile(
+            what, f.name(),
+            TraitsOf(out.platform).compiler == PlatformCompiler::kNvcc
+                ? "needs a source extension (.cu, .cc, .cpp, "
+                  ".cxx or .c); pass headers as headers"
+                : "needs a C or C++ source extension (.cc, .cpp, "
+                  ".cxx or .c); pass headers as headers");
       }
       if (!seen.insert(f.name()).second) {
         return BadFile(what, f.name(), "is sent twice; names must be unique");

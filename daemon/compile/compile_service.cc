@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "daemon/compile/compile_worker.h"
+#include "daemon/platform_table.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
@@ -42,7 +43,7 @@ std::vector<gid_t> GroupsOf(uid_t uid, gid_t gid) {
 
 std::vector<std::string> BaseArgs(Platform platform,
                                   const std::string& ffi_include) {
-  if (platform == Platform::kCuda) {
+  if (TraitsOf(platform).compiler == PlatformCompiler::kNvcc) {
     return {"-shared",    "-Xcompiler", "-fPIC",    "-O2",
             "-std=c++17", "-I.",        "-isystem", ffi_include};
   }
@@ -99,18 +100,23 @@ CompileService::CompileService(Registrar* registrar, CompileCache* cache,
   }
 }
 
+const std::string& CompileService::CompilerFor(Platform platform) const {
+  return TraitsOf(platform).compiler == PlatformCompiler::kNvcc ? options_.nvcc
+                                                                : options_.cxx;
+}
+
 absl::StatusOr<std::string> CompileService::Identity(Platform platform) {
   {
     absl::MutexLock lock(&mu_);
     auto it = identities_.find(platform);
     if (it != identities_.end()) return it->second;
   }
-  const std::string& compiler =
-      platform == Platform::kCuda ? options_.nvcc : options_.cxx;
+  const std::string& compiler = CompilerFor(platform);
   if (compiler.empty() || ::access(compiler.c_str(), X_OK) != 0) {
-    if (platform == Platform::kCuda) {
+    if (TraitsOf(platform).compiler == PlatformCompiler::kNvcc) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "compiling for cuda needs nvcc, which kregd did not find",
+          "compiling for ", PlatformName(platform),
+          " needs nvcc, which kregd did not find",
           compiler.empty() ? std::string(" (not on PATH nor in "
                                          "/usr/local/cuda/bin)")
                            : absl::StrCat(" at ", compiler),
@@ -118,7 +124,8 @@ absl::StatusOr<std::string> CompileService::Identity(Platform platform) {
           "kregd's config"));
     }
     return absl::FailedPreconditionError(absl::StrCat(
-        "compiling for cpu needs a C++ compiler; compile_cxx = \"", compiler,
+        "compiling for ", PlatformName(platform),
+        " needs a C++ compiler; compile_cxx = \"", compiler,
         "\" is not an executable file; install g++ or set compile_cxx"));
   }
   v1::CompileJob job;
@@ -159,8 +166,7 @@ absl::StatusOr<std::string> CompileService::RunCompile(
     ++running_;
   }
   v1::CompileJob job;
-  job.set_compiler(req.platform == Platform::kCuda ? options_.nvcc
-                                                   : options_.cxx);
+  job.set_compiler(CompilerFor(req.platform));
   for (std::string& a : BaseArgs(req.platform, options_.ffi_include_dir)) {
     job.add_base_args(std::move(a));
   }

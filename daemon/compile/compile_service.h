@@ -121,6 +121,9 @@ class CompileService {
   };
 
   absl::StatusOr<std::string> Identity(Platform platform);
+  // options_.cxx or options_.nvcc, as `platform`'s row says
+  // (daemon/platform_table.h).
+  const std::string& CompilerFor(Platform platform) const;
   // The caller's error for a compile that failed or hit a limit.
   static absl::Status CompileFailure(const CompileRequest& req,
                                      const v1::CompileJobResult& r);

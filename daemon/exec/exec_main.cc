@@ -18,6 +18,7 @@
 #include <exception>
 #include <list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -281,7 +282,8 @@ Offer OfferToKregd(const v1::ExecInit& init, const v1::ExecInitReply& info,
   return Offer::kAdopted;
 }
 
-int Main() {
+// Process-wide settings made before anything else runs.
+void ConfigureProcess() {
   CloseDescriptorsFrom(kStatusFd + 1);
   signal(SIGPIPE, SIG_IGN);
   // Clients' messages are buffered in every session thread's malloc arena.
@@ -299,79 +301,10 @@ int Main() {
   // that graph). A debugging aid only: release builds of absl skip it.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   spdlog::set_default_logger(spdlog::stderr_color_mt("kregd-exec"));
-  std::string payload;
-  std::vector<int> fds;
-  if (wire::RecvFrame(kControlFd, 1 << 20, &payload, &fds) != wire::kOk) {
-    std::fprintf(stderr,
-                 "kregd-exec: started without kregd's control socket;"
-                 " it is started by kregd only\n");
-    return 2;
-  }
-  for (int fd : fds) ::close(fd);
-  v1::ExecInit init;
-  v1::ExecInitReply reply;
-  if (!init.ParseFromString(payload)) {
-    Reply(absl::InvalidArgumentError("malformed ExecInit"), reply);
-    return 2;
-  }
-  spdlog::set_level(spdlog::level::from_str(
-      init.log_level().empty() ? "info" : init.log_level()));
-  SetLogFormat("kregd-exec", absl::StrCat(" (", init.group(), ")"));
-  if (init.drop_privileges()) {
-    std::vector<gid_t> groups(init.groups().begin(), init.groups().end());
-    absl::Status s = DropPrivileges(init.uid(), init.gid(), groups);
-    if (!s.ok()) {
-      Reply(s, reply);
-      return 1;
-    }
-  }
-  if (absl::Status s =
-          TieToParent(init.parent_pid(), init.orphan_timeout_s() == 0);
-      !s.ok()) {
-    Reply(s, reply);
-    return 1;
-  }
-  absl::StatusOr<StatusPage> page =
-      StatusPage::Map(UniqueFd(kStatusFd), init.slots());
-  if (!page.ok()) {
-    Reply(page.status(), reply);
-    return 1;
-  }
-  g_page = &*page;
-  std::set_terminate(OnTerminate);
-  RecordFatalSignals();
+}
 
-  // CUDA contexts now, before the seccomp filter and before any client
-  // waits on a first launch (~150 ms per device).
-  std::unique_ptr<CudaDevices> cuda;
-  if (init.open_cuda()) {
-    cuda = CudaDevices::OpenSystem();
-    if (cuda->status().ok()) {
-      spdlog::info("CUDA: {}", cuda->Describe());
-    } else {
-      reply.set_cuda_status(std::string(cuda->status().message()));
-    }
-  } else {
-    reply.set_cuda_status("kregd was started without CUDA");
-  }
-  if (init.seccomp()) {
-    if (absl::Status s = InstallSeccompFilter(); !s.ok()) {
-      Reply(s, reply);
-      return 1;
-    }
-  }
-  reply.set_seccomp(init.seccomp());
-  reply.set_uid(::getuid());
-  reply.set_gid(::getgid());
-  Reply(absl::OkStatus(), reply);
-
-  FfiHost host;
-  ModuleCache modules;
-  std::atomic<bool> recycle{false};
-  std::atomic<bool> drain{false};
-  ExecutorShared shared{
-      &modules, &host,    cuda && cuda->status().ok() ? cuda.get() : nullptr,
-      &*page,   &recycle, &drain};
+// What ExecInit sets of every session.
+SessionLimits LimitsOf(const v1::ExecInit& init) {
   SessionLimits limits;
   limits.max_arena_bytes = init.max_arena_bytes();
   limits.max_message_bytes = init.max_message_bytes();
@@ -381,128 +314,164 @@ int Main() {
   limits.hello_timeout_ms = init.hello_timeout_ms();
   limits.launch_ring = !init.launch_ring_off();
   if (init.has_ring_spin_us()) limits.ring_spin_us = init.ring_spin_us();
-  std::unique_ptr<wire::ByteBudget> receive_budget;
-  if (init.max_buffered_bytes() != 0) {
-    receive_budget =
-        std::make_unique<wire::ByteBudget>(init.max_buffered_bytes());
-    limits.receive_budget = receive_budget.get();
+  return limits;
+}
+
+// The executor after its start: the sessions kregd hands it and what it
+// does once kregd is gone (DESIGN §12: serve on, offer itself to the next
+// kregd, drain or end at orphan_timeout).
+class ExecutorLoop {
+ public:
+  ExecutorLoop(const v1::ExecInit& init, const v1::ExecInitReply& info,
+               StatusPage* page, const ExecutorShared& shared)
+      : init_(init),
+        info_(info),
+        page_(page),
+        shared_(shared),
+        limits_(LimitsOf(init)),
+        offer_(!init.supervision_socket().empty()) {
+    if (init.max_buffered_bytes() != 0) {
+      receive_budget_ =
+          std::make_unique<wire::ByteBudget>(init.max_buffered_bytes());
+      limits_.receive_budget = receive_budget_.get();
+    }
   }
-  std::atomic<bool> stop_gpu_watch{false};
-  std::thread gpu_watch;
-  if (shared.cuda != nullptr) {
-    gpu_watch =
-        std::thread(WatchGpu, shared.cuda, &*page, &recycle, &stop_gpu_watch);
+
+  // Serves until kregd ends it, the GPU must be recycled or an orphan's
+  // time is up; then ends the sessions left. The exit code.
+  int Serve() {
+    int exit_code = 0;
+    for (;;) {
+      ReapFinished();
+      if (shared_.recycle->load()) {
+        exit_code = kExitRecycle;
+        break;
+      }
+      if (orphan_since_ms_ != 0 ? !OrphanStep() : !ControlStep()) break;
+    }
+    for (Served& s : served_) s.session->Shutdown();
+    for (Served& s : served_) s.thread.join();
+    served_.clear();
+    return exit_code;
   }
-  std::list<Served> served;
-  int exit_code = 0;
-  // Without kregd (DESIGN §12): since when, or 0 while kregd is there.
-  int64_t orphan_since_ms = 0;
-  // Offer the executor to the next kregd while an orphan (stops after a
-  // refusal); when it last tried.
-  bool offer = !init.supervision_socket().empty();
-  int64_t offered_ms = 0;
-  for (;;) {
-    for (auto it = served.begin(); it != served.end();) {
+
+ private:
+  void ReapFinished() {
+    for (auto it = served_.begin(); it != served_.end();) {
       if (!it->done->load()) {
         ++it;
         continue;
       }
       it->thread.join();
-      it = served.erase(it);
+      it = served_.erase(it);
     }
-    if (recycle.load()) {
-      exit_code = kExitRecycle;
-      break;
+  }
+
+  // One round without kregd: drain, offer, or wait. False: exit now.
+  bool OrphanStep() {
+    if (served_.empty()) {
+      spdlog::info(shared_.drain->load()
+                       ? "drained: the last session closed; exiting"
+                       : "kregd is gone and the last session closed; exiting");
+      return false;
     }
-    if (orphan_since_ms != 0) {
-      if (served.empty()) {
+    const int64_t now_ms = ring::NowNs() / 1000000;
+    if (shared_.drain->load()) {
+      // Sessions between calls end now; the others after their reply.
+      for (Served& s : served_) {
+        if (page_->slot(s.slot)->token.load() == 0) s.session->Shutdown();
+      }
+    } else if (offer_ && now_ms - offered_ms_ >= 250) {
+      offered_ms_ = now_ms;
+      if (Offered()) return true;
+    }
+    if (now_ms - orphan_since_ms_ > int64_t{init_.orphan_timeout_s()} * 1000) {
+      spdlog::info(
+          "kregd has been gone for orphan_timeout ({} s); ending the {} "
+          "session(s) left (their clients retry with the next kregd)",
+          init_.orphan_timeout_s(), served_.size());
+      return false;
+    }
+    struct timespec ts = {0, 200 * 1000000L};
+    nanosleep(&ts, nullptr);
+    return true;
+  }
+
+  // Offers this executor to a new kregd; true when its answer changed what
+  // the executor does (adopted or draining).
+  bool Offered() {
+    UniqueFd control;
+    std::string why;
+    switch (OfferToKregd(init_, info_, *page_, &served_, &control, &why)) {
+      case Offer::kNoKregd:
+        return false;
+      case Offer::kAdopted:
+        ::dup2(control.get(), kControlFd);
+        orphan_since_ms_ = 0;
+        spdlog::info("adopted by the new kregd; serving {} session(s) under it",
+                     served_.size());
+        return true;
+      case Offer::kDrain:
+        shared_.drain->store(true);
         spdlog::info(
-            drain.load()
-                ? "drained: the last session closed; exiting"
-                : "kregd is gone and the last session closed; exiting");
-        break;
-      }
-      const int64_t now_ms = ring::NowNs() / 1000000;
-      if (drain.load()) {
-        // Sessions between calls end now; the others after their reply.
-        for (Served& s : served) {
-          if (page->slot(s.slot)->token.load() == 0) s.session->Shutdown();
-        }
-      } else if (offer && now_ms - offered_ms >= 250) {
-        offered_ms = now_ms;
-        UniqueFd control;
-        std::string why;
-        switch (OfferToKregd(init, reply, *page, &served, &control, &why)) {
-          case Offer::kNoKregd:
-            break;
-          case Offer::kAdopted:
-            ::dup2(control.get(), kControlFd);
-            orphan_since_ms = 0;
-            spdlog::info(
-                "adopted by the new kregd; serving {} session(s) under it",
-                served.size());
-            continue;
-          case Offer::kDrain:
-            drain.store(true);
-            spdlog::info(
-                "the new kregd drains this executor: {}; ending the {} "
-                "session(s) once their calls in flight are answered",
-                why, served.size());
-            continue;
-          case Offer::kRefused:
-            offer = false;
-            spdlog::warn(
-                "the new kregd did not adopt this executor: {}; serving the "
-                "{} session(s) on until they close",
-                why, served.size());
-            break;
-        }
-      }
-      if (now_ms - orphan_since_ms > int64_t{init.orphan_timeout_s()} * 1000) {
-        spdlog::info(
-            "kregd has been gone for orphan_timeout ({} s); ending the {} "
-            "session(s) left (their clients retry with the next kregd)",
-            init.orphan_timeout_s(), served.size());
-        break;
-      }
-      struct timespec ts = {0, 200 * 1000000L};
-      nanosleep(&ts, nullptr);
-      continue;
+            "the new kregd drains this executor: {}; ending the {} "
+            "session(s) once their calls in flight are answered",
+            why, served_.size());
+        return true;
+      case Offer::kRefused:
+        offer_ = false;
+        spdlog::warn(
+            "the new kregd did not adopt this executor: {}; serving the "
+            "{} session(s) on until they close",
+            why, served_.size());
+        return false;
     }
+    return false;
+  }
+
+  // One round under kregd: the next ExecAdopt on the control socket, if
+  // any within 200 ms. False: exit now.
+  bool ControlStep() {
     pollfd p{kControlFd, POLLIN, 0};
-    int ready = ::poll(&p, 1, 200);
-    if (ready <= 0) continue;
-    fds.clear();
+    if (::poll(&p, 1, 200) <= 0) return true;
+    std::string payload;
+    std::vector<int> fds;
     int rc = wire::RecvFrame(kControlFd, 1 << 16, &payload, &fds);
     if (rc != wire::kOk) {  // kregd closed the control socket
-      if (init.orphan_timeout_s() == 0 || served.empty()) break;
+      if (init_.orphan_timeout_s() == 0 || served_.empty()) return false;
       // kregd stopped or died: the sessions' launches need no kregd, so
       // they go on; what needs kregd ends its session (LostDaemon).
-      orphan_since_ms = ring::NowNs() / 1000000;
+      orphan_since_ms_ = ring::NowNs() / 1000000;
       spdlog::info(
           "kregd closed the control socket (it stopped or died); serving "
           "{} session(s) on until they close, at most orphan_timeout ({} s)",
-          served.size(), init.orphan_timeout_s());
-      continue;
+          served_.size(), init_.orphan_timeout_s());
+      return true;
     }
     std::vector<UniqueFd> owned;
     for (int fd : fds) owned.emplace_back(fd);
     v1::ExecAdopt adopt;
     if (!adopt.ParseFromString(payload) || owned.size() != 2 ||
-        page->slot(adopt.slot()) == nullptr) {
+        page_->slot(adopt.slot()) == nullptr) {
       spdlog::error("ignoring a malformed ExecAdopt from kregd");
-      continue;
+      return true;
     }
+    Start(adopt, std::move(owned[0]), std::move(owned[1]));
+    return true;
+  }
+
+  // A session kregd handed over: the client's socket and the broker's.
+  void Start(const v1::ExecAdopt& adopt, UniqueFd client, UniqueFd broker) {
     PeerCred peer;
     peer.uid = adopt.uid();
     peer.gid = adopt.gid();
     peer.pid = adopt.pid();
-    auto backend = std::make_shared<ExecutorBackend>(std::move(owned[1]),
-                                                     adopt.slot(), shared);
-    const int client_fd = owned[0].get();
+    auto backend = std::make_shared<ExecutorBackend>(std::move(broker),
+                                                     adopt.slot(), shared_);
+    const int client_fd = client.get();
     auto session = std::make_shared<Session>(
-        adopt.session_id(), std::move(owned[0]), peer, limits, backend.get(),
-        &page->header()->counters, shared.cuda);
+        adopt.session_id(), std::move(client), peer, limits_, backend.get(),
+        &page_->header()->counters, shared_.cuda);
     auto done = std::make_shared<std::atomic<bool>>(false);
     std::thread t([session, backend, done]() mutable {
       session->Run();
@@ -510,12 +479,119 @@ int Main() {
       backend.reset();  // then tells kregd the session ended
       done->store(true);
     });
-    served.push_back({session, backend, client_fd, adopt.session_id(),
-                      adopt.slot(), std::move(t), done});
+    served_.push_back({session, backend, client_fd, adopt.session_id(),
+                       adopt.slot(), std::move(t), done});
   }
-  for (Served& s : served) s.session->Shutdown();
-  for (Served& s : served) s.thread.join();
-  served.clear();
+
+  const v1::ExecInit& init_;
+  const v1::ExecInitReply& info_;
+  StatusPage* const page_;
+  const ExecutorShared shared_;
+  SessionLimits limits_;
+  std::unique_ptr<wire::ByteBudget> receive_budget_;
+  std::list<Served> served_;
+  // Without kregd (DESIGN §12): since when, or 0 while kregd is there.
+  int64_t orphan_since_ms_ = 0;
+  // Offer the executor to the next kregd while an orphan (stops after a
+  // refusal); when it last tried.
+  bool offer_;
+  int64_t offered_ms_ = 0;
+};
+
+// The start: ExecInit from kregd, then the credentials, the parent tie,
+// the status page, CUDA contexts and the seccomp filter, answered with
+// ExecInitReply. Non-zero: the exit code of a failed start (said to kregd).
+int StartUp(v1::ExecInit* init, v1::ExecInitReply* reply,
+            std::optional<StatusPage>* page,
+            std::unique_ptr<CudaDevices>* cuda) {
+  std::string payload;
+  std::vector<int> fds;
+  if (wire::RecvFrame(kControlFd, 1 << 20, &payload, &fds) != wire::kOk) {
+    std::fprintf(stderr,
+                 "kregd-exec: started without kregd's control socket;"
+                 " it is started by kregd only\n");
+    return 2;
+  }
+  for (int fd : fds) ::close(fd);
+  if (!init->ParseFromString(payload)) {
+    Reply(absl::InvalidArgumentError("malformed ExecInit"), *reply);
+    return 2;
+  }
+  spdlog::set_level(spdlog::level::from_str(
+      init->log_level().empty() ? "info" : init->log_level()));
+  SetLogFormat("kregd-exec", absl::StrCat(" (", init->group(), ")"));
+  if (init->drop_privileges()) {
+    std::vector<gid_t> groups(init->groups().begin(), init->groups().end());
+    absl::Status s = DropPrivileges(init->uid(), init->gid(), groups);
+    if (!s.ok()) {
+      Reply(s, *reply);
+      return 1;
+    }
+  }
+  if (absl::Status s =
+          TieToParent(init->parent_pid(), init->orphan_timeout_s() == 0);
+      !s.ok()) {
+    Reply(s, *reply);
+    return 1;
+  }
+  absl::StatusOr<StatusPage> mapped =
+      StatusPage::Map(UniqueFd(kStatusFd), init->slots());
+  if (!mapped.ok()) {
+    Reply(mapped.status(), *reply);
+    return 1;
+  }
+  page->emplace(*std::move(mapped));
+  g_page = &**page;
+  std::set_terminate(OnTerminate);
+  RecordFatalSignals();
+  // CUDA contexts now, before the seccomp filter and before any client
+  // waits on a first launch (~150 ms per device).
+  if (init->open_cuda()) {
+    *cuda = CudaDevices::OpenSystem();
+    if ((*cuda)->status().ok()) {
+      spdlog::info("CUDA: {}", (*cuda)->Describe());
+    } else {
+      reply->set_cuda_status(std::string((*cuda)->status().message()));
+    }
+  } else {
+    reply->set_cuda_status("kregd was started without CUDA");
+  }
+  if (init->seccomp()) {
+    if (absl::Status s = InstallSeccompFilter(); !s.ok()) {
+      Reply(s, *reply);
+      return 1;
+    }
+  }
+  reply->set_seccomp(init->seccomp());
+  reply->set_uid(::getuid());
+  reply->set_gid(::getgid());
+  Reply(absl::OkStatus(), *reply);
+  return 0;
+}
+
+int Main() {
+  ConfigureProcess();
+  v1::ExecInit init;
+  v1::ExecInitReply reply;
+  std::optional<StatusPage> page;
+  std::unique_ptr<CudaDevices> cuda;
+  if (int failed = StartUp(&init, &reply, &page, &cuda); failed != 0) {
+    return failed;
+  }
+  FfiHost host;
+  ModuleCache modules;
+  std::atomic<bool> recycle{false};
+  std::atomic<bool> drain{false};
+  ExecutorShared shared{
+      &modules, &host,    cuda && cuda->status().ok() ? cuda.get() : nullptr,
+      &*page,   &recycle, &drain};
+  std::atomic<bool> stop_gpu_watch{false};
+  std::thread gpu_watch;
+  if (shared.cuda != nullptr) {
+    gpu_watch =
+        std::thread(WatchGpu, shared.cuda, &*page, &recycle, &stop_gpu_watch);
+  }
+  const int exit_code = ExecutorLoop(init, reply, &*page, shared).Serve();
   stop_gpu_watch.store(true);
   if (gpu_watch.joinable()) gpu_watch.join();
   spdlog::default_logger()->flush();

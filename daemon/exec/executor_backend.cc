@@ -13,6 +13,7 @@
 #include "daemon/cuda/cuda_devices.h"
 #include "daemon/exec/broker_limits.h"
 #include "daemon/ffi/ffi_host.h"
+#include "daemon/platform_table.h"
 #include "daemon/validate.h"
 #include "spdlog/spdlog.h"
 #include "xla/ffi/api/c_api.h"
@@ -193,7 +194,8 @@ absl::Status ExecutorBackend::ExecuteWith(void* handler,
                                           const LaunchFrame& frame,
                                           const CallOptions& options) {
   absl::Status s = shared_.host->Execute(handler, frame, options);
-  if (shared_.cuda != nullptr && frame.platform == Platform::kCuda) {
+  if (shared_.cuda != nullptr &&
+      TraitsOf(frame.platform).memory == PlatformMemory::kCuda) {
     absl::Status usable = shared_.cuda->CheckUsable(frame.device_ordinal);
     uint32_t none = 0;
     if (!usable.ok() &&
@@ -225,7 +227,7 @@ void ExecutorBackend::BeginLaunch(uint64_t request_id, const TargetKey& key) {
   launch_started_ns_ = MonotonicNs();
   slot_->request_id.store(request_id, std::memory_order_relaxed);
   slot_->started_ns.store(launch_started_ns_, std::memory_order_relaxed);
-  if (key.platform == Platform::kCuda) {
+  if (TraitsOf(key.platform).memory == PlatformMemory::kCuda) {
     slot_->gpu_token.store(token, std::memory_order_relaxed);
   }
   slot_->token.store(token, std::memory_order_release);

@@ -470,91 +470,33 @@ pid_t ExecutorPool::CountRefusedBrokerMessage(const Binding& b) {
   return b.group == nullptr ? 0 : b.group->exec->pid();
 }
 
-void ExecutorPool::Wait(std::shared_ptr<Group> g) {
-  const int ws = g->exec->Reap();
-  const StatusPage& page = g->exec->page();
-  // Under mu_: the group leaves the pool (no Bind takes its slots from now
-  // on, nothing sets its stop_requested or killed_because any more) and
-  // what blame needs is copied out. Blame is decided, crashes recorded
-  // (the ledger's sink writes the journal) and texts formatted after it;
-  // AwaitCrash waits for `blamed`, set once the texts are in place.
+struct ExecutorPool::Death {
   BlameInput in;
   ExecutorEnd end;
   std::vector<EntryPtr> resolved;
   std::vector<uid_t> slot_uid;
-  {
-    absl::MutexLock lock(&mu_);
-    g->dead = true;
-    auto it = groups_.find(g->key);
-    if (it != groups_.end() && it->second == g) groups_.erase(it);
-    if (unreaped_.erase(g) != 0) {
-      const SessionCounters& n = page.header()->counters;
-      dead_counters_.launches =
-          SaturatingAdd(dead_counters_.launches, n.launches.load());
-      dead_counters_.launch_errors =
-          SaturatingAdd(dead_counters_.launch_errors, n.launch_errors.load());
-      AddGroupStats(*g, &dead_stats_);
-    }
-    in.slots.resize(g->used.size());
-    for (uint32_t i = 0; i < g->used.size(); ++i) {
-      if (!g->used[i]) continue;
-      in.slots[i].used = true;
-      in.slots[i].token = KnownToken(g->resolved, page.slot(i)->token.load());
-      in.slots[i].gpu_token =
-          KnownToken(g->resolved, page.slot(i)->gpu_token.load());
-    }
-    resolved = g->resolved;
-    slot_uid = g->slot_uid;
-    in.stop_requested = end.stop_requested = g->stop_requested;
-    end.killed_because = g->killed_because;
-  }
-  in.resolved = static_cast<uint32_t>(resolved.size());
-  in.faulted_slot = page.header()->faulted_slot.load();
-  in.gpu_fault = page.header()->recycle.load() == 2;
-  end.wait_text = DescribeWaitStatus(ws);
-  end.sigkill = WIFSIGNALED(ws) && WTERMSIG(ws) == SIGKILL;
-  end.note = page.Note();
-  const bool planned =
-      end.stop_requested && WIFEXITED(ws) && WEXITSTATUS(ws) == 0;
-  const std::string how = DescribeEnd(end);
-  const ExecutorName name{g->exec->pid(), g->name};
+  bool planned = false;  // kregd stopped it and it exited 0
+  std::string how;       // DescribeEnd's text
+  ExecutorName name;
+};
 
-  const CrashBlame blame = DecideBlame(in);
-  const int64_t now_s = static_cast<int64_t>(::time(nullptr));
-  std::map<uint32_t, absl::Status> texts;
-  std::set<std::pair<std::string, uid_t>> counted;
-  const TargetEntry* culprit =
-      blame.culprit >= 0 ? resolved[in.slots[blame.culprit].token - 1].get()
-                         : nullptr;
-  for (const SlotBlame& b : blame.slots) {
-    const TargetEntry& e = *resolved[b.token - 1];
-    std::string quarantine;
-    if (b.counted) {
-      const uid_t uid = slot_uid[b.slot];
-      CrashRecord rec = ledger_->Record(e.key, uid, how, now_s);
-      counted.insert({e.key.name, uid});
-      quarantine = QuarantineNote(rec, ledger_->policy());
-    }
-    texts[b.slot] =
-        CrashError(b, e, culprit, name, how, blame.gpu_only, quarantine);
-  }
-  const bool idle_death = texts.empty() && !planned;
-  {
-    absl::MutexLock lock(&mu_);
-    dead_counters_.executor_crashes += counted.size();
-    // Counted like a crash: an executor that dies (or that kregd kills)
-    // with no handler running is as gone as one a handler killed.
-    if (idle_death && !end.stop_requested) dead_counters_.executor_crashes++;
-    if (!planned && !end.stop_requested) {
-      g->death_note = absl::StrCat(
-          "the kregd executor serving this session "
-          "(pid ",
-          name.pid, ", ", name.group, ") ended: ", how, ",");
-    }
-    g->crash_text = texts;
-    g->blamed = true;
-    changed_.SignalAll();
-  }
+void ExecutorPool::Wait(std::shared_ptr<Group> g) {
+  const int ws = g->exec->Reap();
+  Death d;
+  Detach(g, &d);
+  const StatusPage& page = g->exec->page();
+  d.in.resolved = static_cast<uint32_t>(d.resolved.size());
+  d.in.faulted_slot = page.header()->faulted_slot.load();
+  d.in.gpu_fault = page.header()->recycle.load() == 2;
+  d.end.wait_text = DescribeWaitStatus(ws);
+  d.end.sigkill = WIFSIGNALED(ws) && WTERMSIG(ws) == SIGKILL;
+  d.end.note = page.Note();
+  d.planned = d.end.stop_requested && WIFEXITED(ws) && WEXITSTATUS(ws) == 0;
+  d.how = DescribeEnd(d.end);
+  d.name = ExecutorName{g->exec->pid(), g->name};
+  size_t counted = 0;
+  std::map<uint32_t, absl::Status> texts = Blame(d, &counted);
+  Publish(g.get(), d, texts, counted);
   for (const auto& [slot, status] : texts) {
     if (status.code() == absl::StatusCode::kAborted) {
       spdlog::warn("{}", std::string(status.message()));
@@ -562,12 +504,85 @@ void ExecutorPool::Wait(std::shared_ptr<Group> g) {
       spdlog::error("{}", std::string(status.message()));
     }
   }
-  if (idle_death) {
-    spdlog::warn("executor pid {} ({}): {} with no call in flight", name.pid,
-                 name.group, how);
-  } else if (planned) {
-    spdlog::info("executor pid {} ({}) stopped", name.pid, name.group);
+  if (texts.empty() && !d.planned) {
+    spdlog::warn("executor pid {} ({}): {} with no call in flight", d.name.pid,
+                 d.name.group, d.how);
+  } else if (d.planned) {
+    spdlog::info("executor pid {} ({}) stopped", d.name.pid, d.name.group);
   }
+}
+
+void ExecutorPool::Detach(const std::shared_ptr<Group>& g, Death* d) {
+  const StatusPage& page = g->exec->page();
+  absl::MutexLock lock(&mu_);
+  g->dead = true;
+  auto it = groups_.find(g->key);
+  if (it != groups_.end() && it->second == g) groups_.erase(it);
+  if (unreaped_.erase(g) != 0) {
+    const SessionCounters& n = page.header()->counters;
+    dead_counters_.launches =
+        SaturatingAdd(dead_counters_.launches, n.launches.load());
+    dead_counters_.launch_errors =
+        SaturatingAdd(dead_counters_.launch_errors, n.launch_errors.load());
+    AddGroupStats(*g, &dead_stats_);
+  }
+  d->in.slots.resize(g->used.size());
+  for (uint32_t i = 0; i < g->used.size(); ++i) {
+    if (!g->used[i]) continue;
+    d->in.slots[i].used = true;
+    d->in.slots[i].token = KnownToken(g->resolved, page.slot(i)->token.load());
+    d->in.slots[i].gpu_token =
+        KnownToken(g->resolved, page.slot(i)->gpu_token.load());
+  }
+  d->resolved = g->resolved;
+  d->slot_uid = g->slot_uid;
+  d->in.stop_requested = d->end.stop_requested = g->stop_requested;
+  d->end.killed_because = g->killed_because;
+}
+
+std::map<uint32_t, absl::Status> ExecutorPool::Blame(const Death& d,
+                                                     size_t* crashes_counted) {
+  const CrashBlame blame = DecideBlame(d.in);
+  const int64_t now_s = static_cast<int64_t>(::time(nullptr));
+  std::map<uint32_t, absl::Status> texts;
+  std::set<std::pair<std::string, uid_t>> counted;
+  const TargetEntry* culprit =
+      blame.culprit >= 0 ? d.resolved[d.in.slots[blame.culprit].token - 1].get()
+                         : nullptr;
+  for (const SlotBlame& b : blame.slots) {
+    const TargetEntry& e = *d.resolved[b.token - 1];
+    std::string quarantine;
+    if (b.counted) {
+      const uid_t uid = d.slot_uid[b.slot];
+      CrashRecord rec = ledger_->Record(e.key, uid, d.how, now_s);
+      counted.insert({e.key.name, uid});
+      quarantine = QuarantineNote(rec, ledger_->policy());
+    }
+    texts[b.slot] =
+        CrashError(b, e, culprit, d.name, d.how, blame.gpu_only, quarantine);
+  }
+  *crashes_counted = counted.size();
+  return texts;
+}
+
+void ExecutorPool::Publish(Group* g, const Death& d,
+                           const std::map<uint32_t, absl::Status>& texts,
+                           size_t crashes_counted) {
+  const bool idle_death = texts.empty() && !d.planned;
+  absl::MutexLock lock(&mu_);
+  dead_counters_.executor_crashes += crashes_counted;
+  // Counted like a crash: an executor that dies (or that kregd kills) with
+  // no handler running is as gone as one a handler killed.
+  if (idle_death && !d.end.stop_requested) dead_counters_.executor_crashes++;
+  if (!d.planned && !d.end.stop_requested) {
+    g->death_note = absl::StrCat(
+        "the kregd executor serving this session "
+        "(pid ",
+        d.name.pid, ", ", d.name.group, ") ended: ", d.how, ",");
+  }
+  g->crash_text = texts;
+  g->blamed = true;
+  changed_.SignalAll();
 }
 
 void ExecutorPool::Supervise() {

@@ -196,6 +196,18 @@ class ExecutorPool {
   // Reaps `group`'s executor (its own thread), then decides who is blamed,
   // records counted crashes, sets the group's crash texts and `blamed`.
   void Wait(std::shared_ptr<Group> group);
+  // Wait's parts. Death: what blame needs, copied out under mu_ by Detach,
+  // which takes the group out of the pool (no Bind takes its slots from
+  // then on). Blame: decided, crashes recorded (the ledger's sink writes
+  // the journal) and texts formatted without mu_. Publish: the texts and
+  // counts under mu_, then `blamed` (what AwaitCrash waits for).
+  struct Death;
+  void Detach(const std::shared_ptr<Group>& g, Death* d);
+  std::map<uint32_t, absl::Status> Blame(const Death& d,
+                                         size_t* crashes_counted);
+  void Publish(Group* g, const Death& d,
+               const std::map<uint32_t, absl::Status>& texts,
+               size_t crashes_counted);
   void Supervise();
   std::string GroupKey(const PeerCred& peer) const;
   // Runs `fn` on the spawner thread and waits for it. Executors are started

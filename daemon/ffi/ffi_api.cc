@@ -14,6 +14,7 @@
 #include "daemon/ffi/ffi_internal.h"
 #include "daemon/ffi/thread_pool.h"
 #include "daemon/ffi/type_registry.h"
+#include "daemon/platform_table.h"
 
 namespace kreg {
 namespace {
@@ -127,11 +128,13 @@ XLA_FFI_Error* TypeRegister(XLA_FFI_Type_Register_Args* args) {
 
 XLA_FFI_Error* StreamGet(XLA_FFI_Stream_Get_Args* args) {
   KREG_FFI_CHECK_CTX("XLA_FFI_Stream_Get", args, XLA_FFI_Stream_Get_Args);
-  if (args->ctx->platform == Platform::kCpu) {
+  if (!TraitsOf(args->ctx->platform).ffi_stream) {
     return NewError(XLA_FFI_Error_Code_UNIMPLEMENTED,
-                    "XLA_FFI_Stream_Get: streams are a GPU concept; this call "
-                    "runs on the cpu platform, which has no stream (as in "
-                    "XLA:CPU)");
+                    absl::StrCat("XLA_FFI_Stream_Get: streams are a GPU "
+                                 "concept; this call runs on the ",
+                                 PlatformName(args->ctx->platform),
+                                 " platform, which has no stream (as in "
+                                 "XLA:CPU)"));
   }
   if (args->ctx->options.stream == nullptr) {
     return NewError(XLA_FFI_Error_Code_UNIMPLEMENTED,
@@ -218,7 +221,7 @@ XLA_FFI_Error* DeviceMemoryAllocate(XLA_FFI_DeviceMemory_Allocate_Args* args) {
         absl::StrCat(kFn, ": alignment ", alignment, " is not a power of two"));
   }
   void* data = nullptr;
-  if (ctx->platform == Platform::kCpu) {
+  if (TraitsOf(ctx->platform).memory == PlatformMemory::kHost) {
     size_t size = args->size > 0 ? args->size : 1;
     if (alignment < sizeof(void*)) alignment = sizeof(void*);
     if (posix_memalign(&data, alignment, size) != 0) {
@@ -272,7 +275,7 @@ XLA_FFI_Error* DeviceMemoryFree(XLA_FFI_DeviceMemory_Free_Args* args) {
     ctx->scratch.erase(it);
   }
   ctx->scratch_gauge->fetch_sub(static_cast<int64_t>(size));
-  if (ctx->platform == Platform::kCpu) {
+  if (TraitsOf(ctx->platform).memory == PlatformMemory::kHost) {
     std::free(args->data);
     return nullptr;
   }
@@ -285,7 +288,7 @@ XLA_FFI_Error* DeviceMemoryFree(XLA_FFI_DeviceMemory_Free_Args* args) {
 //===--- Thread pool -----------------------------------------------------===//
 
 XLA_FFI_Error* CheckCpuPool(absl::string_view fn, XLA_FFI_InvokeContext* ctx) {
-  if (ctx->platform != Platform::kCpu) {
+  if (!TraitsOf(ctx->platform).ffi_thread_pool) {
     return NewError(
         XLA_FFI_Error_Code_UNIMPLEMENTED,
         absl::StrCat(fn, ": no thread pool on the ",

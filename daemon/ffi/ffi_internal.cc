@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/platform_table.h"
 
 namespace kreg {
 namespace ffi_internal {
@@ -108,7 +109,7 @@ XLA_FFI_InvokeContext::~XLA_FFI_InvokeContext() {
   int64_t freed = 0;
   for (const auto& [data, size] : leftover) {
     freed += static_cast<int64_t>(size);
-    if (platform == kreg::Platform::kCpu) {
+    if (kreg::TraitsOf(platform).memory == kreg::PlatformMemory::kHost) {
       std::free(data);
     } else if (options.device_allocator != nullptr) {
       absl::Status status = options.device_allocator->Free(data, size);

@@ -53,6 +53,85 @@ bool NextLine(absl::string_view* rest, absl::string_view* line) {
   return true;
 }
 
+// "METHOD SP TARGET SP HTTP/1.x" into `h` (method, target without its
+// query, minor version); false with `*h` the error to answer.
+bool ParseRequestLine(absl::string_view line, HttpHead* h) {
+  size_t sp1 = line.find(' ');
+  size_t sp2 = sp1 == absl::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
+  if (sp1 == absl::string_view::npos || sp2 == absl::string_view::npos ||
+      line.find(' ', sp2 + 1) != absl::string_view::npos) {
+    *h = Error(400, "malformed request line");
+    return false;
+  }
+  absl::string_view method = line.substr(0, sp1);
+  absl::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
+  absl::string_view version = line.substr(sp2 + 1);
+  if (method.empty() ||
+      !std::all_of(method.begin(), method.end(), IsTokenChar)) {
+    *h = Error(400, "malformed method");
+    return false;
+  }
+  if (target.empty() || target[0] != '/') {
+    *h = Error(400, "the request target must be a path starting with /");
+    return false;
+  }
+  for (char c : target) {
+    unsigned char u = static_cast<unsigned char>(c);
+    if (u <= 0x20 || u >= 0x7f) {
+      *h = Error(400, "bad byte in request target");
+      return false;
+    }
+  }
+  if (!absl::StartsWith(version, "HTTP/") || version.size() != 8 ||
+      version[6] != '.' ||
+      !absl::ascii_isdigit(static_cast<unsigned char>(version[5])) ||
+      !absl::ascii_isdigit(static_cast<unsigned char>(version[7]))) {
+    *h = Error(400, "malformed HTTP version");
+    return false;
+  }
+  if (version[5] != '1') {
+    *h = Error(505, "only HTTP/1.x is served");
+    return false;
+  }
+  h->minor_version = version[7] - '0';
+  h->method = std::string(method);
+  h->target = std::string(target.substr(0, target.find('?')));
+  return true;
+}
+
+// One header line: a token name, a colon, a value without control bytes;
+// no folding and no body. False with `*err` the error to answer.
+bool CheckHeaderLine(absl::string_view line, HttpHead* err) {
+  if (line[0] == ' ' || line[0] == '\t') {
+    *err = Error(400, "obsolete header line folding");
+    return false;
+  }
+  size_t colon = line.find(':');
+  if (colon == 0 || colon == absl::string_view::npos) {
+    *err = Error(400, "malformed header line");
+    return false;
+  }
+  absl::string_view name = line.substr(0, colon);
+  if (!std::all_of(name.begin(), name.end(), IsTokenChar)) {
+    *err = Error(400, "malformed header name");
+    return false;
+  }
+  absl::string_view value = absl::StripAsciiWhitespace(line.substr(colon + 1));
+  for (char c : value) {
+    unsigned char u = static_cast<unsigned char>(c);
+    if ((u < 0x20 && u != '\t') || u == 0x7f) {
+      *err = Error(400, "control byte in a header value");
+      return false;
+    }
+  }
+  if (absl::EqualsIgnoreCase(name, "transfer-encoding") ||
+      (absl::EqualsIgnoreCase(name, "content-length") && value != "0")) {
+    *err = Error(400, "a request body is not accepted here");
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 HttpHead ParseHttpHead(absl::string_view buf, size_t max_bytes) {
@@ -76,40 +155,7 @@ HttpHead ParseHttpHead(absl::string_view buf, size_t max_bytes) {
     return HttpHead{};
   }
   HttpHead h;
-  // METHOD SP TARGET SP HTTP/1.x
-  size_t sp1 = line.find(' ');
-  size_t sp2 = sp1 == absl::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
-  if (sp1 == absl::string_view::npos || sp2 == absl::string_view::npos ||
-      line.find(' ', sp2 + 1) != absl::string_view::npos) {
-    return Error(400, "malformed request line");
-  }
-  absl::string_view method = line.substr(0, sp1);
-  absl::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
-  absl::string_view version = line.substr(sp2 + 1);
-  if (method.empty() ||
-      !std::all_of(method.begin(), method.end(), IsTokenChar)) {
-    return Error(400, "malformed method");
-  }
-  if (target.empty() || target[0] != '/') {
-    return Error(400, "the request target must be a path starting with /");
-  }
-  for (char c : target) {
-    unsigned char u = static_cast<unsigned char>(c);
-    if (u <= 0x20 || u >= 0x7f) return Error(400, "bad byte in request target");
-  }
-  if (!absl::StartsWith(version, "HTTP/")) {
-    return Error(400, "malformed HTTP version");
-  }
-  if (version.size() != 8 || version[6] != '.' ||
-      !absl::ascii_isdigit(static_cast<unsigned char>(version[5])) ||
-      !absl::ascii_isdigit(static_cast<unsigned char>(version[7]))) {
-    return Error(400, "malformed HTTP version");
-  }
-  if (version[5] != '1') return Error(505, "only HTTP/1.x is served");
-  h.minor_version = version[7] - '0';
-  h.method = std::string(method);
-  size_t query = target.find('?');
-  h.target = std::string(target.substr(0, query));
+  if (!ParseRequestLine(line, &h)) return h;
   for (;;) {
     if (!NextLine(&rest, &line)) {
       if (buf.size() >= max_bytes) {
@@ -119,29 +165,8 @@ HttpHead ParseHttpHead(absl::string_view buf, size_t max_bytes) {
       return HttpHead{};
     }
     if (line.empty()) break;
-    if (line[0] == ' ' || line[0] == '\t') {
-      return Error(400, "obsolete header line folding");
-    }
-    size_t colon = line.find(':');
-    if (colon == 0 || colon == absl::string_view::npos) {
-      return Error(400, "malformed header line");
-    }
-    absl::string_view name = line.substr(0, colon);
-    if (!std::all_of(name.begin(), name.end(), IsTokenChar)) {
-      return Error(400, "malformed header name");
-    }
-    absl::string_view value =
-        absl::StripAsciiWhitespace(line.substr(colon + 1));
-    for (char c : value) {
-      unsigned char u = static_cast<unsigned char>(c);
-      if ((u < 0x20 && u != '\t') || u == 0x7f) {
-        return Error(400, "control byte in a header value");
-      }
-    }
-    if (absl::EqualsIgnoreCase(name, "transfer-encoding") ||
-        (absl::EqualsIgnoreCase(name, "content-length") && value != "0")) {
-      return Error(400, "a request body is not accepted here");
-    }
+    HttpHead err;
+    if (!CheckHeaderLine(line, &err)) return err;
   }
   h.state = HttpHead::State::kComplete;
   h.head_bytes = window.size() - rest.size();

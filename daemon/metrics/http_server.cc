@@ -264,30 +264,90 @@ bool MetricsServer::OnWritable(Conn* c) {
   return true;
 }
 
+int MetricsServer::Expire(std::list<Conn>* conns) {
+  const int64_t now = NowMs();
+  int timeout = -1;
+  for (auto it = conns->begin(); it != conns->end();) {
+    if (now >= it->deadline_ms) {
+      if (!it->writing && !it->draining && !it->refused) {
+        // Best effort; the connection closes either way.
+        std::string r =
+            HttpResponse(408, "request not received in time\n", false);
+        (void)!::send(it->fd.get(), r.data(), r.size(),
+                      MSG_NOSIGNAL | MSG_DONTWAIT);
+      }
+      it = conns->erase(it);
+      continue;
+    }
+    int64_t left = it->deadline_ms - now;
+    timeout = timeout < 0 ? static_cast<int>(left)
+                          : std::min<int>(timeout, static_cast<int>(left));
+    ++it;
+  }
+  return timeout;
+}
+
+void MetricsServer::Accept(std::list<Conn>* conns) {
+  UniqueFd fd(
+      ::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+  if (!fd.ok()) return;
+  const int64_t now_ms = NowMs();
+  int held = 0, refusing = 0;
+  Conn* oldest_reader = nullptr;  // the slot a slow client holds longest
+  for (Conn& c : *conns) {
+    if (c.refused) {
+      ++refusing;
+      continue;
+    }
+    ++held;
+    if (!c.writing && !c.draining &&
+        (oldest_reader == nullptr ||
+         c.accepted_ms < oldest_reader->accepted_ms)) {
+      oldest_reader = &c;
+    }
+  }
+  if (held >= options_.max_connections && oldest_reader != nullptr) {
+    // Full, and some connections have not sent a whole request head: the
+    // one that has had the longest makes room, told so with 503. A scraper
+    // sends its head with the connection and is answered at once;
+    // connections that keep slots by trickling bytes evict each other,
+    // oldest first, and never a newer one that is being served.
+    Respond(oldest_reader, 503,
+            absl::StrCat("evicted: request head not complete after ",
+                         now_ms - oldest_reader->accepted_ms, " ms while ",
+                         options_.max_connections, " connections were open\n"),
+            false);
+    oldest_reader->refused = true;
+    oldest_reader->deadline_ms = now_ms + kRefusalLingerMs;
+    --held;
+  }
+  Conn c;
+  c.fd = std::move(fd);
+  c.accepted_ms = now_ms;
+  c.deadline_ms = now_ms + options_.connection_timeout_ms;
+  if (held >= options_.max_connections) {
+    if (refusing >= options_.max_connections) return;  // closed here
+    // The documented 503, sent whole: the request is read and dropped
+    // (closing with it unread would reset the connection instead).
+    Respond(&c, 503,
+            absl::StrCat("more than ", options_.max_connections,
+                         " concurrent metrics connections\n"),
+            false);
+    c.refused = true;
+    c.deadline_ms = now_ms + kRefusalLingerMs;
+    conns->push_back(std::move(c));
+    OnWritable(&conns->back());
+    return;
+  }
+  conns->push_back(std::move(c));
+}
+
 void MetricsServer::Loop() {
   std::list<Conn> conns;
   std::vector<pollfd> fds;
   std::vector<Conn*> owners;
   for (;;) {
-    int64_t now = NowMs();
-    int timeout = -1;
-    for (auto it = conns.begin(); it != conns.end();) {
-      if (now >= it->deadline_ms) {
-        if (!it->writing && !it->draining && !it->refused) {
-          // Best effort; the connection closes either way.
-          std::string r =
-              HttpResponse(408, "request not received in time\n", false);
-          (void)!::send(it->fd.get(), r.data(), r.size(),
-                        MSG_NOSIGNAL | MSG_DONTWAIT);
-        }
-        it = conns.erase(it);
-        continue;
-      }
-      int64_t left = it->deadline_ms - now;
-      timeout = timeout < 0 ? static_cast<int>(left)
-                            : std::min<int>(timeout, static_cast<int>(left));
-      ++it;
-    }
+    const int timeout = Expire(&conns);
     fds.clear();
     owners.clear();
     fds.push_back({wake_.get(), POLLIN, 0});
@@ -310,69 +370,10 @@ void MetricsServer::Loop() {
       bool keep = c->writing ? OnWritable(c) : OnReadable(c);
       if (keep && c->writing && c->sent == 0) keep = OnWritable(c);
       if (!keep) {
-        for (auto it = conns.begin(); it != conns.end(); ++it) {
-          if (&*it == c) {
-            conns.erase(it);
-            break;
-          }
-        }
+        conns.remove_if([c](const Conn& x) { return &x == c; });
       }
     }
-    if (fds[1].revents & POLLIN) {
-      UniqueFd fd(::accept4(listen_.get(), nullptr, nullptr,
-                            SOCK_CLOEXEC | SOCK_NONBLOCK));
-      if (!fd.ok()) continue;
-      const int64_t now_ms = NowMs();
-      int held = 0, refusing = 0;
-      Conn* oldest_reader = nullptr;  // the slot a slow client holds longest
-      for (Conn& c : conns) {
-        if (c.refused) {
-          ++refusing;
-          continue;
-        }
-        ++held;
-        if (!c.writing && !c.draining &&
-            (oldest_reader == nullptr ||
-             c.accepted_ms < oldest_reader->accepted_ms)) {
-          oldest_reader = &c;
-        }
-      }
-      if (held >= options_.max_connections && oldest_reader != nullptr) {
-        // Full, and some connections have not sent a whole request head:
-        // the one that has had the longest makes room, told so with 503. A
-        // scraper sends its head with the connection and is answered at
-        // once; connections that keep slots by trickling bytes evict each
-        // other, oldest first, and never a newer one that is being served.
-        Respond(
-            oldest_reader, 503,
-            absl::StrCat("evicted: request head not complete after ",
-                         now_ms - oldest_reader->accepted_ms, " ms while ",
-                         options_.max_connections, " connections were open\n"),
-            false);
-        oldest_reader->refused = true;
-        oldest_reader->deadline_ms = now_ms + kRefusalLingerMs;
-        --held;
-      }
-      Conn c;
-      c.fd = std::move(fd);
-      c.accepted_ms = now_ms;
-      c.deadline_ms = now_ms + options_.connection_timeout_ms;
-      if (held >= options_.max_connections) {
-        if (refusing >= options_.max_connections) continue;  // closed here
-        // The documented 503, sent whole: the request is read and dropped
-        // (closing with it unread would reset the connection instead).
-        Respond(&c, 503,
-                absl::StrCat("more than ", options_.max_connections,
-                             " concurrent metrics connections\n"),
-                false);
-        c.refused = true;
-        c.deadline_ms = now_ms + kRefusalLingerMs;
-        conns.push_back(std::move(c));
-        OnWritable(&conns.back());
-        continue;
-      }
-      conns.push_back(std::move(c));
-    }
+    if (fds[1].revents & POLLIN) Accept(&conns);
   }
 }
 

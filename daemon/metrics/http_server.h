@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <memory>
 #include <string>
 #include <thread>
@@ -60,6 +61,12 @@ class MetricsServer {
   MetricsServer(UniqueFd listen, std::string bound, std::string unlink_path,
                 Render render, const MetricsServerOptions& options);
   void Loop();
+  // Loop's parts: closes the connections past their deadline (a 408 to one
+  // that had not sent its request) and returns poll's timeout for the
+  // others (-1: none); accepts one connection, making room or refusing it
+  // with 503 when max_connections are open.
+  int Expire(std::list<Conn>* conns);
+  void Accept(std::list<Conn>* conns);
   // Reads what is there; switches to writing once the head is complete or
   // refused. False: close now.
   bool OnReadable(Conn* c);

@@ -20,6 +20,18 @@ absl::Status CpuExecutor::Launch(uint64_t request_id, const v1::Launch& launch,
   return Run(request_id, *decoded);
 }
 
+absl::Status CpuExecutor::RingLaunch(uint64_t tag,
+                                     const RingLaunchHeader& header,
+                                     const RingDecode& decode, uint32_t* flags,
+                                     bool* end_session) {
+  (void)header;
+  (void)flags;
+  (void)end_session;
+  absl::StatusOr<DecodedLaunch*> decoded = decode(nullptr);
+  if (!decoded.ok()) return decoded.status();
+  return Run(tag, **decoded);
+}
+
 absl::Status CpuExecutor::Run(uint64_t request_id,
                               const DecodedLaunch& decoded) {
   absl::StatusOr<void*> handler = ctx_.handlers->Lookup(decoded.key);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/ring_layout.h"
 #include "daemon/cuda/cuda_devices.h"
 #include "daemon/cuda/cuda_session.h"
 #include "daemon/session/launch_decoder.h"
@@ -39,8 +40,8 @@ std::string RefText(const v1::CudaMappingRef& r) { return RefText(RefView(r)); }
 
 }  // namespace
 
-CudaExecutor::CudaExecutor(const SessionContext& ctx, CudaDevices* devices)
-    : ctx_(ctx), devices_(devices), frames_(ctx.budget) {}
+CudaExecutor::CudaExecutor(const SessionContext& ctx)
+    : ctx_(ctx), devices_(ctx.cuda), frames_(ctx.budget) {}
 
 CudaExecutor::~CudaExecutor() = default;
 
@@ -232,8 +233,8 @@ absl::Status CudaExecutor::Launch(uint64_t request_id, const v1::Launch& launch,
   Outcome out;
   absl::Status result = Run(
       request_id, cuda, *ordinal, launch.device_uuid(), launch.doorbell_seq(),
-      [&](const CudaBufferResolver& resolve) -> absl::StatusOr<DecodedLaunch*> {
-        decoded = DecodeLaunch(launch, *ctx_.arena, &resolve);
+      [&](const CudaBufferResolver* resolve) -> absl::StatusOr<DecodedLaunch*> {
+        decoded = DecodeLaunch(launch, *ctx_.arena, resolve);
         if (!decoded.ok()) return decoded.status();
         return &*decoded;
       },
@@ -243,30 +244,52 @@ absl::Status CudaExecutor::Launch(uint64_t request_id, const v1::Launch& launch,
   return result;
 }
 
-absl::Status CudaExecutor::RingLaunch(uint64_t tag, absl::string_view target,
-                                      absl::string_view device_uuid,
-                                      uint64_t doorbell_seq,
-                                      const Decoder& decode, Outcome* out) {
-  *out = Outcome{};
+absl::Status CudaExecutor::RingLaunch(uint64_t tag,
+                                      const RingLaunchHeader& header,
+                                      const RingDecode& decode, uint32_t* flags,
+                                      bool* end_session) {
   CudaSession* cuda = nullptr;
-  absl::StatusOr<int> ordinal = Device(target, device_uuid, &cuda);
+  absl::StatusOr<int> ordinal =
+      Device(header.target, header.device_uuid, &cuda);
   if (!ordinal.ok()) return ordinal.status();
-  absl::Status result =
-      Run(tag, cuda, *ordinal, device_uuid, doorbell_seq, decode, out);
-  if (!result.ok() && !out->signalled) {
+  Outcome out;
+  absl::Status result = Run(tag, cuda, *ordinal, header.device_uuid,
+                            header.doorbell_seq, decode, &out);
+  if (!result.ok() && !out.signalled) {
     absl::Status s =
-        cuda->SignalDoorbell(*ordinal, doorbell_seq, &out->signalled);
+        cuda->SignalDoorbell(*ordinal, header.doorbell_seq, &out.signalled);
     if (!s.ok()) {
       spdlog::debug("session {}: signalling doorbell {} of a failed launch: {}",
-                    ctx_.id, doorbell_seq, std::string(s.message()));
+                    ctx_.id, header.doorbell_seq, std::string(s.message()));
     }
   }
+  if (out.signalled) *flags |= ring::kDoneSignalled;
+  if (out.mapping_missing) *flags |= ring::kMappingMissing;
+  *end_session = (header.flags & ring::kSubmitAsync) != 0 && !out.signalled;
   return result;
+}
+
+bool CudaExecutor::HandleRequest(const v1::SessionRequest& request,
+                                 std::vector<UniqueFd>* fds,
+                                 v1::SessionResponse* resp,
+                                 absl::Status* status) {
+  switch (request.body_case()) {
+    case v1::SessionRequest::kCudaShare:
+      *status = Share(request.cuda_share().shares(), std::move(*fds));
+      if (status->ok()) resp->mutable_cuda_share();
+      return true;
+    case v1::SessionRequest::kCudaDoorbell:
+      *status = SetDoorbell(request.cuda_doorbell(), std::move(*fds));
+      if (status->ok()) resp->mutable_cuda_doorbell();
+      return true;
+    default:
+      return false;
+  }
 }
 
 absl::Status CudaExecutor::Run(uint64_t request_id, CudaSession* cuda,
                                int ordinal, absl::string_view device_uuid,
-                               uint64_t doorbell_seq, const Decoder& decode,
+                               uint64_t doorbell_seq, const RingDecode& decode,
                                Outcome* out) {
   // Every buffer resolved before the handler runs; the holders keep the
   // mappings alive until the launch's work is queued.
@@ -303,7 +326,7 @@ absl::Status CudaExecutor::Run(uint64_t request_id, CudaSession* cuda,
     holders.push_back(*std::move(r));
     return data;
   };
-  absl::StatusOr<DecodedLaunch*> decoded = decode(resolve);
+  absl::StatusOr<DecodedLaunch*> decoded = decode(&resolve);
   if (!decoded.ok()) return decoded.status();
   out->mapping_missing = false;
   absl::StatusOr<void*> handler = ctx_.handlers->Lookup((*decoded)->key);

@@ -5,7 +5,6 @@
 #define KREGD_DAEMON_SESSION_CUDA_EXECUTOR_H_
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <vector>
 
@@ -21,37 +20,38 @@ class CudaSession;
 
 class CudaExecutor final : public LaunchExecutor {
  public:
-  // `devices` null: kregd was started without CUDA (every request is
+  // ctx.cuda null: kregd was started without CUDA (every request is
   // UNIMPLEMENTED, saying so).
-  CudaExecutor(const SessionContext& ctx, CudaDevices* devices);
+  explicit CudaExecutor(const SessionContext& ctx);
   ~CudaExecutor() override;
 
   absl::Status Launch(uint64_t request_id, const v1::Launch& launch,
                       std::vector<UniqueFd> fds,
                       v1::LaunchReply* reply) override;
+  // A steady-state CUDA launch taken off the launch ring: the same sequence
+  // as Launch() without shares, events or releases. Whatever fails after
+  // the device is found, done := doorbell_seq is still enqueued when
+  // possible (CudaSession::SignalDoorbell), so an XLA stream that already
+  // waits for it (asynchronous mode) moves on; ring::kDoneSignalled says
+  // whether it was, and an asynchronous launch whose doorbell could not be
+  // signalled ends the session.
+  absl::Status RingLaunch(uint64_t tag, const RingLaunchHeader& header,
+                          const RingDecode& decode, uint32_t* flags,
+                          bool* end_session) override;
+  // CudaShare and CudaDoorbellSetup (Share, SetDoorbell).
+  bool HandleRequest(const v1::SessionRequest& request,
+                     std::vector<UniqueFd>* fds, v1::SessionResponse* resp,
+                     absl::Status* status) override;
   void DescribeTo(v1::HelloReply* reply) const override;
   void Release() override;
 
+ private:
   // What a CUDA launch tells the client besides its status (LaunchReply's
   // fields; a ring completion's flags).
   struct Outcome {
     bool mapping_missing = false;  // a buffer's allocation is not held
     bool signalled = false;        // done := doorbell_seq was enqueued
   };
-  // Decodes a launch's buffers through the resolver it is given (the
-  // socket's DecodeLaunch or the ring's RingDecoder::Decode).
-  using Decoder = std::function<absl::StatusOr<DecodedLaunch*>(
-      const CudaBufferResolver& resolve)>;
-
-  // A steady-state CUDA launch taken off the launch ring (its header
-  // checked by RingDecoder::Header): the same sequence as Launch() without
-  // shares, events or releases. Whatever fails after the device is found,
-  // done := doorbell_seq is still enqueued when possible
-  // (CudaSession::SignalDoorbell), so an XLA stream that already waits for
-  // it (asynchronous mode) moves on; out->signalled says whether it was.
-  absl::Status RingLaunch(uint64_t tag, absl::string_view target,
-                          absl::string_view device_uuid, uint64_t doorbell_seq,
-                          const Decoder& decode, Outcome* out);
 
   // CudaShareRequest: imports `shares`, one VMM fd each from `fds` in
   // order; INVALID_ARGUMENT when fds are left over.
@@ -61,8 +61,6 @@ class CudaExecutor final : public LaunchExecutor {
   // CudaDoorbellSetup with its one VMM fd.
   absl::Status SetDoorbell(const v1::CudaDoorbellSetup& setup,
                            std::vector<UniqueFd> fds);
-
- private:
   // Imports `shares`, taking their fds from the front of `fds`.
   absl::Status ShareCuda(
       const google::protobuf::RepeatedPtrField<v1::CudaShare>& shares,
@@ -75,11 +73,12 @@ class CudaExecutor final : public LaunchExecutor {
                              absl::string_view device_uuid, CudaSession** cuda);
   // The part of a launch the socket and the ring share: resolves every
   // buffer through the session's mapping cache (limit on distinct
-  // allocations, device check), decodes, looks the handler up and runs it
-  // on the session stream (CudaSession::Launch).
+  // allocations, device check), decodes through `decode` (given that
+  // resolver), looks the handler up and runs it on the session stream
+  // (CudaSession::Launch).
   absl::Status Run(uint64_t request_id, CudaSession* cuda, int ordinal,
                    absl::string_view device_uuid, uint64_t doorbell_seq,
-                   const Decoder& decode, Outcome* out);
+                   const RingDecode& decode, Outcome* out);
 
   const SessionContext ctx_;
   CudaDevices* const devices_;

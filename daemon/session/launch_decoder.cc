@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
+#include "daemon/platform_table.h"
 #include "daemon/validate.h"
 
 namespace kreg {
@@ -276,11 +277,11 @@ absl::StatusOr<DecodedLaunch> DecodeLaunch(const v1::Launch& launch,
   if (!platform.ok()) return platform.status();
   out.key = TargetKey{launch.target_name(), *platform};
   out.frame.platform = *platform;
-  const bool on_cuda = *platform == Platform::kCuda;
+  const bool on_cuda = TraitsOf(*platform).memory == PlatformMemory::kCuda;
   if (on_cuda && cuda == nullptr) {
-    return absl::UnimplementedError(
-        absl::StrCat("launching \"", launch.target_name(),
-                     "\" for platform cuda: this kregd serves no CUDA device"));
+    return absl::UnimplementedError(absl::StrCat(
+        "launching \"", launch.target_name(), "\" for platform ",
+        PlatformName(*platform), ": this kregd serves no CUDA device"));
   }
   auto decode = [&](const v1::Buffer& b, const std::string& what) {
     return on_cuda ? DecodeCudaBuffer(b, *cuda, what)

@@ -7,17 +7,21 @@
 #define KREGD_DAEMON_SESSION_LAUNCH_EXECUTOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/unique_fd.h"
 #include "common/wire.h"
+#include "daemon/session/launch_decoder.h"
+#include "daemon/session/ring_decoder.h"
 #include "daemon/types.h"
 #include "kreg/v1/session.pb.h"
 
 namespace kreg {
 
+class CudaDevices;
 class SessionBackend;
 class ShmArena;
 
@@ -46,6 +50,8 @@ struct SessionContext {
   // What the platform's launch caches are charged to (max_buffered_bytes;
   // null: unbounded).
   wire::ByteBudget* budget = nullptr;
+  // The executor process's CUDA devices (null: started without CUDA).
+  CudaDevices* cuda = nullptr;
 };
 
 // Runs one platform's launches of one session. Called with the session's
@@ -60,6 +66,32 @@ class LaunchExecutor {
   virtual absl::Status Launch(uint64_t request_id, const v1::Launch& launch,
                               std::vector<UniqueFd> fds,
                               v1::LaunchReply* reply) = 0;
+  // Decodes the rest of a launch ring descriptor (RingDecoder::Decode);
+  // a platform whose buffers are device memory passes its resolver.
+  using RingDecode = std::function<absl::StatusOr<DecodedLaunch*>(
+      const CudaBufferResolver* resolve)>;
+  // A launch taken off the launch ring (DESIGN §9) whose header was checked
+  // (RingDecoder::Header); the request id is the descriptor's tag. `*flags`
+  // gets the completion's ring::k* flags (it starts at 0); `*end_session`
+  // set asks the session to end after the completion (CUDA: the doorbell
+  // of a failed asynchronous launch could not be signalled). The decoder's
+  // or the handler's error.
+  virtual absl::Status RingLaunch(uint64_t tag, const RingLaunchHeader& header,
+                                  const RingDecode& decode, uint32_t* flags,
+                                  bool* end_session) = 0;
+  // The platform's own session requests (CUDA: CudaShare,
+  // CudaDoorbellSetup). False when `request` is none of them; true when it
+  // was handled, with its reply part set in `*resp` or its error in
+  // `*status`; `*fds` are the descriptors attached to it.
+  virtual bool HandleRequest(const v1::SessionRequest& request,
+                             std::vector<UniqueFd>* fds,
+                             v1::SessionResponse* resp, absl::Status* status) {
+    (void)request;
+    (void)fds;
+    (void)resp;
+    (void)status;
+    return false;
+  }
   // What this platform adds to the HelloReply.
   virtual void DescribeTo(v1::HelloReply* reply) const { (void)reply; }
   // The session ends: waits for the platform's outstanding work and

@@ -4,11 +4,14 @@
 #include <string.h>
 
 #include <atomic>
+#include <string>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/ring_layout.h"
+#include "daemon/platform_table.h"
 #include "daemon/validate.h"
 
 namespace kreg {
@@ -206,26 +209,26 @@ absl::Status RingDecoder::CheckHeader(const char* data, size_t size,
   if (!platform.ok()) return platform.status();
   static constexpr uint8_t kNoUuid[sizeof(h.device_uuid)] = {};
   const bool has_uuid = memcmp(h.device_uuid, kNoUuid, sizeof(kNoUuid)) != 0;
-  if (*platform == Platform::kCpu) {
-    if (h.doorbell_seq != 0 || has_uuid) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("launching \"", *target,
-                       "\": a CPU launch descriptor carries CUDA fields "
-                       "(doorbell sequence number ",
-                       h.doorbell_seq, has_uuid ? ", a device UUID)" : ")"));
-    }
-  } else if (*platform == Platform::kCuda) {
-    if (h.doorbell_seq == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "launching \"", *target,
-          "\": a CUDA launch descriptor needs a doorbell sequence number "
-          "> 0 (the launch ring orders CUDA launches by the doorbell only; "
-          "interprocess events travel on the session socket)"));
-    }
-  } else {
-    return absl::UnimplementedError(
-        absl::StrCat("launching \"", *target,
-                     "\": the launch ring carries CPU and CUDA launches only"));
+  const std::string upper = absl::AsciiStrToUpper(PlatformName(*platform));
+  switch (TraitsOf(*platform).memory) {
+    case PlatformMemory::kHost:
+      if (h.doorbell_seq != 0 || has_uuid) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "launching \"", *target, "\": a ", upper,
+            " launch descriptor carries CUDA fields (doorbell sequence "
+            "number ",
+            h.doorbell_seq, has_uuid ? ", a device UUID)" : ")"));
+      }
+      break;
+    case PlatformMemory::kCuda:
+      if (h.doorbell_seq == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "launching \"", *target, "\": a ", upper,
+            " launch descriptor needs a doorbell sequence number > 0 (the "
+            "launch ring orders CUDA launches by the doorbell only; "
+            "interprocess events travel on the session socket)"));
+      }
+      break;
   }
   *platform_out = *platform;
   *pos = in.pos();
@@ -247,7 +250,7 @@ absl::StatusOr<RingLaunchHeader> RingDecoder::Header(const char* data,
   RingLaunchHeader out;
   out.platform = platform;
   out.target = target;
-  if (platform == Platform::kCuda) {
+  if (TraitsOf(platform).memory == PlatformMemory::kCuda) {
     out.device_uuid =
         absl::string_view(data + offsetof(ring::SubmitHeader, device_uuid),
                           sizeof(h.device_uuid));
@@ -270,11 +273,11 @@ absl::StatusOr<DecodedLaunch*> RingDecoder::Decode(
     return s;
   }
   const Platform* platform = &platform_value;
-  const bool on_cuda = *platform == Platform::kCuda;
+  const bool on_cuda = TraitsOf(*platform).memory == PlatformMemory::kCuda;
   if (on_cuda && cuda == nullptr) {
-    return absl::UnimplementedError(
-        absl::StrCat("launching \"", target,
-                     "\" for platform cuda: this kregd serves no CUDA device"));
+    return absl::UnimplementedError(absl::StrCat(
+        "launching \"", target, "\" for platform ", PlatformName(*platform),
+        ": this kregd serves no CUDA device"));
   }
   if (on_cuda) {
     device_uuid_.assign(reinterpret_cast<const char*>(h.device_uuid),

@@ -14,11 +14,10 @@
 #include "common/ring_layout.h"
 #include "common/wire.h"
 #include "daemon/log_limit.h"
-#include "daemon/session/cpu_executor.h"
-#include "daemon/session/cuda_executor.h"
 #include "daemon/session/launch_decoder.h"
 #include "daemon/session/launch_ring.h"
 #include "daemon/session/module_upload.h"
+#include "daemon/session/platform_executors.h"
 #include "daemon/validate.h"
 #include "spdlog/spdlog.h"
 
@@ -43,20 +42,91 @@ Session::Session(uint64_t id, UniqueFd sock, const PeerCred& peer,
       counters_(counters),
       arena_(limits.max_arena_bytes),
       handlers_(backend),
-      ring_decoder_(limits.receive_budget) {
-  SessionContext ctx{id,      peer,       backend,
-                     &arena_, &handlers_, limits.receive_budget};
-  auto cpu = std::make_unique<CpuExecutor>(ctx);
-  auto gpu = std::make_unique<CudaExecutor>(ctx, cuda);
-  cpu_ = cpu.get();
-  cuda_ = gpu.get();
-  executors_.emplace(Platform::kCpu, std::move(cpu));
-  executors_.emplace(Platform::kCuda, std::move(gpu));
-}
+      executors_(MakeLaunchExecutors({id, peer, backend, &arena_, &handlers_,
+                                      limits.receive_budget, cuda})),
+      ring_decoder_(limits.receive_budget) {}
 
 Session::~Session() { StopRing(); }
 
 void Session::Shutdown() { ::shutdown(sock_.get(), SHUT_RDWR); }
+
+int Session::NextFrame(uint32_t max_bytes,
+                       wire::Clock::time_point hello_deadline,
+                       bool before_hello, wire::RecvBuffer* buffer,
+                       std::vector<int>* fds) {
+  if (before_hello) {
+    return wire::RecvFrame(sock_.get(), max_bytes, buffer, fds, hello_deadline);
+  }
+  wire::SpinUntilReadable(sock_.get(), limits_.spin_us);
+  if (limits_.hello_timeout_ms <= 0) {
+    return wire::RecvFrame(sock_.get(), max_bytes, buffer, fds);
+  }
+  pollfd p{sock_.get(), POLLIN, 0};
+  while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
+  }
+  return wire::RecvFrame(
+      sock_.get(), max_bytes, buffer, fds,
+      wire::Clock::now() + std::chrono::milliseconds(limits_.hello_timeout_ms));
+}
+
+void Session::SayFrameRefused(int rc, bool before_hello) {
+  std::string more;
+  const bool log =
+      PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more);
+  if (rc == wire::kTimedOut && before_hello) {
+    if (log) {
+      spdlog::info(
+          "session {} (pid {} uid {}): no Hello within {} ms; closing{}", id_,
+          peer_.pid, peer_.uid, limits_.hello_timeout_ms, more);
+    }
+    SendConnectionError(sock_.get(),
+                        absl::DeadlineExceededError(absl::StrCat(
+                            "kregd closed this session: no Hello within ",
+                            limits_.hello_timeout_ms, " ms of connecting")));
+    return;
+  }
+  if (rc == wire::kTimedOut) {
+    if (log) {
+      spdlog::info(
+          "session {} (pid {} uid {}): a message did not arrive whole "
+          "within {} ms of its first byte; closing{}",
+          id_, peer_.pid, peer_.uid, limits_.hello_timeout_ms, more);
+    }
+    SendConnectionError(
+        sock_.get(),
+        absl::DeadlineExceededError(absl::StrCat(
+            "kregd closed this session: a message did not arrive whole "
+            "within ",
+            limits_.hello_timeout_ms,
+            " ms of its first byte (hello_timeout_s)")));
+    return;
+  }
+  if (log) {
+    spdlog::info("session {} (uid {} pid {}): closing: {}{}", id_, peer_.uid,
+                 peer_.pid, wire::ResultText(rc), more);
+  }
+  if (rc == wire::kOverBudget) {
+    const wire::ByteBudget& budget = *limits_.receive_budget;
+    SendConnectionError(
+        sock_.get(),
+        absl::ResourceExhaustedError(absl::StrCat(
+            "session message refused: it would take the bytes buffered "
+            "for messages in flight by every session of this executor "
+            "(uid ",
+            peer_.uid, ") past ", budget.limit(), " (max_buffered_bytes; ",
+            budget.used(),
+            " in use); send fewer large messages at once (modules go by "
+            "fd, tensors through the arena) or ask the operator to raise "
+            "max_buffered_bytes")));
+  }
+  if (rc == wire::kTooLarge || rc == wire::kTooManyFds) {
+    SendConnectionError(sock_.get(),
+                        absl::ResourceExhaustedError(absl::StrCat(
+                            "session message refused: ", wire::ResultText(rc),
+                            " (max_message_bytes ", limits_.max_message_bytes,
+                            ", at most ", wire::kMaxFdsPerFrame, " fds)")));
+  }
+}
 
 void Session::Run() {
   uint32_t max_bytes = static_cast<uint32_t>(
@@ -84,81 +154,11 @@ void Session::Run() {
   for (;;) {
     const bool before_hello = !hello_done_ && limits_.hello_timeout_ms > 0;
     std::vector<int> raw_fds;
-    int rc;
-    if (before_hello) {
-      rc = wire::RecvFrame(sock_.get(), max_bytes, &buffer, &raw_fds,
-                           hello_deadline);
-    } else if (limits_.hello_timeout_ms > 0) {
-      wire::SpinUntilReadable(sock_.get(), limits_.spin_us);
-      pollfd p{sock_.get(), POLLIN, 0};
-      while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
-      }
-      rc = wire::RecvFrame(sock_.get(), max_bytes, &buffer, &raw_fds,
-                           wire::Clock::now() + std::chrono::milliseconds(
-                                                    limits_.hello_timeout_ms));
-      if (rc == wire::kTimedOut) {
-        std::string more;
-        if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
-          spdlog::info(
-              "session {} (pid {} uid {}): a message did not arrive whole "
-              "within {} ms of its first byte; closing{}",
-              id_, peer_.pid, peer_.uid, limits_.hello_timeout_ms, more);
-        }
-        SendConnectionError(
-            sock_.get(),
-            absl::DeadlineExceededError(absl::StrCat(
-                "kregd closed this session: a message did not arrive whole "
-                "within ",
-                limits_.hello_timeout_ms,
-                " ms of its first byte (hello_timeout_s)")));
-        break;
-      }
-    } else {
-      wire::SpinUntilReadable(sock_.get(), limits_.spin_us);
-      rc = wire::RecvFrame(sock_.get(), max_bytes, &buffer, &raw_fds);
-    }
-    if (rc == wire::kTimedOut) {
-      std::string more;
-      if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
-        spdlog::info(
-            "session {} (pid {} uid {}): no Hello within {} ms; "
-            "closing{}",
-            id_, peer_.pid, peer_.uid, limits_.hello_timeout_ms, more);
-      }
-      SendConnectionError(sock_.get(),
-                          absl::DeadlineExceededError(absl::StrCat(
-                              "kregd closed this session: no Hello within ",
-                              limits_.hello_timeout_ms, " ms of connecting")));
-      break;
-    }
+    int rc =
+        NextFrame(max_bytes, hello_deadline, before_hello, &buffer, &raw_fds);
     if (rc == wire::kEof) break;
     if (rc != wire::kOk) {
-      std::string more;
-      if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
-        spdlog::info("session {} (uid {} pid {}): closing: {}{}", id_,
-                     peer_.uid, peer_.pid, wire::ResultText(rc), more);
-      }
-      if (rc == wire::kOverBudget) {
-        const wire::ByteBudget& budget = *limits_.receive_budget;
-        SendConnectionError(
-            sock_.get(),
-            absl::ResourceExhaustedError(absl::StrCat(
-                "session message refused: it would take the bytes buffered "
-                "for messages in flight by every session of this executor "
-                "(uid ",
-                peer_.uid, ") past ", budget.limit(), " (max_buffered_bytes; ",
-                budget.used(),
-                " in use); send fewer large messages at once (modules go by "
-                "fd, tensors through the arena) or ask the operator to raise "
-                "max_buffered_bytes")));
-      }
-      if (rc == wire::kTooLarge || rc == wire::kTooManyFds) {
-        SendConnectionError(
-            sock_.get(), absl::ResourceExhaustedError(absl::StrCat(
-                             "session message refused: ", wire::ResultText(rc),
-                             " (max_message_bytes ", limits_.max_message_bytes,
-                             ", at most ", wire::kMaxFdsPerFrame, " fds)")));
-      }
+      SayFrameRefused(rc, before_hello);
       break;
     }
     std::vector<UniqueFd> fds;
@@ -203,7 +203,7 @@ void Session::Run() {
   StopRing();
   // Waits for the session's GPU work, then releases its stream, mappings,
   // events and scratch.
-  for (auto& [platform, executor] : executors_) executor->Release();
+  for (auto& executor : executors_) executor->Release();
   arena_.Reset();
   backend_->ArenaSized(0);
   handlers_.Clear();
@@ -281,22 +281,23 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
         }
         break;
       }
-      case v1::SessionRequest::kCudaShare:
-        status = cuda_->Share(request.cuda_share().shares(), std::move(fds));
-        if (status.ok()) resp.mutable_cuda_share();
-        break;
-      case v1::SessionRequest::kCudaDoorbell:
-        status = cuda_->SetDoorbell(request.cuda_doorbell(), std::move(fds));
-        if (status.ok()) resp.mutable_cuda_doorbell();
-        break;
       case v1::SessionRequest::kRingSetup:
         status = DoRingSetup(request.ring_setup(), std::move(fds));
         if (status.ok()) resp.mutable_ring_setup();
         break;
-      default:
-        status = absl::InvalidArgumentError(
-            absl::StrCat("unknown session request kind ",
-                         static_cast<int>(request.body_case())));
+      default: {
+        // A platform's own requests (CudaShare, CudaDoorbellSetup).
+        bool handled = false;
+        for (auto& executor : executors_) {
+          handled = executor->HandleRequest(request, &fds, &resp, &status);
+          if (handled) break;
+        }
+        if (!handled) {
+          status = absl::InvalidArgumentError(
+              absl::StrCat("unknown session request kind ",
+                           static_cast<int>(request.body_case())));
+        }
+      }
     }
   }
   SetStatus(status, &resp);
@@ -364,7 +365,7 @@ absl::Status Session::DoHello(const v1::Hello& hello, v1::HelloReply* reply) {
   reply->set_max_message_bytes(limits_.max_message_bytes);
   reply->set_max_module_bytes(limits_.max_module_bytes);
   if (limits_.launch_ring) reply->set_launch_ring(ring::kVersion);
-  for (const auto& [platform, executor] : executors_) {
+  for (const auto& executor : executors_) {
     executor->DescribeTo(reply);
   }
   return absl::OkStatus();
@@ -388,11 +389,11 @@ absl::Status Session::DoLaunch(const v1::Launch& launch,
                                std::vector<UniqueFd> fds,
                                v1::LaunchReply* reply) {
   counters_->launches.fetch_add(1, std::memory_order_relaxed);
-  // A launch whose platform does not parse goes to the CPU executor, whose
-  // decoder names the bad value.
+  // A launch whose platform does not parse goes to the first platform's
+  // executor, whose decoder names the bad value.
   absl::StatusOr<Platform> platform = ParsePlatform(launch.platform());
   LaunchExecutor* executor =
-      executors_.at(platform.ok() ? *platform : Platform::kCpu).get();
+      executors_[platform.ok() ? static_cast<size_t>(*platform) : 0].get();
   absl::Status status =
       executor->Launch(request_id_, launch, std::move(fds), reply);
   if (!status.ok()) {

@@ -7,7 +7,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -30,9 +29,7 @@
 
 namespace kreg {
 
-class CpuExecutor;
 class CudaDevices;
-class CudaExecutor;
 class LaunchRing;
 
 // What a session needs from the rest of its process. Implemented by the
@@ -127,9 +124,10 @@ struct SessionLimits {
 // Serves one connection until the peer closes it or Shutdown() is called;
 // the destructor releases the arena and the socket. The session is the
 // transport (socket frames and the launch ring), Hello and the arena; each
-// Launch goes to the LaunchExecutor of its platform (CpuExecutor,
-// CudaExecutor), which also owns that platform's state (the CUDA one is
-// created on the first CUDA request and released when the connection ends).
+// Launch goes to the LaunchExecutor of its platform (platform_executors.h:
+// CpuExecutor, CudaExecutor), which also owns that platform's state and
+// requests (the CUDA one is created on the first CUDA request and released
+// when the connection ends).
 // Run() is called on one thread; Shutdown() from any. Once the client set up
 // a launch ring, a second thread serves it; it and Run() handle one request
 // at a time (mu_), and Run() stops and joins it before it releases anything.
@@ -160,6 +158,16 @@ class Session final : public ServedSession {
   const PeerCred& peer() const override { return peer_; }
 
  private:
+  // Run's parts. The next frame into `buffer` and `fds`: before Hello all
+  // of it by `hello_deadline`; after Hello (with a hello_timeout) all of
+  // it within hello_timeout_ms of its first byte, after any wait for that
+  // byte. wire's result.
+  int NextFrame(uint32_t max_bytes, wire::Clock::time_point hello_deadline,
+                bool before_hello, wire::RecvBuffer* buffer,
+                std::vector<int>* fds);
+  // Why a frame could not be taken (`rc`, not kOk or kEof), said in the
+  // log (rate-limited per uid) and to the client where it can act on it.
+  void SayFrameRefused(int rc, bool before_hello);
   // The uploaded module of `header` (module.upload_size: the one fd in
   // `fds`) as `*module`, a memfd sealed with kModuleSeals, which the backend
   // relays to kregd. The upload is first passed to the backend's
@@ -209,10 +217,8 @@ class Session final : public ServedSession {
   UniqueFd reply_fd_;        // attached to the response being built
   ShmArena arena_;
   HandlerTable handlers_;
-  // One per platform; cpu_ and cuda_ point into it.
-  std::map<Platform, std::unique_ptr<LaunchExecutor>> executors_;
-  CpuExecutor* cpu_ = nullptr;
-  CudaExecutor* cuda_ = nullptr;
+  // One per platform, at its Platform's index (MakeLaunchExecutors).
+  std::vector<std::unique_ptr<LaunchExecutor>> executors_;
   // Held while a request or a ring launch is handled.
   std::mutex mu_;
   std::unique_ptr<LaunchRing> ring_;

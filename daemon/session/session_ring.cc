@@ -13,8 +13,6 @@
 #include "common/ring_layout.h"
 #include "common/stage_trace.h"
 #include "daemon/log_limit.h"
-#include "daemon/session/cpu_executor.h"
-#include "daemon/session/cuda_executor.h"
 #include "daemon/session/launch_ring.h"
 #include "daemon/session/session.h"
 #include "spdlog/spdlog.h"
@@ -135,7 +133,7 @@ absl::Status Session::RunRingLaunch(const std::string& descriptor,
   absl::Status status;
   absl::StatusOr<RingLaunchHeader> header = ring_decoder_.Header(
       descriptor.data(), descriptor.size(), ring_->seq(), tag);
-  bool async = false;
+  const bool async = header.ok() && (header->flags & ring::kSubmitAsync) != 0;
   if (header.ok() && (header->flags & ring::kSubmitTrace) != 0) {
     stage::SetCurrent(times);  // cleared once the completion is out
   }
@@ -143,27 +141,17 @@ absl::Status Session::RunRingLaunch(const std::string& descriptor,
     status = header.status();
     // An unreadable header is not signalled (nothing in it can be
     // trusted, its flags included): the client library never writes one.
-  } else if (header->platform == Platform::kCuda) {
-    async = (header->flags & ring::kSubmitAsync) != 0;
-    CudaExecutor::Outcome outcome;
-    status = cuda_->RingLaunch(
-        *tag, header->target, header->device_uuid, header->doorbell_seq,
-        [&](const CudaBufferResolver& resolve) {
+  } else {
+    status = executors_[static_cast<size_t>(header->platform)]->RingLaunch(
+        *tag, *header,
+        [&](const CudaBufferResolver* resolve) {
           auto decoded =
               ring_decoder_.Decode(descriptor.data(), descriptor.size(),
-                                   ring_->seq(), arena_, tag, &resolve);
+                                   ring_->seq(), arena_, tag, resolve);
           stage::Mark(stage::kDecoded);
           return decoded;
         },
-        &outcome);
-    if (outcome.signalled) *flags |= ring::kDoneSignalled;
-    if (outcome.mapping_missing) *flags |= ring::kMappingMissing;
-    *end_session = async && !outcome.signalled;
-  } else {
-    absl::StatusOr<DecodedLaunch*> decoded = ring_decoder_.Decode(
-        descriptor.data(), descriptor.size(), ring_->seq(), arena_, tag);
-    stage::Mark(stage::kDecoded);
-    status = decoded.ok() ? cpu_->Run(*tag, **decoded) : decoded.status();
+        flags, end_session);
   }
   if (!status.ok()) {
     counters_->launch_errors.fetch_add(1, std::memory_order_relaxed);
@@ -182,8 +170,8 @@ absl::Status Session::RunRingLaunch(const std::string& descriptor,
     if (*end_session) {
       spdlog::warn(
           "session {} (uid {} pid {}): closing: the doorbell of a failed "
-          "asynchronous CUDA launch could not be signalled, and the "
-          "client's stream waits for it",
+          "asynchronous launch could not be signalled, and the client's "
+          "stream waits for it",
           id_, peer_.uid, peer_.pid);
     }
   }

@@ -177,8 +177,28 @@ except Exception as e:  # pylint: disable=broad-except
 """
 
 
-def wait_unread(pid: int, seconds: float = 10.0) -> bool:
-  """Waits until a Unix socket of process `pid` holds bytes it has not read
+def wait_stopped(pid: int, seconds: float = 10.0) -> None:
+  """Waits until every thread of `pid` is stopped (SIGSTOP takes effect
+  when each thread next runs: a thread woken by it may still take bytes
+  that arrive meanwhile)."""
+  deadline = time.monotonic() + seconds
+  while time.monotonic() < deadline:
+    states = []
+    for t in os.listdir(f"/proc/{pid}/task"):
+      try:
+        stat = pathlib.Path(f"/proc/{pid}/task/{t}/stat").read_text()
+      except FileNotFoundError:
+        continue
+      states.append(stat.rsplit(")", 1)[1].split()[0])
+    if states and all(s in ("T", "t") for s in states):
+      return
+    time.sleep(0.005)
+  raise AssertionError(f"executor {pid} did not stop within {seconds} s")
+
+
+def wait_unread(pid: int, client_pid: int, seconds: float = 10.0) -> bool:
+  """Waits until the socket that executor `pid` shares with process
+  `client_pid` (the session socket) holds bytes the executor has not read
   (`ss -x`'s Recv-Q); False after `seconds` (True after a pause where `ss`
   is missing)."""
   if shutil.which("ss") is None:
@@ -187,10 +207,15 @@ def wait_unread(pid: int, seconds: float = 10.0) -> bool:
   deadline = time.monotonic() + seconds
   while time.monotonic() < deadline:
     out = subprocess.run(["ss", "-xpn"], capture_output=True, text=True).stdout
-    for line in out.splitlines():
-      fields = line.split()
-      if (len(fields) > 2 and f"pid={pid}," in line and fields[2].isdigit()
-          and int(fields[2]) > 0):
+    # Netid State Recv-Q Send-Q Local-addr Local-inode Peer-addr Peer-inode
+    # users:(("name",pid=N,fd=M),...)
+    rows = [line.split() for line in out.splitlines()[1:]]
+    rows = [(f, set(map(int, re.findall(r"pid=(\d+),", " ".join(f[8:])))))
+            for f in rows if len(f) > 7]
+    client_inodes = {f[5] for f, pids in rows if client_pid in pids}
+    for f, pids in rows:
+      if (pid in pids and f[7] in client_inodes and f[2].isdigit()
+          and int(f[2]) > 0):
         return True
     time.sleep(0.02)
   return False
@@ -214,10 +239,12 @@ def test_a_request_no_executor_read_names_the_executor_that_died():
                if e["group"].startswith(f"pid {p.pid} ")]
       before = status["executor_crashes"]
       os.kill(ex["pid"], signal.SIGSTOP)
+      wait_stopped(ex["pid"])
       p.stdin.write("go\n")
       p.stdin.flush()
       # The request is in the executor's session socket; nobody reads it.
-      assert wait_unread(ex["pid"]), "the request never reached the executor"
+      assert wait_unread(ex["pid"], p.pid), (
+          "the request never reached the executor")
       os.kill(ex["pid"], signal.SIGKILL)
       r = json.loads(p.stdout.readline())
     finally:

@@ -188,6 +188,13 @@ CUresult CtxGetDevice(CUdevice* d) {
       (reinterpret_cast<uintptr_t>(t_stack.back()) - 0x1000) & 0xffff);
   return CUDA_SUCCESS;
 }
+CUresult CtxGetId(CUcontext ctx, unsigned long long* id) {  // NOLINT
+  FAKE_ENTER("cuCtxGetId");
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  *id = ((f.serial() * 1000 + f.context_epoch) << 32) |
+        (reinterpret_cast<uintptr_t>(ctx) & 0xffffffffu);
+  return CUDA_SUCCESS;
+}
 CUresult CtxCreate(CUcontext* ctx, void* params, unsigned int flags,
                    CUdevice dev) {
   FAKE_ENTER("cuCtxCreate");
@@ -601,6 +608,8 @@ void FakeCuda::EnableCtxCreate() {
 FakeCuda::FakeCuda() {
   if (g_fake != nullptr) throw std::logic_error("one FakeCuda at a time");
   g_fake = this;
+  static std::atomic<uint64_t> instances{0};
+  serial_ = ++instances;
   devices.push_back(Device{Uuid(0xa0)});
   table_.cuGetErrorName = GetErrorName;
   table_.cuGetErrorString = GetErrorString;
@@ -617,6 +626,7 @@ FakeCuda::FakeCuda() {
   table_.cuCtxPopCurrent = CtxPop;
   table_.cuCtxGetCurrent = CtxGetCurrent;
   table_.cuCtxGetDevice = CtxGetDevice;
+  table_.cuCtxGetId = CtxGetId;
   table_.cuStreamCreate = StreamCreate;
   table_.cuStreamDestroy = StreamDestroy;
   table_.cuStreamQuery = StreamQuery;

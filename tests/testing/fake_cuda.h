@@ -97,6 +97,13 @@ class FakeCuda {
   void EnableCtxCreate();
   int contexts_created = 0;
   int contexts_live = 0;
+  // cuCtxGetId: unique per FakeCuda and context; bumping this makes every
+  // context look destroyed and re-created at the same address.
+  uint64_t context_epoch = 0;
+  // Offers no cuCtxGetId (as a driver that lacks it).
+  void DisableCtxGetId() { table_.cuCtxGetId = nullptr; }
+  // This fake's number among those the process made (from 1).
+  uint64_t serial() const { return serial_; }
   std::vector<MemOp> memops;
   std::map<uint64_t, uint64_t> memory_;  // 64-bit words written by memops
   // Contexts pushed on this thread and not popped.
@@ -146,6 +153,7 @@ class FakeCuda {
 
  private:
   std::map<std::string, cu::CUresult> fail_next_;
+  uint64_t serial_ = 0;
   cu::CudaDriver table_{};
 };
 

@@ -197,6 +197,78 @@ TEST_CASE("A stream names its device", "[client_cuda]") {
   CHECK(CurrentDeviceUuid(fake.driver(), &uuid).code == kInvalidArgument);
 }
 
+TEST_CASE("A context's device is asked once; a new context is asked again",
+          "[client_cuda]") {
+  FakeCuda fake;
+  const auto stream = reinterpret_cast<cu::CUstream>(0x2001);
+  cu::CUcontext ctx = nullptr;
+  int ordinal = -1;
+  std::string uuid;
+  REQUIRE(StreamDevice(fake.driver(), stream, &ctx, &ordinal, &uuid).ok());
+  fake.calls.clear();
+  cu::CUcontext ctx2 = nullptr;
+  int ordinal2 = -1;
+  std::string uuid2;
+  REQUIRE(StreamDevice(fake.driver(), stream, &ctx2, &ordinal2, &uuid2).ok());
+  CHECK(fake.calls == std::vector<std::string>{"cuStreamGetCtx", "cuCtxGetId"});
+  CHECK(ctx2 == ctx);
+  CHECK(ordinal2 == ordinal);
+  CHECK(uuid2 == uuid);
+  CHECK(FakeCuda::PushedDepth() == 0);
+  // The context was destroyed and another made at its address: its ID is
+  // new, so the device is asked again.
+  ++fake.context_epoch;
+  fake.calls.clear();
+  REQUIRE(StreamDevice(fake.driver(), stream, &ctx2, &ordinal2, &uuid2).ok());
+  CHECK(std::count(fake.calls.begin(), fake.calls.end(), "cuDeviceGetUuid") ==
+        1);
+  CHECK(uuid2 == FakeCuda::Uuid(0xa0));
+  // A failing cuCtxGetId: the device is asked.
+  fake.FailNext("cuCtxGetId", cu::CUDA_ERROR_INVALID_CONTEXT);
+  fake.calls.clear();
+  REQUIRE(StreamDevice(fake.driver(), stream, &ctx2, &ordinal2, &uuid2).ok());
+  CHECK(std::count(fake.calls.begin(), fake.calls.end(), "cuDeviceGetUuid") ==
+        1);
+  // A driver without cuCtxGetId: asked every time.
+  fake.DisableCtxGetId();
+  for (int i = 0; i < 2; ++i) {
+    fake.calls.clear();
+    REQUIRE(StreamDevice(fake.driver(), stream, &ctx2, &ordinal2, &uuid2).ok());
+    CHECK(std::count(fake.calls.begin(), fake.calls.end(), "cuDeviceGetUuid") ==
+          1);
+  }
+}
+
+TEST_CASE("PushContext pushes nothing when the context is already current",
+          "[client_cuda]") {
+  FakeCuda fake;
+  const cu::CudaDriver& d = *fake.driver();
+  const auto a = reinterpret_cast<cu::CUcontext>(uintptr_t{0x1000});
+  const auto b = reinterpret_cast<cu::CUcontext>(uintptr_t{0x1001});
+  {
+    PushContext none(d, nullptr);
+    CHECK(FakeCuda::PushedDepth() == 0);
+  }
+  REQUIRE(d.cuCtxPushCurrent(a) == cu::CUDA_SUCCESS);
+  fake.calls.clear();
+  {
+    PushContext same(d, a);
+    CHECK(FakeCuda::PushedDepth() == 1);
+    {
+      PushContext other(d, b);
+      CHECK(FakeCuda::PushedDepth() == 2);
+      cu::CUcontext cur = nullptr;
+      d.cuCtxGetCurrent(&cur);
+      CHECK(cur == b);
+    }
+    CHECK(FakeCuda::PushedDepth() == 1);
+  }
+  CHECK(FakeCuda::PushedDepth() == 1);
+  CHECK(fake.calls == std::vector<std::string>{"cuCtxPushCurrent"});
+  cu::CUcontext popped;
+  d.cuCtxPopCurrent(&popped);
+}
+
 TEST_CASE("An interprocess event pair is made and opened by kregd",
           "[client_cuda]") {
   FakeCuda fake;

@@ -29,6 +29,7 @@
 #include "client/cuda/cuda_export.h"
 #include "client/shim/conn.h"
 #include "client/shim/cuda_conn_state.h"
+#include "common/ring_encode.h"
 #include "common/ring_layout.h"
 #include "common/wire.h"
 #include "kreg/v1/session.pb.h"
@@ -47,6 +48,11 @@ struct RingSeen {
   uint32_t flags = 0;
   std::vector<ring::CudaRef> refs;
   std::vector<uint64_t> offsets;
+  std::vector<std::vector<int64_t>> dims;
+  std::vector<int32_t> dtypes;
+  int64_t run_id = 0;
+  int32_t device_ordinal = 0;
+  std::string attrs;
 };
 
 // A fake kregd: one session, served like an executor serves it (the socket
@@ -209,10 +215,18 @@ class FakeKregd {
         ring::CudaRef r;
         std::memcpy(&b, d.data() + at, sizeof(b));
         std::memcpy(&r, d.data() + at + sizeof(b), sizeof(r));
+        std::vector<int64_t> dims(b.rank);
+        std::memcpy(dims.data(), d.data() + at + sizeof(b) + sizeof(r),
+                    b.rank * sizeof(int64_t));
         at += sizeof(b) + sizeof(r) + b.rank * sizeof(int64_t);
         seen.refs.push_back(r);
         seen.offsets.push_back(b.offset);
+        seen.dims.push_back(dims);
+        seen.dtypes.push_back(b.dtype);
       }
+      seen.attrs.assign(d.data() + at, h.attrs_len);
+      seen.run_id = h.run_id;
+      seen.device_ordinal = h.device_ordinal;
       ++head;
       ring::Store(c->sq_head, head);
       int code = 0;
@@ -294,19 +308,21 @@ struct Client {
     call.ctx = Ctx();
     call.ordinal = 0;
     call.uuid = FakeCuda::Uuid(0xa0);
-    req.Clear();
-    kreg::v1::Launch* l = req.mutable_launch();
-    l->set_target_name(target);
-    l->set_platform("cuda");
-    l->set_device_uuid(call.uuid);
+    call.target = &target;
+    call.launch.target = target;
+    call.launch.platform = "cuda";
+    call.launch.device_uuid = call.uuid;
+    call.launch.attrs = attrs;
+    call.launch.run_id = 77;
+    call.launch.device_ordinal = 0;
     for (uint64_t at : {in, out}) {
       const bool is_arg = at == in;
-      kreg::v1::Buffer* b = is_arg ? l->add_args() : l->add_rets();
-      b->set_dtype(XLA_FFI_DataType_F32);
-      b->add_dims(256);
-      b->set_size(1024);
+      static const int64_t kDims[] = {256};
       Buf buf;
       buf.is_arg = is_arg;
+      buf.dtype = XLA_FFI_DataType_F32;
+      buf.rank = 1;
+      buf.dims = kDims;
       const uint64_t base = is_arg && in_alloc != 0 ? in_alloc : alloc;
       buf.data = reinterpret_cast<void*>(static_cast<uintptr_t>(base + at));
       buf.bytes = 1024;
@@ -335,6 +351,19 @@ struct Client {
   kreg::v1::SessionRequest req;
   kreg::v1::SessionResponse resp;
   size_t seen_memops = 0;
+  // The launch's attribute bytes (a Launch holding only attrs): scale=2.5.
+  std::string attrs = [] {
+    kreg::v1::Launch l;
+    kreg::v1::Attribute* a = l.add_attrs();
+    a->set_name("scale");
+    a->set_kind(kreg::v1::ATTR_KIND_SCALAR);
+    a->set_dtype(XLA_FFI_DataType_F32);
+    const float v = 2.5f;
+    a->set_data(&v, sizeof(v));
+    std::string out;
+    ring::EncodeAttrBytes(l, &out);
+    return out;
+  }();
 };
 
 TEST_CASE(
@@ -351,6 +380,27 @@ TEST_CASE(
     const kreg::v1::Launch& first = kregd.socket_launches[0];
     CHECK(first.shares_size() == 1);  // the allocation, with its fd
     CHECK(first.doorbell_seq() == 1);
+    // The socket Launch is the described one: shapes, refs, attributes.
+    CHECK(first.target_name() == "t.scale");
+    CHECK(first.platform() == "cuda");
+    CHECK(first.device_uuid() == kregd.uuid);
+    CHECK(first.run_id() == 77);
+    REQUIRE(first.args_size() == 1);
+    REQUIRE(first.rets_size() == 1);
+    CHECK(first.args(0).dtype() == XLA_FFI_DataType_F32);
+    CHECK(std::vector<int64_t>(first.args(0).dims().begin(),
+                               first.args(0).dims().end()) ==
+          std::vector<int64_t>{256});
+    CHECK(first.args(0).size() == 1024);
+    CHECK(first.args(0).offset() == 0);
+    CHECK(first.rets(0).offset() == 4096);
+    CHECK(first.args(0).cuda().base() == client.alloc);
+    CHECK(first.rets(0).cuda().size() == 1 << 20);
+    CHECK(first.args(0).cuda().device_uuid() == kregd.uuid);
+    REQUIRE(first.attrs_size() == 1);
+    CHECK(first.attrs(0).name() == "scale");
+    CHECK(first.attrs(0).dtype() == XLA_FFI_DataType_F32);
+    CHECK(first.attrs(0).data().size() == sizeof(float));
   }
   CHECK(client.Memops() == std::vector<std::string>{"ready 1", "wait 1"});
   for (int i = 0; i < 6; ++i) {
@@ -373,6 +423,11 @@ TEST_CASE(
     CHECK(r.refs[0].size == 1 << 20);
     CHECK(r.refs[0].generation != 0);
     CHECK(r.offsets == std::vector<uint64_t>{0, 4096});
+    CHECK(r.dims == std::vector<std::vector<int64_t>>{{256}, {256}});
+    CHECK(r.dtypes ==
+          std::vector<int32_t>{XLA_FFI_DataType_F32, XLA_FFI_DataType_F32});
+    CHECK(r.attrs == client.attrs);
+    CHECK(r.run_id == 77);
   }
   std::vector<std::string> ops = client.Memops();
   REQUIRE(ops.size() == 12);

@@ -1,0 +1,77 @@
+#include "tests/daemon/fake_platform/fake_platform.h"
+
+#include <cstdlib>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/platforms.h"
+#include "daemon/platform_table.h"
+#include "daemon/session/launch_decoder.h"
+#include "daemon/session/platform_executors.h"
+#include "daemon/session/session.h"
+
+namespace kreg::testing {
+
+std::atomic<int> FakeExecutor::socket_launches{0};
+std::atomic<int> FakeExecutor::ring_launches{0};
+
+absl::Status FakeExecutor::Launch(uint64_t request_id, const v1::Launch& launch,
+                                  std::vector<UniqueFd> fds,
+                                  v1::LaunchReply* reply) {
+  (void)reply;
+  if (!fds.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(fds.size(), " file descriptor(s) attached"));
+  }
+  absl::StatusOr<DecodedLaunch> decoded = DecodeLaunch(launch, *ctx_.arena);
+  if (!decoded.ok()) return decoded.status();
+  ++socket_launches;
+  return Run(request_id, *decoded);
+}
+
+absl::Status FakeExecutor::RingLaunch(uint64_t tag,
+                                      const RingLaunchHeader& header,
+                                      const RingDecode& decode, uint32_t* flags,
+                                      bool* end_session) {
+  (void)header;
+  (void)flags;
+  (void)end_session;
+  absl::StatusOr<DecodedLaunch*> decoded = decode(nullptr);
+  if (!decoded.ok()) return decoded.status();
+  ++ring_launches;
+  return Run(tag, **decoded);
+}
+
+void FakeExecutor::DescribeTo(v1::HelloReply* reply) const {
+  (void)reply;  // nothing to tell a client
+}
+
+absl::Status FakeExecutor::Run(uint64_t request_id,
+                               const DecodedLaunch& decoded) {
+  absl::StatusOr<void*> handler = ctx_.handlers->Lookup(decoded.key);
+  if (!handler.ok()) return handler.status();
+  ctx_.backend->BeginLaunch(request_id, decoded.key);
+  absl::Status status = ctx_.backend->Execute(*handler, decoded.frame);
+  ctx_.backend->EndLaunch(status.ok());
+  return status;
+}
+
+Platform RegisterFakePlatform() {
+  static const Platform fake = [] {
+    // The three rows of a platform; the index is the same in each table.
+    const int index = AddPlatformForTest({"fake", "FAKE", "phony"});
+    const Platform p = static_cast<Platform>(index);
+    if (index < 0 ||
+        !AddPlatformTraitsForTest({p, PlatformMemory::kHost,
+                                   PlatformCompiler::kCxx,
+                                   /*ffi_stream=*/false,
+                                   /*ffi_thread_pool=*/false}) ||
+        !AddExecutorRowForTest({p, &MakeExecutor<FakeExecutor>})) {
+      std::abort();
+    }
+    return p;
+  }();
+  return fake;
+}
+
+}  // namespace kreg::testing
