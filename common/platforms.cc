@@ -17,24 +17,20 @@ bool SameIgnoringCase(std::string_view a, std::string_view b) {
 }
 
 constexpr size_t kMaxPlatforms = 8;
-PlatformRow g_added[kMaxPlatforms - kNumPlatforms];
-size_t g_num_added = 0;
+PlatformRows<PlatformRow, kMaxPlatforms - kNumPlatforms> g_rows(kPlatforms);
 
 }  // namespace
 
-size_t NumPlatforms() { return kNumPlatforms + g_num_added; }
+size_t NumPlatforms() { return g_rows.size(); }
 
-const PlatformRow& PlatformAt(size_t index) {
-  return index < kNumPlatforms ? kPlatforms[index]
-                               : g_added[index - kNumPlatforms];
-}
+const PlatformRow& PlatformAt(size_t index) { return g_rows[index]; }
 
 int AddPlatformForTest(const PlatformRow& row) {
-  if (NumPlatforms() == kMaxPlatforms || FindPlatform(row.name) >= 0 ||
-      (row.alias != nullptr && FindPlatform(row.alias) >= 0)) {
+  if (FindPlatform(row.name) >= 0 ||
+      (row.alias != nullptr && FindPlatform(row.alias) >= 0) ||
+      !g_rows.Add(row)) {
     return -1;
   }
-  g_added[g_num_added++] = row;
   return static_cast<int>(NumPlatforms() - 1);
 }
 

@@ -26,6 +26,46 @@ inline constexpr PlatformRow kPlatforms[] = {
 inline constexpr size_t kNumPlatforms =
     sizeof(kPlatforms) / sizeof(*kPlatforms);
 
+// A per-platform table (this file's, daemon/platform_table.cc's,
+// daemon/session/platform_executors.cc's): its fixed rows, one per
+// platform of kPlatforms, then at most kMaxAdded rows a test appended
+// (docs/adding-a-platform.md). Constant-initialized. Add is not
+// thread-safe: tests add before any other thread reads.
+template <typename Row, size_t kMaxAdded>
+class PlatformRows {
+ public:
+  template <size_t N>
+  constexpr explicit PlatformRows(const Row (&fixed)[N])
+      : fixed_(fixed), num_fixed_(N), added_{} {}
+  size_t size() const { return num_fixed_ + num_added_; }
+  const Row& operator[](size_t i) const {  // i < size()
+    return i < num_fixed_ ? fixed_[i] : added_[i - num_fixed_];
+  }
+  // Appends `row`; false when kMaxAdded rows were added already.
+  bool Add(const Row& row) {
+    if (num_added_ == kMaxAdded) return false;
+    added_[num_added_++] = row;
+    return true;
+  }
+
+ private:
+  const Row* fixed_;
+  size_t num_fixed_;
+  Row added_[kMaxAdded];
+  size_t num_added_ = 0;
+};
+
+// Whether rows[i].platform is platform i for every row, and there is one
+// row per platform of kPlatforms (the daemon tables' static checks).
+template <typename Row, size_t N>
+constexpr bool OneRowPerPlatformInOrder(const Row (&rows)[N]) {
+  if (N != kNumPlatforms) return false;
+  for (size_t i = 0; i < N; ++i) {
+    if (static_cast<size_t>(rows[i].platform) != i) return false;
+  }
+  return true;
+}
+
 // The rows in use: kPlatforms, then those a test added (AddPlatformForTest).
 size_t NumPlatforms();
 const PlatformRow& PlatformAt(size_t index);  // index < NumPlatforms()

@@ -100,18 +100,23 @@ void Sha256::Final(uint8_t out[32]) {
   }
 }
 
-std::string Sha256Hex(const void* data, size_t size) {
-  Sha256 h;
-  h.Update(data, size);
+std::string Sha256::FinalHex() {
   uint8_t d[32];
-  h.Final(d);
+  Final(d);
   static constexpr char kHex[] = "0123456789abcdef";
-  std::string out = "sha256:";
+  std::string out;
+  out.reserve(64);
   for (uint8_t b : d) {
     out.push_back(kHex[b >> 4]);
     out.push_back(kHex[b & 15]);
   }
   return out;
+}
+
+std::string Sha256Hex(const void* data, size_t size) {
+  Sha256 h;
+  h.Update(data, size);
+  return "sha256:" + h.FinalHex();
 }
 
 std::string HmacSha256(const std::string& key, const std::string& message) {

@@ -16,6 +16,8 @@ class Sha256 {
   void Update(const void* data, size_t size);
   // The 32-byte digest; the object must not be updated afterwards.
   void Final(uint8_t out[32]);
+  // Final's digest as 64 lowercase hex digits.
+  std::string FinalHex();
 
  private:
   void Block(const uint8_t* p);

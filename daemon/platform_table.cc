@@ -13,46 +13,35 @@ constexpr PlatformTraits kTraits[] = {
     {Platform::kCuda, PlatformMemory::kCuda, PlatformCompiler::kNvcc,
      /*ffi_stream=*/true, /*ffi_thread_pool=*/false},
 };
-constexpr size_t kNumTraits = sizeof(kTraits) / sizeof(*kTraits);
+static_assert(OneRowPerPlatformInOrder(kTraits),
+              "one row per platform of common/platforms.h, row i is Platform "
+              "i");
 
-constexpr bool RowsInOrder() {
-  for (size_t i = 0; i < kNumTraits; ++i) {
-    if (static_cast<size_t>(kTraits[i].platform) != i) return false;
-  }
-  return true;
-}
-static_assert(kNumTraits == kNumPlatforms,
-              "one row per platform of common/platforms.h");
-static_assert(RowsInOrder(), "row i is Platform i");
-
-PlatformTraits g_added[8];
-size_t g_num_added = 0;
+PlatformRows<PlatformTraits, 8> g_traits(kTraits);
 
 }  // namespace
 
 const PlatformTraits& TraitsOf(Platform platform) {
   const size_t i = static_cast<size_t>(platform);
-  if (i < kNumTraits) return kTraits[i];
-  if (i - kNumTraits < g_num_added) return g_added[i - kNumTraits];
-  std::abort();  // not a Platform ParsePlatform returns
+  // Not a Platform ParsePlatform returns.
+  if (i >= g_traits.size()) std::abort();
+  return g_traits[i];
 }
 
 std::vector<Platform> AllPlatforms() {
   std::vector<Platform> out;
-  for (size_t i = 0; i < kNumTraits + g_num_added; ++i) {
+  for (size_t i = 0; i < g_traits.size(); ++i) {
     out.push_back(static_cast<Platform>(i));
   }
   return out;
 }
 
 bool AddPlatformTraitsForTest(const PlatformTraits& traits) {
-  const size_t next = kNumTraits + g_num_added;
-  if (static_cast<size_t>(traits.platform) != next || next >= NumPlatforms() ||
-      g_num_added == sizeof(g_added) / sizeof(*g_added)) {
+  const size_t next = g_traits.size();
+  if (static_cast<size_t>(traits.platform) != next || next >= NumPlatforms()) {
     return false;
   }
-  g_added[g_num_added++] = traits;
-  return true;
+  return g_traits.Add(traits);
 }
 
 }  // namespace kreg

@@ -193,30 +193,14 @@ std::string CompileCacheKey(const CompileRequest& req,
     PutField(&h, 'h', text);
   }
   for (const std::string& o : req.options) PutField(&h, 'O', o);
-  uint8_t digest[32];
-  h.Final(digest);
-  static const char kHex[] = "0123456789abcdef";
-  std::string out = kKeyPrefix;
-  for (uint8_t b : digest) {
-    out += kHex[b >> 4];
-    out += kHex[b & 15];
-  }
-  return out;
+  return kKeyPrefix + h.FinalHex();
 }
 
 std::string CallerScopedKey(const std::string& key, uint32_t uid) {
   Sha256 h;
   PutField(&h, 'K', key);
   PutField(&h, 'U', absl::StrCat(uid));
-  uint8_t digest[32];
-  h.Final(digest);
-  static const char kHex[] = "0123456789abcdef";
-  std::string out = kKeyPrefix;
-  for (uint8_t b : digest) {
-    out += kHex[b >> 4];
-    out += kHex[b & 15];
-  }
-  return out;
+  return kKeyPrefix + h.FinalHex();
 }
 
 std::string KeyHex(const std::string& key) {

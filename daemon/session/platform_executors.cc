@@ -11,40 +11,27 @@ constexpr ExecutorRow kRows[] = {
     {Platform::kCpu, &MakeExecutor<CpuExecutor>},
     {Platform::kCuda, &MakeExecutor<CudaExecutor>},
 };
-constexpr size_t kNumRows = sizeof(kRows) / sizeof(*kRows);
-constexpr bool RowsInOrder() {
-  for (size_t i = 0; i < kNumRows; ++i) {
-    if (static_cast<size_t>(kRows[i].platform) != i) return false;
-  }
-  return true;
-}
-static_assert(kNumRows == kNumPlatforms,
-              "one row per platform of common/platforms.h");
-static_assert(RowsInOrder(), "row i is Platform i");
+static_assert(OneRowPerPlatformInOrder(kRows),
+              "one row per platform of common/platforms.h, row i is Platform "
+              "i");
 
-ExecutorRow g_added[8];
-size_t g_num_added = 0;
+PlatformRows<ExecutorRow, 8> g_rows(kRows);
 
 }  // namespace
 
 std::vector<std::unique_ptr<LaunchExecutor>> MakeLaunchExecutors(
     const SessionContext& ctx) {
   std::vector<std::unique_ptr<LaunchExecutor>> out;
-  for (const ExecutorRow& row : kRows) out.push_back(row.make(ctx));
-  for (size_t i = 0; i < g_num_added; ++i) {
-    out.push_back(g_added[i].make(ctx));
-  }
+  for (size_t i = 0; i < g_rows.size(); ++i) out.push_back(g_rows[i].make(ctx));
   return out;
 }
 
 bool AddExecutorRowForTest(const ExecutorRow& row) {
-  const size_t next = kNumRows + g_num_added;
-  if (static_cast<size_t>(row.platform) != next || next >= NumPlatforms() ||
-      g_num_added == sizeof(g_added) / sizeof(*g_added)) {
+  const size_t next = g_rows.size();
+  if (static_cast<size_t>(row.platform) != next || next >= NumPlatforms()) {
     return false;
   }
-  g_added[g_num_added++] = row;
-  return true;
+  return g_rows.Add(row);
 }
 
 }  // namespace kreg

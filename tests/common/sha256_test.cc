@@ -21,6 +21,15 @@ TEST_CASE("Sha256Hex matches the FIPS 180-4 examples", "[sha256]") {
         "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
 }
 
+TEST_CASE("FinalHex is the digest in lowercase hex, fed in pieces",
+          "[sha256]") {
+  Sha256 h;
+  h.Update("a", 1);
+  h.Update("bc", 2);
+  CHECK(h.FinalHex() ==
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
 std::string Hex(const std::string& bytes) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
