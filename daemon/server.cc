@@ -535,6 +535,7 @@ absl::Status Daemon::StartSessions() {
     policy.secret = *secret;
     policy.settings_digest = SettingsDigest(pool->init);
     policy.session_protocol_major = AdoptableProtocolMajor();
+    policy.oldest_session_protocol_minor = OldestAdoptableProtocolMinor();
     pool->adoption_secret = *secret;
     pool->init.set_supervision_socket(supervision_path);
     pool->init.set_settings_digest(policy.settings_digest);

@@ -20,6 +20,7 @@
 #include "client/shim/cuda_forward.h"
 #include "client/shim/cuda_trace.h"
 #include "client/shim/launch_encoder.h"
+#include "client/shim/legacy_registration.h"
 #include "client/shim/ring_client.h"
 #include "common/ring_layout.h"
 #include "common/wire.h"
@@ -43,10 +44,11 @@ std::string StartHint(const std::string& session_path) {
          "` or `systemctl start kregd`";
 }
 
-// daemon/session/protocol_version.h: 2.0 carries registration.proto's
-// messages.
-constexpr uint32_t kProtocolMajor = 2;
-constexpr uint32_t kProtocolMinor = 0;
+// daemon/session/protocol_version.h: 1.4 the launch ring; 1.5 CUDA launches
+// on it (ring layout version 2); 1.6 BindLocal; 1.7 registration.proto's
+// messages (legacy_registration.h speaks the older ones).
+constexpr uint32_t kProtocolMajor = 1;
+constexpr uint32_t kProtocolMinor = 7;
 // Responses are small; this only bounds a misbehaving peer.
 constexpr uint32_t kMaxResponseBytes = 256u << 20;
 constexpr uint64_t kMinArenaBytes = 1u << 20;
@@ -176,6 +178,7 @@ ClientStatus Conn::Open(const std::string& path, std::unique_ptr<Conn>* out) {
                                "kregd answered Hello without HelloReply");
   }
   conn->session_id_ = resp.hello().session_id();
+  conn->protocol_minor_ = resp.hello().protocol_minor();
   conn->max_arena_bytes_ = resp.hello().max_arena_bytes();
   conn->max_message_bytes_ = resp.hello().max_message_bytes();
   conn->max_module_bytes_ = resp.hello().max_module_bytes();
@@ -257,6 +260,7 @@ ClientStatus Conn::Call(v1::SessionRequest* request,
     return ClientStatus::Error(kInternal,
                                "kregd sent a malformed session response");
   }
+  AdoptLegacyReply(response);  // a kregd before 1.7
   if (response->id() != id && response->id() != 0) {
     broken_ = true;
     return ClientStatus::Error(

@@ -118,6 +118,8 @@ class Conn {
   void ClearLaunchSent() { launch_sent_ = false; }
   uint64_t session_id() const { return session_id_; }
   uint64_t max_message_bytes() const { return max_message_bytes_; }
+  // The session protocol minor kregd said in its HelloReply.
+  uint32_t protocol_minor() const { return protocol_minor_; }
   // kregd's max_module_bytes; 0 from a kregd older than session protocol
   // 1.3, which takes module uploads inline only.
   uint64_t max_module_bytes() const { return max_module_bytes_; }
@@ -165,6 +167,7 @@ class Conn {
   uint64_t max_arena_bytes_ = 0;
   uint64_t max_message_bytes_ = 0;
   uint64_t max_module_bytes_ = 0;
+  uint32_t protocol_minor_ = 0;
   uint32_t max_cuda_mappings_ = 0;
   std::vector<std::string> cuda_device_uuids_;
   std::string cuda_status_;

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <string>
 
+#include "client/shim/legacy_registration.h"
+
 namespace kreg {
 namespace shim {
 namespace {
@@ -45,25 +47,33 @@ int SealedMemfd(const std::string& bytes, std::string* error) {
 
 ClientStatus CallRegister(Conn* conn, const Registration& registration,
                           v1::SessionResponse* response) {
-  v1::SessionRequest req;
-  *req.mutable_register_target() = registration.header;
-  if (registration.header.module().source_case() !=
-      v1::ModuleSource::kUploadSize) {
-    return conn->Call(&req, response);
-  }
+  const v1::RegisterTargetHeader& header = registration.header;
+  const bool upload =
+      header.module().source_case() == v1::ModuleSource::kUploadSize;
   const std::string& bytes = registration.module;
   const uint64_t limit = conn->max_module_bytes();
-  if (limit != 0 && bytes.size() > limit) {
+  if (upload && limit != 0 && bytes.size() > limit) {
     return ClientStatus::Error(
         kInvalidArgument,
         "module of " + std::to_string(bytes.size()) + " bytes for target \"" +
-            registration.header.target_name() +
-            "\" exceeds kregd's max_module_bytes (" + std::to_string(limit) +
+            header.target_name() + "\" exceeds kregd's max_module_bytes (" +
+            std::to_string(limit) +
             "); nothing was sent. Raise max_module_bytes in kregd's config "
             "(or --max-module-bytes) or ship a smaller module");
   }
-  req.mutable_register_target()->mutable_module()->set_upload_size(
-      bytes.size());
+  // A kregd before 1.3 announces no max_module_bytes and takes uploads
+  // inline only; one before 1.7 reads the flat RegisterRequest.
+  const bool inline_upload = upload && limit == 0;
+  v1::SessionRequest req;
+  if (conn->protocol_minor() < kFirstEmbeddedRegistrationMinor) {
+    *req.mutable_legacy_register() =
+        ToLegacyRegister(header, bytes, inline_upload);
+  } else {
+    *req.mutable_register_target() = header;
+    req.mutable_register_target()->mutable_module()->set_upload_size(
+        bytes.size());
+  }
+  if (!upload || inline_upload) return conn->Call(&req, response);
   std::string error;
   int fd = SealedMemfd(bytes, &error);
   if (fd < 0) return ClientStatus::Error(kInternal, error);

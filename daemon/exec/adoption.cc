@@ -160,6 +160,16 @@ OfferJudgement JudgeOffer(const v1::ExecReadopt& offer, const PeerCred& conn,
                          offer.session_protocol_minor(), " and this kregd ",
                          policy.session_protocol_major, ".x")};
   }
+  if (offer.session_protocol_minor() < policy.oldest_session_protocol_minor) {
+    return {OfferVerdict::kDrain,
+            absl::StrCat(
+                "it speaks session protocol ", offer.session_protocol_major(),
+                ".", offer.session_protocol_minor(),
+                " and this kregd re-adopts ", policy.session_protocol_major,
+                ".", policy.oldest_session_protocol_minor,
+                " and later (the registration messages an executor "
+                "relays to kregd changed)")};
+  }
   if (offer.settings_digest() != policy.settings_digest) {
     return {OfferVerdict::kDrain,
             "it was started with other executor settings (limits, seccomp, "

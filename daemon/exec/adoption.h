@@ -43,6 +43,8 @@ struct AdoptionPolicy {
   std::string secret;
   std::string settings_digest;  // of this kregd's executors
   uint32_t session_protocol_major = 0;
+  // Executors of an older minor relay messages this kregd does not read.
+  uint32_t oldest_session_protocol_minor = 0;
   // Bounds on what an offer may claim, checked before anything is mapped.
   uint32_t max_slots = 1u << 16;
 };
@@ -50,7 +52,8 @@ struct AdoptionPolicy {
 enum class OfferVerdict {
   kAdopt,
   // Authentic, but this kregd cannot take it over (another session-protocol
-  // major, other settings): it should finish its calls and exit.
+  // major, too old a minor, other settings): it should finish its calls and
+  // exit.
   kDrain,
   // Not shown to be an executor of a kregd of this host: ignored.
   kRefuse,
@@ -67,6 +70,9 @@ struct OfferJudgement {
 // (//daemon:kregd_next_minor, //daemon:kregd_next_major).
 uint32_t AdoptableProtocolMajor();
 uint32_t AdoptableProtocolMinor();
+// The oldest minor of AdoptableProtocolMajor() re-adopted
+// (kOldestAdoptableProtocolMinor).
+uint32_t OldestAdoptableProtocolMinor();
 
 // Judges `offer`, which came over a connection whose SO_PEERCRED is
 // `conn`.

@@ -11,5 +11,8 @@ __attribute__((weak)) uint32_t AdoptableProtocolMajor() {
 __attribute__((weak)) uint32_t AdoptableProtocolMinor() {
   return kSessionProtocolMinor;
 }
+uint32_t OldestAdoptableProtocolMinor() {
+  return kOldestAdoptableProtocolMinor;
+}
 
 }  // namespace kreg

@@ -29,6 +29,11 @@ constexpr int kModuleSeals = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW;
 absl::StatusOr<std::string> ReadModuleFd(int fd, uint64_t size,
                                          uint64_t max_module_bytes);
 
+// A memfd holding exactly `bytes`, sealed with kModuleSeals (and
+// F_SEAL_SEAL): a 1.0-1.2 client's inline upload. INTERNAL when the memfd
+// cannot be made.
+absl::StatusOr<UniqueFd> SealedModuleMemfd(std::string_view bytes);
+
 // The first `size` bytes of `fd` as a memfd sealed with kModuleSeals: `fd`
 // itself when it already is one of exactly `size` bytes, else a copy made
 // in bounded chunks (never the whole module in memory). The errors of

@@ -9,14 +9,24 @@
 namespace kreg {
 
 // A different major is refused at Hello (and a re-adopted executor of
-// another major is drained). 1.x: 1.1 CUDA; 1.2 doorbell; 1.3 fd uploads;
-// 1.4 the launch ring (HelloReply.launch_ring, RingSetup); 1.5 CUDA launches
-// on the launch ring (ring layout version 2); 1.6 BindLocal (local
-// execution). 2.0: registrations and targets are registration.proto's
-// RegisterTargetHeader, RegisterTargetResponse and Target (shared with the
-// gRPC service) instead of flattened copies; uploads travel only by fd.
-constexpr uint32_t kSessionProtocolMajor = 2;
-constexpr uint32_t kSessionProtocolMinor = 0;
+// another major is drained). Minors are additive: 1.1 CUDA; 1.2 doorbell;
+// 1.3 fd uploads; 1.4 the launch ring (HelloReply.launch_ring, RingSetup);
+// 1.5 CUDA launches on the launch ring (ring layout version 2); 1.6
+// BindLocal (local execution); 1.7 registrations and targets as
+// registration.proto's RegisterTargetHeader, RegisterTargetResponse and
+// Target (shared with the gRPC service). A 1.0-1.6 client still gets its
+// flat messages (daemon/session/legacy_registration.h).
+constexpr uint32_t kSessionProtocolMajor = 1;
+constexpr uint32_t kSessionProtocolMinor = 7;
+
+// The first minor whose clients send and read registration.proto's
+// messages; an older client's are mapped (legacy_registration.h).
+constexpr uint32_t kFirstEmbeddedRegistrationMinor = 7;
+
+// The first minor whose executors kregd re-adopts: 1.7 changed the
+// registration messages an executor relays to kregd (executor.proto's
+// BrokerRequest), so an older executor is drained instead (DESIGN §12).
+constexpr uint32_t kOldestAdoptableProtocolMinor = 7;
 
 }  // namespace kreg
 

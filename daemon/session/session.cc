@@ -16,6 +16,7 @@
 #include "daemon/log_limit.h"
 #include "daemon/session/launch_decoder.h"
 #include "daemon/session/launch_ring.h"
+#include "daemon/session/legacy_registration.h"
 #include "daemon/session/module_upload.h"
 #include "daemon/session/platform_executors.h"
 #include "daemon/validate.h"
@@ -221,7 +222,8 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
       request.body_case() != v1::SessionRequest::kCudaShare &&
       request.body_case() != v1::SessionRequest::kCudaDoorbell &&
       request.body_case() != v1::SessionRequest::kRingSetup &&
-      request.body_case() != v1::SessionRequest::kRegisterTarget) {
+      request.body_case() != v1::SessionRequest::kRegisterTarget &&
+      request.body_case() != v1::SessionRequest::kLegacyRegister) {
     status = absl::InvalidArgumentError(absl::StrCat(
         fds.size(),
         " unexpected file descriptor(s) attached to a request "
@@ -235,13 +237,8 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
   } else {
     switch (request.body_case()) {
       case v1::SessionRequest::kRegisterTarget: {
-        wire::BudgetHold upload_hold(limits_.receive_budget);
-        UniqueFd module;
-        status = TakeUploadedModule(request.register_target(), std::move(fds),
-                                    &upload_hold, &module);
-        if (!status.ok()) break;
-        absl::StatusOr<v1::RegisterTargetResponse> r = backend_->Register(
-            request.register_target(), std::move(module), peer_);
+        absl::StatusOr<v1::RegisterTargetResponse> r =
+            DoRegister(request.register_target(), std::move(fds));
         if (r.ok()) {
           *resp.mutable_register_target() = *std::move(r);
         } else {
@@ -249,8 +246,25 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
         }
         break;
       }
+      case v1::SessionRequest::kLegacyRegister: {
+        // A 1.0-1.6 client (legacy_registration.h).
+        absl::StatusOr<v1::RegisterTargetHeader> header = FromLegacyRegister(
+            request.legacy_register(), &fds, limits_.max_module_bytes);
+        absl::StatusOr<v1::RegisterTargetResponse> r =
+            header.ok() ? DoRegister(*header, std::move(fds)) : header.status();
+        if (r.ok()) {
+          *resp.mutable_legacy_register() = ToLegacyReply(*r);
+        } else {
+          status = r.status();
+        }
+        break;
+      }
       case v1::SessionRequest::kList:
-        *resp.mutable_list() = backend_->List();
+        if (legacy_peer_) {
+          *resp.mutable_legacy_list() = ToLegacyList(backend_->List());
+        } else {
+          *resp.mutable_list() = backend_->List();
+        }
         break;
       case v1::SessionRequest::kBindLocal: {
         UniqueFd module;
@@ -259,6 +273,10 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
         if (r.ok() && !module.ok()) {
           r = absl::InternalError(
               "kregd answered BindLocal without the module's memfd");
+        }
+        if (r.ok() && legacy_peer_) {
+          *r->mutable_legacy_target() = ToTargetInfo(r->target());
+          r->clear_target();
         }
         if (r.ok()) {
           *resp.mutable_bind_local() = *std::move(r);
@@ -302,6 +320,16 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
   }
   SetStatus(status, &resp);
   return resp;
+}
+
+absl::StatusOr<v1::RegisterTargetResponse> Session::DoRegister(
+    const v1::RegisterTargetHeader& header, std::vector<UniqueFd> fds) {
+  wire::BudgetHold upload_hold(limits_.receive_budget);
+  UniqueFd module;
+  absl::Status taken =
+      TakeUploadedModule(header, std::move(fds), &upload_hold, &module);
+  if (!taken.ok()) return taken;
+  return backend_->Register(header, std::move(module), peer_);
 }
 
 absl::Status Session::TakeUploadedModule(const v1::RegisterTargetHeader& header,
@@ -353,6 +381,7 @@ absl::Status Session::DoHello(const v1::Hello& hello, v1::HelloReply* reply) {
                      " (upgrade the client library or kregd)"));
   }
   hello_done_ = true;
+  legacy_peer_ = hello.protocol_minor() < kFirstEmbeddedRegistrationMinor;
   spdlog::info("session {}: uid {} gid {} pid {} (says pid {}), FFI {}.{}", id_,
                peer_.uid, peer_.gid, peer_.pid, hello.pid(),
                hello.ffi_api_major(), hello.ffi_api_minor());

@@ -177,6 +177,10 @@ class Session final : public ServedSession {
   // `*hold` before they are copied (RESOURCE_EXHAUSTED, nothing read, when
   // it cannot cover them); the caller keeps `*hold` until the registration
   // is done.
+  // Registers `header` (its upload's fd in `fds`) with the backend, the
+  // upload taken as TakeUploadedModule says and held until it is done.
+  absl::StatusOr<v1::RegisterTargetResponse> DoRegister(
+      const v1::RegisterTargetHeader& header, std::vector<UniqueFd> fds);
   absl::Status TakeUploadedModule(const v1::RegisterTargetHeader& header,
                                   std::vector<UniqueFd> fds,
                                   wire::BudgetHold* hold,
@@ -213,6 +217,9 @@ class Session final : public ServedSession {
   SessionBackend* const backend_;
   SessionCounters* const counters_;
   bool hello_done_ = false;
+  // The client said a minor before 1.7: it reads targets as TargetInfo
+  // (legacy_registration.h).
+  bool legacy_peer_ = false;
   uint64_t request_id_ = 0;  // of the request being handled
   UniqueFd reply_fd_;        // attached to the response being built
   ShmArena arena_;

@@ -24,130 +24,11 @@
 #include "catch2/catch.hpp"
 #include "common/wire.h"
 #include "kreg/v1/session.pb.h"
+#include "tests/client/shim/fake_kregd.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace kreg::shim {
 namespace {
-
-// One accepted session, as the fake's script sees it. Used on the fake's
-// thread only; what it records is read after the thread has ended.
-class Peer {
- public:
-  explicit Peer(int sock) : sock_(sock) {}
-
-  // The next request and its fds (closed here, counted); false at the end
-  // of the connection or on a frame that does not parse.
-  bool Recv(v1::SessionRequest* req) {
-    std::string in;
-    std::vector<int> fds;
-    if (wire::RecvFrame(sock_, 64 << 20, &in, &fds) != wire::kOk) return false;
-    for (int fd : fds) {
-      struct stat st;
-      fd_sizes.push_back(::fstat(fd, &st) == 0 ? st.st_size : -1);
-      fd_seals.push_back(::fcntl(fd, F_GET_SEALS));
-      ::close(fd);
-    }
-    if (!req->ParseFromString(in)) return false;
-    requests.push_back(*req);
-    return true;
-  }
-  void Send(const v1::SessionResponse& resp, const int* fds = nullptr,
-            int num_fds = 0) {
-    std::string out;
-    resp.SerializeToString(&out);
-    SendRaw(out, fds, num_fds);
-  }
-  void SendRaw(const std::string& bytes, const int* fds = nullptr,
-               int num_fds = 0) {
-    wire::SendFrame(sock_, bytes.data(), bytes.size(), fds, num_fds);
-  }
-  // Bytes as they are, without a frame header (a forged header).
-  void Write(const std::string& bytes) {
-    (void)!::write(sock_, bytes.data(), bytes.size());
-  }
-  // Answers `req`'s id with `code` and `message`.
-  void Fail(const v1::SessionRequest& req, int code,
-            const std::string& message) {
-    v1::SessionResponse resp;
-    resp.set_id(req.id());
-    resp.mutable_status()->set_code(code);
-    resp.mutable_status()->set_message(message);
-    Send(resp);
-  }
-  // Reads the Hello and answers it with `reply`.
-  bool Hello(const v1::HelloReply& reply) {
-    v1::SessionRequest req;
-    if (!Recv(&req) || !req.has_hello()) return false;
-    v1::SessionResponse resp;
-    resp.set_id(req.id());
-    *resp.mutable_hello() = reply;
-    Send(resp);
-    return true;
-  }
-
-  std::vector<v1::SessionRequest> requests;
-  std::vector<int64_t> fd_sizes;
-  std::vector<int> fd_seals;
-
- private:
-  const int sock_;
-};
-
-// A fake kregd: a listening socket in a temp directory and one thread that
-// accepts one session, runs `script` on it, then closes it (the Conn sees
-// the end of the session at its next read).
-class FakeKregd {
- public:
-  using Script = std::function<void(Peer*)>;
-
-  explicit FakeKregd(Script script) : script_(std::move(script)) {
-    char dir[] = "/tmp/kreg-shim-conn.XXXXXX";
-    REQUIRE(::mkdtemp(dir) != nullptr);
-    dir_ = dir;
-    path = dir_ + "/kregd.sock.session";
-    listen_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::strcpy(addr.sun_path, path.c_str());
-    REQUIRE(::bind(listen_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) ==
-            0);
-    REQUIRE(::listen(listen_, 4) == 0);
-    thread_ = std::thread([this] {
-      int sock = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (sock < 0) return;
-      Peer peer(sock);
-      script_(&peer);
-      ::close(sock);
-      requests = std::move(peer.requests);
-      fd_sizes = std::move(peer.fd_sizes);
-      fd_seals = std::move(peer.fd_seals);
-    });
-  }
-  ~FakeKregd() {
-    Join();
-    ::close(listen_);
-    ::unlink(path.c_str());
-    ::rmdir(dir_.c_str());
-  }
-  // Waits for the script to end (a session never opened ends it too).
-  void Join() {
-    if (!thread_.joinable()) return;
-    ::shutdown(listen_, SHUT_RDWR);
-    thread_.join();
-  }
-
-  std::string path;
-  // What the script's Peer recorded; read after Join().
-  std::vector<v1::SessionRequest> requests;
-  std::vector<int64_t> fd_sizes;
-  std::vector<int> fd_seals;
-
- private:
-  Script script_;
-  std::string dir_;
-  int listen_ = -1;
-  std::thread thread_;
-};
 
 v1::HelloReply Reply() {
   v1::HelloReply r;
@@ -195,8 +76,8 @@ TEST_CASE("Open says Hello and keeps what kregd answers", "[shim][conn]") {
   REQUIRE(kregd.requests.size() == 1);
   const v1::SessionRequest& hello = kregd.requests[0];
   CHECK(hello.id() == 1);
-  CHECK(hello.hello().protocol_major() == 2);
-  CHECK(hello.hello().protocol_minor() == 0);
+  CHECK(hello.hello().protocol_major() == 1);
+  CHECK(hello.hello().protocol_minor() == 7);
   CHECK(hello.hello().pid() == ::getpid());
   CHECK(hello.hello().ffi_api_major() == XLA_FFI_API_MAJOR);
   CHECK(hello.hello().ffi_api_minor() == XLA_FFI_API_MINOR);

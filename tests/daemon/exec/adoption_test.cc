@@ -9,8 +9,8 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,6 +31,7 @@ AdoptionPolicy Policy() {
   p.secret = kSecret;
   p.settings_digest = "sha256:settings";
   p.session_protocol_major = 1;
+  p.oldest_session_protocol_minor = 7;
   return p;
 }
 
@@ -45,7 +46,7 @@ v1::ExecReadopt Offer() {
   m.set_adoption_nonce(std::string(kAdoptionNonceBytes, 'n'));
   m.set_settings_digest("sha256:settings");
   m.set_session_protocol_major(1);
-  m.set_session_protocol_minor(6);
+  m.set_session_protocol_minor(7);
   AdoptionIdentity id{m.adoption_nonce(), 1000, 100,
                       "uid 1000",         8,    "sha256:settings"};
   m.set_adoption_key(AdoptionKey(kSecret, id));
@@ -123,7 +124,19 @@ TEST_CASE("Authentic offers this kregd cannot take over are drained",
   p.session_protocol_major = 2;
   OfferJudgement j = JudgeOffer(Offer(), Conn(), p);
   CHECK(j.verdict == OfferVerdict::kDrain);
-  CHECK(j.why == "it speaks session protocol 1.6 and this kregd 2.x");
+  CHECK(j.why == "it speaks session protocol 1.7 and this kregd 2.x");
+  // An older minor of the same major relays 1.0-1.6 registration messages.
+  v1::ExecReadopt old = Offer();
+  old.set_session_protocol_minor(6);
+  j = JudgeOffer(old, Conn(), Policy());
+  CHECK(j.verdict == OfferVerdict::kDrain);
+  CHECK(j.why ==
+        "it speaks session protocol 1.6 and this kregd re-adopts 1.7 and later "
+        "(the registration messages an executor relays to kregd changed)");
+  // A newer minor is adopted.
+  v1::ExecReadopt newer = Offer();
+  newer.set_session_protocol_minor(8);
+  CHECK(JudgeOffer(newer, Conn(), Policy()).verdict == OfferVerdict::kAdopt);
   p = Policy();
   p.settings_digest = "sha256:other";
   j = JudgeOffer(Offer(), Conn(), p);

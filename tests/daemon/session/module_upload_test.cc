@@ -69,9 +69,16 @@ std::string Contents(int fd) {
   return out;
 }
 
-// A sealed memfd of `bytes`, as the executor relays it.
-absl::StatusOr<UniqueFd> SealedModuleMemfd(const std::string& bytes) {
-  return SealedModuleCopy(MemfdWith(bytes), bytes.size(), 1 << 20);
+TEST_CASE("SealedModuleMemfd holds the bytes, sealed", "[module_upload]") {
+  auto fd = SealedModuleMemfd(
+      "\x7f"
+      "ELF");
+  REQUIRE(fd.ok());
+  CHECK((Seals(fd->get()) & kModuleSeals) == kModuleSeals);
+  CHECK(Contents(fd->get()) ==
+        "\x7f"
+        "ELF");
+  CHECK(::write(fd->get(), "x", 1) == -1);  // F_SEAL_WRITE
 }
 
 TEST_CASE("SealedModuleCopy copies the announced bytes into a sealed memfd",

@@ -237,13 +237,12 @@ TEST_CASE("A second Hello is refused", "[session]") {
 TEST_CASE("Another protocol major version is refused", "[session]") {
   Fixture fx;
   v1::SessionRequest r;
-  // A 1.x client (flattened registration messages) gets a clear refusal.
-  r.mutable_hello()->set_protocol_major(1);
-  r.mutable_hello()->set_protocol_minor(6);
+  r.mutable_hello()->set_protocol_major(2);
+  r.mutable_hello()->set_protocol_minor(3);
   v1::SessionResponse resp = fx.Send(r);
   CHECK(resp.status().code() == int(absl::StatusCode::kFailedPrecondition));
   CHECK(resp.status().message() ==
-        "session protocol 1.6 is not supported; kregd speaks 2." +
+        "session protocol 2.3 is not supported; kregd speaks 1." +
             std::to_string(kSessionProtocolMinor) +
             " (upgrade the client library or kregd)");
 }
