@@ -124,9 +124,23 @@ int main(int argc, char** argv) {
   reg.mutable_register_target()->mutable_module()->set_upload_size(4);
   Write("launch", "\x03" + Frame(launch) + Frame(list));
   Write("register", "\x01" + Frame(reg) + Frame(list));
+  // A 1.6 client (prelude bit 2): flat RegisterRequest, inline and by path.
+  SessionRequest legacy;
+  legacy.set_id(5);
+  legacy.mutable_legacy_register()->set_target_name("t.old");
+  legacy.mutable_legacy_register()->set_func_name("Scale");
+  legacy.mutable_legacy_register()->set_platform("cpu");
+  legacy.mutable_legacy_register()->set_upload(
+      "\x7f"
+      "ELF");
+  SessionRequest legacy_path = legacy;
+  legacy_path.mutable_legacy_register()->set_path("sub/up.so");
+  Write("register_legacy",
+        "\x05" + Frame(legacy) + Frame(legacy_path) + Frame(list));
   SessionRequest hello;
   hello.set_id(1);
-  hello.mutable_hello()->set_protocol_major(2);
+  hello.mutable_hello()->set_protocol_major(1);
+  hello.mutable_hello()->set_protocol_minor(7);
   SessionRequest grow;
   grow.set_id(2);
   grow.mutable_arena_grow()->set_size(4096);
@@ -183,8 +197,8 @@ int main(int argc, char** argv) {
   offer.set_slots(2);
   offer.set_adoption_nonce(std::string(16, 'n'));
   offer.set_adoption_key(std::string(32, 'k'));
-  offer.set_session_protocol_major(2);
-  offer.set_session_protocol_minor(0);
+  offer.set_session_protocol_major(1);
+  offer.set_session_protocol_minor(7);
   offer.set_sessions(1);
   kreg::v1::ExecReadoptSession offered;
   offered.set_session_id(7);

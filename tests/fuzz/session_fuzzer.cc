@@ -5,7 +5,8 @@
 //
 // Input: byte 0 selects a prelude; the rest is written raw to the socket.
 //   bit 0: a Hello first; bit 1: also an ArenaGrow with a sealed 64 KiB
-//   memfd (so fuzzed launches reach the decoder and the handler).
+//   memfd (so fuzzed launches reach the decoder and the handler); bit 2:
+//   the Hello says minor 6 (a 1.0-1.6 client: flat registration messages).
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -85,6 +86,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     v1::SessionRequest hello;
     hello.set_id(1);
     hello.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
+    hello.mutable_hello()->set_protocol_minor(
+        (data[0] & 4) ? 6 : kSessionProtocolMinor);
     SendRequest(client.get(), hello);
     if (data[0] & 2) {
       v1::SessionRequest grow;

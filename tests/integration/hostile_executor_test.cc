@@ -86,7 +86,8 @@ v1::SessionResponse Call(int sock, const v1::SessionRequest& r, int fd = -1) {
 void Hello(int sock) {
   v1::SessionRequest r;
   r.set_id(1);
-  r.mutable_hello()->set_protocol_major(2);
+  r.mutable_hello()->set_protocol_major(1);
+  r.mutable_hello()->set_protocol_minor(7);
   v1::SessionResponse resp = Call(sock, r);
   INFO(resp.status().message());
   REQUIRE(resp.has_hello());
@@ -260,8 +261,9 @@ int ModuleMemfd(const std::string& bytes, bool seal) {
 }
 
 TEST_CASE(
-    "Session registrations upload through the executor by fd; an oversized "
-    "relay is refused and the session goes on",
+    "Session registrations upload through the executor inline (a 1.0-1.2 "
+    "client) and by fd; an oversized relay is refused and the session goes "
+    "on",
     "[integration][executors]") {
   TempDir dir;
   Daemon d(dir.path());
@@ -271,17 +273,32 @@ TEST_CASE(
   Hello(s);
   char* arena = Arena(s);
 
+  // A 1.0-1.2 client's flat RegisterRequest with the bytes inline: the
+  // executor relays them as a sealed memfd, and answers in TargetInfo.
+  v1::SessionRequest inline_reg;
+  inline_reg.set_id(3);
+  v1::RegisterRequest* old = inline_reg.mutable_legacy_register();
+  old->set_target_name("s.inline");
+  old->set_func_name("WhoAmI");
+  old->set_platform("cpu");
+  old->set_upload(module);
+  v1::SessionResponse resp = Call(s, inline_reg);
+  INFO(resp.status().message());
+  REQUIRE(resp.status().code() == 0);
+  CHECK(resp.legacy_register().target().module_size() == module.size());
+  CHECK(resp.legacy_register().target().uid() == ::getuid());
+  const std::string digest = resp.legacy_register().target().module_digest();
+
   // The shim's way: a sealed memfd (passed on as is).
   v1::SessionRequest sealed_reg = RegisterIn(4, "s.sealed", "WhoAmI");
   sealed_reg.mutable_register_target()->mutable_module()->set_upload_size(
       module.size());
   int fd = ModuleMemfd(module, /*seal=*/true);
-  v1::SessionResponse resp = Call(s, sealed_reg, fd);
+  resp = Call(s, sealed_reg, fd);
   ::close(fd);
   INFO(resp.status().message());
   REQUIRE(resp.status().code() == 0);
-  CHECK(resp.register_target().target().module_size() == module.size());
-  const std::string digest = resp.register_target().target().module_digest();
+  CHECK(resp.register_target().target().module_digest() == digest);
 
   // An unsealed memfd with more bytes than announced: the executor relays
   // a sealed copy of the announced ones.
@@ -310,7 +327,7 @@ TEST_CASE(
 
   // Both run; the session is still up after the refusal.
   uint64_t id = 10;
-  for (const char* target : {"s.sealed", "s.open"}) {
+  for (const char* target : {"s.inline", "s.sealed", "s.open"}) {
     std::memset(arena + kOutOffset, 0, 32);
     resp = Call(s, Launch(id++, target));
     INFO(target << ": " << resp.status().message());
@@ -321,7 +338,7 @@ TEST_CASE(
   ::close(s);
   auto listed = d.client().List();
   REQUIRE(listed.ok());
-  CHECK(listed->size() == 2);
+  CHECK(listed->size() == 3);
 }
 
 TEST_CASE(

@@ -88,9 +88,21 @@ def call(s, rid, body_num, body, fds=()):
   status = fields(resp.get(2, b""))
   return {"code": status.get(1, 0),
           "message": status.get(2, b"").decode(errors="replace"),
-          "has_body": any(k >= 3 for k in resp)}
+          "has_body": any(k >= 3 for k in resp),
+          "body": max([k for k in resp if k >= 3], default=0)}
 
-def register(name, platform=b"cpu", size=None, path=None, func=b"Scale"):
+def register(name, platform=b"cpu", size=None, path=None, func=b"Scale",
+             upload=None):
+  if MINOR < 7:
+    # A 1.0-1.6 RegisterRequest (session.proto), sent as field 3.
+    msg = bfield(1, name) + bfield(2, func) + bfield(3, platform)
+    if path is not None:
+      msg += bfield(6, path)
+    if size is not None:
+      msg += vfield(20, size)
+    if upload is not None:
+      msg += bfield(7, upload)
+    return 3, msg
   # A RegisterTargetHeader (registration.proto); module = ModuleSource.
   module = b""
   if path is not None:
@@ -98,12 +110,13 @@ def register(name, platform=b"cpu", size=None, path=None, func=b"Scale"):
   if size is not None:
     module += vfield(2, size)
   msg = bfield(1, name) + bfield(2, func) + bfield(3, platform)
-  return msg + (bfield(6, module) if module else b"")
+  return 11, msg + (bfield(6, module) if module else b"")
 
 sock_path, cases = sys.argv[1], json.loads(sys.argv[2])
+MINOR = int(sys.argv[3])
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.connect(sock_path)
-hello = vfield(1, 2) + vfield(2, 0) + vfield(3, os.getpid())
+hello = vfield(1, 1) + vfield(2, MINOR) + vfield(3, os.getpid())
 print(json.dumps(call(s, 1, 2, hello)), flush=True)
 rid = 2
 for case in cases:
@@ -119,9 +132,14 @@ for case in cases:
   if case["kind"] == "list":
     out = call(s, rid, 4, b"")
   else:
-    out = call(s, rid, 11, register(
+    upload = None
+    if "inline" in case:
+      with open(case["inline"], "rb") as f:
+        upload = f.read()
+    out = call(s, rid, *register(
         case["name"].encode(), size=case.get("size"),
-        path=case["path"].encode() if "path" in case else None), fds)
+        path=case["path"].encode() if "path" in case else None,
+        upload=upload), fds)
   for fd in keep:
     os.close(fd)
   print(json.dumps(out), flush=True)
@@ -129,10 +147,10 @@ for case in cases:
 '''
 
 
-def run_client(d, cases, user=NOBODY):
+def run_client(d, cases, user=NOBODY, minor=7):
   p = subprocess.run(
       ["/usr/bin/python3", "-I", "-c", CLIENT, d.session_socket,
-       json.dumps(cases)],
+       json.dumps(cases), str(minor)],
       capture_output=True, text=True, timeout=60,
       user=user, group=0, extra_groups=[])
   assert p.returncode == 0, p.stdout + p.stderr + d.log()
@@ -156,7 +174,11 @@ def daemon():
     finish_test_daemon(d)
 
 
-def test_fd_upload_over_limits_is_refused_before_it_is_read(daemon):
+# Session protocol 1.6 clients send the flat RegisterRequest (field 3) and
+# get the same checks and messages as 1.7 ones (RegisterTargetHeader, field
+# 11): kregd maps them at the executor's edge.
+@pytest.mark.parametrize("minor", [6, 7])
+def test_fd_upload_over_limits_is_refused_before_it_is_read(daemon, minor):
   big = MAX_MODULE + (1 << 20)
   over_quota = 1 << 20
   hello, too_big, pipe_quota, memfd_quota, listed = run_client(daemon, [
@@ -167,7 +189,7 @@ def test_fd_upload_over_limits_is_refused_before_it_is_read(daemon):
       {"kind": "register", "name": "lim.quota", "size": over_quota,
        "attach": "memfd"},
       {"kind": "list"},
-  ])
+  ], minor=minor)
   assert hello["code"] == 0, hello
   # max_module_bytes: the gRPC path's message (Registrar::PrecheckUpload),
   # not the executor's own.
@@ -201,11 +223,15 @@ def test_fd_upload_over_limits_is_refused_before_it_is_read(daemon):
     assert pipe_quota["message"] in p.stdout + p.stderr, p.stdout + p.stderr
   # The session carries on; so do kregd and other clients.
   assert listed["code"] == 0, listed
+  # ListReply (5) to a 1.6 client, ListTargetsResponse (13) to a 1.7 one.
+  assert listed["body"] == (5 if minor < 7 else 13), listed
   assert daemon.running()
   demo = os.path.realpath(ku.kernel_path(ku.DEMO))
   hello, created = run_client(daemon, [
-      {"kind": "register", "name": "lim.ok", "path": demo}], user=0)
+      {"kind": "register", "name": "lim.ok", "path": demo}], user=0,
+      minor=minor)
   assert created["code"] == 0 and created["has_body"], created
+  assert created["body"] == (4 if minor < 7 else 12), created
   if kregctl is not None:
     listing = subprocess.run(
         [str(kregctl), "--socket", daemon.socket, "list", "--json"],
@@ -214,14 +240,40 @@ def test_fd_upload_over_limits_is_refused_before_it_is_read(daemon):
     assert names == ["lim.ok"], names
 
 
-def test_fd_upload_within_limits_is_read(daemon):
+@pytest.mark.parametrize("minor", [6, 7])
+def test_fd_upload_within_limits_is_read(daemon, minor):
   # The precheck lets an acceptable size through: the executor then reads
   # the fd, and this one holds fewer bytes than announced.
   (hello, short) = run_client(daemon, [
       {"kind": "register", "name": "lim.short", "size": 4096,
-       "attach": "memfd"}])
+       "attach": "memfd"}], minor=minor)
   assert hello["code"] == 0, hello
   assert short["code"] == 3, short
   assert short["message"] == (
       "the module upload announced 4096 bytes but its file descriptor "
       "holds 100"), short
+
+
+def test_a_1_2_client_uploads_inline_and_reads_flat_targets(daemon):
+  # Before 1.3 a client sent the module's bytes in the message; kregd still
+  # registers them (as an fd upload: same precheck, same store) and answers
+  # in RegisterReply and ListReply.
+  demo = os.path.realpath(ku.kernel_path(ku.DEMO))
+  hello, created, again, listed = run_client(daemon, [
+      {"kind": "register", "name": "old.inline", "inline": demo},
+      {"kind": "register", "name": "old.inline", "inline": demo},
+      {"kind": "list"}], user=0, minor=2)
+  assert hello["code"] == 0, hello
+  assert created["code"] == 0 and created["body"] == 4, created
+  assert again["code"] == 0 and again["body"] == 4, again  # idempotent
+  assert listed["code"] == 0 and listed["body"] == 5, listed
+  # Over max_module_bytes: refused by kregd's size check, as any upload.
+  big = daemon.root / "big.so"
+  big.write_bytes(b"\x7fELF" + b"\0" * MAX_MODULE)
+  hello, refused = run_client(daemon, [
+      {"kind": "register", "name": "old.big", "inline": str(big)}], user=0,
+      minor=2)
+  assert refused["code"] == 3, refused
+  assert refused["message"] == (
+      f"uploaded module of {MAX_MODULE + 4} bytes exceeds the limit of "
+      f"{MAX_MODULE} bytes (max_module_bytes)"), refused

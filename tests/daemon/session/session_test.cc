@@ -57,7 +57,29 @@ class FakeBackend : public SessionBackend {
     }
     return absl::OkStatus();
   }
-  v1::ListTargetsResponse List() override { return {}; }
+  // One target, with every field a 1.0-1.6 client reads.
+  v1::ListTargetsResponse List() override {
+    v1::ListTargetsResponse r;
+    v1::Target* t = r.add_targets();
+    t->set_target_name("listed");
+    t->set_platform("cpu");
+    t->set_func_name("F");
+    t->set_content_id("c");
+    t->set_module_digest("sha256:d");
+    t->set_module_size(9);
+    t->set_kind("module");
+    t->set_ffi_api_major(0);
+    t->set_ffi_api_minor(1);
+    t->set_traits(1);
+    t->set_not_runnable("no GPU");
+    t->mutable_audit()->set_uid(1000);
+    t->mutable_audit()->set_gid(100);
+    t->mutable_audit()->set_registered_at_us(5);
+    t->mutable_audit()->set_pid(77);
+    t->mutable_audit()->set_origin("path:/m.so");
+    t->mutable_audit()->set_host("h (10.0.0.1)");
+    return r;
+  }
   // "local.ok": a module fd; "local.nofd": success without one; other
   // names: the backend's refusal.
   absl::StatusOr<v1::BindLocalReply> BindLocal(const v1::BindLocal& r,
@@ -102,16 +124,18 @@ struct Fixture {
   static SessionLimits Limits() {
     SessionLimits l;
     l.max_arena_bytes = 1 << 20;
+    l.max_module_bytes = 1 << 20;
     return l;
   }
   v1::SessionResponse Send(const v1::SessionRequest& r,
                            std::vector<UniqueFd> fds = {}) {
     return session.Handle(r, std::move(fds));
   }
-  v1::SessionResponse Hello() {
+  v1::SessionResponse Hello(uint32_t minor = kSessionProtocolMinor) {
     v1::SessionRequest r;
     r.set_id(1);
     r.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
+    r.mutable_hello()->set_protocol_minor(minor);
     return Send(r);
   }
   FakeBackend backend;
@@ -450,6 +474,132 @@ TEST_CASE("An fd upload reaches the backend as a sealed memfd of its size",
   CHECK(fx.backend.last_request.module().upload_size() == 5);
   CHECK((fx.backend.last_module_seals & kSealed) == kSealed);
   CHECK(fx.backend.last_module == "abcde");
+}
+
+TEST_CASE("A 1.6 client registers in its flat messages and reads them back",
+          "[session][legacy]") {
+  Fixture fx;
+  fx.Hello(6);
+  // By path.
+  v1::SessionRequest r;
+  r.set_id(2);
+  v1::RegisterRequest* old = r.mutable_legacy_register();
+  old->set_target_name("old.path");
+  old->set_func_name("Scale");
+  old->set_platform("cpu");
+  old->set_content_id("c1");
+  old->set_file_name("libdemo.so");
+  old->set_path("/m.so");
+  v1::SessionResponse resp = fx.Send(r);
+  REQUIRE(resp.status().code() == 0);
+  REQUIRE(resp.has_legacy_register());
+  CHECK(resp.legacy_register().created());
+  CHECK(resp.legacy_register().target().target_name() == "old.path");
+  const v1::RegisterTargetHeader& h = fx.backend.last_request;
+  CHECK(h.func_name() == "Scale");
+  CHECK(h.content_id() == "c1");
+  CHECK(h.module().path() == "/m.so");
+  CHECK(h.module().file_name() == "libdemo.so");
+  CHECK(fx.backend.prechecks == 0);
+  // By fd (1.3-1.6): the same checks as a 1.7 upload.
+  old->set_target_name("old.fd");
+  old->set_upload_fd_size(3);
+  std::vector<UniqueFd> fds;
+  UniqueFd fd(::memfd_create("m", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  REQUIRE(::write(fd.get(), "xyz!", 4) == 4);
+  fds.push_back(std::move(fd));
+  resp = fx.Send(r, std::move(fds));
+  REQUIRE(resp.status().code() == 0);
+  CHECK(fx.backend.prechecks == 1);
+  CHECK(fx.backend.last_module == "xyz");
+  // Inline (1.0-1.2): a sealed memfd of the bytes, prechecked too.
+  old->set_target_name("old.inline");
+  old->set_upload("ELF!");
+  resp = fx.Send(r);
+  REQUIRE(resp.status().code() == 0);
+  CHECK(fx.backend.prechecks == 2);
+  CHECK(fx.backend.last_request.module().upload_size() == 4);
+  CHECK(fx.backend.last_module == "ELF!");
+  CHECK((fx.backend.last_module_seals & kSealed) == kSealed);
+  // Refusals come back as they are.
+  old->set_target_name("refused");
+  old->set_path("/m.so");
+  resp = fx.Send(r);
+  CHECK(resp.status().message() == "target \"refused\" exists");
+  CHECK_FALSE(resp.has_legacy_register());
+}
+
+TEST_CASE("A 1.6 client's List and BindLocal are answered in TargetInfo",
+          "[session][legacy]") {
+  Fixture fx;
+  fx.Hello(6);
+  v1::SessionRequest list;
+  list.mutable_list();
+  v1::SessionResponse resp = fx.Send(list);
+  REQUIRE(resp.has_legacy_list());
+  REQUIRE(resp.legacy_list().targets_size() == 1);
+  const v1::TargetInfo& t = resp.legacy_list().targets(0);
+  CHECK(t.target_name() == "listed");
+  CHECK(t.platform() == "cpu");
+  CHECK(t.func_name() == "F");
+  CHECK(t.content_id() == "c");
+  CHECK(t.module_digest() == "sha256:d");
+  CHECK(t.module_size() == 9);
+  CHECK(t.kind() == "module");
+  CHECK(t.ffi_api_minor() == 1);
+  CHECK(t.traits() == 1);
+  CHECK(t.not_runnable() == "no GPU");
+  CHECK(t.uid() == 1000);
+  CHECK(t.gid() == 100);
+  CHECK(t.registered_at_us() == 5);
+  CHECK(t.pid() == 77);
+  CHECK(t.origin() == "path:/m.so");
+  resp = fx.Send(BindLocalRequest("local.ok"));
+  REQUIRE(resp.status().code() == 0);
+  CHECK(resp.bind_local().legacy_target().target_name() == "local.ok");
+  CHECK(resp.bind_local().legacy_target().module_size() == 64);
+  CHECK_FALSE(resp.bind_local().has_target());
+  CHECK(fx.session.TakeReplyFd().ok());
+  // A 1.7 client reads registration.proto's Target.
+  Fixture now;
+  now.Hello();
+  resp = now.Send(list);
+  REQUIRE(resp.has_list());
+  CHECK(resp.list().targets(0).audit().host() == "h (10.0.0.1)");
+}
+
+TEST_CASE("A 1.6 client's bad inline uploads are refused, naming the value",
+          "[session][legacy]") {
+  Fixture fx;
+  fx.Hello(2);
+  v1::SessionRequest r;
+  r.mutable_legacy_register()->set_target_name("bad");
+  r.mutable_legacy_register()->set_upload("abcd");
+  std::vector<UniqueFd> fds;
+  fds.push_back(MakeMemfd(4));
+  v1::SessionResponse resp = fx.Send(r, std::move(fds));
+  CHECK(resp.status().code() == int(absl::StatusCode::kInvalidArgument));
+  CHECK(resp.status().message() ==
+        "RegisterRequest carries its module inline and 1 file "
+        "descriptor(s); an inline upload carries none");
+  r.mutable_legacy_register()->set_upload("");
+  resp = fx.Send(r);
+  CHECK(resp.status().message() ==
+        "RegisterRequest.upload is empty: send the module's bytes (or its "
+        "path)");
+  r.mutable_legacy_register()->set_upload(std::string(2 << 20, 'x'));
+  resp = fx.Send(r);
+  CHECK(resp.status().message() ==
+        "uploaded module of 2097152 bytes exceeds the limit of " +
+            std::to_string(Fixture::Limits().max_module_bytes) +
+            " bytes (max_module_bytes)");
+  // An fd upload without its fd: the 1.7 rule's message.
+  r.mutable_legacy_register()->set_upload_fd_size(4);
+  resp = fx.Send(r);
+  CHECK(resp.status().message() ==
+        "the registration carries 0 file descriptor(s); an upload "
+        "(module.upload_size) needs exactly one (the module's memfd)");
+  CHECK(fx.backend.prechecks == 0);
 }
 
 TEST_CASE("An fd upload is charged to max_buffered_bytes before it is read",
