@@ -70,8 +70,10 @@ ClientStatus CallRegister(Conn* conn, const Registration& registration,
         ToLegacyRegister(header, bytes, inline_upload);
   } else {
     *req.mutable_register_target() = header;
-    req.mutable_register_target()->mutable_module()->set_upload_size(
-        bytes.size());
+    if (upload) {
+      req.mutable_register_target()->mutable_module()->set_upload_size(
+          bytes.size());
+    }
   }
   if (!upload || inline_upload) return conn->Call(&req, response);
   std::string error;

@@ -220,6 +220,34 @@ TEST_CASE("A registration reaches kregds of 1.2, 1.6 and 1.7 in their form",
   }
 }
 
+TEST_CASE("A path registration reaches kregds of 1.6 and 1.7 as a path",
+          "[shim][legacy]") {
+  for (uint32_t minor : {6u, 7u}) {
+    INFO("kregd 1." << minor);
+    FakeKregd kregd([&](Peer* p) { AnswerRegistration(p, minor, 1u << 20); });
+    Registration reg;
+    reg.header = Header();
+    reg.header.mutable_module()->set_path("/opt/k/libdemo.so");
+    v1::RegisterTargetResponse out;
+    {
+      Client client(kregd.path);
+      ClientStatus s = client.Register(reg, &out);
+      INFO(s.message);
+      REQUIRE(s.ok());
+    }
+    kregd.Join();
+    REQUIRE(kregd.requests.size() == 2);
+    const v1::SessionRequest& req = kregd.requests[1];
+    if (minor < 7) {
+      CHECK(req.legacy_register().path() == "/opt/k/libdemo.so");
+    } else {
+      CHECK(req.register_target().module().path() == "/opt/k/libdemo.so");
+      CHECK(req.register_target().module().file_name() == "libdemo.so");
+    }
+    CHECK(kregd.fd_sizes.empty());
+  }
+}
+
 TEST_CASE("List and BindLocal read a 1.6 kregd's flat targets",
           "[shim][legacy]") {
   FakeKregd kregd([&](Peer* p) {
