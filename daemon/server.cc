@@ -36,6 +36,7 @@
 #include "daemon/gpu_sharing.h"
 #include "daemon/metrics/http_server.h"
 #include "daemon/runnable.h"
+#include "daemon/session/protocol_version.h"
 #include "daemon/session/session_server.h"
 #include "spdlog/spdlog.h"
 
@@ -535,7 +536,7 @@ absl::Status Daemon::StartSessions() {
     policy.secret = *secret;
     policy.settings_digest = SettingsDigest(pool->init);
     policy.session_protocol_major = AdoptableProtocolMajor();
-    policy.oldest_session_protocol_minor = OldestAdoptableProtocolMinor();
+    policy.oldest_session_protocol_minor = kOldestAdoptableProtocolMinor;
     pool->adoption_secret = *secret;
     pool->init.set_supervision_socket(supervision_path);
     pool->init.set_settings_digest(policy.settings_digest);

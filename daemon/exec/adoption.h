@@ -70,9 +70,6 @@ struct OfferJudgement {
 // (//daemon:kregd_next_minor, //daemon:kregd_next_major).
 uint32_t AdoptableProtocolMajor();
 uint32_t AdoptableProtocolMinor();
-// The oldest minor of AdoptableProtocolMajor() re-adopted
-// (kOldestAdoptableProtocolMinor).
-uint32_t OldestAdoptableProtocolMinor();
 
 // Judges `offer`, which came over a connection whose SO_PEERCRED is
 // `conn`.

@@ -11,8 +11,5 @@ __attribute__((weak)) uint32_t AdoptableProtocolMajor() {
 __attribute__((weak)) uint32_t AdoptableProtocolMinor() {
   return kSessionProtocolMinor;
 }
-uint32_t OldestAdoptableProtocolMinor() {
-  return kOldestAdoptableProtocolMinor;
-}
 
 }  // namespace kreg

@@ -19,7 +19,7 @@ absl::StatusOr<v1::RegisterTargetHeader> FromLegacyRegister(
   header.set_content_id(request.content_id());
   header.set_in_process(request.in_process());
   v1::ModuleSource* module = header.mutable_module();
-  if (!request.file_name().empty()) module->set_file_name(request.file_name());
+  module->set_file_name(request.file_name());
   switch (request.module_case()) {
     case v1::RegisterRequest::kPath:
       module->set_path(request.path());
@@ -34,24 +34,14 @@ absl::StatusOr<v1::RegisterTargetHeader> FromLegacyRegister(
             "RegisterRequest carries its module inline and ", fds->size(),
             " file descriptor(s); an inline upload carries none"));
       }
-      if (bytes.size() > max_module_bytes) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "uploaded module of ", bytes.size(), " bytes exceeds the limit of ",
-            max_module_bytes, " bytes (max_module_bytes)"));
-      }
-      if (bytes.empty()) {
-        return absl::InvalidArgumentError(
-            "RegisterRequest.upload is empty: send the module's bytes (or "
-            "its path)");
-      }
-      module->set_upload_size(bytes.size());
-      absl::StatusOr<UniqueFd> sealed = SealedModuleMemfd(bytes);
+      absl::StatusOr<UniqueFd> sealed =
+          SealedModuleMemfd(bytes, max_module_bytes);
       if (!sealed.ok()) return sealed.status();
+      module->set_upload_size(bytes.size());
       fds->push_back(*std::move(sealed));
       break;
     }
     case v1::RegisterRequest::MODULE_NOT_SET:
-      if (request.file_name().empty()) header.clear_module();
       break;
   }
   return header;

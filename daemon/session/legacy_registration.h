@@ -18,8 +18,9 @@ namespace kreg {
 // The RegisterTargetHeader a 1.0-1.6 client's `request` says. Its fds are
 // `*fds`, which the header's rules then check (an upload has exactly one).
 // An inline upload (1.0-1.2) becomes an upload whose fd, a sealed memfd of
-// its bytes, is appended to `*fds`; INVALID_ARGUMENT when it exceeds
-// `max_module_bytes` or comes with fds of its own.
+// its bytes, is appended to `*fds`; INVALID_ARGUMENT when it is empty,
+// exceeds `max_module_bytes` (SealedModuleMemfd's messages) or comes with
+// fds of its own.
 absl::StatusOr<v1::RegisterTargetHeader> FromLegacyRegister(
     const v1::RegisterRequest& request, std::vector<UniqueFd>* fds,
     uint64_t max_module_bytes);

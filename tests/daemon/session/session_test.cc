@@ -584,9 +584,7 @@ TEST_CASE("A 1.6 client's bad inline uploads are refused, naming the value",
         "descriptor(s); an inline upload carries none");
   r.mutable_legacy_register()->set_upload("");
   resp = fx.Send(r);
-  CHECK(resp.status().message() ==
-        "RegisterRequest.upload is empty: send the module's bytes (or its "
-        "path)");
+  CHECK(resp.status().message() == "uploaded module is empty (0 bytes)");
   r.mutable_legacy_register()->set_upload(std::string(2 << 20, 'x'));
   resp = fx.Send(r);
   CHECK(resp.status().message() ==
