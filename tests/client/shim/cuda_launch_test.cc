@@ -33,6 +33,7 @@
 #include "common/ring_layout.h"
 #include "common/wire.h"
 #include "kreg/v1/session.pb.h"
+#include "tests/client/shim/temp_socket.h"
 #include "tests/testing/fake_cuda.h"
 #include "xla/ffi/api/c_api.h"
 
@@ -60,22 +61,12 @@ struct RingSeen {
 class FakeKregd {
  public:
   FakeKregd() {
-    char dir[] = "/tmp/kreg-shim-cuda.XXXXXX";
-    REQUIRE(::mkdtemp(dir) != nullptr);
-    dir_ = dir;
-    path = dir_ + "/session.sock";
-    listen_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::strcpy(addr.sun_path, path.c_str());
-    REQUIRE(::bind(listen_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) ==
-            0);
-    REQUIRE(::listen(listen_, 4) == 0);
+    path = listener_.path;
     socket_thread_ = std::thread([this] { Serve(); });
   }
   ~FakeKregd() {
     stop_ = true;
-    ::shutdown(listen_, SHUT_RDWR);
+    ::shutdown(listener_.fd, SHUT_RDWR);
     if (sock_ >= 0) ::shutdown(sock_, SHUT_RDWR);
     socket_thread_.join();
     if (ring_thread_.joinable()) {
@@ -83,10 +74,7 @@ class FakeKregd {
       ring_thread_.join();
     }
     if (ring_ != nullptr) ::munmap(ring_, ring::kRegionBytes);
-    ::close(listen_);
     if (sock_ >= 0) ::close(sock_);
-    ::unlink(path.c_str());
-    ::rmdir(dir_.c_str());
   }
 
   using OnRing = std::function<void(const RingSeen&, int* code,
@@ -123,7 +111,7 @@ class FakeKregd {
 
  private:
   void Serve() {
-    sock_ = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
+    sock_ = ::accept4(listener_.fd, nullptr, nullptr, SOCK_CLOEXEC);
     if (sock_ < 0) return;
     std::string in;
     for (;;) {
@@ -261,8 +249,7 @@ class FakeKregd {
     }
   }
 
-  std::string dir_;
-  int listen_ = -1;
+  TempSessionSocket listener_{"/tmp/kreg-shim-cuda.XXXXXX"};
   int sock_ = -1;
   std::thread socket_thread_, ring_thread_;
   std::atomic<bool> stop_{false};

@@ -21,6 +21,7 @@
 #include "catch2/catch.hpp"
 #include "common/wire.h"
 #include "kreg/v1/session.pb.h"
+#include "tests/client/shim/temp_socket.h"
 
 namespace kreg::shim {
 
@@ -95,20 +96,10 @@ class FakeKregd {
  public:
   using Script = std::function<void(Peer*)>;
 
-  explicit FakeKregd(Script script) : script_(std::move(script)) {
-    char dir[] = "/tmp/kreg-shim-conn.XXXXXX";
-    REQUIRE(::mkdtemp(dir) != nullptr);
-    dir_ = dir;
-    path = dir_ + "/kregd.sock.session";
-    listen_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::strcpy(addr.sun_path, path.c_str());
-    REQUIRE(::bind(listen_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) ==
-            0);
-    REQUIRE(::listen(listen_, 4) == 0);
+  explicit FakeKregd(Script script)
+      : path(listener_.path), script_(std::move(script)) {
     thread_ = std::thread([this] {
-      int sock = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
+      int sock = ::accept4(listener_.fd, nullptr, nullptr, SOCK_CLOEXEC);
       if (sock < 0) return;
       Peer peer(sock);
       script_(&peer);
@@ -118,20 +109,20 @@ class FakeKregd {
       fd_seals = std::move(peer.fd_seals);
     });
   }
-  ~FakeKregd() {
-    Join();
-    ::close(listen_);
-    ::unlink(path.c_str());
-    ::rmdir(dir_.c_str());
-  }
+  ~FakeKregd() { Join(); }
   // Waits for the script to end (a session never opened ends it too).
   void Join() {
     if (!thread_.joinable()) return;
-    ::shutdown(listen_, SHUT_RDWR);
+    ::shutdown(listener_.fd, SHUT_RDWR);
     thread_.join();
   }
 
-  std::string path;
+ private:
+  // Declared before `path`, which is initialized from it.
+  TempSessionSocket listener_{"/tmp/kreg-shim-conn.XXXXXX"};
+
+ public:
+  const std::string path;
   // What the script's Peer recorded; read after Join().
   std::vector<v1::SessionRequest> requests;
   std::vector<int64_t> fd_sizes;
@@ -139,8 +130,6 @@ class FakeKregd {
 
  private:
   Script script_;
-  std::string dir_;
-  int listen_ = -1;
   std::thread thread_;
 };
 
