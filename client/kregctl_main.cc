@@ -80,9 +80,11 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version",
                        std::string("kregctl ") + kreg::kKregVersion);
-  std::string socket = kreg::DefaultSocketPath();
-  if (const char* env = std::getenv("KREGD_SOCKET")) socket = env;
-  app.add_option("--socket", socket, "kregd's gRPC socket")
+  std::string socket = kreg::ClientSocketPath();
+  app.add_option("--socket", socket,
+                 "kregd's gRPC socket (default: $KREGD_SOCKET, else "
+                 "$XDG_RUNTIME_DIR/kregd/kregd.sock if it exists, else "
+                 "/run/kregd/kregd.sock)")
       ->capture_default_str();
   // In the order `kregctl --help` lists them.
   const std::vector<kreg::Command> commands = {

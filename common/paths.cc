@@ -1,5 +1,7 @@
 #include "common/paths.h"
 
+#include <sys/stat.h>
+
 #include <cstdlib>
 
 namespace kreg {
@@ -17,6 +19,15 @@ std::string EnvOr(const char* name, const std::string& suffix,
 
 std::string DefaultSocketPath() {
   return EnvOr("XDG_RUNTIME_DIR", "/kregd/kregd.sock", "/run/kregd/kregd.sock");
+}
+
+std::string ClientSocketPath() {
+  const char* env = std::getenv("KREGD_SOCKET");
+  if (env != nullptr && env[0] != '\0') return env;
+  const std::string mine = DefaultSocketPath();
+  struct stat st;
+  if (::stat(mine.c_str(), &st) == 0) return mine;
+  return "/run/kregd/kregd.sock";
 }
 
 std::string DefaultStateDir() {

@@ -7,8 +7,13 @@
 
 namespace kreg {
 
-// $XDG_RUNTIME_DIR/kregd/kregd.sock or /run/kregd/kregd.sock.
+// Where kregd binds by default: $XDG_RUNTIME_DIR/kregd/kregd.sock or
+// /run/kregd/kregd.sock.
 std::string DefaultSocketPath();
+// Where clients (kregctl, the shim, Python's kreg) look for kregd:
+// $KREGD_SOCKET, else $XDG_RUNTIME_DIR/kregd/kregd.sock when that exists (a
+// private kregd), else the system kregd's /run/kregd/kregd.sock.
+std::string ClientSocketPath();
 // $XDG_STATE_HOME/kregd or /var/lib/kregd.
 std::string DefaultStateDir();
 // The session (data-plane) socket beside a gRPC socket.

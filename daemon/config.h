@@ -71,9 +71,10 @@ struct Config {
   int64_t compile_max_processes = 64;
   uint64_t compile_cache_bytes = 2ull << 30;
   std::string compile_cxx = "/usr/bin/g++";
-  std::string compile_nvcc;             // empty: PATH, /usr/local/cuda/bin
-  std::string compile_ffi_include_dir;  // empty: the build's jaxlib headers
-  std::string compile_binary;           // empty: kregd-compile next to kregd
+  std::string compile_nvcc;  // empty: PATH, /usr/local/cuda/bin
+  // Empty: the XLA FFI headers kregd was built against, shipped beside it.
+  std::string compile_ffi_include_dir;
+  std::string compile_binary;  // empty: kregd-compile next to kregd
 
   // Where each key's value came from (operator guide, "Seeing the effective
   // configuration"): the config file's path, "--flag" or "$ENV"; a key
@@ -107,9 +108,6 @@ absl::Status FinishClusterConfig(Config* c);
 
 // config_compile.cc: the compile service's tools (its keys are in
 // config_keys.cc's table).
-// The XLA FFI include directory compiles use: compile_ffi_include_dir, else
-// the jaxlib headers kregd was built against.
-std::string CompileFfiIncludeDir(const Config& c);
 // nvcc: compile_nvcc, else on PATH, else /usr/local/cuda/bin/nvcc; empty
 // when none is found.
 std::string CompileNvcc(const Config& c);

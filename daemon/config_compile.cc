@@ -8,16 +8,7 @@
 #include "absl/strings/str_split.h"
 #include "daemon/config.h"
 
-#ifndef KREG_XLA_INCLUDE_DIR
-#define KREG_XLA_INCLUDE_DIR ""
-#endif
-
 namespace kreg {
-
-std::string CompileFfiIncludeDir(const Config& c) {
-  return c.compile_ffi_include_dir.empty() ? KREG_XLA_INCLUDE_DIR
-                                           : c.compile_ffi_include_dir;
-}
 
 std::string CompileNvcc(const Config& c) {
   if (!c.compile_nvcc.empty()) return c.compile_nvcc;

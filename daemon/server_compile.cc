@@ -1,12 +1,18 @@
 // The compile service's part of the kregd process (DESIGN §13).
+#include <dirent.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <iterator>
 #include <optional>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/sha256.h"
 #include "daemon/cluster/cluster_registry.h"
 #include "daemon/compile/compile_cache.h"
 #include "daemon/compile/compile_service.h"
@@ -23,6 +29,57 @@ std::string ExeDir() {
   std::string path(buf, static_cast<size_t>(n));
   size_t slash = path.rfind('/');
   return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+// The XLA FFI headers compiles use, read once: compile_ffi_include_dir, else
+// those kregd was built against, shipped beside it (the build tree's
+// <bin>/daemon/include, a package's /usr/share/kregd/include). They travel
+// in each job, so a compile needs no host path visible in its sandbox.
+absl::Status LoadFfiHeaders(const Config& config, CompileOptions* opts) {
+  std::vector<std::string> tried;
+  if (!config.compile_ffi_include_dir.empty()) {
+    tried.push_back(config.compile_ffi_include_dir);
+  } else {
+    tried = {ExeDir() + "/include", ExeDir() + "/../share/kregd/include"};
+  }
+  for (const std::string& root : tried) {
+    const std::string dir = root + "/xla/ffi/api";
+    if (::access((dir + "/ffi.h").c_str(), R_OK) != 0) continue;
+    std::vector<std::string> names;
+    if (DIR* d = ::opendir(dir.c_str())) {
+      while (dirent* e = ::readdir(d)) {
+        if (absl::EndsWith(e->d_name, ".h")) names.push_back(e->d_name);
+      }
+      ::closedir(d);
+    }
+    std::sort(names.begin(), names.end());
+    Sha256 digest;
+    for (const std::string& name : names) {
+      std::ifstream in(dir + "/" + name, std::ios::binary);
+      std::string text((std::istreambuf_iterator<char>(in)), {});
+      if (!in.good() && !in.eof()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("cannot read the XLA FFI header ", dir, "/", name,
+                         " (compile_ffi_include_dir)"));
+      }
+      v1::SourceFile& f = opts->ffi_headers.emplace_back();
+      f.set_name("xla/ffi/api/" + name);
+      f.set_text(std::move(text));
+      digest.Update(f.name().data(), f.name().size() + 1);
+      digest.Update(f.text().data(), f.text().size() + 1);
+    }
+    opts->ffi_headers_digest = "sha256:" + digest.FinalHex();
+    spdlog::info("compile service: XLA FFI headers from {} ({})", root,
+                 opts->ffi_headers_digest);
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the compile service's XLA FFI headers were not found (no "
+      "xla/ffi/api/ffi.h under ",
+      absl::StrJoin(tried, " or "),
+      "); set compile_ffi_include_dir to a directory holding "
+      "xla/ffi/api/ffi.h, e.g. the output of `python -c \"import jax.ffi; "
+      "print(jax.ffi.include_dir())\"` for the jaxlib your clients use"));
 }
 
 // The cluster's other hosts (DESIGN §10, §13): before compiling a key, a
@@ -126,7 +183,7 @@ absl::Status Daemon::StartCompile() {
   }
   opts.cxx = config_.compile_cxx;
   opts.nvcc = CompileNvcc(config_);
-  opts.ffi_include_dir = CompileFfiIncludeDir(config_);
+  if (absl::Status s = LoadFfiHeaders(config_, &opts); !s.ok()) return s;
   opts.limits.set_cpu_s(static_cast<uint64_t>(config_.compile_cpu_s));
   opts.limits.set_wall_s(config_.compile_timeout_s);
   opts.limits.set_memory_bytes(config_.compile_memory_bytes);

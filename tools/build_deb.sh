@@ -14,7 +14,8 @@
 #     steps put it; Debian packages do not install into /usr/local)
 #   /usr/share/man/man8/kregd.8.gz, /usr/share/man/man1/kregctl.1.gz
 #   /usr/share/bash-completion/completions/kregctl
-#   /usr/share/doc/kregd/kregd.toml.example
+#   /usr/share/doc/kregd/kregd.toml.example, /usr/share/doc/kregd/copyright
+#   /usr/share/kregd/include/xla/ffi/api/*.h (the compile service's headers)
 # Depends: is computed from the binaries' shared libraries with
 # dpkg-shlibdeps (given a scratch debian/control), or, where that fails, by
 # mapping each library ldd finds to its package with dpkg -S (unversioned,
@@ -71,6 +72,24 @@ gzip -9n -c "$repo/docs/man/kregctl.1" > "$root/usr/share/man/man1/kregctl.1.gz"
 install -m 0644 "$repo/docs/completion/kregctl.bash" \
   "$root/usr/share/bash-completion/completions/kregctl"
 install -m 0644 "$repo/docs/kregd.toml.example" "$root/usr/share/doc/kregd/"
+# The XLA FFI headers kregd was built against: the compile service's default
+# compile_ffi_include_dir (<kregd's dir>/../share/kregd/include).
+install -d -m 0755 "$root/usr/share/kregd/include/xla/ffi/api"
+install -m 0644 "$bin"/daemon/include/xla/ffi/api/*.h \
+  "$root/usr/share/kregd/include/xla/ffi/api/"
+# Debian's machine-readable copyright file; the license text is Debian's own.
+cat > "$root/usr/share/doc/kregd/copyright" <<'EOF'
+Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
+Upstream-Name: kregd
+Source: the kregd repository
+
+Files: *
+Copyright: the kregd authors
+License: Apache-2.0
+ On Debian systems, the full text of the Apache License, Version 2.0 is in
+ /usr/share/common-licenses/Apache-2.0. The XLA FFI headers in
+ /usr/share/kregd/include are jaxlib's, under the same license.
+EOF
 
 # Depends: from the shared libraries of the installed binaries.
 depends=

@@ -4,7 +4,8 @@
 # `bundle/tests/gpu/run.sh`. The GPU machine (Ubuntu 24.04, Python 3.12,
 # jax 0.11.2 cuda13) has no Bazel and no gRPC, so the bundle carries:
 #
-#   libexec/          kregd, kregd-probe, kregd-exec, kregd-compile, kregctl (the ELF binaries) and
+#   libexec/          kregd, kregd-probe, kregd-exec, kregd-compile, kregctl (the ELF binaries),
+#                     include/ (the compile service's XLA FFI headers) and
 #                     cuda_gpu_test (the C++ [cuda] tests, run by run.sh)
 #   bin/              a bazel-bin-shaped tree ($KREG_BIN_DIR): daemon/kregd,
 #                     daemon/kregd-probe and client/kregctl are wrappers that
@@ -46,6 +47,8 @@ out=$(cd "$out" && pwd)
 cp "$bin"/daemon/kregd "$bin"/daemon/kregd-probe "$bin"/daemon/exec/kregd-exec \
   "$bin"/daemon/compile/kregd-compile "$bin"/client/kregctl \
   "$out"/libexec/
+# The compile service's XLA FFI headers, beside kregd (compile_ffi_include_dir).
+cp -r "$bin"/daemon/include "$out"/libexec/
 # The C++ [cuda] tests (daemon/cuda and client/cuda on the real driver).
 cp "$bin"/tests/daemon/cuda/gpu_test "$out"/libexec/cuda_gpu_test
 cp "$bin"/client/shim/libkreg_client.so "$out"/bin/client/shim/

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Counts test cases across Bazel's Catch2 logs and JUnit XML files (pytest's,
 tools/fuzz.sh's: one case per fuzz target) and prints one line:
-`tests: N passed, N failed`.
+`tests: N passed, N failed`, after a line `tests skipped: N` with the
+skipped cases' reasons (GPU suites without a GPU, cluster tests without etcd,
+...) on stderr, so a run that skipped a suite does not pass for a full one.
 
     summarize_tests.py TESTLOGS TARGETS [XML...] [--also-catch2 TESTLOGS TARGETS]...
 
@@ -10,6 +12,7 @@ tools/fuzz.sh's: one case per fuzz target) and prints one line:
 again. A Bazel test target whose log has no Catch2 summary (it crashed, timed
 out or did not build) counts as one failed test case.
 """
+import collections
 import pathlib
 import re
 import sys
@@ -36,7 +39,8 @@ def catch2(testlogs: pathlib.Path, targets: list[str]):
     return passed, failed
 
 
-def pytest(xml: pathlib.Path):
+def pytest(xml: pathlib.Path, skips: collections.Counter):
+    """Passed and failed cases of a JUnit file; adds its skips' reasons."""
     if not xml.exists():
         print(f"summarize: {xml} is missing; counted as 1 failure", file=sys.stderr)
         return 0, 1
@@ -45,7 +49,9 @@ def pytest(xml: pathlib.Path):
         kinds = {child.tag for child in case}
         if kinds & {"failure", "error"}:
             failed += 1
-        elif "skipped" not in kinds:
+        elif (skipped := case.find("skipped")) is not None:
+            skips[(skipped.get("message") or "no reason given")[:160]] += 1
+        else:
             passed += 1
     return passed, failed
 
@@ -60,6 +66,7 @@ def main():
     runs.insert(0, (args[0], args[1]))
     xmls = [pathlib.Path(p) for p in args[2:]]
     p = f = 0
+    skips = collections.Counter()
     for testlogs, targets in runs:
         dp, df = catch2(pathlib.Path(testlogs),
                         pathlib.Path(targets).read_text().split())
@@ -67,9 +74,12 @@ def main():
               file=sys.stderr)
         p, f = p + dp, f + df
     for xml in xmls:
-        dp, df = pytest(xml)
+        dp, df = pytest(xml, skips)
         print(f"summarize: {xml.name}: {dp} passed, {df} failed", file=sys.stderr)
         p, f = p + dp, f + df
+    for reason, n in skips.most_common():
+        print(f"summarize: skipped {n}: {reason}", file=sys.stderr)
+    print(f"tests skipped: {sum(skips.values())}")
     print(f"tests: {p} passed, {f} failed")
     return 1 if f else 0
 

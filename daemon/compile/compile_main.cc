@@ -208,12 +208,17 @@ void BecomeCaller(const v1::CompileJob& job, std::string* note) {
 // Writes the job's sources and headers under `src`. Names are checked by
 // kregd (compile_request.h): plain names and relative paths without "."
 // or "..". A full scratch is compile_output_bytes' RESOURCE_EXHAUSTED.
+// Writes the sources and headers into `src`, and the XLA FFI headers into
+// `ffi` (its own directory, so no caller's file name can replace them).
 void WriteInputs(const v1::CompileJob& job, const std::string& src,
-                 const std::string& note) {
-  for (int kind = 0; kind < 2; ++kind) {
-    for (const v1::SourceFile& f : kind ? job.headers() : job.sources()) {
-      if (MakeParents(src, f.name()) &&
-          WriteFile(src + "/" + f.name(), f.text())) {
+                 const std::string& ffi, const std::string& note) {
+  for (int kind = 0; kind < 3; ++kind) {
+    const std::string& root = kind == 2 ? ffi : src;
+    for (const v1::SourceFile& f : kind == 0   ? job.sources()
+                                   : kind == 1 ? job.headers()
+                                               : job.ffi_headers()) {
+      if (MakeParents(root, f.name()) &&
+          WriteFile(root + "/" + f.name(), f.text())) {
         continue;
       }
       std::string why = std::strerror(errno);
@@ -257,14 +262,18 @@ void DescribeFailure(const CompilerRun& run, const v1::CompileLimits& l,
   BecomeCaller(job, &note);
   const std::string src = scratch + "/src";
   const std::string tmp = scratch + "/tmp";
-  if (::mkdir(src.c_str(), 0700) != 0 || ::mkdir(tmp.c_str(), 0700) != 0) {
-    Fail(13, absl::StrCat("mkdir in ", scratch, ": ", std::strerror(errno)),
-         note);
+  const std::string ffi = scratch + "/ffi-include";
+  for (const std::string& dir : {src, tmp, ffi}) {
+    if (::mkdir(dir.c_str(), 0700) != 0) {
+      Fail(13, absl::StrCat("mkdir ", dir, ": ", std::strerror(errno)), note);
+    }
   }
-  WriteInputs(job, src, note);
+  WriteInputs(job, src, ffi, note);
   const std::string output = scratch + "/out.so";
   std::vector<std::string> argv = {job.compiler()};
   for (const std::string& a : job.base_args()) argv.push_back(a);
+  // -isystem: the XLA FFI headers' own warnings are not the caller's.
+  argv.insert(argv.end(), {"-isystem", ffi});
   for (const std::string& o : job.options()) argv.push_back(o);
   for (const v1::SourceFile& f : job.sources()) argv.push_back(f.name());
   argv.push_back("-o");

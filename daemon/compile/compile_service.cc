@@ -41,15 +41,12 @@ std::vector<gid_t> GroupsOf(uid_t uid, gid_t gid) {
   return groups;
 }
 
-std::vector<std::string> BaseArgs(Platform platform,
-                                  const std::string& ffi_include) {
+// kregd's arguments; the worker adds `-isystem` for the job's FFI headers.
+std::vector<std::string> BaseArgs(Platform platform) {
   if (TraitsOf(platform).compiler == PlatformCompiler::kNvcc) {
-    return {"-shared",    "-Xcompiler", "-fPIC",    "-O2",
-            "-std=c++17", "-I.",        "-isystem", ffi_include};
+    return {"-shared", "-Xcompiler", "-fPIC", "-O2", "-std=c++17", "-I."};
   }
-  // -isystem: the XLA FFI headers' own warnings are not the caller's.
-  return {"-shared", "-fPIC",    "-O2",      "-std=c++17",
-          "-I.",     "-isystem", ffi_include};
+  return {"-shared", "-fPIC", "-O2", "-std=c++17", "-I."};
 }
 
 std::string Excerpt(const std::string& diagnostics) {
@@ -143,9 +140,9 @@ absl::StatusOr<std::string> CompileService::Identity(Platform platform) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the compiler's identity could not be read: ", r->message()));
   }
-  std::string identity = absl::StrCat(
-      r->identity(), "\n",
-      absl::StrJoin(BaseArgs(platform, options_.ffi_include_dir), " "));
+  std::string identity =
+      absl::StrCat(r->identity(), "\n", absl::StrJoin(BaseArgs(platform), " "),
+                   "\nXLA FFI headers ", options_.ffi_headers_digest);
   absl::MutexLock lock(&mu_);
   identities_[platform] = identity;
   std::vector<std::string> lines = absl::StrSplit(identity, '\n');
@@ -167,9 +164,11 @@ absl::StatusOr<std::string> CompileService::RunCompile(
   }
   v1::CompileJob job;
   job.set_compiler(CompilerFor(req.platform));
-  for (std::string& a : BaseArgs(req.platform, options_.ffi_include_dir)) {
+  for (std::string& a : BaseArgs(req.platform)) {
     job.add_base_args(std::move(a));
   }
+  for (const v1::SourceFile& h : options_.ffi_headers)
+    *job.add_ffi_headers() = h;
   for (const auto& [name, text] : req.sources) {
     v1::SourceFile* f = job.add_sources();
     f->set_name(name);

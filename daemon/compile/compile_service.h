@@ -36,7 +36,10 @@ struct CompileOptions {
   std::string worker_binary;  // kregd-compile
   std::string cxx;            // g++ for cpu
   std::string nvcc;           // nvcc for cuda; empty: none found
-  std::string ffi_include_dir;
+  // The XLA FFI headers every compile gets (LoadFfiHeaders), and their
+  // digest, part of each compiler identity and so of every cache key.
+  std::vector<v1::SourceFile> ffi_headers;
+  std::string ffi_headers_digest;
   v1::CompileLimits limits;
   int max_parallel = 1;
   // Runs one job (tests fake it); unset: RunCompileWorker(worker_binary).

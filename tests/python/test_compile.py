@@ -647,6 +647,9 @@ def test_a_kregd_that_is_not_root_compiles_unsandboxed_and_says_so(
     src = kregd_proc.daemon_binary().parent.parent / rel
     shutil.copy(src, bindir / src.name)
     os.chmod(bindir / src.name, 0o755)
+  # The XLA FFI headers kregd ships beside itself (compile_ffi_include_dir).
+  shutil.copytree(kregd_proc.daemon_binary().parent / "include",
+                  bindir / "include")
   home = nobody_dir / "kregd"
   home.mkdir()
   os.chown(home, 65534, 65534)
@@ -749,3 +752,19 @@ def test_kregd_stops_promptly_while_a_compile_runs():
   finally:
     shutil.rmtree(fifo_dir, ignore_errors=True)
     kregd_proc.finish_test_daemon(d)
+
+
+def test_a_missing_ffi_include_dir_stops_kregd_at_start_naming_the_key(
+    tmp_path):
+  # The compile service would fail every compile: kregd says so at start.
+  empty = tmp_path / "no-headers"
+  empty.mkdir()
+  (tmp_path / "k.toml").write_text(f'compile_ffi_include_dir = "{empty}"\n')
+  r = subprocess.run(
+      [str(kregd_proc.daemon_binary()), "--socket", str(tmp_path / "k.sock"),
+       "--state-dir", str(tmp_path / "state"), "--orphan-timeout", "0",
+       "--config", str(tmp_path / "k.toml")],
+      stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+  assert r.returncode != 0, r.stderr
+  assert "compile_ffi_include_dir" in r.stderr, r.stderr
+  assert f"no xla/ffi/api/ffi.h under {empty}" in r.stderr, r.stderr

@@ -20,6 +20,7 @@ import pytest
 
 import kernels_util as ku
 import kreg
+from kregd_proc import kregctl_binary
 
 PY = sys.executable
 
@@ -514,14 +515,38 @@ def test_daemon_not_running_names_the_socket(tmp_path):
   assert isinstance(info.value, ConnectionError)
 
 
-def test_default_address(monkeypatch):
+def test_default_address(monkeypatch, tmp_path):
   monkeypatch.setenv("KREGD_SOCKET", "/x/y.sock")
   assert kreg.default_address() == "/x/y.sock"
   monkeypatch.delenv("KREGD_SOCKET")
-  monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/7")
-  assert kreg.default_address() == "/run/user/7/kregd/kregd.sock"
+  # A login session's XDG_RUNTIME_DIR without a private kregd: the system's.
+  monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+  assert kreg.default_address() == "/run/kregd/kregd.sock"
+  # With a private kregd's socket there: that one.
+  (tmp_path / "kregd").mkdir()
+  (tmp_path / "kregd" / "kregd.sock").touch()
+  assert kreg.default_address() == str(tmp_path / "kregd" / "kregd.sock")
   monkeypatch.delenv("XDG_RUNTIME_DIR")
   assert kreg.default_address() == "/run/kregd/kregd.sock"
+
+
+def test_kregctl_finds_the_socket_in_the_same_order(tmp_path):
+  kregctl = kregctl_binary()
+  if kregctl is None:
+    pytest.skip("kregctl not built")
+  env = {k: v for k, v in os.environ.items() if k != "KREGD_SOCKET"}
+  env["XDG_RUNTIME_DIR"] = str(tmp_path)
+
+  def socket_named():  # --help shows the socket kregctl would use
+    r = subprocess.run([str(kregctl), "--help"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+  assert "/run/kregd/kregd.sock" in socket_named()
+  (tmp_path / "kregd").mkdir()
+  (tmp_path / "kregd" / "kregd.sock").touch()
+  assert str(tmp_path / "kregd" / "kregd.sock") in socket_named()
 
 
 def test_shim_not_found_lists_the_paths(running_kregd):

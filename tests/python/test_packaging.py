@@ -130,7 +130,9 @@ def test_deb_contents(deb, installed):
                "/usr/share/man/man8/kregd.8.gz",
                "/usr/share/man/man1/kregctl.1.gz",
                "/usr/share/bash-completion/completions/kregctl",
-               "/usr/share/doc/kregd/kregd.toml.example"):
+               "/usr/share/doc/kregd/kregd.toml.example",
+               "/usr/share/doc/kregd/copyright",
+               "/usr/share/kregd/include/xla/ffi/api/ffi.h"):
     assert path in entries, path
     assert entries[path][:2] == ["-rw-r--r--", "root/root"], path
   for page, section in (("kregd.8", 8), ("kregctl.1", 1)):
@@ -240,10 +242,19 @@ for e in status["executors"]:
     executors = re.findall(r"^EXECUTOR (\S+)$", p.stdout, re.M)
     assert executors and set(executors) == {
         str(installed / "usr/bin/kregd-exec")}, p.stdout
+    # The README's compile example, with the headers the package ships.
+    r = subprocess.run([str(kregctl), "--socket", d.socket, "compile",
+                        "deb.demo.axpb", "AxpbHandler",
+                        str(REPO / "docs/examples/axpb.cc"), "--platform",
+                        "cpu"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr + d.log()
+    assert "XLA FFI headers from " + str(
+        installed / "usr/bin/../share/kregd/include") in d.log(None)
     listed = subprocess.run([str(kregctl), "--socket", d.socket, "list",
                              "--json"], capture_output=True, text=True,
                             check=True).stdout
-    assert [t["target_name"] for t in json.loads(listed)] == ["deb.demo.scale"]
+    assert sorted(t["target_name"] for t in json.loads(listed)) == [
+        "deb.demo.axpb", "deb.demo.scale"]
   finally:
     finish_test_daemon(d)
 

@@ -10,7 +10,10 @@ in that /run, and kregd must see its pid). Nothing else of the system is
 started: every unit here has DefaultDependencies=no, and the units that
 would touch the host (tmpfiles cleaning /tmp) are masked. Skipped, with
 the reason, where that cannot be done (not root, no systemd, no
-namespaces)."""
+namespaces). Nothing of the host's kregd is used or touched: inside the
+namespace a tmpfs covers /run and /etc/systemd/system (the host's units,
+installed kregd units among them), and test directories cover /var/lib and
+/var/cache (the units' StateDirectory= and CacheDirectory=)."""
 
 import json
 import os
@@ -83,6 +86,10 @@ def boot_script(root: pathlib.Path) -> str:
   lines = [
       "set -e",
       "mount -t tmpfs tmpfs /run",
+      "mount -t tmpfs tmpfs /etc/systemd/system",
+      f"mkdir -p {root}/var-lib {root}/var-cache",
+      f"mount --bind {root}/var-lib /var/lib",
+      f"mount --bind {root}/var-cache /var/cache",
       "mkdir -p /run/systemd/system/kregd.service.d "
       "/run/systemd/system/kregd.socket.d",
       f"cp {units}/kregd.service {units}/kregd.socket /run/systemd/system/",

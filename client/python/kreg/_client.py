@@ -142,13 +142,16 @@ class Registration:
 
 
 def default_address() -> str:
-  """$KREGD_SOCKET, else the daemon's default gRPC socket path."""
+  """$KREGD_SOCKET, else $XDG_RUNTIME_DIR/kregd/kregd.sock when it exists (a
+  private kregd), else the system kregd's /run/kregd/kregd.sock; kregctl
+  looks in the same order (common/paths.h)."""
   env = os.environ.get("KREGD_SOCKET")
   if env:
     return env
-  runtime = os.environ.get("XDG_RUNTIME_DIR")
-  if runtime:
-    return os.path.join(runtime, "kregd", "kregd.sock")
+  runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+  mine = os.path.join(runtime, "kregd", "kregd.sock")
+  if runtime.startswith("/") and os.path.exists(mine):
+    return mine
   return "/run/kregd/kregd.sock"
 
 
