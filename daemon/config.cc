@@ -302,6 +302,13 @@ absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now) {
       "XLA FFI"};
   AddFlags(&app, &flags);
   AddMoreFlags(&app, &flags);
+  bool check = false, print_defaults = false;
+  app.add_flag("--check-config", check,
+               "validate the flags, environment and --config file, print the "
+               "effective configuration and exit (status 2 on an error)");
+  app.add_flag("--print-default-config", print_defaults,
+               "print the embedded default configuration as a config file and "
+               "exit");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -324,7 +331,19 @@ absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now) {
   if (st.ok()) st = ApplyFlags(app, flags, &c);
   if (st.ok()) st = CheckMerged(flags.values, &c);
   if (st.ok()) st = ResolvePaths(&c);
+  if (print_defaults) {
+    Config defaults;
+    (void)ResolvePaths(&defaults);
+    std::cout << ConfigToml(defaults);
+    *exit_now = true;
+    return defaults;
+  }
   if (!st.ok()) return st;
+  if (check) {
+    std::cout << ConfigToml(c);
+    std::cerr << "kregd: the configuration is valid\n";
+    *exit_now = true;
+  }
   return c;
 }
 

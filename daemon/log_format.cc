@@ -43,12 +43,14 @@ bool StderrIsJournal() {
 }
 
 void SetLogFormat(const std::string& ident, const std::string& suffix) {
-  auto formatter = std::make_unique<spdlog::pattern_formatter>();
+  // UTC with a Z, as kregctl prints times.
+  auto formatter = std::make_unique<spdlog::pattern_formatter>(
+      spdlog::pattern_time_type::utc);
   if (StderrIsJournal()) {
     formatter->add_flag<PriorityFlag>('*').set_pattern("%*%l " + ident +
                                                        "[%P]" + suffix + " %v");
   } else {
-    formatter->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ " + ident + "[%P]" +
+    formatter->set_pattern("%Y-%m-%dT%H:%M:%S.%eZ %^%l%$ " + ident + "[%P]" +
                            suffix + " %v");
   }
   spdlog::set_formatter(std::move(formatter));

@@ -38,6 +38,7 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
@@ -48,7 +49,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   int sig = 0;
-  sigwait(&signals, &sig);
+  while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
+    spdlog::warn(
+        "SIGHUP: kregd does not reload its configuration; restart it to apply "
+        "a change (systemctl restart kregd: executors keep serving their "
+        "sessions), after checking it with kregd --check-config");
+  }
   spdlog::info("received signal {}; shutting down", sig);
   daemon.Shutdown();
   if (daemon.left_executors()) {
