@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "common/paths.h"
 #include "google/rpc/status.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
@@ -38,6 +39,9 @@ absl::Status Client::FromGrpc(const grpc::Status& s) const {
   // other is the transport's: kregd itself is not there.
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE &&
       s.error_message().find("the cluster registry") == std::string::npos) {
+    if (std::string why = SocketPermissionProblem(socket_path_); !why.empty()) {
+      return absl::PermissionDeniedError(why);
+    }
     return absl::UnavailableError(absl::StrCat(
         "cannot reach kregd at ", socket_path_, " (", s.error_message(),
         "); is it running? Start it with `kregd --socket ", socket_path_,

@@ -16,6 +16,10 @@ std::string DefaultSocketPath();
 std::string ClientSocketPath();
 // $XDG_STATE_HOME/kregd or /var/lib/kregd.
 std::string DefaultStateDir();
+// Why this process may not connect to kregd's socket at `path`: its owner,
+// group and mode, this process's ids and what to ask the operator for; empty
+// when the socket is missing or connecting is allowed.
+std::string SocketPermissionProblem(const std::string& path);
 // The session (data-plane) socket beside a gRPC socket.
 std::string SessionSocketPath(const std::string& grpc_socket_path);
 

@@ -22,6 +22,7 @@
 #include "client/shim/launch_encoder.h"
 #include "client/shim/legacy_registration.h"
 #include "client/shim/ring_client.h"
+#include "common/paths.h"
 #include "common/ring_layout.h"
 #include "common/wire.h"
 #include "xla/ffi/api/c_api.h"
@@ -105,22 +106,6 @@ Conn::~Conn() {
   if (sock_ >= 0) ::close(sock_);
 }
 
-namespace {
-
-// "name (gid N)", or "gid N" when the group has no name here.
-std::string GroupText(gid_t gid) {
-  group g;
-  group* found = nullptr;
-  std::vector<char> buf(16384);
-  if (::getgrgid_r(gid, &g, buf.data(), buf.size(), &found) == 0 &&
-      found != nullptr) {
-    return std::string(g.gr_name) + " (gid " + std::to_string(gid) + ")";
-  }
-  return "gid " + std::to_string(gid);
-}
-
-}  // namespace
-
 ClientStatus Conn::Open(const std::string& path, std::unique_ptr<Conn>* out) {
   sockaddr_un addr{};
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
@@ -141,21 +126,9 @@ ClientStatus Conn::Open(const std::string& path, std::unique_ptr<Conn>* out) {
   if (rc != 0) {
     int err = errno;
     ::close(sock);
-    struct stat st;
-    if (err == EACCES && ::stat(path.c_str(), &st) == 0) {
-      // kregd is there; this process may not talk to it.
-      char mode[8];
-      snprintf(mode, sizeof(mode), "%04o", st.st_mode & 07777);
-      return ClientStatus::Error(
-          kPermissionDenied,
-          "permission denied connecting to the kregd session socket " + path +
-              " (owner uid " + std::to_string(st.st_uid) + ", group " +
-              GroupText(st.st_gid) + ", mode " + mode +
-              "; this process runs as uid " + std::to_string(::geteuid()) +
-              ", gid " + std::to_string(::getegid()) +
-              "): kregd is running, but only its group may connect; ask the "
-              "operator to add your user to that group (kregd's "
-              "socket_group) and log in again");
+    if (std::string why = SocketPermissionProblem(path);
+        err == EACCES && !why.empty()) {
+      return ClientStatus::Error(kPermissionDenied, why);
     }
     return ClientStatus::Error(
         kUnavailable, "cannot connect to the kregd session socket " + path +
