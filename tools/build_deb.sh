@@ -14,6 +14,7 @@
 #     steps put it; Debian packages do not install into /usr/local)
 #   /usr/share/man/man8/kregd.8.gz, /usr/share/man/man1/kregctl.1.gz
 #   /usr/share/bash-completion/completions/kregctl
+#   /etc/kregd/kregd.toml (a conffile: nothing set), the kregd group (postinst)
 #   /usr/share/doc/kregd/kregd.toml.example, /usr/share/doc/kregd/copyright
 #   /usr/share/kregd/include/xla/ffi/api/*.h (the compile service's headers)
 # Depends: is computed from the binaries' shared libraries with
@@ -59,10 +60,18 @@ strip --strip-debug "$root"/usr/bin/*
 for unit in kregd.service kregd.socket nvidia-mps.service; do
   install -m 0644 "$repo/daemon/systemd/$unit" "$root/lib/systemd/system/"
 done
-sed -i -e 's|^ExecStart=/usr/local/bin/kregd$|ExecStart=/usr/bin/kregd|' \
-  -e '1a # Installed by the kregd Debian package: kregd is /usr/bin/kregd; the\n# manual install steps below are for a build without the package.' \
+sed -i -e 's|^ExecStart=/usr/local/bin/kregd$|ExecStart=/usr/bin/kregd --config /etc/kregd/kregd.toml|' \
+  -e '1a # Installed by the kregd Debian package: kregd is /usr/bin/kregd and reads\n# /etc/kregd/kregd.toml; the manual install steps below are for a build\n# without the package.' \
   "$root/lib/systemd/system/kregd.service"
-grep -qx 'ExecStart=/usr/bin/kregd' "$root/lib/systemd/system/kregd.service" || {
+# The package creates the kregd group (postinst): its members may connect.
+sed -i 's|^#SocketGroup=kregd$|SocketGroup=kregd|' \
+  "$root/lib/systemd/system/kregd.socket"
+grep -qx 'SocketGroup=kregd' "$root/lib/systemd/system/kregd.socket" || {
+  echo "build_deb: daemon/systemd/kregd.socket has no #SocketGroup=kregd line" >&2
+  exit 1
+}
+grep -qx 'ExecStart=/usr/bin/kregd --config /etc/kregd/kregd.toml' \
+    "$root/lib/systemd/system/kregd.service" || {
   echo "build_deb: daemon/systemd/kregd.service has no" \
     "ExecStart=/usr/local/bin/kregd line to point at /usr/bin/kregd" >&2
   exit 1
@@ -77,6 +86,17 @@ install -m 0644 "$repo/docs/kregd.toml.example" "$root/usr/share/doc/kregd/"
 install -d -m 0755 "$root/usr/share/kregd/include/xla/ffi/api"
 install -m 0644 "$bin"/daemon/include/xla/ffi/api/*.h \
   "$root/usr/share/kregd/include/xla/ffi/api/"
+# The site's configuration, a conffile (dpkg keeps an operator's edits):
+# nothing set, so the embedded defaults apply until a key is uncommented.
+install -d -m 0755 "$root/etc/kregd"
+cat > "$root/etc/kregd/kregd.toml" <<'EOF'
+# kregd's configuration (TOML). Nothing is set here: kregd runs with its
+# embedded defaults. Every key, its default and what it does:
+# /usr/share/doc/kregd/kregd.toml.example or `kregd --print-default-config`.
+# Check an edit with `kregd --check-config --config /etc/kregd/kregd.toml`,
+# apply it with `systemctl restart kregd` (running jobs keep their executors).
+EOF
+echo /etc/kregd/kregd.toml > "$root/DEBIAN/conffiles"
 # Debian's machine-readable copyright file; the license text is Debian's own.
 cat > "$root/usr/share/doc/kregd/copyright" <<'EOF'
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
@@ -131,6 +151,11 @@ EOF
 cat > "$root/DEBIAN/postinst" <<'EOF'
 #!/bin/sh
 set -e
+# The socket's group (kregd.socket: SocketGroup=kregd): add users to it to
+# let them use kregd.
+if [ "$1" = configure ] && ! getent group kregd >/dev/null; then
+  groupadd --system kregd
+fi
 if [ "$1" = configure ] && [ -d /run/systemd/system ]; then
   systemctl daemon-reload || true
 fi

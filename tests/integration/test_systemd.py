@@ -281,8 +281,9 @@ def verify_mps_copy(tmp):
     fake.write_text("#!/bin/sh\nexit 0\n")
     fake.chmod(0o755)
     text = (UNIT_DIR / "nvidia-mps.service").read_text()
-    assert text.count(INSTALLED_MPS_CONTROL) == 2, \
-        "nvidia-mps.service runs nvidia-cuda-mps-control in ExecStart= and ExecStop="
+    assert text.count(INSTALLED_MPS_CONTROL) == 3, \
+        "nvidia-mps.service runs nvidia-cuda-mps-control in ExecStart= and " \
+        "ExecStop=, and needs it (ConditionPathExists=)"
     (tmp / "nvidia-mps.service").write_text(
         text.replace(INSTALLED_MPS_CONTROL, str(fake)))
     return tmp / "nvidia-mps.service"
@@ -315,6 +316,14 @@ def test_verify_catches_a_broken_mps_unit(tmp):
                        capture_output=True, text=True, timeout=120, cwd=tmp,
                        env=clean_env(SYSTEMD_LOG_COLOR="0"))
     assert "NoSuchMpsKey" in r.stdout + r.stderr
+
+
+def test_mps_unit_is_skipped_where_mps_is_not_installed():
+    # kregd.service Wants= it: on a host without the NVIDIA driver's MPS
+    # control daemon the unit is skipped by its condition, not failed.
+    text = (UNIT_DIR / "nvidia-mps.service").read_text()
+    unit = text[text.index("[Unit]"):text.index("[Service]")]
+    assert "\nConditionPathExists=" + INSTALLED_MPS_CONTROL + "\n" in unit
 
 
 def test_mps_unit_contents():

@@ -219,7 +219,9 @@ def test_install_steps_install_every_binary_kregd_starts():
   # kregd runs its helpers from its own directory (SelfDir() + "/NAME").
   helpers = set(re.findall(r'SelfDir\(\) \+ "/(kregd-[\w-]+)"',
                            (REPO / "daemon/server.cc").read_text()))
-  assert helpers == {"kregd-probe", "kregd-exec"}, helpers
+  helpers |= set(re.findall(r'ExeDir\(\) \+ "/(kregd-[\w-]+)"',
+                            (REPO / "daemon/server_compile.cc").read_text()))
+  assert helpers == {"kregd-probe", "kregd-exec", "kregd-compile"}, helpers
   unit = (REPO / "daemon/systemd/kregd.service").read_text()
   exec_start = re.search(r"^ExecStart=(\S+)/kregd$", unit, re.M)
   assert exec_start, "kregd.service: ExecStart= is not <dir>/kregd"
@@ -239,11 +241,15 @@ def test_install_steps_install_every_binary_kregd_starts():
           f"{where}: the install steps leave out {binary}")
     assert bindir in installs, f"{where}: does not install into {bindir}"
   # The operator guide builds what it installs.
-  build = next(l for l in steps["docs/operator-guide.md"].splitlines()
-               if "bazel build" in l)
+  build = next(l for l in steps["docs/operator-guide.md"].replace(
+      "\\\n", " ").splitlines() if "bazel build" in l)
   for target in ("//daemon:kregd", "//daemon:kregd-probe",
-                 "//daemon/exec:kregd-exec", "//client:kregctl"):
+                 "//daemon/exec:kregd-exec", "//daemon/compile:kregd-compile",
+                 "//client:kregctl"):
     assert target in build, f"operator guide: bazel build lacks {target}"
+  # ... and the compile service's headers, which kregd needs to start.
+  for where in ("docs/operator-guide.md", "README.md"):
+    assert "bazel-bin/daemon/include/xla/ffi/api/*.h" in steps[where], where
 
 
 def test_no_doc_says_uid_isolation_is_the_default():

@@ -132,6 +132,7 @@ def test_deb_contents(deb, installed):
                "/usr/share/bash-completion/completions/kregctl",
                "/usr/share/doc/kregd/kregd.toml.example",
                "/usr/share/doc/kregd/copyright",
+               "/etc/kregd/kregd.toml",
                "/usr/share/kregd/include/xla/ffi/api/ffi.h"):
     assert path in entries, path
     assert entries[path][:2] == ["-rw-r--r--", "root/root"], path
@@ -147,17 +148,33 @@ def test_the_packaged_unit_starts_the_packaged_kregd(installed):
   # The repository's unit is for the manual install (/usr/local/bin); the
   # package rewrites ExecStart= to where it installs kregd.
   exec_start = unit_exec_start(installed)
-  assert exec_start[0] == "/usr/bin/kregd"
+  assert exec_start == ["/usr/bin/kregd", "--config", "/etc/kregd/kregd.toml"]
   assert os.access(installed / exec_start[0].lstrip("/"), os.X_OK)
   repo_unit = (REPO / "daemon/systemd/kregd.service").read_text()
   packaged = (installed / "lib/systemd/system/kregd.service").read_text()
-  assert repo_unit.replace("ExecStart=/usr/local/bin/kregd",
-                           "ExecStart=/usr/bin/kregd") == re.sub(
-                               r"\A(.*\n)(# Installed by .*\n#.*\n)", r"\1",
-                               packaged)
-  for unit in ("kregd.socket", "nvidia-mps.service"):
-    assert (installed / "lib/systemd/system" / unit).read_bytes() == (
-        REPO / "daemon/systemd" / unit).read_bytes()
+  assert repo_unit.replace(
+      "ExecStart=/usr/local/bin/kregd",
+      "ExecStart=/usr/bin/kregd --config /etc/kregd/kregd.toml") == re.sub(
+          r"\A(.*\n)(# Installed by .*\n#.*\n#.*\n)", r"\1", packaged)
+  # The socket is the kregd group's (postinst creates it).
+  assert (installed / "lib/systemd/system/kregd.socket").read_text() == (
+      REPO / "daemon/systemd/kregd.socket").read_text().replace(
+          "#SocketGroup=kregd\n", "SocketGroup=kregd\n")
+  assert (installed / "lib/systemd/system/nvidia-mps.service").read_bytes() \
+      == (REPO / "daemon/systemd/nvidia-mps.service").read_bytes()
+
+
+def test_the_packaged_config_is_a_conffile_kregd_accepts(deb, installed,
+                                                         tmp_path):
+  control = tmp_path / "control"
+  subprocess.run(["dpkg-deb", "-e", str(deb), str(control)], check=True)
+  assert (control / "conffiles").read_text().split() == [
+      "/etc/kregd/kregd.toml"]
+  r = subprocess.run([str(installed / "usr/bin/kregd"), "--check-config",
+                      "--config", str(installed / "etc/kregd/kregd.toml")],
+                     capture_output=True, text=True, timeout=60)
+  assert r.returncode == 0, r.stderr
+  assert "max_module_bytes = 536870912  # default" in r.stdout
 
 
 def test_maintainer_scripts_only_reload_a_running_systemd(deb, tmp_path):
@@ -168,6 +185,12 @@ def test_maintainer_scripts_only_reload_a_running_systemd(deb, tmp_path):
   log = tmp_path / "systemctl.log"
   (stubs / "systemctl").write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
   (stubs / "systemctl").chmod(0o755)
+  # The host's groups stay as they are: getent finds no kregd group, and
+  # groupadd only says what it was asked.
+  (stubs / "getent").write_text("#!/bin/sh\nexit 2\n")
+  (stubs / "groupadd").write_text(f'#!/bin/sh\necho "groupadd $*" >> {log}\n')
+  for stub in ("getent", "groupadd"):
+    (stubs / stub).chmod(0o755)
   env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}"}
   calls = [("postinst", "configure"), ("prerm", "upgrade"),
            ("prerm", "remove"), ("postrm", "remove"), ("postrm", "purge")]
@@ -177,11 +200,12 @@ def test_maintainer_scripts_only_reload_a_running_systemd(deb, tmp_path):
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, (script, arg, r.stderr)
   made = log.read_text().splitlines() if log.exists() else []
+  assert made[0] == "groupadd --system kregd", made
   if os.path.isdir("/run/systemd/system"):
-    assert made == ["daemon-reload", "stop kregd.socket kregd.service",
-                    "daemon-reload", "daemon-reload"], made
+    assert made[1:] == ["daemon-reload", "stop kregd.socket kregd.service",
+                        "daemon-reload", "daemon-reload"], made
   else:
-    assert made == [], made  # no systemd: nothing is called
+    assert made[1:] == [], made  # no systemd: nothing is called
 
 
 def test_installed_unit_passes_systemd_analyze_verify(installed):
@@ -214,7 +238,10 @@ def test_installed_kregd_runs_a_kernel(installed, monkeypatch):
   root = pathlib.Path(tempfile.mkdtemp(prefix="kreg-deb-", dir="/tmp"))
   # The unit's arguments; systemd would pass the sockets, the flags name
   # private ones here.
-  d = Daemon(root, [os.path.realpath(demo.parent)], exec_start[1:])
+  # /etc/kregd/kregd.toml: the package's, not the host's.
+  args = [str(installed / a.lstrip("/")) if a.startswith("/etc/") else a
+          for a in exec_start[1:]]
+  d = Daemon(root, [os.path.realpath(demo.parent)], args)
   d.start()
   try:
     assert os.path.realpath(f"/proc/{d.pid}/exe") == str(kregd)
