@@ -39,6 +39,8 @@ GrpcConnections::GrpcConnections(GrpcConnectionLimits limits,
     : limits_(limits), hand_over_(std::move(hand_over)) {}
 
 void GrpcConnections::Run(int listen_fd, int stop_fd) {
+  // Accept takes what is pending until EAGAIN.
+  ::fcntl(listen_fd, F_SETFL, ::fcntl(listen_fd, F_GETFL) | O_NONBLOCK);
   std::vector<pollfd> fds;
   while (true) {
     const bool accepting = Clock::now() >= accept_resumes_;
