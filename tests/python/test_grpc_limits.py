@@ -235,6 +235,21 @@ def upload_daemon():
     finish(d)
 
 
+def test_a_connection_that_stalls_after_its_first_bytes_is_closed(
+    upload_daemon):
+  # Half a client preface: gRPC has the connection, and no call starts on
+  # it; kregd closes it after grpc_stream_timeout_s (3 s) without a call.
+  (s,) = open_idle(upload_daemon.socket, 1)
+  with s:
+    s.setblocking(True)
+    s.sendall(b"PRI * HTTP/2.0")
+    s.settimeout(60)
+    start = time.monotonic()
+    while s.recv(4096):  # kregd's SETTINGS and GOAWAY, then EOF
+      pass
+    assert time.monotonic() - start < 50
+
+
 def test_a_stream_carrying_more_than_announced_is_refused_at_once(
     upload_daemon):
   sent = []
