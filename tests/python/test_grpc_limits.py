@@ -148,23 +148,27 @@ PER_UID = 8
 def test_one_uids_idle_connections_are_capped_and_closed(nobody_kregctl):
   d = daemon_with("kreg-grpcc-",
                   f"max_grpc_connections_per_uid = {PER_UID}\n"
-                  "grpc_first_message_timeout_s = 8.0\n")
+                  "grpc_first_message_timeout_s = 15.0\n")
   socks = []
   try:
     fds_before, lines_before = fd_count(d.pid), log_lines(d)
     socks = open_idle(d.socket, PER_UID + 200)
     assert len(socks) > PER_UID + 100
-    time.sleep(2)  # kregd has accepted (and refused) them
+    # kregd keeps PER_UID of them and closes the others at once (its
+    # deadline for the kept ones is 15 s away).
+    deadline = time.monotonic() + 30
+    while True:
+      kept = [s for s in socks if not closed_by_kregd(s, 0.01)]
+      if len(kept) <= PER_UID or time.monotonic() > deadline:
+        break
+    assert 0 < len(kept) <= PER_UID, d.log()
     # Each connection kregd holds costs it one descriptor (two once gRPC
-    # has it); the 200 over the limit were closed at once.
+    # has it).
     assert fd_count(d.pid) <= fds_before + 2 * PER_UID + 8, d.log()
-    # kregd keeps at most PER_UID of them (its deadline is 8 s away).
-    kept = [s for s in socks if not closed_by_kregd(s, 0.01)]
-    assert 0 < len(kept) <= PER_UID
     # Another uid registers promptly.
     p, took = register_as_nobody(d, nobody_kregctl, "grpcl.other")
     assert p.returncode == 0, p.stdout + p.stderr + d.log()
-    assert took < 20, took
+    assert took < 30, took
     log = d.log(tail=None)
     assert (f"too many gRPC connections for uid 0 (limit {PER_UID}, "
             "max_grpc_connections_per_uid)") in log
@@ -207,7 +211,11 @@ def test_running_out_of_descriptors_pauses_accepting(nobody_kregctl):
     resource.prlimit(d.pid, resource.RLIMIT_NOFILE, (limit, limit))
     lines_before = log_lines(d)
     socks = open_idle(d.socket, 300)
-    time.sleep(2)
+    deadline = time.monotonic() + 30
+    while ("gRPC socket: accept:" not in d.log(tail=None) and
+           time.monotonic() < deadline):
+      time.sleep(0.2)
+    time.sleep(1)  # kregd keeps trying
     log = d.log(tail=None)
     # No spinning: one line per 10 s, not one per failed accept.
     assert log_lines(d) - lines_before < 40, log[-4000:]
@@ -276,7 +284,7 @@ def test_stalled_uploads_end_at_their_deadline_and_free_the_budget():
   module = ku.kernel_path(ku.DEMO).read_bytes()
   # Twice max_module_bytes is the budget: two stalled uploads announcing
   # max_module_bytes each hold all of it.
-  d = daemon_with("kreg-grpcs-", "grpc_stream_timeout_s = 3.0\n",
+  d = daemon_with("kreg-grpcs-", "grpc_stream_timeout_s = 10.0\n",
                   ["--max-module-bytes", str(len(module))])
   release = threading.Event()
 
@@ -290,7 +298,7 @@ def test_stalled_uploads_end_at_their_deadline_and_free_the_budget():
       register = register_stub(ch)
       held = [register.future(stalled(f"grpcl.stall{i}".encode()))
               for i in range(2)]
-      time.sleep(1)  # both headers are in
+      time.sleep(2)  # both headers are in
 
       def upload(name):
         return register(iter([header_chunk(name, len(module)),
@@ -302,7 +310,7 @@ def test_stalled_uploads_end_at_their_deadline_and_free_the_budget():
       assert (f"this one of {len(module)} bytes would exceed the "
               f"{2 * len(module)} bytes of uploads kregd holds at once for "
               "all clients (twice max_module_bytes") in err.value.details()
-      # kregd cancels the stalled streams (grpc_stream_timeout_s = 3) and
+      # kregd cancels the stalled streams (grpc_stream_timeout_s = 10) and
       # gives their bytes back: the upload goes through.
       for f in held:
         with pytest.raises(grpc.RpcError):
