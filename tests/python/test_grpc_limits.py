@@ -188,6 +188,22 @@ def test_one_uids_idle_connections_are_capped_and_closed(nobody_kregctl):
     finish(d)
 
 
+def test_connections_over_the_daemon_wide_limit_are_refused():
+  d = daemon_with("kreg-grpct-", "max_grpc_connections = 4\n")
+  socks = []
+  try:
+    socks = open_idle(d.socket, 10)
+    assert sum(closed_by_kregd(s, 10) for s in socks[4:]) == 6, d.log()
+    assert not any(closed_by_kregd(s, 0.01) for s in socks[:4])
+    assert ("refusing a gRPC connection of pid "
+            f"{os.getpid()}: kregd holds 4 gRPC connections already (limit 4, "
+            "max_grpc_connections)") in d.log(tail=None)
+  finally:
+    for s in socks:
+      s.close()
+    finish(d)
+
+
 def test_a_connection_that_sends_nothing_is_closed_at_its_deadline():
   d = daemon_with("kreg-grpcf-", "grpc_first_message_timeout_s = 2.0\n")
   try:
