@@ -45,6 +45,14 @@ struct Config {
   int max_sessions = 1024;
   int max_sessions_per_uid = 256;
   double hello_timeout_s = 10;  // a session must say Hello within this
+  // The gRPC socket (operator guide, "Limits"): connections held at once,
+  // in all and per uid; a connection's first bytes must arrive within
+  // grpc_first_message_timeout_s, a RegisterTarget upload must end within
+  // grpc_stream_timeout_s.
+  int max_grpc_connections = 1024;
+  int max_grpc_connections_per_uid = 64;
+  double grpc_first_message_timeout_s = 10;
+  double grpc_stream_timeout_s = 300;
   // Cluster mode (DESIGN §10); off while etcd_endpoints is empty.
   std::vector<std::string> etcd_endpoints;
   std::string cluster = "default";

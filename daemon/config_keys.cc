@@ -90,6 +90,7 @@ KeySpec KeyCustom(const char* name, const char* flag, Field field,
 
 bool Positive(int64_t n) { return n > 0; }
 bool UpTo2To31(int64_t n) { return n >= 0 && n <= (int64_t{1} << 31); }
+bool Connections(int64_t n) { return n > 0 && n <= 1000000; }
 bool OrphanSeconds(int64_t n) { return n >= 0 && n <= 86400; }
 bool LeaseSeconds(int64_t n) { return n >= 2 && n <= 3600; }
 bool AboveZero(double d) { return d > 0; }
@@ -216,6 +217,16 @@ const std::vector<KeySpec>& Keys() {
              UpTo2To31, "a non-negative integer"),
       KeyFloat("hello_timeout_s", "", &Config::hello_timeout_s, AboveZero,
                "a number of seconds > 0"),
+      KeyInt("max_grpc_connections", "", &Config::max_grpc_connections,
+             Connections, "a whole number from 1 to 1000000"),
+      KeyInt("max_grpc_connections_per_uid", "",
+             &Config::max_grpc_connections_per_uid, Connections,
+             "a whole number from 1 to 1000000"),
+      KeyFloat("grpc_first_message_timeout_s", "",
+               &Config::grpc_first_message_timeout_s, UpToADay,
+               "a number of seconds > 0 and at most 86400"),
+      KeyFloat("grpc_stream_timeout_s", "", &Config::grpc_stream_timeout_s,
+               UpToADay, "a number of seconds > 0 and at most 86400"),
       KeyCustom("launch_ring", "--launch-ring", &Config::launch_ring,
                 "true or false", nullptr, LaunchRingFlag),
       KeyCustom("ring_spin_us", "--ring-spin-us", &Config::ring_spin_us, "",

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/registration_mapper.h"
+#include "daemon/session/module_upload.h"
 #include "daemon/target_proto.h"
 #include "daemon/validate.h"
 #include "google/rpc/status.pb.h"
@@ -34,6 +35,12 @@ RegistryService::RegistryService(Registrar* registrar, Registry* registry,
 grpc::Status RegistryService::RegisterTarget(
     grpc::ServerContext* ctx, grpc::ServerReader<v1::RegisterTargetChunk>* in,
     v1::RegisterTargetResponse* resp) {
+  // The whole stream, header included, within grpc_stream_timeout_s.
+  CallDeadlines::Watch watch =
+      deadlines_.Cancel(ctx, absl::Now() + stream_timeout_);
+  // Read once, at the start: gRPC may give the fd number to another
+  // connection once this one's peer has gone.
+  const PeerCred peer = peer_of_(ctx->peer());
   v1::RegisterTargetChunk chunk;
   if (!in->Read(&chunk) || !chunk.has_header()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -41,12 +48,17 @@ grpc::Status RegistryService::RegisterTarget(
                         "header");
   }
   const v1::RegisterTargetHeader header = chunk.header();
-  const uint64_t limit = registrar_->policy().max_module_bytes;
+  uint64_t announced = 0;  // module bytes the stream may carry
+  wire::BudgetHold hold(upload_budget_);
   if (header.module().source_case() == v1::ModuleSource::kUploadSize) {
-    // Refused before the bytes are spent (quota, size, name, platform).
+    announced = header.module().upload_size();
+    // Refused before the bytes are spent (quota, size, name, platform,
+    // the budget of uploads in flight).
     absl::Status early = registrar_->PrecheckUpload(
-        header.target_name(), header.platform(), header.module().upload_size(),
-        peer_of_(ctx->peer()));
+        header.target_name(), header.platform(), announced, peer);
+    if (early.ok() && upload_budget_ != nullptr) {
+      early = HoldUpload(announced, &hold);
+    }
     if (!early.ok()) return ToGrpcStatus(early);
   }
   std::string upload;
@@ -59,16 +71,30 @@ grpc::Status RegistryService::RegisterTarget(
     absl::Status chunk_ok =
         ValidateUploadChunk(chunk.module_bytes().size(), index);
     if (!chunk_ok.ok()) return ToGrpcStatus(chunk_ok);
-    if (upload.size() + chunk.module_bytes().size() > limit) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("uploaded module exceeds the limit of ",
-                                       limit, " bytes (max_module_bytes)"));
+    if (upload.size() + chunk.module_bytes().size() > announced) {
+      return grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrCat("RegisterTarget: the stream carries more than the ",
+                       announced,
+                       " module bytes its header announced "
+                       "(module.upload_size); chunk ",
+                       index, " brings it to ",
+                       upload.size() + chunk.module_bytes().size(),
+                       "; announce the module's exact size"));
     }
     upload += chunk.module_bytes();
   }
-  absl::StatusOr<v1::RegisterTargetResponse> out =
-      RegisterFromHeader(registrar_, header, std::move(upload),
-                         peer_of_(ctx->peer()), cuda_status_of_());
+  if (ctx->IsCancelled()) {
+    return grpc::Status(
+        grpc::StatusCode::DEADLINE_EXCEEDED,
+        absl::StrCat("RegisterTarget: the upload did not end within ",
+                     absl::FormatDuration(stream_timeout_),
+                     " (grpc_stream_timeout_s) or was cancelled; ",
+                     upload.size(), " of ", announced,
+                     " module bytes had arrived"));
+  }
+  absl::StatusOr<v1::RegisterTargetResponse> out = RegisterFromHeader(
+      registrar_, header, std::move(upload), peer, cuda_status_of_());
   if (out.status().code() == absl::StatusCode::kFailedPrecondition) {
     return RefusalToGrpcStatus(out.status(), RefusalDetail(header, *registry_));
   }

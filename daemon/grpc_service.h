@@ -6,6 +6,9 @@
 #include <functional>
 #include <string>
 
+#include "absl/time/time.h"
+#include "common/wire.h"
+#include "daemon/call_deadlines.h"
 #include "daemon/compile/compile_service.h"
 #include "daemon/registrar.h"
 #include "daemon/registry.h"
@@ -83,6 +86,14 @@ class RegistryService final : public v1::Registry::Service {
     cuda_status_of_ = std::move(cuda_status_of);
   }
 
+  // A RegisterTarget stream holds its announced upload_size of `budget`
+  // (the session path's too; null: unbounded) until it is done, and is
+  // cancelled when it has not ended `stream_timeout` after it began.
+  void set_uploads(wire::ByteBudget* budget, absl::Duration stream_timeout) {
+    upload_budget_ = budget;
+    stream_timeout_ = stream_timeout;
+  }
+
  private:
   Registrar* const registrar_;
   Registry* const registry_;
@@ -93,6 +104,9 @@ class RegistryService final : public v1::Registry::Service {
   SessionsOf sessions_of_;
   ConfigOf config_of_;
   CompileService* compile_ = nullptr;
+  wire::ByteBudget* upload_budget_ = nullptr;
+  absl::Duration stream_timeout_ = absl::Minutes(5);
+  CallDeadlines deadlines_;
 };
 
 }  // namespace kreg

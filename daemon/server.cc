@@ -109,15 +109,6 @@ QuarantineEvent ToQuarantineEvent(const CrashRecord& row, bool quarantined) {
   return e;
 }
 
-// accept4 for a connection that is then handed to gRPC. Its own function
-// so that TSan runs can name it (tools/tsan.supp): gRPC closes the
-// descriptor in code TSan does not see, so TSan still ties the number to
-// this accept when kregd reuses it for a memfd (memfd_create is not
-// intercepted either) and reports that reuse as a race.
-int AcceptForGrpc(int listen_fd) {
-  return ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-}
-
 }  // namespace
 
 Daemon::Daemon(Config config)
@@ -135,8 +126,18 @@ Daemon::Daemon(Config config)
           ModulePolicy{config_.allowed_roots, config_.max_module_bytes,
                        config_.probe_binary.empty() ? SelfDir() + "/kregd-probe"
                                                     : config_.probe_binary}),
-      ledger_(CrashPolicy{config_.quarantine_crashes,
-                          config_.quarantine_window_s}) {}
+      ledger_(
+          CrashPolicy{config_.quarantine_crashes, config_.quarantine_window_s}),
+      upload_budget_(2 * config_.max_module_bytes),
+      connections_(
+          GrpcConnectionLimits{
+              config_.max_grpc_connections,
+              config_.max_grpc_connections_per_uid,
+              std::chrono::milliseconds(static_cast<int64_t>(
+                  config_.grpc_first_message_timeout_s * 1000.0))},
+          [this](int fd) {
+            grpc::AddInsecureChannelFromFd(server_.get(), fd);
+          }) {}
 
 Daemon::~Daemon() { Shutdown(); }
 
@@ -245,8 +246,11 @@ absl::Status Daemon::Start() {
 
   service_ = std::make_unique<RegistryService>(
       &registrar_, &registry_,
-      [this](const std::string& peer) { return PeerOf(peer); },
+      [this](const std::string& peer) { return connections_.PeerOf(peer); },
       [this](v1::GetStatusResponse* r) { FillStatus(r); });
+  service_->set_uploads(
+      &upload_budget_,
+      absl::Milliseconds(config_.grpc_stream_timeout_s * 1000.0));
   // Whether executors here can run CUDA launches (driver and a device; no
   // context is created in kregd), for Target.not_runnable.
   service_->set_cuda_status_of([] { return CudaLaunchStatus(); });
@@ -269,10 +273,17 @@ absl::Status Daemon::Start() {
   grpc::ServerBuilder builder;
   builder.RegisterService(service_.get());
   supervision_ = std::make_unique<SupervisionService>(
-      &ledger_, [this](const std::string& peer) { return PeerOf(peer); });
+      &ledger_,
+      [this](const std::string& peer) { return connections_.PeerOf(peer); });
   builder.RegisterService(supervision_.get());
   builder.RegisterService(cluster_service_.get());
   builder.SetMaxReceiveMessageSize(8 << 20);
+  // A connection with no call in flight for grpc_stream_timeout_s is
+  // closed (GOAWAY; clients reconnect when they next call): one that sent
+  // its first bytes and then stalled holds nothing for longer.
+  builder.AddChannelArgument(
+      GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+      static_cast<int>(config_.grpc_stream_timeout_s * 1000.0));
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) {
     return absl::InternalError("the gRPC server could not be started");
@@ -285,7 +296,8 @@ absl::Status Daemon::Start() {
   if (!st.ok()) return st;
   LogGpuSharing();
   stop_fd_.reset(::eventfd(0, EFD_CLOEXEC));
-  accept_thread_ = std::thread([this] { AcceptLoop(); });
+  accept_thread_ = std::thread(
+      [this] { connections_.Run(listen_fd_.get(), stop_fd_.get()); });
 
   uint64_t watchdog_us = 0;
   if (sd_watchdog_enabled(/*unset_environment=*/0, &watchdog_us) > 0) {
@@ -297,51 +309,6 @@ absl::Status Daemon::Start() {
   spdlog::info("kregd {} serving {} (state {})", kKregVersion,
                serving_socket_path_, config_.state_dir);
   return absl::OkStatus();
-}
-
-void Daemon::AcceptLoop() {
-  while (!stopping_.load()) {
-    pollfd fds[2] = {{listen_fd_.get(), POLLIN, 0},
-                     {stop_fd_.get(), POLLIN, 0}};
-    if (::poll(fds, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      spdlog::error("accept loop: poll: {}", std::strerror(errno));
-      return;
-    }
-    if (fds[1].revents != 0) return;
-    int fd = AcceptForGrpc(listen_fd_.get());
-    if (fd < 0) {
-      if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
-        spdlog::warn("accept: {}", std::strerror(errno));
-      }
-      continue;
-    }
-    ucred cred{};
-    socklen_t len = sizeof(cred);
-    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-      spdlog::warn("SO_PEERCRED failed ({}); closing the connection",
-                   std::strerror(errno));
-      ::close(fd);
-      continue;
-    }
-    {
-      absl::MutexLock lock(&peers_mu_);
-      peers_[absl::StrCat("fd:", fd)] = PeerCred{cred.uid, cred.gid, cred.pid};
-    }
-    spdlog::debug("connection fd {} from uid {} pid {}", fd, cred.uid,
-                  cred.pid);
-    grpc::AddInsecureChannelFromFd(server_.get(), fd);
-  }
-}
-
-PeerCred Daemon::PeerOf(const std::string& grpc_peer) {
-  absl::MutexLock lock(&peers_mu_);
-  auto it = peers_.find(grpc_peer);
-  if (it == peers_.end()) {
-    spdlog::warn("no credentials recorded for peer {}", grpc_peer);
-    return PeerCred{};
-  }
-  return it->second;
 }
 
 void Daemon::WatchdogLoop(uint64_t interval_us) {
@@ -570,9 +537,7 @@ void Daemon::FillBrokerContext() {
   ctx.ledger = &ledger_;
   ctx.bindings = &bindings_;
   ctx.max_module_bytes = config_.max_module_bytes;
-  upload_budget_ =
-      std::make_unique<wire::ByteBudget>(2 * config_.max_module_bytes);
-  ctx.upload_budget = upload_budget_.get();
+  ctx.upload_budget = &upload_budget_;
   ctx.local_execution = config_.local_execution == "allow";
   ctx.local_binds = &local_binds_;
   if (const char* tamper = std::getenv("KREGD_TEST_TAMPER_LOCAL_MODULES");

@@ -23,6 +23,7 @@
 #include "daemon/exec/crash_ledger.h"
 #include "daemon/exec/readopt_listener.h"
 #include "daemon/exec/session_bindings.h"
+#include "daemon/grpc_connections.h"
 #include "daemon/grpc_service.h"
 #include "daemon/journal.h"
 #include "daemon/module_loader.h"
@@ -65,9 +66,7 @@ class Daemon {
   absl::Status LockStateDir();
   absl::Status Replay();
   absl::Status Listen();
-  void AcceptLoop();
   void WatchdogLoop(uint64_t interval_us);
-  PeerCred PeerOf(const std::string& grpc_peer);
   void FillStatus(v1::GetStatusResponse* resp);
   absl::Status StartSessions();
   // StartSessions' parts: what every session's broker borrows, and the
@@ -108,8 +107,9 @@ class Daemon {
   CrashLedger ledger_;
   SessionBindings bindings_;              // the registry's BindingOracle
   std::atomic<uint64_t> local_binds_{0};  // modules handed out (DESIGN §11)
-  // Relayed module uploads kregd holds at once (twice max_module_bytes).
-  std::unique_ptr<wire::ByteBudget> upload_budget_;
+  // Module uploads kregd holds at once, relayed by executors or streamed
+  // over gRPC (twice max_module_bytes).
+  wire::ByteBudget upload_budget_;
   std::unique_ptr<ExecutorPool> pool_;  // outlives the sessions using it
   std::unique_ptr<SessionServer> sessions_;
   BrokerContext broker_ctx_;  // what every session's broker borrows
@@ -145,9 +145,9 @@ class Daemon {
   std::thread accept_thread_;
   std::thread watchdog_thread_;
   std::atomic<bool> stopping_{false};
-  absl::Mutex peers_mu_;
-  // gRPC peer string ("fd:<n>") -> credentials read at accept.
-  std::map<std::string, PeerCred> peers_ ABSL_GUARDED_BY(peers_mu_);
+  // The gRPC socket's connections and their peers' credentials (accepted
+  // on accept_thread_).
+  GrpcConnections connections_;
 };
 
 }  // namespace kreg

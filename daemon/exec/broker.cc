@@ -56,15 +56,7 @@ absl::StatusOr<std::string> TakeRelayedModule(
       !s.ok()) {
     return s;
   }
-  if (!hold->Set(size)) {
-    const wire::ByteBudget& b = *hold->budget();
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "kregd is taking in other module uploads now: this one of ", size,
-        " bytes would exceed the ", b.limit(),
-        " bytes of uploads kregd holds at once for all clients (twice "
-        "max_module_bytes; ",
-        b.used(), " in use); register again in a moment"));
-  }
+  if (absl::Status s = HoldUpload(size, hold); !s.ok()) return s;
   return ReadSealedModule(fds[0].get(), size, max_module_bytes);
 }
 

@@ -174,4 +174,15 @@ absl::StatusOr<std::string> ReadSealedModule(int fd, uint64_t size,
   return ReadModuleFd(fd, size, max_module_bytes);
 }
 
+absl::Status HoldUpload(uint64_t size, wire::BudgetHold* hold) {
+  if (hold->Set(size)) return absl::OkStatus();
+  const wire::ByteBudget& b = *hold->budget();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "kregd is taking in other module uploads now: this one of ", size,
+      " bytes would exceed the ", b.limit(),
+      " bytes of uploads kregd holds at once for all clients (twice "
+      "max_module_bytes; ",
+      b.used(), " in use); register again in a moment"));
+}
+
 }  // namespace kreg

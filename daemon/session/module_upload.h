@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/unique_fd.h"
+#include "common/wire.h"
 
 namespace kreg {
 
@@ -49,6 +50,12 @@ absl::StatusOr<UniqueFd> SealedModuleCopy(UniqueFd fd, uint64_t size,
 // otherwise, before a byte is read.
 absl::StatusOr<std::string> ReadSealedModule(int fd, uint64_t size,
                                              uint64_t max_module_bytes);
+
+// Takes an upload's `size` bytes into `hold`, from the budget of uploads
+// kregd holds at once for all clients and both paths (gRPC stream, session
+// memfd: twice max_module_bytes), before a byte of it is read;
+// RESOURCE_EXHAUSTED naming the budget when that would exceed it.
+absl::Status HoldUpload(uint64_t size, wire::BudgetHold* hold);
 
 }  // namespace kreg
 

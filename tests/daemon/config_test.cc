@@ -99,6 +99,11 @@ std::vector<FileCase> FileCases(const std::string& dir) {
       {"max_sessions", "max_sessions = 99", "99"},
       {"max_sessions_per_uid", "max_sessions_per_uid = 9", "9"},
       {"hello_timeout_s", "hello_timeout_s = 3", "3.0"},
+      {"max_grpc_connections", "max_grpc_connections = 100", "100"},
+      {"max_grpc_connections_per_uid", "max_grpc_connections_per_uid = 5", "5"},
+      {"grpc_first_message_timeout_s", "grpc_first_message_timeout_s = 2.5",
+       "2.5"},
+      {"grpc_stream_timeout_s", "grpc_stream_timeout_s = 60", "60.0"},
       {"launch_ring", "launch_ring = false", "false"},
       {"ring_spin_us", "ring_spin_us = 10", "10"},
       {"max_registrations_per_uid", "max_registrations_per_uid = 11", "11"},
@@ -273,6 +278,18 @@ TEST_CASE("Bad values in the config file name the key and what it must be",
        "key \"launch_timeout\" must be a number of seconds >= 0 (0: off)"},
       {"hello_timeout_s = 0",
        "key \"hello_timeout_s\" must be a number of seconds > 0"},
+      {"max_grpc_connections = 0",
+       "key \"max_grpc_connections\" must be a whole number from 1 to "
+       "1000000"},
+      {"max_grpc_connections_per_uid = 3000000000",
+       "key \"max_grpc_connections_per_uid\" must be a whole number from 1 to "
+       "1000000"},
+      {"grpc_first_message_timeout_s = 0",
+       "key \"grpc_first_message_timeout_s\" must be a number of seconds > 0 "
+       "and at most 86400"},
+      {"grpc_stream_timeout_s = 86401",
+       "key \"grpc_stream_timeout_s\" must be a number of seconds > 0 and at "
+       "most 86400"},
       {"ring_spin_us = 2000000",
        "key \"ring_spin_us\" must be a whole number of microseconds from 0 "
        "to 1000000, not 2000000"},
