@@ -164,6 +164,11 @@ void AddMoreFlags(CLI::App* app, FlagValues* f) {
                   "cluster mode: this host's certificate (PEM)");
   app->add_option("--peer-tls-key", v.peer_tls_key,
                   "cluster mode: this host's private key (PEM)");
+  app->add_option("--cluster-key-file", v.cluster_key_file,
+                  "cluster mode: file with the cluster key (same on every "
+                  "host, mode 0600) that signs the bindings in etcd");
+  app->add_flag("--cluster-insecure", v.cluster_insecure,
+                "cluster mode: allow plaintext http:// etcd endpoints");
   app->add_option("--metrics-listen", v.metrics_listen,
                   "serve Prometheus metrics at http://ADDR/metrics: "
                   "127.0.0.1:PORT, [::1]:PORT or unix:/path (default: off)");

@@ -60,6 +60,10 @@ struct Config {
   std::string peer_listen;  // empty: the advertise address
   std::string host_name;    // empty: gethostname()
   std::string peer_tls_ca, peer_tls_cert, peer_tls_key;
+  // The cluster key that signs every record in etcd (required in cluster
+  // mode), and whether plaintext http:// etcd endpoints are allowed.
+  std::string cluster_key_file;
+  bool cluster_insecure = false;
   double etcd_timeout_s = 5;
   int64_t peer_lease_ttl_s = 10;
   // The Prometheus endpoint: "" (off), "127.0.0.1:PORT", "[::1]:PORT" or

@@ -37,6 +37,14 @@ absl::Status FinishClusterConfig(Config* c) {
     bool tls = false;
     absl::StatusOr<std::string> target = EtcdTarget(e, &tls);
     if (!target.ok()) return target.status();
+    if (!tls && !c->cluster_insecure) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "etcd endpoint \"", e,
+          "\" is plaintext: anyone who can reach it can read and rewrite the "
+          "cluster's bindings. Use https:// (etcd with client certificate "
+          "auth; kregd presents peer_tls_cert), or set cluster_insecure = "
+          "true (--cluster-insecure) for a test cluster"));
+    }
   }
   if (c->cluster.empty() || c->cluster.size() > 64 ||
       c->cluster.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQ"
@@ -80,6 +88,14 @@ absl::Status FinishClusterConfig(Config* c) {
     return absl::InvalidArgumentError(
         "peer TLS needs all three of peer_tls_ca, peer_tls_cert and "
         "peer_tls_key (--peer-tls-ca/-cert/-key); only some are set");
+  }
+  if (c->cluster_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "cluster mode (--etcd-endpoints) needs cluster_key_file "
+        "(--cluster-key-file): a file with the cluster key, the same on every "
+        "host and mode 0600, that signs the bindings in etcd so that no one "
+        "else who can write to etcd can forge them (make one with: openssl "
+        "rand -hex 32 > FILE; chmod 600 FILE)");
   }
   return absl::OkStatus();
 }

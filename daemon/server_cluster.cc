@@ -1,6 +1,7 @@
 // Daemon: cluster mode (DESIGN §10) — the etcd-backed registry authority
 // and the peer server for module bytes.
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "daemon/cluster/cluster_registry.h"
 #include "daemon/cluster/cluster_service.h"
 #include "daemon/cluster/module_exchange.h"
@@ -24,7 +25,16 @@ absl::Status Daemon::StartCluster() {
         "are still verified); set peer_tls_ca/cert/key between real hosts",
         config_.peer_listen);
   }
+  absl::StatusOr<std::string> key = ReadClusterKey(config_.cluster_key_file);
+  if (!key.ok()) return key.status();
+  if (config_.cluster_insecure) {
+    spdlog::warn(
+        "cluster_insecure: etcd ({}) may be reached in plaintext; bindings "
+        "are still signed with the cluster key",
+        absl::StrJoin(config_.etcd_endpoints, ","));
+  }
   ClusterOptions opts;
+  opts.key = *std::move(key);
   opts.cluster = config_.cluster;
   opts.host_name = config_.host_name;
   opts.advertise = config_.advertise;

@@ -29,7 +29,7 @@ while (($#)); do
 done
 ((${#targets[@]})) || targets=(session launch_decoder ring_decoder
   broker_request broker_frames readopt_offer journal module_path elf_symbols
-  http_request cluster_inputs compile_inputs)
+  http_request cluster_inputs signed_record compile_inputs)
 [[ -n $results ]] || results=$(mktemp -d /tmp/kreg-fuzz-results.XXXXXX)
 mkdir -p "$results"
 

@@ -14,12 +14,20 @@ namespace kreg {
 
 absl::StatusOr<std::optional<ClusterRegistry::CompiledModule>>
 ClusterRegistry::FindCompiled(const std::string& key_hex) {
-  absl::StatusOr<EtcdRange> r =
-      etcd_.Range(absl::StrCat(prefix_, "compiled/", key_hex), false);
+  const std::string key = absl::StrCat(prefix_, "compiled/", key_hex);
+  absl::StatusOr<EtcdRange> r = etcd_.Range(key, false);
   if (!r.ok()) return r.status();
   if (r->kvs.empty()) return std::nullopt;
-  // "<digest> <size>"; anything else is ignored (and compiled here).
-  std::vector<std::string> parts = absl::StrSplit(r->kvs[0].value, ' ');
+  // Signed "<digest> <size>"; anything else is ignored (and compiled here).
+  absl::StatusOr<SignedRecord> signed_record =
+      signer_.Verify(key, r->kvs[0].value);
+  if (!signed_record.ok() || signed_record->kind != kCompiledRecord) {
+    Ignored(signed_record.ok() ? absl::DataLossError(absl::StrCat(
+                                     "etcd key ", key, " is no compile record"))
+                               : signed_record.status());
+    return std::nullopt;
+  }
+  std::vector<std::string> parts = absl::StrSplit(signed_record->body, ' ');
   CompiledModule m;
   if (parts.size() != 2 || !WellFormedDigest(parts[0]) ||
       !absl::SimpleAtoi(parts[1], &m.size)) {
@@ -33,9 +41,10 @@ ClusterRegistry::FindCompiled(const std::string& key_hex) {
 
 absl::Status ClusterRegistry::RecordCompiled(const std::string& key_hex,
                                              const CompiledModule& module) {
-  absl::StatusOr<EtcdCreate> c =
-      etcd_.CreateIfAbsent(absl::StrCat(prefix_, "compiled/", key_hex),
-                           absl::StrCat(module.digest, " ", module.size));
+  const std::string key = absl::StrCat(prefix_, "compiled/", key_hex);
+  absl::StatusOr<EtcdCreate> c = etcd_.CreateIfAbsent(
+      key, signer_.Sign(key, kCompiledRecord,
+                        absl::StrCat(module.digest, " ", module.size)));
   return c.status();
 }
 

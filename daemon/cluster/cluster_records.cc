@@ -80,6 +80,22 @@ absl::StatusOr<TargetEntry> ParseBindingRecord(const std::string& prefix,
   return e;
 }
 
+absl::StatusOr<BindingRecord> ParseSignedBinding(const RecordSigner& signer,
+                                                 const std::string& prefix,
+                                                 const std::string& key,
+                                                 const std::string& value) {
+  absl::StatusOr<SignedRecord> r = signer.Verify(key, value);
+  if (!r.ok()) return r.status();
+  if (r->kind != kBindRecord && r->kind != kRetireRecord) {
+    return absl::DataLossError(absl::StrCat("etcd key ", Quoted(key),
+                                            " holds a ", r->kind,
+                                            " record, not a binding"));
+  }
+  absl::StatusOr<TargetEntry> e = ParseBindingRecord(prefix, key, r->body);
+  if (!e.ok()) return e.status();
+  return BindingRecord{*std::move(e), r->kind == kRetireRecord};
+}
+
 bool PeerAddressOk(const std::string& address) {
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0) return false;

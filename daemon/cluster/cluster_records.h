@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "daemon/cluster/record_signer.h"
 #include "daemon/types.h"
 #include "google/protobuf/message.h"
 #include "kreg/v1/cluster.pb.h"
@@ -30,6 +31,22 @@ std::string BindingKey(const std::string& prefix, const TargetKey& key);
 absl::StatusOr<TargetEntry> ParseBindingRecord(const std::string& prefix,
                                                const std::string& key,
                                                const std::string& value);
+
+// A signed record under a binding key: a binding, or the retirement
+// (tombstone) of the binding `entry`.
+struct BindingRecord {
+  TargetEntry entry;
+  bool retired = false;
+};
+
+// The signed record stored under binding key `key`: `signer.Verify`'s
+// UNAUTHENTICATED when its signature is missing or bad; DATA_LOSS when it
+// is signed but neither a binding nor a retirement; else
+// ParseBindingRecord's checks of its body.
+absl::StatusOr<BindingRecord> ParseSignedBinding(const RecordSigner& signer,
+                                                 const std::string& prefix,
+                                                 const std::string& key,
+                                                 const std::string& value);
 
 // Whether `digest` is "sha256:" followed by 64 lowercase hex.
 bool WellFormedDigest(const std::string& digest);

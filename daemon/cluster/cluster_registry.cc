@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <map>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -11,6 +12,7 @@
 #include "common/version.h"
 #include "daemon/cluster/cluster_records.h"
 #include "daemon/cluster/module_exchange.h"
+#include "daemon/log_limit.h"
 #include "daemon/target_proto.h"
 #include "spdlog/spdlog.h"
 
@@ -39,6 +41,7 @@ ClusterRegistry::ClusterRegistry(ClusterOptions options,
       host_id_(absl::StrCat(options_.host_name, " (", options_.advertise, ")")),
       started_at_us_(NowMicros()),
       store_(store),
+      signer_(options_.key),
       etcd_(options_.etcd),
       peer_creds_(PeerChannelCredentials(options_.tls)) {}
 
@@ -76,42 +79,67 @@ std::string ClusterRegistry::TargetKeyOf(const TargetKey& key) const {
   return BindingKey(prefix_, key);
 }
 
-absl::StatusOr<TargetEntry> ClusterRegistry::Parse(const EtcdKv& kv) const {
-  return ParseBindingRecord(prefix_, kv.key, kv.value);
+absl::StatusOr<BindingRecord> ClusterRegistry::Parse(const EtcdKv& kv) const {
+  return ParseSignedBinding(signer_, prefix_, kv.key, kv.value);
+}
+
+void ClusterRegistry::Ignored(const absl::Status& why) {
+  std::string more;
+  if (PeerLogLimiter().Allow("etcd records", &more)) {
+    spdlog::error(
+        "cluster: ignored what etcd holds: {}; no binding changed "
+        "here for it{}",
+        std::string(why.message()), more);
+  }
 }
 
 absl::StatusOr<ClaimResult> ClusterRegistry::Claim(
     const TargetEntry& proposed) {
-  absl::StatusOr<EtcdCreate> created = etcd_.CreateIfAbsent(
-      TargetKeyOf(proposed.key), RecordJson(ToProto(proposed)));
-  if (!created.ok()) {
-    if (created.status().code() != absl::StatusCode::kUnavailable &&
-        created.status().code() != absl::StatusCode::kDeadlineExceeded) {
-      return created.status();
+  const std::string key = TargetKeyOf(proposed.key);
+  const std::string value =
+      signer_.Sign(key, kBindRecord, RecordJson(ToProto(proposed)));
+  auto unreachable = [&](const absl::Status& st) {
+    if (st.code() != absl::StatusCode::kUnavailable &&
+        st.code() != absl::StatusCode::kDeadlineExceeded) {
+      return st;
     }
     return absl::UnavailableError(absl::StrCat(
         "cannot register ", Named(proposed.key),
-        ": the cluster registry of "
-        "cluster \"",
-        options_.cluster, "\" is unreachable (", created.status().message(),
+        ": the cluster registry of cluster \"", options_.cluster,
+        "\" is unreachable (", st.message(),
         "). In cluster mode a binding is made in etcd for every host or not "
         "at all; this host did not register it. Targets already registered "
         "keep working. Retry once etcd is back (check the etcd members and "
         "--etcd-endpoints); should etcd have applied this claim before its "
         "answer was lost, the retry is an idempotent no-op."));
-  }
+  };
   ClaimResult out;
-  out.created = created->created;
-  if (out.created) {
-    spdlog::info("cluster: claimed {} at etcd revision {}", Named(proposed.key),
-                 created->revision);
-    absl::MutexLock lock(&mu_);
-    republish_ = true;
-    return out;
+  for (int attempt = 0; attempt < 3 && !out.created; ++attempt) {
+    absl::StatusOr<EtcdCreate> created = etcd_.CreateIfAbsent(key, value);
+    if (!created.ok()) return unreachable(created.status());
+    out.created = created->created;
+    if (out.created) break;
+    absl::StatusOr<BindingRecord> existing = Parse(created->existing);
+    if (existing.ok() && !existing->retired) {
+      out.existing = std::move(existing->entry);
+      return out;
+    }
+    // A retirement, or a record no kregd of this cluster wrote: the name
+    // is free.
+    if (!existing.ok()) Ignored(existing.status());
+    absl::StatusOr<bool> replaced =
+        etcd_.PutIfUnchanged(key, value, created->existing.mod_revision);
+    if (!replaced.ok()) return unreachable(replaced.status());
+    out.created = *replaced;
   }
-  absl::StatusOr<TargetEntry> existing = Parse(created->existing);
-  if (!existing.ok()) return existing.status();
-  out.existing = *std::move(existing);
+  if (!out.created) {
+    return absl::AbortedError(
+        absl::StrCat("cannot register ", Named(proposed.key),
+                     ": its record in etcd kept changing; retry"));
+  }
+  spdlog::info("cluster: claimed {} in etcd", Named(proposed.key));
+  absl::MutexLock lock(&mu_);
+  republish_ = true;
   return out;
 }
 
@@ -120,9 +148,15 @@ void ClusterRegistry::Unclaim(const TargetEntry& claimed) {
   absl::StatusOr<EtcdRange> now = etcd_.Range(key, false);
   absl::Status st = now.status();
   if (st.ok() && now->kvs.size() == 1) {
-    absl::StatusOr<TargetEntry> e = Parse(now->kvs[0]);
-    if (e.ok() && SameBinding(*e, claimed) && e->host == host_id_) {
-      st = etcd_.DeleteIfUnchanged(key, now->kvs[0].mod_revision).status();
+    absl::StatusOr<BindingRecord> e = Parse(now->kvs[0]);
+    if (e.ok() && !e->retired && SameBinding(e->entry, claimed) &&
+        e->entry.host == host_id_) {
+      st = etcd_
+               .PutIfUnchanged(key,
+                               signer_.Sign(key, kRetireRecord,
+                                            RecordJson(ToProto(claimed))),
+                               now->kvs[0].mod_revision)
+               .status();
     }
   }
   if (!st.ok()) {
@@ -140,26 +174,27 @@ absl::Status ClusterRegistry::Release(const TargetEntry& entry) {
   if (!now.ok()) {
     return absl::UnavailableError(absl::StrCat(
         "cannot retire ", Named(entry.key),
-        ": the cluster registry is "
-        "unreachable (",
-        now.status().message(),
+        ": the cluster registry is unreachable (", now.status().message(),
         "); a retirement is made in etcd for every host or not at all. Retry "
         "once etcd is back."));
   }
-  if (now->kvs.empty()) return absl::OkStatus();  // gone already
-  absl::StatusOr<TargetEntry> e = Parse(now->kvs[0]);
-  if (e.ok() && !SameBinding(*e, entry)) {
+  if (now->kvs.empty()) return absl::OkStatus();  // not bound in etcd
+  absl::StatusOr<BindingRecord> e = Parse(now->kvs[0]);
+  if (e.ok() && e->retired) return absl::OkStatus();  // retired already
+  if (e.ok() && !SameBinding(e->entry, entry)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "cannot retire ", Named(entry.key),
         ": the cluster binding is now "
         "content ",
-        e->content_id, " (host ", e->host, "), not this host's ",
+        e->entry.content_id, " (host ", e->entry.host, "), not this host's ",
         entry.content_id, "; this host catches up shortly, then retry"));
   }
-  absl::StatusOr<bool> deleted =
-      etcd_.DeleteIfUnchanged(key, now->kvs[0].mod_revision);
-  if (!deleted.ok()) return deleted.status();
-  if (!*deleted) {
+  // Never a bare delete: other hosts retire only on a signed retirement.
+  absl::StatusOr<bool> retired = etcd_.PutIfUnchanged(
+      key, signer_.Sign(key, kRetireRecord, RecordJson(ToProto(entry))),
+      now->kvs[0].mod_revision);
+  if (!retired.ok()) return retired.status();
+  if (!*retired) {
     return absl::AbortedError(absl::StrCat(
         "cannot retire ", Named(entry.key),
         ": its cluster binding changed during the retirement; retry"));
@@ -295,56 +330,76 @@ absl::Status ClusterRegistry::Reconcile(int64_t* revision) {
   std::vector<EntryPtr> before = r->List();
   absl::StatusOr<EtcdRange> all = etcd_.Range(prefix_ + "targets/", true);
   if (!all.ok()) return all.status();
-  std::set<TargetKey> bound;
+  std::map<TargetKey, BindingRecord> records;
   for (const EtcdKv& kv : all->kvs) {
-    absl::StatusOr<TargetEntry> b = Parse(kv);
+    absl::StatusOr<BindingRecord> b = Parse(kv);
     if (!b.ok()) {
-      spdlog::error("cluster: {}", std::string(b.status().message()));
+      Ignored(b.status());
       continue;
     }
-    bound.insert(b->key);
-    Apply(*b, /*may_fetch=*/true);
+    if (!b->retired) Apply(b->entry, /*may_fetch=*/true);
+    records[b->entry.key] = *std::move(b);
   }
   for (const EntryPtr& e : before) {
-    if (bound.count(e->key) != 0) continue;
-    absl::Status st = r->Unmirror(
-        *e,
-        "it is not bound in the cluster registry (retired on another host "
-        "while this kregd was away, or registered before it joined the "
-        "cluster); register it again to bind it cluster-wide");
-    if (!st.ok()) spdlog::error("cluster: {}", std::string(st.message()));
+    auto rec = records.find(e->key);
+    if (rec == records.end()) {
+      // Absent or unsigned in etcd: only a signed retirement retires.
+      spdlog::warn(
+          "cluster: {} (content {}) is bound here but etcd holds no signed "
+          "binding or retirement of it (deleted from etcd by other than "
+          "kregd, or registered while this kregd was not in the cluster); "
+          "kept here. Retire it with kregctl retire if it should go",
+          Named(e->key), e->content_id);
+    } else if (rec->second.retired) {
+      absl::Status st = r->Unmirror(
+          rec->second.entry,
+          "retired cluster-wide (on another host while this kregd was away)");
+      if (!st.ok()) spdlog::error("cluster: {}", std::string(st.message()));
+    }
   }
   *revision = all->revision;
-  spdlog::info("cluster: in sync with etcd at revision {} ({} bindings)",
+  spdlog::info("cluster: in sync with etcd at revision {} ({} records)",
                all->revision, all->kvs.size());
   return absl::OkStatus();
+}
+
+void ClusterRegistry::OnEvent(const EtcdEvent& ev) {
+  if (ev.deleted) {
+    // Kregd never deletes a binding: a delete is someone else's. Nothing
+    // is retired for it; the signed record it removed is put back.
+    absl::StatusOr<BindingRecord> gone = Parse(ev.prev);
+    if (!gone.ok() || gone->retired) return;
+    Ignored(absl::PermissionDeniedError(absl::StrCat(
+        "etcd key \"", ev.kv.key.substr(0, 200),
+        "\" was deleted, but a binding is retired only by a signed "
+        "retirement (kregctl retire); ",
+        Named(gone->entry.key), " stays bound and its record is put back")));
+    (void)etcd_.CreateIfAbsent(ev.prev.key, ev.prev.value);
+    return;
+  }
+  absl::StatusOr<BindingRecord> b = Parse(ev.kv);
+  if (!b.ok()) {
+    Ignored(b.status());
+    return;
+  }
+  if (b->retired) {
+    absl::Status st = registry_.load()->Unmirror(
+        b->entry, "retired cluster-wide (kregctl retire on some host)");
+    if (!st.ok()) spdlog::error("cluster: {}", std::string(st.message()));
+    absl::MutexLock lock(&mu_);
+    republish_ = true;
+    return;
+  }
+  // Made here: committed by the registration itself, unless etcd applied
+  // a claim whose answer was lost (then bind it if the module is here).
+  Apply(b->entry, /*may_fetch=*/b->entry.host != host_id_);
 }
 
 void ClusterRegistry::WatchLoop() {
   int64_t revision = 0;
   bool synced = false, failing = false;
   int64_t backoff_ms = 200;
-  auto on_event = [this](const EtcdEvent& ev) {
-    if (ev.deleted) {
-      if (ev.prev.value.empty()) return;
-      absl::StatusOr<TargetEntry> gone = Parse(ev.prev);
-      if (!gone.ok()) return;
-      absl::Status st = registry_.load()->Unmirror(
-          *gone, "retired cluster-wide (kregctl retire on some host)");
-      if (!st.ok()) spdlog::error("cluster: {}", std::string(st.message()));
-      absl::MutexLock lock(&mu_);
-      republish_ = true;
-      return;
-    }
-    absl::StatusOr<TargetEntry> b = Parse(ev.kv);
-    if (!b.ok()) {
-      spdlog::error("cluster: {}", std::string(b.status().message()));
-      return;
-    }
-    // Made here: committed by the registration itself, unless etcd applied
-    // a claim whose answer was lost (then bind it if the module is here).
-    Apply(*b, /*may_fetch=*/b->host != host_id_);
-  };
+  auto on_event = [this](const EtcdEvent& ev) { OnEvent(ev); };
   while (true) {
     {
       absl::MutexLock lock(&mu_);
@@ -431,8 +486,8 @@ absl::StatusOr<v1::ListClusterTargetsResponse> ClusterRegistry::ListTargets() {
   out.set_cluster(options_.cluster);
   out.set_revision(all->revision);
   for (const EtcdKv& kv : all->kvs) {
-    absl::StatusOr<TargetEntry> b = Parse(kv);
-    if (b.ok()) *out.add_targets() = ToProto(*b);
+    absl::StatusOr<BindingRecord> b = Parse(kv);
+    if (b.ok() && !b->retired) *out.add_targets() = ToProto(b->entry);
   }
   return out;
 }

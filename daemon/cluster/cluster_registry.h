@@ -14,8 +14,10 @@
 
 #include "absl/synchronization/mutex.h"
 #include "daemon/binding_authority.h"
+#include "daemon/cluster/cluster_records.h"
 #include "daemon/cluster/etcd_client.h"
 #include "daemon/cluster/peer_tls.h"
+#include "daemon/cluster/record_signer.h"
 #include "daemon/module_store.h"
 #include "daemon/registry.h"
 #include "kreg/v1/cluster.pb.h"
@@ -27,6 +29,9 @@ struct ClusterOptions {
   std::string host_name;  // this host, in messages and `kregctl hosts`
   std::string advertise;  // HOST:PORT peers fetch modules from
   EtcdOptions etcd;
+  // The cluster key (cluster_key_file): every record this kregd writes to
+  // etcd is signed with it, and one that is not is never acted on.
+  std::string key;
   PeerTls tls;
   int64_t lease_ttl_s = 10;
   int64_t fetch_timeout_ms = 60000;
@@ -94,7 +99,11 @@ class ClusterRegistry : public BindingAuthority {
 
  private:
   std::string TargetKeyOf(const TargetKey& key) const;
-  absl::StatusOr<TargetEntry> Parse(const EtcdKv& kv) const;
+  absl::StatusOr<BindingRecord> Parse(const EtcdKv& kv) const;
+  // Logs (rate-limited) that a record of etcd was not acted on.
+  static void Ignored(const absl::Status& why);
+  // The watch saw `ev`, a put or a delete under targets/.
+  void OnEvent(const EtcdEvent& ev);
   // Bring a binding into the registry, fetching its module from a peer
   // when this host lacks it and `may_fetch`.
   void Apply(const TargetEntry& binding, bool may_fetch);
@@ -114,6 +123,7 @@ class ClusterRegistry : public BindingAuthority {
   const std::string host_id_;  // "<host name> (<advertise>)"
   const int64_t started_at_us_;
   const ModuleStore* const store_;
+  const RecordSigner signer_;
   EtcdClient etcd_;
   std::shared_ptr<grpc::ChannelCredentials> peer_creds_;
   std::atomic<Registry*> registry_{nullptr};

@@ -162,17 +162,20 @@ absl::StatusOr<EtcdRange> EtcdClient::Range(const std::string& key,
   return DecodeRange(resp);
 }
 
-absl::StatusOr<bool> EtcdClient::DeleteIfUnchanged(const std::string& key,
-                                                   int64_t mod_revision) {
+absl::StatusOr<bool> EtcdClient::PutIfUnchanged(const std::string& key,
+                                                const std::string& value,
+                                                int64_t mod_revision) {
   etcdserverpb::TxnRequest req;
   etcdserverpb::Compare* cmp = req.add_compare();
   cmp->set_result(etcdserverpb::Compare::EQUAL);
   cmp->set_target(etcdserverpb::Compare::MOD);
   cmp->set_key(key);
   cmp->set_mod_revision(mod_revision);
-  req.add_success()->mutable_request_delete_range()->set_key(key);
+  etcdserverpb::PutRequest* put = req.add_success()->mutable_request_put();
+  put->set_key(key);
+  put->set_value(value);
   etcdserverpb::TxnResponse resp;
-  absl::Status st = OnAnyMember("a delete transaction",
+  absl::Status st = OnAnyMember("a put-if-unchanged transaction",
                                 [&](Member& m, grpc::ClientContext* ctx) {
                                   return m.kv->Txn(ctx, req, &resp);
                                 });

@@ -79,10 +79,11 @@ class EtcdClient {
                                             int64_t lease = 0);
   // `key` alone, or every key under it when `prefix`. Linearizable.
   absl::StatusOr<EtcdRange> Range(const std::string& key, bool prefix);
-  // Deletes `key` if its mod_revision is still `mod_revision`: true when
-  // deleted, false when it changed or is gone.
-  absl::StatusOr<bool> DeleteIfUnchanged(const std::string& key,
-                                         int64_t mod_revision);
+  // Puts `value` under `key` if its mod_revision is still `mod_revision`:
+  // true when put, false when it changed or is gone.
+  absl::StatusOr<bool> PutIfUnchanged(const std::string& key,
+                                      const std::string& value,
+                                      int64_t mod_revision);
   absl::Status Put(const std::string& key, const std::string& value,
                    int64_t lease);
   // A new lease of `ttl_s` seconds; its id.

@@ -110,11 +110,13 @@ std::vector<FileCase> FileCases(const std::string& dir) {
       {"max_store_bytes_per_uid", "max_store_bytes_per_uid = 12345", "12345"},
       {"etcd_endpoints",
        "etcd_endpoints = [\"http://127.0.0.1:2379\"]\n"
+       "cluster_insecure = true\ncluster_key_file = \"/k\"\n"
        "advertise = \"10.0.0.5:7000\"",
        "[\"http://127.0.0.1:2379\"]"},
       // One comma-separated string is also accepted.
       {"etcd_endpoints",
        "etcd_endpoints = \"http://127.0.0.1:2379,http://127.0.0.2:2379\"\n"
+       "cluster_insecure = true\ncluster_key_file = \"/k\"\n"
        "advertise = \"10.0.0.5:7000\"",
        "[\"http://127.0.0.1:2379\", \"http://127.0.0.2:2379\"]"},
       {"cluster", "cluster = \"blue\"", "\"blue\""},
@@ -124,6 +126,8 @@ std::vector<FileCase> FileCases(const std::string& dir) {
       {"peer_tls_ca", "peer_tls_ca = \"/ca.pem\"", "\"/ca.pem\""},
       {"peer_tls_cert", "peer_tls_cert = \"/cert.pem\"", "\"/cert.pem\""},
       {"peer_tls_key", "peer_tls_key = \"/key.pem\"", "\"/key.pem\""},
+      {"cluster_key_file", "cluster_key_file = \"/k\"", "\"/k\""},
+      {"cluster_insecure", "cluster_insecure = true", "true"},
       {"etcd_timeout_s", "etcd_timeout_s = 7.5", "7.5"},
       {"peer_lease_ttl_s", "peer_lease_ttl_s = 20", "20"},
       {"metrics_listen", "metrics_listen = \"127.0.0.1:9100\"",
@@ -194,7 +198,7 @@ TEST_CASE("Every flag sets its key, over the config file", "[config]") {
       {{"--max-registrations-per-uid", "5"}, "max_registrations_per_uid", "5"},
       {{"--max-store-bytes-per-uid", "6"}, "max_store_bytes_per_uid", "6"},
       {{"--etcd-endpoints", "http://127.0.0.1:2379,", "--advertise",
-        "10.0.0.5:7000"},
+        "10.0.0.5:7000", "--cluster-insecure", "--cluster-key-file", "/k"},
        "etcd_endpoints",
        "[\"http://127.0.0.1:2379\"]"},
       {{"--cluster", "green"}, "cluster", "\"green\""},
@@ -204,6 +208,8 @@ TEST_CASE("Every flag sets its key, over the config file", "[config]") {
       {{"--peer-tls-ca", "/f/ca"}, "peer_tls_ca", "\"/f/ca\""},
       {{"--peer-tls-cert", "/f/cert"}, "peer_tls_cert", "\"/f/cert\""},
       {{"--peer-tls-key", "/f/key"}, "peer_tls_key", "\"/f/key\""},
+      {{"--cluster-key-file", "/f/k"}, "cluster_key_file", "\"/f/k\""},
+      {{"--cluster-insecure"}, "cluster_insecure", "true"},
       {{"--metrics-listen", "unix:/tmp/f.sock"},
        "metrics_listen",
        "\"unix:/tmp/f.sock\""},
@@ -362,8 +368,19 @@ TEST_CASE("Bad flags and merged values give the documented messages",
       {{"--allow-root", "/nonexistent/kreg-root"},
        "allowed root \"/nonexistent/kreg-root\" does not exist or cannot be "
        "resolved"},
-      {{"--etcd-endpoints", "http://127.0.0.1:2379"},
+      {{"--etcd-endpoints", "http://127.0.0.1:2379", "--cluster-insecure"},
        "cluster mode (--etcd-endpoints) needs --advertise HOST:PORT"},
+      {{"--etcd-endpoints", "http://127.0.0.2:2379", "--advertise",
+        "10.0.0.5:7000"},
+       "etcd endpoint \"http://127.0.0.2:2379\" is plaintext: anyone who can "
+       "reach it can read and rewrite the cluster's bindings. Use https:// "
+       "(etcd with client certificate auth; kregd presents peer_tls_cert), "
+       "or set cluster_insecure = true (--cluster-insecure) for a test "
+       "cluster"},
+      {{"--etcd-endpoints", "https://127.0.0.3:2379", "--advertise",
+        "10.0.0.5:7000"},
+       "cluster mode (--etcd-endpoints) needs cluster_key_file "
+       "(--cluster-key-file): a file with the cluster key"},
       {{"--config", "/nonexistent/kregd.toml"},
        "config file /nonexistent/kregd.toml cannot be read: "},
   };

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 corpus=tests/fuzz/corpus
 rm -rf "$corpus"
-mkdir -p "$corpus"/{session,launch_decoder,ring_decoder,broker_request,broker_frames,readopt_offer,journal,module_path,elf_symbols,http_request,cluster_inputs,compile_inputs}
+mkdir -p "$corpus"/{session,launch_decoder,ring_decoder,broker_request,broker_frames,readopt_offer,journal,module_path,elf_symbols,http_request,cluster_inputs,signed_record,compile_inputs}
 # (Bazel 4 has no `run -q`: build, then run the binary.)
 bazel build //tests/fuzz:make_seeds
 bazel-bin/tests/fuzz/make_seeds "$PWD/$corpus"
@@ -48,6 +48,16 @@ printf '\x02\x07\x00\x00\x05hello\x03abc' > "$c/chunks_ok"
 printf '\x02\x03\x0a\x00\x04abcd' > "$c/chunks_short"
 printf '\x02\x01\x04\x00\x08abcdefgh' > "$c/chunks_over"
 printf '\x02\x06\x00\x00\x00\x02hi' > "$c/chunks_wrong_total"
+
+# signed_record: byte 0 bit 0 set: the rest is signed (bit 1: as a
+# retirement); clear: "KEY\0VALUE" or a VALUE as it is.
+c=$corpus/signed_record
+b=$(printf '{"target_name":"fuzz.t","platform":"cpu","func_name":"Scale","content_id":"v1","module_digest":"%s","module_size":"4096","kind":"module"}' "$d")
+printf '\x01%s' "$b" > "$c/bind"
+printf '\x03%s' "$b" > "$c/retire"
+printf '\x00kreg-sig-v1 bind %064d\n%s' 0 "$b" > "$c/forged"
+printf '\x00/kregd/fuzz/targets/cpu/other\x00kreg-sig-v1 retire %064d\n%s' 0 "$b" > "$c/moved"
+printf '\x00%s' "$b" > "$c/unsigned"
 
 # compile_inputs: byte 0 even: a CompileTargetRequest; odd: a worker's
 # CompileJobResult (compile.proto).

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import hmac
 import json
 import os
 import pathlib
@@ -145,11 +146,22 @@ class EtcdCluster:
              60, "etcd to accept writes")
 
 
+def cluster_key(root: pathlib.Path) -> pathlib.Path:
+  """The cluster key file every host of the test cluster shares (0600)."""
+  p = root / "cluster.key"
+  if not p.exists():
+    p.write_text(os.urandom(32).hex() + "\n")
+    p.chmod(0o600)
+  return p
+
+
 def start_host(root: pathlib.Path, name: str, etcd: str, port: int,
                *extra) -> Daemon:
+  # The test etcd is plaintext (http://): cluster_insecure.
   d = Daemon(root / name, [os.path.realpath(ku.kernels_dir())],
              ["--etcd-endpoints", etcd, "--advertise", f"127.0.0.1:{port}",
-              "--host-name", name, *extra])
+              "--host-name", name, "--cluster-key-file",
+              str(cluster_key(root)), "--cluster-insecure", *extra])
   d.root.mkdir(parents=True, exist_ok=True)
   d.start()
   return d
@@ -339,11 +351,91 @@ def test_retirement_goes_through_etcd(cluster):
   assert out.returncode == 0, out.stderr
   for h in (cluster.a, cluster.b, cluster.c):
     wait_for(lambda: ("ret.op", "cpu") not in listed(h), 30, "ret.op gone")
-  assert "ret.op" not in cluster.etcd.ctl(
-      "get", "--prefix", "/kregd/default/targets/").stdout
+  # Not deleted: a signed retirement (a bare delete retires nothing).
+  tomb = cluster.etcd.ctl("get", "--print-value-only",
+                          "/kregd/default/targets/cpu/ret.op").stdout
+  assert tomb.startswith("kreg-sig-v1 retire "), tomb
+  assert "ret.op" not in kregctl(cluster.a, "list", "--cluster").stdout
   again = register(cluster.c, "ret.op", m2)
   assert again.returncode == 0, again.stderr
   assert again.stdout.startswith("registered"), again.stdout
+
+
+def sign(key: bytes, etcd_key: str, kind: str, body: bytes) -> bytes:
+  """A record as kregd signs it (daemon/cluster/record_signer.h)."""
+  k = etcd_key.encode()
+  mac = hmac.new(key, b"kreg-sig-v1 " + kind.encode() + b"\n" +
+                 str(len(k)).encode() + b"\n" + k + body,
+                 hashlib.sha256).hexdigest()
+  return b"kreg-sig-v1 " + kind.encode() + b" " + mac.encode() + b"\n" + body
+
+
+def test_forged_records_in_etcd_are_ignored(cluster):
+  # Whoever can write to etcd (etcdctl) but lacks the cluster key can
+  # neither re-bind nor retire another user's binding.
+  hosts = (cluster.a, cluster.b, cluster.c)
+  mine, theirs = variant(cluster.root, "victim"), variant(cluster.root, "atk")
+  assert register(cluster.a, "vic.op", mine).returncode == 0
+  assert register(cluster.b, "atk.op", theirs).returncode == 0
+  for h in hosts:
+    wait_for(lambda: {("vic.op", "cpu"), ("atk.op", "cpu")} <= set(listed(h)),
+             30, "vic.op and atk.op everywhere")
+  key = "/kregd/default/targets/cpu/vic.op"
+  get = lambda k: cluster.etcd.ctl("get", "--print-value-only", k).stdout
+  original = get(key).rstrip("\n")
+  assert original.startswith("kreg-sig-v1 bind "), original
+  body = json.loads(original.split("\n", 1)[1])
+  body["module_digest"] = digest_of(theirs)
+  forged = json.dumps(body).encode()
+
+  def still_mine(what):
+    for h in hosts:
+      assert listed(h)[("vic.op", "cpu")]["module_digest"] == \
+          digest_of(mine), what
+
+  # A bare delete retires nothing; the signed record is put back.
+  assert cluster.etcd.ctl("del", key).returncode == 0
+  wait_for(lambda: get(key).rstrip("\n") == original, 30, "record restored")
+  for h in hosts:
+    wait_for(lambda: f'etcd key "{key}" was deleted, but a binding is '
+             "retired only by a signed retirement" in h.log(None), 30,
+             "the delete to be ignored")
+  still_mine("after etcdctl del")
+  other_key = os.urandom(32).hex().encode()
+  moved = get("/kregd/default/targets/cpu/atk.op").rstrip("\n")
+  for value, why in (
+      (forged, "without a kregd signature"),
+      (b"kreg-sig-v1 bind " + b"0" * 64 + b"\n" + forged, "bad signature"),
+      (sign(other_key, key, "bind", forged), "bad signature"),
+      (sign(other_key, key, "retire", forged), "bad signature"),
+      (moved.encode(), "bad signature")):
+    before = [h.log(None).count(why) for h in hosts]
+    put = subprocess.run([ETCDCTL, "--endpoints", cluster.etcd.endpoints,
+                          "put", key], input=value, capture_output=True,
+                         timeout=20, env={**os.environ, "ETCDCTL_API": "3"})
+    assert put.returncode == 0, put.stderr
+    for h, n in zip(hosts, before):
+      wait_for(lambda: h.log(None).count(why) > n, 30, f"{why} logged")
+      assert f'ignored what etcd holds: etcd key "{key}"' in h.log(None)
+    still_mine(value[:40])
+  # A fresh bind of the victim's module is its own binding; the
+  # attacker's module under that name is refused.
+  again = register(cluster.c, "vic.op", mine)
+  assert again.returncode == 0 and "already registered" in again.stdout
+  assert register(cluster.c, "vic.op", theirs).returncode != 0
+  # A restart reconciles with the forged record in etcd: kept all the same.
+  synced = cluster.c.log(None).count("in sync with etcd")
+  cluster.c.stop()
+  cluster.c.start()
+  wait_for(lambda: cluster.c.log(None).count("in sync with etcd") > synced,
+           30, "host C to sync")
+  still_mine("after a restart")
+  # etcd's record back as kregd wrote it (a replay of the same binding).
+  assert cluster.etcd.ctl("put", key, original).returncode == 0
+  for h in hosts:
+    assert kregctl(h, "list", "--cluster").returncode == 0
+  kregctl(cluster.a, "retire", "vic.op")
+  kregctl(cluster.b, "retire", "atk.op")
 
 
 def test_etcd_member_loss_then_quorum_loss_then_recovery(cluster):
@@ -498,8 +590,12 @@ def test_restart_reconciles_the_journal_with_etcd(cluster):
   log = c.log(None)
   assert "CLUSTER CONFLICT" in log and "recon.op" in log
   assert "the cluster's binding wins for new sessions" in log
-  assert ("recon.local", "cpu") not in listed(c)
-  assert "recon.local" in log and "not bound in the cluster registry" in log
+  # Not in etcd: kept (only a signed retirement retires), and said so.
+  assert ("recon.local", "cpu") in listed(c)
+  assert ('target "recon.local" (cpu) (content ' in log and
+          "is bound here but etcd holds no signed binding or retirement of "
+          "it" in log), log
+  assert kregctl(c, "retire", "recon.local").returncode == 0
 
 
 # ---- TLS between hosts.
@@ -610,21 +706,37 @@ def test_module_exchange_rejects_bad_requests(cluster):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--etcd-endpoints", "http://127.0.0.1:1"],
+    (["--etcd-endpoints", "http://127.0.0.1:1", "--advertise", "127.0.0.1:9",
+      "--cluster-key-file", "/k"],
+     "etcd endpoint \"http://127.0.0.1:1\" is plaintext: anyone who can "
+     "reach it can read and rewrite the cluster's bindings. Use https:// "
+     "(etcd with client certificate auth; kregd presents peer_tls_cert), or "
+     "set cluster_insecure = true (--cluster-insecure)"),
+    (["--etcd-endpoints", "127.0.0.1:1", "--advertise", "127.0.0.1:9",
+      "--cluster-key-file", "/k"],
+     "etcd endpoint \"127.0.0.1:1\" is plaintext"),
+    (["--etcd-endpoints", "https://127.0.0.1:1", "--advertise",
+      "127.0.0.1:9"], "cluster mode (--etcd-endpoints) needs cluster_key_file "
+     "(--cluster-key-file)"),
+    (["--etcd-endpoints", "http://127.0.0.1:1", "--cluster-insecure"],
      "needs --advertise HOST:PORT"),
     (["--etcd-endpoints", "ftp://x:1", "--advertise", "127.0.0.1:9"],
      "etcd endpoint \"ftp://x:1\" has an unknown scheme"),
     (["--etcd-endpoints", "http://x", "--advertise", "127.0.0.1:9"],
      "etcd endpoint \"http://x\" is not HOST:PORT"),
-    (["--etcd-endpoints", "http://x:1", "--advertise", "nowhere"],
+    (["--etcd-endpoints", "http://x:1", "--cluster-insecure",
+      "--advertise", "nowhere"],
      "advertise address \"nowhere\" is not HOST:PORT"),
-    (["--etcd-endpoints", "http://127.0.0.1:1", "--advertise", "unix:1"],
+    (["--etcd-endpoints", "http://127.0.0.1:1", "--cluster-insecure",
+      "--advertise", "unix:1"],
      "advertise address \"unix:1\" is not a host name, IPv4 or [IPv6] "
      "address with a port that other hosts can dial"),
     (["--etcd-endpoints", "http://x:1", "--advertise", "127.0.0.1:9",
-      "--cluster", "a/b"], "cluster name \"a/b\" must be 1-64 characters"),
+      "--cluster-insecure", "--cluster", "a/b"],
+     "cluster name \"a/b\" must be 1-64 characters"),
     (["--etcd-endpoints", "http://x:1", "--advertise", "127.0.0.1:9",
-      "--peer-tls-ca", "/x"], "needs all three of peer_tls_ca"),
+      "--cluster-insecure", "--peer-tls-ca", "/x"],
+     "needs all three of peer_tls_ca"),
 ])
 def test_bad_cluster_flags_are_refused(tmp_path, flags, message):
   from kregd_proc import daemon_binary  # pylint: disable=import-outside-toplevel
@@ -642,6 +754,8 @@ def test_unreadable_tls_files_stop_kregd(tmp_path):
                         str(tmp_path / "s"), "--state-dir",
                         str(tmp_path / "st"), "--etcd-endpoints",
                         "http://127.0.0.1:1", "--advertise", "127.0.0.1:9",
+                        "--cluster-insecure", "--cluster-key-file",
+                        str(cluster_key(tmp_path)),
                         "--peer-tls-ca", str(tmp_path / "none.pem"),
                         "--peer-tls-cert", "/dev/null", "--peer-tls-key",
                         "/dev/null"], capture_output=True, text=True,
@@ -649,6 +763,28 @@ def test_unreadable_tls_files_stop_kregd(tmp_path):
   assert out.returncode == 1
   assert f"cannot read the peer TLS CA certificate \"{tmp_path}/none.pem\"" \
       in out.stderr
+
+
+def test_cluster_key_file_must_be_private(tmp_path):
+  from kregd_proc import daemon_binary  # pylint: disable=import-outside-toplevel
+  key = tmp_path / "k"
+  run = lambda: subprocess.run(
+      [str(daemon_binary()), "--socket", str(tmp_path / "s"), "--state-dir",
+       str(tmp_path / "st"), "--etcd-endpoints", "http://127.0.0.1:1",
+       "--cluster-insecure", "--advertise", "127.0.0.1:9",
+       "--cluster-key-file", str(key)], capture_output=True, text=True,
+      timeout=30)
+  out = run()
+  assert out.returncode == 1, out.stderr
+  assert f"cannot read the cluster key file \"{key}\" (cluster_key_file)" \
+      in out.stderr
+  key.write_text("f" * 64 + "\n")
+  key.chmod(0o644)
+  out = run()
+  assert out.returncode == 1, out.stderr
+  assert (f"the cluster key file \"{key}\" (cluster_key_file) has mode 0644: "
+          "group or others can read or write it") in out.stderr
+  assert "chmod 600" in out.stderr
 
 
 def test_standalone_kregd_says_it_is_not_clustered(kregd):
