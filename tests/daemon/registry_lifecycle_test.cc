@@ -224,6 +224,7 @@ TEST_CASE("gc keeps what entries reference and is for admins only",
   REQUIRE(registry.Register(ArgsBy(1000, "keep", "k")).ok());
   REQUIRE(registry.Register(ArgsBy(1000, "drop", "d")).ok());
   REQUIRE(registry.Register(InProcessArgs("inproc", "fp")).ok());
+  REQUIRE(registry.Retire("drop", Platform::kCpu, {1000, 1000, 5}).ok());
   // A store file no entry references (a crash came between a retirement's
   // record and the file's removal).
   loader.files.insert(Sha256Digest("left"));
