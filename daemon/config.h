@@ -32,6 +32,9 @@ struct Config {
   // Whether clients may run registered kernels in their own process
   // (DESIGN §11): allow | deny.
   std::string local_execution = "allow";
+  // Bytes of the sealed module memfds kregd keeps for local binds, all
+  // modules together (LocalModuleCache).
+  uint64_t max_local_module_memory_bytes = 2ull << 30;
   std::string executor_binary;  // empty: kregd-exec next to kregd
   double launch_timeout_s = 0;  // 0: off
   int quarantine_crashes = 3;   // 0: never quarantine

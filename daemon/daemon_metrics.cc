@@ -131,7 +131,8 @@ void WriteSessionFamilies(uint64_t open, const std::vector<BoundSession>& bound,
     arena_bytes = SaturatingAdd(arena_bytes, s.arena_bytes);
   }
   w->Family("kregd_local_binds_total", "counter",
-            "targets handed to clients for local execution (DESIGN §11)");
+            "targets bound for local execution, once per target and session "
+            "(DESIGN §11)");
   w->Sample("kregd_local_binds_total", {}, local_binds);
   w->Family("kregd_local_sessions", "gauge",
             "client sessions that hold at least one target locally");

@@ -128,13 +128,16 @@ class Registry {
   // content; journaled first. NOT_FOUND when nothing is registered,
   // PERMISSION_DENIED unless `peer` is root or the registering uid,
   // FAILED_PRECONDITION (naming the pids) while a live session has it bound.
-  // All-or-nothing for the checks. Returns the retired entries.
+  // All-or-nothing for the checks. Returns the retired entries. A module
+  // no entry references any more leaves the store once the retirement is
+  // journaled (DropUnreferenced).
   absl::StatusOr<std::vector<EntryPtr>> Retire(const std::string& name,
                                                std::optional<Platform> platform,
                                                const PeerCred& peer);
 
-  // Removes store files no entry references. PERMISSION_DENIED unless
-  // `peer` is root or limits.admin_uid.
+  // Removes store files no entry references (kregd runs it once at start,
+  // after the journal is replayed). PERMISSION_DENIED unless `peer` is root
+  // or limits.admin_uid.
   absl::StatusOr<GcOutcome> CollectGarbage(const PeerCred& peer);
 
   // Consulted by Retire; null (the default) means nothing is ever bound.
@@ -241,6 +244,14 @@ class Registry {
   absl::StatusOr<EntryPtr> Install(const TargetEntry& entry,
                                    const std::string& bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
+  // Removes every store file (and temp file) no entry references.
+  absl::StatusOr<GcOutcome> SweepStore()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
+  // After a retirement is journaled (a crash before this leaves files the
+  // start-up gc removes): removes the store files no entry references, so
+  // a uid's retired modules stop taking disk space its quota no longer
+  // counts. Failures are logged (`kregctl gc` retries).
+  void DropUnreferenced() ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
   // Journal and insert `entry` (module already in place, or in-process).
   absl::StatusOr<EntryPtr> Insert(const TargetEntry& entry)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);

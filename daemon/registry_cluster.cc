@@ -185,6 +185,7 @@ absl::Status Registry::Mirror(const TargetEntry& binding,
     if (!stored.ok()) return stored;
     entry = Insert(binding);
   }
+  if (local != nullptr) DropUnreferenced();
   if (!entry.ok()) return entry.status();
   spdlog::info("cluster: {} bound as on host {} (content {}, module {})",
                Named(binding.key), binding.host, binding.content_id,
@@ -207,6 +208,7 @@ absl::Status Registry::Unmirror(const TargetEntry& retired,
     absl::MutexLock lock(&mu_);
     entries_.erase(local->key);
   }
+  DropUnreferenced();
   std::string bound;
   if (BindingOracle* oracle = oracle_.load()) {
     std::vector<pid_t> pids = oracle->PidsBinding(local->key);

@@ -133,22 +133,23 @@ absl::StatusOr<std::vector<EntryPtr>> Registry::Retire(
           std::chrono::system_clock::now().time_since_epoch())
           .count();
   std::vector<EntryPtr> retired;
+  absl::Status failed;
   for (const EntryPtr& e : targets) {
     // Cluster mode: the binding goes everywhere or nowhere.
     if (BindingAuthority* authority = authority_.load()) {
-      absl::Status released = authority->Release(*e);
-      if (!released.ok()) {
+      failed = authority->Release(*e);
+      if (!failed.ok()) {
         spdlog::warn("retirement of {} by uid {} not made: {}", Named(e->key),
-                     peer.uid, std::string(released.message()));
-        return released;
+                     peer.uid, std::string(failed.message()));
+        break;
       }
     }
     Retirement r{e->key, e->content_id, e->module_digest, peer, now_us};
-    absl::Status logged = log_->AppendRetirement(r);
-    if (!logged.ok()) {
+    failed = log_->AppendRetirement(r);
+    if (!failed.ok()) {
       spdlog::error("retirement of {} by uid {} failed: {}", Named(e->key),
-                    peer.uid, std::string(logged.message()));
-      return logged;
+                    peer.uid, std::string(failed.message()));
+      break;
     }
     {
       absl::MutexLock lock(&mu_);
@@ -161,7 +162,33 @@ absl::StatusOr<std::vector<EntryPtr>> Registry::Retire(
         peer.uid, peer.pid);
     retired.push_back(e);
   }
+  // Also after a failure: what was retired before it is journaled.
+  if (!retired.empty()) DropUnreferenced();
+  if (!failed.ok()) return failed;
   return retired;
+}
+
+absl::StatusOr<GcOutcome> Registry::SweepStore() {
+  std::set<std::string> keep;
+  for (const EntryPtr& e : List()) {
+    if (!e->module_digest.empty()) keep.insert(e->module_digest);
+  }
+  return loader_->RemoveUnreferenced(keep);
+}
+
+void Registry::DropUnreferenced() {
+  absl::StatusOr<GcOutcome> out = SweepStore();
+  if (!out.ok()) {
+    spdlog::warn(
+        "module store: cannot remove the modules of retired targets ({}); "
+        "`kregctl gc` retries",
+        std::string(out.status().message()));
+  } else if (out->files_removed > 0) {
+    spdlog::info(
+        "module store: removed {} files ({} bytes) no target references any "
+        "more",
+        out->files_removed, out->bytes_removed);
+  }
 }
 
 absl::StatusOr<GcOutcome> Registry::CollectGarbage(const PeerCred& peer) {
@@ -174,11 +201,7 @@ absl::StatusOr<GcOutcome> Registry::CollectGarbage(const PeerCred& peer) {
   // register_mu_ keeps registrations (which stage and commit files) out
   // while the store is swept.
   absl::MutexLock serial(&register_mu_);
-  std::set<std::string> keep;
-  for (const EntryPtr& e : List()) {
-    if (!e->module_digest.empty()) keep.insert(e->module_digest);
-  }
-  absl::StatusOr<GcOutcome> out = loader_->RemoveUnreferenced(keep);
+  absl::StatusOr<GcOutcome> out = SweepStore();
   if (out.ok()) {
     spdlog::info(
         "gc by uid {} pid {}: removed {} unreferenced store files ({} bytes); "

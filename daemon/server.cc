@@ -172,6 +172,15 @@ absl::Status Daemon::Replay() {
   }
   spdlog::info("journal replayed: {} records, {} loaded", entries->size(),
                restored);
+  // Store files no journaled target references: a crash came between a
+  // retirement's journal record and the removal of its module, or between a
+  // module's commit and its registration's record.
+  absl::StatusOr<GcOutcome> swept =
+      registry_.CollectGarbage(PeerCred{::geteuid(), ::getegid(), ::getpid()});
+  if (!swept.ok()) {
+    spdlog::warn("module store: unreferenced files not removed at start: {}",
+                 std::string(swept.status().message()));
+  }
   // Quarantines survive restarts until `kregctl unquarantine`.
   for (const QuarantineEvent& q : journal_.quarantines()) {
     ledger_.Restore(ToCrashRecord(q));
@@ -538,16 +547,20 @@ void Daemon::FillBrokerContext() {
   ctx.bindings = &bindings_;
   ctx.max_module_bytes = config_.max_module_bytes;
   ctx.upload_budget = &upload_budget_;
-  ctx.local_execution = config_.local_execution == "allow";
   ctx.local_binds = &local_binds_;
-  if (const char* tamper = std::getenv("KREGD_TEST_TAMPER_LOCAL_MODULES");
-      tamper != nullptr && std::string(tamper) == "1") {
+  if (config_.local_execution != "allow") return;
+  const char* tamper = std::getenv("KREGD_TEST_TAMPER_LOCAL_MODULES");
+  const bool tampered = tamper != nullptr && std::string(tamper) == "1";
+  if (tampered) {
     spdlog::warn(
         "KREGD_TEST_TAMPER_LOCAL_MODULES=1: modules handed out for local "
         "execution are corrupted on purpose (a test hook; never set it in "
         "production)");
-    ctx.tamper_local_modules_for_test = true;
   }
+  local_modules_ = std::make_unique<LocalModuleCache>(
+      &store_, config_.max_local_module_memory_bytes, config_.max_module_bytes,
+      tampered);
+  ctx.local_modules = local_modules_.get();
 }
 
 void Daemon::StartReadopt(const std::string& supervision_path,

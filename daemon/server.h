@@ -21,6 +21,7 @@
 #include "daemon/config.h"
 #include "daemon/exec/broker.h"
 #include "daemon/exec/crash_ledger.h"
+#include "daemon/exec/local_module_cache.h"
 #include "daemon/exec/readopt_listener.h"
 #include "daemon/exec/session_bindings.h"
 #include "daemon/grpc_connections.h"
@@ -106,10 +107,12 @@ class Daemon {
   Registrar registrar_;
   CrashLedger ledger_;
   SessionBindings bindings_;              // the registry's BindingOracle
-  std::atomic<uint64_t> local_binds_{0};  // modules handed out (DESIGN §11)
+  std::atomic<uint64_t> local_binds_{0};  // local holds (DESIGN §11)
   // Module uploads kregd holds at once, relayed by executors or streamed
   // over gRPC (twice max_module_bytes).
   wire::ByteBudget upload_budget_;
+  // Null: local_execution = "deny".
+  std::unique_ptr<LocalModuleCache> local_modules_;
   std::unique_ptr<ExecutorPool> pool_;  // outlives the sessions using it
   std::unique_ptr<SessionServer> sessions_;
   BrokerContext broker_ctx_;  // what every session's broker borrows

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/wire.h"
 #include "daemon/exec/broker_limits.h"
+#include "daemon/exec/local_module_cache.h"
 #include "daemon/log_limit.h"
 #include "daemon/module_store.h"
 #include "daemon/registrar.h"
@@ -138,7 +139,7 @@ void SessionBroker::Run() {
   }
   if (!closed && !refused && ctx_.pool->leaving()) {
     // kregd is stopping and left the executor serving this session.
-    if (ctx_.bindings != nullptr) ctx_.bindings->RemoveSession(id_);
+    ForgetBindings();
     ctx_.pool->Release(&binding_);
     binding_.broker.reset();
     broker_fd_ = -1;
@@ -154,10 +155,15 @@ void SessionBroker::Run() {
     if (!crash.ok()) RefuseClient(crash);
   }
   ::shutdown(client_.get(), SHUT_RDWR);
-  if (ctx_.bindings != nullptr) ctx_.bindings->RemoveSession(id_);
+  ForgetBindings();
   ctx_.pool->Release(&binding_);
   binding_.broker.reset();
   broker_fd_ = -1;
+}
+
+void SessionBroker::ForgetBindings() {
+  if (ctx_.bindings != nullptr) ctx_.bindings->RemoveSession(id_);
+  if (ctx_.local_modules != nullptr) ctx_.local_modules->ReleaseSession(id_);
 }
 
 void SessionBroker::RefuseExecutorMessage(int result) {
@@ -249,7 +255,7 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::Resolve(
         "target \"", key.name, "\" is not registered for platform ",
         PlatformName(key.platform), " in kregd"));
   }
-  if (r.local() && !ctx_.local_execution) {
+  if (r.local() && ctx_.local_modules == nullptr) {
     return absl::PermissionDeniedError(absl::StrCat(
         "target \"", key.name, "\" (", PlatformName(key.platform),
         "): this kregd does not allow local execution (local_execution = "
@@ -300,8 +306,7 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::Resolve(
 absl::StatusOr<v1::ResolveReply> SessionBroker::ResolveLocal(
     const TargetKey& key, const EntryPtr& e, UniqueFd* fd_out) {
   absl::StatusOr<UniqueFd> memfd =
-      ctx_.store->SealedCopy(e->module_digest, ctx_.max_module_bytes,
-                             ctx_.tamper_local_modules_for_test);
+      ctx_.local_modules->Open(e->module_digest, e->module_size, id_);
   if (!memfd.ok()) {
     return absl::Status(
         memfd.status().code(),
@@ -312,14 +317,19 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::ResolveLocal(
   reply.set_func_name(e->func_name);
   reply.set_module_digest(e->module_digest);
   *reply.mutable_target() = DescribeTarget(*e, CudaLaunchStatus());
-  if (ctx_.bindings != nullptr) {
-    ctx_.bindings->Add(id_, peer_.pid, key, /*local=*/true);
+  *fd_out = *std::move(memfd);
+  // A session may ask again: one hold, one count, one log line.
+  if (ctx_.bindings != nullptr &&
+      !ctx_.bindings->Add(id_, peer_.pid, key, /*local=*/true)) {
+    return reply;
   }
   if (ctx_.local_binds != nullptr) ctx_.local_binds->fetch_add(1);
-  spdlog::info("session {} (pid {} uid {}): \"{}\" ({}) bound locally ({})",
-               id_, peer_.pid, peer_.uid, key.name, PlatformName(key.platform),
-               e->module_digest);
-  *fd_out = *std::move(memfd);
+  std::string more;
+  if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
+    spdlog::info("session {} (pid {} uid {}): \"{}\" ({}) bound locally ({}){}",
+                 id_, peer_.pid, peer_.uid, key.name,
+                 PlatformName(key.platform), e->module_digest, more);
+  }
   return reply;
 }
 

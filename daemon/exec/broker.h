@@ -22,6 +22,7 @@
 
 namespace kreg {
 
+class LocalModuleCache;
 class ModuleStore;
 class Registrar;
 class Registry;
@@ -39,12 +40,10 @@ struct BrokerContext {
   // Module bytes kregd holds at once from relayed uploads, all sessions
   // together (null: unbounded). Owned by the server.
   wire::ByteBudget* upload_budget = nullptr;
-  // Local execution (DESIGN §11): the site's local_execution policy, the
-  // count of modules handed out (optional), and the test hook that hands
-  // out a copy whose last byte is flipped ($KREGD_TEST_TAMPER_LOCAL_MODULES).
-  bool local_execution = true;
+  // Local execution (DESIGN §11): the memfds handed out (null:
+  // local_execution = "deny") and the count of local holds (optional).
+  LocalModuleCache* local_modules = nullptr;
   std::atomic<uint64_t>* local_binds = nullptr;
-  bool tamper_local_modules_for_test = false;
 };
 
 // kregd's intake of a registration relayed by an executor with `fds`
@@ -88,10 +87,14 @@ class SessionBroker final : public ServedSession {
   absl::StatusOr<v1::ResolveReply> Resolve(const v1::ResolveRequest& r,
                                            UniqueFd* fd_out);
   // Resolve for the client's own process (ResolveRequest.local), once the
-  // registry's rules passed: the sealed memfd and a local hold.
+  // registry's rules passed: the sealed memfd and a local hold (logged and
+  // counted once per target and session).
   absl::StatusOr<v1::ResolveReply> ResolveLocal(const TargetKey& key,
                                                 const EntryPtr& e,
                                                 UniqueFd* fd_out);
+  // Forgets what the session bound (it ended, or kregd leaves it to its
+  // executor).
+  void ForgetBindings();
   // Sends a connection-level error (response id 0) to the client.
   void RefuseClient(const absl::Status& status);
 

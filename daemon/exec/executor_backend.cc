@@ -159,8 +159,12 @@ absl::StatusOr<v1::BindLocalReply> ExecutorBackend::BindLocal(
   }
   v1::BindLocalReply reply;
   *reply.mutable_target() = r->resolve().target();
+  // Once per target, however often the client binds it.
+  const Resolution local(TargetKey{request.target_name(), *platform}, 0);
   absl::MutexLock lock(&resolved_mu_);
-  resolved_.emplace_back(TargetKey{request.target_name(), *platform}, 0);
+  if (std::find(resolved_.begin(), resolved_.end(), local) == resolved_.end()) {
+    resolved_.push_back(local);
+  }
   return reply;
 }
 

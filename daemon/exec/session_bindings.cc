@@ -2,12 +2,15 @@
 
 namespace kreg {
 
-void SessionBindings::Add(uint64_t session_id, pid_t pid, const TargetKey& key,
+bool SessionBindings::Add(uint64_t session_id, pid_t pid, const TargetKey& key,
                           bool local) {
   absl::MutexLock lock(&mu_);
   Session& s = sessions_[session_id];
   s.pid = pid;
-  s.keys[key] |= local;
+  bool& held = s.keys[key];
+  const bool fresh = local && !held;
+  held |= local;
+  return fresh;
 }
 
 void SessionBindings::RemoveSession(uint64_t session_id) {

@@ -21,8 +21,9 @@ namespace kreg {
 class SessionBindings final : public BindingOracle {
  public:
   // `local`: the client's own process holds the module (DESIGN §11); a
-  // session that holds a key both ways shows it as local.
-  void Add(uint64_t session_id, pid_t pid, const TargetKey& key,
+  // session that holds a key both ways shows it as local. True when the
+  // session holds `key` locally now and did not before.
+  bool Add(uint64_t session_id, pid_t pid, const TargetKey& key,
            bool local = false);
   // The session ended: forget what it had bound.
   void RemoveSession(uint64_t session_id);

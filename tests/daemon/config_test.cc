@@ -89,6 +89,8 @@ std::vector<FileCase> FileCases(const std::string& dir) {
       {"probe_binary", "probe_binary = \"/x/probe\"", "\"/x/probe\""},
       {"isolation", "isolation = \"UID\"", "\"uid\""},
       {"local_execution", "local_execution = \"Deny\"", "\"deny\""},
+      {"max_local_module_memory_bytes", "max_local_module_memory_bytes = 4000",
+       "4000"},
       {"executor_binary", "executor_binary = \"/x/exec\"", "\"/x/exec\""},
       {"launch_timeout", "launch_timeout = 2.5", "2.5"},
       {"quarantine_crashes", "quarantine_crashes = 5", "5"},

@@ -3,6 +3,7 @@
 // and retirement. The etcd-backed authority itself is exercised end to end
 // in tests/python/test_cluster.py.
 #include <map>
+#include <set>
 #include <string>
 
 #include "catch2/catch.hpp"
@@ -222,6 +223,8 @@ TEST_CASE(
     CHECK(now->host == "b");
     REQUIRE(log.retirements.size() == 1);
     CHECK(log.retirements[0].module_digest == Sha256Digest("local"));
+    // The replaced module is no longer stored.
+    CHECK(loader.files == std::set<std::string>{Sha256Digest("remote")});
     CHECK(registry.Mirror(cluster, "").ok());  // identical: nothing
     CHECK(log.entries.size() == 2);
     TargetEntry older = cluster;
@@ -231,6 +234,7 @@ TEST_CASE(
     REQUIRE(registry.Unmirror(cluster, "test").ok());
     CHECK(registry.Lookup(cluster.key) == nullptr);
     CHECK(log.retirements.size() == 2);
+    CHECK(loader.files.empty());
   }
 }
 

@@ -185,6 +185,35 @@ TEST_CASE("A journal failure retires nothing", "[registry][retire]") {
   CHECK(registry.Lookup({"op", Platform::kCpu}) != nullptr);
 }
 
+TEST_CASE("Retiring the last entry of a module removes its store file",
+          "[registry][retire][gc]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log, Limits(100, 12));
+  REQUIRE(registry.Register(ArgsBy(1000, "a", "12345")).ok());
+  REQUIRE(registry.Register(ArgsBy(1000, "a2", "12345")).ok());
+  REQUIRE(registry.Register(ArgsBy(1000, "b", "abcde")).ok());
+  // Another entry still references the module: it stays.
+  REQUIRE(registry.Retire("a", Platform::kCpu, {1000, 1000, 5}).ok());
+  CHECK(loader.files.count(Sha256Digest("12345")) == 1);
+  // The last one: journaled first, then the file goes.
+  REQUIRE(registry.Retire("a2", std::nullopt, {1000, 1000, 5}).ok());
+  CHECK(log.retirements.size() == 2);
+  CHECK(loader.files == std::set<std::string>{Sha256Digest("abcde")});
+  // So a uid that registers fresh modules and retires them stays within its
+  // quota and its store use: registrations keep succeeding.
+  for (int i = 0; i < 10; ++i) {
+    const std::string bytes = "fresh" + std::to_string(i);
+    REQUIRE(registry.Register(ArgsBy(1000, "churn", bytes)).ok());
+    REQUIRE(registry.Retire("churn", Platform::kCpu, {1000, 1000, 5}).ok());
+    CHECK(loader.files.size() == 1);
+  }
+  // A retirement that is not journaled removes nothing.
+  log.fail = true;
+  CHECK_FALSE(registry.Retire("b", Platform::kCpu, {1000, 1000, 5}).ok());
+  CHECK(loader.files.size() == 1);
+}
+
 // --- gc ---------------------------------------------------------------------
 
 TEST_CASE("gc keeps what entries reference and is for admins only",
@@ -196,6 +225,9 @@ TEST_CASE("gc keeps what entries reference and is for admins only",
   REQUIRE(registry.Register(ArgsBy(1000, "drop", "d")).ok());
   REQUIRE(registry.Register(InProcessArgs("inproc", "fp")).ok());
   REQUIRE(registry.Retire("drop", Platform::kCpu, {1000, 1000, 5}).ok());
+  // A store file no entry references (a crash came between a retirement's
+  // record and the file's removal).
+  loader.files.insert(Sha256Digest("left"));
 
   auto denied = registry.CollectGarbage({1000, 1000, 5});
   REQUIRE(denied.status().code() == absl::StatusCode::kPermissionDenied);

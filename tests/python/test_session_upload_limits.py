@@ -23,7 +23,8 @@ STORE_QUOTA = 64 << 10
 NOBODY = 65534
 
 # The client: a few protobuf fields encoded by hand (no generated code), one
-# session, one JSON line per request: {"code": N, "message": text}.
+# session (or more: a case's "session"), one JSON line per hello and request:
+# {"code": N, "message": text, "fds": [[inode, size] of each attached fd]}.
 CLIENT = r'''
 import json, os, socket, struct, sys
 
@@ -70,10 +71,14 @@ def read_varint(buf, i):
     if not b & 0x80:
       return n, i
 
+# Descriptors kregd attached to responses (BindLocal's memfd): kept open.
+RECEIVED = []
+
 def recv_exact(s, n):
   data = b""
   while len(data) < n:
-    chunk = s.recv(n - len(data))
+    chunk, fds, _, _ = socket.recv_fds(s, n - len(data), 4)
+    RECEIVED.extend(fds)
     if not chunk:
       raise EOFError("kregd closed the session")
     data += chunk
@@ -83,13 +88,17 @@ def call(s, rid, body_num, body, fds=()):
   payload = vfield(1, rid) + bfield(body_num, body)
   frame = struct.pack("<I", len(payload)) + payload
   socket.send_fds(s, [frame], list(fds))
+  got = len(RECEIVED)
   (n,) = struct.unpack("<I", recv_exact(s, 4))
   resp = fields(recv_exact(s, n))
   status = fields(resp.get(2, b""))
   return {"code": status.get(1, 0),
           "message": status.get(2, b"").decode(errors="replace"),
           "has_body": any(k >= 3 for k in resp),
-          "body": max([k for k in resp if k >= 3], default=0)}
+          "body": max([k for k in resp if k >= 3], default=0),
+          # (inode, size) of each descriptor attached to the response.
+          "fds": [[os.fstat(fd).st_ino, os.fstat(fd).st_size]
+                  for fd in RECEIVED[got:]]}
 
 def register(name, platform=b"cpu", size=None, path=None, func=b"Scale",
              upload=None):
@@ -112,14 +121,28 @@ def register(name, platform=b"cpu", size=None, path=None, func=b"Scale",
   msg = bfield(1, name) + bfield(2, func) + bfield(3, platform)
   return 11, msg + (bfield(6, module) if module else b"")
 
+def connect():
+  s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+  s.connect(sock_path)
+  hello = vfield(1, 1) + vfield(2, MINOR) + vfield(3, os.getpid())
+  print(json.dumps(call(s, 1, 2, hello)), flush=True)
+  return s
+
 sock_path, cases = sys.argv[1], json.loads(sys.argv[2])
 MINOR = int(sys.argv[3])
-s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-s.connect(sock_path)
-hello = vfield(1, 1) + vfield(2, MINOR) + vfield(3, os.getpid())
-print(json.dumps(call(s, 1, 2, hello)), flush=True)
+# Session 0 opens first; a case's "session" (default 0) picks or opens one,
+# a "close" case ends one.
+sessions = {0: connect()}
 rid = 2
 for case in cases:
+  k = case.get("session", 0)
+  if k not in sessions:
+    sessions[k] = connect()
+  s = sessions[k]
+  if case["kind"] == "close":
+    s.close()
+    del sessions[k]
+    continue
   fds, keep = [], []
   if case.get("attach") == "pipe":
     r, w = os.pipe()
@@ -131,6 +154,8 @@ for case in cases:
     fds, keep = [fd], [fd]
   if case["kind"] == "list":
     out = call(s, rid, 4, b"")
+  elif case["kind"] == "bind":
+    out = call(s, rid, 10, bfield(1, case["name"].encode()) + bfield(2, b"cpu"))
   else:
     upload = None
     if "inline" in case:
@@ -148,11 +173,13 @@ for case in cases:
 
 
 def run_client(d, cases, user=NOBODY, minor=7):
+  """Runs CLIENT against `d` as `user` (None: this process's uid); its
+  answers, one dict per hello and request."""
+  who = {} if user is None else {"user": user, "group": 0, "extra_groups": []}
   p = subprocess.run(
       ["/usr/bin/python3", "-I", "-c", CLIENT, d.session_socket,
        json.dumps(cases), str(minor)],
-      capture_output=True, text=True, timeout=60,
-      user=user, group=0, extra_groups=[])
+      capture_output=True, text=True, timeout=120, **who)
   assert p.returncode == 0, p.stdout + p.stderr + d.log()
   return [json.loads(line) for line in p.stdout.splitlines()]
 
