@@ -513,7 +513,8 @@ def adoption_key(state_dir: str, offer: dict) -> bytes:
   with open(os.path.join(state_dir, "executor-adoption.key"), "rb") as f:
     secret = f.read()
   m = b"kregd executor adoption 1;"
-  for v in (offer[6], str(offer[2]).encode(), str(offer[3]).encode(),
+  for v in (offer[6], str(offer.get(2, 0)).encode(),
+            str(offer.get(3, 0)).encode(),
             offer[4], str(offer[5]).encode(), offer.get(8, b"")):
     m += str(len(v)).encode() + b":" + v + b";"
   return hmac.new(secret, m, hashlib.sha256).digest()
