@@ -130,6 +130,9 @@ void AddFlags(CLI::App* app, FlagValues* f) {
   app->add_option("--launch-timeout", v.launch_timeout_s,
                   "seconds a handler may run before its executor is killed "
                   "(0: off, the default)");
+  app->add_flag("--allow-insecure-dirs", v.allow_insecure_dirs,
+                "start (with a warning) even when the socket or state "
+                "directory may be written by others than kregd");
   app->add_option("--orphan-timeout", v.orphan_timeout_s,
                   "seconds executors serve their sessions on after kregd "
                   "stops or dies (default 300; 0: they stop with kregd)")

@@ -23,6 +23,9 @@ struct Config {
   uint64_t max_registrations_per_uid = 1024;
   uint64_t max_store_bytes_per_uid = 4ull << 30;
   std::string socket_group;  // empty: the daemon's group
+  // Start even when the socket or state directory may be written by others
+  // than kregd (only a warning then).
+  bool allow_insecure_dirs = false;
   std::string log_level = "info";
   std::string probe_binary;  // empty: kregd-probe next to kregd
   // Executors (DESIGN §8).

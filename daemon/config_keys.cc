@@ -191,6 +191,8 @@ const std::vector<KeySpec>& Keys() {
       KeyInt("max_buffered_bytes", "", &Config::max_buffered_bytes, Positive,
              "a positive integer"),
       KeyString("socket_group", "", &Config::socket_group),
+      KeyBool("allow_insecure_dirs", "--allow-insecure-dirs",
+              &Config::allow_insecure_dirs),
       KeyString("log_level", "--log-level", &Config::log_level),
       KeyString("probe_binary", "", &Config::probe_binary),
       KeyString("isolation", "--isolation", &Config::isolation),

@@ -21,6 +21,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/paths.h"
 #include "common/version.h"
 #include "daemon/cluster/cluster_registry.h"
@@ -63,6 +64,44 @@ absl::Status MakeDirs(const std::string& dir, mode_t mode) {
 std::string DirName(const std::string& path) {
   size_t slash = path.rfind('/');
   return slash == std::string::npos || slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// The directories whose writers could stand in for kregd: the state
+// directory (the adoption secret, the journal, the store) and its sockets'
+// (whoever may write there can bind the supervision socket while kregd
+// restarts and be offered executors and their clients' sessions). Each
+// must be owned by kregd's uid or root and writable by its owner alone
+// (a sticky 1777 directory like /tmp is not). FAILED_PRECONDITION naming
+// the first that is not; with allow_insecure_dirs only a warning.
+absl::Status CheckPrivateDirs(const Config& c, const std::string& socket) {
+  const std::pair<const char*, std::string> dirs[] = {
+      {"socket directory", DirName(socket)}, {"state directory", c.state_dir}};
+  for (const auto& [what, dir] : dirs) {
+    struct stat st;
+    if (::stat(dir.c_str(), &st) != 0) {
+      return Errno(absl::StrCat("cannot stat the ", what, " ", dir));
+    }
+    if ((st.st_uid == ::geteuid() || st.st_uid == 0) &&
+        (st.st_mode & (S_IWGRP | S_IWOTH)) == 0) {
+      continue;
+    }
+    const std::string why = absl::StrCat(
+        "the ", what, " ", dir, " (owner uid ", st.st_uid, ", group ",
+        st.st_gid, ", mode ", absl::StrFormat("%04o", st.st_mode & 07777),
+        ") may be written by others than kregd (uid ", ::geteuid(),
+        "), who could bind kregd's sockets there while it restarts and be "
+        "handed executors and their clients' sessions, or replace its "
+        "state; make it owned by kregd's user and writable by its owner "
+        "only (chown, chmod 0755), or choose another directory");
+    if (!c.allow_insecure_dirs) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          why,
+          " (allow_insecure_dirs = true, --allow-insecure-dirs, starts "
+          "anyway)"));
+    }
+    spdlog::warn("{} (starting anyway: allow_insecure_dirs = true)", why);
+  }
+  return absl::OkStatus();
 }
 
 std::string SelfDir() {
@@ -250,6 +289,7 @@ absl::Status Daemon::Start() {
   if (st.ok()) st = Replay();
   if (st.ok()) st = StartCluster();
   if (st.ok()) st = Listen();
+  if (st.ok()) st = CheckPrivateDirs(config_, serving_socket_path_);
   if (st.ok()) st = StartCompile();
   if (!st.ok()) return st;
 

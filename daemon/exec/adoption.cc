@@ -23,13 +23,6 @@ void AppendField(std::string* out, const std::string& value) {
   absl::StrAppend(out, value.size(), ":", value, ";");
 }
 
-bool SameBytes(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ b[i];
-  return diff == 0;
-}
-
 OfferJudgement Refuse(std::string why) {
   return {OfferVerdict::kRefuse, std::move(why)};
 }
@@ -96,6 +89,27 @@ std::string AdoptionKey(const std::string& secret, const AdoptionIdentity& id) {
   return HmacSha256(secret, m);
 }
 
+AdoptionIdentity IdentityOf(const v1::ExecReadopt& offer) {
+  return {offer.adoption_nonce(), offer.uid(),   offer.gid(),
+          offer.group(),          offer.slots(), offer.settings_digest()};
+}
+
+std::string KregdProof(const std::string& key, const std::string& challenge) {
+  return HmacSha256(key, "kregd supervision 1: kregd;" + challenge);
+}
+
+std::string ExecutorProof(const std::string& key,
+                          const std::string& challenge) {
+  return HmacSha256(key, "kregd supervision 1: executor;" + challenge);
+}
+
+bool SameBytes(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ b[i];
+  return diff == 0;
+}
+
 std::string SettingsDigest(const v1::ExecInit& init) {
   v1::ExecInit t = init;
   t.clear_drop_privileges();
@@ -116,8 +130,8 @@ std::string SettingsDigest(const v1::ExecInit& init) {
   return Sha256Hex(bytes.data(), bytes.size());
 }
 
-OfferJudgement JudgeOffer(const v1::ExecReadopt& offer, const PeerCred& conn,
-                          const AdoptionPolicy& policy) {
+OfferJudgement CheckClaims(const v1::ExecReadopt& offer, const PeerCred& conn,
+                           const AdoptionPolicy& policy) {
   if (offer.pid() <= 0 || offer.pid() != conn.pid) {
     return Refuse(absl::StrCat("it claims pid ", offer.pid(),
                                " but the connection is from pid ", conn.pid));
@@ -141,14 +155,20 @@ OfferJudgement JudgeOffer(const v1::ExecReadopt& offer, const PeerCred& conn,
                                offer.adoption_nonce().size(), " bytes, not ",
                                kAdoptionNonceBytes));
   }
-  AdoptionIdentity id;
-  id.nonce = offer.adoption_nonce();
-  id.uid = offer.uid();
-  id.gid = offer.gid();
-  id.group = offer.group();
-  id.slots = offer.slots();
-  id.settings_digest = offer.settings_digest();
-  if (!SameBytes(AdoptionKey(policy.secret, id), offer.adoption_key())) {
+  return {OfferVerdict::kAdopt, ""};
+}
+
+OfferJudgement JudgeOffer(const v1::ExecReadopt& offer, const PeerCred& conn,
+                          const AdoptionPolicy& policy,
+                          const std::string& challenge,
+                          const std::string& proof) {
+  if (OfferJudgement j = CheckClaims(offer, conn, policy);
+      j.verdict != OfferVerdict::kAdopt) {
+    return j;
+  }
+  const std::string key = AdoptionKey(policy.secret, IdentityOf(offer));
+  if (!SameBytes(challenge.empty() ? key : ExecutorProof(key, challenge),
+                 proof)) {
     return Refuse(
         "its adoption key does not verify: it was not started by a kregd "
         "with this state directory's executor-adoption.key");
@@ -160,15 +180,18 @@ OfferJudgement JudgeOffer(const v1::ExecReadopt& offer, const PeerCred& conn,
                          offer.session_protocol_minor(), " and this kregd ",
                          policy.session_protocol_major, ".x")};
   }
-  if (offer.session_protocol_minor() < policy.oldest_session_protocol_minor) {
+  if (offer.session_protocol_minor() < policy.oldest_session_protocol_minor ||
+      challenge.empty()) {
     return {OfferVerdict::kDrain,
             absl::StrCat(
                 "it speaks session protocol ", offer.session_protocol_major(),
                 ".", offer.session_protocol_minor(),
+                challenge.empty() ? " and sent its adoption key" : "",
                 " and this kregd re-adopts ", policy.session_protocol_major,
                 ".", policy.oldest_session_protocol_minor,
-                " and later (the registration messages an executor "
-                "relays to kregd changed)")};
+                " and later (1.7 changed the registration messages an "
+                "executor relays to kregd; 1.8 proves the adoption key "
+                "without sending it)")};
   }
   if (offer.settings_digest() != policy.settings_digest) {
     return {OfferVerdict::kDrain,

@@ -34,6 +34,19 @@ constexpr size_t kAdoptionNonceBytes = 16;
 
 // HMAC-SHA256 under `secret` over `id`, fields length-prefixed.
 std::string AdoptionKey(const std::string& secret, const AdoptionIdentity& id);
+// What `offer` claims to be.
+AdoptionIdentity IdentityOf(const v1::ExecReadopt& offer);
+
+// The supervision handshake (executor.proto): each side proves it holds
+// the executor's adoption key by answering the other's random challenge
+// (kSupervisionChallengeBytes) with an HMAC-SHA256 under the key, of
+// another context for each side, so that neither answer can stand for the
+// other and the key itself is never sent.
+constexpr size_t kSupervisionChallengeBytes = 32;
+std::string KregdProof(const std::string& key, const std::string& challenge);
+std::string ExecutorProof(const std::string& key, const std::string& challenge);
+// In time independent of where `a` and `b` differ.
+bool SameBytes(const std::string& a, const std::string& b);
 // A digest of `init` without what differs per executor or does not change
 // what a kernel may do (credentials, group, slots, parent, log level,
 // orphan_timeout, the adoption fields).
@@ -71,10 +84,21 @@ struct OfferJudgement {
 uint32_t AdoptableProtocolMajor();
 uint32_t AdoptableProtocolMinor();
 
+// What JudgeOffer checks before the key: the claims of `offer` that its
+// connection's SO_PEERCRED `conn` and the bounds refute (kRefuse), else
+// kAdopt. kregd answers an executor's challenge only for an offer that
+// passes, so it proves no key but those of the connecting uid's executors.
+OfferJudgement CheckClaims(const v1::ExecReadopt& offer, const PeerCred& conn,
+                           const AdoptionPolicy& policy);
 // Judges `offer`, which came over a connection whose SO_PEERCRED is
-// `conn`.
+// `conn`, with `proof`: ExecutorProof under its key of `challenge`, the
+// one kregd sent it. With an empty `challenge`, `proof` is the key itself,
+// which executors of before session protocol 1.8 sent: such an offer is
+// drained at best.
 OfferJudgement JudgeOffer(const v1::ExecReadopt& offer, const PeerCred& conn,
-                          const AdoptionPolicy& policy);
+                          const AdoptionPolicy& policy,
+                          const std::string& challenge,
+                          const std::string& proof);
 
 }  // namespace kreg
 

@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -29,12 +30,14 @@
 #include "common/ring_layout.h"
 #include "common/wire.h"
 #include "daemon/cuda/cuda_devices.h"
+#include "daemon/exec/adoption.h"
 #include "daemon/exec/executor_backend.h"
 #include "daemon/exec/hardening.h"
 #include "daemon/exec/module_cache.h"
 #include "daemon/exec/status_page.h"
 #include "daemon/ffi/ffi_host.h"
 #include "daemon/log_format.h"
+#include "daemon/session/served_session.h"
 #include "daemon/session/session.h"
 #include "kreg/v1/executor.pb.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -173,6 +176,9 @@ enum class Offer {
   kAdopted,  // the connection is the control socket from now on
   kDrain,    // end the sessions after their current reply and exit
   kRefused,  // go on as an orphan; do not offer again
+  // Whoever listens is not of kregd's uid: nothing was offered; try
+  // again later.
+  kUnverified,
 };
 
 bool SendMessage(int fd, const google::protobuf::MessageLite& m,
@@ -183,9 +189,18 @@ bool SendMessage(int fd, const google::protobuf::MessageLite& m,
                          static_cast<int>(fds.size())) == wire::kOk;
 }
 
+// Offers the executor to whoever listens on the supervision socket once it
+// has shown to be the next kregd: the socket must have been bound by
+// `kregd_uid` (that of the kregd that started the executor), and must
+// answer the executor's challenge under its adoption key. Both are needed:
+// any kregd answers any challenge, so a listener of another uid could
+// relay it; and a socket of kregd's uid is not yet a kregd that holds the
+// key (one that cannot prove it is refused like a kregd that refuses the
+// executor: it does not offer itself again). The key is never sent.
 Offer OfferToKregd(const v1::ExecInit& init, const v1::ExecInitReply& info,
-                   const StatusPage& page, std::list<Served>* served,
-                   UniqueFd* control, std::string* why) {
+                   uid_t kregd_uid, const StatusPage& page,
+                   std::list<Served>* served, UniqueFd* control,
+                   std::string* why) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   const std::string& path = init.supervision_socket();
@@ -199,9 +214,27 @@ Offer OfferToKregd(const v1::ExecInit& init, const v1::ExecInitReply& info,
                               sizeof(addr)) != 0) {
     return Offer::kNoKregd;
   }
+  absl::StatusOr<PeerCred> listener = PeerCredOf(sock.get());
+  if (!listener.ok() || listener->uid != kregd_uid) {
+    *why = absl::StrCat(
+        "the supervision socket ", path, " is bound by uid ",
+        listener.ok()
+            ? absl::StrCat(listener->uid, " (pid ", listener->pid, ")")
+            : "unknown",
+        ", not by kregd's uid ", kregd_uid,
+        "; nothing was offered to it (its directory must be writable by "
+        "kregd only)");
+    return Offer::kUnverified;
+  }
   timeval tv{5, 0};
   ::setsockopt(sock.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   ::setsockopt(sock.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  std::string challenge(kSupervisionChallengeBytes, '\0');
+  if (::getrandom(challenge.data(), challenge.size(), 0) !=
+      static_cast<ssize_t>(challenge.size())) {
+    *why = absl::StrCat("getrandom for a challenge: ", strerror(errno));
+    return Offer::kNoKregd;
+  }
   struct Live {
     Served* served;
     std::shared_ptr<ExecutorBackend> backend;
@@ -220,14 +253,46 @@ Offer OfferToKregd(const v1::ExecInit& init, const v1::ExecInitReply& info,
   m.set_group(init.group());
   m.set_slots(init.slots());
   m.set_adoption_nonce(init.adoption_nonce());
-  m.set_adoption_key(init.adoption_key());
+  m.set_challenge(challenge);
   m.set_settings_digest(init.settings_digest());
   m.set_session_protocol_major(kSessionProtocolMajor);
   m.set_session_protocol_minor(kSessionProtocolMinor);
   m.set_cuda_status(info.cuda_status());
   m.set_seccomp(info.seccomp());
   m.set_sessions(static_cast<uint32_t>(live.size()));
-  if (!SendMessage(sock.get(), m, {page.fd()})) {
+  if (!SendMessage(sock.get(), m, {})) {
+    *why = "the supervision socket closed while the executor offered itself";
+    return Offer::kNoKregd;
+  }
+  std::string payload;
+  std::vector<int> fds;
+  int rc = wire::RecvFrame(sock.get(), 1 << 16, &payload, &fds);
+  for (int fd : fds) ::close(fd);
+  v1::ExecReadoptReply reply;
+  if (rc != wire::kOk) {
+    *why = absl::StrCat("no answer from the new kregd (", wire::ResultText(rc),
+                        ")");
+    return Offer::kNoKregd;
+  }
+  v1::ExecReadoptProof proof;
+  if (!reply.ParseFromString(payload) ||
+      !SameBytes(KregdProof(init.adoption_key(), challenge), reply.proof()) ||
+      reply.challenge().size() != kSupervisionChallengeBytes) {
+    // Of kregd's uid, so most likely a kregd with another state
+    // directory's secret: an empty proof tells it so (and proves nothing).
+    SendMessage(sock.get(), proof, {});
+    *why = absl::StrCat(
+        "the listener on ", path, " (pid ", listener->pid, ", uid ",
+        listener->uid,
+        ") did not prove that it holds this executor's adoption key",
+        reply.status().message().empty()
+            ? ""
+            : absl::StrCat(" (it answered: ", reply.status().message(), ")"),
+        "; nothing was offered to it");
+    return Offer::kRefused;
+  }
+  proof.set_proof(ExecutorProof(init.adoption_key(), reply.challenge()));
+  if (!SendMessage(sock.get(), proof, {page.fd()})) {
     *why = "the supervision socket closed while the executor offered itself";
     return Offer::kNoKregd;
   }
@@ -253,11 +318,10 @@ Offer OfferToKregd(const v1::ExecInit& init, const v1::ExecInitReply& info,
       return Offer::kNoKregd;
     }
   }
-  std::string payload;
-  std::vector<int> fds;
-  int rc = wire::RecvFrame(sock.get(), 1 << 16, &payload, &fds);
+  fds.clear();
+  rc = wire::RecvFrame(sock.get(), 1 << 16, &payload, &fds);
   for (int fd : fds) ::close(fd);
-  v1::ExecReadoptReply reply;
+  reply.Clear();
   if (rc != wire::kOk || !reply.ParseFromString(payload)) {
     *why = absl::StrCat("no answer from the new kregd (", wire::ResultText(rc),
                         ")");
@@ -323,9 +387,10 @@ SessionLimits LimitsOf(const v1::ExecInit& init) {
 class ExecutorLoop {
  public:
   ExecutorLoop(const v1::ExecInit& init, const v1::ExecInitReply& info,
-               StatusPage* page, const ExecutorShared& shared)
+               uid_t kregd_uid, StatusPage* page, const ExecutorShared& shared)
       : init_(init),
         info_(info),
+        kregd_uid_(kregd_uid),
         page_(page),
         shared_(shared),
         limits_(LimitsOf(init)),
@@ -402,7 +467,8 @@ class ExecutorLoop {
   bool Offered() {
     UniqueFd control;
     std::string why;
-    switch (OfferToKregd(init_, info_, *page_, &served_, &control, &why)) {
+    switch (OfferToKregd(init_, info_, kregd_uid_, *page_, &served_, &control,
+                         &why)) {
       case Offer::kNoKregd:
         return false;
       case Offer::kAdopted:
@@ -418,6 +484,13 @@ class ExecutorLoop {
             "session(s) once their calls in flight are answered",
             why, served_.size());
         return true;
+      case Offer::kUnverified:
+        // Said once per listener (offers repeat every 250 ms).
+        if (why != unverified_) {
+          unverified_ = why;
+          spdlog::warn("not offering this executor to a new kregd: {}", why);
+        }
+        return false;
       case Offer::kRefused:
         offer_ = false;
         spdlog::warn(
@@ -485,6 +558,7 @@ class ExecutorLoop {
 
   const v1::ExecInit& init_;
   const v1::ExecInitReply& info_;
+  const uid_t kregd_uid_;
   StatusPage* const page_;
   const ExecutorShared shared_;
   SessionLimits limits_;
@@ -496,12 +570,14 @@ class ExecutorLoop {
   // refusal); when it last tried.
   bool offer_;
   int64_t offered_ms_ = 0;
+  std::string unverified_;  // why the last listener was not offered to
 };
 
-// The start: ExecInit from kregd, then the credentials, the parent tie,
-// the status page, CUDA contexts and the seccomp filter, answered with
-// ExecInitReply. Non-zero: the exit code of a failed start (said to kregd).
-int StartUp(v1::ExecInit* init, v1::ExecInitReply* reply,
+// The start: ExecInit from kregd (and kregd's uid, `kregd_uid`), then the
+// credentials, the parent tie, the status page, CUDA contexts and the
+// seccomp filter, answered with ExecInitReply. Non-zero: the exit code of a
+// failed start (said to kregd).
+int StartUp(v1::ExecInit* init, v1::ExecInitReply* reply, uid_t* kregd_uid,
             std::optional<StatusPage>* page,
             std::unique_ptr<CudaDevices>* cuda) {
   std::string payload;
@@ -520,6 +596,14 @@ int StartUp(v1::ExecInit* init, v1::ExecInitReply* reply,
   spdlog::set_level(spdlog::level::from_str(
       init->log_level().empty() ? "info" : init->log_level()));
   SetLogFormat("kregd-exec", absl::StrCat(" (", init->group(), ")"));
+  // Who started the executor (who made its control socket): the only uid
+  // it offers itself to once that kregd is gone.
+  absl::StatusOr<PeerCred> kregd = PeerCredOf(kControlFd);
+  if (!kregd.ok()) {
+    Reply(kregd.status(), *reply);
+    return 1;
+  }
+  *kregd_uid = kregd->uid;
   if (init->drop_privileges()) {
     std::vector<gid_t> groups(init->groups().begin(), init->groups().end());
     absl::Status s = DropPrivileges(init->uid(), init->gid(), groups);
@@ -575,7 +659,9 @@ int Main() {
   v1::ExecInitReply reply;
   std::optional<StatusPage> page;
   std::unique_ptr<CudaDevices> cuda;
-  if (int failed = StartUp(&init, &reply, &page, &cuda); failed != 0) {
+  uid_t kregd_uid = 0;
+  if (int failed = StartUp(&init, &reply, &kregd_uid, &page, &cuda);
+      failed != 0) {
     return failed;
   }
   FfiHost host;
@@ -591,7 +677,8 @@ int Main() {
     gpu_watch =
         std::thread(WatchGpu, shared.cuda, &*page, &recycle, &stop_gpu_watch);
   }
-  const int exit_code = ExecutorLoop(init, reply, &*page, shared).Serve();
+  const int exit_code =
+      ExecutorLoop(init, reply, kregd_uid, &*page, shared).Serve();
   stop_gpu_watch.store(true);
   if (gpu_watch.joinable()) gpu_watch.join();
   spdlog::default_logger()->flush();

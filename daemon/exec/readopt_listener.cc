@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 
 #include <utility>
@@ -59,6 +60,46 @@ bool Reply(int conn, const absl::Status& status, bool drain) {
   std::string out;
   reply.SerializeToString(&out);
   return wire::SendFrame(conn, out.data(), out.size(), nullptr, 0) == wire::kOk;
+}
+
+// The handshake after a 1.8 executor's first frame (`header`, which came
+// with `fds`): kregd's proof of the executor's key and kregd's challenge
+// go out, the executor's ExecReadoptProof comes back with its status page
+// (then in `fds`). The executor's proof, to be judged; INVALID_ARGUMENT
+// naming what is wrong.
+absl::StatusOr<std::string> Handshake(
+    int conn, const v1::ExecReadopt& header, const std::string& secret,
+    const std::string& challenge,
+    std::chrono::steady_clock::time_point deadline,
+    std::vector<UniqueFd>* fds) {
+  if (header.challenge().size() != kSupervisionChallengeBytes ||
+      !fds->empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the offer's challenge has ", header.challenge().size(),
+                     " bytes and ", fds->size(), " descriptors came with it (",
+                     kSupervisionChallengeBytes, " bytes and none expected)"));
+  }
+  v1::ExecReadoptReply reply;
+  reply.set_proof(
+      KregdProof(AdoptionKey(secret, IdentityOf(header)), header.challenge()));
+  reply.set_challenge(challenge);
+  std::string out;
+  reply.SerializeToString(&out);
+  if (wire::SendFrame(conn, out.data(), out.size(), nullptr, 0) != wire::kOk) {
+    return absl::InvalidArgumentError(
+        "the executor went away before kregd's challenge reached it");
+  }
+  std::string payload;
+  if (absl::Status s = ReadFrame(conn, deadline, &payload, fds); !s.ok()) {
+    return s;
+  }
+  v1::ExecReadoptProof proof;
+  if (!proof.ParseFromString(payload)) {
+    return absl::InvalidArgumentError(
+        "the answer to kregd's challenge does not parse as "
+        "kreg.v1.ExecReadoptProof");
+  }
+  return proof.proof();
 }
 
 }  // namespace
@@ -271,7 +312,33 @@ void ReadoptListener::Serve(UniqueFd conn) {
            false);
     return;
   }
-  const OfferJudgement j = JudgeOffer(header, *peer, policy_);
+  // A 1.8 executor sent a challenge and proves its key by answering
+  // kregd's; an older one sent the key itself (and is drained at best).
+  std::string challenge;
+  std::string proof = header.adoption_key();
+  if (!header.challenge().empty()) {
+    if (OfferJudgement j = CheckClaims(header, *peer, policy_);
+        j.verdict != OfferVerdict::kAdopt) {
+      refuse(absl::PermissionDeniedError(j.why), false);
+      return;
+    }
+    challenge.resize(kSupervisionChallengeBytes);
+    if (::getrandom(challenge.data(), challenge.size(), 0) !=
+        static_cast<ssize_t>(challenge.size())) {
+      refuse(absl::InternalError(
+                 absl::StrCat("getrandom for a challenge: ", strerror(errno))),
+             false);
+      return;
+    }
+    absl::StatusOr<std::string> p = Handshake(
+        conn.get(), header, policy_.secret, challenge, deadline, &fds);
+    if (!p.ok()) {
+      refuse(p.status(), false);
+      return;
+    }
+    proof = *std::move(p);
+  }
+  const OfferJudgement j = JudgeOffer(header, *peer, policy_, challenge, proof);
   if (j.verdict != OfferVerdict::kAdopt) {
     const bool drain = j.verdict == OfferVerdict::kDrain;
     refuse(drain ? absl::FailedPreconditionError(j.why)

@@ -14,10 +14,12 @@ namespace kreg {
 // 1.5 CUDA launches on the launch ring (ring layout version 2); 1.6
 // BindLocal (local execution); 1.7 registrations and targets as
 // registration.proto's RegisterTargetHeader, RegisterTargetResponse and
-// Target (shared with the gRPC service). A 1.0-1.6 client still gets its
-// flat messages (daemon/session/legacy_registration.h).
+// Target (shared with the gRPC service); 1.8 nothing for clients: an
+// executor offering itself to a new kregd and that kregd prove the adoption
+// key to each other by challenge-response (executor.proto). A 1.0-1.6
+// client still gets its flat messages (daemon/session/legacy_registration.h).
 constexpr uint32_t kSessionProtocolMajor = 1;
-constexpr uint32_t kSessionProtocolMinor = 7;
+constexpr uint32_t kSessionProtocolMinor = 8;
 
 // The first minor whose clients send and read registration.proto's
 // messages; an older client's are mapped (legacy_registration.h).
@@ -25,8 +27,10 @@ constexpr uint32_t kFirstEmbeddedRegistrationMinor = 7;
 
 // The first minor whose executors kregd re-adopts: 1.7 changed the
 // registration messages an executor relays to kregd (executor.proto's
-// BrokerRequest), so an older executor is drained instead (DESIGN §12).
-constexpr uint32_t kOldestAdoptableProtocolMinor = 7;
+// BrokerRequest); a 1.7 executor sends its adoption key to whoever listens
+// on the supervision socket, where 1.8 proves it by challenge-response. An
+// older executor is drained instead (DESIGN §12).
+constexpr uint32_t kOldestAdoptableProtocolMinor = 8;
 
 }  // namespace kreg
 

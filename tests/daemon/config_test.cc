@@ -85,6 +85,7 @@ std::vector<FileCase> FileCases(const std::string& dir) {
       {"max_buffered_bytes", "max_buffered_bytes = 3000", "3000"},
       {"socket_group", absl::StrCat("socket_group = \"", group, "\""),
        absl::StrCat("\"", group, "\"")},
+      {"allow_insecure_dirs", "allow_insecure_dirs = true", "true"},
       {"log_level", "log_level = \"debug\"", "\"debug\""},
       {"probe_binary", "probe_binary = \"/x/probe\"", "\"/x/probe\""},
       {"isolation", "isolation = \"UID\"", "\"uid\""},
@@ -216,6 +217,7 @@ TEST_CASE("Every flag sets its key, over the config file", "[config]") {
        "metrics_listen",
        "\"unix:/tmp/f.sock\""},
       {{"--metrics-allow-remote"}, "metrics_allow_remote", "true"},
+      {{"--allow-insecure-dirs"}, "allow_insecure_dirs", "true"},
   };
   for (const FlagCase& t : cases) {
     DYNAMIC_SECTION(t.args[0]) {

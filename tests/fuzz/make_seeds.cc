@@ -215,6 +215,13 @@ int main(int argc, char** argv) {
                            frame(offered.SerializeAsString()));
   offer.set_sessions(0);
   Write("no_session", std::string(1, '\0') + frame(offer.SerializeAsString()));
+  // Session protocol 1.8: a challenge instead of the key.
+  offer.clear_adoption_key();
+  offer.set_session_protocol_minor(8);
+  offer.set_challenge(std::string(32, 'c'));
+  offer.set_sessions(1);
+  Write("challenge", "\x01" + frame(offer.SerializeAsString()) +
+                         frame(offered.SerializeAsString()));
 
   dir = root + "/journal";
   JournalRecord t;

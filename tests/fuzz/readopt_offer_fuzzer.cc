@@ -2,11 +2,13 @@
 // any local process may connect and claim to be an executor an earlier
 // kregd left running: the first frame parsed as an ExecReadopt and judged
 // (JudgeOffer) as coming from the pid and uid it claims, under a secret the
-// input cannot know; then the session frames read by ReadOfferSessions
-// from the rest of the stream, with a real sealed status page. Invariants:
-// no offer is adopted (its key cannot verify), no frame is buffered past
-// kMaxReadoptFrameBytes, and an offer that passes has exactly the sessions
-// announced, each in its own slot with a valid target list.
+// input cannot know, with the offer's adoption_key as its proof (the
+// answer to kregd's challenge, or the key a 1.7 executor sent); then the
+// session frames read by ReadOfferSessions from the rest of the stream, with a
+// real sealed status page. Invariants: no offer is adopted (its key cannot
+// verify), no frame is buffered past kMaxReadoptFrameBytes, and an offer that
+// passes has exactly the sessions announced, each in its own slot with a valid
+// target list.
 //
 // Input: byte 0 = sessions announced (mod 4); the rest is the byte stream.
 #include <sys/socket.h>
@@ -40,9 +42,16 @@ void Judge(const std::string& first_frame) {
   policy.secret = std::string(32, 's');
   policy.settings_digest = m.settings_digest();
   policy.session_protocol_major = m.session_protocol_major();
-  OfferJudgement j = JudgeOffer(m, conn, policy);
-  if (j.verdict == OfferVerdict::kAdopt) fuzz::Fail("a forged offer verified");
-  if (j.why.empty()) fuzz::Fail("a refusal without a reason");
+  // Proven either way a peer may try: as the answer to kregd's challenge
+  // (session protocol 1.8) or as the key itself (before; drained at best).
+  for (const std::string& challenge :
+       {std::string(kSupervisionChallengeBytes, 'c'), std::string()}) {
+    OfferJudgement j = JudgeOffer(m, conn, policy, challenge, m.adoption_key());
+    if (j.verdict == OfferVerdict::kAdopt) {
+      fuzz::Fail("a forged offer verified");
+    }
+    if (j.why.empty()) fuzz::Fail("a refusal without a reason");
+  }
 }
 
 }  // namespace

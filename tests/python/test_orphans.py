@@ -395,7 +395,7 @@ def test_an_upgrade_to_the_next_minor_readopts_running_executors(hostile):
     assert nap.get("ok", [0, 0, 0])[2] == executor, nap
     assert wait_for(lambda: executor in [
         e["pid"] for e in d.status()["executors"]]), d.log()
-    assert "executors speak session protocol 1.8" in d.log(), d.log()
+    assert "executors speak session protocol 1.9" in d.log(), d.log()
     assert ask(p, "call adopt.Counter")["ok"][:2] == [1, executor]
   finally:
     if p is not None:
@@ -421,7 +421,7 @@ def test_an_upgrade_to_the_next_major_drains_running_executors(hostile):
     assert nap.get("ok", [0, 0, 0])[2] == executor, nap
     assert wait_gone(executor, 10), d.log()
     assert "draining the executor of" in d.log(), d.log()
-    assert "speaks session protocol 1.7 and this kregd 2.x" in d.log()
+    assert "speaks session protocol 1.8 and this kregd 2.x" in d.log()
     # The next call runs on the new kregd's executor, without an error.
     again = ask(p, "call adopt.Counter")
     assert again["ok"][0] == 0 and again["ok"][1] != executor, again
@@ -477,5 +477,240 @@ def test_a_supervision_socket_that_cannot_be_bound_only_costs_readoption():
     assert "supervision socket" in d.log() and "not a socket" in d.log(), \
         d.log()
     assert d.status()["state_dir"]  # kregd serves on
+  finally:
+    finish_test_daemon(d)
+
+
+def read_varint(b: bytes, i: int):
+  n = shift = 0
+  while True:
+    n |= (b[i] & 0x7F) << shift
+    shift += 7
+    i += 1
+    if b[i - 1] < 0x80:
+      return n, i
+
+
+def parse(payload: bytes) -> dict:
+  """A protobuf message's varint and length-delimited fields by number."""
+  out, i = {}, 0
+  while i < len(payload):
+    key, i = read_varint(payload, i)
+    if key & 7 == 0:
+      out[key >> 3], i = read_varint(payload, i)
+    else:
+      assert key & 7 == 2, payload
+      n, i = read_varint(payload, i)
+      out[key >> 3], i = payload[i:i + n], i + n
+  return out
+
+
+def adoption_key(state_dir: str, offer: dict) -> bytes:
+  """The key kregd gave the executor an ExecReadopt's fields name
+  (daemon/exec/adoption.cc's AdoptionKey)."""
+  import hashlib
+  import hmac
+  with open(os.path.join(state_dir, "executor-adoption.key"), "rb") as f:
+    secret = f.read()
+  m = b"kregd executor adoption 1;"
+  for v in (offer[6], str(offer.get(2, 0)).encode(),
+            str(offer.get(3, 0)).encode(),
+            offer[4], str(offer[5]).encode(), offer.get(8, b"")):
+    m += str(len(v)).encode() + b":" + v + b";"
+  return hmac.new(secret, m, hashlib.sha256).digest()
+
+
+def read_frame(s) -> bytes:
+  data = b""
+  while len(data) < 4 or len(data) < 4 + struct.unpack("<I", data[:4])[0]:
+    chunk = s.recv(65536)
+    assert chunk, data
+    data += chunk
+  return data[4:]
+
+
+def test_kregd_proves_the_adoption_key_by_challenge_without_sending_it():
+  d = start_test_daemon("kreg-orphan-", ["--orphan-timeout", "60"])
+  try:
+    path = d.session_socket + ".exec"
+    assert wait_for(lambda: os.path.exists(path)), d.log()
+    challenge = os.urandom(32)
+    fields = {1: os.getpid(), 2: os.getuid(), 3: os.getgid(),
+              4: f"uid {os.getuid()}".encode(), 5: 4, 6: b"n" * 16,
+              8: b"sha256:x", 9: 1, 10: 8, 14: challenge}
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(15)
+    s.connect(path)
+    s.sendall(frame(b"".join(field(k, v) for k, v in fields.items())))
+    raw = read_frame(s)
+    reply = parse(raw)
+    # HMAC-SHA256 under the executor's key of its challenge, and kregd's
+    # own challenge; the key itself is not sent.
+    import hashlib
+    import hmac
+    key = adoption_key(d.state_dir, fields)
+    assert reply.get(3) == hmac.new(
+        key, b"kregd supervision 1: kregd;" + challenge,
+        hashlib.sha256).digest(), reply
+    assert len(reply.get(4, b"")) == 32, reply
+    assert key not in raw
+    # A forger cannot answer kregd's challenge.
+    s.sendall(frame(field(1, b"p" * 32)))
+    answer = b""
+    while chunk := s.recv(65536):
+      answer += chunk
+    s.close()
+    assert b"its adoption key does not verify" in answer, answer
+    assert wait_for(lambda: "its adoption key does not verify" in d.log())
+    assert os.getpid() not in [e["pid"] for e in d.status()["executors"]]
+    # kregd answers only for executors of the connecting uid: no proof
+    # of another uid's key, which a squatter could relay to its executor.
+    fields[2] = os.getuid() + 1
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(15)
+    s.connect(path)
+    s.sendall(frame(b"".join(field(k, v) for k, v in fields.items())))
+    raw = read_frame(s)
+    s.close()
+    assert 3 not in parse(raw), raw
+    assert (f"claims uid {os.getuid() + 1} but the connection is from uid "
+            f"{os.getuid()}").encode() in raw, raw
+  finally:
+    finish_test_daemon(d)
+
+
+# Binds the supervision socket as kregd's restart leaves it free, as uid
+# argv[2] (listen() after the switch: connections' SO_PEERCRED name it),
+# answers the first frame it reads with argv[3] (hex), and prints what it
+# received and how many descriptors came with it.
+SQUATTER = textwrap.dedent("""
+    import json, os, socket, sys
+    path, uid, answer = sys.argv[1], int(sys.argv[2]), bytes.fromhex(sys.argv[3])
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(path)
+    os.chmod(path, 0o666)
+    if uid != os.getuid():
+      os.setgroups([])
+      os.setresgid(uid, uid, uid)
+      os.setresuid(uid, uid, uid)
+    s.listen(8)
+    print("listening", flush=True)
+    s.settimeout(30)
+    c, _ = s.accept()
+    c.settimeout(2)
+    data, fds = b"", 0
+    while True:
+      try:
+        msg, anc, _, _ = c.recvmsg(1 << 16, socket.CMSG_SPACE(64 * 4))
+      except socket.timeout:
+        break
+      fds += sum(len(a[2]) // 4 for a in anc)
+      if not msg:
+        break
+      data += msg
+      if answer:
+        c.sendall(answer)
+        answer = b""
+    print(json.dumps({"data": data.hex(), "fds": fds}), flush=True)
+""")
+
+
+@pytest.mark.parametrize("who", ["another uid", "kregd's uid"])
+def test_an_executor_offers_itself_only_to_a_verified_kregd(hostile, who):
+  # Issue 31: a squatter on the supervision socket while kregd restarts
+  # gets nothing of an orphaned executor, and forges no adoption.
+  if who == "another uid" and os.getuid() != 0:
+    pytest.skip("needs root to listen as another uid")
+  uid = 65534 if who == "another uid" else os.getuid()
+  d = start_test_daemon("kreg-orphan-", ["--orphan-timeout", "60"])
+  p = sq = None
+  try:
+    p = driven(d)
+    executor = ask(p, "call adopt.Counter")["ok"][1]
+    d.stop(signal.SIGKILL)
+    path = d.session_socket + ".exec"
+    if os.path.exists(path):
+      os.unlink(path)  # the dead kregd's
+    # A forged "adopted" once the executor has said something.
+    forged = frame(field(3, b"p" * 32) + field(4, b"c" * 32))
+    sq = subprocess.Popen([PY, "-c", SQUATTER, path, str(uid), forged.hex()],
+                          stdout=subprocess.PIPE, text=True)
+    assert sq.stdout.readline().strip() == "listening"
+    got = json.loads(sq.stdout.readline() or "{}")
+    assert sq.wait(timeout=30) == 0
+    data = bytes.fromhex(got["data"])
+    # Neither its status page nor a client's session socket nor a broker.
+    assert got["fds"] == 0, got
+    if who == "another uid":
+      assert data == b"", data
+      assert wait_for(lambda: (
+          f"is bound by uid {uid} (pid {sq.pid}), not by kregd's uid "
+          f"{os.getuid()}; nothing was offered") in d.log()), d.log()
+      # It tries again; the real kregd, once back, re-adopts it.
+      d.start()
+      assert wait_for(lambda: executor in [
+          e["pid"] for e in d.status()["executors"]], 20), d.log()
+    else:
+      # Who it is and its challenge, then an empty proof (kregd's was
+      # wrong); not its key.
+      n = struct.unpack("<I", data[:4])[0]
+      assert data[4 + n:] == frame(b""), data
+      hello = parse(data[4:4 + n])
+      assert 7 not in hello and len(hello[14]) == 32, hello
+      assert adoption_key(d.state_dir, hello) not in data
+      assert wait_for(lambda: (
+          f"(pid {sq.pid}, uid {uid}) did not prove that it holds this "
+          "executor's adoption key") in d.log()), d.log()
+      # Like a refusal: it serves on as an orphan and offers itself no more.
+      d.start()
+      time.sleep(1)  # offers came every 250 ms
+      assert executor not in [e["pid"] for e in d.status()["executors"]]
+    assert ask(p, "call adopt.Counter")["ok"][:2] == [1, executor]
+  finally:
+    if sq is not None and sq.poll() is None:
+      sq.kill()
+      sq.wait()
+    if p is not None:
+      p.kill()
+      p.wait()
+    finish_test_daemon(d)
+
+
+def insecure_daemon(extra_args=()):
+  import tempfile
+  from kregd_proc import Daemon
+  root = pathlib.Path(tempfile.mkdtemp(prefix="kreg-orphan-", dir="/tmp"))
+  return Daemon(root, [os.path.realpath(ku.kernels_dir())], list(extra_args))
+
+
+@pytest.mark.parametrize("which", ["socket", "state"])
+def test_kregd_refuses_directories_others_may_write(which):
+  d = insecure_daemon()
+  try:
+    insecure = d.root if which == "socket" else pathlib.Path(d.state_dir)
+    insecure.mkdir(exist_ok=True)
+    os.chmod(insecure, 0o1777)  # like /tmp
+    with pytest.raises(RuntimeError) as e:
+      d.start()
+    st = os.stat(insecure)
+    assert "kregd exited with 1" in str(e.value), e.value
+    assert (f"cannot start: the {which} directory {insecure} (owner uid "
+            f"{st.st_uid}, group {st.st_gid}, mode 1777) may be written by "
+            "others than kregd") in str(e.value), e.value
+    assert "--allow-insecure-dirs" in str(e.value), e.value
+    assert not os.path.exists(d.session_socket)
+  finally:
+    finish_test_daemon(d)
+
+
+def test_allow_insecure_dirs_starts_with_a_warning():
+  d = insecure_daemon(["--allow-insecure-dirs"])
+  try:
+    os.chmod(d.root, 0o1777)
+    d.start()
+    assert (f"the socket directory {d.root} (owner uid {os.getuid()}"
+            in d.log()), d.log()
+    assert "(starting anyway: allow_insecure_dirs = true)" in d.log()
+    assert d.status()["state_dir"] == d.state_dir
   finally:
     finish_test_daemon(d)

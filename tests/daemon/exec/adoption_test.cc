@@ -31,11 +31,14 @@ AdoptionPolicy Policy() {
   p.secret = kSecret;
   p.settings_digest = "sha256:settings";
   p.session_protocol_major = 1;
-  p.oldest_session_protocol_minor = 7;
+  p.oldest_session_protocol_minor = 8;
   return p;
 }
 
-// An authentic offer of pid 42, uid 1000.
+const std::string kChallenge(kSupervisionChallengeBytes, 'c');
+
+// An authentic offer of pid 42, uid 1000 (session protocol 1.8: its key is
+// proven by Proof, not sent).
 v1::ExecReadopt Offer() {
   v1::ExecReadopt m;
   m.set_pid(42);
@@ -46,11 +49,29 @@ v1::ExecReadopt Offer() {
   m.set_adoption_nonce(std::string(kAdoptionNonceBytes, 'n'));
   m.set_settings_digest("sha256:settings");
   m.set_session_protocol_major(1);
-  m.set_session_protocol_minor(7);
-  AdoptionIdentity id{m.adoption_nonce(), 1000, 100,
-                      "uid 1000",         8,    "sha256:settings"};
-  m.set_adoption_key(AdoptionKey(kSecret, id));
+  m.set_session_protocol_minor(8);
+  m.set_challenge(std::string(kSupervisionChallengeBytes, 'e'));
   return m;
+}
+
+// The key kregd gave the executor of Offer().
+std::string Key() {
+  AdoptionIdentity id{std::string(kAdoptionNonceBytes, 'n'),
+                      1000,
+                      100,
+                      "uid 1000",
+                      8,
+                      "sha256:settings"};
+  return AdoptionKey(kSecret, id);
+}
+
+// `m` judged with the executor's answer to kChallenge (by default that of
+// Offer()'s executor, which knows its key).
+OfferJudgement Judge(const v1::ExecReadopt& m, const PeerCred& conn,
+                     const AdoptionPolicy& policy,
+                     const std::string& proof = ExecutorProof(Key(),
+                                                              kChallenge)) {
+  return JudgeOffer(m, conn, policy, kChallenge, proof);
 }
 
 PeerCred Conn(pid_t pid = 42, uid_t uid = 1000) {
@@ -62,8 +83,62 @@ PeerCred Conn(pid_t pid = 42, uid_t uid = 1000) {
 }
 
 TEST_CASE("An authentic offer from its own process is adopted", "[adoption]") {
-  OfferJudgement j = JudgeOffer(Offer(), Conn(), Policy());
+  OfferJudgement j = Judge(Offer(), Conn(), Policy());
   CHECK(j.verdict == OfferVerdict::kAdopt);
+  // kregd answers its challenge only then (and for nobody else's uid).
+  CHECK(CheckClaims(Offer(), Conn(), Policy()).verdict == OfferVerdict::kAdopt);
+  j = CheckClaims(Offer(), Conn(42, 1001), Policy());
+  CHECK(j.verdict == OfferVerdict::kRefuse);
+  CHECK(j.why == "it claims uid 1000 but the connection is from uid 1001");
+  CHECK(IdentityOf(Offer()).group == "uid 1000");
+  CHECK(AdoptionKey(kSecret, IdentityOf(Offer())) == Key());
+}
+
+TEST_CASE("Each side's proof is its own and never the key", "[adoption]") {
+  const std::string k = KregdProof(Key(), kChallenge);
+  const std::string e = ExecutorProof(Key(), kChallenge);
+  CHECK(k.size() == 32);
+  CHECK(e.size() == 32);
+  // kregd answering an executor's challenge proves nothing in the
+  // executor's name (and the other way round), nor discloses the key.
+  CHECK(k != e);
+  CHECK(k != Key());
+  CHECK(e != Key());
+  CHECK(KregdProof(Key(), std::string(32, 'd')) != k);
+  CHECK(KregdProof(std::string(32, 'x'), kChallenge) != k);
+  CHECK(SameBytes(k, KregdProof(Key(), kChallenge)));
+  CHECK_FALSE(SameBytes(k, e));
+  CHECK_FALSE(SameBytes(k, k.substr(1)));
+  // A replayed answer to another challenge does not verify.
+  CHECK(Judge(Offer(), Conn(), Policy(),
+              ExecutorProof(Key(), std::string(32, 'd')))
+            .verdict == OfferVerdict::kRefuse);
+  // Nor does the key itself in place of the answer.
+  CHECK(Judge(Offer(), Conn(), Policy(), Key()).verdict ==
+        OfferVerdict::kRefuse);
+}
+
+TEST_CASE("An executor that sends its key in the clear is drained at best",
+          "[adoption]") {
+  v1::ExecReadopt old = Offer();
+  old.set_session_protocol_minor(7);
+  old.clear_challenge();
+  old.set_adoption_key(Key());
+  OfferJudgement j = JudgeOffer(old, Conn(), Policy(), "", Key());
+  CHECK(j.verdict == OfferVerdict::kDrain);
+  CHECK(j.why ==
+        "it speaks session protocol 1.7 and sent its adoption key and this "
+        "kregd re-adopts 1.8 and later (1.7 changed the registration messages "
+        "an executor relays to kregd; 1.8 proves the adoption key without "
+        "sending it)");
+  // Even when it claims a minor this kregd re-adopts.
+  old.set_session_protocol_minor(8);
+  CHECK(JudgeOffer(old, Conn(), Policy(), "", Key()).verdict ==
+        OfferVerdict::kDrain);
+  // A forged key is refused, as before.
+  j = JudgeOffer(old, Conn(), Policy(), "", std::string(32, 'k'));
+  CHECK(j.verdict == OfferVerdict::kRefuse);
+  CHECK(j.why.find("adoption key does not verify") != std::string::npos);
 }
 
 TEST_CASE("Offers that do not prove themselves are refused", "[adoption]") {
@@ -72,6 +147,7 @@ TEST_CASE("Offers that do not prove themselves are refused", "[adoption]") {
     std::function<void(v1::ExecReadopt*)> change;
     PeerCred conn;
     const char* says;
+    std::string proof = ExecutorProof(Key(), kChallenge);
   };
   const std::vector<Case> cases = {
       {"another process's pid", [](v1::ExecReadopt*) {}, Conn(43),
@@ -90,8 +166,8 @@ TEST_CASE("Offers that do not prove themselves are refused", "[adoption]") {
          m->set_adoption_nonce(std::string(kAdoptionNonceBytes, 'm'));
        },
        Conn(), "adoption key does not verify"},
-      {"a short key", [](v1::ExecReadopt* m) { m->set_adoption_key("k"); },
-       Conn(), "adoption key does not verify"},
+      {"a short proof", [](v1::ExecReadopt*) {}, Conn(),
+       "adoption key does not verify", "k"},
       {"a short nonce", [](v1::ExecReadopt* m) { m->set_adoption_nonce("n"); },
        Conn(), "adoption nonce has 1 bytes, not 16"},
       {"no slots", [](v1::ExecReadopt* m) { m->set_slots(0); }, Conn(),
@@ -106,7 +182,7 @@ TEST_CASE("Offers that do not prove themselves are refused", "[adoption]") {
     INFO(c.what);
     v1::ExecReadopt m = Offer();
     c.change(&m);
-    OfferJudgement j = JudgeOffer(m, c.conn, Policy());
+    OfferJudgement j = Judge(m, c.conn, Policy(), c.proof);
     CHECK(j.verdict == OfferVerdict::kRefuse);
     CHECK(j.why.find(c.says) != std::string::npos);
   }
@@ -115,31 +191,32 @@ TEST_CASE("Offers that do not prove themselves are refused", "[adoption]") {
 TEST_CASE("Another secret refuses every offer", "[adoption]") {
   AdoptionPolicy p = Policy();
   p.secret = std::string(32, 'x');
-  CHECK(JudgeOffer(Offer(), Conn(), p).verdict == OfferVerdict::kRefuse);
+  CHECK(Judge(Offer(), Conn(), p).verdict == OfferVerdict::kRefuse);
 }
 
 TEST_CASE("Authentic offers this kregd cannot take over are drained",
           "[adoption]") {
   AdoptionPolicy p = Policy();
   p.session_protocol_major = 2;
-  OfferJudgement j = JudgeOffer(Offer(), Conn(), p);
+  OfferJudgement j = Judge(Offer(), Conn(), p);
   CHECK(j.verdict == OfferVerdict::kDrain);
-  CHECK(j.why == "it speaks session protocol 1.7 and this kregd 2.x");
+  CHECK(j.why == "it speaks session protocol 1.8 and this kregd 2.x");
   // An older minor of the same major relays 1.0-1.6 registration messages.
   v1::ExecReadopt old = Offer();
   old.set_session_protocol_minor(6);
-  j = JudgeOffer(old, Conn(), Policy());
+  j = Judge(old, Conn(), Policy());
   CHECK(j.verdict == OfferVerdict::kDrain);
   CHECK(j.why ==
-        "it speaks session protocol 1.6 and this kregd re-adopts 1.7 and later "
-        "(the registration messages an executor relays to kregd changed)");
+        "it speaks session protocol 1.6 and this kregd re-adopts 1.8 and later "
+        "(1.7 changed the registration messages an executor relays to kregd; "
+        "1.8 proves the adoption key without sending it)");
   // A newer minor is adopted.
   v1::ExecReadopt newer = Offer();
-  newer.set_session_protocol_minor(8);
-  CHECK(JudgeOffer(newer, Conn(), Policy()).verdict == OfferVerdict::kAdopt);
+  newer.set_session_protocol_minor(9);
+  CHECK(Judge(newer, Conn(), Policy()).verdict == OfferVerdict::kAdopt);
   p = Policy();
   p.settings_digest = "sha256:other";
-  j = JudgeOffer(Offer(), Conn(), p);
+  j = Judge(Offer(), Conn(), p);
   CHECK(j.verdict == OfferVerdict::kDrain);
   CHECK(j.why.find("other executor settings") != std::string::npos);
 }
