@@ -631,6 +631,8 @@ def test_compiles_are_counted_in_prometheus_metrics(tmp_path):
     assert "\nkregd_compiles_total 2\n" in text, text
     assert 'kregd_compile_requests_total{outcome="cache_hit"} 1' in text
     assert 'kregd_compile_requests_total{outcome="failed"} 1' in text
+    assert 'kregd_compile_requests_total{outcome="queue_full"} 0' in text
+    assert 'kregd_compile_requests_total{outcome="abandoned"} 0' in text
     assert "# TYPE kregd_compiles_total counter" in text
   finally:
     kregd_proc.finish_test_daemon(d)
@@ -838,7 +840,8 @@ def test_a_uids_queue_is_bounded_and_the_refusal_names_the_limit(
     time.sleep(0.5)
     with pytest.raises(kreg.KregError) as info:
       kreg.Client(d.socket).compile_ffi_target(
-          "cc.q3", {"k.cc": unique("int q3;\n")}, "f", platform="cpu")
+          "cc.q3", {"k.cc": unique("int q3;\n")}, "f", platform="cpu",
+          timeout=60)
     assert info.value.code == "RESOURCE_EXHAUSTED"
     assert (f"compile of target \"cc.q3\" refused: uid {os.getuid()} already "
             "has 1 compile requests waiting, the limit "
@@ -860,7 +863,7 @@ def test_the_queued_bytes_are_bounded(tmp_path, fifos):
     big = unique("int b2;\n") + "//" + "x" * (2 << 20) + "\n"
     with pytest.raises(kreg.KregError) as info:
       kreg.Client(d.socket).compile_ffi_target("cc.b2", {"k.cc": big}, "f",
-                                               platform="cpu")
+                                               platform="cpu", timeout=60)
     assert info.value.code == "RESOURCE_EXHAUSTED"
     assert ("over the limit of 1048576 bytes (compile_max_queued_bytes)"
             in info.value.message), info.value.message

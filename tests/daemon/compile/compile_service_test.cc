@@ -321,9 +321,6 @@ TEST_CASE("Bad requests are refused before the compiler's identity is read",
   CHECK(f.worker.runs == 0);
 }
 
-}  // namespace
-}  // namespace kreg
-
 // Starts f.Compile on a thread and gives it time to queue.
 std::thread Later(Fixture& f, absl::StatusOr<CompileOutcome>* out,
                   const std::string& name, const std::string& text,
@@ -441,3 +438,6 @@ TEST_CASE("A compile is cancelled only when every caller waiting went away",
   CHECK(cancelled());  // nobody waits: the worker is stopped
   a.join();
 }
+
+}  // namespace
+}  // namespace kreg
