@@ -44,8 +44,8 @@ inline constexpr char kCompileStagePayload[] = "kreg.dev/compile-stage";
 // or ends; its sources and headers are its bytes.
 struct CompileQueueLimits {
   int max_running_per_uid = 2;               // compile_max_running_per_uid
-  int max_queued = 64;                       // compile_max_queued
-  int max_queued_per_uid = 16;               // compile_max_queued_per_uid
+  int max_queued = 128;                      // compile_max_queued
+  int max_queued_per_uid = 32;               // compile_max_queued_per_uid
   uint64_t max_queued_bytes = 256ull << 20;  // compile_max_queued_bytes
   uint64_t max_queued_bytes_per_uid = 64ull << 20;  // ..._bytes_per_uid
 };
