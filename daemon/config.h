@@ -87,6 +87,12 @@ struct Config {
   uint64_t compile_memory_bytes = 4ull << 30;
   uint64_t compile_output_bytes = 256ull << 20;
   int64_t compile_max_processes = 64;
+  // The compile queue (CompileQueueLimits).
+  int64_t compile_max_running_per_uid = 2;
+  int64_t compile_max_queued = 128;
+  int64_t compile_max_queued_per_uid = 32;
+  uint64_t compile_max_queued_bytes = 256ull << 20;
+  uint64_t compile_max_queued_bytes_per_uid = 64ull << 20;
   uint64_t compile_cache_bytes = 2ull << 30;
   std::string compile_cxx = "/usr/bin/g++";
   std::string compile_nvcc;  // empty: PATH, /usr/local/cuda/bin

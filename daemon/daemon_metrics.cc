@@ -70,12 +70,18 @@ void WriteCompileFamilies(const CompileCounts& cc, PromWriter* w) {
   w->Sample("kregd_compiles_total", {}, cc.compiles);
   w->Family("kregd_compile_requests_total", "counter",
             "CompileTarget requests, by outcome: cache_hit (no compile "
-            "needed), waited (shared another request's compile), failed");
+            "needed), waited (shared another request's compile), failed, "
+            "queue_full (refused by a compile queue limit), abandoned (the "
+            "caller went away first)");
   w->Sample("kregd_compile_requests_total", {{"outcome", "cache_hit"}},
             cc.cache_hits);
   w->Sample("kregd_compile_requests_total", {{"outcome", "waited"}}, cc.waits);
   w->Sample("kregd_compile_requests_total", {{"outcome", "failed"}},
             cc.failures);
+  w->Sample("kregd_compile_requests_total", {{"outcome", "queue_full"}},
+            cc.queue_refusals);
+  w->Sample("kregd_compile_requests_total", {{"outcome", "abandoned"}},
+            cc.abandoned);
 }
 
 // The registry and the module store: targets per platform, registrations

@@ -212,11 +212,13 @@ grpc::Status RegistryService::CompileTarget(
                         "this kregd has no compile service");
   }
   absl::StatusOr<CompileOutcome> r = compile_->Compile(
-      *req, peer_of_(ctx->peer()), [out](const std::string& diagnostics) {
+      *req, peer_of_(ctx->peer()),
+      [out](const std::string& diagnostics) {
         v1::CompileTargetEvent e;
         e.set_diagnostics(diagnostics);
         out->Write(e);
-      });
+      },
+      [ctx] { return ctx->IsCancelled(); });
   if (!r.ok()) {
     // Which step failed, for clients that raise a different error for a
     // compile error than for a registration refusal (kreg.CompileError).

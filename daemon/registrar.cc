@@ -17,6 +17,7 @@
 #include "common/unique_fd.h"
 #include "daemon/log_limit.h"
 #include "daemon/module_path.h"
+#include "daemon/module_store.h"
 #include "daemon/validate.h"
 #include "spdlog/spdlog.h"
 
@@ -144,18 +145,18 @@ absl::Status PathOpenError(const PathOpen& r, const std::string& path,
 }
 
 // The loader names a module by its digest ("module sha256:<hex>"); add the
-// name the caller knows it by: "module \"libdemo.so\" (sha256:<hex>)".
+// name the caller knows it by to this request's module (`digest`) only:
+// "module \"libdemo.so\" (sha256:<hex>)". Another module the message names
+// (the one a target is bound to) keeps its bare digest.
 absl::Status NameTheModule(const absl::Status& status,
-                           const std::string& display) {
-  const std::string kAt = "module sha256:";
+                           const std::string& display,
+                           const std::string& digest) {
+  const std::string at = absl::StrCat("module ", digest);
   std::string message(status.message());
-  size_t at = message.find(kAt);
-  if (display.empty() || at == std::string::npos) return status;
-  size_t end = at + kAt.size();
-  while (end < message.size() && absl::ascii_isxdigit(message[end])) ++end;
-  std::string digest = message.substr(at + 7, end - at - 7);
+  size_t pos = message.find(at);
+  if (display.empty() || pos == std::string::npos) return status;
   message.replace(
-      at, end - at,
+      pos, at.size(),
       absl::StrCat("module ", QuoteForMessage(display), " (", digest, ")"));
   return absl::Status(status.code(), message);
 }
@@ -324,7 +325,7 @@ absl::StatusOr<RegisterOutcome> Registrar::Register(RegistrationRequest request,
   const std::string& display =
       request.source == RegistrationRequest::Source::kPath ? request.path
                                                            : request.file_name;
-  return NameTheModule(out.status(), display);
+  return NameTheModule(out.status(), display, Sha256Digest(args->module_bytes));
 }
 
 absl::Status Registrar::Refused(absl::Status status,
@@ -370,7 +371,8 @@ absl::StatusOr<RegisterArgs> Registrar::Parse(RegistrationRequest& request,
   if (!platform.ok()) return platform.status();
   st = ValidateFuncName(request.func_name);
   if (!st.ok()) return st;
-  st = ValidateContentId(request.content_id);
+  st = request.compiled ? ValidateContentId(request.content_id)
+                        : ValidateClientContentId(request.content_id);
   if (!st.ok()) return st;
 
   RegisterArgs args;

@@ -52,6 +52,9 @@ struct RegistrationRequest {
   std::string file_name;  // the module's name on the client (messages only)
   bool replace = false;
   bool in_process = false;
+  // Set by the compile service only (never mapped from a client): its
+  // content_id may be a cache key, "kcc-..." (ValidateClientContentId).
+  bool compiled = false;
   Source source = Source::kNone;
   std::string path;          // kPath: a path on the daemon's host
   uint64_t upload_size = 0;  // kUpload: the size the client announced

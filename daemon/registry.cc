@@ -87,8 +87,9 @@ absl::Status CheckOwnerOrDigest(const TargetEntry& existing,
       PlatformName(existing.key.platform), ") is registered ",
       existing.host.empty() ? "" : absl::StrCat("on host ", existing.host, " "),
       "by ", Holder(existing), " with content_id \"", existing.content_id,
-      "\" and module ", existing.module_digest, "; this registration by uid ",
-      peer.uid, " claims the same content_id but its module is ", digest,
+      "\" and module ", existing.module_digest, " (", existing.origin,
+      "); this registration by uid ", peer.uid,
+      " claims the same content_id with another module, module ", digest,
       ". A content_id stands for the module only for the uid that "
       "registered it; other uids must register the identical module bytes. "
       "Register the owner's module, or your build under a distinct target "

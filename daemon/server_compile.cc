@@ -195,6 +195,14 @@ absl::Status Daemon::StartCompile() {
           ? static_cast<int>(config_.max_parallel_compiles)
           : std::max(1,
                      static_cast<int>(std::thread::hardware_concurrency()) / 2);
+  opts.queue.max_running_per_uid =
+      static_cast<int>(config_.compile_max_running_per_uid);
+  opts.queue.max_queued = static_cast<int>(config_.compile_max_queued);
+  opts.queue.max_queued_per_uid =
+      static_cast<int>(config_.compile_max_queued_per_uid);
+  opts.queue.max_queued_bytes = config_.compile_max_queued_bytes;
+  opts.queue.max_queued_bytes_per_uid =
+      config_.compile_max_queued_bytes_per_uid;
   spdlog::info(
       "compile service: up to {} compiles at once, cache {} ({} bytes), "
       "g++ {}, nvcc {}",

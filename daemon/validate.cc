@@ -1,6 +1,7 @@
 #include "daemon/validate.h"
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/platforms.h"
 
@@ -89,6 +90,18 @@ absl::Status ValidateContentId(absl::string_view content_id) {
         absl::StrCat("content_id ", QuoteForMessage(content_id),
                      " must be at most 256 printable ASCII characters "
                      "without spaces (or empty to use the module's sha256)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateClientContentId(absl::string_view content_id) {
+  if (absl::Status s = ValidateContentId(content_id); !s.ok()) return s;
+  if (absl::StartsWithIgnoreCase(content_id, "kcc-")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "content_id ", QuoteForMessage(content_id),
+        " starts with \"kcc-\", which is reserved for modules kregd compiled "
+        "itself (kreg.compile_ffi_target, kregctl compile); use another "
+        "content_id, or have kregd compile the sources"));
   }
   return absl::OkStatus();
 }

@@ -31,6 +31,12 @@ absl::Status ValidateFuncName(absl::string_view func_name);
 // whitespace.
 absl::Status ValidateContentId(absl::string_view content_id);
 
+// A content_id from a client: ValidateContentId, and not starting with
+// "kcc-" (any case), which the compile service's cache keys
+// ("kcc-sha256:...") use: only its own registrations may (INVALID_ARGUMENT
+// saying so).
+absl::Status ValidateClientContentId(absl::string_view content_id);
+
 // Whether `s` is well-formed UTF-8 (no overlong forms, surrogates or code
 // points above U+10FFFF).
 bool IsValidUtf8(absl::string_view s);

@@ -4,9 +4,9 @@
 // (posix_spawn), once per compile; kregd never runs a compiler itself.
 //
 // As root it enters its sandbox (sandbox.h), takes the caller's
-// credentials and refuses new privileges before it writes a byte of the
-// caller's sources; the compiler then runs in its own process group under
-// the job's limits, killed at the wall-clock limit.
+// credentials, refuses new privileges and installs its seccomp filter
+// before it writes a byte of the caller's sources; the compiler then runs in
+// its own process group under the job's limits, killed at the wall-clock limit.
 #include <fcntl.h>
 #include <ftw.h>
 #include <poll.h>
@@ -70,10 +70,15 @@ void WriteAll(int fd, const std::string& s) {
 // compiler's whole group along (cc1plus, as and ld are not the worker's
 // children, so they would outlive a SIGKILLed worker).
 volatile sig_atomic_t g_compiler_group = 0;
+// In a sandboxed worker's parent: its child, PID 1 of the compile's PID
+// namespace (EnterOwnPidNamespace); killing it ends the whole namespace.
+volatile sig_atomic_t g_namespace_init = 0;
 
 void OnTerm(int) {
   const pid_t group = g_compiler_group;
   if (group > 0) ::kill(-group, SIGKILL);
+  const pid_t init = g_namespace_init;
+  if (init > 0) ::kill(init, SIGKILL);
   ::_exit(128 + SIGTERM);
 }
 
@@ -157,6 +162,16 @@ std::string Trim(const std::string& s) {
   Answer(r);
 }
 
+// FAILED_PRECONDITION: the host, not the sources (operator guide, "The
+// compile service").
+[[noreturn]] void SandboxFailed(const absl::Status& s) {
+  Fail(9, absl::StrCat(
+              "the compile sandbox could not be set up (", s.message(),
+              "); kregd needs CAP_SYS_ADMIN and mount, network, IPC and PID "
+              "namespaces for it (kregd.service: CAP_SYS_ADMIN in "
+              "CapabilityBoundingSet=, RestrictNamespaces=mnt net ipc pid)"));
+}
+
 // The compile's scratch directory: the sandbox's private tmpfs (root) or a
 // fresh temporary directory (kregd is not root); `*note` says which.
 // Exits with an answer when it cannot be made.
@@ -165,15 +180,7 @@ std::string EnterScratch(const v1::CompileJob& job, std::string* note) {
   if (job.sandbox()) {
     absl::Status s = EnterSandbox(kScratch, l.output_bytes() * 2 + (64u << 20),
                                   job.uid(), job.gid());
-    if (!s.ok()) {
-      // FAILED_PRECONDITION: the host, not the sources (operator guide,
-      // "The compile service").
-      Fail(9, absl::StrCat(
-                  "the compile sandbox could not be set up (", s.message(),
-                  "); kregd needs CAP_SYS_ADMIN and mount, network and IPC "
-                  "namespaces for it (kregd.service: CAP_SYS_ADMIN in "
-                  "CapabilityBoundingSet=, RestrictNamespaces=mnt net ipc)"));
-    }
+    if (!s.ok()) SandboxFailed(s);
     *note = "sandboxed";
     return kScratch;
   }
@@ -186,6 +193,27 @@ std::string EnterScratch(const v1::CompileJob& job, std::string* note) {
   g_remove_scratch = tmpl;
   *note = "not sandboxed (kregd is not root)";
   return tmpl;
+}
+
+// The sandbox's own PID namespace with a proc of its own: the worker forks;
+// the child, PID 1 there, goes on to compile and answers; the parent keeps
+// no descriptor of kregd's, waits for it and exits as it did (kregd's
+// SIGTERM to the parent ends the namespace: OnTerm).
+void EnterOwnPidNamespace() {
+  absl::StatusOr<pid_t> child = ForkIntoPidNamespace();
+  if (!child.ok()) SandboxFailed(child.status());
+  if (*child == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (absl::Status s = MountOwnProc(); !s.ok()) SandboxFailed(s);
+    return;
+  }
+  g_namespace_init = *child;
+  ::close(0);
+  ::close(1);
+  int ws = 0;
+  while (::waitpid(*child, &ws, 0) < 0 && errno == EINTR) {
+  }
+  ::_exit(WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws));
 }
 
 // The caller's credentials (when kregd runs as root) and no new
@@ -258,8 +286,16 @@ void DescribeFailure(const CompilerRun& run, const v1::CompileLimits& l,
 [[noreturn]] void Compile(const v1::CompileJob& job) {
   const v1::CompileLimits& l = job.limits();
   std::string note;
+  // RLIMIT_NPROC counts every task of the uid on the host: counted while
+  // /proc is still the host's.
+  const uint64_t tasks =
+      TasksOfUid(job.drop_privileges() ? job.uid() : ::getuid());
   const std::string scratch = EnterScratch(job, &note);
+  if (job.sandbox()) EnterOwnPidNamespace();
   BecomeCaller(job, &note);
+  if (absl::Status s = InstallCompilerSeccompFilter(); !s.ok()) {
+    Fail(13, std::string(s.message()), note);
+  }
   const std::string src = scratch + "/src";
   const std::string tmp = scratch + "/tmp";
   const std::string ffi = scratch + "/ffi-include";
@@ -285,10 +321,9 @@ void DescribeFailure(const CompilerRun& run, const v1::CompileLimits& l,
   limits.cpu_s = l.cpu_s();
   limits.memory_bytes = l.memory_bytes();
   limits.output_bytes = l.output_bytes();
-  // RLIMIT_NPROC counts every task of the uid: allow what runs now plus
-  // the compile's own processes.
-  limits.nproc =
-      l.processes() == 0 ? 0 : TasksOfUid(::getuid()) + l.processes();
+  // Allow what the uid ran before, this worker and the compile's own
+  // processes.
+  limits.nproc = l.processes() == 0 ? 0 : tasks + 1 + l.processes();
   absl::StatusOr<CompilerRun> ran =
       RunCompiler(argv, src, limits, l.wall_s(), env, kMaxDiagnosticsBytes,
                   &g_compiler_group);

@@ -97,7 +97,9 @@ absl::StatusOr<CompileRequest> ParseCompileRequest(
   if (absl::Status s = ValidateFuncName(req.func_name()); !s.ok()) return s;
   absl::StatusOr<Platform> platform = ParsePlatform(req.platform());
   if (!platform.ok()) return platform.status();
-  if (absl::Status s = ValidateContentId(req.content_id()); !s.ok()) return s;
+  if (absl::Status s = ValidateClientContentId(req.content_id()); !s.ok()) {
+    return s;
+  }
   out.target_name = req.target_name();
   out.func_name = req.func_name();
   out.platform = *platform;
@@ -175,6 +177,7 @@ absl::StatusOr<CompileRequest> ParseCompileRequest(
   }
   std::sort(out.sources.begin(), out.sources.end());
   std::sort(out.headers.begin(), out.headers.end());
+  out.bytes = bytes;
   return out;
 }
 

@@ -33,6 +33,7 @@ struct CompileRequest {
   std::vector<std::string> options;
   std::string content_id;  // the caller's, or empty
   bool replace = false;
+  uint64_t bytes = 0;  // the files' names and texts (the queue counts them)
 };
 
 // Checks every field (target and function names, platform, content_id,

@@ -4,6 +4,7 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "daemon/compile/compile_worker.h"
+#include "daemon/log_limit.h"
 #include "daemon/platform_table.h"
 #include "spdlog/spdlog.h"
 
@@ -67,8 +69,7 @@ std::chrono::milliseconds WorkerTimeout(const v1::CompileLimits& l) {
 
 absl::StatusOr<v1::CompileJobResult> CompileService::RunWorker(
     const v1::CompileJob& job, std::chrono::milliseconds timeout,
-    uint64_t max_module_bytes) {
-  const std::function<bool()> cancelled = [this] { return stopping_.load(); };
+    uint64_t max_module_bytes, const std::function<bool()>& cancelled) {
   if (options_.run_worker) {
     return options_.run_worker(job, timeout, max_module_bytes, cancelled);
   }
@@ -81,8 +82,79 @@ void CompileService::Shutdown() {
   absl::MutexLock lock(&mu_);  // wakes requests waiting for a slot
 }
 
-bool CompileService::SlotFree() const {
-  return stopping_.load() || running_ < std::max(1, options_.max_parallel);
+absl::Status CompileService::Enqueue(const Queued& q,
+                                     const std::string& target) {
+  const CompileQueueLimits& l = options_.queue;
+  const UidQueue& u = uids_[q.uid];
+  std::string full;
+  if (u.queued + 1 > l.max_queued_per_uid) {
+    full = absl::StrCat("uid ", q.uid, " already has ", u.queued,
+                        " compile requests waiting, the limit "
+                        "(compile_max_queued_per_uid)");
+  } else if (u.bytes + q.bytes > l.max_queued_bytes_per_uid) {
+    full = absl::StrCat("uid ", q.uid, "'s waiting compile requests hold ",
+                        u.bytes, " bytes of sources and this one ", q.bytes,
+                        ", over the limit of ", l.max_queued_bytes_per_uid,
+                        " bytes (compile_max_queued_bytes_per_uid)");
+  } else if (queued_ + 1 > l.max_queued) {
+    full = absl::StrCat("kregd already has ", queued_,
+                        " compile requests waiting, the limit "
+                        "(compile_max_queued)");
+  } else if (queued_bytes_ + q.bytes > l.max_queued_bytes) {
+    full = absl::StrCat("kregd's waiting compile requests hold ", queued_bytes_,
+                        " bytes of sources and this one ", q.bytes,
+                        ", over the limit of ", l.max_queued_bytes,
+                        " bytes (compile_max_queued_bytes)");
+  }
+  if (!full.empty()) {
+    if (u.queued == 0 && u.running == 0 && u.waiting.empty()) {
+      uids_.erase(q.uid);
+    }
+    queue_refusals_.fetch_add(1);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("compile of target \"", target, "\" refused: ", full,
+                     ". Compile again once earlier compiles are done, or "
+                     "raise the limit in kregd's config"));
+  }
+  UidQueue& mine = uids_[q.uid];
+  ++mine.queued;
+  mine.bytes += q.bytes;
+  ++queued_;
+  queued_bytes_ += q.bytes;
+  return absl::OkStatus();
+}
+
+void CompileService::Dequeue(const Queued& q) {
+  UidQueue& u = uids_[q.uid];
+  --u.queued;
+  u.bytes -= q.bytes;
+  --queued_;
+  queued_bytes_ -= q.bytes;
+  if (u.queued == 0 && u.running == 0 && u.waiting.empty()) uids_.erase(q.uid);
+}
+
+void CompileService::GrantSlots() {
+  const int slots = std::max(1, options_.max_parallel);
+  while (running_ < slots) {
+    // The first uid after the last one served that has a request waiting
+    // and a compile to spare, wrapping around.
+    auto eligible = [this](const std::pair<const uid_t, UidQueue>& e) {
+      return !e.second.waiting.empty() &&
+             e.second.running < options_.queue.max_running_per_uid;
+    };
+    const auto after = uids_.upper_bound(last_served_);
+    auto pick = std::find_if(after, uids_.end(), eligible);
+    if (pick == uids_.end()) {
+      pick = std::find_if(uids_.begin(), after, eligible);
+      if (pick == after) return;
+    }
+    Queued* q = pick->second.waiting.front();
+    pick->second.waiting.pop_front();
+    q->granted = true;
+    ++pick->second.running;
+    ++running_;
+    last_served_ = pick->first;
+  }
 }
 
 CompileService::CompileService(Registrar* registrar, CompileCache* cache,
@@ -133,8 +205,8 @@ absl::StatusOr<std::string> CompileService::Identity(Platform platform) {
     job.set_uid(65534);
     job.set_gid(65534);
   }
-  absl::StatusOr<v1::CompileJobResult> r =
-      RunWorker(job, std::chrono::seconds(60), 1);
+  absl::StatusOr<v1::CompileJobResult> r = RunWorker(
+      job, std::chrono::seconds(60), 1, [this] { return stopping_.load(); });
   if (!r.ok()) return r.status();
   if (r->code() != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -151,17 +223,77 @@ absl::StatusOr<std::string> CompileService::Identity(Platform platform) {
   return identity;
 }
 
-absl::StatusOr<std::string> CompileService::RunCompile(
-    const CompileRequest& req, const PeerCred& peer, std::string* diagnostics) {
-  {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(this, &CompileService::SlotFree));
-    if (stopping_.load()) {
-      return absl::CancelledError(
-          "kregd is shutting down; compile again once kregd is back");
-    }
-    ++running_;
+absl::Status CompileService::Abandoned(const std::string& target, uid_t uid) {
+  if (stopping_.load()) {
+    return absl::CancelledError(
+        "kregd is shutting down; compile again once kregd is back");
   }
+  abandoned_.fetch_add(1);
+  // A client can make this at will: rate-limited per uid.
+  std::string suppressed;
+  if (PeerLogLimiter().Allow(absl::StrCat("uid ", uid), &suppressed)) {
+    spdlog::info(
+        "compile of \"{}\" for uid {}: dropped, its caller went away "
+        "(nobody else waits for it){}",
+        target, uid, suppressed);
+  }
+  return absl::CancelledError(absl::StrCat("compile of target \"", target,
+                                           "\" dropped: the caller went away"));
+}
+
+absl::Status CompileService::AcquireSlot(const CompileRequest& req,
+                                         const PeerCred& peer,
+                                         const std::function<bool()>& abandon) {
+  Queued q{peer.uid, req.bytes, false};
+  absl::MutexLock lock(&mu_);
+  if (stopping_.load()) return Abandoned(req.target_name, peer.uid);
+  UidQueue& u = uids_[peer.uid];
+  // Waits (and counts as queued) unless a slot is free for it right now.
+  const bool counted =
+      !(running_ < std::max(1, options_.max_parallel) &&
+        u.running < options_.queue.max_running_per_uid && u.waiting.empty());
+  if (counted) {
+    if (absl::Status s = Enqueue(q, req.target_name); !s.ok()) return s;
+  }
+  uids_[peer.uid].waiting.push_back(&q);
+  GrantSlots();
+  auto granted_or_stopping = [this, &q] {
+    return q.granted || stopping_.load();
+  };
+  while (!q.granted && !stopping_.load() && !abandon()) {
+    mu_.AwaitWithTimeout(absl::Condition(&granted_or_stopping),
+                         absl::Seconds(1));
+  }
+  if (counted) Dequeue(q);
+  if (q.granted && !stopping_.load()) return absl::OkStatus();
+  if (q.granted) {
+    --uids_[peer.uid].running;
+    --running_;
+  } else {
+    std::deque<Queued*>& w = uids_[peer.uid].waiting;
+    w.erase(std::find(w.begin(), w.end(), &q));
+  }
+  const UidQueue& left = uids_[peer.uid];
+  if (left.queued == 0 && left.running == 0 && left.waiting.empty()) {
+    uids_.erase(peer.uid);
+  }
+  GrantSlots();
+  return Abandoned(req.target_name, peer.uid);
+}
+
+void CompileService::ReleaseSlot(uid_t uid) {
+  absl::MutexLock lock(&mu_);
+  UidQueue& u = uids_[uid];
+  --u.running;
+  --running_;
+  if (u.queued == 0 && u.running == 0 && u.waiting.empty()) uids_.erase(uid);
+  GrantSlots();
+}
+
+absl::StatusOr<std::string> CompileService::RunCompile(
+    const CompileRequest& req, const PeerCred& peer, std::string* diagnostics,
+    const std::function<bool()>& abandon) {
+  if (absl::Status s = AcquireSlot(req, peer, abandon); !s.ok()) return s;
   v1::CompileJob job;
   job.set_compiler(CompilerFor(req.platform));
   for (std::string& a : BaseArgs(req.platform)) {
@@ -191,14 +323,15 @@ absl::StatusOr<std::string> CompileService::RunCompile(
   compiles_.fetch_add(1);
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<v1::CompileJobResult> r =
-      RunWorker(job, WorkerTimeout(job.limits()), job.limits().output_bytes());
-  {
-    absl::MutexLock lock(&mu_);
-    --running_;
-  }
+      RunWorker(job, WorkerTimeout(job.limits()), job.limits().output_bytes(),
+                [this, abandon] { return stopping_.load() || abandon(); });
+  ReleaseSlot(peer.uid);
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
+  if (!r.ok() && r.status().code() == absl::StatusCode::kCancelled) {
+    return Abandoned(req.target_name, peer.uid);
+  }
   if (!r.ok()) {
     spdlog::error("compile of \"{}\" for uid {}: {}", req.target_name, peer.uid,
                   std::string(r.status().message()));
@@ -243,12 +376,15 @@ absl::Status CompileService::CompileFailure(
 
 absl::StatusOr<CompileOutcome> CompileService::Compile(
     const v1::CompileTargetRequest& request, const PeerCred& peer,
-    const std::function<void(const std::string&)>& diagnostics) {
+    const std::function<void(const std::string&)>& diagnostics,
+    const std::function<bool()>& client_gone) {
   requests_.fetch_add(1);
   absl::StatusOr<CompileRequest> req = ParseCompileRequest(request);
   if (!req.ok()) return req.status();
   absl::StatusOr<std::string> identity = Identity(req->platform);
   if (!identity.ok()) return identity.status();
+  const std::function<bool()> gone =
+      client_gone ? client_gone : [] { return false; };
   CompileOutcome out;
   out.cache_key = CompileCacheKey(*req, *identity);
   // Builds are reused only for the caller's uid (CallerScopedKey).
@@ -263,12 +399,22 @@ absl::StatusOr<CompileOutcome> CompileService::Compile(
     hits_.fetch_add(1);
   } else {
     std::shared_ptr<Flight> flight;
+    const Queued waiting{peer.uid, req->bytes, false};
     {
       absl::MutexLock lock(&mu_);
-      auto [it, inserted] =
-          flights_.try_emplace(scoped, std::make_shared<Flight>());
-      flight = it->second;
-      leader = inserted;
+      auto found = flights_.find(scoped);
+      leader = found == flights_.end();
+      if (leader) {
+        flight =
+            flights_.emplace(scoped, std::make_shared<Flight>()).first->second;
+      } else {
+        // Waiting for the compile in progress counts as queued.
+        if (absl::Status s = Enqueue(waiting, req->target_name); !s.ok()) {
+          return s;
+        }
+        flight = found->second;
+        ++flight->waiters;
+      }
     }
     if (leader) {
       // Another request may have finished this key since the lookup; in
@@ -289,7 +435,11 @@ absl::StatusOr<CompileOutcome> CompileService::Compile(
         out.cache_hit = true;
         hits_.fetch_add(1);
       } else {
-        built = RunCompile(*req, peer, &diag);
+        // Given up only when this caller and every request waiting for
+        // the compile went away.
+        built = RunCompile(*req, peer, &diag, [&gone, &flight] {
+          return flight->waiters.load() == 0 && gone();
+        });
         if (built.ok()) {
           if (absl::Status s = cache_->Put(scoped, *built); !s.ok()) {
             spdlog::warn("compile cache: {}", std::string(s.message()));
@@ -305,7 +455,17 @@ absl::StatusOr<CompileOutcome> CompileService::Compile(
       waits_.fetch_add(1);
       out.waited = true;
       absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(&flight->done));
+      while (!flight->done && !gone()) {
+        mu_.AwaitWithTimeout(absl::Condition(&flight->done), absl::Seconds(1));
+      }
+      --flight->waiters;
+      Dequeue(waiting);
+      if (!flight->done) {
+        abandoned_.fetch_add(1);
+        return absl::CancelledError(
+            absl::StrCat("compile of target \"", req->target_name,
+                         "\": the caller went away while it waited"));
+      }
     }
     // Done: nobody writes the flight any more.
     out.diagnostics = flight->diagnostics;
@@ -323,6 +483,7 @@ absl::StatusOr<CompileOutcome> CompileService::Compile(
   reg.platform = PlatformName(req->platform);
   reg.content_id = req->content_id.empty() ? out.cache_key : req->content_id;
   reg.file_name = absl::StrCat("compiled from ", req->sources.front().first);
+  reg.compiled = true;  // ParseCompileRequest checked the caller's content_id
   reg.replace = req->replace;
   reg.source = RegistrationRequest::Source::kUpload;
   reg.upload_size = module->size();
@@ -359,6 +520,8 @@ CompileCounts CompileService::counts() const {
   c.waits = waits_.load();
   c.failures = failures_.load();
   c.peer_fetches = peer_fetches_.load();
+  c.abandoned = abandoned_.load();
+  c.queue_refusals = queue_refusals_.load();
   return c;
 }
 

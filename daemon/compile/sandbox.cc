@@ -55,6 +55,21 @@ absl::Status EnterSandbox(const std::string& scratch, uint64_t scratch_bytes,
   return absl::OkStatus();
 }
 
+absl::StatusOr<pid_t> ForkIntoPidNamespace() {
+  if (::unshare(CLONE_NEWPID) != 0) return Fail("unshare(CLONE_NEWPID)");
+  const pid_t child = ::fork();
+  if (child < 0) return Fail("fork into the new PID namespace");
+  return child;
+}
+
+absl::Status MountOwnProc() {
+  if (::mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+              nullptr) != 0) {
+    return Fail("mounting a proc of the compile's PID namespace on /proc");
+  }
+  return absl::OkStatus();
+}
+
 uint64_t TasksOfUid(uid_t uid) {
   uint64_t tasks = 0;
   DIR* d = ::opendir("/proc");

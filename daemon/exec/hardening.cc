@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <grp.h>
+#include <sched.h>
 #include <seccomp.h>
 #include <signal.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 
@@ -61,7 +63,10 @@ absl::Status TieToParent(pid_t parent_pid, bool die_with_parent) {
   return absl::OkStatus();
 }
 
-absl::Status InstallSeccompFilter() {
+namespace {
+
+// `compiler`: InstallCompilerSeccompFilter's variant.
+absl::Status LoadFilter(bool compiler) {
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
     return absl::InternalError(
         absl::StrCat("PR_SET_NO_NEW_PRIVS: ", strerror(errno)));
@@ -103,6 +108,7 @@ absl::Status InstallSeccompFilter() {
                            "fsmount",
                            "move_mount",
                            "open_tree"}) {
+    if (compiler && std::strncmp(name, "execve", 6) == 0) continue;
     int nr = seccomp_syscall_resolve_name(name);
     if (nr == __NR_SCMP_ERROR) continue;  // not on this architecture
     rc = seccomp_rule_add(ctx, deny, nr, 0);
@@ -111,7 +117,7 @@ absl::Status InstallSeccompFilter() {
   // socket(): only local families. One rule per denied family (a rule
   // cannot compare one argument twice), then everything above the last.
   for (int family = 0; rc == 0 && family < 64; ++family) {
-    if (family == AF_UNIX || family == AF_NETLINK) continue;
+    if (family == AF_UNIX || (family == AF_NETLINK && !compiler)) continue;
     rc = seccomp_rule_add(
         ctx, deny, SCMP_SYS(socket), 1,
         SCMP_A0(SCMP_CMP_EQ, static_cast<scmp_datum_t>(family)));
@@ -119,6 +125,20 @@ absl::Status InstallSeccompFilter() {
   if (rc == 0) {
     rc = seccomp_rule_add(ctx, deny, SCMP_SYS(socket), 1,
                           SCMP_A0(SCMP_CMP_GE, 64));
+  }
+  if (compiler) {
+    // clone(flags, ...): no new namespace of any kind.
+    for (scmp_datum_t flag :
+         {CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC,
+          CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET}) {
+      if (rc == 0) {
+        rc = seccomp_rule_add(ctx, deny, SCMP_SYS(clone), 1,
+                              SCMP_A0(SCMP_CMP_MASKED_EQ, flag, flag));
+      }
+    }
+    if (rc == 0) {
+      rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
+    }
   }
   if (rc == 0) rc = seccomp_load(ctx);
   seccomp_release(ctx);
@@ -128,5 +148,11 @@ absl::Status InstallSeccompFilter() {
   }
   return absl::OkStatus();
 }
+
+}  // namespace
+
+absl::Status InstallSeccompFilter() { return LoadFilter(false); }
+
+absl::Status InstallCompilerSeccompFilter() { return LoadFilter(true); }
 
 }  // namespace kreg

@@ -1,5 +1,6 @@
 #include "daemon/validate.h"
 
+#include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "common/platforms.h"
 
@@ -80,6 +81,23 @@ TEST_CASE("Content ids are printable and bounded", "[validate]") {
   CHECK_THAT(Message(ValidateContentId("has space")),
              Catch::Contains("content_id \"has space\""));
   CHECK_FALSE(ValidateContentId(std::string(300, 'x')).ok());
+}
+
+TEST_CASE("A client's content_id may not start with the compile prefix",
+          "[validate]") {
+  CHECK(ValidateContentId("kcc-sha256:00").ok());  // the service's own
+  CHECK(ValidateClientContentId("cache:kcc-1").ok());
+  CHECK_FALSE(ValidateClientContentId("has space").ok());
+  for (const char* id : {"kcc-sha256:00", "KCC-x", "kcc-"}) {
+    absl::Status s = ValidateClientContentId(id);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(Message(s) == absl::StrCat("content_id \"", id,
+                                     "\" starts with \"kcc-\", which is "
+                                     "reserved for modules kregd compiled "
+                                     "itself (kreg.compile_ffi_target, kregctl "
+                                     "compile); use another content_id, or "
+                                     "have kregd compile the sources"));
+  }
 }
 
 TEST_CASE("UTF-8: well-formed passes, malformed is caught", "[validate]") {

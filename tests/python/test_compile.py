@@ -631,6 +631,8 @@ def test_compiles_are_counted_in_prometheus_metrics(tmp_path):
     assert "\nkregd_compiles_total 2\n" in text, text
     assert 'kregd_compile_requests_total{outcome="cache_hit"} 1' in text
     assert 'kregd_compile_requests_total{outcome="failed"} 1' in text
+    assert 'kregd_compile_requests_total{outcome="queue_full"} 0' in text
+    assert 'kregd_compile_requests_total{outcome="abandoned"} 0' in text
     assert "# TYPE kregd_compiles_total counter" in text
   finally:
     kregd_proc.finish_test_daemon(d)
@@ -699,7 +701,7 @@ def test_a_sandbox_that_cannot_be_set_up_says_what_kregd_needs(nobody_dir):
   message = answer[2][0].decode()
   assert message.startswith("the compile sandbox could not be set up "
                             "(sandbox: unshare("), message
-  assert "CAP_SYS_ADMIN" in message and "RestrictNamespaces=mnt net ipc" in (
+  assert "CAP_SYS_ADMIN" in message and "RestrictNamespaces=mnt net ipc pid" in (
       message)
   # And garbage instead of a job: INVALID_ARGUMENT, not a crash.
   p = subprocess.run([str(worker)], input=b"\xff\xff\xff", capture_output=True,
@@ -768,3 +770,337 @@ def test_a_missing_ffi_include_dir_stops_kregd_at_start_naming_the_key(
   assert r.returncode != 0, r.stderr
   assert "compile_ffi_include_dir" in r.stderr, r.stderr
   assert f"no xla/ffi/api/ffi.h under {empty}" in r.stderr, r.stderr
+
+
+# -- the queue, the content_id prefix, the sandbox (issue 31) ---------------
+
+def daemon_with(tmp_path, prefix: str, toml: str):
+  cfg = tmp_path / f"{prefix}.toml"
+  cfg.write_text(toml)
+  return kregd_proc.start_test_daemon(f"kreg-{prefix}-", ["--config", str(cfg)])
+
+
+@pytest.fixture
+def fifos():
+  """make(name): a FIFO under /var/tmp anyone may open; release(path) lets
+  the compile reading it go on (an empty include)."""
+  root = pathlib.Path(tempfile.mkdtemp(prefix="kreg-fifo-", dir="/var/tmp"))
+  os.chmod(root, 0o755)
+  made = []
+
+  def make(name: str) -> pathlib.Path:
+    path = root / name
+    os.mkfifo(path)
+    os.chmod(path, 0o666)
+    made.append(path)
+    return path
+
+  yield make
+  for path in made:  # nobody blocks on them any more
+    try:
+      os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+      pass
+  shutil.rmtree(root, ignore_errors=True)
+
+
+def release(fifo: pathlib.Path, timeout: float = 60) -> None:
+  """Opens `fifo` for writing once its compile has it open, then closes it."""
+  deadline = time.monotonic() + timeout
+  while True:
+    try:
+      os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+      return
+    except OSError:  # ENXIO: no reader yet
+      assert time.monotonic() < deadline, f"nobody read {fifo}"
+      time.sleep(0.1)
+
+
+def wait_for(what, timeout: float = 60, step: float = 0.1):
+  deadline = time.monotonic() + timeout
+  while not what():
+    assert time.monotonic() < deadline, "timed out"
+    time.sleep(step)
+
+
+def fifo_source(fifo: pathlib.Path) -> str:
+  return unique(f'#include "{fifo}"\nint x;\n')
+
+
+def start_compile(d, name: str, text: str, errors: list):
+  """A compile on a thread; its KregError (if any) lands in `errors`."""
+  import threading  # pylint: disable=import-outside-toplevel
+
+  def run():
+    try:
+      kreg.Client(d.socket).compile_ffi_target(name, {"k.cc": text}, "f",
+                                               platform="cpu")
+    except kreg.KregError as e:
+      errors.append(e)
+
+  t = threading.Thread(target=run, daemon=True)
+  t.start()
+  return t
+
+
+QUEUE_TOML = "max_parallel_compiles = 1\ncompile_timeout_s = 300.0\n"
+
+
+def test_a_uids_queue_is_bounded_and_the_refusal_names_the_limit(
+    tmp_path, fifos):
+  d = daemon_with(tmp_path, "cqueue",
+                  QUEUE_TOML + "compile_max_queued_per_uid = 1\n")
+  try:
+    errors = []
+    running = start_compile(d, "cc.q1", fifo_source(fifos("q1")), errors)
+    wait_for(lambda: compiles(d) == 1)
+    queued = start_compile(d, "cc.q2", unique("int q2;\n"), errors)
+    wait_for(lambda: d.status()["compile_requests"] == 2)
+    time.sleep(0.5)
+    with pytest.raises(kreg.KregError) as info:
+      kreg.Client(d.socket).compile_ffi_target(
+          "cc.q3", {"k.cc": unique("int q3;\n")}, "f", platform="cpu",
+          timeout=60)
+    assert info.value.code == "RESOURCE_EXHAUSTED"
+    assert (f"compile of target \"cc.q3\" refused: uid {os.getuid()} already "
+            "has 1 compile requests waiting, the limit "
+            "(compile_max_queued_per_uid)") in info.value.message
+    assert compiles(d) == 1  # nothing more ran for it
+  finally:
+    kregd_proc.finish_test_daemon(d)
+  running.join(timeout=30)
+  queued.join(timeout=30)
+
+
+def test_the_queued_bytes_are_bounded(tmp_path, fifos):
+  d = daemon_with(tmp_path, "cqbytes",
+                  QUEUE_TOML + "compile_max_queued_bytes = 1048576\n")
+  try:
+    errors = []
+    start_compile(d, "cc.b1", fifo_source(fifos("b1")), errors)
+    wait_for(lambda: compiles(d) == 1)
+    big = unique("int b2;\n") + "//" + "x" * (2 << 20) + "\n"
+    with pytest.raises(kreg.KregError) as info:
+      kreg.Client(d.socket).compile_ffi_target("cc.b2", {"k.cc": big}, "f",
+                                               platform="cpu", timeout=60)
+    assert info.value.code == "RESOURCE_EXHAUSTED"
+    assert ("over the limit of 1048576 bytes (compile_max_queued_bytes)"
+            in info.value.message), info.value.message
+  finally:
+    kregd_proc.finish_test_daemon(d)
+
+
+def kregctl_compile(d, tmp_path, name: str, text: str, **kw):
+  """`kregctl compile NAME f k.cc` as a child process (Popen)."""
+  src = tmp_path / f"{name}.cc"
+  src.write_text(text)
+  os.chmod(src, 0o644)
+  return subprocess.Popen(
+      [str(kregd_proc.kregctl_binary()), "--socket", d.socket, "compile", name,
+       "f", str(src)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+      text=True, **kw)
+
+
+def ps_args() -> str:
+  return subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True,
+                        text=True).stdout
+
+
+def test_a_compile_whose_caller_went_away_is_dropped_or_stopped(
+    tmp_path, fifos):
+  if kregd_proc.kregctl_binary() is None:
+    pytest.skip("kregctl not built")
+  d = daemon_with(tmp_path, "cgone", QUEUE_TOML)
+  try:
+    fifo = fifos("g1")
+    first = kregctl_compile(d, tmp_path, "cc.g1", fifo_source(fifo))
+    wait_for(lambda: compiles(d) == 1)
+    # Queued behind it, then its client dies: dropped, never compiled.
+    gone = kregctl_compile(d, tmp_path, "cc.g2", unique("int g2;\n"))
+    wait_for(lambda: d.status()["compile_requests"] == 2)
+    gone.kill()
+    gone.wait()
+    wait_for(lambda: 'compile of "cc.g2" for uid' in d.log(None) and
+             "its caller went away" in d.log(None))
+    release(fifo)
+    assert first.wait(timeout=120) is not None
+    # The next compile runs right after the first: the dropped one did not.
+    # (It has no symbol "f": compiled, then refused by registration.)
+    with pytest.raises(kreg.KernelRegistrationError):
+      kreg.Client(d.socket).compile_ffi_target(
+          "cc.g3", {"k.cc": unique("int g3;\n")}, "f", platform="cpu")
+    assert compiles(d) == 2, d.log()
+    # A running compile whose only caller dies is stopped (its worker and
+    # the compiler reading the FIFO are killed), not run to its 300 s.
+    source = f"forever_{uuid.uuid4().hex}"
+    running = kregctl_compile(d, tmp_path, source, fifo_source(fifos("g4")))
+    wait_for(lambda: source in ps_args())
+    running.kill()
+    running.wait()
+    wait_for(lambda: source not in ps_args(), timeout=30)
+  finally:
+    kregd_proc.finish_test_daemon(d)
+
+
+def kregd_threads(d) -> int:
+  for line in pathlib.Path(f"/proc/{d.pid}/status").read_text().splitlines():
+    if line.startswith("Threads:"):
+      return int(line.split()[1])
+  raise AssertionError("no Threads: line")
+
+
+def test_queued_requests_do_not_each_hold_a_kregd_thread(tmp_path, fifos):
+  d = daemon_with(tmp_path, "cthreads", QUEUE_TOML +
+                  "compile_max_queued = 4\ncompile_max_queued_per_uid = 100\n")
+  try:
+    errors = []
+    start_compile(d, "cc.t0", fifo_source(fifos("t0")), errors)
+    wait_for(lambda: compiles(d) == 1)
+    before = kregd_threads(d)
+    threads = [start_compile(d, f"cc.t{i}", unique(f"int t{i};\n"), errors)
+               for i in range(1, 61)]
+    # Every request either waits (4) or is refused at once.
+    wait_for(lambda: len(errors) >= 56, timeout=120)
+    assert all(e.code == "RESOURCE_EXHAUSTED" and "(compile_max_queued)" in
+               e.message for e in errors), [e.message for e in errors[:3]]
+    time.sleep(1)
+    assert kregd_threads(d) <= before + 4 + 20, (before, kregd_threads(d))
+    assert compiles(d) == 1
+  finally:
+    kregd_proc.finish_test_daemon(d)
+  for t in threads:
+    t.join(timeout=30)
+
+
+def test_one_uids_queue_does_not_starve_another_uid(tmp_path, fifos,
+                                                    nobody_dir):
+  d = daemon_with(tmp_path, "cfair", QUEUE_TOML)
+  try:
+    errors = []
+    a = [fifos(f"a{i}") for i in range(4)]
+    start_compile(d, "cc.a0", fifo_source(a[0]), errors)
+    wait_for(lambda: compiles(d) == 1)
+    for i in (1, 2, 3):  # root's queue: each would hold the slot for 300 s
+      start_compile(d, f"cc.a{i}", fifo_source(a[i]), errors)
+    wait_for(lambda: d.status()["compile_requests"] == 4)
+    src = nobody_dir / "b.cc"
+    src.write_text(unique(AXPB).replace('#include "axpb.h"',
+                                        "#define KREG_B 1.0f"))
+    os.chmod(src, 0o644)
+    import threading  # pylint: disable=import-outside-toplevel
+    result = []
+    b = threading.Thread(target=lambda: result.append(as_nobody(
+        d, nobody_dir, "cc.b", "AxpbHandler", str(src))), daemon=True)
+    b.start()
+    wait_for(lambda: d.status()["compile_requests"] == 5)
+    release(a[0])
+    # uid 65534's compile is next, ahead of root's three queued ones.
+    b.join(timeout=100)
+    assert result, "uid 65534's compile waited behind root's queue"
+    assert result[0].returncode == 0, result[0].stdout + result[0].stderr
+    assert compiles(d) <= 3  # a0, b, and perhaps a1 (root's next) by now
+  finally:
+    kregd_proc.finish_test_daemon(d)
+
+
+def test_a_kcc_content_id_is_the_compile_services_own(daemon, tmp_path):
+  key = kreg.compile_ffi_target("cc.kcc.real", {"k.cc": unique(AXPB)},
+                                "AxpbHandler", platform="cpu",
+                                headers={"axpb.h": AXPB_H}).content_id
+  assert key.startswith("kcc-sha256:")
+  want = (f"content_id \"{key}\" starts with \"kcc-\", which is reserved for "
+          "modules kregd compiled itself (kreg.compile_ffi_target, kregctl "
+          "compile)")
+  demo = ku.kernel_path(ku.DEMO)
+  # An upload claiming the compile's key (gRPC and the session path).
+  with pytest.raises(kreg.KernelRegistrationError) as info:
+    kreg.register_ffi_target("cc.kcc.spoof", demo.read_bytes(), "Scale",
+                             platform="cpu", content_id=key)
+  assert info.value.code == "INVALID_ARGUMENT"
+  assert want in info.value.message, info.value.message
+  p = kregd_proc.run_kregctl(daemon, "register", "cc.kcc.spoof2", "--module",
+                             str(demo), "--function", "Scale", "--platform",
+                             "cpu", "--content-id", key.upper(), check=False)
+  assert p.returncode != 0 and "is reserved for modules kregd compiled" in (
+      p.stdout + p.stderr), p.stdout + p.stderr
+  # A compile request cannot name another compile's key either.
+  before = compiles(daemon)
+  with pytest.raises(kreg.KregError) as info:
+    kreg.compile_ffi_target("cc.kcc.spoof3", {"k.cc": unique("int s;\n")},
+                            "f", platform="cpu", content_id=key)
+  assert info.value.code == "INVALID_ARGUMENT"
+  assert "reserved for modules kregd compiled" in info.value.message
+  assert compiles(daemon) == before
+  assert not [t for t in kreg.list_registered_targets()
+              if t.target_name.startswith("cc.kcc.spoof")]
+
+
+def test_a_refusal_names_each_module_by_its_own_origin(daemon, nobody_dir):
+  # root compiles k.cc under a content_id of its own; uid 65534 uploads
+  # other bytes claiming it: the refusal names the upload by its file and
+  # the compiled module by its digest and origin, never the upload as
+  # "compiled from k.cc".
+  cid = f"cid-{uuid.uuid4().hex}"
+  reg = kreg.compile_ffi_target("cc.label", {"k.cc": unique(AXPB)},
+                                "AxpbHandler", platform="cpu",
+                                headers={"axpb.h": AXPB_H}, content_id=cid)
+  compiled = reg.target.module_digest
+  demo = nobody_dir / "libdemo_copy.so"
+  shutil.copy(ku.kernel_path(ku.DEMO), demo)
+  os.chmod(demo, 0o644)
+  exe = nobody_dir / "kregctl"
+  shutil.copy(kregd_proc.kregctl_binary(), exe)
+  os.chmod(exe, 0o755)
+  os.chmod(daemon.root, 0o711)
+  p = subprocess.run([str(exe), "--socket", daemon.socket, "register",
+                      "cc.label", "--module", str(demo), "--function",
+                      "AxpbHandler",
+                      "--platform", "cpu", "--content-id", cid],
+                     capture_output=True, text=True, timeout=120, user=65534,
+                     group=0, extra_groups=[], cwd="/")
+  out = p.stdout + p.stderr
+  assert p.returncode != 0, out
+  assert "compiled from" not in out, out
+  assert f"module {compiled} (upload:" in out, out
+  assert re.search(r'module "[^"]*libdemo_copy\.so" \(sha256:', out), out
+
+
+def test_the_compile_sandbox_hides_the_host_and_filters_system_calls(
+    daemon, tmp_path):
+  if os.geteuid() != 0:
+    pytest.skip("needs root: kregd sandboxes compiles only as root")
+  # The host's /tmp (kregd's directory is under it) through kregd's
+  # /proc/<pid>/root: the compile has its own /proc, where no such pid is.
+  marker = daemon.root / "marker.h"
+  marker.write_text("#define KREG_SEEN 1\n")
+  os.chmod(marker, 0o644)
+  with pytest.raises(kreg.CompileError) as info:
+    kreg.compile_ffi_target(
+        "cc.procroot",
+        {"k.cc": unique(f'#include "/proc/{daemon.pid}/root{marker}"\n')},
+        "f", platform="cpu")
+  assert "No such file or directory" in info.value.diagnostics, (
+      info.value.diagnostics)
+  # What runs in the compile (here a -wrapper around cc1plus) may not open
+  # an AF_INET socket, ptrace or make namespaces.
+  script = "\n".join([
+      "import ctypes, os, socket",
+      "out = []",
+      "try:",
+      "  socket.socket(socket.AF_INET, socket.SOCK_STREAM)",
+      "  out.append('inet:0')",
+      "except OSError as e:",
+      "  out.append('inet:%d' % e.errno)",
+      "libc = ctypes.CDLL(None, use_errno=True)",
+      "for name, call in (('ptrace', lambda: libc.ptrace(0, 0, 0, 0)),",
+      "                   ('unshare', lambda: libc.unshare(0x40000000))):",
+      "  out.append('%s:%d' % (name, ctypes.get_errno() if call() else 0))",
+      "print('probe ' + ' '.join(out), flush=True)",
+      "os._exit(1)"])
+  wrapper = ("/usr/bin/python3,-c,exec(bytes.fromhex('" +
+             script.encode().hex() + "').decode())")
+  with pytest.raises(kreg.CompileError) as info:
+    kreg.compile_ffi_target("cc.probe", {"k.cc": unique("int p;\n")}, "f",
+                            platform="cpu", options=("-wrapper", wrapper))
+  assert "probe inet:1 ptrace:1 unshare:1" in info.value.diagnostics, (
+      info.value.diagnostics)

@@ -34,6 +34,10 @@ struct FakeWorker {
     --running;
     ++runs;
     last_uid = job.uid();
+    {
+      std::lock_guard<std::mutex> lock(cancelled_mu);
+      uids.push_back(job.uid());
+    }
     const std::string& text = job.sources(0).text();
     if (text.rfind("bad", 0) == 0) {
       r.set_code(3);
@@ -60,10 +64,11 @@ struct FakeWorker {
   // The last job's cancellation check (jobs run on several threads).
   std::mutex cancelled_mu;
   std::function<bool()> cancelled;
+  std::vector<uint32_t> uids;  // of the jobs run, in order (cancelled_mu)
 };
 
 struct Fixture {
-  explicit Fixture(int max_parallel = 2)
+  explicit Fixture(int max_parallel = 2, CompileQueueLimits queue = {})
       : registry(&loader, &log),
         registrar(&registry, ModulePolicy{}),
         cache(dir.path() + "/compile", 0) {
@@ -71,6 +76,7 @@ struct Fixture {
     CompileOptions o;
     o.cxx = "/bin/true";  // Identity wants an executable
     o.max_parallel = max_parallel;
+    o.queue = queue;
     o.limits.set_output_bytes(1 << 20);
     o.limits.set_wall_s(10);
     o.run_worker = [this](const v1::CompileJob& job, std::chrono::milliseconds,
@@ -83,8 +89,10 @@ struct Fixture {
     };
     service = std::make_unique<CompileService>(&registrar, &cache, o);
   }
-  absl::StatusOr<CompileOutcome> Compile(const std::string& name,
-                                         const std::string& text) {
+  absl::StatusOr<CompileOutcome> Compile(
+      const std::string& name, const std::string& text,
+      PeerCred peer = PeerCred{1000, 1000, 42},
+      const std::function<bool()>& gone = nullptr) {
     v1::CompileTargetRequest r;
     r.set_target_name(name);
     r.set_func_name("Scale");
@@ -92,7 +100,7 @@ struct Fixture {
     v1::SourceFile* f = r.add_sources();
     f->set_name("k.cc");
     f->set_text(text);
-    return service->Compile(r, PeerCred{1000, 1000, 42}, nullptr);
+    return service->Compile(r, peer, nullptr, gone);
   }
   testing::TempDir dir;
   FakeLoader loader;
@@ -311,6 +319,124 @@ TEST_CASE("Bad requests are refused before the compiler's identity is read",
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(f.worker.runs == 0);
+}
+
+// Starts f.Compile on a thread and gives it time to queue.
+std::thread Later(Fixture& f, absl::StatusOr<CompileOutcome>* out,
+                  const std::string& name, const std::string& text,
+                  uid_t uid = 1000,
+                  const std::function<bool()>& gone = nullptr) {
+  std::thread t([&f, out, name, text, uid, gone] {
+    *out = f.Compile(name, text, PeerCred{uid, uid, 42}, gone);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  return t;
+}
+
+TEST_CASE("Free compiles go round-robin by uid, not first come", "[compile]") {
+  Fixture f(1);
+  f.worker.delay_ms = 600;
+  std::vector<absl::StatusOr<CompileOutcome>> out(4, absl::UnknownError(""));
+  std::vector<std::thread> t;
+  t.push_back(Later(f, &out[0], "cc.r0", "int r0;", 1000));
+  t.push_back(Later(f, &out[1], "cc.r1", "int r1;", 1000));
+  t.push_back(Later(f, &out[2], "cc.r2", "int r2;", 1000));
+  t.push_back(Later(f, &out[3], "cc.r3", "int r3;", 2000));
+  for (std::thread& th : t) th.join();
+  for (const auto& o : out) CHECK(o.ok());
+  CHECK(f.worker.uids == std::vector<uint32_t>{1000, 2000, 1000, 1000});
+}
+
+TEST_CASE("The queue is bounded per uid and in all, by count and bytes",
+          "[compile]") {
+  CompileQueueLimits q;
+  q.max_queued_per_uid = 1;
+  q.max_queued = 2;
+  q.max_queued_bytes_per_uid = 100;
+  q.max_queued_bytes = 1000;
+  Fixture f(1, q);
+  f.worker.delay_ms = 1500;
+  absl::StatusOr<CompileOutcome> running = absl::UnknownError("");
+  absl::StatusOr<CompileOutcome> queued = absl::UnknownError("");
+  absl::StatusOr<CompileOutcome> other = absl::UnknownError("");
+  std::thread a = Later(f, &running, "cc.b0", "int b0;");  // runs at once
+  // Over uid 2000's bytes: refused, nothing counted.
+  absl::StatusOr<CompileOutcome> big =
+      f.Compile("cc.big", std::string(200, 'x'), PeerCred{2000, 2000, 1});
+  std::thread b = Later(f, &queued, "cc.b1", "int b1;");
+  absl::StatusOr<CompileOutcome> second = f.Compile("cc.b2", "int b2;");
+  std::thread c = Later(f, &other, "cc.b3", "int b3;", 3000);
+  absl::StatusOr<CompileOutcome> third =
+      f.Compile("cc.b4", "int b4;", PeerCred{4000, 4000, 1});
+  a.join();
+  b.join();
+  c.join();
+  REQUIRE_FALSE(big.ok());
+  CHECK(big.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(std::string(big.status().message()) ==
+        "compile of target \"cc.big\" refused: uid 2000's waiting compile "
+        "requests hold 0 bytes of sources and this one 204, over the limit "
+        "of 100 bytes (compile_max_queued_bytes_per_uid). Compile again once "
+        "earlier compiles are done, or raise the limit in kregd's config");
+  REQUIRE_FALSE(second.ok());
+  CHECK(std::string(second.status().message())
+            .find("uid 1000 already has 1 compile requests waiting, the limit "
+                  "(compile_max_queued_per_uid)") != std::string::npos);
+  REQUIRE_FALSE(third.ok());
+  CHECK(std::string(third.status().message())
+            .find("kregd already has 2 compile requests waiting, the limit "
+                  "(compile_max_queued)") != std::string::npos);
+  CHECK(running.ok());
+  CHECK(queued.ok());
+  CHECK(other.ok());
+  CHECK(f.worker.runs == 3);
+  CHECK(f.service->counts().queue_refusals == 3);
+}
+
+TEST_CASE("A caller that went away is dropped from the queue", "[compile]") {
+  Fixture f(1);
+  f.worker.delay_ms = 3000;
+  std::atomic<bool> gone{false};
+  absl::StatusOr<CompileOutcome> running = absl::UnknownError("");
+  absl::StatusOr<CompileOutcome> dropped = absl::UnknownError("");
+  std::thread a = Later(f, &running, "cc.d0", "int d0;");
+  std::thread b = Later(f, &dropped, "cc.d1", "int d1;", 1000,
+                        [&gone] { return gone.load(); });
+  gone = true;
+  b.join();  // within about a second, while cc.d0 still compiles
+  CHECK(f.worker.runs == 0);
+  a.join();
+  REQUIRE_FALSE(dropped.ok());
+  CHECK(dropped.status().code() == absl::StatusCode::kCancelled);
+  CHECK(std::string(dropped.status().message()) ==
+        "compile of target \"cc.d1\" dropped: the caller went away");
+  CHECK(f.worker.runs == 1);
+  CHECK(f.service->counts().abandoned == 1);
+}
+
+TEST_CASE("A compile is cancelled only when every caller waiting went away",
+          "[compile]") {
+  Fixture f(1);
+  f.worker.delay_ms = 2000;
+  std::atomic<bool> leader_gone{false}, follower_gone{false};
+  absl::StatusOr<CompileOutcome> leader = absl::UnknownError("");
+  absl::StatusOr<CompileOutcome> follower = absl::UnknownError("");
+  std::thread a = Later(f, &leader, "cc.c0", "int c0;", 1000,
+                        [&] { return leader_gone.load(); });
+  std::thread b = Later(f, &follower, "cc.c0", "int c0;", 1000,
+                        [&] { return follower_gone.load(); });
+  std::function<bool()> cancelled;
+  {
+    std::lock_guard<std::mutex> lock(f.worker.cancelled_mu);
+    cancelled = f.worker.cancelled;
+  }
+  REQUIRE(cancelled);
+  leader_gone = true;
+  CHECK_FALSE(cancelled());  // the follower still waits for it
+  follower_gone = true;
+  b.join();
+  CHECK(cancelled());  // nobody waits: the worker is stopped
+  a.join();
 }
 
 }  // namespace
