@@ -83,10 +83,11 @@ copy_closure() {  # copy_closure DEST FILE...
     fi
   done
 }
-copy_closure "$out/lib" "$out"/libexec/*
+binaries=("$out"/libexec/kregd* "$out"/libexec/kregctl "$out"/libexec/cuda_gpu_test)
+copy_closure "$out/lib" "${binaries[@]}"
 copy_closure "$out/lib/client" "$out"/bin/client/shim/*.so \
   "$out"/bin/kernels/cpu/*.so "$out"/bin/kernels/cuda/*.so
-missing=$(LD_LIBRARY_PATH="$out/lib" ldd "$out"/libexec/* | grep 'not found' || true)
+missing=$(LD_LIBRARY_PATH="$out/lib" ldd "${binaries[@]}" | grep 'not found' || true)
 if [[ -n $missing ]]; then
   echo "gpu_bundle: unresolved libraries:" >&2
   echo "$missing" >&2
