@@ -1,6 +1,7 @@
-// The gRPC socket's connections, from accept to close (issue 31). kregd
-// accepts each itself, records its peer's credentials (SO_PEERCRED) and
-// bounds what connections hold before gRPC spends anything on them:
+// The gRPC socket's connections, from accept to close (operator guide, "The
+// gRPC socket"). kregd accepts each itself, records its peer's credentials
+// (SO_PEERCRED) and bounds what connections hold before gRPC spends anything on
+// them:
 // - at most max_connections in all and max_connections_per_uid for one uid
 //   (counted from accept until the peer closes); one over either is closed
 //   at once, with a rate-limited log line naming the uid and the limit;

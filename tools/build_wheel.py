@@ -16,8 +16,8 @@ machine's architecture and links the system's libprotobuf-lite and
 libstdc++, and kregctl the system's gRPC (build it on the distribution you
 install it on).
 Name, version, dependencies and scripts come from client/python/pyproject.toml;
-License and Home-page too, when it has `license` and `urls.Homepage` (it has
-neither while the repository states no license).
+License, Author and Home-page too, when it has `license`, `authors` and
+`urls.Homepage`; the repository's LICENSE goes into the .dist-info.
 """
 
 from __future__ import annotations
@@ -55,6 +55,9 @@ def metadata(project: dict) -> str:
     license = license.get("text")
   if license:
     lines.append(f"License: {license}")
+  authors = ", ".join(a["name"] for a in project.get("authors", []))
+  if authors:
+    lines.append(f"Author: {authors}")
   homepage = project.get("urls", {}).get("Homepage")
   if homepage:
     lines.append(f"Home-page: {homepage}")
@@ -99,6 +102,7 @@ def main() -> int:
   files.append(("kreg/libkreg_client.so", args.shim.read_bytes()))
   files.append(("kreg/kregctl", kregctl.read_bytes()))
   files.append((f"{dist_info}/METADATA", metadata(project).encode()))
+  files.append((f"{dist_info}/LICENSE", (REPO / "LICENSE").read_bytes()))
   files.append((f"{dist_info}/WHEEL", (
       "Wheel-Version: 1.0\nGenerator: kregd tools/build_wheel.py\n"
       f"Root-Is-Purelib: false\nTag: {tag}\n").encode()))

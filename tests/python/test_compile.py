@@ -772,7 +772,7 @@ def test_a_missing_ffi_include_dir_stops_kregd_at_start_naming_the_key(
   assert f"no xla/ffi/api/ffi.h under {empty}" in r.stderr, r.stderr
 
 
-# -- the queue, the content_id prefix, the sandbox (issue 31) ---------------
+# -- the queue, the content_id prefix, the sandbox (operator guide, "The compile service")
 
 def daemon_with(tmp_path, prefix: str, toml: str):
   cfg = tmp_path / f"{prefix}.toml"

@@ -1,4 +1,4 @@
-"""The gRPC socket's limits (issue 31; operator guide, "The gRPC socket"):
+"""The gRPC socket's limits (operator guide, "The gRPC socket"):
 one uid's idle connections are capped and closed after
 grpc_first_message_timeout_s, so they cannot exhaust kregd's descriptors,
 flood its log or lock out other users; an upload stream is bounded by

@@ -617,7 +617,7 @@ SQUATTER = textwrap.dedent("""
 
 @pytest.mark.parametrize("who", ["another uid", "kregd's uid"])
 def test_an_executor_offers_itself_only_to_a_verified_kregd(hostile, who):
-  # Issue 31: a squatter on the supervision socket while kregd restarts
+  # A squatter on the supervision socket while kregd restarts
   # gets nothing of an orphaned executor, and forges no adoption.
   if who == "another uid" and os.getuid() != 0:
     pytest.skip("needs root to listen as another uid")

@@ -186,9 +186,10 @@ def test_wheel_metadata_license_and_home_page_follow_pyproject(wheel):
   license = project.get("license")
   if isinstance(license, dict):
     license = license.get("text")
-  # The repository states no license: then the wheel claims none.
-  assert (f"License: {license}" in headers) if license else (
-      "License:" not in headers)
+  assert license == "Apache-2.0"
+  assert f"License: {license}" in headers
+  assert "Author: the kregd authors" in headers
+  assert any(n.endswith(".dist-info/LICENSE") for n in zf.namelist())
   home = project.get("urls", {}).get("Homepage")
   assert (f"Home-page: {home}" in headers) if home else (
       "Home-page:" not in headers)
