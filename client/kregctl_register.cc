@@ -3,7 +3,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -39,8 +41,13 @@ struct RegisterOptions {
 int ReadModule(Connection& kregd, const std::string& module_file,
                RegisterRequest* req) {
   struct stat st {};
+  errno = 0;
   if (::stat(module_file.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
-    std::cerr << "cannot read module file \"" << module_file << "\"\n";
+    std::cerr << "cannot read module file \"" << module_file << "\": "
+              << (errno != 0            ? std::strerror(errno)
+                  : S_ISDIR(st.st_mode) ? "it is a directory"
+                                        : "it is not a regular file")
+              << "\n";
     return 2;
   }
   // The one upload limit is kregd's max_module_bytes: refuse before
@@ -59,7 +66,8 @@ int ReadModule(Connection& kregd, const std::string& module_file,
   }
   std::ifstream in(module_file, std::ios::binary);
   if (!in) {
-    std::cerr << "cannot read module file \"" << module_file << "\"\n";
+    std::cerr << "cannot read module file \"" << module_file
+              << "\": " << std::strerror(errno) << "\n";
     return 2;
   }
   std::ostringstream ss;

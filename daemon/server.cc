@@ -181,11 +181,21 @@ Daemon::Daemon(Config config)
 Daemon::~Daemon() { Shutdown(); }
 
 absl::Status Daemon::LockStateDir() {
+  // A user's own kregd that found no XDG variables lands on the system's
+  // directories: say how to run one of its own.
+  auto hint = [this](absl::Status st) {  // errno is still the failure's
+    if ((errno != EACCES && errno != EPERM) || ::geteuid() == 0) return st;
+    return absl::PermissionDeniedError(absl::StrCat(
+        st.message(), "; kregd runs as uid ", ::geteuid(),
+        ", which may not use the state directory ", config_.state_dir,
+        ": for a kregd of your own pass --state-dir and --socket (or set "
+        "XDG_STATE_HOME and XDG_RUNTIME_DIR), or use the system kregd"));
+  };
   absl::Status st = MakeDirs(config_.state_dir, 0700);
-  if (!st.ok()) return st;
+  if (!st.ok()) return hint(st);
   std::string lock = config_.state_dir + "/lock";
   lock_fd_.reset(::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  if (!lock_fd_.ok()) return Errno(absl::StrCat("cannot open ", lock));
+  if (!lock_fd_.ok()) return hint(Errno(absl::StrCat("cannot open ", lock)));
   if (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("state directory ", config_.state_dir,

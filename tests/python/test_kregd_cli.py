@@ -2,10 +2,16 @@
 --print-default-config (validate or show a configuration without starting),
 SIGHUP (logged, not silently ignored) and UTC log times."""
 
+import os
+import pathlib
 import re
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
+
+import pytest
 
 import kregd_proc
 from kregd_proc import daemon_binary
@@ -61,3 +67,46 @@ def test_sighup_is_logged_and_kregd_keeps_serving():
     assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ", first), first
   finally:
     kregd_proc.finish_test_daemon(d)
+
+
+def test_kregctl_says_why_it_cannot_read_a_module_file(tmp_path):
+  d = kregd_proc.start_test_daemon("kreg-modfile-")
+  try:
+    missing = tmp_path / "nope.so"
+    r = kregd_proc.run_kregctl(d, "register", "x.y", "--module", str(missing),
+                               "--function", "F", "--platform", "cpu",
+                               check=False)
+    assert r.returncode == 2
+    assert (f'cannot read module file "{missing}": No such file or directory'
+            in r.stderr), r.stderr
+    r = kregd_proc.run_kregctl(d, "register", "x.y", "--module",
+                               str(tmp_path), "--function", "F", "--platform",
+                               "cpu", check=False)
+    assert r.returncode == 2
+    assert f'cannot read module file "{tmp_path}": it is a directory' \
+        in r.stderr, r.stderr
+  finally:
+    kregd_proc.finish_test_daemon(d)
+
+
+def test_a_user_kregd_on_the_system_state_dir_says_how_to_run_its_own():
+  if os.geteuid() != 0:
+    pytest.skip("needs root: kregd runs as uid 65534")
+  # A directory uid 65534 can reach (pytest's tmp_path is root's 0700).
+  tmp_path = pathlib.Path(tempfile.mkdtemp(prefix="kreg-userd-", dir="/tmp"))
+  tmp_path.chmod(0o755)
+  state = tmp_path / "system-state"
+  state.mkdir(mode=0o700)  # root's, like /var/lib/kregd
+  kregd_copy = tmp_path / "kregd"
+  shutil.copy(daemon_binary(), kregd_copy)
+  kregd_copy.chmod(0o755)
+  r = subprocess.run([str(kregd_copy), "--state-dir", str(state / "kregd"),
+                      "--socket", str(tmp_path / "k.sock")],
+                     capture_output=True, text=True, timeout=60, user=65534,
+                     group=65534, extra_groups=[], stdin=subprocess.DEVNULL,
+                     env={"PATH": "/usr/bin:/bin"})
+  shutil.rmtree(tmp_path, ignore_errors=True)
+  assert r.returncode == 1, r.stderr
+  assert "kregd runs as uid 65534, which may not use the state directory " \
+      f"{state / 'kregd'}: for a kregd of your own pass --state-dir" \
+      in r.stderr, r.stderr
