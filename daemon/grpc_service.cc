@@ -1,6 +1,13 @@
 #include "daemon/grpc_service.h"
 
+#include <algorithm>
+#include <set>
+#include <string>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/edit_distance.h"
 #include "daemon/registration_mapper.h"
 #include "daemon/session/module_upload.h"
 #include "daemon/target_proto.h"
@@ -110,6 +117,30 @@ grpc::Status RegistryService::ListTargets(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
+// " (registered for cuda only)" when the name has other platforms, else
+// " (did you mean \"a\", \"b\"?)" for up to three registered names within a
+// few edits of `name`, else "".
+std::string RegistryService::CloseNames(const std::string& name) {
+  std::set<std::string> platforms, close;
+  for (const EntryPtr& e : registry_->List()) {
+    if (e->key.name == name) {
+      platforms.insert(std::string(PlatformName(e->key.platform)));
+    } else if (EditDistance(e->key.name, name) <=
+               std::max<size_t>(2, name.size() / 4)) {
+      close.insert(e->key.name);
+    }
+  }
+  if (!platforms.empty()) {
+    return absl::StrCat(" (registered for ", absl::StrJoin(platforms, ", "),
+                        " only)");
+  }
+  if (close.empty()) return "";
+  std::vector<std::string> some(close.begin(), close.end());
+  if (some.size() > 3) some.resize(3);
+  return absl::StrCat(" (did you mean \"", absl::StrJoin(some, "\", \""),
+                      "\"?)");
+}
+
 grpc::Status RegistryService::GetTarget(grpc::ServerContext*,
                                         const v1::GetTargetRequest* req,
                                         v1::GetTargetResponse* resp) {
@@ -132,7 +163,8 @@ grpc::Status RegistryService::GetTarget(grpc::ServerContext*,
                      req->platform().empty()
                          ? ""
                          : absl::StrCat(" on platform ", req->platform()),
-                     " is registered; `kregctl list` shows what is"));
+                     " is registered", CloseNames(req->target_name()),
+                     "; `kregctl list` shows what is"));
   }
   for (const EntryPtr& e : found) {
     v1::Target* t = resp->add_targets();

@@ -95,6 +95,10 @@ class RegistryService final : public v1::Registry::Service {
   }
 
  private:
+  // What GetTarget's NOT_FOUND adds: the name's other platforms or close
+  // registered names.
+  std::string CloseNames(const std::string& name);
+
   Registrar* const registrar_;
   Registry* const registry_;
   const PeerOf peer_of_;

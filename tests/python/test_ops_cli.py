@@ -331,6 +331,17 @@ def test_python_m_kreg_list_show_status(running_kregd, kregctl_path):
   assert json.loads(show.stdout)[0]["func_name"] == "Scale"
   missing = run([sys.executable, "-m", "kreg", "show", "ops.nope"], env=env)
   assert missing.returncode == 1 and 'no target "ops.nope"' in missing.stderr
+  # A typo: close registered names; another platform: the ones it has.
+  typo = run([kregctl_path, "--socket", running_kregd.socket, "show",
+              "ops.pyn"])
+  assert typo.returncode == 1
+  assert 'no target "ops.pyn" is registered (did you mean "ops.pym"' \
+      in typo.stderr, typo.stderr
+  other = run([kregctl_path, "--socket", running_kregd.socket, "show",
+               "ops.pym", "--platform", "cuda"])
+  assert other.returncode == 1
+  assert ('no target "ops.pym" on platform cuda is registered (registered '
+          "for cpu only)") in other.stderr, other.stderr
   st = run([sys.executable, "-m", "kreg", "status", "--json"], env=env)
   assert st.returncode == 0, st.stderr
   info = json.loads(st.stdout)
