@@ -536,7 +536,7 @@ def test_under_journald_log_lines_carry_their_syslog_priority():
   # Without $JOURNAL_STREAM: timestamps, no priorities.
   d = make_daemon()
   try:
-    assert re.search(r"^\d{4}-\d\d-\d\dT[\d:.]+ info kregd\[\d+\] ", d.log(),
+    assert re.search(r"^\d{4}-\d\d-\d\dT[\d:.]+Z info kregd\[\d+\] ", d.log(),
                      re.M), d.log()
   finally:
     finish(d)

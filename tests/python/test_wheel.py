@@ -222,6 +222,7 @@ def test_build_wheel_sh_in_a_checkout_without_venv(tmp_path):
   (clone / "tools").mkdir(parents=True)
   for f in ("build_wheel.sh", "build_wheel.py"):
     shutil.copy2(REPO / "tools" / f, clone / "tools" / f)
+  shutil.copy2(REPO / "LICENSE", clone / "LICENSE")
   shutil.copytree(REPO / "client" / "python", clone / "client" / "python",
                   ignore=shutil.ignore_patterns("__pycache__", "*.so"))
   (clone / "tools/setup.sh").write_text(
