@@ -437,7 +437,8 @@ absl::StatusOr<CompileOutcome> CompileService::Compile(
       } else {
         // Given up only when this caller and every request waiting for
         // the compile went away.
-        built = RunCompile(*req, peer, &diag, [&gone, &flight] {
+        // By value: a worker runner may still ask after this call returns.
+        built = RunCompile(*req, peer, &diag, [gone, flight] {
           return flight->waiters.load() == 0 && gone();
         });
         if (built.ok()) {
