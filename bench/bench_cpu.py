@@ -12,11 +12,16 @@ and prints per-call medians, p99s and their ratios for each size.
 (KREG_TRACE_STAGES=1; bench/stages.py) and prints where the time of one
 call goes: shim, ring handoffs, executor decode, call frame, handler.
 
---clients N instead measures throughput: N JAX processes call the n=1024
-target at once for --duration seconds, all in-process, then all forwarded
-(repeated --trials times), and the aggregate calls/s of each and their
-ratio are printed; then, with the N sessions open and idle, the CPU time
-kregd and its executors use over --idle-seconds (from /proc/PID/stat).
+--clients N[,M...] instead measures throughput: N JAX processes call the
+n=1024 target at once for --duration seconds, all in-process, then all
+forwarded (repeated --trials times), and the aggregate calls/s of each and
+their ratio are printed (a row per count); then, with the last count's
+sessions open and idle, the CPU time kregd and its executors use over
+--idle-seconds (from /proc/PID/stat).
+
+--scaling does both in one run: n=1024 per call from this process, then
+throughput with as many clients as this process may use CPUs and twice
+that (the ring's spin-or-sleep choice across machine sizes).
 
 By default a private kregd is started on a temporary socket; --socket uses a
 running one (its allowed roots must include the kernels directory, or the
@@ -206,64 +211,69 @@ def idle_cpu(pids: list[int], seconds: float) -> list[tuple[int, str, float]]:
 
 
 def throughput(sock: str, args, kregd_pid) -> str:
-  env = dict(os.environ)
-  procs = [
-      subprocess.Popen(
-          [sys.executable, __file__, "--worker", "--socket", sock],
-          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-      for _ in range(args.clients)
+  """One row per client count in args.clients, then the idle CPU with the
+  last count's sessions open."""
+  lines = [
+      f"| clients | in-process calls/s | forwarded calls/s | "
+      f"forwarded / in-process | ({args.trials} trials of "
+      f"{args.duration:g} s; median, range) |",
+      "| ---: | ---: | ---: | ---: | ---: |",
   ]
-  try:
-    for p in procs:
-      if p.stdout.readline().strip() != "ready":
-        sys.exit("a bench client failed to start")
-    totals = {INPROC: [], FWD: []}
-    for _ in range(args.trials):
-      for name in (INPROC, FWD):
-        for p in procs:
-          p.stdin.write(f"run {name} {args.duration}\n")
-          p.stdin.flush()
-        rate = 0.0
-        for p in procs:
-          calls, secs = p.stdout.readline().split()
-          rate += int(calls) / float(secs)
-        totals[name].append(rate)
-    lines = [
-        f"| clients | in-process calls/s | forwarded calls/s | "
-        f"forwarded / in-process | ({args.trials} trials of "
-        f"{args.duration:g} s; median, range) |",
-        "| ---: | ---: | ---: | ---: | ---: |",
+  counts = [int(v) for v in args.clients.split(",")]
+  for i, count in enumerate(counts):
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--worker", "--socket", sock],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for _ in range(count)
     ]
-    ratios = sorted(f / i for i, f in zip(totals[INPROC], totals[FWD]))
-    lines.append(
-        f"| {args.clients} | {statistics.median(totals[INPROC]):,.0f} | "
-        f"{statistics.median(totals[FWD]):,.0f} | "
-        f"{statistics.median(ratios):.2f}x | "
-        f"{ratios[0]:.2f}x - {ratios[-1]:.2f}x |")
-    if kregd_pid is None:
-      lines.append("\nidle CPU: not measured (--socket: kregd's pid unknown)")
-    else:
+    try:
+      for p in procs:
+        if p.stdout.readline().strip() != "ready":
+          sys.exit("a bench client failed to start")
+      totals = {INPROC: [], FWD: []}
+      for _ in range(args.trials):
+        for name in (INPROC, FWD):
+          for p in procs:
+            p.stdin.write(f"run {name} {args.duration}\n")
+            p.stdin.flush()
+          rate = 0.0
+          for p in procs:
+            calls, secs = p.stdout.readline().split()
+            rate += int(calls) / float(secs)
+          totals[name].append(rate)
+      ratios = sorted(f / i for i, f in zip(totals[INPROC], totals[FWD]))
+      lines.append(
+          f"| {count} | {statistics.median(totals[INPROC]):,.0f} | "
+          f"{statistics.median(totals[FWD]):,.0f} | "
+          f"{statistics.median(ratios):.2f}x | "
+          f"{ratios[0]:.2f}x - {ratios[-1]:.2f}x |")
+      if i + 1 < len(counts):
+        continue
+      if kregd_pid is None:
+        lines.append("\nidle CPU: not measured (--socket: kregd's pid unknown)")
+        continue
       time.sleep(1.0)  # let every spin end
       usage = idle_cpu(descendants(kregd_pid), args.idle_seconds)
       clients = idle_cpu([p.pid for p in procs], args.idle_seconds)
       lines.append(f"\nidle CPU over {args.idle_seconds:g} s with "
-                   f"{args.clients} open sessions (% of one CPU):")
+                   f"{count} open sessions (% of one CPU):")
       lines += [f"  {name} (pid {pid}): {pct:.1f}%" for pid, name, pct in usage]
       lines.append(f"  the {len(procs)} JAX clients together: "
                    f"{sum(c[2] for c in clients):.1f}%")
-    return "\n".join(lines)
-  finally:
-    for p in procs:
-      try:
-        p.stdin.write("quit\n")
-        p.stdin.close()
-      except OSError:
-        pass
-    for p in procs:
-      try:
-        p.wait(timeout=30)
-      except subprocess.TimeoutExpired:
-        p.kill()
+    finally:
+      for p in procs:
+        try:
+          p.stdin.write("quit\n")
+          p.stdin.close()
+        except OSError:
+          pass
+      for p in procs:
+        try:
+          p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+          p.kill()
+  return "\n".join(lines)
 
 
 def main() -> None:
@@ -280,8 +290,12 @@ def main() -> None:
   ap.add_argument("--sizes", default="1024,16777216",
                   help="comma-separated float32 element counts "
                   "(per-call mode)")
-  ap.add_argument("--clients", type=int, default=0,
-                  help="throughput mode: this many JAX client processes")
+  ap.add_argument("--clients", default="",
+                  help="throughput mode: this many JAX client processes "
+                  "(comma-separated counts: one row each)")
+  ap.add_argument("--scaling", action="store_true",
+                  help="n=1024 per call (1 client), then throughput with as "
+                  "many clients as CPUs and twice that, in one run")
   ap.add_argument("--duration", type=float, default=5.0,
                   help="seconds each throughput trial runs (--clients)")
   ap.add_argument("--idle-seconds", type=float, default=5.0,
@@ -290,6 +304,9 @@ def main() -> None:
                   help="per-stage breakdown of forwarded n=1024 calls")
   ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   args = ap.parse_args()
+  if args.scaling:
+    cpus = len(os.sched_getaffinity(0))
+    args.sizes, args.clients = "1024", f"{cpus},{2 * cpus}"
   if args.stages:
     # Read by the shim at its first forwarded call.
     os.environ["KREG_TRACE_STAGES"] = "1"
@@ -304,7 +321,7 @@ def main() -> None:
       sock = args.socket
     else:
       proc, sock = start_kregd(pathlib.Path(args.kregd), root)
-    if args.clients > 0:
+    if args.clients and not args.scaling:
       print(throughput(sock, args, proc.pid if proc else None))
       return
     register(sock)
@@ -320,6 +337,8 @@ def main() -> None:
       ratios = [t[1] / t[0] for t in trials]
       rows.append((n, inproc, fwd, fwd / inproc, min(ratios), max(ratios),
                    inproc99, fwd99, fwd99 / inproc99))
+    if args.scaling:
+      scaled = throughput(sock, args, proc.pid if proc else None)
   finally:
     if proc is not None:
       proc.terminate()
@@ -337,6 +356,9 @@ def main() -> None:
       for n, a, b, r, lo, hi, a99, b99, r99 in rows]
   table = "\n".join(lines)
   print(table)
+  if args.scaling:
+    print()
+    print(scaled)
   if args.write:
     cpu = platform.processor() or platform.machine()
     try:

@@ -190,26 +190,73 @@ void FutexWait(Word* w, uint32_t expected, int64_t timeout_ns);
 // FUTEX_WAKE (shared) of every waiter on `w`.
 void FutexWake(Word* w);
 
-// Busy-waits up to `spin_ns` for `w` to differ from `value` (a CPU pause
-// between loads). True if it changed.
-bool SpinWhileEqual(const Word& w, uint32_t value, int64_t spin_ns);
-
 // Monotonic clock in nanoseconds.
 int64_t NowNs();
 
-// Spin-then-futex wait for `w` to leave `value`: spins `spin_ns`, then sets
-// `waiting` to 1, re-checks and sleeps (each sleep at most `slice_ns`, < 0:
-// unbounded), clearing `waiting` before it returns. Returns true when the
-// word changed, false when a sleep slice ended without a change (the caller
-// checks its other conditions and calls again).
-// Spins are skipped while MachineBusy() (DESIGN §9: a full machine).
-bool SpinThenWait(Word* w, uint32_t value, Word* waiting, int64_t spin_ns,
+// How long one waiter (a ring side: the client's completion waits, or an
+// executor ring thread's submission waits) spins before it sleeps, learnt
+// from its own recent waits, the way adaptive mutexes decide (DESIGN §9):
+// it spins while spins would have caught its waits and backs off (halved
+// spins, then sleeping at once) while they would not; a spin that lost its
+// CPU (the machine is oversubscribed: spinning takes the CPU the other side
+// needs) makes the next 1, 2, 4 ... 64 waits sleep at once. A waiter that
+// has seen no call for a while (waits longer than a spin) sleeps at once.
+// Not thread-safe: one per waiting thread.
+class SpinPolicy {
+ public:
+  // `limit_ns`: the configured spin (ring_spin_us, KREG_RING_SPIN_US); a
+  // spin stretches up to kStretch times it to cover waits known to be that
+  // short. 0: never spin. `adaptive` false (KREG_RING_ADAPTIVE=0): always
+  // spin `limit_ns`.
+  explicit SpinPolicy(int64_t limit_ns, bool adaptive = AdaptiveDefault());
+  // The spin of the next wait (0: sleep at once).
+  int64_t Next();
+  // What that wait saw: how long it took until the word changed (a wait
+  // that ended without a change counts as long), whether it spun, and
+  // whether the spinning thread lost its CPU while it spun.
+  void Record(int64_t waited_ns, bool spun, bool preempted);
+
+  static constexpr int64_t kStretch = 4;
+  static constexpr int kMaxBackoff = 64;
+  // False with KREG_RING_ADAPTIVE=0 in the environment.
+  static bool AdaptiveDefault();
+
+ private:
+  // The spin that would catch a typical wait: at least limit_ns_.
+  int64_t Base() const;
+
+  const int64_t limit_ns_;
+  const bool adaptive_;
+  int64_t typical_ns_ = 0;  // moving average of the waits a spin caught
+  int misses_ = 0;          // consecutive waits a Base() spin would miss
+  int skip_ = 0;            // waits left that sleep at once
+  int backoff_ = 0;         // waits skipped after the last preempted spin
+};
+
+// Busy-waits up to `spin_ns` for `w` to differ from `value` (a CPU pause
+// between loads). True if it changed. `*preempted` (if given) is set when
+// the spinning thread lost its CPU meanwhile (a gap between two clock
+// reads longer than 64 pauses can take).
+bool SpinWhileEqual(const Word& w, uint32_t value, int64_t spin_ns,
+                    bool* preempted = nullptr);
+
+// Spin-then-futex wait for `w` to leave `value`: spins what `policy`
+// says, then sets `waiting` to 1, re-checks and sleeps (each sleep at most
+// `slice_ns`, < 0: unbounded), clearing `waiting` before it returns, and
+// tells `policy` what it saw. Returns true when the word changed, false
+// when a sleep slice ended without a change (the caller checks its other
+// conditions and calls again). Spins are skipped while MachineBusy().
+bool SpinThenWait(Word* w, uint32_t value, Word* waiting, SpinPolicy* policy,
                   int64_t slice_ns);
 
-// Whether the machine has more runnable threads than this process has
-// CPUs (from /proc/loadavg, at most every 5 ms; with hysteresis). Always
-// false with KREG_RING_ADAPTIVE=0 in the environment.
+// A cheap veto for a clearly oversubscribed machine: more runnable threads
+// than twice the CPUs this process may use (/proc/loadavg, at most every
+// 5 ms, not counting this process's threads spinning in SpinThenWait), until
+// they fall back to the CPUs. Always false with KREG_RING_ADAPTIVE=0.
 bool MachineBusy();
+// MachineBusy()'s hysteresis: whether the machine is busy now, given
+// whether it was, the runnable threads and the CPUs.
+bool BusyAfter(bool busy, int runnable, int cpus);
 
 }  // namespace ring
 }  // namespace kreg

@@ -254,7 +254,9 @@ ClientStatus Conn::Call(v1::SessionRequest* request,
 
 ClientStatus Conn::SetUpRing() {
   std::unique_ptr<ClientRing> ring;
-  if (!ClientRing::Create(&ring).ok()) return ClientStatus::Ok();  // socket
+  if (!ClientRing::Create(RingSpinNs(), &ring).ok()) {
+    return ClientStatus::Ok();  // socket
+  }
   v1::SessionRequest req;
   req.mutable_ring_setup()->set_size(ring::kRegionBytes);
   req.mutable_ring_setup()->set_version(ring::kVersion);
@@ -314,8 +316,7 @@ ClientStatus Conn::ReadEnd() {
 
 ClientStatus Conn::AwaitOne(int* code, std::string* message, uint32_t* flags) {
   for (;;) {
-    ClientRing::Wait w =
-        ring_->Await(RingSpinNs(), RingSliceNs(), code, message, flags);
+    ClientRing::Wait w = ring_->Await(RingSliceNs(), code, message, flags);
     if (w == ClientRing::Wait::kDone) return ClientStatus::Ok();
     // The sleep ended, or the executor left the ring: has kregd said
     // something (its executor died) or has the session ended?

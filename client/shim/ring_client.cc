@@ -13,7 +13,8 @@
 namespace kreg {
 namespace shim {
 
-ClientStatus ClientRing::Create(std::unique_ptr<ClientRing>* out) {
+ClientStatus ClientRing::Create(int64_t spin_ns,
+                                std::unique_ptr<ClientRing>* out) {
   int fd = ::memfd_create("kreg-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) {
     return ClientStatus::Error(kInternal,
@@ -40,7 +41,7 @@ ClientStatus ClientRing::Create(std::unique_ptr<ClientRing>* out) {
   ring::Control* c = ring::ControlOf(static_cast<char*>(base));
   c->magic = ring::kMagic;
   c->version = ring::kVersion;
-  out->reset(new ClientRing(fd, static_cast<char*>(base)));
+  out->reset(new ClientRing(fd, static_cast<char*>(base), spin_ns));
   return ClientStatus::Ok();
 }
 
@@ -78,12 +79,12 @@ bool ClientRing::Ready() const {
          ring::Load(ring::ControlOf(base_)->cq_tail) != cq_head_;
 }
 
-ClientRing::Wait ClientRing::Await(int64_t spin_ns, int64_t slice_ns, int* code,
+ClientRing::Wait ClientRing::Await(int64_t slice_ns, int* code,
                                    std::string* message, uint32_t* flags) {
   ring::Control* c = ring::ControlOf(base_);
   if (ring::Load(c->cq_tail) == cq_head_) {
     if (ring::Load(c->closed) != 0) return Wait::kClosed;
-    if (!ring::SpinThenWait(&c->cq_tail, cq_head_, &c->cq_waiting, spin_ns,
+    if (!ring::SpinThenWait(&c->cq_tail, cq_head_, &c->cq_waiting, &spin_,
                             slice_ns)) {
       return ring::Load(c->closed) != 0 ? Wait::kClosed : Wait::kSlice;
     }

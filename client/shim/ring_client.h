@@ -21,7 +21,8 @@ class ClientRing {
  public:
   // Creates a zeroed region (memfd sealed against shrinking, growing and
   // further sealing) and maps it. The caller sends its fd() in RingSetup.
-  static ClientStatus Create(std::unique_ptr<ClientRing>* out);
+  // `spin_ns`: the longest a completion wait spins (ring::SpinPolicy).
+  static ClientStatus Create(int64_t spin_ns, std::unique_ptr<ClientRing>* out);
   ~ClientRing();
   ClientRing(const ClientRing&) = delete;
   ClientRing& operator=(const ClientRing&) = delete;
@@ -42,20 +43,23 @@ class ClientRing {
   bool Ready() const;
 
   enum class Wait { kDone, kClosed, kSlice };
-  // Waits for the completion of the oldest launch in flight: spins
-  // `spin_ns`, then sleeps at most `slice_ns` on the completion doorbell.
+  // Waits for the completion of the oldest launch in flight: spins as
+  // its ring::SpinPolicy says, then sleeps at most `slice_ns` on the
+  // completion doorbell.
   // kDone with its code, message and flags (ring::kDoneSignalled, ...;
   // consumed); kClosed when the executor stopped serving the ring; kSlice
   // when the sleep ended without either (the caller checks the socket:
   // kregd reports a dead executor there).
-  Wait Await(int64_t spin_ns, int64_t slice_ns, int* code, std::string* message,
+  Wait Await(int64_t slice_ns, int* code, std::string* message,
              uint32_t* flags = nullptr);
 
  private:
-  ClientRing(int fd, char* base) : fd_(fd), base_(base) {}
+  ClientRing(int fd, char* base, int64_t spin_ns)
+      : fd_(fd), base_(base), spin_(spin_ns) {}
 
   int fd_;
   char* const base_;
+  ring::SpinPolicy spin_;
   uint32_t sq_tail_ = 0;
   uint32_t cq_head_ = 0;
   uint64_t tags_[ring::kSlots] = {};  // of the launches in flight, by sq

@@ -61,7 +61,7 @@ LaunchRing::LaunchRing(UniqueFd fd, char* base)
 
 LaunchRing::~LaunchRing() { ::munmap(base_, ring::kRegionBytes); }
 
-LaunchRing::Next LaunchRing::Take(int64_t spin_ns, std::string* out,
+LaunchRing::Next LaunchRing::Take(ring::SpinPolicy* spin, std::string* out,
                                   std::string* why) {
   ring::Control* c = ring::ControlOf(base_);
   uint32_t tail;
@@ -76,16 +76,7 @@ LaunchRing::Next LaunchRing::Take(int64_t spin_ns, std::string* out,
       return Next::kBroken;
     }
     if (avail > 0) break;
-    int64_t spin = spin_ns;
-    if (spin > 0 && gap_ns_ > 0 && gap_ns_ <= kMaxSpinStretch * spin_ns) {
-      spin = std::max(spin_ns, gap_ns_ + gap_ns_ / 4);
-    }
     ring::SpinThenWait(&c->sq_tail, tail, &c->sq_waiting, spin, -1);
-  }
-  if (completed_ns_ != 0) {
-    const int64_t gap = ring::NowNs() - completed_ns_;
-    gap_ns_ = gap_ns_ == 0 ? gap : (gap_ns_ * 7 + gap) / 8;
-    completed_ns_ = 0;
   }
   uint32_t pending = cq_tail_ - ring::Load(c->cq_head);
   if (pending >= ring::kSlots) {
@@ -138,7 +129,6 @@ void LaunchRing::Complete(uint64_t tag, const absl::Status& status,
   ++cq_tail_;
   ring::Store(c->cq_tail, cq_tail_);
   if (ring::Load(c->cq_waiting) != 0) ring::FutexWake(&c->cq_tail);
-  completed_ns_ = ring::NowNs();
 }
 
 void LaunchRing::Stop() {

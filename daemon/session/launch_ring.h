@@ -33,17 +33,16 @@ class LaunchRing {
   LaunchRing& operator=(const LaunchRing&) = delete;
 
   enum class Next { kDescriptor, kStopped, kBroken };
-  // Waits for the next published descriptor (spins, then sleeps on the
-  // submission doorbell; the spin is `spin_ns`, stretched up to
-  // kMaxSpinStretch times when the client's recent gaps between a
-  // completion and its next descriptor were that short: a client calling
-  // back to back, e.g. after a GPU round trip, finds the thread awake) and
-  // copies it into `out`: the bytes its `length` announced when read, at least
-  // a header's worth and at most a slot (the decoder tells a torn write by the
-  // mismatch). kStopped after Stop(); kBroken with `why` when the client's
-  // indices are impossible (it published more than a ring's worth, or consumed
-  // completions it was never given).
-  Next Take(int64_t spin_ns, std::string* out, std::string* why);
+  // Waits for the next published descriptor (spins as `spin` has learnt
+  // from this ring's recent gaps, then sleeps on the submission doorbell: a
+  // client calling back to back, e.g. after a GPU round trip, finds the
+  // thread awake; an idle one finds it asleep) and copies it into `out`: the
+  // bytes its `length` announced when read, at least a header's worth and at
+  // most a slot (the decoder tells a torn write by the mismatch). kStopped
+  // after Stop(); kBroken with `why` when the client's indices are impossible
+  // (it published more than a ring's worth, or consumed completions it was
+  // never given).
+  Next Take(ring::SpinPolicy* spin, std::string* out, std::string* why);
   // sq position of the descriptor Take() returned last.
   uint32_t seq() const { return head_ - 1; }
   // Publishes the completion of that descriptor and wakes a sleeping
@@ -65,13 +64,7 @@ class LaunchRing {
 
   UniqueFd fd_;
   char* const base_;
-  // How far a spin stretches to cover the client's recent gaps.
-  static constexpr int64_t kMaxSpinStretch = 4;
-  uint32_t head_ = 0;  // descriptors taken
-  // When the last completion was published, and a moving average of the
-  // gaps from a completion to the next descriptor (0: none yet).
-  int64_t completed_ns_ = 0;
-  int64_t gap_ns_ = 0;
+  uint32_t head_ = 0;     // descriptors taken
   uint32_t cq_tail_ = 0;  // completions published
   std::atomic<bool> stop_{false};
 };

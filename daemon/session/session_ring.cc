@@ -63,11 +63,11 @@ void Session::StopRing() {
 }
 
 void Session::RingLoop() {
-  const int64_t spin_ns = limits_.ring_spin_us * 1000;
+  ring::SpinPolicy spin(limits_.ring_spin_us * 1000);
   std::string descriptor;
   std::string why;
   for (;;) {
-    LaunchRing::Next next = ring_->Take(spin_ns, &descriptor, &why);
+    LaunchRing::Next next = ring_->Take(&spin, &descriptor, &why);
     const int64_t picked_ns = ring::NowNs();
     if (next == LaunchRing::Next::kStopped) break;
     if (next == LaunchRing::Next::kBroken) {

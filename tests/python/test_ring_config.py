@@ -185,9 +185,9 @@ def test_ring_spin_us_reaches_the_executor(root, spin_us):
   """After a ring launch the executor's ring thread spins ring_spin_us
   before it sleeps: 1 s of spinning shows as CPU time of the executor,
   0 as (almost) none. Generous bounds: this is not a speed test."""
-  # One executor per uid, so the one listed serves the client. Spins are
-  # skipped while the machine is busy (ring::MachineBusy): not here, where
-  # the spin itself is measured.
+  # One executor per uid, so the one listed serves the client. Spins adapt
+  # to the waits they see (ring::SpinPolicy): not here, where the
+  # configured spin itself is measured.
   d = run_daemon(root, ["--ring-spin-us", str(spin_us), "--isolation", "uid"],
                  env=dict(kregd_env(), KREG_RING_ADAPTIVE="0"))
   try:

@@ -180,10 +180,11 @@ class FakeKregd {
 
   void ServeRing(uint32_t head) {
     ring::Control* c = ring::ControlOf(ring_);
+    ring::SpinPolicy spin(1000);
     while (!stop_) {
       const uint32_t tail = ring::Load(c->sq_tail);
       if (tail == head) {
-        ring::SpinThenWait(&c->sq_tail, tail, &c->sq_waiting, 1000, 5'000'000);
+        ring::SpinThenWait(&c->sq_tail, tail, &c->sq_waiting, &spin, 5'000'000);
         continue;
       }
       std::string d(ring::SubmitSlot(ring_, head), ring::kSubmitSlotBytes);

@@ -224,9 +224,10 @@ struct RingClient {
   // Waits up to 10 s for the next completion.
   bool Await(ring::CompletionHeader* h, std::string* message) {
     int64_t deadline = ring::NowNs() + 10'000'000'000;
+    ring::SpinPolicy spin(10'000);
     while (ring::Load(c()->cq_tail) == head) {
       if (ring::NowNs() > deadline) return false;
-      ring::SpinThenWait(&c()->cq_tail, head, &c()->cq_waiting, 10000,
+      ring::SpinThenWait(&c()->cq_tail, head, &c()->cq_waiting, &spin,
                          10'000'000);
     }
     const char* slot = ring::CompleteSlot(base, head);

@@ -185,9 +185,10 @@ struct Client {
   // Waits up to 10 s for the next completion.
   bool Await(int* code, std::string* message, uint64_t* tag = nullptr) {
     int64_t deadline = ring::NowNs() + 10'000'000'000;
+    ring::SpinPolicy spin(10'000);
     while (ring::Load(c()->cq_tail) == head) {
       if (ring::NowNs() > deadline) return false;
-      ring::SpinThenWait(&c()->cq_tail, head, &c()->cq_waiting, 10000,
+      ring::SpinThenWait(&c()->cq_tail, head, &c()->cq_waiting, &spin,
                          10'000'000);
     }
     ring::CompletionHeader h;
@@ -641,8 +642,9 @@ TEST_CASE("A client that dies mid-write neither hangs nor crashes the session",
       if (variant == 2) {
         memcpy(slot, full, n);
         c.Publish();
-        ring::SpinThenWait(&c.c()->cq_tail, c.head, &c.c()->cq_waiting, 0,
-                           1'000'000'000);
+        ring::SpinPolicy sleep_at_once(0);
+        ring::SpinThenWait(&c.c()->cq_tail, c.head, &c.c()->cq_waiting,
+                           &sleep_at_once, 1'000'000'000);
         memcpy(ring::SubmitSlot(c.base, c.tail), full, n / 3);
       }
       ::_exit(0);
