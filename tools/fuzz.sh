@@ -15,7 +15,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-seconds=${KREG_FUZZ_SECONDS:-25}
+seconds=${KREG_FUZZ_SECONDS:-10}
 results=""
 junit=""
 targets=()

@@ -8,7 +8,7 @@
 # Catch2 suites under TSan (--config=tsan, tools/tsan_test.sh, with abseil
 # built with TSan by tools/tsan_absl.sh: a few minutes the first time, then
 # cached), and each libFuzzer
-# target for a bounded time (tools/fuzz.sh; KREG_FUZZ_SECONDS, default 25),
+# target for a bounded time (tools/fuzz.sh; KREG_FUZZ_SECONDS, default 10),
 # then prints `tests: N passed, N failed` (test cases, across all of them;
 # one per fuzz target) as its last line. Each stage prints its wall time as
 # `stage NAME: SECONDS s` when it ends.
