@@ -9,8 +9,10 @@ skipped cases' reasons (GPU suites without a GPU, cluster tests without etcd,
 
 --also-catch2 adds another run of Catch2 suites (e.g. `bazel test
 --config=asan`, whose logs live in their own directory); its test cases count
-again. A Bazel test target whose log has no Catch2 summary (it crashed, timed
-out or did not build) counts as one failed test case.
+again. A Catch2 case that skips says so with `WARN("skipped: REASON")` and
+returns: it counts as skipped, not passed. A Bazel test target whose log has
+no Catch2 summary (it crashed, timed out or did not build) counts as one
+failed test case.
 """
 import collections
 import pathlib
@@ -19,19 +21,28 @@ import sys
 import xml.etree.ElementTree as ET
 
 ALL_PASSED = re.compile(r"All tests passed \((\d+) assertions? in (\d+) test cases?\)")
-SUMMARY = re.compile(r"test cases:\s+(\d+) \|\s+(\d+) passed \|\s+(\d+) failed")
+# "failed" is left out when none did (e.g. cases without assertions).
+SUMMARY = re.compile(
+    r"test cases:\s+(\d+) \|\s+(\d+) passed(?: \|\s+(\d+) failed)?")
+# A Catch2 WARN("skipped: ...") as the console reporter prints it.
+SKIPPED = re.compile(r"warning:\s*\n\s+skipped: ([^\n]*)")
 
 
-def catch2(testlogs: pathlib.Path, targets: list[str]):
+def catch2(testlogs: pathlib.Path, targets: list[str], skips: collections.Counter):
+    """Passed and failed cases of Catch2 targets; adds their skips' reasons."""
     passed = failed = 0
     for target in targets:
         log = testlogs / target.lstrip("/").replace(":", "/") / "test.log"
         text = log.read_text(errors="replace") if log.exists() else ""
+        skipped = SKIPPED.findall(text)
+        for reason in skipped:
+            skips[f"{target}: {reason}"[:160]] += 1
+        passed -= len(skipped)
         if m := ALL_PASSED.search(text):
             passed += int(m.group(2))
         elif m := SUMMARY.search(text):
             passed += int(m.group(2))
-            failed += int(m.group(3))
+            failed += int(m.group(3) or 0)
         else:
             print(f"summarize: {target}: no Catch2 summary in {log}; counted as 1 failure",
                   file=sys.stderr)
@@ -69,7 +80,7 @@ def main():
     skips = collections.Counter()
     for testlogs, targets in runs:
         dp, df = catch2(pathlib.Path(testlogs),
-                        pathlib.Path(targets).read_text().split())
+                        pathlib.Path(targets).read_text().split(), skips)
         print(f"summarize: Catch2 in {testlogs}: {dp} passed, {df} failed",
               file=sys.stderr)
         p, f = p + dp, f + df

@@ -37,3 +37,26 @@ def test_counts_passes_failures_and_skips_with_reasons(tmp_path):
   assert "skipped 2: no CUDA GPU is visible" in r.stderr, r.stderr
   assert "skipped 1: etcd is not installed" in r.stderr, r.stderr
   assert r.returncode == 1
+
+
+def test_catch2_cases_that_warn_skipped_count_as_skips(tmp_path):
+  # What Catch2's console reporter prints for a case that WARNs
+  # "skipped: ..." and returns (tests/daemon/cuda/gpu_test.cc without a GPU).
+  logs = tmp_path / "testlogs"
+  (logs / "t" / "gpu_test").mkdir(parents=True)
+  (logs / "t" / "gpu_test" / "test.log").write_text(
+      "tests/daemon/cuda/gpu_test.cc:18: warning:\n"
+      "  skipped: no CUDA device: no CUDA driver\n\n"
+      "tests/daemon/cuda/gpu_test.cc:18: \nwarning:\n"
+      "  skipped: no CUDA device: no CUDA driver\n\n"
+      "test cases: 3 | 3 passed\nassertions: - none -\n")
+  (tmp_path / "targets").write_text("//t:gpu_test\n")
+  r = subprocess.run(
+      [sys.executable, str(REPO_ROOT / "tools" / "summarize_tests.py"),
+       str(logs), str(tmp_path / "targets")],
+      capture_output=True, text=True)
+  lines = r.stdout.strip().splitlines()
+  assert lines[-1] == "tests: 1 passed, 0 failed", r.stdout
+  assert lines[-2] == "tests skipped: 2", r.stdout
+  assert "skipped 2: //t:gpu_test: no CUDA device: no CUDA driver" in r.stderr
+  assert r.returncode == 0
