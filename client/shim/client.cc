@@ -367,13 +367,6 @@ ClientStatus Client::BindLocal(const std::string& target,
     v1::SessionResponse resp;
     module->reset();
     ClientStatus st = conn->Call(&req, &resp, nullptr, 0, module);
-    if (st.ok() && !resp.has_bind_local()) {
-      st = ClientStatus::Error(
-          kUnimplemented,
-          "kregd at " + path_ +
-              " does not support local execution (session protocol older "
-              "than 1.6); upgrade kregd or run the target isolated");
-    }
     if (st.ok()) *out = resp.bind_local();
     return st;
   });

@@ -20,10 +20,10 @@
 #include "client/shim/cuda_forward.h"
 #include "client/shim/cuda_trace.h"
 #include "client/shim/launch_encoder.h"
-#include "client/shim/legacy_registration.h"
 #include "client/shim/ring_client.h"
 #include "common/paths.h"
 #include "common/ring_layout.h"
+#include "common/session_protocol.h"
 #include "common/wire.h"
 #include "xla/ffi/api/c_api.h"
 
@@ -45,11 +45,6 @@ std::string StartHint(const std::string& session_path) {
          "` or `systemctl start kregd`";
 }
 
-// daemon/session/protocol_version.h: 1.4 the launch ring; 1.5 CUDA launches
-// on it (ring layout version 2); 1.6 BindLocal; 1.7 registration.proto's
-// messages (legacy_registration.h speaks the older ones).
-constexpr uint32_t kProtocolMajor = 1;
-constexpr uint32_t kProtocolMinor = 7;
 // Responses are small; this only bounds a misbehaving peer.
 constexpr uint32_t kMaxResponseBytes = 256u << 20;
 constexpr uint64_t kMinArenaBytes = 1u << 20;
@@ -138,8 +133,8 @@ ClientStatus Conn::Open(const std::string& path, std::unique_ptr<Conn>* out) {
   std::unique_ptr<Conn> conn(new Conn(sock, path));
   v1::SessionRequest req;
   v1::Hello* hello = req.mutable_hello();
-  hello->set_protocol_major(kProtocolMajor);
-  hello->set_protocol_minor(kProtocolMinor);
+  hello->set_protocol_major(kSessionProtocolMajor);
+  hello->set_protocol_minor(kSessionProtocolMinor);
   hello->set_pid(::getpid());
   hello->set_ffi_api_major(XLA_FFI_API_MAJOR);
   hello->set_ffi_api_minor(XLA_FFI_API_MINOR);
@@ -150,8 +145,15 @@ ClientStatus Conn::Open(const std::string& path, std::unique_ptr<Conn>* out) {
     return ClientStatus::Error(kInternal,
                                "kregd answered Hello without HelloReply");
   }
+  std::string refusal;
+  if (!NegotiateSessionProtocol(
+          {resp.hello().protocol_major(), resp.hello().protocol_minor()},
+          {kSessionProtocolMajor, kSessionProtocolMinor},
+          &conn->protocol_minor_, &refusal)) {
+    return ClientStatus::Error(kFailedPrecondition,
+                               "kregd at " + path + ": " + refusal);
+  }
   conn->session_id_ = resp.hello().session_id();
-  conn->protocol_minor_ = resp.hello().protocol_minor();
   conn->max_arena_bytes_ = resp.hello().max_arena_bytes();
   conn->max_message_bytes_ = resp.hello().max_message_bytes();
   conn->max_module_bytes_ = resp.hello().max_module_bytes();
@@ -233,7 +235,6 @@ ClientStatus Conn::Call(v1::SessionRequest* request,
     return ClientStatus::Error(kInternal,
                                "kregd sent a malformed session response");
   }
-  AdoptLegacyReply(response);  // a kregd before 1.7
   if (response->id() != id && response->id() != 0) {
     broken_ = true;
     return ClientStatus::Error(

@@ -118,10 +118,11 @@ class Conn {
   void ClearLaunchSent() { launch_sent_ = false; }
   uint64_t session_id() const { return session_id_; }
   uint64_t max_message_bytes() const { return max_message_bytes_; }
-  // The session protocol minor kregd said in its HelloReply.
+  // The session protocol minor this session speaks: the lower of kregd's
+  // and this library's (NegotiateSessionProtocol); a feature of a later
+  // minor is used only when this is at least that minor.
   uint32_t protocol_minor() const { return protocol_minor_; }
-  // kregd's max_module_bytes; 0 from a kregd older than session protocol
-  // 1.3, which takes module uploads inline only.
+  // kregd's max_module_bytes (HelloReply).
   uint64_t max_module_bytes() const { return max_module_bytes_; }
   // From kregd's HelloReply: allocations one session may keep shared, the
   // UUIDs (16 raw bytes) of kregd's GPUs, why it has none.

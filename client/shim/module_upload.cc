@@ -8,8 +8,6 @@
 #include <cstring>
 #include <string>
 
-#include "client/shim/legacy_registration.h"
-
 namespace kreg {
 namespace shim {
 namespace {
@@ -61,21 +59,11 @@ ClientStatus CallRegister(Conn* conn, const Registration& registration,
             "); nothing was sent. Raise max_module_bytes in kregd's config "
             "(or --max-module-bytes) or ship a smaller module");
   }
-  // A kregd before 1.3 announces no max_module_bytes and takes uploads
-  // inline only; one before 1.7 reads the flat RegisterRequest.
-  const bool inline_upload = upload && limit == 0;
   v1::SessionRequest req;
-  if (conn->protocol_minor() < kFirstEmbeddedRegistrationMinor) {
-    *req.mutable_legacy_register() =
-        ToLegacyRegister(header, bytes, inline_upload);
-  } else {
-    *req.mutable_register_target() = header;
-    if (upload) {
-      req.mutable_register_target()->mutable_module()->set_upload_size(
-          bytes.size());
-    }
-  }
-  if (!upload || inline_upload) return conn->Call(&req, response);
+  *req.mutable_register_target() = header;
+  if (!upload) return conn->Call(&req, response);
+  req.mutable_register_target()->mutable_module()->set_upload_size(
+      bytes.size());
   std::string error;
   int fd = SealedMemfd(bytes, &error);
   if (fd < 0) return ClientStatus::Error(kInternal, error);

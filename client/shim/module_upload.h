@@ -14,13 +14,10 @@ namespace kreg {
 namespace shim {
 
 // Sends `registration` over `conn` and fills `response` (its
-// register_target, whatever form kregd answered in); an upload's bytes
-// travel as a sealed memfd and module.upload_size is set to their count.
-// To a kregd before session protocol 1.7 it goes as the flat
-// RegisterRequest, inline when kregd announced no max_module_bytes
-// (legacy_registration.h). An upload larger than kregd's max_module_bytes
-// is INVALID_ARGUMENT before anything is sent (both sizes in the message).
-// Errors as Conn::Call.
+// register_target); an upload's bytes travel as a sealed memfd and
+// module.upload_size is set to their count. An upload larger than kregd's
+// max_module_bytes is INVALID_ARGUMENT before anything is sent (both sizes
+// in the message). Errors as Conn::Call.
 ClientStatus CallRegister(Conn* conn, const Registration& registration,
                           v1::SessionResponse* response);
 

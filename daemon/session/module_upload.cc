@@ -109,21 +109,6 @@ absl::StatusOr<std::string> ReadModuleFd(int fd, uint64_t size,
   return bytes;
 }
 
-absl::StatusOr<UniqueFd> SealedModuleMemfd(std::string_view bytes,
-                                           uint64_t max_module_bytes) {
-  if (absl::Status s = CheckSize(bytes.size(), max_module_bytes); !s.ok()) {
-    return s;
-  }
-  absl::StatusOr<UniqueFd> fd = NewMemfd();
-  if (!fd.ok()) return fd.status();
-  if (absl::Status s = WriteAll(fd->get(), bytes.data(), bytes.size());
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = Seal(fd->get()); !s.ok()) return s;
-  return fd;
-}
-
 absl::StatusOr<UniqueFd> SealedModuleCopy(UniqueFd fd, uint64_t size,
                                           uint64_t max_module_bytes) {
   if (absl::Status s = CheckSize(size, max_module_bytes); !s.ok()) return s;

@@ -11,7 +11,6 @@
 
 #include <cstdint>
 #include <string>
-#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "common/unique_fd.h"
@@ -29,13 +28,6 @@ constexpr int kModuleSeals = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW;
 // in the message) or when the fd holds fewer than `size` bytes.
 absl::StatusOr<std::string> ReadModuleFd(int fd, uint64_t size,
                                          uint64_t max_module_bytes);
-
-// A memfd holding exactly `bytes`, sealed with kModuleSeals (and
-// F_SEAL_SEAL): a 1.0-1.2 client's inline upload. INVALID_ARGUMENT, before
-// the memfd is made, when `bytes` is empty or exceeds `max_module_bytes`
-// (the messages of ReadModuleFd); INTERNAL when the memfd cannot be made.
-absl::StatusOr<UniqueFd> SealedModuleMemfd(std::string_view bytes,
-                                           uint64_t max_module_bytes);
 
 // The first `size` bytes of `fd` as a memfd sealed with kModuleSeals: `fd`
 // itself when it already is one of exactly `size` bytes, else a copy made

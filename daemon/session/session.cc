@@ -16,7 +16,6 @@
 #include "daemon/log_limit.h"
 #include "daemon/session/launch_decoder.h"
 #include "daemon/session/launch_ring.h"
-#include "daemon/session/legacy_registration.h"
 #include "daemon/session/module_upload.h"
 #include "daemon/session/platform_executors.h"
 #include "daemon/validate.h"
@@ -222,8 +221,7 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
       request.body_case() != v1::SessionRequest::kCudaShare &&
       request.body_case() != v1::SessionRequest::kCudaDoorbell &&
       request.body_case() != v1::SessionRequest::kRingSetup &&
-      request.body_case() != v1::SessionRequest::kRegisterTarget &&
-      request.body_case() != v1::SessionRequest::kLegacyRegister) {
+      request.body_case() != v1::SessionRequest::kRegisterTarget) {
     status = absl::InvalidArgumentError(absl::StrCat(
         fds.size(),
         " unexpected file descriptor(s) attached to a request "
@@ -246,25 +244,8 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
         }
         break;
       }
-      case v1::SessionRequest::kLegacyRegister: {
-        // A 1.0-1.6 client (legacy_registration.h).
-        absl::StatusOr<v1::RegisterTargetHeader> header = FromLegacyRegister(
-            request.legacy_register(), &fds, limits_.max_module_bytes);
-        absl::StatusOr<v1::RegisterTargetResponse> r =
-            header.ok() ? DoRegister(*header, std::move(fds)) : header.status();
-        if (r.ok()) {
-          *resp.mutable_legacy_register() = ToLegacyReply(*r);
-        } else {
-          status = r.status();
-        }
-        break;
-      }
       case v1::SessionRequest::kList:
-        if (legacy_peer_) {
-          *resp.mutable_legacy_list() = ToLegacyList(backend_->List());
-        } else {
-          *resp.mutable_list() = backend_->List();
-        }
+        *resp.mutable_list() = backend_->List();
         break;
       case v1::SessionRequest::kBindLocal: {
         UniqueFd module;
@@ -273,10 +254,6 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
         if (r.ok() && !module.ok()) {
           r = absl::InternalError(
               "kregd answered BindLocal without the module's memfd");
-        }
-        if (r.ok() && legacy_peer_) {
-          *r->mutable_legacy_target() = ToTargetInfo(r->target());
-          r->clear_target();
         }
         if (r.ok()) {
           *resp.mutable_bind_local() = *std::move(r);
@@ -373,18 +350,19 @@ absl::Status Session::DoHello(const v1::Hello& hello, v1::HelloReply* reply) {
   if (hello_done_) {
     return absl::FailedPreconditionError("Hello was already sent");
   }
-  if (hello.protocol_major() != kSessionProtocolMajor) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("session protocol ", hello.protocol_major(), ".",
-                     hello.protocol_minor(), " is not supported; kregd speaks ",
-                     kSessionProtocolMajor, ".", kSessionProtocolMinor,
-                     " (upgrade the client library or kregd)"));
+  uint32_t minor = 0;
+  std::string refusal;
+  if (!NegotiateSessionProtocol(
+          {kSessionProtocolMajor, kSessionProtocolMinor},
+          {hello.protocol_major(), hello.protocol_minor()}, &minor, &refusal)) {
+    return absl::FailedPreconditionError(refusal);
   }
   hello_done_ = true;
-  legacy_peer_ = hello.protocol_minor() < kFirstEmbeddedRegistrationMinor;
-  spdlog::info("session {}: uid {} gid {} pid {} (says pid {}), FFI {}.{}", id_,
-               peer_.uid, peer_.gid, peer_.pid, hello.pid(),
-               hello.ffi_api_major(), hello.ffi_api_minor());
+  spdlog::info(
+      "session {}: uid {} gid {} pid {} (says pid {}), FFI {}.{}, session "
+      "protocol {}.{}",
+      id_, peer_.uid, peer_.gid, peer_.pid, hello.pid(), hello.ffi_api_major(),
+      hello.ffi_api_minor(), kSessionProtocolMajor, minor);
   reply->set_session_id(id_);
   reply->set_protocol_major(kSessionProtocolMajor);
   reply->set_protocol_minor(kSessionProtocolMinor);

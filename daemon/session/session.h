@@ -217,9 +217,6 @@ class Session final : public ServedSession {
   SessionBackend* const backend_;
   SessionCounters* const counters_;
   bool hello_done_ = false;
-  // The client said a minor before 1.7: it reads targets as TargetInfo
-  // (legacy_registration.h).
-  bool legacy_peer_ = false;
   uint64_t request_id_ = 0;  // of the request being handled
   UniqueFd reply_fd_;        // attached to the response being built
   ShmArena arena_;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/ring_encode.h"
+#include "common/session_protocol.h"
 #include "kreg/v1/executor.pb.h"
 #include "kreg/v1/journal.pb.h"
 #include "kreg/v1/session.pb.h"
@@ -124,23 +125,10 @@ int main(int argc, char** argv) {
   reg.mutable_register_target()->mutable_module()->set_upload_size(4);
   Write("launch", "\x03" + Frame(launch) + Frame(list));
   Write("register", "\x01" + Frame(reg) + Frame(list));
-  // A 1.6 client (prelude bit 2): flat RegisterRequest, inline and by path.
-  SessionRequest legacy;
-  legacy.set_id(5);
-  legacy.mutable_legacy_register()->set_target_name("t.old");
-  legacy.mutable_legacy_register()->set_func_name("Scale");
-  legacy.mutable_legacy_register()->set_platform("cpu");
-  legacy.mutable_legacy_register()->set_upload(
-      "\x7f"
-      "ELF");
-  SessionRequest legacy_path = legacy;
-  legacy_path.mutable_legacy_register()->set_path("sub/up.so");
-  Write("register_legacy",
-        "\x05" + Frame(legacy) + Frame(legacy_path) + Frame(list));
   SessionRequest hello;
   hello.set_id(1);
-  hello.mutable_hello()->set_protocol_major(1);
-  hello.mutable_hello()->set_protocol_minor(7);
+  hello.mutable_hello()->set_protocol_major(kreg::kSessionProtocolMajor);
+  hello.mutable_hello()->set_protocol_minor(kreg::kSessionProtocolMinor);
   SessionRequest grow;
   grow.set_id(2);
   grow.mutable_arena_grow()->set_size(4096);

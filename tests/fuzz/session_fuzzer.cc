@@ -5,8 +5,7 @@
 //
 // Input: byte 0 selects a prelude; the rest is written raw to the socket.
 //   bit 0: a Hello first; bit 1: also an ArenaGrow with a sealed 64 KiB
-//   memfd (so fuzzed launches reach the decoder and the handler); bit 2:
-//   the Hello says minor 6 (a 1.0-1.6 client: flat registration messages).
+//   memfd (so fuzzed launches reach the decoder and the handler).
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -86,8 +85,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     v1::SessionRequest hello;
     hello.set_id(1);
     hello.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
-    hello.mutable_hello()->set_protocol_minor(
-        (data[0] & 4) ? 6 : kSessionProtocolMinor);
+    hello.mutable_hello()->set_protocol_minor(kSessionProtocolMinor);
     SendRequest(client.get(), hello);
     if (data[0] & 2) {
       v1::SessionRequest grow;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "common/session_protocol.h"
 #include "common/wire.h"
 #include "kreg/v1/session.pb.h"
 #include "tests/testing/daemon_fixture.h"
@@ -57,8 +58,8 @@ std::string Serialize(const v1::SessionRequest& r) {
 std::string Hello(uint64_t id) {
   v1::SessionRequest r;
   r.set_id(id);
-  r.mutable_hello()->set_protocol_major(1);
-  r.mutable_hello()->set_protocol_minor(7);
+  r.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
+  r.mutable_hello()->set_protocol_minor(kSessionProtocolMinor);
   r.mutable_hello()->set_ffi_api_major(0);
   r.mutable_hello()->set_ffi_api_minor(1);
   return Serialize(r);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "common/session_protocol.h"
 #include "common/wire.h"
 #include "kreg/v1/session.pb.h"
 #include "tests/testing/daemon_fixture.h"
@@ -86,8 +87,8 @@ v1::SessionResponse Call(int sock, const v1::SessionRequest& r, int fd = -1) {
 void Hello(int sock) {
   v1::SessionRequest r;
   r.set_id(1);
-  r.mutable_hello()->set_protocol_major(1);
-  r.mutable_hello()->set_protocol_minor(7);
+  r.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
+  r.mutable_hello()->set_protocol_minor(kSessionProtocolMinor);
   v1::SessionResponse resp = Call(sock, r);
   INFO(resp.status().message());
   REQUIRE(resp.has_hello());
@@ -261,9 +262,8 @@ int ModuleMemfd(const std::string& bytes, bool seal) {
 }
 
 TEST_CASE(
-    "Session registrations upload through the executor inline (a 1.0-1.2 "
-    "client) and by fd; an oversized relay is refused and the session goes "
-    "on",
+    "Session registrations upload through the executor by fd; an oversized "
+    "relay is refused and the session goes on",
     "[integration][executors]") {
   TempDir dir;
   Daemon d(dir.path());
@@ -273,32 +273,18 @@ TEST_CASE(
   Hello(s);
   char* arena = Arena(s);
 
-  // A 1.0-1.2 client's flat RegisterRequest with the bytes inline: the
-  // executor relays them as a sealed memfd, and answers in TargetInfo.
-  v1::SessionRequest inline_reg;
-  inline_reg.set_id(3);
-  v1::RegisterRequest* old = inline_reg.mutable_legacy_register();
-  old->set_target_name("s.inline");
-  old->set_func_name("WhoAmI");
-  old->set_platform("cpu");
-  old->set_upload(module);
-  v1::SessionResponse resp = Call(s, inline_reg);
-  INFO(resp.status().message());
-  REQUIRE(resp.status().code() == 0);
-  CHECK(resp.legacy_register().target().module_size() == module.size());
-  CHECK(resp.legacy_register().target().uid() == ::getuid());
-  const std::string digest = resp.legacy_register().target().module_digest();
-
   // The shim's way: a sealed memfd (passed on as is).
   v1::SessionRequest sealed_reg = RegisterIn(4, "s.sealed", "WhoAmI");
   sealed_reg.mutable_register_target()->mutable_module()->set_upload_size(
       module.size());
   int fd = ModuleMemfd(module, /*seal=*/true);
-  resp = Call(s, sealed_reg, fd);
+  v1::SessionResponse resp = Call(s, sealed_reg, fd);
   ::close(fd);
   INFO(resp.status().message());
   REQUIRE(resp.status().code() == 0);
-  CHECK(resp.register_target().target().module_digest() == digest);
+  CHECK(resp.register_target().target().module_size() == module.size());
+  CHECK(resp.register_target().target().audit().uid() == ::getuid());
+  const std::string digest = resp.register_target().target().module_digest();
 
   // An unsealed memfd with more bytes than announced: the executor relays
   // a sealed copy of the announced ones.
@@ -327,7 +313,7 @@ TEST_CASE(
 
   // Both run; the session is still up after the refusal.
   uint64_t id = 10;
-  for (const char* target : {"s.inline", "s.sealed", "s.open"}) {
+  for (const char* target : {"s.sealed", "s.open"}) {
     std::memset(arena + kOutOffset, 0, 32);
     resp = Call(s, Launch(id++, target));
     INFO(target << ": " << resp.status().message());
@@ -338,7 +324,29 @@ TEST_CASE(
   ::close(s);
   auto listed = d.client().List();
   REQUIRE(listed.ok());
-  CHECK(listed->size() == 3);
+  CHECK(listed->size() == 2);
+}
+
+TEST_CASE(
+    "kregd refuses a session protocol 1.8 client at Hello, saying who is "
+    "older and what to do",
+    "[integration][executors]") {
+  TempDir dir;
+  Daemon d(dir.path());
+  d.Start();
+  int s = Connect(d.socket() + ".session");
+  v1::SessionRequest r;
+  r.set_id(1);
+  r.mutable_hello()->set_protocol_major(1);
+  r.mutable_hello()->set_protocol_minor(8);
+  v1::SessionResponse resp = Call(s, r);
+  CHECK(resp.status().code() ==
+        static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  CHECK(resp.status().message() ==
+        "the client library speaks session protocol 1.8 and kregd 2.0: the "
+        "client library is older. Update the client library (the kreg "
+        "wheel) so that both are from the same release");
+  ::close(s);
 }
 
 TEST_CASE(

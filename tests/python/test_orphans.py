@@ -395,7 +395,7 @@ def test_an_upgrade_to_the_next_minor_readopts_running_executors(hostile):
     assert nap.get("ok", [0, 0, 0])[2] == executor, nap
     assert wait_for(lambda: executor in [
         e["pid"] for e in d.status()["executors"]]), d.log()
-    assert "executors speak session protocol 1.9" in d.log(), d.log()
+    assert "executors speak session protocol 2.1" in d.log(), d.log()
     assert ask(p, "call adopt.Counter")["ok"][:2] == [1, executor]
   finally:
     if p is not None:
@@ -421,7 +421,7 @@ def test_an_upgrade_to_the_next_major_drains_running_executors(hostile):
     assert nap.get("ok", [0, 0, 0])[2] == executor, nap
     assert wait_gone(executor, 10), d.log()
     assert "draining the executor of" in d.log(), d.log()
-    assert "speaks session protocol 1.8 and this kregd 2.x" in d.log()
+    assert "speaks session protocol 2.0 and this kregd 3.x" in d.log()
     # The next call runs on the new kregd's executor, without an error.
     again = ask(p, "call adopt.Counter")
     assert again["ok"][0] == 0 and again["ok"][1] != executor, again

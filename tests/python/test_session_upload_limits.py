@@ -100,18 +100,7 @@ def call(s, rid, body_num, body, fds=()):
           "fds": [[os.fstat(fd).st_ino, os.fstat(fd).st_size]
                   for fd in RECEIVED[got:]]}
 
-def register(name, platform=b"cpu", size=None, path=None, func=b"Scale",
-             upload=None):
-  if MINOR < 7:
-    # A 1.0-1.6 RegisterRequest (session.proto), sent as field 3.
-    msg = bfield(1, name) + bfield(2, func) + bfield(3, platform)
-    if path is not None:
-      msg += bfield(6, path)
-    if size is not None:
-      msg += vfield(20, size)
-    if upload is not None:
-      msg += bfield(7, upload)
-    return 3, msg
+def register(name, platform=b"cpu", size=None, path=None, func=b"Scale"):
   # A RegisterTargetHeader (registration.proto); module = ModuleSource.
   module = b""
   if path is not None:
@@ -124,12 +113,12 @@ def register(name, platform=b"cpu", size=None, path=None, func=b"Scale",
 def connect():
   s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
   s.connect(sock_path)
-  hello = vfield(1, 1) + vfield(2, MINOR) + vfield(3, os.getpid())
+  # Session protocol 2.0 (common/session_protocol.h).
+  hello = vfield(1, 2) + vfield(2, 0) + vfield(3, os.getpid())
   print(json.dumps(call(s, 1, 2, hello)), flush=True)
   return s
 
 sock_path, cases = sys.argv[1], json.loads(sys.argv[2])
-MINOR = int(sys.argv[3])
 # Session 0 opens first; a case's "session" (default 0) picks or opens one,
 # a "close" case ends one.
 sessions = {0: connect()}
@@ -157,14 +146,9 @@ for case in cases:
   elif case["kind"] == "bind":
     out = call(s, rid, 10, bfield(1, case["name"].encode()) + bfield(2, b"cpu"))
   else:
-    upload = None
-    if "inline" in case:
-      with open(case["inline"], "rb") as f:
-        upload = f.read()
     out = call(s, rid, *register(
         case["name"].encode(), size=case.get("size"),
-        path=case["path"].encode() if "path" in case else None,
-        upload=upload), fds)
+        path=case["path"].encode() if "path" in case else None), fds)
   for fd in keep:
     os.close(fd)
   print(json.dumps(out), flush=True)
@@ -172,13 +156,13 @@ for case in cases:
 '''
 
 
-def run_client(d, cases, user=NOBODY, minor=7):
+def run_client(d, cases, user=NOBODY):
   """Runs CLIENT against `d` as `user` (None: this process's uid); its
   answers, one dict per hello and request."""
   who = {} if user is None else {"user": user, "group": 0, "extra_groups": []}
   p = subprocess.run(
       ["/usr/bin/python3", "-I", "-c", CLIENT, d.session_socket,
-       json.dumps(cases), str(minor)],
+       json.dumps(cases)],
       capture_output=True, text=True, timeout=120, **who)
   assert p.returncode == 0, p.stdout + p.stderr + d.log()
   return [json.loads(line) for line in p.stdout.splitlines()]
@@ -201,11 +185,7 @@ def daemon():
     finish_test_daemon(d)
 
 
-# Session protocol 1.6 clients send the flat RegisterRequest (field 3) and
-# get the same checks and messages as 1.7 ones (RegisterTargetHeader, field
-# 11): kregd maps them at the executor's edge.
-@pytest.mark.parametrize("minor", [6, 7])
-def test_fd_upload_over_limits_is_refused_before_it_is_read(daemon, minor):
+def test_fd_upload_over_limits_is_refused_before_it_is_read(daemon):
   big = MAX_MODULE + (1 << 20)
   over_quota = 1 << 20
   hello, too_big, pipe_quota, memfd_quota, listed = run_client(daemon, [
@@ -216,7 +196,7 @@ def test_fd_upload_over_limits_is_refused_before_it_is_read(daemon, minor):
       {"kind": "register", "name": "lim.quota", "size": over_quota,
        "attach": "memfd"},
       {"kind": "list"},
-  ], minor=minor)
+  ])
   assert hello["code"] == 0, hello
   # max_module_bytes: the gRPC path's message (Registrar::PrecheckUpload),
   # not the executor's own.
@@ -250,15 +230,13 @@ def test_fd_upload_over_limits_is_refused_before_it_is_read(daemon, minor):
     assert pipe_quota["message"] in p.stdout + p.stderr, p.stdout + p.stderr
   # The session carries on; so do kregd and other clients.
   assert listed["code"] == 0, listed
-  # ListReply (5) to a 1.6 client, ListTargetsResponse (13) to a 1.7 one.
-  assert listed["body"] == (5 if minor < 7 else 13), listed
+  assert listed["body"] == 13, listed  # ListTargetsResponse
   assert daemon.running()
   demo = os.path.realpath(ku.kernel_path(ku.DEMO))
   hello, created = run_client(daemon, [
-      {"kind": "register", "name": "lim.ok", "path": demo}], user=0,
-      minor=minor)
+      {"kind": "register", "name": "lim.ok", "path": demo}], user=0)
   assert created["code"] == 0 and created["has_body"], created
-  assert created["body"] == (4 if minor < 7 else 12), created
+  assert created["body"] == 12, created  # RegisterTargetResponse
   if kregctl is not None:
     listing = subprocess.run(
         [str(kregctl), "--socket", daemon.socket, "list", "--json"],
@@ -267,40 +245,15 @@ def test_fd_upload_over_limits_is_refused_before_it_is_read(daemon, minor):
     assert names == ["lim.ok"], names
 
 
-@pytest.mark.parametrize("minor", [6, 7])
-def test_fd_upload_within_limits_is_read(daemon, minor):
+def test_fd_upload_within_limits_is_read(daemon):
   # The precheck lets an acceptable size through: the executor then reads
   # the fd, and this one holds fewer bytes than announced.
   (hello, short) = run_client(daemon, [
       {"kind": "register", "name": "lim.short", "size": 4096,
-       "attach": "memfd"}], minor=minor)
+       "attach": "memfd"}])
   assert hello["code"] == 0, hello
   assert short["code"] == 3, short
   assert short["message"] == (
       "the module upload announced 4096 bytes but its file descriptor "
       "holds 100"), short
 
-
-def test_a_1_2_client_uploads_inline_and_reads_flat_targets(daemon):
-  # Before 1.3 a client sent the module's bytes in the message; kregd still
-  # registers them (as an fd upload: same precheck, same store) and answers
-  # in RegisterReply and ListReply.
-  demo = os.path.realpath(ku.kernel_path(ku.DEMO))
-  hello, created, again, listed = run_client(daemon, [
-      {"kind": "register", "name": "old.inline", "inline": demo},
-      {"kind": "register", "name": "old.inline", "inline": demo},
-      {"kind": "list"}], user=0, minor=2)
-  assert hello["code"] == 0, hello
-  assert created["code"] == 0 and created["body"] == 4, created
-  assert again["code"] == 0 and again["body"] == 4, again  # idempotent
-  assert listed["code"] == 0 and listed["body"] == 5, listed
-  # Over max_module_bytes: refused by kregd's size check, as any upload.
-  big = daemon.root / "big.so"
-  big.write_bytes(b"\x7fELF" + b"\0" * MAX_MODULE)
-  hello, refused = run_client(daemon, [
-      {"kind": "register", "name": "old.big", "inline": str(big)}], user=0,
-      minor=2)
-  assert refused["code"] == 3, refused
-  assert refused["message"] == (
-      f"uploaded module of {MAX_MODULE + 4} bytes exceeds the limit of "
-      f"{MAX_MODULE} bytes (max_module_bytes)"), refused

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "common/session_protocol.h"
 #include "common/wire.h"
 #include "kreg/v1/session.pb.h"
 #include "tests/client/shim/fake_kregd.h"
@@ -33,6 +34,8 @@ namespace {
 v1::HelloReply Reply() {
   v1::HelloReply r;
   r.set_session_id(42);
+  r.set_protocol_major(kSessionProtocolMajor);
+  r.set_protocol_minor(kSessionProtocolMinor);
   r.set_max_arena_bytes(4u << 20);
   r.set_max_message_bytes(1u << 20);
   return r;
@@ -76,11 +79,42 @@ TEST_CASE("Open says Hello and keeps what kregd answers", "[shim][conn]") {
   REQUIRE(kregd.requests.size() == 1);
   const v1::SessionRequest& hello = kregd.requests[0];
   CHECK(hello.id() == 1);
-  CHECK(hello.hello().protocol_major() == 1);
-  CHECK(hello.hello().protocol_minor() == 7);
+  CHECK(hello.hello().protocol_major() == 2);
+  CHECK(hello.hello().protocol_minor() == 0);
   CHECK(hello.hello().pid() == ::getpid());
   CHECK(hello.hello().ffi_api_major() == XLA_FFI_API_MAJOR);
   CHECK(hello.hello().ffi_api_minor() == XLA_FFI_API_MINOR);
+}
+
+TEST_CASE("Open refuses a kregd of another major, saying who is older",
+          "[shim][conn]") {
+  for (uint32_t major : {1u, 3u}) {
+    v1::HelloReply reply = Reply();
+    reply.set_protocol_major(major);
+    reply.set_protocol_minor(8);
+    FakeKregd kregd([&](Peer* p) { p->Hello(reply); });
+    std::unique_ptr<Conn> conn;
+    ClientStatus s = Conn::Open(kregd.path, &conn);
+    CHECK(s.code == kFailedPrecondition);
+    CHECK(s.message ==
+          "kregd at " + kregd.path +
+              ": the client library speaks session protocol 2.0 and kregd " +
+              std::to_string(major) + ".8: " +
+              (major == 1 ? "kregd is older. Update kregd"
+                          : "the client library is older. Update the client "
+                            "library (the kreg wheel)") +
+              " so that both are from the same release");
+    CHECK(conn == nullptr);
+  }
+}
+
+TEST_CASE("Open with a kregd of a later minor speaks this library's",
+          "[shim][conn]") {
+  v1::HelloReply reply = Reply();
+  reply.set_protocol_minor(kSessionProtocolMinor + 5);
+  FakeKregd kregd([&](Peer* p) { p->Hello(reply); });
+  std::unique_ptr<Conn> conn = OpenOk(kregd);
+  CHECK(conn->protocol_minor() == kSessionProtocolMinor);
 }
 
 TEST_CASE("Open refuses an empty or too long socket path", "[shim][conn]") {

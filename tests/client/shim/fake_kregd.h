@@ -1,5 +1,5 @@
 // A scripted fake kregd on a temp Unix socket for the shim's unit tests
-// (conn_test, legacy_registration_test): it speaks session.proto over
+// (conn_test): it speaks session.proto over
 // common/wire framing only and records what the shim sent.
 #ifndef KREGD_TESTS_CLIENT_SHIM_FAKE_KREGD_H_
 #define KREGD_TESTS_CLIENT_SHIM_FAKE_KREGD_H_

@@ -69,31 +69,6 @@ std::string Contents(int fd) {
   return out;
 }
 
-TEST_CASE("SealedModuleMemfd holds the bytes, sealed", "[module_upload]") {
-  auto fd = SealedModuleMemfd(
-      "\x7f"
-      "ELF",
-      1 << 20);
-  REQUIRE(fd.ok());
-  CHECK((Seals(fd->get()) & kModuleSeals) == kModuleSeals);
-  CHECK(Contents(fd->get()) ==
-        "\x7f"
-        "ELF");
-  CHECK(::write(fd->get(), "x", 1) == -1);  // F_SEAL_WRITE
-}
-
-TEST_CASE("SealedModuleMemfd refuses empty or oversized bytes",
-          "[module_upload]") {
-  auto empty = SealedModuleMemfd("", 1 << 20);
-  CHECK(empty.status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK(empty.status().message() == "uploaded module is empty (0 bytes)");
-  auto big = SealedModuleMemfd("12345", 4);
-  CHECK(big.status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK(big.status().message() ==
-        "uploaded module of 5 bytes exceeds the limit of 4 bytes "
-        "(max_module_bytes)");
-}
-
 TEST_CASE("SealedModuleCopy copies the announced bytes into a sealed memfd",
           "[module_upload]") {
   UniqueFd fd = MemfdWith("0123456789");
@@ -119,7 +94,7 @@ TEST_CASE("SealedModuleCopy copies more than one chunk", "[module_upload]") {
 
 TEST_CASE("SealedModuleCopy passes an already sealed memfd of the size on",
           "[module_upload]") {
-  auto first = SealedModuleMemfd("abcdef", 1 << 20);
+  auto first = SealedModuleCopy(MemfdWith("abcdef"), 6, 1 << 20);
   REQUIRE(first.ok());
   const int original = first->get();
   auto again = SealedModuleCopy(*std::move(first), 6, 1 << 20);
@@ -143,7 +118,7 @@ TEST_CASE("SealedModuleCopy: the errors of ReadModuleFd", "[module_upload]") {
 
 TEST_CASE("ReadSealedModule reads a sealed memfd of the announced size",
           "[module_upload]") {
-  auto fd = SealedModuleMemfd("module bytes", 1 << 20);
+  auto fd = SealedModuleCopy(MemfdWith("module bytes"), 12, 1 << 20);
   REQUIRE(fd.ok());
   auto got = ReadSealedModule(fd->get(), 12, 1 << 20);
   REQUIRE(got.ok());
@@ -152,7 +127,7 @@ TEST_CASE("ReadSealedModule reads a sealed memfd of the announced size",
 
 TEST_CASE("ReadSealedModule refuses what is not a sealed memfd of the size",
           "[module_upload]") {
-  auto sealed = SealedModuleMemfd("module bytes", 1 << 20);
+  auto sealed = SealedModuleCopy(MemfdWith("module bytes"), 12, 1 << 20);
   REQUIRE(sealed.ok());
   // Unsealed: its bytes could change after kregd checked them.
   UniqueFd open_fd = MemfdWith("module bytes");

@@ -258,17 +258,36 @@ TEST_CASE("A second Hello is refused", "[session]") {
   CHECK(fx.Hello().status().message() == "Hello was already sent");
 }
 
-TEST_CASE("Another protocol major version is refused", "[session]") {
+TEST_CASE("A client of another major is refused at Hello, saying who is older",
+          "[session]") {
   Fixture fx;
   v1::SessionRequest r;
-  r.mutable_hello()->set_protocol_major(2);
-  r.mutable_hello()->set_protocol_minor(3);
+  r.mutable_hello()->set_protocol_major(1);
+  r.mutable_hello()->set_protocol_minor(8);
   v1::SessionResponse resp = fx.Send(r);
   CHECK(resp.status().code() == int(absl::StatusCode::kFailedPrecondition));
   CHECK(resp.status().message() ==
-        "session protocol 2.3 is not supported; kregd speaks 1." +
-            std::to_string(kSessionProtocolMinor) +
-            " (upgrade the client library or kregd)");
+        "the client library speaks session protocol 1.8 and kregd 2.0: the "
+        "client library is older. Update the client library (the kreg "
+        "wheel) so that both are from the same release");
+  // Still before Hello: nothing else is served.
+  resp = fx.Send(LaunchRequest("t"));
+  CHECK(resp.status().message() ==
+        "the first request of a session must be Hello");
+  r.mutable_hello()->set_protocol_major(3);
+  r.mutable_hello()->set_protocol_minor(1);
+  CHECK(fx.Send(r).status().message() ==
+        "the client library speaks session protocol 3.1 and kregd 2.0: kregd "
+        "is older. Update kregd so that both are from the same release");
+}
+
+TEST_CASE("A client of a later minor is served; kregd says its own",
+          "[session]") {
+  Fixture fx;
+  v1::SessionResponse resp = fx.Hello(kSessionProtocolMinor + 3);
+  REQUIRE(resp.status().code() == 0);
+  CHECK(resp.hello().protocol_major() == kSessionProtocolMajor);
+  CHECK(resp.hello().protocol_minor() == kSessionProtocolMinor);
 }
 
 TEST_CASE("An empty request is refused", "[session]") {
@@ -476,128 +495,16 @@ TEST_CASE("An fd upload reaches the backend as a sealed memfd of its size",
   CHECK(fx.backend.last_module == "abcde");
 }
 
-TEST_CASE("A 1.6 client registers in its flat messages and reads them back",
-          "[session][legacy]") {
+TEST_CASE("List answers in registration.proto's Target", "[session]") {
   Fixture fx;
-  fx.Hello(6);
-  // By path.
-  v1::SessionRequest r;
-  r.set_id(2);
-  v1::RegisterRequest* old = r.mutable_legacy_register();
-  old->set_target_name("old.path");
-  old->set_func_name("Scale");
-  old->set_platform("cpu");
-  old->set_content_id("c1");
-  old->set_file_name("libdemo.so");
-  old->set_path("/m.so");
-  v1::SessionResponse resp = fx.Send(r);
-  REQUIRE(resp.status().code() == 0);
-  REQUIRE(resp.has_legacy_register());
-  CHECK(resp.legacy_register().created());
-  CHECK(resp.legacy_register().target().target_name() == "old.path");
-  const v1::RegisterTargetHeader& h = fx.backend.last_request;
-  CHECK(h.func_name() == "Scale");
-  CHECK(h.content_id() == "c1");
-  CHECK(h.module().path() == "/m.so");
-  CHECK(h.module().file_name() == "libdemo.so");
-  CHECK(fx.backend.prechecks == 0);
-  // By fd (1.3-1.6): the same checks as a 1.7 upload.
-  old->set_target_name("old.fd");
-  old->set_upload_fd_size(3);
-  std::vector<UniqueFd> fds;
-  UniqueFd fd(::memfd_create("m", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  REQUIRE(::write(fd.get(), "xyz!", 4) == 4);
-  fds.push_back(std::move(fd));
-  resp = fx.Send(r, std::move(fds));
-  REQUIRE(resp.status().code() == 0);
-  CHECK(fx.backend.prechecks == 1);
-  CHECK(fx.backend.last_module == "xyz");
-  // Inline (1.0-1.2): a sealed memfd of the bytes, prechecked too.
-  old->set_target_name("old.inline");
-  old->set_upload("ELF!");
-  resp = fx.Send(r);
-  REQUIRE(resp.status().code() == 0);
-  CHECK(fx.backend.prechecks == 2);
-  CHECK(fx.backend.last_request.module().upload_size() == 4);
-  CHECK(fx.backend.last_module == "ELF!");
-  CHECK((fx.backend.last_module_seals & kSealed) == kSealed);
-  // Refusals come back as they are.
-  old->set_target_name("refused");
-  old->set_path("/m.so");
-  resp = fx.Send(r);
-  CHECK(resp.status().message() == "target \"refused\" exists");
-  CHECK_FALSE(resp.has_legacy_register());
-}
-
-TEST_CASE("A 1.6 client's List and BindLocal are answered in TargetInfo",
-          "[session][legacy]") {
-  Fixture fx;
-  fx.Hello(6);
+  fx.Hello();
   v1::SessionRequest list;
   list.mutable_list();
   v1::SessionResponse resp = fx.Send(list);
-  REQUIRE(resp.has_legacy_list());
-  REQUIRE(resp.legacy_list().targets_size() == 1);
-  const v1::TargetInfo& t = resp.legacy_list().targets(0);
-  CHECK(t.target_name() == "listed");
-  CHECK(t.platform() == "cpu");
-  CHECK(t.func_name() == "F");
-  CHECK(t.content_id() == "c");
-  CHECK(t.module_digest() == "sha256:d");
-  CHECK(t.module_size() == 9);
-  CHECK(t.kind() == "module");
-  CHECK(t.ffi_api_minor() == 1);
-  CHECK(t.traits() == 1);
-  CHECK(t.not_runnable() == "no GPU");
-  CHECK(t.uid() == 1000);
-  CHECK(t.gid() == 100);
-  CHECK(t.registered_at_us() == 5);
-  CHECK(t.pid() == 77);
-  CHECK(t.origin() == "path:/m.so");
-  resp = fx.Send(BindLocalRequest("local.ok"));
-  REQUIRE(resp.status().code() == 0);
-  CHECK(resp.bind_local().legacy_target().target_name() == "local.ok");
-  CHECK(resp.bind_local().legacy_target().module_size() == 64);
-  CHECK_FALSE(resp.bind_local().has_target());
-  CHECK(fx.session.TakeReplyFd().ok());
-  // A 1.7 client reads registration.proto's Target.
-  Fixture now;
-  now.Hello();
-  resp = now.Send(list);
   REQUIRE(resp.has_list());
+  REQUIRE(resp.list().targets_size() == 1);
+  CHECK(resp.list().targets(0).target_name() == "listed");
   CHECK(resp.list().targets(0).audit().host() == "h (10.0.0.1)");
-}
-
-TEST_CASE("A 1.6 client's bad inline uploads are refused, naming the value",
-          "[session][legacy]") {
-  Fixture fx;
-  fx.Hello(2);
-  v1::SessionRequest r;
-  r.mutable_legacy_register()->set_target_name("bad");
-  r.mutable_legacy_register()->set_upload("abcd");
-  std::vector<UniqueFd> fds;
-  fds.push_back(MakeMemfd(4));
-  v1::SessionResponse resp = fx.Send(r, std::move(fds));
-  CHECK(resp.status().code() == int(absl::StatusCode::kInvalidArgument));
-  CHECK(resp.status().message() ==
-        "RegisterRequest carries its module inline and 1 file "
-        "descriptor(s); an inline upload carries none");
-  r.mutable_legacy_register()->set_upload("");
-  resp = fx.Send(r);
-  CHECK(resp.status().message() == "uploaded module is empty (0 bytes)");
-  r.mutable_legacy_register()->set_upload(std::string(2 << 20, 'x'));
-  resp = fx.Send(r);
-  CHECK(resp.status().message() ==
-        "uploaded module of 2097152 bytes exceeds the limit of " +
-            std::to_string(Fixture::Limits().max_module_bytes) +
-            " bytes (max_module_bytes)");
-  // An fd upload without its fd: the 1.7 rule's message.
-  r.mutable_legacy_register()->set_upload_fd_size(4);
-  resp = fx.Send(r);
-  CHECK(resp.status().message() ==
-        "the registration carries 0 file descriptor(s); an upload "
-        "(module.upload_size) needs exactly one (the module's memfd)");
-  CHECK(fx.backend.prechecks == 0);
 }
 
 TEST_CASE("An fd upload is charged to max_buffered_bytes before it is read",
