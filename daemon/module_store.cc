@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/unique_fd.h"
+#include "daemon/base/files.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
@@ -29,18 +30,6 @@ constexpr absl::string_view kTempPrefix = ".tmp-";
 absl::Status Errno(absl::string_view what, const std::string& path) {
   return absl::InternalError(
       absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
-}
-
-absl::Status WriteAll(int fd, const std::string& bytes,
-                      const std::string& path) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Errno("cannot write", path);
-    done += static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
 }
 
 // Removes temp files in `dir` and, when `keep` is given, store files
@@ -133,36 +122,12 @@ std::string ModuleStore::PathOf(const std::string& digest) const {
 
 absl::StatusOr<std::string> ModuleStore::WriteTemp(const std::string& bytes,
                                                    const std::string&) {
-  std::string tmp = absl::StrCat(dir_, "/", kTempPrefix, "XXXXXX");
-  UniqueFd fd(::mkostemp(tmp.data(), O_CLOEXEC));
-  if (!fd.ok()) return Errno("cannot create temp file in", dir_);
-  absl::Status st = WriteAll(fd.get(), bytes, tmp);
-  if (st.ok() && ::fchmod(fd.get(), 0500) != 0) st = Errno("chmod", tmp);
-  if (st.ok() && ::fsync(fd.get()) != 0) st = Errno("fsync", tmp);
-  if (!st.ok()) {
-    ::unlink(tmp.c_str());
-    return st;
-  }
-  return tmp;
+  return WriteTempFile(dir_, "module", bytes, 0500);
 }
 
 absl::Status ModuleStore::CommitTemp(const std::string& temp_path,
                                      const std::string& digest) {
-  std::string path = PathOf(digest);
-  if (::rename(temp_path.c_str(), path.c_str()) != 0) {
-    absl::Status st = Errno("rename to", path);
-    ::unlink(temp_path.c_str());
-    return st;
-  }
-  return SyncDir();
-}
-
-absl::Status ModuleStore::SyncDir() const {
-  UniqueFd dir_fd(::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!dir_fd.ok() || ::fsync(dir_fd.get()) != 0) {
-    return Errno("cannot fsync directory", dir_);
-  }
-  return absl::OkStatus();
+  return CommitTempFile(temp_path, PathOf(digest));
 }
 
 absl::Status ModuleStore::Put(const std::string& bytes,
@@ -179,7 +144,7 @@ absl::Status ModuleStore::RemoveUnreferenced(const std::set<std::string>& keep,
                                              uint64_t* kept_bytes) {
   *files = *bytes = *kept_files = *kept_bytes = 0;
   absl::Status st = Sweep(dir_, &keep, files, bytes, kept_files, kept_bytes);
-  if (st.ok() && *files > 0) st = SyncDir();
+  if (st.ok() && *files > 0) st = SyncDir(dir_);
   return st;
 }
 

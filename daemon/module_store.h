@@ -73,8 +73,6 @@ class ModuleStore {
   absl::Status Verify(const std::string& digest) const;
 
  private:
-  absl::Status SyncDir() const;
-
   const std::string dir_;
 };
 

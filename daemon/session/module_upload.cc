@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/base/files.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
@@ -52,19 +53,12 @@ absl::Status ReadAt(int fd, uint64_t size, uint64_t done, char* dst, size_t n) {
   return absl::OkStatus();
 }
 
-absl::Status WriteAll(int fd, const char* data, size_t n) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, data, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      spdlog::error("module memfd: write: {}", std::strerror(errno));
-      return absl::InternalError(
-          "cannot copy the uploaded module into a memfd; see the log");
-    }
-    data += w;
-    n -= static_cast<size_t>(w);
-  }
-  return absl::OkStatus();
+absl::Status CopyIn(int fd, const char* data, size_t n) {
+  absl::Status s = WriteAll(fd, {data, n}, "the module memfd");
+  if (s.ok()) return s;
+  spdlog::error("{}", std::string(s.message()));
+  return absl::InternalError(
+      "cannot copy the uploaded module into a memfd; see the log");
 }
 
 absl::StatusOr<UniqueFd> NewMemfd() {
@@ -116,8 +110,7 @@ absl::StatusOr<UniqueFd> SealedModuleMemfd(std::string_view bytes,
   }
   absl::StatusOr<UniqueFd> fd = NewMemfd();
   if (!fd.ok()) return fd.status();
-  if (absl::Status s = WriteAll(fd->get(), bytes.data(), bytes.size());
-      !s.ok()) {
+  if (absl::Status s = CopyIn(fd->get(), bytes.data(), bytes.size()); !s.ok()) {
     return s;
   }
   if (absl::Status s = Seal(fd->get()); !s.ok()) return s;
@@ -142,7 +135,7 @@ absl::StatusOr<UniqueFd> SealedModuleCopy(UniqueFd fd, uint64_t size,
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = WriteAll(copy->get(), chunk.data(), n); !s.ok()) {
+    if (absl::Status s = CopyIn(copy->get(), chunk.data(), n); !s.ok()) {
       return s;
     }
     done += n;
