@@ -2,7 +2,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <sys/mman.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
@@ -13,7 +12,6 @@
 #include <fstream>
 #include <sstream>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/unique_fd.h"
@@ -82,19 +80,6 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 }
 
 }  // namespace
-
-std::string Sha256Digest(const std::string& bytes) {
-  return Sha256Digest(bytes.data(), bytes.size());
-}
-
-std::string Sha256Digest(const void* data, size_t size) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(data, size, md, &len, EVP_sha256(), nullptr);
-  return absl::StrCat(kPrefix, absl::BytesToHexString(absl::string_view(
-                                   reinterpret_cast<const char*>(md),
-                                   static_cast<size_t>(len))));
-}
 
 ModuleStore::ModuleStore(std::string dir) : dir_(std::move(dir)) {}
 

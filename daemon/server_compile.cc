@@ -12,7 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/sha256.h"
+#include "daemon/base/sha256.h"
 #include "daemon/cluster/cluster_registry.h"
 #include "daemon/compile/compile_cache.h"
 #include "daemon/compile/compile_service.h"
@@ -53,7 +53,7 @@ absl::Status LoadFfiHeaders(const Config& config, CompileOptions* opts) {
       ::closedir(d);
     }
     std::sort(names.begin(), names.end());
-    Sha256 digest;
+    Sha256Hasher digest;
     for (const std::string& name : names) {
       std::ifstream in(dir + "/" + name, std::ios::binary);
       std::string text((std::istreambuf_iterator<char>(in)), {});

@@ -11,9 +11,9 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "common/sha256.h"
 #include "common/unique_fd.h"
 #include "daemon/base/files.h"
+#include "daemon/base/sha256.h"
 
 namespace kreg {
 namespace {
@@ -120,7 +120,7 @@ std::string SettingsDigest(const v1::ExecInit& init) {
   t.clear_settings_digest();
   std::string bytes;
   t.SerializeToString(&bytes);
-  return Sha256Hex(bytes.data(), bytes.size());
+  return Sha256Digest(bytes);
 }
 
 OfferJudgement CheckClaims(const v1::ExecReadopt& offer, const PeerCred& conn,
