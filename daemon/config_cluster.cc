@@ -12,8 +12,7 @@
 namespace kreg {
 namespace {
 
-// INVALID_ARGUMENT when `address`, the value of config key `key`, is not
-// HOST:PORT.
+// INVALID_ARGUMENT when `address` (config key `key`) is not HOST:PORT.
 absl::Status CheckHostPort(absl::string_view key, const std::string& address) {
   absl::StatusOr<HostPort> hp = ParseHostPort(address);
   if (hp.ok()) return absl::OkStatus();

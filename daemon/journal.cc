@@ -7,8 +7,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/base/files.h"
@@ -93,15 +91,9 @@ absl::Status ApplyQuarantine(const v1::QuarantineRecord& r,
 Journal::Journal(std::string path) : path_(std::move(path)) {}
 
 absl::StatusOr<std::vector<TargetEntry>> Journal::Open() {
-  std::string data;
-  {
-    std::ifstream in(path_, std::ios::binary);
-    if (in) {
-      std::ostringstream ss;
-      ss << in.rdbuf();
-      data = ss.str();
-    }
-  }
+  absl::StatusOr<std::string> read = ReadFile(path_, SIZE_MAX);
+  if (!read.ok() && !absl::IsNotFound(read.status())) return read.status();
+  const std::string data = read.ok() ? *std::move(read) : "";
   std::vector<TargetEntry> entries;
   std::vector<QuarantineEvent> quarantines;
   size_t pos = 0;

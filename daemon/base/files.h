@@ -1,6 +1,5 @@
-// Whole-buffer reads and writes and atomic file replacement: the one copy
-// kregd, kregd-exec and kregd-compile use. Every error names the path (or
-// what the descriptor is) and the errno text.
+// Whole-buffer reads and writes and atomic files, for kregd and its helpers.
+// Errors name the file (`what`, or the path) and the errno text.
 #ifndef KREGD_DAEMON_BASE_FILES_H_
 #define KREGD_DAEMON_BASE_FILES_H_
 
@@ -8,39 +7,36 @@
 
 #include <string>
 
-#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace kreg {
 
-// Writes all of `bytes` to `fd`, retrying EINTR and short writes. `what`
-// names the file in the error.
+// INTERNAL "<what>[ <path>]: <errno text>".
+absl::Status ErrnoError(absl::string_view what, absl::string_view path = "");
+
+// Writes all of `bytes`, retrying EINTR and short writes.
 absl::Status WriteAll(int fd, absl::string_view bytes, absl::string_view what);
 
-// Reads `fd` to its end into `out` (appending), retrying EINTR and short
-// reads. RESOURCE_EXHAUSTED, before reading past it, when the file holds
-// more than `limit` bytes.
+// Appends `fd` to its end to `out`, retrying EINTR and short reads;
+// RESOURCE_EXHAUSTED, before reading past it, beyond `limit` bytes.
 absl::Status ReadAll(int fd, std::string* out, size_t limit,
                      absl::string_view what);
 
-// Replaces `path` with `bytes` so that a crash leaves the old or the new
-// file, never a part: WriteTempFile in `path`'s directory, then
-// CommitTempFile.
+// The file at `path` (ReadAll's limit); NOT_FOUND when there is none.
+absl::StatusOr<std::string> ReadFile(const std::string& path, size_t limit);
+
+// Replaces `path` so that a crash leaves the old or the new file: the two
+// steps below, in `path`'s directory.
 absl::Status WriteFileAtomically(const std::string& path,
                                  absl::string_view bytes, mode_t mode);
-
-// The halves of WriteFileAtomically, for a caller that checks the file in
-// between. WriteTempFile writes `bytes` to a new file ".tmp-<name>-XXXXXX"
-// in `dir` with mode `mode` and fsyncs it; its path (removed on failure).
+// Writes and fsyncs a new file "<dir>/.tmp-<name>-XXXXXX": its path.
 absl::StatusOr<std::string> WriteTempFile(const std::string& dir,
                                           absl::string_view name,
                                           absl::string_view bytes, mode_t mode);
-// Renames `temp` (in the directory of `path`) over `path` and fsyncs the
-// directory; removes `temp` when the rename fails.
+// Renames `temp` over `path` and fsyncs the directory (removes `temp` when
+// the rename fails).
 absl::Status CommitTempFile(const std::string& temp, const std::string& path);
-
-// fsyncs directory `dir` (after a rename or unlink in it).
 absl::Status SyncDir(const std::string& dir);
 
 }  // namespace kreg

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/unique_fd.h"
+#include "daemon/base/files.h"
 #include "daemon/base/sha256.h"
 
 namespace kreg {
@@ -95,14 +96,11 @@ absl::StatusOr<std::string> ReadClusterKey(const std::string& path) {
         "forge cluster bindings; chmod 600 it (owned by kregd's user)",
         path, st.st_mode & 07777));
   }
-  std::string key(static_cast<size_t>(st.st_size), '\0');
-  const ssize_t n = ::read(fd.get(), key.data(), key.size());
-  if (n < 0) {
+  std::string key;
+  if (absl::Status got = ReadAll(fd.get(), &key, 4096, path); !got.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("cannot read the cluster key file \"", path,
-                     "\" (cluster_key_file): ", std::strerror(errno)));
+        absl::StrCat("cluster_key_file: ", got.message()));
   }
-  key.resize(static_cast<size_t>(n));
   absl::StripTrailingAsciiWhitespace(&key);
   if (key.size() < RecordSigner::kMinKeyBytes) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -18,6 +18,7 @@ namespace {
 
 // SealedModuleCopy copies through a buffer of this size.
 constexpr size_t kCopyChunk = 1 << 20;
+constexpr char kCopyName[] = "the memfd copy of the uploaded module";
 
 absl::Status CheckSize(uint64_t size, uint64_t max_module_bytes) {
   if (size == 0) {
@@ -51,14 +52,6 @@ absl::Status ReadAt(int fd, uint64_t size, uint64_t done, char* dst, size_t n) {
     got += static_cast<size_t>(r);
   }
   return absl::OkStatus();
-}
-
-absl::Status CopyIn(int fd, const char* data, size_t n) {
-  absl::Status s = WriteAll(fd, {data, n}, "the module memfd");
-  if (s.ok()) return s;
-  spdlog::error("{}", std::string(s.message()));
-  return absl::InternalError(
-      "cannot copy the uploaded module into a memfd; see the log");
 }
 
 absl::StatusOr<UniqueFd> NewMemfd() {
@@ -110,7 +103,9 @@ absl::StatusOr<UniqueFd> SealedModuleMemfd(std::string_view bytes,
   }
   absl::StatusOr<UniqueFd> fd = NewMemfd();
   if (!fd.ok()) return fd.status();
-  if (absl::Status s = CopyIn(fd->get(), bytes.data(), bytes.size()); !s.ok()) {
+  if (absl::Status s =
+          WriteAll(fd->get(), {bytes.data(), bytes.size()}, kCopyName);
+      !s.ok()) {
     return s;
   }
   if (absl::Status s = Seal(fd->get()); !s.ok()) return s;
@@ -135,7 +130,8 @@ absl::StatusOr<UniqueFd> SealedModuleCopy(UniqueFd fd, uint64_t size,
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = CopyIn(copy->get(), chunk.data(), n); !s.ok()) {
+    if (absl::Status s = WriteAll(copy->get(), {chunk.data(), n}, kCopyName);
+        !s.ok()) {
       return s;
     }
     done += n;

@@ -119,6 +119,22 @@ TEST_CASE("WriteTempFile is not the target until CommitTempFile", "[files]") {
   CHECK_FALSE(std::filesystem::exists(*tmp));
 }
 
+TEST_CASE("ReadFile reads a whole file, NOT_FOUND when there is none",
+          "[files]") {
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/f";
+  CHECK(ReadFile(path, 10).status().code() == absl::StatusCode::kNotFound);
+  REQUIRE(WriteFileAtomically(path, "0123456789", 0600).ok());
+  absl::StatusOr<std::string> got = ReadFile(path, 10);
+  REQUIRE(got.ok());
+  CHECK(*got == "0123456789");
+  CHECK(ReadFile(path, 9).status().code() ==
+        absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(Message(ReadFile(dir.path() + "/f/g", 9).status()),
+             Catch::Contains("cannot open " + dir.path() + "/f/g") &&
+                 Catch::Contains("Not a directory"));
+}
+
 // A pipe delivers what one writer put in at a time: short reads.
 struct Pipe {
   Pipe() {
