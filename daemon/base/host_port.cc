@@ -10,28 +10,20 @@ namespace kreg {
 
 absl::StatusOr<HostPort> ParseHostPort(absl::string_view text) {
   HostPort out;
-  absl::string_view host;
-  absl::string_view port;
-  if (!text.empty() && text[0] == '[') {
-    const size_t close = text.find(']');
-    if (close == absl::string_view::npos || close + 1 >= text.size() ||
-        text[close + 1] != ':') {
-      return absl::InvalidArgumentError("expected [IPv6]:PORT");
-    }
-    host = text.substr(1, close - 1);
-    port = text.substr(close + 2);
-    out.bracketed = true;
-  } else {
-    const size_t colon = text.rfind(':');
-    if (colon == absl::string_view::npos) {
-      return absl::InvalidArgumentError("no :PORT");
-    }
-    host = text.substr(0, colon);
-    port = text.substr(colon + 1);
-    if (host.find(':') != absl::string_view::npos) {
-      return absl::InvalidArgumentError(
-          "an IPv6 address needs brackets: [::1]:PORT");
-    }
+  const size_t colon = text.rfind(':');
+  out.bracketed = !text.empty() && text[0] == '[';
+  if (out.bracketed && text.find(']') + 1 != colon) {
+    return absl::InvalidArgumentError("expected [IPv6]:PORT");
+  }
+  if (colon == absl::string_view::npos) {
+    return absl::InvalidArgumentError("no :PORT");
+  }
+  absl::string_view host =
+      text.substr(out.bracketed, colon - 2 * out.bracketed);
+  absl::string_view port = text.substr(colon + 1);
+  if (!out.bracketed && host.find(':') != absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        "an IPv6 address needs brackets: [::1]:PORT");
   }
   if (host.empty()) return absl::InvalidArgumentError("empty host");
   if (host.find_first_of(" \t/") != absl::string_view::npos) {

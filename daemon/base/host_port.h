@@ -1,5 +1,5 @@
-// The one HOST:PORT parser: etcd endpoints, advertise and peer_listen,
-// peer records and metrics_listen all split their addresses here.
+// The one HOST:PORT parser (etcd endpoints, advertise, peer_listen, peer
+// records, metrics_listen).
 #ifndef KREGD_DAEMON_BASE_HOST_PORT_H_
 #define KREGD_DAEMON_BASE_HOST_PORT_H_
 
@@ -12,15 +12,12 @@
 namespace kreg {
 
 struct HostPort {
-  std::string host;  // without the brackets of an [IPv6] address
-  uint16_t port = 0;
-  bool bracketed = false;  // written as [host]:PORT
+  std::string host;        // without an [IPv6] address's brackets
+  uint16_t port = 0;       // 1..65535
+  bool bracketed = false;  // [host]:PORT
 };
 
-// Splits "HOST:PORT" or "[IPv6]:PORT" with a decimal port of 1 to 65535.
-// INVALID_ARGUMENT saying what is wrong (the caller quotes `text`): no
-// :PORT, [IPv6] without "]:", an empty host, an unbracketed host with a
-// colon, a space, tab or '/' in the host, or a bad port (quoted).
+// INVALID_ARGUMENT saying what is wrong; the caller quotes `text`.
 absl::StatusOr<HostPort> ParseHostPort(absl::string_view text);
 
 }  // namespace kreg

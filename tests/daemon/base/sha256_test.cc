@@ -17,15 +17,6 @@ TEST_CASE("Sha256Digest matches the FIPS 180-4 examples", "[sha256]") {
         "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
 }
 
-TEST_CASE("Sha256Hasher fed in pieces is the digest in lowercase hex",
-          "[sha256]") {
-  Sha256Hasher h;
-  h.Update("abcdbcdecdefdefgefghfghighijhijk", 32);
-  h.Update("ijkljklmklmnlmnomnopnopq", 24);
-  CHECK(h.FinalHex() ==
-        "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
-}
-
 std::string Hex(const std::string& bytes) {
   return absl::BytesToHexString(bytes);
 }
