@@ -119,29 +119,4 @@ std::string Sha256Hex(const void* data, size_t size) {
   return "sha256:" + h.FinalHex();
 }
 
-std::string HmacSha256(const std::string& key, const std::string& message) {
-  uint8_t block[64] = {};
-  if (key.size() > sizeof(block)) {
-    Sha256 h;
-    h.Update(key.data(), key.size());
-    h.Final(block);
-  } else {
-    std::memcpy(block, key.data(), key.size());
-  }
-  uint8_t pad[64];
-  for (int i = 0; i < 64; ++i) pad[i] = block[i] ^ 0x36;
-  Sha256 inner;
-  inner.Update(pad, sizeof(pad));
-  inner.Update(message.data(), message.size());
-  uint8_t inner_digest[32];
-  inner.Final(inner_digest);
-  for (int i = 0; i < 64; ++i) pad[i] = block[i] ^ 0x5c;
-  Sha256 outer;
-  outer.Update(pad, sizeof(pad));
-  outer.Update(inner_digest, sizeof(inner_digest));
-  uint8_t tag[32];
-  outer.Final(tag);
-  return std::string(reinterpret_cast<const char*>(tag), sizeof(tag));
-}
-
 }  // namespace kreg

@@ -32,9 +32,6 @@ class Sha256 {
 // module digest format).
 std::string Sha256Hex(const void* data, size_t size);
 
-// HMAC-SHA256 (RFC 2104) of `message` under `key`: the 32-byte tag.
-std::string HmacSha256(const std::string& key, const std::string& message);
-
 }  // namespace kreg
 
 #endif  // KREGD_COMMON_SHA256_H_

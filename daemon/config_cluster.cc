@@ -4,6 +4,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "daemon/base/host_port.h"
 #include "daemon/cluster/cluster_records.h"
 #include "daemon/cluster/etcd_client.h"
 #include "daemon/config.h"
@@ -11,19 +12,13 @@
 namespace kreg {
 namespace {
 
-// HOST:PORT with a port in 1..65535.
-bool HostPort(const std::string& s) {
-  size_t colon = s.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == s.size()) {
-    return false;
-  }
-  std::string port = s.substr(colon + 1);
-  if (port.size() > 5 ||
-      port.find_first_not_of("0123456789") != std::string::npos) {
-    return false;
-  }
-  int p = std::stoi(port);
-  return p > 0 && p < 65536 && s.find_first_of(" /\t") == std::string::npos;
+// INVALID_ARGUMENT when `address` (config key `key`) is not HOST:PORT.
+absl::Status CheckHostPort(absl::string_view key, const std::string& address) {
+  absl::StatusOr<HostPort> hp = ParseHostPort(address);
+  if (hp.ok()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(key, " address \"", address,
+                                                 "\" is not HOST:PORT (",
+                                                 hp.status().message(), ")"));
 }
 
 }  // namespace
@@ -60,9 +55,8 @@ absl::Status FinishClusterConfig(Config* c) {
         "(advertise "
         "in the config file): the address other hosts fetch modules from");
   }
-  if (!HostPort(c->advertise)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "advertise address \"", c->advertise, "\" is not HOST:PORT"));
+  if (absl::Status st = CheckHostPort("advertise", c->advertise); !st.ok()) {
+    return st;
   }
   // What other hosts dial: the same check they apply to a peer record.
   if (!PeerAddressOk(c->advertise)) {
@@ -73,9 +67,9 @@ absl::Status FinishClusterConfig(Config* c) {
         "one); use e.g. 10.0.0.5:7000"));
   }
   if (c->peer_listen.empty()) c->peer_listen = c->advertise;
-  if (!HostPort(c->peer_listen)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "peer_listen address \"", c->peer_listen, "\" is not HOST:PORT"));
+  if (absl::Status st = CheckHostPort("peer_listen", c->peer_listen);
+      !st.ok()) {
+    return st;
   }
   if (c->host_name.empty()) {
     char buf[256] = {};

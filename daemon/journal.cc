@@ -7,10 +7,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/base/files.h"
 #include "daemon/target_proto.h"
 #include "daemon/validate.h"
 #include "kreg/v1/journal.pb.h"
@@ -92,15 +91,9 @@ absl::Status ApplyQuarantine(const v1::QuarantineRecord& r,
 Journal::Journal(std::string path) : path_(std::move(path)) {}
 
 absl::StatusOr<std::vector<TargetEntry>> Journal::Open() {
-  std::string data;
-  {
-    std::ifstream in(path_, std::ios::binary);
-    if (in) {
-      std::ostringstream ss;
-      ss << in.rdbuf();
-      data = ss.str();
-    }
-  }
+  absl::StatusOr<std::string> read = ReadFile(path_, SIZE_MAX);
+  if (!read.ok() && !absl::IsNotFound(read.status())) return read.status();
+  const std::string data = read.ok() ? *std::move(read) : "";
   std::vector<TargetEntry> entries;
   std::vector<QuarantineEvent> quarantines;
   size_t pos = 0;
@@ -202,20 +195,13 @@ absl::Status Journal::AppendRecord(const std::string& payload) {
     return absl::FailedPreconditionError("journal is not open");
   }
   off_t start = ::lseek(fd_.get(), 0, SEEK_END);
-  size_t done = 0;
-  while (done < buf.size()) {
-    ssize_t n = ::write(fd_.get(), buf.data() + done, buf.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int err = errno;
-      // Cut a partial record so the next append does not follow garbage.
-      if (start >= 0 && ::ftruncate(fd_.get(), start) == 0) {
-        ::lseek(fd_.get(), start, SEEK_SET);
-      }
-      return absl::InternalError(absl::StrCat("cannot append to journal ",
-                                              path_, ": ", std::strerror(err)));
+  if (absl::Status st = WriteAll(fd_.get(), buf, "journal " + path_);
+      !st.ok()) {
+    // Cut a partial record so the next append does not follow garbage.
+    if (start >= 0 && ::ftruncate(fd_.get(), start) == 0) {
+      ::lseek(fd_.get(), start, SEEK_SET);
     }
-    done += static_cast<size_t>(n);
+    return st;
   }
   if (::fdatasync(fd_.get()) != 0) {
     return absl::InternalError(absl::StrCat("cannot fsync journal ", path_,

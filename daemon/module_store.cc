@@ -2,7 +2,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <sys/mman.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
@@ -10,13 +9,11 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/unique_fd.h"
+#include "daemon/base/files.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
@@ -26,30 +23,13 @@ constexpr absl::string_view kPrefix = "sha256:";
 // Files being written for a registration that is not accepted yet.
 constexpr absl::string_view kTempPrefix = ".tmp-";
 
-absl::Status Errno(absl::string_view what, const std::string& path) {
-  return absl::InternalError(
-      absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
-}
-
-absl::Status WriteAll(int fd, const std::string& bytes,
-                      const std::string& path) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Errno("cannot write", path);
-    done += static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
-}
-
 // Removes temp files in `dir` and, when `keep` is given, store files
 // ("sha256-<hex>.so") whose digest is not in it; adds to the counters.
 absl::Status Sweep(const std::string& dir, const std::set<std::string>* keep,
                    uint64_t* files, uint64_t* bytes, uint64_t* kept_files,
                    uint64_t* kept_bytes) {
   DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return Errno("cannot list module store", dir);
+  if (d == nullptr) return ErrnoError("cannot list module store", dir);
   absl::Status st;
   while (dirent* ent = ::readdir(d)) {
     absl::string_view name = ent->d_name;
@@ -74,7 +54,7 @@ absl::Status Sweep(const std::string& dir, const std::set<std::string>* keep,
       continue;
     }
     if (::unlinkat(::dirfd(d), ent->d_name, 0) != 0) {
-      st = Errno("cannot remove", absl::StrCat(dir, "/", ent->d_name));
+      st = ErrnoError("cannot remove", absl::StrCat(dir, "/", ent->d_name));
       continue;
     }
     ++*files;
@@ -84,34 +64,13 @@ absl::Status Sweep(const std::string& dir, const std::set<std::string>* keep,
   return st;
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 }  // namespace
-
-std::string Sha256Digest(const std::string& bytes) {
-  return Sha256Digest(bytes.data(), bytes.size());
-}
-
-std::string Sha256Digest(const void* data, size_t size) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(data, size, md, &len, EVP_sha256(), nullptr);
-  return absl::StrCat(kPrefix, absl::BytesToHexString(absl::string_view(
-                                   reinterpret_cast<const char*>(md),
-                                   static_cast<size_t>(len))));
-}
 
 ModuleStore::ModuleStore(std::string dir) : dir_(std::move(dir)) {}
 
 absl::Status ModuleStore::Init() {
   if (::mkdir(dir_.c_str(), 0700) != 0 && errno != EEXIST) {
-    return Errno("cannot create module store", dir_);
+    return ErrnoError("cannot create module store", dir_);
   }
   // Only temp files: every store file may be referenced by the journal.
   uint64_t files = 0, bytes = 0;
@@ -133,36 +92,12 @@ std::string ModuleStore::PathOf(const std::string& digest) const {
 
 absl::StatusOr<std::string> ModuleStore::WriteTemp(const std::string& bytes,
                                                    const std::string&) {
-  std::string tmp = absl::StrCat(dir_, "/", kTempPrefix, "XXXXXX");
-  UniqueFd fd(::mkostemp(tmp.data(), O_CLOEXEC));
-  if (!fd.ok()) return Errno("cannot create temp file in", dir_);
-  absl::Status st = WriteAll(fd.get(), bytes, tmp);
-  if (st.ok() && ::fchmod(fd.get(), 0500) != 0) st = Errno("chmod", tmp);
-  if (st.ok() && ::fsync(fd.get()) != 0) st = Errno("fsync", tmp);
-  if (!st.ok()) {
-    ::unlink(tmp.c_str());
-    return st;
-  }
-  return tmp;
+  return WriteTempFile(dir_, "module", bytes, 0500);
 }
 
 absl::Status ModuleStore::CommitTemp(const std::string& temp_path,
                                      const std::string& digest) {
-  std::string path = PathOf(digest);
-  if (::rename(temp_path.c_str(), path.c_str()) != 0) {
-    absl::Status st = Errno("rename to", path);
-    ::unlink(temp_path.c_str());
-    return st;
-  }
-  return SyncDir();
-}
-
-absl::Status ModuleStore::SyncDir() const {
-  UniqueFd dir_fd(::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!dir_fd.ok() || ::fsync(dir_fd.get()) != 0) {
-    return Errno("cannot fsync directory", dir_);
-  }
-  return absl::OkStatus();
+  return CommitTempFile(temp_path, PathOf(digest));
 }
 
 absl::Status ModuleStore::Put(const std::string& bytes,
@@ -179,7 +114,7 @@ absl::Status ModuleStore::RemoveUnreferenced(const std::set<std::string>& keep,
                                              uint64_t* kept_bytes) {
   *files = *bytes = *kept_files = *kept_bytes = 0;
   absl::Status st = Sweep(dir_, &keep, files, bytes, kept_files, kept_bytes);
-  if (st.ok() && *files > 0) st = SyncDir();
+  if (st.ok() && *files > 0) st = SyncDir(dir_);
   return st;
 }
 
@@ -195,7 +130,7 @@ absl::StatusOr<UniqueFd> ModuleStore::SealedCopy(const std::string& digest,
                      " cannot be opened; see kregd's log"));
   }
   struct stat st;
-  if (::fstat(in.get(), &st) != 0) return Errno("cannot stat", path);
+  if (::fstat(in.get(), &st) != 0) return ErrnoError("cannot stat", path);
   if (!S_ISREG(st.st_mode)) {
     return absl::DataLossError(
         absl::StrCat("module store entry ", path, " is not a regular file"));
@@ -210,16 +145,16 @@ absl::StatusOr<UniqueFd> ModuleStore::SealedCopy(const std::string& digest,
   std::string label = absl::StrCat(
       "kreg-module-", digest.size() > 7 ? digest.substr(7, 16) : "unknown");
   UniqueFd out(::memfd_create(label.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!out.ok()) return Errno("memfd_create for", path);
+  if (!out.ok()) return ErrnoError("memfd_create for", path);
   if (::ftruncate(out.get(), static_cast<off_t>(size)) != 0) {
-    return Errno("cannot size the memfd copy of", path);
+    return ErrnoError("cannot size the memfd copy of", path);
   }
   off_t offset = 0;
   while (static_cast<uint64_t>(offset) < size) {
     ssize_t n = ::sendfile(out.get(), in.get(), &offset,
                            static_cast<size_t>(size - offset));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Errno("cannot copy", path);
+    if (n < 0) return ErrnoError("cannot copy", path);
     if (n == 0) {
       return absl::DataLossError(absl::StrCat("module store file ", path,
                                               " shrank while it was copied"));
@@ -227,8 +162,9 @@ absl::StatusOr<UniqueFd> ModuleStore::SealedCopy(const std::string& digest,
   }
   void* map =
       ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, out.get(), 0);
-  if (map == MAP_FAILED) return Errno("cannot map the memfd copy of", path);
-  std::string actual = Sha256Digest(map, size);
+  if (map == MAP_FAILED)
+    return ErrnoError("cannot map the memfd copy of", path);
+  std::string actual = Sha256Digest({static_cast<const char*>(map), size});
   if (actual == digest && tamper_for_test) {
     static_cast<unsigned char*>(map)[size - 1] ^= 0xff;
   }
@@ -240,14 +176,14 @@ absl::StatusOr<UniqueFd> ModuleStore::SealedCopy(const std::string& digest,
         "; restore it from a backup or re-register the module's bytes"));
   }
   if (::fcntl(out.get(), F_ADD_SEALS, kLocalModuleSeals) != 0) {
-    return Errno("cannot seal the memfd copy of", path);
+    return ErrnoError("cannot seal the memfd copy of", path);
   }
   return out;
 }
 
 absl::Status ModuleStore::Verify(const std::string& digest) const {
   std::string path = PathOf(digest);
-  absl::StatusOr<std::string> bytes = ReadFile(path);
+  absl::StatusOr<std::string> bytes = ReadFile(path, SIZE_MAX);
   if (!bytes.ok()) return bytes.status();
   std::string actual = Sha256Digest(*bytes);
   if (actual != digest) {

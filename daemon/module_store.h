@@ -11,12 +11,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/unique_fd.h"
+#include "daemon/base/sha256.h"  // Sha256Digest
 
 namespace kreg {
-
-// "sha256:<64 lowercase hex>" of `bytes`.
-std::string Sha256Digest(const std::string& bytes);
-std::string Sha256Digest(const void* data, size_t size);
 
 // The seals a module memfd handed to a client carries (DESIGN §11).
 inline constexpr int kLocalModuleSeals =
@@ -73,8 +70,6 @@ class ModuleStore {
   absl::Status Verify(const std::string& digest) const;
 
  private:
-  absl::Status SyncDir() const;
-
   const std::string dir_;
 };
 

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/unique_fd.h"
+#include "daemon/base/files.h"
 #include "daemon/log_limit.h"
 #include "daemon/module_path.h"
 #include "daemon/module_store.h"
@@ -225,17 +226,10 @@ absl::StatusOr<std::string> ReadModuleForPeer(const std::string& path,
         "module \"", real, "\" is ", st.st_size, " bytes; the limit is ",
         policy.max_module_bytes, " (max_module_bytes)"));
   }
-  std::string bytes(static_cast<size_t>(st.st_size), '\0');
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::read(r.fd.get(), bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      return absl::InternalError(
-          absl::StrCat("cannot read module \"", real, "\": short read"));
-    }
-    done += static_cast<size_t>(n);
-  }
+  std::string bytes;
+  absl::Status got = ReadAll(r.fd.get(), &bytes, policy.max_module_bytes,
+                             absl::StrCat("module \"", real, "\""));
+  if (!got.ok()) return got;
   return bytes;
 }
 

@@ -24,6 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "common/paths.h"
 #include "common/version.h"
+#include "daemon/base/files.h"
 #include "daemon/cluster/cluster_registry.h"
 #include "daemon/cluster/cluster_service.h"
 #include "daemon/cluster/module_exchange.h"
@@ -44,17 +45,13 @@
 namespace kreg {
 namespace {
 
-absl::Status Errno(absl::string_view what) {
-  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
-}
-
 // mkdir -p with `mode` for the directories it creates.
 absl::Status MakeDirs(const std::string& dir, mode_t mode) {
   for (size_t i = 1; i <= dir.size(); ++i) {
     if (i == dir.size() || dir[i] == '/') {
       std::string part = dir.substr(0, i);
       if (::mkdir(part.c_str(), mode) != 0 && errno != EEXIST) {
-        return Errno(absl::StrCat("cannot create directory ", part));
+        return ErrnoError(absl::StrCat("cannot create directory ", part));
       }
     }
   }
@@ -79,7 +76,7 @@ absl::Status CheckPrivateDirs(const Config& c, const std::string& socket) {
   for (const auto& [what, dir] : dirs) {
     struct stat st;
     if (::stat(dir.c_str(), &st) != 0) {
-      return Errno(absl::StrCat("cannot stat the ", what, " ", dir));
+      return ErrnoError(absl::StrCat("cannot stat the ", what, " ", dir));
     }
     if ((st.st_uid == ::geteuid() || st.st_uid == 0) &&
         (st.st_mode & (S_IWGRP | S_IWOTH)) == 0) {
@@ -195,7 +192,8 @@ absl::Status Daemon::LockStateDir() {
   if (!st.ok()) return hint(st);
   std::string lock = config_.state_dir + "/lock";
   lock_fd_.reset(::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  if (!lock_fd_.ok()) return hint(Errno(absl::StrCat("cannot open ", lock)));
+  if (!lock_fd_.ok())
+    return hint(ErrnoError(absl::StrCat("cannot open ", lock)));
   if (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("state directory ", config_.state_dir,

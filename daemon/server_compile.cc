@@ -12,7 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/sha256.h"
+#include "daemon/base/sha256.h"
 #include "daemon/cluster/cluster_registry.h"
 #include "daemon/compile/compile_cache.h"
 #include "daemon/compile/compile_service.h"
@@ -53,7 +53,7 @@ absl::Status LoadFfiHeaders(const Config& config, CompileOptions* opts) {
       ::closedir(d);
     }
     std::sort(names.begin(), names.end());
-    Sha256 digest;
+    std::string hashed;
     for (const std::string& name : names) {
       std::ifstream in(dir + "/" + name, std::ios::binary);
       std::string text((std::istreambuf_iterator<char>(in)), {});
@@ -65,10 +65,10 @@ absl::Status LoadFfiHeaders(const Config& config, CompileOptions* opts) {
       v1::SourceFile& f = opts->ffi_headers.emplace_back();
       f.set_name("xla/ffi/api/" + name);
       f.set_text(std::move(text));
-      digest.Update(f.name().data(), f.name().size() + 1);
-      digest.Update(f.text().data(), f.text().size() + 1);
+      hashed.append(f.name().c_str(), f.name().size() + 1);
+      hashed.append(f.text().c_str(), f.text().size() + 1);
     }
-    opts->ffi_headers_digest = "sha256:" + digest.FinalHex();
+    opts->ffi_headers_digest = Sha256Digest(hashed);
     spdlog::info("compile service: XLA FFI headers from {} ({})", root,
                  opts->ffi_headers_digest);
     return absl::OkStatus();

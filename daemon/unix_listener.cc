@@ -10,13 +10,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/base/files.h"
 
 namespace kreg {
 namespace {
-
-absl::Status Errno(const std::string& what) {
-  return absl::InternalError(absl::StrCat(what, ": ", strerror(errno)));
-}
 
 bool Fill(const std::string& path, sockaddr_un* addr) {
   if (path.empty() || path.size() >= sizeof(addr->sun_path)) return false;
@@ -69,15 +66,15 @@ absl::StatusOr<UnixListener> UnixListener::Bind(const std::string& path,
   }
   ::unlink(tmp.c_str());
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd.ok()) return Errno("socket(AF_UNIX)");
+  if (!fd.ok()) return ErrnoError("socket(AF_UNIX)");
   // Created with its final mode: no window in which others may connect.
   const mode_t old_mask = ::umask(~mode & 0777);
   const int rc = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&tmp_addr),
                         sizeof(tmp_addr));
   ::umask(old_mask);
-  if (rc != 0) return Errno(absl::StrCat("cannot bind ", tmp));
+  if (rc != 0) return ErrnoError(absl::StrCat("cannot bind ", tmp));
   auto fail = [&](const std::string& call) {
-    absl::Status s = Errno(call);
+    absl::Status s = ErrnoError(call);
     ::unlink(tmp.c_str());
     return s;
   };
@@ -90,7 +87,7 @@ absl::StatusOr<UnixListener> UnixListener::Bind(const std::string& path,
   if (atomic && ::rename(tmp.c_str(), path.c_str()) != 0) {
     return fail(absl::StrCat("rename ", tmp, " to ", path));
   }
-  if (::lstat(path.c_str(), &st) != 0) return Errno("stat " + path);
+  if (::lstat(path.c_str(), &st) != 0) return ErrnoError("stat " + path);
   return UnixListener(std::move(fd), path, st.st_ino, st.st_dev);
 }
 

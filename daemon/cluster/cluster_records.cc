@@ -6,6 +6,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/base/host_port.h"
 #include "daemon/target_proto.h"
 #include "daemon/validate.h"
 
@@ -97,27 +98,19 @@ absl::StatusOr<BindingRecord> ParseSignedBinding(const RecordSigner& signer,
 }
 
 bool PeerAddressOk(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0) return false;
-  const std::string host = address.substr(0, colon);
-  const std::string port = address.substr(colon + 1);
-  if (port.empty() || port.size() > 5 ||
-      port.find_first_not_of("0123456789") != std::string::npos) {
-    return false;
+  absl::StatusOr<HostPort> hp = ParseHostPort(address);
+  if (!hp.ok()) return false;
+  const std::string& host = hp->host;
+  if (hp->bracketed) {
+    return host.find_first_not_of("0123456789abcdefABCDEF:.") ==
+           std::string::npos;
   }
-  const int p = std::stoi(port);
-  if (p <= 0 || p > 65535) return false;
   // gRPC reads "SCHEME:rest" as a target URI when it knows the scheme:
   // "unix:1" would dial the Unix socket "1", not host "unix" port 1.
   const std::string lower = absl::AsciiStrToLower(host);
   for (const char* scheme :
        {"unix", "unix-abstract", "dns", "ipv4", "ipv6", "vsock"}) {
     if (lower == scheme) return false;
-  }
-  if (host.front() == '[') {
-    return host.size() > 2 && host.back() == ']' &&
-           host.find_first_not_of("0123456789abcdefABCDEF:.", 1) ==
-               host.size() - 1;
   }
   return host.size() <= 253 &&
          host.find_first_not_of(

@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "daemon/base/host_port.h"
 #include "daemon/cluster/etcd_decode.h"
 #include "spdlog/spdlog.h"
 
@@ -42,15 +43,11 @@ absl::StatusOr<std::string> EtcdTarget(const std::string& endpoint, bool* tls) {
                      "https://HOST:PORT"));
   }
   while (!rest.empty() && rest.back() == '/') rest.pop_back();
-  size_t colon = rest.rfind(':');
-  bool port_ok =
-      colon != std::string::npos && colon > 0 && colon + 1 < rest.size() &&
-      rest.find_first_not_of("0123456789", colon + 1) == std::string::npos &&
-      rest.size() - colon - 1 <= 5;
-  if (!port_ok || rest.find('/') != std::string::npos) {
+  absl::StatusOr<HostPort> hp = ParseHostPort(rest);
+  if (!hp.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("etcd endpoint \"", endpoint,
-                     "\" is not HOST:PORT (e.g. http://10.0.0.5:2379)"));
+        absl::StrCat("etcd endpoint \"", endpoint, "\" is not HOST:PORT (",
+                     hp.status().message(), "; e.g. http://10.0.0.5:2379)"));
   }
   return rest;
 }

@@ -1,25 +1,20 @@
 #include "daemon/cluster/peer_tls.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/base/files.h"
 
 namespace kreg {
 namespace {
 
 absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  absl::StatusOr<std::string> pem = ReadFile(path, 1 << 20);
+  if (!pem.ok() && !absl::IsResourceExhausted(pem.status())) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot read the peer TLS ", what, " \"", path, "\" (",
                      what, " file of peer_tls_*)"));
   }
-  std::ostringstream s;
-  s << in.rdbuf();
-  std::string pem = s.str();
-  if (pem.size() > (1 << 20) || !absl::StrContains(pem, "-----BEGIN ")) {
+  if (!pem.ok() || !absl::StrContains(*pem, "-----BEGIN ")) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the peer TLS ", what, " \"", path, "\" is not a PEM file"));
   }

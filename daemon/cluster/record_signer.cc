@@ -2,8 +2,6 @@
 
 #include <fcntl.h>
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/unique_fd.h"
+#include "daemon/base/files.h"
+#include "daemon/base/sha256.h"
 
 namespace kreg {
 namespace {
@@ -33,13 +33,7 @@ std::string RecordSigner::Mac(const std::string& etcd_key,
   // (kind, key, body) sign the same bytes.
   const std::string data =
       absl::StrCat(kMagic, kind, "\n", etcd_key.size(), "\n", etcd_key, body);
-  unsigned char mac[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  HMAC(EVP_sha256(), key_.data(), static_cast<int>(key_.size()),
-       reinterpret_cast<const unsigned char*>(data.data()), data.size(), mac,
-       &len);
-  return absl::BytesToHexString(
-      absl::string_view(reinterpret_cast<const char*>(mac), len));
+  return absl::BytesToHexString(HmacSha256(key_, data));
 }
 
 std::string RecordSigner::Sign(const std::string& etcd_key,
@@ -102,14 +96,11 @@ absl::StatusOr<std::string> ReadClusterKey(const std::string& path) {
         "forge cluster bindings; chmod 600 it (owned by kregd's user)",
         path, st.st_mode & 07777));
   }
-  std::string key(static_cast<size_t>(st.st_size), '\0');
-  const ssize_t n = ::read(fd.get(), key.data(), key.size());
-  if (n < 0) {
+  std::string key;
+  if (absl::Status got = ReadAll(fd.get(), &key, 4096, path); !got.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("cannot read the cluster key file \"", path,
-                     "\" (cluster_key_file): ", std::strerror(errno)));
+        absl::StrCat("cluster_key_file: ", got.message()));
   }
-  key.resize(static_cast<size_t>(n));
   absl::StripTrailingAsciiWhitespace(&key);
   if (key.size() < RecordSigner::kMinKeyBytes) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/unique_fd.h"
+#include "daemon/base/files.h"
 #include "daemon/compile/compile_request.h"
 #include "spdlog/spdlog.h"
 
@@ -62,16 +63,15 @@ std::string CompileCache::PathOf(const std::string& key) const {
 
 std::optional<std::string> CompileCache::Get(const std::string& key) {
   absl::MutexLock lock(&mu_);
-  UniqueFd fd(::open(PathOf(key).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  const std::string path = PathOf(key);
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (!fd.ok()) return std::nullopt;
   struct stat st;
   if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
-  std::string bytes(static_cast<size_t>(st.st_size), '\0');
-  size_t got = 0;
-  while (got < bytes.size()) {
-    ssize_t n = ::read(fd.get(), bytes.data() + got, bytes.size() - got);
-    if (n <= 0) return std::nullopt;
-    got += static_cast<size_t>(n);
+  std::string bytes;
+  const size_t size = static_cast<size_t>(st.st_size);
+  if (!ReadAll(fd.get(), &bytes, size, path).ok() || bytes.size() != size) {
+    return std::nullopt;
   }
   ::futimens(fd.get(), nullptr);  // most recently used now
   return bytes;
@@ -80,28 +80,9 @@ std::optional<std::string> CompileCache::Get(const std::string& key) {
 absl::Status CompileCache::Put(const std::string& key,
                                const std::string& module) {
   absl::MutexLock lock(&mu_);
-  std::string path = PathOf(key);
-  std::string tmp = absl::StrCat(dir_, "/.tmp-", KeyHex(key));
-  UniqueFd fd(
-      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-  if (!fd.ok()) {
-    return absl::InternalError(
-        absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));
-  }
-  size_t done = 0;
-  while (done < module.size()) {
-    ssize_t n = ::write(fd.get(), module.data() + done, module.size() - done);
-    if (n <= 0) {
-      ::unlink(tmp.c_str());
-      return absl::InternalError(
-          absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd.get()) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    return absl::InternalError(
-        absl::StrCat("cannot store ", path, ": ", std::strerror(errno)));
+  if (absl::Status st = WriteFileAtomically(PathOf(key), module, 0600);
+      !st.ok()) {
+    return st;
   }
   if (max_bytes_ > 0) TrimLocked(max_bytes_);
   return absl::OkStatus();

@@ -28,6 +28,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/base/files.h"
 #include "daemon/compile/compiler_process.h"
 #include "daemon/compile/sandbox.h"
 #include "daemon/exec/hardening.h"
@@ -39,30 +40,6 @@ namespace {
 constexpr size_t kMaxJobBytes = 16u << 20;
 constexpr size_t kMaxDiagnosticsBytes = 1u << 20;
 constexpr char kScratch[] = "/tmp";  // the sandbox's tmpfs
-
-bool ReadAll(int fd, std::string* out, size_t limit) {
-  char buf[65536];
-  while (true) {
-    ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n == 0) return true;
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    if (out->size() + static_cast<size_t>(n) > limit) return false;
-    out->append(buf, static_cast<size_t>(n));
-  }
-}
-
-void WriteAll(int fd, const std::string& s) {
-  size_t done = 0;
-  while (done < s.size()) {
-    ssize_t n = ::write(fd, s.data() + done, s.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    done += static_cast<size_t>(n);
-  }
-}
 
 // The compiler's process group while it runs. kregd ends a worker it gives
 // up on (shutdown, its own deadline) with SIGTERM, and a worker whose kregd
@@ -95,7 +72,7 @@ int RemoveOne(const char* path, const struct stat*, int, FTW*) {
   if (!g_remove_scratch.empty()) {
     ::nftw(g_remove_scratch.c_str(), RemoveOne, 16, FTW_DEPTH | FTW_PHYS);
   }
-  WriteAll(1, r.SerializeAsString());
+  WriteAll(1, r.SerializeAsString(), "stdout").IgnoreError();
   ::_exit(0);
 }
 
@@ -111,8 +88,8 @@ int RemoveOne(const char* path, const struct stat*, int, FTW*) {
 bool WriteFile(const std::string& path, const std::string& text) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return false;
-  WriteAll(fd, text);
-  return ::close(fd) == 0;
+  const bool ok = WriteAll(fd, text, path).ok();
+  return ::close(fd) == 0 && ok;
 }
 
 // mkdir -p of the directories of a header's relative path under `root`.
@@ -343,7 +320,7 @@ void DescribeFailure(const CompilerRun& run, const v1::CompileLimits& l,
   }
   std::string module;
   int fd = ::open(output.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0 || !ReadAll(fd, &module, l.output_bytes())) {
+  if (fd < 0 || !ReadAll(fd, &module, l.output_bytes(), "the module").ok()) {
     r.set_code(13);
     r.set_message(
         absl::StrCat("the compiler succeeded but left no readable "
@@ -368,7 +345,7 @@ int main() {
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   std::string bytes;
   kreg::v1::CompileJob job;
-  if (!kreg::ReadAll(0, &bytes, kreg::kMaxJobBytes) ||
+  if (!kreg::ReadAll(0, &bytes, kreg::kMaxJobBytes, "stdin").ok() ||
       !job.ParseFromString(bytes)) {
     kreg::Fail(3, "kregd-compile: unreadable job on stdin (kregd starts it)");
   }

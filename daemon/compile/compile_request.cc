@@ -7,7 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/sha256.h"
+#include "daemon/base/sha256.h"
 #include "daemon/platform_table.h"
 #include "daemon/validate.h"
 
@@ -74,16 +74,12 @@ absl::Status CheckName(absl::string_view kind, absl::string_view name,
   return absl::OkStatus();
 }
 
-void PutLength(Sha256* h, uint64_t n) {
-  uint8_t b[8];
-  for (int i = 0; i < 8; ++i) b[i] = static_cast<uint8_t>(n >> (8 * i));
-  h->Update(b, sizeof(b));
-}
-
-void PutField(Sha256* h, char tag, absl::string_view s) {
-  h->Update(&tag, 1);
-  PutLength(h, s.size());
-  h->Update(s.data(), s.size());
+// Appends tag, length (8 bytes, little-endian) and bytes: the hashed form.
+void PutField(std::string* h, char tag, absl::string_view s) {
+  h->push_back(tag);
+  for (int i = 0; i < 8; ++i)
+    h->push_back(static_cast<char>(s.size() >> (8 * i)));
+  h->append(s.data(), s.size());
 }
 
 }  // namespace
@@ -183,7 +179,7 @@ absl::StatusOr<CompileRequest> ParseCompileRequest(
 
 std::string CompileCacheKey(const CompileRequest& req,
                             const std::string& compiler_identity) {
-  Sha256 h;
+  std::string h;
   PutField(&h, 'V', "kreg-compile-v1");
   PutField(&h, 'P', PlatformName(req.platform));
   PutField(&h, 'C', compiler_identity);
@@ -196,14 +192,14 @@ std::string CompileCacheKey(const CompileRequest& req,
     PutField(&h, 'h', text);
   }
   for (const std::string& o : req.options) PutField(&h, 'O', o);
-  return kKeyPrefix + h.FinalHex();
+  return "kcc-" + Sha256Digest(h);  // kKeyPrefix and the hex digest
 }
 
 std::string CallerScopedKey(const std::string& key, uint32_t uid) {
-  Sha256 h;
+  std::string h;
   PutField(&h, 'K', key);
   PutField(&h, 'U', absl::StrCat(uid));
-  return kKeyPrefix + h.FinalHex();
+  return "kcc-" + Sha256Digest(h);  // kKeyPrefix and the hex digest
 }
 
 std::string KeyHex(const std::string& key) {

@@ -15,21 +15,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/base/files.h"
 
 namespace kreg {
-namespace {
-
-void WriteAll(int fd, const std::string& s) {
-  size_t done = 0;
-  while (done < s.size()) {
-    ssize_t n = ::write(fd, s.data() + done, s.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    done += static_cast<size_t>(n);
-  }
-}
-
-}  // namespace
 
 absl::StatusOr<CompilerRun> RunCompiler(const std::vector<std::string>& argv,
                                         const std::string& cwd,
@@ -61,7 +49,7 @@ absl::StatusOr<CompilerRun> RunCompiler(const std::vector<std::string>& argv,
           "kregd-compile: cannot set up the compiler "
           "process: ",
           std::strerror(errno), "\n");
-      WriteAll(2, m);
+      WriteAll(2, m, "stderr").IgnoreError();
       ::_exit(127);
     }
     std::vector<char*> args, envp;
@@ -74,7 +62,7 @@ absl::StatusOr<CompilerRun> RunCompiler(const std::vector<std::string>& argv,
     ::execve(args[0], args.data(), envp.data());
     std::string m = absl::StrCat("kregd-compile: cannot run ", argv[0], ": ",
                                  std::strerror(errno), "\n");
-    WriteAll(2, m);
+    WriteAll(2, m, "stderr").IgnoreError();
     ::_exit(127);
   }
   ::close(out[1]);

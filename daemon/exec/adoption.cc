@@ -11,8 +11,9 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "common/sha256.h"
 #include "common/unique_fd.h"
+#include "daemon/base/files.h"
+#include "daemon/base/sha256.h"
 
 namespace kreg {
 namespace {
@@ -39,19 +40,11 @@ absl::StatusOr<std::string> LoadAdoptionSecret(const std::string& state_dir) {
       return absl::InternalError(
           absl::StrCat("getrandom for ", path, ": ", strerror(errno)));
     }
-    const std::string tmp = absl::StrCat(path, ".new.", ::getpid());
-    UniqueFd out(::open(tmp.c_str(),
-                        O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW,
-                        0600));
-    if (!out.ok() ||
-        ::write(out.get(), bytes, sizeof(bytes)) !=
-            static_cast<ssize_t>(sizeof(bytes)) ||
-        ::fsync(out.get()) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
-      const std::string err = strerror(errno);
-      ::unlink(tmp.c_str());
-      return absl::InternalError(
-          absl::StrCat("cannot create ", path, ": ", err,
-                       " (the state directory must be writable by kregd)"));
+    if (absl::Status st = WriteFileAtomically(
+            path, absl::string_view(bytes, sizeof(bytes)), 0600);
+        !st.ok()) {
+      return absl::InternalError(absl::StrCat(
+          st.message(), " (the state directory must be writable by kregd)"));
     }
     fd = UniqueFd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   }
@@ -127,7 +120,7 @@ std::string SettingsDigest(const v1::ExecInit& init) {
   t.clear_settings_digest();
   std::string bytes;
   t.SerializeToString(&bytes);
-  return Sha256Hex(bytes.data(), bytes.size());
+  return Sha256Digest(bytes);
 }
 
 OfferJudgement CheckClaims(const v1::ExecReadopt& offer, const PeerCred& conn,

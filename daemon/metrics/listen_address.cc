@@ -4,12 +4,10 @@
 #include <netinet/in.h>
 #include <sys/un.h>
 
-#include "absl/algorithm/container.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/base/host_port.h"
 
 namespace kreg {
 namespace {
@@ -56,42 +54,16 @@ absl::StatusOr<MetricsAddress> ParseMetricsAddress(absl::string_view text,
     a.loopback = true;
     return a;
   }
-  absl::string_view host;
-  absl::string_view port;
-  if (text[0] == '[') {
-    size_t close = text.find(']');
-    if (close == absl::string_view::npos || close + 1 >= text.size() ||
-        text[close + 1] != ':') {
-      return Bad(text, "expected [IPv6]:PORT");
-    }
-    host = text.substr(1, close - 1);
-    port = text.substr(close + 2);
-    a.kind = MetricsAddress::Kind::kTcp6;
-  } else {
-    size_t colon = text.rfind(':');
-    if (colon == absl::string_view::npos) {
-      return Bad(text, "no :PORT (and not unix:/path)");
-    }
-    host = text.substr(0, colon);
-    port = text.substr(colon + 1);
-    if (host.find(':') != absl::string_view::npos) {
-      return Bad(text, "an IPv6 address needs brackets: [::1]:PORT");
-    }
-    a.kind = MetricsAddress::Kind::kTcp4;
-  }
-  uint32_t port_number = 0;
-  if (port.empty() || !absl::c_all_of(port, absl::ascii_isdigit) ||
-      port.size() > 5 || !absl::SimpleAtoi(port, &port_number) ||
-      port_number == 0 || port_number > 65535) {
-    return Bad(text, absl::StrCat("port \"", absl::CHexEscape(port),
-                                  "\" is not a number from 1 to 65535"));
-  }
-  a.port = static_cast<uint16_t>(port_number);
-  a.host = std::string(host);
+  absl::StatusOr<HostPort> hp = ParseHostPort(text);
+  if (!hp.ok()) return Bad(text, hp.status().message());
+  a.kind =
+      hp->bracketed ? MetricsAddress::Kind::kTcp6 : MetricsAddress::Kind::kTcp4;
+  a.port = hp->port;
+  a.host = hp->host;
   if (a.kind == MetricsAddress::Kind::kTcp4) {
     in_addr v4{};
     if (inet_pton(AF_INET, a.host.c_str(), &v4) != 1) {
-      return Bad(text, absl::StrCat("\"", absl::CHexEscape(host),
+      return Bad(text, absl::StrCat("\"", absl::CHexEscape(a.host),
                                     "\" is not an IPv4 address (host names "
                                     "are not resolved)"));
     }
@@ -99,7 +71,7 @@ absl::StatusOr<MetricsAddress> ParseMetricsAddress(absl::string_view text,
   } else {
     in6_addr v6{};
     if (inet_pton(AF_INET6, a.host.c_str(), &v6) != 1) {
-      return Bad(text, absl::StrCat("\"", absl::CHexEscape(host),
+      return Bad(text, absl::StrCat("\"", absl::CHexEscape(a.host),
                                     "\" is not an IPv6 address"));
     }
     a.loopback = IN6_IS_ADDR_LOOPBACK(&v6);

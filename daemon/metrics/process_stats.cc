@@ -4,31 +4,23 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "daemon/base/files.h"
 
 namespace kreg {
 namespace {
 
-absl::StatusOr<std::string> ReadFile(const char* path) {
-  std::ifstream in(path);
-  if (!in) {
-    return absl::UnavailableError(absl::StrCat("cannot read ", path));
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+// Bounds a /proc file read.
+constexpr size_t kMaxProcFile = 16 << 20;
 
 // btime of /proc/stat: boot time in seconds since the epoch.
 absl::StatusOr<double> BootTime() {
-  absl::StatusOr<std::string> text = ReadFile("/proc/stat");
+  absl::StatusOr<std::string> text = ReadFile("/proc/stat", kMaxProcFile);
   if (!text.ok()) return text.status();
   for (absl::string_view line : absl::StrSplit(*text, '\n')) {
     if (absl::ConsumePrefix(&line, "btime ")) {
@@ -72,7 +64,7 @@ absl::Status ParseProcStat(absl::string_view stat, double ticks_per_second,
 
 absl::StatusOr<ProcessStats> ReadProcessStats() {
   ProcessStats s;
-  absl::StatusOr<std::string> stat = ReadFile("/proc/self/stat");
+  absl::StatusOr<std::string> stat = ReadFile("/proc/self/stat", kMaxProcFile);
   if (!stat.ok()) return stat.status();
   absl::StatusOr<double> boot = BootTime();
   if (!boot.ok()) return boot.status();

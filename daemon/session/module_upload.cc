@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/base/files.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
@@ -17,6 +18,7 @@ namespace {
 
 // SealedModuleCopy copies through a buffer of this size.
 constexpr size_t kCopyChunk = 1 << 20;
+constexpr char kCopyName[] = "the memfd copy of the uploaded module";
 
 absl::Status CheckSize(uint64_t size, uint64_t max_module_bytes) {
   if (size == 0) {
@@ -48,21 +50,6 @@ absl::Status ReadAt(int fd, uint64_t size, uint64_t done, char* dst, size_t n) {
                        " bytes but its file descriptor holds ", done + got));
     }
     got += static_cast<size_t>(r);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status WriteAll(int fd, const char* data, size_t n) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, data, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      spdlog::error("module memfd: write: {}", std::strerror(errno));
-      return absl::InternalError(
-          "cannot copy the uploaded module into a memfd; see the log");
-    }
-    data += w;
-    n -= static_cast<size_t>(w);
   }
   return absl::OkStatus();
 }
@@ -127,7 +114,8 @@ absl::StatusOr<UniqueFd> SealedModuleCopy(UniqueFd fd, uint64_t size,
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = WriteAll(copy->get(), chunk.data(), n); !s.ok()) {
+    if (absl::Status s = WriteAll(copy->get(), {chunk.data(), n}, kCopyName);
+        !s.ok()) {
       return s;
     }
     done += n;

@@ -14,17 +14,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/wire.h"
+#include "daemon/base/files.h"
 #include "daemon/unix_listener.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
-namespace {
-
-absl::Status Errno(const std::string& what) {
-  return absl::InternalError(absl::StrCat(what, ": ", strerror(errno)));
-}
-
-}  // namespace
 
 SessionServer::SessionServer(const SessionOptions& opts, SessionFactory factory)
     : opts_(opts), factory_(std::move(factory)) {}
@@ -47,7 +41,7 @@ absl::Status SessionServer::Listen() {
 absl::Status SessionServer::Start() {
   if (absl::Status s = Listen(); !s.ok()) return s;
   wake_fd_.reset(::eventfd(0, EFD_CLOEXEC));
-  if (!wake_fd_.ok()) return Errno("eventfd");
+  if (!wake_fd_.ok()) return ErrnoError("eventfd");
   accept_thread_ = std::thread([this] { AcceptLoop(); });
   spdlog::info("sessions: listening on {}", opts_.listen_fd >= 0
                                                 ? std::string("inherited fd")

@@ -30,27 +30,5 @@ TEST_CASE("FinalHex is the digest in lowercase hex, fed in pieces",
         "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
 }
 
-std::string Hex(const std::string& bytes) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char b : bytes) {
-    out.push_back(kHex[b >> 4]);
-    out.push_back(kHex[b & 15]);
-  }
-  return out;
-}
-
-TEST_CASE("HmacSha256 matches RFC 4231's test cases", "[sha256][hmac]") {
-  CHECK(Hex(HmacSha256(std::string(20, '\x0b'), "Hi There")) ==
-        "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
-  CHECK(Hex(HmacSha256("Jefe", "what do ya want for nothing?")) ==
-        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
-  // A key longer than a block is hashed first.
-  CHECK(Hex(HmacSha256(
-            std::string(131, '\xaa'),
-            "Test Using Larger Than Block-Size Key - Hash Key First")) ==
-        "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
-}
-
 }  // namespace
 }  // namespace kreg

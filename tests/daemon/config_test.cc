@@ -398,6 +398,17 @@ TEST_CASE("Bad flags and merged values give the documented messages",
         "10.0.0.5:7000"},
        "cluster mode (--etcd-endpoints) needs cluster_key_file "
        "(--cluster-key-file): a file with the cluster key"},
+      {{"--etcd-endpoints", "https://127.0.0.4:2379", "--advertise",
+        "10.0.0.5"},
+       "advertise address \"10.0.0.5\" is not HOST:PORT (no :PORT)"},
+      {{"--etcd-endpoints", "https://127.0.0.5:2379", "--advertise",
+        "10.0.0.5:7000", "--peer-listen", "[::1]7001"},
+       "peer_listen address \"[::1]7001\" is not HOST:PORT (expected "
+       "[IPv6]:PORT)"},
+      {{"--etcd-endpoints", "https://127.0.0.6:2379/v3"},
+       "etcd endpoint \"https://127.0.0.6:2379/v3\" is not HOST:PORT (port "
+       "\"2379/v3\" is not a number from 1 to 65535; e.g. "
+       "http://10.0.0.5:2379)"},
       {{"--config", "/nonexistent/kregd.toml"},
        "config file /nonexistent/kregd.toml cannot be read: "},
   };
