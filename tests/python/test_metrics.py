@@ -217,13 +217,28 @@ def test_the_parser_itself_refuses_what_the_format_forbids():
 def http(address: str, request: bytes, timeout: float = 10) -> tuple:
   """Sends raw `request` to unix:/path or HOST:PORT; (status, headers,
   body) of the reply (the server closes after one)."""
-  if address.startswith("unix:"):
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(timeout)
-    s.connect(address[5:])
-  else:
-    host, port = address.rsplit(":", 1)
-    s = socket.create_connection((host, int(port)), timeout=timeout)
+  # kregd opens its metrics listener just after the session socket the
+  # test harness waits for: a connection refused right after the start is
+  # tried again (an ASan kregd took long enough for it to matter).
+  deadline = time.monotonic() + timeout
+  while True:
+    try:
+      if address.startswith("unix:"):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(timeout)
+        try:
+          s.connect(address[5:])
+        except OSError:
+          s.close()
+          raise
+      else:
+        host, port = address.rsplit(":", 1)
+        s = socket.create_connection((host, int(port)), timeout=timeout)
+      break
+    except (ConnectionRefusedError, FileNotFoundError):
+      if time.monotonic() > deadline:
+        raise
+      time.sleep(0.05)
   with s:
     try:
       s.sendall(request)
