@@ -182,14 +182,13 @@ absl::Status ModuleLoader::Commit(const StagedModule& staged) {
   return store_->CommitTemp(staged.path, staged.digest);
 }
 
-void ModuleLoader::Discard(const StagedModule& staged, bool committed) {
+void ModuleLoader::Discard(const StagedModule& staged) {
   if (!staged.fresh) return;
-  std::string path = committed ? store_->PathOf(staged.digest) : staged.path;
-  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+  if (::unlink(staged.path.c_str()) != 0 && errno != ENOENT) {
     spdlog::warn(
         "cannot remove {} of a registration that was not accepted: "
         "{} (kregctl gc will retry)",
-        path, std::strerror(errno));
+        staged.path, std::strerror(errno));
   }
 }
 

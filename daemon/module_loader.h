@@ -34,7 +34,7 @@ class ModuleLoader : public HandlerLoader {
   absl::StatusOr<HandlerInfo> Probe(const StagedModule& staged,
                                     const std::string& func_name) override;
   absl::Status Commit(const StagedModule& staged) override;
-  void Discard(const StagedModule& staged, bool committed) override;
+  void Discard(const StagedModule& staged) override;
   absl::StatusOr<GcOutcome> RemoveUnreferenced(
       const std::set<std::string>& keep) override;
   absl::Status Check(const std::string& digest) override;

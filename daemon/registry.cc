@@ -200,6 +200,48 @@ absl::StatusOr<RegisterOutcome> Registry::Register(const RegisterArgs& args) {
   return out;
 }
 
+void Registry::AwaitFree(const std::vector<TargetKey>& keys) {
+  auto free = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    if (sweeping_ || gc_waiting_ > 0) return false;
+    for (const TargetKey& key : keys) {
+      if (pending_.count(key) != 0) return false;
+    }
+    return true;
+  };
+  mu_.Await(absl::Condition(&free));
+}
+
+void Registry::Release(const std::vector<TargetKey>& keys) {
+  {
+    absl::MutexLock lock(&mu_);
+    for (const TargetKey& key : keys) pending_.erase(key);
+    if (!pending_.empty() || !sweep_owed_ || sweeping_) return;
+    sweep_owed_ = false;
+    sweeping_ = true;
+  }
+  absl::StatusOr<GcOutcome> out = SweepStore();
+  {
+    absl::MutexLock lock(&mu_);
+    sweeping_ = false;
+  }
+  if (!out.ok()) {
+    spdlog::warn(
+        "module store: cannot remove the modules no target references any "
+        "more ({}); `kregctl gc` retries",
+        std::string(out.status().message()));
+  } else if (out->files_removed > 0) {
+    spdlog::info(
+        "module store: removed {} files ({} bytes) no target references any "
+        "more",
+        out->files_removed, out->bytes_removed);
+  }
+}
+
+void Registry::OweSweep() {
+  absl::MutexLock lock(&mu_);
+  sweep_owed_ = true;
+}
+
 absl::StatusOr<RegisterOutcome> Registry::Decide(const RegisterArgs& args,
                                                  const std::string& digest) {
   if (args.kind == TargetKind::kModule) {
@@ -207,21 +249,33 @@ absl::StatusOr<RegisterOutcome> Registry::Decide(const RegisterArgs& args,
     if (!claimed.ok()) return claimed;
   }
   const std::string& cid = args.content_id.empty() ? digest : args.content_id;
-  absl::MutexLock serial(&register_mu_);
-  EntryPtr existing = Lookup(args.key);
-  if (existing != nullptr) {
-    absl::Status same = CheckIdentity(*existing, args, cid, digest);
-    if (!same.ok()) {
-      refused_.fetch_add(1);
-      return same;
+  EntryPtr existing;
+  {
+    absl::MutexLock lock(&mu_);
+    AwaitFree({args.key});
+    existing = LookupLocked(args.key);
+    if (existing != nullptr) {
+      absl::Status same = CheckIdentity(*existing, args, cid, digest);
+      if (!same.ok()) {
+        refused_.fetch_add(1);
+        return same;
+      }
+      if (existing->unavailable.empty() ||
+          existing->kind == TargetKind::kInProcess) {
+        return RegisterOutcome{false, existing};
+      }
+    } else {
+      absl::Status within = CheckLimits(args, digest);
+      if (!within.ok()) return within;
     }
-    if (existing->unavailable.empty() ||
-        existing->kind == TargetKind::kInProcess) {
-      return RegisterOutcome{false, existing};
-    }
-  } else {
-    absl::Status within = CheckLimits(args, digest);
-    if (!within.ok()) return within;
+    pending_[args.key] = Pending{
+        args.peer.uid, digest,
+        args.kind == TargetKind::kModule ? args.module_bytes.size() : 0};
+  }
+  // The key is reserved: the work below (a probe may take 20 s, fsyncs, an
+  // etcd claim) holds back only requests for this key.
+  Hold hold(this, {args.key});
+  if (existing == nullptr) {
     if (BindingAuthority* authority = authority_.load()) {
       return RegisterClaimed(args, digest, cid, authority);
     }
@@ -243,80 +297,56 @@ absl::StatusOr<RegisterOutcome> Registry::RegisterModule(
         "); re-register the original module bytes "
         "to repair it"));
   }
-  absl::StatusOr<StagedModule> staged =
-      loader_->Stage(args.module_bytes, digest);
-  if (!staged.ok()) return staged.status();
-  // Until the journal has the entry, a refusal or failure removes what this
-  // registration wrote: nothing of a refused module stays in the store.
-  bool committed = false;
-  auto discard =
-      absl::MakeCleanup([&] { loader_->Discard(*staged, committed); });
-  absl::StatusOr<HandlerInfo> info = loader_->Probe(*staged, args.func_name);
-  if (!info.ok()) return info.status();
-  absl::Status st = loader_->Commit(*staged);
-  if (!st.ok()) return st;
-  committed = true;
-  absl::Status ready = loader_->Check(digest);
-  if (!ready.ok()) return ready;
-
   auto entry = std::make_shared<TargetEntry>();
   if (existing != nullptr) {
     // Repair of an entry whose store file was lost or corrupt at start-up:
     // identical identity, fresh copy of the same bytes.
     *entry = *existing;
-    entry->unavailable.clear();
-    spdlog::info("repaired target {} ({}) from re-registered bytes",
-                 entry->key.name, PlatformName(entry->key.platform));
   } else {
     entry->key = args.key;
     entry->func_name = args.func_name;
     entry->content_id = cid;
     entry->module_digest = digest;
     entry->module_size = args.module_bytes.size();
-    entry->handler_info = *info;
     entry->registered_by = args.peer;
     entry->registered_at_us = NowMicros();
     entry->origin = args.origin;
-    absl::Status logged = log_->Append(*entry);
-    if (!logged.ok()) return logged;
   }
-  std::move(discard).Cancel();
-  absl::MutexLock lock(&mu_);
-  entries_[args.key] = entry;
-  return RegisterOutcome{existing == nullptr, entry};
+  absl::StatusOr<EntryPtr> installed =
+      Install(*entry, args.module_bytes, /*journal=*/existing == nullptr);
+  if (!installed.ok()) return installed.status();
+  if (existing != nullptr) {
+    spdlog::info("repaired target {} ({}) from re-registered bytes",
+                 entry->key.name, PlatformName(entry->key.platform));
+  }
+  return RegisterOutcome{existing == nullptr, *installed};
 }
 
 absl::StatusOr<RegisterOutcome> Registry::RegisterInProcess(
     const RegisterArgs& args) {
-  auto entry = std::make_shared<TargetEntry>();
-  entry->key = args.key;
-  entry->kind = TargetKind::kInProcess;
-  entry->func_name = args.func_name;
-  entry->content_id = args.content_id;
-  entry->registered_by = args.peer;
-  entry->registered_at_us = NowMicros();
-  entry->origin = args.origin;
-  absl::Status logged = log_->Append(*entry);
-  if (!logged.ok()) return logged;
-  absl::MutexLock lock(&mu_);
-  entries_[args.key] = entry;
-  return RegisterOutcome{true, entry};
+  TargetEntry entry;
+  entry.key = args.key;
+  entry.kind = TargetKind::kInProcess;
+  entry.func_name = args.func_name;
+  entry.content_id = args.content_id;
+  entry.registered_by = args.peer;
+  entry.registered_at_us = NowMicros();
+  entry.origin = args.origin;
+  absl::StatusOr<EntryPtr> inserted = Insert(entry);
+  if (!inserted.ok()) return inserted.status();
+  return RegisterOutcome{true, *inserted};
 }
 
 absl::Status Registry::Restore(const TargetEntry& journaled) {
-  absl::MutexLock serial(&register_mu_);
   EntryPtr existing = Lookup(journaled.key);
   if (existing != nullptr) {
     return CheckSame(*existing, journaled.kind, journaled.content_id,
                      journaled.func_name, /*replace=*/false);
   }
   auto entry = std::make_shared<TargetEntry>(journaled);
-  if (entry->kind == TargetKind::kInProcess) {
-    absl::MutexLock lock(&mu_);
-    entries_[entry->key] = entry;
-    return absl::OkStatus();
-  }
-  absl::Status ready = loader_->CheckStored(entry->module_digest);
+  absl::Status ready = entry->kind == TargetKind::kInProcess
+                           ? absl::OkStatus()
+                           : loader_->CheckStored(entry->module_digest);
   if (!ready.ok()) {
     // Keep the name reserved so it can never be re-pointed; identical
     // re-registration repairs it.
@@ -327,10 +357,14 @@ absl::Status Registry::Restore(const TargetEntry& journaled) {
   return ready;
 }
 
-EntryPtr Registry::Lookup(const TargetKey& key) const {
-  absl::MutexLock lock(&mu_);
+EntryPtr Registry::LookupLocked(const TargetKey& key) const {
   auto it = entries_.find(key);
   return it == entries_.end() ? nullptr : it->second;
+}
+
+EntryPtr Registry::Lookup(const TargetKey& key) const {
+  absl::MutexLock lock(&mu_);
+  return LookupLocked(key);
 }
 
 std::vector<EntryPtr> Registry::List() const {

@@ -69,9 +69,10 @@ class HandlerLoader {
                                             const std::string& func_name) = 0;
   // Makes a fresh staged file the store copy of its digest (rename, fsync).
   virtual absl::Status Commit(const StagedModule& staged) = 0;
-  // Removes what Stage wrote: the temp file, or (`committed`) the store copy
-  // it became. Nothing for a module that was already stored.
-  virtual void Discard(const StagedModule& staged, bool committed) = 0;
+  // Removes the temp file of a fresh staged module that was not committed.
+  // (A committed copy no entry references is left to RemoveUnreferenced: a
+  // concurrent registration of the same bytes may be using it.)
+  virtual void Discard(const StagedModule& staged) = 0;
   // Checks that the store copy executors will load is in place. kregd
   // itself never dlopens a module (DESIGN §8): executors do.
   virtual absl::Status Check(const std::string& digest) = 0;
@@ -102,9 +103,13 @@ struct RegistryLimits {
   uid_t admin_uid = static_cast<uid_t>(-1);
 };
 
-// Thread-safe. The whole check-and-register sequence is atomic: concurrent
+// Thread-safe. Decisions are made under one short lock; the slow work (the
+// probe child, store writes and fsyncs, the journal, etcd) runs outside it
+// while the decided key is reserved, so requests for other names proceed.
+// Requests for a reserved key wait for it and then decide again: concurrent
 // identical registrations give one load and N successes, conflicting ones
-// exactly one winner. Entries are removed only by Retire.
+// exactly one winner. Entries are removed only by Retire (and in cluster
+// mode by Mirror/Unmirror).
 class Registry {
  public:
   // `loader` and `log` must outlive the registry. `limits.admin_uid`
@@ -130,14 +135,15 @@ class Registry {
   // FAILED_PRECONDITION (naming the pids) while a live session has it bound.
   // All-or-nothing for the checks. Returns the retired entries. A module
   // no entry references any more leaves the store once the retirement is
-  // journaled (DropUnreferenced).
+  // journaled and no registration is in progress.
   absl::StatusOr<std::vector<EntryPtr>> Retire(const std::string& name,
                                                std::optional<Platform> platform,
                                                const PeerCred& peer);
 
   // Removes store files no entry references (kregd runs it once at start,
-  // after the journal is replayed). PERMISSION_DENIED unless `peer` is root
-  // or limits.admin_uid.
+  // after the journal is replayed). Waits for the registrations in progress
+  // (holding back new ones) so that none loses a file it staged.
+  // PERMISSION_DENIED unless `peer` is root or limits.admin_uid.
   absl::StatusOr<GcOutcome> CollectGarbage(const PeerCred& peer);
 
   // Consulted by Retire; null (the default) means nothing is ever bound.
@@ -190,6 +196,41 @@ class Registry {
   uint64_t refused() const { return refused_.load(); }
 
  private:
+  // A key being worked on outside mu_ (a registration, retirement or
+  // mirror). Requests for the key wait until it is released; a new name's
+  // reservation counts against its uid's limits like an entry.
+  struct Pending {
+    uid_t uid = 0;
+    std::string digest;
+    uint64_t size = 0;
+  };
+  // Releases its reserved keys on destruction (and runs a sweep of the
+  // store that became owed while keys were reserved).
+  class Hold {
+   public:
+    Hold(Registry* registry, std::vector<TargetKey> keys)
+        : registry_(registry), keys_(std::move(keys)) {}
+    Hold(const Hold&) = delete;
+    Hold& operator=(const Hold&) = delete;
+    ~Hold() { registry_->Release(keys_); }
+
+   private:
+    Registry* const registry_;
+    const std::vector<TargetKey> keys_;
+  };
+
+  // Waits (mu_ held) until none of `keys` is reserved and no sweep runs or
+  // waits; the caller then decides and reserves (pending_) what it works on.
+  void AwaitFree(const std::vector<TargetKey>& keys)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Release(const std::vector<TargetKey>& keys) ABSL_LOCKS_EXCLUDED(mu_);
+  // A store file may have lost its last reference (a retirement, a failed
+  // registration after its commit): the store is swept once no key is
+  // reserved (a reserved registration may be using the file).
+  void OweSweep() ABSL_LOCKS_EXCLUDED(mu_);
+  EntryPtr LookupLocked(const TargetKey& key) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
   absl::Status CheckSame(const TargetEntry& existing, TargetKind kind,
                          const std::string& cid, const std::string& func_name,
                          bool replace) const;
@@ -198,73 +239,68 @@ class Registry {
   absl::Status CheckIdentity(const TargetEntry& existing,
                              const RegisterArgs& args, const std::string& cid,
                              const std::string& digest) const;
-  // Register without the decision log (register_mu_ taken inside).
+  // Register without the decision log.
   absl::StatusOr<RegisterOutcome> Decide(const RegisterArgs& args,
                                          const std::string& digest);
-  // What one uid's registrations hold: how many, the distinct module
-  // digests (with their sizes) and their total bytes.
+  // What one uid's registrations (and reservations of new names) hold: how
+  // many, the distinct module digests (with their sizes), their bytes.
   struct UidUse {
     uint64_t registrations = 0;
     uint64_t bytes = 0;
     std::map<std::string, uint64_t> digests;
   };
-  UidUse UseOf(uid_t uid) const;
+  UidUse UseOf(uid_t uid) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED when registering `size` more bytes of `digest`
   // would take `peer.uid` over a limit.
   absl::Status CheckLimits(const RegisterArgs& args,
                            const std::string& digest) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
-  // Stage, probe, commit, load, journal and insert a new module entry (or
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  // The work of a reserved registration, outside mu_:
+  // Stage, probe, commit, journal and publish a new module entry (or
   // repair `existing`).
   absl::StatusOr<RegisterOutcome> RegisterModule(const RegisterArgs& args,
                                                  const std::string& digest,
                                                  const std::string& cid,
-                                                 EntryPtr existing)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
-  // The new-entry half of Register for in-process targets (register_mu_
-  // held): journal and insert, nothing to load.
-  absl::StatusOr<RegisterOutcome> RegisterInProcess(const RegisterArgs& args)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
-
+                                                 EntryPtr existing);
+  // Journal and publish an in-process target (nothing to load).
+  absl::StatusOr<RegisterOutcome> RegisterInProcess(const RegisterArgs& args);
   // Cluster mode: the rest of Register for a key with no local entry.
   absl::StatusOr<RegisterOutcome> RegisterClaimed(const RegisterArgs& args,
                                                   const std::string& digest,
                                                   const std::string& cid,
-                                                  BindingAuthority* authority)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
+                                                  BindingAuthority* authority);
   // A request equal to the cluster's `binding` by content_id but with other
   // module bytes: the local entry becomes the binding, with its module
   // fetched from a peer.
   absl::StatusOr<RegisterOutcome> AdoptClaimed(const RegisterArgs& args,
                                                const TargetEntry& binding,
-                                               BindingAuthority* authority)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
-  // Stage, probe, commit, journal and insert `entry` with `bytes` (which
+                                               BindingAuthority* authority);
+  // Stage, probe, commit, journal and publish `entry` with `bytes` (which
   // must be its module).
+  // `journal` false: a repair of an entry the journal already has.
   absl::StatusOr<EntryPtr> Install(const TargetEntry& entry,
-                                   const std::string& bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
-  // Removes every store file (and temp file) no entry references.
-  absl::StatusOr<GcOutcome> SweepStore()
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
-  // After a retirement is journaled (a crash before this leaves files the
-  // start-up gc removes): removes the store files no entry references, so
-  // a uid's retired modules stop taking disk space its quota no longer
-  // counts. Failures are logged (`kregctl gc` retries).
-  void DropUnreferenced() ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
-  // Journal and insert `entry` (module already in place, or in-process).
-  absl::StatusOr<EntryPtr> Insert(const TargetEntry& entry)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
+                                   const std::string& bytes,
+                                   bool journal = true);
+  // Journal and publish `entry` (module already in place, or in-process).
+  absl::StatusOr<EntryPtr> Insert(const TargetEntry& entry);
+  // Journals the retirement of `entry` by `by` and removes it.
+  absl::Status Remove(const EntryPtr& entry, const PeerCred& by);
+  // Removes every store file (and temp file) no entry references; only
+  // while no key is reserved (sweeping_ set).
+  absl::StatusOr<GcOutcome> SweepStore();
 
   HandlerLoader* const loader_;
   RegistrationLog* const log_;
   const RegistryLimits limits_;
   std::atomic<BindingOracle*> oracle_{nullptr};
   std::atomic<BindingAuthority*> authority_{nullptr};
-  // Serialises check-load-journal-insert; never held by readers.
-  absl::Mutex register_mu_;
   mutable absl::Mutex mu_;
   std::map<TargetKey, EntryPtr> entries_ ABSL_GUARDED_BY(mu_);
+  std::map<TargetKey, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  bool sweep_owed_ ABSL_GUARDED_BY(mu_) = false;
+  bool sweeping_ ABSL_GUARDED_BY(mu_) = false;
+  int gc_waiting_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> refused_{0};
 };
 

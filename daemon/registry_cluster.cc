@@ -40,7 +40,11 @@ absl::StatusOr<RegisterOutcome> Registry::RegisterClaimed(
   std::optional<StagedModule> staged;
   bool committed = false;
   auto discard = absl::MakeCleanup([&] {
-    if (staged.has_value()) loader_->Discard(*staged, committed);
+    if (committed) {
+      OweSweep();
+    } else if (staged.has_value()) {
+      loader_->Discard(*staged);
+    }
   });
   if (args.kind == TargetKind::kModule) {
     proposed.module_digest = digest;
@@ -112,7 +116,8 @@ absl::StatusOr<RegisterOutcome> Registry::AdoptClaimed(
 }
 
 absl::StatusOr<EntryPtr> Registry::Install(const TargetEntry& entry,
-                                           const std::string& bytes) {
+                                           const std::string& bytes,
+                                           bool journal) {
   // Never loaded before its digest matches, whoever sent it.
   const std::string digest = Sha256Digest(bytes);
   if (digest != entry.module_digest) {
@@ -122,9 +127,16 @@ absl::StatusOr<EntryPtr> Registry::Install(const TargetEntry& entry,
   }
   absl::StatusOr<StagedModule> staged = loader_->Stage(bytes, digest);
   if (!staged.ok()) return staged.status();
+  // Until the journal has the entry, a failure removes what this request
+  // wrote: nothing of a refused module stays in the store.
   bool committed = false;
-  auto discard =
-      absl::MakeCleanup([&] { loader_->Discard(*staged, committed); });
+  auto discard = absl::MakeCleanup([&] {
+    if (committed) {
+      OweSweep();
+    } else {
+      loader_->Discard(*staged);
+    }
+  });
   absl::StatusOr<HandlerInfo> info = loader_->Probe(*staged, entry.func_name);
   if (!info.ok()) return info.status();
   absl::Status st = loader_->Commit(*staged);
@@ -132,11 +144,17 @@ absl::StatusOr<EntryPtr> Registry::Install(const TargetEntry& entry,
   committed = true;
   st = loader_->Check(digest);
   if (!st.ok()) return st;
-  TargetEntry local = entry;
-  local.handler_info = *info;
-  absl::StatusOr<EntryPtr> inserted = Insert(local);
-  if (inserted.ok()) std::move(discard).Cancel();
-  return inserted;
+  auto local = std::make_shared<TargetEntry>(entry);
+  local->handler_info = *info;
+  local->unavailable.clear();
+  if (journal) {
+    st = log_->Append(*local);
+    if (!st.ok()) return st;
+  }
+  std::move(discard).Cancel();
+  absl::MutexLock lock(&mu_);
+  entries_[local->key] = local;
+  return EntryPtr(local);
 }
 
 absl::StatusOr<EntryPtr> Registry::Insert(const TargetEntry& entry) {
@@ -149,14 +167,34 @@ absl::StatusOr<EntryPtr> Registry::Insert(const TargetEntry& entry) {
   return EntryPtr(e);
 }
 
+absl::Status Registry::Remove(const EntryPtr& entry, const PeerCred& by) {
+  Retirement r{entry->key, entry->content_id, entry->module_digest, by,
+               NowMicros()};
+  absl::Status logged = log_->AppendRetirement(r);
+  if (!logged.ok()) return logged;
+  {
+    absl::MutexLock lock(&mu_);
+    entries_.erase(entry->key);
+  }
+  OweSweep();
+  return absl::OkStatus();
+}
+
 absl::Status Registry::Mirror(const TargetEntry& binding,
                               const std::string& module_bytes) {
-  absl::MutexLock serial(&register_mu_);
-  EntryPtr local = Lookup(binding.key);
-  if (local != nullptr && SameBinding(*local, binding) &&
-      local->unavailable.empty()) {
-    return absl::OkStatus();
+  EntryPtr local;
+  {
+    absl::MutexLock lock(&mu_);
+    AwaitFree({binding.key});
+    local = LookupLocked(binding.key);
+    if (local != nullptr && SameBinding(*local, binding) &&
+        local->unavailable.empty()) {
+      return absl::OkStatus();
+    }
+    pending_[binding.key] = Pending{binding.registered_by.uid,
+                                    binding.module_digest, binding.module_size};
   }
+  Hold hold(this, {binding.key});
   if (local != nullptr && !SameBinding(*local, binding)) {
     spdlog::error(
         "CLUSTER CONFLICT: {} is bound here to content {} (module {}, "
@@ -168,12 +206,8 @@ absl::Status Registry::Mirror(const TargetEntry& binding,
         local->host.empty() ? "" : absl::StrCat(" on host ", local->host),
         binding.content_id, binding.module_digest, binding.func_name,
         binding.host, binding.registered_by.uid);
-    Retirement r{local->key, local->content_id, local->module_digest, Self(),
-                 NowMicros()};
-    absl::Status logged = log_->AppendRetirement(r);
-    if (!logged.ok()) return logged;
-    absl::MutexLock lock(&mu_);
-    entries_.erase(local->key);
+    absl::Status removed = Remove(local, Self());
+    if (!removed.ok()) return removed;
   }
   absl::StatusOr<EntryPtr> entry;
   if (binding.kind == TargetKind::kInProcess) {
@@ -185,7 +219,6 @@ absl::Status Registry::Mirror(const TargetEntry& binding,
     if (!stored.ok()) return stored;
     entry = Insert(binding);
   }
-  if (local != nullptr) DropUnreferenced();
   if (!entry.ok()) return entry.status();
   spdlog::info("cluster: {} bound as on host {} (content {}, module {})",
                Named(binding.key), binding.host, binding.content_id,
@@ -195,20 +228,20 @@ absl::Status Registry::Mirror(const TargetEntry& binding,
 
 absl::Status Registry::Unmirror(const TargetEntry& retired,
                                 const std::string& why) {
-  absl::MutexLock serial(&register_mu_);
-  EntryPtr local = Lookup(retired.key);
-  if (local == nullptr || !SameBinding(*local, retired)) {
-    return absl::OkStatus();
-  }
-  Retirement r{local->key, local->content_id, local->module_digest, Self(),
-               NowMicros()};
-  absl::Status logged = log_->AppendRetirement(r);
-  if (!logged.ok()) return logged;
+  EntryPtr local;
   {
     absl::MutexLock lock(&mu_);
-    entries_.erase(local->key);
+    AwaitFree({retired.key});
+    local = LookupLocked(retired.key);
+    if (local == nullptr || !SameBinding(*local, retired)) {
+      return absl::OkStatus();
+    }
+    pending_[retired.key] = Pending{local->registered_by.uid,
+                                    local->module_digest, local->module_size};
   }
-  DropUnreferenced();
+  Hold hold(this, {retired.key});
+  absl::Status removed = Remove(local, Self());
+  if (!removed.ok()) return removed;
   std::string bound;
   if (BindingOracle* oracle = oracle_.load()) {
     std::vector<pid_t> pids = oracle->PidsBinding(local->key);

@@ -1,9 +1,8 @@
 // Registry: per-uid limits, retirement of names, garbage collection of the
 // module store (the parts of DESIGN §2 that end or bound a registration).
-#include <chrono>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "daemon/platform_table.h"
 #include "daemon/registry.h"
 #include "spdlog/spdlog.h"
 
@@ -44,14 +43,18 @@ absl::Status TooManyBytes(const TargetKey& key, uid_t uid, uint64_t bytes,
 
 Registry::UidUse Registry::UseOf(uid_t uid) const {
   UidUse use;
-  absl::MutexLock lock(&mu_);
-  for (const auto& [key, e] : entries_) {
-    if (e->registered_by.uid != uid) continue;
+  auto hold = [&](const std::string& digest, uint64_t size) {
     ++use.registrations;
-    if (!e->module_digest.empty() &&
-        use.digests.emplace(e->module_digest, e->module_size).second) {
-      use.bytes += e->module_size;
+    if (!digest.empty() && use.digests.emplace(digest, size).second) {
+      use.bytes += size;
     }
+  };
+  for (const auto& [key, e] : entries_) {
+    if (e->registered_by.uid == uid) hold(e->module_digest, e->module_size);
+  }
+  // A new name being registered counts as held until it is decided.
+  for (const auto& [key, p] : pending_) {
+    if (p.uid == uid && entries_.count(key) == 0) hold(p.digest, p.size);
   }
   return use;
 }
@@ -76,7 +79,9 @@ absl::Status Registry::CheckLimits(const RegisterArgs& args,
 
 absl::Status Registry::PrecheckUpload(const TargetKey& key, uint64_t size,
                                       const PeerCred& peer) const {
-  if (peer.uid == kRoot || Lookup(key) != nullptr) return absl::OkStatus();
+  if (peer.uid == kRoot) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  if (LookupLocked(key) != nullptr) return absl::OkStatus();
   const UidUse use = UseOf(peer.uid);
   if (use.registrations + 1 > limits_.max_registrations_per_uid) {
     return TooManyRegistrations(key, peer.uid, use.registrations, limits_);
@@ -93,29 +98,46 @@ absl::Status Registry::PrecheckUpload(const TargetKey& key, uint64_t size,
 absl::StatusOr<std::vector<EntryPtr>> Registry::Retire(
     const std::string& name, std::optional<Platform> platform,
     const PeerCred& peer) {
-  absl::MutexLock serial(&register_mu_);
-  std::vector<EntryPtr> targets;
+  std::vector<TargetKey> keys;
   if (platform.has_value()) {
-    if (EntryPtr e = Lookup({name, *platform})) targets.push_back(e);
+    keys.push_back({name, *platform});
   } else {
-    targets = Find(name);
+    for (Platform p : AllPlatforms()) keys.push_back({name, p});
   }
-  if (targets.empty()) {
-    return absl::NotFoundError(absl::StrCat(
-        "cannot retire \"", name, "\"",
-        platform ? absl::StrCat(" on platform ", PlatformName(*platform)) : "",
-        ": no such target is registered; `kregctl list` shows what is"));
-  }
-  for (const EntryPtr& e : targets) {
-    if (peer.uid != kRoot && peer.uid != e->registered_by.uid) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("cannot retire ", Named(e->key),
-                       ": it was registered by uid ", e->registered_by.uid,
-                       " and only that uid or root may retire it "
-                       "(you are uid ",
-                       peer.uid, ")"));
+  std::vector<EntryPtr> targets;
+  {
+    absl::MutexLock lock(&mu_);
+    AwaitFree(keys);
+    for (const TargetKey& key : keys) {
+      if (EntryPtr e = LookupLocked(key)) targets.push_back(e);
+    }
+    if (targets.empty()) {
+      return absl::NotFoundError(absl::StrCat(
+          "cannot retire \"", name, "\"",
+          platform ? absl::StrCat(" on platform ", PlatformName(*platform))
+                   : "",
+          ": no such target is registered; `kregctl list` shows what is"));
+    }
+    for (const EntryPtr& e : targets) {
+      if (peer.uid != kRoot && peer.uid != e->registered_by.uid) {
+        return absl::PermissionDeniedError(
+            absl::StrCat("cannot retire ", Named(e->key),
+                         ": it was registered by uid ", e->registered_by.uid,
+                         " and only that uid or root may retire it "
+                         "(you are uid ",
+                         peer.uid, ")"));
+      }
+    }
+    keys.clear();
+    for (const EntryPtr& e : targets) {
+      keys.push_back(e->key);
+      pending_[e->key] =
+          Pending{e->registered_by.uid, e->module_digest, e->module_size};
     }
   }
+  // The keys are reserved: the sessions' answer, etcd and the journal are
+  // consulted without holding back requests for other names.
+  Hold hold(this, keys);
   if (BindingOracle* oracle = oracle_.load()) {
     for (const EntryPtr& e : targets) {
       std::vector<pid_t> pids = oracle->PidsBinding(e->key);
@@ -128,10 +150,6 @@ absl::StatusOr<std::vector<EntryPtr>> Registry::Retire(
       }
     }
   }
-  const int64_t now_us =
-      std::chrono::duration_cast<std::chrono::microseconds>(
-          std::chrono::system_clock::now().time_since_epoch())
-          .count();
   std::vector<EntryPtr> retired;
   absl::Status failed;
   for (const EntryPtr& e : targets) {
@@ -144,16 +162,11 @@ absl::StatusOr<std::vector<EntryPtr>> Registry::Retire(
         break;
       }
     }
-    Retirement r{e->key, e->content_id, e->module_digest, peer, now_us};
-    failed = log_->AppendRetirement(r);
+    failed = Remove(e, peer);
     if (!failed.ok()) {
       spdlog::error("retirement of {} by uid {} failed: {}", Named(e->key),
                     peer.uid, std::string(failed.message()));
       break;
-    }
-    {
-      absl::MutexLock lock(&mu_);
-      entries_.erase(e->key);
     }
     spdlog::info(
         "retired {} (content_id \"{}\", module {}, registered by uid {}) at "
@@ -163,7 +176,6 @@ absl::StatusOr<std::vector<EntryPtr>> Registry::Retire(
     retired.push_back(e);
   }
   // Also after a failure: what was retired before it is journaled.
-  if (!retired.empty()) DropUnreferenced();
   if (!failed.ok()) return failed;
   return retired;
 }
@@ -176,21 +188,6 @@ absl::StatusOr<GcOutcome> Registry::SweepStore() {
   return loader_->RemoveUnreferenced(keep);
 }
 
-void Registry::DropUnreferenced() {
-  absl::StatusOr<GcOutcome> out = SweepStore();
-  if (!out.ok()) {
-    spdlog::warn(
-        "module store: cannot remove the modules of retired targets ({}); "
-        "`kregctl gc` retries",
-        std::string(out.status().message()));
-  } else if (out->files_removed > 0) {
-    spdlog::info(
-        "module store: removed {} files ({} bytes) no target references any "
-        "more",
-        out->files_removed, out->bytes_removed);
-  }
-}
-
 absl::StatusOr<GcOutcome> Registry::CollectGarbage(const PeerCred& peer) {
   if (peer.uid != kRoot && peer.uid != limits_.admin_uid) {
     return absl::PermissionDeniedError(absl::StrCat(
@@ -198,10 +195,24 @@ absl::StatusOr<GcOutcome> Registry::CollectGarbage(const PeerCred& peer) {
         "uid (",
         limits_.admin_uid, "); uid ", peer.uid, " may not run it"));
   }
-  // register_mu_ keeps registrations (which stage and commit files) out
-  // while the store is swept.
-  absl::MutexLock serial(&register_mu_);
+  // Registrations stage and commit files: the sweep waits for those in
+  // progress and holds back new ones (gc_waiting_) until it is done.
+  {
+    absl::MutexLock lock(&mu_);
+    ++gc_waiting_;
+    auto idle = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return pending_.empty() && !sweeping_;
+    };
+    mu_.Await(absl::Condition(&idle));
+    --gc_waiting_;
+    sweeping_ = true;
+    sweep_owed_ = false;
+  }
   absl::StatusOr<GcOutcome> out = SweepStore();
+  {
+    absl::MutexLock lock(&mu_);
+    sweeping_ = false;
+  }
   if (out.ok()) {
     spdlog::info(
         "gc by uid {} pid {}: removed {} unreferenced store files ({} bytes); "

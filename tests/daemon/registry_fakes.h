@@ -8,13 +8,17 @@
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "daemon/module_store.h"
 #include "daemon/registry.h"
 
 namespace kreg {
 
 // In-memory HandlerLoader that counts loads and tracks what is in the
-// "store": staged temp files, committed files, discarded ones.
+// "store": staged temp files, committed files, discarded ones. Thread-safe
+// (the registry calls it outside its lock). A probe of func "Slow" blocks
+// until OpenGate() (or 20 s, the real probe's limit).
 class FakeLoader : public HandlerLoader {
  public:
   absl::StatusOr<StagedModule> Stage(const std::string& bytes,
@@ -22,6 +26,7 @@ class FakeLoader : public HandlerLoader {
     if (digest != Sha256Digest(bytes)) {
       return absl::InternalError("digest does not match the bytes");
     }
+    absl::MutexLock lock(&mu);
     stored.push_back(digest);
     bool fresh = files.count(digest) == 0;
     if (fresh) temps.insert(digest);
@@ -32,17 +37,26 @@ class FakeLoader : public HandlerLoader {
     if (func == "NotAHandler") {
       return absl::InvalidArgumentError("NotAHandler is not a handler");
     }
+    if (func == "Slow") {
+      absl::MutexLock lock(&mu);
+      ++slow_probes;
+      mu.AwaitWithTimeout(absl::Condition(&gate_open), absl::Seconds(20));
+    }
     return HandlerInfo{0, 4, 0, 0};
   }
   absl::Status Commit(const StagedModule& staged) override {
     if (!staged.fresh) return absl::OkStatus();
-    temps.erase(staged.digest);
+    absl::MutexLock lock(&mu);
+    if (temps.erase(staged.digest) == 0) {
+      return absl::InternalError("the staged temp file is gone");
+    }
     files.insert(staged.digest);
     return absl::OkStatus();
   }
-  void Discard(const StagedModule& staged, bool committed) override {
+  void Discard(const StagedModule& staged) override {
     if (!staged.fresh) return;
-    (committed ? files : temps).erase(staged.digest);
+    absl::MutexLock lock(&mu);
+    temps.erase(staged.digest);
     discarded.push_back(staged.digest);
   }
   absl::Status Check(const std::string&) override {
@@ -55,7 +69,10 @@ class FakeLoader : public HandlerLoader {
   }
   absl::StatusOr<GcOutcome> RemoveUnreferenced(
       const std::set<std::string>& keep) override {
+    absl::MutexLock lock(&mu);
     gc_keep = keep;
+    ++sweeps;
+    temps.clear();  // like the store: leftover temp files go too
     GcOutcome out;
     for (auto it = files.begin(); it != files.end();) {
       if (keep.count(*it) != 0) {
@@ -68,25 +85,44 @@ class FakeLoader : public HandlerLoader {
     }
     return out;
   }
+  void OpenGate() {
+    absl::MutexLock lock(&mu);
+    gate_open = true;
+  }
+  // Waits until `n` probes of "Slow" are blocked at the gate.
+  void AwaitSlowProbes(int n) {
+    absl::MutexLock lock(&mu);
+    auto reached = [&] { return slow_probes >= n; };
+    mu.Await(absl::Condition(&reached));
+  }
+  absl::Mutex mu;
   std::vector<std::string> stored;  // every Stage call
   std::set<std::string> temps, files, gc_keep;
   std::vector<std::string> discarded;
   std::atomic<int> loads{0};
+  int sweeps = 0;
   bool stored_ok = true;
+
+ private:
+  bool gate_open = false;
+  int slow_probes = 0;
 };
 
 class MemLog : public RegistrationLog {
  public:
   absl::Status Append(const TargetEntry& e) override {
     if (fail) return absl::InternalError("disk full");
+    absl::MutexLock lock(&mu);
     entries.push_back(e);
     return absl::OkStatus();
   }
   absl::Status AppendRetirement(const Retirement& r) override {
     if (fail) return absl::InternalError("disk full");
+    absl::MutexLock lock(&mu);
     retirements.push_back(r);
     return absl::OkStatus();
   }
+  absl::Mutex mu;
   std::vector<TargetEntry> entries;
   std::vector<Retirement> retirements;
   bool fail = false;

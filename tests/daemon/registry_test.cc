@@ -1,5 +1,6 @@
 #include "daemon/registry.h"
 
+#include <algorithm>
 #include <atomic>
 #include <set>
 #include <thread>
@@ -424,6 +425,97 @@ TEST_CASE("content_id: in-process fingerprints are not module digests",
   CHECK_FALSE(other->created);
 }
 
+// --- decided under the lock, worked on outside it ---------------------------
+
+TEST_CASE("A slow probe holds back only requests for its own name",
+          "[registry][concurrency]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log);
+  absl::StatusOr<RegisterOutcome> slow, same, other;
+  std::thread first(
+      [&] { slow = registry.Register(Args("slow", "s", "Slow")); });
+  loader.AwaitSlowProbes(1);
+  // While that probe is stuck (up to the real probe's 20 s), other names
+  // register, list and retire: none of it waits for the probe.
+  for (int i = 0; i < 20; ++i) {
+    auto r = registry.Register(Args("fast" + std::to_string(i), "f"));
+    REQUIRE(r.ok());
+    CHECK(r->created);
+  }
+  CHECK(registry.List().size() == 20);
+  CHECK(registry.Lookup({"slow", Platform::kCpu}) == nullptr);
+  REQUIRE(registry.Retire("fast0", std::nullopt, PeerCred{0, 0, 1}).ok());
+  // Requests for the reserved name wait for it, then decide again.
+  std::thread again(
+      [&] { same = registry.Register(Args("slow", "s", "Slow")); });
+  std::thread change(
+      [&] { other = registry.Register(Args("slow", "t", "Slow")); });
+  loader.OpenGate();
+  first.join();
+  again.join();
+  change.join();
+  REQUIRE(slow.ok());
+  CHECK(slow->created);
+  REQUIRE(same.ok());
+  CHECK_FALSE(same->created);
+  CHECK(other.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(registry.List().size() == 20);
+  // The slow name's bytes were staged once: the identical request waited.
+  CHECK(std::count(loader.stored.begin(), loader.stored.end(),
+                   Sha256Digest("s")) == 1);
+}
+
+TEST_CASE("A registration in progress counts against its uid's limits",
+          "[registry][concurrency][limits]") {
+  FakeLoader loader;
+  MemLog log;
+  RegistryLimits limits;
+  limits.max_registrations_per_uid = 1;
+  Registry registry(&loader, &log, limits);
+  absl::StatusOr<RegisterOutcome> slow;
+  RegisterArgs slow_args = ArgsBy(1000, "slow", "s");
+  slow_args.func_name = "Slow";
+  std::thread first([&] { slow = registry.Register(slow_args); });
+  loader.AwaitSlowProbes(1);
+  auto second = registry.Register(ArgsBy(1000, "second", "x"));
+  CHECK(second.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(second.status().message()),
+             Catch::Contains("already has 1 registrations"));
+  CHECK(registry
+            .PrecheckUpload({"third", Platform::kCpu}, 10,
+                            PeerCred{1000, 1000, 1})
+            .code() == absl::StatusCode::kResourceExhausted);
+  CHECK(registry.Register(ArgsBy(1001, "other uid", "y")).ok());
+  loader.OpenGate();
+  first.join();
+  REQUIRE(slow.ok());
+  CHECK(slow->created);
+}
+
+TEST_CASE("gc waits for a registration in progress and keeps its file",
+          "[registry][concurrency][disk]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log);
+  REQUIRE(registry.Register(Args("old", "o")).ok());
+  REQUIRE(registry.Retire("old", std::nullopt, PeerCred{0, 0, 1}).ok());
+  absl::StatusOr<RegisterOutcome> slow;
+  std::thread first(
+      [&] { slow = registry.Register(Args("slow", "s", "Slow")); });
+  loader.AwaitSlowProbes(1);
+  absl::StatusOr<GcOutcome> gc;
+  std::thread sweep([&] { gc = registry.CollectGarbage(PeerCred{0, 0, 1}); });
+  loader.OpenGate();
+  first.join();
+  sweep.join();
+  // Had the sweep run during the probe, the staged temp file would be gone
+  // and the commit would fail.
+  REQUIRE(slow.ok());
+  REQUIRE(gc.ok());
+  CHECK(loader.files == std::set<std::string>{Sha256Digest("s")});
+}
+
 // --- the store holds accepted modules only (DESIGN §2) ---------------------
 
 TEST_CASE("A refused or failed registration leaves nothing in the store",
@@ -436,11 +528,12 @@ TEST_CASE("A refused or failed registration leaves nothing in the store",
           absl::StatusCode::kInvalidArgument);
     CHECK(loader.discarded == std::vector<std::string>{Sha256Digest("aa")});
   }
-  SECTION("journal failure: the committed file is removed again") {
+  SECTION("journal failure: the committed file is swept again") {
     log.fail = true;
     CHECK(registry.Register(Args("op", "aa")).status().code() ==
           absl::StatusCode::kInternal);
-    CHECK(loader.discarded == std::vector<std::string>{Sha256Digest("aa")});
+    CHECK(loader.sweeps == 1);
+    CHECK(loader.files.empty());
   }
   SECTION("conflict: refused before anything is written") {
     REQUIRE(registry.Register(Args("op", "aa")).ok());

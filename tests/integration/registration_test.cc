@@ -5,7 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <set>
 #include <thread>
@@ -222,6 +225,49 @@ TEST_CASE("Registration storms from threads: one load, one winner",
   CHECK(created == 1);
   CHECK(refused == 15);
   CHECK(d.client().Status()->modules_loaded() == 1);
+}
+
+TEST_CASE("A probe that hangs for 20 s holds back no other name",
+          "[integration]") {
+  TempDir dir;
+  Daemon d(dir.path());
+  d.Start();
+  std::atomic<bool> slow_done{false};
+  absl::Status slow;
+  std::thread hung([&] {
+    slow =
+        d.client().Register(Upload(d, "slow.hang", "libhang_ctor.so")).status();
+    slow_done = true;
+  });
+  // kregd's probe child is inside the constructor once it has said so.
+  for (int i = 0; i < 1000 &&
+                  d.log().find("libhang_ctor.so: hanging") == std::string::npos;
+       ++i) {
+    ::usleep(20000);
+  }
+  REQUIRE_THAT(d.log(), Catch::Contains("libhang_ctor.so: hanging"));
+  Client c = d.client();
+  int64_t slowest_us = 0;
+  for (int i = 0; i < 10; ++i) {
+    auto start = std::chrono::steady_clock::now();
+    auto r = c.Register(Upload(d, "fast." + std::to_string(i)));
+    slowest_us = std::max<int64_t>(
+        slowest_us, std::chrono::duration_cast<std::chrono::microseconds>(
+                        std::chrono::steady_clock::now() - start)
+                        .count());
+    REQUIRE(r.ok());
+    CHECK(r->created());
+  }
+  CHECK(c.List()->size() == 10);
+  REQUIRE(c.Retire("fast.0", "").ok());
+  // All of that happened while the probe was still hanging.
+  CHECK_FALSE(slow_done);
+  std::printf("while a probe hung: 10 registrations, the slowest %.1f ms\n",
+              slowest_us / 1000.0);
+  hung.join();
+  CHECK(slow.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(Message(slow), Catch::Contains("did not finish within 20 s"));
+  CHECK(c.List()->size() == 9);
 }
 
 TEST_CASE("Registration storms from processes: one winner", "[integration]") {
