@@ -1,7 +1,12 @@
-// libcrash_ctor.so, a registration-test fixture: a static constructor aborts
-// the process that loads it. It exports a genuine `Scale` handler so that
-// only the constructor, never a missing symbol, can explain a failure.
-// Never load it into a process you care about.
+// Registration-test fixtures whose static constructor misbehaves on purpose;
+// each exports a genuine `Scale` handler so that only the constructor, never
+// a missing symbol, can explain a refusal. Never load them into a process
+// you care about.
+// - libcrash_ctor.so: the constructor aborts the process that loads it.
+// - libhang_ctor.so (KREG_CTOR_HANGS): it says so on stderr, then sleeps for
+//   a minute, longer than kregd's 20 s probe limit.
+
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -14,15 +19,22 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-__attribute__((constructor)) void AbortOnLoad() {
+__attribute__((constructor)) void MisbehaveOnLoad() {
+#ifdef KREG_CTOR_HANGS
+  std::fputs("libhang_ctor.so: hanging in a static constructor on purpose\n",
+             stderr);
+  std::fflush(stderr);
+  ::sleep(60);
+#else
   std::fputs("libcrash_ctor.so: aborting in a static constructor on purpose\n",
              stderr);
   std::abort();
+#endif
 }
 
 ffi::Error ScaleImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
                      float factor) {
-  return kreg::kernels::ScaleBuffer("crash_ctor.Scale", x, *y, factor);
+  return kreg::kernels::ScaleBuffer("bad_ctor.Scale", x, *y, factor);
 }
 
 }  // namespace
