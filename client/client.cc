@@ -201,6 +201,15 @@ absl::StatusOr<std::vector<v1::Target>> Client::Retire(
   return std::vector<v1::Target>(resp.retired().begin(), resp.retired().end());
 }
 
+absl::StatusOr<v1::ReserveNamesResponse> Client::ReserveNames(
+    const v1::ReserveNamesRequest& req) {
+  auto ctx = Context();
+  v1::ReserveNamesResponse resp;
+  grpc::Status s = stub_->ReserveNames(ctx.get(), req, &resp);
+  if (!s.ok()) return FromGrpc(s);
+  return resp;
+}
+
 absl::StatusOr<v1::CollectGarbageResponse> Client::CollectGarbage() {
   auto ctx = Context();
   v1::CollectGarbageResponse resp;

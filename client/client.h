@@ -65,6 +65,9 @@ class Client {
   // retired entries.
   absl::StatusOr<std::vector<v1::Target>> Retire(const std::string& name,
                                                  const std::string& platform);
+  // Reserves names, lifts a reservation, or (empty pattern) only lists.
+  absl::StatusOr<v1::ReserveNamesResponse> ReserveNames(
+      const v1::ReserveNamesRequest& req);
   absl::StatusOr<v1::CollectGarbageResponse> CollectGarbage();
   // OK when the standard health service says SERVING.
   absl::Status Health();

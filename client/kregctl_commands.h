@@ -13,6 +13,7 @@ Command AddListCommand(CLI::App& app);
 Command AddShowCommand(CLI::App& app);
 Command AddUnquarantineCommand(CLI::App& app);
 Command AddRetireCommand(CLI::App& app);
+Command AddReserveCommand(CLI::App& app);
 
 // kregctl_register.cc
 Command AddRegisterCommand(CLI::App& app);

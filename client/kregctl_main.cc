@@ -93,7 +93,8 @@ int main(int argc, char** argv) {
       kreg::AddStatusCommand(app),       kreg::AddConfigCommand(app),
       kreg::AddHealthCommand(app),       kreg::AddSessionsCommand(app),
       kreg::AddUnquarantineCommand(app), kreg::AddRegisterCommand(app),
-      kreg::AddRetireCommand(app),       kreg::AddGcCommand(app),
+      kreg::AddRetireCommand(app),       kreg::AddReserveCommand(app),
+      kreg::AddGcCommand(app),
   };
   if (UnknownCommand(app, argc, argv)) return 2;
   try {

@@ -190,7 +190,57 @@ int RunRetire(Connection& kregd, const TargetOptions& opts) {
   return 0;
 }
 
+struct ReserveOptions {
+  std::string pattern;
+  std::string owner;
+  bool lift = false;
+  bool as_json = false;
+};
+
+int RunReserve(Connection& kregd, const ReserveOptions& opts) {
+  if (!opts.pattern.empty() && !opts.lift && opts.owner.empty()) {
+    return Fail(absl::InvalidArgumentError(
+        "kregctl reserve PATTERN needs --owner (a user name or uid, or "
+        "group:NAME), or --lift to lift the reservation"));
+  }
+  v1::ReserveNamesRequest r;
+  r.set_pattern(opts.pattern);
+  r.set_owner(opts.owner);
+  r.set_lift(opts.lift);
+  auto in_effect = kregd.client->ReserveNames(r);
+  if (!in_effect.ok()) return Fail(in_effect.status());
+  json j = json::array();
+  for (const v1::NameReservation& n : in_effect->reservations()) {
+    j.push_back(json{{"pattern", n.pattern()},
+                     {"owner", n.owner()},
+                     {"reserved_by_uid", n.reserved_by_uid()},
+                     {"reserved_at_us", n.reserved_at_us()}});
+    if (!opts.as_json) {
+      std::cout << n.pattern() << "\t" << n.owner() << "\treserved by uid "
+                << n.reserved_by_uid() << "\n";
+    }
+  }
+  if (opts.as_json) std::cout << j.dump(2) << "\n";
+  return 0;
+}
+
 }  // namespace
+
+Command AddReserveCommand(CLI::App& app) {
+  auto opts = std::make_shared<ReserveOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "reserve",
+      "reserve target names for a user or group (root); without PATTERN, "
+      "list the reservations");
+  cmd->add_option("PATTERN", opts->pattern,
+                  "a target name, or a name prefix followed by '*'");
+  cmd->add_option("--owner", opts->owner,
+                  "who may register matching names: a user name or uid, or "
+                  "group:NAME or group:GID");
+  cmd->add_flag("--lift", opts->lift, "lift the reservation of PATTERN");
+  cmd->add_flag("--json", opts->as_json, "print JSON");
+  return {cmd, [opts](Connection& kregd) { return RunReserve(kregd, *opts); }};
+}
 
 Command AddListCommand(CLI::App& app) {
   auto opts = std::make_shared<ListOptions>();

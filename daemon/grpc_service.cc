@@ -199,6 +199,31 @@ grpc::Status RegistryService::RetireTarget(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
+grpc::Status RegistryService::ReserveNames(grpc::ServerContext* ctx,
+                                           const v1::ReserveNamesRequest* req,
+                                           v1::ReserveNamesResponse* resp) {
+  const PeerCred peer = peer_of_(ctx->peer());
+  absl::Status st;
+  if (req->lift()) {
+    st = registry_->Unreserve(req->pattern(), peer);
+  } else if (!req->pattern().empty()) {
+    absl::StatusOr<NameReservation> r =
+        ParseReservation(req->pattern(), req->owner());
+    st = r.ok() ? registry_->Reserve(*r, peer) : r.status();
+  }
+  if (!st.ok()) return ToGrpcStatus(st);
+  for (const NameReservation& r : registry_->Reservations()) {
+    v1::NameReservation* out = resp->add_reservations();
+    out->set_pattern(r.pattern);
+    out->set_owner(OwnerName(r));
+    out->set_owner_id(r.owner);
+    out->set_owner_is_group(r.group);
+    out->set_reserved_by_uid(r.by.uid);
+    out->set_reserved_at_us(r.at_us);
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status RegistryService::CollectGarbage(grpc::ServerContext* ctx,
                                              const v1::CollectGarbageRequest*,
                                              v1::CollectGarbageResponse* resp) {

@@ -48,6 +48,9 @@ class RegistryService final : public v1::Registry::Service {
   grpc::Status RetireTarget(grpc::ServerContext* ctx,
                             const v1::RetireTargetRequest* req,
                             v1::RetireTargetResponse* resp) override;
+  grpc::Status ReserveNames(grpc::ServerContext* ctx,
+                            const v1::ReserveNamesRequest* req,
+                            v1::ReserveNamesResponse* resp) override;
   grpc::Status CollectGarbage(grpc::ServerContext* ctx,
                               const v1::CollectGarbageRequest* req,
                               v1::CollectGarbageResponse* resp) override;

@@ -86,6 +86,25 @@ absl::Status ApplyQuarantine(const v1::QuarantineRecord& r,
   return absl::OkStatus();
 }
 
+// The last record of a pattern decides.
+absl::Status ApplyReservation(const v1::ReservationRecord& r,
+                              std::vector<NameReservation>* in_effect) {
+  in_effect->erase(std::remove_if(in_effect->begin(), in_effect->end(),
+                                  [&](const NameReservation& e) {
+                                    return e.pattern == r.pattern();
+                                  }),
+                   in_effect->end());
+  if (r.lifted()) return absl::OkStatus();
+  NameReservation e;
+  e.pattern = r.pattern();
+  e.group = r.group();
+  e.owner = r.owner();
+  e.by = PeerCred{r.uid(), r.gid(), r.pid()};
+  e.at_us = r.at_us();
+  in_effect->push_back(std::move(e));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 Journal::Journal(std::string path) : path_(std::move(path)) {}
@@ -96,6 +115,7 @@ absl::StatusOr<std::vector<TargetEntry>> Journal::Open() {
   const std::string data = read.ok() ? *std::move(read) : "";
   std::vector<TargetEntry> entries;
   std::vector<QuarantineEvent> quarantines;
+  std::vector<NameReservation> reservations;
   size_t pos = 0;
   while (pos < data.size()) {
     size_t left = data.size() - pos;
@@ -122,11 +142,13 @@ absl::StatusOr<std::vector<TargetEntry>> Journal::Open() {
                    path_, left, pos);
       break;
     }
-    absl::Status st = record.has_retirement()
-                          ? ApplyRetirement(record.retirement(), &entries)
-                      : record.has_quarantine()
-                          ? ApplyQuarantine(record.quarantine(), &quarantines)
-                          : AddEntry(record.target(), &entries);
+    absl::Status st =
+        record.has_retirement() ? ApplyRetirement(record.retirement(), &entries)
+        : record.has_quarantine()
+            ? ApplyQuarantine(record.quarantine(), &quarantines)
+        : record.has_reservation()
+            ? ApplyReservation(record.reservation(), &reservations)
+            : AddEntry(record.target(), &entries);
     if (!st.ok()) {
       return absl::DataLossError(absl::StrCat(
           "journal ", path_, " record at byte ", pos, ": ", st.message()));
@@ -134,6 +156,7 @@ absl::StatusOr<std::vector<TargetEntry>> Journal::Open() {
     pos += kHeader + len;
   }
   quarantines_ = std::move(quarantines);
+  reservations_ = std::move(reservations);
   absl::MutexLock lock(&mu_);
   fd_.reset(::open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600));
   if (!fd_.ok()) {
@@ -180,6 +203,20 @@ absl::Status Journal::AppendQuarantine(const QuarantineEvent& e) {
   q->set_crashes_total(e.crashes_total);
   q->set_last_reason(e.last_reason.substr(0, 4096));
   q->set_last_crash_unix_s(e.last_crash_unix_s);
+  return AppendRecord(record.SerializeAsString());
+}
+
+absl::Status Journal::AppendReservation(const NameReservation& r, bool lifted) {
+  v1::JournalRecord record;
+  v1::ReservationRecord* p = record.mutable_reservation();
+  p->set_pattern(r.pattern);
+  p->set_group(r.group);
+  p->set_owner(r.owner);
+  p->set_uid(r.by.uid);
+  p->set_gid(r.by.gid);
+  p->set_pid(r.by.pid);
+  p->set_at_us(r.at_us);
+  p->set_lifted(lifted);
   return AppendRecord(record.SerializeAsString());
 }
 

@@ -47,11 +47,18 @@ class Journal : public RegistrationLog {
   absl::Status Append(const TargetEntry& entry) override;
   absl::Status AppendRetirement(const Retirement& retirement) override;
   absl::Status AppendQuarantine(const QuarantineEvent& event);
+  absl::Status AppendReservation(const NameReservation& reservation,
+                                 bool lifted) override;
 
   // After Open: the quarantines in effect (the last record of each target
   // and uid, when it quarantined), in journal order.
   const std::vector<QuarantineEvent>& quarantines() const {
     return quarantines_;
+  }
+
+  // After Open: the name reservations in effect, in journal order.
+  const std::vector<NameReservation>& reservations() const {
+    return reservations_;
   }
 
   // Number of bytes dropped by Open as a torn tail (0 if none).
@@ -64,7 +71,8 @@ class Journal : public RegistrationLog {
   absl::Mutex mu_;
   UniqueFd fd_ ABSL_GUARDED_BY(mu_);
   uint64_t torn_bytes_ = 0;
-  std::vector<QuarantineEvent> quarantines_;  // set by Open
+  std::vector<QuarantineEvent> quarantines_;   // set by Open
+  std::vector<NameReservation> reservations_;  // set by Open
 };
 
 }  // namespace kreg

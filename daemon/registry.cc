@@ -202,13 +202,22 @@ absl::StatusOr<RegisterOutcome> Registry::Register(const RegisterArgs& args) {
 
 void Registry::AwaitFree(const std::vector<TargetKey>& keys) {
   auto free = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    if (sweeping_ || gc_waiting_ > 0) return false;
+    if (sweeping_ || idle_waiters_ > 0) return false;
     for (const TargetKey& key : keys) {
       if (pending_.count(key) != 0) return false;
     }
     return true;
   };
   mu_.Await(absl::Condition(&free));
+}
+
+void Registry::AwaitIdle() {
+  ++idle_waiters_;
+  auto idle = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return pending_.empty() && !sweeping_;
+  };
+  mu_.Await(absl::Condition(&idle));
+  --idle_waiters_;
 }
 
 void Registry::Release(const std::vector<TargetKey>& keys) {
@@ -253,6 +262,11 @@ absl::StatusOr<RegisterOutcome> Registry::Decide(const RegisterArgs& args,
   {
     absl::MutexLock lock(&mu_);
     AwaitFree({args.key});
+    absl::Status allowed = CheckReservations(args.key, args.peer);
+    if (!allowed.ok()) {
+      refused_.fetch_add(1);
+      return allowed;
+    }
     existing = LookupLocked(args.key);
     if (existing != nullptr) {
       absl::Status same = CheckIdentity(*existing, args, cid, digest);

@@ -93,6 +93,9 @@ class RegistrationLog {
   // Appends and fsyncs.
   virtual absl::Status Append(const TargetEntry& entry) = 0;
   virtual absl::Status AppendRetirement(const Retirement& retirement) = 0;
+  // A reservation made, or (`lifted`) lifted.
+  virtual absl::Status AppendReservation(const NameReservation& reservation,
+                                         bool lifted) = 0;
 };
 
 // Per-uid limits, checked before anything is stored. Root is exempt.
@@ -139,6 +142,19 @@ class Registry {
   absl::StatusOr<std::vector<EntryPtr>> Retire(const std::string& name,
                                                std::optional<Platform> platform,
                                                const PeerCred& peer);
+
+  // Reserves `r.pattern` for `r.owner` (docs/operator-guide.md, "Name
+  // reservations"), replacing an earlier reservation of the same pattern;
+  // journaled first. PERMISSION_DENIED unless `peer` is root or
+  // limits.admin_uid; FAILED_PRECONDITION naming them while targets the
+  // pattern matches are registered by others than the owner, and in
+  // cluster mode (reservations are not replicated).
+  absl::Status Reserve(NameReservation r, const PeerCred& peer);
+  // Lifts the reservation of `pattern`; NOT_FOUND when there is none.
+  absl::Status Unreserve(const std::string& pattern, const PeerCred& peer);
+  std::vector<NameReservation> Reservations() const;
+  // Start-up: a journaled reservation in effect.
+  void RestoreReservation(const NameReservation& r);
 
   // Removes store files no entry references (kregd runs it once at start,
   // after the journal is replayed). Waits for the registrations in progress
@@ -224,12 +240,22 @@ class Registry {
   void AwaitFree(const std::vector<TargetKey>& keys)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Release(const std::vector<TargetKey>& keys) ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits (mu_ held) until nothing is reserved or swept, holding back new
+  // reservations meanwhile (gc, Reserve).
+  void AwaitIdle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A store file may have lost its last reference (a retirement, a failed
   // registration after its commit): the store is swept once no key is
   // reserved (a reserved registration may be using the file).
   void OweSweep() ABSL_LOCKS_EXCLUDED(mu_);
   EntryPtr LookupLocked(const TargetKey& key) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // PERMISSION_DENIED, naming the owner, when a reservation of someone
+  // else matches `key.name` (root is never refused).
+  absl::Status CheckReservations(const TargetKey& key,
+                                 const PeerCred& peer) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The admin check of Reserve, Unreserve and CollectGarbage.
+  absl::Status CheckAdmin(const PeerCred& peer, const char* what) const;
 
   absl::Status CheckSame(const TargetEntry& existing, TargetKind kind,
                          const std::string& cid, const std::string& func_name,
@@ -298,9 +324,10 @@ class Registry {
   mutable absl::Mutex mu_;
   std::map<TargetKey, EntryPtr> entries_ ABSL_GUARDED_BY(mu_);
   std::map<TargetKey, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, NameReservation> reservations_ ABSL_GUARDED_BY(mu_);
   bool sweep_owed_ ABSL_GUARDED_BY(mu_) = false;
   bool sweeping_ ABSL_GUARDED_BY(mu_) = false;
-  int gc_waiting_ ABSL_GUARDED_BY(mu_) = 0;
+  int idle_waiters_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> refused_{0};
 };
 

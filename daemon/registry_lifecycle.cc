@@ -188,23 +188,25 @@ absl::StatusOr<GcOutcome> Registry::SweepStore() {
   return loader_->RemoveUnreferenced(keep);
 }
 
-absl::StatusOr<GcOutcome> Registry::CollectGarbage(const PeerCred& peer) {
-  if (peer.uid != kRoot && peer.uid != limits_.admin_uid) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "garbage collection of the module store is for root or kregd's own "
-        "uid (",
-        limits_.admin_uid, "); uid ", peer.uid, " may not run it"));
+absl::Status Registry::CheckAdmin(const PeerCred& peer,
+                                  const char* what) const {
+  if (peer.uid == kRoot || peer.uid == limits_.admin_uid) {
+    return absl::OkStatus();
   }
+  return absl::PermissionDeniedError(
+      absl::StrCat(what, " is for root or kregd's own uid (", limits_.admin_uid,
+                   "); uid ", peer.uid, " may not do it"));
+}
+
+absl::StatusOr<GcOutcome> Registry::CollectGarbage(const PeerCred& peer) {
+  absl::Status admin =
+      CheckAdmin(peer, "garbage collection of the module store");
+  if (!admin.ok()) return admin;
   // Registrations stage and commit files: the sweep waits for those in
-  // progress and holds back new ones (gc_waiting_) until it is done.
+  // progress and holds back new ones until it is done.
   {
     absl::MutexLock lock(&mu_);
-    ++gc_waiting_;
-    auto idle = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return pending_.empty() && !sweeping_;
-    };
-    mu_.Await(absl::Condition(&idle));
-    --gc_waiting_;
+    AwaitIdle();
     sweeping_ = true;
     sweep_owed_ = false;
   }

@@ -228,6 +228,9 @@ absl::Status Daemon::Replay() {
     spdlog::warn("module store: unreferenced files not removed at start: {}",
                  std::string(swept.status().message()));
   }
+  for (const NameReservation& r : journal_.reservations()) {
+    registry_.RestoreReservation(r);
+  }
   // Quarantines survive restarts until `kregctl unquarantine`.
   for (const QuarantineEvent& q : journal_.quarantines()) {
     ledger_.Restore(ToCrashRecord(q));

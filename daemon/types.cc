@@ -1,7 +1,11 @@
 #include "daemon/types.h"
 
+#include <grp.h>
+#include <pwd.h>
+
 #include <chrono>
 
+#include "absl/strings/str_cat.h"
 #include "common/platforms.h"
 
 namespace kreg {
@@ -19,6 +23,34 @@ int64_t NowMicros() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+bool NameReservation::Matches(const std::string& name) const {
+  if (!pattern.empty() && pattern.back() == '*') {
+    return name.compare(0, pattern.size() - 1, pattern, 0,
+                        pattern.size() - 1) == 0;
+  }
+  return name == pattern;
+}
+
+std::string OwnerName(const NameReservation& r) {
+  char buf[4096];
+  const char* name = nullptr;
+  if (r.group) {
+    struct group gr;
+    struct group* found = nullptr;
+    if (::getgrgid_r(r.owner, &gr, buf, sizeof(buf), &found) == 0 && found) {
+      name = found->gr_name;
+    }
+  } else {
+    struct passwd pw;
+    struct passwd* found = nullptr;
+    if (::getpwuid_r(r.owner, &pw, buf, sizeof(buf), &found) == 0 && found) {
+      name = found->pw_name;
+    }
+  }
+  return absl::StrCat(r.group ? "group " : "uid ", r.owner,
+                      name != nullptr ? absl::StrCat(" (", name, ")") : "");
 }
 
 const char* TargetKindName(TargetKind kind) {

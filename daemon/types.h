@@ -92,6 +92,22 @@ struct Retirement {
   int64_t retired_at_us = 0;
 };
 
+// An operator's reservation of target names (`kregctl reserve`): a name it
+// matches may be registered only by its owner (a uid, or any member of a
+// group) and by root. Journaled; per host.
+struct NameReservation {
+  std::string pattern;  // a target name, or a name prefix followed by '*'
+  bool group = false;   // `owner` is a gid; a uid otherwise
+  uint32_t owner = 0;
+  PeerCred by;
+  int64_t at_us = 0;
+  bool Matches(const std::string& name) const;
+};
+
+// "uid 1000 (alice)" or "group 50 (staff)"; the name is left out when the
+// host has none.
+std::string OwnerName(const NameReservation& r);
+
 }  // namespace kreg
 
 #endif  // KREGD_DAEMON_TYPES_H_

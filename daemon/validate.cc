@@ -1,7 +1,12 @@
 #include "daemon/validate.h"
 
+#include <grp.h>
+#include <pwd.h>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "common/platforms.h"
 
@@ -188,6 +193,54 @@ absl::Status ValidateUploadChunk(size_t size, size_t index) {
       " bytes; a chunk may carry at ", "most ", kMaxUploadChunkBytes,
       " (4 MiB, kreg.v1.RegisterTargetChunk): ",
       "send the module in smaller chunks"));
+}
+
+absl::StatusOr<NameReservation> ParseReservation(absl::string_view pattern,
+                                                 absl::string_view owner) {
+  NameReservation r;
+  r.pattern = std::string(pattern);
+  absl::string_view prefix = pattern;
+  if (absl::ConsumeSuffix(&prefix, "*") && prefix.empty()) {
+    return absl::InvalidArgumentError(
+        "a reservation pattern of \"*\" alone would reserve every name; "
+        "give a name prefix before the '*', e.g. \"mylib.*\"");
+  }
+  absl::Status name = ValidateTargetName(prefix);
+  if (!name.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reservation pattern ", QuoteForMessage(pattern),
+                     " is not a target name or a name prefix followed by '*': ",
+                     name.message()));
+  }
+  absl::string_view who = owner;
+  r.group = absl::ConsumePrefix(&who, "group:");
+  char buf[4096];
+  if (absl::SimpleAtoi(who, &r.owner)) return r;
+  const std::string key(who);
+  if (r.group) {
+    struct group gr;
+    struct group* found = nullptr;
+    if (!who.empty() &&
+        ::getgrnam_r(key.c_str(), &gr, buf, sizeof(buf), &found) == 0 &&
+        found != nullptr) {
+      r.owner = found->gr_gid;
+      return r;
+    }
+  } else {
+    struct passwd pw;
+    struct passwd* found = nullptr;
+    if (!who.empty() &&
+        ::getpwnam_r(key.c_str(), &pw, buf, sizeof(buf), &found) == 0 &&
+        found != nullptr) {
+      r.owner = found->pw_uid;
+      return r;
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "reservation owner ", QuoteForMessage(owner), " is no ",
+      r.group ? "group" : "user",
+      " on this host; give a user name or uid, or \"group:\" and a group name "
+      "or gid"));
 }
 
 }  // namespace kreg

@@ -24,6 +24,13 @@ absl::Status ValidateTargetName(absl::string_view name);
 // INVALID_ARGUMENT for anything else.
 absl::StatusOr<Platform> ParsePlatform(absl::string_view platform);
 
+// A name reservation's pattern and owner: `pattern` is a target name, or a
+// non-empty name prefix followed by '*'; `owner` a user name or uid, or
+// "group:" and a group name or gid, known on this host. INVALID_ARGUMENT
+// quoting the offending value otherwise.
+absl::StatusOr<NameReservation> ParseReservation(absl::string_view pattern,
+                                                 absl::string_view owner);
+
 // A C symbol name: 1-256 chars of [A-Za-z0-9_], not starting with a digit.
 absl::Status ValidateFuncName(absl::string_view func_name);
 

@@ -282,6 +282,43 @@ TEST_CASE("Journal replays quarantines: the last record of a target wins",
   CHECK(again.quarantines()[0].uid == 1001);
 }
 
+TEST_CASE("Journal replays reservations: the last record of a pattern wins",
+          "[journal][reservations]") {
+  testing::TempDir dir;
+  std::string path = dir.path() + "/journal";
+  NameReservation lib;
+  lib.pattern = "lib.*";
+  lib.owner = 1000;
+  lib.by = PeerCred{0, 0, 7};
+  lib.at_us = 1700000000000000;
+  NameReservation team = lib;
+  team.pattern = "team.*";
+  team.group = true;
+  team.owner = 50;
+  {
+    Journal j(path);
+    REQUIRE(j.Open().ok());
+    REQUIRE(j.Append(Entry("a")).ok());
+    REQUIRE(j.AppendReservation(lib, false).ok());
+    REQUIRE(j.AppendReservation(team, false).ok());
+    REQUIRE(j.AppendReservation(lib, true).ok());  // lifted
+    lib.owner = 1001;
+    REQUIRE(j.AppendReservation(lib, false).ok());  // made again
+  }
+  Journal j(path);
+  auto entries = j.Open();
+  REQUIRE(entries.ok());
+  CHECK(entries->size() == 1);  // reservations are no registrations
+  REQUIRE(j.reservations().size() == 2);
+  CHECK(j.reservations()[0].pattern == "team.*");
+  CHECK(j.reservations()[0].group);
+  CHECK(j.reservations()[0].owner == 50);
+  CHECK(j.reservations()[0].by.pid == 7);
+  CHECK(j.reservations()[0].at_us == 1700000000000000);
+  CHECK(j.reservations()[1].pattern == "lib.*");
+  CHECK(j.reservations()[1].owner == 1001);
+}
+
 TEST_CASE("Journal refuses a quarantine record with a bad name or platform",
           "[journal][quarantine]") {
   for (const auto& [name, platform, what] :

@@ -122,7 +122,15 @@ class MemLog : public RegistrationLog {
     retirements.push_back(r);
     return absl::OkStatus();
   }
+  absl::Status AppendReservation(const NameReservation& r,
+                                 bool lifted) override {
+    if (fail) return absl::InternalError("disk full");
+    absl::MutexLock lock(&mu);
+    reservations.push_back({r, lifted});
+    return absl::OkStatus();
+  }
   absl::Mutex mu;
+  std::vector<std::pair<NameReservation, bool>> reservations;
   std::vector<TargetEntry> entries;
   std::vector<Retirement> retirements;
   bool fail = false;

@@ -1,5 +1,8 @@
 #include "daemon/validate.h"
 
+#include <tuple>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "common/platforms.h"
@@ -32,6 +35,44 @@ TEST_CASE("Target names: each bad form is refused with the name quoted",
   CHECK_THAT(Message(ValidateTargetName(std::string(257, 'a'))),
              Catch::Contains("257 characters"));
   CHECK(ValidateTargetName("a b").code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("Reservations: patterns and owners", "[validate]") {
+  auto user = ParseReservation("lib.*", "root");
+  REQUIRE(user.ok());
+  CHECK(user->pattern == "lib.*");
+  CHECK_FALSE(user->group);
+  CHECK(user->owner == 0);
+  auto uid = ParseReservation("lib.op", "1234");
+  REQUIRE(uid.ok());
+  CHECK(uid->owner == 1234);
+  auto group = ParseReservation("lib.*", "group:root");
+  REQUIRE(group.ok());
+  CHECK(group->group);
+  CHECK(group->owner == 0);
+  auto gid = ParseReservation("lib.*", "group:77");
+  REQUIRE(gid.ok());
+  CHECK((gid->group && gid->owner == 77));
+  for (const auto& [pattern, owner, says] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"*", "root", "would reserve every name"},
+           {"9lib.*", "root",
+            "reservation pattern \"9lib.*\" is not a target name or a name "
+            "prefix followed by '*': target name \"9lib.\" must start"},
+           {"a*b", "root", "invalid character"},
+           {"lib.*", "no-such-user-kreg",
+            "reservation owner "
+            "\"no-such-user-kreg\" is no user "
+            "on this host"},
+           {"lib.*", "group:no-such-group-kreg", "is no group on this host"},
+           {"lib.*", "", "reservation owner \"\" is no user"},
+           {"lib.*", "group:", "is no group"},
+       }) {
+    auto r = ParseReservation(pattern, owner);
+    INFO(pattern << " " << owner);
+    REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(r.status().message()), Catch::Contains(says));
+  }
 }
 
 TEST_CASE("Platforms: canonical names and aliases", "[validate]") {

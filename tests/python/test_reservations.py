@@ -1,0 +1,96 @@
+"""Name reservations (docs/operator-guide.md, "Name reservations"): kregctl
+reserve as root, registrations by the owner, by another uid (refused, the
+message naming the owner) and by root, through the real kregd and kregctl,
+as throwaway uids; the reservation survives a restart and can be lifted."""
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+
+import kernels_util as ku
+import kregd_proc
+
+
+@pytest.fixture
+def d():
+  if os.geteuid() != 0:
+    pytest.skip("needs root: registrations run as uids 65534 and 65533")
+  daemon = kregd_proc.start_test_daemon("kreg-reserve-")
+  os.chmod(daemon.root, 0o711)
+  work = pathlib.Path(tempfile.mkdtemp(prefix="kreg-reserve-", dir="/var/tmp"))
+  os.chmod(work, 0o755)
+  for name in ("kregctl", "module.so"):
+    src = (kregd_proc.kregctl_binary() if name == "kregctl" else
+           pathlib.Path(ku.kernels_dir()) / "libdemo.so")
+    shutil.copy(src, work / name)
+    os.chmod(work / name, 0o755)
+  daemon.work = work
+  yield daemon
+  kregd_proc.finish_test_daemon(daemon)
+  shutil.rmtree(work, ignore_errors=True)
+
+
+def register_as(d, uid: int, name: str) -> subprocess.CompletedProcess:
+  return subprocess.run(
+      [str(d.work / "kregctl"), "--socket", d.socket, "register", name,
+       "--module", str(d.work / "module.so"), "--function", "Scale"],
+      capture_output=True, text=True, timeout=60, user=uid, group=0,
+      extra_groups=[], cwd="/")
+
+
+def test_a_reserved_prefix_is_registered_by_its_owner_only(d):
+  kregd_proc.run_kregctl(d, "reserve", "resv.*", "--owner", "65534")
+  listed = json.loads(kregd_proc.run_kregctl(d, "reserve", "--json").stdout)
+  assert [(r["pattern"], r["reserved_by_uid"]) for r in listed] == [
+      ("resv.*", 0)]
+  assert listed[0]["owner"].startswith("uid 65534")
+
+  owner = register_as(d, 65534, "resv.op")
+  assert owner.returncode == 0, owner.stdout + owner.stderr
+  other = register_as(d, 65533, "resv.other")
+  assert other.returncode != 0
+  assert ('names matching "resv.*" are reserved for uid 65534' in
+          other.stderr), other.stderr
+  assert "uid 65533 is not that uid" in other.stderr
+  assert register_as(d, 65533, "free.op").returncode == 0
+  kregd_proc.run_kregctl(d, "register", "resv.root", "--module",
+                         str(d.work / "module.so"), "--function", "Scale")
+
+  # Journaled: still in force after a restart, until lifted.
+  d.restart()
+  assert "reserved for uid 65534" in register_as(d, 65533,
+                                                 "resv.other").stderr
+  kregd_proc.run_kregctl(d, "reserve", "resv.*", "--lift")
+  assert json.loads(kregd_proc.run_kregctl(d, "reserve",
+                                           "--json").stdout) == []
+  assert register_as(d, 65533, "resv.other").returncode == 0
+
+
+def test_reserve_errors_say_what_to_do(d):
+  no_owner = kregd_proc.run_kregctl(d, "reserve", "resv.*", check=False)
+  assert no_owner.returncode != 0
+  assert "needs --owner" in no_owner.stderr
+  bad = kregd_proc.run_kregctl(d, "reserve", "resv.*", "--owner",
+                               "no-such-user-kreg", check=False)
+  assert 'reservation owner "no-such-user-kreg" is no user on this host' in (
+      bad.stderr)
+  assert register_as(d, 65533, "taken.op").returncode == 0
+  over = kregd_proc.run_kregctl(d, "reserve", "taken.*", "--owner", "65534",
+                                check=False)
+  assert 'target "taken.op" (cpu) by uid 65533' in over.stderr
+  assert "kregctl retire" in over.stderr
+  lift = kregd_proc.run_kregctl(d, "reserve", "nothing.*", "--lift",
+                                check=False)
+  assert 'no reservation of "nothing.*" to lift' in lift.stderr
+  as_user = subprocess.run(
+      [str(d.work / "kregctl"), "--socket", d.socket, "reserve", "mine.*",
+       "--owner", "65533"], capture_output=True, text=True, timeout=60,
+      user=65533, group=0, extra_groups=[], cwd="/")
+  assert as_user.returncode != 0
+  assert ("reserving target names is for root or kregd's own uid" in
+          as_user.stderr), as_user.stderr
