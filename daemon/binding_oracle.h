@@ -16,8 +16,9 @@ namespace kreg {
 class BindingOracle {
  public:
   virtual ~BindingOracle() = default;
-  // Pids of the live sessions that have `key` bound; empty when none.
-  virtual std::vector<pid_t> PidsBinding(const TargetKey& key) = 0;
+  // The processes (pid, uid) of the live sessions that have `key` bound,
+  // by pid; empty when none.
+  virtual std::vector<PeerCred> Holders(const TargetKey& key) = 0;
 };
 
 }  // namespace kreg

@@ -1,6 +1,5 @@
 #include "daemon/registry.h"
 
-#include <pwd.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -28,14 +27,7 @@ std::string Describe(TargetKind kind, const std::string& content_id,
 // since 2025-01-02T03:04:05Z". The user name is left out when the uid has
 // no passwd entry here; the time when the entry has none.
 std::string Holder(const TargetEntry& e) {
-  std::string who = absl::StrCat("uid ", e.registered_by.uid);
-  struct passwd pw;
-  struct passwd* found = nullptr;
-  char buf[1024];
-  if (::getpwuid_r(e.registered_by.uid, &pw, buf, sizeof(buf), &found) == 0 &&
-      found != nullptr && found->pw_name != nullptr) {
-    absl::StrAppend(&who, " (", found->pw_name, ")");
-  }
+  std::string who = UserName(e.registered_by.uid);
   if (e.registered_at_us > 0) {
     std::time_t t = static_cast<std::time_t>(e.registered_at_us / 1000000);
     struct tm tm;

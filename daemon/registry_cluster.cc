@@ -244,10 +244,14 @@ absl::Status Registry::Unmirror(const TargetEntry& retired,
   if (!removed.ok()) return removed;
   std::string bound;
   if (BindingOracle* oracle = oracle_.load()) {
-    std::vector<pid_t> pids = oracle->PidsBinding(local->key);
-    if (!pids.empty()) {
+    std::vector<PeerCred> holders = oracle->Holders(local->key);
+    if (!holders.empty()) {
       bound =
-          absl::StrCat(" (live sessions of pids ", absl::StrJoin(pids, ", "),
+          absl::StrCat(" (live sessions of pids ",
+                       absl::StrJoin(holders, ", ",
+                                     [](std::string* out, const PeerCred& p) {
+                                       absl::StrAppend(out, p.pid);
+                                     }),
                        " keep it until they end)");
     }
   }

@@ -140,13 +140,18 @@ absl::StatusOr<std::vector<EntryPtr>> Registry::Retire(
   Hold hold(this, keys);
   if (BindingOracle* oracle = oracle_.load()) {
     for (const EntryPtr& e : targets) {
-      std::vector<pid_t> pids = oracle->PidsBinding(e->key);
-      if (!pids.empty()) {
+      std::vector<PeerCred> holders = oracle->Holders(e->key);
+      if (!holders.empty()) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "cannot retire ", Named(e->key),
-            ": live sessions have it bound (pid", pids.size() > 1 ? "s " : " ",
-            absl::StrJoin(pids, ", "),
-            "); retire it once those processes have exited"));
+            "cannot retire ", Named(e->key), ": live sessions have it bound (",
+            absl::StrJoin(holders, ", ",
+                          [](std::string* out, const PeerCred& p) {
+                            absl::StrAppend(out, "pid ", p.pid, " of ",
+                                            UserName(p.uid));
+                          }),
+            "); retire it once those processes have exited: their user or "
+            "root can end them (kill PID); `kregctl sessions` lists what each "
+            "holds"));
       }
     }
   }

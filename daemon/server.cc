@@ -669,7 +669,7 @@ absl::Status Daemon::Readopt(ReadoptOffer offer,
     b.broker = std::move(offer.sessions[i].broker);
     for (size_t t = 0; t < r.tokens.size(); ++t) {
       if (r.tokens[t].first == nullptr) continue;
-      bindings_.Add(r.session_id, r.peer.pid, offer.sessions[i].tokens[t].first,
+      bindings_.Add(r.session_id, r.peer, offer.sessions[i].tokens[t].first,
                     /*local=*/r.tokens[t].second == 0);
     }
     auto broker = std::make_shared<SessionBroker>(

@@ -33,24 +33,25 @@ bool NameReservation::Matches(const std::string& name) const {
   return name == pattern;
 }
 
-std::string OwnerName(const NameReservation& r) {
+std::string UserName(uid_t uid) {
   char buf[4096];
-  const char* name = nullptr;
-  if (r.group) {
-    struct group gr;
-    struct group* found = nullptr;
-    if (::getgrgid_r(r.owner, &gr, buf, sizeof(buf), &found) == 0 && found) {
-      name = found->gr_name;
-    }
-  } else {
-    struct passwd pw;
-    struct passwd* found = nullptr;
-    if (::getpwuid_r(r.owner, &pw, buf, sizeof(buf), &found) == 0 && found) {
-      name = found->pw_name;
-    }
-  }
-  return absl::StrCat(r.group ? "group " : "uid ", r.owner,
-                      name != nullptr ? absl::StrCat(" (", name, ")") : "");
+  struct passwd pw;
+  struct passwd* found = nullptr;
+  const bool named =
+      ::getpwuid_r(uid, &pw, buf, sizeof(buf), &found) == 0 && found;
+  return absl::StrCat("uid ", uid,
+                      named ? absl::StrCat(" (", found->pw_name, ")") : "");
+}
+
+std::string OwnerName(const NameReservation& r) {
+  if (!r.group) return UserName(r.owner);
+  char buf[4096];
+  struct group gr;
+  struct group* found = nullptr;
+  const bool named =
+      ::getgrgid_r(r.owner, &gr, buf, sizeof(buf), &found) == 0 && found;
+  return absl::StrCat("group ", r.owner,
+                      named ? absl::StrCat(" (", found->gr_name, ")") : "");
 }
 
 const char* TargetKindName(TargetKind kind) {

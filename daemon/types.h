@@ -107,6 +107,8 @@ struct NameReservation {
 // "uid 1000 (alice)" or "group 50 (staff)"; the name is left out when the
 // host has none.
 std::string OwnerName(const NameReservation& r);
+// "uid 1000 (alice)", likewise.
+std::string UserName(uid_t uid);
 
 }  // namespace kreg
 

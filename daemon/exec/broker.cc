@@ -207,7 +207,7 @@ v1::BrokerReply SessionBroker::Handle(const v1::BrokerRequest& req,
       if (r.ok() && ctx_.bindings != nullptr) {
         absl::StatusOr<Platform> p = ParsePlatform(r->target().platform());
         if (p.ok()) {
-          ctx_.bindings->Add(id_, peer_.pid, {r->target().target_name(), *p});
+          ctx_.bindings->Add(id_, peer_, {r->target().target_name(), *p});
         }
       }
       if (r.ok()) {
@@ -298,7 +298,7 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::Resolve(
   reply.set_func_name(e->func_name);
   reply.set_module_digest(e->module_digest);
   reply.set_token(ctx_.pool->TokenFor(binding_, e));
-  if (ctx_.bindings != nullptr) ctx_.bindings->Add(id_, peer_.pid, key);
+  if (ctx_.bindings != nullptr) ctx_.bindings->Add(id_, peer_, key);
   *fd_out = std::move(fd);
   return reply;
 }
@@ -320,7 +320,7 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::ResolveLocal(
   *fd_out = *std::move(memfd);
   // A session may ask again: one hold, one count, one log line.
   if (ctx_.bindings != nullptr &&
-      !ctx_.bindings->Add(id_, peer_.pid, key, /*local=*/true)) {
+      !ctx_.bindings->Add(id_, peer_, key, /*local=*/true)) {
     return reply;
   }
   if (ctx_.local_binds != nullptr) ctx_.local_binds->fetch_add(1);

@@ -2,11 +2,11 @@
 
 namespace kreg {
 
-bool SessionBindings::Add(uint64_t session_id, pid_t pid, const TargetKey& key,
-                          bool local) {
+bool SessionBindings::Add(uint64_t session_id, const PeerCred& peer,
+                          const TargetKey& key, bool local) {
   absl::MutexLock lock(&mu_);
   Session& s = sessions_[session_id];
-  s.pid = pid;
+  s.peer = peer;
   bool& held = s.keys[key];
   const bool fresh = local && !held;
   held |= local;
@@ -18,13 +18,15 @@ void SessionBindings::RemoveSession(uint64_t session_id) {
   sessions_.erase(session_id);
 }
 
-std::vector<pid_t> SessionBindings::PidsBinding(const TargetKey& key) {
+std::vector<PeerCred> SessionBindings::Holders(const TargetKey& key) {
   absl::MutexLock lock(&mu_);
-  std::set<pid_t> pids;
+  std::map<pid_t, PeerCred> by_pid;
   for (const auto& [id, s] : sessions_) {
-    if (s.keys.count(key) != 0) pids.insert(s.pid);
+    if (s.keys.count(key) != 0) by_pid[s.peer.pid] = s.peer;
   }
-  return std::vector<pid_t>(pids.begin(), pids.end());
+  std::vector<PeerCred> out;
+  for (const auto& [pid, peer] : by_pid) out.push_back(peer);
+  return out;
 }
 
 std::map<uint64_t, std::vector<SessionBindings::Bound>>

@@ -23,11 +23,11 @@ class SessionBindings final : public BindingOracle {
   // `local`: the client's own process holds the module (DESIGN §11); a
   // session that holds a key both ways shows it as local. True when the
   // session holds `key` locally now and did not before.
-  bool Add(uint64_t session_id, pid_t pid, const TargetKey& key,
+  bool Add(uint64_t session_id, const PeerCred& peer, const TargetKey& key,
            bool local = false);
   // The session ended: forget what it had bound.
   void RemoveSession(uint64_t session_id);
-  std::vector<pid_t> PidsBinding(const TargetKey& key) override;
+  std::vector<PeerCred> Holders(const TargetKey& key) override;
   struct Bound {
     TargetKey key;
     bool local = false;
@@ -39,7 +39,7 @@ class SessionBindings final : public BindingOracle {
 
  private:
   struct Session {
-    pid_t pid = 0;
+    PeerCred peer;
     std::map<TargetKey, bool> keys;  // -> held locally
   };
   absl::Mutex mu_;

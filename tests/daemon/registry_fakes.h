@@ -136,12 +136,18 @@ class MemLog : public RegistrationLog {
   bool fail = false;
 };
 
-// A fake oracle: `bound` maps a target name to the pids that bind it.
+// A fake oracle: `bound` maps a target name to the pids that bind it (as
+// uid 1000 + pid).
 class FakeOracle : public BindingOracle {
  public:
-  std::vector<pid_t> PidsBinding(const TargetKey& key) override {
+  std::vector<PeerCred> Holders(const TargetKey& key) override {
+    std::vector<PeerCred> out;
     auto it = bound.find(key.name);
-    return it == bound.end() ? std::vector<pid_t>{} : it->second;
+    if (it == bound.end()) return out;
+    for (pid_t pid : it->second) {
+      out.push_back({static_cast<uid_t>(1000 + pid), 0, pid});
+    }
+    return out;
   }
   std::map<std::string, std::vector<pid_t>> bound;
 };

@@ -146,8 +146,10 @@ TEST_CASE("Retire is refused while a live session has the target bound",
   REQUIRE(busy.status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK_THAT(std::string(busy.status().message()),
              Catch::Contains("\"op\" (cpu)") &&
-                 Catch::Contains("pids 321, 654") &&
-                 Catch::Contains("once those processes have exited"));
+                 Catch::Contains("pid 321 of uid 1321, pid 654 of uid 1654") &&
+                 Catch::Contains("once those processes have exited") &&
+                 Catch::Contains("kill PID") &&
+                 Catch::Contains("kregctl sessions"));
   CHECK(registry.Lookup({"op", Platform::kCpu}) != nullptr);
   CHECK(log.retirements.empty());
   oracle.bound.clear();
