@@ -46,9 +46,11 @@ struct MetricsServer::Conn {
   asio::generic::stream_protocol::socket sock;
   asio::steady_timer timer;
   const Clock::time_point accepted = Clock::now();
-  bool refused = false;   // over the cap or evicted: holds no slot
-  bool answered = false;  // the reply is out or on its way; reads drain
-  std::string in;         // the request head so far
+  bool refused = false;     // over the cap or evicted: holds no slot
+  bool answered = false;    // the reply is out or on its way; reads drain
+  bool writing = false;     // the reply is on its way
+  bool read_ended = false;  // the peer closed (or failed) while writing
+  std::string in;           // the request head so far
   std::string out;
   std::array<char, 4096> buf;
   size_t drained = 0;
@@ -163,9 +165,10 @@ void MetricsServer::Admit(const ConnPtr& c) {
   for (const ConnPtr& o : conns_) {
     if (o->refused) {
       ++refusing;
-    } else if (++held, !o->answered && oldest_reader == nullptr) {
-      oldest_reader = o;
+      continue;
     }
+    ++held;
+    if (!o->answered && oldest_reader == nullptr) oldest_reader = o;
   }
   const int max = options_.max_connections;
   if (held >= max && oldest_reader != nullptr) {
@@ -212,7 +215,12 @@ void MetricsServer::Read(const ConnPtr& c) {
           : std::min(c->buf.size(), options_.max_head_bytes - c->in.size());
   c->sock.async_read_some(
       asio::buffer(c->buf.data(), room), [this, c](error_code ec, size_t n) {
-        if (ec) return Close(c);  // closed by the peer or by us
+        if (ec) {
+          // The peer's end (or ours): the reply being written still goes.
+          if (!c->writing) return Close(c);
+          c->read_ended = true;
+          return;
+        }
         if (c->answered) {
           c->drained += n;
           if (c->drained >= kMaxDrainBytes) return Close(c);
@@ -227,11 +235,12 @@ void MetricsServer::Read(const ConnPtr& c) {
 }
 
 void MetricsServer::Reply(const ConnPtr& c, std::string response) {
-  c->answered = true;
+  c->answered = c->writing = true;
   c->out = std::move(response);
   asio::async_write(c->sock, asio::buffer(c->out),
                     [this, c](error_code ec, size_t) {
-                      if (ec) return Close(c);
+                      c->writing = false;
+                      if (ec || c->read_ended) return Close(c);
                       c->sock.shutdown(asio::socket_base::shutdown_send, ec);
                     });
 }

@@ -124,6 +124,28 @@ TEST_CASE("Other paths, methods and bad heads get their status", "[http]") {
   CHECK(f.renders == 0);
 }
 
+TEST_CASE("A client that half-closes after its request gets the whole reply",
+          "[http]") {
+  // A reply larger than a socket buffer, so it is still being written when
+  // the server reads the client's end of stream.
+  testing::TempDir dir;
+  MetricsAddress a;
+  a.kind = MetricsAddress::Kind::kUnix;
+  a.path = dir.path() + "/m.sock";
+  const std::string big(4 << 20, 'x');
+  auto s = MetricsServer::Start(a, [&big] { return big; });
+  REQUIRE(s.ok());
+  int fd = ConnectUnix(a.path);
+  const std::string get = "GET /metrics HTTP/1.1\r\n\r\n";
+  REQUIRE(::send(fd, get.data(), get.size(), MSG_NOSIGNAL) ==
+          static_cast<ssize_t>(get.size()));
+  REQUIRE(::shutdown(fd, SHUT_WR) == 0);
+  std::string r = Exchange(fd, "");
+  CHECK_THAT(r, Catch::StartsWith("HTTP/1.1 200 OK\r\n"));
+  CHECK(r.size() > big.size());
+  CHECK(r.compare(r.size() - big.size(), big.size(), big) == 0);
+}
+
 TEST_CASE("An oversized head is refused with 431 and the reply arrives",
           "[http]") {
   Fixture f;
