@@ -2,6 +2,7 @@
 
 #include <netinet/in.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include "boost/asio/local/stream_protocol.hpp"
 #include "boost/asio/steady_timer.hpp"
 #include "boost/asio/write.hpp"
+#include "common/unique_fd.h"
 
 namespace kreg {
 namespace {
@@ -41,8 +43,7 @@ absl::Status Unavailable(absl::string_view what, int err) {
 }  // namespace
 
 struct MetricsServer::Conn {
-  explicit Conn(asio::generic::stream_protocol::socket s)
-      : sock(std::move(s)), timer(sock.get_executor()) {}
+  explicit Conn(asio::io_context& io) : sock(io), timer(io) {}
   asio::generic::stream_protocol::socket sock;
   asio::steady_timer timer;
   const Clock::time_point accepted = Clock::now();
@@ -79,8 +80,8 @@ absl::Status MetricsServer::Listen(const MetricsAddress& a) {
   asio::generic::stream_protocol::endpoint ep;
   if (unix) {
     asio::local::stream_protocol::endpoint unix_ep(a.path);
-    asio::local::stream_protocol::socket probe(io_);
-    if (!probe.connect(unix_ep, ec)) {
+    UniqueFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (::connect(probe.get(), unix_ep.data(), unix_ep.size()) == 0) {
       return absl::AlreadyExistsError(absl::StrCat(
           "metrics_listen unix:", a.path,
           ": another server answers there; stop it or choose another path"));
@@ -99,9 +100,15 @@ absl::Status MetricsServer::Listen(const MetricsAddress& a) {
   } else {
     ep = asio::ip::tcp::endpoint(asio::ip::make_address(a.host, ec), a.port);
   }
-  if (acceptor_.open(ep.protocol(), ec)) {
+  // Asio's sockets are inheritable; kregd spawns processes.
+  protocol_ = ep.protocol();
+  UniqueFd fd(::socket(protocol_.family(),
+                       SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.ok()) return Unavailable("metrics socket", errno);
+  if (acceptor_.assign(protocol_, fd.get(), ec)) {
     return Unavailable("metrics socket", ec.value());
   }
+  fd.release();
   if (!unix) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
   if (a.kind == MetricsAddress::Kind::kTcp6) {
     acceptor_.set_option(asio::ip::v6_only(true), ec);
@@ -151,12 +158,18 @@ void MetricsServer::Stop() {
 }
 
 void MetricsServer::Accept() {
-  acceptor_.async_accept(
-      [this](error_code ec, asio::generic::stream_protocol::socket sock) {
-        if (ec == asio::error::operation_aborted) return;
-        if (!ec) Admit(std::make_shared<Conn>(std::move(sock)));
-        Accept();
-      });
+  acceptor_.async_wait(asio::socket_base::wait_read, [this](error_code ec) {
+    if (ec == asio::error::operation_aborted) return;
+    // accept4: close-on-exec from the start, unlike Asio's accept.
+    UniqueFd fd(::accept4(acceptor_.native_handle(), nullptr, nullptr,
+                          SOCK_CLOEXEC | SOCK_NONBLOCK));
+    auto c = std::make_shared<Conn>(io_);
+    if (fd.ok() && !c->sock.assign(protocol_, fd.get(), ec)) {
+      fd.release();
+      Admit(c);
+    }
+    Accept();
+  });
 }
 
 void MetricsServer::Admit(const ConnPtr& c) {

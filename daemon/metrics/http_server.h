@@ -80,6 +80,7 @@ class MetricsServer {
   boost::asio::io_context io_;
   boost::asio::basic_socket_acceptor<boost::asio::generic::stream_protocol>
       acceptor_{io_};
+  boost::asio::generic::stream_protocol protocol_{AF_UNIX, 0};  // acceptor_'s
   std::list<ConnPtr> conns_;  // accept order; the server thread's
   std::string bound_;
   std::string unlink_path_;
