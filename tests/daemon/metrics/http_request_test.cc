@@ -52,6 +52,9 @@ TEST_CASE("GET and HEAD /metrics answer 200; other paths and methods not",
   CHECK_THAT(r, Contains("\r\nAllow: GET, HEAD\r\n"));
   CHECK_THAT(r, EndsWith("\r\n\r\nonly GET and HEAD are served\n"));
   CHECK_THAT(a("get /metrics HTTP/1.1\r\n\r\n"), StartsWith("HTTP/1.1 405"));
+  // Bytes past ASCII are a path Beast takes, not one served here.
+  CHECK_THAT(a("GET /m\xc3\xa9trics HTTP/1.1\r\n\r\n"),
+             StartsWith("HTTP/1.1 404"));
   CHECK(a.renders == 2);
 }
 
@@ -129,6 +132,10 @@ TEST_CASE("Bad versions, headers and bodies are refused", "[http]") {
   }
   CHECK_THAT(a("GET /metrics HTTP/1.1\r\nA: b\x01\r\n\r\n"),
              Contains("(bad value)"));
+  // Beast joins a folded header line to the one before (RFC 9112 lets a
+  // server do that or refuse); headers are ignored here anyway.
+  CHECK_THAT(a("GET /metrics HTTP/1.1\r\nA: b\r\n folded\r\n\r\n"),
+             StartsWith("HTTP/1.1 200"));
   for (const char* body : {"Content-Length: 5\r\n\r\nhello",
                            "transfer-encoding: chunked\r\n\r\n"}) {
     INFO(body);
@@ -138,7 +145,7 @@ TEST_CASE("Bad versions, headers and bodies are refused", "[http]") {
   }
   CHECK_THAT(a("GET /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n"),
              StartsWith("HTTP/1.1 200"));
-  CHECK(a.renders == 1);
+  CHECK(a.renders == 2);  // the folded head and this one
 }
 
 }  // namespace
