@@ -40,6 +40,8 @@ def _system_deps_impl(ctx):
     spdlog_libs = _pkg_config(ctx, ["--libs", "spdlog"])
     systemd = _pkg_config(ctx, ["--libs", "libsystemd"])
     crypto = _pkg_config(ctx, ["--libs", "libcrypto"])
+    if not ctx.path("/usr/include/boost/beast/http.hpp").exists:
+        fail("Boost.Beast's headers (/usr/include/boost/beast) are missing.\nRun the README's setup command to install the Debian packages (libboost-dev).")
 
     nvcc = ctx.which("nvcc")
     if not nvcc and ctx.path("/usr/local/cuda/bin/nvcc").exists:
@@ -78,6 +80,11 @@ cc_library(name = "systemd", linkopts = {systemd})
 cc_library(name = "crypto", linkopts = {crypto})
 
 cc_library(name = "catch2")
+
+# Boost.Beast and Boost.Asio (libboost-dev, headers only): Boost.System's
+# error codes are header-only since 1.69; Asio runs its io_context on a
+# thread of ours.
+cc_library(name = "boost", linkopts = ["-pthread"])
 
 filegroup(
     name = "etcd_protos",

@@ -12,6 +12,7 @@ PACKAGES=(bazel-bootstrap bazel-platforms bazel-skylib bazel-rules-proto
   libprotobuf-dev protobuf-compiler libspdlog-dev catch2 libsystemd-dev
   libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libabsl-dev libssl-dev
   zlib1g-dev systemd clang-format libseccomp-dev
+  libboost-dev  # Boost.Beast/Asio headers: the metrics endpoint's HTTP server
   clang libclang-rt-14-dev  # clang + libFuzzer: tools/fuzz.sh
   dpkg-dev cmake  # abseil's Debian source built with TSan: tools/tsan_absl.sh
   # Cluster mode: etcd's .proto files for the build, etcd and etcdctl for

@@ -1,181 +1,96 @@
 #include "daemon/metrics/http_request.h"
 
-#include <algorithm>
+#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "boost/asio/buffer.hpp"
+#include "boost/beast/http.hpp"
 
 namespace kreg {
 namespace {
 
-// RFC 9110 tchar.
-bool IsTokenChar(char c) {
-  if (absl::ascii_isalnum(static_cast<unsigned char>(c))) return true;
-  switch (c) {
-    case '!':
-    case '#':
-    case '$':
-    case '%':
-    case '&':
-    case '\'':
-    case '*':
-    case '+':
-    case '-':
-    case '.':
-    case '^':
-    case '_':
-    case '`':
-    case '|':
-    case '~':
-      return true;
-    default:
-      return false;
-  }
+namespace http = boost::beast::http;
+
+std::string Refuse(int status, absl::string_view why) {
+  return HttpResponse(status, absl::StrCat(why, "\n"), false);
 }
 
-HttpHead Error(int status, std::string reason) {
-  HttpHead h;
-  h.state = HttpHead::State::kError;
-  h.status = status;
-  h.reason = std::move(reason);
-  return h;
-}
-
-// One line without its terminator (CRLF or LF); `rest` advances past it.
-// False when no terminator is in `rest`.
-bool NextLine(absl::string_view* rest, absl::string_view* line) {
-  size_t nl = rest->find('\n');
-  if (nl == absl::string_view::npos) return false;
-  *line = rest->substr(0, nl);
-  if (!line->empty() && line->back() == '\r') line->remove_suffix(1);
-  rest->remove_prefix(nl + 1);
-  return true;
-}
-
-// "METHOD SP TARGET SP HTTP/1.x" into `h` (method, target without its
-// query, minor version); false with `*h` the error to answer.
-bool ParseRequestLine(absl::string_view line, HttpHead* h) {
+// Whether the request line of `head` names an HTTP version with a major
+// other than 1 ("HTTP/2.0"), which Beast calls a bad version: 505, not 400.
+bool OtherHttpMajor(absl::string_view head) {
+  absl::string_view line = head.substr(0, head.find_first_of("\r\n"));
   size_t sp1 = line.find(' ');
-  size_t sp2 = sp1 == absl::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
-  if (sp1 == absl::string_view::npos || sp2 == absl::string_view::npos ||
-      line.find(' ', sp2 + 1) != absl::string_view::npos) {
-    *h = Error(400, "malformed request line");
-    return false;
-  }
-  absl::string_view method = line.substr(0, sp1);
-  absl::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
+  size_t sp2 = sp1 == line.npos ? sp1 : line.find(' ', sp1 + 1);
+  if (sp2 == line.npos) return false;
   absl::string_view version = line.substr(sp2 + 1);
-  if (method.empty() ||
-      !std::all_of(method.begin(), method.end(), IsTokenChar)) {
-    *h = Error(400, "malformed method");
-    return false;
-  }
-  if (target.empty() || target[0] != '/') {
-    *h = Error(400, "the request target must be a path starting with /");
-    return false;
-  }
-  for (char c : target) {
-    unsigned char u = static_cast<unsigned char>(c);
-    if (u <= 0x20 || u >= 0x7f) {
-      *h = Error(400, "bad byte in request target");
-      return false;
-    }
-  }
-  if (!absl::StartsWith(version, "HTTP/") || version.size() != 8 ||
-      version[6] != '.' ||
-      !absl::ascii_isdigit(static_cast<unsigned char>(version[5])) ||
-      !absl::ascii_isdigit(static_cast<unsigned char>(version[7]))) {
-    *h = Error(400, "malformed HTTP version");
-    return false;
-  }
-  if (version[5] != '1') {
-    *h = Error(505, "only HTTP/1.x is served");
-    return false;
-  }
-  h->minor_version = version[7] - '0';
-  h->method = std::string(method);
-  h->target = std::string(target.substr(0, target.find('?')));
-  return true;
-}
-
-// One header line: a token name, a colon, a value without control bytes;
-// no folding and no body. False with `*err` the error to answer.
-bool CheckHeaderLine(absl::string_view line, HttpHead* err) {
-  if (line[0] == ' ' || line[0] == '\t') {
-    *err = Error(400, "obsolete header line folding");
-    return false;
-  }
-  size_t colon = line.find(':');
-  if (colon == 0 || colon == absl::string_view::npos) {
-    *err = Error(400, "malformed header line");
-    return false;
-  }
-  absl::string_view name = line.substr(0, colon);
-  if (!std::all_of(name.begin(), name.end(), IsTokenChar)) {
-    *err = Error(400, "malformed header name");
-    return false;
-  }
-  absl::string_view value = absl::StripAsciiWhitespace(line.substr(colon + 1));
-  for (char c : value) {
-    unsigned char u = static_cast<unsigned char>(c);
-    if ((u < 0x20 && u != '\t') || u == 0x7f) {
-      *err = Error(400, "control byte in a header value");
-      return false;
-    }
-  }
-  if (absl::EqualsIgnoreCase(name, "transfer-encoding") ||
-      (absl::EqualsIgnoreCase(name, "content-length") && value != "0")) {
-    *err = Error(400, "a request body is not accepted here");
-    return false;
-  }
-  return true;
+  return absl::StartsWith(version, "HTTP/") && version.size() > 5 &&
+         absl::ascii_isdigit(static_cast<unsigned char>(version[5])) &&
+         version[5] != '1';
 }
 
 }  // namespace
 
-HttpHead ParseHttpHead(absl::string_view buf, size_t max_bytes) {
-  // The head ends at the first empty line; look only within the limit.
-  absl::string_view window = buf.substr(0, max_bytes);
-  absl::string_view rest = window;
-  absl::string_view line;
-  if (!NextLine(&rest, &line)) {
-    // No request line has such bytes (a TLS hello, binary noise): refuse
-    // now rather than wait for a line end that may never come.
-    for (char c : window) {
-      unsigned char u = static_cast<unsigned char>(c);
-      if ((u < 0x20 && c != '\r') || u >= 0x7f) {
-        return Error(400, "not an HTTP/1.x request");
-      }
-    }
-    if (buf.size() >= max_bytes) {
-      return Error(
-          431, absl::StrCat("request line longer than ", max_bytes, " bytes"));
-    }
-    return HttpHead{};
+std::optional<std::string> AnswerMetricsRequest(
+    absl::string_view in, size_t max_bytes,
+    const std::function<std::string()>& render) {
+  // Beast refuses what it has seen to be wrong as soon as it sees it (a TLS
+  // hello at its first byte), and waits for the rest otherwise.
+  const absl::string_view head = in.substr(0, max_bytes);
+  http::request_parser<http::empty_body> parser;
+  parser.header_limit(static_cast<uint32_t>(max_bytes));
+  boost::beast::error_code ec;
+  parser.put(boost::asio::buffer(head.data(), head.size()), ec);
+  if (ec == http::error::need_more && in.size() < max_bytes) {
+    return std::nullopt;
   }
-  HttpHead h;
-  if (!ParseRequestLine(line, &h)) return h;
-  for (;;) {
-    if (!NextLine(&rest, &line)) {
-      if (buf.size() >= max_bytes) {
-        return Error(431, absl::StrCat("request head longer than ", max_bytes,
-                                       " bytes"));
-      }
-      return HttpHead{};
-    }
-    if (line.empty()) break;
-    HttpHead err;
-    if (!CheckHeaderLine(line, &err)) return err;
+  if (ec == http::error::need_more || ec == http::error::header_limit) {
+    return Refuse(
+        431, absl::StrCat("request head longer than ", max_bytes, " bytes"));
   }
-  h.state = HttpHead::State::kComplete;
-  h.head_bytes = window.size() - rest.size();
-  return h;
+  if (ec == http::error::bad_version && OtherHttpMajor(head)) {
+    return Refuse(505, "only HTTP/1.x is served");
+  }
+  if (ec) {
+    return Refuse(
+        400, absl::StrCat("not an HTTP/1.x request head (", ec.message(), ")"));
+  }
+  const http::request<http::empty_body>& req = parser.get();
+  absl::string_view target(req.target().data(), req.target().size());
+  if (!absl::StartsWith(target, "/")) {
+    return Refuse(400, "the request target must be a path starting with /");
+  }
+  if (req.count(http::field::transfer_encoding) != 0 ||
+      parser.content_length().value_or(0) != 0) {
+    return Refuse(400, "a request body is not accepted here");
+  }
+  const bool head_only = req.method() == http::verb::head;
+  if (!head_only && req.method() != http::verb::get) {
+    return HttpResponse(405, "only GET and HEAD are served\n", false);
+  }
+  if (target.substr(0, target.find('?')) != "/metrics") {
+    return HttpResponse(404, "kregd serves only /metrics here\n", head_only);
+  }
+  return HttpResponse(200, render(), head_only);
 }
 
-int RouteMetricsRequest(const HttpHead& head) {
-  if (head.method != "GET" && head.method != "HEAD") return 405;
-  return head.target == "/metrics" ? 200 : 404;
+std::string HttpResponse(int status, const std::string& body, bool head_only) {
+  http::response<http::string_body> res(static_cast<http::status>(status), 11,
+                                        body);
+  res.set(http::field::content_type,
+          status == 200 ? "text/plain; version=0.0.4; charset=utf-8"
+                        : "text/plain; charset=utf-8");
+  if (status == 405) res.set(http::field::allow, "GET, HEAD");
+  res.content_length(body.size());
+  res.keep_alive(false);
+  std::ostringstream out;
+  if (head_only) {
+    out << res.base();
+  } else {
+    out << res;
+  }
+  return out.str();
 }
 
 }  // namespace kreg

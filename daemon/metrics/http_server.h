@@ -1,9 +1,9 @@
-// kregd's Prometheus endpoint: a tiny HTTP/1.1 server on its own thread
-// answering GET /metrics (404 for other paths, 405 for other methods).
-// Everything that connects is untrusted: the request head is bounded
-// (431), each connection has a deadline (408), and beyond a cap of
-// concurrent connections new ones get 503 at once. One request per
-// connection (Connection: close).
+// kregd's Prometheus endpoint: a tiny HTTP/1.1 server (Boost.Asio) on its
+// own thread answering GET /metrics (404 for other paths, 405 for other
+// methods). Everything that connects is untrusted: the request head is
+// bounded (431), each connection has an absolute deadline (408), and
+// beyond a cap of concurrent connections new ones get 503 at once. One
+// request per connection (Connection: close).
 #ifndef KREGD_DAEMON_METRICS_HTTP_SERVER_H_
 #define KREGD_DAEMON_METRICS_HTTP_SERVER_H_
 
@@ -17,7 +17,9 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "common/unique_fd.h"
+#include "boost/asio/basic_socket_acceptor.hpp"
+#include "boost/asio/generic/stream_protocol.hpp"
+#include "boost/asio/io_context.hpp"
 #include "daemon/metrics/http_request.h"
 #include "daemon/metrics/listen_address.h"
 
@@ -42,7 +44,7 @@ class MetricsServer {
 
   // Binds `address` and starts serving. A unix: path where a server
   // answers is ALREADY_EXISTS; a stale socket file is replaced; bind and
-  // listen errors are INTERNAL/UNAVAILABLE with the address and errno text.
+  // listen errors are UNAVAILABLE with the address and errno text.
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
       const MetricsAddress& address, Render render,
       const MetricsServerOptions& options = {});
@@ -58,35 +60,33 @@ class MetricsServer {
 
  private:
   struct Conn;
-  MetricsServer(UniqueFd listen, std::string bound, std::string unlink_path,
-                Render render, const MetricsServerOptions& options);
-  void Loop();
-  // Loop's parts: closes the connections past their deadline (a 408 to one
-  // that had not sent its request) and returns poll's timeout for the
-  // others (-1: none); accepts one connection, making room or refusing it
-  // with 503 when max_connections are open.
-  int Expire(std::list<Conn>* conns);
-  void Accept(std::list<Conn>* conns);
-  // Reads what is there; switches to writing once the head is complete or
-  // refused. False: close now.
-  bool OnReadable(Conn* c);
-  // False: done or failed; close now.
-  bool OnWritable(Conn* c);
-  void Respond(Conn* c, int status, const std::string& body, bool head_only);
+  using ConnPtr = std::shared_ptr<Conn>;
+  MetricsServer(Render render, const MetricsServerOptions& options);
+  absl::Status Listen(const MetricsAddress& address);
+  // The server thread's chain of handlers: accepts; admits a connection
+  // (making room by evicting the one that has waited longest for its
+  // request head, or refusing it with 503 when every slot is busy); reads
+  // the head and then drains the rest; replies; closes at the deadline (a
+  // 408 to one that had not sent its request) or when done.
+  void Accept();
+  void Admit(const ConnPtr& c);
+  void Read(const ConnPtr& c);
+  void Reply(const ConnPtr& c, std::string response);
+  void CloseAt(const ConnPtr& c, int64_t ms_from_now);
+  void Close(const ConnPtr& c);
 
-  UniqueFd listen_;
-  UniqueFd wake_;
-  const std::string bound_;
-  const std::string unlink_path_;
   const Render render_;
   const MetricsServerOptions options_;
+  boost::asio::io_context io_;
+  boost::asio::basic_socket_acceptor<boost::asio::generic::stream_protocol>
+      acceptor_{io_};
+  boost::asio::generic::stream_protocol protocol_{AF_UNIX, 0};  // acceptor_'s
+  std::list<ConnPtr> conns_;  // accept order; the server thread's
+  std::string bound_;
+  std::string unlink_path_;
   std::thread thread_;
   bool stopped_ = false;
 };
-
-// "HTTP/1.1 <status> <reason>\r\n" plus headers and `body` (omitted for
-// HEAD but counted in Content-Length). Exposed for tests.
-std::string HttpResponse(int status, const std::string& body, bool head_only);
 
 }  // namespace kreg
 

@@ -1,6 +1,7 @@
 #include "daemon/metrics/http_server.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -9,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -122,6 +124,55 @@ TEST_CASE("Other paths, methods and bad heads get their status", "[http]") {
   CHECK_THAT(f.Get("GET /metrics HTTP/3.0\r\n\r\n"),
              Catch::StartsWith("HTTP/1.1 505 "));
   CHECK(f.renders == 0);
+}
+
+TEST_CASE("A client that half-closes after its request gets the whole reply",
+          "[http]") {
+  // A reply larger than a socket buffer, so it is still being written when
+  // the server reads the client's end of stream.
+  testing::TempDir dir;
+  MetricsAddress a;
+  a.kind = MetricsAddress::Kind::kUnix;
+  a.path = dir.path() + "/m.sock";
+  const std::string big(4 << 20, 'x');
+  auto s = MetricsServer::Start(a, [&big] { return big; });
+  REQUIRE(s.ok());
+  int fd = ConnectUnix(a.path);
+  const std::string get = "GET /metrics HTTP/1.1\r\n\r\n";
+  REQUIRE(::send(fd, get.data(), get.size(), MSG_NOSIGNAL) ==
+          static_cast<ssize_t>(get.size()));
+  REQUIRE(::shutdown(fd, SHUT_WR) == 0);
+  std::string r = Exchange(fd, "");
+  CHECK_THAT(r, Catch::StartsWith("HTTP/1.1 200 OK\r\n"));
+  CHECK(r.size() > big.size());
+  CHECK(r.compare(r.size() - big.size(), big.size(), big) == 0);
+}
+
+// Socket descriptors of this process without FD_CLOEXEC.
+std::vector<std::string> InheritableSockets() {
+  std::vector<std::string> found;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    std::string target = std::filesystem::read_symlink(e.path(), ec).string();
+    const int fd = std::stoi(e.path().filename().string());
+    if (target.rfind("socket:", 0) == 0 &&
+        (::fcntl(fd, F_GETFD) & FD_CLOEXEC) == 0) {
+      found.push_back(e.path().filename().string() + " " + target);
+    }
+  }
+  return found;
+}
+
+TEST_CASE(
+    "The listening socket and the connections are close-on-exec (no process "
+    "kregd spawns inherits them)",
+    "[http]") {
+  Fixture f;
+  int idle = ConnectUnix(f.path);
+  ::usleep(100 * 1000);  // accepted
+  CHECK(InheritableSockets() == std::vector<std::string>{});
+  CHECK_THAT(Exchange(idle, "GET /metrics HTTP/1.1\r\n\r\n"),
+             Catch::StartsWith("HTTP/1.1 200"));
 }
 
 TEST_CASE("An oversized head is refused with 431 and the reply arrives",
