@@ -220,7 +220,7 @@ def test_in_process_registration(kreg_client, running_kregd):
 
 
 def test_in_process_needs_content_id(kreg_client, running_kregd):
-  with pytest.raises(kreg.KernelRegistrationError) as e:
+  with pytest.raises(kreg.InvalidArgumentError) as e:
     nc.register_in_process("kreg.test.nocid", "", "f", platform="cuda")
   assert e.value.code == "INVALID_ARGUMENT"
   assert "content_id" in e.value.message
@@ -251,7 +251,7 @@ def test_cross_process_refusal(kreg_client, running_kregd):
   assert got["same_pid"] == os.getpid()
   assert got["refused"] is not None
   assert got["refused"][0] == "FAILED_PRECONDITION"
-  assert "distinct target name" in got["refused"][1]
+  assert "new target name" in got["refused"][1]
 
 
 # -- the Python XLA FFI handler, on the CPU ----------------------------------
