@@ -26,6 +26,10 @@ if os.environ.get("KREG_INTERCEPT") == "1":
   import kreg  # KREG_INTERCEPT=1: kreg.intercept() runs at import
 """
 
+# The .pth line of docs/user-guide.md, verbatim.
+PTH_LINE = ('import os; os.environ.get("KREG_INTERCEPT") == "1" and '
+            '__import__("kreg")')
+
 # A kernel library written for the test that knows nothing of kregd: it
 # loads its own .so and registers a handler with plain jax.ffi.
 TINYLIB = """\
@@ -261,6 +265,75 @@ def test_intercept_in_this_process_binds_through_kregd(running_kregd):
   assert t.func_name == "AddMul" and t.kind == "module"
   assert kreg._client.default_client().bound_mode(  # pylint: disable=protected-access
       "ic.here.addmul", "cpu") == kreg.default_execution()
+
+
+NAMED_AND_UNEXPORTED = """\
+import ctypes, json, os, warnings
+import jax, kreg
+lib = ctypes.CDLL(os.environ["TINYLIB_SO"])
+new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p,
+                       ctypes.c_void_p)(("PyCapsule_New", ctypes.pythonapi))
+scale = ctypes.cast(lib.Scale, ctypes.c_void_p).value
+# A named capsule, and an address inside Scale: the file holds it but no
+# exported symbol starts there (as for a function the library does not
+# export; never called, and this process never starts a JAX backend).
+with warnings.catch_warnings(record=True) as caught:
+  warnings.simplefilter("always")
+  jax.ffi.register_ffi_target(
+      "ic.named.scale", new(scale, b"xla._CUSTOM_CALL_TARGET", None),
+      platform="cpu")
+  jax.ffi.register_ffi_target("ic.unexported", new(scale + 1, None, None),
+                              platform="cpu")
+print(json.dumps([str(w.message) for w in caught]))
+"""
+
+
+def test_named_capsules_and_unexported_code(running_kregd, site):
+  said, _ = run_py(running_kregd, NAMED_AND_UNEXPORTED, site,
+                   {"TINYLIB_SO": str(ku.kernel_path(ku.DEMO))})
+  [t] = entries("ic.named.scale")
+  assert (t.func_name, t.kind) == ("Scale", "module")
+  [u] = entries("ic.unexported")
+  assert u.kind == "in-process"
+  offset = int(u.func_name.rsplit("_", 1)[1], 16)
+  assert u.func_name == f"_libdemo_so_at_{offset:x}"
+  assert u.content_id == (
+      f"in-process:sha256:{t.module_digest[7:]}+{offset:#x}")
+  [message] = said
+  assert "target 'ic.unexported' (cpu) is not an exported symbol" in message
+
+
+def test_without_kregd_the_librarys_import_says_so(running_kregd, site,
+                                                   tmp_path):
+  got, _ = run_py(running_kregd, USE_TINYLIB, site,
+                  {"TINYLIB_SO": str(ku.kernel_path(ku.DEMO)),
+                   "TINYLIB_NAME": "ic.nodaemon",
+                   "KREGD_SOCKET": str(tmp_path / "none.sock")})
+  kind, message, _ = got["error"]
+  assert kind == "DaemonNotRunningError"
+  assert f"kregd is not running or not reachable at {tmp_path}" in message
+  assert got["lib_frame"]  # raised from the library's own call
+
+
+def test_pth_recipe_turns_interception_on(running_kregd, tmp_path):
+  (tmp_path / "kreg-intercept.pth").write_text(PTH_LINE + "\n")
+  code = f"""
+      import json, site, sys
+      site.addsitedir({str(tmp_path)!r})  # what Python does for site-packages
+      import jax
+      kreg = sys.modules.get("kreg")
+      print(json.dumps(kreg is not None and kreg.intercepting() and
+                       jax.ffi.register_ffi_target.__module__))
+      """
+  got, _ = run_py(running_kregd, code, tmp_path)
+  assert got == "kreg._intercept"
+  got, _ = run_py(running_kregd, code, tmp_path, intercept=False)
+  assert got is False
+
+
+def test_the_user_guide_shows_these_recipes():
+  guide = (ku.REPO_ROOT / "docs" / "user-guide.md").read_text()
+  assert SITECUSTOMIZE in guide and PTH_LINE in guide
 
 
 # -- Python spelling of kregd's advice ---------------------------------------

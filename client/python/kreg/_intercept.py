@@ -28,6 +28,7 @@ import ctypes
 import gc
 import hashlib
 import os
+import re
 import threading
 import warnings
 from typing import Any, Callable, Optional
@@ -48,12 +49,14 @@ class _DlInfo(ctypes.Structure):
 _libc = ctypes.CDLL(None)
 _libc.dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
 _libc.dladdr.restype = ctypes.c_int
-_capsule_name = ctypes.pythonapi.PyCapsule_GetName
-_capsule_name.argtypes = [ctypes.py_object]
-_capsule_name.restype = ctypes.c_void_p  # may be NULL
-_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_void_p]
-_capsule_pointer.restype = ctypes.c_void_p
+# Own prototypes: ctypes.pythonapi's function objects are shared (JAX sets
+# PyCapsule_New's argtypes).
+_capsule_name = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object)(
+    ("PyCapsule_GetName", ctypes.pythonapi))  # NULL for an unnamed capsule
+_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object,
+                                     ctypes.c_void_p)(
+                                         ("PyCapsule_GetPointer",
+                                          ctypes.pythonapi))
 
 
 def jax_register(name: str, fn: Any, platform: str, **kwargs) -> None:
@@ -204,8 +207,9 @@ def _fingerprint(address: int, located):
     with open(path, "rb") as f:
       for block in iter(lambda: f.read(1 << 20), b""):
         h.update(block)
+    stem = re.sub(r"[^A-Za-z0-9_]", "_", os.path.basename(path))
     return (f"in-process:sha256:{h.hexdigest()}+{offset:#x}",
-            f"{os.path.basename(path)}+{offset:#x}")
+            f"_{stem}_at_{offset:x}")  # a C-symbol-shaped func_name
   behind = _python_behind(address)
   if behind is None:
     return None
