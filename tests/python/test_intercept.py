@@ -191,7 +191,7 @@ def test_jit_capsules_run_in_process_with_refuse_on_change(running_kregd,
 
 
 PASS_THROUGH = """\
-import ctypes, json, warnings
+import ctypes, json, mmap, warnings
 import jax, kreg
 from jax._src.lib import xla_client
 reached = []  # what reaches JAX's own registration, and how
@@ -211,6 +211,11 @@ with warnings.catch_warnings(record=True) as caught:
     jax.ffi.register_ffi_target("ic.stages", {"execute": capsule},
                                 platform="cpu")
   jax.ffi.register_ffi_target("lapack_ic_own", capsule, platform="cpu")
+  # Code in anonymous memory, neither a file's nor a callback's (never run).
+  anon = mmap.mmap(-1, 4096)
+  code = ctypes.addressof(ctypes.c_char.from_buffer(anon))
+  jax.ffi.register_ffi_target("ic.anon", jax.ffi.pycapsule(code),
+                              platform="cpu")
 print(json.dumps({
     "reached": reached,
     "warnings": [(w.category.__name__, str(w.message)) for w in caught]}))
@@ -222,12 +227,17 @@ def test_legacy_stage_dicts_and_xla_names_pass_through(running_kregd, site):
   # JAX registered each as the library asked, untouched.
   assert got["reached"] == [["ic.legacy", "PyCapsule", "cpu", 0]] + [
       ["ic.stages", "dict", "cpu", 1]] * 2 + [
-          ["lapack_ic_own", "PyCapsule", "cpu", 1]]
-  [(category, message)] = got["warnings"]  # the dict, once; the rest silent
-  assert category == "InterceptWarning"
+          ["lapack_ic_own", "PyCapsule", "cpu", 1],
+          ["ic.anon", "PyCapsule", "cpu", 1]]
+  # The dict (once) and the anonymous code; legacy and XLA's own silently.
+  [(c1, dict_said), (c2, anon_said)] = got["warnings"]
+  assert c1 == c2 == "InterceptWarning"
   assert ("target 'ic.stages' (cpu) is registered with a dict of stage "
-          "capsules, which kregd does not host") in message
-  for name in ("ic.legacy", "ic.stages", "lapack_ic_own"):
+          "capsules, which kregd does not host") in dict_said
+  assert "target 'ic.anon' (cpu) is code at 0x" in anon_said
+  assert ("kreg cannot trace to a Numba cfunc or ctypes callback; it goes to "
+          "JAX unchanged") in anon_said
+  for name in ("ic.legacy", "ic.stages", "lapack_ic_own", "ic.anon"):
     assert not entries(name), name
 
 

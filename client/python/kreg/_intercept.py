@@ -29,6 +29,7 @@ import gc
 import hashlib
 import os
 import re
+import sys
 import threading
 import warnings
 from typing import Any, Callable, Optional
@@ -155,9 +156,10 @@ def _shared_library_symbol(address: int):
 
 def _xla_owned(name: str, path: Optional[str]) -> bool:
   """XLA's or jaxlib's own target (by name, or by a handler in jaxlib)."""
-  from kreg import _client  # pylint: disable=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel,protected-access
+  from kreg import _client
   if name in _client._XLA_BUILTIN_CALLS or \
-      name.startswith(_client._JAXLIB_PREFIXES):  # pylint: disable=protected-access
+      name.startswith(_client._JAXLIB_PREFIXES):
     return True
   if path is None:
     return False
@@ -174,25 +176,26 @@ def _xla_owned(name: str, path: Optional[str]) -> bool:
 def _python_behind(address: int):
   """(function, signature) of the Numba cfunc or ctypes callback whose code
   is at `address`, or None."""
+  # pylint: disable=import-outside-toplevel,protected-access
   cfunc_type = None
-  try:
-    import sys  # pylint: disable=import-outside-toplevel
-    if "numba" in sys.modules:
-      from numba.core.ccallback import CFunc  # pylint: disable=import-outside-toplevel
+  if "numba" in sys.modules:  # only an imported Numba made a cfunc
+    try:
+      from numba.core.ccallback import CFunc
       cfunc_type = CFunc
-  except ImportError:
-    pass
+    except ImportError:
+      pass
   for obj in gc.get_objects():
     if cfunc_type is not None and type(obj) is cfunc_type:
       if obj.address == address:
-        return obj._pyfunc, ("numba.cfunc", str(obj._sig))  # pylint: disable=protected-access
-    elif isinstance(obj, ctypes._CFuncPtr):  # pylint: disable=protected-access
+        return obj._pyfunc, ("numba.cfunc", str(obj._sig))
+    elif isinstance(obj, ctypes._CFuncPtr):
       if ctypes.cast(obj, ctypes.c_void_p).value != address:
         continue
+      # A callback's Python callable is among what it references.
       for ref in gc.get_referents(obj):
         if callable(ref) and not isinstance(ref, type) and \
             type(ref).__name__ != "CThunkObject":
-          return ref, ("ctypes.CFUNCTYPE", repr(obj._restype_),  # pylint: disable=protected-access
+          return ref, ("ctypes.CFUNCTYPE", repr(obj._restype_),
                        repr(getattr(obj, "_argtypes_", None)))
   return None
 
@@ -221,9 +224,10 @@ def _fingerprint(address: int, located):
 def register_ffi_target(name: str, fn: Any, platform: str = "cpu",
                         api_version: int = 1, **kwargs: Any) -> None:
   """jax.ffi.register_ffi_target while kreg.intercept() is on."""
-  from kreg import _client  # pylint: disable=import-outside-toplevel
-  canonical = _client._canonical_platform(platform) if isinstance(  # pylint: disable=protected-access
-      platform, str) else platform
+  # pylint: disable=import-outside-toplevel,protected-access
+  from kreg import _client
+  canonical = (_client._canonical_platform(platform)
+               if isinstance(platform, str) else platform)
 
   def untouched():
     jax_register(name, fn, platform, api_version=api_version, **kwargs)
