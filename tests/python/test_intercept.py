@@ -190,6 +190,35 @@ def test_jit_capsules_run_in_process_with_refuse_on_change(running_kregd,
   assert numba_t.content_id in message and "new target name" in message
 
 
+PY_HANDLER = """\
+import functools, json
+import jax, numpy as np
+from kreg import numba_cuda as nc
+
+def add_one(x, out, stream):
+  out[...] = x + 1
+
+# An XLA FFI handler in Python (kreg's ctypes-callback handler, as
+# numba_cuda_callable builds them): JIT code that no file holds.
+handler = nc.FfiHandler(functools.partial(nc._HostBackend().run, add_one),
+                        "add_one")
+jax.ffi.register_ffi_target("ic.pyhandler", jax.ffi.pycapsule(handler.address),
+                            platform="cpu")
+x = np.arange(4, dtype=np.float32)
+y = jax.jit(lambda v: jax.ffi.ffi_call(
+    "ic.pyhandler", jax.ShapeDtypeStruct(v.shape, v.dtype))(v))(x)
+print(json.dumps({"y": np.asarray(y).tolist(), "calls": handler.calls}))
+"""
+
+
+def test_a_python_handler_runs_in_this_process(running_kregd, site):
+  got, _ = run_py(running_kregd, PY_HANDLER, site)
+  assert got == {"y": [1.0, 2.0, 3.0, 4.0], "calls": 1}
+  [t] = entries("ic.pyhandler")
+  assert t.kind == "in-process" and t.func_name == "FfiHandler__entry"
+  assert t.content_id.startswith("in-process:sha256:")
+
+
 PASS_THROUGH = """\
 import ctypes, json, mmap, warnings
 import jax, kreg

@@ -25,12 +25,14 @@ kregd's refusals raise from the library's own call.
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import hashlib
 import os
 import re
 import sys
 import threading
+import types
 import warnings
 from typing import Any, Callable, Optional
 
@@ -217,7 +219,10 @@ def _fingerprint(address: int, located):
   if behind is None:
     return None
   func, signature = behind
-  digest, _ = numba_cuda.fingerprint(func, signature)
+  # A bound method (a handler object's entry point): its code and object.
+  described = (functools.partial(func.__func__, func.__self__)
+               if isinstance(func, types.MethodType) else func)
+  digest, _ = numba_cuda.fingerprint(described, signature)
   return f"in-process:sha256:{digest}", numba_cuda.symbol_name(func)
 
 
