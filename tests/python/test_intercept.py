@@ -40,9 +40,10 @@ import jax
 import numpy as np
 
 NAME = os.environ["TINYLIB_NAME"]
+PLATFORM = os.environ.get("TINYLIB_PLATFORM", "cpu")
 _lib = ctypes.CDLL(os.environ["TINYLIB_SO"])
 jax.ffi.register_ffi_target(NAME, jax.ffi.pycapsule(_lib.Scale),
-                            platform="cpu")
+                            platform=PLATFORM)
 
 
 def scale(x, factor):
@@ -67,7 +68,8 @@ except Exception as e:
 if "kreg" in sys.modules and "y" in out:
   import kreg, tinylib
   out["intercepting"] = kreg.intercepting()
-  out["mode"] = kreg._client.default_client().bound_mode(tinylib.NAME, "cpu")
+  out["mode"] = kreg._client.default_client().bound_mode(tinylib.NAME,
+                                                        tinylib.PLATFORM)
 print(json.dumps(out))
 """
 
