@@ -405,7 +405,7 @@ def test_conflicting_definition_in_another_process(nb):
   assert got["other"] is not None, "the conflicting definition was accepted"
   code, message = got["other"]
   assert code == "FAILED_PRECONDITION"
-  assert name in message and "distinct target name" in message
+  assert name in message and "new target name" in message
   # This process's target is untouched.
   np.testing.assert_allclose(np.asarray(jax.jit(fn)(x, x)), np.full(512, 4.0))
 

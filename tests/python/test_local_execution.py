@@ -108,7 +108,7 @@ def test_execution_is_not_part_of_the_identity(daemon):
       """, check=False)
   assert p.returncode != 0
   assert "KernelRegistrationError" in p.stderr
-  assert "distinct target name" in p.stderr
+  assert "new target name" in p.stderr
 
 
 def test_env_and_configure_choose_the_default(daemon):

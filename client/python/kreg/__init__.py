@@ -13,8 +13,12 @@ kreg.configure(execution="local")) it runs in this process, from kregd's
 stored copy of the registered module. kreg.bind_ffi_target(name) and
 kreg.bind_exported(exported) bind targets other processes registered.
 `python -m kreg list|show NAME|status` (or the `kreg` command) inspects the
-daemon. See docs/user-guide.md in the kregd repository.
+daemon. kreg.intercept() (or KREG_INTERCEPT=1 at `import kreg`) routes any
+library's own jax.ffi.register_ffi_target calls through kregd. See
+docs/user-guide.md in the kregd repository.
 """
+
+import os as _os
 
 from kreg._client import (Client, Module, Registration, Target,
                           bind_exported, bind_ffi_target, compile_ffi_target,
@@ -23,20 +27,26 @@ from kreg._client import (Client, Module, Registration, Target,
                           list_registered_targets, register_ffi_target)
 from kreg._compile import CompileError
 from kreg.numba_cuda import numba_cuda_callable, numba_cuda_scratch
-from kreg._errors import (DaemonNotRunningError, JaxVersionError,
-                          KernelRegistrationError, KregError,
+from kreg._errors import (DaemonNotRunningError, InterceptWarning,
+                          InvalidArgumentError, JaxVersionError,
+                          KernelRegistrationError, KregError, NotFoundError,
                           NotRunnableWarning, ShimNotFoundError,
                           TargetNotFoundError)
+from kreg._intercept import Interception, intercept, intercepting
 
 __all__ = [
-    "Client", "CompileError", "DaemonNotRunningError", "JaxVersionError",
-    "KernelRegistrationError", "KregError", "Module", "NotRunnableWarning",
-    "Registration",
+    "Client", "CompileError", "DaemonNotRunningError", "InterceptWarning",
+    "Interception", "InvalidArgumentError", "JaxVersionError",
+    "KernelRegistrationError", "KregError", "Module", "NotFoundError",
+    "NotRunnableWarning", "Registration",
     "ShimNotFoundError", "TargetNotFoundError",
     "Target", "bind_exported", "bind_ffi_target", "compile_ffi_target",
     "configure", "connect",
-    "default_address", "default_execution", "list_registered_targets",
-    "register_ffi_target",
+    "default_address", "default_execution", "intercept", "intercepting",
+    "list_registered_targets", "register_ffi_target",
 ]
 # Same as `kregd --version` (common/version.h); a test keeps them equal.
 __version__ = "0.1.0"
+
+if _os.environ.get("KREG_INTERCEPT") == "1":
+  intercept()

@@ -11,10 +11,11 @@ import threading
 import warnings
 from typing import Any, Optional, Union
 
-from kreg import _shim
+from kreg import _intercept, _shim
 from kreg._errors import (CODE_NAMES, DaemonNotRunningError,
                           JaxVersionError, KernelRegistrationError, KregError,
-                          NotRunnableWarning, TargetNotFoundError)
+                          NotFoundError, NotRunnableWarning,
+                          TargetNotFoundError, error_class)
 
 SESSION_SUFFIX = ".session"
 # The jax/jaxlib release the shim is built and tested against (docs/design.md §7).
@@ -285,7 +286,7 @@ class Client:
           f"{message}{hint} (from a source checkout: `bazel-bin/daemon/kregd "
           f"--socket {self.address}`), or point KREGD_SOCKET / kreg.connect() "
           "at the socket of a running kregd.", name)
-    raise kind(message, name)
+    raise error_class(name, kind)(message, name)
 
   # -- registration ----------------------------------------------------
 
@@ -343,11 +344,15 @@ class Client:
     Returns a Registration: `.created` (False for an identical re-register,
     which is also falsy) and `.target`.
 
-    module: a path (str or PathLike; the daemon reads it when it is under
-    its allowed roots and readable, else this process uploads its bytes),
-    bytes, or a kreg.Module. Idempotent for identical content; a content
+    module: a path (str or PathLike, i.e. any object with __fspath__; the
+    daemon reads it when it is under its allowed roots and readable, else
+    this process uploads its bytes), bytes, a kreg.Module, or any object
+    with a path-like `.path` attribute (a library's compiled-module
+    object). Idempotent for identical content; a content
     change under a registered name raises KernelRegistrationError whether or
-    not `replace` is set (register the rebuild under a distinct name).
+    not `replace` is set (register the rebuild under a new name);
+    InvalidArgumentError (a ValueError) for a malformed name, platform or
+    module, NotFoundError (a KeyError) for a missing file or symbol.
     """
     if not isinstance(target_name, str):
       raise TypeError(f"target_name must be a str, got {type(target_name)}")
@@ -363,15 +368,19 @@ class Client:
       path, data = None, bytes(module)
     elif isinstance(module, (str, os.PathLike)):
       path, data = module, None
+    elif isinstance(getattr(module, "path", None), (str, os.PathLike)):
+      path, data = module.path, None  # a library's compiled-module object
     else:
-      raise TypeError("module must be a path (str/PathLike), bytes or "
-                      f"kreg.Module, got {type(module).__name__}")
+      raise TypeError(
+          "module must be a path (str/PathLike), bytes, a kreg.Module or an "
+          "object with a path-like .path (a library's compiled module), got "
+          f"{type(module).__name__}")
     if path is not None:
       path = os.path.abspath(os.fspath(path))
       try:
         created, target = self._register(target_name, platform, func_name,
                                           replace, content_id, path=path)
-      except KernelRegistrationError as e:
+      except (KernelRegistrationError, NotFoundError) as e:
         # The daemon may not read it (outside its allowed roots, another
         # host path namespace, permissions): upload the bytes instead.
         if e.code not in ("PERMISSION_DENIED", "NOT_FOUND") or \
@@ -474,8 +483,8 @@ class Client:
         self._raise(e, KregError)
       if mode == "local":
         target = _targets(self._lib, args.target)[0]
-      jax.ffi.register_ffi_target(target_name, jax.ffi.pycapsule(args.handler),
-                                  platform=_jax_platform(canonical))
+      _intercept.jax_register(target_name, jax.ffi.pycapsule(args.handler),
+                              _jax_platform(canonical))
       _jax_registered[key] = (args.handler, self.session_path, mode)
     if canonical == "cuda":
       _warn_if_no_gpu_backend(jax, target_name)

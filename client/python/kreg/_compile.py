@@ -14,7 +14,7 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any, Iterable, Optional, Union
 
-from kreg._errors import KernelRegistrationError, KregError
+from kreg._errors import KernelRegistrationError, KregError, error_class
 
 # The daemon's bounds (daemon/compile/compile_request.h), checked here too
 # so that a directory too large to send fails before it is read whole.
@@ -260,8 +260,9 @@ def compile_target(address: str, request: bytes, timeout: Optional[float]):
             code) from None
       if stage == "registration" or code in ("INVALID_ARGUMENT",
                                              "FAILED_PRECONDITION"):
-        raise KernelRegistrationError(message, code) from None
-      raise KregError(message, code) from None
+        raise error_class(code, KernelRegistrationError)(message,
+                                                         code) from None
+      raise error_class(code, KregError)(message, code) from None
   if result is None:
     raise KregError("kregd ended the compile without a result", "INTERNAL")
   return (bool(_one(result, 1, 0)), _to_target(_one(result, 2, b"")),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 # absl canonical codes, as the daemon returns them.
 CODE_NAMES = {
     0: "OK", 1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT",
@@ -12,14 +14,35 @@ CODE_NAMES = {
 }
 
 
+# kregd's advice, spelled for a Python caller: (pattern, replacement).
+_PYTHON_SPELLING = (
+    (re.compile(r'under a distinct target name \(a new name or a version '
+                r'prefix, e\.g\. "([^"]*)"\)'),
+     r'under a new target name (name="\1", or another version prefix)'),
+    (re.compile(r"\breplace=true\b"), "replace=True"),
+)
+
+
+def python_spelling(message: str) -> str:
+  """kregd's `message` with its advice in Python's terms: `replace=True`
+  for `replace=true`, and "register the rebuild under a new target name
+  (name="x.v2", ...)" for its "distinct target name (... e.g. "x.v2")"."""
+  for pattern, replacement in _PYTHON_SPELLING:
+    message = pattern.sub(replacement, message)
+  return message
+
+
 class KregError(RuntimeError):
   """An error reported by kregd or the client shim.
 
   `code` is the absl status code name ("FAILED_PRECONDITION", ...) and
-  `message` the daemon's message, verbatim.
+  `message` the daemon's message with its advice spelled for Python
+  (python_spelling); `daemon_message` is kregd's text verbatim.
   """
 
   def __init__(self, message: str, code: str = "UNKNOWN"):
+    self.daemon_message = message
+    message = python_spelling(message)
     super().__init__(message)
     self.message = message
     self.code = code
@@ -30,12 +53,30 @@ class KernelRegistrationError(KregError):
 
   Raised deterministically when a target name is already registered with
   different content (FAILED_PRECONDITION); register the rebuild under a
-  distinct target name. Also raised for invalid names, platforms, modules or
-  function names (INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED, ...).
+  new target name. Also raised for other refusals (PERMISSION_DENIED, a
+  registry limit, ...). An invalid name, platform or module is an
+  InvalidArgumentError, a missing module or symbol a NotFoundError.
   """
 
 
-class TargetNotFoundError(KregError, KeyError):
+class NotFoundError(KregError, KeyError):
+  """kregd or the shim did not find what a call named (NOT_FOUND): a module
+  file, a symbol in it, a target. Also a KeyError."""
+
+  def __init__(self, message: str, code: str = "NOT_FOUND"):
+    super().__init__(message, code)
+
+  def __str__(self) -> str:  # KeyError would quote the message
+    return self.message
+
+
+class InvalidArgumentError(KregError, ValueError):
+  """kregd refused an argument as malformed (INVALID_ARGUMENT): a target
+  name, platform, module or function name; the message quotes the value.
+  Also a ValueError."""
+
+
+class TargetNotFoundError(NotFoundError):
   """A target to bind by name is not registered with kregd (for that
   platform). `names` lists the missing names; the message lists close
   registered names. Also a KeyError, as for a missing mapping key."""
@@ -44,8 +85,12 @@ class TargetNotFoundError(KregError, KeyError):
     super().__init__(message, code)
     self.names = list(names)
 
-  def __str__(self) -> str:  # KeyError would quote the message
-    return self.message
+
+def error_class(code: str, default: type) -> type:
+  """The exception class for kregd's status `code`: NotFoundError,
+  InvalidArgumentError, else `default`."""
+  return {"NOT_FOUND": NotFoundError,
+          "INVALID_ARGUMENT": InvalidArgumentError}.get(code, default)
 
 
 class DaemonNotRunningError(KregError, ConnectionError):
@@ -67,3 +112,10 @@ class NotRunnableWarning(UserWarning):
   process whose JAX has no GPU backend (its calls fail with XLA's "No FFI
   handler registered for <name> on a platform Host"). Issued once per
   process and target."""
+
+
+class InterceptWarning(UserWarning):
+  """kreg.intercept() let a jax.ffi.register_ffi_target call through
+  without kregd hosting the handler (JIT-compiled code registered as an
+  in-process target, or a form kregd does not host). Issued once per
+  process, target and platform."""

@@ -1,0 +1,285 @@
+"""kreg.intercept(): every library's jax.ffi.register_ffi_target through kregd.
+
+With interception on, `jax.ffi.register_ffi_target(name, capsule,
+platform=...)` (typed FFI, api_version=1) of any library does what
+kreg.register_ffi_target would:
+
+- a capsule whose function is an exported symbol of a shared library file
+  (libc's `dladdr`: file and symbol) registers (name, platform) -> that
+  file's bytes and symbol with kregd, under every rule of registration, and
+  binds it in the process's default execution mode;
+- a capsule no file and symbol account for (JIT-compiled code such as a
+  Numba cfunc or a ctypes callback, or a symbol the library does not
+  export) runs in this process, registered with kregd as an in-process
+  target under a fingerprint (of the Python function behind it, or of the
+  file's bytes and the function's offset), so a changed definition under
+  the name is refused; said once per name with an InterceptWarning;
+- legacy custom calls (api_version=0), XLA's and jaxlib's own targets and
+  platforms other than cpu and cuda go to JAX untouched; a dict of stage
+  capsules, extra keyword arguments and a JIT capsule kreg cannot
+  fingerprint go to JAX untouched with one InterceptWarning per name.
+
+kregd's refusals raise from the library's own call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import gc
+import hashlib
+import os
+import re
+import sys
+import threading
+import types
+import warnings
+from typing import Any, Callable, Optional
+
+from kreg._errors import InterceptWarning
+
+_lock = threading.RLock()
+# (module, attribute name, jax's function) for each place we patched.
+_patched: list[tuple[Any, str, Callable]] = []
+_warned: set[tuple[str, str]] = set()
+
+
+class _DlInfo(ctypes.Structure):
+  _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+              ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+_libc = ctypes.CDLL(None)
+_libc.dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+_libc.dladdr.restype = ctypes.c_int
+# Own prototypes: ctypes.pythonapi's function objects are shared (JAX sets
+# PyCapsule_New's argtypes).
+_capsule_name = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object)(
+    ("PyCapsule_GetName", ctypes.pythonapi))  # NULL for an unnamed capsule
+_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object,
+                                     ctypes.c_void_p)(
+                                         ("PyCapsule_GetPointer",
+                                          ctypes.pythonapi))
+
+
+def jax_register(name: str, fn: Any, platform: str, **kwargs) -> None:
+  """JAX's own register_ffi_target, whether or not interception is on
+  (kreg's binds register their handlers with it)."""
+  with _lock:
+    original = _patched[0][2] if _patched else None
+  if original is None:
+    import jax  # pylint: disable=import-outside-toplevel
+    original = jax.ffi.register_ffi_target
+  original(name, fn, platform=platform, **kwargs)
+
+
+class Interception:
+  """What kreg.intercept() returns; .undo() (or leaving a `with` block)
+  restores JAX's register_ffi_target."""
+
+  def undo(self) -> None:
+    intercept(False)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.undo()
+
+
+def _targets_of_jax():
+  """The modules whose register_ffi_target a library may call."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from jax._src import ffi  # pylint: disable=import-outside-toplevel
+  return [jax.ffi, ffi]
+
+
+def intercept(enable: bool = True) -> Interception:
+  """Routes every later jax.ffi.register_ffi_target call of any library
+  through kregd (see the module docstring); intercept(False) restores JAX's
+  function. Idempotent; $KREG_INTERCEPT=1 calls it at `import kreg`. Only
+  calls made through the module attribute are seen: a library that ran
+  `from jax.ffi import register_ffi_target` before interception holds
+  JAX's function (turn interception on first: $KREG_INTERCEPT with the
+  sitecustomize recipe of docs/user-guide.md)."""
+  with _lock:
+    if not enable:
+      while _patched:
+        module, attr, original = _patched.pop()
+        setattr(module, attr, original)
+      return Interception()
+    if _patched:
+      return Interception()
+    for module in _targets_of_jax():
+      current = getattr(module, "register_ffi_target")
+      if getattr(current, "__kreg_intercept__", False):
+        continue
+      original = _patched[0][2] if _patched else current
+      _patched.append((module, "register_ffi_target", original))
+      setattr(module, "register_ffi_target", register_ffi_target)
+    return Interception()
+
+
+def intercepting() -> bool:
+  """Whether kreg.intercept() is on."""
+  with _lock:
+    return bool(_patched)
+
+
+def _warn_once(name: str, platform: str, message: str) -> None:
+  with _lock:
+    if (name, platform) in _warned:
+      return
+    _warned.add((name, platform))
+  # stacklevel 3: the library's call of jax.ffi.register_ffi_target.
+  warnings.warn(message, InterceptWarning, stacklevel=3)
+
+
+def _capsule_address(fn: Any) -> Optional[int]:
+  if type(fn).__name__ != "PyCapsule":
+    return None
+  return _capsule_pointer(fn, _capsule_name(fn))
+
+
+def _shared_library_symbol(address: int):
+  """(file, symbol, offset) of `address` from dladdr: symbol None when no
+  exported symbol starts there; None when no loaded file holds it."""
+  info = _DlInfo()
+  if not _libc.dladdr(address, ctypes.byref(info)) or not info.dli_fname:
+    return None
+  path = os.fsdecode(info.dli_fname)
+  if not os.path.isabs(path) or not os.path.isfile(path):
+    return None  # the main program, or a mapping without a file
+  symbol = None
+  if info.dli_sname and info.dli_saddr == address:
+    symbol = info.dli_sname.decode("utf-8", "replace")
+  return os.path.realpath(path), symbol, address - (info.dli_fbase or 0)
+
+
+def _xla_owned(name: str, path: Optional[str]) -> bool:
+  """XLA's or jaxlib's own target (by name, or by a handler in jaxlib)."""
+  # pylint: disable=import-outside-toplevel,protected-access
+  from kreg import _client
+  if name in _client._XLA_BUILTIN_CALLS or \
+      name.startswith(_client._JAXLIB_PREFIXES):
+    return True
+  if path is None:
+    return False
+  import jaxlib  # pylint: disable=import-outside-toplevel
+  roots = [os.path.realpath(os.path.dirname(jaxlib.__file__))]
+  try:
+    import jax_plugins  # pylint: disable=import-outside-toplevel
+    roots += [os.path.realpath(p) for p in jax_plugins.__path__]
+  except ImportError:
+    pass
+  return any(path.startswith(r + os.sep) for r in roots)
+
+
+def _python_behind(address: int):
+  """(function, signature) of the Numba cfunc or ctypes callback whose code
+  is at `address`, or None."""
+  # pylint: disable=import-outside-toplevel,protected-access
+  cfunc_type = None
+  if "numba" in sys.modules:  # only an imported Numba made a cfunc
+    try:
+      from numba.core.ccallback import CFunc
+      cfunc_type = CFunc
+    except ImportError:
+      pass
+  for obj in gc.get_objects():
+    if cfunc_type is not None and type(obj) is cfunc_type:
+      if obj.address == address:
+        return obj._pyfunc, ("numba.cfunc", str(obj._sig))
+    elif isinstance(obj, ctypes._CFuncPtr):
+      if ctypes.cast(obj, ctypes.c_void_p).value != address:
+        continue
+      # A callback's Python callable is among what it references.
+      for ref in gc.get_referents(obj):
+        if callable(ref) and not isinstance(ref, type) and \
+            type(ref).__name__ != "CThunkObject":
+          return ref, ("ctypes.CFUNCTYPE", repr(obj._restype_),
+                       repr(getattr(obj, "_argtypes_", None)))
+  return None
+
+
+def _fingerprint(address: int, located):
+  """(content_id, func_name) for a capsule no exported symbol accounts
+  for, or None when kreg cannot fingerprint it."""
+  from kreg import numba_cuda  # pylint: disable=import-outside-toplevel
+  if located is not None:  # a function of a file the library left unexported
+    path, _, offset = located
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+      for block in iter(lambda: f.read(1 << 20), b""):
+        h.update(block)
+    stem = re.sub(r"[^A-Za-z0-9_]", "_", os.path.basename(path))
+    return (f"in-process:sha256:{h.hexdigest()}+{offset:#x}",
+            f"_{stem}_at_{offset:x}")  # a C-symbol-shaped func_name
+  behind = _python_behind(address)
+  if behind is None:
+    return None
+  func, signature = behind
+  # A bound method (a handler object's entry point): its code and object.
+  described = (functools.partial(func.__func__, func.__self__)
+               if isinstance(func, types.MethodType) else func)
+  digest, _ = numba_cuda.fingerprint(described, signature)
+  return f"in-process:sha256:{digest}", numba_cuda.symbol_name(func)
+
+
+def register_ffi_target(name: str, fn: Any, platform: str = "cpu",
+                        api_version: int = 1, **kwargs: Any) -> None:
+  """jax.ffi.register_ffi_target while kreg.intercept() is on."""
+  # pylint: disable=import-outside-toplevel,protected-access
+  from kreg import _client
+  canonical = (_client._canonical_platform(platform)
+               if isinstance(platform, str) else platform)
+
+  def untouched():
+    jax_register(name, fn, platform, api_version=api_version, **kwargs)
+
+  if api_version != 1 or not isinstance(name, str) or \
+      canonical not in ("cpu", "cuda"):
+    return untouched()
+  address = _capsule_address(fn)
+  located = _shared_library_symbol(address) if address else None
+  if _xla_owned(name, located[0] if located else None):
+    return untouched()
+  if isinstance(fn, dict) or kwargs:
+    what = ("a dict of stage capsules" if isinstance(fn, dict) else
+            f"keyword arguments {sorted(kwargs)}")
+    _warn_once(name, canonical,
+               f"kreg.intercept: target {name!r} ({canonical}) is registered "
+               f"with {what}, which kregd does not host; it goes to JAX "
+               "unchanged and runs in this process without kregd's rules. "
+               "Register a single handler capsule to have kregd host it")
+    return untouched()
+  if address is None:
+    return untouched()  # not a capsule: JAX says what is wrong
+  if located is not None and located[1] is not None:
+    path, symbol, _ = located
+    _client.default_client().register_ffi_target(name, path, symbol,
+                                                 platform=canonical)
+    return None
+  found = _fingerprint(address, located)
+  if found is None:
+    _warn_once(name, canonical,
+               f"kreg.intercept: target {name!r} ({canonical}) is code at "
+               f"{address:#x} that no shared library file holds and kreg "
+               "cannot trace to a Numba cfunc or ctypes callback; it goes "
+               "to JAX unchanged and runs in this process, unregistered "
+               "with kregd")
+    return untouched()
+  content_id, func_name = found
+  from kreg import numba_cuda  # pylint: disable=import-outside-toplevel
+  numba_cuda.register_in_process(name, content_id, func_name,
+                                 platform=canonical)
+  _warn_once(name, canonical,
+             f"kreg.intercept: target {name!r} ({canonical}) is not an "
+             "exported symbol of a shared library file (JIT-compiled code or "
+             "an unexported function), so it runs in this process; kregd "
+             f"records it as an in-process target with content {content_id} "
+             "and refuses a different definition under the name")
+  return untouched()
+
+
+register_ffi_target.__kreg_intercept__ = True
