@@ -31,7 +31,7 @@ from kreg._errors import (DaemonNotRunningError, InterceptWarning,
                           InvalidArgumentError, JaxVersionError,
                           KernelRegistrationError, KregError, NotFoundError,
                           NotRunnableWarning, ShimNotFoundError,
-                          TargetNotFoundError)
+                          TargetNotFoundError, UntrustedTargetError)
 from kreg._intercept import Interception, intercept, intercepting
 
 __all__ = [
@@ -40,7 +40,7 @@ __all__ = [
     "KernelRegistrationError", "KregError", "Module", "NotFoundError",
     "NotRunnableWarning", "Registration",
     "ShimNotFoundError", "TargetNotFoundError",
-    "Target", "bind_exported", "bind_ffi_target", "compile_ffi_target",
+    "Target", "UntrustedTargetError", "bind_exported", "bind_ffi_target", "compile_ffi_target",
     "configure", "connect",
     "default_address", "default_execution", "intercept", "intercepting",
     "list_registered_targets", "register_ffi_target",

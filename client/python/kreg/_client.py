@@ -9,9 +9,9 @@ import pathlib
 import re
 import threading
 import warnings
-from typing import Any, Optional, Union
+from typing import Any, Iterable, Optional, Union
 
-from kreg import _intercept, _shim
+from kreg import _intercept, _owners, _shim
 from kreg._errors import (CODE_NAMES, DaemonNotRunningError,
                           JaxVersionError, KernelRegistrationError, KregError,
                           NotFoundError, NotRunnableWarning,
@@ -37,12 +37,20 @@ def _check_execution(value: Any, origin: str) -> str:
   return value.lower()
 
 
-def configure(*, execution: Optional[str] = None) -> None:
+_KEEP = object()  # configure(): an argument left out
+
+
+def configure(*, execution: Optional[str] = None,
+              trusted_owners: Any = _KEEP) -> None:
   """Sets this process's defaults. `execution`: "isolated" or "local", the
   mode of every later register_ffi_target / bind_ffi_target /
   bind_exported call that passes no `execution=` (None: back to
-  $KREG_EXECUTION, else "isolated")."""
+  $KREG_EXECUTION, else "isolated"). `trusted_owners`, when given: the
+  owners= of every later bind that passes none (user names, uids,
+  "group:NAME"; None: back to $KREG_TRUSTED_OWNERS, else every owner)."""
   global _configured_execution
+  if trusted_owners is not _KEEP:
+    _owners.configure(trusted_owners)
   if execution is not None:
     execution = _check_execution(execution, "kreg.configure(execution=...)")
   with _config_lock:
@@ -532,12 +540,18 @@ class Client:
     return {n: found[n] for n in names}
 
   def bind_ffi_target(self, target_name: str, *, platform: str = "CUDA",
-                      execution: Optional[str] = None) -> Registration:
+                      execution: Optional[str] = None,
+                      owners: Optional[Iterable[Any]] = None
+                      ) -> Registration:
     """Makes jax.ffi.ffi_call(target_name, ...) run the target that some
     process registered with kregd (module and symbol come from the
     registry), without knowing its module. Returns the Registration (always
     `created` False). TargetNotFoundError (a KeyError) when it is not
-    registered for `platform`, naming close names."""
+    registered for `platform`, naming close names. `owners`: user names,
+    uids or "group:NAME" trusted to have registered it (besides root and
+    this uid); UntrustedTargetError (a PermissionError) names anyone else
+    (None: kreg.configure(trusted_owners=...) or $KREG_TRUSTED_OWNERS, else
+    every owner)."""
     if not isinstance(target_name, str):
       raise TypeError(f"target_name must be a str, got {type(target_name)}")
     if not isinstance(platform, str):
@@ -546,16 +560,20 @@ class Client:
     _check_jax()
     canonical = _canonical_platform(platform)
     target = self._lookup([target_name], canonical)[target_name]
+    _owners.check(target, owners)
     local_target = self._bind_with_jax(target_name, canonical, mode)
     return Registration(False, local_target or target)
 
   def bind_exported(self, exported: Any, *,
-                    execution: Optional[str] = None) -> list[Registration]:
+                    execution: Optional[str] = None,
+                    owners: Optional[Iterable[Any]] = None
+                    ) -> list[Registration]:
     """Binds every custom-call target that a jax.export.Exported program
     calls, for each platform it was lowered for, so a deserialized program
     runs in a fresh process (`exp.call(...)`). Targets this process's XLA
     already knows (JAX's own, or bound before) are left alone. One
-    TargetNotFoundError lists every name kregd does not have."""
+    TargetNotFoundError lists every name kregd does not have; `owners` as
+    for bind_ffi_target, checked for every target before any is bound."""
     mode = _resolve_execution(execution)
     _check_jax()
     names = exported_custom_call_targets(exported)
@@ -567,7 +585,10 @@ class Client:
       wanted = [n for n in names if not _known_to_xla(n, platform)]
       if not wanted:
         continue
-      for name, target in self._lookup(wanted, platform).items():
+      found = self._lookup(wanted, platform)
+      for target in found.values():
+        _owners.check(target, owners)
+      for name, target in found.items():
         local_target = self._bind_with_jax(name, platform, mode)
         out.append(Registration(False, local_target or target))
     return out
@@ -792,18 +813,22 @@ def compile_ffi_target(target_name: str, sources: Any, func_name: str, *,
 
 
 def bind_ffi_target(target_name: str, *, platform: str = "CUDA",
-                    execution: Optional[str] = None) -> Registration:
+                    execution: Optional[str] = None,
+                    owners: Optional[Iterable[Any]] = None) -> Registration:
   """Binds a target registered by any process, by name. See
   Client.bind_ffi_target; uses the default client."""
   return default_client().bind_ffi_target(target_name, platform=platform,
-                                          execution=execution)
+                                          execution=execution, owners=owners)
 
 
 def bind_exported(exported: Any, *,
-                  execution: Optional[str] = None) -> list[Registration]:
+                  execution: Optional[str] = None,
+                  owners: Optional[Iterable[Any]] = None
+                  ) -> list[Registration]:
   """Binds every kregd target a jax.export.Exported program calls. See
   Client.bind_exported; uses the default client."""
-  return default_client().bind_exported(exported, execution=execution)
+  return default_client().bind_exported(exported, execution=execution,
+                                        owners=owners)
 
 
 def list_registered_targets() -> list[Target]:

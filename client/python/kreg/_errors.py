@@ -86,6 +86,16 @@ class TargetNotFoundError(NotFoundError):
     self.names = list(names)
 
 
+class UntrustedTargetError(KregError, PermissionError):
+  """bind_ffi_target / bind_exported refused a target registered by someone
+  outside `owners=` (or the site's trusted owners). `uid` is who registered
+  it. Also a PermissionError."""
+
+  def __init__(self, message: str, uid: int):
+    super().__init__(message, "PERMISSION_DENIED")
+    self.uid = uid
+
+
 def error_class(code: str, default: type) -> type:
   """The exception class for kregd's status `code`: NotFoundError,
   InvalidArgumentError, else `default`."""

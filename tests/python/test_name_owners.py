@@ -1,13 +1,19 @@
-"""Name reservations (docs/operator-guide.md, "Name reservations"): kregctl
-reserve as root, registrations by the owner, by another uid (refused, the
-message naming the owner) and by root, through the real kregd and kregctl,
-as throwaway uids; the reservation survives a restart and can be lifted."""
+"""Names have owners. Name reservations (docs/operator-guide.md, "Name
+reservations"): kregctl reserve as root, registrations by the owner, by
+another uid (refused, the message naming the owner) and by root, through the
+real kregd and kregctl, as throwaway uids; the reservation survives a
+restart and can be lifted. Trusted owners (docs/user-guide.md, "Trusting a
+target's owner"): bind_ffi_target(owners=...) and $KREG_TRUSTED_OWNERS
+refuse a target registered by anyone else."""
 
+import grp
 import json
 import os
 import pathlib
+import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -94,3 +100,61 @@ def test_reserve_errors_say_what_to_do(d):
   assert as_user.returncode != 0
   assert ("reserving target names is for root or kregd's own uid" in
           as_user.stderr), as_user.stderr
+
+
+BIND_AS_ROOT = r"""
+import os, sys, jax, jax.numpy as jnp, numpy as np, kreg
+name, owners = sys.argv[1], sys.argv[2]
+def call():
+  x = jnp.arange(4, dtype=jnp.float32)
+  y = jax.ffi.ffi_call(name, jax.ShapeDtypeStruct(x.shape, x.dtype))(
+      x, factor=np.float32(2.0))
+  return np.asarray(y).tolist()
+try:
+  kreg.bind_ffi_target(name, platform="cpu",
+                       owners=None if owners == "-" else owners.split(","))
+except kreg.UntrustedTargetError as e:
+  assert isinstance(e, PermissionError) and e.uid == 65534, e
+  print("REFUSED", e)
+  sys.exit(0)
+print("CALLED", call())
+"""
+
+
+def bind_as_root(d, name, owners, env=None):
+  p = subprocess.run([sys.executable, "-c", BIND_AS_ROOT, name, owners],
+                     capture_output=True, text=True, timeout=120,
+                     env={**d.env(), **(env or {})})
+  assert p.returncode == 0, p.stdout + p.stderr
+  return p.stdout
+
+
+def test_bind_refuses_a_target_registered_outside_the_trusted_owners(d):
+  owner = register_as(d, 65534, "owned.op")
+  assert owner.returncode == 0, owner.stdout + owner.stderr
+  nobody = pwd.getpwuid(65534).pw_name
+  refused = bind_as_root(d, "owned.op", "daemon,group:daemon")
+  assert ('target "owned.op" (cpu) was registered by uid 65534 '
+          f"({nobody}), who is not among the owners this process trusts "
+          "(daemon, group:daemon)") in refused, refused
+  assert "kregctl reserve" in refused
+  # The owner named by uid or by name, or no owners= at all: bound, called.
+  assert "CALLED [0.0, 2.0, 4.0, 6.0]" in bind_as_root(d, "owned.op", "65534")
+  assert "CALLED" in bind_as_root(d, "owned.op", nobody)
+  assert "CALLED" in bind_as_root(d, "owned.op", "-")
+  # The site default, from the environment.
+  assert "REFUSED" in bind_as_root(d, "owned.op", "-",
+                                   {"KREG_TRUSTED_OWNERS": "daemon"})
+  assert "CALLED" in bind_as_root(d, "owned.op", "-",
+                                  {"KREG_TRUSTED_OWNERS": f"daemon,{nobody}"})
+  # A group of the registering process: its gid (0 here, the socket's
+  # group) or a group of its user (nobody's primary group).
+  assert "CALLED" in bind_as_root(d, "owned.op", "group:root")
+  group = grp.getgrgid(pwd.getpwuid(65534).pw_gid).gr_name
+  assert "CALLED" in bind_as_root(d, "owned.op", f"group:{group}")
+  bad = subprocess.run(
+      [sys.executable, "-c", "import kreg; kreg.bind_ffi_target('owned.op', "
+       "platform='cpu', owners=['no-such-user-kreg'])"],
+      capture_output=True, text=True, timeout=120, env=d.env())
+  assert ("trusted owner 'no-such-user-kreg' is no user on this host" in
+          bad.stderr), bad.stderr
