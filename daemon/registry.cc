@@ -177,7 +177,20 @@ absl::Status Registry::CheckIdentity(const TargetEntry& existing,
                                      const std::string& digest) const {
   absl::Status same =
       CheckSame(existing, args.kind, cid, args.func_name, args.replace);
-  if (same.ok()) same = CheckOwnerOrDigest(existing, args.peer, digest);
+  if (same.ok()) return CheckOwnerOrDigest(existing, args.peer, digest);
+  if (args.kind == TargetKind::kModule && !args.content_id.empty() &&
+      existing.module_digest == digest &&
+      existing.func_name == args.func_name) {
+    // The same bytes and function under another content_id: the build
+    // cache key changed, not the kernel (e.g. it hashes a temporary
+    // include path).
+    return absl::FailedPreconditionError(absl::StrCat(
+        same.message(), " The module bytes are identical (", digest,
+        "): only the content_id differs. A content_id computed from paths "
+        "(a temporary build or include directory) changes on every build; "
+        "compute it from the sources' contents, or omit it (the module's "
+        "digest is then used)."));
+  }
   return same;
 }
 

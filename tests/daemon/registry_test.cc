@@ -99,6 +99,30 @@ TEST_CASE("content_id decides identity when given", "[registry]") {
              Catch::Contains("cache:123") && Catch::Contains("cache:456"));
 }
 
+TEST_CASE("A content_id change over identical bytes says only it differs",
+          "[registry]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log);
+  RegisterArgs a = Args("op", "same bytes");
+  a.content_id = "cache:/tmp/build-1";
+  REQUIRE(registry.Register(a).ok());
+  a.content_id = "cache:/tmp/build-2";
+  auto again = registry.Register(a);
+  REQUIRE(again.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(again.status().message()),
+             Catch::Contains("refusing to re-point it") &&
+                 Catch::Contains("The module bytes are identical (" +
+                                 Sha256Digest("same bytes") +
+                                 "): only the content_id differs") &&
+                 Catch::Contains("computed from paths"));
+  // Other bytes under another content_id: no such hint.
+  RegisterArgs other = Args("op", "other bytes");
+  other.content_id = "cache:/tmp/build-3";
+  CHECK_THAT(std::string(registry.Register(other).status().message()),
+             !Catch::Contains("only the content_id differs"));
+}
+
 TEST_CASE("One name carries a CPU and a CUDA implementation", "[registry]") {
   FakeLoader loader;
   MemLog log;
