@@ -5,6 +5,7 @@ the error classes and module= objects."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import subprocess
@@ -468,3 +469,20 @@ def test_module_objects_with_path_or_fspath(running_kregd):
                              platform="cpu")
   assert "an object with a path-like .path" in str(info.value)
   assert "got CompiledModule" in str(info.value)
+
+
+def test_module_a_loaded_ctypes_library(running_kregd):
+  # The file is found from the loaded handler (dladdr), also when the
+  # library was loaded by a bare file name through a search path.
+  demo = ku.kernel_path(ku.DEMO)
+  lib = ctypes.CDLL(str(demo))
+  r = kreg.register_ffi_target("ic.mod.cdll", lib, "Scale", platform="cpu")
+  assert r.target.module_digest == kreg.register_ffi_target(
+      "ic.mod.cdll.path", demo, "Scale", platform="cpu").target.module_digest
+  x = np.arange(4, dtype=np.float32)
+  y = jax.ffi.ffi_call("ic.mod.cdll", ku.sds(x))(x, factor=np.float32(2.0))
+  np.testing.assert_array_equal(np.asarray(y), 2 * x)
+  with pytest.raises(kreg.NotFoundError) as info:
+    kreg.register_ffi_target("ic.mod.cdll.bad", lib, "NoSuchHandler",
+                             platform="cpu")
+  assert "has no symbol 'NoSuchHandler'" in str(info.value)

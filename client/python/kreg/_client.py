@@ -13,7 +13,8 @@ from typing import Any, Iterable, Optional, Union
 
 from kreg import _intercept, _owners, _shim
 from kreg._errors import (CODE_NAMES, DaemonNotRunningError,
-                          JaxVersionError, KernelRegistrationError, KregError,
+                          InvalidArgumentError, JaxVersionError,
+                          KernelRegistrationError, KregError,
                           NotFoundError, NotRunnableWarning,
                           TargetNotFoundError, error_class)
 
@@ -174,6 +175,22 @@ def _strip_scheme(address: str) -> str:
 # name -> (the name JAX uses, an alias): the table of common/platforms.h
 # (tests/python/test_docs.py checks that the two agree).
 _PLATFORMS = {"cpu": ("cpu", "host"), "cuda": ("CUDA", "gpu")}
+
+
+def _loaded_file(lib: ctypes.CDLL, func_name: str) -> str:
+  """The file a loaded library's `func_name` lies in (dladdr)."""
+  try:
+    address = ctypes.cast(getattr(lib, func_name), ctypes.c_void_p).value
+  except AttributeError:
+    raise NotFoundError(
+        f"the loaded library {lib._name!r} has no symbol {func_name!r}; pass "
+        "the handler's exported name as func_name") from None
+  located = _intercept.shared_library_symbol(address)
+  if located is None:
+    raise InvalidArgumentError(
+        f"symbol {func_name!r} of {lib._name!r} lies in no shared library "
+        "file; register the library's path or bytes instead")
+  return located[0]
 
 
 def _canonical_platform(platform: str) -> str:
@@ -354,9 +371,10 @@ class Client:
 
     module: a path (str or PathLike, i.e. any object with __fspath__; the
     daemon reads it when it is under its allowed roots and readable, else
-    this process uploads its bytes), bytes, a kreg.Module, or any object
-    with a path-like `.path` attribute (a library's compiled-module
-    object). Idempotent for identical content; a content
+    this process uploads its bytes), bytes, a kreg.Module, a loaded
+    ctypes.CDLL (the file that holds its `func_name`, found with dladdr),
+    or any object with a path-like `.path` attribute (a library's
+    compiled-module object). Idempotent for identical content; a content
     change under a registered name raises KernelRegistrationError whether or
     not `replace` is set (register the rebuild under a new name);
     InvalidArgumentError (a ValueError) for a malformed name, platform or
@@ -378,11 +396,13 @@ class Client:
       path, data = module, None
     elif isinstance(getattr(module, "path", None), (str, os.PathLike)):
       path, data = module.path, None  # a library's compiled-module object
+    elif isinstance(module, ctypes.CDLL):
+      path, data = _loaded_file(module, func_name), None
     else:
       raise TypeError(
-          "module must be a path (str/PathLike), bytes, a kreg.Module or an "
-          "object with a path-like .path (a library's compiled module), got "
-          f"{type(module).__name__}")
+          "module must be a path (str/PathLike), bytes, a kreg.Module, a "
+          "loaded ctypes.CDLL or an object with a path-like .path (a "
+          f"library's compiled module), got {type(module).__name__}")
     if path is not None:
       path = os.path.abspath(os.fspath(path))
       try:

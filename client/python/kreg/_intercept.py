@@ -141,7 +141,7 @@ def _capsule_address(fn: Any) -> Optional[int]:
   return _capsule_pointer(fn, _capsule_name(fn))
 
 
-def _shared_library_symbol(address: int):
+def shared_library_symbol(address: int):
   """(file, symbol, offset) of `address` from dladdr: symbol None when no
   exported symbol starts there; None when no loaded file holds it."""
   info = _DlInfo()
@@ -241,7 +241,7 @@ def register_ffi_target(name: str, fn: Any, platform: str = "cpu",
       canonical not in ("cpu", "cuda"):
     return untouched()
   address = _capsule_address(fn)
-  located = _shared_library_symbol(address) if address else None
+  located = shared_library_symbol(address) if address else None
   if _xla_owned(name, located[0] if located else None):
     return untouched()
   if isinstance(fn, dict) or kwargs:
