@@ -26,7 +26,7 @@ KREGD = BIN_DIR / "daemon" / "kregd"
 @pytest.fixture
 def channel():
   if not KREGD.exists():
-    pytest.skip(f"{KREGD} is not built (bazel build //daemon:kregd)")
+    pytest.skip(f"{KREGD} is not built (bazel build //daemon/kregd:kregd)")
   d = Path(tempfile.mkdtemp(prefix="kreg-grpc-", dir="/tmp"))
   sock = d / "k.sock"
   proc = subprocess.Popen([str(KREGD), "--socket", str(sock), "--state-dir",

@@ -662,8 +662,8 @@ def test_a_kregd_that_is_not_root_compiles_unsandboxed_and_says_so(
   # compiles as kregd's uid with the limits, and kregd's log says so.
   bindir = nobody_dir / "bin"
   bindir.mkdir()
-  for rel in ("daemon/kregd", "daemon/kregd-probe", "daemon/exec/kregd-exec",
-              "daemon/compile/kregd-compile"):
+  for rel in ("daemon/kregd/kregd", "daemon/executor/kregd-probe", "daemon/executor/kregd-exec",
+              "daemon/compiler/kregd-compile"):
     src = kregd_proc.daemon_binary().parent.parent / rel
     shutil.copy(src, bindir / src.name)
     os.chmod(bindir / src.name, 0o755)
