@@ -216,11 +216,12 @@ def section(path: pathlib.Path, heading: str) -> str:
 
 
 def test_install_steps_install_every_binary_kregd_starts():
-  # kregd runs its helpers from its own directory (SelfDir() + "/NAME").
-  helpers = set(re.findall(r'SelfDir\(\) \+ "/(kregd-[\w-]+)"',
-                           (REPO / "daemon/kregd/server.cc").read_text()))
-  helpers |= set(re.findall(r'ExeDir\(\) \+ "/(kregd-[\w-]+)"',
-                            (REPO / "daemon/kregd/server_compile.cc").read_text()))
+  # kregd runs its helpers from its own directory (HelperBinary(configured,
+  # "NAME", package)).
+  helpers = set(
+      re.findall(r'HelperBinary\([^,]+,\s*"(kregd-[\w-]+)"', "".join(
+          (REPO / f"daemon/kregd/{f}").read_text()
+          for f in ("server.cc", "server_compile.cc"))))
   assert helpers == {"kregd-probe", "kregd-exec", "kregd-compile"}, helpers
   unit = (REPO / "daemon/systemd/kregd.service").read_text()
   exec_start = re.search(r"^ExecStart=(\S+)/kregd$", unit, re.M)
