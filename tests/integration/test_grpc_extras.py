@@ -20,7 +20,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (  # no
 
 REPO = Path(__file__).resolve().parents[2]
 BIN_DIR = Path(os.environ.get("KREG_BIN_DIR", REPO / "bazel-bin"))
-KREGD = BIN_DIR / "daemon" / "kregd"
+KREGD = BIN_DIR / "daemon" / "kregd" / "kregd"
 
 
 @pytest.fixture

@@ -28,8 +28,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 UNIT_DIR = REPO / "daemon" / "systemd"
 BIN_DIR = Path(os.environ.get("KREG_BIN_DIR", REPO / "bazel-bin"))
-KREGD = BIN_DIR / "daemon" / "kregd"
-KREGD_PROBE = BIN_DIR / "daemon" / "kregd-probe"
+KREGD = BIN_DIR / "daemon" / "kregd" / "kregd"
+KREGD_PROBE = BIN_DIR / "daemon" / "executor" / "kregd-probe"
 KREGCTL = BIN_DIR / "client" / "kregctl"
 DEMO_MODULE = BIN_DIR / "kernels" / "cpu" / "libdemo.so"
 

@@ -22,7 +22,7 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BIN_DIR = pathlib.Path(os.environ.get("KREG_BIN_DIR", REPO / "bazel-bin"))
-KREGD = BIN_DIR / "daemon" / "kregd"
+KREGD = BIN_DIR / "daemon" / "kregd" / "kregd"
 KREGCTL = BIN_DIR / "client" / "kregctl"
 EXAMPLE = REPO / "docs" / "kregd.toml.example"
 # A row of the config key table (daemon/config/config_keys.cc): its key.

@@ -32,8 +32,9 @@ VERSION = re.search(r'kKregVersion\[\] = "([^"]+)"',
 def deb(tmp_path_factory):
   if shutil.which("dpkg-deb") is None:
     pytest.skip("dpkg-deb is not installed")
-  for b in ("daemon/kregd/kregd", "daemon/executor/kregd-probe", "daemon/executor/kregd-exec",
-            "daemon/compiler/kregd-compile", "client/kregctl"):
+  for b in ("daemon/kregd/kregd", "daemon/executor/kregd-probe",
+            "daemon/executor/kregd-exec", "daemon/compiler/kregd-compile",
+            "client/kregctl"):
     if not (BIN_DIR / b).is_file():
       pytest.skip(f"{BIN_DIR / b} not built")
   out = tmp_path_factory.mktemp("dist")
