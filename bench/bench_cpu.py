@@ -4,7 +4,7 @@ Runs the same handler (kernels/cpu libdemo.so `Scale`, float32) registered
 in-process with jax.ffi and forwarded through kregd, interleaving the two,
 and prints per-call medians, p99s and their ratios for each size.
 
-  bazel build //daemon:kregd //daemon:kregd-probe \
+  bazel build //daemon/kregd:kregd //daemon/executor:kregd-probe \
       //client/shim:libkreg_client.so //kernels/cpu:all
   .venv/bin/python bench/bench_cpu.py [--sizes 1024] [--write FILE]
 
@@ -281,7 +281,7 @@ def main() -> None:
       description=__doc__.split("\n")[0],
       formatter_class=argparse.RawDescriptionHelpFormatter,
       epilog="\n".join(__doc__.split("\n")[2:]))
-  ap.add_argument("--kregd", default=str(REPO / "bazel-bin/daemon/kregd"))
+  ap.add_argument("--kregd", default=str(REPO / "bazel-bin/daemon/kregd/kregd"))
   ap.add_argument("--socket", help="use a running kregd (its gRPC socket)")
   ap.add_argument("--write", help="write the results as Markdown here")
   ap.add_argument("--trials", type=int, default=3,
@@ -376,7 +376,7 @@ def main() -> None:
 RESULTS = """# CPU benchmark: forwarded vs in-process XLA FFI call
 
 Command (from the repository root, after
-`bazel build //daemon:kregd //daemon:kregd-probe //client/shim:libkreg_client.so //kernels/cpu:all`):
+`bazel build //daemon/kregd:kregd //daemon/executor:kregd-probe //client/shim:libkreg_client.so //kernels/cpu:all`):
 
 ```
 .venv/bin/python bench/bench_cpu.py --trials 5 --write bench/RESULTS.md

@@ -2,8 +2,8 @@
 // here so that kregd and the client shim build without the CUDA toolkit and
 // load libcuda.so.1 only at run time (cuda_driver.h). Values and layouts are
 // those of cuda.h (CUDA 12/13; they are part of the driver's stable ABI);
-// tests/daemon/cuda/cu_types_abi_test.cc checks them against cuda.h whenever
-// the toolkit is present.
+// tests/common/cu_types_abi_test.cc checks them against cuda.h whenever the
+// toolkit is present.
 //
 // Names are cuda.h's, inside namespace kreg::cu. The opaque handle structs are
 // declared globally, as cuda.h does, so a CUstream here is the very type of a

@@ -1,7 +1,8 @@
 // The CUDA driver API as a table of function pointers resolved from
 // libcuda.so.1 at run time (dlopen + dlsym), so that kregd and the client
 // shim link and run on machines without a GPU or a driver. libc-only (no
-// absl): shared by the daemon (//daemon/cuda) and the shim (//client/cuda).
+// absl): shared by the daemon (//daemon/executor/cuda) and the shim
+// (//client/cuda).
 //
 // Tests build their own table of fakes (a CudaDriver is a plain struct) and
 // hand it to the components instead of LoadCudaDriver()'s.

@@ -2,8 +2,8 @@
 // is a name on a platform): defined here once for kregd and the shim. The
 // Python client keeps a copy (client/python/kreg/_client.py) that
 // tests/python/test_docs.py checks against this table. What kregd does per
-// platform is in daemon/platform_table.h and
-// daemon/session/platform_executors.h (docs/adding-a-platform.md).
+// platform is in daemon/base/platform_table.h and
+// daemon/executor/platform_executors.h (docs/adding-a-platform.md).
 #ifndef KREGD_COMMON_PLATFORMS_H_
 #define KREGD_COMMON_PLATFORMS_H_
 
@@ -26,8 +26,8 @@ inline constexpr PlatformRow kPlatforms[] = {
 inline constexpr size_t kNumPlatforms =
     sizeof(kPlatforms) / sizeof(*kPlatforms);
 
-// A per-platform table (this file's, daemon/platform_table.cc's,
-// daemon/session/platform_executors.cc's): its fixed rows, one per
+// A per-platform table (this file's, daemon/base/platform_table.cc's,
+// daemon/executor/platform_executors.cc's): its fixed rows, one per
 // platform of kPlatforms, then at most kMaxAdded rows a test appended
 // (docs/adding-a-platform.md). Constant-initialized. Add is not
 // thread-safe: tests add before any other thread reads.

@@ -14,16 +14,16 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: tools/asan_pytest.sh OUT_DIR}
 mkdir -p "$out"
-bazel build --config=asan //daemon:kregd //daemon:kregd-probe \
-  //daemon:kregd_next_minor //daemon:kregd_next_major \
-  //daemon/exec:kregd-exec //daemon/compile:kregd-compile //client:kregctl ||
+bazel build --config=asan //daemon/kregd:kregd //daemon/executor:kregd-probe \
+  //daemon/kregd:kregd_next_minor //daemon/kregd:kregd_next_major \
+  //daemon/executor:kregd-exec //daemon/compiler:kregd-compile //client:kregctl ||
   exit 1
 asan_bin=$(bazel info --config=asan bazel-bin 2>/dev/null)
 logs=$(mktemp -d)
 export KREG_BIN_DIR="$PWD/bazel-bin"
 export KREG_KERNELS_DIR="$PWD/bazel-bin/kernels/cpu"
 export KREG_CLIENT_LIB="$PWD/bazel-bin/client/shim/libkreg_client.so"
-export KREGD_BINARY="$asan_bin/daemon/kregd"
+export KREGD_BINARY="$asan_bin/daemon/kregd/kregd"
 # handle_segv=0: a handler's segfault in an executor ends it with SIGSEGV
 # (what kregd reports), not with an ASan report about the kernel's bug.
 export ASAN_OPTIONS="log_path=$logs/asan:handle_segv=0:detect_leaks=1"

@@ -3,8 +3,8 @@
 # dpkg-deb (no debhelper, no debian/ directory in the repository):
 #   tools/build_deb.sh [BIN_DIR [OUT_DIR]]     # default: bazel-bin dist
 # Build the binaries first:
-#   bazel build //daemon:kregd //daemon:kregd-probe \
-#       //daemon/exec:kregd-exec //daemon/compile:kregd-compile //client:kregctl
+#   bazel build //daemon/kregd:kregd //daemon/executor:kregd-probe \
+#       //daemon/executor:kregd-exec //daemon/compiler:kregd-compile //client:kregctl
 # The package installs (docs/operator-guide.md, "Debian package"):
 #   /usr/bin/kregd, kregd-exec, kregd-probe, kregd-compile (kregd starts its helpers from
 #     its own directory), kregctl
@@ -34,13 +34,13 @@ version=$(sed -n 's/.*kKregVersion\[\] = "\([^"]*\)".*/\1/p' \
 [[ -n $version ]] || { echo "build_deb: no kKregVersion in common/version.h" >&2; exit 1; }
 arch=$(dpkg --print-architecture)
 
-binaries=(daemon/kregd daemon/kregd-probe daemon/exec/kregd-exec
-          daemon/compile/kregd-compile client/kregctl)
+binaries=(daemon/kregd/kregd daemon/executor/kregd-probe daemon/executor/kregd-exec
+          daemon/compiler/kregd-compile client/kregctl)
 for b in "${binaries[@]}"; do
   if [[ ! -x $bin/$b ]]; then
-    echo "build_deb: $bin/$b is not built; run: bazel build //daemon:kregd" \
-      "//daemon:kregd-probe //daemon/exec:kregd-exec" \
-      "//daemon/compile:kregd-compile //client:kregctl" >&2
+    echo "build_deb: $bin/$b is not built; run: bazel build //daemon/kregd:kregd" \
+      "//daemon/executor:kregd-probe //daemon/executor:kregd-exec" \
+      "//daemon/compiler:kregd-compile //client:kregctl" >&2
     exit 1
   fi
 done
@@ -84,7 +84,7 @@ install -m 0644 "$repo/docs/kregd.toml.example" "$root/usr/share/doc/kregd/"
 # The XLA FFI headers kregd was built against: the compile service's default
 # compile_ffi_include_dir (<kregd's dir>/../share/kregd/include).
 install -d -m 0755 "$root/usr/share/kregd/include/xla/ffi/api"
-install -m 0644 "$bin"/daemon/include/xla/ffi/api/*.h \
+install -m 0644 "$bin"/daemon/kregd/include/xla/ffi/api/*.h \
   "$root/usr/share/kregd/include/xla/ffi/api/"
 # The site's configuration, a conffile (dpkg keeps an operator's edits):
 # nothing set, so the embedded defaults apply until a key is uncommented.

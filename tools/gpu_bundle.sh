@@ -11,8 +11,9 @@
 #   libexec/          kregd, kregd-probe, kregd-exec, kregd-compile, kregctl (the ELF binaries),
 #                     include/ (the compile service's XLA FFI headers) and
 #                     cuda_gpu_test (the C++ [cuda] tests, run by run.sh)
-#   bin/              a bazel-bin-shaped tree ($KREG_BIN_DIR): daemon/kregd,
-#                     daemon/kregd-probe and client/kregctl are wrappers that
+#   bin/              a bazel-bin-shaped tree ($KREG_BIN_DIR):
+#                     daemon/kregd/kregd, daemon/executor/kregd-probe and
+#                     client/kregctl are wrappers that
 #                     put lib/ on LD_LIBRARY_PATH; kernels/cpu/*.so;
 #                     kernels/cuda/*.so
 #   bazel-bin -> bin  so paths that default to <repo>/bazel-bin work
@@ -37,39 +38,41 @@ cd "$(dirname "$0")/.."
 out=${1:-bundle}
 max_mb=${KREG_BUNDLE_MAX_MB:-48}
 
-targets=(//daemon:kregd //daemon:kregd-probe //daemon/exec:kregd-exec
-  //daemon/compile:kregd-compile //client:kregctl
+targets=(//daemon/kregd:kregd //daemon/executor:kregd-probe //daemon/executor:kregd-exec
+  //daemon/compiler:kregd-compile //client:kregctl
   //client/shim:libkreg_client.so //kernels/cpu:all
   //kernels/cuda:libdemo_cuda.so //kernels/cuda:libbrainevent_cuda.so
   //kernels/cuda:libhostile_cuda.so
-  //tests/daemon/cuda:gpu_test)
+  //tests/daemon/executor/cuda:gpu_test)
 bazel build "${targets[@]}"
 bin=$(bazel info bazel-bin 2>/dev/null)
 
 rm -rf "$out"
-mkdir -p "$out"/{libexec,lib/client,bin/daemon,bin/client,bin/kernels/cpu,bin/kernels/cuda}
+mkdir -p "$out"/{libexec,lib/client,bin/daemon/kregd,bin/daemon/executor,bin/client,bin/kernels/cpu,bin/kernels/cuda}
 out=$(cd "$out" && pwd)
 tools/build_wheel.sh "$out/dist"
 
-cp "$bin"/daemon/kregd "$bin"/daemon/kregd-probe "$bin"/daemon/exec/kregd-exec \
-  "$bin"/daemon/compile/kregd-compile "$bin"/client/kregctl \
+cp "$bin"/daemon/kregd/kregd "$bin"/daemon/executor/kregd-probe "$bin"/daemon/executor/kregd-exec \
+  "$bin"/daemon/compiler/kregd-compile "$bin"/client/kregctl \
   "$out"/libexec/
 # The compile service's XLA FFI headers, beside kregd (compile_ffi_include_dir).
-cp -r "$bin"/daemon/include "$out"/libexec/
-# The C++ [cuda] tests (daemon/cuda and client/cuda on the real driver).
-cp "$bin"/tests/daemon/cuda/gpu_test "$out"/libexec/cuda_gpu_test
+cp -r "$bin"/daemon/kregd/include "$out"/libexec/
+# The C++ [cuda] tests (daemon/executor/cuda and client/cuda on the real
+# driver).
+cp "$bin"/tests/daemon/executor/cuda/gpu_test "$out"/libexec/cuda_gpu_test
 cp "$bin"/kernels/cpu/*.so "$out"/bin/kernels/cpu/
 cp "$bin"/kernels/cuda/*.so "$out"/bin/kernels/cuda/
 chmod -R u+w "$out"
 
 # kregd finds kregd-probe and kregd-exec next to its own executable
 # (libexec/); they inherit the wrapper's LD_LIBRARY_PATH.
-for tool in daemon/kregd daemon/kregd-probe client/kregctl; do
+for tool in daemon/kregd/kregd daemon/executor/kregd-probe client/kregctl; do
+  up=$(dirname "$tool" | sed 's|[^/]*|..|g')  # bin/TOOL's folder -> bin/
   cat > "$out/bin/$tool" <<EOF
 #!/bin/sh
 # $(basename "$tool") from the kregd bundle: the binary is libexec/, its
 # shared libraries lib/.
-bundle=\$(cd "\$(dirname "\$0")/../.." && pwd)
+bundle=\$(cd "\$(dirname "\$0")/../$up" && pwd)
 LD_LIBRARY_PATH="\$bundle/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" \\
   exec "\$bundle/libexec/$(basename "$tool")" "\$@"
 EOF
@@ -117,7 +120,7 @@ cat > "$out/env.sh" <<'EOF'
 _kreg_bundle=$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")" && pwd)
 export KREG_BUNDLE="$_kreg_bundle"
 export KREG_BIN_DIR="$_kreg_bundle/bin"
-export KREGD_BINARY="$_kreg_bundle/bin/daemon/kregd"
+export KREGD_BINARY="$_kreg_bundle/bin/daemon/kregd/kregd"
 export KREG_KERNELS_DIR="$_kreg_bundle/bin/kernels/cpu"
 export KREG_CUDA_KERNELS_DIR="$_kreg_bundle/bin/kernels/cuda"
 # Only the kernels' own libraries: Python processes load them. The

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 log=.kregd-build.log
 echo "run_daemon: setting up and building (first run: a few minutes; output in $log)" >&2
 if ! { bash tools/setup.sh &&
-       bazel build --noshow_progress //daemon:kregd //daemon:kregd-probe \
+       bazel build --noshow_progress //daemon/kregd:kregd //daemon/executor:kregd-probe \
          //client:kregctl //client/shim:libkreg_client.so //kernels/cpu:all
      } >"$log" 2>&1; then
   tail -n 40 "$log" >&2
@@ -22,4 +22,4 @@ if ! { bash tools/setup.sh &&
   exit 1
 fi
 echo "run_daemon: starting kregd (kregctl: bazel-bin/client/kregctl)" >&2
-exec bazel-bin/daemon/kregd "$@"
+exec bazel-bin/daemon/kregd/kregd "$@"

@@ -49,12 +49,12 @@ tsan=(--config=tsan "--test_env=LD_LIBRARY_PATH=$absl/lib"
 # (as the client) and the session map at two addresses. TSan does not model
 # aliased mappings, so each such check is a false report; the other cases
 # of the suite run (launch_ring_test covers the ring under TSan).
-ring_split=//tests/daemon/session:cuda_launch_test
+ring_split=//tests/daemon/executor:cuda_launch_test
 rc=0
 nice bazel build "${tsan[@]}" $(cat "$targets_file") || rc=1
 # The test binaries must load the TSan abseil, not Debian's.
 bin=$(bazel info --config=tsan bazel-bin 2>/dev/null)
-if ! LD_LIBRARY_PATH=$absl/lib ldd "$bin/daemon/kregd" |
+if ! LD_LIBRARY_PATH=$absl/lib ldd "$bin/daemon/kregd/kregd" |
     grep -q "libabsl_synchronization.so.* => $absl/lib/"; then
   echo "tsan_test: kregd does not load abseil from $absl/lib" >&2
   rc=1

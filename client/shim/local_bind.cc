@@ -21,7 +21,7 @@ namespace kreg {
 namespace shim {
 namespace {
 
-// What kregd seals a module memfd with (daemon/module_store.h
+// What kregd seals a module memfd with (daemon/store/module_store.h
 // kLocalModuleSeals).
 constexpr int kRequiredSeals =
     F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;

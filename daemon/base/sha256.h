@@ -1,5 +1,5 @@
 // kregd's SHA-256 and HMAC-SHA256, OpenSSL's (the shim keeps //common:sha256;
-// tests/daemon/module_store_test checks the two agree).
+// tests/daemon/store/module_store_test checks the two agree).
 #ifndef KREGD_DAEMON_BASE_SHA256_H_
 #define KREGD_DAEMON_BASE_SHA256_H_
 

@@ -7,8 +7,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/base/host_port.h"
-#include "daemon/target_proto.h"
-#include "daemon/validate.h"
+#include "daemon/base/validate.h"
+#include "daemon/registry/target_proto.h"
 
 namespace kreg {
 namespace {

@@ -7,8 +7,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "daemon/base/types.h"
 #include "daemon/cluster/record_signer.h"
-#include "daemon/types.h"
 #include "google/protobuf/message.h"
 #include "kreg/v1/cluster.pb.h"
 

@@ -10,10 +10,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/version.h"
+#include "daemon/base/log_limit.h"
 #include "daemon/cluster/cluster_records.h"
 #include "daemon/cluster/module_exchange.h"
-#include "daemon/log_limit.h"
-#include "daemon/target_proto.h"
+#include "daemon/registry/target_proto.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {

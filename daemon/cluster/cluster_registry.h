@@ -13,13 +13,13 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "daemon/binding_authority.h"
 #include "daemon/cluster/cluster_records.h"
 #include "daemon/cluster/etcd_client.h"
 #include "daemon/cluster/peer_tls.h"
 #include "daemon/cluster/record_signer.h"
-#include "daemon/module_store.h"
-#include "daemon/registry.h"
+#include "daemon/registry/binding_authority.h"
+#include "daemon/registry/registry.h"
+#include "daemon/store/module_store.h"
 #include "kreg/v1/cluster.pb.h"
 
 namespace kreg {

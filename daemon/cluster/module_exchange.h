@@ -10,7 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "daemon/module_store.h"
+#include "daemon/store/module_store.h"
 #include "kreg/v1/cluster.grpc.pb.h"
 
 namespace kreg {

@@ -7,9 +7,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "daemon/base/platform_table.h"
 #include "daemon/base/sha256.h"
-#include "daemon/platform_table.h"
-#include "daemon/validate.h"
+#include "daemon/base/validate.h"
 
 namespace kreg {
 namespace {

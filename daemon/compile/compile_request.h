@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "daemon/types.h"
+#include "daemon/base/types.h"
 #include "kreg/v1/registry.pb.h"
 
 namespace kreg {

@@ -11,9 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "daemon/base/log_limit.h"
+#include "daemon/base/platform_table.h"
 #include "daemon/compile/compile_worker.h"
-#include "daemon/log_limit.h"
-#include "daemon/platform_table.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {

@@ -28,7 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/compile/compile_cache.h"
 #include "daemon/compile/compile_request.h"
-#include "daemon/registrar.h"
+#include "daemon/registry/registrar.h"
 #include "kreg/v1/compile.pb.h"
 
 namespace kreg {
@@ -152,7 +152,7 @@ class CompileService {
 
   absl::StatusOr<std::string> Identity(Platform platform);
   // options_.cxx or options_.nvcc, as `platform`'s row says
-  // (daemon/platform_table.h).
+  // (daemon/base/platform_table.h).
   const std::string& CompilerFor(Platform platform) const;
   // The caller's error for a compile that failed or hit a limit.
   static absl::Status CompileFailure(const CompileRequest& req,

@@ -14,7 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/unique_fd.h"
-#include "daemon/spawn.h"
+#include "daemon/base/spawn.h"
 
 extern char** environ;
 

@@ -23,12 +23,12 @@
 #include <vector>
 
 #include "common/wire.h"
-#include "daemon/exec/broker.h"
-#include "daemon/exec/broker_limits.h"
-#include "daemon/registrar.h"
-#include "daemon/registration_mapper.h"
-#include "daemon/session/module_upload.h"
-#include "tests/daemon/registry_fakes.h"
+#include "daemon/base/broker_limits.h"
+#include "daemon/base/module_upload.h"
+#include "daemon/registry/registrar.h"
+#include "daemon/registry/registration_mapper.h"
+#include "daemon/supervisor/broker.h"
+#include "tests/daemon/registry/registry_fakes.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace kreg {

@@ -11,11 +11,11 @@
 #include <fstream>
 #include <memory>
 
-#include "daemon/exec/broker.h"
-#include "daemon/registrar.h"
-#include "daemon/registration_mapper.h"
-#include "daemon/validate.h"
-#include "tests/daemon/registry_fakes.h"
+#include "daemon/base/validate.h"
+#include "daemon/registry/registrar.h"
+#include "daemon/registry/registration_mapper.h"
+#include "daemon/supervisor/broker.h"
+#include "tests/daemon/registry/registry_fakes.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace kreg {

@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
-#include "daemon/launch.h"
+#include "daemon/base/launch.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace kreg::fuzz {

@@ -20,11 +20,11 @@
 #include <string>
 #include <vector>
 
+#include "daemon/base/validate.h"
 #include "daemon/cluster/cluster_records.h"
 #include "daemon/cluster/module_exchange.h"
-#include "daemon/module_store.h"
-#include "daemon/target_proto.h"
-#include "daemon/validate.h"
+#include "daemon/registry/target_proto.h"
+#include "daemon/store/module_store.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {

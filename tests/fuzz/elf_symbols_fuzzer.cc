@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <string>
 
-#include "daemon/elf_symbols.h"
+#include "daemon/executor/elf_symbols.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -14,9 +14,9 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/journal.h"
-#include "daemon/validate.h"
-#include "tests/daemon/registry_fakes.h"
+#include "daemon/base/validate.h"
+#include "daemon/registry/journal.h"
+#include "tests/daemon/registry/registry_fakes.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/session/launch_decoder.h"
+#include "daemon/executor/launch_decoder.h"
 #include "tests/fuzz/buffer_check.h"
 #include "tests/fuzz/fuzz_util.h"
 

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "daemon/module_path.h"
+#include "daemon/base/module_path.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {

@@ -21,10 +21,10 @@
 #include <vector>
 
 #include "common/wire.h"
-#include "daemon/exec/adoption.h"
-#include "daemon/exec/readopt_listener.h"
-#include "daemon/exec/status_page.h"
-#include "daemon/validate.h"
+#include "daemon/base/adoption.h"
+#include "daemon/base/status_page.h"
+#include "daemon/base/validate.h"
+#include "daemon/supervisor/readopt_listener.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace kreg {

@@ -16,8 +16,8 @@
 #include <string>
 
 #include "common/dtype.h"
-#include "daemon/ffi/ffi_host.h"
-#include "daemon/session/ring_decoder.h"
+#include "daemon/executor/ffi/ffi_host.h"
+#include "daemon/executor/ring_decoder.h"
 #include "tests/fuzz/buffer_check.h"
 #include "tests/fuzz/fuzz_util.h"
 

@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "common/wire.h"
-#include "daemon/session/session.h"
+#include "daemon/executor/session.h"
 #include "tests/fuzz/buffer_check.h"
 #include "tests/fuzz/fuzz_util.h"
 

@@ -42,7 +42,7 @@ if [[ -f $bundle/env.sh ]]; then
   source "$bundle/env.sh"
 else  # a source checkout
   export KREG_BIN_DIR=${KREG_BIN_DIR:-$bundle/bazel-bin}
-  export KREGD_BINARY=${KREGD_BINARY:-$KREG_BIN_DIR/daemon/kregd}
+  export KREGD_BINARY=${KREGD_BINARY:-$KREG_BIN_DIR/daemon/kregd/kregd}
   export KREG_KERNELS_DIR=${KREG_KERNELS_DIR:-$KREG_BIN_DIR/kernels/cpu}
   export KREG_CUDA_KERNELS_DIR=${KREG_CUDA_KERNELS_DIR:-$KREG_BIN_DIR/kernels/cuda}
   export KREG_CLIENT_LIB=${KREG_CLIENT_LIB:-$KREG_BIN_DIR/client/shim/libkreg_client.so}
@@ -156,13 +156,13 @@ EOF
 echo "== C++ [cuda] tests"
 cxx_rc=0
 cxx_test="$bundle/libexec/cuda_gpu_test"
-[[ -x $cxx_test ]] || cxx_test="$bundle/bazel-bin/tests/daemon/cuda/gpu_test"
+[[ -x $cxx_test ]] || cxx_test="$bundle/bazel-bin/tests/daemon/executor/cuda/gpu_test"
 if [[ -x $cxx_test ]]; then
   LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     "$cxx_test" --success --reporter compact 2>&1 | tail -n 20
   cxx_rc=${PIPESTATUS[0]}
 else
-  echo "no cuda_gpu_test binary (bazel build //tests/daemon/cuda:gpu_test)"
+  echo "no cuda_gpu_test binary (bazel build //tests/daemon/executor/cuda:gpu_test)"
 fi
 
 # How many GPUs the CUDA driver shows (the two-GPU pass needs two).

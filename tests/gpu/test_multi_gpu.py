@@ -18,10 +18,10 @@ through kregd against the same handler in-process (cuda_cases.DEVICE_CASES)
 and kreg.numba_cuda_callable against XLA.
 
 What kregd says about mappings is read from its log (debug level):
-  * per shared client allocation (daemon/session/session_cuda.cc):
+  * per shared client allocation (daemon/executor/cuda_executor.cc):
     "session S (pid P): allocation 0x.. (+N bytes, generation G) on <client
     UUID> shared as CUDA mapping 0x<kregd base> on kregd device K <UUID>"
-  * per mapping kregd makes or releases (daemon/cuda/cuda_mapping.cc):
+  * per mapping kregd makes or releases (daemon/executor/cuda/cuda_mapping.cc):
     "CUDA mapping 0x<base> (+N bytes, VMM import|IPC open) mapped on kregd
     device K <UUID>; driver: resident on device R" and
     "CUDA mapping 0x<base> (+N bytes) on kregd device K <UUID> released"

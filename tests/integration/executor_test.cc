@@ -416,9 +416,9 @@ TEST_CASE("Bad executor configuration values are refused at start",
   TempDir dir;
   std::string config = dir.path() + "/kregd.toml";
   testing::WriteFile(config, "hello_timeout_s = -1\n");
-  auto r = testing::Run({testing::Runfile("daemon/kregd"), "--config", config,
-                         "--socket", dir.path() + "/k.sock", "--state-dir",
-                         dir.path() + "/state"});
+  auto r = testing::Run({testing::Runfile("daemon/kregd/kregd"), "--config",
+                         config, "--socket", dir.path() + "/k.sock",
+                         "--state-dir", dir.path() + "/state"});
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.err, Catch::Contains("hello_timeout_s"));
   CHECK_THAT(r.err, Catch::Contains("a number of seconds > 0"));

@@ -586,7 +586,7 @@ TEST_CASE("Daemon start-up errors are clear", "[integration]") {
   TempDir dir, other;
   Daemon d(dir.path());
   d.Start();
-  std::string kregd = testing::Runfile("daemon/kregd");
+  std::string kregd = testing::Runfile("daemon/kregd/kregd");
   auto same_state = testing::Run({kregd, "--socket", other.path() + "/s.sock",
                                   "--state-dir", d.state_dir()});
   CHECK(same_state.exit_code == 1);
@@ -642,7 +642,7 @@ TEST_CASE("Daemon start-up errors are clear", "[integration]") {
 
 TEST_CASE("A TOML config file sets socket, state and roots", "[integration]") {
   TempDir dir;
-  std::string kregd = testing::Runfile("daemon/kregd");
+  std::string kregd = testing::Runfile("daemon/kregd/kregd");
   std::filesystem::create_directories(dir.path() + "/root");
   testing::WriteFile(dir.path() + "/root/libdemo.so",
                      ReadFile(testing::Runfile("kernels/cpu/libdemo.so")));

@@ -20,13 +20,13 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (  # no
 
 REPO = Path(__file__).resolve().parents[2]
 BIN_DIR = Path(os.environ.get("KREG_BIN_DIR", REPO / "bazel-bin"))
-KREGD = BIN_DIR / "daemon" / "kregd"
+KREGD = BIN_DIR / "daemon" / "kregd" / "kregd"
 
 
 @pytest.fixture
 def channel():
   if not KREGD.exists():
-    pytest.skip(f"{KREGD} is not built (bazel build //daemon:kregd)")
+    pytest.skip(f"{KREGD} is not built (bazel build //daemon/kregd:kregd)")
   d = Path(tempfile.mkdtemp(prefix="kreg-grpc-", dir="/tmp"))
   sock = d / "k.sock"
   proc = subprocess.Popen([str(KREGD), "--socket", str(sock), "--state-dir",

@@ -9,7 +9,7 @@ test owns. No running systemd is needed.
 
 Run: .venv/bin/python -m pytest tests/integration/test_systemd.py
 Binaries come from $KREG_BIN_DIR (default <repo>/bazel-bin); build them with
-  bazel build //daemon:kregd //client:kregctl //kernels/cpu:all
+  bazel build //daemon/kregd:kregd //client:kregctl //kernels/cpu:all
 """
 
 import os
@@ -28,8 +28,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 UNIT_DIR = REPO / "daemon" / "systemd"
 BIN_DIR = Path(os.environ.get("KREG_BIN_DIR", REPO / "bazel-bin"))
-KREGD = BIN_DIR / "daemon" / "kregd"
-KREGD_PROBE = BIN_DIR / "daemon" / "kregd-probe"
+KREGD = BIN_DIR / "daemon" / "kregd" / "kregd"
+KREGD_PROBE = BIN_DIR / "daemon" / "executor" / "kregd-probe"
 KREGCTL = BIN_DIR / "client" / "kregctl"
 DEMO_MODULE = BIN_DIR / "kernels" / "cpu" / "libdemo.so"
 
@@ -49,7 +49,7 @@ CMD_TIMEOUT = 30.0  # seconds for any helper command
 def need_binaries(*paths):
     for p in paths:
         assert Path(p).is_file() and os.access(p, os.X_OK), (
-            f"{p} is missing; build it first: bazel build //daemon:kregd "
+            f"{p} is missing; build it first: bazel build //daemon/kregd:kregd "
             "//client:kregctl //kernels/cpu:all (or set KREG_BIN_DIR)")
 
 

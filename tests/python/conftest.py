@@ -1,7 +1,7 @@
 """Fixtures for the forwarded (kregd) tests: a real daemon on a temp socket.
 
-The daemon binary is $KREGD_BINARY, by default <repo>/bazel-bin/daemon/kregd
-(`bazel build //daemon:kregd //daemon:kregd-probe //client/shim:libkreg_client.so
+The daemon binary is $KREGD_BINARY, by default <repo>/bazel-bin/daemon/kregd/kregd
+(`bazel build //daemon/kregd:kregd //daemon/executor:kregd-probe //client/shim:libkreg_client.so
 //kernels/cpu:all`). It is started as
 `kregd --socket S --state-dir D --allow-root <kernels dir>`.
 """

@@ -1,7 +1,7 @@
 """A kregd process on a private socket and state directory, for tests and
 benchmarks (tests/python/conftest.py, tests/gpu, bench/bench_gpu.py).
 
-The daemon binary is $KREGD_BINARY, by default <repo>/bazel-bin/daemon/kregd
+The daemon binary is $KREGD_BINARY, by default <repo>/bazel-bin/daemon/kregd/kregd
 (in a GPU bundle, env.sh sets it); kregctl is the one next to it. A daemon is
 started as `kregd --socket S --state-dir D --allow-root R... [extra args]`
 with its stdout and stderr appended to <root>/kregd.log.
@@ -25,7 +25,7 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def daemon_binary() -> pathlib.Path:
   env = os.environ.get("KREGD_BINARY")
-  return pathlib.Path(env) if env else REPO_ROOT / "bazel-bin/daemon/kregd"
+  return pathlib.Path(env) if env else REPO_ROOT / "bazel-bin/daemon/kregd/kregd"
 
 
 def kregctl_binary() -> Optional[pathlib.Path]:
@@ -73,7 +73,7 @@ class Daemon:
     binary = self.binary or daemon_binary()
     if not binary.is_file():
       raise FileNotFoundError(
-          f"{binary} not built (bazel build //daemon:kregd)")
+          f"{binary} not built (bazel build //daemon/kregd:kregd)")
     args = [str(binary), "--socket", self.socket, "--state-dir",
             self.state_dir]
     for r in self.allow_roots:

@@ -662,9 +662,9 @@ def test_a_kregd_that_is_not_root_compiles_unsandboxed_and_says_so(
   # compiles as kregd's uid with the limits, and kregd's log says so.
   bindir = nobody_dir / "bin"
   bindir.mkdir()
-  for rel in ("daemon/kregd", "daemon/kregd-probe", "daemon/exec/kregd-exec",
-              "daemon/compile/kregd-compile"):
-    src = kregd_proc.daemon_binary().parent.parent / rel
+  for rel in ("daemon/kregd/kregd", "daemon/executor/kregd-probe",
+              "daemon/executor/kregd-exec", "daemon/compiler/kregd-compile"):
+    src = kregd_proc.daemon_binary().parents[2] / rel
     shutil.copy(src, bindir / src.name)
     os.chmod(bindir / src.name, 0o755)
   # The XLA FFI headers kregd ships beside itself (compile_ffi_include_dir).
@@ -706,8 +706,9 @@ def test_a_sandbox_that_cannot_be_set_up_says_what_kregd_needs(nobody_dir):
   # The worker itself, asked for a sandbox without the rights for one.
   from kreg._compile import _decode, _field  # pylint: disable=import-outside-toplevel
   worker = nobody_dir / "kregd-compile"
-  shutil.copy(kregd_proc.daemon_binary().parent / "compile" / "kregd-compile",
-              worker)
+  shutil.copy(
+      kregd_proc.daemon_binary().parents[1] / "compiler" / "kregd-compile",
+      worker)
   os.chmod(worker, 0o755)
   job = (_field(2, "/usr/bin/g++") +
          _field(4, _field(1, "k.cc") + _field(2, "int x;")) +

@@ -23,10 +23,10 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 
 def parse_keys() -> set[str]:
   """The keys ApplyToml parses: the rows of the key table in
-  daemon/config_keys.cc (`KeyString("socket", ...`)."""
+  daemon/config/config_keys.cc (`KeyString("socket", ...`)."""
   return set(
       re.findall(r'\bKey(?:String|Strings|Bool|Int|Float|Custom)\(\s*"(\w+)"',
-                 (REPO / "daemon/config_keys.cc").read_text()))
+                 (REPO / "daemon/config/config_keys.cc").read_text()))
 
 
 @pytest.fixture

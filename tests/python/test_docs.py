@@ -22,10 +22,10 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BIN_DIR = pathlib.Path(os.environ.get("KREG_BIN_DIR", REPO / "bazel-bin"))
-KREGD = BIN_DIR / "daemon" / "kregd"
+KREGD = BIN_DIR / "daemon" / "kregd" / "kregd"
 KREGCTL = BIN_DIR / "client" / "kregctl"
 EXAMPLE = REPO / "docs" / "kregd.toml.example"
-# A row of the config key table (daemon/config_keys.cc): its key.
+# A row of the config key table (daemon/config/config_keys.cc): its key.
 KEY_ROW = r'\bKey(?:String|Strings|Bool|Int|Float|Custom)\(\s*"(\w+)"'
 
 
@@ -36,7 +36,7 @@ def need(path: pathlib.Path):
 
 def test_example_config_names_every_key_kregd_reads():
   # The rows of the key table ApplyToml reads (`KeyString("socket", ...`).
-  keys = set(re.findall(KEY_ROW, (REPO / "daemon/config_keys.cc").read_text()))
+  keys = set(re.findall(KEY_ROW, (REPO / "daemon/config/config_keys.cc").read_text()))
   assert len(keys) >= 8, keys
   text = EXAMPLE.read_text()
   for key in sorted(keys):
@@ -46,7 +46,7 @@ def test_example_config_names_every_key_kregd_reads():
 def test_the_unknown_key_message_lists_every_key_kregd_reads(tmp_path):
   # The message lists the key table's keys: every row, nothing else.
   need(KREGD)
-  keys = set(re.findall(KEY_ROW, (REPO / "daemon/config_keys.cc").read_text()))
+  keys = set(re.findall(KEY_ROW, (REPO / "daemon/config/config_keys.cc").read_text()))
   config = tmp_path / "k.toml"
   config.write_text("isolaton = \"client\"\n")
   p = subprocess.run([str(KREGD), "--config", str(config)],
@@ -216,11 +216,12 @@ def section(path: pathlib.Path, heading: str) -> str:
 
 
 def test_install_steps_install_every_binary_kregd_starts():
-  # kregd runs its helpers from its own directory (SelfDir() + "/NAME").
-  helpers = set(re.findall(r'SelfDir\(\) \+ "/(kregd-[\w-]+)"',
-                           (REPO / "daemon/server.cc").read_text()))
-  helpers |= set(re.findall(r'ExeDir\(\) \+ "/(kregd-[\w-]+)"',
-                            (REPO / "daemon/server_compile.cc").read_text()))
+  # kregd runs its helpers from its own directory (HelperBinary(configured,
+  # "NAME", package)).
+  helpers = set(
+      re.findall(r'HelperBinary\([^,]+,\s*"(kregd-[\w-]+)"', "".join(
+          (REPO / f"daemon/kregd/{f}").read_text()
+          for f in ("server.cc", "server_compile.cc"))))
   assert helpers == {"kregd-probe", "kregd-exec", "kregd-compile"}, helpers
   unit = (REPO / "daemon/systemd/kregd.service").read_text()
   exec_start = re.search(r"^ExecStart=(\S+)/kregd$", unit, re.M)
@@ -243,19 +244,19 @@ def test_install_steps_install_every_binary_kregd_starts():
   # The operator guide builds what it installs.
   build = next(l for l in steps["docs/operator-guide.md"].replace(
       "\\\n", " ").splitlines() if "bazel build" in l)
-  for target in ("//daemon:kregd", "//daemon:kregd-probe",
-                 "//daemon/exec:kregd-exec", "//daemon/compile:kregd-compile",
+  for target in ("//daemon/kregd:kregd", "//daemon/executor:kregd-probe",
+                 "//daemon/executor:kregd-exec", "//daemon/compiler:kregd-compile",
                  "//client:kregctl"):
     assert target in build, f"operator guide: bazel build lacks {target}"
   # ... and the compile service's headers, which kregd needs to start.
   for where in ("docs/operator-guide.md", "README.md"):
-    assert "bazel-bin/daemon/include/xla/ffi/api/*.h" in steps[where], where
+    assert "bazel-bin/daemon/kregd/include/xla/ffi/api/*.h" in steps[where], where
 
 
 def test_no_doc_says_uid_isolation_is_the_default():
-  # The default is isolation = "client" (daemon/config.h).
+  # The default is isolation = "client" (daemon/config/config.h).
   assert re.search(r'isolation = "client"',
-                   (REPO / "daemon/config.h").read_text())
+                   (REPO / "daemon/config/config.h").read_text())
   for path in [REPO / "README.md", REPO / "client/python/README.md",
                *(REPO / "docs").glob("*.md")]:
     text = " ".join(path.read_text().split())

@@ -26,7 +26,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 
 def kregd_binary() -> pathlib.Path:
   env = os.environ.get("KREGD_BINARY")
-  return pathlib.Path(env) if env else REPO / "bazel-bin/daemon/kregd"
+  return pathlib.Path(env) if env else REPO / "bazel-bin/daemon/kregd/kregd"
 
 
 def run(args, env=None, timeout=120, cwd=None):

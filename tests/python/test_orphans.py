@@ -507,7 +507,7 @@ def parse(payload: bytes) -> dict:
 
 def adoption_key(state_dir: str, offer: dict) -> bytes:
   """The key kregd gave the executor an ExecReadopt's fields name
-  (daemon/exec/adoption.cc's AdoptionKey)."""
+  (daemon/base/adoption.cc's AdoptionKey)."""
   import hashlib
   import hmac
   with open(os.path.join(state_dir, "executor-adoption.key"), "rb") as f:

@@ -32,8 +32,9 @@ VERSION = re.search(r'kKregVersion\[\] = "([^"]+)"',
 def deb(tmp_path_factory):
   if shutil.which("dpkg-deb") is None:
     pytest.skip("dpkg-deb is not installed")
-  for b in ("daemon/kregd", "daemon/kregd-probe", "daemon/exec/kregd-exec",
-            "daemon/compile/kregd-compile", "client/kregctl"):
+  for b in ("daemon/kregd/kregd", "daemon/executor/kregd-probe",
+            "daemon/executor/kregd-exec", "daemon/compiler/kregd-compile",
+            "client/kregctl"):
     if not (BIN_DIR / b).is_file():
       pytest.skip(f"{BIN_DIR / b} not built")
   out = tmp_path_factory.mktemp("dist")
@@ -291,9 +292,9 @@ def test_build_deb_names_a_binary_that_is_not_built(tmp_path):
                       str(tmp_path / "empty"), str(tmp_path / "out")],
                      capture_output=True, text=True, timeout=60)
   assert r.returncode == 1
-  assert (f"build_deb: {tmp_path / 'empty'}/daemon/kregd is not built; run: "
-          "bazel build //daemon:kregd //daemon:kregd-probe "
-          "//daemon/exec:kregd-exec //daemon/compile:kregd-compile "
+  assert (f"build_deb: {tmp_path / 'empty'}/daemon/kregd/kregd is not built; run: "
+          "bazel build //daemon/kregd:kregd //daemon/executor:kregd-probe "
+          "//daemon/executor:kregd-exec //daemon/compiler:kregd-compile "
           "//client:kregctl") in r.stderr
   assert not (tmp_path / "out").exists()
 

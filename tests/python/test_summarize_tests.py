@@ -41,13 +41,13 @@ def test_counts_passes_failures_and_skips_with_reasons(tmp_path):
 
 def test_catch2_cases_that_warn_skipped_count_as_skips(tmp_path):
   # What Catch2's console reporter prints for a case that WARNs
-  # "skipped: ..." and returns (tests/daemon/cuda/gpu_test.cc without a GPU).
+  # "skipped: ..." and returns (tests/daemon/executor/cuda/gpu_test.cc without a GPU).
   logs = tmp_path / "testlogs"
   (logs / "t" / "gpu_test").mkdir(parents=True)
   (logs / "t" / "gpu_test" / "test.log").write_text(
-      "tests/daemon/cuda/gpu_test.cc:18: warning:\n"
+      "tests/daemon/executor/cuda/gpu_test.cc:18: warning:\n"
       "  skipped: no CUDA device: no CUDA driver\n\n"
-      "tests/daemon/cuda/gpu_test.cc:18: \nwarning:\n"
+      "tests/daemon/executor/cuda/gpu_test.cc:18: \nwarning:\n"
       "  skipped: no CUDA device: no CUDA driver\n\n"
       "test cases: 3 | 3 passed\nassertions: - none -\n")
   (tmp_path / "targets").write_text("//t:gpu_test\n")

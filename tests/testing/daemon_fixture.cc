@@ -126,7 +126,7 @@ std::string Daemon::Kernel(const std::string& name) const {
 
 void Daemon::Start() {
   REQUIRE(pid_ < 0);
-  std::vector<std::string> args = {Runfile("daemon/kregd"),
+  std::vector<std::string> args = {Runfile("daemon/kregd/kregd"),
                                    "--socket",
                                    socket_,
                                    "--state-dir",

@@ -1,7 +1,7 @@
 // An in-memory fake of the CUDA driver (a cu::CudaDriver table whose entries
-// act on this object), so daemon/cuda, client/cuda and the shim run their
-// error paths and release bookkeeping without a GPU. One FakeCuda may exist
-// at a time.
+// act on this object), so daemon/executor/cuda, client/cuda and the shim run
+// their error paths and release bookkeeping without a GPU. One FakeCuda may
+// exist at a time.
 //
 // GPU work is a sequence number: enqueueing (stream waits, records,
 // stream-ordered alloc/free, EnqueueKernel) bumps it; the fake "GPU" has

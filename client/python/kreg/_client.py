@@ -308,8 +308,9 @@ class Client:
           f". Start it with `kregd --socket {self.address}`")
       raise DaemonNotRunningError(
           f"kregd is not running or not reachable at {self.address}: "
-          f"{message}{hint} (from a source checkout: `bazel-bin/daemon/kregd "
-          f"--socket {self.address}`), or point KREGD_SOCKET / kreg.connect() "
+          f"{message}{hint} (from a source checkout: "
+          f"`bazel-bin/daemon/kregd/kregd --socket {self.address}`), or "
+          "point KREGD_SOCKET / kreg.connect() "
           "at the socket of a running kregd.", name)
     raise error_class(name, kind)(message, name)
 

@@ -13,7 +13,7 @@
 #include "catch2/catch.hpp"
 #include "client/cuda/ipc_events.h"
 #include "client/cuda/staging_buffer.h"
-#include "daemon/cuda/cuda_session.h"
+#include "daemon/executor/cuda/cuda_session.h"
 #include "tests/testing/fake_cuda.h"
 
 namespace kreg::cuda_client {

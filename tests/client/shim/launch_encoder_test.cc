@@ -2,7 +2,7 @@
 // every kind, including what JAX cannot lower (nested dictionaries, f16/bf16
 // scalars, pred arrays), the buffers the shim refuses, and the forwarding
 // handler's answers to XLA's metadata call and to wrong stages. The
-// daemon-side decoder tests it mirrors are in tests/daemon/session/
+// daemon-side decoder tests it mirrors are in tests/daemon/executor/
 // (launch_decoder_test, ring_decoder_test).
 #include "client/shim/launch_encoder.h"
 

@@ -6,8 +6,8 @@
 
 #include "catch2/catch.hpp"
 #include "daemon/cluster/module_exchange.h"
-#include "daemon/module_store.h"
-#include "daemon/target_proto.h"
+#include "daemon/registry/target_proto.h"
+#include "daemon/store/module_store.h"
 
 namespace kreg {
 namespace {

@@ -10,7 +10,7 @@
 
 #include "catch2/catch.hpp"
 #include "daemon/cluster/cluster_records.h"
-#include "daemon/target_proto.h"
+#include "daemon/registry/target_proto.h"
 #include "tests/testing/temp_dir.h"
 
 namespace kreg {

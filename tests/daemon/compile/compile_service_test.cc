@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
-#include "tests/daemon/registry_fakes.h"
+#include "tests/daemon/registry/registry_fakes.h"
 #include "tests/testing/temp_dir.h"
 
 namespace kreg {

@@ -5,10 +5,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/platforms.h"
-#include "daemon/platform_table.h"
-#include "daemon/session/launch_decoder.h"
-#include "daemon/session/platform_executors.h"
-#include "daemon/session/session.h"
+#include "daemon/base/platform_table.h"
+#include "daemon/executor/launch_decoder.h"
+#include "daemon/executor/platform_executors.h"
+#include "daemon/executor/session.h"
 
 namespace kreg::testing {
 

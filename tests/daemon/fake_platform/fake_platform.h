@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "daemon/session/launch_executor.h"
-#include "daemon/types.h"
+#include "daemon/base/types.h"
+#include "daemon/executor/launch_executor.h"
 
 namespace kreg::testing {
 
@@ -40,7 +40,7 @@ class FakeExecutor final : public LaunchExecutor {
 };
 
 // Adds the fake platform's row to each platform table (common/platforms.h,
-// daemon/platform_table.h, daemon/session/platform_executors.h) on the
+// daemon/base/platform_table.h, daemon/executor/platform_executors.h) on the
 // first call; returns its Platform (index 2).
 Platform RegisterFakePlatform();
 

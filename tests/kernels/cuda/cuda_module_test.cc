@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
-#include "daemon/ffi/ffi_host.h"
-#include "daemon/launch.h"
+#include "daemon/base/launch.h"
+#include "daemon/executor/ffi/ffi_host.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace kreg {

@@ -1,0 +1,168 @@
+#include "daemon/api/session_server.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/wire.h"
+#include "daemon/base/files.h"
+#include "daemon/base/unix_listener.h"
+#include "spdlog/spdlog.h"
+
+namespace kreg {
+
+SessionServer::SessionServer(const SessionOptions& opts, SessionFactory factory)
+    : opts_(opts), factory_(std::move(factory)) {}
+
+SessionServer::~SessionServer() { Stop(); }
+
+absl::Status SessionServer::Listen() {
+  if (opts_.listen_fd >= 0) {
+    listen_fd_ = opts_.listen_fd;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<UnixListener> l = UnixListener::Bind(
+      opts_.socket_path, 0660, opts_.socket_gid, "session socket");
+  if (!l.ok()) return l.status();
+  own_listener_ = std::make_unique<UnixListener>(*std::move(l));
+  listen_fd_ = own_listener_->fd();
+  return absl::OkStatus();
+}
+
+absl::Status SessionServer::Start() {
+  if (absl::Status s = Listen(); !s.ok()) return s;
+  wake_fd_.reset(::eventfd(0, EFD_CLOEXEC));
+  if (!wake_fd_.ok()) return ErrnoError("eventfd");
+  accept_thread_ = std::thread([this] { AcceptLoop(); });
+  spdlog::info("sessions: listening on {}", opts_.listen_fd >= 0
+                                                ? std::string("inherited fd")
+                                                : opts_.socket_path);
+  return absl::OkStatus();
+}
+
+void SessionServer::AcceptLoop() {
+  while (!stopping_.load()) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}};
+    // Wakes up now and then to reap finished sessions (joins their threads,
+    // closes their sockets) even when nobody connects.
+    int ready = ::poll(fds, 2, 1000);
+    if (ready < 0) {
+      if (errno == EINTR) continue;
+      spdlog::error("sessions: poll failed: {}", strerror(errno));
+      return;
+    }
+    if (fds[1].revents != 0 || stopping_.load()) return;
+    ReapFinished();
+    if (ready == 0 || (fds[0].revents & POLLIN) == 0) continue;
+    UniqueFd sock(::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC));
+    if (!sock.ok()) {
+      if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
+        spdlog::warn("sessions: accept failed: {}", strerror(errno));
+      }
+      continue;
+    }
+    StartSession(std::move(sock));
+  }
+}
+
+void SessionServer::StartSession(UniqueFd sock) {
+  absl::StatusOr<PeerCred> peer = PeerCredOf(sock.get());
+  if (!peer.ok()) return;  // logged; closing refuses the connection
+  std::string refusal;
+  {
+    absl::MutexLock lock(&mu_);
+    if (live_sessions_.load() >= opts_.max_sessions) {
+      refusal = absl::StrCat("kregd serves ", opts_.max_sessions,
+                             " sessions already (max_sessions); try again "
+                             "later or ask the operator to raise it");
+    } else if (per_uid_[peer->uid] >= opts_.max_sessions_per_uid) {
+      refusal = absl::StrCat(
+          "too many sessions for uid ", peer->uid, " (limit ",
+          opts_.max_sessions_per_uid,
+          ", max_sessions_per_uid); close idle sessions of this user");
+    } else {
+      per_uid_[peer->uid]++;
+      live_sessions_.fetch_add(1);
+    }
+  }
+  if (!refusal.empty()) {
+    spdlog::warn("sessions: refusing pid {} (uid {}): {}", peer->pid, peer->uid,
+                 refusal);
+    SendConnectionError(sock.get(), absl::ResourceExhaustedError(refusal));
+    return;
+  }
+  std::shared_ptr<ServedSession> session =
+      factory_(next_id_.fetch_add(1), std::move(sock), *peer);
+  absl::MutexLock lock(&mu_);
+  RunSession(std::move(session), peer->uid);
+}
+
+bool SessionServer::Serve(std::shared_ptr<ServedSession> session, uid_t uid) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_.load()) return false;
+  per_uid_[uid]++;
+  live_sessions_.fetch_add(1);
+  RunSession(std::move(session), uid);
+  return true;
+}
+
+void SessionServer::RunSession(std::shared_ptr<ServedSession> session,
+                               uid_t uid) {
+  slots_.emplace_back();
+  Slot* slot = &slots_.back();
+  slot->session = session;
+  slot->thread = std::thread([this, slot, session, uid] {
+    session->Run();
+    spdlog::info("session {} (pid {}) closed", session->id(),
+                 session->peer().pid);
+    {
+      absl::MutexLock lock(&mu_);
+      if (--per_uid_[uid] == 0) per_uid_.erase(uid);
+    }
+    live_sessions_.fetch_sub(1);
+    slot->done.store(true);
+  });
+}
+
+void SessionServer::ReapFinished() {
+  std::list<Slot> finished;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = slots_.begin(); it != slots_.end();) {
+      auto next = std::next(it);
+      if (it->done.load()) finished.splice(finished.end(), slots_, it);
+      it = next;
+    }
+  }
+  for (Slot& s : finished) s.thread.join();  // releases sessions and arenas
+}
+
+void SessionServer::Stop() {
+  if (stopping_.exchange(true)) return;
+  if (wake_fd_.ok()) {
+    uint64_t one = 1;
+    if (::write(wake_fd_.get(), &one, sizeof(one)) < 0) {
+      spdlog::warn("sessions: wake failed: {}", strerror(errno));
+    }
+  }
+  if (accept_thread_.joinable()) accept_thread_.join();
+  std::list<Slot> all;
+  {
+    absl::MutexLock lock(&mu_);
+    for (Slot& s : slots_) s.session->Shutdown();
+    all.splice(all.end(), slots_);
+  }
+  for (Slot& s : all) s.thread.join();
+  own_listener_.reset();  // removes the path unless a newer kregd took it
+}
+
+}  // namespace kreg

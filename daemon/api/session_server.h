@@ -1,0 +1,99 @@
+// The session server of kregd: accepts client sessions on a Unix socket next
+// to the gRPC socket and runs one thread per session (DESIGN §3). What serves
+// a connection comes from a SessionFactory (kregd: a SessionBroker handing it
+// to an executor, DESIGN §8), so this links no code that runs handlers.
+#ifndef KREGD_DAEMON_API_SESSION_SERVER_H_
+#define KREGD_DAEMON_API_SESSION_SERVER_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "common/unique_fd.h"
+#include "daemon/base/served_session.h"
+#include "daemon/base/unix_listener.h"
+
+namespace kreg {
+
+struct SessionOptions {
+  // Where to listen (the gRPC socket path + ".session"); ignored when
+  // listen_fd >= 0. Created with mode 0660.
+  std::string socket_path;
+  // An inherited listening socket (systemd); not closed by Stop().
+  int listen_fd = -1;
+  // Group of the socket file when >= 0.
+  gid_t socket_gid = static_cast<gid_t>(-1);
+  // Further connections are refused with an error beyond this many
+  // sessions, in all and per client uid (so one uid cannot starve others).
+  int max_sessions = 1024;
+  int max_sessions_per_uid = 256;
+};
+
+// Makes what serves one accepted connection (kregd: a SessionBroker that
+// hands it to an executor; tests: a Session over a fake backend).
+using SessionFactory = std::function<std::shared_ptr<ServedSession>(
+    uint64_t id, UniqueFd sock, const PeerCred& peer)>;
+
+// Owns the listening socket, the accept thread and every session the
+// factory made. Thread-safe.
+class SessionServer {
+ public:
+  SessionServer(const SessionOptions& opts, SessionFactory factory);
+  ~SessionServer();
+  SessionServer(const SessionServer&) = delete;
+  SessionServer& operator=(const SessionServer&) = delete;
+
+  // Listens (or adopts opts.listen_fd) and starts the accept thread.
+  // INTERNAL/FAILED_PRECONDITION with the path and errno text on failure.
+  absl::Status Start();
+  // Stops accepting, closes every session and joins all threads. Idempotent.
+  void Stop();
+
+  int sessions() const { return live_sessions_.load(); }
+  // An id for a session that did not come through this server's socket.
+  uint64_t NextId() { return next_id_.fetch_add(1); }
+  // Serves `session` like an accepted one, of client uid `uid` (a session
+  // a re-adopted executor brought along, DESIGN §12: counted, not refused
+  // for limits). False once stopping.
+  bool Serve(std::shared_ptr<ServedSession> session, uid_t uid);
+
+ private:
+  struct Slot {
+    std::shared_ptr<ServedSession> session;
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+
+  absl::Status Listen();
+  void AcceptLoop();
+  void StartSession(UniqueFd sock);
+  void RunSession(std::shared_ptr<ServedSession> session, uid_t uid)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReapFinished();
+
+  const SessionOptions opts_;
+  SessionFactory factory_;
+  std::unique_ptr<UnixListener> own_listener_;  // unless inherited
+  int listen_fd_ = -1;
+  UniqueFd wake_fd_;  // eventfd that stops the accept loop
+  std::thread accept_thread_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> live_sessions_{0};
+  std::atomic<uint64_t> next_id_{1};
+  absl::Mutex mu_;
+  std::list<Slot> slots_ ABSL_GUARDED_BY(mu_);
+  std::map<uid_t, int> per_uid_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kreg
+
+#endif  // KREGD_DAEMON_API_SESSION_SERVER_H_

@@ -1,0 +1,161 @@
+#include "daemon/base/module_upload.h"
+
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/base/files.h"
+#include "spdlog/spdlog.h"
+
+namespace kreg {
+namespace {
+
+// SealedModuleCopy copies through a buffer of this size.
+constexpr size_t kCopyChunk = 1 << 20;
+constexpr char kCopyName[] = "the memfd copy of the uploaded module";
+
+absl::Status CheckSize(uint64_t size, uint64_t max_module_bytes) {
+  if (size == 0) {
+    return absl::InvalidArgumentError("uploaded module is empty (0 bytes)");
+  }
+  if (size > max_module_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "uploaded module of ", size, " bytes exceeds the limit of ",
+        max_module_bytes, " bytes (max_module_bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+// Reads bytes [done, done + n) of `fd` into `dst` (pread); the upload
+// errors of ReadModuleFd.
+absl::Status ReadAt(int fd, uint64_t size, uint64_t done, char* dst, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = ::pread(fd, dst + got, n - got, static_cast<off_t>(done + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      spdlog::info("module upload fd: pread: {}", std::strerror(errno));
+      return absl::InvalidArgumentError(
+          "the file descriptor attached to the module upload cannot be read");
+    }
+    if (r == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the module upload announced ", size,
+                       " bytes but its file descriptor holds ", done + got));
+    }
+    got += static_cast<size_t>(r);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<UniqueFd> NewMemfd() {
+  UniqueFd fd(::memfd_create("kreg-module", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd.ok()) {
+    spdlog::error("memfd_create: {}", std::strerror(errno));
+    return absl::InternalError(
+        "cannot create a memfd for the uploaded module; see the log");
+  }
+  return fd;
+}
+
+absl::Status Seal(int fd) {
+  if (::fcntl(fd, F_ADD_SEALS, kModuleSeals | F_SEAL_SEAL) != 0) {
+    spdlog::error("module memfd: F_ADD_SEALS: {}", std::strerror(errno));
+    return absl::InternalError(
+        "cannot seal the uploaded module's memfd; see the log");
+  }
+  return absl::OkStatus();
+}
+
+// The seals of `fd` and its size, or false when it is not a memfd.
+bool SealsAndSize(int fd, int* seals, uint64_t* size) {
+  *seals = ::fcntl(fd, F_GET_SEALS);
+  struct stat st;
+  if (*seals < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    return false;
+  }
+  *size = static_cast<uint64_t>(st.st_size);
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadModuleFd(int fd, uint64_t size,
+                                         uint64_t max_module_bytes) {
+  if (absl::Status s = CheckSize(size, max_module_bytes); !s.ok()) return s;
+  std::string bytes(size, '\0');
+  if (absl::Status s = ReadAt(fd, size, 0, bytes.data(), size); !s.ok()) {
+    return s;
+  }
+  return bytes;
+}
+
+absl::StatusOr<UniqueFd> SealedModuleCopy(UniqueFd fd, uint64_t size,
+                                          uint64_t max_module_bytes) {
+  if (absl::Status s = CheckSize(size, max_module_bytes); !s.ok()) return s;
+  int seals = 0;
+  uint64_t held = 0;
+  if (SealsAndSize(fd.get(), &seals, &held) &&
+      (seals & kModuleSeals) == kModuleSeals && held == size) {
+    return fd;  // already what kregd takes: no copy
+  }
+  absl::StatusOr<UniqueFd> copy = NewMemfd();
+  if (!copy.ok()) return copy.status();
+  std::vector<char> chunk(std::min<uint64_t>(size, kCopyChunk));
+  for (uint64_t done = 0; done < size;) {
+    size_t n = static_cast<size_t>(std::min<uint64_t>(size - done, kCopyChunk));
+    if (absl::Status s = ReadAt(fd.get(), size, done, chunk.data(), n);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = WriteAll(copy->get(), {chunk.data(), n}, kCopyName);
+        !s.ok()) {
+      return s;
+    }
+    done += n;
+  }
+  if (absl::Status s = Seal(copy->get()); !s.ok()) return s;
+  return copy;
+}
+
+absl::StatusOr<std::string> ReadSealedModule(int fd, uint64_t size,
+                                             uint64_t max_module_bytes) {
+  if (absl::Status s = CheckSize(size, max_module_bytes); !s.ok()) return s;
+  int seals = 0;
+  uint64_t held = 0;
+  if (!SealsAndSize(fd, &seals, &held)) {
+    return absl::InvalidArgumentError(
+        "the module relayed by the executor is not a memfd");
+  }
+  if ((seals & kModuleSeals) != kModuleSeals) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the module memfd relayed by the executor is not sealed against "
+        "writing, shrinking and growing (seals 0x",
+        absl::Hex(seals), ")"));
+  }
+  if (held != size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the module memfd relayed by the executor holds ", held,
+                     " bytes, not the ", size, " announced"));
+  }
+  return ReadModuleFd(fd, size, max_module_bytes);
+}
+
+absl::Status HoldUpload(uint64_t size, wire::BudgetHold* hold) {
+  if (hold->Set(size)) return absl::OkStatus();
+  const wire::ByteBudget& b = *hold->budget();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "kregd is taking in other module uploads now: this one of ", size,
+      " bytes would exceed the ", b.limit(),
+      " bytes of uploads kregd holds at once for all clients (twice "
+      "max_module_bytes; ",
+      b.used(), " in use); register again in a moment"));
+}
+
+}  // namespace kreg

@@ -1,0 +1,54 @@
+// Module uploads over a session as a file descriptor (a memfd) instead of
+// message bytes, so a module of any size up to max_module_bytes registers
+// through the session like through the gRPC stream; and how an executor
+// relays a session's upload to kregd: always as a sealed memfd, never
+// inline, so that executor -> kregd messages stay small (docs/design.md
+// §8: kregd trusts no executor).
+#ifndef KREGD_DAEMON_BASE_MODULE_UPLOAD_H_
+#define KREGD_DAEMON_BASE_MODULE_UPLOAD_H_
+
+#include <fcntl.h>
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/unique_fd.h"
+#include "common/wire.h"
+
+namespace kreg {
+
+// The seals a relayed module's memfd must carry: its bytes and size are
+// fixed for good once kregd has checked them.
+constexpr int kModuleSeals = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW;
+
+// Reads the first `size` bytes of `fd` (from offset 0, with pread, so the
+// sender's file offset does not matter). INVALID_ARGUMENT when `size` is 0
+// or exceeds `max_module_bytes` (checked before reading, with both numbers
+// in the message) or when the fd holds fewer than `size` bytes.
+absl::StatusOr<std::string> ReadModuleFd(int fd, uint64_t size,
+                                         uint64_t max_module_bytes);
+
+// The first `size` bytes of `fd` as a memfd sealed with kModuleSeals: `fd`
+// itself when it already is one of exactly `size` bytes, else a copy made
+// in bounded chunks (never the whole module in memory). The errors of
+// ReadModuleFd; INTERNAL when the memfd cannot be made.
+absl::StatusOr<UniqueFd> SealedModuleCopy(UniqueFd fd, uint64_t size,
+                                          uint64_t max_module_bytes);
+
+// kregd's side of a relayed upload: the bytes of `fd`, which must be a memfd
+// sealed with (at least) kModuleSeals whose size (fstat) is exactly `size`,
+// with 0 < size <= max_module_bytes. INVALID_ARGUMENT naming what is wrong
+// otherwise, before a byte is read.
+absl::StatusOr<std::string> ReadSealedModule(int fd, uint64_t size,
+                                             uint64_t max_module_bytes);
+
+// Takes an upload's `size` bytes into `hold`, from the budget of uploads
+// kregd holds at once for all clients and both paths (gRPC stream, session
+// memfd: twice max_module_bytes), before a byte of it is read;
+// RESOURCE_EXHAUSTED naming the budget when that would exceed it.
+absl::Status HoldUpload(uint64_t size, wire::BudgetHold* hold);
+
+}  // namespace kreg
+
+#endif  // KREGD_DAEMON_BASE_MODULE_UPLOAD_H_

@@ -1,0 +1,146 @@
+// kregd's configuration: embedded defaults, overridden by a TOML file, then
+// by command-line flags.
+#ifndef KREGD_DAEMON_CONFIG_CONFIG_H_
+#define KREGD_DAEMON_CONFIG_CONFIG_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace kreg {
+
+struct Config {
+  std::string socket_path;  // gRPC; the session socket is <path>.session
+  std::string state_dir;    // journal and modules/
+  std::vector<std::string> allowed_roots;
+  uint64_t max_module_bytes = 512ull << 20;
+  uint64_t max_arena_bytes = 4ull << 30;
+  // Bytes the receive buffers of one executor's sessions may hold at once.
+  uint64_t max_buffered_bytes = 1ull << 30;
+  // Per-uid limits of the registry (root is exempt).
+  uint64_t max_registrations_per_uid = 1024;
+  uint64_t max_store_bytes_per_uid = 4ull << 30;
+  std::string socket_group;  // empty: the daemon's group
+  // Start even when the socket or state directory may be written by others
+  // than kregd (only a warning then).
+  bool allow_insecure_dirs = false;
+  std::string log_level = "info";
+  std::string probe_binary;  // empty: kregd-probe next to kregd
+  // Executors (DESIGN §8).
+  // One executor per client process by default: handler globals and
+  // crashes are per process, as in-process (DESIGN §11).
+  std::string isolation = "client";  // client | uid | shared
+  // Whether clients may run registered kernels in their own process
+  // (DESIGN §11): allow | deny.
+  std::string local_execution = "allow";
+  // Bytes of the sealed module memfds kregd keeps for local binds, all
+  // modules together (LocalModuleCache).
+  uint64_t max_local_module_memory_bytes = 2ull << 30;
+  std::string executor_binary;  // empty: kregd-exec next to kregd
+  double launch_timeout_s = 0;  // 0: off
+  int quarantine_crashes = 3;   // 0: never quarantine
+  int64_t quarantine_window_s = 600;
+  int64_t executor_idle_s = 30;
+  // Executors outlive kregd (DESIGN §12): one serving sessions when kregd
+  // stops or dies serves them on until they close, at most this long
+  // (seconds); 0: executors stop with kregd.
+  int64_t orphan_timeout_s = 300;
+  bool seccomp = true;
+  int max_sessions = 1024;
+  int max_sessions_per_uid = 256;
+  double hello_timeout_s = 10;  // a session must say Hello within this
+  // The gRPC socket (operator guide, "Limits"): connections held at once,
+  // in all and per uid; a connection's first bytes must arrive within
+  // grpc_first_message_timeout_s, a RegisterTarget upload must end within
+  // grpc_stream_timeout_s.
+  int max_grpc_connections = 1024;
+  int max_grpc_connections_per_uid = 64;
+  double grpc_first_message_timeout_s = 10;
+  double grpc_stream_timeout_s = 300;
+  // Cluster mode (DESIGN §10); off while etcd_endpoints is empty.
+  std::vector<std::string> etcd_endpoints;
+  std::string cluster = "default";
+  std::string advertise;    // HOST:PORT peers fetch modules from
+  std::string peer_listen;  // empty: the advertise address
+  std::string host_name;    // empty: gethostname()
+  std::string peer_tls_ca, peer_tls_cert, peer_tls_key;
+  // The cluster key that signs every record in etcd (required in cluster
+  // mode), and whether plaintext http:// etcd endpoints are allowed.
+  std::string cluster_key_file;
+  bool cluster_insecure = false;
+  double etcd_timeout_s = 5;
+  int64_t peer_lease_ttl_s = 10;
+  // The Prometheus endpoint: "" (off), "127.0.0.1:PORT", "[::1]:PORT" or
+  // "unix:/path"; other addresses need metrics_allow_remote.
+  std::string metrics_listen;
+  bool metrics_allow_remote = false;
+  // The CPU launch ring (DESIGN §9): offered to clients; the executor side
+  // spins this long for the next descriptor before it sleeps on the futex.
+  bool launch_ring = true;
+  int64_t ring_spin_us = 50;
+  // The compile service (DESIGN §13; config_compile.cc).
+  int64_t max_parallel_compiles = 0;  // 0: half the cores (at least 1)
+  int64_t compile_cpu_s = 300;
+  double compile_timeout_s = 600;
+  uint64_t compile_memory_bytes = 4ull << 30;
+  uint64_t compile_output_bytes = 256ull << 20;
+  int64_t compile_max_processes = 64;
+  // The compile queue (CompileQueueLimits).
+  int64_t compile_max_running_per_uid = 2;
+  int64_t compile_max_queued = 128;
+  int64_t compile_max_queued_per_uid = 32;
+  uint64_t compile_max_queued_bytes = 256ull << 20;
+  uint64_t compile_max_queued_bytes_per_uid = 64ull << 20;
+  uint64_t compile_cache_bytes = 2ull << 30;
+  std::string compile_cxx = "/usr/bin/g++";
+  std::string compile_nvcc;  // empty: PATH, /usr/local/cuda/bin
+  // Empty: the XLA FFI headers kregd was built against, shipped beside it.
+  std::string compile_ffi_include_dir;
+  std::string compile_binary;  // empty: kregd-compile next to kregd
+
+  // Where each key's value came from (operator guide, "Seeing the effective
+  // configuration"): the config file's path, "--flag" or "$ENV"; a key
+  // absent here has its default. Filled by ParseConfig.
+  std::map<std::string, std::string> origins;
+  std::string config_file;  // --config, or empty
+};
+
+// One key of the effective configuration: its value as a TOML literal
+// (strings, integers, floats, booleans and arrays of strings, written so
+// that the literal is also valid JSON) and where it came from: "default",
+// the config file's path or "--flag".
+struct ConfigEntry {
+  std::string key;
+  std::string value_toml;
+  std::string origin;
+};
+
+// Every key a config file may set, in the order of docs/kregd.toml.example.
+std::vector<ConfigEntry> DescribeConfig(const Config& c);
+// The effective configuration as a TOML file kregd accepts back with
+// --config: one `key = value  # origin` line per key (kregctl config).
+std::string ConfigToml(const Config& c);
+
+// The largest ring_spin_us accepted (1 s: a longer spin only burns a core).
+inline constexpr int64_t kMaxRingSpinUs = 1000000;
+
+// config_cluster.cc: checks the cluster settings once flags and file are
+// merged and fills the defaults. INVALID_ARGUMENT naming the key or flag.
+absl::Status FinishClusterConfig(Config* c);
+
+// config_compile.cc: the compile service's tools (its keys are in
+// config_keys.cc's table).
+// nvcc: compile_nvcc, else on PATH, else /usr/local/cuda/bin/nvcc; empty
+// when none is found.
+std::string CompileNvcc(const Config& c);
+
+// Parses flags (and the --config TOML file they name). INVALID_ARGUMENT
+// with the offending flag, key or value. For --help, prints it and sets
+// `*exit_now`.
+absl::StatusOr<Config> ParseConfig(int argc, char** argv, bool* exit_now);
+
+}  // namespace kreg
+
+#endif  // KREGD_DAEMON_CONFIG_CONFIG_H_

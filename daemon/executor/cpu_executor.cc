@@ -1,0 +1,48 @@
+#include "daemon/executor/cpu_executor.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/executor/session.h"
+
+namespace kreg {
+
+absl::Status CpuExecutor::Launch(uint64_t request_id, const v1::Launch& launch,
+                                 std::vector<UniqueFd> fds,
+                                 v1::LaunchReply* reply) {
+  (void)reply;
+  if (!fds.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        fds.size(), " file descriptor(s) attached to a CPU launch"));
+  }
+  absl::StatusOr<DecodedLaunch> decoded = DecodeLaunch(launch, *ctx_.arena);
+  if (!decoded.ok()) return decoded.status();
+  return Run(request_id, *decoded);
+}
+
+absl::Status CpuExecutor::RingLaunch(uint64_t tag,
+                                     const RingLaunchHeader& header,
+                                     const RingDecode& decode, uint32_t* flags,
+                                     bool* end_session) {
+  (void)header;
+  (void)flags;
+  (void)end_session;
+  absl::StatusOr<DecodedLaunch*> decoded = decode(nullptr);
+  if (!decoded.ok()) return decoded.status();
+  return Run(tag, **decoded);
+}
+
+absl::Status CpuExecutor::Run(uint64_t request_id,
+                              const DecodedLaunch& decoded) {
+  absl::StatusOr<void*> handler = ctx_.handlers->Lookup(decoded.key);
+  if (!handler.ok()) return handler.status();
+  ctx_.backend->BeginLaunch(request_id, decoded.key);
+  CallOptions options;
+  options.frame_cache = &frames_;
+  absl::Status status =
+      ctx_.backend->ExecuteWith(*handler, decoded.frame, options);
+  ctx_.backend->EndLaunch(status.ok());
+  return status;
+}
+
+}  // namespace kreg

@@ -1,0 +1,286 @@
+#include "daemon/executor/cuda/cuda_session.h"
+
+#include <chrono>
+#include <cstdint>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+namespace kreg {
+
+CudaSession::CudaSession(CudaDevices* devices, CudaSessionOptions options)
+    : devices_(devices),
+      doorbell_grace_(options.doorbell_grace),
+      streams_(devices),
+      cache_(options.cache, &streams_) {}
+
+CudaSession::~CudaSession() {
+  CloseDoorbells();
+  {
+    absl::MutexLock lock(&mu_);
+    events_.clear();
+    allocators_.clear();
+  }
+  cache_.Close();
+}
+
+absl::Status CudaSession::ShareVmm(const CudaMappingKey& key, UniqueFd fd) {
+  absl::StatusOr<int> ordinal = devices_->FindByUuid(key.device_uuid);
+  if (!ordinal.ok()) return ordinal.status();
+  auto shared = cache_.GetOrImport(
+      key, [&]() -> absl::StatusOr<std::unique_ptr<CudaMapping>> {
+        auto m = VmmImport::Import(devices_, *ordinal, std::move(fd), key.size);
+        if (!m.ok()) return m.status();
+        return std::unique_ptr<CudaMapping>(std::move(*m));
+      });
+  return shared.status();
+}
+
+absl::Status CudaSession::ShareIpc(const CudaMappingKey& key,
+                                   const cu::CUipcMemHandle& handle) {
+  absl::StatusOr<int> ordinal = devices_->FindByUuid(key.device_uuid);
+  if (!ordinal.ok()) return ordinal.status();
+  auto shared = cache_.GetOrImport(
+      key, [&]() -> absl::StatusOr<std::unique_ptr<CudaMapping>> {
+        auto m = IpcMemOpen::Open(devices_, *ordinal, handle, key.size);
+        if (!m.ok()) return m.status();
+        return std::unique_ptr<CudaMapping>(std::move(*m));
+      });
+  return shared.status();
+}
+
+absl::Status CudaSession::SetEvents(absl::string_view device_uuid,
+                                    const cu::CUipcEventHandle& ready,
+                                    const cu::CUipcEventHandle& done) {
+  absl::StatusOr<int> ordinal = devices_->FindByUuid(device_uuid);
+  if (!ordinal.ok()) return ordinal.status();
+  auto pair = std::make_shared<EventPair>();
+  auto r = IpcEventOpen::Open(devices_, *ordinal, ready);
+  if (!r.ok()) return r.status();
+  auto d = IpcEventOpen::Open(devices_, *ordinal, done);
+  if (!d.ok()) return d.status();
+  pair->ready = std::move(*r);
+  pair->done = std::move(*d);
+  std::shared_ptr<EventPair> old;
+  {
+    absl::MutexLock lock(&mu_);
+    old = std::exchange(events_[*ordinal], std::move(pair));
+  }
+  return absl::OkStatus();  // `old` is destroyed here, outside the lock.
+}
+
+absl::Status CudaSession::SetDoorbell(absl::string_view device_uuid,
+                                      UniqueFd fd, uint64_t size,
+                                      uint64_t ready_offset,
+                                      uint64_t done_offset) {
+  absl::StatusOr<int> ordinal = devices_->FindByUuid(device_uuid);
+  if (!ordinal.ok()) return ordinal.status();
+  if (absl::Status s = devices_->CheckUsable(*ordinal); !s.ok()) return s;
+  const CudaDeviceInfo& info = devices_->info(*ordinal);
+  if (!info.memops64) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CUDA device ", info.uuid_text,
+        " does not support 64-bit stream memory operations "
+        "(CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS); use events"));
+  }
+  auto word_ok = [&](uint64_t off) {
+    return off % 8 == 0 && size >= 8 && off <= size - 8;
+  };
+  if (!word_ok(ready_offset) || !word_ok(done_offset) ||
+      (ready_offset > done_offset ? ready_offset - done_offset
+                                  : done_offset - ready_offset) < 8) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a doorbell of ", size, " bytes needs two distinct 8-byte aligned ",
+        "words inside it, got offsets ", ready_offset, " and ", done_offset));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (doorbells_.count(*ordinal) != 0) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("this session already has a doorbell for CUDA device ",
+                       info.uuid_text));
+    }
+  }
+  absl::StatusOr<cu::CUstream> stream = streams_.Get(*ordinal);
+  if (!stream.ok()) return stream.status();
+  auto m = VmmImport::Import(devices_, *ordinal, std::move(fd), size);
+  if (!m.ok()) return m.status();
+  auto bell = std::make_shared<Doorbell>();
+  bell->mapping = std::move(*m);
+  bell->ready = bell->mapping->base() + ready_offset;
+  bell->done = bell->mapping->base() + done_offset;
+  CudaContextScope scope(*devices_, *ordinal);
+  if (!scope.status().ok()) return scope.status();
+  const cu::CudaDriver& d = *devices_->driver();
+  for (cu::CUdeviceptr word : {bell->ready, bell->done}) {
+    absl::Status s = devices_->Check(
+        *ordinal,
+        d.cuStreamWriteValue64(*stream, word, 0,
+                               cu::CU_STREAM_WRITE_VALUE_DEFAULT),
+        "cuStreamWriteValue64 zeroing the doorbell");
+    if (!s.ok()) return s;
+  }
+  if (absl::Status s = devices_->Check(*ordinal, d.cuStreamSynchronize(*stream),
+                                       "cuStreamSynchronize after zeroing "
+                                       "the doorbell");
+      !s.ok()) {
+    return s;
+  }
+  absl::MutexLock lock(&mu_);
+  doorbells_[*ordinal] = std::move(bell);
+  return absl::OkStatus();
+}
+
+bool CudaSession::HasDoorbell(int ordinal) {
+  absl::MutexLock lock(&mu_);
+  return doorbells_.count(ordinal) != 0;
+}
+
+void CudaSession::CloseDoorbells() {
+  std::map<int, std::shared_ptr<Doorbell>> bells;
+  {
+    absl::MutexLock lock(&mu_);
+    bells.swap(doorbells_);
+  }
+  const cu::CudaDriver& d = *devices_->driver();
+  for (auto& [ordinal, bell] : bells) {
+    std::unique_ptr<Fence> fence = streams_.Record(ordinal);
+    if (fence == nullptr) continue;  // nothing queued, or the device failed
+    const auto deadline = std::chrono::steady_clock::now() + doorbell_grace_;
+    while (!fence->Done() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    if (!fence->Done()) {
+      spdlog::warn(
+          "closing a session: its stream on CUDA device {} still waits for "
+          "the client's doorbell after {} ms; releasing the wait",
+          ordinal, doorbell_grace_.count());
+      CudaContextScope scope(*devices_, ordinal);
+      cu::CUstream side = nullptr;
+      if (d.cuStreamCreate(&side, cu::CU_STREAM_NON_BLOCKING) ==
+          cu::CUDA_SUCCESS) {
+        cu::CUresult r = d.cuStreamWriteValue64(
+            side, bell->ready, cu::ReleaseValue(bell->last_seq.load()),
+            cu::CU_STREAM_WRITE_VALUE_DEFAULT);
+        if (r == cu::CUDA_SUCCESS) r = d.cuStreamSynchronize(side);
+        if (r != cu::CUDA_SUCCESS) {
+          spdlog::warn("releasing a doorbell wait failed: {}",
+                       cu::DescribeCuResult(d, r));
+        }
+        d.cuStreamDestroy(side);
+      }
+      fence->Wait();
+    }
+  }
+  // `bells` unmaps here, after the streams passed every use.
+}
+
+absl::StatusOr<CudaMappingCache::Resolved> CudaSession::Resolve(
+    const CudaMappingKey& key, uint64_t offset, uint64_t length) {
+  return cache_.Resolve(key, offset, length);
+}
+
+StreamOrderedAllocator* CudaSession::AllocatorFor(int ordinal,
+                                                  cu::CUstream stream) {
+  absl::MutexLock lock(&mu_);
+  std::unique_ptr<StreamOrderedAllocator>& a = allocators_[ordinal];
+  if (a == nullptr) {
+    a = std::make_unique<StreamOrderedAllocator>(devices_, ordinal, stream);
+  }
+  return a.get();
+}
+
+absl::Status CudaSession::Launch(
+    int ordinal, const std::function<absl::Status(const CallOptions&)>& run,
+    uint64_t doorbell_seq, bool* signalled) {
+  if (signalled != nullptr) *signalled = false;
+  if (absl::Status s = devices_->CheckUsable(ordinal); !s.ok()) return s;
+  absl::StatusOr<cu::CUstream> stream = streams_.Get(ordinal);
+  if (!stream.ok()) return stream.status();
+  CudaContextScope scope(*devices_, ordinal);
+  if (!scope.status().ok()) return scope.status();
+  std::shared_ptr<EventPair> events;
+  std::shared_ptr<Doorbell> bell;
+  {
+    absl::MutexLock lock(&mu_);
+    if (doorbell_seq > 0) {
+      auto it = doorbells_.find(ordinal);
+      if (it != doorbells_.end()) bell = it->second;
+    } else {
+      auto it = events_.find(ordinal);
+      if (it != events_.end()) events = it->second;
+    }
+  }
+  const cu::CudaDriver& d = *devices_->driver();
+  if (doorbell_seq > 0) {
+    if (bell == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("a doorbell launch (sequence ", doorbell_seq,
+                       ") but this session set up no doorbell for CUDA device ",
+                       devices_->info(ordinal).uuid_text));
+    }
+    absl::Status s = devices_->Check(
+        ordinal,
+        d.cuStreamWaitValue64(*stream, bell->ready, doorbell_seq,
+                              cu::CU_STREAM_WAIT_VALUE_GEQ),
+        "cuStreamWaitValue64 on the client's doorbell");
+    if (!s.ok()) return s;
+    bell->last_seq.store(doorbell_seq);
+  } else if (events != nullptr) {
+    if (absl::Status s = events->ready->WaitOn(*stream); !s.ok()) return s;
+  }
+  CallOptions options;
+  options.stream = *stream;
+  options.device_allocator = AllocatorFor(ordinal, *stream);
+  absl::Status result = run(options);
+  if (bell != nullptr) {
+    absl::Status s = devices_->Check(
+        ordinal,
+        d.cuStreamWriteValue64(*stream, bell->done, doorbell_seq,
+                               cu::CU_STREAM_WRITE_VALUE_DEFAULT),
+        "cuStreamWriteValue64 of the doorbell's done word");
+    if (s.ok() && signalled != nullptr) *signalled = true;
+    if (result.ok()) result = s;
+  } else if (events != nullptr) {
+    absl::Status s = events->done->RecordOn(*stream);
+    if (result.ok()) result = s;
+  }
+  absl::Status probe = devices_->CheckStream(ordinal, *stream);
+  if (result.ok()) result = probe;
+  cache_.Reap();
+  return result;
+}
+
+absl::Status CudaSession::SignalDoorbell(int ordinal, uint64_t doorbell_seq,
+                                         bool* signalled) {
+  *signalled = false;
+  if (absl::Status s = devices_->CheckUsable(ordinal); !s.ok()) return s;
+  absl::StatusOr<cu::CUstream> stream = streams_.Get(ordinal);
+  if (!stream.ok()) return stream.status();
+  CudaContextScope scope(*devices_, ordinal);
+  if (!scope.status().ok()) return scope.status();
+  std::shared_ptr<Doorbell> bell;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = doorbells_.find(ordinal);
+    if (it != doorbells_.end()) bell = it->second;
+  }
+  if (bell == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("a doorbell launch (sequence ", doorbell_seq,
+                     ") but this session set up no doorbell for CUDA device ",
+                     devices_->info(ordinal).uuid_text));
+  }
+  const cu::CudaDriver& d = *devices_->driver();
+  absl::Status s =
+      devices_->Check(ordinal,
+                      d.cuStreamWriteValue64(*stream, bell->done, doorbell_seq,
+                                             cu::CU_STREAM_WRITE_VALUE_DEFAULT),
+                      "cuStreamWriteValue64 of the doorbell's done word");
+  if (s.ok()) *signalled = true;
+  return s;
+}
+
+}  // namespace kreg

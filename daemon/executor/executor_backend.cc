@@ -1,0 +1,262 @@
+#include "daemon/executor/executor_backend.h"
+
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/wire.h"
+#include "daemon/base/broker_limits.h"
+#include "daemon/base/platform_table.h"
+#include "daemon/base/validate.h"
+#include "daemon/executor/cuda/cuda_devices.h"
+#include "daemon/executor/ffi/ffi_host.h"
+#include "spdlog/spdlog.h"
+#include "xla/ffi/api/c_api.h"
+
+namespace kreg {
+namespace {
+
+constexpr uint32_t kMaxReplyBytes = 64u << 20;
+
+int64_t MonotonicNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
+absl::Status StatusOf(const v1::SessionStatus& s) {
+  if (s.code() == 0) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.code()), s.message());
+}
+
+// The slot whose handler this thread runs, -1 when none. Constant-
+// initialized thread-local data of the executable: readable from a signal
+// handler.
+thread_local int32_t t_running_slot = -1;
+
+}  // namespace
+
+int32_t RunningSlotOfThisThread() { return t_running_slot; }
+
+ExecutorBackend::ExecutorBackend(UniqueFd broker, uint32_t slot,
+                                 const ExecutorShared& shared)
+    : broker_(std::move(broker)),
+      slot_(shared.page->slot(slot)),
+      slot_index_(static_cast<int32_t>(slot)),
+      shared_(shared) {
+  slot_->gpu_token.store(0, std::memory_order_relaxed);
+}
+
+ExecutorBackend::~ExecutorBackend() {
+  v1::BrokerRequest req;
+  req.mutable_closed();
+  std::string out;
+  req.SerializeToString(&out);
+  absl::MutexLock lock(&broker_mu_);
+  closed_ = true;
+  wire::SendFrame(broker_.get(), out.data(), out.size(), nullptr, 0);
+}
+
+bool ExecutorBackend::ReplaceBroker(UniqueFd* broker) {
+  absl::MutexLock lock(&broker_mu_);
+  if (closed_ || lost_kregd_.load()) return false;
+  broker_ = std::move(*broker);
+  return true;
+}
+
+std::vector<ExecutorBackend::Resolution> ExecutorBackend::Resolved() const {
+  absl::MutexLock lock(&resolved_mu_);
+  return resolved_;
+}
+
+absl::StatusOr<v1::BrokerReply> ExecutorBackend::Call(
+    const v1::BrokerRequest& request, UniqueFd* fd_out, int fd_in) {
+  std::string buf;
+  request.SerializeToString(&buf);
+  if (buf.size() > kMaxBrokerRequestBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the request relayed to kregd would be ", buf.size(),
+        " bytes, more than the ", kMaxBrokerRequestBytes,
+        " bytes an executor may send it; shorten the names, path or file "
+        "name it carries"));
+  }
+  absl::MutexLock lock(&broker_mu_);
+  int rc = wire::SendFrame(broker_.get(), buf.data(), buf.size(), &fd_in,
+                           fd_in >= 0 ? 1 : 0);
+  std::vector<int> fds;
+  if (rc == wire::kOk) {
+    rc = wire::RecvFrame(broker_.get(), kMaxReplyBytes, &buf, &fds);
+  }
+  if (rc != wire::kOk) {
+    lost_kregd_.store(true);
+    return absl::UnavailableError(absl::StrCat(
+        "the executor lost its connection to kregd: ", wire::ResultText(rc)));
+  }
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (i == 0 && fd_out != nullptr) {
+      fd_out->reset(fds[i]);
+    } else {
+      ::close(fds[i]);
+    }
+  }
+  v1::BrokerReply reply;
+  if (!reply.ParseFromString(buf)) {
+    return absl::InternalError("kregd sent a malformed broker reply");
+  }
+  return reply;
+}
+
+absl::StatusOr<v1::RegisterTargetResponse> ExecutorBackend::Register(
+    const v1::RegisterTargetHeader& header, UniqueFd module, const PeerCred&) {
+  v1::BrokerRequest req;
+  *req.mutable_register_target() = header;
+  absl::StatusOr<v1::BrokerReply> r = Call(req, nullptr, module.get());
+  if (!r.ok()) return r.status();
+  if (absl::Status s = StatusOf(r->status()); !s.ok()) return s;
+  return r->register_target();
+}
+
+absl::Status ExecutorBackend::PrecheckUpload(
+    const v1::RegisterTargetHeader& header, const PeerCred&) {
+  v1::BrokerRequest req;
+  *req.mutable_precheck_upload() = header;
+  absl::StatusOr<v1::BrokerReply> r = Call(req, nullptr);
+  if (!r.ok()) return r.status();
+  return StatusOf(r->status());
+}
+
+v1::ListTargetsResponse ExecutorBackend::List() {
+  v1::BrokerRequest req;
+  req.mutable_list();
+  absl::StatusOr<v1::BrokerReply> r = Call(req, nullptr);
+  if (!r.ok()) return v1::ListTargetsResponse();
+  return r->list();
+}
+
+absl::StatusOr<v1::BindLocalReply> ExecutorBackend::BindLocal(
+    const v1::BindLocal& request, UniqueFd* module) {
+  // Checked here too: the broker's fields are strings, and kregd checks
+  // them again (it trusts no executor).
+  if (absl::Status s = ValidateTargetName(request.target_name()); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<Platform> platform = ParsePlatform(request.platform());
+  if (!platform.ok()) return platform.status();
+  v1::BrokerRequest req;
+  req.mutable_resolve()->set_target_name(request.target_name());
+  req.mutable_resolve()->set_platform(PlatformName(*platform));
+  req.mutable_resolve()->set_local(true);
+  absl::StatusOr<v1::BrokerReply> r = Call(req, module);
+  if (!r.ok()) return r.status();
+  if (absl::Status s = StatusOf(r->status()); !s.ok()) {
+    module->reset();
+    return s;
+  }
+  v1::BindLocalReply reply;
+  *reply.mutable_target() = r->resolve().target();
+  // Once per target, however often the client binds it.
+  const Resolution local(TargetKey{request.target_name(), *platform}, 0);
+  absl::MutexLock lock(&resolved_mu_);
+  if (std::find(resolved_.begin(), resolved_.end(), local) == resolved_.end()) {
+    resolved_.push_back(local);
+  }
+  return reply;
+}
+
+absl::StatusOr<void*> ExecutorBackend::Lookup(const TargetKey& key) {
+  v1::BrokerRequest req;
+  req.mutable_resolve()->set_target_name(key.name);
+  req.mutable_resolve()->set_platform(PlatformName(key.platform));
+  UniqueFd fd;
+  absl::StatusOr<v1::BrokerReply> r = Call(req, &fd);
+  if (!r.ok()) return r.status();
+  if (absl::Status s = StatusOf(r->status()); !s.ok()) return s;
+  const v1::ResolveReply& rr = r->resolve();
+  absl::StatusOr<void*> handler = shared_.modules->Handler(
+      rr.module_digest(), std::move(fd), rr.func_name());
+  if (!handler.ok()) {
+    return absl::Status(handler.status().code(),
+                        absl::StrCat("target \"", key.name,
+                                     "\": ", handler.status().message()));
+  }
+  tokens_[key] = rr.token();
+  absl::MutexLock lock(&resolved_mu_);
+  resolved_.emplace_back(key, rr.token());
+  return handler;
+}
+
+absl::Status ExecutorBackend::Execute(void* handler, const LaunchFrame& frame) {
+  return shared_.host->Execute(handler, frame);
+}
+
+absl::Status ExecutorBackend::ExecuteWith(void* handler,
+                                          const LaunchFrame& frame,
+                                          const CallOptions& options) {
+  absl::Status s = shared_.host->Execute(handler, frame, options);
+  if (shared_.cuda != nullptr &&
+      TraitsOf(frame.platform).memory == PlatformMemory::kCuda) {
+    absl::Status usable = shared_.cuda->CheckUsable(frame.device_ordinal);
+    uint32_t none = 0;
+    if (!usable.ok() &&
+        shared_.page->header()->recycle.compare_exchange_strong(none, 1)) {
+      shared_.recycle->store(true);
+      // The context is corrupt for every session of this executor: write
+      // the last words, finish this reply, then the executor exits and
+      // kregd starts a fresh one on the next call.
+      std::string note = absl::StrCat("recycled after a sticky CUDA error: ",
+                                      usable.message());
+      char* dst = shared_.page->header()->note;
+      size_t n =
+          std::min(note.size(), sizeof(shared_.page->header()->note) - 1);
+      memcpy(dst, note.data(), n);
+      dst[n] = '\0';
+      spdlog::error("{}", note);
+    }
+  }
+  return s;
+}
+
+uint32_t ExecutorBackend::ffi_api_major() const { return XLA_FFI_API_MAJOR; }
+uint32_t ExecutorBackend::ffi_api_minor() const { return XLA_FFI_API_MINOR; }
+
+void ExecutorBackend::BeginLaunch(uint64_t request_id, const TargetKey& key) {
+  auto it = tokens_.find(key);
+  const uint32_t token = it == tokens_.end() ? 0 : it->second;
+  launch_row_ = shared_.page->stats_row(token);
+  launch_started_ns_ = MonotonicNs();
+  slot_->request_id.store(request_id, std::memory_order_relaxed);
+  slot_->started_ns.store(launch_started_ns_, std::memory_order_relaxed);
+  if (TraitsOf(key.platform).memory == PlatformMemory::kCuda) {
+    slot_->gpu_token.store(token, std::memory_order_relaxed);
+  }
+  slot_->token.store(token, std::memory_order_release);
+  t_running_slot = slot_index_;
+}
+
+void ExecutorBackend::EndLaunch(bool ok) {
+  if (launch_row_ != nullptr) {
+    const int64_t ns = MonotonicNs() - launch_started_ns_;
+    RecordLaunch(launch_row_, static_cast<uint64_t>(std::max<int64_t>(ns, 0)),
+                 ok);
+    launch_row_ = nullptr;
+  }
+  slot_->launches.fetch_add(1, std::memory_order_relaxed);
+  slot_->token.store(0, std::memory_order_release);
+  t_running_slot = -1;
+}
+
+void ExecutorBackend::ArenaSized(uint64_t bytes) {
+  slot_->arena_bytes.store(bytes, std::memory_order_relaxed);
+}
+
+bool ExecutorBackend::ShouldStop() {
+  return shared_.recycle->load() ||
+         (shared_.drain != nullptr && shared_.drain->load());
+}
+
+}  // namespace kreg

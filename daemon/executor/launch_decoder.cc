@@ -1,0 +1,322 @@
+#include "daemon/executor/launch_decoder.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/types/span.h"
+#include "common/dtype.h"
+#include "daemon/base/platform_table.h"
+#include "daemon/base/validate.h"
+
+namespace kreg {
+namespace {
+
+// Byte width of a dtype usable in a buffer or attribute, or an error.
+absl::StatusOr<int> CheckedWidth(int32_t dtype, const std::string& what) {
+  int width = DtypeByteWidth(dtype);
+  if (width < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": dtype code ", dtype, " is not an XLA FFI data type"));
+  }
+  if (width == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": dtype ", DtypeName(dtype), " (code ", dtype,
+                     ") has no byte width; kregd forwards only types of "
+                     "whole bytes"));
+  }
+  return width;
+}
+
+struct AttrBudget {
+  int remaining = kMaxLaunchAttrs;
+};
+
+absl::StatusOr<AttrList> DecodeAttrList(
+    const google::protobuf::RepeatedPtrField<v1::Attribute>& attrs,
+    const std::string& prefix, int depth, AttrBudget* budget);
+
+// `path` is the attribute's dotted name ("outer.inner").
+absl::StatusOr<Attr> DecodeAttr(const v1::Attribute& a, const std::string& path,
+                                int depth, AttrBudget* budget) {
+  const std::string what = "attribute " + path;
+  Attr out;
+  switch (a.kind()) {
+    case v1::ATTR_KIND_SCALAR: {
+      absl::StatusOr<int> width = CheckedWidth(a.dtype(), what);
+      if (!width.ok()) return width.status();
+      if (a.data().size() != static_cast<size_t>(*width)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": scalar of dtype ", DtypeName(a.dtype()),
+                         " needs ", *width, " bytes, got ", a.data().size()));
+      }
+      out.kind = Attr::Kind::kScalar;
+      out.dtype = a.dtype();
+      out.bytes = a.data();
+      return out;
+    }
+    case v1::ATTR_KIND_ARRAY: {
+      absl::StatusOr<int> width = CheckedWidth(a.dtype(), what);
+      if (!width.ok()) return width.status();
+      uint64_t need;
+      if (a.count() < 0 ||
+          __builtin_mul_overflow(static_cast<uint64_t>(a.count()),
+                                 static_cast<uint64_t>(*width), &need) ||
+          need != a.data().size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": array of ", a.count(), " ", DtypeName(a.dtype()),
+            " elements does not match its ", a.data().size(), " data bytes"));
+      }
+      out.kind = Attr::Kind::kArray;
+      out.dtype = a.dtype();
+      out.count = a.count();
+      out.bytes = a.data();
+      return out;
+    }
+    case v1::ATTR_KIND_STRING:
+      out.kind = Attr::Kind::kString;
+      out.bytes = a.data();
+      return out;
+    case v1::ATTR_KIND_DICT: {
+      if (depth >= kMaxAttrDepth) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": dictionaries nest deeper than ",
+                         kMaxAttrDepth, " levels"));
+      }
+      absl::StatusOr<AttrList> dict =
+          DecodeAttrList(a.dict(), path + ".", depth + 1, budget);
+      if (!dict.ok()) return dict.status();
+      out.kind = Attr::Kind::kDict;
+      out.dict = *std::move(dict);
+      return out;
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": unknown attribute kind ", a.kind()));
+  }
+}
+
+absl::StatusOr<AttrList> DecodeAttrList(
+    const google::protobuf::RepeatedPtrField<v1::Attribute>& attrs,
+    const std::string& prefix, int depth, AttrBudget* budget) {
+  AttrList out;
+  out.reserve(attrs.size());
+  for (int i = 0; i < attrs.size(); ++i) {
+    const v1::Attribute& a = attrs.Get(i);
+    if (--budget->remaining < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "launch carries more than ", kMaxLaunchAttrs, " attributes"));
+    }
+    if (a.name().empty() || a.name().size() > kMaxAttrNameBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "attribute ", prefix, "#", i, " name ", QuoteForMessage(a.name()),
+          " must be 1-", kMaxAttrNameBytes, " bytes"));
+    }
+    std::string path = absl::StrCat(prefix, a.name());
+    if (i > 0 && !(attrs.Get(i - 1).name() < a.name())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("attribute names must be sorted and unique: ",
+                       QuoteForMessage(prefix + a.name()), " follows ",
+                       QuoteForMessage(prefix + attrs.Get(i - 1).name())));
+    }
+    absl::StatusOr<Attr> attr = DecodeAttr(a, path, depth, budget);
+    if (!attr.ok()) return attr.status();
+    out.emplace_back(a.name(), *std::move(attr));
+  }
+  return out;
+}
+
+// dtype, rank, dims and size of a buffer (everything but where it lives).
+absl::Status CheckBufferShape(int32_t dtype, const int64_t* dims, size_t rank,
+                              uint64_t size, const std::string& what) {
+  absl::StatusOr<int> width = CheckedWidth(dtype, what);
+  if (!width.ok()) return width.status();
+  if (rank > static_cast<size_t>(kMaxLaunchRank)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": rank ", rank, " exceeds the maximum of ", kMaxLaunchRank));
+  }
+  auto dims_text = [&] {
+    return absl::StrCat(
+        "[", absl::StrJoin(absl::MakeConstSpan(dims, rank), ", "), "]");
+  };
+  uint64_t bytes = static_cast<uint64_t>(*width);
+  for (size_t i = 0; i < rank; ++i) {
+    int64_t d = dims[i];
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": dims[", i, "] = ", d, " is negative (dims ",
+                       dims_text(), ")"));
+    }
+    if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": byte size of dims ", dims_text(), " overflows 64 bits"));
+    }
+  }
+  if (bytes != size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": dims ", dims_text(), " of ", DtypeName(dtype),
+                     " need ", bytes, " bytes but the buffer has ", size));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckBufferShape(const v1::Buffer& buffer,
+                              const std::string& what) {
+  return CheckBufferShape(buffer.dtype(), buffer.dims().data(),
+                          static_cast<size_t>(buffer.dims_size()),
+                          buffer.size(), what);
+}
+
+}  // namespace
+
+namespace {
+
+// [offset, offset + size) of `arena` as `out`'s data, with `out`'s dtype and
+// dims (the shape was checked).
+absl::Status PlaceInArena(int32_t dtype, const int64_t* dims, size_t rank,
+                          uint64_t offset, uint64_t size, const ShmArena& arena,
+                          const std::string& what, BufferRef* out) {
+  absl::StatusOr<char*> data = arena.Region(offset, size);
+  if (!data.ok()) {
+    return absl::Status(data.status().code(),
+                        absl::StrCat(what, ": ", data.status().message()));
+  }
+  out->dtype = dtype;
+  out->dims.assign(dims, dims + rank);
+  out->data = *data;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status DecodeArenaBuffer(int32_t dtype, const int64_t* dims, size_t rank,
+                               uint64_t offset, uint64_t size,
+                               const ShmArena& arena, const std::string& what,
+                               BufferRef* out) {
+  if (absl::Status s = CheckBufferShape(dtype, dims, rank, size, what);
+      !s.ok()) {
+    return s;
+  }
+  return PlaceInArena(dtype, dims, rank, offset, size, arena, what, out);
+}
+
+absl::StatusOr<BufferRef> DecodeBuffer(const v1::Buffer& buffer,
+                                       const ShmArena& arena,
+                                       const std::string& what) {
+  if (absl::Status s = CheckBufferShape(buffer, what); !s.ok()) return s;
+  if (buffer.has_cuda()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " names a CUDA allocation in a CPU launch"));
+  }
+  BufferRef out;
+  absl::Status s =
+      PlaceInArena(buffer.dtype(), buffer.dims().data(),
+                   static_cast<size_t>(buffer.dims_size()), buffer.offset(),
+                   buffer.size(), arena, what, &out);
+  if (!s.ok()) return s;
+  return out;
+}
+
+CudaRefView RefView(const v1::CudaMappingRef& ref) {
+  return CudaRefView{ref.device_uuid(), ref.base(), ref.size(),
+                     ref.generation()};
+}
+
+absl::Status DecodeCudaBufferFields(int32_t dtype, const int64_t* dims,
+                                    size_t rank, const CudaRefView* ref,
+                                    uint64_t offset, uint64_t size,
+                                    const CudaBufferResolver& cuda,
+                                    const std::string& what, BufferRef* out) {
+  if (absl::Status s = CheckBufferShape(dtype, dims, rank, size, what);
+      !s.ok()) {
+    return s;
+  }
+  out->dtype = dtype;
+  out->dims.assign(dims, dims + rank);
+  out->data = nullptr;
+  if (size == 0) return absl::OkStatus();  // null, as the proto says
+  if (ref == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": a CUDA launch's buffer of ", size,
+                     " bytes names no CUDA allocation"));
+  }
+  absl::StatusOr<void*> data = cuda(*ref, offset, size, what);
+  if (!data.ok()) return data.status();
+  out->data = *data;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<BufferRef> DecodeCudaBuffer(const v1::Buffer& buffer,
+                                           const CudaBufferResolver& cuda,
+                                           const std::string& what) {
+  BufferRef out;
+  const CudaRefView ref = RefView(buffer.cuda());
+  absl::Status s =
+      DecodeCudaBufferFields(buffer.dtype(), buffer.dims().data(),
+                             static_cast<size_t>(buffer.dims_size()),
+                             buffer.has_cuda() ? &ref : nullptr,
+                             buffer.offset(), buffer.size(), cuda, what, &out);
+  if (!s.ok()) return s;
+  return out;
+}
+
+absl::StatusOr<AttrList> DecodeAttrs(
+    const google::protobuf::RepeatedPtrField<v1::Attribute>& attrs) {
+  AttrBudget budget;
+  return DecodeAttrList(attrs, "", 0, &budget);
+}
+
+absl::StatusOr<DecodedLaunch> DecodeLaunch(const v1::Launch& launch,
+                                           const ShmArena& arena,
+                                           const CudaBufferResolver* cuda) {
+  DecodedLaunch out;
+  if (absl::Status s = ValidateTargetName(launch.target_name()); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<Platform> platform = ParsePlatform(launch.platform());
+  if (!platform.ok()) return platform.status();
+  out.key = TargetKey{launch.target_name(), *platform};
+  out.frame.platform = *platform;
+  const bool on_cuda = TraitsOf(*platform).memory == PlatformMemory::kCuda;
+  if (on_cuda && cuda == nullptr) {
+    return absl::UnimplementedError(absl::StrCat(
+        "launching \"", launch.target_name(), "\" for platform ",
+        PlatformName(*platform), ": this kregd serves no CUDA device"));
+  }
+  auto decode = [&](const v1::Buffer& b, const std::string& what) {
+    return on_cuda ? DecodeCudaBuffer(b, *cuda, what)
+                   : DecodeBuffer(b, arena, what);
+  };
+  if (launch.args_size() > kMaxLaunchBuffers ||
+      launch.rets_size() > kMaxLaunchBuffers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "launch has ", launch.args_size(), " args and ", launch.rets_size(),
+        " rets; the maximum is ", kMaxLaunchBuffers, " each"));
+  }
+  out.frame.args.reserve(launch.args_size());
+  for (int i = 0; i < launch.args_size(); ++i) {
+    absl::StatusOr<BufferRef> b =
+        decode(launch.args(i), absl::StrCat("arg ", i));
+    if (!b.ok()) return b.status();
+    out.frame.args.push_back(*std::move(b));
+  }
+  out.frame.rets.reserve(launch.rets_size());
+  for (int i = 0; i < launch.rets_size(); ++i) {
+    absl::StatusOr<BufferRef> b =
+        decode(launch.rets(i), absl::StrCat("ret ", i));
+    if (!b.ok()) return b.status();
+    out.frame.rets.push_back(*std::move(b));
+  }
+  absl::StatusOr<AttrList> attrs = DecodeAttrs(launch.attrs());
+  if (!attrs.ok()) return attrs.status();
+  out.frame.attrs = *std::move(attrs);
+  if (launch.device_ordinal() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device ordinal ", launch.device_ordinal(), " is negative"));
+  }
+  out.frame.device_ordinal = launch.device_ordinal();
+  out.frame.run_id = launch.run_id();
+  return out;
+}
+
+}  // namespace kreg

@@ -1,0 +1,104 @@
+// Inside one session, what runs the launches of one platform (DESIGN §3, §8):
+// the session itself is transport (socket frames, the launch ring), Hello
+// and the arena; it hands each Launch to the LaunchExecutor of the launch's
+// platform. Not to be confused with the executor *processes* (kregd-exec,
+// daemon/executor/) in which whole sessions run.
+#ifndef KREGD_DAEMON_EXECUTOR_LAUNCH_EXECUTOR_H_
+#define KREGD_DAEMON_EXECUTOR_LAUNCH_EXECUTOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/unique_fd.h"
+#include "common/wire.h"
+#include "daemon/base/types.h"
+#include "daemon/executor/launch_decoder.h"
+#include "daemon/executor/ring_decoder.h"
+#include "kreg/v1/session.pb.h"
+
+namespace kreg {
+
+class CudaDevices;
+class SessionBackend;
+class ShmArena;
+
+// The handlers a session has resolved (registrations are never changed, and
+// a retired name cannot be retired while a session has it bound).
+class HandlerTable {
+ public:
+  explicit HandlerTable(SessionBackend* backend) : backend_(backend) {}
+  // The handler registered as `key` (asking the backend the first time),
+  // or the backend's NOT_FOUND naming it.
+  absl::StatusOr<void*> Lookup(const TargetKey& key);
+  void Clear() { handlers_.clear(); }
+
+ private:
+  SessionBackend* const backend_;
+  std::map<TargetKey, void*> handlers_;
+};
+
+// What a session lends the executors of its platforms; all outlive them.
+struct SessionContext {
+  uint64_t id = 0;
+  PeerCred peer;
+  SessionBackend* backend = nullptr;
+  ShmArena* arena = nullptr;
+  HandlerTable* handlers = nullptr;
+  // What the platform's launch caches are charged to (max_buffered_bytes;
+  // null: unbounded).
+  wire::ByteBudget* budget = nullptr;
+  // The executor process's CUDA devices (null: started without CUDA).
+  CudaDevices* cuda = nullptr;
+};
+
+// Runs one platform's launches of one session. Called with the session's
+// request lock held (one request at a time).
+class LaunchExecutor {
+ public:
+  virtual ~LaunchExecutor() = default;
+
+  // One Launch request of this platform and its attached descriptors.
+  // `reply` may carry platform details on failure too (CUDA: a mapping the
+  // client must send again, a doorbell already signalled).
+  virtual absl::Status Launch(uint64_t request_id, const v1::Launch& launch,
+                              std::vector<UniqueFd> fds,
+                              v1::LaunchReply* reply) = 0;
+  // Decodes the rest of a launch ring descriptor (RingDecoder::Decode);
+  // a platform whose buffers are device memory passes its resolver.
+  using RingDecode = std::function<absl::StatusOr<DecodedLaunch*>(
+      const CudaBufferResolver* resolve)>;
+  // A launch taken off the launch ring (DESIGN §9) whose header was checked
+  // (RingDecoder::Header); the request id is the descriptor's tag. `*flags`
+  // gets the completion's ring::k* flags (it starts at 0); `*end_session`
+  // set asks the session to end after the completion (CUDA: the doorbell
+  // of a failed asynchronous launch could not be signalled). The decoder's
+  // or the handler's error.
+  virtual absl::Status RingLaunch(uint64_t tag, const RingLaunchHeader& header,
+                                  const RingDecode& decode, uint32_t* flags,
+                                  bool* end_session) = 0;
+  // The platform's own session requests (CUDA: CudaShare,
+  // CudaDoorbellSetup). False when `request` is none of them; true when it
+  // was handled, with its reply part set in `*resp` or its error in
+  // `*status`; `*fds` are the descriptors attached to it.
+  virtual bool HandleRequest(const v1::SessionRequest& request,
+                             std::vector<UniqueFd>* fds,
+                             v1::SessionResponse* resp, absl::Status* status) {
+    (void)request;
+    (void)fds;
+    (void)resp;
+    (void)status;
+    return false;
+  }
+  // What this platform adds to the HelloReply.
+  virtual void DescribeTo(v1::HelloReply* reply) const { (void)reply; }
+  // The session ends: waits for the platform's outstanding work and
+  // releases what it holds.
+  virtual void Release() {}
+};
+
+}  // namespace kreg
+
+#endif  // KREGD_DAEMON_EXECUTOR_LAUNCH_EXECUTOR_H_

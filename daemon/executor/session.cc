@@ -1,0 +1,412 @@
+#include "daemon/executor/session.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/ring_layout.h"
+#include "common/wire.h"
+#include "daemon/base/log_limit.h"
+#include "daemon/base/module_upload.h"
+#include "daemon/base/validate.h"
+#include "daemon/executor/launch_decoder.h"
+#include "daemon/executor/launch_ring.h"
+#include "daemon/executor/platform_executors.h"
+#include "spdlog/spdlog.h"
+
+namespace kreg {
+namespace {
+
+void SetStatus(const absl::Status& s, v1::SessionResponse* resp) {
+  resp->mutable_status()->set_code(static_cast<int>(s.code()));
+  resp->mutable_status()->set_message(std::string(s.message()));
+}
+
+}  // namespace
+
+Session::Session(uint64_t id, UniqueFd sock, const PeerCred& peer,
+                 const SessionLimits& limits, SessionBackend* backend,
+                 SessionCounters* counters, CudaDevices* cuda)
+    : id_(id),
+      sock_(std::move(sock)),
+      peer_(peer),
+      limits_(limits),
+      backend_(backend),
+      counters_(counters),
+      arena_(limits.max_arena_bytes),
+      handlers_(backend),
+      executors_(MakeLaunchExecutors({id, peer, backend, &arena_, &handlers_,
+                                      limits.receive_budget, cuda})),
+      ring_decoder_(limits.receive_budget) {}
+
+Session::~Session() { StopRing(); }
+
+void Session::Shutdown() { ::shutdown(sock_.get(), SHUT_RDWR); }
+
+int Session::NextFrame(uint32_t max_bytes,
+                       wire::Clock::time_point hello_deadline,
+                       bool before_hello, wire::RecvBuffer* buffer,
+                       std::vector<int>* fds) {
+  if (before_hello) {
+    return wire::RecvFrame(sock_.get(), max_bytes, buffer, fds, hello_deadline);
+  }
+  wire::SpinUntilReadable(sock_.get(), limits_.spin_us);
+  if (limits_.hello_timeout_ms <= 0) {
+    return wire::RecvFrame(sock_.get(), max_bytes, buffer, fds);
+  }
+  pollfd p{sock_.get(), POLLIN, 0};
+  while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
+  }
+  return wire::RecvFrame(
+      sock_.get(), max_bytes, buffer, fds,
+      wire::Clock::now() + std::chrono::milliseconds(limits_.hello_timeout_ms));
+}
+
+void Session::SayFrameRefused(int rc, bool before_hello) {
+  std::string more;
+  const bool log =
+      PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more);
+  if (rc == wire::kTimedOut && before_hello) {
+    if (log) {
+      spdlog::info(
+          "session {} (pid {} uid {}): no Hello within {} ms; closing{}", id_,
+          peer_.pid, peer_.uid, limits_.hello_timeout_ms, more);
+    }
+    SendConnectionError(sock_.get(),
+                        absl::DeadlineExceededError(absl::StrCat(
+                            "kregd closed this session: no Hello within ",
+                            limits_.hello_timeout_ms, " ms of connecting")));
+    return;
+  }
+  if (rc == wire::kTimedOut) {
+    if (log) {
+      spdlog::info(
+          "session {} (pid {} uid {}): a message did not arrive whole "
+          "within {} ms of its first byte; closing{}",
+          id_, peer_.pid, peer_.uid, limits_.hello_timeout_ms, more);
+    }
+    SendConnectionError(
+        sock_.get(),
+        absl::DeadlineExceededError(absl::StrCat(
+            "kregd closed this session: a message did not arrive whole "
+            "within ",
+            limits_.hello_timeout_ms,
+            " ms of its first byte (hello_timeout_s)")));
+    return;
+  }
+  if (log) {
+    spdlog::info("session {} (uid {} pid {}): closing: {}{}", id_, peer_.uid,
+                 peer_.pid, wire::ResultText(rc), more);
+  }
+  if (rc == wire::kOverBudget) {
+    const wire::ByteBudget& budget = *limits_.receive_budget;
+    SendConnectionError(
+        sock_.get(),
+        absl::ResourceExhaustedError(absl::StrCat(
+            "session message refused: it would take the bytes buffered "
+            "for messages in flight by every session of this executor "
+            "(uid ",
+            peer_.uid, ") past ", budget.limit(), " (max_buffered_bytes; ",
+            budget.used(),
+            " in use); send fewer large messages at once (modules go by "
+            "fd, tensors through the arena) or ask the operator to raise "
+            "max_buffered_bytes")));
+  }
+  if (rc == wire::kTooLarge || rc == wire::kTooManyFds) {
+    SendConnectionError(sock_.get(),
+                        absl::ResourceExhaustedError(absl::StrCat(
+                            "session message refused: ", wire::ResultText(rc),
+                            " (max_message_bytes ", limits_.max_message_bytes,
+                            ", at most ", wire::kMaxFdsPerFrame, " fds)")));
+  }
+}
+
+void Session::Run() {
+  uint32_t max_bytes = static_cast<uint32_t>(
+      std::min<uint64_t>(limits_.max_message_bytes, UINT32_MAX));
+  // A buffer above this is given back after its frame (large frames are
+  // rare: module bytes and tensors travel in fds and the arena).
+  constexpr size_t kKeepBytes = 1 << 20;
+  wire::RecvBuffer buffer(limits_.receive_budget);
+  std::string out;
+  // Until Hello, every byte of every frame must arrive within
+  // hello_timeout_ms of connecting: half a frame cannot hold the connection.
+  const wire::Clock::time_point hello_deadline =
+      wire::Clock::now() + std::chrono::milliseconds(limits_.hello_timeout_ms);
+  // After Hello a session may idle between messages as long as it likes,
+  // but a message that has begun must arrive whole within
+  // hello_timeout_ms of its first byte, and a reply the client does not
+  // read within that time ends the session: a peer that stalls mid-frame
+  // or stops reading cannot hold a session thread and its buffers.
+  if (limits_.hello_timeout_ms > 0) {
+    timeval tv{};
+    tv.tv_sec = limits_.hello_timeout_ms / 1000;
+    tv.tv_usec = (limits_.hello_timeout_ms % 1000) * 1000;
+    ::setsockopt(sock_.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  }
+  for (;;) {
+    const bool before_hello = !hello_done_ && limits_.hello_timeout_ms > 0;
+    std::vector<int> raw_fds;
+    int rc =
+        NextFrame(max_bytes, hello_deadline, before_hello, &buffer, &raw_fds);
+    if (rc == wire::kEof) break;
+    if (rc != wire::kOk) {
+      SayFrameRefused(rc, before_hello);
+      break;
+    }
+    std::vector<UniqueFd> fds;
+    for (int fd : raw_fds) fds.emplace_back(fd);
+    v1::SessionRequest request;
+    v1::SessionResponse resp;
+    const std::string& payload = buffer.payload();
+    if (!request.ParseFromString(payload)) {
+      SetStatus(absl::InvalidArgumentError(absl::StrCat(
+                    "malformed session request (", payload.size(),
+                    " bytes do not parse as kreg.v1.SessionRequest)")),
+                &resp);
+    } else {
+      buffer.Shrink(kKeepBytes);  // parsed: the bytes are in `request`
+      std::lock_guard<std::mutex> lock(mu_);
+      resp = Handle(request, std::move(fds));
+    }
+    buffer.Shrink(kKeepBytes);
+    if (backend_->LostDaemon()) {
+      spdlog::info(
+          "session {} (pid {}): kregd is gone; ending the session so that "
+          "the client retries with the next kregd",
+          id_, peer_.pid);
+      break;
+    }
+    resp.SerializeToString(&out);
+    UniqueFd attach = TakeReplyFd();
+    int attach_fds[1] = {attach.get()};
+    rc = wire::SendFrame(sock_.get(), out.data(), out.size(), attach_fds,
+                         attach.ok() ? 1 : 0);
+    attach.reset();
+    if (rc != wire::kOk) {
+      spdlog::info("session {} (pid {}): reply failed: {}", id_, peer_.pid,
+                   wire::ResultText(rc));
+      break;
+    }
+    if (backend_->ShouldStop()) break;
+  }
+  // Release now, not when the session object is reaped: the peer sees EOF
+  // and the arena's memory goes back at once.
+  ::shutdown(sock_.get(), SHUT_RDWR);
+  StopRing();
+  // Waits for the session's GPU work, then releases its stream, mappings,
+  // events and scratch.
+  for (auto& executor : executors_) executor->Release();
+  arena_.Reset();
+  backend_->ArenaSized(0);
+  handlers_.Clear();
+}
+
+v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
+                                    std::vector<UniqueFd> fds) {
+  v1::SessionResponse resp;
+  resp.set_id(request.id());
+  request_id_ = request.id();
+  reply_fd_.reset();
+  absl::Status status;
+  if (!fds.empty() && request.body_case() != v1::SessionRequest::kArenaGrow &&
+      request.body_case() != v1::SessionRequest::kLaunch &&
+      request.body_case() != v1::SessionRequest::kCudaShare &&
+      request.body_case() != v1::SessionRequest::kCudaDoorbell &&
+      request.body_case() != v1::SessionRequest::kRingSetup &&
+      request.body_case() != v1::SessionRequest::kRegisterTarget) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        fds.size(),
+        " unexpected file descriptor(s) attached to a request "
+        "other than ArenaGrow, Launch, CudaShare, CudaDoorbellSetup, "
+        "RingSetup or a registration"));
+  } else if (request.body_case() == v1::SessionRequest::kHello) {
+    status = DoHello(request.hello(), resp.mutable_hello());
+  } else if (!hello_done_) {
+    status = absl::FailedPreconditionError(
+        "the first request of a session must be Hello");
+  } else {
+    switch (request.body_case()) {
+      case v1::SessionRequest::kRegisterTarget: {
+        absl::StatusOr<v1::RegisterTargetResponse> r =
+            DoRegister(request.register_target(), std::move(fds));
+        if (r.ok()) {
+          *resp.mutable_register_target() = *std::move(r);
+        } else {
+          status = r.status();
+        }
+        break;
+      }
+      case v1::SessionRequest::kList:
+        *resp.mutable_list() = backend_->List();
+        break;
+      case v1::SessionRequest::kBindLocal: {
+        UniqueFd module;
+        absl::StatusOr<v1::BindLocalReply> r =
+            backend_->BindLocal(request.bind_local(), &module);
+        if (r.ok() && !module.ok()) {
+          r = absl::InternalError(
+              "kregd answered BindLocal without the module's memfd");
+        }
+        if (r.ok()) {
+          *resp.mutable_bind_local() = *std::move(r);
+          reply_fd_ = std::move(module);
+        } else {
+          status = r.status();
+        }
+        break;
+      }
+      case v1::SessionRequest::kArenaGrow:
+        status = DoArenaGrow(request.arena_grow(), std::move(fds),
+                             resp.mutable_arena_grow());
+        break;
+      case v1::SessionRequest::kLaunch: {
+        v1::LaunchReply reply;
+        status = DoLaunch(request.launch(), std::move(fds), &reply);
+        if (status.ok() || reply.cuda_mapping_missing() ||
+            reply.doorbell_signalled()) {
+          *resp.mutable_launch() = reply;
+        }
+        break;
+      }
+      case v1::SessionRequest::kRingSetup:
+        status = DoRingSetup(request.ring_setup(), std::move(fds));
+        if (status.ok()) resp.mutable_ring_setup();
+        break;
+      default: {
+        // A platform's own requests (CudaShare, CudaDoorbellSetup).
+        bool handled = false;
+        for (auto& executor : executors_) {
+          handled = executor->HandleRequest(request, &fds, &resp, &status);
+          if (handled) break;
+        }
+        if (!handled) {
+          status = absl::InvalidArgumentError(
+              absl::StrCat("unknown session request kind ",
+                           static_cast<int>(request.body_case())));
+        }
+      }
+    }
+  }
+  SetStatus(status, &resp);
+  return resp;
+}
+
+absl::StatusOr<v1::RegisterTargetResponse> Session::DoRegister(
+    const v1::RegisterTargetHeader& header, std::vector<UniqueFd> fds) {
+  wire::BudgetHold upload_hold(limits_.receive_budget);
+  UniqueFd module;
+  absl::Status taken =
+      TakeUploadedModule(header, std::move(fds), &upload_hold, &module);
+  if (!taken.ok()) return taken;
+  return backend_->Register(header, std::move(module), peer_);
+}
+
+absl::Status Session::TakeUploadedModule(const v1::RegisterTargetHeader& header,
+                                         std::vector<UniqueFd> fds,
+                                         wire::BudgetHold* hold,
+                                         UniqueFd* module) const {
+  const bool upload =
+      header.module().source_case() == v1::ModuleSource::kUploadSize;
+  if (fds.size() != (upload ? 1u : 0u)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the registration carries ", fds.size(), " file descriptor(s); ",
+        upload ? "an upload (module.upload_size) needs exactly one (the "
+                 "module's memfd)"
+               : "only an upload (module.upload_size) may carry one"));
+  }
+  if (!upload) return absl::OkStatus();
+  const uint64_t size = header.module().upload_size();
+  // kregd's size, name and quota checks first: an upload it would refuse
+  // is never read.
+  absl::Status early = backend_->PrecheckUpload(header, peer_);
+  if (!early.ok()) return early;
+  if (size <= limits_.max_module_bytes && !hold->Set(size)) {
+    const wire::ByteBudget& budget = *hold->budget();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "reading the uploaded module of ", size,
+        " bytes would take the bytes buffered by every session of this "
+        "executor (uid ",
+        peer_.uid, ") past ", budget.limit(), " (max_buffered_bytes; ",
+        budget.used(),
+        " in use); retry once other uploads are done or ask the operator "
+        "to raise max_buffered_bytes"));
+  }
+  absl::StatusOr<UniqueFd> sealed =
+      SealedModuleCopy(std::move(fds[0]), size, limits_.max_module_bytes);
+  if (!sealed.ok()) return sealed.status();
+  *module = *std::move(sealed);
+  return absl::OkStatus();
+}
+
+absl::Status Session::DoHello(const v1::Hello& hello, v1::HelloReply* reply) {
+  if (hello_done_) {
+    return absl::FailedPreconditionError("Hello was already sent");
+  }
+  uint32_t minor = 0;
+  std::string refusal;
+  if (!NegotiateSessionProtocol(
+          {kSessionProtocolMajor, kSessionProtocolMinor},
+          {hello.protocol_major(), hello.protocol_minor()}, &minor, &refusal)) {
+    return absl::FailedPreconditionError(refusal);
+  }
+  hello_done_ = true;
+  spdlog::info(
+      "session {}: uid {} gid {} pid {} (says pid {}), FFI {}.{}, session "
+      "protocol {}.{}",
+      id_, peer_.uid, peer_.gid, peer_.pid, hello.pid(), hello.ffi_api_major(),
+      hello.ffi_api_minor(), kSessionProtocolMajor, minor);
+  reply->set_session_id(id_);
+  reply->set_protocol_major(kSessionProtocolMajor);
+  reply->set_protocol_minor(kSessionProtocolMinor);
+  reply->set_ffi_api_major(backend_->ffi_api_major());
+  reply->set_ffi_api_minor(backend_->ffi_api_minor());
+  reply->set_max_arena_bytes(limits_.max_arena_bytes);
+  reply->set_max_message_bytes(limits_.max_message_bytes);
+  reply->set_max_module_bytes(limits_.max_module_bytes);
+  if (limits_.launch_ring) reply->set_launch_ring(ring::kVersion);
+  for (const auto& executor : executors_) {
+    executor->DescribeTo(reply);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::DoArenaGrow(const v1::ArenaGrow& grow,
+                                  std::vector<UniqueFd> fds,
+                                  v1::ArenaGrowReply* reply) {
+  if (fds.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ArenaGrow needs exactly one memfd attached, got ", fds.size()));
+  }
+  absl::Status s = arena_.Replace(std::move(fds[0]), grow.size());
+  if (!s.ok()) return s;
+  reply->set_size(arena_.size());
+  backend_->ArenaSized(arena_.size());
+  return absl::OkStatus();
+}
+
+absl::Status Session::DoLaunch(const v1::Launch& launch,
+                               std::vector<UniqueFd> fds,
+                               v1::LaunchReply* reply) {
+  counters_->launches.fetch_add(1, std::memory_order_relaxed);
+  // A launch whose platform does not parse goes to the first platform's
+  // executor, whose decoder names the bad value.
+  absl::StatusOr<Platform> platform = ParsePlatform(launch.platform());
+  LaunchExecutor* executor =
+      executors_[platform.ok() ? static_cast<size_t>(*platform) : 0].get();
+  absl::Status status =
+      executor->Launch(request_id_, launch, std::move(fds), reply);
+  if (!status.ok()) {
+    counters_->launch_errors.fetch_add(1, std::memory_order_relaxed);
+  }
+  return status;
+}
+
+}  // namespace kreg

@@ -1,0 +1,352 @@
+// Daemon: launch statistics, the session list and the Prometheus endpoint
+// (docs/operator-guide.md "Watching it"). kregd runs no kernel: the executors
+// count calls in their status pages and the pool folds them (and those of
+// reaped executors) into per-target totals; this file matches them to
+// registered targets.
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/version.h"
+#include "daemon/api/session_server.h"
+#include "daemon/base/platform_table.h"
+#include "daemon/base/target_stats.h"
+#include "daemon/compile/compile_service.h"
+#include "daemon/kregd/server.h"
+#include "daemon/metrics/http_server.h"
+#include "daemon/metrics/process_stats.h"
+#include "daemon/metrics/prometheus_text.h"
+#include "daemon/registry/target_proto.h"
+#include "daemon/supervisor/executor_pool.h"
+#include "spdlog/spdlog.h"
+
+namespace kreg {
+namespace {
+
+// Statistics of the entries registered now (a retired entry's calls no
+// longer count under its name).
+std::vector<std::pair<EntryPtr, TargetStats>> Current(
+    const std::vector<EntryPtr>& entries,
+    const std::vector<TargetStatsRow>& rows) {
+  std::map<const TargetEntry*, const TargetStats*> by_entry;
+  for (const TargetStatsRow& r : rows) by_entry[r.entry.get()] = &r.stats;
+  std::vector<std::pair<EntryPtr, TargetStats>> out;
+  for (const EntryPtr& e : entries) {
+    auto it = by_entry.find(e.get());
+    if (it != by_entry.end()) out.emplace_back(e, *it->second);
+  }
+  return out;
+}
+
+// kregd_build_info, kregd_uptime_seconds and the standard process_*
+// families (operator guide, "Metrics").
+void WriteDaemonFamilies(std::chrono::steady_clock::time_point started,
+                         PromWriter* w) {
+  w->Family("kregd_build_info", "gauge", "kregd's version (always 1)");
+  w->Sample("kregd_build_info", {{"version", kKregVersion}}, uint64_t{1});
+  w->Family("kregd_uptime_seconds", "gauge", "seconds since kregd started");
+  w->Sample(
+      "kregd_uptime_seconds", {},
+      static_cast<double>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                              std::chrono::steady_clock::now() - started)
+                              .count()) /
+          1000);
+  if (absl::StatusOr<ProcessStats> ps = ReadProcessStats(); ps.ok()) {
+    WriteProcessStats(*ps, w);
+  } else {
+    spdlog::warn("metrics: process_* left out: {}",
+                 std::string(ps.status().message()));
+  }
+}
+
+// The compile service's counters (DESIGN §13).
+void WriteCompileFamilies(const CompileCounts& cc, PromWriter* w) {
+  w->Family("kregd_compiles_total", "counter",
+            "compiles run by the compile service (concurrent requests for "
+            "one cache key share one)");
+  w->Sample("kregd_compiles_total", {}, cc.compiles);
+  w->Family("kregd_compile_requests_total", "counter",
+            "CompileTarget requests, by outcome: cache_hit (no compile "
+            "needed), waited (shared another request's compile), failed, "
+            "queue_full (refused by a compile queue limit), abandoned (the "
+            "caller went away first)");
+  w->Sample("kregd_compile_requests_total", {{"outcome", "cache_hit"}},
+            cc.cache_hits);
+  w->Sample("kregd_compile_requests_total", {{"outcome", "waited"}}, cc.waits);
+  w->Sample("kregd_compile_requests_total", {{"outcome", "failed"}},
+            cc.failures);
+  w->Sample("kregd_compile_requests_total", {{"outcome", "queue_full"}},
+            cc.queue_refusals);
+  w->Sample("kregd_compile_requests_total", {{"outcome", "abandoned"}},
+            cc.abandoned);
+}
+
+// The registry and the module store: targets per platform, registrations
+// by outcome and refusal reason, the store files registered targets use.
+void WriteRegistryFamilies(const std::vector<EntryPtr>& entries,
+                           const RegistrationCounts& reg, PromWriter* w) {
+  std::map<std::string, uint64_t> per_platform;
+  for (Platform p : AllPlatforms()) per_platform[PlatformName(p)] = 0;
+  std::map<std::string, uint64_t> modules;  // digest -> size
+  for (const EntryPtr& e : entries) {
+    per_platform[PlatformName(e->key.platform)]++;
+    if (!e->module_digest.empty()) modules[e->module_digest] = e->module_size;
+  }
+  w->Family("kregd_targets", "gauge", "registered targets");
+  for (const auto& [platform, n] : per_platform) {
+    w->Sample("kregd_targets", {{"platform", platform}}, n);
+  }
+  w->Family("kregd_registrations_total", "counter",
+            "registrations accepted: outcome=\"created\" (a new binding) or "
+            "\"noop\" (identical to the registered entry)");
+  w->Sample("kregd_registrations_total", {{"outcome", "created"}}, reg.created);
+  w->Sample("kregd_registrations_total", {{"outcome", "noop"}}, reg.noop);
+  w->Family("kregd_registrations_refused_total", "counter",
+            "registrations refused, by reason: conflict (the name is bound "
+            "to other content), invalid, quota, permission, unavailable, "
+            "other");
+  for (int i = 0; i < kNumRefusalReasons; ++i) {
+    w->Sample("kregd_registrations_refused_total",
+              {{"reason", RefusalReasonName(static_cast<RefusalReason>(i))}},
+              reg.refused[i]);
+  }
+  uint64_t store_bytes = 0;
+  for (const auto& [digest, size] : modules) store_bytes += size;
+  w->Family("kregd_modules", "gauge",
+            "distinct module store files registered targets use");
+  w->Sample("kregd_modules", {}, static_cast<uint64_t>(modules.size()));
+  w->Family("kregd_store_bytes", "gauge",
+            "bytes of the module store files registered targets use");
+  w->Sample("kregd_store_bytes", {}, store_bytes);
+}
+
+// The open sessions: `open` from the session server, `bound` those bound
+// to an executor (per uid, arena bytes), and the local-execution figures.
+void WriteSessionFamilies(uint64_t open, const std::vector<BoundSession>& bound,
+                          uint64_t local_binds, uint64_t local_sessions,
+                          PromWriter* w) {
+  w->Family("kregd_sessions", "gauge", "open client sessions");
+  w->Sample("kregd_sessions", {}, open);
+  std::map<uid_t, uint64_t> per_uid;
+  uint64_t arena_bytes = 0;
+  for (const BoundSession& s : bound) {
+    per_uid[s.peer.uid]++;
+    arena_bytes = SaturatingAdd(arena_bytes, s.arena_bytes);
+  }
+  w->Family("kregd_local_binds_total", "counter",
+            "targets bound for local execution, once per target and session "
+            "(DESIGN §11)");
+  w->Sample("kregd_local_binds_total", {}, local_binds);
+  w->Family("kregd_local_sessions", "gauge",
+            "client sessions that hold at least one target locally");
+  w->Sample("kregd_local_sessions", {}, local_sessions);
+  w->Family("kregd_sessions_by_uid", "gauge",
+            "client sessions bound to an executor, per client uid");
+  for (const auto& [uid, n] : per_uid) {
+    w->Sample("kregd_sessions_by_uid", {{"uid", absl::StrCat(uid)}}, n);
+  }
+  w->Family("kregd_shared_arena_bytes", "gauge",
+            "bytes of the shared-memory arenas of the open sessions");
+  w->Sample("kregd_shared_arena_bytes", {}, arena_bytes);
+}
+
+// The executor pool's counters; `executors` are the running ones.
+void WriteExecutorFamilies(const PoolCounters& c, uint64_t executors,
+                           const std::string& isolation, PromWriter* w) {
+  w->Family("kregd_executors", "gauge", "running executor processes");
+  w->Sample("kregd_executors", {{"isolation", isolation}}, executors);
+  w->Family("kregd_executors_started_total", "counter",
+            "executor processes started");
+  w->Sample("kregd_executors_started_total", {}, c.executors_started);
+  w->Family("kregd_executor_crashes_total", "counter",
+            "executor deaths during a call (per target and caller uid)");
+  w->Sample("kregd_executor_crashes_total", {}, c.executor_crashes);
+  w->Family("kregd_broker_messages_refused_total", "counter",
+            "executor messages to kregd refused unread (over the size "
+            "limit); each ended its session");
+  w->Sample("kregd_broker_messages_refused_total", {},
+            c.broker_messages_refused);
+  w->Family("kregd_launches_total", "counter",
+            "launches received by the executors (all targets, including "
+            "ones refused before a handler ran)");
+  w->Sample("kregd_launches_total", {}, c.launches);
+  w->Family("kregd_launch_errors_total", "counter",
+            "launches that failed (all targets)");
+  w->Sample("kregd_launch_errors_total", {}, c.launch_errors);
+}
+
+// The statistics of retired entries, summed per entry. A name registered
+// again after its retirement has one series, the new entry's, so a retired
+// entry whose (name, platform) is registered now is left out.
+std::map<EntryPtr, TargetStats> RetiredStats(
+    const std::vector<EntryPtr>& entries,
+    const std::vector<TargetStatsRow>& rows) {
+  std::set<const TargetEntry*> registered;
+  std::set<std::pair<std::string, std::string>> registered_keys;
+  for (const EntryPtr& e : entries) {
+    registered.insert(e.get());
+    registered_keys.emplace(e->key.name, PlatformName(e->key.platform));
+  }
+  std::map<EntryPtr, TargetStats> retired;
+  for (const TargetStatsRow& r : rows) {
+    if (registered.count(r.entry.get()) ||
+        registered_keys.count(
+            {r.entry->key.name, PlatformName(r.entry->key.platform)})) {
+      continue;
+    }
+    retired[r.entry].Add(r.stats);
+  }
+  return retired;
+}
+
+// The per-target families: launches, errors and the latency histogram.
+void WriteTargetFamilies(
+    const std::vector<std::pair<EntryPtr, TargetStats>>& stats, PromWriter* w) {
+  auto labels = [](const TargetEntry& e) {
+    return PromLabels{{"target", e.key.name},
+                      {"platform", PlatformName(e.key.platform)}};
+  };
+  w->Family("kregd_target_launches_total", "counter",
+            "handler calls of a target");
+  for (const auto& [e, s] : stats) {
+    w->Sample("kregd_target_launches_total", labels(*e), s.launches);
+  }
+  w->Family("kregd_target_launch_errors_total", "counter",
+            "handler calls of a target that returned an error");
+  for (const auto& [e, s] : stats) {
+    w->Sample("kregd_target_launch_errors_total", labels(*e), s.errors);
+  }
+  w->Family("kregd_target_launch_duration_seconds", "histogram",
+            "handler call latency of a target in its executor (CUDA: host "
+            "time to enqueue)");
+  for (const auto& [e, s] : stats) {
+    uint64_t cumulative = 0;
+    for (int i = 0; i < kLatencyBuckets; ++i) {
+      cumulative = SaturatingAdd(cumulative, s.buckets[i]);
+      PromLabels l = labels(*e);
+      l.emplace_back(
+          "le", i < kLatencyBounds
+                    ? PromNumber(static_cast<double>(kLatencyBoundNs[i]) / 1e9)
+                    : "+Inf");
+      w->Sample("kregd_target_launch_duration_seconds_bucket", l, cumulative);
+    }
+    w->Sample("kregd_target_launch_duration_seconds_sum", labels(*e),
+              static_cast<double>(s.sum_ns) / 1e9);
+    w->Sample("kregd_target_launch_duration_seconds_count", labels(*e),
+              cumulative);
+  }
+}
+
+}  // namespace
+
+absl::Status Daemon::StartMetrics() {
+  if (config_.metrics_listen.empty()) return absl::OkStatus();
+  absl::StatusOr<MetricsAddress> address =
+      ParseMetricsAddress(config_.metrics_listen, config_.metrics_allow_remote);
+  if (!address.ok()) return address.status();
+  MetricsServerOptions options;
+  options.socket_gid = gid_;
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server = MetricsServer::Start(
+      *address, [this] { return RenderMetrics(); }, options);
+  if (!server.ok()) return server.status();
+  metrics_ = *std::move(server);
+  spdlog::info("metrics: serving http://{}/metrics", metrics_->address());
+  return absl::OkStatus();
+}
+
+std::vector<v1::TargetStats> Daemon::CurrentTargetStats() {
+  std::vector<v1::TargetStats> out;
+  if (pool_ == nullptr) return out;
+  for (const auto& [e, s] :
+       Current(registry_.List(), pool_->TargetStatsSnapshot())) {
+    out.push_back(StatsToProto(e->key, s));
+  }
+  return out;
+}
+
+v1::TargetStats Daemon::StatsOf(const TargetEntry& entry) {
+  TargetStats stats;
+  if (pool_ != nullptr) {
+    for (const TargetStatsRow& r : pool_->TargetStatsSnapshot()) {
+      if (r.entry.get() == &entry) stats.Add(r.stats);
+    }
+  }
+  return StatsToProto(entry.key, stats);
+}
+
+void Daemon::ListSessions(v1::ListSessionsResponse* resp) {
+  if (pool_ == nullptr) return;
+  std::map<uint64_t, std::vector<SessionBindings::Bound>> bound =
+      bindings_.Snapshot();
+  for (const BoundSession& b : pool_->Sessions()) {
+    v1::SessionInfo* s = resp->add_sessions();
+    s->set_session_id(b.session_id);
+    s->set_pid(b.peer.pid);
+    s->set_uid(b.peer.uid);
+    s->set_gid(b.peer.gid);
+    s->set_launches(b.launches);
+    s->set_since_us(b.since_us);
+    s->set_executor_pid(b.executor_pid);
+    s->set_executor(b.executor);
+    s->set_arena_bytes(b.arena_bytes);
+    auto it = bound.find(b.session_id);
+    if (it == bound.end()) continue;
+    for (const SessionBindings::Bound& held : it->second) {
+      v1::TargetRef* t = s->add_targets();
+      t->set_target_name(held.key.name);
+      t->set_platform(PlatformName(held.key.platform));
+      t->set_mode(held.local ? "local" : "isolated");
+    }
+  }
+}
+
+std::string Daemon::RenderMetrics() {
+  PromWriter w;
+  WriteDaemonFamilies(started_, &w);
+  const std::vector<EntryPtr> entries = registry_.List();
+  WriteRegistryFamilies(entries, registrar_.counts(), &w);
+  if (compile_ != nullptr) WriteCompileFamilies(compile_->counts(), &w);
+
+  std::vector<BoundSession> sessions;
+  if (pool_ != nullptr) sessions = pool_->Sessions();
+  WriteSessionFamilies(
+      static_cast<uint64_t>(sessions_ ? sessions_->sessions() : 0), sessions,
+      local_binds_.load(), static_cast<uint64_t>(bindings_.LocalSessions()),
+      &w);
+  if (pool_ != nullptr) {
+    PoolCounters c = pool_->counters();
+    WriteExecutorFamilies(c, static_cast<uint64_t>(pool_->List().size()),
+                          config_.isolation, &w);
+  }
+  uint64_t quarantined = 0;
+  for (const CrashRecord& row : ledger_.Rows()) quarantined += row.quarantined;
+  w.Family("kregd_quarantined_targets", "gauge",
+           "(target, caller uid) pairs quarantined after repeated crashes");
+  w.Sample("kregd_quarantined_targets", {}, quarantined);
+
+  // Per target: the registered ones, and each retired one a last time
+  // with its final values, so that a scrape sees where its counters ended
+  // before the series vanish (operator guide, "Metrics").
+  std::vector<std::pair<EntryPtr, TargetStats>> stats;
+  if (pool_ != nullptr) {
+    std::vector<TargetStatsRow> rows = pool_->TargetStatsSnapshot();
+    stats = Current(entries, rows);
+    std::map<EntryPtr, TargetStats> retired = RetiredStats(entries, rows);
+    absl::MutexLock lock(&metrics_mu_);
+    for (auto it = metrics_retired_shown_.begin();
+         it != metrics_retired_shown_.end();) {
+      it =
+          retired.count(*it) ? std::next(it) : metrics_retired_shown_.erase(it);
+    }
+    for (const auto& [e, s] : retired) {
+      if (metrics_retired_shown_.insert(e).second) stats.emplace_back(e, s);
+    }
+  }
+  WriteTargetFamilies(stats, &w);
+  return w.text();
+}
+
+}  // namespace kreg

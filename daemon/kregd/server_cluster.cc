@@ -1,0 +1,70 @@
+// Daemon: cluster mode (DESIGN §10) — the etcd-backed registry authority
+// and the peer server for module bytes.
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/cluster/cluster_registry.h"
+#include "daemon/cluster/cluster_service.h"
+#include "daemon/cluster/module_exchange.h"
+#include "daemon/kregd/server.h"
+#include "spdlog/spdlog.h"
+
+namespace kreg {
+
+absl::Status Daemon::StartCluster() {
+  if (config_.etcd_endpoints.empty()) {
+    cluster_service_ = std::make_unique<ClusterService>(nullptr);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<PeerTls> tls = LoadPeerTls(
+      {config_.peer_tls_ca, config_.peer_tls_cert, config_.peer_tls_key});
+  if (!tls.ok()) return tls.status();
+  if (!tls->enabled) {
+    spdlog::warn(
+        "cluster mode without peer TLS: module bytes travel in plaintext and "
+        "any client that reaches {} can fetch registered modules (digests "
+        "are still verified); set peer_tls_ca/cert/key between real hosts",
+        config_.peer_listen);
+  }
+  absl::StatusOr<std::string> key = ReadClusterKey(config_.cluster_key_file);
+  if (!key.ok()) return key.status();
+  if (config_.cluster_insecure) {
+    spdlog::warn(
+        "cluster_insecure: etcd ({}) may be reached in plaintext; bindings "
+        "are still signed with the cluster key",
+        absl::StrJoin(config_.etcd_endpoints, ","));
+  }
+  ClusterOptions opts;
+  opts.key = *std::move(key);
+  opts.cluster = config_.cluster;
+  opts.host_name = config_.host_name;
+  opts.advertise = config_.advertise;
+  opts.etcd.endpoints = config_.etcd_endpoints;
+  opts.etcd.timeout_ms = static_cast<int64_t>(config_.etcd_timeout_s * 1000);
+  // https:// etcd endpoints use the peer CA and certificate too.
+  if (tls->enabled) opts.etcd.tls = PeerChannelCredentials(*tls);
+  opts.tls = *tls;
+  opts.lease_ttl_s = config_.peer_lease_ttl_s;
+  opts.max_module_bytes = config_.max_module_bytes;
+  cluster_ = std::make_unique<ClusterRegistry>(std::move(opts), &store_);
+  cluster_service_ = std::make_unique<ClusterService>(cluster_.get());
+  ClusterRegistry* cluster = cluster_.get();
+  exchange_ = std::make_unique<ModuleExchangeService>(
+      &store_,
+      [cluster](const std::string& digest) { return cluster->Holds(digest); });
+  absl::StatusOr<std::unique_ptr<grpc::Server>> peers =
+      StartPeerServer(config_.peer_listen, *tls, exchange_.get());
+  if (!peers.ok()) return peers.status();
+  peer_server_ = *std::move(peers);
+  cluster_->Start(&registry_);
+  return absl::OkStatus();
+}
+
+void Daemon::StopCluster() {
+  if (peer_server_ != nullptr) {
+    peer_server_->Shutdown(std::chrono::system_clock::now() +
+                           std::chrono::seconds(2));
+  }
+  if (cluster_ != nullptr) cluster_->Stop();
+}
+
+}  // namespace kreg

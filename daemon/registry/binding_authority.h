@@ -1,0 +1,54 @@
+// Who else must agree before a binding is made: in cluster mode (DESIGN
+// §10) the cluster-wide registry in etcd; consulted by Registry. Without an
+// authority (a standalone kregd) the registry decides alone.
+#ifndef KREGD_DAEMON_REGISTRY_BINDING_AUTHORITY_H_
+#define KREGD_DAEMON_REGISTRY_BINDING_AUTHORITY_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "daemon/base/types.h"
+
+namespace kreg {
+
+// The answer to a claim: this claim made the binding, or the binding that
+// already exists (which the registry compares with the request under the
+// rules of DESIGN §2).
+struct ClaimResult {
+  bool created = false;
+  TargetEntry existing;  // when !created
+};
+
+// Implemented by ClusterRegistry. Thread-safe; must not call back into the
+// registry from these calls.
+class BindingAuthority {
+ public:
+  virtual ~BindingAuthority() = default;
+
+  // The name recorded as TargetEntry::host in the bindings this kregd makes.
+  virtual std::string HostName() const = 0;
+
+  // Creates the binding of `proposed.key` unless one exists (atomically,
+  // for every host). UNAVAILABLE when the authority cannot be reached: the
+  // registry must then refuse, never bind locally only.
+  virtual absl::StatusOr<ClaimResult> Claim(const TargetEntry& proposed) = 0;
+
+  // Undoes a claim that made a binding (`claimed`) whose local commit then
+  // failed. Best effort: a failure is logged.
+  virtual void Unclaim(const TargetEntry& claimed) = 0;
+
+  // Removes the binding of `entry` everywhere (retirement), if it is still
+  // that binding. UNAVAILABLE when the authority cannot be reached.
+  virtual absl::Status Release(const TargetEntry& entry) = 0;
+
+  // The bytes of module `digest` (`size` bytes) from a peer that holds it,
+  // their digest verified: NOT_FOUND when no peer has it, DATA_LOSS when
+  // the only copies offered had other bytes, UNAVAILABLE when no peer
+  // answered.
+  virtual absl::StatusOr<std::string> FetchModule(const std::string& digest,
+                                                  uint64_t size) = 0;
+};
+
+}  // namespace kreg
+
+#endif  // KREGD_DAEMON_REGISTRY_BINDING_AUTHORITY_H_

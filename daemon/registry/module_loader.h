@@ -1,0 +1,50 @@
+// HandlerLoader over the module store and the out-of-process probe.
+#ifndef KREGD_DAEMON_MODULE_LOADER_H_
+#define KREGD_DAEMON_MODULE_LOADER_H_
+
+#include <string>
+
+#include "daemon/registry/registry.h"
+#include "daemon/store/module_store.h"
+
+namespace kreg {
+
+// Runs `probe_binary <module path> <symbol>` (posix_spawn, no fork of the
+// daemon) and parses its report. INVALID_ARGUMENT when the helper reports
+// that the symbol is missing (listing the module's exported functions,
+// closest first) or is not a handler, or when it crashes or hangs; messages
+// name the module (`display_name`) and the symbol.
+absl::StatusOr<HandlerInfo> ProbeHandler(const std::string& probe_binary,
+                                         const std::string& module_path,
+                                         const std::string& display_name,
+                                         const std::string& symbol);
+
+// Checks a probed handler against what kregd can host: FFI API version
+// (same major as kHostedApiMajor, minor not newer), no per-instance state.
+// INVALID_ARGUMENT naming both versions, or the state, otherwise.
+absl::Status CheckHostable(const HandlerInfo& info, const std::string& symbol);
+
+// Borrowed store must outlive the loader. Thread-safe.
+class ModuleLoader : public HandlerLoader {
+ public:
+  ModuleLoader(ModuleStore* store, std::string probe_binary);
+
+  absl::StatusOr<StagedModule> Stage(const std::string& bytes,
+                                     const std::string& digest) override;
+  absl::StatusOr<HandlerInfo> Probe(const StagedModule& staged,
+                                    const std::string& func_name) override;
+  absl::Status Commit(const StagedModule& staged) override;
+  void Discard(const StagedModule& staged) override;
+  absl::StatusOr<GcOutcome> RemoveUnreferenced(
+      const std::set<std::string>& keep) override;
+  absl::Status Check(const std::string& digest) override;
+  absl::Status CheckStored(const std::string& digest) override;
+
+ private:
+  ModuleStore* const store_;
+  const std::string probe_binary_;
+};
+
+}  // namespace kreg
+
+#endif  // KREGD_DAEMON_MODULE_LOADER_H_

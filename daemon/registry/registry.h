@@ -1,0 +1,336 @@
+// The (target_name, platform) -> handler registry of kregd (DESIGN §2).
+#ifndef KREGD_DAEMON_REGISTRY_H_
+#define KREGD_DAEMON_REGISTRY_H_
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/base/types.h"
+#include "daemon/registry/binding_authority.h"
+#include "daemon/registry/binding_oracle.h"
+
+namespace kreg {
+
+// A validated registration request (see validate.h for the edge checks).
+struct RegisterArgs {
+  TargetKey key;
+  std::string func_name;
+  std::string content_id;  // empty: "sha256:<hex>" of module_bytes
+  std::string module_bytes;
+  std::string origin;  // "path:<p>" or "upload:<n> bytes"
+  PeerCred peer;
+  bool replace = false;
+  // kInProcess: nothing is stored or loaded; content_id is the identity.
+  TargetKind kind = TargetKind::kModule;
+};
+
+struct RegisterOutcome {
+  bool created = false;  // false: identical registration existed (no-op)
+  EntryPtr entry;
+};
+
+// A module written for a pending registration. Nothing is in the store
+// until the registration is accepted and the module committed.
+struct StagedModule {
+  std::string digest;  // "sha256:<hex>" of the bytes
+  std::string path;    // the file the probe opens
+  bool fresh = false;  // true: `path` is a temp file written by Stage; false:
+                       // an intact store copy already existed
+};
+
+// What CollectGarbage removed from (and left in) the module store.
+struct GcOutcome {
+  uint64_t files_removed = 0;
+  uint64_t bytes_removed = 0;
+  uint64_t files_kept = 0;
+  uint64_t bytes_kept = 0;
+};
+
+// Stores, checks and loads modules for the registry; implemented by
+// ModuleLoader over the module store, faked in unit tests.
+class HandlerLoader {
+ public:
+  virtual ~HandlerLoader() = default;
+  // Writes `bytes`, whose digest ("sha256:<hex>", computed by the caller)
+  // is `digest`, to a private fsynced temp file beside the store, unless an
+  // intact store copy exists. INTERNAL on I/O failure.
+  virtual absl::StatusOr<StagedModule> Stage(const std::string& bytes,
+                                             const std::string& digest) = 0;
+  // Checks (out of process) that `func_name` in the staged module is an XLA
+  // FFI handler the daemon can host. INVALID_ARGUMENT/NOT_FOUND otherwise.
+  virtual absl::StatusOr<HandlerInfo> Probe(const StagedModule& staged,
+                                            const std::string& func_name) = 0;
+  // Makes a fresh staged file the store copy of its digest (rename, fsync).
+  virtual absl::Status Commit(const StagedModule& staged) = 0;
+  // Removes the temp file of a fresh staged module that was not committed.
+  // (A committed copy no entry references is left to RemoveUnreferenced: a
+  // concurrent registration of the same bytes may be using it.)
+  virtual void Discard(const StagedModule& staged) = 0;
+  // Checks that the store copy executors will load is in place. kregd
+  // itself never dlopens a module (DESIGN §8): executors do.
+  virtual absl::Status Check(const std::string& digest) = 0;
+  // Like Check, for a journaled entry at start-up: also verifies that the
+  // store file still has the digest (DATA_LOSS otherwise).
+  virtual absl::Status CheckStored(const std::string& digest) = 0;
+  // Removes every store file whose digest is not in `keep`, and leftover
+  // temp files. INTERNAL when the store cannot be listed.
+  virtual absl::StatusOr<GcOutcome> RemoveUnreferenced(
+      const std::set<std::string>& keep) = 0;
+};
+
+// Durable log of accepted registrations and retirements; implemented by
+// Journal. A change is acknowledged only after its Append returned OK.
+class RegistrationLog {
+ public:
+  virtual ~RegistrationLog() = default;
+  // Appends and fsyncs.
+  virtual absl::Status Append(const TargetEntry& entry) = 0;
+  virtual absl::Status AppendRetirement(const Retirement& retirement) = 0;
+  // A reservation made, or (`lifted`) lifted.
+  virtual absl::Status AppendReservation(const NameReservation& reservation,
+                                         bool lifted) = 0;
+};
+
+// Per-uid limits, checked before anything is stored. Root is exempt.
+struct RegistryLimits {
+  uint64_t max_registrations_per_uid = 1024;
+  uint64_t max_store_bytes_per_uid = 4ull << 30;
+  // Besides root, the uid that may run CollectGarbage (kregd's own).
+  uid_t admin_uid = static_cast<uid_t>(-1);
+};
+
+// Thread-safe. Decisions are made under one short lock; the slow work (the
+// probe child, store writes and fsyncs, the journal, etcd) runs outside it
+// while the decided key is reserved, so requests for other names proceed.
+// Requests for a reserved key wait for it and then decide again: concurrent
+// identical registrations give one load and N successes, conflicting ones
+// exactly one winner. Entries are removed only by Retire (and in cluster
+// mode by Mirror/Unmirror).
+class Registry {
+ public:
+  // `loader` and `log` must outlive the registry. `limits.admin_uid`
+  // defaults to the process's effective uid.
+  Registry(HandlerLoader* loader, RegistrationLog* log,
+           RegistryLimits limits = {});
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
+  // OK with created=true (new), OK with created=false (identical no-op),
+  // FAILED_PRECONDITION (content change under an existing key, or another
+  // uid's module equal only by content_id; the message names both
+  // identities and the remedy), INVALID_ARGUMENT (a "sha256:" content_id
+  // that is not the module's digest), RESOURCE_EXHAUSTED (a per-uid limit),
+  // or the loader's/log's error. Every decision is logged at info. A module
+  // reaches the store only once its registration is accepted.
+  absl::StatusOr<RegisterOutcome> Register(const RegisterArgs& args);
+
+  // Removes (target_name, platform), or every platform under the name when
+  // `platform` is empty, so the name can be registered again with any
+  // content; journaled first. NOT_FOUND when nothing is registered,
+  // PERMISSION_DENIED unless `peer` is root or the registering uid,
+  // FAILED_PRECONDITION (naming the pids) while a live session has it bound.
+  // All-or-nothing for the checks. Returns the retired entries. A module
+  // no entry references any more leaves the store once the retirement is
+  // journaled and no registration is in progress.
+  absl::StatusOr<std::vector<EntryPtr>> Retire(const std::string& name,
+                                               std::optional<Platform> platform,
+                                               const PeerCred& peer);
+
+  // Reserves `r.pattern` for `r.owner` (docs/operator-guide.md, "Name
+  // reservations"), replacing an earlier reservation of the same pattern;
+  // journaled first. PERMISSION_DENIED unless `peer` is root or
+  // limits.admin_uid; FAILED_PRECONDITION naming them while targets the
+  // pattern matches are registered by others than the owner, and in
+  // cluster mode (reservations are not replicated).
+  absl::Status Reserve(NameReservation r, const PeerCred& peer);
+  // Lifts the reservation of `pattern`; NOT_FOUND when there is none.
+  absl::Status Unreserve(const std::string& pattern, const PeerCred& peer);
+  std::vector<NameReservation> Reservations() const;
+  // Start-up: a journaled reservation in effect.
+  void RestoreReservation(const NameReservation& r);
+
+  // Removes store files no entry references (kregd runs it once at start,
+  // after the journal is replayed). Waits for the registrations in progress
+  // (holding back new ones) so that none loses a file it staged.
+  // PERMISSION_DENIED unless `peer` is root or limits.admin_uid.
+  absl::StatusOr<GcOutcome> CollectGarbage(const PeerCred& peer);
+
+  // Consulted by Retire; null (the default) means nothing is ever bound.
+  // The oracle must outlive the registry. Thread-safe.
+  void SetBindingOracle(BindingOracle* oracle) { oracle_.store(oracle); }
+
+  // Cluster mode (DESIGN §10): a new binding is claimed from `authority`
+  // before it is committed, and a retirement released there first. Null
+  // (the default): this registry decides alone. Set before serving; the
+  // authority must outlive the registry.
+  void SetBindingAuthority(BindingAuthority* authority) {
+    authority_.store(authority);
+  }
+
+  // Cluster mode: makes `binding` (made by the authority, e.g. on another
+  // host) the local entry of its key, journaled. `module_bytes` are its
+  // module's bytes, or empty when the store already holds them. A local
+  // entry with other content is logged as a conflict and replaced: the
+  // cluster's binding wins for new sessions. INVALID_ARGUMENT/DATA_LOSS when
+  // the bytes are not the binding's module, the loader's errors otherwise.
+  absl::Status Mirror(const TargetEntry& binding,
+                      const std::string& module_bytes);
+  // Cluster mode: the binding of `retired.key` with `retired`'s content was
+  // removed by the authority (retired elsewhere, or gone at reconcile):
+  // retires the local entry if it is still that content. Journaled.
+  absl::Status Unmirror(const TargetEntry& retired, const std::string& why);
+
+  // Re-inserts a journaled entry at start-up (loads its module again).
+  // If the module cannot be loaded (e.g. DATA_LOSS: corrupt store file) the
+  // entry is still inserted, without a handler, so the name stays reserved;
+  // an identical re-registration repairs it. A second record for the same
+  // key with other content is refused exactly like a live registration.
+  absl::Status Restore(const TargetEntry& entry);
+
+  // Null when absent.
+  EntryPtr Lookup(const TargetKey& key) const;
+  std::vector<EntryPtr> List() const;
+  // Every platform registered under `name`.
+  std::vector<EntryPtr> Find(const std::string& name) const;
+
+  // Before a `size`-byte upload for `key` is read: RESOURCE_EXHAUSTED (the
+  // message registration would give) when no bytes of that size could fit
+  // `peer.uid`'s limits — a new name past max_registrations_per_uid, or
+  // `size` more store bytes past max_store_bytes_per_uid while the uid holds
+  // no module of that size (which the upload might repeat). OK otherwise:
+  // the registration checks again with the digest.
+  absl::Status PrecheckUpload(const TargetKey& key, uint64_t size,
+                              const PeerCred& peer) const;
+
+  uint64_t refused() const { return refused_.load(); }
+
+ private:
+  // A key being worked on outside mu_ (a registration, retirement or
+  // mirror). Requests for the key wait until it is released; a new name's
+  // reservation counts against its uid's limits like an entry.
+  struct Pending {
+    uid_t uid = 0;
+    std::string digest;
+    uint64_t size = 0;
+  };
+  // Releases its reserved keys on destruction (and runs a sweep of the
+  // store that became owed while keys were reserved).
+  class Hold {
+   public:
+    Hold(Registry* registry, std::vector<TargetKey> keys)
+        : registry_(registry), keys_(std::move(keys)) {}
+    Hold(const Hold&) = delete;
+    Hold& operator=(const Hold&) = delete;
+    ~Hold() { registry_->Release(keys_); }
+
+   private:
+    Registry* const registry_;
+    const std::vector<TargetKey> keys_;
+  };
+
+  // Waits (mu_ held) until none of `keys` is reserved and no sweep runs or
+  // waits; the caller then decides and reserves (pending_) what it works on.
+  void AwaitFree(const std::vector<TargetKey>& keys)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Release(const std::vector<TargetKey>& keys) ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits (mu_ held) until nothing is reserved or swept, holding back new
+  // reservations meanwhile (gc, Reserve).
+  void AwaitIdle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A store file may have lost its last reference (a retirement, a failed
+  // registration after its commit): the store is swept once no key is
+  // reserved (a reserved registration may be using the file).
+  void OweSweep() ABSL_LOCKS_EXCLUDED(mu_);
+  EntryPtr LookupLocked(const TargetKey& key) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // PERMISSION_DENIED, naming the owner, when a reservation of someone
+  // else matches `key.name` (root is never refused).
+  absl::Status CheckReservations(const TargetKey& key,
+                                 const PeerCred& peer) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The admin check of Reserve, Unreserve and CollectGarbage.
+  absl::Status CheckAdmin(const PeerCred& peer, const char* what) const;
+
+  absl::Status CheckSame(const TargetEntry& existing, TargetKind kind,
+                         const std::string& cid, const std::string& func_name,
+                         bool replace) const;
+  // CheckSame, then (equal by content_id) that another uid brings the
+  // owner's module bytes.
+  absl::Status CheckIdentity(const TargetEntry& existing,
+                             const RegisterArgs& args, const std::string& cid,
+                             const std::string& digest) const;
+  // Register without the decision log.
+  absl::StatusOr<RegisterOutcome> Decide(const RegisterArgs& args,
+                                         const std::string& digest);
+  // What one uid's registrations (and reservations of new names) hold: how
+  // many, the distinct module digests (with their sizes), their bytes.
+  struct UidUse {
+    uint64_t registrations = 0;
+    uint64_t bytes = 0;
+    std::map<std::string, uint64_t> digests;
+  };
+  UidUse UseOf(uid_t uid) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED when registering `size` more bytes of `digest`
+  // would take `peer.uid` over a limit.
+  absl::Status CheckLimits(const RegisterArgs& args,
+                           const std::string& digest) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  // The work of a reserved registration, outside mu_:
+  // Stage, probe, commit, journal and publish a new module entry (or
+  // repair `existing`).
+  absl::StatusOr<RegisterOutcome> RegisterModule(const RegisterArgs& args,
+                                                 const std::string& digest,
+                                                 const std::string& cid,
+                                                 EntryPtr existing);
+  // Journal and publish an in-process target (nothing to load).
+  absl::StatusOr<RegisterOutcome> RegisterInProcess(const RegisterArgs& args);
+  // Cluster mode: the rest of Register for a key with no local entry.
+  absl::StatusOr<RegisterOutcome> RegisterClaimed(const RegisterArgs& args,
+                                                  const std::string& digest,
+                                                  const std::string& cid,
+                                                  BindingAuthority* authority);
+  // A request equal to the cluster's `binding` by content_id but with other
+  // module bytes: the local entry becomes the binding, with its module
+  // fetched from a peer.
+  absl::StatusOr<RegisterOutcome> AdoptClaimed(const RegisterArgs& args,
+                                               const TargetEntry& binding,
+                                               BindingAuthority* authority);
+  // Stage, probe, commit, journal and publish `entry` with `bytes` (which
+  // must be its module).
+  // `journal` false: a repair of an entry the journal already has.
+  absl::StatusOr<EntryPtr> Install(const TargetEntry& entry,
+                                   const std::string& bytes,
+                                   bool journal = true);
+  // Journal and publish `entry` (module already in place, or in-process).
+  absl::StatusOr<EntryPtr> Insert(const TargetEntry& entry);
+  // Journals the retirement of `entry` by `by` and removes it.
+  absl::Status Remove(const EntryPtr& entry, const PeerCred& by);
+  // Removes every store file (and temp file) no entry references; only
+  // while no key is reserved (sweeping_ set).
+  absl::StatusOr<GcOutcome> SweepStore();
+
+  HandlerLoader* const loader_;
+  RegistrationLog* const log_;
+  const RegistryLimits limits_;
+  std::atomic<BindingOracle*> oracle_{nullptr};
+  std::atomic<BindingAuthority*> authority_{nullptr};
+  mutable absl::Mutex mu_;
+  std::map<TargetKey, EntryPtr> entries_ ABSL_GUARDED_BY(mu_);
+  std::map<TargetKey, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, NameReservation> reservations_ ABSL_GUARDED_BY(mu_);
+  bool sweep_owed_ ABSL_GUARDED_BY(mu_) = false;
+  bool sweeping_ ABSL_GUARDED_BY(mu_) = false;
+  int idle_waiters_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<uint64_t> refused_{0};
+};
+
+}  // namespace kreg
+
+#endif  // KREGD_DAEMON_REGISTRY_H_

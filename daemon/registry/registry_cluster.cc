@@ -1,0 +1,263 @@
+// Registry in cluster mode (DESIGN §10): a new binding is claimed from the
+// BindingAuthority (etcd) before it is committed here, and bindings made on
+// other hosts are mirrored into the local registry and journal.
+#include <unistd.h>
+
+#include <chrono>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/registry/registry.h"
+#include "daemon/store/module_store.h"
+#include "spdlog/spdlog.h"
+
+namespace kreg {
+namespace {
+
+bool SameBinding(const TargetEntry& a, const TargetEntry& b) {
+  return a.kind == b.kind && a.content_id == b.content_id &&
+         a.func_name == b.func_name && a.module_digest == b.module_digest;
+}
+
+// kregd itself, as the one who retires a local entry the cluster replaced.
+PeerCred Self() { return PeerCred{::geteuid(), ::getegid(), ::getpid()}; }
+
+}  // namespace
+
+absl::StatusOr<RegisterOutcome> Registry::RegisterClaimed(
+    const RegisterArgs& args, const std::string& digest, const std::string& cid,
+    BindingAuthority* authority) {
+  TargetEntry proposed;
+  proposed.key = args.key;
+  proposed.kind = args.kind;
+  proposed.func_name = args.func_name;
+  proposed.content_id = cid;
+  proposed.registered_by = args.peer;
+  proposed.registered_at_us = NowMicros();
+  proposed.origin = args.origin;
+  proposed.host = authority->HostName();
+  std::optional<StagedModule> staged;
+  bool committed = false;
+  auto discard = absl::MakeCleanup([&] {
+    if (committed) {
+      OweSweep();
+    } else if (staged.has_value()) {
+      loader_->Discard(*staged);
+    }
+  });
+  if (args.kind == TargetKind::kModule) {
+    proposed.module_digest = digest;
+    proposed.module_size = args.module_bytes.size();
+    // Probe before claiming: a module that is no handler must not win the
+    // name cluster-wide, even for a moment.
+    absl::StatusOr<StagedModule> st = loader_->Stage(args.module_bytes, digest);
+    if (!st.ok()) return st.status();
+    staged = *std::move(st);
+    absl::StatusOr<HandlerInfo> info = loader_->Probe(*staged, args.func_name);
+    if (!info.ok()) return info.status();
+    proposed.handler_info = *info;
+  }
+  absl::StatusOr<ClaimResult> claim = authority->Claim(proposed);
+  if (!claim.ok()) return claim.status();
+  const bool created = claim->created;
+  TargetEntry binding = created ? proposed : claim->existing;
+  if (!created) {
+    absl::Status same = CheckIdentity(binding, args, cid, digest);
+    if (!same.ok()) {
+      refused_.fetch_add(1);
+      return same;
+    }
+    // Equal to the binding made elsewhere (a no-op cluster-wide). Unless
+    // our bytes are its module, every host runs the binding's module: a
+    // peer's copy.
+    if (binding.kind == TargetKind::kModule &&
+        binding.module_digest != digest) {
+      return AdoptClaimed(args, binding, authority);
+    }
+    binding.handler_info = proposed.handler_info;
+  }
+  // Commit here; a binding this host made is taken back if that fails.
+  auto unclaim = absl::MakeCleanup([&] {
+    if (created) authority->Unclaim(proposed);
+  });
+  if (staged.has_value()) {
+    absl::Status st = loader_->Commit(*staged);
+    if (!st.ok()) return st;
+    committed = true;
+    st = loader_->Check(digest);
+    if (!st.ok()) return st;
+  }
+  absl::StatusOr<EntryPtr> entry = Insert(binding);
+  if (!entry.ok()) return entry.status();
+  std::move(unclaim).Cancel();
+  std::move(discard).Cancel();
+  return RegisterOutcome{created, *entry};
+}
+
+absl::StatusOr<RegisterOutcome> Registry::AdoptClaimed(
+    const RegisterArgs& args, const TargetEntry& binding,
+    BindingAuthority* authority) {
+  absl::StatusOr<std::string> bytes =
+      authority->FetchModule(binding.module_digest, binding.module_size);
+  if (!bytes.ok()) {
+    return absl::Status(
+        bytes.status().code(),
+        absl::StrCat(Named(args.key),
+                     " is bound in the cluster registry (host ", binding.host,
+                     ") to module ", binding.module_digest,
+                     ", which this host does not hold and could not fetch "
+                     "from a peer: ",
+                     bytes.status().message()));
+  }
+  absl::StatusOr<EntryPtr> entry = Install(binding, *bytes);
+  if (!entry.ok()) return entry.status();
+  return RegisterOutcome{false, *entry};
+}
+
+absl::StatusOr<EntryPtr> Registry::Install(const TargetEntry& entry,
+                                           const std::string& bytes,
+                                           bool journal) {
+  // Never loaded before its digest matches, whoever sent it.
+  const std::string digest = Sha256Digest(bytes);
+  if (digest != entry.module_digest) {
+    return absl::DataLossError(absl::StrCat(
+        "module bytes for ", Named(entry.key), " have digest ", digest,
+        ", not the binding's ", entry.module_digest, "; refused"));
+  }
+  absl::StatusOr<StagedModule> staged = loader_->Stage(bytes, digest);
+  if (!staged.ok()) return staged.status();
+  // Until the journal has the entry, a failure removes what this request
+  // wrote: nothing of a refused module stays in the store.
+  bool committed = false;
+  auto discard = absl::MakeCleanup([&] {
+    if (committed) {
+      OweSweep();
+    } else {
+      loader_->Discard(*staged);
+    }
+  });
+  absl::StatusOr<HandlerInfo> info = loader_->Probe(*staged, entry.func_name);
+  if (!info.ok()) return info.status();
+  absl::Status st = loader_->Commit(*staged);
+  if (!st.ok()) return st;
+  committed = true;
+  st = loader_->Check(digest);
+  if (!st.ok()) return st;
+  auto local = std::make_shared<TargetEntry>(entry);
+  local->handler_info = *info;
+  local->unavailable.clear();
+  if (journal) {
+    st = log_->Append(*local);
+    if (!st.ok()) return st;
+  }
+  std::move(discard).Cancel();
+  absl::MutexLock lock(&mu_);
+  entries_[local->key] = local;
+  return EntryPtr(local);
+}
+
+absl::StatusOr<EntryPtr> Registry::Insert(const TargetEntry& entry) {
+  auto e = std::make_shared<TargetEntry>(entry);
+  e->unavailable.clear();
+  absl::Status logged = log_->Append(*e);
+  if (!logged.ok()) return logged;
+  absl::MutexLock lock(&mu_);
+  entries_[e->key] = e;
+  return EntryPtr(e);
+}
+
+absl::Status Registry::Remove(const EntryPtr& entry, const PeerCred& by) {
+  Retirement r{entry->key, entry->content_id, entry->module_digest, by,
+               NowMicros()};
+  absl::Status logged = log_->AppendRetirement(r);
+  if (!logged.ok()) return logged;
+  {
+    absl::MutexLock lock(&mu_);
+    entries_.erase(entry->key);
+  }
+  OweSweep();
+  return absl::OkStatus();
+}
+
+absl::Status Registry::Mirror(const TargetEntry& binding,
+                              const std::string& module_bytes) {
+  EntryPtr local;
+  {
+    absl::MutexLock lock(&mu_);
+    AwaitFree({binding.key});
+    local = LookupLocked(binding.key);
+    if (local != nullptr && SameBinding(*local, binding) &&
+        local->unavailable.empty()) {
+      return absl::OkStatus();
+    }
+    pending_[binding.key] = Pending{binding.registered_by.uid,
+                                    binding.module_digest, binding.module_size};
+  }
+  Hold hold(this, {binding.key});
+  if (local != nullptr && !SameBinding(*local, binding)) {
+    spdlog::error(
+        "CLUSTER CONFLICT: {} is bound here to content {} (module {}, "
+        "function \"{}\", registered by uid {}{}) but cluster-wide to content "
+        "{} (module {}, function \"{}\", host {}, uid {}); the cluster's "
+        "binding wins for new sessions, live sessions keep what they bound",
+        Named(binding.key), local->content_id, local->module_digest,
+        local->func_name, local->registered_by.uid,
+        local->host.empty() ? "" : absl::StrCat(" on host ", local->host),
+        binding.content_id, binding.module_digest, binding.func_name,
+        binding.host, binding.registered_by.uid);
+    absl::Status removed = Remove(local, Self());
+    if (!removed.ok()) return removed;
+  }
+  absl::StatusOr<EntryPtr> entry;
+  if (binding.kind == TargetKind::kInProcess) {
+    entry = Insert(binding);
+  } else if (!module_bytes.empty()) {
+    entry = Install(binding, module_bytes);
+  } else {
+    absl::Status stored = loader_->CheckStored(binding.module_digest);
+    if (!stored.ok()) return stored;
+    entry = Insert(binding);
+  }
+  if (!entry.ok()) return entry.status();
+  spdlog::info("cluster: {} bound as on host {} (content {}, module {})",
+               Named(binding.key), binding.host, binding.content_id,
+               binding.module_digest.empty() ? "none" : binding.module_digest);
+  return absl::OkStatus();
+}
+
+absl::Status Registry::Unmirror(const TargetEntry& retired,
+                                const std::string& why) {
+  EntryPtr local;
+  {
+    absl::MutexLock lock(&mu_);
+    AwaitFree({retired.key});
+    local = LookupLocked(retired.key);
+    if (local == nullptr || !SameBinding(*local, retired)) {
+      return absl::OkStatus();
+    }
+    pending_[retired.key] = Pending{local->registered_by.uid,
+                                    local->module_digest, local->module_size};
+  }
+  Hold hold(this, {retired.key});
+  absl::Status removed = Remove(local, Self());
+  if (!removed.ok()) return removed;
+  std::string bound;
+  if (BindingOracle* oracle = oracle_.load()) {
+    std::vector<PeerCred> holders = oracle->Holders(local->key);
+    if (!holders.empty()) {
+      bound =
+          absl::StrCat(" (live sessions of pids ",
+                       absl::StrJoin(holders, ", ",
+                                     [](std::string* out, const PeerCred& p) {
+                                       absl::StrAppend(out, p.pid);
+                                     }),
+                       " keep it until they end)");
+    }
+  }
+  spdlog::warn("cluster: {} (content {}) retired here: {}{}", Named(local->key),
+               local->content_id, why, bound);
+  return absl::OkStatus();
+}
+
+}  // namespace kreg

@@ -1,0 +1,78 @@
+#include "daemon/registry/target_proto.h"
+
+#include <algorithm>
+
+#include "daemon/base/validate.h"
+
+namespace kreg {
+
+v1::Target ToProto(const TargetEntry& e) {
+  v1::Target t;
+  t.set_target_name(e.key.name);
+  t.set_platform(PlatformName(e.key.platform));
+  t.set_func_name(e.func_name);
+  t.set_content_id(e.content_id);
+  t.set_module_digest(e.module_digest);
+  t.set_module_size(e.module_size);
+  t.set_kind(TargetKindName(e.kind));
+  t.set_ffi_api_major(e.handler_info.api_major);
+  t.set_ffi_api_minor(e.handler_info.api_minor);
+  t.set_traits(e.handler_info.traits);
+  v1::Audit* a = t.mutable_audit();
+  a->set_uid(e.registered_by.uid);
+  a->set_gid(e.registered_by.gid);
+  a->set_pid(e.registered_by.pid);
+  a->set_registered_at_us(e.registered_at_us);
+  a->set_origin(e.origin);
+  a->set_host(e.host);
+  return t;
+}
+
+v1::TargetStats StatsToProto(const TargetKey& key, const TargetStats& stats) {
+  v1::TargetStats t;
+  t.set_target_name(key.name);
+  t.set_platform(PlatformName(key.platform));
+  t.set_launches(stats.launches);
+  t.set_errors(stats.errors);
+  v1::LatencySummary* l = t.mutable_latency();
+  l->set_count(stats.count());
+  const double p50 = stats.QuantileNs(0.50) / 1000;
+  const double p90 = std::max(p50, stats.QuantileNs(0.90) / 1000);
+  const double p99 = std::max(p90, stats.QuantileNs(0.99) / 1000);
+  l->set_p50_us(p50);
+  l->set_p90_us(p90);
+  l->set_p99_us(p99);
+  l->set_sum_us(static_cast<double>(stats.sum_ns) / 1000);
+  return t;
+}
+
+absl::StatusOr<TargetEntry> FromProto(const v1::Target& t) {
+  absl::Status st = ValidateTargetName(t.target_name());
+  if (!st.ok()) return st;
+  absl::StatusOr<Platform> platform = ParsePlatform(t.platform());
+  if (!platform.ok()) return platform.status();
+  TargetEntry e;
+  e.key = {t.target_name(), *platform};
+  if (t.kind() == "in-process") {
+    e.kind = TargetKind::kInProcess;
+  } else if (!t.kind().empty() && t.kind() != "module") {
+    return absl::InvalidArgumentError("unknown target kind \"" + t.kind() +
+                                      "\"");
+  }
+  e.func_name = t.func_name();
+  e.content_id = t.content_id();
+  e.module_digest = t.module_digest();
+  e.module_size = t.module_size();
+  e.handler_info.api_major = t.ffi_api_major();
+  e.handler_info.api_minor = t.ffi_api_minor();
+  e.handler_info.traits = t.traits();
+  e.registered_by.uid = t.audit().uid();
+  e.registered_by.gid = t.audit().gid();
+  e.registered_by.pid = t.audit().pid();
+  e.registered_at_us = t.audit().registered_at_us();
+  e.origin = t.audit().origin();
+  e.host = t.audit().host();
+  return e;
+}
+
+}  // namespace kreg

@@ -1,0 +1,336 @@
+#include "daemon/supervisor/broker.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/wire.h"
+#include "daemon/base/broker_limits.h"
+#include "daemon/base/log_limit.h"
+#include "daemon/base/module_upload.h"
+#include "daemon/base/validate.h"
+#include "daemon/registry/registrar.h"
+#include "daemon/registry/registration_mapper.h"
+#include "daemon/registry/registry.h"
+#include "daemon/registry/runnable.h"
+#include "daemon/store/module_store.h"
+#include "daemon/supervisor/local_module_cache.h"
+#include "kreg/v1/registry.pb.h"
+#include "spdlog/spdlog.h"
+
+namespace kreg {
+namespace {
+
+void SetStatus(const absl::Status& s, v1::SessionStatus* out) {
+  out->set_code(static_cast<int>(s.code()));
+  out->set_message(std::string(s.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> TakeRelayedModule(
+    Registrar* registrar, const v1::RegisterTargetHeader& header,
+    std::vector<UniqueFd> fds, const PeerCred& peer, uint64_t max_module_bytes,
+    wire::BudgetHold* hold) {
+  const bool upload =
+      header.module().source_case() == v1::ModuleSource::kUploadSize;
+  if (fds.size() != (upload ? 1u : 0u)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the executor relayed a registration with ", fds.size(),
+        " file descriptor(s); ",
+        upload ? "an upload needs exactly one (the module's sealed memfd)"
+               : "only an upload may carry one"));
+  }
+  if (!upload) return std::string();
+  const uint64_t size = header.module().upload_size();
+  // The executor's own precheck is not to be trusted: the same checks
+  // again, before a byte of the memfd is read.
+  if (absl::Status s = registrar->PrecheckUpload(header.target_name(),
+                                                 header.platform(), size, peer);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = HoldUpload(size, hold); !s.ok()) return s;
+  return ReadSealedModule(fds[0].get(), size, max_module_bytes);
+}
+
+SessionBroker::SessionBroker(uint64_t id, UniqueFd client, const PeerCred& peer,
+                             const BrokerContext& ctx)
+    : id_(id), client_(std::move(client)), peer_(peer), ctx_(ctx) {}
+
+SessionBroker::SessionBroker(uint64_t id, UniqueFd client, const PeerCred& peer,
+                             const BrokerContext& ctx,
+                             ExecutorPool::Binding binding)
+    : id_(id),
+      client_(std::move(client)),
+      peer_(peer),
+      ctx_(ctx),
+      binding_(std::move(binding)),
+      broker_fd_(binding_.broker.get()) {}
+
+SessionBroker::~SessionBroker() { ctx_.pool->Release(&binding_); }
+
+void SessionBroker::Shutdown() {
+  if (broker_fd_ >= 0) ::shutdown(broker_fd_, SHUT_RDWR);
+  // An executor left running serves the client's connection on (kregd
+  // only closes its copy).
+  if (!ctx_.pool->leaving()) ::shutdown(client_.get(), SHUT_RDWR);
+}
+
+void SessionBroker::RefuseClient(const absl::Status& status) {
+  SendConnectionError(client_.get(), status);
+  ::shutdown(client_.get(), SHUT_RDWR);
+}
+
+void SessionBroker::Run() {
+  if (binding_.group == nullptr) {
+    absl::StatusOr<ExecutorPool::Binding> b =
+        ctx_.pool->Bind(id_, client_.get(), peer_);
+    if (!b.ok()) {
+      spdlog::warn("session {} (pid {} uid {}): {}", id_, peer_.pid, peer_.uid,
+                   std::string(b.status().message()));
+      RefuseClient(b.status());
+      return;
+    }
+    binding_ = *std::move(b);
+    broker_fd_ = binding_.broker.get();
+  }
+  std::string payload;
+  std::string out;
+  bool closed = false;
+  bool refused = false;
+  for (;;) {
+    std::vector<int> raw;
+    // Never more than kMaxBrokerRequestBytes: the length is checked before
+    // a byte of the payload is buffered.
+    int rc =
+        wire::RecvFrame(broker_fd_, kMaxBrokerRequestBytes, &payload, &raw);
+    std::vector<UniqueFd> fds;
+    for (int fd : raw) fds.emplace_back(fd);
+    if (rc == wire::kTooLarge || rc == wire::kTooManyFds) {
+      RefuseExecutorMessage(rc);
+      refused = true;
+      break;
+    }
+    if (rc != wire::kOk) break;
+    v1::BrokerRequest req;
+    if (!req.ParseFromString(payload)) {
+      spdlog::warn("session {}: malformed broker request from executor", id_);
+      break;
+    }
+    if (req.body_case() == v1::BrokerRequest::kClosed) {
+      closed = true;
+      break;
+    }
+    UniqueFd fd;
+    v1::BrokerReply reply = Handle(req, std::move(fds), &fd);
+    reply.SerializeToString(&out);
+    int reply_fds[1] = {fd.get()};
+    rc = wire::SendFrame(broker_fd_, out.data(), out.size(), reply_fds,
+                         fd.ok() ? 1 : 0);
+    if (rc != wire::kOk) break;
+  }
+  if (!closed && !refused && ctx_.pool->leaving()) {
+    // kregd is stopping and left the executor serving this session.
+    ForgetBindings();
+    ctx_.pool->Release(&binding_);
+    binding_.broker.reset();
+    broker_fd_ = -1;
+    return;
+  }
+  if (!closed && !refused) {
+    // A request the client sent and no executor read: the client is
+    // waiting for its answer.
+    int unread = 0;
+    const bool pending =
+        ::ioctl(client_.get(), FIONREAD, &unread) == 0 && unread > 0;
+    absl::Status crash = ctx_.pool->AwaitCrash(&binding_, pending);
+    if (!crash.ok()) RefuseClient(crash);
+  }
+  ::shutdown(client_.get(), SHUT_RDWR);
+  ForgetBindings();
+  ctx_.pool->Release(&binding_);
+  binding_.broker.reset();
+  broker_fd_ = -1;
+}
+
+void SessionBroker::ForgetBindings() {
+  if (ctx_.bindings != nullptr) ctx_.bindings->RemoveSession(id_);
+  if (ctx_.local_modules != nullptr) ctx_.local_modules->ReleaseSession(id_);
+}
+
+void SessionBroker::RefuseExecutorMessage(int result) {
+  const pid_t exec_pid = ctx_.pool->CountRefusedBrokerMessage(binding_);
+  std::string more;
+  if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
+    spdlog::warn(
+        "session {} (pid {} uid {}): executor pid {} sent kregd a broker "
+        "message it does not read ({}; at most {} bytes); ending the "
+        "session{}",
+        id_, peer_.pid, peer_.uid, exec_pid, wire::ResultText(result),
+        kMaxBrokerRequestBytes, more);
+  }
+  RefuseClient(absl::ResourceExhaustedError(absl::StrCat(
+      "kregd closed this session: its executor (pid ", exec_pid,
+      ") sent kregd a message over the limit for executor messages (",
+      kMaxBrokerRequestBytes, " bytes, at most ", wire::kMaxFdsPerFrame,
+      " fds); a kernel running in that executor may be writing into its "
+      "sockets")));
+}
+
+v1::BrokerReply SessionBroker::Handle(const v1::BrokerRequest& req,
+                                      std::vector<UniqueFd> fds,
+                                      UniqueFd* fd_out) {
+  v1::BrokerReply reply;
+  absl::Status status;
+  switch (req.body_case()) {
+    case v1::BrokerRequest::kRegisterTarget: {
+      // Holds the upload's bytes against the daemon-wide budget until the
+      // registration is done with them.
+      wire::BudgetHold hold(ctx_.upload_budget);
+      absl::StatusOr<std::string> module = TakeRelayedModule(
+          ctx_.registrar, req.register_target(), std::move(fds), peer_,
+          ctx_.max_module_bytes, &hold);
+      absl::StatusOr<v1::RegisterTargetResponse> r =
+          module.ok()
+              ? RegisterFromHeader(ctx_.registrar, req.register_target(),
+                                   *std::move(module), peer_,
+                                   CudaLaunchStatus())
+              : absl::StatusOr<v1::RegisterTargetResponse>(module.status());
+      if (r.ok() && ctx_.bindings != nullptr) {
+        absl::StatusOr<Platform> p = ParsePlatform(r->target().platform());
+        if (p.ok()) {
+          ctx_.bindings->Add(id_, peer_, {r->target().target_name(), *p});
+        }
+      }
+      if (r.ok()) {
+        *reply.mutable_register_target() = *std::move(r);
+      } else {
+        status = r.status();
+      }
+      break;
+    }
+    case v1::BrokerRequest::kPrecheckUpload: {
+      const v1::RegisterTargetHeader& h = req.precheck_upload();
+      status = ctx_.registrar->PrecheckUpload(h.target_name(), h.platform(),
+                                              h.module().upload_size(), peer_);
+      break;
+    }
+    case v1::BrokerRequest::kList:
+      *reply.mutable_list() =
+          DescribeTargets(*ctx_.registry, CudaLaunchStatus());
+      break;
+    case v1::BrokerRequest::kResolve: {
+      absl::StatusOr<v1::ResolveReply> r = Resolve(req.resolve(), fd_out);
+      if (r.ok()) {
+        *reply.mutable_resolve() = *std::move(r);
+      } else {
+        status = r.status();
+      }
+      break;
+    }
+    default:
+      status = absl::InvalidArgumentError("unknown broker request");
+  }
+  SetStatus(status, reply.mutable_status());
+  return reply;
+}
+
+absl::StatusOr<v1::ResolveReply> SessionBroker::Resolve(
+    const v1::ResolveRequest& r, UniqueFd* fd_out) {
+  if (absl::Status s = ValidateTargetName(r.target_name()); !s.ok()) return s;
+  absl::StatusOr<Platform> platform = ParsePlatform(r.platform());
+  if (!platform.ok()) return platform.status();
+  TargetKey key{r.target_name(), *platform};
+  EntryPtr e = ctx_.registry->Lookup(key);
+  if (e == nullptr) {
+    return absl::NotFoundError(absl::StrCat(
+        "target \"", key.name, "\" is not registered for platform ",
+        PlatformName(key.platform), " in kregd"));
+  }
+  if (r.local() && ctx_.local_modules == nullptr) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "target \"", key.name, "\" (", PlatformName(key.platform),
+        "): this kregd does not allow local execution (local_execution = "
+        "\"deny\" in its configuration), so its kernels run only in its "
+        "executors; run the target isolated (execution=\"isolated\", or "
+        "unset KREG_EXECUTION) or ask the operator to allow local "
+        "execution"));
+  }
+  if (e->kind == TargetKind::kInProcess) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "target \"", key.name, "\" is an in-process callable of pid ",
+        e->registered_by.pid, "; it runs inside that process, not in kregd"));
+  }
+  if (!e->unavailable.empty()) {
+    return absl::UnavailableError(absl::StrCat(
+        "target \"", key.name, "\" is registered but its module could not ",
+        "be loaded (", e->unavailable, "); re-register the original module ",
+        "to repair it"));
+  }
+  if (std::optional<CrashRecord> q = ctx_.ledger->Quarantined(key, peer_.uid)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "target \"", key.name, "\" (", PlatformName(key.platform),
+        ") is quarantined for uid ", peer_.uid, ": it crashed its executor ",
+        q->crashes_in_window, " times within ", ctx_.ledger->policy().window_s,
+        " s (last: ", q->last_reason,
+        "). Fix the kernel and register it under a new name, or run "
+        "`kregctl unquarantine ",
+        key.name, " --platform ", PlatformName(key.platform), "`"));
+  }
+  if (r.local()) return ResolveLocal(key, e, fd_out);
+  std::string path = ctx_.store->PathOf(e->module_digest);
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd.ok()) {
+    spdlog::error("opening store copy {}: {}", path, strerror(errno));
+    return absl::UnavailableError(absl::StrCat(
+        "the store copy of module ", e->module_digest, " of target \"",
+        key.name, "\" cannot be opened; see kregd's log"));
+  }
+  v1::ResolveReply reply;
+  reply.set_func_name(e->func_name);
+  reply.set_module_digest(e->module_digest);
+  reply.set_token(ctx_.pool->TokenFor(binding_, e));
+  if (ctx_.bindings != nullptr) ctx_.bindings->Add(id_, peer_, key);
+  *fd_out = std::move(fd);
+  return reply;
+}
+
+absl::StatusOr<v1::ResolveReply> SessionBroker::ResolveLocal(
+    const TargetKey& key, const EntryPtr& e, UniqueFd* fd_out) {
+  absl::StatusOr<UniqueFd> memfd =
+      ctx_.local_modules->Open(e->module_digest, e->module_size, id_);
+  if (!memfd.ok()) {
+    return absl::Status(
+        memfd.status().code(),
+        absl::StrCat("target \"", key.name, "\" (", PlatformName(key.platform),
+                     "): ", memfd.status().message()));
+  }
+  v1::ResolveReply reply;
+  reply.set_func_name(e->func_name);
+  reply.set_module_digest(e->module_digest);
+  *reply.mutable_target() = DescribeTarget(*e, CudaLaunchStatus());
+  *fd_out = *std::move(memfd);
+  // A session may ask again: one hold, one count, one log line.
+  if (ctx_.bindings != nullptr &&
+      !ctx_.bindings->Add(id_, peer_, key, /*local=*/true)) {
+    return reply;
+  }
+  if (ctx_.local_binds != nullptr) ctx_.local_binds->fetch_add(1);
+  std::string more;
+  if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
+    spdlog::info("session {} (pid {} uid {}): \"{}\" ({}) bound locally ({}){}",
+                 id_, peer_.pid, peer_.uid, key.name,
+                 PlatformName(key.platform), e->module_digest, more);
+  }
+  return reply;
+}
+
+}  // namespace kreg

@@ -1,0 +1,159 @@
+#include "daemon/base/module_upload.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "catch2/catch.hpp"
+#include "common/unique_fd.h"
+
+namespace kreg {
+namespace {
+
+UniqueFd MemfdWith(const std::string& bytes) {
+  UniqueFd fd(::memfd_create("test-module", MFD_CLOEXEC));
+  REQUIRE(fd.ok());
+  REQUIRE(::write(fd.get(), bytes.data(), bytes.size()) ==
+          static_cast<ssize_t>(bytes.size()));
+  return fd;
+}
+
+TEST_CASE("ReadModuleFd reads the announced bytes from offset 0",
+          "[module_upload]") {
+  UniqueFd fd = MemfdWith(
+      "\x7f"
+      "ELF and more");
+  auto got = ReadModuleFd(fd.get(), 4, 1 << 20);
+  REQUIRE(got.ok());
+  CHECK(*got ==
+        "\x7f"
+        "ELF");
+}
+
+TEST_CASE("ReadModuleFd refuses a size above max_module_bytes before reading",
+          "[module_upload]") {
+  UniqueFd fd = MemfdWith("0123456789");
+  auto got = ReadModuleFd(fd.get(), 10, 9);
+  REQUIRE(!got.ok());
+  CHECK(got.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(got.status().message()).find("max_module_bytes") !=
+        std::string::npos);
+  CHECK(std::string(got.status().message()).find("10 bytes") !=
+        std::string::npos);
+}
+
+TEST_CASE("ReadModuleFd refuses an fd shorter than announced",
+          "[module_upload]") {
+  UniqueFd fd = MemfdWith("short");
+  auto got = ReadModuleFd(fd.get(), 100, 1 << 20);
+  REQUIRE(!got.ok());
+  CHECK(got.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(got.status().message()).find("holds 5") !=
+        std::string::npos);
+}
+
+TEST_CASE("ReadModuleFd refuses an empty upload", "[module_upload]") {
+  UniqueFd fd = MemfdWith("x");
+  CHECK(ReadModuleFd(fd.get(), 0, 1 << 20).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+int Seals(int fd) { return ::fcntl(fd, F_GET_SEALS); }
+
+std::string Contents(int fd) {
+  std::string out(4096, '\0');
+  ssize_t n = ::pread(fd, out.data(), out.size(), 0);
+  out.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  return out;
+}
+
+TEST_CASE("SealedModuleCopy copies the announced bytes into a sealed memfd",
+          "[module_upload]") {
+  UniqueFd fd = MemfdWith("0123456789");
+  const int original = fd.get();
+  auto sealed = SealedModuleCopy(std::move(fd), 4, 1 << 20);
+  REQUIRE(sealed.ok());
+  CHECK(sealed->get() != original);
+  CHECK((Seals(sealed->get()) & kModuleSeals) == kModuleSeals);
+  CHECK(Contents(sealed->get()) == "0123");
+  CHECK(::write(sealed->get(), "x", 1) == -1);  // F_SEAL_WRITE
+}
+
+TEST_CASE("SealedModuleCopy copies more than one chunk", "[module_upload]") {
+  std::string big(3 << 20, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 7);
+  UniqueFd fd = MemfdWith(big);
+  auto sealed = SealedModuleCopy(std::move(fd), big.size(), 4 << 20);
+  REQUIRE(sealed.ok());
+  auto back = ReadSealedModule(sealed->get(), big.size(), 4 << 20);
+  REQUIRE(back.ok());
+  CHECK(*back == big);
+}
+
+TEST_CASE("SealedModuleCopy passes an already sealed memfd of the size on",
+          "[module_upload]") {
+  auto first = SealedModuleCopy(MemfdWith("abcdef"), 6, 1 << 20);
+  REQUIRE(first.ok());
+  const int original = first->get();
+  auto again = SealedModuleCopy(*std::move(first), 6, 1 << 20);
+  REQUIRE(again.ok());
+  CHECK(again->get() == original);
+}
+
+TEST_CASE("SealedModuleCopy: the errors of ReadModuleFd", "[module_upload]") {
+  CHECK(SealedModuleCopy(MemfdWith("short"), 100, 1 << 20).status().message() ==
+        "the module upload announced 100 bytes but its file descriptor "
+        "holds 5");
+  CHECK(SealedModuleCopy(MemfdWith("0123456789"), 10, 9).status().message() ==
+        "uploaded module of 10 bytes exceeds the limit of 9 bytes "
+        "(max_module_bytes)");
+  int p[2];
+  REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+  UniqueFd write_end(p[1]);
+  CHECK(SealedModuleCopy(UniqueFd(p[0]), 4, 1 << 20).status().message() ==
+        "the file descriptor attached to the module upload cannot be read");
+}
+
+TEST_CASE("ReadSealedModule reads a sealed memfd of the announced size",
+          "[module_upload]") {
+  auto fd = SealedModuleCopy(MemfdWith("module bytes"), 12, 1 << 20);
+  REQUIRE(fd.ok());
+  auto got = ReadSealedModule(fd->get(), 12, 1 << 20);
+  REQUIRE(got.ok());
+  CHECK(*got == "module bytes");
+}
+
+TEST_CASE("ReadSealedModule refuses what is not a sealed memfd of the size",
+          "[module_upload]") {
+  auto sealed = SealedModuleCopy(MemfdWith("module bytes"), 12, 1 << 20);
+  REQUIRE(sealed.ok());
+  // Unsealed: its bytes could change after kregd checked them.
+  UniqueFd open_fd = MemfdWith("module bytes");
+  auto s = ReadSealedModule(open_fd.get(), 12, 1 << 20).status();
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.message() ==
+        "the module memfd relayed by the executor is not sealed against "
+        "writing, shrinking and growing (seals 0x1)");
+  // Sealed, but of another size than announced.
+  s = ReadSealedModule(sealed->get(), 11, 1 << 20).status();
+  CHECK(s.message() ==
+        "the module memfd relayed by the executor holds 12 bytes, not the 11 "
+        "announced");
+  // Not a memfd at all.
+  int p[2];
+  REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+  UniqueFd r(p[0]), w(p[1]);
+  s = ReadSealedModule(r.get(), 12, 1 << 20).status();
+  CHECK(s.message() == "the module relayed by the executor is not a memfd");
+  // Over max_module_bytes or empty: refused before anything else.
+  CHECK(ReadSealedModule(sealed->get(), 12, 11).status().message() ==
+        "uploaded module of 12 bytes exceeds the limit of 11 bytes "
+        "(max_module_bytes)");
+  CHECK(ReadSealedModule(sealed->get(), 0, 11).status().message() ==
+        "uploaded module is empty (0 bytes)");
+}
+
+}  // namespace
+}  // namespace kreg

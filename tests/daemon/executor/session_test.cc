@@ -1,0 +1,712 @@
+#include "daemon/executor/session.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "catch2/catch.hpp"
+#include "common/wire.h"
+#include "tests/daemon/executor/test_util.h"
+#include "xla/ffi/api/c_api.h"
+
+namespace kreg {
+namespace {
+
+using ::kreg::testing::MakeMemfd;
+
+// Doubles F32 arg 0 into ret 0 for target "t"; everything else NOT_FOUND.
+class FakeBackend : public SessionBackend {
+ public:
+  absl::StatusOr<v1::RegisterTargetResponse> Register(
+      const v1::RegisterTargetHeader& r, UniqueFd module,
+      const PeerCred& peer) override {
+    if (r.target_name() == "refused") {
+      return absl::FailedPreconditionError("target \"refused\" exists");
+    }
+    last_peer = peer;
+    last_request = r;
+    last_module_seals = module.ok() ? ::fcntl(module.get(), F_GET_SEALS) : -1;
+    last_module.clear();
+    if (module.ok()) {
+      last_module.resize(r.module().upload_size());
+      if (::pread(module.get(), last_module.data(), last_module.size(), 0) !=
+          static_cast<ssize_t>(last_module.size())) {
+        last_module = "(short memfd)";
+      }
+    }
+    v1::RegisterTargetResponse reply;
+    reply.set_created(true);
+    reply.mutable_target()->set_target_name(r.target_name());
+    return reply;
+  }
+  // Refuses uploads over 100 bytes, like kregd's quota would.
+  absl::Status PrecheckUpload(const v1::RegisterTargetHeader& r,
+                              const PeerCred& peer) override {
+    const uint64_t size = r.module().upload_size();
+    ++prechecks;
+    last_peer = peer;
+    if (size > 100) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "precheck of \"", r.target_name(), "\": ", size, " bytes"));
+    }
+    return absl::OkStatus();
+  }
+  // One target, with every field a 1.0-1.6 client reads.
+  v1::ListTargetsResponse List() override {
+    v1::ListTargetsResponse r;
+    v1::Target* t = r.add_targets();
+    t->set_target_name("listed");
+    t->set_platform("cpu");
+    t->set_func_name("F");
+    t->set_content_id("c");
+    t->set_module_digest("sha256:d");
+    t->set_module_size(9);
+    t->set_kind("module");
+    t->set_ffi_api_major(0);
+    t->set_ffi_api_minor(1);
+    t->set_traits(1);
+    t->set_not_runnable("no GPU");
+    t->mutable_audit()->set_uid(1000);
+    t->mutable_audit()->set_gid(100);
+    t->mutable_audit()->set_registered_at_us(5);
+    t->mutable_audit()->set_pid(77);
+    t->mutable_audit()->set_origin("path:/m.so");
+    t->mutable_audit()->set_host("h (10.0.0.1)");
+    return r;
+  }
+  // "local.ok": a module fd; "local.nofd": success without one; other
+  // names: the backend's refusal.
+  absl::StatusOr<v1::BindLocalReply> BindLocal(const v1::BindLocal& r,
+                                               UniqueFd* module) override {
+    if (r.target_name() == "local.ok") {
+      *module = MakeMemfd(64);
+      v1::BindLocalReply reply;
+      reply.mutable_target()->set_target_name("local.ok");
+      reply.mutable_target()->set_module_size(64);
+      return reply;
+    }
+    if (r.target_name() == "local.nofd") return v1::BindLocalReply();
+    return absl::PermissionDeniedError("local_execution = \"deny\"");
+  }
+  absl::StatusOr<void*> Lookup(const TargetKey& key) override {
+    ++lookups;
+    if (key.name != "t")
+      return absl::NotFoundError("not registered: " + key.name);
+    return reinterpret_cast<void*>(0x1);
+  }
+  absl::Status Execute(void*, const LaunchFrame& frame) override {
+    if (!frame.attrs.empty()) return absl::InternalError("handler says no");
+    auto* in = static_cast<float*>(frame.args[0].data);
+    auto* out = static_cast<float*>(frame.rets[0].data);
+    for (int64_t i = 0; i < frame.args[0].dims[0]; ++i) out[i] = 2 * in[i];
+    return absl::OkStatus();
+  }
+  uint32_t ffi_api_major() const override { return 0; }
+  uint32_t ffi_api_minor() const override { return 4; }
+  int lookups = 0;
+  int prechecks = 0;
+  PeerCred last_peer;
+  v1::RegisterTargetHeader last_request;
+  std::string last_module;  // the bytes of the memfd Register got
+  int last_module_seals = -1;
+};
+
+struct Fixture {
+  Fixture()
+      : session(7, UniqueFd(), PeerCred{1, 2, 3}, Limits(), &backend,
+                &counters) {}
+  static SessionLimits Limits() {
+    SessionLimits l;
+    l.max_arena_bytes = 1 << 20;
+    l.max_module_bytes = 1 << 20;
+    return l;
+  }
+  v1::SessionResponse Send(const v1::SessionRequest& r,
+                           std::vector<UniqueFd> fds = {}) {
+    return session.Handle(r, std::move(fds));
+  }
+  v1::SessionResponse Hello(uint32_t minor = kSessionProtocolMinor) {
+    v1::SessionRequest r;
+    r.set_id(1);
+    r.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
+    r.mutable_hello()->set_protocol_minor(minor);
+    return Send(r);
+  }
+  FakeBackend backend;
+  SessionCounters counters;
+  Session session;
+};
+
+v1::SessionRequest LaunchRequest(const std::string& target) {
+  v1::SessionRequest r;
+  r.set_id(5);
+  v1::Launch* l = r.mutable_launch();
+  l->set_target_name(target);
+  l->set_platform("cpu");
+  for (auto* b : {l->add_args(), l->add_rets()}) {
+    b->set_dtype(XLA_FFI_DataType_F32);
+    b->add_dims(2);
+    b->set_size(8);
+  }
+  l->mutable_rets(0)->set_offset(64);
+  return r;
+}
+
+TEST_CASE("Hello answers with the session's id and limits", "[session]") {
+  Fixture fx;
+  v1::SessionResponse resp = fx.Hello();
+  CHECK(resp.id() == 1);
+  CHECK(resp.status().code() == 0);
+  CHECK(resp.hello().session_id() == 7);
+  CHECK(resp.hello().ffi_api_minor() == 4);
+  CHECK(resp.hello().max_arena_bytes() == 1 << 20);
+}
+
+TEST_CASE("Requests before Hello are refused", "[session]") {
+  Fixture fx;
+  v1::SessionRequest r;
+  r.mutable_list();
+  v1::SessionResponse resp = fx.Send(r);
+  CHECK(resp.status().code() == int(absl::StatusCode::kFailedPrecondition));
+  CHECK(resp.status().message() ==
+        "the first request of a session must be Hello");
+}
+
+v1::SessionRequest BindLocalRequest(const std::string& target) {
+  v1::SessionRequest r;
+  r.set_id(9);
+  r.mutable_bind_local()->set_target_name(target);
+  r.mutable_bind_local()->set_platform("cpu");
+  return r;
+}
+
+TEST_CASE("BindLocal answers with the entry and attaches the module fd",
+          "[session][local]") {
+  Fixture fx;
+  fx.Hello();
+  v1::SessionResponse resp = fx.Send(BindLocalRequest("local.ok"));
+  CHECK(resp.status().code() == 0);
+  CHECK(resp.bind_local().target().target_name() == "local.ok");
+  UniqueFd fd = fx.session.TakeReplyFd();
+  REQUIRE(fd.ok());
+  CHECK(::lseek(fd.get(), 0, SEEK_END) == 64);
+  // Taken once: the next response carries none.
+  CHECK_FALSE(fx.session.TakeReplyFd().ok());
+  fx.Send(BindLocalRequest("local.ok"));
+  v1::SessionRequest list;
+  list.mutable_list();
+  fx.Send(list);  // a later request drops a fd nobody took
+  CHECK_FALSE(fx.session.TakeReplyFd().ok());
+}
+
+TEST_CASE("BindLocal errors come back and attach nothing", "[session][local]") {
+  Fixture fx;
+  v1::SessionResponse before = fx.Send(BindLocalRequest("local.ok"));
+  CHECK(before.status().message() ==
+        "the first request of a session must be Hello");
+  CHECK_FALSE(fx.session.TakeReplyFd().ok());
+  fx.Hello();
+  v1::SessionResponse denied = fx.Send(BindLocalRequest("local.denied"));
+  CHECK(denied.status().code() == int(absl::StatusCode::kPermissionDenied));
+  CHECK(denied.status().message() == "local_execution = \"deny\"");
+  CHECK_FALSE(denied.has_bind_local());
+  CHECK_FALSE(fx.session.TakeReplyFd().ok());
+  v1::SessionResponse nofd = fx.Send(BindLocalRequest("local.nofd"));
+  CHECK(nofd.status().code() == int(absl::StatusCode::kInternal));
+  CHECK(nofd.status().message() ==
+        "kregd answered BindLocal without the module's memfd");
+  // A client may not attach descriptors to it.
+  std::vector<UniqueFd> fds;
+  fds.push_back(MakeMemfd(8));
+  v1::SessionResponse with_fd =
+      fx.Send(BindLocalRequest("local.ok"), std::move(fds));
+  CHECK(with_fd.status().code() == int(absl::StatusCode::kInvalidArgument));
+  CHECK_THAT(with_fd.status().message(),
+             Catch::Contains("1 unexpected file descriptor(s)"));
+  CHECK_FALSE(fx.session.TakeReplyFd().ok());
+}
+
+TEST_CASE("A backend without local execution says so", "[session][local]") {
+  class Plain : public FakeBackend {
+   public:
+    absl::StatusOr<v1::BindLocalReply> BindLocal(const v1::BindLocal& r,
+                                                 UniqueFd* m) override {
+      return SessionBackend::BindLocal(r, m);
+    }
+  } backend;
+  SessionCounters counters;
+  Session session(8, UniqueFd(), PeerCred{1, 2, 3}, Fixture::Limits(), &backend,
+                  &counters);
+  v1::SessionRequest hello;
+  hello.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
+  session.Handle(hello, {});
+  v1::SessionResponse resp = session.Handle(BindLocalRequest("x"), {});
+  CHECK(resp.status().code() == int(absl::StatusCode::kUnimplemented));
+  CHECK(resp.status().message() ==
+        "this session backend cannot hand out modules for local execution");
+}
+
+TEST_CASE("A second Hello is refused", "[session]") {
+  Fixture fx;
+  fx.Hello();
+  CHECK(fx.Hello().status().message() == "Hello was already sent");
+}
+
+TEST_CASE("A client of another major is refused at Hello, saying who is older",
+          "[session]") {
+  Fixture fx;
+  v1::SessionRequest r;
+  r.mutable_hello()->set_protocol_major(1);
+  r.mutable_hello()->set_protocol_minor(8);
+  v1::SessionResponse resp = fx.Send(r);
+  CHECK(resp.status().code() == int(absl::StatusCode::kFailedPrecondition));
+  CHECK(resp.status().message() ==
+        "the client library speaks session protocol 1.8 and kregd 2.0: the "
+        "client library is older. Update the client library (the kreg "
+        "wheel) so that both are from the same release");
+  // Still before Hello: nothing else is served.
+  resp = fx.Send(LaunchRequest("t"));
+  CHECK(resp.status().message() ==
+        "the first request of a session must be Hello");
+  r.mutable_hello()->set_protocol_major(3);
+  r.mutable_hello()->set_protocol_minor(1);
+  CHECK(fx.Send(r).status().message() ==
+        "the client library speaks session protocol 3.1 and kregd 2.0: kregd "
+        "is older. Update kregd so that both are from the same release");
+}
+
+TEST_CASE("A client of a later minor is served; kregd says its own",
+          "[session]") {
+  Fixture fx;
+  v1::SessionResponse resp = fx.Hello(kSessionProtocolMinor + 3);
+  REQUIRE(resp.status().code() == 0);
+  CHECK(resp.hello().protocol_major() == kSessionProtocolMajor);
+  CHECK(resp.hello().protocol_minor() == kSessionProtocolMinor);
+}
+
+TEST_CASE("An empty request is refused", "[session]") {
+  Fixture fx;
+  fx.Hello();
+  v1::SessionResponse resp = fx.Send(v1::SessionRequest());
+  CHECK(resp.status().message() == "unknown session request kind 0");
+}
+
+TEST_CASE("Descriptors on a request other than ArenaGrow are refused",
+          "[session]") {
+  Fixture fx;
+  fx.Hello();
+  std::vector<UniqueFd> fds;
+  fds.push_back(MakeMemfd(4096));
+  v1::SessionResponse resp = fx.Send(LaunchRequest("t"), std::move(fds));
+  CHECK(resp.status().code() == int(absl::StatusCode::kInvalidArgument));
+  CHECK(resp.status().message() ==
+        "1 file descriptor(s) attached to a CPU launch");
+}
+
+TEST_CASE("ArenaGrow needs exactly one descriptor", "[session]") {
+  Fixture fx;
+  fx.Hello();
+  v1::SessionRequest r;
+  r.mutable_arena_grow()->set_size(4096);
+  CHECK(fx.Send(r).status().message() ==
+        "ArenaGrow needs exactly one memfd attached, got 0");
+  std::vector<UniqueFd> two;
+  two.push_back(MakeMemfd(4096));
+  two.push_back(MakeMemfd(4096));
+  CHECK(fx.Send(r, std::move(two)).status().message() ==
+        "ArenaGrow needs exactly one memfd attached, got 2");
+}
+
+TEST_CASE("ArenaGrow passes the arena's refusal through", "[session]") {
+  Fixture fx;
+  fx.Hello();
+  v1::SessionRequest r;
+  r.mutable_arena_grow()->set_size(2 << 20);
+  std::vector<UniqueFd> fds;
+  fds.push_back(MakeMemfd(2 << 20));
+  v1::SessionResponse resp = fx.Send(r, std::move(fds));
+  CHECK(resp.status().code() == int(absl::StatusCode::kResourceExhausted));
+}
+
+TEST_CASE("Launch runs the handler on arena memory", "[session]") {
+  Fixture fx;
+  fx.Hello();
+  UniqueFd fd = MakeMemfd(4096);
+  auto* mem = static_cast<float*>(
+      ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0));
+  v1::SessionRequest grow;
+  grow.mutable_arena_grow()->set_size(4096);
+  std::vector<UniqueFd> fds;
+  fds.push_back(std::move(fd));
+  REQUIRE(fx.Send(grow, std::move(fds)).arena_grow().size() == 4096);
+  mem[0] = 1.5f;
+  mem[1] = -2.0f;
+  v1::SessionResponse resp = fx.Send(LaunchRequest("t"));
+  CHECK(resp.status().code() == 0);
+  CHECK(resp.has_launch());
+  CHECK(mem[16] == 3.0f);
+  CHECK(mem[17] == -4.0f);
+  fx.Send(LaunchRequest("t"));
+  CHECK(fx.backend.lookups == 1);  // cached per session
+  CHECK(fx.counters.launches == 2);
+  CHECK(fx.counters.launch_errors == 0);
+  ::munmap(mem, 4096);
+}
+
+TEST_CASE("Launch: validation, lookup and handler errors come back",
+          "[session]") {
+  Fixture fx;
+  fx.Hello();
+  // No arena yet: the buffers are out of range.
+  v1::SessionResponse resp = fx.Send(LaunchRequest("t"));
+  CHECK(resp.status().code() == int(absl::StatusCode::kOutOfRange));
+  CHECK(resp.status().message() ==
+        "arg 0: region [0, 8) ends past the session arena of 0 bytes");
+  v1::SessionRequest grow;
+  grow.mutable_arena_grow()->set_size(4096);
+  std::vector<UniqueFd> fds;
+  fds.push_back(MakeMemfd(4096));
+  fx.Send(grow, std::move(fds));
+  resp = fx.Send(LaunchRequest("missing"));
+  CHECK(resp.status().code() == int(absl::StatusCode::kNotFound));
+  CHECK(resp.status().message() == "not registered: missing");
+  v1::SessionRequest bad = LaunchRequest("t");
+  v1::Attribute* a = bad.mutable_launch()->add_attrs();
+  a->set_name("x");
+  a->set_kind(v1::ATTR_KIND_STRING);
+  resp = fx.Send(bad);
+  CHECK(resp.status().code() == int(absl::StatusCode::kInternal));
+  CHECK(resp.status().message() == "handler says no");
+  CHECK(fx.counters.launches == 3);
+  CHECK(fx.counters.launch_errors == 3);
+}
+
+TEST_CASE("Launch refuses CUDA targets (host arena buffers)", "[session]") {
+  Fixture fx;
+  fx.Hello();
+  v1::SessionRequest r = LaunchRequest("t");
+  r.mutable_launch()->clear_args();
+  r.mutable_launch()->clear_rets();
+  r.mutable_launch()->set_platform("gpu");
+  v1::SessionResponse resp = fx.Send(r);
+  CHECK(resp.status().code() == int(absl::StatusCode::kUnimplemented));
+  CHECK(resp.status().message() ==
+        "launching \"t\" for platform cuda: this kregd serves no CUDA device "
+        "(started without CUDA)");
+  CHECK(fx.backend.lookups == 0);
+}
+
+TEST_CASE("Register passes the peer and the refusal through", "[session]") {
+  Fixture fx;
+  fx.Hello();
+  v1::SessionRequest r;
+  r.mutable_register_target()->set_target_name("ok");
+  v1::SessionResponse resp = fx.Send(r);
+  CHECK(resp.register_target().created());
+  CHECK(fx.backend.last_peer.pid == 3);
+  r.mutable_register_target()->set_target_name("refused");
+  resp = fx.Send(r);
+  CHECK(resp.status().code() == int(absl::StatusCode::kFailedPrecondition));
+  CHECK(resp.status().message() == "target \"refused\" exists");
+}
+
+TEST_CASE("An fd upload refused by the precheck is never read", "[session]") {
+  Fixture fx;
+  fx.Hello();
+  // A pipe cannot be pread: had the session read it, the error would say
+  // the descriptor cannot be read.
+  int p[2];
+  REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+  UniqueFd read_end(p[0]), write_end(p[1]);
+  v1::SessionRequest r;
+  r.mutable_register_target()->set_target_name("big");
+  r.mutable_register_target()->mutable_module()->set_upload_size(1 << 20);
+  std::vector<UniqueFd> fds;
+  fds.push_back(std::move(read_end));
+  v1::SessionResponse resp = fx.Send(r, std::move(fds));
+  CHECK(fx.backend.prechecks == 1);
+  CHECK(fx.backend.last_peer.pid == 3);
+  CHECK(resp.status().code() == int(absl::StatusCode::kResourceExhausted));
+  CHECK(resp.status().message() == "precheck of \"big\": 1048576 bytes");
+}
+
+TEST_CASE("An fd upload the precheck accepts is read and registered",
+          "[session]") {
+  Fixture fx;
+  fx.Hello();
+  v1::SessionRequest r;
+  r.mutable_register_target()->set_target_name("small");
+  r.mutable_register_target()->mutable_module()->set_upload_size(4);
+  std::vector<UniqueFd> fds;
+  fds.push_back(MakeMemfd(4));
+  v1::SessionResponse resp = fx.Send(r, std::move(fds));
+  CHECK(fx.backend.prechecks == 1);
+  CHECK(resp.status().code() == 0);
+  CHECK(resp.register_target().created());
+}
+
+constexpr int kSealed = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW;
+
+TEST_CASE("An upload must carry exactly one fd, nothing else any",
+          "[session]") {
+  Fixture fx;
+  fx.Hello();
+  v1::SessionRequest r;
+  r.mutable_register_target()->set_target_name("nofd");
+  r.mutable_register_target()->mutable_module()->set_upload_size(4);
+  v1::SessionResponse resp = fx.Send(r);
+  CHECK(resp.status().code() == int(absl::StatusCode::kInvalidArgument));
+  CHECK(resp.status().message() ==
+        "the registration carries 0 file descriptor(s); an upload "
+        "(module.upload_size) needs exactly one (the module's memfd)");
+  r.mutable_register_target()->mutable_module()->set_path("/m.so");
+  std::vector<UniqueFd> fds;
+  fds.push_back(MakeMemfd(4));
+  resp = fx.Send(r, std::move(fds));
+  CHECK(resp.status().message() ==
+        "the registration carries 1 file descriptor(s); only an upload "
+        "(module.upload_size) may carry one");
+  CHECK(fx.backend.prechecks == 0);
+}
+
+TEST_CASE("An fd upload reaches the backend as a sealed memfd of its size",
+          "[session]") {
+  Fixture fx;
+  fx.Hello();
+  // The client's memfd is longer than the upload and not sealed against
+  // writing: the backend gets a sealed copy of the announced bytes.
+  UniqueFd fd(::memfd_create("m", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  REQUIRE(::write(fd.get(), "abcdefgh", 8) == 8);
+  v1::SessionRequest r;
+  r.mutable_register_target()->set_target_name("byfd");
+  r.mutable_register_target()->mutable_module()->set_upload_size(5);
+  std::vector<UniqueFd> fds;
+  fds.push_back(std::move(fd));
+  v1::SessionResponse resp = fx.Send(r, std::move(fds));
+  REQUIRE(resp.status().code() == 0);
+  CHECK(fx.backend.last_request.module().upload_size() == 5);
+  CHECK((fx.backend.last_module_seals & kSealed) == kSealed);
+  CHECK(fx.backend.last_module == "abcde");
+}
+
+TEST_CASE("List answers in registration.proto's Target", "[session]") {
+  Fixture fx;
+  fx.Hello();
+  v1::SessionRequest list;
+  list.mutable_list();
+  v1::SessionResponse resp = fx.Send(list);
+  REQUIRE(resp.has_list());
+  REQUIRE(resp.list().targets_size() == 1);
+  CHECK(resp.list().targets(0).target_name() == "listed");
+  CHECK(resp.list().targets(0).audit().host() == "h (10.0.0.1)");
+}
+
+TEST_CASE("An fd upload is charged to max_buffered_bytes before it is read",
+          "[session]") {
+  FakeBackend backend;
+  SessionCounters counters;
+  wire::ByteBudget budget(64);
+  SessionLimits limits;
+  limits.receive_budget = &budget;
+  Session session(7, UniqueFd(), PeerCred{1, 2, 3}, limits, &backend,
+                  &counters);
+  v1::SessionRequest hello;
+  hello.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
+  REQUIRE(session.Handle(hello, {}).status().code() == 0);
+  // 80 bytes pass the precheck (<= 100) but not the budget (64): refused
+  // before reading (a pipe cannot be pread: reading it would say so).
+  int p[2];
+  REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+  UniqueFd read_end(p[0]), write_end(p[1]);
+  v1::SessionRequest r;
+  r.mutable_register_target()->set_target_name("mid");
+  r.mutable_register_target()->mutable_module()->set_upload_size(80);
+  std::vector<UniqueFd> fds;
+  fds.push_back(std::move(read_end));
+  v1::SessionResponse resp = session.Handle(r, std::move(fds));
+  CHECK(resp.status().code() == int(absl::StatusCode::kResourceExhausted));
+  CHECK(resp.status().message() ==
+        "reading the uploaded module of 80 bytes would take the bytes "
+        "buffered by every session of this executor (uid 1) past 64 "
+        "(max_buffered_bytes; 0 in use); retry once other uploads are done "
+        "or ask the operator to raise max_buffered_bytes");
+  CHECK(budget.used() == 0);
+  // One that fits is read and registered; its charge is given back after.
+  r.mutable_register_target()->set_target_name("small");
+  r.mutable_register_target()->mutable_module()->set_upload_size(4);
+  fds.clear();
+  fds.push_back(MakeMemfd(4));
+  resp = session.Handle(r, std::move(fds));
+  CHECK(resp.status().code() == 0);
+  CHECK(resp.register_target().created());
+  CHECK(budget.used() == 0);
+}
+
+// ---- the request loop over a socket --------------------------------------
+
+struct Wired {
+  Wired() {
+    int sv[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+    client.reset(sv[0]);
+    SessionLimits limits;
+    limits.max_message_bytes = 1024;
+    session = std::make_unique<Session>(1, UniqueFd(sv[1]), PeerCred{}, limits,
+                                        &backend, &counters);
+    thread = std::thread([this] { session->Run(); });
+  }
+  ~Wired() {
+    session->Shutdown();
+    thread.join();
+  }
+  v1::SessionResponse Recv() {
+    std::string payload;
+    std::vector<int> fds;
+    REQUIRE(wire::RecvFrame(client.get(), 1 << 20, &payload, &fds) ==
+            wire::kOk);
+    v1::SessionResponse resp;
+    REQUIRE(resp.ParseFromString(payload));
+    return resp;
+  }
+  FakeBackend backend;
+  SessionCounters counters;
+  UniqueFd client;
+  std::unique_ptr<Session> session;
+  std::thread thread;
+};
+
+TEST_CASE("Run answers requests in order", "[session]") {
+  Wired w;
+  v1::SessionRequest r;
+  r.set_id(42);
+  r.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
+  std::string out = r.SerializeAsString();
+  REQUIRE(wire::SendFrame(w.client.get(), out.data(), out.size(), nullptr, 0) ==
+          wire::kOk);
+  CHECK(w.Recv().id() == 42);
+}
+
+TEST_CASE("Run answers a malformed request and keeps going", "[session]") {
+  Wired w;
+  std::string junk = "\xff\xff\xff";
+  REQUIRE(wire::SendFrame(w.client.get(), junk.data(), junk.size(), nullptr,
+                          0) == wire::kOk);
+  v1::SessionResponse resp = w.Recv();
+  CHECK(resp.status().code() == int(absl::StatusCode::kInvalidArgument));
+  CHECK(resp.status().message() ==
+        "malformed session request (3 bytes do not parse as "
+        "kreg.v1.SessionRequest)");
+}
+
+TEST_CASE("Run refuses an oversized message and closes", "[session]") {
+  Wired w;
+  std::string big(2000, 'x');
+  REQUIRE(wire::SendFrame(w.client.get(), big.data(), big.size(), nullptr, 0) ==
+          wire::kOk);
+  v1::SessionResponse resp = w.Recv();
+  CHECK(resp.status().code() == int(absl::StatusCode::kResourceExhausted));
+  CHECK(resp.status().message() ==
+        "session message refused: message larger than the limit "
+        "(max_message_bytes 1024, at most 32 fds)");
+  std::string payload;
+  std::vector<int> fds;
+  CHECK(wire::RecvFrame(w.client.get(), 1 << 20, &payload, &fds) == wire::kEof);
+}
+
+TEST_CASE(
+    "Half a first frame is cut off at the Hello deadline with "
+    "DeadlineExceeded",
+    "[session]") {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+  UniqueFd client(sv[0]);
+  FakeBackend backend;
+  SessionCounters counters;
+  SessionLimits limits;
+  limits.hello_timeout_ms = 300;
+  Session session(1, UniqueFd(sv[1]), PeerCred{}, limits, &backend, &counters);
+  const auto start = std::chrono::steady_clock::now();
+  std::thread run([&] { session.Run(); });
+  // A length of 100 and 10 of its bytes, then nothing.
+  const char partial[14] = {100, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  REQUIRE(::send(client.get(), partial, sizeof(partial), MSG_NOSIGNAL) == 14);
+  std::string payload;
+  std::vector<int> fds;
+  REQUIRE(wire::RecvFrame(client.get(), 1 << 20, &payload, &fds) == wire::kOk);
+  v1::SessionResponse resp;
+  REQUIRE(resp.ParseFromString(payload));
+  CHECK(resp.id() == 0);
+  CHECK(resp.status().code() == int(absl::StatusCode::kDeadlineExceeded));
+  CHECK(resp.status().message() ==
+        "kregd closed this session: no Hello within 300 ms of connecting");
+  CHECK(wire::RecvFrame(client.get(), 1 << 20, &payload, &fds) == wire::kEof);
+  const auto took = std::chrono::steady_clock::now() - start;
+  CHECK(took >= std::chrono::milliseconds(250));
+  CHECK(took < std::chrono::seconds(3));
+  run.join();
+}
+
+TEST_CASE("A complete Hello before the deadline keeps the session open",
+          "[session]") {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+  UniqueFd client(sv[0]);
+  FakeBackend backend;
+  SessionCounters counters;
+  SessionLimits limits;
+  limits.hello_timeout_ms = 200;
+  Session session(1, UniqueFd(sv[1]), PeerCred{}, limits, &backend, &counters);
+  std::thread run([&] { session.Run(); });
+  v1::SessionRequest r;
+  r.set_id(5);
+  r.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
+  std::string out = r.SerializeAsString();
+  // Sent in two parts, the second well before the deadline.
+  uint32_t len = static_cast<uint32_t>(out.size());
+  REQUIRE(::send(client.get(), &len, 4, MSG_NOSIGNAL) == 4);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  REQUIRE(::send(client.get(), out.data(), out.size(), MSG_NOSIGNAL) ==
+          static_cast<ssize_t>(out.size()));
+  std::string payload;
+  std::vector<int> fds;
+  REQUIRE(wire::RecvFrame(client.get(), 1 << 20, &payload, &fds) == wire::kOk);
+  v1::SessionResponse resp;
+  REQUIRE(resp.ParseFromString(payload));
+  CHECK(resp.id() == 5);
+  CHECK(resp.has_hello());
+  // Well past the deadline, the session still answers.
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  v1::SessionRequest list;
+  list.set_id(6);
+  list.mutable_list();
+  out = list.SerializeAsString();
+  REQUIRE(wire::SendFrame(client.get(), out.data(), out.size(), nullptr, 0) ==
+          wire::kOk);
+  REQUIRE(wire::RecvFrame(client.get(), 1 << 20, &payload, &fds) == wire::kOk);
+  REQUIRE(resp.ParseFromString(payload));
+  CHECK(resp.id() == 6);
+  CHECK(resp.status().code() == 0);
+  session.Shutdown();
+  run.join();
+}
+
+TEST_CASE("PeerCredOf reports this process", "[session]") {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  auto peer = PeerCredOf(sv[0]);
+  REQUIRE(peer.ok());
+  CHECK(peer->pid == ::getpid());
+  CHECK(peer->uid == ::getuid());
+  ::close(sv[0]);
+  ::close(sv[1]);
+  CHECK(PeerCredOf(-1).status().code() == absl::StatusCode::kInternal);
+}
+
+}  // namespace
+}  // namespace kreg

@@ -1,0 +1,242 @@
+// Registry in cluster mode: claims through a BindingAuthority (an in-memory
+// stand-in for etcd shared by several registries, i.e. hosts), mirroring
+// and retirement. The etcd-backed authority itself is exercised end to end
+// in tests/python/test_cluster.py.
+#include <map>
+#include <set>
+#include <string>
+
+#include "catch2/catch.hpp"
+#include "daemon/registry/registry.h"
+#include "daemon/store/module_store.h"
+#include "tests/daemon/registry/registry_fakes.h"
+
+namespace kreg {
+namespace {
+
+// The bindings of one cluster, shared by the hosts' authorities.
+struct FakeEtcd {
+  std::map<TargetKey, TargetEntry> bindings;
+  std::map<std::string, std::string> modules;  // digest -> bytes peers serve
+  bool up = true;
+};
+
+class FakeAuthority : public BindingAuthority {
+ public:
+  FakeAuthority(FakeEtcd* etcd, std::string host)
+      : etcd_(etcd), host_(std::move(host)) {}
+  std::string HostName() const override { return host_; }
+  absl::StatusOr<ClaimResult> Claim(const TargetEntry& proposed) override {
+    if (!etcd_->up) return absl::UnavailableError("etcd is down");
+    ++claims;
+    auto it = etcd_->bindings.find(proposed.key);
+    if (it == etcd_->bindings.end()) {
+      etcd_->bindings[proposed.key] = proposed;
+      return ClaimResult{true, {}};
+    }
+    return ClaimResult{false, it->second};
+  }
+  void Unclaim(const TargetEntry& claimed) override {
+    ++unclaims;
+    etcd_->bindings.erase(claimed.key);
+  }
+  absl::Status Release(const TargetEntry& entry) override {
+    if (!etcd_->up) return absl::UnavailableError("etcd is down");
+    etcd_->bindings.erase(entry.key);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> FetchModule(const std::string& digest,
+                                          uint64_t) override {
+    ++fetches;
+    auto it = etcd_->modules.find(digest);
+    if (it == etcd_->modules.end()) return absl::NotFoundError("no peer");
+    return it->second;
+  }
+  int claims = 0, unclaims = 0, fetches = 0;
+
+ private:
+  FakeEtcd* const etcd_;
+  const std::string host_;
+};
+
+struct Host {
+  Host(FakeEtcd* etcd, const std::string& name) : authority(etcd, name) {
+    registry.SetBindingAuthority(&authority);
+  }
+  FakeLoader loader;
+  MemLog log;
+  Registry registry{&loader, &log};
+  FakeAuthority authority;
+};
+
+TEST_CASE(
+    "The first registration anywhere wins; others are refused naming "
+    "its host and uid",
+    "[registry][cluster]") {
+  FakeEtcd etcd;
+  Host a(&etcd, "a (10.0.0.1:7390)"), b(&etcd, "b (10.0.0.2:7390)");
+  auto first = a.registry.Register(ArgsBy(1000, "op", "bytes-1"));
+  REQUIRE(first.ok());
+  CHECK(first->created);
+  CHECK(first->entry->host == "a (10.0.0.1:7390)");
+  auto other = b.registry.Register(ArgsBy(1001, "op", "bytes-2"));
+  REQUIRE(other.status().code() == absl::StatusCode::kFailedPrecondition);
+  std::string msg(other.status().message());
+  CHECK_THAT(msg, Catch::Contains("first registered on host a (10.0.0.1:7390) "
+                                  "by uid 1000"));
+  CHECK_THAT(msg, Catch::Contains(Sha256Digest("bytes-1")));
+  CHECK_THAT(msg, Catch::Contains("distinct target name"));
+  // Nothing of the refused module stays on b, nothing was journaled.
+  CHECK(b.log.entries.empty());
+  CHECK(b.loader.files.empty());
+  CHECK(b.loader.temps.empty());
+  CHECK(b.registry.Lookup({"op", Platform::kCpu}) == nullptr);
+  CHECK(b.registry.refused() == 1);
+}
+
+TEST_CASE(
+    "An equal registration on another host is a no-op that binds "
+    "locally",
+    "[registry][cluster]") {
+  FakeEtcd etcd;
+  Host a(&etcd, "a"), b(&etcd, "b");
+  REQUIRE(a.registry.Register(ArgsBy(1000, "op", "same")).ok());
+  auto again = b.registry.Register(ArgsBy(1001, "op", "same"));
+  REQUIRE(again.ok());
+  CHECK_FALSE(again->created);
+  CHECK(again->entry->host == "a");  // the binding, as made on a
+  CHECK(again->entry->registered_by.uid == 1000);
+  CHECK(b.loader.files.count(Sha256Digest("same")) == 1);
+  REQUIRE(b.log.entries.size() == 1);
+  CHECK(b.authority.fetches == 0);
+}
+
+TEST_CASE(
+    "A rebuild equal by content_id runs the binding's module, fetched "
+    "from a peer",
+    "[registry][cluster]") {
+  FakeEtcd etcd;
+  Host a(&etcd, "a"), b(&etcd, "b");
+  RegisterArgs first = ArgsBy(1000, "op", "build-on-a");
+  first.content_id = "cache-key-1";
+  REQUIRE(a.registry.Register(first).ok());
+  RegisterArgs rebuild = ArgsBy(1000, "op", "build-on-b");
+  rebuild.content_id = "cache-key-1";
+  SECTION("no peer has it: refused, nothing bound") {
+    auto out = b.registry.Register(rebuild);
+    REQUIRE(out.status().code() == absl::StatusCode::kNotFound);
+    CHECK_THAT(std::string(out.status().message()),
+               Catch::Contains("could not fetch from a peer"));
+    CHECK(b.registry.Lookup({"op", Platform::kCpu}) == nullptr);
+  }
+  SECTION("a peer serves other bytes: refused as DATA_LOSS") {
+    etcd.modules[Sha256Digest("build-on-a")] = "tampered";
+    auto out = b.registry.Register(rebuild);
+    REQUIRE(out.status().code() == absl::StatusCode::kDataLoss);
+    CHECK_THAT(std::string(out.status().message()),
+               Catch::Contains("not the binding's"));
+    CHECK(b.loader.files.count(Sha256Digest("tampered")) == 0);
+  }
+  SECTION("a peer serves it") {
+    etcd.modules[Sha256Digest("build-on-a")] = "build-on-a";
+    auto out = b.registry.Register(rebuild);
+    REQUIRE(out.ok());
+    CHECK_FALSE(out->created);
+    CHECK(out->entry->module_digest == Sha256Digest("build-on-a"));
+    CHECK(b.loader.files.count(Sha256Digest("build-on-a")) == 1);
+    CHECK(b.loader.files.count(Sha256Digest("build-on-b")) == 0);
+  }
+}
+
+TEST_CASE(
+    "With the authority unreachable nothing is registered, known "
+    "targets stay no-ops",
+    "[registry][cluster]") {
+  FakeEtcd etcd;
+  Host a(&etcd, "a");
+  REQUIRE(a.registry.Register(ArgsBy(1000, "known", "k")).ok());
+  etcd.up = false;
+  auto out = a.registry.Register(ArgsBy(1000, "new", "n"));
+  REQUIRE(out.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(a.registry.Lookup({"new", Platform::kCpu}) == nullptr);
+  CHECK(a.log.entries.size() == 1);
+  CHECK(a.loader.temps.empty());
+  CHECK(a.loader.files.count(Sha256Digest("n")) == 0);
+  auto known = a.registry.Register(ArgsBy(1000, "known", "k"));
+  REQUIRE(known.ok());
+  CHECK_FALSE(known->created);
+  // Retirement needs the authority too.
+  auto retired = a.registry.Retire("known", Platform::kCpu, {1000, 1000, 1});
+  CHECK(retired.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(a.registry.Lookup({"known", Platform::kCpu}) != nullptr);
+  etcd.up = true;
+  CHECK(a.registry.Register(ArgsBy(1000, "new", "n")).ok());
+  REQUIRE(a.registry.Retire("known", Platform::kCpu, {1000, 1000, 1}).ok());
+  CHECK(etcd.bindings.count({"known", Platform::kCpu}) == 0);
+}
+
+TEST_CASE("A claim whose local commit fails is taken back",
+          "[registry][cluster]") {
+  FakeEtcd etcd;
+  Host a(&etcd, "a");
+  a.log.fail = true;
+  auto out = a.registry.Register(ArgsBy(1000, "op", "x"));
+  REQUIRE(out.status().code() == absl::StatusCode::kInternal);
+  CHECK(a.authority.unclaims == 1);
+  CHECK(etcd.bindings.empty());
+}
+
+TEST_CASE("A module that is no handler never claims the name",
+          "[registry][cluster]") {
+  FakeEtcd etcd;
+  Host a(&etcd, "a");
+  auto out = a.registry.Register(Args("op", "x", "NotAHandler"));
+  REQUIRE(out.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(a.authority.claims == 0);
+  CHECK(etcd.bindings.empty());
+}
+
+TEST_CASE(
+    "Mirror replaces a conflicting local binding; Unmirror retires the "
+    "same content only",
+    "[registry][cluster]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log);
+  REQUIRE(registry.Register(ArgsBy(1000, "op", "local")).ok());
+  TargetEntry cluster;
+  cluster.key = {"op", Platform::kCpu};
+  cluster.func_name = "Scale";
+  cluster.content_id = Sha256Digest("remote");
+  cluster.module_digest = Sha256Digest("remote");
+  cluster.module_size = 6;
+  cluster.host = "b";
+  SECTION("bytes that are not the module are refused") {
+    absl::Status st = registry.Mirror(cluster, "other");
+    CHECK(st.code() == absl::StatusCode::kDataLoss);
+  }
+  SECTION("the cluster's binding wins") {
+    REQUIRE(registry.Mirror(cluster, "remote").ok());
+    EntryPtr now = registry.Lookup(cluster.key);
+    REQUIRE(now != nullptr);
+    CHECK(now->module_digest == Sha256Digest("remote"));
+    CHECK(now->host == "b");
+    REQUIRE(log.retirements.size() == 1);
+    CHECK(log.retirements[0].module_digest == Sha256Digest("local"));
+    // The replaced module is no longer stored.
+    CHECK(loader.files == std::set<std::string>{Sha256Digest("remote")});
+    CHECK(registry.Mirror(cluster, "").ok());  // identical: nothing
+    CHECK(log.entries.size() == 2);
+    TargetEntry older = cluster;
+    older.content_id = "something else";
+    REQUIRE(registry.Unmirror(older, "test").ok());
+    CHECK(registry.Lookup(cluster.key) != nullptr);
+    REQUIRE(registry.Unmirror(cluster, "test").ok());
+    CHECK(registry.Lookup(cluster.key) == nullptr);
+    CHECK(log.retirements.size() == 2);
+    CHECK(loader.files.empty());
+  }
+}
+
+}  // namespace
+}  // namespace kreg

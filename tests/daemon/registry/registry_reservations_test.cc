@@ -1,0 +1,185 @@
+// Registry: operators' name reservations (docs/operator-guide.md, "Name
+// reservations").
+#include <thread>
+
+#include "catch2/catch.hpp"
+#include "tests/daemon/registry/registry_fakes.h"
+
+namespace kreg {
+namespace {
+
+constexpr PeerCred kRoot{0, 0, 1};
+
+NameReservation For(const std::string& pattern, uint32_t owner,
+                    bool group = false) {
+  NameReservation r;
+  r.pattern = pattern;
+  r.owner = owner;
+  r.group = group;
+  return r;
+}
+
+TEST_CASE("A pattern matches its name or, with '*', its prefix",
+          "[registry][reservations]") {
+  CHECK(For("lib.*", 1).Matches("lib.op"));
+  CHECK(For("lib.*", 1).Matches("lib."));
+  CHECK_FALSE(For("lib.*", 1).Matches("lib"));
+  CHECK_FALSE(For("lib.*", 1).Matches("other.lib.op"));
+  CHECK(For("lib.op", 1).Matches("lib.op"));
+  CHECK_FALSE(For("lib.op", 1).Matches("lib.op2"));
+}
+
+TEST_CASE("A reserved name is registered only by its owner and root",
+          "[registry][reservations]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log);
+  REQUIRE(registry.Reserve(For("lib.*", 1000), kRoot).ok());
+  auto other = registry.Register(ArgsBy(1001, "lib.op", "aa"));
+  REQUIRE(other.status().code() == absl::StatusCode::kPermissionDenied);
+  const std::string msg(other.status().message());
+  CHECK_THAT(msg, Catch::Contains("target \"lib.op\" (cpu)"));
+  CHECK_THAT(msg, Catch::Contains("names matching \"lib.*\" are reserved for "
+                                  "uid 1000"));
+  CHECK_THAT(msg, Catch::Contains("uid 1001 is not that uid"));
+  CHECK_THAT(msg, Catch::Contains("kregctl reservations"));
+  CHECK(registry.refused() == 1);
+  CHECK(loader.stored.empty());  // refused before anything was written
+  CHECK(registry.Register(ArgsBy(1000, "lib.op", "aa")).ok());
+  CHECK(registry.Register(ArgsBy(0, "lib.root", "bb")).ok());
+  CHECK(registry.Register(ArgsBy(1001, "libx.op", "cc")).ok());
+}
+
+TEST_CASE("A group reservation admits the caller's gid",
+          "[registry][reservations]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log);
+  REQUIRE(registry.Reserve(For("team.*", 4242, true), kRoot).ok());
+  RegisterArgs member = ArgsBy(1000, "team.op", "aa");
+  member.peer.gid = 4242;
+  CHECK(registry.Register(member).ok());
+  auto outsider = registry.Register(ArgsBy(1001, "team.op2", "bb"));
+  REQUIRE(outsider.status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK_THAT(std::string(outsider.status().message()),
+             Catch::Contains("reserved for group 4242") &&
+                 Catch::Contains("uid 1001 is not in that group"));
+}
+
+TEST_CASE("Reserve and Unreserve are for root and kregd's uid, journaled",
+          "[registry][reservations]") {
+  FakeLoader loader;
+  MemLog log;
+  RegistryLimits limits;
+  limits.admin_uid = 500;
+  Registry registry(&loader, &log, limits);
+  absl::Status user = registry.Reserve(For("lib.*", 1000), {1000, 1000, 9});
+  CHECK(user.code() == absl::StatusCode::kPermissionDenied);
+  CHECK_THAT(std::string(user.message()),
+             Catch::Contains("reserving target names is for root or kregd's "
+                             "own uid (500); uid 1000 may not do it"));
+  REQUIRE(registry.Reserve(For("lib.*", 1000), {500, 500, 9}).ok());
+  REQUIRE(log.reservations.size() == 1);
+  CHECK(log.reservations[0].first.by.uid == 500);
+  CHECK_FALSE(log.reservations[0].second);
+  // A second reservation of the pattern replaces the first.
+  REQUIRE(registry.Reserve(For("lib.*", 1001), kRoot).ok());
+  REQUIRE(registry.Reservations().size() == 1);
+  CHECK(registry.Reservations()[0].owner == 1001);
+  CHECK(registry.Unreserve("lib.*", {1000, 1000, 9}).code() ==
+        absl::StatusCode::kPermissionDenied);
+  REQUIRE(registry.Unreserve("lib.*", kRoot).ok());
+  CHECK(log.reservations.back().second);
+  CHECK(registry.Reservations().empty());
+  absl::Status again = registry.Unreserve("lib.*", kRoot);
+  CHECK(again.code() == absl::StatusCode::kNotFound);
+  CHECK_THAT(std::string(again.message()),
+             Catch::Contains("no reservation of \"lib.*\" to lift"));
+  CHECK(registry.Register(ArgsBy(1000, "lib.op", "aa")).ok());
+}
+
+TEST_CASE("A journal failure reserves nothing", "[registry][reservations]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log);
+  log.fail = true;
+  CHECK(registry.Reserve(For("lib.*", 1000), kRoot).code() ==
+        absl::StatusCode::kInternal);
+  CHECK(registry.Reservations().empty());
+}
+
+TEST_CASE("A pattern over others' registrations is refused, naming them",
+          "[registry][reservations]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log);
+  REQUIRE(registry.Register(ArgsBy(1001, "lib.taken", "aa")).ok());
+  REQUIRE(registry.Register(ArgsBy(1000, "lib.mine", "bb")).ok());
+  absl::Status st = registry.Reserve(For("lib.*", 1000), kRoot);
+  REQUIRE(st.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(st.message()),
+             Catch::Contains("target \"lib.taken\" (cpu) by uid 1001") &&
+                 Catch::Contains("kregctl retire") &&
+                 !Catch::Contains("lib.mine"));
+  CHECK(log.reservations.empty());
+  // The owner's own registrations do not stand in the way.
+  CHECK(registry.Reserve(For("lib.mine", 1000), kRoot).ok());
+}
+
+TEST_CASE("A reservation waits for a registration in progress",
+          "[registry][reservations][concurrency]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log);
+  RegisterArgs slow_args = ArgsBy(1001, "lib.slow", "s");
+  slow_args.func_name = "Slow";
+  absl::StatusOr<RegisterOutcome> slow;
+  std::thread first([&] { slow = registry.Register(slow_args); });
+  loader.AwaitSlowProbes(1);
+  absl::Status reserved;
+  std::thread reserve(
+      [&] { reserved = registry.Reserve(For("lib.*", 1000), kRoot); });
+  loader.OpenGate();
+  first.join();
+  reserve.join();
+  // The registration decided before the reservation: it stands, and the
+  // reservation over it is refused.
+  REQUIRE(slow.ok());
+  CHECK(reserved.code() == absl::StatusCode::kFailedPrecondition);
+}
+
+// Cluster mode, as far as Reserve sees it.
+class NoAuthority : public BindingAuthority {
+ public:
+  std::string HostName() const override { return "h"; }
+  absl::StatusOr<ClaimResult> Claim(const TargetEntry&) override {
+    return absl::UnavailableError("not here");
+  }
+  void Unclaim(const TargetEntry&) override {}
+  absl::Status Release(const TargetEntry&) override {
+    return absl::UnavailableError("not here");
+  }
+  absl::StatusOr<std::string> FetchModule(const std::string&,
+                                          uint64_t) override {
+    return absl::UnavailableError("not here");
+  }
+};
+
+TEST_CASE("Reservations are restored, and refused in cluster mode",
+          "[registry][reservations]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log);
+  registry.RestoreReservation(For("lib.*", 1000));
+  CHECK(registry.Register(ArgsBy(1001, "lib.op", "aa")).status().code() ==
+        absl::StatusCode::kPermissionDenied);
+  NoAuthority cluster;
+  registry.SetBindingAuthority(&cluster);
+  absl::Status st = registry.Reserve(For("other.*", 1000), kRoot);
+  CHECK(st.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(st.message()), Catch::Contains("cluster mode") &&
+                                            Catch::Contains("not replicated"));
+}
+
+}  // namespace
+}  // namespace kreg

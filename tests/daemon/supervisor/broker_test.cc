@@ -1,0 +1,145 @@
+// TakeRelayedModule (broker.cc): kregd's intake of a registration an
+// executor relays, with the module as a sealed memfd charged to the
+// daemon-wide upload budget before a byte is read.
+#include "daemon/supervisor/broker.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "catch2/catch.hpp"
+#include "daemon/base/module_upload.h"
+#include "daemon/registry/registrar.h"
+#include "tests/daemon/registry/registry_fakes.h"
+#include "tests/testing/temp_dir.h"
+
+namespace kreg {
+namespace {
+
+constexpr uint64_t kMaxModule = 1 << 20;
+
+UniqueFd SealedModule(const std::string& bytes, int seals = kModuleSeals) {
+  UniqueFd fd(::memfd_create("module", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  REQUIRE(fd.ok());
+  REQUIRE(::write(fd.get(), bytes.data(), bytes.size()) ==
+          static_cast<ssize_t>(bytes.size()));
+  if (seals != 0) REQUIRE(::fcntl(fd.get(), F_ADD_SEALS, seals) == 0);
+  return fd;
+}
+
+struct World {
+  explicit World(const std::string& root)
+      : registry(&loader, &log),
+        registrar(&registry, ModulePolicy{{root}, kMaxModule, ""}) {}
+  FakeLoader loader;
+  MemLog log;
+  Registry registry;
+  Registrar registrar;
+};
+
+v1::RegisterTargetHeader Upload(uint64_t size) {
+  v1::RegisterTargetHeader req;
+  req.set_target_name("t.relayed");
+  req.set_func_name("F");
+  req.set_platform("cpu");
+  req.mutable_module()->set_upload_size(size);
+  return req;
+}
+
+std::vector<UniqueFd> One(UniqueFd fd) {
+  std::vector<UniqueFd> fds;
+  fds.push_back(std::move(fd));
+  return fds;
+}
+
+const PeerCred kPeer{::getuid(), ::getgid(), ::getpid()};
+
+TEST_CASE("A relayed upload is charged to the budget before it is read",
+          "[broker]") {
+  testing::TempDir dir;
+  World w(dir.path());
+  const std::string module(1000, 'm');
+  wire::ByteBudget budget(1500);
+
+  SECTION("within the budget: taken, and held until the hold goes") {
+    wire::BudgetHold hold(&budget);
+    auto taken =
+        TakeRelayedModule(&w.registrar, Upload(module.size()),
+                          One(SealedModule(module)), kPeer, kMaxModule, &hold);
+    REQUIRE(taken.ok());
+    CHECK(*taken == module);
+    CHECK(budget.used() == 1000);
+  }
+  CHECK(budget.used() == 0);
+
+  SECTION("over the budget: RESOURCE_EXHAUSTED naming the limit") {
+    wire::BudgetHold other(&budget);
+    REQUIRE(other.Set(1000));  // another session's upload in flight
+    wire::BudgetHold hold(&budget);
+    auto taken =
+        TakeRelayedModule(&w.registrar, Upload(module.size()),
+                          One(SealedModule(module)), kPeer, kMaxModule, &hold);
+    REQUIRE(!taken.ok());
+    CHECK(taken.status().code() == absl::StatusCode::kResourceExhausted);
+    CHECK_THAT(std::string(taken.status().message()),
+               Catch::Contains("this one of 1000 bytes would exceed the 1500 "
+                               "bytes of uploads kregd holds at once for all "
+                               "clients") &&
+                   Catch::Contains("1000 in use") &&
+                   Catch::Contains("register again in a moment"));
+    CHECK(hold.held() == 0);
+    CHECK(budget.used() == 1000);
+  }
+}
+
+TEST_CASE("A relayed registration's bad forms are refused with their reason",
+          "[broker]") {
+  testing::TempDir dir;
+  World w(dir.path());
+  wire::ByteBudget budget(kMaxModule * 2);
+  wire::BudgetHold hold(&budget);
+  const std::string module(64, 'm');
+
+  SECTION("a memfd on a registration by path") {
+    v1::RegisterTargetHeader req = Upload(0);
+    req.mutable_module()->set_path("/m.so");
+    auto r = TakeRelayedModule(&w.registrar, req, One(SealedModule(module)),
+                               kPeer, kMaxModule, &hold);
+    REQUIRE(!r.ok());
+    CHECK_THAT(std::string(r.status().message()),
+               Catch::Contains("with 1 file descriptor(s); only an upload may "
+                               "carry one"));
+  }
+  SECTION("an upload without its memfd") {
+    auto r = TakeRelayedModule(&w.registrar, Upload(module.size()), {}, kPeer,
+                               kMaxModule, &hold);
+    REQUIRE(!r.ok());
+    CHECK_THAT(std::string(r.status().message()),
+               Catch::Contains("with 0 file descriptor(s); an upload needs "
+                               "exactly one"));
+  }
+  SECTION("an unsealed memfd") {
+    auto r = TakeRelayedModule(&w.registrar, Upload(module.size()),
+                               One(SealedModule(module, 0)), kPeer, kMaxModule,
+                               &hold);
+    REQUIRE(!r.ok());
+    CHECK_THAT(std::string(r.status().message()),
+               Catch::Contains("is not sealed against writing"));
+  }
+  SECTION("a memfd of another size than announced") {
+    auto r =
+        TakeRelayedModule(&w.registrar, Upload(module.size() + 1),
+                          One(SealedModule(module)), kPeer, kMaxModule, &hold);
+    REQUIRE(!r.ok());
+    CHECK_THAT(std::string(r.status().message()),
+               Catch::Contains("holds 64 bytes, not the 65 announced"));
+  }
+  CHECK(budget.used() <= module.size() + 1);
+}
+
+}  // namespace
+}  // namespace kreg
