@@ -1,6 +1,6 @@
 // HandlerLoader over the module store and the out-of-process probe.
-#ifndef KREGD_DAEMON_MODULE_LOADER_H_
-#define KREGD_DAEMON_MODULE_LOADER_H_
+#ifndef KREGD_DAEMON_REGISTRY_MODULE_LOADER_H_
+#define KREGD_DAEMON_REGISTRY_MODULE_LOADER_H_
 
 #include <string>
 
@@ -47,4 +47,4 @@ class ModuleLoader : public HandlerLoader {
 
 }  // namespace kreg
 
-#endif  // KREGD_DAEMON_MODULE_LOADER_H_
+#endif  // KREGD_DAEMON_REGISTRY_MODULE_LOADER_H_

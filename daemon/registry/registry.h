@@ -1,6 +1,6 @@
 // The (target_name, platform) -> handler registry of kregd (DESIGN §2).
-#ifndef KREGD_DAEMON_REGISTRY_H_
-#define KREGD_DAEMON_REGISTRY_H_
+#ifndef KREGD_DAEMON_REGISTRY_REGISTRY_H_
+#define KREGD_DAEMON_REGISTRY_REGISTRY_H_
 
 #include <atomic>
 #include <functional>
@@ -333,4 +333,4 @@ class Registry {
 
 }  // namespace kreg
 
-#endif  // KREGD_DAEMON_REGISTRY_H_
+#endif  // KREGD_DAEMON_REGISTRY_REGISTRY_H_

@@ -1,6 +1,6 @@
 // Fakes of the registry's borrowed interfaces, for unit tests.
-#ifndef KREGD_TESTS_DAEMON_REGISTRY_FAKES_H_
-#define KREGD_TESTS_DAEMON_REGISTRY_FAKES_H_
+#ifndef KREGD_TESTS_DAEMON_REGISTRY_REGISTRY_FAKES_H_
+#define KREGD_TESTS_DAEMON_REGISTRY_REGISTRY_FAKES_H_
 
 #include <atomic>
 #include <map>
@@ -186,4 +186,4 @@ inline RegisterArgs InProcessArgs(const std::string& name,
 
 }  // namespace kreg
 
-#endif  // KREGD_TESTS_DAEMON_REGISTRY_FAKES_H_
+#endif  // KREGD_TESTS_DAEMON_REGISTRY_REGISTRY_FAKES_H_
