@@ -31,7 +31,7 @@ def daemon_binary() -> pathlib.Path:
 def kregctl_binary() -> Optional[pathlib.Path]:
   """kregctl next to the daemon binary under test, else the repo's; None
   when neither is built."""
-  for p in (daemon_binary().parents[1] / "client" / "kregctl",
+  for p in (daemon_binary().parents[2] / "client" / "kregctl",
             REPO_ROOT / "bazel-bin" / "client" / "kregctl"):
     if p.is_file():
       return p

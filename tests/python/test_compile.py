@@ -428,9 +428,14 @@ def as_nobody(d, tmp_root: pathlib.Path, *args: str):
     shutil.copy(kregctl, exe)
     os.chmod(exe, 0o755)
   os.chmod(d.root, 0o711)
-  return subprocess.run([str(exe), "--socket", d.socket, "compile", *args],
-                        capture_output=True, text=True, timeout=120,
-                        user=65534, group=0, extra_groups=[], cwd="/")
+  # setpriv changes the uid after exec: a child forked from this process
+  # (whose threads may be inside grpcio calls, e.g. start_compile's) only
+  # execs. Python's own user= would run setuid in that child, which crashed
+  # it now and then (SIGSEGV before exec) while gRPC calls were in flight.
+  return subprocess.run(["setpriv", "--reuid=65534", "--regid=0",
+                         "--clear-groups", "--", str(exe), "--socket",
+                         d.socket, "compile", *args],
+                        capture_output=True, text=True, timeout=120, cwd="/")
 
 
 @pytest.fixture
