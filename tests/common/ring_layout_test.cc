@@ -143,8 +143,11 @@ TEST_CASE("SpinThenWait tells its policy how long the wait took", "[ring]") {
   Word waiting{};
   SpinPolicy p(50 * kUs, true);
   // A partner that answers after 20 ms: slept, and long: each halves
-  // the spin.
-  for (int i = 0; i < 3; ++i) {
+  // the spin. A wait whose spin lost its CPU (TSan on a loaded machine)
+  // counts as preempted instead, and the next waits sleep at once; of 8
+  // waits at most 3 can be preempted (the backoff doubles), so at least 5
+  // halve it.
+  for (int i = 0; i < 8; ++i) {
     Store(w, 0);
     std::thread partner([&] {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
