@@ -2,10 +2,8 @@
 
 #include <unistd.h>
 
-#include <chrono>
 #include <ctime>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/base/log_limit.h"
@@ -234,10 +232,6 @@ void Registry::Release(const std::vector<TargetKey>& keys) {
     sweeping_ = true;
   }
   absl::StatusOr<GcOutcome> out = SweepStore();
-  {
-    absl::MutexLock lock(&mu_);
-    sweeping_ = false;
-  }
   if (!out.ok()) {
     spdlog::warn(
         "module store: cannot remove the modules no target references any "

@@ -312,8 +312,8 @@ class Registry {
   absl::StatusOr<EntryPtr> Insert(const TargetEntry& entry);
   // Journals the retirement of `entry` by `by` and removes it.
   absl::Status Remove(const EntryPtr& entry, const PeerCred& by);
-  // Removes every store file (and temp file) no entry references; only
-  // while no key is reserved (sweeping_ set).
+  // Removes every store file (and temp file) no entry references. Called
+  // with sweeping_ set (so nothing is reserved meanwhile); clears it.
   absl::StatusOr<GcOutcome> SweepStore();
 
   HandlerLoader* const loader_;

@@ -3,8 +3,6 @@
 // other hosts are mirrored into the local registry and journal.
 #include <unistd.h>
 
-#include <chrono>
-
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

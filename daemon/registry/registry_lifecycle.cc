@@ -190,7 +190,10 @@ absl::StatusOr<GcOutcome> Registry::SweepStore() {
   for (const EntryPtr& e : List()) {
     if (!e->module_digest.empty()) keep.insert(e->module_digest);
   }
-  return loader_->RemoveUnreferenced(keep);
+  absl::StatusOr<GcOutcome> out = loader_->RemoveUnreferenced(keep);
+  absl::MutexLock lock(&mu_);
+  sweeping_ = false;
+  return out;
 }
 
 absl::Status Registry::CheckAdmin(const PeerCred& peer,
@@ -216,10 +219,6 @@ absl::StatusOr<GcOutcome> Registry::CollectGarbage(const PeerCred& peer) {
     sweep_owed_ = false;
   }
   absl::StatusOr<GcOutcome> out = SweepStore();
-  {
-    absl::MutexLock lock(&mu_);
-    sweeping_ = false;
-  }
   if (out.ok()) {
     spdlog::info(
         "gc by uid {} pid {}: removed {} unreferenced store files ({} bytes); "
