@@ -158,3 +158,38 @@ def test_bind_refuses_a_target_registered_outside_the_trusted_owners(d):
       capture_output=True, text=True, timeout=120, env=d.env())
   assert ("trusted owner 'no-such-user-kreg' is no user on this host" in
           bad.stderr), bad.stderr
+
+
+EXPORT_AS_ROOT = r"""
+import sys, jax, jax.numpy as jnp, numpy as np, kreg
+name, owners = sys.argv[1], sys.argv[2].split(",")
+f = jax.jit(lambda x: jax.ffi.ffi_call(name, jax.ShapeDtypeStruct(x.shape,
+    x.dtype))(x, factor=np.float32(2.0)))
+exp = jax.export.export(f, disabled_checks=[
+    jax.export.DisabledSafetyCheck.custom_call(name)])(
+        jax.ShapeDtypeStruct((4,), jnp.float32))
+try:
+  kreg.bind_exported(exp, owners=owners)
+except kreg.UntrustedTargetError as e:
+  assert kreg.connect().bound_mode(name, "cpu") is None  # none bound
+  print("REFUSED", e)
+  sys.exit(0)
+print("CALLED", np.asarray(exp.call(jnp.arange(4, dtype=jnp.float32))).tolist())
+"""
+
+
+def test_bind_exported_checks_the_owners_before_binding(d):
+  owner = register_as(d, 65534, "owned.exp")
+  assert owner.returncode == 0, owner.stdout + owner.stderr
+
+  def run(owners):
+    p = subprocess.run([sys.executable, "-c", EXPORT_AS_ROOT, "owned.exp",
+                        owners], capture_output=True, text=True, timeout=120,
+                       env=d.env())
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p.stdout
+
+  refused = run("daemon")
+  assert ('target "owned.exp" (cpu) was registered by uid 65534' in refused
+          ), refused
+  assert "CALLED [0.0, 2.0, 4.0, 6.0]" in run("65534")

@@ -599,17 +599,17 @@ class Client:
     _check_jax()
     names = exported_custom_call_targets(exported)
     platforms = [_canonical_platform(p) for p in exported.platforms]
-    out = []
+    found = {}  # platform -> {name: Target}, every platform looked up first
     for platform in platforms:
-      if platform not in ("cpu", "cuda"):
-        continue
       wanted = [n for n in names if not _known_to_xla(n, platform)]
-      if not wanted:
-        continue
-      found = self._lookup(wanted, platform)
-      for target in found.values():
+      if platform in ("cpu", "cuda") and wanted:
+        found[platform] = self._lookup(wanted, platform)
+    for targets in found.values():
+      for target in targets.values():
         _owners.check(target, owners)
-      for name, target in found.items():
+    out = []
+    for platform, targets in found.items():
+      for name, target in targets.items():
         local_target = self._bind_with_jax(name, platform, mode)
         out.append(Registration(False, local_target or target))
     return out
