@@ -9,13 +9,11 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/base/unix_listener.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
 namespace {
-
-// How long accepting pauses when descriptors run out.
-constexpr auto kAcceptPause = std::chrono::milliseconds(100);
 
 // accept4 for a connection that is then handed to gRPC. Its own function
 // so that TSan runs can name it (tools/tsan.supp): gRPC closes the
@@ -94,20 +92,7 @@ void GrpcConnections::Accept(int listen_fd) {
   for (int batch = 0; batch < 64; ++batch) {
     UniqueFd fd(AcceptForGrpc(listen_fd));
     if (!fd.ok()) {
-      const int err = errno;
-      if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
-        accept_resumes_ = Clock::now() + kAcceptPause;
-        std::string suffix;
-        if (accept_log_.Allow("accept", &suffix)) {
-          spdlog::warn(
-              "gRPC socket: accept: {}; kregd holds {} gRPC connections; "
-              "accepting again in {} ms (raise kregd's descriptor limit, "
-              "LimitNOFILE, above max_grpc_connections + max_sessions){}",
-              std::strerror(err), conns_.size(), kAcceptPause.count(), suffix);
-        }
-      } else if (err != EAGAIN && err != EINTR && err != ECONNABORTED) {
-        spdlog::warn("gRPC socket: accept: {}", std::strerror(err));
-      }
+      accept_resumes_ = Clock::now() + AcceptFailed("gRPC socket", errno);
       return;
     }
     ucred cred{};

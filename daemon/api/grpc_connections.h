@@ -77,7 +77,6 @@ class GrpcConnections {
   std::map<uid_t, int> per_uid_;
   uint64_t next_id_ = 0;
   Clock::time_point accept_resumes_;
-  LogLimiter accept_log_{1, std::chrono::seconds(10)};
   absl::Mutex mu_;
   // gRPC peer name ("fd:<n>") -> the connection's id and credentials.
   std::map<std::string, std::pair<uint64_t, PeerCred>> peers_

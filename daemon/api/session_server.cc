@@ -50,11 +50,15 @@ absl::Status SessionServer::Start() {
 }
 
 void SessionServer::AcceptLoop() {
+  std::chrono::milliseconds pause(0);
   while (!stopping_.load()) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}};
+    // While paused (out of descriptors) only the wake-up is watched.
+    pollfd fds[2] = {{pause.count() > 0 ? -1 : listen_fd_, POLLIN, 0},
+                     {wake_fd_.get(), POLLIN, 0}};
     // Wakes up now and then to reap finished sessions (joins their threads,
     // closes their sockets) even when nobody connects.
-    int ready = ::poll(fds, 2, 1000);
+    int ready = ::poll(fds, 2, pause.count() > 0 ? pause.count() : 1000);
+    pause = std::chrono::milliseconds(0);
     if (ready < 0) {
       if (errno == EINTR) continue;
       spdlog::error("sessions: poll failed: {}", strerror(errno));
@@ -65,9 +69,7 @@ void SessionServer::AcceptLoop() {
     if (ready == 0 || (fds[0].revents & POLLIN) == 0) continue;
     UniqueFd sock(::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC));
     if (!sock.ok()) {
-      if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
-        spdlog::warn("sessions: accept failed: {}", strerror(errno));
-      }
+      pause = AcceptFailed("session socket", errno);
       continue;
     }
     StartSession(std::move(sock));

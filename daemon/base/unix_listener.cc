@@ -11,6 +11,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/base/files.h"
+#include "daemon/base/log_limit.h"
+#include "spdlog/spdlog.h"
 
 namespace kreg {
 namespace {
@@ -101,6 +103,26 @@ UnixListener::~UnixListener() {
       st.st_dev == dev_) {
     ::unlink(path_.c_str());
   }
+}
+
+std::chrono::milliseconds AcceptFailed(const std::string& what, int err) {
+  static LogLimiter* const log =
+      new LogLimiter(1, std::chrono::seconds(10));  // never destroyed
+  constexpr std::chrono::milliseconds kPause(100);
+  std::string suffix;
+  if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+    if (log->Allow(what, &suffix)) {
+      spdlog::warn(
+          "{}: accept: {}; accepting again in {} ms (raise kregd's descriptor "
+          "limit, LimitNOFILE, above max_grpc_connections + max_sessions){}",
+          what, strerror(err), kPause.count(), suffix);
+    }
+    return kPause;
+  }
+  if (err != EINTR && err != EAGAIN && err != ECONNABORTED) {
+    spdlog::warn("{}: accept: {}", what, strerror(err));
+  }
+  return std::chrono::milliseconds(0);
 }
 
 }  // namespace kreg

@@ -9,6 +9,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -43,6 +44,15 @@ class UnixListener {
   ino_t ino_ = 0;
   dev_t dev_ = 0;
 };
+
+// What an accept loop does after accept4 on the socket named `what` (e.g.
+// "session socket") failed with `err`. Out of descriptors or memory
+// (EMFILE, ENFILE, ENOBUFS, ENOMEM) leaves the connection queued and the
+// socket readable, so polling it again at once would spin: returns the
+// pause (100 ms) before the loop polls it again, logged at most once per
+// 10 s per socket with what to do. Anything else returns 0; the peer's
+// (ECONNABORTED) and transient failures (EINTR, EAGAIN) are not logged.
+std::chrono::milliseconds AcceptFailed(const std::string& what, int err);
 
 }  // namespace kreg
 

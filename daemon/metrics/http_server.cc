@@ -18,6 +18,7 @@
 #include "boost/asio/steady_timer.hpp"
 #include "boost/asio/write.hpp"
 #include "common/unique_fd.h"
+#include "daemon/base/unix_listener.h"
 
 namespace kreg {
 namespace {
@@ -163,8 +164,17 @@ void MetricsServer::Accept() {
     // accept4: close-on-exec from the start, unlike Asio's accept.
     UniqueFd fd(::accept4(acceptor_.native_handle(), nullptr, nullptr,
                           SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (!fd.ok()) {
+      // Out of descriptors: the connection stays queued, so wait before
+      // trying it again instead of spinning.
+      accept_pause_.expires_after(AcceptFailed("metrics socket", errno));
+      accept_pause_.async_wait([this](error_code ec) {
+        if (ec != asio::error::operation_aborted) Accept();
+      });
+      return;
+    }
     auto c = std::make_shared<Conn>(io_);
-    if (fd.ok() && !c->sock.assign(protocol_, fd.get(), ec)) {
+    if (!c->sock.assign(protocol_, fd.get(), ec)) {
       fd.release();
       Admit(c);
     }

@@ -20,6 +20,7 @@
 #include "boost/asio/basic_socket_acceptor.hpp"
 #include "boost/asio/generic/stream_protocol.hpp"
 #include "boost/asio/io_context.hpp"
+#include "boost/asio/steady_timer.hpp"
 #include "daemon/metrics/http_request.h"
 #include "daemon/metrics/listen_address.h"
 
@@ -81,6 +82,7 @@ class MetricsServer {
   boost::asio::basic_socket_acceptor<boost::asio::generic::stream_protocol>
       acceptor_{io_};
   boost::asio::generic::stream_protocol protocol_{AF_UNIX, 0};  // acceptor_'s
+  boost::asio::steady_timer accept_pause_{io_};  // out of descriptors
   std::list<ConnPtr> conns_;  // accept order; the server thread's
   std::string bound_;
   std::string unlink_path_;

@@ -233,9 +233,13 @@ void ReadoptListener::Reap(bool all) {
 }
 
 void ReadoptListener::AcceptLoop() {
+  std::chrono::milliseconds pause(0);
   while (!stopping_.load()) {
-    pollfd fds[2] = {{listener_->fd(), POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}};
-    int ready = ::poll(fds, 2, -1);
+    // While paused (out of descriptors) only the wake-up is watched.
+    pollfd fds[2] = {{pause.count() > 0 ? -1 : listener_->fd(), POLLIN, 0},
+                     {wake_fd_.get(), POLLIN, 0}};
+    int ready = ::poll(fds, 2, pause.count() > 0 ? pause.count() : -1);
+    pause = std::chrono::milliseconds(0);
     if (ready < 0) {
       if (errno == EINTR) continue;
       spdlog::error("supervision: poll failed: {}", strerror(errno));
@@ -243,8 +247,12 @@ void ReadoptListener::AcceptLoop() {
     }
     if (fds[1].revents != 0 || stopping_.load()) return;
     Reap(/*all=*/false);
+    if ((fds[0].revents & POLLIN) == 0) continue;
     UniqueFd conn(::accept4(listener_->fd(), nullptr, nullptr, SOCK_CLOEXEC));
-    if (!conn.ok()) continue;
+    if (!conn.ok()) {
+      pause = AcceptFailed("supervision socket", errno);
+      continue;
+    }
     absl::StatusOr<PeerCred> peer = PeerCredOf(conn.get());
     if (!peer.ok()) continue;
     absl::MutexLock lock(&mu_);

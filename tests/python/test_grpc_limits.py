@@ -218,26 +218,46 @@ def test_a_connection_that_sends_nothing_is_closed_at_its_deadline():
 
 
 def test_running_out_of_descriptors_pauses_accepting(nobody_kregctl):
-  d = daemon_with("kreg-grpce-", "grpc_first_message_timeout_s = 3.0\n")
+  metrics = tempfile.mktemp(prefix="kreg-grpce-metrics-", dir="/tmp")
+  d = daemon_with("kreg-grpce-", "grpc_first_message_timeout_s = 3.0\n",
+                  ["--metrics-listen", f"unix:{metrics}"])
   socks = []
   try:
-    # A descriptor limit just above what kregd has open: the idle
-    # connections take the rest and accept fails with EMFILE.
-    limit = fd_count(d.pid) + 16
-    resource.prlimit(d.pid, resource.RLIMIT_NOFILE, (limit, limit))
-    lines_before = log_lines(d)
-    socks = open_idle(d.socket, 300)
+    # The start-up check's connection to the session socket is served,
+    # closed and reaped (within a second) first.
     deadline = time.monotonic() + 30
-    while ("gRPC socket: accept:" not in d.log(tail=None) and
+    while (f"session 1 (pid {os.getpid()}) closed" not in d.log(tail=None) and
            time.monotonic() < deadline):
-      time.sleep(0.2)
+      time.sleep(0.05)
+    time.sleep(1.5)
+    # A descriptor limit at kregd's lowest free descriptor number: every
+    # accept fails with EMFILE, on each of kregd's listeners, until the
+    # limit is raised.
+    _, hard = resource.prlimit(d.pid, resource.RLIMIT_NOFILE)
+    used = {int(fd) for fd in os.listdir(f"/proc/{d.pid}/fd")}
+    lowest_free = min(set(range(len(used) + 1)) - used)
+    resource.prlimit(d.pid, resource.RLIMIT_NOFILE, (lowest_free, hard))
+    lines_before = log_lines(d)
+    socks = (open_idle(d.socket, 300) + open_idle(d.session_socket, 1) +
+             open_idle(metrics, 1))
+    deadline = time.monotonic() + 30
+    while (d.log(tail=None).count("accept: Too many open files") < 3 and
+           time.monotonic() < deadline):
+      time.sleep(0.1)
     time.sleep(1)  # kregd keeps trying
     log = d.log(tail=None)
-    # No spinning: one line per 10 s, not one per failed accept.
+    # No spinning: one line per 10 s and socket, not one per failed accept.
     assert log_lines(d) - lines_before < 40, log[-4000:]
-    assert "gRPC socket: accept: Too many open files" in log, log[-4000:]
-    # Once the idle connections are closed at their deadline, kregd
-    # accepts again: another uid registers.
+    for what in ("gRPC", "session", "metrics"):
+      assert (f"{what} socket: accept: Too many open files; accepting again "
+              "in 100 ms (raise kregd's descriptor limit, LimitNOFILE") in log, (
+                  log[-4000:])
+    # A limit just above what kregd has open: the idle connections take
+    # the rest, are closed at their deadline, and then kregd accepts
+    # again: another uid registers.
+    limit = fd_count(d.pid) + 16
+    resource.prlimit(d.pid, resource.RLIMIT_NOFILE, (limit, hard))
+    time.sleep(1)
     for s in socks:
       s.close()
     socks = []
