@@ -43,6 +43,24 @@ std::string UserName(uid_t uid) {
                       named ? absl::StrCat(" (", found->pw_name, ")") : "");
 }
 
+std::vector<gid_t> GroupsOf(uid_t uid, gid_t gid) {
+  std::vector<char> buf(16384);
+  struct passwd pw;
+  struct passwd* found = nullptr;
+  if (::getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 ||
+      found == nullptr) {
+    return {gid};
+  }
+  int n = 64;
+  std::vector<gid_t> groups(n);
+  while (::getgrouplist(pw.pw_name, gid, groups.data(), &n) < 0) {
+    groups.resize(n + 16);
+    n = static_cast<int>(groups.size());
+  }
+  groups.resize(n);
+  return groups;
+}
+
 std::string OwnerName(const NameReservation& r) {
   if (!r.group) return UserName(r.owner);
   char buf[4096];

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <vector>
 
 namespace kreg {
 
@@ -109,6 +110,10 @@ struct NameReservation {
 std::string OwnerName(const NameReservation& r);
 // "uid 1000 (alice)", likewise.
 std::string UserName(uid_t uid);
+// `gid` and, where `uid` has a passwd entry, the supplementary groups
+// getgrouplist gives that user. Both are NSS lookups, slow on some hosts
+// (LDAP): never under a lock that other clients' requests wait on.
+std::vector<gid_t> GroupsOf(uid_t uid, gid_t gid);
 
 }  // namespace kreg
 

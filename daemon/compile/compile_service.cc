@@ -1,7 +1,5 @@
 #include "daemon/compile/compile_service.h"
 
-#include <grp.h>
-#include <pwd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,26 +20,6 @@ namespace {
 // The status message carries the diagnostics up to this many bytes (gRPC
 // carries a status message in a header); the stream carries all of them.
 constexpr size_t kMessageDiagnosticsBytes = 4096;
-
-// The primary group and, where the uid has a passwd entry, the groups
-// getgrouplist gives it (the caller's supplementary groups).
-std::vector<gid_t> GroupsOf(uid_t uid, gid_t gid) {
-  std::vector<char> buf(16384);
-  passwd pw;
-  passwd* found = nullptr;
-  if (::getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 ||
-      found == nullptr) {
-    return {gid};
-  }
-  int n = 64;
-  std::vector<gid_t> groups(n);
-  while (::getgrouplist(pw.pw_name, gid, groups.data(), &n) < 0) {
-    groups.resize(n + 16);
-    n = static_cast<int>(groups.size());
-  }
-  groups.resize(n);
-  return groups;
-}
 
 // kregd's arguments; the worker adds `-isystem` for the job's FFI headers.
 std::vector<std::string> BaseArgs(Platform platform) {

@@ -1,7 +1,5 @@
 #include "daemon/registry/registrar.h"
 
-#include <grp.h>
-#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -37,32 +35,12 @@ bool ModeAllows(const struct stat& st, const PeerCred& peer,
   return (st.st_mode & (user >> 6)) != 0;
 }
 
-// The peer's primary group and, where its uid has a passwd entry, the
-// groups getgrouplist gives it.
-std::vector<gid_t> GroupsOf(const PeerCred& peer) {
-  std::vector<gid_t> groups = {peer.gid};
-  std::vector<char> buf(16384);
-  passwd pw{};
-  passwd* found = nullptr;
-  if (::getpwuid_r(peer.uid, &pw, buf.data(), buf.size(), &found) == 0 &&
-      found != nullptr) {
-    int n = 64;
-    groups.resize(n);
-    if (::getgrouplist(pw.pw_name, peer.gid, groups.data(), &n) < 0) {
-      groups.resize(n);
-      ::getgrouplist(pw.pw_name, peer.gid, groups.data(), &n);
-    }
-    groups.resize(n);
-  }
-  return groups;
-}
-
 // Without root kregd cannot take the caller's credentials: checks the mode
 // bits of every directory from "/" down to `real` (search) and of the file
 // (read) for the peer. ACLs and capabilities are not considered.
 absl::Status CheckModeBitsAlongPath(const std::string& real,
                                     const PeerCred& peer) {
-  std::vector<gid_t> groups = GroupsOf(peer);
+  std::vector<gid_t> groups = GroupsOf(peer.uid, peer.gid);
   std::string dir = "/";
   for (absl::string_view part : absl::StrSplit(real, '/', absl::SkipEmpty())) {
     struct stat st;

@@ -257,14 +257,25 @@ absl::StatusOr<RegisterOutcome> Registry::Decide(const RegisterArgs& args,
     if (!claimed.ok()) return claimed;
   }
   const std::string& cid = args.content_id.empty() ? digest : args.content_id;
+  // NSS lookups (the caller's groups, a holder's name in a refusal) run
+  // without the lock, so that a slow one holds back only this request:
+  // refusals are found on a snapshot first. The decision under the lock
+  // repeats the checks (a change meanwhile is decided there).
+  const std::optional<std::vector<gid_t>> groups =
+      GroupsForReservations(args.key, args.peer);
+  const std::vector<gid_t>* g = groups.has_value() ? &*groups : nullptr;
+  if (absl::Status refused = RefusalNow(args, cid, digest, g); !refused.ok()) {
+    refused_.fetch_add(1);
+    return refused;
+  }
   EntryPtr existing;
   {
     absl::MutexLock lock(&mu_);
     AwaitFree({args.key});
-    absl::Status allowed = CheckReservations(args.key, args.peer);
-    if (!allowed.ok()) {
+    if (std::optional<NameReservation> r =
+            ReservedForOthers(args.key, args.peer, g)) {
       refused_.fetch_add(1);
-      return allowed;
+      return ReservedRefusal(args.key, *r, args.peer);
     }
     existing = LookupLocked(args.key);
     if (existing != nullptr) {
@@ -368,6 +379,24 @@ absl::Status Registry::Restore(const TargetEntry& journaled) {
   absl::MutexLock lock(&mu_);
   entries_[entry->key] = entry;
   return ready;
+}
+
+absl::Status Registry::RefusalNow(const RegisterArgs& args,
+                                  const std::string& cid,
+                                  const std::string& digest,
+                                  const std::vector<gid_t>* groups) const {
+  std::optional<NameReservation> reserved;
+  EntryPtr seen;
+  {
+    absl::MutexLock lock(&mu_);
+    reserved = ReservedForOthers(args.key, args.peer, groups);
+    seen = LookupLocked(args.key);
+  }
+  if (reserved.has_value()) {
+    return ReservedRefusal(args.key, *reserved, args.peer);
+  }
+  return seen == nullptr ? absl::OkStatus()
+                         : CheckIdentity(*seen, args, cid, digest);
 }
 
 EntryPtr Registry::LookupLocked(const TargetKey& key) const {

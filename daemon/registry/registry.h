@@ -249,11 +249,26 @@ class Registry {
   void OweSweep() ABSL_LOCKS_EXCLUDED(mu_);
   EntryPtr LookupLocked(const TargetKey& key) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // PERMISSION_DENIED, naming the owner, when a reservation of someone
-  // else matches `key.name` (root is never refused).
-  absl::Status CheckReservations(const TargetKey& key,
-                                 const PeerCred& peer) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The caller's groups when a group's reservation matches `key.name` (an
+  // NSS lookup: called before mu_ is taken), else nullopt.
+  std::optional<std::vector<gid_t>> GroupsForReservations(
+      const TargetKey& key, const PeerCred& peer) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The reservation of someone else that matches `key.name`, if any (root
+  // is never refused); `groups` from GroupsForReservations or nullptr.
+  std::optional<NameReservation> ReservedForOthers(
+      const TargetKey& key, const PeerCred& peer,
+      const std::vector<gid_t>* groups) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The refusal of `args` by the reservations and the entry as they are
+  // now (taking mu_ only to read them), else OK.
+  absl::Status RefusalNow(const RegisterArgs& args, const std::string& cid,
+                          const std::string& digest,
+                          const std::vector<gid_t>* groups) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // PERMISSION_DENIED naming `r`'s owner (an NSS lookup: not under mu_).
+  static absl::Status ReservedRefusal(const TargetKey& key,
+                                      const NameReservation& r,
+                                      const PeerCred& peer);
   // The admin check of Reserve, Unreserve and CollectGarbage.
   absl::Status CheckAdmin(const PeerCred& peer, const char* what) const;
 

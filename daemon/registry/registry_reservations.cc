@@ -1,9 +1,8 @@
 // Registry: operators' reservations of target names for a uid or a group
 // (docs/operator-guide.md, "Name reservations").
-#include <grp.h>
-#include <pwd.h>
-#include <unistd.h>
-
+#include <algorithm>
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -15,46 +14,56 @@ namespace kreg {
 namespace {
 
 // Whether `peer` is the owner: the uid, or for a group the caller's gid or
-// one of its user's supplementary groups.
-bool IsOwner(const NameReservation& r, const PeerCred& peer) {
+// one of its user's supplementary groups: `groups`, which callers look up
+// before taking the registry's lock; looked up here when they did not (a
+// reservation made meanwhile).
+bool IsOwner(const NameReservation& r, const PeerCred& peer,
+             const std::vector<gid_t>* groups) {
   if (!r.group) return peer.uid == r.owner;
   if (peer.gid == r.owner) return true;
-  char buf[4096];
-  struct passwd pw;
-  struct passwd* found = nullptr;
-  if (::getpwuid_r(peer.uid, &pw, buf, sizeof(buf), &found) != 0 || !found) {
-    return false;
+  std::vector<gid_t> looked_up;
+  if (groups == nullptr) {
+    looked_up = GroupsOf(peer.uid, peer.gid);
+    groups = &looked_up;
   }
-  int n = 64;
-  std::vector<gid_t> groups(n);
-  if (::getgrouplist(found->pw_name, found->pw_gid, groups.data(), &n) < 0) {
-    groups.resize(n);
-    if (::getgrouplist(found->pw_name, found->pw_gid, groups.data(), &n) < 0) {
-      return false;
-    }
-  }
-  groups.resize(n);
-  for (gid_t g : groups) {
-    if (g == r.owner) return true;
-  }
-  return false;
+  return std::find(groups->begin(), groups->end(), r.owner) != groups->end();
 }
 
 }  // namespace
 
-absl::Status Registry::CheckReservations(const TargetKey& key,
-                                         const PeerCred& peer) const {
-  if (peer.uid == 0) return absl::OkStatus();
-  for (const auto& [pattern, r] : reservations_) {
-    if (!r.Matches(key.name) || IsOwner(r, peer)) continue;
-    return absl::PermissionDeniedError(absl::StrCat(
-        "cannot register ", Named(key), ": names matching \"", r.pattern,
-        "\" are reserved for ", OwnerName(r), " on this host, and uid ",
-        peer.uid, " is not ", r.group ? "in that group" : "that uid",
-        ". Register under a name outside the reservation, or ask the "
-        "operator (`kregctl reservations` lists them)."));
+std::optional<std::vector<gid_t>> Registry::GroupsForReservations(
+    const TargetKey& key, const PeerCred& peer) const {
+  if (peer.uid == 0) return std::nullopt;
+  bool needed = false;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [pattern, r] : reservations_) {
+      needed |= r.group && r.owner != peer.gid && r.Matches(key.name);
+    }
   }
-  return absl::OkStatus();
+  if (!needed) return std::nullopt;
+  return GroupsOf(peer.uid, peer.gid);
+}
+
+std::optional<NameReservation> Registry::ReservedForOthers(
+    const TargetKey& key, const PeerCred& peer,
+    const std::vector<gid_t>* groups) const {
+  if (peer.uid == 0) return std::nullopt;
+  for (const auto& [pattern, r] : reservations_) {
+    if (r.Matches(key.name) && !IsOwner(r, peer, groups)) return r;
+  }
+  return std::nullopt;
+}
+
+absl::Status Registry::ReservedRefusal(const TargetKey& key,
+                                       const NameReservation& r,
+                                       const PeerCred& peer) {
+  return absl::PermissionDeniedError(absl::StrCat(
+      "cannot register ", Named(key), ": names matching \"", r.pattern,
+      "\" are reserved for ", OwnerName(r), " on this host, and uid ", peer.uid,
+      " is not ", r.group ? "in that group" : "that uid",
+      ". Register under a name outside the reservation, or ask the "
+      "operator (`kregctl reservations` lists them)."));
 }
 
 absl::Status Registry::Reserve(NameReservation r, const PeerCred& peer) {
@@ -69,20 +78,34 @@ absl::Status Registry::Reserve(NameReservation r, const PeerCred& peer) {
   }
   r.by = peer;
   r.at_us = NowMicros();
+  // NSS lookups before the lock: the owner's name, and for a group the
+  // groups of the users whose targets match.
+  const std::string owner = OwnerName(r);
+  std::map<std::pair<uid_t, gid_t>, std::vector<gid_t>> groups;
+  if (r.group) {
+    for (const EntryPtr& e : List()) {
+      const PeerCred& by = e->registered_by;
+      if (r.Matches(e->key.name) && !groups.count({by.uid, by.gid})) {
+        groups[{by.uid, by.gid}] = GroupsOf(by.uid, by.gid);
+      }
+    }
+  }
   absl::MutexLock lock(&mu_);
   // Requests in progress finish first: none of them escapes the check.
   AwaitIdle();
   std::vector<std::string> others;
   for (const auto& [key, e] : entries_) {
-    if (r.Matches(key.name) && !IsOwner(r, e->registered_by) &&
-        e->registered_by.uid != 0) {
+    const PeerCred& by = e->registered_by;
+    auto known = groups.find({by.uid, by.gid});
+    if (r.Matches(key.name) && by.uid != 0 &&
+        !IsOwner(r, by, known == groups.end() ? nullptr : &known->second)) {
       others.push_back(
           absl::StrCat(Named(key), " by uid ", e->registered_by.uid));
     }
   }
   if (!others.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "cannot reserve \"", r.pattern, "\" for ", OwnerName(r),
+        "cannot reserve \"", r.pattern, "\" for ", owner,
         ": it matches targets registered by others: ",
         absl::StrJoin(others.begin(),
                       others.begin() + std::min<size_t>(others.size(), 5),
@@ -95,7 +118,7 @@ absl::Status Registry::Reserve(NameReservation r, const PeerCred& peer) {
   absl::Status logged = log_->AppendReservation(r, /*lifted=*/false);
   if (!logged.ok()) return logged;
   spdlog::info("names \"{}\" reserved for {} by uid {} pid {}", r.pattern,
-               OwnerName(r), peer.uid, peer.pid);
+               owner, peer.uid, peer.pid);
   reservations_[r.pattern] = r;
   return absl::OkStatus();
 }
@@ -104,22 +127,25 @@ absl::Status Registry::Unreserve(const std::string& pattern,
                                  const PeerCred& peer) {
   absl::Status admin = CheckAdmin(peer, "lifting a name reservation");
   if (!admin.ok()) return admin;
-  absl::MutexLock lock(&mu_);
-  auto it = reservations_.find(pattern);
-  if (it == reservations_.end()) {
-    return absl::NotFoundError(absl::StrCat(
-        "no reservation of \"", pattern,
-        "\" to lift; `kregctl reservations` lists them, with their patterns "
-        "spelled exactly"));
+  NameReservation lifted;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = reservations_.find(pattern);
+    if (it == reservations_.end()) {
+      return absl::NotFoundError(absl::StrCat(
+          "no reservation of \"", pattern,
+          "\" to lift; `kregctl reservations` lists them, with their "
+          "patterns spelled exactly"));
+    }
+    lifted = it->second;
+    lifted.by = peer;
+    lifted.at_us = NowMicros();
+    absl::Status logged = log_->AppendReservation(lifted, /*lifted=*/true);
+    if (!logged.ok()) return logged;
+    reservations_.erase(it);
   }
-  NameReservation lifted = it->second;
-  lifted.by = peer;
-  lifted.at_us = NowMicros();
-  absl::Status logged = log_->AppendReservation(lifted, /*lifted=*/true);
-  if (!logged.ok()) return logged;
   spdlog::info("reservation of \"{}\" for {} lifted by uid {} pid {}", pattern,
-               OwnerName(it->second), peer.uid, peer.pid);
-  reservations_.erase(it);
+               OwnerName(lifted), peer.uid, peer.pid);
   return absl::OkStatus();
 }
 

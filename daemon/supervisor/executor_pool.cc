@@ -1,6 +1,5 @@
 #include "daemon/supervisor/executor_pool.h"
 
-#include <grp.h>
 #include <pwd.h>
 #include <signal.h>
 #include <string.h>
@@ -38,26 +37,6 @@ int64_t WallUs() {
   timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   return int64_t{ts.tv_sec} * 1000000 + ts.tv_nsec / 1000;
-}
-
-// The supplementary groups of `uid` (its passwd entry's name and `gid`);
-// just `gid` when the uid has no passwd entry.
-std::vector<gid_t> GroupsOf(uid_t uid, gid_t gid) {
-  std::vector<char> buf(16384);
-  passwd pw;
-  passwd* found = nullptr;
-  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 ||
-      found == nullptr) {
-    return {gid};
-  }
-  int n = 64;
-  std::vector<gid_t> groups(n);
-  while (getgrouplist(pw.pw_name, gid, groups.data(), &n) < 0) {
-    groups.resize(n + 16);
-    n = static_cast<int>(groups.size());
-  }
-  groups.resize(n);
-  return groups;
 }
 
 gid_t PrimaryGid(uid_t uid, gid_t fallback) {
