@@ -709,20 +709,20 @@ def test_a_kregd_that_is_not_root_compiles_unsandboxed_and_says_so(
 
 def test_a_sandbox_that_cannot_be_set_up_says_what_kregd_needs(nobody_dir):
   # The worker itself, asked for a sandbox without the rights for one.
-  from kreg._compile import _decode, _field  # pylint: disable=import-outside-toplevel
+  from kreg.v1 import compile_pb2 as pb  # pylint: disable=import-outside-toplevel
   worker = nobody_dir / "kregd-compile"
   shutil.copy(
       kregd_proc.daemon_binary().parents[1] / "compiler" / "kregd-compile",
       worker)
   os.chmod(worker, 0o755)
-  job = (_field(2, "/usr/bin/g++") +
-         _field(4, _field(1, "k.cc") + _field(2, "int x;")) +
-         _field(12, True))
-  p = subprocess.run([str(worker)], input=job, capture_output=True,
-                     timeout=60, user=65534, group=65534, extra_groups=[])
-  answer = _decode(p.stdout)
-  assert answer[1] == [9], answer  # FAILED_PRECONDITION
-  message = answer[2][0].decode()
+  job = pb.CompileJob(compiler="/usr/bin/g++", sandbox=True,
+                      sources=[pb.SourceFile(name=b"k.cc", text=b"int x;")])
+  p = subprocess.run([str(worker)], input=job.SerializeToString(),
+                     capture_output=True, timeout=60, user=65534, group=65534,
+                     extra_groups=[])
+  answer = pb.CompileJobResult.FromString(p.stdout)
+  assert answer.code == 9, answer  # FAILED_PRECONDITION
+  message = answer.message
   assert message.startswith("the compile sandbox could not be set up "
                             "(sandbox: unshare("), message
   assert "CAP_SYS_ADMIN" in message and "RestrictNamespaces=mnt net ipc pid" in (
@@ -730,7 +730,7 @@ def test_a_sandbox_that_cannot_be_set_up_says_what_kregd_needs(nobody_dir):
   # And garbage instead of a job: INVALID_ARGUMENT, not a crash.
   p = subprocess.run([str(worker)], input=b"\xff\xff\xff", capture_output=True,
                      timeout=60)
-  assert _decode(p.stdout)[1] == [3]
+  assert pb.CompileJobResult.FromString(p.stdout).code == 3
 
 
 def test_kregd_stops_promptly_while_a_compile_runs():
