@@ -38,7 +38,7 @@ def _libraries():
   # pylint: disable=import-outside-toplevel
   try:
     import grpc
-    from google import protobuf  # noqa: F401
+    import google.protobuf  # noqa: F401
   except ImportError as e:
     raise ImportError(
         "kreg.compile_ffi_target talks to kregd's gRPC API and needs grpcio "
