@@ -289,6 +289,29 @@ def test_missing_libraries_are_named(daemon, monkeypatch, hidden, want):
   assert want in str(e.value)
 
 
+def test_a_stream_without_a_result_is_an_error(tmp_path):
+  # Not kregd: a server whose CompileTarget stream ends OK without a result.
+  import grpc  # pylint: disable=import-outside-toplevel
+  from concurrent import futures  # pylint: disable=import-outside-toplevel
+  from kreg import _compile  # pylint: disable=import-outside-toplevel
+  server = grpc.server(futures.ThreadPoolExecutor(1))
+  server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+      "kreg.v1.Registry", {"CompileTarget": grpc.unary_stream_rpc_method_handler(
+          lambda request, context: iter(()))})])
+  sock = tmp_path / "fake.sock"
+  server.add_insecure_port(f"unix:{sock}")
+  server.start()
+  try:
+    request = _compile.encode_request("cc.t", {"x.cc": ""}, "f", "cpu", (),
+                                      None, None, False)
+    with pytest.raises(kreg.KregError) as e:
+      _compile.compile_target(str(sock), request, 60)
+  finally:
+    server.stop(None)
+  assert str(e.value) == "kregd ended the compile without a result"
+  assert e.value.code == "INTERNAL"
+
+
 def test_an_include_directory_is_sent_as_its_files(daemon, tmp_path):
   inc = tmp_path / "inc"
   (inc / "detail").mkdir(parents=True)
