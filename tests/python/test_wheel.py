@@ -309,11 +309,12 @@ except kreg.JaxVersionError as e:
 def test_build_wheel_sh_in_a_checkout_without_venv(tmp_path):
   # A fresh clone has no .venv: build_wheel.sh runs tools/setup.sh (stubbed
   # here: its .venv/bin/python runs this Python, which has auditwheel) and
-  # then builds with .venv's Python (bazel stubbed: it "builds" the shim and
-  # kregctl by copying the real ones) a manylinux wheel.
+  # then builds with .venv's Python (bazel stubbed: it "builds" the shim,
+  # kregctl and kreg/v1 by copying the real ones) a manylinux wheel.
   import shutil  # pylint: disable=import-outside-toplevel
-  if not SHIM.is_file() or not KREGCTL.is_file():
-    pytest.skip(f"{SHIM} or {KREGCTL} not built")
+  pb2 = BIN_DIR / "client" / "python" / "kreg"
+  if not SHIM.is_file() or not KREGCTL.is_file() or not pb2.is_dir():
+    pytest.skip(f"{SHIM}, {KREGCTL} or {pb2} not built")
   clone = tmp_path / "clone"
   (clone / "tools").mkdir(parents=True)
   for f in ("build_wheel.sh", "build_wheel.py"):
@@ -332,7 +333,8 @@ def test_build_wheel_sh_in_a_checkout_without_venv(tmp_path):
       "#!/bin/sh\nset -e\necho \"bazel $*\" >&2\n"
       "mkdir -p bazel-bin/client/shim\n"
       f"cp {SHIM} bazel-bin/client/shim/libkreg_client.so\n"
-      f"cp {KREGCTL} bazel-bin/client/kregctl\n")
+      f"cp {KREGCTL} bazel-bin/client/kregctl\n"
+      f"mkdir -p bazel-bin/client/python\ncp -r {pb2} bazel-bin/client/python\n")
   (stubs / "bazel").chmod(0o755)
   env = {k: v for k, v in os.environ.items() if k != "KREG_PYTHON"}
   env["PATH"] = f"{stubs}:{env['PATH']}"
@@ -340,8 +342,8 @@ def test_build_wheel_sh_in_a_checkout_without_venv(tmp_path):
                      capture_output=True, text=True, env=env, timeout=600)
   assert r.returncode == 0, r.stderr
   assert "no .venv" in r.stderr and "SETUP-RAN" in r.stderr
-  assert ("bazel build //client/shim:libkreg_client.so //client:kregctl"
-          in r.stderr)
+  assert ("bazel build //client/shim:libkreg_client.so //client:kregctl "
+          "//client/python:kreg_pb2" in r.stderr)
   wheel = pathlib.Path(r.stdout.strip().splitlines()[-1])
   assert not wheel.is_absolute() and (clone / wheel).is_file()
   assert re.search(r"-py3-none-manylinux_2_\d+_x86_64\.whl$", wheel.name)
