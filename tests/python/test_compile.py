@@ -295,9 +295,9 @@ def test_a_stream_without_a_result_is_an_error(tmp_path):
   from concurrent import futures  # pylint: disable=import-outside-toplevel
   from kreg import _compile  # pylint: disable=import-outside-toplevel
   server = grpc.server(futures.ThreadPoolExecutor(1))
+  empty = grpc.unary_stream_rpc_method_handler(lambda request, ctx: iter(()))
   server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
-      "kreg.v1.Registry", {"CompileTarget": grpc.unary_stream_rpc_method_handler(
-          lambda request, context: iter(()))})])
+      "kreg.v1.Registry", {"CompileTarget": empty})])
   sock = tmp_path / "fake.sock"
   server.add_insecure_port(f"unix:{sock}")
   server.start()

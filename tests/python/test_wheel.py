@@ -334,7 +334,8 @@ def test_build_wheel_sh_in_a_checkout_without_venv(tmp_path):
       "mkdir -p bazel-bin/client/shim\n"
       f"cp {SHIM} bazel-bin/client/shim/libkreg_client.so\n"
       f"cp {KREGCTL} bazel-bin/client/kregctl\n"
-      f"mkdir -p bazel-bin/client/python\ncp -r {pb2} bazel-bin/client/python\n")
+      "mkdir -p bazel-bin/client/python\n"
+      f"cp -r {pb2} bazel-bin/client/python\n")
   (stubs / "bazel").chmod(0o755)
   env = {k: v for k, v in os.environ.items() if k != "KREG_PYTHON"}
   env["PATH"] = f"{stubs}:{env['PATH']}"
