@@ -3,11 +3,14 @@
 kregctl.
 
     tools/build_wheel.py --shim bazel-bin/client/shim/libkreg_client.so \
-        [--kregctl bazel-bin/client/kregctl] [--manylinux] --out dist/
+        [--kregctl bazel-bin/client/kregctl] [--pb2 bazel-bin/client/python] \
+        [--manylinux] --out dist/
 
 kregctl (default: bazel-bin/client/kregctl beside the shim's directory) is
 bundled as kreg/kregctl and installed as the `kregctl` command
-(kreg._kregctl execs it).
+(kreg._kregctl execs it). The protobuf modules that protoc generated for
+kreg.compile_ffi_target (`bazel build //client/python:kreg_pb2`; --pb2
+default: bazel-bin/client/python) go in as kreg/v1/*_pb2.py.
 The wheel is assembled directly (PEP 427: a zip with *.dist-info/METADATA,
 WHEEL, RECORD and entry_points.txt) so that building needs neither network
 nor setuptools. It is tagged py3-none-<platform>: the shim is loaded with
@@ -74,7 +77,8 @@ def metadata(project: dict) -> str:
   if homepage:
     lines.append(f"Home-page: {homepage}")
   lines += [f"Requires-Dist: {d}" for d in project.get("dependencies", [])]
-  # Extras: pip install 'kreg[compile]' (grpcio for kreg.compile_ffi_target).
+  # Extras: pip install 'kreg[compile]' (grpcio and protobuf for
+  # kreg.compile_ffi_target).
   for extra, deps in sorted(project.get("optional-dependencies", {}).items()):
     lines.append(f"Provides-Extra: {extra}")
     lines += [f'Requires-Dist: {d}; extra == "{extra}"' for d in deps]
@@ -88,11 +92,15 @@ def main() -> int:
   ap.add_argument("--shim", required=True, type=pathlib.Path)
   ap.add_argument("--kregctl", type=pathlib.Path,
                   help="kregctl binary (default: <shim dir>/../kregctl)")
+  ap.add_argument("--pb2", type=pathlib.Path,
+                  help="where kreg/v1/*_pb2.py lie (default: <shim dir>/../"
+                  "python)")
   ap.add_argument("--out", required=True, type=pathlib.Path)
   ap.add_argument("--manylinux", action="store_true",
                   help="auditwheel repair: a self-contained manylinux wheel")
   args = ap.parse_args()
   kregctl = args.kregctl or args.shim.parent.parent / "kregctl"
+  pb2 = (args.pb2 or args.shim.parent.parent / "python") / "kreg" / "v1"
   project = tomllib.loads((PKG_DIR / "pyproject.toml").read_text())["project"]
   name, version = project["name"], project["version"]
   init = (PKG_DIR / "kreg" / "__init__.py").read_text()
@@ -108,11 +116,17 @@ def main() -> int:
     print(f"build_wheel: {kregctl} is not built (bazel build "
           "//client:kregctl), or pass --kregctl PATH", file=sys.stderr)
     return 1
+  if not (pb2 / "registry_pb2.py").is_file():
+    print(f"build_wheel: {pb2 / 'registry_pb2.py'} is not built (bazel build "
+          "//client/python:kreg_pb2), or pass --pb2 DIR", file=sys.stderr)
+    return 1
   tag = f"py3-none-{platform_tag()}"
   dist_info = f"{name}-{version}.dist-info"
   files: list[tuple[str, bytes]] = []
   for src in sorted((PKG_DIR / "kreg").glob("*.py")):
     files.append((f"kreg/{src.name}", src.read_bytes()))
+  for src in sorted(pb2.glob("*_pb2.py")):
+    files.append((f"kreg/v1/{src.name}", src.read_bytes()))
   files.append(("kreg/libkreg_client.so", args.shim.read_bytes()))
   files.append(("kreg/kregctl", kregctl.read_bytes()))
   files.append((f"{dist_info}/METADATA", metadata(project).encode()))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the kreg wheel with the shim and kregctl inside: bazel-builds
-# //client/shim:libkreg_client.so and //client:kregctl and writes
+# //client/shim:libkreg_client.so, //client:kregctl and the protobuf modules
+# of kreg.compile_ffi_target (//client/python:kreg_pb2) and writes
 # dist/kreg-<version>-py3-none-manylinux_2_NN_x86_64.whl (path printed last):
 # tools/build_wheel.py --manylinux grafts the libraries they link (gRPC,
 # protobuf, abseil, OpenSSL...) into the wheel with auditwheel, so it
@@ -29,6 +30,7 @@ else
   fi
   py=.venv/bin/python
 fi
-bazel build //client/shim:libkreg_client.so //client:kregctl >&2
+bazel build //client/shim:libkreg_client.so //client:kregctl \
+  //client/python:kreg_pb2 >&2
 "$py" tools/build_wheel.py --shim bazel-bin/client/shim/libkreg_client.so \
   --kregctl bazel-bin/client/kregctl --manylinux --out "$out"

@@ -9,8 +9,9 @@
 # From a bundle, `kreg` and its shim come from the bundle's wheel (dist/),
 # installed with `pip install --no-index --no-deps --target` into the work
 # directory; from a source checkout without a bundle, from client/python
-# and bazel-bin/. $PYTHON picks the interpreter (default python3); it needs
-# jax[cuda13] 0.11.2 and pytest.
+# and bazel-bin/ (bazel-bin/client/python: its generated kreg/v1). $PYTHON
+# picks the interpreter (default python3); it needs jax[cuda13] 0.11.2 and
+# pytest.
 # The forwarded suite runs once per XLA_PYTHON_CLIENT_ALLOCATOR (default,
 # platform, cuda_async); with two or more GPUs visible, test_multi_gpu.py
 # runs in a pass of its own ("two_gpus": its own kregd and client
@@ -46,7 +47,7 @@ else  # a source checkout
   export KREG_KERNELS_DIR=${KREG_KERNELS_DIR:-$KREG_BIN_DIR/kernels/cpu}
   export KREG_CUDA_KERNELS_DIR=${KREG_CUDA_KERNELS_DIR:-$KREG_BIN_DIR/kernels/cuda}
   export KREG_CLIENT_LIB=${KREG_CLIENT_LIB:-$KREG_BIN_DIR/client/shim/libkreg_client.so}
-  export PYTHONPATH="$bundle/client/python:$bundle/tests/python${PYTHONPATH:+:$PYTHONPATH}"
+  export PYTHONPATH="$bundle/client/python:$KREG_BIN_DIR/client/python:$bundle/tests/python${PYTHONPATH:+:$PYTHONPATH}"
 fi
 py=${PYTHON:-python3}
 

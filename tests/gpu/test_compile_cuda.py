@@ -4,8 +4,8 @@ registered target is called forwarded (a kregd executor) and local (this
 process), both equal to NumPy. Skips cleanly without a GPU or without nvcc.
 
 The compile goes through `kregctl compile` (the bundle has it; the Python
-client would need grpcio) and the targets are bound by name; with grpcio
-installed, kreg.compile_ffi_target is exercised too.
+client would need grpcio and protobuf) and the targets are bound by name;
+with both installed, kreg.compile_ffi_target is exercised too.
 """
 
 from __future__ import annotations
@@ -149,6 +149,7 @@ def test_a_cuda_syntax_error_returns_nvccs_diagnostic(compiling_kregd):
 
 def test_compile_ffi_target_with_nvcc(compiling_kregd):
   pytest.importorskip("grpc")
+  pytest.importorskip("google.protobuf")
   import kreg  # pylint: disable=import-outside-toplevel
   d = compiling_kregd
   reg = kreg.Client(d.socket).compile_ffi_target(

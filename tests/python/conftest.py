@@ -16,13 +16,12 @@ import tempfile
 
 import pytest
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO_ROOT / "client" / "python"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-
 # The Daemon class lives in kregd_proc (shared with tests/gpu and bench/).
-from kregd_proc import Daemon, kregctl_binary  # noqa: E402
+from kregd_proc import KREG_PATH, Daemon, kregctl_binary  # noqa: E402
+
+sys.path[:0] = KREG_PATH
 
 
 def start_or_skip(d: Daemon) -> None:

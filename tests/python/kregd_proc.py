@@ -21,6 +21,12 @@ import time
 from typing import Optional, Sequence
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+# Where `import kreg` finds the package in a source checkout: its sources
+# and the protobuf modules Bazel generates for it (client/python/BUILD).
+KREG_PATH = [str(REPO_ROOT / "client" / "python"),
+             str(pathlib.Path(os.environ.get("KREG_BIN_DIR",
+                                             REPO_ROOT / "bazel-bin")) /
+                 "client" / "python")]
 
 
 def daemon_binary() -> pathlib.Path:
@@ -151,9 +157,8 @@ class Daemon:
     env = dict(os.environ)
     env["KREGD_SOCKET"] = self.socket
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO_ROOT / "client" / "python"),
-         str(pathlib.Path(__file__).resolve().parent),
-         env.get("PYTHONPATH", "")])
+        KREG_PATH + [str(pathlib.Path(__file__).resolve().parent),
+                     env.get("PYTHONPATH", "")])
     env.setdefault("JAX_PLATFORMS", "cpu")
     return env
 

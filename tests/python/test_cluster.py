@@ -338,8 +338,16 @@ def test_three_hosts_compile_one_source_once(cluster, tmp_path):
   r = kregctl(fetcher, "compile", "cc.cluster.again", "TwiceHandler", src,
               "--json")
   assert r.returncode == 0, r.stderr
-  assert json.loads(r.stdout)["cache_hit"] is True
+  again = json.loads(r.stdout)
+  assert again["cache_hit"] is True
   assert fetcher.status()["compiles"] == after[fetcher.socket]["compiles"]
+  # kreg.compile_ffi_target reads the same answer, the binding's host too.
+  import kreg  # pylint: disable=import-outside-toplevel
+  reg = kreg.Client(fetcher.socket).compile_ffi_target(
+      "cc.cluster.py", {"k.cc": src.read_text()}, "TwiceHandler")
+  assert reg.created and reg.cache_hit and reg.cache_key == again["cache_key"]
+  assert " (127.0.0.1:" in reg.target.host
+  assert reg.target.host == again["target"]["host"], again
 
 
 def test_retirement_goes_through_etcd(cluster):

@@ -6,6 +6,7 @@ the real kregd; the kernels run in real JAX."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import os
 import pathlib
@@ -112,7 +113,17 @@ def test_compile_and_call_equals_the_same_source_built_in_process(
   assert reg.content_id == reg.cache_key
   assert reg.content_id.startswith("kcc-sha256:") and len(
       reg.content_id) == len("kcc-sha256:") + 64
-  assert reg.target.func_name == "AxpbHandler"
+  # Every field of kregd's answer, as `kregctl show` prints it.
+  shown = json.loads(kregd_proc.run_kregctl(daemon, "show", "cc.axpb",
+                                            "--json").stdout)[0]
+  t = dataclasses.asdict(reg.target)
+  assert f"{t.pop('ffi_api_major')}.{t.pop('ffi_api_minor')}" == shown[
+      "ffi_api"]
+  assert time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(
+      t.pop("registered_at_us") // 10**6)) == shown["registered_at"]
+  assert t == {k: shown[k] for k in t}
+  assert t["func_name"] == "AxpbHandler" and t["pid"] == os.getpid()
+  assert t["origin"].startswith("upload:") and t["host"] == ""
   # The same source built here with the same compiler and headers.
   (tmp_path / "axpb.cc").write_text(AXPB)
   (tmp_path / "axpb.h").write_text(AXPB_H)
@@ -257,6 +268,48 @@ def test_python_side_type_errors(daemon):
   with pytest.raises(ValueError, match="is not a directory"):
     kreg.compile_ffi_target("cc.t", {"x.cc": ""}, "f",
                             headers=["/nonexistent/include"])
+
+
+@pytest.mark.parametrize("hidden,want", [
+    ("grpc", "kreg.compile_ffi_target talks to kregd's gRPC API and needs "
+     "grpcio and protobuf (import of grpc halted; None in sys.modules): pip "
+     "install 'kreg[compile]'"),
+    ("google.protobuf", "needs grpcio and protobuf (import of google.protobuf "
+     "halted; None in sys.modules): pip install 'kreg[compile]'"),
+    ("kreg.v1", "cannot import kreg.v1.registry_pb2, kreg's generated "
+     "protobuf module (import of kreg.v1 halted; None in sys.modules): it "
+     "needs protobuf>=4.21 (pip install 'kreg[compile]'); in a source "
+     "checkout, run `bazel build //client/python:kreg_pb2` and put "
+     "bazel-bin/client/python on PYTHONPATH"),
+])
+def test_missing_libraries_are_named(daemon, monkeypatch, hidden, want):
+  monkeypatch.setitem(sys.modules, hidden, None)
+  with pytest.raises(ImportError) as e:
+    kreg.compile_ffi_target("cc.t", {"x.cc": ""}, "f")
+  assert want in str(e.value)
+
+
+def test_a_stream_without_a_result_is_an_error(tmp_path):
+  # Not kregd: a server whose CompileTarget stream ends OK without a result.
+  import grpc  # pylint: disable=import-outside-toplevel
+  from concurrent import futures  # pylint: disable=import-outside-toplevel
+  from kreg import _compile  # pylint: disable=import-outside-toplevel
+  server = grpc.server(futures.ThreadPoolExecutor(1))
+  empty = grpc.unary_stream_rpc_method_handler(lambda request, ctx: iter(()))
+  server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+      "kreg.v1.Registry", {"CompileTarget": empty})])
+  sock = tmp_path / "fake.sock"
+  server.add_insecure_port(f"unix:{sock}")
+  server.start()
+  try:
+    request = _compile.encode_request("cc.t", {"x.cc": ""}, "f", "cpu", (),
+                                      None, None, False)
+    with pytest.raises(kreg.KregError) as e:
+      _compile.compile_target(str(sock), request, 60)
+  finally:
+    server.stop(None)
+  assert str(e.value) == "kregd ended the compile without a result"
+  assert e.value.code == "INTERNAL"
 
 
 def test_an_include_directory_is_sent_as_its_files(daemon, tmp_path):
@@ -709,20 +762,21 @@ def test_a_kregd_that_is_not_root_compiles_unsandboxed_and_says_so(
 
 def test_a_sandbox_that_cannot_be_set_up_says_what_kregd_needs(nobody_dir):
   # The worker itself, asked for a sandbox without the rights for one.
-  from kreg._compile import _decode, _field  # pylint: disable=import-outside-toplevel
+  from kreg.v1 import compile_pb2 as pb, registry_pb2  # pylint: disable=import-outside-toplevel
   worker = nobody_dir / "kregd-compile"
   shutil.copy(
       kregd_proc.daemon_binary().parents[1] / "compiler" / "kregd-compile",
       worker)
   os.chmod(worker, 0o755)
-  job = (_field(2, "/usr/bin/g++") +
-         _field(4, _field(1, "k.cc") + _field(2, "int x;")) +
-         _field(12, True))
-  p = subprocess.run([str(worker)], input=job, capture_output=True,
-                     timeout=60, user=65534, group=65534, extra_groups=[])
-  answer = _decode(p.stdout)
-  assert answer[1] == [9], answer  # FAILED_PRECONDITION
-  message = answer[2][0].decode()
+  job = pb.CompileJob(compiler="/usr/bin/g++", sandbox=True,
+                      sources=[registry_pb2.SourceFile(name=b"k.cc",
+                                                       text=b"int x;")])
+  p = subprocess.run([str(worker)], input=job.SerializeToString(),
+                     capture_output=True, timeout=60, user=65534, group=65534,
+                     extra_groups=[])
+  answer = pb.CompileJobResult.FromString(p.stdout)
+  assert answer.code == 9, answer  # FAILED_PRECONDITION
+  message = answer.message
   assert message.startswith("the compile sandbox could not be set up "
                             "(sandbox: unshare("), message
   assert "CAP_SYS_ADMIN" in message and "RestrictNamespaces=mnt net ipc pid" in (
@@ -730,7 +784,7 @@ def test_a_sandbox_that_cannot_be_set_up_says_what_kregd_needs(nobody_dir):
   # And garbage instead of a job: INVALID_ARGUMENT, not a crash.
   p = subprocess.run([str(worker)], input=b"\xff\xff\xff", capture_output=True,
                      timeout=60)
-  assert _decode(p.stdout)[1] == [3]
+  assert pb.CompileJobResult.FromString(p.stdout).code == 3
 
 
 def test_kregd_stops_promptly_while_a_compile_runs():

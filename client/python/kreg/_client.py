@@ -109,6 +109,12 @@ class Target:
   # Empty when the daemon can run the target; otherwise why not (a cuda
   # target on a kregd without a usable GPU, an unloadable module).
   not_runnable: str = ""
+  # Cluster mode: the host whose registration made the binding ("<host
+  # name> (<peer address>)"), as kregd's gRPC API reports it (kreg.
+  # compile_ffi_target, `kregctl show`); empty on a standalone kregd and
+  # in what the shim reports (list_registered_targets, Registration of
+  # register_ffi_target).
+  host: str = ""
 
   @property
   def runnable(self) -> bool:

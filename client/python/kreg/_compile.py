@@ -2,9 +2,8 @@
 and host (docs/design.md §13, docs/user-guide.md "Compile once").
 
 The request travels over kregd's gRPC socket (Registry.CompileTarget), with
-grpcio; its few messages are encoded here by hand (proto/kreg/v1/
-registry.proto and registration.proto), so the package needs no generated
-code.
+grpcio and the messages protoc generates from proto/kreg/v1/registry.proto
+(kreg.v1.registry_pb2, client/python/BUILD), imported on first use.
 """
 
 from __future__ import annotations
@@ -33,91 +32,36 @@ class CompileError(KregError):
     self.diagnostics = diagnostics
 
 
-# -- a minimal protobuf wire codec (varints and length-delimited fields) --
-
-def _varint(n: int) -> bytes:
-  n &= (1 << 64) - 1
-  out = bytearray()
-  while True:
-    b = n & 0x7F
-    n >>= 7
-    if n:
-      out.append(b | 0x80)
-    else:
-      out.append(b)
-      return bytes(out)
-
-
-def _field(number: int, value: Union[bytes, str, bool, int]) -> bytes:
-  if isinstance(value, bool) or isinstance(value, int):
-    return _varint(number << 3) + _varint(int(value))
-  if isinstance(value, str):
-    value = value.encode()
-  return _varint((number << 3) | 2) + _varint(len(value)) + value
-
-
-def _decode(data: bytes) -> dict[int, list]:
-  """Field number -> values (ints for varints, bytes for the rest)."""
-  fields: dict[int, list] = {}
-  i = 0
-
-  def varint() -> int:
-    nonlocal i
-    shift = result = 0
-    while True:
-      if i >= len(data) or shift > 63:
-        raise KregError("kregd's answer is not a valid protobuf message",
-                        "INTERNAL")
-      b = data[i]
-      i += 1
-      result |= (b & 0x7F) << shift
-      shift += 7
-      if not b & 0x80:
-        return result
-
-  while i < len(data):
-    key = varint()
-    number, wire = key >> 3, key & 7
-    if wire == 0:
-      value: Any = varint()
-    elif wire == 2:
-      n = varint()
-      if i + n > len(data):
-        raise KregError("kregd's answer is truncated", "INTERNAL")
-      value = data[i:i + n]
-      i += n
-    elif wire == 1:
-      value, i = data[i:i + 8], i + 8
-    elif wire == 5:
-      value, i = data[i:i + 4], i + 4
-    else:
-      raise KregError(f"kregd's answer has wire type {wire}", "INTERNAL")
-    fields.setdefault(number, []).append(value)
-  return fields
+def _libraries():
+  """grpc and kreg.v1's generated registry_pb2 (client/python/BUILD),
+  imported on first use: `import kreg` needs neither."""
+  # pylint: disable=import-outside-toplevel
+  try:
+    import grpc
+    import google.protobuf  # noqa: F401
+  except ImportError as e:
+    raise ImportError(
+        "kreg.compile_ffi_target talks to kregd's gRPC API and needs grpcio "
+        f"and protobuf ({e}): pip install 'kreg[compile]'") from e
+  try:
+    from kreg.v1 import registry_pb2
+  except ImportError as e:
+    raise ImportError(
+        f"cannot import kreg.v1.registry_pb2, kreg's generated protobuf "
+        f"module ({e}): it needs protobuf>=4.21 (pip install "
+        "'kreg[compile]'); in a source checkout, run `bazel build "
+        "//client/python:kreg_pb2` and put bazel-bin/client/python on "
+        "PYTHONPATH") from e
+  return grpc, registry_pb2
 
 
-def _one(fields: dict[int, list], number: int, default: Any) -> Any:
-  values = fields.get(number)
-  return values[-1] if values else default
-
-
-def _text(fields, number) -> str:
-  return _one(fields, number, b"").decode("utf-8", "replace")
-
-
-def _signed(n: int) -> int:
-  return n - (1 << 64) if n >= 1 << 63 else n
-
-
-def _to_target(data: bytes):
+def _to_target(t):
   from kreg._client import Target  # pylint: disable=import-outside-toplevel
-  f = _decode(data)
-  audit = _decode(_one(f, 11, b""))
-  return Target(_text(f, 1), _text(f, 2), _text(f, 3), _text(f, 4),
-                _text(f, 5), _one(f, 6, 0), _text(f, 7), _one(f, 8, 0),
-                _one(f, 9, 0), _one(f, 10, 0), _one(audit, 1, 0),
-                _one(audit, 2, 0), _signed(_one(audit, 3, 0)),
-                _signed(_one(audit, 4, 0)), _text(audit, 5), _text(f, 20))
+  a = t.audit
+  return Target(t.target_name, t.platform, t.func_name, t.content_id,
+                t.module_digest, t.module_size, t.kind, t.ffi_api_major,
+                t.ffi_api_minor, t.traits, a.uid, a.gid, a.pid,
+                a.registered_at_us, a.origin, t.not_runnable, a.host)
 
 
 # -- the request -------------------------------------------------------
@@ -197,55 +141,47 @@ def _headers(headers: Any) -> list[tuple[str, bytes]]:
 
 def encode_request(target_name: str, sources: Any, func_name: str,
                    platform: str, options: Iterable[str], headers: Any,
-                   content_id: Optional[str], replace: bool) -> bytes:
+                   content_id: Optional[str], replace: bool):
   """The CompileTargetRequest message."""
   if isinstance(options, (str, bytes)):
     raise TypeError("options must be a sequence of compiler options, e.g. "
                     "(\"-DN=4\",), not one string")
+  sources, headers = _files(sources, "sources"), _headers(headers)
   options = tuple(options)
-  msg = bytearray()
-  msg += _field(1, target_name) + _field(2, func_name) + _field(3, platform)
-  for name, text in _files(sources, "sources"):
-    msg += _field(4, _field(1, name) + _field(2, text))
-  for name, text in _headers(headers):
-    msg += _field(5, _field(1, name) + _field(2, text))
   for o in options:
     if not isinstance(o, str):
       raise TypeError(f"options must be str, got {o!r}")
-    msg += _field(6, o)
-  if content_id:
-    msg += _field(7, content_id)
-  if replace:
-    msg += _field(8, True)
-  return bytes(msg)
+  pb = _libraries()[1]
+  return pb.CompileTargetRequest(
+      target_name=target_name.encode(), func_name=func_name.encode(),
+      platform=platform.encode(),
+      sources=[pb.SourceFile(name=n.encode(), text=t) for n, t in sources],
+      headers=[pb.SourceFile(name=n.encode(), text=t) for n, t in headers],
+      options=[o.encode() for o in options],
+      content_id=(content_id or "").encode(), replace=replace)
 
 
-def compile_target(address: str, request: bytes, timeout: Optional[float]):
+def compile_target(address: str, request, timeout: Optional[float]):
   """Sends the request; returns (created, Target, cache_key, cache_hit,
   waited, diagnostics) or raises CompileError, KernelRegistrationError or
   KregError with kregd's message."""
-  try:
-    import grpc  # pylint: disable=import-outside-toplevel
-  except ImportError as e:
-    raise ImportError(
-        "kreg.compile_ffi_target talks to kregd's gRPC API and needs grpcio: "
-        "pip install grpcio (or pip install 'kreg[compile]')") from e
+  grpc, pb = _libraries()
   diagnostics = []
   with grpc.insecure_channel(
       "unix:" + address,
       options=[("grpc.max_receive_message_length", 16 << 20)]) as channel:
     call = channel.unary_stream(
         "/kreg.v1.Registry/CompileTarget",
-        request_serializer=lambda b: b,
-        response_deserializer=lambda b: b)(request, timeout=timeout)
+        request_serializer=pb.CompileTargetRequest.SerializeToString,
+        response_deserializer=pb.CompileTargetEvent.FromString)(
+            request, timeout=timeout)
     result = None
     try:
       for event in call:
-        f = _decode(event)
-        if 1 in f:
-          diagnostics.append(_one(f, 1, b"").decode("utf-8", "replace"))
-        if 2 in f:
-          result = _decode(_one(f, 2, b""))
+        if event.HasField("result"):
+          result = event.result
+        else:
+          diagnostics.append(event.diagnostics.decode("utf-8", "replace"))
     except grpc.RpcError as e:
       code = e.code().name if e.code() is not None else "UNKNOWN"
       message = e.details() or ""
@@ -265,6 +201,5 @@ def compile_target(address: str, request: bytes, timeout: Optional[float]):
       raise error_class(code, KregError)(message, code) from None
   if result is None:
     raise KregError("kregd ended the compile without a result", "INTERNAL")
-  return (bool(_one(result, 1, 0)), _to_target(_one(result, 2, b"")),
-          _text(result, 3), bool(_one(result, 4, 0)),
-          bool(_one(result, 5, 0)), "".join(diagnostics))
+  return (result.created, _to_target(result.target), result.cache_key,
+          result.cache_hit, result.waited, "".join(diagnostics))
