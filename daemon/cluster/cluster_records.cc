@@ -9,6 +9,7 @@
 #include "daemon/base/host_port.h"
 #include "daemon/base/validate.h"
 #include "daemon/registry/target_proto.h"
+#include "kreg/v1/journal.pb.h"
 
 namespace kreg {
 namespace {
@@ -95,6 +96,52 @@ absl::StatusOr<BindingRecord> ParseSignedBinding(const RecordSigner& signer,
   absl::StatusOr<TargetEntry> e = ParseBindingRecord(prefix, key, r->body);
   if (!e.ok()) return e.status();
   return BindingRecord{*std::move(e), r->kind == kRetireRecord};
+}
+
+std::string ReservationKey(const std::string& prefix,
+                           const std::string& pattern) {
+  return absl::StrCat(prefix, "reservations/", pattern);
+}
+
+std::string ReservationJson(const NameReservation& r, bool lifted) {
+  v1::ReservationRecord p;
+  p.set_pattern(r.pattern);
+  p.set_group(r.group);
+  p.set_owner(r.owner);
+  p.set_uid(r.by.uid);
+  p.set_gid(r.by.gid);
+  p.set_pid(r.by.pid);
+  p.set_at_us(r.at_us);
+  p.set_lifted(lifted);
+  return RecordJson(p);
+}
+
+absl::StatusOr<ReservationEvent> ParseSignedReservation(
+    const RecordSigner& signer, const std::string& prefix,
+    const std::string& key, const std::string& value) {
+  absl::StatusOr<SignedRecord> r = signer.Verify(key, value);
+  if (!r.ok()) return r.status();
+  v1::ReservationRecord p;
+  if (r->kind != kReserveRecord || !RecordFromJson(r->body, &p)) {
+    return absl::DataLossError(
+        absl::StrCat("etcd key ", Quoted(key), " does not hold a reservation"));
+  }
+  // The pattern as `kregctl reserve` checks it; the owner is a number.
+  absl::StatusOr<NameReservation> parsed = ParseReservation(
+      p.pattern(), absl::StrCat(p.group() ? "group:" : "", p.owner()));
+  if (!parsed.ok()) {
+    return absl::DataLossError(absl::StrCat("etcd key ", Quoted(key), ": ",
+                                            parsed.status().message()));
+  }
+  if (ReservationKey(prefix, p.pattern()) != key) {
+    return absl::DataLossError(absl::StrCat("etcd key ", Quoted(key),
+                                            " holds the reservation of ",
+                                            Quoted(p.pattern())));
+  }
+  ReservationEvent out{*std::move(parsed), p.lifted()};
+  out.reservation.by = PeerCred{p.uid(), p.gid(), p.pid()};
+  out.reservation.at_us = p.at_us();
+  return out;
 }
 
 bool PeerAddressOk(const std::string& address) {

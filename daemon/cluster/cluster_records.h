@@ -48,6 +48,29 @@ absl::StatusOr<BindingRecord> ParseSignedBinding(const RecordSigner& signer,
                                                  const std::string& key,
                                                  const std::string& value);
 
+// The etcd key of the name reservation of `pattern`:
+// "<prefix>reservations/<pattern>".
+std::string ReservationKey(const std::string& prefix,
+                           const std::string& pattern);
+
+// A signed record under a reservation key: a reservation or its lifting
+// (kreg.v1.ReservationRecord's JSON, `lifted` set).
+struct ReservationEvent {
+  NameReservation reservation;
+  bool lifted = false;
+};
+
+// The signed record stored under reservation key `key`: `signer.Verify`'s
+// UNAUTHENTICATED when its signature is missing or bad; DATA_LOSS naming
+// the key when it is signed but not a reservation, its pattern is not one
+// `kregctl reserve` accepts, or it reserves another pattern than its key
+// names.
+absl::StatusOr<ReservationEvent> ParseSignedReservation(
+    const RecordSigner& signer, const std::string& prefix,
+    const std::string& key, const std::string& value);
+// The body of the record of `r` (`lifted`: its lifting).
+std::string ReservationJson(const NameReservation& r, bool lifted);
+
 // Whether `digest` is "sha256:" followed by 64 lowercase hex.
 bool WellFormedDigest(const std::string& digest);
 

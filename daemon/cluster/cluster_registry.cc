@@ -357,13 +357,59 @@ absl::Status ClusterRegistry::Reconcile(int64_t* revision) {
       if (!st.ok()) spdlog::error("cluster: {}", std::string(st.message()));
     }
   }
+  // Reservations made or lifted while this kregd was away (the watch
+  // starts after the bindings' revision: later changes come again).
+  absl::StatusOr<EtcdRange> reserved =
+      etcd_.Range(prefix_ + "reservations/", true);
+  if (!reserved.ok()) return reserved.status();
+  for (const EtcdKv& kv : reserved->kvs) ApplyReservation(kv);
   *revision = all->revision;
   spdlog::info("cluster: in sync with etcd at revision {} ({} records)",
-               all->revision, all->kvs.size());
+               all->revision, all->kvs.size() + reserved->kvs.size());
   return absl::OkStatus();
 }
 
+absl::Status ClusterRegistry::PublishReservation(const NameReservation& r,
+                                                 bool lifted) {
+  const std::string key = ReservationKey(prefix_, r.pattern);
+  // A lifting is a signed record too: other hosts lift only on one.
+  return etcd_.Put(
+      key, signer_.Sign(key, kReserveRecord, ReservationJson(r, lifted)), 0);
+}
+
+void ClusterRegistry::ApplyReservation(const EtcdKv& kv) {
+  absl::StatusOr<ReservationEvent> r =
+      ParseSignedReservation(signer_, prefix_, kv.key, kv.value);
+  if (!r.ok()) {
+    Ignored(r.status());
+    return;
+  }
+  absl::Status st =
+      registry_.load()->MirrorReservation(r->reservation, r->lifted);
+  if (!st.ok()) spdlog::error("cluster: {}", std::string(st.message()));
+}
+
 void ClusterRegistry::OnEvent(const EtcdEvent& ev) {
+  if (absl::StartsWith(ev.kv.key, prefix_ + "targets/")) {
+    OnBindingEvent(ev);
+  } else if (absl::StartsWith(ev.kv.key, prefix_ + "reservations/")) {
+    if (!ev.deleted) {
+      ApplyReservation(ev.kv);
+    } else if (ParseSignedReservation(signer_, prefix_, ev.prev.key,
+                                      ev.prev.value)
+                   .ok()) {
+      // A delete lifts nothing, only a signed lifting does: the record it
+      // removed is put back, for the hosts that start later.
+      Ignored(absl::PermissionDeniedError(absl::StrCat(
+          "etcd key \"", ev.kv.key.substr(0, 200),
+          "\" was deleted, but a reservation is lifted only by a signed "
+          "lifting (kregctl reserve PATTERN --lift); its record is put back")));
+      (void)etcd_.CreateIfAbsent(ev.prev.key, ev.prev.value);
+    }
+  }
+}
+
+void ClusterRegistry::OnBindingEvent(const EtcdEvent& ev) {
   if (ev.deleted) {
     // Kregd never deletes a binding: a delete is someone else's. Nothing
     // is retired for it; the signed record it removed is put back.
@@ -411,7 +457,7 @@ void ClusterRegistry::WatchLoop() {
       synced = st.ok();
     } else {
       int64_t last = revision;
-      st = etcd_.Watch(prefix_ + "targets/", revision + 1, on_event, &last);
+      st = etcd_.Watch(prefix_, revision + 1, on_event, &last);
       revision = last;
       if (st.code() == absl::StatusCode::kCancelled) return;
       if (st.code() == absl::StatusCode::kOutOfRange) synced = false;

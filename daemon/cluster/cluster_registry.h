@@ -63,6 +63,8 @@ class ClusterRegistry : public BindingAuthority {
   absl::Status Release(const TargetEntry& entry) override;
   absl::StatusOr<std::string> FetchModule(const std::string& digest,
                                           uint64_t size) override;
+  absl::Status PublishReservation(const NameReservation& r,
+                                  bool lifted) override;
 
   // What etcd holds (kregctl list --cluster, kregctl hosts). UNAVAILABLE
   // when it cannot be reached.
@@ -102,8 +104,11 @@ class ClusterRegistry : public BindingAuthority {
   absl::StatusOr<BindingRecord> Parse(const EtcdKv& kv) const;
   // Logs (rate-limited) that a record of etcd was not acted on.
   static void Ignored(const absl::Status& why);
-  // The watch saw `ev`, a put or a delete under targets/.
+  // The watch saw `ev`, a put or a delete under the cluster's prefix.
   void OnEvent(const EtcdEvent& ev);
+  void OnBindingEvent(const EtcdEvent& ev);
+  // A reservation record (a put under reservations/) into the registry.
+  void ApplyReservation(const EtcdKv& kv);
   // Bring a binding into the registry, fetching its module from a peer
   // when this host lacks it and `may_fetch`.
   void Apply(const TargetEntry& binding, bool may_fetch);

@@ -17,9 +17,10 @@ namespace kreg {
 inline constexpr char kBindRecord[] = "bind";
 inline constexpr char kRetireRecord[] = "retire";
 inline constexpr char kCompiledRecord[] = "compiled";
+inline constexpr char kReserveRecord[] = "reserve";
 
 struct SignedRecord {
-  std::string kind;  // kBindRecord, kRetireRecord or kCompiledRecord
+  std::string kind;  // one of the k*Record above
   std::string body;
 };
 

@@ -41,6 +41,12 @@ class BindingAuthority {
   // that binding. UNAVAILABLE when the authority cannot be reached.
   virtual absl::Status Release(const TargetEntry& entry) = 0;
 
+  // Makes (or with `lifted`, lifts) name reservation `r` on every host.
+  // UNAVAILABLE when the authority cannot be reached: the registry then
+  // refuses, never reserving locally only.
+  virtual absl::Status PublishReservation(const NameReservation& r,
+                                          bool lifted) = 0;
+
   // The bytes of module `digest` (`size` bytes) from a peer that holds it,
   // their digest verified: NOT_FOUND when no peer has it, DATA_LOSS when
   // the only copies offered had other bytes, UNAVAILABLE when no peer

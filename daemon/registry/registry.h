@@ -147,14 +147,17 @@ class Registry {
   // reservations"), replacing an earlier reservation of the same pattern;
   // journaled first. PERMISSION_DENIED unless `peer` is root or
   // limits.admin_uid; FAILED_PRECONDITION naming them while targets the
-  // pattern matches are registered by others than the owner, and in
-  // cluster mode (reservations are not replicated).
+  // pattern matches are registered by others than the owner. In cluster
+  // mode published to every host first (the authority's errors).
   absl::Status Reserve(NameReservation r, const PeerCred& peer);
   // Lifts the reservation of `pattern`; NOT_FOUND when there is none.
   absl::Status Unreserve(const std::string& pattern, const PeerCred& peer);
   std::vector<NameReservation> Reservations() const;
   // Start-up: a journaled reservation in effect.
   void RestoreReservation(const NameReservation& r);
+  // Cluster mode: a reservation made (or lifted) on some host, journaled
+  // and put in effect here.
+  absl::Status MirrorReservation(const NameReservation& r, bool lifted);
 
   // Removes store files no entry references (kregd runs it once at start,
   // after the journal is replayed). Waits for the registrations in progress

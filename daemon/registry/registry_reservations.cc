@@ -69,13 +69,6 @@ absl::Status Registry::ReservedRefusal(const TargetKey& key,
 absl::Status Registry::Reserve(NameReservation r, const PeerCred& peer) {
   absl::Status admin = CheckAdmin(peer, "reserving target names");
   if (!admin.ok()) return admin;
-  if (authority_.load() != nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cannot reserve \"", r.pattern,
-        "\": this kregd runs in cluster mode and name reservations are per "
-        "host (not replicated through etcd yet); reserve names on standalone "
-        "kregds only"));
-  }
   r.by = peer;
   r.at_us = NowMicros();
   // NSS lookups before the lock: the owner's name, and for a group the
@@ -115,6 +108,12 @@ absl::Status Registry::Reserve(NameReservation r, const PeerCred& peer) {
         ". Retire them first (kregctl retire NAME), or reserve a narrower "
         "pattern"));
   }
+  // Cluster mode: every host's first (a bounded etcd call; this admin
+  // request holds back the others meanwhile, so none escapes the check).
+  if (BindingAuthority* authority = authority_.load()) {
+    absl::Status published = authority->PublishReservation(r, false);
+    if (!published.ok()) return published;
+  }
   absl::Status logged = log_->AppendReservation(r, /*lifted=*/false);
   if (!logged.ok()) return logged;
   spdlog::info("names \"{}\" reserved for {} by uid {} pid {}", r.pattern,
@@ -140,6 +139,10 @@ absl::Status Registry::Unreserve(const std::string& pattern,
     lifted = it->second;
     lifted.by = peer;
     lifted.at_us = NowMicros();
+    if (BindingAuthority* authority = authority_.load()) {
+      absl::Status published = authority->PublishReservation(lifted, true);
+      if (!published.ok()) return published;
+    }
     absl::Status logged = log_->AppendReservation(lifted, /*lifted=*/true);
     if (!logged.ok()) return logged;
     reservations_.erase(it);
@@ -159,6 +162,28 @@ std::vector<NameReservation> Registry::Reservations() const {
 void Registry::RestoreReservation(const NameReservation& r) {
   absl::MutexLock lock(&mu_);
   reservations_[r.pattern] = r;
+}
+
+absl::Status Registry::MirrorReservation(const NameReservation& r,
+                                         bool lifted) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = reservations_.find(r.pattern);
+    const bool same = it != reservations_.end() && !lifted &&
+                      it->second.owner == r.owner &&
+                      it->second.group == r.group;
+    if (same || (lifted && it == reservations_.end())) return absl::OkStatus();
+    absl::Status logged = log_->AppendReservation(r, lifted);
+    if (!logged.ok()) return logged;
+    if (lifted) {
+      reservations_.erase(it);
+    } else {
+      reservations_[r.pattern] = r;
+    }
+  }
+  spdlog::info("cluster: reservation of \"{}\" for {} {} by uid {} (etcd)",
+               r.pattern, OwnerName(r), lifted ? "lifted" : "made", r.by.uid);
+  return absl::OkStatus();
 }
 
 }  // namespace kreg

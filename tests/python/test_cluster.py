@@ -369,6 +369,49 @@ def test_retirement_goes_through_etcd(cluster):
   assert again.stdout.startswith("registered"), again.stdout
 
 
+def reserved(host: Daemon) -> dict:
+  out = kregctl(host, "reserve", "--json")
+  assert out.returncode == 0, out.stderr
+  return {r["pattern"]: r["owner"] for r in json.loads(out.stdout)}
+
+
+def test_name_reservations_hold_on_every_host(cluster):
+  hosts = (cluster.a, cluster.b, cluster.c)
+  made = kregctl(cluster.a, "reserve", "team.*", "--owner", "65534")
+  assert made.returncode == 0, made.stderr
+  for h in hosts:
+    wait_for(lambda: reserved(h).get("team.*", "").startswith("uid 65534"),
+             30, "the reservation on every host")
+  key = "/kregd/default/reservations/team.*"
+  get = lambda: cluster.etcd.ctl("get", "--print-value-only",
+                                 key).stdout.rstrip("\n")
+  record = get()
+  assert record.startswith("kreg-sig-v1 reserve "), record
+  # A host that was away gets it when it syncs with etcd.
+  synced = cluster.c.log(None).count("in sync with etcd")
+  cluster.c.stop()
+  cluster.c.start()
+  wait_for(lambda: cluster.c.log(None).count("in sync with etcd") > synced,
+           30, "host C to sync")
+  assert "team.*" in reserved(cluster.c)
+  # Neither a bare delete nor a record without the cluster key lifts it.
+  assert cluster.etcd.ctl("del", key).returncode == 0
+  wait_for(lambda: get() == record, 30, "the record put back")
+  forged = record.split("\n", 1)[1].replace('"pattern"', '"lifted":true,'
+                                            '"pattern"')
+  assert cluster.etcd.ctl("put", key, forged).returncode == 0
+  for h in hosts:
+    wait_for(lambda: f'etcd key "{key}" holds a record without a kregd '
+             "signature" in h.log(None), 30, "the forged lifting ignored")
+    assert "team.*" in reserved(h)
+  # Lifted on another host: gone everywhere.
+  lifted = kregctl(cluster.b, "reserve", "team.*", "--lift")
+  assert lifted.returncode == 0, lifted.stderr
+  for h in hosts:
+    wait_for(lambda: "team.*" not in reserved(h), 30, "lifted everywhere")
+  assert get().startswith("kreg-sig-v1 reserve ")
+
+
 def sign(key: bytes, etcd_key: str, kind: str, body: bytes) -> bytes:
   """A record as kregd signs it (daemon/cluster/record_signer.h)."""
   k = etcd_key.encode()

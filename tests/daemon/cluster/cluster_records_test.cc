@@ -41,6 +41,56 @@ TEST_CASE("A binding record round-trips", "[cluster]") {
   CHECK(e->module_size == 4096);
 }
 
+TEST_CASE("Reservation records round-trip and bad ones are refused",
+          "[cluster]") {
+  const RecordSigner signer(std::string(32, 'k'));
+  NameReservation r;
+  r.pattern = "team.*";
+  r.group = true;
+  r.owner = 4242;
+  r.by = PeerCred{0, 0, 7};
+  r.at_us = 123;
+  const std::string key = ReservationKey(kPrefix, "team.*");
+  CHECK(key == "/kregd/c/reservations/team.*");
+  for (bool lifted : {false, true}) {
+    absl::StatusOr<ReservationEvent> e = ParseSignedReservation(
+        signer, kPrefix, key,
+        signer.Sign(key, kReserveRecord, ReservationJson(r, lifted)));
+    REQUIRE(e.ok());
+    CHECK(e->lifted == lifted);
+    CHECK(e->reservation.pattern == "team.*");
+    CHECK(e->reservation.group);
+    CHECK(e->reservation.owner == 4242);
+    CHECK(e->reservation.by.pid == 7);
+    CHECK(e->reservation.at_us == 123);
+  }
+  auto refused = [&](const std::string& k, const std::string& value) {
+    return ParseSignedReservation(signer, kPrefix, k, value).status();
+  };
+  const std::string body = ReservationJson(r, false);
+  absl::Status s = refused(key, body);
+  CHECK(s.code() == absl::StatusCode::kUnauthenticated);
+  s = refused(
+      key, RecordSigner(std::string(32, 'x')).Sign(key, kReserveRecord, body));
+  CHECK(s.code() == absl::StatusCode::kUnauthenticated);
+  s = refused(key, signer.Sign(key, kBindRecord, body));
+  CHECK(s.code() == absl::StatusCode::kDataLoss);
+  CHECK(s.message() ==
+        "etcd key \"/kregd/c/reservations/team.*\" does not "
+        "hold a reservation");
+  const std::string other = ReservationKey(kPrefix, "other.*");
+  s = refused(other, signer.Sign(other, kReserveRecord, body));
+  CHECK(s.code() == absl::StatusCode::kDataLoss);
+  CHECK(Contains(s, "holds the reservation of \"team.*\""));
+  NameReservation all = r;
+  all.pattern = "*";
+  const std::string star = ReservationKey(kPrefix, "*");
+  s = refused(star,
+              signer.Sign(star, kReserveRecord, ReservationJson(all, false)));
+  CHECK(s.code() == absl::StatusCode::kDataLoss);
+  CHECK(Contains(s, "would reserve every name"));
+}
+
 TEST_CASE("Bad binding records are refused naming the key", "[cluster]") {
   absl::Status s = ParseBindingRecord(kPrefix, Key(), "{not json").status();
   CHECK(s.code() == absl::StatusCode::kDataLoss);

@@ -45,6 +45,9 @@ class FakeAuthority : public BindingAuthority {
     etcd_->bindings.erase(entry.key);
     return absl::OkStatus();
   }
+  absl::Status PublishReservation(const NameReservation&, bool) override {
+    return absl::UnimplementedError("not in these tests");
+  }
   absl::StatusOr<std::string> FetchModule(const std::string& digest,
                                           uint64_t) override {
     ++fetches;

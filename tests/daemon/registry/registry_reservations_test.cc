@@ -148,37 +148,82 @@ TEST_CASE("A reservation waits for a registration in progress",
   CHECK(reserved.code() == absl::StatusCode::kFailedPrecondition);
 }
 
-// Cluster mode, as far as Reserve sees it.
-class NoAuthority : public BindingAuthority {
+// Cluster mode, as far as Reserve sees it: what is published, or etcd
+// out of reach.
+class FakeAuthority : public BindingAuthority {
  public:
+  std::vector<std::pair<std::string, bool>> published;
+  bool reachable = true;
+
+  absl::Status PublishReservation(const NameReservation& r,
+                                  bool lifted) override {
+    if (!reachable) return absl::UnavailableError("etcd is not answering");
+    published.emplace_back(r.pattern, lifted);
+    return absl::OkStatus();
+  }
   std::string HostName() const override { return "h"; }
   absl::StatusOr<ClaimResult> Claim(const TargetEntry&) override {
-    return absl::UnavailableError("not here");
+    if (!reachable) return absl::UnavailableError("etcd is not answering");
+    return ClaimResult{true, {}};
   }
   void Unclaim(const TargetEntry&) override {}
-  absl::Status Release(const TargetEntry&) override {
-    return absl::UnavailableError("not here");
-  }
+  absl::Status Release(const TargetEntry&) override { return absl::OkStatus(); }
   absl::StatusOr<std::string> FetchModule(const std::string&,
                                           uint64_t) override {
     return absl::UnavailableError("not here");
   }
 };
 
-TEST_CASE("Reservations are restored, and refused in cluster mode",
-          "[registry][reservations]") {
+TEST_CASE("Reservations are restored at start-up", "[registry][reservations]") {
   FakeLoader loader;
   MemLog log;
   Registry registry(&loader, &log);
   registry.RestoreReservation(For("lib.*", 1000));
   CHECK(registry.Register(ArgsBy(1001, "lib.op", "aa")).status().code() ==
         absl::StatusCode::kPermissionDenied);
-  NoAuthority cluster;
+}
+
+TEST_CASE("In cluster mode a reservation is published before it holds here",
+          "[registry][reservations]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log);
+  FakeAuthority cluster;
   registry.SetBindingAuthority(&cluster);
+  REQUIRE(registry.Reserve(For("lib.*", 1000), kRoot).ok());
+  REQUIRE(registry.Unreserve("lib.*", kRoot).ok());
+  CHECK(cluster.published == std::vector<std::pair<std::string, bool>>{
+                                 {"lib.*", false}, {"lib.*", true}});
+  // etcd out of reach: nothing is reserved or lifted here only.
+  cluster.reachable = false;
   absl::Status st = registry.Reserve(For("other.*", 1000), kRoot);
-  CHECK(st.code() == absl::StatusCode::kFailedPrecondition);
-  CHECK_THAT(std::string(st.message()), Catch::Contains("cluster mode") &&
-                                            Catch::Contains("not replicated"));
+  CHECK(st.code() == absl::StatusCode::kUnavailable);
+  CHECK(registry.Reservations().empty());
+  cluster.reachable = true;
+  CHECK(registry.Register(ArgsBy(1001, "other.op", "aa")).ok());
+  REQUIRE(registry.Reserve(For("kept.*", 1000), kRoot).ok());
+  cluster.reachable = false;
+  CHECK(registry.Unreserve("kept.*", kRoot).code() ==
+        absl::StatusCode::kUnavailable);
+  CHECK(registry.Reservations().size() == 1);
+}
+
+TEST_CASE("A reservation from another host is journaled and holds here",
+          "[registry][reservations]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log);
+  NameReservation r = For("team.*", 4242, /*group=*/true);
+  r.by = PeerCred{0, 0, 77};
+  REQUIRE(registry.MirrorReservation(r, false).ok());
+  REQUIRE(registry.MirrorReservation(r, false).ok());  // again: a no-op
+  CHECK(log.reservations.size() == 1);
+  CHECK(registry.Register(ArgsBy(1001, "team.op", "aa")).status().code() ==
+        absl::StatusCode::kPermissionDenied);
+  REQUIRE(registry.MirrorReservation(r, true).ok());
+  REQUIRE(registry.MirrorReservation(r, true).ok());  // lifted already
+  CHECK(log.reservations.size() == 2);
+  CHECK(registry.Register(ArgsBy(1001, "team.op", "aa")).ok());
 }
 
 }  // namespace
