@@ -1,8 +1,8 @@
 // Fuzzes what cluster mode takes from other hosts (DESIGN §10): the values
-// read from etcd (binding records, host records: cluster_records.h) and the
-// module chunks a peer streams (ModuleAssembler, module_exchange.h).
+// read from etcd (binding, host and reservation records: cluster_records.h)
+// and the module chunks a peer streams (ModuleAssembler, module_exchange.h).
 //
-// Input: byte 0 % 3 picks the decoder, the rest is its input.
+// Input: byte 0 % 4 picks the decoder, the rest is its input.
 // 0: binding record. "KEY\0VALUE" (no NUL: the value under the key of
 //    "fuzz.t" on cpu) into ParseBindingRecord. Accepted: the name is valid,
 //    the key is the binding's own, and the binding re-encoded (RecordJson)
@@ -15,6 +15,11 @@
 //    then chunks, each a length byte and that many bytes. Fed to one
 //    ModuleAssembler: it never holds more than the size; once it refused it
 //    keeps refusing; Finish succeeds only with exactly the size and digest.
+// 3: reservation record. "KEY\0BODY" (no NUL: under the key of "fuzz.*"),
+//    the body signed with the fuzzer's cluster key (so that the body, not
+//    the MAC, is what varies) into ParseSignedReservation. Accepted: the
+//    pattern is one `kregctl reserve` takes, the key is its own, and the
+//    record re-encoded (ReservationJson) parses back to the same fields.
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -87,6 +92,43 @@ void Host(const std::string& in) {
   }
 }
 
+void Reservation(const std::string& in) {
+  static const RecordSigner* const signer =
+      new RecordSigner(std::string(32, 'k'));
+  std::string key, body;
+  const size_t nul = in.find('\0');
+  if (nul == std::string::npos) {
+    key = ReservationKey(kPrefix, "fuzz.*");
+    body = in;
+  } else {
+    key = in.substr(0, nul);
+    body = in.substr(nul + 1);
+  }
+  absl::StatusOr<ReservationEvent> r = ParseSignedReservation(
+      *signer, kPrefix, key, signer->Sign(key, kReserveRecord, body));
+  if (!r.ok()) {
+    if (r.status().message().empty()) fuzz::Fail("refusal without a message");
+    return;
+  }
+  const NameReservation& got = r->reservation;
+  if (!ParseReservation(got.pattern, "0").ok()) {
+    fuzz::Fail("accepted a pattern kregctl reserve refuses");
+  }
+  if (ReservationKey(kPrefix, got.pattern) != key) {
+    fuzz::Fail("key of another pattern");
+  }
+  absl::StatusOr<ReservationEvent> again = ParseSignedReservation(
+      *signer, kPrefix, key,
+      signer->Sign(key, kReserveRecord, ReservationJson(got, r->lifted)));
+  if (!again.ok() || again->lifted != r->lifted ||
+      again->reservation.pattern != got.pattern ||
+      again->reservation.owner != got.owner ||
+      again->reservation.group != got.group ||
+      again->reservation.at_us != got.at_us) {
+    fuzz::Fail("reservation changed in a round trip");
+  }
+}
+
 void Chunks(const std::string& in) {
   if (in.size() < 3) return;
   const uint8_t flags = static_cast<uint8_t>(in[0]);
@@ -139,15 +181,18 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string in(reinterpret_cast<const char*>(data) + 1, size - 1);
-  switch (data[0] % 3) {
+  switch (data[0] % 4) {
     case 0:
       Binding(in);
       break;
     case 1:
       Host(in);
       break;
-    default:
+    case 2:
       Chunks(in);
+      break;
+    default:
+      Reservation(in);
   }
   return 0;
 }
