@@ -1,9 +1,7 @@
-// Encodes launch-ring descriptors (ring_layout.h). Header-only and libc
-// only. The shim's hot path encodes a DescriptorView built straight from
-// XLA's call frame (no protobuf); the templates below adapt a
-// kreg.v1.Launch to the same encoder (templated on the message type, so the
-// shim's protobuf-lite build of session.proto and kregd's tests share it),
-// and produce the attribute bytes a descriptor carries.
+// Encodes launch descriptors (ring_layout.h), for a ring slot or a socket
+// Launch. Header-only and libc only. The shim encodes a DescriptorView
+// built straight from XLA's call frame (no protobuf but the attribute
+// bytes, which it caches per call site).
 #ifndef KREGD_COMMON_RING_ENCODE_H_
 #define KREGD_COMMON_RING_ENCODE_H_
 
@@ -13,7 +11,6 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "common/ring_layout.h"
 
@@ -31,7 +28,7 @@ struct BufferView {
 };
 
 // Everything a descriptor carries but its seq and tag; all borrowed.
-// `attrs` are EncodeAttrBytes' bytes (or the shim's cached copy of them).
+// `attrs` are a kreg.v1.AttributeBlock's encoding (the shim's AttrCache).
 struct DescriptorView {
   std::string_view target;
   std::string_view platform;
@@ -115,54 +112,11 @@ inline size_t EncodeDescriptor(const DescriptorView& d, uint32_t seq,
   return need;
 }
 
-// The attributes of `launch` as the protobuf encoding of a Launch holding
-// only them (repeated field 5, length-delimited), into `out`: the bytes a
-// descriptor carries (and what a Launch parses back into its attrs).
-template <typename LaunchT>
-void EncodeAttrBytes(const LaunchT& launch, std::string* out) {
-  out->clear();
-  for (const auto& a : launch.attrs()) {
-    out->push_back(static_cast<char>((5 << 3) | 2));
-    const uint64_t n = a.ByteSizeLong();
-    uint64_t v = n;
-    for (; v >= 0x80; v >>= 7) out->push_back(static_cast<char>(v | 0x80));
-    out->push_back(static_cast<char>(v));
-    size_t at = out->size();
-    out->resize(at + n);
-    a.SerializeWithCachedSizesToArray(
-        reinterpret_cast<uint8_t*>(out->data() + at));
-  }
-}
-
-// The descriptor of `launch` (attribute bytes `attrs` from EncodeAttrBytes),
-// as EncodeDescriptor(DescriptorView) writes it (a CUDA launch: its
-// device_uuid, doorbell_seq and each buffer's `cuda` ref; flags 0). For
-// tests and tools.
-template <typename LaunchT>
-size_t EncodeDescriptor(const LaunchT& launch, uint32_t seq, uint64_t tag,
-                        const std::string& attrs, char* slot, size_t capacity) {
-  std::vector<BufferView> views;
-  for (const auto* list : {&launch.args(), &launch.rets()}) {
-    for (const auto& b : *list) {
-      views.push_back(BufferView{
-          b.dtype(), static_cast<uint32_t>(b.dims_size()), b.dims().data(),
-          b.offset(), b.size(),
-          CudaRef{b.cuda().base(), b.cuda().size(), b.cuda().generation()}});
-    }
-  }
-  DescriptorView d;
-  d.target = launch.target_name();
-  d.platform = launch.platform();
-  d.args = views.data();
-  d.num_args = static_cast<uint32_t>(launch.args_size());
-  d.rets = views.data() + launch.args_size();
-  d.num_rets = static_cast<uint32_t>(launch.rets_size());
-  d.attrs = attrs;
-  d.run_id = launch.run_id();
-  d.device_ordinal = launch.device_ordinal();
-  d.device_uuid = launch.device_uuid();
-  d.doorbell_seq = launch.doorbell_seq();
-  return EncodeDescriptor(d, seq, tag, slot, capacity);
+// The descriptor of `d` as the whole of `*out` (a socket Launch's
+// descriptor: seq and tag 0).
+inline void EncodeDescriptor(const DescriptorView& d, std::string* out) {
+  out->resize(DescriptorBytes(d));
+  EncodeDescriptor(d, 0, 0, out->data(), out->size());
 }
 
 }  // namespace ring

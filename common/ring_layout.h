@@ -15,8 +15,8 @@
 // descriptor into submission slot (sq_tail % kSlots), then publishes it by
 // storing sq_tail + 1; if sq_waiting is set it FUTEX_WAKEs sq_tail. The
 // executor copies the slot out of shared memory before it reads any field,
-// validates it like a socket Launch, runs the handler, writes completion
-// slot (cq_tail % kSlots), stores cq_tail + 1 and wakes cq_tail when
+// validates it (as it does a socket Launch's), runs the handler, writes
+// completion slot (cq_tail % kSlots), stores cq_tail + 1 and wakes cq_tail when
 // cq_waiting is set. Both sides spin a bounded time before they set their
 // waiting word and FUTEX_WAIT (shared futexes: the two processes map the
 // same memfd) on the other side's tail. The executor trusts nothing in the
@@ -71,9 +71,15 @@ constexpr size_t kRegionBytes =
 // target_len bytes of target name, platform_len bytes of platform, zero
 // padding to a multiple of 8, num_args + num_rets BufferDescs (args first),
 // each followed (platform "cuda" only) by a CudaRef and then by `rank` int64
-// dims, then attrs_len bytes of attributes: the protobuf encoding of
-// kreg.v1.Launch holding only `attrs` (field 5), byte-exact as a socket
-// Launch carries them. `length` covers all of it.
+// dims, then attrs_len bytes of attributes: the protobuf encoding of a
+// kreg.v1.AttributeBlock (byte-exact as XLA passed them, sorted by name).
+// `length` covers all of it. A buffer's `size` is product(dims) times its
+// dtype's byte width; an aliased input/output pair uses the same region.
+//
+// The same descriptor is the one encoding of a launch on the session socket
+// too (kreg.v1.Launch.descriptor, for what does not go on the ring): there
+// it may be longer than a slot, its seq, tag and flags are not used, and a CUDA
+// descriptor's doorbell_seq may be 0 (ordered by interprocess events).
 //
 // A CUDA descriptor (platform "cuda") is a steady-state launch: every
 // buffer's allocation is already shared in the session (no new shares, no

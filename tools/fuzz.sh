@@ -27,7 +27,7 @@ while (($#)); do
     *) targets+=("$1"); shift ;;
   esac
 done
-((${#targets[@]})) || targets=(session launch_decoder ring_decoder
+((${#targets[@]})) || targets=(session ring_decoder
   broker_request broker_frames readopt_offer journal module_path elf_symbols
   http_request cluster_inputs signed_record compile_inputs)
 [[ -n $results ]] || results=$(mktemp -d /tmp/kreg-fuzz-results.XXXXXX)

@@ -7,7 +7,6 @@
 
 #include "client/shim/launch_encoder.h"
 #include "common/dtype.h"
-#include "common/ring_encode.h"
 
 namespace kreg {
 namespace shim {
@@ -143,10 +142,10 @@ ClientStatus AttrCache::Get(const XLA_FFI_Attrs* attrs,
     }
   }
   ++misses_;
-  launch_.Clear();
-  ClientStatus s = EncodeAttrs(attrs, launch_.mutable_attrs());
+  block_.Clear();
+  ClientStatus s = EncodeAttrs(attrs, block_.mutable_attrs());
   if (!s.ok()) return s;
-  ring::EncodeAttrBytes(launch_, &uncached_);
+  block_.SerializeToString(&uncached_);
   if (!cacheable || uncached_.size() > kMaxEntryBytes) {
     *bytes = &uncached_;
     return ClientStatus::Ok();

@@ -16,8 +16,8 @@
 namespace kreg {
 namespace shim {
 
-// Maps XLA_FFI_Attrs to their descriptor bytes (ring::EncodeAttrBytes of
-// EncodeAttrs: the protobuf encoding of a Launch holding only them). An
+// Maps XLA_FFI_Attrs to their descriptor bytes (EncodeAttrs into a
+// kreg.v1.AttributeBlock, serialized). An
 // entry is looked up by the address of XLA's attribute table, but used only
 // after the call's attributes compare equal to the ones it was encoded from
 // (count, names, types, dtypes, element counts and value bytes, dictionaries
@@ -57,9 +57,9 @@ class AttrCache {
                               const std::string& bytes);
 
   std::vector<Entry> entries_;
-  std::string scratch_;   // the call's snapshot, on a key miss
-  std::string uncached_;  // bytes too large to keep
-  v1::Launch launch_;     // encoding scratch
+  std::string scratch_;       // the call's snapshot, on a key miss
+  std::string uncached_;      // bytes too large to keep
+  v1::AttributeBlock block_;  // encoding scratch
   uint64_t clock_ = 0;
   uint64_t misses_ = 0;
   uint64_t hits_ = 0;

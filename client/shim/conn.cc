@@ -19,7 +19,6 @@
 
 #include "client/shim/cuda_forward.h"
 #include "client/shim/cuda_trace.h"
-#include "client/shim/launch_encoder.h"
 #include "client/shim/ring_client.h"
 #include "common/paths.h"
 #include "common/ring_layout.h"
@@ -336,8 +335,9 @@ ClientStatus Conn::LaunchCpu(const ring::DescriptorView& launch,
   }
   if (!async_error_.ok()) return TakeAsyncError();
   if (ring_ == nullptr || broken_ || !ring_->Submit(launch, next_id_)) {
-    ClientStatus s = ToLaunch(launch, request);
-    if (!s.ok()) return s;
+    request->Clear();
+    ring::EncodeDescriptor(launch,
+                           request->mutable_launch()->mutable_descriptor());
     return Call(request, response);
   }
   ++next_id_;

@@ -46,11 +46,11 @@ class Conn {
                     const int* fds = nullptr, int num_fds = 0,
                     UniqueFd* received = nullptr);
 
-  // Runs a CPU launch: on the session's launch ring when kregd serves one
-  // and `launch` fits a descriptor (encoded straight into the ring: no
-  // protobuf), else as a Launch request by Call(), built in `request` and
-  // answered in `response` (scratch the caller reuses). Errors as Call();
-  // on the ring, a session kregd ended while this call waited (its
+  // Runs a CPU launch: its descriptor goes on the session's launch ring
+  // when kregd serves one and it fits a slot (encoded straight into the
+  // ring: no protobuf), else in a Launch request by Call(), built in
+  // `request` and answered in `response` (scratch the caller reuses). Errors as
+  // Call(); on the ring, a session kregd ended while this call waited (its
   // executor died) is noticed on the socket within $KREG_RING_SLICE_MS
   // (default 10 ms) and reported as Call() would. Asynchronous CUDA launches
   // in flight complete first; an error of one is returned instead (this

@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "client/shim/cuda_trace.h"
-#include "client/shim/launch_encoder.h"
 #include "common/ring_encode.h"
 #include "common/ring_layout.h"
 #include "common/stage_trace.h"
@@ -291,26 +290,16 @@ bool RingLaunch(Conn* conn, const CudaConnState* st, Call* call,
   return ring::DescriptorBytes(call->launch) <= ring::kSubmitSlotBytes;
 }
 
-// describe (socket): the Launch (the described launch, its buffers' refs),
-// releases, events (unless the doorbell orders it) and shares (inline when
-// their fds fit one frame, else sent ahead in chunks).
+// describe (socket): the Launch's side data (its descriptor is encoded
+// once the doorbell sequence number is known, in OrderAndSend): releases,
+// events (unless the doorbell orders it) and shares (inline when their fds
+// fit one frame, else sent ahead in chunks).
 ClientStatus DescribeSocket(Conn* conn, CudaConnState* st, Call* call,
                             const cc::Doorbell* bell, v1::SessionRequest* req,
                             Attempt* a) {
   call->launch.flags = 0;
-  ClientStatus s = ToLaunch(call->launch, req);
-  if (!s.ok()) return s;
+  req->Clear();
   v1::Launch* launch = req->mutable_launch();
-  launch->set_device_uuid(call->uuid);
-  int ai = 0, ri = 0;
-  for (const Buf& b : call->bufs) {
-    v1::Buffer* out =
-        b.is_arg ? launch->mutable_args(ai++) : launch->mutable_rets(ri++);
-    const cc::AllocationId* id;
-    uint64_t offset;
-    WhereIs(b, *a, &id, &offset);
-    if (id != nullptr) FillRef(*id, out->mutable_cuda());
-  }
   for (const cc::AllocationId& id : st->pending_release_) {
     FillRef(id, launch->add_release());
   }
@@ -405,8 +394,9 @@ ClientStatus OrderAndSend(Conn* conn, CudaConnState* st, Call* call,
     ClientStatus ds = DescribeSocket(conn, st, call, bell, req, a);
     if (!ds.ok()) return ds;
   }
+  call->launch.doorbell_seq = a->seq;
   v1::Launch* launch = req->mutable_launch();
-  launch->set_doorbell_seq(a->seq);
+  ring::EncodeDescriptor(call->launch, launch->mutable_descriptor());
   Trace("  launch (attempt %d, %d shares, %zu fds, doorbell seq %llu)",
         a->number, launch->shares_size(), a->raw_fds.size(),
         static_cast<unsigned long long>(a->seq));

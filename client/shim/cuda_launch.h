@@ -35,15 +35,15 @@ struct Call {
 // Runs the launch of `call` on `conn`, sharing or staging its buffers and
 // ordering it between XLA's preceding and later work. In steps over one
 // attempt: plan (shared, cached or staged), stage (copies into the staging
-// buffer), bound the cache, describe (the buffers' views; a launch-ring
-// descriptor for a steady-state launch ordered by the doorbell, else the
-// socket Launch in `req` with its shares, releases and events: the only
-// protobuf a launch builds), order and send, complete (await kregd unless
-// asynchronous, order XLA's stream after the handler, commit the cache and
-// copy staged results back). Retried once, on the socket, when kregd no
-// longer holds a mapping this session's cache says it shared. An earlier
-// asynchronous launch's error (KREG_ASYNC_LAUNCH=1) is returned first and
-// this launch is not run. `req` and `resp` are scratch.
+// buffer), bound the cache, describe (the buffers' views: a descriptor on
+// the launch ring for a steady-state launch ordered by the doorbell, else
+// the same descriptor in the socket Launch in `req` with its shares,
+// releases and events: the only protobuf a launch builds), order and send,
+// complete (await kregd unless asynchronous, order XLA's stream after the
+// handler, commit the cache and copy staged results back). Retried once, on the
+// socket, when kregd no longer holds a mapping this session's cache says it
+// shared. An earlier asynchronous launch's error (KREG_ASYNC_LAUNCH=1) is
+// returned first and this launch is not run. `req` and `resp` are scratch.
 ClientStatus LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
                           v1::SessionResponse* resp);
 

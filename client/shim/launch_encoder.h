@@ -1,6 +1,6 @@
 // Encodes an XLA FFI call frame's buffers, attributes and call context into
-// a session Launch, for the platform forwarders (cpu_forward.h,
-// cuda_forward.h). Encoding only: no I/O.
+// a launch descriptor's parts (ring::DescriptorView), for the platform
+// forwarders (cpu_forward.h, cuda_forward.h). Encoding only: no I/O.
 #ifndef KREGD_CLIENT_SHIM_LAUNCH_ENCODER_H_
 #define KREGD_CLIENT_SHIM_LAUNCH_ENCODER_H_
 
@@ -55,12 +55,6 @@ ClientStatus ForEachBuffer(const XLA_FFI_CallFrame* frame, Visit&& visit) {
 }
 // Device ordinal and run id of the call, when XLA provides them.
 void CallContext(const XLA_FFI_CallFrame* f, int32_t* ordinal, int64_t* run_id);
-
-// `d` as a session Launch request (the socket path; a descriptor's CUDA
-// refs and device are the caller's to add): its attribute bytes are a
-// Launch's attrs field, so parsing them merges the attributes in.
-ClientStatus ToLaunch(const ring::DescriptorView& d,
-                      v1::SessionRequest* request);
 
 // Appends the attributes of `attrs` to `out`, byte-exact and in XLA's order.
 // INVALID_ARGUMENT for attribute types or dtypes that cannot be forwarded.

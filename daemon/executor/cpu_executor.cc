@@ -7,17 +7,22 @@
 
 namespace kreg {
 
-absl::Status CpuExecutor::Launch(uint64_t request_id, const v1::Launch& launch,
+absl::Status CpuExecutor::Launch(uint64_t request_id,
+                                 const RingLaunchHeader& header,
+                                 const RingDecode& decode,
+                                 const v1::Launch& launch,
                                  std::vector<UniqueFd> fds,
                                  v1::LaunchReply* reply) {
+  (void)header;
+  (void)launch;
   (void)reply;
   if (!fds.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         fds.size(), " file descriptor(s) attached to a CPU launch"));
   }
-  absl::StatusOr<DecodedLaunch> decoded = DecodeLaunch(launch, *ctx_.arena);
+  absl::StatusOr<DecodedLaunch*> decoded = decode(nullptr);
   if (!decoded.ok()) return decoded.status();
-  return Run(request_id, *decoded);
+  return Run(request_id, **decoded);
 }
 
 absl::Status CpuExecutor::RingLaunch(uint64_t tag,

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "daemon/executor/ffi/ffi_host.h"
-#include "daemon/executor/launch_decoder.h"
 #include "daemon/executor/launch_executor.h"
 
 namespace kreg {
@@ -18,9 +17,10 @@ class CpuExecutor final : public LaunchExecutor {
   explicit CpuExecutor(const SessionContext& ctx)
       : ctx_(ctx), frames_(ctx.budget) {}
 
-  // A socket launch: INVALID_ARGUMENT when descriptors are attached, the
-  // decoder's errors, then Run's.
-  absl::Status Launch(uint64_t request_id, const v1::Launch& launch,
+  // A socket launch: INVALID_ARGUMENT when descriptors are attached, then
+  // as RingLaunch.
+  absl::Status Launch(uint64_t request_id, const RingLaunchHeader& header,
+                      const RingDecode& decode, const v1::Launch& launch,
                       std::vector<UniqueFd> fds,
                       v1::LaunchReply* reply) override;
   // Decodes (arena buffers, no resolver), then Run.

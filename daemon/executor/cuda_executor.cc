@@ -10,7 +10,6 @@
 #include "common/ring_layout.h"
 #include "daemon/executor/cuda/cuda_devices.h"
 #include "daemon/executor/cuda/cuda_session.h"
-#include "daemon/executor/launch_decoder.h"
 #include "daemon/executor/session.h"
 #include "spdlog/spdlog.h"
 
@@ -36,7 +35,10 @@ std::string RefText(const CudaRefView& r) {
                       UuidText(r.device_uuid));
 }
 
-std::string RefText(const v1::CudaMappingRef& r) { return RefText(RefView(r)); }
+std::string RefText(const v1::CudaMappingRef& r) {
+  return RefText(
+      CudaRefView{r.device_uuid(), r.base(), r.size(), r.generation()});
+}
 
 }  // namespace
 
@@ -195,12 +197,15 @@ absl::StatusOr<int> CudaExecutor::Device(absl::string_view target,
   return ordinal;
 }
 
-absl::Status CudaExecutor::Launch(uint64_t request_id, const v1::Launch& launch,
+absl::Status CudaExecutor::Launch(uint64_t request_id,
+                                  const RingLaunchHeader& header,
+                                  const RingDecode& decode,
+                                  const v1::Launch& launch,
                                   std::vector<UniqueFd> fds,
                                   v1::LaunchReply* reply) {
   CudaSession* cuda = nullptr;
   absl::StatusOr<int> ordinal =
-      Device(launch.target_name(), launch.device_uuid(), &cuda);
+      Device(header.target, header.device_uuid, &cuda);
   if (!ordinal.ok()) return ordinal.status();
   for (const v1::CudaMappingRef& r : launch.release()) {
     cuda->mappings().Erase(KeyOf(r));
@@ -229,16 +234,9 @@ absl::Status CudaExecutor::Launch(uint64_t request_id, const v1::Launch& launch,
     return absl::InvalidArgumentError(absl::StrCat(
         fds.size(), " file descriptor(s) attached beyond the launch's shares"));
   }
-  absl::StatusOr<DecodedLaunch> decoded;
   Outcome out;
-  absl::Status result = Run(
-      request_id, cuda, *ordinal, launch.device_uuid(), launch.doorbell_seq(),
-      [&](const CudaBufferResolver* resolve) -> absl::StatusOr<DecodedLaunch*> {
-        decoded = DecodeLaunch(launch, *ctx_.arena, resolve);
-        if (!decoded.ok()) return decoded.status();
-        return &*decoded;
-      },
-      &out);
+  absl::Status result = Run(request_id, cuda, *ordinal, header.device_uuid,
+                            header.doorbell_seq, decode, &out);
   reply->set_cuda_mapping_missing(out.mapping_missing);
   reply->set_doorbell_signalled(out.signalled);
   return result;
@@ -308,11 +306,6 @@ absl::Status CudaExecutor::Run(uint64_t request_id, CudaSession* cuda,
             "the launch references more than ", max_entries,
             " distinct GPU allocations (kregd's per-session limit)"));
       }
-    }
-    if (ref.device_uuid != device_uuid) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": ", RefText(ref), " is not on the launch's device ",
-          UuidText(device_uuid)));
     }
     absl::StatusOr<CudaMappingCache::Resolved> r =
         cuda->Resolve(key, offset, size);

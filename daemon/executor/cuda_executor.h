@@ -10,7 +10,6 @@
 
 #include "absl/strings/string_view.h"
 #include "daemon/executor/ffi/ffi_host.h"
-#include "daemon/executor/launch_decoder.h"
 #include "daemon/executor/launch_executor.h"
 
 namespace kreg {
@@ -25,7 +24,10 @@ class CudaExecutor final : public LaunchExecutor {
   explicit CudaExecutor(const SessionContext& ctx);
   ~CudaExecutor() override;
 
-  absl::Status Launch(uint64_t request_id, const v1::Launch& launch,
+  // A socket launch: finds the device by the header's UUID, applies the
+  // releases, events and shares of `launch` (its fds from `fds`), then Run.
+  absl::Status Launch(uint64_t request_id, const RingLaunchHeader& header,
+                      const RingDecode& decode, const v1::Launch& launch,
                       std::vector<UniqueFd> fds,
                       v1::LaunchReply* reply) override;
   // A steady-state CUDA launch taken off the launch ring: the same sequence

@@ -1,8 +1,9 @@
 // Inside one session, what runs the launches of one platform (DESIGN §3, §8):
 // the session itself is transport (socket frames, the launch ring), Hello
-// and the arena; it hands each Launch to the LaunchExecutor of the launch's
-// platform. Not to be confused with the executor *processes* (kregd-exec,
-// daemon/executor/) in which whole sessions run.
+// and the arena; it hands each launch (socket or ring: one descriptor
+// format) to the LaunchExecutor of the launch's platform. Not to be confused
+// with the executor *processes* (kregd-exec, daemon/executor/) in which whole
+// sessions run.
 #ifndef KREGD_DAEMON_EXECUTOR_LAUNCH_EXECUTOR_H_
 #define KREGD_DAEMON_EXECUTOR_LAUNCH_EXECUTOR_H_
 
@@ -15,7 +16,7 @@
 #include "common/unique_fd.h"
 #include "common/wire.h"
 #include "daemon/base/types.h"
-#include "daemon/executor/launch_decoder.h"
+#include "daemon/executor/launch_fields.h"
 #include "daemon/executor/ring_decoder.h"
 #include "kreg/v1/session.pb.h"
 
@@ -60,16 +61,22 @@ class LaunchExecutor {
  public:
   virtual ~LaunchExecutor() = default;
 
-  // One Launch request of this platform and its attached descriptors.
-  // `reply` may carry platform details on failure too (CUDA: a mapping the
-  // client must send again, a doorbell already signalled).
-  virtual absl::Status Launch(uint64_t request_id, const v1::Launch& launch,
-                              std::vector<UniqueFd> fds,
-                              v1::LaunchReply* reply) = 0;
-  // Decodes the rest of a launch ring descriptor (RingDecoder::Decode);
-  // a platform whose buffers are device memory passes its resolver.
+  // Decodes the rest of a launch's descriptor (RingDecoder::Decode); a
+  // platform whose buffers are device memory passes its resolver.
   using RingDecode = std::function<absl::StatusOr<DecodedLaunch*>(
       const CudaBufferResolver* resolve)>;
+  // A Launch request of this platform from the session socket, whose
+  // descriptor's header was checked (`header`; `decode` decodes the rest),
+  // with the request's side data (`launch`: CUDA shares, events, releases)
+  // and attached descriptors. `reply` may carry platform details on failure
+  // too (CUDA: a mapping the client must send again, a doorbell already
+  // signalled).
+  virtual absl::Status Launch(uint64_t request_id,
+                              const RingLaunchHeader& header,
+                              const RingDecode& decode,
+                              const v1::Launch& launch,
+                              std::vector<UniqueFd> fds,
+                              v1::LaunchReply* reply) = 0;
   // A launch taken off the launch ring (DESIGN §9) whose header was checked
   // (RingDecoder::Header); the request id is the descriptor's tag. `*flags`
   // gets the completion's ring::k* flags (it starts at 0); `*end_session`

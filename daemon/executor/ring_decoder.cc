@@ -121,12 +121,21 @@ absl::Status RingDecoder::DecodeAttrBytes(const char* data, size_t size) {
   }
   attr_message_.Clear();
   if (!attr_message_.ParseFromArray(data, static_cast<int>(size))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("launch descriptor: its ", size,
-                     " attribute bytes do not parse as kreg.v1.Launch.attrs"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "launch descriptor: its ", size,
+        " attribute bytes do not parse as kreg.v1.AttributeBlock"));
   }
   absl::StatusOr<AttrList> attrs = DecodeAttrs(attr_message_.attrs());
   if (!attrs.ok()) return attrs.status();
+  if (size > ring::kSubmitSlotBytes) {  // a socket Launch's: not kept
+    if (current_ >= 0) {
+      attr_entries_[current_].attrs = std::move(launch_.frame.attrs);
+    }
+    current_ = -1;
+    launch_.frame.attrs = *std::move(attrs);
+    launch_.frame.attrs_generation = 0;
+    return absl::OkStatus();
+  }
   // An evicted entry, else a new one, else the least recently used block
   // other than the one in the frame (evicted used are 0: the least).
   size_t slot = attr_entries_.size();
@@ -162,8 +171,8 @@ absl::Status RingDecoder::DecodeAttrBytes(const char* data, size_t size) {
 }
 
 absl::Status RingDecoder::CheckHeader(const char* data, size_t size,
-                                      uint32_t seq, uint64_t* tag,
-                                      ring::SubmitHeader* hp,
+                                      std::optional<uint32_t> seq,
+                                      uint64_t* tag, ring::SubmitHeader* hp,
                                       absl::string_view* target,
                                       Platform* platform_out,
                                       size_t* pos) const {
@@ -176,15 +185,20 @@ absl::Status RingDecoder::CheckHeader(const char* data, size_t size,
   }
   memcpy(&h, data, sizeof(h));
   *tag = h.tag;
+  if (h.length != size && !seq.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("launch descriptor: its header says ", h.length,
+                     " bytes, the socket Launch carries ", size));
+  }
   if (h.length != size) {
     return absl::InvalidArgumentError(
         absl::StrCat("torn launch descriptor: its header says ", h.length,
                      " bytes, ", size, " were taken (a descriptor is ",
                      sizeof(h), "-", ring::kSubmitSlotBytes, " bytes)"));
   }
-  if (h.seq != seq) {
+  if (seq.has_value() && h.seq != *seq) {
     return absl::InvalidArgumentError(
-        absl::StrCat("launch descriptor at ring position ", seq,
+        absl::StrCat("launch descriptor at ring position ", *seq,
                      " carries sequence number ", h.seq));
   }
   if ((h.flags & ~ring::kSubmitFlags) != 0 || h.reserved != 0) {
@@ -221,7 +235,7 @@ absl::Status RingDecoder::CheckHeader(const char* data, size_t size,
       }
       break;
     case PlatformMemory::kCuda:
-      if (h.doorbell_seq == 0) {
+      if (h.doorbell_seq == 0 && seq.has_value()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "launching \"", *target, "\": a ", upper,
             " launch descriptor needs a doorbell sequence number > 0 (the "
@@ -235,9 +249,9 @@ absl::Status RingDecoder::CheckHeader(const char* data, size_t size,
   return absl::OkStatus();
 }
 
-absl::StatusOr<RingLaunchHeader> RingDecoder::Header(const char* data,
-                                                     size_t size, uint32_t seq,
-                                                     uint64_t* tag) const {
+absl::StatusOr<RingLaunchHeader> RingDecoder::Header(
+    const char* data, size_t size, std::optional<uint32_t> seq,
+    uint64_t* tag) const {
   ring::SubmitHeader h;
   absl::string_view target;
   Platform platform;
@@ -261,8 +275,8 @@ absl::StatusOr<RingLaunchHeader> RingDecoder::Header(const char* data,
 }
 
 absl::StatusOr<DecodedLaunch*> RingDecoder::Decode(
-    const char* data, size_t size, uint32_t seq, const ShmArena& arena,
-    uint64_t* tag, const CudaBufferResolver* cuda) {
+    const char* data, size_t size, std::optional<uint32_t> seq,
+    const ShmArena& arena, uint64_t* tag, const CudaBufferResolver* cuda) {
   ring::SubmitHeader h;
   absl::string_view target;
   Platform platform_value;

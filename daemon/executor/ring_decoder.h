@@ -1,10 +1,11 @@
-// Edge validation of a launch-ring descriptor (ring_layout.h): the same
-// checks and messages as DecodeLaunch applies to a socket Launch.
+// Edge validation of a launch descriptor (ring_layout.h), the one encoding
+// of a launch: taken off the launch ring or carried by a socket Launch.
 #ifndef KREGD_DAEMON_EXECUTOR_RING_DECODER_H_
 #define KREGD_DAEMON_EXECUTOR_RING_DECODER_H_
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,7 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "common/ring_layout.h"
 #include "common/wire.h"
-#include "daemon/executor/launch_decoder.h"
+#include "daemon/executor/launch_fields.h"
 #include "daemon/executor/shm_arena.h"
 #include "kreg/v1/session.pb.h"
 
@@ -23,7 +24,8 @@ namespace kreg {
 struct RingLaunchHeader {
   Platform platform = Platform::kCpu;
   absl::string_view target;
-  // CUDA: the device (16 raw bytes), the doorbell sequence number (> 0).
+  // CUDA: the device (16 raw bytes), the doorbell sequence number (> 0 on
+  // the ring; 0 on the socket: ordered by interprocess events).
   absl::string_view device_uuid;
   uint64_t doorbell_seq = 0;
   uint32_t flags = 0;  // ring::kSubmit* bits
@@ -44,7 +46,10 @@ struct RingLaunchHeader {
 // cannot cover, even after evicting this decoder's other blocks, fails its
 // launch with RESOURCE_EXHAUSTED naming max_buffered_bytes. (The transient
 // decode of one descriptor is bounded by the descriptor's size.)
-// Thread-compatible: one session's ring thread uses it.
+// A block larger than a ring slot (only a socket Launch carries one) is
+// decoded every time, never cached (attrs_generation 0).
+// Thread-compatible: one session uses it under its request lock (the ring
+// thread and socket launches).
 class RingDecoder {
  public:
   // `budget` must outlive the decoder.
@@ -54,27 +59,31 @@ class RingDecoder {
 
   // Validates the descriptor `data` (`size` bytes, a private copy taken out
   // of shared memory: nothing here reads the ring) published at sq position
-  // `seq`, against `arena`. Every field gets DecodeLaunch's check (target
-  // name, platform, buffer counts, dtypes, ranks, dims, sizes, offsets inside
-  // the arena without overflow, attributes, device ordinal), plus the
-  // descriptor's own framing: a header, `length` equal to the bytes
-  // published (else the write was torn), `seq`, every length inside the
-  // descriptor and no trailing bytes. INVALID_ARGUMENT / OUT_OF_RANGE naming
-  // the field. A CUDA descriptor's buffers are resolved through `cuda`
+  // `seq`, or carried by a socket Launch (`seq` nullopt), against `arena`.
+  // Every field is checked (target name, platform, buffer counts, dtypes,
+  // ranks, dims, sizes, offsets inside the arena without overflow,
+  // attributes, device ordinal; launch_fields.h), and the descriptor's own
+  // framing: a header, `length` equal to the bytes published (else the
+  // write was torn), `seq` (ring only), every length inside the descriptor
+  // and no trailing bytes. INVALID_ARGUMENT / OUT_OF_RANGE naming the
+  // field. A CUDA descriptor's buffers are resolved through `cuda`
   // (DecodeCudaBufferFields: its ref carries the header's device_uuid);
   // without `cuda` it is UNIMPLEMENTED ("serves no CUDA device").
   // `*tag` gets the descriptor's tag when its header was complete (else 0).
   // The result stays valid until the next call or until `arena` changes.
   absl::StatusOr<DecodedLaunch*> Decode(
-      const char* data, size_t size, uint32_t seq, const ShmArena& arena,
-      uint64_t* tag, const CudaBufferResolver* cuda = nullptr);
+      const char* data, size_t size, std::optional<uint32_t> seq,
+      const ShmArena& arena, uint64_t* tag,
+      const CudaBufferResolver* cuda = nullptr);
 
   // Only the header and framing of the descriptor (Decode's first checks):
   // size, `length`, `seq`, reserved bits and flags, target name, platform,
   // and the platform's header fields (a CPU descriptor has no CUDA fields;
-  // a CUDA one has a doorbell_seq > 0). The same errors as Decode.
+  // a CUDA one on the ring has a doorbell_seq > 0). The same errors as
+  // Decode.
   absl::StatusOr<RingLaunchHeader> Header(const char* data, size_t size,
-                                          uint32_t seq, uint64_t* tag) const;
+                                          std::optional<uint32_t> seq,
+                                          uint64_t* tag) const;
 
   // Bytes the cached attribute blocks hold of the budget.
   uint64_t charged_bytes() const;
@@ -104,17 +113,17 @@ class RingDecoder {
   wire::ByteBudget* const budget_;
 
   // Header's checks; `*pos` gets the offset after the platform text.
-  absl::Status CheckHeader(const char* data, size_t size, uint32_t seq,
-                           uint64_t* tag, ring::SubmitHeader* h,
-                           absl::string_view* target, Platform* platform,
-                           size_t* pos) const;
+  absl::Status CheckHeader(const char* data, size_t size,
+                           std::optional<uint32_t> seq, uint64_t* tag,
+                           ring::SubmitHeader* h, absl::string_view* target,
+                           Platform* platform, size_t* pos) const;
 
   DecodedLaunch launch_;
   std::string device_uuid_;  // of the CUDA descriptor decoded last
   std::vector<AttrEntry> attr_entries_;
   int current_ = -1;  // the entry whose list launch_.frame.attrs holds
   uint64_t clock_ = 0;
-  v1::Launch attr_message_;
+  v1::AttributeBlock attr_message_;
 };
 
 }  // namespace kreg

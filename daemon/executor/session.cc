@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -16,7 +17,6 @@
 #include "daemon/base/log_limit.h"
 #include "daemon/base/module_upload.h"
 #include "daemon/base/validate.h"
-#include "daemon/executor/launch_decoder.h"
 #include "daemon/executor/launch_ring.h"
 #include "daemon/executor/platform_executors.h"
 #include "spdlog/spdlog.h"
@@ -396,13 +396,20 @@ absl::Status Session::DoLaunch(const v1::Launch& launch,
                                std::vector<UniqueFd> fds,
                                v1::LaunchReply* reply) {
   counters_->launches.fetch_add(1, std::memory_order_relaxed);
-  // A launch whose platform does not parse goes to the first platform's
-  // executor, whose decoder names the bad value.
-  absl::StatusOr<Platform> platform = ParsePlatform(launch.platform());
-  LaunchExecutor* executor =
-      executors_[platform.ok() ? static_cast<size_t>(*platform) : 0].get();
-  absl::Status status =
-      executor->Launch(request_id_, launch, std::move(fds), reply);
+  const std::string& descriptor = launch.descriptor();
+  uint64_t tag = 0;  // not used: the request id names a socket launch
+  absl::StatusOr<RingLaunchHeader> header = ring_decoder_.Header(
+      descriptor.data(), descriptor.size(), std::nullopt, &tag);
+  absl::Status status = header.status();
+  if (header.ok()) {
+    status = executors_[static_cast<size_t>(header->platform)]->Launch(
+        request_id_, *header,
+        [&](const CudaBufferResolver* resolve) {
+          return ring_decoder_.Decode(descriptor.data(), descriptor.size(),
+                                      std::nullopt, arena_, &tag, resolve);
+        },
+        launch, std::move(fds), reply);
+  }
   if (!status.ok()) {
     counters_->launch_errors.fetch_add(1, std::memory_order_relaxed);
   }

@@ -228,7 +228,7 @@ class Session final : public ServedSession {
   std::unique_ptr<LaunchRing> ring_;
   std::thread ring_thread_;
   std::atomic<bool> ring_exited_{false};
-  RingDecoder ring_decoder_;  // used by the ring thread only
+  RingDecoder ring_decoder_;  // used under mu_ (ring and socket launches)
 };
 
 }  // namespace kreg

@@ -8,11 +8,11 @@
 #include <fstream>
 #include <string>
 
-#include "common/ring_encode.h"
 #include "common/session_protocol.h"
 #include "kreg/v1/executor.pb.h"
 #include "kreg/v1/journal.pb.h"
 #include "kreg/v1/session.pb.h"
+#include "tests/testing/launch_spec.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace {
@@ -38,8 +38,8 @@ std::string Record(const kreg::v1::JournalRecord& r) {
          std::string(reinterpret_cast<const char*>(&crc), 4) + p;
 }
 
-kreg::v1::Launch CpuLaunch(const std::string& target) {
-  kreg::v1::Launch l;
+kreg::testing::LaunchSpec CpuLaunch(const std::string& target) {
+  kreg::testing::LaunchSpec l;
   l.set_target_name(target);
   l.set_platform("cpu");
   for (auto* b : {l.add_args(), l.add_rets()}) {
@@ -68,52 +68,49 @@ int main(int argc, char** argv) {
   const std::string root = argv[1];
   using namespace kreg::v1;
 
-  dir = root + "/launch_decoder";
-  Write("cpu", CpuLaunch("t.scale").SerializeAsString());
-  Launch cuda = CpuLaunch("t.scale");
-  cuda.set_platform("cuda");
-  for (auto* b : {cuda.mutable_args(0), cuda.mutable_rets(0)}) {
-    b->mutable_cuda()->set_device_uuid(std::string(16, 'u'));
-    b->mutable_cuda()->set_size(4096);
-  }
-  Write("cuda", cuda.SerializeAsString());
-  Launch dict = CpuLaunch("t.dict");
-  Attribute* d = dict.add_attrs();
-  d->set_name("nested");
-  d->set_kind(ATTR_KIND_DICT);
-  *d->add_dict() = dict.attrs(0);
-  Write("dict", dict.SerializeAsString());
+  using kreg::testing::LaunchSpec;
 
-  // Ring descriptors: 4 bytes of the expected seq, then the descriptor.
+  // Launch descriptors: 4 bytes of the expected seq (0xffffffff: a socket
+  // Launch's, no seq), then the descriptor.
   dir = root + "/ring_decoder";
   // A steady-state CUDA launch (ring layout version 2): device, doorbell
   // sequence number, each buffer's allocation (the fuzzer's fake device
   // holds 4 KiB per allocation), an empty buffer without one.
-  Launch cuda_ring = cuda;
-  cuda_ring.set_device_uuid(std::string(16, 'u'));
-  cuda_ring.set_doorbell_seq(3);
-  Buffer* empty = cuda_ring.add_args();
+  LaunchSpec cuda = CpuLaunch("t.scale");
+  cuda.set_platform("cuda");
+  for (auto* b : {cuda.mutable_args(0), cuda.mutable_rets(0)}) {
+    b->mutable_cuda()->set_size(4096);
+  }
+  cuda.set_device_uuid(std::string(16, 'u'));
+  cuda.set_doorbell_seq(3);
+  kreg::testing::BufferSpec* empty = cuda.add_args();
   empty->set_dtype(XLA_FFI_DataType_F32);
   empty->add_dims(0);
-  for (const auto& [name, l] :
-       {std::pair<const char*, Launch>{"cpu", CpuLaunch("t.scale")},
-        std::pair<const char*, Launch>{"dict", dict},
-        std::pair<const char*, Launch>{"cuda", cuda_ring}}) {
-    std::string attrs;
-    kreg::ring::EncodeAttrBytes(l, &attrs);
-    std::string slot(16384, '\0');
-    size_t n =
-        kreg::ring::EncodeDescriptor(l, 7, 42, attrs, slot.data(), slot.size());
-    uint32_t seq = 7;
-    Write(name, std::string(reinterpret_cast<const char*>(&seq), 4) +
-                    slot.substr(0, n));
+  LaunchSpec dict = CpuLaunch("t.dict");
+  Attribute* d = dict.add_attrs();
+  d->set_name("nested");
+  d->set_kind(ATTR_KIND_DICT);
+  *d->add_dict() = dict.attrs(0);
+  // On the socket: ordered by interprocess events (doorbell_seq 0).
+  LaunchSpec events = cuda;
+  events.set_doorbell_seq(0);
+  struct Seed {
+    const char* name;
+    uint32_t seq;
+    LaunchSpec launch;
+  };
+  for (const Seed& seed :
+       {Seed{"cpu", 7, CpuLaunch("t.scale")}, Seed{"dict", 7, dict},
+        Seed{"cuda", 7, cuda},
+        Seed{"socket_cpu", 0xffffffffu, CpuLaunch("t.scale")},
+        Seed{"socket_cuda_events", 0xffffffffu, events}}) {
+    Write(seed.name, std::string(reinterpret_cast<const char*>(&seed.seq), 4) +
+                         kreg::testing::EncodeSpec(seed.launch, seed.seq, 42));
   }
 
   // Session: byte 0 is the harness's prelude selector (3: Hello + arena).
   dir = root + "/session";
-  SessionRequest launch;
-  launch.set_id(3);
-  *launch.mutable_launch() = CpuLaunch("t.scale");
+  SessionRequest launch = kreg::testing::LaunchRequest(CpuLaunch("t.scale"), 3);
   SessionRequest list;
   list.set_id(4);
   list.mutable_list();

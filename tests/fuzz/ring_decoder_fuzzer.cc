@@ -1,18 +1,20 @@
-// Fuzzes RingDecoder::Decode, the executor's edge for launch-ring
-// descriptors (a client may write anything into its ring slots at any
-// time). Input: 4 bytes of the expected sequence number, then the
-// descriptor bytes. Each input is decoded twice by one decoder (the second
-// pass exercises its attribute cache) and once by a fresh one; every
-// decoded CPU buffer must lie inside the arena and is read or written in
-// full, and the two decoders must agree. A decoded launch then runs through
-// FfiHost twice, the long-lived decoder's with one long-lived CallFrameCache
-// (as an executor session does) and the fresh one's without: the handler
-// must see the same call frame both times. CUDA descriptors (ring layout
-// version 2) are also decoded with a fake device resolver (4 KiB per
-// allocation of a 16-byte device UUID, as the launch_decoder target's): each
-// decoded CUDA buffer must lie inside it and is read in full.
+// Fuzzes RingDecoder::Decode, the executor's edge for launch descriptors
+// (a client may write anything into its ring slots at any time, or send
+// anything as a socket Launch's descriptor). Input: 4 bytes of the expected
+// sequence number (0xffffffff: the descriptor came in a socket Launch, no
+// sequence number), then the descriptor bytes. Each input is decoded twice by
+// one decoder (the second pass exercises its attribute cache) and once by a
+// fresh one; every decoded CPU buffer must lie inside the arena and is read or
+// written in full, and the two decoders must agree. A decoded launch then runs
+// through FfiHost twice, the long-lived decoder's with one long-lived
+// CallFrameCache (as an executor session does) and the fresh one's without: the
+// handler must see the same call frame both times. CUDA descriptors (ring
+// layout version 2) are also decoded with a fake device resolver (4 KiB per
+// allocation of a 16-byte device UUID): each decoded CUDA buffer must lie
+// inside it and is read in full.
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "common/dtype.h"
@@ -138,8 +140,10 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 4) return 0;
-  uint32_t seq;
-  std::memcpy(&seq, data, 4);
+  uint32_t raw_seq;
+  std::memcpy(&raw_seq, data, 4);
+  const std::optional<uint32_t> seq =
+      raw_seq == 0xffffffffu ? std::nullopt : std::optional<uint32_t>(raw_seq);
   const char* desc = reinterpret_cast<const char*>(data + 4);
   const size_t len = size - 4;
   kreg::ShmArena* arena = Arena();
@@ -164,7 +168,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       kreg::fuzz::Fail("error without text");
     }
     if (d.ok() && (*d)->frame.platform == kreg::Platform::kCuda) {
-      if (h->doorbell_seq == 0 || h->device_uuid.size() != 16) {
+      if ((seq.has_value() && h->doorbell_seq == 0) ||
+          h->device_uuid.size() != 16) {
         kreg::fuzz::Fail("a CUDA descriptor without doorbell or device");
       }
       CheckCudaFrame((*d)->frame);

@@ -24,6 +24,7 @@
 #include "common/wire.h"
 #include "kreg/v1/session.pb.h"
 #include "tests/testing/daemon_fixture.h"
+#include "tests/testing/launch_spec.h"
 #include "tests/testing/temp_dir.h"
 
 namespace kreg {
@@ -75,28 +76,26 @@ std::string Grow(uint64_t id) {
 // A launch of a libhostile handler: f32[4] in at 0, s64[4] out at 64.
 std::string Launch(uint64_t id, const std::string& target,
                    const std::string& path_attr = "") {
-  v1::SessionRequest r;
-  r.set_id(id);
-  v1::Launch* l = r.mutable_launch();
-  l->set_target_name(target);
-  l->set_platform("cpu");
-  v1::Buffer* in = l->add_args();
+  testing::LaunchSpec l;
+  l.set_target_name(target);
+  l.set_platform("cpu");
+  testing::BufferSpec* in = l.add_args();
   in->set_dtype(kF32);
   in->add_dims(4);
   in->set_offset(0);
   in->set_size(16);
-  v1::Buffer* out = l->add_rets();
+  testing::BufferSpec* out = l.add_rets();
   out->set_dtype(kS64);
   out->add_dims(4);
   out->set_offset(kOutOffset);
   out->set_size(32);
   if (!path_attr.empty()) {
-    v1::Attribute* a = l->add_attrs();
+    v1::Attribute* a = l.add_attrs();
     a->set_name("path");
     a->set_kind(v1::ATTR_KIND_STRING);
     a->set_data(path_attr);
   }
-  return Serialize(r);
+  return Serialize(testing::LaunchRequest(l, id));
 }
 
 struct Out {

@@ -22,6 +22,7 @@
 #include "common/wire.h"
 #include "kreg/v1/session.pb.h"
 #include "tests/testing/daemon_fixture.h"
+#include "tests/testing/launch_spec.h"
 #include "tests/testing/temp_dir.h"
 
 namespace kreg {
@@ -112,7 +113,7 @@ char* Arena(int sock) {
   return static_cast<char*>(p);
 }
 
-void AddS64(v1::Launch* l, const std::string& name, int64_t value) {
+void AddS64(testing::LaunchSpec* l, const std::string& name, int64_t value) {
   v1::Attribute* a = l->add_attrs();
   a->set_name(name);
   a->set_kind(v1::ATTR_KIND_SCALAR);
@@ -121,22 +122,24 @@ void AddS64(v1::Launch* l, const std::string& name, int64_t value) {
 }
 
 // A launch of a libhostile handler: f32[4] in at 0, s64[4] out at 64.
-v1::SessionRequest Launch(uint64_t id, const std::string& target) {
-  v1::SessionRequest r;
-  r.set_id(id);
-  v1::Launch* l = r.mutable_launch();
-  l->set_target_name(target);
-  l->set_platform("cpu");
-  v1::Buffer* in = l->add_args();
+testing::LaunchSpec Spec(const std::string& target) {
+  testing::LaunchSpec l;
+  l.set_target_name(target);
+  l.set_platform("cpu");
+  testing::BufferSpec* in = l.add_args();
   in->set_dtype(kF32);
   in->add_dims(4);
   in->set_size(16);
-  v1::Buffer* out = l->add_rets();
+  testing::BufferSpec* out = l.add_rets();
   out->set_dtype(kS64);
   out->add_dims(4);
   out->set_offset(kOutOffset);
   out->set_size(32);
-  return r;
+  return l;
+}
+
+v1::SessionRequest Launch(uint64_t id, const std::string& target) {
+  return testing::LaunchRequest(Spec(target), id);
 }
 
 const int64_t* Out(char* arena) {
@@ -175,9 +178,10 @@ TEST_CASE(
   REQUIRE(before > 0);
 
   // Each broker socket: a frame announcing 400 MiB, then 64 MiB of it.
-  v1::SessionRequest flood = Launch(3, "x.flood");
-  AddS64(flood.mutable_launch(), "announce", int64_t{400} << 20);
-  AddS64(flood.mutable_launch(), "send", int64_t{64} << 20);
+  testing::LaunchSpec spec = Spec("x.flood");
+  AddS64(&spec, "announce", int64_t{400} << 20);
+  AddS64(&spec, "send", int64_t{64} << 20);
+  v1::SessionRequest flood = testing::LaunchRequest(spec, 3);
   std::string out;
   flood.SerializeToString(&out);
   REQUIRE(wire::SendFrame(socks[0], out.data(), out.size(), nullptr, 0) ==

@@ -12,7 +12,6 @@
 
 #include "catch2/catch.hpp"
 #include "client/shim/launch_encoder.h"
-#include "common/ring_encode.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace kreg::shim {
@@ -49,13 +48,11 @@ struct Attrs {
   XLA_FFI_Attrs attrs;
 };
 
-// What the cache must hand out: EncodeAttrs, then the descriptor encoding.
+// What the cache must hand out: EncodeAttrs into an AttributeBlock.
 std::string Expected(const XLA_FFI_Attrs* attrs) {
-  v1::Launch l;
-  REQUIRE(EncodeAttrs(attrs, l.mutable_attrs()).ok());
-  std::string bytes;
-  ring::EncodeAttrBytes(l, &bytes);
-  return bytes;
+  v1::AttributeBlock block;
+  REQUIRE(EncodeAttrs(attrs, block.mutable_attrs()).ok());
+  return block.SerializeAsString();
 }
 
 std::string Get(AttrCache* cache, const XLA_FFI_Attrs* attrs) {

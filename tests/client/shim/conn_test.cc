@@ -359,7 +359,7 @@ TEST_CASE("Call refuses a request over kregd's max_message_bytes, unsent",
   });
   std::unique_ptr<Conn> conn = OpenOk(kregd);
   v1::SessionRequest req;
-  req.mutable_launch()->set_target_name(std::string(100, 't'));
+  req.mutable_launch()->set_descriptor(std::string(100, 't'));
   const size_t bytes = [&] {
     v1::SessionRequest sized = req;
     sized.set_id(2);

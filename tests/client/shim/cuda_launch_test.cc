@@ -47,6 +47,7 @@ struct RingSeen {
   std::string target, platform, device_uuid;
   uint64_t doorbell_seq = 0;
   uint32_t flags = 0;
+  uint64_t tag = 0;
   std::vector<ring::CudaRef> refs;
   std::vector<uint64_t> offsets;
   std::vector<std::vector<int64_t>> dims;
@@ -54,6 +55,46 @@ struct RingSeen {
   int64_t run_id = 0;
   int32_t device_ordinal = 0;
   std::string attrs;
+};
+
+// Reads a descriptor the client library wrote (trusted here).
+RingSeen Parse(const char* d) {
+  ring::SubmitHeader h;
+  std::memcpy(&h, d, sizeof(h));
+  RingSeen seen;
+  const char* p = d + sizeof(h);
+  seen.target.assign(p, h.target_len);
+  p += h.target_len;
+  seen.platform.assign(p, h.platform_len);
+  seen.device_uuid.assign(reinterpret_cast<const char*>(h.device_uuid), 16);
+  seen.doorbell_seq = h.doorbell_seq;
+  seen.flags = h.flags;
+  seen.tag = h.tag;
+  size_t at = (sizeof(h) + h.target_len + h.platform_len + 7) / 8 * 8;
+  for (uint32_t i = 0; i < h.num_args + h.num_rets; ++i) {
+    ring::BufferDesc b;
+    ring::CudaRef r;
+    std::memcpy(&b, d + at, sizeof(b));
+    std::memcpy(&r, d + at + sizeof(b), sizeof(r));
+    std::vector<int64_t> dims(b.rank);
+    std::memcpy(dims.data(), d + at + sizeof(b) + sizeof(r),
+                b.rank * sizeof(int64_t));
+    at += sizeof(b) + sizeof(r) + b.rank * sizeof(int64_t);
+    seen.refs.push_back(r);
+    seen.offsets.push_back(b.offset);
+    seen.dims.push_back(dims);
+    seen.dtypes.push_back(b.dtype);
+  }
+  seen.attrs.assign(d + at, h.attrs_len);
+  seen.run_id = h.run_id;
+  seen.device_ordinal = h.device_ordinal;
+  return seen;
+}
+
+// A socket Launch: its side data and its descriptor.
+struct SocketSeen {
+  kreg::v1::Launch launch;
+  RingSeen desc;
 };
 
 // A fake kregd: one session, served like an executor serves it (the socket
@@ -95,11 +136,11 @@ class FakeKregd {
 
   std::string path;
   std::mutex mu;
-  OnRing on_ring;                                 // guarded by mu
-  std::chrono::milliseconds ring_delay{0};        // guarded by mu
-  std::vector<kreg::v1::Launch> socket_launches;  // guarded by mu
-  std::vector<RingSeen> ring_launches;            // guarded by mu
-  std::vector<std::string> order;                 // "ring N" / "socket N"
+  OnRing on_ring;                           // guarded by mu
+  std::chrono::milliseconds ring_delay{0};  // guarded by mu
+  std::vector<SocketSeen> socket_launches;  // guarded by mu
+  std::vector<RingSeen> ring_launches;      // guarded by mu
+  std::vector<std::string> order;           // "ring N" / "socket N"
   size_t ring_count() {
     std::lock_guard<std::mutex> l(mu);
     return ring_launches.size();
@@ -158,11 +199,12 @@ class FakeKregd {
           break;
         case kreg::v1::SessionRequest::kLaunch: {
           std::lock_guard<std::mutex> l(mu);
-          socket_launches.push_back(req.launch());
-          order.push_back("socket " +
-                          std::to_string(req.launch().doorbell_seq()));
-          resp.mutable_launch()->set_doorbell_signalled(
-              req.launch().doorbell_seq() > 0);
+          SocketSeen seen{req.launch(),
+                          Parse(req.launch().descriptor().data())};
+          socket_launches.push_back(seen);
+          order.push_back("socket " + std::to_string(seen.desc.doorbell_seq));
+          resp.mutable_launch()->set_doorbell_signalled(seen.desc.doorbell_seq >
+                                                        0);
           break;
         }
         default:
@@ -188,34 +230,7 @@ class FakeKregd {
         continue;
       }
       std::string d(ring::SubmitSlot(ring_, head), ring::kSubmitSlotBytes);
-      ring::SubmitHeader h;
-      std::memcpy(&h, d.data(), sizeof(h));
-      RingSeen seen;
-      const char* p = d.data() + sizeof(h);
-      seen.target.assign(p, h.target_len);
-      p += h.target_len;
-      seen.platform.assign(p, h.platform_len);
-      seen.device_uuid.assign(reinterpret_cast<const char*>(h.device_uuid), 16);
-      seen.doorbell_seq = h.doorbell_seq;
-      seen.flags = h.flags;
-      size_t at = (sizeof(h) + h.target_len + h.platform_len + 7) / 8 * 8;
-      for (uint32_t i = 0; i < h.num_args + h.num_rets; ++i) {
-        ring::BufferDesc b;
-        ring::CudaRef r;
-        std::memcpy(&b, d.data() + at, sizeof(b));
-        std::memcpy(&r, d.data() + at + sizeof(b), sizeof(r));
-        std::vector<int64_t> dims(b.rank);
-        std::memcpy(dims.data(), d.data() + at + sizeof(b) + sizeof(r),
-                    b.rank * sizeof(int64_t));
-        at += sizeof(b) + sizeof(r) + b.rank * sizeof(int64_t);
-        seen.refs.push_back(r);
-        seen.offsets.push_back(b.offset);
-        seen.dims.push_back(dims);
-        seen.dtypes.push_back(b.dtype);
-      }
-      seen.attrs.assign(d.data() + at, h.attrs_len);
-      seen.run_id = h.run_id;
-      seen.device_ordinal = h.device_ordinal;
+      RingSeen seen = Parse(d.data());
       ++head;
       ring::Store(c->sq_head, head);
       int code = 0;
@@ -239,7 +254,7 @@ class FakeKregd {
       ring::CompletionHeader ch{};
       ch.seq = head - 1;
       ch.code = code;
-      ch.tag = h.tag;
+      ch.tag = seen.tag;
       ch.message_len = static_cast<uint32_t>(message.size());
       ch.flags = flags;
       std::memcpy(slot, &ch, sizeof(ch));
@@ -339,18 +354,16 @@ struct Client {
   kreg::v1::SessionRequest req;
   kreg::v1::SessionResponse resp;
   size_t seen_memops = 0;
-  // The launch's attribute bytes (a Launch holding only attrs): scale=2.5.
+  // The launch's attribute bytes (an AttributeBlock): scale=2.5.
   std::string attrs = [] {
-    kreg::v1::Launch l;
+    kreg::v1::AttributeBlock l;
     kreg::v1::Attribute* a = l.add_attrs();
     a->set_name("scale");
     a->set_kind(kreg::v1::ATTR_KIND_SCALAR);
     a->set_dtype(XLA_FFI_DataType_F32);
     const float v = 2.5f;
     a->set_data(&v, sizeof(v));
-    std::string out;
-    ring::EncodeAttrBytes(l, &out);
-    return out;
+    return l.SerializeAsString();
   }();
 };
 
@@ -365,30 +378,24 @@ TEST_CASE(
   CHECK(kregd.ring_count() == 0);
   {
     std::lock_guard<std::mutex> l(kregd.mu);
-    const kreg::v1::Launch& first = kregd.socket_launches[0];
-    CHECK(first.shares_size() == 1);  // the allocation, with its fd
-    CHECK(first.doorbell_seq() == 1);
-    // The socket Launch is the described one: shapes, refs, attributes.
-    CHECK(first.target_name() == "t.scale");
-    CHECK(first.platform() == "cuda");
-    CHECK(first.device_uuid() == kregd.uuid);
-    CHECK(first.run_id() == 77);
-    REQUIRE(first.args_size() == 1);
-    REQUIRE(first.rets_size() == 1);
-    CHECK(first.args(0).dtype() == XLA_FFI_DataType_F32);
-    CHECK(std::vector<int64_t>(first.args(0).dims().begin(),
-                               first.args(0).dims().end()) ==
-          std::vector<int64_t>{256});
-    CHECK(first.args(0).size() == 1024);
-    CHECK(first.args(0).offset() == 0);
-    CHECK(first.rets(0).offset() == 4096);
-    CHECK(first.args(0).cuda().base() == client.alloc);
-    CHECK(first.rets(0).cuda().size() == 1 << 20);
-    CHECK(first.args(0).cuda().device_uuid() == kregd.uuid);
-    REQUIRE(first.attrs_size() == 1);
-    CHECK(first.attrs(0).name() == "scale");
-    CHECK(first.attrs(0).dtype() == XLA_FFI_DataType_F32);
-    CHECK(first.attrs(0).data().size() == sizeof(float));
+    const SocketSeen& first = kregd.socket_launches[0];
+    CHECK(first.launch.shares_size() == 1);  // the allocation, with its fd
+    CHECK(first.desc.doorbell_seq == 1);
+    // The socket Launch carries the described descriptor: shapes, refs,
+    // attributes (flags 0).
+    CHECK(first.desc.target == "t.scale");
+    CHECK(first.desc.platform == "cuda");
+    CHECK(first.desc.device_uuid == kregd.uuid);
+    CHECK(first.desc.flags == 0);
+    CHECK(first.desc.run_id == 77);
+    REQUIRE(first.desc.dtypes.size() == 2);
+    CHECK(first.desc.dtypes[0] == XLA_FFI_DataType_F32);
+    CHECK(first.desc.dims[0] == std::vector<int64_t>{256});
+    CHECK(first.desc.offsets[0] == 0);
+    CHECK(first.desc.offsets[1] == 4096);
+    CHECK(first.desc.refs[0].base == client.alloc);
+    CHECK(first.desc.refs[1].size == 1 << 20);
+    CHECK(first.desc.attrs == client.attrs);
   }
   CHECK(client.Memops() == std::vector<std::string>{"ready 1", "wait 1"});
   for (int i = 0; i < 6; ++i) {
@@ -447,8 +454,8 @@ TEST_CASE(
   CHECK(kregd.socket_count() == 2);
   {
     std::lock_guard<std::mutex> l(kregd.mu);
-    CHECK(kregd.socket_launches[1].shares_size() == 1);
-    CHECK(kregd.socket_launches[1].doorbell_seq() == 10);
+    CHECK(kregd.socket_launches[1].launch.shares_size() == 1);
+    CHECK(kregd.socket_launches[1].desc.doorbell_seq == 10);
   }
   CHECK(client.Memops() ==
         std::vector<std::string>{"ready 9", "wait 9", "ready 10", "wait 10"});

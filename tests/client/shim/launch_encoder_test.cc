@@ -3,7 +3,7 @@
 // scalars, pred arrays), the buffers the shim refuses, and the forwarding
 // handler's answers to XLA's metadata call and to wrong stages. The
 // daemon-side decoder tests it mirrors are in tests/daemon/executor/
-// (launch_decoder_test, ring_decoder_test).
+// (launch_fields_test, ring_decoder_test).
 #include "client/shim/launch_encoder.h"
 
 #include <cstring>
@@ -124,46 +124,6 @@ struct Frame {
   XLA_FFI_Api api;
   XLA_FFI_CallFrame frame;
 };
-
-TEST_CASE("ToLaunch: a descriptor as the socket's Launch; bad attribute bytes",
-          "[shim]") {
-  const int64_t dims[] = {2, 3};
-  ring::BufferView bufs[2];
-  bufs[0].dtype = XLA_FFI_DataType_F32;
-  bufs[0].rank = 2;
-  bufs[0].dims = dims;
-  bufs[0].offset = 64;
-  bufs[0].size = 24;
-  bufs[1] = bufs[0];
-  bufs[1].offset = 128;
-  ring::DescriptorView d;
-  d.target = "t.x";
-  d.platform = "cpu";
-  d.args = bufs;
-  d.num_args = 1;
-  d.rets = bufs + 1;
-  d.num_rets = 1;
-  d.run_id = 9;
-  d.device_ordinal = 1;
-  v1::SessionRequest req;
-  REQUIRE(ToLaunch(d, &req).ok());
-  const v1::Launch& l = req.launch();
-  CHECK(l.target_name() == "t.x");
-  CHECK(l.platform() == "cpu");
-  CHECK(l.run_id() == 9);
-  CHECK(l.device_ordinal() == 1);
-  REQUIRE(l.args_size() == 1);
-  CHECK(l.args(0).dims_size() == 2);
-  CHECK(l.args(0).offset() == 64);
-  CHECK(l.rets(0).offset() == 128);
-  CHECK(l.attrs_size() == 0);
-  // Bytes that are not a Launch's attrs field: said, with the target.
-  d.attrs = std::string_view("\xff\xff\xff", 3);
-  ClientStatus s = ToLaunch(d, &req);
-  CHECK(s.code == kInternal);
-  CHECK(s.message ==
-        "kreg: the encoded attributes of \"t.x\" do not parse back (3 bytes)");
-}
 
 TEST_CASE("ForwardCall: a sub-byte buffer is refused before any I/O",
           "[shim]") {

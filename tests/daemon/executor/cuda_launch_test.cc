@@ -10,19 +10,21 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
-#include "common/ring_encode.h"
 #include "common/ring_layout.h"
 #include "daemon/executor/cuda/cuda_devices.h"
 #include "daemon/executor/cuda/cuda_session.h"
 #include "daemon/executor/session.h"
 #include "tests/daemon/executor/test_util.h"
 #include "tests/testing/fake_cuda.h"
+#include "tests/testing/launch_spec.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace kreg {
 namespace {
 
+using ::kreg::testing::BufferSpec;
 using ::kreg::testing::FakeCuda;
+using ::kreg::testing::LaunchSpec;
 
 class Backend : public SessionBackend {
  public:
@@ -66,30 +68,38 @@ v1::CudaMappingRef Ref(const std::string& uuid, uint64_t gen = 9) {
   return r;
 }
 
-v1::SessionRequest Launch(const std::string& uuid, bool share) {
-  v1::SessionRequest req;
-  req.set_id(3);
-  v1::Launch* l = req.mutable_launch();
-  l->set_target_name("t");
-  l->set_platform("cuda");
-  l->set_device_uuid(uuid);
+LaunchSpec Spec(const std::string& uuid) {
+  LaunchSpec l;
+  l.set_target_name("t");
+  l.set_platform("cuda");
+  l.set_device_uuid(uuid);
   for (int i = 0; i < 2; ++i) {  // arg 0 and ret 0: one aliased region
-    v1::Buffer* b = i == 0 ? l->add_args() : l->add_rets();
+    BufferSpec* b = i == 0 ? l.add_args() : l.add_rets();
     b->set_dtype(XLA_FFI_DataType_F32);
     b->add_dims(256);
     b->set_size(1024);
     b->set_offset(8192);
     *b->mutable_cuda() = Ref(uuid);
   }
-  v1::Buffer* empty = l->add_args();
+  BufferSpec* empty = l.add_args();
   empty->set_dtype(XLA_FFI_DataType_F32);
   empty->add_dims(0);
+  return l;
+}
+
+// `l` as a socket Launch, sharing its allocation (one VMM fd) if `share`.
+v1::SessionRequest Launch(const LaunchSpec& l, bool share) {
+  v1::SessionRequest req = ::kreg::testing::LaunchRequest(l, 3);
   if (share) {
-    v1::CudaShare* s = l->add_shares();
-    *s->mutable_mapping() = Ref(uuid);
+    v1::CudaShare* s = req.mutable_launch()->add_shares();
+    *s->mutable_mapping() = Ref(l.device_uuid());
     s->set_vmm_fd(true);
   }
   return req;
+}
+
+v1::SessionRequest Launch(const std::string& uuid, bool share) {
+  return Launch(Spec(uuid), share);
 }
 
 struct Fixture {
@@ -146,8 +156,9 @@ TEST_CASE("A shared VMM allocation resolves inside kregd's mapping",
   CHECK(fx.fake.live_maps == 1);
 
   // A new generation at the same address is another allocation: missing.
-  v1::SessionRequest req = Launch(uuid, false);
-  *req.mutable_launch()->mutable_args(0)->mutable_cuda() = Ref(uuid, 10);
+  LaunchSpec renewed = Spec(uuid);
+  *renewed.mutable_args(0)->mutable_cuda() = Ref(uuid, 10);
+  v1::SessionRequest req = Launch(renewed, false);
   resp = fx.session.Handle(req, {});
   CHECK(resp.status().code() == int(absl::StatusCode::kNotFound));
   CHECK(resp.launch().cuda_mapping_missing());
@@ -163,8 +174,9 @@ TEST_CASE("A shared VMM allocation resolves inside kregd's mapping",
 TEST_CASE("A buffer past its allocation is refused", "[cuda_launch]") {
   Fixture fx;
   const std::string uuid(fx.devices->info(0).uuid.bytes, 16);
-  v1::SessionRequest req = Launch(uuid, true);
-  req.mutable_launch()->mutable_args(0)->set_offset(kSize - 512);
+  LaunchSpec l = Spec(uuid);
+  l.mutable_args(0)->set_offset(kSize - 512);
+  v1::SessionRequest req = Launch(l, true);
   std::vector<UniqueFd> fds;
   fds.emplace_back(fx.fake.ExportAllocation(kSize));
   v1::SessionResponse resp = fx.session.Handle(req, std::move(fds));
@@ -207,16 +219,10 @@ struct RingClient {
   }
   ~RingClient() { ::munmap(base, ring::kRegionBytes); }
   ring::Control* c() { return ring::ControlOf(base); }
-  void Submit(const v1::Launch& l, uint64_t tag, uint32_t flags = 0) {
-    std::string attrs;
-    ring::EncodeAttrBytes(l, &attrs);
-    char* slot = ring::SubmitSlot(base, tail);
-    REQUIRE(ring::EncodeDescriptor(l, tail, tag, attrs, slot,
-                                   ring::kSubmitSlotBytes) > 0);
-    ring::SubmitHeader h;
-    memcpy(&h, slot, sizeof(h));
-    h.flags = flags;
-    memcpy(slot, &h, sizeof(h));
+  void Submit(const LaunchSpec& l, uint64_t tag, uint32_t flags = 0) {
+    const std::string bytes = ::kreg::testing::EncodeSpec(l, tail, tag, flags);
+    REQUIRE(bytes.size() <= ring::kSubmitSlotBytes);
+    memcpy(ring::SubmitSlot(base, tail), bytes.data(), bytes.size());
     ++tail;
     ring::Store(c()->sq_tail, tail);
     if (ring::Load(c()->sq_waiting) != 0) ring::FutexWake(&c()->sq_tail);
@@ -260,9 +266,7 @@ struct RingFixture : Fixture {
     // The first launch shares the allocation on the socket.
     fds.clear();
     fds.emplace_back(fake.ExportAllocation(kSize));
-    v1::SessionRequest first = Launch(uuid, true);
-    first.mutable_launch()->set_doorbell_seq(1);
-    r = session.Handle(first, std::move(fds));
+    r = session.Handle(Launch(Steady(1), true), std::move(fds));
     INFO(r.status().message());
     REQUIRE(r.status().code() == 0);
     REQUIRE(r.launch().doorbell_signalled());
@@ -277,8 +281,8 @@ struct RingFixture : Fixture {
     REQUIRE(r.status().code() == 0);
   }
   // A steady-state launch: the socket launch's buffers, no shares.
-  v1::Launch Steady(uint64_t seq) {
-    v1::Launch l = Launch(uuid, false).launch();
+  LaunchSpec Steady(uint64_t seq) {
+    LaunchSpec l = Spec(uuid);
     l.set_doorbell_seq(seq);
     return l;
   }
@@ -329,7 +333,7 @@ TEST_CASE(
   ring::CompletionHeader h;
   std::string msg;
   // An allocation the session does not hold: mapping missing, signalled.
-  v1::Launch l = fx.Steady(2);
+  LaunchSpec l = fx.Steady(2);
   *l.mutable_args(0)->mutable_cuda() = Ref(fx.uuid, 10);
   fx.client.Submit(l, 2, ring::kSubmitAsync);
   REQUIRE(fx.client.Await(&h, &msg));
@@ -345,7 +349,7 @@ TEST_CASE(
   CHECK(h.code == int(absl::StatusCode::kOutOfRange));
   CHECK(msg.find("ret 0: allocation 0x7e0000000000") == 0);
   CHECK(h.flags == ring::kDoneSignalled);
-  // A bad shape: DecodeLaunch's message, signalled.
+  // A bad shape: the decoder's message, signalled.
   l = fx.Steady(4);
   l.mutable_args(0)->set_size(20);
   fx.client.Submit(l, 4);
@@ -400,11 +404,11 @@ TEST_CASE(
   INFO(r.status().message());
   REQUIRE(r.status().code() == 0);
   auto with_args = [&](size_t n) {
-    v1::Launch l = fx.Steady(0);
+    LaunchSpec l = fx.Steady(0);
     l.clear_args();
     l.clear_rets();
     for (size_t i = 0; i < n; ++i) {
-      v1::Buffer* b = l.add_args();
+      BufferSpec* b = l.add_args();
       b->set_dtype(XLA_FFI_DataType_F32);
       b->add_dims(4);
       b->set_size(16);
@@ -416,7 +420,7 @@ TEST_CASE(
   ring::CompletionHeader h;
   std::string msg;
   // Every allocation the session holds: runs.
-  v1::Launch all = with_args(limit);
+  LaunchSpec all = with_args(limit);
   all.set_doorbell_seq(2);
   fx.client.Submit(all, 2);
   REQUIRE(fx.client.Await(&h, &msg));
@@ -424,7 +428,7 @@ TEST_CASE(
   CHECK(h.code == 0);
   CHECK(fx.backend.last.args.size() == limit);
   // One more: refused, and the doorbell still rung.
-  v1::Launch more = with_args(limit + 1);
+  LaunchSpec more = with_args(limit + 1);
   more.set_doorbell_seq(3);
   fx.client.Submit(more, 3);
   REQUIRE(fx.client.Await(&h, &msg));

@@ -19,17 +19,19 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
-#include "common/ring_encode.h"
 #include "common/ring_layout.h"
 #include "common/wire.h"
 #include "daemon/executor/ffi/ffi_host.h"
 #include "daemon/executor/session.h"
 #include "tests/daemon/executor/test_util.h"
+#include "tests/testing/launch_spec.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace kreg {
 namespace {
 
+using ::kreg::testing::EncodeSpec;
+using ::kreg::testing::LaunchSpec;
 using ::kreg::testing::MakeMemfd;
 constexpr uint64_t kArenaBytes = 1 << 16;
 
@@ -99,8 +101,8 @@ SessionLimits Limits() {
   return l;
 }
 
-v1::Launch Doubling(uint64_t in, uint64_t out, int n = 4) {
-  v1::Launch l;
+LaunchSpec Doubling(uint64_t in, uint64_t out, int n = 4) {
+  LaunchSpec l;
   l.set_target_name("t");
   l.set_platform("cpu");
   for (auto* b : {l.add_args(), l.add_rets()}) {
@@ -114,8 +116,8 @@ v1::Launch Doubling(uint64_t in, uint64_t out, int n = 4) {
 }
 
 // Doubling(), with an F32 scalar attribute `factor` and a string `tag`.
-v1::Launch Scaling(float factor, const std::string& tag = "t") {
-  v1::Launch l = Doubling(0, 64);
+LaunchSpec Scaling(float factor, const std::string& tag = "t") {
+  LaunchSpec l = Doubling(0, 64);
   v1::Attribute* a = l.add_attrs();
   a->set_name("factor");
   a->set_kind(v1::ATTR_KIND_SCALAR);
@@ -141,11 +143,10 @@ void* MapFd(int fd, size_t size) {
 // the test itself (TSan). The session reads through its own mapping and
 // copies the slot before decoding, so torn copies are refused there.
 // Returns the encoded size, 0 if it does not fit.
-size_t EncodeIntoSlot(const v1::Launch& l, uint32_t seq, uint64_t tag,
-                      const std::string& attrs, char* slot) {
-  std::vector<char> bytes(ring::kSubmitSlotBytes);
-  size_t n =
-      ring::EncodeDescriptor(l, seq, tag, attrs, bytes.data(), bytes.size());
+size_t EncodeIntoSlot(const LaunchSpec& l, uint32_t seq, uint64_t tag,
+                      char* slot) {
+  const std::string bytes = EncodeSpec(l, seq, tag);
+  const size_t n = bytes.size() <= ring::kSubmitSlotBytes ? bytes.size() : 0;
   for (size_t i = 0; i < n; ++i) {
     __atomic_store_n(slot + i, bytes[i], __ATOMIC_RELAXED);
   }
@@ -176,11 +177,8 @@ struct Client {
     ring::Store(c()->sq_tail, tail);
     if (ring::Load(c()->sq_waiting) != 0) ring::FutexWake(&c()->sq_tail);
   }
-  void Submit(const v1::Launch& l, uint64_t tag) {
-    std::string attrs;
-    ring::EncodeAttrBytes(l, &attrs);
-    REQUIRE(EncodeIntoSlot(l, tail, tag, attrs, ring::SubmitSlot(base, tail)) >
-            0);
+  void Submit(const LaunchSpec& l, uint64_t tag) {
+    REQUIRE(EncodeIntoSlot(l, tail, tag, ring::SubmitSlot(base, tail)) > 0);
     Publish();
   }
   // Waits up to 10 s for the next completion.
@@ -346,19 +344,19 @@ TEST_CASE("Ring errors are synchronous; long messages are cut with a marker",
   CHECK(msg ==
         "ret 0: region [65536, 65552) ends past the session arena of "
         "65536 bytes");
-  v1::Launch overflow = Doubling(0, 64);
+  LaunchSpec overflow = Doubling(0, 64);
   overflow.mutable_args(0)->set_offset(~uint64_t{0} - 7);
   fx.client.Submit(overflow, 2);
   REQUIRE(fx.client.Await(&code, &msg));
   CHECK(code == int(absl::StatusCode::kOutOfRange));
   CHECK(msg.find("overflows") != std::string::npos);
-  v1::Launch other = Doubling(0, 64);
+  LaunchSpec other = Doubling(0, 64);
   other.set_target_name("u");
   fx.client.Submit(other, 3);
   REQUIRE(fx.client.Await(&code, &msg));
   CHECK(code == int(absl::StatusCode::kNotFound));
   CHECK(msg == "not registered: u");
-  v1::Launch fail = Doubling(0, 64);
+  LaunchSpec fail = Doubling(0, 64);
   v1::Attribute* a = fail.add_attrs();
   a->set_name("fail");
   a->set_kind(v1::ATTR_KIND_STRING);
@@ -445,13 +443,11 @@ TEST_CASE("A client rewriting descriptors while they are read", "[ring]") {
 
 // Runs `l` (published as written, after `rewrite` changed the slot) and
 // returns the 4 outputs; the launch must succeed.
-std::vector<float> RunScaling(Fixture* fx, const v1::Launch& l,
+std::vector<float> RunScaling(Fixture* fx, const LaunchSpec& l,
                               const std::function<void(char*)>& rewrite = {}) {
   for (int i = 0; i < 4; ++i) fx->client.floats(0)[i] = float(i + 1);
-  std::string attrs;
-  ring::EncodeAttrBytes(l, &attrs);
   char* slot = ring::SubmitSlot(fx->client.base, fx->client.tail);
-  REQUIRE(EncodeIntoSlot(l, fx->client.tail, 1, attrs, slot) > 0);
+  REQUIRE(EncodeIntoSlot(l, fx->client.tail, 1, slot) > 0);
   if (rewrite) rewrite(slot);
   fx->client.Publish();
   int code = -1;
@@ -466,13 +462,10 @@ std::vector<float> Times(float f) { return {f, 2 * f, 3 * f, 4 * f}; }
 
 // Where the descriptors of Scaling(2) and Scaling(3) differ: one byte.
 size_t FactorByte() {
-  std::string a(ring::kSubmitSlotBytes, '\0'), b = a, attrs;
-  ring::EncodeAttrBytes(Scaling(2), &attrs);
-  size_t n =
-      ring::EncodeDescriptor(Scaling(2), 0, 1, attrs, a.data(), a.size());
-  ring::EncodeAttrBytes(Scaling(3), &attrs);
-  REQUIRE(ring::EncodeDescriptor(Scaling(3), 0, 1, attrs, b.data(), b.size()) ==
-          n);
+  const std::string a = EncodeSpec(Scaling(2), 0, 1);
+  const std::string b = EncodeSpec(Scaling(3), 0, 1);
+  const size_t n = a.size();
+  REQUIRE(b.size() == n);
   size_t at = 0, differ = 0;
   for (size_t i = 0; i < n; ++i) {
     if (a[i] != b[i]) {
@@ -649,10 +642,10 @@ TEST_CASE("A client that dies mid-write neither hangs nor crashes the session",
     if (pid == 0) {
       // Half a descriptor, then: 0 die unpublished; 1 publish it torn and
       // die; 2 die while the executor waits for a second, unpublished one.
-      v1::Launch l = Doubling(0, 64);
-      std::string attrs;
-      char full[1024];
-      size_t n = ring::EncodeDescriptor(l, c.tail, 1, attrs, full, sizeof full);
+      LaunchSpec l = Doubling(0, 64);
+      const std::string bytes = EncodeSpec(l, c.tail, 1);
+      const char* full = bytes.data();
+      const size_t n = bytes.size();
       char* slot = ring::SubmitSlot(c.base, c.tail);
       memcpy(slot, full, n / 2);
       if (variant == 1) c.Publish();

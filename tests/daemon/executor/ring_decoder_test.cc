@@ -1,10 +1,12 @@
-// The ring decoder gives every field the socket decoder's check, with the
-// same code and message, plus the descriptor's own framing checks.
+// The one launch decoder: a descriptor taken off the ring gets every check
+// a socket Launch's descriptor gets, with the same code and message, plus
+// the ring's own (sequence number, doorbell); and the socket's framing.
 #include "daemon/executor/ring_decoder.h"
 
 #include <string.h>
 
 #include <functional>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -12,20 +14,23 @@
 
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
-#include "common/ring_encode.h"
 #include "common/ring_layout.h"
 #include "common/wire.h"
-#include "daemon/executor/launch_decoder.h"
+#include "daemon/executor/launch_fields.h"
 #include "tests/daemon/executor/test_util.h"
+#include "tests/testing/launch_spec.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace kreg {
 namespace {
 
+using ::kreg::testing::BufferSpec;
+using ::kreg::testing::EncodeSpec;
+using ::kreg::testing::LaunchSpec;
 using ::kreg::testing::MakeMemfd;
 
-v1::Launch ValidLaunch() {
-  v1::Launch l;
+LaunchSpec ValidLaunch() {
+  LaunchSpec l;
   l.set_target_name("demo.scale");
   l.set_platform("cpu");
   for (auto* b : {l.add_args(), l.add_rets()}) {
@@ -46,14 +51,8 @@ v1::Launch ValidLaunch() {
   return l;
 }
 
-std::string Encode(const v1::Launch& l, uint32_t seq = 0, uint64_t tag = 42) {
-  std::string attrs;
-  ring::EncodeAttrBytes(l, &attrs);
-  std::string slot(ring::kSubmitSlotBytes, '\0');
-  size_t n =
-      ring::EncodeDescriptor(l, seq, tag, attrs, slot.data(), slot.size());
-  slot.resize(n);
-  return slot;
+std::string Encode(const LaunchSpec& l, uint32_t seq = 0, uint64_t tag = 42) {
+  return EncodeSpec(l, seq, tag);
 }
 
 struct Arena {
@@ -63,17 +62,30 @@ struct Arena {
   ShmArena arena;
 };
 
-absl::Status RingStatus(const v1::Launch& l, const ShmArena& arena) {
+absl::Status RingStatus(const LaunchSpec& l, const ShmArena& arena) {
   RingDecoder d;
   uint64_t tag;
   std::string bytes = Encode(l);
   return d.Decode(bytes.data(), bytes.size(), 0, arena, &tag).status();
 }
 
-TEST_CASE("RingDecoder decodes what DecodeLaunch decodes", "[ring]") {
+// `l` decoded as a socket Launch's descriptor (a fresh decoder).
+absl::StatusOr<DecodedLaunch> SocketDecode(
+    const LaunchSpec& l, const ShmArena& arena,
+    const CudaBufferResolver* cuda = nullptr) {
+  RingDecoder d;
+  uint64_t tag;
+  std::string bytes = Encode(l);
+  absl::StatusOr<DecodedLaunch*> got =
+      d.Decode(bytes.data(), bytes.size(), std::nullopt, arena, &tag, cuda);
+  if (!got.ok()) return got.status();
+  return **got;
+}
+
+TEST_CASE("RingDecoder decodes what a socket Launch decodes", "[ring]") {
   Arena a;
-  v1::Launch l = ValidLaunch();
-  absl::StatusOr<DecodedLaunch> want = DecodeLaunch(l, a.arena);
+  LaunchSpec l = ValidLaunch();
+  absl::StatusOr<DecodedLaunch> want = SocketDecode(l, a.arena);
   REQUIRE(want.ok());
   RingDecoder d;
   uint64_t tag = 0;
@@ -98,8 +110,8 @@ TEST_CASE("RingDecoder decodes what DecodeLaunch decodes", "[ring]") {
   CHECK((*got)->frame.attrs[0].second.bytes == std::string("\0\0\x80\x40", 4));
 }
 
-v1::Launch WithFactor(float factor) {
-  v1::Launch l = ValidLaunch();
+LaunchSpec WithFactor(float factor) {
+  LaunchSpec l = ValidLaunch();
   l.mutable_attrs(0)->set_data(&factor, 4);
   return l;
 }
@@ -157,7 +169,7 @@ TEST_CASE("RingDecoder keeps alternating attribute blocks", "[ring]") {
   r = d.Decode(two.data(), two.size(), 0, a.arena, &tag);
   REQUIRE(r.ok());
   const uint64_t gen_again = (*r)->frame.attrs_generation;
-  v1::Launch odd = ValidLaunch();
+  LaunchSpec odd = ValidLaunch();
   odd.mutable_attrs(0)->set_data("abc", 3);  // 3 bytes for an F32
   std::string wrong = Encode(odd);
   CHECK_FALSE(d.Decode(wrong.data(), wrong.size(), 0, a.arena, &tag).ok());
@@ -186,51 +198,52 @@ TEST_CASE("RingDecoder: a block rewritten between two launches", "[ring]") {
   CHECK(FactorOf(**r) == 3.0f);
 }
 
-TEST_CASE("RingDecoder refuses each bad field as DecodeLaunch does", "[ring]") {
+TEST_CASE("RingDecoder refuses each bad field as a socket Launch does",
+          "[ring]") {
   Arena a;
-  std::vector<std::pair<const char*, std::function<void(v1::Launch*)>>> bad = {
-      {"target name", [](v1::Launch* l) { l->set_target_name("bad name!"); }},
-      {"platform", [](v1::Launch* l) { l->set_platform("tpu"); }},
-      {"dtype", [](v1::Launch* l) { l->mutable_args(0)->set_dtype(999); }},
+  std::vector<std::pair<const char*, std::function<void(LaunchSpec*)>>> bad = {
+      {"target name", [](LaunchSpec* l) { l->set_target_name("bad name!"); }},
+      {"platform", [](LaunchSpec* l) { l->set_platform("tpu"); }},
+      {"dtype", [](LaunchSpec* l) { l->mutable_args(0)->set_dtype(999); }},
       {"no width",
-       [](v1::Launch* l) {
+       [](LaunchSpec* l) {
          l->mutable_args(0)->set_dtype(XLA_FFI_DataType_TOKEN);
        }},
       {"rank",
-       [](v1::Launch* l) {
+       [](LaunchSpec* l) {
          for (int i = 0; i < 70; ++i) l->mutable_args(0)->add_dims(1);
        }},
       {"negative dim",
-       [](v1::Launch* l) { l->mutable_rets(0)->set_dims(1, -3); }},
+       [](LaunchSpec* l) { l->mutable_rets(0)->set_dims(1, -3); }},
       {"dims overflow",
-       [](v1::Launch* l) {
+       [](LaunchSpec* l) {
          l->mutable_args(0)->set_dims(0, int64_t{1} << 62);
          l->mutable_args(0)->set_dims(1, int64_t{1} << 62);
        }},
       {"size mismatch",
-       [](v1::Launch* l) { l->mutable_args(0)->set_size(20); }},
+       [](LaunchSpec* l) { l->mutable_args(0)->set_size(20); }},
       {"past the arena",
-       [](v1::Launch* l) { l->mutable_rets(0)->set_offset(4090); }},
+       [](LaunchSpec* l) { l->mutable_rets(0)->set_offset(4090); }},
       {"offset overflow",
-       [](v1::Launch* l) { l->mutable_args(0)->set_offset(~uint64_t{0} - 3); }},
+       [](LaunchSpec* l) { l->mutable_args(0)->set_offset(~uint64_t{0} - 3); }},
       {"scalar size",
-       [](v1::Launch* l) { l->mutable_attrs(0)->set_data("abc"); }},
+       [](LaunchSpec* l) { l->mutable_attrs(0)->set_data("abc"); }},
       {"attr kind",
-       [](v1::Launch* l) {
+       [](LaunchSpec* l) {
          l->mutable_attrs(0)->set_kind(static_cast<v1::AttrKind>(9));
        }},
       {"attr order",
-       [](v1::Launch* l) {
+       [](LaunchSpec* l) {
          v1::Attribute* b = l->add_attrs();
          *b = l->attrs(0);
        }},
-      {"device ordinal", [](v1::Launch* l) { l->set_device_ordinal(-1); }},
+      {"device ordinal", [](LaunchSpec* l) { l->set_device_ordinal(-1); }},
   };
   for (const auto& [what, mutate] : bad) {
     INFO(what);
-    v1::Launch l = ValidLaunch();
+    LaunchSpec l = ValidLaunch();
     mutate(&l);
-    absl::StatusOr<DecodedLaunch> want = DecodeLaunch(l, a.arena);
+    absl::StatusOr<DecodedLaunch> want = SocketDecode(l, a.arena);
     REQUIRE(!want.ok());
     absl::Status got = RingStatus(l, a.arena);
     CHECK(got.code() == want.status().code());
@@ -244,8 +257,8 @@ const std::string kUuid = std::string("0123456789abcdef", 16);
 constexpr uint64_t kBase = 0x7f0000000000ull;
 constexpr uint64_t kAlloc = 4096;
 
-v1::Launch ValidCudaLaunch() {
-  v1::Launch l = ValidLaunch();
+LaunchSpec ValidCudaLaunch() {
+  LaunchSpec l = ValidLaunch();
   l.set_platform("cuda");
   l.set_device_uuid(kUuid);
   l.set_doorbell_seq(12);
@@ -255,7 +268,7 @@ v1::Launch ValidCudaLaunch() {
     b->mutable_cuda()->set_size(kAlloc);
     b->mutable_cuda()->set_generation(5);
   }
-  v1::Buffer* empty = l.add_args();  // size 0: no ref, null for the handler
+  BufferSpec* empty = l.add_args();  // size 0: no ref, null for the handler
   empty->set_dtype(XLA_FFI_DataType_F32);
   empty->add_dims(0);
   return l;
@@ -286,7 +299,7 @@ struct FakeGpu {
   }
 };
 
-absl::Status CudaRingStatus(const v1::Launch& l, const ShmArena& arena,
+absl::Status CudaRingStatus(const LaunchSpec& l, const ShmArena& arena,
                             FakeGpu* gpu, uint32_t flags = 0) {
   RingDecoder d;
   uint64_t tag;
@@ -301,13 +314,13 @@ absl::Status CudaRingStatus(const v1::Launch& l, const ShmArena& arena,
   return d.Decode(bytes.data(), bytes.size(), 0, arena, &tag, &r).status();
 }
 
-TEST_CASE("RingDecoder: a CUDA descriptor decodes what DecodeLaunch decodes",
+TEST_CASE("RingDecoder: a CUDA descriptor decodes what a socket Launch decodes",
           "[ring][cuda]") {
   Arena a;
   FakeGpu gpu;
-  v1::Launch l = ValidCudaLaunch();
+  LaunchSpec l = ValidCudaLaunch();
   const CudaBufferResolver r = gpu.resolver();
-  absl::StatusOr<DecodedLaunch> want = DecodeLaunch(l, a.arena, &r);
+  absl::StatusOr<DecodedLaunch> want = SocketDecode(l, a.arena, &r);
   REQUIRE(want.ok());
   RingDecoder d;
   uint64_t tag = 0;
@@ -343,33 +356,33 @@ TEST_CASE("RingDecoder: a CUDA descriptor decodes what DecodeLaunch decodes",
   CHECK(d.Decode(cpu.data(), cpu.size(), 6, a.arena, &tag).ok());
 }
 
-TEST_CASE("RingDecoder refuses each bad CUDA field as DecodeLaunch does",
+TEST_CASE("RingDecoder refuses each bad CUDA field as a socket Launch does",
           "[ring][cuda]") {
   Arena a;
-  std::vector<std::pair<const char*, std::function<void(v1::Launch*)>>> bad = {
+  std::vector<std::pair<const char*, std::function<void(LaunchSpec*)>>> bad = {
       {"offset past the allocation",
-       [](v1::Launch* l) { l->mutable_rets(0)->set_offset(kAlloc - 8); }},
+       [](LaunchSpec* l) { l->mutable_rets(0)->set_offset(kAlloc - 8); }},
       {"offset overflow",
-       [](v1::Launch* l) { l->mutable_args(0)->set_offset(~uint64_t{0} - 3); }},
+       [](LaunchSpec* l) { l->mutable_args(0)->set_offset(~uint64_t{0} - 3); }},
       {"unknown allocation",
-       [](v1::Launch* l) {
+       [](LaunchSpec* l) {
          l->mutable_args(0)->mutable_cuda()->set_generation(6);
        }},
       {"size mismatch",
-       [](v1::Launch* l) { l->mutable_args(0)->set_size(20); }},
+       [](LaunchSpec* l) { l->mutable_args(0)->set_size(20); }},
       {"negative dim",
-       [](v1::Launch* l) { l->mutable_rets(0)->set_dims(1, -3); }},
-      {"dtype", [](v1::Launch* l) { l->mutable_args(0)->set_dtype(999); }},
-      {"target name", [](v1::Launch* l) { l->set_target_name("bad name!"); }},
-      {"platform", [](v1::Launch* l) { l->set_platform("tpu"); }},
+       [](LaunchSpec* l) { l->mutable_rets(0)->set_dims(1, -3); }},
+      {"dtype", [](LaunchSpec* l) { l->mutable_args(0)->set_dtype(999); }},
+      {"target name", [](LaunchSpec* l) { l->set_target_name("bad name!"); }},
+      {"platform", [](LaunchSpec* l) { l->set_platform("tpu"); }},
   };
   for (const auto& [what, mutate] : bad) {
     INFO(what);
-    v1::Launch l = ValidCudaLaunch();
+    LaunchSpec l = ValidCudaLaunch();
     mutate(&l);
     FakeGpu g1, g2;
     const CudaBufferResolver r = g1.resolver();
-    absl::Status want = DecodeLaunch(l, a.arena, &r).status();
+    absl::Status want = SocketDecode(l, a.arena, &r).status();
     REQUIRE_FALSE(want.ok());
     absl::Status got = CudaRingStatus(l, a.arena, &g2);
     CHECK(got.code() == want.code());
@@ -382,7 +395,7 @@ TEST_CASE("RingDecoder: CUDA header fields and what only the ring checks",
   Arena a;
   FakeGpu gpu;
   // No CUDA on this kregd (no resolver).
-  v1::Launch l = ValidCudaLaunch();
+  LaunchSpec l = ValidCudaLaunch();
   CHECK(RingStatus(l, a.arena) ==
         absl::UnimplementedError("launching \"demo.scale\" for platform cuda: "
                                  "this kregd serves no CUDA device"));
@@ -395,7 +408,7 @@ TEST_CASE("RingDecoder: CUDA header fields and what only the ring checks",
             "launches by the doorbell only; interprocess events travel on "
             "the session socket)"));
   // A CPU descriptor with CUDA fields.
-  v1::Launch cpu = ValidLaunch();
+  LaunchSpec cpu = ValidLaunch();
   cpu.set_doorbell_seq(3);
   CHECK(RingStatus(cpu, a.arena) ==
         absl::InvalidArgumentError(
@@ -675,6 +688,94 @@ TEST_CASE("RingDecoder refuses a block the budget cannot cover",
   r = d.Decode(bytes.data(), bytes.size(), 0, a.arena, &tag);
   REQUIRE(r.ok());
   CHECK(FactorOf(**r) == 2.0f);
+}
+
+// ---- a descriptor in a socket Launch (seq nullopt) -----------------------
+
+TEST_CASE("RingDecoder: what differs for a socket Launch's descriptor",
+          "[ring][socket]") {
+  Arena a;
+  FakeGpu gpu;
+  const CudaBufferResolver r = gpu.resolver();
+  RingDecoder d;
+  uint64_t tag = 0;
+  // Its seq and tag are not checked (the request id names the launch).
+  std::string bytes = Encode(ValidLaunch(), 9, 77);
+  absl::StatusOr<DecodedLaunch*> got =
+      d.Decode(bytes.data(), bytes.size(), std::nullopt, a.arena, &tag);
+  REQUIRE(got.ok());
+  CHECK((*got)->frame.run_id == 9);
+  // A CUDA launch ordered by interprocess events: doorbell_seq 0.
+  LaunchSpec events = ValidCudaLaunch();
+  events.set_doorbell_seq(0);
+  bytes = Encode(events);
+  absl::StatusOr<RingLaunchHeader> header =
+      d.Header(bytes.data(), bytes.size(), std::nullopt, &tag);
+  REQUIRE(header.ok());
+  CHECK(header->doorbell_seq == 0);
+  CHECK(header->device_uuid == kUuid);
+  got = d.Decode(bytes.data(), bytes.size(), std::nullopt, a.arena, &tag, &r);
+  REQUIRE(got.ok());
+  CHECK((*got)->frame.rets[0].data == gpu.memory + 64);
+  // A CPU descriptor still carries no CUDA fields.
+  LaunchSpec cpu = ValidLaunch();
+  cpu.set_doorbell_seq(3);
+  bytes = Encode(cpu);
+  CHECK(d.Decode(bytes.data(), bytes.size(), std::nullopt, a.arena, &tag)
+            .status() ==
+        absl::InvalidArgumentError(
+            "launching \"demo.scale\": a CPU launch descriptor carries CUDA "
+            "fields (doorbell sequence number 3)"));
+  // Its length is the Launch's bytes.
+  bytes = Encode(ValidLaunch());
+  bytes += "junk";
+  CHECK(d.Decode(bytes.data(), bytes.size(), std::nullopt, a.arena, &tag)
+            .status() ==
+        absl::InvalidArgumentError(absl::StrCat(
+            "launch descriptor: its header says ", bytes.size() - 4,
+            " bytes, the socket Launch carries ", bytes.size())));
+}
+
+TEST_CASE("RingDecoder: a socket descriptor larger than a slot",
+          "[ring][socket][budget]") {
+  Arena a;
+  wire::ByteBudget budget(1 << 20);
+  RingDecoder d(&budget);
+  uint64_t tag;
+  LaunchSpec l = ValidLaunch();
+  v1::Attribute* big = l.add_attrs();
+  big->set_name("text");
+  big->set_kind(v1::ATTR_KIND_STRING);
+  big->set_data(std::string(ring::kSubmitSlotBytes, 'x'));
+  const std::string bytes = Encode(l);
+  REQUIRE(bytes.size() > ring::kSubmitSlotBytes);
+  // Too large for the ring: a slot's worth was taken, the header disagrees.
+  CHECK_THAT(std::string(d.Decode(bytes.data(), ring::kSubmitSlotBytes, 0,
+                                  a.arena, &tag)
+                             .status()
+                             .message()),
+             Catch::StartsWith("torn launch descriptor: its header says"));
+  // On the socket it decodes; its attributes are not cached (nor charged).
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<DecodedLaunch*> got =
+        d.Decode(bytes.data(), bytes.size(), std::nullopt, a.arena, &tag);
+    REQUIRE(got.ok());
+    REQUIRE((*got)->frame.attrs.size() == 2);
+    CHECK((*got)->frame.attrs[1].second.bytes.size() == ring::kSubmitSlotBytes);
+    CHECK((*got)->frame.attrs_generation == 0);
+    CHECK(budget.used() == 0);
+  }
+  // A cached block comes back after it.
+  const std::string small = Encode(WithFactor(5));
+  REQUIRE(
+      d.Decode(small.data(), small.size(), std::nullopt, a.arena, &tag).ok());
+  REQUIRE(
+      d.Decode(bytes.data(), bytes.size(), std::nullopt, a.arena, &tag).ok());
+  absl::StatusOr<DecodedLaunch*> again =
+      d.Decode(small.data(), small.size(), std::nullopt, a.arena, &tag);
+  REQUIRE(again.ok());
+  CHECK(FactorOf(**again) == 5.0f);
+  CHECK((*again)->frame.attrs_generation != 0);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "catch2/catch.hpp"
 #include "common/wire.h"
 #include "tests/daemon/executor/test_util.h"
+#include "tests/testing/launch_spec.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace kreg {
@@ -143,19 +144,21 @@ struct Fixture {
   Session session;
 };
 
-v1::SessionRequest LaunchRequest(const std::string& target) {
-  v1::SessionRequest r;
-  r.set_id(5);
-  v1::Launch* l = r.mutable_launch();
-  l->set_target_name(target);
-  l->set_platform("cpu");
-  for (auto* b : {l->add_args(), l->add_rets()}) {
+testing::LaunchSpec Spec(const std::string& target) {
+  testing::LaunchSpec l;
+  l.set_target_name(target);
+  l.set_platform("cpu");
+  for (auto* b : {l.add_args(), l.add_rets()}) {
     b->set_dtype(XLA_FFI_DataType_F32);
     b->add_dims(2);
     b->set_size(8);
   }
-  l->mutable_rets(0)->set_offset(64);
-  return r;
+  l.mutable_rets(0)->set_offset(64);
+  return l;
+}
+
+v1::SessionRequest LaunchRequest(const std::string& target) {
+  return testing::LaunchRequest(Spec(target), 5);
 }
 
 TEST_CASE("Hello answers with the session's id and limits", "[session]") {
@@ -376,25 +379,32 @@ TEST_CASE("Launch: validation, lookup and handler errors come back",
   resp = fx.Send(LaunchRequest("missing"));
   CHECK(resp.status().code() == int(absl::StatusCode::kNotFound));
   CHECK(resp.status().message() == "not registered: missing");
-  v1::SessionRequest bad = LaunchRequest("t");
-  v1::Attribute* a = bad.mutable_launch()->add_attrs();
+  testing::LaunchSpec bad = Spec("t");
+  v1::Attribute* a = bad.add_attrs();
   a->set_name("x");
   a->set_kind(v1::ATTR_KIND_STRING);
-  resp = fx.Send(bad);
+  resp = fx.Send(testing::LaunchRequest(bad, 5));
   CHECK(resp.status().code() == int(absl::StatusCode::kInternal));
   CHECK(resp.status().message() == "handler says no");
-  CHECK(fx.counters.launches == 3);
-  CHECK(fx.counters.launch_errors == 3);
+  // A Launch whose descriptor is not one.
+  v1::SessionRequest empty;
+  empty.mutable_launch()->set_descriptor("short");
+  resp = fx.Send(empty);
+  CHECK(resp.status().code() == int(absl::StatusCode::kInvalidArgument));
+  CHECK(resp.status().message() ==
+        "launch descriptor of 5 bytes is shorter than its 80-byte header");
+  CHECK(fx.counters.launches == 4);
+  CHECK(fx.counters.launch_errors == 4);
 }
 
 TEST_CASE("Launch refuses CUDA targets (host arena buffers)", "[session]") {
   Fixture fx;
   fx.Hello();
-  v1::SessionRequest r = LaunchRequest("t");
-  r.mutable_launch()->clear_args();
-  r.mutable_launch()->clear_rets();
-  r.mutable_launch()->set_platform("gpu");
-  v1::SessionResponse resp = fx.Send(r);
+  testing::LaunchSpec l = Spec("t");
+  l.clear_args();
+  l.clear_rets();
+  l.set_platform("gpu");
+  v1::SessionResponse resp = fx.Send(testing::LaunchRequest(l, 5));
   CHECK(resp.status().code() == int(absl::StatusCode::kUnimplemented));
   CHECK(resp.status().message() ==
         "launching \"t\" for platform cuda: this kregd serves no CUDA device "

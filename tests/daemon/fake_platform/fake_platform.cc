@@ -6,7 +6,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/platforms.h"
 #include "daemon/base/platform_table.h"
-#include "daemon/executor/launch_decoder.h"
 #include "daemon/executor/platform_executors.h"
 #include "daemon/executor/session.h"
 
@@ -15,18 +14,23 @@ namespace kreg::testing {
 std::atomic<int> FakeExecutor::socket_launches{0};
 std::atomic<int> FakeExecutor::ring_launches{0};
 
-absl::Status FakeExecutor::Launch(uint64_t request_id, const v1::Launch& launch,
+absl::Status FakeExecutor::Launch(uint64_t request_id,
+                                  const RingLaunchHeader& header,
+                                  const RingDecode& decode,
+                                  const v1::Launch& launch,
                                   std::vector<UniqueFd> fds,
                                   v1::LaunchReply* reply) {
+  (void)header;
+  (void)launch;
   (void)reply;
   if (!fds.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(fds.size(), " file descriptor(s) attached"));
   }
-  absl::StatusOr<DecodedLaunch> decoded = DecodeLaunch(launch, *ctx_.arena);
+  absl::StatusOr<DecodedLaunch*> decoded = decode(nullptr);
   if (!decoded.ok()) return decoded.status();
   ++socket_launches;
-  return Run(request_id, *decoded);
+  return Run(request_id, **decoded);
 }
 
 absl::Status FakeExecutor::RingLaunch(uint64_t tag,

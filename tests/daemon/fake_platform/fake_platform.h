@@ -21,7 +21,8 @@ class FakeExecutor final : public LaunchExecutor {
  public:
   explicit FakeExecutor(const SessionContext& ctx) : ctx_(ctx) {}
 
-  absl::Status Launch(uint64_t request_id, const v1::Launch& launch,
+  absl::Status Launch(uint64_t request_id, const RingLaunchHeader& header,
+                      const RingDecode& decode, const v1::Launch& launch,
                       std::vector<UniqueFd> fds,
                       v1::LaunchReply* reply) override;
   absl::Status RingLaunch(uint64_t tag, const RingLaunchHeader& header,

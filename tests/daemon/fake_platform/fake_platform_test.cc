@@ -15,7 +15,6 @@
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "common/platforms.h"
-#include "common/ring_encode.h"
 #include "daemon/base/platform_table.h"
 #include "daemon/base/validate.h"
 #include "daemon/compile/compile_request.h"
@@ -27,13 +26,17 @@
 #include "daemon/registry/runnable.h"
 #include "tests/daemon/executor/test_util.h"
 #include "tests/daemon/registry/registry_fakes.h"
+#include "tests/testing/launch_spec.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace kreg {
 namespace {
 
 namespace ffi = ::xla::ffi;
+using ::kreg::testing::EncodeSpec;
 using ::kreg::testing::FakeExecutor;
+using ::kreg::testing::LaunchRequest;
+using ::kreg::testing::LaunchSpec;
 using ::kreg::testing::MakeMemfd;
 using ::kreg::testing::RegisterFakePlatform;
 
@@ -96,8 +99,8 @@ class HostBackend : public SessionBackend {
 };
 
 // A Launch of "double" on `platform` over the arena: 4 floats at 0 -> 64.
-v1::Launch DoubleLaunch(const std::string& platform) {
-  v1::Launch l;
+LaunchSpec DoubleLaunch(const std::string& platform) {
+  LaunchSpec l;
   l.set_target_name("double");
   l.set_platform(platform);
   for (auto* b : {l.add_args(), l.add_rets()}) {
@@ -109,15 +112,10 @@ v1::Launch DoubleLaunch(const std::string& platform) {
   return l;
 }
 
-std::string Encode(const v1::Launch& l, uint64_t doorbell_seq = 0) {
-  v1::Launch copy = l;
+std::string Encode(const LaunchSpec& l, uint64_t doorbell_seq = 0) {
+  LaunchSpec copy = l;
   copy.set_doorbell_seq(doorbell_seq);
-  std::string attrs;
-  ring::EncodeAttrBytes(copy, &attrs);
-  std::string slot(ring::kSubmitSlotBytes, '\0');
-  slot.resize(
-      ring::EncodeDescriptor(copy, 0, 42, attrs, slot.data(), slot.size()));
-  return slot;
+  return EncodeSpec(copy, 0, 42);
 }
 
 TEST_CASE("A fake platform parses, names itself and is listed", "[platform]") {
@@ -201,9 +199,8 @@ TEST_CASE("A fake platform's socket launches go to its executor",
   const Platform fake = RegisterFakePlatform();
   SessionFixture fx;
   const int before = FakeExecutor::socket_launches.load();
-  v1::SessionRequest r;
-  *r.mutable_launch() = DoubleLaunch("phony");
-  v1::SessionResponse resp = fx.session.Handle(r, {});
+  v1::SessionResponse resp =
+      fx.session.Handle(LaunchRequest(DoubleLaunch("phony"), 1), {});
   INFO(resp.status().message());
   REQUIRE(resp.status().code() == 0);
   CHECK(FakeExecutor::socket_launches.load() == before + 1);
@@ -212,8 +209,9 @@ TEST_CASE("A fake platform's socket launches go to its executor",
   CHECK(fx.data[19] == 8.0f);
 
   // A CPU launch still goes to the CPU executor.
-  *r.mutable_launch() = DoubleLaunch("cpu");
-  REQUIRE(fx.session.Handle(r, {}).status().code() == 0);
+  REQUIRE(fx.session.Handle(LaunchRequest(DoubleLaunch("cpu"), 2), {})
+              .status()
+              .code() == 0);
   CHECK(FakeExecutor::socket_launches.load() == before + 1);
   CHECK(fx.backend.last_platform == Platform::kCpu);
 }

@@ -1,15 +1,23 @@
-#include "daemon/executor/launch_decoder.h"
+// The field checks of a launch descriptor (launch_fields.h), through the
+// one decoder (RingDecoder) of a descriptor as a socket Launch carries it.
+#include "daemon/executor/launch_fields.h"
 
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "catch2/catch.hpp"
+#include "daemon/executor/ring_decoder.h"
 #include "tests/daemon/executor/test_util.h"
+#include "tests/testing/launch_spec.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace kreg {
 namespace {
 
+using ::kreg::testing::BufferSpec;
+using ::kreg::testing::EncodeSpec;
+using ::kreg::testing::LaunchSpec;
 using ::kreg::testing::MakeMemfd;
 
 struct Fixture {
@@ -19,9 +27,9 @@ struct Fixture {
   ShmArena arena;
 };
 
-v1::Buffer Buf(int dtype, std::initializer_list<int64_t> dims, uint64_t offset,
+BufferSpec Buf(int dtype, std::initializer_list<int64_t> dims, uint64_t offset,
                uint64_t size) {
-  v1::Buffer b;
+  BufferSpec b;
   b.set_dtype(dtype);
   for (int64_t d : dims) b.add_dims(d);
   b.set_offset(offset);
@@ -29,8 +37,8 @@ v1::Buffer Buf(int dtype, std::initializer_list<int64_t> dims, uint64_t offset,
   return b;
 }
 
-v1::Launch ScaleLaunch() {
-  v1::Launch l;
+LaunchSpec ScaleLaunch() {
+  LaunchSpec l;
   l.set_target_name("demo.scale");
   l.set_platform("cpu");
   *l.add_args() = Buf(XLA_FFI_DataType_F32, {4}, 0, 16);
@@ -46,9 +54,32 @@ v1::Launch ScaleLaunch() {
 
 std::string Message(const absl::Status& s) { return std::string(s.message()); }
 
-TEST_CASE("DecodeLaunch decodes a valid launch", "[decode]") {
+// `l` encoded as a descriptor and decoded as a socket Launch's.
+absl::StatusOr<DecodedLaunch> SocketDecode(const LaunchSpec& l,
+                                           const ShmArena& arena) {
+  RingDecoder decoder;
+  const std::string bytes = EncodeSpec(l);
+  uint64_t tag;
+  absl::StatusOr<DecodedLaunch*> d =
+      decoder.Decode(bytes.data(), bytes.size(), std::nullopt, arena, &tag);
+  if (!d.ok()) return d.status();
+  return **d;
+}
+
+// One buffer's checks (DecodeArenaBuffer), `what` naming it.
+absl::StatusOr<BufferRef> DecodeBuffer(const BufferSpec& b,
+                                       const ShmArena& arena,
+                                       const std::string& what) {
+  BufferRef out;
+  absl::Status s = DecodeArenaBuffer(b.dtype(), b.dims().data(), b.dims_size(),
+                                     b.offset(), b.size(), arena, what, &out);
+  if (!s.ok()) return s;
+  return out;
+}
+
+TEST_CASE("A socket descriptor decodes a valid launch", "[decode]") {
   Fixture fx;
-  auto d = DecodeLaunch(ScaleLaunch(), fx.arena);
+  auto d = SocketDecode(ScaleLaunch(), fx.arena);
   REQUIRE(d.ok());
   CHECK(d->key.name == "demo.scale");
   CHECK(d->key.platform == Platform::kCpu);
@@ -62,39 +93,39 @@ TEST_CASE("DecodeLaunch decodes a valid launch", "[decode]") {
   CHECK(d->frame.attrs[0].second.bytes.size() == 4);
 }
 
-TEST_CASE("DecodeLaunch accepts 0-d, zero-size and aliased buffers",
+TEST_CASE("A socket descriptor accepts 0-d, zero-size and aliased buffers",
           "[decode]") {
   Fixture fx;
-  v1::Launch l = ScaleLaunch();
+  LaunchSpec l = ScaleLaunch();
   *l.add_args() = Buf(XLA_FFI_DataType_F64, {}, 128, 8);          // 0-d
   *l.add_args() = Buf(XLA_FFI_DataType_S32, {3, 0, 2}, 4096, 0);  // empty
   *l.add_rets() = Buf(XLA_FFI_DataType_F32, {4}, 0, 16);          // alias
-  auto d = DecodeLaunch(l, fx.arena);
+  auto d = SocketDecode(l, fx.arena);
   REQUIRE(d.ok());
   CHECK(d->frame.args[1].dims.empty());
   CHECK(d->frame.rets[1].data == d->frame.args[0].data);
 }
 
-TEST_CASE("DecodeLaunch: bad target name", "[decode]") {
+TEST_CASE("A socket descriptor: bad target name", "[decode]") {
   Fixture fx;
-  v1::Launch l = ScaleLaunch();
+  LaunchSpec l = ScaleLaunch();
   l.set_target_name("9bad name");
-  auto d = DecodeLaunch(l, fx.arena);
+  auto d = SocketDecode(l, fx.arena);
   CHECK(d.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK_THAT(Message(d.status()),
              Catch::Contains("\"9bad name\" must start with a letter"));
 }
 
-TEST_CASE("DecodeLaunch: unknown platform", "[decode]") {
+TEST_CASE("A socket descriptor: unknown platform", "[decode]") {
   Fixture fx;
-  v1::Launch l = ScaleLaunch();
+  LaunchSpec l = ScaleLaunch();
   l.set_platform("rocm");
-  auto d = DecodeLaunch(l, fx.arena);
+  auto d = SocketDecode(l, fx.arena);
   CHECK(d.status().code() == absl::StatusCode::kUnimplemented);
   CHECK_THAT(Message(d.status()), Catch::Contains("\"rocm\""));
 }
 
-TEST_CASE("DecodeBuffer: unknown dtype code", "[decode]") {
+TEST_CASE("DecodeArenaBuffer: unknown dtype code", "[decode]") {
   Fixture fx;
   auto b = DecodeBuffer(Buf(99, {4}, 0, 16), fx.arena, "arg 2");
   CHECK(b.status().code() == absl::StatusCode::kInvalidArgument);
@@ -102,7 +133,7 @@ TEST_CASE("DecodeBuffer: unknown dtype code", "[decode]") {
         "arg 2: dtype code 99 is not an XLA FFI data type");
 }
 
-TEST_CASE("DecodeBuffer: dtype without a byte width", "[decode]") {
+TEST_CASE("DecodeArenaBuffer: dtype without a byte width", "[decode]") {
   Fixture fx;
   auto b = DecodeBuffer(Buf(XLA_FFI_DataType_S4, {4}, 0, 2), fx.arena, "arg 0");
   CHECK(b.status().code() == absl::StatusCode::kInvalidArgument);
@@ -113,16 +144,16 @@ TEST_CASE("DecodeBuffer: dtype without a byte width", "[decode]") {
   CHECK_THAT(Message(t.status()), Catch::Contains("dtype TOKEN (code 17)"));
 }
 
-TEST_CASE("DecodeBuffer: rank above the bound", "[decode]") {
+TEST_CASE("DecodeArenaBuffer: rank above the bound", "[decode]") {
   Fixture fx;
-  v1::Buffer b = Buf(XLA_FFI_DataType_U8, {}, 0, 1);
+  BufferSpec b = Buf(XLA_FFI_DataType_U8, {}, 0, 1);
   for (int i = 0; i < 65; ++i) b.add_dims(1);
   auto d = DecodeBuffer(b, fx.arena, "ret 1");
   CHECK(d.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(Message(d.status()) == "ret 1: rank 65 exceeds the maximum of 64");
 }
 
-TEST_CASE("DecodeBuffer: negative dim", "[decode]") {
+TEST_CASE("DecodeArenaBuffer: negative dim", "[decode]") {
   Fixture fx;
   auto d = DecodeBuffer(Buf(XLA_FFI_DataType_F32, {2, -3}, 0, 24), fx.arena,
                         "arg 1");
@@ -131,7 +162,7 @@ TEST_CASE("DecodeBuffer: negative dim", "[decode]") {
         "arg 1: dims[1] = -3 is negative (dims [2, -3])");
 }
 
-TEST_CASE("DecodeBuffer: element count overflow", "[decode]") {
+TEST_CASE("DecodeArenaBuffer: element count overflow", "[decode]") {
   Fixture fx;
   auto d = DecodeBuffer(
       Buf(XLA_FFI_DataType_F64, {int64_t{1} << 40, int64_t{1} << 30}, 0, 0),
@@ -142,7 +173,7 @@ TEST_CASE("DecodeBuffer: element count overflow", "[decode]") {
         "bits");
 }
 
-TEST_CASE("DecodeBuffer: dims do not match the byte size", "[decode]") {
+TEST_CASE("DecodeArenaBuffer: dims do not match the byte size", "[decode]") {
   Fixture fx;
   auto d =
       DecodeBuffer(Buf(XLA_FFI_DataType_F32, {2, 3}, 0, 20), fx.arena, "arg 0");
@@ -151,7 +182,7 @@ TEST_CASE("DecodeBuffer: dims do not match the byte size", "[decode]") {
         "arg 0: dims [2, 3] of F32 need 24 bytes but the buffer has 20");
 }
 
-TEST_CASE("DecodeBuffer: region past the arena", "[decode]") {
+TEST_CASE("DecodeArenaBuffer: region past the arena", "[decode]") {
   Fixture fx;
   auto d =
       DecodeBuffer(Buf(XLA_FFI_DataType_F32, {4}, 4090, 16), fx.arena, "ret 0");
@@ -161,7 +192,7 @@ TEST_CASE("DecodeBuffer: region past the arena", "[decode]") {
         "bytes");
 }
 
-TEST_CASE("DecodeBuffer: offset + size overflow", "[decode]") {
+TEST_CASE("DecodeArenaBuffer: offset + size overflow", "[decode]") {
   Fixture fx;
   auto d = DecodeBuffer(Buf(XLA_FFI_DataType_U8, {16}, ~uint64_t{0} - 4, 16),
                         fx.arena, "arg 3");
@@ -170,23 +201,23 @@ TEST_CASE("DecodeBuffer: offset + size overflow", "[decode]") {
         "arg 3: region offset 18446744073709551611 + size 16 overflows");
 }
 
-TEST_CASE("DecodeLaunch: too many buffers", "[decode]") {
+TEST_CASE("A socket descriptor: too many buffers", "[decode]") {
   Fixture fx;
-  v1::Launch l = ScaleLaunch();
+  LaunchSpec l = ScaleLaunch();
   for (int i = 0; i < kMaxLaunchBuffers; ++i) {
     *l.add_args() = Buf(XLA_FFI_DataType_U8, {0}, 0, 0);
   }
-  auto d = DecodeLaunch(l, fx.arena);
+  auto d = SocketDecode(l, fx.arena);
   CHECK(d.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(Message(d.status()) ==
         "launch has 4097 args and 1 rets; the maximum is 4096 each");
 }
 
-TEST_CASE("DecodeLaunch: negative device ordinal", "[decode]") {
+TEST_CASE("A socket descriptor: negative device ordinal", "[decode]") {
   Fixture fx;
-  v1::Launch l = ScaleLaunch();
+  LaunchSpec l = ScaleLaunch();
   l.set_device_ordinal(-1);
-  auto d = DecodeLaunch(l, fx.arena);
+  auto d = SocketDecode(l, fx.arena);
   CHECK(Message(d.status()) == "device ordinal -1 is negative");
 }
 

@@ -1,4 +1,4 @@
-#include "daemon/executor/launch_decoder.h"
+#include "daemon/executor/launch_fields.h"
 
 #include <utility>
 
@@ -6,7 +6,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
-#include "daemon/base/platform_table.h"
 #include "daemon/base/validate.h"
 
 namespace kreg {
@@ -160,33 +159,6 @@ absl::Status CheckBufferShape(int32_t dtype, const int64_t* dims, size_t rank,
   return absl::OkStatus();
 }
 
-absl::Status CheckBufferShape(const v1::Buffer& buffer,
-                              const std::string& what) {
-  return CheckBufferShape(buffer.dtype(), buffer.dims().data(),
-                          static_cast<size_t>(buffer.dims_size()),
-                          buffer.size(), what);
-}
-
-}  // namespace
-
-namespace {
-
-// [offset, offset + size) of `arena` as `out`'s data, with `out`'s dtype and
-// dims (the shape was checked).
-absl::Status PlaceInArena(int32_t dtype, const int64_t* dims, size_t rank,
-                          uint64_t offset, uint64_t size, const ShmArena& arena,
-                          const std::string& what, BufferRef* out) {
-  absl::StatusOr<char*> data = arena.Region(offset, size);
-  if (!data.ok()) {
-    return absl::Status(data.status().code(),
-                        absl::StrCat(what, ": ", data.status().message()));
-  }
-  out->dtype = dtype;
-  out->dims.assign(dims, dims + rank);
-  out->data = *data;
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::Status DecodeArenaBuffer(int32_t dtype, const int64_t* dims, size_t rank,
@@ -197,29 +169,15 @@ absl::Status DecodeArenaBuffer(int32_t dtype, const int64_t* dims, size_t rank,
       !s.ok()) {
     return s;
   }
-  return PlaceInArena(dtype, dims, rank, offset, size, arena, what, out);
-}
-
-absl::StatusOr<BufferRef> DecodeBuffer(const v1::Buffer& buffer,
-                                       const ShmArena& arena,
-                                       const std::string& what) {
-  if (absl::Status s = CheckBufferShape(buffer, what); !s.ok()) return s;
-  if (buffer.has_cuda()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " names a CUDA allocation in a CPU launch"));
+  absl::StatusOr<char*> data = arena.Region(offset, size);
+  if (!data.ok()) {
+    return absl::Status(data.status().code(),
+                        absl::StrCat(what, ": ", data.status().message()));
   }
-  BufferRef out;
-  absl::Status s =
-      PlaceInArena(buffer.dtype(), buffer.dims().data(),
-                   static_cast<size_t>(buffer.dims_size()), buffer.offset(),
-                   buffer.size(), arena, what, &out);
-  if (!s.ok()) return s;
-  return out;
-}
-
-CudaRefView RefView(const v1::CudaMappingRef& ref) {
-  return CudaRefView{ref.device_uuid(), ref.base(), ref.size(),
-                     ref.generation()};
+  out->dtype = dtype;
+  out->dims.assign(dims, dims + rank);
+  out->data = *data;
+  return absl::OkStatus();
 }
 
 absl::Status DecodeCudaBufferFields(int32_t dtype, const int64_t* dims,
@@ -234,7 +192,7 @@ absl::Status DecodeCudaBufferFields(int32_t dtype, const int64_t* dims,
   out->dtype = dtype;
   out->dims.assign(dims, dims + rank);
   out->data = nullptr;
-  if (size == 0) return absl::OkStatus();  // null, as the proto says
+  if (size == 0) return absl::OkStatus();  // null, as ring_layout.h says
   if (ref == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": a CUDA launch's buffer of ", size,
@@ -246,77 +204,10 @@ absl::Status DecodeCudaBufferFields(int32_t dtype, const int64_t* dims,
   return absl::OkStatus();
 }
 
-absl::StatusOr<BufferRef> DecodeCudaBuffer(const v1::Buffer& buffer,
-                                           const CudaBufferResolver& cuda,
-                                           const std::string& what) {
-  BufferRef out;
-  const CudaRefView ref = RefView(buffer.cuda());
-  absl::Status s =
-      DecodeCudaBufferFields(buffer.dtype(), buffer.dims().data(),
-                             static_cast<size_t>(buffer.dims_size()),
-                             buffer.has_cuda() ? &ref : nullptr,
-                             buffer.offset(), buffer.size(), cuda, what, &out);
-  if (!s.ok()) return s;
-  return out;
-}
-
 absl::StatusOr<AttrList> DecodeAttrs(
     const google::protobuf::RepeatedPtrField<v1::Attribute>& attrs) {
   AttrBudget budget;
   return DecodeAttrList(attrs, "", 0, &budget);
-}
-
-absl::StatusOr<DecodedLaunch> DecodeLaunch(const v1::Launch& launch,
-                                           const ShmArena& arena,
-                                           const CudaBufferResolver* cuda) {
-  DecodedLaunch out;
-  if (absl::Status s = ValidateTargetName(launch.target_name()); !s.ok()) {
-    return s;
-  }
-  absl::StatusOr<Platform> platform = ParsePlatform(launch.platform());
-  if (!platform.ok()) return platform.status();
-  out.key = TargetKey{launch.target_name(), *platform};
-  out.frame.platform = *platform;
-  const bool on_cuda = TraitsOf(*platform).memory == PlatformMemory::kCuda;
-  if (on_cuda && cuda == nullptr) {
-    return absl::UnimplementedError(absl::StrCat(
-        "launching \"", launch.target_name(), "\" for platform ",
-        PlatformName(*platform), ": this kregd serves no CUDA device"));
-  }
-  auto decode = [&](const v1::Buffer& b, const std::string& what) {
-    return on_cuda ? DecodeCudaBuffer(b, *cuda, what)
-                   : DecodeBuffer(b, arena, what);
-  };
-  if (launch.args_size() > kMaxLaunchBuffers ||
-      launch.rets_size() > kMaxLaunchBuffers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "launch has ", launch.args_size(), " args and ", launch.rets_size(),
-        " rets; the maximum is ", kMaxLaunchBuffers, " each"));
-  }
-  out.frame.args.reserve(launch.args_size());
-  for (int i = 0; i < launch.args_size(); ++i) {
-    absl::StatusOr<BufferRef> b =
-        decode(launch.args(i), absl::StrCat("arg ", i));
-    if (!b.ok()) return b.status();
-    out.frame.args.push_back(*std::move(b));
-  }
-  out.frame.rets.reserve(launch.rets_size());
-  for (int i = 0; i < launch.rets_size(); ++i) {
-    absl::StatusOr<BufferRef> b =
-        decode(launch.rets(i), absl::StrCat("ret ", i));
-    if (!b.ok()) return b.status();
-    out.frame.rets.push_back(*std::move(b));
-  }
-  absl::StatusOr<AttrList> attrs = DecodeAttrs(launch.attrs());
-  if (!attrs.ok()) return attrs.status();
-  out.frame.attrs = *std::move(attrs);
-  if (launch.device_ordinal() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "device ordinal ", launch.device_ordinal(), " is negative"));
-  }
-  out.frame.device_ordinal = launch.device_ordinal();
-  out.frame.run_id = launch.run_id();
-  return out;
 }
 
 }  // namespace kreg
