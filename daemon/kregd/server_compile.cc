@@ -115,6 +115,13 @@ class ClusterCompilePeers final : public CompilePeers {
           cluster_->ClaimCompile(hex, static_cast<int64_t>(wait_s_));
       if (!lease.ok()) return Local(key, lease.status());
       if (*lease != 0) {
+        // The host that held the claim may have recorded its module and
+        // let go of the claim since FindCompiled: look once more.
+        found = cluster_->FindCompiled(hex);
+        if (found.ok() && *found) {
+          cluster_->ReleaseCompile(*lease);
+          continue;
+        }
         *claim = *lease;
         return std::nullopt;  // ours to compile
       }
