@@ -108,8 +108,11 @@ KREG_Error* kreg_target_list_get(const KREG_TargetList* list, size_t index,
   info->pid = t.audit().pid();
   info->registered_at_us = t.audit().registered_at_us();
   info->origin = t.audit().origin().c_str();
-  if (info->struct_size >= KREG_TargetInfo_STRUCT_SIZE) {
+  if (info->struct_size >= KREG_TargetInfo_STRUCT_SIZE_1_2) {
     info->not_runnable = t.not_runnable().c_str();
+  }
+  if (info->struct_size >= KREG_TargetInfo_STRUCT_SIZE) {
+    info->host = t.audit().host().c_str();
   }
   return nullptr;
 }

@@ -24,8 +24,9 @@
 
 #define KREG_API_MAJOR 1
 /* Minor 1: RegisterArgs.in_process; 2: TargetInfo.not_runnable;
- * 3: kreg_bind_local (local execution); 4: kreg_stage_trace. */
-#define KREG_API_MINOR 4
+ * 3: kreg_bind_local (local execution); 4: kreg_stage_trace;
+ * 5: TargetInfo.host. */
+#define KREG_API_MINOR 5
 
 #if defined(__GNUC__)
 #define KREG_EXPORT __attribute__((visibility("default")))
@@ -128,11 +129,15 @@ typedef struct KREG_TargetInfo {
   /* Since 1.2: "" when this kregd can run the target, else why not (e.g. a
    * cuda target on a daemon without a usable GPU). */
   const char* not_runnable;
+  /* Since 1.5: in cluster mode the host whose registration made the
+   * binding ("<host name> (<address>)"); "" on a standalone kregd. */
+  const char* host;
 } KREG_TargetInfo;
 #define KREG_TargetInfo_STRUCT_SIZE_1_0 \
   KREG_STRUCT_SIZE(KREG_TargetInfo, origin)
-#define KREG_TargetInfo_STRUCT_SIZE \
+#define KREG_TargetInfo_STRUCT_SIZE_1_2 \
   KREG_STRUCT_SIZE(KREG_TargetInfo, not_runnable)
+#define KREG_TargetInfo_STRUCT_SIZE KREG_STRUCT_SIZE(KREG_TargetInfo, host)
 
 KREG_EXPORT size_t kreg_target_list_size(const KREG_TargetList* list);
 /* Fills `info` (its struct_size set by the caller) with entry `index`.

@@ -245,8 +245,10 @@ r = kreg.register_ffi_target("fetch.scale", data, "Scale", platform="cpu",
 f = jax.jit(lambda x: jax.ffi.ffi_call(
     "fetch.scale", jax.ShapeDtypeStruct(x.shape, x.dtype))(x, factor=3.0))
 out = np.asarray(f(jnp.arange(16, dtype=jnp.float32))).tolist()
+listed = {t.target_name: t.host for t in kreg.list_registered_targets()}
 print(json.dumps({"created": r.created, "digest": r.target.module_digest,
-                  "out": out}))
+                  "out": out, "host": r.target.host,
+                  "listed_host": listed["fetch.scale"]}))
 """
 
 
@@ -266,11 +268,14 @@ def test_jax_on_each_host_same_results_with_module_from_a_peer(cluster):
   a = jax_on(cluster.a, first)
   assert a["created"] is True
   assert a["digest"] == digest_of(first)
+  host_a = f"hostA (127.0.0.1:{cluster.ports['hostA']})"
+  assert a["host"] == a["listed_host"] == host_a, a
   for name, h in (("buildB", cluster.b), ("buildC", cluster.c)):
     own = variant(cluster.root, name)
     got = jax_on(h, own)
     assert got["created"] is False
     assert got["digest"] == digest_of(first)
+    assert got["host"] == got["listed_host"] == host_a, got
     assert got["out"] == a["out"] == [3.0 * i for i in range(16)]
     assert store_file(h, digest_of(first)).read_bytes() == first.read_bytes()
     assert not store_file(h, digest_of(own)).exists()

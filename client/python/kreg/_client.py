@@ -110,10 +110,7 @@ class Target:
   # target on a kregd without a usable GPU, an unloadable module).
   not_runnable: str = ""
   # Cluster mode: the host whose registration made the binding ("<host
-  # name> (<peer address>)"), as kregd's gRPC API reports it (kreg.
-  # compile_ffi_target, `kregctl show`); empty on a standalone kregd and
-  # in what the shim reports (list_registered_targets, Registration of
-  # register_ffi_target).
+  # name> (<peer address>)"); empty on a standalone kregd.
   host: str = ""
 
   @property
@@ -217,7 +214,8 @@ def _to_target(info: _shim.TargetInfo) -> Target:
                 s(info.content_id), s(info.module_digest), info.module_size,
                 s(info.kind), info.ffi_api_major, info.ffi_api_minor,
                 info.traits, info.uid, info.gid, info.pid,
-                info.registered_at_us, s(info.origin), s(info.not_runnable))
+                info.registered_at_us, s(info.origin), s(info.not_runnable),
+                s(info.host))
 
 
 def _targets(lib, handle) -> list[Target]:

@@ -39,7 +39,8 @@ class TargetInfo(ctypes.Structure):
               ("uid", ctypes.c_uint32), ("gid", ctypes.c_uint32),
               ("pid", ctypes.c_int32), ("registered_at_us", ctypes.c_int64),
               ("origin", ctypes.c_char_p),
-              ("not_runnable", ctypes.c_char_p)]  # since C ABI 1.2
+              ("not_runnable", ctypes.c_char_p),  # since C ABI 1.2
+              ("host", ctypes.c_char_p)]  # since C ABI 1.5
 
 
 class RegisterArgs(ctypes.Structure):
