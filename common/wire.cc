@@ -321,6 +321,51 @@ int RecvFrame(int sock, uint32_t max_bytes, RecvBuffer* buffer,
                        buffer, &deadline);
 }
 
+int PeekFrame(int sock, uint32_t max_bytes, Clock::time_point deadline,
+              std::string* payload, bool* has_fds) {
+  *has_fds = false;
+  std::string buf(kHeaderBytes, '\0');
+  size_t want = kHeaderBytes;
+  size_t last = 0;
+  for (;;) {
+    if (int w = WaitReadable(sock, &deadline); w != kOk) return w;
+    // No control buffer: descriptors a peek duplicates are closed by the
+    // kernel, which reports them as MSG_CTRUNC.
+    iovec iov{buf.data(), want};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    ssize_t n = ::recvmsg(sock, &msg, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n < 0) return errno;
+    if ((msg.msg_flags & MSG_CTRUNC) != 0) {
+      *has_fds = true;
+      return kOk;
+    }
+    const size_t got = static_cast<size_t>(n);
+    if (got == 0) return last == 0 ? kEof : kTruncated;
+    if (want == kHeaderBytes && got >= kHeaderBytes) {
+      uint32_t len = 0;
+      for (size_t i = 0; i < kHeaderBytes; ++i) {
+        len |= static_cast<uint32_t>(static_cast<unsigned char>(buf[i]))
+               << (8 * i);
+      }
+      if (len > max_bytes) return kTooLarge;
+      want = kHeaderBytes + len;
+      buf.resize(want);
+      continue;
+    }
+    if (got == want) {
+      payload->assign(buf, kHeaderBytes, std::string::npos);
+      return kOk;
+    }
+    // Part of the frame is there and the socket stays readable: a peek
+    // cannot wait for more, so look again shortly.
+    if (got == last) ::usleep(1000);
+    last = got;
+  }
+}
+
 void SpinUntilReadable(int sock, int64_t spin_us) {
   if (spin_us <= 0) return;
   auto start = std::chrono::steady_clock::now();

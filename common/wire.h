@@ -135,6 +135,17 @@ int RecvFrame(int sock, uint32_t max_bytes, RecvBuffer* buffer,
 int RecvFrame(int sock, uint32_t max_bytes, RecvBuffer* buffer,
               std::vector<int>* fds, Clock::time_point deadline);
 
+// Looks at the next frame of `sock` without taking it (MSG_PEEK), so that
+// another reader (an executor kregd hands the socket to) still receives it
+// whole. Waits until the whole frame is there, at most until `deadline`.
+// Descriptors are never received: a frame that carries some sets
+// `*has_fds` and returns kOk at once with `payload` unset (what a peek
+// duplicates is closed by the kernel). kOk with `payload` the frame's
+// body, or kEof, kTooLarge (over `max_bytes`, nothing buffered),
+// kTruncated, kTimedOut or an errno.
+int PeekFrame(int sock, uint32_t max_bytes, Clock::time_point deadline,
+              std::string* payload, bool* has_fds);
+
 // Busy-polls `sock` for up to `spin_us` microseconds until a byte is readable
 // (or the peer closed), so that a fast reply skips the blocking wake-up.
 // Returns at once when spin_us <= 0.

@@ -135,10 +135,11 @@ ClientStatus Client::Acquire(std::unique_ptr<Conn>* out) {
   return ClientStatus::Ok();
 }
 
-ClientStatus Client::OpenSession(std::unique_ptr<Conn>* out) {
-  ClientStatus s = Conn::Open(path_, out);
+ClientStatus Client::OpenSession(std::unique_ptr<Conn>* out, bool control) {
+  ClientStatus s = Conn::Open(path_, out, control);
   if (s.ok()) {
     ever_connected_.store(true);
+    if (!control) max_module_bytes_.store((*out)->max_module_bytes());
     return s;
   }
   // Only a kregd this process has talked to is waited for (it is
@@ -165,7 +166,8 @@ ClientStatus Client::OpenSession(std::unique_ptr<Conn>* out) {
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(250));
     out->reset();
-    s = Conn::Open(path_, out);
+    s = Conn::Open(path_, out, control);
+    if (s.ok() && !control) max_module_bytes_.store((*out)->max_module_bytes());
     if (s.ok() || s.code != kUnavailable) return s;
   }
   s.message += " (kregd did not come back within " +
@@ -312,7 +314,20 @@ void Client::Discard(std::unique_ptr<Conn> conn) {
   // Sessions are closed outside the lock.
 }
 
-ClientStatus Client::Replay(Conn* conn) {
+ClientStatus Client::FreshControlLocked() {
+  if (control_pid_ != CurrentPid()) {
+    control_.reset();  // a forked child's copy: the parent's stays open
+    control_pid_ = CurrentPid();
+  }
+  if (control_ != nullptr) {
+    // kregd sends nothing unasked: anything readable is its end.
+    pollfd p{control_->fd(), POLLIN, 0};
+    if (!control_->broken() && ::poll(&p, 1, 0) == 0) return ClientStatus::Ok();
+    control_.reset();
+  }
+  std::unique_ptr<Conn> conn;
+  ClientStatus s = OpenSession(&conn, /*control=*/true);
+  if (!s.ok()) return s;
   std::vector<Registration> registrations;
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
@@ -322,12 +337,42 @@ ClientStatus Client::Replay(Conn* conn) {
   }
   for (const Registration& r : registrations) {
     v1::SessionResponse resp;
-    ClientStatus s = CallRegister(conn, r, &resp);
+    s = CallRegister(conn.get(), r, max_module_bytes_.load(), &resp);
     if (!s.ok()) {
       s.message = "re-registering \"" + r.header.target_name() +
                   "\" with kregd after a reconnect failed: " + s.message;
       return s;
     }
+  }
+  control_ = std::move(conn);
+  return ClientStatus::Ok();
+}
+
+ClientStatus Client::WithControl(
+    const std::function<ClientStatus(Conn*)>& op) {
+  std::lock_guard<std::mutex> lock(control_mu_);
+  ClientStatus s;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    s = FreshControlLocked();
+    if (!s.ok()) return s;
+    s = op(control_.get());
+    if (!control_->broken() || control_->refused()) return s;
+    control_.reset();  // kregd went away meanwhile: once more, on a new one
+  }
+  return s;
+}
+
+ClientStatus Client::Replay(Conn* conn) {
+  bool registered;
+  {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    registered = !registrations_.empty();
+  }
+  // The registrations are held by the control connection: a kregd that
+  // closed it (restarted) gets them again on a fresh one.
+  if (registered) {
+    ClientStatus s = WithControl([](Conn*) { return ClientStatus::Ok(); });
+    if (!s.ok()) return s;
   }
   // Local holds: the module already runs in this process; the new kregd
   // only has to know (retire refuses while it does). Not fatal: a kregd
@@ -462,9 +507,10 @@ ClientStatus Client::Ping() {
 
 ClientStatus Client::Register(const Registration& registration,
                               v1::RegisterTargetResponse* out) {
-  ClientStatus s = WithConn([&](Conn* conn) {
+  ClientStatus s = WithControl([&](Conn* conn) {
     v1::SessionResponse resp;
-    ClientStatus st = CallRegister(conn, registration, &resp);
+    ClientStatus st =
+        CallRegister(conn, registration, max_module_bytes_.load(), &resp);
     if (st.ok()) *out = resp.register_target();
     return st;
   });
@@ -478,7 +524,7 @@ ClientStatus Client::Register(const Registration& registration,
 }
 
 ClientStatus Client::List(v1::ListTargetsResponse* out) {
-  return WithConn([&](Conn* conn) {
+  return WithControl([&](Conn* conn) {
     v1::SessionRequest req;
     req.mutable_list();
     v1::SessionResponse resp;

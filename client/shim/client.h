@@ -33,11 +33,15 @@ struct Registration {
   std::string module;
 };
 
-// Thread-safe. Each operation borrows one session exclusively; up to
-// max_sessions run at once (one daemon thread each). When a session breaks
-// (the daemon went away), the next operation opens a fresh session,
-// re-registers every target this process registered (idempotent in the
-// daemon) and retries the operation once.
+// Thread-safe. Registrations and listings go on the control connection,
+// which kregd serves itself and which holds this process's registrations
+// while it is open (opened on first use, kept for the process lifetime).
+// Every other operation borrows one session exclusively; up to
+// max_sessions run at once (one daemon thread each). When a session or the
+// control connection breaks (the daemon went away), the next operation
+// opens a fresh one (a fresh control connection first re-registers every
+// target this process registered: idempotent in the daemon) and retries
+// the operation once.
 class Client {
  public:
   explicit Client(std::string session_path);
@@ -96,7 +100,14 @@ class Client {
   // answer (restarting) is retried with backoff for up to
   // $KREG_RECONNECT_TIMEOUT seconds (default 30; 0: no retry), said once
   // on stderr.
-  ClientStatus OpenSession(std::unique_ptr<Conn>* out);
+  ClientStatus OpenSession(std::unique_ptr<Conn>* out, bool control = false);
+  // Runs `op` on the control connection (opened, or reopened when kregd
+  // closed it, first); retried once on a reopened one when it broke
+  // during `op`.
+  ClientStatus WithControl(const std::function<ClientStatus(Conn*)>& op);
+  // control_ is open to the kregd now serving (a new one is opened, and
+  // this process's registrations made again on it, otherwise).
+  ClientStatus FreshControlLocked();  // control_mu_ held
   void Release(std::unique_ptr<Conn> conn);
   void Discard(std::unique_ptr<Conn> conn);
   ClientStatus Replay(Conn* conn);
@@ -130,6 +141,12 @@ class Client {
   // (target, canonical platform) held locally; guarded by reg_mu_.
   std::set<std::pair<std::string, std::string>> local_holds_;
   std::atomic<uint64_t> reconnects_{0};
+  // kregd's max_module_bytes, from the last session's HelloReply (0: not
+  // known yet; kregd then refuses a larger upload itself).
+  std::atomic<uint64_t> max_module_bytes_{0};
+  std::mutex control_mu_;
+  std::unique_ptr<Conn> control_;  // guarded by control_mu_
+  pid_t control_pid_ = 0;          // guarded by control_mu_
   std::atomic<bool> ever_connected_{false};
   std::atomic<bool> said_waiting_{false};
   std::condition_variable watch_cv_;

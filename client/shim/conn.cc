@@ -100,7 +100,8 @@ Conn::~Conn() {
   if (sock_ >= 0) ::close(sock_);
 }
 
-ClientStatus Conn::Open(const std::string& path, std::unique_ptr<Conn>* out) {
+ClientStatus Conn::Open(const std::string& path, std::unique_ptr<Conn>* out,
+                        bool control) {
   sockaddr_un addr{};
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
     return ClientStatus::Error(kInvalidArgument,
@@ -130,6 +131,10 @@ ClientStatus Conn::Open(const std::string& path, std::unique_ptr<Conn>* out) {
                           StartHint(path));
   }
   std::unique_ptr<Conn> conn(new Conn(sock, path));
+  if (control) {
+    *out = std::move(conn);
+    return ClientStatus::Ok();
+  }
   v1::SessionRequest req;
   v1::Hello* hello = req.mutable_hello();
   hello->set_protocol_major(kSessionProtocolMajor);

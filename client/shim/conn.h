@@ -32,8 +32,11 @@ class Conn {
   Conn& operator=(const Conn&) = delete;
 
   // Connects to `path` and says Hello. UNAVAILABLE with the path and reason
-  // when nothing listens there; the daemon's error otherwise.
-  static ClientStatus Open(const std::string& path, std::unique_ptr<Conn>* out);
+  // when nothing listens there; the daemon's error otherwise. With
+  // `control`, says nothing: a control connection, whose requests
+  // (RegisterTarget, List) kregd serves itself (DESIGN §3).
+  static ClientStatus Open(const std::string& path, std::unique_ptr<Conn>* out,
+                           bool control = false);
 
   // Sends `request` (its id is set here) with `fds` attached and waits for
   // the matching response (asynchronous ring launches in flight complete

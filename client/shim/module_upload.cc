@@ -44,12 +44,13 @@ int SealedMemfd(const std::string& bytes, std::string* error) {
 }  // namespace
 
 ClientStatus CallRegister(Conn* conn, const Registration& registration,
+                          uint64_t max_module_bytes,
                           v1::SessionResponse* response) {
   const v1::RegisterTargetHeader& header = registration.header;
   const bool upload =
       header.module().source_case() == v1::ModuleSource::kUploadSize;
   const std::string& bytes = registration.module;
-  const uint64_t limit = conn->max_module_bytes();
+  const uint64_t limit = max_module_bytes;
   if (upload && limit != 0 && bytes.size() > limit) {
     return ClientStatus::Error(
         kInvalidArgument,

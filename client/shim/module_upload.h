@@ -19,6 +19,7 @@ namespace shim {
 // max_module_bytes is INVALID_ARGUMENT before anything is sent (both sizes
 // in the message). Errors as Conn::Call.
 ClientStatus CallRegister(Conn* conn, const Registration& registration,
+                          uint64_t max_module_bytes,
                           v1::SessionResponse* response);
 
 }  // namespace shim

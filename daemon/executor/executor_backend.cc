@@ -75,7 +75,7 @@ std::vector<ExecutorBackend::Resolution> ExecutorBackend::Resolved() const {
 }
 
 absl::StatusOr<v1::BrokerReply> ExecutorBackend::Call(
-    const v1::BrokerRequest& request, UniqueFd* fd_out, int fd_in) {
+    const v1::BrokerRequest& request, UniqueFd* fd_out) {
   std::string buf;
   request.SerializeToString(&buf);
   if (buf.size() > kMaxBrokerRequestBytes) {
@@ -86,8 +86,7 @@ absl::StatusOr<v1::BrokerReply> ExecutorBackend::Call(
         "name it carries"));
   }
   absl::MutexLock lock(&broker_mu_);
-  int rc = wire::SendFrame(broker_.get(), buf.data(), buf.size(), &fd_in,
-                           fd_in >= 0 ? 1 : 0);
+  int rc = wire::SendFrame(broker_.get(), buf.data(), buf.size(), nullptr, 0);
   std::vector<int> fds;
   if (rc == wire::kOk) {
     rc = wire::RecvFrame(broker_.get(), kMaxReplyBytes, &buf, &fds);
@@ -109,33 +108,6 @@ absl::StatusOr<v1::BrokerReply> ExecutorBackend::Call(
     return absl::InternalError("kregd sent a malformed broker reply");
   }
   return reply;
-}
-
-absl::StatusOr<v1::RegisterTargetResponse> ExecutorBackend::Register(
-    const v1::RegisterTargetHeader& header, UniqueFd module, const PeerCred&) {
-  v1::BrokerRequest req;
-  *req.mutable_register_target() = header;
-  absl::StatusOr<v1::BrokerReply> r = Call(req, nullptr, module.get());
-  if (!r.ok()) return r.status();
-  if (absl::Status s = StatusOf(r->status()); !s.ok()) return s;
-  return r->register_target();
-}
-
-absl::Status ExecutorBackend::PrecheckUpload(
-    const v1::RegisterTargetHeader& header, const PeerCred&) {
-  v1::BrokerRequest req;
-  *req.mutable_precheck_upload() = header;
-  absl::StatusOr<v1::BrokerReply> r = Call(req, nullptr);
-  if (!r.ok()) return r.status();
-  return StatusOf(r->status());
-}
-
-v1::ListTargetsResponse ExecutorBackend::List() {
-  v1::BrokerRequest req;
-  req.mutable_list();
-  absl::StatusOr<v1::BrokerReply> r = Call(req, nullptr);
-  if (!r.ok()) return v1::ListTargetsResponse();
-  return r->list();
 }
 
 absl::StatusOr<v1::BindLocalReply> ExecutorBackend::BindLocal(

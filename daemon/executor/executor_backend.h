@@ -54,16 +54,6 @@ class ExecutorBackend final : public SessionBackend {
   ExecutorBackend(UniqueFd broker, uint32_t slot, const ExecutorShared& shared);
   ~ExecutorBackend() override;  // tells kregd the session ended
 
-  // Relays `header` to kregd with `module` (the sealed memfd of an upload)
-  // attached to the broker frame.
-  absl::StatusOr<v1::RegisterTargetResponse> Register(
-      const v1::RegisterTargetHeader& header, UniqueFd module,
-      const PeerCred& peer) override;
-  // Asks kregd (BrokerRequest.precheck_upload); the session's peer is the
-  // one kregd attributes the broker socket to.
-  absl::Status PrecheckUpload(const v1::RegisterTargetHeader& header,
-                              const PeerCred& peer) override;
-  v1::ListTargetsResponse List() override;
   // Relays to kregd (BrokerRequest.resolve with local set): kregd applies
   // the rules and its policy and attaches the sealed memfd, passed on as is.
   absl::StatusOr<v1::BindLocalReply> BindLocal(const v1::BindLocal& request,
@@ -88,11 +78,10 @@ class ExecutorBackend final : public SessionBackend {
   std::vector<Resolution> Resolved() const;
 
  private:
-  // One request/reply with kregd, `fd_in` (when >= 0) attached.
-  // UNAVAILABLE when kregd is gone; INVALID_ARGUMENT (nothing sent) when the
+  // One request/reply with kregd. UNAVAILABLE when kregd is gone; INVALID_ARGUMENT (nothing sent) when the
   // request exceeds kMaxBrokerRequestBytes.
   absl::StatusOr<v1::BrokerReply> Call(const v1::BrokerRequest& request,
-                                       UniqueFd* fd_out, int fd_in = -1);
+                                       UniqueFd* fd_out);
 
   // Held across a whole relay: only re-adoption contends for it.
   mutable absl::Mutex broker_mu_;

@@ -15,7 +15,6 @@
 #include "common/ring_layout.h"
 #include "common/wire.h"
 #include "daemon/base/log_limit.h"
-#include "daemon/base/module_upload.h"
 #include "daemon/base/validate.h"
 #include "daemon/executor/launch_ring.h"
 #include "daemon/executor/platform_executors.h"
@@ -220,13 +219,12 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
       request.body_case() != v1::SessionRequest::kLaunch &&
       request.body_case() != v1::SessionRequest::kCudaShare &&
       request.body_case() != v1::SessionRequest::kCudaDoorbell &&
-      request.body_case() != v1::SessionRequest::kRingSetup &&
-      request.body_case() != v1::SessionRequest::kRegisterTarget) {
+      request.body_case() != v1::SessionRequest::kRingSetup) {
     status = absl::InvalidArgumentError(absl::StrCat(
         fds.size(),
         " unexpected file descriptor(s) attached to a request "
-        "other than ArenaGrow, Launch, CudaShare, CudaDoorbellSetup, "
-        "RingSetup or a registration"));
+        "other than ArenaGrow, Launch, CudaShare, CudaDoorbellSetup or "
+        "RingSetup"));
   } else if (request.body_case() == v1::SessionRequest::kHello) {
     status = DoHello(request.hello(), resp.mutable_hello());
   } else if (!hello_done_) {
@@ -234,18 +232,13 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
         "the first request of a session must be Hello");
   } else {
     switch (request.body_case()) {
-      case v1::SessionRequest::kRegisterTarget: {
-        absl::StatusOr<v1::RegisterTargetResponse> r =
-            DoRegister(request.register_target(), std::move(fds));
-        if (r.ok()) {
-          *resp.mutable_register_target() = *std::move(r);
-        } else {
-          status = r.status();
-        }
-        break;
-      }
+      case v1::SessionRequest::kRegisterTarget:
       case v1::SessionRequest::kList:
-        *resp.mutable_list() = backend_->List();
+        status = absl::FailedPreconditionError(
+            "register_target and list are not served in a session: send "
+            "them on a control connection (a connection to the session "
+            "socket whose first request is not hello), which kregd serves "
+            "itself");
         break;
       case v1::SessionRequest::kBindLocal: {
         UniqueFd module;
@@ -297,53 +290,6 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
   }
   SetStatus(status, &resp);
   return resp;
-}
-
-absl::StatusOr<v1::RegisterTargetResponse> Session::DoRegister(
-    const v1::RegisterTargetHeader& header, std::vector<UniqueFd> fds) {
-  wire::BudgetHold upload_hold(limits_.receive_budget);
-  UniqueFd module;
-  absl::Status taken =
-      TakeUploadedModule(header, std::move(fds), &upload_hold, &module);
-  if (!taken.ok()) return taken;
-  return backend_->Register(header, std::move(module), peer_);
-}
-
-absl::Status Session::TakeUploadedModule(const v1::RegisterTargetHeader& header,
-                                         std::vector<UniqueFd> fds,
-                                         wire::BudgetHold* hold,
-                                         UniqueFd* module) const {
-  const bool upload =
-      header.module().source_case() == v1::ModuleSource::kUploadSize;
-  if (fds.size() != (upload ? 1u : 0u)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the registration carries ", fds.size(), " file descriptor(s); ",
-        upload ? "an upload (module.upload_size) needs exactly one (the "
-                 "module's memfd)"
-               : "only an upload (module.upload_size) may carry one"));
-  }
-  if (!upload) return absl::OkStatus();
-  const uint64_t size = header.module().upload_size();
-  // kregd's size, name and quota checks first: an upload it would refuse
-  // is never read.
-  absl::Status early = backend_->PrecheckUpload(header, peer_);
-  if (!early.ok()) return early;
-  if (size <= limits_.max_module_bytes && !hold->Set(size)) {
-    const wire::ByteBudget& budget = *hold->budget();
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "reading the uploaded module of ", size,
-        " bytes would take the bytes buffered by every session of this "
-        "executor (uid ",
-        peer_.uid, ") past ", budget.limit(), " (max_buffered_bytes; ",
-        budget.used(),
-        " in use); retry once other uploads are done or ask the operator "
-        "to raise max_buffered_bytes"));
-  }
-  absl::StatusOr<UniqueFd> sealed =
-      SealedModuleCopy(std::move(fds[0]), size, limits_.max_module_bytes);
-  if (!sealed.ok()) return sealed.status();
-  *module = *std::move(sealed);
-  return absl::OkStatus();
 }
 
 absl::Status Session::DoHello(const v1::Hello& hello, v1::HelloReply* reply) {

@@ -34,29 +34,11 @@ class LaunchRing;
 
 // What a session needs from the rest of its process. Implemented by the
 // executor's ExecutorBackend (daemon/executor/executor_backend.h: handlers from
-// its module cache, run through FfiHost; registrations relayed to kregd),
+// its module cache, run through FfiHost; local binds relayed to kregd),
 // faked in tests. Thread-safe: every session thread calls it.
 class SessionBackend {
  public:
   virtual ~SessionBackend() = default;
-  // Same rules and errors as the gRPC RegisterTarget. An upload
-  // (module.upload_size) arrives as `module`, a memfd sealed with
-  // kModuleSeals holding exactly that many bytes; otherwise `module` is
-  // empty.
-  virtual absl::StatusOr<v1::RegisterTargetResponse> Register(
-      const v1::RegisterTargetHeader& header, UniqueFd module,
-      const PeerCred& peer) = 0;
-  // Before a byte of an upload (module.upload_size) is read: kregd's checks
-  // of the gRPC path's upload header (name, platform, max_module_bytes, the
-  // peer's quotas), with the same errors. OK lets the session read the
-  // bytes.
-  virtual absl::Status PrecheckUpload(const v1::RegisterTargetHeader& header,
-                                      const PeerCred& peer) {
-    (void)header;
-    (void)peer;
-    return absl::OkStatus();
-  }
-  virtual v1::ListTargetsResponse List() = 0;
   // Local execution (DESIGN §11): the registered module of (name, platform)
   // as a sealed memfd (`*module`) for the client's own process, after every
   // registration rule and the site's local_execution policy.
@@ -168,23 +150,6 @@ class Session final : public ServedSession {
   // Why a frame could not be taken (`rc`, not kOk or kEof), said in the
   // log (rate-limited per uid) and to the client where it can act on it.
   void SayFrameRefused(int rc, bool before_hello);
-  // The uploaded module of `header` (module.upload_size: the one fd in
-  // `fds`) as `*module`, a memfd sealed with kModuleSeals, which the backend
-  // relays to kregd. The upload is first passed to the backend's
-  // PrecheckUpload (its error otherwise, nothing read) and checked against
-  // max_module_bytes; INVALID_ARGUMENT for a wrong fd count or size. Its
-  // bytes are taken from the receive budget (max_buffered_bytes) into
-  // `*hold` before they are copied (RESOURCE_EXHAUSTED, nothing read, when
-  // it cannot cover them); the caller keeps `*hold` until the registration
-  // is done.
-  // Registers `header` (its upload's fd in `fds`) with the backend, the
-  // upload taken as TakeUploadedModule says and held until it is done.
-  absl::StatusOr<v1::RegisterTargetResponse> DoRegister(
-      const v1::RegisterTargetHeader& header, std::vector<UniqueFd> fds);
-  absl::Status TakeUploadedModule(const v1::RegisterTargetHeader& header,
-                                  std::vector<UniqueFd> fds,
-                                  wire::BudgetHold* hold,
-                                  UniqueFd* module) const;
   absl::Status DoHello(const v1::Hello& hello, v1::HelloReply* reply);
   absl::Status DoArenaGrow(const v1::ArenaGrow& grow, std::vector<UniqueFd> fds,
                            v1::ArenaGrowReply* r);

@@ -603,6 +603,7 @@ void Daemon::FillBrokerContext() {
   ctx.max_module_bytes = config_.max_module_bytes;
   ctx.upload_budget = &upload_budget_;
   ctx.local_binds = &local_binds_;
+  ctx.hello_timeout_ms = static_cast<int64_t>(config_.hello_timeout_s * 1000.0);
   if (config_.local_execution != "allow") return;
   const char* tamper = std::getenv("KREGD_TEST_TAMPER_LOCAL_MODULES");
   const bool tampered = tamper != nullptr && std::string(tamper) == "1";

@@ -2,10 +2,13 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 
+#include <chrono>
 #include <algorithm>
 #include <utility>
 #include <vector>
@@ -35,7 +38,7 @@ void SetStatus(const absl::Status& s, v1::SessionStatus* out) {
 
 }  // namespace
 
-absl::StatusOr<std::string> TakeRelayedModule(
+absl::StatusOr<std::string> TakeUploadedModule(
     Registrar* registrar, const v1::RegisterTargetHeader& header,
     std::vector<UniqueFd> fds, const PeerCred& peer, uint64_t max_module_bytes,
     wire::BudgetHold* hold) {
@@ -43,15 +46,14 @@ absl::StatusOr<std::string> TakeRelayedModule(
       header.module().source_case() == v1::ModuleSource::kUploadSize;
   if (fds.size() != (upload ? 1u : 0u)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the executor relayed a registration with ", fds.size(),
-        " file descriptor(s); ",
-        upload ? "an upload needs exactly one (the module's sealed memfd)"
-               : "only an upload may carry one"));
+        "the registration carries ", fds.size(), " file descriptor(s); ",
+        upload ? "an upload (module.upload_size) needs exactly one (the "
+                 "module's sealed memfd)"
+               : "only an upload (module.upload_size) may carry one"));
   }
   if (!upload) return std::string();
   const uint64_t size = header.module().upload_size();
-  // The executor's own precheck is not to be trusted: the same checks
-  // again, before a byte of the memfd is read.
+  // The gRPC path's checks of an upload header, before a byte is read.
   if (absl::Status s = registrar->PrecheckUpload(header.target_name(),
                                                  header.platform(), size, peer);
       !s.ok()) {
@@ -59,6 +61,67 @@ absl::StatusOr<std::string> TakeRelayedModule(
   }
   if (absl::Status s = HoldUpload(size, hold); !s.ok()) return s;
   return ReadSealedModule(fds[0].get(), size, max_module_bytes);
+}
+
+v1::SessionResponse HandleControl(const BrokerContext& ctx, uint64_t id,
+                                  const PeerCred& peer,
+                                  const v1::SessionRequest& request,
+                                  std::vector<UniqueFd> fds, bool* close) {
+  v1::SessionResponse resp;
+  resp.set_id(request.id());
+  absl::Status status;
+  switch (request.body_case()) {
+    case v1::SessionRequest::kRegisterTarget: {
+      const v1::RegisterTargetHeader& header = request.register_target();
+      // Holds the upload's bytes against the daemon-wide budget until the
+      // registration is done with them.
+      wire::BudgetHold hold(ctx.upload_budget);
+      absl::StatusOr<std::string> module =
+          TakeUploadedModule(ctx.registrar, header, std::move(fds), peer,
+                             ctx.max_module_bytes, &hold);
+      absl::StatusOr<v1::RegisterTargetResponse> r =
+          module.ok()
+              ? RegisterFromHeader(ctx.registrar, header, *std::move(module),
+                                   peer, CudaLaunchStatus())
+              : absl::StatusOr<v1::RegisterTargetResponse>(module.status());
+      if (r.ok() && ctx.bindings != nullptr) {
+        absl::StatusOr<Platform> p = ParsePlatform(r->target().platform());
+        if (p.ok()) ctx.bindings->Add(id, peer, {r->target().target_name(), *p});
+      }
+      if (r.ok()) {
+        *resp.mutable_register_target() = *std::move(r);
+      } else {
+        status = r.status();
+      }
+      break;
+    }
+    case v1::SessionRequest::kList:
+      if (!fds.empty()) {
+        status = absl::InvalidArgumentError(absl::StrCat(
+            "List carries no file descriptor; ", fds.size(), " attached"));
+      } else {
+        *resp.mutable_list() =
+            DescribeTargets(*ctx.registry, CudaLaunchStatus());
+      }
+      break;
+    default: {
+      const google::protobuf::FieldDescriptor* f =
+          request.GetDescriptor()->FindFieldByNumber(request.body_case());
+      const std::string name = f != nullptr ? f->name() : "empty";
+      *close = true;
+      status = absl::FailedPreconditionError(absl::StrCat(
+          "kregd refused a ", name,
+          " request on a control connection (a connection to the session "
+          "socket whose first request was not hello): it serves only "
+          "register_target and list; send ",
+          name,
+          " on a session (a connection whose first request is hello). "
+          "Closing this connection"));
+    }
+  }
+  resp.mutable_status()->set_code(static_cast<int>(status.code()));
+  resp.mutable_status()->set_message(std::string(status.message()));
+  return resp;
 }
 
 SessionBroker::SessionBroker(uint64_t id, UniqueFd client, const PeerCred& peer,
@@ -73,7 +136,8 @@ SessionBroker::SessionBroker(uint64_t id, UniqueFd client, const PeerCred& peer,
       peer_(peer),
       ctx_(ctx),
       binding_(std::move(binding)),
-      broker_fd_(binding_.broker.get()) {}
+      broker_fd_(binding_.broker.get()),
+      handed_over_(true) {}
 
 SessionBroker::~SessionBroker() { ctx_.pool->Release(&binding_); }
 
@@ -81,7 +145,9 @@ void SessionBroker::Shutdown() {
   if (broker_fd_ >= 0) ::shutdown(broker_fd_, SHUT_RDWR);
   // An executor left running serves the client's connection on (kregd
   // only closes its copy).
-  if (!ctx_.pool->leaving()) ::shutdown(client_.get(), SHUT_RDWR);
+  if (!handed_over_.load() || !ctx_.pool->leaving()) {
+    ::shutdown(client_.get(), SHUT_RDWR);
+  }
 }
 
 void SessionBroker::RefuseClient(const absl::Status& status) {
@@ -89,8 +155,103 @@ void SessionBroker::RefuseClient(const absl::Status& status) {
   ::shutdown(client_.get(), SHUT_RDWR);
 }
 
+bool SessionBroker::FirstIsHello(bool* control) {
+  *control = false;
+  std::string first;
+  bool has_fds = false;
+  const int rc = wire::PeekFrame(
+      client_.get(), kMaxControlRequestBytes,
+      wire::Clock::now() + std::chrono::milliseconds(ctx_.hello_timeout_ms),
+      &first, &has_fds);
+  v1::SessionRequest req;
+  if (rc == wire::kOk &&
+      (has_fds || !req.ParseFromString(first) || !req.has_hello())) {
+    *control = true;  // whatever it is, ServeControl reads and answers it
+    return false;
+  }
+  if (rc == wire::kOk) return true;
+  if (rc == wire::kTimedOut) {
+    RefuseClient(absl::DeadlineExceededError(absl::StrCat(
+        "kregd closed this connection: no whole request within ",
+        ctx_.hello_timeout_ms,
+        " ms of connecting (hello_timeout_s); send hello (a session) or a "
+        "register_target or list request (a control connection) at once")));
+  } else if (rc == wire::kTooLarge) {
+    RefuseClient(absl::ResourceExhaustedError(absl::StrCat(
+        "kregd closed this connection: its first message is over ",
+        kMaxControlRequestBytes,
+        " bytes, more than a hello or a control request (register_target, "
+        "list) may be; module bytes go as a sealed memfd")));
+  }
+  return false;
+}
+
+void SessionBroker::ServeControl() {
+  spdlog::info("session {} (pid {} uid {}): control connection", id_,
+               peer_.pid, peer_.uid);
+  // A reply the client does not read within hello_timeout ends it.
+  timeval tv{};
+  tv.tv_sec = ctx_.hello_timeout_ms / 1000;
+  tv.tv_usec = (ctx_.hello_timeout_ms % 1000) * 1000;
+  ::setsockopt(client_.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  std::string payload;
+  std::string out;
+  for (bool close = false; !close;) {
+    // Idle as long as the client likes; a request that has begun must
+    // arrive whole within hello_timeout of its first byte.
+    pollfd p{client_.get(), POLLIN, 0};
+    while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
+    }
+    std::vector<int> raw;
+    int rc = wire::RecvFrame(
+        client_.get(), kMaxControlRequestBytes, &payload, &raw,
+        wire::Clock::now() + std::chrono::milliseconds(ctx_.hello_timeout_ms));
+    std::vector<UniqueFd> fds;
+    for (int fd : raw) fds.emplace_back(fd);
+    if (rc == wire::kEof) break;
+    if (rc != wire::kOk) {
+      std::string more;
+      if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
+        spdlog::info("session {} (pid {} uid {}): control connection: {}{}",
+                     id_, peer_.pid, peer_.uid, wire::ResultText(rc), more);
+      }
+      RefuseClient(absl::ResourceExhaustedError(absl::StrCat(
+          "kregd closed this control connection: ", wire::ResultText(rc),
+          " (a request is at most ", kMaxControlRequestBytes, " bytes with ",
+          "at most ", wire::kMaxFdsPerFrame,
+          " file descriptors, and arrives whole within ",
+          ctx_.hello_timeout_ms, " ms of its first byte)")));
+      break;
+    }
+    v1::SessionRequest req;
+    v1::SessionResponse resp;
+    if (req.ParseFromString(payload)) {
+      resp = HandleControl(ctx_, id_, peer_, req, std::move(fds), &close);
+    } else {
+      close = true;
+      resp.mutable_status()->set_code(absl::StatusCode::kInvalidArgument);
+      resp.mutable_status()->set_message(absl::StrCat(
+          "malformed request (", payload.size(),
+          " bytes do not parse as kreg.v1.SessionRequest); closing this "
+          "connection"));
+    }
+    resp.SerializeToString(&out);
+    if (wire::SendFrame(client_.get(), out.data(), out.size(), nullptr, 0) !=
+        wire::kOk) {
+      break;
+    }
+  }
+  ::shutdown(client_.get(), SHUT_RDWR);
+  ForgetBindings();
+}
+
 void SessionBroker::Run() {
   if (binding_.group == nullptr) {
+    bool control = false;
+    if (!FirstIsHello(&control)) {
+      if (control) ServeControl();
+      return;
+    }
     absl::StatusOr<ExecutorPool::Binding> b =
         ctx_.pool->Bind(id_, client_.get(), peer_);
     if (!b.ok()) {
@@ -101,7 +262,12 @@ void SessionBroker::Run() {
     }
     binding_ = *std::move(b);
     broker_fd_ = binding_.broker.get();
+    handed_over_.store(true);
   }
+  ServeSession();
+}
+
+void SessionBroker::ServeSession() {
   std::string payload;
   std::string out;
   bool closed = false;
@@ -130,7 +296,7 @@ void SessionBroker::Run() {
       break;
     }
     UniqueFd fd;
-    v1::BrokerReply reply = Handle(req, std::move(fds), &fd);
+    v1::BrokerReply reply = Handle(req, &fd);  // `fds` are closed
     reply.SerializeToString(&out);
     int reply_fds[1] = {fd.get()};
     rc = wire::SendFrame(broker_fd_, out.data(), out.size(), reply_fds,
@@ -186,47 +352,10 @@ void SessionBroker::RefuseExecutorMessage(int result) {
 }
 
 v1::BrokerReply SessionBroker::Handle(const v1::BrokerRequest& req,
-                                      std::vector<UniqueFd> fds,
                                       UniqueFd* fd_out) {
   v1::BrokerReply reply;
   absl::Status status;
   switch (req.body_case()) {
-    case v1::BrokerRequest::kRegisterTarget: {
-      // Holds the upload's bytes against the daemon-wide budget until the
-      // registration is done with them.
-      wire::BudgetHold hold(ctx_.upload_budget);
-      absl::StatusOr<std::string> module = TakeRelayedModule(
-          ctx_.registrar, req.register_target(), std::move(fds), peer_,
-          ctx_.max_module_bytes, &hold);
-      absl::StatusOr<v1::RegisterTargetResponse> r =
-          module.ok()
-              ? RegisterFromHeader(ctx_.registrar, req.register_target(),
-                                   *std::move(module), peer_,
-                                   CudaLaunchStatus())
-              : absl::StatusOr<v1::RegisterTargetResponse>(module.status());
-      if (r.ok() && ctx_.bindings != nullptr) {
-        absl::StatusOr<Platform> p = ParsePlatform(r->target().platform());
-        if (p.ok()) {
-          ctx_.bindings->Add(id_, peer_, {r->target().target_name(), *p});
-        }
-      }
-      if (r.ok()) {
-        *reply.mutable_register_target() = *std::move(r);
-      } else {
-        status = r.status();
-      }
-      break;
-    }
-    case v1::BrokerRequest::kPrecheckUpload: {
-      const v1::RegisterTargetHeader& h = req.precheck_upload();
-      status = ctx_.registrar->PrecheckUpload(h.target_name(), h.platform(),
-                                              h.module().upload_size(), peer_);
-      break;
-    }
-    case v1::BrokerRequest::kList:
-      *reply.mutable_list() =
-          DescribeTargets(*ctx_.registry, CudaLaunchStatus());
-      break;
     case v1::BrokerRequest::kResolve: {
       absl::StatusOr<v1::ResolveReply> r = Resolve(req.resolve(), fd_out);
       if (r.ok()) {

@@ -1,7 +1,9 @@
-// kregd's side of one client session (DESIGN §8): binds the session to an
-// executor, hands the client's socket over, then answers what only kregd
-// may do for that session (register, list, resolve a target to its store
-// copy). Launches never pass through here.
+// kregd's side of one connection to the session socket (DESIGN §3, §8). A
+// connection whose first request is Hello is a session: it is bound to an
+// executor, which gets the client's socket, and kregd answers what only it
+// may do for that session (resolve a target to its store copy); launches
+// never pass through here. Any other connection is a control connection,
+// served by kregd itself: registrations and listings only.
 #ifndef KREGD_DAEMON_SUPERVISOR_BROKER_H_
 #define KREGD_DAEMON_SUPERVISOR_BROKER_H_
 
@@ -35,18 +37,27 @@ struct BrokerContext {
   ExecutorPool* pool = nullptr;
   CrashLedger* ledger = nullptr;
   SessionBindings* bindings = nullptr;  // optional
-  // kregd's max_module_bytes: bounds the registration uploads relayed here.
+  // kregd's max_module_bytes: bounds the uploads of control connections.
   uint64_t max_module_bytes = 512ull << 20;
-  // Module bytes kregd holds at once from relayed uploads, all sessions
-  // together (null: unbounded). Owned by the server.
+  // Module bytes kregd holds at once from uploads, all connections together
+  // (null: unbounded). Owned by the server.
   wire::ByteBudget* upload_budget = nullptr;
   // Local execution (DESIGN §11): the memfds handed out (null:
   // local_execution = "deny") and the count of local holds (optional).
   LocalModuleCache* local_modules = nullptr;
   std::atomic<uint64_t>* local_binds = nullptr;
+  // A connection's first message must arrive whole within this time
+  // (hello_timeout_s), and so must each later request of a control
+  // connection once its first byte came.
+  int64_t hello_timeout_ms = 10000;
 };
 
-// kregd's intake of a registration relayed by an executor with `fds`
+// The largest request kregd reads on a control connection, and the largest
+// first message of any connection (a Hello is much smaller): registrations
+// carry names, a path and sizes; module bytes travel as a sealed memfd.
+constexpr uint32_t kMaxControlRequestBytes = 64u << 10;
+
+// kregd's intake of a registration sent on a control connection with `fds`
 // attached to its frame: an upload (module.upload_size) must come as
 // exactly one memfd sealed with kModuleSeals of exactly that size, is
 // prechecked (Registrar::PrecheckUpload, for `peer`) before a byte is read
@@ -55,11 +66,21 @@ struct BrokerContext {
 // to `hold` (its budget: what kregd reads of uploads at once, for all
 // clients) before they are read: RESOURCE_EXHAUSTED, naming the limit,
 // when the budget cannot cover them; the caller keeps `hold` until it is
-// done with the bytes. Shared with the fuzzer.
-absl::StatusOr<std::string> TakeRelayedModule(
+// done with the bytes.
+absl::StatusOr<std::string> TakeUploadedModule(
     Registrar* registrar, const v1::RegisterTargetHeader& header,
     std::vector<UniqueFd> fds, const PeerCred& peer, uint64_t max_module_bytes,
     wire::BudgetHold* hold);
+
+// Answers one request of a control connection (`request`, with `fds`
+// attached) of session id `id` from `peer`: RegisterTarget (the
+// registration is held by `id` until RemoveSession) and List. Any other
+// request sets `*close` and gets an error naming it. Shared with the
+// fuzzer.
+v1::SessionResponse HandleControl(const BrokerContext& ctx, uint64_t id,
+                                  const PeerCred& peer,
+                                  const v1::SessionRequest& request,
+                                  std::vector<UniqueFd> fds, bool* close);
 
 // One accepted client connection. Run() on one thread, Shutdown() from any.
 class SessionBroker final : public ServedSession {
@@ -72,14 +93,23 @@ class SessionBroker final : public ServedSession {
                 const BrokerContext& ctx, ExecutorPool::Binding binding);
   ~SessionBroker() override;
 
+  // Serves the connection: as a session (first request Hello) or as a
+  // control connection.
   void Run() override;
   void Shutdown() override;
   uint64_t id() const override { return id_; }
   const PeerCred& peer() const override { return peer_; }
 
  private:
-  v1::BrokerReply Handle(const v1::BrokerRequest& request,
-                         std::vector<UniqueFd> fds, UniqueFd* fd_out);
+  // Looks at the client's first message without taking it: true when it is
+  // a Hello (the executor reads it); false when the connection is served
+  // here (`*control` set) or was ended (refused, silent, closed).
+  bool FirstIsHello(bool* control);
+  // Serves a control connection until the client closes it.
+  void ServeControl();
+  // Serves the executor's broker socket of a session.
+  void ServeSession();
+  v1::BrokerReply Handle(const v1::BrokerRequest& request, UniqueFd* fd_out);
   // The executor sent a frame kregd does not read (over
   // kMaxBrokerRequestBytes, or too many descriptors): logs and counts it and
   // ends the session with RESOURCE_EXHAUSTED to the client.
@@ -104,6 +134,9 @@ class SessionBroker final : public ServedSession {
   const BrokerContext ctx_;
   ExecutorPool::Binding binding_;
   int broker_fd_ = -1;
+  // The client's socket went to an executor, which serves on when kregd
+  // leaves it running (Shutdown then leaves the socket alone).
+  std::atomic<bool> handed_over_{false};
 };
 
 }  // namespace kreg
