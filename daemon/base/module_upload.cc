@@ -131,18 +131,23 @@ absl::StatusOr<std::string> ReadSealedModule(int fd, uint64_t size,
   uint64_t held = 0;
   if (!SealsAndSize(fd, &seals, &held)) {
     return absl::InvalidArgumentError(
-        "the module relayed by the executor is not a memfd");
+        "the file descriptor attached to the module upload is not a memfd; "
+        "send the module as a memfd sealed against writing, shrinking and "
+        "growing");
   }
   if ((seals & kModuleSeals) != kModuleSeals) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the module memfd relayed by the executor is not sealed against "
+        "the module memfd attached to the upload is not sealed against "
         "writing, shrinking and growing (seals 0x",
-        absl::Hex(seals), ")"));
+        absl::Hex(seals),
+        "); seal it (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW) before "
+        "sending it"));
   }
   if (held != size) {
     return absl::InvalidArgumentError(
-        absl::StrCat("the module memfd relayed by the executor holds ", held,
-                     " bytes, not the ", size, " announced"));
+        absl::StrCat("the module memfd attached to the upload holds ", held,
+                     " bytes, not the ", size,
+                     " announced in module.upload_size"));
   }
   return ReadModuleFd(fd, size, max_module_bytes);
 }

@@ -1,9 +1,7 @@
-// Module uploads over a session as a file descriptor (a memfd) instead of
-// message bytes, so a module of any size up to max_module_bytes registers
-// through the session like through the gRPC stream; and how an executor
-// relays a session's upload to kregd: always as a sealed memfd, never
-// inline, so that executor -> kregd messages stay small (docs/design.md
-// §8: kregd trusts no executor).
+// Module uploads over the session socket's control connections as a file
+// descriptor (a sealed memfd) instead of message bytes, so a module of any
+// size up to max_module_bytes registers there like through the gRPC
+// stream, and kregd reads exactly the bytes that were checked.
 #ifndef KREGD_DAEMON_BASE_MODULE_UPLOAD_H_
 #define KREGD_DAEMON_BASE_MODULE_UPLOAD_H_
 
@@ -18,7 +16,7 @@
 
 namespace kreg {
 
-// The seals a relayed module's memfd must carry: its bytes and size are
+// The seals an uploaded module's memfd must carry: its bytes and size are
 // fixed for good once kregd has checked them.
 constexpr int kModuleSeals = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW;
 
@@ -36,7 +34,7 @@ absl::StatusOr<std::string> ReadModuleFd(int fd, uint64_t size,
 absl::StatusOr<UniqueFd> SealedModuleCopy(UniqueFd fd, uint64_t size,
                                           uint64_t max_module_bytes);
 
-// kregd's side of a relayed upload: the bytes of `fd`, which must be a memfd
+// kregd's side of an upload: the bytes of `fd`, which must be a memfd
 // sealed with (at least) kModuleSeals whose size (fstat) is exactly `size`,
 // with 0 < size <= max_module_bytes. INVALID_ARGUMENT naming what is wrong
 // otherwise, before a byte is read.

@@ -138,35 +138,20 @@ int main(int argc, char** argv) {
 
   dir = root + "/broker_request";
   BrokerRequest b;
-  *b.mutable_register_target() = reg.register_target();
-  Write("register_upload", b.SerializeAsString());
-  b.mutable_register_target()->mutable_module()->set_path("sub/up.so");
-  Write("register_path", b.SerializeAsString());
-  b.Clear();
   b.mutable_resolve()->set_target_name("t.new");
   b.mutable_resolve()->set_platform("cpu");
   Write("resolve", b.SerializeAsString());
   b.mutable_resolve()->set_local(true);
   Write("resolve_local", b.SerializeAsString());
-  b.Clear();
-  b.mutable_list();
-  Write("list", b.SerializeAsString());
 
-  // broker_frames: byte 0 picks the module fd (1: sealed memfd of the
-  // announced size), then the raw bytes of the broker socket.
-  dir = root + "/broker_frames";
-  auto broker_frame = [](const BrokerRequest& r) {
-    std::string p = r.SerializeAsString();
-    uint32_t n = static_cast<uint32_t>(p.size());
-    return std::string(reinterpret_cast<const char*>(&n), 4) + p;
-  };
-  b.Clear();
-  *b.mutable_register_target() = reg.register_target();
-  BrokerRequest broker_list;
-  broker_list.mutable_list();
-  Write("register_memfd", "\x01" + broker_frame(broker_list) + broker_frame(b));
-  b.mutable_register_target()->mutable_module()->set_path("sub/up.so");
-  Write("register_path_fd", "\x01" + broker_frame(b));
+  // control_frames: byte 0 picks the module fd (1: sealed memfd of the
+  // announced size), then the raw bytes of a control connection.
+  dir = root + "/control_frames";
+  Write("register_memfd", "\x01" + Frame(list) + Frame(reg));
+  SessionRequest by_path = reg;
+  by_path.mutable_register_target()->mutable_module()->set_path("sub/up.so");
+  Write("register_path", std::string("\x00", 1) + Frame(by_path) + Frame(list));
+  Write("launch", std::string("\x00", 1) + Frame(list) + Frame(launch));
   // A frame announcing 400 MiB, then some of it.
   Write("huge", std::string("\x00\x00\x00\x00\x19", 5) + std::string(100, 'k'));
 

@@ -1,8 +1,8 @@
 // Hostile kernels and half frames against the real kregd (docs/design.md
-// §6, §8): a kernel that writes huge frames into every socket its executor
-// holds to kregd, registrations whose module bytes must reach kregd as a
-// sealed memfd (never inline), and a first frame that stops halfway. Spoken
-// over the raw session protocol.
+// §3, §6, §8): a kernel that writes huge frames into every socket its
+// executor holds to kregd, control connections (registrations kregd serves
+// itself, module bytes as a sealed memfd) and their errors, and a first
+// frame that stops halfway. Spoken over the raw session protocol.
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
@@ -266,70 +266,212 @@ int ModuleMemfd(const std::string& bytes, bool seal) {
   return fd;
 }
 
+// `r` with `fds` attached on `sock`; the reply.
+v1::SessionResponse CallFds(int sock, const v1::SessionRequest& r,
+                            std::vector<int> fds) {
+  std::string out;
+  r.SerializeToString(&out);
+  REQUIRE(wire::SendFrame(sock, out.data(), out.size(), fds.data(),
+                          static_cast<int>(fds.size())) == wire::kOk);
+  return Next(sock);
+}
+
+v1::SessionRequest UploadIn(uint64_t id, const std::string& target,
+                            uint64_t size) {
+  v1::SessionRequest r = RegisterIn(id, target, "WhoAmI");
+  r.mutable_register_target()->mutable_module()->set_upload_size(size);
+  return r;
+}
+
 TEST_CASE(
-    "Session registrations upload through the executor by fd; an oversized "
-    "relay is refused and the session goes on",
-    "[integration][executors]") {
+    "A control connection registers and lists with one request and one "
+    "reply each, served by kregd with no executor; it holds what it "
+    "registered until it closes",
+    "[integration][control]") {
   TempDir dir;
   Daemon d(dir.path());
   d.Start();
   const std::string module = testing::ReadFile(d.Kernel("libhostile.so"));
   int s = Connect(d.socket() + ".session");
-  Hello(s);
-  char* arena = Arena(s);
-
-  // The shim's way: a sealed memfd (passed on as is).
-  v1::SessionRequest sealed_reg = RegisterIn(4, "s.sealed", "WhoAmI");
-  sealed_reg.mutable_register_target()->mutable_module()->set_upload_size(
-      module.size());
+  // One frame out, one frame back: Next() fails on anything else.
   int fd = ModuleMemfd(module, /*seal=*/true);
-  v1::SessionResponse resp = Call(s, sealed_reg, fd);
+  v1::SessionResponse resp = CallFds(s, UploadIn(4, "c.who", module.size()),
+                                     {fd});
   ::close(fd);
   INFO(resp.status().message());
   REQUIRE(resp.status().code() == 0);
+  CHECK(resp.id() == 4);
+  CHECK(resp.register_target().created());
   CHECK(resp.register_target().target().module_size() == module.size());
   CHECK(resp.register_target().target().audit().uid() == ::getuid());
-  const std::string digest = resp.register_target().target().module_digest();
-
-  // An unsealed memfd with more bytes than announced: the executor relays
-  // a sealed copy of the announced ones.
-  v1::SessionRequest open_reg = RegisterIn(5, "s.open", "WhoAmI");
-  open_reg.mutable_register_target()->mutable_module()->set_upload_size(
-      module.size());
-  fd = ModuleMemfd(module + "trailing bytes", /*seal=*/false);
-  resp = Call(s, open_reg, fd);
-  ::close(fd);
+  v1::SessionRequest list;
+  list.set_id(5);
+  list.mutable_list();
+  resp = Call(s, list);
+  CHECK(resp.id() == 5);
+  REQUIRE(resp.list().targets_size() == 1);
+  CHECK(resp.list().targets(0).target_name() == "c.who");
+  // Nothing else arrived, and no executor was started for it.
+  pollfd p{s, POLLIN, 0};
+  CHECK(::poll(&p, 1, 100) == 0);
+  auto status = d.client().Status();
+  REQUIRE(status.ok());
+  CHECK(status->executors_started() == 0);
+  CHECK(status->executors_size() == 0);
+  CHECK(status->sessions() == 1);  // counted like a session
+  // Held: retiring it is refused while the connection is open.
+  CHECK_FALSE(d.client().Retire("c.who", "cpu").ok());
+  // A session runs what the control connection registered.
+  int session = Connect(d.socket() + ".session");
+  Hello(session);
+  char* arena = Arena(session);
+  resp = Call(session, Launch(3, "c.who"));
   INFO(resp.status().message());
-  REQUIRE(resp.status().code() == 0);
-  CHECK(resp.register_target().target().module_digest() == digest);
-
-  // A request the executor cannot relay within the broker limit.
-  v1::SessionRequest long_reg = RegisterIn(6, "s.long", "WhoAmI");
-  v1::ModuleSource* long_module =
-      long_reg.mutable_register_target()->mutable_module();
-  long_module->set_file_name(std::string(80000, 'f'));
-  long_module->set_path(d.Kernel("libhostile.so"));
-  resp = Call(s, long_reg);
-  CHECK(resp.status().code() ==
-        static_cast<int>(absl::StatusCode::kInvalidArgument));
-  CHECK_THAT(resp.status().message(),
-             Catch::Contains("more than the 65536 bytes an executor may "
-                             "send it"));
-
-  // Both run; the session is still up after the refusal.
-  uint64_t id = 10;
-  for (const char* target : {"s.sealed", "s.open"}) {
-    std::memset(arena + kOutOffset, 0, 32);
-    resp = Call(s, Launch(id++, target));
-    INFO(target << ": " << resp.status().message());
-    CHECK(resp.status().code() == 0);
-    CHECK(Out(arena)[0] == static_cast<int64_t>(::getuid()));
-    CHECK(Out(arena)[3] == d.pid());
+  CHECK(resp.status().code() == 0);
+  CHECK(Out(arena)[3] == d.pid());
+  ::close(session);
+  ::close(s);
+  // Released on close.
+  bool retired = false;
+  for (int i = 0; i < 100 && !retired; ++i) {
+    retired = d.client().Retire("c.who", "cpu").ok();
+    if (!retired) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  CHECK(retired);
+}
+
+TEST_CASE(
+    "A control connection refuses bad uploads with their reason and "
+    "carries on; any other request is refused and closes it",
+    "[integration][control][hostile]") {
+  TempDir dir;
+  std::string config = dir.path() + "/kregd.toml";
+  testing::WriteFile(config, "max_module_bytes = 1048576\n");
+  Daemon d(dir.path(), {"--config", config});
+  d.Start();
+  const std::string module = testing::ReadFile(d.Kernel("libhostile.so"));
+  const std::string path = d.socket() + ".session";
+  int s = Connect(path);
+  auto refused = [&](v1::SessionResponse resp, const std::string& text) {
+    INFO(resp.status().message());
+    CHECK(resp.status().code() ==
+          static_cast<int>(absl::StatusCode::kInvalidArgument));
+    CHECK_THAT(resp.status().message(), Catch::Contains(text));
+  };
+  // Unsealed: its bytes could change after kregd checked them.
+  int open_fd = ModuleMemfd(module, /*seal=*/false);
+  refused(CallFds(s, UploadIn(1, "c.open", module.size()), {open_fd}),
+          "the module memfd attached to the upload is not sealed against "
+          "writing, shrinking and growing");
+  // Sealed, but not of the announced size.
+  int sealed = ModuleMemfd(module, /*seal=*/true);
+  refused(CallFds(s, UploadIn(2, "c.size", module.size() + 1), {sealed}),
+          "holds " + std::to_string(module.size()) + " bytes, not the " +
+              std::to_string(module.size() + 1) + " announced");
+  // Two descriptors.
+  refused(CallFds(s, UploadIn(3, "c.two", module.size()), {sealed, open_fd}),
+          "the registration carries 2 file descriptor(s); an upload "
+          "(module.upload_size) needs exactly one");
+  // Over max_module_bytes, with a pipe attached: refused before a byte is
+  // read (reading a pipe with pread fails, and would say so).
+  int pipe_fds[2];
+  REQUIRE(::pipe2(pipe_fds, O_CLOEXEC) == 0);
+  v1::SessionResponse resp =
+      CallFds(s, UploadIn(4, "c.big", 2 << 20), {pipe_fds[0]});
+  refused(resp, "uploaded module is 2097152 bytes; the limit is 1048576 "
+                "(max_module_bytes)");
+  ::close(pipe_fds[0]);
+  ::close(pipe_fds[1]);
+  ::close(open_fd);
+  // Still serving: the sealed one registers.
+  resp = CallFds(s, UploadIn(5, "c.ok", module.size()), {sealed});
+  ::close(sealed);
+  INFO(resp.status().message());
+  CHECK(resp.status().code() == 0);
+  // A launch on it: refused, naming it and what to do; then closed.
+  resp = Call(s, Launch(6, "c.ok"));
+  CHECK(resp.id() == 6);
+  CHECK(resp.status().code() ==
+        static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  CHECK(resp.status().message() ==
+        "kregd refused a launch request on a control connection (a "
+        "connection to the session socket whose first request was not "
+        "hello): it serves only register_target and list; send launch on a "
+        "session (a connection whose first request is hello). Closing this "
+        "connection");
+  CHECK(Next(s).status().message() == "eof");
+  ::close(s);
+  // The first request neither Hello nor a control request: the same.
+  s = Connect(path);
+  v1::SessionRequest grow;
+  grow.set_id(1);
+  grow.mutable_arena_grow()->set_size(4096);
+  resp = Call(s, grow);
+  CHECK_THAT(resp.status().message(),
+             Catch::StartsWith("kregd refused a arena_grow request on a "
+                               "control connection"));
+  CHECK(Next(s).status().message() == "eof");
+  ::close(s);
+  // A Hello after a control request: refused too.
+  s = Connect(path);
+  v1::SessionRequest list;
+  list.set_id(1);
+  list.mutable_list();
+  CHECK(Call(s, list).status().code() == 0);
+  v1::SessionRequest hello;
+  hello.set_id(2);
+  hello.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
+  CHECK_THAT(Call(s, hello).status().message(),
+             Catch::StartsWith("kregd refused a hello request on a control "
+                               "connection"));
+  ::close(s);
+  // A request over the control limit, first or later.
+  v1::SessionRequest long_reg = RegisterIn(7, "c.long", "WhoAmI");
+  long_reg.mutable_register_target()->mutable_module()->set_file_name(
+      std::string(80000, 'f'));
+  s = Connect(path);
+  resp = Call(s, long_reg);
+  CHECK(resp.id() == 0);
+  CHECK(resp.status().message() ==
+        "kregd closed this connection: its first message is over 65536 "
+        "bytes, more than a hello or a control request (register_target, "
+        "list) may be; module bytes go as a sealed memfd");
+  ::close(s);
+  s = Connect(path);
+  CHECK(Call(s, list).status().code() == 0);
+  resp = Call(s, long_reg);
+  CHECK(resp.id() == 0);
+  CHECK_THAT(resp.status().message(),
+             Catch::StartsWith("kregd closed this control connection: "));
   ::close(s);
   auto listed = d.client().List();
   REQUIRE(listed.ok());
-  CHECK(listed->size() == 2);
+  CHECK(listed->size() == 1);
+}
+
+TEST_CASE("Control connections count against max_sessions_per_uid",
+          "[integration][control]") {
+  TempDir dir;
+  std::string config = dir.path() + "/kregd.toml";
+  testing::WriteFile(config, "max_sessions_per_uid = 1\n");
+  Daemon d(dir.path(), {"--config", config});
+  d.Start();
+  const std::string path = d.socket() + ".session";
+  int first = Connect(path);
+  v1::SessionRequest list;
+  list.set_id(1);
+  list.mutable_list();
+  CHECK(Call(first, list).status().code() == 0);
+  int second = Connect(path);
+  v1::SessionResponse resp = Next(second);
+  CHECK(resp.id() == 0);
+  CHECK(resp.status().code() ==
+        static_cast<int>(absl::StatusCode::kResourceExhausted));
+  CHECK_THAT(resp.status().message(),
+             Catch::Contains("too many sessions for uid " +
+                             std::to_string(::getuid()) + " (limit 1"));
+  ::close(second);
+  ::close(first);
 }
 
 TEST_CASE(
@@ -379,14 +521,18 @@ TEST_CASE(
       if (::send(trickle, "x", 1, MSG_NOSIGNAL) != 1) break;
     }
   });
-  for (int s : {half, trickle}) {
+  // And one says nothing at all.
+  int silent = Connect(path);
+  for (int s : {half, trickle, silent}) {
     v1::SessionResponse resp = Next(s, 5000);
     INFO(resp.status().message());
     CHECK(resp.id() == 0);
     CHECK(resp.status().code() ==
           static_cast<int>(absl::StatusCode::kDeadlineExceeded));
-    CHECK_THAT(resp.status().message(),
-               Catch::Contains("no Hello within 500 ms"));
+    CHECK(resp.status().message() ==
+          "kregd closed this connection: no whole request within 500 ms of "
+          "connecting (hello_timeout_s); send hello (a session) or a "
+          "register_target or list request (a control connection) at once");
     CHECK(Next(s, 5000).status().message() == "eof");
   }
   const auto took = std::chrono::steady_clock::now() - start;
@@ -395,6 +541,7 @@ TEST_CASE(
   trickler.join();
   ::close(half);
   ::close(trickle);
+  ::close(silent);
   // A complete Hello still opens a session.
   int good = Connect(path);
   Hello(good);
@@ -445,7 +592,9 @@ TEST_CASE(
           wire::kOk);
   v1::SessionResponse listed = Next(idle, 5000);
   CHECK(listed.id() == 2);
-  CHECK(listed.status().code() == 0);
+  CHECK_THAT(listed.status().message(),
+             Catch::StartsWith("register_target and list are not served in "
+                               "a session"));
   ::close(half);
   ::close(idle);
 }

@@ -134,19 +134,23 @@ TEST_CASE("ReadSealedModule refuses what is not a sealed memfd of the size",
   auto s = ReadSealedModule(open_fd.get(), 12, 1 << 20).status();
   CHECK(s.code() == absl::StatusCode::kInvalidArgument);
   CHECK(s.message() ==
-        "the module memfd relayed by the executor is not sealed against "
-        "writing, shrinking and growing (seals 0x1)");
+        "the module memfd attached to the upload is not sealed against "
+        "writing, shrinking and growing (seals 0x1); seal it (F_SEAL_WRITE "
+        "| F_SEAL_SHRINK | F_SEAL_GROW) before sending it");
   // Sealed, but of another size than announced.
   s = ReadSealedModule(sealed->get(), 11, 1 << 20).status();
   CHECK(s.message() ==
-        "the module memfd relayed by the executor holds 12 bytes, not the 11 "
-        "announced");
+        "the module memfd attached to the upload holds 12 bytes, not the 11 "
+        "announced in module.upload_size");
   // Not a memfd at all.
   int p[2];
   REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
   UniqueFd r(p[0]), w(p[1]);
   s = ReadSealedModule(r.get(), 12, 1 << 20).status();
-  CHECK(s.message() == "the module relayed by the executor is not a memfd");
+  CHECK(s.message() ==
+        "the file descriptor attached to the module upload is not a memfd; "
+        "send the module as a memfd sealed against writing, shrinking and "
+        "growing");
   // Over max_module_bytes or empty: refused before anything else.
   CHECK(ReadSealedModule(sealed->get(), 12, 11).status().message() ==
         "uploaded module of 12 bytes exceeds the limit of 11 bytes "

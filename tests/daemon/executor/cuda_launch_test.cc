@@ -28,11 +28,6 @@ using ::kreg::testing::LaunchSpec;
 
 class Backend : public SessionBackend {
  public:
-  absl::StatusOr<v1::RegisterTargetResponse> Register(
-      const v1::RegisterTargetHeader&, UniqueFd, const PeerCred&) override {
-    return absl::UnimplementedError("");
-  }
-  v1::ListTargetsResponse List() override { return {}; }
   absl::StatusOr<void*> Lookup(const TargetKey& key) override {
     if (key.name != "t" || key.platform != Platform::kCuda) {
       return absl::NotFoundError("not registered");

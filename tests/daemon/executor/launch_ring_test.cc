@@ -39,11 +39,6 @@ constexpr uint64_t kArenaBytes = 1 << 16;
 // error message. Other targets: NOT_FOUND.
 class Backend : public SessionBackend {
  public:
-  absl::StatusOr<v1::RegisterTargetResponse> Register(
-      const v1::RegisterTargetHeader&, UniqueFd, const PeerCred&) override {
-    return absl::UnimplementedError("no");
-  }
-  v1::ListTargetsResponse List() override { return {}; }
   absl::StatusOr<void*> Lookup(const TargetKey& key) override {
     if (key.name != "t")
       return absl::NotFoundError("not registered: " + key.name);

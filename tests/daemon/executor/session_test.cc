@@ -21,66 +21,20 @@ namespace {
 
 using ::kreg::testing::MakeMemfd;
 
+constexpr char kNotInSession[] =
+    "register_target and list are not served in a session: send them on a "
+    "control connection (a connection to the session socket whose first "
+    "request is not hello), which kregd serves itself";
+
+v1::SessionRequest ListRequest() {
+  v1::SessionRequest r;
+  r.mutable_list();
+  return r;
+}
+
 // Doubles F32 arg 0 into ret 0 for target "t"; everything else NOT_FOUND.
 class FakeBackend : public SessionBackend {
  public:
-  absl::StatusOr<v1::RegisterTargetResponse> Register(
-      const v1::RegisterTargetHeader& r, UniqueFd module,
-      const PeerCred& peer) override {
-    if (r.target_name() == "refused") {
-      return absl::FailedPreconditionError("target \"refused\" exists");
-    }
-    last_peer = peer;
-    last_request = r;
-    last_module_seals = module.ok() ? ::fcntl(module.get(), F_GET_SEALS) : -1;
-    last_module.clear();
-    if (module.ok()) {
-      last_module.resize(r.module().upload_size());
-      if (::pread(module.get(), last_module.data(), last_module.size(), 0) !=
-          static_cast<ssize_t>(last_module.size())) {
-        last_module = "(short memfd)";
-      }
-    }
-    v1::RegisterTargetResponse reply;
-    reply.set_created(true);
-    reply.mutable_target()->set_target_name(r.target_name());
-    return reply;
-  }
-  // Refuses uploads over 100 bytes, like kregd's quota would.
-  absl::Status PrecheckUpload(const v1::RegisterTargetHeader& r,
-                              const PeerCred& peer) override {
-    const uint64_t size = r.module().upload_size();
-    ++prechecks;
-    last_peer = peer;
-    if (size > 100) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "precheck of \"", r.target_name(), "\": ", size, " bytes"));
-    }
-    return absl::OkStatus();
-  }
-  // One target, with every field a 1.0-1.6 client reads.
-  v1::ListTargetsResponse List() override {
-    v1::ListTargetsResponse r;
-    v1::Target* t = r.add_targets();
-    t->set_target_name("listed");
-    t->set_platform("cpu");
-    t->set_func_name("F");
-    t->set_content_id("c");
-    t->set_module_digest("sha256:d");
-    t->set_module_size(9);
-    t->set_kind("module");
-    t->set_ffi_api_major(0);
-    t->set_ffi_api_minor(1);
-    t->set_traits(1);
-    t->set_not_runnable("no GPU");
-    t->mutable_audit()->set_uid(1000);
-    t->mutable_audit()->set_gid(100);
-    t->mutable_audit()->set_registered_at_us(5);
-    t->mutable_audit()->set_pid(77);
-    t->mutable_audit()->set_origin("path:/m.so");
-    t->mutable_audit()->set_host("h (10.0.0.1)");
-    return r;
-  }
   // "local.ok": a module fd; "local.nofd": success without one; other
   // names: the backend's refusal.
   absl::StatusOr<v1::BindLocalReply> BindLocal(const v1::BindLocal& r,
@@ -111,11 +65,6 @@ class FakeBackend : public SessionBackend {
   uint32_t ffi_api_major() const override { return 0; }
   uint32_t ffi_api_minor() const override { return 4; }
   int lookups = 0;
-  int prechecks = 0;
-  PeerCred last_peer;
-  v1::RegisterTargetHeader last_request;
-  std::string last_module;  // the bytes of the memfd Register got
-  int last_module_seals = -1;
 };
 
 struct Fixture {
@@ -412,150 +361,15 @@ TEST_CASE("Launch refuses CUDA targets (host arena buffers)", "[session]") {
   CHECK(fx.backend.lookups == 0);
 }
 
-TEST_CASE("Register passes the peer and the refusal through", "[session]") {
+TEST_CASE("RegisterTarget and List are refused in a session", "[session]") {
   Fixture fx;
   fx.Hello();
   v1::SessionRequest r;
-  r.mutable_register_target()->set_target_name("ok");
-  v1::SessionResponse resp = fx.Send(r);
-  CHECK(resp.register_target().created());
-  CHECK(fx.backend.last_peer.pid == 3);
-  r.mutable_register_target()->set_target_name("refused");
-  resp = fx.Send(r);
-  CHECK(resp.status().code() == int(absl::StatusCode::kFailedPrecondition));
-  CHECK(resp.status().message() == "target \"refused\" exists");
-}
-
-TEST_CASE("An fd upload refused by the precheck is never read", "[session]") {
-  Fixture fx;
-  fx.Hello();
-  // A pipe cannot be pread: had the session read it, the error would say
-  // the descriptor cannot be read.
-  int p[2];
-  REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
-  UniqueFd read_end(p[0]), write_end(p[1]);
-  v1::SessionRequest r;
-  r.mutable_register_target()->set_target_name("big");
-  r.mutable_register_target()->mutable_module()->set_upload_size(1 << 20);
-  std::vector<UniqueFd> fds;
-  fds.push_back(std::move(read_end));
-  v1::SessionResponse resp = fx.Send(r, std::move(fds));
-  CHECK(fx.backend.prechecks == 1);
-  CHECK(fx.backend.last_peer.pid == 3);
-  CHECK(resp.status().code() == int(absl::StatusCode::kResourceExhausted));
-  CHECK(resp.status().message() == "precheck of \"big\": 1048576 bytes");
-}
-
-TEST_CASE("An fd upload the precheck accepts is read and registered",
-          "[session]") {
-  Fixture fx;
-  fx.Hello();
-  v1::SessionRequest r;
-  r.mutable_register_target()->set_target_name("small");
-  r.mutable_register_target()->mutable_module()->set_upload_size(4);
-  std::vector<UniqueFd> fds;
-  fds.push_back(MakeMemfd(4));
-  v1::SessionResponse resp = fx.Send(r, std::move(fds));
-  CHECK(fx.backend.prechecks == 1);
-  CHECK(resp.status().code() == 0);
-  CHECK(resp.register_target().created());
-}
-
-constexpr int kSealed = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW;
-
-TEST_CASE("An upload must carry exactly one fd, nothing else any",
-          "[session]") {
-  Fixture fx;
-  fx.Hello();
-  v1::SessionRequest r;
-  r.mutable_register_target()->set_target_name("nofd");
-  r.mutable_register_target()->mutable_module()->set_upload_size(4);
-  v1::SessionResponse resp = fx.Send(r);
-  CHECK(resp.status().code() == int(absl::StatusCode::kInvalidArgument));
-  CHECK(resp.status().message() ==
-        "the registration carries 0 file descriptor(s); an upload "
-        "(module.upload_size) needs exactly one (the module's memfd)");
-  r.mutable_register_target()->mutable_module()->set_path("/m.so");
-  std::vector<UniqueFd> fds;
-  fds.push_back(MakeMemfd(4));
-  resp = fx.Send(r, std::move(fds));
-  CHECK(resp.status().message() ==
-        "the registration carries 1 file descriptor(s); only an upload "
-        "(module.upload_size) may carry one");
-  CHECK(fx.backend.prechecks == 0);
-}
-
-TEST_CASE("An fd upload reaches the backend as a sealed memfd of its size",
-          "[session]") {
-  Fixture fx;
-  fx.Hello();
-  // The client's memfd is longer than the upload and not sealed against
-  // writing: the backend gets a sealed copy of the announced bytes.
-  UniqueFd fd(::memfd_create("m", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  REQUIRE(::write(fd.get(), "abcdefgh", 8) == 8);
-  v1::SessionRequest r;
-  r.mutable_register_target()->set_target_name("byfd");
-  r.mutable_register_target()->mutable_module()->set_upload_size(5);
-  std::vector<UniqueFd> fds;
-  fds.push_back(std::move(fd));
-  v1::SessionResponse resp = fx.Send(r, std::move(fds));
-  REQUIRE(resp.status().code() == 0);
-  CHECK(fx.backend.last_request.module().upload_size() == 5);
-  CHECK((fx.backend.last_module_seals & kSealed) == kSealed);
-  CHECK(fx.backend.last_module == "abcde");
-}
-
-TEST_CASE("List answers in registration.proto's Target", "[session]") {
-  Fixture fx;
-  fx.Hello();
-  v1::SessionRequest list;
-  list.mutable_list();
-  v1::SessionResponse resp = fx.Send(list);
-  REQUIRE(resp.has_list());
-  REQUIRE(resp.list().targets_size() == 1);
-  CHECK(resp.list().targets(0).target_name() == "listed");
-  CHECK(resp.list().targets(0).audit().host() == "h (10.0.0.1)");
-}
-
-TEST_CASE("An fd upload is charged to max_buffered_bytes before it is read",
-          "[session]") {
-  FakeBackend backend;
-  SessionCounters counters;
-  wire::ByteBudget budget(64);
-  SessionLimits limits;
-  limits.receive_budget = &budget;
-  Session session(7, UniqueFd(), PeerCred{1, 2, 3}, limits, &backend,
-                  &counters);
-  v1::SessionRequest hello;
-  hello.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
-  REQUIRE(session.Handle(hello, {}).status().code() == 0);
-  // 80 bytes pass the precheck (<= 100) but not the budget (64): refused
-  // before reading (a pipe cannot be pread: reading it would say so).
-  int p[2];
-  REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
-  UniqueFd read_end(p[0]), write_end(p[1]);
-  v1::SessionRequest r;
-  r.mutable_register_target()->set_target_name("mid");
-  r.mutable_register_target()->mutable_module()->set_upload_size(80);
-  std::vector<UniqueFd> fds;
-  fds.push_back(std::move(read_end));
-  v1::SessionResponse resp = session.Handle(r, std::move(fds));
-  CHECK(resp.status().code() == int(absl::StatusCode::kResourceExhausted));
-  CHECK(resp.status().message() ==
-        "reading the uploaded module of 80 bytes would take the bytes "
-        "buffered by every session of this executor (uid 1) past 64 "
-        "(max_buffered_bytes; 0 in use); retry once other uploads are done "
-        "or ask the operator to raise max_buffered_bytes");
-  CHECK(budget.used() == 0);
-  // One that fits is read and registered; its charge is given back after.
-  r.mutable_register_target()->set_target_name("small");
-  r.mutable_register_target()->mutable_module()->set_upload_size(4);
-  fds.clear();
-  fds.push_back(MakeMemfd(4));
-  resp = session.Handle(r, std::move(fds));
-  CHECK(resp.status().code() == 0);
-  CHECK(resp.register_target().created());
-  CHECK(budget.used() == 0);
+  r.mutable_register_target()->set_target_name("t");
+  for (v1::SessionResponse resp : {fx.Send(r), fx.Send(ListRequest())}) {
+    CHECK(resp.status().code() == int(absl::StatusCode::kFailedPrecondition));
+    CHECK(resp.status().message() == kNotInSession);
+  }
 }
 
 // ---- the request loop over a socket --------------------------------------
@@ -692,16 +506,15 @@ TEST_CASE("A complete Hello before the deadline keeps the session open",
   CHECK(resp.has_hello());
   // Well past the deadline, the session still answers.
   std::this_thread::sleep_for(std::chrono::milliseconds(400));
-  v1::SessionRequest list;
+  v1::SessionRequest list = ListRequest();
   list.set_id(6);
-  list.mutable_list();
   out = list.SerializeAsString();
   REQUIRE(wire::SendFrame(client.get(), out.data(), out.size(), nullptr, 0) ==
           wire::kOk);
   REQUIRE(wire::RecvFrame(client.get(), 1 << 20, &payload, &fds) == wire::kOk);
   REQUIRE(resp.ParseFromString(payload));
   CHECK(resp.id() == 6);
-  CHECK(resp.status().code() == 0);
+  CHECK(resp.status().message() == kNotInSession);
   session.Shutdown();
   run.join();
 }

@@ -1,5 +1,5 @@
-// TakeRelayedModule (broker.cc): kregd's intake of a registration an
-// executor relays, with the module as a sealed memfd charged to the
+// TakeUploadedModule (broker.cc): kregd's intake of a registration sent on
+// a control connection, with the module as a sealed memfd charged to the
 // daemon-wide upload budget before a byte is read.
 #include "daemon/supervisor/broker.h"
 
@@ -43,7 +43,7 @@ struct World {
 
 v1::RegisterTargetHeader Upload(uint64_t size) {
   v1::RegisterTargetHeader req;
-  req.set_target_name("t.relayed");
+  req.set_target_name("t.uploaded");
   req.set_func_name("F");
   req.set_platform("cpu");
   req.mutable_module()->set_upload_size(size);
@@ -58,7 +58,7 @@ std::vector<UniqueFd> One(UniqueFd fd) {
 
 const PeerCred kPeer{::getuid(), ::getgid(), ::getpid()};
 
-TEST_CASE("A relayed upload is charged to the budget before it is read",
+TEST_CASE("An upload is charged to the budget before it is read",
           "[broker]") {
   testing::TempDir dir;
   World w(dir.path());
@@ -68,7 +68,7 @@ TEST_CASE("A relayed upload is charged to the budget before it is read",
   SECTION("within the budget: taken, and held until the hold goes") {
     wire::BudgetHold hold(&budget);
     auto taken =
-        TakeRelayedModule(&w.registrar, Upload(module.size()),
+        TakeUploadedModule(&w.registrar, Upload(module.size()),
                           One(SealedModule(module)), kPeer, kMaxModule, &hold);
     REQUIRE(taken.ok());
     CHECK(*taken == module);
@@ -81,7 +81,7 @@ TEST_CASE("A relayed upload is charged to the budget before it is read",
     REQUIRE(other.Set(1000));  // another session's upload in flight
     wire::BudgetHold hold(&budget);
     auto taken =
-        TakeRelayedModule(&w.registrar, Upload(module.size()),
+        TakeUploadedModule(&w.registrar, Upload(module.size()),
                           One(SealedModule(module)), kPeer, kMaxModule, &hold);
     REQUIRE(!taken.ok());
     CHECK(taken.status().code() == absl::StatusCode::kResourceExhausted);
@@ -96,7 +96,7 @@ TEST_CASE("A relayed upload is charged to the budget before it is read",
   }
 }
 
-TEST_CASE("A relayed registration's bad forms are refused with their reason",
+TEST_CASE("A registration's bad forms are refused with their reason",
           "[broker]") {
   testing::TempDir dir;
   World w(dir.path());
@@ -107,23 +107,33 @@ TEST_CASE("A relayed registration's bad forms are refused with their reason",
   SECTION("a memfd on a registration by path") {
     v1::RegisterTargetHeader req = Upload(0);
     req.mutable_module()->set_path("/m.so");
-    auto r = TakeRelayedModule(&w.registrar, req, One(SealedModule(module)),
+    auto r = TakeUploadedModule(&w.registrar, req, One(SealedModule(module)),
                                kPeer, kMaxModule, &hold);
     REQUIRE(!r.ok());
     CHECK_THAT(std::string(r.status().message()),
-               Catch::Contains("with 1 file descriptor(s); only an upload may "
-                               "carry one"));
+               Catch::Contains("carries 1 file descriptor(s); only an upload "
+                               "(module.upload_size) may carry one"));
   }
   SECTION("an upload without its memfd") {
-    auto r = TakeRelayedModule(&w.registrar, Upload(module.size()), {}, kPeer,
+    auto r = TakeUploadedModule(&w.registrar, Upload(module.size()), {}, kPeer,
                                kMaxModule, &hold);
     REQUIRE(!r.ok());
     CHECK_THAT(std::string(r.status().message()),
-               Catch::Contains("with 0 file descriptor(s); an upload needs "
-                               "exactly one"));
+               Catch::Contains("carries 0 file descriptor(s); an upload "
+                               "(module.upload_size) needs exactly one"));
+  }
+  SECTION("two memfds") {
+    std::vector<UniqueFd> two = One(SealedModule(module));
+    two.push_back(SealedModule(module));
+    auto r = TakeUploadedModule(&w.registrar, Upload(module.size()),
+                                std::move(two), kPeer, kMaxModule, &hold);
+    REQUIRE(!r.ok());
+    CHECK_THAT(std::string(r.status().message()),
+               Catch::Contains("carries 2 file descriptor(s); an upload "
+                               "(module.upload_size) needs exactly one"));
   }
   SECTION("an unsealed memfd") {
-    auto r = TakeRelayedModule(&w.registrar, Upload(module.size()),
+    auto r = TakeUploadedModule(&w.registrar, Upload(module.size()),
                                One(SealedModule(module, 0)), kPeer, kMaxModule,
                                &hold);
     REQUIRE(!r.ok());
@@ -132,11 +142,12 @@ TEST_CASE("A relayed registration's bad forms are refused with their reason",
   }
   SECTION("a memfd of another size than announced") {
     auto r =
-        TakeRelayedModule(&w.registrar, Upload(module.size() + 1),
+        TakeUploadedModule(&w.registrar, Upload(module.size() + 1),
                           One(SealedModule(module)), kPeer, kMaxModule, &hold);
     REQUIRE(!r.ok());
     CHECK_THAT(std::string(r.status().message()),
-               Catch::Contains("holds 64 bytes, not the 65 announced"));
+               Catch::Contains("holds 64 bytes, not the 65 announced in "
+                               "module.upload_size"));
   }
   CHECK(budget.used() <= module.size() + 1);
 }

@@ -1,12 +1,13 @@
-// Fuzzes what kregd reads from an executor's broker socket (broker.cc), at
-// the frame level: the bytes an executor (or a kernel running in it) writes
-// into the socket, framed with wire::RecvFrame at kMaxBrokerRequestBytes,
-// each frame parsed as a BrokerRequest and a registration taken in by
-// TakeRelayedModule with a module memfd the first byte chooses, then
-// registered through a real Registrar. Invariants: no frame is buffered
-// past the cap (whatever length it announces), and module bytes are taken
-// only from a memfd sealed against writing, shrinking and growing whose
-// size is the announced one (module.upload_size), never without an upload.
+// Fuzzes what kregd reads from a control connection (broker.cc): the bytes
+// a client writes into the session socket after a first request that is
+// not Hello, framed with wire::RecvFrame at kMaxControlRequestBytes, each
+// frame parsed as a SessionRequest and answered by HandleControl with a
+// module memfd the first byte chooses, through a real Registrar and
+// Registry. Invariants: no frame is buffered past the cap (whatever length
+// it announces); a registration succeeds with an upload only from a memfd
+// sealed against writing, shrinking and growing whose size is the announced
+// one (module.upload_size), never with a stray fd; every refusal has a
+// message; only RegisterTarget and List keep the connection open.
 //
 // Input: byte 0 = how a registration's module fd is made (mod 5): 0 none,
 // 1 a sealed memfd of the announced size, 2 the same unsealed, 3 sealed but
@@ -23,7 +24,6 @@
 #include <vector>
 
 #include "common/wire.h"
-#include "daemon/base/broker_limits.h"
 #include "daemon/base/module_upload.h"
 #include "daemon/registry/registrar.h"
 #include "daemon/registry/registration_mapper.h"
@@ -84,9 +84,10 @@ UniqueFd ModuleFd(int kind, uint64_t size, const std::string& bytes) {
   return fd;
 }
 
-void OneFrame(int kind, const std::string& payload) {
-  v1::BrokerRequest req;
-  if (!req.ParseFromString(payload) || !req.has_register_target()) return;
+// One request; false when it closes the connection.
+bool OneFrame(int kind, const std::string& payload) {
+  v1::SessionRequest req;
+  if (!req.ParseFromString(payload)) return false;
   const v1::RegisterTargetHeader& reg = req.register_target();
   const uint64_t size = reg.module().upload_size();
   const bool by_fd =
@@ -96,28 +97,34 @@ void OneFrame(int kind, const std::string& payload) {
   World& w = TheWorld();
   const PeerCred peer{::getuid(), ::getgid(), ::getpid()};
   wire::ByteBudget budget(2 * kMaxModule);
-  wire::BudgetHold hold(&budget);
-  absl::StatusOr<std::string> taken = TakeRelayedModule(
-      &w.registrar, reg, std::move(fds), peer, kMaxModule, &hold);
-  if (!taken.ok()) {
-    if (taken.status().message().empty()) fuzz::Fail("refusal without text");
-    return;
+  BrokerContext ctx;
+  ctx.registrar = &w.registrar;
+  ctx.registry = &w.registry;
+  ctx.max_module_bytes = kMaxModule;
+  ctx.upload_budget = &budget;
+  bool close = false;
+  v1::SessionResponse resp =
+      HandleControl(ctx, 1, peer, req, std::move(fds), &close);
+  const bool control = req.has_register_target() || req.has_list();
+  if (close == control) fuzz::Fail("closed a control request, or kept another");
+  if (resp.id() != req.id()) fuzz::Fail("answered another request id");
+  if (resp.status().code() != 0) {
+    if (resp.status().message().empty()) fuzz::Fail("refusal without text");
+    return !close;
   }
-  if (by_fd) {
-    if (kind != kSealed) fuzz::Fail("took a module fd that is not sealed");
-    if (taken->size() != size || taken->size() > kMaxModule) {
+  if (budget.used() != 0) fuzz::Fail("an upload's bytes stayed held");
+  if (req.has_register_target()) {
+    if (by_fd && kind != kSealed) {
+      fuzz::Fail("took a module fd that is not sealed");
+    }
+    if (by_fd && resp.register_target().target().module_size() != size) {
       fuzz::Fail("took a module of another size than announced");
     }
-  } else if (kind != kNone) {
-    fuzz::Fail("took a registration with a stray fd");
-  } else if (!taken->empty()) {
-    fuzz::Fail("took module bytes without an upload");
+    if (!by_fd && kind != kNone) {
+      fuzz::Fail("took a registration with a stray fd");
+    }
   }
-  absl::StatusOr<v1::RegisterTargetResponse> r = RegisterFromHeader(
-      &w.registrar, reg, *std::move(taken), peer, absl::OkStatus());
-  if (!r.ok() && r.status().message().empty()) {
-    fuzz::Fail("refusal without a message");
-  }
+  return true;
 }
 
 }  // namespace
@@ -138,27 +145,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
     fuzz::Fail("socketpair");
   }
-  UniqueFd executor(sv[0]);
+  UniqueFd client(sv[0]);
   UniqueFd kregd(sv[1]);
-  if (size > 1 && ::send(executor.get(), data + 1, size - 1, MSG_NOSIGNAL) !=
+  if (size > 1 && ::send(client.get(), data + 1, size - 1, MSG_NOSIGNAL) !=
                       static_cast<ssize_t>(size - 1)) {
     fuzz::Fail("send");
   }
-  executor.reset();
+  client.reset();
   std::string payload;
   for (;;) {
     std::vector<int> raw;
     int rc =
-        wire::RecvFrame(kregd.get(), kMaxBrokerRequestBytes, &payload, &raw);
+        wire::RecvFrame(kregd.get(), kMaxControlRequestBytes, &payload, &raw);
     for (int fd : raw) ::close(fd);
     // Nothing is sized by the announced length: at most the cap arrives,
     // and the buffer grows with the bytes that did.
-    if (payload.size() > kMaxBrokerRequestBytes ||
-        payload.capacity() > 2 * size_t{kMaxBrokerRequestBytes}) {
-      fuzz::Fail("a broker frame was buffered past the cap");
+    if (payload.size() > kMaxControlRequestBytes ||
+        payload.capacity() > 2 * size_t{kMaxControlRequestBytes}) {
+      fuzz::Fail("a control frame was buffered past the cap");
     }
-    if (rc != wire::kOk) break;  // kregd ends the session here
-    OneFrame(kind, payload);
+    // kregd ends the connection on a bad frame or a refused request.
+    if (rc != wire::kOk || !OneFrame(kind, payload)) break;
   }
   return 0;
 }
