@@ -348,8 +348,7 @@ ClientStatus Client::FreshControlLocked() {
   return ClientStatus::Ok();
 }
 
-ClientStatus Client::WithControl(
-    const std::function<ClientStatus(Conn*)>& op) {
+ClientStatus Client::WithControl(const std::function<ClientStatus(Conn*)>& op) {
   std::lock_guard<std::mutex> lock(control_mu_);
   ClientStatus s;
   for (int attempt = 0; attempt < 2; ++attempt) {

@@ -144,10 +144,9 @@ absl::StatusOr<std::string> ReadSealedModule(int fd, uint64_t size,
         "sending it"));
   }
   if (held != size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the module memfd attached to the upload holds ", held,
-                     " bytes, not the ", size,
-                     " announced in module.upload_size"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the module memfd attached to the upload holds ", held,
+        " bytes, not the ", size, " announced in module.upload_size"));
   }
   return ReadModuleFd(fd, size, max_module_bytes);
 }

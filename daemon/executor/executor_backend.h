@@ -78,8 +78,9 @@ class ExecutorBackend final : public SessionBackend {
   std::vector<Resolution> Resolved() const;
 
  private:
-  // One request/reply with kregd. UNAVAILABLE when kregd is gone; INVALID_ARGUMENT (nothing sent) when the
-  // request exceeds kMaxBrokerRequestBytes.
+  // One request/reply with kregd. UNAVAILABLE when kregd is gone;
+  // INVALID_ARGUMENT (nothing sent) when the request exceeds
+  // kMaxBrokerRequestBytes.
   absl::StatusOr<v1::BrokerReply> Call(const v1::BrokerRequest& request,
                                        UniqueFd* fd_out);
 

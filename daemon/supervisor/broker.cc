@@ -8,8 +8,8 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <utility>
 #include <vector>
 
@@ -34,6 +34,33 @@ namespace {
 void SetStatus(const absl::Status& s, v1::SessionStatus* out) {
   out->set_code(static_cast<int>(s.code()));
   out->set_message(std::string(s.message()));
+}
+
+// The field name of a session request's body (the protos are lite: no
+// descriptors).
+std::string RequestName(v1::SessionRequest::BodyCase body) {
+  switch (body) {
+    case v1::SessionRequest::kHello:
+      return "hello";
+    case v1::SessionRequest::kRegisterTarget:
+      return "register_target";
+    case v1::SessionRequest::kList:
+      return "list";
+    case v1::SessionRequest::kArenaGrow:
+      return "arena_grow";
+    case v1::SessionRequest::kLaunch:
+      return "launch";
+    case v1::SessionRequest::kCudaShare:
+      return "cuda_share";
+    case v1::SessionRequest::kCudaDoorbell:
+      return "cuda_doorbell";
+    case v1::SessionRequest::kRingSetup:
+      return "ring_setup";
+    case v1::SessionRequest::kBindLocal:
+      return "bind_local";
+    default:
+      return absl::StrCat("empty or unknown (", static_cast<int>(body), ")");
+  }
 }
 
 }  // namespace
@@ -86,7 +113,8 @@ v1::SessionResponse HandleControl(const BrokerContext& ctx, uint64_t id,
               : absl::StatusOr<v1::RegisterTargetResponse>(module.status());
       if (r.ok() && ctx.bindings != nullptr) {
         absl::StatusOr<Platform> p = ParsePlatform(r->target().platform());
-        if (p.ok()) ctx.bindings->Add(id, peer, {r->target().target_name(), *p});
+        if (p.ok())
+          ctx.bindings->Add(id, peer, {r->target().target_name(), *p});
       }
       if (r.ok()) {
         *resp.mutable_register_target() = *std::move(r);
@@ -105,9 +133,7 @@ v1::SessionResponse HandleControl(const BrokerContext& ctx, uint64_t id,
       }
       break;
     default: {
-      const google::protobuf::FieldDescriptor* f =
-          request.GetDescriptor()->FindFieldByNumber(request.body_case());
-      const std::string name = f != nullptr ? f->name() : "empty";
+      const std::string name = RequestName(request.body_case());
       *close = true;
       status = absl::FailedPreconditionError(absl::StrCat(
           "kregd refused a ", name,
@@ -187,14 +213,14 @@ bool SessionBroker::FirstIsHello(bool* control) {
 }
 
 void SessionBroker::ServeControl() {
-  spdlog::info("session {} (pid {} uid {}): control connection", id_,
-               peer_.pid, peer_.uid);
+  spdlog::info("session {} (pid {} uid {}): control connection", id_, peer_.pid,
+               peer_.uid);
   // A reply the client does not read within hello_timeout ends it.
   timeval tv{};
   tv.tv_sec = ctx_.hello_timeout_ms / 1000;
   tv.tv_usec = (ctx_.hello_timeout_ms % 1000) * 1000;
   ::setsockopt(client_.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  std::string payload;
+  wire::RecvBuffer buffer;
   std::string out;
   for (bool close = false; !close;) {
     // Idle as long as the client likes; a request that has begun must
@@ -204,8 +230,9 @@ void SessionBroker::ServeControl() {
     }
     std::vector<int> raw;
     int rc = wire::RecvFrame(
-        client_.get(), kMaxControlRequestBytes, &payload, &raw,
+        client_.get(), kMaxControlRequestBytes, &buffer, &raw,
         wire::Clock::now() + std::chrono::milliseconds(ctx_.hello_timeout_ms));
+    const std::string& payload = buffer.payload();
     std::vector<UniqueFd> fds;
     for (int fd : raw) fds.emplace_back(fd);
     if (rc == wire::kEof) break;
@@ -219,8 +246,8 @@ void SessionBroker::ServeControl() {
           "kregd closed this control connection: ", wire::ResultText(rc),
           " (a request is at most ", kMaxControlRequestBytes, " bytes with ",
           "at most ", wire::kMaxFdsPerFrame,
-          " file descriptors, and arrives whole within ",
-          ctx_.hello_timeout_ms, " ms of its first byte)")));
+          " file descriptors, and arrives whole within ", ctx_.hello_timeout_ms,
+          " ms of its first byte)")));
       break;
     }
     v1::SessionRequest req;
@@ -229,7 +256,8 @@ void SessionBroker::ServeControl() {
       resp = HandleControl(ctx_, id_, peer_, req, std::move(fds), &close);
     } else {
       close = true;
-      resp.mutable_status()->set_code(absl::StatusCode::kInvalidArgument);
+      resp.mutable_status()->set_code(
+          static_cast<int>(absl::StatusCode::kInvalidArgument));
       resp.mutable_status()->set_message(absl::StrCat(
           "malformed request (", payload.size(),
           " bytes do not parse as kreg.v1.SessionRequest); closing this "

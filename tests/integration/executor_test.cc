@@ -404,7 +404,7 @@ TEST_CASE("A connection that never says Hello is closed with an error",
   REQUIRE(resp.ParseFromString(reply));
   CHECK(resp.id() == 0);
   CHECK_THAT(resp.status().message(),
-             Catch::Contains("no Hello within 500 ms"));
+             Catch::Contains("no whole request within 500 ms of connecting"));
   char c;
   CHECK(::read(fd, &c, 1) == 0);  // then the session is closed
   ::close(fd);

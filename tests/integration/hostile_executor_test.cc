@@ -295,8 +295,8 @@ TEST_CASE(
   int s = Connect(d.socket() + ".session");
   // One frame out, one frame back: Next() fails on anything else.
   int fd = ModuleMemfd(module, /*seal=*/true);
-  v1::SessionResponse resp = CallFds(s, UploadIn(4, "c.who", module.size()),
-                                     {fd});
+  v1::SessionResponse resp =
+      CallFds(s, UploadIn(4, "c.who", module.size()), {fd});
   ::close(fd);
   INFO(resp.status().message());
   REQUIRE(resp.status().code() == 0);
@@ -378,8 +378,9 @@ TEST_CASE(
   REQUIRE(::pipe2(pipe_fds, O_CLOEXEC) == 0);
   v1::SessionResponse resp =
       CallFds(s, UploadIn(4, "c.big", 2 << 20), {pipe_fds[0]});
-  refused(resp, "uploaded module is 2097152 bytes; the limit is 1048576 "
-                "(max_module_bytes)");
+  refused(resp,
+          "uploaded module is 2097152 bytes; the limit is 1048576 "
+          "(max_module_bytes)");
   ::close(pipe_fds[0]);
   ::close(pipe_fds[1]);
   ::close(open_fd);

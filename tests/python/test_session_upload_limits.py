@@ -1,12 +1,12 @@
-"""Module uploads over the session socket (module.upload_size and an fd)
-are refused by kregd's size and quota checks before the executor reads a
-byte (DESIGN §6, hostile clients): the executor asks kregd's precheck (the
-one the gRPC path runs on its upload header) with the announced size, so
-the refusal carries the gRPC path's message. The client runs as uid 65534
-(quotas do not apply to root) and speaks the session protocol itself, so it
-can attach what no real client would: a pipe (which cannot be read with
-pread: had the executor read it, the error would say so) or a memfd shorter
-than announced (the error would say what it holds)."""
+"""Module uploads over the session socket's control connections
+(module.upload_size and an fd, DESIGN §3) are refused by kregd's size and
+quota checks before a byte is read (DESIGN §6, hostile clients): the
+precheck the gRPC path runs on its upload header, with the announced size,
+so the refusal carries the gRPC path's message. The client runs as uid
+65534 (quotas do not apply to root) and speaks the session protocol itself,
+so it can attach what no real client would: a pipe (which cannot be read
+with pread: had kregd read it, the error would say so) or an unsealed
+memfd shorter than announced (refused for its seals before it is read)."""
 
 import json
 import os
@@ -110,28 +110,32 @@ def register(name, platform=b"cpu", size=None, path=None, func=b"Scale"):
   msg = bfield(1, name) + bfield(2, func) + bfield(3, platform)
   return 11, msg + (bfield(6, module) if module else b"")
 
-def connect():
+def connect(hello):
   s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
   s.connect(sock_path)
-  # Session protocol 2.0 (common/session_protocol.h).
-  hello = vfield(1, 2) + vfield(2, 0) + vfield(3, os.getpid())
-  print(json.dumps(call(s, 1, 2, hello)), flush=True)
+  if hello:
+    # Session protocol 2.0 (common/session_protocol.h).
+    hello = vfield(1, 2) + vfield(2, 0) + vfield(3, os.getpid())
+    print(json.dumps(call(s, 1, 2, hello)), flush=True)
   return s
 
 sock_path, cases = sys.argv[1], json.loads(sys.argv[2])
-# Session 0 opens first; a case's "session" (default 0) picks or opens one,
-# a "close" case ends one.
-sessions = {0: connect()}
+# A case's "session" (default 0) picks or opens a connection: registrations
+# and listings go on a control connection (no Hello), binds on a session
+# (Hello first, its answer printed); a "close" case ends both.
+conns = {}
 rid = 2
 for case in cases:
   k = case.get("session", 0)
-  if k not in sessions:
-    sessions[k] = connect()
-  s = sessions[k]
   if case["kind"] == "close":
-    s.close()
-    del sessions[k]
+    for key in [(k, True), (k, False)]:
+      if key in conns:
+        conns.pop(key).close()
     continue
+  control = case["kind"] in ("register", "list")
+  if (k, control) not in conns:
+    conns[(k, control)] = connect(hello=not control)
+  s = conns[(k, control)]
   fds, keep = [], []
   if case.get("attach") == "pipe":
     r, w = os.pipe()
@@ -188,7 +192,7 @@ def daemon():
 def test_fd_upload_over_limits_is_refused_before_it_is_read(daemon):
   big = MAX_MODULE + (1 << 20)
   over_quota = 1 << 20
-  hello, too_big, pipe_quota, memfd_quota, listed = run_client(daemon, [
+  too_big, pipe_quota, memfd_quota, listed = run_client(daemon, [
       {"kind": "register", "name": "lim.big", "size": big,
        "attach": "pipe"},
       {"kind": "register", "name": "lim.quota", "size": over_quota,
@@ -197,9 +201,7 @@ def test_fd_upload_over_limits_is_refused_before_it_is_read(daemon):
        "attach": "memfd"},
       {"kind": "list"},
   ])
-  assert hello["code"] == 0, hello
-  # max_module_bytes: the gRPC path's message (Registrar::PrecheckUpload),
-  # not the executor's own.
+  # max_module_bytes: the gRPC path's message (Registrar::PrecheckUpload).
   assert too_big["code"] == 3, too_big  # INVALID_ARGUMENT
   assert too_big["message"] == (
       f"uploaded module is {big} bytes; the limit is {MAX_MODULE} "
@@ -228,12 +230,12 @@ def test_fd_upload_over_limits_is_refused_before_it_is_read(daemon):
                        user=NOBODY, group=0, extra_groups=[])
     assert p.returncode != 0
     assert pipe_quota["message"] in p.stdout + p.stderr, p.stdout + p.stderr
-  # The session carries on; so do kregd and other clients.
+  # The connection carries on; so do kregd and other clients.
   assert listed["code"] == 0, listed
   assert listed["body"] == 13, listed  # ListTargetsResponse
   assert daemon.running()
   demo = os.path.realpath(ku.kernel_path(ku.DEMO))
-  hello, created = run_client(daemon, [
+  (created,) = run_client(daemon, [
       {"kind": "register", "name": "lim.ok", "path": demo}], user=0)
   assert created["code"] == 0 and created["has_body"], created
   assert created["body"] == 12, created  # RegisterTargetResponse
@@ -245,15 +247,14 @@ def test_fd_upload_over_limits_is_refused_before_it_is_read(daemon):
     assert names == ["lim.ok"], names
 
 
-def test_fd_upload_within_limits_is_read(daemon):
-  # The precheck lets an acceptable size through: the executor then reads
-  # the fd, and this one holds fewer bytes than announced.
-  (hello, short) = run_client(daemon, [
+def test_fd_upload_within_limits_must_be_a_sealed_memfd(daemon):
+  # The precheck lets an acceptable size through; the memfd, unsealed and
+  # shorter than announced, is then refused for its seals, unread.
+  (short,) = run_client(daemon, [
       {"kind": "register", "name": "lim.short", "size": 4096,
        "attach": "memfd"}])
-  assert hello["code"] == 0, hello
   assert short["code"] == 3, short
   assert short["message"] == (
-      "the module upload announced 4096 bytes but its file descriptor "
-      "holds 100"), short
-
+      "the module memfd attached to the upload is not sealed against "
+      "writing, shrinking and growing (seals 0x1); seal it (F_SEAL_WRITE | "
+      "F_SEAL_SHRINK | F_SEAL_GROW) before sending it"), short

@@ -58,8 +58,7 @@ std::vector<UniqueFd> One(UniqueFd fd) {
 
 const PeerCred kPeer{::getuid(), ::getgid(), ::getpid()};
 
-TEST_CASE("An upload is charged to the budget before it is read",
-          "[broker]") {
+TEST_CASE("An upload is charged to the budget before it is read", "[broker]") {
   testing::TempDir dir;
   World w(dir.path());
   const std::string module(1000, 'm');
@@ -69,7 +68,7 @@ TEST_CASE("An upload is charged to the budget before it is read",
     wire::BudgetHold hold(&budget);
     auto taken =
         TakeUploadedModule(&w.registrar, Upload(module.size()),
-                          One(SealedModule(module)), kPeer, kMaxModule, &hold);
+                           One(SealedModule(module)), kPeer, kMaxModule, &hold);
     REQUIRE(taken.ok());
     CHECK(*taken == module);
     CHECK(budget.used() == 1000);
@@ -82,7 +81,7 @@ TEST_CASE("An upload is charged to the budget before it is read",
     wire::BudgetHold hold(&budget);
     auto taken =
         TakeUploadedModule(&w.registrar, Upload(module.size()),
-                          One(SealedModule(module)), kPeer, kMaxModule, &hold);
+                           One(SealedModule(module)), kPeer, kMaxModule, &hold);
     REQUIRE(!taken.ok());
     CHECK(taken.status().code() == absl::StatusCode::kResourceExhausted);
     CHECK_THAT(std::string(taken.status().message()),
@@ -108,7 +107,7 @@ TEST_CASE("A registration's bad forms are refused with their reason",
     v1::RegisterTargetHeader req = Upload(0);
     req.mutable_module()->set_path("/m.so");
     auto r = TakeUploadedModule(&w.registrar, req, One(SealedModule(module)),
-                               kPeer, kMaxModule, &hold);
+                                kPeer, kMaxModule, &hold);
     REQUIRE(!r.ok());
     CHECK_THAT(std::string(r.status().message()),
                Catch::Contains("carries 1 file descriptor(s); only an upload "
@@ -116,7 +115,7 @@ TEST_CASE("A registration's bad forms are refused with their reason",
   }
   SECTION("an upload without its memfd") {
     auto r = TakeUploadedModule(&w.registrar, Upload(module.size()), {}, kPeer,
-                               kMaxModule, &hold);
+                                kMaxModule, &hold);
     REQUIRE(!r.ok());
     CHECK_THAT(std::string(r.status().message()),
                Catch::Contains("carries 0 file descriptor(s); an upload "
@@ -134,8 +133,8 @@ TEST_CASE("A registration's bad forms are refused with their reason",
   }
   SECTION("an unsealed memfd") {
     auto r = TakeUploadedModule(&w.registrar, Upload(module.size()),
-                               One(SealedModule(module, 0)), kPeer, kMaxModule,
-                               &hold);
+                                One(SealedModule(module, 0)), kPeer, kMaxModule,
+                                &hold);
     REQUIRE(!r.ok());
     CHECK_THAT(std::string(r.status().message()),
                Catch::Contains("is not sealed against writing"));
@@ -143,7 +142,7 @@ TEST_CASE("A registration's bad forms are refused with their reason",
   SECTION("a memfd of another size than announced") {
     auto r =
         TakeUploadedModule(&w.registrar, Upload(module.size() + 1),
-                          One(SealedModule(module)), kPeer, kMaxModule, &hold);
+                           One(SealedModule(module)), kPeer, kMaxModule, &hold);
     REQUIRE(!r.ok());
     CHECK_THAT(std::string(r.status().message()),
                Catch::Contains("holds 64 bytes, not the 65 announced in "
