@@ -1,24 +1,16 @@
 #include "daemon/base/module_upload.h"
 
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/base/files.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
 namespace {
-
-// SealedModuleCopy copies through a buffer of this size.
-constexpr size_t kCopyChunk = 1 << 20;
-constexpr char kCopyName[] = "the memfd copy of the uploaded module";
 
 absl::Status CheckSize(uint64_t size, uint64_t max_module_bytes) {
   if (size == 0) {
@@ -54,25 +46,6 @@ absl::Status ReadAt(int fd, uint64_t size, uint64_t done, char* dst, size_t n) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<UniqueFd> NewMemfd() {
-  UniqueFd fd(::memfd_create("kreg-module", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!fd.ok()) {
-    spdlog::error("memfd_create: {}", std::strerror(errno));
-    return absl::InternalError(
-        "cannot create a memfd for the uploaded module; see the log");
-  }
-  return fd;
-}
-
-absl::Status Seal(int fd) {
-  if (::fcntl(fd, F_ADD_SEALS, kModuleSeals | F_SEAL_SEAL) != 0) {
-    spdlog::error("module memfd: F_ADD_SEALS: {}", std::strerror(errno));
-    return absl::InternalError(
-        "cannot seal the uploaded module's memfd; see the log");
-  }
-  return absl::OkStatus();
-}
-
 // The seals of `fd` and its size, or false when it is not a memfd.
 bool SealsAndSize(int fd, int* seals, uint64_t* size) {
   *seals = ::fcntl(fd, F_GET_SEALS);
@@ -94,34 +67,6 @@ absl::StatusOr<std::string> ReadModuleFd(int fd, uint64_t size,
     return s;
   }
   return bytes;
-}
-
-absl::StatusOr<UniqueFd> SealedModuleCopy(UniqueFd fd, uint64_t size,
-                                          uint64_t max_module_bytes) {
-  if (absl::Status s = CheckSize(size, max_module_bytes); !s.ok()) return s;
-  int seals = 0;
-  uint64_t held = 0;
-  if (SealsAndSize(fd.get(), &seals, &held) &&
-      (seals & kModuleSeals) == kModuleSeals && held == size) {
-    return fd;  // already what kregd takes: no copy
-  }
-  absl::StatusOr<UniqueFd> copy = NewMemfd();
-  if (!copy.ok()) return copy.status();
-  std::vector<char> chunk(std::min<uint64_t>(size, kCopyChunk));
-  for (uint64_t done = 0; done < size;) {
-    size_t n = static_cast<size_t>(std::min<uint64_t>(size - done, kCopyChunk));
-    if (absl::Status s = ReadAt(fd.get(), size, done, chunk.data(), n);
-        !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = WriteAll(copy->get(), {chunk.data(), n}, kCopyName);
-        !s.ok()) {
-      return s;
-    }
-    done += n;
-  }
-  if (absl::Status s = Seal(copy->get()); !s.ok()) return s;
-  return copy;
 }
 
 absl::StatusOr<std::string> ReadSealedModule(int fd, uint64_t size,

@@ -27,13 +27,6 @@ constexpr int kModuleSeals = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW;
 absl::StatusOr<std::string> ReadModuleFd(int fd, uint64_t size,
                                          uint64_t max_module_bytes);
 
-// The first `size` bytes of `fd` as a memfd sealed with kModuleSeals: `fd`
-// itself when it already is one of exactly `size` bytes, else a copy made
-// in bounded chunks (never the whole module in memory). The errors of
-// ReadModuleFd; INTERNAL when the memfd cannot be made.
-absl::StatusOr<UniqueFd> SealedModuleCopy(UniqueFd fd, uint64_t size,
-                                          uint64_t max_module_bytes);
-
 // kregd's side of an upload: the bytes of `fd`, which must be a memfd
 // sealed with (at least) kModuleSeals whose size (fstat) is exactly `size`,
 // with 0 < size <= max_module_bytes. INVALID_ARGUMENT naming what is wrong

@@ -60,75 +60,27 @@ TEST_CASE("ReadModuleFd refuses an empty upload", "[module_upload]") {
         absl::StatusCode::kInvalidArgument);
 }
 
-int Seals(int fd) { return ::fcntl(fd, F_GET_SEALS); }
-
-std::string Contents(int fd) {
-  std::string out(4096, '\0');
-  ssize_t n = ::pread(fd, out.data(), out.size(), 0);
-  out.resize(n > 0 ? static_cast<size_t>(n) : 0);
-  return out;
-}
-
-TEST_CASE("SealedModuleCopy copies the announced bytes into a sealed memfd",
-          "[module_upload]") {
-  UniqueFd fd = MemfdWith("0123456789");
-  const int original = fd.get();
-  auto sealed = SealedModuleCopy(std::move(fd), 4, 1 << 20);
-  REQUIRE(sealed.ok());
-  CHECK(sealed->get() != original);
-  CHECK((Seals(sealed->get()) & kModuleSeals) == kModuleSeals);
-  CHECK(Contents(sealed->get()) == "0123");
-  CHECK(::write(sealed->get(), "x", 1) == -1);  // F_SEAL_WRITE
-}
-
-TEST_CASE("SealedModuleCopy copies more than one chunk", "[module_upload]") {
-  std::string big(3 << 20, '\0');
-  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 7);
-  UniqueFd fd = MemfdWith(big);
-  auto sealed = SealedModuleCopy(std::move(fd), big.size(), 4 << 20);
-  REQUIRE(sealed.ok());
-  auto back = ReadSealedModule(sealed->get(), big.size(), 4 << 20);
-  REQUIRE(back.ok());
-  CHECK(*back == big);
-}
-
-TEST_CASE("SealedModuleCopy passes an already sealed memfd of the size on",
-          "[module_upload]") {
-  auto first = SealedModuleCopy(MemfdWith("abcdef"), 6, 1 << 20);
-  REQUIRE(first.ok());
-  const int original = first->get();
-  auto again = SealedModuleCopy(*std::move(first), 6, 1 << 20);
-  REQUIRE(again.ok());
-  CHECK(again->get() == original);
-}
-
-TEST_CASE("SealedModuleCopy: the errors of ReadModuleFd", "[module_upload]") {
-  CHECK(SealedModuleCopy(MemfdWith("short"), 100, 1 << 20).status().message() ==
-        "the module upload announced 100 bytes but its file descriptor "
-        "holds 5");
-  CHECK(SealedModuleCopy(MemfdWith("0123456789"), 10, 9).status().message() ==
-        "uploaded module of 10 bytes exceeds the limit of 9 bytes "
-        "(max_module_bytes)");
-  int p[2];
-  REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
-  UniqueFd write_end(p[1]);
-  CHECK(SealedModuleCopy(UniqueFd(p[0]), 4, 1 << 20).status().message() ==
-        "the file descriptor attached to the module upload cannot be read");
+// A memfd holding `bytes`, sealed with kModuleSeals.
+UniqueFd SealedWith(const std::string& bytes) {
+  UniqueFd fd(::memfd_create("test-module", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  REQUIRE(fd.ok());
+  REQUIRE(::write(fd.get(), bytes.data(), bytes.size()) ==
+          static_cast<ssize_t>(bytes.size()));
+  REQUIRE(::fcntl(fd.get(), F_ADD_SEALS, kModuleSeals) == 0);
+  return fd;
 }
 
 TEST_CASE("ReadSealedModule reads a sealed memfd of the announced size",
           "[module_upload]") {
-  auto fd = SealedModuleCopy(MemfdWith("module bytes"), 12, 1 << 20);
-  REQUIRE(fd.ok());
-  auto got = ReadSealedModule(fd->get(), 12, 1 << 20);
+  UniqueFd fd = SealedWith("module bytes");
+  auto got = ReadSealedModule(fd.get(), 12, 1 << 20);
   REQUIRE(got.ok());
   CHECK(*got == "module bytes");
 }
 
 TEST_CASE("ReadSealedModule refuses what is not a sealed memfd of the size",
           "[module_upload]") {
-  auto sealed = SealedModuleCopy(MemfdWith("module bytes"), 12, 1 << 20);
-  REQUIRE(sealed.ok());
+  UniqueFd sealed = SealedWith("module bytes");
   // Unsealed: its bytes could change after kregd checked them.
   UniqueFd open_fd = MemfdWith("module bytes");
   auto s = ReadSealedModule(open_fd.get(), 12, 1 << 20).status();
@@ -138,7 +90,7 @@ TEST_CASE("ReadSealedModule refuses what is not a sealed memfd of the size",
         "writing, shrinking and growing (seals 0x1); seal it (F_SEAL_WRITE "
         "| F_SEAL_SHRINK | F_SEAL_GROW) before sending it");
   // Sealed, but of another size than announced.
-  s = ReadSealedModule(sealed->get(), 11, 1 << 20).status();
+  s = ReadSealedModule(sealed.get(), 11, 1 << 20).status();
   CHECK(s.message() ==
         "the module memfd attached to the upload holds 12 bytes, not the 11 "
         "announced in module.upload_size");
@@ -152,10 +104,10 @@ TEST_CASE("ReadSealedModule refuses what is not a sealed memfd of the size",
         "send the module as a memfd sealed against writing, shrinking and "
         "growing");
   // Over max_module_bytes or empty: refused before anything else.
-  CHECK(ReadSealedModule(sealed->get(), 12, 11).status().message() ==
+  CHECK(ReadSealedModule(sealed.get(), 12, 11).status().message() ==
         "uploaded module of 12 bytes exceeds the limit of 11 bytes "
         "(max_module_bytes)");
-  CHECK(ReadSealedModule(sealed->get(), 0, 11).status().message() ==
+  CHECK(ReadSealedModule(sealed.get(), 0, 11).status().message() ==
         "uploaded module is empty (0 bytes)");
 }
 
