@@ -325,9 +325,6 @@ ClientStatus Client::FreshControlLocked() {
     if (!control_->broken() && ::poll(&p, 1, 0) == 0) return ClientStatus::Ok();
     control_.reset();
   }
-  std::unique_ptr<Conn> conn;
-  ClientStatus s = OpenSession(&conn, /*control=*/true);
-  if (!s.ok()) return s;
   std::vector<Registration> registrations;
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
@@ -335,17 +332,29 @@ ClientStatus Client::FreshControlLocked() {
       registrations.push_back(entry.second);
     }
   }
-  for (const Registration& r : registrations) {
-    v1::SessionResponse resp;
-    s = CallRegister(conn.get(), r, max_module_bytes_.load(), &resp);
-    if (!s.ok()) {
-      s.message = "re-registering \"" + r.header.target_name() +
-                  "\" with kregd after a reconnect failed: " + s.message;
+  // kregd may go away again while they are made again (a restart in the
+  // middle): the next kregd gets them all.
+  ClientStatus s;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    std::unique_ptr<Conn> conn;
+    s = OpenSession(&conn, /*control=*/true);
+    if (!s.ok()) return s;
+    for (const Registration& r : registrations) {
+      v1::SessionResponse resp;
+      s = CallRegister(conn.get(), r, max_module_bytes_.load(), &resp);
+      if (!s.ok()) {
+        s.message = "re-registering \"" + r.header.target_name() +
+                    "\" with kregd after a reconnect failed: " + s.message;
+        break;
+      }
+    }
+    if (s.ok()) {
+      control_ = std::move(conn);
       return s;
     }
+    if (!conn->broken() || conn->refused()) break;
   }
-  control_ = std::move(conn);
-  return ClientStatus::Ok();
+  return s;
 }
 
 ClientStatus Client::WithControl(const std::function<ClientStatus(Conn*)>& op) {

@@ -25,13 +25,6 @@ constexpr uint64_t kArenaBytes = 64 << 10;
 
 class FakeBackend : public SessionBackend {
  public:
-  absl::StatusOr<v1::RegisterTargetResponse> Register(
-      const v1::RegisterTargetHeader& r, UniqueFd, const PeerCred&) override {
-    v1::RegisterTargetResponse reply;
-    reply.mutable_target()->set_target_name(r.target_name());
-    return reply;
-  }
-  v1::ListTargetsResponse List() override { return {}; }
   absl::StatusOr<void*> Lookup(const TargetKey& key) override {
     if (key.name.empty() || key.name[0] != 't') {
       return absl::NotFoundError("not registered");

@@ -162,15 +162,19 @@ def test_handlers_run_in_an_executor_with_the_callers_uid(running_kregd):
 
 
 PENDING = """
-import json, sys
+import json, os, sys
+os.environ["KREG_LAUNCH_RING"] = "0"  # launches go on the session socket
+import jax, numpy as np
 import kreg, kernels_util as ku
-kreg.register_ffi_target("pending.first", ku.kernel_path("libdemo.so"),
+kreg.register_ffi_target("pending.scale", ku.kernel_path("libdemo.so"),
                          "Scale", platform="cpu")
+x = np.arange(4, dtype=np.float32)
+call = jax.jit(lambda v: jax.ffi.ffi_call("pending.scale", ku.sds(v))(
+    v, factor=np.float32(2))).lower(x).compile()
 print(json.dumps({"ready": True}), flush=True)
 sys.stdin.readline()
 try:
-  kreg.register_ffi_target("pending.second", ku.kernel_path("libdemo.so"),
-                           "AddMul", platform="cpu")
+  np.asarray(call(x))
   print(json.dumps({"ok": True}), flush=True)
 except Exception as e:  # pylint: disable=broad-except
   print(json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)

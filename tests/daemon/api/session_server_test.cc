@@ -21,11 +21,6 @@ namespace {
 
 class NullBackend : public SessionBackend {
  public:
-  absl::StatusOr<v1::RegisterTargetResponse> Register(
-      const v1::RegisterTargetHeader&, UniqueFd, const PeerCred&) override {
-    return absl::UnimplementedError("no");
-  }
-  v1::ListTargetsResponse List() override { return {}; }
   absl::StatusOr<void*> Lookup(const TargetKey&) override {
     return absl::NotFoundError("no");
   }

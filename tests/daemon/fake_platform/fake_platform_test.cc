@@ -79,11 +79,6 @@ void* AsHandler(XLA_FFI_Handler* h) { return reinterpret_cast<void*>(h); }
 // platform.
 class HostBackend : public SessionBackend {
  public:
-  absl::StatusOr<v1::RegisterTargetResponse> Register(
-      const v1::RegisterTargetHeader&, UniqueFd, const PeerCred&) override {
-    return absl::UnimplementedError("not in this test");
-  }
-  v1::ListTargetsResponse List() override { return {}; }
   absl::StatusOr<void*> Lookup(const TargetKey& key) override {
     if (key.name != "double") return absl::NotFoundError(key.name);
     last_platform = key.platform;
