@@ -196,6 +196,12 @@ bool SessionBroker::FirstIsHello(bool* control) {
     return false;
   }
   if (rc == wire::kOk) return true;
+  std::string more;
+  if ((rc == wire::kTimedOut || rc == wire::kTooLarge) &&
+      PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
+    spdlog::info("session {} (pid {} uid {}): first message: {}; closing{}",
+                 id_, peer_.pid, peer_.uid, wire::ResultText(rc), more);
+  }
   if (rc == wire::kTimedOut) {
     RefuseClient(absl::DeadlineExceededError(absl::StrCat(
         "kregd closed this connection: no whole request within ",
