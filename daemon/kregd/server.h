@@ -108,8 +108,8 @@ class Daemon {
   CrashLedger ledger_;
   SessionBindings bindings_;              // the registry's BindingOracle
   std::atomic<uint64_t> local_binds_{0};  // local holds (DESIGN §11)
-  // Module uploads kregd holds at once, relayed by executors or streamed
-  // over gRPC (twice max_module_bytes).
+  // Module uploads kregd holds at once, sent on control connections or
+  // streamed over gRPC (twice max_module_bytes).
   wire::ByteBudget upload_budget_;
   // Null: local_execution = "deny".
   std::unique_ptr<LocalModuleCache> local_modules_;

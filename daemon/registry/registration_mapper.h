@@ -1,7 +1,7 @@
 // The one mapping between kreg.v1's registration messages
 // (registration.proto) and kregd's registration types, for both front
-// ends: the gRPC RegisterTarget stream (grpc_service.cc) and a session's
-// registration relayed by its executor (exec/broker.cc). Free functions of
+// ends: the gRPC RegisterTarget stream (grpc_service.cc) and a control
+// connection's registration (supervisor/broker.cc). Free functions of
 // plain values; thread-compatible.
 #ifndef KREGD_DAEMON_REGISTRY_REGISTRATION_MAPPER_H_
 #define KREGD_DAEMON_REGISTRY_REGISTRATION_MAPPER_H_
