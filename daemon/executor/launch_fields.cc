@@ -174,6 +174,15 @@ absl::Status DecodeArenaBuffer(int32_t dtype, const int64_t* dims, size_t rank,
     return absl::Status(data.status().code(),
                         absl::StrCat(what, ": ", data.status().message()));
   }
+  // XLA hands handlers 64-byte-aligned buffers (and the shim places them
+  // so): a handler may rely on it (aligned SIMD loads), so a hostile
+  // client must not be able to break it.
+  if (size > 0 && offset % kArenaBufferAlign != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": arena offset ", offset, " is not a multiple of ",
+                     kArenaBufferAlign,
+                     " (buffers are 64-byte aligned, as XLA aligns them)"));
+  }
   out->dtype = dtype;
   out->dims.assign(dims, dims + rank);
   out->data = *data;

@@ -43,10 +43,14 @@ using CudaBufferResolver = std::function<absl::StatusOr<void*>(
     const CudaRefView& ref, uint64_t offset, uint64_t size,
     const std::string& what)>;
 
+// The alignment of every non-empty buffer in a session's arena.
+inline constexpr uint64_t kArenaBufferAlign = 64;
+
 // Validates and decodes one buffer of a descriptor: dtype (a code with a
 // byte width), `rank` (at most kMaxLaunchRank) dims at `dims` (>= 0),
 // element count * width == size without overflow, [offset, offset + size)
-// inside `arena` without overflow; fills `out` (its dims vector is reused).
+// inside `arena` without overflow, a non-empty buffer's `offset` a multiple
+// of kArenaBufferAlign; fills `out` (its dims vector is reused).
 // `what` names it in errors ("arg 2", "ret 0"): INVALID_ARGUMENT /
 // OUT_OF_RANGE quoting the bad value.
 absl::Status DecodeArenaBuffer(int32_t dtype, const int64_t* dims, size_t rank,

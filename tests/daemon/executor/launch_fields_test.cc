@@ -192,6 +192,22 @@ TEST_CASE("DecodeArenaBuffer: region past the arena", "[decode]") {
         "bytes");
 }
 
+TEST_CASE("DecodeArenaBuffer: a buffer off XLA's 64-byte alignment",
+          "[decode]") {
+  Fixture fx;
+  auto d =
+      DecodeBuffer(Buf(XLA_FFI_DataType_F32, {4}, 10, 16), fx.arena, "arg 1");
+  CHECK(d.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Message(d.status()) ==
+        "arg 1: arena offset 10 is not a multiple of 64 (buffers are 64-byte "
+        "aligned, as XLA aligns them)");
+  CHECK(DecodeBuffer(Buf(XLA_FFI_DataType_F32, {4}, 128, 16), fx.arena, "x")
+            .ok());
+  // An empty buffer has no data to align.
+  CHECK(
+      DecodeBuffer(Buf(XLA_FFI_DataType_F32, {0}, 10, 0), fx.arena, "x").ok());
+}
+
 TEST_CASE("DecodeArenaBuffer: offset + size overflow", "[decode]") {
   Fixture fx;
   auto d = DecodeBuffer(Buf(XLA_FFI_DataType_U8, {16}, ~uint64_t{0} - 4, 16),
