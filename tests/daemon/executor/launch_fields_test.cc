@@ -3,29 +3,21 @@
 #include "daemon/executor/launch_fields.h"
 
 #include <cstring>
-#include <optional>
 #include <string>
 
 #include "catch2/catch.hpp"
 #include "daemon/executor/ring_decoder.h"
-#include "tests/daemon/executor/test_util.h"
-#include "tests/testing/launch_spec.h"
+#include "tests/daemon/executor/decode_fixture.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace kreg {
 namespace {
 
+using ::kreg::testing::Arena;
 using ::kreg::testing::BufferSpec;
 using ::kreg::testing::EncodeSpec;
 using ::kreg::testing::LaunchSpec;
-using ::kreg::testing::MakeMemfd;
-
-struct Fixture {
-  Fixture() : arena(1 << 20) {
-    REQUIRE(arena.Replace(MakeMemfd(4096), 4096).ok());
-  }
-  ShmArena arena;
-};
+using ::kreg::testing::SocketDecode;
 
 BufferSpec Buf(int dtype, std::initializer_list<int64_t> dims, uint64_t offset,
                uint64_t size) {
@@ -54,18 +46,6 @@ LaunchSpec ScaleLaunch() {
 
 std::string Message(const absl::Status& s) { return std::string(s.message()); }
 
-// `l` encoded as a descriptor and decoded as a socket Launch's.
-absl::StatusOr<DecodedLaunch> SocketDecode(const LaunchSpec& l,
-                                           const ShmArena& arena) {
-  RingDecoder decoder;
-  const std::string bytes = EncodeSpec(l);
-  uint64_t tag;
-  absl::StatusOr<DecodedLaunch*> d =
-      decoder.Decode(bytes.data(), bytes.size(), std::nullopt, arena, &tag);
-  if (!d.ok()) return d.status();
-  return **d;
-}
-
 // One buffer's checks (DecodeArenaBuffer), `what` naming it.
 absl::StatusOr<BufferRef> DecodeBuffer(const BufferSpec& b,
                                        const ShmArena& arena,
@@ -78,7 +58,7 @@ absl::StatusOr<BufferRef> DecodeBuffer(const BufferSpec& b,
 }
 
 TEST_CASE("A socket descriptor decodes a valid launch", "[decode]") {
-  Fixture fx;
+  Arena fx;
   auto d = SocketDecode(ScaleLaunch(), fx.arena);
   REQUIRE(d.ok());
   CHECK(d->key.name == "demo.scale");
@@ -95,7 +75,7 @@ TEST_CASE("A socket descriptor decodes a valid launch", "[decode]") {
 
 TEST_CASE("A socket descriptor accepts 0-d, zero-size and aliased buffers",
           "[decode]") {
-  Fixture fx;
+  Arena fx;
   LaunchSpec l = ScaleLaunch();
   *l.add_args() = Buf(XLA_FFI_DataType_F64, {}, 128, 8);          // 0-d
   *l.add_args() = Buf(XLA_FFI_DataType_S32, {3, 0, 2}, 4096, 0);  // empty
@@ -107,7 +87,7 @@ TEST_CASE("A socket descriptor accepts 0-d, zero-size and aliased buffers",
 }
 
 TEST_CASE("A socket descriptor: bad target name", "[decode]") {
-  Fixture fx;
+  Arena fx;
   LaunchSpec l = ScaleLaunch();
   l.set_target_name("9bad name");
   auto d = SocketDecode(l, fx.arena);
@@ -117,7 +97,7 @@ TEST_CASE("A socket descriptor: bad target name", "[decode]") {
 }
 
 TEST_CASE("A socket descriptor: unknown platform", "[decode]") {
-  Fixture fx;
+  Arena fx;
   LaunchSpec l = ScaleLaunch();
   l.set_platform("rocm");
   auto d = SocketDecode(l, fx.arena);
@@ -126,7 +106,7 @@ TEST_CASE("A socket descriptor: unknown platform", "[decode]") {
 }
 
 TEST_CASE("DecodeArenaBuffer: unknown dtype code", "[decode]") {
-  Fixture fx;
+  Arena fx;
   auto b = DecodeBuffer(Buf(99, {4}, 0, 16), fx.arena, "arg 2");
   CHECK(b.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(Message(b.status()) ==
@@ -134,7 +114,7 @@ TEST_CASE("DecodeArenaBuffer: unknown dtype code", "[decode]") {
 }
 
 TEST_CASE("DecodeArenaBuffer: dtype without a byte width", "[decode]") {
-  Fixture fx;
+  Arena fx;
   auto b = DecodeBuffer(Buf(XLA_FFI_DataType_S4, {4}, 0, 2), fx.arena, "arg 0");
   CHECK(b.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(Message(b.status()) ==
@@ -145,7 +125,7 @@ TEST_CASE("DecodeArenaBuffer: dtype without a byte width", "[decode]") {
 }
 
 TEST_CASE("DecodeArenaBuffer: rank above the bound", "[decode]") {
-  Fixture fx;
+  Arena fx;
   BufferSpec b = Buf(XLA_FFI_DataType_U8, {}, 0, 1);
   for (int i = 0; i < 65; ++i) b.add_dims(1);
   auto d = DecodeBuffer(b, fx.arena, "ret 1");
@@ -154,7 +134,7 @@ TEST_CASE("DecodeArenaBuffer: rank above the bound", "[decode]") {
 }
 
 TEST_CASE("DecodeArenaBuffer: negative dim", "[decode]") {
-  Fixture fx;
+  Arena fx;
   auto d = DecodeBuffer(Buf(XLA_FFI_DataType_F32, {2, -3}, 0, 24), fx.arena,
                         "arg 1");
   CHECK(d.status().code() == absl::StatusCode::kInvalidArgument);
@@ -163,7 +143,7 @@ TEST_CASE("DecodeArenaBuffer: negative dim", "[decode]") {
 }
 
 TEST_CASE("DecodeArenaBuffer: element count overflow", "[decode]") {
-  Fixture fx;
+  Arena fx;
   auto d = DecodeBuffer(
       Buf(XLA_FFI_DataType_F64, {int64_t{1} << 40, int64_t{1} << 30}, 0, 0),
       fx.arena, "arg 0");
@@ -174,7 +154,7 @@ TEST_CASE("DecodeArenaBuffer: element count overflow", "[decode]") {
 }
 
 TEST_CASE("DecodeArenaBuffer: dims do not match the byte size", "[decode]") {
-  Fixture fx;
+  Arena fx;
   auto d =
       DecodeBuffer(Buf(XLA_FFI_DataType_F32, {2, 3}, 0, 20), fx.arena, "arg 0");
   CHECK(d.status().code() == absl::StatusCode::kInvalidArgument);
@@ -183,7 +163,7 @@ TEST_CASE("DecodeArenaBuffer: dims do not match the byte size", "[decode]") {
 }
 
 TEST_CASE("DecodeArenaBuffer: region past the arena", "[decode]") {
-  Fixture fx;
+  Arena fx;
   auto d =
       DecodeBuffer(Buf(XLA_FFI_DataType_F32, {4}, 4090, 16), fx.arena, "ret 0");
   CHECK(d.status().code() == absl::StatusCode::kOutOfRange);
@@ -194,7 +174,7 @@ TEST_CASE("DecodeArenaBuffer: region past the arena", "[decode]") {
 
 TEST_CASE("DecodeArenaBuffer: a buffer off XLA's 64-byte alignment",
           "[decode]") {
-  Fixture fx;
+  Arena fx;
   auto d =
       DecodeBuffer(Buf(XLA_FFI_DataType_F32, {4}, 10, 16), fx.arena, "arg 1");
   CHECK(d.status().code() == absl::StatusCode::kInvalidArgument);
@@ -209,7 +189,7 @@ TEST_CASE("DecodeArenaBuffer: a buffer off XLA's 64-byte alignment",
 }
 
 TEST_CASE("DecodeArenaBuffer: offset + size overflow", "[decode]") {
-  Fixture fx;
+  Arena fx;
   auto d = DecodeBuffer(Buf(XLA_FFI_DataType_U8, {16}, ~uint64_t{0} - 4, 16),
                         fx.arena, "arg 3");
   CHECK(d.status().code() == absl::StatusCode::kOutOfRange);
@@ -218,7 +198,7 @@ TEST_CASE("DecodeArenaBuffer: offset + size overflow", "[decode]") {
 }
 
 TEST_CASE("A socket descriptor: too many buffers", "[decode]") {
-  Fixture fx;
+  Arena fx;
   LaunchSpec l = ScaleLaunch();
   for (int i = 0; i < kMaxLaunchBuffers; ++i) {
     *l.add_args() = Buf(XLA_FFI_DataType_U8, {0}, 0, 0);
@@ -230,7 +210,7 @@ TEST_CASE("A socket descriptor: too many buffers", "[decode]") {
 }
 
 TEST_CASE("A socket descriptor: negative device ordinal", "[decode]") {
-  Fixture fx;
+  Arena fx;
   LaunchSpec l = ScaleLaunch();
   l.set_device_ordinal(-1);
   auto d = SocketDecode(l, fx.arena);

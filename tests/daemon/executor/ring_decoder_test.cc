@@ -17,17 +17,17 @@
 #include "common/ring_layout.h"
 #include "common/wire.h"
 #include "daemon/executor/launch_fields.h"
-#include "tests/daemon/executor/test_util.h"
-#include "tests/testing/launch_spec.h"
+#include "tests/daemon/executor/decode_fixture.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace kreg {
 namespace {
 
+using ::kreg::testing::Arena;
 using ::kreg::testing::BufferSpec;
 using ::kreg::testing::EncodeSpec;
 using ::kreg::testing::LaunchSpec;
-using ::kreg::testing::MakeMemfd;
+using ::kreg::testing::SocketDecode;
 
 LaunchSpec ValidLaunch() {
   LaunchSpec l;
@@ -55,31 +55,11 @@ std::string Encode(const LaunchSpec& l, uint32_t seq = 0, uint64_t tag = 42) {
   return EncodeSpec(l, seq, tag);
 }
 
-struct Arena {
-  Arena() : arena(1 << 20) {
-    REQUIRE(arena.Replace(MakeMemfd(4096), 4096).ok());
-  }
-  ShmArena arena;
-};
-
 absl::Status RingStatus(const LaunchSpec& l, const ShmArena& arena) {
   RingDecoder d;
   uint64_t tag;
   std::string bytes = Encode(l);
   return d.Decode(bytes.data(), bytes.size(), 0, arena, &tag).status();
-}
-
-// `l` decoded as a socket Launch's descriptor (a fresh decoder).
-absl::StatusOr<DecodedLaunch> SocketDecode(
-    const LaunchSpec& l, const ShmArena& arena,
-    const CudaBufferResolver* cuda = nullptr) {
-  RingDecoder d;
-  uint64_t tag;
-  std::string bytes = Encode(l);
-  absl::StatusOr<DecodedLaunch*> got =
-      d.Decode(bytes.data(), bytes.size(), std::nullopt, arena, &tag, cuda);
-  if (!got.ok()) return got.status();
-  return **got;
 }
 
 TEST_CASE("RingDecoder decodes what a socket Launch decodes", "[ring]") {
