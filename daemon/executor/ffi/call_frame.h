@@ -11,8 +11,6 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "common/wire.h"
 #include "daemon/base/launch.h"
 #include "xla/ffi/api/c_api.h"
@@ -20,20 +18,10 @@
 namespace kreg {
 namespace ffi_internal {
 
-// Deepest nesting of dictionary attributes accepted.
-inline constexpr int kMaxAttrDepth = 32;
-
 // What the attribute tables built from `list` take (an estimate from the
 // attributes: tables, aligned value copies and their bookkeeping), charged
 // to a CallFrameStorage's budget before they are built.
 uint64_t AttrTablesBytes(const AttrList& list);
-
-// Byte width of one element of `dtype` (an XLA_FFI_DataType value) in an
-// attribute; 0 for unknown, sub-byte and token types.
-size_t AttrByteWidth(int32_t dtype);
-
-// True if `dtype` is an XLA_FFI_DataType value.
-bool IsKnownDataType(int32_t dtype);
 
 // Owns everything the XLA_FFI_CallFrame built from a LaunchFrame points to:
 // XLA_FFI_Buffers and their dims, the attribute tables and aligned copies of
@@ -56,18 +44,11 @@ class CallFrameStorage {
   explicit CallFrameStorage(wire::ByteBudget* budget = nullptr)
       : budget_(budget) {}
 
-  // A new storage prepared from `frame` (Prepare's errors).
-  static absl::StatusOr<std::unique_ptr<CallFrameStorage>> Build(
-      const LaunchFrame& frame);
-
-  // Makes frame() the call frame of `frame`: stage EXECUTE, null
-  // api/ctx/extension_start/future and attributes sorted by name.
-  // INVALID_ARGUMENT (message naming the operand or attribute) for an
-  // unknown dtype, a negative dim, an attribute whose bytes do not match its
-  // dtype and count, a duplicate attribute name or dictionaries nested
-  // deeper than kMaxAttrDepth; RESOURCE_EXHAUSTED (OverBudgetText) when the
-  // budget cannot cover new attribute tables even after evicting the others;
-  // frame() is then unusable until a Prepare succeeds.
+  // Makes frame() the call frame of `frame` (validated at the edge:
+  // RingDecoder): stage EXECUTE, null api/ctx/extension_start/future.
+  // RESOURCE_EXHAUSTED (OverBudgetText) when the budget cannot cover new
+  // attribute tables even after evicting the others; frame() is then
+  // unusable until a Prepare succeeds.
   absl::Status Prepare(const LaunchFrame& frame);
 
   // Bytes held of the budget by the kept attribute tables.
@@ -79,9 +60,8 @@ class CallFrameStorage {
   XLA_FFI_CallFrame* frame() { return &frame_; }
 
  private:
-  absl::Status BuildBuffers(const LaunchFrame& frame);
-  absl::Status BuildAttrs(const AttrList& list, int depth,
-                          const std::string& path, XLA_FFI_Attrs* out);
+  void BuildBuffers(const LaunchFrame& frame);
+  void BuildAttrs(const AttrList& list, XLA_FFI_Attrs* out);
 
   static constexpr size_t kAttrTables = 16;
 

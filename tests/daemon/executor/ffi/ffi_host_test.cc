@@ -235,25 +235,25 @@ TEST_CASE("Execute passes every attribute kind, read back exactly",
           "[ffi_host]") {
   FfiHost host;
   LaunchFrame frame;
-  // Deliberately unsorted: FfiHost sorts by name as XLA does.
+  // Sorted by name, as XLA passes them (and RingDecoder requires).
   frame.attrs = {
-      {"weights", Array<float>(XLA_FFI_DataType_F32, {0.25f, -1.5f, 3e9f})},
       {"b", Scalar<bool>(XLA_FFI_DataType_PRED, true)},
-      {"i8", Scalar<int8_t>(XLA_FFI_DataType_S8, -7)},
-      {"i32", Scalar<int32_t>(XLA_FFI_DataType_S32, -123456)},
-      {"i64", Scalar<int64_t>(XLA_FFI_DataType_S64, int64_t{1} << 40)},
-      {"u16", Scalar<uint16_t>(XLA_FFI_DataType_U16, 65535)},
-      {"f32", Scalar<float>(XLA_FFI_DataType_F32, 0.1f)},
-      {"f64", Scalar<double>(XLA_FFI_DataType_F64, 1.0 / 3.0)},
       {"c128", Scalar<std::complex<double>>(XLA_FFI_DataType_C128, {1.5, -2})},
-      {"name", String(std::string("gelu\0tanh", 9))},
-      {"shape", Array<int64_t>(XLA_FFI_DataType_S64, {2, 3, 5})},
       {"cfg",
-       Dict({{"label", String("x")},
+       Dict({{"alpha", Scalar<float>(XLA_FFI_DataType_F32, 0.5f)},
+             {"ids", Array<int32_t>(XLA_FFI_DataType_S32, {1, 2, 3})},
              {"inner",
               Dict({{"depth", Scalar<int32_t>(XLA_FFI_DataType_S32, 2)}})},
-             {"ids", Array<int32_t>(XLA_FFI_DataType_S32, {1, 2, 3})},
-             {"alpha", Scalar<float>(XLA_FFI_DataType_F32, 0.5f)}})},
+             {"label", String("x")}})},
+      {"f32", Scalar<float>(XLA_FFI_DataType_F32, 0.1f)},
+      {"f64", Scalar<double>(XLA_FFI_DataType_F64, 1.0 / 3.0)},
+      {"i32", Scalar<int32_t>(XLA_FFI_DataType_S32, -123456)},
+      {"i64", Scalar<int64_t>(XLA_FFI_DataType_S64, int64_t{1} << 40)},
+      {"i8", Scalar<int8_t>(XLA_FFI_DataType_S8, -7)},
+      {"name", String(std::string("gelu\0tanh", 9))},
+      {"shape", Array<int64_t>(XLA_FFI_DataType_S64, {2, 3, 5})},
+      {"u16", Scalar<uint16_t>(XLA_FFI_DataType_U16, 65535)},
+      {"weights", Array<float>(XLA_FFI_DataType_F32, {0.25f, -1.5f, 3e9f})},
   };
   absl::Status status = host.Execute(AsHandler(kAttrs), frame);
   REQUIRE(status.ToString() == "OK");
@@ -273,6 +273,13 @@ TEST_CASE("Execute passes every attribute kind, read back exactly",
   CHECK(seen.label == "x");
   CHECK(seen.depth == 2);
   CHECK(seen.ids == std::vector<int32_t>{1, 2, 3});
+}
+
+TEST_CASE("Execute refuses a null handler", "[ffi_host][errors]") {
+  FfiHost host(FfiHostOptions{1});
+  absl::Status status = host.Execute(nullptr, LaunchFrame{});
+  CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(status.message() == "FfiHost::Execute: handler is null");
 }
 
 TEST_CASE("Execute returns a handler's error verbatim with its code",
@@ -336,7 +343,8 @@ TEST_CASE("ffi.h reports a wrong attribute count", "[ffi_host][errors]") {
   FfiHost host;
   std::vector<float> x = {1}, y(1);
   LaunchFrame frame = ScaleFrame(x, y, 1.0f);
-  frame.attrs.emplace_back("extra", Scalar<int32_t>(XLA_FFI_DataType_S32, 1));
+  frame.attrs.emplace(frame.attrs.begin(), "extra",
+                      Scalar<int32_t>(XLA_FFI_DataType_S32, 1));
   absl::Status status = host.Execute(AsHandler(kScale), frame);
   CHECK(status.code() == absl::StatusCode::kInvalidArgument);
   CHECK(status.message() ==
