@@ -203,24 +203,17 @@ absl::Status CudaSession::Launch(
   if (!scope.status().ok()) return scope.status();
   std::shared_ptr<EventPair> events;
   std::shared_ptr<Doorbell> bell;
-  {
+  if (doorbell_seq == 0) {
     absl::MutexLock lock(&mu_);
-    if (doorbell_seq > 0) {
-      auto it = doorbells_.find(ordinal);
-      if (it != doorbells_.end()) bell = it->second;
-    } else {
-      auto it = events_.find(ordinal);
-      if (it != events_.end()) events = it->second;
-    }
+    auto it = events_.find(ordinal);
+    if (it != events_.end()) events = it->second;
   }
   const cu::CudaDriver& d = *devices_->driver();
   if (doorbell_seq > 0) {
-    if (bell == nullptr) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("a doorbell launch (sequence ", doorbell_seq,
-                       ") but this session set up no doorbell for CUDA device ",
-                       devices_->info(ordinal).uuid_text));
-    }
+    absl::StatusOr<std::shared_ptr<Doorbell>> found =
+        DoorbellOf(ordinal, doorbell_seq);
+    if (!found.ok()) return found.status();
+    bell = *std::move(found);
     absl::Status s = devices_->Check(
         ordinal,
         d.cuStreamWaitValue64(*stream, bell->ready, doorbell_seq,
@@ -236,12 +229,8 @@ absl::Status CudaSession::Launch(
   options.device_allocator = AllocatorFor(ordinal, *stream);
   absl::Status result = run(options);
   if (bell != nullptr) {
-    absl::Status s = devices_->Check(
-        ordinal,
-        d.cuStreamWriteValue64(*stream, bell->done, doorbell_seq,
-                               cu::CU_STREAM_WRITE_VALUE_DEFAULT),
-        "cuStreamWriteValue64 of the doorbell's done word");
-    if (s.ok() && signalled != nullptr) *signalled = true;
+    absl::Status s =
+        WriteDone(ordinal, *stream, *bell, doorbell_seq, signalled);
     if (result.ok()) result = s;
   } else if (events != nullptr) {
     absl::Status s = events->done->RecordOn(*stream);
@@ -261,25 +250,34 @@ absl::Status CudaSession::SignalDoorbell(int ordinal, uint64_t doorbell_seq,
   if (!stream.ok()) return stream.status();
   CudaContextScope scope(*devices_, ordinal);
   if (!scope.status().ok()) return scope.status();
-  std::shared_ptr<Doorbell> bell;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = doorbells_.find(ordinal);
-    if (it != doorbells_.end()) bell = it->second;
-  }
-  if (bell == nullptr) {
+  absl::StatusOr<std::shared_ptr<Doorbell>> bell =
+      DoorbellOf(ordinal, doorbell_seq);
+  if (!bell.ok()) return bell.status();
+  return WriteDone(ordinal, *stream, **bell, doorbell_seq, signalled);
+}
+
+absl::StatusOr<std::shared_ptr<CudaSession::Doorbell>> CudaSession::DoorbellOf(
+    int ordinal, uint64_t doorbell_seq) {
+  absl::MutexLock lock(&mu_);
+  auto it = doorbells_.find(ordinal);
+  if (it == doorbells_.end()) {
     return absl::FailedPreconditionError(
         absl::StrCat("a doorbell launch (sequence ", doorbell_seq,
                      ") but this session set up no doorbell for CUDA device ",
                      devices_->info(ordinal).uuid_text));
   }
-  const cu::CudaDriver& d = *devices_->driver();
-  absl::Status s =
-      devices_->Check(ordinal,
-                      d.cuStreamWriteValue64(*stream, bell->done, doorbell_seq,
-                                             cu::CU_STREAM_WRITE_VALUE_DEFAULT),
-                      "cuStreamWriteValue64 of the doorbell's done word");
-  if (s.ok()) *signalled = true;
+  return it->second;
+}
+
+absl::Status CudaSession::WriteDone(int ordinal, cu::CUstream stream,
+                                    const Doorbell& bell, uint64_t doorbell_seq,
+                                    bool* signalled) {
+  absl::Status s = devices_->Check(
+      ordinal,
+      devices_->driver()->cuStreamWriteValue64(
+          stream, bell.done, doorbell_seq, cu::CU_STREAM_WRITE_VALUE_DEFAULT),
+      "cuStreamWriteValue64 of the doorbell's done word");
+  if (s.ok() && signalled != nullptr) *signalled = true;
   return s;
 }
 

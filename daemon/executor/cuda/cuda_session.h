@@ -132,6 +132,15 @@ class CudaSession {
   // stream), then unmaps the doorbells.
   void CloseDoorbells();
 
+  // The doorbell of `ordinal`; FAILED_PRECONDITION (naming the launch's
+  // `doorbell_seq`) when the session set up none.
+  absl::StatusOr<std::shared_ptr<Doorbell>> DoorbellOf(int ordinal,
+                                                       uint64_t doorbell_seq);
+  // Enqueues done := doorbell_seq on `stream`; `*signalled` (if given) is
+  // set when it was.
+  absl::Status WriteDone(int ordinal, cu::CUstream stream, const Doorbell& bell,
+                         uint64_t doorbell_seq, bool* signalled);
+
   // The allocator for `ordinal` on `stream`, created on first use.
   StreamOrderedAllocator* AllocatorFor(int ordinal, cu::CUstream stream);
 
