@@ -173,8 +173,7 @@ absl::Status RingDecoder::DecodeAttrBytes(const char* data, size_t size) {
 absl::Status RingDecoder::CheckHeader(const char* data, size_t size,
                                       std::optional<uint32_t> seq,
                                       uint64_t* tag, ring::SubmitHeader* hp,
-                                      absl::string_view* target,
-                                      Platform* platform_out,
+                                      RingLaunchHeader* out,
                                       size_t* pos) const {
   *tag = 0;
   ring::SubmitHeader& h = *hp;
@@ -216,8 +215,8 @@ absl::Status RingDecoder::CheckHeader(const char* data, size_t size,
   if (platform_text == nullptr) {
     return Truncated("platform", h.platform_len, in.left());
   }
-  *target = absl::string_view(name, h.target_len);
-  if (absl::Status s = ValidateTargetName(*target); !s.ok()) return s;
+  const absl::string_view target(name, h.target_len);
+  if (absl::Status s = ValidateTargetName(target); !s.ok()) return s;
   absl::StatusOr<Platform> platform =
       ParsePlatform(absl::string_view(platform_text, h.platform_len));
   if (!platform.ok()) return platform.status();
@@ -228,7 +227,7 @@ absl::Status RingDecoder::CheckHeader(const char* data, size_t size,
     case PlatformMemory::kHost:
       if (h.doorbell_seq != 0 || has_uuid) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "launching \"", *target, "\": a ", upper,
+            "launching \"", target, "\": a ", upper,
             " launch descriptor carries CUDA fields (doorbell sequence "
             "number ",
             h.doorbell_seq, has_uuid ? ", a device UUID)" : ")"));
@@ -237,14 +236,22 @@ absl::Status RingDecoder::CheckHeader(const char* data, size_t size,
     case PlatformMemory::kCuda:
       if (h.doorbell_seq == 0 && seq.has_value()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "launching \"", *target, "\": a ", upper,
+            "launching \"", target, "\": a ", upper,
             " launch descriptor needs a doorbell sequence number > 0 (the "
             "launch ring orders CUDA launches by the doorbell only; "
             "interprocess events travel on the session socket)"));
       }
       break;
   }
-  *platform_out = *platform;
+  out->platform = *platform;
+  out->target = target;
+  if (TraitsOf(*platform).memory == PlatformMemory::kCuda) {
+    out->device_uuid =
+        absl::string_view(data + offsetof(ring::SubmitHeader, device_uuid),
+                          sizeof(h.device_uuid));
+  }
+  out->doorbell_seq = h.doorbell_seq;
+  out->flags = h.flags;
   *pos = in.pos();
   return absl::OkStatus();
 }
@@ -253,24 +260,12 @@ absl::StatusOr<RingLaunchHeader> RingDecoder::Header(
     const char* data, size_t size, std::optional<uint32_t> seq,
     uint64_t* tag) const {
   ring::SubmitHeader h;
-  absl::string_view target;
-  Platform platform;
+  RingLaunchHeader out;
   size_t pos;
-  if (absl::Status s =
-          CheckHeader(data, size, seq, tag, &h, &target, &platform, &pos);
+  if (absl::Status s = CheckHeader(data, size, seq, tag, &h, &out, &pos);
       !s.ok()) {
     return s;
   }
-  RingLaunchHeader out;
-  out.platform = platform;
-  out.target = target;
-  if (TraitsOf(platform).memory == PlatformMemory::kCuda) {
-    out.device_uuid =
-        absl::string_view(data + offsetof(ring::SubmitHeader, device_uuid),
-                          sizeof(h.device_uuid));
-  }
-  out.doorbell_seq = h.doorbell_seq;
-  out.flags = h.flags;
   return out;
 }
 
@@ -278,31 +273,28 @@ absl::StatusOr<DecodedLaunch*> RingDecoder::Decode(
     const char* data, size_t size, std::optional<uint32_t> seq,
     const ShmArena& arena, uint64_t* tag, const CudaBufferResolver* cuda) {
   ring::SubmitHeader h;
-  absl::string_view target;
-  Platform platform_value;
+  RingLaunchHeader head;
   size_t header_end;
-  if (absl::Status s = CheckHeader(data, size, seq, tag, &h, &target,
-                                   &platform_value, &header_end);
+  if (absl::Status s =
+          CheckHeader(data, size, seq, tag, &h, &head, &header_end);
       !s.ok()) {
     return s;
   }
-  const Platform* platform = &platform_value;
-  const bool on_cuda = TraitsOf(*platform).memory == PlatformMemory::kCuda;
+  const Platform platform = head.platform;
+  const bool on_cuda = TraitsOf(platform).memory == PlatformMemory::kCuda;
   if (on_cuda && cuda == nullptr) {
     return absl::UnimplementedError(absl::StrCat(
-        "launching \"", target, "\" for platform ", PlatformName(*platform),
+        "launching \"", head.target, "\" for platform ", PlatformName(platform),
         ": this kregd serves no CUDA device"));
   }
-  if (on_cuda) {
-    device_uuid_.assign(reinterpret_cast<const char*>(h.device_uuid),
-                        sizeof(h.device_uuid));
-  }
+  if (on_cuda)
+    device_uuid_.assign(head.device_uuid.data(), head.device_uuid.size());
   Cursor in(data, size);
   in.Take(header_end);
-  if (launch_.key.name != target || launch_.key.platform != *platform) {
-    launch_.key = TargetKey{std::string(target), *platform};
+  if (launch_.key.name != head.target || launch_.key.platform != platform) {
+    launch_.key = TargetKey{std::string(head.target), platform};
   }
-  launch_.frame.platform = *platform;
+  launch_.frame.platform = platform;
   if (size_t pad = (8 - in.pos() % 8) % 8; in.Take(pad) == nullptr) {
     return Truncated("padding", pad, in.left());
   }

@@ -112,11 +112,12 @@ class RingDecoder {
 
   wire::ByteBudget* const budget_;
 
-  // Header's checks; `*pos` gets the offset after the platform text.
+  // Header's checks, filling `*h` and `*out`; `*pos` gets the offset after
+  // the platform text.
   absl::Status CheckHeader(const char* data, size_t size,
                            std::optional<uint32_t> seq, uint64_t* tag,
-                           ring::SubmitHeader* h, absl::string_view* target,
-                           Platform* platform, size_t* pos) const;
+                           ring::SubmitHeader* h, RingLaunchHeader* out,
+                           size_t* pos) const;
 
   DecodedLaunch launch_;
   std::string device_uuid_;  // of the CUDA descriptor decoded last
