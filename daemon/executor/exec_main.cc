@@ -58,13 +58,6 @@ constexpr int kGpuWatchMs = 50;
 
 StatusPage* g_page = nullptr;
 
-void WriteNote(StatusPage* page, const std::string& text) {
-  char* note = page->header()->note;
-  size_t n = std::min(text.size(), sizeof(page->header()->note) - 1);
-  memcpy(note, text.data(), n);
-  note[n] = '\0';
-}
-
 // A kernel that faults on the GPU after its handler returned (the launch
 // was acknowledged) leaves no host thread waiting: every session's GPU
 // work on that context is gone, and the clients' streams wait on doorbells
@@ -260,10 +253,11 @@ Offer OfferToKregd(const v1::ExecInit& init, const v1::ExecInitReply& info,
   m.set_cuda_status(info.cuda_status());
   m.set_seccomp(info.seccomp());
   m.set_sessions(static_cast<uint32_t>(live.size()));
-  if (!SendMessage(sock.get(), m, {})) {
+  auto lost = [why] {
     *why = "the supervision socket closed while the executor offered itself";
     return Offer::kNoKregd;
-  }
+  };
+  if (!SendMessage(sock.get(), m, {})) return lost();
   std::string payload;
   std::vector<int> fds;
   int rc = wire::RecvFrame(sock.get(), 1 << 16, &payload, &fds);
@@ -292,10 +286,7 @@ Offer OfferToKregd(const v1::ExecInit& init, const v1::ExecInitReply& info,
     return Offer::kRefused;
   }
   proof.set_proof(ExecutorProof(init.adoption_key(), reply.challenge()));
-  if (!SendMessage(sock.get(), proof, {page.fd()})) {
-    *why = "the supervision socket closed while the executor offered itself";
-    return Offer::kNoKregd;
-  }
+  if (!SendMessage(sock.get(), proof, {page.fd()})) return lost();
   for (Live& l : live) {
     int sv[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
@@ -314,8 +305,7 @@ Offer OfferToKregd(const v1::ExecInit& init, const v1::ExecInitReply& info,
       t->set_token(token);
     }
     if (!SendMessage(sock.get(), rs, {l.served->client_fd, theirs.get()})) {
-      *why = "the supervision socket closed while the executor offered itself";
-      return Offer::kNoKregd;
+      return lost();
     }
   }
   fds.clear();

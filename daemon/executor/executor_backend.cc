@@ -1,7 +1,6 @@
 #include "daemon/executor/executor_backend.h"
 
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/ring_layout.h"
 #include "common/wire.h"
 #include "daemon/base/broker_limits.h"
 #include "daemon/base/platform_table.h"
@@ -23,12 +23,6 @@ namespace {
 
 constexpr uint32_t kMaxReplyBytes = 64u << 20;
 
-int64_t MonotonicNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
-}
-
 absl::Status StatusOf(const v1::SessionStatus& s) {
   if (s.code() == 0) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(s.code()), s.message());
@@ -40,6 +34,13 @@ absl::Status StatusOf(const v1::SessionStatus& s) {
 thread_local int32_t t_running_slot = -1;
 
 }  // namespace
+
+void WriteNote(StatusPage* page, const std::string& text) {
+  char* note = page->header()->note;
+  size_t n = std::min(text.size(), sizeof(page->header()->note) - 1);
+  memcpy(note, text.data(), n);
+  note[n] = '\0';
+}
 
 int32_t RunningSlotOfThisThread() { return t_running_slot; }
 
@@ -182,11 +183,7 @@ absl::Status ExecutorBackend::ExecuteWith(void* handler,
       // kregd starts a fresh one on the next call.
       std::string note = absl::StrCat("recycled after a sticky CUDA error: ",
                                       usable.message());
-      char* dst = shared_.page->header()->note;
-      size_t n =
-          std::min(note.size(), sizeof(shared_.page->header()->note) - 1);
-      memcpy(dst, note.data(), n);
-      dst[n] = '\0';
+      WriteNote(shared_.page, note);
       spdlog::error("{}", note);
     }
   }
@@ -200,7 +197,7 @@ void ExecutorBackend::BeginLaunch(uint64_t request_id, const TargetKey& key) {
   auto it = tokens_.find(key);
   const uint32_t token = it == tokens_.end() ? 0 : it->second;
   launch_row_ = shared_.page->stats_row(token);
-  launch_started_ns_ = MonotonicNs();
+  launch_started_ns_ = ring::NowNs();
   slot_->request_id.store(request_id, std::memory_order_relaxed);
   slot_->started_ns.store(launch_started_ns_, std::memory_order_relaxed);
   if (TraitsOf(key.platform).memory == PlatformMemory::kCuda) {
@@ -212,7 +209,7 @@ void ExecutorBackend::BeginLaunch(uint64_t request_id, const TargetKey& key) {
 
 void ExecutorBackend::EndLaunch(bool ok) {
   if (launch_row_ != nullptr) {
-    const int64_t ns = MonotonicNs() - launch_started_ns_;
+    const int64_t ns = ring::NowNs() - launch_started_ns_;
     RecordLaunch(launch_row_, static_cast<uint64_t>(std::max<int64_t>(ns, 0)),
                  ok);
     launch_row_ = nullptr;

@@ -37,6 +37,10 @@ struct ExecutorShared {
   std::atomic<bool>* drain = nullptr;
 };
 
+// Leaves `text` (cut to fit) as the status page's note, the executor's last
+// words that kregd reads when it ends.
+void WriteNote(StatusPage* page, const std::string& text);
+
 // The session slot whose handler the calling thread is running (between
 // BeginLaunch and EndLaunch), -1 when none. Async-signal-safe: the
 // executor's crash handler records it in the status page.

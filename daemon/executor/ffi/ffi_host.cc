@@ -62,8 +62,6 @@ FfiHost::FfiHost(FfiHostOptions options)
 
 FfiHost::~FfiHost() = default;
 
-const XLA_FFI_Api* FfiHost::api() const { return HostedApi(); }
-
 int FfiHost::num_threads() const { return pool_->num_threads(); }
 
 absl::Status FfiHost::ErrorToStatus(const XLA_FFI_Api* api,
@@ -112,7 +110,7 @@ absl::Status FfiHost::Execute(void* handler, const LaunchFrame& frame,
   // future completed.
   XLA_FFI_InvokeContext ctx(frame, options, pool_.get(), &scratch_bytes_);
   XLA_FFI_CallFrame* call_frame = storage->frame();
-  call_frame->api = api();
+  call_frame->api = HostedApi();
   call_frame->ctx = &ctx;
 
   absl::StatusOr<XLA_FFI_Error*> returned;
@@ -123,7 +121,7 @@ absl::Status FfiHost::Execute(void* handler, const LaunchFrame& frame,
     stage::Mark(stage::kHandlerEnd);
   }
   absl::Status status =
-      returned.ok() ? ErrorToStatus(api(), *returned) : returned.status();
+      returned.ok() ? ErrorToStatus(HostedApi(), *returned) : returned.status();
 
   if (call_frame->future != nullptr) {
     // XLA keeps args, rets and attrs alive until the future completes; so do

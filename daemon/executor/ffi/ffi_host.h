@@ -108,9 +108,6 @@ class FfiHost {
   FfiHost(const FfiHost&) = delete;
   FfiHost& operator=(const FfiHost&) = delete;
 
-  // kregd's XLA_FFI_Api: one static table for the process (HostedApi()).
-  const XLA_FFI_Api* api() const;
-
   int num_threads() const;
 
   // Scratch bytes currently allocated by handlers of this host's live calls.

@@ -20,12 +20,6 @@ XLA_FFI_Error* NewError(XLA_FFI_Error_Code errc, std::string message) {
   return new XLA_FFI_Error{errc, std::move(message)};
 }
 
-XLA_FFI_Error* ToFfiError(const absl::Status& status) {
-  if (status.ok()) return nullptr;
-  return NewError(static_cast<XLA_FFI_Error_Code>(status.code()),
-                  std::string(status.message()));
-}
-
 absl::StatusCode ToStatusCode(XLA_FFI_Error_Code errc) {
   // XLA_FFI_Error_Code follows absl's canonical numbering (c_api.h).
   int code = static_cast<int>(errc);

@@ -73,9 +73,6 @@ namespace ffi_internal {
 
 XLA_FFI_Error* NewError(XLA_FFI_Error_Code errc, std::string message);
 
-// Null for OK.
-XLA_FFI_Error* ToFfiError(const absl::Status& status);
-
 // absl's code for `errc`; UNKNOWN outside absl's range.
 absl::StatusCode ToStatusCode(XLA_FFI_Error_Code errc);
 

@@ -377,8 +377,8 @@ TEST_CASE("ffi.h reports a call frame with a wrong struct size",
   FfiHost host;
   XLA_FFI_CallFrame frame{};
   frame.struct_size = XLA_FFI_CallFrame_STRUCT_SIZE - 8;
-  frame.api = host.api();
-  absl::Status status = FfiHost::ErrorToStatus(host.api(), kScale(&frame));
+  frame.api = HostedApi();
+  absl::Status status = FfiHost::ErrorToStatus(HostedApi(), kScale(&frame));
   CHECK(status.code() == absl::StatusCode::kInvalidArgument);
   CHECK(status.message() ==
         "Unexpected XLA_FFI_CallFrame size: expected " +
