@@ -10,28 +10,21 @@ namespace kreg {
 absl::Status CpuExecutor::Launch(uint64_t request_id,
                                  const RingLaunchHeader& header,
                                  const RingDecode& decode,
-                                 const v1::Launch& launch,
+                                 const v1::Launch& /*launch*/,
                                  std::vector<UniqueFd> fds,
-                                 v1::LaunchReply* reply) {
-  (void)header;
-  (void)launch;
-  (void)reply;
+                                 v1::LaunchReply* /*reply*/) {
   if (!fds.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         fds.size(), " file descriptor(s) attached to a CPU launch"));
   }
-  absl::StatusOr<DecodedLaunch*> decoded = decode(nullptr);
-  if (!decoded.ok()) return decoded.status();
-  return Run(request_id, **decoded);
+  return RingLaunch(request_id, header, decode, nullptr, nullptr);
 }
 
 absl::Status CpuExecutor::RingLaunch(uint64_t tag,
-                                     const RingLaunchHeader& header,
-                                     const RingDecode& decode, uint32_t* flags,
-                                     bool* end_session) {
-  (void)header;
-  (void)flags;
-  (void)end_session;
+                                     const RingLaunchHeader& /*header*/,
+                                     const RingDecode& decode,
+                                     uint32_t* /*flags*/,
+                                     bool* /*end_session*/) {
   absl::StatusOr<DecodedLaunch*> decoded = decode(nullptr);
   if (!decoded.ok()) return decoded.status();
   return Run(tag, **decoded);

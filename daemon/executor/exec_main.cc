@@ -586,34 +586,28 @@ int StartUp(v1::ExecInit* init, v1::ExecInitReply* reply, uid_t* kregd_uid,
   spdlog::set_level(spdlog::level::from_str(
       init->log_level().empty() ? "info" : init->log_level()));
   SetLogFormat("kregd-exec", absl::StrCat(" (", init->group(), ")"));
+  auto fail = [reply](const absl::Status& s) {
+    Reply(s, *reply);
+    return 1;
+  };
   // Who started the executor (who made its control socket): the only uid
   // it offers itself to once that kregd is gone.
   absl::StatusOr<PeerCred> kregd = PeerCredOf(kControlFd);
-  if (!kregd.ok()) {
-    Reply(kregd.status(), *reply);
-    return 1;
-  }
+  if (!kregd.ok()) return fail(kregd.status());
   *kregd_uid = kregd->uid;
   if (init->drop_privileges()) {
     std::vector<gid_t> groups(init->groups().begin(), init->groups().end());
     absl::Status s = DropPrivileges(init->uid(), init->gid(), groups);
-    if (!s.ok()) {
-      Reply(s, *reply);
-      return 1;
-    }
+    if (!s.ok()) return fail(s);
   }
   if (absl::Status s =
           TieToParent(init->parent_pid(), init->orphan_timeout_s() == 0);
       !s.ok()) {
-    Reply(s, *reply);
-    return 1;
+    return fail(s);
   }
   absl::StatusOr<StatusPage> mapped =
       StatusPage::Map(UniqueFd(kStatusFd), init->slots());
-  if (!mapped.ok()) {
-    Reply(mapped.status(), *reply);
-    return 1;
-  }
+  if (!mapped.ok()) return fail(mapped.status());
   page->emplace(*std::move(mapped));
   g_page = &**page;
   std::set_terminate(OnTerminate);
@@ -631,10 +625,7 @@ int StartUp(v1::ExecInit* init, v1::ExecInitReply* reply, uid_t* kregd_uid,
     reply->set_cuda_status("kregd was started without CUDA");
   }
   if (init->seccomp()) {
-    if (absl::Status s = InstallSeccompFilter(); !s.ok()) {
-      Reply(s, *reply);
-      return 1;
-    }
+    if (absl::Status s = InstallSeccompFilter(); !s.ok()) return fail(s);
   }
   reply->set_seccomp(init->seccomp());
   reply->set_uid(::getuid());

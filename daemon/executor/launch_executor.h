@@ -90,17 +90,14 @@ class LaunchExecutor {
   // CudaDoorbellSetup). False when `request` is none of them; true when it
   // was handled, with its reply part set in `*resp` or its error in
   // `*status`; `*fds` are the descriptors attached to it.
-  virtual bool HandleRequest(const v1::SessionRequest& request,
-                             std::vector<UniqueFd>* fds,
-                             v1::SessionResponse* resp, absl::Status* status) {
-    (void)request;
-    (void)fds;
-    (void)resp;
-    (void)status;
+  virtual bool HandleRequest(const v1::SessionRequest& /*request*/,
+                             std::vector<UniqueFd>* /*fds*/,
+                             v1::SessionResponse* /*resp*/,
+                             absl::Status* /*status*/) {
     return false;
   }
   // What this platform adds to the HelloReply.
-  virtual void DescribeTo(v1::HelloReply* reply) const { (void)reply; }
+  virtual void DescribeTo(v1::HelloReply* /*reply*/) const {}
   // The session ends: waits for the platform's outstanding work and
   // releases what it holds.
   virtual void Release() {}

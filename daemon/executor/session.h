@@ -43,9 +43,7 @@ class SessionBackend {
   // as a sealed memfd (`*module`) for the client's own process, after every
   // registration rule and the site's local_execution policy.
   virtual absl::StatusOr<v1::BindLocalReply> BindLocal(
-      const v1::BindLocal& request, UniqueFd* module) {
-    (void)request;
-    (void)module;
+      const v1::BindLocal& /*request*/, UniqueFd* /*module*/) {
     return absl::UnimplementedError(
         "this session backend cannot hand out modules for local execution");
   }
@@ -56,8 +54,7 @@ class SessionBackend {
   // The same with platform resources (CUDA: the session stream and the
   // stream-ordered scratch allocator).
   virtual absl::Status ExecuteWith(void* handler, const LaunchFrame& frame,
-                                   const CallOptions& options) {
-    (void)options;
+                                   const CallOptions& /*options*/) {
     return Execute(handler, frame);
   }
   virtual uint32_t ffi_api_major() const = 0;
@@ -66,13 +63,10 @@ class SessionBackend {
   // (an executor records them where kregd can read them if it dies), then
   // whether the handler succeeded (an executor counts the call and its
   // latency per target).
-  virtual void BeginLaunch(uint64_t request_id, const TargetKey& key) {
-    (void)request_id;
-    (void)key;
-  }
-  virtual void EndLaunch(bool ok) { (void)ok; }
+  virtual void BeginLaunch(uint64_t /*request_id*/, const TargetKey& /*key*/) {}
+  virtual void EndLaunch(bool /*ok*/) {}
   // The session's arena now has `bytes` (0 once released).
-  virtual void ArenaSized(uint64_t bytes) { (void)bytes; }
+  virtual void ArenaSized(uint64_t /*bytes*/) {}
   // After each reply: true asks the session to end (the executor is being
   // recycled, e.g. after a sticky CUDA error).
   virtual bool ShouldStop() { return false; }
