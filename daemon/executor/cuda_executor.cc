@@ -308,7 +308,7 @@ absl::Status CudaExecutor::Run(uint64_t request_id, CudaSession* cuda,
       }
     }
     absl::StatusOr<CudaMappingCache::Resolved> r =
-        cuda->Resolve(key, offset, size);
+        cuda->mappings().Resolve(key, offset, size);
     if (!r.ok()) {
       if (absl::IsNotFound(r.status())) out->mapping_missing = true;
       return absl::Status(

@@ -22,9 +22,9 @@ alignas(64) char kEmptyRegion[64];
 
 ShmArena::ShmArena(uint64_t max_bytes) : max_bytes_(max_bytes) {}
 
-ShmArena::~ShmArena() { Unmap(); }
+ShmArena::~ShmArena() { Reset(); }
 
-void ShmArena::Unmap() {
+void ShmArena::Reset() {
   if (base_ != nullptr) ::munmap(base_, size_);
   base_ = nullptr;
   size_ = 0;
@@ -64,7 +64,7 @@ absl::Status ShmArena::Replace(UniqueFd fd, uint64_t size) {
     return absl::InternalError(
         absl::StrCat("could not map an arena of ", size, " bytes"));
   }
-  Unmap();
+  Reset();
   fd_ = std::move(fd);
   base_ = static_cast<char*>(base);
   size_ = size;

@@ -36,13 +36,12 @@ class ShmArena {
   absl::StatusOr<char*> Region(uint64_t offset, uint64_t size) const;
 
   // Unmaps and closes the arena (the session ended).
-  void Reset() { Unmap(); }
+  void Reset();
 
   uint64_t size() const { return size_; }
   uint64_t max_bytes() const { return max_bytes_; }
 
  private:
-  void Unmap();
 
   const uint64_t max_bytes_;
   UniqueFd fd_;

@@ -47,7 +47,6 @@ CudaMappingCache::GetOrImport(const CudaMappingKey& key,
         evicted.push_back(std::move(victim->second.mapping));
         entries_.erase(victim);
         lru_.pop_back();
-        ++evictions_;
       }
     }
   }
@@ -183,11 +182,6 @@ size_t CudaMappingCache::size() const {
 size_t CudaMappingCache::retired() const {
   absl::MutexLock lock(&mu_);
   return retired_.size();
-}
-
-uint64_t CudaMappingCache::evictions() const {
-  absl::MutexLock lock(&mu_);
-  return evictions_;
 }
 
 }  // namespace kreg

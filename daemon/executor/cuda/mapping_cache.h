@@ -109,7 +109,6 @@ class CudaMappingCache {
 
   size_t size() const;
   size_t retired() const;
-  uint64_t evictions() const;
 
  private:
   struct Entry {
@@ -131,7 +130,6 @@ class CudaMappingCache {
   std::map<CudaMappingKey, Entry> entries_ ABSL_GUARDED_BY(mu_);
   std::list<CudaMappingKey> lru_ ABSL_GUARDED_BY(mu_);  // front: most recent
   std::vector<Retired> retired_ ABSL_GUARDED_BY(mu_);
-  uint64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kreg
