@@ -72,21 +72,6 @@ CudaSession* CudaExecutor::Cuda() {
   return cuda_.get();
 }
 
-absl::Status CudaExecutor::Share(
-    const google::protobuf::RepeatedPtrField<v1::CudaShare>& shares,
-    std::vector<UniqueFd> fds) {
-  if (Cuda() == nullptr) {
-    return absl::UnimplementedError(
-        "this kregd serves no CUDA device; nothing to share");
-  }
-  absl::Status status = ShareCuda(shares, &fds);
-  if (status.ok() && !fds.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        fds.size(), " file descriptor(s) attached beyond the shares"));
-  }
-  return status;
-}
-
 absl::Status CudaExecutor::SetDoorbell(const v1::CudaDoorbellSetup& setup,
                                        std::vector<UniqueFd> fds) {
   CudaSession* cuda = Cuda();
@@ -273,7 +258,14 @@ bool CudaExecutor::HandleRequest(const v1::SessionRequest& request,
                                  absl::Status* status) {
   switch (request.body_case()) {
     case v1::SessionRequest::kCudaShare:
-      *status = Share(request.cuda_share().shares(), std::move(*fds));
+      *status = Cuda() == nullptr
+                    ? absl::UnimplementedError(
+                          "this kregd serves no CUDA device; nothing to share")
+                    : ShareCuda(request.cuda_share().shares(), fds);
+      if (status->ok() && !fds->empty()) {
+        *status = absl::InvalidArgumentError(absl::StrCat(
+            fds->size(), " file descriptor(s) attached beyond the shares"));
+      }
       if (status->ok()) resp->mutable_cuda_share();
       return true;
     case v1::SessionRequest::kCudaDoorbell:

@@ -40,7 +40,7 @@ class CudaExecutor final : public LaunchExecutor {
   absl::Status RingLaunch(uint64_t tag, const RingLaunchHeader& header,
                           const RingDecode& decode, uint32_t* flags,
                           bool* end_session) override;
-  // CudaShare and CudaDoorbellSetup (Share, SetDoorbell).
+  // CudaShare and CudaDoorbellSetup (ShareCuda, SetDoorbell).
   bool HandleRequest(const v1::SessionRequest& request,
                      std::vector<UniqueFd>* fds, v1::SessionResponse* resp,
                      absl::Status* status) override;
@@ -55,11 +55,6 @@ class CudaExecutor final : public LaunchExecutor {
     bool signalled = false;        // done := doorbell_seq was enqueued
   };
 
-  // CudaShareRequest: imports `shares`, one VMM fd each from `fds` in
-  // order; INVALID_ARGUMENT when fds are left over.
-  absl::Status Share(
-      const google::protobuf::RepeatedPtrField<v1::CudaShare>& shares,
-      std::vector<UniqueFd> fds);
   // CudaDoorbellSetup with its one VMM fd.
   absl::Status SetDoorbell(const v1::CudaDoorbellSetup& setup,
                            std::vector<UniqueFd> fds);

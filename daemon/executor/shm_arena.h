@@ -39,10 +39,8 @@ class ShmArena {
   void Reset();
 
   uint64_t size() const { return size_; }
-  uint64_t max_bytes() const { return max_bytes_; }
 
  private:
-
   const uint64_t max_bytes_;
   UniqueFd fd_;
   char* base_ = nullptr;
