@@ -143,13 +143,19 @@ void RecordFatalSignals() {
   }
 }
 
+bool SendMessage(int fd, const google::protobuf::MessageLite& m,
+                 const std::vector<int>& fds) {
+  std::string out;
+  m.SerializeToString(&out);
+  return wire::SendFrame(fd, out.data(), out.size(), fds.data(),
+                         static_cast<int>(fds.size())) == wire::kOk;
+}
+
 void Reply(const absl::Status& status, const v1::ExecInitReply& base) {
   v1::ExecInitReply reply = base;
   reply.mutable_status()->set_code(static_cast<int>(status.code()));
   reply.mutable_status()->set_message(std::string(status.message()));
-  std::string out;
-  reply.SerializeToString(&out);
-  wire::SendFrame(kControlFd, out.data(), out.size(), nullptr, 0);
+  SendMessage(kControlFd, reply, {});
 }
 
 struct Served {
@@ -173,14 +179,6 @@ enum class Offer {
   // again later.
   kUnverified,
 };
-
-bool SendMessage(int fd, const google::protobuf::MessageLite& m,
-                 const std::vector<int>& fds) {
-  std::string out;
-  m.SerializeToString(&out);
-  return wire::SendFrame(fd, out.data(), out.size(), fds.data(),
-                         static_cast<int>(fds.size())) == wire::kOk;
-}
 
 // Offers the executor to whoever listens on the supervision socket once it
 // has shown to be the next kregd: the socket must have been bound by
