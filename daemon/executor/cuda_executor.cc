@@ -300,7 +300,7 @@ absl::Status CudaExecutor::Run(uint64_t request_id, CudaSession* cuda,
       }
     }
     absl::StatusOr<CudaMappingCache::Resolved> r =
-        cuda->mappings().Resolve(key, offset, size);
+        cuda->Resolve(key, offset, size);
     if (!r.ok()) {
       if (absl::IsNotFound(r.status())) out->mapping_missing = true;
       return absl::Status(

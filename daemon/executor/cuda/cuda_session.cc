@@ -177,6 +177,11 @@ void CudaSession::CloseDoorbells() {
   // `bells` unmaps here, after the streams passed every use.
 }
 
+absl::StatusOr<CudaMappingCache::Resolved> CudaSession::Resolve(
+    const CudaMappingKey& key, uint64_t offset, uint64_t length) {
+  return cache_.Resolve(key, offset, length);
+}
+
 StreamOrderedAllocator* CudaSession::AllocatorFor(int ordinal,
                                                   cu::CUstream stream) {
   absl::MutexLock lock(&mu_);

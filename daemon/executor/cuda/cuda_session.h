@@ -71,6 +71,11 @@ class CudaSession {
                            uint64_t done_offset);
   bool HasDoorbell(int ordinal);
 
+  // Resolves a buffer of a shared allocation (CudaMappingCache::Resolve).
+  absl::StatusOr<CudaMappingCache::Resolved> Resolve(const CudaMappingKey& key,
+                                                     uint64_t offset,
+                                                     uint64_t length);
+
   // Runs one handler call on kregd device `ordinal`, without host-side GPU
   // synchronisation: makes the device's context current on this thread, has
   // the session stream wait for the client's `ready` event (when events are

@@ -195,10 +195,10 @@ TEST_CASE("A shared VMM allocation resolves to kregd's mapping plus offset",
   REQUIRE(session.ShareVmm(key, UniqueFd(again)).ok());
   CHECK(fcntl(again, F_GETFD) == -1);
   CHECK(fake.live_handles == 1);
-  auto r = session.mappings().Resolve(key, 4096, 1024);
+  auto r = session.Resolve(key, 4096, 1024);
   REQUIRE(r.ok());
   CHECK(reinterpret_cast<uintptr_t>(r->data) == r->mapping->base() + 4096);
-  CHECK(session.mappings().Resolve(key, 4 * kMiB - 10, 11).status().code() ==
+  CHECK(session.Resolve(key, 4 * kMiB - 10, 11).status().code() ==
         absl::StatusCode::kOutOfRange);
 }
 
@@ -223,7 +223,7 @@ TEST_CASE("Legacy IPC memory is shared and resolved", "[cuda_session]") {
     CudaSession session(devices.get());
     const CudaMappingKey key = Key(0x9000000, 1000);
     REQUIRE(session.ShareIpc(key, fake.IpcAllocation(1000)).ok());
-    CHECK(session.mappings().Resolve(key, 0, 1000).ok());
+    CHECK(session.Resolve(key, 0, 1000).ok());
     CHECK(fake.live_ipc_opens == 1);
   }
   CHECK(fake.live_ipc_opens == 0);

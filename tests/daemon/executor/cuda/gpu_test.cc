@@ -64,7 +64,7 @@ TEST_CASE("A VMM allocation exported by the client side is imported by kregd",
   const CudaMappingKey key{e.id.device_uuid, e.id.base, e.id.size,
                            e.id.generation};
   REQUIRE(session.ShareVmm(key, std::move(e.fd)).ok());
-  auto r = session.mappings().Resolve(key, 4096, 4096);
+  auto r = session.Resolve(key, 4096, 4096);
   REQUIRE(r.ok());
   CHECK(r->mapping->base() != e.id.base);  // kregd's own mapping
   absl::Status copy = session.Launch(0, [&](const CallOptions& o) {
