@@ -69,62 +69,50 @@ int Session::NextFrame(uint32_t max_bytes,
 }
 
 void Session::SayFrameRefused(int rc, bool before_hello) {
-  std::string more;
-  const bool log =
-      PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more);
+  const int64_t ms = limits_.hello_timeout_ms;
+  std::string why;    // for the log, after "session <id> "
+  absl::Status tell;  // for the client; OK: nothing it can act on
   if (rc == wire::kTimedOut && before_hello) {
-    if (log) {
-      spdlog::info(
-          "session {} (pid {} uid {}): no Hello within {} ms; closing{}", id_,
-          peer_.pid, peer_.uid, limits_.hello_timeout_ms, more);
-    }
-    SendConnectionError(sock_.get(),
-                        absl::DeadlineExceededError(absl::StrCat(
-                            "kregd closed this session: no Hello within ",
-                            limits_.hello_timeout_ms, " ms of connecting")));
-    return;
-  }
-  if (rc == wire::kTimedOut) {
-    if (log) {
-      spdlog::info(
-          "session {} (pid {} uid {}): a message did not arrive whole "
-          "within {} ms of its first byte; closing{}",
-          id_, peer_.pid, peer_.uid, limits_.hello_timeout_ms, more);
-    }
-    SendConnectionError(
-        sock_.get(),
-        absl::DeadlineExceededError(absl::StrCat(
-            "kregd closed this session: a message did not arrive whole "
-            "within ",
-            limits_.hello_timeout_ms,
-            " ms of its first byte (hello_timeout_s)")));
-    return;
-  }
-  if (log) {
-    spdlog::info("session {} (uid {} pid {}): closing: {}{}", id_, peer_.uid,
-                 peer_.pid, wire::ResultText(rc), more);
+    why = absl::StrCat("(pid ", peer_.pid, " uid ", peer_.uid,
+                       "): no Hello within ", ms, " ms; closing");
+    tell = absl::DeadlineExceededError(
+        absl::StrCat("kregd closed this session: no Hello within ", ms,
+                     " ms of connecting"));
+  } else if (rc == wire::kTimedOut) {
+    why = absl::StrCat("(pid ", peer_.pid, " uid ", peer_.uid,
+                       "): a message did not arrive whole within ", ms,
+                       " ms of its first byte; closing");
+    tell = absl::DeadlineExceededError(absl::StrCat(
+        "kregd closed this session: a message did not arrive whole "
+        "within ",
+        ms, " ms of its first byte (hello_timeout_s)"));
+  } else {
+    why = absl::StrCat("(uid ", peer_.uid, " pid ", peer_.pid,
+                       "): closing: ", wire::ResultText(rc));
   }
   if (rc == wire::kOverBudget) {
     const wire::ByteBudget& budget = *limits_.receive_budget;
-    SendConnectionError(
-        sock_.get(),
-        absl::ResourceExhaustedError(absl::StrCat(
-            "session message refused: it would take the bytes buffered "
-            "for messages in flight by every session of this executor "
-            "(uid ",
-            peer_.uid, ") past ", budget.limit(), " (max_buffered_bytes; ",
-            budget.used(),
-            " in use); send fewer large messages at once (modules go by "
-            "fd, tensors through the arena) or ask the operator to raise "
-            "max_buffered_bytes")));
+    tell = absl::ResourceExhaustedError(absl::StrCat(
+        "session message refused: it would take the bytes buffered "
+        "for messages in flight by every session of this executor "
+        "(uid ",
+        peer_.uid, ") past ", budget.limit(), " (max_buffered_bytes; ",
+        budget.used(),
+        " in use); send fewer large messages at once (modules go by "
+        "fd, tensors through the arena) or ask the operator to raise "
+        "max_buffered_bytes"));
   }
   if (rc == wire::kTooLarge || rc == wire::kTooManyFds) {
-    SendConnectionError(sock_.get(),
-                        absl::ResourceExhaustedError(absl::StrCat(
-                            "session message refused: ", wire::ResultText(rc),
-                            " (max_message_bytes ", limits_.max_message_bytes,
-                            ", at most ", wire::kMaxFdsPerFrame, " fds)")));
+    tell = absl::ResourceExhaustedError(
+        absl::StrCat("session message refused: ", wire::ResultText(rc),
+                     " (max_message_bytes ", limits_.max_message_bytes,
+                     ", at most ", wire::kMaxFdsPerFrame, " fds)"));
   }
+  std::string more;
+  if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
+    spdlog::info("session {} {}{}", id_, why, more);
+  }
+  if (!tell.ok()) SendConnectionError(sock_.get(), tell);
 }
 
 void Session::Run() {
