@@ -29,26 +29,26 @@ CudaSession::~CudaSession() {
 absl::Status CudaSession::ShareVmm(const CudaMappingKey& key, UniqueFd fd) {
   absl::StatusOr<int> ordinal = devices_->FindByUuid(key.device_uuid);
   if (!ordinal.ok()) return ordinal.status();
-  auto shared = cache_.GetOrImport(
-      key, [&]() -> absl::StatusOr<std::unique_ptr<CudaMapping>> {
-        auto m = VmmImport::Import(devices_, *ordinal, std::move(fd), key.size);
-        if (!m.ok()) return m.status();
-        return std::unique_ptr<CudaMapping>(std::move(*m));
-      });
-  return shared.status();
+  return cache_
+      .GetOrImport(key,
+                   [&] {
+                     return VmmImport::Import(devices_, *ordinal, std::move(fd),
+                                              key.size);
+                   })
+      .status();
 }
 
 absl::Status CudaSession::ShareIpc(const CudaMappingKey& key,
                                    const cu::CUipcMemHandle& handle) {
   absl::StatusOr<int> ordinal = devices_->FindByUuid(key.device_uuid);
   if (!ordinal.ok()) return ordinal.status();
-  auto shared = cache_.GetOrImport(
-      key, [&]() -> absl::StatusOr<std::unique_ptr<CudaMapping>> {
-        auto m = IpcMemOpen::Open(devices_, *ordinal, handle, key.size);
-        if (!m.ok()) return m.status();
-        return std::unique_ptr<CudaMapping>(std::move(*m));
-      });
-  return shared.status();
+  return cache_
+      .GetOrImport(key,
+                   [&] {
+                     return IpcMemOpen::Open(devices_, *ordinal, handle,
+                                             key.size);
+                   })
+      .status();
 }
 
 absl::Status CudaSession::SetEvents(absl::string_view device_uuid,
