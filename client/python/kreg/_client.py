@@ -323,11 +323,6 @@ class Client:
   def _register(self, target_name, platform, func_name, replace, content_id,
                 path=None, data=None, in_process=False):
     lib = self._lib
-    if in_process and _shim.version().api_minor < _shim.IN_PROCESS_MINOR:
-      raise KregError(
-          "libkreg_client.so is too old for in-process targets (C ABI "
-          f"{_shim.version().api_major}.{_shim.version().api_minor}, needs "
-          f"1.{_shim.IN_PROCESS_MINOR}); rebuild it", "FAILED_PRECONDITION")
     args = _shim.new(_shim.RegisterArgs)
     args.client = self._handle
     keep = []  # keep the encoded buffers alive during the call
@@ -495,13 +490,6 @@ class Client:
       name = target_name.encode()
       plat = canonical.encode()
       target = None
-      if mode == "local":
-        if not hasattr(self._lib, "kreg_bind_local"):
-          raise KregError(
-              "libkreg_client.so is too old for local execution (C ABI "
-              f"{_shim.version().api_major}.{_shim.version().api_minor}, "
-              f"needs 1.{_shim.LOCAL_MINOR}); rebuild it",
-              "FAILED_PRECONDITION")
       # The forwarding trampoline (kreg_bind), or the registered module's
       # own handler loaded into this process (kreg_bind_local).
       args = _shim.new(_shim.BindLocalArgs if mode == "local" else
