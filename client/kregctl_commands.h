@@ -18,6 +18,10 @@ Command AddReserveCommand(CLI::App& app);
 // kregctl_register.cc
 Command AddRegisterCommand(CLI::App& app);
 
+// kregctl_compile.cc: kregd compiles sources once and registers the result
+// (DESIGN §13); the compiler's output goes to stderr verbatim.
+Command AddCompileCommand(CLI::App& app);
+
 // kregctl_daemon.cc: the daemon itself.
 Command AddStatusCommand(CLI::App& app);
 Command AddConfigCommand(CLI::App& app);
@@ -27,6 +31,9 @@ Command AddGcCommand(CLI::App& app);
 
 // kregctl_cluster.cc: cluster mode.
 Command AddHostsCommand(CLI::App& app);
+// `list --cluster`: every binding in etcd (a table with the registering
+// host, or JSON). Returns the exit code.
+int ListCluster(Client& client, bool as_json);
 
 }  // namespace kreg
 

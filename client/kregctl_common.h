@@ -46,6 +46,17 @@ nlohmann::json TargetJson(const v1::Target& t);
 // One "key: value" line per field, strings unquoted.
 void PrintFields(const nlohmann::json& j);
 
+// kregctl_stats.cc: launch statistics (status, show) and live sessions.
+// {"launches", "errors", "latency_us": {"count", "p50", "p90", "p99"}}
+nlohmann::json StatsJson(const v1::TargetStats& s);
+// One line: "launches 10, errors 1, latency p50 3.2 us, p90 ..., p99 ...".
+std::string StatsLine(const v1::TargetStats& s);
+// A table of targets with calls (nothing when there are none).
+void PrintStatsTable(
+    const google::protobuf::RepeatedPtrField<v1::TargetStats>& stats);
+nlohmann::json SessionJson(const v1::SessionInfo& s);
+void PrintSessionsTable(const v1::ListSessionsResponse& sessions);
+
 }  // namespace kreg
 
 #endif  // KREGD_CLIENT_KREGCTL_COMMON_H_

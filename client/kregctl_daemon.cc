@@ -5,7 +5,6 @@
 
 #include "CLI/CLI.hpp"
 #include "client/kregctl_commands.h"
-#include "client/kregctl_stats.h"
 
 namespace kreg {
 namespace {

@@ -18,7 +18,6 @@
 #include "CLI/CLI.hpp"
 #include "client/client.h"
 #include "client/kregctl_commands.h"
-#include "client/kregctl_compile.h"
 #include "common/paths.h"
 #include "common/version.h"
 
