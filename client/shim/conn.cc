@@ -51,20 +51,17 @@ constexpr uint64_t kPage = 4096;
 
 std::string Errno(int err) { return strerror(err); }
 
+int64_t EnvInt(const char* name, int64_t fallback) {
+  const char* env = getenv(name);
+  return env ? std::max<int64_t>(0, atoll(env)) : fallback;
+}
+
 // Microseconds to busy-poll for a reply before blocking ($KREG_SPIN_US,
 // default 0: block at once. A spin can save the wake-up latency
 // when the daemon answers fast and a core is free).
 int64_t SpinMicros() {
-  static const int64_t us = [] {
-    const char* env = getenv("KREG_SPIN_US");
-    return env ? std::max<int64_t>(0, atoll(env)) : int64_t{0};
-  }();
+  static const int64_t us = EnvInt("KREG_SPIN_US", 0);
   return us;
-}
-
-int64_t EnvInt(const char* name, int64_t fallback) {
-  const char* env = getenv(name);
-  return env ? std::max<int64_t>(0, atoll(env)) : fallback;
 }
 
 // The launch ring: $KREG_LAUNCH_RING=0 keeps CPU launches on the socket.
@@ -274,44 +271,27 @@ ClientStatus Conn::SetUpRing() {
   return ClientStatus::Ok();
 }
 
-ClientStatus Conn::Unsolicited() {
+ClientStatus Conn::Unsolicited(bool idle) {
   std::vector<int> got_fds;
   int rc = wire::RecvFrame(sock_, kMaxResponseBytes, &in_buf_, &got_fds);
   for (int fd : got_fds) ::close(fd);
-  if (rc != wire::kOk) return Transport("a launch ring call", rc);
+  if (rc != wire::kOk) {
+    ClientStatus s =
+        Transport(idle ? "an idle session" : "a launch ring call", rc);
+    if (!idle) return s;
+    return ClientStatus::Error(kUnavailable, "kregd ended session " +
+                                                 std::to_string(session_id_) +
+                                                 " (" + wire::ResultText(rc) +
+                                                 "): its executor went away");
+  }
   broken_ = true;
   v1::SessionResponse response;
   if (!response.ParseFromString(in_buf_) || response.id() != 0 ||
       response.status().code() == 0) {
     return ClientStatus::Error(
         kInternal,
-        "kregd sent an unexpected session response while a "
-        "launch ring call waited");
-  }
-  refused_ = true;
-  ended_ = true;
-  return ClientStatus::Error(response.status().code(),
-                             response.status().message());
-}
-
-ClientStatus Conn::ReadEnd() {
-  std::vector<int> got_fds;
-  int rc = wire::RecvFrame(sock_, kMaxResponseBytes, &in_buf_, &got_fds);
-  for (int fd : got_fds) ::close(fd);
-  broken_ = true;
-  if (rc != wire::kOk) {
-    (void)Transport("an idle session", rc);
-    return ClientStatus::Error(kUnavailable, "kregd ended session " +
-                                                 std::to_string(session_id_) +
-                                                 " (" + wire::ResultText(rc) +
-                                                 "): its executor went away");
-  }
-  v1::SessionResponse response;
-  if (!response.ParseFromString(in_buf_) || response.id() != 0 ||
-      response.status().code() == 0) {
-    return ClientStatus::Error(kInternal,
-                               "kregd sent an unexpected session response "
-                               "to an idle session");
+        std::string("kregd sent an unexpected session response ") +
+            (idle ? "to an idle session" : "while a launch ring call waited"));
   }
   refused_ = true;
   ended_ = true;
@@ -327,7 +307,7 @@ ClientStatus Conn::AwaitOne(int* code, std::string* message, uint32_t* flags) {
     // something (its executor died) or has the session ended?
     pollfd p{sock_, POLLIN, 0};
     int ready = ::poll(&p, 1, w == ClientRing::Wait::kClosed ? 10 : 0);
-    if (ready > 0) return Unsolicited();
+    if (ready > 0) return Unsolicited(/*idle=*/false);
   }
 }
 

@@ -109,7 +109,7 @@ class Conn {
   // connection-level error (an id-0 response: its executor died) or the
   // end of the session — marks the Conn broken and ended, and returns that
   // error (UNAVAILABLE "... ended" for a plain end of the session).
-  ClientStatus ReadEnd();
+  ClientStatus ReadEnd() { return Unsolicited(/*idle=*/true); }
   // kregd ended the session with an error of its own (a response with id
   // 0: its executor crashed while running this call, a session limit): the
   // call must not be retried on a fresh session.
@@ -150,9 +150,10 @@ class Conn {
   ClientStatus Transport(const std::string& what, int result);
   // Sets up the launch ring; false (socket launches) when kregd refused it.
   ClientStatus SetUpRing();
-  // What arrived on the socket while a ring launch waited: kregd's
-  // connection-level error, or the end of the session.
-  ClientStatus Unsolicited();
+  // What arrived on the socket while a ring launch waited (or, `idle`, on
+  // an idle session): kregd's connection-level error, or the end of the
+  // session.
+  ClientStatus Unsolicited(bool idle);
   // Waits for the oldest ring completion (watching the socket while it
   // sleeps). Errors only for a session that ended or broke.
   ClientStatus AwaitOne(int* code, std::string* message, uint32_t* flags);
