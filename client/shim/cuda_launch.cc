@@ -37,7 +37,7 @@ ClientStatus DoorbellFor(Conn* conn, CudaConnState* st, const Call& call,
   }
   if (b.failed) return ClientStatus::Ok();
   b.failed = true;  // until set up
-  if (!conn->cuda_doorbell()) {
+  if (!conn->hello().cuda_doorbell()) {
     Trace("  doorbell: kregd does not offer it; using interprocess events");
     return ClientStatus::Ok();
   }
@@ -495,8 +495,9 @@ ClientStatus LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
     conn->cuda_state = new CudaConnState(call->d);
   }
   CudaConnState* st = conn->cuda_state;
-  const size_t limit =
-      conn->max_cuda_mappings() > 0 ? conn->max_cuda_mappings() : 256;
+  const size_t limit = conn->hello().max_cuda_mappings() > 0
+                           ? conn->hello().max_cuda_mappings()
+                           : 256;
   ReleaseStaging release_staging;
   cc::Doorbell* bell = nullptr;
   s = DoorbellFor(conn, st, *call, &bell);
