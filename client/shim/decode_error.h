@@ -21,10 +21,6 @@ std::string ExplainDecodeError(const std::string& target,
                                const XLA_FFI_Attrs& attrs,
                                const std::string& message);
 
-// XLA FFI's name of a data type ("F32", "S64", ...), as its diagnostics
-// print it; "dtype <n>" for one this shim does not know.
-std::string DataTypeName(int dtype);
-
 }  // namespace shim
 }  // namespace kreg
 
