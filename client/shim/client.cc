@@ -207,8 +207,6 @@ void Client::WatchLoop() {
   std::vector<pollfd> fds;
   std::vector<const Conn*> watched;
   for (;;) {
-    fds.clear();
-    watched.clear();
     {
       std::unique_lock<std::mutex> lock(mu_);
       auto collect = [&] {
