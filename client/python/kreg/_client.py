@@ -70,6 +70,12 @@ def default_execution() -> str:
   return "isolated"
 
 
+def _require_str(**values: Any) -> None:
+  for what, value in values.items():
+    if not isinstance(value, str):
+      raise TypeError(f"{what} must be a str, got {type(value)}")
+
+
 def _resolve_execution(execution: Optional[str]) -> str:
   if execution is None:
     return default_execution()
@@ -380,12 +386,8 @@ class Client:
     InvalidArgumentError (a ValueError) for a malformed name, platform or
     module, NotFoundError (a KeyError) for a missing file or symbol.
     """
-    if not isinstance(target_name, str):
-      raise TypeError(f"target_name must be a str, got {type(target_name)}")
-    if not isinstance(func_name, str):
-      raise TypeError(f"func_name must be a str, got {type(func_name)}")
-    if not isinstance(platform, str):
-      raise TypeError(f"platform must be a str, got {type(platform)}")
+    _require_str(target_name=target_name, func_name=func_name,
+                 platform=platform)
     mode = _resolve_execution(execution)
     _check_jax()
     if isinstance(module, Module):
@@ -447,10 +449,8 @@ class Client:
     """
     # pylint: disable=import-outside-toplevel
     from kreg import _compile
-    for value, what in ((target_name, "target_name"), (func_name, "func_name"),
-                        (platform, "platform")):
-      if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, got {type(value)}")
+    _require_str(target_name=target_name, func_name=func_name,
+                 platform=platform)
     mode = _resolve_execution(execution)
     _check_jax()
     request = _compile.encode_request(target_name, sources, func_name,
@@ -565,10 +565,7 @@ class Client:
     this uid); UntrustedTargetError (a PermissionError) names anyone else
     (None: kreg.configure(trusted_owners=...) or $KREG_TRUSTED_OWNERS, else
     every owner)."""
-    if not isinstance(target_name, str):
-      raise TypeError(f"target_name must be a str, got {type(target_name)}")
-    if not isinstance(platform, str):
-      raise TypeError(f"platform must be a str, got {type(platform)}")
+    _require_str(target_name=target_name, platform=platform)
     mode = _resolve_execution(execution)
     _check_jax()
     canonical = _canonical_platform(platform)
