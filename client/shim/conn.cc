@@ -309,19 +309,17 @@ ClientStatus Conn::LaunchCpu(const ring::DescriptorView& launch,
     if (!s.ok()) return s;
   }
   if (!async_error_.ok()) return TakeAsyncError();
-  if (ring_ == nullptr || broken_ || !ring_->Submit(launch, next_id_)) {
+  bool submitted = false;
+  ClientStatus s = SubmitRing(launch, /*async=*/false, "", &submitted);
+  if (!s.ok()) return s;
+  if (!submitted) {
     request->Clear();
     ring::EncodeDescriptor(launch,
                            request->mutable_launch()->mutable_descriptor());
     return Call(request, response);
   }
-  ++next_id_;
-  launch_sent_ = true;
-  int code = 0;
-  ClientStatus s = AwaitOne(&code, &ring_message_, nullptr);
-  if (!s.ok()) return s;
-  if (code == 0) return ClientStatus::Ok();
-  return ClientStatus::Error(code, ring_message_);
+  uint32_t flags;
+  return AwaitRing(&flags);
 }
 
 ClientStatus Conn::SubmitRing(const ring::DescriptorView& launch, bool async,
