@@ -3,7 +3,7 @@
 #include <memory>
 
 #include "CLI/CLI.hpp"
-#include "client/kregctl_commands.h"
+#include "client/kregctl_common.h"
 
 namespace kreg {
 

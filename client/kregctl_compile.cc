@@ -6,7 +6,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
-#include "client/kregctl_commands.h"
+#include "client/kregctl_common.h"
 
 namespace kreg {
 namespace {

@@ -1,7 +1,5 @@
 // The CPU forwarding path: stage the call's buffers in the session arena,
 // send the Launch (launch ring or socket), copy the outputs back.
-#include "client/shim/cpu_forward.h"
-
 #include <string.h>
 
 #include <algorithm>
@@ -11,6 +9,7 @@
 
 #include "client/shim/attr_cache.h"
 #include "client/shim/conn.h"
+#include "client/shim/forward.h"
 #include "client/shim/launch_encoder.h"
 #include "common/ring_encode.h"
 #include "common/stage_trace.h"

@@ -1,9 +1,8 @@
-#include "client/shim/decode_error.h"
-
 #include <string.h>
 
 #include <vector>
 
+#include "client/shim/forward.h"
 #include "common/dtype.h"
 
 namespace kreg {

@@ -11,9 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "client/shim/cpu_forward.h"
 #include "client/shim/cuda_forward.h"
-#include "client/shim/decode_error.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace kreg {

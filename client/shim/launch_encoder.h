@@ -1,6 +1,6 @@
 // Encodes an XLA FFI call frame's buffers, attributes and call context into
 // a launch descriptor's parts (ring::DescriptorView), for the platform
-// forwarders (cpu_forward.h, cuda_forward.h). Encoding only: no I/O.
+// forwarders (cpu_forward.cc, cuda_forward.cc). Encoding only: no I/O.
 #ifndef KREGD_CLIENT_SHIM_LAUNCH_ENCODER_H_
 #define KREGD_CLIENT_SHIM_LAUNCH_ENCODER_H_
 
