@@ -14,7 +14,6 @@
 
 #include "client/shim/cuda_forward.h"
 #include "client/shim/cuda_trace.h"
-#include "client/shim/module_upload.h"
 #include "common/platforms.h"
 
 namespace kreg {
