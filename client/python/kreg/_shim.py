@@ -117,12 +117,7 @@ def candidate_paths() -> list[pathlib.Path]:
   # A source checkout: <repo>/client/python/kreg/_shim.py.
   paths.append(here.parents[2] / "bazel-bin" / "client" / "shim" / LIB_NAME)
   paths.append(pathlib.Path.cwd() / "bazel-bin" / "client" / "shim" / LIB_NAME)
-  seen, out = set(), []
-  for p in paths:
-    if p not in seen:
-      seen.add(p)
-      out.append(p)
-  return out
+  return list(dict.fromkeys(paths))  # in order, without repeats
 
 
 _lock = threading.Lock()
