@@ -104,131 +104,104 @@ absl::StatusOr<v1::RegisterTargetResponse> Client::Register(
   return resp;
 }
 
-absl::StatusOr<std::vector<v1::Target>> Client::List() {
+template <typename Stub, typename Req, typename Resp>
+absl::StatusOr<Resp> Client::Unary(
+    grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
+    Stub& stub, const Req& req) {
   auto ctx = Context();
-  v1::ListTargetsResponse resp;
-  grpc::Status s = stub_->ListTargets(ctx.get(), {}, &resp);
+  Resp resp;
+  grpc::Status s = (stub.*method)(ctx.get(), req, &resp);
   if (!s.ok()) return FromGrpc(s);
-  return std::vector<v1::Target>(resp.targets().begin(), resp.targets().end());
+  return resp;
+}
+
+absl::StatusOr<std::vector<v1::Target>> Client::List() {
+  auto resp =
+      Unary(&v1::Registry::Stub::ListTargets, *stub_, v1::ListTargetsRequest());
+  if (!resp.ok()) return resp.status();
+  return std::vector<v1::Target>(resp->targets().begin(),
+                                 resp->targets().end());
 }
 
 absl::StatusOr<std::vector<v1::Target>> Client::Get(
     const std::string& name, const std::string& platform) {
-  auto ctx = Context();
   v1::GetTargetRequest req;
   req.set_target_name(name);
   req.set_platform(platform);
-  v1::GetTargetResponse resp;
-  grpc::Status s = stub_->GetTarget(ctx.get(), req, &resp);
-  if (!s.ok()) return FromGrpc(s);
-  return std::vector<v1::Target>(resp.targets().begin(), resp.targets().end());
+  auto resp = Unary(&v1::Registry::Stub::GetTarget, *stub_, req);
+  if (!resp.ok()) return resp.status();
+  return std::vector<v1::Target>(resp->targets().begin(),
+                                 resp->targets().end());
 }
 
 absl::StatusOr<v1::GetStatusResponse> Client::Status() {
-  auto ctx = Context();
-  v1::GetStatusResponse resp;
-  grpc::Status s = stub_->GetStatus(ctx.get(), {}, &resp);
-  if (!s.ok()) return FromGrpc(s);
-  return resp;
+  return Unary(&v1::Registry::Stub::GetStatus, *stub_, v1::GetStatusRequest());
 }
 
 absl::StatusOr<v1::GetConfigResponse> Client::Config() {
-  auto ctx = Context();
-  v1::GetConfigResponse resp;
-  grpc::Status s = stub_->GetConfig(ctx.get(), {}, &resp);
-  if (!s.ok()) return FromGrpc(s);
-  return resp;
+  return Unary(&v1::Registry::Stub::GetConfig, *stub_, v1::GetConfigRequest());
 }
 
 absl::StatusOr<v1::ListSessionsResponse> Client::Sessions() {
-  auto ctx = Context();
-  v1::ListSessionsResponse resp;
-  grpc::Status s = stub_->ListSessions(ctx.get(), {}, &resp);
-  if (!s.ok()) return FromGrpc(s);
-  return resp;
+  return Unary(&v1::Registry::Stub::ListSessions, *stub_,
+               v1::ListSessionsRequest());
 }
 
 absl::StatusOr<v1::ListCrashesResponse> Client::Crashes(
     const std::string& name) {
-  auto stub = v1::Supervision::NewStub(channel_);
-  auto ctx = Context();
   v1::ListCrashesRequest req;
   req.set_target_name(name);
-  v1::ListCrashesResponse resp;
-  grpc::Status s = stub->ListCrashes(ctx.get(), req, &resp);
-  if (!s.ok()) return FromGrpc(s);
-  return resp;
+  return Unary(&v1::Supervision::Stub::ListCrashes,
+               *v1::Supervision::NewStub(channel_), req);
 }
 
 absl::StatusOr<v1::ListClusterTargetsResponse> Client::ClusterTargets() {
-  auto stub = v1::Cluster::NewStub(channel_);
-  auto ctx = Context();
-  v1::ListClusterTargetsResponse resp;
-  grpc::Status s =
-      stub->ListTargets(ctx.get(), v1::ListClusterTargetsRequest(), &resp);
-  if (!s.ok()) return FromGrpc(s);
-  return resp;
+  return Unary(&v1::Cluster::Stub::ListTargets, *v1::Cluster::NewStub(channel_),
+               v1::ListClusterTargetsRequest());
 }
 
 absl::StatusOr<v1::ListHostsResponse> Client::Hosts() {
-  auto stub = v1::Cluster::NewStub(channel_);
-  auto ctx = Context();
-  v1::ListHostsResponse resp;
-  grpc::Status s = stub->ListHosts(ctx.get(), v1::ListHostsRequest(), &resp);
-  if (!s.ok()) return FromGrpc(s);
-  return resp;
+  return Unary(&v1::Cluster::Stub::ListHosts, *v1::Cluster::NewStub(channel_),
+               v1::ListHostsRequest());
 }
 
 absl::StatusOr<v1::UnquarantineResponse> Client::Unquarantine(
     const v1::UnquarantineRequest& req) {
-  auto stub = v1::Supervision::NewStub(channel_);
-  auto ctx = Context();
-  v1::UnquarantineResponse resp;
-  grpc::Status s = stub->Unquarantine(ctx.get(), req, &resp);
-  if (!s.ok()) return FromGrpc(s);
-  return resp;
+  return Unary(&v1::Supervision::Stub::Unquarantine,
+               *v1::Supervision::NewStub(channel_), req);
 }
 
 absl::StatusOr<std::vector<v1::Target>> Client::Retire(
     const std::string& name, const std::string& platform) {
-  auto ctx = Context();
   v1::RetireTargetRequest req;
   req.set_target_name(name);
   req.set_platform(platform);
-  v1::RetireTargetResponse resp;
-  grpc::Status s = stub_->RetireTarget(ctx.get(), req, &resp);
-  if (!s.ok()) return FromGrpc(s);
-  return std::vector<v1::Target>(resp.retired().begin(), resp.retired().end());
+  auto resp = Unary(&v1::Registry::Stub::RetireTarget, *stub_, req);
+  if (!resp.ok()) return resp.status();
+  return std::vector<v1::Target>(resp->retired().begin(),
+                                 resp->retired().end());
 }
 
 absl::StatusOr<v1::ReserveNamesResponse> Client::ReserveNames(
     const v1::ReserveNamesRequest& req) {
-  auto ctx = Context();
-  v1::ReserveNamesResponse resp;
-  grpc::Status s = stub_->ReserveNames(ctx.get(), req, &resp);
-  if (!s.ok()) return FromGrpc(s);
-  return resp;
+  return Unary(&v1::Registry::Stub::ReserveNames, *stub_, req);
 }
 
 absl::StatusOr<v1::CollectGarbageResponse> Client::CollectGarbage() {
-  auto ctx = Context();
-  v1::CollectGarbageResponse resp;
-  grpc::Status s = stub_->CollectGarbage(ctx.get(), {}, &resp);
-  if (!s.ok()) return FromGrpc(s);
-  return resp;
+  return Unary(&v1::Registry::Stub::CollectGarbage, *stub_,
+               v1::CollectGarbageRequest());
 }
 
 absl::Status Client::Health() {
-  auto stub = grpc::health::v1::Health::NewStub(channel_);
-  auto ctx = Context();
-  grpc::health::v1::HealthCheckResponse resp;
-  grpc::Status s = stub->Check(ctx.get(), {}, &resp);
-  if (!s.ok()) return FromGrpc(s);
-  if (resp.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+  using grpc::health::v1::HealthCheckResponse;
+  auto resp = Unary(&grpc::health::v1::Health::Stub::Check,
+                    *grpc::health::v1::Health::NewStub(channel_),
+                    grpc::health::v1::HealthCheckRequest());
+  if (!resp.ok()) return resp.status();
+  if (resp->status() != HealthCheckResponse::SERVING) {
     return absl::UnavailableError(
         absl::StrCat("kregd at ", socket_path_, " reports status ",
-                     grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
-                         resp.status())));
+                     HealthCheckResponse::ServingStatus_Name(resp->status())));
   }
   return absl::OkStatus();
 }

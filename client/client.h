@@ -88,6 +88,11 @@ class Client {
 
  private:
   absl::Status FromGrpc(const grpc::Status& s) const;
+  // One unary call of `method` on `stub` (120 s deadline).
+  template <typename Stub, typename Req, typename Resp>
+  absl::StatusOr<Resp> Unary(grpc::Status (Stub::*method)(grpc::ClientContext*,
+                                                          const Req&, Resp*),
+                             Stub& stub, const Req& req);
 
   const std::string socket_path_;
   std::shared_ptr<grpc::Channel> channel_;

@@ -1,11 +1,9 @@
-#include "client/kregctl_cluster.h"
-
 #include <cstdio>
 #include <iostream>
 #include <memory>
 
 #include "CLI/CLI.hpp"
-#include "client/kregctl_commands.h"
+#include "client/kregctl_common.h"
 
 namespace kreg {
 
@@ -31,6 +29,9 @@ int ListCluster(Client& client, bool as_json) {
   return 0;
 }
 
+namespace {
+
+// The hosts advertised in etcd: address, name, lease, modules held.
 int ListHosts(Client& client, bool as_json) {
   auto hosts = client.Hosts();
   if (!hosts.ok()) return Fail(hosts.status());
@@ -67,6 +68,8 @@ int ListHosts(Client& client, bool as_json) {
   }
   return 0;
 }
+
+}  // namespace
 
 Command AddHostsCommand(CLI::App& app) {
   auto as_json = std::make_shared<bool>(false);

@@ -46,6 +46,47 @@ nlohmann::json TargetJson(const v1::Target& t);
 // One "key: value" line per field, strings unquoted.
 void PrintFields(const nlohmann::json& j);
 
+// kregctl_stats.cc: launch statistics (status, show) and live sessions.
+// {"launches", "errors", "latency_us": {"count", "p50", "p90", "p99"}}
+nlohmann::json StatsJson(const v1::TargetStats& s);
+// One line: "launches 10, errors 1, latency p50 3.2 us, p90 ..., p99 ...".
+std::string StatsLine(const v1::TargetStats& s);
+// A table of targets with calls (nothing when there are none).
+void PrintStatsTable(
+    const google::protobuf::RepeatedPtrField<v1::TargetStats>& stats);
+nlohmann::json SessionJson(const v1::SessionInfo& s);
+void PrintSessionsTable(const v1::ListSessionsResponse& sessions);
+
+// The subcommands. Each adds its CLI11 subcommand (name, help, flags) to
+// `app` and returns what runs it; main adds them in the order of
+// `kregctl --help`.
+// kregctl_targets.cc: the registered targets.
+Command AddListCommand(CLI::App& app);
+Command AddShowCommand(CLI::App& app);
+Command AddUnquarantineCommand(CLI::App& app);
+Command AddRetireCommand(CLI::App& app);
+Command AddReserveCommand(CLI::App& app);
+
+// kregctl_register.cc
+Command AddRegisterCommand(CLI::App& app);
+
+// kregctl_compile.cc: kregd compiles sources once and registers the result
+// (DESIGN §13); the compiler's output goes to stderr verbatim.
+Command AddCompileCommand(CLI::App& app);
+
+// kregctl_daemon.cc: the daemon itself.
+Command AddStatusCommand(CLI::App& app);
+Command AddConfigCommand(CLI::App& app);
+Command AddHealthCommand(CLI::App& app);
+Command AddSessionsCommand(CLI::App& app);
+Command AddGcCommand(CLI::App& app);
+
+// kregctl_cluster.cc: cluster mode.
+Command AddHostsCommand(CLI::App& app);
+// `list --cluster`: every binding in etcd (a table with the registering
+// host, or JSON). Returns the exit code.
+int ListCluster(Client& client, bool as_json);
+
 }  // namespace kreg
 
 #endif  // KREGD_CLIENT_KREGCTL_COMMON_H_

@@ -1,17 +1,30 @@
-#include "client/kregctl_compile.h"
-
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <sstream>
 
+#include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "client/kregctl_common.h"
 
 namespace kreg {
 namespace {
 
 namespace fs = std::filesystem;
+
+struct CompileArgs {
+  std::string target_name;
+  std::string func_name;
+  std::vector<std::string> sources;       // paths; sent by their base name
+  std::vector<std::string> headers;       // paths; sent by their base name
+  std::vector<std::string> include_dirs;  // sent as their files
+  std::vector<std::string> options;
+  std::string platform = "cpu";
+  std::string content_id;
+  double timeout_s = 900;
+  bool as_json = false;
+};
 
 // The file's bytes; PERMISSION_DENIED / NOT_FOUND naming it otherwise.
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
@@ -40,33 +53,8 @@ absl::Status AddFile(const std::string& path, const std::string& name,
   return absl::OkStatus();
 }
 
-}  // namespace
-
-Command AddCompileCommand(CLI::App& app) {
-  auto a = std::make_shared<CompileArgs>();
-  CLI::App* c = app.add_subcommand(
-      "compile",
-      "kregd compiles SOURCE... once (in a sandbox, as you) and registers "
-      "FUNC of the result as NAME");
-  c->add_option("NAME", a->target_name, "target name")->required();
-  c->add_option("FUNC", a->func_name, "the handler symbol")->required();
-  c->add_option("SOURCE", a->sources, "source files (sent by base name)")
-      ->required();
-  c->add_option("--platform", a->platform, "cpu (default) or cuda");
-  c->add_option("--header", a->headers,
-                "a header file, sent by base name (repeatable)");
-  c->add_option("--include-dir", a->include_dirs,
-                "a directory whose files are sent as headers by their path "
-                "inside it (repeatable)");
-  c->add_option("--option", a->options,
-                "a compiler option, e.g. --option=-DN=4 (repeatable)");
-  c->add_option("--content-id", a->content_id,
-                "register under this content_id instead of the cache key");
-  c->add_option("--timeout", a->timeout_s, "seconds to wait (default 900)");
-  c->add_flag("--json", a->as_json, "print JSON");
-  return {c, [a](Connection& kregd) { return RunCompile(*kregd.client, *a); }};
-}
-
+// Reads the files (as this process: what the caller cannot read is not
+// sent), compiles, prints the registration (or JSON). Returns the exit code.
 int RunCompile(Client& client, const CompileArgs& a) {
   const auto fail = [](const absl::Status& s) { return Fail(s); };
   v1::CompileTargetRequest req;
@@ -135,6 +123,33 @@ int RunCompile(Client& client, const CompileArgs& a) {
               << ")\n";
   }
   return 0;
+}
+
+}  // namespace
+
+Command AddCompileCommand(CLI::App& app) {
+  auto a = std::make_shared<CompileArgs>();
+  CLI::App* c = app.add_subcommand(
+      "compile",
+      "kregd compiles SOURCE... once (in a sandbox, as you) and registers "
+      "FUNC of the result as NAME");
+  c->add_option("NAME", a->target_name, "target name")->required();
+  c->add_option("FUNC", a->func_name, "the handler symbol")->required();
+  c->add_option("SOURCE", a->sources, "source files (sent by base name)")
+      ->required();
+  c->add_option("--platform", a->platform, "cpu (default) or cuda");
+  c->add_option("--header", a->headers,
+                "a header file, sent by base name (repeatable)");
+  c->add_option("--include-dir", a->include_dirs,
+                "a directory whose files are sent as headers by their path "
+                "inside it (repeatable)");
+  c->add_option("--option", a->options,
+                "a compiler option, e.g. --option=-DN=4 (repeatable)");
+  c->add_option("--content-id", a->content_id,
+                "register under this content_id instead of the cache key");
+  c->add_option("--timeout", a->timeout_s, "seconds to wait (default 900)");
+  c->add_flag("--json", a->as_json, "print JSON");
+  return {c, [a](Connection& kregd) { return RunCompile(*kregd.client, *a); }};
 }
 
 }  // namespace kreg

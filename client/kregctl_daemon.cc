@@ -4,18 +4,12 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
-#include "client/kregctl_commands.h"
-#include "client/kregctl_stats.h"
+#include "client/kregctl_common.h"
 
 namespace kreg {
 namespace {
 
 using nlohmann::json;
-
-// --json of status, config and sessions.
-struct JsonOption {
-  bool as_json = false;
-};
 
 json StatusJson(const v1::GetStatusResponse& s) {
   json j{{"version", s.version()},
@@ -66,12 +60,12 @@ json ExecutorsJson(const v1::GetStatusResponse& s) {
   return execs;
 }
 
-int RunStatus(Connection& kregd, const JsonOption& opts) {
+int RunStatus(Connection& kregd, bool as_json) {
   auto s = kregd.client->Status();
   if (!s.ok()) return Fail(s.status());
   json j = StatusJson(*s);
   json execs = ExecutorsJson(*s);
-  if (opts.as_json) {
+  if (as_json) {
     j["executors"] = execs;
     json stats = json::array();
     for (const auto& t : s->target_stats()) {
@@ -95,7 +89,7 @@ int RunStatus(Connection& kregd, const JsonOption& opts) {
   return 0;
 }
 
-int RunConfig(Connection& kregd, const JsonOption& opts) {
+int RunConfig(Connection& kregd, bool as_json) {
   auto cfg = kregd.client->Config();
   if (!cfg.ok() && cfg.status().code() == absl::StatusCode::kUnimplemented) {
     // A kregd older than kregctl config has no GetConfig.
@@ -106,7 +100,7 @@ int RunConfig(Connection& kregd, const JsonOption& opts) {
     return 1;
   }
   if (!cfg.ok()) return Fail(cfg.status());
-  if (!opts.as_json) {
+  if (!as_json) {
     std::cout << cfg->toml();
     return 0;
   }
@@ -129,10 +123,10 @@ int RunHealth(Connection& kregd) {
   return 0;
 }
 
-int RunSessions(Connection& kregd, const JsonOption& opts) {
+int RunSessions(Connection& kregd, bool as_json) {
   auto list = kregd.client->Sessions();
   if (!list.ok()) return Fail(list.status());
-  if (opts.as_json) {
+  if (as_json) {
     json j = json::array();
     for (const auto& s : list->sessions()) j.push_back(SessionJson(s));
     std::cout << j.dump(2) << "\n";
@@ -158,20 +152,22 @@ int RunGc(Connection& kregd) {
 }  // namespace
 
 Command AddStatusCommand(CLI::App& app) {
-  auto opts = std::make_shared<JsonOption>();
+  auto as_json = std::make_shared<bool>(false);
   CLI::App* cmd = app.add_subcommand("status", "daemon status");
-  cmd->add_flag("--json", opts->as_json, "print JSON");
-  return {cmd, [opts](Connection& kregd) { return RunStatus(kregd, *opts); }};
+  cmd->add_flag("--json", *as_json, "print JSON");
+  return {cmd,
+          [as_json](Connection& kregd) { return RunStatus(kregd, *as_json); }};
 }
 
 Command AddConfigCommand(CLI::App& app) {
-  auto opts = std::make_shared<JsonOption>();
+  auto as_json = std::make_shared<bool>(false);
   CLI::App* cmd = app.add_subcommand(
       "config",
       "kregd's effective configuration as TOML, each value followed by "
       "where it came from (default, config file, --flag)");
-  cmd->add_flag("--json", opts->as_json, "print JSON");
-  return {cmd, [opts](Connection& kregd) { return RunConfig(kregd, *opts); }};
+  cmd->add_flag("--json", *as_json, "print JSON");
+  return {cmd,
+          [as_json](Connection& kregd) { return RunConfig(kregd, *as_json); }};
 }
 
 Command AddHealthCommand(CLI::App& app) {
@@ -180,11 +176,13 @@ Command AddHealthCommand(CLI::App& app) {
 }
 
 Command AddSessionsCommand(CLI::App& app) {
-  auto opts = std::make_shared<JsonOption>();
+  auto as_json = std::make_shared<bool>(false);
   CLI::App* cmd = app.add_subcommand(
       "sessions", "list the live client sessions (pid, uid, targets)");
-  cmd->add_flag("--json", opts->as_json, "print JSON");
-  return {cmd, [opts](Connection& kregd) { return RunSessions(kregd, *opts); }};
+  cmd->add_flag("--json", *as_json, "print JSON");
+  return {cmd, [as_json](Connection& kregd) {
+            return RunSessions(kregd, *as_json);
+          }};
 }
 
 Command AddGcCommand(CLI::App& app) {

@@ -7,9 +7,8 @@
 //
 // main only builds the CLI11 app and runs the parsed subcommand; each
 // subcommand is a function in kregctl_targets.cc, kregctl_register.cc,
-// kregctl_daemon.cc or kregctl_cluster.cc (kregctl_commands.h), and what
-// they share (the exit codes above, output helpers) is in
-// kregctl_common.h.
+// kregctl_daemon.cc or kregctl_cluster.cc, declared with what they share
+// (the exit codes above, output helpers) in kregctl_common.h.
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -17,8 +16,7 @@
 
 #include "CLI/CLI.hpp"
 #include "client/client.h"
-#include "client/kregctl_commands.h"
-#include "client/kregctl_compile.h"
+#include "client/kregctl_common.h"
 #include "common/paths.h"
 #include "common/version.h"
 

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
-#include "client/kregctl_commands.h"
+#include "client/kregctl_common.h"
 
 namespace kreg {
 namespace {

@@ -1,7 +1,6 @@
-#include "client/kregctl_stats.h"
-
 #include <cstdio>
-#include <ctime>
+
+#include "client/kregctl_common.h"
 
 namespace kreg {
 namespace {
@@ -17,13 +16,6 @@ std::string Us(double us) {
   } else {
     std::snprintf(buf, sizeof(buf), "%.1f us", us);
   }
-  return buf;
-}
-
-std::string Since(int64_t us) {
-  std::time_t t = static_cast<std::time_t>(us / 1000000);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
   return buf;
 }
 
@@ -83,7 +75,7 @@ json SessionJson(const v1::SessionInfo& s) {
               {"gid", s.gid()},
               {"targets", targets},
               {"launches", s.launches()},
-              {"since", Since(s.since_us())},
+              {"since", UtcTime(s.since_us())},
               {"since_us", s.since_us()},
               {"executor_pid", s.executor_pid()},
               {"executor", s.executor()},
@@ -102,7 +94,7 @@ void PrintSessionsTable(const v1::ListSessionsResponse& sessions) {
     std::printf("%-8d %-8u %-6llu %10llu %-20s %-9d %s\n", s.pid(), s.uid(),
                 static_cast<unsigned long long>(s.session_id()),
                 static_cast<unsigned long long>(s.launches()),
-                Since(s.since_us()).c_str(), s.executor_pid(),
+                UtcTime(s.since_us()).c_str(), s.executor_pid(),
                 targets.empty() ? "-" : targets.c_str());
   }
 }

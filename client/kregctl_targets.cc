@@ -7,9 +7,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
-#include "client/kregctl_cluster.h"
-#include "client/kregctl_commands.h"
-#include "client/kregctl_stats.h"
+#include "client/kregctl_common.h"
 
 namespace kreg {
 namespace {

@@ -83,17 +83,6 @@ ClientStatus DeviceUuid(const cu::CudaDriver* driver, int ordinal,
   return ClientStatus::Ok();
 }
 
-ClientStatus CurrentDeviceUuid(const cu::CudaDriver* driver,
-                               std::string* uuid) {
-  if (driver == nullptr) return NoDriver();
-  cu::CUdevice dev = 0;
-  cu::CUresult r = driver->cuCtxGetDevice(&dev);
-  if (r != cu::CUDA_SUCCESS) {
-    return CuError(*driver, r, "cuCtxGetDevice (no current CUDA context?)");
-  }
-  return DeviceUuid(driver, dev, uuid);
-}
-
 ClientStatus StreamDevice(const cu::CudaDriver* driver, cu::CUstream stream,
                           cu::CUcontext* context, int* ordinal,
                           std::string* uuid) {

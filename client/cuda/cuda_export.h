@@ -125,10 +125,6 @@ ClientStatus StreamDevice(const cu::CudaDriver* driver, cu::CUstream stream,
                           cu::CUcontext* context, int* ordinal,
                           std::string* uuid);
 
-// The UUID of the current context's device. INVALID_ARGUMENT without a
-// current context.
-ClientStatus CurrentDeviceUuid(const cu::CudaDriver* driver, std::string* uuid);
-
 }  // namespace kreg::cuda_client
 
 #endif  // KREGD_CLIENT_CUDA_CUDA_EXPORT_H_

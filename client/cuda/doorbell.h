@@ -1,7 +1,8 @@
 // Stream ordering between XLA's stream and kregd's session stream by stream
 // memory operations on memory both processes map (the doorbell, DESIGN §3;
-// session.proto's CudaDoorbellSetup). Opt-in (KREG_CUDA_DOORBELL=1) beside
-// the interprocess events (ipc_events.h).
+// session.proto's CudaDoorbellSetup). Used where kregd and the device
+// support it (KREG_CUDA_DOORBELL=0 forces the interprocess events of
+// ipc_events.h instead).
 #ifndef KREGD_CLIENT_CUDA_DOORBELL_H_
 #define KREGD_CLIENT_CUDA_DOORBELL_H_
 
@@ -52,7 +53,6 @@ class Doorbell {
   uint64_t size() const { return buffer_->size(); }
 
   uint64_t NextSeq() { return ++seq_; }
-  uint64_t last_seq() const { return seq_; }
   // The last launch's use of the doorbell (Finish) has not passed yet: an
   // XLA stream may still wait for `done` (cuEventQuery; any thread).
   bool Pending() const;

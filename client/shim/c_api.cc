@@ -83,7 +83,7 @@ size_t kreg_target_list_size(const KREG_TargetList* list) {
 KREG_Error* kreg_target_list_get(const KREG_TargetList* list, size_t index,
                                  KREG_TargetInfo* info) {
   if (list == nullptr || info == nullptr ||
-      info->struct_size < KREG_TargetInfo_STRUCT_SIZE_1_0) {
+      info->struct_size < KREG_TargetInfo_STRUCT_SIZE) {
     return Invalid("kreg_target_list_get: bad arguments");
   }
   if (index >= list->targets.size()) {
@@ -108,25 +108,19 @@ KREG_Error* kreg_target_list_get(const KREG_TargetList* list, size_t index,
   info->pid = t.audit().pid();
   info->registered_at_us = t.audit().registered_at_us();
   info->origin = t.audit().origin().c_str();
-  if (info->struct_size >= KREG_TargetInfo_STRUCT_SIZE_1_2) {
-    info->not_runnable = t.not_runnable().c_str();
-  }
-  if (info->struct_size >= KREG_TargetInfo_STRUCT_SIZE) {
-    info->host = t.audit().host().c_str();
-  }
+  info->not_runnable = t.not_runnable().c_str();
+  info->host = t.audit().host().c_str();
   return nullptr;
 }
 
 void kreg_target_list_destroy(KREG_TargetList* list) { delete list; }
 
 KREG_Error* kreg_register(KREG_RegisterArgs* args) {
-  if (args == nullptr ||
-      args->struct_size < KREG_RegisterArgs_STRUCT_SIZE_1_0 ||
+  if (args == nullptr || args->struct_size < KREG_RegisterArgs_STRUCT_SIZE ||
       args->client == nullptr) {
     return Invalid("kreg_register: bad args struct or no client");
   }
-  bool in_process = args->struct_size >= KREG_RegisterArgs_STRUCT_SIZE &&
-                    args->in_process != 0;
+  bool in_process = args->in_process != 0;
   bool has_path = args->module_path != nullptr;
   bool has_bytes = args->module_bytes != nullptr;
   if (in_process && (has_path || has_bytes)) {
@@ -146,11 +140,9 @@ KREG_Error* kreg_register(KREG_RegisterArgs* args) {
   h.set_content_id(Str(args->content_id, args->content_id_len));
   h.set_replace(args->replace != 0);
   h.set_in_process(in_process);
-  if (in_process) {
-    // No module: the callable runs inside this process.
-  } else if (has_path) {
+  if (has_path) {
     h.mutable_module()->set_path(Str(args->module_path, args->module_path_len));
-  } else {
+  } else if (has_bytes) {
     reg.module.assign(static_cast<const char*>(args->module_bytes),
                       args->module_bytes_len);
     h.mutable_module()->set_upload_size(reg.module.size());

@@ -14,7 +14,6 @@
 
 #include "client/shim/cuda_forward.h"
 #include "client/shim/cuda_trace.h"
-#include "client/shim/module_upload.h"
 #include "common/platforms.h"
 
 namespace kreg {
@@ -139,7 +138,7 @@ ClientStatus Client::OpenSession(std::unique_ptr<Conn>* out, bool control) {
   ClientStatus s = Conn::Open(path_, out, control);
   if (s.ok()) {
     ever_connected_.store(true);
-    if (!control) max_module_bytes_.store((*out)->max_module_bytes());
+    if (!control) max_module_bytes_.store((*out)->hello().max_module_bytes());
     return s;
   }
   // Only a kregd this process has talked to is waited for (it is
@@ -167,7 +166,8 @@ ClientStatus Client::OpenSession(std::unique_ptr<Conn>* out, bool control) {
     pause = std::min(pause * 2, std::chrono::milliseconds(250));
     out->reset();
     s = Conn::Open(path_, out, control);
-    if (s.ok() && !control) max_module_bytes_.store((*out)->max_module_bytes());
+    if (s.ok() && !control)
+      max_module_bytes_.store((*out)->hello().max_module_bytes());
     if (s.ok() || s.code != kUnavailable) return s;
   }
   s.message += " (kregd did not come back within " +
@@ -206,8 +206,6 @@ void Client::WatchLoop() {
   std::vector<pollfd> fds;
   std::vector<const Conn*> watched;
   for (;;) {
-    fds.clear();
-    watched.clear();
     {
       std::unique_lock<std::mutex> lock(mu_);
       auto collect = [&] {
@@ -251,8 +249,8 @@ void Client::WatchLoop() {
       }
       ClientStatus why = conn->ReadEnd();
       Trace("idle session %llu ended: code %d %s",
-            static_cast<unsigned long long>(conn->session_id()), why.code,
-            why.message.c_str());
+            static_cast<unsigned long long>(conn->hello().session_id()),
+            why.code, why.message.c_str());
       if (conn->ended()) Abandon(conn.get(), why, /*keep=*/true);
       Discard(std::move(conn));
     }

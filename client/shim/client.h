@@ -33,6 +33,16 @@ struct Registration {
   std::string module;
 };
 
+// Sends `registration` over `conn` and fills `response` (its
+// register_target); an upload's bytes travel as a sealed memfd
+// (module_upload.cc) and module.upload_size is set to their count, so the
+// one limit is kregd's max_module_bytes on every path: an upload larger
+// than `max_module_bytes` is INVALID_ARGUMENT before anything is sent (both
+// sizes in the message). Errors as Conn::Call.
+ClientStatus CallRegister(Conn* conn, const Registration& registration,
+                          uint64_t max_module_bytes,
+                          v1::SessionResponse* response);
+
 // Thread-safe. Registrations and listings go on the control connection,
 // which kregd serves itself and which holds this process's registrations
 // while it is open (opened on first use, kept for the process lifetime).

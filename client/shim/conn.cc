@@ -1,13 +1,10 @@
 #include "client/shim/conn.h"
 
 #include <errno.h>
-#include <fcntl.h>
-#include <grp.h>
 #include <poll.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -51,20 +48,17 @@ constexpr uint64_t kPage = 4096;
 
 std::string Errno(int err) { return strerror(err); }
 
+int64_t EnvInt(const char* name, int64_t fallback) {
+  const char* env = getenv(name);
+  return env ? std::max<int64_t>(0, atoll(env)) : fallback;
+}
+
 // Microseconds to busy-poll for a reply before blocking ($KREG_SPIN_US,
 // default 0: block at once. A spin can save the wake-up latency
 // when the daemon answers fast and a core is free).
 int64_t SpinMicros() {
-  static const int64_t us = [] {
-    const char* env = getenv("KREG_SPIN_US");
-    return env ? std::max<int64_t>(0, atoll(env)) : int64_t{0};
-  }();
+  static const int64_t us = EnvInt("KREG_SPIN_US", 0);
   return us;
-}
-
-int64_t EnvInt(const char* name, int64_t fallback) {
-  const char* env = getenv(name);
-  return env ? std::max<int64_t>(0, atoll(env)) : fallback;
 }
 
 // The launch ring: $KREG_LAUNCH_RING=0 keeps CPU launches on the socket.
@@ -157,15 +151,7 @@ ClientStatus Conn::Open(const std::string& path, std::unique_ptr<Conn>* out,
     return ClientStatus::Error(kFailedPrecondition,
                                "kregd at " + path + ": " + refusal);
   }
-  conn->session_id_ = resp.hello().session_id();
-  conn->max_arena_bytes_ = resp.hello().max_arena_bytes();
-  conn->max_message_bytes_ = resp.hello().max_message_bytes();
-  conn->max_module_bytes_ = resp.hello().max_module_bytes();
-  conn->max_cuda_mappings_ = resp.hello().max_cuda_mappings();
-  conn->cuda_device_uuids_.assign(resp.hello().cuda_device_uuids().begin(),
-                                  resp.hello().cuda_device_uuids().end());
-  conn->cuda_status_ = resp.hello().cuda_status();
-  conn->cuda_doorbell_ = resp.hello().cuda_doorbell();
+  conn->hello_ = resp.hello();
   const uint32_t offered = resp.hello().launch_ring();
   if (offered == ring::kVersion && RingWanted()) {
     s = conn->SetUpRing();
@@ -175,7 +161,7 @@ ClientStatus Conn::Open(const std::string& path, std::unique_ptr<Conn>* out,
         "session %llu: kregd serves launch ring version %u, this client "
         "speaks version %u: launches go on the session socket (update the "
         "older of the two)",
-        static_cast<unsigned long long>(conn->session_id_), offered,
+        static_cast<unsigned long long>(conn->hello_.session_id()), offered,
         ring::kVersion);
   }
   *out = std::move(conn);
@@ -212,12 +198,13 @@ ClientStatus Conn::Call(v1::SessionRequest* request,
   request->set_id(id);
   out_buf_.clear();
   request->SerializeToString(&out_buf_);
-  if (max_message_bytes_ != 0 && out_buf_.size() > max_message_bytes_) {
+  const uint64_t max_message_bytes = hello_.max_message_bytes();
+  if (max_message_bytes != 0 && out_buf_.size() > max_message_bytes) {
     return ClientStatus::Error(
         kResourceExhausted, "session message of " +
                                 std::to_string(out_buf_.size()) +
                                 " bytes exceeds kregd's max_message_bytes (" +
-                                std::to_string(max_message_bytes_) + ")");
+                                std::to_string(max_message_bytes) + ")");
   }
   if (request->has_launch()) launch_sent_ = true;
   int rc =
@@ -274,44 +261,27 @@ ClientStatus Conn::SetUpRing() {
   return ClientStatus::Ok();
 }
 
-ClientStatus Conn::Unsolicited() {
+ClientStatus Conn::Unsolicited(bool idle) {
   std::vector<int> got_fds;
   int rc = wire::RecvFrame(sock_, kMaxResponseBytes, &in_buf_, &got_fds);
   for (int fd : got_fds) ::close(fd);
-  if (rc != wire::kOk) return Transport("a launch ring call", rc);
+  if (rc != wire::kOk) {
+    ClientStatus s =
+        Transport(idle ? "an idle session" : "a launch ring call", rc);
+    if (!idle) return s;
+    return ClientStatus::Error(
+        kUnavailable, "kregd ended session " +
+                          std::to_string(hello_.session_id()) + " (" +
+                          wire::ResultText(rc) + "): its executor went away");
+  }
   broken_ = true;
   v1::SessionResponse response;
   if (!response.ParseFromString(in_buf_) || response.id() != 0 ||
       response.status().code() == 0) {
     return ClientStatus::Error(
         kInternal,
-        "kregd sent an unexpected session response while a "
-        "launch ring call waited");
-  }
-  refused_ = true;
-  ended_ = true;
-  return ClientStatus::Error(response.status().code(),
-                             response.status().message());
-}
-
-ClientStatus Conn::ReadEnd() {
-  std::vector<int> got_fds;
-  int rc = wire::RecvFrame(sock_, kMaxResponseBytes, &in_buf_, &got_fds);
-  for (int fd : got_fds) ::close(fd);
-  broken_ = true;
-  if (rc != wire::kOk) {
-    (void)Transport("an idle session", rc);
-    return ClientStatus::Error(kUnavailable, "kregd ended session " +
-                                                 std::to_string(session_id_) +
-                                                 " (" + wire::ResultText(rc) +
-                                                 "): its executor went away");
-  }
-  v1::SessionResponse response;
-  if (!response.ParseFromString(in_buf_) || response.id() != 0 ||
-      response.status().code() == 0) {
-    return ClientStatus::Error(kInternal,
-                               "kregd sent an unexpected session response "
-                               "to an idle session");
+        std::string("kregd sent an unexpected session response ") +
+            (idle ? "to an idle session" : "while a launch ring call waited"));
   }
   refused_ = true;
   ended_ = true;
@@ -327,7 +297,7 @@ ClientStatus Conn::AwaitOne(int* code, std::string* message, uint32_t* flags) {
     // something (its executor died) or has the session ended?
     pollfd p{sock_, POLLIN, 0};
     int ready = ::poll(&p, 1, w == ClientRing::Wait::kClosed ? 10 : 0);
-    if (ready > 0) return Unsolicited();
+    if (ready > 0) return Unsolicited(/*idle=*/false);
   }
 }
 
@@ -339,19 +309,17 @@ ClientStatus Conn::LaunchCpu(const ring::DescriptorView& launch,
     if (!s.ok()) return s;
   }
   if (!async_error_.ok()) return TakeAsyncError();
-  if (ring_ == nullptr || broken_ || !ring_->Submit(launch, next_id_)) {
+  bool submitted = false;
+  ClientStatus s = SubmitRing(launch, /*async=*/false, "", &submitted);
+  if (!s.ok()) return s;
+  if (!submitted) {
     request->Clear();
     ring::EncodeDescriptor(launch,
                            request->mutable_launch()->mutable_descriptor());
     return Call(request, response);
   }
-  ++next_id_;
-  launch_sent_ = true;
-  int code = 0;
-  ClientStatus s = AwaitOne(&code, &ring_message_, nullptr);
-  if (!s.ok()) return s;
-  if (code == 0) return ClientStatus::Ok();
-  return ClientStatus::Error(code, ring_message_);
+  uint32_t flags;
+  return AwaitRing(&flags);
 }
 
 ClientStatus Conn::SubmitRing(const ring::DescriptorView& launch, bool async,
@@ -430,47 +398,34 @@ ClientStatus Conn::TakeAsyncError() {
 
 ClientStatus Conn::EnsureArena(uint64_t bytes) {
   if (bytes <= arena_size_) return ClientStatus::Ok();
-  if (bytes > max_arena_bytes_) {
+  const uint64_t max_arena_bytes = hello_.max_arena_bytes();
+  if (bytes > max_arena_bytes) {
     return ClientStatus::Error(
         kResourceExhausted,
         "this call needs " + std::to_string(bytes) +
             " bytes of session shared memory; kregd allows at most " +
-            std::to_string(max_arena_bytes_) + " (max_arena_bytes)");
+            std::to_string(max_arena_bytes) + " (max_arena_bytes)");
   }
   uint64_t size = std::max({bytes, arena_size_ * 2, kMinArenaBytes});
   size = (size + kPage - 1) / kPage * kPage;
-  size = std::min(size, max_arena_bytes_);
-  int fd = ::memfd_create("kreg-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0)
-    return ClientStatus::Error(kInternal, "memfd_create: " + Errno(errno));
-  if (::ftruncate(fd, static_cast<off_t>(size)) != 0 ||
-      ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) !=
-          0) {
-    int err = errno;
-    ::close(fd);
-    return ClientStatus::Error(kResourceExhausted,
-                               "cannot create a " + std::to_string(size) +
-                                   " byte session arena: " + Errno(err));
-  }
-  void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (base == MAP_FAILED) {
-    int err = errno;
-    ::close(fd);
-    return ClientStatus::Error(kResourceExhausted,
-                               "cannot map a " + std::to_string(size) +
-                                   " byte session arena: " + Errno(err));
-  }
+  size = std::min(size, max_arena_bytes);
+  int fd;
+  char* base;
+  ClientStatus s = CreateSharedRegion(
+      "kreg-arena", size, "a " + std::to_string(size) + " byte session arena",
+      &fd, &base);
+  if (!s.ok()) return s;
   v1::SessionRequest req;
   req.mutable_arena_grow()->set_size(size);
   v1::SessionResponse resp;
-  ClientStatus s = Call(&req, &resp, &fd, 1);
+  s = Call(&req, &resp, &fd, 1);
   ::close(fd);  // the mappings keep the memory alive
   if (!s.ok()) {
     ::munmap(base, size);
     return s;
   }
   if (arena_ != nullptr) ::munmap(arena_, arena_size_);
-  arena_ = static_cast<char*>(base);
+  arena_ = base;
   arena_size_ = size;
   return ClientStatus::Ok();
 }

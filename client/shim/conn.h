@@ -109,7 +109,7 @@ class Conn {
   // connection-level error (an id-0 response: its executor died) or the
   // end of the session — marks the Conn broken and ended, and returns that
   // error (UNAVAILABLE "... ended" for a plain end of the session).
-  ClientStatus ReadEnd();
+  ClientStatus ReadEnd() { return Unsolicited(/*idle=*/true); }
   // kregd ended the session with an error of its own (a response with id
   // 0: its executor crashed while running this call, a session limit): the
   // call must not be retried on a fresh session.
@@ -119,23 +119,13 @@ class Conn {
   // of the call.
   bool launch_sent() const { return launch_sent_; }
   void ClearLaunchSent() { launch_sent_ = false; }
-  uint64_t session_id() const { return session_id_; }
-  uint64_t max_message_bytes() const { return max_message_bytes_; }
+  // kregd's HelloReply (its limits, GPUs, doorbell; empty for a control
+  // connection).
+  const v1::HelloReply& hello() const { return hello_; }
   // The session protocol minor this session speaks: the lower of kregd's
   // and this library's (NegotiateSessionProtocol); a feature of a later
   // minor is used only when this is at least that minor.
   uint32_t protocol_minor() const { return protocol_minor_; }
-  // kregd's max_module_bytes (HelloReply).
-  uint64_t max_module_bytes() const { return max_module_bytes_; }
-  // From kregd's HelloReply: allocations one session may keep shared, the
-  // UUIDs (16 raw bytes) of kregd's GPUs, why it has none.
-  uint32_t max_cuda_mappings() const { return max_cuda_mappings_; }
-  const std::vector<std::string>& cuda_device_uuids() const {
-    return cuda_device_uuids_;
-  }
-  const std::string& cuda_status() const { return cuda_status_; }
-  // kregd accepts the stream-memop doorbell (HelloReply.cuda_doorbell).
-  bool cuda_doorbell() const { return cuda_doorbell_; }
 
   // The session's CUDA state (cuda_forward.cc), created on its first CUDA
   // call; owned by the Conn.
@@ -150,9 +140,10 @@ class Conn {
   ClientStatus Transport(const std::string& what, int result);
   // Sets up the launch ring; false (socket launches) when kregd refused it.
   ClientStatus SetUpRing();
-  // What arrived on the socket while a ring launch waited: kregd's
-  // connection-level error, or the end of the session.
-  ClientStatus Unsolicited();
+  // What arrived on the socket while a ring launch waited (or, `idle`, on
+  // an idle session): kregd's connection-level error, or the end of the
+  // session.
+  ClientStatus Unsolicited(bool idle);
   // Waits for the oldest ring completion (watching the socket while it
   // sleeps). Errors only for a session that ended or broke.
   ClientStatus AwaitOne(int* code, std::string* message, uint32_t* flags);
@@ -167,15 +158,8 @@ class Conn {
   bool ended_ = false;
   bool launch_sent_ = false;
   uint64_t next_id_ = 1;
-  uint64_t session_id_ = 0;
-  uint64_t max_arena_bytes_ = 0;
-  uint64_t max_message_bytes_ = 0;
-  uint64_t max_module_bytes_ = 0;
+  v1::HelloReply hello_;
   uint32_t protocol_minor_ = 0;
-  uint32_t max_cuda_mappings_ = 0;
-  std::vector<std::string> cuda_device_uuids_;
-  std::string cuda_status_;
-  bool cuda_doorbell_ = false;
   char* arena_ = nullptr;
   uint64_t arena_size_ = 0;
   std::string out_buf_;

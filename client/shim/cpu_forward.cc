@@ -1,7 +1,5 @@
 // The CPU forwarding path: stage the call's buffers in the session arena,
 // send the Launch (launch ring or socket), copy the outputs back.
-#include "client/shim/cpu_forward.h"
-
 #include <string.h>
 
 #include <algorithm>
@@ -11,6 +9,7 @@
 
 #include "client/shim/attr_cache.h"
 #include "client/shim/conn.h"
+#include "client/shim/forward.h"
 #include "client/shim/launch_encoder.h"
 #include "common/ring_encode.h"
 #include "common/stage_trace.h"
@@ -76,35 +75,24 @@ ClientStatus ForwardCpuCall(Client* client, const std::string& target,
   scratch.args.clear();
   scratch.rets.clear();
   scratch.views.clear();
-  ClientStatus s = ForEachBuffer(frame, [&](const XLA_FFI_Buffer* b,
-                                            uint64_t bytes, bool is_arg) {
-    Region r{b, cursor, bytes, is_arg};
-    if (is_arg) {
-      for (const Region& prev : scratch.args) {
-        if (bytes > 0 && prev.buffer->data == b->data && prev.bytes == bytes) {
-          r.offset = prev.offset;
-          r.copy_in = false;
-          break;
+  ClientStatus s = ForEachBuffer(
+      frame, [&](const XLA_FFI_Buffer* b, uint64_t bytes, bool is_arg) {
+        Region r{b, cursor, bytes, is_arg};
+        bool shared = false;  // with an earlier input
+        for (const Region& a : scratch.args) {
+          if (bytes > 0 && a.buffer->data == b->data && a.bytes == bytes) {
+            r.offset = a.offset;
+            r.copy_in = false;
+            shared = true;
+            break;
+          }
         }
-      }
-      if (r.copy_in) cursor = AlignUp(cursor + bytes);
-      scratch.args.push_back(r);
-    } else {
-      bool aliased = false;
-      for (const Region& a : scratch.args) {
-        if (bytes > 0 && a.buffer->data == b->data && a.bytes == bytes) {
-          r.offset = a.offset;
-          aliased = true;
-          break;
-        }
-      }
-      if (!aliased) cursor = AlignUp(cursor + bytes);
-      scratch.rets.push_back(r);
-    }
-    scratch.views.push_back(ring::BufferView{static_cast<int32_t>(b->dtype),
-                                             static_cast<uint32_t>(b->rank),
-                                             b->dims, r.offset, bytes});
-  });
+        if (!shared) cursor = AlignUp(cursor + bytes);
+        (is_arg ? scratch.args : scratch.rets).push_back(r);
+        scratch.views.push_back(ring::BufferView{static_cast<int32_t>(b->dtype),
+                                                 static_cast<uint32_t>(b->rank),
+                                                 b->dims, r.offset, bytes});
+      });
   if (!s.ok()) return s;
   const std::string* attrs;
   s = scratch.attrs.Get(&frame->attrs, &attrs);

@@ -267,19 +267,17 @@ ClientStatus PlanBuffer(CudaConnState* st, Buf* b, Plan* plan,
   CudaConnState::Entry entry;
   entry.id = b->id;  // identified once; ex.id is the same allocation
   entry.kind = ex.kind;
-  if (ex.kind == cc::ExportKind::kVmmFd) {
-    v1::CudaShare share;
+  if (ex.kind != cc::ExportKind::kNeedsStaging) {
+    v1::CudaShare& share = plan->shares.emplace_back();
     FillRef(b->id, share.mutable_mapping());
-    share.set_vmm_fd(true);
-    plan->shares.push_back(std::move(share));
-    plan->fds.push_back(std::move(ex.fd));
-    entry.retained = std::move(ex.retained);
-  } else if (ex.kind == cc::ExportKind::kLegacyIpc) {
-    v1::CudaShare share;
-    FillRef(b->id, share.mutable_mapping());
-    share.set_ipc_mem_handle(ex.ipc_handle.reserved,
-                             sizeof(ex.ipc_handle.reserved));
-    plan->shares.push_back(std::move(share));
+    if (ex.kind == cc::ExportKind::kVmmFd) {
+      share.set_vmm_fd(true);
+      plan->fds.push_back(std::move(ex.fd));
+      entry.retained = std::move(ex.retained);
+    } else {  // kLegacyIpc
+      share.set_ipc_mem_handle(ex.ipc_handle.reserved,
+                               sizeof(ex.ipc_handle.reserved));
+    }
   } else if (Tracing()) {
     Trace("  allocation 0x%llx (+%llu) is staged: %s",
           static_cast<unsigned long long>(b->id.base),

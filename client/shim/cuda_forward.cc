@@ -19,23 +19,13 @@ namespace shim {
 
 namespace {
 
-void DestroyError(const XLA_FFI_Api* api, XLA_FFI_Error* e) {
-  XLA_FFI_Error_Destroy_Args d;
-  memset(&d, 0, sizeof(d));
-  d.struct_size = XLA_FFI_Error_Destroy_Args_STRUCT_SIZE;
-  d.error = e;
-  api->XLA_FFI_Error_Destroy(&d);
-}
-
 ClientStatus XlaStream(XLA_FFI_CallFrame* frame, cu::CUstream* stream) {
   const XLA_FFI_Api* api = frame->api;
   XLA_FFI_Stream_Get_Args a;
   memset(&a, 0, sizeof(a));
   a.struct_size = XLA_FFI_Stream_Get_Args_STRUCT_SIZE;
   a.ctx = frame->ctx;
-  XLA_FFI_Error* e = api->XLA_FFI_Stream_Get(&a);
-  if (e != nullptr) {
-    DestroyError(api, e);
+  if (DestroyXlaError(api, api->XLA_FFI_Stream_Get(&a))) {
     return ClientStatus::Error(
         kInternal,
         "kreg: XLA did not give the forwarding handler its "

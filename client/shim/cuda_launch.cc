@@ -37,7 +37,7 @@ ClientStatus DoorbellFor(Conn* conn, CudaConnState* st, const Call& call,
   }
   if (b.failed) return ClientStatus::Ok();
   b.failed = true;  // until set up
-  if (!conn->cuda_doorbell()) {
+  if (!conn->hello().cuda_doorbell()) {
     Trace("  doorbell: kregd does not offer it; using interprocess events");
     return ClientStatus::Ok();
   }
@@ -236,17 +236,6 @@ ClientStatus BoundCache(CudaConnState* st, size_t limit, Attempt* a) {
   return ClientStatus::Ok();
 }
 
-// The allocation and offset kregd resolves buffer `b` by (none for an
-// empty buffer).
-void WhereIs(const Buf& b, const Attempt& a, const cc::AllocationId** id,
-             uint64_t* offset) {
-  *id = nullptr;
-  *offset = 0;
-  if (b.bytes == 0) return;
-  *id = b.staged ? &a.stage_id : &b.id;
-  *offset = b.staged ? b.stage_offset : b.offset;
-}
-
 // describe: each buffer's view (shape, and where kregd finds it: its
 // allocation and the offset in it) into call->launch, per attempt. The
 // views live in thread-local storage until the thread's next call.
@@ -260,10 +249,11 @@ void DescribeBuffers(Call* call, const Attempt& a) {
     v.rank = b.rank;
     v.dims = b.dims;
     v.size = b.bytes;
-    const cc::AllocationId* id;
-    WhereIs(b, a, &id, &v.offset);
-    if (id != nullptr)
-      v.cuda = ring::CudaRef{id->base, id->size, id->generation};
+    if (b.bytes > 0) {  // the allocation and offset kregd resolves it by
+      const cc::AllocationId& id = b.staged ? a.stage_id : b.id;
+      v.offset = b.staged ? b.stage_offset : b.offset;
+      v.cuda = ring::CudaRef{id.base, id.size, id.generation};
+    }
     views.push_back(v);
     if (b.is_arg) ++num_args;  // args come first (ForEachBuffer)
   }
@@ -495,8 +485,9 @@ ClientStatus LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
     conn->cuda_state = new CudaConnState(call->d);
   }
   CudaConnState* st = conn->cuda_state;
-  const size_t limit =
-      conn->max_cuda_mappings() > 0 ? conn->max_cuda_mappings() : 256;
+  const size_t limit = conn->hello().max_cuda_mappings() > 0
+                           ? conn->hello().max_cuda_mappings()
+                           : 256;
   ReleaseStaging release_staging;
   cc::Doorbell* bell = nullptr;
   s = DoorbellFor(conn, st, *call, &bell);

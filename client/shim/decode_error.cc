@@ -1,8 +1,9 @@
-#include "client/shim/decode_error.h"
-
 #include <string.h>
 
 #include <vector>
+
+#include "client/shim/forward.h"
+#include "common/dtype.h"
 
 namespace kreg {
 namespace shim {
@@ -10,28 +11,27 @@ namespace {
 
 constexpr char kDecodeFailed[] = "Failed to decode all FFI handler operands";
 
+// How to pass a scalar of a dtype from Python.
 struct DtypeInfo {
   int dtype;
-  const char* name;   // XLA FFI's
-  const char* numpy;  // how to pass a scalar of it from Python
+  const char* numpy;
 };
 
 constexpr DtypeInfo kDtypes[] = {
-    {XLA_FFI_DataType_PRED, "PRED", "np.bool_(...)"},
-    {XLA_FFI_DataType_S8, "S8", "np.int8(...)"},
-    {XLA_FFI_DataType_S16, "S16", "np.int16(...)"},
-    {XLA_FFI_DataType_S32, "S32", "np.int32(...)"},
-    {XLA_FFI_DataType_S64, "S64", "np.int64(...)"},
-    {XLA_FFI_DataType_U8, "U8", "np.uint8(...)"},
-    {XLA_FFI_DataType_U16, "U16", "np.uint16(...)"},
-    {XLA_FFI_DataType_U32, "U32", "np.uint32(...)"},
-    {XLA_FFI_DataType_U64, "U64", "np.uint64(...)"},
-    {XLA_FFI_DataType_F16, "F16", "np.float16(...)"},
-    {XLA_FFI_DataType_F32, "F32", "np.float32(...)"},
-    {XLA_FFI_DataType_F64, "F64", "np.float64(...)"},
-    {XLA_FFI_DataType_BF16, "BF16", nullptr},
-    {XLA_FFI_DataType_C64, "C64", "np.complex64(...)"},
-    {XLA_FFI_DataType_C128, "C128", "np.complex128(...)"},
+    {XLA_FFI_DataType_PRED, "np.bool_(...)"},
+    {XLA_FFI_DataType_S8, "np.int8(...)"},
+    {XLA_FFI_DataType_S16, "np.int16(...)"},
+    {XLA_FFI_DataType_S32, "np.int32(...)"},
+    {XLA_FFI_DataType_S64, "np.int64(...)"},
+    {XLA_FFI_DataType_U8, "np.uint8(...)"},
+    {XLA_FFI_DataType_U16, "np.uint16(...)"},
+    {XLA_FFI_DataType_U32, "np.uint32(...)"},
+    {XLA_FFI_DataType_U64, "np.uint64(...)"},
+    {XLA_FFI_DataType_F16, "np.float16(...)"},
+    {XLA_FFI_DataType_F32, "np.float32(...)"},
+    {XLA_FFI_DataType_F64, "np.float64(...)"},
+    {XLA_FFI_DataType_C64, "np.complex64(...)"},
+    {XLA_FFI_DataType_C128, "np.complex128(...)"},
 };
 
 const char* AttrTypeName(XLA_FFI_AttrType t) {
@@ -75,13 +75,6 @@ std::string NameOf(const XLA_FFI_Attrs& attrs, int64_t i) {
 
 }  // namespace
 
-std::string DataTypeName(int dtype) {
-  for (const DtypeInfo& d : kDtypes) {
-    if (d.dtype == dtype) return d.name;
-  }
-  return "dtype " + std::to_string(dtype);
-}
-
 std::string ExplainDecodeError(const std::string& target,
                                const std::string& platform,
                                const XLA_FFI_Attrs& attrs,
@@ -100,13 +93,13 @@ std::string ExplainDecodeError(const std::string& target,
     for (int64_t i = 0; i < attrs.size; ++i) {
       if (attrs.types[i] != XLA_FFI_AttrType_SCALAR) continue;
       auto* s = static_cast<const XLA_FFI_Scalar*>(attrs.attrs[i]);
-      if (s != nullptr && DataTypeName(s->dtype) == got) {
+      if (s != nullptr && DtypeName(s->dtype) == got) {
         names.push_back(NameOf(attrs, i));
       }
     }
     const char* numpy = nullptr;
     for (const DtypeInfo& d : kDtypes) {
-      if (expected == d.name) numpy = d.numpy;
+      if (expected == DtypeName(d.dtype)) numpy = d.numpy;
     }
     std::string pass = numpy == nullptr ? "pass a value of that type"
                                         : "pass a value of that type, e.g. " +

@@ -11,9 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "client/shim/cpu_forward.h"
 #include "client/shim/cuda_forward.h"
-#include "client/shim/decode_error.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace kreg {
@@ -32,19 +30,10 @@ constexpr struct {
     {"cuda", &ForwardCudaCall},
 };
 
-// Null for a platform the shim cannot forward.
-Forwarder ForwarderOf(const std::string& platform) {
-  for (const auto& f : kForwarders) {
-    if (platform == f.platform) return f.forward;
-  }
-  return nullptr;
-}
-
 struct Slot {
   Client* client;
   std::string target;
   std::string platform;  // canonical
-  Forwarder forward;     // null: the platform cannot be forwarded
 };
 
 std::atomic<const Slot*> g_slots[kNumSlots];
@@ -52,13 +41,18 @@ std::mutex g_bind_mu;
 int g_used = 0;  // guarded by g_bind_mu
 
 XLA_FFI_Error* MakeError(const XLA_FFI_Api* api, int code,
-                         const std::string& message) {
+                         const char* message) {
   XLA_FFI_Error_Create_Args args;
   memset(&args, 0, sizeof(args));
   args.struct_size = XLA_FFI_Error_Create_Args_STRUCT_SIZE;
-  args.message = message.c_str();
+  args.message = message;
   args.errc = static_cast<XLA_FFI_Error_Code>(code);
   return api->XLA_FFI_Error_Create(&args);
+}
+
+XLA_FFI_Error* MakeError(const XLA_FFI_Api* api, int code,
+                         const std::string& message) {
+  return MakeError(api, code, message.c_str());
 }
 
 // Answers XLA's metadata query: the FFI API of the headers this shim was
@@ -141,11 +135,7 @@ XLA_FFI_Error* Forward(int index, XLA_FFI_CallFrame* call_frame) {
   if (!s.ok()) {
     slot->client->launch_errors.fetch_add(1, std::memory_order_relaxed);
   } else {
-    s = slot->forward != nullptr
-            ? RunForwarder(slot->forward, slot->client, slot->target,
-                           slot->platform, call_frame)
-            : ForwardCall(slot->client, slot->target, slot->platform,
-                          call_frame);
+    s = ForwardCall(slot->client, slot->target, slot->platform, call_frame);
   }
   if (s.ok()) return nullptr;
   // An error must never read as OK, nor carry a code XLA does not know.
@@ -179,12 +169,7 @@ XLA_FFI_Error* ForwardNoThrow(int index, XLA_FFI_CallFrame* call_frame) {
   } catch (...) {
     what = "kreg forwarding handler failed: unknown C++ exception";
   }
-  XLA_FFI_Error_Create_Args args;
-  memset(&args, 0, sizeof(args));
-  args.struct_size = XLA_FFI_Error_Create_Args_STRUCT_SIZE;
-  args.message = what;
-  args.errc = static_cast<XLA_FFI_Error_Code>(kInternal);
-  return api->XLA_FFI_Error_Create(&args);
+  return MakeError(api, kInternal, what);
 }
 
 template <int I>
@@ -230,7 +215,7 @@ ClientStatus Bind(Client* client, const std::string& target,
             "(one per registered (target, platform))");
   }
   int i = g_used++;
-  g_slots[i].store(new Slot{client, target, canonical, ForwarderOf(canonical)},
+  g_slots[i].store(new Slot{client, target, canonical},
                    std::memory_order_release);
   out->handler = reinterpret_cast<void*>(kTrampolines[i]);
   out->slot = i;
@@ -240,13 +225,14 @@ ClientStatus Bind(Client* client, const std::string& target,
 ClientStatus ForwardCall(Client* client, const std::string& target,
                          const std::string& platform,
                          XLA_FFI_CallFrame* frame) {
-  Forwarder forward = ForwarderOf(platform);
-  if (forward == nullptr) {
-    return ClientStatus::Error(kUnimplemented, "kreg: forwarding " + platform +
-                                                   " calls of \"" + target +
-                                                   "\" is not supported");
+  for (const auto& f : kForwarders) {
+    if (platform == f.platform) {
+      return RunForwarder(f.forward, client, target, platform, frame);
+    }
   }
-  return RunForwarder(forward, client, target, platform, frame);
+  return ClientStatus::Error(kUnimplemented, "kreg: forwarding " + platform +
+                                                 " calls of \"" + target +
+                                                 "\" is not supported");
 }
 
 bool TracingStages() {

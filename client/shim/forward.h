@@ -48,6 +48,27 @@ std::vector<StageRecord> TakeStageRecords(size_t max);
 ClientStatus ForwardCall(Client* client, const std::string& target,
                          const std::string& platform, XLA_FFI_CallFrame* frame);
 
+// Forwarding of CPU calls (cpu_forward.cc, DESIGN §3): inputs are copied
+// into the session's shared-memory arena (aliased input/output pairs share
+// one region holding the input's values), the Launch goes over the launch
+// ring (or the socket), and the outputs are copied back. The daemon's or
+// the handler's error comes back verbatim.
+ClientStatus ForwardCpuCall(Client* client, const std::string& target,
+                            XLA_FFI_CallFrame* frame);
+
+// Context for XLA FFI's operand-decoding errors (decode_error.cc; user
+// guide, "Errors of a call"): the handler's own binding reports "Wrong
+// scalar data type: expected F32 but got F64" without saying which target
+// or attribute; the shim knows both. Returns `message` (an
+// INVALID_ARGUMENT of a call of `target` on `platform`) with the target
+// named and, for a decoding failure whose diagnostics quote a wrong
+// attribute type, the attribute(s) of `attrs` that have that type. Other
+// messages come back unchanged.
+std::string ExplainDecodeError(const std::string& target,
+                               const std::string& platform,
+                               const XLA_FFI_Attrs& attrs,
+                               const std::string& message);
+
 }  // namespace shim
 }  // namespace kreg
 

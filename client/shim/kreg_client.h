@@ -13,8 +13,8 @@
  *  - fields marked `out` are written by the library.
  *
  * Versioning: KREG_API_MAJOR changes on ABI-incompatible changes; MINOR when
- * fields are appended to a struct (older callers pass a smaller
- * struct_size and are still served).
+ * fields or functions are added. The library and the `kreg` package ship
+ * together, so a struct_size below this header's is refused.
  */
 #ifndef KREGD_CLIENT_SHIM_KREG_CLIENT_H_
 #define KREGD_CLIENT_SHIM_KREG_CLIENT_H_
@@ -23,9 +23,6 @@
 #include <stdint.h>
 
 #define KREG_API_MAJOR 1
-/* Minor 1: RegisterArgs.in_process; 2: TargetInfo.not_runnable;
- * 3: kreg_bind_local (local execution); 4: kreg_stage_trace;
- * 5: TargetInfo.host. */
 #define KREG_API_MINOR 5
 
 #if defined(__GNUC__)
@@ -126,17 +123,13 @@ typedef struct KREG_TargetInfo {
   int32_t pid;
   int64_t registered_at_us;
   const char* origin;
-  /* Since 1.2: "" when this kregd can run the target, else why not (e.g. a
-   * cuda target on a daemon without a usable GPU). */
+  /* "" when this kregd can run the target, else why not (e.g. a cuda
+   * target on a daemon without a usable GPU). */
   const char* not_runnable;
-  /* Since 1.5: in cluster mode the host whose registration made the
-   * binding ("<host name> (<address>)"); "" on a standalone kregd. */
+  /* In cluster mode the host whose registration made the binding
+   * ("<host name> (<address>)"); "" on a standalone kregd. */
   const char* host;
 } KREG_TargetInfo;
-#define KREG_TargetInfo_STRUCT_SIZE_1_0 \
-  KREG_STRUCT_SIZE(KREG_TargetInfo, origin)
-#define KREG_TargetInfo_STRUCT_SIZE_1_2 \
-  KREG_STRUCT_SIZE(KREG_TargetInfo, not_runnable)
 #define KREG_TargetInfo_STRUCT_SIZE KREG_STRUCT_SIZE(KREG_TargetInfo, host)
 
 KREG_EXPORT size_t kreg_target_list_size(const KREG_TargetList* list);
@@ -168,7 +161,7 @@ typedef struct KREG_RegisterArgs {
   int32_t replace;
   int32_t created;         /* out: 0 when an identical entry existed */
   KREG_TargetList* target; /* out: the entry; caller destroys */
-  /* Since 1.1: nonzero registers an in-process target (a callable that runs
+  /* Nonzero registers an in-process target (a callable that runs
    * inside the registering process, e.g. kreg.numba_cuda_callable): no
    * module (both module fields NULL), content_id required (the callable's
    * fingerprint); listed with kind "in-process" and this process's pid. */
@@ -176,9 +169,6 @@ typedef struct KREG_RegisterArgs {
 } KREG_RegisterArgs;
 #define KREG_RegisterArgs_STRUCT_SIZE \
   KREG_STRUCT_SIZE(KREG_RegisterArgs, in_process)
-/* The 1.0 layout (ends at `target`): still accepted, in_process = 0. */
-#define KREG_RegisterArgs_STRUCT_SIZE_1_0 \
-  KREG_STRUCT_SIZE(KREG_RegisterArgs, target)
 
 /* Registers through the session. The daemon's refusal comes back with its
  * code (e.g. FAILED_PRECONDITION for a content change) and message. The
@@ -216,7 +206,7 @@ typedef struct KREG_BindArgs {
  * FAILED_PRECONDITION when (target, platform) is bound to another client. */
 KREG_EXPORT KREG_Error* kreg_bind(KREG_BindArgs* args);
 
-/* ---- Local execution (since 1.3) -------------------------------------- */
+/* ---- Local execution ------------------------------------------------ */
 
 typedef struct KREG_BindLocalArgs {
   size_t struct_size;

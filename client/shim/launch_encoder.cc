@@ -39,31 +39,32 @@ ClientStatus BufferBytes(const XLA_FFI_Buffer* b, const char* kind, int64_t i,
   return ClientStatus::Ok();
 }
 
+bool DestroyXlaError(const XLA_FFI_Api* api, XLA_FFI_Error* e) {
+  if (e == nullptr) return false;
+  XLA_FFI_Error_Destroy_Args d;
+  memset(&d, 0, sizeof(d));
+  d.struct_size = XLA_FFI_Error_Destroy_Args_STRUCT_SIZE;
+  d.error = e;
+  api->XLA_FFI_Error_Destroy(&d);
+  return true;
+}
+
 void CallContext(const XLA_FFI_CallFrame* f, int32_t* ordinal,
                  int64_t* run_id) {
   const XLA_FFI_Api* api = f->api;
-  auto destroy = [api](XLA_FFI_Error* e) {
-    if (e == nullptr) return false;
-    XLA_FFI_Error_Destroy_Args d;
-    memset(&d, 0, sizeof(d));
-    d.struct_size = XLA_FFI_Error_Destroy_Args_STRUCT_SIZE;
-    d.error = e;
-    api->XLA_FFI_Error_Destroy(&d);
-    return true;
-  };
   if (api->struct_size >= XLA_FFI_Api_STRUCT_SIZE) {
     XLA_FFI_DeviceOrdinal_Get_Args o;
     memset(&o, 0, sizeof(o));
     o.struct_size = XLA_FFI_DeviceOrdinal_Get_Args_STRUCT_SIZE;
     o.ctx = f->ctx;
-    if (!destroy(api->XLA_FFI_DeviceOrdinal_Get(&o))) {
+    if (!DestroyXlaError(api, api->XLA_FFI_DeviceOrdinal_Get(&o))) {
       *ordinal = o.device_ordinal;
     }
     XLA_FFI_RunId_Get_Args r;
     memset(&r, 0, sizeof(r));
     r.struct_size = XLA_FFI_RunId_Get_Args_STRUCT_SIZE;
     r.ctx = f->ctx;
-    if (!destroy(api->XLA_FFI_RunId_Get(&r))) *run_id = r.run_id;
+    if (!DestroyXlaError(api, api->XLA_FFI_RunId_Get(&r))) *run_id = r.run_id;
   }
 }
 

@@ -1,6 +1,6 @@
 // Encodes an XLA FFI call frame's buffers, attributes and call context into
 // a launch descriptor's parts (ring::DescriptorView), for the platform
-// forwarders (cpu_forward.h, cuda_forward.h). Encoding only: no I/O.
+// forwarders (cpu_forward.cc, cuda_forward.cc). Encoding only: no I/O.
 #ifndef KREGD_CLIENT_SHIM_LAUNCH_ENCODER_H_
 #define KREGD_CLIENT_SHIM_LAUNCH_ENCODER_H_
 
@@ -25,34 +25,30 @@ ClientStatus BufferBytes(const XLA_FFI_Buffer* b, const char* kind, int64_t i,
 // is called. The first error stops the walk and is returned.
 template <typename Visit>
 ClientStatus ForEachBuffer(const XLA_FFI_CallFrame* frame, Visit&& visit) {
-  for (int64_t i = 0; i < frame->args.size; ++i) {
-    if (frame->args.types[i] != XLA_FFI_ArgType_BUFFER) {
+  for (int64_t n = frame->args.size + frame->rets.size, k = 0; k < n; ++k) {
+    const bool is_arg = k < frame->args.size;
+    const int64_t i = is_arg ? k : k - frame->args.size;
+    const int type = is_arg ? static_cast<int>(frame->args.types[i])
+                            : static_cast<int>(frame->rets.types[i]);
+    const char* kind = is_arg ? "arg" : "ret";
+    if (type != (is_arg ? static_cast<int>(XLA_FFI_ArgType_BUFFER)
+                        : static_cast<int>(XLA_FFI_RetType_BUFFER))) {
       return ClientStatus::Error(
-          kInvalidArgument, "kreg cannot forward arg " + std::to_string(i) +
-                                " of type " +
-                                std::to_string(frame->args.types[i]));
+          kInvalidArgument, std::string("kreg cannot forward ") + kind + " " +
+                                std::to_string(i) + " of type " +
+                                std::to_string(type));
     }
-    auto* b = static_cast<const XLA_FFI_Buffer*>(frame->args.args[i]);
+    auto* b = static_cast<const XLA_FFI_Buffer*>(is_arg ? frame->args.args[i]
+                                                        : frame->rets.rets[i]);
     uint64_t bytes;
-    ClientStatus s = BufferBytes(b, "arg", i, &bytes);
+    ClientStatus s = BufferBytes(b, kind, i, &bytes);
     if (!s.ok()) return s;
-    visit(b, bytes, /*is_arg=*/true);
-  }
-  for (int64_t i = 0; i < frame->rets.size; ++i) {
-    if (frame->rets.types[i] != XLA_FFI_RetType_BUFFER) {
-      return ClientStatus::Error(
-          kInvalidArgument, "kreg cannot forward ret " + std::to_string(i) +
-                                " of type " +
-                                std::to_string(frame->rets.types[i]));
-    }
-    auto* b = static_cast<const XLA_FFI_Buffer*>(frame->rets.rets[i]);
-    uint64_t bytes;
-    ClientStatus s = BufferBytes(b, "ret", i, &bytes);
-    if (!s.ok()) return s;
-    visit(b, bytes, /*is_arg=*/false);
+    visit(b, bytes, is_arg);
   }
   return ClientStatus::Ok();
 }
+// Destroys an error XLA's API returned; false for null (no error).
+bool DestroyXlaError(const XLA_FFI_Api* api, XLA_FFI_Error* e);
 // Device ordinal and run id of the call, when XLA provides them.
 void CallContext(const XLA_FFI_CallFrame* f, int32_t* ordinal, int64_t* run_id);
 

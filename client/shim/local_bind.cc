@@ -62,6 +62,17 @@ bool MappedFrom(const void* addr, dev_t dev, ino_t ino) {
   return found;
 }
 
+// The handler target.func_name() of the loaded module `dl`.
+ClientStatus Symbol(void* dl, const v1::Target& target, void** out) {
+  ::dlerror();
+  *out = ::dlsym(dl, target.func_name().c_str());
+  if (*out != nullptr) return ClientStatus::Ok();
+  return ClientStatus::Error(kNotFound,
+                             "kreg: module " + target.module_digest() + " of " +
+                                 Describe(target) + " has no symbol \"" +
+                                 target.func_name() + "\"");
+}
+
 }  // namespace
 
 ClientStatus CheckModuleFd(int fd, const v1::Target& target) {
@@ -131,14 +142,9 @@ ClientStatus LoadModule(UniqueFd fd, const v1::Target& target, void** handler,
   // (RTLD_NODELETE), so its /proc/self/fd path must never name another
   // file.
   (void)fd.release();
-  ::dlerror();
-  void* sym = ::dlsym(dl, target.func_name().c_str());
-  if (sym == nullptr) {
-    return ClientStatus::Error(
-        kNotFound, "kreg: module " + target.module_digest() + " of " +
-                       Describe(target) + " has no symbol \"" +
-                       target.func_name() + "\"");
-  }
+  void* sym;
+  ClientStatus s = Symbol(dl, target, &sym);
+  if (!s.ok()) return s;
   // dlopen matches already loaded objects by name first: a path reused by
   // an earlier, closed fd would hand back that object. The symbol must lie
   // in this very file.
@@ -185,14 +191,8 @@ ClientStatus BindLocal(Client* client, const std::string& target,
   if (loaded != g_modules->end()) {
     // One copy per module, as in-process: targets of one library share
     // its globals.
-    ::dlerror();
-    binding.handler = ::dlsym(loaded->second, info.func_name().c_str());
-    if (binding.handler == nullptr) {
-      return ClientStatus::Error(
-          kNotFound, "kreg: module " + info.module_digest() + " of " +
-                         Describe(info) + " has no symbol \"" +
-                         info.func_name() + "\"");
-    }
+    s = Symbol(loaded->second, info, &binding.handler);
+    if (!s.ok()) return s;
   } else {
     void* library = nullptr;
     s = LoadModule(std::move(module), info, &binding.handler, &library);

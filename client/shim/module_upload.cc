@@ -1,5 +1,3 @@
-#include "client/shim/module_upload.h"
-
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -7,6 +5,8 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+
+#include "client/shim/client.h"
 
 namespace kreg {
 namespace shim {

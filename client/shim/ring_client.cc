@@ -13,35 +13,44 @@
 namespace kreg {
 namespace shim {
 
-ClientStatus ClientRing::Create(int64_t spin_ns,
-                                std::unique_ptr<ClientRing>* out) {
-  int fd = ::memfd_create("kreg-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) {
+ClientStatus CreateSharedRegion(const char* name, uint64_t size,
+                                const std::string& what, int* fd, char** base) {
+  *fd = ::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (*fd < 0) {
     return ClientStatus::Error(kInternal,
                                std::string("memfd_create: ") + strerror(errno));
   }
-  if (::ftruncate(fd, static_cast<off_t>(ring::kRegionBytes)) != 0 ||
-      ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) !=
+  const char* step = "create";
+  void* p = MAP_FAILED;
+  if (::ftruncate(*fd, static_cast<off_t>(size)) == 0 &&
+      ::fcntl(*fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) ==
           0) {
+    step = "map";
+    p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+  }
+  if (p == MAP_FAILED) {
     int err = errno;
-    ::close(fd);
+    ::close(*fd);
+    *fd = -1;
     return ClientStatus::Error(
         kResourceExhausted,
-        std::string("cannot create the launch ring: ") + strerror(err));
+        std::string("cannot ") + step + " " + what + ": " + strerror(err));
   }
-  void* base = ::mmap(nullptr, ring::kRegionBytes, PROT_READ | PROT_WRITE,
-                      MAP_SHARED, fd, 0);
-  if (base == MAP_FAILED) {
-    int err = errno;
-    ::close(fd);
-    return ClientStatus::Error(
-        kResourceExhausted,
-        std::string("cannot map the launch ring: ") + strerror(err));
-  }
-  ring::Control* c = ring::ControlOf(static_cast<char*>(base));
+  *base = static_cast<char*>(p);
+  return ClientStatus::Ok();
+}
+
+ClientStatus ClientRing::Create(int64_t spin_ns,
+                                std::unique_ptr<ClientRing>* out) {
+  int fd;
+  char* base;
+  ClientStatus s = CreateSharedRegion("kreg-ring", ring::kRegionBytes,
+                                      "the launch ring", &fd, &base);
+  if (!s.ok()) return s;
+  ring::Control* c = ring::ControlOf(base);
   c->magic = ring::kMagic;
   c->version = ring::kVersion;
-  out->reset(new ClientRing(fd, static_cast<char*>(base), spin_ns));
+  out->reset(new ClientRing(fd, base, spin_ns));
   return ClientStatus::Ok();
 }
 

@@ -13,6 +13,12 @@
 namespace kreg {
 namespace shim {
 
+// A zeroed memfd of `size` bytes (sealed against shrinking, growing and
+// further sealing) mapped read-write at `*base`, for kregd to map too.
+// RESOURCE_EXHAUSTED "cannot create|map <what>: ..." when it cannot be had.
+ClientStatus CreateSharedRegion(const char* name, uint64_t size,
+                                const std::string& what, int* fd, char** base);
+
 // Owns the client's mapping of the ring region and memfd, and its own
 // indices. Used by one thread at a time (the Conn's). Up to ring::kSlots
 // launches may be in flight (asynchronous CUDA launches); completions come

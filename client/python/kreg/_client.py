@@ -70,6 +70,12 @@ def default_execution() -> str:
   return "isolated"
 
 
+def _require_str(**values: Any) -> None:
+  for what, value in values.items():
+    if not isinstance(value, str):
+      raise TypeError(f"{what} must be a str, got {type(value)}")
+
+
 def _resolve_execution(execution: Optional[str]) -> str:
   if execution is None:
     return default_execution()
@@ -323,11 +329,6 @@ class Client:
   def _register(self, target_name, platform, func_name, replace, content_id,
                 path=None, data=None, in_process=False):
     lib = self._lib
-    if in_process and _shim.version().api_minor < _shim.IN_PROCESS_MINOR:
-      raise KregError(
-          "libkreg_client.so is too old for in-process targets (C ABI "
-          f"{_shim.version().api_major}.{_shim.version().api_minor}, needs "
-          f"1.{_shim.IN_PROCESS_MINOR}); rebuild it", "FAILED_PRECONDITION")
     args = _shim.new(_shim.RegisterArgs)
     args.client = self._handle
     keep = []  # keep the encoded buffers alive during the call
@@ -385,12 +386,8 @@ class Client:
     InvalidArgumentError (a ValueError) for a malformed name, platform or
     module, NotFoundError (a KeyError) for a missing file or symbol.
     """
-    if not isinstance(target_name, str):
-      raise TypeError(f"target_name must be a str, got {type(target_name)}")
-    if not isinstance(func_name, str):
-      raise TypeError(f"func_name must be a str, got {type(func_name)}")
-    if not isinstance(platform, str):
-      raise TypeError(f"platform must be a str, got {type(platform)}")
+    _require_str(target_name=target_name, func_name=func_name,
+                 platform=platform)
     mode = _resolve_execution(execution)
     _check_jax()
     if isinstance(module, Module):
@@ -452,10 +449,8 @@ class Client:
     """
     # pylint: disable=import-outside-toplevel
     from kreg import _compile
-    for value, what in ((target_name, "target_name"), (func_name, "func_name"),
-                        (platform, "platform")):
-      if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, got {type(value)}")
+    _require_str(target_name=target_name, func_name=func_name,
+                 platform=platform)
     mode = _resolve_execution(execution)
     _check_jax()
     request = _compile.encode_request(target_name, sources, func_name,
@@ -495,13 +490,6 @@ class Client:
       name = target_name.encode()
       plat = canonical.encode()
       target = None
-      if mode == "local":
-        if not hasattr(self._lib, "kreg_bind_local"):
-          raise KregError(
-              "libkreg_client.so is too old for local execution (C ABI "
-              f"{_shim.version().api_major}.{_shim.version().api_minor}, "
-              f"needs 1.{_shim.LOCAL_MINOR}); rebuild it",
-              "FAILED_PRECONDITION")
       # The forwarding trampoline (kreg_bind), or the registered module's
       # own handler loaded into this process (kreg_bind_local).
       args = _shim.new(_shim.BindLocalArgs if mode == "local" else
@@ -577,10 +565,7 @@ class Client:
     this uid); UntrustedTargetError (a PermissionError) names anyone else
     (None: kreg.configure(trusted_owners=...) or $KREG_TRUSTED_OWNERS, else
     every owner)."""
-    if not isinstance(target_name, str):
-      raise TypeError(f"target_name must be a str, got {type(target_name)}")
-    if not isinstance(platform, str):
-      raise TypeError(f"platform must be a str, got {type(platform)}")
+    _require_str(target_name=target_name, platform=platform)
     mode = _resolve_execution(execution)
     _check_jax()
     canonical = _canonical_platform(platform)

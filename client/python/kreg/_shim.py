@@ -11,8 +11,6 @@ from kreg._errors import ShimNotFoundError
 
 LIB_NAME = "libkreg_client.so"
 API_MAJOR = 1  # KREG_API_MAJOR this module was written for
-IN_PROCESS_MINOR = 1  # KREG_API_MINOR that added RegisterArgs.in_process
-LOCAL_MINOR = 3  # KREG_API_MINOR that added kreg_bind_local
 
 _size_t = ctypes.c_size_t
 
@@ -39,8 +37,7 @@ class TargetInfo(ctypes.Structure):
               ("uid", ctypes.c_uint32), ("gid", ctypes.c_uint32),
               ("pid", ctypes.c_int32), ("registered_at_us", ctypes.c_int64),
               ("origin", ctypes.c_char_p),
-              ("not_runnable", ctypes.c_char_p),  # since C ABI 1.2
-              ("host", ctypes.c_char_p)]  # since C ABI 1.5
+              ("not_runnable", ctypes.c_char_p), ("host", ctypes.c_char_p)]
 
 
 class RegisterArgs(ctypes.Structure):
@@ -52,8 +49,7 @@ class RegisterArgs(ctypes.Structure):
               ("module_path", ctypes.c_char_p), ("module_path_len", _size_t),
               ("module_bytes", ctypes.c_void_p), ("module_bytes_len", _size_t),
               ("replace", ctypes.c_int32), ("created", ctypes.c_int32),
-              ("target", ctypes.c_void_p),
-              ("in_process", ctypes.c_int32)]  # since C ABI 1.1
+              ("target", ctypes.c_void_p), ("in_process", ctypes.c_int32)]
 
 
 class ListArgs(ctypes.Structure):
@@ -121,12 +117,7 @@ def candidate_paths() -> list[pathlib.Path]:
   # A source checkout: <repo>/client/python/kreg/_shim.py.
   paths.append(here.parents[2] / "bazel-bin" / "client" / "shim" / LIB_NAME)
   paths.append(pathlib.Path.cwd() / "bazel-bin" / "client" / "shim" / LIB_NAME)
-  seen, out = set(), []
-  for p in paths:
-    if p not in seen:
-      seen.add(p)
-      out.append(p)
-  return out
+  return list(dict.fromkeys(paths))  # in order, without repeats
 
 
 _lock = threading.Lock()
@@ -151,13 +142,12 @@ def _declare(lib: ctypes.CDLL) -> None:
   lib.kreg_get_version.restype = None
   for name, args in (("kreg_connect", ConnectArgs),
                      ("kreg_register", RegisterArgs),
-                     ("kreg_list_targets", ListArgs), ("kreg_bind", BindArgs)):
+                     ("kreg_list_targets", ListArgs), ("kreg_bind", BindArgs),
+                     ("kreg_bind_local", BindLocalArgs),
+                     ("kreg_stage_trace", StageTraceArgs)):
     fn = getattr(lib, name)
     fn.argtypes = [ctypes.POINTER(args)]
     fn.restype = err
-  if hasattr(lib, "kreg_bind_local"):  # since C ABI 1.3
-    lib.kreg_bind_local.argtypes = [ctypes.POINTER(BindLocalArgs)]
-    lib.kreg_bind_local.restype = err
   lib.kreg_target_list_size.argtypes = [ctypes.c_void_p]
   lib.kreg_target_list_size.restype = _size_t
   lib.kreg_target_list_get.argtypes = [
@@ -167,9 +157,6 @@ def _declare(lib: ctypes.CDLL) -> None:
   lib.kreg_target_list_destroy.restype = None
   lib.kreg_client_stats.argtypes = [ctypes.POINTER(ClientStats)]
   lib.kreg_client_stats.restype = None
-  if hasattr(lib, "kreg_stage_trace"):  # since C ABI 1.4
-    lib.kreg_stage_trace.argtypes = [ctypes.POINTER(StageTraceArgs)]
-    lib.kreg_stage_trace.restype = err
 
 
 def load() -> ctypes.CDLL:
@@ -237,11 +224,9 @@ def take_stage_records(capacity: int = 1 << 18) -> list[dict[str, int]]:
   buf = (StageRecord * capacity)()
   args = new(StageTraceArgs, record_size=ctypes.sizeof(StageRecord),
              records=buf, capacity=capacity)
-  e = lib.kreg_stage_trace(ctypes.byref(args))
+  e = take_error(lib, lib.kreg_stage_trace(ctypes.byref(args)))
   if e:
-    msg = lib.kreg_error_message(e).decode()
-    lib.kreg_error_destroy(e)
-    raise RuntimeError(msg)
+    raise RuntimeError(e[1])
   out = []
   for r in buf[:args.count]:
     d = dict(zip(STAGE_NAMES, r.ns))

@@ -60,9 +60,11 @@ Threads: the handler takes the GIL; XLA may call it from its own threads.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import functools
 import hashlib
+import math
 import os
 import re
 import sys
@@ -474,10 +476,7 @@ class Buffer:
 
   @property
   def size(self) -> int:
-    n = 1
-    for d in self.shape:
-      n *= d
-    return n
+    return math.prod(self.shape)
 
 
 def _decode(ptrs, types_, n) -> list[Buffer]:
@@ -850,16 +849,9 @@ def numba_cuda_scratch(shape, dtype, stream=None):
 # ---------------------------------------------------------------------------
 
 
-class _Registered:
-  __slots__ = ("name", "content_id", "func", "handler", "stable", "created")
-
-  def __init__(self, name, content_id, func, handler, stable, created):
-    self.name = name
-    self.content_id = content_id
-    self.func = func
-    self.handler = handler
-    self.stable = stable
-    self.created = created
+# One target this process registered (with kregd and JAX).
+_Registered = collections.namedtuple(
+    "_Registered", "name content_id func handler stable created")
 
 
 _lock = threading.RLock()

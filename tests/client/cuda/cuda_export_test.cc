@@ -44,7 +44,6 @@ TEST_CASE("Without a driver every client call says so", "[client_cuda]") {
   for (const ClientStatus& s :
        {IdentifyBuffer(nullptr, Ptr(0x1000), &id),
         ExportBuffer(nullptr, Ptr(0x1000), &e), DeviceUuid(nullptr, 0, &uuid),
-        CurrentDeviceUuid(nullptr, &uuid),
         StreamDevice(nullptr, nullptr, nullptr, nullptr, &uuid),
         IpcEventPair::Create(nullptr, nullptr, &events),
         StagingBuffer::Create(nullptr, 0, kMiB, &staging)}) {
@@ -194,7 +193,6 @@ TEST_CASE("A stream names its device", "[client_cuda]") {
   CHECK(ordinal == 0);
   CHECK(uuid == FakeCuda::Uuid(0xa0));
   CHECK(FakeCuda::PushedDepth() == 0);
-  CHECK(CurrentDeviceUuid(fake.driver(), &uuid).code == kInvalidArgument);
 }
 
 TEST_CASE("A context's device is asked once; a new context is asked again",

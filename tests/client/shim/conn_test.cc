@@ -62,15 +62,15 @@ TEST_CASE("Open says Hello and keeps what kregd answers", "[shim][conn]") {
   reply.set_launch_ring(0);  // launches on the socket
   FakeKregd kregd([&](Peer* p) { p->Hello(reply); });
   std::unique_ptr<Conn> conn = OpenOk(kregd);
-  CHECK(conn->session_id() == 42);
-  CHECK(conn->max_message_bytes() == (1u << 20));
-  CHECK(conn->max_module_bytes() == (64u << 20));
-  CHECK(conn->max_cuda_mappings() == 16);
-  CHECK(conn->cuda_device_uuids() ==
-        std::vector<std::string>{std::string(16, '\xa0'),
-                                 std::string(16, '\xa1')});
-  CHECK(conn->cuda_status() == "kregd has 2 GPUs");
-  CHECK(conn->cuda_doorbell());
+  CHECK(conn->hello().session_id() == 42);
+  CHECK(conn->hello().max_message_bytes() == (1u << 20));
+  CHECK(conn->hello().max_module_bytes() == (64u << 20));
+  CHECK(conn->hello().max_cuda_mappings() == 16);
+  CHECK(conn->hello().cuda_device_uuids_size() == 2);
+  CHECK(conn->hello().cuda_device_uuids(0) == std::string(16, '\xa0'));
+  CHECK(conn->hello().cuda_device_uuids(1) == std::string(16, '\xa1'));
+  CHECK(conn->hello().cuda_status() == "kregd has 2 GPUs");
+  CHECK(conn->hello().cuda_doorbell());
   CHECK_FALSE(conn->ring());
   CHECK_FALSE(conn->broken());
   CHECK(conn->arena() == nullptr);

@@ -1,9 +1,8 @@
-#include "client/shim/decode_error.h"
-
 #include <string>
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "client/shim/forward.h"
 
 namespace kreg {
 namespace shim {
