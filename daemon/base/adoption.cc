@@ -160,8 +160,7 @@ OfferJudgement JudgeOffer(const v1::ExecReadopt& offer, const PeerCred& conn,
     return j;
   }
   const std::string key = AdoptionKey(policy.secret, IdentityOf(offer));
-  if (!SameBytes(challenge.empty() ? key : ExecutorProof(key, challenge),
-                 proof)) {
+  if (!SameBytes(ExecutorProof(key, challenge), proof)) {
     return Refuse(
         "its adoption key does not verify: it was not started by a kregd "
         "with this state directory's executor-adoption.key");
@@ -172,19 +171,6 @@ OfferJudgement JudgeOffer(const v1::ExecReadopt& offer, const PeerCred& conn,
                          offer.session_protocol_major(), ".",
                          offer.session_protocol_minor(), " and this kregd ",
                          policy.session_protocol_major, ".x")};
-  }
-  if (offer.session_protocol_minor() < policy.oldest_session_protocol_minor ||
-      challenge.empty()) {
-    return {OfferVerdict::kDrain,
-            absl::StrCat(
-                "it speaks session protocol ", offer.session_protocol_major(),
-                ".", offer.session_protocol_minor(),
-                challenge.empty() ? " and sent its adoption key" : "",
-                " and this kregd re-adopts ", policy.session_protocol_major,
-                ".", policy.oldest_session_protocol_minor,
-                " and later (1.7 changed the registration messages an "
-                "executor relays to kregd; 1.8 proves the adoption key "
-                "without sending it)")};
   }
   if (offer.settings_digest() != policy.settings_digest) {
     return {OfferVerdict::kDrain,
