@@ -63,12 +63,12 @@ absl::Status ApplyRetirement(const v1::RetirementRecord& r,
 // Folds a quarantine record into the state in effect: the last record of a
 // (target, uid) wins.
 absl::Status ApplyQuarantine(const v1::QuarantineRecord& r,
-                             std::vector<QuarantineEvent>* in_effect) {
+                             std::vector<CrashRecord>* in_effect) {
   absl::Status st = ValidateTargetName(r.target_name());
   if (!st.ok()) return st;
   absl::StatusOr<Platform> platform = ParsePlatform(r.platform());
   if (!platform.ok()) return platform.status();
-  QuarantineEvent e;
+  CrashRecord e;
   e.key = {r.target_name(), *platform};
   e.uid = r.uid();
   e.quarantined = r.quarantined();
@@ -78,7 +78,7 @@ absl::Status ApplyQuarantine(const v1::QuarantineRecord& r,
   e.last_reason = r.last_reason();
   e.last_crash_unix_s = r.last_crash_unix_s();
   in_effect->erase(std::remove_if(in_effect->begin(), in_effect->end(),
-                                  [&](const QuarantineEvent& q) {
+                                  [&](const CrashRecord& q) {
                                     return q.key == e.key && q.uid == e.uid;
                                   }),
                    in_effect->end());
@@ -114,7 +114,7 @@ absl::StatusOr<std::vector<TargetEntry>> Journal::Open() {
   if (!read.ok() && !absl::IsNotFound(read.status())) return read.status();
   const std::string data = read.ok() ? *std::move(read) : "";
   std::vector<TargetEntry> entries;
-  std::vector<QuarantineEvent> quarantines;
+  std::vector<CrashRecord> quarantines;
   std::vector<NameReservation> reservations;
   size_t pos = 0;
   while (pos < data.size()) {
@@ -191,7 +191,7 @@ absl::Status Journal::AppendRetirement(const Retirement& r) {
   return AppendRecord(record.SerializeAsString());
 }
 
-absl::Status Journal::AppendQuarantine(const QuarantineEvent& e) {
+absl::Status Journal::AppendQuarantine(const CrashRecord& e) {
   v1::JournalRecord record;
   v1::QuarantineRecord* q = record.mutable_quarantine();
   q->set_target_name(e.key.name);
