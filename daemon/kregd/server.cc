@@ -100,13 +100,6 @@ absl::Status CheckPrivateDirs(const Config& c, const std::string& socket) {
   return absl::OkStatus();
 }
 
-std::string SelfDir() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return ".";
-  return DirName(std::string(buf, static_cast<size_t>(n)));
-}
-
 // The gid of `group` ((gid_t)-1 for ""), INVALID_ARGUMENT if it does not
 // exist.
 absl::StatusOr<gid_t> SocketGid(const std::string& group) {
@@ -120,6 +113,13 @@ absl::StatusOr<gid_t> SocketGid(const std::string& group) {
 }
 
 }  // namespace
+
+std::string SelfDir() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  return DirName(std::string(buf, static_cast<size_t>(n)));
+}
 
 std::string HelperBinary(const std::string& configured, const std::string& name,
                          const std::string& package) {
@@ -454,9 +454,10 @@ absl::StatusOr<std::string> ExecutorBinary(const Config& c) {
 // What the config says of executors (adoption aside).
 absl::StatusOr<PoolOptions> PoolOptionsOf(const Config& c) {
   PoolOptions pool;
-  absl::StatusOr<Isolation> isolation = ParseIsolation(c.isolation);
-  if (!isolation.ok()) return isolation.status();
-  pool.isolation = *isolation;
+  // ParseConfig checked it and made it lower case.
+  pool.isolation = c.isolation == "uid"      ? Isolation::kUid
+                   : c.isolation == "client" ? Isolation::kClient
+                                             : Isolation::kShared;
   absl::StatusOr<std::string> binary = ExecutorBinary(c);
   if (!binary.ok()) return binary.status();
   pool.binary = *std::move(binary);
