@@ -93,8 +93,6 @@ class ClusterRegistry : public BindingAuthority {
   // this host got it, 0 when another host holds it.
   absl::StatusOr<int64_t> ClaimCompile(const std::string& key_hex,
                                        int64_t ttl_s);
-  // Whether some host holds the claim of `key_hex` now.
-  absl::StatusOr<bool> CompileClaimed(const std::string& key_hex);
   // Ends a claim (its lease).
   void ReleaseCompile(int64_t lease);
 
