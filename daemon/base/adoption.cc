@@ -37,8 +37,7 @@ absl::StatusOr<std::string> LoadAdoptionSecret(const std::string& state_dir) {
     char bytes[kSecretBytes];
     if (::getrandom(bytes, sizeof(bytes), 0) !=
         static_cast<ssize_t>(sizeof(bytes))) {
-      return absl::InternalError(
-          absl::StrCat("getrandom for ", path, ": ", strerror(errno)));
+      return ErrnoError("getrandom for", path);
     }
     if (absl::Status st = WriteFileAtomically(
             path, absl::string_view(bytes, sizeof(bytes)), 0600);
@@ -49,8 +48,7 @@ absl::StatusOr<std::string> LoadAdoptionSecret(const std::string& state_dir) {
     fd = UniqueFd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   }
   if (!fd.ok()) {
-    return absl::InternalError(
-        absl::StrCat("cannot open ", path, ": ", strerror(errno)));
+    return ErrnoError("cannot open", path);
   }
   struct stat st;
   if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) ||
@@ -65,8 +63,7 @@ absl::StatusOr<std::string> LoadAdoptionSecret(const std::string& state_dir) {
   std::string secret(kSecretBytes, '\0');
   if (::pread(fd.get(), secret.data(), kSecretBytes, 0) !=
       static_cast<ssize_t>(kSecretBytes)) {
-    return absl::InternalError(
-        absl::StrCat("cannot read ", path, ": ", strerror(errno)));
+    return ErrnoError("cannot read", path);
   }
   return secret;
 }

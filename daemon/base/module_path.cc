@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/wire.h"
+#include "daemon/base/files.h"
 #include "daemon/base/types.h"
 
 extern char** environ;
@@ -207,8 +208,7 @@ absl::StatusOr<PathOpen> OpenModulePathAs(const std::string& helper,
                                           uid_t uid, gid_t gid) {
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
-    return absl::InternalError(
-        absl::StrCat("socketpair for the open helper: ", strerror(errno)));
+    return ErrnoError("socketpair for the open helper");
   }
   UniqueFd mine(sv[0]), theirs(sv[1]);
   if (theirs.get() <= kReplyFd) {

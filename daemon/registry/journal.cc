@@ -160,13 +160,11 @@ absl::StatusOr<std::vector<TargetEntry>> Journal::Open() {
   absl::MutexLock lock(&mu_);
   fd_.reset(::open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600));
   if (!fd_.ok()) {
-    return absl::InternalError(absl::StrCat("cannot open journal ", path_, ": ",
-                                            std::strerror(errno)));
+    return ErrnoError("cannot open journal", path_);
   }
   if (::ftruncate(fd_.get(), static_cast<off_t>(pos)) != 0 ||
       ::lseek(fd_.get(), 0, SEEK_END) < 0 || ::fsync(fd_.get()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot prepare journal ", path_,
-                                            ": ", std::strerror(errno)));
+    return ErrnoError("cannot prepare journal", path_);
   }
   return entries;
 }
@@ -241,8 +239,7 @@ absl::Status Journal::AppendRecord(const std::string& payload) {
     return st;
   }
   if (::fdatasync(fd_.get()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot fsync journal ", path_,
-                                            ": ", std::strerror(errno)));
+    return ErrnoError("cannot fsync journal", path_);
   }
   return absl::OkStatus();
 }

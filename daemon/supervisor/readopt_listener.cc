@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/wire.h"
+#include "daemon/base/files.h"
 #include "daemon/base/log_limit.h"
 #include "daemon/base/served_session.h"
 #include "daemon/base/validate.h"
@@ -193,7 +194,7 @@ absl::Status ReadoptListener::Start() {
   listener_ = std::make_unique<UnixListener>(*std::move(l));
   wake_fd_.reset(::eventfd(0, EFD_CLOEXEC));
   if (!wake_fd_.ok()) {
-    return absl::InternalError(absl::StrCat("eventfd: ", strerror(errno)));
+    return ErrnoError("eventfd");
   }
   thread_ = std::thread([this] { AcceptLoop(); });
   spdlog::info(
@@ -329,9 +330,7 @@ void ReadoptListener::Serve(UniqueFd conn) {
   std::string challenge(kSupervisionChallengeBytes, '\0');
   if (::getrandom(challenge.data(), challenge.size(), 0) !=
       static_cast<ssize_t>(challenge.size())) {
-    refuse(absl::InternalError(
-               absl::StrCat("getrandom for a challenge: ", strerror(errno))),
-           false);
+    refuse(ErrnoError("getrandom for a challenge"), false);
     return;
   }
   absl::StatusOr<std::string> proof =
