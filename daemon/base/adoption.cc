@@ -2,7 +2,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <string.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>

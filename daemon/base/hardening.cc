@@ -11,7 +11,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <climits>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"

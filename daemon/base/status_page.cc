@@ -1,8 +1,6 @@
 #include "daemon/base/status_page.h"
 
-#include <errno.h>
 #include <fcntl.h>
-#include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 

@@ -10,9 +10,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstdlib>
-#include <cstring>
 #include <fstream>
 
 #include "absl/strings/ascii.h"

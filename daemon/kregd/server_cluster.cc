@@ -1,6 +1,5 @@
 // Daemon: cluster mode (DESIGN §10) — the etcd-backed registry authority
 // and the peer server for module bytes.
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "daemon/cluster/cluster_registry.h"
 #include "daemon/cluster/cluster_service.h"

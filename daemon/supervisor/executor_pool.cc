@@ -13,7 +13,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "daemon/base/adoption.h"
 #include "daemon/supervisor/crash_blame.h"
 #include "daemon/supervisor/executor.h"
