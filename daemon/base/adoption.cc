@@ -2,7 +2,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <string.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -37,8 +36,7 @@ absl::StatusOr<std::string> LoadAdoptionSecret(const std::string& state_dir) {
     char bytes[kSecretBytes];
     if (::getrandom(bytes, sizeof(bytes), 0) !=
         static_cast<ssize_t>(sizeof(bytes))) {
-      return absl::InternalError(
-          absl::StrCat("getrandom for ", path, ": ", strerror(errno)));
+      return ErrnoError("getrandom for", path);
     }
     if (absl::Status st = WriteFileAtomically(
             path, absl::string_view(bytes, sizeof(bytes)), 0600);
@@ -49,8 +47,7 @@ absl::StatusOr<std::string> LoadAdoptionSecret(const std::string& state_dir) {
     fd = UniqueFd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   }
   if (!fd.ok()) {
-    return absl::InternalError(
-        absl::StrCat("cannot open ", path, ": ", strerror(errno)));
+    return ErrnoError("cannot open", path);
   }
   struct stat st;
   if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) ||
@@ -65,8 +62,7 @@ absl::StatusOr<std::string> LoadAdoptionSecret(const std::string& state_dir) {
   std::string secret(kSecretBytes, '\0');
   if (::pread(fd.get(), secret.data(), kSecretBytes, 0) !=
       static_cast<ssize_t>(kSecretBytes)) {
-    return absl::InternalError(
-        absl::StrCat("cannot read ", path, ": ", strerror(errno)));
+    return ErrnoError("cannot read", path);
   }
   return secret;
 }
@@ -160,8 +156,7 @@ OfferJudgement JudgeOffer(const v1::ExecReadopt& offer, const PeerCred& conn,
     return j;
   }
   const std::string key = AdoptionKey(policy.secret, IdentityOf(offer));
-  if (!SameBytes(challenge.empty() ? key : ExecutorProof(key, challenge),
-                 proof)) {
+  if (!SameBytes(ExecutorProof(key, challenge), proof)) {
     return Refuse(
         "its adoption key does not verify: it was not started by a kregd "
         "with this state directory's executor-adoption.key");
@@ -172,19 +167,6 @@ OfferJudgement JudgeOffer(const v1::ExecReadopt& offer, const PeerCred& conn,
                          offer.session_protocol_major(), ".",
                          offer.session_protocol_minor(), " and this kregd ",
                          policy.session_protocol_major, ".x")};
-  }
-  if (offer.session_protocol_minor() < policy.oldest_session_protocol_minor ||
-      challenge.empty()) {
-    return {OfferVerdict::kDrain,
-            absl::StrCat(
-                "it speaks session protocol ", offer.session_protocol_major(),
-                ".", offer.session_protocol_minor(),
-                challenge.empty() ? " and sent its adoption key" : "",
-                " and this kregd re-adopts ", policy.session_protocol_major,
-                ".", policy.oldest_session_protocol_minor,
-                " and later (1.7 changed the registration messages an "
-                "executor relays to kregd; 1.8 proves the adoption key "
-                "without sending it)")};
   }
   if (offer.settings_digest() != policy.settings_digest) {
     return {OfferVerdict::kDrain,

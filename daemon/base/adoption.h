@@ -56,8 +56,6 @@ struct AdoptionPolicy {
   std::string secret;
   std::string settings_digest;  // of this kregd's executors
   uint32_t session_protocol_major = 0;
-  // Executors of an older minor relay messages this kregd does not read.
-  uint32_t oldest_session_protocol_minor = 0;
   // Bounds on what an offer may claim, checked before anything is mapped.
   uint32_t max_slots = 1u << 16;
 };
@@ -65,8 +63,7 @@ struct AdoptionPolicy {
 enum class OfferVerdict {
   kAdopt,
   // Authentic, but this kregd cannot take it over (another session-protocol
-  // major, too old a minor, other settings): it should finish its calls and
-  // exit.
+  // major, other settings): it should finish its calls and exit.
   kDrain,
   // Not shown to be an executor of a kregd of this host: ignored.
   kRefuse,
@@ -92,9 +89,7 @@ OfferJudgement CheckClaims(const v1::ExecReadopt& offer, const PeerCred& conn,
                            const AdoptionPolicy& policy);
 // Judges `offer`, which came over a connection whose SO_PEERCRED is
 // `conn`, with `proof`: ExecutorProof under its key of `challenge`, the
-// one kregd sent it. With an empty `challenge`, `proof` is the key itself,
-// which executors of before session protocol 1.8 sent: such an offer is
-// drained at best.
+// one kregd sent it.
 OfferJudgement JudgeOffer(const v1::ExecReadopt& offer, const PeerCred& conn,
                           const AdoptionPolicy& policy,
                           const std::string& challenge,

@@ -11,10 +11,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <climits>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/base/files.h"
 
 namespace kreg {
 
@@ -53,8 +53,7 @@ absl::Status DropPrivileges(uid_t uid, gid_t gid,
 
 absl::Status TieToParent(pid_t parent_pid, bool die_with_parent) {
   if (die_with_parent && ::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) {
-    return absl::InternalError(
-        absl::StrCat("PR_SET_PDEATHSIG: ", strerror(errno)));
+    return ErrnoError("PR_SET_PDEATHSIG");
   }
   if (::getppid() != parent_pid) {
     return absl::FailedPreconditionError(
@@ -68,8 +67,7 @@ namespace {
 // `compiler`: InstallCompilerSeccompFilter's variant.
 absl::Status LoadFilter(bool compiler) {
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
-    return absl::InternalError(
-        absl::StrCat("PR_SET_NO_NEW_PRIVS: ", strerror(errno)));
+    return ErrnoError("PR_SET_NO_NEW_PRIVS");
   }
   scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
   if (ctx == nullptr) return absl::InternalError("seccomp_init failed");

@@ -4,7 +4,6 @@
 #include <grp.h>
 #include <linux/openat2.h>
 #include <poll.h>
-#include <pwd.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/prctl.h>
@@ -24,6 +23,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/wire.h"
+#include "daemon/base/files.h"
+#include "daemon/base/types.h"
 
 extern char** environ;
 
@@ -56,20 +57,7 @@ int OpenBeneath(int dir, const std::string& root, const std::string& real,
 
 // Takes uid's groups, then gid, then uid (all three ids). 0 or an errno.
 int TakeCredentials(uid_t uid, gid_t gid) {
-  std::vector<gid_t> groups = {gid};
-  std::vector<char> buf(16384);
-  passwd pw{};
-  passwd* found = nullptr;
-  if (::getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) == 0 &&
-      found != nullptr) {
-    int n = 64;
-    groups.resize(n);
-    if (::getgrouplist(pw.pw_name, gid, groups.data(), &n) < 0) {
-      groups.resize(n);
-      ::getgrouplist(pw.pw_name, gid, groups.data(), &n);
-    }
-    groups.resize(n);
-  }
+  const std::vector<gid_t> groups = GroupsOf(uid, gid);
   if (::setgroups(groups.size(), groups.data()) != 0) return errno;
   if (::setresgid(gid, gid, gid) != 0) return errno;
   if (::setresuid(uid, uid, uid) != 0) return errno;
@@ -220,8 +208,7 @@ absl::StatusOr<PathOpen> OpenModulePathAs(const std::string& helper,
                                           uid_t uid, gid_t gid) {
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
-    return absl::InternalError(
-        absl::StrCat("socketpair for the open helper: ", strerror(errno)));
+    return ErrnoError("socketpair for the open helper");
   }
   UniqueFd mine(sv[0]), theirs(sv[1]);
   if (theirs.get() <= kReplyFd) {

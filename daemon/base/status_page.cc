@@ -1,8 +1,6 @@
 #include "daemon/base/status_page.h"
 
-#include <errno.h>
 #include <fcntl.h>
-#include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 
@@ -10,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/base/files.h"
 
 namespace kreg {
 
@@ -66,25 +65,21 @@ absl::StatusOr<StatusPage> StatusPage::Create(uint32_t slots) {
   UniqueFd fd(
       ::memfd_create("kreg-exec-status", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd.ok()) {
-    return absl::InternalError(absl::StrCat(
-        "memfd_create for an executor status page: ", strerror(errno)));
+    return ErrnoError("memfd_create for an executor status page");
   }
   if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
-    return absl::InternalError(
-        absl::StrCat("sizing an executor status page: ", strerror(errno)));
+    return ErrnoError("sizing an executor status page");
   }
   // The executor (and whatever kernel runs in it) holds this fd: it must
   // not be able to shrink the page under kregd's mapping (kregd would take
   // SIGBUS reading it).
   if (::fcntl(fd.get(), F_ADD_SEALS, kPageSeals) != 0) {
-    return absl::InternalError(
-        absl::StrCat("sealing an executor status page: ", strerror(errno)));
+    return ErrnoError("sealing an executor status page");
   }
   void* base =
       ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED) {
-    return absl::InternalError(
-        absl::StrCat("mapping an executor status page: ", strerror(errno)));
+    return ErrnoError("mapping an executor status page");
   }
   StatusPage page(std::move(fd), base, size, slots);
   page.header_->magic = kExecStatusMagic;
@@ -113,8 +108,7 @@ absl::StatusOr<StatusPage> StatusPage::Map(UniqueFd fd, uint32_t slots,
   void* base =
       ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED) {
-    return absl::InternalError(
-        absl::StrCat("mapping the status page: ", strerror(errno)));
+    return ErrnoError("mapping the status page");
   }
   StatusPage page(std::move(fd), base, size, slots);
   if (page.header_->magic != kExecStatusMagic || page.header_->slots != slots) {

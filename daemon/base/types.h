@@ -115,6 +115,21 @@ std::string UserName(uid_t uid);
 // (LDAP): never under a lock that other clients' requests wait on.
 std::vector<gid_t> GroupsOf(uid_t uid, gid_t gid);
 
+// A target's crashes and quarantine for one caller uid: a row of the crash
+// ledger; the journal records its quarantines. Counted per uid of the
+// caller whose call was running, so a user can only ever quarantine a
+// target for themselves (the crash attribution comes from the executor's
+// status page, which that user's kernel could forge).
+struct CrashRecord {
+  TargetKey key;
+  uid_t uid = 0;
+  uint64_t crashes_total = 0;
+  int crashes_in_window = 0;
+  bool quarantined = false;
+  std::string last_reason;
+  int64_t last_crash_unix_s = 0;
+};
+
 }  // namespace kreg
 
 #endif  // KREGD_DAEMON_BASE_TYPES_H_

@@ -62,14 +62,6 @@ absl::StatusOr<int64_t> ClusterRegistry::ClaimCompile(
   return *lease;
 }
 
-absl::StatusOr<bool> ClusterRegistry::CompileClaimed(
-    const std::string& key_hex) {
-  absl::StatusOr<EtcdRange> r =
-      etcd_.Range(absl::StrCat(prefix_, "compiling/", key_hex), false);
-  if (!r.ok()) return r.status();
-  return !r->kvs.empty();
-}
-
 void ClusterRegistry::ReleaseCompile(int64_t lease) {
   if (lease == 0) return;
   if (absl::Status s = etcd_.Revoke(lease); !s.ok()) {

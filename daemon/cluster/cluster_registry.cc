@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <chrono>
 #include <map>
 #include <set>
 
@@ -75,10 +74,6 @@ bool ClusterRegistry::Sleep(int64_t ms) {
   return !stopping_;
 }
 
-std::string ClusterRegistry::TargetKeyOf(const TargetKey& key) const {
-  return BindingKey(prefix_, key);
-}
-
 absl::StatusOr<BindingRecord> ClusterRegistry::Parse(const EtcdKv& kv) const {
   return ParseSignedBinding(signer_, prefix_, kv.key, kv.value);
 }
@@ -95,7 +90,7 @@ void ClusterRegistry::Ignored(const absl::Status& why) {
 
 absl::StatusOr<ClaimResult> ClusterRegistry::Claim(
     const TargetEntry& proposed) {
-  const std::string key = TargetKeyOf(proposed.key);
+  const std::string key = BindingKey(prefix_, proposed.key);
   const std::string value =
       signer_.Sign(key, kBindRecord, RecordJson(ToProto(proposed)));
   auto unreachable = [&](const absl::Status& st) {
@@ -144,7 +139,7 @@ absl::StatusOr<ClaimResult> ClusterRegistry::Claim(
 }
 
 void ClusterRegistry::Unclaim(const TargetEntry& claimed) {
-  const std::string key = TargetKeyOf(claimed.key);
+  const std::string key = BindingKey(prefix_, claimed.key);
   absl::StatusOr<EtcdRange> now = etcd_.Range(key, false);
   absl::Status st = now.status();
   if (st.ok() && now->kvs.size() == 1) {
@@ -169,7 +164,7 @@ void ClusterRegistry::Unclaim(const TargetEntry& claimed) {
 }
 
 absl::Status ClusterRegistry::Release(const TargetEntry& entry) {
-  const std::string key = TargetKeyOf(entry.key);
+  const std::string key = BindingKey(prefix_, entry.key);
   absl::StatusOr<EtcdRange> now = etcd_.Range(key, false);
   if (!now.ok()) {
     return absl::UnavailableError(absl::StrCat(
@@ -204,13 +199,16 @@ absl::Status ClusterRegistry::Release(const TargetEntry& entry) {
   return absl::OkStatus();
 }
 
-bool ClusterRegistry::Holds(const std::string& digest) const {
-  Registry* r = registry_.load();
-  if (r == nullptr) return false;
-  for (const EntryPtr& e : r->List()) {
-    if (e->module_digest == digest && e->unavailable.empty()) return true;
+std::set<std::string> ClusterRegistry::Held() const {
+  std::set<std::string> held;
+  if (Registry* r = registry_.load()) {
+    for (const EntryPtr& e : r->List()) {
+      if (!e->module_digest.empty() && e->unavailable.empty()) {
+        held.insert(e->module_digest);
+      }
+    }
   }
-  return false;
+  return held;
 }
 
 std::string ClusterRegistry::HostRecord() const {
@@ -220,15 +218,7 @@ std::string ClusterRegistry::HostRecord() const {
   h.set_version(kKregVersion);
   h.set_pid(::getpid());
   h.set_started_at_us(started_at_us_);
-  std::set<std::string> held;
-  if (Registry* r = registry_.load()) {
-    for (const EntryPtr& e : r->List()) {
-      if (!e->module_digest.empty() && e->unavailable.empty()) {
-        held.insert(e->module_digest);
-      }
-    }
-  }
-  for (const std::string& d : held) h.add_modules(d);
+  for (const std::string& d : Held()) h.add_modules(d);
   return RecordJson(h);
 }
 

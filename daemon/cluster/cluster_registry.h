@@ -8,6 +8,7 @@
 #include <atomic>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -71,8 +72,8 @@ class ClusterRegistry : public BindingAuthority {
   absl::StatusOr<v1::ListClusterTargetsResponse> ListTargets();
   absl::StatusOr<v1::ListHostsResponse> ListHosts();
 
-  // Whether this host serves module `digest` (a registered target's).
-  bool Holds(const std::string& digest) const;
+  // The modules this host serves (its registered targets').
+  std::set<std::string> Held() const;
 
   // The compile service across hosts (DESIGN §13; cluster_compile.cc):
   // etcd maps a compile cache key to the module a host built for it
@@ -92,15 +93,12 @@ class ClusterRegistry : public BindingAuthority {
   // this host got it, 0 when another host holds it.
   absl::StatusOr<int64_t> ClaimCompile(const std::string& key_hex,
                                        int64_t ttl_s);
-  // Whether some host holds the claim of `key_hex` now.
-  absl::StatusOr<bool> CompileClaimed(const std::string& key_hex);
   // Ends a claim (its lease).
   void ReleaseCompile(int64_t lease);
 
   const std::string& cluster() const { return options_.cluster; }
 
  private:
-  std::string TargetKeyOf(const TargetKey& key) const;
   absl::StatusOr<BindingRecord> Parse(const EtcdKv& kv) const;
   // Logs (rate-limited) that a record of etcd was not acted on.
   static void Ignored(const absl::Status& why);

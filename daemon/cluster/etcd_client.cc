@@ -9,7 +9,6 @@
 #include "absl/strings/str_join.h"
 #include "daemon/base/host_port.h"
 #include "daemon/cluster/etcd_decode.h"
-#include "spdlog/spdlog.h"
 
 namespace kreg {
 namespace {

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <tuple>
 #include <vector>
 
@@ -51,8 +50,7 @@ CompileCache::CompileCache(std::string dir, uint64_t max_bytes)
 
 absl::Status CompileCache::Init() {
   if (::mkdir(dir_.c_str(), 0700) != 0 && errno != EEXIST) {
-    return absl::InternalError(absl::StrCat("cannot create compile cache ",
-                                            dir_, ": ", std::strerror(errno)));
+    return ErrnoError("cannot create compile cache", dir_);
   }
   return absl::OkStatus();
 }

@@ -487,10 +487,6 @@ absl::StatusOr<CompileOutcome> CompileService::Compile(
   return out;
 }
 
-std::optional<std::string> CompileService::Cached(const std::string& key) {
-  return cache_->Get(key);
-}
-
 CompileCounts CompileService::counts() const {
   CompileCounts c;
   c.requests = requests_.load();

@@ -135,9 +135,6 @@ class CompileService {
   // gRPC server's shutdown does not wait for a long compile.
   void Shutdown();
 
-  // The module cached under `key` (cluster peers ask for it), or nullopt.
-  std::optional<std::string> Cached(const std::string& key);
-
   CompileCounts counts() const;
   CompileCache* cache() { return cache_; }
 

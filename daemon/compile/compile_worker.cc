@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/unique_fd.h"
+#include "daemon/base/files.h"
 #include "daemon/base/spawn.h"
 
 extern char** environ;
@@ -76,7 +77,7 @@ absl::StatusOr<v1::CompileJobResult> RunCompileWorker(
     const std::function<bool()>& cancelled) {
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
-    return absl::InternalError(absl::StrCat("socketpair: ", strerror(errno)));
+    return ErrnoError("socketpair");
   }
   UniqueFd ours(sv[0]);
   UniqueFd theirs(sv[1]);

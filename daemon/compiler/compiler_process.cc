@@ -29,13 +29,13 @@ absl::StatusOr<CompilerRun> RunCompiler(const std::vector<std::string>& argv,
   CompilerRun r;
   int out[2];
   if (::pipe2(out, O_CLOEXEC) != 0) {
-    return absl::InternalError(absl::StrCat("pipe2: ", std::strerror(errno)));
+    return ErrnoError("pipe2");
   }
   pid_t pid = ::fork();
   if (pid < 0) {
     ::close(out[0]);
     ::close(out[1]);
-    return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+    return ErrnoError("fork");
   }
   if (pid == 0) {
     ::setpgid(0, 0);

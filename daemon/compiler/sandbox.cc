@@ -10,21 +10,18 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstdlib>
-#include <cstring>
 #include <fstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/base/files.h"
 
 namespace kreg {
 namespace {
 
 absl::Status Fail(absl::string_view step) {
-  return absl::InternalError(
-      absl::StrCat("sandbox: ", step, ": ", std::strerror(errno)));
+  return ErrnoError("sandbox:", step);
 }
 
 }  // namespace

@@ -3,7 +3,6 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "daemon/base/host_port.h"
 #include "daemon/cluster/cluster_records.h"
 #include "daemon/cluster/etcd_client.h"

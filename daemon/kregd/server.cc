@@ -28,7 +28,6 @@
 #include "daemon/base/adoption.h"
 #include "daemon/base/files.h"
 #include "daemon/base/hosted_api.h"
-#include "daemon/base/protocol_version.h"
 #include "daemon/cluster/cluster_registry.h"
 #include "daemon/cluster/cluster_service.h"
 #include "daemon/cluster/module_exchange.h"
@@ -101,13 +100,6 @@ absl::Status CheckPrivateDirs(const Config& c, const std::string& socket) {
   return absl::OkStatus();
 }
 
-std::string SelfDir() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return ".";
-  return DirName(std::string(buf, static_cast<size_t>(n)));
-}
-
 // The gid of `group` ((gid_t)-1 for ""), INVALID_ARGUMENT if it does not
 // exist.
 absl::StatusOr<gid_t> SocketGid(const std::string& group) {
@@ -120,32 +112,14 @@ absl::StatusOr<gid_t> SocketGid(const std::string& group) {
   return g->gr_gid;
 }
 
-// A quarantine as the journal records it and as the crash ledger holds it.
-CrashRecord ToCrashRecord(const QuarantineEvent& q) {
-  CrashRecord row;
-  row.key = q.key;
-  row.uid = q.uid;
-  row.quarantined = q.quarantined;
-  row.crashes_in_window = q.crashes_in_window;
-  row.crashes_total = q.crashes_total;
-  row.last_reason = q.last_reason;
-  row.last_crash_unix_s = q.last_crash_unix_s;
-  return row;
-}
-
-QuarantineEvent ToQuarantineEvent(const CrashRecord& row, bool quarantined) {
-  QuarantineEvent e;
-  e.key = row.key;
-  e.uid = row.uid;
-  e.quarantined = quarantined;
-  e.crashes_in_window = row.crashes_in_window;
-  e.crashes_total = row.crashes_total;
-  e.last_reason = row.last_reason;
-  e.last_crash_unix_s = row.last_crash_unix_s;
-  return e;
-}
-
 }  // namespace
+
+std::string SelfDir() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  return DirName(std::string(buf, static_cast<size_t>(n)));
+}
 
 std::string HelperBinary(const std::string& configured, const std::string& name,
                          const std::string& package) {
@@ -243,17 +217,17 @@ absl::Status Daemon::Replay() {
     registry_.RestoreReservation(r);
   }
   // Quarantines survive restarts until `kregctl unquarantine`.
-  for (const QuarantineEvent& q : journal_.quarantines()) {
-    ledger_.Restore(ToCrashRecord(q));
+  for (const CrashRecord& q : journal_.quarantines()) {
+    ledger_.Restore(q);
     spdlog::warn(
         "journal: target {} ({}) stays quarantined for uid {} (last: {}); "
         "`kregctl unquarantine {} --platform {}` lifts it",
         q.key.name, PlatformName(q.key.platform), q.uid, q.last_reason,
         q.key.name, PlatformName(q.key.platform));
   }
-  ledger_.SetSink([this](const CrashRecord& row, bool quarantined) {
-    absl::Status st =
-        journal_.AppendQuarantine(ToQuarantineEvent(row, quarantined));
+  ledger_.SetSink([this](CrashRecord row, bool quarantined) {
+    row.quarantined = quarantined;
+    absl::Status st = journal_.AppendQuarantine(row);
     if (!st.ok()) {
       spdlog::error(
           "journal: the {} of target {} ({}) for uid {} is not recorded and "
@@ -480,9 +454,10 @@ absl::StatusOr<std::string> ExecutorBinary(const Config& c) {
 // What the config says of executors (adoption aside).
 absl::StatusOr<PoolOptions> PoolOptionsOf(const Config& c) {
   PoolOptions pool;
-  absl::StatusOr<Isolation> isolation = ParseIsolation(c.isolation);
-  if (!isolation.ok()) return isolation.status();
-  pool.isolation = *isolation;
+  // ParseConfig checked it and made it lower case.
+  pool.isolation = c.isolation == "uid"      ? Isolation::kUid
+                   : c.isolation == "client" ? Isolation::kClient
+                                             : Isolation::kShared;
   absl::StatusOr<std::string> binary = ExecutorBinary(c);
   if (!binary.ok()) return binary.status();
   pool.binary = *std::move(binary);
@@ -567,7 +542,6 @@ absl::Status Daemon::StartSessions() {
     policy.secret = *secret;
     policy.settings_digest = SettingsDigest(pool->init);
     policy.session_protocol_major = AdoptableProtocolMajor();
-    policy.oldest_session_protocol_minor = kOldestAdoptableProtocolMinor;
     pool->adoption_secret = *secret;
     pool->init.set_supervision_socket(supervision_path);
     pool->init.set_settings_digest(policy.settings_digest);

@@ -153,6 +153,9 @@ class Daemon {
   GrpcConnections connections_;
 };
 
+// The directory of kregd's binary.
+std::string SelfDir();
+
 // A helper kregd starts (kregd-exec, kregd-probe, kregd-compile):
 // `configured` when set, else `name` next to kregd (installed), else in
 // //daemon/`package` of the Bazel tree kregd runs from

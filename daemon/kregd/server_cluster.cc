@@ -1,6 +1,5 @@
 // Daemon: cluster mode (DESIGN §10) — the etcd-backed registry authority
 // and the peer server for module bytes.
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "daemon/cluster/cluster_registry.h"
 #include "daemon/cluster/cluster_service.h"
@@ -49,8 +48,9 @@ absl::Status Daemon::StartCluster() {
   cluster_service_ = std::make_unique<ClusterService>(cluster_.get());
   ClusterRegistry* cluster = cluster_.get();
   exchange_ = std::make_unique<ModuleExchangeService>(
-      &store_,
-      [cluster](const std::string& digest) { return cluster->Holds(digest); });
+      &store_, [cluster](const std::string& digest) {
+        return cluster->Held().count(digest) > 0;
+      });
   absl::StatusOr<std::unique_ptr<grpc::Server>> peers =
       StartPeerServer(config_.peer_listen, *tls, exchange_.get());
   if (!peers.ok()) return peers.status();

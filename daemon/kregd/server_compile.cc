@@ -22,15 +22,6 @@
 namespace kreg {
 namespace {
 
-std::string ExeDir() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return ".";
-  std::string path(buf, static_cast<size_t>(n));
-  size_t slash = path.rfind('/');
-  return slash == std::string::npos ? "." : path.substr(0, slash);
-}
-
 // The XLA FFI headers compiles use, read once: compile_ffi_include_dir, else
 // those kregd was built against, shipped beside it (the build tree's
 // <bin>/daemon/kregd/include, a package's /usr/share/kregd/include). They
@@ -40,7 +31,7 @@ absl::Status LoadFfiHeaders(const Config& config, CompileOptions* opts) {
   if (!config.compile_ffi_include_dir.empty()) {
     tried.push_back(config.compile_ffi_include_dir);
   } else {
-    tried = {ExeDir() + "/include", ExeDir() + "/../share/kregd/include"};
+    tried = {SelfDir() + "/include", SelfDir() + "/../share/kregd/include"};
   }
   for (const std::string& root : tried) {
     const std::string dir = root + "/xla/ffi/api";

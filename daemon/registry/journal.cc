@@ -5,7 +5,6 @@
 #include <zlib.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -63,12 +62,12 @@ absl::Status ApplyRetirement(const v1::RetirementRecord& r,
 // Folds a quarantine record into the state in effect: the last record of a
 // (target, uid) wins.
 absl::Status ApplyQuarantine(const v1::QuarantineRecord& r,
-                             std::vector<QuarantineEvent>* in_effect) {
+                             std::vector<CrashRecord>* in_effect) {
   absl::Status st = ValidateTargetName(r.target_name());
   if (!st.ok()) return st;
   absl::StatusOr<Platform> platform = ParsePlatform(r.platform());
   if (!platform.ok()) return platform.status();
-  QuarantineEvent e;
+  CrashRecord e;
   e.key = {r.target_name(), *platform};
   e.uid = r.uid();
   e.quarantined = r.quarantined();
@@ -78,7 +77,7 @@ absl::Status ApplyQuarantine(const v1::QuarantineRecord& r,
   e.last_reason = r.last_reason();
   e.last_crash_unix_s = r.last_crash_unix_s();
   in_effect->erase(std::remove_if(in_effect->begin(), in_effect->end(),
-                                  [&](const QuarantineEvent& q) {
+                                  [&](const CrashRecord& q) {
                                     return q.key == e.key && q.uid == e.uid;
                                   }),
                    in_effect->end());
@@ -114,7 +113,7 @@ absl::StatusOr<std::vector<TargetEntry>> Journal::Open() {
   if (!read.ok() && !absl::IsNotFound(read.status())) return read.status();
   const std::string data = read.ok() ? *std::move(read) : "";
   std::vector<TargetEntry> entries;
-  std::vector<QuarantineEvent> quarantines;
+  std::vector<CrashRecord> quarantines;
   std::vector<NameReservation> reservations;
   size_t pos = 0;
   while (pos < data.size()) {
@@ -160,13 +159,11 @@ absl::StatusOr<std::vector<TargetEntry>> Journal::Open() {
   absl::MutexLock lock(&mu_);
   fd_.reset(::open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600));
   if (!fd_.ok()) {
-    return absl::InternalError(absl::StrCat("cannot open journal ", path_, ": ",
-                                            std::strerror(errno)));
+    return ErrnoError("cannot open journal", path_);
   }
   if (::ftruncate(fd_.get(), static_cast<off_t>(pos)) != 0 ||
       ::lseek(fd_.get(), 0, SEEK_END) < 0 || ::fsync(fd_.get()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot prepare journal ", path_,
-                                            ": ", std::strerror(errno)));
+    return ErrnoError("cannot prepare journal", path_);
   }
   return entries;
 }
@@ -191,7 +188,7 @@ absl::Status Journal::AppendRetirement(const Retirement& r) {
   return AppendRecord(record.SerializeAsString());
 }
 
-absl::Status Journal::AppendQuarantine(const QuarantineEvent& e) {
+absl::Status Journal::AppendQuarantine(const CrashRecord& e) {
   v1::JournalRecord record;
   v1::QuarantineRecord* q = record.mutable_quarantine();
   q->set_target_name(e.key.name);
@@ -241,8 +238,7 @@ absl::Status Journal::AppendRecord(const std::string& payload) {
     return st;
   }
   if (::fdatasync(fd_.get()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot fsync journal ", path_,
-                                            ": ", std::strerror(errno)));
+    return ErrnoError("cannot fsync journal", path_);
   }
   return absl::OkStatus();
 }

@@ -15,18 +15,6 @@
 
 namespace kreg {
 
-// A target's quarantine for a uid, set after repeated executor crashes or
-// lifted (CrashLedger), journaled so that it survives a restart.
-struct QuarantineEvent {
-  TargetKey key;
-  uid_t uid = 0;
-  bool quarantined = false;  // false: lifted
-  int crashes_in_window = 0;
-  uint64_t crashes_total = 0;
-  std::string last_reason;
-  int64_t last_crash_unix_s = 0;
-};
-
 // Record format: u32 little-endian payload length, u32 CRC-32 of the
 // payload, payload (a serialized kreg.v1.JournalRecord). Thread-safe.
 class Journal : public RegistrationLog {
@@ -46,15 +34,13 @@ class Journal : public RegistrationLog {
   // Append one record and fdatasync it. FAILED_PRECONDITION before Open.
   absl::Status Append(const TargetEntry& entry) override;
   absl::Status AppendRetirement(const Retirement& retirement) override;
-  absl::Status AppendQuarantine(const QuarantineEvent& event);
+  absl::Status AppendQuarantine(const CrashRecord& event);
   absl::Status AppendReservation(const NameReservation& reservation,
                                  bool lifted) override;
 
   // After Open: the quarantines in effect (the last record of each target
   // and uid, when it quarantined), in journal order.
-  const std::vector<QuarantineEvent>& quarantines() const {
-    return quarantines_;
-  }
+  const std::vector<CrashRecord>& quarantines() const { return quarantines_; }
 
   // After Open: the name reservations in effect, in journal order.
   const std::vector<NameReservation>& reservations() const {
@@ -71,7 +57,7 @@ class Journal : public RegistrationLog {
   absl::Mutex mu_;
   UniqueFd fd_ ABSL_GUARDED_BY(mu_);
   uint64_t torn_bytes_ = 0;
-  std::vector<QuarantineEvent> quarantines_;   // set by Open
+  std::vector<CrashRecord> quarantines_;       // set by Open
   std::vector<NameReservation> reservations_;  // set by Open
 };
 

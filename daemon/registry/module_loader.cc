@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/unique_fd.h"
+#include "daemon/base/files.h"
 #include "daemon/base/hosted_api.h"
 #include "spdlog/spdlog.h"
 
@@ -62,8 +63,7 @@ absl::StatusOr<HandlerInfo> ProbeHandler(const std::string& probe_binary,
                                          const std::string& symbol) {
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
-    return absl::InternalError(
-        absl::StrCat("cannot create probe pipe: ", std::strerror(errno)));
+    return ErrnoError("cannot create probe pipe");
   }
   UniqueFd read_end(pipe_fds[0]), write_end(pipe_fds[1]);
   posix_spawn_file_actions_t actions;
@@ -214,9 +214,8 @@ absl::StatusOr<HandlerInfo> ModuleLoader::Probe(const StagedModule& staged,
 
 absl::Status ModuleLoader::Check(const std::string& digest) {
   if (::access(store_->PathOf(digest).c_str(), R_OK) != 0) {
-    return absl::InternalError(
-        absl::StrCat("the store copy of module ", digest,
-                     " is not readable: ", strerror(errno)));
+    return ErrnoError(
+        absl::StrCat("the store copy of module ", digest, " is not readable"));
   }
   return absl::OkStatus();
 }

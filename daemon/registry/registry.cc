@@ -261,19 +261,19 @@ absl::StatusOr<RegisterOutcome> Registry::Decide(const RegisterArgs& args,
   // without the lock, so that a slow one holds back only this request:
   // refusals are found on a snapshot first. The decision under the lock
   // repeats the checks (a change meanwhile is decided there).
-  const std::optional<std::vector<gid_t>> groups =
-      GroupsForReservations(args.key, args.peer);
-  const std::vector<gid_t>* g = groups.has_value() ? &*groups : nullptr;
-  if (absl::Status refused = RefusalNow(args, cid, digest, g); !refused.ok()) {
+  std::optional<std::vector<gid_t>> groups;
+  if (absl::Status refused = RefusalNow(args, cid, digest, &groups);
+      !refused.ok()) {
     refused_.fetch_add(1);
     return refused;
   }
+  const std::vector<gid_t>* g = groups.has_value() ? &*groups : nullptr;
   EntryPtr existing;
   {
     absl::MutexLock lock(&mu_);
     AwaitFree({args.key});
     if (std::optional<NameReservation> r =
-            ReservedForOthers(args.key, args.peer, g)) {
+            ReservedForOthers(reservations_, args.key, args.peer, g)) {
       refused_.fetch_add(1);
       return ReservedRefusal(args.key, *r, args.peer);
     }
@@ -381,19 +381,29 @@ absl::Status Registry::Restore(const TargetEntry& journaled) {
   return ready;
 }
 
-absl::Status Registry::RefusalNow(const RegisterArgs& args,
-                                  const std::string& cid,
-                                  const std::string& digest,
-                                  const std::vector<gid_t>* groups) const {
-  std::optional<NameReservation> reserved;
+absl::Status Registry::RefusalNow(
+    const RegisterArgs& args, const std::string& cid, const std::string& digest,
+    std::optional<std::vector<gid_t>>* groups) const {
+  std::map<std::string, NameReservation> matching;
   EntryPtr seen;
   {
     absl::MutexLock lock(&mu_);
-    reserved = ReservedForOthers(args.key, args.peer, groups);
+    for (const auto& [pattern, r] : reservations_) {
+      if (r.Matches(args.key.name)) matching.emplace(pattern, r);
+    }
     seen = LookupLocked(args.key);
   }
-  if (reserved.has_value()) {
-    return ReservedRefusal(args.key, *reserved, args.peer);
+  const PeerCred& peer = args.peer;
+  for (const auto& [pattern, r] : matching) {
+    if (peer.uid != 0 && r.group && r.owner != peer.gid) {
+      *groups = GroupsOf(peer.uid, peer.gid);
+      break;
+    }
+  }
+  if (std::optional<NameReservation> r =
+          ReservedForOthers(matching, args.key, peer,
+                            groups->has_value() ? &**groups : nullptr)) {
+    return ReservedRefusal(args.key, *r, peer);
   }
   return seen == nullptr ? absl::OkStatus()
                          : CheckIdentity(*seen, args, cid, digest);

@@ -252,21 +252,20 @@ class Registry {
   void OweSweep() ABSL_LOCKS_EXCLUDED(mu_);
   EntryPtr LookupLocked(const TargetKey& key) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // The caller's groups when a group's reservation matches `key.name` (an
-  // NSS lookup: called before mu_ is taken), else nullopt.
-  std::optional<std::vector<gid_t>> GroupsForReservations(
-      const TargetKey& key, const PeerCred& peer) const
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // The reservation of someone else that matches `key.name`, if any (root
-  // is never refused); `groups` from GroupsForReservations or nullptr.
-  std::optional<NameReservation> ReservedForOthers(
+  // The reservation in `reservations` of someone else that matches
+  // `key.name`, if any (root is never refused); `groups`: the caller's
+  // groups, or nullptr to look them up when needed.
+  static std::optional<NameReservation> ReservedForOthers(
+      const std::map<std::string, NameReservation>& reservations,
       const TargetKey& key, const PeerCred& peer,
-      const std::vector<gid_t>* groups) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+      const std::vector<gid_t>* groups);
   // The refusal of `args` by the reservations and the entry as they are
-  // now (taking mu_ only to read them), else OK.
+  // now, else OK: one peek under mu_, the NSS lookups (the caller's groups,
+  // a holder's name) outside it. Sets `groups` to the caller's groups when
+  // a group's reservation matched (for the decision under mu_).
   absl::Status RefusalNow(const RegisterArgs& args, const std::string& cid,
                           const std::string& digest,
-                          const std::vector<gid_t>* groups) const
+                          std::optional<std::vector<gid_t>>* groups) const
       ABSL_LOCKS_EXCLUDED(mu_);
   // PERMISSION_DENIED naming `r`'s owner (an NSS lookup: not under mu_).
   static absl::Status ReservedRefusal(const TargetKey& key,

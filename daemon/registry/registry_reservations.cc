@@ -31,25 +31,12 @@ bool IsOwner(const NameReservation& r, const PeerCred& peer,
 
 }  // namespace
 
-std::optional<std::vector<gid_t>> Registry::GroupsForReservations(
-    const TargetKey& key, const PeerCred& peer) const {
-  if (peer.uid == 0) return std::nullopt;
-  bool needed = false;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& [pattern, r] : reservations_) {
-      needed |= r.group && r.owner != peer.gid && r.Matches(key.name);
-    }
-  }
-  if (!needed) return std::nullopt;
-  return GroupsOf(peer.uid, peer.gid);
-}
-
 std::optional<NameReservation> Registry::ReservedForOthers(
+    const std::map<std::string, NameReservation>& reservations,
     const TargetKey& key, const PeerCred& peer,
-    const std::vector<gid_t>* groups) const {
+    const std::vector<gid_t>* groups) {
   if (peer.uid == 0) return std::nullopt;
-  for (const auto& [pattern, r] : reservations_) {
+  for (const auto& [pattern, r] : reservations) {
     if (r.Matches(key.name) && !IsOwner(r, peer, groups)) return r;
   }
   return std::nullopt;

@@ -8,7 +8,6 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 
-#include <algorithm>
 #include <chrono>
 #include <utility>
 #include <vector>

@@ -24,20 +24,6 @@ struct CrashPolicy {
   int64_t window_s = 600;  // ... within this many seconds
 };
 
-// One (target, caller uid) row. Crashes are counted per uid of the caller
-// whose call was running, so a user can only ever quarantine a target for
-// themselves (the crash attribution comes from the executor's status page,
-// which that user's kernel could forge).
-struct CrashRecord {
-  TargetKey key;
-  uid_t uid = 0;
-  uint64_t crashes_total = 0;
-  int crashes_in_window = 0;
-  bool quarantined = false;
-  std::string last_reason;
-  int64_t last_crash_unix_s = 0;
-};
-
 // Thread-safe. Crash counts are in memory only (a restart forgets them);
 // quarantines survive a restart when a sink records them (kregd: the
 // journal) and Restore brings them back at start.

@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/wire.h"
+#include "daemon/base/files.h"
 #include "daemon/base/spawn.h"
 #include "spdlog/spdlog.h"
 
@@ -42,7 +43,7 @@ bool InheritedVar(const char* kv) {
 absl::StatusOr<UniqueFd> High(UniqueFd fd) {
   UniqueFd high(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 10));
   if (!high.ok()) {
-    return absl::InternalError(absl::StrCat("F_DUPFD: ", strerror(errno)));
+    return ErrnoError("F_DUPFD");
   }
   return high;
 }
@@ -92,7 +93,7 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Start(
   if (!page.ok()) return page.status();
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
-    return absl::InternalError(absl::StrCat("socketpair: ", strerror(errno)));
+    return ErrnoError("socketpair");
   }
   UniqueFd ours(sv[0]);
   absl::StatusOr<UniqueFd> theirs = High(UniqueFd(sv[1]));
@@ -188,7 +189,7 @@ absl::StatusOr<UniqueFd> Executor::Adopt(const v1::ExecAdopt& adopt,
                                          int client_fd) {
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
-    return absl::InternalError(absl::StrCat("socketpair: ", strerror(errno)));
+    return ErrnoError("socketpair");
   }
   UniqueFd ours(sv[0]);
   UniqueFd theirs(sv[1]);

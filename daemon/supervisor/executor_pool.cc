@@ -12,9 +12,7 @@
 #include <set>
 #include <utility>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "daemon/base/adoption.h"
 #include "daemon/supervisor/crash_blame.h"
 #include "daemon/supervisor/executor.h"
@@ -32,12 +30,6 @@ int64_t MonotonicNs() {
 }
 
 int64_t MonotonicMs() { return MonotonicNs() / 1000000; }
-
-int64_t WallUs() {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return int64_t{ts.tv_sec} * 1000000 + ts.tv_nsec / 1000;
-}
 
 gid_t PrimaryGid(uid_t uid, gid_t fallback) {
   std::vector<char> buf(16384);
@@ -59,15 +51,6 @@ uint32_t KnownToken(const std::vector<EntryPtr>& resolved, uint32_t token) {
 }
 
 }  // namespace
-
-absl::StatusOr<Isolation> ParseIsolation(absl::string_view text) {
-  std::string t = absl::AsciiStrToLower(text);
-  if (t == "uid") return Isolation::kUid;
-  if (t == "client") return Isolation::kClient;
-  if (t == "shared") return Isolation::kShared;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "isolation \"", text, "\" is not one of uid, client, shared"));
-}
 
 const char* IsolationName(Isolation isolation) {
   switch (isolation) {
@@ -267,7 +250,7 @@ absl::StatusOr<ExecutorPool::Binding> ExecutorPool::Bind(uint64_t session_id,
     }
     g->used[slot] = true;
     g->slot_uid[slot] = peer.uid;
-    g->slot_info[slot] = {session_id, peer, WallUs()};
+    g->slot_info[slot] = {session_id, peer, NowMicros()};
     g->sessions++;
     ExecSlot* s = g->exec->page().slot(slot);
     s->token.store(0);
@@ -336,7 +319,7 @@ absl::StatusOr<std::vector<ExecutorPool::Binding>> ExecutorPool::Readopt(
   g->idle_since_ms = MonotonicMs();
   for (const ReadoptedSession& s : sessions) {
     g->slot_uid[s.slot] = s.peer.uid;
-    g->slot_info[s.slot] = {s.session_id, s.peer, WallUs()};
+    g->slot_info[s.slot] = {s.session_id, s.peer, NowMicros()};
     for (const auto& [entry, token] : s.tokens) {
       if (token == 0 || token > kStatsRows) continue;
       if (g->resolved.size() < token) g->resolved.resize(token);

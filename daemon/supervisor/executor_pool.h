@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/unique_fd.h"
 #include "daemon/base/target_stats.h"
@@ -36,7 +35,6 @@ enum class Isolation {
   kClient,  // one executor per client process
   kShared,  // one executor for everybody
 };
-absl::StatusOr<Isolation> ParseIsolation(absl::string_view text);
 const char* IsolationName(Isolation isolation);
 
 struct PoolOptions {

@@ -3,11 +3,10 @@
 #include <fcntl.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/base/files.h"
 #include "daemon/store/module_store.h"
 
 namespace kreg {
@@ -49,8 +48,7 @@ absl::StatusOr<UniqueFd> LocalModuleCache::Open(const std::string& digest,
       absl::StrCat("/proc/self/fd/", it->second.memfd.get());
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.ok()) {
-    return absl::InternalError(absl::StrCat("cannot open the module memfd ",
-                                            path, ": ", std::strerror(errno)));
+    return ErrnoError("cannot open the module memfd", path);
   }
   it->second.holders.insert(session);
   it->second.last_bind = ++binds_;

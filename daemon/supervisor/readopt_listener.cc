@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/wire.h"
+#include "daemon/base/files.h"
 #include "daemon/base/log_limit.h"
 #include "daemon/base/served_session.h"
 #include "daemon/base/validate.h"
@@ -62,7 +63,7 @@ bool Reply(int conn, const absl::Status& status, bool drain) {
   return wire::SendFrame(conn, out.data(), out.size(), nullptr, 0) == wire::kOk;
 }
 
-// The handshake after a 1.8 executor's first frame (`header`, which came
+// The handshake after an executor's first frame (`header`, which came
 // with `fds`): kregd's proof of the executor's key and kregd's challenge
 // go out, the executor's ExecReadoptProof comes back with its status page
 // (then in `fds`). The executor's proof, to be judged; INVALID_ARGUMENT
@@ -193,7 +194,7 @@ absl::Status ReadoptListener::Start() {
   listener_ = std::make_unique<UnixListener>(*std::move(l));
   wake_fd_.reset(::eventfd(0, EFD_CLOEXEC));
   if (!wake_fd_.ok()) {
-    return absl::InternalError(absl::StrCat("eventfd: ", strerror(errno)));
+    return ErrnoError("eventfd");
   }
   thread_ = std::thread([this] { AcceptLoop(); });
   spdlog::info(
@@ -320,33 +321,26 @@ void ReadoptListener::Serve(UniqueFd conn) {
            false);
     return;
   }
-  // A 1.8 executor sent a challenge and proves its key by answering
-  // kregd's; an older one sent the key itself (and is drained at best).
-  std::string challenge;
-  std::string proof = header.adoption_key();
-  if (!header.challenge().empty()) {
-    if (OfferJudgement j = CheckClaims(header, *peer, policy_);
-        j.verdict != OfferVerdict::kAdopt) {
-      refuse(absl::PermissionDeniedError(j.why), false);
-      return;
-    }
-    challenge.resize(kSupervisionChallengeBytes);
-    if (::getrandom(challenge.data(), challenge.size(), 0) !=
-        static_cast<ssize_t>(challenge.size())) {
-      refuse(absl::InternalError(
-                 absl::StrCat("getrandom for a challenge: ", strerror(errno))),
-             false);
-      return;
-    }
-    absl::StatusOr<std::string> p = Handshake(
-        conn.get(), header, policy_.secret, challenge, deadline, &fds);
-    if (!p.ok()) {
-      refuse(p.status(), false);
-      return;
-    }
-    proof = *std::move(p);
+  // The executor proves its key by answering kregd's challenge.
+  if (OfferJudgement j = CheckClaims(header, *peer, policy_);
+      j.verdict != OfferVerdict::kAdopt) {
+    refuse(absl::PermissionDeniedError(j.why), false);
+    return;
   }
-  const OfferJudgement j = JudgeOffer(header, *peer, policy_, challenge, proof);
+  std::string challenge(kSupervisionChallengeBytes, '\0');
+  if (::getrandom(challenge.data(), challenge.size(), 0) !=
+      static_cast<ssize_t>(challenge.size())) {
+    refuse(ErrnoError("getrandom for a challenge"), false);
+    return;
+  }
+  absl::StatusOr<std::string> proof =
+      Handshake(conn.get(), header, policy_.secret, challenge, deadline, &fds);
+  if (!proof.ok()) {
+    refuse(proof.status(), false);
+    return;
+  }
+  const OfferJudgement j =
+      JudgeOffer(header, *peer, policy_, challenge, *proof);
   if (j.verdict != OfferVerdict::kAdopt) {
     const bool drain = j.verdict == OfferVerdict::kDrain;
     refuse(drain ? absl::FailedPreconditionError(j.why)

@@ -3,7 +3,7 @@
 // kregd left running: the first frame parsed as an ExecReadopt and judged
 // (JudgeOffer) as coming from the pid and uid it claims, under a secret the
 // input cannot know, with the offer's adoption_key as its proof (the
-// answer to kregd's challenge, or the key a 1.7 executor sent); then the
+// answer to kregd's challenge); then the
 // session frames read by ReadOfferSessions from the rest of the stream, with a
 // real sealed status page. Invariants: no offer is adopted (its key cannot
 // verify), no frame is buffered past kMaxReadoptFrameBytes, and an offer that
@@ -42,16 +42,11 @@ void Judge(const std::string& first_frame) {
   policy.secret = std::string(32, 's');
   policy.settings_digest = m.settings_digest();
   policy.session_protocol_major = m.session_protocol_major();
-  // Proven either way a peer may try: as the answer to kregd's challenge
-  // (session protocol 1.8) or as the key itself (before; drained at best).
-  for (const std::string& challenge :
-       {std::string(kSupervisionChallengeBytes, 'c'), std::string()}) {
-    OfferJudgement j = JudgeOffer(m, conn, policy, challenge, m.adoption_key());
-    if (j.verdict == OfferVerdict::kAdopt) {
-      fuzz::Fail("a forged offer verified");
-    }
-    if (j.why.empty()) fuzz::Fail("a refusal without a reason");
-  }
+  OfferJudgement j =
+      JudgeOffer(m, conn, policy, std::string(kSupervisionChallengeBytes, 'c'),
+                 m.adoption_key());
+  if (j.verdict == OfferVerdict::kAdopt) fuzz::Fail("a forged offer verified");
+  if (j.why.empty()) fuzz::Fail("a refusal without a reason");
 }
 
 }  // namespace

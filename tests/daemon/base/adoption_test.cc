@@ -31,14 +31,13 @@ AdoptionPolicy Policy() {
   p.secret = kSecret;
   p.settings_digest = "sha256:settings";
   p.session_protocol_major = 1;
-  p.oldest_session_protocol_minor = 8;
   return p;
 }
 
 const std::string kChallenge(kSupervisionChallengeBytes, 'c');
 
-// An authentic offer of pid 42, uid 1000 (session protocol 1.8: its key is
-// proven by Proof, not sent).
+// An authentic offer of pid 42, uid 1000 (its key is proven by Proof, not
+// sent).
 v1::ExecReadopt Offer() {
   v1::ExecReadopt m;
   m.set_pid(42);
@@ -118,29 +117,6 @@ TEST_CASE("Each side's proof is its own and never the key", "[adoption]") {
         OfferVerdict::kRefuse);
 }
 
-TEST_CASE("An executor that sends its key in the clear is drained at best",
-          "[adoption]") {
-  v1::ExecReadopt old = Offer();
-  old.set_session_protocol_minor(7);
-  old.clear_challenge();
-  old.set_adoption_key(Key());
-  OfferJudgement j = JudgeOffer(old, Conn(), Policy(), "", Key());
-  CHECK(j.verdict == OfferVerdict::kDrain);
-  CHECK(j.why ==
-        "it speaks session protocol 1.7 and sent its adoption key and this "
-        "kregd re-adopts 1.8 and later (1.7 changed the registration messages "
-        "an executor relays to kregd; 1.8 proves the adoption key without "
-        "sending it)");
-  // Even when it claims a minor this kregd re-adopts.
-  old.set_session_protocol_minor(8);
-  CHECK(JudgeOffer(old, Conn(), Policy(), "", Key()).verdict ==
-        OfferVerdict::kDrain);
-  // A forged key is refused, as before.
-  j = JudgeOffer(old, Conn(), Policy(), "", std::string(32, 'k'));
-  CHECK(j.verdict == OfferVerdict::kRefuse);
-  CHECK(j.why.find("adoption key does not verify") != std::string::npos);
-}
-
 TEST_CASE("Offers that do not prove themselves are refused", "[adoption]") {
   struct Case {
     const char* what;
@@ -201,15 +177,6 @@ TEST_CASE("Authentic offers this kregd cannot take over are drained",
   OfferJudgement j = Judge(Offer(), Conn(), p);
   CHECK(j.verdict == OfferVerdict::kDrain);
   CHECK(j.why == "it speaks session protocol 1.8 and this kregd 2.x");
-  // An older minor of the same major relays 1.0-1.6 registration messages.
-  v1::ExecReadopt old = Offer();
-  old.set_session_protocol_minor(6);
-  j = Judge(old, Conn(), Policy());
-  CHECK(j.verdict == OfferVerdict::kDrain);
-  CHECK(j.why ==
-        "it speaks session protocol 1.6 and this kregd re-adopts 1.8 and later "
-        "(1.7 changed the registration messages an executor relays to kregd; "
-        "1.8 proves the adoption key without sending it)");
   // A newer minor is adopted.
   v1::ExecReadopt newer = Offer();
   newer.set_session_protocol_minor(9);

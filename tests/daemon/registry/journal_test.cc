@@ -234,8 +234,8 @@ TEST_CASE("Journal refuses a retirement with a bad platform",
   CHECK_THAT(std::string(entries.status().message()), Catch::Contains("tpu"));
 }
 
-QuarantineEvent Quarantine(const std::string& name, uid_t uid, bool on) {
-  QuarantineEvent q;
+CrashRecord Quarantine(const std::string& name, uid_t uid, bool on) {
+  CrashRecord q;
   q.key = {name, Platform::kCpu};
   q.uid = uid;
   q.quarantined = on;
@@ -265,7 +265,7 @@ TEST_CASE("Journal replays quarantines: the last record of a target wins",
   REQUIRE(entries.ok());
   CHECK(entries->size() == 1);  // quarantines are no registrations
   REQUIRE(j.quarantines().size() == 2);
-  const QuarantineEvent& q = j.quarantines()[0];
+  const CrashRecord& q = j.quarantines()[0];
   CHECK(q.key.name == "a");
   CHECK(q.uid == 1000);
   CHECK(q.quarantined);
