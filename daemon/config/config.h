@@ -51,6 +51,9 @@ struct Config {
   int max_sessions = 1024;
   int max_sessions_per_uid = 256;
   double hello_timeout_s = 10;  // a session must say Hello within this
+  // Loading and querying a module being registered (kregd-probe) must end
+  // within this many seconds, or the registration is refused.
+  double probe_timeout_s = 20;
   // The gRPC socket (operator guide, "Limits"): connections held at once,
   // in all and per uid; a connection's first bytes must arrive within
   // grpc_first_message_timeout_s, a RegisterTarget upload must end within

@@ -222,6 +222,8 @@ const std::vector<KeySpec>& Keys() {
              UpTo2To31, "a non-negative integer"),
       KeyFloat("hello_timeout_s", "", &Config::hello_timeout_s, AboveZero,
                "a number of seconds > 0"),
+      KeyFloat("probe_timeout_s", "", &Config::probe_timeout_s, AboveZero,
+               "a number of seconds > 0"),
       KeyInt("max_grpc_connections", "", &Config::max_grpc_connections,
              Connections, "a whole number from 1 to 1000000"),
       KeyInt("max_grpc_connections_per_uid", "",

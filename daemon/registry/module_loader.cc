@@ -27,13 +27,12 @@ namespace kreg {
 
 namespace {
 
-constexpr int kProbeTimeoutMs = 20000;
-
 // Reads the child's stdout until EOF or the deadline.
-std::string ReadReport(int fd, bool* timed_out) {
+std::string ReadReport(int fd, double timeout_s, bool* timed_out) {
   std::string out;
-  auto deadline = std::chrono::steady_clock::now() +
-                  std::chrono::milliseconds(kProbeTimeoutMs);
+  auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0));
   char buf[4096];
   while (true) {
     int left =
@@ -60,7 +59,8 @@ std::string ReadReport(int fd, bool* timed_out) {
 absl::StatusOr<HandlerInfo> ProbeHandler(const std::string& probe_binary,
                                          const std::string& module_path,
                                          const std::string& display_name,
-                                         const std::string& symbol) {
+                                         const std::string& symbol,
+                                         double timeout_s) {
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
     return ErrnoError("cannot create probe pipe");
@@ -84,7 +84,7 @@ absl::StatusOr<HandlerInfo> ProbeHandler(const std::string& probe_binary,
   }
   write_end.reset();
   bool timed_out = false;
-  std::string report = ReadReport(read_end.get(), &timed_out);
+  std::string report = ReadReport(read_end.get(), timeout_s, &timed_out);
   if (timed_out) ::kill(pid, SIGKILL);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
@@ -93,8 +93,9 @@ absl::StatusOr<HandlerInfo> ProbeHandler(const std::string& probe_binary,
       absl::StrCat("symbol \"", symbol, "\" in module ", display_name);
   if (timed_out) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "loading ", what, " did not finish within ", kProbeTimeoutMs / 1000,
-        " s (a library constructor or the handler hangs); not registered"));
+        "loading ", what, " did not finish within ", timeout_s,
+        " s (probe_timeout_s): a library constructor or the handler hangs, "
+        "or is that slow; not registered"));
   }
   if (WIFSIGNALED(status)) {
     int sig = WTERMSIG(status);
@@ -163,8 +164,11 @@ absl::Status CheckHostable(const HandlerInfo& info, const std::string& symbol) {
   return absl::OkStatus();
 }
 
-ModuleLoader::ModuleLoader(ModuleStore* store, std::string probe_binary)
-    : store_(store), probe_binary_(std::move(probe_binary)) {}
+ModuleLoader::ModuleLoader(ModuleStore* store, std::string probe_binary,
+                           double probe_timeout_s)
+    : store_(store),
+      probe_binary_(std::move(probe_binary)),
+      probe_timeout_s_(probe_timeout_s) {}
 
 absl::StatusOr<StagedModule> ModuleLoader::Stage(const std::string& bytes,
                                                  const std::string& digest) {
@@ -204,8 +208,8 @@ absl::StatusOr<GcOutcome> ModuleLoader::RemoveUnreferenced(
 
 absl::StatusOr<HandlerInfo> ModuleLoader::Probe(const StagedModule& staged,
                                                 const std::string& func_name) {
-  absl::StatusOr<HandlerInfo> info =
-      ProbeHandler(probe_binary_, staged.path, staged.digest, func_name);
+  absl::StatusOr<HandlerInfo> info = ProbeHandler(
+      probe_binary_, staged.path, staged.digest, func_name, probe_timeout_s_);
   if (!info.ok()) return info.status();
   absl::Status hostable = CheckHostable(*info, func_name);
   if (!hostable.ok()) return hostable;

@@ -12,12 +12,14 @@ namespace kreg {
 // Runs `probe_binary <module path> <symbol>` (posix_spawn, no fork of the
 // daemon) and parses its report. INVALID_ARGUMENT when the helper reports
 // that the symbol is missing (listing the module's exported functions,
-// closest first) or is not a handler, or when it crashes or hangs; messages
-// name the module (`display_name`) and the symbol.
+// closest first) or is not a handler, or when it crashes or has not reported
+// within `timeout_s` (it is killed then); messages name the module
+// (`display_name`) and the symbol.
 absl::StatusOr<HandlerInfo> ProbeHandler(const std::string& probe_binary,
                                          const std::string& module_path,
                                          const std::string& display_name,
-                                         const std::string& symbol);
+                                         const std::string& symbol,
+                                         double timeout_s);
 
 // Checks a probed handler against what kregd can host: FFI API version
 // (same major as kHostedApiMajor, minor not newer), no per-instance state.
@@ -27,7 +29,8 @@ absl::Status CheckHostable(const HandlerInfo& info, const std::string& symbol);
 // Borrowed store must outlive the loader. Thread-safe.
 class ModuleLoader : public HandlerLoader {
  public:
-  ModuleLoader(ModuleStore* store, std::string probe_binary);
+  ModuleLoader(ModuleStore* store, std::string probe_binary,
+               double probe_timeout_s);
 
   absl::StatusOr<StagedModule> Stage(const std::string& bytes,
                                      const std::string& digest) override;
@@ -43,6 +46,7 @@ class ModuleLoader : public HandlerLoader {
  private:
   ModuleStore* const store_;
   const std::string probe_binary_;
+  const double probe_timeout_s_;
 };
 
 }  // namespace kreg

@@ -4,8 +4,10 @@
 // you care about.
 // - libcrash_ctor.so: the constructor aborts the process that loads it.
 // - libhang_ctor.so (KREG_CTOR_HANGS): it says so on stderr, then sleeps for
-//   a minute, longer than kregd's 20 s probe limit.
+//   a minute, longer than kregd's default 20 s probe limit; or, when
+//   $KREG_TEST_HANG_UNTIL names a file, until that file exists.
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -24,7 +26,13 @@ __attribute__((constructor)) void MisbehaveOnLoad() {
   std::fputs("libhang_ctor.so: hanging in a static constructor on purpose\n",
              stderr);
   std::fflush(stderr);
-  ::sleep(60);
+  const char* until = std::getenv("KREG_TEST_HANG_UNTIL");
+  struct stat st;
+  if (until == nullptr) {
+    ::sleep(60);
+  } else {
+    while (::stat(until, &st) != 0) ::usleep(10000);
+  }
 #else
   std::fputs("libcrash_ctor.so: aborting in a static constructor on purpose\n",
              stderr);

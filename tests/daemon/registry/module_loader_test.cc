@@ -40,7 +40,7 @@ TEST_CASE("CheckHostable refuses per-instance state", "[loader]") {
 }
 
 TEST_CASE("ProbeHandler reports a helper that cannot be started", "[loader]") {
-  auto info = ProbeHandler("/nonexistent/kregd-probe", "/x.so", "x", "S");
+  auto info = ProbeHandler("/nonexistent/kregd-probe", "/x.so", "x", "S", 20);
   REQUIRE(info.status().code() == absl::StatusCode::kInternal);
   CHECK_THAT(std::string(info.status().message()),
              Catch::Contains("cannot start the probe helper "
