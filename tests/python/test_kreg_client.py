@@ -354,17 +354,22 @@ def test_a_connection_closed_before_its_first_frame_starts_nothing(
   or a connection that closes inside its first frame's header."""
   d = second_kregd
   closed = f"(pid {os.getpid()}) closed"
-  before = d.log(tail=None).count(closed)
+
+  def closed_after(n):
+    """kregd's count of this process's connections it is done with, once
+    it reaches `n` (kregd says each one's end)."""
+    deadline = time.monotonic() + 30
+    while (d.log(tail=None).count(closed) < n and
+           time.monotonic() < deadline):
+      time.sleep(0.05)
+    return d.log(tail=None).count(closed)
+
+  assert closed_after(1) == 1, d.log()  # Daemon.start's probe
   for first in (b"", b"\x05\x00"):
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
       s.connect(d.session_socket)
       s.sendall(first)
-  # kregd says each connection's end once it is done with it.
-  deadline = time.monotonic() + 30
-  while (d.log(tail=None).count(closed) < before + 2 and
-         time.monotonic() < deadline):
-    time.sleep(0.05)
-  assert d.log(tail=None).count(closed) == before + 2, d.log()
+  assert closed_after(3) == 3, d.log()
   assert executors_started(d) == 0, d.log()
   assert executor_pids(d.pid) == []
 
