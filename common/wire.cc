@@ -360,8 +360,15 @@ int PeekFrame(int sock, uint32_t max_bytes, Clock::time_point deadline,
       return kOk;
     }
     // Part of the frame is there and the socket stays readable: a peek
-    // cannot wait for more, so look again shortly.
-    if (got == last) ::usleep(1000);
+    // cannot wait for more, so look again shortly, unless the peer has
+    // closed (no more will come).
+    if (got == last) {
+      pollfd p{sock, POLLRDHUP, 0};
+      if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP)) != 0) {
+        return kTruncated;
+      }
+      ::usleep(1000);
+    }
     last = got;
   }
 }

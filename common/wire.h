@@ -142,7 +142,7 @@ int RecvFrame(int sock, uint32_t max_bytes, RecvBuffer* buffer,
 // `*has_fds` and returns kOk at once with `payload` unset (what a peek
 // duplicates is closed by the kernel). kOk with `payload` the frame's
 // body, or kEof, kTooLarge (over `max_bytes`, nothing buffered),
-// kTruncated, kTimedOut or an errno.
+// kTruncated (the peer closed inside the frame), kTimedOut or an errno.
 int PeekFrame(int sock, uint32_t max_bytes, Clock::time_point deadline,
               std::string* payload, bool* has_fds);
 

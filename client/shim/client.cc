@@ -138,7 +138,7 @@ ClientStatus Client::OpenSession(std::unique_ptr<Conn>* out, bool control) {
   ClientStatus s = Conn::Open(path_, out, control);
   if (s.ok()) {
     ever_connected_.store(true);
-    if (!control) max_module_bytes_.store((*out)->hello().max_module_bytes());
+    max_module_bytes_.store((*out)->hello().max_module_bytes());
     return s;
   }
   // Only a kregd this process has talked to is waited for (it is
@@ -166,8 +166,7 @@ ClientStatus Client::OpenSession(std::unique_ptr<Conn>* out, bool control) {
     pause = std::min(pause * 2, std::chrono::milliseconds(250));
     out->reset();
     s = Conn::Open(path_, out, control);
-    if (s.ok() && !control)
-      max_module_bytes_.store((*out)->hello().max_module_bytes());
+    if (s.ok()) max_module_bytes_.store((*out)->hello().max_module_bytes());
     if (s.ok() || s.code != kUnavailable) return s;
   }
   s.message += " (kregd did not come back within " +
@@ -377,7 +376,7 @@ ClientStatus Client::Replay(Conn* conn) {
   // The registrations are held by the control connection: a kregd that
   // closed it (restarted) gets them again on a fresh one.
   if (registered) {
-    ClientStatus s = WithControl([](Conn*) { return ClientStatus::Ok(); });
+    ClientStatus s = Ping();
     if (!s.ok()) return s;
   }
   // Local holds: the module already runs in this process; the new kregd
@@ -508,7 +507,7 @@ ClientStatus Client::WithConn(const std::function<ClientStatus(Conn*)>& op,
 }
 
 ClientStatus Client::Ping() {
-  return WithConn([](Conn*) { return ClientStatus::Ok(); });
+  return WithControl([](Conn*) { return ClientStatus::Ok(); });
 }
 
 ClientStatus Client::Register(const Registration& registration,

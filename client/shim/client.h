@@ -43,10 +43,11 @@ ClientStatus CallRegister(Conn* conn, const Registration& registration,
                           uint64_t max_module_bytes,
                           v1::SessionResponse* response);
 
-// Thread-safe. Registrations and listings go on the control connection,
-// which kregd serves itself and which holds this process's registrations
-// while it is open (opened on first use, kept for the process lifetime).
-// Every other operation borrows one session exclusively; up to
+// Thread-safe. Ping, registrations and listings go on the control
+// connection, which kregd serves itself and which holds this process's
+// registrations while it is open (opened on first use, kept for the process
+// lifetime). Every other operation borrows one session exclusively (opened
+// when none is idle: kregd hands it to an executor); up to
 // max_sessions run at once (one daemon thread each). When a session or the
 // control connection breaks (the daemon went away), the next operation
 // opens a fresh one (a fresh control connection first re-registers every
@@ -64,7 +65,9 @@ class Client {
   // destroyed: forwarding handlers keep using it).
   static Client* ForPath(const std::string& session_path);
 
-  // Checks that the daemon answers (opens a session if none is idle).
+  // Checks that kregd answers and speaks this library's protocol major on
+  // the control connection (opened, or reopened, first): starts no
+  // executor.
   ClientStatus Ping();
   ClientStatus Register(const Registration& registration,
                         v1::RegisterTargetResponse* out);
@@ -151,8 +154,8 @@ class Client {
   // (target, canonical platform) held locally; guarded by reg_mu_.
   std::set<std::pair<std::string, std::string>> local_holds_;
   std::atomic<uint64_t> reconnects_{0};
-  // kregd's max_module_bytes, from the last session's HelloReply (0: not
-  // known yet; kregd then refuses a larger upload itself).
+  // kregd's max_module_bytes, from the last HelloReply (the control
+  // connection's comes before any registration).
   std::atomic<uint64_t> max_module_bytes_{0};
   std::mutex control_mu_;
   std::unique_ptr<Conn> control_;  // guarded by control_mu_

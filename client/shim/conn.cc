@@ -125,12 +125,9 @@ ClientStatus Conn::Open(const std::string& path, std::unique_ptr<Conn>* out,
                           StartHint(path));
   }
   std::unique_ptr<Conn> conn(new Conn(sock, path));
-  if (control) {
-    *out = std::move(conn);
-    return ClientStatus::Ok();
-  }
   v1::SessionRequest req;
-  v1::Hello* hello = req.mutable_hello();
+  v1::Hello* hello =
+      control ? req.mutable_control_hello() : req.mutable_hello();
   hello->set_protocol_major(kSessionProtocolMajor);
   hello->set_protocol_minor(kSessionProtocolMinor);
   hello->set_pid(::getpid());

@@ -33,8 +33,10 @@ class Conn {
 
   // Connects to `path` and says Hello. UNAVAILABLE with the path and reason
   // when nothing listens there; the daemon's error otherwise. With
-  // `control`, says nothing: a control connection, whose requests
-  // (RegisterTarget, List) kregd serves itself (DESIGN §3).
+  // `control`, says it as control_hello: a control connection, whose
+  // requests (RegisterTarget, List) kregd serves itself and whose
+  // HelloReply carries only kregd's version and max_module_bytes
+  // (DESIGN §3).
   static ClientStatus Open(const std::string& path, std::unique_ptr<Conn>* out,
                            bool control = false);
 

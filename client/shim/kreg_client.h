@@ -97,8 +97,11 @@ typedef struct KREG_ConnectArgs {
 } KREG_ConnectArgs;
 #define KREG_ConnectArgs_STRUCT_SIZE KREG_STRUCT_SIZE(KREG_ConnectArgs, client)
 
-/* Opens (or reuses) the client for `session_path` and checks that the
- * daemon answers. UNAVAILABLE (with the path and reason) when it does not. */
+/* Opens (or reuses) the client for `session_path` and checks, on its
+ * control connection, that the daemon answers and speaks this library's
+ * protocol: UNAVAILABLE (with the path and reason) when it does not answer,
+ * FAILED_PRECONDITION (both versions) for another major. Starts no
+ * executor: sessions open at the first call that needs one. */
 KREG_EXPORT KREG_Error* kreg_connect(KREG_ConnectArgs* args);
 
 /* ---- Targets ---------------------------------------------------------- */

@@ -17,6 +17,7 @@
 #include "daemon/base/broker_limits.h"
 #include "daemon/base/log_limit.h"
 #include "daemon/base/module_upload.h"
+#include "daemon/base/protocol_version.h"
 #include "daemon/base/validate.h"
 #include "daemon/registry/registrar.h"
 #include "daemon/registry/registration_mapper.h"
@@ -41,6 +42,8 @@ std::string RequestName(v1::SessionRequest::BodyCase body) {
   switch (body) {
     case v1::SessionRequest::kHello:
       return "hello";
+    case v1::SessionRequest::kControlHello:
+      return "control_hello";
     case v1::SessionRequest::kRegisterTarget:
       return "register_target";
     case v1::SessionRequest::kList:
@@ -122,6 +125,25 @@ v1::SessionResponse HandleControl(const BrokerContext& ctx, uint64_t id,
       }
       break;
     }
+    case v1::SessionRequest::kControlHello: {
+      const v1::Hello& hello = request.control_hello();
+      uint32_t minor = 0;
+      std::string refusal;
+      if (NegotiateSessionProtocol(
+              {kSessionProtocolMajor, kSessionProtocolMinor},
+              {hello.protocol_major(), hello.protocol_minor()}, &minor,
+              &refusal)) {
+        v1::HelloReply* reply = resp.mutable_hello();
+        reply->set_protocol_major(kSessionProtocolMajor);
+        reply->set_protocol_minor(kSessionProtocolMinor);
+        reply->set_max_module_bytes(ctx.max_module_bytes);
+      } else {
+        *close = true;
+        status = absl::FailedPreconditionError(
+            absl::StrCat(refusal, "; closing this control connection"));
+      }
+      break;
+    }
     case v1::SessionRequest::kList:
       if (!fds.empty()) {
         status = absl::InvalidArgumentError(absl::StrCat(
@@ -138,7 +160,7 @@ v1::SessionResponse HandleControl(const BrokerContext& ctx, uint64_t id,
           "kregd refused a ", name,
           " request on a control connection (a connection to the session "
           "socket whose first request was not hello): it serves only "
-          "register_target and list; send ",
+          "control_hello, register_target and list; send ",
           name,
           " on a session (a connection whose first request is hello). "
           "Closing this connection"));

@@ -73,10 +73,11 @@ absl::StatusOr<std::string> TakeUploadedModule(
     wire::BudgetHold* hold);
 
 // Answers one request of a control connection (`request`, with `fds`
-// attached) of session id `id` from `peer`: RegisterTarget (the
-// registration is held by `id` until RemoveSession) and List. Any other
-// request sets `*close` and gets an error naming it. Shared with the
-// fuzzer.
+// attached) of session id `id` from `peer`: control_hello (kregd's protocol
+// version and max_module_bytes; another major sets `*close`),
+// RegisterTarget (the registration is held by `id` until RemoveSession) and
+// List. Any other request sets `*close` and gets an error naming it. Shared
+// with the fuzzer.
 v1::SessionResponse HandleControl(const BrokerContext& ctx, uint64_t id,
                                   const PeerCred& peer,
                                   const v1::SessionRequest& request,

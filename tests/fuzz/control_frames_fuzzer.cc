@@ -7,7 +7,8 @@
 // it announces); a registration succeeds with an upload only from a memfd
 // sealed against writing, shrinking and growing whose size is the announced
 // one (module.upload_size), never with a stray fd; every refusal has a
-// message; only RegisterTarget and List keep the connection open.
+// message; only RegisterTarget, List and a control_hello of kregd's
+// protocol major keep the connection open.
 //
 // Input: byte 0 = how a registration's module fd is made (mod 5): 0 none,
 // 1 a sealed memfd of the announced size, 2 the same unsealed, 3 sealed but
@@ -25,6 +26,7 @@
 
 #include "common/wire.h"
 #include "daemon/base/module_upload.h"
+#include "daemon/base/protocol_version.h"
 #include "daemon/registry/registrar.h"
 #include "daemon/registry/registration_mapper.h"
 #include "daemon/supervisor/broker.h"
@@ -105,7 +107,10 @@ bool OneFrame(int kind, const std::string& payload) {
   bool close = false;
   v1::SessionResponse resp =
       HandleControl(ctx, 1, peer, req, std::move(fds), &close);
-  const bool control = req.has_register_target() || req.has_list();
+  const bool control =
+      req.has_register_target() || req.has_list() ||
+      (req.has_control_hello() &&
+       req.control_hello().protocol_major() == kSessionProtocolMajor);
   if (close == control) fuzz::Fail("closed a control request, or kept another");
   if (resp.id() != req.id()) fuzz::Fail("answered another request id");
   if (resp.status().code() != 0) {

@@ -152,6 +152,9 @@ int main(int argc, char** argv) {
   by_path.mutable_register_target()->mutable_module()->set_path("sub/up.so");
   Write("register_path", std::string("\x00", 1) + Frame(by_path) + Frame(list));
   Write("launch", std::string("\x00", 1) + Frame(list) + Frame(launch));
+  SessionRequest control_hello;
+  *control_hello.mutable_control_hello() = hello.hello();
+  Write("control_hello", "\x01" + Frame(control_hello) + Frame(reg));
   // A frame announcing 400 MiB, then some of it.
   Write("huge", std::string("\x00\x00\x00\x00\x19", 5) + std::string(100, 'k'));
 

@@ -399,9 +399,9 @@ TEST_CASE(
   CHECK(resp.status().message() ==
         "kregd refused a launch request on a control connection (a "
         "connection to the session socket whose first request was not "
-        "hello): it serves only register_target and list; send launch on a "
-        "session (a connection whose first request is hello). Closing this "
-        "connection");
+        "hello): it serves only control_hello, register_target and list; send "
+        "launch on a session (a connection whose first request is hello). "
+        "Closing this connection");
   CHECK(Next(s).status().message() == "eof");
   ::close(s);
   // The first request neither Hello nor a control request: the same.

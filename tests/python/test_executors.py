@@ -171,6 +171,7 @@ kreg.register_ffi_target("pending.scale", ku.kernel_path("libdemo.so"),
 x = np.arange(4, dtype=np.float32)
 call = jax.jit(lambda v: jax.ffi.ffi_call("pending.scale", ku.sds(v))(
     v, factor=np.float32(2))).lower(x).compile()
+np.asarray(call(x))  # the session and its executor (the first call starts it)
 print(json.dumps({"ready": True}), flush=True)
 sys.stdin.readline()
 try:

@@ -8,6 +8,7 @@ import os
 import pathlib
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -307,6 +308,70 @@ def arena_maps(kregd_pid):
     except OSError:
       pass
   return n
+
+
+def executors_started(d):
+  return d.status()["executors_started"]
+
+
+def test_connect_register_and_list_start_no_executor(second_kregd, demo):
+  """Only a call needs an executor: kreg.connect(), registrations and
+  listings go on the control connection, which kregd serves itself."""
+  d = second_kregd
+  code = f"""
+    import sys, jax, numpy as np, kreg
+    kreg.connect()
+    for name in ("t.lazy.a", "t.lazy.b"):
+      kreg.register_ffi_target(name, {str(demo)!r}, "Scale", platform="cpu")
+    print(sorted(t.target_name for t in kreg.list_registered_targets()),
+          flush=True)
+    sys.stdin.readline()
+    x = np.arange(4, dtype=np.float32)
+    print(jax.ffi.ffi_call("t.lazy.b", jax.ShapeDtypeStruct(x.shape, x.dtype))(
+        x, factor=np.float32(3)).tolist(), flush=True)
+  """
+  p = subprocess.Popen([PY, "-c", textwrap.dedent(code)], env=d.env(),
+                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
+  try:
+    assert p.stdout.readline().strip() == "['t.lazy.a', 't.lazy.b']", \
+        p.stderr.read()
+    assert executors_started(d) == 0, d.log()
+    assert executor_pids(d.pid) == []
+    p.stdin.write("go\n")
+    p.stdin.flush()
+    assert p.stdout.readline().strip() == "[0.0, 3.0, 6.0, 9.0]", \
+        p.stderr.read()
+    assert executors_started(d) == 1, d.log()
+  finally:
+    p.kill()
+    p.wait()
+
+
+def test_a_connection_closed_before_its_first_frame_starts_nothing(
+    second_kregd):
+  """A readiness probe (connect and close, as Daemon.start and systemd do)
+  or a connection that closes inside its first frame's header."""
+  d = second_kregd
+  closed = f"(pid {os.getpid()}) closed"
+
+  def closed_after(n):
+    """kregd's count of this process's connections it is done with, once
+    it reaches `n` (kregd says each one's end)."""
+    deadline = time.monotonic() + 30
+    while (d.log(tail=None).count(closed) < n and
+           time.monotonic() < deadline):
+      time.sleep(0.05)
+    return d.log(tail=None).count(closed)
+
+  assert closed_after(1) == 1, d.log()  # Daemon.start's probe
+  for first in (b"", b"\x05\x00"):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+      s.connect(d.session_socket)
+      s.sendall(first)
+  assert closed_after(3) == 3, d.log()
+  assert executors_started(d) == 0, d.log()
+  assert executor_pids(d.pid) == []
 
 
 def test_killed_client_releases_its_session(running_kregd, demo):

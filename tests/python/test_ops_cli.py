@@ -281,6 +281,9 @@ def test_upload_limit_is_checked_before_sending_on_both_paths(
     assert "ERR INVALID_ARGUMENT" in p.stdout
     assert f"exceeds kregd's max_module_bytes ({limit}); nothing was sent" \
         in p.stdout
+    # Known before any session: from the control connection's hello.
+    assert json.loads(run([kregctl_path, "--socket", d.socket, "status",
+                           "--json"]).stdout)["executors_started"] == 0
     assert "ops.big" not in run([kregctl_path, "--socket", d.socket,
                                  "list"]).stdout
   finally:

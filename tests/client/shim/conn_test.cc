@@ -86,6 +86,32 @@ TEST_CASE("Open says Hello and keeps what kregd answers", "[shim][conn]") {
   CHECK(hello.hello().ffi_api_minor() == XLA_FFI_API_MINOR);
 }
 
+TEST_CASE("Open of a control connection says control_hello", "[shim][conn]") {
+  v1::HelloReply reply;
+  reply.set_protocol_major(kSessionProtocolMajor);
+  reply.set_max_module_bytes(64u << 20);
+  FakeKregd kregd([&](Peer* p) {
+    v1::SessionRequest req;
+    if (!p->Recv(&req)) return;
+    v1::SessionResponse resp;
+    resp.set_id(req.id());
+    *resp.mutable_hello() = reply;
+    p->Send(resp);
+  });
+  std::unique_ptr<Conn> conn;
+  ClientStatus s = Conn::Open(kregd.path, &conn, /*control=*/true);
+  REQUIRE(s.ok());
+  CHECK(conn->hello().max_module_bytes() == (64u << 20));
+  CHECK_FALSE(conn->ring());
+  conn.reset();
+  kregd.Join();
+  REQUIRE(kregd.requests.size() == 1);
+  const v1::SessionRequest& hello = kregd.requests[0];
+  CHECK_FALSE(hello.has_hello());
+  CHECK(hello.control_hello().protocol_major() == kSessionProtocolMajor);
+  CHECK(hello.control_hello().pid() == ::getpid());
+}
+
 TEST_CASE("Open refuses a kregd of another major, saying who is older",
           "[shim][conn]") {
   for (uint32_t major : {1u, 3u}) {

@@ -13,6 +13,7 @@
 
 #include "catch2/catch.hpp"
 #include "daemon/base/module_upload.h"
+#include "daemon/base/protocol_version.h"
 #include "daemon/registry/registrar.h"
 #include "tests/daemon/registry/registry_fakes.h"
 #include "tests/testing/temp_dir.h"
@@ -149,6 +150,41 @@ TEST_CASE("A registration's bad forms are refused with their reason",
                                "module.upload_size"));
   }
   CHECK(budget.used() <= module.size() + 1);
+}
+
+TEST_CASE("A control hello is answered with kregd's version and module limit",
+          "[broker]") {
+  BrokerContext ctx;
+  ctx.max_module_bytes = kMaxModule;
+  v1::SessionRequest req;
+  req.set_id(7);
+  req.mutable_control_hello()->set_protocol_major(kSessionProtocolMajor);
+  req.mutable_control_hello()->set_protocol_minor(kSessionProtocolMinor + 1);
+  bool close = false;
+
+  SECTION("of this major: the HelloReply, and the connection goes on") {
+    v1::SessionResponse resp = HandleControl(ctx, 1, kPeer, req, {}, &close);
+    CHECK(resp.id() == 7);
+    CHECK(resp.status().code() == 0);
+    CHECK(resp.hello().protocol_major() == kSessionProtocolMajor);
+    CHECK(resp.hello().protocol_minor() == kSessionProtocolMinor);
+    CHECK(resp.hello().max_module_bytes() == kMaxModule);
+    CHECK(resp.hello().session_id() == 0);
+    CHECK(!close);
+  }
+  SECTION("of another major: refused, naming both, and closed") {
+    req.mutable_control_hello()->set_protocol_major(kSessionProtocolMajor + 1);
+    v1::SessionResponse resp = HandleControl(ctx, 1, kPeer, req, {}, &close);
+    CHECK(resp.status().code() ==
+          static_cast<int>(absl::StatusCode::kFailedPrecondition));
+    CHECK_THAT(resp.status().message(),
+               Catch::Contains("the client library speaks session protocol " +
+                               std::to_string(kSessionProtocolMajor + 1)) &&
+                   Catch::Contains("kregd is older") &&
+                   Catch::EndsWith("; closing this control connection"));
+    CHECK(!resp.has_hello());
+    CHECK(close);
+  }
 }
 
 }  // namespace
