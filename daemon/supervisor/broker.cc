@@ -99,7 +99,17 @@ v1::SessionResponse HandleControl(const BrokerContext& ctx, uint64_t id,
   v1::SessionResponse resp;
   resp.set_id(request.id());
   absl::Status status;
-  switch (request.body_case()) {
+  const v1::SessionRequest::BodyCase body = request.body_case();
+  if (!fds.empty() && (body == v1::SessionRequest::kControlHello ||
+                       body == v1::SessionRequest::kList)) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat(RequestName(body), " carries no file descriptor; ",
+                     fds.size(), " attached: send it without any"));
+    resp.mutable_status()->set_code(static_cast<int>(status.code()));
+    resp.mutable_status()->set_message(std::string(status.message()));
+    return resp;
+  }
+  switch (body) {
     case v1::SessionRequest::kRegisterTarget: {
       const v1::RegisterTargetHeader& header = request.register_target();
       // Holds the upload's bytes against the daemon-wide budget until the
@@ -145,16 +155,10 @@ v1::SessionResponse HandleControl(const BrokerContext& ctx, uint64_t id,
       break;
     }
     case v1::SessionRequest::kList:
-      if (!fds.empty()) {
-        status = absl::InvalidArgumentError(absl::StrCat(
-            "List carries no file descriptor; ", fds.size(), " attached"));
-      } else {
-        *resp.mutable_list() =
-            DescribeTargets(*ctx.registry, CudaLaunchStatus());
-      }
+      *resp.mutable_list() = DescribeTargets(*ctx.registry, CudaLaunchStatus());
       break;
     default: {
-      const std::string name = RequestName(request.body_case());
+      const std::string name = RequestName(body);
       *close = true;
       status = absl::FailedPreconditionError(absl::StrCat(
           "kregd refused a ", name,
@@ -228,7 +232,8 @@ bool SessionBroker::FirstIsHello(bool* control) {
         "kregd closed this connection: no whole request within ",
         ctx_.hello_timeout_ms,
         " ms of connecting (hello_timeout_s); send hello (a session) or a "
-        "register_target or list request (a control connection) at once")));
+        "control_hello, register_target or list request (a control "
+        "connection) at once")));
   } else if (rc == wire::kTooLarge) {
     RefuseClient(absl::ResourceExhaustedError(absl::StrCat(
         "kregd closed this connection: its first message is over ",

@@ -535,7 +535,8 @@ TEST_CASE(
     CHECK(resp.status().message() ==
           "kregd closed this connection: no whole request within 500 ms of "
           "connecting (hello_timeout_s); send hello (a session) or a "
-          "register_target or list request (a control connection) at once");
+          "control_hello, register_target or list request (a control "
+          "connection) at once");
     CHECK(Next(s, 5000).status().message() == "eof");
   }
   const auto took = std::chrono::steady_clock::now() - start;

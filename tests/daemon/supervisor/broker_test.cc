@@ -187,5 +187,32 @@ TEST_CASE("A control hello is answered with kregd's version and module limit",
   }
 }
 
+TEST_CASE("A control hello or list with descriptors is refused, naming it",
+          "[broker]") {
+  BrokerContext ctx;
+  v1::SessionRequest req;
+  std::string name;
+  SECTION("control_hello") {
+    req.mutable_control_hello()->set_protocol_major(kSessionProtocolMajor);
+    name = "control_hello";
+  }
+  SECTION("list") {
+    req.mutable_list();
+    name = "list";
+  }
+  std::vector<UniqueFd> fds = One(SealedModule("x"));
+  fds.push_back(SealedModule("y"));
+  bool close = false;
+  v1::SessionResponse resp =
+      HandleControl(ctx, 1, kPeer, req, std::move(fds), &close);
+  CHECK(resp.status().code() ==
+        static_cast<int>(absl::StatusCode::kInvalidArgument));
+  CHECK(resp.status().message() ==
+        name + " carries no file descriptor; 2 attached: send it without any");
+  CHECK(!resp.has_hello());
+  CHECK(!resp.has_list());
+  CHECK(!close);
+}
+
 }  // namespace
 }  // namespace kreg
