@@ -100,15 +100,14 @@ v1::SessionResponse HandleControl(const BrokerContext& ctx, uint64_t id,
   resp.set_id(request.id());
   absl::Status status;
   const v1::SessionRequest::BodyCase body = request.body_case();
-  if (!fds.empty() && (body == v1::SessionRequest::kControlHello ||
-                       body == v1::SessionRequest::kList)) {
+  // control_hello and list carry no descriptor.
+  auto refuse_fds = [&] {
+    if (fds.empty()) return false;
     status = absl::InvalidArgumentError(
         absl::StrCat(RequestName(body), " carries no file descriptor; ",
                      fds.size(), " attached: send it without any"));
-    resp.mutable_status()->set_code(static_cast<int>(status.code()));
-    resp.mutable_status()->set_message(std::string(status.message()));
-    return resp;
-  }
+    return true;
+  };
   switch (body) {
     case v1::SessionRequest::kRegisterTarget: {
       const v1::RegisterTargetHeader& header = request.register_target();
@@ -143,6 +142,7 @@ v1::SessionResponse HandleControl(const BrokerContext& ctx, uint64_t id,
               {kSessionProtocolMajor, kSessionProtocolMinor},
               {hello.protocol_major(), hello.protocol_minor()}, &minor,
               &refusal)) {
+        if (refuse_fds()) break;
         v1::HelloReply* reply = resp.mutable_hello();
         reply->set_protocol_major(kSessionProtocolMajor);
         reply->set_protocol_minor(kSessionProtocolMinor);
@@ -155,6 +155,7 @@ v1::SessionResponse HandleControl(const BrokerContext& ctx, uint64_t id,
       break;
     }
     case v1::SessionRequest::kList:
+      if (refuse_fds()) break;
       *resp.mutable_list() = DescribeTargets(*ctx.registry, CudaLaunchStatus());
       break;
     default: {

@@ -185,6 +185,14 @@ TEST_CASE("A control hello is answered with kregd's version and module limit",
     CHECK(!resp.has_hello());
     CHECK(close);
   }
+  SECTION("of another major, with a descriptor: the major decides") {
+    req.mutable_control_hello()->set_protocol_major(kSessionProtocolMajor + 1);
+    v1::SessionResponse resp =
+        HandleControl(ctx, 1, kPeer, req, One(SealedModule("x")), &close);
+    CHECK_THAT(resp.status().message(),
+               Catch::EndsWith("; closing this control connection"));
+    CHECK(close);
+  }
 }
 
 TEST_CASE("A control hello or list with descriptors is refused, naming it",
