@@ -1,4 +1,5 @@
 // kregctl list, show, unquarantine and retire: the registered targets.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -119,16 +120,38 @@ json ShowJson(const Target& t, const ShowExtras& extras) {
   for (const json& r : j["crashes"]) q = q || r["quarantined"].get<bool>();
   j["quarantined"] = q;
   j["stats"] = StatsJson(t.stats());
+  // docs/replace.md: generation 1 until replaced; then every generation.
+  j["generation"] = std::max<uint32_t>(t.generation(), 1);
+  j["generations"] = json::array();
+  for (const v1::Generation& g : t.generations()) {
+    j["generations"].push_back(json{{"generation", g.generation()},
+                                    {"content_id", g.content_id()},
+                                    {"module_digest", g.module_digest()},
+                                    {"func_name", g.func_name()},
+                                    {"uid", g.uid()},
+                                    {"pid", g.pid()},
+                                    {"at", UtcTime(g.at_us())},
+                                    {"origin", g.origin()}});
+  }
   return j;
 }
 
 void PrintShowText(const Target& t, json j) {
   json crash_rows = j["crashes"];
   json bound_by = j["bound_by"];
+  json generations = j["generations"];
   j.erase("crashes");
   j.erase("stats");
   j.erase("bound_by");
+  j.erase("generations");
   PrintFields(j);
+  for (const json& g : generations) {
+    std::cout << "  generation " << g["generation"] << ": content "
+              << g["content_id"].get<std::string>() << ", function \""
+              << g["func_name"].get<std::string>() << "\", by uid " << g["uid"]
+              << " at " << g["at"].get<std::string>() << " ("
+              << g["origin"].get<std::string>() << ")\n";
+  }
   std::string held;
   for (const json& b : bound_by) {
     if (!held.empty()) held += ", ";

@@ -60,6 +60,20 @@ enum class TargetKind { kModule, kInProcess };
 // "module" or "in-process".
 const char* TargetKindName(TargetKind kind);
 
+// One generation of a target replaced under `replace = "owner"`
+// (docs/replace.md): its identity, who made it and when.
+struct Generation {
+  uint32_t generation = 1;
+  std::string content_id;
+  std::string module_digest;
+  uint64_t module_size = 0;
+  std::string func_name;
+  HandlerInfo handler_info;
+  PeerCred by;
+  int64_t at_us = 0;
+  std::string origin;
+};
+
 // One accepted registration. Immutable once in the registry.
 struct TargetEntry {
   TargetKey key;
@@ -79,6 +93,13 @@ struct TargetEntry {
   // Empty when executors can load the store copy; why not otherwise (the
   // store file was lost or corrupt at start-up). kregd never dlopens it.
   std::string unavailable;
+  // 1 until the target is first replaced; the fields above then describe
+  // the current generation, except registered_by/registered_at_us, which
+  // stay the owner's first registration.
+  uint32_t generation = 1;
+  // Empty until the first replacement; then every generation, oldest
+  // first, the current one last.
+  std::vector<Generation> generations;
 };
 
 using EntryPtr = std::shared_ptr<const TargetEntry>;

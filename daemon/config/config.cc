@@ -125,6 +125,9 @@ void AddFlags(CLI::App* app, FlagValues* f) {
   app->add_option("--local-execution", v.local_execution,
                   "allow (default) or deny: whether clients may run "
                   "registered kernels in their own process");
+  app->add_option("--replace", v.replace,
+                  "deny (default) or owner: whether a target's owner or root "
+                  "may replace it in place with replace=true");
   app->add_option("--executor-binary", v.executor_binary,
                   "kregd-exec to start (default: next to kregd)");
   app->add_option("--launch-timeout", v.launch_timeout_s,
@@ -228,8 +231,8 @@ absl::Status ApplyEnvironment(Config* c) {
 }
 
 // Checks the merged settings whose messages say whether the value came
-// from the config file or a flag (`flags`), and normalizes isolation and
-// local_execution to lower case.
+// from the config file or a flag (`flags`), and normalizes isolation,
+// local_execution and replace to lower case.
 absl::Status CheckMerged(const Config& flags, Config* c) {
   absl::Status level = CheckLogLevel(
       c->log_level,
@@ -262,6 +265,14 @@ absl::Status CheckMerged(const Config& flags, Config* c) {
         ") is not one of allow, deny"));
   }
   c->local_execution = policy;
+  std::string replace = absl::AsciiStrToLower(c->replace);
+  if (replace != "deny" && replace != "owner") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replace \"", c->replace, "\" (",
+                     flags.replace.empty() ? "config file" : "--replace",
+                     ") is not one of deny, owner (docs/replace.md)"));
+  }
+  c->replace = replace;
   return absl::OkStatus();
 }
 

@@ -35,6 +35,9 @@ struct Config {
   // Whether clients may run registered kernels in their own process
   // (DESIGN §11): allow | deny.
   std::string local_execution = "allow";
+  // Whether a target's owner (or root) may replace it in place with
+  // replace=true (docs/replace.md): deny | owner.
+  std::string replace = "deny";
   // Bytes of the sealed module memfds kregd keeps for local binds, all
   // modules together (LocalModuleCache).
   uint64_t max_local_module_memory_bytes = 2ull << 30;

@@ -198,6 +198,7 @@ const std::vector<KeySpec>& Keys() {
       KeyString("isolation", "--isolation", &Config::isolation),
       KeyString("local_execution", "--local-execution",
                 &Config::local_execution),
+      KeyString("replace", "--replace", &Config::replace),
       KeyInt("max_local_module_memory_bytes", "",
              &Config::max_local_module_memory_bytes, Positive,
              "a positive integer"),

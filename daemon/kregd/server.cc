@@ -141,9 +141,11 @@ Daemon::Daemon(Config config)
               HelperBinary(config_.probe_binary, "kregd-probe", "executor"),
               config_.probe_timeout_s),
       journal_(config_.state_dir + "/journal"),
-      registry_(&loader_, &journal_,
-                RegistryLimits{config_.max_registrations_per_uid,
-                               config_.max_store_bytes_per_uid}),
+      registry_(
+          &loader_, &journal_,
+          RegistryLimits{config_.max_registrations_per_uid,
+                         config_.max_store_bytes_per_uid,
+                         static_cast<uid_t>(-1), config_.replace == "owner"}),
       registrar_(&registry_,
                  ModulePolicy{config_.allowed_roots, config_.max_module_bytes,
                               HelperBinary(config_.probe_binary, "kregd-probe",
@@ -521,6 +523,11 @@ void LogExecutorPolicy(const Config& c) {
         "keeps every kernel in executors)");
   } else {
     spdlog::info("local execution: denied (local_execution = \"deny\")");
+  }
+  if (c.replace == "owner") {
+    spdlog::info(
+        "replace = \"owner\": a target's owner or root may replace it with "
+        "replace=true while no process has it bound (docs/replace.md)");
   }
 }
 

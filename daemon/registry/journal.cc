@@ -31,10 +31,19 @@ uint32_t LoadU32(const char* p) {
   return v;
 }
 
+// A later generation of a key in effect (docs/replace.md) takes its place;
+// any other record is added (Registry::Restore refuses a second record of
+// a key with other content, as a live registration would be).
 absl::Status AddEntry(const v1::Target& target,
                       std::vector<TargetEntry>* entries) {
   absl::StatusOr<TargetEntry> entry = FromProto(target);
   if (!entry.ok()) return entry.status();
+  for (TargetEntry& e : *entries) {
+    if (e.key == entry->key && e.generation < entry->generation) {
+      e = *std::move(entry);
+      return absl::OkStatus();
+    }
+  }
   entries->push_back(*std::move(entry));
   return absl::OkStatus();
 }

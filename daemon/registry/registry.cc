@@ -21,23 +21,6 @@ std::string Describe(TargetKind kind, const std::string& content_id,
                       "\", platform ", PlatformName(platform));
 }
 
-// Who holds a binding and since when, for refusals: "uid 1000 (alice)
-// since 2025-01-02T03:04:05Z". The user name is left out when the uid has
-// no passwd entry here; the time when the entry has none.
-std::string Holder(const TargetEntry& e) {
-  std::string who = UserName(e.registered_by.uid);
-  if (e.registered_at_us > 0) {
-    std::time_t t = static_cast<std::time_t>(e.registered_at_us / 1000000);
-    struct tm tm;
-    char when[32];
-    if (::gmtime_r(&t, &tm) != nullptr &&
-        std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm) > 0) {
-      absl::StrAppend(&who, " since ", when);
-    }
-  }
-  return who;
-}
-
 RegistryLimits WithAdmin(RegistryLimits limits) {
   if (limits.admin_uid == static_cast<uid_t>(-1))
     limits.admin_uid = ::geteuid();
@@ -131,6 +114,20 @@ void LogDecision(const RegisterArgs& args, const std::string& digest,
 
 }  // namespace
 
+std::string Holder(const TargetEntry& e) {
+  std::string who = UserName(e.registered_by.uid);
+  if (e.registered_at_us > 0) {
+    std::time_t t = static_cast<std::time_t>(e.registered_at_us / 1000000);
+    struct tm tm;
+    char when[32];
+    if (::gmtime_r(&t, &tm) != nullptr &&
+        std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm) > 0) {
+      absl::StrAppend(&who, " since ", when);
+    }
+  }
+  return who;
+}
+
 Registry::Registry(HandlerLoader* loader, RegistrationLog* log,
                    RegistryLimits limits)
     : loader_(loader), log_(log), limits_(WithAdmin(limits)) {}
@@ -165,6 +162,12 @@ absl::Status Registry::CheckSame(const TargetEntry& existing, TargetKind kind,
     absl::StrAppend(&msg,
                     " replace=true was requested, but it is reserved: a "
                     "content change is refused whether or not it is set.");
+  } else if (limits_.replace_by_owner && existing.kind == TargetKind::kModule &&
+             kind == TargetKind::kModule) {
+    absl::StrAppend(&msg, " This kregd lets a target's owner (uid ",
+                    existing.registered_by.uid,
+                    ") or root replace it in place: register with "
+                    "replace=True to make the next generation.");
   }
   return absl::FailedPreconditionError(msg);
 }
@@ -172,10 +175,17 @@ absl::Status Registry::CheckSame(const TargetEntry& existing, TargetKind kind,
 absl::Status Registry::CheckIdentity(const TargetEntry& existing,
                                      const RegisterArgs& args,
                                      const std::string& cid,
-                                     const std::string& digest) const {
+                                     const std::string& digest,
+                                     bool* replacing) const {
+  *replacing = false;
   absl::Status same =
       CheckSame(existing, args.kind, cid, args.func_name, args.replace);
   if (same.ok()) return CheckOwnerOrDigest(existing, args.peer, digest);
+  if (args.replace && limits_.replace_by_owner) {
+    absl::Status may = MayReplace(existing, args);
+    *replacing = may.ok();
+    return may;
+  }
   if (args.kind == TargetKind::kModule && !args.content_id.empty() &&
       existing.module_digest == digest &&
       existing.func_name == args.func_name) {
@@ -269,6 +279,7 @@ absl::StatusOr<RegisterOutcome> Registry::Decide(const RegisterArgs& args,
   }
   const std::vector<gid_t>* g = groups.has_value() ? &*groups : nullptr;
   EntryPtr existing;
+  bool replacing = false;
   {
     absl::MutexLock lock(&mu_);
     AwaitFree({args.key});
@@ -279,13 +290,14 @@ absl::StatusOr<RegisterOutcome> Registry::Decide(const RegisterArgs& args,
     }
     existing = LookupLocked(args.key);
     if (existing != nullptr) {
-      absl::Status same = CheckIdentity(*existing, args, cid, digest);
+      absl::Status same =
+          CheckIdentity(*existing, args, cid, digest, &replacing);
       if (!same.ok()) {
         refused_.fetch_add(1);
         return same;
       }
-      if (existing->unavailable.empty() ||
-          existing->kind == TargetKind::kInProcess) {
+      if (!replacing && (existing->unavailable.empty() ||
+                         existing->kind == TargetKind::kInProcess)) {
         return RegisterOutcome{false, existing};
       }
     } else {
@@ -299,6 +311,7 @@ absl::StatusOr<RegisterOutcome> Registry::Decide(const RegisterArgs& args,
   // The key is reserved: the work below (a probe may take 20 s, fsyncs, an
   // etcd claim) holds back only requests for this key.
   Hold hold(this, {args.key});
+  if (replacing) return Replace(args, digest, cid, existing);
   if (existing == nullptr) {
     if (BindingAuthority* authority = authority_.load()) {
       return RegisterClaimed(args, digest, cid, authority);
@@ -405,8 +418,9 @@ absl::Status Registry::RefusalNow(
                             groups->has_value() ? &**groups : nullptr)) {
     return ReservedRefusal(args.key, *r, peer);
   }
+  bool replacing = false;
   return seen == nullptr ? absl::OkStatus()
-                         : CheckIdentity(*seen, args, cid, digest);
+                         : CheckIdentity(*seen, args, cid, digest, &replacing);
 }
 
 EntryPtr Registry::LookupLocked(const TargetKey& key) const {

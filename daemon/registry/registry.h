@@ -36,6 +36,12 @@ struct RegisterOutcome {
   EntryPtr entry;
 };
 
+// Who holds a binding and since when, for refusals: "uid 1000 (alice)
+// since 2025-01-02T03:04:05Z". The user name is left out when the uid has
+// no passwd entry here (an NSS lookup: never under the registry's lock);
+// the time when the entry has none.
+std::string Holder(const TargetEntry& e);
+
 // A module written for a pending registration. Nothing is in the store
 // until the registration is accepted and the module committed.
 struct StagedModule {
@@ -104,6 +110,9 @@ struct RegistryLimits {
   uint64_t max_store_bytes_per_uid = 4ull << 30;
   // Besides root, the uid that may run CollectGarbage (kregd's own).
   uid_t admin_uid = static_cast<uid_t>(-1);
+  // `replace = "owner"` (docs/replace.md): replace=true by a module
+  // target's owner or root makes its next generation. False: "deny".
+  bool replace_by_owner = false;
 };
 
 // Thread-safe. Decisions are made under one short lock; the slow work (the
@@ -129,6 +138,13 @@ class Registry {
   // that is not the module's digest), RESOURCE_EXHAUSTED (a per-uid limit),
   // or the loader's/log's error. Every decision is logged at info. A module
   // reaches the store only once its registration is accepted.
+  // With limits.replace_by_owner, replace=true with other content makes the
+  // next generation (created=true; docs/replace.md): PERMISSION_DENIED
+  // naming the owner unless `args.peer` is the owner or root,
+  // FAILED_PRECONDITION for an in-process target, for a handler whose FFI
+  // API major or traits differ from the current generation's, or (until
+  // running processes can be re-pointed) while a live session has the
+  // target bound; UNIMPLEMENTED in cluster mode.
   absl::StatusOr<RegisterOutcome> Register(const RegisterArgs& args);
 
   // Removes (target_name, platform), or every platform under the name when
@@ -278,10 +294,21 @@ class Registry {
                          const std::string& cid, const std::string& func_name,
                          bool replace) const;
   // CheckSame, then (equal by content_id) that another uid brings the
-  // owner's module bytes.
+  // owner's module bytes. Other content that `args` may replace under the
+  // policy (MayReplace) is OK with `*replacing` set.
   absl::Status CheckIdentity(const TargetEntry& existing,
                              const RegisterArgs& args, const std::string& cid,
-                             const std::string& digest) const;
+                             const std::string& digest, bool* replacing) const;
+  // Whether `args` (replace=true, other content) may replace `existing`:
+  // its owner or root, module targets only.
+  absl::Status MayReplace(const TargetEntry& existing,
+                          const RegisterArgs& args) const;
+  // The work of a reserved replacement, outside mu_: journal and publish
+  // the next generation of `existing` (registry_replace.cc).
+  absl::StatusOr<RegisterOutcome> Replace(const RegisterArgs& args,
+                                          const std::string& digest,
+                                          const std::string& cid,
+                                          const EntryPtr& existing);
   // Register without the decision log.
   absl::StatusOr<RegisterOutcome> Decide(const RegisterArgs& args,
                                          const std::string& digest);
@@ -325,6 +352,11 @@ class Registry {
   absl::StatusOr<EntryPtr> Install(const TargetEntry& entry,
                                    const std::string& bytes,
                                    bool journal = true);
+  // A replacement's probed handler (`info`) against the generation before
+  // `next`'s last: FAILED_PRECONDITION naming both when the FFI API major
+  // or the traits differ.
+  static absl::Status CheckCompatible(const TargetEntry& next,
+                                      const HandlerInfo& info);
   // Journal and publish `entry` (module already in place, or in-process).
   absl::StatusOr<EntryPtr> Insert(const TargetEntry& entry);
   // Journals the retirement of `entry` by `by` and removes it.

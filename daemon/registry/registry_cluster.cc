@@ -61,10 +61,14 @@ absl::StatusOr<RegisterOutcome> Registry::RegisterClaimed(
   const bool created = claim->created;
   TargetEntry binding = created ? proposed : claim->existing;
   if (!created) {
-    absl::Status same = CheckIdentity(binding, args, cid, digest);
+    bool replacing = false;
+    absl::Status same = CheckIdentity(binding, args, cid, digest, &replacing);
     if (!same.ok()) {
       refused_.fetch_add(1);
       return same;
+    }
+    if (replacing) {
+      return Replace(args, digest, cid, std::make_shared<TargetEntry>(binding));
     }
     // Equal to the binding made elsewhere (a no-op cluster-wide). Unless
     // our bytes are its module, every host runs the binding's module: a
@@ -137,6 +141,10 @@ absl::StatusOr<EntryPtr> Registry::Install(const TargetEntry& entry,
   });
   absl::StatusOr<HandlerInfo> info = loader_->Probe(*staged, entry.func_name);
   if (!info.ok()) return info.status();
+  if (entry.generations.size() >= 2) {
+    absl::Status compatible = CheckCompatible(entry, *info);
+    if (!compatible.ok()) return compatible;
+  }
   absl::Status st = loader_->Commit(*staged);
   if (!st.ok()) return st;
   committed = true;
@@ -144,6 +152,8 @@ absl::StatusOr<EntryPtr> Registry::Install(const TargetEntry& entry,
   if (!st.ok()) return st;
   auto local = std::make_shared<TargetEntry>(entry);
   local->handler_info = *info;
+  if (!local->generations.empty())
+    local->generations.back().handler_info = *info;
   local->unavailable.clear();
   if (journal) {
     st = log_->Append(*local);

@@ -189,6 +189,10 @@ absl::StatusOr<GcOutcome> Registry::SweepStore() {
   std::set<std::string> keep;
   for (const EntryPtr& e : List()) {
     if (!e->module_digest.empty()) keep.insert(e->module_digest);
+    // Earlier generations: processes may still run them (docs/replace.md).
+    for (const Generation& g : e->generations) {
+      if (!g.module_digest.empty()) keep.insert(g.module_digest);
+    }
   }
   absl::StatusOr<GcOutcome> out = loader_->RemoveUnreferenced(keep);
   absl::MutexLock lock(&mu_);

@@ -25,6 +25,23 @@ v1::Target ToProto(const TargetEntry& e) {
   a->set_registered_at_us(e.registered_at_us);
   a->set_origin(e.origin);
   a->set_host(e.host);
+  t.set_generation(e.generation);
+  for (const Generation& g : e.generations) {
+    v1::Generation* p = t.add_generations();
+    p->set_generation(g.generation);
+    p->set_content_id(g.content_id);
+    p->set_module_digest(g.module_digest);
+    p->set_module_size(g.module_size);
+    p->set_func_name(g.func_name);
+    p->set_ffi_api_major(g.handler_info.api_major);
+    p->set_ffi_api_minor(g.handler_info.api_minor);
+    p->set_traits(g.handler_info.traits);
+    p->set_uid(g.by.uid);
+    p->set_gid(g.by.gid);
+    p->set_pid(g.by.pid);
+    p->set_at_us(g.at_us);
+    p->set_origin(g.origin);
+  }
   return t;
 }
 
@@ -72,6 +89,21 @@ absl::StatusOr<TargetEntry> FromProto(const v1::Target& t) {
   e.registered_at_us = t.audit().registered_at_us();
   e.origin = t.audit().origin();
   e.host = t.audit().host();
+  // A record from before generations existed has none: generation 1.
+  e.generation = std::max<uint32_t>(t.generation(), 1);
+  for (const v1::Generation& p : t.generations()) {
+    Generation g;
+    g.generation = p.generation();
+    g.content_id = p.content_id();
+    g.module_digest = p.module_digest();
+    g.module_size = p.module_size();
+    g.func_name = p.func_name();
+    g.handler_info = {p.ffi_api_major(), p.ffi_api_minor(), p.traits()};
+    g.by = PeerCred{p.uid(), p.gid(), p.pid()};
+    g.at_us = p.at_us();
+    g.origin = p.origin();
+    e.generations.push_back(std::move(g));
+  }
   return e;
 }
 

@@ -90,6 +90,7 @@ std::vector<FileCase> FileCases(const std::string& dir) {
       {"probe_binary", "probe_binary = \"/x/probe\"", "\"/x/probe\""},
       {"isolation", "isolation = \"UID\"", "\"uid\""},
       {"local_execution", "local_execution = \"Deny\"", "\"deny\""},
+      {"replace", "replace = \"Owner\"", "\"owner\""},
       {"max_local_module_memory_bytes", "max_local_module_memory_bytes = 4000",
        "4000"},
       {"executor_binary", "executor_binary = \"/x/exec\"", "\"/x/exec\""},
@@ -199,6 +200,7 @@ TEST_CASE("Every flag sets its key, over the config file", "[config]") {
       {{"--log-level", "warn"}, "log_level", "\"warn\""},
       {{"--isolation", "Shared"}, "isolation", "\"shared\""},
       {{"--local-execution", "deny"}, "local_execution", "\"deny\""},
+      {{"--replace", "OWNER"}, "replace", "\"owner\""},
       {{"--executor-binary", "/f/exec"}, "executor_binary", "\"/f/exec\""},
       {{"--launch-timeout", "1.5"}, "launch_timeout", "1.5"},
       {{"--quarantine-crashes", "0"}, "quarantine_crashes", "0"},
@@ -385,6 +387,9 @@ TEST_CASE("Bad flags and merged values give the documented messages",
       {{"--local-execution", "maybe"},
        "local_execution \"maybe\" (--local-execution) is not one of allow, "
        "deny"},
+      {{"--replace", "maybe"},
+       "replace \"maybe\" (--replace) is not one of deny, owner "
+       "(docs/replace.md)"},
       {{"--allow-root", "/nonexistent/kreg-root"},
        "allowed root \"/nonexistent/kreg-root\" does not exist or cannot be "
        "resolved"},
@@ -431,6 +436,20 @@ TEST_CASE("Bad flags and merged values give the documented messages",
     CHECK(m.find("--orphan-timeout") != std::string::npos);
     CHECK(m.find("; run kregd --help for the flags") != std::string::npos);
   }
+}
+
+TEST_CASE("replace is deny by default; a bad value in the file says so",
+          "[config][replace]") {
+  absl::StatusOr<Config> plain = Parse({});
+  REQUIRE(plain.ok());
+  CHECK(plain->replace == "deny");
+  TempDir dir;
+  absl::StatusOr<Config> c =
+      Parse({"--config", ConfigFile(dir, "replace = \"anyone\"\n")});
+  REQUIRE(c.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(c.status().message()) ==
+        "replace \"anyone\" (config file) is not one of deny, owner "
+        "(docs/replace.md)");
 }
 
 }  // namespace

@@ -68,6 +68,45 @@ TEST_CASE("Journal round-trips records across reopen", "[journal]") {
   CHECK(j.torn_bytes() == 0);
 }
 
+TEST_CASE("Journal replays a replaced target as its last generation",
+          "[journal][replace]") {
+  testing::TempDir dir;
+  std::string path = dir.path() + "/journal";
+  TargetEntry first = Entry("a");
+  TargetEntry second = first;
+  second.generation = 2;
+  second.content_id = "sha256:" + std::string(64, 'b');
+  second.module_digest = second.content_id;
+  second.generations = {
+      Generation{1, first.content_id, first.module_digest, 10, "Scale",
+                 HandlerInfo{0, 4, 0, 0}, first.registered_by, 5, "upload"},
+      Generation{2, second.content_id, second.module_digest, 11, "Scale",
+                 HandlerInfo{0, 5, 1, 0}, PeerCred{0, 0, 7}, 6, "path:/m"}};
+  {
+    Journal j(path);
+    REQUIRE(j.Open().ok());
+    REQUIRE(j.Append(first).ok());
+    REQUIRE(j.Append(Entry("b")).ok());
+    REQUIRE(j.Append(second).ok());
+  }
+  Journal j(path);
+  auto entries = j.Open();
+  REQUIRE(entries.ok());
+  REQUIRE(entries->size() == 2);
+  const TargetEntry& a = (*entries)[0];
+  CHECK(a.key.name == "a");
+  CHECK(a.generation == 2);
+  CHECK(a.module_digest == second.module_digest);
+  CHECK(a.registered_by.uid == 1000);
+  REQUIRE(a.generations.size() == 2);
+  CHECK(a.generations[0].module_digest == first.module_digest);
+  CHECK(a.generations[1].by.pid == 7);
+  CHECK(a.generations[1].handler_info.traits == 1);
+  CHECK(a.generations[1].origin == "path:/m");
+  CHECK((*entries)[1].generation == 1);  // a record without one
+  CHECK((*entries)[1].generations.empty());
+}
+
 TEST_CASE("Journal append before open fails", "[journal]") {
   testing::TempDir dir;
   Journal j(dir.path() + "/journal");

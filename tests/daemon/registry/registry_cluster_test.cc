@@ -241,5 +241,34 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("replace=true in cluster mode is refused: not built yet",
+          "[registry][cluster][replace]") {
+  FakeEtcd etcd;
+  Host a(&etcd, "a");
+  REQUIRE(a.registry.Register(ArgsBy(1000, "op", "aa")).ok());
+  RegistryLimits limits;
+  limits.replace_by_owner = true;
+  FakeAuthority authority(&etcd, "b");
+  FakeLoader loader;
+  MemLog log;
+  Registry b(&loader, &log, limits);
+  b.SetBindingAuthority(&authority);
+  RegisterArgs change = ArgsBy(1000, "op", "bb");
+  change.replace = true;
+  // b holds no local entry: the claim finds a's binding. Then the same
+  // with the binding local on b.
+  for (int round = 0; round < 2; ++round) {
+    if (round == 1) REQUIRE(b.Register(ArgsBy(1000, "op", "aa")).ok());
+    auto out = b.Register(change);
+    REQUIRE(out.status().code() == absl::StatusCode::kUnimplemented);
+    CHECK(std::string(out.status().message()) ==
+          "cannot replace target \"op\" (cpu): replacing a target in cluster "
+          "mode is not built yet (docs/replace.md, section 9); register the "
+          "rebuild under a distinct target name");
+    CHECK(log.entries.size() == static_cast<size_t>(round));
+    CHECK(loader.files.count(Sha256Digest("bb")) == 0);
+  }
+}
+
 }  // namespace
 }  // namespace kreg

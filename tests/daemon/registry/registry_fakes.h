@@ -18,7 +18,8 @@ namespace kreg {
 // In-memory HandlerLoader that counts loads and tracks what is in the
 // "store": staged temp files, committed files, discarded ones. Thread-safe
 // (the registry calls it outside its lock). A probe of func "Slow" blocks
-// until OpenGate() (or 20 s, the real probe's limit).
+// until OpenGate() (or 20 s, the real probe's limit). Every handler is FFI
+// API 0.4 with traits 0, except "Traits1" (traits 1) and "Minor5" (0.5).
 class FakeLoader : public HandlerLoader {
  public:
   absl::StatusOr<StagedModule> Stage(const std::string& bytes,
@@ -42,6 +43,8 @@ class FakeLoader : public HandlerLoader {
       ++slow_probes;
       mu.AwaitWithTimeout(absl::Condition(&gate_open), absl::Seconds(20));
     }
+    if (func == "Traits1") return HandlerInfo{0, 4, 1, 0};
+    if (func == "Minor5") return HandlerInfo{0, 5, 0, 0};
     return HandlerInfo{0, 4, 0, 0};
   }
   absl::Status Commit(const StagedModule& staged) override {

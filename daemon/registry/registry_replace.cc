@@ -1,0 +1,125 @@
+// Registry: replacing a target under `replace = "owner"` (docs/replace.md):
+// the next generation, journaled with both identities.
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/base/platform_table.h"
+#include "daemon/registry/registry.h"
+#include "spdlog/spdlog.h"
+
+namespace kreg {
+namespace {
+
+Generation GenerationOf(const TargetEntry& e, const PeerCred& by,
+                        int64_t at_us) {
+  return Generation{
+      e.generation,   e.content_id, e.module_digest, e.module_size, e.func_name,
+      e.handler_info, by,           at_us,           e.origin};
+}
+
+}  // namespace
+
+absl::Status Registry::MayReplace(const TargetEntry& existing,
+                                  const RegisterArgs& args) const {
+  if (existing.kind != TargetKind::kModule ||
+      args.kind != TargetKind::kModule) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot replace ", Named(existing.key), ": ",
+        existing.kind == TargetKind::kModule ? "the request is"
+                                             : "the registered target is",
+        " an in-process callable (it runs inside its owner process, where "
+        "kregd cannot re-point it); only modules can be replaced. Register "
+        "it under a distinct target name."));
+  }
+  if (args.peer.uid != 0 && args.peer.uid != existing.registered_by.uid) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot replace ", Named(existing.key),
+                     ": it is owned by ", Holder(existing),
+                     ", and only its owner or root may replace it (you "
+                     "are uid ",
+                     args.peer.uid,
+                     "). Ask its owner, or register your build "
+                     "under a distinct target name."));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Registry::CheckCompatible(const TargetEntry& next,
+                                       const HandlerInfo& info) {
+  const Generation& before = next.generations[next.generations.size() - 2];
+  const HandlerInfo& was = before.handler_info;
+  if (was.api_major == info.api_major && was.traits == info.traits) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "cannot replace ", Named(next.key), " with function \"", next.func_name,
+      "\" of module ", next.module_digest,
+      ": its XLA FFI metadata is not compatible with generation ",
+      before.generation, "'s (FFI API ", was.api_major, ".", was.api_minor,
+      " -> ", info.api_major, ".", info.api_minor, ", traits ", was.traits,
+      " -> ", info.traits,
+      "); executables compiled against the current handler cannot call it. "
+      "Build it against the same XLA FFI API major version with the same "
+      "traits, or register it under a distinct target name."));
+}
+
+absl::StatusOr<RegisterOutcome> Registry::Replace(const RegisterArgs& args,
+                                                  const std::string& digest,
+                                                  const std::string& cid,
+                                                  const EntryPtr& existing) {
+  if (authority_.load() != nullptr) {
+    refused_.fetch_add(1);
+    return absl::UnimplementedError(absl::StrCat(
+        "cannot replace ", Named(args.key),
+        ": replacing a target in cluster mode is not built yet "
+        "(docs/replace.md, section 9); register the rebuild under a distinct "
+        "target name"));
+  }
+  // TODO(issue 35): re-point the live holders here (docs/replace.md,
+  // sections 3-5: executors over their control socket, local binds over
+  // the shim's control connection, then wait for their acks within
+  // replace_timeout). Until then a replacement waits for a target no live
+  // process has bound, so no process runs a generation kregd did not tell
+  // it about.
+  if (BindingOracle* oracle = oracle_.load()) {
+    std::vector<PeerCred> holders = oracle->Holders(args.key);
+    if (!holders.empty()) {
+      refused_.fetch_add(1);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot replace ", Named(args.key),
+          " yet: live sessions have it bound (",
+          absl::StrJoin(holders, ", ",
+                        [](std::string* out, const PeerCred& p) {
+                          absl::StrAppend(out, "pid ", p.pid, " of ",
+                                          UserName(p.uid));
+                        }),
+          "), and re-pointing running processes is not built yet "
+          "(docs/replace.md). Replace it once those processes have exited "
+          "(`kregctl sessions` lists what each holds), or register the "
+          "rebuild under a distinct target name."));
+    }
+  }
+  TargetEntry next = *existing;
+  if (next.generations.empty()) {
+    next.generations.push_back(GenerationOf(*existing, existing->registered_by,
+                                            existing->registered_at_us));
+  }
+  next.generation = existing->generation + 1;
+  next.func_name = args.func_name;
+  next.content_id = cid;
+  next.module_digest = digest;
+  next.module_size = args.module_bytes.size();
+  next.origin = args.origin;
+  next.handler_info = {};
+  next.generations.push_back(GenerationOf(next, args.peer, NowMicros()));
+  absl::StatusOr<EntryPtr> installed = Install(next, args.module_bytes);
+  if (!installed.ok()) return installed.status();
+  spdlog::info(
+      "replaced {}: generation {} (content {}, module {}) -> {} (content {}, "
+      "module {}) by uid {} pid {}",
+      Named(args.key), existing->generation, existing->content_id,
+      existing->module_digest, next.generation, cid, digest, args.peer.uid,
+      args.peer.pid);
+  return RegisterOutcome{true, *installed};
+}
+
+}  // namespace kreg

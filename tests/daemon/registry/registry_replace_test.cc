@@ -1,0 +1,236 @@
+// Registry under `replace = "owner"` (docs/replace.md): generations.
+#include <ctime>
+
+#include "catch2/catch.hpp"
+#include "daemon/registry/registry.h"
+#include "daemon/store/module_store.h"
+#include "tests/daemon/registry/registry_fakes.h"
+
+namespace kreg {
+namespace {
+
+RegistryLimits Owner() {
+  RegistryLimits limits;
+  limits.replace_by_owner = true;
+  return limits;
+}
+
+RegisterArgs ReplaceBy(uid_t uid, const std::string& bytes,
+                       const std::string& func = "Scale") {
+  RegisterArgs a = ArgsBy(uid, "my_op", bytes);
+  a.func_name = func;
+  a.replace = true;
+  return a;
+}
+
+TEST_CASE("replace=true by the owner makes the next generation", "[replace]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log, Owner());
+  REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
+  auto second = registry.Register(ReplaceBy(1000, "bb"));
+  REQUIRE(second.ok());
+  CHECK(second->created);
+  const TargetEntry& e = *registry.Lookup({"my_op", Platform::kCpu});
+  CHECK(e.generation == 2);
+  CHECK(e.module_digest == Sha256Digest("bb"));
+  CHECK(e.registered_by.uid == 1000);
+  REQUIRE(e.generations.size() == 2);
+  CHECK(e.generations[0].generation == 1);
+  CHECK(e.generations[0].module_digest == Sha256Digest("aa"));
+  CHECK(e.generations[1].generation == 2);
+  CHECK(e.generations[1].module_digest == Sha256Digest("bb"));
+  CHECK(e.generations[1].by.uid == 1000);
+  CHECK(e.generations[1].handler_info.api_minor == 4);
+  // Journaled with both identities.
+  REQUIRE(log.entries.size() == 2);
+  CHECK(log.entries[1].generation == 2);
+  CHECK(log.entries[1].generations.size() == 2);
+  // The same content again is a no-op; other content a third generation.
+  auto same = registry.Register(ReplaceBy(1000, "bb"));
+  REQUIRE(same.ok());
+  CHECK_FALSE(same->created);
+  auto third = registry.Register(ReplaceBy(1000, "cc"));
+  REQUIRE(third.ok());
+  CHECK(third->entry->generation == 3);
+  CHECK(third->entry->generations.size() == 3);
+  CHECK(log.entries.size() == 3);
+  // Every generation's module stays in the store.
+  REQUIRE(registry.CollectGarbage({0, 0, 1}).ok());
+  CHECK(loader.gc_keep == std::set<std::string>{Sha256Digest("aa"),
+                                                Sha256Digest("bb"),
+                                                Sha256Digest("cc")});
+}
+
+TEST_CASE("root may replace another uid's target; the owner stays",
+          "[replace]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log, Owner());
+  REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
+  auto replaced = registry.Register(ReplaceBy(0, "bb"));
+  REQUIRE(replaced.ok());
+  CHECK(replaced->entry->generation == 2);
+  CHECK(replaced->entry->registered_by.uid == 1000);
+  CHECK(replaced->entry->generations[1].by.uid == 0);
+}
+
+TEST_CASE("another uid's replace is refused naming the owner", "[replace]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log, Owner());
+  REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
+  auto refused = registry.Register(ReplaceBy(1001, "bb"));
+  REQUIRE(refused.status().code() == absl::StatusCode::kPermissionDenied);
+  std::string msg(refused.status().message());
+  CHECK_THAT(msg, Catch::StartsWith("cannot replace target \"my_op\" (cpu): "
+                                    "it is owned by " +
+                                    UserName(1000) + " since "));
+  CHECK_THAT(msg, Catch::EndsWith(
+                      ", and only its owner or root may replace it (you are "
+                      "uid 1001). Ask its owner, or register your build under "
+                      "a distinct target name."));
+  CHECK(log.entries.size() == 1);
+  CHECK(registry.refused() == 1);
+}
+
+TEST_CASE("deny keeps today's refusal of replace=true, word for word",
+          "[replace]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log);  // replace = "deny", the default
+  REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
+  auto refused = registry.Register(ReplaceBy(1000, "bb"));
+  REQUIRE(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+  const TargetEntry& e = *registry.Lookup({"my_op", Platform::kCpu});
+  std::time_t t = static_cast<std::time_t>(e.registered_at_us / 1000000);
+  struct tm tm;
+  char when[32];
+  REQUIRE(::gmtime_r(&t, &tm) != nullptr);
+  REQUIRE(std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm) > 0);
+  CHECK(std::string(refused.status().message()) ==
+        "target \"my_op\" is already registered (first registered by " +
+            UserName(1000) + " since " + when + ") with content " +
+            Sha256Digest("aa") +
+            ", function \"Scale\", platform cpu; refusing to re-point it to "
+            "content " +
+            Sha256Digest("bb") +
+            ", function \"Scale\", platform cpu. XLA binds a handler into "
+            "every compiled executable, so a live re-point can be neither "
+            "performed nor verified. Register the rebuild under a distinct "
+            "target name (a new name or a version prefix, e.g. "
+            "\"my_op.v2\"). replace=true was requested, but it is reserved: "
+            "a content change is refused whether or not it is set.");
+  CHECK(log.entries.size() == 1);
+}
+
+TEST_CASE("under owner, a change without replace=true says how to replace",
+          "[replace]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log, Owner());
+  REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
+  auto refused = registry.Register(ArgsBy(1000, "my_op", "bb"));
+  REQUIRE(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(refused.status().message()),
+             Catch::EndsWith("\"my_op.v2\"). This kregd lets a target's owner "
+                             "(uid 1000) or root replace it in place: "
+                             "register with replace=True to make the next "
+                             "generation."));
+}
+
+TEST_CASE("a replacement is refused while live sessions have the target bound",
+          "[replace]") {
+  FakeLoader loader;
+  MemLog log;
+  FakeOracle oracle;
+  Registry registry(&loader, &log, Owner());
+  registry.SetBindingOracle(&oracle);
+  REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
+  oracle.bound["my_op"] = {42};
+  auto refused = registry.Register(ReplaceBy(1000, "bb"));
+  REQUIRE(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(refused.status().message()) ==
+        "cannot replace target \"my_op\" (cpu) yet: live sessions have it "
+        "bound (pid 42 of " +
+            UserName(1042) +
+            "), and re-pointing running processes is not built yet "
+            "(docs/replace.md). Replace it once those processes have exited "
+            "(`kregctl sessions` lists what each holds), or register the "
+            "rebuild under a distinct target name.");
+  CHECK(log.entries.size() == 1);
+  CHECK(loader.stored.size() == 1);  // nothing of "bb" was staged
+  oracle.bound.clear();
+  REQUIRE(registry.Register(ReplaceBy(1000, "bb")).ok());
+}
+
+TEST_CASE("in-process targets cannot be replaced", "[replace]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log, Owner());
+  REQUIRE(registry.Register(InProcessArgs("cb", "fp1")).ok());
+  RegisterArgs change = InProcessArgs("cb", "fp2");
+  change.replace = true;
+  auto refused = registry.Register(change);
+  REQUIRE(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(refused.status().message()) ==
+        "cannot replace target \"cb\" (cuda): the registered target is an "
+        "in-process callable (it runs inside its owner process, where kregd "
+        "cannot re-point it); only modules can be replaced. Register it under "
+        "a distinct target name.");
+  RegisterArgs module = Args("cb", "aa", "Scale", Platform::kCuda);
+  module.peer = {0, 0, 7};
+  module.replace = true;
+  auto over = registry.Register(module);
+  REQUIRE(over.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(over.status().message()),
+             Catch::Contains("the registered target is an in-process"));
+  CHECK(log.entries.size() == 1);
+}
+
+TEST_CASE("a replacement with other FFI traits is refused naming both",
+          "[replace]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log, Owner());
+  REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
+  auto refused = registry.Register(ReplaceBy(1000, "bb", "Traits1"));
+  REQUIRE(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(refused.status().message()) ==
+        "cannot replace target \"my_op\" (cpu) with function \"Traits1\" of "
+        "module " +
+            Sha256Digest("bb") +
+            ": its XLA FFI metadata is not compatible with generation 1's "
+            "(FFI API 0.4 -> 0.4, traits 0 -> 1); executables compiled "
+            "against the current handler cannot call it. Build it against "
+            "the same XLA FFI API major version with the same traits, or "
+            "register it under a distinct target name.");
+  CHECK(log.entries.size() == 1);
+  CHECK(loader.discarded == std::vector<std::string>{Sha256Digest("bb")});
+  CHECK(registry.Lookup({"my_op", Platform::kCpu})->generation == 1);
+  // Another FFI API minor version is compatible.
+  auto minor = registry.Register(ReplaceBy(1000, "cc", "Minor5"));
+  REQUIRE(minor.ok());
+  CHECK(minor->entry->handler_info.api_minor == 5);
+}
+
+TEST_CASE("Restore brings back the last generation", "[replace]") {
+  FakeLoader loader;
+  MemLog log;
+  {
+    Registry registry(&loader, &log, Owner());
+    REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
+    REQUIRE(registry.Register(ReplaceBy(1000, "bb")).ok());
+  }
+  Registry restarted(&loader, &log);
+  REQUIRE(restarted.Restore(log.entries.back()).ok());
+  EntryPtr e = restarted.Lookup({"my_op", Platform::kCpu});
+  CHECK(e->generation == 2);
+  CHECK(e->module_digest == Sha256Digest("bb"));
+  // Under deny, the restarted registry refuses further changes as usual.
+  auto refused = restarted.Register(ReplaceBy(1000, "cc"));
+  CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace kreg
