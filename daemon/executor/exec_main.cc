@@ -38,6 +38,7 @@
 #include "daemon/executor/executor_backend.h"
 #include "daemon/executor/ffi/ffi_host.h"
 #include "daemon/executor/module_cache.h"
+#include "daemon/executor/repoint_table.h"
 #include "daemon/executor/session.h"
 #include "kreg/v1/executor.pb.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -647,9 +648,14 @@ int Main() {
   ModuleCache modules;
   std::atomic<bool> recycle{false};
   std::atomic<bool> drain{false};
+  // TODO(issue 35): ControlStep fills it from kregd's ExecRepoint frames
+  // (docs/replace.md, section 3): load the module through `modules`, Set,
+  // then acknowledge on the control socket.
+  RepointTable repoints;
   ExecutorShared shared{
       &modules, &host,    cuda && cuda->status().ok() ? cuda.get() : nullptr,
-      &*page,   &recycle, &drain};
+      &*page,   &recycle, &drain,
+      &repoints};
   std::atomic<bool> stop_gpu_watch{false};
   std::thread gpu_watch;
   if (shared.cuda != nullptr) {

@@ -15,6 +15,7 @@
 #include "common/unique_fd.h"
 #include "daemon/base/status_page.h"
 #include "daemon/executor/module_cache.h"
+#include "daemon/executor/repoint_table.h"
 #include "daemon/executor/session.h"
 #include "kreg/v1/executor.pb.h"
 
@@ -35,6 +36,8 @@ struct ExecutorShared {
   // Set when the next kregd drains the executor (DESIGN §12): sessions end
   // after their current reply.
   std::atomic<bool>* drain = nullptr;
+  // The targets kregd re-pointed in this executor (docs/replace.md).
+  RepointTable* repoints = nullptr;
 };
 
 // Leaves `text` (cut to fit) as the status page's note, the executor's last
@@ -74,6 +77,7 @@ class ExecutorBackend final : public SessionBackend {
   void ArenaSized(uint64_t bytes) override;
   bool ShouldStop() override;
   bool LostDaemon() const override { return lost_kregd_.load(); }
+  const RepointTable* Repoints() const override { return shared_.repoints; }
 
   // Re-adoption (DESIGN §12): from now on relay to kregd over `broker`.
   // False (and `broker` untouched) once the session is ending: it found

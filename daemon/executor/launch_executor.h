@@ -23,21 +23,26 @@
 namespace kreg {
 
 class CudaDevices;
+class RepointTable;
 class SessionBackend;
 class ShmArena;
 
-// The handlers a session has resolved (registrations are never changed, and
-// a retired name cannot be retired while a session has it bound).
+// The handlers a session has resolved (a retired name cannot be retired
+// while a session has it bound). A target kregd re-points
+// (docs/replace.md) switches at the next Lookup: the start of a launch.
 class HandlerTable {
  public:
-  explicit HandlerTable(SessionBackend* backend) : backend_(backend) {}
-  // The handler registered as `key` (asking the backend the first time),
-  // or the backend's NOT_FOUND naming it.
+  explicit HandlerTable(SessionBackend* backend);
+  // The handler registered as `key` (asking the backend the first time,
+  // then the backend's RepointTable when it changed), or the backend's
+  // NOT_FOUND naming it.
   absl::StatusOr<void*> Lookup(const TargetKey& key);
   void Clear() { handlers_.clear(); }
 
  private:
   SessionBackend* const backend_;
+  const RepointTable* const repoints_;  // null: targets are never re-pointed
+  uint64_t seen_epoch_ = 0;
   std::map<TargetKey, void*> handlers_;
 };
 

@@ -31,6 +31,7 @@ namespace kreg {
 
 class CudaDevices;
 class LaunchRing;
+class RepointTable;
 
 // What a session needs from the rest of its process. Implemented by the
 // executor's ExecutorBackend (daemon/executor/executor_backend.h: handlers from
@@ -74,6 +75,9 @@ class SessionBackend {
   // died; DESIGN §12): the session ends without answering, so the client
   // retries on a new session, with the next kregd.
   virtual bool LostDaemon() const { return false; }
+  // The targets kregd re-pointed in this executor (docs/replace.md); null:
+  // none ever are. Must outlive the session.
+  virtual const RepointTable* Repoints() const { return nullptr; }
 };
 
 struct SessionLimits {

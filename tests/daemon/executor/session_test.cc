@@ -10,8 +10,10 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "catch2/catch.hpp"
 #include "common/wire.h"
+#include "daemon/executor/repoint_table.h"
 #include "tests/daemon/executor/test_util.h"
 #include "tests/testing/launch_spec.h"
 #include "xla/ffi/api/c_api.h"
@@ -344,6 +346,73 @@ TEST_CASE("Launch: validation, lookup and handler errors come back",
         "launch descriptor of 5 bytes is shorter than its 80-byte header");
   CHECK(fx.counters.launches == 4);
   CHECK(fx.counters.launch_errors == 4);
+}
+
+TEST_CASE(
+    "A re-pointed target switches at the next launch; the launch in flight "
+    "finishes on its old handler",
+    "[session][repoint]") {
+  // The handler "pointer" is the factor: 2 for generation 1, 3 for 2.
+  class Repointed : public FakeBackend {
+   public:
+    absl::StatusOr<void*> Lookup(const TargetKey&) override {
+      ++lookups;
+      return reinterpret_cast<void*>(2);
+    }
+    absl::Status Execute(void* handler, const LaunchFrame& frame) override {
+      if (hold_next.exchange(false)) {
+        entered.Notify();
+        release.WaitForNotification();
+      }
+      const float factor = reinterpret_cast<uintptr_t>(handler);
+      auto* in = static_cast<float*>(frame.args[0].data);
+      auto* out = static_cast<float*>(frame.rets[0].data);
+      for (int64_t i = 0; i < frame.args[0].dims[0]; ++i) {
+        out[i] = factor * in[i];
+      }
+      return absl::OkStatus();
+    }
+    const RepointTable* Repoints() const override { return &table; }
+    RepointTable table;
+    std::atomic<bool> hold_next{false};
+    absl::Notification entered, release;
+  } backend;
+  SessionCounters counters;
+  Session session(9, UniqueFd(), PeerCred{1, 2, 3}, Fixture::Limits(), &backend,
+                  &counters);
+  v1::SessionRequest hello;
+  hello.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
+  hello.mutable_hello()->set_protocol_minor(kSessionProtocolMinor);
+  REQUIRE(session.Handle(hello, {}).status().code() == 0);
+  UniqueFd fd = MakeMemfd(4096);
+  auto* mem = static_cast<float*>(
+      ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0));
+  v1::SessionRequest grow;
+  grow.mutable_arena_grow()->set_size(4096);
+  std::vector<UniqueFd> fds;
+  fds.push_back(std::move(fd));
+  REQUIRE(session.Handle(grow, std::move(fds)).arena_grow().size() == 4096);
+  mem[0] = 1.0f;
+  mem[1] = 2.0f;
+  REQUIRE(session.Handle(LaunchRequest("t"), {}).status().code() == 0);
+  CHECK(mem[16] == 2.0f);
+
+  backend.hold_next = true;
+  std::thread in_flight([&] {
+    CHECK(session.Handle(LaunchRequest("t"), {}).status().code() == 0);
+  });
+  backend.entered.WaitForNotification();
+  REQUIRE(
+      backend.table.Set({"t", Platform::kCpu}, 2, reinterpret_cast<void*>(3)));
+  backend.release.Notify();
+  in_flight.join();
+  CHECK(mem[16] == 2.0f);  // generation 1: it had its handler already
+  CHECK(mem[17] == 4.0f);
+  REQUIRE(session.Handle(LaunchRequest("t"), {}).status().code() == 0);
+  CHECK(mem[16] == 3.0f);  // generation 2, without asking kregd again
+  CHECK(mem[17] == 6.0f);
+  CHECK(backend.lookups == 1);
+  ::munmap(mem, 4096);
 }
 
 TEST_CASE("Launch refuses CUDA targets (host arena buffers)", "[session]") {

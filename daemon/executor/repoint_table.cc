@@ -1,0 +1,23 @@
+#include "daemon/executor/repoint_table.h"
+
+namespace kreg {
+
+bool RepointTable::Set(const TargetKey& key, uint32_t generation,
+                       void* handler) {
+  absl::MutexLock lock(&mu_);
+  Handler& h = handlers_[key];
+  if (h.handler != nullptr && h.generation >= generation) return false;
+  h = Handler{generation, handler};
+  epoch_.fetch_add(1, std::memory_order_release);
+  return true;
+}
+
+std::optional<RepointTable::Handler> RepointTable::Find(
+    const TargetKey& key) const {
+  absl::MutexLock lock(&mu_);
+  auto it = handlers_.find(key);
+  if (it == handlers_.end()) return std::nullopt;
+  return it->second;
+}
+
+}  // namespace kreg
