@@ -300,8 +300,12 @@ absl::StatusOr<RegisterOutcome> Registry::Decide(const RegisterArgs& args,
                          existing->kind == TargetKind::kInProcess)) {
         return RegisterOutcome{false, existing};
       }
-    } else {
-      absl::Status within = CheckLimits(args, digest);
+    }
+    if (existing == nullptr || replacing) {
+      // A replacement adds a module (every generation's stays stored), not
+      // a registration.
+      absl::Status within =
+          CheckLimits(args, digest, /*new_name=*/existing == nullptr);
       if (!within.ok()) return within;
     }
     pending_[args.key] = Pending{

@@ -321,10 +321,10 @@ class Registry {
   };
   UidUse UseOf(uid_t uid) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED when registering `size` more bytes of `digest`
-  // would take `peer.uid` over a limit.
-  absl::Status CheckLimits(const RegisterArgs& args,
-                           const std::string& digest) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // (and with `new_name` one more registration) would take `peer.uid`
+  // over a limit.
+  absl::Status CheckLimits(const RegisterArgs& args, const std::string& digest,
+                           bool new_name) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   // The work of a reserved registration, outside mu_:
   // Stage, probe, commit, journal and publish a new module entry (or

@@ -50,7 +50,15 @@ Registry::UidUse Registry::UseOf(uid_t uid) const {
     }
   };
   for (const auto& [key, e] : entries_) {
-    if (e->registered_by.uid == uid) hold(e->module_digest, e->module_size);
+    if (e->registered_by.uid != uid) continue;
+    hold(e->module_digest, e->module_size);
+    // Earlier generations' modules stay in the store (docs/replace.md).
+    for (const Generation& g : e->generations) {
+      if (!g.module_digest.empty() &&
+          use.digests.emplace(g.module_digest, g.module_size).second) {
+        use.bytes += g.module_size;
+      }
+    }
   }
   // A new name being registered counts as held until it is decided.
   for (const auto& [key, p] : pending_) {
@@ -60,11 +68,12 @@ Registry::UidUse Registry::UseOf(uid_t uid) const {
 }
 
 absl::Status Registry::CheckLimits(const RegisterArgs& args,
-                                   const std::string& digest) const {
+                                   const std::string& digest,
+                                   bool new_name) const {
   const uid_t uid = args.peer.uid;
   if (uid == kRoot) return absl::OkStatus();
   const UidUse use = UseOf(uid);
-  if (use.registrations + 1 > limits_.max_registrations_per_uid) {
+  if (new_name && use.registrations + 1 > limits_.max_registrations_per_uid) {
     return TooManyRegistrations(args.key, uid, use.registrations, limits_);
   }
   const uint64_t more =

@@ -214,6 +214,30 @@ TEST_CASE("a replacement with other FFI traits is refused naming both",
   CHECK(minor->entry->handler_info.api_minor == 5);
 }
 
+TEST_CASE("every generation's module counts against the owner's store bytes",
+          "[replace]") {
+  FakeLoader loader;
+  MemLog log;
+  RegistryLimits limits = Owner();
+  limits.max_registrations_per_uid = 1;  // a replacement is no new name
+  limits.max_store_bytes_per_uid = 5;
+  Registry registry(&loader, &log, limits);
+  REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
+  REQUIRE(registry.Register(ReplaceBy(1000, "bb")).ok());
+  auto over = registry.Register(ReplaceBy(1000, "ccc"));
+  REQUIRE(over.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(std::string(over.status().message()) ==
+        "cannot register target \"my_op\" (cpu): its 3-byte module would "
+        "bring uid 1000's module store use to 7 bytes (now 4); the limit per "
+        "uid is 5 bytes (max_store_bytes_per_uid); retire targets you no "
+        "longer use (kregctl retire NAME) or ask the operator to raise the "
+        "limit");
+  CHECK(registry.Lookup({"my_op", Platform::kCpu})->generation == 2);
+  // Back to generation 1's bytes: already stored, nothing more counted.
+  REQUIRE(registry.Register(ReplaceBy(1000, "aa")).ok());
+  CHECK(registry.Lookup({"my_op", Platform::kCpu})->generation == 3);
+}
+
 TEST_CASE("Restore brings back the last generation", "[replace]") {
   FakeLoader loader;
   MemLog log;
