@@ -93,7 +93,6 @@ bool UpTo2To31(int64_t n) { return n >= 0 && n <= (int64_t{1} << 31); }
 bool Connections(int64_t n) { return n > 0 && n <= 1000000; }
 bool OrphanSeconds(int64_t n) { return n >= 0 && n <= 86400; }
 bool LeaseSeconds(int64_t n) { return n >= 2 && n <= 3600; }
-bool AboveZero(double d) { return d > 0; }
 bool NotNegative(double d) { return d >= 0; }
 bool EtcdSeconds(double d) { return d > 0 && d <= 600; }
 
@@ -221,10 +220,10 @@ const std::vector<KeySpec>& Keys() {
              "a non-negative integer"),
       KeyInt("max_sessions_per_uid", "", &Config::max_sessions_per_uid,
              UpTo2To31, "a non-negative integer"),
-      KeyFloat("hello_timeout_s", "", &Config::hello_timeout_s, AboveZero,
-               "a number of seconds > 0"),
-      KeyFloat("probe_timeout_s", "", &Config::probe_timeout_s, AboveZero,
-               "a number of seconds > 0"),
+      KeyFloat("hello_timeout_s", "", &Config::hello_timeout_s, UpToADay,
+               "a number of seconds > 0 and at most 86400"),
+      KeyFloat("probe_timeout_s", "", &Config::probe_timeout_s, UpToADay,
+               "a number of seconds > 0 and at most 86400"),
       KeyInt("max_grpc_connections", "", &Config::max_grpc_connections,
              Connections, "a whole number from 1 to 1000000"),
       KeyInt("max_grpc_connections_per_uid", "",

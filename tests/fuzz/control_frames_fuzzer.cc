@@ -39,14 +39,8 @@ namespace {
 constexpr uint64_t kMaxModule = 1 << 20;
 
 // The daemon's state; recreated when it has grown, so memory stays flat.
-struct World {
-  explicit World(const std::string& root)
-      : registry(&loader, &log),
-        registrar(&registry, ModulePolicy{{root}, kMaxModule, ""}) {}
-  FakeLoader loader;
-  MemLog log;
-  Registry registry;
-  Registrar registrar;
+struct World : RegistrarWorld {
+  explicit World(const std::string& root) : RegistrarWorld(root, kMaxModule) {}
 };
 
 World& TheWorld() {

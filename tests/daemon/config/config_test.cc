@@ -297,9 +297,14 @@ TEST_CASE("Bad values in the config file name the key and what it must be",
       {"launch_timeout = -1.0",
        "key \"launch_timeout\" must be a number of seconds >= 0 (0: off)"},
       {"hello_timeout_s = 0",
-       "key \"hello_timeout_s\" must be a number of seconds > 0"},
+       "key \"hello_timeout_s\" must be a number of seconds > 0 and at most "
+       "86400"},
       {"probe_timeout_s = -5",
-       "key \"probe_timeout_s\" must be a number of seconds > 0"},
+       "key \"probe_timeout_s\" must be a number of seconds > 0 and at most "
+       "86400"},
+      {"probe_timeout_s = 3000000",
+       "key \"probe_timeout_s\" must be a number of seconds > 0 and at most "
+       "86400"},
       {"max_grpc_connections = 0",
        "key \"max_grpc_connections\" must be a whole number from 1 to "
        "1000000"},

@@ -10,6 +10,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/registry/registrar.h"
 #include "daemon/registry/registry.h"
 #include "daemon/store/module_store.h"
 
@@ -186,6 +187,18 @@ inline RegisterArgs InProcessArgs(const std::string& name,
   a.peer = {0, 0, 7};
   return a;
 }
+
+// A registry and a registrar over the fakes, taking modules of at most
+// `max_module` bytes from under `root` (the broker's tests and fuzzer).
+struct RegistrarWorld {
+  RegistrarWorld(const std::string& root, uint64_t max_module)
+      : registry(&loader, &log),
+        registrar(&registry, ModulePolicy{{root}, max_module, ""}) {}
+  FakeLoader loader;
+  MemLog log;
+  Registry registry;
+  Registrar registrar;
+};
 
 }  // namespace kreg
 

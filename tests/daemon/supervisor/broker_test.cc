@@ -32,14 +32,8 @@ UniqueFd SealedModule(const std::string& bytes, int seals = kModuleSeals) {
   return fd;
 }
 
-struct World {
-  explicit World(const std::string& root)
-      : registry(&loader, &log),
-        registrar(&registry, ModulePolicy{{root}, kMaxModule, ""}) {}
-  FakeLoader loader;
-  MemLog log;
-  Registry registry;
-  Registrar registrar;
+struct World : RegistrarWorld {
+  explicit World(const std::string& root) : RegistrarWorld(root, kMaxModule) {}
 };
 
 v1::RegisterTargetHeader Upload(uint64_t size) {
