@@ -222,11 +222,12 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
     switch (request.body_case()) {
       case v1::SessionRequest::kRegisterTarget:
       case v1::SessionRequest::kList:
+      case v1::SessionRequest::kControlHello:
         status = absl::FailedPreconditionError(
-            "register_target and list are not served in a session: send "
-            "them on a control connection (a connection to the session "
-            "socket whose first request is not hello), which kregd serves "
-            "itself");
+            "register_target, list and control_hello are not served in a "
+            "session: send them on a control connection (a connection to "
+            "the session socket whose first request is not hello), which "
+            "kregd serves itself");
         break;
       case v1::SessionRequest::kBindLocal: {
         UniqueFd module;

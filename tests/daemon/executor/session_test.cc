@@ -24,9 +24,9 @@ namespace {
 using ::kreg::testing::MakeMemfd;
 
 constexpr char kNotInSession[] =
-    "register_target and list are not served in a session: send them on a "
-    "control connection (a connection to the session socket whose first "
-    "request is not hello), which kregd serves itself";
+    "register_target, list and control_hello are not served in a session: "
+    "send them on a control connection (a connection to the session socket "
+    "whose first request is not hello), which kregd serves itself";
 
 v1::SessionRequest ListRequest() {
   v1::SessionRequest r;
@@ -430,12 +430,16 @@ TEST_CASE("Launch refuses CUDA targets (host arena buffers)", "[session]") {
   CHECK(fx.backend.lookups == 0);
 }
 
-TEST_CASE("RegisterTarget and List are refused in a session", "[session]") {
+TEST_CASE("RegisterTarget, List and control_hello are refused in a session",
+          "[session]") {
   Fixture fx;
   fx.Hello();
   v1::SessionRequest r;
   r.mutable_register_target()->set_target_name("t");
-  for (v1::SessionResponse resp : {fx.Send(r), fx.Send(ListRequest())}) {
+  v1::SessionRequest hello;
+  hello.mutable_control_hello()->set_protocol_major(2);
+  for (v1::SessionResponse resp :
+       {fx.Send(r), fx.Send(ListRequest()), fx.Send(hello)}) {
     CHECK(resp.status().code() == int(absl::StatusCode::kFailedPrecondition));
     CHECK(resp.status().message() == kNotInSession);
   }
