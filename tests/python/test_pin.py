@@ -115,3 +115,23 @@ def test_a_generation_that_is_no_number_is_refused_before_kregd(d):
         "generation must be a generation number (1, 2, ...; None or 0 "
         f"follows the current one), got {bad!r}; `kregctl show demo.pin` "
         "lists the generations")
+
+
+def test_a_bind_args_struct_of_c_abi_1_5_is_refused(d):
+  """The generation is the last field of KREG_BindArgs and
+  KREG_BindLocalArgs (C ABI 1.6); as for every struct, a struct_size below
+  the library's is refused (the shim and kreg ship together)."""
+  import ctypes  # pylint: disable=import-outside-toplevel
+  from kreg import _shim  # pylint: disable=import-outside-toplevel
+  client = kreg.Client(d.socket)
+  lib = _shim.load()
+  for struct, bind, name in ((_shim.BindArgs, lib.kreg_bind, "kreg_bind"),
+                             (_shim.BindLocalArgs, lib.kreg_bind_local,
+                              "kreg_bind_local")):
+    args = _shim.new(struct)
+    args.client = client._handle  # pylint: disable=protected-access
+    args.target_name, args.target_name_len = b"demo.pin", 8
+    args.platform, args.platform_len = b"cpu", 3
+    args.struct_size = struct.generation.offset  # the 1.5 layout's end
+    assert _shim.take_error(lib, bind(ctypes.byref(args))) == (
+        3, f"{name}: bad args struct or no client")
