@@ -2,9 +2,9 @@
 demo.pin is replaced (generation 1: libdemo.so's Scale, generation 2:
 libdemo_v2.so's AttrsDigest), a process that binds generation=1 runs Scale
 and one that binds without a generation (or generation=2) runs AttrsDigest,
-isolated and local; a generation the target does not have is refused at the
-bind with the generations there are; a process cannot bind one name at two
-generations."""
+isolated and local, also across a kregd restart; a generation the target
+does not have is refused at the bind with the generations there are; a
+process cannot bind one name at two generations."""
 
 import json
 import subprocess
@@ -135,3 +135,50 @@ def test_a_bind_args_struct_of_c_abi_1_5_is_refused(d):
     args.struct_size = struct.generation.offset  # the 1.5 layout's end
     assert _shim.take_error(lib, bind(ctypes.byref(args))) == (
         3, f"{name}: bad args struct or no client")
+
+
+# Binds demo.pin at generation argv[2] (argv[1]: mode) and calls it whenever
+# a line arrives on stdin, printing the result.
+CALL_ON_EACH_LINE = """
+import sys
+import jax, numpy as np
+import kreg
+kreg.bind_ffi_target("demo.pin", platform="cpu", execution=sys.argv[1],
+                     generation=int(sys.argv[2]))
+x = (np.arange(256) % 10).astype(np.uint8)
+call = jax.ffi.ffi_call("demo.pin", jax.ShapeDtypeStruct(x.shape, x.dtype))
+for _ in sys.stdin:
+  print(bytes(np.asarray(call(x, factor=np.float32(2)))).hex(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["isolated", "local"])
+def test_a_pin_outlives_a_kregd_restart(d, mode):
+  p = subprocess.Popen([sys.executable, "-c",
+                        textwrap.dedent(CALL_ON_EACH_LINE), mode, "1"],
+                       env=d.env(), stdin=subprocess.PIPE,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True)
+  try:
+    def call():
+      p.stdin.write("\n")
+      p.stdin.flush()
+      line = p.stdout.readline()
+      assert line, p.stderr.read()
+      return bytes.fromhex(line.strip())
+    assert call() == OLD
+    # Isolated: the new kregd re-adopts the executor (its handler table
+    # keeps the pin) or the session reconnects (each descriptor asks for
+    # generation 1 again). Local: the module stays loaded; the hold is
+    # re-recorded with its generation.
+    d.restart()
+    assert call() == OLD
+  finally:
+    p.stdin.close()
+    assert p.wait(timeout=60) == 0, p.stderr.read()
+  assert show_generation(d) == 2
+
+
+def show_generation(d):
+  [target] = json.loads(kregctl(d, "show", "demo.pin", "--json").stdout)
+  return target["generation"]
