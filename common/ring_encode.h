@@ -44,6 +44,7 @@ struct DescriptorView {
   std::string_view device_uuid;
   uint64_t doorbell_seq = 0;
   uint32_t flags = 0;
+  uint32_t generation = 0;  // pinned (docs/replace.md §7); 0: the current
 };
 
 // Whether descriptors of `platform` carry a CudaRef per buffer.
@@ -86,6 +87,7 @@ inline size_t EncodeDescriptor(const DescriptorView& d, uint32_t seq,
          d.device_uuid.size() < sizeof(h.device_uuid) ? d.device_uuid.size()
                                                       : sizeof(h.device_uuid));
   h.flags = d.flags;
+  h.generation = d.generation;
   const bool refs = HasCudaRefs(d.platform);
   char* p = slot;
   memcpy(p, &h, sizeof(h));

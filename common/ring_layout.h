@@ -107,7 +107,8 @@ struct SubmitHeader {
   uint64_t doorbell_seq;
   uint8_t device_uuid[16];  // cuDeviceGetUuid's raw bytes
   uint32_t flags;           // kSubmit* bits
-  uint32_t reserved;        // 0
+  // The generation the client pinned (docs/replace.md §7); 0: the current.
+  uint32_t generation;
 };
 static_assert(sizeof(SubmitHeader) == 80, "SubmitHeader layout");
 

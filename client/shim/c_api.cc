@@ -179,7 +179,7 @@ KREG_Error* kreg_bind(KREG_BindArgs* args) {
   kreg::shim::Binding binding;
   ClientStatus s = kreg::shim::Bind(
       AsClient(args->client), Str(args->target_name, args->target_name_len),
-      Str(args->platform, args->platform_len), &binding);
+      Str(args->platform, args->platform_len), args->generation, &binding);
   if (!s.ok()) return ToError(s);
   args->handler = binding.handler;
   args->slot = binding.slot;
@@ -195,8 +195,8 @@ KREG_Error* kreg_bind_local(KREG_BindLocalArgs* args) {
   std::string platform = Str(args->platform, args->platform_len);
   if (target.empty()) return Invalid("kreg_bind_local: empty target name");
   kreg::shim::LocalBinding binding;
-  ClientStatus s =
-      kreg::shim::BindLocal(AsClient(args->client), target, platform, &binding);
+  ClientStatus s = kreg::shim::BindLocal(AsClient(args->client), target,
+                                         platform, args->generation, &binding);
   if (!s.ok()) return ToError(s);
   args->handler = binding.handler;
   auto* list = new KREG_TargetList;

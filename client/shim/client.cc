@@ -11,9 +11,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <thread>
+#include <vector>
 
 #include "client/shim/cuda_forward.h"
 #include "client/shim/cuda_trace.h"
+#include "common/generations.h"
 #include "common/platforms.h"
 
 namespace kreg {
@@ -48,6 +50,41 @@ std::string CanonicalPlatform(const std::string& platform) {
   std::string p = platform;
   for (char& c : p) c = static_cast<char>(std::tolower(c));
   return p;
+}
+
+ClientStatus CheckGeneration(Client* client, const std::string& target,
+                             const std::string& platform, uint32_t generation) {
+  v1::ListTargetsResponse list;
+  ClientStatus s = client->List(&list);
+  if (!s.ok()) return s;
+  std::vector<uint32_t> have;
+  for (const v1::Target& t : list.targets()) {
+    if (t.target_name() != target || t.platform() != platform) continue;
+    for (const v1::Generation& g : t.generations()) {
+      if (g.generation() == generation) return ClientStatus::Ok();
+      have.push_back(g.generation());
+    }
+    if (have.empty()) have.push_back(std::max<uint32_t>(t.generation(), 1));
+    if (have.back() == generation) return ClientStatus::Ok();
+  }
+  return ClientStatus::Error(
+      kNotFound, NoSuchGeneration(target, platform, generation, have));
+}
+
+ClientStatus OtherGeneration(const std::string& target,
+                             const std::string& platform, uint32_t bound,
+                             uint32_t wanted) {
+  auto text = [](uint32_t g) {
+    return g == 0 ? std::string("following its current generation")
+                  : "pinned to generation " + std::to_string(g);
+  };
+  return ClientStatus::Error(
+      kFailedPrecondition,
+      "target \"" + target + "\" (" + platform +
+          ") is already bound in this process " + text(bound) +
+          ", so it cannot also be bound " + text(wanted) +
+          ": XLA keeps the first handler registered under a name. Bind it "
+          "once per process, or pin in another process");
 }
 
 Client::Client(std::string session_path)
@@ -382,15 +419,17 @@ ClientStatus Client::Replay(Conn* conn) {
   // Local holds: the module already runs in this process; the new kregd
   // only has to know (retire refuses while it does). Not fatal: a kregd
   // that now denies local execution cannot take back what is loaded.
-  std::vector<std::pair<std::string, std::string>> holds;
+  std::map<std::pair<std::string, std::string>, uint32_t> holds;
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
-    holds.assign(local_holds_.begin(), local_holds_.end());
+    holds = local_holds_;
   }
-  for (const auto& [target, platform] : holds) {
+  for (const auto& [key, generation] : holds) {
+    const auto& [target, platform] = key;
     v1::SessionRequest req;
     req.mutable_bind_local()->set_target_name(target);
     req.mutable_bind_local()->set_platform(platform);
+    req.mutable_bind_local()->set_generation(generation);
     v1::SessionResponse resp;
     UniqueFd module;  // closed: the loaded copy stays
     ClientStatus s = conn->Call(&req, &resp, nullptr, 0, &module);
@@ -408,12 +447,13 @@ ClientStatus Client::Replay(Conn* conn) {
 }
 
 ClientStatus Client::BindLocal(const std::string& target,
-                               const std::string& platform,
+                               const std::string& platform, uint32_t generation,
                                v1::BindLocalReply* out, UniqueFd* module) {
   ClientStatus s = WithConn([&](Conn* conn) {
     v1::SessionRequest req;
     req.mutable_bind_local()->set_target_name(target);
     req.mutable_bind_local()->set_platform(platform);
+    req.mutable_bind_local()->set_generation(generation);
     v1::SessionResponse resp;
     module->reset();
     ClientStatus st = conn->Call(&req, &resp, nullptr, 0, module);
@@ -422,7 +462,8 @@ ClientStatus Client::BindLocal(const std::string& target,
   });
   if (s.ok()) {
     std::lock_guard<std::mutex> lock(reg_mu_);
-    local_holds_.insert({target, CanonicalPlatform(platform)});
+    local_holds_.emplace(std::make_pair(target, CanonicalPlatform(platform)),
+                         generation);
   }
   return s;
 }

@@ -12,7 +12,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -74,10 +73,12 @@ class Client {
   ClientStatus List(v1::ListTargetsResponse* out);
   // Asks kregd for the module of (target, platform) for local execution
   // (BindLocal): its entry in `*out` and the sealed memfd in `*module`,
-  // unchecked (local_bind.cc checks and loads it). The hold is re-recorded
-  // on the fresh session after a reconnect.
+  // unchecked (local_bind.cc checks and loads it); `generation` > 0 asks
+  // for that generation (a pin, docs/replace.md §7). The hold (and its
+  // generation) is re-recorded on the fresh session after a reconnect.
   ClientStatus BindLocal(const std::string& target, const std::string& platform,
-                         v1::BindLocalReply* out, UniqueFd* module);
+                         uint32_t generation, v1::BindLocalReply* out,
+                         UniqueFd* module);
   // Whether a launch whose session ended while it was in flight may run
   // again on a fresh session (DESIGN §12): only when that cannot change a
   // result. CPU outputs are copied back only on success, so a CPU launch
@@ -152,7 +153,8 @@ class Client {
   std::mutex reg_mu_;
   std::map<std::pair<std::string, std::string>, Registration> registrations_;
   // (target, canonical platform) held locally; guarded by reg_mu_.
-  std::set<std::pair<std::string, std::string>> local_holds_;
+  // (target, canonical platform) -> the generation it pinned (0: none).
+  std::map<std::pair<std::string, std::string>, uint32_t> local_holds_;
   std::atomic<uint64_t> reconnects_{0};
   // kregd's max_module_bytes, from the last HelloReply (the control
   // connection's comes before any registration).
@@ -174,6 +176,18 @@ class Client {
 // "cpu" for cpu/host, "cuda" for cuda/gpu (any case); other values as
 // given, lower-cased (the daemon refuses them).
 std::string CanonicalPlatform(const std::string& platform);
+
+// Pinning a generation (docs/replace.md §7). OK when kregd (`client`'s
+// listing) has generation `generation` of (target, canonical platform);
+// NOT_FOUND listing those it has otherwise (common/generations.h).
+ClientStatus CheckGeneration(Client* client, const std::string& target,
+                             const std::string& platform, uint32_t generation);
+// FAILED_PRECONDITION: (target, canonical platform) is bound in this process
+// at generation `bound` (0: following the current one), so it cannot be
+// bound at `wanted` too.
+ClientStatus OtherGeneration(const std::string& target,
+                             const std::string& platform, uint32_t bound,
+                             uint32_t wanted);
 
 }  // namespace shim
 }  // namespace kreg

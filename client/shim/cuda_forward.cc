@@ -41,7 +41,7 @@ ClientStatus XlaStream(XLA_FFI_CallFrame* frame, cu::CUstream* stream) {
 }  // namespace
 
 ClientStatus ForwardCudaCall(Client* client, const std::string& target,
-                             XLA_FFI_CallFrame* frame) {
+                             uint32_t generation, XLA_FFI_CallFrame* frame) {
   ClientStatus cs;
   const cu::CudaDriver* d = cc::ProcessDriver(&cs);
   if (d == nullptr) {
@@ -103,6 +103,7 @@ ClientStatus ForwardCudaCall(Client* client, const std::string& target,
   launch = ring::DescriptorView{};
   launch.target = target;
   launch.platform = "cuda";
+  launch.generation = generation;
   launch.attrs = *attrs;
   launch.device_uuid = call.uuid;
   launch.device_ordinal = call.ordinal;

@@ -19,6 +19,7 @@ namespace shim {
 namespace {
 
 using Forwarder = ClientStatus (*)(Client* client, const std::string& target,
+                                   uint32_t generation,
                                    XLA_FFI_CallFrame* frame);
 
 // The forwarding path of each platform the shim forwards.
@@ -34,6 +35,7 @@ struct Slot {
   Client* client;
   std::string target;
   std::string platform;  // canonical
+  uint32_t generation;   // pinned (docs/replace.md §7); 0: the current
 };
 
 std::atomic<const Slot*> g_slots[kNumSlots];
@@ -84,13 +86,13 @@ std::vector<StageRecord> g_trace;
 // Runs `forward`, stamping the stages of the call when KREG_TRACE_STAGES=1.
 ClientStatus RunForwarder(Forwarder forward, Client* client,
                           const std::string& target,
-                          const std::string& platform,
+                          const std::string& platform, uint32_t generation,
                           XLA_FFI_CallFrame* frame) {
-  if (!TracingStages()) return forward(client, target, frame);
+  if (!TracingStages()) return forward(client, target, generation, frame);
   stage::Times times{};
   stage::SetCurrent(&times);
   stage::Mark(stage::kEnter);
-  ClientStatus s = forward(client, target, frame);
+  ClientStatus s = forward(client, target, generation, frame);
   stage::Mark(stage::kReturned);
   stage::SetCurrent(nullptr);
   // Ring launches only (the executor stamps its stages there).
@@ -135,7 +137,8 @@ XLA_FFI_Error* Forward(int index, XLA_FFI_CallFrame* call_frame) {
   if (!s.ok()) {
     slot->client->launch_errors.fetch_add(1, std::memory_order_relaxed);
   } else {
-    s = ForwardCall(slot->client, slot->target, slot->platform, call_frame);
+    s = ForwardCall(slot->client, slot->target, slot->platform, call_frame,
+                    slot->generation);
   }
   if (s.ok()) return nullptr;
   // An error must never read as OK, nor carry a code XLA does not know.
@@ -189,8 +192,13 @@ constexpr std::array<XLA_FFI_Handler*, kNumSlots> kTrampolines =
 }  // namespace
 
 ClientStatus Bind(Client* client, const std::string& target,
-                  const std::string& platform, Binding* out) {
+                  const std::string& platform, uint32_t generation,
+                  Binding* out) {
   std::string canonical = CanonicalPlatform(platform);
+  if (generation > 0) {
+    ClientStatus s = CheckGeneration(client, target, canonical, generation);
+    if (!s.ok()) return s;
+  }
   std::lock_guard<std::mutex> lock(g_bind_mu);
   for (int i = 0; i < g_used; ++i) {
     const Slot* s = g_slots[i].load(std::memory_order_relaxed);
@@ -201,6 +209,9 @@ ClientStatus Bind(Client* client, const std::string& target,
             "target \"" + target + "\" (" + canonical +
                 ") is already bound to the kregd at " + s->client->path() +
                 "; a process can forward a target to one daemon only");
+      }
+      if (s->generation != generation) {
+        return OtherGeneration(target, canonical, s->generation, generation);
       }
       out->handler = reinterpret_cast<void*>(kTrampolines[i]);
       out->slot = i;
@@ -215,7 +226,7 @@ ClientStatus Bind(Client* client, const std::string& target,
             "(one per registered (target, platform))");
   }
   int i = g_used++;
-  g_slots[i].store(new Slot{client, target, canonical},
+  g_slots[i].store(new Slot{client, target, canonical, generation},
                    std::memory_order_release);
   out->handler = reinterpret_cast<void*>(kTrampolines[i]);
   out->slot = i;
@@ -223,11 +234,12 @@ ClientStatus Bind(Client* client, const std::string& target,
 }
 
 ClientStatus ForwardCall(Client* client, const std::string& target,
-                         const std::string& platform,
-                         XLA_FFI_CallFrame* frame) {
+                         const std::string& platform, XLA_FFI_CallFrame* frame,
+                         uint32_t generation) {
   for (const auto& f : kForwarders) {
     if (platform == f.platform) {
-      return RunForwarder(f.forward, client, target, platform, frame);
+      return RunForwarder(f.forward, client, target, platform, generation,
+                          frame);
     }
   }
   return ClientStatus::Error(kUnimplemented, "kreg: forwarding " + platform +

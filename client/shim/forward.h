@@ -22,12 +22,16 @@ struct Binding {
   int slot = -1;
 };
 
-// Binds (target, platform) to a slot forwarding to `client`. The same
-// binding for the same (target, canonical platform). RESOURCE_EXHAUSTED
-// when all kNumSlots slots are taken; FAILED_PRECONDITION when the pair is
-// bound to another client. Thread-safe.
+// Binds (target, platform) to a slot forwarding to `client`; with
+// `generation` > 0 every call asks for that generation (a pin,
+// docs/replace.md §7), which kregd must have (asked through Client::List:
+// NOT_FOUND listing those it has). The same binding for the same (target,
+// canonical platform). RESOURCE_EXHAUSTED when all kNumSlots slots are
+// taken; FAILED_PRECONDITION when the pair is bound to another client or
+// at another generation. Thread-safe.
 ClientStatus Bind(Client* client, const std::string& target,
-                  const std::string& platform, Binding* out);
+                  const std::string& platform, uint32_t generation,
+                  Binding* out);
 
 int SlotsUsed();
 
@@ -44,9 +48,11 @@ std::vector<StageRecord> TakeStageRecords(size_t max);
 
 // Forwards one EXECUTE-stage call of (target, canonical platform) with the
 // forwarder of its platform (cpu: ForwardCpuCall, cuda: ForwardCudaCall);
-// UNIMPLEMENTED for any other platform.
+// UNIMPLEMENTED for any other platform. `generation` > 0: the pinned
+// generation the launch asks for (docs/replace.md §7).
 ClientStatus ForwardCall(Client* client, const std::string& target,
-                         const std::string& platform, XLA_FFI_CallFrame* frame);
+                         const std::string& platform, XLA_FFI_CallFrame* frame,
+                         uint32_t generation = 0);
 
 // Forwarding of CPU calls (cpu_forward.cc, DESIGN §3): inputs are copied
 // into the session's shared-memory arena (aliased input/output pairs share
@@ -54,7 +60,7 @@ ClientStatus ForwardCall(Client* client, const std::string& target,
 // ring (or the socket), and the outputs are copied back. The daemon's or
 // the handler's error comes back verbatim.
 ClientStatus ForwardCpuCall(Client* client, const std::string& target,
-                            XLA_FFI_CallFrame* frame);
+                            uint32_t generation, XLA_FFI_CallFrame* frame);
 
 // Context for XLA FFI's operand-decoding errors (decode_error.cc; user
 // guide, "Errors of a call"): the handler's own binding reports "Wrong

@@ -23,7 +23,7 @@
 #include <stdint.h>
 
 #define KREG_API_MAJOR 1
-#define KREG_API_MINOR 5
+#define KREG_API_MINOR 6
 
 #if defined(__GNUC__)
 #define KREG_EXPORT __attribute__((visibility("default")))
@@ -202,11 +202,17 @@ typedef struct KREG_BindArgs {
    * pointer for the same (target_name, platform). */
   void* handler;
   int32_t slot; /* out: trampoline slot index */
+  /* 1.6: a generation to pin (docs/replace.md §7): every call runs that
+   * generation, also after the target is replaced. 0 follows the current
+   * generation. */
+  uint32_t generation;
 } KREG_BindArgs;
-#define KREG_BindArgs_STRUCT_SIZE KREG_STRUCT_SIZE(KREG_BindArgs, slot)
+#define KREG_BindArgs_STRUCT_SIZE KREG_STRUCT_SIZE(KREG_BindArgs, generation)
 
 /* RESOURCE_EXHAUSTED when every trampoline slot is taken,
- * FAILED_PRECONDITION when (target, platform) is bound to another client. */
+ * FAILED_PRECONDITION when (target, platform) is bound to another client
+ * or, in this process, at another generation; NOT_FOUND (listing the
+ * generations there are) when kregd has no such generation. */
 KREG_EXPORT KREG_Error* kreg_bind(KREG_BindArgs* args);
 
 /* ---- Local execution ------------------------------------------------ */
@@ -225,13 +231,18 @@ typedef struct KREG_BindLocalArgs {
    * same (target_name, platform); targets of one module share one copy. */
   void* handler;
   KREG_TargetList* target; /* out: the registry entry; caller destroys */
+  /* 1.6: a generation to pin, as KREG_BindArgs.generation: the handler is
+   * that generation's and is kept when the target is replaced. */
+  uint32_t generation;
 } KREG_BindLocalArgs;
 #define KREG_BindLocalArgs_STRUCT_SIZE \
-  KREG_STRUCT_SIZE(KREG_BindLocalArgs, target)
+  KREG_STRUCT_SIZE(KREG_BindLocalArgs, generation)
 
 /* Binds (target_name, platform) for local execution. kregd applies every
  * registration rule first: NOT_FOUND for an unregistered name,
- * FAILED_PRECONDITION for a quarantined target or an in-process callable,
+ * NOT_FOUND (listing them) for a generation the target does not have,
+ * FAILED_PRECONDITION for a quarantined target or an in-process callable
+ * or when this process bound it at another generation,
  * PERMISSION_DENIED when its site policy is local_execution = "deny";
  * DATA_LOSS when the bytes handed out are not the registered ones. kregd
  * records the hold (retire refuses while this process lives) and it is

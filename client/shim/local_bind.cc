@@ -161,20 +161,26 @@ ClientStatus LoadModule(UniqueFd fd, const v1::Target& target, void** handler,
 }
 
 ClientStatus BindLocal(Client* client, const std::string& target,
-                       const std::string& platform, LocalBinding* out) {
+                       const std::string& platform, uint32_t generation,
+                       LocalBinding* out) {
   const std::pair<std::string, std::string> key{target,
                                                 CanonicalPlatform(platform)};
   {
     std::lock_guard<std::mutex> lock(g_mu);
     auto it = g_bound->find(key);
     if (it != g_bound->end()) {
+      if (it->second.pinned != generation) {
+        return OtherGeneration(key.first, key.second, it->second.pinned,
+                               generation);
+      }
       *out = it->second;
       return ClientStatus::Ok();
     }
   }
   v1::BindLocalReply reply;
   UniqueFd module;
-  ClientStatus s = client->BindLocal(target, platform, &reply, &module);
+  ClientStatus s =
+      client->BindLocal(target, platform, generation, &reply, &module);
   if (!s.ok()) return s;
   const v1::Target& info = reply.target();
   s = CheckModuleFd(module.get(), info);
@@ -182,11 +188,16 @@ ClientStatus BindLocal(Client* client, const std::string& target,
   std::lock_guard<std::mutex> lock(g_mu);
   auto it = g_bound->find(key);
   if (it != g_bound->end()) {  // another thread bound it meanwhile
+    if (it->second.pinned != generation) {
+      return OtherGeneration(key.first, key.second, it->second.pinned,
+                             generation);
+    }
     *out = it->second;
     return ClientStatus::Ok();
   }
   LocalBinding binding;
   binding.target = info;
+  binding.pinned = generation;
   auto loaded = g_modules->find(info.module_digest());
   if (loaded != g_modules->end()) {
     // One copy per module, as in-process: targets of one library share

@@ -17,15 +17,20 @@ namespace shim {
 struct LocalBinding {
   void* handler = nullptr;  // XLA_FFI_Handler* of the registered module
   v1::Target target;        // its registry entry
+  // The generation the binding pinned (docs/replace.md §7): it keeps its
+  // handler when kregd re-points the key. 0: it follows the current one.
+  uint32_t pinned = 0;
 };
 
 // Binds (target, platform) locally through `client`: asks kregd
-// (Client::BindLocal), checks the memfd (CheckModuleFd) and loads it
-// (LoadModule). The same handler for the same (target, canonical
-// platform); modules are loaded once per digest and never unloaded.
-// Thread-safe.
+// (Client::BindLocal; with `generation` > 0 for that generation, a pin),
+// checks the memfd (CheckModuleFd) and loads it (LoadModule). The same
+// handler for the same (target, canonical platform); FAILED_PRECONDITION
+// when it is bound at another generation. Modules are loaded once per
+// digest and never unloaded. Thread-safe.
 ClientStatus BindLocal(Client* client, const std::string& target,
-                       const std::string& platform, LocalBinding* out);
+                       const std::string& platform, uint32_t generation,
+                       LocalBinding* out);
 
 // Checks that `fd` is what kregd must hand out for `target`: a regular
 // file of exactly target.module_size() bytes, sealed against writes,

@@ -32,7 +32,8 @@ absl::Status CpuExecutor::RingLaunch(uint64_t tag,
 
 absl::Status CpuExecutor::Run(uint64_t request_id,
                               const DecodedLaunch& decoded) {
-  absl::StatusOr<void*> handler = ctx_.handlers->Lookup(decoded.key);
+  absl::StatusOr<void*> handler =
+      ctx_.handlers->Lookup(decoded.key, decoded.generation);
   if (!handler.ok()) return handler.status();
   ctx_.backend->BeginLaunch(request_id, decoded.key);
   CallOptions options;

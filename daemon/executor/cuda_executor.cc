@@ -314,7 +314,8 @@ absl::Status CudaExecutor::Run(uint64_t request_id, CudaSession* cuda,
   absl::StatusOr<DecodedLaunch*> decoded = decode(&resolve);
   if (!decoded.ok()) return decoded.status();
   out->mapping_missing = false;
-  absl::StatusOr<void*> handler = ctx_.handlers->Lookup((*decoded)->key);
+  absl::StatusOr<void*> handler =
+      ctx_.handlers->Lookup((*decoded)->key, (*decoded)->generation);
   if (!handler.ok()) return handler.status();
   DecodedLaunch& launch = **decoded;
   launch.frame.device_ordinal = ordinal;

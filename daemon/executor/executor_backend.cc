@@ -124,6 +124,7 @@ absl::StatusOr<v1::BindLocalReply> ExecutorBackend::BindLocal(
   req.mutable_resolve()->set_target_name(request.target_name());
   req.mutable_resolve()->set_platform(PlatformName(*platform));
   req.mutable_resolve()->set_local(true);
+  req.mutable_resolve()->set_generation(request.generation());
   absl::StatusOr<v1::BrokerReply> r = Call(req, module);
   if (!r.ok()) return r.status();
   if (absl::Status s = StatusOf(r->status()); !s.ok()) {
@@ -141,10 +142,12 @@ absl::StatusOr<v1::BindLocalReply> ExecutorBackend::BindLocal(
   return reply;
 }
 
-absl::StatusOr<void*> ExecutorBackend::Lookup(const TargetKey& key) {
+absl::StatusOr<void*> ExecutorBackend::Lookup(const TargetKey& key,
+                                              uint32_t generation) {
   v1::BrokerRequest req;
   req.mutable_resolve()->set_target_name(key.name);
   req.mutable_resolve()->set_platform(PlatformName(key.platform));
+  req.mutable_resolve()->set_generation(generation);
   UniqueFd fd;
   absl::StatusOr<v1::BrokerReply> r = Call(req, &fd);
   if (!r.ok()) return r.status();

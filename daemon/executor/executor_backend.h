@@ -65,7 +65,8 @@ class ExecutorBackend final : public SessionBackend {
   // the rules and its policy and attaches the sealed memfd, passed on as is.
   absl::StatusOr<v1::BindLocalReply> BindLocal(const v1::BindLocal& request,
                                                UniqueFd* module) override;
-  absl::StatusOr<void*> Lookup(const TargetKey& key) override;
+  absl::StatusOr<void*> Lookup(const TargetKey& key,
+                               uint32_t generation) override;
   absl::Status Execute(void* handler, const LaunchFrame& frame) override;
   absl::Status ExecuteWith(void* handler, const LaunchFrame& frame,
                            const CallOptions& options) override;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -35,15 +36,16 @@ class HandlerTable {
   explicit HandlerTable(SessionBackend* backend);
   // The handler registered as `key` (asking the backend the first time,
   // then the backend's RepointTable when it changed), or the backend's
-  // NOT_FOUND naming it.
-  absl::StatusOr<void*> Lookup(const TargetKey& key);
+  // NOT_FOUND naming it. With `generation` > 0 (pinned, docs/replace.md
+  // §7) that generation's handler, asked once and never re-pointed.
+  absl::StatusOr<void*> Lookup(const TargetKey& key, uint32_t generation = 0);
   void Clear() { handlers_.clear(); }
 
  private:
   SessionBackend* const backend_;
   const RepointTable* const repoints_;  // null: targets are never re-pointed
   uint64_t seen_epoch_ = 0;
-  std::map<TargetKey, void*> handlers_;
+  std::map<std::pair<TargetKey, uint32_t>, void*> handlers_;
 };
 
 // What a session lends the executors of its platforms; all outlive them.

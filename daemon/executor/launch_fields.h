@@ -25,6 +25,7 @@ constexpr size_t kMaxAttrNameBytes = 256;
 
 struct DecodedLaunch {
   TargetKey key;
+  uint32_t generation = 0;  // pinned (docs/replace.md §7); 0: the current
   LaunchFrame frame;
 };
 

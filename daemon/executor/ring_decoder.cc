@@ -200,11 +200,11 @@ absl::Status RingDecoder::CheckHeader(const char* data, size_t size,
         absl::StrCat("launch descriptor at ring position ", *seq,
                      " carries sequence number ", h.seq));
   }
-  if ((h.flags & ~ring::kSubmitFlags) != 0 || h.reserved != 0) {
+  if ((h.flags & ~ring::kSubmitFlags) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "launch descriptor has unknown flags 0x", absl::Hex(h.flags),
-        " or a reserved word of ", h.reserved, " (launch ring version ",
-        ring::kVersion, " knows flags 0x", absl::Hex(ring::kSubmitFlags),
+        " (launch ring version ", ring::kVersion, " knows flags 0x",
+        absl::Hex(ring::kSubmitFlags),
         "; client and kregd disagree on the ring layout?)"));
   }
   Cursor in(data, size);
@@ -252,6 +252,7 @@ absl::Status RingDecoder::CheckHeader(const char* data, size_t size,
   }
   out->doorbell_seq = h.doorbell_seq;
   out->flags = h.flags;
+  out->generation = h.generation;
   *pos = in.pos();
   return absl::OkStatus();
 }
@@ -294,6 +295,7 @@ absl::StatusOr<DecodedLaunch*> RingDecoder::Decode(
   if (launch_.key.name != head.target || launch_.key.platform != platform) {
     launch_.key = TargetKey{std::string(head.target), platform};
   }
+  launch_.generation = head.generation;
   launch_.frame.platform = platform;
   if (size_t pad = (8 - in.pos() % 8) % 8; in.Take(pad) == nullptr) {
     return Truncated("padding", pad, in.left());

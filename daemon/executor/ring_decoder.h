@@ -28,7 +28,8 @@ struct RingLaunchHeader {
   // the ring; 0 on the socket: ordered by interprocess events).
   absl::string_view device_uuid;
   uint64_t doorbell_seq = 0;
-  uint32_t flags = 0;  // ring::kSubmit* bits
+  uint32_t flags = 0;       // ring::kSubmit* bits
+  uint32_t generation = 0;  // pinned (docs/replace.md §7); 0: the current
 };
 
 // Decodes descriptors of one session. Keeps the last decoded launch (its

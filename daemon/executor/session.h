@@ -48,8 +48,10 @@ class SessionBackend {
     return absl::UnimplementedError(
         "this session backend cannot hand out modules for local execution");
   }
-  // The handler registered as `key`, or NOT_FOUND naming it.
-  virtual absl::StatusOr<void*> Lookup(const TargetKey& key) = 0;
+  // The handler registered as `key` (with `generation` > 0: that pinned
+  // generation's, docs/replace.md §7), or NOT_FOUND naming it.
+  virtual absl::StatusOr<void*> Lookup(const TargetKey& key,
+                                       uint32_t generation) = 0;
   // Runs `handler` on `frame`; the handler's error verbatim.
   virtual absl::Status Execute(void* handler, const LaunchFrame& frame) = 0;
   // The same with platform resources (CUDA: the session stream and the

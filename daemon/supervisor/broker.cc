@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/generations.h"
 #include "common/wire.h"
 #include "daemon/base/broker_limits.h"
 #include "daemon/base/log_limit.h"
@@ -433,18 +434,49 @@ v1::BrokerReply SessionBroker::Handle(const v1::BrokerRequest& req,
   return reply;
 }
 
+absl::StatusOr<EntryPtr> ResolveGeneration(const Registry& registry,
+                                           const TargetKey& key,
+                                           uint32_t generation) {
+  EntryPtr e = registry.Lookup(key);
+  if (e == nullptr && generation == 0) {
+    return absl::NotFoundError(absl::StrCat(
+        "target \"", key.name, "\" is not registered for platform ",
+        PlatformName(key.platform), " in kregd"));
+  }
+  if (generation == 0 || (e != nullptr && generation == e->generation)) {
+    return e;
+  }
+  std::vector<uint32_t> have;
+  if (e != nullptr) {
+    for (const Generation& g : e->generations) {
+      if (g.generation == generation) {
+        auto pinned = std::make_shared<TargetEntry>(*e);
+        pinned->func_name = g.func_name;
+        pinned->content_id = g.content_id;
+        pinned->module_digest = g.module_digest;
+        pinned->module_size = g.module_size;
+        pinned->handler_info = g.handler_info;
+        pinned->generation = g.generation;
+        return EntryPtr(std::move(pinned));
+      }
+      have.push_back(g.generation);
+    }
+    if (have.empty()) have.push_back(e->generation);
+  }
+  return absl::NotFoundError(
+      NoSuchGeneration(key.name, PlatformName(key.platform), generation, have));
+}
+
 absl::StatusOr<v1::ResolveReply> SessionBroker::Resolve(
     const v1::ResolveRequest& r, UniqueFd* fd_out) {
   if (absl::Status s = ValidateTargetName(r.target_name()); !s.ok()) return s;
   absl::StatusOr<Platform> platform = ParsePlatform(r.platform());
   if (!platform.ok()) return platform.status();
   TargetKey key{r.target_name(), *platform};
-  EntryPtr e = ctx_.registry->Lookup(key);
-  if (e == nullptr) {
-    return absl::NotFoundError(absl::StrCat(
-        "target \"", key.name, "\" is not registered for platform ",
-        PlatformName(key.platform), " in kregd"));
-  }
+  absl::StatusOr<EntryPtr> found =
+      ResolveGeneration(*ctx_.registry, key, r.generation());
+  if (!found.ok()) return found.status();
+  const EntryPtr& e = *found;
   if (r.local() && ctx_.local_modules == nullptr) {
     return absl::PermissionDeniedError(absl::StrCat(
         "target \"", key.name, "\" (", PlatformName(key.platform),

@@ -83,6 +83,15 @@ v1::SessionResponse HandleControl(const BrokerContext& ctx, uint64_t id,
                                   const v1::SessionRequest& request,
                                   std::vector<UniqueFd> fds, bool* close);
 
+// What a session binding of `key` runs: the current entry, or with
+// `generation` > 0 (a pin, docs/replace.md §7) an entry describing that
+// generation (its module, size, function, content and handler info) and
+// otherwise the current one's. NOT_FOUND when `key` is not registered, or
+// has no such generation (the message lists those it has).
+absl::StatusOr<EntryPtr> ResolveGeneration(const Registry& registry,
+                                           const TargetKey& key,
+                                           uint32_t generation);
+
 // One accepted client connection. Run() on one thread, Shutdown() from any.
 class SessionBroker final : public ServedSession {
  public:

@@ -1,7 +1,8 @@
 // Fuzzes what kregd does with a BrokerRequest from an executor (broker.cc):
 // the parse, then what SessionBroker::Handle runs before it needs a live
-// executor: Resolve's name/platform validation and a lookup in a real
-// Registry (in-memory loader and log). Registrations, which kregd takes on
+// executor: Resolve's name/platform validation and ResolveGeneration (the
+// current entry or a pinned generation's) in a real Registry (in-memory
+// loader and log). Registrations, which kregd takes on
 // control connections, are fuzzed by control_frames.
 #include <cstdint>
 
@@ -28,8 +29,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!ValidateTargetName(r.target_name()).ok()) return 0;
   absl::StatusOr<Platform> platform = ParsePlatform(r.platform());
   if (!platform.ok()) return 0;
-  EntryPtr e = registry->Lookup(TargetKey{r.target_name(), *platform});
-  if (e != nullptr && e->key.name != r.target_name()) {
+  absl::StatusOr<EntryPtr> e = ResolveGeneration(
+      *registry, TargetKey{r.target_name(), *platform}, r.generation());
+  if (e.ok() && (*e)->key.name != r.target_name()) {
     fuzz::Fail("lookup returned another target");
   }
   return 0;

@@ -94,6 +94,9 @@ int main(int argc, char** argv) {
   // On the socket: ordered by interprocess events (doorbell_seq 0).
   LaunchSpec events = cuda;
   events.set_doorbell_seq(0);
+  // A pinned generation (docs/replace.md §7).
+  LaunchSpec pinned = CpuLaunch("t.scale");
+  pinned.set_generation(2);
   struct Seed {
     const char* name;
     uint32_t seq;
@@ -101,7 +104,7 @@ int main(int argc, char** argv) {
   };
   for (const Seed& seed :
        {Seed{"cpu", 7, CpuLaunch("t.scale")}, Seed{"dict", 7, dict},
-        Seed{"cuda", 7, cuda},
+        Seed{"cuda", 7, cuda}, Seed{"cpu_pinned", 7, pinned},
         Seed{"socket_cpu", 0xffffffffu, CpuLaunch("t.scale")},
         Seed{"socket_cuda_events", 0xffffffffu, events}}) {
     Write(seed.name, std::string(reinterpret_cast<const char*>(&seed.seq), 4) +
@@ -135,6 +138,8 @@ int main(int argc, char** argv) {
   bind_local.mutable_bind_local()->set_target_name("t.scale");
   bind_local.mutable_bind_local()->set_platform("cpu");
   Write("bind_local", "\x03" + Frame(bind_local) + Frame(list));
+  bind_local.mutable_bind_local()->set_generation(2);
+  Write("bind_local_pinned", "\x03" + Frame(bind_local) + Frame(list));
 
   dir = root + "/broker_request";
   BrokerRequest b;
@@ -143,6 +148,8 @@ int main(int argc, char** argv) {
   Write("resolve", b.SerializeAsString());
   b.mutable_resolve()->set_local(true);
   Write("resolve_local", b.SerializeAsString());
+  b.mutable_resolve()->set_generation(2);
+  Write("resolve_local_pinned", b.SerializeAsString());
 
   // control_frames: byte 0 picks the module fd (1: sealed memfd of the
   // announced size), then the raw bytes of a control connection.

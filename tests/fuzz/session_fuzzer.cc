@@ -25,7 +25,7 @@ constexpr uint64_t kArenaBytes = 64 << 10;
 
 class FakeBackend : public SessionBackend {
  public:
-  absl::StatusOr<void*> Lookup(const TargetKey& key) override {
+  absl::StatusOr<void*> Lookup(const TargetKey& key, uint32_t) override {
     if (key.name.empty() || key.name[0] != 't') {
       return absl::NotFoundError("not registered");
     }

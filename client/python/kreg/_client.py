@@ -464,16 +464,17 @@ class Client:
     return Registration(created, target, hit, key, diagnostics)
 
   def _bind_with_jax(self, target_name: str, platform: str,
-                     mode: str) -> Optional[Target]:
+                     mode: str, generation: int = 0) -> Optional[Target]:
     """Registers (target_name, platform) with this process's JAX, running
-    in `mode`; the registry entry for a local bind (None when it was bound
-    before or runs isolated)."""
+    in `mode` (generation > 0: pinned to it); the registry entry for a
+    local bind (None when it was bound before or runs isolated)."""
     import jax  # pylint: disable=import-outside-toplevel
     canonical = _canonical_platform(platform)
     key = (target_name, canonical)
     with _jax_lock:
-      if key in _jax_registered:
-        _, bound_to, bound_mode = _jax_registered[key]
+      bound = _jax_registered.get(key)
+      if bound is not None:
+        _, bound_to, bound_mode = bound
         if bound_to != self.session_path:
           raise KregError(
               f"target {target_name!r} ({canonical}) already forwards to the "
@@ -486,7 +487,6 @@ class Client:
               "XLA keeps the first handler registered under a name. Choose "
               "the mode before the first registration or bind (execution=, "
               "kreg.configure or $KREG_EXECUTION)", "FAILED_PRECONDITION")
-        return None
       name = target_name.encode()
       plat = canonical.encode()
       target = None
@@ -497,11 +497,18 @@ class Client:
       args.client = self._handle
       args.target_name, args.target_name_len = name, len(name)
       args.platform, args.platform_len = plat, len(plat)
+      args.generation = generation
       bind = (self._lib.kreg_bind_local if mode == "local" else
               self._lib.kreg_bind)
+      # Bound before: the shim answers with the same handler, or refuses
+      # another generation.
       e = _shim.take_error(self._lib, bind(ctypes.byref(args)))
       if e:
         self._raise(e, KregError)
+      if bound is not None:
+        if mode == "local":
+          self._lib.kreg_target_list_destroy(args.target)
+        return None
       if mode == "local":
         target = _targets(self._lib, args.target)[0]
       _intercept.jax_register(target_name, jax.ffi.pycapsule(args.handler),
@@ -554,8 +561,8 @@ class Client:
 
   def bind_ffi_target(self, target_name: str, *, platform: str = "CUDA",
                       execution: Optional[str] = None,
-                      owners: Optional[Iterable[Any]] = None
-                      ) -> Registration:
+                      owners: Optional[Iterable[Any]] = None,
+                      generation: Optional[int] = None) -> Registration:
     """Makes jax.ffi.ffi_call(target_name, ...) run the target that some
     process registered with kregd (module and symbol come from the
     registry), without knowing its module. Returns the Registration (always
@@ -564,14 +571,26 @@ class Client:
     uids or "group:NAME" trusted to have registered it (besides root and
     this uid); UntrustedTargetError (a PermissionError) names anyone else
     (None: kreg.configure(trusted_owners=...) or $KREG_TRUSTED_OWNERS, else
-    every owner)."""
+    every owner). `generation`: pin that generation of a replaced target
+    (docs/replace.md §7): this process runs it, also after later
+    replacements; NotFoundError lists the generations there are. None or 0
+    follows the current generation."""
     _require_str(target_name=target_name, platform=platform)
+    if generation is None:
+      generation = 0
+    if isinstance(generation, bool) or not isinstance(generation, int) or \
+        not 0 <= generation < 2**32:
+      raise ValueError(
+          f"generation must be a generation number (1, 2, ...; None or 0 "
+          f"follows the current one), got {generation!r}; `kregctl show "
+          f"{target_name}` lists the generations")
     mode = _resolve_execution(execution)
     _check_jax()
     canonical = _canonical_platform(platform)
     target = self._lookup([target_name], canonical)[target_name]
     _owners.check(target, owners)
-    local_target = self._bind_with_jax(target_name, canonical, mode)
+    local_target = self._bind_with_jax(target_name, canonical, mode,
+                                       generation)
     return Registration(False, local_target or target)
 
   def bind_exported(self, exported: Any, *,
@@ -824,11 +843,13 @@ def compile_ffi_target(target_name: str, sources: Any, func_name: str, *,
 
 def bind_ffi_target(target_name: str, *, platform: str = "CUDA",
                     execution: Optional[str] = None,
-                    owners: Optional[Iterable[Any]] = None) -> Registration:
-  """Binds a target registered by any process, by name. See
-  Client.bind_ffi_target; uses the default client."""
+                    owners: Optional[Iterable[Any]] = None,
+                    generation: Optional[int] = None) -> Registration:
+  """Binds a target registered by any process, by name (generation: pin
+  that generation). See Client.bind_ffi_target; uses the default client."""
   return default_client().bind_ffi_target(target_name, platform=platform,
-                                          execution=execution, owners=owners)
+                                          execution=execution, owners=owners,
+                                          generation=generation)
 
 
 def bind_exported(exported: Any, *,

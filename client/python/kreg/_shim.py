@@ -61,14 +61,16 @@ class BindArgs(ctypes.Structure):
   _fields_ = [("struct_size", _size_t), ("client", ctypes.c_void_p),
               ("target_name", ctypes.c_char_p), ("target_name_len", _size_t),
               ("platform", ctypes.c_char_p), ("platform_len", _size_t),
-              ("handler", ctypes.c_void_p), ("slot", ctypes.c_int32)]
+              ("handler", ctypes.c_void_p), ("slot", ctypes.c_int32),
+              ("generation", ctypes.c_uint32)]
 
 
 class BindLocalArgs(ctypes.Structure):
   _fields_ = [("struct_size", _size_t), ("client", ctypes.c_void_p),
               ("target_name", ctypes.c_char_p), ("target_name_len", _size_t),
               ("platform", ctypes.c_char_p), ("platform_len", _size_t),
-              ("handler", ctypes.c_void_p), ("target", ctypes.c_void_p)]
+              ("handler", ctypes.c_void_p), ("target", ctypes.c_void_p),
+              ("generation", ctypes.c_uint32)]
 
 
 class ClientStats(ctypes.Structure):

@@ -169,9 +169,9 @@ TEST_CASE("ForwardCall: daemon not running is UNAVAILABLE with the path",
 TEST_CASE("Forwarding handler answers XLA's metadata call", "[shim]") {
   Client client("/nonexistent/meta.session");
   Binding b;
-  REQUIRE(Bind(&client, "meta.target", "CPU", &b).ok());
+  REQUIRE(Bind(&client, "meta.target", "CPU", 0, &b).ok());
   Binding again;
-  REQUIRE(Bind(&client, "meta.target", "host", &again).ok());
+  REQUIRE(Bind(&client, "meta.target", "host", 0, &again).ok());
   CHECK(again.handler == b.handler);
   Frame f;
   XLA_FFI_Metadata metadata;
@@ -194,7 +194,7 @@ TEST_CASE("Forwarding handler answers XLA's metadata call", "[shim]") {
 TEST_CASE("Forwarding handler refuses stages other than execute", "[shim]") {
   Client client("/nonexistent/stage.session");
   Binding b;
-  REQUIRE(Bind(&client, "stage.target", "cpu", &b).ok());
+  REQUIRE(Bind(&client, "stage.target", "cpu", 0, &b).ok());
   Frame f;
   f.frame.stage = XLA_FFI_ExecutionStage_PREPARE;
   auto* handler = reinterpret_cast<XLA_FFI_Handler*>(b.handler);
@@ -208,8 +208,8 @@ TEST_CASE("Forwarding handler refuses stages other than execute", "[shim]") {
 TEST_CASE("Binding a target to a second daemon is refused", "[shim]") {
   Client one("/nonexistent/one.session"), two("/nonexistent/two.session");
   Binding b;
-  REQUIRE(Bind(&one, "two.daemons", "cpu", &b).ok());
-  ClientStatus s = Bind(&two, "two.daemons", "cpu", &b);
+  REQUIRE(Bind(&one, "two.daemons", "cpu", 0, &b).ok());
+  ClientStatus s = Bind(&two, "two.daemons", "cpu", 0, &b);
   CHECK(s.code == kFailedPrecondition);
   CHECK(s.message ==
         "target \"two.daemons\" (cpu) is already bound to the kregd at "

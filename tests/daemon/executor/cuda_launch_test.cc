@@ -28,7 +28,7 @@ using ::kreg::testing::LaunchSpec;
 
 class Backend : public SessionBackend {
  public:
-  absl::StatusOr<void*> Lookup(const TargetKey& key) override {
+  absl::StatusOr<void*> Lookup(const TargetKey& key, uint32_t) override {
     if (key.name != "t" || key.platform != Platform::kCuda) {
       return absl::NotFoundError("not registered");
     }

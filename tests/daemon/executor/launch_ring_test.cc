@@ -39,7 +39,7 @@ constexpr uint64_t kArenaBytes = 1 << 16;
 // error message. Other targets: NOT_FOUND.
 class Backend : public SessionBackend {
  public:
-  absl::StatusOr<void*> Lookup(const TargetKey& key) override {
+  absl::StatusOr<void*> Lookup(const TargetKey& key, uint32_t) override {
     if (key.name != "t")
       return absl::NotFoundError("not registered: " + key.name);
     return reinterpret_cast<void*>(0x1);

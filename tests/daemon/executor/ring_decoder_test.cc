@@ -403,9 +403,9 @@ TEST_CASE("RingDecoder: CUDA header fields and what only the ring checks",
   // Unknown flags.
   CHECK(CudaRingStatus(ValidCudaLaunch(), a.arena, &gpu, 6) ==
         absl::InvalidArgumentError(
-            "launch descriptor has unknown flags 0x6 or a reserved word of 0 "
-            "(launch ring version 2 knows flags 0x3; client and kregd "
-            "disagree on the ring layout?)"));
+            "launch descriptor has unknown flags 0x6 (launch ring version 2 "
+            "knows flags 0x3; client and kregd disagree on the ring "
+            "layout?)"));
   // The trace flag (ring::kSubmitTrace) is known.
   CHECK(CudaRingStatus(ValidCudaLaunch(), a.arena, &gpu, ring::kSubmitTrace)
             .ok());

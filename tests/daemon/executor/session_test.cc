@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -51,7 +52,7 @@ class FakeBackend : public SessionBackend {
     if (r.target_name() == "local.nofd") return v1::BindLocalReply();
     return absl::PermissionDeniedError("local_execution = \"deny\"");
   }
-  absl::StatusOr<void*> Lookup(const TargetKey& key) override {
+  absl::StatusOr<void*> Lookup(const TargetKey& key, uint32_t) override {
     ++lookups;
     if (key.name != "t")
       return absl::NotFoundError("not registered: " + key.name);
@@ -355,7 +356,7 @@ TEST_CASE(
   // The handler "pointer" is the factor: 2 for generation 1, 3 for 2.
   class Repointed : public FakeBackend {
    public:
-    absl::StatusOr<void*> Lookup(const TargetKey&) override {
+    absl::StatusOr<void*> Lookup(const TargetKey&, uint32_t) override {
       ++lookups;
       return reinterpret_cast<void*>(2);
     }
@@ -412,6 +413,66 @@ TEST_CASE(
   CHECK(mem[16] == 3.0f);  // generation 2, without asking kregd again
   CHECK(mem[17] == 6.0f);
   CHECK(backend.lookups == 1);
+  ::munmap(mem, 4096);
+}
+
+TEST_CASE(
+    "A pinned target does not switch when its key is re-pointed; an unpinned "
+    "launch of the same key does",
+    "[session][repoint]") {
+  // The handler "pointer" is the factor: the generation asked for plus 1
+  // (2 for the current one, generation 1; 3 for a pin of generation 2).
+  class Pinned : public FakeBackend {
+   public:
+    absl::StatusOr<void*> Lookup(const TargetKey&,
+                                 uint32_t generation) override {
+      asked.push_back(generation);
+      return reinterpret_cast<void*>(generation == 0 ? 2 : generation + 1);
+    }
+    absl::Status Execute(void* handler, const LaunchFrame& frame) override {
+      const float factor = reinterpret_cast<uintptr_t>(handler);
+      auto* in = static_cast<float*>(frame.args[0].data);
+      auto* out = static_cast<float*>(frame.rets[0].data);
+      out[0] = factor * in[0];
+      return absl::OkStatus();
+    }
+    const RepointTable* Repoints() const override { return &table; }
+    RepointTable table;
+    std::vector<uint32_t> asked;
+  } backend;
+  SessionCounters counters;
+  Session session(9, UniqueFd(), PeerCred{1, 2, 3}, Fixture::Limits(), &backend,
+                  &counters);
+  v1::SessionRequest hello;
+  hello.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
+  hello.mutable_hello()->set_protocol_minor(kSessionProtocolMinor);
+  REQUIRE(session.Handle(hello, {}).status().code() == 0);
+  UniqueFd fd = MakeMemfd(4096);
+  auto* mem = static_cast<float*>(
+      ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0));
+  v1::SessionRequest grow;
+  grow.mutable_arena_grow()->set_size(4096);
+  std::vector<UniqueFd> fds;
+  fds.push_back(std::move(fd));
+  REQUIRE(session.Handle(grow, std::move(fds)).arena_grow().size() == 4096);
+  mem[0] = 1.0f;
+  testing::LaunchSpec pinned = Spec("t");
+  pinned.set_generation(2);
+  auto run = [&](const testing::LaunchSpec& l) {
+    REQUIRE(session.Handle(testing::LaunchRequest(l, 5), {}).status().code() ==
+            0);
+    return mem[16];
+  };
+  CHECK(run(pinned) == 3.0f);
+  CHECK(run(Spec("t")) == 2.0f);
+  REQUIRE(
+      backend.table.Set({"t", Platform::kCpu}, 3, reinterpret_cast<void*>(4)));
+  CHECK(run(pinned) == 3.0f);     // still generation 2
+  CHECK(run(Spec("t")) == 4.0f);  // the current one switched to generation 3
+  CHECK(run(pinned) == 3.0f);
+  // Each asked kregd once: the pin for its generation, the other for the
+  // current one.
+  CHECK(backend.asked == std::vector<uint32_t>{2, 0});
   ::munmap(mem, 4096);
 }
 

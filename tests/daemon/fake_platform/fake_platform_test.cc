@@ -79,7 +79,7 @@ void* AsHandler(XLA_FFI_Handler* h) { return reinterpret_cast<void*>(h); }
 // platform.
 class HostBackend : public SessionBackend {
  public:
-  absl::StatusOr<void*> Lookup(const TargetKey& key) override {
+  absl::StatusOr<void*> Lookup(const TargetKey& key, uint32_t) override {
     if (key.name != "double") return absl::NotFoundError(key.name);
     last_platform = key.platform;
     return AsHandler(kDouble);

@@ -1,6 +1,7 @@
 // TakeUploadedModule (broker.cc): kregd's intake of a registration sent on
 // a control connection, with the module as a sealed memfd charged to the
-// daemon-wide upload budget before a byte is read.
+// daemon-wide upload budget before a byte is read; ResolveGeneration, what a
+// pinned binding runs (docs/replace.md §7).
 #include "daemon/supervisor/broker.h"
 
 #include <fcntl.h>
@@ -15,6 +16,7 @@
 #include "daemon/base/module_upload.h"
 #include "daemon/base/protocol_version.h"
 #include "daemon/registry/registrar.h"
+#include "daemon/registry/registry.h"
 #include "tests/daemon/registry/registry_fakes.h"
 #include "tests/testing/temp_dir.h"
 
@@ -214,6 +216,73 @@ TEST_CASE("A control hello or list with descriptors is refused, naming it",
   CHECK(!resp.has_hello());
   CHECK(!resp.has_list());
   CHECK(!close);
+}
+
+TEST_CASE("A pinned generation resolves to that generation's module",
+          "[broker][replace]") {
+  FakeLoader loader;
+  MemLog log;
+  RegistryLimits limits;
+  limits.replace_by_owner = true;
+  Registry registry(&loader, &log, limits);
+  const TargetKey key{"my_op", Platform::kCpu};
+  const std::string other =
+      "target \"my_op\" (cpu) has no generation 99: its generations are ";
+  const std::string what_to_do =
+      ". Pin one of these, or bind without a generation to follow the "
+      "current one; `kregctl show my_op` lists them";
+  REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
+
+  SECTION("before any replacement: generation 1 is the current entry") {
+    CHECK(*ResolveGeneration(registry, key, 1) == registry.Lookup(key));
+    auto refused = ResolveGeneration(registry, key, 99);
+    CHECK(refused.status().code() == absl::StatusCode::kNotFound);
+    CHECK(refused.status().message() ==
+          other + "1 (the current one is 1)" + what_to_do);
+  }
+
+  RegisterArgs replace = ArgsBy(1000, "my_op", "bb");
+  replace.func_name = "Scale2";
+  replace.replace = true;
+  REQUIRE(registry.Register(replace).ok());
+  const EntryPtr current = registry.Lookup(key);
+  REQUIRE(current->generation == 2);
+
+  SECTION("generation 0 and the current generation: the current entry") {
+    CHECK(*ResolveGeneration(registry, key, 0) == current);
+    CHECK(*ResolveGeneration(registry, key, 2) == current);
+  }
+  SECTION("an older generation: its module and function") {
+    auto pinned = ResolveGeneration(registry, key, 1);
+    REQUIRE(pinned.ok());
+    CHECK((*pinned)->generation == 1);
+    CHECK((*pinned)->module_digest == Sha256Digest("aa"));
+    CHECK((*pinned)->module_size == 2);
+    CHECK((*pinned)->func_name == "Scale");
+    CHECK((*pinned)->key == key);
+    CHECK(current->module_digest == Sha256Digest("bb"));
+  }
+  SECTION("a generation the key does not have: NOT_FOUND listing them") {
+    auto refused = ResolveGeneration(registry, key, 99);
+    CHECK(refused.status().code() == absl::StatusCode::kNotFound);
+    CHECK(refused.status().message() ==
+          other + "1, 2 (the current one is 2)" + what_to_do);
+  }
+  SECTION("a retired name has no generations left") {
+    REQUIRE(registry.Retire("my_op", Platform::kCpu, {1000, 1000, 1100}).ok());
+    for (uint32_t g : {1u, 2u}) {
+      auto refused = ResolveGeneration(registry, key, g);
+      CHECK(refused.status().code() == absl::StatusCode::kNotFound);
+      CHECK(refused.status().message() ==
+            "target \"my_op\" (cpu) has no generation " + std::to_string(g) +
+                ": it is not registered (retiring a target removes all its "
+                "generations). Register it, or check the name with `kregctl "
+                "list`");
+    }
+    auto unpinned = ResolveGeneration(registry, key, 0);
+    CHECK(unpinned.status().message() ==
+          "target \"my_op\" is not registered for platform cpu in kregd");
+  }
 }
 
 }  // namespace
