@@ -41,7 +41,8 @@ max_mb=${KREG_BUNDLE_MAX_MB:-48}
 targets=(//daemon/kregd:kregd //daemon/executor:kregd-probe //daemon/executor:kregd-exec
   //daemon/compiler:kregd-compile //client:kregctl
   //client/shim:libkreg_client.so //kernels/cpu:all
-  //kernels/cuda:libdemo_cuda.so //kernels/cuda:libbrainevent_cuda.so
+  //kernels/cuda:libdemo_cuda.so //kernels/cuda:libdemo_cuda_v2.so
+  //kernels/cuda:libbrainevent_cuda.so
   //kernels/cuda:libhostile_cuda.so
   //tests/daemon/executor/cuda:gpu_test)
 bazel build "${targets[@]}"

@@ -1,4 +1,5 @@
-// libdemo_cuda.so: Scale, the CUDA twin of kernels/cpu's Scale. Every dtype
+// libdemo_cuda.so (and libdemo_cuda_v2.so, whose Scale scales by factor + 1,
+// like libdemo_v2.so's): Scale, the CUDA twin of kernels/cpu's Scale. Every dtype
 // the CPU kernel accepts, with bit-identical results: floats in f32 (f16/bf16
 // via f32, round to nearest even), f64/c128 with double(factor), integers
 // trunc(double(x) * factor) saturated (NaN -> 0). `factor` is an f32 or f64
@@ -15,6 +16,10 @@
 #include "kernels/cpu/scale.h"
 #include "kernels/cuda/cuda_util.h"
 #include "xla/ffi/api/ffi.h"
+
+#ifndef KREG_DEMO_V2
+#define KREG_DEMO_V2 0
+#endif
 
 namespace ffi = xla::ffi;
 
@@ -183,7 +188,9 @@ void ScaleOnStream(cudaStream_t s, ffi::DataType dtype, const void* in,
 ffi::Error ScaleImpl(cudaStream_t stream, ffi::AnyBuffer x,
                      ffi::Result<ffi::AnyBuffer> y, Factor attr) {
   constexpr char kWho[] = "demo.Scale";
-  const float factor = AsFloat(attr);
+  // libdemo_cuda_v2.so scales by factor + 1, as libdemo_v2.so does: the
+  // replace tests tell the generations apart by it.
+  const float factor = AsFloat(attr) + (KREG_DEMO_V2 ? 1.0f : 0.0f);
   if (ffi::Error err = CheckScaleOperands(kWho, x, *y); err.failure()) {
     return err;
   }
