@@ -596,9 +596,10 @@ TEST_CASE(
           wire::kOk);
   v1::SessionResponse listed = Next(idle, 5000);
   CHECK(listed.id() == 2);
-  CHECK_THAT(listed.status().message(),
-             Catch::StartsWith("register_target and list are not served in "
-                               "a session"));
+  CHECK_THAT(
+      listed.status().message(),
+      Catch::StartsWith("register_target, list and control_hello are not "
+                        "served in a session"));
   ::close(half);
   ::close(idle);
 }
