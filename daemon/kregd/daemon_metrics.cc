@@ -290,6 +290,7 @@ v1::TargetStats Daemon::StatsOf(const TargetEntry& entry) {
 
 void Daemon::ListSessions(v1::ListSessionsResponse* resp) {
   if (pool_ == nullptr) return;
+  if (isolated_repointer_ != nullptr) isolated_repointer_->Refresh();
   std::map<uint64_t, std::vector<SessionBindings::Bound>> bound =
       bindings_.Snapshot();
   for (const BoundSession& b : pool_->Sessions()) {

@@ -244,11 +244,9 @@ absl::Status Executor::AwaitRepointAck(const v1::ExecRepoint& repoint,
                             st.message());
       }
     }
-    if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError("no acknowledgement in time");
-    }
-    // Slices of 50 ms, so that waiters for other targets take turns reading.
-    absl::MutexLock reading(&read_mu_);
+    // Slices of 50 ms, so that waiters for other targets take turns reading;
+    // what is there already is read even past the deadline.
+    absl::ReleasableMutexLock reading(&read_mu_);
     UniqueFd fd;
     {
       absl::MutexLock lock(&control_mu_);
@@ -259,7 +257,13 @@ absl::Status Executor::AwaitRepointAck(const v1::ExecRepoint& repoint,
     }
     if (!fd.ok()) return ErrnoError("F_DUPFD");
     const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-    if (!WaitReadable(fd.get(), std::clamp<int64_t>(left_ms, 0, 50))) continue;
+    if (!WaitReadable(fd.get(), std::clamp<int64_t>(left_ms, 0, 50))) {
+      reading.Release();
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError("no acknowledgement in time");
+      }
+      continue;
+    }
     wire::RecvBuffer buffer;
     std::vector<int> fds;
     int rc = wire::RecvFrame(

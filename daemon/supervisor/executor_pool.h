@@ -170,8 +170,9 @@ class ExecutorPool {
   pid_t CountRefusedBrokerMessage(const Binding& binding);
 
   // Re-pointing (docs/replace.md section 3): sends `repoint` with
-  // `module_fd` attached to every live executor serving one of `sessions`,
-  // then waits for each one's ack until `deadline`. Per session served: its
+  // `module_fd` attached (unless it is -1: a late look for acks) to every
+  // live executor serving one of `sessions`, then waits for each one's ack
+  // until `deadline`. Per session served: its
   // executor's answer (OK: switched; isolated_repointer.cc). Sessions no
   // live executor serves are left out.
   std::map<uint64_t, absl::Status> Repoint(const std::set<uint64_t>& sessions,

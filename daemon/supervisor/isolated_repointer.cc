@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "common/unique_fd.h"
+#include "daemon/base/validate.h"
 #include "daemon/supervisor/executor_group.h"
 #include "spdlog/spdlog.h"
 
@@ -35,7 +36,8 @@ std::map<uint64_t, absl::Status> ExecutorPool::Repoint(
   // Every executor gets the frame before any wait: they load concurrently.
   std::vector<absl::Status> answers;
   for (const auto& [g, ids] : serve) {
-    answers.push_back(g->exec->SendRepoint(repoint, module_fd));
+    answers.push_back(module_fd < 0 ? absl::OkStatus()
+                                    : g->exec->SendRepoint(repoint, module_fd));
   }
   std::map<uint64_t, absl::Status> out;
   for (size_t i = 0; i < serve.size(); ++i) {
@@ -78,12 +80,14 @@ std::vector<Repointer::Laggard> IsolatedRepointer::Repoint(
     }
   }
   std::vector<Laggard> laggards;
+  Late late{repoint, {}};
   for (uint64_t id : ids) {
     auto it = answers.find(id);
     if (it == answers.end() || it->second.ok()) {
       bindings_->SetGeneration(id, entry.key, entry.generation);
       continue;
     }
+    if (absl::IsDeadlineExceeded(it->second)) late.sessions.insert(id);
     const auto& [peer, held] = holders[id];
     Laggard l;
     l.peer = peer;
@@ -96,7 +100,38 @@ std::vector<Repointer::Laggard> IsolatedRepointer::Repoint(
     }
     laggards.push_back(std::move(l));
   }
+  if (!late.sessions.empty()) {
+    absl::MutexLock lock(&mu_);
+    late_.push_back(std::move(late));
+  }
   return laggards;
+}
+
+void IsolatedRepointer::Refresh() {
+  std::vector<Late> late;
+  {
+    absl::MutexLock lock(&mu_);
+    late.swap(late_);
+  }
+  std::vector<Late> still;
+  for (Late& l : late) {
+    const TargetKey key{l.repoint.target_name(),
+                        *ParsePlatform(l.repoint.platform())};
+    std::map<uint64_t, absl::Status> answers =
+        pool_->Repoint(l.sessions, l.repoint, -1, absl::Now());
+    std::set<uint64_t> waiting;
+    for (const auto& [id, status] : answers) {
+      if (status.ok()) {
+        bindings_->SetGeneration(id, key, l.repoint.generation());
+      } else if (absl::IsDeadlineExceeded(status)) {
+        waiting.insert(id);
+      }
+    }
+    if (!waiting.empty()) still.push_back(Late{l.repoint, std::move(waiting)});
+  }
+  absl::MutexLock lock(&mu_);
+  late_.insert(late_.end(), std::make_move_iterator(still.begin()),
+               std::make_move_iterator(still.end()));
 }
 
 }  // namespace kreg

@@ -4,8 +4,10 @@
 #ifndef KREGD_DAEMON_SUPERVISOR_ISOLATED_REPOINTER_H_
 #define KREGD_DAEMON_SUPERVISOR_ISOLATED_REPOINTER_H_
 
+#include <set>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "daemon/registry/repointer.h"
 #include "daemon/store/module_store.h"
 #include "daemon/supervisor/executor_pool.h"
@@ -26,8 +28,19 @@ class IsolatedRepointer final : public Repointer {
   // `entry.generation` in the bindings; the others are laggards.
   std::vector<Laggard> Repoint(const TargetEntry& entry,
                                absl::Time deadline) override;
+  // Records the acks that came after Repoint's deadline (a continued
+  // executor's), so the bindings show what each holder runs now. Cheap when
+  // none is awaited; called before the bindings are listed.
+  void Refresh();
 
  private:
+  // Sessions that did not answer `repoint` in time.
+  struct Late {
+    v1::ExecRepoint repoint;
+    std::set<uint64_t> sessions;
+  };
+  absl::Mutex mu_;
+  std::vector<Late> late_ ABSL_GUARDED_BY(mu_);
   SessionBindings* const bindings_;
   ExecutorPool* const pool_;
   const ModuleStore* const store_;
