@@ -239,8 +239,12 @@ absl::Status Executor::AwaitRepointAck(const v1::ExecRepoint& repoint,
       auto it = acks_.find(id);
       if (it != acks_.end() &&
           it->second.generation() >= repoint.generation()) {
+        // The executor's word: a code absl does not know is UNKNOWN.
         const v1::SessionStatus& st = it->second.status();
-        return absl::Status(static_cast<absl::StatusCode>(st.code()),
+        const int code = st.code();
+        return absl::Status(code >= 0 && code <= 16
+                                ? static_cast<absl::StatusCode>(code)
+                                : absl::StatusCode::kUnknown,
                             st.message());
       }
     }
