@@ -156,11 +156,11 @@ void PrintShowText(const Target& t, json j) {
   std::string held;
   for (const json& b : bound_by) {
     if (!held.empty()) held += ", ";
-    // docs/replace.md: the generation it runs, once known.
+    // docs/replace.md: the generation it runs, once the target was replaced.
     const uint32_t g = b["generation"].get<uint32_t>();
     held += "pid " + std::to_string(b["pid"].get<int>()) + " (" +
             b["mode"].get<std::string>() +
-            (g != 0 ? ", generation " + std::to_string(g) : "") + ")";
+            (g > 1 ? ", generation " + std::to_string(g) : "") + ")";
   }
   std::cout << "bound by: " << (held.empty() ? "-" : held) << "\n";
   std::cout << "calls: " << StatsLine(t.stats()) << "\n";

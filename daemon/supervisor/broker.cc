@@ -491,6 +491,9 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::Resolve(
   reply.set_token(ctx_.pool->TokenFor(binding_, e));
   if (ctx_.bindings != nullptr) {
     ctx_.bindings->Add(id_, peer_, key, /*local=*/false, e->generation);
+    // A replacement committed since the Lookup may have listed the holders
+    // before this one (docs/replace.md section 3): answer the new entry.
+    if (ctx_.registry->Lookup(key) != e) return Resolve(r, fd_out);
   }
   *fd_out = std::move(fd);
   return reply;

@@ -241,6 +241,7 @@ def test_running_processes_switch_without_re_jitting(d):
     text = kregctl(d, "show", "demo.live").stdout
     for h in holders:
       assert f"pid {h.pid} (isolated, generation 2)" in text
+    assert "demo.live(cpu,gen 2)" in kregctl(d, "sessions").stdout
     # A process that binds the name now gets generation 2 too.
     late = Holder(d, "demo.live")
     try:
