@@ -254,6 +254,37 @@ def test_running_processes_switch_without_re_jitting(d):
   assert metric_replaces(d) == {"done": 1, "timeout": 0, "refused": 0}
 
 
+@pytest.fixture
+def d_orphans():
+  yield from start("--orphan-timeout", "60")
+
+
+def test_a_process_served_across_a_kregd_restart_switches_too(d_orphans):
+  """Its executor outlives kregd and is re-adopted (DESIGN section 12); the
+  re-point travels on the re-adopted control socket."""
+  d = d_orphans
+  register(d, "demo.readopted", "libdemo.so")
+  h = Holder(d, "demo.readopted")
+  try:
+    assert h.call()["y"] == V1
+    executor = executor_of(d, h.pid)
+    d.restart()
+    assert h.call()["y"] == V1
+    # Re-adopted (it offers itself every 250 ms), not restarted.
+    deadline = time.monotonic() + 60
+    while not any(s["pid"] == h.pid for s in
+                  json.loads(kregctl(d, "sessions", "--json").stdout)):
+      assert time.monotonic() < deadline, "the executor was not re-adopted"
+      time.sleep(0.1)
+    assert executor_of(d, h.pid) == executor
+    assert replace_from_python(d, "demo.readopted", "libdemo_v2.so") == {
+        "created": True}
+    assert h.call() == {"y": V2, "traces": 1}
+    assert bound_by(d, "demo.readopted")[h.pid]["generation"] == 2
+  finally:
+    h.end()
+
+
 def executor_of(d, pid):
   for s in json.loads(kregctl(d, "sessions", "--json").stdout):
     if s["pid"] == pid and s["executor_pid"]:
