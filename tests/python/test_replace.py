@@ -6,7 +6,9 @@ owner. Processes running the target isolated keep their jitted functions
 and get the new generation's results once replace=True returned; an
 executor that does not acknowledge (SIGSTOP) makes the replacement fail
 DEADLINE_EXCEEDED naming the process it serves, and it switches once it
-continues. libdemo_v2.so's Scale scales by factor + 1: [0, 2, 4, 6] is
+continues; a call in flight finishes on the generation it started on (held
+there by libhostile's Gate); an executor re-adopted across a kregd restart
+is re-pointed too. libdemo_v2.so's Scale scales by factor + 1: [0, 2, 4, 6] is
 generation 1's answer for [0, 1, 2, 3] and factor 2, [0, 3, 6, 9]
 libdemo_v2.so's."""
 
@@ -283,6 +285,75 @@ def test_a_process_served_across_a_kregd_restart_switches_too(d_orphans):
     assert bound_by(d, "demo.readopted")[h.pid]["generation"] == 2
   finally:
     h.end()
+
+
+# Binds argv[1] isolated; for every line on stdin calls it (libhostile's
+# Gate, held by the file argv[2]) and prints its result.
+GATED = """
+import json, sys
+import jax, numpy as np
+import kreg
+name, gate = sys.argv[1], sys.argv[2]
+kreg.bind_ffi_target(name, platform="cpu", execution="isolated")
+f = jax.jit(lambda x: jax.ffi.ffi_call(
+    name, jax.ShapeDtypeStruct((4,), np.int64))(x, path=gate))
+x = np.zeros(4, np.float32)
+for line in sys.stdin:
+  print(json.dumps(np.asarray(f(x)).tolist()), flush=True)
+"""
+
+
+def test_a_call_in_flight_finishes_on_the_generation_it_started_on(
+    d, tmp_path):
+  """libhostile's Gate answers how often this copy of the module ran, and
+  waits for the gate file; generation 2 is the same library with one more
+  byte: a second copy, counting from 0."""
+  rebuilt = tmp_path / "libhostile_rebuilt.so"
+  rebuilt.write_bytes(ku.kernel_path("libhostile.so").read_bytes() + b"\0")
+  gate = tmp_path / "gate"
+  started = tmp_path / "gate.started"
+  gate.touch()
+  kregctl(d, "register", "demo.gated", "--module",
+          str(ku.kernel_path("libhostile.so")), "--function", "Gate",
+          "--platform", "cpu")
+  p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(GATED),
+                        "demo.gated", str(gate)], env=d.env(),
+                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
+
+  def call():
+    p.stdin.write("call\n")
+    p.stdin.flush()
+
+  def answer():
+    line = p.stdout.readline()
+    if not line:
+      p.kill()
+      raise AssertionError(p.stderr.read())
+    return json.loads(line)[0]
+
+  try:
+    call()
+    assert answer() == 0  # generation 1's copy, first call
+    gate.unlink()
+    started.unlink()
+    call()  # held in the executor until the gate exists
+    deadline = time.monotonic() + 60
+    while not started.exists():
+      assert time.monotonic() < deadline, "the call never started"
+      time.sleep(0.05)
+    replaced = kregctl(d, "register", "demo.gated", "--module", str(rebuilt),
+                       "--function", "Gate", "--platform", "cpu",
+                       "--replace")
+    assert replaced.returncode == 0, replaced.stderr
+    assert show(d, "demo.gated")["generation"] == 2
+    gate.touch()
+    assert answer() == 1  # the call in flight finished on generation 1
+    call()
+    assert answer() == 0  # the next one runs generation 2's copy
+  finally:
+    gate.touch()
+    end(p)
 
 
 def executor_of(d, pid):
