@@ -672,6 +672,30 @@ absl::Status Daemon::Readopt(ReadoptOffer offer,
         std::move(b));
     sessions_->Serve(std::move(broker), r.peer.uid);
   }
+  // Its sessions may run an older generation of a target replaced while no
+  // kregd supervised the executor (docs/replace.md section 5): re-point them
+  // (the executor has its OK and reads its control socket again; a session
+  // already at the generation changes nothing).
+  std::set<const TargetEntry*> seen;
+  for (const ReadoptedSession& r : sessions) {
+    for (const auto& [entry, token] : r.tokens) {
+      if (entry == nullptr || token == 0 || entry->generation < 2 ||
+          !seen.insert(entry.get()).second) {
+        continue;
+      }
+      const size_t late =
+          isolated_repointer_
+              ->Repoint(*entry,
+                        absl::Now() + absl::Seconds(config_.replace_timeout_s))
+              .size();
+      if (late != 0) {
+        spdlog::warn(
+            "re-adopted executor pid {}: {} of its sessions did not switch {} "
+            "to generation {} within replace_timeout",
+            h.pid(), late, Named(entry->key), entry->generation);
+      }
+    }
+  }
   return absl::OkStatus();
 }
 

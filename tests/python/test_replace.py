@@ -356,6 +356,32 @@ def test_a_call_in_flight_finishes_on_the_generation_it_started_on(
     end(p)
 
 
+def test_a_replacement_right_after_a_restart_reaches_the_orphan(d_orphans):
+  """Made at once after the restart (kregctl is fast), the replacement
+  usually comes before the executor offered itself (kregd then re-points it
+  when it re-adopts it), else after (the re-point travels on the re-adopted
+  control socket): the process switches either way. (An executor stopped
+  across the restart cannot hold the order: the kernel hangs up on a
+  stopped orphaned process group.)"""
+  d = d_orphans
+  register(d, "demo.orphaned", "libdemo.so")
+  h = Holder(d, "demo.orphaned")
+  try:
+    assert h.call()["y"] == V1
+    executor = executor_of(d, h.pid)
+    d.restart()
+    register(d, "demo.orphaned", "libdemo_v2.so", "--replace")  # kregctl: fast
+    deadline = time.monotonic() + 60
+    while h.call()["y"] != V2:
+      assert time.monotonic() < deadline, "the orphan never switched"
+      time.sleep(0.1)
+    assert h.call() == {"y": V2, "traces": 1}
+    assert executor_of(d, h.pid) == executor
+    assert bound_by(d, "demo.orphaned")[h.pid]["generation"] == 2
+  finally:
+    h.end()
+
+
 def executor_of(d, pid):
   for s in json.loads(kregctl(d, "sessions", "--json").stdout):
     if s["pid"] == pid and s["executor_pid"]:
