@@ -254,6 +254,15 @@ def test_running_processes_switch_without_re_jitting(d):
     for h in holders:
       h.end()
   assert metric_replaces(d) == {"done": 1, "timeout": 0, "refused": 0}
+  # A replacement the probe refuses (libnot_handler's symbol is no XLA FFI
+  # handler) counts as refused.
+  refused = kregctl(d, "register", "demo.live", "--module",
+                    str(ku.kernel_path("libnot_handler.so")), "--function",
+                    "plain_function", "--platform", "cpu", "--replace",
+                    check=False)
+  assert refused.returncode == 2, refused.stderr
+  assert metric_replaces(d) == {"done": 1, "timeout": 0, "refused": 1}
+  assert show(d, "demo.live")["generation"] == 2
 
 
 @pytest.fixture
