@@ -20,9 +20,12 @@ std::string Us(double us) {
 }
 
 std::string TargetText(const v1::TargetRef& t) {
-  // Isolated is the default; only local holds are marked.
+  // Isolated is the default; only local holds are marked, and the
+  // generation once a target was replaced (docs/replace.md).
   return t.target_name() + "(" + t.platform() +
-         (t.mode() == "local" ? ",local" : "") + ")";
+         (t.mode() == "local" ? ",local" : "") +
+         (t.generation() > 1 ? ",gen " + std::to_string(t.generation()) : "") +
+         ")";
 }
 
 }  // namespace
@@ -67,7 +70,8 @@ json SessionJson(const v1::SessionInfo& s) {
   for (const v1::TargetRef& t : s.targets()) {
     targets.push_back(json{{"target_name", t.target_name()},
                            {"platform", t.platform()},
-                           {"mode", t.mode().empty() ? "isolated" : t.mode()}});
+                           {"mode", t.mode().empty() ? "isolated" : t.mode()},
+                           {"generation", t.generation()}});
   }
   return json{{"session_id", s.session_id()},
               {"pid", s.pid()},

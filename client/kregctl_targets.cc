@@ -103,7 +103,8 @@ ShowExtras ReadShowExtras(Client& client, const std::string& name) {
             json{{"pid", s.pid()},
                  {"uid", s.uid()},
                  {"session_id", s.session_id()},
-                 {"mode", t.mode().empty() ? "isolated" : t.mode()}});
+                 {"mode", t.mode().empty() ? "isolated" : t.mode()},
+                 {"generation", t.generation()}});
       }
     }
   }
@@ -155,8 +156,11 @@ void PrintShowText(const Target& t, json j) {
   std::string held;
   for (const json& b : bound_by) {
     if (!held.empty()) held += ", ";
+    // docs/replace.md: the generation it runs, once the target was replaced.
+    const uint32_t g = b["generation"].get<uint32_t>();
     held += "pid " + std::to_string(b["pid"].get<int>()) + " (" +
-            b["mode"].get<std::string>() + ")";
+            b["mode"].get<std::string>() +
+            (g > 1 ? ", generation " + std::to_string(g) : "") + ")";
   }
   std::cout << "bound by: " << (held.empty() ? "-" : held) << "\n";
   std::cout << "calls: " << StatsLine(t.stats()) << "\n";

@@ -28,7 +28,7 @@ while (($#)); do
   esac
 done
 ((${#targets[@]})) || targets=(session ring_decoder
-  broker_request control_frames readopt_offer journal module_path elf_symbols
+  broker_request control_frames readopt_offer repoint_ack journal module_path elf_symbols
   http_request cluster_inputs signed_record compile_inputs)
 [[ -n $results ]] || results=$(mktemp -d /tmp/kreg-fuzz-results.XXXXXX)
 mkdir -p "$results"

@@ -128,6 +128,10 @@ void AddFlags(CLI::App* app, FlagValues* f) {
   app->add_option("--replace", v.replace,
                   "deny (default) or owner: whether a target's owner or root "
                   "may replace it in place with replace=true");
+  app->add_option("--replace-timeout", v.replace_timeout_s,
+                  "seconds a replacement waits for the processes that have "
+                  "the target bound to switch (default 10)")
+      ->check(CLI::Range(int64_t{1}, int64_t{60}));
   app->add_option("--executor-binary", v.executor_binary,
                   "kregd-exec to start (default: next to kregd)");
   app->add_option("--launch-timeout", v.launch_timeout_s,

@@ -38,6 +38,10 @@ struct Config {
   // Whether a target's owner (or root) may replace it in place with
   // replace=true (docs/replace.md): deny | owner.
   std::string replace = "deny";
+  // Seconds a replacement waits for the live holders to switch
+  // (docs/replace.md section 5), 1..60: a replacement returns within the
+  // 120 s kregctl gives an RPC, probe included.
+  int64_t replace_timeout_s = 10;
   // Bytes of the sealed module memfds kregd keeps for local binds, all
   // modules together (LocalModuleCache).
   uint64_t max_local_module_memory_bytes = 2ull << 30;

@@ -92,6 +92,7 @@ bool Positive(int64_t n) { return n > 0; }
 bool UpTo2To31(int64_t n) { return n >= 0 && n <= (int64_t{1} << 31); }
 bool Connections(int64_t n) { return n > 0 && n <= 1000000; }
 bool OrphanSeconds(int64_t n) { return n >= 0 && n <= 86400; }
+bool ReplaceSeconds(int64_t n) { return n >= 1 && n <= 60; }
 bool LeaseSeconds(int64_t n) { return n >= 2 && n <= 3600; }
 bool NotNegative(double d) { return d >= 0; }
 bool EtcdSeconds(double d) { return d > 0 && d <= 600; }
@@ -198,6 +199,8 @@ const std::vector<KeySpec>& Keys() {
       KeyString("local_execution", "--local-execution",
                 &Config::local_execution),
       KeyString("replace", "--replace", &Config::replace),
+      KeyInt("replace_timeout", "--replace-timeout", &Config::replace_timeout_s,
+             ReplaceSeconds, "a whole number of seconds from 1 to 60"),
       KeyInt("max_local_module_memory_bytes", "",
              &Config::max_local_module_memory_bytes, Positive,
              "a positive integer"),

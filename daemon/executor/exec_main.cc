@@ -38,6 +38,7 @@
 #include "daemon/executor/executor_backend.h"
 #include "daemon/executor/ffi/ffi_host.h"
 #include "daemon/executor/module_cache.h"
+#include "daemon/executor/repoint_apply.h"
 #include "daemon/executor/repoint_table.h"
 #include "daemon/executor/session.h"
 #include "kreg/v1/executor.pb.h"
@@ -513,6 +514,10 @@ class ExecutorLoop {
     std::vector<UniqueFd> owned;
     for (int fd : fds) owned.emplace_back(fd);
     v1::ExecAdopt adopt;
+    if (adopt.ParseFromString(payload) && adopt.has_repoint()) {
+      Repoint(adopt.repoint(), std::move(owned));
+      return true;
+    }
     if (!adopt.ParseFromString(payload) || owned.size() != 2 ||
         page_->slot(adopt.slot()) == nullptr) {
       spdlog::error("ignoring a malformed ExecAdopt from kregd");
@@ -520,6 +525,21 @@ class ExecutorLoop {
     }
     Start(adopt, std::move(owned[0]), std::move(owned[1]));
     return true;
+  }
+
+  // kregd replaced a target (docs/replace.md section 3): load the new
+  // generation, switch the sessions' next launches to it, answer.
+  void Repoint(const v1::ExecRepoint& repoint, std::vector<UniqueFd> fds) {
+    v1::ExecRepointAck ack = ApplyRepoint(repoint, std::move(fds),
+                                          shared_.modules, shared_.repoints);
+    if (ack.status().code() == 0) {
+      spdlog::info("target \"{}\" ({}) re-pointed to generation {} ({})",
+                   repoint.target_name(), repoint.platform(),
+                   repoint.generation(), repoint.module_digest());
+    } else {
+      spdlog::warn("{}", ack.status().message());
+    }
+    SendMessage(kControlFd, ack, {});
   }
 
   // A session kregd handed over: the client's socket and the broker's.
@@ -648,9 +668,8 @@ int Main() {
   ModuleCache modules;
   std::atomic<bool> recycle{false};
   std::atomic<bool> drain{false};
-  // TODO(issue 35): ControlStep fills it from kregd's ExecRepoint frames
-  // (docs/replace.md, section 3): load the module through `modules`, Set,
-  // then acknowledge on the control socket.
+  // ControlStep fills it from kregd's ExecRepoint frames (docs/replace.md
+  // section 3).
   RepointTable repoints;
   ExecutorShared shared{
       &modules, &host,    cuda && cuda->status().ok() ? cuda.get() : nullptr,

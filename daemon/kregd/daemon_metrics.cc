@@ -123,6 +123,17 @@ void WriteRegistryFamilies(const std::vector<EntryPtr>& entries,
   w->Sample("kregd_store_bytes", {}, store_bytes);
 }
 
+// Replacements under replace = "owner" (docs/replace.md), by outcome.
+void WriteReplaceFamily(const ReplaceCounts& n, PromWriter* w) {
+  w->Family("kregd_replaces_total", "counter",
+            "replacements (replace=true with other content): outcome=\"done\" "
+            "(every live holder switched), \"timeout\" (some did not within "
+            "replace_timeout; the generation is committed) or \"refused\"");
+  w->Sample("kregd_replaces_total", {{"outcome", "done"}}, n.done);
+  w->Sample("kregd_replaces_total", {{"outcome", "timeout"}}, n.timeout);
+  w->Sample("kregd_replaces_total", {{"outcome", "refused"}}, n.refused);
+}
+
 // The open sessions: `open` from the session server, `bound` those bound
 // to an executor (per uid, arena bytes), and the local-execution figures.
 void WriteSessionFamilies(uint64_t open, const std::vector<BoundSession>& bound,
@@ -279,6 +290,7 @@ v1::TargetStats Daemon::StatsOf(const TargetEntry& entry) {
 
 void Daemon::ListSessions(v1::ListSessionsResponse* resp) {
   if (pool_ == nullptr) return;
+  if (isolated_repointer_ != nullptr) isolated_repointer_->Refresh();
   std::map<uint64_t, std::vector<SessionBindings::Bound>> bound =
       bindings_.Snapshot();
   for (const BoundSession& b : pool_->Sessions()) {
@@ -299,6 +311,7 @@ void Daemon::ListSessions(v1::ListSessionsResponse* resp) {
       t->set_target_name(held.key.name);
       t->set_platform(PlatformName(held.key.platform));
       t->set_mode(held.local ? "local" : "isolated");
+      t->set_generation(held.generation);
     }
   }
 }
@@ -308,6 +321,7 @@ std::string Daemon::RenderMetrics() {
   WriteDaemonFamilies(started_, &w);
   const std::vector<EntryPtr> entries = registry_.List();
   WriteRegistryFamilies(entries, registrar_.counts(), &w);
+  WriteReplaceFamily(registry_.replaces(), &w);
   if (compile_ != nullptr) WriteCompileFamilies(compile_->counts(), &w);
 
   std::vector<BoundSession> sessions;

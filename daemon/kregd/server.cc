@@ -145,7 +145,8 @@ Daemon::Daemon(Config config)
           &loader_, &journal_,
           RegistryLimits{config_.max_registrations_per_uid,
                          config_.max_store_bytes_per_uid,
-                         static_cast<uid_t>(-1), config_.replace == "owner"}),
+                         static_cast<uid_t>(-1), config_.replace == "owner",
+                         absl::Seconds(config_.replace_timeout_s)}),
       registrar_(&registry_,
                  ModulePolicy{config_.allowed_roots, config_.max_module_bytes,
                               HelperBinary(config_.probe_binary, "kregd-probe",
@@ -527,7 +528,9 @@ void LogExecutorPolicy(const Config& c) {
   if (c.replace == "owner") {
     spdlog::info(
         "replace = \"owner\": a target's owner or root may replace it with "
-        "replace=true while no process has it bound (docs/replace.md)");
+        "replace=true; the processes that have it bound switch within "
+        "replace_timeout ({} s; docs/replace.md)",
+        c.replace_timeout_s);
   }
 }
 
@@ -558,6 +561,11 @@ absl::Status Daemon::StartSessions() {
   LogExecutorPolicy(config_);
   FillBrokerContext();
   registry_.SetBindingOracle(&bindings_);
+  // A replacement re-points the live holders (docs/replace.md sections 3-5).
+  isolated_repointer_ =
+      std::make_unique<IsolatedRepointer>(&bindings_, pool_.get(), &store_);
+  repointers_.Add(isolated_repointer_.get());
+  registry_.SetRepointer(&repointers_);
   SessionOptions opts;
   opts.socket_path = SessionSocketPath(config_.socket_path);
   opts.listen_fd = session_listen_fd_;
@@ -663,6 +671,30 @@ absl::Status Daemon::Readopt(ReadoptOffer offer,
         r.session_id, std::move(offer.sessions[i].client), r.peer, broker_ctx_,
         std::move(b));
     sessions_->Serve(std::move(broker), r.peer.uid);
+  }
+  // Its sessions may run an older generation of a target replaced while no
+  // kregd supervised the executor (docs/replace.md section 5): re-point them
+  // (the executor has its OK and reads its control socket again; a session
+  // already at the generation changes nothing).
+  std::set<const TargetEntry*> seen;
+  for (const ReadoptedSession& r : sessions) {
+    for (const auto& [entry, token] : r.tokens) {
+      if (entry == nullptr || token == 0 || entry->generation < 2 ||
+          !seen.insert(entry.get()).second) {
+        continue;
+      }
+      const size_t late =
+          isolated_repointer_
+              ->Repoint(*entry,
+                        absl::Now() + absl::Seconds(config_.replace_timeout_s))
+              .size();
+      if (late != 0) {
+        spdlog::warn(
+            "re-adopted executor pid {}: {} of its sessions did not switch {} "
+            "to generation {} within replace_timeout",
+            h.pid(), late, Named(entry->key), entry->generation);
+      }
+    }
   }
   return absl::OkStatus();
 }

@@ -29,8 +29,10 @@
 #include "daemon/store/module_store.h"
 #include "daemon/supervisor/broker.h"
 #include "daemon/supervisor/crash_ledger.h"
+#include "daemon/supervisor/isolated_repointer.h"
 #include "daemon/supervisor/local_module_cache.h"
 #include "daemon/supervisor/readopt_listener.h"
+#include "daemon/supervisor/repoint_fanout.h"
 #include "daemon/supervisor/session_bindings.h"
 
 namespace kreg {
@@ -114,6 +116,9 @@ class Daemon {
   // Null: local_execution = "deny".
   std::unique_ptr<LocalModuleCache> local_modules_;
   std::unique_ptr<ExecutorPool> pool_;  // outlives the sessions using it
+  // What the registry re-points a replaced target's holders with.
+  std::unique_ptr<IsolatedRepointer> isolated_repointer_;
+  RepointFanout repointers_;
   std::unique_ptr<SessionServer> sessions_;
   BrokerContext broker_ctx_;  // what every session's broker borrows
   // The supervision socket (session socket path + ".exec").

@@ -184,6 +184,7 @@ absl::Status Registry::CheckIdentity(const TargetEntry& existing,
   if (args.replace && limits_.replace_by_owner) {
     absl::Status may = MayReplace(existing, args);
     *replacing = may.ok();
+    if (!may.ok()) replaces_refused_.fetch_add(1);
     return may;
   }
   if (args.kind == TargetKind::kModule && !args.content_id.empty() &&

@@ -12,9 +12,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "daemon/base/types.h"
 #include "daemon/registry/binding_authority.h"
 #include "daemon/registry/binding_oracle.h"
+#include "daemon/registry/repointer.h"
 
 namespace kreg {
 
@@ -41,6 +43,12 @@ struct RegisterOutcome {
 // no passwd entry here (an NSS lookup: never under the registry's lock);
 // the time when the entry has none.
 std::string Holder(const TargetEntry& e);
+
+// DEADLINE_EXCEEDED's text for a replacement of `entry` whose `laggards`
+// did not switch within `timeout` (docs/replace.md section 5).
+std::string LaggardsMessage(const TargetEntry& entry,
+                            const std::vector<Repointer::Laggard>& laggards,
+                            absl::Duration timeout);
 
 // A module written for a pending registration. Nothing is in the store
 // until the registration is accepted and the module committed.
@@ -113,6 +121,18 @@ struct RegistryLimits {
   // `replace = "owner"` (docs/replace.md): replace=true by a module
   // target's owner or root makes its next generation. False: "deny".
   bool replace_by_owner = false;
+  // How long a replacement waits for the live holders to switch
+  // (docs/replace.md section 5; config key replace_timeout).
+  absl::Duration replace_timeout = absl::Seconds(10);
+};
+
+// Replacements by outcome (kregd_replaces_total): every live holder switched
+// (done), some did not within replace_timeout (timeout: the generation is
+// committed all the same), or the replacement was refused.
+struct ReplaceCounts {
+  uint64_t done = 0;
+  uint64_t timeout = 0;
+  uint64_t refused = 0;
 };
 
 // Thread-safe. Decisions are made under one short lock; the slow work (the
@@ -142,9 +162,10 @@ class Registry {
   // next generation (created=true; docs/replace.md): PERMISSION_DENIED
   // naming the owner unless `args.peer` is the owner or root,
   // FAILED_PRECONDITION for an in-process target, for a handler whose FFI
-  // API major or traits differ from the current generation's, or (until
-  // running processes can be re-pointed) while a live session has the
-  // target bound; UNIMPLEMENTED in cluster mode.
+  // API major or traits differ from the current generation's;
+  // UNIMPLEMENTED in cluster mode. Once committed, the repointer (if set)
+  // moves the live holders; DEADLINE_EXCEEDED naming those that did not
+  // switch within replace_timeout (the generation stays committed).
   absl::StatusOr<RegisterOutcome> Register(const RegisterArgs& args);
 
   // Removes (target_name, platform), or every platform under the name when
@@ -184,6 +205,10 @@ class Registry {
   // Consulted by Retire; null (the default) means nothing is ever bound.
   // The oracle must outlive the registry. Thread-safe.
   void SetBindingOracle(BindingOracle* oracle) { oracle_.store(oracle); }
+  // Consulted by a replacement once its generation is committed, while the
+  // name stays reserved (two replacements never interleave). Null (the
+  // default): nothing is re-pointed. Must outlive the registry.
+  void SetRepointer(Repointer* repointer) { repointer_.store(repointer); }
 
   // Cluster mode (DESIGN §10): a new binding is claimed from `authority`
   // before it is committed, and a retirement released there first. Null
@@ -229,6 +254,10 @@ class Registry {
                               const PeerCred& peer) const;
 
   uint64_t refused() const { return refused_.load(); }
+  ReplaceCounts replaces() const {
+    return {replaces_done_.load(), replaces_timeout_.load(),
+            replaces_refused_.load()};
+  }
 
  private:
   // A key being worked on outside mu_ (a registration, retirement or
@@ -370,6 +399,7 @@ class Registry {
   const RegistryLimits limits_;
   std::atomic<BindingOracle*> oracle_{nullptr};
   std::atomic<BindingAuthority*> authority_{nullptr};
+  std::atomic<Repointer*> repointer_{nullptr};
   mutable absl::Mutex mu_;
   std::map<TargetKey, EntryPtr> entries_ ABSL_GUARDED_BY(mu_);
   std::map<TargetKey, Pending> pending_ ABSL_GUARDED_BY(mu_);
@@ -378,6 +408,10 @@ class Registry {
   bool sweeping_ ABSL_GUARDED_BY(mu_) = false;
   int idle_waiters_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> refused_{0};
+  std::atomic<uint64_t> replaces_done_{0};
+  std::atomic<uint64_t> replaces_timeout_{0};
+  // Counted by CheckIdentity (const), hence mutable.
+  mutable std::atomic<uint64_t> replaces_refused_{0};
 };
 
 }  // namespace kreg

@@ -1,7 +1,13 @@
 // Registry: replacing a target under `replace = "owner"` (docs/replace.md):
-// the next generation, journaled with both identities.
+// the next generation, journaled with both identities, then the live
+// holders re-pointed to it.
+#include <unistd.h>
+
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "daemon/base/platform_table.h"
 #include "daemon/registry/registry.h"
 #include "spdlog/spdlog.h"
@@ -68,35 +74,12 @@ absl::StatusOr<RegisterOutcome> Registry::Replace(const RegisterArgs& args,
                                                   const EntryPtr& existing) {
   if (authority_.load() != nullptr) {
     refused_.fetch_add(1);
+    replaces_refused_.fetch_add(1);
     return absl::UnimplementedError(absl::StrCat(
         "cannot replace ", Named(args.key),
         ": replacing a target in cluster mode is not built yet "
         "(docs/replace.md, section 9); register the rebuild under a distinct "
         "target name"));
-  }
-  // TODO(issue 35): re-point the live holders here (docs/replace.md,
-  // sections 3-5: executors over their control socket, local binds over
-  // the shim's control connection, then wait for their acks within
-  // replace_timeout). Until then a replacement waits for a target no live
-  // process has bound, so no process runs a generation kregd did not tell
-  // it about.
-  if (BindingOracle* oracle = oracle_.load()) {
-    std::vector<PeerCred> holders = oracle->Holders(args.key);
-    if (!holders.empty()) {
-      refused_.fetch_add(1);
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot replace ", Named(args.key),
-          " yet: live sessions have it bound (",
-          absl::StrJoin(holders, ", ",
-                        [](std::string* out, const PeerCred& p) {
-                          absl::StrAppend(out, "pid ", p.pid, " of ",
-                                          UserName(p.uid));
-                        }),
-          "), and re-pointing running processes is not built yet "
-          "(docs/replace.md). Replace it once those processes have exited "
-          "(`kregctl sessions` lists what each holds), or register the "
-          "rebuild under a distinct target name."));
-    }
   }
   TargetEntry next = *existing;
   if (next.generations.empty()) {
@@ -112,14 +95,58 @@ absl::StatusOr<RegisterOutcome> Registry::Replace(const RegisterArgs& args,
   next.handler_info = {};
   next.generations.push_back(GenerationOf(next, args.peer, NowMicros()));
   absl::StatusOr<EntryPtr> installed = Install(next, args.module_bytes);
-  if (!installed.ok()) return installed.status();
+  if (!installed.ok()) {
+    replaces_refused_.fetch_add(1);
+    return installed.status();
+  }
   spdlog::info(
       "replaced {}: generation {} (content {}, module {}) -> {} (content {}, "
       "module {}) by uid {} pid {}",
       Named(args.key), existing->generation, existing->content_id,
       existing->module_digest, next.generation, cid, digest, args.peer.uid,
       args.peer.pid);
-  return RegisterOutcome{true, *installed};
+  // Committed; the name stays reserved (the caller's Hold) until the live
+  // holders switched or replace_timeout passed.
+  std::vector<Repointer::Laggard> laggards;
+  if (Repointer* repointer = repointer_.load()) {
+    laggards =
+        repointer->Repoint(**installed, absl::Now() + limits_.replace_timeout);
+  }
+  if (laggards.empty()) {
+    replaces_done_.fetch_add(1);
+    return RegisterOutcome{true, *installed};
+  }
+  replaces_timeout_.fetch_add(1);
+  return absl::DeadlineExceededError(
+      LaggardsMessage(**installed, laggards, limits_.replace_timeout));
+}
+
+std::string LaggardsMessage(const TargetEntry& entry,
+                            const std::vector<Repointer::Laggard>& laggards,
+                            absl::Duration timeout) {
+  // The holders are this kregd's clients: on this host.
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  std::set<uint32_t> behind;
+  for (const Repointer::Laggard& l : laggards) behind.insert(l.generation);
+  return absl::StrCat(
+      Named(entry.key), " is now generation ", entry.generation,
+      ", but these processes did not switch to it within replace_timeout (",
+      absl::ToDoubleSeconds(timeout), " s): ",
+      absl::StrJoin(laggards, "; ",
+                    [&](std::string* out, const Repointer::Laggard& l) {
+                      absl::StrAppend(out, "pid ", l.peer.pid, " ",
+                                      UserName(l.peer.uid), " host ", host,
+                                      " (", l.local ? "local" : "isolated",
+                                      ", runs generation ", l.generation,
+                                      l.why.empty() ? "" : ": ", l.why, ")");
+                    }),
+      ". They run generation",
+      behind.size() == 1 ? absl::StrCat(" ", *behind.begin())
+                         : absl::StrCat("s ", absl::StrJoin(behind, ", ")),
+      " until they switch or exit; `kregctl show ", entry.key.name,
+      "` shows what each runs. A stopped process (SIGSTOP) switches when it "
+      "continues.");
 }
 
 }  // namespace kreg

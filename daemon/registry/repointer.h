@@ -5,6 +5,7 @@
 #define KREGD_DAEMON_REGISTRY_REPOINTER_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -23,6 +24,9 @@ class Repointer {
     PeerCred peer;
     bool local = false;       // bound locally (else isolated)
     uint64_t generation = 0;  // the generation it still runs
+    // Why it did not switch when it answered (e.g. its executor could not
+    // load the module); empty: no answer in time.
+    std::string why;
   };
   // Tells every live holder of `entry.key` to switch to `entry.generation`
   // (its module is in the store under `entry.module_digest`) and waits

@@ -126,7 +126,8 @@ v1::SessionResponse HandleControl(const BrokerContext& ctx, uint64_t id,
       if (r.ok() && ctx.bindings != nullptr) {
         absl::StatusOr<Platform> p = ParsePlatform(r->target().platform());
         if (p.ok())
-          ctx.bindings->Add(id, peer, {r->target().target_name(), *p});
+          ctx.bindings->Add(id, peer, {r->target().target_name(), *p},
+                            /*local=*/false, r->target().generation());
       }
       if (r.ok()) {
         *resp.mutable_register_target() = *std::move(r);
@@ -520,7 +521,12 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::Resolve(
   reply.set_func_name(e->func_name);
   reply.set_module_digest(e->module_digest);
   reply.set_token(ctx_.pool->TokenFor(binding_, e));
-  if (ctx_.bindings != nullptr) ctx_.bindings->Add(id_, peer_, key);
+  if (ctx_.bindings != nullptr) {
+    ctx_.bindings->Add(id_, peer_, key, /*local=*/false, e->generation);
+    // A replacement committed since the Lookup may have listed the holders
+    // before this one (docs/replace.md section 3): answer the new entry.
+    if (ctx_.registry->Lookup(key) != e) return Resolve(r, fd_out);
+  }
   *fd_out = std::move(fd);
   return reply;
 }
@@ -542,7 +548,7 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::ResolveLocal(
   *fd_out = *std::move(memfd);
   // A session may ask again: one hold, one count, one log line.
   if (ctx_.bindings != nullptr &&
-      !ctx_.bindings->Add(id_, peer_, key, /*local=*/true)) {
+      !ctx_.bindings->Add(id_, peer_, key, /*local=*/true, e->generation)) {
     return reply;
   }
   if (ctx_.local_binds != nullptr) ctx_.local_binds->fetch_add(1);

@@ -11,6 +11,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <string>
 #include <utility>
 #include <vector>
@@ -207,6 +209,89 @@ absl::StatusOr<UniqueFd> Executor::Adopt(const v1::ExecAdopt& adopt,
                      " failed: ", wire::ResultText(rc)));
   }
   return ours;
+}
+
+absl::Status Executor::SendRepoint(const v1::ExecRepoint& repoint,
+                                   int module_fd) {
+  v1::ExecAdopt frame;
+  *frame.mutable_repoint() = repoint;
+  std::string out;
+  frame.SerializeToString(&out);
+  absl::MutexLock lock(&control_mu_);
+  if (!control_.ok()) return absl::UnavailableError("the executor is stopping");
+  int rc =
+      wire::SendFrame(control_.get(), out.data(), out.size(), &module_fd, 1);
+  if (rc != wire::kOk) {
+    return absl::UnavailableError(
+        absl::StrCat("sending the re-point to executor pid ", pid_,
+                     " failed: ", wire::ResultText(rc)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Executor::AwaitRepointAck(const v1::ExecRepoint& repoint,
+                                       absl::Time deadline) {
+  const std::string id =
+      absl::StrCat(repoint.platform(), "/", repoint.target_name());
+  for (;;) {
+    {
+      absl::MutexLock lock(&acks_mu_);
+      auto it = acks_.find(id);
+      if (it != acks_.end() &&
+          it->second.generation() >= repoint.generation()) {
+        // The executor's word: a code absl does not know is UNKNOWN.
+        const v1::SessionStatus& st = it->second.status();
+        const int code = st.code();
+        return absl::Status(code >= 0 && code <= 16
+                                ? static_cast<absl::StatusCode>(code)
+                                : absl::StatusCode::kUnknown,
+                            st.message());
+      }
+    }
+    // Slices of 50 ms, so that waiters for other targets take turns reading;
+    // what is there already is read even past the deadline.
+    absl::ReleasableMutexLock reading(&read_mu_);
+    UniqueFd fd;
+    {
+      absl::MutexLock lock(&control_mu_);
+      if (!control_.ok()) {
+        return absl::UnavailableError("the executor is stopping");
+      }
+      fd = UniqueFd(::fcntl(control_.get(), F_DUPFD_CLOEXEC, 0));
+    }
+    if (!fd.ok()) return ErrnoError("F_DUPFD");
+    const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (!WaitReadable(fd.get(), std::clamp<int64_t>(left_ms, 0, 50))) {
+      reading.Release();
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError("no acknowledgement in time");
+      }
+      continue;
+    }
+    wire::RecvBuffer buffer;
+    std::vector<int> fds;
+    int rc = wire::RecvFrame(
+        fd.get(), kMaxRepointAckBytes, &buffer, &fds,
+        wire::Clock::now() +
+            std::chrono::milliseconds(std::max<int64_t>(
+                absl::ToInt64Milliseconds(deadline - absl::Now()), 100)));
+    for (int f : fds) ::close(f);
+    v1::ExecRepointAck ack;
+    if (rc != wire::kOk || !ack.ParseFromString(buffer.payload())) {
+      spdlog::warn(
+          "executor pid {}: unreadable frame on its control socket ({}); "
+          "kregd stops reading it",
+          pid_, rc != wire::kOk ? wire::ResultText(rc) : "not an ack");
+      RequestStop();
+      return absl::UnavailableError(
+          absl::StrCat("executor pid ", pid_,
+                       " sent an unreadable frame on its control socket"));
+    }
+    absl::MutexLock lock(&acks_mu_);
+    v1::ExecRepointAck& slot =
+        acks_[absl::StrCat(ack.platform(), "/", ack.target_name())];
+    if (ack.generation() >= slot.generation()) slot = std::move(ack);
+  }
 }
 
 void Executor::Abandon() {

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -49,6 +50,10 @@ class Executor final : public ExecutorProcess {
   // process nor kills it.
   absl::StatusOr<UniqueFd> Adopt(const v1::ExecAdopt& adopt,
                                  int client_fd) override;
+  absl::Status SendRepoint(const v1::ExecRepoint& repoint,
+                           int module_fd) override;
+  absl::Status AwaitRepointAck(const v1::ExecRepoint& repoint,
+                               absl::Time deadline) override;
   void RequestStop() override;
   void Abandon() override;
   void Signal(int sig) override;
@@ -67,6 +72,11 @@ class Executor final : public ExecutorProcess {
   v1::ExecInitReply info_;
   absl::Mutex control_mu_;
   UniqueFd control_ ABSL_GUARDED_BY(control_mu_);
+  // One reader of the control socket at a time (AwaitRepointAck); the
+  // acks it read, by "platform/name": the latest generation's.
+  absl::Mutex read_mu_;
+  absl::Mutex acks_mu_;
+  std::map<std::string, v1::ExecRepointAck> acks_ ABSL_GUARDED_BY(acks_mu_);
   absl::Mutex reap_mu_;
   bool reaped_ ABSL_GUARDED_BY(reap_mu_) = false;
   // Not under reap_mu_: Reap() holds that while it waits for the process.
@@ -77,6 +87,11 @@ class Executor final : public ExecutorProcess {
 // "killed by signal 11 (SIGSEGV, Segmentation fault)", "exited with code
 // 3", "exited normally".
 std::string DescribeWaitStatus(int wait_status);
+
+// The largest frame kregd reads from an executor's control socket (an
+// ExecRepointAck: names and a status message). The executor runs untrusted
+// kernels; a longer frame is refused unread and breaks the socket.
+constexpr uint32_t kMaxRepointAckBytes = 16u << 10;
 
 }  // namespace kreg
 

@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/unique_fd.h"
 #include "daemon/base/target_stats.h"
 #include "daemon/base/types.h"
@@ -167,6 +168,16 @@ class ExecutorPool {
   // The executor of `binding` sent a broker frame kregd refused: counts it
   // (PoolCounters::broker_messages_refused). Returns that executor's pid.
   pid_t CountRefusedBrokerMessage(const Binding& binding);
+
+  // Re-pointing (docs/replace.md section 3): sends `repoint` with
+  // `module_fd` attached (unless it is -1: a late look for acks) to every
+  // live executor serving one of `sessions`, then waits for each one's ack
+  // until `deadline`. Per session served: its
+  // executor's answer (OK: switched; isolated_repointer.cc). Sessions no
+  // live executor serves are left out.
+  std::map<uint64_t, absl::Status> Repoint(const std::set<uint64_t>& sessions,
+                                           const v1::ExecRepoint& repoint,
+                                           int module_fd, absl::Time deadline);
 
   std::vector<ExecutorInfo> List() const;
   PoolCounters counters() const;

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/unique_fd.h"
 #include "daemon/base/status_page.h"
 #include "kreg/v1/executor.pb.h"
@@ -27,6 +28,20 @@ class ExecutorProcess {
   // the session's new broker socket. UNAVAILABLE when the executor is gone.
   virtual absl::StatusOr<UniqueFd> Adopt(const v1::ExecAdopt& adopt,
                                          int client_fd) = 0;
+  // Re-pointing (docs/replace.md section 3): sends `repoint` with
+  // `module_fd` (the module's store copy) attached on the control socket.
+  // UNAVAILABLE when the executor is gone. Fakes: UNIMPLEMENTED.
+  virtual absl::Status SendRepoint(const v1::ExecRepoint& repoint,
+                                   int module_fd) {
+    return absl::UnimplementedError("this executor cannot be re-pointed");
+  }
+  // Waits until `deadline` for the executor's ExecRepointAck of `repoint`
+  // (or a later generation): its status (OK: switched), DEADLINE_EXCEEDED
+  // when none came in time, UNAVAILABLE when the control socket broke.
+  virtual absl::Status AwaitRepointAck(const v1::ExecRepoint& repoint,
+                                       absl::Time deadline) {
+    return absl::UnimplementedError("this executor cannot be re-pointed");
+  }
   // Closes the control socket: the executor finishes and exits.
   virtual void RequestStop() = 0;
   // Closes the control socket like RequestStop but leaves the executor

@@ -3,14 +3,37 @@
 namespace kreg {
 
 bool SessionBindings::Add(uint64_t session_id, const PeerCred& peer,
-                          const TargetKey& key, bool local) {
+                          const TargetKey& key, bool local,
+                          uint32_t generation) {
   absl::MutexLock lock(&mu_);
   Session& s = sessions_[session_id];
   s.peer = peer;
-  bool& held = s.keys[key];
-  const bool fresh = local && !held;
-  held |= local;
+  Bound& held = s.keys[key];
+  held.key = key;
+  const bool fresh = local && !held.local;
+  held.local |= local;
+  if (generation != 0) held.generation = generation;
   return fresh;
+}
+
+std::map<uint64_t, std::pair<PeerCred, SessionBindings::Bound>>
+SessionBindings::HoldersOf(const TargetKey& key) {
+  absl::MutexLock lock(&mu_);
+  std::map<uint64_t, std::pair<PeerCred, Bound>> out;
+  for (const auto& [id, s] : sessions_) {
+    auto it = s.keys.find(key);
+    if (it != s.keys.end()) out.emplace(id, std::make_pair(s.peer, it->second));
+  }
+  return out;
+}
+
+void SessionBindings::SetGeneration(uint64_t session_id, const TargetKey& key,
+                                    uint32_t generation) {
+  absl::MutexLock lock(&mu_);
+  auto s = sessions_.find(session_id);
+  if (s == sessions_.end()) return;
+  auto it = s->second.keys.find(key);
+  if (it != s->second.keys.end()) it->second.generation = generation;
 }
 
 void SessionBindings::RemoveSession(uint64_t session_id) {
@@ -35,7 +58,7 @@ SessionBindings::Snapshot() {
   std::map<uint64_t, std::vector<Bound>> out;
   for (const auto& [id, s] : sessions_) {
     std::vector<Bound>& v = out[id];
-    for (const auto& [key, local] : s.keys) v.push_back(Bound{key, local});
+    for (const auto& [key, b] : s.keys) v.push_back(b);
   }
   return out;
 }
@@ -44,8 +67,8 @@ size_t SessionBindings::LocalSessions() {
   absl::MutexLock lock(&mu_);
   size_t n = 0;
   for (const auto& [id, s] : sessions_) {
-    for (const auto& [key, local] : s.keys) {
-      if (local) {
+    for (const auto& [key, b] : s.keys) {
+      if (b.local) {
         ++n;
         break;
       }

@@ -21,17 +21,25 @@ namespace kreg {
 class SessionBindings final : public BindingOracle {
  public:
   // `local`: the client's own process holds the module (DESIGN §11); a
-  // session that holds a key both ways shows it as local. True when the
+  // session that holds a key both ways shows it as local. `generation`:
+  // the one it resolved (docs/replace.md; 0: unknown). True when the
   // session holds `key` locally now and did not before.
   bool Add(uint64_t session_id, const PeerCred& peer, const TargetKey& key,
-           bool local = false);
+           bool local = false, uint32_t generation = 0);
   // The session ended: forget what it had bound.
   void RemoveSession(uint64_t session_id);
   std::vector<PeerCred> Holders(const TargetKey& key) override;
   struct Bound {
     TargetKey key;
     bool local = false;
+    uint32_t generation = 0;  // what it runs (docs/replace.md)
   };
+  // The live sessions that hold `key`, by session id.
+  std::map<uint64_t, std::pair<PeerCred, Bound>> HoldersOf(
+      const TargetKey& key);
+  // The session acknowledged (or resolved) `generation` of `key`.
+  void SetGeneration(uint64_t session_id, const TargetKey& key,
+                     uint32_t generation);
   // What each live session has bound, by session id.
   std::map<uint64_t, std::vector<Bound>> Snapshot();
   // Live sessions that hold at least one target locally.
@@ -40,7 +48,7 @@ class SessionBindings final : public BindingOracle {
  private:
   struct Session {
     PeerCred peer;
-    std::map<TargetKey, bool> keys;  // -> held locally
+    std::map<TargetKey, Bound> keys;
   };
   absl::Mutex mu_;
   std::map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);

@@ -170,6 +170,32 @@ ffi::Error TryOpenImpl(ffi::AnyBuffer, Out y, std::string_view path) {
   return ffi::Error::Success();
 }
 
+// Creates `path`.started, then waits (at most 60 s) until the file `path`
+// exists: a call a test holds in flight for as long as it needs
+// (tests/python/test_replace.py). Answers [calls so far in this copy of the
+// module, pid, 0, 0].
+ffi::Error GateImpl(ffi::AnyBuffer, Out y, std::string_view path) {
+  static int64_t calls = 0;
+  if (ffi::Error e = NeedFour(y); e.failure()) return e;
+  const std::string gate(path);
+  int fd =
+      ::open((gate + ".started").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return ffi::Error::Internal("hostile.Gate: cannot create " + gate +
+                                ".started");
+  ::close(fd);
+  struct timespec ms = {0, 1000000L};
+  for (int i = 0; i < 60000 && ::access(gate.c_str(), F_OK) != 0; ++i) {
+    ::nanosleep(&ms, nullptr);
+  }
+  int64_t* out = y->typed_data();
+  out[0] = calls++;
+  out[1] = ::getpid();
+  out[2] = 0;
+  out[3] = 0;
+  return ffi::Error::Success();
+}
+
 ffi::Error TryPtraceImpl(ffi::AnyBuffer, Out y, int64_t pid) {
   if (ffi::Error e = NeedFour(y); e.failure()) return e;
   long rc = ::ptrace(PTRACE_ATTACH, static_cast<pid_t>(pid), nullptr, nullptr);
@@ -296,6 +322,7 @@ KREG_EXPORT_HANDLER(TryInet);
 KREG_EXPORT_HANDLER(TryOpen);
 KREG_EXPORT_HANDLER(TryPtrace);
 KREG_EXPORT_HANDLER(Nap);
+KREG_EXPORT_HANDLER(Gate);
 KREG_EXPORT_HANDLER(ScribbleStatus);
 KREG_EXPORT_HANDLER(FloodBrokers);
 
@@ -329,6 +356,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Nap, kreg::kernels::NapImpl,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::S64>>()
                                   .Attr<int64_t>("ms"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Gate, kreg::kernels::GateImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::S64>>()
+                                  .Attr<std::string_view>("path"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TryPtrace, kreg::kernels::TryPtraceImpl,
                               ffi::Ffi::Bind()

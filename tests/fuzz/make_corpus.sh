@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 corpus=tests/fuzz/corpus
 rm -rf "$corpus"
-mkdir -p "$corpus"/{session,ring_decoder,broker_request,control_frames,readopt_offer,journal,module_path,elf_symbols,http_request,cluster_inputs,signed_record,compile_inputs}
+mkdir -p "$corpus"/{session,ring_decoder,broker_request,control_frames,readopt_offer,repoint_ack,journal,module_path,elf_symbols,http_request,cluster_inputs,signed_record,compile_inputs}
 # (Bazel 4 has no `run -q`: build, then run the binary.)
 bazel build //tests/fuzz:make_seeds
 bazel-bin/tests/fuzz/make_seeds "$PWD/$corpus"

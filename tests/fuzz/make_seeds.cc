@@ -203,6 +203,27 @@ int main(int argc, char** argv) {
   Write("challenge", "\x01" + frame(offer.SerializeAsString()) +
                          frame(offered.SerializeAsString()));
 
+  // repoint_ack: byte 0 = the generation awaited, then what an executor
+  // writes on its control socket (ExecRepointAck frames).
+  dir = root + "/repoint_ack";
+  kreg::v1::ExecRepointAck ack;
+  ack.set_target_name("op");
+  ack.set_platform("cpu");
+  ack.set_generation(2);
+  std::string acked = frame(ack.SerializeAsString());
+  ack.set_generation(1);
+  std::string stale = frame(ack.SerializeAsString());
+  Write("ack", "\x02" + stale + acked);
+  ack.set_generation(3);
+  ack.mutable_status()->set_code(5);
+  ack.mutable_status()->set_message(
+      "the executor cannot switch target \"op\" (cpu) to generation 3: "
+      "symbol \"Scale\" is not in module sha256:00");
+  Write("refused", "\x03" + frame(ack.SerializeAsString()));
+  ack.mutable_status()->set_code(99);
+  Write("odd_code", "\x03" + frame(ack.SerializeAsString()));
+  Write("huge", std::string("\x02\x00\x00\x01\x00", 5) + std::string(64, 'a'));
+
   dir = root + "/journal";
   JournalRecord t;
   Target* target = t.mutable_target();

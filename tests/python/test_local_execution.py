@@ -423,7 +423,7 @@ def test_retire_is_refused_while_a_process_holds_it_locally(daemon, tmp_path):
     sessions = json.loads(kregctl(daemon, "sessions", "--json").stdout)
     mine = [s for s in sessions if s["pid"] == pid]
     assert {"target_name": "demo.held", "platform": "cpu",
-            "mode": "local"} in mine[0]["targets"]
+            "mode": "local", "generation": 1} in mine[0]["targets"]
     table = kregctl(daemon, "sessions").stdout
     assert "demo.held(cpu,local)" in table
     shown = json.loads(kregctl(daemon, "show", "demo.held", "--json").stdout)

@@ -382,7 +382,11 @@ class Client:
     or any object with a path-like `.path` attribute (a library's
     compiled-module object). Idempotent for identical content; a content
     change under a registered name raises KernelRegistrationError whether or
-    not `replace` is set (register the rebuild under a new name);
+    not `replace` is set (register the rebuild under a new name), unless
+    kregd runs with replace = "owner" and `replace` is set: then the owner's
+    change becomes the target's next generation, and the call returns once
+    the processes running it switched (else KregError DEADLINE_EXCEEDED
+    naming them; docs/replace.md);
     InvalidArgumentError (a ValueError) for a malformed name, platform or
     module, NotFoundError (a KeyError) for a missing file or symbol.
     """

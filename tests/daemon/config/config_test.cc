@@ -91,6 +91,7 @@ std::vector<FileCase> FileCases(const std::string& dir) {
       {"isolation", "isolation = \"UID\"", "\"uid\""},
       {"local_execution", "local_execution = \"Deny\"", "\"deny\""},
       {"replace", "replace = \"Owner\"", "\"owner\""},
+      {"replace_timeout", "replace_timeout = 30", "30"},
       {"max_local_module_memory_bytes", "max_local_module_memory_bytes = 4000",
        "4000"},
       {"executor_binary", "executor_binary = \"/x/exec\"", "\"/x/exec\""},
@@ -201,6 +202,7 @@ TEST_CASE("Every flag sets its key, over the config file", "[config]") {
       {{"--isolation", "Shared"}, "isolation", "\"shared\""},
       {{"--local-execution", "deny"}, "local_execution", "\"deny\""},
       {{"--replace", "OWNER"}, "replace", "\"owner\""},
+      {{"--replace-timeout", "2"}, "replace_timeout", "2"},
       {{"--executor-binary", "/f/exec"}, "executor_binary", "\"/f/exec\""},
       {{"--launch-timeout", "1.5"}, "launch_timeout", "1.5"},
       {{"--quarantine-crashes", "0"}, "quarantine_crashes", "0"},
@@ -294,6 +296,12 @@ TEST_CASE("Bad values in the config file name the key and what it must be",
       {"orphan_timeout = 86401",
        "key \"orphan_timeout\" must be a whole number of seconds from 0 to "
        "86400 (0: executors stop with kregd)"},
+      {"replace_timeout = 0",
+       "key \"replace_timeout\" must be a whole number of seconds from 1 to "
+       "60"},
+      {"replace_timeout = 61",
+       "key \"replace_timeout\" must be a whole number of seconds from 1 to "
+       "60"},
       {"launch_timeout = -1.0",
        "key \"launch_timeout\" must be a number of seconds >= 0 (0: off)"},
       {"hello_timeout_s = 0",

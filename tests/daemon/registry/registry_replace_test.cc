@@ -1,5 +1,12 @@
 // Registry under `replace = "owner"` (docs/replace.md): generations.
+#include <unistd.h>
+
+#include <atomic>
 #include <ctime>
+#include <functional>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "catch2/catch.hpp"
 #include "daemon/registry/registry.h"
@@ -92,6 +99,7 @@ TEST_CASE("another uid's replace is refused naming the owner", "[replace]") {
                       "a distinct target name."));
   CHECK(log.entries.size() == 1);
   CHECK(registry.refused() == 1);
+  CHECK(registry.replaces().refused == 1);
 }
 
 TEST_CASE("deny keeps today's refusal of replace=true, word for word",
@@ -139,29 +147,126 @@ TEST_CASE("under owner, a change without replace=true says how to replace",
                              "generation."));
 }
 
-TEST_CASE("a replacement is refused while live sessions have the target bound",
-          "[replace]") {
+// Records what the registry asked; answers `laggards`. `during` runs once,
+// inside the first Repoint.
+struct FakeRepointer : Repointer {
+  std::vector<std::pair<std::string, uint64_t>> calls;
+  absl::Duration budget;
+  std::vector<Laggard> laggards;
+  std::function<void()> during;
+  std::vector<Laggard> Repoint(const TargetEntry& e,
+                               absl::Time deadline) override {
+    calls.emplace_back(e.key.name, e.generation);
+    budget = deadline - absl::Now();
+    if (during) {
+      std::function<void()> f = std::move(during);
+      during = nullptr;
+      f();
+    }
+    return laggards;
+  }
+};
+
+std::string HostName() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+TEST_CASE(
+    "a committed replacement re-points the holders within "
+    "replace_timeout",
+    "[replace]") {
   FakeLoader loader;
   MemLog log;
-  FakeOracle oracle;
+  FakeRepointer repointer;
   Registry registry(&loader, &log, Owner());
-  registry.SetBindingOracle(&oracle);
+  registry.SetRepointer(&repointer);
   REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
-  oracle.bound["my_op"] = {42};
-  auto refused = registry.Register(ReplaceBy(1000, "bb"));
-  REQUIRE(refused.status().code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(std::string(refused.status().message()) ==
-        "cannot replace target \"my_op\" (cpu) yet: live sessions have it "
-        "bound (pid 42 of " +
-            UserName(1042) +
-            "), and re-pointing running processes is not built yet "
-            "(docs/replace.md). Replace it once those processes have exited "
-            "(`kregctl sessions` lists what each holds), or register the "
-            "rebuild under a distinct target name.");
-  CHECK(log.entries.size() == 1);
-  CHECK(loader.stored.size() == 1);  // nothing of "bb" was staged
-  oracle.bound.clear();
+  CHECK(repointer.calls.empty());  // a first registration re-points nothing
+  auto replaced = registry.Register(ReplaceBy(1000, "bb"));
+  REQUIRE(replaced.ok());
+  CHECK(replaced->entry->generation == 2);
+  REQUIRE(repointer.calls.size() == 1);
+  CHECK(repointer.calls[0] ==
+        std::make_pair(std::string("my_op"), uint64_t{2}));
+  CHECK(repointer.budget <= absl::Seconds(10));  // the default
+  CHECK(repointer.budget > absl::ZeroDuration());
+  // A no-op (the same content) re-points nothing.
   REQUIRE(registry.Register(ReplaceBy(1000, "bb")).ok());
+  CHECK(repointer.calls.size() == 1);
+  CHECK(registry.replaces().done == 1);
+  CHECK(registry.replaces().timeout == 0);
+  CHECK(registry.replaces().refused == 0);
+}
+
+TEST_CASE(
+    "holders that do not switch make DEADLINE_EXCEEDED naming them; "
+    "the generation stays",
+    "[replace]") {
+  FakeLoader loader;
+  MemLog log;
+  FakeRepointer repointer;
+  RegistryLimits limits = Owner();
+  limits.replace_timeout = absl::Seconds(3);
+  Registry registry(&loader, &log, limits);
+  registry.SetRepointer(&repointer);
+  REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
+  repointer.laggards = {{PeerCred{1000, 1000, 4242}, /*local=*/false, 1, ""},
+                        {PeerCred{1001, 1001, 4250}, /*local=*/true, 1,
+                         "its executor could not load it"}};
+  auto late = registry.Register(ReplaceBy(1000, "bb"));
+  REQUIRE(late.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(std::string(late.status().message()) ==
+        "target \"my_op\" (cpu) is now generation 2, but these processes did "
+        "not switch to it within replace_timeout (3 s): pid 4242 " +
+            UserName(1000) + " host " + HostName() +
+            " (isolated, runs generation 1); pid 4250 " + UserName(1001) +
+            " host " + HostName() +
+            " (local, runs generation 1: its executor could not load it). "
+            "They run generation 1 until they switch or exit; `kregctl show "
+            "my_op` shows what each runs. A stopped process (SIGSTOP) "
+            "switches when it continues.");
+  CHECK(registry.Lookup({"my_op", Platform::kCpu})->generation == 2);
+  CHECK(log.entries.size() == 2);
+  CHECK(registry.replaces().timeout == 1);
+  CHECK(registry.replaces().done == 0);
+  // Holders behind by different generations are all named.
+  repointer.laggards = {{PeerCred{1000, 1000, 7}, false, 1, ""},
+                        {PeerCred{1000, 1000, 8}, false, 2, ""}};
+  auto later = registry.Register(ReplaceBy(1000, "cc"));
+  REQUIRE(later.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK_THAT(std::string(later.status().message()),
+             Catch::Contains("They run generations 1, 2 until they switch"));
+}
+
+TEST_CASE("the name stays reserved until the re-point ends", "[replace]") {
+  FakeLoader loader;
+  MemLog log;
+  FakeRepointer repointer;
+  Registry registry(&loader, &log, Owner());
+  registry.SetRepointer(&repointer);
+  REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
+  std::atomic<bool> second_done{false};
+  std::thread second;
+  absl::StatusOr<RegisterOutcome> second_out;
+  repointer.during = [&] {
+    second = std::thread([&] {
+      second_out = registry.Register(ReplaceBy(1000, "cc"));
+      second_done.store(true);
+    });
+    // Other names are not held back meanwhile.
+    REQUIRE(registry.Register(ArgsBy(1000, "other_op", "dd")).ok());
+    absl::SleepFor(absl::Milliseconds(200));  // room for a wrong interleave
+    CHECK_FALSE(second_done.load());
+    CHECK(registry.Lookup({"my_op", Platform::kCpu})->generation == 2);
+  };
+  REQUIRE(registry.Register(ReplaceBy(1000, "bb")).ok());
+  second.join();
+  REQUIRE(second_out.ok());
+  CHECK(second_out->entry->generation == 3);
+  REQUIRE(repointer.calls.size() == 2);
+  CHECK(repointer.calls[1].second == 3);
 }
 
 TEST_CASE("in-process targets cannot be replaced", "[replace]") {

@@ -1,0 +1,171 @@
+// kregd's side of re-pointing (docs/replace.md sections 3-5): what
+// Executor::AwaitRepointAck believes of the executor's control socket (the
+// executor runs untrusted kernels), RepointFanout's merge, and what
+// SessionBindings records per holder.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "catch2/catch.hpp"
+#include "common/wire.h"
+#include "daemon/supervisor/executor.h"
+#include "daemon/supervisor/repoint_fanout.h"
+#include "daemon/supervisor/session_bindings.h"
+
+namespace kreg {
+namespace {
+
+// An Executor over one end of a socketpair; the test plays the executor on
+// the other. Its pid is the test's own (Abandon()ed, so nothing waits on
+// or signals it).
+struct Harness {
+  std::unique_ptr<Executor> exec;
+  UniqueFd peer;
+
+  Harness() {
+    int sv[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+    peer = UniqueFd(sv[1]);
+    absl::StatusOr<StatusPage> page = StatusPage::Create(1);
+    REQUIRE(page.ok());
+    absl::StatusOr<std::unique_ptr<Executor>> e = Executor::Readopt(
+        ::getpid(), UniqueFd(sv[0]), *std::move(page), v1::ExecInitReply());
+    REQUIRE(e.ok());
+    exec = *std::move(e);
+  }
+  ~Harness() { exec->Abandon(); }
+
+  void Send(const std::string& bytes) {
+    REQUIRE(wire::SendFrame(peer.get(), bytes.data(), bytes.size(), nullptr,
+                            0) == wire::kOk);
+  }
+  void Ack(uint32_t generation, int code = 0, const std::string& msg = "",
+           const std::string& name = "op") {
+    v1::ExecRepointAck ack;
+    ack.set_target_name(name);
+    ack.set_platform("cpu");
+    ack.set_generation(generation);
+    ack.mutable_status()->set_code(code);
+    ack.mutable_status()->set_message(msg);
+    Send(ack.SerializeAsString());
+  }
+};
+
+v1::ExecRepoint Repoint(uint32_t generation, const std::string& name = "op") {
+  v1::ExecRepoint r;
+  r.set_target_name(name);
+  r.set_platform("cpu");
+  r.set_generation(generation);
+  return r;
+}
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(30); }
+
+TEST_CASE("AwaitRepointAck takes the executor's answer for its generation",
+          "[repoint]") {
+  Harness h;
+  // A late ack of an earlier generation and another target's come first.
+  h.Ack(1);
+  h.Ack(5, 0, "", "other");
+  h.Ack(2);
+  CHECK(h.exec->AwaitRepointAck(Repoint(2), Soon()).ok());
+  // The other target's ack was kept for its own waiter.
+  CHECK(h.exec->AwaitRepointAck(Repoint(5, "other"), absl::Now()).ok());
+  // An error answer is returned as the executor said it.
+  h.Ack(3, static_cast<int>(absl::StatusCode::kNotFound), "no symbol");
+  absl::Status s = h.exec->AwaitRepointAck(Repoint(3), Soon());
+  CHECK(s.code() == absl::StatusCode::kNotFound);
+  CHECK(s.message() == "no symbol");
+}
+
+TEST_CASE("AwaitRepointAck without an answer ends at the deadline",
+          "[repoint]") {
+  Harness h;
+  absl::Status s = h.exec->AwaitRepointAck(
+      Repoint(2), absl::Now() + absl::Milliseconds(100));
+  CHECK(s.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(s.message() == "no acknowledgement in time");
+}
+
+TEST_CASE("a frame on the control socket that is no ack breaks it",
+          "[repoint]") {
+  SECTION("over the size limit: refused unread") {
+    Harness h;
+    std::string big(kMaxRepointAckBytes + 1, 'x');
+    h.Send(big);
+    absl::Status s = h.exec->AwaitRepointAck(Repoint(2), Soon());
+    CHECK(s.code() == absl::StatusCode::kUnavailable);
+    CHECK(s.message() == "executor pid " + std::to_string(::getpid()) +
+                             " sent an unreadable frame on its control "
+                             "socket");
+    // kregd closed its end (unread bytes make it a reset).
+    char c;
+    CHECK(::read(h.peer.get(), &c, 1) <= 0);  // EOF, or a reset
+  }
+  SECTION("not a message") {
+    Harness h;
+    h.Send("\xff\xff\xff");
+    CHECK(h.exec->AwaitRepointAck(Repoint(2), Soon()).code() ==
+          absl::StatusCode::kUnavailable);
+  }
+  SECTION("the executor closed the socket") {
+    Harness h;
+    h.peer.reset();
+    CHECK(h.exec->AwaitRepointAck(Repoint(2), Soon()).code() ==
+          absl::StatusCode::kUnavailable);
+  }
+}
+
+struct FixedRepointer : Repointer {
+  std::vector<Laggard> laggards;
+  std::vector<Laggard> Repoint(const TargetEntry&, absl::Time) override {
+    return laggards;
+  }
+};
+
+TEST_CASE("RepointFanout merges its parts' laggards by pid", "[repoint]") {
+  FixedRepointer isolated, local;
+  isolated.laggards = {{PeerCred{1000, 1000, 30}, false, 1, ""}};
+  local.laggards = {{PeerCred{1000, 1000, 20}, true, 1, ""},
+                    {PeerCred{1000, 1000, 40}, true, 1, ""}};
+  RepointFanout fanout;
+  CHECK(fanout.Repoint(TargetEntry(), Soon()).empty());
+  fanout.Add(&isolated);
+  fanout.Add(&local);
+  std::vector<Repointer::Laggard> all = fanout.Repoint(TargetEntry(), Soon());
+  REQUIRE(all.size() == 3);
+  CHECK(all[0].peer.pid == 20);
+  CHECK(all[0].local);
+  CHECK(all[1].peer.pid == 30);
+  CHECK_FALSE(all[1].local);
+  CHECK(all[2].peer.pid == 40);
+}
+
+TEST_CASE("SessionBindings records the generation each holder runs",
+          "[repoint]") {
+  SessionBindings b;
+  const TargetKey op{"op", Platform::kCpu};
+  b.Add(1, PeerCred{1000, 1000, 11}, op, /*local=*/false, 1);
+  b.Add(2, PeerCred{1000, 1000, 12}, op, /*local=*/true, 1);
+  b.Add(3, PeerCred{1000, 1000, 13}, {"other", Platform::kCpu});
+  auto holders = b.HoldersOf(op);
+  REQUIRE(holders.size() == 2);
+  CHECK(holders[1].first.pid == 11);
+  CHECK(holders[2].second.local);
+  b.SetGeneration(1, op, 2);
+  b.SetGeneration(9, op, 2);  // a session that ended: nothing
+  // A later Add without a generation keeps the one recorded.
+  b.Add(1, PeerCred{1000, 1000, 11}, op);
+  holders = b.HoldersOf(op);
+  CHECK(holders[1].second.generation == 2);
+  CHECK(holders[2].second.generation == 1);
+  auto snapshot = b.Snapshot();
+  REQUIRE(snapshot[1].size() == 1);
+  CHECK(snapshot[1][0].generation == 2);
+}
+
+}  // namespace
+}  // namespace kreg
