@@ -599,6 +599,13 @@ void Daemon::FillBrokerContext() {
       &store_, config_.max_local_module_memory_bytes, config_.max_module_bytes,
       tampered);
   ctx.local_modules = local_modules_.get();
+  // Local binds are replaceable: the shims watch for Repoint notices
+  // (docs/replace.md section 4).
+  if (config_.replace == "owner") {
+    local_repointer_ =
+        std::make_unique<LocalRepointer>(&bindings_, local_modules_.get());
+    ctx.local_repointer = local_repointer_.get();
+  }
 }
 
 void Daemon::StartReadopt(const std::string& supervision_path,

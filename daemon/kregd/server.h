@@ -30,6 +30,7 @@
 #include "daemon/supervisor/broker.h"
 #include "daemon/supervisor/crash_ledger.h"
 #include "daemon/supervisor/local_module_cache.h"
+#include "daemon/supervisor/local_repointer.h"
 #include "daemon/supervisor/readopt_listener.h"
 #include "daemon/supervisor/session_bindings.h"
 
@@ -113,6 +114,8 @@ class Daemon {
   wire::ByteBudget upload_budget_;
   // Null: local_execution = "deny".
   std::unique_ptr<LocalModuleCache> local_modules_;
+  // replace = "owner" with local execution: re-points local binds.
+  std::unique_ptr<LocalRepointer> local_repointer_;
   std::unique_ptr<ExecutorPool> pool_;  // outlives the sessions using it
   std::unique_ptr<SessionServer> sessions_;
   BrokerContext broker_ctx_;  // what every session's broker borrows

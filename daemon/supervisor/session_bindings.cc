@@ -29,6 +29,18 @@ std::vector<PeerCred> SessionBindings::Holders(const TargetKey& key) {
   return out;
 }
 
+std::vector<PeerCred> SessionBindings::LocalHolders(const TargetKey& key) {
+  absl::MutexLock lock(&mu_);
+  std::map<pid_t, PeerCred> by_pid;
+  for (const auto& [id, s] : sessions_) {
+    auto it = s.keys.find(key);
+    if (it != s.keys.end() && it->second) by_pid[s.peer.pid] = s.peer;
+  }
+  std::vector<PeerCred> out;
+  for (const auto& [pid, peer] : by_pid) out.push_back(peer);
+  return out;
+}
+
 std::map<uint64_t, std::vector<SessionBindings::Bound>>
 SessionBindings::Snapshot() {
   absl::MutexLock lock(&mu_);

@@ -28,6 +28,8 @@ class SessionBindings final : public BindingOracle {
   // The session ended: forget what it had bound.
   void RemoveSession(uint64_t session_id);
   std::vector<PeerCred> Holders(const TargetKey& key) override;
+  // The processes (by pid) that hold `key` locally.
+  std::vector<PeerCred> LocalHolders(const TargetKey& key);
   struct Bound {
     TargetKey key;
     bool local = false;

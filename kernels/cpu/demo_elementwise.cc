@@ -1,8 +1,9 @@
 // libdemo.so (and libdemo_v2.so): Scale, AddMul, Fail, ScratchSum, AsyncScale.
 //
 // Built twice from the same sources: libdemo_v2.so adds -DKREG_DEMO_V2=1,
-// which changes the module's bytes (kDemoVersion) and Scale's code (adds 0 to
-// the factor) but not its results; tests use it for refuse-on-change.
+// which changes the module's bytes (kDemoVersion) and Scale's results (it
+// scales by factor + 1): tests use it for refuse-on-change and to see which
+// generation of a replaced target ran (docs/replace.md).
 
 #include <cstddef>
 #include <cstdint>
@@ -39,7 +40,7 @@ ffi::Error ScaleImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
                      Factor attr) {
   float factor = AsFloat(attr);
 #if KREG_DEMO_V2
-  factor += 0.0f;
+  factor += 1.0f;
 #endif
   return ScaleBuffer("demo.Scale", x, *y, factor);
 }

@@ -162,6 +162,17 @@ int main(int argc, char** argv) {
   SessionRequest control_hello;
   *control_hello.mutable_control_hello() = hello.hello();
   Write("control_hello", "\x01" + Frame(control_hello) + Frame(reg));
+  // A watch (byte 0 = 5: no fd, replace = "owner"), then acks: accepted, a
+  // list (closes the watch).
+  SessionRequest watch;
+  watch.mutable_watch();
+  SessionRequest ack;
+  ack.mutable_repoint_ack()->set_target_name("t.new");
+  ack.mutable_repoint_ack()->set_platform("cpu");
+  ack.mutable_repoint_ack()->set_generation(2);
+  Write("watch", "\x05" + Frame(control_hello) + Frame(watch) + Frame(ack) +
+                     Frame(ack) + Frame(list));
+  Write("watch_deny", std::string("\x00", 1) + Frame(watch) + Frame(list));
   // A frame announcing 400 MiB, then some of it.
   Write("huge", std::string("\x00\x00\x00\x00\x19", 5) + std::string(100, 'k'));
 
