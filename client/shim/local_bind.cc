@@ -228,7 +228,7 @@ ClientStatus BindLocal(Client* client, const std::string& target,
   binding.pinned = generation;
   s = HandlerOf(std::move(module), info, &binding.handler);
   if (!s.ok()) return s;
-  if (reply.replaceable()) {
+  if (reply.replaceable() && generation == 0) {  // a pin never moves
     s = BindRepointable(info.target_name(), key.second, binding.handler,
                         &binding.repoint_slot, &binding.handler);
     if (!s.ok()) return s;

@@ -32,8 +32,8 @@ struct LocalBinding {
 // when it is bound at another generation. Modules are loaded once per
 // digest and never unloaded. When kregd says the target is replaceable, the
 // process watches for Repoint notices first (WatchRepoints; its refusal is the
-// bind's error) and XLA gets a re-pointable entry (BindRepointable).
-// Thread-safe.
+// bind's error) and XLA gets a re-pointable entry (BindRepointable), unless
+// the bind is a pin. Thread-safe.
 ClientStatus BindLocal(Client* client, const std::string& target,
                        const std::string& platform, uint32_t generation,
                        LocalBinding* out);

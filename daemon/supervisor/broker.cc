@@ -601,7 +601,7 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::Resolve(
         "`kregctl unquarantine ",
         key.name, " --platform ", PlatformName(key.platform), "`"));
   }
-  if (r.local()) return ResolveLocal(key, e, r.generation() != 0, fd_out);
+  if (r.local()) return ResolveLocal(key, e, fd_out);
   std::string path = ctx_.store->PathOf(e->module_digest);
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (!fd.ok()) {
@@ -620,7 +620,7 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::Resolve(
 }
 
 absl::StatusOr<v1::ResolveReply> SessionBroker::ResolveLocal(
-    const TargetKey& key, const EntryPtr& e, bool pinned, UniqueFd* fd_out) {
+    const TargetKey& key, const EntryPtr& e, UniqueFd* fd_out) {
   absl::StatusOr<UniqueFd> memfd =
       ctx_.local_modules->Open(e->module_digest, e->module_size, id_);
   if (!memfd.ok()) {
@@ -633,7 +633,7 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::ResolveLocal(
   reply.set_func_name(e->func_name);
   reply.set_module_digest(e->module_digest);
   *reply.mutable_target() = DescribeTarget(*e, CudaLaunchStatus());
-  reply.set_replaceable(ctx_.local_repointer != nullptr && !pinned);
+  reply.set_replaceable(ctx_.local_repointer != nullptr);
   *fd_out = *std::move(memfd);
   // A session may ask again: one hold, one count, one log line.
   if (ctx_.bindings != nullptr &&

@@ -146,10 +146,9 @@ class SessionBroker final : public ServedSession {
                                            UniqueFd* fd_out);
   // Resolve for the client's own process (ResolveRequest.local), once the
   // registry's rules passed: the sealed memfd and a local hold (logged and
-  // counted once per target and session); replaceable when kregd re-points
-  // local binds and the bind is not `pinned`.
+  // counted once per target and session).
   absl::StatusOr<v1::ResolveReply> ResolveLocal(const TargetKey& key,
-                                                const EntryPtr& e, bool pinned,
+                                                const EntryPtr& e,
                                                 UniqueFd* fd_out);
   // Forgets what the session bound (it ended, or kregd leaves it to its
   // executor).
