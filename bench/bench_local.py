@@ -1,7 +1,7 @@
 """In-process vs local vs isolated execution (DESIGN §11), CPU and CUDA.
 
   python bench/bench_local.py [--platform cpu|cuda] [--mps] [--calls N]
-                              [--rounds R] [--out FILE.json]
+                              [--rounds R] [--replaceable] [--out FILE.json]
 
 One JAX process (started after kregd, and after MPS with --mps) registers
 libdemo's Scale three ways: in-process (jax.ffi.register_ffi_target of the
@@ -13,7 +13,10 @@ executor runs it). For each it times, per call with block_until_ready:
     and after the custom call (y = ffi(sin(x) * 2); return y * y + x).
 Each kind runs --calls calls per round (after a warm-up), kinds in turn,
 --rounds rounds; the table gives the median and p99 over all rounds and
-each ratio ÷ in-process. kregd runs with its defaults (isolation client).
+each ratio ÷ in-process. kregd runs with its defaults (isolation client);
+with --replaceable it runs with replace = "owner", so the local kind calls
+through the shim's re-pointable entry (one atomic load and an indirect call,
+docs/replace.md section 4) instead of the handler itself.
 
 Needs $KREGD_BINARY, $KREG_KERNELS_DIR (cpu) or $KREG_CUDA_KERNELS_DIR
 (cuda): tests/gpu/run.sh and the bundle's env.sh set them; from a source
@@ -116,7 +119,8 @@ def measure(sock: str, platform: str, calls: int,
 
 
 def print_table(res: dict[str, object], label: str) -> None:
-  print(f"== in-process vs local vs isolated ({res['platform']}, {label}, "
+  local = "local (replaceable)" if res.get("replaceable") else "local"
+  print(f"== in-process vs {local} vs isolated ({res['platform']}, {label}, "
         f"{res['device']}; {res['rounds']} rounds x {res['calls']} calls; "
         "per call: median / p99 us, ratio ÷ in-process)")
   print(f"{'':14} {'in-process':>17} {'local':>17} {'ratio':>13} "
@@ -138,6 +142,8 @@ def main() -> int:
   ap.add_argument("--mps", action="store_true")
   ap.add_argument("--calls", type=int, default=500)
   ap.add_argument("--rounds", type=int, default=3)
+  ap.add_argument("--replaceable", action="store_true",
+                  help='kregd runs with replace = "owner"')
   ap.add_argument("--out")
   ap.add_argument("--child", help=argparse.SUPPRESS)
   args = ap.parse_args()
@@ -161,7 +167,8 @@ def main() -> int:
       extra = {k: v for k, v in mps.items() if k != "_ctl"}
       env.update(extra)
       os.environ.update(extra)
-    d = Daemon(root, [kernels_dir(args.platform)])
+    d = Daemon(root, [kernels_dir(args.platform)],
+               ["--replace", "owner"] if args.replaceable else [])
     d.start(timeout=60)
     r = subprocess.run([sys.executable, __file__, "--child", d.socket,
                         "--platform", args.platform, "--calls",
@@ -174,6 +181,11 @@ def main() -> int:
       return 1
     res = json.loads(line[0][len("BENCH_JSON "):])
     res["mps"] = bool(args.mps)
+    res["replaceable"] = bool(args.replaceable)
+    # The shim opened its watch connection only for a replaceable bind.
+    if ("watch connection" in d.log_path.read_text()) != args.replaceable:
+      print("the local bind was not what --replaceable asked for")
+      return 1
     print_table(res, "with MPS" if args.mps else "without MPS")
     if args.out:
       with open(args.out, "w") as f:

@@ -189,6 +189,24 @@ constexpr std::array<XLA_FFI_Handler*, sizeof...(I)> MakeTable(
 constexpr std::array<XLA_FFI_Handler*, kNumSlots> kTrampolines =
     MakeTable(std::make_integer_sequence<int, kNumSlots>());
 
+// Re-pointable entries: the handler of each slot, and the slots taken.
+std::atomic<XLA_FFI_Handler*> g_repointable[kNumRepointSlots];
+int g_repointable_used = 0;  // guarded by g_bind_mu
+
+template <int I>
+XLA_FFI_Error* RepointableEntry(XLA_FFI_CallFrame* call_frame) {
+  return g_repointable[I].load(std::memory_order_acquire)(call_frame);
+}
+
+template <int... I>
+constexpr std::array<XLA_FFI_Handler*, sizeof...(I)> MakeRepointableTable(
+    std::integer_sequence<int, I...>) {
+  return {&RepointableEntry<I>...};
+}
+
+constexpr std::array<XLA_FFI_Handler*, kNumRepointSlots> kRepointableEntries =
+    MakeRepointableTable(std::make_integer_sequence<int, kNumRepointSlots>());
+
 }  // namespace
 
 ClientStatus Bind(Client* client, const std::string& target,
@@ -261,6 +279,31 @@ std::vector<StageRecord> TakeStageRecords(size_t max) {
   std::vector<StageRecord> out(g_trace.begin(), g_trace.begin() + n);
   g_trace.erase(g_trace.begin(), g_trace.begin() + n);
   return out;
+}
+
+ClientStatus BindRepointable(const std::string& target,
+                             const std::string& platform, void* handler,
+                             int* slot, void** entry) {
+  std::lock_guard<std::mutex> lock(g_bind_mu);
+  if (g_repointable_used == kNumRepointSlots) {
+    return ClientStatus::Error(
+        kResourceExhausted,
+        "cannot bind \"" + target + "\" (" + platform + ") locally: all " +
+            std::to_string(kNumRepointSlots) +
+            " re-pointable entries of this process are in use (one per "
+            "replaceable target bound locally); run it isolated "
+            "(execution=\"isolated\") or in another process");
+  }
+  const int i = g_repointable_used++;
+  SetRepointable(i, handler);
+  *slot = i;
+  *entry = reinterpret_cast<void*>(kRepointableEntries[i]);
+  return ClientStatus::Ok();
+}
+
+void SetRepointable(int slot, void* handler) {
+  g_repointable[slot].store(reinterpret_cast<XLA_FFI_Handler*>(handler),
+                            std::memory_order_release);
 }
 
 int SlotsUsed() {

@@ -35,6 +35,21 @@ ClientStatus Bind(Client* client, const std::string& target,
 
 int SlotsUsed();
 
+// Re-pointable entries (docs/replace.md section 4): for a target bound
+// locally that kregd may replace, XLA gets the entry of a slot whose body
+// loads the slot's handler (an atomic, acquire) and calls it, so
+// SetRepointable moves compiled executables to a new handler at their next
+// call; a call that loaded the old handler finishes on it.
+constexpr int kNumRepointSlots = 256;
+// Takes a slot calling `handler` for (target, platform): its index in
+// `*slot` and its entry (an XLA_FFI_Handler*) in `*entry`.
+// RESOURCE_EXHAUSTED when all kNumRepointSlots are taken. Thread-safe.
+ClientStatus BindRepointable(const std::string& target,
+                             const std::string& platform, void* handler,
+                             int* slot, void** entry);
+// Calls to `slot`'s entry go to `handler` from now on (release).
+void SetRepointable(int slot, void* handler);
+
 // Stage tracing (KREG_TRACE_STAGES=1 in the environment, for bench/): each
 // forwarded call that went on the launch ring leaves its client and
 // executor stage stamps (common/stage_trace.h).

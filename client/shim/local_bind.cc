@@ -15,6 +15,8 @@
 #include <mutex>
 #include <utility>
 
+#include "client/shim/forward.h"
+#include "client/shim/repoint_watch.h"
 #include "common/sha256.h"
 
 namespace kreg {
@@ -71,6 +73,22 @@ ClientStatus Symbol(void* dl, const v1::Target& target, void** out) {
                              "kreg: module " + target.module_digest() + " of " +
                                  Describe(target) + " has no symbol \"" +
                                  target.func_name() + "\"");
+}
+
+// The handler of `info`: its symbol in the loaded module of its digest, or
+// in `module`, loaded now. g_mu held.
+ClientStatus HandlerOf(UniqueFd module, const v1::Target& info,
+                       void** handler) {
+  auto loaded = g_modules->find(info.module_digest());
+  if (loaded != g_modules->end()) {
+    // One copy per module, as in-process: targets of one library share
+    // its globals.
+    return Symbol(loaded->second, info, handler);
+  }
+  void* library = nullptr;
+  ClientStatus s = LoadModule(std::move(module), info, handler, &library);
+  if (s.ok()) (*g_modules)[info.module_digest()] = library;
+  return s;
 }
 
 }  // namespace
@@ -185,6 +203,16 @@ ClientStatus BindLocal(Client* client, const std::string& target,
   const v1::Target& info = reply.target();
   s = CheckModuleFd(module.get(), info);
   if (!s.ok()) return s;
+  if (reply.replaceable()) {
+    s = WatchRepoints(client->path());
+    if (!s.ok()) {
+      s.message = "kreg: cannot bind " + Describe(info) +
+                  " locally: kregd may replace it, and watching for that "
+                  "failed: " +
+                  s.message;
+      return s;
+    }
+  }
   std::lock_guard<std::mutex> lock(g_mu);
   auto it = g_bound->find(key);
   if (it != g_bound->end()) {  // another thread bound it meanwhile
@@ -198,20 +226,64 @@ ClientStatus BindLocal(Client* client, const std::string& target,
   LocalBinding binding;
   binding.target = info;
   binding.pinned = generation;
-  auto loaded = g_modules->find(info.module_digest());
-  if (loaded != g_modules->end()) {
-    // One copy per module, as in-process: targets of one library share
-    // its globals.
-    s = Symbol(loaded->second, info, &binding.handler);
+  s = HandlerOf(std::move(module), info, &binding.handler);
+  if (!s.ok()) return s;
+  if (reply.replaceable() && generation == 0) {  // a pin never moves
+    s = BindRepointable(info.target_name(), key.second, binding.handler,
+                        &binding.repoint_slot, &binding.handler);
     if (!s.ok()) return s;
-  } else {
-    void* library = nullptr;
-    s = LoadModule(std::move(module), info, &binding.handler, &library);
-    if (!s.ok()) return s;
-    (*g_modules)[info.module_digest()] = library;
   }
   (*g_bound)[key] = binding;
   *out = binding;
+  return ClientStatus::Ok();
+}
+
+ClientStatus ApplyRepoint(const v1::Repoint& notice, UniqueFd module,
+                          uint32_t* pinned) {
+  const std::pair<std::string, std::string> key{
+      notice.target_name(), CanonicalPlatform(notice.platform())};
+  *pinned = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = g_bound->find(key);
+    if (it != g_bound->end() && it->second.pinned != 0) {
+      *pinned = it->second.pinned;
+      return ClientStatus::Ok();
+    }
+  }
+  v1::Target info;
+  info.set_target_name(notice.target_name());
+  info.set_platform(key.second);
+  info.set_func_name(notice.func_name());
+  info.set_module_digest(notice.module_digest());
+  info.set_module_size(notice.module_size());
+  ClientStatus s = CheckModuleFd(module.get(), info);
+  if (!s.ok()) return s;
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = g_bound->find(key);
+  if (it == g_bound->end()) {
+    return ClientStatus::Error(kNotFound,
+                               "kreg: this process has no local binding of " +
+                                   Describe(info) + " to move to generation " +
+                                   std::to_string(notice.generation()));
+  }
+  LocalBinding& binding = it->second;
+  if (binding.repoint_slot < 0) {
+    return ClientStatus::Error(
+        kFailedPrecondition,
+        "kreg: this process bound " + Describe(info) +
+            " locally when kregd did not replace targets, so XLA calls "
+            "its handler directly; it keeps running generation " +
+            std::to_string(binding.target.generation()) + " until it exits");
+  }
+  void* handler = nullptr;
+  s = HandlerOf(std::move(module), info, &handler);
+  if (!s.ok()) return s;
+  SetRepointable(binding.repoint_slot, handler);
+  binding.target.set_generation(notice.generation());
+  binding.target.set_func_name(notice.func_name());
+  binding.target.set_module_digest(notice.module_digest());
+  binding.target.set_module_size(notice.module_size());
   return ClientStatus::Ok();
 }
 

@@ -15,8 +15,11 @@ namespace kreg {
 namespace shim {
 
 struct LocalBinding {
-  void* handler = nullptr;  // XLA_FFI_Handler* of the registered module
-  v1::Target target;        // its registry entry
+  // What XLA calls (an XLA_FFI_Handler*): the registered module's handler,
+  // or for a replaceable target its re-pointable entry (forward.h).
+  void* handler = nullptr;
+  v1::Target target;      // its registry entry (the generation it runs)
+  int repoint_slot = -1;  // replaceable: its re-pointable entry's slot
   // The generation the binding pinned (docs/replace.md §7): it keeps its
   // handler when kregd re-points the key. 0: it follows the current one.
   uint32_t pinned = 0;
@@ -27,7 +30,10 @@ struct LocalBinding {
 // checks the memfd (CheckModuleFd) and loads it (LoadModule). The same
 // handler for the same (target, canonical platform); FAILED_PRECONDITION
 // when it is bound at another generation. Modules are loaded once per
-// digest and never unloaded. Thread-safe.
+// digest and never unloaded. When kregd says the target is replaceable, the
+// process watches for Repoint notices first (WatchRepoints; its refusal is the
+// bind's error) and XLA gets a re-pointable entry (BindRepointable), unless
+// the bind is a pin. Thread-safe.
 ClientStatus BindLocal(Client* client, const std::string& target,
                        const std::string& platform, uint32_t generation,
                        LocalBinding* out);
@@ -46,6 +52,18 @@ ClientStatus CheckModuleFd(int fd, const v1::Target& target);
 // (optional) gets the dlopen handle.
 ClientStatus LoadModule(UniqueFd fd, const v1::Target& target, void** handler,
                         void** library = nullptr);
+
+// Applies kregd's Repoint notice (docs/replace.md section 4) to this
+// process's local binding of its (target, platform): checks `module`
+// against the notice (CheckModuleFd, first), loads it (once per digest, as
+// BindLocal) and moves the binding's re-pointable entry to its handler; the
+// old module stays loaded. The checks' errors, NOT_FOUND when the process
+// has no local binding of it, FAILED_PRECONDITION when it was bound not
+// replaceable, LoadModule's errors (the binding is then unchanged). A
+// binding pinned to a generation (section 7) ignores the notice: OK with
+// that generation in `*pinned` (else 0). Thread-safe.
+ClientStatus ApplyRepoint(const v1::Repoint& notice, UniqueFd module,
+                          uint32_t* pinned);
 
 }  // namespace shim
 }  // namespace kreg

@@ -133,6 +133,7 @@ absl::StatusOr<v1::BindLocalReply> ExecutorBackend::BindLocal(
   }
   v1::BindLocalReply reply;
   *reply.mutable_target() = r->resolve().target();
+  reply.set_replaceable(r->resolve().replaceable());
   // Once per target, however often the client binds it.
   const Resolution local(TargetKey{request.target_name(), *platform}, 0);
   absl::MutexLock lock(&resolved_mu_);

@@ -565,6 +565,7 @@ absl::Status Daemon::StartSessions() {
   isolated_repointer_ =
       std::make_unique<IsolatedRepointer>(&bindings_, pool_.get(), &store_);
   repointers_.Add(isolated_repointer_.get());
+  if (local_repointer_ != nullptr) repointers_.Add(local_repointer_.get());
   registry_.SetRepointer(&repointers_);
   SessionOptions opts;
   opts.socket_path = SessionSocketPath(config_.socket_path);
@@ -607,6 +608,13 @@ void Daemon::FillBrokerContext() {
       &store_, config_.max_local_module_memory_bytes, config_.max_module_bytes,
       tampered);
   ctx.local_modules = local_modules_.get();
+  // Local binds are replaceable: the shims watch for Repoint notices
+  // (docs/replace.md section 4).
+  if (config_.replace == "owner") {
+    local_repointer_ =
+        std::make_unique<LocalRepointer>(&bindings_, local_modules_.get());
+    ctx.local_repointer = local_repointer_.get();
+  }
 }
 
 void Daemon::StartReadopt(const std::string& supervision_path,

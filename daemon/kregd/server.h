@@ -31,6 +31,7 @@
 #include "daemon/supervisor/crash_ledger.h"
 #include "daemon/supervisor/isolated_repointer.h"
 #include "daemon/supervisor/local_module_cache.h"
+#include "daemon/supervisor/local_repointer.h"
 #include "daemon/supervisor/readopt_listener.h"
 #include "daemon/supervisor/repoint_fanout.h"
 #include "daemon/supervisor/session_bindings.h"
@@ -115,6 +116,8 @@ class Daemon {
   wire::ByteBudget upload_budget_;
   // Null: local_execution = "deny".
   std::unique_ptr<LocalModuleCache> local_modules_;
+  // replace = "owner" with local execution: re-points local binds.
+  std::unique_ptr<LocalRepointer> local_repointer_;
   std::unique_ptr<ExecutorPool> pool_;  // outlives the sessions using it
   // What the registry re-points a replaced target's holders with.
   std::unique_ptr<IsolatedRepointer> isolated_repointer_;

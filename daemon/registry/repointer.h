@@ -13,6 +13,12 @@
 
 namespace kreg {
 
+// The largest acknowledgement frame kregd reads from a re-pointed process
+// (an executor's ExecRepointAck, a shim's RepointAck on its watch
+// connection: names, a generation and an error text). Both peers are
+// untrusted; a longer frame is refused unread and breaks the connection.
+constexpr uint32_t kMaxRepointAckBytes = 16u << 10;
+
 // Implemented by the session layer: isolated holders through their
 // executors, local holders through their shim. Thread-safe; must not call
 // back into the registry.

@@ -26,6 +26,7 @@
 #include "daemon/registry/runnable.h"
 #include "daemon/store/module_store.h"
 #include "daemon/supervisor/local_module_cache.h"
+#include "daemon/supervisor/local_repointer.h"
 #include "kreg/v1/registry.pb.h"
 #include "spdlog/spdlog.h"
 
@@ -61,6 +62,10 @@ std::string RequestName(v1::SessionRequest::BodyCase body) {
       return "ring_setup";
     case v1::SessionRequest::kBindLocal:
       return "bind_local";
+    case v1::SessionRequest::kWatch:
+      return "watch";
+    case v1::SessionRequest::kRepointAck:
+      return "repoint_ack";
     default:
       return absl::StrCat("empty or unknown (", static_cast<int>(body), ")");
   }
@@ -160,6 +165,21 @@ v1::SessionResponse HandleControl(const BrokerContext& ctx, uint64_t id,
       if (refuse_fds()) break;
       *resp.mutable_list() = DescribeTargets(*ctx.registry, CudaLaunchStatus());
       break;
+    case v1::SessionRequest::kWatch:
+      *close = true;
+      if (ctx.local_repointer == nullptr) {
+        status = absl::FailedPreconditionError(
+            "kregd refused watch: it re-points no local bindings (its "
+            "replace policy is \"deny\" or local_execution is \"deny\"), so "
+            "there is nothing to watch. Closing this connection");
+        break;
+      }
+      if (refuse_fds()) break;
+      status = ctx.local_repointer->Reserve(id, peer);
+      if (!status.ok()) break;
+      *close = false;
+      resp.mutable_watch();
+      break;
     default: {
       const std::string name = RequestName(body);
       *close = true;
@@ -167,7 +187,7 @@ v1::SessionResponse HandleControl(const BrokerContext& ctx, uint64_t id,
           "kregd refused a ", name,
           " request on a control connection (a connection to the session "
           "socket whose first request was not hello): it serves only "
-          "control_hello, register_target and list; send ",
+          "control_hello, register_target, list and watch; send ",
           name,
           " on a session (a connection whose first request is hello). "
           "Closing this connection"));
@@ -176,6 +196,30 @@ v1::SessionResponse HandleControl(const BrokerContext& ctx, uint64_t id,
   resp.mutable_status()->set_code(static_cast<int>(status.code()));
   resp.mutable_status()->set_message(std::string(status.message()));
   return resp;
+}
+
+absl::StatusOr<v1::RepointAck> ReadRepointAck(const std::string& payload,
+                                              size_t num_fds) {
+  if (num_fds != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kregd closed this watch connection: a repoint_ack carries no file "
+        "descriptor, and ",
+        num_fds, " came with it"));
+  }
+  v1::SessionRequest req;
+  if (!req.ParseFromString(payload)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kregd closed this watch connection: malformed request (",
+        payload.size(), " bytes do not parse as kreg.v1.SessionRequest)"));
+  }
+  if (!req.has_repoint_ack()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "kregd closed this watch connection: it reads only repoint_ack "
+        "there, not ",
+        RequestName(req.body_case()),
+        "; send other requests on a control connection or a session"));
+  }
+  return req.repoint_ack();
 }
 
 SessionBroker::SessionBroker(uint64_t id, UniqueFd client, const PeerCred& peer,
@@ -301,11 +345,61 @@ void SessionBroker::ServeControl() {
     resp.SerializeToString(&out);
     if (wire::SendFrame(client_.get(), out.data(), out.size(), nullptr, 0) !=
         wire::kOk) {
+      if (resp.has_watch()) ctx_.local_repointer->Detach(id_);
+      break;
+    }
+    if (resp.has_watch()) {
+      ServeWatch();
       break;
     }
   }
   ::shutdown(client_.get(), SHUT_RDWR);
   ForgetBindings();
+}
+
+void SessionBroker::ServeWatch() {
+  spdlog::info("session {} (pid {} uid {}): watch connection", id_, peer_.pid,
+               peer_.uid);
+  LocalRepointer* repointer = ctx_.local_repointer;
+  repointer->Activate(id_, client_.get());
+  wire::RecvBuffer buffer;
+  for (;;) {
+    pollfd p{client_.get(), POLLIN, 0};
+    while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
+    }
+    std::vector<int> raw;
+    const int rc = wire::RecvFrame(
+        client_.get(), kMaxRepointAckBytes, &buffer, &raw,
+        wire::Clock::now() + std::chrono::milliseconds(ctx_.hello_timeout_ms));
+    std::vector<UniqueFd> fds;
+    for (int fd : raw) fds.emplace_back(fd);
+    absl::Status refusal;
+    if (rc == wire::kEof) break;
+    if (rc != wire::kOk) {
+      refusal = absl::ResourceExhaustedError(absl::StrCat(
+          "kregd closed this watch connection: ", wire::ResultText(rc),
+          " (a repoint_ack is at most ", kMaxRepointAckBytes,
+          " bytes and arrives whole within ", ctx_.hello_timeout_ms,
+          " ms of its first byte)"));
+    } else {
+      absl::StatusOr<v1::RepointAck> ack =
+          ReadRepointAck(buffer.payload(), fds.size());
+      if (ack.ok()) {
+        repointer->Acked(id_, *ack);
+        continue;
+      }
+      refusal = ack.status();
+    }
+    std::string more;
+    if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
+      spdlog::info("session {} (pid {} uid {}): {}{}", id_, peer_.pid,
+                   peer_.uid, std::string(refusal.message()), more);
+    }
+    repointer->Detach(id_);
+    RefuseClient(refusal);
+    return;
+  }
+  repointer->Detach(id_);
 }
 
 void SessionBroker::Run() {
@@ -524,8 +618,11 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::Resolve(
   if (ctx_.bindings != nullptr) {
     ctx_.bindings->Add(id_, peer_, key, /*local=*/false, e->generation);
     // A replacement committed since the Lookup may have listed the holders
-    // before this one (docs/replace.md section 3): answer the new entry.
-    if (ctx_.registry->Lookup(key) != e) return Resolve(r, fd_out);
+    // before this one (docs/replace.md section 3): answer the new entry. A
+    // pinned resolve keeps its generation.
+    if (r.generation() == 0 && ctx_.registry->Lookup(key) != e) {
+      return Resolve(r, fd_out);
+    }
   }
   *fd_out = std::move(fd);
   return reply;
@@ -545,6 +642,7 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::ResolveLocal(
   reply.set_func_name(e->func_name);
   reply.set_module_digest(e->module_digest);
   *reply.mutable_target() = DescribeTarget(*e, CudaLaunchStatus());
+  reply.set_replaceable(ctx_.local_repointer != nullptr);
   *fd_out = *std::move(memfd);
   // A session may ask again: one hold, one count, one log line.
   if (ctx_.bindings != nullptr &&

@@ -25,6 +25,7 @@
 namespace kreg {
 
 class LocalModuleCache;
+class LocalRepointer;
 class ModuleStore;
 class Registrar;
 class Registry;
@@ -46,6 +47,10 @@ struct BrokerContext {
   // local_execution = "deny") and the count of local holds (optional).
   LocalModuleCache* local_modules = nullptr;
   std::atomic<uint64_t>* local_binds = nullptr;
+  // Re-pointing local binds (replace = "owner" with local execution,
+  // docs/replace.md section 4): the watch connections; null otherwise
+  // (local binds are not replaceable, and a watch request is refused).
+  LocalRepointer* local_repointer = nullptr;
   // A connection's first message must arrive whole within this time
   // (hello_timeout_s), and so must each later request of a control
   // connection once its first byte came.
@@ -75,9 +80,11 @@ absl::StatusOr<std::string> TakeUploadedModule(
 // Answers one request of a control connection (`request`, with `fds`
 // attached) of session id `id` from `peer`: control_hello (kregd's protocol
 // version and max_module_bytes; another major sets `*close`),
-// RegisterTarget (the registration is held by `id` until RemoveSession) and
-// List. Any other request sets `*close` and gets an error naming it. Shared
-// with the fuzzer.
+// RegisterTarget (the registration is held by `id` until RemoveSession),
+// List and Watch (reserved with ctx.local_repointer: the caller then serves
+// the connection as a watch connection; refused, with `*close`, otherwise).
+// Any other request sets `*close` and gets an error naming it. Shared with
+// the fuzzer.
 v1::SessionResponse HandleControl(const BrokerContext& ctx, uint64_t id,
                                   const PeerCred& peer,
                                   const v1::SessionRequest& request,
@@ -91,6 +98,14 @@ v1::SessionResponse HandleControl(const BrokerContext& ctx, uint64_t id,
 absl::StatusOr<EntryPtr> ResolveGeneration(const Registry& registry,
                                            const TargetKey& key,
                                            uint32_t generation);
+
+// A frame kregd read on a watch connection (its size is bounded by
+// kMaxRepointAckBytes before it is read): the RepointAck it must be.
+// INVALID_ARGUMENT when it carries descriptors or does not parse,
+// FAILED_PRECONDITION naming any other request; the connection is then
+// closed.
+absl::StatusOr<v1::RepointAck> ReadRepointAck(const std::string& payload,
+                                              size_t num_fds);
 
 // One accepted client connection. Run() on one thread, Shutdown() from any.
 class SessionBroker final : public ServedSession {
@@ -117,6 +132,9 @@ class SessionBroker final : public ServedSession {
   bool FirstIsHello(bool* control);
   // Serves a control connection until the client closes it.
   void ServeControl();
+  // Serves the watch connection it became (a watch request was
+  // accepted): reads RepointAcks until the client closes it.
+  void ServeWatch();
   // Serves the executor's broker socket of a session.
   void ServeSession();
   v1::BrokerReply Handle(const v1::BrokerRequest& request, UniqueFd* fd_out);

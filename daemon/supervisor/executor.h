@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/unique_fd.h"
 #include "daemon/base/status_page.h"
+#include "daemon/registry/repointer.h"
 #include "daemon/supervisor/executor_process.h"
 #include "kreg/v1/executor.pb.h"
 
@@ -88,10 +89,6 @@ class Executor final : public ExecutorProcess {
 // 3", "exited normally".
 std::string DescribeWaitStatus(int wait_status);
 
-// The largest frame kregd reads from an executor's control socket (an
-// ExecRepointAck: names and a status message). The executor runs untrusted
-// kernels; a longer frame is refused unread and breaks the socket.
-constexpr uint32_t kMaxRepointAckBytes = 16u << 10;
 
 }  // namespace kreg
 

@@ -7,12 +7,17 @@
 // it announces); a registration succeeds with an upload only from a memfd
 // sealed against writing, shrinking and growing whose size is the announced
 // one (module.upload_size), never with a stray fd; every refusal has a
-// message; only RegisterTarget, List and a control_hello of kregd's
-// protocol major keep the connection open.
+// message; only RegisterTarget, List, a control_hello of kregd's
+// protocol major and (with re-pointing) a watch without descriptors keep
+// the connection open. After an accepted watch the frames go to
+// ReadRepointAck and LocalRepointer::Acked (docs/replace.md section 4):
+// only a repoint_ack without descriptors is taken.
 //
 // Input: byte 0 = how a registration's module fd is made (mod 5): 0 none,
 // 1 a sealed memfd of the announced size, 2 the same unsealed, 3 sealed but
-// one byte longer, 4 a pipe; the rest is the byte stream.
+// one byte longer, 4 a pipe (also attached to every other frame); byte 0 /
+// 5 odd: kregd re-points local binds (replace = "owner"), else watch is
+// refused; the rest is the byte stream.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -30,6 +35,8 @@
 #include "daemon/registry/registrar.h"
 #include "daemon/registry/registration_mapper.h"
 #include "daemon/supervisor/broker.h"
+#include "daemon/supervisor/local_repointer.h"
+#include "daemon/supervisor/session_bindings.h"
 #include "tests/daemon/registry/registry_fakes.h"
 #include "tests/fuzz/fuzz_util.h"
 
@@ -41,6 +48,8 @@ constexpr uint64_t kMaxModule = 1 << 20;
 // The daemon's state; recreated when it has grown, so memory stays flat.
 struct World : RegistrarWorld {
   explicit World(const std::string& root) : RegistrarWorld(root, kMaxModule) {}
+  SessionBindings bindings;
+  LocalRepointer repointer{&bindings, nullptr};
 };
 
 World& TheWorld() {
@@ -80,10 +89,29 @@ UniqueFd ModuleFd(int kind, uint64_t size, const std::string& bytes) {
   return fd;
 }
 
-// One request; false when it closes the connection.
-bool OneFrame(int kind, const std::string& payload) {
+enum Next { kClose, kControl, kWatch };
+
+// One frame of a watch connection; false when it closes the connection.
+bool OneAck(int kind, const std::string& payload) {
+  absl::StatusOr<v1::RepointAck> ack =
+      ReadRepointAck(payload, kind != kNone ? 1 : 0);
   v1::SessionRequest req;
-  if (!req.ParseFromString(payload)) return false;
+  const bool is_ack = req.ParseFromString(payload) && req.has_repoint_ack();
+  if (ack.ok() != (is_ack && kind == kNone)) {
+    fuzz::Fail("took a watch frame that is no repoint_ack, or refused one");
+  }
+  if (!ack.ok()) {
+    if (ack.status().message().empty()) fuzz::Fail("refusal without text");
+    return false;
+  }
+  TheWorld().repointer.Acked(1, *ack);
+  return true;
+}
+
+// One request of a control connection.
+Next OneFrame(int kind, bool owner, const std::string& payload) {
+  v1::SessionRequest req;
+  if (!req.ParseFromString(payload)) return kClose;
   const v1::RegisterTargetHeader& reg = req.register_target();
   const uint64_t size = reg.module().upload_size();
   const bool by_fd =
@@ -98,19 +126,23 @@ bool OneFrame(int kind, const std::string& payload) {
   ctx.registry = &w.registry;
   ctx.max_module_bytes = kMaxModule;
   ctx.upload_budget = &budget;
+  if (owner) ctx.local_repointer = &w.repointer;
   bool close = false;
   v1::SessionResponse resp =
       HandleControl(ctx, 1, peer, req, std::move(fds), &close);
+  const bool watch = req.has_watch() && owner && kind == kNone;
   const bool control =
-      req.has_register_target() || req.has_list() ||
+      req.has_register_target() || req.has_list() || watch ||
       (req.has_control_hello() &&
        req.control_hello().protocol_major() == kSessionProtocolMajor);
   if (close == control) fuzz::Fail("closed a control request, or kept another");
   if (resp.id() != req.id()) fuzz::Fail("answered another request id");
+  if (resp.has_watch() != watch) fuzz::Fail("a watch was (not) accepted");
   if (resp.status().code() != 0) {
     if (resp.status().message().empty()) fuzz::Fail("refusal without text");
-    return !close;
+    return close ? kClose : kControl;
   }
+  if (watch) return kWatch;
   if (budget.used() != 0) fuzz::Fail("an upload's bytes stayed held");
   if (req.has_register_target()) {
     if (by_fd && kind != kSealed) {
@@ -123,7 +155,7 @@ bool OneFrame(int kind, const std::string& payload) {
       fuzz::Fail("took a registration with a stray fd");
     }
   }
-  return true;
+  return kControl;
 }
 
 }  // namespace
@@ -140,6 +172,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // What fits a Unix socket's buffer at once (written before it is read).
   if (size < 1 || size > (96u << 10)) return 0;
   const int kind = data[0] % kKinds;
+  const bool owner = (data[0] / kKinds) % 2 == 1;
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
     fuzz::Fail("socketpair");
@@ -152,6 +185,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   client.reset();
   std::string payload;
+  Next next = kControl;
   for (;;) {
     std::vector<int> raw;
     int rc =
@@ -164,7 +198,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       fuzz::Fail("a control frame was buffered past the cap");
     }
     // kregd ends the connection on a bad frame or a refused request.
-    if (rc != wire::kOk || !OneFrame(kind, payload)) break;
+    if (rc != wire::kOk) break;
+    if (next == kWatch) {
+      if (!OneAck(kind, payload)) break;
+    } else {
+      next = OneFrame(kind, owner, payload);
+      if (next == kClose) break;
+    }
   }
+  TheWorld().repointer.Detach(1);
   return 0;
 }

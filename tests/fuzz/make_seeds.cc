@@ -162,6 +162,17 @@ int main(int argc, char** argv) {
   SessionRequest control_hello;
   *control_hello.mutable_control_hello() = hello.hello();
   Write("control_hello", "\x01" + Frame(control_hello) + Frame(reg));
+  // A watch (byte 0 = 5: no fd, replace = "owner"), then acks: accepted, a
+  // list (closes the watch).
+  SessionRequest watch;
+  watch.mutable_watch();
+  SessionRequest ack;
+  ack.mutable_repoint_ack()->set_target_name("t.new");
+  ack.mutable_repoint_ack()->set_platform("cpu");
+  ack.mutable_repoint_ack()->set_generation(2);
+  Write("watch", "\x05" + Frame(control_hello) + Frame(watch) + Frame(ack) +
+                     Frame(ack) + Frame(list));
+  Write("watch_deny", std::string("\x00", 1) + Frame(watch) + Frame(list));
   // A frame announcing 400 MiB, then some of it.
   Write("huge", std::string("\x00\x00\x00\x00\x19", 5) + std::string(100, 'k'));
 
@@ -206,22 +217,22 @@ int main(int argc, char** argv) {
   // repoint_ack: byte 0 = the generation awaited, then what an executor
   // writes on its control socket (ExecRepointAck frames).
   dir = root + "/repoint_ack";
-  kreg::v1::ExecRepointAck ack;
-  ack.set_target_name("op");
-  ack.set_platform("cpu");
-  ack.set_generation(2);
-  std::string acked = frame(ack.SerializeAsString());
-  ack.set_generation(1);
-  std::string stale = frame(ack.SerializeAsString());
+  kreg::v1::ExecRepointAck exec_ack;
+  exec_ack.set_target_name("op");
+  exec_ack.set_platform("cpu");
+  exec_ack.set_generation(2);
+  std::string acked = frame(exec_ack.SerializeAsString());
+  exec_ack.set_generation(1);
+  std::string stale = frame(exec_ack.SerializeAsString());
   Write("ack", "\x02" + stale + acked);
-  ack.set_generation(3);
-  ack.mutable_status()->set_code(5);
-  ack.mutable_status()->set_message(
+  exec_ack.set_generation(3);
+  exec_ack.mutable_status()->set_code(5);
+  exec_ack.mutable_status()->set_message(
       "the executor cannot switch target \"op\" (cpu) to generation 3: "
       "symbol \"Scale\" is not in module sha256:00");
-  Write("refused", "\x03" + frame(ack.SerializeAsString()));
-  ack.mutable_status()->set_code(99);
-  Write("odd_code", "\x03" + frame(ack.SerializeAsString()));
+  Write("refused", "\x03" + frame(exec_ack.SerializeAsString()));
+  exec_ack.mutable_status()->set_code(99);
+  Write("odd_code", "\x03" + frame(exec_ack.SerializeAsString()));
   Write("huge", std::string("\x02\x00\x00\x01\x00", 5) + std::string(64, 'a'));
 
   dir = root + "/journal";

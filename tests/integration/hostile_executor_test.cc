@@ -399,7 +399,8 @@ TEST_CASE(
   CHECK(resp.status().message() ==
         "kregd refused a launch request on a control connection (a "
         "connection to the session socket whose first request was not "
-        "hello): it serves only control_hello, register_target and list; send "
+        "hello): it serves only control_hello, register_target, list and "
+        "watch; send "
         "launch on a session (a connection whose first request is hello). "
         "Closing this connection");
   CHECK(Next(s).status().message() == "eof");
@@ -686,6 +687,79 @@ TEST_CASE(
   INFO("after closing: " << after << " KiB");
   CHECK(after > 0);
   CHECK(after < baseline + 32 * 1024);
+}
+
+TEST_CASE(
+    "A watch connection: one per process, and only small repoint_acks "
+    "without descriptors (docs/replace.md section 4)",
+    "[integration][control][watch]") {
+  TempDir dir;
+  Daemon d(dir.path(), {"--replace", "owner"});
+  d.Start();
+  const std::string path = d.socket() + ".session";
+  v1::SessionRequest watch;
+  watch.set_id(1);
+  watch.mutable_watch();
+  auto open_watch = [&] {
+    int s = Connect(path);
+    v1::SessionResponse resp = Call(s, watch);
+    INFO(resp.status().message());
+    REQUIRE(resp.has_watch());
+    return s;
+  };
+  auto refused = [&](int s, const std::string& message) {
+    v1::SessionResponse resp = Next(s);
+    CHECK(resp.id() == 0);
+    CHECK(resp.status().message() == message);
+    CHECK(Next(s).status().message() == "eof");
+    ::close(s);
+  };
+  int first = open_watch();
+  int second = Connect(path);
+  v1::SessionResponse again = Call(second, watch);
+  CHECK(again.status().code() ==
+        static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  CHECK_THAT(again.status().message(),
+             Catch::StartsWith("kregd refused a watch connection of pid " +
+                               std::to_string(::getpid()) +
+                               ": that process has one already"));
+  CHECK(Next(second).status().message() == "eof");
+  ::close(second);
+
+  // Over kMaxRepointAckBytes: refused before it is read.
+  const std::string big(20000, 'x');
+  REQUIRE(wire::SendFrame(first, big.data(), big.size(), nullptr, 0) ==
+          wire::kOk);
+  refused(first, "kregd closed this watch connection: " +
+                     wire::ResultText(wire::kTooLarge) +
+                     " (a repoint_ack is at most 16384 bytes and arrives whole "
+                     "within 10000 ms of its first byte)");
+
+  // Another request than repoint_ack (the watch was let go: a new one).
+  int s = open_watch();
+  v1::SessionRequest list;
+  list.set_id(2);
+  list.mutable_list();
+  std::string out;
+  list.SerializeToString(&out);
+  REQUIRE(wire::SendFrame(s, out.data(), out.size(), nullptr, 0) == wire::kOk);
+  refused(s,
+          "kregd closed this watch connection: it reads only repoint_ack "
+          "there, not list; send other requests on a control connection or "
+          "a session");
+
+  // An ack with a descriptor.
+  s = open_watch();
+  v1::SessionRequest ack;
+  ack.mutable_repoint_ack()->set_target_name("demo.t");
+  ack.mutable_repoint_ack()->set_platform("cpu");
+  ack.SerializeToString(&out);
+  int fd = ::memfd_create("stray", MFD_CLOEXEC);
+  REQUIRE(wire::SendFrame(s, out.data(), out.size(), &fd, 1) == wire::kOk);
+  ::close(fd);
+  refused(s,
+          "kregd closed this watch connection: a repoint_ack carries no "
+          "file descriptor, and 1 came with it");
 }
 
 }  // namespace

@@ -17,6 +17,8 @@
 #include "daemon/base/protocol_version.h"
 #include "daemon/registry/registrar.h"
 #include "daemon/registry/registry.h"
+#include "daemon/supervisor/local_repointer.h"
+#include "daemon/supervisor/session_bindings.h"
 #include "tests/daemon/registry/registry_fakes.h"
 #include "tests/testing/temp_dir.h"
 
@@ -283,6 +285,106 @@ TEST_CASE("A pinned generation resolves to that generation's module",
     CHECK(unpinned.status().message() ==
           "target \"my_op\" is not registered for platform cpu in kregd");
   }
+}
+
+TEST_CASE(
+    "A watch request: refused without re-pointing, with descriptors, "
+    "or a second time from one process",
+    "[broker][watch]") {
+  SessionBindings bindings;
+  LocalRepointer repointer(&bindings, nullptr);
+  BrokerContext ctx;
+  v1::SessionRequest req;
+  req.set_id(3);
+  req.mutable_watch();
+  bool close = false;
+
+  SECTION("replace = deny: nothing to watch") {
+    v1::SessionResponse resp = HandleControl(ctx, 1, kPeer, req, {}, &close);
+    CHECK(resp.status().code() ==
+          static_cast<int>(absl::StatusCode::kFailedPrecondition));
+    CHECK(resp.status().message() ==
+          "kregd refused watch: it re-points no local bindings (its replace "
+          "policy is \"deny\" or local_execution is \"deny\"), so there is "
+          "nothing to watch. Closing this connection");
+    CHECK(!resp.has_watch());
+    CHECK(close);
+  }
+  ctx.local_repointer = &repointer;
+  SECTION("accepted: the WatchReply; then the process's second is refused") {
+    v1::SessionResponse resp = HandleControl(ctx, 1, kPeer, req, {}, &close);
+    CHECK(resp.id() == 3);
+    CHECK(resp.status().code() == 0);
+    CHECK(resp.has_watch());
+    CHECK(!close);
+    resp = HandleControl(ctx, 2, kPeer, req, {}, &close);
+    CHECK(resp.status().code() ==
+          static_cast<int>(absl::StatusCode::kFailedPrecondition));
+    CHECK_THAT(resp.status().message(),
+               Catch::Contains("that process has one already (session 1)"));
+    CHECK(close);
+  }
+  SECTION("with a descriptor") {
+    v1::SessionResponse resp =
+        HandleControl(ctx, 1, kPeer, req, One(SealedModule("x")), &close);
+    CHECK(resp.status().message() ==
+          "watch carries no file descriptor; 1 attached: send it without any");
+    CHECK(!resp.has_watch());
+    CHECK(close);
+  }
+}
+
+TEST_CASE("A repoint_ack on a control connection is refused and closes it",
+          "[broker][watch]") {
+  BrokerContext ctx;
+  v1::SessionRequest req;
+  req.mutable_repoint_ack()->set_generation(2);
+  bool close = false;
+  v1::SessionResponse resp = HandleControl(ctx, 1, kPeer, req, {}, &close);
+  CHECK(resp.status().message() ==
+        "kregd refused a repoint_ack request on a control connection (a "
+        "connection to the session socket whose first request was not "
+        "hello): it serves only control_hello, register_target, list and "
+        "watch; send repoint_ack on a session (a connection whose first "
+        "request is hello). Closing this connection");
+  CHECK(close);
+}
+
+TEST_CASE("A watch connection reads only repoint_acks without descriptors",
+          "[broker][watch]") {
+  v1::SessionRequest req;
+  v1::RepointAck* ack = req.mutable_repoint_ack();
+  ack->set_target_name("demo.t");
+  ack->set_platform("cpu");
+  ack->set_generation(2);
+  std::string payload;
+  req.SerializeToString(&payload);
+
+  absl::StatusOr<v1::RepointAck> ok = ReadRepointAck(payload, 0);
+  REQUIRE(ok.ok());
+  CHECK(ok->generation() == 2);
+
+  absl::StatusOr<v1::RepointAck> with_fd = ReadRepointAck(payload, 1);
+  CHECK(with_fd.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(with_fd.status().message() ==
+        "kregd closed this watch connection: a repoint_ack carries no file "
+        "descriptor, and 1 came with it");
+
+  absl::StatusOr<v1::RepointAck> garbage = ReadRepointAck("\xff\xff\xff", 0);
+  CHECK(garbage.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(garbage.status().message() ==
+        "kregd closed this watch connection: malformed request (3 bytes do "
+        "not parse as kreg.v1.SessionRequest)");
+
+  v1::SessionRequest list;
+  list.mutable_list();
+  list.SerializeToString(&payload);
+  absl::StatusOr<v1::RepointAck> other = ReadRepointAck(payload, 0);
+  CHECK(other.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(other.status().message() ==
+        "kregd closed this watch connection: it reads only repoint_ack "
+        "there, not list; send other requests on a control connection or a "
+        "session");
 }
 
 }  // namespace

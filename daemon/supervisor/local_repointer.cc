@@ -1,0 +1,225 @@
+#include "daemon/supervisor/local_repointer.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/wire.h"
+#include "daemon/base/validate.h"
+#include "daemon/supervisor/local_module_cache.h"
+#include "daemon/supervisor/session_bindings.h"
+#include "spdlog/spdlog.h"
+
+namespace kreg {
+
+LocalRepointer::LocalRepointer(SessionBindings* bindings,
+                               LocalModuleCache* modules,
+                               size_t max_watches_per_uid)
+    : bindings_(bindings),
+      modules_(modules),
+      max_per_uid_(max_watches_per_uid) {}
+
+absl::Status LocalRepointer::Reserve(uint64_t session, const PeerCred& peer) {
+  absl::MutexLock lock(&mu_);
+  size_t of_uid = 0;
+  for (const auto& [id, w] : watches_) {
+    if (w->peer.pid == peer.pid) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "kregd refused a watch connection of pid ", peer.pid,
+          ": that process has one already (session ", id,
+          "); the shim opens one per process, on its first replaceable "
+          "local bind. Closing this connection"));
+    }
+    if (w->peer.uid == peer.uid) ++of_uid;
+  }
+  if (of_uid >= max_per_uid_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "kregd refused a watch connection of pid ", peer.pid, ": ",
+        UserName(peer.uid), " has ", of_uid,
+        " watch connections already, the most kregd keeps for one uid (one "
+        "per process holding a replaceable target locally); end some of "
+        "those processes, or run the target isolated. Closing this "
+        "connection"));
+  }
+  auto w = std::make_shared<Watch>();
+  w->peer = peer;
+  watches_[session] = std::move(w);
+  return absl::OkStatus();
+}
+
+void LocalRepointer::Activate(uint64_t session, int sock) {
+  absl::MutexLock lock(&mu_);
+  auto it = watches_.find(session);
+  if (it != watches_.end()) {
+    it->second->sock.reset(::fcntl(sock, F_DUPFD_CLOEXEC, 0));
+  }
+}
+
+void LocalRepointer::Acked(uint64_t session, const v1::RepointAck& ack) {
+  absl::StatusOr<Platform> platform = ParsePlatform(ack.platform());
+  if (!platform.ok()) return;
+  const TargetKey key{ack.target_name(), *platform};
+  const int code = ack.status().code();
+  const absl::Status status =
+      code == 0 ? absl::OkStatus()
+                : absl::Status(code > 0 && code <= 16
+                                   ? static_cast<absl::StatusCode>(code)
+                                   : absl::StatusCode::kUnknown,
+                               ack.status().message());
+  absl::MutexLock lock(&mu_);
+  auto it = watches_.find(session);
+  if (it == watches_.end()) return;
+  if (status.ok()) {
+    it->second->runs[key] = ack.generation();
+    // What `kregctl show` says this process runs.
+    for (const auto& [id, held] : bindings_->HoldersOf(key)) {
+      if (held.first.pid == it->second->peer.pid && held.second.local) {
+        bindings_->SetGeneration(id, key, ack.generation());
+      }
+    }
+  }
+  for (Wait* wait : waits_) {
+    // A pinned binding stays at its generation (docs/replace.md §7).
+    if (!(wait->key == key) ||
+        (wait->generation != ack.generation() && ack.pinned() == 0)) {
+      continue;
+    }
+    auto a = wait->acks.find(session);
+    if (a != wait->acks.end() && a->second == nullptr) {
+      a->second = std::make_unique<absl::Status>(status);
+    }
+  }
+  cv_.SignalAll();
+}
+
+void LocalRepointer::Detach(uint64_t session) {
+  std::shared_ptr<Watch> w;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = watches_.find(session);
+    if (it == watches_.end()) return;
+    w = std::move(it->second);
+    watches_.erase(it);
+    for (Wait* wait : waits_) {
+      auto a = wait->acks.find(session);
+      if (a != wait->acks.end() && a->second == nullptr) {
+        a->second = std::make_unique<absl::Status>(
+            absl::UnavailableError("its watch connection closed"));
+      }
+    }
+    cv_.SignalAll();
+  }
+  // A notice being sent finishes before the caller writes to the socket.
+  absl::MutexLock lock(&w->send_mu);
+}
+
+absl::Status LocalRepointer::Send(const std::shared_ptr<Watch>& w,
+                                  const v1::SessionResponse& notice, int fd) {
+  std::string out;
+  notice.SerializeToString(&out);
+  absl::MutexLock lock(&w->send_mu);
+  const int fds[1] = {fd};
+  const int rc = wire::SendFrame(w->sock.get(), out.data(), out.size(), fds, 1);
+  if (rc == wire::kOk) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("sending it the notice failed: ", wire::ResultText(rc)));
+}
+
+std::map<pid_t, PeerCred> LocalRepointer::LocalHolders(const TargetKey& key) {
+  std::map<pid_t, PeerCred> out;
+  for (const auto& [id, held] : bindings_->HoldersOf(key)) {
+    if (held.second.local) out[held.first.pid] = held.first;
+  }
+  return out;
+}
+
+std::vector<Repointer::Laggard> LocalRepointer::Repoint(
+    const TargetEntry& entry, absl::Time deadline) {
+  const std::map<pid_t, PeerCred> holders = LocalHolders(entry.key);
+  if (holders.empty()) return {};
+  v1::SessionResponse notice;
+  v1::Repoint* r = notice.mutable_repoint();
+  r->set_target_name(entry.key.name);
+  r->set_platform(PlatformName(entry.key.platform));
+  r->set_generation(entry.generation);
+  r->set_module_digest(entry.module_digest);
+  r->set_module_size(entry.module_size);
+  r->set_func_name(entry.func_name);
+  Wait wait{entry.key, entry.generation, {}};
+  std::map<pid_t, std::pair<uint64_t, std::shared_ptr<Watch>>> watch_of;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, w] : watches_) {
+      if (!w->sock.ok()) continue;
+      if (holders.count(w->peer.pid) == 0) continue;
+      watch_of[w->peer.pid] = {id, w};
+      wait.acks[id] = nullptr;
+    }
+    waits_.push_back(&wait);
+  }
+  for (const auto& [pid, sw] : watch_of) {
+    const auto& [id, w] = sw;
+    absl::Status sent;
+    if (modules_ == nullptr) {
+      sent = absl::FailedPreconditionError("local execution is off");
+    } else if (absl::StatusOr<UniqueFd> fd =
+                   modules_->Open(entry.module_digest, entry.module_size, id);
+               !fd.ok()) {
+      sent = fd.status();
+    } else {
+      sent = Send(w, notice, fd->get());
+    }
+    if (sent.ok()) continue;
+    absl::MutexLock lock(&mu_);
+    if (wait.acks[id] == nullptr) {
+      wait.acks[id] = std::make_unique<absl::Status>(sent);
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    auto all_acked = [&] {
+      for (const auto& [id, s] : wait.acks) {
+        if (s == nullptr) return false;
+      }
+      return true;
+    };
+    while (!all_acked() && !cv_.WaitWithDeadline(&mu_, deadline)) {
+    }
+    waits_.erase(std::find(waits_.begin(), waits_.end(), &wait));
+  }
+  // A process that ended meanwhile holds nothing any more.
+  const std::map<pid_t, PeerCred> still = LocalHolders(entry.key);
+  std::vector<Laggard> laggards;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [pid, h] : holders) {
+    if (still.count(pid) == 0) continue;
+    uint64_t runs = entry.generation - 1;
+    auto it = watch_of.find(h.pid);
+    if (it == watch_of.end()) {
+      spdlog::warn(
+          "re-pointing \"{}\" ({}) to generation {}: pid {} holds it locally "
+          "but has no watch connection",
+          entry.key.name, PlatformName(entry.key.platform), entry.generation,
+          h.pid);
+    } else {
+      const absl::Status* acked = wait.acks[it->second.first].get();
+      if (acked != nullptr && acked->ok()) continue;
+      auto prev = it->second.second->runs.find(entry.key);
+      if (prev != it->second.second->runs.end()) runs = prev->second;
+      spdlog::warn("re-pointing \"{}\" ({}) to generation {}: pid {}: {}",
+                   entry.key.name, PlatformName(entry.key.platform),
+                   entry.generation, h.pid,
+                   acked == nullptr ? "no acknowledgement before the deadline"
+                                    : acked->ToString());
+    }
+    laggards.push_back(Laggard{h, /*local=*/true, runs});
+  }
+  return laggards;
+}
+
+}  // namespace kreg

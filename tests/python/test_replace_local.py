@@ -1,0 +1,155 @@
+"""Re-pointing local bindings (docs/replace.md section 4), through the real
+kregd with replace = "owner": a process that runs a target locally keeps its
+jitted function, and after replace=True returns, its next call runs the new
+generation (libdemo_v2.so's Scale multiplies by factor + 1), whether
+another process or the holder itself replaced it. Under replace = "deny" a
+local bind keeps XLA's direct pointer and opens no watch connection."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import kernels_util as ku
+import kregd_proc
+from kregd_proc import run_kregctl as kregctl
+
+
+@pytest.fixture
+def d():
+  daemon = kregd_proc.start_test_daemon("kreg-rplocal-",
+                                        ["--replace", "owner"])
+  yield daemon
+  kregd_proc.finish_test_daemon(daemon)
+
+
+def register(d, name, module, *extra):
+  return kregctl(d, "register", name, "--module",
+                 str(ku.kernel_path(module)), "--function", "Scale",
+                 "--platform", "cpu", *extra)
+
+
+# Binds argv[1] locally (pinned to generation argv[2], 0: none) and jits a
+# call of it; prints the call's result and how often the function was
+# traced, once now and once per line of stdin.
+HOLD = """
+import json, sys
+import jax, numpy as np
+import kreg
+name, pin = sys.argv[1], int(sys.argv[2])
+kreg.bind_ffi_target(name, platform="cpu", execution="local", generation=pin)
+traces = []
+@jax.jit
+def f(x):
+  traces.append(1)
+  return jax.ffi.ffi_call(name, jax.ShapeDtypeStruct(x.shape, x.dtype))(
+      x, factor=np.float32(2))
+def say():
+  y = np.asarray(f(np.arange(4, dtype=np.float32))).tolist()
+  print(json.dumps({"y": y, "traces": len(traces)}), flush=True)
+say()
+for _ in sys.stdin:
+  say()
+"""
+
+
+def hold(d, name, pin=0):
+  p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLD), name,
+                        str(pin)],
+                       env=d.env(), stdin=subprocess.PIPE,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True)
+  return p
+
+
+def next_line(p):
+  line = p.stdout.readline()
+  if not line:
+    p.kill()
+    raise AssertionError(p.stderr.read())
+  return json.loads(line)
+
+
+def test_a_running_local_process_switches_without_rejitting(d):
+  register(d, "demo.ver", "libdemo.so")
+  p = hold(d, "demo.ver")
+  try:
+    assert next_line(p) == {"y": [0, 2, 4, 6], "traces": 1}
+    r = register(d, "demo.ver", "libdemo_v2.so", "--replace")
+    assert r.returncode == 0, r.stderr
+    p.stdin.write("\n")
+    p.stdin.flush()
+    assert next_line(p) == {"y": [0, 3, 6, 9], "traces": 1}
+  finally:
+    p.stdin.close()
+    assert p.wait(timeout=60) == 0, p.stderr.read()
+  [target] = json.loads(kregctl(d, "show", "demo.ver", "--json").stdout)
+  assert target["generation"] == 2
+  assert f"(pid {p.pid} uid " in d.log() and "watch connection" in d.log()
+
+
+def test_a_pinned_local_binding_keeps_its_generation_and_is_no_laggard(d):
+  register(d, "demo.pin", "libdemo.so")
+  pinned = hold(d, "demo.pin", pin=1)
+  follows = hold(d, "demo.pin")
+  try:
+    assert next_line(pinned) == {"y": [0, 2, 4, 6], "traces": 1}
+    assert next_line(follows) == {"y": [0, 2, 4, 6], "traces": 1}
+    r = register(d, "demo.pin", "libdemo_v2.so", "--replace")
+    assert r.returncode == 0, r.stderr
+    for p in (pinned, follows):
+      p.stdin.write("\n")
+      p.stdin.flush()
+    assert next_line(pinned) == {"y": [0, 2, 4, 6], "traces": 1}
+    assert next_line(follows) == {"y": [0, 3, 6, 9], "traces": 1}
+  finally:
+    for p in (pinned, follows):
+      p.stdin.close()
+      assert p.wait(timeout=60) == 0, p.stderr.read()
+
+
+# The holder replaces the target itself (kreg.register_ffi_target with
+# replace=True): its watch thread switches it while the registration waits.
+SELF = """
+import json, sys
+import jax, numpy as np
+import kernels_util as ku, kreg
+name = sys.argv[1]
+kreg.register_ffi_target(name, ku.kernel_path("libdemo.so"), "Scale",
+                         platform="cpu", execution="local")
+f = jax.jit(lambda x: jax.ffi.ffi_call(
+    name, jax.ShapeDtypeStruct(x.shape, x.dtype))(x, factor=np.float32(2)))
+x = np.arange(4, dtype=np.float32)
+before = np.asarray(f(x)).tolist()
+r = kreg.register_ffi_target(name, ku.kernel_path("libdemo_v2.so"), "Scale",
+                             platform="cpu", replace=True, execution="local")
+after = np.asarray(f(x)).tolist()
+print(json.dumps({"before": before, "after": after, "created": r.created}))
+"""
+
+
+def test_the_holder_replaces_its_own_target(d):
+  p = subprocess.run([sys.executable, "-c", textwrap.dedent(SELF),
+                      "demo.self"], env=d.env(), capture_output=True,
+                     text=True, timeout=120)
+  assert p.returncode == 0, p.stderr
+  assert json.loads(p.stdout) == {"before": [0, 2, 4, 6],
+                                  "after": [0, 3, 6, 9], "created": True}
+
+
+def test_under_deny_a_local_bind_opens_no_watch():
+  d = kregd_proc.start_test_daemon("kreg-rpdeny-")
+  try:
+    register(d, "demo.fixed", "libdemo.so")
+    p = hold(d, "demo.fixed")
+    try:
+      assert next_line(p) == {"y": [0, 2, 4, 6], "traces": 1}
+    finally:
+      p.stdin.close()
+      assert p.wait(timeout=60) == 0, p.stderr.read()
+    assert "bound locally" in d.log()
+    assert "watch connection" not in d.log()
+  finally:
+    kregd_proc.finish_test_daemon(d)
