@@ -138,6 +138,68 @@ absl::StatusOr<ClaimResult> ClusterRegistry::Claim(
   return out;
 }
 
+absl::Status ClusterRegistry::Replace(const TargetEntry& current,
+                                      const TargetEntry& next) {
+  const std::string key = BindingKey(prefix_, next.key);
+  const std::string value =
+      signer_.Sign(key, kBindRecord, RecordJson(ToProto(next)));
+  auto unreachable = [&](const absl::Status& st) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot replace ", Named(next.key),
+        ": the cluster registry of cluster \"", options_.cluster,
+        "\" is unreachable (", st.message(),
+        "). A generation is made in etcd for every host or not at all; "
+        "generation ",
+        current.generation, " stays. Retry once etcd is back"));
+  };
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    absl::StatusOr<EtcdRange> now = etcd_.Range(key, false);
+    if (!now.ok()) return unreachable(now.status());
+    absl::StatusOr<BindingRecord> held = now->kvs.empty()
+                                             ? absl::NotFoundError("no record")
+                                             : Parse(now->kvs[0]);
+    if (!held.ok() || held->retired) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot replace ", Named(next.key),
+          ": the cluster registry of cluster \"", options_.cluster,
+          "\" holds no binding of it (",
+          held.ok() ? "retired cluster-wide" : held.status().message(),
+          "), so there is no generation ", current.generation,
+          " to replace there. Register it without replace=True once this "
+          "host has caught up (kregctl list --cluster shows etcd's "
+          "bindings)"));
+    }
+    const TargetEntry& won = held->entry;
+    if (!SameBinding(won, current) || won.generation != current.generation) {
+      const uid_t by = won.generations.empty() ? won.registered_by.uid
+                                               : won.generations.back().by.uid;
+      return absl::AbortedError(absl::StrCat(
+          "cannot replace ", Named(next.key), ": generation ",
+          current.generation, " (content ", current.content_id,
+          "), which this host holds, is no longer its cluster binding: "
+          "generation ",
+          won.generation, " (content ", won.content_id, ", module ",
+          won.module_digest, ") was made on host ", won.host, " by uid ", by,
+          ". This host catches up shortly; check with kregctl show, then "
+          "retry the replacement if your build should still replace that "
+          "generation"));
+    }
+    absl::StatusOr<bool> swapped =
+        etcd_.PutIfUnchanged(key, value, now->kvs[0].mod_revision);
+    if (!swapped.ok()) return unreachable(swapped.status());
+    if (*swapped) {
+      spdlog::info("cluster: replaced {} in etcd: generation {} -> {}",
+                   Named(next.key), current.generation, next.generation);
+      absl::MutexLock lock(&mu_);
+      republish_ = true;
+      return absl::OkStatus();
+    }
+  }
+  return absl::AbortedError(
+      absl::StrCat("cannot replace ", Named(next.key),
+                   ": its record in etcd kept changing; retry"));
+}
+
 void ClusterRegistry::Unclaim(const TargetEntry& claimed) {
   const std::string key = BindingKey(prefix_, claimed.key);
   absl::StatusOr<EtcdRange> now = etcd_.Range(key, false);

@@ -60,6 +60,8 @@ class ClusterRegistry : public BindingAuthority {
   // BindingAuthority.
   std::string HostName() const override { return host_id_; }
   absl::StatusOr<ClaimResult> Claim(const TargetEntry& proposed) override;
+  absl::Status Replace(const TargetEntry& current,
+                       const TargetEntry& next) override;
   void Unclaim(const TargetEntry& claimed) override;
   absl::Status Release(const TargetEntry& entry) override;
   absl::StatusOr<std::string> FetchModule(const std::string& digest,

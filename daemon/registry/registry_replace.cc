@@ -66,14 +66,6 @@ absl::StatusOr<RegisterOutcome> Registry::Replace(const RegisterArgs& args,
                                                   const std::string& digest,
                                                   const std::string& cid,
                                                   const EntryPtr& existing) {
-  if (authority_.load() != nullptr) {
-    refused_.fetch_add(1);
-    return absl::UnimplementedError(absl::StrCat(
-        "cannot replace ", Named(args.key),
-        ": replacing a target in cluster mode is not built yet "
-        "(docs/replace.md, section 9); register the rebuild under a distinct "
-        "target name"));
-  }
   // TODO(issue 35): re-point the live holders here (docs/replace.md,
   // sections 3-5: executors over their control socket, local binds over
   // the shim's control connection, then wait for their acks within
@@ -111,7 +103,8 @@ absl::StatusOr<RegisterOutcome> Registry::Replace(const RegisterArgs& args,
   next.origin = args.origin;
   next.handler_info = {};
   next.generations.push_back(GenerationOf(next, args.peer, NowMicros()));
-  absl::StatusOr<EntryPtr> installed = Install(next, args.module_bytes);
+  absl::StatusOr<EntryPtr> installed =
+      Install(next, args.module_bytes, /*journal=*/true, existing.get());
   if (!installed.ok()) return installed.status();
   spdlog::info(
       "replaced {}: generation {} (content {}, module {}) -> {} (content {}, "
