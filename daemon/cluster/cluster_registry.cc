@@ -155,19 +155,23 @@ absl::Status ClusterRegistry::Replace(const TargetEntry& current,
   for (int attempt = 0; attempt < 3; ++attempt) {
     absl::StatusOr<EtcdRange> now = etcd_.Range(key, false);
     if (!now.ok()) return unreachable(now.status());
-    absl::StatusOr<BindingRecord> held = now->kvs.empty()
-                                             ? absl::NotFoundError("no record")
-                                             : Parse(now->kvs[0]);
+    absl::StatusOr<BindingRecord> held =
+        now->kvs.empty() ? absl::NotFoundError("") : Parse(now->kvs[0]);
     if (!held.ok() || held->retired) {
       return absl::FailedPreconditionError(absl::StrCat(
           "cannot replace ", Named(next.key),
-          ": the cluster registry of cluster \"", options_.cluster,
-          "\" holds no binding of it (",
-          held.ok() ? "retired cluster-wide" : held.status().message(),
-          "), so there is no generation ", current.generation,
-          " to replace there. Register it without replace=True once this "
-          "host has caught up (kregctl list --cluster shows etcd's "
-          "bindings)"));
+          ": the cluster registry of cluster \"", options_.cluster, "\" ",
+          held.ok() ? "holds its retirement"
+          : now->kvs.empty()
+              ? "holds no binding of it"
+              : absl::StrCat("holds no binding of it that this cluster "
+                             "signed (",
+                             held.status().message(), ")"),
+          ", so generation ", current.generation,
+          " is not the cluster's to replace. Retire it on this host "
+          "(kregctl retire ",
+          next.key.name,
+          "), then register the new build without replace=True"));
     }
     const TargetEntry& won = held->entry;
     if (!SameBinding(won, current) || won.generation != current.generation) {
