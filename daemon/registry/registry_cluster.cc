@@ -261,8 +261,8 @@ absl::Status Registry::Mirror(const TargetEntry& binding,
   }
   if (!entry.ok()) return entry.status();
   if (replaced) {
-    // Re-pointing this host's holders is not built for cluster mode
-    // (docs/replace.md §9): they keep the generation they bound.
+    // TODO(issue 35): re-point this host's holders here (docs/replace.md
+    // §9); until then they keep the generation they bound.
     std::vector<PeerCred> holders;
     if (BindingOracle* oracle = oracle_.load()) {
       holders = oracle->Holders(binding.key);
