@@ -150,7 +150,9 @@ absl::Status ClusterRegistry::Replace(const TargetEntry& current,
         "\" is unreachable (", st.message(),
         "). A generation is made in etcd for every host or not at all; "
         "generation ",
-        current.generation, " stays. Retry once etcd is back"));
+        current.generation,
+        " stays. Retry once etcd is back; should etcd have applied this "
+        "replacement before its answer was lost, the retry completes it"));
   };
   for (int attempt = 0; attempt < 3; ++attempt) {
     absl::StatusOr<EtcdRange> now = etcd_.Range(key, false);
@@ -174,6 +176,9 @@ absl::Status ClusterRegistry::Replace(const TargetEntry& current,
           "), then register the new build without replace=True"));
     }
     const TargetEntry& won = held->entry;
+    if (SameBinding(won, next) && won.generation == next.generation) {
+      return absl::OkStatus();  // a retry whose first answer was lost
+    }
     if (!SameBinding(won, current) || won.generation != current.generation) {
       const uid_t by = won.generations.empty() ? won.registered_by.uid
                                                : won.generations.back().by.uid;

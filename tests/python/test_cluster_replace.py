@@ -262,3 +262,34 @@ def test_a_local_entry_etcd_does_not_hold_is_not_replaced(cl):
       "rep.local), then register the new build without replace=True")
   assert show(c, "rep.local")["content_id"] == entry["content_id"]
   assert kregctl(c, "retire", "rep.local").returncode == 0
+
+
+def test_without_etcd_quorum_a_replacement_changes_nothing(cl):
+  first_everywhere(cl, "rep.down")
+  v2 = build(cl.root, "libdemo_v2.so", "rep.down")
+  cl.etcd.kill(0)
+  cl.etcd.kill(1)
+  try:
+    out = register(cl.a, "rep.down", v2, "AttrsDigest", "--replace")
+    assert out.returncode == 4, out.stderr  # UNAVAILABLE
+    assert out.stderr.startswith(
+        'cannot replace target "rep.down" (cpu): the cluster registry of '
+        'cluster "default" is unreachable ('), out.stderr
+    assert out.stderr.strip().endswith(
+        "). A generation is made in etcd for every host or not at all; "
+        "generation 1 stays. Retry once etcd is back; should etcd have "
+        "applied this replacement before its answer was lost, the retry "
+        "completes it"), out.stderr
+    assert show(cl.a, "rep.down")["generation"] == 1
+    assert not (pathlib.Path(cl.a.state_dir) / "modules" / (
+        "sha256-" + digest_of(v2).split(":")[1] + ".so")).exists()
+  finally:
+    cl.etcd.start(0)
+    cl.etcd.start(1)
+    cl.etcd.wait_healthy()
+  # etcd back: the replacement goes through (a retry while etcd elects a
+  # leader may time out first).
+  wait_for(lambda: register(cl.a, "rep.down", v2, "AttrsDigest",
+                            "--replace").returncode == 0, 60,
+           "the replacement to go through")
+  generation_on(cl.b, "rep.down", 2)

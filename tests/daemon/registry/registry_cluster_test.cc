@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
@@ -20,6 +21,7 @@ struct FakeEtcd {
   std::map<TargetKey, TargetEntry> bindings;
   std::map<std::string, std::string> modules;  // digest -> bytes peers serve
   bool up = true;
+  bool lose_answer = false;  // the next Replace is applied, then "times out"
 };
 
 class FakeAuthority : public BindingAuthority {
@@ -47,6 +49,10 @@ class FakeAuthority : public BindingAuthority {
     if (it == etcd_->bindings.end()) {
       return absl::FailedPreconditionError("no binding in etcd");
     }
+    if (it->second.content_id == next.content_id &&
+        it->second.generation == next.generation) {
+      return absl::OkStatus();  // a retry whose first answer was lost
+    }
     if (it->second.content_id != current.content_id ||
         it->second.generation != current.generation) {
       return absl::AbortedError(
@@ -54,6 +60,9 @@ class FakeAuthority : public BindingAuthority {
                        " was made on host ", it->second.host));
     }
     it->second = next;
+    if (std::exchange(etcd_->lose_answer, false)) {
+      return absl::UnavailableError("deadline exceeded");
+    }
     return absl::OkStatus();
   }
   void Unclaim(const TargetEntry& claimed) override {
@@ -370,6 +379,26 @@ TEST_CASE(
     CHECK(a.loader.files.count(Sha256Digest("bb")) == 0);
     CHECK(etcd.bindings.at(key).generation == 1);
   }
+}
+
+TEST_CASE(
+    "A replacement whose answer was lost after the authority applied it is "
+    "completed by its retry",
+    "[registry][cluster][replace]") {
+  FakeEtcd etcd;
+  Host a(&etcd, "a", Owner());
+  REQUIRE(a.registry.Register(ArgsBy(1000, "op", "aa")).ok());
+  const TargetKey key{"op", Platform::kCpu};
+  etcd.lose_answer = true;
+  auto lost = a.registry.Register(ReplaceBy(1000, "bb"));
+  REQUIRE(lost.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(a.registry.Lookup(key)->generation == 1);
+  CHECK(etcd.bindings.at(key).generation == 2);
+  auto retry = a.registry.Register(ReplaceBy(1000, "bb"));
+  REQUIRE(retry.ok());
+  CHECK(retry->entry->generation == 2);
+  CHECK(a.log.entries.size() == 2);
+  CHECK(etcd.bindings.at(key).generation == 2);
 }
 
 TEST_CASE(
