@@ -176,7 +176,10 @@ absl::StatusOr<EntryPtr> Registry::Install(const TargetEntry& entry,
     // journal fail below, the watch brings it back here.
     local->host = authority->HostName();
     st = authority->Replace(*replaces, *local);
-    if (!st.ok()) return st;
+    if (!st.ok()) {
+      if (st.code() != absl::StatusCode::kUnavailable) refused_.fetch_add(1);
+      return st;
+    }
   }
   if (journal) {
     st = log_->Append(*local);

@@ -107,13 +107,15 @@ def first_everywhere(cl, name: str) -> pathlib.Path:
   return v1
 
 
-# Binds argv[1] in a new process on the host, calls it once (factor 2) and
-# prints the result's bytes (hex).
+# Binds argv[1] (at generation argv[2], 0: the current one) in a new
+# process on the host, calls it once (factor 2) and prints the result's
+# bytes (hex).
 CALL = """
 import sys
 import jax, numpy as np
 import kreg
-kreg.bind_ffi_target(sys.argv[1], platform="cpu")
+kreg.bind_ffi_target(sys.argv[1], platform="cpu",
+                     generation=int(sys.argv[2]) or None)
 x = (np.arange(256) % 10).astype(np.uint8)
 y = jax.ffi.ffi_call(sys.argv[1], jax.ShapeDtypeStruct(x.shape, x.dtype))(
     x, factor=np.float32(2))
@@ -125,8 +127,9 @@ OLD = bytes(2 * X)  # libdemo.so's Scale
 NEW = ku.attrs_digest_expected({"factor": np.float32(2)})  # v2's AttrsDigest
 
 
-def call_on(host: Daemon, name: str) -> bytes:
-  out = subprocess.run([sys.executable, "-c", textwrap.dedent(CALL), name],
+def call_on(host: Daemon, name: str, generation: int = 0) -> bytes:
+  out = subprocess.run([sys.executable, "-c", textwrap.dedent(CALL), name,
+                        str(generation)],
                        env=host.env(), capture_output=True, text=True,
                        timeout=300)
   assert out.returncode == 0, out.stderr + host.log()
@@ -158,6 +161,8 @@ def test_a_replacement_on_one_host_is_the_next_generation_everywhere(cl):
   assert [g["generation"] for g in record["generations"]] == [1, 2]
   # A new process on host B runs generation 2 (its module fetched from A).
   assert call_on(cl.b, "rep.op").rstrip(b"\0") == NEW  # AttrsDigest pads
+  # Generation 1 stays there for a pin (its module was mirrored before).
+  assert call_on(cl.b, "rep.op", 1) == OLD
 
 
 def test_a_host_that_has_not_caught_up_is_refused_naming_the_winner(cl):

@@ -342,6 +342,7 @@ TEST_CASE(
         "generation 2 was made on host a");
   const TargetKey key{"op", Platform::kCpu};
   CHECK(b.registry.Lookup(key)->generation == 1);
+  CHECK(b.registry.refused() == 1);
   CHECK(b.log.entries.size() == 1);
   CHECK(b.loader.files.count(Sha256Digest("cc")) == 0);
   CHECK(b.loader.temps.empty());
