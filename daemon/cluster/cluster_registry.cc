@@ -277,6 +277,12 @@ std::set<std::string> ClusterRegistry::Held() const {
       if (!e->module_digest.empty() && e->unavailable.empty()) {
         held.insert(e->module_digest);
       }
+      // Earlier generations' modules stored here (for other hosts' pins).
+      for (const Generation& g : e->generations) {
+        if (::access(store_->PathOf(g.module_digest).c_str(), R_OK) == 0) {
+          held.insert(g.module_digest);
+        }
+      }
     }
   }
   return held;
@@ -381,9 +387,36 @@ void ClusterRegistry::Apply(const TargetEntry& binding, bool may_fetch) {
   if (!st.ok()) {
     spdlog::error("cluster: cannot bind {} as on host {}: {}",
                   Named(binding.key), binding.host, std::string(st.message()));
+  } else if (may_fetch) {
+    FetchGenerations(binding);
   }
   absl::MutexLock lock(&mu_);
   republish_ = true;
+}
+
+void ClusterRegistry::FetchGenerations(const TargetEntry& binding) {
+  for (const Generation& g : binding.generations) {
+    if (g.module_digest == binding.module_digest ||
+        ::access(store_->PathOf(g.module_digest).c_str(), F_OK) == 0) {
+      continue;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (!tried_.insert(g.module_digest).second) continue;  // once
+    }
+    absl::StatusOr<std::string> got =
+        FetchModule(g.module_digest, g.module_size);
+    absl::Status st = got.status();
+    if (got.ok()) st = registry_.load()->StoreModule(g.module_digest, *got);
+    if (!st.ok()) {
+      spdlog::warn(
+          "cluster: generation {} of {} (module {}) is not stored here and "
+          "could not be fetched: {}; a process pinning that generation on "
+          "this host is refused",
+          g.generation, Named(binding.key), g.module_digest,
+          std::string(st.message()));
+    }
+  }
 }
 
 absl::Status ClusterRegistry::Reconcile(int64_t* revision) {

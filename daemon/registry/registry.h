@@ -204,6 +204,11 @@ class Registry {
   // the bytes are not the binding's module, the loader's errors otherwise.
   absl::Status Mirror(const TargetEntry& binding,
                       const std::string& module_bytes);
+  // Cluster mode: stores `bytes`, the module of an earlier generation of a
+  // mirrored binding (fetched from a peer, for pins: docs/replace.md §7),
+  // when the store lacks it. DATA_LOSS when they are not module `digest`;
+  // the loader's errors otherwise.
+  absl::Status StoreModule(const std::string& digest, const std::string& bytes);
   // Cluster mode: the binding of `retired.key` with `retired`'s content was
   // removed by the authority (retired elsewhere, or gone at reconcile):
   // retires the local entry if it is still that content. Journaled.

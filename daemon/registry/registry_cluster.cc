@@ -287,6 +287,20 @@ absl::Status Registry::Mirror(const TargetEntry& binding,
   return absl::OkStatus();
 }
 
+absl::Status Registry::StoreModule(const std::string& digest,
+                                   const std::string& bytes) {
+  if (Sha256Digest(bytes) != digest) {
+    return absl::DataLossError(absl::StrCat("bytes offered as module ", digest,
+                                            " have digest ",
+                                            Sha256Digest(bytes), "; refused"));
+  }
+  absl::StatusOr<StagedModule> staged = loader_->Stage(bytes, digest);
+  if (!staged.ok()) return staged.status();
+  absl::Status st = loader_->Commit(*staged);
+  if (!st.ok()) loader_->Discard(*staged);
+  return st;
+}
+
 absl::Status Registry::Unmirror(const TargetEntry& retired,
                                 const std::string& why) {
   EntryPtr local;

@@ -27,7 +27,7 @@ import pytest
 import kernels_util as ku
 from kregd_proc import Daemon, kregctl_binary
 from test_cluster import (EtcdCluster, digest_of, free_ports, kregctl, listed,
-                          start_host, wait_for)
+                          start_host, store_file, wait_for)
 
 # Padding that makes a build too large for host C's max_module_bytes: C
 # then cannot fetch it and stays at the generation it has.
@@ -189,8 +189,7 @@ def test_a_host_that_has_not_caught_up_is_refused_naming_the_winner(cl):
       "the replacement if your build should still replace that generation")
   # Nothing of the refused build stays on C; etcd keeps A's generation.
   assert show(cl.c, "rep.stale")["generation"] == 1
-  assert not (pathlib.Path(cl.c.state_dir) / "modules" / (
-      "sha256-" + digest_of(mine).split(":")[1] + ".so")).exists()
+  assert not store_file(cl.c, digest_of(mine)).exists()
   assert show(cl.b, "rep.stale")["module_digest"] == digest_of(big)
 
 
@@ -222,20 +221,24 @@ def test_racing_replacements_never_share_a_generation(cl):
 
 def test_a_restarted_host_reconciles_to_etcds_generation(cl):
   first_everywhere(cl, "rep.back")
-  v2 = build(cl.root, "libdemo_v2.so", "rep.back")
-  assert register(cl.a, "rep.back", v2, "AttrsDigest",
-                  "--replace").returncode == 0
-  generation_on(cl.b, "rep.back", 2)
   cl.b.stop()
+  # While B is away, A makes generations 2 (v2's AttrsDigest) and 3
+  # (libdemo.so's Scale again, another build).
+  v2 = build(cl.root, "libdemo_v2.so", "rep.back")
   v3 = build(cl.root, "libdemo.so", "rep.back-3")
-  out = register(cl.a, "rep.back", v3, "Scale", "--replace")
-  assert out.returncode == 0, out.stderr
+  for module, func in ((v2, "AttrsDigest"), (v3, "Scale")):
+    out = register(cl.a, "rep.back", module, func, "--replace")
+    assert out.returncode == 0, out.stderr
   cl.b.start()
-  # B's journal has generation 2; etcd has 3.
+  # B's journal has generation 1; etcd has 3.
   b = generation_on(cl.b, "rep.back", 3)
   assert b["module_digest"] == digest_of(v3)
   assert [g["generation"] for g in b["generations"]] == [1, 2, 3]
   assert call_on(cl.b, "rep.back") == OLD
+  # Generation 2's module was fetched too: a pin to it runs there.
+  wait_for(lambda: store_file(cl.b, digest_of(v2)).exists(), 60,
+           "generation 2's module on B")
+  assert call_on(cl.b, "rep.back", 2).rstrip(b"\0") == NEW
   # A restart with nothing new keeps generation 3 (journal, then etcd).
   cl.b.stop()
   cl.b.start()
@@ -286,8 +289,7 @@ def test_without_etcd_quorum_a_replacement_changes_nothing(cl):
         "applied this replacement before its answer was lost, the retry "
         "completes it"), out.stderr
     assert show(cl.a, "rep.down")["generation"] == 1
-    assert not (pathlib.Path(cl.a.state_dir) / "modules" / (
-        "sha256-" + digest_of(v2).split(":")[1] + ".so")).exists()
+    assert not store_file(cl.a, digest_of(v2)).exists()
   finally:
     cl.etcd.start(0)
     cl.etcd.start(1)

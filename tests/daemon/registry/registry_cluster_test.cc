@@ -402,6 +402,24 @@ TEST_CASE(
   CHECK(etcd.bindings.at(key).generation == 2);
 }
 
+TEST_CASE("An earlier generation's module is stored only with its bytes",
+          "[registry][cluster][replace]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log);
+  absl::Status st = registry.StoreModule(Sha256Digest("old"), "other");
+  CHECK(st.code() == absl::StatusCode::kDataLoss);
+  CHECK(std::string(st.message()) ==
+        absl::StrCat("bytes offered as module ", Sha256Digest("old"),
+                     " have digest ", Sha256Digest("other"), "; refused"));
+  CHECK(loader.files.empty());
+  CHECK(loader.temps.empty());
+  REQUIRE(registry.StoreModule(Sha256Digest("old"), "old").ok());
+  CHECK(loader.files.count(Sha256Digest("old")) == 1);
+  REQUIRE(registry.StoreModule(Sha256Digest("old"), "old").ok());  // again
+  CHECK(log.entries.empty());
+}
+
 TEST_CASE(
     "A higher generation of another owner's target is a conflict, as any "
     "other binding",
