@@ -173,7 +173,8 @@ absl::StatusOr<EntryPtr> Registry::Install(const TargetEntry& entry,
   BindingAuthority* authority = authority_.load();
   if (replaces != nullptr && authority != nullptr) {
     // The generation is made for every host or not at all. Should the
-    // journal fail below, the watch brings it back here.
+    // journal fail below, a retry of the replacement completes it here
+    // (the authority finds it made already).
     local->host = authority->HostName();
     st = authority->Replace(*replaces, *local);
     if (!st.ok()) {

@@ -383,8 +383,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "A replacement whose answer was lost after the authority applied it is "
-    "completed by its retry",
+    "A replacement whose answer was lost (or whose journal failed) after the "
+    "authority applied it is completed by its retry",
     "[registry][cluster][replace]") {
   FakeEtcd etcd;
   Host a(&etcd, "a", Owner());
@@ -400,6 +400,17 @@ TEST_CASE(
   CHECK(retry->entry->generation == 2);
   CHECK(a.log.entries.size() == 2);
   CHECK(etcd.bindings.at(key).generation == 2);
+  // The same when the local journal failed after the swap.
+  a.log.fail = true;
+  auto unjournaled = a.registry.Register(ReplaceBy(1000, "cc"));
+  REQUIRE(unjournaled.status().code() == absl::StatusCode::kInternal);
+  CHECK(a.registry.Lookup(key)->generation == 2);
+  CHECK(etcd.bindings.at(key).generation == 3);
+  a.log.fail = false;
+  auto completed = a.registry.Register(ReplaceBy(1000, "cc"));
+  REQUIRE(completed.ok());
+  CHECK(completed->entry->generation == 3);
+  CHECK(a.loader.files.count(Sha256Digest("cc")) == 1);
 }
 
 TEST_CASE("An earlier generation's module is stored only with its bytes",
