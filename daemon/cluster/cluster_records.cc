@@ -63,13 +63,43 @@ absl::StatusOr<TargetEntry> ParseBindingRecord(const std::string& prefix,
   absl::StatusOr<TargetEntry> e = FromProto(t);
   if (!e.ok()) return e.status();
   // What a registration on any host would have been refused for.
-  absl::Status st = ValidateFuncName(e->func_name);
-  if (st.ok()) st = ValidateContentId(e->content_id);
-  if (st.ok() && e->kind == TargetKind::kModule &&
-      !WellFormedDigest(e->module_digest)) {
-    st = absl::InvalidArgumentError(
-        absl::StrCat("module digest ", Quoted(e->module_digest),
-                     " is not \"sha256:\" followed by 64 lowercase hex"));
+  auto check = [&](const std::string& func, const std::string& cid,
+                   const std::string& digest) {
+    absl::Status st = ValidateFuncName(func);
+    if (st.ok()) st = ValidateContentId(cid);
+    if (st.ok() && e->kind == TargetKind::kModule &&
+        !WellFormedDigest(digest)) {
+      st = absl::InvalidArgumentError(
+          absl::StrCat("module digest ", Quoted(digest),
+                       " is not \"sha256:\" followed by 64 lowercase hex"));
+    }
+    return st;
+  };
+  absl::Status st = check(e->func_name, e->content_id, e->module_digest);
+  // Every generation too (a pin loads its module): ascending, the last
+  // one the binding's own (docs/replace.md §9).
+  uint32_t before = 0;
+  for (const Generation& g : e->generations) {
+    if (!st.ok()) break;
+    st = check(g.func_name, g.content_id, g.module_digest);
+    if (st.ok() && g.generation <= before) {
+      st = absl::InvalidArgumentError(
+          absl::StrCat("its generations are not in ascending order (",
+                       g.generation, " after ", before, ")"));
+    }
+    if (!st.ok()) {
+      st = absl::InvalidArgumentError(
+          absl::StrCat("generation ", g.generation, ": ", st.message()));
+    }
+    before = g.generation;
+  }
+  if (st.ok() && !e->generations.empty() &&
+      (before != e->generation ||
+       e->generations.back().module_digest != e->module_digest)) {
+    st = absl::InvalidArgumentError(absl::StrCat(
+        "its last generation (", before, ", module ",
+        e->generations.back().module_digest, ") is not its current one (",
+        e->generation, ", module ", e->module_digest, ")"));
   }
   if (!st.ok()) {
     return absl::DataLossError(absl::StrCat(

@@ -26,8 +26,10 @@ std::string BindingKey(const std::string& prefix, const TargetKey& key);
 // JSON), with every field checked as a registration's would be: FromProto's
 // errors (name, platform, kind); DATA_LOSS naming the key when the value is
 // not a binding, has an invalid function name or content id, a module
-// binding's digest is not "sha256:" and 64 lowercase hex, or it holds the
-// binding of another target than its key names.
+// binding's digest is not "sha256:" and 64 lowercase hex (these checks
+// also for each of its generations, which must ascend and end with the
+// binding's own generation and module), or it holds the binding of another
+// target than its key names.
 absl::StatusOr<TargetEntry> ParseBindingRecord(const std::string& prefix,
                                                const std::string& key,
                                                const std::string& value);

@@ -138,6 +138,77 @@ absl::StatusOr<ClaimResult> ClusterRegistry::Claim(
   return out;
 }
 
+absl::Status ClusterRegistry::Replace(const TargetEntry& current,
+                                      const TargetEntry& next) {
+  const std::string key = BindingKey(prefix_, next.key);
+  const std::string value =
+      signer_.Sign(key, kBindRecord, RecordJson(ToProto(next)));
+  auto unreachable = [&](const absl::Status& st) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot replace ", Named(next.key),
+        ": the cluster registry of cluster \"", options_.cluster,
+        "\" is unreachable (", st.message(),
+        "). A generation is made in etcd for every host or not at all; "
+        "generation ",
+        current.generation,
+        " stays. Retry once etcd is back; should etcd have applied this "
+        "replacement before its answer was lost, the retry completes it"));
+  };
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    absl::StatusOr<EtcdRange> now = etcd_.Range(key, false);
+    if (!now.ok()) return unreachable(now.status());
+    absl::StatusOr<BindingRecord> held =
+        now->kvs.empty() ? absl::NotFoundError("") : Parse(now->kvs[0]);
+    if (!held.ok() || held->retired) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot replace ", Named(next.key),
+          ": the cluster registry of cluster \"", options_.cluster, "\" ",
+          held.ok() ? "holds its retirement"
+          : now->kvs.empty()
+              ? "holds no binding of it"
+              : absl::StrCat("holds no binding of it that this cluster "
+                             "signed (",
+                             held.status().message(), ")"),
+          ", so generation ", current.generation,
+          " is not the cluster's to replace. Retire it on this host "
+          "(kregctl retire ",
+          next.key.name,
+          "), then register the new build without replace=True"));
+    }
+    const TargetEntry& won = held->entry;
+    if (SameBinding(won, next) && won.generation == next.generation) {
+      return absl::OkStatus();  // a retry whose first answer was lost
+    }
+    if (!SameBinding(won, current) || won.generation != current.generation) {
+      const uid_t by = won.generations.empty() ? won.registered_by.uid
+                                               : won.generations.back().by.uid;
+      return absl::AbortedError(absl::StrCat(
+          "cannot replace ", Named(next.key), ": generation ",
+          current.generation, " (content ", current.content_id,
+          "), which this host holds, is no longer its cluster binding: "
+          "generation ",
+          won.generation, " (content ", won.content_id, ", module ",
+          won.module_digest, ") was made on host ", won.host, " by uid ", by,
+          ". This host catches up shortly; check with kregctl show, then "
+          "retry the replacement if your build should still replace that "
+          "generation"));
+    }
+    absl::StatusOr<bool> swapped =
+        etcd_.PutIfUnchanged(key, value, now->kvs[0].mod_revision);
+    if (!swapped.ok()) return unreachable(swapped.status());
+    if (*swapped) {
+      spdlog::info("cluster: replaced {} in etcd: generation {} -> {}",
+                   Named(next.key), current.generation, next.generation);
+      absl::MutexLock lock(&mu_);
+      republish_ = true;
+      return absl::OkStatus();
+    }
+  }
+  return absl::AbortedError(
+      absl::StrCat("cannot replace ", Named(next.key),
+                   ": its record in etcd kept changing; retry"));
+}
+
 void ClusterRegistry::Unclaim(const TargetEntry& claimed) {
   const std::string key = BindingKey(prefix_, claimed.key);
   absl::StatusOr<EtcdRange> now = etcd_.Range(key, false);
@@ -205,6 +276,12 @@ std::set<std::string> ClusterRegistry::Held() const {
     for (const EntryPtr& e : r->List()) {
       if (!e->module_digest.empty() && e->unavailable.empty()) {
         held.insert(e->module_digest);
+      }
+      // Earlier generations' modules stored here (for other hosts' pins).
+      for (const Generation& g : e->generations) {
+        if (::access(store_->PathOf(g.module_digest).c_str(), R_OK) == 0) {
+          held.insert(g.module_digest);
+        }
       }
     }
   }
@@ -310,9 +387,36 @@ void ClusterRegistry::Apply(const TargetEntry& binding, bool may_fetch) {
   if (!st.ok()) {
     spdlog::error("cluster: cannot bind {} as on host {}: {}",
                   Named(binding.key), binding.host, std::string(st.message()));
+  } else if (may_fetch) {
+    FetchGenerations(binding);
   }
   absl::MutexLock lock(&mu_);
   republish_ = true;
+}
+
+void ClusterRegistry::FetchGenerations(const TargetEntry& binding) {
+  for (const Generation& g : binding.generations) {
+    if (g.module_digest == binding.module_digest ||
+        ::access(store_->PathOf(g.module_digest).c_str(), F_OK) == 0) {
+      continue;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (!tried_.insert(g.module_digest).second) continue;  // once
+    }
+    absl::StatusOr<std::string> got =
+        FetchModule(g.module_digest, g.module_size);
+    absl::Status st = got.status();
+    if (got.ok()) st = registry_.load()->StoreModule(g.module_digest, *got);
+    if (!st.ok()) {
+      spdlog::warn(
+          "cluster: generation {} of {} (module {}) is not stored here and "
+          "could not be fetched: {}; a process pinning that generation on "
+          "this host is refused",
+          g.generation, Named(binding.key), g.module_digest,
+          std::string(st.message()));
+    }
+  }
 }
 
 absl::Status ClusterRegistry::Reconcile(int64_t* revision) {

@@ -60,6 +60,8 @@ class ClusterRegistry : public BindingAuthority {
   // BindingAuthority.
   std::string HostName() const override { return host_id_; }
   absl::StatusOr<ClaimResult> Claim(const TargetEntry& proposed) override;
+  absl::Status Replace(const TargetEntry& current,
+                       const TargetEntry& next) override;
   void Unclaim(const TargetEntry& claimed) override;
   absl::Status Release(const TargetEntry& entry) override;
   absl::StatusOr<std::string> FetchModule(const std::string& digest,
@@ -72,7 +74,8 @@ class ClusterRegistry : public BindingAuthority {
   absl::StatusOr<v1::ListClusterTargetsResponse> ListTargets();
   absl::StatusOr<v1::ListHostsResponse> ListHosts();
 
-  // The modules this host serves (its registered targets').
+  // The modules this host serves (its registered targets', every stored
+  // generation's).
   std::set<std::string> Held() const;
 
   // The compile service across hosts (DESIGN §13; cluster_compile.cc):
@@ -110,6 +113,9 @@ class ClusterRegistry : public BindingAuthority {
   // Bring a binding into the registry, fetching its module from a peer
   // when this host lacks it and `may_fetch`.
   void Apply(const TargetEntry& binding, bool may_fetch);
+  // The modules of `binding`'s earlier generations this host lacks, from
+  // peers (each digest tried once per run), for pins (docs/replace.md §9).
+  void FetchGenerations(const TargetEntry& binding);
   absl::Status Reconcile(int64_t* revision);
   void WatchLoop();
   void LeaseLoop();
@@ -133,6 +139,7 @@ class ClusterRegistry : public BindingAuthority {
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool republish_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<std::string> tried_ ABSL_GUARDED_BY(mu_);  // FetchGenerations
   std::thread watch_thread_;
   std::thread lease_thread_;
 };

@@ -33,6 +33,15 @@ class BindingAuthority {
   // registry must then refuse, never bind locally only.
   virtual absl::StatusOr<ClaimResult> Claim(const TargetEntry& proposed) = 0;
 
+  // Replaces the binding `current` (generation g, as this host has it) by
+  // `next` (generation g+1, docs/replace.md §9), atomically for every host:
+  // only while the authority still holds `current` (compare-and-swap).
+  // ABORTED naming the binding it holds now when another host replaced or
+  // rebound it meanwhile; FAILED_PRECONDITION when it holds no binding of
+  // the key; UNAVAILABLE when it cannot be reached.
+  virtual absl::Status Replace(const TargetEntry& current,
+                               const TargetEntry& next) = 0;
+
   // Undoes a claim that made a binding (`claimed`) whose local commit then
   // failed. Best effort: a failure is logged.
   virtual void Unclaim(const TargetEntry& claimed) = 0;

@@ -222,10 +222,18 @@ class Registry {
   // host) the local entry of its key, journaled. `module_bytes` are its
   // module's bytes, or empty when the store already holds them. A local
   // entry with other content is logged as a conflict and replaced: the
-  // cluster's binding wins for new sessions. INVALID_ARGUMENT/DATA_LOSS when
+  // cluster's binding wins for new sessions; except that a higher
+  // generation of the same owner's target is its replacement (no conflict;
+  // journaled with its generations) and a lower one is ignored
+  // (docs/replace.md §9). INVALID_ARGUMENT/DATA_LOSS when
   // the bytes are not the binding's module, the loader's errors otherwise.
   absl::Status Mirror(const TargetEntry& binding,
                       const std::string& module_bytes);
+  // Cluster mode: stores `bytes`, the module of an earlier generation of a
+  // mirrored binding (fetched from a peer, for pins: docs/replace.md §7),
+  // when the store lacks it. DATA_LOSS when they are not module `digest`;
+  // the loader's errors otherwise.
+  absl::Status StoreModule(const std::string& digest, const std::string& bytes);
   // Cluster mode: the binding of `retired.key` with `retired`'s content was
   // removed by the authority (retired elsewhere, or gone at reconcile):
   // retires the local entry if it is still that content. Journaled.
@@ -378,9 +386,13 @@ class Registry {
   // Stage, probe, commit, journal and publish `entry` with `bytes` (which
   // must be its module).
   // `journal` false: a repair of an entry the journal already has.
+  // `replaces`: the generation `entry` replaces; in cluster mode it is
+  // replaced in the authority (compare-and-swap) once `entry` is probed and
+  // stored, before it is journaled here.
   absl::StatusOr<EntryPtr> Install(const TargetEntry& entry,
                                    const std::string& bytes,
-                                   bool journal = true);
+                                   bool journal = true,
+                                   const TargetEntry* replaces = nullptr);
   // A replacement's probed handler (`info`) against the generation before
   // `next`'s last: FAILED_PRECONDITION naming both when the FFI API major
   // or the traits differ.

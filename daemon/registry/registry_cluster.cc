@@ -18,6 +18,20 @@ bool SameBinding(const TargetEntry& a, const TargetEntry& b) {
          a.func_name == b.func_name && a.module_digest == b.module_digest;
 }
 
+// Whether `a` and `b` are generations of one module target of one owner
+// (docs/replace.md §9): then the higher generation replaces the lower.
+bool SameLineage(const TargetEntry& a, const TargetEntry& b) {
+  return a.kind == TargetKind::kModule && b.kind == TargetKind::kModule &&
+         a.registered_by.uid == b.registered_by.uid;
+}
+
+// The pids of `holders`, for a log line.
+std::string Pids(const std::vector<PeerCred>& holders) {
+  return absl::StrJoin(holders, ", ", [](std::string* out, const PeerCred& p) {
+    absl::StrAppend(out, p.pid);
+  });
+}
+
 // kregd itself, as the one who retires a local entry the cluster replaced.
 PeerCred Self() { return PeerCred{::geteuid(), ::getegid(), ::getpid()}; }
 
@@ -119,7 +133,8 @@ absl::StatusOr<RegisterOutcome> Registry::AdoptClaimed(
 
 absl::StatusOr<EntryPtr> Registry::Install(const TargetEntry& entry,
                                            const std::string& bytes,
-                                           bool journal) {
+                                           bool journal,
+                                           const TargetEntry* replaces) {
   // Never loaded before its digest matches, whoever sent it.
   const std::string digest = Sha256Digest(bytes);
   if (digest != entry.module_digest) {
@@ -155,6 +170,18 @@ absl::StatusOr<EntryPtr> Registry::Install(const TargetEntry& entry,
   if (!local->generations.empty())
     local->generations.back().handler_info = *info;
   local->unavailable.clear();
+  BindingAuthority* authority = authority_.load();
+  if (replaces != nullptr && authority != nullptr) {
+    // The generation is made for every host or not at all. Should the
+    // journal fail below, a retry of the replacement completes it here
+    // (the authority finds it made already).
+    local->host = authority->HostName();
+    st = authority->Replace(*replaces, *local);
+    if (!st.ok()) {
+      if (st.code() != absl::StatusCode::kUnavailable) refused_.fetch_add(1);
+      return st;
+    }
+  }
   if (journal) {
     st = log_->Append(*local);
     if (!st.ok()) return st;
@@ -199,11 +226,20 @@ absl::Status Registry::Mirror(const TargetEntry& binding,
         local->unavailable.empty()) {
       return absl::OkStatus();
     }
+    if (local != nullptr && SameLineage(*local, binding) &&
+        binding.generation < local->generation) {
+      // An earlier generation (e.g. this host's own, seen after its next).
+      spdlog::info("cluster: {} generation {} ignored: this host has {}",
+                   Named(binding.key), binding.generation, local->generation);
+      return absl::OkStatus();
+    }
     pending_[binding.key] = Pending{binding.registered_by.uid,
                                     binding.module_digest, binding.module_size};
   }
   Hold hold(this, {binding.key});
-  if (local != nullptr && !SameBinding(*local, binding)) {
+  const bool replaced = local != nullptr && SameLineage(*local, binding) &&
+                        binding.generation > local->generation;
+  if (local != nullptr && !SameBinding(*local, binding) && !replaced) {
     spdlog::error(
         "CLUSTER CONFLICT: {} is bound here to content {} (module {}, "
         "function \"{}\", registered by uid {}{}) but cluster-wide to content "
@@ -228,10 +264,42 @@ absl::Status Registry::Mirror(const TargetEntry& binding,
     entry = Insert(binding);
   }
   if (!entry.ok()) return entry.status();
+  if (replaced) {
+    // TODO(issue 35): re-point this host's holders here (docs/replace.md
+    // §9); until then they keep the generation they bound.
+    std::vector<PeerCred> holders;
+    if (BindingOracle* oracle = oracle_.load()) {
+      holders = oracle->Holders(binding.key);
+    }
+    spdlog::info(
+        "cluster: {} replaced on host {}: generation {} (content {}) -> {} "
+        "(content {}, module {}){}",
+        Named(binding.key), binding.host, local->generation, local->content_id,
+        binding.generation, binding.content_id, binding.module_digest,
+        holders.empty() ? ""
+                        : absl::StrCat("; live sessions of pids ",
+                                       Pids(holders), " keep generation ",
+                                       local->generation, " until they end"));
+    return absl::OkStatus();
+  }
   spdlog::info("cluster: {} bound as on host {} (content {}, module {})",
                Named(binding.key), binding.host, binding.content_id,
                binding.module_digest.empty() ? "none" : binding.module_digest);
   return absl::OkStatus();
+}
+
+absl::Status Registry::StoreModule(const std::string& digest,
+                                   const std::string& bytes) {
+  if (Sha256Digest(bytes) != digest) {
+    return absl::DataLossError(absl::StrCat("bytes offered as module ", digest,
+                                            " have digest ",
+                                            Sha256Digest(bytes), "; refused"));
+  }
+  absl::StatusOr<StagedModule> staged = loader_->Stage(bytes, digest);
+  if (!staged.ok()) return staged.status();
+  absl::Status st = loader_->Commit(*staged);
+  if (!st.ok()) loader_->Discard(*staged);
+  return st;
 }
 
 absl::Status Registry::Unmirror(const TargetEntry& retired,
@@ -254,13 +322,8 @@ absl::Status Registry::Unmirror(const TargetEntry& retired,
   if (BindingOracle* oracle = oracle_.load()) {
     std::vector<PeerCred> holders = oracle->Holders(local->key);
     if (!holders.empty()) {
-      bound =
-          absl::StrCat(" (live sessions of pids ",
-                       absl::StrJoin(holders, ", ",
-                                     [](std::string* out, const PeerCred& p) {
-                                       absl::StrAppend(out, p.pid);
-                                     }),
-                       " keep it until they end)");
+      bound = absl::StrCat(" (live sessions of pids ", Pids(holders),
+                           " keep it until they end)");
     }
   }
   spdlog::warn("cluster: {} (content {}) retired here: {}{}", Named(local->key),

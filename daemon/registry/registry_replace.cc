@@ -72,15 +72,6 @@ absl::StatusOr<RegisterOutcome> Registry::Replace(const RegisterArgs& args,
                                                   const std::string& digest,
                                                   const std::string& cid,
                                                   const EntryPtr& existing) {
-  if (authority_.load() != nullptr) {
-    refused_.fetch_add(1);
-    replaces_refused_.fetch_add(1);
-    return absl::UnimplementedError(absl::StrCat(
-        "cannot replace ", Named(args.key),
-        ": replacing a target in cluster mode is not built yet "
-        "(docs/replace.md, section 9); register the rebuild under a distinct "
-        "target name"));
-  }
   TargetEntry next = *existing;
   if (next.generations.empty()) {
     next.generations.push_back(GenerationOf(*existing, existing->registered_by,
@@ -94,7 +85,8 @@ absl::StatusOr<RegisterOutcome> Registry::Replace(const RegisterArgs& args,
   next.origin = args.origin;
   next.handler_info = {};
   next.generations.push_back(GenerationOf(next, args.peer, NowMicros()));
-  absl::StatusOr<EntryPtr> installed = Install(next, args.module_bytes);
+  absl::StatusOr<EntryPtr> installed =
+      Install(next, args.module_bytes, /*journal=*/true, existing.get());
   if (!installed.ok()) {
     replaces_refused_.fetch_add(1);
     return installed.status();

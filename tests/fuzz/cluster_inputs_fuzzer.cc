@@ -6,7 +6,7 @@
 // 0: binding record. "KEY\0VALUE" (no NUL: the value under the key of
 //    "fuzz.t" on cpu) into ParseBindingRecord. Accepted: the name is valid,
 //    the key is the binding's own, and the binding re-encoded (RecordJson)
-//    parses back to the same fields.
+//    parses back to the same fields (its generations too).
 // 1: host record into ParseHostRecord. Accepted: PeerAddressOk, every
 //    module digest well formed, and the record round-trips.
 // 2: chunk stream. Byte 0 bit 0: announce the right total size; bit 1: the
@@ -66,7 +66,9 @@ void Binding(const std::string& in) {
   if (!(again->key == e->key) || again->kind != e->kind ||
       again->func_name != e->func_name || again->content_id != e->content_id ||
       again->module_digest != e->module_digest ||
-      again->module_size != e->module_size) {
+      again->module_size != e->module_size ||
+      again->generation != e->generation ||
+      again->generations.size() != e->generations.size()) {
     fuzz::Fail("binding changed in a round trip");
   }
 }

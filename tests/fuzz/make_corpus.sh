@@ -38,6 +38,8 @@ printf '\x40%%PO ?metrics HTTP/1.1\r\n\r\n' > "$h/query_only_target"  # a findin
 c=$corpus/cluster_inputs
 d=sha256:$(printf '%064d' 0 | tr 0 a)
 printf '\x00{"target_name":"fuzz.t","platform":"cpu","func_name":"Scale","content_id":"v1","module_digest":"%s","module_size":"4096","kind":"module","ffi_api_major":0,"ffi_api_minor":1,"audit":{"uid":1000,"gid":1000,"pid":7,"registered_at_us":"1","origin":"upload","host":"h1 (10.0.0.1:7000)"}}' "$d" > "$c/binding"
+e=sha256:$(printf '%064d' 0 | tr 0 b)
+printf '\x00{"target_name":"fuzz.t","platform":"cpu","func_name":"Scale","content_id":"v2","module_digest":"%s","kind":"module","generation":2,"generations":[{"generation":1,"content_id":"v1","module_digest":"%s","func_name":"Scale"},{"generation":2,"content_id":"v2","module_digest":"%s","func_name":"Scale","uid":1000}]}' "$e" "$d" "$e" > "$c/binding_generations"
 printf '\x00/kregd/fuzz/targets/cuda/a.b\x00{"target_name":"a.b","platform":"cuda","func_name":"Run","module_digest":"%s","module_size":"1"}' "$d" > "$c/binding_keyed"
 printf '\x00{"target_name":"fuzz.t","platform":"cpu","func_name":"cb","content_id":"fp:123","kind":"in-process","newer_field":[1,2]}' > "$c/binding_in_process"
 printf '\x00/kregd/fuzz/targets/cpu/other\x00{"target_name":"fuzz.t","platform":"cpu","func_name":"Scale","module_digest":"sha256:../../x"}' > "$c/binding_bad"

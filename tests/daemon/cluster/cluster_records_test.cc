@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "daemon/cluster/module_exchange.h"
 #include "daemon/registry/target_proto.h"
@@ -39,6 +40,63 @@ TEST_CASE("A binding record round-trips", "[cluster]") {
   CHECK(e->key == Binding().key);
   CHECK(e->module_digest == kDigest);
   CHECK(e->module_size == 4096);
+}
+
+// Binding() replaced twice: generations 1-3, the current one last.
+TargetEntry Replaced() {
+  TargetEntry e = Binding();
+  for (uint32_t g = 1; g <= 3; ++g) {
+    Generation gen;
+    gen.generation = g;
+    gen.func_name = "Scale";
+    gen.content_id = absl::StrCat("v", g);
+    gen.module_digest = "sha256:" + std::string(64, 'a' + g - 1);
+    e.generations.push_back(gen);
+  }
+  e.generation = 3;
+  e.content_id = "v3";
+  e.module_digest = e.generations.back().module_digest;
+  return e;
+}
+
+TEST_CASE("A replaced binding's generations are checked like it",
+          "[cluster][replace]") {
+  absl::StatusOr<TargetEntry> e =
+      ParseBindingRecord(kPrefix, Key(), RecordJson(ToProto(Replaced())));
+  REQUIRE(e.ok());
+  CHECK(e->generation == 3);
+  REQUIRE(e->generations.size() == 3);
+  CHECK(e->generations[0].module_digest == kDigest);
+  const std::string refused =
+      "etcd key \"/kregd/c/targets/cpu/demo.scale\" holds an invalid "
+      "binding: ";
+  TargetEntry bad = Replaced();
+  bad.generations[0].module_digest = "sha256:../x";
+  absl::Status s =
+      ParseBindingRecord(kPrefix, Key(), RecordJson(ToProto(bad))).status();
+  CHECK(s.code() == absl::StatusCode::kDataLoss);
+  CHECK(s.message() == refused +
+                           "generation 1: module digest \"sha256:../x\" is "
+                           "not \"sha256:\" followed by 64 lowercase hex");
+  bad = Replaced();
+  bad.generations[1].content_id = "has space";
+  s = ParseBindingRecord(kPrefix, Key(), RecordJson(ToProto(bad))).status();
+  CHECK(s.code() == absl::StatusCode::kDataLoss);
+  CHECK(Contains(s, refused + "generation 2: "));
+  bad = Replaced();
+  std::swap(bad.generations[0].generation, bad.generations[1].generation);
+  s = ParseBindingRecord(kPrefix, Key(), RecordJson(ToProto(bad))).status();
+  CHECK(s.message() == refused +
+                           "generation 1: its generations are not in "
+                           "ascending order (1 after 2)");
+  bad = Replaced();
+  bad.generation = 4;
+  s = ParseBindingRecord(kPrefix, Key(), RecordJson(ToProto(bad))).status();
+  CHECK(s.message() == refused + "its last generation (3, module " +
+                           bad.module_digest +
+                           ") is not its current one (4, "
+                           "module " +
+                           bad.module_digest + ")");
 }
 
 TEST_CASE("Reservation records round-trip and bad ones are refused",

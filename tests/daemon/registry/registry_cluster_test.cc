@@ -5,7 +5,9 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "daemon/registry/registry.h"
 #include "daemon/store/module_store.h"
@@ -19,6 +21,7 @@ struct FakeEtcd {
   std::map<TargetKey, TargetEntry> bindings;
   std::map<std::string, std::string> modules;  // digest -> bytes peers serve
   bool up = true;
+  bool lose_answer = false;  // the next Replace is applied, then "times out"
 };
 
 class FakeAuthority : public BindingAuthority {
@@ -35,6 +38,32 @@ class FakeAuthority : public BindingAuthority {
       return ClaimResult{true, {}};
     }
     return ClaimResult{false, it->second};
+  }
+  // Compare-and-swap like ClusterRegistry::Replace (its messages are
+  // checked end to end in tests/python/test_cluster_replace.py).
+  absl::Status Replace(const TargetEntry& current,
+                       const TargetEntry& next) override {
+    if (!etcd_->up) return absl::UnavailableError("etcd is down");
+    ++replaces;
+    auto it = etcd_->bindings.find(next.key);
+    if (it == etcd_->bindings.end()) {
+      return absl::FailedPreconditionError("no binding in etcd");
+    }
+    if (it->second.content_id == next.content_id &&
+        it->second.generation == next.generation) {
+      return absl::OkStatus();  // a retry whose first answer was lost
+    }
+    if (it->second.content_id != current.content_id ||
+        it->second.generation != current.generation) {
+      return absl::AbortedError(
+          absl::StrCat("generation ", it->second.generation,
+                       " was made on host ", it->second.host));
+    }
+    it->second = next;
+    if (std::exchange(etcd_->lose_answer, false)) {
+      return absl::UnavailableError("deadline exceeded");
+    }
+    return absl::OkStatus();
   }
   void Unclaim(const TargetEntry& claimed) override {
     ++unclaims;
@@ -55,7 +84,7 @@ class FakeAuthority : public BindingAuthority {
     if (it == etcd_->modules.end()) return absl::NotFoundError("no peer");
     return it->second;
   }
-  int claims = 0, unclaims = 0, fetches = 0;
+  int claims = 0, unclaims = 0, fetches = 0, replaces = 0;
 
  private:
   FakeEtcd* const etcd_;
@@ -63,14 +92,27 @@ class FakeAuthority : public BindingAuthority {
 };
 
 struct Host {
-  Host(FakeEtcd* etcd, const std::string& name) : authority(etcd, name) {
+  Host(FakeEtcd* etcd, const std::string& name, RegistryLimits limits = {})
+      : registry(&loader, &log, limits), authority(etcd, name) {
     registry.SetBindingAuthority(&authority);
   }
   FakeLoader loader;
   MemLog log;
-  Registry registry{&loader, &log};
+  Registry registry;
   FakeAuthority authority;
 };
+
+RegistryLimits Owner() {
+  RegistryLimits limits;
+  limits.replace_by_owner = true;
+  return limits;
+}
+
+RegisterArgs ReplaceBy(uid_t uid, const std::string& bytes) {
+  RegisterArgs a = ArgsBy(uid, "op", bytes);
+  a.replace = true;
+  return a;
+}
 
 TEST_CASE(
     "The first registration anywhere wins; others are refused naming "
@@ -241,33 +283,170 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("replace=true in cluster mode is refused: not built yet",
-          "[registry][cluster][replace]") {
+TEST_CASE(
+    "replace=true in cluster mode swaps the next generation into the "
+    "authority; other hosts mirror it as a replacement",
+    "[registry][cluster][replace]") {
   FakeEtcd etcd;
-  Host a(&etcd, "a");
+  Host a(&etcd, "a", Owner()), b(&etcd, "b", Owner());
   REQUIRE(a.registry.Register(ArgsBy(1000, "op", "aa")).ok());
-  RegistryLimits limits;
-  limits.replace_by_owner = true;
-  FakeAuthority authority(&etcd, "b");
+  REQUIRE(b.registry.Register(ArgsBy(1000, "op", "aa")).ok());
+  auto out = a.registry.Register(ReplaceBy(1000, "bb"));
+  REQUIRE(out.ok());
+  CHECK(out->entry->generation == 2);
+  CHECK(out->entry->host == "a");
+  const TargetKey key{"op", Platform::kCpu};
+  const TargetEntry cluster = etcd.bindings.at(key);
+  CHECK(cluster.generation == 2);
+  CHECK(cluster.module_digest == Sha256Digest("bb"));
+  REQUIRE(cluster.generations.size() == 2);
+  CHECK(cluster.generations[1].handler_info.api_minor == 4);  // probed
+  REQUIRE(a.log.entries.size() == 2);
+  // b's watcher: a replacement, not a conflict (no retirement).
+  REQUIRE(b.registry.Mirror(cluster, "bb").ok());
+  EntryPtr on_b = b.registry.Lookup(key);
+  CHECK(on_b->generation == 2);
+  CHECK(on_b->module_digest == Sha256Digest("bb"));
+  CHECK(on_b->generations.size() == 2);
+  CHECK(on_b->host == "a");
+  CHECK(b.log.retirements.empty());
+  REQUIRE(b.log.entries.size() == 2);
+  CHECK(b.log.entries[1].generation == 2);
+  CHECK(b.loader.files.count(Sha256Digest("aa")) == 1);  // generation 1's
+  CHECK(b.loader.files.count(Sha256Digest("bb")) == 1);
+  // An earlier generation (a stale event) changes nothing.
+  REQUIRE(a.registry.Register(ReplaceBy(1000, "cc")).ok());
+  TargetEntry second = cluster;
+  REQUIRE(a.registry.Mirror(second, "").ok());
+  CHECK(a.registry.Lookup(key)->generation == 3);
+  CHECK(a.log.entries.size() == 3);
+  CHECK(a.log.retirements.empty());
+  // The same generation again is a no-op.
+  REQUIRE(b.registry.Mirror(cluster, "").ok());
+  CHECK(b.log.entries.size() == 2);
+}
+
+TEST_CASE(
+    "A replacement another host made first wins: the later one is refused, "
+    "nothing of it kept",
+    "[registry][cluster][replace]") {
+  FakeEtcd etcd;
+  Host a(&etcd, "a", Owner()), b(&etcd, "b", Owner());
+  REQUIRE(a.registry.Register(ArgsBy(1000, "op", "aa")).ok());
+  REQUIRE(b.registry.Register(ArgsBy(1000, "op", "aa")).ok());
+  REQUIRE(a.registry.Register(ReplaceBy(1000, "bb")).ok());
+  // b has not mirrored generation 2 yet: its compare-and-swap fails.
+  auto lost = b.registry.Register(ReplaceBy(1000, "cc"));
+  REQUIRE(lost.status().code() == absl::StatusCode::kAborted);
+  CHECK(std::string(lost.status().message()) ==
+        "generation 2 was made on host a");
+  const TargetKey key{"op", Platform::kCpu};
+  CHECK(b.registry.Lookup(key)->generation == 1);
+  CHECK(b.registry.refused() == 1);
+  CHECK(b.log.entries.size() == 1);
+  CHECK(b.loader.files.count(Sha256Digest("cc")) == 0);
+  CHECK(b.loader.temps.empty());
+  CHECK(etcd.bindings.at(key).module_digest == Sha256Digest("bb"));
+  // Once b has caught up, its replacement is generation 3.
+  REQUIRE(b.registry.Mirror(etcd.bindings.at(key), "bb").ok());
+  auto retry = b.registry.Register(ReplaceBy(1000, "cc"));
+  REQUIRE(retry.ok());
+  CHECK(retry->entry->generation == 3);
+  CHECK(etcd.bindings.at(key).host == "b");
+  CHECK(etcd.bindings.at(key).generation == 3);
+}
+
+TEST_CASE(
+    "A replacement on a host without the local entry swaps the cluster's "
+    "binding; an unreachable authority refuses it",
+    "[registry][cluster][replace]") {
+  FakeEtcd etcd;
+  Host a(&etcd, "a", Owner()), b(&etcd, "b", Owner());
+  REQUIRE(a.registry.Register(ArgsBy(1000, "op", "aa")).ok());
+  const TargetKey key{"op", Platform::kCpu};
+  SECTION("reachable") {
+    auto out = b.registry.Register(ReplaceBy(1000, "bb"));
+    REQUIRE(out.ok());
+    CHECK(out->entry->generation == 2);
+    CHECK(etcd.bindings.at(key).generation == 2);
+    CHECK(etcd.bindings.at(key).host == "b");
+  }
+  SECTION("unreachable") {
+    etcd.up = false;
+    auto out = a.registry.Register(ReplaceBy(1000, "bb"));
+    REQUIRE(out.status().code() == absl::StatusCode::kUnavailable);
+    CHECK(a.registry.Lookup(key)->generation == 1);
+    CHECK(a.log.entries.size() == 1);
+    CHECK(a.loader.files.count(Sha256Digest("bb")) == 0);
+    CHECK(etcd.bindings.at(key).generation == 1);
+  }
+}
+
+TEST_CASE(
+    "A replacement whose answer was lost (or whose journal failed) after the "
+    "authority applied it is completed by its retry",
+    "[registry][cluster][replace]") {
+  FakeEtcd etcd;
+  Host a(&etcd, "a", Owner());
+  REQUIRE(a.registry.Register(ArgsBy(1000, "op", "aa")).ok());
+  const TargetKey key{"op", Platform::kCpu};
+  etcd.lose_answer = true;
+  auto lost = a.registry.Register(ReplaceBy(1000, "bb"));
+  REQUIRE(lost.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(a.registry.Lookup(key)->generation == 1);
+  CHECK(etcd.bindings.at(key).generation == 2);
+  auto retry = a.registry.Register(ReplaceBy(1000, "bb"));
+  REQUIRE(retry.ok());
+  CHECK(retry->entry->generation == 2);
+  CHECK(a.log.entries.size() == 2);
+  CHECK(etcd.bindings.at(key).generation == 2);
+  // The same when the local journal failed after the swap.
+  a.log.fail = true;
+  auto unjournaled = a.registry.Register(ReplaceBy(1000, "cc"));
+  REQUIRE(unjournaled.status().code() == absl::StatusCode::kInternal);
+  CHECK(a.registry.Lookup(key)->generation == 2);
+  CHECK(etcd.bindings.at(key).generation == 3);
+  a.log.fail = false;
+  auto completed = a.registry.Register(ReplaceBy(1000, "cc"));
+  REQUIRE(completed.ok());
+  CHECK(completed->entry->generation == 3);
+  CHECK(a.loader.files.count(Sha256Digest("cc")) == 1);
+}
+
+TEST_CASE("An earlier generation's module is stored only with its bytes",
+          "[registry][cluster][replace]") {
   FakeLoader loader;
   MemLog log;
-  Registry b(&loader, &log, limits);
-  b.SetBindingAuthority(&authority);
-  RegisterArgs change = ArgsBy(1000, "op", "bb");
-  change.replace = true;
-  // b holds no local entry: the claim finds a's binding. Then the same
-  // with the binding local on b.
-  for (int round = 0; round < 2; ++round) {
-    if (round == 1) REQUIRE(b.Register(ArgsBy(1000, "op", "aa")).ok());
-    auto out = b.Register(change);
-    REQUIRE(out.status().code() == absl::StatusCode::kUnimplemented);
-    CHECK(std::string(out.status().message()) ==
-          "cannot replace target \"op\" (cpu): replacing a target in cluster "
-          "mode is not built yet (docs/replace.md, section 9); register the "
-          "rebuild under a distinct target name");
-    CHECK(log.entries.size() == static_cast<size_t>(round));
-    CHECK(loader.files.count(Sha256Digest("bb")) == 0);
-  }
+  Registry registry(&loader, &log);
+  absl::Status st = registry.StoreModule(Sha256Digest("old"), "other");
+  CHECK(st.code() == absl::StatusCode::kDataLoss);
+  CHECK(std::string(st.message()) ==
+        absl::StrCat("bytes offered as module ", Sha256Digest("old"),
+                     " have digest ", Sha256Digest("other"), "; refused"));
+  CHECK(loader.files.empty());
+  CHECK(loader.temps.empty());
+  REQUIRE(registry.StoreModule(Sha256Digest("old"), "old").ok());
+  CHECK(loader.files.count(Sha256Digest("old")) == 1);
+  REQUIRE(registry.StoreModule(Sha256Digest("old"), "old").ok());  // again
+  CHECK(log.entries.empty());
+}
+
+TEST_CASE(
+    "A higher generation of another owner's target is a conflict, as any "
+    "other binding",
+    "[registry][cluster][replace]") {
+  FakeLoader loader;
+  MemLog log;
+  Registry registry(&loader, &log, Owner());
+  REQUIRE(registry.Register(ArgsBy(1000, "op", "aa")).ok());
+  TargetEntry cluster = *registry.Lookup({"op", Platform::kCpu});
+  cluster.registered_by.uid = 1001;
+  cluster.generation = 2;
+  cluster.content_id = cluster.module_digest = Sha256Digest("bb");
+  REQUIRE(registry.Mirror(cluster, "bb").ok());
+  REQUIRE(log.retirements.size() == 1);  // the conflict's
+  CHECK(log.retirements[0].module_digest == Sha256Digest("aa"));
+  CHECK(registry.Lookup(cluster.key)->registered_by.uid == 1001);
 }
 
 }  // namespace

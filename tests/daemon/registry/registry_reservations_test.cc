@@ -166,6 +166,9 @@ class FakeAuthority : public BindingAuthority {
     if (!reachable) return absl::UnavailableError("etcd is not answering");
     return ClaimResult{true, {}};
   }
+  absl::Status Replace(const TargetEntry&, const TargetEntry&) override {
+    return absl::UnimplementedError("not in these tests");
+  }
   void Unclaim(const TargetEntry&) override {}
   absl::Status Release(const TargetEntry&) override { return absl::OkStatus(); }
   absl::StatusOr<std::string> FetchModule(const std::string&,
