@@ -265,21 +265,22 @@ absl::Status Registry::Mirror(const TargetEntry& binding,
   }
   if (!entry.ok()) return entry.status();
   if (replaced) {
-    // TODO(issue 35): re-point this host's holders here (docs/replace.md
-    // §9); until then they keep the generation they bound.
-    std::vector<PeerCred> holders;
-    if (BindingOracle* oracle = oracle_.load()) {
-      holders = oracle->Holders(binding.key);
-    }
     spdlog::info(
         "cluster: {} replaced on host {}: generation {} (content {}) -> {} "
-        "(content {}, module {}){}",
+        "(content {}, module {})",
         Named(binding.key), binding.host, local->generation, local->content_id,
-        binding.generation, binding.content_id, binding.module_digest,
-        holders.empty() ? ""
-                        : absl::StrCat("; live sessions of pids ",
-                                       Pids(holders), " keep generation ",
-                                       local->generation, " until they end"));
+        binding.generation, binding.content_id, binding.module_digest);
+    // This host's holders switch as on the replacing host (docs/replace.md
+    // §9), while the key stays reserved; the replacing host does not wait
+    // for them.
+    if (Repointer* repointer = repointer_.load()) {
+      std::vector<Repointer::Laggard> laggards =
+          repointer->Repoint(**entry, absl::Now() + limits_.replace_timeout);
+      if (!laggards.empty()) {
+        spdlog::warn("cluster: {}", LaggardsMessage(**entry, laggards,
+                                                    limits_.replace_timeout));
+      }
+    }
     return absl::OkStatus();
   }
   spdlog::info("cluster: {} bound as on host {} (content {}, module {})",

@@ -5,8 +5,10 @@ next generation (kregctl show, a new process there runs it); a host that
 has not caught up is refused naming the generation that won; replacements
 racing on two hosts never both take one generation; a host that restarts
 reconciles its journal to etcd's generation; a host with a local entry etcd
-does not hold is refused. Live holders on other hosts are not re-pointed
-(not built): these tests replace targets no process holds.
+does not hold is refused. A process on another host that holds the
+target (isolated or local) switches to the new generation, without a
+re-jit, when that host mirrors it (the replacing host does not wait for
+it: cross-host acknowledgements are not built).
 """
 
 from __future__ import annotations
@@ -163,6 +165,63 @@ def test_a_replacement_on_one_host_is_the_next_generation_everywhere(cl):
   assert call_on(cl.b, "rep.op").rstrip(b"\0") == NEW  # AttrsDigest pads
   # Generation 1 stays there for a pin (its module was mirrored before).
   assert call_on(cl.b, "rep.op", 1) == OLD
+
+
+# Binds argv[1] in mode argv[2] and jits a function calling it; for every
+# line on stdin prints its result for [0, 1, 2, 3] and factor 2, and how
+# often it was traced.
+HOLD = """
+import json, sys
+import jax, numpy as np
+import kreg
+name = sys.argv[1]
+kreg.bind_ffi_target(name, platform="cpu", execution=sys.argv[2])
+traces = []
+@jax.jit
+def f(x):
+  traces.append(1)
+  return jax.ffi.ffi_call(name, jax.ShapeDtypeStruct(x.shape, x.dtype))(
+      x, factor=np.float32(2))
+x = np.arange(4, dtype=np.float32)
+for line in sys.stdin:
+  print(json.dumps({"y": np.asarray(f(x)).tolist(), "traces": len(traces)}),
+        flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["isolated", "local"])
+def test_a_holder_on_another_host_switches_when_that_host_mirrors(cl, mode):
+  name = f"rep.held-{mode}"
+  first_everywhere(cl, name)
+  p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLD), name,
+                        mode], env=cl.b.env(), stdin=subprocess.PIPE,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True)
+
+  def call():
+    p.stdin.write("call\n")
+    p.stdin.flush()
+    line = p.stdout.readline()
+    assert line, p.stderr.read() + cl.b.log()
+    return json.loads(line)
+
+  def runs_on_b():
+    for b in show(cl.b, name).get("bound_by", []):
+      if b["pid"] == p.pid:
+        return b["generation"]
+    return None
+
+  try:
+    assert call() == {"y": [0, 2, 4, 6], "traces": 1}
+    v2 = build(cl.root, "libdemo_v2.so", name)  # Scale by factor + 1
+    out = register(cl.a, name, v2, "Scale", "--replace")
+    assert out.returncode == 0, out.stderr
+    generation_on(cl.b, name, 2)
+    wait_for(lambda: runs_on_b() == 2, 60, f"B's {mode} holder to switch")
+    assert call() == {"y": [0, 3, 6, 9], "traces": 1}
+  finally:
+    p.stdin.close()
+    assert p.wait(timeout=60) == 0, p.stderr.read()
 
 
 def test_a_host_that_has_not_caught_up_is_refused_naming_the_winner(cl):
