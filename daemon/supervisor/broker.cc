@@ -602,7 +602,7 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::Resolve(
         "`kregctl unquarantine ",
         key.name, " --platform ", PlatformName(key.platform), "`"));
   }
-  if (r.local()) return ResolveLocal(key, e, fd_out);
+  if (r.local()) return ResolveLocal(key, e, r.generation() != 0, fd_out);
   std::string path = ctx_.store->PathOf(e->module_digest);
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (!fd.ok()) {
@@ -616,7 +616,8 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::Resolve(
   reply.set_module_digest(e->module_digest);
   reply.set_token(ctx_.pool->TokenFor(binding_, e));
   if (ctx_.bindings != nullptr) {
-    ctx_.bindings->Add(id_, peer_, key, /*local=*/false, e->generation);
+    ctx_.bindings->Add(id_, peer_, key, /*local=*/false, e->generation,
+                       /*pinned=*/r.generation() != 0);
     // A replacement committed since the Lookup may have listed the holders
     // before this one (docs/replace.md section 3): answer the new entry. A
     // pinned resolve keeps its generation.
@@ -629,7 +630,7 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::Resolve(
 }
 
 absl::StatusOr<v1::ResolveReply> SessionBroker::ResolveLocal(
-    const TargetKey& key, const EntryPtr& e, UniqueFd* fd_out) {
+    const TargetKey& key, const EntryPtr& e, bool pinned, UniqueFd* fd_out) {
   absl::StatusOr<UniqueFd> memfd =
       ctx_.local_modules->Open(e->module_digest, e->module_size, id_);
   if (!memfd.ok()) {
@@ -646,7 +647,8 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::ResolveLocal(
   *fd_out = *std::move(memfd);
   // A session may ask again: one hold, one count, one log line.
   if (ctx_.bindings != nullptr &&
-      !ctx_.bindings->Add(id_, peer_, key, /*local=*/true, e->generation)) {
+      !ctx_.bindings->Add(id_, peer_, key, /*local=*/true, e->generation,
+                          pinned)) {
     return reply;
   }
   if (ctx_.local_binds != nullptr) ctx_.local_binds->fetch_add(1);

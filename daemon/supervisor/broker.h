@@ -146,9 +146,10 @@ class SessionBroker final : public ServedSession {
                                            UniqueFd* fd_out);
   // Resolve for the client's own process (ResolveRequest.local), once the
   // registry's rules passed: the sealed memfd and a local hold (logged and
-  // counted once per target and session).
+  // counted once per target and session); `pinned`: a generation asked
+  // for (docs/replace.md section 7).
   absl::StatusOr<v1::ResolveReply> ResolveLocal(const TargetKey& key,
-                                                const EntryPtr& e,
+                                                const EntryPtr& e, bool pinned,
                                                 UniqueFd* fd_out);
   // Forgets what the session bound (it ended, or kregd leaves it to its
   // executor).

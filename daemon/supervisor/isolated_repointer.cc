@@ -55,7 +55,8 @@ std::vector<Repointer::Laggard> IsolatedRepointer::Repoint(
       bindings_->HoldersOf(entry.key);
   std::set<uint64_t> ids;
   for (const auto& [id, held] : holders) {
-    if (!held.second.local && held.second.generation != entry.generation) {
+    if (!held.second.local && !held.second.pinned &&
+        held.second.generation != entry.generation) {
       ids.insert(id);
     }
   }

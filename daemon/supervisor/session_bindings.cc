@@ -3,8 +3,8 @@
 namespace kreg {
 
 bool SessionBindings::Add(uint64_t session_id, const PeerCred& peer,
-                          const TargetKey& key, bool local,
-                          uint32_t generation) {
+                          const TargetKey& key, bool local, uint32_t generation,
+                          bool pinned) {
   absl::MutexLock lock(&mu_);
   Session& s = sessions_[session_id];
   s.peer = peer;
@@ -13,6 +13,7 @@ bool SessionBindings::Add(uint64_t session_id, const PeerCred& peer,
   const bool fresh = local && !held.local;
   held.local |= local;
   if (generation != 0) held.generation = generation;
+  held.pinned = pinned;
   return fresh;
 }
 

@@ -22,10 +22,11 @@ class SessionBindings final : public BindingOracle {
  public:
   // `local`: the client's own process holds the module (DESIGN §11); a
   // session that holds a key both ways shows it as local. `generation`:
-  // the one it resolved (docs/replace.md; 0: unknown). True when the
-  // session holds `key` locally now and did not before.
+  // the one it resolved (docs/replace.md; 0: unknown); `pinned`: the
+  // session asked for that generation (section 7) and keeps it. True when
+  // the session holds `key` locally now and did not before.
   bool Add(uint64_t session_id, const PeerCred& peer, const TargetKey& key,
-           bool local = false, uint32_t generation = 0);
+           bool local = false, uint32_t generation = 0, bool pinned = false);
   // The session ended: forget what it had bound.
   void RemoveSession(uint64_t session_id);
   std::vector<PeerCred> Holders(const TargetKey& key) override;
@@ -33,6 +34,7 @@ class SessionBindings final : public BindingOracle {
     TargetKey key;
     bool local = false;
     uint32_t generation = 0;  // what it runs (docs/replace.md)
+    bool pinned = false;      // a re-point leaves it at `generation`
   };
   // The live sessions that hold `key`, by session id.
   std::map<uint64_t, std::pair<PeerCred, Bound>> HoldersOf(

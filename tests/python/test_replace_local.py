@@ -31,15 +31,16 @@ def register(d, name, module, *extra):
                  "--platform", "cpu", *extra)
 
 
-# Binds argv[1] locally (pinned to generation argv[2], 0: none) and jits a
+# Binds argv[1] (argv[3]: local or isolated; pinned to generation argv[2],
+# 0: none) and jits a
 # call of it; prints the call's result and how often the function was
 # traced, once now and once per line of stdin.
 HOLD = """
 import json, sys
 import jax, numpy as np
 import kreg
-name, pin = sys.argv[1], int(sys.argv[2])
-kreg.bind_ffi_target(name, platform="cpu", execution="local", generation=pin)
+name, pin, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+kreg.bind_ffi_target(name, platform="cpu", execution=mode, generation=pin)
 traces = []
 @jax.jit
 def f(x):
@@ -55,9 +56,9 @@ for _ in sys.stdin:
 """
 
 
-def hold(d, name, pin=0):
+def hold(d, name, pin=0, mode="local"):
   p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLD), name,
-                        str(pin)],
+                        str(pin), mode],
                        env=d.env(), stdin=subprocess.PIPE,
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        text=True)
@@ -90,10 +91,11 @@ def test_a_running_local_process_switches_without_rejitting(d):
   assert f"(pid {p.pid} uid " in d.log() and "watch connection" in d.log()
 
 
-def test_a_pinned_local_binding_keeps_its_generation_and_is_no_laggard(d):
+@pytest.mark.parametrize("mode", ["local", "isolated"])
+def test_a_pinned_binding_keeps_its_generation_and_is_no_laggard(d, mode):
   register(d, "demo.pin", "libdemo.so")
-  pinned = hold(d, "demo.pin", pin=1)
-  follows = hold(d, "demo.pin")
+  pinned = hold(d, "demo.pin", pin=1, mode=mode)
+  follows = hold(d, "demo.pin", mode=mode)
   try:
     assert next_line(pinned) == {"y": [0, 2, 4, 6], "traces": 1}
     assert next_line(follows) == {"y": [0, 2, 4, 6], "traces": 1}
@@ -104,6 +106,12 @@ def test_a_pinned_local_binding_keeps_its_generation_and_is_no_laggard(d):
       p.stdin.flush()
     assert next_line(pinned) == {"y": [0, 2, 4, 6], "traces": 1}
     assert next_line(follows) == {"y": [0, 3, 6, 9], "traces": 1}
+    # kregctl show says what each runs.
+    [target] = json.loads(kregctl(d, "show", "demo.pin", "--json").stdout)
+    by = {b["pid"]: b for b in target["bound_by"]}
+    assert (by[pinned.pid]["mode"], by[pinned.pid]["generation"]) == (mode, 1)
+    assert (by[follows.pid]["mode"], by[follows.pid]["generation"]) == (mode,
+                                                                        2)
   finally:
     for p in (pinned, follows):
       p.stdin.close()
