@@ -2,13 +2,20 @@
 kregd with replace = "owner": a process that runs a target locally keeps its
 jitted function, and after replace=True returns, its next call runs the new
 generation (libdemo_v2.so's Scale multiplies by factor + 1), whether
-another process or the holder itself replaced it. Under replace = "deny" a
+another process or the holder itself replaced it; a stopped holder makes
+the replacement time out naming it, and switches once continued. Under
+replace = "deny" a
 local bind keeps XLA's direct pointer and opens no watch connection."""
 
 import json
+import os
+import pwd
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -116,6 +123,47 @@ def test_a_pinned_binding_keeps_its_generation_and_is_no_laggard(d, mode):
     for p in (pinned, follows):
       p.stdin.close()
       assert p.wait(timeout=60) == 0, p.stderr.read()
+
+
+def test_a_stopped_local_holder_times_out_named_and_switches_when_continued():
+  d = kregd_proc.start_test_daemon(
+      "kreg-rplocal-", ["--replace", "owner", "--replace-timeout", "2"])
+  try:
+    register(d, "demo.halt", "libdemo.so")
+    p = hold(d, "demo.halt")
+    try:
+      assert next_line(p) == {"y": [0, 2, 4, 6], "traces": 1}
+      os.kill(p.pid, signal.SIGSTOP)
+      try:
+        r = kregctl(d, "register", "demo.halt", "--module",
+                    str(ku.kernel_path("libdemo_v2.so")), "--function",
+                    "Scale", "--platform", "cpu", "--replace", check=False)
+      finally:
+        os.kill(p.pid, signal.SIGCONT)
+      assert r.returncode == 1, r.stdout + r.stderr
+      user = pwd.getpwuid(os.geteuid()).pw_name
+      assert (f"within replace_timeout (2 s): pid {p.pid} uid {os.geteuid()} "
+              f"({user}) host {socket.gethostname()} (local, runs generation "
+              "1)") in r.stderr, r.stderr
+      # Continued, its watch thread applies the notice kregd sent.
+      deadline = time.monotonic() + 60
+      while True:
+        p.stdin.write("\n")
+        p.stdin.flush()
+        if next_line(p) == {"y": [0, 3, 6, 9], "traces": 1}:
+          break
+        assert time.monotonic() < deadline, "the continued holder never switched"
+      # Its late acknowledgement is what kregctl show reports.
+      while True:
+        [t] = json.loads(kregctl(d, "show", "demo.halt", "--json").stdout)
+        if {b["pid"]: b["generation"] for b in t["bound_by"]}[p.pid] == 2:
+          break
+        assert time.monotonic() < deadline, "the late acknowledgement is lost"
+    finally:
+      p.stdin.close()
+      assert p.wait(timeout=60) == 0, p.stderr.read()
+  finally:
+    kregd_proc.finish_test_daemon(d)
 
 
 # The holder replaces the target itself (kreg.register_ffi_target with
