@@ -75,7 +75,6 @@ void LocalRepointer::Acked(uint64_t session, const v1::RepointAck& ack) {
   auto it = watches_.find(session);
   if (it == watches_.end()) return;
   if (status.ok()) {
-    it->second->runs[key] = ack.generation();
     // What `kregctl show` says this process runs.
     for (const auto& [id, held] : bindings_->HoldersOf(key)) {
       if (held.first.pid == it->second->peer.pid && held.second.local) {
@@ -130,17 +129,21 @@ absl::Status LocalRepointer::Send(const std::shared_ptr<Watch>& w,
       absl::StrCat("sending it the notice failed: ", wire::ResultText(rc)));
 }
 
-std::map<pid_t, PeerCred> LocalRepointer::LocalHolders(const TargetKey& key) {
-  std::map<pid_t, PeerCred> out;
+std::map<pid_t, std::pair<PeerCred, uint32_t>> LocalRepointer::LocalHolders(
+    const TargetKey& key) {
+  std::map<pid_t, std::pair<PeerCred, uint32_t>> out;
   for (const auto& [id, held] : bindings_->HoldersOf(key)) {
-    if (held.second.local) out[held.first.pid] = held.first;
+    if (held.second.local) {
+      out[held.first.pid] = {held.first, held.second.generation};
+    }
   }
   return out;
 }
 
 std::vector<Repointer::Laggard> LocalRepointer::Repoint(
     const TargetEntry& entry, absl::Time deadline) {
-  const std::map<pid_t, PeerCred> holders = LocalHolders(entry.key);
+  const std::map<pid_t, std::pair<PeerCred, uint32_t>> holders =
+      LocalHolders(entry.key);
   if (holders.empty()) return {};
   v1::SessionResponse notice;
   v1::Repoint* r = notice.mutable_repoint();
@@ -193,12 +196,16 @@ std::vector<Repointer::Laggard> LocalRepointer::Repoint(
     waits_.erase(std::find(waits_.begin(), waits_.end(), &wait));
   }
   // A process that ended meanwhile holds nothing any more.
-  const std::map<pid_t, PeerCred> still = LocalHolders(entry.key);
+  const std::map<pid_t, std::pair<PeerCred, uint32_t>> still =
+      LocalHolders(entry.key);
   std::vector<Laggard> laggards;
   absl::MutexLock lock(&mu_);
-  for (const auto& [pid, h] : holders) {
+  for (const auto& [pid, holder] : holders) {
     if (still.count(pid) == 0) continue;
-    uint64_t runs = entry.generation - 1;
+    const PeerCred& h = holder.first;
+    // What it resolved or acknowledged last.
+    const uint64_t runs =
+        holder.second != 0 ? holder.second : entry.generation - 1;
     auto it = watch_of.find(h.pid);
     if (it == watch_of.end()) {
       spdlog::warn(
@@ -209,8 +216,6 @@ std::vector<Repointer::Laggard> LocalRepointer::Repoint(
     } else {
       const absl::Status* acked = wait.acks[it->second.first].get();
       if (acked != nullptr && acked->ok()) continue;
-      auto prev = it->second.second->runs.find(entry.key);
-      if (prev != it->second.second->runs.end()) runs = prev->second;
       spdlog::warn("re-pointing \"{}\" ({}) to generation {}: pid {}: {}",
                    entry.key.name, PlatformName(entry.key.platform),
                    entry.generation, h.pid,

@@ -63,8 +63,6 @@ class LocalRepointer final : public Repointer {
     PeerCred peer;
     UniqueFd sock;        // kregd's duplicate; invalid until Activate
     absl::Mutex send_mu;  // one frame at a time
-    // key -> the generation the process acked last
-    std::map<TargetKey, uint64_t> runs;
   };
   // One Repoint call's notices: by watch session, the ack's status once
   // it came.
@@ -75,8 +73,10 @@ class LocalRepointer final : public Repointer {
   };
   absl::Status Send(const std::shared_ptr<Watch>& w,
                     const v1::SessionResponse& notice, int fd);
-  // The processes that hold `key` locally, by pid.
-  std::map<pid_t, PeerCred> LocalHolders(const TargetKey& key);
+  // The processes that hold `key` locally, by pid, with the generation
+  // each resolved or acknowledged last (0: unknown).
+  std::map<pid_t, std::pair<PeerCred, uint32_t>> LocalHolders(
+      const TargetKey& key);
 
   SessionBindings* const bindings_;
   LocalModuleCache* const modules_;
