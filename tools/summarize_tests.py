@@ -12,7 +12,13 @@ skipped cases' reasons (GPU suites without a GPU, cluster tests without etcd,
 again. A Catch2 case that skips says so with `WARN("skipped: REASON")` and
 returns: it counts as skipped, not passed. A Bazel test target whose log has
 no Catch2 summary (it crashed, timed out or did not build) counts as one
-failed test case.
+failed test case, and so does one whose cases all passed but whose process
+failed after them (Bazel's test.xml says so: e.g. a LeakSanitizer report at
+exit).
+
+--failed-stage NAME:CODE (tools/test.sh passes one per stage whose command
+exited non-zero) counts one failed test case each, so a stage that failed
+outside any test case (a build, a sanitizer check) cannot end in "0 failed".
 """
 import collections
 import pathlib
@@ -40,14 +46,29 @@ def catch2(testlogs: pathlib.Path, targets: list[str], skips: collections.Counte
         passed -= len(skipped)
         if m := ALL_PASSED.search(text):
             passed += int(m.group(2))
+            case_failures = 0
         elif m := SUMMARY.search(text):
             passed += int(m.group(2))
-            failed += int(m.group(3) or 0)
+            case_failures = int(m.group(3) or 0)
         else:
             print(f"summarize: {target}: no Catch2 summary in {log}; counted as 1 failure",
                   file=sys.stderr)
             failed += 1
+            continue
+        failed += case_failures
+        if not case_failures and bazel_failed(log.with_name("test.xml")):
+            print(f"summarize: {target}: its cases passed but Bazel marks the test failed"
+                  f" (a report at exit?); counted as 1 failure, see {log}", file=sys.stderr)
+            failed += 1
     return passed, failed
+
+
+def bazel_failed(xml: pathlib.Path) -> bool:
+    """Whether Bazel's test.xml of a target records a failure or an error."""
+    if not xml.exists():
+        return False
+    suites = ET.parse(xml).getroot().iter("testsuite")
+    return any(int(s.get("failures") or 0) + int(s.get("errors") or 0) for s in suites)
 
 
 def pytest(xml: pathlib.Path, skips: collections.Counter):
@@ -74,6 +95,11 @@ def main():
         i = args.index("--also-catch2")
         runs.append((args[i + 1], args[i + 2]))
         del args[i:i + 3]
+    stages = []  # "NAME:CODE" of each stage that exited non-zero
+    while "--failed-stage" in args:
+        i = args.index("--failed-stage")
+        stages.append(args[i + 1])
+        del args[i:i + 2]
     runs.insert(0, (args[0], args[1]))
     xmls = [pathlib.Path(p) for p in args[2:]]
     p = f = 0
@@ -88,6 +114,11 @@ def main():
         dp, df = pytest(xml, skips)
         print(f"summarize: {xml.name}: {dp} passed, {df} failed", file=sys.stderr)
         p, f = p + dp, f + df
+    for stage in stages:
+        name, _, code = stage.partition(":")
+        print(f"summarize: stage {name} exited {code}; counted as 1 failure (its log says why)",
+              file=sys.stderr)
+        f += 1
     for reason, n in skips.most_common():
         print(f"summarize: skipped {n}: {reason}", file=sys.stderr)
     print(f"tests skipped: {sum(skips.values())}")

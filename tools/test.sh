@@ -10,8 +10,9 @@
 # cached), and each libFuzzer
 # target for a bounded time (tools/fuzz.sh; KREG_FUZZ_SECONDS, default 10),
 # then prints `tests: N passed, N failed` (test cases, across all of them;
-# one per fuzz target) as its last line. Each stage prints its wall time as
-# `stage NAME: SECONDS s` when it ends.
+# one per fuzz target; a stage that exited non-zero counts as one more
+# failure) as its last line. Each stage prints its wall time and status as
+# `stage NAME: SECONDS s, exit CODE` when it ends.
 #
 #   tools/test.sh [--quick]
 #
@@ -25,13 +26,18 @@ quick=0
 out=$(mktemp -d)
 rc=0
 
-# stage NAME COMMAND...: runs COMMAND, records a failure in rc, prints the
-# stage's wall time.
+# stage NAME COMMAND...: runs COMMAND, prints the stage's wall time and exit
+# status; a failure sets rc and reaches the summary (--failed-stage).
+failed_stages=()
 stage() {
-  local name=$1 start=$SECONDS
+  local name=$1 start=$SECONDS code=0
   shift
-  "$@" || rc=1
-  echo "stage $name: $((SECONDS - start)) s"
+  "$@" || code=$?
+  echo "stage $name: $((SECONDS - start)) s, exit $code"
+  if [[ $code != 0 ]]; then
+    rc=1
+    failed_stages+=(--failed-stage "$name:$code")
+  fi
 }
 
 catch2() {
@@ -74,5 +80,5 @@ if [[ $quick == 0 ]]; then
 fi
 
 python3 tools/summarize_tests.py "$(bazel info bazel-testlogs 2>/dev/null)" \
-  "${summary[@]}" || rc=1
+  "${summary[@]}" "${failed_stages[@]}" || rc=1
 exit $rc

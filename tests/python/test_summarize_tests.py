@@ -60,3 +60,28 @@ def test_catch2_cases_that_warn_skipped_count_as_skips(tmp_path):
   assert lines[-2] == "tests skipped: 2", r.stdout
   assert "skipped 2: //t:gpu_test: no CUDA device: no CUDA driver" in r.stderr
   assert r.returncode == 0
+
+
+def test_a_target_bazel_failed_after_its_cases_passed_and_a_failed_stage_count(tmp_path):
+  # A LeakSanitizer report at exit: Catch2 printed "All tests passed", the
+  # process exited non-zero, Bazel's test.xml records the failure.
+  logs = tmp_path / "testlogs"
+  (logs / "t" / "leaky_test").mkdir(parents=True)
+  (logs / "t" / "leaky_test" / "test.log").write_text(
+      "All tests passed (2 assertions in 2 test cases)\n"
+      "ERROR: LeakSanitizer: detected memory leaks\n")
+  (logs / "t" / "leaky_test" / "test.xml").write_text(
+      '<testsuites><testsuite name="t/leaky_test" tests="1" failures="0" '
+      'errors="1"><testcase name="t/leaky_test" status="run"><error '
+      'message="exited with error code 1"/></testcase></testsuite></testsuites>')
+  (tmp_path / "targets").write_text("//t:leaky_test\n")
+  r = subprocess.run(
+      [sys.executable, str(REPO_ROOT / "tools" / "summarize_tests.py"),
+       str(logs), str(tmp_path / "targets"), "--failed-stage", "catch2-asan:3"],
+      capture_output=True, text=True)
+  lines = r.stdout.strip().splitlines()
+  # 2 cases passed; the target's exit and the stage count one failure each.
+  assert lines[-1] == "tests: 2 passed, 2 failed", r.stdout
+  assert "//t:leaky_test: its cases passed but Bazel marks the test failed" in r.stderr
+  assert "stage catch2-asan exited 3; counted as 1 failure" in r.stderr, r.stderr
+  assert r.returncode == 1
