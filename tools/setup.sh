@@ -21,8 +21,8 @@ PACKAGES=(bazel-bootstrap bazel-platforms bazel-skylib bazel-rules-proto
 
 missing=()
 for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
-    || missing+=("$p")
+  [[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) == "install ok installed" ]] ||
+    missing+=("$p")
 done
 if ((${#missing[@]})); then
   echo "setup: installing Debian packages: ${missing[*]}"

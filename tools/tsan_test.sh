@@ -52,11 +52,14 @@ tsan=(--config=tsan "--test_env=LD_LIBRARY_PATH=$absl/lib"
 ring_split=//tests/daemon/executor:cuda_launch_test
 rc=0
 nice bazel build "${tsan[@]}" $(cat "$targets_file") || rc=1
-# The test binaries must load the TSan abseil, not Debian's.
+# The test binaries must load the TSan abseil, not Debian's. ldd's output
+# is read whole first: `ldd | grep -q` under pipefail failed when grep's
+# early exit sent ldd SIGPIPE (1 run in 100 here; stop 44's CI).
 bin=$(bazel info --config=tsan bazel-bin 2>/dev/null)
-if ! LD_LIBRARY_PATH=$absl/lib ldd "$bin/daemon/kregd/kregd" |
-    grep -q "libabsl_synchronization.so.* => $absl/lib/"; then
-  echo "tsan_test: kregd does not load abseil from $absl/lib" >&2
+libs=$(LD_LIBRARY_PATH=$absl/lib ldd "$bin/daemon/kregd/kregd")
+if ! grep -q "libabsl_synchronization.so.* => $absl/lib/" <<<"$libs"; then
+  echo "tsan_test: kregd does not load abseil from $absl/lib:" >&2
+  echo "$libs" >&2
   rc=1
 fi
 nice bazel test "${tsan[@]}" $(grep -vxF "$ring_split" "$targets_file") || rc=1

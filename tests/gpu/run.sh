@@ -76,8 +76,8 @@ mps_env=("CUDA_MPS_PIPE_DIRECTORY=$mps_dir/pipe"
 mps_pids() {  # pids of MPS processes (control daemon, servers) on our pipe dir
   local p
   for p in $(pgrep -x nvidia-cuda-mps 2>/dev/null; pgrep -f '^[^ ]*nvidia-cuda-mps-(control|server)' 2>/dev/null); do
-    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null |
-      grep -qx "CUDA_MPS_PIPE_DIRECTORY=$mps_dir/pipe"; then
+    if grep -qzx "CUDA_MPS_PIPE_DIRECTORY=$mps_dir/pipe" \
+      "/proc/$p/environ" 2>/dev/null; then
       echo "$p"
     fi
   done | sort -u
