@@ -54,7 +54,7 @@ rc=0
 nice bazel build "${tsan[@]}" $(cat "$targets_file") || rc=1
 # The test binaries must load the TSan abseil, not Debian's. ldd's output
 # is read whole first: `ldd | grep -q` under pipefail failed when grep's
-# early exit sent ldd SIGPIPE (1 run in 100 here; stop 44's CI).
+# early exit sent ldd SIGPIPE (about 1 run in 100).
 bin=$(bazel info --config=tsan bazel-bin 2>/dev/null)
 libs=$(LD_LIBRARY_PATH=$absl/lib ldd "$bin/daemon/kregd/kregd")
 if ! grep -q "libabsl_synchronization.so.* => $absl/lib/" <<<"$libs"; then
