@@ -221,12 +221,11 @@ absl::StatusOr<AckRecord> ParseSignedAck(const RecordSigner& signer,
   }
   absl::StatusOr<SignedRecord> r = signer.Verify(etcd_key, value);
   if (!r.ok()) return r.status();
-  v1::ClusterAck a;
-  if (r->kind != kAckRecord || !RecordFromJson(r->body, &a)) {
-    return bad(absl::StrCat("it is a ", r->kind,
-                            " record that does not parse "
-                            "as one"));
+  if (r->kind != kAckRecord) {
+    return bad(absl::StrCat("it is a ", r->kind, " record"));
   }
+  v1::ClusterAck a;
+  if (!RecordFromJson(r->body, &a)) return bad("its body does not parse");
   auto text_ok = [](const std::string& t) {
     if (t.size() > kMaxAckTextBytes) return false;
     for (char c : t) {
