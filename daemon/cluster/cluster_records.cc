@@ -180,11 +180,12 @@ std::string AckKey(const std::string& prefix, const TargetKey& key,
                       key.name, "/", address);
 }
 
-std::string AckJson(uint32_t generation,
+std::string AckJson(uint32_t generation, int64_t made_at_us,
                     const std::vector<Repointer::Laggard>& laggards,
                     const std::string& error) {
   v1::ClusterAck a;
   a.set_generation(generation);
+  a.set_made_at_us(made_at_us);
   for (const Repointer::Laggard& l : laggards) {
     v1::ClusterAck::Laggard* p = a.add_laggards();
     p->set_pid(l.peer.pid);
@@ -240,6 +241,7 @@ absl::StatusOr<AckRecord> ParseSignedAck(const RecordSigner& signer,
                             " bytes or holds control characters"));
   }
   out.generation = a.generation();
+  out.made_at_us = a.made_at_us();
   out.error = a.error();
   for (const v1::ClusterAck::Laggard& l : a.laggards()) {
     if (l.pid() == 0 || l.generation() >= a.generation() || !text_ok(l.why())) {

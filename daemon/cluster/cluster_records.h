@@ -81,8 +81,8 @@ std::string ReservationJson(const NameReservation& r, bool lifted);
 std::string AckKey(const std::string& prefix, const TargetKey& key,
                    const std::string& address);
 // The body of an acknowledgement (kreg.v1.ClusterAck's JSON) of
-// `generation`.
-std::string AckJson(uint32_t generation,
+// `generation`, made at `made_at_us` (its Generation::at_us).
+std::string AckJson(uint32_t generation, int64_t made_at_us,
                     const std::vector<Repointer::Laggard>& laggards,
                     const std::string& error);
 
@@ -95,6 +95,7 @@ constexpr size_t kMaxAckTextBytes = 1024;
 struct AckRecord {
   std::string address;  // the host's, from the key
   uint32_t generation = 0;
+  int64_t made_at_us = 0;
   std::vector<Repointer::Laggard> laggards;  // their host not set
   std::string error;
 };

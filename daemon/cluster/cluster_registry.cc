@@ -31,6 +31,13 @@ bool SameBinding(const TargetEntry& a, const TargetEntry& b) {
          a.func_name == b.func_name && a.module_digest == b.module_digest;
 }
 
+// When `entry`'s generation was made: with the generation, what an
+// acknowledgement names (a retired and registered again name counts its
+// generations anew).
+int64_t MadeAt(const TargetEntry& entry) {
+  return entry.generations.empty() ? 0 : entry.generations.back().at_us;
+}
+
 // "NAME (ADDRESS)", as HostName() names a host; the name (from an unsigned
 // host record) only when it is a plain host name.
 std::string PeerName(const v1::ClusterHost& h) {
@@ -497,7 +504,8 @@ void ClusterRegistry::PublishAck(
   if (lease == 0) return;
   absl::Status st = etcd_.Put(
       key,
-      signer_.Sign(key, kAckRecord, AckJson(entry.generation, laggards, error)),
+      signer_.Sign(key, kAckRecord,
+                   AckJson(entry.generation, MadeAt(entry), laggards, error)),
       lease);
   if (!st.ok()) {
     spdlog::warn(
@@ -542,10 +550,11 @@ PeerAcks ClusterRegistry::AwaitPeerAcks(const TargetEntry& entry,
           continue;
         }
         auto it = waiting.find(a->address);
-        if (it == waiting.end() || a->generation < entry.generation) continue;
+        if (it == waiting.end() || a->generation != entry.generation ||
+            a->made_at_us != MadeAt(entry)) {
+          continue;  // not (yet) of this generation
+        }
         for (Repointer::Laggard& l : a->laggards) {
-          // A later generation's laggard may run this one.
-          if (l.generation >= entry.generation) continue;
           l.host = it->second;
           out.laggards.push_back(std::move(l));
         }

@@ -170,10 +170,11 @@ void Ack(const std::string& in) {
   }
   absl::StatusOr<AckRecord> again = ParseSignedAck(
       *signer, kPrefix, target, key,
-      signer->Sign(key, kAckRecord,
-                   AckJson(a->generation, a->laggards, a->error)));
+      signer->Sign(
+          key, kAckRecord,
+          AckJson(a->generation, a->made_at_us, a->laggards, a->error)));
   if (!again.ok() || again->generation != a->generation ||
-      again->error != a->error ||
+      again->made_at_us != a->made_at_us || again->error != a->error ||
       again->laggards.size() != a->laggards.size()) {
     fuzz::Fail("acknowledgement changed in a round trip");
   }

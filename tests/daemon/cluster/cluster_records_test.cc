@@ -162,10 +162,11 @@ TEST_CASE("Acknowledgement records round-trip and bad ones are refused",
   l.why = "its executor could not load it";
   absl::StatusOr<AckRecord> a =
       ParseSignedAck(signer, kPrefix, target, key,
-                     signer.Sign(key, kAckRecord, AckJson(3, {l}, "")));
+                     signer.Sign(key, kAckRecord, AckJson(3, 1234, {l}, "")));
   REQUIRE(a.ok());
   CHECK(a->address == "10.0.0.2:7390");
   CHECK(a->generation == 3);
+  CHECK(a->made_at_us == 1234);
   CHECK(a->error.empty());
   REQUIRE(a->laggards.size() == 1);
   CHECK(a->laggards[0].peer.pid == 4242);
