@@ -551,6 +551,21 @@ TEST_CASE(
             "runs. A stopped process (SIGSTOP) switches when it continues.");
   CHECK(etcd.acks["op"]["b"].laggards.size() == 1);
   CHECK(a.registry.replaces().timeout == 1);
+  // Processes and hosts in one message; etcd out of reach.
+  CHECK(LaggardsMessage(*a.registry.Lookup(key),
+                        {{PeerCred{1000, 1000, 4242}, false, 2, ""}},
+                        {{"b", ""}, {"", "etcd is down"}}, absl::Seconds(4)) ==
+        "target \"op\" (cpu) is now generation 3, but these processes did "
+        "not switch to it within replace_timeout (4 s): pid 4242 " +
+            UserName(1000) + " host " + HostName() +
+            " (isolated, runs generation 2). They run generation 2 until they "
+            "switch or exit; `kregctl show op` shows what each runs. A "
+            "stopped process (SIGSTOP) switches when it continues. Also: host "
+            "b did not report whether its processes switched within "
+            "replace_timeout (4 s) (its kregd may be stopped, stuck or cut "
+            "off from etcd); whether processes on the other hosts switched is "
+            "unknown: etcd is down. `kregctl show op` on a host shows what "
+            "its processes run.");
   CHECK(a.registry.Lookup(key)->generation == 3);
 }
 
