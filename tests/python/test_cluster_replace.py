@@ -9,8 +9,9 @@ does not hold is refused. A process on another host that holds the
 target (isolated or local) switches to the new generation, without a
 re-jit, when that host mirrors it, and the replacement returns only once
 that host acknowledged it (etcd acks/); one that does not switch there
-(SIGSTOPped) makes the replacement fail DEADLINE_EXCEEDED naming its pid
-and host.
+(SIGSTOPped), or a host that cannot take the generation while a process
+there holds the target, makes the replacement fail DEADLINE_EXCEEDED
+naming the pid and host.
 """
 
 from __future__ import annotations
@@ -71,7 +72,10 @@ def cl():
       hosts.append(start_host(root, name, etcd.endpoints, port, *extra))
     ns = type("Cluster", (), {})()
     ns.root, ns.etcd = root, etcd
-    ns.b_name = f"hostB (127.0.0.1:{ports[1]})"  # as other hosts name it
+    # As the other hosts name them.
+    ns.b_name, ns.c_name = (f"hostB (127.0.0.1:{ports[1]})",
+                            f"hostC (127.0.0.1:{ports[2]})")
+    ns.c_limit = limit
     ns.a, ns.b, ns.c = hosts
     yield ns
   finally:
@@ -195,14 +199,14 @@ for line in sys.stdin:
 """
 
 
-class HolderOnB:
-  """A process on host B that holds `name` (bound in `mode`) in a jitted
+class Holder:
+  """A process on `host` that holds `name` (bound in `mode`) in a jitted
   function; call() runs it once."""
 
-  def __init__(self, cl, name: str, mode: str):
-    self.cl, self.name = cl, name
+  def __init__(self, host: Daemon, name: str, mode: str):
+    self.host, self.name = host, name
     self.p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLD),
-                               name, mode], env=cl.b.env(),
+                               name, mode], env=host.env(),
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     self.pid = self.p.pid
@@ -211,12 +215,12 @@ class HolderOnB:
     self.p.stdin.write("call\n")
     self.p.stdin.flush()
     line = self.p.stdout.readline()
-    assert line, self.p.stderr.read() + self.cl.b.log()
+    assert line, self.p.stderr.read() + self.host.log()
     return json.loads(line)
 
   def runs(self):
-    """The generation B's kregctl show says it runs."""
-    for b in show(self.cl.b, self.name).get("bound_by", []):
+    """The generation its host's kregctl show says it runs."""
+    for b in show(self.host, self.name).get("bound_by", []):
       if b["pid"] == self.pid:
         return b["generation"]
     return None
@@ -231,7 +235,7 @@ def test_a_replacement_returns_once_a_holder_on_another_host_switched(cl,
                                                                      mode):
   name = f"rep.held-{mode}"
   first_everywhere(cl, name)
-  h = HolderOnB(cl, name, mode)
+  h = Holder(cl.b, name, mode)
   try:
     assert h.call() == {"y": [0, 2, 4, 6], "traces": 1}
     v2 = build(cl.root, "libdemo_v2.so", name)  # Scale by factor + 1
@@ -256,7 +260,7 @@ def test_a_stopped_holder_on_another_host_fails_the_replacement_naming_it(
     cl, mode):
   name = f"rep.stopped-{mode}"
   first_everywhere(cl, name)
-  h = HolderOnB(cl, name, mode)
+  h = Holder(cl.b, name, mode)
   try:
     assert h.call() == {"y": [0, 2, 4, 6], "traces": 1}
     # Isolated: its executor acknowledges for it; local: the process does.
@@ -285,6 +289,34 @@ def test_a_stopped_holder_on_another_host_fails_the_replacement_naming_it(
     # Continued, it switches (B sent the re-point before it stopped).
     wait_for(lambda: h.runs() == 2, 60, f"B's {mode} holder to switch")
     assert h.call() == {"y": [0, 3, 6, 9], "traces": 1}
+  finally:
+    h.end()
+
+
+def test_a_host_that_cannot_take_the_generation_names_its_holders(cl):
+  name = "rep.big"
+  first_everywhere(cl, name)
+  h = Holder(cl.c, name, "isolated")
+  try:
+    assert h.call() == {"y": [0, 2, 4, 6], "traces": 1}
+    # Too large for host C to fetch: its holder keeps generation 1. (kregctl
+    # names a digest of the module it uploaded by the file's name.)
+    big = build(cl.root, "libdemo_v2.so", name, PAD)
+    late = register(cl.a, name, big, "Scale", "--replace")
+    assert late.returncode == 1, late.stderr  # DEADLINE_EXCEEDED
+    assert late.stderr.strip() == (
+        f'target "{name}" (cpu) is now generation 2, but host {cl.c_name} '
+        "could not switch its processes: it could not take generation 2 (its "
+        f'module could not be fetched: module "{big.name}" ({digest_of(big)}) '
+        "is bound in "
+        f"etcd with a size of {big.stat().st_size} bytes, more than this "
+        f"kregd's max_module_bytes ({cl.c_limit}); not fetched. Raise "
+        "max_module_bytes on this host if the module is legitimate), so its "
+        f"processes pid {h.pid} keep generation 1. `kregctl show {name}` on a "
+        "host shows what its processes run.")
+    assert show(cl.c, name)["generation"] == 1
+    assert generation_on(cl.b, name, 2)["module_digest"] == digest_of(big)
+    assert h.call() == {"y": [0, 2, 4, 6], "traces": 1}
   finally:
     h.end()
 
