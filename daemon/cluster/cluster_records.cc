@@ -174,6 +174,95 @@ absl::StatusOr<ReservationEvent> ParseSignedReservation(
   return out;
 }
 
+std::string AckKey(const std::string& prefix, const TargetKey& key,
+                   const std::string& address) {
+  return absl::StrCat(prefix, "acks/", PlatformName(key.platform), "/",
+                      key.name, "/", address);
+}
+
+std::string AckJson(uint32_t generation, int64_t made_at_us,
+                    const std::vector<Repointer::Laggard>& laggards,
+                    const std::string& error) {
+  v1::ClusterAck a;
+  a.set_generation(generation);
+  a.set_made_at_us(made_at_us);
+  for (const Repointer::Laggard& l : laggards) {
+    v1::ClusterAck::Laggard* p = a.add_laggards();
+    p->set_pid(l.peer.pid);
+    p->set_uid(l.peer.uid);
+    p->set_local(l.local);
+    p->set_generation(static_cast<uint32_t>(l.generation));
+    p->set_why(l.why.substr(0, kMaxAckTextBytes));
+  }
+  a.set_error(error.substr(0, kMaxAckTextBytes));
+  return RecordJson(a);
+}
+
+absl::StatusOr<AckRecord> ParseSignedAck(const RecordSigner& signer,
+                                         const std::string& prefix,
+                                         const TargetKey& key,
+                                         const std::string& etcd_key,
+                                         const std::string& value) {
+  auto bad = [&](const std::string& why) {
+    return absl::DataLossError(
+        absl::StrCat("etcd key ", Quoted(etcd_key),
+                     " holds no valid acknowledgement: ", why));
+  };
+  if (value.size() > kMaxAckRecordBytes) {
+    return bad(absl::StrCat("its ", value.size(), " bytes are more than ",
+                            kMaxAckRecordBytes));
+  }
+  const std::string under = AckKey(prefix, key, "");
+  AckRecord out;
+  if (absl::StartsWith(etcd_key, under)) {
+    out.address = etcd_key.substr(under.size());
+  }
+  if (!PeerAddressOk(out.address)) {
+    return bad(absl::StrCat("the key is not ", Quoted(under + "HOST:PORT")));
+  }
+  absl::StatusOr<SignedRecord> r = signer.Verify(etcd_key, value);
+  if (!r.ok()) return r.status();
+  if (r->kind != kAckRecord) {
+    return bad(absl::StrCat("it is a ", r->kind, " record"));
+  }
+  v1::ClusterAck a;
+  if (!RecordFromJson(r->body, &a)) return bad("its body does not parse");
+  auto text_ok = [](const std::string& t) {
+    if (t.size() > kMaxAckTextBytes) return false;
+    for (char c : t) {
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return false;
+    }
+    return true;
+  };
+  if (a.generation() == 0) return bad("its generation is 0");
+  if (!text_ok(a.error())) {
+    return bad(absl::StrCat("its error ", Quoted(a.error()), " is longer than ",
+                            kMaxAckTextBytes,
+                            " bytes or holds control characters"));
+  }
+  out.generation = a.generation();
+  out.made_at_us = a.made_at_us();
+  out.error = a.error();
+  for (const v1::ClusterAck::Laggard& l : a.laggards()) {
+    if (l.pid() == 0 || l.generation() >= a.generation() || !text_ok(l.why())) {
+      return bad(absl::StrCat(
+          "its laggard pid ", l.pid(), " (generation ", l.generation(),
+          ", reason ", Quoted(l.why()),
+          ") is not a process that runs an earlier generation than ",
+          a.generation(), " with a reason of at most ", kMaxAckTextBytes,
+          " printable bytes"));
+    }
+    Repointer::Laggard g;
+    g.peer.uid = l.uid();
+    g.peer.pid = static_cast<pid_t>(l.pid());
+    g.local = l.local();
+    g.generation = l.generation();
+    g.why = l.why();
+    out.laggards.push_back(std::move(g));
+  }
+  return out;
+}
+
 bool PeerAddressOk(const std::string& address) {
   absl::StatusOr<HostPort> hp = ParseHostPort(address);
   if (!hp.ok()) return false;

@@ -1,14 +1,16 @@
-// What cluster mode reads from etcd (DESIGN §10): binding records and host
-// records, written by other hosts and so hostile input, decoded and
-// validated here once. Pure functions; thread-safe.
+// What cluster mode reads from etcd (DESIGN §10): binding, host, reservation
+// and acknowledgement records, written by other hosts and so hostile input,
+// decoded and validated here once. Pure functions; thread-safe.
 #ifndef KREGD_DAEMON_CLUSTER_CLUSTER_RECORDS_H_
 #define KREGD_DAEMON_CLUSTER_CLUSTER_RECORDS_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "daemon/base/types.h"
 #include "daemon/cluster/record_signer.h"
+#include "daemon/registry/repointer.h"
 #include "google/protobuf/message.h"
 #include "kreg/v1/cluster.pb.h"
 
@@ -72,6 +74,45 @@ absl::StatusOr<ReservationEvent> ParseSignedReservation(
     const std::string& key, const std::string& value);
 // The body of the record of `r` (`lifted`: its lifting).
 std::string ReservationJson(const NameReservation& r, bool lifted);
+
+// The etcd key of `address`'s acknowledgement of a replacement of `key`
+// (docs/replace.md §9): "<prefix>acks/<platform>/<name>/<address>";
+// AckKey(prefix, key, "") is the prefix of every host's.
+std::string AckKey(const std::string& prefix, const TargetKey& key,
+                   const std::string& address);
+// The body of an acknowledgement (kreg.v1.ClusterAck's JSON) of
+// `generation`, made at `made_at_us` (its Generation::at_us).
+std::string AckJson(uint32_t generation, int64_t made_at_us,
+                    const std::vector<Repointer::Laggard>& laggards,
+                    const std::string& error);
+
+// The largest acknowledgement record kregd reads (signature included), and
+// the longest error or laggard's reason in it.
+constexpr size_t kMaxAckRecordBytes = 64u << 10;
+constexpr size_t kMaxAckTextBytes = 1024;
+
+// A host's acknowledgement, as ParseSignedAck read it.
+struct AckRecord {
+  std::string address;  // the host's, from the key
+  uint32_t generation = 0;
+  int64_t made_at_us = 0;
+  std::vector<Repointer::Laggard> laggards;  // their host not set
+  std::string error;
+};
+
+// The signed acknowledgement stored under etcd key `etcd_key` for `key`:
+// DATA_LOSS naming the key when the value is longer than
+// kMaxAckRecordBytes, the key is not AckKey(prefix, key, ADDRESS) with an
+// ADDRESS that passes PeerAddressOk, the signed body is not an
+// acknowledgement, its generation is 0, a laggard has pid 0 or does not
+// run an earlier generation, or a text is longer than kMaxAckTextBytes or
+// holds control characters; `signer.Verify`'s UNAUTHENTICATED when it is
+// not signed with the cluster key.
+absl::StatusOr<AckRecord> ParseSignedAck(const RecordSigner& signer,
+                                         const std::string& prefix,
+                                         const TargetKey& key,
+                                         const std::string& etcd_key,
+                                         const std::string& value);
 
 // Whether `digest` is "sha256:" followed by 64 lowercase hex.
 bool WellFormedDigest(const std::string& digest);

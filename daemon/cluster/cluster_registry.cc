@@ -31,6 +31,25 @@ bool SameBinding(const TargetEntry& a, const TargetEntry& b) {
          a.func_name == b.func_name && a.module_digest == b.module_digest;
 }
 
+// When `entry`'s generation was made: with the generation, what an
+// acknowledgement names (a retired and registered again name counts its
+// generations anew).
+int64_t MadeAt(const TargetEntry& entry) {
+  return entry.generations.empty() ? 0 : entry.generations.back().at_us;
+}
+
+// "NAME (ADDRESS)", as HostName() names a host; the name (from an unsigned
+// host record) only when it is a plain host name.
+std::string PeerName(const v1::ClusterHost& h) {
+  const std::string& name = h.host_name();
+  const bool plain =
+      !name.empty() && name.size() <= 64 &&
+      name.find_first_not_of(
+          "abcdefghijklmnopqrstuvwxyz"
+          "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_") == std::string::npos;
+  return absl::StrCat(plain ? name : "?", " (", h.address(), ")");
+}
+
 }  // namespace
 
 ClusterRegistry::ClusterRegistry(ClusterOptions options,
@@ -379,6 +398,8 @@ void ClusterRegistry::Apply(const TargetEntry& binding, bool may_fetch) {
           "until it can",
           Named(binding.key), binding.host, binding.module_digest,
           std::string(got.status().message()));
+      r->MirrorFailed(binding, absl::StrCat("its module could not be fetched: ",
+                                            got.status().message()));
       return;
     }
     bytes = *std::move(got);
@@ -387,6 +408,7 @@ void ClusterRegistry::Apply(const TargetEntry& binding, bool may_fetch) {
   if (!st.ok()) {
     spdlog::error("cluster: cannot bind {} as on host {}: {}",
                   Named(binding.key), binding.host, std::string(st.message()));
+    if (may_fetch) r->MirrorFailed(binding, std::string(st.message()));
   } else if (may_fetch) {
     FetchGenerations(binding);
   }
@@ -469,6 +491,90 @@ absl::Status ClusterRegistry::PublishReservation(const NameReservation& r,
   // A lifting is a signed record too: other hosts lift only on one.
   return etcd_.Put(
       key, signer_.Sign(key, kReserveRecord, ReservationJson(r, lifted)), 0);
+}
+
+void ClusterRegistry::PublishAck(
+    const TargetEntry& entry, const std::vector<Repointer::Laggard>& laggards,
+    const std::string& error) {
+  // Under this host's lease: gone with the host. One key per (target,
+  // host): the next generation's acknowledgement overwrites it.
+  const std::string key = AckKey(prefix_, entry.key, options_.advertise);
+  const int64_t lease = lease_.load();
+  // Without a lease this host is not among the peers/ anyone waits for.
+  if (lease == 0) return;
+  absl::Status st = etcd_.Put(
+      key,
+      signer_.Sign(key, kAckRecord,
+                   AckJson(entry.generation, MadeAt(entry), laggards, error)),
+      lease);
+  if (!st.ok()) {
+    spdlog::warn(
+        "cluster: cannot acknowledge generation {} of {} in etcd ({}); the "
+        "host that replaced it names this host as one that did not report",
+        entry.generation, Named(entry.key), std::string(st.message()));
+  }
+}
+
+PeerAcks ClusterRegistry::AwaitPeerAcks(const TargetEntry& entry,
+                                        absl::Time deadline) {
+  // The other live hosts when the wait starts (a host that joins later
+  // reconciles to this generation: nothing of it to switch); one that
+  // leaves meanwhile is no longer waited for.
+  std::map<std::string, std::string> waiting;  // address -> "NAME (ADDRESS)"
+  bool listed = false;
+  absl::Status last;
+  PeerAcks out;
+  for (int64_t wait_ms = 20;; wait_ms = std::min<int64_t>(wait_ms * 2, 200)) {
+    absl::StatusOr<EtcdRange> peers = etcd_.Range(prefix_ + "peers/", true);
+    absl::StatusOr<EtcdRange> acks =
+        peers.ok() ? etcd_.Range(AckKey(prefix_, entry.key, ""), true)
+                   : peers.status();
+    last = acks.status();
+    if (acks.ok()) {
+      std::set<std::string> live;
+      for (const EtcdKv& kv : peers->kvs) {
+        absl::StatusOr<v1::ClusterHost> h = ParseHostRecord(kv.value);
+        if (!h.ok() || h->address() == options_.advertise) continue;
+        live.insert(h->address());
+        if (!listed) waiting[h->address()] = PeerName(*h);
+      }
+      listed = true;
+      for (auto it = waiting.begin(); it != waiting.end();) {
+        it = live.count(it->first) ? std::next(it) : waiting.erase(it);
+      }
+      for (const EtcdKv& kv : acks->kvs) {
+        absl::StatusOr<AckRecord> a =
+            ParseSignedAck(signer_, prefix_, entry.key, kv.key, kv.value);
+        if (!a.ok()) {
+          Ignored(a.status());
+          continue;
+        }
+        auto it = waiting.find(a->address);
+        if (it == waiting.end() || a->generation != entry.generation ||
+            a->made_at_us != MadeAt(entry)) {
+          continue;  // not (yet) of this generation
+        }
+        for (Repointer::Laggard& l : a->laggards) {
+          l.host = it->second;
+          out.laggards.push_back(std::move(l));
+        }
+        if (!a->error.empty()) out.hosts.push_back({it->second, a->error});
+        waiting.erase(it);
+      }
+    }
+    if ((listed && waiting.empty()) || absl::Now() >= deadline ||
+        !Sleep(std::min<int64_t>(
+            wait_ms, absl::ToInt64Milliseconds(deadline - absl::Now()) + 1))) {
+      break;
+    }
+  }
+  if (!listed) {
+    out.hosts.push_back(
+        {"", absl::StrCat("the cluster registry (etcd) could not be read (",
+                          last.message(), ")")});
+  }
+  for (const auto& [address, name] : waiting) out.hosts.push_back({name, ""});
+  return out;
 }
 
 void ClusterRegistry::ApplyReservation(const EtcdKv& kv) {
@@ -586,6 +692,7 @@ void ClusterRegistry::LeaseLoop() {
       st = granted.status();
       if (granted.ok()) {
         lease = *granted;
+        lease_.store(lease);
         published.clear();
       }
     }
@@ -598,7 +705,7 @@ void ClusterRegistry::LeaseLoop() {
       if (st.ok()) {
         absl::StatusOr<int64_t> ttl = etcd_.KeepAlive(lease);
         st = ttl.status();
-        if (st.code() == absl::StatusCode::kNotFound) lease = 0;
+        if (st.code() == absl::StatusCode::kNotFound) lease_.store(lease = 0);
       }
     }
     if (!st.ok() && !warned) {
@@ -616,6 +723,7 @@ void ClusterRegistry::LeaseLoop() {
     republish_ = false;
     if (stopping_) break;
   }
+  lease_.store(0);
   if (lease != 0) (void)etcd_.Revoke(lease);  // peers stop asking at once
 }
 

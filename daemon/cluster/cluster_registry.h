@@ -68,6 +68,11 @@ class ClusterRegistry : public BindingAuthority {
                                           uint64_t size) override;
   absl::Status PublishReservation(const NameReservation& r,
                                   bool lifted) override;
+  void PublishAck(const TargetEntry& entry,
+                  const std::vector<Repointer::Laggard>& laggards,
+                  const std::string& error) override;
+  PeerAcks AwaitPeerAcks(const TargetEntry& entry,
+                         absl::Time deadline) override;
 
   // What etcd holds (kregctl list --cluster, kregctl hosts). UNAVAILABLE
   // when it cannot be reached.
@@ -136,6 +141,9 @@ class ClusterRegistry : public BindingAuthority {
   EtcdClient etcd_;
   std::shared_ptr<grpc::ChannelCredentials> peer_creds_;
   std::atomic<Registry*> registry_{nullptr};
+  // The lease of this host's record (LeaseLoop), which its
+  // acknowledgements share: 0 while it has none.
+  std::atomic<int64_t> lease_{0};
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool republish_ ABSL_GUARDED_BY(mu_) = false;

@@ -58,7 +58,8 @@ absl::StatusOr<SignedRecord> RecordSigner::Verify(
   const std::string mac = value.substr(space + 1, nl - space - 1);
   r.body = value.substr(nl + 1);
   if (r.kind != kBindRecord && r.kind != kRetireRecord &&
-      r.kind != kCompiledRecord && r.kind != kReserveRecord) {
+      r.kind != kCompiledRecord && r.kind != kReserveRecord &&
+      r.kind != kAckRecord) {
     return absl::UnauthenticatedError(absl::StrCat(
         "etcd key ", KeyText(etcd_key), " holds a record of unknown kind \"",
         absl::CHexEscape(r.kind.substr(0, 40)), "\""));

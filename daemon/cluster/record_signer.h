@@ -18,6 +18,7 @@ inline constexpr char kBindRecord[] = "bind";
 inline constexpr char kRetireRecord[] = "retire";
 inline constexpr char kCompiledRecord[] = "compiled";
 inline constexpr char kReserveRecord[] = "reserve";
+inline constexpr char kAckRecord[] = "ack";
 
 struct SignedRecord {
   std::string kind;  // one of the k*Record above

@@ -5,9 +5,12 @@
 #define KREGD_DAEMON_REGISTRY_BINDING_AUTHORITY_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "daemon/base/types.h"
+#include "daemon/registry/repointer.h"
 
 namespace kreg {
 
@@ -17,6 +20,19 @@ namespace kreg {
 struct ClaimResult {
   bool created = false;
   TargetEntry existing;  // when !created
+};
+
+// What the other hosts reported about a replacement (docs/replace.md §9).
+struct PeerAcks {
+  // Their processes that did not switch, each with its host.
+  std::vector<Repointer::Laggard> laggards;
+  // A host that did not report in time (`why` empty), or reported that it
+  // could not take the generation (`why`: its error).
+  struct Host {
+    std::string host;  // "NAME (ADDRESS)"; empty: the hosts were not known
+    std::string why;
+  };
+  std::vector<Host> hosts;
 };
 
 // Implemented by ClusterRegistry. Thread-safe; must not call back into the
@@ -55,6 +71,21 @@ class BindingAuthority {
   // refuses, never reserving locally only.
   virtual absl::Status PublishReservation(const NameReservation& r,
                                           bool lifted) = 0;
+
+  // Records, for the hosts that wait in AwaitPeerAcks, that this host
+  // re-pointed its holders of `entry.key` to `entry.generation` and which
+  // of them did not switch, or (`error` set) that it could not take that
+  // generation. Best effort: a failure is logged.
+  virtual void PublishAck(const TargetEntry& entry,
+                          const std::vector<Repointer::Laggard>& laggards,
+                          const std::string& error) = 0;
+
+  // Waits until every other live host acknowledged `entry.generation` of
+  // `entry.key` (PublishAck) or `deadline` passed: the processes they
+  // reported that run an earlier generation, and the hosts that did not
+  // report or could not take it. Empty when all switched.
+  virtual PeerAcks AwaitPeerAcks(const TargetEntry& entry,
+                                 absl::Time deadline) = 0;
 
   // The bytes of module `digest` (`size` bytes) from a peer that holds it,
   // their digest verified: NOT_FOUND when no peer has it, DATA_LOSS when

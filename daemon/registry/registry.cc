@@ -210,6 +210,7 @@ absl::StatusOr<RegisterOutcome> Registry::Register(const RegisterArgs& args) {
                                  ? Sha256Digest(args.module_bytes)
                                  : std::string();
   absl::StatusOr<RegisterOutcome> out = Decide(args, digest);
+  if (out.ok() && out->replaced) out = AwaitSwitched(*std::move(out));
   LogDecision(args, digest, out);
   return out;
 }

@@ -36,6 +36,12 @@ struct RegisterArgs {
 struct RegisterOutcome {
   bool created = false;  // false: identical registration existed (no-op)
   EntryPtr entry;
+  // Inside the registry only: a replacement whose holders on this host
+  // were re-pointed (`laggards`: those that did not switch), and the
+  // deadline of that re-point (docs/replace.md §5, §9).
+  bool replaced = false;
+  std::vector<Repointer::Laggard> laggards;
+  absl::Time deadline;
 };
 
 // Who holds a binding and since when, for refusals: "uid 1000 (alice)
@@ -45,10 +51,18 @@ struct RegisterOutcome {
 std::string Holder(const TargetEntry& e);
 
 // DEADLINE_EXCEEDED's text for a replacement of `entry` whose `laggards`
-// did not switch within `timeout` (docs/replace.md section 5).
+// did not switch within `timeout` (docs/replace.md section 5), and (cluster
+// mode, §9) whose other `hosts` did not report or could not take it.
 std::string LaggardsMessage(const TargetEntry& entry,
                             const std::vector<Repointer::Laggard>& laggards,
+                            const std::vector<PeerAcks::Host>& hosts,
                             absl::Duration timeout);
+
+// How much longer than replace_timeout a replacement in cluster mode waits
+// for the other hosts' acknowledgements (docs/replace.md §9): they start
+// their re-point when their watch sees the generation, a moment after
+// this host's.
+constexpr absl::Duration kPeerAckGrace = absl::Seconds(3);
 
 // A module written for a pending registration. Nothing is in the store
 // until the registration is accepted and the module committed.
@@ -163,9 +177,11 @@ class Registry {
   // naming the owner unless `args.peer` is the owner or root,
   // FAILED_PRECONDITION for an in-process target, for a handler whose FFI
   // API major or traits differ from the current generation's;
-  // UNIMPLEMENTED in cluster mode. Once committed, the repointer (if set)
-  // moves the live holders; DEADLINE_EXCEEDED naming those that did not
-  // switch within replace_timeout (the generation stays committed).
+  // the authority's errors in cluster mode. Once committed, the repointer
+  // (if set) moves the live holders, and in cluster mode every other host
+  // its own (BindingAuthority::AwaitPeerAcks, outside the key's hold);
+  // DEADLINE_EXCEEDED naming those that did not switch within
+  // replace_timeout (the generation stays committed).
   absl::StatusOr<RegisterOutcome> Register(const RegisterArgs& args);
 
   // Removes (target_name, platform), or every platform under the name when
@@ -238,6 +254,10 @@ class Registry {
   // removed by the authority (retired elsewhere, or gone at reconcile):
   // retires the local entry if it is still that content. Journaled.
   absl::Status Unmirror(const TargetEntry& retired, const std::string& why);
+  // Cluster mode: this host could not take `binding` (generation 2 or
+  // later: a replacement) for `why`; acknowledges it with that error, and
+  // the pids that keep holding the generation this host has.
+  void MirrorFailed(const TargetEntry& binding, const std::string& why);
 
   // Re-inserts a journaled entry at start-up (loads its module again).
   // If the module cannot be loaded (e.g. DATA_LOSS: corrupt store file) the
@@ -346,6 +366,14 @@ class Registry {
                                           const std::string& digest,
                                           const std::string& cid,
                                           const EntryPtr& existing);
+  // The end of a replacement, once the key's hold is released: in cluster
+  // mode the other hosts' acknowledgements; DEADLINE_EXCEEDED naming the
+  // processes (and hosts) that did not switch (registry_replace.cc).
+  absl::StatusOr<RegisterOutcome> AwaitSwitched(RegisterOutcome out);
+  // Cluster mode: acknowledges (BindingAuthority::PublishAck) a mirrored
+  // generation 2 or later of `binding`, with this host's `laggards`.
+  void Acknowledge(const TargetEntry& binding,
+                   const std::vector<Repointer::Laggard>& laggards);
   // Register without the decision log.
   absl::StatusOr<RegisterOutcome> Decide(const RegisterArgs& args,
                                          const std::string& digest);

@@ -271,22 +271,52 @@ absl::Status Registry::Mirror(const TargetEntry& binding,
         Named(binding.key), binding.host, local->generation, local->content_id,
         binding.generation, binding.content_id, binding.module_digest);
     // This host's holders switch as on the replacing host (docs/replace.md
-    // §9), while the key stays reserved; the replacing host does not wait
-    // for them.
+    // §9), while the key stays reserved; the replacing host waits for the
+    // acknowledgement.
+    std::vector<Repointer::Laggard> laggards;
     if (Repointer* repointer = repointer_.load()) {
-      std::vector<Repointer::Laggard> laggards =
+      laggards =
           repointer->Repoint(**entry, absl::Now() + limits_.replace_timeout);
       if (!laggards.empty()) {
-        spdlog::warn("cluster: {}", LaggardsMessage(**entry, laggards,
+        spdlog::warn("cluster: {}", LaggardsMessage(**entry, laggards, {},
                                                     limits_.replace_timeout));
       }
     }
+    Acknowledge(**entry, laggards);
     return absl::OkStatus();
   }
+  Acknowledge(**entry, {});  // a generation 2 or later new here: no holder
   spdlog::info("cluster: {} bound as on host {} (content {}, module {})",
                Named(binding.key), binding.host, binding.content_id,
                binding.module_digest.empty() ? "none" : binding.module_digest);
   return absl::OkStatus();
+}
+
+void Registry::Acknowledge(const TargetEntry& binding,
+                           const std::vector<Repointer::Laggard>& laggards) {
+  BindingAuthority* authority = authority_.load();
+  if (authority != nullptr && binding.generation >= 2) {
+    authority->PublishAck(binding, laggards, "");
+  }
+}
+
+void Registry::MirrorFailed(const TargetEntry& binding,
+                            const std::string& why) {
+  BindingAuthority* authority = authority_.load();
+  if (authority == nullptr || binding.generation < 2) return;
+  std::vector<PeerCred> holders;
+  if (BindingOracle* oracle = oracle_.load())
+    holders = oracle->Holders(binding.key);
+  if (holders.empty()) {
+    authority->PublishAck(binding, {}, "");  // nothing here runs it
+    return;
+  }
+  EntryPtr local = Lookup(binding.key);
+  authority->PublishAck(
+      binding, {},
+      absl::StrCat("it could not take generation ", binding.generation, " (",
+                   why, "), so its processes pid ", Pids(holders),
+                   " keep generation ", local ? local->generation : 0));
 }
 
 absl::Status Registry::StoreModule(const std::string& digest,

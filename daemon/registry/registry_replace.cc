@@ -98,47 +98,90 @@ absl::StatusOr<RegisterOutcome> Registry::Replace(const RegisterArgs& args,
       existing->module_digest, next.generation, cid, digest, args.peer.uid,
       args.peer.pid);
   // Committed; the name stays reserved (the caller's Hold) until the live
-  // holders switched or replace_timeout passed.
-  std::vector<Repointer::Laggard> laggards;
+  // holders here switched or replace_timeout passed. The other hosts'
+  // acknowledgements are awaited after the hold (AwaitSwitched).
+  RegisterOutcome out{true, *installed, /*replaced=*/true};
+  out.deadline = absl::Now() + limits_.replace_timeout;
   if (Repointer* repointer = repointer_.load()) {
-    laggards =
-        repointer->Repoint(**installed, absl::Now() + limits_.replace_timeout);
+    out.laggards = repointer->Repoint(**installed, out.deadline);
   }
-  if (laggards.empty()) {
+  return out;
+}
+
+absl::StatusOr<RegisterOutcome> Registry::AwaitSwitched(RegisterOutcome out) {
+  PeerAcks peers;
+  if (BindingAuthority* authority = authority_.load()) {
+    peers = authority->AwaitPeerAcks(*out.entry, out.deadline + kPeerAckGrace);
+  }
+  out.laggards.insert(out.laggards.end(), peers.laggards.begin(),
+                      peers.laggards.end());
+  if (out.laggards.empty() && peers.hosts.empty()) {
     replaces_done_.fetch_add(1);
-    return RegisterOutcome{true, *installed};
+    return out;
   }
   replaces_timeout_.fetch_add(1);
-  return absl::DeadlineExceededError(
-      LaggardsMessage(**installed, laggards, limits_.replace_timeout));
+  return absl::DeadlineExceededError(LaggardsMessage(
+      *out.entry, out.laggards, peers.hosts, limits_.replace_timeout));
 }
 
 std::string LaggardsMessage(const TargetEntry& entry,
                             const std::vector<Repointer::Laggard>& laggards,
+                            const std::vector<PeerAcks::Host>& hosts,
                             absl::Duration timeout) {
-  // The holders are this kregd's clients: on this host.
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
+  // A holder without a host is this kregd's client: on this host.
+  char here[256] = {};
+  ::gethostname(here, sizeof(here) - 1);
   std::set<uint32_t> behind;
   for (const Repointer::Laggard& l : laggards) behind.insert(l.generation);
-  return absl::StrCat(
-      Named(entry.key), " is now generation ", entry.generation,
-      ", but these processes did not switch to it within replace_timeout (",
-      absl::ToDoubleSeconds(timeout), " s): ",
-      absl::StrJoin(laggards, "; ",
-                    [&](std::string* out, const Repointer::Laggard& l) {
-                      absl::StrAppend(out, "pid ", l.peer.pid, " ",
-                                      UserName(l.peer.uid), " host ", host,
-                                      " (", l.local ? "local" : "isolated",
-                                      ", runs generation ", l.generation,
-                                      l.why.empty() ? "" : ": ", l.why, ")");
-                    }),
-      ". They run generation",
-      behind.size() == 1 ? absl::StrCat(" ", *behind.begin())
-                         : absl::StrCat("s ", absl::StrJoin(behind, ", ")),
-      " until they switch or exit; `kregctl show ", entry.key.name,
-      "` shows what each runs. A stopped process (SIGSTOP) switches when it "
-      "continues.");
+  const std::string within = absl::StrCat(
+      "within replace_timeout (", absl::ToDoubleSeconds(timeout), " s)");
+  std::string out = absl::StrCat(Named(entry.key), " is now generation ",
+                                 entry.generation, ", but ");
+  if (!laggards.empty()) {
+    absl::StrAppend(
+        &out, "these processes did not switch to it ", within, ": ",
+        absl::StrJoin(laggards, "; ",
+                      [&](std::string* s, const Repointer::Laggard& l) {
+                        absl::StrAppend(s, "pid ", l.peer.pid, " ",
+                                        UserName(l.peer.uid), " host ",
+                                        l.host.empty() ? here : l.host, " (",
+                                        l.local ? "local" : "isolated",
+                                        ", runs generation ", l.generation,
+                                        l.why.empty() ? "" : ": ", l.why, ")");
+                      }),
+        ". They run generation",
+        behind.size() == 1 ? absl::StrCat(" ", *behind.begin())
+                           : absl::StrCat("s ", absl::StrJoin(behind, ", ")),
+        " until they switch or exit; `kregctl show ", entry.key.name,
+        "` shows what each runs. A stopped process (SIGSTOP) switches when it "
+        "continues.");
+  }
+  if (hosts.empty()) return out;
+  absl::StrAppend(
+      &out, laggards.empty() ? "" : " Also: ",
+      absl::StrJoin(
+          hosts, "; ",
+          [&](std::string* s, const PeerAcks::Host& h) {
+            if (h.host.empty()) {
+              absl::StrAppend(s,
+                              "whether processes on the other hosts "
+                              "switched is unknown: ",
+                              h.why);
+            } else if (h.why.empty()) {
+              absl::StrAppend(s, "host ", h.host,
+                              " did not report whether its processes "
+                              "switched ",
+                              within,
+                              " (its kregd may be stopped, stuck or cut off "
+                              "from etcd)");
+            } else {
+              absl::StrAppend(s, "host ", h.host,
+                              " could not switch its processes: ", h.why);
+            }
+          }),
+      ". `kregctl show ", entry.key.name,
+      "` on a host shows what its processes run.");
+  return out;
 }
 
 }  // namespace kreg

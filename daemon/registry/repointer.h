@@ -33,6 +33,9 @@ class Repointer {
     // Why it did not switch when it answered (e.g. its executor could not
     // load the module); empty: no answer in time.
     std::string why;
+    // Its host in cluster mode, as the other hosts name it ("NAME
+    // (ADDRESS)"); empty: this host.
+    std::string host;
   };
   // Tells every live holder of `entry.key` to switch to `entry.generation`
   // (its module is in the store under `entry.module_digest`) and waits

@@ -2,7 +2,7 @@
 // read from etcd (binding, host and reservation records: cluster_records.h)
 // and the module chunks a peer streams (ModuleAssembler, module_exchange.h).
 //
-// Input: byte 0 % 4 picks the decoder, the rest is its input.
+// Input: byte 0 % 5 picks the decoder, the rest is its input.
 // 0: binding record. "KEY\0VALUE" (no NUL: the value under the key of
 //    "fuzz.t" on cpu) into ParseBindingRecord. Accepted: the name is valid,
 //    the key is the binding's own, and the binding re-encoded (RecordJson)
@@ -20,6 +20,11 @@
 //    the MAC, is what varies) into ParseSignedReservation. Accepted: the
 //    pattern is one `kregctl reserve` takes, the key is its own, and the
 //    record re-encoded (ReservationJson) parses back to the same fields.
+// 4: acknowledgement record. "KEY\0BODY" (no NUL: under the key of host
+//    10.0.0.2:7000 for "fuzz.t" on cpu), the body signed as for 3, into
+//    ParseSignedAck. Accepted: the key is the host's of "fuzz.t", the texts
+//    are bounded and printable, every laggard runs an earlier generation,
+//    and the record re-encoded (AckJson) parses back to the same fields.
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -131,6 +136,50 @@ void Reservation(const std::string& in) {
   }
 }
 
+void Ack(const std::string& in) {
+  static const RecordSigner* const signer =
+      new RecordSigner(std::string(32, 'k'));
+  const TargetKey target{"fuzz.t", Platform::kCpu};
+  std::string key, body;
+  const size_t nul = in.find('\0');
+  if (nul == std::string::npos) {
+    key = AckKey(kPrefix, target, "10.0.0.2:7000");
+    body = in;
+  } else {
+    key = in.substr(0, nul);
+    body = in.substr(nul + 1);
+  }
+  absl::StatusOr<AckRecord> a = ParseSignedAck(
+      *signer, kPrefix, target, key, signer->Sign(key, kAckRecord, body));
+  if (!a.ok()) {
+    if (a.status().message().empty()) fuzz::Fail("refusal without a message");
+    return;
+  }
+  if (!PeerAddressOk(a->address) ||
+      AckKey(kPrefix, target, a->address) != key) {
+    fuzz::Fail("accepted the key of another host or target");
+  }
+  if (a->generation == 0 || a->error.size() > kMaxAckTextBytes) {
+    fuzz::Fail("accepted generation 0 or a long error");
+  }
+  for (const Repointer::Laggard& l : a->laggards) {
+    if (l.peer.pid == 0 || l.generation >= a->generation ||
+        l.why.size() > kMaxAckTextBytes) {
+      fuzz::Fail("accepted a bad laggard");
+    }
+  }
+  absl::StatusOr<AckRecord> again = ParseSignedAck(
+      *signer, kPrefix, target, key,
+      signer->Sign(
+          key, kAckRecord,
+          AckJson(a->generation, a->made_at_us, a->laggards, a->error)));
+  if (!again.ok() || again->generation != a->generation ||
+      again->made_at_us != a->made_at_us || again->error != a->error ||
+      again->laggards.size() != a->laggards.size()) {
+    fuzz::Fail("acknowledgement changed in a round trip");
+  }
+}
+
 void Chunks(const std::string& in) {
   if (in.size() < 3) return;
   const uint8_t flags = static_cast<uint8_t>(in[0]);
@@ -183,7 +232,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string in(reinterpret_cast<const char*>(data) + 1, size - 1);
-  switch (data[0] % 4) {
+  switch (data[0] % 5) {
     case 0:
       Binding(in);
       break;
@@ -193,8 +242,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 2:
       Chunks(in);
       break;
-    default:
+    case 3:
       Reservation(in);
+      break;
+    default:
+      Ack(in);
   }
   return 0;
 }

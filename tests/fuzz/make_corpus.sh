@@ -33,8 +33,8 @@ printf '\x40POST /metrics?x=1 HTTP/1.0\nContent-Length: 3\n\nabc' > "$h/post_bod
 printf '\x40\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03' > "$h/tls"
 printf '\x40%%PO ?metrics HTTP/1.1\r\n\r\n' > "$h/query_only_target"  # a finding
 
-# cluster_inputs: byte 0 % 4 picks the decoder (0 binding, 1 host, 2 chunks,
-# 3 reservation).
+# cluster_inputs: byte 0 % 5 picks the decoder (0 binding, 1 host, 2 chunks,
+# 3 reservation, 4 acknowledgement).
 c=$corpus/cluster_inputs
 d=sha256:$(printf '%064d' 0 | tr 0 a)
 printf '\x00{"target_name":"fuzz.t","platform":"cpu","func_name":"Scale","content_id":"v1","module_digest":"%s","module_size":"4096","kind":"module","ffi_api_major":0,"ffi_api_minor":1,"audit":{"uid":1000,"gid":1000,"pid":7,"registered_at_us":"1","origin":"upload","host":"h1 (10.0.0.1:7000)"}}' "$d" > "$c/binding"
@@ -53,6 +53,10 @@ printf '\x02\x01\x04\x00\x08abcdefgh' > "$c/chunks_over"
 printf '\x02\x06\x00\x00\x00\x02hi' > "$c/chunks_wrong_total"
 printf '\x03{"pattern":"fuzz.*","group":true,"owner":4242,"uid":0,"pid":7,"at_us":"5","lifted":true}' > "$c/reservation"
 printf '\x03/kregd/fuzz/reservations/*\x00{"pattern":"*","owner":1000}' > "$c/reservation_star"
+printf '\x04{"generation":3,"laggards":[{"pid":4242,"uid":1000,"local":true,"generation":2,"why":"stuck"}],"made_at_us":"1733370000000000"}' > "$c/ack"
+printf '\x04{"generation":3,"error":"it could not take generation 3 (no peer), so its processes pid 7 keep generation 2"}' > "$c/ack_error"
+printf '\x04/kregd/fuzz/acks/cpu/fuzz.t/unix:1\x00{"generation":2}' > "$c/ack_unix_key"
+printf '\x04{"generation":2,"laggards":[{"pid":7,"generation":2}]}' > "$c/ack_ahead"
 
 # signed_record: byte 0 bit 0 set: the rest is signed (bit 1: as a
 # retirement); clear: "KEY\0VALUE" or a VALUE as it is.

@@ -7,8 +7,11 @@ racing on two hosts never both take one generation; a host that restarts
 reconciles its journal to etcd's generation; a host with a local entry etcd
 does not hold is refused. A process on another host that holds the
 target (isolated or local) switches to the new generation, without a
-re-jit, when that host mirrors it (the replacing host does not wait for
-it: cross-host acknowledgements are not built).
+re-jit, when that host mirrors it, and the replacement returns only once
+that host acknowledged it (etcd acks/); one that does not switch there
+(SIGSTOPped), or a host that cannot take the generation while a process
+there holds the target, makes the replacement fail DEADLINE_EXCEEDED
+naming the pid and host.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import concurrent.futures
 import json
 import os
 import pathlib
+import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -59,13 +64,18 @@ def cl():
       etcd.start(i)
     etcd.wait_healthy()
     limit = ku.kernel_path("libdemo_v2.so").stat().st_size + PAD // 2
-    for name, port in zip(("hostA", "hostB", "hostC"), free_ports(3)):
+    ports = free_ports(3)
+    for name, port in zip(("hostA", "hostB", "hostC"), ports):
       extra = ["--replace", "owner"]
       if name == "hostC":
         extra += ["--max-module-bytes", str(limit)]
       hosts.append(start_host(root, name, etcd.endpoints, port, *extra))
     ns = type("Cluster", (), {})()
     ns.root, ns.etcd = root, etcd
+    # As the other hosts name them.
+    ns.b_name, ns.c_name = (f"hostB (127.0.0.1:{ports[1]})",
+                            f"hostC (127.0.0.1:{ports[2]})")
+    ns.c_limit = limit
     ns.a, ns.b, ns.c = hosts
     yield ns
   finally:
@@ -189,39 +199,126 @@ for line in sys.stdin:
 """
 
 
-@pytest.mark.parametrize("mode", ["isolated", "local"])
-def test_a_holder_on_another_host_switches_when_that_host_mirrors(cl, mode):
-  name = f"rep.held-{mode}"
-  first_everywhere(cl, name)
-  p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLD), name,
-                        mode], env=cl.b.env(), stdin=subprocess.PIPE,
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       text=True)
+class Holder:
+  """A process on `host` that holds `name` (bound in `mode`) in a jitted
+  function; call() runs it once."""
 
-  def call():
-    p.stdin.write("call\n")
-    p.stdin.flush()
-    line = p.stdout.readline()
-    assert line, p.stderr.read() + cl.b.log()
+  def __init__(self, host: Daemon, name: str, mode: str):
+    self.host, self.name = host, name
+    self.p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLD),
+                               name, mode], env=host.env(),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    self.pid = self.p.pid
+
+  def call(self) -> dict:
+    self.p.stdin.write("call\n")
+    self.p.stdin.flush()
+    line = self.p.stdout.readline()
+    assert line, self.p.stderr.read() + self.host.log()
     return json.loads(line)
 
-  def runs_on_b():
-    for b in show(cl.b, name).get("bound_by", []):
-      if b["pid"] == p.pid:
+  def runs(self):
+    """The generation its host's kregctl show says it runs."""
+    for b in show(self.host, self.name).get("bound_by", []):
+      if b["pid"] == self.pid:
         return b["generation"]
     return None
 
+  def end(self):
+    self.p.stdin.close()
+    assert self.p.wait(timeout=60) == 0, self.p.stderr.read()
+
+
+@pytest.mark.parametrize("mode", ["isolated", "local"])
+def test_a_replacement_returns_once_a_holder_on_another_host_switched(cl,
+                                                                     mode):
+  name = f"rep.held-{mode}"
+  first_everywhere(cl, name)
+  h = Holder(cl.b, name, mode)
   try:
-    assert call() == {"y": [0, 2, 4, 6], "traces": 1}
+    assert h.call() == {"y": [0, 2, 4, 6], "traces": 1}
     v2 = build(cl.root, "libdemo_v2.so", name)  # Scale by factor + 1
     out = register(cl.a, name, v2, "Scale", "--replace")
     assert out.returncode == 0, out.stderr
-    generation_on(cl.b, name, 2)
-    wait_for(lambda: runs_on_b() == 2, 60, f"B's {mode} holder to switch")
-    assert call() == {"y": [0, 3, 6, 9], "traces": 1}
+    # B acknowledged before the replacement returned: its holder runs 2.
+    assert show(cl.b, name)["generation"] == 2
+    assert h.runs() == 2
+    assert h.call() == {"y": [0, 3, 6, 9], "traces": 1}
   finally:
-    p.stdin.close()
-    assert p.wait(timeout=60) == 0, p.stderr.read()
+    h.end()
+
+
+def kregd_sessions(host: Daemon) -> list:
+  out = kregctl(host, "sessions", "--json")
+  assert out.returncode == 0, out.stderr
+  return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("mode", ["isolated", "local"])
+def test_a_stopped_holder_on_another_host_fails_the_replacement_naming_it(
+    cl, mode):
+  name = f"rep.stopped-{mode}"
+  first_everywhere(cl, name)
+  h = Holder(cl.b, name, mode)
+  try:
+    assert h.call() == {"y": [0, 2, 4, 6], "traces": 1}
+    # Isolated: its executor acknowledges for it; local: the process does.
+    stopped = h.pid
+    if mode == "isolated":
+      [stopped] = [s["executor_pid"] for s in kregd_sessions(cl.b)
+                   if s["pid"] == h.pid and s["executor_pid"]]
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+      v2 = build(cl.root, "libdemo_v2.so", name)
+      late = register(cl.a, name, v2, "Scale", "--replace")
+      # Committed everywhere; B's holder is shown where it is.
+      assert show(cl.b, name)["generation"] == 2
+      assert h.runs() == 1
+    finally:
+      os.kill(stopped, signal.SIGCONT)
+    assert late.returncode == 1, late.stderr  # DEADLINE_EXCEEDED
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    assert late.stderr.strip() == (
+        f'target "{name}" (cpu) is now generation 2, but these processes did '
+        f"not switch to it within replace_timeout (10 s): pid {h.pid} uid "
+        f"{os.geteuid()} ({user}) host {cl.b_name} ({mode}, runs generation "
+        f"1). They run generation 1 until they switch or exit; `kregctl show "
+        f"{name}` shows what each runs. A stopped process (SIGSTOP) switches "
+        "when it continues.")
+    # Continued, it switches (B sent the re-point before it stopped).
+    wait_for(lambda: h.runs() == 2, 60, f"B's {mode} holder to switch")
+    assert h.call() == {"y": [0, 3, 6, 9], "traces": 1}
+  finally:
+    h.end()
+
+
+def test_a_host_that_cannot_take_the_generation_names_its_holders(cl):
+  name = "rep.big"
+  first_everywhere(cl, name)
+  h = Holder(cl.c, name, "isolated")
+  try:
+    assert h.call() == {"y": [0, 2, 4, 6], "traces": 1}
+    # Too large for host C to fetch: its holder keeps generation 1. (kregctl
+    # names a digest of the module it uploaded by the file's name.)
+    big = build(cl.root, "libdemo_v2.so", name, PAD)
+    late = register(cl.a, name, big, "Scale", "--replace")
+    assert late.returncode == 1, late.stderr  # DEADLINE_EXCEEDED
+    assert late.stderr.strip() == (
+        f'target "{name}" (cpu) is now generation 2, but host {cl.c_name} '
+        "could not switch its processes: it could not take generation 2 (its "
+        f'module could not be fetched: module "{big.name}" ({digest_of(big)}) '
+        "is bound in "
+        f"etcd with a size of {big.stat().st_size} bytes, more than this "
+        f"kregd's max_module_bytes ({cl.c_limit}); not fetched. Raise "
+        "max_module_bytes on this host if the module is legitimate), so its "
+        f"processes pid {h.pid} keep generation 1. `kregctl show {name}` on a "
+        "host shows what its processes run.")
+    assert show(cl.c, name)["generation"] == 1
+    assert generation_on(cl.b, name, 2)["module_digest"] == digest_of(big)
+    assert h.call() == {"y": [0, 2, 4, 6], "traces": 1}
+  finally:
+    h.end()
 
 
 def test_a_host_that_has_not_caught_up_is_refused_naming_the_winner(cl):

@@ -149,6 +149,89 @@ TEST_CASE("Reservation records round-trip and bad ones are refused",
   CHECK(Contains(s, "would reserve every name"));
 }
 
+TEST_CASE("Acknowledgement records round-trip and bad ones are refused",
+          "[cluster][replace]") {
+  const RecordSigner signer(std::string(32, 'k'));
+  const TargetKey target = Binding().key;
+  const std::string key = AckKey(kPrefix, target, "10.0.0.2:7390");
+  CHECK(key == "/kregd/c/acks/cpu/demo.scale/10.0.0.2:7390");
+  Repointer::Laggard l;
+  l.peer = PeerCred{1000, 1000, 4242};
+  l.local = true;
+  l.generation = 2;
+  l.why = "its executor could not load it";
+  absl::StatusOr<AckRecord> a =
+      ParseSignedAck(signer, kPrefix, target, key,
+                     signer.Sign(key, kAckRecord, AckJson(3, 1234, {l}, "")));
+  REQUIRE(a.ok());
+  CHECK(a->address == "10.0.0.2:7390");
+  CHECK(a->generation == 3);
+  CHECK(a->made_at_us == 1234);
+  CHECK(a->error.empty());
+  REQUIRE(a->laggards.size() == 1);
+  CHECK(a->laggards[0].peer.pid == 4242);
+  CHECK(a->laggards[0].peer.uid == 1000);
+  CHECK(a->laggards[0].local);
+  CHECK(a->laggards[0].generation == 2);
+  CHECK(a->laggards[0].why == l.why);
+  CHECK(a->laggards[0].host.empty());
+  auto refused = [&](const std::string& k, const std::string& body) {
+    return ParseSignedAck(signer, kPrefix, target, k,
+                          signer.Sign(k, kAckRecord, body))
+        .status();
+  };
+  const std::string head =
+      "etcd key \"/kregd/c/acks/cpu/demo.scale/10.0.0.2:7390\" holds no "
+      "valid acknowledgement: ";
+  absl::Status s = refused(key, "{not json");
+  CHECK(s.code() == absl::StatusCode::kDataLoss);
+  CHECK(s.message() == head + "its body does not parse");
+  s = refused(key, R"({"generation":0})");
+  CHECK(s.message() == head + "its generation is 0");
+  s = refused(key, R"({"generation":2,"laggards":[{"pid":7,"generation":2}]})");
+  CHECK(s.message() ==
+        head +
+            "its laggard pid 7 (generation 2, reason \"\") is not a process "
+            "that runs an earlier generation than 2 with a reason of at most "
+            "1024 printable bytes");
+  s = refused(key, R"({"generation":2,"laggards":[{"generation":1}]})");
+  CHECK(Contains(s, "its laggard pid 0 (generation 1"));
+  s = refused(key, R"({"generation":2,"error":"a\u001b[2Jb"})");
+  CHECK(s.message() == head +
+                           "its error \"a\\033[2Jb\" is longer than 1024 "
+                           "bytes or holds control characters");
+  s = refused(key, absl::StrCat(R"({"generation":2,"error":")",
+                                std::string(1025, 'e'), "\"}"));
+  CHECK(Contains(s, "is longer than 1024 bytes"));
+  s = refused(key, absl::StrCat(R"({"generation":2,"error":")",
+                                std::string(kMaxAckRecordBytes, 'e'), "\"}"));
+  CHECK(Contains(s, "bytes are more than 65536"));
+  // The key must be a host's under the target's acks.
+  for (const std::string& k :
+       {AckKey(kPrefix, target, "unix:1"), AckKey(kPrefix, target, ""),
+        AckKey(kPrefix, {"other", Platform::kCpu}, "10.0.0.2:7390"),
+        AckKey(kPrefix, target, "10.0.0.2:7390/x")}) {
+    s = refused(k, R"({"generation":2})");
+    CHECK(s.code() == absl::StatusCode::kDataLoss);
+    CHECK(Contains(s,
+                   "the key is not "
+                   "\"/kregd/c/acks/cpu/demo.scale/HOST:PORT\""));
+  }
+  // Unsigned, signed with another key, or another kind of record.
+  s = ParseSignedAck(signer, kPrefix, target, key, R"({"generation":2})")
+          .status();
+  CHECK(s.code() == absl::StatusCode::kUnauthenticated);
+  s = ParseSignedAck(signer, kPrefix, target, key,
+                     RecordSigner(std::string(32, 'x'))
+                         .Sign(key, kAckRecord, R"({"generation":2})"))
+          .status();
+  CHECK(s.code() == absl::StatusCode::kUnauthenticated);
+  s = ParseSignedAck(signer, kPrefix, target, key,
+                     signer.Sign(key, kBindRecord, R"({"generation":2})"))
+          .status();
+  CHECK(s.message() == head + "it is a bind record");
+}
+
 TEST_CASE("Bad binding records are refused naming the key", "[cluster]") {
   absl::Status s = ParseBindingRecord(kPrefix, Key(), "{not json").status();
   CHECK(s.code() == absl::StatusCode::kDataLoss);

@@ -2,10 +2,14 @@
 // stand-in for etcd shared by several registries, i.e. hosts), mirroring
 // and retirement. The etcd-backed authority itself is exercised end to end
 // in tests/python/test_cluster.py.
+#include <unistd.h>
+
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
@@ -22,6 +26,17 @@ struct FakeEtcd {
   std::map<std::string, std::string> modules;  // digest -> bytes peers serve
   bool up = true;
   bool lose_answer = false;  // the next Replace is applied, then "times out"
+  // Acknowledgements (PublishAck): target name -> host -> the last one.
+  struct Ack {
+    uint32_t generation = 0;
+    std::vector<Repointer::Laggard> laggards;
+    std::string error;
+  };
+  std::map<std::string, std::map<std::string, Ack>> acks;
+  std::set<std::string> live;  // the hosts AwaitPeerAcks waits for
+  // Runs once, at the start of the next AwaitPeerAcks (the other hosts
+  // mirror meanwhile).
+  std::function<void()> while_waiting;
 };
 
 class FakeAuthority : public BindingAuthority {
@@ -84,7 +99,38 @@ class FakeAuthority : public BindingAuthority {
     if (it == etcd_->modules.end()) return absl::NotFoundError("no peer");
     return it->second;
   }
+  void PublishAck(const TargetEntry& entry,
+                  const std::vector<Repointer::Laggard>& laggards,
+                  const std::string& error) override {
+    etcd_->acks[entry.key.name][host_] = {entry.generation, laggards, error};
+  }
+  // As ClusterRegistry::AwaitPeerAcks, without the wait: the live hosts'
+  // acknowledgements once `while_waiting` ran.
+  PeerAcks AwaitPeerAcks(const TargetEntry& entry,
+                         absl::Time deadline) override {
+    ack_budget = deadline - absl::Now();
+    if (auto f = std::exchange(etcd_->while_waiting, nullptr)) f();
+    PeerAcks out;
+    for (const std::string& host : etcd_->live) {
+      if (host == host_) continue;
+      auto ack = etcd_->acks[entry.key.name].find(host);
+      if (ack == etcd_->acks[entry.key.name].end() ||
+          ack->second.generation < entry.generation) {
+        out.hosts.push_back({host, ""});
+        continue;
+      }
+      for (Repointer::Laggard l : ack->second.laggards) {
+        l.host = host;
+        out.laggards.push_back(l);
+      }
+      if (!ack->second.error.empty()) {
+        out.hosts.push_back({host, ack->second.error});
+      }
+    }
+    return out;
+  }
   int claims = 0, unclaims = 0, fetches = 0, replaces = 0;
+  absl::Duration ack_budget;
 
  private:
   FakeEtcd* const etcd_;
@@ -95,11 +141,15 @@ struct Host {
   Host(FakeEtcd* etcd, const std::string& name, RegistryLimits limits = {})
       : registry(&loader, &log, limits), authority(etcd, name) {
     registry.SetBindingAuthority(&authority);
+    registry.SetRepointer(&repointer);
+    registry.SetBindingOracle(&oracle);
   }
   FakeLoader loader;
   MemLog log;
   Registry registry;
   FakeAuthority authority;
+  FakeRepointer repointer;
+  FakeOracle oracle;
 };
 
 RegistryLimits Owner() {
@@ -447,6 +497,127 @@ TEST_CASE(
   REQUIRE(log.retirements.size() == 1);  // the conflict's
   CHECK(log.retirements[0].module_digest == Sha256Digest("aa"));
   CHECK(registry.Lookup(cluster.key)->registered_by.uid == 1001);
+}
+
+std::string HostName() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+TEST_CASE(
+    "A replacement returns once the other hosts acknowledged it, and names "
+    "their processes that did not switch",
+    "[registry][cluster][replace]") {
+  FakeEtcd etcd;
+  RegistryLimits limits = Owner();
+  limits.replace_timeout = absl::Seconds(4);
+  Host a(&etcd, "a", limits), b(&etcd, "b", limits), c(&etcd, "c", limits);
+  etcd.live = {"a", "b", "c"};
+  const TargetKey key{"op", Platform::kCpu};
+  REQUIRE(a.registry.Register(ArgsBy(1000, "op", "aa")).ok());
+  for (Host* h : {&b, &c}) {
+    REQUIRE(h->registry.Mirror(etcd.bindings.at(key), "aa").ok());
+  }
+  // b and c mirror it meanwhile (the module is in their store).
+  auto mirror = [&] {
+    for (Host* h : {&b, &c}) {
+      REQUIRE(h->registry.Mirror(etcd.bindings.at(key), "").ok());
+    }
+  };
+  etcd.while_waiting = mirror;
+  auto done = a.registry.Register(ReplaceBy(1000, "bb"));
+  REQUIRE(done.ok());
+  CHECK(etcd.acks["op"]["b"].generation == 2);
+  CHECK(etcd.acks["op"]["c"].generation == 2);
+  CHECK(etcd.acks["op"].count("a") == 0);  // the replacing host's own
+  CHECK(a.registry.replaces().done == 1);
+  // The other hosts get replace_timeout and the grace to report.
+  CHECK(a.authority.ack_budget > absl::Seconds(4));
+  CHECK(a.authority.ack_budget <= absl::Seconds(4) + kPeerAckGrace);
+  // Laggards here and on b are named in one message, each with its host.
+  a.repointer.laggards = {{PeerCred{1000, 1000, 4242}, false, 2, ""}};
+  b.repointer.laggards = {{PeerCred{1001, 1001, 4300}, true, 2, "stuck"}};
+  etcd.while_waiting = mirror;
+  auto late = a.registry.Register(ReplaceBy(1000, "cc"));
+  REQUIRE(late.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(std::string(late.status().message()) ==
+        "target \"op\" (cpu) is now generation 3, but these processes did "
+        "not switch to it within replace_timeout (4 s): pid 4242 " +
+            UserName(1000) + " host " + HostName() +
+            " (isolated, runs generation 2); pid 4300 " + UserName(1001) +
+            " host b (local, runs generation 2: stuck). They run generation "
+            "2 until they switch or exit; `kregctl show op` shows what each "
+            "runs. A stopped process (SIGSTOP) switches when it continues.");
+  CHECK(etcd.acks["op"]["b"].laggards.size() == 1);
+  CHECK(a.registry.replaces().timeout == 1);
+  // Processes and hosts in one message; etcd out of reach.
+  CHECK(LaggardsMessage(*a.registry.Lookup(key),
+                        {{PeerCred{1000, 1000, 4242}, false, 2, ""}},
+                        {{"b", ""}, {"", "etcd is down"}}, absl::Seconds(4)) ==
+        "target \"op\" (cpu) is now generation 3, but these processes did "
+        "not switch to it within replace_timeout (4 s): pid 4242 " +
+            UserName(1000) + " host " + HostName() +
+            " (isolated, runs generation 2). They run generation 2 until they "
+            "switch or exit; `kregctl show op` shows what each runs. A "
+            "stopped process (SIGSTOP) switches when it continues. Also: host "
+            "b did not report whether its processes switched within "
+            "replace_timeout (4 s) (its kregd may be stopped, stuck or cut "
+            "off from etcd); whether processes on the other hosts switched is "
+            "unknown: etcd is down. `kregctl show op` on a host shows what "
+            "its processes run.");
+  CHECK(a.registry.Lookup(key)->generation == 3);
+}
+
+TEST_CASE(
+    "A host that does not report, or cannot take the generation, is named",
+    "[registry][cluster][replace]") {
+  FakeEtcd etcd;
+  Host a(&etcd, "a", Owner()), b(&etcd, "b", Owner()), c(&etcd, "c", Owner());
+  etcd.live = {"a", "b", "c"};
+  const TargetKey key{"op", Platform::kCpu};
+  REQUIRE(a.registry.Register(ArgsBy(1000, "op", "aa")).ok());
+  for (Host* h : {&b, &c}) {
+    REQUIRE(h->registry.Mirror(etcd.bindings.at(key), "aa").ok());
+  }
+  c.oracle.bound["op"] = {77, 78};
+  // b says nothing; c could not fetch the module, and pids 77 and 78 hold
+  // generation 1 there.
+  etcd.while_waiting = [&] {
+    c.registry.MirrorFailed(etcd.bindings.at(key),
+                            "its module could not be fetched: no peer");
+  };
+  auto late = a.registry.Register(ReplaceBy(1000, "bb"));
+  REQUIRE(late.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(std::string(late.status().message()) ==
+        "target \"op\" (cpu) is now generation 2, but host b did not report "
+        "whether its processes switched within replace_timeout (10 s) (its "
+        "kregd may be stopped, stuck or cut off from etcd); host c could not "
+        "switch its processes: it could not take generation 2 (its module "
+        "could not be fetched: no peer), so its processes pid 77, 78 keep "
+        "generation 1. `kregctl show op` on a host shows what its processes "
+        "run.");
+  CHECK(a.registry.Lookup(key)->generation == 2);
+  CHECK(a.registry.replaces().timeout == 1);
+  // Without holders there, c's failure holds nothing back; b reports.
+  c.oracle.bound.clear();
+  etcd.while_waiting = [&] {
+    c.registry.MirrorFailed(etcd.bindings.at(key), "no peer");
+    REQUIRE(b.registry.Mirror(etcd.bindings.at(key), "").ok());
+  };
+  REQUIRE(a.registry.Register(ReplaceBy(1000, "cc")).ok());
+  CHECK(etcd.acks["op"]["c"].error.empty());
+  // A host that left the cluster is not waited for; a generation 1 is never
+  // acknowledged.
+  etcd.live = {"a", "c"};
+  etcd.while_waiting = [&] {
+    c.registry.MirrorFailed(etcd.bindings.at(key), "no peer");
+  };
+  REQUIRE(a.registry.Register(ReplaceBy(1000, "dd")).ok());
+  REQUIRE(a.registry.Register(ArgsBy(1000, "fresh", "ee")).ok());
+  REQUIRE(b.registry.Mirror(etcd.bindings.at({"fresh", Platform::kCpu}), "ee")
+              .ok());
+  CHECK(etcd.acks.count("fresh") == 0);
 }
 
 }  // namespace

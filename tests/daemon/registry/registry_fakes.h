@@ -3,15 +3,18 @@
 #define KREGD_TESTS_DAEMON_REGISTRY_REGISTRY_FAKES_H_
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/registry/registrar.h"
 #include "daemon/registry/registry.h"
+#include "daemon/registry/repointer.h"
 #include "daemon/store/module_store.h"
 
 namespace kreg {
@@ -154,6 +157,26 @@ class FakeOracle : public BindingOracle {
     return out;
   }
   std::map<std::string, std::vector<pid_t>> bound;
+};
+
+// Records what the registry asked; answers `laggards`. `during` runs once,
+// inside the first Repoint.
+struct FakeRepointer : Repointer {
+  std::vector<std::pair<std::string, uint64_t>> calls;
+  absl::Duration budget;
+  std::vector<Laggard> laggards;
+  std::function<void()> during;
+  std::vector<Laggard> Repoint(const TargetEntry& e,
+                               absl::Time deadline) override {
+    calls.emplace_back(e.key.name, e.generation);
+    budget = deadline - absl::Now();
+    if (during) {
+      std::function<void()> f = std::move(during);
+      during = nullptr;
+      f();
+    }
+    return laggards;
+  }
 };
 
 inline RegisterArgs Args(const std::string& name, const std::string& bytes,

@@ -147,26 +147,6 @@ TEST_CASE("under owner, a change without replace=true says how to replace",
                              "generation."));
 }
 
-// Records what the registry asked; answers `laggards`. `during` runs once,
-// inside the first Repoint.
-struct FakeRepointer : Repointer {
-  std::vector<std::pair<std::string, uint64_t>> calls;
-  absl::Duration budget;
-  std::vector<Laggard> laggards;
-  std::function<void()> during;
-  std::vector<Laggard> Repoint(const TargetEntry& e,
-                               absl::Time deadline) override {
-    calls.emplace_back(e.key.name, e.generation);
-    budget = deadline - absl::Now();
-    if (during) {
-      std::function<void()> f = std::move(during);
-      during = nullptr;
-      f();
-    }
-    return laggards;
-  }
-};
-
 std::string HostName() {
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);

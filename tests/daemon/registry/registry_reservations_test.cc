@@ -175,6 +175,9 @@ class FakeAuthority : public BindingAuthority {
                                           uint64_t) override {
     return absl::UnavailableError("not here");
   }
+  void PublishAck(const TargetEntry&, const std::vector<Repointer::Laggard>&,
+                  const std::string&) override {}
+  PeerAcks AwaitPeerAcks(const TargetEntry&, absl::Time) override { return {}; }
 };
 
 TEST_CASE("Reservations are restored at start-up", "[registry][reservations]") {
