@@ -1,11 +1,13 @@
 #include "daemon/supervisor/local_repointer.h"
 
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -117,16 +119,40 @@ void LocalRepointer::Detach(uint64_t session) {
   absl::MutexLock lock(&w->send_mu);
 }
 
-absl::Status LocalRepointer::Send(const std::shared_ptr<Watch>& w,
-                                  const v1::SessionResponse& notice, int fd) {
+absl::Status LocalRepointer::Notify(uint64_t session,
+                                    const std::shared_ptr<Watch>& w,
+                                    const TargetEntry& entry,
+                                    absl::Time deadline) {
+  if (modules_ == nullptr) {
+    return absl::FailedPreconditionError("local execution is off");
+  }
+  absl::StatusOr<UniqueFd> fd =
+      modules_->Open(entry.module_digest, entry.module_size, session);
+  if (!fd.ok()) return fd.status();
+  v1::SessionResponse notice;
+  v1::Repoint* r = notice.mutable_repoint();
+  r->set_target_name(entry.key.name);
+  r->set_platform(PlatformName(entry.key.platform));
+  r->set_generation(entry.generation);
+  r->set_module_digest(entry.module_digest);
+  r->set_module_size(entry.module_size);
+  r->set_func_name(entry.func_name);
   std::string out;
   notice.SerializeToString(&out);
   absl::MutexLock lock(&w->send_mu);
-  const int fds[1] = {fd};
-  const int rc = wire::SendFrame(w->sock.get(), out.data(), out.size(), fds, 1);
+  const int fds[1] = {fd->get()};
+  const int rc = wire::SendFrame(
+      w->sock.get(), out.data(), out.size(), fds, 1,
+      wire::Clock::now() + absl::ToChronoNanoseconds(deadline - absl::Now()));
   if (rc == wire::kOk) return absl::OkStatus();
-  return absl::UnavailableError(
-      absl::StrCat("sending it the notice failed: ", wire::ResultText(rc)));
+  // Part of the frame may have gone: the connection is of no further use.
+  // The shim reopens it when it reads again.
+  ::shutdown(w->sock.get(), SHUT_RDWR);
+  return absl::UnavailableError(absl::StrCat(
+      "sending it the notice failed (",
+      rc == wire::kTimedOut ? "it did not read its watch connection in time"
+                            : wire::ResultText(rc),
+      "); kregd closed that connection"));
 }
 
 std::map<pid_t, std::pair<PeerCred, uint32_t>> LocalRepointer::LocalHolders(
@@ -145,14 +171,6 @@ std::vector<Repointer::Laggard> LocalRepointer::Repoint(
   const std::map<pid_t, std::pair<PeerCred, uint32_t>> holders =
       LocalHolders(entry.key);
   if (holders.empty()) return {};
-  v1::SessionResponse notice;
-  v1::Repoint* r = notice.mutable_repoint();
-  r->set_target_name(entry.key.name);
-  r->set_platform(PlatformName(entry.key.platform));
-  r->set_generation(entry.generation);
-  r->set_module_digest(entry.module_digest);
-  r->set_module_size(entry.module_size);
-  r->set_func_name(entry.func_name);
   Wait wait{entry.key, entry.generation, {}};
   std::map<pid_t, std::pair<uint64_t, std::shared_ptr<Watch>>> watch_of;
   {
@@ -165,23 +183,19 @@ std::vector<Repointer::Laggard> LocalRepointer::Repoint(
     }
     waits_.push_back(&wait);
   }
+  // One sender each: a process that stopped reading delays only its own
+  // notice, until the deadline.
+  std::vector<std::thread> senders;
   for (const auto& [pid, sw] : watch_of) {
-    const auto& [id, w] = sw;
-    absl::Status sent;
-    if (modules_ == nullptr) {
-      sent = absl::FailedPreconditionError("local execution is off");
-    } else if (absl::StatusOr<UniqueFd> fd =
-                   modules_->Open(entry.module_digest, entry.module_size, id);
-               !fd.ok()) {
-      sent = fd.status();
-    } else {
-      sent = Send(w, notice, fd->get());
-    }
-    if (sent.ok()) continue;
-    absl::MutexLock lock(&mu_);
-    if (wait.acks[id] == nullptr) {
-      wait.acks[id] = std::make_unique<absl::Status>(sent);
-    }
+    senders.emplace_back(
+        [this, &wait, &entry, deadline, id = sw.first, w = sw.second] {
+          const absl::Status sent = Notify(id, w, entry, deadline);
+          absl::MutexLock lock(&mu_);
+          if (!sent.ok() && wait.acks[id] == nullptr) {
+            wait.acks[id] = std::make_unique<absl::Status>(sent);
+            cv_.SignalAll();
+          }
+        });
   }
   {
     absl::MutexLock lock(&mu_);
@@ -195,6 +209,7 @@ std::vector<Repointer::Laggard> LocalRepointer::Repoint(
     }
     waits_.erase(std::find(waits_.begin(), waits_.end(), &wait));
   }
+  for (std::thread& t : senders) t.join();
   // A process that ended meanwhile holds nothing any more.
   const std::map<pid_t, std::pair<PeerCred, uint32_t>> still =
       LocalHolders(entry.key);

@@ -71,8 +71,11 @@ class LocalRepointer final : public Repointer {
     uint64_t generation = 0;
     std::map<uint64_t, std::unique_ptr<absl::Status>> acks;
   };
-  absl::Status Send(const std::shared_ptr<Watch>& w,
-                    const v1::SessionResponse& notice, int fd);
+  // Sends `w` (of `session`) the Repoint notice of `entry` with its
+  // module, waiting no longer than `deadline` for room (then it closes the
+  // connection: a frame may be half sent).
+  absl::Status Notify(uint64_t session, const std::shared_ptr<Watch>& w,
+                      const TargetEntry& entry, absl::Time deadline);
   // The processes that hold `key` locally, by pid, with the generation
   // each resolved or acknowledged last (0: unknown).
   std::map<pid_t, std::pair<PeerCred, uint32_t>> LocalHolders(

@@ -43,12 +43,19 @@ struct World {
   TargetEntry entry;
 };
 
-// A shim's end of a watch connection.
+// A shim's end of a watch connection; `full`: kregd's end has no room left
+// (the shim stopped reading).
 struct Shim {
-  explicit Shim(LocalRepointer* r, uint64_t session) {
+  explicit Shim(LocalRepointer* r, uint64_t session,
+                const PeerCred& who = kAlice, bool full = false)
+      : peer(who) {
     int sv[2];
     REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
     mine.reset(sv[0]);
+    const std::string filler(4096, 'f');
+    while (full &&
+           ::send(sv[1], filler.data(), filler.size(), MSG_DONTWAIT) > 0) {
+    }
     REQUIRE(r->Reserve(session, peer).ok());
     r->Activate(session, sv[1]);
     ::close(sv[1]);  // the repointer keeps its duplicate
@@ -232,6 +239,27 @@ TEST_CASE("An error ack, a missing ack and a closed watch make laggards",
     REQUIRE(l.size() == 1);
     CHECK(l[0].generation == 2);
   }
+}
+
+TEST_CASE(
+    "A process that stopped reading its watch is a laggard by the deadline",
+    "[local_repointer]") {
+  World w;
+  LocalRepointer r(&w.bindings, &w.cache);
+  w.bindings.Add(9, kAlice, w.entry.key, /*local=*/true);
+  w.bindings.Add(10, kAlice2, w.entry.key, /*local=*/true);
+  Shim stuck(&r, 1, kAlice, /*full=*/true);
+  Shim reader(&r, 2, kAlice2);
+  std::vector<UniqueFd> fds;
+  std::thread t([&] { r.Acked(2, Ack(reader.Next(&fds))); });
+  std::vector<Repointer::Laggard> l =
+      r.Repoint(w.entry, absl::Now() + absl::Milliseconds(300));
+  t.join();
+  REQUIRE(l.size() == 1);  // the reader switched meanwhile
+  CHECK(l[0].peer.pid == kAlice.pid);
+  CHECK(l[0].generation == 1);
+  // kregd closed the stuck one's connection: a frame may be half sent.
+  CHECK(::send(stuck.mine.get(), "x", 1, MSG_NOSIGNAL) == -1);
 }
 
 }  // namespace
