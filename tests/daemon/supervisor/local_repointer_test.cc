@@ -6,6 +6,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,11 +46,15 @@ struct World {
   TargetEntry entry;
 };
 
+using Current = std::function<EntryPtr(const TargetKey&)>;
+
 // A shim's end of a watch connection; `full`: kregd's end has no room left
-// (the shim stopped reading).
+// (the shim stopped reading); `current`: the registry's entries.
 struct Shim {
-  explicit Shim(LocalRepointer* r, uint64_t session,
-                const PeerCred& who = kAlice, bool full = false)
+  explicit Shim(
+      LocalRepointer* r, uint64_t session, const PeerCred& who = kAlice,
+      bool full = false,
+      const Current& current = [](const TargetKey&) { return nullptr; })
       : peer(who) {
     int sv[2];
     REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
@@ -57,7 +64,7 @@ struct Shim {
            ::send(sv[1], filler.data(), filler.size(), MSG_DONTWAIT) > 0) {
     }
     REQUIRE(r->Reserve(session, peer).ok());
-    r->Activate(session, sv[1]);
+    r->Activate(session, sv[1], current, absl::Now() + absl::Seconds(60));
     ::close(sv[1]);  // the repointer keeps its duplicate
   }
   // The next notice and its descriptors.
@@ -238,6 +245,55 @@ TEST_CASE("An error ack, a missing ack and a closed watch make laggards",
         r.Repoint(next, absl::Now() + absl::Milliseconds(100));
     REQUIRE(l.size() == 1);
     CHECK(l[0].generation == 2);
+  }
+}
+
+TEST_CASE("A holder whose watch connection opens while kregd waits switches",
+          "[local_repointer]") {
+  World w;
+  LocalRepointer r(&w.bindings, &w.cache);
+  w.bindings.Add(9, kAlice, w.entry.key, /*local=*/true, 1);
+  std::vector<Repointer::Laggard> l;
+  std::thread t(
+      [&] { l = r.Repoint(w.entry, absl::Now() + absl::Seconds(60)); });
+  // The first replaceable bind of a process: its watch opens after kregd
+  // recorded the hold (a pause makes that order likely; either passes).
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  Shim shim(&r, 1, kAlice, false, [&](const TargetKey&) {
+    return std::make_shared<TargetEntry>(w.entry);
+  });
+  std::vector<UniqueFd> fds;
+  r.Acked(1, Ack(shim.Next(&fds)));
+  t.join();
+  CHECK(l.empty());
+}
+
+TEST_CASE("A watch connection that opens gets what its process missed",
+          "[local_repointer]") {
+  World w;
+  LocalRepointer r(&w.bindings, &w.cache);
+  const TargetKey pinned{"demo.pinned", Platform::kCpu};
+  const TargetKey current{"demo.current", Platform::kCpu};
+  w.bindings.Add(9, kAlice, w.entry.key, /*local=*/true, 1);
+  w.bindings.Add(9, kAlice, pinned, /*local=*/true, 1, /*pinned=*/true);
+  w.bindings.Add(9, kAlice, current, /*local=*/true, 2);
+  w.bindings.Add(10, kAlice2, w.entry.key, /*local=*/true, 1);  // another pid
+  w.bindings.Add(11, kAlice, {"demo.isolated", Platform::kCpu}, false, 1);
+  Shim shim(&r, 1, kAlice, false, [&](const TargetKey& key) {
+    auto e = std::make_shared<TargetEntry>(w.entry);
+    e->key = key;
+    return e;
+  });
+  std::vector<UniqueFd> fds;
+  v1::Repoint n = shim.Next(&fds);
+  CHECK(n.target_name() == "demo.t");
+  CHECK(n.generation() == 2);
+  CHECK(fds.size() == 1);
+  char byte;  // nothing else: the others are pinned, current or not its own
+  CHECK(::recv(shim.mine.get(), &byte, 1, MSG_DONTWAIT) == -1);
+  r.Acked(1, Ack(n));
+  for (const auto& [id, held] : w.bindings.HoldersOf(w.entry.key)) {
+    CHECK(held.second.generation == (id == 9 ? 2u : 1u));
   }
 }
 
