@@ -70,9 +70,8 @@ void LocalRepointer::Activate(
   // `current`, a later one's Repoint sends to this socket itself.
   for (const SessionBindings::Bound& held : bindings_->LocalOf(w->peer.pid)) {
     const EntryPtr e = current(held.key);
-    if (held.pinned || e == nullptr || e->generation <= held.generation) {
-      continue;
-    }
+    // A pinned binding gets it too: the shim acks its pin, which counts.
+    if (e == nullptr || e->generation <= held.generation) continue;
     if (absl::Status sent = Notify(session, w, *e, deadline); !sent.ok()) {
       spdlog::warn("re-pointing \"{}\" ({}) to generation {}: pid {}: {}",
                    e->key.name, PlatformName(e->key.platform), e->generation,

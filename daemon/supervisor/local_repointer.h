@@ -43,8 +43,8 @@ class LocalRepointer final : public Repointer {
   // max_watches_per_uid; both name the limit and the remedy.
   absl::Status Reserve(uint64_t session, const PeerCred& peer);
   // `session`'s WatchReply went out: its notices go to (a duplicate of)
-  // `sock` from now on. Each target its process holds locally, not pinned,
-  // at a generation older than `current(key)`'s (it resolved it before it
+  // `sock` from now on. Each target its process holds locally at a
+  // generation older than `current(key)`'s (it resolved it before it
   // watched, or while its watch was closed) gets its notice now, by
   // `deadline`; a Repoint waiting for the process counts its ack.
   void Activate(uint64_t session, int sock,
