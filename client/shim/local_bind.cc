@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -44,6 +45,9 @@ std::map<std::pair<std::string, std::string>, LocalBinding>* g_bound =
 std::map<std::pair<std::string, std::string>, int>* g_binding =
     new std::map<std::pair<std::string, std::string>, int>();
 std::condition_variable g_bound_cv;  // a bind ended
+// A forked child runs none of its parent's binds in progress.
+[[maybe_unused]] const int g_binding_atfork =
+    ::pthread_atfork(nullptr, nullptr, [] { g_binding->clear(); });
 
 // True when `addr` lies in a mapping of the file (dev, ino) of this
 // process (/proc/self/maps).
