@@ -41,15 +41,17 @@ bool TakeFds(msghdr* msg, std::vector<int>* fds) {
   return ok;
 }
 
-// Waits until `sock` is readable (or the peer closed it) or `*deadline`
-// passes (no deadline: returns at once). kOk, kTimedOut or an errno.
-int WaitReadable(int sock, const Clock::time_point* deadline) {
+// Waits until `sock` is ready for `events` (POLLIN: readable or the peer
+// closed it; POLLOUT: room to write) or `*deadline` passes (no deadline:
+// returns at once). kOk, kTimedOut or an errno.
+int WaitReady(int sock, const Clock::time_point* deadline,
+              short events = POLLIN) {  // NOLINT(runtime/int): pollfd's type
   if (deadline == nullptr) return kOk;
   for (;;) {
     auto left =
         std::chrono::ceil<std::chrono::milliseconds>(*deadline - Clock::now());
     if (left.count() <= 0) return kTimedOut;
-    pollfd p{sock, POLLIN, 0};
+    pollfd p{sock, events, 0};
     int ready = ::poll(
         &p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1 << 30)));
     if (ready > 0) return kOk;
@@ -86,7 +88,7 @@ int ReadPayload(int sock, size_t len, std::string* payload, Grow grow,
       if (payload->capacity() > target) target = payload->capacity();
       if (!grow(ctx, payload, std::min(len, target))) return kOverBudget;
     }
-    if (int w = WaitReadable(sock, deadline); w != kOk) {
+    if (int w = WaitReady(sock, deadline); w != kOk) {
       payload->resize(done);
       return w;
     }
@@ -195,8 +197,10 @@ std::string ResultText(int result) {
   }
 }
 
-int SendFrame(int sock, const void* payload, size_t size, const int* fds,
-              int num_fds) {
+namespace {
+
+int SendFrameImpl(int sock, const void* payload, size_t size, const int* fds,
+                  int num_fds, const Clock::time_point* deadline) {
   if (size > UINT32_MAX) return EMSGSIZE;
   if (num_fds < 0 || num_fds > kMaxFdsPerFrame) return EINVAL;
   unsigned char header[kHeaderBytes];
@@ -224,10 +228,15 @@ int SendFrame(int sock, const void* payload, size_t size, const int* fds,
   size_t total = kHeaderBytes + size;
   size_t sent = 0;
   while (sent < total) {
-    ssize_t n = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+    ssize_t n =
+        ::sendmsg(sock, &msg, MSG_NOSIGNAL | (deadline ? MSG_DONTWAIT : 0));
     if (n < 0) {
       if (errno == EINTR) continue;
-      return errno;
+      if (deadline == nullptr || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+        return errno;
+      }
+      if (int w = WaitReady(sock, deadline, POLLOUT); w != kOk) return w;
+      continue;
     }
     sent += static_cast<size_t>(n);
     // Descriptors went with the first chunk; advance the iovecs.
@@ -248,6 +257,18 @@ int SendFrame(int sock, const void* payload, size_t size, const int* fds,
   return kOk;
 }
 
+}  // namespace
+
+int SendFrame(int sock, const void* payload, size_t size, const int* fds,
+              int num_fds) {
+  return SendFrameImpl(sock, payload, size, fds, num_fds, nullptr);
+}
+
+int SendFrame(int sock, const void* payload, size_t size, const int* fds,
+              int num_fds, Clock::time_point deadline) {
+  return SendFrameImpl(sock, payload, size, fds, num_fds, &deadline);
+}
+
 namespace {
 
 int RecvFrameImpl(int sock, uint32_t max_bytes, std::string* payload,
@@ -259,7 +280,7 @@ int RecvFrameImpl(int sock, uint32_t max_bytes, std::string* payload,
   bool fds_ok = true;
   // Read the header with recvmsg so the frame's descriptors are collected.
   while (got < kHeaderBytes) {
-    if (int w = WaitReadable(sock, deadline); w != kOk) {
+    if (int w = WaitReady(sock, deadline); w != kOk) {
       CloseAll(fds, first_fd);
       return w;
     }
@@ -328,7 +349,7 @@ int PeekFrame(int sock, uint32_t max_bytes, Clock::time_point deadline,
   size_t want = kHeaderBytes;
   size_t last = 0;
   for (;;) {
-    if (int w = WaitReadable(sock, &deadline); w != kOk) return w;
+    if (int w = WaitReady(sock, &deadline); w != kOk) return w;
     // No control buffer: descriptors a peek duplicates are closed by the
     // kernel, which reports them as MSG_CTRUNC.
     iovec iov{buf.data(), want};

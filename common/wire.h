@@ -26,7 +26,7 @@ enum : int {
   kTooManyFds = -3,
   kTruncated = -4,   // the peer closed the connection inside a frame
   kOverBudget = -5,  // the receive buffers' shared budget is spent
-  kTimedOut = -6,    // the deadline passed before the whole frame arrived
+  kTimedOut = -6,    // the deadline passed before the whole frame went through
 };
 
 using Clock = std::chrono::steady_clock;
@@ -114,6 +114,11 @@ std::string ResultText(int result);
 // written; retries EINTR; never raises SIGPIPE. Returns kOk or an errno.
 int SendFrame(int sock, const void* payload, size_t size, const int* fds,
               int num_fds);
+// The same, but never waits past `deadline` for room in the socket's buffer:
+// a peer that stopped reading gets kTimedOut then, and the frame may be
+// partly written (the connection is of no further use).
+int SendFrame(int sock, const void* payload, size_t size, const int* fds,
+              int num_fds, Clock::time_point deadline);
 
 // Receives one frame of at most `max_bytes` into `payload`. Received
 // descriptors are appended to `fds` (the caller owns and must close them;

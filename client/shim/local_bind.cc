@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -11,6 +12,7 @@
 
 #include <cerrno>
 #include <cinttypes>
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -38,6 +40,14 @@ std::map<std::string, void*>* g_modules = new std::map<std::string, void*>();
 // (target, canonical platform) -> its local binding.
 std::map<std::pair<std::string, std::string>, LocalBinding>* g_bound =
     new std::map<std::pair<std::string, std::string>, LocalBinding>();
+// (target, canonical platform) -> its binds in progress: a notice for it
+// waits for them (kregd may send it before BindLocal recorded the binding).
+std::map<std::pair<std::string, std::string>, int>* g_binding =
+    new std::map<std::pair<std::string, std::string>, int>();
+std::condition_variable g_bound_cv;  // a bind ended
+// A forked child runs none of its parent's binds in progress.
+[[maybe_unused]] const int g_binding_atfork =
+    ::pthread_atfork(nullptr, nullptr, [] { g_binding->clear(); });
 
 // True when `addr` lies in a mapping of the file (dev, ino) of this
 // process (/proc/self/maps).
@@ -194,7 +204,16 @@ ClientStatus BindLocal(Client* client, const std::string& target,
       *out = it->second;
       return ClientStatus::Ok();
     }
+    ++(*g_binding)[key];
   }
+  struct Done {
+    const std::pair<std::string, std::string>& key;
+    ~Done() {
+      std::lock_guard<std::mutex> lock(g_mu);
+      if (--(*g_binding)[key] == 0) g_binding->erase(key);
+      g_bound_cv.notify_all();
+    }
+  } done{key};
   v1::BindLocalReply reply;
   UniqueFd module;
   ClientStatus s =
@@ -244,7 +263,8 @@ ClientStatus ApplyRepoint(const v1::Repoint& notice, UniqueFd module,
       notice.target_name(), CanonicalPlatform(notice.platform())};
   *pinned = 0;
   {
-    std::lock_guard<std::mutex> lock(g_mu);
+    std::unique_lock<std::mutex> lock(g_mu);
+    g_bound_cv.wait(lock, [&] { return g_binding->count(key) == 0; });
     auto it = g_bound->find(key);
     if (it != g_bound->end() && it->second.pinned != 0) {
       *pinned = it->second.pinned;

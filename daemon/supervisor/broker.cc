@@ -361,7 +361,10 @@ void SessionBroker::ServeWatch() {
   spdlog::info("session {} (pid {} uid {}): watch connection", id_, peer_.pid,
                peer_.uid);
   LocalRepointer* repointer = ctx_.local_repointer;
-  repointer->Activate(id_, client_.get());
+  repointer->Activate(
+      id_, client_.get(),
+      [this](const TargetKey& key) { return ctx_.registry->Lookup(key); },
+      absl::Now() + absl::Milliseconds(ctx_.hello_timeout_ms));
   wire::RecvBuffer buffer;
   for (;;) {
     pollfd p{client_.get(), POLLIN, 0};
@@ -602,7 +605,16 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::Resolve(
         "`kregctl unquarantine ",
         key.name, " --platform ", PlatformName(key.platform), "`"));
   }
-  if (r.local()) return ResolveLocal(key, e, r.generation() != 0, fd_out);
+  if (r.local()) {
+    absl::StatusOr<v1::ResolveReply> reply =
+        ResolveLocal(key, e, r.generation() != 0, fd_out);
+    // As below: a replacement's LocalRepointer may have missed this holder.
+    if (reply.ok() && ctx_.bindings != nullptr && r.generation() == 0 &&
+        ctx_.registry->Lookup(key) != e) {
+      return Resolve(r, fd_out);
+    }
+    return reply;
+  }
   std::string path = ctx_.store->PathOf(e->module_digest);
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (!fd.ok()) {

@@ -1,11 +1,13 @@
 #include "daemon/supervisor/local_repointer.h"
 
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -52,11 +54,30 @@ absl::Status LocalRepointer::Reserve(uint64_t session, const PeerCred& peer) {
   return absl::OkStatus();
 }
 
-void LocalRepointer::Activate(uint64_t session, int sock) {
-  absl::MutexLock lock(&mu_);
-  auto it = watches_.find(session);
-  if (it != watches_.end()) {
+void LocalRepointer::Activate(
+    uint64_t session, int sock,
+    const std::function<EntryPtr(const TargetKey&)>& current,
+    absl::Time deadline) {
+  std::shared_ptr<Watch> w;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = watches_.find(session);
+    if (it == watches_.end()) return;
     it->second->sock.reset(::fcntl(sock, F_DUPFD_CLOEXEC, 0));
+    w = it->second;
+  }
+  // After the socket is set: a replacement committed before it is seen by
+  // `current`, a later one's Repoint sends to this socket itself.
+  for (const SessionBindings::Bound& held : bindings_->LocalOf(w->peer.pid)) {
+    const EntryPtr e = current(held.key);
+    // A pinned binding gets it too: the shim acks its pin, which counts.
+    if (e == nullptr || e->generation <= held.generation) continue;
+    if (absl::Status sent = Notify(session, w, *e, deadline); !sent.ok()) {
+      spdlog::warn("re-pointing \"{}\" ({}) to generation {}: pid {}: {}",
+                   e->key.name, PlatformName(e->key.platform), e->generation,
+                   w->peer.pid, sent.ToString());
+      return;
+    }
   }
 }
 
@@ -74,10 +95,11 @@ void LocalRepointer::Acked(uint64_t session, const v1::RepointAck& ack) {
   absl::MutexLock lock(&mu_);
   auto it = watches_.find(session);
   if (it == watches_.end()) return;
+  const pid_t pid = it->second->peer.pid;
   if (status.ok()) {
     // What `kregctl show` says this process runs.
     for (const auto& [id, held] : bindings_->HoldersOf(key)) {
-      if (held.first.pid == it->second->peer.pid && held.second.local) {
+      if (held.first.pid == pid && held.second.local) {
         bindings_->SetGeneration(id, key, ack.generation());
       }
     }
@@ -88,7 +110,7 @@ void LocalRepointer::Acked(uint64_t session, const v1::RepointAck& ack) {
         (wait->generation != ack.generation() && ack.pinned() == 0)) {
       continue;
     }
-    auto a = wait->acks.find(session);
+    auto a = wait->acks.find(pid);
     if (a != wait->acks.end() && a->second == nullptr) {
       a->second = std::make_unique<absl::Status>(status);
     }
@@ -105,7 +127,7 @@ void LocalRepointer::Detach(uint64_t session) {
     w = std::move(it->second);
     watches_.erase(it);
     for (Wait* wait : waits_) {
-      auto a = wait->acks.find(session);
+      auto a = wait->acks.find(w->peer.pid);
       if (a != wait->acks.end() && a->second == nullptr) {
         a->second = std::make_unique<absl::Status>(
             absl::UnavailableError("its watch connection closed"));
@@ -117,16 +139,40 @@ void LocalRepointer::Detach(uint64_t session) {
   absl::MutexLock lock(&w->send_mu);
 }
 
-absl::Status LocalRepointer::Send(const std::shared_ptr<Watch>& w,
-                                  const v1::SessionResponse& notice, int fd) {
+absl::Status LocalRepointer::Notify(uint64_t session,
+                                    const std::shared_ptr<Watch>& w,
+                                    const TargetEntry& entry,
+                                    absl::Time deadline) {
+  if (modules_ == nullptr) {
+    return absl::FailedPreconditionError("local execution is off");
+  }
+  absl::StatusOr<UniqueFd> fd =
+      modules_->Open(entry.module_digest, entry.module_size, session);
+  if (!fd.ok()) return fd.status();
+  v1::SessionResponse notice;
+  v1::Repoint* r = notice.mutable_repoint();
+  r->set_target_name(entry.key.name);
+  r->set_platform(PlatformName(entry.key.platform));
+  r->set_generation(entry.generation);
+  r->set_module_digest(entry.module_digest);
+  r->set_module_size(entry.module_size);
+  r->set_func_name(entry.func_name);
   std::string out;
   notice.SerializeToString(&out);
   absl::MutexLock lock(&w->send_mu);
-  const int fds[1] = {fd};
-  const int rc = wire::SendFrame(w->sock.get(), out.data(), out.size(), fds, 1);
+  const int fds[1] = {fd->get()};
+  const int rc = wire::SendFrame(
+      w->sock.get(), out.data(), out.size(), fds, 1,
+      wire::Clock::now() + absl::ToChronoNanoseconds(deadline - absl::Now()));
   if (rc == wire::kOk) return absl::OkStatus();
-  return absl::UnavailableError(
-      absl::StrCat("sending it the notice failed: ", wire::ResultText(rc)));
+  // Part of the frame may have gone: the connection is of no further use.
+  // The shim reopens it when it reads again; Activate sends what it missed.
+  ::shutdown(w->sock.get(), SHUT_RDWR);
+  return absl::UnavailableError(absl::StrCat(
+      "sending it the notice failed (",
+      rc == wire::kTimedOut ? "it did not read its watch connection in time"
+                            : wire::ResultText(rc),
+      "); kregd closed that connection"));
 }
 
 std::map<pid_t, std::pair<PeerCred, uint32_t>> LocalRepointer::LocalHolders(
@@ -145,43 +191,30 @@ std::vector<Repointer::Laggard> LocalRepointer::Repoint(
   const std::map<pid_t, std::pair<PeerCred, uint32_t>> holders =
       LocalHolders(entry.key);
   if (holders.empty()) return {};
-  v1::SessionResponse notice;
-  v1::Repoint* r = notice.mutable_repoint();
-  r->set_target_name(entry.key.name);
-  r->set_platform(PlatformName(entry.key.platform));
-  r->set_generation(entry.generation);
-  r->set_module_digest(entry.module_digest);
-  r->set_module_size(entry.module_size);
-  r->set_func_name(entry.func_name);
   Wait wait{entry.key, entry.generation, {}};
-  std::map<pid_t, std::pair<uint64_t, std::shared_ptr<Watch>>> watch_of;
+  std::vector<std::pair<uint64_t, std::shared_ptr<Watch>>> watches;
   {
     absl::MutexLock lock(&mu_);
+    for (const auto& [pid, holder] : holders) wait.acks[pid] = nullptr;
     for (const auto& [id, w] : watches_) {
-      if (!w->sock.ok()) continue;
-      if (holders.count(w->peer.pid) == 0) continue;
-      watch_of[w->peer.pid] = {id, w};
-      wait.acks[id] = nullptr;
+      if (w->sock.ok() && holders.count(w->peer.pid) != 0) {
+        watches.emplace_back(id, w);
+      }
     }
     waits_.push_back(&wait);
   }
-  for (const auto& [pid, sw] : watch_of) {
-    const auto& [id, w] = sw;
-    absl::Status sent;
-    if (modules_ == nullptr) {
-      sent = absl::FailedPreconditionError("local execution is off");
-    } else if (absl::StatusOr<UniqueFd> fd =
-                   modules_->Open(entry.module_digest, entry.module_size, id);
-               !fd.ok()) {
-      sent = fd.status();
-    } else {
-      sent = Send(w, notice, fd->get());
-    }
-    if (sent.ok()) continue;
-    absl::MutexLock lock(&mu_);
-    if (wait.acks[id] == nullptr) {
-      wait.acks[id] = std::make_unique<absl::Status>(sent);
-    }
+  // One sender each: a process that stopped reading delays only its own
+  // notice, until the deadline.
+  std::vector<std::thread> senders;
+  for (const auto& [id, w] : watches) {
+    senders.emplace_back([this, &wait, &entry, deadline, id = id, w = w] {
+      const absl::Status sent = Notify(id, w, entry, deadline);
+      absl::MutexLock lock(&mu_);
+      if (!sent.ok() && wait.acks[w->peer.pid] == nullptr) {
+        wait.acks[w->peer.pid] = std::make_unique<absl::Status>(sent);
+        cv_.SignalAll();
+      }
+    });
   }
   {
     absl::MutexLock lock(&mu_);
@@ -195,34 +228,26 @@ std::vector<Repointer::Laggard> LocalRepointer::Repoint(
     }
     waits_.erase(std::find(waits_.begin(), waits_.end(), &wait));
   }
+  for (std::thread& t : senders) t.join();
   // A process that ended meanwhile holds nothing any more.
   const std::map<pid_t, std::pair<PeerCred, uint32_t>> still =
       LocalHolders(entry.key);
   std::vector<Laggard> laggards;
-  absl::MutexLock lock(&mu_);
   for (const auto& [pid, holder] : holders) {
     if (still.count(pid) == 0) continue;
-    const PeerCred& h = holder.first;
+    const absl::Status* acked = wait.acks[pid].get();
+    if (acked != nullptr && acked->ok()) continue;
+    spdlog::warn("re-pointing \"{}\" ({}) to generation {}: pid {}: {}",
+                 entry.key.name, PlatformName(entry.key.platform),
+                 entry.generation, pid,
+                 acked == nullptr ? "no acknowledgement before the deadline "
+                                    "(no watch connection, or no answer on "
+                                    "it)"
+                                  : acked->ToString());
     // What it resolved or acknowledged last.
-    const uint64_t runs =
-        holder.second != 0 ? holder.second : entry.generation - 1;
-    auto it = watch_of.find(h.pid);
-    if (it == watch_of.end()) {
-      spdlog::warn(
-          "re-pointing \"{}\" ({}) to generation {}: pid {} holds it locally "
-          "but has no watch connection",
-          entry.key.name, PlatformName(entry.key.platform), entry.generation,
-          h.pid);
-    } else {
-      const absl::Status* acked = wait.acks[it->second.first].get();
-      if (acked != nullptr && acked->ok()) continue;
-      spdlog::warn("re-pointing \"{}\" ({}) to generation {}: pid {}: {}",
-                   entry.key.name, PlatformName(entry.key.platform),
-                   entry.generation, h.pid,
-                   acked == nullptr ? "no acknowledgement before the deadline"
-                                    : acked->ToString());
-    }
-    laggards.push_back(Laggard{h, /*local=*/true, runs});
+    laggards.push_back(
+        Laggard{holder.first, /*local=*/true,
+                holder.second != 0 ? holder.second : entry.generation - 1});
   }
   return laggards;
 }

@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <utility>
@@ -42,8 +43,13 @@ class LocalRepointer final : public Repointer {
   // max_watches_per_uid; both name the limit and the remedy.
   absl::Status Reserve(uint64_t session, const PeerCred& peer);
   // `session`'s WatchReply went out: its notices go to (a duplicate of)
-  // `sock` from now on.
-  void Activate(uint64_t session, int sock);
+  // `sock` from now on. Each target its process holds locally at a
+  // generation older than `current(key)`'s (it resolved it before it
+  // watched, or while its watch was closed) gets its notice now, by
+  // `deadline`; a Repoint waiting for the process counts its ack.
+  void Activate(uint64_t session, int sock,
+                const std::function<EntryPtr(const TargetKey&)>& current,
+                absl::Time deadline);
   // A RepointAck read on `session`'s watch connection.
   void Acked(uint64_t session, const v1::RepointAck& ack);
   // The watch connection ended (or was refused): forgotten; a notice
@@ -51,8 +57,9 @@ class LocalRepointer final : public Repointer {
   void Detach(uint64_t session);
 
   // Sends Repoint to every process that holds entry.key locally and waits
-  // for their acks until `deadline`. A holder without a watch connection,
-  // or whose ack is an error, is a laggard (the error is logged); a holder
+  // for their acks until `deadline`; a holder whose watch connection opens
+  // meanwhile gets it then (Activate). A holder without an ack by then, or
+  // whose ack is an error, is a laggard (the error is logged); a holder
   // that ended meanwhile, or whose binding is pinned (its ack says so), is
   // not.
   std::vector<Laggard> Repoint(const TargetEntry& entry,
@@ -64,15 +71,18 @@ class LocalRepointer final : public Repointer {
     UniqueFd sock;        // kregd's duplicate; invalid until Activate
     absl::Mutex send_mu;  // one frame at a time
   };
-  // One Repoint call's notices: by watch session, the ack's status once
-  // it came.
+  // One Repoint call's notices: by holder pid, the ack's status once it
+  // came.
   struct Wait {
     TargetKey key;
     uint64_t generation = 0;
-    std::map<uint64_t, std::unique_ptr<absl::Status>> acks;
+    std::map<pid_t, std::unique_ptr<absl::Status>> acks;
   };
-  absl::Status Send(const std::shared_ptr<Watch>& w,
-                    const v1::SessionResponse& notice, int fd);
+  // Sends `w` (of `session`) the Repoint notice of `entry` with its
+  // module, waiting no longer than `deadline` for room (then it closes the
+  // connection: a frame may be half sent).
+  absl::Status Notify(uint64_t session, const std::shared_ptr<Watch>& w,
+                      const TargetEntry& entry, absl::Time deadline);
   // The processes that hold `key` locally, by pid, with the generation
   // each resolved or acknowledged last (0: unknown).
   std::map<pid_t, std::pair<PeerCred, uint32_t>> LocalHolders(

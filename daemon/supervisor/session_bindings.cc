@@ -53,6 +53,17 @@ std::vector<PeerCred> SessionBindings::Holders(const TargetKey& key) {
   return out;
 }
 
+std::vector<SessionBindings::Bound> SessionBindings::LocalOf(pid_t pid) {
+  absl::MutexLock lock(&mu_);
+  std::vector<Bound> out;
+  for (const auto& [id, s] : sessions_) {
+    for (const auto& [key, b] : s.keys) {
+      if (s.peer.pid == pid && b.local) out.push_back(b);
+    }
+  }
+  return out;
+}
+
 std::map<uint64_t, std::vector<SessionBindings::Bound>>
 SessionBindings::Snapshot() {
   absl::MutexLock lock(&mu_);

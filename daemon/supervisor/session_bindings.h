@@ -42,6 +42,8 @@ class SessionBindings final : public BindingOracle {
   // The session acknowledged (or resolved) `generation` of `key`.
   void SetGeneration(uint64_t session_id, const TargetKey& key,
                      uint32_t generation);
+  // What the live sessions of process `pid` hold locally.
+  std::vector<Bound> LocalOf(pid_t pid);
   // What each live session has bound, by session id.
   std::map<uint64_t, std::vector<Bound>> Snapshot();
   // Live sessions that hold at least one target locally.

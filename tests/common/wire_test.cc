@@ -209,6 +209,25 @@ TEST_CASE("A deadline covers every byte of a frame", "[wire]") {
         "the message did not arrive in time");
 }
 
+TEST_CASE("A send with a deadline gives up on a peer that stopped reading",
+          "[wire]") {
+  Pair p;
+  const std::string big(1 << 20, 'x');  // more than the socket buffers
+  CHECK(wire::SendFrame(p.a.get(), big.data(), big.size(), nullptr, 0,
+                        wire::Clock::now() + std::chrono::milliseconds(100)) ==
+        wire::kTimedOut);
+  // A reader takes one whole frame before the deadline.
+  Pair q;
+  std::string got;
+  std::vector<int> fds;
+  std::thread reader([&] { wire::RecvFrame(q.b.get(), 2 << 20, &got, &fds); });
+  CHECK(wire::SendFrame(q.a.get(), big.data(), big.size(), nullptr, 0,
+                        wire::Clock::now() + std::chrono::seconds(60)) ==
+        wire::kOk);
+  reader.join();
+  CHECK(got == big);
+}
+
 TEST_CASE("A frame that arrives before its deadline is received", "[wire]") {
   Pair p;
   std::string bytes = Announce(5, "hello");

@@ -5,8 +5,10 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -46,6 +48,21 @@ inline UniqueFd SealedMemfd(uint64_t size) {
     Fail("memfd");
   }
   return fd;
+}
+
+// The reading end of a stream socket whose peer wrote `data` (its first
+// 64 KiB, which fit the socket buffer) and closed; invalid on failure.
+inline UniqueFd ClosedStream(const uint8_t* data, size_t size) {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    return UniqueFd();
+  }
+  UniqueFd ours(sv[0]), theirs(sv[1]);
+  const size_t n = std::min<size_t>(size, 64 * 1024);
+  if (n > 0 && ::write(theirs.get(), data, n) != static_cast<ssize_t>(n)) {
+    return UniqueFd();
+  }
+  return ours;
 }
 
 }  // namespace kreg::fuzz

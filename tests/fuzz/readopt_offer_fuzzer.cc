@@ -11,7 +11,6 @@
 // target list.
 //
 // Input: byte 0 = sessions announced (mod 4); the rest is the byte stream.
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -57,16 +56,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static bool init = (fuzz::QuietLogs(), true);
   (void)init;
   if (size < 1) return 0;
-  int sv[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return 0;
-  UniqueFd ours(sv[0]);
-  UniqueFd theirs(sv[1]);
-  // Small inputs fit the socket buffer: written whole, then closed.
-  const size_t n = std::min<size_t>(size - 1, 64 * 1024);
-  if (n > 0 && ::write(theirs.get(), data + 1, n) != static_cast<ssize_t>(n)) {
-    return 0;
-  }
-  theirs.reset();
+  UniqueFd ours = fuzz::ClosedStream(data + 1, size - 1);
+  if (!ours.ok()) return 0;
   // The listener's first read: one bounded frame, judged.
   std::string payload;
   std::vector<int> fds;

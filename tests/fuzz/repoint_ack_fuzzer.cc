@@ -8,10 +8,8 @@
 // UNAVAILABLE.
 //
 // Input: byte 0 = the generation awaited (mod 4); the rest is the stream.
-#include <sys/socket.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -26,25 +24,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static bool init = (fuzz::QuietLogs(), true);
   (void)init;
   if (size < 1) return 0;
-  int sv[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return 0;
-  UniqueFd theirs(sv[1]);
-  // Small inputs fit the socket buffer: written whole, then closed.
-  const size_t n = std::min<size_t>(size - 1, 64 * 1024);
-  if (n > 0 && ::write(theirs.get(), data + 1, n) != static_cast<ssize_t>(n)) {
-    ::close(sv[0]);
-    return 0;
-  }
-  theirs.reset();
+  UniqueFd ours = fuzz::ClosedStream(data + 1, size - 1);
+  if (!ours.ok()) return 0;
   absl::StatusOr<StatusPage> page = StatusPage::Create(1);
-  if (!page.ok()) {
-    ::close(sv[0]);
-    return 0;
-  }
+  if (!page.ok()) return 0;
   // An Executor over the socket, as for a re-adopted one; its pid is this
   // process's (Abandon()ed: nothing waits on or signals it).
   absl::StatusOr<std::unique_ptr<Executor>> exec = Executor::Readopt(
-      ::getpid(), UniqueFd(sv[0]), *std::move(page), v1::ExecInitReply());
+      ::getpid(), std::move(ours), *std::move(page), v1::ExecInitReply());
   if (!exec.ok()) return 0;
   v1::ExecRepoint r;
   r.set_target_name("op");

@@ -762,5 +762,61 @@ TEST_CASE(
           "file descriptor, and 1 came with it");
 }
 
+TEST_CASE(
+    "A process whose watch opens while a replacement waits for it switches "
+    "(docs/replace.md section 4)",
+    "[integration][watch]") {
+  TempDir dir;
+  Daemon d(dir.path(), {"--replace", "owner"});
+  d.Start();
+  auto upload = [&](const std::string& lib) {
+    RegisterRequest r;
+    r.target_name = "demo.w";
+    r.func_name = "Scale";
+    r.module_bytes = testing::ReadFile(d.Kernel(lib));
+    return r;
+  };
+  REQUIRE(d.client().Register(upload("libdemo.so")).ok());
+  // The first replaceable local bind: kregd records the hold, and the
+  // process opens its watch after the reply.
+  const std::string path = d.socket() + ".session";
+  int s = Connect(path);
+  Hello(s);
+  v1::SessionRequest bind;
+  bind.set_id(2);
+  bind.mutable_bind_local()->set_target_name("demo.w");
+  bind.mutable_bind_local()->set_platform("cpu");
+  v1::SessionResponse bound = Call(s, bind);
+  INFO(bound.status().message());
+  REQUIRE(bound.bind_local().replaceable());
+  RegisterRequest next = upload("libdemo_v2.so");
+  next.replace = true;
+  absl::Status replaced = absl::UnknownError("not run");
+  std::thread t([&] { replaced = d.client().Register(next).status(); });
+  // The replacement waits for this process (a pause makes it likely that
+  // it started before the watch opens; either order passes).
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  int w = Connect(path);
+  v1::SessionRequest watch;
+  watch.set_id(1);
+  watch.mutable_watch();
+  REQUIRE(Call(w, watch).has_watch());
+  v1::SessionResponse notice = Next(w);
+  REQUIRE(notice.has_repoint());
+  CHECK(notice.repoint().generation() == 2);
+  v1::SessionRequest ack;
+  ack.mutable_repoint_ack()->set_target_name("demo.w");
+  ack.mutable_repoint_ack()->set_platform("cpu");
+  ack.mutable_repoint_ack()->set_generation(2);
+  std::string out;
+  ack.SerializeToString(&out);
+  REQUIRE(wire::SendFrame(w, out.data(), out.size(), nullptr, 0) == wire::kOk);
+  t.join();
+  CHECK(replaced.message() == "");
+  CHECK(replaced.ok());
+  ::close(w);
+  ::close(s);
+}
+
 }  // namespace
 }  // namespace kreg

@@ -16,6 +16,7 @@ import pytest
 
 import kernels_util as ku
 import kregd_proc
+from holder import Holder
 from kregd_proc import run_kregctl as kregctl
 
 import kreg
@@ -137,45 +138,19 @@ def test_a_bind_args_struct_of_c_abi_1_5_is_refused(d):
         3, f"{name}: bad args struct or no client")
 
 
-# Binds demo.pin at generation argv[2] (argv[1]: mode) and calls it whenever
-# a line arrives on stdin, printing the result.
-CALL_ON_EACH_LINE = """
-import sys
-import jax, numpy as np
-import kreg
-kreg.bind_ffi_target("demo.pin", platform="cpu", execution=sys.argv[1],
-                     generation=int(sys.argv[2]))
-x = (np.arange(256) % 10).astype(np.uint8)
-call = jax.ffi.ffi_call("demo.pin", jax.ShapeDtypeStruct(x.shape, x.dtype))
-for _ in sys.stdin:
-  print(bytes(np.asarray(call(x, factor=np.float32(2)))).hex(), flush=True)
-"""
-
-
 @pytest.mark.parametrize("mode", ["isolated", "local"])
 def test_a_pin_outlives_a_kregd_restart(d, mode):
-  p = subprocess.Popen([sys.executable, "-c",
-                        textwrap.dedent(CALL_ON_EACH_LINE), mode, "1"],
-                       env=d.env(), stdin=subprocess.PIPE,
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       text=True)
+  p = Holder(d, "demo.pin", mode, pin=1)
   try:
-    def call():
-      p.stdin.write("\n")
-      p.stdin.flush()
-      line = p.stdout.readline()
-      assert line, p.stderr.read()
-      return bytes.fromhex(line.strip())
-    assert call() == OLD
+    assert p.call() == {"y": [0, 2, 4, 6], "traces": 1}  # Scale
     # Isolated: the new kregd re-adopts the executor (its handler table
     # keeps the pin) or the session reconnects (each descriptor asks for
     # generation 1 again). Local: the module stays loaded; the hold is
     # re-recorded with its generation.
     d.restart()
-    assert call() == OLD
+    assert p.call() == {"y": [0, 2, 4, 6], "traces": 1}
   finally:
-    p.stdin.close()
-    assert p.wait(timeout=60) == 0, p.stderr.read()
+    p.end()
   assert show_generation(d) == 2
 
 

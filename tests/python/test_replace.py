@@ -29,6 +29,7 @@ import pytest
 
 import kernels_util as ku
 import kregd_proc
+from holder import Holder
 from test_metrics import sample, scrape
 from kregd_proc import run_kregctl as kregctl
 
@@ -156,51 +157,6 @@ def test_the_owner_replaces_and_a_restart_keeps_the_generation(d):
 
 V1 = [0.0, 2.0, 4.0, 6.0]
 V2 = [0.0, 3.0, 6.0, 9.0]
-
-# Binds argv[1] isolated and jits a function that calls it; then for every
-# line "call" on stdin prints the function's result and how often it was
-# traced (once: the replacement needs no re-jit).
-HOLD_AND_CALL = """
-import json, sys
-import jax, numpy as np
-import kreg
-name = sys.argv[1]
-kreg.bind_ffi_target(name, platform="cpu", execution="isolated")
-traces = []
-@jax.jit
-def f(x):
-  traces.append(1)
-  return jax.ffi.ffi_call(name, jax.ShapeDtypeStruct(x.shape, x.dtype))(
-      x, factor=np.float32(2))
-x = np.arange(4, dtype=np.float32)
-for line in sys.stdin:
-  print(json.dumps({"y": np.asarray(f(x)).tolist(), "traces": len(traces)}),
-        flush=True)
-"""
-
-
-class Holder:
-  """A child process holding `name` isolated, with a jitted caller."""
-
-  def __init__(self, d, name):
-    self.p = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(HOLD_AND_CALL), name],
-        env=d.env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
-    self.pid = self.p.pid
-
-  def call(self):
-    self.p.stdin.write("call\n")
-    self.p.stdin.flush()
-    line = self.p.stdout.readline()
-    if not line:
-      self.p.kill()
-      raise AssertionError(self.p.stderr.read())
-    return json.loads(line)
-
-  def end(self):
-    end(self.p)
-
 
 def replace_from_python(d, name, module):
   """kreg.register_ffi_target(..., replace=True) in a fresh process: its

@@ -21,6 +21,7 @@ import pytest
 
 import kernels_util as ku
 import kregd_proc
+from holder import Holder
 from kregd_proc import run_kregctl as kregctl
 
 
@@ -38,61 +39,16 @@ def register(d, name, module, *extra):
                  "--platform", "cpu", *extra)
 
 
-# Binds argv[1] (argv[3]: local or isolated; pinned to generation argv[2],
-# 0: none) and jits a
-# call of it; prints the call's result and how often the function was
-# traced, once now and once per line of stdin.
-HOLD = """
-import json, sys
-import jax, numpy as np
-import kreg
-name, pin, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-kreg.bind_ffi_target(name, platform="cpu", execution=mode, generation=pin)
-traces = []
-@jax.jit
-def f(x):
-  traces.append(1)
-  return jax.ffi.ffi_call(name, jax.ShapeDtypeStruct(x.shape, x.dtype))(
-      x, factor=np.float32(2))
-def say():
-  y = np.asarray(f(np.arange(4, dtype=np.float32))).tolist()
-  print(json.dumps({"y": y, "traces": len(traces)}), flush=True)
-say()
-for _ in sys.stdin:
-  say()
-"""
-
-
-def hold(d, name, pin=0, mode="local"):
-  p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLD), name,
-                        str(pin), mode],
-                       env=d.env(), stdin=subprocess.PIPE,
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       text=True)
-  return p
-
-
-def next_line(p):
-  line = p.stdout.readline()
-  if not line:
-    p.kill()
-    raise AssertionError(p.stderr.read())
-  return json.loads(line)
-
-
 def test_a_running_local_process_switches_without_rejitting(d):
   register(d, "demo.ver", "libdemo.so")
-  p = hold(d, "demo.ver")
+  p = Holder(d, "demo.ver", "local")
   try:
-    assert next_line(p) == {"y": [0, 2, 4, 6], "traces": 1}
+    assert p.call() == {"y": [0, 2, 4, 6], "traces": 1}
     r = register(d, "demo.ver", "libdemo_v2.so", "--replace")
     assert r.returncode == 0, r.stderr
-    p.stdin.write("\n")
-    p.stdin.flush()
-    assert next_line(p) == {"y": [0, 3, 6, 9], "traces": 1}
+    assert p.call() == {"y": [0, 3, 6, 9], "traces": 1}
   finally:
-    p.stdin.close()
-    assert p.wait(timeout=60) == 0, p.stderr.read()
+    p.end()
   [target] = json.loads(kregctl(d, "show", "demo.ver", "--json").stdout)
   assert target["generation"] == 2
   assert f"(pid {p.pid} uid " in d.log() and "watch connection" in d.log()
@@ -101,18 +57,15 @@ def test_a_running_local_process_switches_without_rejitting(d):
 @pytest.mark.parametrize("mode", ["local", "isolated"])
 def test_a_pinned_binding_keeps_its_generation_and_is_no_laggard(d, mode):
   register(d, "demo.pin", "libdemo.so")
-  pinned = hold(d, "demo.pin", pin=1, mode=mode)
-  follows = hold(d, "demo.pin", mode=mode)
+  pinned = Holder(d, "demo.pin", mode, pin=1)
+  follows = Holder(d, "demo.pin", mode)
   try:
-    assert next_line(pinned) == {"y": [0, 2, 4, 6], "traces": 1}
-    assert next_line(follows) == {"y": [0, 2, 4, 6], "traces": 1}
+    assert pinned.call() == {"y": [0, 2, 4, 6], "traces": 1}
+    assert follows.call() == {"y": [0, 2, 4, 6], "traces": 1}
     r = register(d, "demo.pin", "libdemo_v2.so", "--replace")
     assert r.returncode == 0, r.stderr
-    for p in (pinned, follows):
-      p.stdin.write("\n")
-      p.stdin.flush()
-    assert next_line(pinned) == {"y": [0, 2, 4, 6], "traces": 1}
-    assert next_line(follows) == {"y": [0, 3, 6, 9], "traces": 1}
+    assert pinned.call() == {"y": [0, 2, 4, 6], "traces": 1}
+    assert follows.call() == {"y": [0, 3, 6, 9], "traces": 1}
     # kregctl show says what each runs.
     [target] = json.loads(kregctl(d, "show", "demo.pin", "--json").stdout)
     by = {b["pid"]: b for b in target["bound_by"]}
@@ -120,9 +73,8 @@ def test_a_pinned_binding_keeps_its_generation_and_is_no_laggard(d, mode):
     assert (by[follows.pid]["mode"], by[follows.pid]["generation"]) == (mode,
                                                                         2)
   finally:
-    for p in (pinned, follows):
-      p.stdin.close()
-      assert p.wait(timeout=60) == 0, p.stderr.read()
+    pinned.end()
+    follows.end()
 
 
 def test_a_stopped_local_holder_times_out_named_and_switches_when_continued():
@@ -130,9 +82,9 @@ def test_a_stopped_local_holder_times_out_named_and_switches_when_continued():
       "kreg-rplocal-", ["--replace", "owner", "--replace-timeout", "2"])
   try:
     register(d, "demo.halt", "libdemo.so")
-    p = hold(d, "demo.halt")
+    p = Holder(d, "demo.halt", "local")
     try:
-      assert next_line(p) == {"y": [0, 2, 4, 6], "traces": 1}
+      assert p.call() == {"y": [0, 2, 4, 6], "traces": 1}
       os.kill(p.pid, signal.SIGSTOP)
       try:
         r = kregctl(d, "register", "demo.halt", "--module",
@@ -147,11 +99,7 @@ def test_a_stopped_local_holder_times_out_named_and_switches_when_continued():
               "1)") in r.stderr, r.stderr
       # Continued, its watch thread applies the notice kregd sent.
       deadline = time.monotonic() + 60
-      while True:
-        p.stdin.write("\n")
-        p.stdin.flush()
-        if next_line(p) == {"y": [0, 3, 6, 9], "traces": 1}:
-          break
+      while p.call() != {"y": [0, 3, 6, 9], "traces": 1}:
         assert time.monotonic() < deadline, "the continued holder never switched"
       # Its late acknowledgement is what kregctl show reports.
       while True:
@@ -160,8 +108,7 @@ def test_a_stopped_local_holder_times_out_named_and_switches_when_continued():
           break
         assert time.monotonic() < deadline, "the late acknowledgement is lost"
     finally:
-      p.stdin.close()
-      assert p.wait(timeout=60) == 0, p.stderr.read()
+      p.end()
   finally:
     kregd_proc.finish_test_daemon(d)
 
@@ -199,12 +146,11 @@ def test_under_deny_a_local_bind_opens_no_watch():
   d = kregd_proc.start_test_daemon("kreg-rpdeny-")
   try:
     register(d, "demo.fixed", "libdemo.so")
-    p = hold(d, "demo.fixed")
+    p = Holder(d, "demo.fixed", "local")
     try:
-      assert next_line(p) == {"y": [0, 2, 4, 6], "traces": 1}
+      assert p.call() == {"y": [0, 2, 4, 6], "traces": 1}
     finally:
-      p.stdin.close()
-      assert p.wait(timeout=60) == 0, p.stderr.read()
+      p.end()
     assert "bound locally" in d.log()
     assert "watch connection" not in d.log()
   finally:

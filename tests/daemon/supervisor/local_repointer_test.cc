@@ -6,6 +6,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,14 +46,25 @@ struct World {
   TargetEntry entry;
 };
 
-// A shim's end of a watch connection.
+using Current = std::function<EntryPtr(const TargetKey&)>;
+
+// A shim's end of a watch connection; `full`: kregd's end has no room left
+// (the shim stopped reading); `current`: the registry's entries.
 struct Shim {
-  explicit Shim(LocalRepointer* r, uint64_t session) {
+  explicit Shim(
+      LocalRepointer* r, uint64_t session, const PeerCred& who = kAlice,
+      bool full = false,
+      const Current& current = [](const TargetKey&) { return nullptr; })
+      : peer(who) {
     int sv[2];
     REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
     mine.reset(sv[0]);
+    const std::string filler(4096, 'f');
+    while (full &&
+           ::send(sv[1], filler.data(), filler.size(), MSG_DONTWAIT) > 0) {
+    }
     REQUIRE(r->Reserve(session, peer).ok());
-    r->Activate(session, sv[1]);
+    r->Activate(session, sv[1], current, absl::Now() + absl::Seconds(60));
     ::close(sv[1]);  // the repointer keeps its duplicate
   }
   // The next notice and its descriptors.
@@ -232,6 +246,78 @@ TEST_CASE("An error ack, a missing ack and a closed watch make laggards",
     REQUIRE(l.size() == 1);
     CHECK(l[0].generation == 2);
   }
+}
+
+TEST_CASE("A holder whose watch connection opens while kregd waits switches",
+          "[local_repointer]") {
+  World w;
+  LocalRepointer r(&w.bindings, &w.cache);
+  w.bindings.Add(9, kAlice, w.entry.key, /*local=*/true, 1);
+  std::vector<Repointer::Laggard> l;
+  std::thread t(
+      [&] { l = r.Repoint(w.entry, absl::Now() + absl::Seconds(60)); });
+  // The first replaceable bind of a process: its watch opens after kregd
+  // recorded the hold (a pause makes that order likely; either passes).
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  Shim shim(&r, 1, kAlice, false, [&](const TargetKey&) {
+    return std::make_shared<TargetEntry>(w.entry);
+  });
+  std::vector<UniqueFd> fds;
+  r.Acked(1, Ack(shim.Next(&fds)));
+  t.join();
+  CHECK(l.empty());
+}
+
+TEST_CASE("A watch connection that opens gets what its process missed",
+          "[local_repointer]") {
+  World w;
+  LocalRepointer r(&w.bindings, &w.cache);
+  const TargetKey pinned{"demo.pinned", Platform::kCpu};
+  const TargetKey current{"demo.current", Platform::kCpu};
+  w.bindings.Add(9, kAlice, w.entry.key, /*local=*/true, 1);
+  w.bindings.Add(9, kAlice, pinned, /*local=*/true, 1, /*pinned=*/true);
+  w.bindings.Add(9, kAlice, current, /*local=*/true, 2);
+  w.bindings.Add(10, kAlice2, w.entry.key, /*local=*/true, 1);  // another pid
+  w.bindings.Add(11, kAlice, {"demo.isolated", Platform::kCpu}, false, 1);
+  Shim shim(&r, 1, kAlice, false, [&](const TargetKey& key) {
+    auto e = std::make_shared<TargetEntry>(w.entry);
+    e->key = key;
+    return e;
+  });
+  // In key order; the pinned binding's shim acks its pin (section 7).
+  std::vector<UniqueFd> fds;
+  CHECK(shim.Next(&fds).target_name() == "demo.pinned");
+  v1::Repoint n = shim.Next(&fds);
+  CHECK(n.target_name() == "demo.t");
+  CHECK(n.generation() == 2);
+  CHECK(fds.size() == 2);
+  char byte;  // nothing else: the others are current or not its own
+  CHECK(::recv(shim.mine.get(), &byte, 1, MSG_DONTWAIT) == -1);
+  r.Acked(1, Ack(n));
+  for (const auto& [id, held] : w.bindings.HoldersOf(w.entry.key)) {
+    CHECK(held.second.generation == (id == 9 ? 2u : 1u));
+  }
+}
+
+TEST_CASE(
+    "A process that stopped reading its watch is a laggard by the deadline",
+    "[local_repointer]") {
+  World w;
+  LocalRepointer r(&w.bindings, &w.cache);
+  w.bindings.Add(9, kAlice, w.entry.key, /*local=*/true);
+  w.bindings.Add(10, kAlice2, w.entry.key, /*local=*/true);
+  Shim stuck(&r, 1, kAlice, /*full=*/true);
+  Shim reader(&r, 2, kAlice2);
+  std::vector<UniqueFd> fds;
+  std::thread t([&] { r.Acked(2, Ack(reader.Next(&fds))); });
+  std::vector<Repointer::Laggard> l =
+      r.Repoint(w.entry, absl::Now() + absl::Milliseconds(300));
+  t.join();
+  REQUIRE(l.size() == 1);  // the reader switched meanwhile
+  CHECK(l[0].peer.pid == kAlice.pid);
+  CHECK(l[0].generation == 1);
+  // kregd closed the stuck one's connection: a frame may be half sent.
+  CHECK(::send(stuck.mine.get(), "x", 1, MSG_NOSIGNAL) == -1);
 }
 
 }  // namespace
