@@ -31,6 +31,7 @@ import textwrap
 import numpy as np
 import pytest
 
+import holder
 import kernels_util as ku
 from kregd_proc import Daemon, kregctl_binary
 from test_cluster import (EtcdCluster, digest_of, free_ports, kregctl, listed,
@@ -177,46 +178,12 @@ def test_a_replacement_on_one_host_is_the_next_generation_everywhere(cl):
   assert call_on(cl.b, "rep.op", 1) == OLD
 
 
-# Binds argv[1] in mode argv[2] and jits a function calling it; for every
-# line on stdin prints its result for [0, 1, 2, 3] and factor 2, and how
-# often it was traced.
-HOLD = """
-import json, sys
-import jax, numpy as np
-import kreg
-name = sys.argv[1]
-kreg.bind_ffi_target(name, platform="cpu", execution=sys.argv[2])
-traces = []
-@jax.jit
-def f(x):
-  traces.append(1)
-  return jax.ffi.ffi_call(name, jax.ShapeDtypeStruct(x.shape, x.dtype))(
-      x, factor=np.float32(2))
-x = np.arange(4, dtype=np.float32)
-for line in sys.stdin:
-  print(json.dumps({"y": np.asarray(f(x)).tolist(), "traces": len(traces)}),
-        flush=True)
-"""
-
-
-class Holder:
-  """A process on `host` that holds `name` (bound in `mode`) in a jitted
-  function; call() runs it once."""
+class Holder(holder.Holder):
+  """holder.Holder on `host`, which knows what its host says it runs."""
 
   def __init__(self, host: Daemon, name: str, mode: str):
+    super().__init__(host, name, mode)
     self.host, self.name = host, name
-    self.p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLD),
-                               name, mode], env=host.env(),
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-    self.pid = self.p.pid
-
-  def call(self) -> dict:
-    self.p.stdin.write("call\n")
-    self.p.stdin.flush()
-    line = self.p.stdout.readline()
-    assert line, self.p.stderr.read() + self.host.log()
-    return json.loads(line)
 
   def runs(self):
     """The generation its host's kregctl show says it runs."""
@@ -224,10 +191,6 @@ class Holder:
       if b["pid"] == self.pid:
         return b["generation"]
     return None
-
-  def end(self):
-    self.p.stdin.close()
-    assert self.p.wait(timeout=60) == 0, self.p.stderr.read()
 
 
 @pytest.mark.parametrize("mode", ["isolated", "local"])
