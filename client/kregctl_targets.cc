@@ -111,6 +111,14 @@ ShowExtras ReadShowExtras(Client& client, const std::string& name) {
   return out;
 }
 
+// The calls of generation `g` of `t` (none when it has no row).
+v1::TargetStats StatsOfGeneration(const Target& t, uint32_t g) {
+  for (const v1::TargetStats& s : t.generation_stats()) {
+    if (s.generation() == g) return s;
+  }
+  return v1::TargetStats();
+}
+
 json ShowJson(const Target& t, const ShowExtras& extras) {
   json j = TargetJson(t);
   auto held = extras.holders.find(t.platform());
@@ -125,14 +133,16 @@ json ShowJson(const Target& t, const ShowExtras& extras) {
   j["generation"] = std::max<uint32_t>(t.generation(), 1);
   j["generations"] = json::array();
   for (const v1::Generation& g : t.generations()) {
-    j["generations"].push_back(json{{"generation", g.generation()},
-                                    {"content_id", g.content_id()},
-                                    {"module_digest", g.module_digest()},
-                                    {"func_name", g.func_name()},
-                                    {"uid", g.uid()},
-                                    {"pid", g.pid()},
-                                    {"at", UtcTime(g.at_us())},
-                                    {"origin", g.origin()}});
+    j["generations"].push_back(
+        json{{"generation", g.generation()},
+             {"content_id", g.content_id()},
+             {"module_digest", g.module_digest()},
+             {"func_name", g.func_name()},
+             {"uid", g.uid()},
+             {"pid", g.pid()},
+             {"at", UtcTime(g.at_us())},
+             {"origin", g.origin()},
+             {"stats", StatsJson(StatsOfGeneration(t, g.generation()))}});
   }
   return j;
 }
@@ -151,7 +161,10 @@ void PrintShowText(const Target& t, json j) {
               << g["content_id"].get<std::string>() << ", function \""
               << g["func_name"].get<std::string>() << "\", by uid " << g["uid"]
               << " at " << g["at"].get<std::string>() << " ("
-              << g["origin"].get<std::string>() << ")\n";
+              << g["origin"].get<std::string>() << ")\n    calls: "
+              << StatsLine(
+                     StatsOfGeneration(t, g["generation"].get<uint32_t>()))
+              << "\n";
   }
   std::string held;
   for (const json& b : bound_by) {

@@ -169,7 +169,7 @@ grpc::Status RegistryService::GetTarget(grpc::ServerContext*,
   for (const EntryPtr& e : found) {
     v1::Target* t = resp->add_targets();
     *t = DescribeTarget(*e, cuda_status_of_());
-    if (stats_of_) *t->mutable_stats() = stats_of_(*e);
+    if (stats_of_) stats_of_(*e, t);
   }
   return grpc::Status::OK;
 }

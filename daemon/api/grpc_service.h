@@ -64,9 +64,9 @@ class RegistryService final : public v1::Registry::Service {
       grpc::ServerContext* ctx, const v1::CompileTargetRequest* req,
       grpc::ServerWriter<v1::CompileTargetEvent>* out) override;
 
-  // Launch statistics of one entry (Target.stats in GetTarget); unset:
-  // never filled.
-  using StatsOf = std::function<v1::TargetStats(const TargetEntry&)>;
+  // Fills the launch statistics of one entry (Target.stats and
+  // generation_stats in GetTarget); unset: never filled.
+  using StatsOf = std::function<void(const TargetEntry&, v1::Target*)>;
   void set_stats_of(StatsOf stats_of) { stats_of_ = std::move(stats_of); }
   // The live sessions; unset: ListSessions answers an empty list.
   using SessionsOf = std::function<void(v1::ListSessionsResponse*)>;

@@ -32,14 +32,14 @@ absl::Status CpuExecutor::RingLaunch(uint64_t tag,
 
 absl::Status CpuExecutor::Run(uint64_t request_id,
                               const DecodedLaunch& decoded) {
-  absl::StatusOr<void*> handler =
+  absl::StatusOr<ResolvedHandler> handler =
       ctx_.handlers->Lookup(decoded.key, decoded.generation);
   if (!handler.ok()) return handler.status();
-  ctx_.backend->BeginLaunch(request_id, decoded.key);
+  ctx_.backend->BeginLaunch(request_id, decoded.key, handler->token);
   CallOptions options;
   options.frame_cache = &frames_;
   absl::Status status =
-      ctx_.backend->ExecuteWith(*handler, decoded.frame, options);
+      ctx_.backend->ExecuteWith(handler->handler, decoded.frame, options);
   ctx_.backend->EndLaunch(status.ok());
   return status;
 }

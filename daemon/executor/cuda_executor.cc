@@ -314,7 +314,7 @@ absl::Status CudaExecutor::Run(uint64_t request_id, CudaSession* cuda,
   absl::StatusOr<DecodedLaunch*> decoded = decode(&resolve);
   if (!decoded.ok()) return decoded.status();
   out->mapping_missing = false;
-  absl::StatusOr<void*> handler =
+  absl::StatusOr<ResolvedHandler> handler =
       ctx_.handlers->Lookup((*decoded)->key, (*decoded)->generation);
   if (!handler.ok()) return handler.status();
   DecodedLaunch& launch = **decoded;
@@ -324,9 +324,9 @@ absl::Status CudaExecutor::Run(uint64_t request_id, CudaSession* cuda,
       [&](const CallOptions& options) {
         CallOptions cached = options;
         cached.frame_cache = &frames_;
-        ctx_.backend->BeginLaunch(request_id, launch.key);
+        ctx_.backend->BeginLaunch(request_id, launch.key, handler->token);
         absl::Status s =
-            ctx_.backend->ExecuteWith(*handler, launch.frame, cached);
+            ctx_.backend->ExecuteWith(handler->handler, launch.frame, cached);
         ctx_.backend->EndLaunch(s.ok());
         return s;
       },

@@ -72,7 +72,15 @@ bool ExecutorBackend::ReplaceBroker(UniqueFd* broker) {
 
 std::vector<ExecutorBackend::Resolution> ExecutorBackend::Resolved() const {
   absl::MutexLock lock(&resolved_mu_);
-  return resolved_;
+  std::vector<Resolution> out = resolved_;
+  if (shared_.repoints == nullptr) return out;
+  for (const auto& [key, token] : resolved_) {
+    std::optional<RepointTable::Handler> h = shared_.repoints->Find(key);
+    if (token == 0 || !h.has_value()) continue;
+    const Resolution now(key, h->token);
+    if (std::find(out.begin(), out.end(), now) == out.end()) out.push_back(now);
+  }
+  return out;
 }
 
 absl::StatusOr<v1::BrokerReply> ExecutorBackend::Call(
@@ -143,8 +151,8 @@ absl::StatusOr<v1::BindLocalReply> ExecutorBackend::BindLocal(
   return reply;
 }
 
-absl::StatusOr<void*> ExecutorBackend::Lookup(const TargetKey& key,
-                                              uint32_t generation) {
+absl::StatusOr<ResolvedHandler> ExecutorBackend::Lookup(const TargetKey& key,
+                                                        uint32_t generation) {
   v1::BrokerRequest req;
   req.mutable_resolve()->set_target_name(key.name);
   req.mutable_resolve()->set_platform(PlatformName(key.platform));
@@ -161,10 +169,9 @@ absl::StatusOr<void*> ExecutorBackend::Lookup(const TargetKey& key,
                         absl::StrCat("target \"", key.name,
                                      "\": ", handler.status().message()));
   }
-  tokens_[key] = rr.token();
   absl::MutexLock lock(&resolved_mu_);
   resolved_.emplace_back(key, rr.token());
-  return handler;
+  return ResolvedHandler{*handler, rr.token()};
 }
 
 absl::Status ExecutorBackend::Execute(void* handler, const LaunchFrame& frame) {
@@ -197,9 +204,8 @@ absl::Status ExecutorBackend::ExecuteWith(void* handler,
 uint32_t ExecutorBackend::ffi_api_major() const { return XLA_FFI_API_MAJOR; }
 uint32_t ExecutorBackend::ffi_api_minor() const { return XLA_FFI_API_MINOR; }
 
-void ExecutorBackend::BeginLaunch(uint64_t request_id, const TargetKey& key) {
-  auto it = tokens_.find(key);
-  const uint32_t token = it == tokens_.end() ? 0 : it->second;
+void ExecutorBackend::BeginLaunch(uint64_t request_id, const TargetKey& key,
+                                  uint32_t token) {
   launch_row_ = shared_.page->stats_row(token);
   launch_started_ns_ = ring::NowNs();
   slot_->request_id.store(request_id, std::memory_order_relaxed);

@@ -65,14 +65,15 @@ class ExecutorBackend final : public SessionBackend {
   // the rules and its policy and attaches the sealed memfd, passed on as is.
   absl::StatusOr<v1::BindLocalReply> BindLocal(const v1::BindLocal& request,
                                                UniqueFd* module) override;
-  absl::StatusOr<void*> Lookup(const TargetKey& key,
-                               uint32_t generation) override;
+  absl::StatusOr<ResolvedHandler> Lookup(const TargetKey& key,
+                                         uint32_t generation) override;
   absl::Status Execute(void* handler, const LaunchFrame& frame) override;
   absl::Status ExecuteWith(void* handler, const LaunchFrame& frame,
                            const CallOptions& options) override;
   uint32_t ffi_api_major() const override;
   uint32_t ffi_api_minor() const override;
-  void BeginLaunch(uint64_t request_id, const TargetKey& key) override;
+  void BeginLaunch(uint64_t request_id, const TargetKey& key,
+                   uint32_t token) override;
   // Counts the call and its latency in the target's stats row.
   void EndLaunch(bool ok) override;
   void ArenaSized(uint64_t bytes) override;
@@ -84,6 +85,8 @@ class ExecutorBackend final : public SessionBackend {
   // False (and `broker` untouched) once the session is ending: it found
   // its broker closed, or it told kregd it ended.
   bool ReplaceBroker(UniqueFd* broker);
+  // What the session resolved, and the tokens of the generations kregd
+  // re-pointed those targets to since.
   std::vector<Resolution> Resolved() const;
 
  private:
@@ -102,7 +105,6 @@ class ExecutorBackend final : public SessionBackend {
   // A relay found the broker socket closed.
   std::atomic<bool> lost_kregd_{false};
   const ExecutorShared shared_;
-  std::map<TargetKey, uint32_t> tokens_;  // the session thread's copy
   mutable absl::Mutex resolved_mu_;
   std::vector<Resolution> resolved_ ABSL_GUARDED_BY(resolved_mu_);
   // The launch in progress (BeginLaunch .. EndLaunch).

@@ -28,24 +28,33 @@ class RepointTable;
 class SessionBackend;
 class ShmArena;
 
+// A target's handler and the statistics row its calls count in: kregd's
+// token for the target's generation in this executor (0: none).
+struct ResolvedHandler {
+  void* handler = nullptr;
+  uint32_t token = 0;
+};
+
 // The handlers a session has resolved (a retired name cannot be retired
 // while a session has it bound). A target kregd re-points
 // (docs/replace.md) switches at the next Lookup: the start of a launch.
 class HandlerTable {
  public:
   explicit HandlerTable(SessionBackend* backend);
-  // The handler registered as `key` (asking the backend the first time,
-  // then the backend's RepointTable when it changed), or the backend's
-  // NOT_FOUND naming it. With `generation` > 0 (pinned, docs/replace.md
-  // §7) that generation's handler, asked once and never re-pointed.
-  absl::StatusOr<void*> Lookup(const TargetKey& key, uint32_t generation = 0);
+  // The handler registered as `key` and its stats token (asking the
+  // backend the first time, then the backend's RepointTable when it
+  // changed), or the backend's NOT_FOUND naming it. With `generation` > 0
+  // (pinned, docs/replace.md §7) that generation's, asked once and never
+  // re-pointed.
+  absl::StatusOr<ResolvedHandler> Lookup(const TargetKey& key,
+                                         uint32_t generation = 0);
   void Clear() { handlers_.clear(); }
 
  private:
   SessionBackend* const backend_;
   const RepointTable* const repoints_;  // null: targets are never re-pointed
   uint64_t seen_epoch_ = 0;
-  std::map<std::pair<TargetKey, uint32_t>, void*> handlers_;
+  std::map<std::pair<TargetKey, uint32_t>, ResolvedHandler> handlers_;
 };
 
 // What a session lends the executors of its platforms; all outlive them.

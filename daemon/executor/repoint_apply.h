@@ -14,7 +14,8 @@ namespace kreg {
 
 // Checks `repoint` and its one attached descriptor (`fds`: the module's
 // store copy), whose SHA-256 must be repoint.module_digest, loads it
-// through `modules`, resolves func_name and Sets the handler in `table`.
+// through `modules`, resolves func_name and Sets the handler (with
+// repoint.token, the generation's stats row) in `table`.
 // The ack to send kregd: OK, or INVALID_ARGUMENT (no target name, an
 // unknown platform, not exactly one descriptor), DATA_LOSS (the bytes are
 // not the digest's), NOT_FOUND (the symbol is missing) or INTERNAL (the

@@ -2,12 +2,12 @@
 
 namespace kreg {
 
-bool RepointTable::Set(const TargetKey& key, uint32_t generation,
-                       void* handler) {
+bool RepointTable::Set(const TargetKey& key, uint32_t generation, void* handler,
+                       uint32_t token) {
   absl::MutexLock lock(&mu_);
   Handler& h = handlers_[key];
   if (h.handler != nullptr && h.generation >= generation) return false;
-  h = Handler{generation, handler};
+  h = Handler{generation, handler, token};
   epoch_.fetch_add(1, std::memory_order_release);
   return true;
 }

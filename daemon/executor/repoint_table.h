@@ -23,15 +23,18 @@ class RepointTable {
   struct Handler {
     uint32_t generation = 0;
     void* handler = nullptr;
+    uint32_t token = 0;  // kregd's token for the generation (its stats row)
   };
 
   RepointTable() = default;
   RepointTable(const RepointTable&) = delete;
   RepointTable& operator=(const RepointTable&) = delete;
 
-  // Launches that look `key` up from now on get `handler`. False (and no
-  // change) when `key` is at `generation` or a later one already.
-  bool Set(const TargetKey& key, uint32_t generation, void* handler);
+  // Launches that look `key` up from now on get `handler` and count in the
+  // stats row of `token`. False (and no change) when `key` is at
+  // `generation` or a later one already.
+  bool Set(const TargetKey& key, uint32_t generation, void* handler,
+           uint32_t token);
   // What `key` was last re-pointed to; nullopt when never.
   std::optional<Handler> Find(const TargetKey& key) const;
   // Counts the Sets that changed something: a reader that saw the same

@@ -50,8 +50,8 @@ class SessionBackend {
   }
   // The handler registered as `key` (with `generation` > 0: that pinned
   // generation's, docs/replace.md §7), or NOT_FOUND naming it.
-  virtual absl::StatusOr<void*> Lookup(const TargetKey& key,
-                                       uint32_t generation) = 0;
+  virtual absl::StatusOr<ResolvedHandler> Lookup(const TargetKey& key,
+                                                 uint32_t generation) = 0;
   // Runs `handler` on `frame`; the handler's error verbatim.
   virtual absl::Status Execute(void* handler, const LaunchFrame& frame) = 0;
   // The same with platform resources (CUDA: the session stream and the
@@ -62,11 +62,12 @@ class SessionBackend {
   }
   virtual uint32_t ffi_api_major() const = 0;
   virtual uint32_t ffi_api_minor() const = 0;
-  // Around every handler call of a launch: the request's id and target
-  // (an executor records them where kregd can read them if it dies), then
-  // whether the handler succeeded (an executor counts the call and its
-  // latency per target).
-  virtual void BeginLaunch(uint64_t /*request_id*/, const TargetKey& /*key*/) {}
+  // Around every handler call of a launch: the request's id, target and
+  // the token of the handler's generation (an executor records them where
+  // kregd can read them if it dies), then whether the handler succeeded (an
+  // executor counts the call and its latency in the token's row).
+  virtual void BeginLaunch(uint64_t /*request_id*/, const TargetKey& /*key*/,
+                           uint32_t /*token*/) {}
   virtual void EndLaunch(bool /*ok*/) {}
   // The session's arena now has `bytes` (0 once released).
   virtual void ArenaSized(uint64_t /*bytes*/) {}

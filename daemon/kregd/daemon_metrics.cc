@@ -26,18 +26,27 @@
 namespace kreg {
 namespace {
 
-// Statistics of the entries registered now (a retired entry's calls no
-// longer count under its name).
-std::vector<std::pair<EntryPtr, TargetStats>> Current(
-    const std::vector<EntryPtr>& entries,
-    const std::vector<TargetStatsRow>& rows) {
-  std::map<const TargetEntry*, const TargetStats*> by_entry;
-  for (const TargetStatsRow& r : rows) by_entry[r.entry.get()] = &r.stats;
-  std::vector<std::pair<EntryPtr, TargetStats>> out;
-  for (const EntryPtr& e : entries) {
-    auto it = by_entry.find(e.get());
-    if (it != by_entry.end()) out.emplace_back(e, *it->second);
+// The rows of the targets registered now, each generation's (a retired
+// registration's calls no longer count under its name), in `rows`' order.
+std::vector<TargetStatsRow> Current(const std::vector<EntryPtr>& entries,
+                                    const std::vector<TargetStatsRow>& rows) {
+  std::map<TargetKey, int64_t> registered_at;
+  for (const EntryPtr& e : entries) registered_at[e->key] = e->registered_at_us;
+  std::vector<TargetStatsRow> out;
+  for (const TargetStatsRow& r : rows) {
+    auto it = registered_at.find(r.entry->key);
+    if (it != registered_at.end() && it->second == r.entry->registered_at_us) {
+      out.push_back(r);
+    }
   }
+  return out;
+}
+
+// `rows` (Current's) summed per target.
+std::map<TargetKey, TargetStats> PerTarget(
+    const std::vector<TargetStatsRow>& rows) {
+  std::map<TargetKey, TargetStats> out;
+  for (const TargetStatsRow& r : rows) out[r.entry->key].Add(r.stats);
   return out;
 }
 
@@ -189,50 +198,43 @@ void WriteExecutorFamilies(const PoolCounters& c, uint64_t executors,
   w->Sample("kregd_launch_errors_total", {}, c.launch_errors);
 }
 
-// The statistics of retired entries, summed per entry. A name registered
-// again after its retirement has one series, the new entry's, so a retired
-// entry whose (name, platform) is registered now is left out.
-std::map<EntryPtr, TargetStats> RetiredStats(
+// The rows of retired targets. A name registered again after its
+// retirement has one set of series, the new registration's, so a retired
+// row whose (name, platform) is registered now is left out.
+std::vector<TargetStatsRow> RetiredStats(
     const std::vector<EntryPtr>& entries,
     const std::vector<TargetStatsRow>& rows) {
-  std::set<const TargetEntry*> registered;
-  std::set<std::pair<std::string, std::string>> registered_keys;
-  for (const EntryPtr& e : entries) {
-    registered.insert(e.get());
-    registered_keys.emplace(e->key.name, PlatformName(e->key.platform));
-  }
-  std::map<EntryPtr, TargetStats> retired;
+  std::set<TargetKey> registered;
+  for (const EntryPtr& e : entries) registered.insert(e->key);
+  std::vector<TargetStatsRow> retired;
   for (const TargetStatsRow& r : rows) {
-    if (registered.count(r.entry.get()) ||
-        registered_keys.count(
-            {r.entry->key.name, PlatformName(r.entry->key.platform)})) {
-      continue;
-    }
-    retired[r.entry].Add(r.stats);
+    if (registered.count(r.entry->key) == 0) retired.push_back(r);
   }
   return retired;
 }
 
-// The per-target families: launches, errors and the latency histogram.
-void WriteTargetFamilies(
-    const std::vector<std::pair<EntryPtr, TargetStats>>& stats, PromWriter* w) {
+// The per-target families: launches, errors and the latency histogram, per
+// generation (docs/replace.md section 8; "1" for a target never replaced).
+void WriteTargetFamilies(const std::vector<TargetStatsRow>& stats,
+                         PromWriter* w) {
   auto labels = [](const TargetEntry& e) {
     return PromLabels{{"target", e.key.name},
-                      {"platform", PlatformName(e.key.platform)}};
+                      {"platform", PlatformName(e.key.platform)},
+                      {"generation", absl::StrCat(e.generation)}};
   };
   w->Family("kregd_target_launches_total", "counter",
-            "handler calls of a target");
+            "handler calls of a target's generation");
   for (const auto& [e, s] : stats) {
     w->Sample("kregd_target_launches_total", labels(*e), s.launches);
   }
   w->Family("kregd_target_launch_errors_total", "counter",
-            "handler calls of a target that returned an error");
+            "handler calls of a target's generation that returned an error");
   for (const auto& [e, s] : stats) {
     w->Sample("kregd_target_launch_errors_total", labels(*e), s.errors);
   }
   w->Family("kregd_target_launch_duration_seconds", "histogram",
-            "handler call latency of a target in its executor (CUDA: host "
-            "time to enqueue)");
+            "handler call latency of a target's generation in its executor "
+            "(CUDA: host time to enqueue)");
   for (const auto& [e, s] : stats) {
     uint64_t cumulative = 0;
     for (int i = 0; i < kLatencyBuckets; ++i) {
@@ -271,21 +273,30 @@ absl::Status Daemon::StartMetrics() {
 std::vector<v1::TargetStats> Daemon::CurrentTargetStats() {
   std::vector<v1::TargetStats> out;
   if (pool_ == nullptr) return out;
-  for (const auto& [e, s] :
-       Current(registry_.List(), pool_->TargetStatsSnapshot())) {
-    out.push_back(StatsToProto(e->key, s));
+  for (const auto& [key, s] :
+       PerTarget(Current(registry_.List(), pool_->TargetStatsSnapshot()))) {
+    out.push_back(StatsToProto(key, s));
   }
   return out;
 }
 
-v1::TargetStats Daemon::StatsOf(const TargetEntry& entry) {
-  TargetStats stats;
-  if (pool_ != nullptr) {
-    for (const TargetStatsRow& r : pool_->TargetStatsSnapshot()) {
-      if (r.entry.get() == &entry) stats.Add(r.stats);
+void Daemon::StatsOf(const TargetEntry& entry, v1::Target* t) {
+  std::vector<TargetStatsRow> rows;
+  if (pool_ != nullptr) rows = pool_->TargetStatsSnapshot();
+  TargetStats total;
+  for (const TargetStatsRow& r : rows) {
+    if (!(r.entry->key == entry.key &&
+          r.entry->registered_at_us == entry.registered_at_us)) {
+      continue;  // another target, or a retired registration of its name
+    }
+    total.Add(r.stats);
+    if (!entry.generations.empty()) {
+      v1::TargetStats* g = t->add_generation_stats();
+      *g = StatsToProto(entry.key, r.stats);
+      g->set_generation(r.entry->generation);
     }
   }
-  return StatsToProto(entry.key, stats);
+  *t->mutable_stats() = StatsToProto(entry.key, total);
 }
 
 void Daemon::ListSessions(v1::ListSessionsResponse* resp) {
@@ -341,22 +352,25 @@ std::string Daemon::RenderMetrics() {
            "(target, caller uid) pairs quarantined after repeated crashes");
   w.Sample("kregd_quarantined_targets", {}, quarantined);
 
-  // Per target: the registered ones, and each retired one a last time
-  // with its final values, so that a scrape sees where its counters ended
-  // before the series vanish (operator guide, "Metrics").
-  std::vector<std::pair<EntryPtr, TargetStats>> stats;
+  // Per target generation: the registered ones, and each retired one a last
+  // time with its final values, so that a scrape sees where its counters
+  // ended before the series vanish (operator guide, "Metrics").
+  std::vector<TargetStatsRow> stats;
   if (pool_ != nullptr) {
     std::vector<TargetStatsRow> rows = pool_->TargetStatsSnapshot();
     stats = Current(entries, rows);
-    std::map<EntryPtr, TargetStats> retired = RetiredStats(entries, rows);
+    std::vector<TargetStatsRow> retired = RetiredStats(entries, rows);
+    std::set<GenerationId> now;
+    for (const TargetStatsRow& r : retired) now.insert(GenerationId(*r.entry));
     absl::MutexLock lock(&metrics_mu_);
     for (auto it = metrics_retired_shown_.begin();
          it != metrics_retired_shown_.end();) {
-      it =
-          retired.count(*it) ? std::next(it) : metrics_retired_shown_.erase(it);
+      it = now.count(*it) ? std::next(it) : metrics_retired_shown_.erase(it);
     }
-    for (const auto& [e, s] : retired) {
-      if (metrics_retired_shown_.insert(e).second) stats.emplace_back(e, s);
+    for (const TargetStatsRow& r : retired) {
+      if (metrics_retired_shown_.insert(GenerationId(*r.entry)).second) {
+        stats.push_back(r);
+      }
     }
   }
   WriteTargetFamilies(stats, &w);

@@ -303,7 +303,8 @@ absl::Status Daemon::Start() {
   // Whether executors here can run CUDA launches (driver and a device; no
   // context is created in kregd), for Target.not_runnable.
   service_->set_cuda_status_of([] { return CudaLaunchStatus(); });
-  service_->set_stats_of([this](const TargetEntry& e) { return StatsOf(e); });
+  service_->set_stats_of(
+      [this](const TargetEntry& e, v1::Target* t) { StatsOf(e, t); });
   service_->set_compile(compile_.get());
   service_->set_sessions_of(
       [this](v1::ListSessionsResponse* r) { ListSessions(r); });

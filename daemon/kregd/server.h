@@ -91,7 +91,8 @@ class Daemon {
   // exposition, from the registry, the pool and the executors' pages.
   absl::Status StartMetrics();
   std::vector<v1::TargetStats> CurrentTargetStats();
-  v1::TargetStats StatsOf(const TargetEntry& entry);
+  // Target.stats of `entry` and, once it was replaced, generation_stats.
+  void StatsOf(const TargetEntry& entry, v1::Target* t);
   void ListSessions(v1::ListSessionsResponse* resp);
   std::string RenderMetrics();
   // The compile service from the config (server_compile.cc).
@@ -145,7 +146,7 @@ class Daemon {
   // final time (operator guide, "Metrics"); pruned when the pool forgets
   // them.
   absl::Mutex metrics_mu_;
-  std::set<EntryPtr> metrics_retired_shown_ ABSL_GUARDED_BY(metrics_mu_);
+  std::set<GenerationId> metrics_retired_shown_ ABSL_GUARDED_BY(metrics_mu_);
   UniqueFd listen_fd_;
   int session_listen_fd_ = -1;  // inherited from systemd, or -1
   UniqueFd stop_fd_;            // eventfd that wakes the accept loop

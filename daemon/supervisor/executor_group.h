@@ -56,10 +56,13 @@ struct ExecutorPool::Group {
 };
 
 // Adds the stats rows of `g`'s status page to `out`, row t crediting the
-// entry kregd resolved as token t for this executor (rows past what kregd
-// handed out are never read). The pool's mu_ must be held.
+// generation of the entry kregd resolved as token t for this executor (rows
+// past what kregd handed out are never read). The pool's mu_ must be held.
 void AddGroupStats(const ExecutorPool::Group& g,
-                   std::map<const TargetEntry*, TargetStatsRow>* out);
+                   std::map<GenerationId, TargetStatsRow>* out);
+// The token of `entry`'s generation in `resolved` (an executor's tokens),
+// a new one when it has none. The pool's mu_ must be held.
+uint32_t TokenIn(std::vector<EntryPtr>* resolved, EntryPtr entry);
 
 }  // namespace kreg
 

@@ -372,12 +372,7 @@ absl::StatusOr<std::vector<ExecutorPool::Binding>> ExecutorPool::Readopt(
 
 uint32_t ExecutorPool::TokenFor(const Binding& b, EntryPtr entry) {
   absl::MutexLock lock(&mu_);
-  std::vector<EntryPtr>& r = b.group->resolved;
-  for (size_t i = 0; i < r.size(); ++i) {
-    if (r[i] == entry) return static_cast<uint32_t>(i + 1);
-  }
-  r.push_back(std::move(entry));
-  return static_cast<uint32_t>(r.size());
+  return TokenIn(&b.group->resolved, std::move(entry));
 }
 
 void ExecutorPool::Release(Binding* b) {

@@ -16,6 +16,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -92,8 +93,32 @@ struct BoundSession {
   uint64_t arena_bytes = 0;
 };
 
-// One registered target's statistics, summed over live and reaped
-// executors.
+// Which generation of which registration an entry is (docs/replace.md
+// section 8). An executor gets one token, one statistics row, per
+// generation: a pinned resolve counts in its generation's row, a
+// replacement's generation in a row of its own. A name retired and
+// registered again is another registration (registered_at_us; a
+// replacement keeps it).
+struct GenerationId {
+  TargetKey key;
+  int64_t registered_at_us = 0;
+  uint32_t generation = 0;
+  explicit GenerationId(const TargetEntry& e)
+      : key(e.key),
+        registered_at_us(e.registered_at_us),
+        generation(e.generation) {}
+  bool operator<(const GenerationId& o) const {
+    return std::tie(key, registered_at_us, generation) <
+           std::tie(o.key, o.registered_at_us, o.generation);
+  }
+  bool operator==(const GenerationId& o) const {
+    return key == o.key && registered_at_us == o.registered_at_us &&
+           generation == o.generation;
+  }
+};
+
+// One generation's statistics, summed over live and reaped executors;
+// `entry` is an entry of that generation.
 struct TargetStatsRow {
   EntryPtr entry;
   TargetStats stats;
@@ -152,7 +177,8 @@ class ExecutorPool {
       std::unique_ptr<ExecutorProcess> exec, const std::string& group,
       const std::vector<ReadoptedSession>& sessions,
       const std::function<bool()>& confirm);
-  // The token the executor writes to the status page while `entry` runs.
+  // The token the executor writes to the status page while `entry` runs:
+  // one per generation (GenerationId) and executor.
   uint32_t TokenFor(const Binding& binding, EntryPtr entry);
   // The session ended normally.
   void Release(Binding* binding);
@@ -171,13 +197,15 @@ class ExecutorPool {
 
   // Re-pointing (docs/replace.md section 3): sends `repoint` with
   // `module_fd` attached (unless it is -1: a late look for acks) to every
-  // live executor serving one of `sessions`, then waits for each one's ack
-  // until `deadline`. Per session served: its
-  // executor's answer (OK: switched; isolated_repointer.cc). Sessions no
-  // live executor serves are left out.
+  // live executor serving one of `sessions`, each with its token for
+  // `entry`, the generation `repoint` names (null with -1), then waits for
+  // each one's ack until `deadline`. Per session served: its executor's
+  // answer (OK: switched; isolated_repointer.cc). Sessions no live executor
+  // serves are left out.
   std::map<uint64_t, absl::Status> Repoint(const std::set<uint64_t>& sessions,
                                            const v1::ExecRepoint& repoint,
-                                           int module_fd, absl::Time deadline);
+                                           const EntryPtr& entry, int module_fd,
+                                           absl::Time deadline);
 
   std::vector<ExecutorInfo> List() const;
   PoolCounters counters() const;
@@ -187,10 +215,11 @@ class ExecutorPool {
   bool leaving() const { return leaving_.load(); }
   // Every session bound to a live executor.
   std::vector<BoundSession> Sessions() const;
-  // Launch statistics per target entry, from every executor's status page
-  // (only for targets that executor's own sessions resolved: a row is
-  // credited through the token kregd gave it, never through what the page
-  // says) plus the totals of executors already reaped.
+  // Launch statistics per generation (GenerationId order), from every
+  // executor's status page (only for targets that executor's own sessions
+  // resolved: a row is credited through the token kregd gave it, never
+  // through what the page says) plus the totals of executors already
+  // reaped.
   std::vector<TargetStatsRow> TargetStatsSnapshot() const;
   const PoolOptions& options() const { return options_; }
   // Stops every executor and the supervisor. Idempotent.
@@ -242,8 +271,8 @@ class ExecutorPool {
   // Started and not yet reaped (groups_ drops an idle executor when it asks
   // it to stop; its counters count until it is reaped).
   std::set<std::shared_ptr<Group>> unreaped_ ABSL_GUARDED_BY(mu_);
-  // What reaped executors counted, per target entry.
-  std::map<const TargetEntry*, TargetStatsRow> dead_stats_ ABSL_GUARDED_BY(mu_);
+  // What reaped executors counted, per generation.
+  std::map<GenerationId, TargetStatsRow> dead_stats_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Shutdown() left the executors running for their sessions.
   std::atomic<bool> leaving_{false};

@@ -9,7 +9,7 @@
 namespace kreg {
 
 void AddGroupStats(const ExecutorPool::Group& g,
-                   std::map<const TargetEntry*, TargetStatsRow>* out) {
+                   std::map<GenerationId, TargetStatsRow>* out) {
   const StatusPage& page = g.exec->page();
   const size_t tokens = std::min<size_t>(g.resolved.size(), kStatsRows);
   for (size_t i = 0; i < tokens; ++i) {
@@ -18,19 +18,31 @@ void AddGroupStats(const ExecutorPool::Group& g,
     if (g.resolved[i] == nullptr) continue;  // not registered now
     TargetStats s = ReadUntrusted(*row);
     if (s.launches == 0 && s.count() == 0) continue;
-    TargetStatsRow& dst = (*out)[g.resolved[i].get()];
+    TargetStatsRow& dst = (*out)[GenerationId(*g.resolved[i])];
     if (dst.entry == nullptr) dst.entry = g.resolved[i];
     dst.stats.Add(s);
   }
 }
 
+uint32_t TokenIn(std::vector<EntryPtr>* resolved, EntryPtr entry) {
+  const GenerationId id(*entry);
+  for (size_t i = 0; i < resolved->size(); ++i) {
+    const EntryPtr& e = (*resolved)[i];
+    if (e != nullptr && GenerationId(*e) == id) {
+      return static_cast<uint32_t>(i + 1);
+    }
+  }
+  resolved->push_back(std::move(entry));
+  return static_cast<uint32_t>(resolved->size());
+}
+
 std::vector<TargetStatsRow> ExecutorPool::TargetStatsSnapshot() const {
   absl::MutexLock lock(&mu_);
-  std::map<const TargetEntry*, TargetStatsRow> all = dead_stats_;
+  std::map<GenerationId, TargetStatsRow> all = dead_stats_;
   for (const std::shared_ptr<Group>& g : unreaped_) AddGroupStats(*g, &all);
   std::vector<TargetStatsRow> out;
   out.reserve(all.size());
-  for (auto& [ptr, row] : all) out.push_back(std::move(row));
+  for (auto& [id, row] : all) out.push_back(std::move(row));
   return out;
 }
 

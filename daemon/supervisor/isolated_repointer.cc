@@ -18,8 +18,9 @@ namespace kreg {
 
 std::map<uint64_t, absl::Status> ExecutorPool::Repoint(
     const std::set<uint64_t>& sessions, const v1::ExecRepoint& repoint,
-    int module_fd, absl::Time deadline) {
+    const EntryPtr& entry, int module_fd, absl::Time deadline) {
   std::vector<std::pair<std::shared_ptr<Group>, std::vector<uint64_t>>> serve;
+  std::vector<v1::ExecRepoint> frames;  // per executor: with its token
   {
     absl::MutexLock lock(&mu_);
     for (const std::shared_ptr<Group>& g : unreaped_) {
@@ -30,14 +31,18 @@ std::map<uint64_t, absl::Status> ExecutorPool::Repoint(
           ids.push_back(g->slot_info[i].session_id);
         }
       }
-      if (!ids.empty()) serve.emplace_back(g, std::move(ids));
+      if (ids.empty()) continue;
+      serve.emplace_back(g, std::move(ids));
+      frames.push_back(repoint);
+      if (module_fd >= 0) frames.back().set_token(TokenIn(&g->resolved, entry));
     }
   }
   // Every executor gets the frame before any wait: they load concurrently.
   std::vector<absl::Status> answers;
-  for (const auto& [g, ids] : serve) {
+  for (size_t i = 0; i < serve.size(); ++i) {
     answers.push_back(module_fd < 0 ? absl::OkStatus()
-                                    : g->exec->SendRepoint(repoint, module_fd));
+                                    : serve[i].first->exec->SendRepoint(
+                                          frames[i], module_fd));
   }
   std::map<uint64_t, absl::Status> out;
   for (size_t i = 0; i < serve.size(); ++i) {
@@ -71,7 +76,9 @@ std::vector<Repointer::Laggard> IsolatedRepointer::Repoint(
   UniqueFd module(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   std::map<uint64_t, absl::Status> answers;
   if (module.ok()) {
-    answers = pool_->Repoint(ids, repoint, module.get(), deadline);
+    answers =
+        pool_->Repoint(ids, repoint, std::make_shared<const TargetEntry>(entry),
+                       module.get(), deadline);
   } else {
     spdlog::error("re-pointing {}: opening store copy {}: {}", Named(entry.key),
                   path, strerror(errno));
@@ -119,7 +126,7 @@ void IsolatedRepointer::Refresh() {
     const TargetKey key{l.repoint.target_name(),
                         *ParsePlatform(l.repoint.platform())};
     std::map<uint64_t, absl::Status> answers =
-        pool_->Repoint(l.sessions, l.repoint, -1, absl::Now());
+        pool_->Repoint(l.sessions, l.repoint, nullptr, -1, absl::Now());
     std::set<uint64_t> waiting;
     for (const auto& [id, status] : answers) {
       if (status.ok()) {

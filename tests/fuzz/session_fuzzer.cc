@@ -25,11 +25,12 @@ constexpr uint64_t kArenaBytes = 64 << 10;
 
 class FakeBackend : public SessionBackend {
  public:
-  absl::StatusOr<void*> Lookup(const TargetKey& key, uint32_t) override {
+  absl::StatusOr<ResolvedHandler> Lookup(const TargetKey& key,
+                                         uint32_t) override {
     if (key.name.empty() || key.name[0] != 't') {
       return absl::NotFoundError("not registered");
     }
-    return reinterpret_cast<void*>(0x1);
+    return ResolvedHandler{reinterpret_cast<void*>(0x1)};
   }
   absl::Status Execute(void*, const LaunchFrame& frame) override {
     if (frame.platform == Platform::kCpu) {

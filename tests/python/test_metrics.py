@@ -349,6 +349,8 @@ def test_counts_are_exact_and_survive_the_executor(mdaemon):
   m = scrape(d.metrics)
   lbl = {"target": "cnt.scale", "platform": "cpu"}
   assert sample(m, "kregd_target_launches_total", **lbl) == 37
+  # A target never replaced counts under generation 1 (docs/replace.md).
+  assert sample(m, "kregd_target_launches_total", generation="1", **lbl) == 37
   assert sample(m, "kregd_target_launch_errors_total", **lbl) == 0
   assert sample(m, "kregd_target_launch_errors_total", target="cnt.fail",
                 platform="cpu") == 5

@@ -8,14 +8,16 @@ executor that does not acknowledge (SIGSTOP) makes the replacement fail
 DEADLINE_EXCEEDED naming the process it serves, and it switches once it
 continues; a call in flight finishes on the generation it started on (held
 there by libhostile's Gate); an executor re-adopted across a kregd restart
-is re-pointed too. libdemo_v2.so's Scale scales by factor + 1: [0, 2, 4, 6] is
-generation 1's answer for [0, 1, 2, 3] and factor 2, [0, 3, 6, 9]
-libdemo_v2.so's."""
+is re-pointed too. Calls count under the generation that ran them (metrics
+and kregctl show), a pinned process's too. libdemo_v2.so's Scale scales by
+factor + 1: [0, 2, 4, 6] is generation 1's answer for [0, 1, 2, 3] and
+factor 2, [0, 3, 6, 9] libdemo_v2.so's."""
 
 import json
 import os
 import pathlib
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -219,6 +221,58 @@ def test_running_processes_switch_without_re_jitting(d):
   assert refused.returncode == 2, refused.stderr
   assert metric_replaces(d) == {"done": 1, "timeout": 0, "refused": 1}
   assert show(d, "demo.live")["generation"] == 2
+
+
+def launches_by_generation(d, name):
+  """kregd_target_launches_total of `name` per generation label."""
+  m = scrape(d.metrics)
+  out = {}
+  for fam, key in (("kregd_target_launches_total", "launches"),
+                   ("kregd_target_launch_errors_total", "errors"),
+                   ("kregd_target_launch_duration_seconds", "count")):
+    for n, labels, v in m[fam]["samples"]:
+      if labels["target"] == name and (key != "count" or
+                                       n.endswith("_count")):
+        out.setdefault(labels["generation"], {})[key] = v
+  return out
+
+
+def test_calls_count_under_the_generation_that_ran_them(d):
+  register(d, "demo.gens", "libdemo.so")
+  follower = Holder(d, "demo.gens")
+  pinned = None
+  try:
+    for _ in range(3):
+      assert follower.call()["y"] == V1
+    one = {"launches": 3, "errors": 0, "count": 3}
+    assert launches_by_generation(d, "demo.gens") == {"1": one}
+    assert replace_from_python(d, "demo.gens", "libdemo_v2.so") == {
+        "created": True}
+    for _ in range(4):
+      assert follower.call()["y"] == V2
+    # Generation 1's calls stay under generation 1.
+    two = {"launches": 4, "errors": 0, "count": 4}
+    assert launches_by_generation(d, "demo.gens") == {"1": one, "2": two}
+    # A process pinned to generation 1 counts under it.
+    pinned = Holder(d, "demo.gens", pin=1)
+    for _ in range(2):
+      assert pinned.call()["y"] == V1
+  finally:
+    follower.end()
+    if pinned is not None:
+      pinned.end()
+  assert launches_by_generation(d, "demo.gens") == {
+      "1": {"launches": 5, "errors": 0, "count": 5}, "2": two}
+  target = show(d, "demo.gens")
+  assert target["stats"]["launches"] == 9
+  assert [(g["generation"], g["stats"]["launches"], g["stats"]["errors"])
+          for g in target["generations"]] == [(1, 5, 0), (2, 4, 0)]
+  text = kregctl(d, "show", "demo.gens").stdout
+  assert re.search(r'^  generation 1: .*\n    calls: launches 5, errors 0, '
+                   r'latency p50 ', text, re.M), text
+  assert re.search(r'^  generation 2: .*\n    calls: launches 4, errors 0, '
+                   r'latency p50 ', text, re.M), text
+  assert "\ncalls: launches 9, errors 0, latency p50 " in text
 
 
 @pytest.fixture

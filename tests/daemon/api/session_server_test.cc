@@ -21,7 +21,7 @@ namespace {
 
 class NullBackend : public SessionBackend {
  public:
-  absl::StatusOr<void*> Lookup(const TargetKey&, uint32_t) override {
+  absl::StatusOr<ResolvedHandler> Lookup(const TargetKey&, uint32_t) override {
     return absl::NotFoundError("no");
   }
   absl::Status Execute(void*, const LaunchFrame&) override {

@@ -28,11 +28,12 @@ using ::kreg::testing::LaunchSpec;
 
 class Backend : public SessionBackend {
  public:
-  absl::StatusOr<void*> Lookup(const TargetKey& key, uint32_t) override {
+  absl::StatusOr<ResolvedHandler> Lookup(const TargetKey& key,
+                                         uint32_t) override {
     if (key.name != "t" || key.platform != Platform::kCuda) {
       return absl::NotFoundError("not registered");
     }
-    return reinterpret_cast<void*>(0x1);
+    return ResolvedHandler{reinterpret_cast<void*>(0x1)};
   }
   absl::Status Execute(void*, const LaunchFrame&) override {
     return absl::InternalError("Execute without options");

@@ -39,10 +39,11 @@ constexpr uint64_t kArenaBytes = 1 << 16;
 // error message. Other targets: NOT_FOUND.
 class Backend : public SessionBackend {
  public:
-  absl::StatusOr<void*> Lookup(const TargetKey& key, uint32_t) override {
+  absl::StatusOr<ResolvedHandler> Lookup(const TargetKey& key,
+                                         uint32_t) override {
     if (key.name != "t")
       return absl::NotFoundError("not registered: " + key.name);
-    return reinterpret_cast<void*>(0x1);
+    return ResolvedHandler{reinterpret_cast<void*>(0x1)};
   }
   absl::Status Execute(void*, const LaunchFrame& f) override {
     if (!f.attrs.empty() && f.attrs[0].first == "fail") {

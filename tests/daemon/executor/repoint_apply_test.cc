@@ -38,6 +38,7 @@ v1::ExecRepoint Request(const std::string& digest, const std::string& func) {
   r.set_generation(2);
   r.set_module_digest(digest);
   r.set_func_name(func);
+  r.set_token(5);
   return r;
 }
 
@@ -57,6 +58,7 @@ TEST_CASE("A re-point loads the module, fills the table and acks",
   REQUIRE(h.has_value());
   CHECK(h->generation == 2);
   CHECK(h->handler != nullptr);
+  CHECK(h->token == 5);  // the generation's stats row
   CHECK(table.epoch() == 1);
 }
 

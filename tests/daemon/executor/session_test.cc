@@ -52,11 +52,12 @@ class FakeBackend : public SessionBackend {
     if (r.target_name() == "local.nofd") return v1::BindLocalReply();
     return absl::PermissionDeniedError("local_execution = \"deny\"");
   }
-  absl::StatusOr<void*> Lookup(const TargetKey& key, uint32_t) override {
+  absl::StatusOr<ResolvedHandler> Lookup(const TargetKey& key,
+                                         uint32_t) override {
     ++lookups;
     if (key.name != "t")
       return absl::NotFoundError("not registered: " + key.name);
-    return reinterpret_cast<void*>(0x1);
+    return ResolvedHandler{reinterpret_cast<void*>(0x1)};
   }
   absl::Status Execute(void*, const LaunchFrame& frame) override {
     if (!frame.attrs.empty()) return absl::InternalError("handler says no");
@@ -350,15 +351,20 @@ TEST_CASE("Launch: validation, lookup and handler errors come back",
 }
 
 TEST_CASE(
-    "A re-pointed target switches at the next launch; the launch in flight "
-    "finishes on its old handler",
+    "A re-pointed target switches at the next launch, counted in its new "
+    "generation's stats row; the launch in flight finishes on its old handler",
     "[session][repoint]") {
-  // The handler "pointer" is the factor: 2 for generation 1, 3 for 2.
+  // The handler "pointer" is the factor: 2 for generation 1, 3 for 2; their
+  // tokens are 11 and 12.
   class Repointed : public FakeBackend {
    public:
-    absl::StatusOr<void*> Lookup(const TargetKey&, uint32_t) override {
+    absl::StatusOr<ResolvedHandler> Lookup(const TargetKey&,
+                                           uint32_t) override {
       ++lookups;
-      return reinterpret_cast<void*>(2);
+      return ResolvedHandler{reinterpret_cast<void*>(2), 11};
+    }
+    void BeginLaunch(uint64_t, const TargetKey&, uint32_t token) override {
+      tokens.push_back(token);
     }
     absl::Status Execute(void* handler, const LaunchFrame& frame) override {
       if (hold_next.exchange(false)) {
@@ -377,6 +383,7 @@ TEST_CASE(
     RepointTable table;
     std::atomic<bool> hold_next{false};
     absl::Notification entered, release;
+    std::vector<uint32_t> tokens;
   } backend;
   SessionCounters counters;
   Session session(9, UniqueFd(), PeerCred{1, 2, 3}, Fixture::Limits(), &backend,
@@ -403,8 +410,8 @@ TEST_CASE(
     CHECK(session.Handle(LaunchRequest("t"), {}).status().code() == 0);
   });
   backend.entered.WaitForNotification();
-  REQUIRE(
-      backend.table.Set({"t", Platform::kCpu}, 2, reinterpret_cast<void*>(3)));
+  REQUIRE(backend.table.Set({"t", Platform::kCpu}, 2,
+                            reinterpret_cast<void*>(3), 12));
   backend.release.Notify();
   in_flight.join();
   CHECK(mem[16] == 2.0f);  // generation 1: it had its handler already
@@ -413,6 +420,7 @@ TEST_CASE(
   CHECK(mem[16] == 3.0f);  // generation 2, without asking kregd again
   CHECK(mem[17] == 6.0f);
   CHECK(backend.lookups == 1);
+  CHECK(backend.tokens == std::vector<uint32_t>{11, 11, 12});
   ::munmap(mem, 4096);
 }
 
@@ -421,13 +429,18 @@ TEST_CASE(
     "launch of the same key does",
     "[session][repoint]") {
   // The handler "pointer" is the factor: the generation asked for plus 1
-  // (2 for the current one, generation 1; 3 for a pin of generation 2).
+  // (2 for the current one, generation 1; 3 for a pin of generation 2), and
+  // the token 10 + the generation.
   class Pinned : public FakeBackend {
    public:
-    absl::StatusOr<void*> Lookup(const TargetKey&,
-                                 uint32_t generation) override {
+    absl::StatusOr<ResolvedHandler> Lookup(const TargetKey&,
+                                           uint32_t generation) override {
       asked.push_back(generation);
-      return reinterpret_cast<void*>(generation == 0 ? 2 : generation + 1);
+      const uint32_t g = generation == 0 ? 1 : generation;
+      return ResolvedHandler{reinterpret_cast<void*>(g + 1), 10 + g};
+    }
+    void BeginLaunch(uint64_t, const TargetKey&, uint32_t token) override {
+      tokens.push_back(token);
     }
     absl::Status Execute(void* handler, const LaunchFrame& frame) override {
       const float factor = reinterpret_cast<uintptr_t>(handler);
@@ -439,6 +452,7 @@ TEST_CASE(
     const RepointTable* Repoints() const override { return &table; }
     RepointTable table;
     std::vector<uint32_t> asked;
+    std::vector<uint32_t> tokens;
   } backend;
   SessionCounters counters;
   Session session(9, UniqueFd(), PeerCred{1, 2, 3}, Fixture::Limits(), &backend,
@@ -465,14 +479,16 @@ TEST_CASE(
   };
   CHECK(run(pinned) == 3.0f);
   CHECK(run(Spec("t")) == 2.0f);
-  REQUIRE(
-      backend.table.Set({"t", Platform::kCpu}, 3, reinterpret_cast<void*>(4)));
+  REQUIRE(backend.table.Set({"t", Platform::kCpu}, 3,
+                            reinterpret_cast<void*>(4), 13));
   CHECK(run(pinned) == 3.0f);     // still generation 2
   CHECK(run(Spec("t")) == 4.0f);  // the current one switched to generation 3
   CHECK(run(pinned) == 3.0f);
   // Each asked kregd once: the pin for its generation, the other for the
   // current one.
   CHECK(backend.asked == std::vector<uint32_t>{2, 0});
+  // Each launch counted in its generation's row.
+  CHECK(backend.tokens == std::vector<uint32_t>{12, 11, 12, 13, 12});
   ::munmap(mem, 4096);
 }
 

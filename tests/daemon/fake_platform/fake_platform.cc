@@ -52,11 +52,11 @@ void FakeExecutor::DescribeTo(v1::HelloReply* reply) const {
 
 absl::Status FakeExecutor::Run(uint64_t request_id,
                                const DecodedLaunch& decoded) {
-  absl::StatusOr<void*> handler =
+  absl::StatusOr<ResolvedHandler> handler =
       ctx_.handlers->Lookup(decoded.key, decoded.generation);
   if (!handler.ok()) return handler.status();
-  ctx_.backend->BeginLaunch(request_id, decoded.key);
-  absl::Status status = ctx_.backend->Execute(*handler, decoded.frame);
+  ctx_.backend->BeginLaunch(request_id, decoded.key, handler->token);
+  absl::Status status = ctx_.backend->Execute(handler->handler, decoded.frame);
   ctx_.backend->EndLaunch(status.ok());
   return status;
 }

@@ -79,10 +79,11 @@ void* AsHandler(XLA_FFI_Handler* h) { return reinterpret_cast<void*>(h); }
 // platform.
 class HostBackend : public SessionBackend {
  public:
-  absl::StatusOr<void*> Lookup(const TargetKey& key, uint32_t) override {
+  absl::StatusOr<ResolvedHandler> Lookup(const TargetKey& key,
+                                         uint32_t) override {
     if (key.name != "double") return absl::NotFoundError(key.name);
     last_platform = key.platform;
-    return AsHandler(kDouble);
+    return ResolvedHandler{AsHandler(kDouble)};
   }
   absl::Status Execute(void* handler, const LaunchFrame& frame) override {
     return host.Execute(handler, frame);

@@ -10,9 +10,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "catch2/catch.hpp"
@@ -40,6 +42,15 @@ class FakeExecutor final : public ExecutorProcess {
     ours_.emplace_back(sv[1]);
     return UniqueFd(sv[0]);
   }
+  // Re-points are recorded and acknowledged at once.
+  absl::Status SendRepoint(const v1::ExecRepoint& repoint, int) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    repoints_.push_back(repoint);
+    return absl::OkStatus();
+  }
+  absl::Status AwaitRepointAck(const v1::ExecRepoint&, absl::Time) override {
+    return absl::OkStatus();
+  }
   void RequestStop() override { End(0); }
   void Abandon() override {}
   void Signal(int sig) override { End(sig); }
@@ -52,6 +63,10 @@ class FakeExecutor final : public ExecutorProcess {
   const StatusPage& page() const override { return page_; }
   const v1::ExecInitReply& info() const override { return info_; }
 
+  std::vector<v1::ExecRepoint> repoints() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return repoints_;
+  }
   // The process ends with wait status `ws` (the first end counts).
   void End(int ws) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -70,6 +85,7 @@ class FakeExecutor final : public ExecutorProcess {
   bool ended_ = false;
   int wait_status_ = 0;
   std::vector<UniqueFd> ours_;
+  std::vector<v1::ExecRepoint> repoints_;
 };
 
 constexpr int kSegv = SIGSEGV;  // wait status: killed by SIGSEGV
@@ -283,6 +299,93 @@ TEST_CASE(
         absl::string_view::npos);
   CHECK(pool.counters().executor_crashes == 1);
   pool.Release(&*a);
+}
+
+// `e` at `generation` (what Registry::Replace, or a pinned resolve, makes
+// of it: another entry, same registration).
+EntryPtr AtGeneration(const EntryPtr& e, uint32_t generation) {
+  auto g = std::make_shared<TargetEntry>(*e);
+  g->generation = generation;
+  return g;
+}
+
+// Counts `n` calls in `token`'s row of `exec`'s page.
+void Called(FakeExecutor* exec, uint32_t token, int n) {
+  for (int i = 0; i < n; ++i) {
+    RecordLaunch(exec->page().stats_row(token), 1000, true);
+  }
+}
+
+// Launches per (registered at, generation) of the snapshot's rows of `name`.
+std::map<std::pair<int64_t, uint32_t>, uint64_t> LaunchesOf(
+    const ExecutorPool& pool, const std::string& name) {
+  std::map<std::pair<int64_t, uint32_t>, uint64_t> out;
+  for (const TargetStatsRow& r : pool.TargetStatsSnapshot()) {
+    if (r.entry->key.name != name) continue;
+    out[{r.entry->registered_at_us, r.entry->generation}] += r.stats.launches;
+  }
+  return out;
+}
+
+TEST_CASE(
+    "Each generation has its own token and row in an executor; a re-point "
+    "carries the new one, a pinned resolve shares its generation's",
+    "[executor_pool][repoint]") {
+  CrashLedger ledger(CrashPolicy{3, 600});
+  Fakes fakes;
+  ExecutorPool pool(Options(&fakes), &ledger);
+  Client ca, cb;
+  absl::StatusOr<ExecutorPool::Binding> a =
+      pool.Bind(1, ca.ours.get(), Peer(1000, 11));
+  absl::StatusOr<ExecutorPool::Binding> b =
+      pool.Bind(2, cb.ours.get(), Peer(1001, 12));
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  REQUIRE(a->group != b->group);  // isolation uid: two executors
+  FakeExecutor* exec_a = fakes.at(0);
+  FakeExecutor* exec_b = fakes.at(1);
+  auto first = std::make_shared<TargetEntry>(*Entry("op"));
+  first->registered_at_us = 5;
+  const EntryPtr gen1 = first;
+  const EntryPtr gen2 = AtGeneration(gen1, 2);
+
+  CHECK(pool.TokenFor(*a, gen1) == 1);
+  // A pinned resolve of generation 1 is another entry of that generation.
+  CHECK(pool.TokenFor(*a, AtGeneration(gen1, 1)) == 1);
+  v1::ExecRepoint repoint;
+  repoint.set_target_name("op");
+  repoint.set_platform("cpu");
+  repoint.set_generation(2);
+  std::map<uint64_t, absl::Status> acks =
+      pool.Repoint({1}, repoint, gen2, ca.theirs.get(), absl::Now());
+  REQUIRE(acks.size() == 1);
+  CHECK(acks[1].ok());
+  REQUIRE(exec_a->repoints().size() == 1);
+  CHECK(exec_a->repoints()[0].token() == 2);  // generation 2's own row
+  CHECK(exec_b->repoints().empty());          // it serves no holder
+  // A resolve of generation 2 in that executor gets the token the re-point
+  // gave it; the other executor numbers its own.
+  CHECK(pool.TokenFor(*a, gen2) == 2);
+  CHECK(pool.TokenFor(*b, AtGeneration(gen1, 1)) == 1);
+  CHECK(pool.TokenFor(*b, gen2) == 2);
+  // The name retired and registered again: another registration.
+  auto again = std::make_shared<TargetEntry>(*gen1);
+  again->registered_at_us = 9;
+  CHECK(pool.TokenFor(*a, again) == 3);
+
+  Called(exec_a, 1, 3);  // generation 1, unpinned and pinned
+  Called(exec_a, 2, 5);  // generation 2 after the switch
+  Called(exec_a, 3, 1);
+  Called(exec_b, 1, 2);  // a pinned session of uid 1001
+  using Counts = std::map<std::pair<int64_t, uint32_t>, uint64_t>;
+  const Counts want{{{5, 1}, 5}, {{5, 2}, 5}, {{9, 1}, 1}};
+  CHECK(LaunchesOf(pool, "op") == want);
+  // A reaped executor's rows keep counting under their generations.
+  exec_a->End(kExit1);
+  CHECK(pool.AwaitCrash(&*a).ok());
+  CHECK(LaunchesOf(pool, "op") == want);
+  pool.Release(&*a);
+  pool.Release(&*b);
 }
 
 // An executor an earlier kregd left running, as ExecutorPool::Readopt
