@@ -22,6 +22,12 @@ namespace kreg {
 namespace shim {
 namespace {
 
+// How often an operation whose session or control connection broke (kregd
+// restarted) is tried, each time on a fresh one: kregd may restart again
+// meanwhile, and several idle sessions may be stale at once. Every such
+// operation is idempotent in kregd (a registration too).
+constexpr int kAttempts = 6;
+
 std::atomic<pid_t> g_pid{0};
 
 void RefreshPid() { g_pid.store(::getpid(), std::memory_order_relaxed); }
@@ -394,7 +400,7 @@ ClientStatus Client::FreshControlLocked() {
 ClientStatus Client::WithControl(const std::function<ClientStatus(Conn*)>& op) {
   std::lock_guard<std::mutex> lock(control_mu_);
   ClientStatus s;
-  for (int attempt = 0; attempt < 2; ++attempt) {
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
     s = FreshControlLocked();
     if (!s.ok()) return s;
     s = op(control_.get());
@@ -506,7 +512,6 @@ ClientStatus Client::WithConn(const std::function<ClientStatus(Conn*)>& op,
   // their executor serving launches only: a request that needs kregd ends
   // each in turn), so a broken session is retried a few times, each time
   // on another one; Acquire waits for a kregd that is away.
-  constexpr int kAttempts = 6;
   for (int attempt = 0; attempt < kAttempts; ++attempt) {
     std::unique_ptr<Conn> conn;
     s = Acquire(&conn);

@@ -51,7 +51,7 @@ ClientStatus CallRegister(Conn* conn, const Registration& registration,
 // control connection breaks (the daemon went away), the next operation
 // opens a fresh one (a fresh control connection first re-registers every
 // target this process registered: idempotent in the daemon) and retries
-// the operation once.
+// the operation, up to 6 tries in all (kregd may restart again meanwhile).
 class Client {
  public:
   explicit Client(std::string session_path);
@@ -116,8 +116,8 @@ class Client {
   // on stderr.
   ClientStatus OpenSession(std::unique_ptr<Conn>* out, bool control = false);
   // Runs `op` on the control connection (opened, or reopened when kregd
-  // closed it, first); retried once on a reopened one when it broke
-  // during `op`.
+  // closed it, first); retried on a reopened one when it broke during
+  // `op`, up to 6 tries in all.
   ClientStatus WithControl(const std::function<ClientStatus(Conn*)>& op);
   // control_ is open to the kregd now serving (a new one is opened, and
   // this process's registrations made again on it, otherwise).
