@@ -671,13 +671,13 @@ int Main() {
   // ControlStep fills it from kregd's ExecRepoint frames (docs/replace.md
   // section 3).
   RepointTable repoints;
-  ExecutorShared shared{
-      &modules, &host,    cuda && cuda->status().ok() ? cuda.get() : nullptr,
-      &*page,   &recycle, &drain,
-      &repoints};
+  // A CudaDevices that could not open a device still goes to the sessions:
+  // a CUDA launch's refusal then says why (e.g. out of memory).
+  ExecutorShared shared{&modules, &host,  cuda.get(), &*page,
+                        &recycle, &drain, &repoints};
   std::atomic<bool> stop_gpu_watch{false};
   std::thread gpu_watch;
-  if (shared.cuda != nullptr) {
+  if (cuda && cuda->status().ok()) {
     gpu_watch =
         std::thread(WatchGpu, shared.cuda, &*page, &recycle, &stop_gpu_watch);
   }

@@ -31,6 +31,9 @@ def run_py(site_dir, env, intercept=True):
   e["PYTHONPATH"] = os.pathsep.join([str(site_dir),
                                      e.get("PYTHONPATH", "")])
   e.pop("KREG_INTERCEPT", None)
+  # This process's JAX holds most of the GPU's memory already: a child that
+  # preallocated too would leave its executor no room for a CUDA context.
+  e["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
   if intercept:
     e["KREG_INTERCEPT"] = "1"
   e.update(env)

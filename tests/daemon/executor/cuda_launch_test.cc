@@ -194,6 +194,31 @@ TEST_CASE("A client GPU kregd does not see gets a clear error",
         std::string::npos);
 }
 
+TEST_CASE("An executor whose devices did not open says why at hello and launch",
+          "[cuda_launch]") {
+  // What exec_main passes when CudaDevices::OpenSystem failed (e.g. the
+  // device's memory was full): the reason reaches the client.
+  std::unique_ptr<CudaDevices> none =
+      CudaDevices::Open(nullptr, "no CUDA driver: test reason");
+  REQUIRE_FALSE(none->status().ok());
+  Backend backend;
+  SessionCounters counters;
+  Session session(1, UniqueFd(), PeerCred{1, 2, 3}, SessionLimits(), &backend,
+                  &counters, none.get());
+  v1::SessionRequest r;
+  r.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
+  v1::SessionResponse hello = session.Handle(r, {});
+  REQUIRE(hello.status().code() == 0);
+  CHECK(hello.hello().cuda_device_uuids_size() == 0);
+  CHECK(hello.hello().cuda_status() == std::string(none->status().message()));
+  v1::SessionResponse resp =
+      session.Handle(Launch(FakeCuda::Uuid(0x11), false), {});
+  CHECK(resp.status().code() == int(absl::StatusCode::kUnimplemented));
+  CHECK(resp.status().message().find(
+            "this kregd serves no CUDA device (no CUDA driver: test reason") !=
+        std::string::npos);
+}
+
 TEST_CASE("A VMM share without its fd is refused", "[cuda_launch]") {
   Fixture fx;
   const std::string uuid(fx.devices->info(0).uuid.bytes, 16);
