@@ -6,7 +6,7 @@ call: {"target": T, "ok": [4 ints]} or {"target": T, "error": text}.
   executor_client.py loop STOPFILE OUTFILE     call demo Scale until STOPFILE
                                                exists, keeping counts in
                                                OUTFILE
-Attributes: FUNC=path:/some/file (TryOpen), FUNC=pid:123 (TryPtrace),
+Attributes: FUNC=path:/some/file (TryOpen, Gate), FUNC=pid:123 (TryPtrace),
 FUNC=ms:500 (Nap).
 """
 

@@ -269,40 +269,46 @@ def test_a_request_no_executor_read_names_the_executor_that_died():
     finish(d)
 
 
-def test_a_crash_blames_only_the_crashing_call_and_reruns_the_others():
-  # Two processes share one executor (isolation uid). One's handler naps
-  # while the other's segfaults: the executor's crash handler names the
-  # faulting session, so only hostile.Segfault is blamed and counted; the
-  # napping call is told it was interrupted (ABORTED) and, being a CPU call
-  # (outputs copied back only on success), the shim runs it again on a
-  # fresh executor and says so once on stderr.
+def test_a_crash_blames_only_the_crashing_call_and_reruns_the_others(
+    tmp_path):
+  # Two processes share one executor (isolation uid). One's handler waits
+  # on a gate file while the other's segfaults: the executor's crash handler
+  # names the faulting session, so only hostile.Segfault is blamed and
+  # counted; the waiting call is told it was interrupted (ABORTED) and,
+  # being a CPU call (outputs copied back only on success), the shim runs it
+  # again on a fresh executor and says so once on stderr. The order is held
+  # by files, not by time: the crash starts only once the gated call runs
+  # (gate.started), and the gate opens only after the crash, so a slow
+  # machine cannot let the gated call finish first.
   hostile_path()
+  gate = tmp_path / "gate"
+  started = tmp_path / "gate.started"
   d = make_daemon("--isolation", "uid", "--quarantine-crashes", "0")
   try:
     run_client(d, "WhoAmI")  # the executor exists; registrations work
     before = json.loads(kregctl(d, "status", "--json").stdout)
-    nap = subprocess.Popen([PY, CLIENT, "call", "Nap=ms:6000"], env=d.env(),
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True)
-    deadline = time.monotonic() + 60
-    while "hostile.Nap" not in {t[0] for t in listing(d)}:
-      assert nap.poll() is None, nap.communicate()
-      assert time.monotonic() < deadline
+    gated = subprocess.Popen([PY, CLIENT, "call", f"Gate=path:{gate}"],
+                             env=d.env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not started.exists():
+      assert gated.poll() is None, gated.communicate()
+      assert time.monotonic() < deadline, "the gated call never started"
       time.sleep(0.05)
-    time.sleep(0.5)
     (crash,) = run_client(d, "Segfault")
-    out, err = nap.communicate(timeout=120)
-    assert nap.returncode == 0, err
-    (napped,) = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+    gate.touch()  # the call run again on a fresh executor passes at once
+    out, err = gated.communicate(timeout=120)
+    assert gated.returncode == 0, err
+    (waited,) = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
     assert "crashed its kregd executor" in crash["error"], crash
     assert 'target "hostile.Segfault"' in crash["error"], crash
-    # The nap ran again, on a fresh executor, and succeeded.
-    assert "ok" in napped, napped
-    assert napped["ok"][2] not in (0, before["executors"][0]["pid"])
-    assert 'a forwarded call of "hostile.Nap" was run again' in err, err
+    # The gated call ran again, on a fresh executor, and succeeded.
+    assert "ok" in waited, waited
+    assert waited["ok"][1] not in (0, before["executors"][0]["pid"])
+    assert 'a forwarded call of "hostile.Gate" was run again' in err, err
     assert "was interrupted" in err and "hostile.Segfault" in err, err
     log = d.log()
-    assert re.search(r'this call of target "hostile.Nap" .* was interrupted: '
+    assert re.search(r'this call of target "hostile.Gate" .* was interrupted: '
                      r'its kregd executor \(pid \d+, uid \d+\) ended while '
                      r'it ran because the call of target "hostile.Segfault"',
                      log), log
