@@ -258,7 +258,11 @@ int RunReserve(Connection& kregd, const ReserveOptions& opts) {
                 << n.reserved_by_uid() << "\n";
     }
   }
-  if (opts.as_json) std::cout << j.dump(2) << "\n";
+  if (opts.as_json) {
+    std::cout << j.dump(2) << "\n";
+  } else if (opts.pattern.empty() && j.empty()) {
+    std::cout << "no target names are reserved on this host\n";
+  }
   return 0;
 }
 

@@ -50,7 +50,7 @@ absl::Status Registry::ReservedRefusal(const TargetKey& key,
       "\" are reserved for ", OwnerName(r), " on this host, and uid ", peer.uid,
       " is not ", r.group ? "in that group" : "that uid",
       ". Register under a name outside the reservation, or ask the "
-      "operator (`kregctl reservations` lists them)."));
+      "operator (`kregctl reserve`, with no pattern, lists them)."));
 }
 
 absl::Status Registry::Reserve(NameReservation r, const PeerCred& peer) {
@@ -120,8 +120,8 @@ absl::Status Registry::Unreserve(const std::string& pattern,
     if (it == reservations_.end()) {
       return absl::NotFoundError(absl::StrCat(
           "no reservation of \"", pattern,
-          "\" to lift; `kregctl reservations` lists them, with their "
-          "patterns spelled exactly"));
+          "\" to lift; `kregctl reserve`, with no pattern, lists them, "
+          "with their patterns spelled exactly"));
     }
     lifted = it->second;
     lifted.by = peer;

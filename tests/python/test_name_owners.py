@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 import pwd
+import re
 import shutil
 import subprocess
 import sys
@@ -63,6 +64,12 @@ def test_a_reserved_prefix_is_registered_by_its_owner_only(d):
   assert ('names matching "resv.*" are reserved for uid 65534' in
           other.stderr), other.stderr
   assert "uid 65533 is not that uid" in other.stderr
+  # The command the refusal names exists and lists the reservation.
+  named = re.search(r"`kregctl ([a-z]+)`, with no pattern, lists them",
+                    other.stderr)
+  assert named, other.stderr
+  listing = kregd_proc.run_kregctl(d, named.group(1))
+  assert listing.stdout.startswith("resv.*\tuid 65534"), listing.stdout
   assert register_as(d, 65533, "free.op").returncode == 0
   kregd_proc.run_kregctl(d, "register", "resv.root", "--module",
                          str(d.work / "module.so"), "--function", "Scale")
@@ -74,6 +81,8 @@ def test_a_reserved_prefix_is_registered_by_its_owner_only(d):
   kregd_proc.run_kregctl(d, "reserve", "resv.*", "--lift")
   assert json.loads(kregd_proc.run_kregctl(d, "reserve",
                                            "--json").stdout) == []
+  assert kregd_proc.run_kregctl(d, "reserve").stdout == (
+      "no target names are reserved on this host\n")
   assert register_as(d, 65533, "resv.other").returncode == 0
 
 
@@ -93,6 +102,7 @@ def test_reserve_errors_say_what_to_do(d):
   lift = kregd_proc.run_kregctl(d, "reserve", "nothing.*", "--lift",
                                 check=False)
   assert 'no reservation of "nothing.*" to lift' in lift.stderr
+  assert "`kregctl reserve`, with no pattern, lists them" in lift.stderr
   as_user = subprocess.run(
       [str(d.work / "kregctl"), "--socket", d.socket, "reserve", "mine.*",
        "--owner", "65533"], capture_output=True, text=True, timeout=60,
