@@ -98,9 +98,12 @@ class UntrustedTargetError(KregError, PermissionError):
 
 def error_class(code: str, default: type) -> type:
   """The exception class for kregd's status `code`: NotFoundError,
-  InvalidArgumentError, else `default`."""
+  InvalidArgumentError (also for UNIMPLEMENTED: an argument names something
+  kregd does not serve, e.g. platform "rocm"; `.code` keeps kregd's code),
+  else `default`."""
   return {"NOT_FOUND": NotFoundError,
-          "INVALID_ARGUMENT": InvalidArgumentError}.get(code, default)
+          "INVALID_ARGUMENT": InvalidArgumentError,
+          "UNIMPLEMENTED": InvalidArgumentError}.get(code, default)
 
 
 class DaemonNotRunningError(KregError, ConnectionError):
