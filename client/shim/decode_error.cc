@@ -49,15 +49,24 @@ const char* AttrTypeName(XLA_FFI_AttrType t) {
 }
 
 // The word after `prefix` in `text` (up to a space, newline or the end);
-// empty when `prefix` does not occur.
+// empty when `prefix` does not occur. XLA FFI's diagnostics run together
+// with no separator ("... but got S64Wrong scalar data type: ..."), so the
+// word also ends where the next diagnostic's "Wrong" begins.
 std::string WordAfter(const std::string& text, const std::string& prefix,
                       size_t from = 0) {
   size_t at = text.find(prefix, from);
   if (at == std::string::npos) return "";
   at += prefix.size();
   size_t end = text.find_first_of(" \n,)", at);
-  return text.substr(at, end == std::string::npos ? end : end - at);
+  std::string word = text.substr(at, end == std::string::npos ? end : end - at);
+  if (size_t next = word.find("Wrong"); next != std::string::npos && next > 0)
+    word.resize(next);
+  return word;
 }
+
+// XLA FFI checks the counts of arguments, results and attributes before it
+// decodes any; such a refusal says "Wrong number of <what>: ...".
+constexpr const char* kCounted[] = {"arguments", "results", "attributes"};
 
 std::string Quoted(const std::vector<std::string>& names) {
   std::string out;
@@ -79,6 +88,24 @@ std::string ExplainDecodeError(const std::string& target,
                                const std::string& platform,
                                const XLA_FFI_Attrs& attrs,
                                const std::string& message) {
+  for (const char* what : kCounted) {
+    if (message.find(std::string("Wrong number of ") + what + ": ") ==
+        std::string::npos) {
+      continue;
+    }
+    std::string passed;
+    if (std::string(what) == "attributes") {
+      std::vector<std::string> names;
+      for (int64_t i = 0; i < attrs.size; ++i)
+        names.push_back(NameOf(attrs, i));
+      passed = names.empty() ? " (this call passes none)"
+                             : " (this call passes " + Quoted(names) + ")";
+    }
+    return "kreg: target \"" + target + "\" (" + platform +
+           "): the call passes a different number of " + what +
+           " than the handler declares" + passed + "; pass exactly the " +
+           what + " the handler binds. XLA FFI says: " + message;
+  }
   if (message.find(kDecodeFailed) == std::string::npos) return message;
   const std::string head = "kreg: target \"" + target + "\" (" + platform +
                            "): the handler could not decode its operands";

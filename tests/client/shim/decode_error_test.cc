@@ -60,6 +60,46 @@ TEST_CASE("Two attributes of the offending type are both named") {
                                "F32; pass"));
 }
 
+TEST_CASE("Two mistyped attributes are named, not run together") {
+  // XLA FFI joins its diagnostics with no separator.
+  const std::string two =
+      "[execute] Failed to decode all FFI handler operands (bad operands at: "
+      "1, 2)\nDiagnostics:\nWrong scalar data type: expected F64 but got "
+      "S64Wrong scalar data type: expected F64 but got S64";
+  Attrs a({"lo", "hi"}, {XLA_FFI_DataType_S64, XLA_FFI_DataType_S64});
+  const std::string explained = ExplainDecodeError("t.u", "cpu", a.attrs, two);
+  CHECK_THAT(explained,
+             Catch::StartsWith("kreg: target \"t.u\" (cpu): the handler could "
+                               "not decode its operands: one of the "
+                               "attributes \"lo\", \"hi\" (all S64) should "
+                               "be F64; pass a value of that type, e.g. "
+                               "np.float64(...). XLA FFI says: "));
+  CHECK_THAT(explained, !Catch::Contains("S64Wrong but"));
+}
+
+TEST_CASE("A missing attribute names the target and what the call passes") {
+  Attrs a({"lo"}, {XLA_FFI_DataType_F64});
+  const std::string missing =
+      "[execute] Wrong number of attributes: expected 2 but got 1 with "
+      "name(s): lo";
+  CHECK(ExplainDecodeError("t.u", "cpu", a.attrs, missing) ==
+        "kreg: target \"t.u\" (cpu): the call passes a different number of "
+        "attributes than the handler declares (this call passes \"lo\"); "
+        "pass exactly the attributes the handler binds. XLA FFI says: " +
+            missing);
+  Attrs none({}, {});
+  CHECK_THAT(ExplainDecodeError("t.u", "cpu", none.attrs,
+                                "[execute] Wrong number of attributes: "
+                                "expected 2 but got 0"),
+             Catch::Contains("(this call passes none)"));
+  CHECK_THAT(ExplainDecodeError("t.u", "cpu", none.attrs,
+                                "[execute] Wrong number of arguments: "
+                                "expected 1 but got 2"),
+             Catch::StartsWith("kreg: target \"t.u\" (cpu): the call passes "
+                               "a different number of arguments than the "
+                               "handler declares; pass exactly the arguments"));
+}
+
 TEST_CASE("Other decoding failures get the target; other errors pass") {
   Attrs a({"cod"}, {XLA_FFI_DataType_S64});
   const std::string mismatch =
