@@ -89,9 +89,17 @@ int RunRegister(Connection& kregd, const RegisterOptions& opts) {
   }
   auto resp = kregd.client->Register(req);
   if (!resp.ok()) return Fail(resp.status());
-  std::cout << (resp->created() ? "registered " : "already registered ")
-            << resp->target().target_name() << " (" << resp->target().platform()
-            << ") " << resp->target().content_id() << "\n";
+  const auto& t = resp->target();
+  // A replacement makes a new generation of an existing target
+  // (docs/replace.md); generation 1 is the first registration.
+  const bool replaced = resp->created() && t.generation() > 1;
+  std::cout << (replaced          ? "replaced "
+                : resp->created() ? "registered "
+                                  : "already registered ")
+            << t.target_name() << " (" << t.platform() << ") "
+            << t.content_id();
+  if (replaced) std::cout << ": generation " << t.generation();
+  std::cout << "\n";
   return 0;
 }
 
@@ -107,7 +115,11 @@ Command AddRegisterCommand(CLI::App& app) {
   cmd->add_option("--platform", req.platform, "cpu or cuda")
       ->capture_default_str();
   cmd->add_option("--content-id", req.content_id, "content identity");
-  cmd->add_flag("--replace", req.replace, "reserved; see the docs");
+  cmd->add_flag("--replace", req.replace,
+                "replace the target's content in place, making its next "
+                "generation (kregd with replace = \"owner\", by the "
+                "target's owner or root; otherwise a change is refused "
+                "either way; see docs/replace.md)");
   cmd->add_flag("--daemon-reads", opts->daemon_reads,
                 "send the path for the daemon to read (under its allowed "
                 "roots) instead of uploading the bytes");

@@ -131,9 +131,11 @@ def test_the_owner_replaces_and_a_restart_keeps_the_generation(d):
   assert "register with replace=True to make the next generation" in (
       refused.stderr)
 
-  register(d, "demo.repl", "libdemo_v2.so", "--replace")
+  made = register(d, "demo.repl", "libdemo_v2.so", "--replace").stdout
   v2 = show(d, "demo.repl")
   assert v2["generation"] == 2
+  assert made == (f"replaced demo.repl (cpu) {v2['content_id']}: "
+                  "generation 2\n"), made
   assert [g["generation"] for g in v2["generations"]] == [1, 2]
   assert [g["module_digest"] for g in v2["generations"]] == [
       v1["module_digest"], v2["module_digest"]]
