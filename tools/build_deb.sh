@@ -60,10 +60,44 @@ strip --strip-debug "$root"/usr/bin/*
 for unit in kregd.service kregd.socket nvidia-mps.service; do
   install -m 0644 "$repo/daemon/systemd/$unit" "$root/lib/systemd/system/"
 done
+# packaged_header UNIT: replaces the unit's leading comment block (the
+# manual install's notes, up to its first empty line) with the package's
+# own, read from stdin: the packaged units say how the package sets them up.
+packaged_header() {
+  local unit="$root/lib/systemd/system/$1"
+  { cat; awk 'started || /^$/ { started = 1; print }' "$unit"; } > "$unit.new"
+  mv "$unit.new" "$unit"
+  chmod 0644 "$unit"
+}
+packaged_header kregd.service <<'HEADER'
+# kregd.service (kregd Debian package): the kregd kernel registry and
+# executor for JAX's XLA FFI.
+#
+# kregd is /usr/bin/kregd, with kregd-probe, kregd-exec and kregd-compile
+# beside it and the compile service's XLA FFI headers in
+# /usr/share/kregd/include. ExecStart= passes --config /etc/kregd/kregd.toml
+# (a conffile, nothing set: the embedded defaults apply); edit it and run
+# `systemctl restart kregd` to change settings (`kregd --config
+# /etc/kregd/kregd.toml --check-config` checks it first). Enable with
+# `systemctl enable --now kregd.socket`. Type=notify: READY=1 comes once the
+# journal in /var/lib/kregd is replayed and the sockets listen. See
+# man:kregd(8) and the operator guide (docs/operator-guide.md).
+HEADER
 sed -i -e 's|^ExecStart=/usr/local/bin/kregd$|ExecStart=/usr/bin/kregd --config /etc/kregd/kregd.toml|' \
-  -e '1a # Installed by the kregd Debian package: kregd is /usr/bin/kregd and reads\n# /etc/kregd/kregd.toml; the manual install steps below are for a build\n# without the package.' \
   "$root/lib/systemd/system/kregd.service"
 # The package creates the kregd group (postinst): its members may connect.
+packaged_header kregd.socket <<'HEADER'
+# kregd.socket (kregd Debian package): socket activation for kregd.
+#
+# systemd passes the sockets in the order of the ListenStream= lines below,
+# and kregd relies on it: fd 3 the gRPC socket, fd 4 the session socket
+# (the gRPC path + ".session").
+#
+# Access control: the sockets are 0660, group kregd (SocketGroup= below).
+# The package created that group; add a user with `adduser USER kregd` (it
+# takes effect at the user's next login). Purging the package leaves the
+# group and its members.
+HEADER
 sed -i 's|^#SocketGroup=kregd$|SocketGroup=kregd|' \
   "$root/lib/systemd/system/kregd.socket"
 grep -qx 'SocketGroup=kregd' "$root/lib/systemd/system/kregd.socket" || {
