@@ -334,7 +334,7 @@ while not go.exists():
 r = kreg.compile_ffi_target("cc.eight", {"eight.cc": src}, "AxpbHandler",
                             platform="cpu", headers={"axpb.h": sys.argv[3]})
 print(json.dumps({"content_id": r.content_id, "created": r.created,
-                  "cache_hit": r.cache_hit}))
+                  "cache_hit": r.cache_hit, "waited": r.waited}))
 """
 
 
@@ -366,6 +366,10 @@ def test_eight_processes_compile_one_source_once(tmp_path):
     assert st["compiles"] == 1, st
     assert st["compile_requests"] == 8
     assert st["compile_waits"] + st["compile_cache_hits"] == 7
+    # Each process can tell whether it compiled, waited or hit the cache.
+    assert sum(r["waited"] for r in results) == st["compile_waits"], results
+    assert sum(r["cache_hit"] for r in results) == st["compile_cache_hits"]
+    assert sum(not (r["waited"] or r["cache_hit"]) for r in results) == 1
   finally:
     kregd_proc.finish_test_daemon(d)
 

@@ -135,14 +135,18 @@ class Registration:
 
   From kreg.compile_ffi_target also: `cache_hit` (True when no compile was
   needed: kregd's compile cache or a cluster peer had the cache key),
-  `cache_key` (the content_id it registered under, unless the caller gave
-  its own) and `diagnostics` (the compiler's warnings, verbatim).
+  `waited` (True when this request waited for a compile of the same key
+  that another request started: of N concurrent requests for one key, one
+  compiles and the others wait or hit the cache), `cache_key` (the
+  content_id it registered under, unless the caller gave its own) and
+  `diagnostics` (the compiler's warnings, verbatim).
   """
   created: bool
   target: Target
   cache_hit: bool = False
   cache_key: str = ""
   diagnostics: str = ""
+  waited: bool = False
 
   @property
   def target_name(self) -> str:
@@ -446,7 +450,8 @@ class Client:
     sources: {file name: text}; headers: {file name: text}, include
     directories this process can read (sent as their files), or a list of
     both; options: compiler options after kregd's own. Returns a
-    Registration with `cache_hit` and `content_id` (the cache key). Raises
+    Registration with `cache_hit`, `waited` and `content_id` (the cache
+    key). Raises
     CompileError (with `.diagnostics`) when the sources do not compile or a
     limit stops the compiler, KernelRegistrationError when the name is bound
     to other content.
@@ -460,12 +465,12 @@ class Client:
     request = _compile.encode_request(target_name, sources, func_name,
                                       platform, options, headers,
                                       content_id, replace)
-    created, target, key, hit, _, diagnostics = _compile.compile_target(
+    created, target, key, hit, waited, diagnostics = _compile.compile_target(
         self.address, request, timeout)
     if target.not_runnable:
       _warn_not_runnable(target)
     self._bind_with_jax(target_name, platform, mode)
-    return Registration(created, target, hit, key, diagnostics)
+    return Registration(created, target, hit, key, diagnostics, waited)
 
   def _bind_with_jax(self, target_name: str, platform: str,
                      mode: str, generation: int = 0) -> Optional[Target]:
