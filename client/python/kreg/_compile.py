@@ -44,6 +44,7 @@ def _libraries():
         "kreg.compile_ffi_target talks to kregd's gRPC API and needs grpcio "
         f"and protobuf ({e}): pip install 'kreg[compile]'") from e
   try:
+    _add_source_tree_protos()
     from kreg.v1 import registry_pb2
   except ImportError as e:
     raise ImportError(
@@ -53,6 +54,18 @@ def _libraries():
         "//client/python:kreg_pb2` and put bazel-bin/client/python on "
         "PYTHONPATH") from e
   return grpc, registry_pb2
+
+
+def _add_source_tree_protos() -> None:
+  """In a source checkout (kreg imported from client/python), kreg.v1 is
+  built into bazel-bin/client/python/kreg/v1 (//client/python:kreg_pb2):
+  kreg's package path gains that directory, as the shim is found in
+  bazel-bin (_shim.py). An installed wheel carries kreg.v1 itself."""
+  import kreg  # pylint: disable=import-outside-toplevel
+  here = pathlib.Path(__file__).resolve().parent
+  built = here.parents[2] / "bazel-bin" / "client" / "python" / "kreg"
+  if (built / "v1").is_dir() and str(built) not in kreg.__path__:
+    kreg.__path__.append(str(built))
 
 
 def _to_target(t):
