@@ -156,7 +156,7 @@ void AddMoreFlags(CLI::App* app, FlagValues* f) {
   Config& v = f->values;
   app->add_option("--etcd-endpoints", f->texts["--etcd-endpoints"],
                   "cluster mode: etcd members, URL[,URL...] "
-                  "(http://HOST:PORT)");
+                  "(https://HOST:PORT; http:// only with --cluster-insecure)");
   app->add_option("--cluster", v.cluster,
                   "cluster mode: the cluster's name (default \"default\")");
   app->add_option("--advertise", v.advertise,
