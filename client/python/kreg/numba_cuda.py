@@ -92,6 +92,14 @@ NAME_PREFIX = "kreg.numba"
 CONTENT_PREFIX = "numba-callable:sha256:"
 _HEAPTYPE = 1 << 9             # Py_TPFLAGS_HEAPTYPE: a class defined in Python
 _MISSING = object()
+# Special methods that a bound method's code does not run by reading self.
+_NOT_RUN_BY_CODE = frozenset((
+    "__init__", "__new__", "__del__", "__init_subclass__", "__repr__",
+    "__str__", "__format__", "__getstate__", "__setstate__", "__reduce__",
+    "__reduce_ex__", "__kreg_fingerprint__", "__module__", "__qualname__",
+    "__doc__", "__dict__", "__weakref__", "__slots__", "__annotations__",
+    "__firstlineno__", "__static_attributes__", "__classcell__",
+    "__orig_bases__", "__parameters__", "__abstractmethods__"))
 
 
 def _members(t: type) -> list[str]:
@@ -381,9 +389,15 @@ class _Fp:
     cls = owner if isinstance(owner, type) else type(owner)
     pending = [f for f in [func] if isinstance(f, types.FunctionType)]
     done: set[str] = set()
+    # Special methods run without their name in the code (self(...),
+    # self[i], self + x): all of the class's count as read.
+    implicit = sorted({n for k in cls.__mro__ if k is not object
+                       for n in vars(k) if n.startswith("__") and
+                       n.endswith("__") and n not in _NOT_RUN_BY_CODE})
     while pending:
       f = pending.pop(0)
-      for n in sorted(set(_all_names(f.__code__)) - done):
+      names = set(_all_names(f.__code__)) | set(implicit)
+      for n in sorted(names - done):
         done.add(n)
         raw = _class_attribute(cls, n)
         if raw is _MISSING:
