@@ -158,14 +158,15 @@ def _functions_in(raw: Any) -> list:
 def ctypes_callback_callable(ptr: Any) -> Any:
   """The Python callable behind a ctypes callback object, or None (a
   pointer to foreign code)."""
-  import gc  # pylint: disable=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel,protected-access
+  import gc
   refs = gc.get_referents(ptr)
   if not any(type(r).__name__ == "CThunkObject" for r in refs):
     return None  # no thunk: a function pointer, not a callback
   for ref in refs:
     if callable(ref) and not isinstance(ref, type) and \
         type(ref).__name__ != "CThunkObject" and \
-        not isinstance(ref, ctypes._CFuncPtr):  # pylint: disable=protected-access
+        not isinstance(ref, ctypes._CFuncPtr):
       return ref
   return None
 
@@ -331,7 +332,8 @@ class _Fp:
         self.unidentified("a ctypes function pointer to code that is not a "
                           "Python callback")
         return
-      self.put("ctypes.callback", repr(v._restype_),  # pylint: disable=protected-access
+      restype = getattr(v, "_restype_", None)
+      self.put("ctypes.callback", repr(restype),
                repr(getattr(v, "_argtypes_", None)))
       self.at("the Python callable of a ctypes callback", behind, depth)
     elif isinstance(v, (types.BuiltinFunctionType, np.ufunc)):
@@ -464,7 +466,8 @@ def _all_names(co: types.CodeType):
       yield from _all_names(c)
 
 
-def identify(func: Callable, signature: Any = None) -> tuple[str, Optional[str]]:
+def identify(func: Callable,
+             signature: Any = None) -> tuple[str, Optional[str]]:
   """(sha256 hex, why) of what `func` runs with `signature`: `why` is None
   when every value it depends on was described by content, else what could
   not be (a sentence naming the value and where it was found).
