@@ -195,6 +195,38 @@ def test_bound_methods_and_callable_objects_by_state():
       nc.target_name(Declared(3.0).run, SIG)[1]
 
 
+def test_user_modules_and_classes_the_code_reads(tmp_path, monkeypatch):
+  # An attribute of a module of the user's own code counts like a global;
+  # a module of the standard library or site-packages is named only.
+  (tmp_path / "fp_settings.py").write_text("OFFSET = 1\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  import fp_settings  # pylint: disable=import-error,import-outside-toplevel
+
+  def f(x, out, stream):
+    out[...] = x + fp_settings.OFFSET + np.float32(0)
+  one = nc.identify(f, SIG)
+  assert one[1] is None and one == nc.identify(f, SIG)
+  monkeypatch.setattr(fp_settings, "OFFSET", 5)
+  assert nc.identify(f, SIG)[0] != one[0]
+
+  # A class the code constructs: the methods and class attributes it runs.
+  class Step:
+    SIZE = 2
+
+    def __init__(self, x):
+      self.x = x
+
+    def apply(self):
+      return self.x * self.SIZE
+
+  def g(x, out, stream):
+    out[...] = Step(x).apply()
+  before = nc.identify(g, SIG)
+  assert before[1] is None
+  monkeypatch.setattr(Step, "SIZE", 3)
+  assert nc.identify(g, SIG)[0] != before[0]
+
+
 def test_symbol_name_is_a_c_symbol():
   assert nc.symbol_name(scale_op) == "scale_op"
   assert nc.symbol_name(make_scaler(1.0)) == "make_scaler_locals_scaler"

@@ -336,7 +336,17 @@ class _Fp:
       self.put("ctypes.callback", repr(restype),
                repr(getattr(v, "_argtypes_", None)))
       self.at("the Python callable of a ctypes callback", behind, depth)
-    elif isinstance(v, (types.BuiltinFunctionType, np.ufunc)):
+    elif isinstance(v, (types.MemberDescriptorType,
+                        types.GetSetDescriptorType)):
+      self.put("descriptor", type(v).__name__, v.__qualname__)
+    elif type(v).__name__ == "CField" and \
+        type(v).__module__ in ("_ctypes", "ctypes"):
+      self.put("ctypes.field", repr(v))  # type, offset and size
+    elif isinstance(v, (types.BuiltinFunctionType, np.ufunc,
+                        types.WrapperDescriptorType,
+                        types.MethodDescriptorType,
+                        types.ClassMethodDescriptorType,
+                        types.MethodWrapperType)):
       self.put("builtin", str(getattr(v, "__module__", "")),
                getattr(v, "__qualname__", getattr(v, "__name__", "?")))
     else:
@@ -389,24 +399,40 @@ class _Fp:
     self.value(func, depth)
     self.at(f"self of {qual}", owner, depth)
     cls = owner if isinstance(owner, type) else type(owner)
-    pending = [f for f in [func] if isinstance(f, types.FunctionType)]
+    names = (set(_all_names(func.__code__))
+             if isinstance(func, types.FunctionType) else set())
+    self.class_reads(cls, names, depth)
+
+  def class_reads(self, cls: type, names: set, depth: int) -> None:
+    """The attributes of `cls` (Python classes of its MRO) named in `names`
+    and in the code of the methods found, recursively. Special methods run
+    without their name in the code (self(...), self[i], self + x): all of
+    the class's count as read."""
+    todo = set(names) | {n for k in cls.__mro__ if k is not object
+                         for n in vars(k) if n.startswith("__") and
+                         n.endswith("__") and n not in _NOT_RUN_BY_CODE}
     done: set[str] = set()
-    # Special methods run without their name in the code (self(...),
-    # self[i], self + x): all of the class's count as read.
-    implicit = sorted({n for k in cls.__mro__ if k is not object
-                       for n in vars(k) if n.startswith("__") and
-                       n.endswith("__") and n not in _NOT_RUN_BY_CODE})
-    while pending:
-      f = pending.pop(0)
-      names = set(_all_names(f.__code__)) | set(implicit)
-      for n in sorted(names - done):
+    while todo - done:
+      for n in sorted(todo - done):
         done.add(n)
         raw = _class_attribute(cls, n)
         if raw is _MISSING:
           continue
         self.put("class attribute", n)
         self.at(f"class attribute {cls.__qualname__}.{n}", raw, depth)
-        pending.extend(_functions_in(raw))
+        for g in _functions_in(raw):
+          todo |= set(_all_names(g.__code__))
+
+  def used_class(self, v: Any, names: list, qual: str, depth: int) -> None:
+    """A class of the user's own code that `qual` reads (constructs, calls
+    a static method of): what `qual` may run of it."""
+    if isinstance(v, type) and _user_class(v):
+      self.put("class reads", v.__qualname__)
+      self._where.append(f"class {v.__qualname__} used by {qual}")
+      try:
+        self.class_reads(v, set(names) | {"__init__", "__new__"}, depth)
+      finally:
+        self._where.pop()
 
   # -- code ----------------------------------------------------------------
 
@@ -451,12 +477,68 @@ class _Fp:
         continue
       self.at(f"closure variable {name!r} of {f.__qualname__}", contents,
               depth)
+      names = sorted(set(_all_names(f.__code__)))
+      if isinstance(contents, types.ModuleType):
+        self.module_reads(contents, names, f.__qualname__, depth, set())
+      self.used_class(contents, names, f.__qualname__, depth)
     # The globals it reads (kernels, helpers, constants), in name order.
     g = f.__globals__
-    for n in sorted(set(_all_names(f.__code__))):
+    names = sorted(set(_all_names(f.__code__)))
+    for n in names:
       if n in g:
         self.put("global", n)
         self.at(f"global {n!r} read by {f.__qualname__}", g[n], depth)
+        if isinstance(g[n], types.ModuleType):
+          self.module_reads(g[n], names, f.__qualname__, depth, set())
+        self.used_class(g[n], names, f.__qualname__, depth)
+
+  def module_reads(self, m: types.ModuleType, names: list, qual: str,
+                   depth: int, seen: set) -> None:
+    """The attributes of a module of the user's own code (not the standard
+    library's or an installed package's, which are identified by name) that
+    `qual` may read: `config.OFFSET` counts like a global."""
+    if m.__name__ in seen or not _user_module(m):
+      return
+    seen.add(m.__name__)
+    attrs = vars(m)
+    for a in names:
+      x = attrs.get(a, _MISSING)
+      if x is _MISSING:
+        continue
+      self.put("module attribute", m.__name__, a)
+      self.at(f"attribute {a!r} of module {m.__name__} read by {qual}", x,
+              depth)
+      if isinstance(x, types.ModuleType):
+        self.module_reads(x, names, qual, depth, seen)
+
+
+_library_roots: list[tuple[str, ...]] = []
+
+
+def _user_module(m: types.ModuleType) -> bool:
+  """Whether `m` is a file outside the standard library and the
+  site-packages directories (the user's own code)."""
+  f = getattr(m, "__file__", None)
+  if not isinstance(f, str):
+    return False  # built in, frozen or a namespace package
+  if not _library_roots:
+    import site  # pylint: disable=import-outside-toplevel
+    import sysconfig  # pylint: disable=import-outside-toplevel
+    paths = [sysconfig.get_paths().get(k) for k in
+             ("stdlib", "platstdlib", "purelib", "platlib")]
+    paths += site.getsitepackages() + [site.getusersitepackages()]
+    _library_roots.append(tuple(sorted(
+        {os.path.realpath(p) + os.sep for p in paths if p})))
+  return not os.path.realpath(f).startswith(_library_roots[0])
+
+
+def _user_class(t: type) -> bool:
+  """A class defined in Python by the user's own code (__main__ or a
+  module outside the standard library and site-packages)."""
+  if not all(k is object or k.__flags__ & _HEAPTYPE for k in t.__mro__):
+    return False  # a C base (a ctypes Structure): identified by name
+  m = sys.modules.get(t.__module__)
+  return m is not None and (t.__module__ == "__main__" or _user_module(m))
 
 
 def _all_names(co: types.CodeType):
@@ -475,10 +557,13 @@ def identify(func: Callable,
   Covers the bytecode, constants, names, defaults, closure values and
   referenced globals (recursively: helper functions and Numba kernels by
   their Python function; a Numba cfunc with its signature and compile
-  options; a ctypes callback by its Python callable); for a bound method or
-  a callable object, also the object's state (its attributes by value,
-  recursively, or what its class's `__kreg_fingerprint__(self)` returns)
-  and the class attributes its code reads. Not line numbers or file names;
+  options; a ctypes callback by its Python callable); the attributes it
+  reads of modules and classes of the user's own code (those of the
+  standard library and site-packages are identified by name); for a bound
+  method or a callable object, also the object's state (its attributes by
+  value, recursively, or what its class's `__kreg_fingerprint__(self)`
+  returns) and the class attributes its code reads. Not line numbers or
+  file names;
   no address, id() or hash(): equal in every process that runs the same
   code with the same state on the same Python version.
   """
