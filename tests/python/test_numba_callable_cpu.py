@@ -227,6 +227,27 @@ def test_user_modules_and_classes_the_code_reads(tmp_path, monkeypatch):
   assert nc.identify(g, SIG)[0] != before[0]
 
 
+def test_numba_values_by_content():
+  numba = pytest.importorskip("numba")
+  from numba import typed  # pylint: disable=import-outside-toplevel
+
+  def uses(value):
+    def f(x, out, stream):
+      out[...] = x if value else x
+    return f
+  # Numba types by name (not their per-process type code); typed
+  # containers by their items (not their native memory).
+  assert nc.identify(uses(numba.float32), SIG) == \
+      (nc.identify(uses(numba.float32), SIG)[0], None)
+  assert nc.identify(uses(numba.float32), SIG)[0] != \
+      nc.identify(uses(numba.float64), SIG)[0]
+  a, b = typed.List([1, 2]), typed.List([1, 3])
+  assert nc.identify(uses(a), SIG)[1] is None
+  assert nc.identify(uses(a), SIG)[0] == \
+      nc.identify(uses(typed.List([1, 2])), SIG)[0]
+  assert nc.identify(uses(a), SIG)[0] != nc.identify(uses(b), SIG)[0]
+
+
 def test_symbol_name_is_a_c_symbol():
   assert nc.symbol_name(scale_op) == "scale_op"
   assert nc.symbol_name(make_scaler(1.0)) == "make_scaler_locals_scaler"

@@ -191,6 +191,9 @@ def _numba_kind(v: Any) -> Optional[str]:
     return "signature"
   if isinstance(v, CFunc):
     return "cfunc"
+  if t.__module__.startswith("numba.typed.") and t.__qualname__ in ("Dict",
+                                                                    "List"):
+    return "typed"  # numba.typed.Dict / List: a container in native memory
   return None
 
 
@@ -304,6 +307,11 @@ class _Fp:
         self.value(f, depth)
     elif _numba_kind(v) == "type":
       self.put("numba.type", type(v).__qualname__, str(v.name))
+    elif _numba_kind(v) == "typed":
+      kind = type(v).__qualname__
+      self.put("numba.typed", kind, str(getattr(v, "_numba_type_", "")))
+      self.at(f"the items of a numba.typed.{kind}",
+              dict(v.items()) if kind == "Dict" else list(v), depth)
     elif _numba_kind(v) == "signature":
       self.put("numba.signature", str(v))
     elif _numba_kind(v) == "cfunc":
