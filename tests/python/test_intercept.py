@@ -222,6 +222,153 @@ def test_a_python_handler_runs_in_this_process(running_kregd, site):
   assert t.content_id.startswith("in-process:sha256:")
 
 
+# JIT code whose content is its code and state (issue 46, break 8): a
+# plain Numba cfunc computing x + OFFSET, or a handler object whose bound
+# method runs a Numba kernel with its `offset` attribute through an XLA FFI
+# handler (a ctypes callback of FfiHandler._entry, as brainevent's Numba
+# CPU kernels are bound methods of handler objects).
+JIT_OFFSET = """\
+import functools, json, os, threading
+import jax, numpy as np
+import kreg
+from kreg import numba_cuda as nc
+from numba import cfunc, njit, types
+
+NAME, KIND = os.environ["JIT_NAME"], os.environ["JIT_KIND"]
+OFFSET = int(os.environ["JIT_OFFSET"])
+
+
+@cfunc(types.float64(types.float64))
+def plus(x):
+  return x + OFFSET
+
+
+@njit
+def add(x, out, offset):
+  for i in range(x.shape[0]):
+    out[i] = x[i] + offset
+
+
+class Handler:
+
+  def __init__(self, offset):
+    self.offset = offset
+
+  def run(self, x, out, stream):
+    add(x, out, self.offset)
+
+
+class LockedHandler(Handler):  # a lock: no value to fingerprint
+
+  def __init__(self, offset):
+    super().__init__(offset)
+    self.lock = threading.Lock()
+
+
+class DeclaredHandler(LockedHandler):  # says what determines its code
+
+  def __kreg_fingerprint__(self):
+    return self.offset
+
+
+out = {}
+try:
+  if KIND == "cfunc":
+    jax.ffi.register_ffi_target(NAME, jax.ffi.pycapsule(plus.address),
+                                platform="cpu")
+    out["y"] = plus.ctypes(2.0)
+  else:
+    kinds = {"method": Handler, "locked": LockedHandler,
+             "declared": DeclaredHandler}
+    handler = kinds[KIND](OFFSET)
+    ffi = nc.FfiHandler(functools.partial(nc._HostBackend().run, handler.run),
+                        "adder")
+    jax.ffi.register_ffi_target(NAME, jax.ffi.pycapsule(ffi.address),
+                                platform="cpu")
+    x = np.arange(4, dtype=np.float32)
+    y = jax.jit(lambda v: jax.ffi.ffi_call(
+        NAME, jax.ShapeDtypeStruct(v.shape, v.dtype))(v))(x)
+    out["y"] = np.asarray(y).tolist()
+except kreg.KregError as e:
+  out["error"] = [type(e).__name__, e.code, str(e)]
+print(json.dumps(out))
+"""
+
+
+def run_jit(kregd, site, name, kind, offset):
+  got, _ = run_py(kregd, JIT_OFFSET, site, {
+      "JIT_NAME": name, "JIT_KIND": kind, "JIT_OFFSET": str(offset)})
+  return got
+
+
+def assert_content_change_refused(got, name, content_id):
+  kind, code, message = got["error"]
+  assert (kind, code) == ("KernelRegistrationError", "FAILED_PRECONDITION")
+  assert f'target "{name}" is already registered' in message
+  assert content_id in message and "new target name" in message
+  assert "y" not in got
+
+
+def test_jit_cfuncs_that_compute_differently_are_refused(running_kregd, site):
+  pytest.importorskip("numba")
+  name = "ic.jit.offset.cfunc"
+  assert run_jit(running_kregd, site, name, "cfunc", 1) == {"y": 3.0}
+  [t] = entries(name)
+  assert t.kind == "in-process" and t.func_name == "plus"
+  # Process B: the same cfunc but x + 5 (a global it reads) under the name.
+  got = run_jit(running_kregd, site, name, "cfunc", 5)
+  assert_content_change_refused(got, name, t.content_id)
+  assert entries(name) == [t]
+
+
+def test_jit_bound_methods_with_other_state_are_refused(running_kregd, site):
+  pytest.importorskip("numba")
+  name = "ic.jit.offset.method"
+  assert run_jit(running_kregd, site, name, "method", 1) == {
+      "y": [1.0, 2.0, 3.0, 4.0]}
+  [t] = entries(name)
+  assert t.kind == "in-process" and t.func_name == "FfiHandler__entry"
+  # Process B: the same classes and code, but its handler's offset is 5.
+  got = run_jit(running_kregd, site, name, "method", 5)
+  assert_content_change_refused(got, name, t.content_id)
+  assert entries(name) == [t]
+
+
+def test_jit_same_code_and_state_is_one_content(running_kregd, site):
+  pytest.importorskip("numba")
+  name = "ic.jit.offset.same"
+  for offset in (5, 5):  # two processes, each its own hash seed
+    assert run_jit(running_kregd, site, name, "method", offset) == {
+        "y": [5.0, 6.0, 7.0, 8.0]}
+  [t] = entries(name)  # the second was a no-op: one entry, one content
+  assert t.content_id.startswith("in-process:sha256:")
+  # A handler that declares its state (__kreg_fingerprint__) is
+  # identified by what it declares.
+  declared = "ic.jit.offset.declared"
+  assert run_jit(running_kregd, site, declared, "declared", 2) == {
+      "y": [2.0, 3.0, 4.0, 5.0]}
+  [d] = entries(declared)
+  got = run_jit(running_kregd, site, declared, "declared", 3)
+  assert_content_change_refused(got, declared, d.content_id)
+
+
+def test_jit_code_with_unidentifiable_state_is_refused(running_kregd, site):
+  pytest.importorskip("numba")
+  name = "ic.jit.offset.locked"
+  got = run_jit(running_kregd, site, name, "locked", 1)
+  kind, code, message = got["error"]
+  assert (kind, code) == ("KernelRegistrationError", "FAILED_PRECONDITION")
+  assert message.startswith(
+      f"kreg.intercept: target '{name}' (cpu) is JIT code (the ctypes "
+      "callback of FfiHandler._entry) whose content kreg cannot identify: "
+      "attribute 'lock' of self of Handler.run of ")
+  assert ("is a _thread.lock object, which has no value kreg can describe "
+          "the same way in every process") in message
+  assert "give its class a __kreg_fingerprint__(self) method" in message
+  assert "kreg.register_ffi_target(name, path, symbol)" in message
+  assert not entries(name)  # refused before kregd heard of it
+
+
 PASS_THROUGH = """\
 import ctypes, json, mmap, warnings
 import jax, kreg

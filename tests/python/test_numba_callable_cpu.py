@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -142,11 +143,109 @@ def test_explicit_name_and_opaque_values():
   name, cid, _ = nc.target_name(scale_op, SIG, name="lab.scale")
   assert name.startswith("lab.scale.") and len(name) == len("lab.scale.") + 8
   assert cid == nc.target_name(scale_op, SIG)[1]
-  opaque = object()
+  opaque = threading.Lock()  # a C object: no value to describe
 
   def f(x, out, stream):
     out[...] = x if opaque else x
   assert not nc.target_name(f, SIG)[2]  # only its type is known
+  _, why = nc.identify(f, SIG)
+  assert why == ("closure variable 'opaque' of "
+                 "test_explicit_name_and_opaque_values.<locals>.f is a "
+                 "_thread.lock object, which has no value kreg can describe "
+                 "the same way in every process")
+
+
+class Scaler:
+  """A handler object: its bound method is described with its state."""
+
+  def __init__(self, factor):
+    self.factor = factor
+
+  def __call__(self, x, out, stream):
+    out[...] = x * self.factor * self.ONE
+
+  def run(self, x, out, stream):
+    self(x, out, stream)
+
+  ONE = 1.0
+
+
+def test_bound_methods_and_callable_objects_by_state():
+  for call in (lambda s: s.run, lambda s: s):
+    a = nc.target_name(call(Scaler(2.0)), SIG)
+    assert a == nc.target_name(call(Scaler(2.0)), SIG) and a[2]
+    assert a[1] != nc.target_name(call(Scaler(3.0)), SIG)[1]
+  # A class attribute the code reads counts (through self(...) too).
+  before = nc.target_name(Scaler(2.0).run, SIG)[1]
+  try:
+    Scaler.ONE = 2.0
+    assert nc.target_name(Scaler(2.0).run, SIG)[1] != before
+  finally:
+    Scaler.ONE = 1.0
+  # A handler can say what determines its code instead.
+  class Declared(Scaler):
+    def __init__(self, factor):
+      super().__init__(factor)
+      self.lock = threading.Lock()
+
+    def __kreg_fingerprint__(self):
+      return self.factor
+  assert nc.target_name(Declared(2.0).run, SIG)[2]
+  assert nc.target_name(Declared(2.0).run, SIG)[1] != \
+      nc.target_name(Declared(3.0).run, SIG)[1]
+
+
+def test_user_modules_and_classes_the_code_reads(tmp_path, monkeypatch):
+  # An attribute of a module of the user's own code counts like a global;
+  # a module of the standard library or site-packages is named only.
+  (tmp_path / "fp_settings.py").write_text("OFFSET = 1\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  import fp_settings  # pylint: disable=import-error,import-outside-toplevel
+
+  def f(x, out, stream):
+    out[...] = x + fp_settings.OFFSET + np.float32(0)
+  one = nc.identify(f, SIG)
+  assert one[1] is None and one == nc.identify(f, SIG)
+  monkeypatch.setattr(fp_settings, "OFFSET", 5)
+  assert nc.identify(f, SIG)[0] != one[0]
+
+  # A class the code constructs: the methods and class attributes it runs.
+  class Step:
+    SIZE = 2
+
+    def __init__(self, x):
+      self.x = x
+
+    def apply(self):
+      return self.x * self.SIZE
+
+  def g(x, out, stream):
+    out[...] = Step(x).apply()
+  before = nc.identify(g, SIG)
+  assert before[1] is None
+  monkeypatch.setattr(Step, "SIZE", 3)
+  assert nc.identify(g, SIG)[0] != before[0]
+
+
+def test_numba_values_by_content():
+  numba = pytest.importorskip("numba")
+  from numba import typed  # pylint: disable=import-outside-toplevel
+
+  def uses(value):
+    def f(x, out, stream):
+      out[...] = x if value else x
+    return f
+  # Numba types by name (not their per-process type code); typed
+  # containers by their items (not their native memory).
+  assert nc.identify(uses(numba.float32), SIG) == \
+      (nc.identify(uses(numba.float32), SIG)[0], None)
+  assert nc.identify(uses(numba.float32), SIG)[0] != \
+      nc.identify(uses(numba.float64), SIG)[0]
+  a, b = typed.List([1, 2]), typed.List([1, 3])
+  assert nc.identify(uses(a), SIG)[1] is None
+  assert nc.identify(uses(a), SIG)[0] == \
+      nc.identify(uses(typed.List([1, 2])), SIG)[0]
+  assert nc.identify(uses(a), SIG)[0] != nc.identify(uses(b), SIG)[0]
 
 
 def test_symbol_name_is_a_c_symbol():

@@ -11,13 +11,17 @@ kreg.register_ffi_target would:
 - a capsule no file and symbol account for (JIT-compiled code such as a
   Numba cfunc or a ctypes callback, or a symbol the library does not
   export) runs in this process, registered with kregd as an in-process
-  target under a fingerprint (of the Python function behind it, or of the
-  file's bytes and the function's offset), so a changed definition under
-  the name is refused; said once per name with an InterceptWarning;
+  target under a fingerprint of what runs (the Python code behind a cfunc
+  or callback with its closure, globals and, for a bound method or a
+  callable object, the object's state; or the file's bytes and the
+  function's offset), so a changed definition under the name is refused;
+  said once per name with an InterceptWarning. JIT code whose state has no
+  value kreg can fingerprint (a lock, a C object) is refused with
+  KernelRegistrationError, never registered under its type's name;
 - legacy custom calls (api_version=0), XLA's and jaxlib's own targets and
   platforms other than cpu and cuda go to JAX untouched; a dict of stage
-  capsules, extra keyword arguments and a JIT capsule kreg cannot
-  fingerprint go to JAX untouched with one InterceptWarning per name.
+  capsules, extra keyword arguments and code kreg cannot trace to a file or
+  a Python callable go to JAX untouched with one InterceptWarning per name.
 
 kregd's refusals raise from the library's own call.
 """
@@ -25,18 +29,16 @@ kregd's refusals raise from the library's own call.
 from __future__ import annotations
 
 import ctypes
-import functools
 import gc
 import hashlib
 import os
 import re
 import sys
 import threading
-import types
 import warnings
 from typing import Any, Callable, Optional
 
-from kreg._errors import InterceptWarning
+from kreg._errors import InterceptWarning, KernelRegistrationError
 
 _lock = threading.RLock()
 # (module, attribute name, jax's function) for each place we patched.
@@ -176,9 +178,12 @@ def _xla_owned(name: str, path: Optional[str]) -> bool:
 
 
 def _python_behind(address: int):
-  """(function, signature) of the Numba cfunc or ctypes callback whose code
-  is at `address`, or None."""
+  """(what, callable, signature) of the Numba cfunc or ctypes callback
+  whose code is at `address`, or None: `what` names it for a message,
+  `callable` is the cfunc object (its Python function, signature and
+  compile options) or the callback's Python callable."""
   # pylint: disable=import-outside-toplevel,protected-access
+  from kreg import numba_cuda
   cfunc_type = None
   if "numba" in sys.modules:  # only an imported Numba made a cfunc
     try:
@@ -189,22 +194,26 @@ def _python_behind(address: int):
   for obj in gc.get_objects():
     if cfunc_type is not None and type(obj) is cfunc_type:
       if obj.address == address:
-        return obj._pyfunc, ("numba.cfunc", str(obj._sig))
+        return (f"the Numba cfunc {obj.__qualname__}", obj,
+                ("numba.cfunc", str(obj._sig)))
     elif isinstance(obj, ctypes._CFuncPtr):
       if ctypes.cast(obj, ctypes.c_void_p).value != address:
         continue
       # A callback's Python callable is among what it references.
-      for ref in gc.get_referents(obj):
-        if callable(ref) and not isinstance(ref, type) and \
-            type(ref).__name__ != "CThunkObject":
-          return ref, ("ctypes.CFUNCTYPE", repr(obj._restype_),
-                       repr(getattr(obj, "_argtypes_", None)))
+      behind = numba_cuda.ctypes_callback_callable(obj)
+      if behind is not None:
+        qual = getattr(behind, "__qualname__", type(behind).__qualname__)
+        return (f"the ctypes callback of {qual}", behind,
+                ("ctypes.CFUNCTYPE", repr(obj._restype_),
+                 repr(getattr(obj, "_argtypes_", None))))
   return None
 
 
-def _fingerprint(address: int, located):
+def _fingerprint(name: str, platform: str, address: int, located):
   """(content_id, func_name) for a capsule no exported symbol accounts
-  for, or None when kreg cannot fingerprint it."""
+  for, or None when kreg cannot trace it to a file or a Python callable.
+  Raises KernelRegistrationError when it is JIT code whose content kreg
+  cannot identify (never a content id that only names a type)."""
   from kreg import numba_cuda  # pylint: disable=import-outside-toplevel
   if located is not None:  # a function of a file the library left unexported
     path, _, offset = located
@@ -218,11 +227,23 @@ def _fingerprint(address: int, located):
   behind = _python_behind(address)
   if behind is None:
     return None
-  func, signature = behind
-  # A bound method (a handler object's entry point): its code and object.
-  described = (functools.partial(func.__func__, func.__self__)
-               if isinstance(func, types.MethodType) else func)
-  digest, _ = numba_cuda.fingerprint(described, signature)
+  what, func, signature = behind
+  # What runs: the code and, for a bound method or a callable object
+  # (a handler object's entry point), the object's state.
+  digest, why = numba_cuda.identify(func, signature)
+  if why is not None:
+    raise KernelRegistrationError(
+        f"kreg.intercept: target {name!r} ({platform}) is JIT code "
+        f"({what}) whose content kreg cannot identify: {why}. kregd keeps "
+        "one content per name, and a fingerprint that named only the type "
+        "would let two different kernels pass as one, so the registration "
+        "is refused. Make that state plain values (numbers, strings, "
+        "arrays, tuples, lists, dicts, objects of Python classes), give its "
+        "class a __kreg_fingerprint__(self) method that returns the plain "
+        "values that determine what the code computes, or build the kernel "
+        "into a shared library and register its exported symbol "
+        "(kreg.register_ffi_target(name, path, symbol))",
+        "FAILED_PRECONDITION")
   return f"in-process:sha256:{digest}", numba_cuda.symbol_name(func)
 
 
@@ -260,7 +281,7 @@ def register_ffi_target(name: str, fn: Any, platform: str = "cpu",
     _client.default_client().register_ffi_target(name, path, symbol,
                                                  platform=canonical)
     return None
-  found = _fingerprint(address, located)
+  found = _fingerprint(name, canonical, address, located)
   if found is None:
     _warn_once(name, canonical,
                f"kreg.intercept: target {name!r} ({canonical}) is code at "

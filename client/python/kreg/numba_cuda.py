@@ -31,10 +31,13 @@ kernel the function launches on `stream` is ordered with the rest of the XLA
 program; nothing synchronises the host.
 
 Identity and the daemon. The target name is derived from a fingerprint of
-the function (`fingerprint()`): module, qualname, bytecode, constants, names,
-defaults, closure values and the globals it references (Numba kernels by
-their Python source's bytecode), plus the signature; the same code gives the
-same name in every process of the same Python version. Before registering
+the function (`fingerprint()`, `identify()`): module, qualname, bytecode,
+constants, names, defaults, closure values and the globals it references
+(Numba kernels by their Python source's bytecode and compile options), for a
+bound method or a callable object also the object's state (attributes by
+value) and the class attributes its code reads, plus the signature; the
+same code and state give the same name in every process of the same Python
+version (no address, id() or hash() enters it). Before registering
 with JAX, the name and fingerprint (content_id) are registered with kregd as
 an IN-PROCESS target (no module; listed by `kregctl list` with kind
 `in-process` and this process's pid), so the registry's rules hold across
@@ -76,25 +79,140 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 __all__ = ["numba_cuda_callable", "numba_cuda_scratch", "fingerprint",
-           "target_name", "registered_targets"]
+           "identify", "target_name", "registered_targets"]
 
 # ---------------------------------------------------------------------------
 # Fingerprint (no numba, no JAX needed)
 # ---------------------------------------------------------------------------
 
-_MAX_DEPTH = 6                 # nested functions/globals followed this deep
+_MAX_DEPTH = 12                # nested functions/objects followed this deep
+_MAX_VALUES = 100_000          # values one fingerprint describes at most
 _MAX_ARRAY_BYTES = 64 << 20    # arrays hashed by content up to this size
 NAME_PREFIX = "kreg.numba"
 CONTENT_PREFIX = "numba-callable:sha256:"
+_HEAPTYPE = 1 << 9             # Py_TPFLAGS_HEAPTYPE: a class defined in Python
+_MISSING = object()
+# Special methods that a bound method's code does not run by reading self.
+_NOT_RUN_BY_CODE = frozenset((
+    "__init__", "__new__", "__del__", "__init_subclass__", "__repr__",
+    "__str__", "__format__", "__getstate__", "__setstate__", "__reduce__",
+    "__reduce_ex__", "__kreg_fingerprint__", "__module__", "__qualname__",
+    "__doc__", "__dict__", "__weakref__", "__slots__", "__annotations__",
+    "__firstlineno__", "__static_attributes__", "__classcell__",
+    "__orig_bases__", "__parameters__", "__abstractmethods__"))
+
+
+def _members(t: type) -> list[str]:
+  """The names of t's slots (member descriptors), over its MRO."""
+  return [n for k in t.__mro__ for n, x in vars(k).items()
+          if isinstance(x, types.MemberDescriptorType)]
+
+
+def _plain_class(t: type) -> bool:
+  """A class whose instances hold all their state in __dict__ and slots:
+  every class of its MRO is defined in Python (a heap type) and the
+  instance is no larger than those fields (a C type keeps state kreg cannot
+  see: a lock, a handle, a pointer)."""
+  if not all(k is object or k.__flags__ & _HEAPTYPE for k in t.__mro__):
+    return False
+  ptr = ctypes.sizeof(ctypes.c_void_p)
+  size = object.__basicsize__ + ptr * len(_members(t))
+  size += ptr if t.__dictoffset__ > 0 else 0
+  size += ptr if t.__weakrefoffset__ > 0 else 0
+  return t.__basicsize__ <= size
+
+
+def _state(v: Any) -> list[tuple[str, Any]]:
+  """An object's attributes (its __dict__ and set slots), by name."""
+  out = {}
+  d = getattr(v, "__dict__", None)
+  if isinstance(d, dict):
+    out.update((str(k), x) for k, x in d.items())
+  for name in _members(type(v)):
+    try:
+      out[name] = getattr(v, name)
+    except AttributeError:
+      pass  # an unset slot
+  return sorted(out.items())
+
+
+def _class_attribute(cls: type, name: str) -> Any:
+  for k in cls.__mro__:
+    if k is object or not k.__flags__ & _HEAPTYPE:
+      continue
+    if name in k.__dict__:
+      return k.__dict__[name]
+  return _MISSING
+
+
+def _functions_in(raw: Any) -> list:
+  """The Python functions a class attribute runs (method, static or class
+  method, property accessors)."""
+  if isinstance(raw, property):
+    fs = [raw.fget, raw.fset, raw.fdel]
+  else:
+    fs = [getattr(raw, "__func__", raw)]
+  return [f for f in fs if isinstance(f, types.FunctionType)]
+
+
+def ctypes_callback_callable(ptr: Any) -> Any:
+  """The Python callable behind a ctypes callback object, or None (a
+  pointer to foreign code)."""
+  # pylint: disable=import-outside-toplevel,protected-access
+  import gc
+  refs = gc.get_referents(ptr)
+  if not any(type(r).__name__ == "CThunkObject" for r in refs):
+    return None  # no thunk: a function pointer, not a callback
+  for ref in refs:
+    if callable(ref) and not isinstance(ref, type) and \
+        type(ref).__name__ != "CThunkObject" and \
+        not isinstance(ref, ctypes._CFuncPtr):
+      return ref
+  return None
+
+
+def _numba_kind(v: Any) -> Optional[str]:
+  """"type", "signature" or "cfunc" for those Numba objects, else None."""
+  if "numba" not in sys.modules:
+    return None
+  t = type(v)
+  if not t.__module__.startswith("numba"):
+    return None
+  try:
+    # pylint: disable=import-outside-toplevel
+    from numba.core import types as ntypes
+    from numba.core.typing.templates import Signature
+    from numba.core.ccallback import CFunc
+  except ImportError:
+    return None
+  if isinstance(v, ntypes.Type):
+    return "type"
+  if isinstance(v, Signature):
+    return "signature"
+  if isinstance(v, CFunc):
+    return "cfunc"
+  if t.__module__.startswith("numba.typed.") and t.__qualname__ in ("Dict",
+                                                                    "List"):
+    return "typed"  # numba.typed.Dict / List: a container in native memory
+  return None
 
 
 class _Fp:
-  """Accumulates a stable text description of a function into sha256."""
+  """Accumulates a description of what a callable runs into sha256: its
+  code, constants, defaults, closure values, the globals it reads, the
+  state of the object a method is bound to, recursively. Never an address,
+  an id() or a hash() (they differ per process); a value it cannot describe
+  by content makes it unstable and `why` says which."""
 
   def __init__(self):
     self.h = hashlib.sha256()
     self.stable = True   # False when some value could only be typed
-    self._seen: set[int] = set()
+    self.why: Optional[str] = None  # the first such value, for a message
+    self._seen: set[int] = set()      # functions described (by id)
+    self._objects: dict[int, int] = {}  # object id -> its visit number
+    self._alive: list = []   # keeps hook results alive while ids are held
+    self._where: list[str] = []
+    self._count = 0
 
   def put(self, *parts: str) -> None:
     for p in parts:
@@ -102,9 +220,39 @@ class _Fp:
       self.h.update(len(b).to_bytes(8, "little"))
       self.h.update(b)
 
+  def unidentified(self, what: str) -> None:
+    self.put("<unidentified>")
+    self.stable = False
+    if self.why is None:
+      labels = self._where
+      if len(labels) > 4:  # the innermost, where it was reached from
+        labels = labels[:1] + ["..."] + labels[-3:]
+      where = " of ".join(reversed(labels))
+      self.why = f"{where} is {what}" if where else what
+
+  def at(self, label: str, v: Any, depth: int) -> None:
+    self._where.append(label)
+    try:
+      self.value(v, depth)
+    finally:
+      self._where.pop()
+
+  def digest_of(self, v: Any, depth: int) -> str:
+    outer, self.h = self.h, hashlib.sha256()
+    try:
+      self.value(v, depth)
+      return self.h.hexdigest()
+    finally:
+      self.h = outer
+
   # -- values ------------------------------------------------------------
 
   def value(self, v: Any, depth: int) -> None:
+    self._count += 1
+    if self._count > _MAX_VALUES:
+      self.unidentified(f"past the {_MAX_VALUES} values kreg describes in "
+                        "one fingerprint")
+      return
     if v is None or v is Ellipsis or v is NotImplemented or \
         isinstance(v, (bool, int, float, complex, str, bytes)):
       self.put(type(v).__name__, repr(v))
@@ -113,30 +261,29 @@ class _Fp:
     elif isinstance(v, np.dtype):
       self.put("dtype", v.str)
     elif isinstance(v, np.ndarray):
-      if v.nbytes <= _MAX_ARRAY_BYTES and v.dtype != object:
+      if v.dtype == object:
+        self.put("ndarray", "object", repr(v.shape))
+        for i, x in enumerate(v.ravel()):
+          self.at(f"element {i}", x, depth)
+      elif v.nbytes <= _MAX_ARRAY_BYTES:
         self.put("ndarray", v.dtype.str, repr(v.shape),
                  hashlib.sha256(np.ascontiguousarray(v).tobytes()).hexdigest())
       else:
         self.put("ndarray?", v.dtype.str, repr(v.shape))
-        self.stable = False
+        self.unidentified(f"a {v.dtype} array of {v.nbytes} bytes, more than "
+                          f"the {_MAX_ARRAY_BYTES} kreg hashes")
     elif isinstance(v, (tuple, list)):
       self.put(type(v).__name__, str(len(v)))
-      for x in v:
-        self.value(x, depth)
+      for i, x in enumerate(v):
+        self.at(f"item {i}", x, depth)
     elif isinstance(v, (set, frozenset)):
-      subs = []
-      for x in v:
-        sub = _Fp()
-        sub._seen = self._seen
-        sub.value(x, depth)
-        self.stable &= sub.stable
-        subs.append(sub.h.hexdigest())
-      self.put(type(v).__name__, *sorted(subs))
+      subs = sorted(self.digest_of(x, depth) for x in v)
+      self.put(type(v).__name__, *subs)
     elif isinstance(v, dict):
       self.put("dict", str(len(v)))
       for k, x in v.items():
-        self.value(k, depth)
-        self.value(x, depth)
+        self.at("a key", k, depth)
+        self.at(f"the value of key {str(k)[:40]!r}", x, depth)
     elif isinstance(v, types.ModuleType):
       self.put("module", v.__name__)
     elif isinstance(v, type):
@@ -145,14 +292,37 @@ class _Fp:
       self.function(v, depth + 1)
     elif isinstance(v, functools.partial):
       self.put("partial")
-      self.value(v.func, depth)
-      self.value(v.args, depth)
-      self.value(v.keywords, depth)
+      self.at("the function of a functools.partial", v.func, depth)
+      self.at("the arguments of a functools.partial", v.args, depth)
+      self.at("the keyword arguments of a functools.partial", v.keywords,
+              depth)
     elif isinstance(v, types.MethodType):
-      self.put("method")
+      self.method(v, depth + 1)
+    elif isinstance(v, (staticmethod, classmethod)):
+      self.put(type(v).__name__)
       self.value(v.__func__, depth)
-      self.put("self", type(v.__self__).__qualname__)
-      self.stable = False
+    elif isinstance(v, property):
+      self.put("property")
+      for f in (v.fget, v.fset, v.fdel):
+        self.value(f, depth)
+    elif _numba_kind(v) == "type":
+      self.put("numba.type", type(v).__qualname__, str(v.name))
+    elif _numba_kind(v) == "typed":
+      kind = type(v).__qualname__
+      self.put("numba.typed", kind, str(getattr(v, "_numba_type_", "")))
+      self.at(f"the items of a numba.typed.{kind}",
+              dict(v.items()) if kind == "Dict" else list(v), depth)
+    elif _numba_kind(v) == "signature":
+      self.put("numba.signature", str(v))
+    elif _numba_kind(v) == "cfunc":
+      # A Numba cfunc: its signature, compile options and Python function.
+      # pylint: disable=protected-access
+      self.put("numba.cfunc", str(v._sig))
+      self.at("the compile options of a Numba cfunc",
+              getattr(v._compiler, "targetoptions", None), depth)
+      self.at("the locals of a Numba cfunc",
+              getattr(v._compiler, "locals", None), depth)
+      self.value(v._pyfunc, depth)
     elif isinstance(getattr(v, "py_func", None), types.FunctionType):
       # A numba Dispatcher (@cuda.jit / @jit): its Python function and
       # compile options.
@@ -160,17 +330,117 @@ class _Fp:
       self.function(v.py_func, depth + 1)
       opts = getattr(v, "targetoptions", None)
       if isinstance(opts, dict):
-        self.value({str(k): x for k, x in sorted(opts.items(),
-                                                 key=lambda kv: str(kv[0]))},
-                   depth + 1)
-    elif isinstance(v, (types.BuiltinFunctionType, np.ufunc)):
+        self.at("the compile options of a Numba dispatcher",
+                {str(k): x for k, x in sorted(opts.items(),
+                                              key=lambda kv: str(kv[0]))},
+                depth + 1)
+    elif isinstance(v, ctypes._CFuncPtr):  # pylint: disable=protected-access
+      behind = ctypes_callback_callable(v)
+      if behind is None:
+        self.unidentified("a ctypes function pointer to code that is not a "
+                          "Python callback")
+        return
+      restype = getattr(v, "_restype_", None)
+      self.put("ctypes.callback", repr(restype),
+               repr(getattr(v, "_argtypes_", None)))
+      self.at("the Python callable of a ctypes callback", behind, depth)
+    elif isinstance(v, (types.MemberDescriptorType,
+                        types.GetSetDescriptorType)):
+      self.put("descriptor", type(v).__name__, v.__qualname__)
+    elif type(v).__name__ == "CField" and \
+        type(v).__module__ in ("_ctypes", "ctypes"):
+      self.put("ctypes.field", repr(v))  # type, offset and size
+    elif isinstance(v, (types.BuiltinFunctionType, np.ufunc,
+                        types.WrapperDescriptorType,
+                        types.MethodDescriptorType,
+                        types.ClassMethodDescriptorType,
+                        types.MethodWrapperType)):
       self.put("builtin", str(getattr(v, "__module__", "")),
                getattr(v, "__qualname__", getattr(v, "__name__", "?")))
     else:
-      # Opaque object: only its type is stable across processes.
-      t = type(v)
-      self.put("object", t.__module__, t.__qualname__)
-      self.stable = False
+      self.object(v, depth + 1)
+
+  def object(self, v: Any, depth: int) -> None:
+    """An object by its class and state (attributes by value), or by what
+    its class's __kreg_fingerprint__(self) returns."""
+    t = type(v)
+    self.put("object", str(t.__module__), t.__qualname__)
+    if id(v) in self._objects:  # a cycle or a shared object: its visit
+      self.put("<seen>", str(self._objects[id(v)]))
+      return
+    self._objects[id(v)] = len(self._objects)
+    self._alive.append(v)
+    if depth > _MAX_DEPTH:
+      self.unidentified(f"a {t.__module__}.{t.__qualname__} object nested "
+                        f"more than {_MAX_DEPTH} levels deep")
+      return
+    hook = getattr(t, "__kreg_fingerprint__", None)
+    if callable(hook):
+      state = hook(v)
+      self._alive.append(state)
+      self.put("__kreg_fingerprint__")
+      self.at(f"what {t.__qualname__}.__kreg_fingerprint__() returned",
+              state, depth)
+      return
+    import enum  # pylint: disable=import-outside-toplevel
+    if isinstance(v, enum.Enum):
+      self.put("enum", str(v.name))
+      self.at(f"the value of {t.__qualname__}.{v.name}", v.value, depth)
+      return
+    if not _plain_class(t):
+      self.unidentified(f"a {t.__module__}.{t.__qualname__} object, which "
+                        "has no value kreg can describe the same way in every "
+                        "process")
+      return
+    state = _state(v)
+    self.put("state", str(len(state)))
+    for name, x in state:
+      self.put(name)
+      self.at(f"attribute {name!r}", x, depth)
+
+  def method(self, m: types.MethodType, depth: int) -> None:
+    """A bound method: its function, the state of its object and the
+    class attributes its code reads (methods it calls, recursively)."""
+    func, owner = m.__func__, m.__self__
+    qual = getattr(func, "__qualname__", type(func).__qualname__)
+    self.put("method")
+    self.value(func, depth)
+    self.at(f"self of {qual}", owner, depth)
+    cls = owner if isinstance(owner, type) else type(owner)
+    names = (set(_all_names(func.__code__))
+             if isinstance(func, types.FunctionType) else set())
+    self.class_reads(cls, names, depth)
+
+  def class_reads(self, cls: type, names: set, depth: int) -> None:
+    """The attributes of `cls` (Python classes of its MRO) named in `names`
+    and in the code of the methods found, recursively. Special methods run
+    without their name in the code (self(...), self[i], self + x): all of
+    the class's count as read."""
+    todo = set(names) | {n for k in cls.__mro__ if k is not object
+                         for n in vars(k) if n.startswith("__") and
+                         n.endswith("__") and n not in _NOT_RUN_BY_CODE}
+    done: set[str] = set()
+    while todo - done:
+      for n in sorted(todo - done):
+        done.add(n)
+        raw = _class_attribute(cls, n)
+        if raw is _MISSING:
+          continue
+        self.put("class attribute", n)
+        self.at(f"class attribute {cls.__qualname__}.{n}", raw, depth)
+        for g in _functions_in(raw):
+          todo |= set(_all_names(g.__code__))
+
+  def used_class(self, v: Any, names: list, qual: str, depth: int) -> None:
+    """A class of the user's own code that `qual` reads (constructs, calls
+    a static method of): what `qual` may run of it."""
+    if isinstance(v, type) and _user_class(v):
+      self.put("class reads", v.__qualname__)
+      self._where.append(f"class {v.__qualname__} used by {qual}")
+      try:
+        self.class_reads(v, set(names) | {"__init__", "__new__"}, depth)
+      finally:
+        self._where.pop()
 
   # -- code ----------------------------------------------------------------
 
@@ -196,28 +466,87 @@ class _Fp:
       self.put("<seen>")
       return
     if depth > _MAX_DEPTH:
-      self.put("<deep>")
-      self.stable = False
+      self.unidentified(f"function {f.__qualname__}, nested more than "
+                        f"{_MAX_DEPTH} levels deep")
       return
     self._seen.add(id(f))
     self.code(f.__code__, depth)
-    self.value(f.__defaults__, depth)
-    self.value(f.__kwdefaults__, depth)
+    self.at(f"the default arguments of {f.__qualname__}", f.__defaults__,
+            depth)
+    self.at(f"the keyword defaults of {f.__qualname__}", f.__kwdefaults__,
+            depth)
     cells = f.__closure__ or ()
     self.put("closure", str(len(cells)))
-    for cell in cells:
+    for name, cell in zip(f.__code__.co_freevars, cells):
       try:
         contents = cell.cell_contents
       except ValueError:
         self.put("<empty cell>")
         continue
-      self.value(contents, depth)
+      self.at(f"closure variable {name!r} of {f.__qualname__}", contents,
+              depth)
+      names = sorted(set(_all_names(f.__code__)))
+      if isinstance(contents, types.ModuleType):
+        self.module_reads(contents, names, f.__qualname__, depth, set())
+      self.used_class(contents, names, f.__qualname__, depth)
     # The globals it reads (kernels, helpers, constants), in name order.
     g = f.__globals__
-    for n in sorted(set(_all_names(f.__code__))):
+    names = sorted(set(_all_names(f.__code__)))
+    for n in names:
       if n in g:
         self.put("global", n)
-        self.value(g[n], depth)
+        self.at(f"global {n!r} read by {f.__qualname__}", g[n], depth)
+        if isinstance(g[n], types.ModuleType):
+          self.module_reads(g[n], names, f.__qualname__, depth, set())
+        self.used_class(g[n], names, f.__qualname__, depth)
+
+  def module_reads(self, m: types.ModuleType, names: list, qual: str,
+                   depth: int, seen: set) -> None:
+    """The attributes of a module of the user's own code (not the standard
+    library's or an installed package's, which are identified by name) that
+    `qual` may read: `config.OFFSET` counts like a global."""
+    if m.__name__ in seen or not _user_module(m):
+      return
+    seen.add(m.__name__)
+    attrs = vars(m)
+    for a in names:
+      x = attrs.get(a, _MISSING)
+      if x is _MISSING:
+        continue
+      self.put("module attribute", m.__name__, a)
+      self.at(f"attribute {a!r} of module {m.__name__} read by {qual}", x,
+              depth)
+      if isinstance(x, types.ModuleType):
+        self.module_reads(x, names, qual, depth, seen)
+
+
+_library_roots: list[tuple[str, ...]] = []
+
+
+def _user_module(m: types.ModuleType) -> bool:
+  """Whether `m` is a file outside the standard library and the
+  site-packages directories (the user's own code)."""
+  f = getattr(m, "__file__", None)
+  if not isinstance(f, str):
+    return False  # built in, frozen or a namespace package
+  if not _library_roots:
+    import site  # pylint: disable=import-outside-toplevel
+    import sysconfig  # pylint: disable=import-outside-toplevel
+    paths = [sysconfig.get_paths().get(k) for k in
+             ("stdlib", "platstdlib", "purelib", "platlib")]
+    paths += site.getsitepackages() + [site.getusersitepackages()]
+    _library_roots.append(tuple(sorted(
+        {os.path.realpath(p) + os.sep for p in paths if p})))
+  return not os.path.realpath(f).startswith(_library_roots[0])
+
+
+def _user_class(t: type) -> bool:
+  """A class defined in Python by the user's own code (__main__ or a
+  module outside the standard library and site-packages)."""
+  if not all(k is object or k.__flags__ & _HEAPTYPE for k in t.__mro__):
+    return False  # a C base (a ctypes Structure): identified by name
+  m = sys.modules.get(t.__module__)
+  return m is not None and (t.__module__ == "__main__" or _user_module(m))
 
 
 def _all_names(co: types.CodeType):
@@ -227,37 +556,52 @@ def _all_names(co: types.CodeType):
       yield from _all_names(c)
 
 
-def fingerprint(func: Callable, signature: Any = None) -> tuple[str, bool]:
-  """(sha256 hex, stable) of `func`'s definition and `signature`.
+def identify(func: Callable,
+             signature: Any = None) -> tuple[str, Optional[str]]:
+  """(sha256 hex, why) of what `func` runs with `signature`: `why` is None
+  when every value it depends on was described by content, else what could
+  not be (a sentence naming the value and where it was found).
 
-  Covers the module, qualname, bytecode, constants, names, defaults, closure
-  values and referenced globals (recursively: helper functions and Numba
-  kernels by their Python function); not line numbers or file names. Equal
-  in every process that runs the same code on the same Python version.
-  `stable` is False when some value (an opaque object) could be described
-  by its type only: two such functions may share a fingerprint without
-  behaving alike.
+  Covers the bytecode, constants, names, defaults, closure values and
+  referenced globals (recursively: helper functions and Numba kernels by
+  their Python function; a Numba cfunc with its signature and compile
+  options; a ctypes callback by its Python callable); the attributes it
+  reads of modules and classes of the user's own code (those of the
+  standard library and site-packages are identified by name); for a bound
+  method or a callable object, also the object's state (its attributes by
+  value, recursively, or what its class's `__kreg_fingerprint__(self)`
+  returns) and the class attributes its code reads. Not line numbers or
+  file names;
+  no address, id() or hash(): equal in every process that runs the same
+  code with the same state on the same Python version.
   """
   if not callable(func):
     raise TypeError(f"func must be callable, got {type(func).__name__}")
   fp = _Fp()
   fp.put("kreg.numba_cuda_callable/1", f"py{sys.version_info[0]}."
          f"{sys.version_info[1]}")
-  if isinstance(func, types.FunctionType):
-    fp.function(func, 0)
-  elif isinstance(getattr(func, "py_func", None), types.FunctionType):
+  call = getattr(type(func), "__call__", None)
+  if isinstance(func, (types.FunctionType, types.MethodType,
+                       functools.partial)) or \
+      _numba_kind(func) is not None or \
+      isinstance(getattr(func, "py_func", None), types.FunctionType) or \
+      not isinstance(call, types.FunctionType):
     fp.value(func, 0)
-  elif isinstance(func, functools.partial):
-    fp.value(func, 0)
-  else:  # a callable object: its class's __call__
-    call = getattr(type(func), "__call__", None)
-    fp.put("callable", type(func).__module__, type(func).__qualname__)
-    if isinstance(call, types.FunctionType):
-      fp.function(call, 0)
-    fp.stable = False
+  else:  # a callable object: its class's __call__, bound to it
+    fp.put("callable")
+    fp.method(types.MethodType(call, func), 0)
   fp.put("signature")
-  fp.value(signature, 0)
-  return fp.h.hexdigest(), fp.stable
+  fp.at("the signature", signature, 0)
+  return fp.h.hexdigest(), fp.why
+
+
+def fingerprint(func: Callable, signature: Any = None) -> tuple[str, bool]:
+  """(sha256 hex, stable) of what `func` runs with `signature` (see
+  identify()). `stable` is False when some value (an opaque object) could
+  be described by its type only: two such functions may share a
+  fingerprint without behaving alike."""
+  digest, why = identify(func, signature)
+  return digest, why is None
 
 
 def _qualname(func: Callable) -> str:
@@ -507,6 +851,12 @@ class FfiHandler:
     self.calls = 0
     self._cfunc = _HANDLER_T(self._entry)
     self.address = ctypes.cast(self._cfunc, ctypes.c_void_p).value
+
+  def __kreg_fingerprint__(self):
+    """What this handler runs, for a fingerprint (kreg.intercept of its
+    capsule): its function and description, not its ctypes callback, its
+    address or its call count."""
+    return self._invoke, self._describe
 
   def _entry(self, frame_p):  # -> XLA_FFI_Error* or 0
     api = None
