@@ -110,6 +110,9 @@ void AddFlags(CLI::App* app, FlagValues* f) {
                   "(repeatable)");
   app->add_option("--max-module-bytes", v.max_module_bytes,
                   "largest module accepted");
+  app->add_option("--socket-group", v.socket_group,
+                  "group that owns the sockets when kregd binds them "
+                  "(default: kregd's own)");
   app->add_option("--max-registrations-per-uid", v.max_registrations_per_uid,
                   "registrations one uid may hold (root exempt)")
       ->default_str("1024");
@@ -299,15 +302,16 @@ absl::Status ResolvePaths(Config* c) {
     errno = 0;
     if (::getgrnam(c->socket_group.c_str()) == nullptr) {
       const int err = errno;
-      return absl::InvalidArgumentError(absl::StrCat(
-          "socket_group \"", c->socket_group, "\" (config file) does not exist",
-          err != 0 && err != ENOENT && err != ESRCH && err != EBADF &&
-                  err != EPERM
-              ? absl::StrCat(" or cannot be looked up (", std::strerror(err),
-                             ")")
-              : std::string(),
-          "; give an existing group (getent group NAME), or leave "
-          "socket_group empty for kregd's own group"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("socket_group \"", c->socket_group,
+                       "\" (--socket-group or the config file) does not exist",
+                       err != 0 && err != ENOENT && err != ESRCH &&
+                               err != EBADF && err != EPERM
+                           ? absl::StrCat(" or cannot be looked up (",
+                                          std::strerror(err), ")")
+                           : std::string(),
+                       "; give an existing group (getent group NAME), or leave "
+                       "socket_group empty for kregd's own group"));
     }
   }
   return absl::OkStatus();

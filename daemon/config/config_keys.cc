@@ -190,7 +190,7 @@ const std::vector<KeySpec>& Keys() {
              "a positive integer"),
       KeyInt("max_buffered_bytes", "", &Config::max_buffered_bytes, Positive,
              "a positive integer"),
-      KeyString("socket_group", "", &Config::socket_group),
+      KeyString("socket_group", "--socket-group", &Config::socket_group),
       KeyBool("allow_insecure_dirs", "--allow-insecure-dirs",
               &Config::allow_insecure_dirs),
       KeyString("log_level", "--log-level", &Config::log_level),

@@ -149,9 +149,17 @@ def test_kregd_rejects_an_unknown_socket_group_as_a_config_error(tmp_path):
   r = run([kregd_binary(), "--config", tmp_path / "k.toml", "--socket",
            tmp_path / "k.sock", "--state-dir", tmp_path / "state"], timeout=30)
   assert r.returncode == 2, r.stderr
-  assert 'socket_group "no-such-group-kreg" (config file) does not exist' \
-      in r.stderr
+  assert ('socket_group "no-such-group-kreg" (--socket-group or the config '
+          'file) does not exist') in r.stderr
   assert not (tmp_path / "k.sock").exists()
+  assert not (tmp_path / "state").exists()
+  # The flag is the key's: the same refusal, not "unexpected argument".
+  r = run([kregd_binary(), "--socket-group", "no-such-group-kreg",
+           "--socket", tmp_path / "k.sock", "--state-dir", tmp_path / "state"],
+          timeout=30)
+  assert r.returncode == 2, r.stderr
+  assert 'socket_group "no-such-group-kreg" (--socket-group' in r.stderr, (
+      r.stderr)
   assert not (tmp_path / "state").exists()
 
 
