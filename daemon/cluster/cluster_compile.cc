@@ -18,9 +18,11 @@ ClusterRegistry::FindCompiled(const std::string& key_hex) {
   absl::StatusOr<EtcdRange> r = etcd_.Range(key, false);
   if (!r.ok()) return r.status();
   if (r->kvs.empty()) return std::nullopt;
-  // Signed "<digest> <size>"; anything else is ignored (and compiled here).
+  // Signed "<digest> <size>" at its place; anything else is ignored (and
+  // compiled here), a record not sealed yet silently.
+  const EtcdKv& kv = r->kvs[0];
   absl::StatusOr<SignedRecord> signed_record =
-      signer_.Verify(key, r->kvs[0].value);
+      signer_.Verify(key, kv.value, {kv.create_revision, kv.version});
   if (!signed_record.ok() || signed_record->kind != kCompiledRecord) {
     Ignored(signed_record.ok() ? absl::DataLossError(absl::StrCat(
                                      "etcd key ", key, " is no compile record"))
@@ -42,10 +44,10 @@ ClusterRegistry::FindCompiled(const std::string& key_hex) {
 absl::Status ClusterRegistry::RecordCompiled(const std::string& key_hex,
                                              const CompiledModule& module) {
   const std::string key = absl::StrCat(prefix_, "compiled/", key_hex);
-  absl::StatusOr<EtcdCreate> c = etcd_.CreateIfAbsent(
-      key, signer_.Sign(key, kCompiledRecord,
-                        absl::StrCat(module.digest, " ", module.size)));
-  return c.status();
+  // First record wins: created (and sealed) only where none is.
+  return WriteAfter(key, kCompiledRecord,
+                    absl::StrCat(module.digest, " ", module.size), nullptr, 0)
+      .status();
 }
 
 absl::StatusOr<int64_t> ClusterRegistry::ClaimCompile(

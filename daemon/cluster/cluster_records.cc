@@ -115,8 +115,9 @@ absl::StatusOr<TargetEntry> ParseBindingRecord(const std::string& prefix,
 absl::StatusOr<BindingRecord> ParseSignedBinding(const RecordSigner& signer,
                                                  const std::string& prefix,
                                                  const std::string& key,
-                                                 const std::string& value) {
-  absl::StatusOr<SignedRecord> r = signer.Verify(key, value);
+                                                 const std::string& value,
+                                                 RecordPlace at) {
+  absl::StatusOr<SignedRecord> r = signer.Verify(key, value, at);
   if (!r.ok()) return r.status();
   if (r->kind != kBindRecord && r->kind != kRetireRecord) {
     return absl::DataLossError(absl::StrCat("etcd key ", Quoted(key),
@@ -148,8 +149,8 @@ std::string ReservationJson(const NameReservation& r, bool lifted) {
 
 absl::StatusOr<ReservationEvent> ParseSignedReservation(
     const RecordSigner& signer, const std::string& prefix,
-    const std::string& key, const std::string& value) {
-  absl::StatusOr<SignedRecord> r = signer.Verify(key, value);
+    const std::string& key, const std::string& value, RecordPlace at) {
+  absl::StatusOr<SignedRecord> r = signer.Verify(key, value, at);
   if (!r.ok()) return r.status();
   v1::ReservationRecord p;
   if (r->kind != kReserveRecord || !RecordFromJson(r->body, &p)) {
@@ -198,11 +199,9 @@ std::string AckJson(uint32_t generation, int64_t made_at_us,
   return RecordJson(a);
 }
 
-absl::StatusOr<AckRecord> ParseSignedAck(const RecordSigner& signer,
-                                         const std::string& prefix,
-                                         const TargetKey& key,
-                                         const std::string& etcd_key,
-                                         const std::string& value) {
+absl::StatusOr<AckRecord> ParseSignedAck(
+    const RecordSigner& signer, const std::string& prefix, const TargetKey& key,
+    const std::string& etcd_key, const std::string& value, RecordPlace at) {
   auto bad = [&](const std::string& why) {
     return absl::DataLossError(
         absl::StrCat("etcd key ", Quoted(etcd_key),
@@ -220,7 +219,7 @@ absl::StatusOr<AckRecord> ParseSignedAck(const RecordSigner& signer,
   if (!PeerAddressOk(out.address)) {
     return bad(absl::StrCat("the key is not ", Quoted(under + "HOST:PORT")));
   }
-  absl::StatusOr<SignedRecord> r = signer.Verify(etcd_key, value);
+  absl::StatusOr<SignedRecord> r = signer.Verify(etcd_key, value, at);
   if (!r.ok()) return r.status();
   if (r->kind != kAckRecord) {
     return bad(absl::StrCat("it is a ", r->kind, " record"));
@@ -300,6 +299,33 @@ absl::StatusOr<v1::ClusterHost> ParseHostRecord(const std::string& value) {
           "host ", h.address(), " lists module ", Quoted(d),
           ", which is not \"sha256:\" followed by 64 lowercase hex"));
     }
+  }
+  return h;
+}
+
+std::string HostKey(const std::string& prefix, const std::string& address) {
+  return absl::StrCat(prefix, "peers/", address);
+}
+
+absl::StatusOr<v1::ClusterHost> ParseSignedHostRecord(
+    const RecordSigner& signer, const std::string& prefix,
+    const std::string& etcd_key, const std::string& value, RecordPlace at) {
+  absl::StatusOr<SignedRecord> r = signer.Verify(etcd_key, value, at);
+  if (!r.ok()) return r.status();
+  if (r->kind != kHostRecord) {
+    return absl::DataLossError(absl::StrCat("etcd key ", Quoted(etcd_key),
+                                            " holds a ", r->kind,
+                                            " record, not a host record"));
+  }
+  absl::StatusOr<v1::ClusterHost> h = ParseHostRecord(r->body);
+  if (!h.ok()) {
+    return absl::DataLossError(absl::StrCat("etcd key ", Quoted(etcd_key), ": ",
+                                            h.status().message()));
+  }
+  if (HostKey(prefix, h->address()) != etcd_key) {
+    return absl::DataLossError(absl::StrCat("etcd key ", Quoted(etcd_key),
+                                            " holds the host record of ",
+                                            Quoted(h->address())));
   }
   return h;
 }

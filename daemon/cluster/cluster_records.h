@@ -43,14 +43,17 @@ struct BindingRecord {
   bool retired = false;
 };
 
-// The signed record stored under binding key `key`: `signer.Verify`'s
-// UNAUTHENTICATED when its signature is missing or bad; DATA_LOSS when it
-// is signed but neither a binding nor a retirement; else
-// ParseBindingRecord's checks of its body.
+// The signed record stored under binding key `key`, the key being at
+// place `at`: `signer.Verify`'s UNAUTHENTICATED when its signature is
+// missing or bad or it is signed for another place (replayed), NOT_FOUND
+// when it is a claim not sealed yet; DATA_LOSS when it is signed but
+// neither a binding nor a retirement; else ParseBindingRecord's checks of
+// its body.
 absl::StatusOr<BindingRecord> ParseSignedBinding(const RecordSigner& signer,
                                                  const std::string& prefix,
                                                  const std::string& key,
-                                                 const std::string& value);
+                                                 const std::string& value,
+                                                 RecordPlace at);
 
 // The etcd key of the name reservation of `pattern`:
 // "<prefix>reservations/<pattern>".
@@ -64,14 +67,15 @@ struct ReservationEvent {
   bool lifted = false;
 };
 
-// The signed record stored under reservation key `key`: `signer.Verify`'s
-// UNAUTHENTICATED when its signature is missing or bad; DATA_LOSS naming
+// The signed record stored under reservation key `key` at place `at`:
+// `signer.Verify`'s errors (a replayed lifting or reservation among them);
+// DATA_LOSS naming
 // the key when it is signed but not a reservation, its pattern is not one
 // `kregctl reserve` accepts, or it reserves another pattern than its key
 // names.
 absl::StatusOr<ReservationEvent> ParseSignedReservation(
     const RecordSigner& signer, const std::string& prefix,
-    const std::string& key, const std::string& value);
+    const std::string& key, const std::string& value, RecordPlace at);
 // The body of the record of `r` (`lifted`: its lifting).
 std::string ReservationJson(const NameReservation& r, bool lifted);
 
@@ -100,19 +104,19 @@ struct AckRecord {
   std::string error;
 };
 
-// The signed acknowledgement stored under etcd key `etcd_key` for `key`:
+// The signed acknowledgement stored under etcd key `etcd_key` for `key`,
+// the etcd key being at place `at`:
 // DATA_LOSS naming the key when the value is longer than
 // kMaxAckRecordBytes, the key is not AckKey(prefix, key, ADDRESS) with an
 // ADDRESS that passes PeerAddressOk, the signed body is not an
 // acknowledgement, its generation is 0, a laggard has pid 0 or does not
 // run an earlier generation, or a text is longer than kMaxAckTextBytes or
 // holds control characters; `signer.Verify`'s UNAUTHENTICATED when it is
-// not signed with the cluster key.
-absl::StatusOr<AckRecord> ParseSignedAck(const RecordSigner& signer,
-                                         const std::string& prefix,
-                                         const TargetKey& key,
-                                         const std::string& etcd_key,
-                                         const std::string& value);
+// not signed with the cluster key or for place `at` (NOT_FOUND: not
+// sealed yet).
+absl::StatusOr<AckRecord> ParseSignedAck(
+    const RecordSigner& signer, const std::string& prefix, const TargetKey& key,
+    const std::string& etcd_key, const std::string& value, RecordPlace at);
 
 // Whether `digest` is "sha256:" followed by 64 lowercase hex.
 bool WellFormedDigest(const std::string& digest);
@@ -127,6 +131,17 @@ bool PeerAddressOk(const std::string& address);
 // when it does not parse, its address fails PeerAddressOk or one of its
 // module digests is not "sha256:" and 64 lowercase hex.
 absl::StatusOr<v1::ClusterHost> ParseHostRecord(const std::string& value);
+
+// The etcd key of the host record of `address`: "<prefix>peers/<address>".
+std::string HostKey(const std::string& prefix, const std::string& address);
+
+// The signed host record under etcd key `etcd_key` at place `at`:
+// `signer.Verify`'s errors (NOT_FOUND: not sealed yet); DATA_LOSS naming
+// the key when it is signed but not a host record, fails ParseHostRecord,
+// or is the record of another address than its key names.
+absl::StatusOr<v1::ClusterHost> ParseSignedHostRecord(
+    const RecordSigner& signer, const std::string& prefix,
+    const std::string& etcd_key, const std::string& value, RecordPlace at);
 
 }  // namespace kreg
 

@@ -31,6 +31,11 @@ bool SameBinding(const TargetEntry& a, const TargetEntry& b) {
          a.func_name == b.func_name && a.module_digest == b.module_digest;
 }
 
+// Where `kv` sits in its key's history: what its record must be signed for.
+RecordPlace PlaceOf(const EtcdKv& kv) {
+  return {kv.create_revision, kv.version};
+}
+
 // When `entry`'s generation was made: with the generation, what an
 // acknowledgement names (a retired and registered again name counts its
 // generations anew).
@@ -94,10 +99,11 @@ bool ClusterRegistry::Sleep(int64_t ms) {
 }
 
 absl::StatusOr<BindingRecord> ClusterRegistry::Parse(const EtcdKv& kv) const {
-  return ParseSignedBinding(signer_, prefix_, kv.key, kv.value);
+  return ParseSignedBinding(signer_, prefix_, kv.key, kv.value, PlaceOf(kv));
 }
 
 void ClusterRegistry::Ignored(const absl::Status& why) {
+  if (why.code() == absl::StatusCode::kNotFound) return;  // not sealed yet
   std::string more;
   if (PeerLogLimiter().Allow("etcd records", &more)) {
     spdlog::error(
@@ -107,11 +113,81 @@ void ClusterRegistry::Ignored(const absl::Status& why) {
   }
 }
 
+absl::StatusOr<bool> ClusterRegistry::WriteAfter(const std::string& key,
+                                                 const std::string& kind,
+                                                 const std::string& body,
+                                                 const EtcdKv* now,
+                                                 int64_t lease) {
+  if (now != nullptr && now->create_revision != 0) {
+    // The guard pins the key's create_revision and version: this write is
+    // its next version of the same incarnation.
+    return etcd_.PutIfUnchanged(
+        key,
+        signer_.Sign(key, kind, body, {now->create_revision, now->version + 1}),
+        now->mod_revision, lease);
+  }
+  // A key's create_revision is known only once it is created: the
+  // creating write is a claim that counts once the next write seals it.
+  absl::StatusOr<EtcdCreate> c = etcd_.CreateIfAbsent(
+      key, signer_.Sign(key, kind, body, kCreatingWrite), lease);
+  if (!c.ok()) return c.status();
+  if (!c->created) return false;
+  return etcd_.PutIfUnchanged(
+      key, signer_.Sign(key, kind, body, {c->revision, 2}), c->revision, lease);
+}
+
+absl::Status ClusterRegistry::WriteSigned(const std::string& key,
+                                          const std::string& kind,
+                                          const std::string& body,
+                                          int64_t lease) {
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    absl::StatusOr<EtcdRange> now = etcd_.Range(key, false);
+    if (!now.ok()) return now.status();
+    absl::StatusOr<bool> written = WriteAfter(
+        key, kind, body, now->kvs.empty() ? nullptr : &now->kvs[0], lease);
+    if (!written.ok()) return written.status();
+    if (*written) return absl::OkStatus();
+  }
+  return absl::AbortedError(
+      absl::StrCat("etcd key \"", key.substr(0, 200),
+                   "\" kept changing while this kregd wrote it; retry"));
+}
+
+void ClusterRegistry::PutBack(const EtcdKv& prev) {
+  absl::StatusOr<SignedRecord> record =
+      signer_.Verify(prev.key, prev.value, PlaceOf(prev));
+  if (!record.ok()) return;  // not the cluster's: nothing to put back
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    absl::StatusOr<EtcdRange> now = etcd_.Range(prev.key, false);
+    if (!now.ok()) break;
+    const EtcdKv* held = now->kvs.empty() ? nullptr : &now->kvs[0];
+    if (held != nullptr &&
+        signer_.Verify(held->key, held->value, PlaceOf(*held)).ok()) {
+      return;  // a kregd wrote it meanwhile (another host put it back)
+    }
+    absl::StatusOr<bool> written =
+        WriteAfter(prev.key, record->kind, record->body, held, 0);
+    if (!written.ok()) break;
+    if (*written) {
+      spdlog::warn(
+          "cluster: put the {} record of etcd key \"{}\" back (version {} "
+          "of the key as created at revision {}), which a write without the "
+          "cluster key had removed or replaced",
+          record->kind, prev.key.substr(0, 200), prev.version,
+          prev.create_revision);
+      return;
+    }
+  }
+  spdlog::error(
+      "cluster: could not put the {} record of etcd key \"{}\" back; hosts "
+      "that start now do not see it until it is registered again",
+      record->kind, prev.key.substr(0, 200));
+}
+
 absl::StatusOr<ClaimResult> ClusterRegistry::Claim(
     const TargetEntry& proposed) {
   const std::string key = BindingKey(prefix_, proposed.key);
-  const std::string value =
-      signer_.Sign(key, kBindRecord, RecordJson(ToProto(proposed)));
+  const std::string body = RecordJson(ToProto(proposed));
   auto unreachable = [&](const absl::Status& st) {
     if (st.code() != absl::StatusCode::kUnavailable &&
         st.code() != absl::StatusCode::kDeadlineExceeded) {
@@ -128,23 +204,26 @@ absl::StatusOr<ClaimResult> ClusterRegistry::Claim(
         "answer was lost, the retry is an idempotent no-op."));
   };
   ClaimResult out;
-  for (int attempt = 0; attempt < 3 && !out.created; ++attempt) {
-    absl::StatusOr<EtcdCreate> created = etcd_.CreateIfAbsent(key, value);
-    if (!created.ok()) return unreachable(created.status());
-    out.created = created->created;
-    if (out.created) break;
-    absl::StatusOr<BindingRecord> existing = Parse(created->existing);
-    if (existing.ok() && !existing->retired) {
-      out.existing = std::move(existing->entry);
-      return out;
+  for (int attempt = 0; attempt < 5 && !out.created; ++attempt) {
+    absl::StatusOr<EtcdRange> now = etcd_.Range(key, false);
+    if (!now.ok()) return unreachable(now.status());
+    const EtcdKv* held = now->kvs.empty() ? nullptr : &now->kvs[0];
+    if (held != nullptr) {
+      absl::StatusOr<BindingRecord> existing = Parse(*held);
+      if (existing.ok() && !existing->retired) {
+        out.existing = std::move(existing->entry);
+        return out;
+      }
+      // A retirement, a claim not sealed (its writer's seal then fails),
+      // or a record no kregd of this cluster wrote at that place (a
+      // forgery, a replay): the name is free.
+      if (!existing.ok()) Ignored(existing.status());
     }
-    // A retirement, or a record no kregd of this cluster wrote: the name
-    // is free.
-    if (!existing.ok()) Ignored(existing.status());
-    absl::StatusOr<bool> replaced =
-        etcd_.PutIfUnchanged(key, value, created->existing.mod_revision);
-    if (!replaced.ok()) return unreachable(replaced.status());
-    out.created = *replaced;
+    // First registration wins: a create-if-absent, or a write guarded by
+    // the record read.
+    absl::StatusOr<bool> written = WriteAfter(key, kBindRecord, body, held, 0);
+    if (!written.ok()) return unreachable(written.status());
+    out.created = *written;
   }
   if (!out.created) {
     return absl::AbortedError(
@@ -160,8 +239,7 @@ absl::StatusOr<ClaimResult> ClusterRegistry::Claim(
 absl::Status ClusterRegistry::Replace(const TargetEntry& current,
                                       const TargetEntry& next) {
   const std::string key = BindingKey(prefix_, next.key);
-  const std::string value =
-      signer_.Sign(key, kBindRecord, RecordJson(ToProto(next)));
+  const std::string body = RecordJson(ToProto(next));
   auto unreachable = [&](const absl::Status& st) {
     return absl::UnavailableError(absl::StrCat(
         "cannot replace ", Named(next.key),
@@ -213,7 +291,7 @@ absl::Status ClusterRegistry::Replace(const TargetEntry& current,
           "generation"));
     }
     absl::StatusOr<bool> swapped =
-        etcd_.PutIfUnchanged(key, value, now->kvs[0].mod_revision);
+        WriteAfter(key, kBindRecord, body, &now->kvs[0], 0);
     if (!swapped.ok()) return unreachable(swapped.status());
     if (*swapped) {
       spdlog::info("cluster: replaced {} in etcd: generation {} -> {}",
@@ -236,11 +314,8 @@ void ClusterRegistry::Unclaim(const TargetEntry& claimed) {
     absl::StatusOr<BindingRecord> e = Parse(now->kvs[0]);
     if (e.ok() && !e->retired && SameBinding(e->entry, claimed) &&
         e->entry.host == host_id_) {
-      st = etcd_
-               .PutIfUnchanged(key,
-                               signer_.Sign(key, kRetireRecord,
-                                            RecordJson(ToProto(claimed))),
-                               now->kvs[0].mod_revision)
+      st = WriteAfter(key, kRetireRecord, RecordJson(ToProto(claimed)),
+                      &now->kvs[0], 0)
                .status();
     }
   }
@@ -275,9 +350,8 @@ absl::Status ClusterRegistry::Release(const TargetEntry& entry) {
         entry.content_id, "; this host catches up shortly, then retry"));
   }
   // Never a bare delete: other hosts retire only on a signed retirement.
-  absl::StatusOr<bool> retired = etcd_.PutIfUnchanged(
-      key, signer_.Sign(key, kRetireRecord, RecordJson(ToProto(entry))),
-      now->kvs[0].mod_revision);
+  absl::StatusOr<bool> retired = WriteAfter(
+      key, kRetireRecord, RecordJson(ToProto(entry)), &now->kvs[0], 0);
   if (!retired.ok()) return retired.status();
   if (!*retired) {
     return absl::AbortedError(absl::StrCat(
@@ -332,10 +406,10 @@ absl::StatusOr<std::string> ClusterRegistry::FetchModule(
   if (!peers.ok()) return peers.status();
   std::vector<std::string> first, then;
   for (const EtcdKv& kv : peers->kvs) {
-    absl::StatusOr<v1::ClusterHost> h = ParseHostRecord(kv.value);
+    absl::StatusOr<v1::ClusterHost> h =
+        ParseSignedHostRecord(signer_, prefix_, kv.key, kv.value, PlaceOf(kv));
     if (!h.ok()) {
-      spdlog::warn("cluster: etcd key {} ignored: {}", kv.key.substr(0, 200),
-                   std::string(h.status().message()));
+      Ignored(h.status());
       continue;
     }
     if (h->address() == options_.advertise) continue;
@@ -489,8 +563,7 @@ absl::Status ClusterRegistry::PublishReservation(const NameReservation& r,
                                                  bool lifted) {
   const std::string key = ReservationKey(prefix_, r.pattern);
   // A lifting is a signed record too: other hosts lift only on one.
-  return etcd_.Put(
-      key, signer_.Sign(key, kReserveRecord, ReservationJson(r, lifted)), 0);
+  return WriteSigned(key, kReserveRecord, ReservationJson(r, lifted), 0);
 }
 
 void ClusterRegistry::PublishAck(
@@ -502,11 +575,9 @@ void ClusterRegistry::PublishAck(
   const int64_t lease = lease_.load();
   // Without a lease this host is not among the peers/ anyone waits for.
   if (lease == 0) return;
-  absl::Status st = etcd_.Put(
-      key,
-      signer_.Sign(key, kAckRecord,
-                   AckJson(entry.generation, MadeAt(entry), laggards, error)),
-      lease);
+  absl::Status st = WriteSigned(
+      key, kAckRecord,
+      AckJson(entry.generation, MadeAt(entry), laggards, error), lease);
   if (!st.ok()) {
     spdlog::warn(
         "cluster: cannot acknowledge generation {} of {} in etcd ({}); the "
@@ -533,7 +604,9 @@ PeerAcks ClusterRegistry::AwaitPeerAcks(const TargetEntry& entry,
     if (acks.ok()) {
       std::set<std::string> live;
       for (const EtcdKv& kv : peers->kvs) {
-        absl::StatusOr<v1::ClusterHost> h = ParseHostRecord(kv.value);
+        absl::StatusOr<v1::ClusterHost> h = ParseSignedHostRecord(
+            signer_, prefix_, kv.key, kv.value, PlaceOf(kv));
+        if (!h.ok()) Ignored(h.status());
         if (!h.ok() || h->address() == options_.advertise) continue;
         live.insert(h->address());
         if (!listed) waiting[h->address()] = PeerName(*h);
@@ -543,8 +616,8 @@ PeerAcks ClusterRegistry::AwaitPeerAcks(const TargetEntry& entry,
         it = live.count(it->first) ? std::next(it) : waiting.erase(it);
       }
       for (const EtcdKv& kv : acks->kvs) {
-        absl::StatusOr<AckRecord> a =
-            ParseSignedAck(signer_, prefix_, entry.key, kv.key, kv.value);
+        absl::StatusOr<AckRecord> a = ParseSignedAck(
+            signer_, prefix_, entry.key, kv.key, kv.value, PlaceOf(kv));
         if (!a.ok()) {
           Ignored(a.status());
           continue;
@@ -577,34 +650,41 @@ PeerAcks ClusterRegistry::AwaitPeerAcks(const TargetEntry& entry,
   return out;
 }
 
-void ClusterRegistry::ApplyReservation(const EtcdKv& kv) {
+bool ClusterRegistry::ApplyReservation(const EtcdKv& kv) {
   absl::StatusOr<ReservationEvent> r =
-      ParseSignedReservation(signer_, prefix_, kv.key, kv.value);
+      ParseSignedReservation(signer_, prefix_, kv.key, kv.value, PlaceOf(kv));
   if (!r.ok()) {
     Ignored(r.status());
-    return;
+    return r.status().code() == absl::StatusCode::kNotFound;
   }
   absl::Status st =
       registry_.load()->MirrorReservation(r->reservation, r->lifted);
   if (!st.ok()) spdlog::error("cluster: {}", std::string(st.message()));
+  return true;
 }
 
 void ClusterRegistry::OnEvent(const EtcdEvent& ev) {
   if (absl::StartsWith(ev.kv.key, prefix_ + "targets/")) {
     OnBindingEvent(ev);
   } else if (absl::StartsWith(ev.kv.key, prefix_ + "reservations/")) {
+    const bool was_valid =
+        ev.prev.create_revision != 0 &&
+        ParseSignedReservation(signer_, prefix_, ev.prev.key, ev.prev.value,
+                               PlaceOf(ev.prev))
+            .ok();
     if (!ev.deleted) {
-      ApplyReservation(ev.kv);
-    } else if (ParseSignedReservation(signer_, prefix_, ev.prev.key,
-                                      ev.prev.value)
-                   .ok()) {
+      // A record that is not valid at its place (a replayed lifting, a
+      // forgery) changes nothing; the one it overwrote is put back, for
+      // the hosts that start later.
+      if (!ApplyReservation(ev.kv) && was_valid) PutBack(ev.prev);
+    } else if (was_valid) {
       // A delete lifts nothing, only a signed lifting does: the record it
       // removed is put back, for the hosts that start later.
       Ignored(absl::PermissionDeniedError(absl::StrCat(
           "etcd key \"", ev.kv.key.substr(0, 200),
           "\" was deleted, but a reservation is lifted only by a signed "
           "lifting (kregctl reserve PATTERN --lift); its record is put back")));
-      (void)etcd_.CreateIfAbsent(ev.prev.key, ev.prev.value);
+      PutBack(ev.prev);
     }
   }
 }
@@ -620,12 +700,19 @@ void ClusterRegistry::OnBindingEvent(const EtcdEvent& ev) {
         "\" was deleted, but a binding is retired only by a signed "
         "retirement (kregctl retire); ",
         Named(gone->entry.key), " stays bound and its record is put back")));
-    (void)etcd_.CreateIfAbsent(ev.prev.key, ev.prev.value);
+    PutBack(ev.prev);
     return;
   }
   absl::StatusOr<BindingRecord> b = Parse(ev.kv);
   if (!b.ok()) {
     Ignored(b.status());
+    // Not a claim being sealed but a record no kregd wrote at this place
+    // (a replay, a forgery): the one it overwrote, if the cluster's, is
+    // put back for the hosts that start later.
+    if (b.status().code() != absl::StatusCode::kNotFound &&
+        ev.prev.create_revision != 0) {
+      PutBack(ev.prev);
+    }
     return;
   }
   if (b->retired) {
@@ -681,7 +768,7 @@ void ClusterRegistry::WatchLoop() {
 }
 
 void ClusterRegistry::LeaseLoop() {
-  const std::string key = prefix_ + "peers/" + options_.advertise;
+  const std::string key = HostKey(prefix_, options_.advertise);
   int64_t lease = 0;
   std::string published;
   bool warned = false;
@@ -699,7 +786,7 @@ void ClusterRegistry::LeaseLoop() {
     if (lease != 0) {
       std::string record = HostRecord();
       if (record != published) {
-        st = etcd_.Put(key, record, lease);
+        st = WriteSigned(key, kHostRecord, record, lease);
         if (st.ok()) published = record;
       }
       if (st.ok()) {
@@ -746,9 +833,15 @@ absl::StatusOr<v1::ListHostsResponse> ClusterRegistry::ListHosts() {
   v1::ListHostsResponse out;
   out.set_cluster(options_.cluster);
   for (const EtcdKv& kv : all->kvs) {
+    // Only hosts of this cluster, as they advertised themselves last.
+    absl::StatusOr<v1::ClusterHost> signed_host =
+        ParseSignedHostRecord(signer_, prefix_, kv.key, kv.value, PlaceOf(kv));
+    if (!signed_host.ok()) {
+      Ignored(signed_host.status());
+      continue;
+    }
     v1::ClusterHost* h = out.add_hosts();
-    if (!RecordFromJson(kv.value, h))
-      h->set_address(kv.key.substr(prefix_.size()));
+    *h = *std::move(signed_host);
     h->set_lease_id(kv.lease);
     absl::StatusOr<int64_t> ttl = etcd_.TimeToLive(kv.lease);
     h->set_lease_ttl_s(ttl.ok() ? *ttl : -1);

@@ -108,13 +108,32 @@ class ClusterRegistry : public BindingAuthority {
 
  private:
   absl::StatusOr<BindingRecord> Parse(const EtcdKv& kv) const;
-  // Logs (rate-limited) that a record of etcd was not acted on.
+  // Logs (rate-limited) that a record of etcd was not acted on; nothing
+  // for NOT_FOUND (a record not sealed yet is no news).
   static void Ignored(const absl::Status& why);
+  // Writes `body` as a `kind` record under `key` at the place after `now`
+  // (the key as read: guarded by its mod_revision), with `lease` unless 0;
+  // `now` null or of an absent key: creates the key (a claim), then seals
+  // it. True when written, false when the key changed meanwhile (nothing
+  // of this write counts then). etcd's errors.
+  absl::StatusOr<bool> WriteAfter(const std::string& key,
+                                  const std::string& kind,
+                                  const std::string& body, const EtcdKv* now,
+                                  int64_t lease);
+  // WriteAfter at whatever place the key is (the last writer wins);
+  // ABORTED when the key kept changing.
+  absl::Status WriteSigned(const std::string& key, const std::string& kind,
+                           const std::string& body, int64_t lease);
+  // Puts `prev`, a record of the cluster a write other than a kregd's
+  // removed or replaced (a delete, a replay, a forgery), back at its key's
+  // next place, unless the key holds a valid record again meanwhile.
+  void PutBack(const EtcdKv& prev);
   // The watch saw `ev`, a put or a delete under the cluster's prefix.
   void OnEvent(const EtcdEvent& ev);
   void OnBindingEvent(const EtcdEvent& ev);
-  // A reservation record (a put under reservations/) into the registry.
-  void ApplyReservation(const EtcdKv& kv);
+  // A reservation record (a put under reservations/) into the registry;
+  // false when it is not a valid record at its place (logged).
+  bool ApplyReservation(const EtcdKv& kv);
   // Bring a binding into the registry, fetching its module from a peer
   // when this host lacks it and `may_fetch`.
   void Apply(const TargetEntry& binding, bool may_fetch);

@@ -160,7 +160,8 @@ absl::StatusOr<EtcdRange> EtcdClient::Range(const std::string& key,
 
 absl::StatusOr<bool> EtcdClient::PutIfUnchanged(const std::string& key,
                                                 const std::string& value,
-                                                int64_t mod_revision) {
+                                                int64_t mod_revision,
+                                                int64_t lease) {
   etcdserverpb::TxnRequest req;
   etcdserverpb::Compare* cmp = req.add_compare();
   cmp->set_result(etcdserverpb::Compare::EQUAL);
@@ -170,6 +171,7 @@ absl::StatusOr<bool> EtcdClient::PutIfUnchanged(const std::string& key,
   etcdserverpb::PutRequest* put = req.add_success()->mutable_request_put();
   put->set_key(key);
   put->set_value(value);
+  put->set_lease(lease);
   etcdserverpb::TxnResponse resp;
   absl::Status st = OnAnyMember("a put-if-unchanged transaction",
                                 [&](Member& m, grpc::ClientContext* ctx) {

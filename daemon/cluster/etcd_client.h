@@ -25,6 +25,9 @@ struct EtcdKv {
   int64_t create_revision = 0;
   int64_t mod_revision = 0;
   int64_t lease = 0;
+  // Writes of the key since its creation (1: the creating one); with
+  // create_revision, the record's place in the key's history.
+  int64_t version = 0;
 };
 
 struct EtcdRange {
@@ -36,6 +39,8 @@ struct EtcdRange {
 struct EtcdCreate {
   bool created = false;
   EtcdKv existing;  // when !created
+  // The store revision after the transaction: when created, the key's
+  // create_revision (and mod_revision).
   int64_t revision = 0;
 };
 
@@ -79,11 +84,11 @@ class EtcdClient {
                                             int64_t lease = 0);
   // `key` alone, or every key under it when `prefix`. Linearizable.
   absl::StatusOr<EtcdRange> Range(const std::string& key, bool prefix);
-  // Puts `value` under `key` if its mod_revision is still `mod_revision`:
-  // true when put, false when it changed or is gone.
+  // Puts `value` under `key` (with `lease` unless 0) if its mod_revision is
+  // still `mod_revision`: true when put, false when it changed or is gone.
   absl::StatusOr<bool> PutIfUnchanged(const std::string& key,
                                       const std::string& value,
-                                      int64_t mod_revision);
+                                      int64_t mod_revision, int64_t lease = 0);
   absl::Status Put(const std::string& key, const std::string& value,
                    int64_t lease);
   // A new lease of `ttl_s` seconds; its id.

@@ -5,8 +5,8 @@
 namespace kreg {
 
 EtcdKv DecodeKv(const mvccpb::KeyValue& kv) {
-  return EtcdKv{kv.key(), kv.value(), kv.create_revision(), kv.mod_revision(),
-                kv.lease()};
+  return EtcdKv{kv.key(),          kv.value(), kv.create_revision(),
+                kv.mod_revision(), kv.lease(), kv.version()};
 }
 
 absl::StatusOr<EtcdCreate> DecodeCreate(const std::string& key,

@@ -7,8 +7,10 @@
 //    "fuzz.t" on cpu) into ParseBindingRecord. Accepted: the name is valid,
 //    the key is the binding's own, and the binding re-encoded (RecordJson)
 //    parses back to the same fields (its generations too).
-// 1: host record into ParseHostRecord. Accepted: PeerAddressOk, every
-//    module digest well formed, and the record round-trips.
+// 1: host record. "KEY\0BODY" (no NUL: under the key of host
+//    10.0.0.2:7000), the body signed as for 3, into ParseSignedHostRecord.
+//    Accepted: PeerAddressOk, the key is the host's own, every module
+//    digest well formed, and the record round-trips.
 // 2: chunk stream. Byte 0 bit 0: announce the right total size; bit 1: the
 //    expected digest is that of all chunk data (else of "other"); bytes 1-2
 //    (LE): the expected size when bit 2 is clear (else the data's length);
@@ -17,7 +19,9 @@
 //    keeps refusing; Finish succeeds only with exactly the size and digest.
 // 3: reservation record. "KEY\0BODY" (no NUL: under the key of "fuzz.*"),
 //    the body signed with the fuzzer's cluster key (so that the body, not
-//    the MAC, is what varies) into ParseSignedReservation. Accepted: the
+//    the MAC, is what varies) at place {9, 2} into ParseSignedReservation
+//    (every signed record below too; a record at another place is refused
+//    as a replay: checked for each accepted one). Accepted: the
 //    pattern is one `kregctl reserve` takes, the key is its own, and the
 //    record re-encoded (ReservationJson) parses back to the same fields.
 // 4: acknowledgement record. "KEY\0BODY" (no NUL: under the key of host
@@ -42,6 +46,15 @@ namespace {
 using namespace kreg;
 
 const char kPrefix[] = "/kregd/fuzz/";
+// Where the records are read: the key's 2nd write since its creation at 9.
+constexpr RecordPlace kAt{9, 2};
+constexpr RecordPlace kLater{9, 3};
+
+const RecordSigner& Signer() {
+  static const RecordSigner* const signer =
+      new RecordSigner(std::string(32, 'k'));
+  return *signer;
+}
 
 void Binding(const std::string& in) {
   std::string key, value;
@@ -79,7 +92,19 @@ void Binding(const std::string& in) {
 }
 
 void Host(const std::string& in) {
-  absl::StatusOr<v1::ClusterHost> h = ParseHostRecord(in);
+  const RecordSigner& signer = Signer();
+  std::string key, body;
+  const size_t nul = in.find('\0');
+  if (nul == std::string::npos) {
+    key = HostKey(kPrefix, "10.0.0.2:7000");
+    body = in;
+  } else {
+    key = in.substr(0, nul);
+    body = in.substr(nul + 1);
+  }
+  const std::string value = signer.Sign(key, kHostRecord, body, kAt);
+  absl::StatusOr<v1::ClusterHost> h =
+      ParseSignedHostRecord(signer, kPrefix, key, value, kAt);
   if (!h.ok()) {
     if (h.status().message().empty()) fuzz::Fail("refusal without a message");
     return;
@@ -92,7 +117,15 @@ void Host(const std::string& in) {
   for (const std::string& d : h->modules()) {
     if (!WellFormedDigest(d)) fuzz::Fail("accepted a malformed digest");
   }
-  absl::StatusOr<v1::ClusterHost> again = ParseHostRecord(RecordJson(*h));
+  if (HostKey(kPrefix, h->address()) != key) {
+    fuzz::Fail("accepted the record of another host than its key");
+  }
+  if (ParseSignedHostRecord(signer, kPrefix, key, value, kLater).ok()) {
+    fuzz::Fail("accepted a host record put back");
+  }
+  absl::StatusOr<v1::ClusterHost> again = ParseSignedHostRecord(
+      signer, kPrefix, key, signer.Sign(key, kHostRecord, RecordJson(*h), kAt),
+      kAt);
   if (!again.ok() || again->address() != h->address() ||
       again->modules_size() != h->modules_size()) {
     fuzz::Fail("host record changed in a round trip");
@@ -100,8 +133,7 @@ void Host(const std::string& in) {
 }
 
 void Reservation(const std::string& in) {
-  static const RecordSigner* const signer =
-      new RecordSigner(std::string(32, 'k'));
+  const RecordSigner* const signer = &Signer();
   std::string key, body;
   const size_t nul = in.find('\0');
   if (nul == std::string::npos) {
@@ -111,11 +143,15 @@ void Reservation(const std::string& in) {
     key = in.substr(0, nul);
     body = in.substr(nul + 1);
   }
-  absl::StatusOr<ReservationEvent> r = ParseSignedReservation(
-      *signer, kPrefix, key, signer->Sign(key, kReserveRecord, body));
+  const std::string value = signer->Sign(key, kReserveRecord, body, kAt);
+  absl::StatusOr<ReservationEvent> r =
+      ParseSignedReservation(*signer, kPrefix, key, value, kAt);
   if (!r.ok()) {
     if (r.status().message().empty()) fuzz::Fail("refusal without a message");
     return;
+  }
+  if (ParseSignedReservation(*signer, kPrefix, key, value, kLater).ok()) {
+    fuzz::Fail("accepted a reservation or lifting put back");
   }
   const NameReservation& got = r->reservation;
   if (!ParseReservation(got.pattern, "0").ok()) {
@@ -126,7 +162,8 @@ void Reservation(const std::string& in) {
   }
   absl::StatusOr<ReservationEvent> again = ParseSignedReservation(
       *signer, kPrefix, key,
-      signer->Sign(key, kReserveRecord, ReservationJson(got, r->lifted)));
+      signer->Sign(key, kReserveRecord, ReservationJson(got, r->lifted), kAt),
+      kAt);
   if (!again.ok() || again->lifted != r->lifted ||
       again->reservation.pattern != got.pattern ||
       again->reservation.owner != got.owner ||
@@ -137,8 +174,7 @@ void Reservation(const std::string& in) {
 }
 
 void Ack(const std::string& in) {
-  static const RecordSigner* const signer =
-      new RecordSigner(std::string(32, 'k'));
+  const RecordSigner* const signer = &Signer();
   const TargetKey target{"fuzz.t", Platform::kCpu};
   std::string key, body;
   const size_t nul = in.find('\0');
@@ -149,11 +185,15 @@ void Ack(const std::string& in) {
     key = in.substr(0, nul);
     body = in.substr(nul + 1);
   }
-  absl::StatusOr<AckRecord> a = ParseSignedAck(
-      *signer, kPrefix, target, key, signer->Sign(key, kAckRecord, body));
+  const std::string value = signer->Sign(key, kAckRecord, body, kAt);
+  absl::StatusOr<AckRecord> a =
+      ParseSignedAck(*signer, kPrefix, target, key, value, kAt);
   if (!a.ok()) {
     if (a.status().message().empty()) fuzz::Fail("refusal without a message");
     return;
+  }
+  if (ParseSignedAck(*signer, kPrefix, target, key, value, kLater).ok()) {
+    fuzz::Fail("accepted an acknowledgement put back");
   }
   if (!PeerAddressOk(a->address) ||
       AckKey(kPrefix, target, a->address) != key) {
@@ -170,9 +210,10 @@ void Ack(const std::string& in) {
   }
   absl::StatusOr<AckRecord> again = ParseSignedAck(
       *signer, kPrefix, target, key,
-      signer->Sign(
-          key, kAckRecord,
-          AckJson(a->generation, a->made_at_us, a->laggards, a->error)));
+      signer->Sign(key, kAckRecord,
+                   AckJson(a->generation, a->made_at_us, a->laggards, a->error),
+                   kAt),
+      kAt);
   if (!again.ok() || again->generation != a->generation ||
       again->made_at_us != a->made_at_us || again->error != a->error ||
       again->laggards.size() != a->laggards.size()) {

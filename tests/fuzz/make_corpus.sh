@@ -47,6 +47,8 @@ printf '\x01{"address":"10.0.0.2:7000","host_name":"h2","version":"0.9","pid":42
 printf '\x01{"address":"[fe80::1]:7000","modules":[]}' > "$c/host_v6"
 printf '\x01{"address":"unix:/run/kregd.sock:1"}' > "$c/host_unix"
 printf '\x01{"address":"unix:1"}' > "$c/host_unix_port"  # a finding: dials socket "1"
+printf '\x01/kregd/fuzz/peers/10.0.0.3:7000\x00{"address":"10.0.0.3:7000","modules":["%s"]}' "$d" > "$c/host_keyed"
+printf '\x01/kregd/fuzz/peers/10.0.0.3:7000\x00{"address":"10.0.0.2:7000"}' > "$c/host_moved"
 printf '\x02\x07\x00\x00\x05hello\x03abc' > "$c/chunks_ok"
 printf '\x02\x03\x0a\x00\x04abcd' > "$c/chunks_short"
 printf '\x02\x01\x04\x00\x08abcdefgh' > "$c/chunks_over"
@@ -59,13 +61,18 @@ printf '\x04/kregd/fuzz/acks/cpu/fuzz.t/unix:1\x00{"generation":2}' > "$c/ack_un
 printf '\x04{"generation":2,"laggards":[{"pid":7,"generation":2}]}' > "$c/ack_ahead"
 
 # signed_record: byte 0 bit 0 set: the rest is signed (bit 1: as a
-# retirement); clear: "KEY\0VALUE" or a VALUE as it is.
+# retirement; bit 3: as a creating write); clear: "KEY\0VALUE" or a VALUE
+# as it is; bit 2: verified at the key's first version, else at {41, 3}.
 c=$corpus/signed_record
 b=$(printf '{"target_name":"fuzz.t","platform":"cpu","func_name":"Scale","content_id":"v1","module_digest":"%s","module_size":"4096","kind":"module"}' "$d")
 printf '\x01%s' "$b" > "$c/bind"
 printf '\x03%s' "$b" > "$c/retire"
-printf '\x00kreg-sig-v1 bind %064d\n%s' 0 "$b" > "$c/forged"
-printf '\x00/kregd/fuzz/targets/cpu/other\x00kreg-sig-v1 retire %064d\n%s' 0 "$b" > "$c/moved"
+printf '\x00kreg-sig-v2 bind 41 3 %064d\n%s' 0 "$b" > "$c/forged"
+printf '\x00/kregd/fuzz/targets/cpu/other\x00kreg-sig-v2 retire 41 3 %064d\n%s' 0 "$b" > "$c/moved"
+printf '\x00kreg-sig-v1 bind %064d\n%s' 0 "$b" > "$c/format_v1"
+printf '\x00kreg-sig-v2 bind 041 3 %064d\n%s' 0 "$b" > "$c/padded_place"
+printf '\x0d%s' "$b" > "$c/claim"           # a creating write at version 1
+printf '\x09%s' "$b" > "$c/claim_replayed"  # ... at version 3
 printf '\x00%s' "$b" > "$c/unsigned"
 
 # compile_inputs: byte 0 even: a CompileTargetRequest; odd: a worker's

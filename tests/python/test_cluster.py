@@ -14,6 +14,7 @@ configured.
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import hashlib
 import hmac
@@ -367,7 +368,7 @@ def test_retirement_goes_through_etcd(cluster):
   # Not deleted: a signed retirement (a bare delete retires nothing).
   tomb = cluster.etcd.ctl("get", "--print-value-only",
                           "/kregd/default/targets/cpu/ret.op").stdout
-  assert tomb.startswith("kreg-sig-v1 retire "), tomb
+  assert tomb.startswith("kreg-sig-v2 retire "), tomb
   assert "ret.op" not in kregctl(cluster.a, "list", "--cluster").stdout
   again = register(cluster.c, "ret.op", m2)
   assert again.returncode == 0, again.stderr
@@ -391,7 +392,7 @@ def test_name_reservations_hold_on_every_host(cluster):
   get = lambda: cluster.etcd.ctl("get", "--print-value-only",
                                  key).stdout.rstrip("\n")
   record = get()
-  assert record.startswith("kreg-sig-v1 reserve "), record
+  assert record.startswith("kreg-sig-v2 reserve "), record
   # A host that was away gets it when it syncs with etcd.
   synced = cluster.c.log(None).count("in sync with etcd")
   cluster.c.stop()
@@ -401,7 +402,10 @@ def test_name_reservations_hold_on_every_host(cluster):
   assert "team.*" in reserved(cluster.c)
   # Neither a bare delete nor a record without the cluster key lifts it.
   assert cluster.etcd.ctl("del", key).returncode == 0
-  wait_for(lambda: get() == record, 30, "the record put back")
+  # Put back for the key's new incarnation (signed for its new place).
+  body = lambda v: v.split("\n", 1)[-1]
+  wait_for(lambda: get() != record and body(get()) == body(record), 30,
+           "the record put back")
   forged = record.split("\n", 1)[1].replace('"pattern"', '"lifted":true,'
                                             '"pattern"')
   assert cluster.etcd.ctl("put", key, forged).returncode == 0
@@ -414,16 +418,54 @@ def test_name_reservations_hold_on_every_host(cluster):
   assert lifted.returncode == 0, lifted.stderr
   for h in hosts:
     wait_for(lambda: "team.*" not in reserved(h), 30, "lifted everywhere")
-  assert get().startswith("kreg-sig-v1 reserve ")
+  assert get().startswith("kreg-sig-v2 reserve ")
 
 
-def sign(key: bytes, etcd_key: str, kind: str, body: bytes) -> bytes:
-  """A record as kregd signs it (daemon/cluster/record_signer.h)."""
+def sign(key: bytes, etcd_key: str, kind: str, body: bytes,
+         create_revision: int = 0, version: int = 1) -> bytes:
+  """A record as kregd signs it (daemon/cluster/record_signer.h), for its
+  place in the key's history."""
+  k = etcd_key.encode()
+  place = f"{create_revision}\n{version}\n".encode()
+  mac = hmac.new(key, b"kreg-sig-v2 " + kind.encode() + b"\n" + place +
+                 str(len(k)).encode() + b"\n" + k + body,
+                 hashlib.sha256).hexdigest()
+  return (b"kreg-sig-v2 " + kind.encode() + b" " +
+          f"{create_revision} {version} ".encode() + mac.encode() + b"\n" +
+          body)
+
+
+def sign_v1(key: bytes, etcd_key: str, kind: str, body: bytes) -> bytes:
+  """A record as kregd signed it before records were bound to their place
+  (format kreg-sig-v1): refused."""
   k = etcd_key.encode()
   mac = hmac.new(key, b"kreg-sig-v1 " + kind.encode() + b"\n" +
                  str(len(k)).encode() + b"\n" + k + body,
                  hashlib.sha256).hexdigest()
   return b"kreg-sig-v1 " + kind.encode() + b" " + mac.encode() + b"\n" + body
+
+
+def the_cluster_key(cluster) -> bytes:
+  return cluster_key(cluster.root).read_text().strip().encode()
+
+
+def etcd_raw(cluster, key: str):
+  """`key`'s value (exact bytes) and its place, or (None, None) when absent."""
+  out = cluster.etcd.ctl("get", key, "-w", "json")
+  assert out.returncode == 0, out.stderr
+  kvs = json.loads(out.stdout).get("kvs", [])
+  if not kvs:
+    return None, None
+  kv = kvs[0]
+  return (base64.b64decode(kv.get("value", "")),
+          (int(kv["create_revision"]), int(kv["version"])))
+
+
+def etcd_put(cluster, key: str, value: bytes) -> None:
+  put = subprocess.run([ETCDCTL, "--endpoints", cluster.etcd.endpoints,
+                        "put", key], input=value, capture_output=True,
+                       timeout=20, env={**os.environ, "ETCDCTL_API": "3"})
+  assert put.returncode == 0, put.stderr
 
 
 def test_forged_records_in_etcd_are_ignored(cluster):
@@ -439,7 +481,7 @@ def test_forged_records_in_etcd_are_ignored(cluster):
   key = "/kregd/default/targets/cpu/vic.op"
   get = lambda k: cluster.etcd.ctl("get", "--print-value-only", k).stdout
   original = get(key).rstrip("\n")
-  assert original.startswith("kreg-sig-v1 bind "), original
+  assert original.startswith("kreg-sig-v2 bind "), original
   body = json.loads(original.split("\n", 1)[1])
   body["module_digest"] = digest_of(theirs)
   forged = json.dumps(body).encode()
@@ -449,9 +491,13 @@ def test_forged_records_in_etcd_are_ignored(cluster):
       assert listed(h)[("vic.op", "cpu")]["module_digest"] == \
           digest_of(mine), what
 
-  # A bare delete retires nothing; the signed record is put back.
+  # A bare delete retires nothing; the signed record is put back (signed
+  # for the key's new incarnation).
   assert cluster.etcd.ctl("del", key).returncode == 0
-  wait_for(lambda: get(key).rstrip("\n") == original, 30, "record restored")
+  body_of = lambda v: v.split("\n", 1)[-1]
+  wait_for(lambda: get(key).rstrip("\n") != original and
+           body_of(get(key).rstrip("\n")) == body_of(original), 30,
+           "record restored")
   for h in hosts:
     wait_for(lambda: f'etcd key "{key}" was deleted, but a binding is '
              "retired only by a signed retirement" in h.log(None), 30,
@@ -461,10 +507,13 @@ def test_forged_records_in_etcd_are_ignored(cluster):
   moved = get("/kregd/default/targets/cpu/atk.op").rstrip("\n")
   for value, why in (
       (forged, "without a kregd signature"),
-      (b"kreg-sig-v1 bind " + b"0" * 64 + b"\n" + forged, "bad signature"),
+      (b"kreg-sig-v2 bind 1 2 " + b"0" * 64 + b"\n" + forged, "bad signature"),
       (sign(other_key, key, "bind", forged), "bad signature"),
       (sign(other_key, key, "retire", forged), "bad signature"),
-      (moved.encode(), "bad signature")):
+      (moved.encode(), "bad signature"),
+      # Signed with the cluster key in the format before places.
+      (sign_v1(the_cluster_key(cluster), key, "bind", forged),
+       "holds a record of the earlier format kreg-sig-v1")):
     before = [h.log(None).count(why) for h in hosts]
     put = subprocess.run([ETCDCTL, "--endpoints", cluster.etcd.endpoints,
                           "put", key], input=value, capture_output=True,
@@ -492,6 +541,132 @@ def test_forged_records_in_etcd_are_ignored(cluster):
     assert kregctl(h, "list", "--cluster").returncode == 0
   kregctl(cluster.a, "retire", "vic.op")
   kregctl(cluster.b, "retire", "atk.op")
+
+
+def wait_synced(host: Daemon, before: int = 0) -> None:
+  wait_for(lambda: host.log(None).count("in sync with etcd") > before, 60,
+           f"{host.root.name} to sync with etcd")
+
+
+def test_replayed_binding_record_is_ignored(cluster):
+  # Issue 46, break 2: someone who can write to etcd (no cluster key) saves
+  # its own signed binding of a name, retires it, waits for another
+  # registration of the name, then puts the old record back.
+  hosts = (cluster.a, cluster.b, cluster.c)
+  old, new = variant(cluster.root, "rpl-old"), variant(cluster.root, "rpl-new")
+  key = "/kregd/default/targets/cpu/rpl.op"
+  digest = lambda h: listed(h).get(("rpl.op", "cpu"), {}).get("module_digest")
+  assert register(cluster.a, "rpl.op", old).returncode == 0
+  for h in hosts:
+    wait_for(lambda: digest(h) == digest_of(old), 30, "rpl.op everywhere")
+  saved, saved_at = etcd_raw(cluster, key)
+  assert saved.startswith(b"kreg-sig-v2 bind "), saved
+  assert kregctl(cluster.a, "retire", "rpl.op").returncode == 0
+  for h in hosts:
+    wait_for(lambda: digest(h) is None, 30, "rpl.op retired everywhere")
+  again = register(cluster.b, "rpl.op", new)
+  assert again.returncode == 0 and again.stdout.startswith("registered"), \
+      again.stdout + again.stderr
+  for h in hosts:
+    wait_for(lambda: digest(h) == digest_of(new), 30, "the new rpl.op")
+  bound, bound_at = etcd_raw(cluster, key)
+  assert bound_at[0] == saved_at[0] and bound_at[1] > saved_at[1]
+
+  before = [h.log(None).count("holds a replayed bind record") for h in hosts]
+  conflicts = [h.log(None).count("CLUSTER CONFLICT") for h in hosts]
+  etcd_put(cluster, key, saved)
+  replayed = (f'ignored what etcd holds: etcd key "{key}" holds a replayed '
+              f"bind record: it was signed for version {saved_at[1]} of the "
+              f"key as created at revision {saved_at[0]}, but the key is at "
+              f"version {bound_at[1] + 1}")
+  for h, n in zip(hosts, before):
+    wait_for(lambda: h.log(None).count("holds a replayed bind record") > n,
+             30, "the replay logged")
+    assert replayed in h.log(None), h.log(4000)
+  # The record it overwrote is put back, signed for its new place.
+  wait_for(lambda: etcd_raw(cluster, key)[0].split(b"\n", 1)[1] ==
+           bound.split(b"\n", 1)[1] and
+           etcd_raw(cluster, key)[1][1] > bound_at[1] + 1, 30,
+           "the new binding put back in etcd")
+  assert any(f'put the bind record of etcd key "{key}" back' in h.log(None)
+             for h in hosts)
+  for h, n in zip(hosts, conflicts):
+    assert digest(h) == digest_of(new)
+    assert h.log(None).count("CLUSTER CONFLICT") == n, h.log(4000)
+  # A host that starts afterwards binds the new module, never the old.
+  d = start_host(cluster.root, "replayD", cluster.etcd.endpoints,
+                 free_ports(1)[0])
+  try:
+    wait_synced(d)
+    wait_for(lambda: digest(d) == digest_of(new), 30, "rpl.op on a new host")
+    # Replayed again while it runs, after etcd compacted its history (the
+    # check reads the key's place, never its history): ignored there too.
+    out = cluster.etcd.ctl("get", key, "-w", "json")
+    revision = json.loads(out.stdout)["header"]["revision"]
+    compact = cluster.etcd.ctl("compact", str(revision))
+    assert compact.returncode == 0, compact.stderr
+    n = d.log(None).count("holds a replayed bind record")
+    etcd_put(cluster, key, saved)
+    wait_for(lambda: d.log(None).count("holds a replayed bind record") > n,
+             30, "the replay logged on the new host")
+    assert digest(d) == digest_of(new)
+    # And at its next start, with whatever etcd holds then.
+    synced = d.log(None).count("in sync with etcd")
+    d.stop()
+    d.start()
+    wait_synced(d, synced)
+    assert digest(d) == digest_of(new)
+  finally:
+    d.stop()
+  for h in hosts:
+    assert digest(h) == digest_of(new)
+  kregctl(cluster.b, "retire", "rpl.op")
+
+
+def test_replayed_lifting_is_ignored(cluster):
+  # The same with a signed lifting of a reservation that was set again.
+  hosts = (cluster.a, cluster.b, cluster.c)
+  key = "/kregd/default/reservations/rpl.*"
+  assert kregctl(cluster.a, "reserve", "rpl.*", "--owner",
+                 "65534").returncode == 0
+  for h in hosts:
+    wait_for(lambda: "rpl.*" in reserved(h), 30, "rpl.* reserved everywhere")
+  assert kregctl(cluster.b, "reserve", "rpl.*", "--lift").returncode == 0
+  for h in hosts:
+    wait_for(lambda: "rpl.*" not in reserved(h), 30, "rpl.* lifted")
+  lifting, lifted_at = etcd_raw(cluster, key)
+  assert b'"lifted":true' in lifting, lifting
+  assert kregctl(cluster.c, "reserve", "rpl.*", "--owner",
+                 "65534").returncode == 0
+  for h in hosts:
+    wait_for(lambda: reserved(h).get("rpl.*", "").startswith("uid 65534"),
+             30, "rpl.* reserved again")
+  again, again_at = etcd_raw(cluster, key)
+
+  before = [h.log(None).count("holds a replayed reserve record")
+            for h in hosts]
+  etcd_put(cluster, key, lifting)
+  for h, n in zip(hosts, before):
+    wait_for(lambda: h.log(None).count("holds a replayed reserve record") > n,
+             30, "the replayed lifting logged")
+    assert (f'etcd key "{key}" holds a replayed reserve record: it was '
+            f"signed for version {lifted_at[1]} of the key as created at "
+            f"revision {lifted_at[0]}") in h.log(None)
+    assert "rpl.*" in reserved(h)
+  wait_for(lambda: etcd_raw(cluster, key)[0].split(b"\n", 1)[1] ==
+           again.split(b"\n", 1)[1] and
+           etcd_raw(cluster, key)[1][1] > again_at[1] + 1, 30,
+           "the reservation put back in etcd")
+  d = start_host(cluster.root, "replayR", cluster.etcd.endpoints,
+                 free_ports(1)[0])
+  try:
+    wait_synced(d)
+    assert reserved(d).get("rpl.*", "").startswith("uid 65534")
+  finally:
+    d.stop()
+  for h in hosts:
+    assert "rpl.*" in reserved(h)
+  assert kregctl(cluster.a, "reserve", "rpl.*", "--lift").returncode == 0
 
 
 def test_etcd_member_loss_then_quorum_loss_then_recovery(cluster):

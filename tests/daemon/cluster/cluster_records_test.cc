@@ -14,6 +14,8 @@ namespace kreg {
 namespace {
 
 const char kPrefix[] = "/kregd/c/";
+// A place in a key's history: its 2nd write since it was created at 9.
+constexpr RecordPlace kAt{9, 2};
 const std::string kDigest = "sha256:" + std::string(64, 'a');
 
 TargetEntry Binding() {
@@ -113,7 +115,7 @@ TEST_CASE("Reservation records round-trip and bad ones are refused",
   for (bool lifted : {false, true}) {
     absl::StatusOr<ReservationEvent> e = ParseSignedReservation(
         signer, kPrefix, key,
-        signer.Sign(key, kReserveRecord, ReservationJson(r, lifted)));
+        signer.Sign(key, kReserveRecord, ReservationJson(r, lifted), kAt), kAt);
     REQUIRE(e.ok());
     CHECK(e->lifted == lifted);
     CHECK(e->reservation.pattern == "team.*");
@@ -123,28 +125,29 @@ TEST_CASE("Reservation records round-trip and bad ones are refused",
     CHECK(e->reservation.at_us == 123);
   }
   auto refused = [&](const std::string& k, const std::string& value) {
-    return ParseSignedReservation(signer, kPrefix, k, value).status();
+    return ParseSignedReservation(signer, kPrefix, k, value, kAt).status();
   };
   const std::string body = ReservationJson(r, false);
   absl::Status s = refused(key, body);
   CHECK(s.code() == absl::StatusCode::kUnauthenticated);
   s = refused(
-      key, RecordSigner(std::string(32, 'x')).Sign(key, kReserveRecord, body));
+      key,
+      RecordSigner(std::string(32, 'x')).Sign(key, kReserveRecord, body, kAt));
   CHECK(s.code() == absl::StatusCode::kUnauthenticated);
-  s = refused(key, signer.Sign(key, kBindRecord, body));
+  s = refused(key, signer.Sign(key, kBindRecord, body, kAt));
   CHECK(s.code() == absl::StatusCode::kDataLoss);
   CHECK(s.message() ==
         "etcd key \"/kregd/c/reservations/team.*\" does not "
         "hold a reservation");
   const std::string other = ReservationKey(kPrefix, "other.*");
-  s = refused(other, signer.Sign(other, kReserveRecord, body));
+  s = refused(other, signer.Sign(other, kReserveRecord, body, kAt));
   CHECK(s.code() == absl::StatusCode::kDataLoss);
   CHECK(Contains(s, "holds the reservation of \"team.*\""));
   NameReservation all = r;
   all.pattern = "*";
   const std::string star = ReservationKey(kPrefix, "*");
-  s = refused(star,
-              signer.Sign(star, kReserveRecord, ReservationJson(all, false)));
+  s = refused(star, signer.Sign(star, kReserveRecord,
+                                ReservationJson(all, false), kAt));
   CHECK(s.code() == absl::StatusCode::kDataLoss);
   CHECK(Contains(s, "would reserve every name"));
 }
@@ -160,9 +163,9 @@ TEST_CASE("Acknowledgement records round-trip and bad ones are refused",
   l.local = true;
   l.generation = 2;
   l.why = "its executor could not load it";
-  absl::StatusOr<AckRecord> a =
-      ParseSignedAck(signer, kPrefix, target, key,
-                     signer.Sign(key, kAckRecord, AckJson(3, 1234, {l}, "")));
+  absl::StatusOr<AckRecord> a = ParseSignedAck(
+      signer, kPrefix, target, key,
+      signer.Sign(key, kAckRecord, AckJson(3, 1234, {l}, ""), kAt), kAt);
   REQUIRE(a.ok());
   CHECK(a->address == "10.0.0.2:7390");
   CHECK(a->generation == 3);
@@ -177,7 +180,7 @@ TEST_CASE("Acknowledgement records round-trip and bad ones are refused",
   CHECK(a->laggards[0].host.empty());
   auto refused = [&](const std::string& k, const std::string& body) {
     return ParseSignedAck(signer, kPrefix, target, k,
-                          signer.Sign(k, kAckRecord, body))
+                          signer.Sign(k, kAckRecord, body, kAt), kAt)
         .status();
   };
   const std::string head =
@@ -218,16 +221,18 @@ TEST_CASE("Acknowledgement records round-trip and bad ones are refused",
                    "\"/kregd/c/acks/cpu/demo.scale/HOST:PORT\""));
   }
   // Unsigned, signed with another key, or another kind of record.
-  s = ParseSignedAck(signer, kPrefix, target, key, R"({"generation":2})")
+  s = ParseSignedAck(signer, kPrefix, target, key, R"({"generation":2})", kAt)
           .status();
   CHECK(s.code() == absl::StatusCode::kUnauthenticated);
   s = ParseSignedAck(signer, kPrefix, target, key,
                      RecordSigner(std::string(32, 'x'))
-                         .Sign(key, kAckRecord, R"({"generation":2})"))
+                         .Sign(key, kAckRecord, R"({"generation":2})", kAt),
+                     kAt)
           .status();
   CHECK(s.code() == absl::StatusCode::kUnauthenticated);
   s = ParseSignedAck(signer, kPrefix, target, key,
-                     signer.Sign(key, kBindRecord, R"({"generation":2})"))
+                     signer.Sign(key, kBindRecord, R"({"generation":2})", kAt),
+                     kAt)
           .status();
   CHECK(s.message() == head + "it is a bind record");
 }
@@ -310,6 +315,85 @@ TEST_CASE("Host records are checked", "[cluster]") {
   CHECK(ParseHostRecord(RecordJson(h)).status().message() ==
         "host 10.0.0.2:7000 lists module \"md5:00\", which is not "
         "\"sha256:\" followed by 64 lowercase hex");
+}
+
+TEST_CASE("Host records are signed, under their own address, at their place",
+          "[cluster]") {
+  RecordSigner signer(std::string(32, 'k'));
+  v1::ClusterHost h;
+  h.set_address("10.0.0.2:7000");
+  h.add_modules(kDigest);
+  const std::string key = HostKey(kPrefix, "10.0.0.2:7000");
+  CHECK(key == "/kregd/c/peers/10.0.0.2:7000");
+  const std::string value = signer.Sign(key, kHostRecord, RecordJson(h), kAt);
+  absl::StatusOr<v1::ClusterHost> got =
+      ParseSignedHostRecord(signer, kPrefix, key, value, kAt);
+  REQUIRE(got.ok());
+  CHECK(got->address() == "10.0.0.2:7000");
+  // Unsigned (as every kregd wrote them before kreg-sig-v2).
+  absl::Status s =
+      ParseSignedHostRecord(signer, kPrefix, key, RecordJson(h), kAt).status();
+  CHECK(s.code() == absl::StatusCode::kUnauthenticated);
+  CHECK(Contains(s, "without a kregd signature"));
+  // Put back after the host's lease ended (a new incarnation of the key).
+  s = ParseSignedHostRecord(signer, kPrefix, key, value, RecordPlace{30, 2})
+          .status();
+  CHECK(s.code() == absl::StatusCode::kUnauthenticated);
+  CHECK(Contains(s, "replayed host record"));
+  // Another kind, or another host's address under this key.
+  s = ParseSignedHostRecord(signer, kPrefix, key,
+                            signer.Sign(key, kAckRecord, RecordJson(h), kAt),
+                            kAt)
+          .status();
+  CHECK(s.message() ==
+        "etcd key \"/kregd/c/peers/10.0.0.2:7000\" holds a "
+        "ack record, not a host record");
+  h.set_address("10.0.0.3:7000");
+  s = ParseSignedHostRecord(signer, kPrefix, key,
+                            signer.Sign(key, kHostRecord, RecordJson(h), kAt),
+                            kAt)
+          .status();
+  CHECK(s.code() == absl::StatusCode::kDataLoss);
+  CHECK(s.message() ==
+        "etcd key \"/kregd/c/peers/10.0.0.2:7000\" holds the "
+        "host record of \"10.0.0.3:7000\"");
+  h.set_address("unix:1");
+  s = ParseSignedHostRecord(signer, kPrefix, key,
+                            signer.Sign(key, kHostRecord, RecordJson(h), kAt),
+                            kAt)
+          .status();
+  CHECK(s.code() == absl::StatusCode::kDataLoss);
+  CHECK(Contains(s, "is not HOST:PORT"));
+}
+
+TEST_CASE("A replayed lifting and a replayed acknowledgement are refused",
+          "[cluster]") {
+  RecordSigner signer(std::string(32, 'k'));
+  NameReservation r;
+  r.pattern = "team.*";
+  r.owner = 65534;
+  const std::string key = ReservationKey(kPrefix, "team.*");
+  const std::string lift =
+      signer.Sign(key, kReserveRecord, ReservationJson(r, true), kAt);
+  REQUIRE(ParseSignedReservation(signer, kPrefix, key, lift, kAt)->lifted);
+  // Reserved again (version 3), then the lifting put back (version 4).
+  absl::Status s =
+      ParseSignedReservation(signer, kPrefix, key, lift, RecordPlace{9, 4})
+          .status();
+  CHECK(s.code() == absl::StatusCode::kUnauthenticated);
+  CHECK(Contains(s,
+                 "holds a replayed reserve record: it was signed for "
+                 "version 2 of the key as created at revision 9, but the "
+                 "key is at version 4 of the key as created at revision 9"));
+  const TargetKey target{"demo.scale", Platform::kCpu};
+  const std::string ack_key = AckKey(kPrefix, target, "10.0.0.2:7000");
+  const std::string ack =
+      signer.Sign(ack_key, kAckRecord, AckJson(3, 1234, {}, ""), kAt);
+  REQUIRE(ParseSignedAck(signer, kPrefix, target, ack_key, ack, kAt).ok());
+  s = ParseSignedAck(signer, kPrefix, target, ack_key, ack, RecordPlace{12, 1})
+          .status();
+  CHECK(s.code() == absl::StatusCode::kUnauthenticated);
+  CHECK(Contains(s, "replayed ack record"));
 }
 
 v1::ModuleChunk Chunk(const std::string& data, uint64_t total = 0) {

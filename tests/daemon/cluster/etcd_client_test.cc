@@ -22,6 +22,7 @@ void SetKv(mvccpb::KeyValue* kv, const std::string& key,
   kv->set_create_revision(create);
   kv->set_mod_revision(mod);
   kv->set_lease(lease);
+  kv->set_version(mod - create + 1);  // as if every write was of this key
 }
 
 TEST_CASE("EtcdTarget takes http, https and bare HOST:PORT", "[etcd]") {
@@ -104,6 +105,7 @@ TEST_CASE("DecodeCreate: a transaction that read the existing key", "[etcd]") {
   CHECK(c->existing.value == "old");
   CHECK(c->existing.create_revision == 7);
   CHECK(c->existing.mod_revision == 9);
+  CHECK(c->existing.version == 3);  // a record's place (record_signer.h)
   CHECK(c->existing.lease == 1234);
 }
 
@@ -146,6 +148,7 @@ TEST_CASE("DecodeRange keeps etcd's order, revisions and leases", "[etcd]") {
   CHECK(r.kvs[0].value == "1");
   CHECK(r.kvs[0].create_revision == 3);
   CHECK(r.kvs[0].mod_revision == 5);
+  CHECK(r.kvs[0].version == 3);
   CHECK(r.kvs[1].key == "kreg/b");
   CHECK(r.kvs[1].value.empty());
   CHECK(r.kvs[1].lease == 99);
