@@ -7,8 +7,11 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <type_traits>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -404,6 +407,38 @@ const KeySpec* FindKey(const std::string& name) {
   return nullptr;
 }
 
+// The line `line` (1-based) of the file at `path`; empty when there is none.
+std::string LineOf(const std::string& path, size_t line) {
+  std::ifstream in(path);
+  std::string text;
+  for (size_t i = 0; i < line && std::getline(in, text); ++i) {
+  }
+  return in ? text : std::string();
+}
+
+// A TOML syntax error, with the key of its line when the line has one
+// (`key = value`) and, where the value is bare text, that strings need
+// quotes: toml++'s own text names no key.
+std::string ParseErrorText(const std::string& path,
+                           const std::string& description, size_t line) {
+  std::string text =
+      absl::StrCat("config file ", path, ": ", description, " at line ", line);
+  const std::string source = LineOf(path, line);
+  const size_t eq = source.find('=');
+  if (eq == std::string::npos) return text;
+  std::string key(absl::StripAsciiWhitespace(source.substr(0, eq)));
+  std::string value(absl::StripAsciiWhitespace(source.substr(eq + 1)));
+  if (key.empty() || FindKey(key) == nullptr) return text;
+  absl::StrAppend(&text, " (the value of key \"", key, "\"");
+  if (!value.empty() && std::isalpha(static_cast<unsigned char>(value[0])) &&
+      value != "true" && value != "false") {
+    absl::StrAppend(&text, ": a string needs quotes, e.g. ", key, " = \"",
+                    value, "\"");
+  }
+  absl::StrAppend(&text, ")");
+  return text;
+}
+
 }  // namespace
 
 absl::Status ApplyToml(const std::string& path, Config* c) {
@@ -415,9 +450,8 @@ absl::Status ApplyToml(const std::string& path, Config* c) {
   try {
     t = toml::parse_file(path);
   } catch (const toml::parse_error& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config file ", path, ": ", std::string(e.description()),
-                     " at line ", e.source().begin.line));
+    return absl::InvalidArgumentError(ParseErrorText(
+        path, std::string(e.description()), e.source().begin.line));
   }
   for (const auto& [key, value] : t) {
     std::string k(std::string(key.str()));

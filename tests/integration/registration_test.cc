@@ -636,8 +636,9 @@ TEST_CASE("Daemon start-up errors are clear", "[integration]") {
        other.path() + "/g.sock", "--state-dir", other.path() + "/gstate"});
   CHECK(bad_group.exit_code == 2);
   CHECK_THAT(bad_group.err,
-             Catch::Contains("socket_group \"no-such-group-kreg\" (config "
-                             "file) does not exist"));
+             Catch::Contains("socket_group \"no-such-group-kreg\" "
+                             "(--socket-group or the config file) does not "
+                             "exist"));
   auto bad_flag = testing::Run({kregd, "--no-such-flag"});
   CHECK(bad_flag.exit_code == 2);
   CHECK_THAT(bad_flag.err, Catch::Contains("--no-such-flag"));

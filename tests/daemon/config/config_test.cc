@@ -378,6 +378,33 @@ TEST_CASE("Bad values in the config file name the key and what it must be",
   }
 }
 
+TEST_CASE("A TOML syntax error names the key of its line", "[config]") {
+  TempDir dir;
+  const std::vector<BadFileCase> cases = {
+      {"log_level = debug",
+       "Error while parsing value: could not determine value type at line 2 "
+       "(the value of key \"log_level\": a string needs quotes, e.g. "
+       "log_level = \"debug\")"},
+      {"max_module_bytes = 12x",
+       "Error while parsing decimal integer: expected digit, saw 'x' at line "
+       "2 (the value of key \"max_module_bytes\")"},
+      // No key on the line: toml++'s text as it is.
+      {"[broken", "Error while parsing table header: "},
+  };
+  for (const BadFileCase& t : cases) {
+    DYNAMIC_SECTION(t.line) {
+      const std::string path =
+          ConfigFile(dir, "isolation = \"uid\"\n" + t.line + "\n");
+      absl::StatusOr<Config> c = Parse({"--config", path});
+      REQUIRE_FALSE(c.ok());
+      CHECK(c.status().code() == absl::StatusCode::kInvalidArgument);
+      CHECK_THAT(std::string(c.status().message()),
+                 Catch::StartsWith(
+                     absl::StrCat("config file ", path, ": ", t.message)));
+    }
+  }
+}
+
 // Bad values checked once file and flags are merged, and bad flags.
 struct BadCase {
   std::vector<std::string> args;
