@@ -12,13 +12,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/unique_fd.h"
+#include "daemon/registry/journal_state.h"
 #include "daemon/registry/registry.h"
 
 namespace kreg {
-
-namespace v1 {
-class JournalRecord;
-}  // namespace v1
 
 struct JournalOptions {
   // The journal is rewritten with its live records only (Compact) once the
@@ -85,12 +82,7 @@ class Journal : public RegistrationLog {
   };
   Sizes sizes() const;
 
-  // What the records replayed so far put in effect.
-  struct State {
-    std::vector<TargetEntry> entries;
-    std::vector<CrashRecord> quarantines;
-    std::vector<NameReservation> reservations;
-  };
+  using State = JournalState;
 
  private:
   // Frames and appends `record` (a delta is computed here, under mu_) and

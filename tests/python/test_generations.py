@@ -128,7 +128,7 @@ def test_a_generation_past_the_limit_is_refused_while_older_ones_are_pinned(
     assert live(d, name) == [1, 2, 3]
     # A fourth live generation is one too many while 1 and 2 are pinned.
     over = register(d, name, "libdemo_v2.so", "--replace", check=False)
-    assert over.returncode != 0
+    assert over.returncode == 1, over.stderr  # docs/errors.md: exit 1
     root = "uid 0 (root)" if os.getuid() == 0 else f"uid {os.getuid()}"
     message = (
         f'cannot replace target "{name}" (cpu): it would have 4 live '
