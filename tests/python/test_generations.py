@@ -8,6 +8,7 @@ only. Through the real kregd, kregctl and JAX processes."""
 
 import json
 import os
+import re
 import pathlib
 import shutil
 import tempfile
@@ -18,7 +19,7 @@ import kernels_util as ku
 import kregd_proc
 from holder import Holder
 from proc_barrier import wait_for
-from test_metrics import scrape
+from test_metrics import sample, scrape
 from kregd_proc import run_kregctl as kregctl
 
 LIMIT = 3
@@ -64,7 +65,7 @@ def generation_labels(d, name):
 
 
 def test_replacements_keep_the_journal_and_the_metrics_bounded(d):
-  n = 50
+  n = 150
   journal = pathlib.Path(d.state_dir) / "journal"
   register(d, "gen.churn", "libdemo.so")
   h = Holder(d, "gen.churn")  # follows the current generation
@@ -92,12 +93,15 @@ def test_replacements_keep_the_journal_and_the_metrics_bounded(d):
   finally:
     h.end()
   # One live target of at most LIMIT generations takes well under 2 KiB;
-  # the journal holds a ~0.5 KiB delta per replacement until its dead
-  # bytes pass 32 KiB (then it is compacted), so it stays below 64 KiB for
-  # any number of replacements. Records that repeat every generation (the
-  # journal before this bound) take ~300 KiB for these 50.
+  # the journal holds a ~0.45 KiB delta per replacement until its dead
+  # bytes pass 32 KiB (then it is compacted: these 150 replacements pass
+  # it), so it stays below 64 KiB for any number of replacements. Records
+  # that repeat every generation (the journal before this bound) take
+  # ~2.8 MiB for these 150.
   size = journal.stat().st_size
   assert size < 64 << 10, size
+  assert re.search(r"journal \S+: compacted \d+ bytes to \d+ \(1 live",
+                   d.log(tail=None)), d.log()
   # A restart replays it to the same state.
   before = show(d, "gen.churn")
   d.restart()
@@ -140,8 +144,11 @@ def test_a_generation_past_the_limit_is_refused_while_older_ones_are_pinned(
         "pins it: let those processes exit (or bind the name without a "
         "generation to follow the current one), then replace again; or ask "
         "the operator to raise max_generations_per_target.")
-    assert "RESOURCE_EXHAUSTED" in over.stderr, over.stderr
     assert message in " ".join(over.stderr.split()), over.stderr
+    # RESOURCE_EXHAUSTED: counted as a quota refusal and a refused replace.
+    m = scrape(d.metrics)
+    assert sample(m, "kregd_registrations_refused_total", reason="quota") == 1
+    assert sample(m, "kregd_replaces_total", outcome="refused") == 1
     assert show(d, name)["generation"] == 3
     assert pins[0].call()["y"] == OLD and pins[1].call()["y"] == NEW
     # Once the pin of generation 1 ends, generation 1 is dropped and the
