@@ -61,9 +61,7 @@ absl::StatusOr<std::vector<Generation>> Registry::LiveGenerations(
   }
   std::vector<Generation> kept;
   for (Generation& g : gens) {
-    if (g.generation == existing.generation) {
-      kept.push_back(std::move(g));
-    } else if (held.count(g.generation) != 0) {
+    if (g.generation == existing.generation || held.count(g.generation)) {
       kept.push_back(std::move(g));
     }
   }
