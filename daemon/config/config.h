@@ -42,6 +42,10 @@ struct Config {
   // (docs/replace.md section 5), 1..60: a replacement returns within the
   // 120 s kregctl gives an RPC, probe included.
   int64_t replace_timeout_s = 10;
+  // Live generations a replaced target may have, 2..1024: the current one,
+  // the one it replaced, and the earlier ones live processes hold or pin
+  // (docs/replace.md section 2). A replacement past it is refused.
+  int64_t max_generations_per_target = 8;
   // Bytes of the sealed module memfds kregd keeps for local binds, all
   // modules together (LocalModuleCache).
   uint64_t max_local_module_memory_bytes = 2ull << 30;

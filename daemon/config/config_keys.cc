@@ -96,6 +96,7 @@ bool UpTo2To31(int64_t n) { return n >= 0 && n <= (int64_t{1} << 31); }
 bool Connections(int64_t n) { return n > 0 && n <= 1000000; }
 bool OrphanSeconds(int64_t n) { return n >= 0 && n <= 86400; }
 bool ReplaceSeconds(int64_t n) { return n >= 1 && n <= 60; }
+bool GenerationCount(int64_t n) { return n >= 2 && n <= 1024; }
 bool LeaseSeconds(int64_t n) { return n >= 2 && n <= 3600; }
 bool NotNegative(double d) { return d >= 0; }
 bool EtcdSeconds(double d) { return d > 0 && d <= 600; }
@@ -204,6 +205,9 @@ const std::vector<KeySpec>& Keys() {
       KeyString("replace", "--replace", &Config::replace),
       KeyInt("replace_timeout", "--replace-timeout", &Config::replace_timeout_s,
              ReplaceSeconds, "a whole number of seconds from 1 to 60"),
+      KeyInt("max_generations_per_target", "",
+             &Config::max_generations_per_target, GenerationCount,
+             "a whole number from 2 to 1024"),
       KeyInt("max_local_module_memory_bytes", "",
              &Config::max_local_module_memory_bytes, Positive,
              "a positive integer"),

@@ -42,6 +42,33 @@ std::vector<TargetStatsRow> Current(const std::vector<EntryPtr>& entries,
   return out;
 }
 
+// Whether generation `g` of `e`'s registration is live (docs/replace.md
+// section 2): the current one, or one the entry still lists.
+bool LiveGeneration(const TargetEntry& e, uint32_t g) {
+  if (g == e.generation) return true;
+  for (const Generation& live : e.generations) {
+    if (live.generation == g) return true;
+  }
+  return false;
+}
+
+// Splits `rows` (Current's) into the live generations' (`live`) and those
+// of generations a replacement dropped (`dropped`): the metrics have series
+// for live generations only; kregctl's totals count them all.
+void SplitDropped(const std::vector<EntryPtr>& entries,
+                  const std::vector<TargetStatsRow>& rows,
+                  std::vector<TargetStatsRow>* live,
+                  std::vector<TargetStatsRow>* dropped) {
+  std::map<TargetKey, const TargetEntry*> now;
+  for (const EntryPtr& e : entries) now[e->key] = e.get();
+  for (const TargetStatsRow& r : rows) {
+    auto it = now.find(r.entry->key);
+    const bool is_live =
+        it == now.end() || LiveGeneration(*it->second, r.entry->generation);
+    (is_live ? live : dropped)->push_back(r);
+  }
+}
+
 // `rows` (Current's) summed per target.
 std::map<TargetKey, TargetStats> PerTarget(
     const std::vector<TargetStatsRow>& rows) {
@@ -289,8 +316,9 @@ void Daemon::StatsOf(const TargetEntry& entry, v1::Target* t) {
           r.entry->registered_at_us == entry.registered_at_us)) {
       continue;  // another target, or a retired registration of its name
     }
-    total.Add(r.stats);
-    if (!entry.generations.empty()) {
+    total.Add(r.stats);  // dropped generations' calls too
+    if (!entry.generations.empty() &&
+        LiveGeneration(entry, r.entry->generation)) {
       v1::TargetStats* g = t->add_generation_stats();
       *g = StatsToProto(entry.key, r.stats);
       g->set_generation(r.entry->generation);
@@ -352,14 +380,15 @@ std::string Daemon::RenderMetrics() {
            "(target, caller uid) pairs quarantined after repeated crashes");
   w.Sample("kregd_quarantined_targets", {}, quarantined);
 
-  // Per target generation: the registered ones, and each retired one a last
-  // time with its final values, so that a scrape sees where its counters
-  // ended before the series vanish (operator guide, "Metrics").
+  // Per target generation: the live ones, and each retired (or dropped:
+  // docs/replace.md section 2) one a last time with its final values, so
+  // that a scrape sees where its counters ended before the series vanish
+  // (operator guide, "Metrics").
   std::vector<TargetStatsRow> stats;
   if (pool_ != nullptr) {
     std::vector<TargetStatsRow> rows = pool_->TargetStatsSnapshot();
-    stats = Current(entries, rows);
     std::vector<TargetStatsRow> retired = RetiredStats(entries, rows);
+    SplitDropped(entries, Current(entries, rows), &stats, &retired);
     std::set<GenerationId> now;
     for (const TargetStatsRow& r : retired) now.insert(GenerationId(*r.entry));
     absl::MutexLock lock(&metrics_mu_);

@@ -143,10 +143,12 @@ Daemon::Daemon(Config config)
       journal_(config_.state_dir + "/journal"),
       registry_(
           &loader_, &journal_,
-          RegistryLimits{config_.max_registrations_per_uid,
-                         config_.max_store_bytes_per_uid,
-                         static_cast<uid_t>(-1), config_.replace == "owner",
-                         absl::Seconds(config_.replace_timeout_s)}),
+          RegistryLimits{
+              config_.max_registrations_per_uid,
+              config_.max_store_bytes_per_uid, static_cast<uid_t>(-1),
+              config_.replace == "owner",
+              absl::Seconds(config_.replace_timeout_s),
+              static_cast<uint32_t>(config_.max_generations_per_target)}),
       registrar_(&registry_,
                  ModulePolicy{config_.allowed_roots, config_.max_module_bytes,
                               HelperBinary(config_.probe_binary, "kregd-probe",

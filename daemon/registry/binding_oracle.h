@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <vector>
 
 #include "daemon/base/types.h"
@@ -19,6 +20,18 @@ class BindingOracle {
   // The processes (pid, uid) of the live sessions that have `key` bound,
   // by pid; empty when none.
   virtual std::vector<PeerCred> Holders(const TargetKey& key) = 0;
+  // A live process's hold on a generation of a key (docs/replace.md).
+  struct GenerationHold {
+    PeerCred peer;
+    uint32_t generation = 0;  // 0: unknown (taken for the current one)
+    bool pinned = false;      // a re-point leaves it at `generation`
+  };
+  // What the live sessions that hold `key` run, by pid. The default: none
+  // known (every earlier generation is dropped at the next replacement).
+  virtual std::vector<GenerationHold> GenerationHolds(const TargetKey& key) {
+    (void)key;
+    return {};
+  }
 };
 
 }  // namespace kreg

@@ -4,20 +4,18 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/base/files.h"
-#include "daemon/base/validate.h"
-#include "daemon/registry/target_proto.h"
+#include "daemon/registry/journal_state.h"
 #include "kreg/v1/journal.pb.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
 namespace {
 
-constexpr size_t kHeader = 8;
+constexpr size_t kHeader = kJournalHeaderBytes;
 constexpr uint32_t kMaxRecord = 1 << 20;
 
 uint32_t Crc(const char* data, size_t n) {
@@ -31,99 +29,27 @@ uint32_t LoadU32(const char* p) {
   return v;
 }
 
-// A later generation of a key in effect (docs/replace.md) takes its place;
-// any other record is added (Registry::Restore refuses a second record of
-// a key with other content, as a live registration would be).
-absl::Status AddEntry(const v1::Target& target,
-                      std::vector<TargetEntry>* entries) {
-  absl::StatusOr<TargetEntry> entry = FromProto(target);
-  if (!entry.ok()) return entry.status();
-  for (TargetEntry& e : *entries) {
-    if (e.key == entry->key && e.generation < entry->generation) {
-      e = *std::move(entry);
-      return absl::OkStatus();
-    }
-  }
-  entries->push_back(*std::move(entry));
-  return absl::OkStatus();
-}
-
-// Drops the registrations of the retired key recorded before it.
-absl::Status ApplyRetirement(const v1::RetirementRecord& r,
-                             std::vector<TargetEntry>* entries) {
-  absl::StatusOr<Platform> platform = ParsePlatform(r.platform());
-  if (!platform.ok()) return platform.status();
-  const TargetKey key{r.target_name(), *platform};
-  size_t before = entries->size();
-  entries->erase(
-      std::remove_if(entries->begin(), entries->end(),
-                     [&](const TargetEntry& e) { return e.key == key; }),
-      entries->end());
-  if (entries->size() == before) {
-    spdlog::warn(
-        "journal: retirement of \"{}\" ({}) follows no registration "
-        "of it; ignored",
-        key.name, PlatformName(key.platform));
-  }
-  return absl::OkStatus();
-}
-
-// Folds a quarantine record into the state in effect: the last record of a
-// (target, uid) wins.
-absl::Status ApplyQuarantine(const v1::QuarantineRecord& r,
-                             std::vector<CrashRecord>* in_effect) {
-  absl::Status st = ValidateTargetName(r.target_name());
-  if (!st.ok()) return st;
-  absl::StatusOr<Platform> platform = ParsePlatform(r.platform());
-  if (!platform.ok()) return platform.status();
-  CrashRecord e;
-  e.key = {r.target_name(), *platform};
-  e.uid = r.uid();
-  e.quarantined = r.quarantined();
-  e.crashes_in_window =
-      static_cast<int>(std::min<uint32_t>(r.crashes_in_window(), 1u << 30));
-  e.crashes_total = r.crashes_total();
-  e.last_reason = r.last_reason();
-  e.last_crash_unix_s = r.last_crash_unix_s();
-  in_effect->erase(std::remove_if(in_effect->begin(), in_effect->end(),
-                                  [&](const CrashRecord& q) {
-                                    return q.key == e.key && q.uid == e.uid;
-                                  }),
-                   in_effect->end());
-  if (e.quarantined) in_effect->push_back(std::move(e));
-  return absl::OkStatus();
-}
-
-// The last record of a pattern decides.
-absl::Status ApplyReservation(const v1::ReservationRecord& r,
-                              std::vector<NameReservation>* in_effect) {
-  in_effect->erase(std::remove_if(in_effect->begin(), in_effect->end(),
-                                  [&](const NameReservation& e) {
-                                    return e.pattern == r.pattern();
-                                  }),
-                   in_effect->end());
-  if (r.lifted()) return absl::OkStatus();
-  NameReservation e;
-  e.pattern = r.pattern();
-  e.group = r.group();
-  e.owner = r.owner();
-  e.by = PeerCred{r.uid(), r.gid(), r.pid()};
-  e.at_us = r.at_us();
-  in_effect->push_back(std::move(e));
-  return absl::OkStatus();
+std::string Frame(const v1::JournalRecord& record) {
+  const std::string payload = record.SerializeAsString();
+  std::string buf(kHeader, '\0');
+  uint32_t len = static_cast<uint32_t>(payload.size());
+  uint32_t crc = Crc(payload.data(), payload.size());
+  std::memcpy(buf.data(), &len, 4);
+  std::memcpy(buf.data() + 4, &crc, 4);
+  return buf + payload;
 }
 
 }  // namespace
 
-Journal::Journal(std::string path) : path_(std::move(path)) {}
+Journal::Journal(std::string path, JournalOptions options)
+    : path_(std::move(path)), options_(options) {}
 
 absl::StatusOr<std::vector<TargetEntry>> Journal::Open() {
   absl::StatusOr<std::string> read = ReadFile(path_, SIZE_MAX);
   if (!read.ok() && !absl::IsNotFound(read.status())) return read.status();
   const std::string data = read.ok() ? *std::move(read) : "";
-  std::vector<TargetEntry> entries;
-  std::vector<CrashRecord> quarantines;
-  std::vector<NameReservation> reservations;
+  JournalState state;
+  uint64_t live = 0;
   size_t pos = 0;
   while (pos < data.size()) {
     size_t left = data.size() - pos;
@@ -150,21 +76,14 @@ absl::StatusOr<std::vector<TargetEntry>> Journal::Open() {
                    path_, left, pos);
       break;
     }
-    absl::Status st =
-        record.has_retirement() ? ApplyRetirement(record.retirement(), &entries)
-        : record.has_quarantine()
-            ? ApplyQuarantine(record.quarantine(), &quarantines)
-        : record.has_reservation()
-            ? ApplyReservation(record.reservation(), &reservations)
-            : AddEntry(record.target(), &entries);
-    if (!st.ok()) {
+    if (absl::Status st = ApplyRecord(record, &state, &live); !st.ok()) {
       return absl::DataLossError(absl::StrCat(
           "journal ", path_, " record at byte ", pos, ": ", st.message()));
     }
     pos += kHeader + len;
   }
-  quarantines_ = std::move(quarantines);
-  reservations_ = std::move(reservations);
+  quarantines_ = state.quarantines;
+  reservations_ = state.reservations;
   absl::MutexLock lock(&mu_);
   fd_.reset(::open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600));
   if (!fd_.ok()) {
@@ -174,13 +93,21 @@ absl::StatusOr<std::vector<TargetEntry>> Journal::Open() {
       ::lseek(fd_.get(), 0, SEEK_END) < 0 || ::fsync(fd_.get()) != 0) {
     return ErrnoError("cannot prepare journal", path_);
   }
-  return entries;
+  state_ = std::move(state);
+  file_bytes_ = pos;
+  live_bytes_ = live;
+  compactions_ = 0;
+  if (CompactionDue()) {
+    if (absl::Status st = CompactLocked(); !st.ok()) {
+      spdlog::warn("journal {}: not compacted at start: {}", path_,
+                   std::string(st.message()));
+    }
+  }
+  return state_.entries;
 }
 
 absl::Status Journal::Append(const TargetEntry& entry) {
-  v1::JournalRecord record;
-  *record.mutable_target() = ToProto(entry);
-  return AppendRecord(record.SerializeAsString());
+  return AppendRecord(TargetRecordOf(entry));
 }
 
 absl::Status Journal::AppendRetirement(const Retirement& r) {
@@ -194,49 +121,24 @@ absl::Status Journal::AppendRetirement(const Retirement& r) {
   p->set_gid(r.retired_by.gid);
   p->set_pid(r.retired_by.pid);
   p->set_retired_at_us(r.retired_at_us);
-  return AppendRecord(record.SerializeAsString());
+  return AppendRecord(std::move(record));
 }
 
 absl::Status Journal::AppendQuarantine(const CrashRecord& e) {
-  v1::JournalRecord record;
-  v1::QuarantineRecord* q = record.mutable_quarantine();
-  q->set_target_name(e.key.name);
-  q->set_platform(PlatformName(e.key.platform));
-  q->set_uid(e.uid);
-  q->set_quarantined(e.quarantined);
-  q->set_crashes_in_window(
-      static_cast<uint32_t>(std::max(0, e.crashes_in_window)));
-  q->set_crashes_total(e.crashes_total);
-  q->set_last_reason(e.last_reason.substr(0, 4096));
-  q->set_last_crash_unix_s(e.last_crash_unix_s);
-  return AppendRecord(record.SerializeAsString());
+  return AppendRecord(QuarantineRecordOf(e));
 }
 
 absl::Status Journal::AppendReservation(const NameReservation& r, bool lifted) {
-  v1::JournalRecord record;
-  v1::ReservationRecord* p = record.mutable_reservation();
-  p->set_pattern(r.pattern);
-  p->set_group(r.group);
-  p->set_owner(r.owner);
-  p->set_uid(r.by.uid);
-  p->set_gid(r.by.gid);
-  p->set_pid(r.by.pid);
-  p->set_at_us(r.at_us);
-  p->set_lifted(lifted);
-  return AppendRecord(record.SerializeAsString());
+  return AppendRecord(ReservationRecordOf(r, lifted));
 }
 
-absl::Status Journal::AppendRecord(const std::string& payload) {
-  std::string buf(kHeader, '\0');
-  uint32_t len = static_cast<uint32_t>(payload.size());
-  uint32_t crc = Crc(payload.data(), payload.size());
-  std::memcpy(buf.data(), &len, 4);
-  std::memcpy(buf.data() + 4, &crc, 4);
-  buf += payload;
+absl::Status Journal::AppendRecord(v1::JournalRecord record) {
   absl::MutexLock lock(&mu_);
   if (!fd_.ok()) {
     return absl::FailedPreconditionError("journal is not open");
   }
+  if (record.has_target()) ToDelta(state_.entries, &record);
+  const std::string buf = Frame(record);
   off_t start = ::lseek(fd_.get(), 0, SEEK_END);
   if (absl::Status st = WriteAll(fd_.get(), buf, "journal " + path_);
       !st.ok()) {
@@ -249,7 +151,72 @@ absl::Status Journal::AppendRecord(const std::string& payload) {
   if (::fdatasync(fd_.get()) != 0) {
     return ErrnoError("cannot fsync journal", path_);
   }
+  file_bytes_ += buf.size();
+  if (absl::Status st = ApplyRecord(record, &state_, &live_bytes_); !st.ok()) {
+    // The record is durable; Open replays it the same way and says so.
+    spdlog::error("journal {}: a record appended at byte {} does not apply: {}",
+                  path_, start, std::string(st.message()));
+    return absl::OkStatus();
+  }
+  if (CompactionDue()) {
+    if (absl::Status st = CompactLocked(); !st.ok()) {
+      spdlog::warn("journal {}: not compacted: {}", path_,
+                   std::string(st.message()));
+    }
+  }
   return absl::OkStatus();
+}
+
+bool Journal::CompactionDue() const {
+  const uint64_t dead =
+      file_bytes_ > live_bytes_ ? file_bytes_ - live_bytes_ : 0;
+  return dead > options_.compact_min_dead_bytes && dead > live_bytes_;
+}
+
+absl::Status Journal::Compact() {
+  absl::MutexLock lock(&mu_);
+  if (!fd_.ok()) return absl::FailedPreconditionError("journal is not open");
+  return CompactLocked();
+}
+
+absl::Status Journal::CompactLocked() {
+  std::string buf;
+  for (const TargetEntry& e : state_.entries) buf += Frame(TargetRecordOf(e));
+  for (const CrashRecord& q : state_.quarantines) {
+    buf += Frame(QuarantineRecordOf(q));
+  }
+  for (const NameReservation& r : state_.reservations) {
+    buf += Frame(ReservationRecordOf(r, false));
+  }
+  const size_t slash = path_.rfind('/');
+  const std::string dir =
+      slash == std::string::npos ? "." : path_.substr(0, slash);
+  absl::StatusOr<std::string> temp = WriteTempFile(
+      dir, path_.substr(slash == std::string::npos ? 0 : slash + 1), buf, 0600);
+  if (!temp.ok()) return temp.status();
+  // Opened before the rename: appends go on in the file that replaces the
+  // journal, and a failure leaves the old one in use.
+  UniqueFd fd(::open(temp->c_str(), O_WRONLY | O_CLOEXEC));
+  if (!fd.ok() || ::lseek(fd.get(), 0, SEEK_END) < 0) {
+    absl::Status st = ErrnoError("cannot open compacted journal", *temp);
+    ::unlink(temp->c_str());
+    return st;
+  }
+  if (absl::Status st = CommitTempFile(*temp, path_); !st.ok()) return st;
+  spdlog::info("journal {}: compacted {} bytes to {} ({} live records)", path_,
+               file_bytes_, buf.size(),
+               state_.entries.size() + state_.quarantines.size() +
+                   state_.reservations.size());
+  fd_ = std::move(fd);
+  file_bytes_ = buf.size();
+  live_bytes_ = buf.size();
+  ++compactions_;
+  return absl::OkStatus();
+}
+
+Journal::Sizes Journal::sizes() const {
+  absl::MutexLock lock(&mu_);
+  return {file_bytes_, live_bytes_, compactions_};
 }
 
 }  // namespace kreg

@@ -138,6 +138,10 @@ struct RegistryLimits {
   // How long a replacement waits for the live holders to switch
   // (docs/replace.md section 5; config key replace_timeout).
   absl::Duration replace_timeout = absl::Seconds(10);
+  // Live generations a target may have (docs/replace.md section 2; config
+  // key max_generations_per_target, 2 or more): the current one, the one it
+  // replaced and every earlier one a live process holds or pins.
+  uint32_t max_generations_per_target = 8;
 };
 
 // Replacements by outcome (kregd_replaces_total): every live holder switched
@@ -177,6 +181,10 @@ class Registry {
   // naming the owner unless `args.peer` is the owner or root,
   // FAILED_PRECONDITION for an in-process target, for a handler whose FFI
   // API major or traits differ from the current generation's;
+  // RESOURCE_EXHAUSTED naming the holders when the target would have more
+  // than limits.max_generations_per_target live generations (earlier
+  // generations no live process holds are dropped, checked before the
+  // module is stored);
   // the authority's errors in cluster mode. Once committed, the repointer
   // (if set) moves the live holders, and in cluster mode every other host
   // its own (BindingAuthority::AwaitPeerAcks, outside the key's hold);
@@ -356,6 +364,11 @@ class Registry {
   absl::Status CheckIdentity(const TargetEntry& existing,
                              const RegisterArgs& args, const std::string& cid,
                              const std::string& digest, bool* replacing) const;
+  // The generations `existing`'s replacement keeps (the current one and
+  // those the oracle's live processes hold), or RESOURCE_EXHAUSTED when
+  // they and the new one are over limits.max_generations_per_target.
+  absl::StatusOr<std::vector<Generation>> LiveGenerations(
+      const TargetEntry& existing) const;
   // Whether `args` (replace=true, other content) may replace `existing`:
   // its owner or root, module targets only.
   absl::Status MayReplace(const TargetEntry& existing,

@@ -3,6 +3,8 @@
 // holders re-pointed to it.
 #include <unistd.h>
 
+#include <algorithm>
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -22,7 +24,69 @@ Generation GenerationOf(const TargetEntry& e, const PeerCred& by,
       e.handler_info, by,           at_us,           e.origin};
 }
 
+// "generation 1 by pid 42 uid 1000 (alice) (pinned), pid 43 ...".
+std::string HeldText(
+    const std::map<uint32_t, std::vector<BindingOracle::GenerationHold>>&
+        held) {
+  return absl::StrJoin(held, "; ", [](std::string* s, const auto& gen_holds) {
+    absl::StrAppend(
+        s, "generation ", gen_holds.first, " by ",
+        absl::StrJoin(
+            gen_holds.second, ", ",
+            [](std::string* t, const BindingOracle::GenerationHold& h) {
+              absl::StrAppend(t, "pid ", h.peer.pid, " ", UserName(h.peer.uid),
+                              h.pinned ? " (pinned)" : "");
+            }));
+  });
+}
+
 }  // namespace
+
+absl::StatusOr<std::vector<Generation>> Registry::LiveGenerations(
+    const TargetEntry& existing) const {
+  std::vector<Generation> gens = existing.generations;
+  if (gens.empty()) {
+    gens.push_back(GenerationOf(existing, existing.registered_by,
+                                existing.registered_at_us));
+  }
+  std::vector<BindingOracle::GenerationHold> holds;
+  if (BindingOracle* oracle = oracle_.load()) {
+    holds = oracle->GenerationHolds(existing.key);
+  }
+  std::map<uint32_t, std::vector<BindingOracle::GenerationHold>> held;
+  for (const BindingOracle::GenerationHold& h : holds) {
+    if (h.generation != 0 && h.generation != existing.generation) {
+      held[h.generation].push_back(h);
+    }
+  }
+  std::vector<Generation> kept;
+  for (Generation& g : gens) {
+    if (g.generation == existing.generation || held.count(g.generation)) {
+      kept.push_back(std::move(g));
+    }
+  }
+  // Holders of a generation no longer in the list run what they loaded;
+  // they cannot keep it.
+  for (auto it = held.begin(); it != held.end();) {
+    bool listed = std::any_of(
+        kept.begin(), kept.end(),
+        [&](const Generation& g) { return g.generation == it->first; });
+    it = listed ? std::next(it) : held.erase(it);
+  }
+  const uint64_t limit = limits_.max_generations_per_target;
+  if (kept.size() + 1 <= limit) return kept;
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "cannot replace ", Named(existing.key), ": it would have ",
+      kept.size() + 1, " live generations, over max_generations_per_target (",
+      limit, "). Generation ", existing.generation, " is the current one, and ",
+      held.size(),
+      held.size() == 1 ? " earlier generation is" : " earlier generations are",
+      " still held or pinned by live processes: ", HeldText(held),
+      ". A generation is dropped once no process holds or pins it: let those "
+      "processes exit (or bind the name without a generation to follow the "
+      "current one), then replace again; or ask the operator to raise "
+      "max_generations_per_target."));
+}
 
 absl::Status Registry::MayReplace(const TargetEntry& existing,
                                   const RegisterArgs& args) const {
@@ -72,11 +136,17 @@ absl::StatusOr<RegisterOutcome> Registry::Replace(const RegisterArgs& args,
                                                   const std::string& digest,
                                                   const std::string& cid,
                                                   const EntryPtr& existing) {
-  TargetEntry next = *existing;
-  if (next.generations.empty()) {
-    next.generations.push_back(GenerationOf(*existing, existing->registered_by,
-                                            existing->registered_at_us));
+  // The generations to keep are decided before anything is stored.
+  absl::StatusOr<std::vector<Generation>> live = LiveGenerations(*existing);
+  if (!live.ok()) {
+    refused_.fetch_add(1);
+    replaces_refused_.fetch_add(1);
+    return live.status();
   }
+  TargetEntry next = *existing;
+  const size_t before = std::max<size_t>(existing->generations.size(), 1);
+  const bool drops = live->size() < before;
+  next.generations = *std::move(live);
   next.generation = existing->generation + 1;
   next.func_name = args.func_name;
   next.content_id = cid;
@@ -93,10 +163,16 @@ absl::StatusOr<RegisterOutcome> Registry::Replace(const RegisterArgs& args,
   }
   spdlog::info(
       "replaced {}: generation {} (content {}, module {}) -> {} (content {}, "
-      "module {}) by uid {} pid {}",
+      "module {}) by uid {} pid {}; live generations {}",
       Named(args.key), existing->generation, existing->content_id,
       existing->module_digest, next.generation, cid, digest, args.peer.uid,
-      args.peer.pid);
+      args.peer.pid,
+      absl::StrJoin((*installed)->generations, ", ",
+                    [](std::string* s, const Generation& g) {
+                      absl::StrAppend(s, g.generation);
+                    }));
+  // Dropped generations' modules leave the store once the key is released.
+  if (drops) OweSweep();
   // Committed; the name stays reserved (the caller's Hold) until the live
   // holders here switched or replace_timeout passed. The other hosts'
   // acknowledgements are awaited after the hold (AwaitSwitched).

@@ -1,5 +1,7 @@
 #include "daemon/supervisor/session_bindings.h"
 
+#include <algorithm>
+
 namespace kreg {
 
 bool SessionBindings::Add(uint64_t session_id, const PeerCred& peer,
@@ -50,6 +52,22 @@ std::vector<PeerCred> SessionBindings::Holders(const TargetKey& key) {
   }
   std::vector<PeerCred> out;
   for (const auto& [pid, peer] : by_pid) out.push_back(peer);
+  return out;
+}
+
+std::vector<BindingOracle::GenerationHold> SessionBindings::GenerationHolds(
+    const TargetKey& key) {
+  absl::MutexLock lock(&mu_);
+  std::vector<GenerationHold> out;
+  for (const auto& [id, s] : sessions_) {
+    auto it = s.keys.find(key);
+    if (it == s.keys.end()) continue;
+    out.push_back({s.peer, it->second.generation, it->second.pinned});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const GenerationHold& a, const GenerationHold& b) {
+              return a.peer.pid < b.peer.pid;
+            });
   return out;
 }
 

@@ -30,6 +30,7 @@ class SessionBindings final : public BindingOracle {
   // The session ended: forget what it had bound.
   void RemoveSession(uint64_t session_id);
   std::vector<PeerCred> Holders(const TargetKey& key) override;
+  std::vector<GenerationHold> GenerationHolds(const TargetKey& key) override;
   struct Bound {
     TargetKey key;
     bool local = false;

@@ -266,5 +266,32 @@ int main(int argc, char** argv) {
   lifted.mutable_quarantine()->set_quarantined(false);
   Write("quarantined",
         "\x01" + Record(t) + Record(q) + Record(lifted) + Record(q));
+  // Replacements as deltas (docs/replace.md section 2): generation 2 brings
+  // generations 1 and 2; generation 3 keeps 2 and drops 1.
+  auto gen = [&](uint32_t n) {
+    kreg::v1::Generation g;
+    g.set_generation(n);
+    g.set_content_id("sha256:a" + std::to_string(n));
+    g.set_module_digest(g.content_id());
+    g.set_func_name("Scale");
+    return g;
+  };
+  JournalRecord d2;
+  Target* t2 = d2.mutable_generation()->mutable_target();
+  *t2 = *target;
+  t2->set_generation(2);
+  t2->set_content_id("sha256:a2");
+  t2->set_module_digest("sha256:a2");
+  *t2->add_generations() = gen(1);
+  *t2->add_generations() = gen(2);
+  JournalRecord d3 = d2;
+  Target* t3 = d3.mutable_generation()->mutable_target();
+  t3->set_generation(3);
+  t3->set_content_id("sha256:a3");
+  t3->set_module_digest("sha256:a3");
+  t3->clear_generations();
+  *t3->add_generations() = gen(3);
+  d3.mutable_generation()->add_kept(2);
+  Write("generations", "\x01" + Record(t) + Record(d2) + Record(d3));
   return 0;
 }

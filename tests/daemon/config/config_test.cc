@@ -92,6 +92,7 @@ std::vector<FileCase> FileCases(const std::string& dir) {
       {"local_execution", "local_execution = \"Deny\"", "\"deny\""},
       {"replace", "replace = \"Owner\"", "\"owner\""},
       {"replace_timeout", "replace_timeout = 30", "30"},
+      {"max_generations_per_target", "max_generations_per_target = 3", "3"},
       {"max_local_module_memory_bytes", "max_local_module_memory_bytes = 4000",
        "4000"},
       {"executor_binary", "executor_binary = \"/x/exec\"", "\"/x/exec\""},
@@ -302,6 +303,12 @@ TEST_CASE("Bad values in the config file name the key and what it must be",
       {"replace_timeout = 61",
        "key \"replace_timeout\" must be a whole number of seconds from 1 to "
        "60"},
+      {"max_generations_per_target = 1",
+       "key \"max_generations_per_target\" must be a whole number from 2 to "
+       "1024"},
+      {"max_generations_per_target = 1025",
+       "key \"max_generations_per_target\" must be a whole number from 2 to "
+       "1024"},
       {"launch_timeout = -1.0",
        "key \"launch_timeout\" must be a number of seconds >= 0 (0: off)"},
       {"hello_timeout_s = 0",

@@ -156,7 +156,13 @@ class FakeOracle : public BindingOracle {
     }
     return out;
   }
+  std::vector<GenerationHold> GenerationHolds(const TargetKey& key) override {
+    auto it = holds.find(key.name);
+    return it == holds.end() ? std::vector<GenerationHold>{} : it->second;
+  }
   std::map<std::string, std::vector<pid_t>> bound;
+  // What GenerationHolds answers, by target name.
+  std::map<std::string, std::vector<GenerationHold>> holds;
 };
 
 // Records what the registry asked; answers `laggards`. `during` runs once,

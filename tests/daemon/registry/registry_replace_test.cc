@@ -60,13 +60,88 @@ TEST_CASE("replace=true by the owner makes the next generation", "[replace]") {
   auto third = registry.Register(ReplaceBy(1000, "cc"));
   REQUIRE(third.ok());
   CHECK(third->entry->generation == 3);
-  CHECK(third->entry->generations.size() == 3);
+  // No process holds generation 1 (there is no oracle): it is dropped; the
+  // generation replaced stays.
+  REQUIRE(third->entry->generations.size() == 2);
+  CHECK(third->entry->generations[0].generation == 2);
   CHECK(log.entries.size() == 3);
-  // Every generation's module stays in the store.
+  // Every live generation's module stays in the store.
   REQUIRE(registry.CollectGarbage({0, 0, 1}).ok());
-  CHECK(loader.gc_keep == std::set<std::string>{Sha256Digest("aa"),
-                                                Sha256Digest("bb"),
-                                                Sha256Digest("cc")});
+  CHECK(loader.gc_keep ==
+        std::set<std::string>{Sha256Digest("bb"), Sha256Digest("cc")});
+}
+
+TEST_CASE("a replacement keeps the generations live processes hold",
+          "[replace][generations]") {
+  FakeLoader loader;
+  MemLog log;
+  FakeOracle oracle;
+  Registry registry(&loader, &log, Owner());
+  registry.SetBindingOracle(&oracle);
+  REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
+  // pid 50 pins generation 1; pid 51 follows the current one.
+  oracle.holds["my_op"] = {{{1050, 0, 50}, 1, true}, {{1051, 0, 51}, 1}};
+  REQUIRE(registry.Register(ReplaceBy(1000, "bb")).ok());
+  oracle.holds["my_op"][1].generation = 2;  // 51 switched
+  REQUIRE(registry.Register(ReplaceBy(1000, "cc")).ok());
+  oracle.holds["my_op"][1].generation = 3;
+  auto fourth = registry.Register(ReplaceBy(1000, "dd"));
+  REQUIRE(fourth.ok());
+  // 1 (pinned) and 3 (replaced) stay with 4; 2 is held by no one.
+  std::vector<uint32_t> live;
+  for (const Generation& g : fourth->entry->generations) {
+    live.push_back(g.generation);
+  }
+  CHECK(live == std::vector<uint32_t>{1, 3, 4});
+  CHECK(log.entries.back().generations.size() == 3);
+  // Its module leaves the store with the sweep the replacement owed.
+  CHECK(loader.files.count(Sha256Digest("bb")) == 0);
+  CHECK(loader.files.count(Sha256Digest("aa")) == 1);
+  CHECK(loader.files.count(Sha256Digest("cc")) == 1);
+}
+
+TEST_CASE(
+    "a replacement past max_generations_per_target is refused naming the "
+    "holders",
+    "[replace][generations]") {
+  FakeLoader loader;
+  MemLog log;
+  FakeOracle oracle;
+  RegistryLimits limits = Owner();
+  limits.max_generations_per_target = 3;
+  Registry registry(&loader, &log, limits);
+  registry.SetBindingOracle(&oracle);
+  REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
+  oracle.holds["my_op"] = {{{1050, 0, 50}, 1, true}};
+  REQUIRE(registry.Register(ReplaceBy(1000, "bb")).ok());
+  oracle.holds["my_op"].push_back({{1051, 0, 51}, 2, true});
+  oracle.holds["my_op"].push_back({{1052, 0, 52}, 2});  // a laggard
+  REQUIRE(registry.Register(ReplaceBy(1000, "cc")).ok());
+  const size_t staged = loader.stored.size();
+  auto over = registry.Register(ReplaceBy(1000, "dd"));
+  REQUIRE(over.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(std::string(over.status().message()) ==
+        "cannot replace target \"my_op\" (cpu): it would have 4 live "
+        "generations, over max_generations_per_target (3). Generation 3 is "
+        "the current one, and 2 earlier generations are still held or "
+        "pinned by live processes: generation 1 by pid 50 " +
+            UserName(1050) + " (pinned); generation 2 by pid 51 " +
+            UserName(1051) + " (pinned), pid 52 " + UserName(1052) +
+            ". A generation is dropped once no process holds or pins it: "
+            "let those processes exit (or bind the name without a "
+            "generation to follow the current one), then replace again; or "
+            "ask the operator to raise max_generations_per_target.");
+  // Refused before anything was stored or journaled.
+  CHECK(loader.stored.size() == staged);
+  CHECK(log.entries.size() == 3);
+  CHECK(registry.Lookup({"my_op", Platform::kCpu})->generation == 3);
+  CHECK(registry.replaces().refused == 1);
+  // Once the pin of generation 1 ends, the replacement goes through.
+  oracle.holds["my_op"].erase(oracle.holds["my_op"].begin());
+  auto now = registry.Register(ReplaceBy(1000, "dd"));
+  REQUIRE(now.ok());
+  CHECK(now->entry->generation == 4);
+  CHECK(now->entry->generations.size() == 3);
 }
 
 TEST_CASE("root may replace another uid's target; the owner stays",

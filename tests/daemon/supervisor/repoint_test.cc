@@ -167,5 +167,26 @@ TEST_CASE("SessionBindings records the generation each holder runs",
   CHECK(snapshot[1][0].generation == 2);
 }
 
+TEST_CASE("SessionBindings tells the registry which generations are held",
+          "[repoint][generations]") {
+  SessionBindings b;
+  const TargetKey op{"op", Platform::kCpu};
+  b.Add(5, PeerCred{1000, 1000, 25}, op, /*local=*/false, 3);
+  b.Add(4, PeerCred{1001, 1001, 24}, op, /*local=*/true, 1, /*pinned=*/true);
+  b.Add(6, PeerCred{1000, 1000, 26}, {"other", Platform::kCpu}, false, 7);
+  std::vector<BindingOracle::GenerationHold> holds = b.GenerationHolds(op);
+  REQUIRE(holds.size() == 2);  // by pid
+  CHECK(holds[0].peer.pid == 24);
+  CHECK(holds[0].generation == 1);
+  CHECK(holds[0].pinned);
+  CHECK(holds[1].peer.pid == 25);
+  CHECK(holds[1].generation == 3);
+  CHECK_FALSE(holds[1].pinned);
+  b.RemoveSession(4);  // the process exited: its pin goes
+  holds = b.GenerationHolds(op);
+  REQUIRE(holds.size() == 1);
+  CHECK(holds[0].peer.pid == 25);
+}
+
 }  // namespace
 }  // namespace kreg
