@@ -477,6 +477,7 @@ void SessionBroker::Run() {
     bool control = false;
     if (!FirstIsHello(&control)) {
       if (control && AdmitControl()) ServeControl();
+      control_charge_.Release();  // now, not when the server reaps this
       return;
     }
     absl::StatusOr<ExecutorPool::Binding> b =
