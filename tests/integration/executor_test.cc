@@ -351,7 +351,8 @@ TEST_CASE(
   CHECK(resp.status().code() ==
         static_cast<int>(absl::StatusCode::kResourceExhausted));
   CHECK_THAT(resp.status().message(),
-             Catch::Contains("uid " + std::to_string(::getuid()) + " holds 3 "
+             Catch::Contains("uid " + std::to_string(::getuid()) +
+                             " holds 3 "
                              "sessions already; 1 more would exceed its "
                              "limit of 3 (max_sessions_per_uid)"));
   ::close(extra);

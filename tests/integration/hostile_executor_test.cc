@@ -318,7 +318,9 @@ TEST_CASE(
   REQUIRE(status.ok());
   CHECK(status->executors_started() == 0);
   CHECK(status->executors_size() == 0);
-  CHECK(status->sessions() == 1);  // counted like a session
+  // Not a session: control connections have their own per-uid cap
+  // (max_control_connections_per_uid).
+  CHECK(status->sessions() == 0);
   // Held: retiring it is refused while the connection is open.
   CHECK_FALSE(d.client().Retire("c.who", "cpu").ok());
   // A session runs what the control connection registered.
@@ -453,9 +455,8 @@ TEST_CASE(
   CHECK(listed->size() == 1);
 }
 
-TEST_CASE(
-    "Control connections have their own per-uid cap, apart from sessions",
-    "[integration][control]") {
+TEST_CASE("Control connections have their own per-uid cap, apart from sessions",
+          "[integration][control]") {
   TempDir dir;
   std::string config = dir.path() + "/kregd.toml";
   testing::WriteFile(config,

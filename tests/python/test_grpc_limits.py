@@ -3,9 +3,8 @@ one uid's idle connections are capped and closed after
 grpc_first_message_timeout_s, so they cannot exhaust kregd's descriptors,
 flood its log or lock out other users; an upload stream is bounded by
 grpc_stream_timeout_s, by what its header announced and by its uid's share
-of upload bytes in flight (max_upload_bytes_per_uid); one connection's
-streams and the threads serving them are bounded. Tests start a real kregd and talk to its
-socket as clients do (raw connections, grpcio with hand-encoded
+of upload bytes in flight (max_upload_bytes_per_uid). Tests start a real
+kregd and talk to its socket as clients do (raw connections, grpcio with hand-encoded
 kreg.v1.RegisterTargetChunk messages, kregctl as uid 65534)."""
 
 import os
