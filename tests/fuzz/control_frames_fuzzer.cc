@@ -144,7 +144,9 @@ Next OneFrame(int kind, bool owner, const std::string& payload) {
     return close ? kClose : kControl;
   }
   if (watch) return kWatch;
-  if (budget.used() != 0) fuzz::Fail("an upload's bytes stayed held");
+  if (account.Held(peer.uid, UidResource::kUploadBytes) != 0) {
+    fuzz::Fail("an upload's bytes stayed held");
+  }
   if (req.has_register_target()) {
     if (by_fd && kind != kSealed) {
       fuzz::Fail("took a module fd that is not sealed");
