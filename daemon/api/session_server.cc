@@ -103,8 +103,11 @@ void SessionServer::StartSession(UniqueFd sock) {
       refusal = absl::StrCat("kregd serves ", opts_.max_sessions,
                              " sessions already (max_sessions); try again "
                              "later or ask the operator to raise it");
-    } else if (absl::StatusOr<UidAccount::Charge> c =
-                   account_->Take(peer->uid, UidResource::kSessions, 1);
+    } else if (absl::StatusOr<UidAccount::Charge> c = account_->Take(
+                   peer->uid,
+                   opts_.classify ? UidResource::kPendingConnections
+                                  : UidResource::kSessions,
+                   1);
                !c.ok()) {
       refusal = std::string(c.status().message());
     } else {
@@ -134,6 +137,19 @@ bool SessionServer::Serve(std::shared_ptr<ServedSession> session, uid_t uid) {
   live_sessions_.fetch_add(1);
   RunSession(std::move(session), c.ok() ? *std::move(c) : UidAccount::Charge());
   return true;
+}
+
+absl::Status SessionServer::IsASession(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  for (Slot& slot : slots_) {
+    if (slot.session->id() != id || !slot.counted) continue;
+    absl::StatusOr<UidAccount::Charge> c =
+        account_->Take(slot.session->peer().uid, UidResource::kSessions, 1);
+    if (!c.ok()) return c.status();
+    slot.charge = *std::move(c);  // gives the pending connection back
+    return absl::OkStatus();
+  }
+  return absl::OkStatus();
 }
 
 void SessionServer::NotASession(uint64_t id) {

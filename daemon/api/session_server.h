@@ -41,6 +41,11 @@ struct SessionOptions {
   int max_sessions = 1024;
   int max_sessions_per_uid = 256;
   UidAccount* account = nullptr;  // must outlive the server
+  // Whether what serves a connection says what it is (kregd's brokers):
+  // then a new connection is charged to its uid's connections waiting for
+  // their first request (UidResource::kPendingConnections) until
+  // IsASession or NotASession; else it is a session from accept.
+  bool classify = false;
 };
 
 // Makes what serves one accepted connection (kregd: a SessionBroker that
@@ -70,9 +75,14 @@ class SessionServer {
   // a re-adopted executor brought along, DESIGN §12: counted, not refused
   // for limits). False once stopping.
   bool Serve(std::shared_ptr<ServedSession> session, uid_t uid);
-  // Session `id` turned out not to be a session (a control connection,
+  // With opts.classify: connection `id` said Hello, so it is a session
+  // from now on (charged to its uid's sessions instead of its pending
+  // connections); RESOURCE_EXHAUSTED naming max_sessions_per_uid when its
+  // uid has its share already. Thread-safe.
+  absl::Status IsASession(uint64_t id);
+  // Connection `id` turned out not to be a session (a control connection,
   // charged on its own account): it no longer counts against max_sessions
-  // and max_sessions_per_uid. Thread-safe.
+  // and its uid's sessions or pending connections. Thread-safe.
   void NotASession(uint64_t id);
 
  private:
@@ -80,8 +90,8 @@ class SessionServer {
     std::shared_ptr<ServedSession> session;
     std::thread thread;
     std::atomic<bool> done{false};
-    // Its uid's session (given back when the session ends or is not one);
-    // `counted`: it counts in live_sessions_.
+    // Its uid's session or pending connection (given back when the
+    // session ends or is not one); `counted`: it counts in live_sessions_.
     UidAccount::Charge charge;
     bool counted = true;
   };

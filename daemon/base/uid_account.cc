@@ -16,6 +16,8 @@ const UidResourceInfo& InfoOf(UidResource r) {
       {"bytes of module uploads in flight", "max_upload_bytes_per_uid",
        " bytes"},
       {"registrations being hashed and probed", "max_heavy_work_per_uid", ""},
+      {"connections waiting for their first request",
+       "max_pending_connections_per_uid", ""},
   };
   static_assert(sizeof(kInfo) / sizeof(kInfo[0]) ==
                 static_cast<size_t>(UidResource::kCount));

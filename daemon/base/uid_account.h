@@ -35,6 +35,7 @@ enum class UidResource : int {
   kControlConnections,   // max_control_connections_per_uid
   kUploadBytes,          // max_upload_bytes_per_uid
   kHeavyWork,            // max_heavy_work_per_uid
+  kPendingConnections,   // max_pending_connections_per_uid
   kCount,
 };
 

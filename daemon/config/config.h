@@ -76,6 +76,8 @@ struct Config {
   // size (0: twice max_module_bytes); registrations being hashed and probed
   // (more wait for the uid's own); streaming gRPC calls.
   int max_control_connections_per_uid = 64;
+  // Connections to the session socket waiting for their first request.
+  int max_pending_connections_per_uid = 64;
   double control_idle_timeout_s = 60;
   uint64_t max_upload_bytes_per_uid = 0;
   int max_heavy_work_per_uid = 2;

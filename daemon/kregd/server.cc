@@ -124,6 +124,7 @@ UidLimits UidLimitsOf(const Config& c) {
                                      ? c.max_upload_bytes_per_uid
                                      : 2 * c.max_module_bytes);
   set(UidResource::kHeavyWork, c.max_heavy_work_per_uid);
+  set(UidResource::kPendingConnections, c.max_pending_connections_per_uid);
   return l;
 }
 
@@ -597,6 +598,7 @@ absl::Status Daemon::StartSessions() {
   opts.max_sessions = config_.max_sessions;
   opts.max_sessions_per_uid = config_.max_sessions_per_uid;
   opts.account = &account_;
+  opts.classify = true;
   sessions_ = std::make_unique<SessionServer>(
       opts,
       [ctx = broker_ctx_](uint64_t id, UniqueFd sock, const PeerCred& peer) {
@@ -624,6 +626,9 @@ void Daemon::FillBrokerContext() {
   // sessions_ is made after the context; it outlives every broker.
   ctx.not_a_session = [this](uint64_t id) {
     if (sessions_ != nullptr) sessions_->NotASession(id);
+  };
+  ctx.is_a_session = [this](uint64_t id) {
+    return sessions_ != nullptr ? sessions_->IsASession(id) : absl::OkStatus();
   };
   ctx.local_binds = &local_binds_;
   ctx.hello_timeout_ms = static_cast<int64_t>(config_.hello_timeout_s * 1000.0);

@@ -480,6 +480,18 @@ void SessionBroker::Run() {
       control_charge_.Release();  // now, not when the server reaps this
       return;
     }
+    if (ctx_.is_a_session) {
+      if (absl::Status s = ctx_.is_a_session(id_); !s.ok()) {
+        std::string more;
+        if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
+          spdlog::warn("session {} (pid {} uid {}): refusing a session: {}{}",
+                       id_, peer_.pid, peer_.uid, std::string(s.message()),
+                       more);
+        }
+        RefuseClient(s);
+        return;
+      }
+    }
     absl::StatusOr<ExecutorPool::Binding> b =
         ctx_.pool->Bind(id_, client_.get(), peer_);
     if (!b.ok()) {

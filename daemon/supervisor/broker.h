@@ -52,9 +52,13 @@ struct BrokerContext {
   // A control connection that holds no registration and sends nothing for
   // this long is closed (control_idle_timeout_s).
   int64_t control_idle_timeout_ms = 60000;
-  // Session `id` is a control connection: it stops counting as a session
-  // (SessionServer::NotASession). Unset: nothing to do.
+  // Connection `id` is a control connection: it stops counting as a
+  // session (SessionServer::NotASession). Unset: nothing to do.
   std::function<void(uint64_t id)> not_a_session;
+  // Connection `id` said Hello: it is charged as a session of its uid
+  // (SessionServer::IsASession), or refused with the returned error.
+  // Unset: nothing to do.
+  std::function<absl::Status(uint64_t id)> is_a_session;
   // Local execution (DESIGN §11): the memfds handed out (null:
   // local_execution = "deny") and the count of local holds (optional).
   LocalModuleCache* local_modules = nullptr;

@@ -8,7 +8,8 @@ test_grpc_limits' kregctl):
 
 - (3) idle control connections: their own per-uid cap, apart from
   sessions, and closed after control_idle_timeout_s when they hold no
-  registration;
+  registration; connections that never send a first request have a
+  per-uid cap of their own;
 - (4) half-frame connections cost kregd no CPU while they wait;
 - (5) sparse uploads: charged by announced size to the sender's uid (and
   refused as sparse), so another uid registers meanwhile;
@@ -228,11 +229,56 @@ def test_an_idle_control_connection_is_closed_unless_it_holds_a_registration():
     finish(d)
 
 
+def test_connections_waiting_for_a_first_request_have_a_per_uid_cap():
+  """(3) New connections that send nothing hold a slot until
+  hello_timeout_s: one uid gets max_pending_connections_per_uid of them;
+  one more is refused at once naming the limit, and another uid is
+  served."""
+  needs_root()
+  d = daemon_with("kreg-uidp-", "max_pending_connections_per_uid = 4\n"
+                  "hello_timeout_s = 60.0\n")
+  silent = []
+  try:
+    os.chmod(d.root, 0o711)
+    for _ in range(4):
+      s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+      s.connect(d.session_socket)
+      silent.append(s)
+    # Each waits in a thread of kregd: wait until all four are taken, so
+    # that the next one is the fifth (a refused one is answered at once).
+    refused = None
+    deadline = time.monotonic() + 30
+    while refused is None:
+      s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+      s.settimeout(0.5)
+      s.connect(d.session_socket)
+      try:
+        refused = read_status(s)
+      except socket.timeout:
+        silent.append(s)  # taken before the others: hold it too
+        assert time.monotonic() < deadline
+      else:
+        s.close()
+    rid, code, msg = refused
+    assert (rid, code) == (0, RESOURCE_EXHAUSTED), msg
+    assert msg.startswith(
+        "uid 0 holds 4 connections waiting for their first request already; "
+        "1 more would exceed its limit of 4 "
+        "(max_pending_connections_per_uid)"), msg
+    (listed,) = run_client(d, [{"kind": "list"}])
+    assert listed["code"] == 0, listed
+  finally:
+    for s in silent:
+      s.close()
+    finish(d)
+
+
 def test_half_frames_cost_no_cpu_while_they_wait():
   """(4) Connections that send all but one byte of their first frame
   cost kregd (nearly) no CPU until their deadline: it waits for bytes,
   it does not look again every millisecond."""
-  d = daemon_with("kreg-uidh-", "hello_timeout_s = 60.0\n")
+  d = daemon_with("kreg-uidh-", "hello_timeout_s = 60.0\n"
+                  "max_pending_connections_per_uid = 256\n")
   socks = []
   try:
     threads_before = proc_threads(d.pid)

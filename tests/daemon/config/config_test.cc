@@ -112,6 +112,8 @@ std::vector<FileCase> FileCases(const std::string& dir) {
       {"grpc_stream_timeout_s", "grpc_stream_timeout_s = 60", "60.0"},
       {"max_control_connections_per_uid", "max_control_connections_per_uid = 7",
        "7"},
+      {"max_pending_connections_per_uid", "max_pending_connections_per_uid = 6",
+       "6"},
       {"control_idle_timeout_s", "control_idle_timeout_s = 1.5", "1.5"},
       {"max_upload_bytes_per_uid", "max_upload_bytes_per_uid = 5000", "5000"},
       {"max_heavy_work_per_uid", "max_heavy_work_per_uid = 3", "3"},
@@ -336,6 +338,9 @@ TEST_CASE("Bad values in the config file name the key and what it must be",
        "most 86400"},
       {"max_control_connections_per_uid = 0",
        "key \"max_control_connections_per_uid\" must be a whole number from "
+       "1 to 1000000"},
+      {"max_pending_connections_per_uid = 0",
+       "key \"max_pending_connections_per_uid\" must be a whole number from "
        "1 to 1000000"},
       {"control_idle_timeout_s = 0",
        "key \"control_idle_timeout_s\" must be a number of seconds > 0 and "
