@@ -285,11 +285,8 @@ grpc::Status RegistryService::CompileTarget(
     return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                         "this kregd has no compile service");
   }
-  const PeerCred peer = peer_of_(ctx->peer());
-  absl::StatusOr<UidAccount::Charge> call = ChargeCall(peer);
-  if (!call.ok()) return ToGrpcStatus(call.status());
   absl::StatusOr<CompileOutcome> r = compile_->Compile(
-      *req, peer,
+      *req, peer_of_(ctx->peer()),
       [out](const std::string& diagnostics) {
         v1::CompileTargetEvent e;
         e.set_diagnostics(diagnostics);

@@ -91,9 +91,10 @@ class RegistryService final : public v1::Registry::Service {
   }
 
   // The per-uid account (DESIGN §14 rule 2; null: unbounded; it must
-  // outlive the service): a streaming call (RegisterTarget, CompileTarget:
-  // each holds a gRPC thread while it waits) is charged to its peer's uid
-  // (max_grpc_calls_per_uid); a RegisterTarget stream holds its announced
+  // outlive the service): a RegisterTarget stream (which holds a gRPC
+  // thread while it waits on its client) is charged to its peer's uid
+  // (max_grpc_calls_per_uid; CompileTarget has the compile queue's own
+  // per-uid limits) and holds its announced
   // upload_size of the uid's upload bytes (the session path's share too)
   // until it is done and waits for the uid's other CPU-heavy work
   // (`heavy_work_wait`) before it is hashed and probed; it is cancelled

@@ -75,13 +75,13 @@ struct Config {
   // control_idle_timeout_s idle; module upload bytes in flight by announced
   // size (0: twice max_module_bytes); registrations being hashed and probed
   // (more wait for the uid's own); streaming gRPC calls.
-  int max_control_connections_per_uid = 64;
+  int max_control_connections_per_uid = 32;
   // Connections to the session socket waiting for their first request.
-  int max_pending_connections_per_uid = 64;
+  int max_pending_connections_per_uid = 32;
   double control_idle_timeout_s = 60;
   uint64_t max_upload_bytes_per_uid = 0;
   int max_heavy_work_per_uid = 2;
-  int max_grpc_calls_per_uid = 64;
+  int max_grpc_calls_per_uid = 32;
   // gRPC: concurrent streams on one connection, and the threads serving
   // all calls (grpc::ResourceQuota; a call beyond them is refused with
   // RESOURCE_EXHAUSTED instead of a new thread).

@@ -19,6 +19,8 @@ test_grpc_limits' kregctl):
 import os
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 
@@ -431,4 +433,120 @@ def test_streaming_calls_over_a_uids_share_are_refused(nobody_kregctl):
       release.set()
   finally:
     release.set()
+    finish(d)
+
+
+HOSTILE = r'''
+import fcntl, os, socket, struct, sys, time
+path = sys.argv[1]
+
+def frame(payload):
+  return struct.pack("<I", len(payload)) + payload
+
+def conn():
+  s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+  s.connect(path)
+  return s
+
+held = []
+
+def hold(first):
+  try:
+    s = conn()
+    held.append(s)
+    if first:
+      s.sendall(first)
+  except OSError:  # refused (and closed) by kregd
+    pass
+
+# As many as the old limits let one uid hold (256 sessions): control
+# connections that said control_hello (protocol 2.0), then nothing;
+# connections that send nothing; half frames.
+for _ in range(260):
+  hold(frame(bytes([0x08, 1, 0x62, 4, 0x08, 2, 0x10, 0])))
+for _ in range(64):
+  hold(None)
+for _ in range(64):
+  hold(struct.pack("<I", 65536) + b"\0" * 65535)
+print("ready", flush=True)
+# Sparse uploads in a loop on a control connection of its own, reopened
+# when kregd closes it.
+rid, s = 1, None
+while True:
+  try:
+    if s is None:
+      s = conn()
+    fd = os.memfd_create("m", os.MFD_ALLOW_SEALING)
+    os.write(fd, b"\x7fELF")
+    os.ftruncate(fd, 16 << 20)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE |
+                fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+    name = b"hostile.%d" % rid
+    module = bytes([0x10]) + bytes([0x80, 0x80, 0x80, 0x08])  # 16 MiB
+    header = (bytes([0x0a, len(name)]) + name + b"\x12\x05Scale" +
+              b"\x1a\x03cpu" + bytes([0x32, len(module)]) + module)
+    payload = bytes([0x08, rid & 0x7f, 0x5a, len(header)]) + header
+    socket.send_fds(s, [frame(payload)], [fd])
+    os.close(fd)
+    n = struct.unpack("<I", s.recv(4, socket.MSG_WAITALL))[0]
+    s.recv(n, socket.MSG_WAITALL)
+    rid += 1
+  except (OSError, struct.error):  # refused, or closed by kregd
+    s = None
+    time.sleep(0.1)
+'''
+
+FIFTH = r'''
+import time
+import jax, jax.numpy as jnp, numpy as np
+import kreg
+import kernels_util as ku
+x = np.arange(4, dtype=np.float32)
+jnp.ones(4).block_until_ready()  # JAX itself is not what is timed
+start = time.monotonic()
+kreg.register_ffi_target("all.doors", ku.kernel_path(ku.DEMO), "Scale",
+                         platform="cpu")
+y = jax.ffi.ffi_call("all.doors", ku.sds(x))(x, factor=np.float32(3.0))
+np.testing.assert_array_equal(np.asarray(y), 3 * x)
+print("took", time.monotonic() - start, flush=True)
+'''
+
+
+def test_four_hostile_uids_at_every_door_leave_a_fifth_served():
+  """Four uids each hold every door of the session socket at once (idle
+  control connections, silent connections, half frames, a loop of sparse
+  uploads): a fifth uid registers, binds and calls in under 2 s, and
+  kregd stays under 500 threads and 1 GiB."""
+  needs_root()
+  d = daemon_with("kreg-uida-", "")
+  hostile = []
+  try:
+    os.chmod(d.root, 0o711)
+    for uid in range(60001, 60005):
+      hostile.append(subprocess.Popen(
+          ["/usr/bin/python3", "-I", "-c", HOSTILE, d.session_socket],
+          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+          user=uid, group=0, extra_groups=[], cwd="/"))
+    for p in hostile:
+      assert p.stdout.readline().strip() == "ready", p.stderr.read()
+    env = d.env()
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(os.path.abspath(__file__)),
+         env.get("PYTHONPATH", "")])
+    p = subprocess.run([sys.executable, "-c", FIFTH], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr + d.log()
+    took = float(p.stdout.split()[-1])
+    assert took < 2.0, (took, d.log())
+    threads, rss = proc_threads(d.pid), proc_rss_mib(d.pid)
+    print(f"fifth uid served in {took:.2f} s; kregd {threads} threads, "
+          f"{rss:.0f} MiB")
+    assert threads < 500, threads
+    assert rss < 1024, rss
+    for h in hostile:
+      assert h.poll() is None, h.stderr.read()
+  finally:
+    for h in hostile:
+      h.kill()
+      h.wait()
     finish(d)
