@@ -33,8 +33,9 @@ int MillisUntil(GrpcConnections::Clock::time_point t) {
 }  // namespace
 
 GrpcConnections::GrpcConnections(GrpcConnectionLimits limits,
+                                 UidAccount* account,
                                  std::function<void(int)> hand_over)
-    : limits_(limits), hand_over_(std::move(hand_over)) {}
+    : limits_(limits), account_(account), hand_over_(std::move(hand_over)) {}
 
 void GrpcConnections::Run(int listen_fd, int stop_fd) {
   // Accept takes what is pending until EAGAIN.
@@ -84,7 +85,6 @@ void GrpcConnections::Run(int listen_fd, int stop_fd) {
   // gRPC's own descriptors stay open until its shutdown; PeerOf still
   // answers for the calls it finishes.
   conns_.clear();
-  per_uid_.clear();
 }
 
 void GrpcConnections::Accept(int listen_fd) {
@@ -102,13 +102,14 @@ void GrpcConnections::Accept(int listen_fd) {
                    std::strerror(errno));
       continue;
     }
-    if (std::string refusal = Refusal(cred.uid); !refusal.empty()) {
+    absl::StatusOr<UidAccount::Charge> charge = Admit(cred.uid);
+    if (!charge.ok()) {
       LogFor(cred.uid, absl::StrCat("refusing a gRPC connection of pid ",
-                                    cred.pid, ": ", refusal));
+                                    cred.pid, ": ", charge.status().message()));
       continue;  // closing it refuses it
     }
-    per_uid_[cred.uid]++;
     Conn c;
+    c.charge = *std::move(charge);
     c.fd = std::move(fd);
     c.id = next_id_++;
     c.peer = PeerCred{cred.uid, cred.gid, cred.pid};
@@ -117,19 +118,13 @@ void GrpcConnections::Accept(int listen_fd) {
   }
 }
 
-std::string GrpcConnections::Refusal(uid_t uid) {
+absl::StatusOr<UidAccount::Charge> GrpcConnections::Admit(uid_t uid) {
   if (conns_.size() >= static_cast<size_t>(limits_.max_connections)) {
-    return absl::StrCat("kregd holds ", conns_.size(),
-                        " gRPC connections already (limit ",
-                        limits_.max_connections, ", max_grpc_connections)");
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "kregd holds ", conns_.size(), " gRPC connections already (limit ",
+        limits_.max_connections, ", max_grpc_connections)"));
   }
-  auto it = per_uid_.find(uid);
-  if (it != per_uid_.end() && it->second >= limits_.max_connections_per_uid) {
-    return absl::StrCat("too many gRPC connections for uid ", uid, " (limit ",
-                        limits_.max_connections_per_uid,
-                        ", max_grpc_connections_per_uid)");
-  }
-  return "";
+  return account_->Take(uid, UidResource::kGrpcConnections, 1);
 }
 
 bool GrpcConnections::HandOver(Conn* c) {
@@ -161,8 +156,6 @@ void GrpcConnections::Drop(size_t i) {
     auto it = peers_.find(absl::StrCat("fd:", c.grpc_fd));
     if (it != peers_.end() && it->second.first == c.id) peers_.erase(it);
   }
-  auto it = per_uid_.find(c.peer.uid);
-  if (--it->second == 0) per_uid_.erase(it);
   if (i + 1 != conns_.size()) c = std::move(conns_.back());
   conns_.pop_back();
 }

@@ -2,9 +2,11 @@
 // gRPC socket"). kregd accepts each itself, records its peer's credentials
 // (SO_PEERCRED) and bounds what connections hold before gRPC spends anything on
 // them:
-// - at most max_connections in all and max_connections_per_uid for one uid
-//   (counted from accept until the peer closes); one over either is closed
-//   at once, with a rate-limited log line naming the uid and the limit;
+// - at most max_connections in all and, charged to the per-uid account
+//   (UidResource::kGrpcConnections, max_grpc_connections_per_uid), a uid's
+//   share (counted from accept until the peer closes); one over either is
+//   closed at once, with a rate-limited log line naming the uid and the
+//   limit;
 // - a new connection waits here, costing one descriptor, until its first
 //   bytes arrive: then gRPC gets it (grpc::AddInsecureChannelFromFd); one
 //   that sends nothing within first_message_timeout is closed;
@@ -26,12 +28,12 @@
 #include "common/unique_fd.h"
 #include "daemon/base/log_limit.h"
 #include "daemon/base/types.h"
+#include "daemon/base/uid_account.h"
 
 namespace kreg {
 
 struct GrpcConnectionLimits {
   int max_connections = 1024;
-  int max_connections_per_uid = 64;
   std::chrono::milliseconds first_message_timeout{10000};
 };
 
@@ -39,7 +41,8 @@ class GrpcConnections {
  public:
   using Clock = std::chrono::steady_clock;
   // `hand_over` gives gRPC a connection (it owns the descriptor from then).
-  GrpcConnections(GrpcConnectionLimits limits,
+  // `account` (per-uid connections) must outlive this.
+  GrpcConnections(GrpcConnectionLimits limits, UidAccount* account,
                   std::function<void(int fd)> hand_over);
   GrpcConnections(const GrpcConnections&) = delete;
   GrpcConnections& operator=(const GrpcConnections&) = delete;
@@ -60,21 +63,23 @@ class GrpcConnections {
     uint64_t id = 0;
     PeerCred peer;
     Clock::time_point deadline;  // for the first bytes, while waiting
+    UidAccount::Charge charge;   // its uid's connection
   };
   // Accepts what is pending on `listen_fd` (pauses accepting on EMFILE).
   void Accept(int listen_fd);
-  // The refusal of a new connection from `uid` over a limit; "" if none.
-  std::string Refusal(uid_t uid);
+  // The charge of a new connection from `uid`, or the refusal over a
+  // limit.
+  absl::StatusOr<UidAccount::Charge> Admit(uid_t uid);
   // Gives gRPC `c`, keeping a dup; false (nothing given) if dup fails.
   bool HandOver(Conn* c);
   void Drop(size_t i);  // closes conns_[i] and forgets it
   void LogFor(uid_t uid, const std::string& line);
 
   const GrpcConnectionLimits limits_;
+  UidAccount* const account_;
   const std::function<void(int)> hand_over_;
   // Only Run's thread touches these.
   std::vector<Conn> conns_;
-  std::map<uid_t, int> per_uid_;
   uint64_t next_id_ = 0;
   Clock::time_point accept_resumes_;
   absl::Mutex mu_;

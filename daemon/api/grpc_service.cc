@@ -48,6 +48,8 @@ grpc::Status RegistryService::RegisterTarget(
   // Read once, at the start: gRPC may give the fd number to another
   // connection once this one's peer has gone.
   const PeerCred peer = peer_of_(ctx->peer());
+  absl::StatusOr<UidAccount::Charge> call = ChargeCall(peer);
+  if (!call.ok()) return ToGrpcStatus(call.status());
   v1::RegisterTargetChunk chunk;
   if (!in->Read(&chunk) || !chunk.has_header()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -56,17 +58,18 @@ grpc::Status RegistryService::RegisterTarget(
   }
   const v1::RegisterTargetHeader header = chunk.header();
   uint64_t announced = 0;  // module bytes the stream may carry
-  wire::BudgetHold hold(upload_budget_);
+  UidAccount::Charge hold;
   if (header.module().source_case() == v1::ModuleSource::kUploadSize) {
     announced = header.module().upload_size();
     // Refused before the bytes are spent (quota, size, name, platform,
-    // the budget of uploads in flight).
+    // the uid's share of upload bytes in flight).
     absl::Status early = registrar_->PrecheckUpload(
         header.target_name(), header.platform(), announced, peer);
-    if (early.ok() && upload_budget_ != nullptr) {
-      early = HoldUpload(announced, &hold);
-    }
     if (!early.ok()) return ToGrpcStatus(early);
+    absl::StatusOr<UidAccount::Charge> c =
+        HoldUpload(account_, peer.uid, announced);
+    if (!c.ok()) return ToGrpcStatus(c.status());
+    hold = *std::move(c);
   }
   std::string upload;
   for (size_t index = 1; in->Read(&chunk); ++index) {
@@ -100,6 +103,14 @@ grpc::Status RegistryService::RegisterTarget(
                      upload.size(), " of ", announced,
                      " module bytes had arrived"));
   }
+  // Hashing and probing wait for the uid's own other such work.
+  UidAccount::Charge heavy;
+  if (account_ != nullptr) {
+    absl::StatusOr<UidAccount::Charge> c = account_->TakeWithin(
+        peer.uid, UidResource::kHeavyWork, 1, absl::Now() + heavy_work_wait_);
+    if (!c.ok()) return ToGrpcStatus(c.status());
+    heavy = *std::move(c);
+  }
   absl::StatusOr<v1::RegisterTargetResponse> out = RegisterFromHeader(
       registrar_, header, std::move(upload), peer, cuda_status_of_());
   if (out.status().code() == absl::StatusCode::kFailedPrecondition) {
@@ -108,6 +119,12 @@ grpc::Status RegistryService::RegisterTarget(
   if (!out.ok()) return ToGrpcStatus(out.status());
   *resp = *std::move(out);
   return grpc::Status::OK;
+}
+
+absl::StatusOr<UidAccount::Charge> RegistryService::ChargeCall(
+    const PeerCred& peer) {
+  if (account_ == nullptr) return UidAccount::Charge();
+  return account_->Take(peer.uid, UidResource::kGrpcCalls, 1);
 }
 
 grpc::Status RegistryService::ListTargets(grpc::ServerContext*,

@@ -9,6 +9,7 @@
 #include "absl/time/time.h"
 #include "common/wire.h"
 #include "daemon/api/call_deadlines.h"
+#include "daemon/base/uid_account.h"
 #include "daemon/compile/compile_service.h"
 #include "daemon/registry/registrar.h"
 #include "daemon/registry/registry.h"
@@ -89,12 +90,20 @@ class RegistryService final : public v1::Registry::Service {
     cuda_status_of_ = std::move(cuda_status_of);
   }
 
-  // A RegisterTarget stream holds its announced upload_size of `budget`
-  // (the session path's too; null: unbounded) until it is done, and is
-  // cancelled when it has not ended `stream_timeout` after it began.
-  void set_uploads(wire::ByteBudget* budget, absl::Duration stream_timeout) {
-    upload_budget_ = budget;
+  // The per-uid account (DESIGN §14 rule 2; null: unbounded; it must
+  // outlive the service): a RegisterTarget stream (which holds a gRPC
+  // thread while it waits on its client) is charged to its peer's uid
+  // (max_grpc_calls_per_uid; CompileTarget has the compile queue's own
+  // per-uid limits) and holds its announced
+  // upload_size of the uid's upload bytes (the session path's share too)
+  // until it is done and waits for the uid's other CPU-heavy work
+  // (`heavy_work_wait`) before it is hashed and probed; it is cancelled
+  // when it has not ended `stream_timeout` after it began.
+  void set_account(UidAccount* account, absl::Duration stream_timeout,
+                   absl::Duration heavy_work_wait) {
+    account_ = account;
     stream_timeout_ = stream_timeout;
+    heavy_work_wait_ = heavy_work_wait;
   }
 
  private:
@@ -111,8 +120,12 @@ class RegistryService final : public v1::Registry::Service {
   SessionsOf sessions_of_;
   ConfigOf config_of_;
   CompileService* compile_ = nullptr;
-  wire::ByteBudget* upload_budget_ = nullptr;
+  // The charge of a streaming call of `peer` (max_grpc_calls_per_uid).
+  absl::StatusOr<UidAccount::Charge> ChargeCall(const PeerCred& peer);
+
+  UidAccount* account_ = nullptr;
   absl::Duration stream_timeout_ = absl::Minutes(5);
+  absl::Duration heavy_work_wait_ = absl::Seconds(20);
   CallDeadlines deadlines_;
 };
 

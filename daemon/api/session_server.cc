@@ -9,6 +9,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -19,8 +21,23 @@
 
 namespace kreg {
 
+namespace {
+
+std::unique_ptr<UidAccount> OwnAccount(const SessionOptions& opts) {
+  if (opts.account != nullptr) return nullptr;
+  UidLimits limits{};
+  limits[static_cast<size_t>(UidResource::kSessions)] =
+      static_cast<uint64_t>(std::max(0, opts.max_sessions_per_uid));
+  return std::make_unique<UidAccount>(limits);
+}
+
+}  // namespace
+
 SessionServer::SessionServer(const SessionOptions& opts, SessionFactory factory)
-    : opts_(opts), factory_(std::move(factory)) {}
+    : opts_(opts),
+      factory_(std::move(factory)),
+      own_account_(OwnAccount(opts)),
+      account_(opts.account != nullptr ? opts.account : own_account_.get()) {}
 
 SessionServer::~SessionServer() { Stop(); }
 
@@ -79,19 +96,22 @@ void SessionServer::StartSession(UniqueFd sock) {
   absl::StatusOr<PeerCred> peer = PeerCredOf(sock.get());
   if (!peer.ok()) return;  // logged; closing refuses the connection
   std::string refusal;
+  UidAccount::Charge charge;
   {
     absl::MutexLock lock(&mu_);
     if (live_sessions_.load() >= opts_.max_sessions) {
       refusal = absl::StrCat("kregd serves ", opts_.max_sessions,
                              " sessions already (max_sessions); try again "
                              "later or ask the operator to raise it");
-    } else if (per_uid_[peer->uid] >= opts_.max_sessions_per_uid) {
-      refusal = absl::StrCat(
-          "too many sessions for uid ", peer->uid, " (limit ",
-          opts_.max_sessions_per_uid,
-          ", max_sessions_per_uid); close idle sessions of this user");
+    } else if (absl::StatusOr<UidAccount::Charge> c = account_->Take(
+                   peer->uid,
+                   opts_.classify ? UidResource::kPendingConnections
+                                  : UidResource::kSessions,
+                   1);
+               !c.ok()) {
+      refusal = std::string(c.status().message());
     } else {
-      per_uid_[peer->uid]++;
+      charge = *std::move(c);
       live_sessions_.fetch_add(1);
     }
   }
@@ -104,32 +124,61 @@ void SessionServer::StartSession(UniqueFd sock) {
   std::shared_ptr<ServedSession> session =
       factory_(next_id_.fetch_add(1), std::move(sock), *peer);
   absl::MutexLock lock(&mu_);
-  RunSession(std::move(session), peer->uid);
+  RunSession(std::move(session), std::move(charge));
 }
 
 bool SessionServer::Serve(std::shared_ptr<ServedSession> session, uid_t uid) {
   absl::MutexLock lock(&mu_);
   if (stopping_.load()) return false;
-  per_uid_[uid]++;
+  // Counted, never refused: its executor serves it already (over its
+  // uid's limit it runs uncharged).
+  absl::StatusOr<UidAccount::Charge> c =
+      account_->Take(uid, UidResource::kSessions, 1);
   live_sessions_.fetch_add(1);
-  RunSession(std::move(session), uid);
+  RunSession(std::move(session), c.ok() ? *std::move(c) : UidAccount::Charge());
   return true;
 }
 
+absl::Status SessionServer::IsASession(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  for (Slot& slot : slots_) {
+    if (slot.session->id() != id || !slot.counted) continue;
+    absl::StatusOr<UidAccount::Charge> c =
+        account_->Take(slot.session->peer().uid, UidResource::kSessions, 1);
+    if (!c.ok()) return c.status();
+    slot.charge = *std::move(c);  // gives the pending connection back
+    return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+void SessionServer::NotASession(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  for (Slot& slot : slots_) {
+    if (slot.session->id() != id || !slot.counted) continue;
+    slot.counted = false;
+    slot.charge.Release();
+    live_sessions_.fetch_sub(1);
+    return;
+  }
+}
+
 void SessionServer::RunSession(std::shared_ptr<ServedSession> session,
-                               uid_t uid) {
+                               UidAccount::Charge charge) {
   slots_.emplace_back();
   Slot* slot = &slots_.back();
   slot->session = session;
-  slot->thread = std::thread([this, slot, session, uid] {
+  slot->charge = std::move(charge);
+  slot->thread = std::thread([this, slot, session] {
     session->Run();
     spdlog::info("session {} (pid {}) closed", session->id(),
                  session->peer().pid);
     {
       absl::MutexLock lock(&mu_);
-      if (--per_uid_[uid] == 0) per_uid_.erase(uid);
+      slot->charge.Release();
+      if (slot->counted) live_sessions_.fetch_sub(1);
+      slot->counted = false;
     }
-    live_sessions_.fetch_sub(1);
     slot->done.store(true);
   });
 }

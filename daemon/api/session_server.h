@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/unique_fd.h"
 #include "daemon/base/served_session.h"
+#include "daemon/base/uid_account.h"
 #include "daemon/base/unix_listener.h"
 
 namespace kreg {
@@ -34,8 +35,17 @@ struct SessionOptions {
   gid_t socket_gid = static_cast<gid_t>(-1);
   // Further connections are refused with an error beyond this many
   // sessions, in all and per client uid (so one uid cannot starve others).
+  // The per-uid count is charged to `account` (UidResource::kSessions) when
+  // set (kregd: its one per-uid account, whose limit is then used), else to
+  // the server's own account with max_sessions_per_uid.
   int max_sessions = 1024;
   int max_sessions_per_uid = 256;
+  UidAccount* account = nullptr;  // must outlive the server
+  // Whether what serves a connection says what it is (kregd's brokers):
+  // then a new connection is charged to its uid's connections waiting for
+  // their first request (UidResource::kPendingConnections) until
+  // IsASession or NotASession; else it is a session from accept.
+  bool classify = false;
 };
 
 // Makes what serves one accepted connection (kregd: a SessionBroker that
@@ -65,19 +75,32 @@ class SessionServer {
   // a re-adopted executor brought along, DESIGN §12: counted, not refused
   // for limits). False once stopping.
   bool Serve(std::shared_ptr<ServedSession> session, uid_t uid);
+  // With opts.classify: connection `id` said Hello, so it is a session
+  // from now on (charged to its uid's sessions instead of its pending
+  // connections); RESOURCE_EXHAUSTED naming max_sessions_per_uid when its
+  // uid has its share already. Thread-safe.
+  absl::Status IsASession(uint64_t id);
+  // Connection `id` turned out not to be a session (a control connection,
+  // charged on its own account): it no longer counts against max_sessions
+  // and its uid's sessions or pending connections. Thread-safe.
+  void NotASession(uint64_t id);
 
  private:
   struct Slot {
     std::shared_ptr<ServedSession> session;
     std::thread thread;
     std::atomic<bool> done{false};
+    // Its uid's session or pending connection (given back when the
+    // session ends or is not one); `counted`: it counts in live_sessions_.
+    UidAccount::Charge charge;
+    bool counted = true;
   };
 
   absl::Status Listen();
   void AcceptLoop();
   void StartSession(UniqueFd sock);
-  void RunSession(std::shared_ptr<ServedSession> session, uid_t uid)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RunSession(std::shared_ptr<ServedSession> session,
+                  UidAccount::Charge charge) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReapFinished();
 
   const SessionOptions opts_;
@@ -91,7 +114,8 @@ class SessionServer {
   std::atomic<uint64_t> next_id_{1};
   absl::Mutex mu_;
   std::list<Slot> slots_ ABSL_GUARDED_BY(mu_);
-  std::map<uid_t, int> per_uid_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<UidAccount> own_account_;  // unless opts_.account
+  UidAccount* account_;
 };
 
 }  // namespace kreg

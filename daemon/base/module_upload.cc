@@ -46,16 +46,22 @@ absl::Status ReadAt(int fd, uint64_t size, uint64_t done, char* dst, size_t n) {
   return absl::OkStatus();
 }
 
-// The seals of `fd` and its size, or false when it is not a memfd.
-bool SealsAndSize(int fd, int* seals, uint64_t* size) {
+// The seals of `fd`, its size and the bytes it has storage for, or false
+// when it is not a memfd.
+bool SealsAndSize(int fd, int* seals, uint64_t* size, uint64_t* allocated) {
   *seals = ::fcntl(fd, F_GET_SEALS);
   struct stat st;
   if (*seals < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     return false;
   }
   *size = static_cast<uint64_t>(st.st_size);
+  *allocated = static_cast<uint64_t>(st.st_blocks) * 512;
   return true;
 }
+
+// A memfd's storage is allocated in pages: one whose bytes were all
+// written has at least its size, up to the last page.
+constexpr uint64_t kPage = 4096;
 
 }  // namespace
 
@@ -74,7 +80,8 @@ absl::StatusOr<std::string> ReadSealedModule(int fd, uint64_t size,
   if (absl::Status s = CheckSize(size, max_module_bytes); !s.ok()) return s;
   int seals = 0;
   uint64_t held = 0;
-  if (!SealsAndSize(fd, &seals, &held)) {
+  uint64_t allocated = 0;
+  if (!SealsAndSize(fd, &seals, &held, &allocated)) {
     return absl::InvalidArgumentError(
         "the file descriptor attached to the module upload is not a memfd; "
         "send the module as a memfd sealed against writing, shrinking and "
@@ -93,18 +100,27 @@ absl::StatusOr<std::string> ReadSealedModule(int fd, uint64_t size,
         "the module memfd attached to the upload holds ", held,
         " bytes, not the ", size, " announced in module.upload_size"));
   }
+  if (allocated + kPage < size) {
+    // Holes cost the sender nothing and kregd a copy and a hash of zeros.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the module memfd attached to the upload is sparse: only ", allocated,
+        " of its ", size,
+        " bytes are written (the rest are holes); write the module's bytes "
+        "into the memfd (a module is never sparse)"));
+  }
   return ReadModuleFd(fd, size, max_module_bytes);
 }
 
-absl::Status HoldUpload(uint64_t size, wire::BudgetHold* hold) {
-  if (hold->Set(size)) return absl::OkStatus();
-  const wire::ByteBudget& b = *hold->budget();
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "kregd is taking in other module uploads now: this one of ", size,
-      " bytes would exceed the ", b.limit(),
-      " bytes of uploads kregd holds at once for all clients (twice "
-      "max_module_bytes; ",
-      b.used(), " in use); register again in a moment"));
+absl::StatusOr<UidAccount::Charge> HoldUpload(UidAccount* account, uid_t uid,
+                                              uint64_t size) {
+  if (account == nullptr) return UidAccount::Charge();
+  absl::StatusOr<UidAccount::Charge> c =
+      account->Take(uid, UidResource::kUploadBytes, size);
+  if (c.ok()) return c;
+  return absl::ResourceExhaustedError(
+      absl::StrCat("kregd refused a module upload of ", size,
+                   " bytes (counted by its announced size, sparse or not): ",
+                   c.status().message()));
 }
 
 }  // namespace kreg

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "common/unique_fd.h"
 #include "common/wire.h"
+#include "daemon/base/uid_account.h"
 
 namespace kreg {
 
@@ -29,16 +30,20 @@ absl::StatusOr<std::string> ReadModuleFd(int fd, uint64_t size,
 
 // kregd's side of an upload: the bytes of `fd`, which must be a memfd
 // sealed with (at least) kModuleSeals whose size (fstat) is exactly `size`,
-// with 0 < size <= max_module_bytes. INVALID_ARGUMENT naming what is wrong
-// otherwise, before a byte is read.
+// with 0 < size <= max_module_bytes, and not sparse (storage for all its
+// bytes: a hole costs the sender nothing and kregd a copy and a hash).
+// INVALID_ARGUMENT naming what is wrong otherwise, before a byte is read.
 absl::StatusOr<std::string> ReadSealedModule(int fd, uint64_t size,
                                              uint64_t max_module_bytes);
 
-// Takes an upload's `size` bytes into `hold`, from the budget of uploads
-// kregd holds at once for all clients and both paths (gRPC stream, session
-// memfd: twice max_module_bytes), before a byte of it is read;
-// RESOURCE_EXHAUSTED naming the budget when that would exceed it.
-absl::Status HoldUpload(uint64_t size, wire::BudgetHold* hold);
+// Charges an upload's announced `size` bytes (a sealed memfd's st_size,
+// sparse or not; a gRPC stream's module.upload_size) to `uid`'s share of
+// upload bytes in flight (UidResource::kUploadBytes,
+// max_upload_bytes_per_uid) before a byte of it is read, for both paths
+// alike; RESOURCE_EXHAUSTED naming the limit when that would exceed it
+// (other uids keep their share). Null `account`: unbounded.
+absl::StatusOr<UidAccount::Charge> HoldUpload(UidAccount* account, uid_t uid,
+                                              uint64_t size);
 
 }  // namespace kreg
 

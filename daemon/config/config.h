@@ -73,6 +73,24 @@ struct Config {
   int max_grpc_connections_per_uid = 64;
   double grpc_first_message_timeout_s = 10;
   double grpc_stream_timeout_s = 300;
+  // What one uid may hold at once (the per-uid account, DESIGN §14 rule 2;
+  // operator guide, "Per-uid limits"): control connections (apart from
+  // sessions), and one that holds no registration is closed after
+  // control_idle_timeout_s idle; module upload bytes in flight by announced
+  // size (0: twice max_module_bytes); registrations being hashed and probed
+  // (more wait for the uid's own); streaming gRPC calls.
+  int max_control_connections_per_uid = 32;
+  // Connections to the session socket waiting for their first request.
+  int max_pending_connections_per_uid = 32;
+  double control_idle_timeout_s = 60;
+  uint64_t max_upload_bytes_per_uid = 0;
+  int max_heavy_work_per_uid = 2;
+  int max_grpc_calls_per_uid = 32;
+  // gRPC: concurrent streams on one connection, and the threads serving
+  // all calls (grpc::ResourceQuota; a call beyond them is refused with
+  // RESOURCE_EXHAUSTED instead of a new thread).
+  int max_grpc_streams_per_connection = 16;
+  int grpc_max_threads = 256;
   // Cluster mode (DESIGN §10); off while etcd_endpoints is empty.
   std::vector<std::string> etcd_endpoints;
   std::string cluster = "default";

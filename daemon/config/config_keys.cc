@@ -94,6 +94,7 @@ KeySpec KeyCustom(const char* name, const char* flag, Field field,
 bool Positive(int64_t n) { return n > 0; }
 bool UpTo2To31(int64_t n) { return n >= 0 && n <= (int64_t{1} << 31); }
 bool Connections(int64_t n) { return n > 0 && n <= 1000000; }
+bool GrpcThreads(int64_t n) { return n >= 8 && n <= 100000; }
 bool OrphanSeconds(int64_t n) { return n >= 0 && n <= 86400; }
 bool ReplaceSeconds(int64_t n) { return n >= 1 && n <= 60; }
 bool GenerationCount(int64_t n) { return n >= 2 && n <= 1024; }
@@ -244,6 +245,26 @@ const std::vector<KeySpec>& Keys() {
                "a number of seconds > 0 and at most 86400"),
       KeyFloat("grpc_stream_timeout_s", "", &Config::grpc_stream_timeout_s,
                UpToADay, "a number of seconds > 0 and at most 86400"),
+      KeyInt("max_control_connections_per_uid", "",
+             &Config::max_control_connections_per_uid, Connections,
+             "a whole number from 1 to 1000000"),
+      KeyInt("max_pending_connections_per_uid", "",
+             &Config::max_pending_connections_per_uid, Connections,
+             "a whole number from 1 to 1000000"),
+      KeyFloat("control_idle_timeout_s", "", &Config::control_idle_timeout_s,
+               UpToADay, "a number of seconds > 0 and at most 86400"),
+      KeyInt("max_upload_bytes_per_uid", "", &Config::max_upload_bytes_per_uid,
+             NotNegativeInt,
+             "a non-negative integer (0: twice max_module_bytes)"),
+      KeyInt("max_heavy_work_per_uid", "", &Config::max_heavy_work_per_uid,
+             Connections, "a whole number from 1 to 1000000"),
+      KeyInt("max_grpc_calls_per_uid", "", &Config::max_grpc_calls_per_uid,
+             Connections, "a whole number from 1 to 1000000"),
+      KeyInt("max_grpc_streams_per_connection", "",
+             &Config::max_grpc_streams_per_connection, Connections,
+             "a whole number from 1 to 1000000"),
+      KeyInt("grpc_max_threads", "", &Config::grpc_max_threads, GrpcThreads,
+             "a whole number from 8 to 100000"),
       KeyCustom("launch_ring", "--launch-ring", &Config::launch_ring,
                 "true or false", nullptr, LaunchRingFlag),
       KeyCustom("ring_spin_us", "--ring-spin-us", &Config::ring_spin_us, "",

@@ -112,6 +112,22 @@ absl::StatusOr<gid_t> SocketGid(const std::string& group) {
   return g->gr_gid;
 }
 
+// The per-uid limits of the account (operator guide, "Per-uid limits").
+UidLimits UidLimitsOf(const Config& c) {
+  UidLimits l{};
+  auto set = [&l](UidResource r, uint64_t v) { l[static_cast<size_t>(r)] = v; };
+  set(UidResource::kGrpcConnections, c.max_grpc_connections_per_uid);
+  set(UidResource::kGrpcCalls, c.max_grpc_calls_per_uid);
+  set(UidResource::kSessions, c.max_sessions_per_uid);
+  set(UidResource::kControlConnections, c.max_control_connections_per_uid);
+  set(UidResource::kUploadBytes, c.max_upload_bytes_per_uid != 0
+                                     ? c.max_upload_bytes_per_uid
+                                     : 2 * c.max_module_bytes);
+  set(UidResource::kHeavyWork, c.max_heavy_work_per_uid);
+  set(UidResource::kPendingConnections, c.max_pending_connections_per_uid);
+  return l;
+}
+
 }  // namespace
 
 std::string SelfDir() {
@@ -155,14 +171,13 @@ Daemon::Daemon(Config config)
                                            "executor")}),
       ledger_(
           CrashPolicy{config_.quarantine_crashes, config_.quarantine_window_s}),
-      upload_budget_(2 * config_.max_module_bytes),
+      account_(UidLimitsOf(config_)),
       connections_(
           GrpcConnectionLimits{
               config_.max_grpc_connections,
-              config_.max_grpc_connections_per_uid,
               std::chrono::milliseconds(static_cast<int64_t>(
                   config_.grpc_first_message_timeout_s * 1000.0))},
-          [this](int fd) {
+          &account_, [this](int fd) {
             grpc::AddInsecureChannelFromFd(server_.get(), fd);
           }) {}
 
@@ -299,9 +314,9 @@ absl::Status Daemon::Start() {
       &registrar_, &registry_,
       [this](const std::string& peer) { return connections_.PeerOf(peer); },
       [this](v1::GetStatusResponse* r) { FillStatus(r); });
-  service_->set_uploads(
-      &upload_budget_,
-      absl::Milliseconds(config_.grpc_stream_timeout_s * 1000.0));
+  service_->set_account(
+      &account_, absl::Milliseconds(config_.grpc_stream_timeout_s * 1000.0),
+      absl::Milliseconds(config_.probe_timeout_s * 1000.0));
   // Whether executors here can run CUDA launches (driver and a device; no
   // context is created in kregd), for Target.not_runnable.
   service_->set_cuda_status_of([] { return CudaLaunchStatus(); });
@@ -336,6 +351,14 @@ absl::Status Daemon::Start() {
   builder.AddChannelArgument(
       GRPC_ARG_MAX_CONNECTION_IDLE_MS,
       static_cast<int>(config_.grpc_stream_timeout_s * 1000.0));
+  // One connection opens at most this many streams at once, and all calls
+  // together get at most grpc_max_threads threads: a call beyond them is
+  // refused (RESOURCE_EXHAUSTED), not given a thread of its own.
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             config_.max_grpc_streams_per_connection);
+  grpc::ResourceQuota quota("kregd-grpc");
+  quota.SetMaxThreads(config_.grpc_max_threads);
+  builder.SetResourceQuota(quota);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) {
     return absl::InternalError("the gRPC server could not be started");
@@ -576,6 +599,8 @@ absl::Status Daemon::StartSessions() {
   opts.socket_gid = gid_;
   opts.max_sessions = config_.max_sessions;
   opts.max_sessions_per_uid = config_.max_sessions_per_uid;
+  opts.account = &account_;
+  opts.classify = true;
   sessions_ = std::make_unique<SessionServer>(
       opts,
       [ctx = broker_ctx_](uint64_t id, UniqueFd sock, const PeerCred& peer) {
@@ -595,7 +620,18 @@ void Daemon::FillBrokerContext() {
   ctx.ledger = &ledger_;
   ctx.bindings = &bindings_;
   ctx.max_module_bytes = config_.max_module_bytes;
-  ctx.upload_budget = &upload_budget_;
+  ctx.account = &account_;
+  ctx.heavy_work_wait_ms =
+      static_cast<int64_t>(config_.probe_timeout_s * 1000.0);
+  ctx.control_idle_timeout_ms =
+      static_cast<int64_t>(config_.control_idle_timeout_s * 1000.0);
+  // sessions_ is made after the context; it outlives every broker.
+  ctx.not_a_session = [this](uint64_t id) {
+    if (sessions_ != nullptr) sessions_->NotASession(id);
+  };
+  ctx.is_a_session = [this](uint64_t id) {
+    return sessions_ != nullptr ? sessions_->IsASession(id) : absl::OkStatus();
+  };
   ctx.local_binds = &local_binds_;
   ctx.hello_timeout_ms = static_cast<int64_t>(config_.hello_timeout_s * 1000.0);
   if (config_.local_execution != "allow") return;

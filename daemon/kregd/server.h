@@ -20,6 +20,7 @@
 #include "common/wire.h"
 #include "daemon/api/grpc_connections.h"
 #include "daemon/api/grpc_service.h"
+#include "daemon/base/uid_account.h"
 #include "daemon/base/unix_listener.h"
 #include "daemon/config/config.h"
 #include "daemon/registry/journal.h"
@@ -112,9 +113,9 @@ class Daemon {
   CrashLedger ledger_;
   SessionBindings bindings_;              // the registry's BindingOracle
   std::atomic<uint64_t> local_binds_{0};  // local holds (DESIGN §11)
-  // Module uploads kregd holds at once, sent on control connections or
-  // streamed over gRPC (twice max_module_bytes).
-  wire::ByteBudget upload_budget_;
+  // What each uid holds at once (DESIGN §14 rule 2): every front door
+  // charges it before it spends.
+  UidAccount account_;
   // Null: local_execution = "deny".
   std::unique_ptr<LocalModuleCache> local_modules_;
   // replace = "owner" with local execution: re-points local binds.

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 #include <vector>
@@ -76,7 +77,7 @@ std::string RequestName(v1::SessionRequest::BodyCase body) {
 absl::StatusOr<std::string> TakeUploadedModule(
     Registrar* registrar, const v1::RegisterTargetHeader& header,
     std::vector<UniqueFd> fds, const PeerCred& peer, uint64_t max_module_bytes,
-    wire::BudgetHold* hold) {
+    UidAccount* account, UidAccount::Charge* hold) {
   const bool upload =
       header.module().source_case() == v1::ModuleSource::kUploadSize;
   if (fds.size() != (upload ? 1u : 0u)) {
@@ -94,7 +95,10 @@ absl::StatusOr<std::string> TakeUploadedModule(
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = HoldUpload(size, hold); !s.ok()) return s;
+  absl::StatusOr<UidAccount::Charge> charge =
+      HoldUpload(account, peer.uid, size);
+  if (!charge.ok()) return charge.status();
+  *hold = *std::move(charge);
   return ReadSealedModule(fds[0].get(), size, max_module_bytes);
 }
 
@@ -117,12 +121,24 @@ v1::SessionResponse HandleControl(const BrokerContext& ctx, uint64_t id,
   switch (body) {
     case v1::SessionRequest::kRegisterTarget: {
       const v1::RegisterTargetHeader& header = request.register_target();
-      // Holds the upload's bytes against the daemon-wide budget until the
-      // registration is done with them.
-      wire::BudgetHold hold(ctx.upload_budget);
+      // Holds the upload's announced bytes against the uid's share until
+      // the registration is done with them; the hashing and probing wait
+      // for the uid's own other such work (never another uid's).
+      UidAccount::Charge hold;
+      UidAccount::Charge heavy;
       absl::StatusOr<std::string> module =
           TakeUploadedModule(ctx.registrar, header, std::move(fds), peer,
-                             ctx.max_module_bytes, &hold);
+                             ctx.max_module_bytes, ctx.account, &hold);
+      if (module.ok() && ctx.account != nullptr) {
+        absl::StatusOr<UidAccount::Charge> c = ctx.account->TakeWithin(
+            peer.uid, UidResource::kHeavyWork, 1,
+            absl::Now() + absl::Milliseconds(ctx.heavy_work_wait_ms));
+        if (c.ok()) {
+          heavy = *std::move(c);
+        } else {
+          module = c.status();
+        }
+      }
       absl::StatusOr<v1::RegisterTargetResponse> r =
           module.ok()
               ? RegisterFromHeader(ctx.registrar, header, *std::move(module),
@@ -291,6 +307,27 @@ bool SessionBroker::FirstIsHello(bool* control) {
   return false;
 }
 
+bool SessionBroker::AdmitControl() {
+  if (ctx_.not_a_session) ctx_.not_a_session(id_);
+  if (ctx_.account == nullptr) return true;
+  absl::StatusOr<UidAccount::Charge> c =
+      ctx_.account->Take(peer_.uid, UidResource::kControlConnections, 1);
+  if (c.ok()) {
+    control_charge_ = *std::move(c);
+    return true;
+  }
+  std::string more;
+  if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
+    spdlog::warn(
+        "session {} (pid {} uid {}): refusing a control connection: "
+        "{}{}",
+        id_, peer_.pid, peer_.uid, std::string(c.status().message()), more);
+  }
+  RefuseClient(absl::ResourceExhaustedError(absl::StrCat(
+      "kregd refused this control connection: ", c.status().message())));
+  return false;
+}
+
 void SessionBroker::ServeControl() {
   spdlog::info("session {} (pid {} uid {}): control connection", id_, peer_.pid,
                peer_.uid);
@@ -301,11 +338,36 @@ void SessionBroker::ServeControl() {
   ::setsockopt(client_.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   wire::RecvBuffer buffer;
   std::string out;
+  bool holds_registrations = false;
   for (bool close = false; !close;) {
-    // Idle as long as the client likes; a request that has begun must
-    // arrive whole within hello_timeout of its first byte.
+    // Idle as long as the client likes while the connection holds a
+    // registration (it is what keeps them); one that holds nothing is
+    // closed after control_idle_timeout_s, so that idle connections cannot
+    // hold the uid's slots. A request that has begun must arrive whole
+    // within hello_timeout of its first byte.
     pollfd p{client_.get(), POLLIN, 0};
-    while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
+    const int idle_ms = holds_registrations
+                            ? -1
+                            : static_cast<int>(std::min<int64_t>(
+                                  ctx_.control_idle_timeout_ms, 1 << 30));
+    int ready;
+    while ((ready = ::poll(&p, 1, idle_ms)) < 0 && errno == EINTR) {
+    }
+    if (ready == 0) {
+      std::string more;
+      if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
+        spdlog::info(
+            "session {} (pid {} uid {}): closing an idle control connection "
+            "that holds no registration{}",
+            id_, peer_.pid, peer_.uid, more);
+      }
+      RefuseClient(absl::DeadlineExceededError(absl::StrCat(
+          "kregd closed this control connection: it held no registration and "
+          "sent nothing for ",
+          ctx_.control_idle_timeout_ms,
+          " ms (control_idle_timeout_s); open a new one when there is "
+          "something to send")));
+      break;
     }
     std::vector<int> raw;
     int rc = wire::RecvFrame(
@@ -342,6 +404,9 @@ void SessionBroker::ServeControl() {
           " bytes do not parse as kreg.v1.SessionRequest); closing this "
           "connection"));
     }
+    if (resp.has_register_target() && resp.status().code() == 0) {
+      holds_registrations = true;
+    }
     resp.SerializeToString(&out);
     if (wire::SendFrame(client_.get(), out.data(), out.size(), nullptr, 0) !=
         wire::kOk) {
@@ -349,6 +414,8 @@ void SessionBroker::ServeControl() {
       break;
     }
     if (resp.has_watch()) {
+      // A watch connection has its own per-uid cap (kMaxWatchesPerUid).
+      control_charge_.Release();
       ServeWatch();
       break;
     }
@@ -409,8 +476,21 @@ void SessionBroker::Run() {
   if (binding_.group == nullptr) {
     bool control = false;
     if (!FirstIsHello(&control)) {
-      if (control) ServeControl();
+      if (control && AdmitControl()) ServeControl();
+      control_charge_.Release();  // now, not when the server reaps this
       return;
+    }
+    if (ctx_.is_a_session) {
+      if (absl::Status s = ctx_.is_a_session(id_); !s.ok()) {
+        std::string more;
+        if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
+          spdlog::warn("session {} (pid {} uid {}): refusing a session: {}{}",
+                       id_, peer_.pid, peer_.uid, std::string(s.message()),
+                       more);
+        }
+        RefuseClient(s);
+        return;
+      }
     }
     absl::StatusOr<ExecutorPool::Binding> b =
         ctx_.pool->Bind(id_, client_.get(), peer_);

@@ -8,6 +8,7 @@
 #define KREGD_DAEMON_SUPERVISOR_BROKER_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "common/wire.h"
 #include "daemon/base/served_session.h"
 #include "daemon/base/types.h"
+#include "daemon/base/uid_account.h"
 #include "daemon/supervisor/crash_ledger.h"
 #include "daemon/supervisor/executor_pool.h"
 #include "daemon/supervisor/session_bindings.h"
@@ -40,9 +42,23 @@ struct BrokerContext {
   SessionBindings* bindings = nullptr;  // optional
   // kregd's max_module_bytes: bounds the uploads of control connections.
   uint64_t max_module_bytes = 512ull << 20;
-  // Module bytes kregd holds at once from uploads, all connections together
-  // (null: unbounded). Owned by the server.
-  wire::ByteBudget* upload_budget = nullptr;
+  // The per-uid account (DESIGN §14 rule 2; null: unbounded, for tests):
+  // control connections, upload bytes in flight and CPU-heavy work
+  // (hashing and probing a registration). Owned by the server.
+  UidAccount* account = nullptr;
+  // How long a registration waits for its uid's other CPU-heavy work
+  // (max_heavy_work_per_uid) before it is refused.
+  int64_t heavy_work_wait_ms = 20000;
+  // A control connection that holds no registration and sends nothing for
+  // this long is closed (control_idle_timeout_s).
+  int64_t control_idle_timeout_ms = 60000;
+  // Connection `id` is a control connection: it stops counting as a
+  // session (SessionServer::NotASession). Unset: nothing to do.
+  std::function<void(uint64_t id)> not_a_session;
+  // Connection `id` said Hello: it is charged as a session of its uid
+  // (SessionServer::IsASession), or refused with the returned error.
+  // Unset: nothing to do.
+  std::function<absl::Status(uint64_t id)> is_a_session;
   // Local execution (DESIGN §11): the memfds handed out (null:
   // local_execution = "deny") and the count of local holds (optional).
   LocalModuleCache* local_modules = nullptr;
@@ -67,15 +83,15 @@ constexpr uint32_t kMaxControlRequestBytes = 64u << 10;
 // exactly one memfd sealed with kModuleSeals of exactly that size, is
 // prechecked (Registrar::PrecheckUpload, for `peer`) before a byte is read
 // and its bytes are returned; any other registration carries no descriptor
-// and gets "" (INVALID_ARGUMENT otherwise). The module's bytes are charged
-// to `hold` (its budget: what kregd reads of uploads at once, for all
-// clients) before they are read: RESOURCE_EXHAUSTED, naming the limit,
-// when the budget cannot cover them; the caller keeps `hold` until it is
-// done with the bytes.
+// and gets "" (INVALID_ARGUMENT otherwise). The module's announced bytes
+// are charged to `peer`'s share of upload bytes in flight in `account`
+// (null: unbounded) into `hold` before they are read: RESOURCE_EXHAUSTED,
+// naming the limit, when the uid's share cannot cover them; the caller
+// keeps `hold` until it is done with the bytes.
 absl::StatusOr<std::string> TakeUploadedModule(
     Registrar* registrar, const v1::RegisterTargetHeader& header,
     std::vector<UniqueFd> fds, const PeerCred& peer, uint64_t max_module_bytes,
-    wire::BudgetHold* hold);
+    UidAccount* account, UidAccount::Charge* hold);
 
 // Answers one request of a control connection (`request`, with `fds`
 // attached) of session id `id` from `peer`: control_hello (kregd's protocol
@@ -130,7 +146,12 @@ class SessionBroker final : public ServedSession {
   // a Hello (the executor reads it); false when the connection is served
   // here (`*control` set) or was ended (refused, silent, closed).
   bool FirstIsHello(bool* control);
-  // Serves a control connection until the client closes it.
+  // Charges the control connection it turned out to be to its uid (it no
+  // longer counts as a session); false (refused, the client told) over the
+  // uid's limit.
+  bool AdmitControl();
+  // Serves a control connection until the client closes it, or until it
+  // has held no registration and sent nothing for control_idle_timeout_s.
   void ServeControl();
   // Serves the watch connection it became (a watch request was
   // accepted): reads RepointAcks until the client closes it.
@@ -161,6 +182,8 @@ class SessionBroker final : public ServedSession {
   UniqueFd client_;  // kregd's copy: only written to when the executor died
   const PeerCred peer_;
   const BrokerContext ctx_;
+  // A control connection's charge (max_control_connections_per_uid).
+  UidAccount::Charge control_charge_;
   ExecutorPool::Binding binding_;
   int broker_fd_ = -1;
   // The client's socket went to an executor, which serves on when kregd

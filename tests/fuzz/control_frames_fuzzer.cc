@@ -119,12 +119,14 @@ Next OneFrame(int kind, bool owner, const std::string& payload) {
   if (kind != kNone) fds.push_back(ModuleFd(kind, size, payload));
   World& w = TheWorld();
   const PeerCred peer{::getuid(), ::getgid(), ::getpid()};
-  wire::ByteBudget budget(2 * kMaxModule);
+  UidLimits limits{};
+  limits[static_cast<size_t>(UidResource::kUploadBytes)] = 2 * kMaxModule;
+  UidAccount account(limits);
   BrokerContext ctx;
   ctx.registrar = &w.registrar;
   ctx.registry = &w.registry;
   ctx.max_module_bytes = kMaxModule;
-  ctx.upload_budget = &budget;
+  ctx.account = &account;
   if (owner) ctx.local_repointer = &w.repointer;
   bool close = false;
   v1::SessionResponse resp =
@@ -142,7 +144,9 @@ Next OneFrame(int kind, bool owner, const std::string& payload) {
     return close ? kClose : kControl;
   }
   if (watch) return kWatch;
-  if (budget.used() != 0) fuzz::Fail("an upload's bytes stayed held");
+  if (account.Held(peer.uid, UidResource::kUploadBytes) != 0) {
+    fuzz::Fail("an upload's bytes stayed held");
+  }
   if (req.has_register_target()) {
     if (by_fd && kind != kSealed) {
       fuzz::Fail("took a module fd that is not sealed");

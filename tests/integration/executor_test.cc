@@ -340,8 +340,13 @@ TEST_CASE(
     REQUIRE(wire::RecvFrame(fd, 1 << 20, &reply, &fds) == wire::kOk);
     held.push_back(fd);
   }
+  // Refused at its Hello (until then it is a connection waiting for its
+  // first request, max_pending_connections_per_uid).
   int extra = Connect(path);
   REQUIRE(extra >= 0);
+  std::string extra_hello = Hello(1);
+  REQUIRE(wire::SendFrame(extra, extra_hello.data(), extra_hello.size(),
+                          nullptr, 0) == wire::kOk);
   std::string reply;
   std::vector<int> fds;
   REQUIRE(wire::RecvFrame(extra, 1 << 20, &reply, &fds) == wire::kOk);
@@ -351,8 +356,10 @@ TEST_CASE(
   CHECK(resp.status().code() ==
         static_cast<int>(absl::StatusCode::kResourceExhausted));
   CHECK_THAT(resp.status().message(),
-             Catch::Contains("too many sessions for uid " +
-                             std::to_string(::getuid()) + " (limit 3"));
+             Catch::Contains("uid " + std::to_string(::getuid()) +
+                             " holds 3 "
+                             "sessions already; 1 more would exceed its "
+                             "limit of 3 (max_sessions_per_uid)"));
   ::close(extra);
   if (::geteuid() == 0) {
     OpenToEveryone(dir, d);

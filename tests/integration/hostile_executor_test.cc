@@ -318,7 +318,9 @@ TEST_CASE(
   REQUIRE(status.ok());
   CHECK(status->executors_started() == 0);
   CHECK(status->executors_size() == 0);
-  CHECK(status->sessions() == 1);  // counted like a session
+  // Not a session: control connections have their own per-uid cap
+  // (max_control_connections_per_uid).
+  CHECK(status->sessions() == 0);
   // Held: retiring it is refused while the connection is open.
   CHECK_FALSE(d.client().Retire("c.who", "cpu").ok());
   // A session runs what the control connection registered.
@@ -453,28 +455,50 @@ TEST_CASE(
   CHECK(listed->size() == 1);
 }
 
-TEST_CASE("Control connections count against max_sessions_per_uid",
+TEST_CASE("Control connections have their own per-uid cap, apart from sessions",
           "[integration][control]") {
   TempDir dir;
   std::string config = dir.path() + "/kregd.toml";
-  testing::WriteFile(config, "max_sessions_per_uid = 1\n");
+  testing::WriteFile(config,
+                     "max_sessions_per_uid = 1\n"
+                     "max_control_connections_per_uid = 2\n");
   Daemon d(dir.path(), {"--config", config});
   d.Start();
   const std::string path = d.socket() + ".session";
-  int first = Connect(path);
   v1::SessionRequest list;
   list.set_id(1);
   list.mutable_list();
+  // Two control connections, though max_sessions_per_uid is 1: they are
+  // not sessions.
+  int first = Connect(path);
   CHECK(Call(first, list).status().code() == 0);
   int second = Connect(path);
-  v1::SessionResponse resp = Next(second);
+  CHECK(Call(second, list).status().code() == 0);
+  // A third is over max_control_connections_per_uid.
+  int third = Connect(path);
+  v1::SessionResponse resp = Call(third, list);
   CHECK(resp.id() == 0);
   CHECK(resp.status().code() ==
         static_cast<int>(absl::StatusCode::kResourceExhausted));
   CHECK_THAT(resp.status().message(),
-             Catch::Contains("too many sessions for uid " +
-                             std::to_string(::getuid()) + " (limit 1"));
+             Catch::Contains("kregd refused this control connection: uid " +
+                             std::to_string(::getuid()) +
+                             " holds 2 control connections already; 1 more "
+                             "would exceed its limit of 2 "
+                             "(max_control_connections_per_uid)"));
+  ::close(third);
   ::close(second);
+  // A slot given back is free again.
+  int fourth = -1;
+  for (int i = 0; i < 100; ++i) {
+    fourth = Connect(path);
+    if (Call(fourth, list).status().code() == 0) break;
+    ::close(fourth);
+    fourth = -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  CHECK(fourth >= 0);
+  if (fourth >= 0) ::close(fourth);
   ::close(first);
 }
 

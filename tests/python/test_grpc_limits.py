@@ -2,9 +2,9 @@
 one uid's idle connections are capped and closed after
 grpc_first_message_timeout_s, so they cannot exhaust kregd's descriptors,
 flood its log or lock out other users; an upload stream is bounded by
-grpc_stream_timeout_s, by what its header announced and by the budget of
-uploads kregd holds at once. Tests start a real kregd and talk to its
-socket as clients do (raw connections, grpcio with hand-encoded
+grpc_stream_timeout_s, by what its header announced and by its uid's share
+of upload bytes in flight (max_upload_bytes_per_uid). Tests start a real
+kregd and talk to its socket as clients do (raw connections, grpcio with hand-encoded
 kreg.v1.RegisterTargetChunk messages, kregctl as uid 65534)."""
 
 import os
@@ -170,8 +170,9 @@ def test_one_uids_idle_connections_are_capped_and_closed(nobody_kregctl):
     assert p.returncode == 0, p.stdout + p.stderr + d.log()
     assert took < 30, took
     log = d.log(tail=None)
-    assert (f"too many gRPC connections for uid 0 (limit {PER_UID}, "
-            "max_grpc_connections_per_uid)") in log
+    assert (f"uid 0 holds {PER_UID} gRPC connections already; 1 more would "
+            f"exceed its limit of {PER_UID} (max_grpc_connections_per_uid)"
+            ) in log
     # Rate-limited: 20 lines per uid per 10 s, not one per connection.
     assert log_lines(d) - lines_before < 60, log[-4000:]
     # The connections kregd kept are closed at the first-message deadline.
@@ -318,8 +319,8 @@ def test_a_stream_carrying_more_than_announced_is_refused_at_once(
 
 def test_stalled_uploads_end_at_their_deadline_and_free_the_budget():
   module = ku.kernel_path(ku.DEMO).read_bytes()
-  # Twice max_module_bytes is the budget: two stalled uploads announcing
-  # max_module_bytes each hold all of it.
+  # Twice max_module_bytes is a uid's share by default: two stalled uploads
+  # announcing max_module_bytes each hold all of it.
   d = daemon_with("kreg-grpcs-", "grpc_stream_timeout_s = 10.0\n",
                   ["--max-module-bytes", str(len(module))])
   release = threading.Event()
@@ -343,9 +344,12 @@ def test_stalled_uploads_end_at_their_deadline_and_free_the_budget():
       with pytest.raises(grpc.RpcError) as err:
         upload(b"grpcl.third")
       assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-      assert (f"this one of {len(module)} bytes would exceed the "
-              f"{2 * len(module)} bytes of uploads kregd holds at once for "
-              "all clients (twice max_module_bytes") in err.value.details()
+      assert (f"kregd refused a module upload of {len(module)} bytes "
+              "(counted by its announced size, sparse or not): uid 0 holds "
+              f"{2 * len(module)} bytes of module uploads in flight already; "
+              f"{len(module)} bytes more would exceed its limit of "
+              f"{2 * len(module)} bytes (max_upload_bytes_per_uid)"
+              ) in err.value.details()
       # kregd cancels the stalled streams (grpc_stream_timeout_s = 10) and
       # gives their bytes back: the upload goes through.
       for f in held:

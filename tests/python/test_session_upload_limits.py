@@ -145,6 +145,21 @@ for case in cases:
     fd = os.memfd_create("short-module")
     os.write(fd, b"\x7fELF" + b"\0" * 96)
     fds, keep = [fd], [fd]
+  elif case.get("attach") in ("sparse", "module"):
+    # Sealed as kregd wants: "sparse" is an ELF header and holes up to
+    # "size" (free for the sender), "module" the bytes of "module".
+    import fcntl
+    fd = os.memfd_create("module", os.MFD_ALLOW_SEALING)
+    if case["attach"] == "sparse":
+      os.write(fd, b"\x7fELF")
+      os.ftruncate(fd, case["size"])
+    else:
+      with open(case["module"], "rb") as f:
+        os.write(fd, f.read())
+      case["size"] = os.fstat(fd).st_size
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE |
+                fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+    fds, keep = [fd], [fd]
   if case["kind"] == "list":
     out = call(s, rid, 4, b"")
   elif case["kind"] == "bind":

@@ -199,3 +199,108 @@ TEST_CASE("An inherited listening fd is served", "[server]") {
 
 }  // namespace
 }  // namespace kreg
+
+namespace kreg {
+namespace {
+
+// A connection that says what it is with its first byte: 'S' (a session:
+// IsASession, whose refusal it sends back as "!") or 'C' (not a session);
+// then it holds until the client closes.
+class Classified : public ServedSession {
+ public:
+  Classified(uint64_t id, UniqueFd sock, const PeerCred& peer,
+             SessionServer** server)
+      : id_(id), sock_(std::move(sock)), peer_(peer), server_(server) {}
+  void Run() override {
+    char c = 0;
+    if (::recv(sock_.get(), &c, 1, 0) != 1) return;
+    char reply = '+';
+    if (c == 'S') {
+      if (!(*server_)->IsASession(id_).ok()) reply = '!';
+    } else {
+      (*server_)->NotASession(id_);
+    }
+    if (::send(sock_.get(), &reply, 1, MSG_NOSIGNAL) != 1) return;
+    while (::recv(sock_.get(), &c, 1, 0) > 0) {
+    }
+  }
+  void Shutdown() override { ::shutdown(sock_.get(), SHUT_RDWR); }
+  uint64_t id() const override { return id_; }
+  const PeerCred& peer() const override { return peer_; }
+
+ private:
+  const uint64_t id_;
+  UniqueFd sock_;
+  const PeerCred peer_;
+  SessionServer** server_;
+};
+
+char Say(int fd, char what) {
+  REQUIRE(::send(fd, &what, 1, MSG_NOSIGNAL) == 1);
+  char reply = 0;
+  REQUIRE(::recv(fd, &reply, 1, 0) == 1);
+  return reply;
+}
+
+TEST_CASE(
+    "With classify, a connection is pending until it says what it is, then "
+    "a session of its uid or nothing the server counts",
+    "[server]") {
+  ShortTempDir dir;
+  std::string path = dir.path() + "/s";
+  UidLimits limits{};
+  limits[static_cast<size_t>(UidResource::kSessions)] = 1;
+  limits[static_cast<size_t>(UidResource::kPendingConnections)] = 2;
+  UidAccount account(limits);
+  SessionOptions o = Opts(path);
+  o.account = &account;
+  o.classify = true;
+  SessionServer* self = nullptr;
+  SessionServer server(
+      o, [&self](uint64_t id, UniqueFd sock, const PeerCred& peer) {
+        return std::make_shared<Classified>(id, std::move(sock), peer, &self);
+      });
+  self = &server;
+  REQUIRE(server.Start().ok());
+  const uid_t uid = ::getuid();
+  auto held = [&](UidResource r) { return account.Held(uid, r); };
+
+  UniqueFd a = Connect(path);
+  UniqueFd b = Connect(path);
+  CHECK(WaitFor([&] { return held(UidResource::kPendingConnections) == 2; }));
+  CHECK(held(UidResource::kSessions) == 0);
+  // A third waiting connection is over the uid's pending limit: refused
+  // with the account's message, before a thread serves it.
+  UniqueFd c = Connect(path);
+  std::string in;
+  std::vector<int> fds;
+  REQUIRE(wire::RecvFrame(c.get(), 1 << 20, &in, &fds) == 0);
+  v1::SessionResponse resp;
+  REQUIRE(resp.ParseFromString(in));
+  CHECK(resp.status().code() ==
+        static_cast<int>(absl::StatusCode::kResourceExhausted));
+  CHECK_THAT(resp.status().message(),
+             Catch::Contains("connections waiting for their first request") &&
+                 Catch::Contains("(max_pending_connections_per_uid)"));
+  // 'S': a session (its pending connection given back).
+  CHECK(Say(a.get(), 'S') == '+');
+  CHECK(held(UidResource::kSessions) == 1);
+  CHECK(held(UidResource::kPendingConnections) == 1);
+  CHECK(server.sessions() == 2);
+  // 'C': counted nowhere by the server.
+  CHECK(Say(b.get(), 'C') == '+');
+  CHECK(held(UidResource::kPendingConnections) == 0);
+  CHECK(server.sessions() == 1);
+  // A second session of the uid is over max_sessions_per_uid (1).
+  UniqueFd d = Connect(path);
+  CHECK(Say(d.get(), 'S') == '!');
+  d.reset();
+  a.reset();
+  CHECK(WaitFor([&] { return held(UidResource::kSessions) == 0; }));
+  server.Stop();
+  CHECK(server.sessions() == 0);
+  CHECK(held(UidResource::kPendingConnections) == 0);
+}
+
+}  // namespace
+}  // namespace kreg

@@ -111,5 +111,30 @@ TEST_CASE("ReadSealedModule refuses what is not a sealed memfd of the size",
         "uploaded module is empty (0 bytes)");
 }
 
+TEST_CASE("ReadSealedModule refuses a sparse memfd before reading it",
+          "[module_upload]") {
+  // An ELF header and holes up to 8 MiB: free for the sender, a copy and
+  // a hash of zeros for kregd.
+  UniqueFd fd(::memfd_create("test-module", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  REQUIRE(fd.ok());
+  REQUIRE(::write(fd.get(),
+                  "\x7f"
+                  "ELF",
+                  4) == 4);
+  REQUIRE(::ftruncate(fd.get(), 8 << 20) == 0);
+  REQUIRE(::fcntl(fd.get(), F_ADD_SEALS, kModuleSeals) == 0);
+  auto s = ReadSealedModule(fd.get(), 8 << 20, 16 << 20).status();
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(s.message()),
+             Catch::StartsWith("the module memfd attached to the upload is "
+                               "sparse: only ") &&
+                 Catch::EndsWith(" of its 8388608 bytes are written (the rest "
+                                 "are holes); write the module's bytes into "
+                                 "the memfd (a module is never sparse)"));
+  // Written zeros are not holes.
+  UniqueFd full = SealedWith(std::string(1 << 20, '\0'));
+  CHECK(ReadSealedModule(full.get(), 1 << 20, 16 << 20).ok());
+}
+
 }  // namespace
 }  // namespace kreg

@@ -111,6 +111,17 @@ std::vector<FileCase> FileCases(const std::string& dir) {
       {"grpc_first_message_timeout_s", "grpc_first_message_timeout_s = 2.5",
        "2.5"},
       {"grpc_stream_timeout_s", "grpc_stream_timeout_s = 60", "60.0"},
+      {"max_control_connections_per_uid", "max_control_connections_per_uid = 7",
+       "7"},
+      {"max_pending_connections_per_uid", "max_pending_connections_per_uid = 6",
+       "6"},
+      {"control_idle_timeout_s", "control_idle_timeout_s = 1.5", "1.5"},
+      {"max_upload_bytes_per_uid", "max_upload_bytes_per_uid = 5000", "5000"},
+      {"max_heavy_work_per_uid", "max_heavy_work_per_uid = 3", "3"},
+      {"max_grpc_calls_per_uid", "max_grpc_calls_per_uid = 9", "9"},
+      {"max_grpc_streams_per_connection", "max_grpc_streams_per_connection = 4",
+       "4"},
+      {"grpc_max_threads", "grpc_max_threads = 100", "100"},
       {"launch_ring", "launch_ring = false", "false"},
       {"ring_spin_us", "ring_spin_us = 10", "10"},
       {"max_registrations_per_uid", "max_registrations_per_uid = 11", "11"},
@@ -332,6 +343,29 @@ TEST_CASE("Bad values in the config file name the key and what it must be",
       {"grpc_stream_timeout_s = 86401",
        "key \"grpc_stream_timeout_s\" must be a number of seconds > 0 and at "
        "most 86400"},
+      {"max_control_connections_per_uid = 0",
+       "key \"max_control_connections_per_uid\" must be a whole number from "
+       "1 to 1000000"},
+      {"max_pending_connections_per_uid = 0",
+       "key \"max_pending_connections_per_uid\" must be a whole number from "
+       "1 to 1000000"},
+      {"control_idle_timeout_s = 0",
+       "key \"control_idle_timeout_s\" must be a number of seconds > 0 and "
+       "at most 86400"},
+      {"max_upload_bytes_per_uid = -1",
+       "key \"max_upload_bytes_per_uid\" must be a non-negative integer (0: "
+       "twice max_module_bytes)"},
+      {"max_heavy_work_per_uid = 0",
+       "key \"max_heavy_work_per_uid\" must be a whole number from 1 to "
+       "1000000"},
+      {"max_grpc_calls_per_uid = 0",
+       "key \"max_grpc_calls_per_uid\" must be a whole number from 1 to "
+       "1000000"},
+      {"max_grpc_streams_per_connection = 0",
+       "key \"max_grpc_streams_per_connection\" must be a whole number from "
+       "1 to 1000000"},
+      {"grpc_max_threads = 2",
+       "key \"grpc_max_threads\" must be a whole number from 8 to 100000"},
       {"ring_spin_us = 2000000",
        "key \"ring_spin_us\" must be a whole number of microseconds from 0 "
        "to 1000000, not 2000000"},

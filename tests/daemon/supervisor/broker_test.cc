@@ -1,7 +1,7 @@
 // TakeUploadedModule (broker.cc): kregd's intake of a registration sent on
-// a control connection, with the module as a sealed memfd charged to the
-// daemon-wide upload budget before a byte is read; ResolveGeneration, what a
-// pinned binding runs (docs/replace.md §7).
+// a control connection, with the module as a sealed memfd charged to its
+// uid's share of upload bytes in flight before a byte is read;
+// ResolveGeneration, what a pinned binding runs (docs/replace.md §7).
 #include "daemon/supervisor/broker.h"
 
 #include <fcntl.h>
@@ -57,40 +57,57 @@ std::vector<UniqueFd> One(UniqueFd fd) {
 
 const PeerCred kPeer{::getuid(), ::getgid(), ::getpid()};
 
-TEST_CASE("An upload is charged to the budget before it is read", "[broker]") {
+UidAccount UploadAccount(uint64_t bytes) {
+  UidLimits limits{};
+  limits[static_cast<size_t>(UidResource::kUploadBytes)] = bytes;
+  return UidAccount(limits);
+}
+
+TEST_CASE("An upload is charged to its uid's share before it is read",
+          "[broker]") {
   testing::TempDir dir;
   World w(dir.path());
   const std::string module(1000, 'm');
-  wire::ByteBudget budget(1500);
+  UidAccount account = UploadAccount(1500);
 
-  SECTION("within the budget: taken, and held until the hold goes") {
-    wire::BudgetHold hold(&budget);
-    auto taken =
-        TakeUploadedModule(&w.registrar, Upload(module.size()),
-                           One(SealedModule(module)), kPeer, kMaxModule, &hold);
+  SECTION("within the share: taken, and held until the hold goes") {
+    UidAccount::Charge hold;
+    auto taken = TakeUploadedModule(&w.registrar, Upload(module.size()),
+                                    One(SealedModule(module)), kPeer,
+                                    kMaxModule, &account, &hold);
     REQUIRE(taken.ok());
     CHECK(*taken == module);
-    CHECK(budget.used() == 1000);
+    CHECK(account.Held(kPeer.uid, UidResource::kUploadBytes) == 1000);
   }
-  CHECK(budget.used() == 0);
+  CHECK(account.Held(kPeer.uid, UidResource::kUploadBytes) == 0);
 
-  SECTION("over the budget: RESOURCE_EXHAUSTED naming the limit") {
-    wire::BudgetHold other(&budget);
-    REQUIRE(other.Set(1000));  // another session's upload in flight
-    wire::BudgetHold hold(&budget);
-    auto taken =
-        TakeUploadedModule(&w.registrar, Upload(module.size()),
-                           One(SealedModule(module)), kPeer, kMaxModule, &hold);
+  SECTION("over the share: RESOURCE_EXHAUSTED naming the limit") {
+    // Another upload of this uid in flight.
+    auto other = account.Take(kPeer.uid, UidResource::kUploadBytes, 1000);
+    REQUIRE(other.ok());
+    UidAccount::Charge hold;
+    auto taken = TakeUploadedModule(&w.registrar, Upload(module.size()),
+                                    One(SealedModule(module)), kPeer,
+                                    kMaxModule, &account, &hold);
     REQUIRE(!taken.ok());
     CHECK(taken.status().code() == absl::StatusCode::kResourceExhausted);
     CHECK_THAT(std::string(taken.status().message()),
-               Catch::Contains("this one of 1000 bytes would exceed the 1500 "
-                               "bytes of uploads kregd holds at once for all "
-                               "clients") &&
-                   Catch::Contains("1000 in use") &&
-                   Catch::Contains("register again in a moment"));
-    CHECK(hold.held() == 0);
-    CHECK(budget.used() == 1000);
+               Catch::Contains("kregd refused a module upload of 1000 bytes "
+                               "(counted by its announced size, sparse or "
+                               "not): uid ") &&
+                   Catch::Contains("holds 1000 bytes of module uploads in "
+                                   "flight already") &&
+                   Catch::Contains("(max_upload_bytes_per_uid)"));
+    CHECK(hold.amount() == 0);
+    CHECK(account.Held(kPeer.uid, UidResource::kUploadBytes) == 1000);
+    // Another uid keeps its share.
+    PeerCred stranger = kPeer;
+    stranger.uid = kPeer.uid + 1;
+    UidAccount::Charge theirs;
+    CHECK(TakeUploadedModule(&w.registrar, Upload(module.size()),
+                             One(SealedModule(module)), stranger, kMaxModule,
+                             &account, &theirs)
+              .ok());
   }
 }
 
@@ -98,15 +115,15 @@ TEST_CASE("A registration's bad forms are refused with their reason",
           "[broker]") {
   testing::TempDir dir;
   World w(dir.path());
-  wire::ByteBudget budget(kMaxModule * 2);
-  wire::BudgetHold hold(&budget);
+  UidAccount account = UploadAccount(kMaxModule * 2);
+  UidAccount::Charge hold;
   const std::string module(64, 'm');
 
   SECTION("a memfd on a registration by path") {
     v1::RegisterTargetHeader req = Upload(0);
     req.mutable_module()->set_path("/m.so");
     auto r = TakeUploadedModule(&w.registrar, req, One(SealedModule(module)),
-                                kPeer, kMaxModule, &hold);
+                                kPeer, kMaxModule, &account, &hold);
     REQUIRE(!r.ok());
     CHECK_THAT(std::string(r.status().message()),
                Catch::Contains("carries 1 file descriptor(s); only an upload "
@@ -114,7 +131,7 @@ TEST_CASE("A registration's bad forms are refused with their reason",
   }
   SECTION("an upload without its memfd") {
     auto r = TakeUploadedModule(&w.registrar, Upload(module.size()), {}, kPeer,
-                                kMaxModule, &hold);
+                                kMaxModule, &account, &hold);
     REQUIRE(!r.ok());
     CHECK_THAT(std::string(r.status().message()),
                Catch::Contains("carries 0 file descriptor(s); an upload "
@@ -123,8 +140,9 @@ TEST_CASE("A registration's bad forms are refused with their reason",
   SECTION("two memfds") {
     std::vector<UniqueFd> two = One(SealedModule(module));
     two.push_back(SealedModule(module));
-    auto r = TakeUploadedModule(&w.registrar, Upload(module.size()),
-                                std::move(two), kPeer, kMaxModule, &hold);
+    auto r =
+        TakeUploadedModule(&w.registrar, Upload(module.size()), std::move(two),
+                           kPeer, kMaxModule, &account, &hold);
     REQUIRE(!r.ok());
     CHECK_THAT(std::string(r.status().message()),
                Catch::Contains("carries 2 file descriptor(s); an upload "
@@ -133,21 +151,22 @@ TEST_CASE("A registration's bad forms are refused with their reason",
   SECTION("an unsealed memfd") {
     auto r = TakeUploadedModule(&w.registrar, Upload(module.size()),
                                 One(SealedModule(module, 0)), kPeer, kMaxModule,
-                                &hold);
+                                &account, &hold);
     REQUIRE(!r.ok());
     CHECK_THAT(std::string(r.status().message()),
                Catch::Contains("is not sealed against writing"));
   }
   SECTION("a memfd of another size than announced") {
-    auto r =
-        TakeUploadedModule(&w.registrar, Upload(module.size() + 1),
-                           One(SealedModule(module)), kPeer, kMaxModule, &hold);
+    auto r = TakeUploadedModule(&w.registrar, Upload(module.size() + 1),
+                                One(SealedModule(module)), kPeer, kMaxModule,
+                                &account, &hold);
     REQUIRE(!r.ok());
     CHECK_THAT(std::string(r.status().message()),
                Catch::Contains("holds 64 bytes, not the 65 announced in "
                                "module.upload_size"));
   }
-  CHECK(budget.used() <= module.size() + 1);
+  CHECK(account.Held(kPeer.uid, UidResource::kUploadBytes) <=
+        module.size() + 1);
 }
 
 TEST_CASE("A control hello is answered with kregd's version and module limit",
