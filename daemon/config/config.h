@@ -79,7 +79,7 @@ struct Config {
   // control_idle_timeout_s idle; module upload bytes in flight by announced
   // size (0: twice max_module_bytes); registrations being hashed and probed
   // (more wait for the uid's own); streaming gRPC calls.
-  int max_control_connections_per_uid = 32;
+  int max_control_connections_per_uid = 64;
   // Connections to the session socket waiting for their first request.
   int max_pending_connections_per_uid = 32;
   double control_idle_timeout_s = 60;
