@@ -4,7 +4,7 @@ namespace kreg {
 
 bool SessionBindings::Add(uint64_t session_id, const PeerCred& peer,
                           const TargetKey& key, bool local, uint32_t generation,
-                          bool pinned) {
+                          bool pinned, uint32_t registered) {
   absl::MutexLock lock(&mu_);
   Session& s = sessions_[session_id];
   s.peer = peer;
@@ -14,7 +14,34 @@ bool SessionBindings::Add(uint64_t session_id, const PeerCred& peer,
   held.local |= local;
   if (generation != 0) held.generation = generation;
   held.pinned = pinned;
+  held.registered = registered;
   return fresh;
+}
+
+uint32_t SessionBindings::RegisteredBy(pid_t pid, const TargetKey& key) {
+  absl::MutexLock lock(&mu_);
+  uint32_t out = 0;
+  for (const auto& [id, s] : sessions_) {
+    if (s.peer.pid != pid) continue;
+    auto it = s.keys.find(key);
+    if (it != s.keys.end() && it->second.registered > out) {
+      out = it->second.registered;
+    }
+  }
+  return out;
+}
+
+uint32_t FollowedGeneration(const TargetEntry& entry,
+                            const SessionBindings::Bound& held, uid_t uid) {
+  if (held.pinned) return held.generation;
+  if (held.registered == 0) return entry.generation;
+  uint32_t at = held.registered;
+  for (const Generation& g : entry.generations) {
+    if (g.generation <= at) continue;
+    if (g.by.uid != uid && g.by.uid != 0) break;
+    at = g.generation;
+  }
+  return at;
 }
 
 std::map<uint64_t, std::pair<PeerCred, SessionBindings::Bound>>

@@ -23,10 +23,14 @@ class SessionBindings final : public BindingOracle {
   // `local`: the client's own process holds the module (DESIGN §11); a
   // session that holds a key both ways shows it as local. `generation`:
   // the one it resolved (docs/replace.md; 0: unknown); `pinned`: the
-  // session asked for that generation (section 7) and keeps it. True when
-  // the session holds `key` locally now and did not before.
+  // session asked for that generation (section 7) and keeps it.
+  // `registered`: the generation the process's registration matched
+  // (created or a no-op), which it holds for its content (DESIGN §14 rule
+  // 1; 0: it binds by name and follows the owner). True when the session
+  // holds `key` locally now and did not before.
   bool Add(uint64_t session_id, const PeerCred& peer, const TargetKey& key,
-           bool local = false, uint32_t generation = 0, bool pinned = false);
+           bool local = false, uint32_t generation = 0, bool pinned = false,
+           uint32_t registered = 0);
   // The session ended: forget what it had bound.
   void RemoveSession(uint64_t session_id);
   std::vector<PeerCred> Holders(const TargetKey& key) override;
@@ -35,7 +39,13 @@ class SessionBindings final : public BindingOracle {
     bool local = false;
     uint32_t generation = 0;  // what it runs (docs/replace.md)
     bool pinned = false;      // a re-point leaves it at `generation`
+    // Held for its content: the generation its process registered (0:
+    // bound by name). See FollowedGeneration.
+    uint32_t registered = 0;
   };
+  // The generation process `pid` registered `key` at over one of its live
+  // connections (the latest, when several did); 0 when it registered none.
+  uint32_t RegisteredBy(pid_t pid, const TargetKey& key);
   // The live sessions that hold `key`, by session id.
   std::map<uint64_t, std::pair<PeerCred, Bound>> HoldersOf(
       const TargetKey& key);
@@ -57,6 +67,15 @@ class SessionBindings final : public BindingOracle {
   absl::Mutex mu_;
   std::map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
 };
+
+// The generation of `entry` that a holder of uid `uid` runs (DESIGN §14
+// rule 1, docs/replace.md "Who switches"). Bound by name (`held.registered`
+// 0): the current one. Pinned: its pin. Held for its content: the
+// generation it registered, moved on through each later generation that
+// its own uid or root made, up to the first that another uid made (the
+// owner's replacement never reaches another uid's registering process).
+uint32_t FollowedGeneration(const TargetEntry& entry,
+                            const SessionBindings::Bound& held, uid_t uid);
 
 }  // namespace kreg
 

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "catch2/catch.hpp"
 #include "common/wire.h"
@@ -165,6 +166,72 @@ TEST_CASE("SessionBindings records the generation each holder runs",
   auto snapshot = b.Snapshot();
   REQUIRE(snapshot[1].size() == 1);
   CHECK(snapshot[1][0].generation == 2);
+}
+
+// An entry at generation 3 whose generations were made by `by` (uids,
+// generation 1 first).
+TargetEntry MadeBy(std::vector<uid_t> by) {
+  TargetEntry e;
+  e.key = {"op", Platform::kCpu};
+  for (size_t i = 0; i < by.size(); ++i) {
+    Generation g;
+    g.generation = static_cast<uint32_t>(i + 1);
+    g.by.uid = by[i];
+    e.generations.push_back(g);
+  }
+  e.generation = static_cast<uint32_t>(by.size());
+  return e;
+}
+
+TEST_CASE(
+    "A holder of content follows only its own uid's and root's generations; "
+    "one bound by name follows all, a pin none",
+    "[repoint][trust]") {
+  SessionBindings::Bound by_name;
+  SessionBindings::Bound registered;
+  registered.registered = 1;
+  SessionBindings::Bound pinned;
+  pinned.pinned = true;
+  pinned.generation = 2;
+  // Owner 1000 made generation 1, then 2 and 3.
+  const TargetEntry owners = MadeBy({1000, 1000, 1000});
+  CHECK(FollowedGeneration(owners, by_name, 1001) == 3);
+  CHECK(FollowedGeneration(owners, registered, 1001) == 1);  // another uid
+  CHECK(FollowedGeneration(owners, registered, 1000) == 3);  // its own uid
+  CHECK(FollowedGeneration(owners, pinned, 1000) == 2);
+  // Root's replacement reaches every content holder; the owner's after it
+  // does not reach another uid's.
+  CHECK(FollowedGeneration(MadeBy({1000, 0, 1000}), registered, 1001) == 2);
+  CHECK(FollowedGeneration(MadeBy({1000, 0, 0}), registered, 1001) == 3);
+  // Registered at generation 2: what came before does not matter.
+  registered.registered = 2;
+  CHECK(FollowedGeneration(MadeBy({1000, 1000, 1001}), registered, 1001) == 3);
+  CHECK(FollowedGeneration(MadeBy({1000, 1000, 1000}), registered, 1001) == 2);
+  // Never replaced: the one generation.
+  TargetEntry once;
+  once.generation = 1;
+  registered.registered = 1;
+  CHECK(FollowedGeneration(once, registered, 1001) == 1);
+}
+
+TEST_CASE("SessionBindings knows what a process registered, by pid",
+          "[repoint][trust]") {
+  SessionBindings b;
+  const TargetKey op{"op", Platform::kCpu};
+  // A control connection of pid 11 registered op at generation 2; its
+  // session bound it without registering.
+  b.Add(1, PeerCred{1000, 1000, 11}, op, /*local=*/false, 2, false,
+        /*registered=*/2);
+  b.Add(2, PeerCred{1000, 1000, 11}, op, /*local=*/true, 2);
+  b.Add(3, PeerCred{1000, 1000, 12}, op, /*local=*/false, 2);
+  CHECK(b.RegisteredBy(11, op) == 2);
+  CHECK(b.RegisteredBy(12, op) == 0);  // bound by name only
+  CHECK(b.RegisteredBy(11, {"other", Platform::kCpu}) == 0);
+  CHECK(b.HoldersOf(op)[1].second.registered == 2);
+  CHECK(b.HoldersOf(op)[2].second.registered == 0);
+  // The connection closed: the process no longer holds it for content.
+  b.RemoveSession(1);
+  CHECK(b.RegisteredBy(11, op) == 0);
 }
 
 }  // namespace
