@@ -70,17 +70,27 @@ def register_as(d, uid, name, module, *extra):
       capture_output=True, text=True, timeout=120, cwd="/")
 
 
-# Registers argv[1] with libdemo.so (argv[2]: local or isolated), then calls
-# it once per line on stdin: {"y": result}. The first line says what the
+# Registers argv[1] with libdemo.so (argv[2]: local or isolated; argv[4]
+# "intercept": as a plain JAX library does, jax.ffi.register_ffi_target of
+# the loaded library's handler, under kreg.intercept()), then calls it once
+# per line on stdin: {"y": result}. The first line says what the
 # registration did (or why it was refused).
 REGISTER_AND_CALL = """
-import json, sys
+import ctypes, json, sys
 import jax, numpy as np
 import kreg
-name, mode, module = sys.argv[1], sys.argv[2], sys.argv[3]
+name, mode, module, how = sys.argv[1:5]
 try:
-  r = kreg.register_ffi_target(name, module, "Scale", platform="cpu",
-                               execution=mode)
+  if how == "intercept":
+    kreg.configure(execution=mode)
+    with kreg.intercept():
+      jax.ffi.register_ffi_target(
+          name, jax.ffi.pycapsule(ctypes.CDLL(module).Scale), platform="cpu")
+    [t] = [t for t in kreg.list_registered_targets() if t.target_name == name]
+    r = kreg.Registration(False, t)
+  else:
+    r = kreg.register_ffi_target(name, module, "Scale", platform="cpu",
+                                 execution=mode)
 except kreg.UntrustedTargetError as e:
   print(json.dumps({"refused": str(e), "uid": e.uid,
                     "permission": isinstance(e, PermissionError),
@@ -99,10 +109,10 @@ for line in sys.stdin:
 class Registrant:
   """A JAX process of `uid` that registered `name` with libdemo.so."""
 
-  def __init__(self, d, uid, name, mode, env=None):
+  def __init__(self, d, uid, name, mode, env=None, how="kreg"):
     self.p = subprocess.Popen(
         [*as_uid(uid), sys.executable, "-c", textwrap.dedent(REGISTER_AND_CALL),
-         name, mode, str(d.work / "libdemo.so")],
+         name, mode, str(d.work / "libdemo.so"), how],
         env={**d.env(), "HOME": "/", **(env or {})}, cwd="/",
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
@@ -137,13 +147,15 @@ def generation_of(d, name, pid):
   raise AssertionError(f"pid {pid} does not hold {name}: {show(d, name)}")
 
 
-@pytest.mark.parametrize("mode", ["isolated", "local"])
+@pytest.mark.parametrize("mode,how", [("isolated", "kreg"),
+                                      ("local", "kreg"),
+                                      ("isolated", "intercept")])
 def test_a_squatted_name_replaced_by_its_squatter_never_reaches_the_victim(
-    d, mode):
-  name = f"trust.{mode}"
+    d, mode, how):
+  name = f"trust.{mode}.{how}"
   squat = register_as(d, A, name, "libdemo.so")
   assert squat.returncode == 0, squat.stderr
-  b = Registrant(d, B, name, mode)
+  b = Registrant(d, B, name, mode, how=how)
   follower = Holder(d, name, mode)  # root, binding by name: trusts anyone
   try:
     assert b.first == {"created": False, "owner": A}
@@ -225,17 +237,18 @@ def test_the_process_s_own_uid_and_root_do_switch_it(d, mode):
 def test_trusted_owners_refuse_a_registration_that_matched_another_uid(d):
   assert register_as(d, A, "trust.refused", "libdemo.so").returncode == 0
   nobody = pwd.getpwuid(A).pw_name
-  b = Registrant(d, B, "trust.refused", "isolated",
-                 env={"KREG_TRUSTED_OWNERS": str(B)})
-  assert b.first["uid"] == A and b.first["permission"], b.first
-  assert b.first["bound"] is None  # nothing forwards to A's module
-  assert (f'target "trust.refused" (cpu) is already registered by uid {A} '
-          f"({nobody}), who is not among the owners this process trusts "
-          f"({B}): this registration matched that user's target"
-          in b.first["refused"]), b.first
-  assert "Register your build under a name of your own" in b.first["refused"]
-  assert "KREG_TRUSTED_OWNERS" in b.first["refused"]
-  b.end()
+  for how in ("kreg", "intercept"):
+    b = Registrant(d, B, "trust.refused", "isolated",
+                   env={"KREG_TRUSTED_OWNERS": str(B)}, how=how)
+    assert b.first["uid"] == A and b.first["permission"], b.first
+    assert b.first["bound"] is None  # nothing forwards to A's module
+    assert (f'target "trust.refused" (cpu) is already registered by uid {A} '
+            f"({nobody}), who is not among the owners this process trusts "
+            f"({B}): this registration matched that user's target"
+            in b.first["refused"]), b.first
+    assert "Register your build under a name of your own" in b.first["refused"]
+    assert "KREG_TRUSTED_OWNERS" in b.first["refused"]
+    b.end()
   # Trusting A, the same registration goes through.
   ok = Registrant(d, B, "trust.refused", "isolated",
                   env={"KREG_TRUSTED_OWNERS": f"{B},{nobody}"})
