@@ -72,7 +72,8 @@ def register_as(d, uid, name, module, *extra):
 
 # Registers argv[1] with libdemo.so (argv[2]: local or isolated; argv[4]
 # "intercept": as a plain JAX library does, jax.ffi.register_ffi_target of
-# the loaded library's handler, under kreg.intercept()), then calls it once
+# the loaded library's handler, under kreg.intercept(); "bind": binds it by
+# name instead, kreg.bind_ffi_target), then calls it once
 # per line on stdin: {"y": result}. The first line says what the
 # registration did (or why it was refused).
 REGISTER_AND_CALL = """
@@ -81,7 +82,9 @@ import jax, numpy as np
 import kreg
 name, mode, module, how = sys.argv[1:5]
 try:
-  if how == "intercept":
+  if how == "bind":  # no registration: follow the name's owner
+    r = kreg.bind_ffi_target(name, platform="cpu", execution=mode)
+  elif how == "intercept":
     kreg.configure(execution=mode)
     with kreg.intercept():
       jax.ffi.register_ffi_target(
@@ -178,30 +181,30 @@ def test_a_squatted_name_replaced_by_its_squatter_never_reaches_the_victim(
     follower.end()
 
 
-def test_a_bind_by_name_follows_only_a_trusted_owner(d):
-  register_as(d, A, "trust.bind", "libdemo.so")
+@pytest.mark.parametrize("mode", ["isolated", "local"])
+def test_a_bind_by_name_follows_only_a_trusted_owner(d, mode):
+  name = f"trust.bind.{mode}"
+  assert register_as(d, A, name, "libdemo.so").returncode == 0
   nobody = pwd.getpwuid(A).pw_name
-  trusting = Holder(d, "trust.bind")
-  trusting_env = subprocess.run(
-      [sys.executable, "-c", textwrap.dedent("""
-        import kreg, sys
-        try:
-          kreg.bind_ffi_target("trust.bind", platform="cpu")
-        except kreg.UntrustedTargetError as e:
-          print(e)
-          sys.exit(3)
-      """)], env={**d.env(), "KREG_TRUSTED_OWNERS": "daemon"},
-      capture_output=True, text=True, timeout=120)
+  # B's process that trusts A follows A's replacement.
+  trusting = Registrant(d, B, name, mode, how="bind",
+                        env={"KREG_TRUSTED_OWNERS": nobody})
+  # One that does not trust A is refused at its bind, as before: it never
+  # holds A's target, so no replacement can reach it.
+  wary = Registrant(d, B, name, mode, how="bind",
+                    env={"KREG_TRUSTED_OWNERS": str(B)})
+  wary.end()
   try:
-    assert trusting.call()["y"] == V1
-    # One that does not trust A is refused at its bind, as before.
-    assert trusting_env.returncode == 3, trusting_env.stderr
-    assert (f'target "trust.bind" (cpu) was registered by uid {A} ({nobody}),'
-            " who is not among the owners this process trusts (daemon)"
-            in trusting_env.stdout), trusting_env.stdout
-    assert register_as(d, A, "trust.bind", "libdemo_v2.so",
-                       "--replace").returncode == 0
-    assert trusting.call()["y"] == V2
+    assert trusting.first == {"created": False, "owner": A}
+    assert trusting.call() == V1
+    assert wary.first["uid"] == A and wary.first["bound"] is None
+    assert (f'target "{name}" (cpu) was registered by uid {A} ({nobody}), '
+            f"who is not among the owners this process trusts ({B})"
+            in wary.first["refused"]), wary.first
+    r = register_as(d, A, name, "libdemo_v2.so", "--replace")
+    assert r.returncode == 0, r.stderr
+    assert trusting.call() == V2
+    assert generation_of(d, name, trusting.p.pid) == 2
   finally:
     trusting.end()
 
