@@ -35,11 +35,11 @@ A, B = 65534, 65533
 V1, V2 = [0.0, 2.0, 4.0, 6.0], [0.0, 3.0, 6.0, 9.0]
 
 
-@pytest.fixture
-def d():
+def start(*extra):
   if os.geteuid() != 0:
     pytest.skip("needs root: processes run as uids 65534 and 65533")
-  daemon = kregd_proc.start_test_daemon("kreg-trust-", ["--replace", "owner"])
+  daemon = kregd_proc.start_test_daemon("kreg-trust-",
+                                        ["--replace", "owner", *extra])
   os.chmod(daemon.root, 0o711)
   work = pathlib.Path(tempfile.mkdtemp(prefix="kreg-trust-", dir="/var/tmp"))
   os.chmod(work, 0o755)
@@ -52,6 +52,17 @@ def d():
   yield daemon
   kregd_proc.finish_test_daemon(daemon)
   shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture
+def d():
+  yield from start()
+
+
+@pytest.fixture
+def d_shared():
+  """One executor for every process: B's and the follower's sessions."""
+  yield from start("--isolation", "shared")
 
 
 def as_uid(uid):
@@ -260,3 +271,21 @@ def test_trusted_owners_refuse_a_registration_that_matched_another_uid(d):
     assert ok.call() == V1
   finally:
     ok.end()
+
+
+def test_in_a_shared_executor_only_the_follower_switches(d_shared):
+  d = d_shared
+  assert register_as(d, A, "trust.shared", "libdemo.so").returncode == 0
+  b = Registrant(d, B, "trust.shared", "isolated")
+  follower = Holder(d, "trust.shared")
+  try:
+    assert b.call() == V1 and follower.call()["y"] == V1
+    # Both sessions run in the one executor that the re-point reaches.
+    assert len({e["pid"] for e in d.status()["executors"]}) == 1, d.status()
+    r = register_as(d, A, "trust.shared", "libdemo_v2.so", "--replace")
+    assert r.returncode == 0, r.stderr
+    assert follower.call()["y"] == V2
+    assert b.call() == V1
+  finally:
+    b.end()
+    follower.end()
