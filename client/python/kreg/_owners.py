@@ -111,8 +111,8 @@ def check(target: Any, owners: Optional[Iterable[Any]],
         f"registered by {_user(target.uid)}, who is not among the owners "
         f"this process trusts ({', '.join(spelled)}): this registration "
         "matched that user's target, so this process would run that "
-        "user's module and that user could replace it. Register your build "
-        "under a name of your own (a prefix of yours), add the user to "
+        "user's module. Register your build under a name of your own (a "
+        "prefix of yours), add the user to "
         "$KREG_TRUSTED_OWNERS or kreg.configure(trusted_owners=...) if you "
         "trust its code, or ask the operator to reserve the name for its "
         "rightful owner (`kregctl reserve`)", target.uid)
