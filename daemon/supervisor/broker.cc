@@ -132,11 +132,13 @@ v1::SessionResponse HandleControl(const BrokerContext& ctx, uint64_t id,
         absl::StatusOr<Platform> p = ParsePlatform(r->target().platform());
         // What this process registered it holds for its content (DESIGN
         // §14 rule 1): its sessions' resolves look it up (RegisteredBy).
-        if (p.ok())
-          ctx.bindings->Add(id, peer, {r->target().target_name(), *p},
-                            /*local=*/false, r->target().generation(),
-                            /*pinned=*/false,
+        if (p.ok()) {
+          const TargetKey key{r->target().target_name(), *p};
+          ctx.bindings->Add(id, peer, key, /*local=*/false,
+                            r->target().generation(), /*pinned=*/false,
                             /*registered=*/r->target().generation());
+          ctx.bindings->RecordRegistration(peer, key, r->target().generation());
+        }
       }
       if (r.ok()) {
         *resp.mutable_register_target() = *std::move(r);

@@ -1,5 +1,13 @@
 #include "daemon/supervisor/session_bindings.h"
 
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/unique_fd.h"
+
 namespace kreg {
 
 bool SessionBindings::Add(uint64_t session_id, const PeerCred& peer,
@@ -18,15 +26,79 @@ bool SessionBindings::Add(uint64_t session_id, const PeerCred& peer,
   return fresh;
 }
 
-uint32_t SessionBindings::RegisteredBy(pid_t pid, const TargetKey& key) {
+uint64_t ProcessStartTime(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  UniqueFd fd(::open(path, O_RDONLY | O_CLOEXEC));
+  if (!fd.ok()) return 0;
+  char buf[1024];
+  const ssize_t n = ::read(fd.get(), buf, sizeof(buf) - 1);
+  if (n <= 0) return 0;
+  buf[n] = '\0';
+  // Fields after "(comm)", which may hold spaces and parentheses: field 3
+  // (state) is the first.
+  const char* p = strrchr(buf, ')');
+  if (p == nullptr) return 0;
+  ++p;
+  for (int field = 3; field < 22; ++field) {
+    p = strchr(p + 1, ' ');
+    if (p == nullptr) return 0;
+  }
+  return strtoull(p + 1, nullptr, 10);
+}
+
+void SessionBindings::RecordRegistration(const PeerCred& peer,
+                                         const TargetKey& key,
+                                         uint32_t generation) {
+  const uint64_t start = start_time_(peer.pid);
+  if (start == 0 || generation == 0) return;  // it ended already
+  std::vector<pid_t> pids;
+  {
+    absl::MutexLock lock(&mu_);
+    Registration& r = registrations_[{peer.pid, key}];
+    r = Registration{start, generation};  // its latest registration
+    if (registrations_.size() <= kMaxRegistrations) return;
+    for (const auto& [k, reg] : registrations_) pids.push_back(k.first);
+  }
+  // Full: forget the processes that ended (outside the lock: /proc reads).
+  std::map<pid_t, uint64_t> alive;
+  for (pid_t pid : pids) {
+    if (alive.count(pid) == 0) alive[pid] = start_time_(pid);
+  }
   absl::MutexLock lock(&mu_);
-  uint32_t out = 0;
-  for (const auto& [id, s] : sessions_) {
-    if (s.peer.pid != pid) continue;
-    auto it = s.keys.find(key);
-    if (it != s.keys.end() && it->second.registered > out) {
-      out = it->second.registered;
+  for (auto it = registrations_.begin(); it != registrations_.end();) {
+    auto a = alive.find(it->first.first);
+    if (a != alive.end() && a->second != it->second.start_time) {
+      it = registrations_.erase(it);
+    } else {
+      ++it;
     }
+  }
+  // Still full of live processes: drop this one (its connections still
+  // say what it registered while they live).
+  if (registrations_.size() > kMaxRegistrations) {
+    registrations_.erase({peer.pid, key});
+  }
+}
+
+uint32_t SessionBindings::RegisteredBy(pid_t pid, const TargetKey& key) {
+  uint32_t out = 0;
+  Registration recorded;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, s] : sessions_) {
+      if (s.peer.pid != pid) continue;
+      auto it = s.keys.find(key);
+      if (it != s.keys.end() && it->second.registered > out) {
+        out = it->second.registered;
+      }
+    }
+    auto it = registrations_.find({pid, key});
+    if (it != registrations_.end()) recorded = it->second;
+  }
+  // A record of an earlier process with the same pid counts for nothing.
+  if (recorded.generation > out && start_time_(pid) == recorded.start_time) {
+    out = recorded.generation;
   }
   return out;
 }

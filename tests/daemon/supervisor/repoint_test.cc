@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -216,12 +217,15 @@ TEST_CASE(
 
 TEST_CASE("SessionBindings knows what a process registered, by pid",
           "[repoint][trust]") {
-  SessionBindings b;
+  // Process start times (0: no such process); pid 11 is alive.
+  std::map<pid_t, uint64_t> started = {{11, 500}, {12, 600}};
+  SessionBindings b([&](pid_t pid) { return started[pid]; });
   const TargetKey op{"op", Platform::kCpu};
   // A control connection of pid 11 registered op at generation 2; its
   // session bound it without registering.
   b.Add(1, PeerCred{1000, 1000, 11}, op, /*local=*/false, 2, false,
         /*registered=*/2);
+  b.RecordRegistration(PeerCred{1000, 1000, 11}, op, 2);
   b.Add(2, PeerCred{1000, 1000, 11}, op, /*local=*/true, 2);
   b.Add(3, PeerCred{1000, 1000, 12}, op, /*local=*/false, 2);
   CHECK(b.RegisteredBy(11, op) == 2);
@@ -229,9 +233,19 @@ TEST_CASE("SessionBindings knows what a process registered, by pid",
   CHECK(b.RegisteredBy(11, {"other", Platform::kCpu}) == 0);
   CHECK(b.HoldersOf(op)[1].second.registered == 2);
   CHECK(b.HoldersOf(op)[2].second.registered == 0);
-  // The connection closed: the process no longer holds it for content.
+  // Its connections closed: the process still holds that content.
   b.RemoveSession(1);
+  b.RemoveSession(2);
+  CHECK(b.RegisteredBy(11, op) == 2);
+  // Its next registration (its own replacement) is what it holds.
+  b.RecordRegistration(PeerCred{1000, 1000, 11}, op, 3);
+  CHECK(b.RegisteredBy(11, op) == 3);
+  // A later process with the same pid registered nothing.
+  started[11] = 900;
   CHECK(b.RegisteredBy(11, op) == 0);
+  // Nor does one that had ended when its registration was answered.
+  b.RecordRegistration(PeerCred{1000, 1000, 13}, op, 1);
+  CHECK(b.RegisteredBy(13, op) == 0);
 }
 
 }  // namespace
