@@ -171,7 +171,7 @@ absl::StatusOr<ResolvedHandler> ExecutorBackend::Lookup(const TargetKey& key,
   }
   absl::MutexLock lock(&resolved_mu_);
   resolved_.emplace_back(key, rr.token());
-  return ResolvedHandler{*handler, rr.token()};
+  return ResolvedHandler{*handler, rr.token(), rr.holds_content()};
 }
 
 absl::Status ExecutorBackend::Execute(void* handler, const LaunchFrame& frame) {

@@ -5,8 +5,10 @@
 
 namespace kreg {
 
-HandlerTable::HandlerTable(SessionBackend* backend)
-    : backend_(backend), repoints_(backend->Repoints()) {}
+HandlerTable::HandlerTable(SessionBackend* backend, uint64_t session_id)
+    : backend_(backend),
+      session_id_(session_id),
+      repoints_(backend->Repoints()) {}
 
 absl::StatusOr<ResolvedHandler> HandlerTable::Lookup(const TargetKey& key,
                                                      uint32_t generation) {
@@ -17,9 +19,12 @@ absl::StatusOr<ResolvedHandler> HandlerTable::Lookup(const TargetKey& key,
     seen_epoch_ = repoints_->epoch();
     for (auto& [k, resolved] : handlers_) {
       if (k.second != 0) continue;
-      if (std::optional<RepointTable::Handler> h = repoints_->Find(k.first)) {
-        resolved = ResolvedHandler{h->handler, h->token};
-      }
+      std::optional<RepointTable::Handler> h = repoints_->Find(k.first);
+      if (!h.has_value()) continue;
+      // Held for its content: only its own uid's or root's generation,
+      // which kregd names it for (DESIGN §14 rule 1).
+      if (resolved.content && !h->Switches(session_id_)) continue;
+      resolved = ResolvedHandler{h->handler, h->token, resolved.content};
     }
   }
   auto it = handlers_.find({key, generation});

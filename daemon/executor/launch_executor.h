@@ -33,6 +33,9 @@ class ShmArena;
 struct ResolvedHandler {
   void* handler = nullptr;
   uint32_t token = 0;
+  // The client's process registered the target (ResolveReply.holds_content,
+  // DESIGN §14 rule 1): a re-point moves it only when it lists the session.
+  bool content = false;
 };
 
 // The handlers a session has resolved (a retired name cannot be retired
@@ -40,18 +43,21 @@ struct ResolvedHandler {
 // (docs/replace.md) switches at the next Lookup: the start of a launch.
 class HandlerTable {
  public:
-  explicit HandlerTable(SessionBackend* backend);
+  // `session_id`: kregd's id of the session (ExecRepoint.content_sessions).
+  explicit HandlerTable(SessionBackend* backend, uint64_t session_id = 0);
   // The handler registered as `key` and its stats token (asking the
   // backend the first time, then the backend's RepointTable when it
   // changed), or the backend's NOT_FOUND naming it. With `generation` > 0
   // (pinned, docs/replace.md §7) that generation's, asked once and never
-  // re-pointed.
+  // re-pointed. A handler held for its content switches only with a
+  // re-point that names this session.
   absl::StatusOr<ResolvedHandler> Lookup(const TargetKey& key,
                                          uint32_t generation = 0);
   void Clear() { handlers_.clear(); }
 
  private:
   SessionBackend* const backend_;
+  const uint64_t session_id_;
   const RepointTable* const repoints_;  // null: targets are never re-pointed
   uint64_t seen_epoch_ = 0;
   std::map<std::pair<TargetKey, uint32_t>, ResolvedHandler> handlers_;

@@ -56,7 +56,8 @@ absl::Status Apply(const v1::ExecRepoint& r, std::vector<UniqueFd> fds,
   absl::StatusOr<void*> handler =
       modules->Handler(r.module_digest(), std::move(fds[0]), r.func_name());
   if (!handler.ok()) return handler.status();
-  table->Set({r.target_name(), *platform}, r.generation(), *handler, r.token());
+  table->Set({r.target_name(), *platform}, r.generation(), *handler, r.token(),
+             {r.content_sessions().begin(), r.content_sessions().end()});
   return absl::OkStatus();
 }
 

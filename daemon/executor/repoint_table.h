@@ -3,10 +3,12 @@
 #ifndef KREGD_DAEMON_EXECUTOR_REPOINT_TABLE_H_
 #define KREGD_DAEMON_EXECUTOR_REPOINT_TABLE_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "daemon/base/types.h"
@@ -24,6 +26,13 @@ class RepointTable {
     uint32_t generation = 0;
     void* handler = nullptr;
     uint32_t token = 0;  // kregd's token for the generation (its stats row)
+    // The sessions holding the target for its content that switch too
+    // (ExecRepoint.content_sessions, sorted).
+    std::vector<uint64_t> content_sessions;
+    bool Switches(uint64_t session_id) const {
+      return std::binary_search(content_sessions.begin(),
+                                content_sessions.end(), session_id);
+    }
   };
 
   RepointTable() = default;
@@ -34,7 +43,7 @@ class RepointTable {
   // stats row of `token`. False (and no change) when `key` is at
   // `generation` or a later one already.
   bool Set(const TargetKey& key, uint32_t generation, void* handler,
-           uint32_t token);
+           uint32_t token, std::vector<uint64_t> content_sessions = {});
   // What `key` was last re-pointed to; nullopt when never.
   std::optional<Handler> Find(const TargetKey& key) const;
   // Counts the Sets that changed something: a reader that saw the same

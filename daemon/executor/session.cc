@@ -40,7 +40,7 @@ Session::Session(uint64_t id, UniqueFd sock, const PeerCred& peer,
       backend_(backend),
       counters_(counters),
       arena_(limits.max_arena_bytes),
-      handlers_(backend),
+      handlers_(backend, id),
       executors_(MakeLaunchExecutors({id, peer, backend, &arena_, &handlers_,
                                       limits.receive_budget, cuda})),
       ring_decoder_(limits.receive_budget) {}

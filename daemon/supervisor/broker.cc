@@ -146,9 +146,15 @@ v1::SessionResponse HandleControl(const BrokerContext& ctx, uint64_t id,
               : absl::StatusOr<v1::RegisterTargetResponse>(module.status());
       if (r.ok() && ctx.bindings != nullptr) {
         absl::StatusOr<Platform> p = ParsePlatform(r->target().platform());
-        if (p.ok())
-          ctx.bindings->Add(id, peer, {r->target().target_name(), *p},
-                            /*local=*/false, r->target().generation());
+        // What this process registered it holds for its content (DESIGN
+        // §14 rule 1): its sessions' resolves look it up (RegisteredBy).
+        if (p.ok()) {
+          const TargetKey key{r->target().target_name(), *p};
+          ctx.bindings->Add(id, peer, key, /*local=*/false,
+                            r->target().generation(), /*pinned=*/false,
+                            /*registered=*/r->target().generation());
+          ctx.bindings->RecordRegistration(peer, key, r->target().generation());
+        }
       }
       if (r.ok()) {
         *resp.mutable_register_target() = *std::move(r);
@@ -651,8 +657,21 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::Resolve(
   absl::StatusOr<Platform> platform = ParsePlatform(r.platform());
   if (!platform.ok()) return platform.status();
   TargetKey key{r.target_name(), *platform};
+  // DESIGN §14 rule 1: a process that registered the key runs the content
+  // its registration matched, and moves on only with its own uid's or
+  // root's replacements; one that binds by name follows the current one.
+  const uint32_t registered = r.generation() == 0 && ctx_.bindings != nullptr
+                                  ? ctx_.bindings->RegisteredBy(peer_.pid, key)
+                                  : 0;
+  const EntryPtr current = ctx_.registry->Lookup(key);
+  uint32_t generation = r.generation();
+  if (registered != 0 && current != nullptr) {
+    SessionBindings::Bound held;
+    held.registered = registered;
+    generation = FollowedGeneration(*current, held, peer_.uid);
+  }
   absl::StatusOr<EntryPtr> found =
-      ResolveGeneration(*ctx_.registry, key, r.generation());
+      ResolveGeneration(*ctx_.registry, key, generation);
   if (!found.ok()) return found.status();
   const EntryPtr& e = *found;
   if (r.local() && ctx_.local_modules == nullptr) {
@@ -687,10 +706,10 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::Resolve(
   }
   if (r.local()) {
     absl::StatusOr<v1::ResolveReply> reply =
-        ResolveLocal(key, e, r.generation() != 0, fd_out);
+        ResolveLocal(key, e, r.generation() != 0, registered, fd_out);
     // As below: a replacement's LocalRepointer may have missed this holder.
     if (reply.ok() && ctx_.bindings != nullptr && r.generation() == 0 &&
-        ctx_.registry->Lookup(key) != e) {
+        ctx_.registry->Lookup(key) != current) {
       return Resolve(r, fd_out);
     }
     return reply;
@@ -707,13 +726,14 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::Resolve(
   reply.set_func_name(e->func_name);
   reply.set_module_digest(e->module_digest);
   reply.set_token(ctx_.pool->TokenFor(binding_, e));
+  reply.set_holds_content(registered != 0);
   if (ctx_.bindings != nullptr) {
     ctx_.bindings->Add(id_, peer_, key, /*local=*/false, e->generation,
-                       /*pinned=*/r.generation() != 0);
+                       /*pinned=*/r.generation() != 0, registered);
     // A replacement committed since the Lookup may have listed the holders
     // before this one (docs/replace.md section 3): answer the new entry. A
     // pinned resolve keeps its generation.
-    if (r.generation() == 0 && ctx_.registry->Lookup(key) != e) {
+    if (r.generation() == 0 && ctx_.registry->Lookup(key) != current) {
       return Resolve(r, fd_out);
     }
   }
@@ -722,7 +742,8 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::Resolve(
 }
 
 absl::StatusOr<v1::ResolveReply> SessionBroker::ResolveLocal(
-    const TargetKey& key, const EntryPtr& e, bool pinned, UniqueFd* fd_out) {
+    const TargetKey& key, const EntryPtr& e, bool pinned, uint32_t registered,
+    UniqueFd* fd_out) {
   absl::StatusOr<UniqueFd> memfd =
       ctx_.local_modules->Open(e->module_digest, e->module_size, id_);
   if (!memfd.ok()) {
@@ -740,7 +761,7 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::ResolveLocal(
   // A session may ask again: one hold, one count, one log line.
   if (ctx_.bindings != nullptr &&
       !ctx_.bindings->Add(id_, peer_, key, /*local=*/true, e->generation,
-                          pinned)) {
+                          pinned, registered)) {
     return reply;
   }
   if (ctx_.local_binds != nullptr) ctx_.local_binds->fetch_add(1);

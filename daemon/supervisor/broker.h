@@ -168,9 +168,11 @@ class SessionBroker final : public ServedSession {
   // Resolve for the client's own process (ResolveRequest.local), once the
   // registry's rules passed: the sealed memfd and a local hold (logged and
   // counted once per target and session); `pinned`: a generation asked
-  // for (docs/replace.md section 7).
+  // for (docs/replace.md section 7); `registered`: the generation the
+  // process registered (held for its content, SessionBindings::Bound).
   absl::StatusOr<v1::ResolveReply> ResolveLocal(const TargetKey& key,
                                                 const EntryPtr& e, bool pinned,
+                                                uint32_t registered,
                                                 UniqueFd* fd_out);
   // Forgets what the session bound (it ended, or kregd leaves it to its
   // executor).

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <string.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <set>
@@ -32,8 +33,15 @@ std::map<uint64_t, absl::Status> ExecutorPool::Repoint(
         }
       }
       if (ids.empty()) continue;
-      serve.emplace_back(g, std::move(ids));
       frames.push_back(repoint);
+      // Each executor learns only its own sessions.
+      frames.back().clear_content_sessions();
+      for (uint64_t id : repoint.content_sessions()) {
+        if (std::find(ids.begin(), ids.end(), id) != ids.end()) {
+          frames.back().add_content_sessions(id);
+        }
+      }
+      serve.emplace_back(g, std::move(ids));
       if (module_fd >= 0) frames.back().set_token(TokenIn(&g->resolved, entry));
     }
   }
@@ -59,14 +67,19 @@ std::vector<Repointer::Laggard> IsolatedRepointer::Repoint(
   std::map<uint64_t, std::pair<PeerCred, SessionBindings::Bound>> holders =
       bindings_->HoldersOf(entry.key);
   std::set<uint64_t> ids;
+  v1::ExecRepoint repoint;
   for (const auto& [id, held] : holders) {
-    if (!held.second.local && !held.second.pinned &&
-        held.second.generation != entry.generation) {
-      ids.insert(id);
+    // A pinned session, and one holding another uid's generation for its
+    // content (DESIGN §14 rule 1), stay where they are: no laggards.
+    if (held.second.local || held.second.generation == entry.generation ||
+        FollowedGeneration(entry, held.second, held.first.uid) !=
+            entry.generation) {
+      continue;
     }
+    ids.insert(id);
+    if (held.second.registered != 0) repoint.add_content_sessions(id);
   }
   if (ids.empty()) return {};
-  v1::ExecRepoint repoint;
   repoint.set_target_name(entry.key.name);
   repoint.set_platform(PlatformName(entry.key.platform));
   repoint.set_generation(entry.generation);

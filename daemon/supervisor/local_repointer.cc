@@ -71,7 +71,12 @@ void LocalRepointer::Activate(
   for (const SessionBindings::Bound& held : bindings_->LocalOf(w->peer.pid)) {
     const EntryPtr e = current(held.key);
     // A pinned binding gets it too: the shim acks its pin, which counts.
+    // One held for its content only when it follows (DESIGN §14 rule 1).
     if (e == nullptr || e->generation <= held.generation) continue;
+    if (!held.pinned &&
+        FollowedGeneration(*e, held, w->peer.uid) != e->generation) {
+      continue;
+    }
     if (absl::Status sent = Notify(session, w, *e, deadline); !sent.ok()) {
       spdlog::warn("re-pointing \"{}\" ({}) to generation {}: pid {}: {}",
                    e->key.name, PlatformName(e->key.platform), e->generation,
@@ -176,10 +181,15 @@ absl::Status LocalRepointer::Notify(uint64_t session,
 }
 
 std::map<pid_t, std::pair<PeerCred, uint32_t>> LocalRepointer::LocalHolders(
-    const TargetKey& key) {
+    const TargetEntry& entry) {
   std::map<pid_t, std::pair<PeerCred, uint32_t>> out;
-  for (const auto& [id, held] : bindings_->HoldersOf(key)) {
-    if (held.second.local) {
+  for (const auto& [id, held] : bindings_->HoldersOf(entry.key)) {
+    // A pinned binding is told too (the shim acks its pin); one holding
+    // another uid's generation for its content is not (DESIGN §14 rule 1).
+    if (held.second.local &&
+        (held.second.pinned ||
+         FollowedGeneration(entry, held.second, held.first.uid) ==
+             entry.generation)) {
       out[held.first.pid] = {held.first, held.second.generation};
     }
   }
@@ -189,7 +199,7 @@ std::map<pid_t, std::pair<PeerCred, uint32_t>> LocalRepointer::LocalHolders(
 std::vector<Repointer::Laggard> LocalRepointer::Repoint(
     const TargetEntry& entry, absl::Time deadline) {
   const std::map<pid_t, std::pair<PeerCred, uint32_t>> holders =
-      LocalHolders(entry.key);
+      LocalHolders(entry);
   if (holders.empty()) return {};
   Wait wait{entry.key, entry.generation, {}};
   std::vector<std::pair<uint64_t, std::shared_ptr<Watch>>> watches;
@@ -231,7 +241,7 @@ std::vector<Repointer::Laggard> LocalRepointer::Repoint(
   for (std::thread& t : senders) t.join();
   // A process that ended meanwhile holds nothing any more.
   const std::map<pid_t, std::pair<PeerCred, uint32_t>> still =
-      LocalHolders(entry.key);
+      LocalHolders(entry);
   std::vector<Laggard> laggards;
   for (const auto& [pid, holder] : holders) {
     if (still.count(pid) == 0) continue;

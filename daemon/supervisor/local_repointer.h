@@ -83,10 +83,12 @@ class LocalRepointer final : public Repointer {
   // connection: a frame may be half sent).
   absl::Status Notify(uint64_t session, const std::shared_ptr<Watch>& w,
                       const TargetEntry& entry, absl::Time deadline);
-  // The processes that hold `key` locally, by pid, with the generation
-  // each resolved or acknowledged last (0: unknown).
+  // The processes that hold `entry.key` locally and switch to `entry`
+  // (FollowedGeneration: not those holding another uid's generation for
+  // its content), by pid, with the generation each resolved or
+  // acknowledged last (0: unknown).
   std::map<pid_t, std::pair<PeerCred, uint32_t>> LocalHolders(
-      const TargetKey& key);
+      const TargetEntry& entry);
 
   SessionBindings* const bindings_;
   LocalModuleCache* const modules_;

@@ -392,7 +392,12 @@ class Client:
     the processes running it switched (else KregError DEADLINE_EXCEEDED
     naming them; docs/replace.md);
     InvalidArgumentError (a ValueError) for a malformed name, platform or
-    module, NotFoundError (a KeyError) for a missing file or symbol.
+    module, NotFoundError (a KeyError) for a missing file or symbol;
+    UntrustedTargetError (a PermissionError) when the registration matched
+    a target registered by a uid outside kreg.configure(trusted_owners=...)
+    / $KREG_TRUSTED_OWNERS (root and this uid always trusted). A process
+    whose registration matched runs that content: a later replacement by
+    another uid does not move it (docs/replace.md, "Who switches").
     """
     _require_str(target_name=target_name, func_name=func_name,
                  platform=platform)
@@ -431,6 +436,9 @@ class Client:
     else:
       created, target = self._register(target_name, platform, func_name,
                                         replace, content_id, data=data)
+    if not created:
+      # It matched a target someone else may own: trust it like a bind.
+      _owners.check(target, None, registering=True)
     self._bind_with_jax(target_name, platform, mode)
     return Registration(created, target)
 
@@ -469,6 +477,8 @@ class Client:
         self.address, request, timeout)
     if target.not_runnable:
       _warn_not_runnable(target)
+    if not created:
+      _owners.check(target, None, registering=True)
     self._bind_with_jax(target_name, platform, mode)
     return Registration(created, target, hit, key, diagnostics, waited)
 

@@ -88,8 +88,9 @@ class TargetNotFoundError(NotFoundError):
 
 class UntrustedTargetError(KregError, PermissionError):
   """bind_ffi_target / bind_exported refused a target registered by someone
-  outside `owners=` (or the site's trusted owners). `uid` is who registered
-  it. Also a PermissionError."""
+  outside `owners=` (or the process's trusted owners), or register_ffi_target
+  matched such a target. `uid` is who registered it. Also a
+  PermissionError."""
 
   def __init__(self, message: str, uid: int):
     super().__init__(message, "PERMISSION_DENIED")

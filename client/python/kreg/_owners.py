@@ -1,7 +1,8 @@
 """Whom a process trusts to have registered the targets it binds by name
 (docs/user-guide.md, "Trusting a target's owner"): bind_ffi_target and
 bind_exported run a target's module in (or for) this process, so a caller
-can refuse targets registered by anyone but the owners it names."""
+can refuse targets registered by anyone but the owners it names; a
+registration that matched another uid's target is checked the same way."""
 
 from __future__ import annotations
 
@@ -84,10 +85,13 @@ def _resolve(owner: str) -> tuple[str, int]:
         '"group:GID"') from None
 
 
-def check(target: Any, owners: Optional[Iterable[Any]]) -> None:
+def check(target: Any, owners: Optional[Iterable[Any]],
+          registering: bool = False) -> None:
   """UntrustedTargetError unless `target` (a kreg.Target) was registered
   by root, by this process's uid or by one of `owners` (a uid, or a member
-  of a group); None: the default (every owner when there is none)."""
+  of a group); None: the default (every owner when there is none).
+  `registering`: this process's registration matched `target` (a no-op),
+  so it would run that target's content (DESIGN §14 rule 1)."""
   spelled = default() if owners is None else _spell(owners, "owners")
   if spelled is None or target.uid in (0, os.getuid()):
     return
@@ -101,6 +105,17 @@ def check(target: Any, owners: Optional[Iterable[Any]]) -> None:
                                                             target.gid)
       if n in groups:
         return
+  if registering:
+    raise UntrustedTargetError(
+        f'target "{target.target_name}" ({target.platform}) is already '
+        f"registered by {_user(target.uid)}, who is not among the owners "
+        f"this process trusts ({', '.join(spelled)}): this registration "
+        "matched that user's target, so this process would run that "
+        "user's module. Register your build under a name of your own (a "
+        "prefix of yours), add the user to "
+        "$KREG_TRUSTED_OWNERS or kreg.configure(trusted_owners=...) if you "
+        "trust its code, or ask the operator to reserve the name for its "
+        "rightful owner (`kregctl reserve`)", target.uid)
   raise UntrustedTargetError(
       f'target "{target.target_name}" ({target.platform}) was registered by '
       f"{_user(target.uid)}, who is not among the owners this process "

@@ -492,6 +492,65 @@ TEST_CASE(
   ::munmap(mem, 4096);
 }
 
+TEST_CASE(
+    "A target held for its content switches only with a re-point that names "
+    "its session",
+    "[session][repoint][trust]") {
+  // The handler "pointer" is the factor (2: generation 1); kregd says the
+  // client's process registered the target (ResolveReply.holds_content).
+  class Content : public FakeBackend {
+   public:
+    absl::StatusOr<ResolvedHandler> Lookup(const TargetKey&,
+                                           uint32_t) override {
+      return ResolvedHandler{reinterpret_cast<void*>(2), 11, true};
+    }
+    absl::Status Execute(void* handler, const LaunchFrame& frame) override {
+      const float factor = reinterpret_cast<uintptr_t>(handler);
+      static_cast<float*>(frame.rets[0].data)[0] =
+          factor * static_cast<float*>(frame.args[0].data)[0];
+      return absl::OkStatus();
+    }
+    const RepointTable* Repoints() const override { return &table; }
+    RepointTable table;
+  } backend;
+  SessionCounters counters;
+  Session session(9, UniqueFd(), PeerCred{1, 2, 3}, Fixture::Limits(), &backend,
+                  &counters);
+  v1::SessionRequest hello;
+  hello.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
+  hello.mutable_hello()->set_protocol_minor(kSessionProtocolMinor);
+  REQUIRE(session.Handle(hello, {}).status().code() == 0);
+  UniqueFd fd = MakeMemfd(4096);
+  auto* mem = static_cast<float*>(
+      ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0));
+  v1::SessionRequest grow;
+  grow.mutable_arena_grow()->set_size(4096);
+  std::vector<UniqueFd> fds;
+  fds.push_back(std::move(fd));
+  REQUIRE(session.Handle(grow, std::move(fds)).arena_grow().size() == 4096);
+  mem[0] = 1.0f;
+  auto run = [&] {
+    REQUIRE(session.Handle(testing::LaunchRequest(Spec("t"), 5), {})
+                .status()
+                .code() == 0);
+    return mem[16];
+  };
+  CHECK(run() == 2.0f);
+  // Another uid's generation: kregd names other sessions only.
+  REQUIRE(backend.table.Set({"t", Platform::kCpu}, 2,
+                            reinterpret_cast<void*>(3), 12, {4, 10}));
+  CHECK(run() == 2.0f);
+  // Its own uid's (or root's) generation names it.
+  REQUIRE(backend.table.Set({"t", Platform::kCpu}, 3,
+                            reinterpret_cast<void*>(4), 13, {10, 9}));
+  CHECK(run() == 4.0f);
+  // Still held for its content after the switch.
+  REQUIRE(backend.table.Set({"t", Platform::kCpu}, 4,
+                            reinterpret_cast<void*>(5), 14));
+  CHECK(run() == 4.0f);
+  ::munmap(mem, 4096);
+}
+
 TEST_CASE("Launch refuses CUDA targets (host arena buffers)", "[session]") {
   Fixture fx;
   fx.Hello();

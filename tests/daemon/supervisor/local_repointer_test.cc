@@ -142,6 +142,34 @@ TEST_CASE("A local holder without a watch connection is a laggard",
   CHECK(l[0].generation == 1);
 }
 
+TEST_CASE(
+    "A local holder of another uid's generation for its content is not "
+    "re-pointed; its own uid's and root's replacements reach it",
+    "[local_repointer][trust]") {
+  World w;
+  LocalRepointer r(&w.bindings, &w.cache);
+  // Bob's process registered generation 1 (a no-op of the owner's target)
+  // and binds it locally: it holds that content.
+  w.bindings.Add(9, kBob, w.entry.key, /*local=*/true, 1, false,
+                 /*registered=*/1);
+  Generation g1, g2;
+  g1.generation = 1;
+  g1.by = kAlice;
+  g2.generation = 2;
+  g2.by = kAlice;
+  w.entry.generations = {g1, g2};
+  // Alice (the owner) made generation 2: Bob is neither told nor a laggard
+  // (he has no watch connection: one he had to tell would be).
+  CHECK(r.Repoint(w.entry, absl::Now()).empty());
+  // Bob's own uid, or root, made it: he is told (and lags without a watch).
+  for (uid_t by : {kBob.uid, 0u}) {
+    w.entry.generations[1].by.uid = by;
+    std::vector<Repointer::Laggard> l = r.Repoint(w.entry, absl::Now());
+    REQUIRE(l.size() == 1);
+    CHECK(l[0].peer.pid == kBob.pid);
+  }
+}
+
 TEST_CASE("Repoint sends the notice with the sealed module and waits for acks",
           "[local_repointer]") {
   World w;

@@ -5,9 +5,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "catch2/catch.hpp"
 #include "common/wire.h"
@@ -186,6 +188,85 @@ TEST_CASE("SessionBindings tells the registry which generations are held",
   holds = b.GenerationHolds(op);
   REQUIRE(holds.size() == 1);
   CHECK(holds[0].peer.pid == 25);
+}
+
+// An entry at generation 3 whose generations were made by `by` (uids,
+// generation 1 first).
+TargetEntry MadeBy(std::vector<uid_t> by) {
+  TargetEntry e;
+  e.key = {"op", Platform::kCpu};
+  for (size_t i = 0; i < by.size(); ++i) {
+    Generation g;
+    g.generation = static_cast<uint32_t>(i + 1);
+    g.by.uid = by[i];
+    e.generations.push_back(g);
+  }
+  e.generation = static_cast<uint32_t>(by.size());
+  return e;
+}
+
+TEST_CASE(
+    "A holder of content follows only its own uid's and root's generations; "
+    "one bound by name follows all, a pin none",
+    "[repoint][trust]") {
+  SessionBindings::Bound by_name;
+  SessionBindings::Bound registered;
+  registered.registered = 1;
+  SessionBindings::Bound pinned;
+  pinned.pinned = true;
+  pinned.generation = 2;
+  // Owner 1000 made generation 1, then 2 and 3.
+  const TargetEntry owners = MadeBy({1000, 1000, 1000});
+  CHECK(FollowedGeneration(owners, by_name, 1001) == 3);
+  CHECK(FollowedGeneration(owners, registered, 1001) == 1);  // another uid
+  CHECK(FollowedGeneration(owners, registered, 1000) == 3);  // its own uid
+  CHECK(FollowedGeneration(owners, pinned, 1000) == 2);
+  // Root's replacement reaches every content holder; the owner's after it
+  // does not reach another uid's.
+  CHECK(FollowedGeneration(MadeBy({1000, 0, 1000}), registered, 1001) == 2);
+  CHECK(FollowedGeneration(MadeBy({1000, 0, 0}), registered, 1001) == 3);
+  // Registered at generation 2: what came before does not matter.
+  registered.registered = 2;
+  CHECK(FollowedGeneration(MadeBy({1000, 1000, 1001}), registered, 1001) == 3);
+  CHECK(FollowedGeneration(MadeBy({1000, 1000, 1000}), registered, 1001) == 2);
+  // Never replaced: the one generation.
+  TargetEntry once;
+  once.generation = 1;
+  registered.registered = 1;
+  CHECK(FollowedGeneration(once, registered, 1001) == 1);
+}
+
+TEST_CASE("SessionBindings knows what a process registered, by pid",
+          "[repoint][trust]") {
+  // Process start times (0: no such process); pid 11 is alive.
+  std::map<pid_t, uint64_t> started = {{11, 500}, {12, 600}};
+  SessionBindings b([&](pid_t pid) { return started[pid]; });
+  const TargetKey op{"op", Platform::kCpu};
+  // A control connection of pid 11 registered op at generation 2; its
+  // session bound it without registering.
+  b.Add(1, PeerCred{1000, 1000, 11}, op, /*local=*/false, 2, false,
+        /*registered=*/2);
+  b.RecordRegistration(PeerCred{1000, 1000, 11}, op, 2);
+  b.Add(2, PeerCred{1000, 1000, 11}, op, /*local=*/true, 2);
+  b.Add(3, PeerCred{1000, 1000, 12}, op, /*local=*/false, 2);
+  CHECK(b.RegisteredBy(11, op) == 2);
+  CHECK(b.RegisteredBy(12, op) == 0);  // bound by name only
+  CHECK(b.RegisteredBy(11, {"other", Platform::kCpu}) == 0);
+  CHECK(b.HoldersOf(op)[1].second.registered == 2);
+  CHECK(b.HoldersOf(op)[2].second.registered == 0);
+  // Its connections closed: the process still holds that content.
+  b.RemoveSession(1);
+  b.RemoveSession(2);
+  CHECK(b.RegisteredBy(11, op) == 2);
+  // Its next registration (its own replacement) is what it holds.
+  b.RecordRegistration(PeerCred{1000, 1000, 11}, op, 3);
+  CHECK(b.RegisteredBy(11, op) == 3);
+  // A later process with the same pid registered nothing.
+  started[11] = 900;
+  CHECK(b.RegisteredBy(11, op) == 0);
+  // Nor does one that had ended when its registration was answered.
+  b.RecordRegistration(PeerCred{1000, 1000, 13}, op, 1);
+  CHECK(b.RegisteredBy(13, op) == 0);
 }
 
 }  // namespace
