@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/unique_fd.h"
 #include "daemon/base/files.h"
 #include "daemon/base/log_limit.h"
@@ -388,7 +389,15 @@ absl::StatusOr<RegisterArgs> Registrar::Parse(RegistrationRequest& request,
                          " bytes but ", request.upload.size(), " arrived"));
       }
       args.module_bytes = std::move(request.upload);
-      args.origin = absl::StrCat("upload:", args.module_bytes.size(), " bytes");
+      // A module kregd compiled is not the caller's upload: its origin
+      // names the compile ("compile:k.cc, N bytes").
+      args.origin =
+          request.compiled
+              ? absl::StrCat(
+                    "compile:",
+                    absl::StripPrefix(request.file_name, "compiled from "),
+                    ", ", args.module_bytes.size(), " bytes")
+              : absl::StrCat("upload:", args.module_bytes.size(), " bytes");
       break;
     case RegistrationRequest::Source::kNone:
       return absl::InvalidArgumentError(

@@ -123,7 +123,7 @@ def test_compile_and_call_equals_the_same_source_built_in_process(
       t.pop("registered_at_us") // 10**6)) == shown["registered_at"]
   assert t == {k: shown[k] for k in t}
   assert t["func_name"] == "AxpbHandler" and t["pid"] == os.getpid()
-  assert t["origin"].startswith("upload:") and t["host"] == ""
+  assert t["origin"].startswith("compile:axpb.cc, ") and t["host"] == ""
   # The same source built here with the same compiler and headers.
   (tmp_path / "axpb.cc").write_text(AXPB)
   (tmp_path / "axpb.h").write_text(AXPB_H)
@@ -1146,7 +1146,7 @@ def test_a_refusal_names_each_module_by_its_own_origin(daemon, nobody_dir):
   out = p.stdout + p.stderr
   assert p.returncode != 0, out
   assert "compiled from" not in out, out
-  assert f"module {compiled} (upload:" in out, out
+  assert f"module {compiled} (compile:k.cc, " in out, out
   assert re.search(r'module "[^"]*libdemo_copy\.so" \(sha256:', out), out
 
 
