@@ -549,9 +549,10 @@ def wait_synced(host: Daemon, before: int = 0) -> None:
 
 
 def test_replayed_binding_record_is_ignored(cluster):
-  # Issue 46, break 2: someone who can write to etcd (no cluster key) saves
-  # its own signed binding of a name, retires it, waits for another
-  # registration of the name, then puts the old record back.
+  # docs/design.md §10, "Records cannot be replayed": someone who can
+  # write to etcd (no cluster key) saves its own signed binding of a name,
+  # retires it, waits for another registration of the name, then puts the
+  # old record back.
   hosts = (cluster.a, cluster.b, cluster.c)
   old, new = variant(cluster.root, "rpl-old"), variant(cluster.root, "rpl-new")
   key = "/kregd/default/targets/cpu/rpl.op"

@@ -1,26 +1,23 @@
-"""Generations do not grow without bound (issue 46, break 6;
-docs/replace.md section 2): under replace = "owner", a target keeps its
-current generation, the one it replaced and those live processes hold or
-pin, at most max_generations_per_target of them; the journal grows with
+"""Generations do not grow without bound (docs/replace.md section 2):
+under replace = "owner", a target keeps its current generation, the one it
+replaced and those live processes hold or pin, at most max_generations_per_target of them; the journal grows with
 that live state only (a replacement is journaled as a delta, and the
 journal is compacted), and the metrics carry series for live generations
 only. Through the real kregd, kregctl and JAX processes."""
 
-import json
 import os
-import re
 import pathlib
+import re
 import shutil
 import tempfile
 
 import pytest
 
-import kernels_util as ku
 import kregd_proc
 from holder import Holder
 from proc_barrier import wait_for
 from test_metrics import sample, scrape
-from kregd_proc import run_kregctl as kregctl
+from test_replace import register, show
 
 LIMIT = 3
 OLD = [0.0, 2.0, 4.0, 6.0]  # libdemo.so's Scale, factor 2
@@ -40,17 +37,6 @@ def d():
   yield daemon
   kregd_proc.finish_test_daemon(daemon)
   shutil.rmtree(root, ignore_errors=True)
-
-
-def register(d, name, module, *extra, check=True):
-  return kregctl(d, "register", name, "--module",
-                 str(ku.kernel_path(module)), "--function", "Scale",
-                 "--platform", "cpu", *extra, check=check)
-
-
-def show(d, name):
-  [target] = json.loads(kregctl(d, "show", name, "--json").stdout)
-  return target
 
 
 def live(d, name):

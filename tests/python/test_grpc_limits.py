@@ -21,25 +21,12 @@ import pytest
 
 import kernels_util as ku
 from kregd_proc import start_test_daemon, finish_test_daemon, kregctl_binary
+from proto_wire import bfield, varint
 
 grpc = pytest.importorskip("grpc")
 
 NOBODY = 65534
 REGISTER = "/kreg.v1.Registry/RegisterTarget"
-
-
-def varint(n):
-  out = b""
-  while True:
-    b = n & 0x7F
-    n >>= 7
-    if not n:
-      return out + bytes([b])
-    out += bytes([b | 0x80])
-
-
-def bfield(num, b):
-  return varint((num << 3) | 2) + varint(len(b)) + b
 
 
 def header_chunk(name, upload_size, func=b"Scale"):

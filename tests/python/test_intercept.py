@@ -222,7 +222,7 @@ def test_a_python_handler_runs_in_this_process(running_kregd, site):
   assert t.content_id.startswith("in-process:sha256:")
 
 
-# JIT code whose content is its code and state (issue 46, break 8): a
+# JIT code whose content is its code and state (docs/design.md §14): a
 # plain Numba cfunc computing x + OFFSET, or a handler object whose bound
 # method runs a Numba kernel with its `offset` attribute through an XLA FFI
 # handler (a ctypes callback of FfiHandler._entry, as brainevent's Numba

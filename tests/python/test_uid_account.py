@@ -2,7 +2,7 @@
 limits"): every front door charges what a request holds to its uid before
 kregd spends it, so one uid over its share is refused with
 RESOURCE_EXHAUSTED naming the limit while other uids keep theirs. Each test
-is one of issue 46's breaks, against a real kregd with real uids (65534 via
+is a door a hostile uid could hold, against a real kregd with real uids (65534 via
 the subprocess user= of test_session_upload_limits' client and
 test_grpc_limits' kregctl):
 
@@ -27,6 +27,7 @@ import time
 import pytest
 
 import kernels_util as ku
+from proto_wire import bfield, fields, varint
 from test_grpc_limits import (NOBODY, daemon_with, finish, header_chunk,
                               nobody_kregctl, register_as_nobody,
                               register_stub)  # noqa: F401 (a fixture)
@@ -42,42 +43,6 @@ def needs_root():
     pytest.skip("needs root: other clients run as uid 65534")
   if not os.path.exists("/usr/bin/python3"):
     pytest.skip("needs /usr/bin/python3 (a Python uid 65534 may run)")
-
-
-def varint(n):
-  out = b""
-  while True:
-    b = n & 0x7F
-    n >>= 7
-    if not n:
-      return out + bytes([b])
-    out += bytes([b | 0x80])
-
-
-def fields(buf):
-  """The top-level fields of a protobuf message: {number: value}."""
-  i, out = 0, {}
-  while i < len(buf):
-    key, i = read_varint(buf, i)
-    num, kind = key >> 3, key & 7
-    if kind == 0:
-      v, i = read_varint(buf, i)
-    else:
-      n, i = read_varint(buf, i)
-      v, i = buf[i:i + n], i + n
-    out[num] = v
-  return out
-
-
-def read_varint(buf, i):
-  n = shift = 0
-  while True:
-    b = buf[i]
-    i += 1
-    n |= (b & 0x7F) << shift
-    shift += 7
-    if not b & 0x80:
-      return n, i
 
 
 def recv_exact(s, n):
@@ -200,9 +165,6 @@ def test_an_idle_control_connection_is_closed_unless_it_holds_a_registration():
     keeper = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     keeper.connect(d.session_socket)
     name, path = b"uidi.kept", demo_module().encode()
-
-    def bfield(num, b):
-      return varint((num << 3) | 2) + varint(len(b)) + b
 
     header = (bfield(1, name) + bfield(2, b"Scale") + bfield(3, b"cpu") +
               bfield(6, bfield(1, path)))
