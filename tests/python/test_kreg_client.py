@@ -184,6 +184,9 @@ def test_missing_path_is_refused(running_kregd, tmp_path):
     kreg.register_ffi_target("t.missing", tmp_path / "nope.so", "Scale",
                              platform="cpu")
   assert "nope.so" in info.value.message
+  assert info.value.message.startswith(
+      f"module file '{tmp_path / 'nope.so'}' does not exist (for this "
+      "process nor on kregd's host); check the path."), info.value.message
 
 
 def test_concurrent_identical_registrations_all_succeed(running_kregd, demo):

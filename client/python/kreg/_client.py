@@ -424,6 +424,12 @@ class Client:
         created, target = self._register(target_name, platform, func_name,
                                           replace, content_id, path=path)
       except (KernelRegistrationError, NotFoundError) as e:
+        if e.code == "NOT_FOUND" and not os.path.exists(path):
+          # A typo: the file is missing here too, not only on kregd's host.
+          raise NotFoundError(
+              f"module file {path!r} does not exist (for this process nor "
+              f"on kregd's host); check the path. kregd said: "
+              f"{e.message}") from None
         # The daemon may not read it (outside its allowed roots, another
         # host path namespace, permissions): upload the bytes instead.
         if e.code not in ("PERMISSION_DENIED", "NOT_FOUND") or \
