@@ -11,7 +11,7 @@ int ListCluster(Client& client, bool as_json) {
   auto all = client.ClusterTargets();
   if (!all.ok()) return Fail(all.status());
   if (as_json) {
-    nlohmann::json j = nlohmann::json::array();
+    nlohmann::ordered_json j = nlohmann::ordered_json::array();
     for (const v1::Target& t : all->targets()) j.push_back(TargetJson(t));
     std::cout << j.dump(2) << "\n";
     return 0;
@@ -36,9 +36,9 @@ int ListHosts(Client& client, bool as_json) {
   auto hosts = client.Hosts();
   if (!hosts.ok()) return Fail(hosts.status());
   if (as_json) {
-    nlohmann::json j = nlohmann::json::array();
+    nlohmann::ordered_json j = nlohmann::ordered_json::array();
     for (const v1::ClusterHost& h : hosts->hosts()) {
-      nlohmann::json modules = nlohmann::json::array();
+      nlohmann::ordered_json modules = nlohmann::ordered_json::array();
       for (const std::string& m : h.modules()) modules.push_back(m);
       char lease[32];
       std::snprintf(lease, sizeof(lease), "%llx",

@@ -5,7 +5,7 @@
 
 namespace kreg {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 int ExitCode(const absl::Status& s) {
   switch (s.code()) {

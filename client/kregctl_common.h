@@ -42,19 +42,19 @@ int Fail(const absl::Status& s);
 // Microseconds since the epoch as "YYYY-MM-DDTHH:MM:SSZ".
 std::string UtcTime(int64_t us);
 // A target as `kregctl list --json` and `show --json` print it.
-nlohmann::json TargetJson(const v1::Target& t);
+nlohmann::ordered_json TargetJson(const v1::Target& t);
 // One "key: value" line per field, strings unquoted.
-void PrintFields(const nlohmann::json& j);
+void PrintFields(const nlohmann::ordered_json& j);
 
 // kregctl_stats.cc: launch statistics (status, show) and live sessions.
 // {"launches", "errors", "latency_us": {"count", "p50", "p90", "p99"}}
-nlohmann::json StatsJson(const v1::TargetStats& s);
+nlohmann::ordered_json StatsJson(const v1::TargetStats& s);
 // One line: "launches 10, errors 1, latency p50 3.2 us, p90 ..., p99 ...".
 std::string StatsLine(const v1::TargetStats& s);
 // A table of targets with calls (nothing when there are none).
 void PrintStatsTable(
     const google::protobuf::RepeatedPtrField<v1::TargetStats>& stats);
-nlohmann::json SessionJson(const v1::SessionInfo& s);
+nlohmann::ordered_json SessionJson(const v1::SessionInfo& s);
 void PrintSessionsTable(const v1::ListSessionsResponse& sessions);
 
 // The subcommands. Each adds its CLI11 subcommand (name, help, flags) to

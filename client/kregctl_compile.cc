@@ -106,11 +106,11 @@ int RunCompile(Client& client, const CompileArgs& a) {
   }
   std::cerr << diagnostics;
   if (a.as_json) {
-    nlohmann::json j{{"created", r->created()},
-                     {"cache_key", r->cache_key()},
-                     {"cache_hit", r->cache_hit()},
-                     {"waited", r->waited()},
-                     {"target", TargetJson(r->target())}};
+    nlohmann::ordered_json j{{"created", r->created()},
+                             {"cache_key", r->cache_key()},
+                             {"cache_hit", r->cache_hit()},
+                             {"waited", r->waited()},
+                             {"target", TargetJson(r->target())}};
     std::cout << j.dump(2) << "\n";
   } else {
     std::cout << (r->created() ? "registered " : "already registered ")

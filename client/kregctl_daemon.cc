@@ -9,7 +9,7 @@
 namespace kreg {
 namespace {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 json StatusJson(const v1::GetStatusResponse& s) {
   json j{{"version", s.version()},

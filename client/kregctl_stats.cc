@@ -5,7 +5,7 @@
 namespace kreg {
 namespace {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 std::string Us(double us) {
   char buf[32];

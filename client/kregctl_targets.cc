@@ -13,7 +13,7 @@
 namespace kreg {
 namespace {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 using v1::Target;
 
 // Targets this kregd cannot run are marked "no" under RUN, with the reason

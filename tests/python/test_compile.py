@@ -617,6 +617,9 @@ def test_kregctl_compile_and_status(daemon, tmp_path):
                              f"content_id {out['cache_key']} (cache hit")
   p = kregd_proc.run_kregctl(daemon, "status")
   assert "compiles: " in p.stdout and "compile_cache_entries: " in p.stdout
+  # In kregd's order, not alphabetical: version and uptime first.
+  assert p.stdout.startswith("version: "), p.stdout
+  assert p.stdout.splitlines()[1].startswith("uptime_s: "), p.stdout
   p = kregd_proc.run_kregctl(daemon, "compile", "cc.ctl", "AxpbHandler",
                              str(tmp_path / "missing.cc"), check=False)
   assert p.returncode == 1 and "no such file" in p.stderr
