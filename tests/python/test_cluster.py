@@ -602,15 +602,27 @@ def test_replayed_binding_record_is_ignored(cluster):
     wait_for(lambda: digest(d) == digest_of(new), 30, "rpl.op on a new host")
     # Replayed again while it runs, after etcd compacted its history (the
     # check reads the key's place, never its history): ignored there too.
-    out = cluster.etcd.ctl("get", key, "-w", "json")
-    revision = json.loads(out.stdout)["header"]["revision"]
-    compact = cluster.etcd.ctl("compact", str(revision))
-    assert compact.returncode == 0, compact.stderr
-    n = d.log(None).count("holds a replayed bind record")
-    etcd_put(cluster, key, saved)
-    wait_for(lambda: d.log(None).count("holds a replayed bind record") > n,
-             30, "the replay logged on the new host")
-    assert digest(d) == digest_of(new)
+    # The other hosts are stopped meanwhile, so that none of them puts the
+    # record back before this host has seen the replay (on a loaded
+    # machine its watch, or the re-read after a compacted watch, may come
+    # after such a put-back, which leaves nothing to log).
+    synced = [h.log(None).count("in sync with etcd") for h in hosts]
+    for h in hosts:
+      h.stop()
+    try:
+      out = cluster.etcd.ctl("get", key, "-w", "json")
+      revision = json.loads(out.stdout)["header"]["revision"]
+      compact = cluster.etcd.ctl("compact", str(revision))
+      assert compact.returncode == 0, compact.stderr
+      n = d.log(None).count("holds a replayed bind record")
+      etcd_put(cluster, key, saved)
+      wait_for(lambda: d.log(None).count("holds a replayed bind record") > n,
+               30, "the replay logged on the new host")
+      assert digest(d) == digest_of(new)
+    finally:
+      for h, before in zip(hosts, synced):
+        h.start()
+        wait_synced(h, before)
     # And at its next start, with whatever etcd holds then.
     synced = d.log(None).count("in sync with etcd")
     d.stop()
