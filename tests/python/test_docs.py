@@ -425,3 +425,47 @@ def test_python_spells_platforms_like_common_platforms_h():
   for name, jax, alias in rows:
     assert _client._canonical_platform(alias.upper()) == name
     assert _client._jax_platform(name) == jax
+
+
+def test_readme_cluster_quick_start_runs_as_written():
+  # The README's "Cluster mode on one machine", verbatim, from the
+  # repository root against a real etcd: the listing through host2 names
+  # host1, and other content under the name on host2 is refused naming
+  # host1, as the README says.
+  if shutil.which("etcd") is None:
+    pytest.skip("etcd is not installed (tools/setup.sh installs it)")
+  need(REPO / "bazel-bin/daemon/kregd/kregd")
+  need(REPO / "bazel-bin/client/kregctl")
+  blocks = [b for b in code_blocks(REPO / "README.md", "sh")
+            if "--cluster-key-file" in b]
+  assert len(blocks) == 1, blocks
+  script = blocks[0] + 'echo "QUICK=$q"\n'
+  # Its own session: the background etcd and kregds are in the process
+  # group killed at the end.
+  p = subprocess.Popen(["bash", "-euo", "pipefail", "-c", script], cwd=REPO,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, start_new_session=True)
+  q = None
+  try:
+    out, err = p.communicate(timeout=180)
+    assert p.returncode == 0, out + err
+    q = pathlib.Path(re.search(r"^QUICK=(.*)$", out, re.M).group(1))
+    assert re.search(r"^registered demo\.scale \(cpu\) sha256:", out, re.M), out
+    listing = [l for l in out.splitlines() if "demo.scale" in l]
+    assert any("host1" in l for l in listing[1:]), out
+    other = subprocess.run(
+        [str(REPO / "bazel-bin/client/kregctl"), "--socket",
+         str(q / "h2/kregd.sock"), "register", "demo.scale", "--module",
+         str(REPO / "bazel-bin/kernels/cpu/libdemo_v2.so"), "--function",
+         "Scale", "--platform", "cpu"], capture_output=True, text=True,
+        timeout=60)
+    assert other.returncode == 3, other.stdout + other.stderr
+    assert "host1" in other.stderr, other.stderr
+  finally:
+    try:
+      os.killpg(p.pid, signal.SIGTERM)
+    except ProcessLookupError:
+      pass
+    p.wait(timeout=30)
+    if q is not None:
+      shutil.rmtree(q, ignore_errors=True)
