@@ -92,12 +92,16 @@ def register_as_nobody(d, tools, name, timeout=60):
   the gRPC socket); returns (completed process, seconds it took)."""
   os.chmod(d.root, 0o711)  # uid 65534 reaches the socket (0660, group 0)
   start = time.monotonic()
+  # setpriv switches the uid after exec, so Python starts the child with
+  # vfork: no fork handlers run. With user= it forks, and grpcio's fork
+  # handler can crash the child (SIGSEGV before exec) while this process
+  # has gRPC calls in flight, as the tests holding streams do.
   p = subprocess.run(
-      [str(tools / "kregctl"), "--socket", d.socket, "register", name,
+      ["setpriv", f"--reuid={NOBODY}", "--regid=0", "--clear-groups",
+       str(tools / "kregctl"), "--socket", d.socket, "register", name,
        "--module", str(tools / ku.DEMO), "--function", "Scale",
        "--platform", "cpu"],
-      capture_output=True, text=True, timeout=timeout, user=NOBODY, group=0,
-      extra_groups=[], cwd="/")
+      capture_output=True, text=True, timeout=timeout, cwd="/")
   return p, time.monotonic() - start
 
 
