@@ -114,6 +114,24 @@ v1::SessionRequest LaunchRequest(const std::string& target) {
   return testing::LaunchRequest(Spec(target), 5);
 }
 
+// Says Hello on `session` and gives it a 4096-byte arena; returns the
+// arena's memory, mapped here.
+float* HelloWithArena(Session& session) {
+  v1::SessionRequest hello;
+  hello.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
+  hello.mutable_hello()->set_protocol_minor(kSessionProtocolMinor);
+  REQUIRE(session.Handle(hello, {}).status().code() == 0);
+  UniqueFd fd = MakeMemfd(4096);
+  auto* mem = static_cast<float*>(
+      ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0));
+  v1::SessionRequest grow;
+  grow.mutable_arena_grow()->set_size(4096);
+  std::vector<UniqueFd> fds;
+  fds.push_back(std::move(fd));
+  REQUIRE(session.Handle(grow, std::move(fds)).arena_grow().size() == 4096);
+  return mem;
+}
+
 TEST_CASE("Hello answers with the session's id and limits", "[session]") {
   Fixture fx;
   v1::SessionResponse resp = fx.Hello();
@@ -388,18 +406,7 @@ TEST_CASE(
   SessionCounters counters;
   Session session(9, UniqueFd(), PeerCred{1, 2, 3}, Fixture::Limits(), &backend,
                   &counters);
-  v1::SessionRequest hello;
-  hello.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
-  hello.mutable_hello()->set_protocol_minor(kSessionProtocolMinor);
-  REQUIRE(session.Handle(hello, {}).status().code() == 0);
-  UniqueFd fd = MakeMemfd(4096);
-  auto* mem = static_cast<float*>(
-      ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0));
-  v1::SessionRequest grow;
-  grow.mutable_arena_grow()->set_size(4096);
-  std::vector<UniqueFd> fds;
-  fds.push_back(std::move(fd));
-  REQUIRE(session.Handle(grow, std::move(fds)).arena_grow().size() == 4096);
+  float* mem = HelloWithArena(session);
   mem[0] = 1.0f;
   mem[1] = 2.0f;
   REQUIRE(session.Handle(LaunchRequest("t"), {}).status().code() == 0);
@@ -457,18 +464,7 @@ TEST_CASE(
   SessionCounters counters;
   Session session(9, UniqueFd(), PeerCred{1, 2, 3}, Fixture::Limits(), &backend,
                   &counters);
-  v1::SessionRequest hello;
-  hello.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
-  hello.mutable_hello()->set_protocol_minor(kSessionProtocolMinor);
-  REQUIRE(session.Handle(hello, {}).status().code() == 0);
-  UniqueFd fd = MakeMemfd(4096);
-  auto* mem = static_cast<float*>(
-      ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0));
-  v1::SessionRequest grow;
-  grow.mutable_arena_grow()->set_size(4096);
-  std::vector<UniqueFd> fds;
-  fds.push_back(std::move(fd));
-  REQUIRE(session.Handle(grow, std::move(fds)).arena_grow().size() == 4096);
+  float* mem = HelloWithArena(session);
   mem[0] = 1.0f;
   testing::LaunchSpec pinned = Spec("t");
   pinned.set_generation(2);
@@ -516,18 +512,7 @@ TEST_CASE(
   SessionCounters counters;
   Session session(9, UniqueFd(), PeerCred{1, 2, 3}, Fixture::Limits(), &backend,
                   &counters);
-  v1::SessionRequest hello;
-  hello.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
-  hello.mutable_hello()->set_protocol_minor(kSessionProtocolMinor);
-  REQUIRE(session.Handle(hello, {}).status().code() == 0);
-  UniqueFd fd = MakeMemfd(4096);
-  auto* mem = static_cast<float*>(
-      ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0));
-  v1::SessionRequest grow;
-  grow.mutable_arena_grow()->set_size(4096);
-  std::vector<UniqueFd> fds;
-  fds.push_back(std::move(fd));
-  REQUIRE(session.Handle(grow, std::move(fds)).arena_grow().size() == 4096);
+  float* mem = HelloWithArena(session);
   mem[0] = 1.0f;
   auto run = [&] {
     REQUIRE(session.Handle(testing::LaunchRequest(Spec("t"), 5), {})
