@@ -114,13 +114,8 @@ v1::SessionRequest LaunchRequest(const std::string& target) {
   return testing::LaunchRequest(Spec(target), 5);
 }
 
-// Says Hello on `session` and gives it a 4096-byte arena; returns the
-// arena's memory, mapped here.
-float* HelloWithArena(Session& session) {
-  v1::SessionRequest hello;
-  hello.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
-  hello.mutable_hello()->set_protocol_minor(kSessionProtocolMinor);
-  REQUIRE(session.Handle(hello, {}).status().code() == 0);
+// Gives `session` a 4096-byte arena; returns its memory, mapped here.
+float* GrowArena(Session& session) {
   UniqueFd fd = MakeMemfd(4096);
   auto* mem = static_cast<float*>(
       ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0));
@@ -130,6 +125,15 @@ float* HelloWithArena(Session& session) {
   fds.push_back(std::move(fd));
   REQUIRE(session.Handle(grow, std::move(fds)).arena_grow().size() == 4096);
   return mem;
+}
+
+// Says Hello on `session`, then GrowArena.
+float* HelloWithArena(Session& session) {
+  v1::SessionRequest hello;
+  hello.mutable_hello()->set_protocol_major(kSessionProtocolMajor);
+  hello.mutable_hello()->set_protocol_minor(kSessionProtocolMinor);
+  REQUIRE(session.Handle(hello, {}).status().code() == 0);
+  return GrowArena(session);
 }
 
 TEST_CASE("Hello answers with the session's id and limits", "[session]") {
@@ -311,14 +315,7 @@ TEST_CASE("ArenaGrow passes the arena's refusal through", "[session]") {
 TEST_CASE("Launch runs the handler on arena memory", "[session]") {
   Fixture fx;
   fx.Hello();
-  UniqueFd fd = MakeMemfd(4096);
-  auto* mem = static_cast<float*>(
-      ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0));
-  v1::SessionRequest grow;
-  grow.mutable_arena_grow()->set_size(4096);
-  std::vector<UniqueFd> fds;
-  fds.push_back(std::move(fd));
-  REQUIRE(fx.Send(grow, std::move(fds)).arena_grow().size() == 4096);
+  float* mem = GrowArena(fx.session);
   mem[0] = 1.5f;
   mem[1] = -2.0f;
   v1::SessionResponse resp = fx.Send(LaunchRequest("t"));
