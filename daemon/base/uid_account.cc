@@ -9,15 +9,18 @@ namespace kreg {
 
 const UidResourceInfo& InfoOf(UidResource r) {
   static const UidResourceInfo kInfo[] = {
-      {"gRPC connections", "max_grpc_connections_per_uid", ""},
-      {"gRPC calls in flight", "max_grpc_calls_per_uid", ""},
-      {"sessions", "max_sessions_per_uid", ""},
-      {"control connections", "max_control_connections_per_uid", ""},
+      {"gRPC connections", "max_grpc_connections_per_uid", "",
+       "grpc_connections"},
+      {"gRPC calls in flight", "max_grpc_calls_per_uid", "", "grpc_calls"},
+      {"sessions", "max_sessions_per_uid", "", "sessions"},
+      {"control connections", "max_control_connections_per_uid", "",
+       "control_connections"},
       {"bytes of module uploads in flight", "max_upload_bytes_per_uid",
-       " bytes"},
-      {"registrations being hashed and probed", "max_heavy_work_per_uid", ""},
+       " bytes", "upload_bytes"},
+      {"registrations being hashed and probed", "max_heavy_work_per_uid", "",
+       "heavy_work"},
       {"connections waiting for their first request",
-       "max_pending_connections_per_uid", ""},
+       "max_pending_connections_per_uid", "", "pending_connections"},
   };
   static_assert(sizeof(kInfo) / sizeof(kInfo[0]) ==
                 static_cast<size_t>(UidResource::kCount));
@@ -106,6 +109,16 @@ uint64_t UidAccount::Held(uid_t uid, UidResource r) {
   absl::MutexLock lock(&mu_);
   auto it = held_.find({uid, static_cast<int>(r)});
   return it == held_.end() ? 0 : it->second;
+}
+
+std::vector<UidAccount::Holding> UidAccount::Snapshot() {
+  absl::MutexLock lock(&mu_);
+  std::vector<Holding> out;
+  out.reserve(held_.size());
+  for (const auto& [key, held] : held_) {
+    out.push_back({key.first, static_cast<UidResource>(key.second), held});
+  }
+  return out;
 }
 
 void UidAccount::Give(uid_t uid, UidResource r, uint64_t amount) {

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -41,9 +42,10 @@ enum class UidResource : int {
 
 // What a resource is called in messages and which config key limits it.
 struct UidResourceInfo {
-  const char* what;  // plural noun: "control connections"
-  const char* key;   // "max_control_connections_per_uid"
-  const char* unit;  // "" or " bytes"
+  const char* what;   // plural noun: "control connections"
+  const char* key;    // "max_control_connections_per_uid"
+  const char* unit;   // "" or " bytes"
+  const char* label;  // the metric label: "control_connections"
 };
 const UidResourceInfo& InfoOf(UidResource r);
 
@@ -94,6 +96,14 @@ class UidAccount {
 
   // What `uid` holds of `r` now.
   uint64_t Held(uid_t uid, UidResource r);
+  // Everything held now, by uid and resource (only what is above zero):
+  // the metric kregd_uid_held (operator guide, "Per-uid limits").
+  struct Holding {
+    uid_t uid;
+    UidResource resource;
+    uint64_t held;
+  };
+  std::vector<Holding> Snapshot();
   uint64_t limit(UidResource r) const {
     return limits_[static_cast<size_t>(r)];
   }

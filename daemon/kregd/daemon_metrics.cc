@@ -14,6 +14,7 @@
 #include "daemon/api/session_server.h"
 #include "daemon/base/platform_table.h"
 #include "daemon/base/target_stats.h"
+#include "daemon/base/uid_account.h"
 #include "daemon/compile/compile_service.h"
 #include "daemon/kregd/server.h"
 #include "daemon/metrics/http_server.h"
@@ -373,6 +374,15 @@ std::string Daemon::RenderMetrics() {
     PoolCounters c = pool_->counters();
     WriteExecutorFamilies(c, static_cast<uint64_t>(pool_->List().size()),
                           config_.isolation, &w);
+  }
+  w.Family("kregd_uid_held", "gauge",
+           "what each uid holds now of a per-uid limit (operator guide, "
+           "\"Per-uid limits\"); only uids holding something");
+  for (const UidAccount::Holding& h : account_.Snapshot()) {
+    w.Sample(
+        "kregd_uid_held",
+        {{"uid", absl::StrCat(h.uid)}, {"resource", InfoOf(h.resource).label}},
+        h.held);
   }
   uint64_t quarantined = 0;
   for (const CrashRecord& row : ledger_.Rows()) quarantined += row.quarantined;

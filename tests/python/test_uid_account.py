@@ -17,10 +17,12 @@ test_grpc_limits' kregctl):
 """
 
 import os
+import shutil
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -31,6 +33,7 @@ from proto_wire import bfield, fields, varint
 from test_grpc_limits import (NOBODY, daemon_with, finish, header_chunk,
                               nobody_kregctl, register_as_nobody,
                               register_stub)  # noqa: F401 (a fixture)
+from test_metrics import scrape
 from test_session_upload_limits import run_client
 
 grpc = pytest.importorskip("grpc")
@@ -73,6 +76,16 @@ def control_list(path, rid=1):
   payload = bytes([0x08]) + varint(rid) + bytes([0x22, 0])  # id, list {}
   s.sendall(struct.pack("<I", len(payload)) + payload)
   return s, read_status(s)
+
+
+def uid_held(metrics, uid, resource):
+  """kregd_uid_held{uid, resource} scraped from `metrics` (0 when absent:
+  kregd shows only what is held)."""
+  fam = scrape(metrics).get("kregd_uid_held", {"samples": []})
+  for _, labels, value in fam["samples"]:
+    if labels == {"uid": str(uid), "resource": resource}:
+      return value
+  return 0
 
 
 def proc_threads(pid):
@@ -365,7 +378,10 @@ def test_streaming_calls_over_a_uids_share_are_refused(nobody_kregctl):
   """(7) A uid's streaming calls in flight over max_grpc_calls_per_uid
   are refused at once with RESOURCE_EXHAUSTED naming the limit (they hold
   no thread while refused); another uid's go through."""
-  d = daemon_with("kreg-uidk-", "max_grpc_calls_per_uid = 4\n")
+  metrics_dir = tempfile.mkdtemp(prefix="kreg-uidk-m-", dir="/tmp")
+  metrics = f"unix:{metrics_dir}/metrics.sock"
+  d = daemon_with("kreg-uidk-", "max_grpc_calls_per_uid = 4\n"
+                  f'metrics_listen = "{metrics}"\n')
   release = threading.Event()
 
   def stalled(i):
@@ -376,16 +392,21 @@ def test_streaming_calls_over_a_uids_share_are_refused(nobody_kregctl):
     with grpc.insecure_channel(f"unix:{d.socket}") as ch:
       register = register_stub(ch)
       held = [register.future(stalled(i), timeout=120) for i in range(4)]
-      # The fifth, of the same uid: refused once the four are in flight
-      # (until then it ends for its missing bytes: tried again).
-      deadline = time.monotonic() + 30
-      while True:
-        with pytest.raises(grpc.RpcError) as err:
-          register(iter([header_chunk(b"uidk.fifth", 1000)]), timeout=30)
-        if err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-          break
-        assert time.monotonic() < deadline, err.value.details()
+      # kregd charges each stream when a thread of its takes the call: wait
+      # (as long as a loaded machine needs) until it reports all four.
+      deadline = time.monotonic() + 120
+      while uid_held(metrics, 0, "grpc_calls") != 4:
+        assert not any(f.done() for f in held), [
+            f.exception() for f in held if f.done()]
+        assert time.monotonic() < deadline, (
+            f"kregd reports {uid_held(metrics, 0, 'grpc_calls')} gRPC calls "
+            "of uid 0 in flight, not the 4 held streams")
         time.sleep(0.1)
+      # The fifth, of the same uid: refused at once.
+      with pytest.raises(grpc.RpcError) as err:
+        register(iter([header_chunk(b"uidk.fifth", 1000)]), timeout=30)
+      assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, (
+          err.value.details())
       assert ("uid 0 holds 4 gRPC calls in flight already; 1 more would "
               "exceed its limit of 4 (max_grpc_calls_per_uid)"
               ) in err.value.details()
@@ -396,6 +417,7 @@ def test_streaming_calls_over_a_uids_share_are_refused(nobody_kregctl):
   finally:
     release.set()
     finish(d)
+    shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 HOSTILE = r'''

@@ -1,6 +1,7 @@
 #include "daemon/base/uid_account.h"
 
 #include <atomic>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -70,6 +71,29 @@ TEST_CASE("A charge moves and is given back once", "[uid_account]") {
     CHECK(account.Held(5, UidResource::kUploadBytes) == 10);
   }
   CHECK(account.Held(5, UidResource::kUploadBytes) == 0);
+}
+
+TEST_CASE("Snapshot lists what each uid holds, and nothing at zero",
+          "[uid_account]") {
+  UidAccount account(Limits());
+  CHECK(account.Snapshot().empty());
+  auto a = account.Take(1000, UidResource::kControlConnections, 2);
+  auto b = account.Take(7, UidResource::kUploadBytes, 300);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  std::vector<UidAccount::Holding> rows = account.Snapshot();
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0].uid == 7);
+  CHECK(rows[0].resource == UidResource::kUploadBytes);
+  CHECK(rows[0].held == 300);
+  CHECK(rows[1].uid == 1000);
+  CHECK(rows[1].resource == UidResource::kControlConnections);
+  CHECK(rows[1].held == 2);
+  CHECK(std::string(InfoOf(rows[1].resource).label) == "control_connections");
+  b->Release();
+  rows = account.Snapshot();
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0].uid == 1000);
 }
 
 TEST_CASE("A limit of 0 is unlimited", "[uid_account]") {
