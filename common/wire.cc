@@ -193,6 +193,8 @@ std::string ResultText(int result) {
       return "the receive buffers of this process's sessions are full";
     case kTimedOut:
       return "the message did not arrive in time";
+    case kWouldBlock:
+      return "the message has not arrived whole yet";
     default:
       return strerror(result);
   }
@@ -407,6 +409,54 @@ int PeekFrame(int sock, uint32_t max_bytes, Clock::time_point deadline,
       if (closed) return kTruncated;
       break;
     }
+  }
+}
+
+int TryPeekFrame(int sock, uint32_t max_bytes, std::string* payload,
+                 bool* has_fds, bool* partial) {
+  *has_fds = false;
+  *partial = false;
+  std::string buf(kHeaderBytes, '\0');
+  size_t want = kHeaderBytes;
+  for (;;) {
+    // No control buffer: descriptors a peek duplicates are closed by the
+    // kernel, which reports them as MSG_CTRUNC.
+    iovec iov{buf.data(), want};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    ssize_t n = ::recvmsg(sock, &msg, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return kWouldBlock;
+    if (n < 0) return errno;
+    if ((msg.msg_flags & MSG_CTRUNC) != 0) {
+      *has_fds = true;
+      return kOk;
+    }
+    const size_t got = static_cast<size_t>(n);
+    if (got == 0) return kEof;
+    if (want == kHeaderBytes && got >= kHeaderBytes) {
+      uint32_t len = 0;
+      for (size_t i = 0; i < kHeaderBytes; ++i) {
+        len |= static_cast<uint32_t>(static_cast<unsigned char>(buf[i]))
+               << (8 * i);
+      }
+      if (len > max_bytes) return kTooLarge;
+      want = kHeaderBytes + len;
+      buf.resize(want);
+      continue;
+    }
+    if (got == want) {
+      payload->assign(buf, kHeaderBytes, std::string::npos);
+      return kOk;
+    }
+    *partial = true;
+    pollfd p{sock, POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) > 0 &&
+        (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+      return kTruncated;
+    }
+    return kWouldBlock;
   }
 }
 

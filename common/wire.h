@@ -27,6 +27,7 @@ enum : int {
   kTruncated = -4,   // the peer closed the connection inside a frame
   kOverBudget = -5,  // the receive buffers' shared budget is spent
   kTimedOut = -6,    // the deadline passed before the whole frame went through
+  kWouldBlock = -7,  // TryPeekFrame: the frame is not all there yet
 };
 
 using Clock = std::chrono::steady_clock;
@@ -150,6 +151,18 @@ int RecvFrame(int sock, uint32_t max_bytes, RecvBuffer* buffer,
 // kTruncated (the peer closed inside the frame), kTimedOut or an errno.
 int PeekFrame(int sock, uint32_t max_bytes, Clock::time_point deadline,
               std::string* payload, bool* has_fds);
+
+// Looks once, without waiting, at the next frame of `sock` (MSG_PEEK, as
+// PeekFrame): kOk when the whole frame is there (`payload` its body) or
+// when it carries descriptors (`*has_fds`, `payload` unset: receive it with
+// RecvFrame and a deadline), kWouldBlock when it is not all there yet
+// (`*partial` says whether some of it is), or kEof, kTooLarge (over
+// `max_bytes`), kTruncated (the peer closed inside the frame) or an errno.
+// For a caller that waits for readability itself (a parked connection,
+// daemon/base/connection_parker.h), so a half frame costs nothing while it
+// waits.
+int TryPeekFrame(int sock, uint32_t max_bytes, std::string* payload,
+                 bool* has_fds, bool* partial);
 
 // Busy-polls `sock` for up to `spin_us` microseconds until a byte is readable
 // (or the peer closed), so that a fast reply skips the blocking wake-up.

@@ -58,6 +58,7 @@ absl::Status SessionServer::Start() {
   if (absl::Status s = Listen(); !s.ok()) return s;
   wake_fd_.reset(::eventfd(0, EFD_CLOEXEC));
   if (!wake_fd_.ok()) return ErrnoError("eventfd");
+  if (absl::Status s = parker_.Start(); !s.ok()) return s;
   accept_thread_ = std::thread([this] { AcceptLoop(); });
   spdlog::info("sessions: listening on {}", opts_.listen_fd >= 0
                                                 ? std::string("inherited fd")
@@ -167,20 +168,30 @@ void SessionServer::RunSession(std::shared_ptr<ServedSession> session,
                                UidAccount::Charge charge) {
   slots_.emplace_back();
   Slot* slot = &slots_.back();
-  slot->session = session;
+  slot->session = std::move(session);
   slot->charge = std::move(charge);
-  slot->thread = std::thread([this, slot, session] {
-    session->Run();
-    spdlog::info("session {} (pid {}) closed", session->id(),
-                 session->peer().pid);
-    {
-      absl::MutexLock lock(&mu_);
-      slot->charge.Release();
-      if (slot->counted) live_sessions_.fetch_sub(1);
-      slot->counted = false;
-    }
-    slot->done.store(true);
-  });
+  parker_.Run([this, slot](ConnectionParker::Wake why) { Advance(slot, why); });
+}
+
+void SessionServer::Advance(Slot* slot, ConnectionParker::Wake why) {
+  const NextStep next = slot->session->Step(why);
+  if (next.done()) {
+    Finish(slot);
+    return;
+  }
+  parker_.Park(slot->session->id(), next.fd, next.deadline,
+               [this, slot](ConnectionParker::Wake w) { Advance(slot, w); });
+}
+
+void SessionServer::Finish(Slot* slot) {
+  parker_.Forget(slot->session->id());
+  spdlog::info("session {} (pid {}) closed", slot->session->id(),
+               slot->session->peer().pid);
+  absl::MutexLock lock(&mu_);
+  slot->charge.Release();
+  if (slot->counted) live_sessions_.fetch_sub(1);
+  slot->counted = false;
+  slot->done = true;
 }
 
 void SessionServer::ReapFinished() {
@@ -189,11 +200,11 @@ void SessionServer::ReapFinished() {
     absl::MutexLock lock(&mu_);
     for (auto it = slots_.begin(); it != slots_.end();) {
       auto next = std::next(it);
-      if (it->done.load()) finished.splice(finished.end(), slots_, it);
+      if (it->done) finished.splice(finished.end(), slots_, it);
       it = next;
     }
   }
-  for (Slot& s : finished) s.thread.join();  // releases sessions and arenas
+  finished.clear();  // releases sessions and arenas
 }
 
 void SessionServer::Stop() {
@@ -209,9 +220,22 @@ void SessionServer::Stop() {
   {
     absl::MutexLock lock(&mu_);
     for (Slot& s : slots_) s.session->Shutdown();
+  }
+  // Waiting sessions take their last step now; running ones end as their
+  // Shutdown makes them.
+  parker_.StopParking();
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](std::list<Slot>* slots) {
+          return std::all_of(slots->begin(), slots->end(),
+                             [](const Slot& s) { return s.done; });
+        },
+        &slots_));
     all.splice(all.end(), slots_);
   }
-  for (Slot& s : all) s.thread.join();
+  parker_.Join();
+  all.clear();
   own_listener_.reset();  // removes the path unless a newer kregd took it
 }
 

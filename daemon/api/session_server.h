@@ -1,7 +1,10 @@
 // The session server of kregd: accepts client sessions on a Unix socket next
-// to the gRPC socket and runs one thread per session (DESIGN §3). What serves
+// to the gRPC socket (DESIGN §3). What serves
 // a connection comes from a SessionFactory (kregd: a SessionBroker handing it
 // to an executor, DESIGN §8), so this links no code that runs handlers.
+// A session runs in steps on a pool of worker threads and waits between
+// them on the server's ConnectionParker, so a waiting connection holds no
+// thread (docs/design.md §14).
 #ifndef KREGD_DAEMON_API_SESSION_SERVER_H_
 #define KREGD_DAEMON_API_SESSION_SERVER_H_
 
@@ -19,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "common/unique_fd.h"
+#include "daemon/base/connection_parker.h"
 #include "daemon/base/served_session.h"
 #include "daemon/base/uid_account.h"
 #include "daemon/base/unix_listener.h"
@@ -88,8 +92,7 @@ class SessionServer {
  private:
   struct Slot {
     std::shared_ptr<ServedSession> session;
-    std::thread thread;
-    std::atomic<bool> done{false};
+    bool done = false;  // its last step ran: the accept loop destroys it
     // Its uid's session or pending connection (given back when the
     // session ends or is not one); `counted`: it counts in live_sessions_.
     UidAccount::Charge charge;
@@ -101,6 +104,10 @@ class SessionServer {
   void StartSession(UniqueFd sock);
   void RunSession(std::shared_ptr<ServedSession> session,
                   UidAccount::Charge charge) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs the next step of `slot`'s session and parks it until the one
+  // after, or finishes it.
+  void Advance(Slot* slot, ConnectionParker::Wake why);
+  void Finish(Slot* slot);
   void ReapFinished();
 
   const SessionOptions opts_;
@@ -114,6 +121,8 @@ class SessionServer {
   std::atomic<uint64_t> next_id_{1};
   absl::Mutex mu_;
   std::list<Slot> slots_ ABSL_GUARDED_BY(mu_);
+  // Where sessions wait between steps (no thread each).
+  ConnectionParker parker_;
   std::unique_ptr<UidAccount> own_account_;  // unless opts_.account
   UidAccount* account_;
 };

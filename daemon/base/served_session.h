@@ -11,9 +11,26 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "daemon/base/connection_parker.h"
 #include "daemon/base/types.h"
 
 namespace kreg {
+
+// What a served connection waits for before its next step: new bytes on
+// `fd` (or its peer closing) until `deadline`; or nothing (it is done).
+struct NextStep {
+  static NextStep Done() { return NextStep(); }
+  static NextStep WaitFor(int fd, absl::Time deadline) {
+    NextStep n;
+    n.fd = fd;
+    n.deadline = deadline;
+    return n;
+  }
+  bool done() const { return fd < 0; }
+  int fd = -1;
+  absl::Time deadline = absl::InfiniteFuture();
+};
 
 // One served connection: a Session running launches itself (an executor),
 // or kregd's SessionBroker that hands the connection to an executor.
@@ -22,6 +39,15 @@ class ServedSession {
   virtual ~ServedSession() = default;
   // Serves until the connection ends.
   virtual void Run() = 0;
+  // Serves one step (the session server calls it on a worker thread, first
+  // with kStart) and says what to wait for before the next, so that a
+  // connection that waits holds no thread (daemon/base/connection_parker.h).
+  // The default serves the whole connection in one step (Run).
+  virtual NextStep Step(ConnectionParker::Wake why) {
+    (void)why;
+    Run();
+    return NextStep::Done();
+  }
   // Makes a blocked Run() return. Thread-safe.
   virtual void Shutdown() = 0;
   virtual uint64_t id() const = 0;

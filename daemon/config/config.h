@@ -59,7 +59,7 @@ struct Config {
   // (seconds); 0: executors stop with kregd.
   int64_t orphan_timeout_s = 300;
   bool seccomp = true;
-  int max_sessions = 1024;
+  int max_sessions = 4096;
   int max_sessions_per_uid = 256;
   double hello_timeout_s = 10;  // a session must say Hello within this
   // Loading and querying a module being registered (kregd-probe) must end

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -257,7 +258,9 @@ SessionBroker::SessionBroker(uint64_t id, UniqueFd client, const PeerCred& peer,
       ctx_(ctx),
       binding_(std::move(binding)),
       broker_fd_(binding_.broker.get()),
-      handed_over_(true) {}
+      handed_over_(true) {
+  phase_ = Phase::kSession;
+}
 
 SessionBroker::~SessionBroker() { ctx_.pool->Release(&binding_); }
 
@@ -275,18 +278,13 @@ void SessionBroker::RefuseClient(const absl::Status& status) {
   ::shutdown(client_.get(), SHUT_RDWR);
 }
 
-bool SessionBroker::FirstIsHello(bool* control) {
+bool SessionBroker::FirstIsHello(int rc, const std::string& first, bool has_fds,
+                                 bool* control) {
   *control = false;
-  std::string first;
-  bool has_fds = false;
-  const int rc = wire::PeekFrame(
-      client_.get(), kMaxControlRequestBytes,
-      wire::Clock::now() + std::chrono::milliseconds(ctx_.hello_timeout_ms),
-      &first, &has_fds);
   v1::SessionRequest req;
   if (rc == wire::kOk &&
       (has_fds || !req.ParseFromString(first) || !req.has_hello())) {
-    *control = true;  // whatever it is, ServeControl reads and answers it
+    *control = true;  // whatever it is, the control step reads and answers it
     return false;
   }
   if (rc == wire::kOk) return true;
@@ -334,32 +332,180 @@ bool SessionBroker::AdmitControl() {
   return false;
 }
 
-void SessionBroker::ServeControl() {
+absl::Duration SessionBroker::HelloTimeout() const {
+  return absl::Milliseconds(ctx_.hello_timeout_ms);
+}
+
+NextStep SessionBroker::Step(ConnectionParker::Wake why) {
+  switch (phase_) {
+    case Phase::kFirst:
+      return StepFirst(why);
+    case Phase::kControl:
+      return StepControl(why);
+    case Phase::kWatch:
+      return StepWatch(why);
+    case Phase::kSession:
+      return StepSession(why);
+  }
+  return NextStep::Done();
+}
+
+void SessionBroker::Run() {
+  // One connection served on the caller's thread: waits as the session
+  // server's parker does (edge-triggered, so a half frame costs nothing).
+  UniqueFd ep(::epoll_create1(EPOLL_CLOEXEC));
+  int watched = -1;
+  ConnectionParker::Wake why = ConnectionParker::Wake::kStart;
+  for (;;) {
+    const NextStep next = Step(why);
+    if (next.done()) return;
+    if (next.fd != watched) {
+      if (watched >= 0) ::epoll_ctl(ep.get(), EPOLL_CTL_DEL, watched, nullptr);
+      epoll_event ev{};
+      ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
+      if (::epoll_ctl(ep.get(), EPOLL_CTL_ADD, next.fd, &ev) != 0) {
+        why = ConnectionParker::Wake::kStopping;
+        watched = -1;
+        continue;
+      }
+      watched = next.fd;
+    }
+    int timeout_ms = -1;
+    if (next.deadline != absl::InfiniteFuture()) {
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(
+          absl::ToInt64Milliseconds(
+              absl::Ceil(next.deadline - absl::Now(), absl::Milliseconds(1))),
+          0, 1 << 30));
+    }
+    epoll_event ev{};
+    int ready;
+    while ((ready = ::epoll_wait(ep.get(), &ev, 1, timeout_ms)) < 0 &&
+           errno == EINTR) {
+    }
+    why = ready > 0 ? ConnectionParker::Wake::kReadable
+                    : ConnectionParker::Wake::kTimedOut;
+  }
+}
+
+NextStep SessionBroker::StepFirst(ConnectionParker::Wake why) {
+  if (why == ConnectionParker::Wake::kStart) {
+    first_deadline_ = absl::Now() + HelloTimeout();
+  }
+  if (why == ConnectionParker::Wake::kStopping) return NextStep::Done();
+  std::string first;
+  bool has_fds = false, partial = false;
+  int rc = wire::TryPeekFrame(client_.get(), kMaxControlRequestBytes, &first,
+                              &has_fds, &partial);
+  if (rc == wire::kWouldBlock) {
+    // The whole first message must be there within hello_timeout of
+    // connecting; until then the connection waits without a thread.
+    if (absl::Now() < first_deadline_) {
+      return NextStep::WaitFor(client_.get(), first_deadline_);
+    }
+    rc = wire::kTimedOut;
+  }
+  bool control = false;
+  if (!FirstIsHello(rc, first, has_fds, &control)) {
+    if (control && AdmitControl()) {
+      StartControl();
+      return StepControl(ConnectionParker::Wake::kReadable);
+    }
+    control_charge_.Release();  // now, not when the server reaps this
+    return NextStep::Done();
+  }
+  if (!BindExecutor()) return NextStep::Done();
+  phase_ = Phase::kSession;
+  return StepSession(ConnectionParker::Wake::kReadable);
+}
+
+bool SessionBroker::BindExecutor() {
+  if (ctx_.is_a_session) {
+    if (absl::Status s = ctx_.is_a_session(id_); !s.ok()) {
+      std::string more;
+      if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
+        spdlog::warn("session {} (pid {} uid {}): refusing a session: {}{}",
+                     id_, peer_.pid, peer_.uid, std::string(s.message()), more);
+      }
+      RefuseClient(s);
+      return false;
+    }
+  }
+  absl::StatusOr<ExecutorPool::Binding> b =
+      ctx_.pool->Bind(id_, client_.get(), peer_);
+  if (!b.ok()) {
+    spdlog::warn("session {} (pid {} uid {}): {}", id_, peer_.pid, peer_.uid,
+                 std::string(b.status().message()));
+    RefuseClient(b.status());
+    return false;
+  }
+  binding_ = *std::move(b);
+  broker_fd_ = binding_.broker.get();
+  handed_over_.store(true);
+  return true;
+}
+
+void SessionBroker::StartControl() {
   spdlog::info("session {} (pid {} uid {}): control connection", id_, peer_.pid,
                peer_.uid);
+  phase_ = Phase::kControl;
   // A reply the client does not read within hello_timeout ends it.
   timeval tv{};
   tv.tv_sec = ctx_.hello_timeout_ms / 1000;
   tv.tv_usec = (ctx_.hello_timeout_ms % 1000) * 1000;
   ::setsockopt(client_.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  wire::RecvBuffer buffer;
+  last_request_ = absl::Now();
+}
+
+NextStep SessionBroker::EndControl() {
+  ::shutdown(client_.get(), SHUT_RDWR);
+  ForgetBindings();
+  control_charge_.Release();
+  return NextStep::Done();
+}
+
+int SessionBroker::NextRequest(uint32_t max_bytes, absl::Time idle_deadline,
+                               NextStep* wait) {
+  std::string peeked;
+  bool has_fds = false, partial = false;
+  const int rc =
+      wire::TryPeekFrame(client_.get(), max_bytes, &peeked, &has_fds, &partial);
+  const absl::Time now = absl::Now();
+  if (rc != wire::kWouldBlock) {
+    request_deadline_ = absl::InfiniteFuture();
+    return rc;
+  }
+  if (partial) {
+    // A request that has begun arrives whole within hello_timeout of its
+    // first byte.
+    if (request_deadline_ == absl::InfiniteFuture()) {
+      request_deadline_ = now + HelloTimeout();
+    }
+    if (now >= request_deadline_) return wire::kTimedOut;
+    *wait = NextStep::WaitFor(client_.get(), request_deadline_);
+    return wire::kWouldBlock;
+  }
+  request_deadline_ = absl::InfiniteFuture();
+  if (now >= idle_deadline) return kIdle;
+  *wait = NextStep::WaitFor(client_.get(), idle_deadline);
+  return wire::kWouldBlock;
+}
+
+NextStep SessionBroker::StepControl(ConnectionParker::Wake why) {
+  if (why == ConnectionParker::Wake::kStopping) return EndControl();
   std::string out;
-  bool holds_registrations = false;
-  for (bool close = false; !close;) {
+  for (;;) {
     // Idle as long as the client likes while the connection holds a
     // registration (it is what keeps them); one that holds nothing is
     // closed after control_idle_timeout_s, so that idle connections cannot
-    // hold the uid's slots. A request that has begun must arrive whole
-    // within hello_timeout of its first byte.
-    pollfd p{client_.get(), POLLIN, 0};
-    const int idle_ms = holds_registrations
-                            ? -1
-                            : static_cast<int>(std::min<int64_t>(
-                                  ctx_.control_idle_timeout_ms, 1 << 30));
-    int ready;
-    while ((ready = ::poll(&p, 1, idle_ms)) < 0 && errno == EINTR) {
-    }
-    if (ready == 0) {
+    // hold the uid's slots.
+    const absl::Time idle_deadline =
+        holds_registrations_
+            ? absl::InfiniteFuture()
+            : last_request_ + absl::Milliseconds(ctx_.control_idle_timeout_ms);
+    NextStep wait;
+    int rc = NextRequest(kMaxControlRequestBytes, idle_deadline, &wait);
+    if (rc == wire::kWouldBlock) return wait;
+    if (rc == kIdle) {
       std::string more;
       if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
         spdlog::info(
@@ -373,16 +519,19 @@ void SessionBroker::ServeControl() {
           ctx_.control_idle_timeout_ms,
           " ms (control_idle_timeout_s); open a new one when there is "
           "something to send")));
-      break;
+      return EndControl();
     }
     std::vector<int> raw;
-    int rc = wire::RecvFrame(
-        client_.get(), kMaxControlRequestBytes, &buffer, &raw,
-        wire::Clock::now() + std::chrono::milliseconds(ctx_.hello_timeout_ms));
-    const std::string& payload = buffer.payload();
+    if (rc == wire::kOk) {
+      rc = wire::RecvFrame(
+          client_.get(), kMaxControlRequestBytes, &control_buffer_, &raw,
+          wire::Clock::now() +
+              std::chrono::milliseconds(ctx_.hello_timeout_ms));
+    }
+    const std::string& payload = control_buffer_.payload();
     std::vector<UniqueFd> fds;
     for (int fd : raw) fds.emplace_back(fd);
-    if (rc == wire::kEof) break;
+    if (rc == wire::kEof) return EndControl();
     if (rc != wire::kOk) {
       std::string more;
       if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
@@ -395,10 +544,11 @@ void SessionBroker::ServeControl() {
           "at most ", wire::kMaxFdsPerFrame,
           " file descriptors, and arrives whole within ", ctx_.hello_timeout_ms,
           " ms of its first byte)")));
-      break;
+      return EndControl();
     }
     v1::SessionRequest req;
     v1::SessionResponse resp;
+    bool close = false;
     if (req.ParseFromString(payload)) {
       resp = HandleControl(ctx_, id_, peer_, req, std::move(fds), &close);
     } else {
@@ -411,46 +561,59 @@ void SessionBroker::ServeControl() {
           "connection"));
     }
     if (resp.has_register_target() && resp.status().code() == 0) {
-      holds_registrations = true;
+      holds_registrations_ = true;
     }
     resp.SerializeToString(&out);
     if (wire::SendFrame(client_.get(), out.data(), out.size(), nullptr, 0) !=
         wire::kOk) {
       if (resp.has_watch()) ctx_.local_repointer->Detach(id_);
-      break;
+      return EndControl();
     }
+    last_request_ = absl::Now();
     if (resp.has_watch()) {
       // A watch connection has its own per-uid cap (kMaxWatchesPerUid).
       control_charge_.Release();
-      ServeWatch();
-      break;
+      StartWatch();
+      return StepWatch(ConnectionParker::Wake::kReadable);
     }
+    if (close) return EndControl();
   }
-  ::shutdown(client_.get(), SHUT_RDWR);
-  ForgetBindings();
 }
 
-void SessionBroker::ServeWatch() {
+void SessionBroker::StartWatch() {
   spdlog::info("session {} (pid {} uid {}): watch connection", id_, peer_.pid,
                peer_.uid);
-  LocalRepointer* repointer = ctx_.local_repointer;
-  repointer->Activate(
+  phase_ = Phase::kWatch;
+  ctx_.local_repointer->Activate(
       id_, client_.get(),
       [this](const TargetKey& key) { return ctx_.registry->Lookup(key); },
-      absl::Now() + absl::Milliseconds(ctx_.hello_timeout_ms));
-  wire::RecvBuffer buffer;
+      absl::Now() + HelloTimeout());
+}
+
+NextStep SessionBroker::StepWatch(ConnectionParker::Wake why) {
+  LocalRepointer* repointer = ctx_.local_repointer;
+  if (why == ConnectionParker::Wake::kStopping) {
+    repointer->Detach(id_);
+    return EndControl();
+  }
   for (;;) {
-    pollfd p{client_.get(), POLLIN, 0};
-    while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
-    }
+    NextStep wait;
+    int rc = NextRequest(kMaxRepointAckBytes, absl::InfiniteFuture(), &wait);
+    if (rc == wire::kWouldBlock) return wait;
     std::vector<int> raw;
-    const int rc = wire::RecvFrame(
-        client_.get(), kMaxRepointAckBytes, &buffer, &raw,
-        wire::Clock::now() + std::chrono::milliseconds(ctx_.hello_timeout_ms));
+    if (rc == wire::kOk) {
+      rc = wire::RecvFrame(
+          client_.get(), kMaxRepointAckBytes, &control_buffer_, &raw,
+          wire::Clock::now() +
+              std::chrono::milliseconds(ctx_.hello_timeout_ms));
+    }
     std::vector<UniqueFd> fds;
     for (int fd : raw) fds.emplace_back(fd);
     absl::Status refusal;
-    if (rc == wire::kEof) break;
+    if (rc == wire::kEof) {
+      repointer->Detach(id_);
+      return EndControl();
+    }
     if (rc != wire::kOk) {
       refusal = absl::ResourceExhaustedError(absl::StrCat(
           "kregd closed this watch connection: ", wire::ResultText(rc),
@@ -459,7 +622,7 @@ void SessionBroker::ServeWatch() {
           " ms of its first byte)"));
     } else {
       absl::StatusOr<v1::RepointAck> ack =
-          ReadRepointAck(buffer.payload(), fds.size());
+          ReadRepointAck(control_buffer_.payload(), fds.size());
       if (ack.ok()) {
         repointer->Acked(id_, *ack);
         continue;
@@ -473,57 +636,32 @@ void SessionBroker::ServeWatch() {
     }
     repointer->Detach(id_);
     RefuseClient(refusal);
-    return;
+    return EndControl();
   }
-  repointer->Detach(id_);
 }
 
-void SessionBroker::Run() {
-  if (binding_.group == nullptr) {
-    bool control = false;
-    if (!FirstIsHello(&control)) {
-      if (control && AdmitControl()) ServeControl();
-      control_charge_.Release();  // now, not when the server reaps this
-      return;
-    }
-    if (ctx_.is_a_session) {
-      if (absl::Status s = ctx_.is_a_session(id_); !s.ok()) {
-        std::string more;
-        if (PeerLogLimiter().Allow(absl::StrCat("uid ", peer_.uid), &more)) {
-          spdlog::warn("session {} (pid {} uid {}): refusing a session: {}{}",
-                       id_, peer_.pid, peer_.uid, std::string(s.message()),
-                       more);
-        }
-        RefuseClient(s);
-        return;
-      }
-    }
-    absl::StatusOr<ExecutorPool::Binding> b =
-        ctx_.pool->Bind(id_, client_.get(), peer_);
-    if (!b.ok()) {
-      spdlog::warn("session {} (pid {} uid {}): {}", id_, peer_.pid, peer_.uid,
-                   std::string(b.status().message()));
-      RefuseClient(b.status());
-      return;
-    }
-    binding_ = *std::move(b);
-    broker_fd_ = binding_.broker.get();
-    handed_over_.store(true);
-  }
-  ServeSession();
-}
-
-void SessionBroker::ServeSession() {
-  std::string payload;
+NextStep SessionBroker::StepSession(ConnectionParker::Wake why) {
   std::string out;
   bool closed = false;
   bool refused = false;
-  for (;;) {
+  while (why != ConnectionParker::Wake::kStopping) {
+    std::string peeked;
+    bool has_fds = false, partial = false;
+    int rc = wire::TryPeekFrame(broker_fd_, kMaxBrokerRequestBytes, &peeked,
+                                &has_fds, &partial);
+    // The executor's requests wait without a thread of kregd's.
+    if (rc == wire::kWouldBlock) {
+      return NextStep::WaitFor(broker_fd_, absl::InfiniteFuture());
+    }
     std::vector<int> raw;
     // Never more than kMaxBrokerRequestBytes: the length is checked before
     // a byte of the payload is buffered.
-    int rc =
-        wire::RecvFrame(broker_fd_, kMaxBrokerRequestBytes, &payload, &raw);
+    if (rc == wire::kOk) {
+      rc = wire::RecvFrame(
+          broker_fd_, kMaxBrokerRequestBytes, &session_buffer_, &raw,
+          wire::Clock::now() +
+              std::chrono::milliseconds(ctx_.hello_timeout_ms));
+    }
     std::vector<UniqueFd> fds;
     for (int fd : raw) fds.emplace_back(fd);
     if (rc == wire::kTooLarge || rc == wire::kTooManyFds) {
@@ -533,7 +671,7 @@ void SessionBroker::ServeSession() {
     }
     if (rc != wire::kOk) break;
     v1::BrokerRequest req;
-    if (!req.ParseFromString(payload)) {
+    if (!req.ParseFromString(session_buffer_.payload())) {
       spdlog::warn("session {}: malformed broker request from executor", id_);
       break;
     }
@@ -549,6 +687,11 @@ void SessionBroker::ServeSession() {
                          fd.ok() ? 1 : 0);
     if (rc != wire::kOk) break;
   }
+  EndSession(closed, refused);
+  return NextStep::Done();
+}
+
+void SessionBroker::EndSession(bool closed, bool refused) {
   if (!closed && !refused && ctx_.pool->leaving()) {
     // kregd is stopping and left the executor serving this session.
     ForgetBindings();

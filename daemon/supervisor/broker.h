@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/unique_fd.h"
 #include "common/wire.h"
 #include "daemon/base/served_session.h"
@@ -134,30 +135,60 @@ class SessionBroker final : public ServedSession {
                 const BrokerContext& ctx, ExecutorPool::Binding binding);
   ~SessionBroker() override;
 
-  // Serves the connection: as a session (first request Hello) or as a
-  // control connection.
+  // Serves the connection on the caller's thread: as a session (first
+  // request Hello) or as a control connection.
   void Run() override;
+  // One step of it (the session server's way: between steps the
+  // connection waits without a thread, daemon/base/connection_parker.h).
+  NextStep Step(ConnectionParker::Wake why) override;
   void Shutdown() override;
   uint64_t id() const override { return id_; }
   const PeerCred& peer() const override { return peer_; }
 
  private:
-  // Looks at the client's first message without taking it: true when it is
-  // a Hello (the executor reads it); false when the connection is served
-  // here (`*control` set) or was ended (refused, silent, closed).
-  bool FirstIsHello(bool* control);
+  // What the connection turned out to be, and so what its next step reads.
+  enum class Phase { kFirst, kControl, kWatch, kSession };
+  // NextRequest's answer when the connection was idle past its deadline.
+  static constexpr int kIdle = -100;
+
+  absl::Duration HelloTimeout() const;
+  // Waits (without a thread) for the whole first message, for at most
+  // hello_timeout of connecting, then serves it as a session or a control
+  // connection.
+  NextStep StepFirst(ConnectionParker::Wake why);
+  // The first message looked at (`rc`, `first`, `has_fds`: TryPeekFrame's
+  // answer, or kTimedOut): true when it is a Hello (the executor reads
+  // it); false when the connection is served here (`*control` set) or was
+  // ended (refused, silent, closed).
+  bool FirstIsHello(int rc, const std::string& first, bool has_fds,
+                    bool* control);
   // Charges the control connection it turned out to be to its uid (it no
   // longer counts as a session); false (refused, the client told) over the
   // uid's limit.
   bool AdmitControl();
+  // Binds the session to an executor (which gets the client's socket);
+  // false when refused (the client told).
+  bool BindExecutor();
   // Serves a control connection until the client closes it, or until it
   // has held no registration and sent nothing for control_idle_timeout_s.
-  void ServeControl();
+  void StartControl();
+  NextStep StepControl(ConnectionParker::Wake why);
+  NextStep EndControl();
   // Serves the watch connection it became (a watch request was
   // accepted): reads RepointAcks until the client closes it.
-  void ServeWatch();
+  void StartWatch();
+  NextStep StepWatch(ConnectionParker::Wake why);
+  // Looks at the client's next request: kOk (whole, or it carries
+  // descriptors), kWouldBlock with `*wait` (not all there: wait for it
+  // within hello_timeout of its first byte, or until `idle_deadline` when
+  // none has begun), kIdle, kTimedOut or TryPeekFrame's error.
+  int NextRequest(uint32_t max_bytes, absl::Time idle_deadline, NextStep* wait);
   // Serves the executor's broker socket of a session.
-  void ServeSession();
+  NextStep StepSession(ConnectionParker::Wake why);
+  // The executor's broker socket ended (`closed`: the executor said so;
+  // `refused`: kregd ended it): releases the binding and tells the client
+  // of a crash.
+  void EndSession(bool closed, bool refused);
   v1::BrokerReply Handle(const v1::BrokerRequest& request, UniqueFd* fd_out);
   // The executor sent a frame kregd does not read (over
   // kMaxBrokerRequestBytes, or too many descriptors): logs and counts it and
@@ -181,6 +212,14 @@ class SessionBroker final : public ServedSession {
   void RefuseClient(const absl::Status& status);
 
   const uint64_t id_;
+  Phase phase_ = Phase::kFirst;
+  absl::Time first_deadline_ = absl::InfiniteFuture();
+  // A begun request must be whole by then.
+  absl::Time request_deadline_ = absl::InfiniteFuture();
+  absl::Time last_request_ = absl::InfiniteFuture();  // control connections
+  bool holds_registrations_ = false;
+  wire::RecvBuffer control_buffer_;
+  wire::RecvBuffer session_buffer_;
   UniqueFd client_;  // kregd's copy: only written to when the executor died
   const PeerCred peer_;
   const BrokerContext ctx_;

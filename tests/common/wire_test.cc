@@ -343,5 +343,76 @@ TEST_CASE("BudgetHold takes, gives back and moves what it holds",
         "end idle sessions, or ask the operator to raise max_buffered_bytes");
 }
 
+TEST_CASE("TryPeekFrame looks once and leaves the frame in place", "[wire]") {
+  Pair p;
+  std::string got;
+  bool has_fds = true, partial = true;
+  // Nothing there yet.
+  CHECK(wire::TryPeekFrame(p.b.get(), 1024, &got, &has_fds, &partial) ==
+        wire::kWouldBlock);
+  CHECK_FALSE(partial);
+  CHECK_FALSE(has_fds);
+  // Part of a frame: two header bytes, then the header and half the body.
+  const std::string frame = std::string("\x05\0\0\0", 4) + "hello";
+  REQUIRE(::write(p.a.get(), frame.data(), 2) == 2);
+  CHECK(wire::TryPeekFrame(p.b.get(), 1024, &got, &has_fds, &partial) ==
+        wire::kWouldBlock);
+  CHECK(partial);
+  REQUIRE(::write(p.a.get(), frame.data() + 2, 5) == 5);
+  CHECK(wire::TryPeekFrame(p.b.get(), 1024, &got, &has_fds, &partial) ==
+        wire::kWouldBlock);
+  CHECK(partial);
+  REQUIRE(::write(p.a.get(), frame.data() + 7, 2) == 2);
+  REQUIRE(wire::TryPeekFrame(p.b.get(), 1024, &got, &has_fds, &partial) ==
+          wire::kOk);
+  CHECK(got == "hello");
+  CHECK_FALSE(has_fds);
+  // Still there for the reader.
+  std::string read;
+  std::vector<int> fds;
+  REQUIRE(wire::RecvFrame(p.b.get(), 1024, &read, &fds) == wire::kOk);
+  CHECK(read == "hello");
+}
+
+TEST_CASE("TryPeekFrame: descriptors, limits and a closed peer", "[wire]") {
+  std::string got;
+  bool has_fds = false, partial = false;
+  {
+    Pair p;
+    int pipefd[2];
+    REQUIRE(::pipe(pipefd) == 0);
+    REQUIRE(wire::SendFrame(p.a.get(), "x", 1, pipefd, 1) == wire::kOk);
+    CHECK(wire::TryPeekFrame(p.b.get(), 1024, &got, &has_fds, &partial) ==
+          wire::kOk);
+    CHECK(has_fds);
+    std::vector<int> fds;
+    REQUIRE(wire::RecvFrame(p.b.get(), 1024, &got, &fds) == wire::kOk);
+    CHECK(fds.size() == 1);
+    for (int fd : fds) ::close(fd);
+    ::close(pipefd[0]);
+    ::close(pipefd[1]);
+  }
+  {
+    Pair p;
+    REQUIRE(wire::SendFrame(p.a.get(), std::string(100, 'a').data(), 100,
+                            nullptr, 0) == wire::kOk);
+    CHECK(wire::TryPeekFrame(p.b.get(), 99, &got, &has_fds, &partial) ==
+          wire::kTooLarge);
+  }
+  {
+    Pair p;
+    REQUIRE(::write(p.a.get(), "\x05\0\0\0he", 6) == 6);
+    p.a.reset();
+    CHECK(wire::TryPeekFrame(p.b.get(), 1024, &got, &has_fds, &partial) ==
+          wire::kTruncated);
+  }
+  {
+    Pair p;
+    p.a.reset();
+    CHECK(wire::TryPeekFrame(p.b.get(), 1024, &got, &has_fds, &partial) ==
+          wire::kEof);
+  }
+}
+
 }  // namespace
 }  // namespace kreg
