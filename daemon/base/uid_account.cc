@@ -21,6 +21,8 @@ const UidResourceInfo& InfoOf(UidResource r) {
        "heavy_work"},
       {"connections waiting for their first request",
        "max_pending_connections_per_uid", "", "pending_connections"},
+      {"watch connections", "max_watch_connections_per_uid", "",
+       "watch_connections"},
   };
   static_assert(sizeof(kInfo) / sizeof(kInfo[0]) ==
                 static_cast<size_t>(UidResource::kCount));

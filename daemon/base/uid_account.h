@@ -37,6 +37,7 @@ enum class UidResource : int {
   kUploadBytes,          // max_upload_bytes_per_uid
   kHeavyWork,            // max_heavy_work_per_uid
   kPendingConnections,   // max_pending_connections_per_uid
+  kWatchConnections,     // max_watch_connections_per_uid
   kCount,
 };
 

@@ -80,6 +80,9 @@ struct Config {
   // size (0: twice max_module_bytes); registrations being hashed and probed
   // (more wait for the uid's own); streaming gRPC calls.
   int max_control_connections_per_uid = 64;
+  // Watch connections (re-pointing local binds, docs/replace.md): one per
+  // process that holds a replaceable target locally.
+  int max_watch_connections_per_uid = 256;
   // Connections to the session socket waiting for their first request.
   int max_pending_connections_per_uid = 32;
   double control_idle_timeout_s = 60;

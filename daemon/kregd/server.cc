@@ -125,6 +125,7 @@ UidLimits UidLimitsOf(const Config& c) {
                                      : 2 * c.max_module_bytes);
   set(UidResource::kHeavyWork, c.max_heavy_work_per_uid);
   set(UidResource::kPendingConnections, c.max_pending_connections_per_uid);
+  set(UidResource::kWatchConnections, c.max_watch_connections_per_uid);
   return l;
 }
 
@@ -157,14 +158,13 @@ Daemon::Daemon(Config config)
               HelperBinary(config_.probe_binary, "kregd-probe", "executor"),
               config_.probe_timeout_s),
       journal_(config_.state_dir + "/journal"),
-      registry_(
-          &loader_, &journal_,
-          RegistryLimits{
-              config_.max_registrations_per_uid,
-              config_.max_store_bytes_per_uid, static_cast<uid_t>(-1),
-              config_.replace == "owner",
-              absl::Seconds(config_.replace_timeout_s),
-              static_cast<uint32_t>(config_.max_generations_per_target)}),
+      registry_(&loader_, &journal_,
+                RegistryLimits{
+                    config_.max_registrations_per_uid,
+                    config_.max_store_bytes_per_uid, static_cast<uid_t>(-1),
+                    config_.replace == "owner",
+                    absl::Seconds(config_.replace_timeout_s),
+                    static_cast<uint32_t>(config_.max_generations_per_target)}),
       registrar_(&registry_,
                  ModulePolicy{config_.allowed_roots, config_.max_module_bytes,
                               HelperBinary(config_.probe_binary, "kregd-probe",
@@ -650,8 +650,9 @@ void Daemon::FillBrokerContext() {
   // Local binds are replaceable: the shims watch for Repoint notices
   // (docs/replace.md section 4).
   if (config_.replace == "owner") {
-    local_repointer_ =
-        std::make_unique<LocalRepointer>(&bindings_, local_modules_.get());
+    local_repointer_ = std::make_unique<LocalRepointer>(
+        &bindings_, local_modules_.get(),
+        static_cast<size_t>(config_.max_watch_connections_per_uid), &account_);
     ctx.local_repointer = local_repointer_.get();
   }
 }

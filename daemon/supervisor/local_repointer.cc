@@ -19,16 +19,27 @@
 
 namespace kreg {
 
+namespace {
+
+std::unique_ptr<UidAccount> OwnAccount(UidAccount* given, size_t limit) {
+  if (given != nullptr) return nullptr;
+  UidLimits limits{};
+  limits[static_cast<size_t>(UidResource::kWatchConnections)] = limit;
+  return std::make_unique<UidAccount>(limits);
+}
+
+}  // namespace
+
 LocalRepointer::LocalRepointer(SessionBindings* bindings,
                                LocalModuleCache* modules,
-                               size_t max_watches_per_uid)
+                               size_t max_watches_per_uid, UidAccount* account)
     : bindings_(bindings),
       modules_(modules),
-      max_per_uid_(max_watches_per_uid) {}
+      own_account_(OwnAccount(account, max_watches_per_uid)),
+      account_(account != nullptr ? account : own_account_.get()) {}
 
 absl::Status LocalRepointer::Reserve(uint64_t session, const PeerCred& peer) {
   absl::MutexLock lock(&mu_);
-  size_t of_uid = 0;
   for (const auto& [id, w] : watches_) {
     if (w->peer.pid == peer.pid) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -37,19 +48,22 @@ absl::Status LocalRepointer::Reserve(uint64_t session, const PeerCred& peer) {
           "); the shim opens one per process, on its first replaceable "
           "local bind. Closing this connection"));
     }
-    if (w->peer.uid == peer.uid) ++of_uid;
   }
-  if (of_uid >= max_per_uid_) {
+  absl::StatusOr<UidAccount::Charge> charge =
+      account_->Take(peer.uid, UidResource::kWatchConnections, 1);
+  if (!charge.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "kregd refused a watch connection of pid ", peer.pid, ": ",
-        UserName(peer.uid), " has ", of_uid,
-        " watch connections already, the most kregd keeps for one uid (one "
-        "per process holding a replaceable target locally); end some of "
-        "those processes, or run the target isolated. Closing this "
-        "connection"));
+        "kregd refused a watch connection of pid ", peer.pid, " (",
+        UserName(peer.uid),
+        "; one per process holding a replaceable target "
+        "locally): ",
+        charge.status().message(),
+        "; or end some of those processes, or run the target isolated. "
+        "Closing this connection"));
   }
   auto w = std::make_shared<Watch>();
   w->peer = peer;
+  w->charge = *std::move(charge);
   watches_[session] = std::move(w);
   return absl::OkStatus();
 }

@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/unique_fd.h"
 #include "daemon/base/types.h"
+#include "daemon/base/uid_account.h"
 #include "daemon/registry/repointer.h"
 #include "kreg/v1/session.pb.h"
 
@@ -26,7 +27,8 @@ namespace kreg {
 class LocalModuleCache;
 class SessionBindings;
 
-// Processes of one uid that may watch at once.
+// Processes of one uid that may watch at once, by default
+// (max_watch_connections_per_uid).
 constexpr size_t kMaxWatchesPerUid = 256;
 
 // Thread-safe; never calls into the registry.
@@ -34,8 +36,12 @@ class LocalRepointer final : public Repointer {
  public:
   // `bindings` says who holds a key locally; `modules` hands out the new
   // generation's sealed memfd. Both must outlive this.
+  // Watch connections are charged to `account`'s
+  // UidResource::kWatchConnections (kregd's per-uid account, which must
+  // outlive this; null: an account of its own with max_watches_per_uid).
   LocalRepointer(SessionBindings* bindings, LocalModuleCache* modules,
-                 size_t max_watches_per_uid = kMaxWatchesPerUid);
+                 size_t max_watches_per_uid = kMaxWatchesPerUid,
+                 UidAccount* account = nullptr);
 
   // Control connection `session` of `peer` asks to become its process's
   // watch connection. FAILED_PRECONDITION when the process (by pid) has
@@ -68,8 +74,9 @@ class LocalRepointer final : public Repointer {
  private:
   struct Watch {
     PeerCred peer;
-    UniqueFd sock;        // kregd's duplicate; invalid until Activate
-    absl::Mutex send_mu;  // one frame at a time
+    UidAccount::Charge charge;  // its uid's watch connection
+    UniqueFd sock;              // kregd's duplicate; invalid until Activate
+    absl::Mutex send_mu;        // one frame at a time
   };
   // One Repoint call's notices: by holder pid, the ack's status once it
   // came.
@@ -92,7 +99,8 @@ class LocalRepointer final : public Repointer {
 
   SessionBindings* const bindings_;
   LocalModuleCache* const modules_;
-  const size_t max_per_uid_;
+  std::unique_ptr<UidAccount> own_account_;  // unless given one
+  UidAccount* const account_;
   absl::Mutex mu_;
   absl::CondVar cv_;  // an ack came or a watch ended
   std::map<uint64_t, std::shared_ptr<Watch>> watches_ ABSL_GUARDED_BY(mu_);

@@ -115,6 +115,8 @@ std::vector<FileCase> FileCases(const std::string& dir) {
        "7"},
       {"max_pending_connections_per_uid", "max_pending_connections_per_uid = 6",
        "6"},
+      {"max_watch_connections_per_uid", "max_watch_connections_per_uid = 5",
+       "5"},
       {"control_idle_timeout_s", "control_idle_timeout_s = 1.5", "1.5"},
       {"max_upload_bytes_per_uid", "max_upload_bytes_per_uid = 5000", "5000"},
       {"max_heavy_work_per_uid", "max_heavy_work_per_uid = 3", "3"},
@@ -348,6 +350,9 @@ TEST_CASE("Bad values in the config file name the key and what it must be",
        "1 to 1000000"},
       {"max_pending_connections_per_uid = 0",
        "key \"max_pending_connections_per_uid\" must be a whole number from "
+       "1 to 1000000"},
+      {"max_watch_connections_per_uid = 0",
+       "key \"max_watch_connections_per_uid\" must be a whole number from "
        "1 to 1000000"},
       {"control_idle_timeout_s = 0",
        "key \"control_idle_timeout_s\" must be a number of seconds > 0 and "

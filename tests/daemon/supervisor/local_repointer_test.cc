@@ -110,13 +110,14 @@ TEST_CASE("One watch connection per process, a bounded number per uid",
   CHECK(third.code() == absl::StatusCode::kResourceExhausted);
   CHECK_THAT(
       std::string(third.message()),
-      Catch::StartsWith("kregd refused a watch connection of pid "
-                        "4244: uid 1000") &&
-          Catch::EndsWith(" has 2 watch connections already, the most kregd "
-                          "keeps for one uid (one per process holding a "
-                          "replaceable target locally); end some of those "
-                          "processes, or run the target isolated. Closing this "
-                          "connection"));
+      Catch::StartsWith("kregd refused a watch connection of pid 4244 (uid "
+                        "1000") &&
+          Catch::Contains("one per process holding a replaceable target "
+                          "locally): uid 1000 holds 2 watch connections "
+                          "already; 1 more would exceed its limit of 2 "
+                          "(max_watch_connections_per_uid)") &&
+          Catch::EndsWith("; or end some of those processes, or run the "
+                          "target isolated. Closing this connection"));
   CHECK(r.Reserve(5, kBob).ok());  // another uid's count
   r.Detach(1);
   CHECK(r.Reserve(6, kAlice3).ok());
