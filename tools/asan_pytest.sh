@@ -16,6 +16,7 @@ out=${1:?usage: tools/asan_pytest.sh OUT_DIR}
 mkdir -p "$out"
 bazel build --config=asan //daemon/kregd:kregd //daemon/executor:kregd-probe \
   //daemon/kregd:kregd_next_minor //daemon/kregd:kregd_next_major \
+  //daemon/kregd:kregd_tamper_local \
   //daemon/executor:kregd-exec //daemon/compiler:kregd-compile //client:kregctl ||
   exit 1
 asan_bin=$(bazel info --config=asan bazel-bin 2>/dev/null)

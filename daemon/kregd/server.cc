@@ -150,6 +150,10 @@ std::string HelperBinary(const std::string& configured, const std::string& name,
   return beside;
 }
 
+// Weak: only the test binary kregd_tamper_local (testing/tamper_local.cc)
+// says true. kregd itself reads no test switch.
+__attribute__((weak)) bool TamperLocalModulesForTest() { return false; }
+
 Daemon::Daemon(Config config)
     : config_(std::move(config)),
       started_(std::chrono::steady_clock::now()),
@@ -635,13 +639,11 @@ void Daemon::FillBrokerContext() {
   ctx.local_binds = &local_binds_;
   ctx.hello_timeout_ms = static_cast<int64_t>(config_.hello_timeout_s * 1000.0);
   if (config_.local_execution != "allow") return;
-  const char* tamper = std::getenv("KREGD_TEST_TAMPER_LOCAL_MODULES");
-  const bool tampered = tamper != nullptr && std::string(tamper) == "1";
+  const bool tampered = TamperLocalModulesForTest();
   if (tampered) {
     spdlog::warn(
-        "KREGD_TEST_TAMPER_LOCAL_MODULES=1: modules handed out for local "
-        "execution are corrupted on purpose (a test hook; never set it in "
-        "production)");
+        "this kregd (kregd_tamper_local, a test binary) corrupts the modules "
+        "it hands out for local execution on purpose");
   }
   local_modules_ = std::make_unique<LocalModuleCache>(
       &store_, config_.max_local_module_memory_bytes, config_.max_module_bytes,

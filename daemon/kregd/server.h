@@ -50,6 +50,11 @@ class MetricsServer;
 class SessionServer;
 class SupervisionService;
 
+// Whether modules handed out for local execution are corrupted on purpose
+// (so that a test sees the shim refuse them): false, except in the test
+// binary kregd_tamper_local, which overrides this weak definition.
+bool TamperLocalModulesForTest();
+
 class Daemon {
  public:
   explicit Daemon(Config config);

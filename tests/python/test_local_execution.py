@@ -224,11 +224,14 @@ def test_the_callers_file_changing_later_changes_nothing(daemon, tmp_path):
 
 
 def test_a_module_whose_digest_does_not_match_is_refused():
-  # kregd's test hook flips the last byte of every module copy it hands
-  # out for local execution; the shim must refuse to load it.
+  # The test binary kregd_tamper_local flips the last byte of every module
+  # copy it hands out for local execution; the shim must refuse to load it.
+  binary = daemon_binary().parent / "kregd_tamper_local"
+  if not binary.is_file():
+    pytest.skip(f"{binary} not built")
   d = Daemon(pathlib.Path(tempfile.mkdtemp(prefix="kreg-tamper-", dir="/tmp")),
-             [os.path.realpath(ku.kernels_dir())],
-             env=dict(os.environ, KREGD_TEST_TAMPER_LOCAL_MODULES="1"))
+             [os.path.realpath(ku.kernels_dir())])
+  d.binary = binary
   d.start()
   try:
     p, _ = run_py(d, """
