@@ -4,7 +4,7 @@
 // to an executor, DESIGN §8), so this links no code that runs handlers.
 // A session runs in steps on a pool of worker threads and waits between
 // them on the server's ConnectionParker, so a waiting connection holds no
-// thread (docs/design.md §14).
+// thread (docs/design.md §6).
 #ifndef KREGD_DAEMON_API_SESSION_SERVER_H_
 #define KREGD_DAEMON_API_SESSION_SERVER_H_
 

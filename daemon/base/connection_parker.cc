@@ -19,6 +19,12 @@ namespace {
 constexpr uint64_t kWakeKey = std::numeric_limits<uint64_t>::max();
 // Idle workers kept however long they wait.
 constexpr size_t kKeepWorkers = 2;
+// Workers started at once for work that waits; beyond them one more starts
+// each kStarvedAfter while the oldest work waits and no worker is idle (the
+// others are busy, or blocked in a long step), so a burst of connections
+// does not start a thread each.
+constexpr size_t kPromptWorkers = 16;
+constexpr absl::Duration kStarvedAfter = absl::Milliseconds(5);
 
 }  // namespace
 
@@ -152,8 +158,13 @@ void ConnectionParker::EpollLoop() {
     {
       absl::MutexLock lock(&mu_);
       if (joining_) return;
-      if (!deadlines_.empty()) {
-        const absl::Duration left = deadlines_.begin()->first - absl::Now();
+      absl::Time next = absl::InfiniteFuture();
+      if (!deadlines_.empty()) next = deadlines_.begin()->first;
+      if (!queue_.empty() && queue_.size() > idle_workers_) {
+        next = std::min(next, queue_.front().queued + kStarvedAfter);
+      }
+      if (next != absl::InfiniteFuture()) {
+        const absl::Duration left = next - absl::Now();
         timeout_ms = static_cast<int>(std::clamp<int64_t>(
             absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))),
             0, 1000));
@@ -188,6 +199,7 @@ void ConnectionParker::EpollLoop() {
       w.step = nullptr;
     }
     const absl::Time now = absl::Now();
+    if (Starved(now)) StartWorker();
     while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
       const uint64_t key = deadlines_.begin()->second;
       Watch& w = watches_[key];
@@ -203,14 +215,25 @@ void ConnectionParker::DispatchStep(Step step, Wake why) {
 }
 
 void ConnectionParker::Dispatch(std::function<void()> work) {
-  queue_.push_back(std::move(work));
-  if (queue_.size() > idle_workers_) {
-    std::thread t([this] { WorkerLoop(); });
-    const std::thread::id id = t.get_id();
-    workers_.emplace(id, std::move(t));
-  } else {
+  queue_.push_back({std::move(work), absl::Now()});
+  if (queue_.size() <= idle_workers_) {
     cv_.Signal();
+  } else if (workers_.size() - finished_.size() < kPromptWorkers) {
+    StartWorker();
+  } else {
+    Nudge();  // the epoll thread starts one if the work waits too long
   }
+}
+
+void ConnectionParker::StartWorker() {
+  std::thread t([this] { WorkerLoop(); });
+  const std::thread::id id = t.get_id();
+  workers_.emplace(id, std::move(t));
+}
+
+bool ConnectionParker::Starved(absl::Time now) const {
+  return !queue_.empty() && queue_.size() > idle_workers_ &&
+         now - queue_.front().queued >= kStarvedAfter;
 }
 
 void ConnectionParker::WorkerLoop() {
@@ -227,7 +250,7 @@ void ConnectionParker::WorkerLoop() {
         return;
       }
     }
-    std::function<void()> work = std::move(queue_.front());
+    std::function<void()> work = std::move(queue_.front().work);
     queue_.pop_front();
     mu_.Unlock();
     work();

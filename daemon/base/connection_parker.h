@@ -1,6 +1,8 @@
-// Connections that wait hold no thread (docs/design.md §14: a door a uid
+// Connections that wait hold no thread (docs/design.md §6: a door a uid
 // holds idle must not cost kregd a thread per connection). A served
-// connection runs in steps on a small, elastic pool of worker threads;
+// connection runs in steps on a small, elastic pool of worker threads (16
+// start at once; more only while work waits 5 ms with none idle, so steps
+// that block for long cannot starve the others);
 // between steps it is parked here, on one epoll thread, until its socket
 // has new bytes (or is closed) or its deadline passes. So thousands of
 // idle sessions, control and watch connections cost descriptors, not
@@ -92,6 +94,9 @@ class ConnectionParker {
   void Dispatch(std::function<void()> work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DispatchStep(Step step, Wake why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WorkerLoop();
+  void StartWorker() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Work has waited too long with no worker idle to take it.
+  bool Starved(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unpark(uint64_t key, Watch* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Nudge() const;  // wakes the epoll thread
   void JoinFinished();
@@ -107,7 +112,11 @@ class ConnectionParker {
   bool joining_ ABSL_GUARDED_BY(mu_) = false;   // Join was called
   std::map<uint64_t, Watch> watches_ ABSL_GUARDED_BY(mu_);
   std::set<std::pair<absl::Time, uint64_t>> deadlines_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  struct Queued {
+    std::function<void()> work;
+    absl::Time queued;
+  };
+  std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
   size_t idle_workers_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::thread::id, std::thread> workers_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread::id> finished_ ABSL_GUARDED_BY(mu_);

@@ -150,5 +150,34 @@ TEST_CASE("Idle workers beyond a few exit", "[connection_parker]") {
   REQUIRE(Eventually([&] { return parker.workers() <= 2; }));
 }
 
+TEST_CASE("A burst starts a few workers; blocked ones do not starve the rest",
+          "[connection_parker]") {
+  ConnectionParker parker;
+  REQUIRE(parker.Start().ok());
+  absl::Notification go;
+  std::atomic<int> blocked{0};
+  // 40 steps that block: 16 workers start at once, then one more every
+  // few milliseconds while work waits with none idle.
+  for (int i = 0; i < 40; ++i) {
+    parker.Run([&](Wake) {
+      ++blocked;
+      go.WaitForNotification();
+    });
+  }
+  REQUIRE(Eventually([&] { return blocked.load() == 40; }));
+  // A short step behind them still runs.
+  std::atomic<bool> ran{false};
+  parker.Run([&](Wake) { ran = true; });
+  REQUIRE(Eventually([&] { return ran.load(); }));
+  go.Notify();
+  // 300 short steps at once start no more than the burst's workers.
+  ConnectionParker burst;
+  REQUIRE(burst.Start().ok());
+  std::atomic<int> done{0};
+  for (int i = 0; i < 300; ++i) burst.Run([&](Wake) { ++done; });
+  REQUIRE(Eventually([&] { return done.load() == 300; }));
+  CHECK(burst.workers() <= 20);
+}
+
 }  // namespace
 }  // namespace kreg
