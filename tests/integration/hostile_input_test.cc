@@ -296,14 +296,21 @@ TEST_CASE(
   INFO(reply);
   CHECK(reply.find("max_buffered_bytes") != std::string::npos);
   CHECK(reply.find("8388608") != std::string::npos);
-  // A new session of the same uid still works for small messages, and
-  // gRPC is unaffected.
-  int c = ConnectSession(d);
-  SendLength(c, 0);  // an empty frame parses as an empty request
-  std::string got;
-  ssize_t n = ::recv(c, buf, sizeof(buf), 0);
+  // A new session of the same uid still works for small messages (once
+  // the executor has given B's bytes back: on a loaded machine that may
+  // lag B's close a little, and until then a new Hello is refused over the
+  // budget), and gRPC is unaffected.
+  ssize_t n = 0;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (n <= 4 && std::chrono::steady_clock::now() < deadline) {
+    int c = ConnectSession(d);
+    SendLength(c, 0);  // an empty frame parses as an empty request
+    n = ::recv(c, buf, sizeof(buf), 0);
+    ::close(c);
+    if (n <= 4) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   CHECK(n > 4);  // a reply frame (the error: an empty request)
-  ::close(c);
   ::close(a);
   CHECK(d.client().Health().ok());
 }
