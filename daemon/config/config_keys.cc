@@ -195,6 +195,8 @@ const std::vector<KeySpec>& Keys() {
              "a positive integer"),
       KeyInt("max_buffered_bytes", "", &Config::max_buffered_bytes, Positive,
              "a positive integer"),
+      KeyInt("max_states_per_session", "", &Config::max_states_per_session,
+             Positive, "a positive integer"),
       KeyString("socket_group", "--socket-group", &Config::socket_group),
       KeyBool("allow_insecure_dirs", "--allow-insecure-dirs",
               &Config::allow_insecure_dirs),

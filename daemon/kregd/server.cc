@@ -157,14 +157,13 @@ Daemon::Daemon(Config config)
               HelperBinary(config_.probe_binary, "kregd-probe", "executor"),
               config_.probe_timeout_s),
       journal_(config_.state_dir + "/journal"),
-      registry_(
-          &loader_, &journal_,
-          RegistryLimits{
-              config_.max_registrations_per_uid,
-              config_.max_store_bytes_per_uid, static_cast<uid_t>(-1),
-              config_.replace == "owner",
-              absl::Seconds(config_.replace_timeout_s),
-              static_cast<uint32_t>(config_.max_generations_per_target)}),
+      registry_(&loader_, &journal_,
+                RegistryLimits{
+                    config_.max_registrations_per_uid,
+                    config_.max_store_bytes_per_uid, static_cast<uid_t>(-1),
+                    config_.replace == "owner",
+                    absl::Seconds(config_.replace_timeout_s),
+                    static_cast<uint32_t>(config_.max_generations_per_target)}),
       registrar_(&registry_,
                  ModulePolicy{config_.allowed_roots, config_.max_module_bytes,
                               HelperBinary(config_.probe_binary, "kregd-probe",
@@ -495,6 +494,7 @@ absl::StatusOr<PoolOptions> PoolOptionsOf(const Config& c) {
   pool.idle_ms = c.executor_idle_s * 1000;
   pool.slots = static_cast<uint32_t>(std::max(1, c.max_sessions));
   pool.init.set_max_arena_bytes(c.max_arena_bytes);
+  pool.init.set_max_states_per_session(c.max_states_per_session);
   pool.init.set_max_message_bytes(64ull << 20);
   pool.init.set_max_buffered_bytes(c.max_buffered_bytes);
   pool.init.set_max_module_bytes(c.max_module_bytes);
