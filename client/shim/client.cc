@@ -474,6 +474,39 @@ ClientStatus Client::BindLocal(const std::string& target,
   return s;
 }
 
+ClientStatus Client::Instantiate(const ring::DescriptorView& d,
+                                 uint64_t* handle) {
+  std::string descriptor;
+  ring::EncodeDescriptor(d, &descriptor);
+  return WithConn([&](Conn* conn) {
+    v1::SessionRequest req;
+    req.mutable_instantiate()->set_descriptor(descriptor);
+    v1::SessionResponse resp;
+    ClientStatus st = conn->Call(&req, &resp);
+    if (st.ok() && resp.instantiate().state() == 0) {
+      st = ClientStatus::Error(kInternal,
+                               "kregd answered Instantiate without a state");
+    }
+    if (st.ok()) *handle = resp.instantiate().state();
+    return st;
+  });
+}
+
+void Client::ReleaseState(uint64_t handle) {
+  std::unique_ptr<Conn> conn;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pid_ != CurrentPid() || idle_.empty()) return;
+    conn = std::move(idle_.back());
+    idle_.pop_back();
+  }
+  v1::SessionRequest req;
+  req.mutable_release_state()->set_state(handle);
+  v1::SessionResponse resp;
+  conn->Call(&req, &resp);  // NOT_FOUND: its session ended meanwhile
+  Release(std::move(conn));
+}
+
 namespace {
 
 // Said once per process: a re-run is harmless but should not be silent.

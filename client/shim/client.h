@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "client/shim/conn.h"
+#include "common/ring_encode.h"
 #include "common/status.h"
 #include "kreg/v1/session.pb.h"
 
@@ -96,6 +97,16 @@ class Client {
   ClientStatus WithConn(const std::function<ClientStatus(Conn*)>& op,
                         const Rerun* rerun = nullptr);
 
+  // A handler bundle's instantiate stage for one call site (session.proto
+  // Instantiate; `d` has no buffers): kregd's executor runs it and keeps
+  // the state for this process under `*handle`. The executor's or the
+  // handler's error verbatim.
+  ClientStatus Instantiate(const ring::DescriptorView& d, uint64_t* handle);
+  // Releases the executor's state `handle` (XLA destroyed the call site's
+  // executable), on an idle session if there is one; best effort: a
+  // session that ended released its states already, and nothing is opened
+  // or waited for (XLA may destroy executables at process exit).
+  void ReleaseState(uint64_t handle);
   // GPU work of an earlier forwarded call that never completed (its
   // executor died after the handler returned, e.g. a kernel faulted on the
   // GPU): the error, once, for the next forwarded call to return; OK when
