@@ -166,6 +166,25 @@ class Target:
   def runnable(self) -> bool:
     return not self.not_runnable
 
+  @property
+  def stages(self) -> dict[str, str]:
+    """The handler of each execution stage ({"execute": func_name} for an
+    execute-only target; a handler bundle's every stage)."""
+    if "=" not in self.func_name:
+      return {"execute": self.func_name}
+    parts = (p.split("=", 1) for p in self.func_name.split(";"))
+    return {k: v for k, v in parts if k in STAGES}
+
+  @property
+  def state_type(self) -> Optional[tuple[str, str, str]]:
+    """A handler bundle's state type: (name, type-id symbol, type-info
+    symbol), or None."""
+    for part in self.func_name.split(";"):
+      if part.startswith("state_type="):
+        name, tid, info = part[len("state_type="):].split("/")
+        return name, tid, info
+    return None
+
 
 @dataclasses.dataclass(frozen=True)
 class Registration:

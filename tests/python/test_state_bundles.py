@@ -1,0 +1,296 @@
+"""Handler bundles and XLA FFI's State API under kregd
+(docs/kernel-author-guide.md, "Handler bundles and state").
+
+A target may name a handler per execution stage and the state type its
+instantiate stage creates. kregd checks every stage in its probe (the state
+type registered first), keeps the state of each compiled call site in the
+client's executor (isolated) or lets XLA keep it in the process (local),
+and releases it when XLA destroys the executable. Each mode is compared byte
+for byte with the same bundle registered in-process with plain JAX, in
+fresh child processes (XLA's registries are per process).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import kernels_util as ku
+from kregd_proc import finish_test_daemon, start_test_daemon
+from kregd_proc import run_kregctl as kregctl
+
+PY = sys.executable
+COUNTER = "libcounter_state.so"
+TYPE = "kreg.CounterState/CounterStateTypeId/CounterStateTypeInfo"
+
+
+@pytest.fixture(scope="module")
+def daemon():
+  d = start_test_daemon("kreg-state-")
+  yield d
+  finish_test_daemon(d)
+
+
+def module_path() -> str:
+  return os.path.realpath(os.path.join(ku.kernels_dir(), COUNTER))
+
+
+def run_py(d, code, *args, env=None, timeout=180):
+  """Runs `code` in a fresh Python talking to `d`; its stdout's JSON
+  lines."""
+  e = d.env()
+  e.update(env or {})
+  p = subprocess.run([PY, "-c", textwrap.dedent(code), *map(str, args)],
+                     env=e, capture_output=True, text=True, timeout=timeout)
+  assert p.returncode == 0, f"child failed:\n{p.stdout}\n{p.stderr}"
+  return [json.loads(line) for line in p.stdout.splitlines()
+          if line.startswith("{")]
+
+
+# Registers the counter bundle (argv[1] mode: inprocess, isolated, local;
+# argv[2] target; argv[3] module), then runs two jitted functions (two call
+# sites, each with its own state) in an interleaved order and prints every
+# result's bytes and call count.
+CALLS = r"""
+import ctypes, json, sys
+import numpy as np
+import jax
+jax.config.update("jax_enable_x64", True)
+import jax.numpy as jnp
+mode, name, lib = sys.argv[1:4]
+if mode == "inprocess":
+  import kernels_util as ku
+  jax.devices("cpu")
+  l = ctypes.CDLL(lib)
+  def addr(sym):
+    return ctypes.cast(ctypes.byref(ctypes.c_char.in_dll(l, sym)),
+                       ctypes.c_void_p).value
+  jax.ffi.register_ffi_type(
+      "kreg.CounterState",
+      {"type_id": ku.pointer_capsule(addr("CounterStateTypeId")),
+       "type_info": ku.pointer_capsule(addr("CounterStateTypeInfo"))},
+      platform="cpu")
+  jax.ffi.register_ffi_target(
+      name, {"instantiate": jax.ffi.pycapsule(l.CounterInstantiate),
+             "execute": jax.ffi.pycapsule(l.CounterExecute)},
+      platform="cpu")
+else:
+  import kreg
+  r = kreg.register_ffi_target(
+      name, lib, {"instantiate": "CounterInstantiate",
+                  "execute": "CounterExecute"},
+      platform="cpu", execution=mode,
+      state_type=("kreg.CounterState", "CounterStateTypeId",
+                  "CounterStateTypeInfo"))
+  print(json.dumps({"stages": r.target.stages,
+                    "state_type": r.target.state_type}))
+def call(x, offset, elems):
+  return jax.ffi.ffi_call(
+      name, (jax.ShapeDtypeStruct(x.shape, jnp.float32),
+             jax.ShapeDtypeStruct((), jnp.int64)))(
+                 x, offset=np.float32(offset), buffer_elems=np.int64(elems))
+f1 = jax.jit(lambda x: call(x, 1.5, 5))
+f2 = jax.jit(lambda x: call(x * 2, -2.0, 3))
+x = np.arange(11, dtype=np.float32) * 0.25
+out = []
+for f in (f1, f1, f2, f1, f2, f2, f1):
+  y, n = f(x)
+  out.append([np.asarray(y).tobytes().hex(), int(n)])
+print(json.dumps({"out": out}))
+"""
+
+
+@pytest.fixture(scope="module")
+def reference(daemon):
+  """The in-process results (plain JAX, no kregd)."""
+  return run_py(daemon, CALLS, "inprocess", "counter.ref", module_path())[-1]
+
+
+def test_isolated_matches_in_process_byte_for_byte(daemon, reference):
+  out = run_py(daemon, CALLS, "isolated", "counter.iso", module_path())
+  assert out[0]["stages"] == {"instantiate": "CounterInstantiate",
+                              "execute": "CounterExecute"}
+  assert out[0]["state_type"] == ["kreg.CounterState", "CounterStateTypeId",
+                                  "CounterStateTypeInfo"]
+  assert out[-1] == reference
+  # Two call sites, two independent counters.
+  assert [n for _, n in out[-1]["out"]] == [1, 2, 1, 3, 2, 3, 4]
+
+
+def test_kregctl_lists_the_stages(daemon):
+  kregctl(daemon, "register", "counter.cli", "--module", module_path(),
+          "--function", "execute=CounterExecute", "--function",
+          "instantiate=CounterInstantiate", "--state-type", TYPE)
+  shown = json.loads(kregctl(daemon, "show", "counter.cli", "--json").stdout)[0]
+  assert shown["stages"] == {"instantiate": "CounterInstantiate",
+                             "execute": "CounterExecute"}
+  assert shown["state_type"].startswith("kreg.CounterState (type id "
+                                        "CounterStateTypeId")
+  # The same bundle spelled in another order is the same registration.
+  again = kregctl(daemon, "register", "counter.cli", "--module",
+                  module_path(), "--function", "instantiate=CounterInstantiate",
+                  "--function", "execute=CounterExecute", "--state-type", TYPE)
+  assert again.stdout.startswith("already registered counter.cli")
+  # Another stage set under the same name and content is a change.
+  changed = kregctl(daemon, "register", "counter.cli", "--module",
+                    module_path(), "--function", "CounterExecute",
+                    check=False)
+  assert changed.returncode == 3, changed.stderr
+  assert ('function "instantiate=CounterInstantiate;execute=CounterExecute;'
+          'state_type=kreg.CounterState/CounterStateTypeId/'
+          'CounterStateTypeInfo"') in changed.stderr
+  assert 'to content sha256:' in changed.stderr
+
+
+@pytest.mark.parametrize("functions, state_type, message", [
+    (["execute=CounterExecute", "record=CounterInstantiate"], TYPE,
+     'unknown stage "record" (for symbol "CounterInstantiate"); the stages '
+     "are instantiate, prepare, initialize and execute"),
+    (["instantiate=CounterInstantiate"], TYPE,
+     "the handler bundle has no execute function (given: "
+     "instantiate=CounterInstantiate); XLA requires one"),
+    (["execute=CounterExecute", "execute=CounterNotAHandler"], TYPE,
+     'stage execute is given twice ("CounterExecute" and '
+     '"CounterNotAHandler")'),
+    (["execute=CounterExecute", "instantiate=CounterInit"], TYPE,
+     'instantiate function "CounterInit": the module exports no symbol '
+     '"CounterInit"; it exports these functions, closest first: '),
+    (["execute=CounterExecute", "instantiate=CounterNotAHandler"], TYPE,
+     'instantiate function "CounterNotAHandler": symbol "CounterNotAHandler" '
+     "does not answer XLA FFI's metadata call; it is not an XLA FFI handler"),
+    (["execute=CounterNotAHandler", "instantiate=CounterInstantiate"], TYPE,
+     'execute function "CounterNotAHandler": symbol "CounterNotAHandler" '
+     "does not answer XLA FFI's metadata call"),
+    (["execute=CounterExecute", "instantiate=CounterInstantiate"], None,
+     'instantiate function "CounterInstantiate": symbol "CounterInstantiate" '
+     "failed XLA FFI's metadata call: Types used by FFI handlers must be "
+     "registered before the handler registration (name the state type the "
+     "instantiate stage creates"),
+    (["execute=CounterExecute", "instantiate=CounterInstantiate"],
+     "kreg.CounterState/NoSuchId/CounterStateTypeInfo",
+     'state type "kreg.CounterState": the module exports no symbol '
+     '"NoSuchId"'),
+    (["execute=CounterExecute", "instantiate=CounterInstantiate"],
+     "kreg.CounterState/CounterStateTypeId",
+     '--state-type "kreg.CounterState/CounterStateTypeId" is not '
+     "NAME/TYPE_ID_SYMBOL/TYPE_INFO_SYMBOL"),
+    (["CounterInstantiate"], None,
+     "(an instantiate-stage handler: register it as the instantiate stage "
+     "of a handler bundle with its state type"),
+])
+def test_bad_bundles_are_refused_naming_stage_and_symbol(
+    daemon, functions, state_type, message):
+  args = ["register", "counter.bad", "--module", module_path()]
+  for f in functions:
+    args += ["--function", f]
+  if state_type is not None:
+    args += ["--state-type", state_type]
+  p = kregctl(daemon, *args, check=False)
+  assert p.returncode == 2, p.stdout + p.stderr
+  assert message in p.stderr
+
+
+def test_python_refuses_a_malformed_bundle(daemon):
+  out = run_py(daemon, r"""
+      import json, sys
+      import kreg
+      for fn, st in (({"execute": "CounterExecute", "bogus": "X"}, None),
+                     ({"execute": "A;B"}, None),
+                     ({"execute": "CounterExecute"}, ("only", "two"))):
+        try:
+          kreg.register_ffi_target("counter.py", sys.argv[1], fn,
+                                   platform="cpu", state_type=st)
+          print(json.dumps({"ok": True}))
+        except (ValueError, TypeError) as e:
+          print(json.dumps({"error": type(e).__name__, "message": str(e)}))
+      """, module_path())
+  assert out[0]["error"] == "InvalidArgumentError"
+  assert 'unknown stage "bogus"' in out[0]["message"]
+  assert "neither may contain" in out[1]["message"]
+  assert out[2]["error"] == "TypeError"
+  assert "state_type must be (name, type_id_symbol" in out[2]["message"]
+
+
+def sessions(d):
+  return json.loads(kregctl(d, "sessions", "--json").stdout)
+
+
+def rss_kib(pid: int) -> int:
+  with open(f"/proc/{pid}/status") as f:
+    for line in f:
+      if line.startswith("VmRSS:"):
+        return int(line.split()[1])
+  raise AssertionError("no VmRSS")
+
+
+# Three call sites with 8 MiB of state each; the child reports, then frees
+# them (deleting the executables), then reports again once asked to.
+FREE = r"""
+import gc, json, sys
+import numpy as np
+import jax
+jax.config.update("jax_enable_x64", True)
+import jax.numpy as jnp
+import kreg
+name, lib = sys.argv[1:3]
+kreg.register_ffi_target(
+    name, lib, {"instantiate": "CounterInstantiate",
+                "execute": "CounterExecute"}, platform="cpu",
+    state_type=("kreg.CounterState", "CounterStateTypeId",
+                "CounterStateTypeInfo"))
+def call(x, offset):
+  return jax.ffi.ffi_call(
+      name, (jax.ShapeDtypeStruct(x.shape, jnp.float32),
+             jax.ShapeDtypeStruct((), jnp.int64)))(
+                 x, offset=np.float32(offset), buffer_elems=np.int64(1 << 21))
+fs = [jax.jit(lambda x, o=o: call(x, o)) for o in range(3)]
+for f in fs:
+  f(np.ones(4, np.float32)).__getitem__(1).block_until_ready()
+print(json.dumps({"step": "made"}), flush=True)
+sys.stdin.readline()
+del fs, f
+jax.clear_caches()
+gc.collect()
+print(json.dumps({"step": "freed"}), flush=True)
+sys.stdin.readline()
+"""
+
+
+def wait_for(predicate, what, timeout=30.0):
+  deadline = time.monotonic() + timeout
+  while True:
+    value = predicate()
+    if value:
+      return value
+    assert time.monotonic() < deadline, f"timed out waiting for {what}"
+    time.sleep(0.05)
+
+
+def test_deleting_executables_frees_the_executors_states(daemon):
+  p = subprocess.Popen([PY, "-c", FREE, "counter.free", module_path()],
+                       env=daemon.env(), stdin=subprocess.PIPE,
+                       stdout=subprocess.PIPE, text=True)
+  try:
+    assert json.loads(p.stdout.readline())["step"] == "made"
+    mine = [s for s in sessions(daemon) if s["pid"] == p.pid]
+    assert sum(s["states"] for s in mine) == 3
+    executor = mine[0]["executor_pid"]
+    before = rss_kib(executor)
+    p.stdin.write("\n")
+    p.stdin.flush()
+    assert json.loads(p.stdout.readline())["step"] == "freed"
+    wait_for(lambda: sum(s["states"] for s in sessions(daemon)
+                         if s["pid"] == p.pid) == 0, "the states to go")
+    # 3 x 8 MiB of buffers were freed in the executor.
+    assert before - rss_kib(executor) > 16 * 1024, (before,
+                                                    rss_kib(executor))
+    p.stdin.write("\n")
+    p.stdin.flush()
+    assert p.wait(timeout=60) == 0
+  finally:
+    if p.poll() is None:
+      p.kill()
