@@ -212,6 +212,13 @@ KREG_Error* kreg_bind_local(KREG_BindLocalArgs* args) {
                                          platform, args->generation, &binding);
   if (!s.ok()) return ToError(s);
   args->handler = binding.handler;
+  if (args->struct_size >=
+      KREG_STRUCT_SIZE(KREG_BindLocalArgs, state_type_info)) {
+    for (int i = 0; i < 4; ++i) args->stage_handlers[i] = binding.stages[i];
+    args->state_type_name = binding.state_type_name;
+    args->state_type_id = binding.state_type_id;
+    args->state_type_info = binding.state_type_info;
+  }
   auto* list = new KREG_TargetList;
   list->targets.push_back(binding.target);
   args->target = list;

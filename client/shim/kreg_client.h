@@ -257,7 +257,18 @@ typedef struct KREG_BindLocalArgs {
   /* 1.6: a generation to pin, as KREG_BindArgs.generation: the handler is
    * that generation's and is kept when the target is replaced. */
   uint32_t generation;
+  /* 1.7, out (filled when struct_size covers them): a handler bundle's
+   * genuine handler per XLA FFI stage (instantiate, prepare, initialize,
+   * execute; NULL where it has none), and its state type: the name
+   * (static), the loaded module's XLA_FFI_TypeId* and XLA_FFI_TypeInfo*
+   * (NULL: none). Register the type with XLA (jax.ffi.register_ffi_type)
+   * when its id is still 0, then the handlers as a stage dict. */
+  void* stage_handlers[4];
+  const char* state_type_name;
+  void* state_type_id;
+  const void* state_type_info;
 } KREG_BindLocalArgs;
+/* The smallest struct_size accepted (1.6); 1.7 callers pass the whole. */
 #define KREG_BindLocalArgs_STRUCT_SIZE \
   KREG_STRUCT_SIZE(KREG_BindLocalArgs, generation)
 

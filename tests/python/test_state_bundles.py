@@ -110,8 +110,9 @@ def reference(daemon):
   return run_py(daemon, CALLS, "inprocess", "counter.ref", module_path())[-1]
 
 
-def test_isolated_matches_in_process_byte_for_byte(daemon, reference):
-  out = run_py(daemon, CALLS, "isolated", "counter.iso", module_path())
+@pytest.mark.parametrize("mode", ["isolated", "local"])
+def test_bundle_matches_in_process_byte_for_byte(daemon, reference, mode):
+  out = run_py(daemon, CALLS, mode, f"counter.{mode}", module_path())
   assert out[0]["stages"] == {"instantiate": "CounterInstantiate",
                               "execute": "CounterExecute"}
   assert out[0]["state_type"] == ["kreg.CounterState", "CounterStateTypeId",

@@ -621,6 +621,7 @@ class Client:
       handler = jax.ffi.pycapsule(args.handler)
       if mode == "local":
         target = _targets(self._lib, args.target)[0]
+        handler = self._local_bundle(jax, args, canonical, handler)
       elif args.stateful:
         self._register_forwarded_state_type(jax, canonical)
         handler = {"instantiate": handler, "execute": handler}
@@ -629,6 +630,28 @@ class Client:
     if canonical == "cuda":
       _warn_if_no_gpu_backend(jax, target_name)
     return target
+
+  def _local_bundle(self, jax: Any, args: Any, canonical: str,
+                    handler: Any) -> Any:
+    """What XLA gets for a local bind: the handler, or a handler bundle's
+    stage dict of the stored copy's genuine handlers, after registering its
+    state type (the stored copy's, once: its id is XLA's afterwards)."""
+    stages = {name: jax.ffi.pycapsule(args.stage_handlers[i])
+              for i, name in enumerate(STAGES) if args.stage_handlers[i]}
+    if set(stages) <= {"execute"} and not args.state_type_name:
+      return handler
+    if args.state_type_name and \
+        ctypes.c_int64.from_address(args.state_type_id).value == 0:
+      try:
+        jax.devices(_jax_platform(canonical))
+      except RuntimeError:
+        pass
+      jax.ffi.register_ffi_type(
+          args.state_type_name.decode(),
+          {"type_id": _shim.pointer_capsule(args.state_type_id),
+           "type_info": _shim.pointer_capsule(args.state_type_info)},
+          platform=_jax_platform(canonical))
+    return stages
 
   def _register_forwarded_state_type(self, jax: Any, canonical: str) -> None:
     """Registers the shim's forwarded-state type with XLA once (before the

@@ -75,7 +75,11 @@ class BindLocalArgs(ctypes.Structure):
               ("target_name", ctypes.c_char_p), ("target_name_len", _size_t),
               ("platform", ctypes.c_char_p), ("platform_len", _size_t),
               ("handler", ctypes.c_void_p), ("target", ctypes.c_void_p),
-              ("generation", ctypes.c_uint32)]
+              ("generation", ctypes.c_uint32),
+              ("stage_handlers", ctypes.c_void_p * 4),
+              ("state_type_name", ctypes.c_char_p),
+              ("state_type_id", ctypes.c_void_p),
+              ("state_type_info", ctypes.c_void_p)]
 
 
 class ClientStats(ctypes.Structure):
