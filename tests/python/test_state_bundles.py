@@ -295,3 +295,91 @@ def test_deleting_executables_frees_the_executors_states(daemon):
   finally:
     if p.poll() is None:
       p.kill()
+
+
+# A kernel library written for the test that knows nothing of kregd: it
+# registers its state type and a stage dict with plain jax.ffi, as JAX
+# documents (the type first, after the CPU backend started).
+COUNTERLIB = """\
+import ctypes
+import os
+
+import jax
+import numpy as np
+
+NAME = os.environ["COUNTERLIB_NAME"]
+_lib = ctypes.CDLL(os.environ["COUNTERLIB_SO"])
+
+
+def _capsule(symbol):
+  address = ctypes.cast(ctypes.byref(ctypes.c_char.in_dll(_lib, symbol)),
+                        ctypes.c_void_p).value
+  new = ctypes.pythonapi.PyCapsule_New
+  new.restype = ctypes.py_object
+  new.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
+  return new(address, None, None)
+
+
+jax.devices("cpu")
+jax.ffi.register_ffi_type(
+    "counterlib.State", {"type_id": _capsule("CounterStateTypeId"),
+                         "type_info": _capsule("CounterStateTypeInfo")},
+    platform="cpu")
+jax.ffi.register_ffi_target(
+    NAME, {"instantiate": jax.ffi.pycapsule(_lib.CounterInstantiate),
+           "execute": jax.ffi.pycapsule(_lib.CounterExecute)},
+    platform="cpu")
+
+
+def count(x, offset, elems):
+  return jax.ffi.ffi_call(
+      NAME, (jax.ShapeDtypeStruct(x.shape, np.float32),
+             jax.ShapeDtypeStruct((), np.int64)))(
+                 x, offset=np.float32(offset), buffer_elems=np.int64(elems))
+"""
+
+USE_COUNTERLIB = r"""
+import json, sys, warnings
+warnings.simplefilter("error", category=Warning)  # no InterceptWarning
+import numpy as np
+import jax
+jax.config.update("jax_enable_x64", True)
+import counterlib
+f1 = jax.jit(lambda x: counterlib.count(x, 0.5, 4))
+f2 = jax.jit(lambda x: counterlib.count(x + 1, 3.0, 2))
+x = np.linspace(-1, 1, 9, dtype=np.float32)
+out = []
+for f in (f1, f2, f1, f1, f2):
+  y, n = f(x)
+  out.append([np.asarray(y).tobytes().hex(), int(n)])
+res = {"out": out}
+if "kreg" in sys.modules:
+  import kreg
+  res["mode"] = kreg._client.default_client().bound_mode(counterlib.NAME,
+                                                         "cpu")
+print(json.dumps(res))
+"""
+
+
+@pytest.mark.parametrize("mode", ["isolated", "local"])
+def test_a_plain_jax_stage_dict_library_runs_under_intercept(daemon, tmp_path,
+                                                             mode):
+  (tmp_path / "counterlib.py").write_text(COUNTERLIB)
+  # docs/user-guide.md's sitecustomize recipe: KREG_INTERCEPT=1 imports kreg.
+  (tmp_path / "sitecustomize.py").write_text(
+      'import os\nif os.environ.get("KREG_INTERCEPT") == "1":\n'
+      '  import kreg\n')
+  name = f"counterlib.count.{mode}"
+  env = {"COUNTERLIB_SO": module_path(), "COUNTERLIB_NAME": name,
+         "PYTHONPATH": os.pathsep.join([str(tmp_path),
+                                        daemon.env()["PYTHONPATH"]])}
+  plain = run_py(daemon, USE_COUNTERLIB, env=env)[-1]
+  got = run_py(daemon, USE_COUNTERLIB,
+               env=dict(env, KREG_INTERCEPT="1", KREG_EXECUTION=mode))[-1]
+  assert got == dict(plain, mode=mode)
+  shown = json.loads(kregctl(daemon, "show", name, "--json").stdout)[0]
+  assert shown["stages"] == {"instantiate": "CounterInstantiate",
+                             "execute": "CounterExecute"}
+  assert shown["state_type"].startswith("counterlib.State (type id "
+                                        "CounterStateTypeId")
+  assert shown["module_digest"] == shown["content_id"]

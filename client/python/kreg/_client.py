@@ -646,7 +646,7 @@ class Client:
         jax.devices(_jax_platform(canonical))
       except RuntimeError:
         pass
-      jax.ffi.register_ffi_type(
+      _intercept.jax_register_type(
           args.state_type_name.decode(),
           {"type_id": _shim.pointer_capsule(args.state_type_id),
            "type_info": _shim.pointer_capsule(args.state_type_info)},
@@ -667,7 +667,7 @@ class Client:
       jax.devices(_jax_platform(canonical))
     except RuntimeError:
       pass
-    jax.ffi.register_ffi_type(
+    _intercept.jax_register_type(
         st.name.decode(),
         {"type_id": _shim.pointer_capsule(st.type_id),
          "type_info": _shim.pointer_capsule(st.type_info)},
