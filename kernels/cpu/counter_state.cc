@@ -11,6 +11,8 @@
 //                       its own state's history.
 //   CounterNotAHandler  a C function that is not an XLA FFI handler (a
 //                       registration test's bad stage symbol).
+//   CounterCrashingInstantiate  INSTANTIATE stage, same attrs: aborts the
+//                       process (a crash test's instantiate stage).
 //   CounterStateTypeId   data: the state's XLA_FFI_TypeId
 //   CounterStateTypeInfo data: its XLA_FFI_TypeInfo (the deleter)
 // Register the type first: jax.ffi.register_ffi_type("kreg.CounterState",
@@ -20,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -54,6 +57,11 @@ ffi::ErrorOr<std::unique_ptr<CounterState>> InstantiateImpl(
   return std::make_unique<CounterState>(offset, buffer_elems);
 }
 
+ffi::ErrorOr<std::unique_ptr<CounterState>> CrashingInstantiateImpl(
+    float /*offset*/, int64_t /*buffer_elems*/) {
+  std::abort();
+}
+
 ffi::Error ExecuteImpl(CounterState* state, ffi::Buffer<ffi::F32> x,
                        ffi::ResultBuffer<ffi::F32> y,
                        ffi::ResultBuffer<ffi::S64> n) {
@@ -85,10 +93,17 @@ extern "C" KREG_EXPORT XLA_FFI_Error* CounterNotAHandler(
 }
 
 KREG_EXPORT_HANDLER(CounterInstantiate);
+KREG_EXPORT_HANDLER(CounterCrashingInstantiate);
 KREG_EXPORT_HANDLER(CounterExecute);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CounterInstantiate,
                               kreg::kernels::InstantiateImpl,
+                              ffi::Ffi::BindInstantiate()
+                                  .Attr<float>("offset")
+                                  .Attr<int64_t>("buffer_elems"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CounterCrashingInstantiate,
+                              kreg::kernels::CrashingInstantiateImpl,
                               ffi::Ffi::BindInstantiate()
                                   .Attr<float>("offset")
                                   .Attr<int64_t>("buffer_elems"));

@@ -383,3 +383,64 @@ def test_a_plain_jax_stage_dict_library_runs_under_intercept(daemon, tmp_path,
   assert shown["state_type"].startswith("counterlib.State (type id "
                                         "CounterStateTypeId")
   assert shown["module_digest"] == shown["content_id"]
+
+
+# Instantiates call sites one by one (argv[3] of them) and says how each
+# went; argv[2] is the instantiate symbol.
+MANY_SITES = r"""
+import json, sys
+import numpy as np
+import jax
+jax.config.update("jax_enable_x64", True)
+import jax.numpy as jnp
+import kreg
+name, lib, init, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+kreg.register_ffi_target(
+    name, lib, {"instantiate": init, "execute": "CounterExecute"},
+    platform="cpu", state_type=("kreg.CounterState", "CounterStateTypeId",
+                                "CounterStateTypeInfo"))
+def call(x, offset):
+  return jax.ffi.ffi_call(
+      name, (jax.ShapeDtypeStruct(x.shape, jnp.float32),
+             jax.ShapeDtypeStruct((), jnp.int64)))(
+                 x, offset=np.float32(offset), buffer_elems=np.int64(2))
+keep = []
+for i in range(n):
+  f = jax.jit(lambda x, o=i: call(x, o))
+  keep.append(f)
+  try:
+    y, c = f(np.ones(2, np.float32))
+    print(json.dumps({"site": i, "y": np.asarray(y).tolist()}), flush=True)
+  except Exception as e:
+    print(json.dumps({"site": i, "error": str(e)}), flush=True)
+"""
+
+
+def test_states_per_session_are_bounded(tmp_path):
+  config = tmp_path / "kregd.toml"
+  config.write_text("max_states_per_session = 2\n")
+  d = start_test_daemon("kreg-states-", ["--config", str(config)])
+  try:
+    out = run_py(d, MANY_SITES, "counter.few", module_path(),
+                 "CounterInstantiate", 3)
+    assert [o["y"] for o in out[:2]] == [[2.0, 2.0], [2.0, 3.0]]
+    assert "error" not in out[0] and "error" not in out[1]
+    assert ("this session holds 2 handler states already (one per "
+            "instantiated call site of a handler bundle), its limit "
+            "(max_states_per_session = 2); delete executables you no longer "
+            "use, or raise max_states_per_session") in out[2]["error"]
+    assert "RESOURCE_EXHAUSTED" in out[2]["error"]
+  finally:
+    finish_test_daemon(d)
+
+
+def test_a_crash_in_instantiate_is_contained(daemon):
+  out = run_py(daemon, MANY_SITES, "counter.crash", module_path(),
+               "CounterCrashingInstantiate", 2)
+  for o in out:
+    assert "counter.crash" in o["error"], o
+    assert "signal 6" in o["error"] or "SIGABRT" in o["error"], o
+  # kregd and other clients carry on.
+  again = run_py(daemon, MANY_SITES, "counter.after", module_path(),
+                 "CounterInstantiate", 1)
+  assert again == [{"site": 0, "y": [2.0, 2.0]}]
