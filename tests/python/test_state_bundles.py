@@ -444,3 +444,59 @@ def test_a_crash_in_instantiate_is_contained(daemon):
   again = run_py(daemon, MANY_SITES, "counter.after", module_path(),
                  "CounterInstantiate", 1)
   assert again == [{"site": 0, "y": [2.0, 2.0]}]
+
+
+# One call site, called once per line read on stdin; prints the count.
+DRIVEN = r"""
+import json, sys
+import numpy as np
+import jax
+jax.config.update("jax_enable_x64", True)
+import jax.numpy as jnp
+import kreg
+name, lib = sys.argv[1:3]
+kreg.register_ffi_target(
+    name, lib, {"instantiate": "CounterInstantiate",
+                "execute": "CounterExecute"}, platform="cpu",
+    state_type=("kreg.CounterState", "CounterStateTypeId",
+                "CounterStateTypeInfo"))
+f = jax.jit(lambda x: jax.ffi.ffi_call(
+    name, (jax.ShapeDtypeStruct(x.shape, jnp.float32),
+           jax.ShapeDtypeStruct((), jnp.int64)))(
+               x, offset=np.float32(1), buffer_elems=np.int64(1)))
+for line in sys.stdin:
+  try:
+    y, n = f(np.zeros(1, np.float32))
+    print(json.dumps({"n": int(n)}), flush=True)
+  except Exception as e:
+    print(json.dumps({"error": str(e)}), flush=True)
+"""
+
+
+def test_states_survive_a_kregd_restart_in_their_readopted_executor():
+  d = start_test_daemon("kreg-state-restart-", ["--orphan-timeout", "60"])
+  p = subprocess.Popen([PY, "-c", DRIVEN, "counter.restart", module_path()],
+                       env=d.env(), stdin=subprocess.PIPE,
+                       stdout=subprocess.PIPE, text=True)
+
+  def call():
+    p.stdin.write("\n")
+    p.stdin.flush()
+    return json.loads(p.stdout.readline())
+
+  try:
+    assert [call()["n"] for _ in range(3)] == [1, 2, 3]
+    [session] = [s for s in sessions(d) if s["pid"] == p.pid]
+    executor = session["executor_pid"]
+    d.stop()
+    d.start()
+    wait_for(lambda: executor in [e["pid"] for e in d.status()["executors"]],
+             "the executor's re-adoption")
+    # The call site's state lives on in the re-adopted executor.
+    assert call() == {"n": 4}
+    [session] = [s for s in sessions(d) if s["pid"] == p.pid]
+    assert session["states"] == 1 and session["executor_pid"] == executor
+  finally:
+    p.kill()
+    p.wait()
+    finish_test_daemon(d)
