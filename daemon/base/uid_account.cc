@@ -18,6 +18,8 @@ const UidResourceInfo& InfoOf(UidResource r) {
       {"registrations being hashed and probed", "max_heavy_work_per_uid", ""},
       {"connections waiting for their first request",
        "max_pending_connections_per_uid", ""},
+      {"handler states (instantiated call sites of handler bundles)",
+       "max_states_per_uid", ""},
   };
   static_assert(sizeof(kInfo) / sizeof(kInfo[0]) ==
                 static_cast<size_t>(UidResource::kCount));

@@ -36,6 +36,7 @@ enum class UidResource : int {
   kUploadBytes,          // max_upload_bytes_per_uid
   kHeavyWork,            // max_heavy_work_per_uid
   kPendingConnections,   // max_pending_connections_per_uid
+  kStates,               // max_states_per_uid (handler bundles' states)
   kCount,
 };
 

@@ -88,6 +88,8 @@ struct Config {
   double control_idle_timeout_s = 60;
   uint64_t max_upload_bytes_per_uid = 0;
   int max_heavy_work_per_uid = 2;
+  // Call-site states of handler bundles one uid's sessions hold at once.
+  int max_states_per_uid = 65536;
   int max_grpc_calls_per_uid = 32;
   // gRPC: concurrent streams on one connection, and the threads serving
   // all calls (grpc::ResourceQuota; a call beyond them is refused with

@@ -260,6 +260,8 @@ const std::vector<KeySpec>& Keys() {
              "a non-negative integer (0: twice max_module_bytes)"),
       KeyInt("max_heavy_work_per_uid", "", &Config::max_heavy_work_per_uid,
              Connections, "a whole number from 1 to 1000000"),
+      KeyInt("max_states_per_uid", "", &Config::max_states_per_uid, Connections,
+             "a whole number from 1 to 1000000"),
       KeyInt("max_grpc_calls_per_uid", "", &Config::max_grpc_calls_per_uid,
              Connections, "a whole number from 1 to 1000000"),
       KeyInt("max_grpc_streams_per_connection", "",

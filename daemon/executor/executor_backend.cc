@@ -195,6 +195,14 @@ absl::StatusOr<ResolvedBundle> ExecutorBackend::LookupBundle(
   return Resolve(key, generation, &content);
 }
 
+absl::Status ExecutorBackend::ChargeState(int delta) {
+  v1::BrokerRequest req;
+  req.mutable_state_charge()->set_delta(delta);
+  absl::StatusOr<v1::BrokerReply> r = Call(req, nullptr);
+  if (!r.ok()) return r.status();
+  return StatusOf(r->status());
+}
+
 absl::Status ExecutorBackend::Execute(void* handler, const LaunchFrame& frame) {
   return shared_.host->Execute(handler, frame);
 }

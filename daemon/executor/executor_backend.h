@@ -72,6 +72,8 @@ class ExecutorBackend final : public SessionBackend {
   absl::StatusOr<ResolvedBundle> LookupBundle(const TargetKey& key,
                                               uint32_t generation) override;
   StateTable* States() override { return shared_.states; }
+  // Relays to kregd (BrokerRequest.state_charge).
+  absl::Status ChargeState(int delta) override;
   std::atomic<uint64_t>* StateGauge() override { return &slot_->states; }
   absl::Status Execute(void* handler, const LaunchFrame& frame) override;
   absl::Status ExecuteWith(void* handler, const LaunchFrame& frame,

@@ -137,8 +137,7 @@ int main(int argc, char** argv) {
                   ExportedFunctions(argv[1], name.c_str()).c_str());
       return 0;
     }
-    absl::StatusOr<kreg::HandlerInfo> info =
-        kreg::QueryHandlerMetadata(symbol);
+    absl::StatusOr<kreg::HandlerInfo> info = kreg::QueryHandlerMetadata(symbol);
     if (!info.ok()) {
       std::printf("error %d %s%s\n", static_cast<int>(info.status().code()),
                   prefix.c_str(), std::string(info.status().message()).c_str());

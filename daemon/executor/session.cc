@@ -394,7 +394,11 @@ absl::Status Session::DoInstantiate(const v1::Instantiate& request,
       backend_->LookupBundle(d.key, d.generation);
   if (!bundle.ok()) return bundle.status();
   void* instantiate = bundle->stages[kInstantiate];
-  if (instantiate == nullptr) {
+  if (instantiate != nullptr) {
+    if (absl::Status charged = backend_->ChargeState(1); !charged.ok()) {
+      return charged;
+    }
+  } else {
     return absl::FailedPreconditionError(absl::StrCat(
         "target \"", d.key.name, "\" (", PlatformName(d.key.platform),
         ") has no instantiate stage; register it as a handler bundle with "
@@ -409,12 +413,17 @@ absl::Status Session::DoInstantiate(const v1::Instantiate& request,
   backend_->EndLaunch(status.ok());
   if (!status.ok()) {
     DestroyState(made);
+    backend_->ChargeState(-1);
     return status;
   }
+  SessionBackend* backend = backend_;
   absl::StatusOr<uint64_t> handle = states_->Add(
       id_, peer_.pid, made, StateOwner{d.key, bundle->stages, bundle->token},
-      backend_->StateGauge());
-  if (!handle.ok()) return handle.status();
+      backend_->StateGauge(), [backend] { backend->ChargeState(-1); });
+  if (!handle.ok()) {
+    backend_->ChargeState(-1);
+    return handle.status();
+  }
   reply->set_state(*handle);
   return absl::OkStatus();
 }

@@ -67,6 +67,10 @@ class SessionBackend {
   // where a session's count of them is published (null: nowhere). Both
   // must outlive the session.
   virtual StateTable* States() { return nullptr; }
+  // Charges one more call-site state to the client's uid (`delta` +1,
+  // before the instantiate stage runs: RESOURCE_EXHAUSTED naming
+  // max_states_per_uid) or gives one back (-1).
+  virtual absl::Status ChargeState(int /*delta*/) { return absl::OkStatus(); }
   virtual std::atomic<uint64_t>* StateGauge() { return nullptr; }
   // Runs `handler` on `frame`; the handler's error verbatim.
   virtual absl::Status Execute(void* handler, const LaunchFrame& frame) = 0;

@@ -68,14 +68,16 @@ absl::Status StateTable::CheckRoom(uint64_t session) const {
 absl::StatusOr<uint64_t> StateTable::Add(uint64_t session, pid_t pid,
                                          const HostedState& state,
                                          const StateOwner& owner,
-                                         std::atomic<uint64_t>* gauge) {
+                                         std::atomic<uint64_t>* gauge,
+                                         std::function<void()> uncharge) {
   if (absl::Status room = CheckRoom(session); !room.ok()) {
     DestroyState(state);
     return room;
   }
   absl::MutexLock lock(&mu_);
   const uint64_t handle = next_handle_++;
-  states_.emplace(handle, Held{Entry{state, owner}, session, pid});
+  states_.emplace(handle,
+                  Held{Entry{state, owner}, session, pid, std::move(uncharge)});
   Count& c = per_session_[session];
   c.n += 1;
   c.gauge = gauge;
@@ -113,6 +115,7 @@ absl::Status StateTable::Release(uint64_t handle, pid_t pid) {
     }
     entry = it->second.entry;
     const uint64_t session = it->second.session;
+    if (it->second.uncharge) it->second.uncharge();
     states_.erase(it);
     DropLocked(session);
   }

@@ -12,6 +12,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 
 #include "absl/base/thread_annotations.h"
@@ -56,10 +57,15 @@ class StateTable {
   // the session's states) gets the session's count whenever it changes.
   // If it no longer fits, `state` is destroyed and CheckRoom's error
   // returned.
+  // `uncharge` (may be empty) runs when the state is released by
+  // Release (not when its session ends: kregd gives a closed session's
+  // charges back itself), under the table's lock, so that it never runs
+  // after ReleaseSession of its session returned.
   absl::StatusOr<uint64_t> Add(uint64_t session, pid_t pid,
                                const HostedState& state,
                                const StateOwner& owner,
-                               std::atomic<uint64_t>* gauge);
+                               std::atomic<uint64_t>* gauge,
+                               std::function<void()> uncharge = {});
   struct Entry {
     HostedState state;
     StateOwner owner;
@@ -84,6 +90,7 @@ class StateTable {
     Entry entry;
     uint64_t session;
     pid_t pid;
+    std::function<void()> uncharge;
   };
   struct Count {
     uint64_t n = 0;

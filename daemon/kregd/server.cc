@@ -125,6 +125,7 @@ UidLimits UidLimitsOf(const Config& c) {
                                      : 2 * c.max_module_bytes);
   set(UidResource::kHeavyWork, c.max_heavy_work_per_uid);
   set(UidResource::kPendingConnections, c.max_pending_connections_per_uid);
+  set(UidResource::kStates, c.max_states_per_uid);
   return l;
 }
 

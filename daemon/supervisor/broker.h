@@ -142,6 +142,9 @@ class SessionBroker final : public ServedSession {
   const PeerCred& peer() const override { return peer_; }
 
  private:
+  // A StateCharge from the executor: +1 takes one of the uid's
+  // max_states_per_uid (RESOURCE_EXHAUSTED naming it), -1 gives one back.
+  absl::Status ChargeState(int32_t delta);
   // Looks at the client's first message without taking it: true when it is
   // a Hello (the executor reads it); false when the connection is served
   // here (`*control` set) or was ended (refused, silent, closed).
@@ -184,6 +187,9 @@ class SessionBroker final : public ServedSession {
   UniqueFd client_;  // kregd's copy: only written to when the executor died
   const PeerCred peer_;
   const BrokerContext ctx_;
+  // The session's call-site states charged to its uid (broker thread only);
+  // given back when the broker ends.
+  std::vector<UidAccount::Charge> states_;
   // A control connection's charge (max_control_connections_per_uid).
   UidAccount::Charge control_charge_;
   ExecutorPool::Binding binding_;

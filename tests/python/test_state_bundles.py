@@ -500,3 +500,59 @@ def test_states_survive_a_kregd_restart_in_their_readopted_executor():
     p.kill()
     p.wait()
     finish_test_daemon(d)
+
+
+# Two call sites, freed, then two more: each must run.
+TWO_ROUNDS = r"""
+import gc, json, sys
+import numpy as np
+import jax
+jax.config.update("jax_enable_x64", True)
+import jax.numpy as jnp
+import kreg
+name, lib = sys.argv[1:3]
+kreg.register_ffi_target(
+    name, lib, {"instantiate": "CounterInstantiate",
+                "execute": "CounterExecute"}, platform="cpu",
+    state_type=("kreg.CounterState", "CounterStateTypeId",
+                "CounterStateTypeInfo"))
+def call(x, offset):
+  return jax.ffi.ffi_call(
+      name, (jax.ShapeDtypeStruct(x.shape, jnp.float32),
+             jax.ShapeDtypeStruct((), jnp.int64)))(
+                 x, offset=np.float32(offset), buffer_elems=np.int64(1))
+for round in range(2):
+  fs = [jax.jit(lambda x, o=o + 10 * round: call(x, o)) for o in range(2)]
+  ys = []
+  for f in fs:
+    try:
+      ys.append(float(f(np.zeros(1, np.float32))[0][0]))
+    except Exception as e:
+      ys.append(str(e))
+  print(json.dumps({"round": round, "ys": ys}), flush=True)
+  del fs, f
+  jax.clear_caches()
+  gc.collect()
+"""
+
+
+def test_states_are_charged_to_the_uid(tmp_path):
+  config = tmp_path / "kregd.toml"
+  config.write_text("max_states_per_uid = 2\n")
+  d = start_test_daemon("kreg-states-uid-", ["--config", str(config)])
+  try:
+    out = run_py(d, MANY_SITES, "counter.uid", module_path(),
+                 "CounterInstantiate", 3)
+    assert "error" not in out[0] and "error" not in out[1]
+    assert ("holds 2 handler states (instantiated call sites of handler "
+            "bundles) already; 1 more would exceed its limit of 2 "
+            "(max_states_per_uid)") in out[2]["error"], out[2]
+    # The ended process's charges are given back with its session.
+    wait_for(lambda: not sessions(d), "the first process's session to end")
+    # Released states are given back: a process that frees its call sites
+    # may instantiate as many again.
+    rounds = run_py(d, TWO_ROUNDS, "counter.rounds", module_path())
+    assert rounds == [{"round": 0, "ys": [1.0, 1.0]},
+                      {"round": 1, "ys": [1.0, 1.0]}], rounds
+  finally:
+    finish_test_daemon(d)
