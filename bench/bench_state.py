@@ -76,7 +76,10 @@ def measure(sock: str, platform: str, calls: int,
   lib = ctypes.cdll.LoadLibrary(module)
   addr = lambda s: ctypes.cast(ctypes.byref(ctypes.c_char.in_dll(lib, s)),
                                ctypes.c_void_p).value
-  jax.ffi.register_ffi_type(tname, {"type_id": capsule(addr(tid)),
+  # Its own type name: local mode registers the stored copy's type under
+  # `tname`, and XLA refuses one name twice.
+  jax.ffi.register_ffi_type(tname + ".inproc",
+                            {"type_id": capsule(addr(tid)),
                                     "type_info": capsule(addr(tinfo))},
                             platform=jax_platform)
   jax.ffi.register_ffi_target(
