@@ -556,3 +556,70 @@ def test_states_are_charged_to_the_uid(tmp_path):
                       {"round": 1, "ys": [1.0, 1.0]}], rounds
   finally:
     finish_test_daemon(d)
+
+
+# Call sites made on request: "new" compiles another jitted function (a new
+# call site), "call K" calls call site K; each prints the call's count.
+SITES_ON_REQUEST = r"""
+import json, sys
+import numpy as np
+import jax
+jax.config.update("jax_enable_x64", True)
+import jax.numpy as jnp
+import kreg
+name, lib = sys.argv[1:3]
+kreg.register_ffi_target(
+    name, lib, {"instantiate": "CounterInstantiate",
+                "execute": "CounterExecute"}, platform="cpu",
+    state_type=("kreg.CounterState", "CounterStateTypeId",
+                "CounterStateTypeInfo"))
+sites = []
+for line in sys.stdin:
+  word = line.split()
+  if word[0] == "new":
+    sites.append(jax.jit(lambda x, k=len(sites): jax.ffi.ffi_call(
+        name, (jax.ShapeDtypeStruct(x.shape, jnp.float32),
+               jax.ShapeDtypeStruct((), jnp.int64)))(
+                   x, offset=np.float32(k), buffer_elems=np.int64(1))))
+    word = ["call", str(len(sites) - 1)]
+  y, n = sites[int(word[1])](np.zeros(1, np.float32))
+  print(json.dumps({"n": int(n)}), flush=True)
+"""
+
+
+def test_a_replacement_instantiates_anew_and_old_states_stay_old():
+  d = start_test_daemon("kreg-state-replace-", ["--replace", "owner"])
+  name = "counter.repl"
+  p = subprocess.Popen([PY, "-c", SITES_ON_REQUEST, name, module_path()],
+                       env=d.env(), stdin=subprocess.PIPE,
+                       stdout=subprocess.PIPE, text=True)
+
+  def ask(line):
+    p.stdin.write(line + "\n")
+    p.stdin.flush()
+    return json.loads(p.stdout.readline())["n"]
+
+  def launches():
+    [t] = json.loads(kregctl(d, "show", name, "--json").stdout)
+    return [g["stats"]["launches"] for g in t["generations"]]
+
+  try:
+    assert [ask("new"), ask("call 0")] == [1, 2]
+    # The same bundle under another content id: generation 2.
+    made = kregctl(d, "register", name, "--module", module_path(),
+                   "--function", "instantiate=CounterInstantiate",
+                   "--function", "execute=CounterExecute", "--state-type",
+                   TYPE, "--content-id", "counter-v2", "--replace")
+    assert "generation 2" in made.stdout, made.stdout
+    # The old call site keeps its state and the generation that made it
+    # (its instantiate and 3 calls count under generation 1)...
+    assert ask("call 0") == 3
+    assert launches() == [4, 0]
+    # ...a call site compiled now instantiates on generation 2.
+    assert ask("new") == 1
+    assert ask("call 0") == 4
+    assert launches() == [5, 2]
+  finally:
+    p.kill()
+    p.wait()
+    finish_test_daemon(d)
