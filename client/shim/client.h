@@ -103,10 +103,12 @@ class Client {
   // handler's error verbatim.
   ClientStatus Instantiate(const ring::DescriptorView& d, uint64_t* handle);
   // Releases the executor's state `handle` (XLA destroyed the call site's
-  // executable), on an idle session if there is one; best effort: a
-  // session that ended released its states already, and nothing is opened
-  // or waited for (XLA may destroy executables at process exit).
+  // executable) on an idle session, or, when every session is busy, on the
+  // next one borrowed (at most kMaxPendingReleases wait). Nothing is opened
+  // or waited for (XLA may destroy executables at process exit); a session
+  // that ended released its states already.
   void ReleaseState(uint64_t handle);
+  static constexpr size_t kMaxPendingReleases = 4096;
   // GPU work of an earlier forwarded call that never completed (its
   // executor died after the handler returned, e.g. a kernel faulted on the
   // GPU): the error, once, for the next forwarded call to return; OK when
@@ -134,6 +136,8 @@ class Client {
   // this process's registrations made again on it, otherwise).
   ClientStatus FreshControlLocked();  // control_mu_ held
   void Release(std::unique_ptr<Conn> conn);
+  // Sends the ReleaseStates that waited for a session (ReleaseState).
+  void SendPendingReleases(Conn* conn);
   void Discard(std::unique_ptr<Conn> conn);
   ClientStatus Replay(Conn* conn);
   // The session of `conn` ended (Conn::ended()): releases the doorbell
@@ -181,6 +185,8 @@ class Client {
   bool stop_watch_ = false;  // guarded by mu_
   // Written under mu_; read without it first (the launch path).
   std::atomic<bool> has_lost_work_{false};
+  std::vector<uint64_t> pending_releases_;  // guarded by mu_
+  std::atomic<bool> has_pending_releases_{false};
   ClientStatus lost_work_;  // guarded by mu_
 };
 
