@@ -13,6 +13,8 @@
 //                       registration test's bad stage symbol).
 //   CounterCrashingInstantiate  INSTANTIATE stage, same attrs: aborts the
 //                       process (a crash test's instantiate stage).
+//   CounterPrepare      PREPARE stage (XLA:GPU runs it, XLA:CPU does not):
+//                       counts nothing, takes any buffers (bundle tests).
 //   CounterStateTypeId   data: the state's XLA_FFI_TypeId
 //   CounterStateTypeInfo data: its XLA_FFI_TypeInfo (the deleter)
 // Register the type first: jax.ffi.register_ffi_type("kreg.CounterState",
@@ -62,6 +64,11 @@ ffi::ErrorOr<std::unique_ptr<CounterState>> CrashingInstantiateImpl(
   std::abort();
 }
 
+ffi::Error PrepareImpl(CounterState* /*state*/, ffi::RemainingArgs,
+                       ffi::RemainingRets) {
+  return ffi::Error::Success();
+}
+
 ffi::Error ExecuteImpl(CounterState* state, ffi::Buffer<ffi::F32> x,
                        ffi::ResultBuffer<ffi::F32> y,
                        ffi::ResultBuffer<ffi::S64> n) {
@@ -94,6 +101,7 @@ extern "C" KREG_EXPORT XLA_FFI_Error* CounterNotAHandler(
 
 KREG_EXPORT_HANDLER(CounterInstantiate);
 KREG_EXPORT_HANDLER(CounterCrashingInstantiate);
+KREG_EXPORT_HANDLER(CounterPrepare);
 KREG_EXPORT_HANDLER(CounterExecute);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CounterInstantiate,
@@ -107,6 +115,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(CounterCrashingInstantiate,
                               ffi::Ffi::BindInstantiate()
                                   .Attr<float>("offset")
                                   .Attr<int64_t>("buffer_elems"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    CounterPrepare, kreg::kernels::PrepareImpl,
+    ffi::Ffi::BindPrepare()
+        .Ctx<ffi::State<kreg::kernels::CounterState>>()
+        .RemainingArgs()
+        .RemainingRets());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     CounterExecute, kreg::kernels::ExecuteImpl,

@@ -623,3 +623,31 @@ def test_a_replacement_instantiates_anew_and_old_states_stay_old():
     p.kill()
     p.wait()
     finish_test_daemon(d)
+
+
+def test_isolated_mode_refuses_prepare_and_initialize_stages(daemon):
+  out = run_py(daemon, r"""
+      import json, sys
+      import kreg
+      stages = {"instantiate": "CounterInstantiate",
+                "prepare": "CounterPrepare", "execute": "CounterExecute"}
+      st = ("kreg.CounterState", "CounterStateTypeId", "CounterStateTypeInfo")
+      for mode in ("isolated", "local"):
+        try:
+          r = kreg.register_ffi_target("counter.prep." + mode, sys.argv[1],
+                                       stages, platform="cpu",
+                                       execution=mode, state_type=st)
+          print(json.dumps({"stages": r.target.stages}))
+        except kreg.KregError as e:
+          print(json.dumps({"error": [e.code, str(e)]}))
+      """, module_path())
+  code, message = out[0]["error"]
+  assert code == "UNIMPLEMENTED"
+  assert message == (
+      "target 'counter.prep.isolated' has prepare/initialize stages, which "
+      "kregd does not forward to an executor yet; run it with "
+      'execution="local"')
+  # Local mode hands XLA every stage (XLA:CPU runs no prepare stage).
+  assert out[1] == {"stages": {"instantiate": "CounterInstantiate",
+                               "prepare": "CounterPrepare",
+                               "execute": "CounterExecute"}}
