@@ -57,6 +57,17 @@ absl::StatusOr<v1::RegisterTargetResponse> Client::Register(
   v1::RegisterTargetHeader* h = header.mutable_header();
   h->set_target_name(req.target_name);
   h->set_func_name(req.func_name);
+  for (const auto& [stage, symbol] : req.stages) {
+    v1::StageFunction* f = h->add_stages();
+    f->set_stage(stage);
+    f->set_symbol(symbol);
+  }
+  if (!req.state_type_name.empty() || !req.state_type_id_symbol.empty() ||
+      !req.state_type_info_symbol.empty()) {
+    h->mutable_state_type()->set_name(req.state_type_name);
+    h->mutable_state_type()->set_type_id_symbol(req.state_type_id_symbol);
+    h->mutable_state_type()->set_type_info_symbol(req.state_type_info_symbol);
+  }
   h->set_platform(req.platform);
   h->set_content_id(req.content_id);
   h->set_replace(req.replace);

@@ -19,7 +19,13 @@ namespace kreg {
 
 struct RegisterRequest {
   std::string target_name;
+  // The execute function, or empty when `stages` names it.
   std::string func_name;
+  // A handler bundle (docs/kernel-author-guide.md, "Handler bundles and
+  // state"): (stage, symbol) pairs and the state type (name, TypeId symbol,
+  // TypeInfo symbol; empty name: none). kregd checks them.
+  std::vector<std::pair<std::string, std::string>> stages;
+  std::string state_type_name, state_type_id_symbol, state_type_info_symbol;
   std::string platform = "cpu";
   std::string content_id;
   bool replace = false;

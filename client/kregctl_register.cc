@@ -11,6 +11,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "client/kregctl_common.h"
@@ -32,6 +33,9 @@ void ShowProgress(uint64_t sent, uint64_t total) {
 
 struct RegisterOptions {
   RegisterRequest req;
+  // --function values: SYMBOL (the execute function) or STAGE=SYMBOL.
+  std::vector<std::string> functions;
+  std::string state_type;  // --state-type NAME/TYPE_ID_SYMBOL/TYPE_INFO_SYMBOL
   std::string module_file;
   bool daemon_reads = false;
 };
@@ -80,8 +84,45 @@ int ReadModule(Connection& kregd, const std::string& module_file,
   return 0;
 }
 
+// Fills `req`'s function or bundle from --function and --state-type.
+// Returns 0, or 2 after printing why not (kregd checks stage names and
+// symbols; this only splits the spelling).
+int ParseFunctions(const RegisterOptions& opts, RegisterRequest* req) {
+  const bool bundle = !opts.state_type.empty() || opts.functions.size() > 1 ||
+                      opts.functions[0].find('=') != std::string::npos;
+  if (!bundle) {
+    req->func_name = opts.functions[0];
+    return 0;
+  }
+  for (const std::string& f : opts.functions) {
+    const size_t eq = f.find('=');
+    if (eq == std::string::npos) {
+      req->stages.emplace_back("execute", f);
+    } else {
+      req->stages.emplace_back(f.substr(0, eq), f.substr(eq + 1));
+    }
+  }
+  if (!opts.state_type.empty()) {
+    const size_t a = opts.state_type.find('/');
+    const size_t b =
+        a == std::string::npos ? a : opts.state_type.find('/', a + 1);
+    if (b == std::string::npos) {
+      std::cerr << "--state-type \"" << opts.state_type
+                << "\" is not NAME/TYPE_ID_SYMBOL/TYPE_INFO_SYMBOL (the name "
+                   "the type is registered under, then the module's data "
+                   "symbols of its XLA_FFI_TypeId and XLA_FFI_TypeInfo)\n";
+      return 2;
+    }
+    req->state_type_name = opts.state_type.substr(0, a);
+    req->state_type_id_symbol = opts.state_type.substr(a + 1, b - a - 1);
+    req->state_type_info_symbol = opts.state_type.substr(b + 1);
+  }
+  return 0;
+}
+
 int RunRegister(Connection& kregd, const RegisterOptions& opts) {
   RegisterRequest req = opts.req;
+  if (int rc = ParseFunctions(opts, &req); rc != 0) return rc;
   if (opts.daemon_reads) {
     req.daemon_path = opts.module_file;
   } else if (int rc = ReadModule(kregd, opts.module_file, &req); rc != 0) {
@@ -111,7 +152,15 @@ Command AddRegisterCommand(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("register", "register a target");
   cmd->add_option("NAME", req.target_name, "target name")->required();
   cmd->add_option("--module", opts->module_file, "kernel .so")->required();
-  cmd->add_option("--function", req.func_name, "handler symbol")->required();
+  cmd->add_option("--function", opts->functions,
+                  "handler symbol (the execute stage), or STAGE=SYMBOL once "
+                  "per stage of a handler bundle (instantiate, prepare, "
+                  "initialize, execute)")
+      ->required();
+  cmd->add_option("--state-type", opts->state_type,
+                  "a bundle's state type: NAME/TYPE_ID_SYMBOL/TYPE_INFO_SYMBOL "
+                  "(the module's data symbols of its XLA_FFI_TypeId and "
+                  "XLA_FFI_TypeInfo)");
   cmd->add_option("--platform", req.platform, "cpu or cuda")
       ->capture_default_str();
   cmd->add_option("--content-id", req.content_id, "content identity");

@@ -83,7 +83,8 @@ json SessionJson(const v1::SessionInfo& s) {
               {"since_us", s.since_us()},
               {"executor_pid", s.executor_pid()},
               {"executor", s.executor()},
-              {"arena_bytes", s.arena_bytes()}};
+              {"arena_bytes", s.arena_bytes()},
+              {"states", s.states()}};
 }
 
 void PrintSessionsTable(const v1::ListSessionsResponse& sessions) {

@@ -45,6 +45,7 @@ struct DescriptorView {
   uint64_t doorbell_seq = 0;
   uint32_t flags = 0;
   uint32_t generation = 0;  // pinned (docs/replace.md §7); 0: the current
+  uint64_t state = 0;       // the call site's state handle; 0: none
 };
 
 // Whether descriptors of `platform` carry a CudaRef per buffer.
@@ -88,6 +89,7 @@ inline size_t EncodeDescriptor(const DescriptorView& d, uint32_t seq,
                                                       : sizeof(h.device_uuid));
   h.flags = d.flags;
   h.generation = d.generation;
+  h.state = d.state;
   const bool refs = HasCudaRefs(d.platform);
   char* p = slot;
   memcpy(p, &h, sizeof(h));

@@ -109,8 +109,12 @@ struct SubmitHeader {
   uint32_t flags;           // kSubmit* bits
   // The generation the client pinned (docs/replace.md §7); 0: the current.
   uint32_t generation;
+  // The call site's state (a handle the session's Instantiate returned,
+  // session.proto); 0: none (docs/kernel-author-guide.md, "Handler
+  // bundles and state").
+  uint64_t state;
 };
-static_assert(sizeof(SubmitHeader) == 80, "SubmitHeader layout");
+static_assert(sizeof(SubmitHeader) == 88, "SubmitHeader layout");
 
 struct BufferDesc {
   int32_t dtype;  // XLA_FFI_DataType

@@ -29,7 +29,7 @@ while (($#)); do
 done
 ((${#targets[@]})) || targets=(session ring_decoder
   broker_request control_frames readopt_offer repoint_ack journal module_path elf_symbols
-  http_request cluster_inputs signed_record compile_inputs)
+  http_request cluster_inputs signed_record compile_inputs handler_spec)
 [[ -n $results ]] || results=$(mktemp -d /tmp/kreg-fuzz-results.XXXXXX)
 mkdir -p "$results"
 

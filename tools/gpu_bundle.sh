@@ -45,6 +45,7 @@ targets=(//daemon/kregd:kregd //daemon/executor:kregd-probe //daemon/executor:kr
   //kernels/cuda:libdemo_cuda.so //kernels/cuda:libdemo_cuda_v2.so
   //kernels/cuda:libbrainevent_cuda.so
   //kernels/cuda:libhostile_cuda.so
+  //kernels/cuda:libcublas_state.so
   //tests/daemon/executor/cuda:gpu_test)
 bazel build "${targets[@]}"
 bin=$(bazel info bazel-bin 2>/dev/null)
@@ -89,7 +90,10 @@ copy_closure() {  # copy_closure DEST FILE...
   local dest=$1
   shift
   ldd "$@" | awk '/=> \// {print $1, $3}' | sort -u | while read -r name path; do
-    if [[ ! $name =~ $system_lib ]] && [[ ! -e "$dest/$name" ]]; then
+    # cuBLAS (libcublas_state.so) is the GPU host's own CUDA toolkit's,
+    # found through the module's rpath: hundreds of MB not to ship.
+    if [[ ! $name =~ $system_lib ]] && [[ ! $name =~ ^libcublas ]] &&
+      [[ ! -e "$dest/$name" ]]; then
       cp -L "$path" "$dest/$name"
     fi
   done

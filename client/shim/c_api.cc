@@ -177,13 +177,26 @@ KREG_Error* kreg_bind(KREG_BindArgs* args) {
     return Invalid("kreg_bind: bad args struct or no client");
   }
   kreg::shim::Binding binding;
+  const bool stateful =
+      args->struct_size >= KREG_STRUCT_SIZE(KREG_BindArgs, stateful) &&
+      args->stateful != 0;
   ClientStatus s = kreg::shim::Bind(
       AsClient(args->client), Str(args->target_name, args->target_name_len),
-      Str(args->platform, args->platform_len), args->generation, &binding);
+      Str(args->platform, args->platform_len), args->generation, &binding,
+      stateful);
   if (!s.ok()) return ToError(s);
   args->handler = binding.handler;
   args->slot = binding.slot;
   return nullptr;
+}
+
+void kreg_forwarded_state_type(KREG_StateTypeArgs* args) {
+  if (args == nullptr || args->struct_size < KREG_StateTypeArgs_STRUCT_SIZE) {
+    return;
+  }
+  args->name = kreg::shim::kForwardedStateType;
+  args->type_id = kreg::shim::ForwardedStateTypeId();
+  args->type_info = kreg::shim::ForwardedStateTypeInfo();
 }
 
 KREG_Error* kreg_bind_local(KREG_BindLocalArgs* args) {
@@ -199,6 +212,13 @@ KREG_Error* kreg_bind_local(KREG_BindLocalArgs* args) {
                                          platform, args->generation, &binding);
   if (!s.ok()) return ToError(s);
   args->handler = binding.handler;
+  if (args->struct_size >=
+      KREG_STRUCT_SIZE(KREG_BindLocalArgs, state_type_info)) {
+    for (int i = 0; i < 4; ++i) args->stage_handlers[i] = binding.stages[i];
+    args->state_type_name = binding.state_type_name;
+    args->state_type_id = binding.state_type_id;
+    args->state_type_info = binding.state_type_info;
+  }
   auto* list = new KREG_TargetList;
   list->targets.push_back(binding.target);
   args->target = list;

@@ -474,6 +474,64 @@ ClientStatus Client::BindLocal(const std::string& target,
   return s;
 }
 
+ClientStatus Client::Instantiate(const ring::DescriptorView& d,
+                                 uint64_t* handle) {
+  std::string descriptor;
+  ring::EncodeDescriptor(d, &descriptor);
+  return WithConn([&](Conn* conn) {
+    v1::SessionRequest req;
+    req.mutable_instantiate()->set_descriptor(descriptor);
+    v1::SessionResponse resp;
+    ClientStatus st = conn->Call(&req, &resp);
+    if (st.ok() && resp.instantiate().state() == 0) {
+      st = ClientStatus::Error(kInternal,
+                               "kregd answered Instantiate without a state");
+    }
+    if (st.ok()) *handle = resp.instantiate().state();
+    return st;
+  });
+}
+
+void Client::ReleaseState(uint64_t handle) {
+  std::unique_ptr<Conn> conn;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pid_ != CurrentPid()) return;
+    if (idle_.empty()) {
+      // Every session is busy (or none is open): the next operation sends
+      // it, bounded (a session that ends releases its states anyway).
+      if (pending_releases_.size() < kMaxPendingReleases) {
+        pending_releases_.push_back(handle);
+        has_pending_releases_.store(true, std::memory_order_relaxed);
+      }
+      return;
+    }
+    conn = std::move(idle_.back());
+    idle_.pop_back();
+  }
+  v1::SessionRequest req;
+  req.mutable_release_state()->set_state(handle);
+  v1::SessionResponse resp;
+  conn->Call(&req, &resp);  // NOT_FOUND: its session ended meanwhile
+  Release(std::move(conn));
+}
+
+void Client::SendPendingReleases(Conn* conn) {
+  std::vector<uint64_t> handles;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    handles.swap(pending_releases_);
+    has_pending_releases_.store(false, std::memory_order_relaxed);
+  }
+  for (uint64_t handle : handles) {
+    v1::SessionRequest req;
+    req.mutable_release_state()->set_state(handle);
+    v1::SessionResponse resp;
+    conn->Call(&req, &resp);  // NOT_FOUND: its session ended meanwhile
+    if (conn->broken()) return;
+  }
+}
+
 namespace {
 
 // Said once per process: a re-run is harmless but should not be silent.
@@ -516,6 +574,9 @@ ClientStatus Client::WithConn(const std::function<ClientStatus(Conn*)>& op,
     std::unique_ptr<Conn> conn;
     s = Acquire(&conn);
     if (!s.ok()) return s;
+    if (has_pending_releases_.load(std::memory_order_relaxed)) {
+      SendPendingReleases(conn.get());
+    }
     conn->ClearLaunchSent();
     s = op(conn.get());
     bool broken = conn->broken();

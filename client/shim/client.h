@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "client/shim/conn.h"
+#include "common/ring_encode.h"
 #include "common/status.h"
 #include "kreg/v1/session.pb.h"
 
@@ -96,6 +97,18 @@ class Client {
   ClientStatus WithConn(const std::function<ClientStatus(Conn*)>& op,
                         const Rerun* rerun = nullptr);
 
+  // A handler bundle's instantiate stage for one call site (session.proto
+  // Instantiate; `d` has no buffers): kregd's executor runs it and keeps
+  // the state for this process under `*handle`. The executor's or the
+  // handler's error verbatim.
+  ClientStatus Instantiate(const ring::DescriptorView& d, uint64_t* handle);
+  // Releases the executor's state `handle` (XLA destroyed the call site's
+  // executable) on an idle session, or, when every session is busy, on the
+  // next one borrowed (at most kMaxPendingReleases wait). Nothing is opened
+  // or waited for (XLA may destroy executables at process exit); a session
+  // that ended released its states already.
+  void ReleaseState(uint64_t handle);
+  static constexpr size_t kMaxPendingReleases = 4096;
   // GPU work of an earlier forwarded call that never completed (its
   // executor died after the handler returned, e.g. a kernel faulted on the
   // GPU): the error, once, for the next forwarded call to return; OK when
@@ -123,6 +136,8 @@ class Client {
   // this process's registrations made again on it, otherwise).
   ClientStatus FreshControlLocked();  // control_mu_ held
   void Release(std::unique_ptr<Conn> conn);
+  // Sends the ReleaseStates that waited for a session (ReleaseState).
+  void SendPendingReleases(Conn* conn);
   void Discard(std::unique_ptr<Conn> conn);
   ClientStatus Replay(Conn* conn);
   // The session of `conn` ended (Conn::ended()): releases the doorbell
@@ -170,6 +185,8 @@ class Client {
   bool stop_watch_ = false;  // guarded by mu_
   // Written under mu_; read without it first (the launch path).
   std::atomic<bool> has_lost_work_{false};
+  std::vector<uint64_t> pending_releases_;  // guarded by mu_
+  std::atomic<bool> has_pending_releases_{false};
   ClientStatus lost_work_;  // guarded by mu_
 };
 

@@ -67,7 +67,8 @@ uint64_t AlignUp(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 }  // namespace
 
 ClientStatus ForwardCpuCall(Client* client, const std::string& target,
-                            uint32_t generation, XLA_FFI_CallFrame* frame) {
+                            uint32_t generation, uint64_t state,
+                            XLA_FFI_CallFrame* frame) {
   thread_local Scratch scratch;
   // Lay out the arena: one region per distinct input buffer; an output whose
   // data pointer is an input's (input_output_aliases) shares its region.
@@ -101,6 +102,7 @@ ClientStatus ForwardCpuCall(Client* client, const std::string& target,
   launch.target = target;
   launch.platform = "cpu";
   launch.generation = generation;
+  launch.state = state;
   launch.args = scratch.views.data();
   launch.num_args = static_cast<uint32_t>(scratch.args.size());
   launch.rets = scratch.views.data() + scratch.args.size();

@@ -41,7 +41,8 @@ ClientStatus XlaStream(XLA_FFI_CallFrame* frame, cu::CUstream* stream) {
 }  // namespace
 
 ClientStatus ForwardCudaCall(Client* client, const std::string& target,
-                             uint32_t generation, XLA_FFI_CallFrame* frame) {
+                             uint32_t generation, uint64_t state,
+                             XLA_FFI_CallFrame* frame) {
   ClientStatus cs;
   const cu::CudaDriver* d = cc::ProcessDriver(&cs);
   if (d == nullptr) {
@@ -104,6 +105,7 @@ ClientStatus ForwardCudaCall(Client* client, const std::string& target,
   launch.target = target;
   launch.platform = "cuda";
   launch.generation = generation;
+  launch.state = state;
   launch.attrs = *attrs;
   launch.device_uuid = call.uuid;
   launch.device_ordinal = call.ordinal;

@@ -45,7 +45,8 @@ void ForgetCudaMappings(CudaConnState* state);
 // buffer, its allocation and offset; kregd runs the handler on its session
 // stream after XLA's preceding work and XLA's later work runs after it.
 ClientStatus ForwardCudaCall(Client* client, const std::string& target,
-                             uint32_t generation, XLA_FFI_CallFrame* frame);
+                             uint32_t generation, uint64_t state,
+                             XLA_FFI_CallFrame* frame);
 
 }  // namespace shim
 }  // namespace kreg

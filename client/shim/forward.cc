@@ -11,7 +11,9 @@
 #include <utility>
 #include <vector>
 
+#include "client/shim/attr_cache.h"
 #include "client/shim/cuda_forward.h"
+#include "common/ring_encode.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace kreg {
@@ -19,7 +21,7 @@ namespace shim {
 namespace {
 
 using Forwarder = ClientStatus (*)(Client* client, const std::string& target,
-                                   uint32_t generation,
+                                   uint32_t generation, uint64_t state,
                                    XLA_FFI_CallFrame* frame);
 
 // The forwarding path of each platform the shim forwards.
@@ -36,7 +38,30 @@ struct Slot {
   std::string target;
   std::string platform;  // canonical
   uint32_t generation;   // pinned (docs/replace.md §7); 0: the current
+  bool stateful;         // a bundle with an instantiate stage
 };
+
+// The forwarding entries' own XLA state: the handle of the state the
+// executor keeps for the call site (docs/kernel-author-guide.md, "Handler
+// bundles and state"). XLA destroys it with the executable; the deleter
+// releases the executor's state.
+struct ForwardedState {
+  Client* client;
+  std::string target;
+  uint64_t handle;
+};
+
+XLA_FFI_TypeId g_forwarded_state_type = {0};
+
+void DeleteForwardedState(void* p) {
+  auto* state = static_cast<ForwardedState*>(p);
+  // Best effort: a session that ended released the state already.
+  state->client->ReleaseState(state->handle);
+  delete state;
+}
+
+const XLA_FFI_TypeInfo kForwardedStateTypeInfo = {
+    XLA_FFI_TypeInfo_STRUCT_SIZE, nullptr, &DeleteForwardedState};
 
 std::atomic<const Slot*> g_slots[kNumSlots];
 std::mutex g_bind_mu;
@@ -58,9 +83,12 @@ XLA_FFI_Error* MakeError(const XLA_FFI_Api* api, int code,
 }
 
 // Answers XLA's metadata query: the FFI API of the headers this shim was
-// built with, no traits (not command-buffer compatible), no state.
+// built with, no traits (never command-buffer compatible: a forwarded call
+// cannot be captured into the caller's CUDA graph), and for a stateful
+// binding the forwarded state's type.
 XLA_FFI_Error* PopulateMetadata(const XLA_FFI_Api* api,
-                                XLA_FFI_Metadata_Extension* ext) {
+                                XLA_FFI_Metadata_Extension* ext,
+                                bool stateful) {
   if (ext->extension_base.struct_size <
           XLA_FFI_Metadata_Extension_STRUCT_SIZE ||
       ext->metadata == nullptr ||
@@ -73,7 +101,16 @@ XLA_FFI_Error* PopulateMetadata(const XLA_FFI_Api* api,
       XLA_FFI_Api_Version{XLA_FFI_Api_Version_STRUCT_SIZE, nullptr,
                           XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR};
   ext->metadata->traits = 0;
-  ext->metadata->state_type_id = XLA_FFI_TypeId{0};
+  if (stateful && g_forwarded_state_type.type_id == 0) {
+    return MakeError(api, kFailedPrecondition,
+                     std::string("kreg forwarding handler: register the state "
+                                 "type \"") +
+                         kForwardedStateType +
+                         "\" with XLA (jax.ffi.register_ffi_type) before a "
+                         "handler bundle with an instantiate stage");
+  }
+  ext->metadata->state_type_id =
+      stateful ? g_forwarded_state_type : XLA_FFI_TypeId{0};
   return nullptr;
 }
 
@@ -87,12 +124,14 @@ std::vector<StageRecord> g_trace;
 ClientStatus RunForwarder(Forwarder forward, Client* client,
                           const std::string& target,
                           const std::string& platform, uint32_t generation,
-                          XLA_FFI_CallFrame* frame) {
-  if (!TracingStages()) return forward(client, target, generation, frame);
+                          uint64_t state, XLA_FFI_CallFrame* frame) {
+  if (!TracingStages()) {
+    return forward(client, target, generation, state, frame);
+  }
   stage::Times times{};
   stage::SetCurrent(&times);
   stage::Mark(stage::kEnter);
-  ClientStatus s = forward(client, target, generation, frame);
+  ClientStatus s = forward(client, target, generation, state, frame);
   stage::Mark(stage::kReturned);
   stage::SetCurrent(nullptr);
   // Ring launches only (the executor stamps its stages there).
@@ -105,6 +144,78 @@ ClientStatus RunForwarder(Forwarder forward, Client* client,
   return s;
 }
 
+// The instantiate stage of a stateful slot: kregd's executor runs the real
+// one (Client::Instantiate) and keeps the state; XLA keeps the handle.
+ClientStatus InstantiateForwarded(const Slot* slot, XLA_FFI_CallFrame* frame) {
+  thread_local AttrCache attrs;
+  const std::string* encoded;
+  ClientStatus s = attrs.Get(&frame->attrs, &encoded);
+  if (!s.ok()) return s;
+  ring::DescriptorView d;
+  d.target = slot->target;
+  d.platform = slot->platform;
+  d.generation = slot->generation;
+  d.attrs = *encoded;
+  uint64_t handle = 0;
+  s = slot->client->Instantiate(d, &handle);
+  if (!s.ok()) return s;
+  auto* state = new ForwardedState{slot->client, slot->target, handle};
+  XLA_FFI_State_Set_Args args;
+  memset(&args, 0, sizeof(args));
+  args.struct_size = XLA_FFI_State_Set_Args_STRUCT_SIZE;
+  args.ctx = frame->ctx;
+  args.stage = XLA_FFI_ExecutionStage_INSTANTIATE;
+  args.type_id = &g_forwarded_state_type;
+  args.state = state;
+  if (XLA_FFI_Error* err = frame->api->XLA_FFI_State_Set(&args)) {
+    // XLA did not take the state: release it here.
+    DeleteForwardedState(state);
+    XLA_FFI_Error_GetDetails_Args details;
+    memset(&details, 0, sizeof(details));
+    details.struct_size = XLA_FFI_Error_GetDetails_Args_STRUCT_SIZE;
+    details.error = err;
+    frame->api->XLA_FFI_Error_GetDetails(&details);
+    std::string message = "kreg forwarding handler for \"" + slot->target +
+                          "\": XLA refused the call site's state: " +
+                          (details.message != nullptr ? details.message : "");
+    XLA_FFI_Error_Destroy_Args destroy;
+    memset(&destroy, 0, sizeof(destroy));
+    destroy.struct_size = XLA_FFI_Error_Destroy_Args_STRUCT_SIZE;
+    destroy.error = err;
+    frame->api->XLA_FFI_Error_Destroy(&destroy);
+    return ClientStatus::Error(kInternal, message);
+  }
+  return ClientStatus::Ok();
+}
+
+// The handle of the call site's state (kept by InstantiateForwarded).
+ClientStatus ForwardedStateOf(const Slot* slot, XLA_FFI_CallFrame* frame,
+                              uint64_t* handle) {
+  XLA_FFI_State_Get_Args args;
+  memset(&args, 0, sizeof(args));
+  args.struct_size = XLA_FFI_State_Get_Args_STRUCT_SIZE;
+  args.ctx = frame->ctx;
+  args.stage = XLA_FFI_ExecutionStage_EXECUTE;
+  args.type_id = &g_forwarded_state_type;
+  if (XLA_FFI_Error* err = frame->api->XLA_FFI_State_Get(&args)) {
+    XLA_FFI_Error_Destroy_Args destroy;
+    memset(&destroy, 0, sizeof(destroy));
+    destroy.struct_size = XLA_FFI_Error_Destroy_Args_STRUCT_SIZE;
+    destroy.error = err;
+    frame->api->XLA_FFI_Error_Destroy(&destroy);
+    args.state = nullptr;
+  }
+  if (args.state == nullptr) {
+    return ClientStatus::Error(
+        kFailedPrecondition,
+        "kreg forwarding handler for \"" + slot->target +
+            "\": XLA gave this call no state; the target's instantiate stage "
+            "did not run (was it registered with JAX as a stage dict?)");
+  }
+  *handle = static_cast<ForwardedState*>(args.state)->handle;
+  return ClientStatus::Ok();
+}
+
 XLA_FFI_Error* Forward(int index, XLA_FFI_CallFrame* call_frame) {
   const XLA_FFI_Api* api = call_frame->api;
   if (call_frame->struct_size < XLA_FFI_CallFrame_STRUCT_SIZE) {
@@ -114,31 +225,48 @@ XLA_FFI_Error* Forward(int index, XLA_FFI_CallFrame* call_frame) {
                          " is smaller than expected " +
                          std::to_string(XLA_FFI_CallFrame_STRUCT_SIZE));
   }
+  const Slot* slot = g_slots[index].load(std::memory_order_acquire);
   if (call_frame->extension_start != nullptr &&
       call_frame->extension_start->type == XLA_FFI_Extension_Metadata) {
-    return PopulateMetadata(api, reinterpret_cast<XLA_FFI_Metadata_Extension*>(
-                                     call_frame->extension_start));
+    return PopulateMetadata(api,
+                            reinterpret_cast<XLA_FFI_Metadata_Extension*>(
+                                call_frame->extension_start),
+                            slot != nullptr && slot->stateful);
   }
-  const Slot* slot = g_slots[index].load(std::memory_order_acquire);
   if (slot == nullptr) {
     return MakeError(api, kInternal,
                      "kreg forwarding handler slot " + std::to_string(index) +
                          " is not bound");
   }
-  if (call_frame->stage != XLA_FFI_ExecutionStage_EXECUTE) {
+  const bool instantiate =
+      call_frame->stage == XLA_FFI_ExecutionStage_INSTANTIATE;
+  if (call_frame->stage != XLA_FFI_ExecutionStage_EXECUTE &&
+      !(instantiate && slot->stateful)) {
     return MakeError(api, kInvalidArgument,
                      "kreg forwarding handler for \"" + slot->target +
-                         "\" supports only the execute stage, got stage " +
-                         std::to_string(call_frame->stage));
+                         "\" does not forward stage " +
+                         std::to_string(call_frame->stage) +
+                         (slot->stateful ? " (it forwards instantiate and "
+                                           "execute)"
+                                         : " (it forwards execute only)"));
   }
-  // An earlier call's GPU work never completed (its executor died after
-  // the handler returned): this call reports it instead of running.
-  ClientStatus s = slot->client->TakeLostWork();
-  if (!s.ok()) {
-    slot->client->launch_errors.fetch_add(1, std::memory_order_relaxed);
-  } else {
-    s = ForwardCall(slot->client, slot->target, slot->platform, call_frame,
-                    slot->generation);
+  ClientStatus s;
+  uint64_t state = 0;
+  if (instantiate) {
+    s = InstantiateForwarded(slot, call_frame);
+  } else if (slot->stateful) {
+    s = ForwardedStateOf(slot, call_frame, &state);
+  }
+  if (!instantiate && s.ok()) {
+    // An earlier call's GPU work never completed (its executor died after
+    // the handler returned): this call reports it instead of running.
+    s = slot->client->TakeLostWork();
+    if (!s.ok()) {
+      slot->client->launch_errors.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      s = ForwardCall(slot->client, slot->target, slot->platform, call_frame,
+                      slot->generation, state);
+    }
   }
   if (s.ok()) return nullptr;
   // An error must never read as OK, nor carry a code XLA does not know.
@@ -211,7 +339,7 @@ constexpr std::array<XLA_FFI_Handler*, kNumRepointSlots> kRepointableEntries =
 
 ClientStatus Bind(Client* client, const std::string& target,
                   const std::string& platform, uint32_t generation,
-                  Binding* out) {
+                  Binding* out, bool stateful) {
   std::string canonical = CanonicalPlatform(platform);
   if (generation > 0) {
     ClientStatus s = CheckGeneration(client, target, canonical, generation);
@@ -231,6 +359,15 @@ ClientStatus Bind(Client* client, const std::string& target,
       if (s->generation != generation) {
         return OtherGeneration(target, canonical, s->generation, generation);
       }
+      if (s->stateful != stateful) {
+        return ClientStatus::Error(
+            kFailedPrecondition,
+            "target \"" + target + "\" (" + canonical +
+                ") is already bound in this process " +
+                (s->stateful ? "as a handler bundle with an instantiate stage"
+                             : "without an instantiate stage") +
+                "; its registration changed meanwhile");
+      }
       out->handler = reinterpret_cast<void*>(kTrampolines[i]);
       out->slot = i;
       return ClientStatus::Ok();
@@ -244,20 +381,25 @@ ClientStatus Bind(Client* client, const std::string& target,
             "(one per registered (target, platform))");
   }
   int i = g_used++;
-  g_slots[i].store(new Slot{client, target, canonical, generation},
+  g_slots[i].store(new Slot{client, target, canonical, generation, stateful},
                    std::memory_order_release);
   out->handler = reinterpret_cast<void*>(kTrampolines[i]);
   out->slot = i;
   return ClientStatus::Ok();
 }
 
+XLA_FFI_TypeId* ForwardedStateTypeId() { return &g_forwarded_state_type; }
+const XLA_FFI_TypeInfo* ForwardedStateTypeInfo() {
+  return &kForwardedStateTypeInfo;
+}
+
 ClientStatus ForwardCall(Client* client, const std::string& target,
                          const std::string& platform, XLA_FFI_CallFrame* frame,
-                         uint32_t generation) {
+                         uint32_t generation, uint64_t state) {
   for (const auto& f : kForwarders) {
     if (platform == f.platform) {
       return RunForwarder(f.forward, client, target, platform, generation,
-                          frame);
+                          state, frame);
     }
   }
   return ClientStatus::Error(kUnimplemented, "kreg: forwarding " + platform +

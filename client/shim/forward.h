@@ -29,9 +29,23 @@ struct Binding {
 // canonical platform). RESOURCE_EXHAUSTED when all kNumSlots slots are
 // taken; FAILED_PRECONDITION when the pair is bound to another client or
 // at another generation. Thread-safe.
+// `stateful`: the target is a handler bundle with an instantiate stage
+// (docs/kernel-author-guide.md, "Handler bundles and state"): XLA gets the
+// slot's entry as both its instantiate and its execute handler. The
+// instantiate stage forwards to kregd's executor, which keeps the real
+// state under a handle; the entry keeps that handle as its own XLA state
+// (type kForwardedStateType, which must be registered with XLA first:
+// ForwardedStateType), released in the executor when XLA destroys it.
 ClientStatus Bind(Client* client, const std::string& target,
                   const std::string& platform, uint32_t generation,
-                  Binding* out);
+                  Binding* out, bool stateful = false);
+
+// The name, XLA_FFI_TypeId and XLA_FFI_TypeInfo of the forwarding entries'
+// own state type, to register with XLA (jax.ffi.register_ffi_type) before
+// a stateful binding's handler.
+constexpr char kForwardedStateType[] = "kreg.ForwardedState";
+XLA_FFI_TypeId* ForwardedStateTypeId();
+const XLA_FFI_TypeInfo* ForwardedStateTypeInfo();
 
 int SlotsUsed();
 
@@ -65,9 +79,10 @@ std::vector<StageRecord> TakeStageRecords(size_t max);
 // forwarder of its platform (cpu: ForwardCpuCall, cuda: ForwardCudaCall);
 // UNIMPLEMENTED for any other platform. `generation` > 0: the pinned
 // generation the launch asks for (docs/replace.md §7).
+// `state` > 0: the call site's state handle (handler bundles).
 ClientStatus ForwardCall(Client* client, const std::string& target,
                          const std::string& platform, XLA_FFI_CallFrame* frame,
-                         uint32_t generation = 0);
+                         uint32_t generation = 0, uint64_t state = 0);
 
 // Forwarding of CPU calls (cpu_forward.cc, DESIGN §3): inputs are copied
 // into the session's shared-memory arena (aliased input/output pairs share
@@ -75,7 +90,8 @@ ClientStatus ForwardCall(Client* client, const std::string& target,
 // ring (or the socket), and the outputs are copied back. The daemon's or
 // the handler's error comes back verbatim.
 ClientStatus ForwardCpuCall(Client* client, const std::string& target,
-                            uint32_t generation, XLA_FFI_CallFrame* frame);
+                            uint32_t generation, uint64_t state,
+                            XLA_FFI_CallFrame* frame);
 
 // Context for XLA FFI's operand-decoding errors (decode_error.cc; user
 // guide, "Errors of a call"): the handler's own binding reports "Wrong

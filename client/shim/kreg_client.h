@@ -23,7 +23,7 @@
 #include <stdint.h>
 
 #define KREG_API_MAJOR 1
-#define KREG_API_MINOR 6
+#define KREG_API_MINOR 7
 
 #if defined(__GNUC__)
 #define KREG_EXPORT __attribute__((visibility("default")))
@@ -206,7 +206,15 @@ typedef struct KREG_BindArgs {
    * generation, also after the target is replaced. 0 follows the current
    * generation. */
   uint32_t generation;
+  /* 1.7: nonzero when the target is a handler bundle with an instantiate
+   * stage (docs/kernel-author-guide.md, "Handler bundles and state"):
+   * register `handler` with XLA as both its instantiate and its execute
+   * stage, after registering kreg_forwarded_state_type's type. The
+   * instantiate stage runs in kregd's executor, which keeps the state;
+   * XLA keeps its handle. Read only when struct_size covers it. */
+  uint32_t stateful;
 } KREG_BindArgs;
+/* The smallest struct_size accepted (1.6); 1.7 callers pass the whole. */
 #define KREG_BindArgs_STRUCT_SIZE KREG_STRUCT_SIZE(KREG_BindArgs, generation)
 
 /* RESOURCE_EXHAUSTED when every trampoline slot is taken,
@@ -214,6 +222,21 @@ typedef struct KREG_BindArgs {
  * or, in this process, at another generation; NOT_FOUND (listing the
  * generations there are) when kregd has no such generation. */
 KREG_EXPORT KREG_Error* kreg_bind(KREG_BindArgs* args);
+
+/* 1.7: the forwarding handlers' own state type, for stateful bindings. */
+typedef struct KREG_StateTypeArgs {
+  size_t struct_size;
+  const char* name;      /* out: its name (static) */
+  void* type_id;         /* out: its XLA_FFI_TypeId* */
+  const void* type_info; /* out: its const XLA_FFI_TypeInfo* */
+} KREG_StateTypeArgs;
+#define KREG_StateTypeArgs_STRUCT_SIZE \
+  KREG_STRUCT_SIZE(KREG_StateTypeArgs, type_info)
+
+/* Fills `args` (nothing when it is too small). Register the type with XLA
+ * (jax.ffi.register_ffi_type) once, before the first stateful binding's
+ * handler. */
+KREG_EXPORT void kreg_forwarded_state_type(KREG_StateTypeArgs* args);
 
 /* ---- Local execution ------------------------------------------------ */
 
@@ -234,7 +257,18 @@ typedef struct KREG_BindLocalArgs {
   /* 1.6: a generation to pin, as KREG_BindArgs.generation: the handler is
    * that generation's and is kept when the target is replaced. */
   uint32_t generation;
+  /* 1.7, out (filled when struct_size covers them): a handler bundle's
+   * genuine handler per XLA FFI stage (instantiate, prepare, initialize,
+   * execute; NULL where it has none), and its state type: the name
+   * (static), the loaded module's XLA_FFI_TypeId* and XLA_FFI_TypeInfo*
+   * (NULL: none). Register the type with XLA (jax.ffi.register_ffi_type)
+   * when its id is still 0, then the handlers as a stage dict. */
+  void* stage_handlers[4];
+  const char* state_type_name;
+  void* state_type_id;
+  const void* state_type_info;
 } KREG_BindLocalArgs;
+/* The smallest struct_size accepted (1.6); 1.7 callers pass the whole. */
 #define KREG_BindLocalArgs_STRUCT_SIZE \
   KREG_STRUCT_SIZE(KREG_BindLocalArgs, generation)
 

@@ -74,15 +74,55 @@ bool MappedFrom(const void* addr, dev_t dev, ino_t ino) {
   return found;
 }
 
-// The handler target.func_name() of the loaded module `dl`.
-ClientStatus Symbol(void* dl, const v1::Target& target, void** out) {
+ClientStatus NamedSymbol(void* dl, const v1::Target& target,
+                         const std::string& name, void** out) {
   ::dlerror();
-  *out = ::dlsym(dl, target.func_name().c_str());
+  *out = ::dlsym(dl, name.c_str());
   if (*out != nullptr) return ClientStatus::Ok();
-  return ClientStatus::Error(kNotFound,
-                             "kreg: module " + target.module_digest() + " of " +
-                                 Describe(target) + " has no symbol \"" +
-                                 target.func_name() + "\"");
+  return ClientStatus::Error(
+      kNotFound, "kreg: module " + target.module_digest() + " of " +
+                     Describe(target) + " has no symbol \"" + name + "\"");
+}
+
+// The bundle target.func_name() names (common/handler_spec.h).
+ClientStatus SpecOf(const v1::Target& target, HandlerSpec* spec) {
+  std::string error;
+  if (ParseHandlerSpec(target.func_name(), spec, &error)) {
+    return ClientStatus::Ok();
+  }
+  return ClientStatus::Error(
+      kInvalidArgument,
+      "kreg: the function of " + Describe(target) + " is malformed: " + error);
+}
+
+// The execute handler of target.func_name() in the loaded module `dl`.
+ClientStatus Symbol(void* dl, const v1::Target& target, void** out) {
+  HandlerSpec spec;
+  ClientStatus s = SpecOf(target, &spec);
+  if (!s.ok()) return s;
+  return NamedSymbol(dl, target, spec.execute(), out);
+}
+
+// Every stage's handler and the state type of a bundle (LocalBinding).
+ClientStatus BundleOf(void* dl, const v1::Target& target, LocalBinding* b) {
+  HandlerSpec spec;
+  ClientStatus s = SpecOf(target, &spec);
+  for (int i = 0; s.ok() && i < kNumHandlerStages; ++i) {
+    if (!spec.stages[i].empty()) {
+      s = NamedSymbol(dl, target, spec.stages[i], &b->stages[i]);
+    }
+  }
+  if (s.ok() && !spec.state_type.empty()) {
+    s = NamedSymbol(dl, target, spec.state_type.id_symbol, &b->state_type_id);
+    if (s.ok()) {
+      s = NamedSymbol(dl, target, spec.state_type.info_symbol,
+                      &b->state_type_info);
+    }
+    // Once per binding, kept for the process's life (the C ABI hands it
+    // out).
+    if (s.ok()) b->state_type_name = strdup(spec.state_type.name.c_str());
+  }
+  return s;
 }
 
 // The handler of `info`: its symbol in the loaded module of its digest, or
@@ -247,7 +287,15 @@ ClientStatus BindLocal(Client* client, const std::string& target,
   binding.pinned = generation;
   s = HandlerOf(std::move(module), info, &binding.handler);
   if (!s.ok()) return s;
-  if (reply.replaceable() && generation == 0) {  // a pin never moves
+  s = BundleOf((*g_modules)[info.module_digest()], info, &binding);
+  if (!s.ok()) return s;
+  const bool bundle = binding.state_type_name != nullptr ||
+                      binding.stages[kInstantiate] != nullptr ||
+                      binding.stages[kPrepare] != nullptr ||
+                      binding.stages[kInitialize] != nullptr;
+  // A bundle is never re-pointed: each call site's state stays with the
+  // handlers that made it (docs/replace.md, "States across a replacement").
+  if (reply.replaceable() && generation == 0 && !bundle) {
     s = BindRepointable(info.target_name(), key.second, binding.handler,
                         &binding.repoint_slot, &binding.handler);
     if (!s.ok()) return s;

@@ -4,9 +4,11 @@
 #ifndef KREGD_CLIENT_SHIM_LOCAL_BIND_H_
 #define KREGD_CLIENT_SHIM_LOCAL_BIND_H_
 
+#include <array>
 #include <string>
 
 #include "client/shim/client.h"
+#include "common/handler_spec.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "kreg/v1/session.pb.h"
@@ -23,6 +25,16 @@ struct LocalBinding {
   // The generation the binding pinned (docs/replace.md §7): it keeps its
   // handler when kregd re-points the key. 0: it follows the current one.
   uint32_t pinned = 0;
+  // A handler bundle (docs/kernel-author-guide.md, "Handler bundles and
+  // state"): every stage's genuine handler (null where it has none; for an
+  // execute-only target only [kExecute]), and its state type's name
+  // (static storage; null: none), XLA_FFI_TypeId* and XLA_FFI_TypeInfo* in
+  // the loaded module. A bundle's binding is never re-pointable: XLA keeps
+  // each call site's state with the handlers that made it.
+  std::array<void*, kNumHandlerStages> stages{};
+  const char* state_type_name = nullptr;
+  void* state_type_id = nullptr;
+  void* state_type_info = nullptr;
 };
 
 // Binds (target, platform) locally through `client`: asks kregd

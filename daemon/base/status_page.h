@@ -35,8 +35,10 @@ struct ExecSlot {
   // Handler calls of the session in this slot, and its arena's size.
   std::atomic<uint64_t> launches;
   std::atomic<uint64_t> arena_bytes;
+  // Call-site states the session holds (handler bundles).
+  std::atomic<uint64_t> states;
 };
-static_assert(sizeof(ExecSlot) == 40, "the status page layout");
+static_assert(sizeof(ExecSlot) == 48, "the status page layout");
 
 struct ExecStatusHeader {
   uint32_t magic;

@@ -23,6 +23,8 @@ const UidResourceInfo& InfoOf(UidResource r) {
        "max_pending_connections_per_uid", "", "pending_connections"},
       {"watch connections", "max_watch_connections_per_uid", "",
        "watch_connections"},
+      {"handler states (instantiated call sites of handler bundles)",
+       "max_states_per_uid", "", "states"},
   };
   static_assert(sizeof(kInfo) / sizeof(kInfo[0]) ==
                 static_cast<size_t>(UidResource::kCount));

@@ -38,6 +38,7 @@ enum class UidResource : int {
   kHeavyWork,            // max_heavy_work_per_uid
   kPendingConnections,   // max_pending_connections_per_uid
   kWatchConnections,     // max_watch_connections_per_uid
+  kStates,               // max_states_per_uid (handler bundles' states)
   kCount,
 };
 

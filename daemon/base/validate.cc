@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/handler_spec.h"
 #include "common/platforms.h"
 
 namespace kreg {
@@ -75,16 +76,16 @@ absl::StatusOr<Platform> ParsePlatform(absl::string_view platform) {
 }
 
 absl::Status ValidateFuncName(absl::string_view func_name) {
-  bool ok = !func_name.empty() && func_name.size() <= kMaxNameLength &&
-            !absl::ascii_isdigit(func_name[0]);
-  for (char c : func_name) ok = ok && (absl::ascii_isalnum(c) || c == '_');
-  if (!ok) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("function name ", QuoteForMessage(func_name),
-                     " is not a C symbol name (1-256 characters of "
-                     "[A-Za-z0-9_], not starting with a digit)"));
+  return CanonicalFuncName(func_name).status();
+}
+
+absl::StatusOr<std::string> CanonicalFuncName(absl::string_view func_name) {
+  HandlerSpec spec;
+  std::string error;
+  if (!ParseHandlerSpec(std::string(func_name), &spec, &error)) {
+    return absl::InvalidArgumentError(error);
   }
-  return absl::OkStatus();
+  return spec.Format();
 }
 
 absl::Status ValidateContentId(absl::string_view content_id) {

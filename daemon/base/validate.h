@@ -31,8 +31,14 @@ absl::StatusOr<Platform> ParsePlatform(absl::string_view platform);
 absl::StatusOr<NameReservation> ParseReservation(absl::string_view pattern,
                                                  absl::string_view owner);
 
-// A C symbol name: 1-256 chars of [A-Za-z0-9_], not starting with a digit.
+// A target's function: a C symbol name (1-256 chars of [A-Za-z0-9_], not
+// starting with a digit), or a handler bundle (common/handler_spec.h,
+// "execute=Foo;instantiate=Bar"). INVALID_ARGUMENT naming the stage and
+// the symbol otherwise.
 absl::Status ValidateFuncName(absl::string_view func_name);
+// The canonical spelling of a valid function (HandlerSpec::Format), so one
+// bundle is stored, compared and listed one way.
+absl::StatusOr<std::string> CanonicalFuncName(absl::string_view func_name);
 
 // Optional caller identity: empty, or 1-256 printable ASCII chars without
 // whitespace.

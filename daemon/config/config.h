@@ -17,6 +17,9 @@ struct Config {
   std::vector<std::string> allowed_roots;
   uint64_t max_module_bytes = 512ull << 20;
   uint64_t max_arena_bytes = 4ull << 30;
+  // Call-site states of handler bundles one session may hold
+  // (docs/kernel-author-guide.md, "Handler bundles and state").
+  uint64_t max_states_per_session = 4096;
   // Bytes the receive buffers of one executor's sessions may hold at once.
   uint64_t max_buffered_bytes = 1ull << 30;
   // Per-uid limits of the registry (root is exempt).
@@ -88,6 +91,8 @@ struct Config {
   double control_idle_timeout_s = 60;
   uint64_t max_upload_bytes_per_uid = 0;
   int max_heavy_work_per_uid = 2;
+  // Call-site states of handler bundles one uid's sessions hold at once.
+  int max_states_per_uid = 65536;
   int max_grpc_calls_per_uid = 32;
   // gRPC: concurrent streams on one connection, and the threads serving
   // all calls (grpc::ResourceQuota; a call beyond them is refused with

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/executor/session.h"
+#include "daemon/executor/state_table.h"
 
 namespace kreg {
 
@@ -32,14 +33,27 @@ absl::Status CpuExecutor::RingLaunch(uint64_t tag,
 
 absl::Status CpuExecutor::Run(uint64_t request_id,
                               const DecodedLaunch& decoded) {
-  absl::StatusOr<ResolvedHandler> handler =
-      ctx_.handlers->Lookup(decoded.key, decoded.generation);
-  if (!handler.ok()) return handler.status();
-  ctx_.backend->BeginLaunch(request_id, decoded.key, handler->token);
   CallOptions options;
   options.frame_cache = &frames_;
+  ResolvedHandler run;
+  if (decoded.state != 0) {
+    // A call site with a state runs the bundle that made it
+    // (docs/replace.md, "States across a replacement").
+    absl::StatusOr<StateTable::Entry> held =
+        ctx_.states->Get(decoded.state, ctx_.peer.pid, decoded.key);
+    if (!held.ok()) return held.status();
+    options.state = held->state;
+    run.handler = held->owner.stages[kExecute];
+    run.token = held->owner.token;
+  } else {
+    absl::StatusOr<ResolvedHandler> handler =
+        ctx_.handlers->Lookup(decoded.key, decoded.generation);
+    if (!handler.ok()) return handler.status();
+    run = *handler;
+  }
+  ctx_.backend->BeginLaunch(request_id, decoded.key, run.token);
   absl::Status status =
-      ctx_.backend->ExecuteWith(handler->handler, decoded.frame, options);
+      ctx_.backend->ExecuteWith(run.handler, decoded.frame, options);
   ctx_.backend->EndLaunch(status.ok());
   return status;
 }

@@ -11,6 +11,7 @@
 #include "daemon/executor/cuda/cuda_devices.h"
 #include "daemon/executor/cuda/cuda_session.h"
 #include "daemon/executor/session.h"
+#include "daemon/executor/state_table.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
@@ -314,8 +315,19 @@ absl::Status CudaExecutor::Run(uint64_t request_id, CudaSession* cuda,
   absl::StatusOr<DecodedLaunch*> decoded = decode(&resolve);
   if (!decoded.ok()) return decoded.status();
   out->mapping_missing = false;
-  absl::StatusOr<ResolvedHandler> handler =
-      ctx_.handlers->Lookup((*decoded)->key, (*decoded)->generation);
+  absl::StatusOr<ResolvedHandler> handler;
+  HostedState state;
+  if ((*decoded)->state != 0) {
+    // A call site with a state runs the bundle that made it
+    // (docs/replace.md, "States across a replacement").
+    absl::StatusOr<StateTable::Entry> held =
+        ctx_.states->Get((*decoded)->state, ctx_.peer.pid, (*decoded)->key);
+    if (!held.ok()) return held.status();
+    state = held->state;
+    handler = ResolvedHandler{held->owner.stages[kExecute], held->owner.token};
+  } else {
+    handler = ctx_.handlers->Lookup((*decoded)->key, (*decoded)->generation);
+  }
   if (!handler.ok()) return handler.status();
   DecodedLaunch& launch = **decoded;
   launch.frame.device_ordinal = ordinal;
@@ -324,6 +336,7 @@ absl::Status CudaExecutor::Run(uint64_t request_id, CudaSession* cuda,
       [&](const CallOptions& options) {
         CallOptions cached = options;
         cached.frame_cache = &frames_;
+        cached.state = state;
         ctx_.backend->BeginLaunch(request_id, launch.key, handler->token);
         absl::Status s =
             ctx_.backend->ExecuteWith(handler->handler, launch.frame, cached);

@@ -673,8 +673,10 @@ int Main() {
   RepointTable repoints;
   // A CudaDevices that could not open a device still goes to the sessions:
   // a CUDA launch's refusal then says why (e.g. out of memory).
+  // Destroyed after every session ended (ExecutorLoop::Serve returned).
+  StateTable states(init.max_states_per_session());
   ExecutorShared shared{&modules, &host,  cuda.get(), &*page,
-                        &recycle, &drain, &repoints};
+                        &recycle, &drain, &repoints,  &states};
   std::atomic<bool> stop_gpu_watch{false};
   std::thread gpu_watch;
   if (cuda && cuda->status().ok()) {

@@ -151,8 +151,9 @@ absl::StatusOr<v1::BindLocalReply> ExecutorBackend::BindLocal(
   return reply;
 }
 
-absl::StatusOr<ResolvedHandler> ExecutorBackend::Lookup(const TargetKey& key,
-                                                        uint32_t generation) {
+absl::StatusOr<ResolvedBundle> ExecutorBackend::Resolve(const TargetKey& key,
+                                                        uint32_t generation,
+                                                        bool* content) {
   v1::BrokerRequest req;
   req.mutable_resolve()->set_target_name(key.name);
   req.mutable_resolve()->set_platform(PlatformName(key.platform));
@@ -162,16 +163,44 @@ absl::StatusOr<ResolvedHandler> ExecutorBackend::Lookup(const TargetKey& key,
   if (!r.ok()) return r.status();
   if (absl::Status s = StatusOf(r->status()); !s.ok()) return s;
   const v1::ResolveReply& rr = r->resolve();
-  absl::StatusOr<void*> handler = shared_.modules->Handler(
-      rr.module_digest(), std::move(fd), rr.func_name());
-  if (!handler.ok()) {
-    return absl::Status(handler.status().code(),
-                        absl::StrCat("target \"", key.name,
-                                     "\": ", handler.status().message()));
+  absl::StatusOr<std::array<void*, kNumHandlerStages>> bundle =
+      shared_.modules->Bundle(rr.module_digest(), std::move(fd),
+                              rr.func_name());
+  if (!bundle.ok()) {
+    return absl::Status(
+        bundle.status().code(),
+        absl::StrCat("target \"", key.name, "\": ", bundle.status().message()));
   }
+  *content = rr.holds_content();
   absl::MutexLock lock(&resolved_mu_);
-  resolved_.emplace_back(key, rr.token());
-  return ResolvedHandler{*handler, rr.token(), rr.holds_content()};
+  const Resolution resolution(key, rr.token());
+  if (std::find(resolved_.begin(), resolved_.end(), resolution) ==
+      resolved_.end()) {
+    resolved_.push_back(resolution);
+  }
+  return ResolvedBundle{*bundle, rr.token()};
+}
+
+absl::StatusOr<ResolvedHandler> ExecutorBackend::Lookup(const TargetKey& key,
+                                                        uint32_t generation) {
+  bool content = false;
+  absl::StatusOr<ResolvedBundle> b = Resolve(key, generation, &content);
+  if (!b.ok()) return b.status();
+  return ResolvedHandler{b->stages[kExecute], b->token, content};
+}
+
+absl::StatusOr<ResolvedBundle> ExecutorBackend::LookupBundle(
+    const TargetKey& key, uint32_t generation) {
+  bool content = false;
+  return Resolve(key, generation, &content);
+}
+
+absl::Status ExecutorBackend::ChargeState(int delta) {
+  v1::BrokerRequest req;
+  req.mutable_state_charge()->set_delta(delta);
+  absl::StatusOr<v1::BrokerReply> r = Call(req, nullptr);
+  if (!r.ok()) return r.status();
+  return StatusOf(r->status());
 }
 
 absl::Status ExecutorBackend::Execute(void* handler, const LaunchFrame& frame) {

@@ -38,6 +38,8 @@ struct ExecutorShared {
   std::atomic<bool>* drain = nullptr;
   // The targets kregd re-pointed in this executor (docs/replace.md).
   RepointTable* repoints = nullptr;
+  // The call-site states of every session (handler bundles).
+  StateTable* states = nullptr;
 };
 
 // Leaves `text` (cut to fit) as the status page's note, the executor's last
@@ -67,6 +69,12 @@ class ExecutorBackend final : public SessionBackend {
                                                UniqueFd* module) override;
   absl::StatusOr<ResolvedHandler> Lookup(const TargetKey& key,
                                          uint32_t generation) override;
+  absl::StatusOr<ResolvedBundle> LookupBundle(const TargetKey& key,
+                                              uint32_t generation) override;
+  StateTable* States() override { return shared_.states; }
+  // Relays to kregd (BrokerRequest.state_charge).
+  absl::Status ChargeState(int delta) override;
+  std::atomic<uint64_t>* StateGauge() override { return &slot_->states; }
   absl::Status Execute(void* handler, const LaunchFrame& frame) override;
   absl::Status ExecuteWith(void* handler, const LaunchFrame& frame,
                            const CallOptions& options) override;
@@ -95,6 +103,10 @@ class ExecutorBackend final : public SessionBackend {
   // kMaxBrokerRequestBytes.
   absl::StatusOr<v1::BrokerReply> Call(const v1::BrokerRequest& request,
                                        UniqueFd* fd_out);
+  // Asks kregd for `key`'s current (or pinned) generation and loads its
+  // bundle; records the resolution.
+  absl::StatusOr<ResolvedBundle> Resolve(const TargetKey& key,
+                                         uint32_t generation, bool* content);
 
   // Held across a whole relay: only re-adoption contends for it.
   mutable absl::Mutex broker_mu_;

@@ -7,6 +7,7 @@
 #ifndef KREGD_DAEMON_EXECUTOR_LAUNCH_EXECUTOR_H_
 #define KREGD_DAEMON_EXECUTOR_LAUNCH_EXECUTOR_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/handler_spec.h"
 #include "common/unique_fd.h"
 #include "common/wire.h"
 #include "daemon/base/types.h"
@@ -27,6 +29,7 @@ class CudaDevices;
 class RepointTable;
 class SessionBackend;
 class ShmArena;
+class StateTable;
 
 // A target's handler and the statistics row its calls count in: kregd's
 // token for the target's generation in this executor (0: none).
@@ -36,6 +39,14 @@ struct ResolvedHandler {
   // The client's process registered the target (ResolveReply.holds_content,
   // DESIGN §14 rule 1): a re-point moves it only when it lists the session.
   bool content = false;
+};
+
+// A target's whole handler bundle (docs/kernel-author-guide.md, "Handler
+// bundles and state"), by stage (null where the bundle has none), and its
+// generation's stats token.
+struct ResolvedBundle {
+  std::array<void*, kNumHandlerStages> stages{};
+  uint32_t token = 0;
 };
 
 // The handlers a session has resolved (a retired name cannot be retired
@@ -75,6 +86,8 @@ struct SessionContext {
   wire::ByteBudget* budget = nullptr;
   // The executor process's CUDA devices (null: started without CUDA).
   CudaDevices* cuda = nullptr;
+  // The session's call-site states (handler bundles).
+  StateTable* states = nullptr;
 };
 
 // Runs one platform's launches of one session. Called with the session's

@@ -26,6 +26,7 @@ constexpr size_t kMaxAttrNameBytes = 256;
 struct DecodedLaunch {
   TargetKey key;
   uint32_t generation = 0;  // pinned (docs/replace.md §7); 0: the current
+  uint64_t state = 0;       // the call site's state handle; 0: none
   LaunchFrame frame;
 };
 

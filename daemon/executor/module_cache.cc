@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/executor/ffi/ffi_host.h"
 
 namespace kreg {
 
@@ -47,32 +48,78 @@ absl::StatusOr<void*> ModuleCache::Load(const std::string& digest,
   return handle;
 }
 
+absl::StatusOr<void*> ModuleCache::ModuleOf(const std::string& digest,
+                                            const UniqueFd& module_fd) {
+  if (auto it = modules_.find(digest); it != modules_.end()) {
+    return it->second.handle;
+  }
+  if (!module_fd.ok()) {
+    return absl::InternalError(
+        absl::StrCat("kregd sent no descriptor for module ", digest));
+  }
+  return Load(digest, module_fd.get());
+}
+
+absl::StatusOr<void*> ModuleCache::Symbol(void* handle,
+                                          const std::string& digest,
+                                          const std::string& name) {
+  ::dlerror();
+  void* sym = ::dlsym(handle, name.c_str());
+  if (sym == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("symbol \"", name, "\" is not in module ", digest));
+  }
+  return sym;
+}
+
 absl::StatusOr<void*> ModuleCache::Handler(const std::string& digest,
                                            UniqueFd module_fd,
                                            const std::string& func_name) {
+  absl::StatusOr<std::array<void*, kNumHandlerStages>> bundle =
+      Bundle(digest, std::move(module_fd), func_name);
+  if (!bundle.ok()) return bundle.status();
+  return (*bundle)[kExecute];
+}
+
+absl::StatusOr<std::array<void*, kNumHandlerStages>> ModuleCache::Bundle(
+    const std::string& digest, UniqueFd module_fd,
+    const std::string& func_name) {
+  HandlerSpec spec;
+  std::string error;
+  if (!ParseHandlerSpec(func_name, &spec, &error)) {
+    return absl::InvalidArgumentError(error);
+  }
   absl::MutexLock lock(&mu_);
   auto key = std::make_pair(digest, func_name);
-  if (auto it = handlers_.find(key); it != handlers_.end()) return it->second;
-  void* handle = nullptr;
-  if (auto it = modules_.find(digest); it != modules_.end()) {
-    handle = it->second.handle;
-  } else {
-    if (!module_fd.ok()) {
-      return absl::InternalError(
-          absl::StrCat("kregd sent no descriptor for module ", digest));
-    }
-    absl::StatusOr<void*> loaded = Load(digest, module_fd.get());
-    if (!loaded.ok()) return loaded.status();
-    handle = *loaded;
+  if (auto it = bundles_.find(key); it != bundles_.end()) return it->second;
+  absl::StatusOr<void*> handle = ModuleOf(digest, module_fd);
+  if (!handle.ok()) return handle.status();
+  if (!spec.state_type.empty()) {
+    absl::StatusOr<void*> id =
+        Symbol(*handle, digest, spec.state_type.id_symbol);
+    if (!id.ok()) return id.status();
+    absl::StatusOr<void*> info =
+        Symbol(*handle, digest, spec.state_type.info_symbol);
+    if (!info.ok()) return info.status();
+    XLA_FFI_Type_Register_Args args{};
+    args.struct_size = XLA_FFI_Type_Register_Args_STRUCT_SIZE;
+    args.name = XLA_FFI_ByteSpan{spec.state_type.name.data(),
+                                 spec.state_type.name.size()};
+    args.type_id = static_cast<XLA_FFI_TypeId*>(*id);
+    args.type_info = static_cast<const XLA_FFI_TypeInfo*>(*info);
+    absl::Status st = FfiHost::ErrorToStatus(
+        HostedApi(), HostedApi()->XLA_FFI_Type_Register(&args));
+    if (!st.ok()) return st;
   }
-  ::dlerror();
-  void* sym = ::dlsym(handle, func_name.c_str());
-  if (sym == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("symbol \"", func_name, "\" is not in module ", digest));
+  std::array<void*, kNumHandlerStages> out{};
+  for (int i = 0; i < kNumHandlerStages; ++i) {
+    if (spec.stages[i].empty()) continue;
+    absl::StatusOr<void*> sym = Symbol(*handle, digest, spec.stages[i]);
+    if (!sym.ok()) return sym.status();
+    out[i] = *sym;
   }
-  handlers_[key] = sym;
-  return sym;
+  bundles_[key] = out;
+  return out;
 }
 
 size_t ModuleCache::size() const {

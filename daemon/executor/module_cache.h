@@ -3,12 +3,14 @@
 #ifndef KREGD_DAEMON_EXECUTOR_MODULE_CACHE_H_
 #define KREGD_DAEMON_EXECUTOR_MODULE_CACHE_H_
 
+#include <array>
 #include <map>
 #include <string>
 #include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/handler_spec.h"
 #include "common/unique_fd.h"
 
 namespace kreg {
@@ -30,6 +32,15 @@ class ModuleCache {
   absl::StatusOr<void*> Handler(const std::string& digest, UniqueFd module_fd,
                                 const std::string& func_name);
 
+  // Every stage's handler of the bundle `func_name` names
+  // (common/handler_spec.h; a plain symbol: execute only), after
+  // registering its state type with the executor's FfiHost
+  // (XLA_FFI_Type_Register, as jax.ffi.register_ffi_type does in-process).
+  // Errors as Handler's; the type's registration error verbatim.
+  absl::StatusOr<std::array<void*, kNumHandlerStages>> Bundle(
+      const std::string& digest, UniqueFd module_fd,
+      const std::string& func_name);
+
   size_t size() const;
 
  private:
@@ -38,11 +49,18 @@ class ModuleCache {
     void* handle = nullptr;
   };
   absl::StatusOr<void*> Load(const std::string& digest, int module_fd);
+  // The module `digest` (loaded from `module_fd` the first time).
+  absl::StatusOr<void*> ModuleOf(const std::string& digest,
+                                 const UniqueFd& module_fd)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<void*> Symbol(void* handle, const std::string& digest,
+                               const std::string& name);
 
   mutable absl::Mutex mu_;
   std::map<std::string, Module> modules_ ABSL_GUARDED_BY(mu_);
-  std::map<std::pair<std::string, std::string>, void*> handlers_
-      ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, std::string>,
+           std::array<void*, kNumHandlerStages>>
+      bundles_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kreg

@@ -253,6 +253,7 @@ absl::Status RingDecoder::CheckHeader(const char* data, size_t size,
   out->doorbell_seq = h.doorbell_seq;
   out->flags = h.flags;
   out->generation = h.generation;
+  out->state = h.state;
   *pos = in.pos();
   return absl::OkStatus();
 }
@@ -296,6 +297,7 @@ absl::StatusOr<DecodedLaunch*> RingDecoder::Decode(
     launch_.key = TargetKey{std::string(head.target), platform};
   }
   launch_.generation = head.generation;
+  launch_.state = head.state;
   launch_.frame.platform = platform;
   if (size_t pad = (8 - in.pos() % 8) % 8; in.Take(pad) == nullptr) {
     return Truncated("padding", pad, in.left());

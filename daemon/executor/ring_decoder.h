@@ -30,6 +30,7 @@ struct RingLaunchHeader {
   uint64_t doorbell_seq = 0;
   uint32_t flags = 0;       // ring::kSubmit* bits
   uint32_t generation = 0;  // pinned (docs/replace.md §7); 0: the current
+  uint64_t state = 0;       // the call site's state handle; 0: none
 };
 
 // Decodes descriptors of one session. Keeps the last decoded launch (its

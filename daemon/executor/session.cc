@@ -41,11 +41,20 @@ Session::Session(uint64_t id, UniqueFd sock, const PeerCred& peer,
       counters_(counters),
       arena_(limits.max_arena_bytes),
       handlers_(backend, id),
+      own_states_(
+          backend->States() != nullptr
+              ? nullptr
+              : std::make_unique<StateTable>(limits.max_states_per_session)),
+      states_(backend->States() != nullptr ? backend->States()
+                                           : own_states_.get()),
       executors_(MakeLaunchExecutors({id, peer, backend, &arena_, &handlers_,
-                                      limits.receive_budget, cuda})),
+                                      limits.receive_budget, cuda, states_})),
       ring_decoder_(limits.receive_budget) {}
 
-Session::~Session() { StopRing(); }
+Session::~Session() {
+  StopRing();
+  states_->ReleaseSession(id_);
+}
 
 void Session::Shutdown() { ::shutdown(sock_.get(), SHUT_RDWR); }
 
@@ -262,6 +271,14 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
         status = DoRingSetup(request.ring_setup(), std::move(fds));
         if (status.ok()) resp.mutable_ring_setup();
         break;
+      case v1::SessionRequest::kInstantiate:
+        status =
+            DoInstantiate(request.instantiate(), resp.mutable_instantiate());
+        break;
+      case v1::SessionRequest::kReleaseState:
+        status = states_->Release(request.release_state().state(), peer_.pid);
+        if (status.ok()) resp.mutable_release_state();
+        break;
       default: {
         // A platform's own requests (CudaShare, CudaDoorbellSetup).
         bool handled = false;
@@ -349,6 +366,66 @@ absl::Status Session::DoLaunch(const v1::Launch& launch,
     counters_->launch_errors.fetch_add(1, std::memory_order_relaxed);
   }
   return status;
+}
+
+absl::Status Session::DoInstantiate(const v1::Instantiate& request,
+                                    v1::InstantiateReply* reply) {
+  const std::string& descriptor = request.descriptor();
+  uint64_t tag = 0;
+  // A descriptor without buffers: the CUDA resolver is never asked.
+  const CudaBufferResolver no_buffers =
+      [](const CudaRefView&, uint64_t, uint64_t,
+         const std::string&) -> absl::StatusOr<void*> {
+    return absl::InvalidArgumentError("an Instantiate carries no buffers");
+  };
+  absl::StatusOr<DecodedLaunch*> decoded =
+      ring_decoder_.Decode(descriptor.data(), descriptor.size(), std::nullopt,
+                           arena_, &tag, &no_buffers);
+  if (!decoded.ok()) return decoded.status();
+  const DecodedLaunch& d = **decoded;
+  if (!d.frame.args.empty() || !d.frame.rets.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the Instantiate of \"", d.key.name, "\" carries ", d.frame.args.size(),
+        " argument(s) and ", d.frame.rets.size(),
+        " result(s); the instantiate stage takes attributes only"));
+  }
+  if (absl::Status room = states_->CheckRoom(id_); !room.ok()) return room;
+  absl::StatusOr<ResolvedBundle> bundle =
+      backend_->LookupBundle(d.key, d.generation);
+  if (!bundle.ok()) return bundle.status();
+  void* instantiate = bundle->stages[kInstantiate];
+  if (instantiate != nullptr) {
+    if (absl::Status charged = backend_->ChargeState(1); !charged.ok()) {
+      return charged;
+    }
+  } else {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "target \"", d.key.name, "\" (", PlatformName(d.key.platform),
+        ") has no instantiate stage; register it as a handler bundle with "
+        "one (docs/kernel-author-guide.md, \"Handler bundles and state\")"));
+  }
+  HostedState made;
+  CallOptions options;
+  options.stage = XLA_FFI_ExecutionStage_INSTANTIATE;
+  options.state_out = &made;
+  backend_->BeginLaunch(request_id_, d.key, bundle->token);
+  absl::Status status = backend_->ExecuteWith(instantiate, d.frame, options);
+  backend_->EndLaunch(status.ok());
+  if (!status.ok()) {
+    DestroyState(made);
+    backend_->ChargeState(-1);
+    return status;
+  }
+  SessionBackend* backend = backend_;
+  absl::StatusOr<uint64_t> handle = states_->Add(
+      id_, peer_.pid, made, StateOwner{d.key, bundle->stages, bundle->token},
+      backend_->StateGauge(), [backend] { backend->ChargeState(-1); });
+  if (!handle.ok()) {
+    backend_->ChargeState(-1);
+    return handle.status();
+  }
+  reply->set_state(*handle);
+  return absl::OkStatus();
 }
 
 }  // namespace kreg

@@ -25,6 +25,7 @@
 #include "daemon/executor/launch_executor.h"
 #include "daemon/executor/ring_decoder.h"
 #include "daemon/executor/shm_arena.h"
+#include "daemon/executor/state_table.h"
 #include "kreg/v1/session.pb.h"
 
 namespace kreg {
@@ -52,6 +53,25 @@ class SessionBackend {
   // generation's, docs/replace.md §7), or NOT_FOUND naming it.
   virtual absl::StatusOr<ResolvedHandler> Lookup(const TargetKey& key,
                                                  uint32_t generation) = 0;
+  // The whole handler bundle registered as `key` now (with `generation` >
+  // 0: that pinned generation's), asking kregd every time: a bundle's
+  // instantiate stage runs the current generation (docs/replace.md,
+  // "States across a replacement"). NOT_FOUND naming it.
+  virtual absl::StatusOr<ResolvedBundle> LookupBundle(const TargetKey& /*key*/,
+                                                      uint32_t /*generation*/) {
+    return absl::UnimplementedError(
+        "this session backend does not host handler bundles");
+  }
+  // The call-site states of the process's sessions (null: the session
+  // keeps its own, bounded by SessionLimits::max_states_per_session), and
+  // where a session's count of them is published (null: nowhere). Both
+  // must outlive the session.
+  virtual StateTable* States() { return nullptr; }
+  // Charges one more call-site state to the client's uid (`delta` +1,
+  // before the instantiate stage runs: RESOURCE_EXHAUSTED naming
+  // max_states_per_uid) or gives one back (-1).
+  virtual absl::Status ChargeState(int /*delta*/) { return absl::OkStatus(); }
+  virtual std::atomic<uint64_t>* StateGauge() { return nullptr; }
   // Runs `handler` on `frame`; the handler's error verbatim.
   virtual absl::Status Execute(void* handler, const LaunchFrame& frame) = 0;
   // The same with platform resources (CUDA: the session stream and the
@@ -88,6 +108,8 @@ struct SessionLimits {
   uint64_t max_message_bytes = 64ull << 20;
   // Largest module a registration may upload.
   uint64_t max_module_bytes = 512ull << 20;
+  // Call-site states (handler bundles) one session may hold; 0: unbounded.
+  uint64_t max_states_per_session = 4096;
   // After a reply, busy-poll this long for the next request before blocking
   // (saves the wake-up latency of back-to-back calls; costs CPU).
   int64_t spin_us = 0;
@@ -156,6 +178,11 @@ class Session final : public ServedSession {
                            v1::ArenaGrowReply* r);
   absl::Status DoLaunch(const v1::Launch& launch, std::vector<UniqueFd> fds,
                         v1::LaunchReply* reply);
+  // A handler bundle's instantiate stage for one call site (session.proto
+  // Instantiate): the state it made is kept in states_ under the returned
+  // handle; the limit is checked before the handler runs.
+  absl::Status DoInstantiate(const v1::Instantiate& request,
+                             v1::InstantiateReply* reply);
   // Maps the ring region (the one fd) and starts the ring thread.
   absl::Status DoRingSetup(const v1::RingSetup& setup,
                            std::vector<UniqueFd> fds);
@@ -187,6 +214,8 @@ class Session final : public ServedSession {
   UniqueFd reply_fd_;        // attached to the response being built
   ShmArena arena_;
   HandlerTable handlers_;
+  std::unique_ptr<StateTable> own_states_;  // when the backend has none
+  StateTable* const states_;
   // One per platform, at its Platform's index (MakeLaunchExecutors).
   std::vector<std::unique_ptr<LaunchExecutor>> executors_;
   // Held while a request or a ring launch is handled.

@@ -180,9 +180,11 @@ void WriteSessionFamilies(uint64_t open, const std::vector<BoundSession>& bound,
   w->Sample("kregd_sessions", {}, open);
   std::map<uid_t, uint64_t> per_uid;
   uint64_t arena_bytes = 0;
+  uint64_t states = 0;
   for (const BoundSession& s : bound) {
     per_uid[s.peer.uid]++;
     arena_bytes = SaturatingAdd(arena_bytes, s.arena_bytes);
+    states = SaturatingAdd(states, s.states);
   }
   w->Family("kregd_local_binds_total", "counter",
             "targets bound for local execution, once per target and session "
@@ -199,6 +201,10 @@ void WriteSessionFamilies(uint64_t open, const std::vector<BoundSession>& bound,
   w->Family("kregd_shared_arena_bytes", "gauge",
             "bytes of the shared-memory arenas of the open sessions");
   w->Sample("kregd_shared_arena_bytes", {}, arena_bytes);
+  w->Family("kregd_handler_states", "gauge",
+            "call-site states (handler bundles' instantiate stage) the "
+            "executors hold for the open sessions");
+  w->Sample("kregd_handler_states", {}, states);
 }
 
 // The executor pool's counters; `executors` are the running ones.
@@ -344,6 +350,7 @@ void Daemon::ListSessions(v1::ListSessionsResponse* resp) {
     s->set_executor_pid(b.executor_pid);
     s->set_executor(b.executor);
     s->set_arena_bytes(b.arena_bytes);
+    s->set_states(b.states);
     auto it = bound.find(b.session_id);
     if (it == bound.end()) continue;
     for (const SessionBindings::Bound& held : it->second) {

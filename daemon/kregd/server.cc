@@ -126,6 +126,7 @@ UidLimits UidLimitsOf(const Config& c) {
   set(UidResource::kHeavyWork, c.max_heavy_work_per_uid);
   set(UidResource::kPendingConnections, c.max_pending_connections_per_uid);
   set(UidResource::kWatchConnections, c.max_watch_connections_per_uid);
+  set(UidResource::kStates, c.max_states_per_uid);
   return l;
 }
 
@@ -499,6 +500,7 @@ absl::StatusOr<PoolOptions> PoolOptionsOf(const Config& c) {
   pool.idle_ms = c.executor_idle_s * 1000;
   pool.slots = static_cast<uint32_t>(std::max(1, c.max_sessions));
   pool.init.set_max_arena_bytes(c.max_arena_bytes);
+  pool.init.set_max_states_per_session(c.max_states_per_session);
   pool.init.set_max_message_bytes(64ull << 20);
   pool.init.set_max_buffered_bytes(c.max_buffered_bytes);
   pool.init.set_max_module_bytes(c.max_module_bytes);

@@ -89,8 +89,10 @@ absl::StatusOr<HandlerInfo> ProbeHandler(const std::string& probe_binary,
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  std::string what =
-      absl::StrCat("symbol \"", symbol, "\" in module ", display_name);
+  // `symbol` is a function or a handler bundle (common/handler_spec.h).
+  const bool bundle = symbol.find('=') != std::string::npos;
+  std::string what = absl::StrCat(bundle ? "handler bundle \"" : "symbol \"",
+                                  symbol, "\" in module ", display_name);
   if (timed_out) {
     return absl::InvalidArgumentError(absl::StrCat(
         "loading ", what, " did not finish within ", timeout_s,
@@ -129,9 +131,14 @@ absl::StatusOr<HandlerInfo> ProbeHandler(const std::string& probe_binary,
       auto out = absl::StatusCode::kInvalidArgument;
       std::string hint;
       if (absl::StrContains(parts.second, "Types used by FFI handlers")) {
-        hint =
-            " (a stateful handler: kregd hosts execute-stage handlers "
-            "without per-instance state)";
+        hint = bundle
+                   ? " (name the state type the instantiate stage creates: "
+                     "state_type=NAME/TYPE_ID_SYMBOL/TYPE_INFO_SYMBOL, "
+                     "kregctl register --state-type)"
+                   : " (an instantiate-stage handler: register it as the "
+                     "instantiate stage of a handler bundle with its state "
+                     "type, e.g. kregctl register --function instantiate=SYM "
+                     "--function execute=SYM --state-type NAME/ID/INFO)";
       }
       return absl::Status(out, absl::StrCat(what, ": ", parts.second, hint));
     }
@@ -142,7 +149,8 @@ absl::StatusOr<HandlerInfo> ProbeHandler(const std::string& probe_binary,
                    " and an unreadable report: \"", line.substr(0, 200), "\""));
 }
 
-absl::Status CheckHostable(const HandlerInfo& info, const std::string& symbol) {
+absl::Status CheckHostable(const HandlerInfo& info, const std::string& symbol,
+                           bool has_instantiate) {
   if (info.api_major != static_cast<uint32_t>(kHostedApiMajor) ||
       info.api_minor > static_cast<uint32_t>(kHostedApiMinor)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -152,14 +160,15 @@ absl::Status CheckHostable(const HandlerInfo& info, const std::string& symbol) {
         " that kregd hosts; rebuild it against jaxlib 0.11.2's FFI headers "
         "or upgrade kregd"));
   }
-  if (info.state_type_id != 0) {
+  if (info.state_type_id != 0 && !has_instantiate) {
     return absl::InvalidArgumentError(absl::StrCat(
         "handler \"", symbol,
         "\" keeps per-instance state (an instantiate-stage handler with state "
         "type id ",
         info.state_type_id,
-        "); kregd runs execute-stage handlers only and does not host state "
-        "yet"));
+        "); register it as the instantiate stage of a handler bundle "
+        "(instantiate=",
+        symbol, ";execute=SYMBOL)"));
   }
   return absl::OkStatus();
 }
@@ -211,7 +220,8 @@ absl::StatusOr<HandlerInfo> ModuleLoader::Probe(const StagedModule& staged,
   absl::StatusOr<HandlerInfo> info = ProbeHandler(
       probe_binary_, staged.path, staged.digest, func_name, probe_timeout_s_);
   if (!info.ok()) return info.status();
-  absl::Status hostable = CheckHostable(*info, func_name);
+  absl::Status hostable = CheckHostable(
+      *info, func_name, absl::StrContains(func_name, "instantiate="));
   if (!hostable.ok()) return hostable;
   return info;
 }

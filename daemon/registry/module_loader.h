@@ -9,9 +9,9 @@
 
 namespace kreg {
 
-// Runs `probe_binary <module path> <symbol>` (posix_spawn, no fork of the
-// daemon) and parses its report. INVALID_ARGUMENT when the helper reports
-// that the symbol is missing (listing the module's exported functions,
+// Runs `probe_binary <module path> <symbol or handler bundle>` (posix_spawn, no
+// fork of the daemon) and parses its report. INVALID_ARGUMENT when the helper
+// reports that the symbol is missing (listing the module's exported functions,
 // closest first) or is not a handler, or when it crashes or has not reported
 // within `timeout_s` (it is killed then); messages name the module
 // (`display_name`) and the symbol.
@@ -22,9 +22,11 @@ absl::StatusOr<HandlerInfo> ProbeHandler(const std::string& probe_binary,
                                          double timeout_s);
 
 // Checks a probed handler against what kregd can host: FFI API version
-// (same major as kHostedApiMajor, minor not newer), no per-instance state.
+// (same major as kHostedApiMajor, minor not newer), and per-instance state
+// only from a bundle's instantiate stage (`has_instantiate`).
 // INVALID_ARGUMENT naming both versions, or the state, otherwise.
-absl::Status CheckHostable(const HandlerInfo& info, const std::string& symbol);
+absl::Status CheckHostable(const HandlerInfo& info, const std::string& symbol,
+                           bool has_instantiate = false);
 
 // Borrowed store must outlive the loader. Thread-safe.
 class ModuleLoader : public HandlerLoader {

@@ -339,8 +339,9 @@ absl::StatusOr<RegisterArgs> Registrar::Parse(RegistrationRequest& request,
   if (!st.ok()) return st;
   absl::StatusOr<Platform> platform = ParsePlatform(request.platform);
   if (!platform.ok()) return platform.status();
-  st = ValidateFuncName(request.func_name);
-  if (!st.ok()) return st;
+  absl::StatusOr<std::string> func_name = CanonicalFuncName(request.func_name);
+  if (!func_name.ok()) return func_name.status();
+  request.func_name = *std::move(func_name);
   st = request.compiled ? ValidateContentId(request.content_id)
                         : ValidateClientContentId(request.content_id);
   if (!st.ok()) return st;

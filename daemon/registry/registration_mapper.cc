@@ -3,18 +3,62 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/handler_spec.h"
 #include "daemon/base/validate.h"
 #include "daemon/registry/runnable.h"
 #include "daemon/registry/target_proto.h"
 
 namespace kreg {
 
+absl::StatusOr<std::string> FuncNameOf(const v1::RegisterTargetHeader& header) {
+  if (header.stages().empty() && !header.has_state_type()) {
+    return header.func_name();
+  }
+  HandlerSpec spec;
+  for (const v1::StageFunction& f : header.stages()) {
+    const int stage = HandlerStageOf(f.stage());
+    if (stage < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown stage ", QuoteForMessage(f.stage()), " (for symbol ",
+          QuoteForMessage(f.symbol()),
+          "); the stages are instantiate, prepare, initialize and execute "
+          "(XLA FFI's record stage is not supported)"));
+    }
+    if (!spec.stages[stage].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stage ", f.stage(), " is given twice (",
+          QuoteForMessage(spec.stages[stage]), " and ",
+          QuoteForMessage(f.symbol()), "); name one function per stage"));
+    }
+    spec.stages[stage] = f.symbol();
+  }
+  if (header.has_state_type()) {
+    spec.state_type = {header.state_type().name(),
+                       header.state_type().type_id_symbol(),
+                       header.state_type().type_info_symbol()};
+  }
+  if (!header.func_name().empty() &&
+      header.func_name() != spec.stages[kExecute]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("func_name ", QuoteForMessage(header.func_name()),
+                     " differs from the bundle's execute function ",
+                     QuoteForMessage(spec.stages[kExecute]),
+                     "; leave func_name empty or give the execute function"));
+  }
+  if (std::string bad = spec.Check(); !bad.empty()) {
+    return absl::InvalidArgumentError(bad);
+  }
+  return spec.Format();
+}
+
 absl::StatusOr<RegistrationRequest> ToRegistrationRequest(
     const v1::RegisterTargetHeader& header, std::string upload) {
   const v1::ModuleSource& module = header.module();
   RegistrationRequest request;
   request.target_name = header.target_name();
-  request.func_name = header.func_name();
+  absl::StatusOr<std::string> func_name = FuncNameOf(header);
+  if (!func_name.ok()) return func_name.status();
+  request.func_name = *std::move(func_name);
   request.platform = header.platform();
   request.content_id = header.content_id();
   request.file_name = module.file_name();

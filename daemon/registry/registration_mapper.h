@@ -23,6 +23,12 @@ namespace kreg {
 absl::StatusOr<RegistrationRequest> ToRegistrationRequest(
     const v1::RegisterTargetHeader& header, std::string upload);
 
+// The function `header` names: func_name, or the bundle its `stages` and
+// `state_type` spell (common/handler_spec.h). INVALID_ARGUMENT for an
+// unknown or repeated stage, a missing execute stage, a func_name that is
+// not the execute function, or a bad symbol, naming the stage and symbol.
+absl::StatusOr<std::string> FuncNameOf(const v1::RegisterTargetHeader& header);
+
 // `entry` as a Target with Target.not_runnable (runnable.h) from `cuda`,
 // the status of this host's CUDA launches: what both front ends answer
 // for a registration, a listing and a local bind.

@@ -2,15 +2,34 @@
 
 #include <algorithm>
 
+#include "common/handler_spec.h"
 #include "daemon/base/validate.h"
 
 namespace kreg {
+
+void DescribeStages(const std::string& func_name, v1::Target* t) {
+  HandlerSpec spec;
+  std::string error;
+  if (!ParseHandlerSpec(func_name, &spec, &error) || !spec.IsBundle()) return;
+  for (int i = 0; i < kNumHandlerStages; ++i) {
+    if (spec.stages[i].empty()) continue;
+    v1::StageFunction* f = t->add_stages();
+    f->set_stage(HandlerStageName(i));
+    f->set_symbol(spec.stages[i]);
+  }
+  if (!spec.state_type.empty()) {
+    t->mutable_state_type()->set_name(spec.state_type.name);
+    t->mutable_state_type()->set_type_id_symbol(spec.state_type.id_symbol);
+    t->mutable_state_type()->set_type_info_symbol(spec.state_type.info_symbol);
+  }
+}
 
 v1::Target ToProto(const TargetEntry& e) {
   v1::Target t;
   t.set_target_name(e.key.name);
   t.set_platform(PlatformName(e.key.platform));
   t.set_func_name(e.func_name);
+  DescribeStages(e.func_name, &t);
   t.set_content_id(e.content_id);
   t.set_module_digest(e.module_digest);
   t.set_module_size(e.module_size);

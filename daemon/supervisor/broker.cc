@@ -754,11 +754,31 @@ v1::BrokerReply SessionBroker::Handle(const v1::BrokerRequest& req,
       }
       break;
     }
+    case v1::BrokerRequest::kStateCharge:
+      status = ChargeState(req.state_charge().delta());
+      break;
     default:
       status = absl::InvalidArgumentError("unknown broker request");
   }
   SetStatus(status, reply.mutable_status());
   return reply;
+}
+
+absl::Status SessionBroker::ChargeState(int32_t delta) {
+  if (delta == -1) {
+    if (!states_.empty()) states_.pop_back();
+    return absl::OkStatus();
+  }
+  if (delta != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a state charge of ", delta, " (only +1 or -1)"));
+  }
+  if (ctx_.account == nullptr) return absl::OkStatus();
+  absl::StatusOr<UidAccount::Charge> c =
+      ctx_.account->Take(peer_.uid, UidResource::kStates, 1);
+  if (!c.ok()) return c.status();
+  states_.push_back(*std::move(c));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<EntryPtr> ResolveGeneration(const Registry& registry,

@@ -162,6 +162,9 @@ class SessionBroker final : public ServedSession {
   // ended (refused, silent, closed).
   bool FirstIsHello(int rc, const std::string& first, bool has_fds,
                     bool* control);
+  // A StateCharge from the executor: +1 takes one of the uid's
+  // max_states_per_uid (RESOURCE_EXHAUSTED naming it), -1 gives one back.
+  absl::Status ChargeState(int32_t delta);
   // Charges the control connection it turned out to be to its uid (it no
   // longer counts as a session); false (refused, the client told) over the
   // uid's limit.
@@ -223,6 +226,9 @@ class SessionBroker final : public ServedSession {
   UniqueFd client_;  // kregd's copy: only written to when the executor died
   const PeerCred peer_;
   const BrokerContext ctx_;
+  // The session's call-site states charged to its uid (broker thread only);
+  // given back when the broker ends.
+  std::vector<UidAccount::Charge> states_;
   // A control connection's charge (max_control_connections_per_uid).
   UidAccount::Charge control_charge_;
   ExecutorPool::Binding binding_;

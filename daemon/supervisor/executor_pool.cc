@@ -257,6 +257,7 @@ absl::StatusOr<ExecutorPool::Binding> ExecutorPool::Bind(uint64_t session_id,
     s->request_id.store(0);
     s->launches.store(0);
     s->arena_bytes.store(0);
+    s->states.store(0);
     b.slot = slot;
     b.group = g;
     break;

@@ -91,6 +91,7 @@ struct BoundSession {
   // As the executor reports them (untrusted; arena clamped to the limit).
   uint64_t launches = 0;
   uint64_t arena_bytes = 0;
+  uint64_t states = 0;  // call-site states (handler bundles) it holds
 };
 
 // Which generation of which registration an entry is (docs/replace.md

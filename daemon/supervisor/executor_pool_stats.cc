@@ -64,6 +64,7 @@ std::vector<BoundSession> ExecutorPool::Sessions() const {
       s.launches = slot->launches.load(std::memory_order_relaxed);
       s.arena_bytes = slot->arena_bytes.load(std::memory_order_relaxed);
       if (max_arena != 0) s.arena_bytes = std::min(s.arena_bytes, max_arena);
+      s.states = slot->states.load(std::memory_order_relaxed);
       out.push_back(s);
     }
   }

@@ -26,7 +26,7 @@
 # under MPS) (KREG_SKIP_BENCH=1 skips the benchmarks). To run part of it (each device command is time
 # limited): KREG_GPU_PASSES picks the pytest passes (space-separated, from
 # "default platform cuda_async events mps two_gpus"; default all) and
-# KREG_BENCHES the benchmarks ("one_gpu two_gpus local"; default all). The C++
+# KREG_BENCHES the benchmarks ("one_gpu two_gpus local state"; default all). The C++
 # [cuda] tests always run (seconds). Exit status: pytest's (kregd failing
 # to start, or the wheel failing to install, is 2).
 set -uo pipefail
@@ -350,7 +350,16 @@ done
 if [[ -n ${KREG_SKIP_BENCH:-} ]]; then
   echo "== benchmarks skipped (KREG_SKIP_BENCH)"
 fi
-benches=" ${KREG_BENCHES:-one_gpu two_gpus local} "
+benches=" ${KREG_BENCHES:-one_gpu two_gpus local state} "
+if [[ -z ${KREG_SKIP_BENCH:-} && $benches == *" state "* ]]; then
+  # A stateful call (handler bundles): in-process vs local vs isolated.
+  for platform in cpu cuda; do
+    echo "== bench/bench_state.py --platform $platform"
+    timeout -s TERM 600 "$py" "$bundle/bench/bench_state.py" \
+      --platform "$platform" --out "$work/bench_state_$platform.json" ||
+      echo "bench_state.py --platform $platform failed ($?)"
+  done
+fi
 if [[ -z ${KREG_SKIP_BENCH:-} && $benches == *" local "* ]]; then
   # In-process vs local vs isolated (design §11): CPU, CUDA, CUDA under MPS.
   for args in "--platform cpu" "--platform cuda" "--platform cuda --mps"; do

@@ -478,7 +478,8 @@ TEST_CASE("Invalid inputs are refused with clear messages", "[integration]") {
   expect(Upload(d, "op", "libnewer_api.so", "NewerApi"),
          absl::StatusCode::kInvalidArgument, "API 0.99, newer than the 0.4");
   expect(Upload(d, "op", "libstateful.so", "Stateful"),
-         absl::StatusCode::kInvalidArgument, "stateful handler");
+         absl::StatusCode::kInvalidArgument,
+         "an instantiate-stage handler: register it as the instantiate stage");
   RegisterRequest big = Upload(d, "op");
   big.module_bytes = std::string(9000000, '\x7f');
   expect(big, absl::StatusCode::kInvalidArgument,

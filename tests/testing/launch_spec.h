@@ -49,6 +49,7 @@ inline std::string EncodeSpec(const LaunchSpec& l, uint32_t seq = 0,
   d.doorbell_seq = l.doorbell_seq();
   d.flags = flags;
   d.generation = l.generation();
+  d.state = l.state();
   std::string out(ring::DescriptorBytes(d), '\0');
   ring::EncodeDescriptor(d, seq, tag, out.data(), out.size());
   return out;

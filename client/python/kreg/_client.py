@@ -9,7 +9,7 @@ import pathlib
 import re
 import threading
 import warnings
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 from kreg import _intercept, _owners, _shim
 from kreg._errors import (CODE_NAMES, DaemonNotRunningError,
@@ -70,6 +70,49 @@ def default_execution() -> str:
   return "isolated"
 
 
+STAGES = ("instantiate", "prepare", "initialize", "execute")
+
+
+def function_spec(func_name: Any, state_type: Any = None) -> str:
+  """The function kregd registers: `func_name` (a symbol: an execute-only
+  target), or a handler bundle {stage: symbol} with its state type
+  (name, type-id symbol, type-info symbol), spelled as kregd stores it
+  (common/handler_spec.h; kregd checks every part)."""
+  if isinstance(func_name, str) and state_type is None:
+    return func_name
+  if isinstance(func_name, str):
+    func_name = {"execute": func_name}
+  if not isinstance(func_name, Mapping):
+    raise TypeError("func_name must be a str (the execute function) or a "
+                    "dict {stage: symbol} of a handler bundle, got "
+                    f"{type(func_name).__name__}")
+  parts = []
+  for stage, symbol in func_name.items():
+    if not isinstance(stage, str) or not isinstance(symbol, str):
+      raise TypeError("a handler bundle maps stage names to symbol names "
+                      f"(str: str), got {stage!r}: {symbol!r}")
+    if any(c in stage + symbol for c in ";=/"):
+      raise InvalidArgumentError(
+          f"stage {stage!r} / symbol {symbol!r}: neither may contain ';', "
+          "'=' or '/'")
+    parts.append(f"{stage}={symbol}")
+  if state_type is not None:
+    if (not isinstance(state_type, (tuple, list)) or len(state_type) != 3 or
+        not all(isinstance(x, str) for x in state_type)):
+      raise TypeError("state_type must be (name, type_id_symbol, "
+                      "type_info_symbol), three str")
+    parts.append("state_type=" + "/".join(state_type))
+  return ";".join(parts)
+
+
+def stages_of(func_name: str) -> tuple[str, ...]:
+  """The stages of a registered function (kregd's spelling)."""
+  if "=" not in func_name:
+    return ("execute",)
+  return tuple(p.split("=", 1)[0] for p in func_name.split(";")
+               if p.split("=", 1)[0] in STAGES)
+
+
 def _require_str(**values: Any) -> None:
   for what, value in values.items():
     if not isinstance(value, str):
@@ -122,6 +165,25 @@ class Target:
   @property
   def runnable(self) -> bool:
     return not self.not_runnable
+
+  @property
+  def stages(self) -> dict[str, str]:
+    """The handler of each execution stage ({"execute": func_name} for an
+    execute-only target; a handler bundle's every stage)."""
+    if "=" not in self.func_name:
+      return {"execute": self.func_name}
+    parts = (p.split("=", 1) for p in self.func_name.split(";"))
+    return {k: v for k, v in parts if k in STAGES}
+
+  @property
+  def state_type(self) -> Optional[tuple[str, str, str]]:
+    """A handler bundle's state type: (name, type-id symbol, type-info
+    symbol), or None."""
+    for part in self.func_name.split(";"):
+      if part.startswith("state_type="):
+        name, tid, info = part[len("state_type="):].split("/")
+        return name, tid, info
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -365,10 +427,12 @@ class Client:
       _warn_not_runnable(target)
     return bool(args.created), target
 
-  def register_ffi_target(self, target_name: str, module: Any, func_name: str,
+  def register_ffi_target(self, target_name: str, module: Any, func_name: Any,
                           *, platform: str = "CUDA", replace: bool = False,
                           content_id: Optional[str] = None,
-                          execution: Optional[str] = None) -> Registration:
+                          execution: Optional[str] = None,
+                          state_type: Optional[Sequence[str]] = None
+                          ) -> Registration:
     """Registers `func_name` of `module` with kregd as (target_name, platform)
     and makes jax.ffi.ffi_call(target_name, ...) run it: forwarded to a kregd
     executor (execution="isolated") or loaded into this process from kregd's
@@ -398,9 +462,16 @@ class Client:
     / $KREG_TRUSTED_OWNERS (root and this uid always trusted). A process
     whose registration matched runs that content: a later replacement by
     another uid does not move it (docs/replace.md, "Who switches").
+
+    A handler bundle (docs/kernel-author-guide.md, "Handler bundles and
+    state"): func_name={"instantiate": "MyInit", "execute": "MyExec"} and
+    state_type=(type name, its XLA_FFI_TypeId symbol, its XLA_FFI_TypeInfo
+    symbol). kregd registers the type before the handlers; the instantiate
+    stage's state lives in kregd's executor (isolated) or in this process
+    (local).
     """
-    _require_str(target_name=target_name, func_name=func_name,
-                 platform=platform)
+    func_name = function_spec(func_name, state_type)
+    _require_str(target_name=target_name, platform=platform)
     mode = _resolve_execution(execution)
     _check_jax()
     if isinstance(module, Module):
@@ -445,7 +516,8 @@ class Client:
     if not created:
       # It matched a target someone else may own: trust it like a bind.
       _owners.check(target, None, registering=True)
-    self._bind_with_jax(target_name, platform, mode)
+    self._bind_with_jax(target_name, platform, mode,
+                        func_name=target.func_name)
     return Registration(created, target)
 
   def compile_ffi_target(self, target_name: str, sources: Any,
@@ -485,14 +557,18 @@ class Client:
       _warn_not_runnable(target)
     if not created:
       _owners.check(target, None, registering=True)
-    self._bind_with_jax(target_name, platform, mode)
+    self._bind_with_jax(target_name, platform, mode,
+                        func_name=target.func_name)
     return Registration(created, target, hit, key, diagnostics, waited)
 
   def _bind_with_jax(self, target_name: str, platform: str,
-                     mode: str, generation: int = 0) -> Optional[Target]:
+                     mode: str, generation: int = 0,
+                     func_name: str = "") -> Optional[Target]:
     """Registers (target_name, platform) with this process's JAX, running
     in `mode` (generation > 0: pinned to it); the registry entry for a
-    local bind (None when it was bound before or runs isolated)."""
+    local bind (None when it was bound before or runs isolated).
+    `func_name`: the registered function (kregd's spelling), whose stages
+    say which handlers XLA gets (a handler bundle's, as a stage dict)."""
     import jax  # pylint: disable=import-outside-toplevel
     canonical = _canonical_platform(platform)
     key = (target_name, canonical)
@@ -523,6 +599,14 @@ class Client:
       args.target_name, args.target_name_len = name, len(name)
       args.platform, args.platform_len = plat, len(plat)
       args.generation = generation
+      stages = stages_of(func_name)
+      if mode != "local":
+        if "prepare" in stages or "initialize" in stages:
+          raise KregError(
+              f"target {target_name!r} has prepare/initialize stages, which "
+              "kregd does not forward to an executor yet; run it with "
+              "execution=\"local\"", "UNIMPLEMENTED")
+        args.stateful = 1 if "instantiate" in stages else 0
       bind = (self._lib.kreg_bind_local if mode == "local" else
               self._lib.kreg_bind)
       # Bound before: the shim answers with the same handler, or refuses
@@ -534,14 +618,60 @@ class Client:
         if mode == "local":
           self._lib.kreg_target_list_destroy(args.target)
         return None
+      handler = jax.ffi.pycapsule(args.handler)
       if mode == "local":
         target = _targets(self._lib, args.target)[0]
-      _intercept.jax_register(target_name, jax.ffi.pycapsule(args.handler),
-                              _jax_platform(canonical))
+        handler = self._local_bundle(jax, args, canonical, handler)
+      elif args.stateful:
+        self._register_forwarded_state_type(jax, canonical)
+        handler = {"instantiate": handler, "execute": handler}
+      _intercept.jax_register(target_name, handler, _jax_platform(canonical))
       _jax_registered[key] = (args.handler, self.session_path, mode)
     if canonical == "cuda":
       _warn_if_no_gpu_backend(jax, target_name)
     return target
+
+  def _local_bundle(self, jax: Any, args: Any, canonical: str,
+                    handler: Any) -> Any:
+    """What XLA gets for a local bind: the handler, or a handler bundle's
+    stage dict of the stored copy's genuine handlers, after registering its
+    state type (the stored copy's, once: its id is XLA's afterwards)."""
+    stages = {name: jax.ffi.pycapsule(args.stage_handlers[i])
+              for i, name in enumerate(STAGES) if args.stage_handlers[i]}
+    if set(stages) <= {"execute"} and not args.state_type_name:
+      return handler
+    if args.state_type_name and \
+        ctypes.c_int64.from_address(args.state_type_id).value == 0:
+      try:
+        jax.devices(_jax_platform(canonical))
+      except RuntimeError:
+        pass
+      _intercept.jax_register_type(
+          args.state_type_name.decode(),
+          {"type_id": _shim.pointer_capsule(args.state_type_id),
+           "type_info": _shim.pointer_capsule(args.state_type_info)},
+          platform=_jax_platform(canonical))
+    return stages
+
+  def _register_forwarded_state_type(self, jax: Any, canonical: str) -> None:
+    """Registers the shim's forwarded-state type with XLA once (before the
+    first stateful forwarding handler; XLA refuses a handler whose state
+    type it does not know)."""
+    st = _shim.new(_shim.StateTypeArgs)
+    self._lib.kreg_forwarded_state_type(ctypes.byref(st))
+    if ctypes.c_int64.from_address(st.type_id).value != 0:
+      return  # registered already (the id is XLA's now)
+    try:
+      # Types registered before the backend exists are replayed after its
+      # handlers, which XLA refuses: start the backend first.
+      jax.devices(_jax_platform(canonical))
+    except RuntimeError:
+      pass
+    _intercept.jax_register_type(
+        st.name.decode(),
+        {"type_id": _shim.pointer_capsule(st.type_id),
+         "type_info": _shim.pointer_capsule(st.type_info)},
+        platform=_jax_platform(canonical))
 
   def bound_mode(self, target_name: str, platform: str) -> Optional[str]:
     """How (target_name, platform) runs in this process: "local",
@@ -615,7 +745,8 @@ class Client:
     target = self._lookup([target_name], canonical)[target_name]
     _owners.check(target, owners)
     local_target = self._bind_with_jax(target_name, canonical, mode,
-                                       generation)
+                                       generation,
+                                       func_name=target.func_name)
     return Registration(False, local_target or target)
 
   def bind_exported(self, exported: Any, *,
@@ -643,7 +774,8 @@ class Client:
     out = []
     for platform, targets in found.items():
       for name, target in targets.items():
-        local_target = self._bind_with_jax(name, platform, mode)
+        local_target = self._bind_with_jax(name, platform, mode,
+                                           func_name=target.func_name)
         out.append(Registration(False, local_target or target))
     return out
 
@@ -836,20 +968,24 @@ def default_client() -> Client:
     return _default
 
 
-def register_ffi_target(target_name: str, module: Any, func_name: str, *,
+def register_ffi_target(target_name: str, module: Any, func_name: Any, *,
                         platform: str = "CUDA", replace: bool = False,
                         content_id: Optional[str] = None,
-                        execution: Optional[str] = None) -> Registration:
+                        execution: Optional[str] = None,
+                        state_type: Optional[Sequence[str]] = None
+                        ) -> Registration:
   """Registers a compiled XLA FFI handler with kregd as a JAX FFI target.
 
   See Client.register_ffi_target; uses the default client (kreg.connect()).
   Returns a Registration, truthy only when a new registration was created.
   `execution`: "isolated" (a kregd executor runs it) or "local" (this
   process runs kregd's stored copy); None: the process default.
+  `func_name`: a symbol, or a handler bundle {stage: symbol} with its
+  `state_type` (name, type-id symbol, type-info symbol).
   """
   return default_client().register_ffi_target(
       target_name, module, func_name, platform=platform, replace=replace,
-      content_id=content_id, execution=execution)
+      content_id=content_id, execution=execution, state_type=state_type)
 
 
 def compile_ffi_target(target_name: str, sources: Any, func_name: str, *,

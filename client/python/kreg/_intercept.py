@@ -18,10 +18,19 @@ kreg.register_ffi_target would:
   said once per name with an InterceptWarning. JIT code whose state has no
   value kreg can fingerprint (a lock, a C object) is refused with
   KernelRegistrationError, never registered under its type's name;
+- a dict of stage capsules (a handler bundle,
+  docs/kernel-author-guide.md "Handler bundles and state") whose every
+  capsule is an exported symbol of one shared library file registers that
+  bundle with kregd, with the state type the library registered from the
+  same file through `jax.ffi.register_ffi_type` (intercepted too: a type
+  whose type-id and type-info capsules are exported data symbols of a file
+  is kept for that file's bundles and does not reach XLA, since kregd's
+  bind registers the type itself and XLA refuses a name twice);
 - legacy custom calls (api_version=0), XLA's and jaxlib's own targets and
-  platforms other than cpu and cuda go to JAX untouched; a dict of stage
-  capsules, extra keyword arguments and code kreg cannot trace to a file or
-  a Python callable go to JAX untouched with one InterceptWarning per name.
+  platforms other than cpu and cuda go to JAX untouched; a stage dict kreg
+  cannot trace to one file, extra keyword arguments and code kreg cannot
+  trace to a file or a Python callable go to JAX untouched (with the types
+  kept for that file) with one InterceptWarning per name.
 
 kregd's refusals raise from the library's own call.
 """
@@ -44,6 +53,10 @@ _lock = threading.RLock()
 # (module, attribute name, jax's function) for each place we patched.
 _patched: list[tuple[Any, str, Callable]] = []
 _warned: set[tuple[str, str]] = set()
+# State types a library registered (jax.ffi.register_ffi_type), kept for
+# the bundles of the file that holds them: file -> [(name, type-id symbol,
+# type-info symbol, platform, the registration as given)].
+_types: dict[str, list[tuple[str, str, str, str, Any]]] = {}
 
 
 class _DlInfo(ctypes.Structure):
@@ -64,15 +77,26 @@ _capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object,
                                           ctypes.pythonapi))
 
 
+def _original(attr: str) -> Callable:
+  """JAX's own function `attr` of jax.ffi, patched or not."""
+  with _lock:
+    for _, patched_attr, original in _patched:
+      if patched_attr == attr:
+        return original
+  import jax  # pylint: disable=import-outside-toplevel
+  return getattr(jax.ffi, attr)
+
+
 def jax_register(name: str, fn: Any, platform: str, **kwargs) -> None:
   """JAX's own register_ffi_target, whether or not interception is on
   (kreg's binds register their handlers with it)."""
-  with _lock:
-    original = _patched[0][2] if _patched else None
-  if original is None:
-    import jax  # pylint: disable=import-outside-toplevel
-    original = jax.ffi.register_ffi_target
-  original(name, fn, platform=platform, **kwargs)
+  _original("register_ffi_target")(name, fn, platform=platform, **kwargs)
+
+
+def jax_register_type(name: str, registration: Any, platform: str) -> None:
+  """JAX's own register_ffi_type, whether or not interception is on (kreg's
+  binds register their state types with it)."""
+  _original("register_ffi_type")(name, registration, platform=platform)
 
 
 class Interception:
@@ -112,13 +136,16 @@ def intercept(enable: bool = True) -> Interception:
       return Interception()
     if _patched:
       return Interception()
-    for module in _targets_of_jax():
-      current = getattr(module, "register_ffi_target")
-      if getattr(current, "__kreg_intercept__", False):
-        continue
-      original = _patched[0][2] if _patched else current
-      _patched.append((module, "register_ffi_target", original))
-      setattr(module, "register_ffi_target", register_ffi_target)
+    for attr, ours in (("register_ffi_target", register_ffi_target),
+                       ("register_ffi_type", register_ffi_type)):
+      first = None
+      for module in _targets_of_jax():
+        current = getattr(module, attr)
+        if getattr(current, "__kreg_intercept__", False):
+          continue
+        first = first or current
+        _patched.append((module, attr, first))
+        setattr(module, attr, ours)
     return Interception()
 
 
@@ -265,14 +292,23 @@ def register_ffi_target(name: str, fn: Any, platform: str = "cpu",
   located = shared_library_symbol(address) if address else None
   if _xla_owned(name, located[0] if located else None):
     return untouched()
+  if isinstance(fn, dict) and not kwargs:
+    bundle = _bundle_of(fn)
+    if bundle is not None:
+      path, stages = bundle
+      _register_bundle(name, canonical, path, stages)
+      return None
   if isinstance(fn, dict) or kwargs:
-    what = ("a dict of stage capsules" if isinstance(fn, dict) else
-            f"keyword arguments {sorted(kwargs)}")
+    what = ("a dict of stage capsules that kreg cannot trace to exported "
+            "symbols of one shared library file"
+            if isinstance(fn, dict) else f"keyword arguments {sorted(kwargs)}")
+    if isinstance(fn, dict):
+      _release_types(fn)
     _warn_once(name, canonical,
                f"kreg.intercept: target {name!r} ({canonical}) is registered "
                f"with {what}, which kregd does not host; it goes to JAX "
                "unchanged and runs in this process without kregd's rules. "
-               "Register a single handler capsule to have kregd host it")
+               "Register capsules of exported symbols to have kregd host it")
     return untouched()
   if address is None:
     return untouched()  # not a capsule: JAX says what is wrong
@@ -304,3 +340,102 @@ def register_ffi_target(name: str, fn: Any, platform: str = "cpu",
 
 
 register_ffi_target.__kreg_intercept__ = True
+
+
+def _located_symbol(capsule: Any):
+  """(file, symbol) of a capsule that points at an exported symbol of a
+  shared library file, else None."""
+  address = _capsule_address(capsule)
+  located = shared_library_symbol(address) if address else None
+  if located is None or located[1] is None:
+    return None
+  return located[0], located[1]
+
+
+def _bundle_of(fn: dict):
+  """(file, {stage: symbol}) of a stage dict whose capsules are all
+  exported symbols of one file, else None."""
+  # pylint: disable=import-outside-toplevel
+  from kreg._client import STAGES
+  stages, paths = {}, set()
+  for stage, capsule in fn.items():
+    if stage not in STAGES:
+      return None
+    located = _located_symbol(capsule)
+    if located is None:
+      return None
+    paths.add(located[0])
+    stages[stage] = located[1]
+  if len(paths) != 1 or "execute" not in stages:
+    return None
+  return paths.pop(), stages
+
+
+def _register_bundle(name: str, platform: str, path: str,
+                     stages: dict) -> None:
+  """Registers the bundle with kregd, with the state type its file
+  registered (trying each when the file registered several: kregd's probe
+  accepts only the one the instantiate stage creates)."""
+  # pylint: disable=import-outside-toplevel
+  from kreg import _client
+  with _lock:
+    kept = list(_types.get(path, ()))
+  candidates = [t[:3] for t in kept] or [None]
+  if "instantiate" not in stages:
+    candidates = [None]
+  client = _client.default_client()
+  last = None
+  for state_type in candidates:
+    try:
+      client.register_ffi_target(name, path, stages, platform=platform,
+                                 state_type=state_type)
+      return
+    except KernelRegistrationError as e:
+      if len(candidates) == 1 or "Types used by FFI handlers" not in str(e):
+        raise
+      last = e
+  raise last
+
+
+def _release_types(fn: dict) -> None:
+  """Hands the types kept for the files of `fn`'s capsules to JAX (the
+  bundle goes to JAX itself, which needs them first)."""
+  paths = set()
+  for capsule in fn.values():
+    located = _located_symbol(capsule)
+    if located is not None:
+      paths.add(located[0])
+  with _lock:
+    released = [t for p in paths for t in _types.pop(p, ())]
+  for name, _, _, platform, registration in released:
+    _original("register_ffi_type")(name, registration, platform=platform)
+
+
+def register_ffi_type(name: str, type_registration: Any,
+                      platform: str = "cpu") -> None:
+  """jax.ffi.register_ffi_type while kreg.intercept() is on: a type whose
+  type-id and type-info capsules are exported data symbols of one shared
+  library file is kept for that file's bundles (kregd registers it); any
+  other goes to JAX."""
+  located = None
+  if isinstance(type_registration, dict) and isinstance(name, str):
+    tid = type_registration.get("type_id")
+    info = type_registration.get("type_info")
+    tid_at = _located_symbol(tid) if tid is not None else None
+    info_at = _located_symbol(info) if info is not None else None
+    if tid_at and info_at and tid_at[0] == info_at[0] and \
+        "/" not in name and ";" not in name:
+      located = (tid_at[0], tid_at[1], info_at[1])
+  if located is None:
+    return _original("register_ffi_type")(name, type_registration,
+                                          platform=platform)
+  path, tid_symbol, info_symbol = located
+  with _lock:
+    kept = _types.setdefault(path, [])
+    if all(t[0] != name for t in kept):
+      kept.append((name, tid_symbol, info_symbol, platform,
+                   type_registration))
+  return None
+
+
+register_ffi_type.__kreg_intercept__ = True

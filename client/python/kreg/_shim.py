@@ -62,7 +62,12 @@ class BindArgs(ctypes.Structure):
               ("target_name", ctypes.c_char_p), ("target_name_len", _size_t),
               ("platform", ctypes.c_char_p), ("platform_len", _size_t),
               ("handler", ctypes.c_void_p), ("slot", ctypes.c_int32),
-              ("generation", ctypes.c_uint32)]
+              ("generation", ctypes.c_uint32), ("stateful", ctypes.c_uint32)]
+
+
+class StateTypeArgs(ctypes.Structure):
+  _fields_ = [("struct_size", _size_t), ("name", ctypes.c_char_p),
+              ("type_id", ctypes.c_void_p), ("type_info", ctypes.c_void_p)]
 
 
 class BindLocalArgs(ctypes.Structure):
@@ -70,7 +75,11 @@ class BindLocalArgs(ctypes.Structure):
               ("target_name", ctypes.c_char_p), ("target_name_len", _size_t),
               ("platform", ctypes.c_char_p), ("platform_len", _size_t),
               ("handler", ctypes.c_void_p), ("target", ctypes.c_void_p),
-              ("generation", ctypes.c_uint32)]
+              ("generation", ctypes.c_uint32),
+              ("stage_handlers", ctypes.c_void_p * 4),
+              ("state_type_name", ctypes.c_char_p),
+              ("state_type_id", ctypes.c_void_p),
+              ("state_type_info", ctypes.c_void_p)]
 
 
 class ClientStats(ctypes.Structure):
@@ -157,6 +166,8 @@ def _declare(lib: ctypes.CDLL) -> None:
   lib.kreg_target_list_get.restype = err
   lib.kreg_target_list_destroy.argtypes = [ctypes.c_void_p]
   lib.kreg_target_list_destroy.restype = None
+  lib.kreg_forwarded_state_type.argtypes = [ctypes.POINTER(StateTypeArgs)]
+  lib.kreg_forwarded_state_type.restype = None
   lib.kreg_client_stats.argtypes = [ctypes.POINTER(ClientStats)]
   lib.kreg_client_stats.restype = None
 
@@ -200,6 +211,15 @@ def load() -> ctypes.CDLL:
         "the shim), or build it with `bazel build "
         "//client/shim:libkreg_client.so` in the kregd repository and set "
         "KREG_CLIENT_LIB to its path.")
+
+
+def pointer_capsule(address: int):
+  """An unnamed PyCapsule around a raw pointer (XLA FFI type ids and type
+  infos for jax.ffi.register_ffi_type)."""
+  builder = ctypes.pythonapi.PyCapsule_New
+  builder.restype = ctypes.py_object
+  builder.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
+  return builder(address, None, None)
 
 
 def version() -> Version:

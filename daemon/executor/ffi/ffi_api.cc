@@ -158,27 +158,58 @@ XLA_FFI_Error* InvokeContextGet(XLA_FFI_InvokeContext_Get_Args* args) {
                    "process, not in the daemon"));
 }
 
-constexpr absl::string_view kNoState =
-    ": state is not supported by kregd yet (kregd runs handlers only at the "
-    "EXECUTE stage; no instance state exists)";
-
+// State_Set: only an INSTANTIATE call may set the call site's state, once.
 XLA_FFI_Error* StateSet(XLA_FFI_State_Set_Args* args) {
-  KREG_FFI_CHECK("XLA_FFI_State_Set", args, XLA_FFI_State_Set_Args);
-  // Ownership of `state` was transferred to us: destroy it if we can.
-  if (args->state != nullptr && args->type_id != nullptr) {
-    if (auto deleter = ffi_internal::TypeRegistry::Global().DeleterOf(
-            args->type_id->type_id)) {
-      deleter(args->state);
-    }
+  KREG_FFI_CHECK_CTX("XLA_FFI_State_Set", args, XLA_FFI_State_Set_Args);
+  kreg::HostedState state{
+      args->state, args->type_id != nullptr ? args->type_id->type_id : 0};
+  kreg::HostedState* out = args->ctx->options.state_out;
+  std::string refusal;
+  if (args->type_id == nullptr || state.type_id == 0) {
+    refusal =
+        "the state's type is not registered (type id 0); name the "
+        "bundle's state type when registering the target";
+  } else if (args->stage != XLA_FFI_ExecutionStage_INSTANTIATE) {
+    refusal = absl::StrCat(
+        "a state can only be set at the instantiate stage "
+        "(this is stage ",
+        static_cast<int>(args->stage), ")");
+  } else if (out == nullptr) {
+    refusal =
+        "this call keeps no state (it was not run as a bundle's "
+        "instantiate stage)";
+  } else if (out->ptr != nullptr) {
+    refusal = "this call site's state was already set";
   }
-  return NewError(XLA_FFI_Error_Code_UNIMPLEMENTED,
-                  absl::StrCat("XLA_FFI_State_Set", kNoState));
+  if (refusal.empty()) {
+    *out = state;
+    return nullptr;
+  }
+  // Ownership of `state` was transferred to us: destroy it if we can.
+  kreg::DestroyState(state);
+  return NewError(XLA_FFI_Error_Code_FAILED_PRECONDITION,
+                  absl::StrCat("XLA_FFI_State_Set: ", refusal));
 }
 
 XLA_FFI_Error* StateGet(XLA_FFI_State_Get_Args* args) {
-  KREG_FFI_CHECK("XLA_FFI_State_Get", args, XLA_FFI_State_Get_Args);
-  return NewError(XLA_FFI_Error_Code_UNIMPLEMENTED,
-                  absl::StrCat("XLA_FFI_State_Get", kNoState));
+  KREG_FFI_CHECK_CTX("XLA_FFI_State_Get", args, XLA_FFI_State_Get_Args);
+  const kreg::HostedState& state = args->ctx->options.state;
+  const int64_t want = args->type_id != nullptr ? args->type_id->type_id : 0;
+  if (state.ptr == nullptr) {
+    return NewError(
+        XLA_FFI_Error_Code_FAILED_PRECONDITION,
+        "XLA_FFI_State_Get: this call site has no state: register the "
+        "target as a handler bundle with an instantiate stage that creates "
+        "one (docs/kernel-author-guide.md, \"Handler bundles and state\")");
+  }
+  if (want != state.type_id) {
+    return NewError(
+        XLA_FFI_Error_Code_INVALID_ARGUMENT,
+        absl::StrCat("XLA_FFI_State_Get: the state has type id ", state.type_id,
+                     ", the handler asked for ", want));
+  }
+  args->state = state.ptr;
+  return nullptr;
 }
 
 XLA_FFI_Error* RunIdGet(XLA_FFI_RunId_Get_Args* args) {

@@ -9,6 +9,7 @@
 #include "daemon/executor/ffi/call_frame.h"
 #include "daemon/executor/ffi/ffi_internal.h"
 #include "daemon/executor/ffi/thread_pool.h"
+#include "daemon/executor/ffi/type_registry.h"
 
 namespace kreg {
 namespace {
@@ -112,6 +113,7 @@ absl::Status FfiHost::Execute(void* handler, const LaunchFrame& frame,
   XLA_FFI_CallFrame* call_frame = storage->frame();
   call_frame->api = HostedApi();
   call_frame->ctx = &ctx;
+  call_frame->stage = options.stage;
 
   absl::StatusOr<XLA_FFI_Error*> returned;
   {
@@ -131,6 +133,15 @@ absl::Status FfiHost::Execute(void* handler, const LaunchFrame& frame,
     if (status.ok()) status = async;
   }
   return status;
+}
+
+bool DestroyState(const HostedState& state) {
+  if (state.ptr == nullptr) return true;
+  ffi_internal::TypeRegistry::Deleter deleter =
+      ffi_internal::TypeRegistry::Global().DeleterOf(state.type_id);
+  if (deleter == nullptr) return false;
+  deleter(state.ptr);
+  return true;
 }
 
 absl::StatusOr<HandlerInfo> QueryHandlerMetadata(void* handler,

@@ -67,9 +67,30 @@ class DeviceAllocator {
   virtual absl::Status Free(void* data, size_t size) = 0;
 };
 
+// A per-instance state (XLA FFI's State API) a handler bundle's instantiate
+// stage created: the object and its registered type id. Whoever holds one
+// destroys it with DestroyState.
+struct HostedState {
+  void* ptr = nullptr;
+  int64_t type_id = 0;
+};
+
+// Destroys `state` with the deleter its type was registered with
+// (XLA_FFI_Type_Register's XLA_FFI_TypeInfo). False when the type has no
+// deleter (the object is leaked).
+bool DestroyState(const HostedState& state);
+
 // Platform resources for one Execute, supplied by the executor that owns
 // them. Everything is borrowed and must outlive the Execute call.
 struct CallOptions {
+  // The stage the handler runs at (docs/kernel-author-guide.md, "Handler
+  // bundles and state").
+  XLA_FFI_ExecutionStage stage = XLA_FFI_ExecutionStage_EXECUTE;
+  // What XLA_FFI_State_Get returns (the call site's state; null: none).
+  HostedState state;
+  // INSTANTIATE: where XLA_FFI_State_Set puts the state the handler made
+  // (the caller owns it after the call; it must be empty before).
+  HostedState* state_out = nullptr;
   void* stream = nullptr;  // CUDA: the CUstream XLA_FFI_Stream_Get returns
   DeviceAllocator* device_allocator = nullptr;  // CUDA scratch memory
   // Chain searched by XLA_FFI_InvokeContext_FindExtension.
@@ -84,8 +105,11 @@ struct FfiHostOptions {
   int num_threads = 0;
 };
 
-// Runs XLA FFI handlers at the EXECUTE stage. Owns the daemon-wide thread pool
-// handlers schedule work on. Thread-safe: any number of concurrent Executes.
+// Runs XLA FFI handlers at the stage CallOptions names (EXECUTE by default;
+// a bundle's INSTANTIATE, PREPARE and INITIALIZE stages too, with the call
+// site's state behind State_Get and State_Set). Owns the daemon-wide thread
+// pool handlers schedule work on. Thread-safe: any number of concurrent
+// Executes.
 //
 // Per call, FfiHost creates an execution context (XLA_FFI_InvokeContext)
 // holding the run id, device ordinal, platform resources, the scratch memory
@@ -94,8 +118,7 @@ struct FfiHostOptions {
 // scratch. Tasks a handler schedules must not use the context after that.
 //
 // What kregd does not support fails with an FFI error naming the function:
-// execution-context user data (InvokeContext_Get), per-instance state
-// (State_Get/Set; kregd runs only the EXECUTE stage), handler registration
+// execution-context user data (InvokeContext_Get), handler registration
 // through the API (Handler_Register), streams on CPU (Stream_Get), thread
 // pools on CUDA, and XLA's internal API (`internal_api` is null).
 class FfiHost {

@@ -201,8 +201,21 @@ TEST_CASE("Forwarding handler refuses stages other than execute", "[shim]") {
   CHECK(handler(&f.frame) != nullptr);
   CHECK(g_last_code == XLA_FFI_Error_Code_INVALID_ARGUMENT);
   CHECK(g_last_error ==
-        "kreg forwarding handler for \"stage.target\" supports only the "
-        "execute stage, got stage 1");
+        "kreg forwarding handler for \"stage.target\" does not forward "
+        "stage 1 (it forwards execute only)");
+  // A stateful binding forwards instantiate too, not prepare.
+  Binding s;
+  REQUIRE(
+      Bind(&client, "stage.stateful", "cpu", 0, &s, /*stateful=*/true).ok());
+  auto* stateful = reinterpret_cast<XLA_FFI_Handler*>(s.handler);
+  CHECK(stateful(&f.frame) != nullptr);
+  CHECK(g_last_error ==
+        "kreg forwarding handler for \"stage.stateful\" does not forward "
+        "stage 1 (it forwards instantiate and execute)");
+  // The same pair cannot be bound both ways.
+  CHECK(Bind(&client, "stage.target", "cpu", 0, &b, /*stateful=*/true)
+            .message.find("is already bound in this process without an "
+                          "instantiate stage") != std::string::npos);
 }
 
 TEST_CASE("Binding a target to a second daemon is refused", "[shim]") {

@@ -82,6 +82,7 @@ std::vector<FileCase> FileCases(const std::string& dir) {
        absl::StrCat("[\"", Resolved(dir), "\"]")},
       {"max_module_bytes", "max_module_bytes = 1000", "1000"},
       {"max_arena_bytes", "max_arena_bytes = 2000", "2000"},
+      {"max_states_per_session", "max_states_per_session = 7", "7"},
       {"max_buffered_bytes", "max_buffered_bytes = 3000", "3000"},
       {"socket_group", absl::StrCat("socket_group = \"", group, "\""),
        absl::StrCat("\"", group, "\"")},
@@ -120,6 +121,7 @@ std::vector<FileCase> FileCases(const std::string& dir) {
       {"control_idle_timeout_s", "control_idle_timeout_s = 1.5", "1.5"},
       {"max_upload_bytes_per_uid", "max_upload_bytes_per_uid = 5000", "5000"},
       {"max_heavy_work_per_uid", "max_heavy_work_per_uid = 3", "3"},
+      {"max_states_per_uid", "max_states_per_uid = 9", "9"},
       {"max_grpc_calls_per_uid", "max_grpc_calls_per_uid = 9", "9"},
       {"max_grpc_streams_per_connection", "max_grpc_streams_per_connection = 4",
        "4"},
@@ -360,6 +362,11 @@ TEST_CASE("Bad values in the config file name the key and what it must be",
       {"max_upload_bytes_per_uid = -1",
        "key \"max_upload_bytes_per_uid\" must be a non-negative integer (0: "
        "twice max_module_bytes)"},
+      {"max_states_per_uid = 0",
+       "key \"max_states_per_uid\" must be a whole number from 1 to "
+       "1000000"},
+      {"max_states_per_session = 0",
+       "key \"max_states_per_session\" must be a positive integer"},
       {"max_heavy_work_per_uid = 0",
        "key \"max_heavy_work_per_uid\" must be a whole number from 1 to "
        "1000000"},

@@ -496,7 +496,7 @@ TEST_CASE("RingDecoder: torn, short and mis-sequenced descriptors", "[ring]") {
   CHECK(tag == 11);
   s = d.Decode(bytes.data(), 20, 3, a.arena, &tag).status();
   CHECK(s.message() ==
-        "launch descriptor of 20 bytes is shorter than its 80-byte header");
+        "launch descriptor of 20 bytes is shorter than its 88-byte header");
   CHECK(tag == 0);
   s = d.Decode(bytes.data(), bytes.size(), 4, a.arena, &tag).status();
   CHECK(s.message() ==

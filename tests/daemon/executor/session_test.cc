@@ -360,7 +360,7 @@ TEST_CASE("Launch: validation, lookup and handler errors come back",
   resp = fx.Send(empty);
   CHECK(resp.status().code() == int(absl::StatusCode::kInvalidArgument));
   CHECK(resp.status().message() ==
-        "launch descriptor of 5 bytes is shorter than its 80-byte header");
+        "launch descriptor of 5 bytes is shorter than its 88-byte header");
   CHECK(fx.counters.launches == 4);
   CHECK(fx.counters.launch_errors == 4);
 }

@@ -30,13 +30,17 @@ TEST_CASE("CheckHostable refuses another major version", "[loader]") {
              Catch::Contains("API 1.0"));
 }
 
-TEST_CASE("CheckHostable refuses per-instance state", "[loader]") {
+TEST_CASE("CheckHostable refuses state outside a bundle's instantiate stage",
+          "[loader]") {
   HandlerInfo stateful{kHostedApiMajor, kHostedApiMinor, 0, 7};
   absl::Status st = CheckHostable(stateful, "Stateful");
   CHECK(st.code() == absl::StatusCode::kInvalidArgument);
   CHECK_THAT(std::string(st.message()),
              Catch::Contains("state type id 7") &&
-                 Catch::Contains("does not host state"));
+                 Catch::Contains("instantiate=Stateful;execute=SYMBOL"));
+  CHECK(CheckHostable(stateful, "instantiate=Stateful;execute=E",
+                      /*has_instantiate=*/true)
+            .ok());
 }
 
 TEST_CASE("ProbeHandler reports a helper that cannot be started", "[loader]") {

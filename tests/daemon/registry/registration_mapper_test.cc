@@ -251,5 +251,59 @@ TEST_CASE("RefusalDetail names what was asked and what is bound",
   CHECK(e.requested_content_id() == "c2");
 }
 
+v1::RegisterTargetHeader BundleHeader() {
+  v1::RegisterTargetHeader h;
+  auto* f = h.add_stages();
+  f->set_stage("execute");
+  f->set_symbol("Exec");
+  f = h.add_stages();
+  f->set_stage("instantiate");
+  f->set_symbol("Init");
+  h.mutable_state_type()->set_name("my.T");
+  h.mutable_state_type()->set_type_id_symbol("TId");
+  h.mutable_state_type()->set_type_info_symbol("TInfo");
+  return h;
+}
+
+TEST_CASE("A header's stages spell one canonical bundle", "[mapper]") {
+  v1::RegisterTargetHeader h = BundleHeader();
+  absl::StatusOr<std::string> f = FuncNameOf(h);
+  REQUIRE(f.ok());
+  CHECK(*f == "instantiate=Init;execute=Exec;state_type=my.T/TId/TInfo");
+  h.set_func_name("Exec");  // the execute function may be repeated
+  CHECK(FuncNameOf(h).value() == *f);
+  v1::RegisterTargetHeader plain;
+  plain.set_func_name("Exec");
+  CHECK(FuncNameOf(plain).value() == "Exec");
+}
+
+TEST_CASE("A header's bad stages are refused naming stage and symbol",
+          "[mapper]") {
+  v1::RegisterTargetHeader h = BundleHeader();
+  h.mutable_stages(1)->set_stage("record");
+  CHECK_THAT(
+      std::string(FuncNameOf(h).status().message()),
+      Catch::StartsWith("unknown stage \"record\" (for symbol \"Init\")"));
+  h = BundleHeader();
+  h.mutable_stages(1)->set_stage("execute");
+  CHECK_THAT(std::string(FuncNameOf(h).status().message()),
+             Catch::StartsWith("stage execute is given twice (\"Exec\" and "
+                               "\"Init\")"));
+  h = BundleHeader();
+  h.mutable_stages(0)->set_stage("prepare");
+  CHECK_THAT(std::string(FuncNameOf(h).status().message()),
+             Catch::StartsWith("the handler bundle has no execute function"));
+  h = BundleHeader();
+  h.set_func_name("Other");
+  CHECK_THAT(std::string(FuncNameOf(h).status().message()),
+             Catch::StartsWith("func_name \"Other\" differs from the "
+                               "bundle's execute function \"Exec\""));
+  h = BundleHeader();
+  h.mutable_stages(1)->set_symbol("not a symbol");
+  CHECK(FuncNameOf(h).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(FuncNameOf(h).status().message()),
+             Catch::StartsWith("the instantiate function \"not a symbol\""));
+}
+
 }  // namespace
 }  // namespace kreg

@@ -1,8 +1,10 @@
 // What a handler reaches through its execution context: run id, device
 // ordinal, thread pool, platform stream, and the clear errors for user data
-// and state, which kregd does not support.
+// (which kregd does not support: a clear error), and a call site's state
+// (State_Set at the instantiate stage, State_Get after it).
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -43,7 +45,12 @@ XLA_FFI_DEFINE_HANDLER(kContext, ContextImpl,
 
 struct UserThing {
   static ffi::TypeId id;
+  static int live;
+  int64_t value = 0;
+  UserThing() { ++live; }
+  ~UserThing() { --live; }
 };
+int UserThing::live = 0;
 ffi::TypeId UserThing::id = {};
 XLA_FFI_REGISTER_TYPE(HostedApi(), "kreg.test.UserThing", &UserThing::id,
                       ffi::MakeTypeInfo<UserThing>());
@@ -52,9 +59,21 @@ ffi::Error UserDataImpl(UserThing*) { return ffi::Error::Success(); }
 XLA_FFI_DEFINE_HANDLER(kUserData, UserDataImpl,
                        ffi::Ffi::Bind().Ctx<ffi::UserData<UserThing>>());
 
-ffi::Error StateImpl(UserThing*) { return ffi::Error::Success(); }
-XLA_FFI_DEFINE_HANDLER(kState, StateImpl,
-                       ffi::Ffi::Bind().Ctx<ffi::State<UserThing>>());
+ffi::Error StateImpl(UserThing* thing, ffi::ResultBuffer<ffi::S64> out) {
+  out->typed_data()[0] = ++thing->value;
+  return ffi::Error::Success();
+}
+XLA_FFI_DEFINE_HANDLER(
+    kState, StateImpl,
+    ffi::Ffi::Bind().Ctx<ffi::State<UserThing>>().Ret<ffi::Buffer<ffi::S64>>());
+
+ffi::ErrorOr<std::unique_ptr<UserThing>> MakeThing(int64_t start) {
+  auto thing = std::make_unique<UserThing>();
+  thing->value = start;
+  return thing;
+}
+XLA_FFI_DEFINE_HANDLER(kMakeThing, MakeThing,
+                       ffi::Ffi::BindInstantiate().Attr<int64_t>("start"));
 
 TEST_CASE("Context values reach the handler", "[ffi_host]") {
   FfiHost host(FfiHostOptions{3});
@@ -110,12 +129,67 @@ TEST_CASE("UserData is refused with a clear error", "[ffi_host][errors]") {
                              "user data (type id"));
 }
 
-TEST_CASE("State is refused with a clear error", "[ffi_host][errors]") {
+TEST_CASE("A state set at instantiate reaches the execute stage",
+          "[ffi_host]") {
   FfiHost host;
-  absl::Status status = host.Execute(AsHandler(kState), LaunchFrame{});
+  LaunchFrame init;
+  Attr start;
+  start.dtype = XLA_FFI_DataType_S64;
+  int64_t v = 40;
+  start.bytes.assign(reinterpret_cast<const char*>(&v), sizeof(v));
+  init.attrs.emplace_back("start", start);
+  HostedState state;
+  CallOptions instantiate;
+  instantiate.stage = XLA_FFI_ExecutionStage_INSTANTIATE;
+  instantiate.state_out = &state;
+  REQUIRE(host.Execute(AsHandler(kMakeThing), init, instantiate).ok());
+  REQUIRE(state.ptr != nullptr);
+  CHECK(state.type_id == UserThing::id.type_id);
+  CHECK(UserThing::live == 1);
+
+  std::vector<int64_t> out(1, -1);
+  LaunchFrame frame;
+  frame.rets.push_back(Buffer(XLA_FFI_DataType_S64, out));
+  CallOptions execute;
+  execute.state = state;
+  REQUIRE(host.Execute(AsHandler(kState), frame, execute).ok());
+  REQUIRE(host.Execute(AsHandler(kState), frame, execute).ok());
+  CHECK(out[0] == 42);
+  CHECK(DestroyState(state));
+  CHECK(UserThing::live == 0);
+}
+
+TEST_CASE("State_Get without a state and State_Set outside instantiate fail",
+          "[ffi_host][errors]") {
+  FfiHost host;
+  std::vector<int64_t> out(1, -1);
+  LaunchFrame frame;
+  frame.rets.push_back(Buffer(XLA_FFI_DataType_S64, out));
+  absl::Status status = host.Execute(AsHandler(kState), frame);
   CHECK_THAT(std::string(status.message()),
-             Catch::Contains("XLA_FFI_State_Get: state is not supported by "
-                             "kregd yet"));
+             Catch::Contains("XLA_FFI_State_Get: this call site has no "
+                             "state: register the target as a handler "
+                             "bundle with an instantiate stage"));
+  HostedState other{&out, UserThing::id.type_id + 1000};
+  CallOptions wrong;
+  wrong.state = other;
+  status = host.Execute(AsHandler(kState), frame, wrong);
+  CHECK_THAT(std::string(status.message()),
+             Catch::Contains("XLA_FFI_State_Get: the state has type id"));
+
+  LaunchFrame init;
+  Attr start;
+  start.dtype = XLA_FFI_DataType_S64;
+  start.bytes.assign(8, '\0');
+  init.attrs.emplace_back("start", start);
+  // An instantiate call with nowhere to keep its state: the state it made
+  // is destroyed and the call fails.
+  CallOptions nowhere;
+  nowhere.stage = XLA_FFI_ExecutionStage_INSTANTIATE;
+  status = host.Execute(AsHandler(kMakeThing), init, nowhere);
+  CHECK_THAT(std::string(status.message()),
+             Catch::Contains("XLA_FFI_State_Set: this call keeps no state"));
+  CHECK(UserThing::live == 0);
 }
 
 }  // namespace
