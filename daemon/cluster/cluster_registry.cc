@@ -230,9 +230,10 @@ absl::StatusOr<ClaimResult> ClusterRegistry::Claim(
         absl::StrCat("cannot register ", Named(proposed.key),
                      ": its record in etcd kept changing; retry"));
   }
+  // The host record is republished once the binding is committed here
+  // (Committed): listing the module before this host holds it would send
+  // peers to fetch what it cannot serve yet.
   spdlog::info("cluster: claimed {} in etcd", Named(proposed.key));
-  absl::MutexLock lock(&mu_);
-  republish_ = true;
   return out;
 }
 
@@ -296,9 +297,7 @@ absl::Status ClusterRegistry::Replace(const TargetEntry& current,
     if (*swapped) {
       spdlog::info("cluster: replaced {} in etcd: generation {} -> {}",
                    Named(next.key), current.generation, next.generation);
-      absl::MutexLock lock(&mu_);
-      republish_ = true;
-      return absl::OkStatus();
+      return absl::OkStatus();  // republished once committed (Committed)
     }
   }
   return absl::AbortedError(
@@ -361,6 +360,12 @@ absl::Status ClusterRegistry::Release(const TargetEntry& entry) {
   absl::MutexLock lock(&mu_);
   republish_ = true;
   return absl::OkStatus();
+}
+
+void ClusterRegistry::Committed(const TargetEntry& entry) {
+  (void)entry;
+  absl::MutexLock lock(&mu_);
+  republish_ = true;
 }
 
 std::set<std::string> ClusterRegistry::Held() const {

@@ -62,6 +62,7 @@ class ClusterRegistry : public BindingAuthority {
   absl::StatusOr<ClaimResult> Claim(const TargetEntry& proposed) override;
   absl::Status Replace(const TargetEntry& current,
                        const TargetEntry& next) override;
+  void Committed(const TargetEntry& entry) override;
   void Unclaim(const TargetEntry& claimed) override;
   absl::Status Release(const TargetEntry& entry) override;
   absl::StatusOr<std::string> FetchModule(const std::string& digest,

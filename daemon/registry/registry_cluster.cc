@@ -108,6 +108,7 @@ absl::StatusOr<RegisterOutcome> Registry::RegisterClaimed(
   if (!entry.ok()) return entry.status();
   std::move(unclaim).Cancel();
   std::move(discard).Cancel();
+  authority->Committed(**entry);
   return RegisterOutcome{created, *entry};
 }
 
@@ -187,8 +188,11 @@ absl::StatusOr<EntryPtr> Registry::Install(const TargetEntry& entry,
     if (!st.ok()) return st;
   }
   std::move(discard).Cancel();
-  absl::MutexLock lock(&mu_);
-  entries_[local->key] = local;
+  {
+    absl::MutexLock lock(&mu_);
+    entries_[local->key] = local;
+  }
+  if (authority != nullptr) authority->Committed(*local);
   return EntryPtr(local);
 }
 
