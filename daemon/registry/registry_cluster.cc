@@ -112,6 +112,13 @@ absl::StatusOr<RegisterOutcome> Registry::RegisterClaimed(
   return RegisterOutcome{created, *entry};
 }
 
+bool Registry::Registering(const TargetKey& key,
+                           const std::string& digest) const {
+  absl::MutexLock lock(&mu_);
+  auto it = pending_.find(key);
+  return it != pending_.end() && it->second.digest == digest;
+}
+
 absl::StatusOr<RegisterOutcome> Registry::AdoptClaimed(
     const RegisterArgs& args, const TargetEntry& binding,
     BindingAuthority* authority) {

@@ -197,7 +197,8 @@ class EtcdCluster:
              timeout, "etcd to accept writes")
 
   def leader(self) -> Optional[int]:
-    """The member that leads now (by `etcdctl endpoint status`), or None."""
+    """The member that leads now (by `etcdctl endpoint status`), or None
+    (mind member 0: test with `is not None`)."""
     for i, url in enumerate(self.urls):
       if not self.running(i):
         continue
@@ -439,11 +440,15 @@ def register(host, name: str, module: pathlib.Path, *extra,
 class SplitWatch:
   """Samples every live host's bindings in a thread until stopped and
   records each moment at which one name was bound to two different modules
-  on two hosts (a split binding)."""
+  on two hosts (a split binding). `rollouts` maps a name being replaced to
+  the modules of its generations (g and g+1): while the replacement rolls
+  out, hosts holding either is no split."""
 
-  def __init__(self, cluster: Cluster, names: Optional[set] = None):
+  def __init__(self, cluster: Cluster, names: Optional[set] = None,
+               rollouts: Optional[dict] = None):
     self.cluster = cluster
     self.names = names
+    self.rollouts = rollouts or {}
     self.splits: list[str] = []
     self.samples = 0
     self._stop = threading.Event()
@@ -462,7 +467,8 @@ class SplitWatch:
         if self.names is not None and k[0] not in self.names:
           continue
         d = t.get("module_digest")
-        if k in seen and seen[k][1] != d:
+        if k in seen and seen[k][1] != d and not {
+            seen[k][1], d} <= self.rollouts.get(k[0], set()):
           self.splits.append(f"{k}: {seen[k][0]} has {seen[k][1]}, "
                              f"{h} has {d}")
         seen.setdefault(k, (h, d))
@@ -517,6 +523,8 @@ class Caller:
   def __init__(self, host: Host, names: Sequence[str], tag: str):
     self.stop_file = host.root / f"caller-{tag}.stop"
     self.out_file = host.root / f"caller-{tag}.json"
+    for f in (self.stop_file, self.out_file):
+      f.unlink(missing_ok=True)
     self.proc = subprocess.Popen(
         [sys.executable, "-c", CALLER, ",".join(names),
          str(self.stop_file), str(self.out_file)],
