@@ -57,6 +57,15 @@ std::string PeerName(const v1::ClusterHost& h) {
   return absl::StrCat(plain ? name : "?", " (", h.address(), ")");
 }
 
+// The ADDRESS of a host named "NAME (ADDRESS)" (TargetEntry::host).
+std::string AddressOf(const std::string& host) {
+  const size_t open = host.rfind(" (");
+  if (open == std::string::npos || host.empty() || host.back() != ')') {
+    return "";
+  }
+  return host.substr(open + 2, host.size() - open - 3);
+}
+
 }  // namespace
 
 ClusterRegistry::ClusterRegistry(ClusterOptions options,
@@ -234,7 +243,7 @@ absl::StatusOr<ClaimResult> ClusterRegistry::Claim(
         }
         if (absl::Now() - unsealed_since < absl::Milliseconds(kClaimGraceMs)) {
           if (!Sleep(20))
-            return unreachable(absl::UnavailableError("stopping"));
+            return unreachable(absl::UnavailableError("kregd is stopping"));
           continue;
         }
       }
@@ -424,6 +433,11 @@ std::string ClusterRegistry::HostRecord() const {
 
 absl::StatusOr<std::string> ClusterRegistry::FetchModule(
     const std::string& digest, uint64_t size) {
+  return FetchFrom(digest, size, "");
+}
+
+absl::StatusOr<std::string> ClusterRegistry::FetchFrom(
+    const std::string& digest, uint64_t size, const std::string& holder) {
   if (size > options_.max_module_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "module ", digest, " is bound in etcd with a size of ", size,
@@ -443,7 +457,9 @@ absl::StatusOr<std::string> ClusterRegistry::FetchModule(
       continue;
     }
     if (h->address() == options_.advertise) continue;
-    bool has = false;
+    // A host's record may not list what it got in the last seconds (its
+    // rewrites are spaced out): `holder` has it all the same.
+    bool has = h->address() == holder;
     for (const std::string& d : h->modules()) has = has || d == digest;
     (has ? first : then).push_back(h->address());
   }
@@ -475,8 +491,13 @@ absl::StatusOr<std::string> ClusterRegistry::FetchModule(
         data_loss || bytes.status().code() == absl::StatusCode::kDataLoss;
     all_not_found =
         all_not_found && bytes.status().code() == absl::StatusCode::kNotFound;
-    spdlog::warn("cluster: fetching module {}: {}", digest,
-                 std::string(bytes.status().message()));
+    // A peer without the module or busy is routine (the next is asked; a
+    // fetch that fails in the end is logged by its caller); other bytes
+    // are not.
+    if (bytes.status().code() == absl::StatusCode::kDataLoss) {
+      spdlog::warn("cluster: fetching module {}: {}", digest,
+                   std::string(bytes.status().message()));
+    }
     errors.push_back(std::string(bytes.status().message()));
   }
   std::string msg = absl::StrCat("no peer served module ", digest, " (",
@@ -501,8 +522,12 @@ void ClusterRegistry::Apply(const TargetEntry& binding, bool may_fetch,
       // One try: the watch thread never waits here (the events behind
       // this one would wait too). The registering host may not have
       // committed its copy yet: RetryLoop tries again shortly.
+      // First the binding's host (it has the module whether or not its
+      // record lists it yet); a retry, after it was busy, asks the peers
+      // in a random order: by then others have it too.
       absl::StatusOr<std::string> got =
-          FetchModule(binding.module_digest, binding.module_size);
+          FetchFrom(binding.module_digest, binding.module_size,
+                    retry ? "" : AddressOf(binding.host));
       if (!got.ok()) {
         const absl::StatusCode code = got.status().code();
         const std::string why = absl::StrCat(
@@ -575,21 +600,26 @@ void ClusterRegistry::Unmirrored(const TargetEntry& binding,
     u = Unmirror{binding, absl::Now(), absl::Now(), 0, false, why};
   }
   u.why = why;
-  u.next = absl::Now() + absl::Milliseconds(250LL << std::min(u.tries, 7));
+  u.next = absl::Now() + absl::Milliseconds(50LL << std::min(u.tries, 9));
   ++u.tries;
 }
 
 void ClusterRegistry::RetryLoop() {
-  // A binding this host could not take (no peer served its module yet,
-  // etcd went away during the fetch) is tried again while etcd still binds
-  // it: after 250 ms, doubling to 32 s; after 5 s of failures the log and
-  // the replacing host (an acknowledgement with the error) are told.
+  // A binding this host could not take (no peer served its module yet:
+  // the registering host commits its copy just after the seal; etcd went
+  // away during the fetch) is tried again while etcd still binds it: after
+  // 50 ms, doubling to 25.6 s; after 5 s of failures the log and the
+  // replacing host (an acknowledgement with the error) are told.
   while (true) {
     std::vector<Unmirror> due;
     {
       absl::MutexLock lock(&mu_);
-      mu_.AwaitWithTimeout(absl::Condition(&stopping_),
-                           absl::Milliseconds(250));
+      if (unmirrored_.empty()) {
+        mu_.Await(absl::Condition(this, &ClusterRegistry::RetryWoken));
+      } else {
+        mu_.AwaitWithTimeout(absl::Condition(&stopping_),
+                             absl::Milliseconds(50));
+      }
       if (stopping_) return;
       const absl::Time now = absl::Now();
       for (const auto& [key, u] : unmirrored_) {
@@ -927,16 +957,27 @@ void ClusterRegistry::WatchLoop() {
 
 void ClusterRegistry::LeaseLoop() {
   const std::string key = HostKey(prefix_, options_.advertise);
+  const absl::Duration keepalive_every =
+      absl::Milliseconds(options_.lease_ttl_s * 1000 / 3);
   int64_t lease = 0;
   std::string published;
   bool warned = false;
-  // The hosts advertised (counted at each keep-alive): with more of them,
-  // each rewrites its record less often (below).
-  int64_t hosts = 1;
-  bool timed = true;  // this round is a keep-alive's, not a republish's
+  // What this host holds changed since the record was written. At a job
+  // start it changes with every target: each host rewrites its record at
+  // most once per hosts x 200 ms (1 s to 15 s), so the cluster's hosts
+  // together write at most ~5 records a second, however many there are
+  // (docs/operator-guide.md, "Sizing"); a fetcher asks the binding's host
+  // even before its record lists the module. The keep-alives never wait
+  // for that.
+  bool dirty = true;
+  int64_t hosts = 1;  // advertised, counted at each keep-alive
   absl::Time written = absl::InfinitePast();
+  absl::Time keepalive_at = absl::Now();
   while (true) {
     absl::Status st;
+    const absl::Time now = absl::Now();
+    const absl::Duration gap =
+        absl::Milliseconds(std::clamp<int64_t>(hosts * 200, 1000, 15000));
     if (lease == 0) {
       absl::StatusOr<int64_t> granted = etcd_.GrantLease(options_.lease_ttl_s);
       st = granted.status();
@@ -944,26 +985,30 @@ void ClusterRegistry::LeaseLoop() {
         lease = *granted;
         lease_.store(lease);
         published.clear();
+        dirty = true;
+        written = absl::InfinitePast();
       }
     }
-    if (lease != 0) {
+    if (lease != 0 && dirty && now >= written + gap) {
       std::string record = HostRecord();
       if (record != published) {
         st = WriteSigned(key, kHostRecord, record, lease);
         if (st.ok()) {
           published = record;
-          written = absl::Now();
+          written = now;
         }
       }
+      if (st.ok()) dirty = false;
+    }
+    if (lease != 0 && st.ok() && now >= keepalive_at) {
+      absl::StatusOr<int64_t> ttl = etcd_.KeepAlive(lease);
+      st = ttl.status();
+      if (st.code() == absl::StatusCode::kNotFound) lease_.store(lease = 0);
       if (st.ok()) {
-        absl::StatusOr<int64_t> ttl = etcd_.KeepAlive(lease);
-        st = ttl.status();
-        if (st.code() == absl::StatusCode::kNotFound) lease_.store(lease = 0);
-      }
-      if (st.ok() && timed) {
         absl::StatusOr<int64_t> n = etcd_.Count(prefix_ + "peers/");
         if (n.ok()) hosts = std::max<int64_t>(1, *n);
       }
+      keepalive_at = now + keepalive_every;
     }
     if (!st.ok() && !warned) {
       spdlog::warn("cluster: cannot advertise this host in etcd: {}",
@@ -973,25 +1018,15 @@ void ClusterRegistry::LeaseLoop() {
       spdlog::info("cluster: advertised as {} (lease {:x})", key, lease);
     }
     warned = !st.ok();
+    absl::Time until = st.ok() ? keepalive_at : now + absl::Seconds(1);
+    if (st.ok() && dirty) until = std::min(until, written + gap);
     absl::MutexLock lock(&mu_);
-    timed = !mu_.AwaitWithTimeout(
-        absl::Condition(this, &ClusterRegistry::Woken),
-        absl::Milliseconds(st.ok() ? options_.lease_ttl_s * 1000 / 3 : 1000));
-    if (!timed && !stopping_) {
-      // What this host holds changed. At a job start it changes with every
-      // target: each host rewrites its record at most once per
-      // hosts x 40 ms (200 ms to 4 s), so the cluster's hosts together
-      // write at most ~25 records a second, however many there are
-      // (docs/operator-guide.md, "Sizing").
-      const absl::Duration gap =
-          absl::Milliseconds(std::clamp<int64_t>(hosts * 40, 200, 4000)) -
-          (absl::Now() - written);
-      if (gap > absl::ZeroDuration()) {
-        mu_.AwaitWithTimeout(absl::Condition(&stopping_), gap);
-      }
-    }
+    mu_.AwaitWithTimeout(absl::Condition(this, &ClusterRegistry::Woken),
+                         std::max(until - absl::Now(), absl::ZeroDuration()));
+    if (republish_) dirty = true;
     republish_ = false;
     if (stopping_) break;
+    if (!st.ok()) keepalive_at = absl::Now();  // retry it all now
   }
   lease_.store(0);
   if (lease != 0) (void)etcd_.Revoke(lease);  // peers stop asking at once

@@ -114,6 +114,11 @@ class ClusterRegistry : public BindingAuthority {
 
  private:
   absl::StatusOr<BindingRecord> Parse(const EtcdKv& kv) const;
+  // FetchModule, asking `holder` (an address; empty: none) among the peers
+  // whose records list the module.
+  absl::StatusOr<std::string> FetchFrom(const std::string& digest,
+                                        uint64_t size,
+                                        const std::string& holder);
   // Logs (rate-limited) that a record of etcd was not acted on; nothing
   // for NOT_FOUND (a record not sealed yet is no news).
   static void Ignored(const absl::Status& why);
@@ -162,6 +167,9 @@ class ClusterRegistry : public BindingAuthority {
   bool Sleep(int64_t ms);
   bool Woken() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stopping_ || republish_;
+  }
+  bool RetryWoken() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || !unmirrored_.empty();
   }
 
   const ClusterOptions options_;

@@ -211,6 +211,20 @@ class EtcdCluster:
         return i
     return None
 
+  def watchers(self, i: int) -> int:
+    """Watches member i serves now (its /metrics), -1 when it does not
+    answer."""
+    import urllib.request  # pylint: disable=import-outside-toplevel
+    try:
+      text = urllib.request.urlopen(self.urls[i] + "/metrics",
+                                    timeout=5).read().decode()
+    except OSError:
+      return -1
+    for line in text.splitlines():
+      if line.startswith("etcd_debugging_mvcc_watcher_total "):
+        return int(float(line.split()[1]))
+    return -1
+
   def revision(self) -> int:
     out = self.ctl("get", "/kreg-test/ping", "-w", "json")
     assert out.returncode == 0, out.stderr

@@ -850,6 +850,54 @@ def test_module_exchange_rejects_bad_requests(cluster):
   assert e.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+def test_a_peer_serves_at_most_four_fetches_at_once(cluster):
+  # docs/operator-guide.md "Sizing": a fifth fetch while four are being
+  # served is told to ask another peer, before any file is opened; one
+  # ends, the next is served.
+  import grpc  # pylint: disable=import-outside-toplevel
+  big = cluster.root / "demo-busy.so"
+  big.write_bytes(variant(cluster.root, "busy").read_bytes() +
+                  b"\0" * (8 << 20))
+  assert register(cluster.a, "busy.op", big).returncode == 0
+  digest = digest_of(big)
+  req = b"\x0a" + bytes([len(digest)]) + digest.encode()
+  # No BDP probing: the window stays at 64 KiB, so a stream this test does
+  # not read keeps kregd's handler waiting to send.
+  ch = grpc.insecure_channel(f"127.0.0.1:{cluster.ports['hostA']}",
+                             options=[("grpc.http2.bdp_probe", 0)])
+  fetch = ch.unary_stream("/kreg.v1.ModuleExchange/FetchModule",
+                          request_serializer=lambda b: b,
+                          response_deserializer=lambda b: b)
+  held = []
+  try:
+    held += [fetch(req, timeout=60) for _ in range(4)]
+    for call in held:  # each has started: its first chunk arrived
+      assert len(next(call)) > 0
+    with pytest.raises(grpc.RpcError) as e:
+      list(fetch(req, timeout=30))
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert e.value.details() == ("busy: serving 4 fetches (at most 4 at "
+                                 "once); ask another peer")
+    held[0].cancel()
+
+    def served():
+      try:
+        return b"".join(fetch(req, timeout=30))
+      except grpc.RpcError as e:
+        if e.code() == grpc.StatusCode.UNAVAILABLE and "busy" in e.details():
+          return None
+        raise
+    got = wait_for(served, 30, "a slot to free up")
+    # The chunks as sent (protobuf-framed): the whole module in them.
+    assert len(got) > big.stat().st_size
+    assert big.read_bytes()[:4096] in got
+  finally:
+    for call in held[1:]:
+      call.cancel()
+    ch.close()
+  assert kregctl(cluster.a, "retire", "busy.op").returncode == 0
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--etcd-endpoints", "http://127.0.0.1:1", "--advertise", "127.0.0.1:9",
       "--cluster-key-file", "/k"],

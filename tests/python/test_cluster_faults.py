@@ -174,7 +174,11 @@ def test_one_etcd_member_cut_off_then_healed(cl, callers):
   # SIGSTOP: the member neither answers nor closes its connections (a
   # partition); the hosts whose watch it served notice and move.
   m = marks(cl)
-  victim = next(i for i in range(3) if cl.etcd.running(i))
+  # The member serving the most hosts' watches (hosts moved off members
+  # the earlier tests killed).
+  victim = max((i for i in range(3) if cl.etcd.running(i)),
+               key=cl.etcd.watchers)
+  assert cl.etcd.watchers(victim) > 0
   storm = Storm(cl, "cut")
   with SplitWatch(cl, set(storm.names)) as watch:
     cl.etcd.pause(victim)
