@@ -211,6 +211,26 @@ class EtcdCluster:
         return i
     return None
 
+  def member_id(self, i: int) -> int:
+    out = self.ctl("endpoint", "status", "-w", "json",
+                   endpoints=self.urls[i], timeout=10)
+    assert out.returncode == 0, out.stderr
+    [st] = json.loads(out.stdout)
+    return int(st["Status"]["header"]["member_id"])
+
+  def make_leader(self, i: int) -> None:
+    """Moves the leadership to member i (etcdctl move-leader) and waits
+    until it leads."""
+    def leads():
+      now = self.leader()
+      if now == i:
+        return True
+      if now is not None:
+        self.ctl("move-leader", f"{self.member_id(i):x}",
+                 endpoints=self.urls[now], timeout=20)
+      return False
+    wait_for(leads, 60, f"etcd member m{i} to lead", 0.5)
+
   def watchers(self, i: int) -> int:
     """Watches member i serves now (its /metrics), -1 when it does not
     answer."""
