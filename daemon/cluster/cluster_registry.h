@@ -6,6 +6,7 @@
 #define KREGD_DAEMON_CLUSTER_CLUSTER_REGISTRY_H_
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -24,6 +25,10 @@
 #include "kreg/v1/cluster.pb.h"
 
 namespace kreg {
+
+// How long another host's claim may stay unsealed before a registration
+// takes the name over (its writer died between claim and seal).
+inline constexpr int64_t kClaimGraceMs = 3000;
 
 struct ClusterOptions {
   std::string cluster = "default";
@@ -62,6 +67,7 @@ class ClusterRegistry : public BindingAuthority {
   absl::StatusOr<ClaimResult> Claim(const TargetEntry& proposed) override;
   absl::Status Replace(const TargetEntry& current,
                        const TargetEntry& next) override;
+  void Committed(const TargetEntry& entry) override;
   void Unclaim(const TargetEntry& claimed) override;
   absl::Status Release(const TargetEntry& entry) override;
   absl::StatusOr<std::string> FetchModule(const std::string& digest,
@@ -108,6 +114,11 @@ class ClusterRegistry : public BindingAuthority {
 
  private:
   absl::StatusOr<BindingRecord> Parse(const EtcdKv& kv) const;
+  // FetchModule, asking `holder` (an address; empty: none) among the peers
+  // whose records list the module.
+  absl::StatusOr<std::string> FetchFrom(const std::string& digest,
+                                        uint64_t size,
+                                        const std::string& holder);
   // Logs (rate-limited) that a record of etcd was not acted on; nothing
   // for NOT_FOUND (a record not sealed yet is no news).
   static void Ignored(const absl::Status& why);
@@ -135,8 +146,15 @@ class ClusterRegistry : public BindingAuthority {
   // false when it is not a valid record at its place (logged).
   bool ApplyReservation(const EtcdKv& kv);
   // Bring a binding into the registry, fetching its module from a peer
-  // when this host lacks it and `may_fetch`.
-  void Apply(const TargetEntry& binding, bool may_fetch);
+  // when this host lacks it and `may_fetch` (one try; `retry`: RetryLoop's,
+  // which logs only how it ends). A binding not taken is kept for
+  // RetryLoop.
+  void Apply(const TargetEntry& binding, bool may_fetch, bool retry = false);
+  // Logs that `binding` is not runnable here and why, and tells a host
+  // that waits for this one's acknowledgement.
+  void CannotTake(const TargetEntry& binding, const std::string& why);
+  void Unmirrored(const TargetEntry& binding, const std::string& why);
+  void RetryLoop();
   // The modules of `binding`'s earlier generations this host lacks, from
   // peers (each digest tried once per run), for pins (docs/replace.md §9).
   void FetchGenerations(const TargetEntry& binding);
@@ -149,6 +167,9 @@ class ClusterRegistry : public BindingAuthority {
   bool Sleep(int64_t ms);
   bool Woken() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stopping_ || republish_;
+  }
+  bool RetryWoken() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || !unmirrored_.empty();
   }
 
   const ClusterOptions options_;
@@ -167,8 +188,19 @@ class ClusterRegistry : public BindingAuthority {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool republish_ ABSL_GUARDED_BY(mu_) = false;
   std::set<std::string> tried_ ABSL_GUARDED_BY(mu_);  // FetchGenerations
+  // Bindings of etcd this host could not take yet (RetryLoop).
+  struct Unmirror {
+    TargetEntry binding;
+    absl::Time since;  // first failure
+    absl::Time next;   // next try
+    int tries = 0;
+    bool warned = false;  // CannotTake said so
+    std::string why;
+  };
+  std::map<TargetKey, Unmirror> unmirrored_ ABSL_GUARDED_BY(mu_);
   std::thread watch_thread_;
   std::thread lease_thread_;
+  std::thread retry_thread_;
 };
 
 }  // namespace kreg

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -9,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "daemon/base/host_port.h"
 #include "daemon/cluster/etcd_decode.h"
+#include "spdlog/spdlog.h"
 
 namespace kreg {
 namespace {
@@ -19,6 +21,8 @@ absl::Status FromGrpc(const grpc::Status& st) {
   return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
                       st.error_message());
 }
+
+bool Negated(bool* b) { return !*b; }
 
 bool Retryable(grpc::StatusCode code) {
   return code == grpc::StatusCode::UNAVAILABLE ||
@@ -89,6 +93,8 @@ EtcdClient::EtcdClient(EtcdOptions options) : options_(std::move(options)) {
     m.lease = etcdserverpb::Lease::NewStub(m.channel);
     members_.push_back(std::move(m));
   }
+  if (!members_.empty())
+    preferred_.store(options_.first_member % members_.size());
 }
 
 absl::Status EtcdClient::OnAnyMember(
@@ -99,6 +105,7 @@ absl::Status EtcdClient::OnAnyMember(
   // Each member gets an equal share of the time left, so one that hangs
   // (no quorum) cannot use it all.
   std::vector<std::string> errors;
+  std::string first_error;
   const size_t n = members_.size();
   const size_t first = preferred_.load();
   for (size_t i = 0; i < n; ++i) {
@@ -109,10 +116,22 @@ absl::Status EtcdClient::OnAnyMember(
     ctx.set_deadline(Clock::now() + left / static_cast<int>(n - i));
     grpc::Status st = call(members_[at], &ctx);
     if (st.ok() || !Retryable(st.error_code())) {
+      if (i > 0) {
+        // A fail-over: say which member failed, once (the next calls start
+        // at the member that answered).
+        spdlog::warn(
+            "cluster: etcd member {} did not answer {} ({}); asking the "
+            "next member, {}, which answered. Check that member (its log, "
+            "etcdctl endpoint status): the cluster keeps working on the "
+            "others while they have a quorum",
+            members_[first % n].endpoint, what, first_error,
+            members_[at].endpoint);
+      }
       preferred_.store(at);
       if (st.ok()) return absl::OkStatus();
       return FromGrpc(st);
     }
+    if (errors.empty()) first_error = st.error_message();
     errors.push_back(
         absl::StrCat(members_[at].endpoint, ": ", st.error_message()));
   }
@@ -156,6 +175,20 @@ absl::StatusOr<EtcdRange> EtcdClient::Range(const std::string& key,
       });
   if (!st.ok()) return st;
   return DecodeRange(resp);
+}
+
+absl::StatusOr<int64_t> EtcdClient::Count(const std::string& prefix) {
+  etcdserverpb::RangeRequest req;
+  req.set_key(prefix);
+  req.set_range_end(PrefixEnd(prefix));
+  req.set_count_only(true);
+  etcdserverpb::RangeResponse resp;
+  absl::Status st =
+      OnAnyMember("a count", [&](Member& m, grpc::ClientContext* ctx) {
+        return m.kv->Range(ctx, req, &resp);
+      });
+  if (!st.ok()) return st;
+  return resp.count();
 }
 
 absl::StatusOr<bool> EtcdClient::PutIfUnchanged(const std::string& key,
@@ -246,8 +279,10 @@ absl::Status EtcdClient::Revoke(int64_t lease) {
 }
 
 absl::Status EtcdClient::Watch(
-    const std::string& prefix, int64_t start_revision,
+    const std::string& key, const std::string& range_end,
+    int64_t start_revision,
     const std::function<void(const EtcdEvent&)>& on_event,
+    const std::function<void(const std::string&)>& on_watching,
     int64_t* last_revision) {
   Member& m = members_[preferred_.load() % members_.size()];
   grpc::ClientContext ctx;
@@ -265,16 +300,47 @@ absl::Status EtcdClient::Watch(
   auto stream = m.watch->Watch(&ctx);
   etcdserverpb::WatchRequest req;
   etcdserverpb::WatchCreateRequest* create = req.mutable_create_request();
-  create->set_key(prefix);
-  create->set_range_end(PrefixEnd(prefix));
+  create->set_key(key);
+  create->set_range_end(range_end);
   create->set_start_revision(start_revision);
   create->set_prev_kv(true);
   absl::Status result = absl::UnavailableError(
       absl::StrCat("etcd watch on ", m.endpoint, " ended"));
+  // The watchdog: a progress request every watch_probe_ms; a member that
+  // answers nothing for watch_stall_ms (stopped, cut off: its connection
+  // stays open) has the watch ended, so it resumes on another member.
+  absl::Mutex dog_mu;
+  bool reading = true, stalled = false;
+  absl::Time heard = absl::Now();
+  std::thread dog;
   if (stream->Write(req)) {
+    dog = std::thread([&] {
+      etcdserverpb::WatchRequest probe;
+      probe.mutable_progress_request();
+      absl::MutexLock lock(&dog_mu);
+      while (reading) {
+        dog_mu.AwaitWithTimeout(absl::Condition(&Negated, &reading),
+                                absl::Milliseconds(options_.watch_probe_ms));
+        if (!reading) break;
+        if (absl::Now() - heard > absl::Milliseconds(options_.watch_stall_ms)) {
+          stalled = true;
+          ctx.TryCancel();
+          break;
+        }
+        dog_mu.Unlock();
+        const bool sent = stream->Write(probe);
+        dog_mu.Lock();
+        if (!sent) break;
+      }
+    });
     etcdserverpb::WatchResponse resp;
     std::vector<EtcdEvent> events;
+    bool watching = false;
     while (stream->Read(&resp)) {
+      {
+        absl::MutexLock lock(&dog_mu);
+        heard = absl::Now();
+      }
       events.clear();
       absl::Status decoded =
           DecodeWatch(resp, m.endpoint, start_revision, &events);
@@ -282,23 +348,39 @@ absl::Status EtcdClient::Watch(
         result = decoded;
         break;
       }
+      if (!watching && resp.created()) {
+        watching = true;
+        if (on_watching) on_watching(m.endpoint);
+      }
       for (const EtcdEvent& e : events) {
         on_event(e);
         *last_revision = std::max(*last_revision, e.kv.mod_revision);
       }
     }
   }
+  {
+    absl::MutexLock lock(&dog_mu);
+    reading = false;
+  }
   ctx.TryCancel();
+  if (dog.joinable()) dog.join();
   grpc::Status fin = stream->Finish();
   done();
+  if (stalled && result.code() == absl::StatusCode::kUnavailable) {
+    result = absl::UnavailableError(absl::StrCat(
+        "etcd member ", m.endpoint, " did not answer the watch for ",
+        options_.watch_stall_ms / 1000, " s (stopped or cut off)"));
+  }
   {
     absl::MutexLock lock(&watch_mu_);
     if (watches_cancelled_) return absl::CancelledError("watch cancelled");
   }
-  if (!fin.ok() && fin.error_code() != grpc::StatusCode::CANCELLED &&
+  if (!stalled && !fin.ok() &&
+      fin.error_code() != grpc::StatusCode::CANCELLED &&
       result.code() == absl::StatusCode::kUnavailable) {
-    result = absl::UnavailableError(absl::StrCat(
-        "etcd watch on ", m.endpoint, " failed: ", fin.error_message()));
+    result = absl::UnavailableError(
+        absl::StrCat("etcd member ", m.endpoint,
+                     " did not answer the watch: ", fin.error_message()));
   }
   // Next time, start from another member.
   if (result.code() == absl::StatusCode::kUnavailable) {

@@ -63,6 +63,15 @@ struct EtcdOptions {
   int64_t timeout_ms = 5000;
   // For https:// endpoints; null: the system's roots, no client cert.
   std::shared_ptr<grpc::ChannelCredentials> tls;
+  // The member asked first (modulo their number): hosts that pass
+  // different values spread their calls and watches over the members
+  // instead of all asking the first (docs/operator-guide.md, "Sizing").
+  size_t first_member = 0;
+  // A watch whose member sent nothing, not even the answer to a progress
+  // request (sent every watch_probe_ms), for watch_stall_ms is ended as
+  // UNAVAILABLE: a member cut off keeps its connections open but silent.
+  int64_t watch_probe_ms = 2000;
+  int64_t watch_stall_ms = 6000;
 };
 
 // Owns one channel per member. Every call tries the member that answered
@@ -91,6 +100,8 @@ class EtcdClient {
                                       int64_t mod_revision, int64_t lease = 0);
   absl::Status Put(const std::string& key, const std::string& value,
                    int64_t lease);
+  // How many keys start with `prefix` (a count-only range: no values).
+  absl::StatusOr<int64_t> Count(const std::string& prefix);
   // A new lease of `ttl_s` seconds; its id.
   absl::StatusOr<int64_t> GrantLease(int64_t ttl_s);
   // Renews `lease`; the new TTL. NOT_FOUND when it has expired.
@@ -99,14 +110,18 @@ class EtcdClient {
   absl::StatusOr<int64_t> TimeToLive(int64_t lease);
   absl::Status Revoke(int64_t lease);
 
-  // Watches every key under `prefix` from `start_revision` and calls
-  // `on_event` for each event, in order, until the stream ends. Returns
-  // UNAVAILABLE when the member went away or lost its leader (reconnect and
-  // resume), OUT_OF_RANGE when `start_revision` was compacted (re-read the
-  // range), CANCELLED after CancelWatches. `*last_revision` is the revision
-  // of the last event delivered.
-  absl::Status Watch(const std::string& prefix, int64_t start_revision,
+  // Watches every key in [key, range_end) from `start_revision` and calls
+  // `on_event` for each event, in order, until the stream ends;
+  // `on_watching` (the member's endpoint) once the member has accepted the
+  // watch. Returns UNAVAILABLE when the member went away, lost its leader
+  // or went silent (watch_stall_ms; reconnect and resume), OUT_OF_RANGE
+  // when `start_revision` was compacted (re-read the range), CANCELLED
+  // after CancelWatches. `*last_revision` is the revision of the last event
+  // delivered.
+  absl::Status Watch(const std::string& key, const std::string& range_end,
+                     int64_t start_revision,
                      const std::function<void(const EtcdEvent&)>& on_event,
+                     const std::function<void(const std::string&)>& on_watching,
                      int64_t* last_revision);
   // Ends every Watch in progress and any started later.
   void CancelWatches();

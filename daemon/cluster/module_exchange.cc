@@ -21,8 +21,8 @@ constexpr size_t kChunkBytes = 1 << 20;
 }  // namespace
 
 ModuleExchangeService::ModuleExchangeService(const ModuleStore* store,
-                                             Held held)
-    : store_(store), held_(std::move(held)) {}
+                                             Held held, int max_serving)
+    : store_(store), held_(std::move(held)), max_serving_(max_serving) {}
 
 grpc::Status ModuleExchangeService::FetchModule(
     grpc::ServerContext* ctx, const v1::FetchModuleRequest* req,
@@ -38,6 +38,17 @@ grpc::Status ModuleExchangeService::FetchModule(
     return grpc::Status(
         grpc::StatusCode::NOT_FOUND,
         absl::StrCat("this kregd holds no registered module ", digest));
+  }
+  // The limit holds before a file is opened.
+  struct Slot {
+    std::atomic<int>* n;
+    ~Slot() { n->fetch_sub(1); }
+  } slot{&serving_};
+  if (const int busy = serving_.fetch_add(1); busy >= max_serving_) {
+    return grpc::Status(
+        grpc::StatusCode::UNAVAILABLE,
+        absl::StrCat("busy: serving ", busy, " fetches (at most ", max_serving_,
+                     " at once); ask another peer"));
   }
   UniqueFd fd(::open(store_->PathOf(digest).c_str(), O_RDONLY | O_CLOEXEC));
   struct stat st;

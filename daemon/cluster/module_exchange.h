@@ -5,6 +5,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -17,12 +18,18 @@ namespace kreg {
 
 // Serves the store copy of a digest that `held` says this host holds for a
 // registered target (NOT_FOUND otherwise; INVALID_ARGUMENT for a malformed
-// digest). Sends the file as it is on disk: the receiver verifies.
+// digest). Sends the file as it is on disk: the receiver verifies. At most
+// `max_serving` fetches at once: more are answered UNAVAILABLE ("busy"), so
+// that the hosts which all lack a new module at once (its registration
+// seen everywhere together) spread over the peers that got it first
+// instead of all reading it from the registering host.
 class ModuleExchangeService final : public v1::ModuleExchange::Service {
  public:
   using Held = std::function<bool(const std::string& digest)>;
+  static constexpr int kMaxServing = 4;
   // `store` must outlive the service.
-  ModuleExchangeService(const ModuleStore* store, Held held);
+  ModuleExchangeService(const ModuleStore* store, Held held,
+                        int max_serving = kMaxServing);
 
   grpc::Status FetchModule(grpc::ServerContext* ctx,
                            const v1::FetchModuleRequest* req,
@@ -31,6 +38,8 @@ class ModuleExchangeService final : public v1::ModuleExchange::Service {
  private:
   const ModuleStore* const store_;
   const Held held_;
+  const int max_serving_;
+  std::atomic<int> serving_{0};
 };
 
 // Assembles module `digest` of `size` bytes from the chunks a peer streams

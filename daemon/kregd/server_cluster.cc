@@ -1,5 +1,7 @@
 // Daemon: cluster mode (DESIGN §10) — the etcd-backed registry authority
 // and the peer server for module bytes.
+#include <functional>
+
 #include "absl/strings/str_join.h"
 #include "daemon/cluster/cluster_registry.h"
 #include "daemon/cluster/cluster_service.h"
@@ -39,6 +41,8 @@ absl::Status Daemon::StartCluster() {
   opts.advertise = config_.advertise;
   opts.etcd.endpoints = config_.etcd_endpoints;
   opts.etcd.timeout_ms = static_cast<int64_t>(config_.etcd_timeout_s * 1000);
+  // Hosts spread over the etcd members (docs/operator-guide.md, "Sizing").
+  opts.etcd.first_member = std::hash<std::string>{}(config_.advertise);
   // https:// etcd endpoints use the peer CA and certificate too.
   if (tls->enabled) opts.etcd.tls = PeerChannelCredentials(*tls);
   opts.tls = *tls;

@@ -58,6 +58,11 @@ class BindingAuthority {
   virtual absl::Status Replace(const TargetEntry& current,
                                const TargetEntry& next) = 0;
 
+  // `entry` is committed here now (a registration, an adopted binding or a
+  // replacement): what this host holds changed, for the peers that look
+  // for a module's holders (docs/operator-guide.md, "Cluster mode").
+  virtual void Committed(const TargetEntry& entry) { (void)entry; }
+
   // Undoes a claim that made a binding (`claimed`) whose local commit then
   // failed. Best effort: a failure is logged.
   virtual void Unclaim(const TargetEntry& claimed) = 0;

@@ -242,6 +242,11 @@ class Registry {
     authority_.store(authority);
   }
 
+  // Whether a registration of `key` with module `digest` is in progress
+  // here (cluster mode: its own copy is about to be committed, so a
+  // binding of the same module need not be fetched from a peer).
+  bool Registering(const TargetKey& key, const std::string& digest) const;
+
   // Cluster mode: makes `binding` (made by the authority, e.g. on another
   // host) the local entry of its key, journaled. `module_bytes` are its
   // module's bytes, or empty when the store already holds them. A local

@@ -108,7 +108,15 @@ absl::StatusOr<RegisterOutcome> Registry::RegisterClaimed(
   if (!entry.ok()) return entry.status();
   std::move(unclaim).Cancel();
   std::move(discard).Cancel();
+  authority->Committed(**entry);
   return RegisterOutcome{created, *entry};
+}
+
+bool Registry::Registering(const TargetKey& key,
+                           const std::string& digest) const {
+  absl::MutexLock lock(&mu_);
+  auto it = pending_.find(key);
+  return it != pending_.end() && it->second.digest == digest;
 }
 
 absl::StatusOr<RegisterOutcome> Registry::AdoptClaimed(
@@ -187,8 +195,11 @@ absl::StatusOr<EntryPtr> Registry::Install(const TargetEntry& entry,
     if (!st.ok()) return st;
   }
   std::move(discard).Cancel();
-  absl::MutexLock lock(&mu_);
-  entries_[local->key] = local;
+  {
+    absl::MutexLock lock(&mu_);
+    entries_[local->key] = local;
+  }
+  if (authority != nullptr) authority->Committed(*local);
   return EntryPtr(local);
 }
 

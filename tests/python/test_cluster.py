@@ -22,8 +22,6 @@ import json
 import os
 import pathlib
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,11 +30,10 @@ import time
 
 import pytest
 
-import kernels_util as ku
+from cluster_harness import (ETCD, ETCDCTL, EtcdCluster, cluster_key,
+                             digest_of, free_ports, kregctl, listed,
+                             start_host, variant, wait_for)
 from kregd_proc import Daemon, kregctl_binary
-
-ETCD = shutil.which("etcd")
-ETCDCTL = shutil.which("etcdctl")
 
 if ETCD is None or ETCDCTL is None:
   if os.environ.get("CI"):
@@ -46,126 +43,9 @@ if ETCD is None or ETCDCTL is None:
               "etcd-client, or run tools/setup.sh)", allow_module_level=True)
 
 
-def free_ports(n: int) -> list[int]:
-  socks, ports = [], []
-  for _ in range(n):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    socks.append(s)
-    ports.append(s.getsockname()[1])
-  for s in socks:
-    s.close()
-  return ports
-
-
-def wait_for(pred, timeout=30.0, what="condition"):
-  deadline = time.monotonic() + timeout
-  last = None
-  while time.monotonic() < deadline:
-    last = pred()
-    if last:
-      return last
-    time.sleep(0.1)
-  raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
-
-
-def kregctl(host: Daemon, *args, timeout=60) -> subprocess.CompletedProcess:
-  return subprocess.run([str(kregctl_binary()), "--socket", host.socket,
-                         *map(str, args)], capture_output=True, text=True,
-                        timeout=timeout)
-
-
-def listed(host: Daemon) -> dict:
-  """(name, platform) -> target (kregctl list --json) of one host."""
-  out = kregctl(host, "list", "--json")
-  assert out.returncode == 0, out.stderr
-  return {(t["target_name"], t["platform"]): t for t in json.loads(out.stdout)}
-
-
-def variant(root: pathlib.Path, tag: str) -> pathlib.Path:
-  """libdemo.so with `tag` appended: loads and behaves the same, but has
-  other bytes (another build of the same source)."""
-  p = root / f"demo-{tag}.so"
-  if not p.exists():
-    p.write_bytes(ku.kernel_path(ku.DEMO).read_bytes() + tag.encode())
-  return p
-
-
-def digest_of(path: pathlib.Path) -> str:
-  return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def store_file(host: Daemon, digest: str) -> pathlib.Path:
   return pathlib.Path(host.state_dir) / "modules" / (
       "sha256-" + digest.split(":", 1)[1] + ".so")
-
-
-class EtcdCluster:
-  """Three etcd members on loopback, each with its own data dir."""
-
-  def __init__(self, root: pathlib.Path):
-    self.root = root
-    ports = free_ports(6)
-    self.client_ports, self.peer_ports = ports[:3], ports[3:]
-    self.names = ["m0", "m1", "m2"]
-    self.initial = ",".join(f"{n}=http://127.0.0.1:{p}"
-                            for n, p in zip(self.names, self.peer_ports))
-    self.procs: list[subprocess.Popen | None] = [None] * 3
-    self.endpoints = ",".join(f"http://127.0.0.1:{p}"
-                              for p in self.client_ports)
-
-  def start(self, i: int) -> None:
-    c, p = self.client_ports[i], self.peer_ports[i]
-    log = open(self.root / f"etcd-{i}.log", "ab")
-    self.procs[i] = subprocess.Popen(
-        [ETCD, "--name", self.names[i], "--data-dir",
-         str(self.root / f"etcd-{i}"),
-         "--listen-client-urls", f"http://127.0.0.1:{c}",
-         "--advertise-client-urls", f"http://127.0.0.1:{c}",
-         "--listen-peer-urls", f"http://127.0.0.1:{p}",
-         "--initial-advertise-peer-urls", f"http://127.0.0.1:{p}",
-         "--initial-cluster", self.initial, "--initial-cluster-state", "new",
-         "--initial-cluster-token", f"kreg-test-{os.getpid()}"],
-        stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-    log.close()
-
-  def kill(self, i: int) -> None:
-    p = self.procs[i]
-    if p is not None and p.poll() is None:
-      p.send_signal(signal.SIGKILL)
-      p.wait()
-    self.procs[i] = None
-
-  def ctl(self, *args, timeout=20):
-    return subprocess.run([ETCDCTL, "--endpoints", self.endpoints,
-                           "--command-timeout=5s", *args],
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "ETCDCTL_API": "3"})
-
-  def wait_healthy(self) -> None:
-    wait_for(lambda: self.ctl("put", "/kreg-test/ping", "1").returncode == 0,
-             60, "etcd to accept writes")
-
-
-def cluster_key(root: pathlib.Path) -> pathlib.Path:
-  """The cluster key file every host of the test cluster shares (0600)."""
-  p = root / "cluster.key"
-  if not p.exists():
-    p.write_text(os.urandom(32).hex() + "\n")
-    p.chmod(0o600)
-  return p
-
-
-def start_host(root: pathlib.Path, name: str, etcd: str, port: int,
-               *extra) -> Daemon:
-  # The test etcd is plaintext (http://): cluster_insecure.
-  d = Daemon(root / name, [os.path.realpath(ku.kernels_dir())],
-             ["--etcd-endpoints", etcd, "--advertise", f"127.0.0.1:{port}",
-              "--host-name", name, "--cluster-key-file",
-              str(cluster_key(root)), "--cluster-insecure", *extra])
-  d.root.mkdir(parents=True, exist_ok=True)
-  d.start()
-  return d
 
 
 @pytest.fixture(scope="module")
@@ -295,6 +175,27 @@ def test_jax_on_each_host_same_results_with_module_from_a_peer(cluster):
           kregctl(cluster.a, "hosts", "--json").stdout)), 15, "modules held")
   text = kregctl(cluster.c, "hosts")
   assert text.returncode == 0 and "(this kregd)" in text.stdout
+
+
+def test_hosts_lists_a_registered_module_right_after_registration(cluster):
+  # The host record is republished once the module is committed here, not
+  # at the claim (before it): `kregctl hosts` shows it at once, not at the
+  # next keep-alive (lease TTL / 3, 3.3 s).
+  mod = variant(cluster.root, "hosts-count")
+  mine = lambda: {h["host_name"]: h for h in json.loads(
+      kregctl(cluster.b, "hosts", "--json").stdout)}["hostB"]
+  before = len(mine()["modules"])
+  t0 = time.monotonic()
+  assert register(cluster.b, "hosts.count", mod).returncode == 0
+  host = wait_for(lambda: (lambda h: h if digest_of(mod) in h["modules"]
+                           else None)(mine()), 2.0,
+                  "kregctl hosts to list the module just registered")
+  assert len(host["modules"]) == before + 1
+  assert time.monotonic() - t0 < 20
+  text = kregctl(cluster.b, "hosts")
+  assert text.returncode == 0
+  [row] = [l for l in text.stdout.splitlines() if "hostB" in l]
+  assert str(before + 1) in row.split(), text.stdout
 
 
 def test_three_hosts_compile_one_source_once(cluster, tmp_path):
@@ -947,6 +848,54 @@ def test_module_exchange_rejects_bad_requests(cluster):
   with pytest.raises(grpc.RpcError) as e:
     fetch_raw(addr, "sha256:" + "0" * 64)
   assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_peer_serves_at_most_four_fetches_at_once(cluster):
+  # docs/operator-guide.md "Sizing": a fifth fetch while four are being
+  # served is told to ask another peer, before any file is opened; one
+  # ends, the next is served.
+  import grpc  # pylint: disable=import-outside-toplevel
+  big = cluster.root / "demo-busy.so"
+  big.write_bytes(variant(cluster.root, "busy").read_bytes() +
+                  b"\0" * (8 << 20))
+  assert register(cluster.a, "busy.op", big).returncode == 0
+  digest = digest_of(big)
+  req = b"\x0a" + bytes([len(digest)]) + digest.encode()
+  # No BDP probing: the window stays at 64 KiB, so a stream this test does
+  # not read keeps kregd's handler waiting to send.
+  ch = grpc.insecure_channel(f"127.0.0.1:{cluster.ports['hostA']}",
+                             options=[("grpc.http2.bdp_probe", 0)])
+  fetch = ch.unary_stream("/kreg.v1.ModuleExchange/FetchModule",
+                          request_serializer=lambda b: b,
+                          response_deserializer=lambda b: b)
+  held = []
+  try:
+    held += [fetch(req, timeout=60) for _ in range(4)]
+    for call in held:  # each has started: its first chunk arrived
+      assert len(next(call)) > 0
+    with pytest.raises(grpc.RpcError) as e:
+      list(fetch(req, timeout=30))
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert e.value.details() == ("busy: serving 4 fetches (at most 4 at "
+                                 "once); ask another peer")
+    held[0].cancel()
+
+    def served():
+      try:
+        return b"".join(fetch(req, timeout=30))
+      except grpc.RpcError as e:
+        if e.code() == grpc.StatusCode.UNAVAILABLE and "busy" in e.details():
+          return None
+        raise
+    got = wait_for(served, 30, "a slot to free up")
+    # The chunks as sent (protobuf-framed): the whole module in them.
+    assert len(got) > big.stat().st_size
+    assert big.read_bytes()[:4096] in got
+  finally:
+    for call in held[1:]:
+      call.cancel()
+    ch.close()
+  assert kregctl(cluster.a, "retire", "busy.op").returncode == 0
 
 
 @pytest.mark.parametrize("flags, message", [

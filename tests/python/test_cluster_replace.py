@@ -34,8 +34,9 @@ import pytest
 import holder
 import kernels_util as ku
 from kregd_proc import Daemon, kregctl_binary
-from test_cluster import (EtcdCluster, digest_of, free_ports, kregctl, listed,
-                          start_host, store_file, wait_for)
+from cluster_harness import (EtcdCluster, digest_of, free_ports, kregctl,
+                             listed, start_host, wait_for)
+from test_cluster import store_file
 
 # Padding that makes a build too large for host C's max_module_bytes: C
 # then cannot fetch it and stays at the generation it has.
