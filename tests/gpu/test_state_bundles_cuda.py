@@ -81,6 +81,11 @@ print(json.dumps({"out": out}))
 
 def run_child(*args) -> dict:
   env = dict(os.environ)
+  # The pytest process's JAX holds GPU memory already: a child that
+  # preallocated most of the rest would leave the executor none for its
+  # context and cuBLAS (as the other suites' children, it allocates as it
+  # goes).
+  env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
   env["PYTHONPATH"] = os.pathsep.join(
       [str(REPO_ROOT / "client" / "python"), str(REPO_ROOT / "tests" / "python"),
        env.get("PYTHONPATH", "")])
