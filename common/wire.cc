@@ -3,7 +3,6 @@
 #include <errno.h>
 #include <poll.h>
 #include <string.h>
-#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -343,73 +342,6 @@ int RecvFrame(int sock, uint32_t max_bytes, RecvBuffer* buffer,
               std::vector<int>* fds, Clock::time_point deadline) {
   return RecvFrameImpl(sock, max_bytes, &buffer->payload(), fds, &BudgetGrow,
                        buffer, &deadline);
-}
-
-int PeekFrame(int sock, uint32_t max_bytes, Clock::time_point deadline,
-              std::string* payload, bool* has_fds) {
-  *has_fds = false;
-  // Edge-triggered: epoll_wait returns when bytes arrive (the first time
-  // at once if some are there) or the peer closes, never because part of
-  // a frame sits in the socket: a half frame costs no CPU while it waits.
-  const int ep = ::epoll_create1(EPOLL_CLOEXEC);
-  if (ep < 0) return errno;
-  struct CloseEp {
-    int fd;
-    ~CloseEp() { ::close(fd); }
-  } close_ep{ep};
-  epoll_event watch{};
-  watch.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
-  if (::epoll_ctl(ep, EPOLL_CTL_ADD, sock, &watch) != 0) return errno;
-  std::string buf(kHeaderBytes, '\0');
-  size_t want = kHeaderBytes;
-  bool closed = false;  // the peer closed: no more bytes will come
-  for (;;) {
-    auto left =
-        std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) return kTimedOut;
-    epoll_event ev{};
-    const int ready = ::epoll_wait(
-        ep, &ev, 1, static_cast<int>(std::min<int64_t>(left.count(), 1 << 30)));
-    if (ready < 0 && errno != EINTR) return errno;
-    if (ready <= 0) continue;
-    if ((ev.events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0) closed = true;
-    // Everything that is there now; then wait for the next arrival.
-    for (;;) {
-      // No control buffer: descriptors a peek duplicates are closed by the
-      // kernel, which reports them as MSG_CTRUNC.
-      iovec iov{buf.data(), want};
-      msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      ssize_t n = ::recvmsg(sock, &msg, MSG_PEEK | MSG_DONTWAIT);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && errno == EAGAIN) break;
-      if (n < 0) return errno;
-      if ((msg.msg_flags & MSG_CTRUNC) != 0) {
-        *has_fds = true;
-        return kOk;
-      }
-      const size_t got = static_cast<size_t>(n);
-      if (got == 0) return kEof;
-      if (want == kHeaderBytes && got >= kHeaderBytes) {
-        uint32_t len = 0;
-        for (size_t i = 0; i < kHeaderBytes; ++i) {
-          len |= static_cast<uint32_t>(static_cast<unsigned char>(buf[i]))
-                 << (8 * i);
-        }
-        if (len > max_bytes) return kTooLarge;
-        want = kHeaderBytes + len;
-        buf.resize(want);
-        continue;
-      }
-      if (got == want) {
-        payload->assign(buf, kHeaderBytes, std::string::npos);
-        return kOk;
-      }
-      if (closed) return kTruncated;
-      break;
-    }
-  }
 }
 
 int TryPeekFrame(int sock, uint32_t max_bytes, std::string* payload,

@@ -141,21 +141,13 @@ int RecvFrame(int sock, uint32_t max_bytes, RecvBuffer* buffer,
 int RecvFrame(int sock, uint32_t max_bytes, RecvBuffer* buffer,
               std::vector<int>* fds, Clock::time_point deadline);
 
-// Looks at the next frame of `sock` without taking it (MSG_PEEK), so that
-// another reader (an executor kregd hands the socket to) still receives it
-// whole. Waits until the whole frame is there, at most until `deadline`.
-// Descriptors are never received: a frame that carries some sets
-// `*has_fds` and returns kOk at once with `payload` unset (what a peek
-// duplicates is closed by the kernel). kOk with `payload` the frame's
-// body, or kEof, kTooLarge (over `max_bytes`, nothing buffered),
-// kTruncated (the peer closed inside the frame), kTimedOut or an errno.
-int PeekFrame(int sock, uint32_t max_bytes, Clock::time_point deadline,
-              std::string* payload, bool* has_fds);
-
-// Looks once, without waiting, at the next frame of `sock` (MSG_PEEK, as
-// PeekFrame): kOk when the whole frame is there (`payload` its body) or
-// when it carries descriptors (`*has_fds`, `payload` unset: receive it with
-// RecvFrame and a deadline), kWouldBlock when it is not all there yet
+// Looks once, without waiting, at the next frame of `sock` without taking
+// it (MSG_PEEK), so that another reader (an executor kregd hands the socket
+// to) still receives it whole. Descriptors are never received (what a peek
+// duplicates is closed by the kernel). kOk when the whole frame is there
+// (`payload` its body) or when it carries descriptors (`*has_fds`, `payload`
+// unset: receive it with RecvFrame and a deadline), kWouldBlock when it is not
+// all there yet
 // (`*partial` says whether some of it is), or kEof, kTooLarge (over
 // `max_bytes`), kTruncated (the peer closed inside the frame) or an errno.
 // For a caller that waits for readability itself (a parked connection,
