@@ -144,6 +144,15 @@ ClientStatus RunForwarder(Forwarder forward, Client* client,
   return s;
 }
 
+// Frees an error XLA's API returned to the shim.
+void DestroyFfiError(const XLA_FFI_Api* api, XLA_FFI_Error* err) {
+  XLA_FFI_Error_Destroy_Args destroy;
+  memset(&destroy, 0, sizeof(destroy));
+  destroy.struct_size = XLA_FFI_Error_Destroy_Args_STRUCT_SIZE;
+  destroy.error = err;
+  api->XLA_FFI_Error_Destroy(&destroy);
+}
+
 // The instantiate stage of a stateful slot: kregd's executor runs the real
 // one (Client::Instantiate) and keeps the state; XLA keeps the handle.
 ClientStatus InstantiateForwarded(const Slot* slot, XLA_FFI_CallFrame* frame) {
@@ -178,11 +187,7 @@ ClientStatus InstantiateForwarded(const Slot* slot, XLA_FFI_CallFrame* frame) {
     std::string message = "kreg forwarding handler for \"" + slot->target +
                           "\": XLA refused the call site's state: " +
                           (details.message != nullptr ? details.message : "");
-    XLA_FFI_Error_Destroy_Args destroy;
-    memset(&destroy, 0, sizeof(destroy));
-    destroy.struct_size = XLA_FFI_Error_Destroy_Args_STRUCT_SIZE;
-    destroy.error = err;
-    frame->api->XLA_FFI_Error_Destroy(&destroy);
+    DestroyFfiError(frame->api, err);
     return ClientStatus::Error(kInternal, message);
   }
   return ClientStatus::Ok();
@@ -198,11 +203,7 @@ ClientStatus ForwardedStateOf(const Slot* slot, XLA_FFI_CallFrame* frame,
   args.stage = XLA_FFI_ExecutionStage_EXECUTE;
   args.type_id = &g_forwarded_state_type;
   if (XLA_FFI_Error* err = frame->api->XLA_FFI_State_Get(&args)) {
-    XLA_FFI_Error_Destroy_Args destroy;
-    memset(&destroy, 0, sizeof(destroy));
-    destroy.struct_size = XLA_FFI_Error_Destroy_Args_STRUCT_SIZE;
-    destroy.error = err;
-    frame->api->XLA_FFI_Error_Destroy(&destroy);
+    DestroyFfiError(frame->api, err);
     args.state = nullptr;
   }
   if (args.state == nullptr) {

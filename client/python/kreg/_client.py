@@ -280,6 +280,24 @@ def _jax_platform(canonical: str) -> str:
   return _PLATFORMS.get(canonical, (canonical, None))[0]
 
 
+def _register_type_once(jax: Any, canonical: str, name: str, type_id: int,
+                        type_info: int) -> None:
+  """Registers the state type `name` (its id and info at those addresses)
+  with XLA, unless it is registered already (XLA wrote its id there)."""
+  if ctypes.c_int64.from_address(type_id).value != 0:
+    return
+  try:
+    # Types registered before the backend exists are replayed after its
+    # handlers, which XLA refuses: start the backend first.
+    jax.devices(_jax_platform(canonical))
+  except RuntimeError:
+    pass
+  _intercept.jax_register_type(
+      name, {"type_id": _shim.pointer_capsule(type_id),
+             "type_info": _shim.pointer_capsule(type_info)},
+      platform=_jax_platform(canonical))
+
+
 def _to_target(info: _shim.TargetInfo) -> Target:
   s = lambda b: b.decode("utf-8", "replace") if b else ""
   return Target(s(info.target_name), s(info.platform), s(info.func_name),
@@ -640,17 +658,9 @@ class Client:
               for i, name in enumerate(STAGES) if args.stage_handlers[i]}
     if set(stages) <= {"execute"} and not args.state_type_name:
       return handler
-    if args.state_type_name and \
-        ctypes.c_int64.from_address(args.state_type_id).value == 0:
-      try:
-        jax.devices(_jax_platform(canonical))
-      except RuntimeError:
-        pass
-      _intercept.jax_register_type(
-          args.state_type_name.decode(),
-          {"type_id": _shim.pointer_capsule(args.state_type_id),
-           "type_info": _shim.pointer_capsule(args.state_type_info)},
-          platform=_jax_platform(canonical))
+    if args.state_type_name:
+      _register_type_once(jax, canonical, args.state_type_name.decode(),
+                          args.state_type_id, args.state_type_info)
     return stages
 
   def _register_forwarded_state_type(self, jax: Any, canonical: str) -> None:
@@ -659,19 +669,8 @@ class Client:
     type it does not know)."""
     st = _shim.new(_shim.StateTypeArgs)
     self._lib.kreg_forwarded_state_type(ctypes.byref(st))
-    if ctypes.c_int64.from_address(st.type_id).value != 0:
-      return  # registered already (the id is XLA's now)
-    try:
-      # Types registered before the backend exists are replayed after its
-      # handlers, which XLA refuses: start the backend first.
-      jax.devices(_jax_platform(canonical))
-    except RuntimeError:
-      pass
-    _intercept.jax_register_type(
-        st.name.decode(),
-        {"type_id": _shim.pointer_capsule(st.type_id),
-         "type_info": _shim.pointer_capsule(st.type_info)},
-        platform=_jax_platform(canonical))
+    _register_type_once(jax, canonical, st.name.decode(), st.type_id,
+                        st.type_info)
 
   def bound_mode(self, target_name: str, platform: str) -> Optional[str]:
     """How (target_name, platform) runs in this process: "local",
