@@ -859,6 +859,10 @@ def test_a_peer_serves_at_most_four_fetches_at_once(cluster):
   big.write_bytes(variant(cluster.root, "busy").read_bytes() +
                   b"\0" * (8 << 20))
   assert register(cluster.a, "busy.op", big).returncode == 0
+  # The other hosts mirror the binding by fetching from hostA: those fetches
+  # hold slots too, so they finish before this test counts its own.
+  for h in (cluster.b, cluster.c):
+    wait_for(lambda: ("busy.op", "cpu") in listed(h), 60, "busy.op mirrored")
   digest = digest_of(big)
   req = b"\x0a" + bytes([len(digest)]) + digest.encode()
   # No BDP probing: the window stays at 64 KiB, so a stream this test does
