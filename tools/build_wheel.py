@@ -3,10 +3,10 @@
 kregctl.
 
     tools/build_wheel.py --shim bazel-bin/client/shim/libkreg_client.so \
-        [--kregctl bazel-bin/client/kregctl] [--pb2 bazel-bin/client/python] \
+        [--kregctl bazel-bin/client/kregctl/kregctl] [--pb2 bazel-bin/client/python] \
         [--manylinux] --out dist/
 
-kregctl (default: bazel-bin/client/kregctl beside the shim's directory) is
+kregctl (default: bazel-bin/client/kregctl/kregctl beside the shim's directory) is
 bundled as kreg/kregctl and installed as the `kregctl` command
 (kreg._kregctl execs it). The protobuf modules that protoc generated for
 kreg.compile_ffi_target (`bazel build //client/python:kreg_pb2`; --pb2
@@ -91,7 +91,7 @@ def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--shim", required=True, type=pathlib.Path)
   ap.add_argument("--kregctl", type=pathlib.Path,
-                  help="kregctl binary (default: <shim dir>/../kregctl)")
+                  help="kregctl binary (default: <shim dir>/../kregctl/kregctl)")
   ap.add_argument("--pb2", type=pathlib.Path,
                   help="where kreg/v1/*_pb2.py lie (default: <shim dir>/../"
                   "python)")
@@ -99,7 +99,7 @@ def main() -> int:
   ap.add_argument("--manylinux", action="store_true",
                   help="auditwheel repair: a self-contained manylinux wheel")
   args = ap.parse_args()
-  kregctl = args.kregctl or args.shim.parent.parent / "kregctl"
+  kregctl = args.kregctl or args.shim.parent.parent / "kregctl" / "kregctl"
   pb2 = (args.pb2 or args.shim.parent.parent / "python") / "kreg" / "v1"
   project = tomllib.loads((PKG_DIR / "pyproject.toml").read_text())["project"]
   name, version = project["name"], project["version"]
@@ -114,7 +114,7 @@ def main() -> int:
     return 1
   if not kregctl.is_file():
     print(f"build_wheel: {kregctl} is not built (bazel build "
-          "//client:kregctl), or pass --kregctl PATH", file=sys.stderr)
+          "//client/kregctl), or pass --kregctl PATH", file=sys.stderr)
     return 1
   if not (pb2 / "registry_pb2.py").is_file():
     print(f"build_wheel: {pb2 / 'registry_pb2.py'} is not built (bazel build "

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the kreg wheel with the shim and kregctl inside: bazel-builds
-# //client/shim:libkreg_client.so, //client:kregctl and the protobuf modules
+# //client/shim:libkreg_client.so, //client/kregctl and the protobuf modules
 # of kreg.compile_ffi_target (//client/python:kreg_pb2) and writes
 # dist/kreg-<version>-py3-none-manylinux_2_NN_x86_64.whl (path printed last):
 # tools/build_wheel.py --manylinux grafts the libraries they link (gRPC,
@@ -30,7 +30,7 @@ else
   fi
   py=.venv/bin/python
 fi
-bazel build //client/shim:libkreg_client.so //client:kregctl \
+bazel build //client/shim:libkreg_client.so //client/kregctl \
   //client/python:kreg_pb2 >&2
 "$py" tools/build_wheel.py --shim bazel-bin/client/shim/libkreg_client.so \
-  --kregctl bazel-bin/client/kregctl --manylinux --out "$out"
+  --kregctl bazel-bin/client/kregctl/kregctl --manylinux --out "$out"

@@ -237,7 +237,7 @@ def page(name: str, section: str, summary: str, sections: str) -> str:
 def main() -> int:
   bin_dir = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "bazel-bin"
   kregd = bin_dir / "daemon" / "kregd" / "kregd"
-  kregctl = bin_dir / "client" / "kregctl"
+  kregctl = bin_dir / "client" / "kregctl" / "kregctl"
   out = pathlib.Path(sys.argv[2]) if len(sys.argv) > 2 else REPO / "docs" / "man"
   out.mkdir(parents=True, exist_ok=True)
 

@@ -13,7 +13,7 @@
 #                     cuda_gpu_test (the C++ [cuda] tests, run by run.sh)
 #   bin/              a bazel-bin-shaped tree ($KREG_BIN_DIR):
 #                     daemon/kregd/kregd, daemon/executor/kregd-probe and
-#                     client/kregctl are wrappers that
+#                     client/kregctl/kregctl are wrappers that
 #                     put lib/ on LD_LIBRARY_PATH; kernels/cpu/*.so;
 #                     kernels/cuda/*.so
 #   bazel-bin -> bin  so paths that default to <repo>/bazel-bin work
@@ -40,7 +40,7 @@ out=${1:-bundle}
 max_mb=${KREG_BUNDLE_MAX_MB:-56}
 
 targets=(//daemon/kregd:kregd //daemon/executor:kregd-probe //daemon/executor:kregd-exec
-  //daemon/compiler:kregd-compile //client:kregctl
+  //daemon/compiler:kregd-compile //client/kregctl
   //client/shim:libkreg_client.so //kernels/cpu:all
   //kernels/cuda:libdemo_cuda.so //kernels/cuda:libdemo_cuda_v2.so
   //kernels/cuda:libbrainevent_cuda.so
@@ -51,12 +51,12 @@ bazel build "${targets[@]}"
 bin=$(bazel info bazel-bin 2>/dev/null)
 
 rm -rf "$out"
-mkdir -p "$out"/{libexec,lib/client,bin/daemon/kregd,bin/daemon/executor,bin/client,bin/kernels/cpu,bin/kernels/cuda}
+mkdir -p "$out"/{libexec,lib/client,bin/daemon/kregd,bin/daemon/executor,bin/client/kregctl,bin/kernels/cpu,bin/kernels/cuda}
 out=$(cd "$out" && pwd)
 tools/build_wheel.sh "$out/dist"
 
 cp "$bin"/daemon/kregd/kregd "$bin"/daemon/executor/kregd-probe "$bin"/daemon/executor/kregd-exec \
-  "$bin"/daemon/compiler/kregd-compile "$bin"/client/kregctl \
+  "$bin"/daemon/compiler/kregd-compile "$bin"/client/kregctl/kregctl \
   "$out"/libexec/
 # The compile service's XLA FFI headers, beside kregd (compile_ffi_include_dir).
 cp -r "$bin"/daemon/kregd/include "$out"/libexec/
@@ -69,7 +69,7 @@ chmod -R u+w "$out"
 
 # kregd finds kregd-probe and kregd-exec next to its own executable
 # (libexec/); they inherit the wrapper's LD_LIBRARY_PATH.
-for tool in daemon/kregd/kregd daemon/executor/kregd-probe client/kregctl; do
+for tool in daemon/kregd/kregd daemon/executor/kregd-probe client/kregctl/kregctl; do
   up=$(dirname "$tool" | sed 's|[^/]*|..|g')  # bin/TOOL's folder -> bin/
   cat > "$out/bin/$tool" <<EOF
 #!/bin/sh

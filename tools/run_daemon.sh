@@ -15,12 +15,12 @@ log=.kregd-build.log
 echo "run_daemon: setting up and building (first run: a few minutes; output in $log)" >&2
 if ! { bash tools/setup.sh &&
        bazel build --noshow_progress //daemon/kregd:kregd //daemon/executor:kregd-probe \
-         //client:kregctl //client/shim:libkreg_client.so //client/python:kreg_pb2 \
+         //client/kregctl //client/shim:libkreg_client.so //client/python:kreg_pb2 \
          //kernels/cpu:all
      } >"$log" 2>&1; then
   tail -n 40 "$log" >&2
   echo "run_daemon: setup or build failed; full output in $log" >&2
   exit 1
 fi
-echo "run_daemon: starting kregd (kregctl: bazel-bin/client/kregctl)" >&2
+echo "run_daemon: starting kregd (kregctl: bazel-bin/client/kregctl/kregctl)" >&2
 exec bazel-bin/daemon/kregd/kregd "$@"

@@ -353,7 +353,7 @@ def test_name_stable_across_processes_and_listed(nb, kregd_socket):
   assert entry.platform == "cuda"
   # And so does kregctl, where the bundle has it.
   bin_dir = os.environ.get("KREG_BIN_DIR")
-  kregctl = pathlib.Path(bin_dir) / "client" / "kregctl" if bin_dir else None
+  kregctl = pathlib.Path(bin_dir) / "client" / "kregctl" / "kregctl" if bin_dir else None
   if kregctl is None or not kregctl.exists():
     pytest.skip("kregctl not in $KREG_BIN_DIR/client (checked the listing "
                 "through kreg.list_registered_targets only)")

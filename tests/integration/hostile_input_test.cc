@@ -388,7 +388,7 @@ TEST_CASE("Daemon-side paths are opened with the caller's credentials",
   d.Start();
   ::chmod(d.socket().c_str(), 0666);
   std::string kregctl = dir.path() + "/kregctl";
-  std::filesystem::copy_file(testing::Runfile("client/kregctl"), kregctl);
+  std::filesystem::copy_file(testing::Runfile("client/kregctl/kregctl"), kregctl);
   ::chmod(kregctl.c_str(), 0755);
   // modules/private: 0700, owned by uid 4243; modules/group: 0750, group
   // 4244; the module inside each is world-readable.

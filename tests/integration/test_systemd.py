@@ -9,7 +9,7 @@ test owns. No running systemd is needed.
 
 Run: .venv/bin/python -m pytest tests/integration/test_systemd.py
 Binaries come from $KREG_BIN_DIR (default <repo>/bazel-bin); build them with
-  bazel build //daemon/kregd:kregd //client:kregctl //kernels/cpu:all
+  bazel build //daemon/kregd:kregd //client/kregctl //kernels/cpu:all
 """
 
 import os
@@ -30,7 +30,7 @@ UNIT_DIR = REPO / "daemon" / "systemd"
 BIN_DIR = Path(os.environ.get("KREG_BIN_DIR", REPO / "bazel-bin"))
 KREGD = BIN_DIR / "daemon" / "kregd" / "kregd"
 KREGD_PROBE = BIN_DIR / "daemon" / "executor" / "kregd-probe"
-KREGCTL = BIN_DIR / "client" / "kregctl"
+KREGCTL = BIN_DIR / "client" / "kregctl" / "kregctl"
 DEMO_MODULE = BIN_DIR / "kernels" / "cpu" / "libdemo.so"
 
 INSTALLED_KREGD = "/usr/local/bin/kregd"
@@ -50,7 +50,7 @@ def need_binaries(*paths):
     for p in paths:
         assert Path(p).is_file() and os.access(p, os.X_OK), (
             f"{p} is missing; build it first: bazel build //daemon/kregd:kregd "
-            "//client:kregctl //kernels/cpu:all (or set KREG_BIN_DIR)")
+            "//client/kregctl //kernels/cpu:all (or set KREG_BIN_DIR)")
 
 
 def need_tool(name):

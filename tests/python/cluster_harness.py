@@ -349,7 +349,7 @@ class Cluster:
           "etcd and etcdctl are not installed (apt-get install etcd-server "
           "etcd-client, or run tools/setup.sh)")
     if kregctl_binary() is None:
-      raise FileNotFoundError("kregctl not built (bazel build //client:kregctl)")
+      raise FileNotFoundError("kregctl not built (bazel build //client/kregctl)")
     self.root = pathlib.Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     self.etcd = EtcdCluster(self.root)
     self.start_workers = start_workers

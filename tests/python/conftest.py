@@ -44,7 +44,7 @@ def kregctl_path():
   several test directories run in one pytest process.)"""
   p = kregctl_binary()
   if p is None:
-    pytest.skip("kregctl not built (bazel build //client:kregctl)")
+    pytest.skip("kregctl not built (bazel build //client/kregctl)")
   return p
 
 

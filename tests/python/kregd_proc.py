@@ -37,8 +37,8 @@ def daemon_binary() -> pathlib.Path:
 def kregctl_binary() -> Optional[pathlib.Path]:
   """kregctl next to the daemon binary under test, else the repo's; None
   when neither is built."""
-  for p in (daemon_binary().parents[2] / "client" / "kregctl",
-            REPO_ROOT / "bazel-bin" / "client" / "kregctl"):
+  for p in (daemon_binary().parents[2] / "client" / "kregctl" / "kregctl",
+            REPO_ROOT / "bazel-bin" / "client" / "kregctl" / "kregctl"):
     if p.is_file():
       return p
   return None
@@ -146,7 +146,7 @@ class Daemon:
     """`kregctl status --json` of this daemon (gRPC: opens no session)."""
     kregctl = kregctl_binary()
     if kregctl is None:
-      raise FileNotFoundError("kregctl not built (bazel build //client:kregctl)")
+      raise FileNotFoundError("kregctl not built (bazel build //client/kregctl)")
     out = subprocess.run([str(kregctl), "--socket", self.socket, "status",
                           "--json"], capture_output=True, text=True,
                          timeout=30, check=True)

@@ -51,7 +51,7 @@ def store_file(host: Daemon, digest: str) -> pathlib.Path:
 @pytest.fixture(scope="module")
 def cluster():
   if kregctl_binary() is None:
-    pytest.skip("kregctl not built (bazel build //client:kregctl)")
+    pytest.skip("kregctl not built (bazel build //client/kregctl)")
   root = pathlib.Path(tempfile.mkdtemp(prefix="kc-", dir="/tmp"))
   etcd = EtcdCluster(root)
   hosts: dict[str, Daemon] = {}

@@ -57,7 +57,7 @@ def build(root: pathlib.Path, lib: str, tag: str, pad: int = 0
 @pytest.fixture(scope="module")
 def cl():
   if kregctl_binary() is None:
-    pytest.skip("kregctl not built (bazel build //client:kregctl)")
+    pytest.skip("kregctl not built (bazel build //client/kregctl)")
   root = pathlib.Path(tempfile.mkdtemp(prefix="kcr-", dir="/tmp"))
   etcd = EtcdCluster(root)
   hosts: list[Daemon] = []

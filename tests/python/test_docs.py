@@ -23,7 +23,7 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BIN_DIR = pathlib.Path(os.environ.get("KREG_BIN_DIR", REPO / "bazel-bin"))
 KREGD = BIN_DIR / "daemon" / "kregd" / "kregd"
-KREGCTL = BIN_DIR / "client" / "kregctl"
+KREGCTL = BIN_DIR / "client" / "kregctl" / "kregctl"
 EXAMPLE = REPO / "docs" / "kregd.toml.example"
 # A row of the config key table (daemon/config/config_keys.cc): its key.
 KEY_ROW = r'\bKey(?:String|Strings|Bool|Int|Float|Custom)\(\s*"(\w+)"'
@@ -143,7 +143,7 @@ def test_kregctl_exit_status_is_the_list_in_errors_md():
     roff = re.sub(r"`([^`]+)`", r"\\fB\1\\fR", words.replace("-", "\\-"))
     assert f".TP\n.B {code}\n{roff}\n" in exit_status, (code, exit_status)
   # The mapping in kregctl itself.
-  src = (REPO / "client/kregctl_common.cc").read_text()
+  src = (REPO / "client/kregctl/common.cc").read_text()
   for code in ("kInvalidArgument", "kUnimplemented"):
     assert re.search(rf"case absl::StatusCode::{code}:[^}}]*?return 2;", src)
   assert re.search(r"kFailedPrecondition:\s*return 3;", src)
@@ -246,7 +246,7 @@ def test_install_steps_install_every_binary_kregd_starts():
       "\\\n", " ").splitlines() if "bazel build" in l)
   for target in ("//daemon/kregd:kregd", "//daemon/executor:kregd-probe",
                  "//daemon/executor:kregd-exec", "//daemon/compiler:kregd-compile",
-                 "//client:kregctl"):
+                 "//client/kregctl"):
     assert target in build, f"operator guide: bazel build lacks {target}"
   # ... and the compile service's headers, which kregd needs to start.
   for where in ("docs/operator-guide.md", "README.md"):
@@ -435,7 +435,7 @@ def test_readme_cluster_quick_start_runs_as_written():
   if shutil.which("etcd") is None:
     pytest.skip("etcd is not installed (tools/setup.sh installs it)")
   need(REPO / "bazel-bin/daemon/kregd/kregd")
-  need(REPO / "bazel-bin/client/kregctl")
+  need(REPO / "bazel-bin/client/kregctl/kregctl")
   blocks = [b for b in code_blocks(REPO / "README.md", "sh")
             if "--cluster-key-file" in b]
   assert len(blocks) == 1, blocks
@@ -454,7 +454,7 @@ def test_readme_cluster_quick_start_runs_as_written():
     listing = [l for l in out.splitlines() if "demo.scale" in l]
     assert any("host1" in l for l in listing[1:]), out
     other = subprocess.run(
-        [str(REPO / "bazel-bin/client/kregctl"), "--socket",
+        [str(REPO / "bazel-bin/client/kregctl/kregctl"), "--socket",
          str(q / "h2/kregd.sock"), "register", "demo.scale", "--module",
          str(REPO / "bazel-bin/kernels/cpu/libdemo_v2.so"), "--function",
          "Scale", "--platform", "cpu"], capture_output=True, text=True,

@@ -31,7 +31,7 @@ def start(root: pathlib.Path, pipe_dir: str | None) -> Daemon:
   if pipe_dir is not None:
     env["CUDA_MPS_PIPE_DIRECTORY"] = pipe_dir
   if kregctl_binary() is None:
-    pytest.skip("kregctl not built (bazel build //client:kregctl)")
+    pytest.skip("kregctl not built (bazel build //client/kregctl)")
   d = Daemon(root, [], env=env)
   try:
     d.start()

@@ -25,7 +25,7 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BIN_DIR = pathlib.Path(os.environ.get("KREG_BIN_DIR", REPO / "bazel-bin"))
 SHIM = BIN_DIR / "client" / "shim" / "libkreg_client.so"
-KREGCTL = BIN_DIR / "client" / "kregctl"
+KREGCTL = BIN_DIR / "client" / "kregctl" / "kregctl"
 DEMO = BIN_DIR / "kernels" / "cpu" / "libdemo.so"
 
 
@@ -331,9 +331,9 @@ def test_build_wheel_sh_in_a_checkout_without_venv(tmp_path):
   stubs.mkdir()
   (stubs / "bazel").write_text(
       "#!/bin/sh\nset -e\necho \"bazel $*\" >&2\n"
-      "mkdir -p bazel-bin/client/shim\n"
+      "mkdir -p bazel-bin/client/shim bazel-bin/client/kregctl\n"
       f"cp {SHIM} bazel-bin/client/shim/libkreg_client.so\n"
-      f"cp {KREGCTL} bazel-bin/client/kregctl\n"
+      f"cp {KREGCTL} bazel-bin/client/kregctl/kregctl\n"
       "mkdir -p bazel-bin/client/python\n"
       f"cp -r {pb2} bazel-bin/client/python\n")
   (stubs / "bazel").chmod(0o755)
@@ -343,7 +343,7 @@ def test_build_wheel_sh_in_a_checkout_without_venv(tmp_path):
                      capture_output=True, text=True, env=env, timeout=600)
   assert r.returncode == 0, r.stderr
   assert "no .venv" in r.stderr and "SETUP-RAN" in r.stderr
-  assert ("bazel build //client/shim:libkreg_client.so //client:kregctl "
+  assert ("bazel build //client/shim:libkreg_client.so //client/kregctl "
           "//client/python:kreg_pb2" in r.stderr)
   wheel = pathlib.Path(r.stdout.strip().splitlines()[-1])
   assert not wheel.is_absolute() and (clone / wheel).is_file()

@@ -82,7 +82,7 @@ void WriteFile(const std::string& path, const std::string& data) {
 }
 
 CommandResult Kregctl(const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {Runfile("client/kregctl")};
+  std::vector<std::string> argv = {Runfile("client/kregctl/kregctl")};
   argv.insert(argv.end(), args.begin(), args.end());
   return Run(argv);
 }

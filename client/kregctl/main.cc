@@ -6,9 +6,9 @@
 // stderr unchanged.
 //
 // main only builds the CLI11 app and runs the parsed subcommand; each
-// subcommand is a function in kregctl_targets.cc, kregctl_register.cc,
-// kregctl_daemon.cc or kregctl_cluster.cc, declared with what they share
-// (the exit codes above, output helpers) in kregctl_common.h.
+// subcommand is a function in targets.cc, register.cc,
+// daemon.cc or cluster.cc, declared with what they share
+// (the exit codes above, output helpers) in common.h.
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -16,7 +16,7 @@
 
 #include "CLI/CLI.hpp"
 #include "client/client.h"
-#include "client/kregctl_common.h"
+#include "client/kregctl/common.h"
 #include "common/paths.h"
 #include "common/version.h"
 

@@ -1,7 +1,7 @@
 // What kregctl's subcommands share: the connection to kregd, the exit code
 // of a failed call, and the output helpers for targets and key/value lists.
 // Each subcommand is one function that adds its CLI11 node and returns a
-// Command; kregctl_main.cc runs the one that was parsed.
+// Command; main.cc runs the one that was parsed.
 #ifndef KREGD_CLIENT_KREGCTL_COMMON_H_
 #define KREGD_CLIENT_KREGCTL_COMMON_H_
 
@@ -46,7 +46,7 @@ nlohmann::ordered_json TargetJson(const v1::Target& t);
 // One "key: value" line per field, strings unquoted.
 void PrintFields(const nlohmann::ordered_json& j);
 
-// kregctl_stats.cc: launch statistics (status, show) and live sessions.
+// stats.cc: launch statistics (status, show) and live sessions.
 // {"launches", "errors", "latency_us": {"count", "p50", "p90", "p99"}}
 nlohmann::ordered_json StatsJson(const v1::TargetStats& s);
 // One line: "launches 10, errors 1, latency p50 3.2 us, p90 ..., p99 ...".
@@ -60,28 +60,28 @@ void PrintSessionsTable(const v1::ListSessionsResponse& sessions);
 // The subcommands. Each adds its CLI11 subcommand (name, help, flags) to
 // `app` and returns what runs it; main adds them in the order of
 // `kregctl --help`.
-// kregctl_targets.cc: the registered targets.
+// targets.cc: the registered targets.
 Command AddListCommand(CLI::App& app);
 Command AddShowCommand(CLI::App& app);
 Command AddUnquarantineCommand(CLI::App& app);
 Command AddRetireCommand(CLI::App& app);
 Command AddReserveCommand(CLI::App& app);
 
-// kregctl_register.cc
+// register.cc
 Command AddRegisterCommand(CLI::App& app);
 
-// kregctl_compile.cc: kregd compiles sources once and registers the result
+// compile.cc: kregd compiles sources once and registers the result
 // (DESIGN §13); the compiler's output goes to stderr verbatim.
 Command AddCompileCommand(CLI::App& app);
 
-// kregctl_daemon.cc: the daemon itself.
+// daemon.cc: the daemon itself.
 Command AddStatusCommand(CLI::App& app);
 Command AddConfigCommand(CLI::App& app);
 Command AddHealthCommand(CLI::App& app);
 Command AddSessionsCommand(CLI::App& app);
 Command AddGcCommand(CLI::App& app);
 
-// kregctl_cluster.cc: cluster mode.
+// cluster.cc: cluster mode.
 Command AddHostsCommand(CLI::App& app);
 // `list --cluster`: every binding in etcd (a table with the registering
 // host, or JSON). Returns the exit code.

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
-#include "client/kregctl_common.h"
+#include "client/kregctl/common.h"
 
 namespace kreg {
 namespace {

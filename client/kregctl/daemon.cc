@@ -4,7 +4,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
-#include "client/kregctl_common.h"
+#include "client/kregctl/common.h"
 
 namespace kreg {
 namespace {

@@ -6,7 +6,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
-#include "client/kregctl_common.h"
+#include "client/kregctl/common.h"
 
 namespace kreg {
 namespace {

@@ -1,4 +1,4 @@
-#include "client/kregctl_common.h"
+#include "client/kregctl/common.h"
 
 #include <ctime>
 #include <iostream>

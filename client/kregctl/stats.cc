@@ -1,6 +1,6 @@
 #include <cstdio>
 
-#include "client/kregctl_common.h"
+#include "client/kregctl/common.h"
 
 namespace kreg {
 namespace {

@@ -3,7 +3,7 @@
 #include <memory>
 
 #include "CLI/CLI.hpp"
-#include "client/kregctl_common.h"
+#include "client/kregctl/common.h"
 
 namespace kreg {
 
