@@ -17,7 +17,7 @@ mkdir -p "$out"
 bazel build --config=asan //daemon/kregd:kregd //daemon/executor:kregd-probe \
   //daemon/kregd:kregd_next_minor //daemon/kregd:kregd_next_major \
   //daemon/kregd:kregd_tamper_local \
-  //daemon/executor:kregd-exec //daemon/compiler:kregd-compile //client/kregctl ||
+  //daemon/executor:kregd-exec //daemon/kregd_compile:kregd-compile //client/kregctl ||
   exit 1
 asan_bin=$(bazel info --config=asan bazel-bin 2>/dev/null)
 logs=$(mktemp -d)

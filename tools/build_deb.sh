@@ -4,7 +4,7 @@
 #   tools/build_deb.sh [BIN_DIR [OUT_DIR]]     # default: bazel-bin dist
 # Build the binaries first:
 #   bazel build //daemon/kregd:kregd //daemon/executor:kregd-probe \
-#       //daemon/executor:kregd-exec //daemon/compiler:kregd-compile //client/kregctl
+#       //daemon/executor:kregd-exec //daemon/kregd_compile:kregd-compile //client/kregctl
 # The package installs (docs/operator-guide.md, "Debian package"):
 #   /usr/bin/kregd, kregd-exec, kregd-probe, kregd-compile (kregd starts its helpers from
 #     its own directory), kregctl
@@ -35,12 +35,12 @@ version=$(sed -n 's/.*kKregVersion\[\] = "\([^"]*\)".*/\1/p' \
 arch=$(dpkg --print-architecture)
 
 binaries=(daemon/kregd/kregd daemon/executor/kregd-probe daemon/executor/kregd-exec
-          daemon/compiler/kregd-compile client/kregctl/kregctl)
+          daemon/kregd_compile/kregd-compile client/kregctl/kregctl)
 for b in "${binaries[@]}"; do
   if [[ ! -x $bin/$b ]]; then
     echo "build_deb: $bin/$b is not built; run: bazel build //daemon/kregd:kregd" \
       "//daemon/executor:kregd-probe //daemon/executor:kregd-exec" \
-      "//daemon/compiler:kregd-compile //client/kregctl" >&2
+      "//daemon/kregd_compile:kregd-compile //client/kregctl" >&2
     exit 1
   fi
 done

@@ -40,7 +40,7 @@ out=${1:-bundle}
 max_mb=${KREG_BUNDLE_MAX_MB:-56}
 
 targets=(//daemon/kregd:kregd //daemon/executor:kregd-probe //daemon/executor:kregd-exec
-  //daemon/compiler:kregd-compile //client/kregctl
+  //daemon/kregd_compile:kregd-compile //client/kregctl
   //client/shim:libkreg_client.so //kernels/cpu:all
   //kernels/cuda:libdemo_cuda.so //kernels/cuda:libdemo_cuda_v2.so
   //kernels/cuda:libbrainevent_cuda.so
@@ -56,7 +56,7 @@ out=$(cd "$out" && pwd)
 tools/build_wheel.sh "$out/dist"
 
 cp "$bin"/daemon/kregd/kregd "$bin"/daemon/executor/kregd-probe "$bin"/daemon/executor/kregd-exec \
-  "$bin"/daemon/compiler/kregd-compile "$bin"/client/kregctl/kregctl \
+  "$bin"/daemon/kregd_compile/kregd-compile "$bin"/client/kregctl/kregctl \
   "$out"/libexec/
 # The compile service's XLA FFI headers, beside kregd (compile_ffi_include_dir).
 cp -r "$bin"/daemon/kregd/include "$out"/libexec/

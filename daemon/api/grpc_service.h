@@ -10,7 +10,7 @@
 #include "common/wire.h"
 #include "daemon/api/call_deadlines.h"
 #include "daemon/base/uid_account.h"
-#include "daemon/compile/compile_service.h"
+#include "daemon/compile_service/compile_service.h"
 #include "daemon/registry/registrar.h"
 #include "daemon/registry/registry.h"
 #include "kreg/v1/registry.grpc.pb.h"

@@ -30,7 +30,7 @@ enum class PlatformMemory {
   kCuda,
 };
 
-// What the compile service (daemon/compile/) builds a platform's sources
+// What the compile service (daemon/compile_service/) builds a platform's sources
 // with.
 enum class PlatformCompiler {
   kCxx,   // the C++ compiler (compile_cxx): C and C++ sources

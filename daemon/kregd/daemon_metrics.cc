@@ -15,7 +15,7 @@
 #include "daemon/base/platform_table.h"
 #include "daemon/base/target_stats.h"
 #include "daemon/base/uid_account.h"
-#include "daemon/compile/compile_service.h"
+#include "daemon/compile_service/compile_service.h"
 #include "daemon/kregd/server.h"
 #include "daemon/metrics/http_server.h"
 #include "daemon/metrics/process_stats.h"

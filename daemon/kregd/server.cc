@@ -31,7 +31,7 @@
 #include "daemon/cluster/cluster_registry.h"
 #include "daemon/cluster/cluster_service.h"
 #include "daemon/cluster/module_exchange.h"
-#include "daemon/compile/compile_service.h"
+#include "daemon/compile_service/compile_service.h"
 #include "daemon/metrics/http_server.h"
 #include "daemon/registry/runnable.h"
 #include "daemon/supervisor/broker.h"

@@ -14,8 +14,8 @@
 #include "absl/strings/str_join.h"
 #include "daemon/base/sha256.h"
 #include "daemon/cluster/cluster_registry.h"
-#include "daemon/compile/compile_cache.h"
-#include "daemon/compile/compile_service.h"
+#include "daemon/compile_service/compile_cache.h"
+#include "daemon/compile_service/compile_service.h"
 #include "daemon/kregd/server.h"
 #include "spdlog/spdlog.h"
 
@@ -166,7 +166,7 @@ absl::Status Daemon::StartCompile() {
   if (absl::Status s = compile_cache_->Init(); !s.ok()) return s;
   CompileOptions opts;
   opts.worker_binary =
-      HelperBinary(config_.compile_binary, "kregd-compile", "compiler");
+      HelperBinary(config_.compile_binary, "kregd-compile", "kregd_compile");
   if (::access(opts.worker_binary.c_str(), X_OK) != 0) {
     spdlog::warn(
         "the compile worker {} is missing or not executable; CompileTarget "

@@ -19,8 +19,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
-#include "daemon/compile/compile_request.h"
-#include "daemon/compile/compile_worker.h"
+#include "daemon/compile_service/compile_request.h"
+#include "daemon/compile_service/compile_worker.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {

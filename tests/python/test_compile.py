@@ -653,7 +653,7 @@ def test_gc_trims_the_compile_cache_least_recently_used_first(tmp_path):
     cache = pathlib.Path(d.state_dir) / "compile"
     names = {p.name for p in cache.glob("*.so")}
     # Cache files are named by the key scoped to the caller's uid
-    # (CallerScopedKey, daemon/compile/compile_request.h).
+    # (CallerScopedKey, daemon/compile_service/compile_request.h).
     hexes = [scoped_hex(k, os.getuid()) + ".so" for k in keys]
     # The size bound evicted the least recently used (the first).
     assert hexes[0] not in names and hexes[2] in names, names
@@ -731,7 +731,7 @@ def test_a_kregd_that_is_not_root_compiles_unsandboxed_and_says_so(
   bindir = nobody_dir / "bin"
   bindir.mkdir()
   for rel in ("daemon/kregd/kregd", "daemon/executor/kregd-probe",
-              "daemon/executor/kregd-exec", "daemon/compiler/kregd-compile"):
+              "daemon/executor/kregd-exec", "daemon/kregd_compile/kregd-compile"):
     src = kregd_proc.daemon_binary().parents[2] / rel
     shutil.copy(src, bindir / src.name)
     os.chmod(bindir / src.name, 0o755)
@@ -775,7 +775,7 @@ def test_a_sandbox_that_cannot_be_set_up_says_what_kregd_needs(nobody_dir):
   from kreg.v1 import compile_pb2 as pb, registry_pb2  # pylint: disable=import-outside-toplevel
   worker = nobody_dir / "kregd-compile"
   shutil.copy(
-      kregd_proc.daemon_binary().parents[1] / "compiler" / "kregd-compile",
+      kregd_proc.daemon_binary().parents[1] / "kregd_compile" / "kregd-compile",
       worker)
   os.chmod(worker, 0o755)
   job = pb.CompileJob(compiler="/usr/bin/g++", sandbox=True,

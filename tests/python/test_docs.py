@@ -245,7 +245,7 @@ def test_install_steps_install_every_binary_kregd_starts():
   build = next(l for l in steps["docs/operator-guide.md"].replace(
       "\\\n", " ").splitlines() if "bazel build" in l)
   for target in ("//daemon/kregd:kregd", "//daemon/executor:kregd-probe",
-                 "//daemon/executor:kregd-exec", "//daemon/compiler:kregd-compile",
+                 "//daemon/executor:kregd-exec", "//daemon/kregd_compile:kregd-compile",
                  "//client/kregctl"):
     assert target in build, f"operator guide: bazel build lacks {target}"
   # ... and the compile service's headers, which kregd needs to start.

@@ -33,7 +33,7 @@ def deb(tmp_path_factory):
   if shutil.which("dpkg-deb") is None:
     pytest.skip("dpkg-deb is not installed")
   for b in ("daemon/kregd/kregd", "daemon/executor/kregd-probe",
-            "daemon/executor/kregd-exec", "daemon/compiler/kregd-compile",
+            "daemon/executor/kregd-exec", "daemon/kregd_compile/kregd-compile",
             "client/kregctl/kregctl"):
     if not (BIN_DIR / b).is_file():
       pytest.skip(f"{BIN_DIR / b} not built")
@@ -307,7 +307,7 @@ def test_build_deb_names_a_binary_that_is_not_built(tmp_path):
   assert r.returncode == 1
   assert (f"build_deb: {tmp_path / 'empty'}/daemon/kregd/kregd is not built; run: "
           "bazel build //daemon/kregd:kregd //daemon/executor:kregd-probe "
-          "//daemon/executor:kregd-exec //daemon/compiler:kregd-compile "
+          "//daemon/executor:kregd-exec //daemon/kregd_compile:kregd-compile "
           "//client/kregctl") in r.stderr
   assert not (tmp_path / "out").exists()
 

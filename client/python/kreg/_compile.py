@@ -15,7 +15,7 @@ from typing import Any, Iterable, Optional, Union
 
 from kreg._errors import KernelRegistrationError, KregError, error_class
 
-# The daemon's bounds (daemon/compile/compile_request.h), checked here too
+# The daemon's bounds (daemon/compile_service/compile_request.h), checked here too
 # so that a directory too large to send fails before it is read whole.
 MAX_FILES = 256
 MAX_INPUT_BYTES = 7 << 20

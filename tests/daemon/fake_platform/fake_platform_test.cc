@@ -17,7 +17,7 @@
 #include "common/platforms.h"
 #include "daemon/base/platform_table.h"
 #include "daemon/base/validate.h"
-#include "daemon/compile/compile_request.h"
+#include "daemon/compile_service/compile_request.h"
 #include "daemon/executor/ffi/ffi_host.h"
 #include "daemon/executor/platform_executors.h"
 #include "daemon/executor/ring_decoder.h"

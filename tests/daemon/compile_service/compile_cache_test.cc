@@ -1,4 +1,4 @@
-#include "daemon/compile/compile_cache.h"
+#include "daemon/compile_service/compile_cache.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

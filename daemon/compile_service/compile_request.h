@@ -1,8 +1,8 @@
 // The compile service's edge (DESIGN §13, §6): a CompileTarget request's
 // client bytes checked once, before any resource is spent on them, and the
 // cache key computed from the checked request.
-#ifndef KREGD_DAEMON_COMPILE_COMPILE_REQUEST_H_
-#define KREGD_DAEMON_COMPILE_COMPILE_REQUEST_H_
+#ifndef KREGD_DAEMON_COMPILE_SERVICE_COMPILE_REQUEST_H_
+#define KREGD_DAEMON_COMPILE_SERVICE_COMPILE_REQUEST_H_
 
 #include <string>
 #include <utility>
@@ -62,4 +62,4 @@ std::string KeyHex(const std::string& key);
 
 }  // namespace kreg
 
-#endif  // KREGD_DAEMON_COMPILE_COMPILE_REQUEST_H_
+#endif  // KREGD_DAEMON_COMPILE_SERVICE_COMPILE_REQUEST_H_

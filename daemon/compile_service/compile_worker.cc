@@ -1,4 +1,4 @@
-#include "daemon/compile/compile_worker.h"
+#include "daemon/compile_service/compile_worker.h"
 
 #include <poll.h>
 #include <signal.h>

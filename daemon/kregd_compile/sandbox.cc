@@ -1,4 +1,4 @@
-#include "daemon/compiler/sandbox.h"
+#include "daemon/kregd_compile/sandbox.h"
 
 #include <dirent.h>
 #include <fcntl.h>

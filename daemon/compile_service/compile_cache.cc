@@ -1,4 +1,4 @@
-#include "daemon/compile/compile_cache.h"
+#include "daemon/compile_service/compile_cache.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/unique_fd.h"
 #include "daemon/base/files.h"
-#include "daemon/compile/compile_request.h"
+#include "daemon/compile_service/compile_request.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {

@@ -1,4 +1,4 @@
-#include "daemon/compile/compile_request.h"
+#include "daemon/compile_service/compile_request.h"
 
 #include <algorithm>
 #include <cstdint>

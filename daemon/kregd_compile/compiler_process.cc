@@ -1,4 +1,4 @@
-#include "daemon/compiler/compiler_process.h"
+#include "daemon/kregd_compile/compiler_process.h"
 
 #include <fcntl.h>
 #include <poll.h>

@@ -2,8 +2,8 @@
 // "The compile service"): <dir>/<key hex>.so, one file per cache key,
 // bounded in bytes, least recently used evicted first (a hit refreshes the
 // file's mtime). Thread-safe; one mutex guards the directory.
-#ifndef KREGD_DAEMON_COMPILE_COMPILE_CACHE_H_
-#define KREGD_DAEMON_COMPILE_COMPILE_CACHE_H_
+#ifndef KREGD_DAEMON_COMPILE_SERVICE_COMPILE_CACHE_H_
+#define KREGD_DAEMON_COMPILE_SERVICE_COMPILE_CACHE_H_
 
 #include <cstdint>
 #include <optional>
@@ -56,4 +56,4 @@ class CompileCache {
 
 }  // namespace kreg
 
-#endif  // KREGD_DAEMON_COMPILE_COMPILE_CACHE_H_
+#endif  // KREGD_DAEMON_COMPILE_SERVICE_COMPILE_CACHE_H_

@@ -5,8 +5,8 @@
 // privileges (and the seccomp filter of daemon/base/hardening.h,
 // InstallCompilerSeccompFilter); and the limits the compiler's processes
 // run under.
-#ifndef KREGD_DAEMON_COMPILER_SANDBOX_H_
-#define KREGD_DAEMON_COMPILER_SANDBOX_H_
+#ifndef KREGD_DAEMON_KREGD_COMPILE_SANDBOX_H_
+#define KREGD_DAEMON_KREGD_COMPILE_SANDBOX_H_
 
 #include <sys/types.h>
 
@@ -52,4 +52,4 @@ bool ApplyChildLimits(const ChildLimits& limits);
 
 }  // namespace kreg
 
-#endif  // KREGD_DAEMON_COMPILER_SANDBOX_H_
+#endif  // KREGD_DAEMON_KREGD_COMPILE_SANDBOX_H_

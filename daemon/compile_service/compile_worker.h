@@ -1,8 +1,8 @@
 // Runs one compile job in a kregd-compile process (DESIGN §13): kregd
 // itself never runs a compiler. The worker runs as the caller, so its
 // answer is untrusted bytes: DecodeWorkerResult checks them.
-#ifndef KREGD_DAEMON_COMPILE_COMPILE_WORKER_H_
-#define KREGD_DAEMON_COMPILE_COMPILE_WORKER_H_
+#ifndef KREGD_DAEMON_COMPILE_SERVICE_COMPILE_WORKER_H_
+#define KREGD_DAEMON_COMPILE_SERVICE_COMPILE_WORKER_H_
 
 #include <chrono>
 #include <cstdint>
@@ -39,4 +39,4 @@ absl::StatusOr<v1::CompileJobResult> RunCompileWorker(
 
 }  // namespace kreg
 
-#endif  // KREGD_DAEMON_COMPILE_COMPILE_WORKER_H_
+#endif  // KREGD_DAEMON_COMPILE_SERVICE_COMPILE_WORKER_H_

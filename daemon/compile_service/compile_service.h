@@ -12,8 +12,8 @@
 // stopped.
 //
 // Thread-safe. The registrar and cache must outlive it.
-#ifndef KREGD_DAEMON_COMPILE_COMPILE_SERVICE_H_
-#define KREGD_DAEMON_COMPILE_COMPILE_SERVICE_H_
+#ifndef KREGD_DAEMON_COMPILE_SERVICE_COMPILE_SERVICE_H_
+#define KREGD_DAEMON_COMPILE_SERVICE_COMPILE_SERVICE_H_
 
 #include <atomic>
 #include <chrono>
@@ -26,8 +26,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/compile/compile_cache.h"
-#include "daemon/compile/compile_request.h"
+#include "daemon/compile_service/compile_cache.h"
+#include "daemon/compile_service/compile_request.h"
 #include "daemon/registry/registrar.h"
 #include "kreg/v1/compile.pb.h"
 
@@ -220,4 +220,4 @@ class CompileService {
 
 }  // namespace kreg
 
-#endif  // KREGD_DAEMON_COMPILE_COMPILE_SERVICE_H_
+#endif  // KREGD_DAEMON_COMPILE_SERVICE_COMPILE_SERVICE_H_

@@ -1,8 +1,8 @@
 // One run of a compiler for kregd-compile (DESIGN §13,
 // docs/operator-guide.md "The compile service"): the process, its limits,
 // its output, and which limit stopped it.
-#ifndef KREGD_DAEMON_COMPILER_COMPILER_PROCESS_H_
-#define KREGD_DAEMON_COMPILER_COMPILER_PROCESS_H_
+#ifndef KREGD_DAEMON_KREGD_COMPILE_COMPILER_PROCESS_H_
+#define KREGD_DAEMON_KREGD_COMPILE_COMPILER_PROCESS_H_
 
 #include <signal.h>
 
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "daemon/compiler/sandbox.h"
+#include "daemon/kregd_compile/sandbox.h"
 #include "kreg/v1/compile.pb.h"
 
 namespace kreg {
@@ -47,4 +47,4 @@ std::string LimitText(const std::string& key, const v1::CompileLimits& l);
 
 }  // namespace kreg
 
-#endif  // KREGD_DAEMON_COMPILER_COMPILER_PROCESS_H_
+#endif  // KREGD_DAEMON_KREGD_COMPILE_COMPILER_PROCESS_H_

@@ -1,4 +1,4 @@
-#include "daemon/compile/compile_service.h"
+#include "daemon/compile_service/compile_service.h"
 
 #include <atomic>
 #include <chrono>

@@ -1,4 +1,4 @@
-#include "daemon/compile/compile_service.h"
+#include "daemon/compile_service/compile_service.h"
 
 #include <unistd.h>
 
@@ -11,7 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "daemon/base/log_limit.h"
 #include "daemon/base/platform_table.h"
-#include "daemon/compile/compile_worker.h"
+#include "daemon/compile_service/compile_worker.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {

@@ -29,8 +29,8 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/base/files.h"
 #include "daemon/base/hardening.h"
-#include "daemon/compiler/compiler_process.h"
-#include "daemon/compiler/sandbox.h"
+#include "daemon/kregd_compile/compiler_process.h"
+#include "daemon/kregd_compile/sandbox.h"
 #include "kreg/v1/compile.pb.h"
 
 namespace kreg {
