@@ -2,7 +2,7 @@
 // libcuda.so.1 at run time (dlopen + dlsym), so that kregd and the client
 // shim link and run on machines without a GPU or a driver. libc-only (no
 // absl): shared by the daemon (//daemon/executor/cuda) and the shim
-// (//client/cuda).
+// (//client/shim/cuda).
 //
 // Tests build their own table of fakes (a CudaDriver is a plain struct) and
 // hand it to the components instead of LoadCudaDriver()'s.

@@ -60,7 +60,7 @@ cp "$bin"/daemon/kregd/kregd "$bin"/daemon/executor/kregd-probe "$bin"/daemon/ex
   "$out"/libexec/
 # The compile service's XLA FFI headers, beside kregd (compile_ffi_include_dir).
 cp -r "$bin"/daemon/kregd/include "$out"/libexec/
-# The C++ [cuda] tests (daemon/executor/cuda and client/cuda on the real
+# The C++ [cuda] tests (daemon/executor/cuda and client/shim/cuda on the real
 # driver).
 cp "$bin"/tests/daemon/executor/cuda/gpu_test "$out"/libexec/cuda_gpu_test
 cp "$bin"/kernels/cpu/*.so "$out"/bin/kernels/cpu/

@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "client/shim/cuda_forward.h"
+#include "client/shim/cuda_session.h"
 #include "client/shim/cuda_trace.h"
 #include "common/generations.h"
 #include "common/platforms.h"

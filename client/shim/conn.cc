@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "client/shim/cuda_forward.h"
+#include "client/shim/cuda_session.h"
 #include "client/shim/cuda_trace.h"
 #include "client/shim/ring_client.h"
 #include "common/paths.h"

@@ -14,11 +14,11 @@
 #include <tuple>
 #include <vector>
 
-#include "client/cuda/cuda_export.h"
-#include "client/cuda/doorbell.h"
-#include "client/cuda/ipc_events.h"
-#include "client/cuda/staging_buffer.h"
-#include "client/shim/cuda_forward.h"
+#include "client/shim/cuda/cuda_export.h"
+#include "client/shim/cuda/doorbell.h"
+#include "client/shim/cuda/ipc_events.h"
+#include "client/shim/cuda/staging_buffer.h"
+#include "client/shim/cuda_session.h"
 #include "common/cuda_driver.h"
 #include "common/mps_control.h"
 #include "common/status.h"

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <utility>
 
-#include "client/cuda/cuda_export.h"
+#include "client/shim/cuda/cuda_export.h"
 #include "client/shim/attr_cache.h"
 #include "client/shim/conn.h"
 #include "client/shim/cuda_conn_state.h"

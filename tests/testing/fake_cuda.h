@@ -1,5 +1,5 @@
 // An in-memory fake of the CUDA driver (a cu::CudaDriver table whose entries
-// act on this object), so daemon/executor/cuda, client/cuda and the shim run
+// act on this object), so daemon/executor/cuda, client/shim/cuda and the shim run
 // their error paths and release bookkeeping without a GPU. One FakeCuda may
 // exist at a time.
 //

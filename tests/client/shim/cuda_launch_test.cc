@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
-#include "client/cuda/cuda_export.h"
+#include "client/shim/cuda/cuda_export.h"
 #include "client/shim/conn.h"
 #include "client/shim/cuda_conn_state.h"
 #include "common/ring_encode.h"

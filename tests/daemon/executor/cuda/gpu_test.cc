@@ -4,8 +4,8 @@
 #include <string>
 
 #include "catch2/catch.hpp"
-#include "client/cuda/cuda_export.h"
-#include "client/cuda/staging_buffer.h"
+#include "client/shim/cuda/cuda_export.h"
+#include "client/shim/cuda/staging_buffer.h"
 #include "daemon/executor/cuda/cuda_devices.h"
 #include "daemon/executor/cuda/cuda_session.h"
 

@@ -3,14 +3,14 @@
 // the shim copies such inputs into it and results out of it with
 // cuMemcpyDtoDAsync on XLA's stream, and shares it with kregd as a VMM
 // allocation like any other.
-#ifndef KREGD_CLIENT_CUDA_STAGING_BUFFER_H_
-#define KREGD_CLIENT_CUDA_STAGING_BUFFER_H_
+#ifndef KREGD_CLIENT_SHIM_CUDA_STAGING_BUFFER_H_
+#define KREGD_CLIENT_SHIM_CUDA_STAGING_BUFFER_H_
 
 #include <cstdint>
 #include <memory>
 #include <vector>
 
-#include "client/cuda/cuda_export.h"
+#include "client/shim/cuda/cuda_export.h"
 #include "common/cuda_driver.h"
 #include "common/status.h"
 
@@ -131,4 +131,4 @@ class StagingArena {
 
 }  // namespace kreg::cuda_client
 
-#endif  // KREGD_CLIENT_CUDA_STAGING_BUFFER_H_
+#endif  // KREGD_CLIENT_SHIM_CUDA_STAGING_BUFFER_H_

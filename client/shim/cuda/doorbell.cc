@@ -1,4 +1,4 @@
-#include "client/cuda/doorbell.h"
+#include "client/shim/cuda/doorbell.h"
 
 #include <time.h>
 

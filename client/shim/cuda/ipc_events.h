@@ -1,7 +1,7 @@
 // Interprocess events for stream ordering between XLA's stream and kregd's
 // session stream (DESIGN §3).
-#ifndef KREGD_CLIENT_CUDA_IPC_EVENTS_H_
-#define KREGD_CLIENT_CUDA_IPC_EVENTS_H_
+#ifndef KREGD_CLIENT_SHIM_CUDA_IPC_EVENTS_H_
+#define KREGD_CLIENT_SHIM_CUDA_IPC_EVENTS_H_
 
 #include <memory>
 
@@ -54,4 +54,4 @@ class IpcEventPair {
 
 }  // namespace kreg::cuda_client
 
-#endif  // KREGD_CLIENT_CUDA_IPC_EVENTS_H_
+#endif  // KREGD_CLIENT_SHIM_CUDA_IPC_EVENTS_H_

@@ -1,4 +1,4 @@
-#include "client/cuda/staging_buffer.h"
+#include "client/shim/cuda/staging_buffer.h"
 
 #include <algorithm>
 #include <string>

@@ -1,4 +1,4 @@
-#include "client/cuda/cuda_export.h"
+#include "client/shim/cuda/cuda_export.h"
 
 #include <cstdio>
 #include <utility>

@@ -3,8 +3,8 @@
 // ordering to kregd. libc + the dlopen'ed driver only (no absl, gRPC or
 // protobuf); every function takes the driver table explicitly (null: no
 // driver), so tests run it over a fake.
-#ifndef KREGD_CLIENT_CUDA_CUDA_EXPORT_H_
-#define KREGD_CLIENT_CUDA_CUDA_EXPORT_H_
+#ifndef KREGD_CLIENT_SHIM_CUDA_CUDA_EXPORT_H_
+#define KREGD_CLIENT_SHIM_CUDA_CUDA_EXPORT_H_
 
 #include <cstdint>
 #include <memory>
@@ -127,4 +127,4 @@ ClientStatus StreamDevice(const cu::CudaDriver* driver, cu::CUstream stream,
 
 }  // namespace kreg::cuda_client
 
-#endif  // KREGD_CLIENT_CUDA_CUDA_EXPORT_H_
+#endif  // KREGD_CLIENT_SHIM_CUDA_CUDA_EXPORT_H_

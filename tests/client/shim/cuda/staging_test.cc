@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
-#include "client/cuda/cuda_export.h"
-#include "client/cuda/staging_buffer.h"
+#include "client/shim/cuda/cuda_export.h"
+#include "client/shim/cuda/staging_buffer.h"
 #include "tests/testing/fake_cuda.h"
 
 namespace kreg::cuda_client {

@@ -1,6 +1,6 @@
 // The client's doorbell over the fake CUDA driver: memops support check,
 // the words it rings and waits on, cross-stream ordering, release.
-#include "client/cuda/doorbell.h"
+#include "client/shim/cuda/doorbell.h"
 
 #include <algorithm>
 #include <memory>

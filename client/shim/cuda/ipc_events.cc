@@ -1,4 +1,4 @@
-#include "client/cuda/ipc_events.h"
+#include "client/shim/cuda/ipc_events.h"
 
 #include <string>
 

@@ -1,8 +1,8 @@
-// //client/cuda over the fake driver: identifying and exporting buffers of
+// //client/shim/cuda over the fake driver: identifying and exporting buffers of
 // every kind, interprocess events, staging buffers, and what happens without
 // a driver. Exports are checked end to end against the daemon side
 // (CudaSession) running on the same fake.
-#include "client/cuda/cuda_export.h"
+#include "client/shim/cuda/cuda_export.h"
 
 #include <fcntl.h>
 
@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
-#include "client/cuda/ipc_events.h"
-#include "client/cuda/staging_buffer.h"
+#include "client/shim/cuda/ipc_events.h"
+#include "client/shim/cuda/staging_buffer.h"
 #include "daemon/executor/cuda/cuda_session.h"
 #include "tests/testing/fake_cuda.h"
 

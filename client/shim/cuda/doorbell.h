@@ -3,14 +3,14 @@
 // session.proto's CudaDoorbellSetup). Used where kregd and the device
 // support it (KREG_CUDA_DOORBELL=0 forces the interprocess events of
 // ipc_events.h instead).
-#ifndef KREGD_CLIENT_CUDA_DOORBELL_H_
-#define KREGD_CLIENT_CUDA_DOORBELL_H_
+#ifndef KREGD_CLIENT_SHIM_CUDA_DOORBELL_H_
+#define KREGD_CLIENT_SHIM_CUDA_DOORBELL_H_
 
 #include <cstdint>
 #include <functional>
 #include <memory>
 
-#include "client/cuda/staging_buffer.h"
+#include "client/shim/cuda/staging_buffer.h"
 #include "common/cuda_driver.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
@@ -101,4 +101,4 @@ class Doorbell {
 
 }  // namespace kreg::cuda_client
 
-#endif  // KREGD_CLIENT_CUDA_DOORBELL_H_
+#endif  // KREGD_CLIENT_SHIM_CUDA_DOORBELL_H_
