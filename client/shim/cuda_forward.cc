@@ -5,9 +5,9 @@
 #include <cstdint>
 #include <utility>
 
-#include "client/shim/cuda/cuda_export.h"
 #include "client/shim/attr_cache.h"
 #include "client/shim/conn.h"
+#include "client/shim/cuda/cuda_export.h"
 #include "client/shim/cuda_conn_state.h"
 #include "client/shim/cuda_launch.h"
 #include "client/shim/cuda_trace.h"

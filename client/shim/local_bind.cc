@@ -263,7 +263,7 @@ ClientStatus BindLocal(Client* client, const std::string& target,
   s = CheckModuleFd(module.get(), info);
   if (!s.ok()) return s;
   if (reply.replaceable()) {
-    s = WatchRepoints(client->path());
+    s = WatchRepoints(client->path(), ApplyRepoint);
     if (!s.ok()) {
       s.message = "kreg: cannot bind " + Describe(info) +
                   " locally: kregd may replace it, and watching for that "

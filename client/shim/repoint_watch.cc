@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "client/shim/conn.h"
-#include "client/shim/local_bind.h"
 #include "common/unique_fd.h"
 #include "common/wire.h"
 #include "kreg/v1/session.pb.h"
@@ -47,11 +46,12 @@ ClientStatus OpenWatch(const std::string& path, std::unique_ptr<Conn>* out) {
 
 // Serves `conn`, then reopens the watch (kregd restarted: its sessions are
 // re-established by the Client, and their local holds with them).
-void WatchLoop(std::string path, std::unique_ptr<Conn> conn) {
+void WatchLoop(std::string path, std::unique_ptr<Conn> conn,
+               RepointApplier apply) {
   auto backoff = std::chrono::milliseconds(100);
   for (;;) {
     if (conn != nullptr) {
-      ServeRepoints(conn->fd());
+      ServeRepoints(conn->fd(), apply);
       conn.reset();
       backoff = std::chrono::milliseconds(100);
     }
@@ -64,7 +64,8 @@ void WatchLoop(std::string path, std::unique_ptr<Conn> conn) {
 
 }  // namespace
 
-ClientStatus WatchRepoints(const std::string& session_path) {
+ClientStatus WatchRepoints(const std::string& session_path,
+                           RepointApplier apply) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_pid != ::getpid()) {  // a forked child watches on its own
     g_pid = ::getpid();
@@ -74,12 +75,12 @@ ClientStatus WatchRepoints(const std::string& session_path) {
   std::unique_ptr<Conn> conn;
   ClientStatus s = OpenWatch(session_path, &conn);
   if (!s.ok()) return s;
-  std::thread(WatchLoop, session_path, std::move(conn)).detach();
+  std::thread(WatchLoop, session_path, std::move(conn), apply).detach();
   g_watched->insert(session_path);
   return ClientStatus::Ok();
 }
 
-ClientStatus ServeRepoints(int sock) {
+ClientStatus ServeRepoints(int sock, RepointApplier apply) {
   std::string payload;
   std::string out;
   for (;;) {
@@ -110,7 +111,7 @@ ClientStatus ServeRepoints(int sock) {
     uint32_t pinned = 0;
     ClientStatus s =
         fds.size() == 1
-            ? ApplyRepoint(r, std::move(fds[0]), &pinned)
+            ? apply(r, std::move(fds[0]), &pinned)
             : ClientStatus::Error(
                   kInvalidArgument,
                   "kreg: kregd's notice moving \"" + r.target_name() +

@@ -95,7 +95,8 @@ struct FakeKregd {
     REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
     mine.reset(sv[0]);
     theirs.reset(sv[1]);
-    shim = std::thread([this] { ended = ServeRepoints(theirs.get()); });
+    shim = std::thread(
+        [this] { ended = ServeRepoints(theirs.get(), ApplyRepoint); });
   }
   ~FakeKregd() {
     mine.reset();
