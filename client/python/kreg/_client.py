@@ -11,7 +11,8 @@ import threading
 import warnings
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
-from kreg import _intercept, _owners, _shim
+from kreg import _jax, _owners, _shim
+from kreg._target import STAGES, Target
 from kreg._errors import (CODE_NAMES, DaemonNotRunningError,
                           InvalidArgumentError, JaxVersionError,
                           KernelRegistrationError, KregError,
@@ -68,9 +69,6 @@ def default_execution() -> str:
   if env:
     return _check_execution(env, "KREG_EXECUTION")
   return "isolated"
-
-
-STAGES = ("instantiate", "prepare", "initialize", "execute")
 
 
 def function_spec(func_name: Any, state_type: Any = None) -> str:
@@ -135,55 +133,6 @@ class Module:
   def __post_init__(self):
     if (self.path is None) == (self.data is None):
       raise ValueError("kreg.Module needs exactly one of path= and data=")
-
-
-@dataclasses.dataclass(frozen=True)
-class Target:
-  """One entry of kregd's registry."""
-  target_name: str
-  platform: str
-  func_name: str
-  content_id: str
-  module_digest: str
-  module_size: int
-  kind: str
-  ffi_api_major: int
-  ffi_api_minor: int
-  traits: int
-  uid: int
-  gid: int
-  pid: int
-  registered_at_us: int
-  origin: str
-  # Empty when the daemon can run the target; otherwise why not (a cuda
-  # target on a kregd without a usable GPU, an unloadable module).
-  not_runnable: str = ""
-  # Cluster mode: the host whose registration made the binding ("<host
-  # name> (<peer address>)"); empty on a standalone kregd.
-  host: str = ""
-
-  @property
-  def runnable(self) -> bool:
-    return not self.not_runnable
-
-  @property
-  def stages(self) -> dict[str, str]:
-    """The handler of each execution stage ({"execute": func_name} for an
-    execute-only target; a handler bundle's every stage)."""
-    if "=" not in self.func_name:
-      return {"execute": self.func_name}
-    parts = (p.split("=", 1) for p in self.func_name.split(";"))
-    return {k: v for k, v in parts if k in STAGES}
-
-  @property
-  def state_type(self) -> Optional[tuple[str, str, str]]:
-    """A handler bundle's state type: (name, type-id symbol, type-info
-    symbol), or None."""
-    for part in self.func_name.split(";"):
-      if part.startswith("state_type="):
-        name, tid, info = part[len("state_type="):].split("/")
-        return name, tid, info
-    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,7 +209,7 @@ def _loaded_file(lib: ctypes.CDLL, func_name: str) -> str:
     raise NotFoundError(
         f"the loaded library {lib._name!r} has no symbol {func_name!r}; pass "
         "the handler's exported name as func_name") from None
-  located = _intercept.shared_library_symbol(address)
+  located = _jax.shared_library_symbol(address)
   if located is None:
     raise InvalidArgumentError(
         f"symbol {func_name!r} of {lib._name!r} lies in no shared library "
@@ -292,7 +241,7 @@ def _register_type_once(jax: Any, canonical: str, name: str, type_id: int,
     jax.devices(_jax_platform(canonical))
   except RuntimeError:
     pass
-  _intercept.jax_register_type(
+  _jax.jax_register_type(
       name, {"type_id": _shim.pointer_capsule(type_id),
              "type_info": _shim.pointer_capsule(type_info)},
       platform=_jax_platform(canonical))
@@ -643,7 +592,7 @@ class Client:
       elif args.stateful:
         self._register_forwarded_state_type(jax, canonical)
         handler = {"instantiate": handler, "execute": handler}
-      _intercept.jax_register(target_name, handler, _jax_platform(canonical))
+      _jax.jax_register(target_name, handler, _jax_platform(canonical))
       _jax_registered[key] = (args.handler, self.session_path, mode)
     if canonical == "cuda":
       _warn_if_no_gpu_backend(jax, target_name)

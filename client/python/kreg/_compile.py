@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 import pathlib
+import sys
 from collections.abc import Mapping
 from typing import Any, Iterable, Optional, Union
 
 from kreg._errors import KernelRegistrationError, KregError, error_class
+from kreg._target import Target
 
 # The daemon's bounds (daemon/compile_service/compile_request.h), checked here too
 # so that a directory too large to send fails before it is read whole.
@@ -61,15 +63,14 @@ def _add_source_tree_protos() -> None:
   built into bazel-bin/client/python/kreg/v1 (//client/python:kreg_pb2):
   kreg's package path gains that directory, as the shim is found in
   bazel-bin (_shim.py). An installed wheel carries kreg.v1 itself."""
-  import kreg  # pylint: disable=import-outside-toplevel
+  package = sys.modules[__package__]  # kreg, imported before this module
   here = pathlib.Path(__file__).resolve().parent
   built = here.parents[2] / "bazel-bin" / "client" / "python" / "kreg"
-  if (built / "v1").is_dir() and str(built) not in kreg.__path__:
-    kreg.__path__.append(str(built))
+  if (built / "v1").is_dir() and str(built) not in package.__path__:
+    package.__path__.append(str(built))
 
 
 def _to_target(t):
-  from kreg._client import Target  # pylint: disable=import-outside-toplevel
   a = t.audit
   return Target(t.target_name, t.platform, t.func_name, t.content_id,
                 t.module_digest, t.module_size, t.kind, t.ffi_api_major,

@@ -43,15 +43,14 @@ import hashlib
 import os
 import re
 import sys
-import threading
 import warnings
 from typing import Any, Callable, Optional
 
 from kreg._errors import InterceptWarning, KernelRegistrationError
+# The patches and their lock are _jax's: it reaches JAX's own functions.
+from kreg._jax import (_lock, _original, _patched, jax_register,
+                       shared_library_symbol)
 
-_lock = threading.RLock()
-# (module, attribute name, jax's function) for each place we patched.
-_patched: list[tuple[Any, str, Callable]] = []
 _warned: set[tuple[str, str]] = set()
 # State types a library registered (jax.ffi.register_ffi_type), kept for
 # the bundles of the file that holds them: file -> [(name, type-id symbol,
@@ -59,14 +58,6 @@ _warned: set[tuple[str, str]] = set()
 _types: dict[str, list[tuple[str, str, str, str, Any]]] = {}
 
 
-class _DlInfo(ctypes.Structure):
-  _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
-              ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
-
-
-_libc = ctypes.CDLL(None)
-_libc.dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
-_libc.dladdr.restype = ctypes.c_int
 # Own prototypes: ctypes.pythonapi's function objects are shared (JAX sets
 # PyCapsule_New's argtypes).
 _capsule_name = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object)(
@@ -75,28 +66,6 @@ _capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object,
                                      ctypes.c_void_p)(
                                          ("PyCapsule_GetPointer",
                                           ctypes.pythonapi))
-
-
-def _original(attr: str) -> Callable:
-  """JAX's own function `attr` of jax.ffi, patched or not."""
-  with _lock:
-    for _, patched_attr, original in _patched:
-      if patched_attr == attr:
-        return original
-  import jax  # pylint: disable=import-outside-toplevel
-  return getattr(jax.ffi, attr)
-
-
-def jax_register(name: str, fn: Any, platform: str, **kwargs) -> None:
-  """JAX's own register_ffi_target, whether or not interception is on
-  (kreg's binds register their handlers with it)."""
-  _original("register_ffi_target")(name, fn, platform=platform, **kwargs)
-
-
-def jax_register_type(name: str, registration: Any, platform: str) -> None:
-  """JAX's own register_ffi_type, whether or not interception is on (kreg's
-  binds register their state types with it)."""
-  _original("register_ffi_type")(name, registration, platform=platform)
 
 
 class Interception:
@@ -168,21 +137,6 @@ def _capsule_address(fn: Any) -> Optional[int]:
   if type(fn).__name__ != "PyCapsule":
     return None
   return _capsule_pointer(fn, _capsule_name(fn))
-
-
-def shared_library_symbol(address: int):
-  """(file, symbol, offset) of `address` from dladdr: symbol None when no
-  exported symbol starts there; None when no loaded file holds it."""
-  info = _DlInfo()
-  if not _libc.dladdr(address, ctypes.byref(info)) or not info.dli_fname:
-    return None
-  path = os.fsdecode(info.dli_fname)
-  if not os.path.isabs(path) or not os.path.isfile(path):
-    return None  # the main program, or a mapping without a file
-  symbol = None
-  if info.dli_sname and info.dli_saddr == address:
-    symbol = info.dli_sname.decode("utf-8", "replace")
-  return os.path.realpath(path), symbol, address - (info.dli_fbase or 0)
 
 
 def _xla_owned(name: str, path: Optional[str]) -> bool:

@@ -1255,9 +1255,9 @@ def _get_target(backend, func, name, sig) -> _Registered:
                          f"numba_cuda_callable {_qualname(func)} "
                          f"(target {tname})")
     import jax  # pylint: disable=import-outside-toplevel
-    from kreg import _intercept  # pylint: disable=import-outside-toplevel
-    _intercept.jax_register(tname, jax.ffi.pycapsule(handler.address),
-                            backend.jax_platform)
+    from kreg import _jax  # pylint: disable=import-outside-toplevel
+    _jax.jax_register(tname, jax.ffi.pycapsule(handler.address),
+                      backend.jax_platform)
     _handlers.append(handler)
     reg = _Registered(tname, content_id, func, handler, stable, created)
     _by_name[tname] = reg
