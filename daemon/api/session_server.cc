@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/wire.h"
 #include "daemon/base/files.h"
+#include "daemon/base/status_macros.h"
 #include "daemon/base/unix_listener.h"
 #include "spdlog/spdlog.h"
 
@@ -46,19 +47,19 @@ absl::Status SessionServer::Listen() {
     listen_fd_ = opts_.listen_fd;
     return absl::OkStatus();
   }
-  absl::StatusOr<UnixListener> l = UnixListener::Bind(
-      opts_.socket_path, 0660, opts_.socket_gid, "session socket");
-  if (!l.ok()) return l.status();
-  own_listener_ = std::make_unique<UnixListener>(*std::move(l));
+  KREG_ASSIGN_OR_RETURN(UnixListener l,
+                        UnixListener::Bind(opts_.socket_path, 0660,
+                                           opts_.socket_gid, "session socket"));
+  own_listener_ = std::make_unique<UnixListener>(std::move(l));
   listen_fd_ = own_listener_->fd();
   return absl::OkStatus();
 }
 
 absl::Status SessionServer::Start() {
-  if (absl::Status s = Listen(); !s.ok()) return s;
+  KREG_RETURN_IF_ERROR(Listen());
   wake_fd_.reset(::eventfd(0, EFD_CLOEXEC));
   if (!wake_fd_.ok()) return ErrnoError("eventfd");
-  if (absl::Status s = parker_.Start(); !s.ok()) return s;
+  KREG_RETURN_IF_ERROR(parker_.Start());
   accept_thread_ = std::thread([this] { AcceptLoop(); });
   spdlog::info("sessions: listening on {}", opts_.listen_fd >= 0
                                                 ? std::string("inherited fd")
@@ -144,10 +145,10 @@ absl::Status SessionServer::IsASession(uint64_t id) {
   absl::MutexLock lock(&mu_);
   for (Slot& slot : slots_) {
     if (slot.session->id() != id || !slot.counted) continue;
-    absl::StatusOr<UidAccount::Charge> c =
-        account_->Take(slot.session->peer().uid, UidResource::kSessions, 1);
-    if (!c.ok()) return c.status();
-    slot.charge = *std::move(c);  // gives the pending connection back
+    KREG_ASSIGN_OR_RETURN(
+        UidAccount::Charge c,
+        account_->Take(slot.session->peer().uid, UidResource::kSessions, 1));
+    slot.charge = std::move(c);  // gives the pending connection back
     return absl::OkStatus();
   }
   return absl::OkStatus();

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/unique_fd.h"
+#include "daemon/base/status_macros.h"
 
 namespace kreg {
 namespace {
@@ -63,8 +64,7 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, size_t limit) {
   }
   if (!fd.ok()) return ErrnoError("cannot open", path);
   std::string out;
-  absl::Status st = ReadAll(fd.get(), &out, limit, path);
-  if (!st.ok()) return st;
+  KREG_RETURN_IF_ERROR(ReadAll(fd.get(), &out, limit, path));
   return out;
 }
 

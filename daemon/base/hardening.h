@@ -33,9 +33,9 @@ absl::Status TieToParent(pid_t parent_pid, bool die_with_parent);
 // AF_NETLINK. Other architectures' system calls kill the process.
 absl::Status InstallSeccompFilter();
 
-// The compile worker's filter (daemon/compile_service, DESIGN §13), for a compiler
-// and what it runs: as InstallSeccompFilter but execve/execveat allowed,
-// socket() of AF_UNIX only, clone() with a CLONE_NEW* flag refused and
+// The compile worker's filter (daemon/compile_service, DESIGN §13), for a
+// compiler and what it runs: as InstallSeccompFilter but execve/execveat
+// allowed, socket() of AF_UNIX only, clone() with a CLONE_NEW* flag refused and
 // clone3 answered ENOSYS (its flags cannot be inspected; glibc then falls
 // back to clone).
 absl::Status InstallCompilerSeccompFilter();

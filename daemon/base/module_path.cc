@@ -24,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "common/wire.h"
 #include "daemon/base/files.h"
+#include "daemon/base/status_macros.h"
 #include "daemon/base/types.h"
 
 extern char** environ;
@@ -263,14 +264,13 @@ absl::StatusOr<PathOpen> OpenModulePathAs(const std::string& helper,
         absl::StrCat("the open helper ", helper, " gave no answer (",
                      wire::ResultText(got), "; exit status ", status, ")"));
   }
-  absl::StatusOr<PathOpen> r = DecodePathOpen(payload);
-  if (!r.ok()) return r.status();
-  if ((r->stage == PathOpen::kOpened) != (owned.size() == 1)) {
+  KREG_ASSIGN_OR_RETURN(PathOpen r, DecodePathOpen(payload));
+  if ((r.stage == PathOpen::kOpened) != (owned.size() == 1)) {
     return absl::InternalError(
         absl::StrCat("the open helper sent ", owned.size(),
-                     " descriptors for stage ", static_cast<int>(r->stage)));
+                     " descriptors for stage ", static_cast<int>(r.stage)));
   }
-  if (!owned.empty()) r->fd = std::move(owned[0]);
+  if (!owned.empty()) r.fd = std::move(owned[0]);
   return r;
 }
 

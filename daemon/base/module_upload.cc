@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/base/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
@@ -67,17 +68,15 @@ constexpr uint64_t kPage = 4096;
 
 absl::StatusOr<std::string> ReadModuleFd(int fd, uint64_t size,
                                          uint64_t max_module_bytes) {
-  if (absl::Status s = CheckSize(size, max_module_bytes); !s.ok()) return s;
+  KREG_RETURN_IF_ERROR(CheckSize(size, max_module_bytes));
   std::string bytes(size, '\0');
-  if (absl::Status s = ReadAt(fd, size, 0, bytes.data(), size); !s.ok()) {
-    return s;
-  }
+  KREG_RETURN_IF_ERROR(ReadAt(fd, size, 0, bytes.data(), size));
   return bytes;
 }
 
 absl::StatusOr<std::string> ReadSealedModule(int fd, uint64_t size,
                                              uint64_t max_module_bytes) {
-  if (absl::Status s = CheckSize(size, max_module_bytes); !s.ok()) return s;
+  KREG_RETURN_IF_ERROR(CheckSize(size, max_module_bytes));
   int seals = 0;
   uint64_t held = 0;
   uint64_t allocated = 0;

@@ -30,8 +30,8 @@ enum class PlatformMemory {
   kCuda,
 };
 
-// What the compile service (daemon/compile_service/) builds a platform's sources
-// with.
+// What the compile service (daemon/compile_service/) builds a platform's
+// sources with.
 enum class PlatformCompiler {
   kCxx,   // the C++ compiler (compile_cxx): C and C++ sources
   kNvcc,  // nvcc (compile_nvcc): .cu sources as well

@@ -10,6 +10,7 @@
 #include "absl/strings/strip.h"
 #include "common/handler_spec.h"
 #include "common/platforms.h"
+#include "daemon/base/status_macros.h"
 
 namespace kreg {
 namespace {
@@ -101,7 +102,7 @@ absl::Status ValidateContentId(absl::string_view content_id) {
 }
 
 absl::Status ValidateClientContentId(absl::string_view content_id) {
-  if (absl::Status s = ValidateContentId(content_id); !s.ok()) return s;
+  KREG_RETURN_IF_ERROR(ValidateContentId(content_id));
   if (absl::StartsWithIgnoreCase(content_id, "kcc-")) {
     return absl::InvalidArgumentError(absl::StrCat(
         "content_id ", QuoteForMessage(content_id),

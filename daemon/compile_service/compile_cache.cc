@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/unique_fd.h"
 #include "daemon/base/files.h"
+#include "daemon/base/status_macros.h"
 #include "daemon/compile_service/compile_request.h"
 #include "spdlog/spdlog.h"
 
@@ -78,10 +79,7 @@ std::optional<std::string> CompileCache::Get(const std::string& key) {
 absl::Status CompileCache::Put(const std::string& key,
                                const std::string& module) {
   absl::MutexLock lock(&mu_);
-  if (absl::Status st = WriteFileAtomically(PathOf(key), module, 0600);
-      !st.ok()) {
-    return st;
-  }
+  KREG_RETURN_IF_ERROR(WriteFileAtomically(PathOf(key), module, 0600));
   if (max_bytes_ > 0) TrimLocked(max_bytes_);
   return absl::OkStatus();
 }

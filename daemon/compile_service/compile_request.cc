@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "daemon/base/platform_table.h"
 #include "daemon/base/sha256.h"
+#include "daemon/base/status_macros.h"
 #include "daemon/base/validate.h"
 
 namespace kreg {
@@ -87,15 +88,11 @@ void PutField(std::string* h, char tag, absl::string_view s) {
 absl::StatusOr<CompileRequest> ParseCompileRequest(
     const v1::CompileTargetRequest& req) {
   CompileRequest out;
-  if (absl::Status s = ValidateTargetName(req.target_name()); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = ValidateFuncName(req.func_name()); !s.ok()) return s;
+  KREG_RETURN_IF_ERROR(ValidateTargetName(req.target_name()));
+  KREG_RETURN_IF_ERROR(ValidateFuncName(req.func_name()));
   absl::StatusOr<Platform> platform = ParsePlatform(req.platform());
   if (!platform.ok()) return platform.status();
-  if (absl::Status s = ValidateClientContentId(req.content_id()); !s.ok()) {
-    return s;
-  }
+  KREG_RETURN_IF_ERROR(ValidateClientContentId(req.content_id()));
   out.target_name = req.target_name();
   out.func_name = req.func_name();
   out.platform = *platform;
@@ -121,9 +118,7 @@ absl::StatusOr<CompileRequest> ParseCompileRequest(
     const auto& list = header ? req.headers() : req.sources();
     for (const v1::SourceFile& f : list) {
       const char* what = header ? "header" : "source";
-      if (absl::Status s = CheckName(what, f.name(), header); !s.ok()) {
-        return s;
-      }
+      KREG_RETURN_IF_ERROR(CheckName(what, f.name(), header));
       if (!header && !KnownExtension(f.name(), out.platform)) {
         return BadFile(
             what, f.name(),

@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "daemon/base/log_limit.h"
 #include "daemon/base/platform_table.h"
+#include "daemon/base/status_macros.h"
 #include "daemon/compile_service/compile_worker.h"
 #include "spdlog/spdlog.h"
 
@@ -231,7 +232,7 @@ absl::Status CompileService::AcquireSlot(const CompileRequest& req,
       !(running_ < std::max(1, options_.max_parallel) &&
         u.running < options_.queue.max_running_per_uid && u.waiting.empty());
   if (counted) {
-    if (absl::Status s = Enqueue(q, req.target_name); !s.ok()) return s;
+    KREG_RETURN_IF_ERROR(Enqueue(q, req.target_name));
   }
   uids_[peer.uid].waiting.push_back(&q);
   GrantSlots();
@@ -271,7 +272,7 @@ void CompileService::ReleaseSlot(uid_t uid) {
 absl::StatusOr<std::string> CompileService::RunCompile(
     const CompileRequest& req, const PeerCred& peer, std::string* diagnostics,
     const std::function<bool()>& abandon) {
-  if (absl::Status s = AcquireSlot(req, peer, abandon); !s.ok()) return s;
+  KREG_RETURN_IF_ERROR(AcquireSlot(req, peer, abandon));
   v1::CompileJob job;
   job.set_compiler(CompilerFor(req.platform));
   for (std::string& a : BaseArgs(req.platform)) {
@@ -357,14 +358,12 @@ absl::StatusOr<CompileOutcome> CompileService::Compile(
     const std::function<void(const std::string&)>& diagnostics,
     const std::function<bool()>& client_gone) {
   requests_.fetch_add(1);
-  absl::StatusOr<CompileRequest> req = ParseCompileRequest(request);
-  if (!req.ok()) return req.status();
-  absl::StatusOr<std::string> identity = Identity(req->platform);
-  if (!identity.ok()) return identity.status();
+  KREG_ASSIGN_OR_RETURN(CompileRequest req, ParseCompileRequest(request));
+  KREG_ASSIGN_OR_RETURN(std::string identity, Identity(req.platform));
   const std::function<bool()> gone =
       client_gone ? client_gone : [] { return false; };
   CompileOutcome out;
-  out.cache_key = CompileCacheKey(*req, *identity);
+  out.cache_key = CompileCacheKey(req, identity);
   // Builds are reused only for the caller's uid (CallerScopedKey).
   const std::string scoped = CallerScopedKey(out.cache_key, peer.uid);
   std::optional<std::string> module = cache_->Get(scoped);
@@ -377,7 +376,7 @@ absl::StatusOr<CompileOutcome> CompileService::Compile(
     hits_.fetch_add(1);
   } else {
     std::shared_ptr<Flight> flight;
-    const Queued waiting{peer.uid, req->bytes, false};
+    const Queued waiting{peer.uid, req.bytes, false};
     {
       absl::MutexLock lock(&mu_);
       auto found = flights_.find(scoped);
@@ -387,9 +386,7 @@ absl::StatusOr<CompileOutcome> CompileService::Compile(
             flights_.emplace(scoped, std::make_shared<Flight>()).first->second;
       } else {
         // Waiting for the compile in progress counts as queued.
-        if (absl::Status s = Enqueue(waiting, req->target_name); !s.ok()) {
-          return s;
-        }
+        KREG_RETURN_IF_ERROR(Enqueue(waiting, req.target_name));
         flight = found->second;
         ++flight->waiters;
       }
@@ -416,7 +413,7 @@ absl::StatusOr<CompileOutcome> CompileService::Compile(
         // Given up only when this caller and every request waiting for
         // the compile went away.
         // By value: a worker runner may still ask after this call returns.
-        built = RunCompile(*req, peer, &diag, [gone, flight] {
+        built = RunCompile(req, peer, &diag, [gone, flight] {
           return flight->waiters.load() == 0 && gone();
         });
         if (built.ok()) {
@@ -442,7 +439,7 @@ absl::StatusOr<CompileOutcome> CompileService::Compile(
       if (!flight->done) {
         abandoned_.fetch_add(1);
         return absl::CancelledError(
-            absl::StrCat("compile of target \"", req->target_name,
+            absl::StrCat("compile of target \"", req.target_name,
                          "\": the caller went away while it waited"));
       }
     }
@@ -457,13 +454,13 @@ absl::StatusOr<CompileOutcome> CompileService::Compile(
     module = *flight->module;
   }
   RegistrationRequest reg;
-  reg.target_name = req->target_name;
-  reg.func_name = req->func_name;
-  reg.platform = PlatformName(req->platform);
-  reg.content_id = req->content_id.empty() ? out.cache_key : req->content_id;
-  reg.file_name = absl::StrCat("compiled from ", req->sources.front().first);
+  reg.target_name = req.target_name;
+  reg.func_name = req.func_name;
+  reg.platform = PlatformName(req.platform);
+  reg.content_id = req.content_id.empty() ? out.cache_key : req.content_id;
+  reg.file_name = absl::StrCat("compiled from ", req.sources.front().first);
   reg.compiled = true;  // ParseCompileRequest checked the caller's content_id
-  reg.replace = req->replace;
+  reg.replace = req.replace;
   reg.source = RegistrationRequest::Source::kUpload;
   reg.upload_size = module->size();
   reg.upload = *std::move(module);

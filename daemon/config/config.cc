@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/paths.h"
 #include "common/version.h"
+#include "daemon/base/status_macros.h"
 #include "daemon/config/config_keys.h"
 #include "daemon/metrics/listen_address.h"
 
@@ -203,8 +204,7 @@ absl::Status ApplyFlags(const CLI::App& app, const FlagValues& f, Config* c) {
     if (k.text_flag == nullptr) {
       CopyFlagField(f.values, k.field, c);
     } else if (const std::string& text = f.texts.at(k.flag); !text.empty()) {
-      absl::Status st = k.text_flag(text, k.flag, c);
-      if (!st.ok()) return st;
+      KREG_RETURN_IF_ERROR(k.text_flag(text, k.flag, c));
     }
   }
   for (const KeySpec& k : Keys()) {
@@ -223,15 +223,13 @@ absl::Status ApplyFlags(const CLI::App& app, const FlagValues& f, Config* c) {
 // config file and the flags.
 absl::Status ApplyEnvironment(Config* c) {
   if (const char* env = std::getenv("KREGD_LAUNCH_RING")) {
-    absl::StatusOr<bool> on = ParseOnOff(env, "$KREGD_LAUNCH_RING");
-    if (!on.ok()) return on.status();
-    c->launch_ring = *on;
+    KREG_ASSIGN_OR_RETURN(bool on, ParseOnOff(env, "$KREGD_LAUNCH_RING"));
+    c->launch_ring = on;
     c->origins["launch_ring"] = "$KREGD_LAUNCH_RING";
   }
   if (const char* env = std::getenv("KREGD_RING_SPIN_US")) {
-    absl::StatusOr<int64_t> us = ParseSpinUs(env, "$KREGD_RING_SPIN_US");
-    if (!us.ok()) return us.status();
-    c->ring_spin_us = *us;
+    KREG_ASSIGN_OR_RETURN(int64_t us, ParseSpinUs(env, "$KREGD_RING_SPIN_US"));
+    c->ring_spin_us = us;
     c->origins["ring_spin_us"] = "$KREGD_RING_SPIN_US";
   }
   return absl::OkStatus();
@@ -241,12 +239,10 @@ absl::Status ApplyEnvironment(Config* c) {
 // from the config file or a flag (`flags`), and normalizes isolation,
 // local_execution and replace to lower case.
 absl::Status CheckMerged(const Config& flags, Config* c) {
-  absl::Status level = CheckLogLevel(
-      c->log_level,
-      flags.log_level.empty() ? "log_level in the config file" : "--log-level");
-  if (!level.ok()) return level;
-  absl::Status cluster_ok = FinishClusterConfig(c);
-  if (!cluster_ok.ok()) return cluster_ok;
+  KREG_RETURN_IF_ERROR(CheckLogLevel(
+      c->log_level, flags.log_level.empty() ? "log_level in the config file"
+                                            : "--log-level"));
+  KREG_RETURN_IF_ERROR(FinishClusterConfig(c));
   if (!c->metrics_listen.empty()) {
     absl::StatusOr<MetricsAddress> address =
         ParseMetricsAddress(c->metrics_listen, c->metrics_allow_remote);

@@ -4,6 +4,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/base/host_port.h"
+#include "daemon/base/status_macros.h"
 #include "daemon/cluster/cluster_records.h"
 #include "daemon/cluster/etcd_client.h"
 #include "daemon/config/config.h"
@@ -29,8 +30,7 @@ absl::Status FinishClusterConfig(Config* c) {
   if (c->etcd_endpoints.empty()) return absl::OkStatus();
   for (const std::string& e : c->etcd_endpoints) {
     bool tls = false;
-    absl::StatusOr<std::string> target = EtcdTarget(e, &tls);
-    if (!target.ok()) return target.status();
+    KREG_ASSIGN_OR_RETURN(std::string target, EtcdTarget(e, &tls));
     if (!tls && !c->cluster_insecure) {
       return absl::InvalidArgumentError(absl::StrCat(
           "etcd endpoint \"", e,
@@ -54,9 +54,7 @@ absl::Status FinishClusterConfig(Config* c) {
         "(advertise "
         "in the config file): the address other hosts fetch modules from");
   }
-  if (absl::Status st = CheckHostPort("advertise", c->advertise); !st.ok()) {
-    return st;
-  }
+  KREG_RETURN_IF_ERROR(CheckHostPort("advertise", c->advertise));
   // What other hosts dial: the same check they apply to a peer record.
   if (!PeerAddressOk(c->advertise)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -66,10 +64,7 @@ absl::Status FinishClusterConfig(Config* c) {
         "one); use e.g. 10.0.0.5:7000"));
   }
   if (c->peer_listen.empty()) c->peer_listen = c->advertise;
-  if (absl::Status st = CheckHostPort("peer_listen", c->peer_listen);
-      !st.ok()) {
-    return st;
-  }
+  KREG_RETURN_IF_ERROR(CheckHostPort("peer_listen", c->peer_listen));
   if (c->host_name.empty()) {
     char buf[256] = {};
     ::gethostname(buf, sizeof(buf) - 1);

@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "common/version.h"
 #include "daemon/base/edit_distance.h"
+#include "daemon/base/status_macros.h"
 
 namespace kreg {
 namespace config_internal {
@@ -116,18 +117,16 @@ bool RingSpinToml(const toml::node& value, Config* c, std::string* must_be) {
 
 absl::Status RingSpinFlag(const std::string& text, const char* flag,
                           Config* c) {
-  absl::StatusOr<int64_t> us = ParseSpinUs(text, flag);
-  if (!us.ok()) return us.status();
-  c->ring_spin_us = *us;
+  KREG_ASSIGN_OR_RETURN(int64_t us, ParseSpinUs(text, flag));
+  c->ring_spin_us = us;
   return absl::OkStatus();
 }
 
 // A boolean key whose flag takes on/off (ParseOnOff).
 absl::Status LaunchRingFlag(const std::string& text, const char* flag,
                             Config* c) {
-  absl::StatusOr<bool> on = ParseOnOff(text, flag);
-  if (!on.ok()) return on.status();
-  c->launch_ring = *on;
+  KREG_ASSIGN_OR_RETURN(bool on, ParseOnOff(text, flag));
+  c->launch_ring = on;
   return absl::OkStatus();
 }
 

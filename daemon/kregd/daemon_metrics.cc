@@ -13,6 +13,7 @@
 #include "common/version.h"
 #include "daemon/api/session_server.h"
 #include "daemon/base/platform_table.h"
+#include "daemon/base/status_macros.h"
 #include "daemon/base/target_stats.h"
 #include "daemon/base/uid_account.h"
 #include "daemon/compile_service/compile_service.h"
@@ -291,13 +292,13 @@ void WriteTargetFamilies(const std::vector<TargetStatsRow>& stats,
 
 absl::Status Daemon::StartMetrics() {
   if (config_.metrics_listen.empty()) return absl::OkStatus();
-  absl::StatusOr<MetricsAddress> address =
-      ParseMetricsAddress(config_.metrics_listen, config_.metrics_allow_remote);
-  if (!address.ok()) return address.status();
+  KREG_ASSIGN_OR_RETURN(MetricsAddress address,
+                        ParseMetricsAddress(config_.metrics_listen,
+                                            config_.metrics_allow_remote));
   MetricsServerOptions options;
   options.socket_gid = gid_;
   absl::StatusOr<std::unique_ptr<MetricsServer>> server = MetricsServer::Start(
-      *address, [this] { return RenderMetrics(); }, options);
+      address, [this] { return RenderMetrics(); }, options);
   if (!server.ok()) return server.status();
   metrics_ = *std::move(server);
   spdlog::info("metrics: serving http://{}/metrics", metrics_->address());

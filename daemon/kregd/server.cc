@@ -28,6 +28,7 @@
 #include "daemon/base/adoption.h"
 #include "daemon/base/files.h"
 #include "daemon/base/hosted_api.h"
+#include "daemon/base/status_macros.h"
 #include "daemon/cluster/cluster_registry.h"
 #include "daemon/cluster/cluster_service.h"
 #include "daemon/cluster/module_exchange.h"
@@ -215,10 +216,9 @@ absl::Status Daemon::LockStateDir() {
 }
 
 absl::Status Daemon::Replay() {
-  absl::StatusOr<std::vector<TargetEntry>> entries = journal_.Open();
-  if (!entries.ok()) return entries.status();
+  KREG_ASSIGN_OR_RETURN(std::vector<TargetEntry> entries, journal_.Open());
   int restored = 0;
-  for (const TargetEntry& e : *entries) {
+  for (const TargetEntry& e : entries) {
     absl::Status st = registry_.Restore(e);
     if (st.ok()) {
       ++restored;
@@ -228,7 +228,7 @@ absl::Status Daemon::Replay() {
                     std::string(st.message()));
     }
   }
-  spdlog::info("journal replayed: {} records, {} loaded", entries->size(),
+  spdlog::info("journal replayed: {} records, {} loaded", entries.size(),
                restored);
   // Store files no journaled target references: a crash came between a
   // retirement's journal record and the removal of its module, or between a
@@ -292,21 +292,19 @@ absl::Status Daemon::Listen() {
                  serving_socket_path_);
     return absl::OkStatus();
   }
-  absl::Status dirs = MakeDirs(DirName(config_.socket_path), 0755);
-  if (!dirs.ok()) return dirs;
-  absl::StatusOr<UnixListener> l =
-      UnixListener::Bind(config_.socket_path, 0660, gid_, "socket");
-  if (!l.ok()) return l.status();
-  listener_ = std::make_unique<UnixListener>(*std::move(l));
+  KREG_RETURN_IF_ERROR(MakeDirs(DirName(config_.socket_path), 0755));
+  KREG_ASSIGN_OR_RETURN(
+      UnixListener l,
+      UnixListener::Bind(config_.socket_path, 0660, gid_, "socket"));
+  listener_ = std::make_unique<UnixListener>(std::move(l));
   listen_fd_.reset(::dup(listener_->fd()));  // ours to poll and accept on
   serving_socket_path_ = config_.socket_path;
   return absl::OkStatus();
 }
 
 absl::Status Daemon::Start() {
-  absl::StatusOr<gid_t> gid = SocketGid(config_.socket_group);
-  if (!gid.ok()) return gid.status();
-  gid_ = *gid;
+  KREG_ASSIGN_OR_RETURN(gid_t gid, SocketGid(config_.socket_group));
+  gid_ = gid;
   absl::Status st = LockStateDir();
   if (st.ok()) st = Replay();
   if (st.ok()) st = StartCluster();
@@ -571,8 +569,7 @@ void LogExecutorPolicy(const Config& c) {
 absl::Status Daemon::StartSessions() {
   // kregd runs no kernel and opens no GPU context itself (DESIGN §8): each
   // executor opens the devices it serves when it starts.
-  absl::StatusOr<PoolOptions> pool = PoolOptionsOf(config_);
-  if (!pool.ok()) return pool.status();
+  KREG_ASSIGN_OR_RETURN(PoolOptions pool, PoolOptionsOf(config_));
   // Re-adoption (DESIGN §12): executors left running by this kregd offer
   // themselves to the next one on the supervision socket, next to the
   // session socket.
@@ -583,13 +580,13 @@ absl::Status Daemon::StartSessions() {
     absl::StatusOr<std::string> secret = LoadAdoptionSecret(config_.state_dir);
     if (!secret.ok()) return secret.status();
     policy.secret = *secret;
-    policy.settings_digest = SettingsDigest(pool->init);
+    policy.settings_digest = SettingsDigest(pool.init);
     policy.session_protocol_major = AdoptableProtocolMajor();
-    pool->adoption_secret = *secret;
-    pool->init.set_supervision_socket(supervision_path);
-    pool->init.set_settings_digest(policy.settings_digest);
+    pool.adoption_secret = *secret;
+    pool.init.set_supervision_socket(supervision_path);
+    pool.init.set_settings_digest(policy.settings_digest);
   }
-  pool_ = std::make_unique<ExecutorPool>(*std::move(pool), &ledger_);
+  pool_ = std::make_unique<ExecutorPool>(std::move(pool), &ledger_);
   LogExecutorPolicy(config_);
   FillBrokerContext();
   registry_.SetBindingOracle(&bindings_);
@@ -612,7 +609,7 @@ absl::Status Daemon::StartSessions() {
       [ctx = broker_ctx_](uint64_t id, UniqueFd sock, const PeerCred& peer) {
         return std::make_shared<SessionBroker>(id, std::move(sock), peer, ctx);
       });
-  if (absl::Status s = sessions_->Start(); !s.ok()) return s;
+  KREG_RETURN_IF_ERROR(sessions_->Start());
   if (!policy.secret.empty()) StartReadopt(supervision_path, policy);
   return absl::OkStatus();
 }
@@ -707,12 +704,12 @@ absl::Status Daemon::Readopt(ReadoptOffer offer,
     }
     sessions.push_back(std::move(r));
   }
-  absl::StatusOr<std::vector<ExecutorPool::Binding>> bound =
-      pool_->Readopt(*std::move(exec), h.group(), sessions, confirm);
-  if (!bound.ok()) return bound.status();
+  KREG_ASSIGN_OR_RETURN(
+      std::vector<ExecutorPool::Binding> bound,
+      pool_->Readopt(*std::move(exec), h.group(), sessions, confirm));
   for (size_t i = 0; i < sessions.size(); ++i) {
     const ReadoptedSession& r = sessions[i];
-    ExecutorPool::Binding& b = (*bound)[i];
+    ExecutorPool::Binding& b = (bound)[i];
     b.broker = std::move(offer.sessions[i].broker);
     for (size_t t = 0; t < r.tokens.size(); ++t) {
       if (r.tokens[t].first == nullptr) continue;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "daemon/base/sha256.h"
+#include "daemon/base/status_macros.h"
 #include "daemon/cluster/cluster_registry.h"
 #include "daemon/compile_service/compile_cache.h"
 #include "daemon/compile_service/compile_service.h"
@@ -163,7 +164,7 @@ class ClusterCompilePeers final : public CompilePeers {
 absl::Status Daemon::StartCompile() {
   compile_cache_ = std::make_unique<CompileCache>(
       config_.state_dir + "/compile", config_.compile_cache_bytes);
-  if (absl::Status s = compile_cache_->Init(); !s.ok()) return s;
+  KREG_RETURN_IF_ERROR(compile_cache_->Init());
   CompileOptions opts;
   opts.worker_binary =
       HelperBinary(config_.compile_binary, "kregd-compile", "kregd_compile");
@@ -175,7 +176,7 @@ absl::Status Daemon::StartCompile() {
   }
   opts.cxx = config_.compile_cxx;
   opts.nvcc = CompileNvcc(config_);
-  if (absl::Status s = LoadFfiHeaders(config_, &opts); !s.ok()) return s;
+  KREG_RETURN_IF_ERROR(LoadFfiHeaders(config_, &opts));
   opts.limits.set_cpu_s(static_cast<uint64_t>(config_.compile_cpu_s));
   opts.limits.set_wall_s(config_.compile_timeout_s);
   opts.limits.set_memory_bytes(config_.compile_memory_bytes);

@@ -18,6 +18,7 @@
 #include "boost/asio/steady_timer.hpp"
 #include "boost/asio/write.hpp"
 #include "common/unique_fd.h"
+#include "daemon/base/status_macros.h"
 #include "daemon/base/unix_listener.h"
 
 namespace kreg {
@@ -63,8 +64,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     const MetricsServerOptions& options) {
   std::unique_ptr<MetricsServer> server(
       new MetricsServer(std::move(render), options));
-  absl::Status listening = server->Listen(address);
-  if (!listening.ok()) return listening;
+  KREG_RETURN_IF_ERROR(server->Listen(address));
   server->Accept();
   server->thread_ = std::thread([s = server.get()] { s->io_.run(); });
   return std::move(server);

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "daemon/base/files.h"
+#include "daemon/base/status_macros.h"
 
 namespace kreg {
 namespace {
@@ -20,9 +21,8 @@ constexpr size_t kMaxProcFile = 16 << 20;
 
 // btime of /proc/stat: boot time in seconds since the epoch.
 absl::StatusOr<double> BootTime() {
-  absl::StatusOr<std::string> text = ReadFile("/proc/stat", kMaxProcFile);
-  if (!text.ok()) return text.status();
-  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+  KREG_ASSIGN_OR_RETURN(std::string text, ReadFile("/proc/stat", kMaxProcFile));
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
     if (absl::ConsumePrefix(&line, "btime ")) {
       uint64_t v = 0;
       if (absl::SimpleAtoi(line, &v)) return static_cast<double>(v);
@@ -64,16 +64,14 @@ absl::Status ParseProcStat(absl::string_view stat, double ticks_per_second,
 
 absl::StatusOr<ProcessStats> ReadProcessStats() {
   ProcessStats s;
-  absl::StatusOr<std::string> stat = ReadFile("/proc/self/stat", kMaxProcFile);
-  if (!stat.ok()) return stat.status();
-  absl::StatusOr<double> boot = BootTime();
-  if (!boot.ok()) return boot.status();
+  KREG_ASSIGN_OR_RETURN(std::string stat,
+                        ReadFile("/proc/self/stat", kMaxProcFile));
+  KREG_ASSIGN_OR_RETURN(double boot, BootTime());
   long ticks = ::sysconf(_SC_CLK_TCK);
   long page = ::sysconf(_SC_PAGESIZE);
-  absl::Status parsed =
-      ParseProcStat(*stat, static_cast<double>(ticks > 0 ? ticks : 100),
-                    static_cast<uint64_t>(page > 0 ? page : 4096), *boot, &s);
-  if (!parsed.ok()) return parsed;
+  KREG_RETURN_IF_ERROR(
+      ParseProcStat(stat, static_cast<double>(ticks > 0 ? ticks : 100),
+                    static_cast<uint64_t>(page > 0 ? page : 4096), boot, &s));
   if (DIR* d = ::opendir("/proc/self/fd")) {
     while (struct dirent* e = ::readdir(d)) {
       if (e->d_name[0] != '.') ++s.open_fds;

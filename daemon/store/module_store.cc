@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/unique_fd.h"
 #include "daemon/base/files.h"
+#include "daemon/base/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
@@ -103,9 +104,8 @@ absl::Status ModuleStore::CommitTemp(const std::string& temp_path,
 absl::Status ModuleStore::Put(const std::string& bytes,
                               const std::string& digest) {
   if (Verify(digest).ok()) return absl::OkStatus();
-  absl::StatusOr<std::string> tmp = WriteTemp(bytes, digest);
-  if (!tmp.ok()) return tmp.status();
-  return CommitTemp(*tmp, digest);
+  KREG_ASSIGN_OR_RETURN(std::string tmp, WriteTemp(bytes, digest));
+  return CommitTemp(tmp, digest);
 }
 
 absl::Status ModuleStore::RemoveUnreferenced(const std::set<std::string>& keep,
@@ -183,9 +183,8 @@ absl::StatusOr<UniqueFd> ModuleStore::SealedCopy(const std::string& digest,
 
 absl::Status ModuleStore::Verify(const std::string& digest) const {
   std::string path = PathOf(digest);
-  absl::StatusOr<std::string> bytes = ReadFile(path, SIZE_MAX);
-  if (!bytes.ok()) return bytes.status();
-  std::string actual = Sha256Digest(*bytes);
+  KREG_ASSIGN_OR_RETURN(std::string bytes, ReadFile(path, SIZE_MAX));
+  std::string actual = Sha256Digest(bytes);
   if (actual != digest) {
     return absl::DataLossError(absl::StrCat(
         "module store file ", path, " is corrupt: its content is ", actual,

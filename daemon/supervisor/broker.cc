@@ -21,6 +21,7 @@
 #include "daemon/base/log_limit.h"
 #include "daemon/base/module_upload.h"
 #include "daemon/base/protocol_version.h"
+#include "daemon/base/status_macros.h"
 #include "daemon/base/validate.h"
 #include "daemon/registry/registrar.h"
 #include "daemon/registry/registration_mapper.h"
@@ -91,15 +92,11 @@ absl::StatusOr<std::string> TakeUploadedModule(
   if (!upload) return std::string();
   const uint64_t size = header.module().upload_size();
   // The gRPC path's checks of an upload header, before a byte is read.
-  if (absl::Status s = registrar->PrecheckUpload(header.target_name(),
-                                                 header.platform(), size, peer);
-      !s.ok()) {
-    return s;
-  }
-  absl::StatusOr<UidAccount::Charge> charge =
-      HoldUpload(account, peer.uid, size);
-  if (!charge.ok()) return charge.status();
-  *hold = *std::move(charge);
+  KREG_RETURN_IF_ERROR(registrar->PrecheckUpload(
+      header.target_name(), header.platform(), size, peer));
+  KREG_ASSIGN_OR_RETURN(UidAccount::Charge charge,
+                        HoldUpload(account, peer.uid, size));
+  *hold = std::move(charge);
   return ReadSealedModule(fds[0].get(), size, max_module_bytes);
 }
 
@@ -774,10 +771,9 @@ absl::Status SessionBroker::ChargeState(int32_t delta) {
         absl::StrCat("a state charge of ", delta, " (only +1 or -1)"));
   }
   if (ctx_.account == nullptr) return absl::OkStatus();
-  absl::StatusOr<UidAccount::Charge> c =
-      ctx_.account->Take(peer_.uid, UidResource::kStates, 1);
-  if (!c.ok()) return c.status();
-  states_.push_back(*std::move(c));
+  KREG_ASSIGN_OR_RETURN(UidAccount::Charge c,
+                        ctx_.account->Take(peer_.uid, UidResource::kStates, 1));
+  states_.push_back(std::move(c));
   return absl::OkStatus();
 }
 
@@ -816,10 +812,9 @@ absl::StatusOr<EntryPtr> ResolveGeneration(const Registry& registry,
 
 absl::StatusOr<v1::ResolveReply> SessionBroker::Resolve(
     const v1::ResolveRequest& r, UniqueFd* fd_out) {
-  if (absl::Status s = ValidateTargetName(r.target_name()); !s.ok()) return s;
-  absl::StatusOr<Platform> platform = ParsePlatform(r.platform());
-  if (!platform.ok()) return platform.status();
-  TargetKey key{r.target_name(), *platform};
+  KREG_RETURN_IF_ERROR(ValidateTargetName(r.target_name()));
+  KREG_ASSIGN_OR_RETURN(Platform platform, ParsePlatform(r.platform()));
+  TargetKey key{r.target_name(), platform};
   // DESIGN §14 rule 1: a process that registered the key runs the content
   // its registration matched, and moves on only with its own uid's or
   // root's replacements; one that binds by name follows the current one.

@@ -22,6 +22,7 @@
 #include "common/wire.h"
 #include "daemon/base/files.h"
 #include "daemon/base/spawn.h"
+#include "daemon/base/status_macros.h"
 #include "spdlog/spdlog.h"
 
 extern char** environ;
@@ -91,17 +92,14 @@ Executor::Executor(pid_t pid, UniqueFd pidfd, UniqueFd control, StatusPage page)
 absl::StatusOr<std::unique_ptr<Executor>> Executor::Start(
     const std::string& binary, const v1::ExecInit& init,
     std::chrono::milliseconds timeout) {
-  absl::StatusOr<StatusPage> page = StatusPage::Create(init.slots());
-  if (!page.ok()) return page.status();
+  KREG_ASSIGN_OR_RETURN(StatusPage page, StatusPage::Create(init.slots()));
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
     return ErrnoError("socketpair");
   }
   UniqueFd ours(sv[0]);
-  absl::StatusOr<UniqueFd> theirs = High(UniqueFd(sv[1]));
-  if (!theirs.ok()) return theirs.status();
-  absl::StatusOr<UniqueFd> page_fd = High(UniqueFd(::dup(page->fd())));
-  if (!page_fd.ok()) return page_fd.status();
+  KREG_ASSIGN_OR_RETURN(UniqueFd theirs, High(UniqueFd(sv[1])));
+  KREG_ASSIGN_OR_RETURN(UniqueFd page_fd, High(UniqueFd(::dup(page.fd()))));
 
   std::vector<char*> env;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -109,10 +107,10 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Start(
   }
   env.push_back(nullptr);
   pid_t pid = 0;
-  int rc = SpawnInOwnGroup(binary, {{theirs->get(), 3}, {page_fd->get(), 4}},
+  int rc = SpawnInOwnGroup(binary, {{theirs.get(), 3}, {page_fd.get(), 4}},
                            env.data(), &pid);
-  theirs->reset();
-  page_fd->reset();
+  theirs.reset();
+  page_fd.reset();
   if (rc != 0) {
     return absl::UnavailableError(absl::StrCat(
         "cannot start the executor ", binary, ": ", strerror(rc),
@@ -120,7 +118,7 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Start(
   }
   UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
   std::unique_ptr<Executor> exec(
-      new Executor(pid, std::move(pidfd), std::move(ours), *std::move(page)));
+      new Executor(pid, std::move(pidfd), std::move(ours), std::move(page)));
   auto fail = [&](const std::string& what) -> absl::Status {
     exec->Signal(SIGKILL);
     int ws = exec->Reap();

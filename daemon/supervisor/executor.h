@@ -89,7 +89,6 @@ class Executor final : public ExecutorProcess {
 // 3", "exited normally".
 std::string DescribeWaitStatus(int wait_status);
 
-
 }  // namespace kreg
 
 #endif  // KREGD_DAEMON_SUPERVISOR_EXECUTOR_H_

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/base/files.h"
+#include "daemon/base/status_macros.h"
 #include "daemon/store/module_store.h"
 
 namespace kreg {
@@ -36,10 +37,10 @@ absl::StatusOr<UniqueFd> LocalModuleCache::Open(const std::string& digest,
           "bind it again once other sessions have ended, or ask the operator "
           "to raise max_local_module_memory_bytes"));
     }
-    absl::StatusOr<UniqueFd> memfd =
-        store_->SealedCopy(digest, max_module_bytes_, tamper_for_test_);
-    if (!memfd.ok()) return memfd.status();
-    it = entries_.emplace(digest, Entry{*std::move(memfd), size}).first;
+    KREG_ASSIGN_OR_RETURN(
+        UniqueFd memfd,
+        store_->SealedCopy(digest, max_module_bytes_, tamper_for_test_));
+    it = entries_.emplace(digest, Entry{std::move(memfd), size}).first;
     bytes_ += size;
   }
   // Its own open file description, read-only: no holder shares a file

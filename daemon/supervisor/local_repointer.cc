@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/wire.h"
+#include "daemon/base/status_macros.h"
 #include "daemon/base/validate.h"
 #include "daemon/supervisor/local_module_cache.h"
 #include "daemon/supervisor/session_bindings.h"
@@ -165,9 +166,9 @@ absl::Status LocalRepointer::Notify(uint64_t session,
   if (modules_ == nullptr) {
     return absl::FailedPreconditionError("local execution is off");
   }
-  absl::StatusOr<UniqueFd> fd =
-      modules_->Open(entry.module_digest, entry.module_size, session);
-  if (!fd.ok()) return fd.status();
+  KREG_ASSIGN_OR_RETURN(
+      UniqueFd fd,
+      modules_->Open(entry.module_digest, entry.module_size, session));
   v1::SessionResponse notice;
   v1::Repoint* r = notice.mutable_repoint();
   r->set_target_name(entry.key.name);
@@ -179,7 +180,7 @@ absl::Status LocalRepointer::Notify(uint64_t session,
   std::string out;
   notice.SerializeToString(&out);
   absl::MutexLock lock(&w->send_mu);
-  const int fds[1] = {fd->get()};
+  const int fds[1] = {fd.get()};
   const int rc = wire::SendFrame(
       w->sock.get(), out.data(), out.size(), fds, 1,
       wire::Clock::now() + absl::ToChronoNanoseconds(deadline - absl::Now()));

@@ -14,6 +14,7 @@
 #include "daemon/base/files.h"
 #include "daemon/base/log_limit.h"
 #include "daemon/base/served_session.h"
+#include "daemon/base/status_macros.h"
 #include "daemon/base/validate.h"
 #include "spdlog/spdlog.h"
 
@@ -91,9 +92,7 @@ absl::StatusOr<std::string> Handshake(
         "the executor went away before kregd's challenge reached it");
   }
   std::string payload;
-  if (absl::Status s = ReadFrame(conn, deadline, &payload, fds); !s.ok()) {
-    return s;
-  }
+  KREG_RETURN_IF_ERROR(ReadFrame(conn, deadline, &payload, fds));
   v1::ExecReadoptProof proof;
   if (!proof.ParseFromString(payload)) {
     return absl::InvalidArgumentError(
@@ -114,17 +113,15 @@ absl::StatusOr<ReadoptOffer> ReadOfferSessions(
                      " descriptors, not one (its status page)"));
   }
   ReadoptOffer offer;
-  absl::StatusOr<StatusPage> page = StatusPage::Map(
-      std::move(page_fds[0]), header.slots(), /*require_seals=*/true);
-  if (!page.ok()) return page.status();
-  offer.page.emplace(*std::move(page));
+  KREG_ASSIGN_OR_RETURN(StatusPage page,
+                        StatusPage::Map(std::move(page_fds[0]), header.slots(),
+                                        /*require_seals=*/true));
+  offer.page.emplace(std::move(page));
   std::vector<bool> taken(header.slots(), false);
   for (uint32_t i = 0; i < header.sessions(); ++i) {
     std::string payload;
     std::vector<UniqueFd> fds;
-    if (absl::Status s = ReadFrame(conn, deadline, &payload, &fds); !s.ok()) {
-      return s;
-    }
+    KREG_RETURN_IF_ERROR(ReadFrame(conn, deadline, &payload, &fds));
     v1::ExecReadoptSession rs;
     if (!rs.ParseFromString(payload)) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -188,10 +185,10 @@ ReadoptListener::ReadoptListener(std::string path, AdoptionPolicy policy,
 ReadoptListener::~ReadoptListener() { Stop(); }
 
 absl::Status ReadoptListener::Start() {
-  absl::StatusOr<UnixListener> l = UnixListener::Bind(
-      path_, 0666, static_cast<gid_t>(-1), "supervision socket");
-  if (!l.ok()) return l.status();
-  listener_ = std::make_unique<UnixListener>(*std::move(l));
+  KREG_ASSIGN_OR_RETURN(UnixListener l,
+                        UnixListener::Bind(path_, 0666, static_cast<gid_t>(-1),
+                                           "supervision socket"));
+  listener_ = std::make_unique<UnixListener>(std::move(l));
   wake_fd_.reset(::eventfd(0, EFD_CLOEXEC));
   if (!wake_fd_.ok()) {
     return ErrnoError("eventfd");
