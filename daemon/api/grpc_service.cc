@@ -32,22 +32,24 @@ grpc::Status RefusalToGrpcStatus(const absl::Status& status,
                       std::string(status.message()), rpc.SerializeAsString());
 }
 
-RegistryService::RegistryService(Registrar* registrar, Registry* registry,
-                                 PeerOf peer_of, StatusOf status_of)
-    : registrar_(registrar),
-      registry_(registry),
-      peer_of_(std::move(peer_of)),
-      status_of_(std::move(status_of)) {}
+RegistryService::RegistryService(RegistryServiceParts parts)
+    : parts_(std::move(parts)),
+      registrar_(parts_.registrar),
+      registry_(parts_.registry) {
+  if (!parts_.cuda_status_of) {
+    parts_.cuda_status_of = [] { return absl::OkStatus(); };
+  }
+}
 
 grpc::Status RegistryService::RegisterTarget(
     grpc::ServerContext* ctx, grpc::ServerReader<v1::RegisterTargetChunk>* in,
     v1::RegisterTargetResponse* resp) {
   // The whole stream, header included, within grpc_stream_timeout_s.
   CallDeadlines::Watch watch =
-      deadlines_.Cancel(ctx, absl::Now() + stream_timeout_);
+      deadlines_.Cancel(ctx, absl::Now() + parts_.stream_timeout);
   // Read once, at the start: gRPC may give the fd number to another
   // connection once this one's peer has gone.
-  const PeerCred peer = peer_of_(ctx->peer());
+  const PeerCred peer = parts_.peer_of(ctx->peer());
   absl::StatusOr<UidAccount::Charge> call = ChargeCall(peer);
   if (!call.ok()) return ToGrpcStatus(call.status());
   v1::RegisterTargetChunk chunk;
@@ -67,7 +69,7 @@ grpc::Status RegistryService::RegisterTarget(
         header.target_name(), header.platform(), announced, peer);
     if (!early.ok()) return ToGrpcStatus(early);
     absl::StatusOr<UidAccount::Charge> c =
-        HoldUpload(account_, peer.uid, announced);
+        HoldUpload(parts_.account, peer.uid, announced);
     if (!c.ok()) return ToGrpcStatus(c.status());
     hold = *std::move(c);
   }
@@ -98,21 +100,22 @@ grpc::Status RegistryService::RegisterTarget(
     return grpc::Status(
         grpc::StatusCode::DEADLINE_EXCEEDED,
         absl::StrCat("RegisterTarget: the upload did not end within ",
-                     absl::FormatDuration(stream_timeout_),
+                     absl::FormatDuration(parts_.stream_timeout),
                      " (grpc_stream_timeout_s) or was cancelled; ",
                      upload.size(), " of ", announced,
                      " module bytes had arrived"));
   }
   // Hashing and probing wait for the uid's own other such work.
   UidAccount::Charge heavy;
-  if (account_ != nullptr) {
-    absl::StatusOr<UidAccount::Charge> c = account_->TakeWithin(
-        peer.uid, UidResource::kHeavyWork, 1, absl::Now() + heavy_work_wait_);
+  if (parts_.account != nullptr) {
+    absl::StatusOr<UidAccount::Charge> c =
+        parts_.account->TakeWithin(peer.uid, UidResource::kHeavyWork, 1,
+                                   absl::Now() + parts_.heavy_work_wait);
     if (!c.ok()) return ToGrpcStatus(c.status());
     heavy = *std::move(c);
   }
   absl::StatusOr<v1::RegisterTargetResponse> out = RegisterFromHeader(
-      registrar_, header, std::move(upload), peer, cuda_status_of_());
+      registrar_, header, std::move(upload), peer, parts_.cuda_status_of());
   if (out.status().code() == absl::StatusCode::kFailedPrecondition) {
     return RefusalToGrpcStatus(out.status(), RefusalDetail(header, *registry_));
   }
@@ -123,14 +126,14 @@ grpc::Status RegistryService::RegisterTarget(
 
 absl::StatusOr<UidAccount::Charge> RegistryService::ChargeCall(
     const PeerCred& peer) {
-  if (account_ == nullptr) return UidAccount::Charge();
-  return account_->Take(peer.uid, UidResource::kGrpcCalls, 1);
+  if (parts_.account == nullptr) return UidAccount::Charge();
+  return parts_.account->Take(peer.uid, UidResource::kGrpcCalls, 1);
 }
 
 grpc::Status RegistryService::ListTargets(grpc::ServerContext*,
                                           const v1::ListTargetsRequest*,
                                           v1::ListTargetsResponse* resp) {
-  *resp = DescribeTargets(*registry_, cuda_status_of_());
+  *resp = DescribeTargets(*registry_, parts_.cuda_status_of());
   return grpc::Status::OK;
 }
 
@@ -185,8 +188,8 @@ grpc::Status RegistryService::GetTarget(grpc::ServerContext*,
   }
   for (const EntryPtr& e : found) {
     v1::Target* t = resp->add_targets();
-    *t = DescribeTarget(*e, cuda_status_of_());
-    if (stats_of_) stats_of_(*e, t);
+    *t = DescribeTarget(*e, parts_.cuda_status_of());
+    if (parts_.stats_of) parts_.stats_of(*e, t);
   }
   return grpc::Status::OK;
 }
@@ -194,7 +197,7 @@ grpc::Status RegistryService::GetTarget(grpc::ServerContext*,
 grpc::Status RegistryService::GetStatus(grpc::ServerContext*,
                                         const v1::GetStatusRequest*,
                                         v1::GetStatusResponse* resp) {
-  status_of_(resp);
+  parts_.status_of(resp);
   return grpc::Status::OK;
 }
 
@@ -209,8 +212,8 @@ grpc::Status RegistryService::RetireTarget(grpc::ServerContext* ctx,
     if (!parsed.ok()) return ToGrpcStatus(parsed.status());
     platform = *parsed;
   }
-  absl::StatusOr<std::vector<EntryPtr>> retired =
-      registry_->Retire(req->target_name(), platform, peer_of_(ctx->peer()));
+  absl::StatusOr<std::vector<EntryPtr>> retired = registry_->Retire(
+      req->target_name(), platform, parts_.peer_of(ctx->peer()));
   if (!retired.ok()) return ToGrpcStatus(retired.status());
   for (const EntryPtr& e : *retired) *resp->add_retired() = ToProto(*e);
   return grpc::Status::OK;
@@ -219,7 +222,7 @@ grpc::Status RegistryService::RetireTarget(grpc::ServerContext* ctx,
 grpc::Status RegistryService::ReserveNames(grpc::ServerContext* ctx,
                                            const v1::ReserveNamesRequest* req,
                                            v1::ReserveNamesResponse* resp) {
-  const PeerCred peer = peer_of_(ctx->peer());
+  const PeerCred peer = parts_.peer_of(ctx->peer());
   absl::Status st;
   if (req->lift()) {
     st = registry_->Unreserve(req->pattern(), peer);
@@ -245,17 +248,17 @@ grpc::Status RegistryService::CollectGarbage(grpc::ServerContext* ctx,
                                              const v1::CollectGarbageRequest*,
                                              v1::CollectGarbageResponse* resp) {
   absl::StatusOr<GcOutcome> out =
-      registry_->CollectGarbage(peer_of_(ctx->peer()));
+      registry_->CollectGarbage(parts_.peer_of(ctx->peer()));
   if (!out.ok()) return ToGrpcStatus(out.status());
   resp->set_files_removed(out->files_removed);
   resp->set_bytes_removed(out->bytes_removed);
   resp->set_files_kept(out->files_kept);
   resp->set_bytes_kept(out->bytes_kept);
-  if (compile_ != nullptr) {
+  if (parts_.compile != nullptr) {
     // The compile cache down to half its bound, least recently used first
     // (docs/operator-guide.md, "The compile service").
-    CompileCacheTrim trim =
-        compile_->cache()->TrimTo(compile_->cache()->max_bytes() / 2);
+    CompileCacheTrim trim = parts_.compile->cache()->TrimTo(
+        parts_.compile->cache()->max_bytes() / 2);
     resp->set_compile_files_removed(trim.removed.files);
     resp->set_compile_bytes_removed(trim.removed.bytes);
     resp->set_compile_files_kept(trim.kept.files);
@@ -267,26 +270,26 @@ grpc::Status RegistryService::CollectGarbage(grpc::ServerContext* ctx,
 grpc::Status RegistryService::ListSessions(grpc::ServerContext*,
                                            const v1::ListSessionsRequest*,
                                            v1::ListSessionsResponse* resp) {
-  if (sessions_of_) sessions_of_(resp);
+  if (parts_.sessions_of) parts_.sessions_of(resp);
   return grpc::Status::OK;
 }
 
 grpc::Status RegistryService::GetConfig(grpc::ServerContext*,
                                         const v1::GetConfigRequest*,
                                         v1::GetConfigResponse* resp) {
-  if (config_of_) config_of_(resp);
+  if (parts_.config_of) parts_.config_of(resp);
   return grpc::Status::OK;
 }
 
 grpc::Status RegistryService::CompileTarget(
     grpc::ServerContext* ctx, const v1::CompileTargetRequest* req,
     grpc::ServerWriter<v1::CompileTargetEvent>* out) {
-  if (compile_ == nullptr) {
+  if (parts_.compile == nullptr) {
     return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                         "this kregd has no compile service");
   }
-  absl::StatusOr<CompileOutcome> r = compile_->Compile(
-      *req, peer_of_(ctx->peer()),
+  absl::StatusOr<CompileOutcome> r = parts_.compile->Compile(
+      *req, parts_.peer_of(ctx->peer()),
       [out](const std::string& diagnostics) {
         v1::CompileTargetEvent e;
         e.set_diagnostics(diagnostics);
@@ -306,7 +309,7 @@ grpc::Status RegistryService::CompileTarget(
   v1::CompileTargetResult* result = e.mutable_result();
   result->set_created(r->registration.created);
   *result->mutable_target() =
-      DescribeTarget(*r->registration.entry, cuda_status_of_());
+      DescribeTarget(*r->registration.entry, parts_.cuda_status_of());
   result->set_cache_key(r->cache_key);
   result->set_cache_hit(r->cache_hit);
   result->set_waited(r->waited);

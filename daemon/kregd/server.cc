@@ -313,31 +313,27 @@ absl::Status Daemon::Start() {
   if (st.ok()) st = StartCompile();
   if (!st.ok()) return st;
 
-  service_ = std::make_unique<RegistryService>(
-      &registrar_, &registry_,
-      [this](const std::string& peer) { return connections_.PeerOf(peer); },
-      [this](v1::GetStatusResponse* r) { FillStatus(r); });
-  service_->set_account(
-      &account_, absl::Milliseconds(config_.grpc_stream_timeout_s * 1000.0),
-      absl::Milliseconds(config_.probe_timeout_s * 1000.0));
+  RegistryServiceParts parts;
+  parts.registrar = &registrar_;
+  parts.registry = &registry_;
+  parts.peer_of = [this](const std::string& peer) {
+    return connections_.PeerOf(peer);
+  };
+  parts.status_of = [this](v1::GetStatusResponse* r) { FillStatus(r); };
   // Whether executors here can run CUDA launches (driver and a device; no
   // context is created in kregd), for Target.not_runnable.
-  service_->set_cuda_status_of([] { return CudaLaunchStatus(); });
-  service_->set_stats_of(
-      [this](const TargetEntry& e, v1::Target* t) { StatsOf(e, t); });
-  service_->set_compile(compile_.get());
-  service_->set_sessions_of(
-      [this](v1::ListSessionsResponse* r) { ListSessions(r); });
-  service_->set_config_of([this](v1::GetConfigResponse* r) {
-    for (const ConfigEntry& e : DescribeConfig(config_)) {
-      v1::ConfigValue* v = r->add_values();
-      v->set_key(e.key);
-      v->set_value_toml(e.value_toml);
-      v->set_origin(e.origin);
-    }
-    r->set_toml(ConfigToml(config_));
-    r->set_config_file(config_.config_file);
-  });
+  parts.cuda_status_of = [] { return CudaLaunchStatus(); };
+  parts.stats_of = [this](const TargetEntry& e, v1::Target* t) {
+    StatsOf(e, t);
+  };
+  parts.sessions_of = [this](v1::ListSessionsResponse* r) { ListSessions(r); };
+  parts.config_of = [this](v1::GetConfigResponse* r) { FillConfig(r); };
+  parts.compile = compile_.get();
+  parts.account = &account_;
+  parts.stream_timeout =
+      absl::Milliseconds(config_.grpc_stream_timeout_s * 1000.0);
+  parts.heavy_work_wait = absl::Milliseconds(config_.probe_timeout_s * 1000.0);
+  service_ = std::make_unique<RegistryService>(std::move(parts));
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -612,6 +608,17 @@ absl::Status Daemon::StartSessions() {
   KREG_RETURN_IF_ERROR(sessions_->Start());
   if (!policy.secret.empty()) StartReadopt(supervision_path, policy);
   return absl::OkStatus();
+}
+
+void Daemon::FillConfig(v1::GetConfigResponse* r) const {
+  for (const ConfigEntry& e : DescribeConfig(config_)) {
+    v1::ConfigValue* v = r->add_values();
+    v->set_key(e.key);
+    v->set_value_toml(e.value_toml);
+    v->set_origin(e.origin);
+  }
+  r->set_toml(ConfigToml(config_));
+  r->set_config_file(config_.config_file);
 }
 
 void Daemon::FillBrokerContext() {

@@ -78,6 +78,9 @@ class Daemon {
   absl::Status Listen();
   void WatchdogLoop(uint64_t interval_us);
   void FillStatus(v1::GetStatusResponse* resp);
+  // GetConfig's answer: the effective configuration and where each key
+  // came from.
+  void FillConfig(v1::GetConfigResponse* r) const;
   absl::Status StartSessions();
   // StartSessions' parts: what every session's broker borrows, and the
   // supervision socket's listener (a warning, not an error, when it fails).
