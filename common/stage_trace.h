@@ -1,7 +1,7 @@
 // Stage stamps of one traced ring launch (KREG_TRACE_STAGES=1; bench/
 // prints the breakdown, DESIGN §9). A thread that runs a traced launch
 // sets Current() to its Times; Mark() is a no-op (one call, one load)
-// otherwise. The thread-local lives in ring_layout.cc with internal linkage,
+// otherwise. The thread-local lives in stage_trace.cc with internal linkage,
 // so the client shim exports no symbol for it.
 // Both the shim and kregd-exec use it; the executor's stamps travel back in
 // the completion's ring::StageTrailer.

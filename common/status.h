@@ -1,6 +1,6 @@
-// The status value of the client side (//client/shim/cuda and //client/shim, which
-// link neither absl nor gRPC): one type for both, so no conversion between
-// them.
+// The status value of the client side (//client/shim/cuda and //client/shim,
+// which link neither absl nor gRPC): one type for both, so no conversion
+// between them.
 #ifndef KREGD_COMMON_STATUS_H_
 #define KREGD_COMMON_STATUS_H_
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "daemon/config/config.h"
+#include "daemon/config/config_fields.h"
 #include "toml++/toml.h"
 
 namespace kreg {

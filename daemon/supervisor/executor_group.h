@@ -1,5 +1,5 @@
 // ExecutorPool's record of one executor and the sessions bound to it
-// (private to executor_pool*.cc).
+// (private to executor_pool*.cc and the repointer).
 #ifndef KREGD_DAEMON_SUPERVISOR_EXECUTOR_GROUP_H_
 #define KREGD_DAEMON_SUPERVISOR_EXECUTOR_GROUP_H_
 
@@ -13,8 +13,8 @@
 
 #include "absl/status/status.h"
 #include "daemon/base/types.h"
-#include "daemon/supervisor/executor_pool.h"
 #include "daemon/supervisor/executor_process.h"
+#include "daemon/supervisor/generation_stats.h"
 
 namespace kreg {
 
@@ -25,7 +25,7 @@ struct SlotInfo {
   int64_t since_us = 0;
 };
 
-struct ExecutorPool::Group {
+struct ExecutorGroup {
   std::string key;
   std::string name;  // "uid 1000", "pid 42 (uid 1000)", "shared"
   uid_t uid = 0;
@@ -58,7 +58,7 @@ struct ExecutorPool::Group {
 // Adds the stats rows of `g`'s status page to `out`, row t crediting the
 // generation of the entry kregd resolved as token t for this executor (rows
 // past what kregd handed out are never read). The pool's mu_ must be held.
-void AddGroupStats(const ExecutorPool::Group& g,
+void AddGroupStats(const ExecutorGroup& g,
                    std::map<GenerationId, TargetStatsRow>* out);
 // The token of `entry`'s generation in `resolved` (an executor's tokens),
 // a new one when it has none. The pool's mu_ must be held.

@@ -27,6 +27,7 @@
 #include "daemon/base/types.h"
 #include "daemon/supervisor/crash_ledger.h"
 #include "daemon/supervisor/executor_process.h"
+#include "daemon/supervisor/generation_stats.h"
 #include "kreg/v1/executor.pb.h"
 
 namespace kreg {
@@ -94,37 +95,6 @@ struct BoundSession {
   uint64_t states = 0;  // call-site states (handler bundles) it holds
 };
 
-// Which generation of which registration an entry is (docs/replace.md
-// section 8). An executor gets one token, one statistics row, per
-// generation: a pinned resolve counts in its generation's row, a
-// replacement's generation in a row of its own. A name retired and
-// registered again is another registration (registered_at_us; a
-// replacement keeps it).
-struct GenerationId {
-  TargetKey key;
-  int64_t registered_at_us = 0;
-  uint32_t generation = 0;
-  explicit GenerationId(const TargetEntry& e)
-      : key(e.key),
-        registered_at_us(e.registered_at_us),
-        generation(e.generation) {}
-  bool operator<(const GenerationId& o) const {
-    return std::tie(key, registered_at_us, generation) <
-           std::tie(o.key, o.registered_at_us, o.generation);
-  }
-  bool operator==(const GenerationId& o) const {
-    return key == o.key && registered_at_us == o.registered_at_us &&
-           generation == o.generation;
-  }
-};
-
-// One generation's statistics, summed over live and reaped executors;
-// `entry` is an entry of that generation.
-struct TargetStatsRow {
-  EntryPtr entry;
-  TargetStats stats;
-};
-
 struct PoolCounters {
   uint64_t launches = 0;
   uint64_t launch_errors = 0;
@@ -139,9 +109,12 @@ struct PoolCounters {
 // held across a process start, a wait, the crash ledger (whose sink writes
 // the journal) or a log line about a dead executor: Wait decides blame
 // (crash_blame.h) from a copy taken under mu_ and publishes the result.
+struct ExecutorGroup;
+
 class ExecutorPool {
  public:
-  struct Group;  // one executor and its sessions (executor_pool.cc)
+  // One executor and its sessions (executor_group.h).
+  using Group = ExecutorGroup;
 
   // A client session bound to an executor.
   struct Binding {

@@ -8,7 +8,7 @@
 
 namespace kreg {
 
-void AddGroupStats(const ExecutorPool::Group& g,
+void AddGroupStats(const ExecutorGroup& g,
                    std::map<GenerationId, TargetStatsRow>* out) {
   const StatusPage& page = g.exec->page();
   const size_t tokens = std::min<size_t>(g.resolved.size(), kStatsRows);
