@@ -492,6 +492,18 @@ ClientStatus Client::Instantiate(const ring::DescriptorView& d,
   });
 }
 
+ClientStatus Client::StageCall(const ring::DescriptorView& d, uint32_t stage) {
+  std::string descriptor;
+  ring::EncodeDescriptor(d, &descriptor);
+  return WithConn([&](Conn* conn) {
+    v1::SessionRequest req;
+    req.mutable_stage_call()->set_descriptor(descriptor);
+    req.mutable_stage_call()->set_stage(stage);
+    v1::SessionResponse resp;
+    return conn->Call(&req, &resp);
+  });
+}
+
 void Client::ReleaseState(uint64_t handle) {
   std::unique_ptr<Conn> conn;
   {

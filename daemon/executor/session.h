@@ -183,6 +183,10 @@ class Session final : public ServedSession {
   // handle; the limit is checked before the handler runs.
   absl::Status DoInstantiate(const v1::Instantiate& request,
                              v1::InstantiateReply* reply);
+  // A handler bundle's prepare or initialize stage for one execution of a
+  // call site (session.proto StageCall): runs the stage of the bundle that
+  // made the call site's state, with that state.
+  absl::Status DoStageCall(const v1::StageCall& request);
   // Maps the ring region (the one fd) and starts the ring thread.
   absl::Status DoRingSetup(const v1::RingSetup& setup,
                            std::vector<UniqueFd> fds);

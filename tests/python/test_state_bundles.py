@@ -62,6 +62,8 @@ import jax
 jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp
 mode, name, lib = sys.argv[1:4]
+# argv[4] (optional): more stages, {"prepare": SYMBOL, ...}
+extra = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
 if mode == "inprocess":
   import kernels_util as ku
   jax.devices("cpu")
@@ -76,13 +78,15 @@ if mode == "inprocess":
       platform="cpu")
   jax.ffi.register_ffi_target(
       name, {"instantiate": jax.ffi.pycapsule(l.CounterInstantiate),
-             "execute": jax.ffi.pycapsule(l.CounterExecute)},
+             "execute": jax.ffi.pycapsule(l.CounterExecute),
+             **{k: jax.ffi.pycapsule(getattr(l, v))
+                for k, v in extra.items()}},
       platform="cpu")
 else:
   import kreg
   r = kreg.register_ffi_target(
       name, lib, {"instantiate": "CounterInstantiate",
-                  "execute": "CounterExecute"},
+                  "execute": "CounterExecute", **extra},
       platform="cpu", execution=mode,
       state_type=("kreg.CounterState", "CounterStateTypeId",
                   "CounterStateTypeInfo"))
@@ -625,29 +629,18 @@ def test_a_replacement_instantiates_anew_and_old_states_stay_old():
     finish_test_daemon(d)
 
 
-def test_isolated_mode_refuses_prepare_and_initialize_stages(daemon):
-  out = run_py(daemon, r"""
-      import json, sys
-      import kreg
-      stages = {"instantiate": "CounterInstantiate",
-                "prepare": "CounterPrepare", "execute": "CounterExecute"}
-      st = ("kreg.CounterState", "CounterStateTypeId", "CounterStateTypeInfo")
-      for mode in ("isolated", "local"):
-        try:
-          r = kreg.register_ffi_target("counter.prep." + mode, sys.argv[1],
-                                       stages, platform="cpu",
-                                       execution=mode, state_type=st)
-          print(json.dumps({"stages": r.target.stages}))
-        except kreg.KregError as e:
-          print(json.dumps({"error": [e.code, str(e)]}))
-      """, module_path())
-  code, message = out[0]["error"]
-  assert code == "UNIMPLEMENTED"
-  assert message == (
-      "target 'counter.prep.isolated' has prepare/initialize stages, which "
-      "kregd does not forward to an executor yet; run it with "
-      'execution="local"')
-  # Local mode hands XLA every stage (XLA:CPU runs no prepare stage).
-  assert out[1] == {"stages": {"instantiate": "CounterInstantiate",
-                               "prepare": "CounterPrepare",
-                               "execute": "CounterExecute"}}
+@pytest.mark.parametrize("mode", ["isolated", "local"])
+def test_prepare_and_initialize_stages_bind_in_both_modes(daemon, reference,
+                                                          mode):
+  # Isolated mode registers the forwarding handler as every stage (each
+  # forwards its stage to the executor: tests/integration/state_stages_test.cc
+  # runs them there, tests/gpu/test_state_bundles_cuda.py through XLA:GPU);
+  # local mode hands XLA the genuine stages. XLA:CPU runs no prepare or
+  # initialize stage, so the results are the in-process ones.
+  extra = {"prepare": "CounterStagedPrepare",
+           "initialize": "CounterStagedInitialize"}
+  out = run_py(daemon, CALLS, mode, f"counter.staged.{mode}", module_path(),
+               json.dumps(extra))
+  assert out[0]["stages"] == {"instantiate": "CounterInstantiate",
+                              "execute": "CounterExecute", **extra}
+  assert out[-1] == reference
