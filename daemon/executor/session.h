@@ -161,6 +161,9 @@ class Session final : public ServedSession {
 
   uint64_t id() const override { return id_; }
   const PeerCred& peer() const override { return peer_; }
+  // The call-site states this session holds (offered with it to a new
+  // kregd, which charges them to the uid again).
+  uint64_t StatesHeld() const { return states_->HeldBy(id_); }
 
  private:
   // Run's parts. The next frame into `buffer` and `fds`: before Hello all

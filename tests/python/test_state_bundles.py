@@ -477,8 +477,13 @@ for line in sys.stdin:
 """
 
 
-def test_states_survive_a_kregd_restart_in_their_readopted_executor():
-  d = start_test_daemon("kreg-state-restart-", ["--orphan-timeout", "60"])
+def test_states_survive_a_kregd_restart_in_their_readopted_executor(
+    tmp_path):
+  # One state per uid: the re-adopted state is charged to the uid again.
+  config = tmp_path / "kregd.toml"
+  config.write_text("max_states_per_uid = 1\n")
+  d = start_test_daemon("kreg-state-restart-",
+                        ["--orphan-timeout", "60", "--config", str(config)])
   p = subprocess.Popen([PY, "-c", DRIVEN, "counter.restart", module_path()],
                        env=d.env(), stdin=subprocess.PIPE,
                        stdout=subprocess.PIPE, text=True)
@@ -500,6 +505,13 @@ def test_states_survive_a_kregd_restart_in_their_readopted_executor():
     assert call() == {"n": 4}
     [session] = [s for s in sessions(d) if s["pid"] == p.pid]
     assert session["states"] == 1 and session["executor_pid"] == executor
+    # The new kregd charged it to the uid (max_states_per_uid): another
+    # process of the uid cannot instantiate a second one.
+    [other] = run_py(d, MANY_SITES, "counter.restart.other", module_path(),
+                     "CounterInstantiate", 1)
+    assert "RESOURCE_EXHAUSTED" in other.get("error", ""), other
+    assert "holds 1 handler states" in other["error"], other
+    assert "max_states_per_uid" in other["error"], other
   finally:
     p.kill()
     p.wait()
