@@ -656,3 +656,61 @@ def test_prepare_and_initialize_stages_bind_in_both_modes(daemon, reference,
   assert out[0]["stages"] == {"instantiate": "CounterInstantiate",
                               "execute": "CounterExecute", **extra}
   assert out[-1] == reference
+
+
+# A call site whose executor crashed (docs/kernel-author-guide.md, "Handler
+# bundles and state"): argv[1] the module.
+AFTER_CRASH = r"""
+import json, sys
+import numpy as np
+import jax
+jax.config.update("jax_enable_x64", True)
+import jax.numpy as jnp
+import kreg
+lib = sys.argv[1]
+st = ("kreg.CounterState", "CounterStateTypeId", "CounterStateTypeInfo")
+for name, init in (("counter.gone", "CounterInstantiate"),
+                   ("counter.gone.crash", "CounterCrashingInstantiate")):
+  kreg.register_ffi_target(name, lib, {"instantiate": init,
+                                       "execute": "CounterExecute"},
+                           platform="cpu", state_type=st)
+def site(name, offset):
+  return jax.jit(lambda x: jax.ffi.ffi_call(
+      name, (jax.ShapeDtypeStruct(x.shape, jnp.float32),
+             jax.ShapeDtypeStruct((), jnp.int64)))(
+                 x, offset=np.float32(offset), buffer_elems=np.int64(1)))
+def run(f):
+  try:
+    return {"n": int(f(np.zeros(1, np.float32))[1])}
+  except Exception as e:
+    return {"error": str(e)}
+a = site("counter.gone", 1)
+print(json.dumps(run(a)))
+print(json.dumps(run(a)))
+# Crashes the process's executor: a's state dies with it.
+print(json.dumps(run(site("counter.gone.crash", 1))))
+# A call site instantiated in the fresh executor...
+b = site("counter.gone", 2)
+print(json.dumps(run(b)))
+# ...is not what a's stale handle names.
+print(json.dumps(run(a)))
+jax.clear_caches()
+print(json.dumps(run(a)))
+print(json.dumps(run(b)))
+"""
+
+
+def test_a_call_site_whose_executor_crashed_says_what_to_do(daemon):
+  out = run_py(daemon, AFTER_CRASH, module_path())
+  assert out[0] == {"n": 1} and out[1] == {"n": 2}, out
+  assert "signal 6" in out[2]["error"] or "SIGABRT" in out[2]["error"], out
+  assert out[3] == {"n": 1}, out
+  gone = out[4].get("error", "")
+  assert "NOT_FOUND" in gone, out
+  assert ('target "counter.gone": no session of this process holds state'
+          in gone), gone
+  assert ("XLA must instantiate this call site anew; in JAX call "
+          "jax.clear_caches() (or jit the function again) and call it "
+          "again") in gone, gone
+  # What the message says works: a fresh state for each call site.
+  assert out[5] == {"n": 1} and out[6] == {"n": 1}, out
