@@ -75,7 +75,10 @@ else:
   f1, f2 = jax.jit(f), jax.jit(lambda x: f(x * 2))
   x = jnp.arange(16, dtype=jnp.float32)
   calls = [(f1, (x,)), (f1, (x,)), (f2, (x,)), (f1, (x,)), (f2, (x,))]
-out = [np.asarray(fn(*args)).tobytes().hex() for fn, args in calls]
+# Every call dispatched before any result is read: a forwarded stage must
+# not overtake the previous call's execute (still on the launch ring).
+results = [fn(*args) for fn, args in calls]
+out = [np.asarray(r).tobytes().hex() for r in results]
 print(json.dumps({"out": out}))
 """
 
