@@ -492,6 +492,24 @@ ClientStatus Client::Instantiate(const ring::DescriptorView& d,
   });
 }
 
+ClientStatus Client::StageCall(const ring::DescriptorView& d, uint32_t stage) {
+  std::string descriptor;
+  ring::EncodeDescriptor(d, &descriptor);
+  return WithConn([&](Conn* conn) {
+    // In XLA the stage runs after the previous execution's execute stage
+    // ran on the host: an asynchronous ring launch of this session must
+    // have run in the executor before the stage changes the state it read
+    // (its error, if any, stays the session's next launch's).
+    ClientStatus reaped = conn->ReapAsync(true);
+    if (!reaped.ok()) return reaped;
+    v1::SessionRequest req;
+    req.mutable_stage_call()->set_descriptor(descriptor);
+    req.mutable_stage_call()->set_stage(stage);
+    v1::SessionResponse resp;
+    return conn->Call(&req, &resp);
+  });
+}
+
 void Client::ReleaseState(uint64_t handle) {
   std::unique_ptr<Conn> conn;
   {

@@ -102,6 +102,12 @@ class Client {
   // the state for this process under `*handle`. The executor's or the
   // handler's error verbatim.
   ClientStatus Instantiate(const ring::DescriptorView& d, uint64_t* handle);
+  // A handler bundle's prepare or initialize stage (`stage`, XLA's
+  // numbering) for one execution of a call site (session.proto StageCall;
+  // `d`'s buffers carry shapes only): kregd's executor runs it with the
+  // call site's state, after the session's asynchronous launches ran. The
+  // executor's or the handler's error verbatim.
+  ClientStatus StageCall(const ring::DescriptorView& d, uint32_t stage);
   // Releases the executor's state `handle` (XLA destroyed the call site's
   // executable) on an idle session, or, when every session is busy, on the
   // next one borrowed (at most kMaxPendingReleases wait). Nothing is opened

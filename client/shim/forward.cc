@@ -13,6 +13,7 @@
 
 #include "client/shim/attr_cache.h"
 #include "client/shim/cuda_forward.h"
+#include "client/shim/launch_encoder.h"
 #include "common/ring_encode.h"
 #include "xla/ffi/api/c_api.h"
 
@@ -194,13 +195,16 @@ ClientStatus InstantiateForwarded(const Slot* slot, XLA_FFI_CallFrame* frame) {
 }
 
 // The handle of the call site's state (kept by InstantiateForwarded).
-ClientStatus ForwardedStateOf(const Slot* slot, XLA_FFI_CallFrame* frame,
-                              uint64_t* handle) {
+// `stage`: the stage State_Get is asked at (the instantiate state is the
+// one every stage reads through ffi::State<T>).
+ClientStatus ForwardedStateOf(
+    const Slot* slot, XLA_FFI_CallFrame* frame, uint64_t* handle,
+    XLA_FFI_ExecutionStage stage = XLA_FFI_ExecutionStage_EXECUTE) {
   XLA_FFI_State_Get_Args args;
   memset(&args, 0, sizeof(args));
   args.struct_size = XLA_FFI_State_Get_Args_STRUCT_SIZE;
   args.ctx = frame->ctx;
-  args.stage = XLA_FFI_ExecutionStage_EXECUTE;
+  args.stage = stage;
   args.type_id = &g_forwarded_state_type;
   if (XLA_FFI_Error* err = frame->api->XLA_FFI_State_Get(&args)) {
     DestroyFfiError(frame->api, err);
@@ -215,6 +219,49 @@ ClientStatus ForwardedStateOf(const Slot* slot, XLA_FFI_CallFrame* frame,
   }
   *handle = static_cast<ForwardedState*>(args.state)->handle;
   return ClientStatus::Ok();
+}
+
+// A bundle's prepare or initialize stage (XLA:GPU runs them before each
+// execution): kregd's executor runs the real stage with the call site's
+// state (docs/kernel-author-guide.md, "Handler bundles and state"). The
+// buffers go as shapes only: XLA says reading them in these stages is
+// undefined, and their addresses are not the executor's.
+ClientStatus StageForwarded(const Slot* slot, XLA_FFI_CallFrame* frame) {
+  uint64_t state = 0;
+  if (slot->stateful) {
+    ClientStatus s = ForwardedStateOf(slot, frame, &state,
+                                      XLA_FFI_ExecutionStage_INSTANTIATE);
+    if (!s.ok()) return s;
+  }
+  thread_local AttrCache attrs;
+  const std::string* encoded;
+  ClientStatus s = attrs.Get(&frame->attrs, &encoded);
+  if (!s.ok()) return s;
+  std::vector<ring::BufferView> buffers;
+  buffers.reserve(static_cast<size_t>(frame->args.size + frame->rets.size));
+  s = ForEachBuffer(
+      frame, [&](const XLA_FFI_Buffer* b, uint64_t bytes, bool /*is_arg*/) {
+        ring::BufferView v;
+        v.dtype = static_cast<int32_t>(b->dtype);
+        v.rank = static_cast<uint32_t>(b->rank);
+        v.dims = b->dims;
+        v.size = bytes;
+        buffers.push_back(v);
+      });
+  if (!s.ok()) return s;
+  ring::DescriptorView d;
+  d.target = slot->target;
+  d.platform = slot->platform;
+  d.generation = slot->generation;
+  d.state = state;
+  d.attrs = *encoded;
+  d.args = buffers.data();
+  d.num_args = static_cast<uint32_t>(frame->args.size);
+  d.rets = buffers.data() + frame->args.size;
+  d.num_rets = static_cast<uint32_t>(frame->rets.size);
+  CallContext(frame, &d.device_ordinal, &d.run_id);
+  if (d.device_ordinal < 0) d.device_ordinal = 0;
+  return slot->client->StageCall(d, static_cast<uint32_t>(frame->stage));
 }
 
 XLA_FFI_Error* Forward(int index, XLA_FFI_CallFrame* call_frame) {
@@ -241,24 +288,31 @@ XLA_FFI_Error* Forward(int index, XLA_FFI_CallFrame* call_frame) {
   }
   const bool instantiate =
       call_frame->stage == XLA_FFI_ExecutionStage_INSTANTIATE;
-  if (call_frame->stage != XLA_FFI_ExecutionStage_EXECUTE &&
+  // Prepare and initialize: XLA calls them only when kreg registered this
+  // handler as those stages (the bundle has them).
+  const bool staged = call_frame->stage == XLA_FFI_ExecutionStage_PREPARE ||
+                      call_frame->stage == XLA_FFI_ExecutionStage_INITIALIZE;
+  if (call_frame->stage != XLA_FFI_ExecutionStage_EXECUTE && !staged &&
       !(instantiate && slot->stateful)) {
     return MakeError(api, kInvalidArgument,
                      "kreg forwarding handler for \"" + slot->target +
                          "\" does not forward stage " +
                          std::to_string(call_frame->stage) +
-                         (slot->stateful ? " (it forwards instantiate and "
-                                           "execute)"
-                                         : " (it forwards execute only)"));
+                         (slot->stateful ? " (it forwards instantiate, "
+                                           "prepare, initialize and execute)"
+                                         : " (it forwards prepare, initialize "
+                                           "and execute)"));
   }
   ClientStatus s;
   uint64_t state = 0;
   if (instantiate) {
     s = InstantiateForwarded(slot, call_frame);
+  } else if (staged) {
+    s = StageForwarded(slot, call_frame);
   } else if (slot->stateful) {
     s = ForwardedStateOf(slot, call_frame, &state);
   }
-  if (!instantiate && s.ok()) {
+  if (!instantiate && !staged && s.ok()) {
     // An earlier call's GPU work never completed (its executor died after
     // the handler returned): this call reports it instead of running.
     s = slot->client->TakeLostWork();

@@ -58,6 +58,9 @@ struct AdoptionPolicy {
   uint32_t session_protocol_major = 0;
   // Bounds on what an offer may claim, checked before anything is mapped.
   uint32_t max_slots = 1u << 16;
+  // The call-site states one offered session may claim (the executors'
+  // max_states_per_session; 0: unbounded).
+  uint64_t max_states_per_session = 0;
 };
 
 enum class OfferVerdict {

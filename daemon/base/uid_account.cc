@@ -90,6 +90,12 @@ absl::StatusOr<UidAccount::Charge> UidAccount::Take(uid_t uid, UidResource r,
   return Charge(this, uid, r, amount);
 }
 
+UidAccount::Charge UidAccount::Keep(uid_t uid, UidResource r, uint64_t amount) {
+  absl::MutexLock lock(&mu_);
+  if (amount != 0) held_[{uid, static_cast<int>(r)}] += amount;
+  return Charge(this, uid, r, amount);
+}
+
 absl::StatusOr<UidAccount::Charge> UidAccount::TakeWithin(uid_t uid,
                                                           UidResource r,
                                                           uint64_t amount,

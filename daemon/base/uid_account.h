@@ -96,6 +96,12 @@ class UidAccount {
   absl::StatusOr<Charge> TakeWithin(uid_t uid, UidResource r, uint64_t amount,
                                     absl::Time deadline);
 
+  // Charges `amount` of `r` to `uid` without the limit check: for what the
+  // uid holds already and nothing can refuse (the states of a re-adopted
+  // executor's sessions, DESIGN §12). The uid may end over its limit; its
+  // next Take is refused until it is back under.
+  Charge Keep(uid_t uid, UidResource r, uint64_t amount);
+
   // What `uid` holds of `r` now.
   uint64_t Held(uid_t uid, UidResource r);
   // Everything held now, by uid and resource (only what is above zero):

@@ -298,6 +298,7 @@ Offer OfferToKregd(const v1::ExecInit& init, const v1::ExecInitReply& info,
     v1::ExecReadoptSession rs;
     rs.set_session_id(l.served->session_id);
     rs.set_slot(l.served->slot);
+    rs.set_states(l.served->session->StatesHeld());
     for (const auto& [key, token] : l.backend->Resolved()) {
       v1::ResolvedToken* t = rs.add_tokens();
       t->set_name(key.name);

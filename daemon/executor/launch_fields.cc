@@ -189,6 +189,19 @@ absl::Status DecodeArenaBuffer(int32_t dtype, const int64_t* dims, size_t rank,
   return absl::OkStatus();
 }
 
+absl::Status DecodeBufferShape(int32_t dtype, const int64_t* dims, size_t rank,
+                               uint64_t size, const std::string& what,
+                               BufferRef* out) {
+  if (absl::Status s = CheckBufferShape(dtype, dims, rank, size, what);
+      !s.ok()) {
+    return s;
+  }
+  out->dtype = dtype;
+  out->dims.assign(dims, dims + rank);
+  out->data = nullptr;
+  return absl::OkStatus();
+}
+
 absl::Status DecodeCudaBufferFields(int32_t dtype, const int64_t* dims,
                                     size_t rank, const CudaRefView* ref,
                                     uint64_t offset, uint64_t size,

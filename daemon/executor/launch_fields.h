@@ -68,6 +68,12 @@ absl::Status DecodeCudaBufferFields(int32_t dtype, const int64_t* dims,
                                     const CudaBufferResolver& cuda,
                                     const std::string& what, BufferRef* out);
 
+// The same shape checks for a buffer that carries its shape only (a
+// StageCall's, session.proto): `out` gets a null data pointer.
+absl::Status DecodeBufferShape(int32_t dtype, const int64_t* dims, size_t rank,
+                               uint64_t size, const std::string& what,
+                               BufferRef* out);
+
 // Validates and decodes a list of attributes: kinds, dtypes, byte sizes,
 // names (1-kMaxAttrNameBytes bytes) sorted and unique, nesting
 // (kMaxAttrDepth) and count (kMaxLaunchAttrs) bounds.

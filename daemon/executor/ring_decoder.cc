@@ -273,7 +273,8 @@ absl::StatusOr<RingLaunchHeader> RingDecoder::Header(
 
 absl::StatusOr<DecodedLaunch*> RingDecoder::Decode(
     const char* data, size_t size, std::optional<uint32_t> seq,
-    const ShmArena& arena, uint64_t* tag, const CudaBufferResolver* cuda) {
+    const ShmArena& arena, uint64_t* tag, const CudaBufferResolver* cuda,
+    bool shapes_only) {
   ring::SubmitHeader h;
   RingLaunchHeader head;
   size_t header_end;
@@ -284,7 +285,7 @@ absl::StatusOr<DecodedLaunch*> RingDecoder::Decode(
   }
   const Platform platform = head.platform;
   const bool on_cuda = TraitsOf(platform).memory == PlatformMemory::kCuda;
-  if (on_cuda && cuda == nullptr) {
+  if (on_cuda && cuda == nullptr && !shapes_only) {
     return absl::UnimplementedError(absl::StrCat(
         "launching \"", head.target, "\" for platform ", PlatformName(platform),
         ": this kregd serves no CUDA device"));
@@ -345,7 +346,18 @@ absl::StatusOr<DecodedLaunch*> RingDecoder::Decode(
     }
     // A rank above the maximum fails in there before its dims are read.
     absl::Status s;
-    if (on_cuda) {
+    if (shapes_only) {
+      const bool no_ref = ref.base == 0 && ref.size == 0 && ref.generation == 0;
+      if (b.offset != 0 || !no_ref) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what,
+            ": a stage call's buffer carries its shape only, but this "
+            "one names offset ",
+            b.offset, " and allocation 0x", absl::Hex(ref.base),
+            " (a prepare or initialize stage gets no buffer data)"));
+      }
+      s = DecodeBufferShape(b.dtype, dims_at, b.rank, b.size, what, out);
+    } else if (on_cuda) {
       const bool no_ref = ref.base == 0 && ref.size == 0 && ref.generation == 0;
       if (b.size == 0 && (!no_ref || b.offset != 0)) {
         return absl::InvalidArgumentError(absl::StrCat(

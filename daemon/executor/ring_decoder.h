@@ -73,10 +73,14 @@ class RingDecoder {
   // without `cuda` it is UNIMPLEMENTED ("serves no CUDA device").
   // `*tag` gets the descriptor's tag when its header was complete (else 0).
   // The result stays valid until the next call or until `arena` changes.
+  // `shapes_only` (a StageCall's descriptor, session.proto): every buffer
+  // carries its dtype and dims only (offset 0, an all-zero CudaRef; else
+  // INVALID_ARGUMENT) and is decoded with a null data pointer, on any
+  // platform (`cuda` is not needed).
   absl::StatusOr<DecodedLaunch*> Decode(
       const char* data, size_t size, std::optional<uint32_t> seq,
       const ShmArena& arena, uint64_t* tag,
-      const CudaBufferResolver* cuda = nullptr);
+      const CudaBufferResolver* cuda = nullptr, bool shapes_only = false);
 
   // Only the header and framing of the descriptor (Decode's first checks):
   // size, `length`, `seq`, reserved bits and flags, target name, platform,

@@ -275,6 +275,10 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
         status =
             DoInstantiate(request.instantiate(), resp.mutable_instantiate());
         break;
+      case v1::SessionRequest::kStageCall:
+        status = DoStageCall(request.stage_call());
+        if (status.ok()) resp.mutable_stage_call();
+        break;
       case v1::SessionRequest::kReleaseState:
         status = states_->Release(request.release_state().state(), peer_.pid);
         if (status.ok()) resp.mutable_release_state();
@@ -426,6 +430,59 @@ absl::Status Session::DoInstantiate(const v1::Instantiate& request,
   }
   reply->set_state(*handle);
   return absl::OkStatus();
+}
+
+absl::Status Session::DoStageCall(const v1::StageCall& request) {
+  const uint32_t stage = request.stage();
+  if (stage != XLA_FFI_ExecutionStage_PREPARE &&
+      stage != XLA_FFI_ExecutionStage_INITIALIZE) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a StageCall runs stage ", XLA_FFI_ExecutionStage_PREPARE,
+                     " (prepare) or ", XLA_FFI_ExecutionStage_INITIALIZE,
+                     " (initialize), not ", stage,
+                     " (instantiate is an Instantiate, execute a launch)"));
+  }
+  const HandlerStage which =
+      stage == XLA_FFI_ExecutionStage_PREPARE ? kPrepare : kInitialize;
+  const std::string& descriptor = request.descriptor();
+  uint64_t tag = 0;
+  absl::StatusOr<DecodedLaunch*> decoded = ring_decoder_.Decode(
+      descriptor.data(), descriptor.size(), std::nullopt, arena_, &tag,
+      /*cuda=*/nullptr, /*shapes_only=*/true);
+  if (!decoded.ok()) return decoded.status();
+  const DecodedLaunch& d = **decoded;
+  // The stage of the bundle that made the call site's state (as its
+  // launches: docs/replace.md, "States across a replacement"), or of the
+  // current (or pinned) generation when the bundle keeps no state.
+  CallOptions options;
+  options.stage = static_cast<XLA_FFI_ExecutionStage>(stage);
+  void* handler = nullptr;
+  uint32_t token = 0;
+  if (d.state != 0) {
+    absl::StatusOr<StateTable::Entry> held =
+        states_->Get(d.state, peer_.pid, d.key);
+    if (!held.ok()) return held.status();
+    options.state = held->state;
+    handler = held->owner.stages[which];
+    token = held->owner.token;
+  } else {
+    absl::StatusOr<ResolvedBundle> bundle =
+        backend_->LookupBundle(d.key, d.generation);
+    if (!bundle.ok()) return bundle.status();
+    handler = bundle->stages[which];
+    token = bundle->token;
+  }
+  if (handler == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "target \"", d.key.name, "\" (", PlatformName(d.key.platform),
+        ") has no ", HandlerStageName(which),
+        " stage; its forwarding handler was registered with one (was the "
+        "target replaced by a bundle without it? bind it again)"));
+  }
+  backend_->BeginLaunch(request_id_, d.key, token);
+  absl::Status status = backend_->ExecuteWith(handler, d.frame, options);
+  backend_->EndLaunch(status.ok());
+  return status;
 }
 
 }  // namespace kreg

@@ -161,6 +161,9 @@ class Session final : public ServedSession {
 
   uint64_t id() const override { return id_; }
   const PeerCred& peer() const override { return peer_; }
+  // The call-site states this session holds (offered with it to a new
+  // kregd, which charges them to the uid again).
+  uint64_t StatesHeld() const { return states_->HeldBy(id_); }
 
  private:
   // Run's parts. The next frame into `buffer` and `fds`: before Hello all
@@ -183,6 +186,10 @@ class Session final : public ServedSession {
   // handle; the limit is checked before the handler runs.
   absl::Status DoInstantiate(const v1::Instantiate& request,
                              v1::InstantiateReply* reply);
+  // A handler bundle's prepare or initialize stage for one execution of a
+  // call site (session.proto StageCall): runs the stage of the bundle that
+  // made the call site's state, with that state.
+  absl::Status DoStageCall(const v1::StageCall& request);
   // Maps the ring region (the one fd) and starts the ring thread.
   absl::Status DoRingSetup(const v1::RingSetup& setup,
                            std::vector<UniqueFd> fds);

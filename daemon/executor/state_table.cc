@@ -1,5 +1,9 @@
 #include "daemon/executor/state_table.h"
 
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <ctime>
 #include <utility>
 #include <vector>
 
@@ -8,6 +12,17 @@
 
 namespace kreg {
 namespace {
+
+// 2^32 * (a random nonzero 31-bit number) + 1.
+uint64_t FirstHandle() {
+  uint32_t r = 0;
+  if (::getrandom(&r, sizeof(r), 0) != static_cast<ssize_t>(sizeof(r))) {
+    r = static_cast<uint32_t>(::getpid()) ^
+        static_cast<uint32_t>(::time(nullptr));
+  }
+  r = (r & 0x7fffffffu) | 1u;
+  return (static_cast<uint64_t>(r) << 32) | 1;
+}
 
 void Destroy(uint64_t handle, const StateTable::Entry& e) {
   if (!DestroyState(e.state)) {
@@ -19,7 +34,7 @@ void Destroy(uint64_t handle, const StateTable::Entry& e) {
 }  // namespace
 
 StateTable::StateTable(uint64_t max_per_session)
-    : max_per_session_(max_per_session) {}
+    : max_per_session_(max_per_session), next_handle_(FirstHandle()) {}
 
 StateTable::~StateTable() {
   absl::MutexLock lock(&mu_);
@@ -37,7 +52,24 @@ void StateTable::DropLocked(uint64_t session) {
   Count& c = it->second;
   c.n -= 1;
   if (c.gauge != nullptr) c.gauge->store(c.n, std::memory_order_relaxed);
-  if (c.n == 0) per_session_.erase(it);
+  TidyLocked(session);
+}
+
+void StateTable::TidyLocked(uint64_t session) {
+  auto it = per_session_.find(session);
+  if (it != per_session_.end() && it->second.n == 0 &&
+      it->second.uncharging == 0) {
+    per_session_.erase(it);
+  }
+}
+
+bool StateTable::NoUncharge(SessionRef* ref) {
+  return !ref->table->Uncharging(ref->session);  // under mu_ (Await)
+}
+
+bool StateTable::Uncharging(uint64_t session) const {
+  auto it = per_session_.find(session);
+  return it != per_session_.end() && it->second.uncharging != 0;
 }
 
 uint64_t StateTable::HeldBy(uint64_t session) const {
@@ -93,8 +125,10 @@ absl::StatusOr<StateTable::Entry> StateTable::Get(uint64_t handle, pid_t pid,
     return absl::NotFoundError(absl::StrCat(
         "target \"", key.name, "\": no session of this process holds state ",
         handle,
-        " (its executor restarted, or the state was released); compile the "
-        "function again so that XLA instantiates it anew"));
+        " (the executor that held it crashed, taking the call site's state "
+        "with it, or the state was released): XLA must instantiate this call "
+        "site anew; in JAX call jax.clear_caches() (or jit the function "
+        "again) and call it again"));
   }
   if (!(it->second.entry.owner.key == key)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -106,6 +140,8 @@ absl::StatusOr<StateTable::Entry> StateTable::Get(uint64_t handle, pid_t pid,
 
 absl::Status StateTable::Release(uint64_t handle, pid_t pid) {
   Entry entry;
+  std::function<void()> uncharge;
+  uint64_t session = 0;
   {
     absl::MutexLock lock(&mu_);
     auto it = states_.find(handle);
@@ -114,10 +150,18 @@ absl::Status StateTable::Release(uint64_t handle, pid_t pid) {
           absl::StrCat("no session of this process holds state ", handle));
     }
     entry = it->second.entry;
-    const uint64_t session = it->second.session;
-    if (it->second.uncharge) it->second.uncharge();
+    session = it->second.session;
+    uncharge = std::move(it->second.uncharge);
     states_.erase(it);
     DropLocked(session);
+    // ReleaseSession(session) waits until the uncharge below ran.
+    if (uncharge) per_session_[session].uncharging += 1;
+  }
+  if (uncharge) {
+    uncharge();
+    absl::MutexLock lock(&mu_);
+    per_session_[session].uncharging -= 1;
+    TidyLocked(session);
   }
   Destroy(handle, entry);
   return absl::OkStatus();
@@ -127,6 +171,10 @@ void StateTable::ReleaseSession(uint64_t session) {
   std::vector<std::pair<uint64_t, Entry>> gone;
   {
     absl::MutexLock lock(&mu_);
+    // An uncharge of this session's (Release, on another session's thread)
+    // must not run after this returns.
+    SessionRef ref{this, session};
+    mu_.Await(absl::Condition(&StateTable::NoUncharge, &ref));
     for (auto it = states_.begin(); it != states_.end();) {
       if (it->second.session == session) {
         gone.emplace_back(it->first, it->second.entry);

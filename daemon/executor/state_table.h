@@ -59,8 +59,9 @@ class StateTable {
   // returned.
   // `uncharge` (may be empty) runs when the state is released by
   // Release (not when its session ends: kregd gives a closed session's
-  // charges back itself), under the table's lock, so that it never runs
-  // after ReleaseSession of its session returned.
+  // charges back itself), without the table's lock (it may make a round
+  // trip to kregd); ReleaseSession of its session waits for it, so that it
+  // never runs after that returned.
   absl::StatusOr<uint64_t> Add(uint64_t session, pid_t pid,
                                const HostedState& state,
                                const StateOwner& owner,
@@ -95,15 +96,28 @@ class StateTable {
   struct Count {
     uint64_t n = 0;
     std::atomic<uint64_t>* gauge = nullptr;
+    uint64_t uncharging = 0;  // Release's uncharges running (without mu_)
   };
   uint64_t HeldByLocked(uint64_t session) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One fewer state for `session`.
   void DropLocked(uint64_t session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets `session`'s count once it holds nothing and has no uncharge
+  // running.
+  void TidyLocked(uint64_t session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Uncharging(uint64_t session) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct SessionRef {
+    const StateTable* table;
+    uint64_t session;
+  };
+  // ReleaseSession's wait condition (mu_ held by Await).
+  static bool NoUncharge(SessionRef* ref) ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
   const uint64_t max_per_session_;
   mutable absl::Mutex mu_;
-  uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
+  // Starts at a random multiple of 2^32 (FirstHandle): a handle of an
+  // executor that died never names a state of the next one.
+  uint64_t next_handle_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Held> states_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Count> per_session_ ABSL_GUARDED_BY(mu_);
 };

@@ -578,6 +578,7 @@ absl::Status Daemon::StartSessions() {
     policy.secret = *secret;
     policy.settings_digest = SettingsDigest(pool.init);
     policy.session_protocol_major = AdoptableProtocolMajor();
+    policy.max_states_per_session = config_.max_states_per_session;
     pool.adoption_secret = *secret;
     pool.init.set_supervision_socket(supervision_path);
     pool.init.set_settings_digest(policy.settings_digest);
@@ -726,6 +727,7 @@ absl::Status Daemon::Readopt(ReadoptOffer offer,
     auto broker = std::make_shared<SessionBroker>(
         r.session_id, std::move(offer.sessions[i].client), r.peer, broker_ctx_,
         std::move(b));
+    broker->KeepStates(offer.sessions[i].states);
     sessions_->Serve(std::move(broker), r.peer.uid);
   }
   // Its sessions may run an older generation of a target replaced while no

@@ -761,6 +761,14 @@ v1::BrokerReply SessionBroker::Handle(const v1::BrokerRequest& req,
   return reply;
 }
 
+void SessionBroker::KeepStates(uint64_t n) {
+  if (ctx_.account == nullptr || n == 0) return;
+  states_.reserve(states_.size() + n);
+  for (uint64_t i = 0; i < n; ++i) {
+    states_.push_back(ctx_.account->Keep(peer_.uid, UidResource::kStates, 1));
+  }
+}
+
 absl::Status SessionBroker::ChargeState(int32_t delta) {
   if (delta == -1) {
     if (!states_.empty()) states_.pop_back();

@@ -144,6 +144,10 @@ class SessionBroker final : public ServedSession {
   void Shutdown() override;
   uint64_t id() const override { return id_; }
   const PeerCred& peer() const override { return peer_; }
+  // A re-adopted session's call-site states (DESIGN §12): charged to its
+  // uid again, without the limit check (they exist already), and given
+  // back as they are released or when the broker ends. Before Run/Step.
+  void KeepStates(uint64_t n);
 
  private:
   // What the connection turned out to be, and so what its next step reads.

@@ -106,7 +106,7 @@ absl::StatusOr<std::string> Handshake(
 
 absl::StatusOr<ReadoptOffer> ReadOfferSessions(
     int conn, v1::ExecReadopt header, std::vector<UniqueFd> page_fds,
-    std::chrono::steady_clock::time_point deadline) {
+    std::chrono::steady_clock::time_point deadline, uint64_t max_states) {
   if (page_fds.size() != 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("the offer carries ", page_fds.size(),
@@ -155,6 +155,14 @@ absl::StatusOr<ReadoptOffer> ReadOfferSessions(
     s.peer = *peer;
     s.session_id = rs.session_id();
     s.slot = rs.slot();
+    if (max_states != 0 && rs.states() > max_states) {
+      // Before kregd charges them to the uid (max_states_per_uid).
+      return absl::InvalidArgumentError(
+          absl::StrCat("offered session ", i, " claims ", rs.states(),
+                       " call-site states, more than max_states_per_session (",
+                       max_states, ")"));
+    }
+    s.states = rs.states();
     for (const v1::ResolvedToken& t : rs.tokens()) {
       if (absl::Status v = ValidateTargetName(t.name()); !v.ok()) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -345,8 +353,9 @@ void ReadoptListener::Serve(UniqueFd conn) {
            drain);
     return;
   }
-  absl::StatusOr<ReadoptOffer> offer = ReadOfferSessions(
-      conn.get(), std::move(header), std::move(fds), deadline);
+  absl::StatusOr<ReadoptOffer> offer =
+      ReadOfferSessions(conn.get(), std::move(header), std::move(fds), deadline,
+                        policy_.max_states_per_session);
   if (!offer.ok()) {
     refuse(offer.status(), false);
     return;

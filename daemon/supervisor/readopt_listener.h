@@ -46,6 +46,7 @@ struct ReadoptOffer {
     UniqueFd client;  // the client's session socket
     UniqueFd broker;  // kregd's end of the session's new broker socket
     std::vector<std::pair<TargetKey, uint32_t>> tokens;
+    uint64_t states = 0;  // call-site states the session holds
   };
   std::vector<Session> sessions;
 };
@@ -54,12 +55,13 @@ struct ReadoptOffer {
 // after `header` came with `page_fds` attached, and checks it: each
 // session frame carries exactly a connected Unix stream socket (the
 // client's) and a Unix socket, a slot in range, valid target names and
-// platforms. The page must be a sealed memfd of the header's slots.
+// platforms, at most `max_states` call-site states (0: unbounded). The
+// page must be a sealed memfd of the header's slots.
 // INVALID_ARGUMENT naming what is wrong; DEADLINE_EXCEEDED past
 // `deadline`. Shared with the fuzzer.
 absl::StatusOr<ReadoptOffer> ReadOfferSessions(
     int conn, v1::ExecReadopt header, std::vector<UniqueFd> page_fds,
-    std::chrono::steady_clock::time_point deadline);
+    std::chrono::steady_clock::time_point deadline, uint64_t max_states = 0);
 
 // Takes over a checked offer: OK when adopted; FAILED_PRECONDITION when the
 // executor should be drained; another error refuses it. The message goes

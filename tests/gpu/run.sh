@@ -263,10 +263,12 @@ for alloc in "${passes[@]}"; do
   [[ $alloc != default ]] && files=("$here/test_cuda_forwarded.py")
   [[ $alloc == two_gpus ]] && files=("$here/test_multi_gpu.py")
   # Under MPS: the forwarded and local suites, the sharing report, the
-  # GPU-fault test (which skips there: the documented trade-off) and replace.
+  # GPU-fault test (which skips there: the documented trade-off), replace
+  # and the handler-bundle states (isolated and local).
   [[ $alloc == mps ]] && files=("$here/test_cuda_forwarded.py"
     "$here/test_cuda_local.py" "$here/test_gpu_sharing_gpu.py"
-    "$here/test_executors_gpu.py" "$here/test_replace_cuda.py")
+    "$here/test_executors_gpu.py" "$here/test_replace_cuda.py"
+    "$here/test_state_bundles_cuda.py")
   xml="$work/gpu-$alloc.xml"
   xmls+=("$xml")
   out="$work/pytest-$alloc.log"

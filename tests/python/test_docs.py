@@ -254,9 +254,9 @@ def test_install_steps_install_every_binary_kregd_starts():
 
 
 def test_no_doc_says_uid_isolation_is_the_default():
-  # The default is isolation = "client" (daemon/config/config.h).
+  # The default is isolation = "client" (daemon/config/config_fields.h).
   assert re.search(r'isolation = "client"',
-                   (REPO / "daemon/config/config.h").read_text())
+                   (REPO / "daemon/config/config_fields.h").read_text())
   for path in [REPO / "README.md", REPO / "client/python/README.md",
                *(REPO / "docs").glob("*.md")]:
     text = " ".join(path.read_text().split())

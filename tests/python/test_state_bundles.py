@@ -62,6 +62,8 @@ import jax
 jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp
 mode, name, lib = sys.argv[1:4]
+# argv[4] (optional): more stages, {"prepare": SYMBOL, ...}
+extra = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
 if mode == "inprocess":
   import kernels_util as ku
   jax.devices("cpu")
@@ -76,13 +78,15 @@ if mode == "inprocess":
       platform="cpu")
   jax.ffi.register_ffi_target(
       name, {"instantiate": jax.ffi.pycapsule(l.CounterInstantiate),
-             "execute": jax.ffi.pycapsule(l.CounterExecute)},
+             "execute": jax.ffi.pycapsule(l.CounterExecute),
+             **{k: jax.ffi.pycapsule(getattr(l, v))
+                for k, v in extra.items()}},
       platform="cpu")
 else:
   import kreg
   r = kreg.register_ffi_target(
       name, lib, {"instantiate": "CounterInstantiate",
-                  "execute": "CounterExecute"},
+                  "execute": "CounterExecute", **extra},
       platform="cpu", execution=mode,
       state_type=("kreg.CounterState", "CounterStateTypeId",
                   "CounterStateTypeInfo"))
@@ -473,8 +477,13 @@ for line in sys.stdin:
 """
 
 
-def test_states_survive_a_kregd_restart_in_their_readopted_executor():
-  d = start_test_daemon("kreg-state-restart-", ["--orphan-timeout", "60"])
+def test_states_survive_a_kregd_restart_in_their_readopted_executor(
+    tmp_path):
+  # One state per uid: the re-adopted state is charged to the uid again.
+  config = tmp_path / "kregd.toml"
+  config.write_text("max_states_per_uid = 1\n")
+  d = start_test_daemon("kreg-state-restart-",
+                        ["--orphan-timeout", "60", "--config", str(config)])
   p = subprocess.Popen([PY, "-c", DRIVEN, "counter.restart", module_path()],
                        env=d.env(), stdin=subprocess.PIPE,
                        stdout=subprocess.PIPE, text=True)
@@ -496,6 +505,13 @@ def test_states_survive_a_kregd_restart_in_their_readopted_executor():
     assert call() == {"n": 4}
     [session] = [s for s in sessions(d) if s["pid"] == p.pid]
     assert session["states"] == 1 and session["executor_pid"] == executor
+    # The new kregd charged it to the uid (max_states_per_uid): another
+    # process of the uid cannot instantiate a second one.
+    [other] = run_py(d, MANY_SITES, "counter.restart.other", module_path(),
+                     "CounterInstantiate", 1)
+    assert "RESOURCE_EXHAUSTED" in other.get("error", ""), other
+    assert "holds 1 handler states" in other["error"], other
+    assert "max_states_per_uid" in other["error"], other
   finally:
     p.kill()
     p.wait()
@@ -625,29 +641,76 @@ def test_a_replacement_instantiates_anew_and_old_states_stay_old():
     finish_test_daemon(d)
 
 
-def test_isolated_mode_refuses_prepare_and_initialize_stages(daemon):
-  out = run_py(daemon, r"""
-      import json, sys
-      import kreg
-      stages = {"instantiate": "CounterInstantiate",
-                "prepare": "CounterPrepare", "execute": "CounterExecute"}
-      st = ("kreg.CounterState", "CounterStateTypeId", "CounterStateTypeInfo")
-      for mode in ("isolated", "local"):
-        try:
-          r = kreg.register_ffi_target("counter.prep." + mode, sys.argv[1],
-                                       stages, platform="cpu",
-                                       execution=mode, state_type=st)
-          print(json.dumps({"stages": r.target.stages}))
-        except kreg.KregError as e:
-          print(json.dumps({"error": [e.code, str(e)]}))
-      """, module_path())
-  code, message = out[0]["error"]
-  assert code == "UNIMPLEMENTED"
-  assert message == (
-      "target 'counter.prep.isolated' has prepare/initialize stages, which "
-      "kregd does not forward to an executor yet; run it with "
-      'execution="local"')
-  # Local mode hands XLA every stage (XLA:CPU runs no prepare stage).
-  assert out[1] == {"stages": {"instantiate": "CounterInstantiate",
-                               "prepare": "CounterPrepare",
-                               "execute": "CounterExecute"}}
+@pytest.mark.parametrize("mode", ["isolated", "local"])
+def test_prepare_and_initialize_stages_bind_in_both_modes(daemon, reference,
+                                                          mode):
+  # Isolated mode registers the forwarding handler as every stage (each
+  # forwards its stage to the executor: tests/integration/state_stages_test.cc
+  # runs them there, tests/gpu/test_state_bundles_cuda.py through XLA:GPU);
+  # local mode hands XLA the genuine stages. XLA:CPU runs no prepare or
+  # initialize stage, so the results are the in-process ones.
+  extra = {"prepare": "CounterStagedPrepare",
+           "initialize": "CounterStagedInitialize"}
+  out = run_py(daemon, CALLS, mode, f"counter.staged.{mode}", module_path(),
+               json.dumps(extra))
+  assert out[0]["stages"] == {"instantiate": "CounterInstantiate",
+                              "execute": "CounterExecute", **extra}
+  assert out[-1] == reference
+
+
+# A call site whose executor crashed (docs/kernel-author-guide.md, "Handler
+# bundles and state"): argv[1] the module.
+AFTER_CRASH = r"""
+import json, sys
+import numpy as np
+import jax
+jax.config.update("jax_enable_x64", True)
+import jax.numpy as jnp
+import kreg
+lib = sys.argv[1]
+st = ("kreg.CounterState", "CounterStateTypeId", "CounterStateTypeInfo")
+for name, init in (("counter.gone", "CounterInstantiate"),
+                   ("counter.gone.crash", "CounterCrashingInstantiate")):
+  kreg.register_ffi_target(name, lib, {"instantiate": init,
+                                       "execute": "CounterExecute"},
+                           platform="cpu", state_type=st)
+def site(name, offset):
+  return jax.jit(lambda x: jax.ffi.ffi_call(
+      name, (jax.ShapeDtypeStruct(x.shape, jnp.float32),
+             jax.ShapeDtypeStruct((), jnp.int64)))(
+                 x, offset=np.float32(offset), buffer_elems=np.int64(1)))
+def run(f):
+  try:
+    return {"n": int(f(np.zeros(1, np.float32))[1])}
+  except Exception as e:
+    return {"error": str(e)}
+a = site("counter.gone", 1)
+print(json.dumps(run(a)))
+print(json.dumps(run(a)))
+# Crashes the process's executor: a's state dies with it.
+print(json.dumps(run(site("counter.gone.crash", 1))))
+# A call site instantiated in the fresh executor...
+b = site("counter.gone", 2)
+print(json.dumps(run(b)))
+# ...is not what a's stale handle names.
+print(json.dumps(run(a)))
+jax.clear_caches()
+print(json.dumps(run(a)))
+print(json.dumps(run(b)))
+"""
+
+
+def test_a_call_site_whose_executor_crashed_says_what_to_do(daemon):
+  out = run_py(daemon, AFTER_CRASH, module_path())
+  assert out[0] == {"n": 1} and out[1] == {"n": 2}, out
+  assert "signal 6" in out[2]["error"] or "SIGABRT" in out[2]["error"], out
+  assert out[3] == {"n": 1}, out
+  gone = out[4].get("error", "")
+  assert "NOT_FOUND" in gone, out
+  assert ('target "counter.gone": no session of this process holds state'
+          in gone), gone
+  assert ("XLA must instantiate this call site anew; in JAX call "
+          "jax.clear_caches() (or jit the function again) and call it "
+          "again") in gone, gone
+  # What the message says works: a fresh state for each call site.
+  assert out[5] == {"n": 1} and out[6] == {"n": 1}, out

@@ -106,8 +106,8 @@ Daemon::Daemon(std::string dir, std::vector<std::string> extra_args)
   std::filesystem::create_directories(modules_dir());
   for (const char* name :
        {"libdemo.so", "libdemo_v2.so", "libnot_handler.so", "libcrash_ctor.so",
-        "libhang_ctor.so", "libnewer_api.so", "libstateful.so",
-        "libhostile.so"}) {
+        "libhang_ctor.so", "libnewer_api.so", "libstateful.so", "libhostile.so",
+        "libcounter_state.so"}) {
     std::string to = modules_dir() + "/" + name;
     if (!std::filesystem::exists(to)) {
       WriteFile(to, ReadFile(Runfile(std::string("kernels/cpu/") + name)));

@@ -568,11 +568,6 @@ class Client:
       args.generation = generation
       stages = stages_of(func_name)
       if mode != "local":
-        if "prepare" in stages or "initialize" in stages:
-          raise KregError(
-              f"target {target_name!r} has prepare/initialize stages, which "
-              "kregd does not forward to an executor yet; run it with "
-              "execution=\"local\"", "UNIMPLEMENTED")
         args.stateful = 1 if "instantiate" in stages else 0
       bind = (self._lib.kreg_bind_local if mode == "local" else
               self._lib.kreg_bind)
@@ -589,9 +584,13 @@ class Client:
       if mode == "local":
         target = _targets(self._lib, args.target)[0]
         handler = self._local_bundle(jax, args, canonical, handler)
-      elif args.stateful:
-        self._register_forwarded_state_type(jax, canonical)
-        handler = {"instantiate": handler, "execute": handler}
+      elif set(stages) - {"execute"}:
+        # The forwarding handler as every stage the bundle has: each
+        # forwards its stage to kregd's executor (kernel-author guide,
+        # "Handler bundles and state").
+        if args.stateful:
+          self._register_forwarded_state_type(jax, canonical)
+        handler = {s: handler for s in STAGES if s in stages}
       _jax.jax_register(target_name, handler, _jax_platform(canonical))
       _jax_registered[key] = (args.handler, self.session_path, mode)
     if canonical == "cuda":

@@ -126,6 +126,10 @@ XLA_FFI_Error* TypeRegister(XLA_FFI_Type_Register_Args* args) {
 
 //===--- Context ---------------------------------------------------------===//
 
+const char* PrepareOrInitialize(XLA_FFI_ExecutionStage stage) {
+  return stage == XLA_FFI_ExecutionStage_PREPARE ? "prepare" : "initialize";
+}
+
 XLA_FFI_Error* StreamGet(XLA_FFI_Stream_Get_Args* args) {
   KREG_FFI_CHECK_CTX("XLA_FFI_Stream_Get", args, XLA_FFI_Stream_Get_Args);
   if (!TraitsOf(args->ctx->platform).ffi_stream) {
@@ -137,6 +141,19 @@ XLA_FFI_Error* StreamGet(XLA_FFI_Stream_Get_Args* args) {
                                  "XLA:CPU)"));
   }
   if (args->ctx->options.stream == nullptr) {
+    const XLA_FFI_ExecutionStage stage = args->ctx->options.stage;
+    if (stage == XLA_FFI_ExecutionStage_PREPARE ||
+        stage == XLA_FFI_ExecutionStage_INITIALIZE) {
+      // docs/kernel-author-guide.md, "Handler bundles and state".
+      return NewError(
+          XLA_FFI_Error_Code_UNIMPLEMENTED,
+          absl::StrCat("XLA_FFI_Stream_Get: kregd's isolated mode runs a "
+                       "bundle's ",
+                       PrepareOrInitialize(stage),
+                       " stage without a stream; queue GPU work in the "
+                       "execute stage, or bind the target with "
+                       "execution=\"local\""));
+    }
     return NewError(XLA_FFI_Error_Code_UNIMPLEMENTED,
                     "XLA_FFI_Stream_Get: no stream is available for this "
                     "call");
@@ -158,6 +175,23 @@ XLA_FFI_Error* InvokeContextGet(XLA_FFI_InvokeContext_Get_Args* args) {
                    "process, not in the daemon"));
 }
 
+// The refusal of a per-execution state (ffi::Prepared<T> /
+// ffi::Initialized<T>: State_Set or State_Get at the PREPARE or INITIALIZE
+// stage); a state offered to State_Set (`offered`, may be null) is
+// destroyed, as its ownership was transferred.
+std::string PerExecutionStateRefusal(absl::string_view fn,
+                                     XLA_FFI_ExecutionStage stage,
+                                     const kreg::HostedState* offered) {
+  if (offered != nullptr) kreg::DestroyState(*offered);
+  return absl::StrCat(
+      fn, ": per-execution states (the ", PrepareOrInitialize(stage),
+      " stage's, ffi::",
+      stage == XLA_FFI_ExecutionStage_PREPARE ? "Prepared" : "Initialized",
+      "<T>) are not kept by kregd's isolated mode; keep what the stage makes "
+      "in the call site's state (ffi::State<T>, made at instantiate), or "
+      "bind the target with execution=\"local\"");
+}
+
 // State_Set: only an INSTANTIATE call may set the call site's state, once.
 XLA_FFI_Error* StateSet(XLA_FFI_State_Set_Args* args) {
   KREG_FFI_CHECK_CTX("XLA_FFI_State_Set", args, XLA_FFI_State_Set_Args);
@@ -169,6 +203,14 @@ XLA_FFI_Error* StateSet(XLA_FFI_State_Set_Args* args) {
     refusal =
         "the state's type is not registered (type id 0); name the "
         "bundle's state type when registering the target";
+  } else if (args->stage == XLA_FFI_ExecutionStage_PREPARE ||
+             args->stage == XLA_FFI_ExecutionStage_INITIALIZE) {
+    // Per-execution states (ffi::Prepared<T>, ffi::Initialized<T>) are not
+    // kept across the process boundary (docs/kernel-author-guide.md,
+    // "Handler bundles and state").
+    return NewError(
+        XLA_FFI_Error_Code_UNIMPLEMENTED,
+        PerExecutionStateRefusal("XLA_FFI_State_Set", args->stage, &state));
   } else if (args->stage != XLA_FFI_ExecutionStage_INSTANTIATE) {
     refusal = absl::StrCat(
         "a state can only be set at the instantiate stage "
@@ -193,6 +235,12 @@ XLA_FFI_Error* StateSet(XLA_FFI_State_Set_Args* args) {
 
 XLA_FFI_Error* StateGet(XLA_FFI_State_Get_Args* args) {
   KREG_FFI_CHECK_CTX("XLA_FFI_State_Get", args, XLA_FFI_State_Get_Args);
+  if (args->stage == XLA_FFI_ExecutionStage_PREPARE ||
+      args->stage == XLA_FFI_ExecutionStage_INITIALIZE) {
+    return NewError(
+        XLA_FFI_Error_Code_UNIMPLEMENTED,
+        PerExecutionStateRefusal("XLA_FFI_State_Get", args->stage, nullptr));
+  }
   const kreg::HostedState& state = args->ctx->options.state;
   const int64_t want = args->type_id != nullptr ? args->type_id->type_id : 0;
   if (state.ptr == nullptr) {

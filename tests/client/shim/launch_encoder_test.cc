@@ -191,27 +191,34 @@ TEST_CASE("Forwarding handler answers XLA's metadata call", "[shim]") {
   CHECK(metadata.state_type_id.type_id == 0);
 }
 
-TEST_CASE("Forwarding handler refuses stages other than execute", "[shim]") {
+TEST_CASE("Forwarding handler refuses the stages it does not forward",
+          "[shim]") {
   Client client("/nonexistent/stage.session");
   Binding b;
   REQUIRE(Bind(&client, "stage.target", "cpu", 0, &b).ok());
   Frame f;
-  f.frame.stage = XLA_FFI_ExecutionStage_PREPARE;
+  // Record is never forwarded; instantiate only for a stateful binding.
+  f.frame.stage = XLA_FFI_ExecutionStage_RECORD;
   auto* handler = reinterpret_cast<XLA_FFI_Handler*>(b.handler);
   CHECK(handler(&f.frame) != nullptr);
   CHECK(g_last_code == XLA_FFI_Error_Code_INVALID_ARGUMENT);
   CHECK(g_last_error ==
         "kreg forwarding handler for \"stage.target\" does not forward "
-        "stage 1 (it forwards execute only)");
-  // A stateful binding forwards instantiate too, not prepare.
+        "stage 4 (it forwards prepare, initialize and execute)");
+  f.frame.stage = XLA_FFI_ExecutionStage_INSTANTIATE;
+  CHECK(handler(&f.frame) != nullptr);
+  CHECK(g_last_error ==
+        "kreg forwarding handler for \"stage.target\" does not forward "
+        "stage 0 (it forwards prepare, initialize and execute)");
   Binding s;
   REQUIRE(
       Bind(&client, "stage.stateful", "cpu", 0, &s, /*stateful=*/true).ok());
   auto* stateful = reinterpret_cast<XLA_FFI_Handler*>(s.handler);
+  f.frame.stage = XLA_FFI_ExecutionStage_RECORD;
   CHECK(stateful(&f.frame) != nullptr);
   CHECK(g_last_error ==
         "kreg forwarding handler for \"stage.stateful\" does not forward "
-        "stage 1 (it forwards instantiate and execute)");
+        "stage 4 (it forwards instantiate, prepare, initialize and execute)");
   // The same pair cannot be bound both ways.
   CHECK(Bind(&client, "stage.target", "cpu", 0, &b, /*stateful=*/true)
             .message.find("is already bound in this process without an "

@@ -253,13 +253,15 @@ struct Pair {
 };
 
 absl::StatusOr<ReadoptOffer> Read(Pair& conn, uint32_t sessions,
-                                  std::vector<UniqueFd> page) {
+                                  std::vector<UniqueFd> page,
+                                  uint64_t max_states = 0) {
   v1::ExecReadopt h = Offer();
   h.set_sessions(sessions);
   h.set_slots(2);
   return ReadOfferSessions(
       conn.b.get(), h, std::move(page),
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(500));
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(500),
+      max_states);
 }
 
 std::vector<UniqueFd> PageFds() {
@@ -289,6 +291,22 @@ TEST_CASE("Offered sessions are read within bounds and checked", "[adoption]") {
     CHECK(offer->sessions[0].peer.pid == ::getpid());
     CHECK(offer->sessions[0].tokens[0].first.name == "a.target");
     CHECK(offer->sessions[0].tokens[0].second == 3);
+  }
+  SECTION("the session's call-site states, within max_states_per_session") {
+    s.set_states(4);
+    Send(conn.a.get(), s, {client.a.get(), broker.a.get()});
+    absl::StatusOr<ReadoptOffer> offer = Read(conn, 1, PageFds(), 4);
+    REQUIRE(offer.ok());
+    CHECK(offer->sessions[0].states == 4);
+  }
+  SECTION("more call-site states than max_states_per_session") {
+    s.set_states(5);
+    Send(conn.a.get(), s, {client.a.get(), broker.a.get()});
+    absl::StatusOr<ReadoptOffer> offer = Read(conn, 1, PageFds(), 4);
+    CHECK(offer.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(offer.status().message()) ==
+          "offered session 0 claims 5 call-site states, more than "
+          "max_states_per_session (4)");
   }
   SECTION("no page") {
     absl::StatusOr<ReadoptOffer> offer = Read(conn, 0, {});

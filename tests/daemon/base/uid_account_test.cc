@@ -96,6 +96,24 @@ TEST_CASE("Snapshot lists what each uid holds, and nothing at zero",
   CHECK(rows[0].uid == 1000);
 }
 
+TEST_CASE(
+    "Keep charges what a uid holds already past its limit; Take is refused "
+    "until it is back under",
+    "[uid_account]") {
+  UidAccount account(Limits());
+  UidAccount::Charge a =
+      account.Keep(1000, UidResource::kControlConnections, 2);
+  UidAccount::Charge b =
+      account.Keep(1000, UidResource::kControlConnections, 1);
+  CHECK(account.Held(1000, UidResource::kControlConnections) == 3);
+  CHECK_FALSE(account.Take(1000, UidResource::kControlConnections, 1).ok());
+  b.Release();
+  CHECK_FALSE(account.Take(1000, UidResource::kControlConnections, 1).ok());
+  a.Release();
+  CHECK(account.Held(1000, UidResource::kControlConnections) == 0);
+  CHECK(account.Take(1000, UidResource::kControlConnections, 1).ok());
+}
+
 TEST_CASE("A limit of 0 is unlimited", "[uid_account]") {
   UidAccount account(Limits());
   std::vector<UidAccount::Charge> held;

@@ -1,7 +1,11 @@
 #include "daemon/executor/state_table.h"
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "catch2/catch.hpp"
 #include "xla/ffi/api/c_api.h"
@@ -69,6 +73,53 @@ TEST_CASE("States are owned by their session and shared by its process",
     CHECK(table.HeldBy(2) == 1);
   }
   CHECK(g_deleted == 4);  // the destructor destroys what is left
+}
+
+TEST_CASE(
+    "A released state's uncharge runs without the table's lock, and its "
+    "session's end waits for it",
+    "[state_table]") {
+  StateTable table(0);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool in_uncharge = false, may_return = false;
+  size_t seen_size = 99;
+  auto a = table.Add(1, 100, NewState(), StateOwner{kKey}, nullptr, [&] {
+    // The table is usable meanwhile (a round trip to kregd happens here).
+    seen_size = table.size();
+    std::unique_lock<std::mutex> lock(mu);
+    in_uncharge = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return may_return; });
+  });
+  REQUIRE(a.ok());
+  REQUIRE(table.Add(1, 100, NewState(), StateOwner{kKey}, nullptr, {}).ok());
+  // Released from another session's thread while its own session ends.
+  std::thread releaser([&] { CHECK(table.Release(*a, 100).ok()); });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    REQUIRE(cv.wait_for(lock, std::chrono::seconds(60),
+                        [&] { return in_uncharge; }));
+  }
+  CHECK(seen_size == 1);
+  std::atomic<bool> ended{false};
+  std::thread ender([&] {
+    table.ReleaseSession(1);
+    ended = true;
+  });
+  // Not before the uncharge returned (a bounded look: it can only miss).
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK_FALSE(ended.load());
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    may_return = true;
+  }
+  cv.notify_all();
+  releaser.join();
+  ender.join();
+  CHECK(ended.load());
+  CHECK(table.size() == 0);
+  CHECK(table.HeldBy(1) == 0);
 }
 
 }  // namespace

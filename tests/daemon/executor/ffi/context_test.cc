@@ -118,6 +118,41 @@ TEST_CASE("Stream_Get on CUDA returns the executor's stream", "[ffi_host]") {
                              "this call"));
 }
 
+ffi::Error PrepareStreamImpl(void* /*stream*/) { return ffi::Error::Success(); }
+XLA_FFI_DEFINE_HANDLER(
+    kPrepareStream, PrepareStreamImpl,
+    ffi::Ffi::BindPrepare().Ctx<ffi::PlatformStream<void*>>());
+
+ffi::Error ReadPreparedImpl(UserThing* /*thing*/) {
+  return ffi::Error::Success();
+}
+XLA_FFI_DEFINE_HANDLER(
+    kReadPrepared, ReadPreparedImpl,
+    ffi::Ffi::BindInitialize().Ctx<ffi::Prepared<UserThing>>());
+
+TEST_CASE(
+    "A prepare or initialize stage run by kregd has no stream and no "
+    "per-execution state, and says so",
+    "[ffi_host][errors]") {
+  FfiHost host;
+  LaunchFrame frame;
+  frame.platform = Platform::kCuda;
+  CallOptions options;
+  options.stage = XLA_FFI_ExecutionStage_PREPARE;
+  absl::Status status = host.Execute(AsHandler(kPrepareStream), frame, options);
+  CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(status.message()),
+             Catch::Contains("XLA_FFI_Stream_Get: kregd's isolated mode runs "
+                             "a bundle's prepare stage without a stream") &&
+                 Catch::Contains("execution=\"local\""));
+  options.stage = XLA_FFI_ExecutionStage_INITIALIZE;
+  status = host.Execute(AsHandler(kReadPrepared), frame, options);
+  CHECK_THAT(std::string(status.message()),
+             Catch::Contains("XLA_FFI_State_Get: per-execution states (the "
+                             "prepare stage's, ffi::Prepared<T>) are not kept "
+                             "by kregd's isolated mode"));
+}
+
 TEST_CASE("UserData is refused with a clear error", "[ffi_host][errors]") {
   FfiHost host;
   CHECK(UserThing::id.type_id > 0);
