@@ -32,8 +32,9 @@ grpc::Status RefusalToGrpcStatus(const absl::Status& status,
                       std::string(status.message()), rpc.SerializeAsString());
 }
 
-RegistryService::RegistryService(Registrar* registrar, Registry* registry,
-                                 PeerOf peer_of, StatusOf status_of)
+RegistryService::RegistryService(Registrar* registrar,
+                                 RegistrationService* registry, PeerOf peer_of,
+                                 StatusOf status_of)
     : registrar_(registrar),
       registry_(registry),
       peer_of_(std::move(peer_of)),
@@ -114,7 +115,8 @@ grpc::Status RegistryService::RegisterTarget(
   absl::StatusOr<v1::RegisterTargetResponse> out = RegisterFromHeader(
       registrar_, header, std::move(upload), peer, cuda_status_of_());
   if (out.status().code() == absl::StatusCode::kFailedPrecondition) {
-    return RefusalToGrpcStatus(out.status(), RefusalDetail(header, *registry_));
+    return RefusalToGrpcStatus(out.status(),
+                               RefusalDetail(header, registry_->core()));
   }
   if (!out.ok()) return ToGrpcStatus(out.status());
   *resp = *std::move(out);
@@ -130,7 +132,7 @@ absl::StatusOr<UidAccount::Charge> RegistryService::ChargeCall(
 grpc::Status RegistryService::ListTargets(grpc::ServerContext*,
                                           const v1::ListTargetsRequest*,
                                           v1::ListTargetsResponse* resp) {
-  *resp = DescribeTargets(*registry_, cuda_status_of_());
+  *resp = DescribeTargets(registry_->core(), cuda_status_of_());
   return grpc::Status::OK;
 }
 

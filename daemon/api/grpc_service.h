@@ -12,7 +12,7 @@
 #include "daemon/base/uid_account.h"
 #include "daemon/compile/compile_service.h"
 #include "daemon/registry/registrar.h"
-#include "daemon/registry/registry.h"
+#include "daemon/registry/registration_service.h"
 #include "kreg/v1/registry.grpc.pb.h"
 
 namespace kreg {
@@ -31,8 +31,8 @@ class RegistryService final : public v1::Registry::Service {
   // The status of kregd's GPUs (OK when it serves CUDA launches).
   using CudaStatusOf = std::function<absl::Status()>;
   // All borrowed pointers must outlive the service.
-  RegistryService(Registrar* registrar, Registry* registry, PeerOf peer_of,
-                  StatusOf status_of);
+  RegistryService(Registrar* registrar, RegistrationService* registry,
+                  PeerOf peer_of, StatusOf status_of);
 
   grpc::Status RegisterTarget(grpc::ServerContext* ctx,
                               grpc::ServerReader<v1::RegisterTargetChunk>* in,
@@ -112,7 +112,7 @@ class RegistryService final : public v1::Registry::Service {
   std::string CloseNames(const std::string& name);
 
   Registrar* const registrar_;
-  Registry* const registry_;
+  RegistrationService* const registry_;
   const PeerOf peer_of_;
   const StatusOf status_of_;
   CudaStatusOf cuda_status_of_ = [] { return absl::OkStatus(); };
