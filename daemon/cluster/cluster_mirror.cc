@@ -5,7 +5,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "daemon/registry/identity.h"
+#include "daemon/registry/refusals.h"
 #include "daemon/store/module_store.h"
 #include "spdlog/spdlog.h"
 

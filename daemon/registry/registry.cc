@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "daemon/base/platform_table.h"
-#include "daemon/registry/identity.h"
+#include "daemon/registry/refusals.h"
 #include "daemon/store/module_store.h"
 #include "spdlog/spdlog.h"
 
@@ -19,30 +19,6 @@ QuotaLimits WithAdmin(QuotaLimits limits) {
   if (limits.admin_uid == static_cast<uid_t>(-1))
     limits.admin_uid = ::geteuid();
   return limits;
-}
-
-constexpr char kRemedy[] =
-    "; retire targets you no longer use (kregctl retire NAME) or ask the "
-    "operator to raise the limit";
-
-absl::Status TooManyRegistrations(const TargetKey& key, uid_t uid,
-                                  uint64_t registrations,
-                                  const QuotaLimits& limits) {
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "cannot register ", Named(key), ": uid ", uid, " already has ",
-      registrations, " registrations, the limit per uid is ",
-      limits.max_registrations_per_uid, " (max_registrations_per_uid)",
-      kRemedy));
-}
-
-absl::Status TooManyBytes(const TargetKey& key, uid_t uid, uint64_t bytes,
-                          uint64_t more, const QuotaLimits& limits) {
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "cannot register ", Named(key), ": its ", more,
-      "-byte module would bring uid ", uid, "'s module store use to ",
-      bytes + more, " bytes (now ", bytes, "); the limit per uid is ",
-      limits.max_store_bytes_per_uid, " bytes (max_store_bytes_per_uid)",
-      kRemedy));
 }
 
 }  // namespace
@@ -73,15 +49,14 @@ std::vector<InstallHook*> Registry::hooks() const {
 absl::Status Registry::CheckSame(const TargetEntry& existing, TargetKind kind,
                                  const std::string& cid,
                                  const std::string& func_name,
-                                 bool requested) const {
+                                 const RegisterArgs* request) const {
   if (existing.kind == kind && existing.content_id == cid &&
       existing.func_name == func_name) {
     return absl::OkStatus();
   }
   absl::Status refusal = OtherContent(existing, kind, cid, func_name);
   ChangePolicy* change = change_.load();
-  std::string hint =
-      change ? change->RefusalHint(existing, kind, requested) : "";
+  std::string hint = change ? change->RefusalHint(existing, kind, request) : "";
   if (hint.empty()) return refusal;
   return absl::FailedPreconditionError(absl::StrCat(refusal.message(), hint));
 }
@@ -93,7 +68,7 @@ absl::Status Registry::CheckIdentity(const TargetEntry& existing,
                                      bool* changing) const {
   *changing = false;
   absl::Status same =
-      CheckSame(existing, args.kind, cid, args.func_name, args.replace);
+      CheckSame(existing, args.kind, cid, args.func_name, &args);
   if (same.ok()) return CheckOwnerOrDigest(existing, args.peer, digest);
   if (ChangePolicy* change = change_.load()) {
     bool take = false;
@@ -400,7 +375,7 @@ absl::Status Registry::Restore(const TargetEntry& journaled) {
   EntryPtr existing = Lookup(journaled.key);
   if (existing != nullptr) {
     return CheckSame(*existing, journaled.kind, journaled.content_id,
-                     journaled.func_name, /*requested=*/false);
+                     journaled.func_name, /*request=*/nullptr);
   }
   auto entry = std::make_shared<TargetEntry>(journaled);
   absl::Status ready = entry->kind == TargetKind::kInProcess
@@ -485,14 +460,16 @@ absl::Status Registry::CheckLimits(const RegisterArgs& args,
   if (uid == kRoot) return absl::OkStatus();
   const UidUse use = UseOf(uid);
   if (new_name && use.registrations + 1 > limits_.max_registrations_per_uid) {
-    return TooManyRegistrations(args.key, uid, use.registrations, limits_);
+    return TooManyRegistrations(args.key, uid, use.registrations,
+                                limits_.max_registrations_per_uid);
   }
   const uint64_t more =
       args.kind == TargetKind::kModule && use.digests.count(digest) == 0
           ? args.module_bytes.size()
           : 0;
   if (use.bytes + more > limits_.max_store_bytes_per_uid) {
-    return TooManyBytes(args.key, uid, use.bytes, more, limits_);
+    return TooManyBytes(args.key, uid, use.bytes, more,
+                        limits_.max_store_bytes_per_uid);
   }
   return absl::OkStatus();
 }
@@ -504,13 +481,15 @@ absl::Status Registry::PrecheckUpload(const TargetKey& key, uint64_t size,
   if (LookupLocked(key) != nullptr) return absl::OkStatus();
   const UidUse use = UseOf(peer.uid);
   if (use.registrations + 1 > limits_.max_registrations_per_uid) {
-    return TooManyRegistrations(key, peer.uid, use.registrations, limits_);
+    return TooManyRegistrations(key, peer.uid, use.registrations,
+                                limits_.max_registrations_per_uid);
   }
   for (const auto& [digest, held_size] : use.digests) {
     if (held_size == size) return absl::OkStatus();  // may be this module
   }
   if (use.bytes + size > limits_.max_store_bytes_per_uid) {
-    return TooManyBytes(key, peer.uid, use.bytes, size, limits_);
+    return TooManyBytes(key, peer.uid, use.bytes, size,
+                        limits_.max_store_bytes_per_uid);
   }
   return absl::OkStatus();
 }

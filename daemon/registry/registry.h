@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/base/types.h"
 #include "daemon/registry/binding_oracle.h"
+#include "daemon/registry/extension_points.h"
 #include "daemon/registry/handler_loader.h"
 #include "daemon/registry/register_args.h"
 
@@ -40,85 +41,6 @@ struct QuotaLimits {
   uint64_t max_store_bytes_per_uid = 4ull << 30;
   // Besides root, the uid that may run the admin operations (CheckAdmin).
   uid_t admin_uid = static_cast<uid_t>(-1);
-};
-
-// What an admission policy's slow look-ups (Screen) found, for its
-// decision under the registry's lock (Admit).
-struct AdmissionNote {
-  std::optional<std::vector<gid_t>> groups;  // the caller's groups
-};
-
-// Extension point: asked before every decision, in the order added.
-class AdmissionPolicy {
- public:
-  virtual ~AdmissionPolicy() = default;
-  // Outside the registry's lock (NSS look-ups belong here): a refusal ends
-  // the request before it waits for its key.
-  virtual absl::Status Screen(const RegisterArgs& args,
-                              AdmissionNote* note) const = 0;
-  // Under the registry's lock, as the decision is made: quick, and must
-  // not call into the registry.
-  virtual absl::Status Admit(const RegisterArgs& args,
-                             const AdmissionNote& note) const = 0;
-};
-
-// Extension point: asked when a request brings other content for a
-// registered key, which the core refuses.
-class ChangePolicy {
- public:
-  virtual ~ChangePolicy() = default;
-  // Appended to the core's refusal of `kind` content under `existing`'s key
-  // (`requested`: the request asked for a change).
-  virtual std::string RefusalHint(const TargetEntry& existing, TargetKind kind,
-                                  bool requested) const = 0;
-  // OK with `*take` set: the change is made by Change. OK without: the
-  // core refuses. An error: this refusal instead. May be called twice
-  // (before the key's hold and under the registry's lock).
-  virtual absl::Status Accept(const TargetEntry& existing,
-                              const RegisterArgs& args, bool* take) const = 0;
-  // Makes the change while the key is held (a Registry::Install).
-  virtual absl::StatusOr<RegisterOutcome> Change(const RegisterArgs& args,
-                                                 const std::string& digest,
-                                                 const std::string& cid,
-                                                 const EntryPtr& existing) = 0;
-  // Every successful registration's outcome once its key is released.
-  virtual absl::StatusOr<RegisterOutcome> Finish(RegisterOutcome out) = 0;
-};
-
-// Extension point: consulted around every install and retirement.
-class InstallHook {
- public:
-  virtual ~InstallHook() = default;
-  // The handler of `entry` was probed; it is not committed yet.
-  virtual absl::Status Probed(const TargetEntry& entry,
-                              const HandlerInfo& info) {
-    (void)entry, (void)info;
-    return absl::OkStatus();
-  }
-  // Before `entry` (which follows `previous`, when not null) is journaled;
-  // may fill in its fields. An error aborts the install.
-  virtual absl::Status Committing(TargetEntry* entry,
-                                  const TargetEntry* previous) {
-    (void)entry, (void)previous;
-    return absl::OkStatus();
-  }
-  // `entry` is installed here.
-  virtual void Committed(const TargetEntry& entry) { (void)entry; }
-  // Before the retirement of `entry` is journaled; an error keeps it.
-  virtual absl::Status Retiring(const TargetEntry& entry) {
-    (void)entry;
-    return absl::OkStatus();
-  }
-};
-
-// Extension point: makes the registration of a key that has no entry here
-// (inside its hold), instead of the core's own install.
-class KeyBinder {
- public:
-  virtual ~KeyBinder() = default;
-  virtual absl::StatusOr<RegisterOutcome> BindNew(const RegisterArgs& args,
-                                                  const std::string& digest,
-                                                  const std::string& cid) = 0;
 };
 
 // Thread-safe. Decisions are made under one short lock; the slow work (the
@@ -228,10 +150,11 @@ class Registry {
   // Whether a registration of `key` with module `digest` is in progress.
   bool InProgress(const TargetKey& key, const std::string& digest) const;
   // The core's refusal of `kind` content `cid`/`func_name` under
-  // `existing`'s key (with the change policy's hint), OK when identical.
+  // `existing`'s key by `request` (null: at start-up), with the change
+  // policy's hint; OK when identical.
   absl::Status CheckSame(const TargetEntry& existing, TargetKind kind,
                          const std::string& cid, const std::string& func_name,
-                         bool requested) const;
+                         const RegisterArgs* request) const;
   // CheckSame, then (equal by content_id) that another uid brings the
   // owner's module bytes; other content the change policy takes is OK with
   // `*changing` set.

@@ -10,7 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "daemon/base/platform_table.h"
-#include "daemon/registry/identity.h"
+#include "daemon/registry/refusals.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
@@ -74,8 +74,9 @@ Replacement::Replacement(Registry* registry, ReplaceLimits limits)
 }
 
 std::string Replacement::RefusalHint(const TargetEntry& existing,
-                                     TargetKind kind, bool requested) const {
-  if (requested) {
+                                     TargetKind kind,
+                                     const RegisterArgs* request) const {
+  if (request != nullptr && request->replace) {
     return " replace=true was requested, but it is reserved: a content "
            "change is refused whether or not it is set.";
   }

@@ -95,7 +95,7 @@ class Replacement : public ChangePolicy, public InstallHook {
   // outside the key's hold); DEADLINE_EXCEEDED naming those that did not
   // switch within the timeout (the generation stays committed).
   std::string RefusalHint(const TargetEntry& existing, TargetKind kind,
-                          bool requested) const override;
+                          const RegisterArgs* request) const override;
   absl::Status Accept(const TargetEntry& existing, const RegisterArgs& args,
                       bool* take) const override;
   absl::StatusOr<RegisterOutcome> Change(const RegisterArgs& args,

@@ -1,4 +1,4 @@
-#include "daemon/registry/identity.h"
+#include "daemon/registry/refusals.h"
 
 #include <ctime>
 
@@ -17,6 +17,10 @@ std::string Describe(TargetKind kind, const std::string& content_id,
                       "content ", content_id, ", function \"", func_name,
                       "\", platform ", PlatformName(platform));
 }
+
+constexpr char kRemedy[] =
+    "; retire targets you no longer use (kregctl retire NAME) or ask the "
+    "operator to raise the limit";
 
 std::string Identity(const RegisterArgs& args, const std::string& digest) {
   if (args.kind == TargetKind::kInProcess) {
@@ -116,6 +120,23 @@ absl::Status OnlyContentIdDiffers(const absl::Status& refusal,
       "(a temporary build or include directory) changes on every build; "
       "compute it from the sources' contents, or omit it (the module's "
       "digest is then used)."));
+}
+
+absl::Status TooManyRegistrations(const TargetKey& key, uid_t uid,
+                                  uint64_t registrations, uint64_t limit) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "cannot register ", Named(key), ": uid ", uid, " already has ",
+      registrations, " registrations, the limit per uid is ", limit,
+      " (max_registrations_per_uid)", kRemedy));
+}
+
+absl::Status TooManyBytes(const TargetKey& key, uid_t uid, uint64_t bytes,
+                          uint64_t more, uint64_t limit) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "cannot register ", Named(key), ": its ", more,
+      "-byte module would bring uid ", uid, "'s module store use to ",
+      bytes + more, " bytes (now ", bytes, "); the limit per uid is ", limit,
+      " bytes (max_store_bytes_per_uid)", kRemedy));
 }
 
 void LogDecision(const RegisterArgs& args, const std::string& digest,

@@ -1,8 +1,9 @@
-// The identity rules of a registration (DESIGN §2) as the registry words
-// them: what "the same registration" means, and the refusals when it is
-// not, each naming both identities and the remedy.
-#ifndef KREGD_DAEMON_REGISTRY_IDENTITY_H_
-#define KREGD_DAEMON_REGISTRY_IDENTITY_H_
+// The Registry core's refusals, worded (DESIGN §2): the identity rules of
+// a registration (what "the same registration" means, and the refusals
+// when it is not, each naming both identities and the remedy) and the
+// per-uid quotas.
+#ifndef KREGD_DAEMON_REGISTRY_REFUSALS_H_
+#define KREGD_DAEMON_REGISTRY_REFUSALS_H_
 
 #include <string>
 
@@ -41,10 +42,19 @@ absl::Status CheckOwnerOrDigest(const TargetEntry& existing,
 absl::Status OnlyContentIdDiffers(const absl::Status& refusal,
                                   const std::string& digest);
 
+// RESOURCE_EXHAUSTED: registering `key` would take `uid`, which has
+// `registrations`, past `limit` (max_registrations_per_uid).
+absl::Status TooManyRegistrations(const TargetKey& key, uid_t uid,
+                                  uint64_t registrations, uint64_t limit);
+// RESOURCE_EXHAUSTED: `more` bytes would take `uid`'s store use of `bytes`
+// past `limit` (max_store_bytes_per_uid).
+absl::Status TooManyBytes(const TargetKey& key, uid_t uid, uint64_t bytes,
+                          uint64_t more, uint64_t limit);
+
 // One info line per decision: who, what, the outcome and why.
 void LogDecision(const RegisterArgs& args, const std::string& digest,
                  const absl::StatusOr<RegisterOutcome>& out);
 
 }  // namespace kreg
 
-#endif  // KREGD_DAEMON_REGISTRY_IDENTITY_H_
+#endif  // KREGD_DAEMON_REGISTRY_REFUSALS_H_
