@@ -1,6 +1,6 @@
 // The registry as kregd's front ends use it (docs/design.md "The
-// registry"): the Registry core composed with its collaborators, name
-// reservations and replacement. Composition only: every rule lives in the
+// registry"): the Registry core with its collaborators, name reservations
+// and replacement, attached. Composition only: every rule lives in the
 // core or in a collaborator; the cluster mirror (daemon/cluster) attaches
 // to the parts.
 #ifndef KREGD_DAEMON_REGISTRY_REGISTRATION_SERVICE_H_
@@ -32,55 +32,25 @@ struct RegistryLimits {
 // Durable log of everything the registry decides; implemented by Journal.
 class RegistrationLog : public EntryLog, public ReservationLog {};
 
-class RegistrationService {
+// The core itself (its API is the front ends'), with the collaborators
+// attached at construction.
+class RegistrationService : public Registry {
  public:
   // `loader` and `log` must outlive the service.
   RegistrationService(HandlerLoader* loader, RegistrationLog* log,
                       RegistryLimits limits = {})
-      : core_(loader, log,
-              QuotaLimits{limits.max_registrations_per_uid,
-                          limits.max_store_bytes_per_uid, limits.admin_uid}),
-        reservations_(&core_, log),
-        replacement_(&core_, ReplaceLimits{limits.replace_by_owner,
-                                           limits.replace_timeout,
-                                           limits.max_generations_per_target}) {
-  }
-  RegistrationService(const RegistrationService&) = delete;
-  RegistrationService& operator=(const RegistrationService&) = delete;
+      : Registry(loader, log,
+                 QuotaLimits{limits.max_registrations_per_uid,
+                             limits.max_store_bytes_per_uid, limits.admin_uid}),
+        reservations_(this, log),
+        replacement_(
+            this, ReplaceLimits{limits.replace_by_owner, limits.replace_timeout,
+                                limits.max_generations_per_target}) {}
 
-  Registry& core() { return core_; }
-  const Registry& core() const { return core_; }
+  Registry& core() { return *this; }
+  const Registry& core() const { return *this; }
   NameReservations& reservations() { return reservations_; }
   Replacement& replacement() { return replacement_; }
-
-  // See Registry.
-  absl::StatusOr<RegisterOutcome> Register(const RegisterArgs& args) {
-    return core_.Register(args);
-  }
-  absl::StatusOr<std::vector<EntryPtr>> Retire(const std::string& name,
-                                               std::optional<Platform> platform,
-                                               const PeerCred& peer) {
-    return core_.Retire(name, platform, peer);
-  }
-  absl::StatusOr<GcOutcome> CollectGarbage(const PeerCred& peer) {
-    return core_.CollectGarbage(peer);
-  }
-  absl::Status Restore(const TargetEntry& entry) {
-    return core_.Restore(entry);
-  }
-  EntryPtr Lookup(const TargetKey& key) const { return core_.Lookup(key); }
-  std::vector<EntryPtr> List() const { return core_.List(); }
-  std::vector<EntryPtr> Find(const std::string& name) const {
-    return core_.Find(name);
-  }
-  absl::Status PrecheckUpload(const TargetKey& key, uint64_t size,
-                              const PeerCred& peer) const {
-    return core_.PrecheckUpload(key, size, peer);
-  }
-  uint64_t refused() const { return core_.refused(); }
-  void SetBindingOracle(BindingOracle* oracle) {
-    core_.SetBindingOracle(oracle);
-  }
 
   // See NameReservations.
   absl::Status Reserve(NameReservation r, const PeerCred& peer) {
@@ -103,7 +73,6 @@ class RegistrationService {
   ReplaceCounts replaces() const { return replacement_.counts(); }
 
  private:
-  Registry core_;
   NameReservations reservations_;
   Replacement replacement_;
 };
