@@ -117,7 +117,8 @@ grpc::Status RegistryService::RegisterTarget(
   absl::StatusOr<v1::RegisterTargetResponse> out = RegisterFromHeader(
       registrar_, header, std::move(upload), peer, parts_.cuda_status_of());
   if (out.status().code() == absl::StatusCode::kFailedPrecondition) {
-    return RefusalToGrpcStatus(out.status(), RefusalDetail(header, *registry_));
+    return RefusalToGrpcStatus(out.status(),
+                               RefusalDetail(header, registry_->core()));
   }
   if (!out.ok()) return ToGrpcStatus(out.status());
   *resp = *std::move(out);
@@ -133,7 +134,7 @@ absl::StatusOr<UidAccount::Charge> RegistryService::ChargeCall(
 grpc::Status RegistryService::ListTargets(grpc::ServerContext*,
                                           const v1::ListTargetsRequest*,
                                           v1::ListTargetsResponse* resp) {
-  *resp = DescribeTargets(*registry_, parts_.cuda_status_of());
+  *resp = DescribeTargets(registry_->core(), parts_.cuda_status_of());
   return grpc::Status::OK;
 }
 

@@ -12,7 +12,7 @@
 #include "daemon/base/uid_account.h"
 #include "daemon/compile_service/compile_service.h"
 #include "daemon/registry/registrar.h"
-#include "daemon/registry/registry.h"
+#include "daemon/registry/registration_service.h"
 #include "kreg/v1/registry.grpc.pb.h"
 
 namespace kreg {
@@ -27,7 +27,7 @@ grpc::Status RefusalToGrpcStatus(const absl::Status& status,
 // What the service is built from; every pointer must outlive the service.
 struct RegistryServiceParts {
   Registrar* registrar = nullptr;
-  Registry* registry = nullptr;
+  RegistrationService* registry = nullptr;
   // The caller of a call, from its gRPC peer string.
   std::function<PeerCred(const std::string& grpc_peer)> peer_of;
   // GetStatus's answer.
@@ -102,7 +102,7 @@ class RegistryService final : public v1::Registry::Service {
 
   RegistryServiceParts parts_;
   Registrar* const registrar_;
-  Registry* const registry_;
+  RegistrationService* const registry_;
   CallDeadlines deadlines_;
 };
 

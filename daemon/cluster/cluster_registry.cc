@@ -81,9 +81,8 @@ ClusterRegistry::ClusterRegistry(ClusterOptions options,
 
 ClusterRegistry::~ClusterRegistry() { Stop(); }
 
-void ClusterRegistry::Start(Registry* registry) {
-  registry_.store(registry);
-  registry->SetBindingAuthority(this);
+void ClusterRegistry::Start(ClusterMirror* mirror) {
+  registry_.store(mirror);
   spdlog::info(
       "cluster mode: cluster \"{}\" in etcd {}, this host {}, peers {}",
       options_.cluster, etcd_.endpoints_text(), host_id_,
@@ -404,8 +403,8 @@ void ClusterRegistry::Committed(const TargetEntry& entry) {
 
 std::set<std::string> ClusterRegistry::Held() const {
   std::set<std::string> held;
-  if (Registry* r = registry_.load()) {
-    for (const EntryPtr& e : r->List()) {
+  if (ClusterMirror* r = registry_.load()) {
+    for (const EntryPtr& e : r->registry().List()) {
       if (!e->module_digest.empty() && e->unavailable.empty()) {
         held.insert(e->module_digest);
       }
@@ -509,7 +508,7 @@ absl::StatusOr<std::string> ClusterRegistry::FetchFrom(
 
 void ClusterRegistry::Apply(const TargetEntry& binding, bool may_fetch,
                             bool retry) {
-  Registry* r = registry_.load();
+  ClusterMirror* r = registry_.load();
   std::string bytes;
   if (binding.kind == TargetKind::kModule &&
       !store_->Verify(binding.module_digest).ok()) {
@@ -679,8 +678,8 @@ void ClusterRegistry::FetchGenerations(const TargetEntry& binding) {
 }
 
 absl::Status ClusterRegistry::Reconcile(int64_t* revision) {
-  Registry* r = registry_.load();
-  std::vector<EntryPtr> before = r->List();
+  ClusterMirror* r = registry_.load();
+  std::vector<EntryPtr> before = r->registry().List();
   absl::StatusOr<EtcdRange> all = etcd_.Range(prefix_ + "targets/", true);
   if (!all.ok()) return all.status();
   std::map<TargetKey, BindingRecord> records;

@@ -15,12 +15,12 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "daemon/cluster/cluster_mirror.h"
 #include "daemon/cluster/cluster_records.h"
 #include "daemon/cluster/etcd_client.h"
 #include "daemon/cluster/peer_tls.h"
 #include "daemon/cluster/record_signer.h"
 #include "daemon/registry/binding_authority.h"
-#include "daemon/registry/registry.h"
 #include "daemon/store/module_store.h"
 #include "kreg/v1/cluster.pb.h"
 
@@ -55,11 +55,11 @@ class ClusterRegistry : public BindingAuthority {
   ClusterRegistry(const ClusterRegistry&) = delete;
   ClusterRegistry& operator=(const ClusterRegistry&) = delete;
 
-  // Becomes `registry`'s authority and starts the threads: reconcile the
+  // Starts the threads for `mirror` (built on this authority): reconcile the
   // journaled entries with etcd (when etcd answers; retried until it does),
   // then watch; advertise this host under a leased key. Never fails for an
   // unreachable etcd: known targets keep working meanwhile.
-  void Start(Registry* registry);
+  void Start(ClusterMirror* mirror);
   void Stop();
 
   // BindingAuthority.
@@ -180,7 +180,7 @@ class ClusterRegistry : public BindingAuthority {
   const RecordSigner signer_;
   EtcdClient etcd_;
   std::shared_ptr<grpc::ChannelCredentials> peer_creds_;
-  std::atomic<Registry*> registry_{nullptr};
+  std::atomic<ClusterMirror*> registry_{nullptr};
   // The lease of this host's record (LeaseLoop), which its
   // acknowledgements share: 0 while it has none.
   std::atomic<int64_t> lease_{0};

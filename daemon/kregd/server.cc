@@ -171,7 +171,7 @@ Daemon::Daemon(Config config)
                     config_.replace == "owner",
                     absl::Seconds(config_.replace_timeout_s),
                     static_cast<uint32_t>(config_.max_generations_per_target)}),
-      registrar_(&registry_,
+      registrar_(&registry_.core(),
                  ModulePolicy{config_.allowed_roots, config_.max_module_bytes,
                               HelperBinary(config_.probe_binary, "kregd-probe",
                                            "executor")}),
@@ -625,7 +625,7 @@ void Daemon::FillConfig(v1::GetConfigResponse* r) const {
 void Daemon::FillBrokerContext() {
   BrokerContext& ctx = broker_ctx_;
   ctx.registrar = &registrar_;
-  ctx.registry = &registry_;
+  ctx.registry = &registry_.core();
   ctx.store = &store_;
   ctx.pool = pool_.get();
   ctx.ledger = &ledger_;

@@ -26,7 +26,7 @@
 #include "daemon/registry/journal.h"
 #include "daemon/registry/module_loader.h"
 #include "daemon/registry/registrar.h"
-#include "daemon/registry/registry.h"
+#include "daemon/registry/registration_service.h"
 #include "daemon/store/module_store.h"
 #include "daemon/supervisor/broker.h"
 #include "daemon/supervisor/crash_ledger.h"
@@ -39,6 +39,7 @@
 
 namespace kreg {
 
+class ClusterMirror;
 class ClusterRegistry;
 class CompileCache;
 class CompilePeers;
@@ -116,7 +117,7 @@ class Daemon {
   ModuleStore store_;
   ModuleLoader loader_;
   Journal journal_;
-  Registry registry_;
+  RegistrationService registry_;
   Registrar registrar_;
   CrashLedger ledger_;
   SessionBindings bindings_;              // the registry's BindingOracle
@@ -146,6 +147,8 @@ class Daemon {
   // Cluster mode: the etcd-backed authority, the local kreg.v1.Cluster
   // service (answers FAILED_PRECONDITION when standalone) and the TCP
   // server peers fetch modules from.
+  // The registry's cluster collaborator, on cluster_ (which stops first).
+  std::unique_ptr<ClusterMirror> cluster_mirror_;
   std::unique_ptr<ClusterRegistry> cluster_;
   std::unique_ptr<ClusterService> cluster_service_;
   std::unique_ptr<ModuleExchangeService> exchange_;

@@ -59,7 +59,10 @@ absl::Status Daemon::StartCluster() {
       StartPeerServer(config_.peer_listen, *tls, exchange_.get());
   if (!peers.ok()) return peers.status();
   peer_server_ = *std::move(peers);
-  cluster_->Start(&registry_);
+  cluster_mirror_ = std::make_unique<ClusterMirror>(
+      &registry_.core(), &registry_.reservations(), &registry_.replacement(),
+      cluster_.get());
+  cluster_->Start(cluster_mirror_.get());
   return absl::OkStatus();
 }
 

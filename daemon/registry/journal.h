@@ -13,7 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/unique_fd.h"
 #include "daemon/registry/journal_state.h"
-#include "daemon/registry/registry.h"
+#include "daemon/registry/registration_service.h"
 
 namespace kreg {
 

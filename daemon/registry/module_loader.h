@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "daemon/registry/registry.h"
+#include "daemon/registry/handler_loader.h"
 #include "daemon/store/module_store.h"
 
 namespace kreg {

@@ -2,203 +2,87 @@
 
 #include <unistd.h>
 
-#include <ctime>
-
-#include "absl/strings/match.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
-#include "daemon/base/log_limit.h"
+#include "absl/strings/str_join.h"
 #include "daemon/base/platform_table.h"
+#include "daemon/registry/refusals.h"
 #include "daemon/store/module_store.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
 namespace {
 
-std::string Describe(TargetKind kind, const std::string& content_id,
-                     const std::string& func_name, Platform platform) {
-  return absl::StrCat(kind == TargetKind::kInProcess ? "in-process " : "",
-                      "content ", content_id, ", function \"", func_name,
-                      "\", platform ", PlatformName(platform));
-}
+constexpr uid_t kRoot = 0;
 
-RegistryLimits WithAdmin(RegistryLimits limits) {
+QuotaLimits WithAdmin(QuotaLimits limits) {
   if (limits.admin_uid == static_cast<uid_t>(-1))
     limits.admin_uid = ::geteuid();
   return limits;
 }
 
-// A content_id of the form "sha256:..." claims to be the module's digest:
-// it must be. INVALID_ARGUMENT quoting both otherwise.
-absl::Status CheckClaimedDigest(const std::string& content_id,
-                                const std::string& digest) {
-  if (content_id.size() < 7 ||
-      !absl::EqualsIgnoreCase(content_id.substr(0, 7), "sha256:") ||
-      content_id == digest) {
-    return absl::OkStatus();
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "content_id \"", content_id,
-      "\" has the form of a module digest but the module's digest is ", digest,
-      "; a \"sha256:\" content_id must be the module's own digest. Omit "
-      "content_id (the digest is then used), pass the module's digest, or "
-      "use a build cache key without the \"sha256:\" prefix."));
-}
-
-// For an identity equal by content_id: the same uid may rebuild (the
-// build-cache case); another uid must bring the same module bytes, or it
-// would be handed the owner's code under its own content_id claim.
-absl::Status CheckOwnerOrDigest(const TargetEntry& existing,
-                                const PeerCred& peer,
-                                const std::string& digest) {
-  if (existing.kind != TargetKind::kModule ||
-      existing.registered_by.uid == peer.uid ||
-      existing.module_digest == digest) {
-    return absl::OkStatus();
-  }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "target \"", existing.key.name, "\" (",
-      PlatformName(existing.key.platform), ") is registered ",
-      existing.host.empty() ? "" : absl::StrCat("on host ", existing.host, " "),
-      "by ", Holder(existing), " with content_id \"", existing.content_id,
-      "\" and module ", existing.module_digest, " (", existing.origin,
-      "); this registration by uid ", peer.uid,
-      " claims the same content_id with another module, module ", digest,
-      ". A content_id stands for the module only for the uid that "
-      "registered it; other uids must register the identical module bytes. "
-      "Register the owner's module, or your build under a distinct target "
-      "name."));
-}
-
-std::string Identity(const RegisterArgs& args, const std::string& digest) {
-  if (args.kind == TargetKind::kInProcess) {
-    return absl::StrCat("in-process content_id \"", args.content_id,
-                        "\", function \"", args.func_name, "\"");
-  }
-  return absl::StrCat(
-      "module ", digest, " (", args.module_bytes.size(), " bytes, ",
-      args.origin, ")",
-      args.content_id.empty()
-          ? ""
-          : absl::StrCat(", content_id \"", args.content_id, "\""),
-      ", function \"", args.func_name, "\"");
-}
-
-// One info line per decision: who, what, the outcome and why.
-void LogDecision(const RegisterArgs& args, const std::string& digest,
-                 const absl::StatusOr<RegisterOutcome>& out) {
-  std::string what =
-      absl::StrCat("target \"", args.key.name, "\" (",
-                   PlatformName(args.key.platform), ") by uid ", args.peer.uid,
-                   " pid ", args.peer.pid, ": ", Identity(args, digest));
-  if (out.ok() && out->created) {
-    spdlog::info("registration created: {}", what);  // bounded by quotas
-    return;
-  }
-  // Refusals and no-ops a client can repeat at will: rate-limited per uid.
-  std::string suppressed;
-  if (!PeerLogLimiter().Allow(absl::StrCat("uid ", args.peer.uid),
-                              &suppressed)) {
-    return;
-  }
-  if (!out.ok()) {
-    spdlog::info("registration refused ({}): {}: {}{}",
-                 absl::StatusCodeToString(out.status().code()), what,
-                 std::string(out.status().message()), suppressed);
-  } else {
-    spdlog::info(
-        "registration no-op (identical to the entry registered by "
-        "uid {}): {}{}",
-        out->entry->registered_by.uid, what, suppressed);
-  }
-}
-
 }  // namespace
 
-std::string Holder(const TargetEntry& e) {
-  std::string who = UserName(e.registered_by.uid);
-  if (e.registered_at_us > 0) {
-    std::time_t t = static_cast<std::time_t>(e.registered_at_us / 1000000);
-    struct tm tm;
-    char when[32];
-    if (::gmtime_r(&t, &tm) != nullptr &&
-        std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm) > 0) {
-      absl::StrAppend(&who, " since ", when);
-    }
-  }
-  return who;
+Registry::Registry(HandlerLoader* loader, EntryLog* log, QuotaLimits limits)
+    : loader_(loader), log_(log), limits_(WithAdmin(limits)) {}
+
+void Registry::AddAdmission(AdmissionPolicy* policy) {
+  absl::MutexLock lock(&hooks_mu_);
+  admissions_.push_back(policy);
 }
 
-Registry::Registry(HandlerLoader* loader, RegistrationLog* log,
-                   RegistryLimits limits)
-    : loader_(loader), log_(log), limits_(WithAdmin(limits)) {}
+void Registry::AddInstallHook(InstallHook* hook) {
+  absl::MutexLock lock(&hooks_mu_);
+  hooks_.push_back(hook);
+}
+
+std::vector<AdmissionPolicy*> Registry::admissions() const {
+  absl::MutexLock lock(&hooks_mu_);
+  return admissions_;
+}
+
+std::vector<InstallHook*> Registry::hooks() const {
+  absl::MutexLock lock(&hooks_mu_);
+  return hooks_;
+}
 
 absl::Status Registry::CheckSame(const TargetEntry& existing, TargetKind kind,
                                  const std::string& cid,
                                  const std::string& func_name,
-                                 bool replace) const {
+                                 const RegisterArgs* request) const {
   if (existing.kind == kind && existing.content_id == cid &&
       existing.func_name == func_name) {
     return absl::OkStatus();
   }
-  // Who holds the name and since when (in cluster mode also on which
-  // host: the binding may have been made on another one).
-  std::string where =
-      existing.host.empty()
-          ? absl::StrCat("(first registered by ", Holder(existing), ") ")
-          : absl::StrCat("(cluster-wide, first registered on host ",
-                         existing.host, " by ", Holder(existing), ") ");
-  std::string msg = absl::StrCat(
-      "target \"", existing.key.name, "\" is already registered ", where,
-      "with ",
-      Describe(existing.kind, existing.content_id, existing.func_name,
-               existing.key.platform),
-      "; refusing to re-point it to ",
-      Describe(kind, cid, func_name, existing.key.platform),
-      ". XLA binds a handler into every compiled executable, so a live "
-      "re-point can be neither performed nor verified. Register the rebuild "
-      "under a distinct target name (a new name or a version prefix, e.g. \"",
-      existing.key.name, ".v2\").");
-  if (replace) {
-    absl::StrAppend(&msg,
-                    " replace=true was requested, but it is reserved: a "
-                    "content change is refused whether or not it is set.");
-  } else if (limits_.replace_by_owner && existing.kind == TargetKind::kModule &&
-             kind == TargetKind::kModule) {
-    absl::StrAppend(&msg, " This kregd lets a target's owner (uid ",
-                    existing.registered_by.uid,
-                    ") or root replace it in place: register with "
-                    "replace=True to make the next generation.");
-  }
-  return absl::FailedPreconditionError(msg);
+  absl::Status refusal = OtherContent(existing, kind, cid, func_name);
+  ChangePolicy* change = change_.load();
+  std::string hint = change ? change->RefusalHint(existing, kind, request) : "";
+  if (hint.empty()) return refusal;
+  return absl::FailedPreconditionError(absl::StrCat(refusal.message(), hint));
 }
 
 absl::Status Registry::CheckIdentity(const TargetEntry& existing,
                                      const RegisterArgs& args,
                                      const std::string& cid,
                                      const std::string& digest,
-                                     bool* replacing) const {
-  *replacing = false;
+                                     bool* changing) const {
+  *changing = false;
   absl::Status same =
-      CheckSame(existing, args.kind, cid, args.func_name, args.replace);
+      CheckSame(existing, args.kind, cid, args.func_name, &args);
   if (same.ok()) return CheckOwnerOrDigest(existing, args.peer, digest);
-  if (args.replace && limits_.replace_by_owner) {
-    absl::Status may = MayReplace(existing, args);
-    *replacing = may.ok();
-    if (!may.ok()) replaces_refused_.fetch_add(1);
-    return may;
+  if (ChangePolicy* change = change_.load()) {
+    bool take = false;
+    absl::Status accepted = change->Accept(existing, args, &take);
+    if (!accepted.ok()) return accepted;
+    if (take) {
+      *changing = true;
+      return absl::OkStatus();
+    }
   }
   if (args.kind == TargetKind::kModule && !args.content_id.empty() &&
       existing.module_digest == digest &&
       existing.func_name == args.func_name) {
-    // The same bytes and function under another content_id: the build
-    // cache key changed, not the kernel (e.g. it hashes a temporary
-    // include path).
-    return absl::FailedPreconditionError(absl::StrCat(
-        same.message(), " The module bytes are identical (", digest,
-        "): only the content_id differs. A content_id computed from paths "
-        "(a temporary build or include directory) changes on every build; "
-        "compute it from the sources' contents, or omit it (the module's "
-        "digest is then used)."));
+    return OnlyContentIdDiffers(same, digest);
   }
   return same;
 }
@@ -210,7 +94,8 @@ absl::StatusOr<RegisterOutcome> Registry::Register(const RegisterArgs& args) {
                                  ? Sha256Digest(args.module_bytes)
                                  : std::string();
   absl::StatusOr<RegisterOutcome> out = Decide(args, digest);
-  if (out.ok() && out->replaced) out = AwaitSwitched(*std::move(out));
+  ChangePolicy* change = change_.load();
+  if (out.ok() && change != nullptr) out = change->Finish(*std::move(out));
   LogDecision(args, digest, out);
   return out;
 }
@@ -262,6 +147,34 @@ void Registry::OweSweep() {
   sweep_owed_ = true;
 }
 
+std::unique_ptr<Registry::Hold> Registry::HoldKey(
+    const TargetKey& key,
+    absl::FunctionRef<bool(const EntryPtr&, uid_t*, std::string*, uint64_t*)>
+        take) {
+  absl::MutexLock lock(&mu_);
+  AwaitFree({key});
+  Pending p;
+  if (!take(LookupLocked(key), &p.uid, &p.digest, &p.size)) return nullptr;
+  pending_[key] = std::move(p);
+  return std::make_unique<Hold>(this, std::vector<TargetKey>{key});
+}
+
+absl::Status Registry::WhileIdle(
+    absl::FunctionRef<absl::Status(const std::vector<EntryPtr>&)> fn) {
+  absl::MutexLock lock(&mu_);
+  AwaitIdle();
+  std::vector<EntryPtr> entries;
+  for (const auto& [key, e] : entries_) entries.push_back(e);
+  return fn(entries);
+}
+
+bool Registry::InProgress(const TargetKey& key,
+                          const std::string& digest) const {
+  absl::MutexLock lock(&mu_);
+  auto it = pending_.find(key);
+  return it != pending_.end() && it->second.digest == digest;
+}
+
 absl::StatusOr<RegisterOutcome> Registry::Decide(const RegisterArgs& args,
                                                  const std::string& digest) {
   if (args.kind == TargetKind::kModule) {
@@ -273,39 +186,39 @@ absl::StatusOr<RegisterOutcome> Registry::Decide(const RegisterArgs& args,
   // without the lock, so that a slow one holds back only this request:
   // refusals are found on a snapshot first. The decision under the lock
   // repeats the checks (a change meanwhile is decided there).
-  std::optional<std::vector<gid_t>> groups;
-  if (absl::Status refused = RefusalNow(args, cid, digest, &groups);
+  AdmissionNote note;
+  if (absl::Status refused = RefusalNow(args, cid, digest, &note);
       !refused.ok()) {
     refused_.fetch_add(1);
     return refused;
   }
-  const std::vector<gid_t>* g = groups.has_value() ? &*groups : nullptr;
+  const std::vector<AdmissionPolicy*> policies = admissions();
   EntryPtr existing;
-  bool replacing = false;
+  bool changing = false;
   {
     absl::MutexLock lock(&mu_);
     AwaitFree({args.key});
-    if (std::optional<NameReservation> r =
-            ReservedForOthers(reservations_, args.key, args.peer, g)) {
-      refused_.fetch_add(1);
-      return ReservedRefusal(args.key, *r, args.peer);
+    for (AdmissionPolicy* policy : policies) {
+      if (absl::Status admitted = policy->Admit(args, note); !admitted.ok()) {
+        refused_.fetch_add(1);
+        return admitted;
+      }
     }
     existing = LookupLocked(args.key);
     if (existing != nullptr) {
       absl::Status same =
-          CheckIdentity(*existing, args, cid, digest, &replacing);
+          CheckIdentity(*existing, args, cid, digest, &changing);
       if (!same.ok()) {
         refused_.fetch_add(1);
         return same;
       }
-      if (!replacing && (existing->unavailable.empty() ||
-                         existing->kind == TargetKind::kInProcess)) {
+      if (!changing && (existing->unavailable.empty() ||
+                        existing->kind == TargetKind::kInProcess)) {
         return RegisterOutcome{false, existing};
       }
     }
-    if (existing == nullptr || replacing) {
-      // A replacement adds a module (every generation's stays stored), not
-      // a registration.
+    if (existing == nullptr || changing) {
+      // A change adds a module, not a registration.
       absl::Status within =
           CheckLimits(args, digest, /*new_name=*/existing == nullptr);
       if (!within.ok()) return within;
@@ -314,13 +227,13 @@ absl::StatusOr<RegisterOutcome> Registry::Decide(const RegisterArgs& args,
         args.peer.uid, digest,
         args.kind == TargetKind::kModule ? args.module_bytes.size() : 0};
   }
-  // The key is reserved: the work below (a probe may take 20 s, fsyncs, an
-  // etcd claim) holds back only requests for this key.
+  // The key is held: the work below (a probe may take 20 s, fsyncs, a
+  // collaborator's remote call) holds back only requests for this key.
   Hold hold(this, {args.key});
-  if (replacing) return Replace(args, digest, cid, existing);
+  if (changing) return change_.load()->Change(args, digest, cid, existing);
   if (existing == nullptr) {
-    if (BindingAuthority* authority = authority_.load()) {
-      return RegisterClaimed(args, digest, cid, authority);
+    if (KeyBinder* binder = binder_.load()) {
+      return binder->BindNew(args, digest, cid);
     }
   }
   if (args.kind == TargetKind::kInProcess) return RegisterInProcess(args);
@@ -332,7 +245,7 @@ absl::StatusOr<RegisterOutcome> Registry::RegisterModule(
     EntryPtr existing) {
   if (existing != nullptr && digest != existing->module_digest) {
     // Same identity (content_id) but the journaled module file is lost and
-    // these bytes are not it: keep the name reserved, say how to repair.
+    // these bytes are not it: keep the name taken, say how to repair.
     return absl::UnavailableError(absl::StrCat(
         "target \"", existing->key.name, "\" is registered but its module ",
         existing->module_digest, " could not be loaded at start-up (",
@@ -380,18 +293,96 @@ absl::StatusOr<RegisterOutcome> Registry::RegisterInProcess(
   return RegisterOutcome{true, *inserted};
 }
 
+absl::StatusOr<EntryPtr> Registry::Install(const TargetEntry& entry,
+                                           const std::string& bytes,
+                                           bool journal,
+                                           const TargetEntry* previous) {
+  // Never loaded before its digest matches, whoever sent it.
+  const std::string digest = Sha256Digest(bytes);
+  if (digest != entry.module_digest) {
+    return absl::DataLossError(absl::StrCat(
+        "module bytes for ", Named(entry.key), " have digest ", digest,
+        ", not the binding's ", entry.module_digest, "; refused"));
+  }
+  absl::StatusOr<StagedModule> staged = loader_->Stage(bytes, digest);
+  if (!staged.ok()) return staged.status();
+  // Until the journal has the entry, a failure removes what this request
+  // wrote: nothing of a refused module stays in the store.
+  bool committed = false;
+  auto discard = absl::MakeCleanup([&] {
+    if (committed) {
+      OweSweep();
+    } else {
+      loader_->Discard(*staged);
+    }
+  });
+  absl::StatusOr<HandlerInfo> info = loader_->Probe(*staged, entry.func_name);
+  if (!info.ok()) return info.status();
+  const std::vector<InstallHook*> around = hooks();
+  for (InstallHook* hook : around) {
+    absl::Status probed = hook->Probed(entry, *info);
+    if (!probed.ok()) return probed;
+  }
+  absl::Status st = loader_->Commit(*staged);
+  if (!st.ok()) return st;
+  committed = true;
+  st = loader_->Check(digest);
+  if (!st.ok()) return st;
+  auto local = std::make_shared<TargetEntry>(entry);
+  local->handler_info = *info;
+  local->unavailable.clear();
+  for (InstallHook* hook : around) {
+    st = hook->Committing(local.get(), previous);
+    if (!st.ok()) return st;
+  }
+  if (journal) {
+    st = log_->Append(*local);
+    if (!st.ok()) return st;
+  }
+  std::move(discard).Cancel();
+  {
+    absl::MutexLock lock(&mu_);
+    entries_[local->key] = local;
+  }
+  for (InstallHook* hook : around) hook->Committed(*local);
+  return EntryPtr(local);
+}
+
+absl::StatusOr<EntryPtr> Registry::Insert(const TargetEntry& entry) {
+  auto e = std::make_shared<TargetEntry>(entry);
+  e->unavailable.clear();
+  absl::Status logged = log_->Append(*e);
+  if (!logged.ok()) return logged;
+  absl::MutexLock lock(&mu_);
+  entries_[e->key] = e;
+  return EntryPtr(e);
+}
+
+absl::Status Registry::Remove(const EntryPtr& entry, const PeerCred& by) {
+  Retirement r{entry->key, entry->content_id, entry->module_digest, by,
+               NowMicros()};
+  absl::Status logged = log_->AppendRetirement(r);
+  if (!logged.ok()) return logged;
+  {
+    absl::MutexLock lock(&mu_);
+    entries_.erase(entry->key);
+  }
+  OweSweep();
+  return absl::OkStatus();
+}
+
 absl::Status Registry::Restore(const TargetEntry& journaled) {
   EntryPtr existing = Lookup(journaled.key);
   if (existing != nullptr) {
     return CheckSame(*existing, journaled.kind, journaled.content_id,
-                     journaled.func_name, /*replace=*/false);
+                     journaled.func_name, /*request=*/nullptr);
   }
   auto entry = std::make_shared<TargetEntry>(journaled);
   absl::Status ready = entry->kind == TargetKind::kInProcess
                            ? absl::OkStatus()
                            : loader_->CheckStored(entry->module_digest);
   if (!ready.ok()) {
-    // Keep the name reserved so it can never be re-pointed; identical
+    // Keep the name taken so it can never be re-pointed; identical
     // re-registration repairs it.
     entry->unavailable = std::string(ready.message());
   }
@@ -400,33 +391,18 @@ absl::Status Registry::Restore(const TargetEntry& journaled) {
   return ready;
 }
 
-absl::Status Registry::RefusalNow(
-    const RegisterArgs& args, const std::string& cid, const std::string& digest,
-    std::optional<std::vector<gid_t>>* groups) const {
-  std::map<std::string, NameReservation> matching;
-  EntryPtr seen;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& [pattern, r] : reservations_) {
-      if (r.Matches(args.key.name)) matching.emplace(pattern, r);
-    }
-    seen = LookupLocked(args.key);
+absl::Status Registry::RefusalNow(const RegisterArgs& args,
+                                  const std::string& cid,
+                                  const std::string& digest,
+                                  AdmissionNote* note) const {
+  for (AdmissionPolicy* policy : admissions()) {
+    absl::Status screened = policy->Screen(args, note);
+    if (!screened.ok()) return screened;
   }
-  const PeerCred& peer = args.peer;
-  for (const auto& [pattern, r] : matching) {
-    if (peer.uid != 0 && r.group && r.owner != peer.gid) {
-      *groups = GroupsOf(peer.uid, peer.gid);
-      break;
-    }
-  }
-  if (std::optional<NameReservation> r =
-          ReservedForOthers(matching, args.key, peer,
-                            groups->has_value() ? &**groups : nullptr)) {
-    return ReservedRefusal(args.key, *r, peer);
-  }
-  bool replacing = false;
+  EntryPtr seen = Lookup(args.key);
+  bool changing = false;
   return seen == nullptr ? absl::OkStatus()
-                         : CheckIdentity(*seen, args, cid, digest, &replacing);
+                         : CheckIdentity(*seen, args, cid, digest, &changing);
 }
 
 EntryPtr Registry::LookupLocked(const TargetKey& key) const {
@@ -451,6 +427,204 @@ std::vector<EntryPtr> Registry::Find(const std::string& name) const {
   std::vector<EntryPtr> out;
   for (Platform p : AllPlatforms()) {
     if (EntryPtr e = Lookup({name, p})) out.push_back(e);
+  }
+  return out;
+}
+
+Registry::UidUse Registry::UseOf(uid_t uid) const {
+  UidUse use;
+  auto keep = [&](const std::string& digest, uint64_t size) {
+    if (!digest.empty() && use.digests.emplace(digest, size).second) {
+      use.bytes += size;
+    }
+  };
+  for (const auto& [key, e] : entries_) {
+    if (e->registered_by.uid != uid) continue;
+    ++use.registrations;
+    for (const auto& [digest, size] : KeptModules(*e)) keep(digest, size);
+  }
+  // A new name being registered counts as held until it is decided.
+  for (const auto& [key, p] : pending_) {
+    if (p.uid == uid && entries_.count(key) == 0) {
+      ++use.registrations;
+      keep(p.digest, p.size);
+    }
+  }
+  return use;
+}
+
+absl::Status Registry::CheckLimits(const RegisterArgs& args,
+                                   const std::string& digest,
+                                   bool new_name) const {
+  const uid_t uid = args.peer.uid;
+  if (uid == kRoot) return absl::OkStatus();
+  const UidUse use = UseOf(uid);
+  if (new_name && use.registrations + 1 > limits_.max_registrations_per_uid) {
+    return TooManyRegistrations(args.key, uid, use.registrations,
+                                limits_.max_registrations_per_uid);
+  }
+  const uint64_t more =
+      args.kind == TargetKind::kModule && use.digests.count(digest) == 0
+          ? args.module_bytes.size()
+          : 0;
+  if (use.bytes + more > limits_.max_store_bytes_per_uid) {
+    return TooManyBytes(args.key, uid, use.bytes, more,
+                        limits_.max_store_bytes_per_uid);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Registry::PrecheckUpload(const TargetKey& key, uint64_t size,
+                                      const PeerCred& peer) const {
+  if (peer.uid == kRoot) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  if (LookupLocked(key) != nullptr) return absl::OkStatus();
+  const UidUse use = UseOf(peer.uid);
+  if (use.registrations + 1 > limits_.max_registrations_per_uid) {
+    return TooManyRegistrations(key, peer.uid, use.registrations,
+                                limits_.max_registrations_per_uid);
+  }
+  for (const auto& [digest, held_size] : use.digests) {
+    if (held_size == size) return absl::OkStatus();  // may be this module
+  }
+  if (use.bytes + size > limits_.max_store_bytes_per_uid) {
+    return TooManyBytes(key, peer.uid, use.bytes, size,
+                        limits_.max_store_bytes_per_uid);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<EntryPtr>> Registry::Retire(
+    const std::string& name, std::optional<Platform> platform,
+    const PeerCred& peer) {
+  std::vector<TargetKey> keys;
+  if (platform.has_value()) {
+    keys.push_back({name, *platform});
+  } else {
+    for (Platform p : AllPlatforms()) keys.push_back({name, p});
+  }
+  std::vector<EntryPtr> targets;
+  {
+    absl::MutexLock lock(&mu_);
+    AwaitFree(keys);
+    for (const TargetKey& key : keys) {
+      if (EntryPtr e = LookupLocked(key)) targets.push_back(e);
+    }
+    if (targets.empty()) {
+      return absl::NotFoundError(absl::StrCat(
+          "cannot retire \"", name, "\"",
+          platform ? absl::StrCat(" on platform ", PlatformName(*platform))
+                   : "",
+          ": no such target is registered; `kregctl list` shows what is"));
+    }
+    for (const EntryPtr& e : targets) {
+      if (peer.uid != kRoot && peer.uid != e->registered_by.uid) {
+        return absl::PermissionDeniedError(
+            absl::StrCat("cannot retire ", Named(e->key),
+                         ": it was registered by uid ", e->registered_by.uid,
+                         " and only that uid or root may retire it "
+                         "(you are uid ",
+                         peer.uid, ")"));
+      }
+    }
+    keys.clear();
+    for (const EntryPtr& e : targets) {
+      keys.push_back(e->key);
+      pending_[e->key] =
+          Pending{e->registered_by.uid, e->module_digest, e->module_size};
+    }
+  }
+  // The keys are held: the sessions' answer, the hooks and the journal are
+  // consulted without holding back requests for other names.
+  Hold hold(this, keys);
+  if (BindingOracle* oracle = oracle_.load()) {
+    for (const EntryPtr& e : targets) {
+      std::vector<PeerCred> holders = oracle->Holders(e->key);
+      if (!holders.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "cannot retire ", Named(e->key), ": live sessions have it bound (",
+            absl::StrJoin(holders, ", ",
+                          [](std::string* out, const PeerCred& p) {
+                            absl::StrAppend(out, "pid ", p.pid, " of ",
+                                            UserName(p.uid));
+                          }),
+            "); retire it once those processes have exited: their user or "
+            "root can end them (kill PID); `kregctl sessions` lists what each "
+            "holds"));
+      }
+    }
+  }
+  std::vector<EntryPtr> retired;
+  absl::Status failed;
+  const std::vector<InstallHook*> around = hooks();
+  for (const EntryPtr& e : targets) {
+    for (InstallHook* hook : around) {
+      failed = hook->Retiring(*e);
+      if (!failed.ok()) break;
+    }
+    if (!failed.ok()) {
+      spdlog::warn("retirement of {} by uid {} not made: {}", Named(e->key),
+                   peer.uid, std::string(failed.message()));
+      break;
+    }
+    failed = Remove(e, peer);
+    if (!failed.ok()) {
+      spdlog::error("retirement of {} by uid {} failed: {}", Named(e->key),
+                    peer.uid, std::string(failed.message()));
+      break;
+    }
+    spdlog::info(
+        "retired {} (content_id \"{}\", module {}, registered by uid {}) at "
+        "the request of uid {} pid {}",
+        Named(e->key), e->content_id, e->module_digest, e->registered_by.uid,
+        peer.uid, peer.pid);
+    retired.push_back(e);
+  }
+  // Also after a failure: what was retired before it is journaled.
+  if (!failed.ok()) return failed;
+  return retired;
+}
+
+absl::StatusOr<GcOutcome> Registry::SweepStore() {
+  std::set<std::string> keep;
+  for (const EntryPtr& e : List()) {
+    for (const auto& [digest, size] : KeptModules(*e)) keep.insert(digest);
+  }
+  absl::StatusOr<GcOutcome> out = loader_->RemoveUnreferenced(keep);
+  absl::MutexLock lock(&mu_);
+  sweeping_ = false;
+  return out;
+}
+
+absl::Status Registry::CheckAdmin(const PeerCred& peer,
+                                  const char* what) const {
+  if (peer.uid == kRoot || peer.uid == limits_.admin_uid) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(
+      absl::StrCat(what, " is for root or kregd's own uid (", limits_.admin_uid,
+                   "); uid ", peer.uid, " may not do it"));
+}
+
+absl::StatusOr<GcOutcome> Registry::CollectGarbage(const PeerCred& peer) {
+  absl::Status admin =
+      CheckAdmin(peer, "garbage collection of the module store");
+  if (!admin.ok()) return admin;
+  // Registrations stage and commit files: the sweep waits for those in
+  // progress and holds back new ones until it is done.
+  {
+    absl::MutexLock lock(&mu_);
+    AwaitIdle();
+    sweeping_ = true;
+    sweep_owed_ = false;
+  }
+  absl::StatusOr<GcOutcome> out = SweepStore();
+  if (out.ok()) {
+    spdlog::info(
+        "gc by uid {} pid {}: removed {} unreferenced store files ({} bytes); "
+        "{} files ({} bytes) kept",
+        peer.uid, peer.pid, out->files_removed, out->bytes_removed,
+        out->files_kept, out->bytes_kept);
   }
   return out;
 }

@@ -13,7 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/registry/registrar.h"
-#include "daemon/registry/registry.h"
+#include "daemon/registry/registration_service.h"
 #include "daemon/registry/repointer.h"
 #include "daemon/store/module_store.h"
 

@@ -12,8 +12,8 @@ namespace {
 
 constexpr uid_t kAdmin = 4242;  // stands in for kregd's own uid
 
-RegistryLimits Limits(uint64_t registrations, uint64_t bytes) {
-  return RegistryLimits{registrations, bytes, kAdmin};
+QuotaLimits Limits(uint64_t registrations, uint64_t bytes) {
+  return QuotaLimits{registrations, bytes, kAdmin};
 }
 
 // --- per-uid limits ---------------------------------------------------------

@@ -39,7 +39,7 @@ namespace {
 // Runs `slow` (a registration that looks up kSlowUid) on a thread; once it
 // waits in the lookup, another uid registers another name: that must end
 // while the lookup still waits. Returns the slow registration's status.
-absl::Status WhileALookupWaits(Registry* registry,
+absl::Status WhileALookupWaits(RegistrationService* registry,
                                std::function<absl::Status()> slow) {
   absl::Notification gate;
   g_gate = &gate;
@@ -67,7 +67,7 @@ TEST_CASE("A refusal naming the holder looks the name up outside the lock",
           "[registry][nss]") {
   FakeLoader loader;
   MemLog log;
-  Registry registry(&loader, &log);
+  RegistrationService registry(&loader, &log);
   REQUIRE(registry.Register(ArgsBy(kSlowUid, "held.op", "aa")).ok());
   absl::Status refused = WhileALookupWaits(&registry, [&registry] {
     return registry.Register(ArgsBy(1001, "held.op", "bb")).status();
@@ -81,7 +81,7 @@ TEST_CASE("A group reservation looks the caller's groups up outside the lock",
           "[registry][nss]") {
   FakeLoader loader;
   MemLog log;
-  Registry registry(&loader, &log);
+  RegistrationService registry(&loader, &log);
   NameReservation r;
   r.pattern = "team.*";
   r.owner = 4242;

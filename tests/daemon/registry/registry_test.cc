@@ -61,25 +61,6 @@ TEST_CASE("Register refuses a different function under the same content",
              Catch::Contains("function \"AddMul\""));
 }
 
-TEST_CASE("replace=true is reserved: refused with its own message",
-          "[registry]") {
-  FakeLoader loader;
-  MemLog log;
-  Registry registry(&loader, &log);
-  REQUIRE(registry.Register(Args("my_op", "aa")).ok());
-  RegisterArgs change = Args("my_op", "bb");
-  change.replace = true;
-  auto refused = registry.Register(change);
-  REQUIRE(refused.status().code() == absl::StatusCode::kFailedPrecondition);
-  CHECK_THAT(std::string(refused.status().message()),
-             Catch::Contains("replace=true was requested, but it is reserved"));
-  RegisterArgs same = Args("my_op", "aa");
-  same.replace = true;
-  auto noop = registry.Register(same);
-  REQUIRE(noop.ok());
-  CHECK_FALSE(noop->created);
-}
-
 TEST_CASE("content_id decides identity when given", "[registry]") {
   FakeLoader loader;
   MemLog log;
@@ -494,7 +475,7 @@ TEST_CASE("A registration in progress counts against its uid's limits",
           "[registry][concurrency][limits]") {
   FakeLoader loader;
   MemLog log;
-  RegistryLimits limits;
+  QuotaLimits limits;
   limits.max_registrations_per_uid = 1;
   Registry registry(&loader, &log, limits);
   absl::StatusOr<RegisterOutcome> slow;

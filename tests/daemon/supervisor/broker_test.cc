@@ -245,7 +245,7 @@ TEST_CASE("A pinned generation resolves to that generation's module",
   MemLog log;
   RegistryLimits limits;
   limits.replace_by_owner = true;
-  Registry registry(&loader, &log, limits);
+  RegistrationService registry(&loader, &log, limits);
   const TargetKey key{"my_op", Platform::kCpu};
   const std::string other =
       "target \"my_op\" (cpu) has no generation 99: its generations are ";
@@ -255,8 +255,8 @@ TEST_CASE("A pinned generation resolves to that generation's module",
   REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
 
   SECTION("before any replacement: generation 1 is the current entry") {
-    CHECK(*ResolveGeneration(registry, key, 1) == registry.Lookup(key));
-    auto refused = ResolveGeneration(registry, key, 99);
+    CHECK(*ResolveGeneration(registry.core(), key, 1) == registry.Lookup(key));
+    auto refused = ResolveGeneration(registry.core(), key, 99);
     CHECK(refused.status().code() == absl::StatusCode::kNotFound);
     CHECK(refused.status().message() ==
           other + "1 (the current one is 1)" + what_to_do);
@@ -270,11 +270,11 @@ TEST_CASE("A pinned generation resolves to that generation's module",
   REQUIRE(current->generation == 2);
 
   SECTION("generation 0 and the current generation: the current entry") {
-    CHECK(*ResolveGeneration(registry, key, 0) == current);
-    CHECK(*ResolveGeneration(registry, key, 2) == current);
+    CHECK(*ResolveGeneration(registry.core(), key, 0) == current);
+    CHECK(*ResolveGeneration(registry.core(), key, 2) == current);
   }
   SECTION("an older generation: its module and function") {
-    auto pinned = ResolveGeneration(registry, key, 1);
+    auto pinned = ResolveGeneration(registry.core(), key, 1);
     REQUIRE(pinned.ok());
     CHECK((*pinned)->generation == 1);
     CHECK((*pinned)->module_digest == Sha256Digest("aa"));
@@ -284,7 +284,7 @@ TEST_CASE("A pinned generation resolves to that generation's module",
     CHECK(current->module_digest == Sha256Digest("bb"));
   }
   SECTION("a generation the key does not have: NOT_FOUND listing them") {
-    auto refused = ResolveGeneration(registry, key, 99);
+    auto refused = ResolveGeneration(registry.core(), key, 99);
     CHECK(refused.status().code() == absl::StatusCode::kNotFound);
     CHECK(refused.status().message() ==
           other + "1, 2 (the current one is 2)" + what_to_do);
@@ -292,7 +292,7 @@ TEST_CASE("A pinned generation resolves to that generation's module",
   SECTION("a retired name has no generations left") {
     REQUIRE(registry.Retire("my_op", Platform::kCpu, {1000, 1000, 1100}).ok());
     for (uint32_t g : {1u, 2u}) {
-      auto refused = ResolveGeneration(registry, key, g);
+      auto refused = ResolveGeneration(registry.core(), key, g);
       CHECK(refused.status().code() == absl::StatusCode::kNotFound);
       CHECK(refused.status().message() ==
             "target \"my_op\" (cpu) has no generation " + std::to_string(g) +
@@ -300,7 +300,7 @@ TEST_CASE("A pinned generation resolves to that generation's module",
                 "generations). Register it, or check the name with `kregctl "
                 "list`");
     }
-    auto unpinned = ResolveGeneration(registry, key, 0);
+    auto unpinned = ResolveGeneration(registry.core(), key, 0);
     CHECK(unpinned.status().message() ==
           "target \"my_op\" is not registered for platform cpu in kregd");
   }

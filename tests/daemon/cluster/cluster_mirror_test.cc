@@ -1,7 +1,9 @@
-// Registry in cluster mode: claims through a BindingAuthority (an in-memory
-// stand-in for etcd shared by several registries, i.e. hosts), mirroring
-// and retirement. The etcd-backed authority itself is exercised end to end
-// in tests/python/test_cluster.py.
+// ClusterMirror, the registry in cluster mode: claims through a
+// BindingAuthority (an in-memory stand-in for etcd shared by several
+// registries, i.e. hosts), mirroring and retirement. The etcd-backed authority
+// itself is exercised end to end in tests/python/test_cluster.py.
+#include "daemon/cluster/cluster_mirror.h"
+
 #include <unistd.h>
 
 #include <functional>
@@ -13,7 +15,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
-#include "daemon/registry/registry.h"
 #include "daemon/store/module_store.h"
 #include "tests/daemon/registry/registry_fakes.h"
 
@@ -139,15 +140,18 @@ class FakeAuthority : public BindingAuthority {
 
 struct Host {
   Host(FakeEtcd* etcd, const std::string& name, RegistryLimits limits = {})
-      : registry(&loader, &log, limits), authority(etcd, name) {
-    registry.SetBindingAuthority(&authority);
+      : registry(&loader, &log, limits),
+        authority(etcd, name),
+        mirror(&registry.core(), &registry.reservations(),
+               &registry.replacement(), &authority) {
     registry.SetRepointer(&repointer);
     registry.SetBindingOracle(&oracle);
   }
   FakeLoader loader;
   MemLog log;
-  Registry registry;
+  RegistrationService registry;
   FakeAuthority authority;
+  ClusterMirror mirror;
   FakeRepointer repointer;
   FakeOracle oracle;
 };
@@ -167,7 +171,7 @@ RegisterArgs ReplaceBy(uid_t uid, const std::string& bytes) {
 TEST_CASE(
     "The first registration anywhere wins; others are refused naming "
     "its host and uid",
-    "[registry][cluster]") {
+    "[cluster][mirror]") {
   FakeEtcd etcd;
   Host a(&etcd, "a (10.0.0.1:7390)"), b(&etcd, "b (10.0.0.2:7390)");
   auto first = a.registry.Register(ArgsBy(1000, "op", "bytes-1"));
@@ -192,7 +196,7 @@ TEST_CASE(
 TEST_CASE(
     "An equal registration on another host is a no-op that binds "
     "locally",
-    "[registry][cluster]") {
+    "[cluster][mirror]") {
   FakeEtcd etcd;
   Host a(&etcd, "a"), b(&etcd, "b");
   REQUIRE(a.registry.Register(ArgsBy(1000, "op", "same")).ok());
@@ -209,7 +213,7 @@ TEST_CASE(
 TEST_CASE(
     "A rebuild equal by content_id runs the binding's module, fetched "
     "from a peer",
-    "[registry][cluster]") {
+    "[cluster][mirror]") {
   FakeEtcd etcd;
   Host a(&etcd, "a"), b(&etcd, "b");
   RegisterArgs first = ArgsBy(1000, "op", "build-on-a");
@@ -246,7 +250,7 @@ TEST_CASE(
 TEST_CASE(
     "With the authority unreachable nothing is registered, known "
     "targets stay no-ops",
-    "[registry][cluster]") {
+    "[cluster][mirror]") {
   FakeEtcd etcd;
   Host a(&etcd, "a");
   REQUIRE(a.registry.Register(ArgsBy(1000, "known", "k")).ok());
@@ -271,7 +275,7 @@ TEST_CASE(
 }
 
 TEST_CASE("A claim whose local commit fails is taken back",
-          "[registry][cluster]") {
+          "[cluster][mirror]") {
   FakeEtcd etcd;
   Host a(&etcd, "a");
   a.log.fail = true;
@@ -282,7 +286,7 @@ TEST_CASE("A claim whose local commit fails is taken back",
 }
 
 TEST_CASE("A module that is no handler never claims the name",
-          "[registry][cluster]") {
+          "[cluster][mirror]") {
   FakeEtcd etcd;
   Host a(&etcd, "a");
   auto out = a.registry.Register(Args("op", "x", "NotAHandler"));
@@ -294,10 +298,14 @@ TEST_CASE("A module that is no handler never claims the name",
 TEST_CASE(
     "Mirror replaces a conflicting local binding; Unmirror retires the "
     "same content only",
-    "[registry][cluster]") {
+    "[cluster][mirror]") {
   FakeLoader loader;
   MemLog log;
-  Registry registry(&loader, &log);
+  FakeEtcd etcd;
+  FakeAuthority authority(&etcd, "here");
+  RegistrationService registry(&loader, &log);
+  ClusterMirror mirror(&registry.core(), &registry.reservations(),
+                       &registry.replacement(), &authority);
   REQUIRE(registry.Register(ArgsBy(1000, "op", "local")).ok());
   TargetEntry cluster;
   cluster.key = {"op", Platform::kCpu};
@@ -307,11 +315,11 @@ TEST_CASE(
   cluster.module_size = 6;
   cluster.host = "b";
   SECTION("bytes that are not the module are refused") {
-    absl::Status st = registry.Mirror(cluster, "other");
+    absl::Status st = mirror.Mirror(cluster, "other");
     CHECK(st.code() == absl::StatusCode::kDataLoss);
   }
   SECTION("the cluster's binding wins") {
-    REQUIRE(registry.Mirror(cluster, "remote").ok());
+    REQUIRE(mirror.Mirror(cluster, "remote").ok());
     EntryPtr now = registry.Lookup(cluster.key);
     REQUIRE(now != nullptr);
     CHECK(now->module_digest == Sha256Digest("remote"));
@@ -320,13 +328,13 @@ TEST_CASE(
     CHECK(log.retirements[0].module_digest == Sha256Digest("local"));
     // The replaced module is no longer stored.
     CHECK(loader.files == std::set<std::string>{Sha256Digest("remote")});
-    CHECK(registry.Mirror(cluster, "").ok());  // identical: nothing
+    CHECK(mirror.Mirror(cluster, "").ok());  // identical: nothing
     CHECK(log.entries.size() == 2);
     TargetEntry older = cluster;
     older.content_id = "something else";
-    REQUIRE(registry.Unmirror(older, "test").ok());
+    REQUIRE(mirror.Unmirror(older, "test").ok());
     CHECK(registry.Lookup(cluster.key) != nullptr);
-    REQUIRE(registry.Unmirror(cluster, "test").ok());
+    REQUIRE(mirror.Unmirror(cluster, "test").ok());
     CHECK(registry.Lookup(cluster.key) == nullptr);
     CHECK(log.retirements.size() == 2);
     CHECK(loader.files.empty());
@@ -336,7 +344,7 @@ TEST_CASE(
 TEST_CASE(
     "replace=true in cluster mode swaps the next generation into the "
     "authority; other hosts mirror it as a replacement",
-    "[registry][cluster][replace]") {
+    "[cluster][mirror][replace]") {
   FakeEtcd etcd;
   Host a(&etcd, "a", Owner()), b(&etcd, "b", Owner());
   REQUIRE(a.registry.Register(ArgsBy(1000, "op", "aa")).ok());
@@ -353,7 +361,7 @@ TEST_CASE(
   CHECK(cluster.generations[1].handler_info.api_minor == 4);  // probed
   REQUIRE(a.log.entries.size() == 2);
   // b's watcher: a replacement, not a conflict (no retirement).
-  REQUIRE(b.registry.Mirror(cluster, "bb").ok());
+  REQUIRE(b.mirror.Mirror(cluster, "bb").ok());
   EntryPtr on_b = b.registry.Lookup(key);
   CHECK(on_b->generation == 2);
   CHECK(on_b->module_digest == Sha256Digest("bb"));
@@ -367,19 +375,19 @@ TEST_CASE(
   // An earlier generation (a stale event) changes nothing.
   REQUIRE(a.registry.Register(ReplaceBy(1000, "cc")).ok());
   TargetEntry second = cluster;
-  REQUIRE(a.registry.Mirror(second, "").ok());
+  REQUIRE(a.mirror.Mirror(second, "").ok());
   CHECK(a.registry.Lookup(key)->generation == 3);
   CHECK(a.log.entries.size() == 3);
   CHECK(a.log.retirements.empty());
   // The same generation again is a no-op.
-  REQUIRE(b.registry.Mirror(cluster, "").ok());
+  REQUIRE(b.mirror.Mirror(cluster, "").ok());
   CHECK(b.log.entries.size() == 2);
 }
 
 TEST_CASE(
     "A replacement another host made first wins: the later one is refused, "
     "nothing of it kept",
-    "[registry][cluster][replace]") {
+    "[cluster][mirror][replace]") {
   FakeEtcd etcd;
   Host a(&etcd, "a", Owner()), b(&etcd, "b", Owner());
   REQUIRE(a.registry.Register(ArgsBy(1000, "op", "aa")).ok());
@@ -398,7 +406,7 @@ TEST_CASE(
   CHECK(b.loader.temps.empty());
   CHECK(etcd.bindings.at(key).module_digest == Sha256Digest("bb"));
   // Once b has caught up, its replacement is generation 3.
-  REQUIRE(b.registry.Mirror(etcd.bindings.at(key), "bb").ok());
+  REQUIRE(b.mirror.Mirror(etcd.bindings.at(key), "bb").ok());
   auto retry = b.registry.Register(ReplaceBy(1000, "cc"));
   REQUIRE(retry.ok());
   CHECK(retry->entry->generation == 3);
@@ -409,7 +417,7 @@ TEST_CASE(
 TEST_CASE(
     "A replacement on a host without the local entry swaps the cluster's "
     "binding; an unreachable authority refuses it",
-    "[registry][cluster][replace]") {
+    "[cluster][mirror][replace]") {
   FakeEtcd etcd;
   Host a(&etcd, "a", Owner()), b(&etcd, "b", Owner());
   REQUIRE(a.registry.Register(ArgsBy(1000, "op", "aa")).ok());
@@ -435,7 +443,7 @@ TEST_CASE(
 TEST_CASE(
     "A replacement whose answer was lost (or whose journal failed) after the "
     "authority applied it is completed by its retry",
-    "[registry][cluster][replace]") {
+    "[cluster][mirror][replace]") {
   FakeEtcd etcd;
   Host a(&etcd, "a", Owner());
   REQUIRE(a.registry.Register(ArgsBy(1000, "op", "aa")).ok());
@@ -464,36 +472,44 @@ TEST_CASE(
 }
 
 TEST_CASE("An earlier generation's module is stored only with its bytes",
-          "[registry][cluster][replace]") {
+          "[cluster][mirror][replace]") {
   FakeLoader loader;
   MemLog log;
-  Registry registry(&loader, &log);
-  absl::Status st = registry.StoreModule(Sha256Digest("old"), "other");
+  FakeEtcd etcd;
+  FakeAuthority authority(&etcd, "here");
+  RegistrationService registry(&loader, &log);
+  ClusterMirror mirror(&registry.core(), &registry.reservations(),
+                       &registry.replacement(), &authority);
+  absl::Status st = mirror.StoreModule(Sha256Digest("old"), "other");
   CHECK(st.code() == absl::StatusCode::kDataLoss);
   CHECK(std::string(st.message()) ==
         absl::StrCat("bytes offered as module ", Sha256Digest("old"),
                      " have digest ", Sha256Digest("other"), "; refused"));
   CHECK(loader.files.empty());
   CHECK(loader.temps.empty());
-  REQUIRE(registry.StoreModule(Sha256Digest("old"), "old").ok());
+  REQUIRE(mirror.StoreModule(Sha256Digest("old"), "old").ok());
   CHECK(loader.files.count(Sha256Digest("old")) == 1);
-  REQUIRE(registry.StoreModule(Sha256Digest("old"), "old").ok());  // again
+  REQUIRE(mirror.StoreModule(Sha256Digest("old"), "old").ok());  // again
   CHECK(log.entries.empty());
 }
 
 TEST_CASE(
     "A higher generation of another owner's target is a conflict, as any "
     "other binding",
-    "[registry][cluster][replace]") {
+    "[cluster][mirror][replace]") {
   FakeLoader loader;
   MemLog log;
-  Registry registry(&loader, &log, Owner());
+  FakeEtcd etcd;
+  FakeAuthority authority(&etcd, "here");
+  RegistrationService registry(&loader, &log, Owner());
+  ClusterMirror mirror(&registry.core(), &registry.reservations(),
+                       &registry.replacement(), &authority);
   REQUIRE(registry.Register(ArgsBy(1000, "op", "aa")).ok());
   TargetEntry cluster = *registry.Lookup({"op", Platform::kCpu});
   cluster.registered_by.uid = 1001;
   cluster.generation = 2;
   cluster.content_id = cluster.module_digest = Sha256Digest("bb");
-  REQUIRE(registry.Mirror(cluster, "bb").ok());
+  REQUIRE(mirror.Mirror(cluster, "bb").ok());
   REQUIRE(log.retirements.size() == 1);  // the conflict's
   CHECK(log.retirements[0].module_digest == Sha256Digest("aa"));
   CHECK(registry.Lookup(cluster.key)->registered_by.uid == 1001);
@@ -508,7 +524,7 @@ std::string HostName() {
 TEST_CASE(
     "A replacement returns once the other hosts acknowledged it, and names "
     "their processes that did not switch",
-    "[registry][cluster][replace]") {
+    "[cluster][mirror][replace]") {
   FakeEtcd etcd;
   RegistryLimits limits = Owner();
   limits.replace_timeout = absl::Seconds(4);
@@ -517,12 +533,12 @@ TEST_CASE(
   const TargetKey key{"op", Platform::kCpu};
   REQUIRE(a.registry.Register(ArgsBy(1000, "op", "aa")).ok());
   for (Host* h : {&b, &c}) {
-    REQUIRE(h->registry.Mirror(etcd.bindings.at(key), "aa").ok());
+    REQUIRE(h->mirror.Mirror(etcd.bindings.at(key), "aa").ok());
   }
   // b and c mirror it meanwhile (the module is in their store).
   auto mirror = [&] {
     for (Host* h : {&b, &c}) {
-      REQUIRE(h->registry.Mirror(etcd.bindings.at(key), "").ok());
+      REQUIRE(h->mirror.Mirror(etcd.bindings.at(key), "").ok());
     }
   };
   etcd.while_waiting = mirror;
@@ -571,21 +587,21 @@ TEST_CASE(
 
 TEST_CASE(
     "A host that does not report, or cannot take the generation, is named",
-    "[registry][cluster][replace]") {
+    "[cluster][mirror][replace]") {
   FakeEtcd etcd;
   Host a(&etcd, "a", Owner()), b(&etcd, "b", Owner()), c(&etcd, "c", Owner());
   etcd.live = {"a", "b", "c"};
   const TargetKey key{"op", Platform::kCpu};
   REQUIRE(a.registry.Register(ArgsBy(1000, "op", "aa")).ok());
   for (Host* h : {&b, &c}) {
-    REQUIRE(h->registry.Mirror(etcd.bindings.at(key), "aa").ok());
+    REQUIRE(h->mirror.Mirror(etcd.bindings.at(key), "aa").ok());
   }
   c.oracle.bound["op"] = {77, 78};
   // b says nothing; c could not fetch the module, and pids 77 and 78 hold
   // generation 1 there.
   etcd.while_waiting = [&] {
-    c.registry.MirrorFailed(etcd.bindings.at(key),
-                            "its module could not be fetched: no peer");
+    c.mirror.MirrorFailed(etcd.bindings.at(key),
+                          "its module could not be fetched: no peer");
   };
   auto late = a.registry.Register(ReplaceBy(1000, "bb"));
   REQUIRE(late.status().code() == absl::StatusCode::kDeadlineExceeded);
@@ -602,8 +618,8 @@ TEST_CASE(
   // Without holders there, c's failure holds nothing back; b reports.
   c.oracle.bound.clear();
   etcd.while_waiting = [&] {
-    c.registry.MirrorFailed(etcd.bindings.at(key), "no peer");
-    REQUIRE(b.registry.Mirror(etcd.bindings.at(key), "").ok());
+    c.mirror.MirrorFailed(etcd.bindings.at(key), "no peer");
+    REQUIRE(b.mirror.Mirror(etcd.bindings.at(key), "").ok());
   };
   REQUIRE(a.registry.Register(ReplaceBy(1000, "cc")).ok());
   CHECK(etcd.acks["op"]["c"].error.empty());
@@ -611,12 +627,12 @@ TEST_CASE(
   // acknowledged.
   etcd.live = {"a", "c"};
   etcd.while_waiting = [&] {
-    c.registry.MirrorFailed(etcd.bindings.at(key), "no peer");
+    c.mirror.MirrorFailed(etcd.bindings.at(key), "no peer");
   };
   REQUIRE(a.registry.Register(ReplaceBy(1000, "dd")).ok());
   REQUIRE(a.registry.Register(ArgsBy(1000, "fresh", "ee")).ok());
-  REQUIRE(b.registry.Mirror(etcd.bindings.at({"fresh", Platform::kCpu}), "ee")
-              .ok());
+  REQUIRE(
+      b.mirror.Mirror(etcd.bindings.at({"fresh", Platform::kCpu}), "ee").ok());
   CHECK(etcd.acks.count("fresh") == 0);
 }
 

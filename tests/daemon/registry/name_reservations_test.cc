@@ -33,7 +33,7 @@ TEST_CASE("A reserved name is registered only by its owner and root",
           "[registry][reservations]") {
   FakeLoader loader;
   MemLog log;
-  Registry registry(&loader, &log);
+  RegistrationService registry(&loader, &log);
   REQUIRE(registry.Reserve(For("lib.*", 1000), kRoot).ok());
   auto other = registry.Register(ArgsBy(1001, "lib.op", "aa"));
   REQUIRE(other.status().code() == absl::StatusCode::kPermissionDenied);
@@ -42,7 +42,8 @@ TEST_CASE("A reserved name is registered only by its owner and root",
   CHECK_THAT(msg, Catch::Contains("names matching \"lib.*\" are reserved for "
                                   "uid 1000"));
   CHECK_THAT(msg, Catch::Contains("uid 1001 is not that uid"));
-  CHECK_THAT(msg, Catch::Contains("`kregctl reserve`, with no pattern, lists them"));
+  CHECK_THAT(msg,
+             Catch::Contains("`kregctl reserve`, with no pattern, lists them"));
   CHECK(registry.refused() == 1);
   CHECK(loader.stored.empty());  // refused before anything was written
   CHECK(registry.Register(ArgsBy(1000, "lib.op", "aa")).ok());
@@ -54,7 +55,7 @@ TEST_CASE("A group reservation admits the caller's gid",
           "[registry][reservations]") {
   FakeLoader loader;
   MemLog log;
-  Registry registry(&loader, &log);
+  RegistrationService registry(&loader, &log);
   REQUIRE(registry.Reserve(For("team.*", 4242, true), kRoot).ok());
   RegisterArgs member = ArgsBy(1000, "team.op", "aa");
   member.peer.gid = 4242;
@@ -72,7 +73,7 @@ TEST_CASE("Reserve and Unreserve are for root and kregd's uid, journaled",
   MemLog log;
   RegistryLimits limits;
   limits.admin_uid = 500;
-  Registry registry(&loader, &log, limits);
+  RegistrationService registry(&loader, &log, limits);
   absl::Status user = registry.Reserve(For("lib.*", 1000), {1000, 1000, 9});
   CHECK(user.code() == absl::StatusCode::kPermissionDenied);
   CHECK_THAT(std::string(user.message()),
@@ -101,7 +102,7 @@ TEST_CASE("Reserve and Unreserve are for root and kregd's uid, journaled",
 TEST_CASE("A journal failure reserves nothing", "[registry][reservations]") {
   FakeLoader loader;
   MemLog log;
-  Registry registry(&loader, &log);
+  RegistrationService registry(&loader, &log);
   log.fail = true;
   CHECK(registry.Reserve(For("lib.*", 1000), kRoot).code() ==
         absl::StatusCode::kInternal);
@@ -112,7 +113,7 @@ TEST_CASE("A pattern over others' registrations is refused, naming them",
           "[registry][reservations]") {
   FakeLoader loader;
   MemLog log;
-  Registry registry(&loader, &log);
+  RegistrationService registry(&loader, &log);
   REQUIRE(registry.Register(ArgsBy(1001, "lib.taken", "aa")).ok());
   REQUIRE(registry.Register(ArgsBy(1000, "lib.mine", "bb")).ok());
   absl::Status st = registry.Reserve(For("lib.*", 1000), kRoot);
@@ -130,7 +131,7 @@ TEST_CASE("A reservation waits for a registration in progress",
           "[registry][reservations][concurrency]") {
   FakeLoader loader;
   MemLog log;
-  Registry registry(&loader, &log);
+  RegistrationService registry(&loader, &log);
   RegisterArgs slow_args = ArgsBy(1001, "lib.slow", "s");
   slow_args.func_name = "Slow";
   absl::StatusOr<RegisterOutcome> slow;
@@ -183,7 +184,7 @@ class FakeAuthority : public BindingAuthority {
 TEST_CASE("Reservations are restored at start-up", "[registry][reservations]") {
   FakeLoader loader;
   MemLog log;
-  Registry registry(&loader, &log);
+  RegistrationService registry(&loader, &log);
   registry.RestoreReservation(For("lib.*", 1000));
   CHECK(registry.Register(ArgsBy(1001, "lib.op", "aa")).status().code() ==
         absl::StatusCode::kPermissionDenied);
@@ -193,9 +194,9 @@ TEST_CASE("In cluster mode a reservation is published before it holds here",
           "[registry][reservations]") {
   FakeLoader loader;
   MemLog log;
-  Registry registry(&loader, &log);
+  RegistrationService registry(&loader, &log);
   FakeAuthority cluster;
-  registry.SetBindingAuthority(&cluster);
+  registry.reservations().SetBindingAuthority(&cluster);
   REQUIRE(registry.Reserve(For("lib.*", 1000), kRoot).ok());
   REQUIRE(registry.Unreserve("lib.*", kRoot).ok());
   CHECK(cluster.published == std::vector<std::pair<std::string, bool>>{
@@ -218,16 +219,16 @@ TEST_CASE("A reservation from another host is journaled and holds here",
           "[registry][reservations]") {
   FakeLoader loader;
   MemLog log;
-  Registry registry(&loader, &log);
+  RegistrationService registry(&loader, &log);
   NameReservation r = For("team.*", 4242, /*group=*/true);
   r.by = PeerCred{0, 0, 77};
-  REQUIRE(registry.MirrorReservation(r, false).ok());
-  REQUIRE(registry.MirrorReservation(r, false).ok());  // again: a no-op
+  REQUIRE(registry.reservations().Mirror(r, false).ok());
+  REQUIRE(registry.reservations().Mirror(r, false).ok());  // again: a no-op
   CHECK(log.reservations.size() == 1);
   CHECK(registry.Register(ArgsBy(1001, "team.op", "aa")).status().code() ==
         absl::StatusCode::kPermissionDenied);
-  REQUIRE(registry.MirrorReservation(r, true).ok());
-  REQUIRE(registry.MirrorReservation(r, true).ok());  // lifted already
+  REQUIRE(registry.reservations().Mirror(r, true).ok());
+  REQUIRE(registry.reservations().Mirror(r, true).ok());  // lifted already
   CHECK(log.reservations.size() == 2);
   CHECK(registry.Register(ArgsBy(1001, "team.op", "aa")).ok());
 }

@@ -1,6 +1,5 @@
-// Registry: replacing a target under `replace = "owner"` (docs/replace.md):
-// the next generation, journaled with both identities, then the live
-// holders re-pointed to it.
+#include "daemon/registry/replacement.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,7 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "daemon/base/platform_table.h"
-#include "daemon/registry/registry.h"
+#include "daemon/registry/refusals.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
@@ -40,56 +39,9 @@ std::string HeldText(
   });
 }
 
-}  // namespace
-
-absl::StatusOr<std::vector<Generation>> Registry::LiveGenerations(
-    const TargetEntry& existing) const {
-  std::vector<Generation> gens = existing.generations;
-  if (gens.empty()) {
-    gens.push_back(GenerationOf(existing, existing.registered_by,
-                                existing.registered_at_us));
-  }
-  std::vector<BindingOracle::GenerationHold> holds;
-  if (BindingOracle* oracle = oracle_.load()) {
-    holds = oracle->GenerationHolds(existing.key);
-  }
-  std::map<uint32_t, std::vector<BindingOracle::GenerationHold>> held;
-  for (const BindingOracle::GenerationHold& h : holds) {
-    if (h.generation != 0 && h.generation != existing.generation) {
-      held[h.generation].push_back(h);
-    }
-  }
-  std::vector<Generation> kept;
-  for (Generation& g : gens) {
-    if (g.generation == existing.generation || held.count(g.generation)) {
-      kept.push_back(std::move(g));
-    }
-  }
-  // Holders of a generation no longer in the list run what they loaded;
-  // they cannot keep it.
-  for (auto it = held.begin(); it != held.end();) {
-    bool listed = std::any_of(
-        kept.begin(), kept.end(),
-        [&](const Generation& g) { return g.generation == it->first; });
-    it = listed ? std::next(it) : held.erase(it);
-  }
-  const uint64_t limit = limits_.max_generations_per_target;
-  if (kept.size() + 1 <= limit) return kept;
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "cannot replace ", Named(existing.key), ": it would have ",
-      kept.size() + 1, " live generations, over max_generations_per_target (",
-      limit, "). Generation ", existing.generation, " is the current one, and ",
-      held.size(),
-      held.size() == 1 ? " earlier generation is" : " earlier generations are",
-      " still held or pinned by live processes: ", HeldText(held),
-      ". A generation is dropped once no process holds or pins it: let those "
-      "processes exit (or bind the name without a generation to follow the "
-      "current one), then replace again; or ask the operator to raise "
-      "max_generations_per_target."));
-}
-
-absl::Status Registry::MayReplace(const TargetEntry& existing,
-                                  const RegisterArgs& args) const {
+// Whether `args` (replace=true, other content) may replace `existing`:
+// its owner or root, module targets only.
+absl::Status MayReplace(const TargetEntry& existing, const RegisterArgs& args) {
   if (existing.kind != TargetKind::kModule ||
       args.kind != TargetKind::kModule) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -113,8 +65,97 @@ absl::Status Registry::MayReplace(const TargetEntry& existing,
   return absl::OkStatus();
 }
 
-absl::Status Registry::CheckCompatible(const TargetEntry& next,
-                                       const HandlerInfo& info) {
+}  // namespace
+
+Replacement::Replacement(Registry* registry, ReplaceLimits limits)
+    : registry_(registry), limits_(limits) {
+  registry_->SetChangePolicy(this);
+  registry_->AddInstallHook(this);
+}
+
+std::string Replacement::RefusalHint(const TargetEntry& existing,
+                                     TargetKind kind,
+                                     const RegisterArgs* request) const {
+  if (request != nullptr && request->replace) {
+    return " replace=true was requested, but it is reserved: a content "
+           "change is refused whether or not it is set.";
+  }
+  if (limits_.by_owner && existing.kind == TargetKind::kModule &&
+      kind == TargetKind::kModule) {
+    return absl::StrCat(" This kregd lets a target's owner (uid ",
+                        existing.registered_by.uid,
+                        ") or root replace it in place: register with "
+                        "replace=True to make the next generation.");
+  }
+  return "";
+}
+
+absl::Status Replacement::Accept(const TargetEntry& existing,
+                                 const RegisterArgs& args, bool* take) const {
+  *take = false;
+  if (!args.replace || !limits_.by_owner) return absl::OkStatus();
+  absl::Status may = MayReplace(existing, args);
+  *take = may.ok();
+  if (!may.ok()) refused_.fetch_add(1);
+  return may;
+}
+
+std::vector<Repointer::Laggard> Replacement::RepointHere(
+    const TargetEntry& entry) {
+  Repointer* repointer = repointer_.load();
+  if (repointer == nullptr) return {};
+  return repointer->Repoint(entry, absl::Now() + limits_.timeout);
+}
+
+absl::StatusOr<std::vector<Generation>> Replacement::LiveGenerations(
+    const TargetEntry& existing) const {
+  std::vector<Generation> gens = existing.generations;
+  if (gens.empty()) {
+    gens.push_back(GenerationOf(existing, existing.registered_by,
+                                existing.registered_at_us));
+  }
+  std::vector<BindingOracle::GenerationHold> holds;
+  if (BindingOracle* oracle = registry_->oracle()) {
+    holds = oracle->GenerationHolds(existing.key);
+  }
+  std::map<uint32_t, std::vector<BindingOracle::GenerationHold>> held;
+  for (const BindingOracle::GenerationHold& h : holds) {
+    if (h.generation != 0 && h.generation != existing.generation) {
+      held[h.generation].push_back(h);
+    }
+  }
+  std::vector<Generation> kept;
+  for (Generation& g : gens) {
+    if (g.generation == existing.generation || held.count(g.generation)) {
+      kept.push_back(std::move(g));
+    }
+  }
+  // Holders of a generation no longer in the list run what they loaded;
+  // they cannot keep it.
+  for (auto it = held.begin(); it != held.end();) {
+    bool listed = std::any_of(
+        kept.begin(), kept.end(),
+        [&](const Generation& g) { return g.generation == it->first; });
+    it = listed ? std::next(it) : held.erase(it);
+  }
+  const uint64_t limit = limits_.max_generations;
+  if (kept.size() + 1 <= limit) return kept;
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "cannot replace ", Named(existing.key), ": it would have ",
+      kept.size() + 1, " live generations, over max_generations_per_target (",
+      limit, "). Generation ", existing.generation, " is the current one, and ",
+      held.size(),
+      held.size() == 1 ? " earlier generation is" : " earlier generations are",
+      " still held or pinned by live processes: ", HeldText(held),
+      ". A generation is dropped once no process holds or pins it: let those "
+      "processes exit (or bind the name without a generation to follow the "
+      "current one), then replace again; or ask the operator to raise "
+      "max_generations_per_target."));
+}
+
+absl::Status Replacement::Probed(const TargetEntry& next,
+                                 const HandlerInfo& info) {
+  if (next.generations.size() < 2) return absl::OkStatus();
   const Generation& before = next.generations[next.generations.size() - 2];
   const HandlerInfo& was = before.handler_info;
   if (was.api_major == info.api_major && was.traits == info.traits) {
@@ -132,15 +173,24 @@ absl::Status Registry::CheckCompatible(const TargetEntry& next,
       "traits, or register it under a distinct target name."));
 }
 
-absl::StatusOr<RegisterOutcome> Registry::Replace(const RegisterArgs& args,
-                                                  const std::string& digest,
-                                                  const std::string& cid,
-                                                  const EntryPtr& existing) {
+absl::Status Replacement::Committing(TargetEntry* entry,
+                                     const TargetEntry* previous) {
+  (void)previous;
+  if (!entry->generations.empty()) {
+    entry->generations.back().handler_info = entry->handler_info;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RegisterOutcome> Replacement::Change(const RegisterArgs& args,
+                                                    const std::string& digest,
+                                                    const std::string& cid,
+                                                    const EntryPtr& existing) {
   // The generations to keep are decided before anything is stored.
   absl::StatusOr<std::vector<Generation>> live = LiveGenerations(*existing);
   if (!live.ok()) {
+    registry_->CountRefusal();
     refused_.fetch_add(1);
-    replaces_refused_.fetch_add(1);
     return live.status();
   }
   TargetEntry next = *existing;
@@ -155,10 +205,10 @@ absl::StatusOr<RegisterOutcome> Registry::Replace(const RegisterArgs& args,
   next.origin = args.origin;
   next.handler_info = {};
   next.generations.push_back(GenerationOf(next, args.peer, NowMicros()));
-  absl::StatusOr<EntryPtr> installed =
-      Install(next, args.module_bytes, /*journal=*/true, existing.get());
+  absl::StatusOr<EntryPtr> installed = registry_->Install(
+      next, args.module_bytes, /*journal=*/true, existing.get());
   if (!installed.ok()) {
-    replaces_refused_.fetch_add(1);
+    refused_.fetch_add(1);
     return installed.status();
   }
   spdlog::info(
@@ -172,19 +222,20 @@ absl::StatusOr<RegisterOutcome> Registry::Replace(const RegisterArgs& args,
                       absl::StrAppend(s, g.generation);
                     }));
   // Dropped generations' modules leave the store once the key is released.
-  if (drops) OweSweep();
+  if (drops) registry_->OweSweep();
   // Committed; the name stays reserved (the caller's Hold) until the live
   // holders here switched or replace_timeout passed. The other hosts'
-  // acknowledgements are awaited after the hold (AwaitSwitched).
+  // acknowledgements are awaited after the hold (Finish).
   RegisterOutcome out{true, *installed, /*replaced=*/true};
-  out.deadline = absl::Now() + limits_.replace_timeout;
+  out.deadline = absl::Now() + limits_.timeout;
   if (Repointer* repointer = repointer_.load()) {
     out.laggards = repointer->Repoint(**installed, out.deadline);
   }
   return out;
 }
 
-absl::StatusOr<RegisterOutcome> Registry::AwaitSwitched(RegisterOutcome out) {
+absl::StatusOr<RegisterOutcome> Replacement::Finish(RegisterOutcome out) {
+  if (!out.replaced) return out;
   PeerAcks peers;
   if (BindingAuthority* authority = authority_.load()) {
     peers = authority->AwaitPeerAcks(*out.entry, out.deadline + kPeerAckGrace);
@@ -192,12 +243,12 @@ absl::StatusOr<RegisterOutcome> Registry::AwaitSwitched(RegisterOutcome out) {
   out.laggards.insert(out.laggards.end(), peers.laggards.begin(),
                       peers.laggards.end());
   if (out.laggards.empty() && peers.hosts.empty()) {
-    replaces_done_.fetch_add(1);
+    done_.fetch_add(1);
     return out;
   }
-  replaces_timeout_.fetch_add(1);
-  return absl::DeadlineExceededError(LaggardsMessage(
-      *out.entry, out.laggards, peers.hosts, limits_.replace_timeout));
+  timeout_.fetch_add(1);
+  return absl::DeadlineExceededError(
+      LaggardsMessage(*out.entry, out.laggards, peers.hosts, limits_.timeout));
 }
 
 std::string LaggardsMessage(const TargetEntry& entry,

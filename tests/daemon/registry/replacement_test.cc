@@ -33,7 +33,7 @@ RegisterArgs ReplaceBy(uid_t uid, const std::string& bytes,
 TEST_CASE("replace=true by the owner makes the next generation", "[replace]") {
   FakeLoader loader;
   MemLog log;
-  Registry registry(&loader, &log, Owner());
+  RegistrationService registry(&loader, &log, Owner());
   REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
   auto second = registry.Register(ReplaceBy(1000, "bb"));
   REQUIRE(second.ok());
@@ -76,7 +76,7 @@ TEST_CASE("a replacement keeps the generations live processes hold",
   FakeLoader loader;
   MemLog log;
   FakeOracle oracle;
-  Registry registry(&loader, &log, Owner());
+  RegistrationService registry(&loader, &log, Owner());
   registry.SetBindingOracle(&oracle);
   REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
   // pid 50 pins generation 1; pid 51 follows the current one.
@@ -109,7 +109,7 @@ TEST_CASE(
   FakeOracle oracle;
   RegistryLimits limits = Owner();
   limits.max_generations_per_target = 3;
-  Registry registry(&loader, &log, limits);
+  RegistrationService registry(&loader, &log, limits);
   registry.SetBindingOracle(&oracle);
   REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
   oracle.holds["my_op"] = {{{1050, 0, 50}, 1, true}};
@@ -148,7 +148,7 @@ TEST_CASE("root may replace another uid's target; the owner stays",
           "[replace]") {
   FakeLoader loader;
   MemLog log;
-  Registry registry(&loader, &log, Owner());
+  RegistrationService registry(&loader, &log, Owner());
   REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
   auto replaced = registry.Register(ReplaceBy(0, "bb"));
   REQUIRE(replaced.ok());
@@ -160,7 +160,7 @@ TEST_CASE("root may replace another uid's target; the owner stays",
 TEST_CASE("another uid's replace is refused naming the owner", "[replace]") {
   FakeLoader loader;
   MemLog log;
-  Registry registry(&loader, &log, Owner());
+  RegistrationService registry(&loader, &log, Owner());
   REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
   auto refused = registry.Register(ReplaceBy(1001, "bb"));
   REQUIRE(refused.status().code() == absl::StatusCode::kPermissionDenied);
@@ -181,7 +181,7 @@ TEST_CASE("deny keeps today's refusal of replace=true, word for word",
           "[replace]") {
   FakeLoader loader;
   MemLog log;
-  Registry registry(&loader, &log);  // replace = "deny", the default
+  RegistrationService registry(&loader, &log);  // replace = "deny", the default
   REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
   auto refused = registry.Register(ReplaceBy(1000, "bb"));
   REQUIRE(refused.status().code() == absl::StatusCode::kFailedPrecondition);
@@ -211,7 +211,7 @@ TEST_CASE("under owner, a change without replace=true says how to replace",
           "[replace]") {
   FakeLoader loader;
   MemLog log;
-  Registry registry(&loader, &log, Owner());
+  RegistrationService registry(&loader, &log, Owner());
   REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
   auto refused = registry.Register(ArgsBy(1000, "my_op", "bb"));
   REQUIRE(refused.status().code() == absl::StatusCode::kFailedPrecondition);
@@ -235,7 +235,7 @@ TEST_CASE(
   FakeLoader loader;
   MemLog log;
   FakeRepointer repointer;
-  Registry registry(&loader, &log, Owner());
+  RegistrationService registry(&loader, &log, Owner());
   registry.SetRepointer(&repointer);
   REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
   CHECK(repointer.calls.empty());  // a first registration re-points nothing
@@ -264,7 +264,7 @@ TEST_CASE(
   FakeRepointer repointer;
   RegistryLimits limits = Owner();
   limits.replace_timeout = absl::Seconds(3);
-  Registry registry(&loader, &log, limits);
+  RegistrationService registry(&loader, &log, limits);
   registry.SetRepointer(&repointer);
   REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
   repointer.laggards = {{PeerCred{1000, 1000, 4242}, /*local=*/false, 1, ""},
@@ -299,7 +299,7 @@ TEST_CASE("the name stays reserved until the re-point ends", "[replace]") {
   FakeLoader loader;
   MemLog log;
   FakeRepointer repointer;
-  Registry registry(&loader, &log, Owner());
+  RegistrationService registry(&loader, &log, Owner());
   registry.SetRepointer(&repointer);
   REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
   std::atomic<bool> second_done{false};
@@ -327,7 +327,7 @@ TEST_CASE("the name stays reserved until the re-point ends", "[replace]") {
 TEST_CASE("in-process targets cannot be replaced", "[replace]") {
   FakeLoader loader;
   MemLog log;
-  Registry registry(&loader, &log, Owner());
+  RegistrationService registry(&loader, &log, Owner());
   REQUIRE(registry.Register(InProcessArgs("cb", "fp1")).ok());
   RegisterArgs change = InProcessArgs("cb", "fp2");
   change.replace = true;
@@ -352,7 +352,7 @@ TEST_CASE("a replacement with other FFI traits is refused naming both",
           "[replace]") {
   FakeLoader loader;
   MemLog log;
-  Registry registry(&loader, &log, Owner());
+  RegistrationService registry(&loader, &log, Owner());
   REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
   auto refused = registry.Register(ReplaceBy(1000, "bb", "Traits1"));
   REQUIRE(refused.status().code() == absl::StatusCode::kFailedPrecondition);
@@ -381,7 +381,7 @@ TEST_CASE("every generation's module counts against the owner's store bytes",
   RegistryLimits limits = Owner();
   limits.max_registrations_per_uid = 1;  // a replacement is no new name
   limits.max_store_bytes_per_uid = 5;
-  Registry registry(&loader, &log, limits);
+  RegistrationService registry(&loader, &log, limits);
   REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
   REQUIRE(registry.Register(ReplaceBy(1000, "bb")).ok());
   auto over = registry.Register(ReplaceBy(1000, "ccc"));
@@ -402,7 +402,7 @@ TEST_CASE("Restore brings back the last generation", "[replace]") {
   FakeLoader loader;
   MemLog log;
   {
-    Registry registry(&loader, &log, Owner());
+    RegistrationService registry(&loader, &log, Owner());
     REQUIRE(registry.Register(ArgsBy(1000, "my_op", "aa")).ok());
     REQUIRE(registry.Register(ReplaceBy(1000, "bb")).ok());
   }
@@ -414,6 +414,25 @@ TEST_CASE("Restore brings back the last generation", "[replace]") {
   // Under deny, the restarted registry refuses further changes as usual.
   auto refused = restarted.Register(ReplaceBy(1000, "cc"));
   CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("replace=true is reserved: refused with its own message",
+          "[registry][replace]") {
+  FakeLoader loader;
+  MemLog log;
+  RegistrationService registry(&loader, &log);
+  REQUIRE(registry.Register(Args("my_op", "aa")).ok());
+  RegisterArgs change = Args("my_op", "bb");
+  change.replace = true;
+  auto refused = registry.Register(change);
+  REQUIRE(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(refused.status().message()),
+             Catch::Contains("replace=true was requested, but it is reserved"));
+  RegisterArgs same = Args("my_op", "aa");
+  same.replace = true;
+  auto noop = registry.Register(same);
+  REQUIRE(noop.ok());
+  CHECK_FALSE(noop->created);
 }
 
 }  // namespace
