@@ -247,6 +247,12 @@ absl::StatusOr<ClaimResult> ClusterRegistry::Claim(
             return unreachable(absl::UnavailableError("kregd is stopping"));
           continue;
         }
+        spdlog::warn(
+            "cluster: taking over the claim of {} in etcd (revision {}): "
+            "another host claimed the name but did not seal its claim "
+            "within {} ms (it died or lost etcd between claim and seal), so "
+            "that claim counts for nothing",
+            Named(proposed.key), held->mod_revision, kClaimGraceMs);
       }
       // A retirement, a claim left unsealed, or a record no kregd of this
       // cluster wrote at that place (a forgery, a replay): the name is
