@@ -464,7 +464,8 @@ absl::Status ClusterRegistry::Peers(const std::string& digest,
 }
 
 absl::StatusOr<std::string> ClusterRegistry::FetchFrom(
-    const std::string& digest, uint64_t size, const std::string& holder) {
+    const std::string& digest, uint64_t size, const std::string& holder,
+    const std::string& last) {
   if (size > options_.max_module_bytes) return TooLarge(digest, size);
   std::vector<std::string> first, then;
   if (absl::Status st = Peers(digest, &first, &then); !st.ok()) return st;
@@ -483,6 +484,11 @@ absl::StatusOr<std::string> ClusterRegistry::FetchFrom(
     std::shuffle(then.begin(), then.end(), rng);
   }
   first.insert(first.end(), then.begin(), then.end());
+  if (auto it = std::find(first.begin(), first.end(), last);
+      !last.empty() && it != first.end()) {
+    first.erase(it);
+    first.push_back(last);
+  }
   return Ask(digest, size, first);
 }
 
@@ -492,11 +498,12 @@ absl::StatusOr<std::string> ClusterRegistry::FetchNew(
   const uint64_t size = binding.module_size;
   const std::string origin = AddressOf(binding.host);
   if (size > options_.max_module_bytes) return TooLarge(digest, size);
-  if (origin.empty() || waited >= kFetchTreeGrace) {
-    // Past the tree's time (a host of it down or slow): whoever has it,
-    // the binding's host first (it has it whether or not its record lists
-    // it yet).
-    return FetchFrom(digest, size, origin);
+  if (origin.empty()) return FetchFrom(digest, size, origin);
+  if (waited >= kFetchTreeGrace) {
+    // Past the tree's time (a host of it down or slow): whoever has it by
+    // now, the binding's host last (every host that lacks the module may
+    // be here at once).
+    return FetchFrom(digest, size, "", origin);
   }
   std::vector<std::string> hosts, others;
   if (absl::Status st = Peers(digest, &hosts, &others); !st.ok()) return st;

@@ -34,7 +34,8 @@ inline constexpr int64_t kClaimGraceMs = 3000;
 // A host that lacks the module of a binding it just saw fetches it from its
 // parent in the module's fetch tree (fetch_tree.h), not before its level's
 // turn (a step per level below the root's children), trying its ancestors
-// again each step; after the grace, from any peer that has it.
+// again each step; after the grace, from any peer that has it (the
+// binding's host last).
 inline constexpr absl::Duration kFetchTreeStep = absl::Milliseconds(100);
 inline constexpr absl::Duration kFetchTreeGrace = absl::Seconds(3);
 
@@ -129,14 +130,15 @@ class ClusterRegistry : public BindingAuthority {
                      std::vector<std::string>* others);
   // FetchModule, asking `holder` (an address; empty: none) among the peers
   // whose records list the module, then the others (each list in a random
-  // order).
+  // order), `last` (an address; empty: none) last.
   absl::StatusOr<std::string> FetchFrom(const std::string& digest,
                                         uint64_t size,
-                                        const std::string& holder);
+                                        const std::string& holder,
+                                        const std::string& last = "");
   // The module of `binding`, which this host saw `waited` ago and lacks
   // (fetch_tree.h): while that is under kFetchTreeGrace, from its
   // ancestors in the module's fetch tree only, not before its place's
-  // turn; then as FetchFrom, the binding's host first. When it failed for
+  // turn; then as FetchFrom, the binding's host last. When it failed for
   // now, `again` may say when to try next (zero: RetryLoop's backoff).
   absl::StatusOr<std::string> FetchNew(const TargetEntry& binding,
                                        absl::Duration waited,
