@@ -527,7 +527,10 @@ absl::StatusOr<std::string> ClusterRegistry::FetchNew(
   // (it serves its own children only, while the tree fills).
   if (chain.size() > 1) chain.pop_back();
   absl::StatusOr<std::string> got = Ask(digest, size, chain);
-  if (!got.ok()) *again = kFetchTreeStep;
+  // Other bytes than the binding's are no race: RetryLoop's backoff.
+  if (!got.ok() && got.status().code() != absl::StatusCode::kDataLoss) {
+    *again = kFetchTreeStep;
+  }
   return got;
 }
 
