@@ -14,10 +14,10 @@ namespace kreg {
 // The root serves this many hosts directly (at a job start it is the same
 // host for most targets, the one that registered them first: its share
 // must stay small); every other host of the tree serves at most
-// kFetchFanOut (4 at once: ModuleExchangeService::kMaxServing; the tree is
-// 3 levels deep at 64 hosts).
+// kFetchFanOut (ModuleExchangeService::kMaxServing at once; the tree is 4
+// levels deep at 64 hosts: 1 + 4 + 16 + 64).
 inline constexpr int kFetchRootFanOut = 1;
-inline constexpr int kFetchFanOut = 8;
+inline constexpr int kFetchFanOut = 4;
 
 // The ancestors of `self` in the fetch tree of module `digest` whose root
 // is `origin`, nearest first and ending at `origin` (empty when `self` is
