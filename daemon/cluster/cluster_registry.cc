@@ -13,6 +13,7 @@
 #include "common/version.h"
 #include "daemon/base/log_limit.h"
 #include "daemon/cluster/cluster_records.h"
+#include "daemon/cluster/fetch_tree.h"
 #include "daemon/cluster/module_exchange.h"
 #include "daemon/registry/target_proto.h"
 #include "spdlog/spdlog.h"
@@ -245,6 +246,12 @@ absl::StatusOr<ClaimResult> ClusterRegistry::Claim(
             return unreachable(absl::UnavailableError("kregd is stopping"));
           continue;
         }
+        spdlog::warn(
+            "cluster: taking over the claim of {} in etcd (revision {}): "
+            "another host claimed the name but did not seal its claim "
+            "within {} ms (it died or lost etcd between claim and seal), so "
+            "that claim counts for nothing",
+            Named(proposed.key), held->mod_revision, kClaimGraceMs);
       }
       // A retirement, a claim left unsealed, or a record no kregd of this
       // cluster wrote at that place (a forgery, a replay): the name is
@@ -435,19 +442,11 @@ absl::StatusOr<std::string> ClusterRegistry::FetchModule(
   return FetchFrom(digest, size, "");
 }
 
-absl::StatusOr<std::string> ClusterRegistry::FetchFrom(
-    const std::string& digest, uint64_t size, const std::string& holder) {
-  if (size > options_.max_module_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "module ", digest, " is bound in etcd with a size of ", size,
-        " bytes, more than this kregd's max_module_bytes (",
-        options_.max_module_bytes,
-        "); not fetched. Raise max_module_bytes on this host if the module "
-        "is legitimate"));
-  }
+absl::Status ClusterRegistry::Peers(const std::string& digest,
+                                    std::vector<std::string>* holders,
+                                    std::vector<std::string>* others) {
   absl::StatusOr<EtcdRange> peers = etcd_.Range(prefix_ + "peers/", true);
   if (!peers.ok()) return peers.status();
-  std::vector<std::string> first, then;
   for (const EtcdKv& kv : peers->kvs) {
     absl::StatusOr<v1::ClusterHost> h =
         ParseSignedHostRecord(signer_, prefix_, kv.key, kv.value, PlaceOf(kv));
@@ -456,11 +455,24 @@ absl::StatusOr<std::string> ClusterRegistry::FetchFrom(
       continue;
     }
     if (h->address() == options_.advertise) continue;
-    // A host's record may not list what it got in the last seconds (its
-    // rewrites are spaced out): `holder` has it all the same.
-    bool has = h->address() == holder;
+    bool has = false;
     for (const std::string& d : h->modules()) has = has || d == digest;
-    (has ? first : then).push_back(h->address());
+    (has ? holders : others)->push_back(h->address());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ClusterRegistry::FetchFrom(
+    const std::string& digest, uint64_t size, const std::string& holder,
+    const std::string& last) {
+  if (size > options_.max_module_bytes) return TooLarge(digest, size);
+  std::vector<std::string> first, then;
+  if (absl::Status st = Peers(digest, &first, &then); !st.ok()) return st;
+  // A host's record may not list what it got in the last seconds (its
+  // rewrites are spaced out): `holder` has it all the same.
+  if (auto it = std::find(then.begin(), then.end(), holder); it != then.end()) {
+    then.erase(it);
+    first.push_back(holder);
   }
   // Every host that lacks a module asks at once (a job start, a new
   // binding): each asks the holders in its own random order, so no one
@@ -471,14 +483,77 @@ absl::StatusOr<std::string> ClusterRegistry::FetchFrom(
     std::shuffle(then.begin(), then.end(), rng);
   }
   first.insert(first.end(), then.begin(), then.end());
-  if (first.empty()) {
+  if (auto it = std::find(first.begin(), first.end(), last);
+      !last.empty() && it != first.end()) {
+    first.erase(it);
+    first.push_back(last);
+  }
+  return Ask(digest, size, first);
+}
+
+absl::StatusOr<std::string> ClusterRegistry::FetchNew(
+    const TargetEntry& binding, absl::Duration waited, absl::Duration* again) {
+  const std::string& digest = binding.module_digest;
+  const uint64_t size = binding.module_size;
+  const std::string origin = AddressOf(binding.host);
+  if (size > options_.max_module_bytes) return TooLarge(digest, size);
+  if (origin.empty()) return FetchFrom(digest, size, origin);
+  if (waited >= kFetchTreeGrace) {
+    // Past the tree's time (a host of it down or slow): whoever has it by
+    // now, the binding's host last (every host that lacks the module may
+    // be here at once).
+    return FetchFrom(digest, size, "", origin);
+  }
+  std::vector<std::string> hosts, others;
+  if (absl::Status st = Peers(digest, &hosts, &others); !st.ok()) return st;
+  hosts.insert(hosts.end(), others.begin(), others.end());
+  std::vector<std::string> chain =
+      FetchChain(digest, origin, options_.advertise, hosts);
+  if (chain.empty()) return FetchFrom(digest, size, origin);
+  // Every host saw the binding at about the same moment: a host d levels
+  // below the origin first asks (d - 1) steps later, when its parent has
+  // had the time to get the module.
+  const absl::Duration due =
+      kFetchTreeStep * static_cast<int64_t>(chain.size() - 1);
+  if (waited < due) {
+    *again = due - waited;
+    return absl::UnavailableError(
+        absl::StrCat("waiting for peer ", chain[0],
+                     " (above this host in the module's "
+                     "fetch tree) to get it"));
+  }
+  // Its ancestors, nearest first; the origin only when it is the parent
+  // (it serves its own children only, while the tree fills).
+  if (chain.size() > 1) chain.pop_back();
+  absl::StatusOr<std::string> got = Ask(digest, size, chain);
+  // Other bytes than the binding's are no race: RetryLoop's backoff.
+  if (!got.ok() && got.status().code() != absl::StatusCode::kDataLoss) {
+    *again = kFetchTreeStep;
+  }
+  return got;
+}
+
+absl::Status ClusterRegistry::TooLarge(const std::string& digest,
+                                       uint64_t size) const {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "module ", digest, " is bound in etcd with a size of ", size,
+      " bytes, more than this kregd's max_module_bytes (",
+      options_.max_module_bytes,
+      "); not fetched. Raise max_module_bytes on this host if the module "
+      "is legitimate"));
+}
+
+absl::StatusOr<std::string> ClusterRegistry::Ask(
+    const std::string& digest, uint64_t size,
+    const std::vector<std::string>& peers) {
+  if (peers.empty()) {
     return absl::NotFoundError(absl::StrCat(
         "no other kregd of cluster \"", options_.cluster,
         "\" is advertised in etcd to fetch module ", digest, " from"));
   }
   std::vector<std::string> errors;
   bool data_loss = false, all_not_found = true;
-  for (const std::string& address : first) {
+  for (const std::string& address : peers) {
     absl::StatusOr<std::string> bytes = FetchModuleFrom(
         address, digest, size, peer_creds_, options_.fetch_timeout_ms);
     if (bytes.ok()) {
@@ -520,13 +595,16 @@ void ClusterRegistry::Apply(const TargetEntry& binding, bool may_fetch,
     } else {
       // One try: the watch thread never waits here (the events behind
       // this one would wait too). The registering host may not have
-      // committed its copy yet: RetryLoop tries again shortly.
-      // First the binding's host (it has the module whether or not its
-      // record lists it yet); a retry, after it was busy, asks the peers
-      // in a random order: by then others have it too.
-      absl::StatusOr<std::string> got =
-          FetchFrom(binding.module_digest, binding.module_size,
-                    retry ? "" : AddressOf(binding.host));
+      // committed its copy yet, or this host's parent in the module's
+      // fetch tree not got it yet: RetryLoop tries again shortly.
+      absl::Duration waited = absl::ZeroDuration();
+      if (retry) {
+        absl::MutexLock lock(&mu_);
+        auto it = unmirrored_.find(binding.key);
+        if (it != unmirrored_.end()) waited = absl::Now() - it->second.since;
+      }
+      absl::Duration again = absl::ZeroDuration();
+      absl::StatusOr<std::string> got = FetchNew(binding, waited, &again);
       if (!got.ok()) {
         const absl::StatusCode code = got.status().code();
         const std::string why = absl::StrCat(
@@ -538,7 +616,7 @@ void ClusterRegistry::Apply(const TargetEntry& binding, bool may_fetch,
         }
         // Larger than max_module_bytes: not fetched, however often asked.
         if (code != absl::StatusCode::kResourceExhausted) {
-          Unmirrored(binding, why);
+          Unmirrored(binding, why, again);
         }
         return;
       }
@@ -590,7 +668,7 @@ void ClusterRegistry::CannotTake(const TargetEntry& binding,
 }
 
 void ClusterRegistry::Unmirrored(const TargetEntry& binding,
-                                 const std::string& why) {
+                                 const std::string& why, absl::Duration again) {
   absl::MutexLock lock(&mu_);
   auto [it, added] = unmirrored_.try_emplace(binding.key);
   Unmirror& u = it->second;
@@ -599,6 +677,10 @@ void ClusterRegistry::Unmirrored(const TargetEntry& binding,
     u = Unmirror{binding, absl::Now(), absl::Now(), 0, false, why};
   }
   u.why = why;
+  if (again > absl::ZeroDuration()) {
+    u.next = absl::Now() + again;  // the fetch tree's pace
+    return;
+  }
   u.next = absl::Now() + absl::Milliseconds(50LL << std::min(u.tries, 9));
   ++u.tries;
 }

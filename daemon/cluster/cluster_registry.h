@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "daemon/cluster/cluster_mirror.h"
 #include "daemon/cluster/cluster_records.h"
 #include "daemon/cluster/etcd_client.h"
@@ -29,6 +30,14 @@ namespace kreg {
 // How long another host's claim may stay unsealed before a registration
 // takes the name over (its writer died between claim and seal).
 inline constexpr int64_t kClaimGraceMs = 3000;
+
+// A host that lacks the module of a binding it just saw fetches it from its
+// parent in the module's fetch tree (fetch_tree.h), not before its level's
+// turn (a step per level below the root's children), trying its ancestors
+// again each step; after the grace, from any peer that has it (the
+// binding's host last).
+inline constexpr absl::Duration kFetchTreeStep = absl::Milliseconds(100);
+inline constexpr absl::Duration kFetchTreeGrace = absl::Seconds(3);
 
 struct ClusterOptions {
   std::string cluster = "default";
@@ -114,11 +123,30 @@ class ClusterRegistry : public BindingAuthority {
 
  private:
   absl::StatusOr<BindingRecord> Parse(const EtcdKv& kv) const;
+  // The other hosts advertised in etcd: those whose records list `digest`
+  // into `holders`, the rest into `others`. etcd's errors.
+  absl::Status Peers(const std::string& digest,
+                     std::vector<std::string>* holders,
+                     std::vector<std::string>* others);
   // FetchModule, asking `holder` (an address; empty: none) among the peers
-  // whose records list the module.
+  // whose records list the module, then the others (each list in a random
+  // order), `last` (an address; empty: none) last.
   absl::StatusOr<std::string> FetchFrom(const std::string& digest,
                                         uint64_t size,
-                                        const std::string& holder);
+                                        const std::string& holder,
+                                        const std::string& last = "");
+  // The module of `binding`, which this host saw `waited` ago and lacks
+  // (fetch_tree.h): while that is under kFetchTreeGrace, from its
+  // ancestors in the module's fetch tree only, not before its place's
+  // turn; then as FetchFrom, the binding's host last. When it failed for
+  // now, `again` may say when to try next (zero: RetryLoop's backoff).
+  absl::StatusOr<std::string> FetchNew(const TargetEntry& binding,
+                                       absl::Duration waited,
+                                       absl::Duration* again);
+  // Asks `peers` in this order; the first that serves wins.
+  absl::StatusOr<std::string> Ask(const std::string& digest, uint64_t size,
+                                  const std::vector<std::string>& peers);
+  absl::Status TooLarge(const std::string& digest, uint64_t size) const;
   // Logs (rate-limited) that a record of etcd was not acted on; nothing
   // for NOT_FOUND (a record not sealed yet is no news).
   static void Ignored(const absl::Status& why);
@@ -153,7 +181,10 @@ class ClusterRegistry : public BindingAuthority {
   // Logs that `binding` is not runnable here and why, and tells a host
   // that waits for this one's acknowledgement.
   void CannotTake(const TargetEntry& binding, const std::string& why);
-  void Unmirrored(const TargetEntry& binding, const std::string& why);
+  // Keeps `binding` for RetryLoop: next tried after `again`, or after 50
+  // ms doubling with each try when zero.
+  void Unmirrored(const TargetEntry& binding, const std::string& why,
+                  absl::Duration again = absl::ZeroDuration());
   void RetryLoop();
   // The modules of `binding`'s earlier generations this host lacks, from
   // peers (each digest tried once per run), for pins (docs/replace.md §9).

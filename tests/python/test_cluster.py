@@ -444,6 +444,42 @@ def test_forged_records_in_etcd_are_ignored(cluster):
   kregctl(cluster.b, "retire", "atk.op")
 
 
+def test_a_claim_left_unsealed_is_taken_over_after_the_grace(cluster):
+  # docs/design.md §10: a host that claims a name and dies before sealing
+  # its claim holds the name for kClaimGraceMs (3 s), no longer. The claim
+  # here is signed with the cluster key as a kregd's creating write, and
+  # never sealed.
+  hosts = (cluster.a, cluster.b, cluster.c)
+  key = "/kregd/default/targets/cpu/orphan.op"
+  claim = sign(the_cluster_key(cluster), key, "bind",
+               b'{"name": "orphan.op", "host": "gone (127.0.0.9:1)"}')
+  etcd_put(cluster, key, claim)
+  value, place = etcd_raw(cluster, key)
+  assert value == claim and place[1] == 1
+  module = variant(cluster.root, "orphan")
+  mark = len(cluster.b.log(None))
+  started = time.monotonic()
+  out = register(cluster.b, "orphan.op", module)
+  took = time.monotonic() - started
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.startswith("registered"), out.stdout
+  # Not before the grace: host B saw the claim after the call began.
+  assert took >= 3.0, took
+  log = cluster.b.log(None)[mark:]
+  assert ('cluster: taking over the claim of target "orphan.op" (cpu) in '
+          "etcd") in log, log[-2000:]
+  assert ("did not seal its claim within 3000 ms (it died or lost etcd "
+          "between claim and seal), so that claim counts for nothing") in log
+  # etcd holds host B's sealed binding, the key's next version.
+  value, place = etcd_raw(cluster, key)
+  assert value.startswith(b"kreg-sig-v2 bind ") and place[1] == 2, value[:80]
+  assert digest_of(module).encode() in value
+  for h in hosts:
+    wait_for(lambda: listed(h).get(("orphan.op", "cpu"), {}).get(
+        "module_digest") == digest_of(module), 30, "orphan.op everywhere")
+  assert kregctl(cluster.b, "retire", "orphan.op").returncode == 0
+
+
 def wait_synced(host: Daemon, before: int = 0) -> None:
   wait_for(lambda: host.log(None).count("in sync with etcd") > before, 60,
            f"{host.root.name} to sync with etcd")

@@ -12,15 +12,15 @@ lasted; no call of a known target failed; every registration that
 succeeded is etcd's binding and one that failed for etcd's sake succeeds
 (or is refused as a conflict) when retried; the log says what happened.
 
-The "etcd fully down" outage lasts 10 s here, not 30 s (the README's test
-command must stay short); nothing in kregd depends on its length: the
-watch resumes from the last revision seen however long etcd was away.
+The "etcd fully down" outage lasts 30 s (three lease TTLs). The whole file
+takes about 100 s here.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import json
+import re
 import signal
 import threading
 import time
@@ -34,7 +34,7 @@ N = 8
 # Seconds within which every live host binds what etcd binds once a fault
 # is over (on a loaded 2-core CI machine; a quiet one takes ~1 s).
 CONVERGE_S = 30
-OUTAGE_S = 10
+OUTAGE_S = 30
 KNOWN = ["known.a", "known.b"]
 
 
@@ -144,6 +144,29 @@ def log_since(host, mark: int) -> str:
 
 def marks(cl: Cluster) -> dict:
   return {h.name: len(h.log(None)) for h in cl.hosts}
+
+
+def test_a_new_module_spreads_host_to_host(cl):
+  # docs/operator-guide.md "Sizing": the 7 hosts that lack a new module
+  # fetch it along its fetch tree (daemon/cluster/fetch_tree.h): the
+  # registering host serves 1 of them, the host that got it the others.
+  # (Only a host whose parent lacked it for 3 s asks the registering host
+  # beyond that: 1 more allowed for a loaded machine.)
+  origin = cl.hosts[0]
+  module = variant(cl.root, "spread")
+  digest = digest_of(module)
+  m = marks(cl)
+  assert register(origin, "spread.op", module).returncode == 0
+  cl.wait_converged(CONVERGE_S, names={"spread.op"})
+  served: dict = {}
+  for h in cl.hosts[1:]:
+    got = re.findall(rf"fetched module {re.escape(digest)} \(\d+ bytes\) "
+                     r"from peer (\S+)\n", log_since(h, m[h.name]))
+    assert len(got) == 1, (h, got)
+    served[got[0]] = served.get(got[0], 0) + 1
+  print(f"spread.op: served by {served}")
+  assert served.get(origin.address, 0) <= 2, served
+  assert sum(n for a, n in served.items() if a != origin.address) >= 5, served
 
 
 def test_etcd_leader_killed_during_a_registration_storm(cl, callers):
