@@ -278,6 +278,11 @@ absl::Status Daemon::Listen() {
             "(ListenStream=)"));
       }
     }
+    // systemd hands them over without close-on-exec: no helper kregd
+    // starts may inherit them.
+    for (int fd = SD_LISTEN_FDS_START; fd < SD_LISTEN_FDS_START + n; ++fd) {
+      ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+    }
     listen_fd_.reset(SD_LISTEN_FDS_START);
     if (n > 1) session_listen_fd_ = SD_LISTEN_FDS_START + 1;
     // Report the socket actually served, not the configured default.
@@ -297,7 +302,9 @@ absl::Status Daemon::Listen() {
       UnixListener l,
       UnixListener::Bind(config_.socket_path, 0660, gid_, "socket"));
   listener_ = std::make_unique<UnixListener>(std::move(l));
-  listen_fd_.reset(::dup(listener_->fd()));  // ours to poll and accept on
+  // Ours to poll and accept on; close-on-exec like every descriptor of
+  // kregd, so no helper it starts holds the socket open after kregd ends.
+  listen_fd_.reset(::fcntl(listener_->fd(), F_DUPFD_CLOEXEC, 0));
   serving_socket_path_ = config_.socket_path;
   return absl::OkStatus();
 }

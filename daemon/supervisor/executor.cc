@@ -99,7 +99,8 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Start(
   }
   UniqueFd ours(sv[0]);
   KREG_ASSIGN_OR_RETURN(UniqueFd theirs, High(UniqueFd(sv[1])));
-  KREG_ASSIGN_OR_RETURN(UniqueFd page_fd, High(UniqueFd(::dup(page.fd()))));
+  KREG_ASSIGN_OR_RETURN(UniqueFd page_fd,
+                        High(UniqueFd(::fcntl(page.fd(), F_DUPFD_CLOEXEC, 0))));
 
   std::vector<char*> env;
   for (char** e = environ; *e != nullptr; ++e) {

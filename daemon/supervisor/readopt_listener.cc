@@ -1,6 +1,7 @@
 #include "daemon/supervisor/readopt_listener.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -286,7 +287,8 @@ void ReadoptListener::AcceptLoop() {
     Worker* w = &workers_.back();
     // Open until the worker is marked done, so that Stop() never shuts
     // down a descriptor number that was reused meanwhile.
-    auto guard = std::make_shared<UniqueFd>(::dup(conn.get()));
+    auto guard =
+        std::make_shared<UniqueFd>(::fcntl(conn.get(), F_DUPFD_CLOEXEC, 0));
     w->fd = guard->get();
     w->uid = peer->uid;
     w->thread = std::thread([this, w, guard, c = std::move(conn)]() mutable {
@@ -362,7 +364,7 @@ void ReadoptListener::Serve(UniqueFd conn) {
   }
   // The handler keeps the connection as the executor's control socket;
   // the OK goes out before kregd may send it anything else.
-  UniqueFd keep(::dup(conn.get()));
+  UniqueFd keep(::fcntl(conn.get(), F_DUPFD_CLOEXEC, 0));
   offer->control = std::move(conn);
   bool confirmed = false;
   auto confirm = [&] {

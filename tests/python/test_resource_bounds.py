@@ -17,6 +17,7 @@ import os
 import pathlib
 import shutil
 import subprocess
+import sys
 import time
 
 import pytest
@@ -191,5 +192,52 @@ def test_local_module_memory_is_bounded_by_its_key(tmp_path):
         break
       time.sleep(0.2)
     assert again["code"] == 0 and again["fds"][0][1] == len(b), again
+  finally:
+    finish_test_daemon(d)
+
+
+O_CLOEXEC = 0o2000000
+
+
+def test_every_descriptor_of_kregd_is_close_on_exec():
+  # kregd-probe, kregd-exec and kregd-compile must not inherit kregd's
+  # sockets: a probe still running when kregd was killed kept the gRPC
+  # socket accepting, and the next kregd refused to start ("another daemon
+  # is already serving"). Once kregd serves (a registration probed, a
+  # session and its executor up), every descriptor it holds past stderr is
+  # close-on-exec.
+  try:
+    ku.kernel_path(ku.DEMO)
+  except FileNotFoundError as e:
+    pytest.skip(str(e))
+  d = start_test_daemon("kreg-cloexec-")
+  try:
+    client = (
+        "import jax, numpy as np, kreg, kernels_util as ku\n"
+        "kreg.register_ffi_target('cloexec.scale', ku.kernel_path(ku.DEMO),"
+        " 'Scale', platform='cpu')\n"
+        "x = np.arange(8, dtype=np.float32)\n"
+        "y = jax.ffi.ffi_call('cloexec.scale', jax.ShapeDtypeStruct(x.shape,"
+        " x.dtype))(x, factor=np.float32(2))\n"
+        "assert np.array_equal(np.asarray(y), x * 2)\n"
+        "print('called', flush=True)\n")
+    r = subprocess.run([sys.executable, "-c", client], env=d.env(),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "called" in r.stdout, r.stderr + d.log()
+    inheritable = []
+    fd_dir = pathlib.Path(f"/proc/{d.proc.pid}/fd")
+    for entry in fd_dir.iterdir():
+      fd = int(entry.name)
+      if fd <= 2:
+        continue
+      try:
+        info = pathlib.Path(f"/proc/{d.proc.pid}/fdinfo/{fd}").read_text()
+        target = os.readlink(entry)
+      except FileNotFoundError:
+        continue  # closed meanwhile
+      flags = int(info.split("flags:")[1].split()[0], 8)
+      if not flags & O_CLOEXEC:
+        inheritable.append((fd, target))
+    assert inheritable == [], inheritable
   finally:
     finish_test_daemon(d)
