@@ -15,40 +15,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/cluster/etcd_values.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 
 namespace kreg {
-
-struct EtcdKv {
-  std::string key;
-  std::string value;
-  int64_t create_revision = 0;
-  int64_t mod_revision = 0;
-  int64_t lease = 0;
-  // Writes of the key since its creation (1: the creating one); with
-  // create_revision, the record's place in the key's history.
-  int64_t version = 0;
-};
-
-struct EtcdRange {
-  std::vector<EtcdKv> kvs;
-  int64_t revision = 0;  // the store revision the range was read at
-};
-
-// The outcome of CreateIfAbsent: created, or the key's current value.
-struct EtcdCreate {
-  bool created = false;
-  EtcdKv existing;  // when !created
-  // The store revision after the transaction: when created, the key's
-  // create_revision (and mod_revision).
-  int64_t revision = 0;
-};
-
-struct EtcdEvent {
-  bool deleted = false;  // false: a put
-  EtcdKv kv;             // for a delete, only key and mod_revision
-  EtcdKv prev;           // the value before the event, when etcd has it
-};
 
 // One endpoint: "http://host:port", "https://host:port" or "host:port"
 // (http). INVALID_ARGUMENT quoting it otherwise.

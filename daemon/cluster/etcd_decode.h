@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "daemon/cluster/etcd_client.h"
+#include "daemon/cluster/etcd_values.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.pb.h"
 
 namespace kreg {

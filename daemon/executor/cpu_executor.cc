@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/executor/session.h"
+#include "daemon/executor/session_backend.h"
 #include "daemon/executor/state_table.h"
 
 namespace kreg {

@@ -10,7 +10,7 @@
 #include "common/ring_layout.h"
 #include "daemon/executor/cuda/cuda_devices.h"
 #include "daemon/executor/cuda/cuda_session.h"
-#include "daemon/executor/session.h"
+#include "daemon/executor/session_backend.h"
 #include "daemon/executor/state_table.h"
 #include "spdlog/spdlog.h"
 

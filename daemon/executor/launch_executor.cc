@@ -1,7 +1,7 @@
 #include "daemon/executor/launch_executor.h"
 
 #include "daemon/executor/repoint_table.h"
-#include "daemon/executor/session.h"
+#include "daemon/executor/session_backend.h"
 
 namespace kreg {
 

@@ -21,33 +21,15 @@
 #include "daemon/base/types.h"
 #include "daemon/executor/launch_fields.h"
 #include "daemon/executor/ring_decoder.h"
+#include "daemon/executor/session_backend.h"
 #include "kreg/v1/session.pb.h"
 
 namespace kreg {
 
 class CudaDevices;
 class RepointTable;
-class SessionBackend;
 class ShmArena;
 class StateTable;
-
-// A target's handler and the statistics row its calls count in: kregd's
-// token for the target's generation in this executor (0: none).
-struct ResolvedHandler {
-  void* handler = nullptr;
-  uint32_t token = 0;
-  // The client's process registered the target (ResolveReply.holds_content,
-  // DESIGN §14 rule 1): a re-point moves it only when it lists the session.
-  bool content = false;
-};
-
-// A target's whole handler bundle (docs/kernel-author-guide.md, "Handler
-// bundles and state"), by stage (null where the bundle has none), and its
-// generation's stats token.
-struct ResolvedBundle {
-  std::array<void*, kNumHandlerStages> stages{};
-  uint32_t token = 0;
-};
 
 // The handlers a session has resolved (a retired name cannot be retired
 // while a session has it bound). A target kregd re-points

@@ -24,6 +24,7 @@
 #include "daemon/executor/ffi/ffi_host.h"
 #include "daemon/executor/launch_executor.h"
 #include "daemon/executor/ring_decoder.h"
+#include "daemon/executor/session_backend.h"
 #include "daemon/executor/shm_arena.h"
 #include "daemon/executor/state_table.h"
 #include "kreg/v1/session.pb.h"
@@ -33,75 +34,6 @@ namespace kreg {
 class CudaDevices;
 class LaunchRing;
 class RepointTable;
-
-// What a session needs from the rest of its process. Implemented by the
-// executor's ExecutorBackend (daemon/executor/executor_backend.h: handlers from
-// its module cache, run through FfiHost; local binds relayed to kregd),
-// faked in tests. Thread-safe: every session thread calls it.
-class SessionBackend {
- public:
-  virtual ~SessionBackend() = default;
-  // Local execution (DESIGN §11): the registered module of (name, platform)
-  // as a sealed memfd (`*module`) for the client's own process, after every
-  // registration rule and the site's local_execution policy.
-  virtual absl::StatusOr<v1::BindLocalReply> BindLocal(
-      const v1::BindLocal& /*request*/, UniqueFd* /*module*/) {
-    return absl::UnimplementedError(
-        "this session backend cannot hand out modules for local execution");
-  }
-  // The handler registered as `key` (with `generation` > 0: that pinned
-  // generation's, docs/replace.md §7), or NOT_FOUND naming it.
-  virtual absl::StatusOr<ResolvedHandler> Lookup(const TargetKey& key,
-                                                 uint32_t generation) = 0;
-  // The whole handler bundle registered as `key` now (with `generation` >
-  // 0: that pinned generation's), asking kregd every time: a bundle's
-  // instantiate stage runs the current generation (docs/replace.md,
-  // "States across a replacement"). NOT_FOUND naming it.
-  virtual absl::StatusOr<ResolvedBundle> LookupBundle(const TargetKey& /*key*/,
-                                                      uint32_t /*generation*/) {
-    return absl::UnimplementedError(
-        "this session backend does not host handler bundles");
-  }
-  // The call-site states of the process's sessions (null: the session
-  // keeps its own, bounded by SessionLimits::max_states_per_session), and
-  // where a session's count of them is published (null: nowhere). Both
-  // must outlive the session.
-  virtual StateTable* States() { return nullptr; }
-  // Charges one more call-site state to the client's uid (`delta` +1,
-  // before the instantiate stage runs: RESOURCE_EXHAUSTED naming
-  // max_states_per_uid) or gives one back (-1).
-  virtual absl::Status ChargeState(int /*delta*/) { return absl::OkStatus(); }
-  virtual std::atomic<uint64_t>* StateGauge() { return nullptr; }
-  // Runs `handler` on `frame`; the handler's error verbatim.
-  virtual absl::Status Execute(void* handler, const LaunchFrame& frame) = 0;
-  // The same with platform resources (CUDA: the session stream and the
-  // stream-ordered scratch allocator).
-  virtual absl::Status ExecuteWith(void* handler, const LaunchFrame& frame,
-                                   const CallOptions& /*options*/) {
-    return Execute(handler, frame);
-  }
-  virtual uint32_t ffi_api_major() const = 0;
-  virtual uint32_t ffi_api_minor() const = 0;
-  // Around every handler call of a launch: the request's id, target and
-  // the token of the handler's generation (an executor records them where
-  // kregd can read them if it dies), then whether the handler succeeded (an
-  // executor counts the call and its latency in the token's row).
-  virtual void BeginLaunch(uint64_t /*request_id*/, const TargetKey& /*key*/,
-                           uint32_t /*token*/) {}
-  virtual void EndLaunch(bool /*ok*/) {}
-  // The session's arena now has `bytes` (0 once released).
-  virtual void ArenaSized(uint64_t /*bytes*/) {}
-  // After each reply: true asks the session to end (the executor is being
-  // recycled, e.g. after a sticky CUDA error).
-  virtual bool ShouldStop() { return false; }
-  // The request just handled needed kregd, which is gone (it stopped or
-  // died; DESIGN §12): the session ends without answering, so the client
-  // retries on a new session, with the next kregd.
-  virtual bool LostDaemon() const { return false; }
-  // The targets kregd re-pointed in this executor (docs/replace.md); null:
-  // none ever are. Must outlive the session.
-  virtual const RepointTable* Repoints() const { return nullptr; }
-};
 
 struct SessionLimits {
   uint64_t max_arena_bytes = 4ull << 30;

@@ -14,9 +14,14 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/base/launch.h"
 #include "daemon/base/types.h"
-#include "daemon/executor/ffi/ffi_host.h"
+#include "daemon/executor/ffi/call_options.h"
 #include "xla/ffi/api/c_api.h"
+
+namespace kreg::ffi_internal {
+class ThreadPool;  // thread_pool.h
+}  // namespace kreg::ffi_internal
 
 // c_api.h declares these in the global namespace; kregd defines them.
 
