@@ -13,7 +13,8 @@
 namespace kreg {
 namespace {
 
-int g_deleted = 0;
+// Deleters run on whichever thread releases a state (two at once below).
+std::atomic<int> g_deleted{0};
 XLA_FFI_TypeId g_type = {0};
 const XLA_FFI_TypeInfo kInfo = {XLA_FFI_TypeInfo_STRUCT_SIZE, nullptr,
                                 [](void* p) {
