@@ -426,6 +426,13 @@ std::set<std::string> ClusterRegistry::Held() const {
   return held;
 }
 
+std::shared_ptr<const std::string> ClusterRegistry::Relayed(
+    const std::string& digest) const {
+  absl::MutexLock lock(&relay_mu_);
+  auto it = relayed_.find(digest);
+  return it == relayed_.end() ? nullptr : it->second;
+}
+
 std::string ClusterRegistry::HostRecord() const {
   v1::ClusterHost h;
   h.set_address(options_.advertise);
@@ -584,7 +591,7 @@ absl::StatusOr<std::string> ClusterRegistry::Ask(
 void ClusterRegistry::Apply(const TargetEntry& binding, bool may_fetch,
                             bool retry) {
   ClusterMirror* r = registry_.load();
-  std::string bytes;
+  std::shared_ptr<const std::string> relay;
   if (binding.kind == TargetKind::kModule &&
       !store_->Verify(binding.module_digest).ok()) {
     if (!may_fetch) return;
@@ -620,10 +627,18 @@ void ClusterRegistry::Apply(const TargetEntry& binding, bool may_fetch,
         }
         return;
       }
-      bytes = *std::move(got);
+      relay = std::make_shared<const std::string>(*std::move(got));
+      absl::MutexLock lock(&relay_mu_);
+      relayed_[binding.module_digest] = relay;
     }
   }
-  absl::Status st = r->Mirror(binding, bytes);
+  absl::Status st = r->Mirror(binding, relay ? *relay : std::string());
+  if (relay != nullptr) {
+    // Served from the store from here on (Held), or not at all.
+    absl::MutexLock lock(&relay_mu_);
+    auto it = relayed_.find(binding.module_digest);
+    if (it != relayed_.end() && it->second == relay) relayed_.erase(it);
+  }
   if (!st.ok()) {
     if (!retry) {
       spdlog::error("cluster: cannot bind {} as on host {}: {}",

@@ -97,6 +97,11 @@ class ClusterRegistry : public BindingAuthority {
   // The modules this host serves (its registered targets', every stored
   // generation's).
   std::set<std::string> Held() const;
+  // The verified bytes of `digest` while this host binds a module it just
+  // fetched (null otherwise): its children in the module's fetch tree get
+  // them before this host's own probe and commit end, so a level of the
+  // tree costs a transfer, not a bind (docs/operator-guide.md "Sizing").
+  std::shared_ptr<const std::string> Relayed(const std::string& digest) const;
 
   // The compile service across hosts (DESIGN §13; cluster_compile.cc):
   // etcd maps a compile cache key to the module a host built for it
@@ -229,6 +234,11 @@ class ClusterRegistry : public BindingAuthority {
     std::string why;
   };
   std::map<TargetKey, Unmirror> unmirrored_ ABSL_GUARDED_BY(mu_);
+  // Relayed(): at most one module per thread that runs Apply (the watch
+  // and RetryLoop), so at most 2 x max_module_bytes.
+  mutable absl::Mutex relay_mu_;
+  std::map<std::string, std::shared_ptr<const std::string>> relayed_
+      ABSL_GUARDED_BY(relay_mu_);
   std::thread watch_thread_;
   std::thread lease_thread_;
   std::thread retry_thread_;

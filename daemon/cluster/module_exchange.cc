@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -21,8 +22,12 @@ constexpr size_t kChunkBytes = 1 << 20;
 }  // namespace
 
 ModuleExchangeService::ModuleExchangeService(const ModuleStore* store,
-                                             Held held, int max_serving)
-    : store_(store), held_(std::move(held)), max_serving_(max_serving) {}
+                                             Held held, int max_serving,
+                                             Relayed relayed)
+    : store_(store),
+      held_(std::move(held)),
+      max_serving_(max_serving),
+      relayed_(std::move(relayed)) {}
 
 grpc::Status ModuleExchangeService::FetchModule(
     grpc::ServerContext* ctx, const v1::FetchModuleRequest* req,
@@ -34,7 +39,8 @@ grpc::Status ModuleExchangeService::FetchModule(
         absl::StrCat("digest \"", digest.substr(0, 80),
                      "\" is not \"sha256:\" followed by 64 lowercase hex"));
   }
-  if (!held_(digest)) {
+  std::shared_ptr<const std::string> relayed;
+  if (!held_(digest) && (!relayed_ || !(relayed = relayed_(digest)))) {
     return grpc::Status(
         grpc::StatusCode::NOT_FOUND,
         absl::StrCat("this kregd holds no registered module ", digest));
@@ -50,30 +56,43 @@ grpc::Status ModuleExchangeService::FetchModule(
         absl::StrCat("busy: serving ", busy, " fetches (at most ", max_serving_,
                      " at once); ask another peer"));
   }
-  UniqueFd fd(::open(store_->PathOf(digest).c_str(), O_RDONLY | O_CLOEXEC));
-  struct stat st;
-  if (!fd.ok() || ::fstat(fd.get(), &st) != 0) {
-    return grpc::Status(
-        grpc::StatusCode::NOT_FOUND,
-        absl::StrCat("module ", digest,
-                     " is not in the store: ", std::strerror(errno)));
+  UniqueFd fd;
+  uint64_t size = 0;
+  if (relayed != nullptr) {
+    size = relayed->size();
+  } else {
+    fd = UniqueFd(::open(store_->PathOf(digest).c_str(), O_RDONLY | O_CLOEXEC));
+    struct stat st;
+    if (!fd.ok() || ::fstat(fd.get(), &st) != 0) {
+      return grpc::Status(
+          grpc::StatusCode::NOT_FOUND,
+          absl::StrCat("module ", digest,
+                       " is not in the store: ", std::strerror(errno)));
+    }
+    size = static_cast<uint64_t>(st.st_size);
   }
-  spdlog::info("cluster: serving module {} ({} bytes) to {}", digest,
-               st.st_size, ctx->peer());
+  spdlog::info("cluster: serving module {} ({} bytes{}) to {}", digest, size,
+               relayed != nullptr ? ", relayed while it binds here" : "",
+               ctx->peer());
   v1::ModuleChunk chunk;
-  chunk.set_total_size(static_cast<uint64_t>(st.st_size));
-  std::string buf(kChunkBytes, '\0');
+  chunk.set_total_size(size);
+  std::string buf(relayed != nullptr ? 0 : kChunkBytes, '\0');
   uint64_t sent = 0;
-  while (sent < static_cast<uint64_t>(st.st_size)) {
-    ssize_t n = ::read(fd.get(), buf.data(), buf.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    chunk.set_data(buf.data(), static_cast<size_t>(n));
+  while (sent < size) {
+    if (relayed != nullptr) {
+      const size_t n = std::min<uint64_t>(kChunkBytes, size - sent);
+      chunk.set_data(relayed->data() + sent, n);
+    } else {
+      ssize_t n = ::read(fd.get(), buf.data(), buf.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      chunk.set_data(buf.data(), static_cast<size_t>(n));
+    }
     if (!out->Write(chunk)) {
       return grpc::Status(grpc::StatusCode::CANCELLED, "the peer went away");
     }
     chunk.clear_total_size();
-    sent += static_cast<uint64_t>(n);
+    sent += chunk.data().size();
   }
   if (sent == 0) out->Write(chunk);  // announce an empty file
   return grpc::Status::OK;

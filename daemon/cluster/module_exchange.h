@@ -17,8 +17,10 @@
 namespace kreg {
 
 // Serves the store copy of a digest that `held` says this host holds for a
-// registered target (NOT_FOUND otherwise; INVALID_ARGUMENT for a malformed
-// digest). Sends the file as it is on disk: the receiver verifies. At most
+// registered target, else the bytes `relayed` returns (a module this host
+// fetched, verified and binds right now), else NOT_FOUND (INVALID_ARGUMENT
+// for a malformed digest). Sends the bytes as they are: the receiver
+// verifies. At most
 // `max_serving` fetches at once: more are answered UNAVAILABLE ("busy"), so
 // that the hosts which all lack a new module at once (its registration
 // seen everywhere together) spread over the peers that got it first
@@ -26,10 +28,13 @@ namespace kreg {
 class ModuleExchangeService final : public v1::ModuleExchange::Service {
  public:
   using Held = std::function<bool(const std::string& digest)>;
+  using Relayed =
+      std::function<std::shared_ptr<const std::string>(const std::string&)>;
   static constexpr int kMaxServing = 4;
   // `store` must outlive the service.
   ModuleExchangeService(const ModuleStore* store, Held held,
-                        int max_serving = kMaxServing);
+                        int max_serving = kMaxServing,
+                        Relayed relayed = nullptr);
 
   grpc::Status FetchModule(grpc::ServerContext* ctx,
                            const v1::FetchModuleRequest* req,
@@ -39,6 +44,7 @@ class ModuleExchangeService final : public v1::ModuleExchange::Service {
   const ModuleStore* const store_;
   const Held held_;
   const int max_serving_;
+  const Relayed relayed_;
   std::atomic<int> serving_{0};
 };
 

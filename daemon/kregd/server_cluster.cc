@@ -52,8 +52,13 @@ absl::Status Daemon::StartCluster() {
   cluster_service_ = std::make_unique<ClusterService>(cluster_.get());
   ClusterRegistry* cluster = cluster_.get();
   exchange_ = std::make_unique<ModuleExchangeService>(
-      &store_, [cluster](const std::string& digest) {
+      &store_,
+      [cluster](const std::string& digest) {
         return cluster->Held().count(digest) > 0;
+      },
+      ModuleExchangeService::kMaxServing,
+      [cluster](const std::string& digest) {
+        return cluster->Relayed(digest);
       });
   absl::StatusOr<std::unique_ptr<grpc::Server>> peers =
       StartPeerServer(config_.peer_listen, *tls, exchange_.get());
