@@ -2,7 +2,7 @@
 docs/operator-guide.md "Cluster mode", "Sizing").
 
   python bench/bench_cluster.py [--ns 8,16,32,64] [--targets 50]
-                                [--singles 20] [--holders 8]
+                                [--singles 20] [--holders 0]
                                 [--out bench/cluster.json]
                                 [--plot bench/cluster.png]
 
@@ -27,8 +27,9 @@ port, socket and state dir; plaintext peers), then:
     N hosts; compiles performed (kregctl status) and the time until all
     returned (skipped without g++);
   * replace with bound processes: JAX processes holding a target on
-    --holders hosts (spread over the N), then `replace` on host 0: the time
-    until the call returned, which is after every live host acknowledged;
+    every host (--holders K: K hosts spread over the N), then `replace` on
+    host 0: the time until the call returned, which is after every live
+    host acknowledged;
   * etcd per registration: keys and bytes under the cluster's prefix, etcd
     writes, and watch events (one per write under the prefix per watching
     host: writes x N) per registration.
@@ -357,9 +358,10 @@ def run_n(n: int, args) -> dict:
     assert ch.register(c.hosts[0], "rep.op", v1).returncode == 0
     ch.wait_for(lambda: all(("rep.op", "cpu") in ch.listed(h)
                             for h in c.hosts), 120, "rep.op everywhere")
-    step = max(1, n // args.holders)
+    want = args.holders or n
+    step = max(1, n // want)
     holders = [holder.Holder(h.daemon, "rep.op", "isolated")
-               for h in c.hosts[::step][:args.holders]]
+               for h in c.hosts[::step][:want]]
     for hd in holders:
       hd.call()
     v2 = ch.variant(c.root, "rep2")
@@ -408,8 +410,8 @@ ROWS = [
     ("bind on a host lacking the module (s)", "bind_fetch_s", "{:.2f}"),
     ("compile on every host: compiles, s", None,
      lambda r: f"{r.get('compiles', '-')}, {r.get('compile_all_s', 0):.1f}"),
-    ("replace, holders on 8 hosts: all acked (s)", "replace_all_acked_s",
-     "{:.2f}"),
+    ("replace with bound processes: all acked (s) (hosts holding)", None,
+     lambda r: f"{r['replace_all_acked_s']:.2f} ({r['replace_holders']})"),
     ("etcd keys / KB", None,
      lambda r: f"{r['etcd_keys']} / {r['etcd_bytes'] / 1024:.0f}"),
     ("idle kregd RSS MB (max) / threads", None,
@@ -487,7 +489,8 @@ def main() -> int:
   ap.add_argument("--ns", default="8,16,32,64")
   ap.add_argument("--targets", type=int, default=50)
   ap.add_argument("--singles", type=int, default=20)
-  ap.add_argument("--holders", type=int, default=8)
+  ap.add_argument("--holders", type=int, default=0,
+                  help="hosts with a bound process at the replace (0: all)")
   ap.add_argument("--watch-all", action="store_true",
                   help="the kregd under test watches its whole etcd prefix "
                   "(builds before the watch was narrowed): count every write "
