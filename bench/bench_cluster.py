@@ -182,6 +182,11 @@ def served(c: ch.Cluster) -> list[int]:
   return [h.log(None).count("cluster: serving module") for h in c.hosts]
 
 
+def relayed(c: ch.Cluster) -> int:
+  """Fetches served from memory by a host still binding the module."""
+  return sum(h.log(None).count("relayed while it binds here") for h in c.hosts)
+
+
 def probes(c: ch.Cluster) -> list[int]:
   out = []
   for h in c.hosts:
@@ -246,6 +251,7 @@ def run_n(n: int, args) -> dict:
     mods = [ch.variant(c.root, f"job{i}") for i in range(args.targets)]
     names = [f"job.t{i:03d}" for i in range(args.targets)]
     rev0, served0, probes0 = settled_revision(c), served(c), probes(c)
+    relayed0 = relayed(c)
     failures: list[str] = []
 
     datas = [m.read_bytes() for m in mods]
@@ -292,8 +298,10 @@ def run_n(n: int, args) -> dict:
     res["job_fetches_total"] = sum(sv)
     res["job_fetches_max_per_peer"] = max(sv)
     res["job_fetches_mean_per_peer"] = sum(sv) / n
+    res["job_fetches_relayed"] = relayed(c) - relayed0
 
     # One registration until bindable on all.
+    relayed_a = relayed(c)
     lat = []
     rev_a = settled_revision(c)
     for k in range(args.singles):
@@ -319,6 +327,7 @@ def run_n(n: int, args) -> dict:
     res["single_etcd_writes"] = (settled_revision(c) - rev_a) / args.singles
     res["single_p50_s"] = pct(lat, 50)
     res["single_p99_s"] = pct(lat, 99)
+    res["single_fetches_relayed"] = (relayed(c) - relayed_a) / args.singles
     res["single_max_s"] = max(lat)
 
     # Bind by name on a host that lacks the module.
@@ -401,11 +410,15 @@ ROWS = [
      lambda r: f"{r['job_fetches_total']} ({r['job_fetches_max_per_peer']} / "
      f"{r['job_fetches_mean_per_peer']:.1f} = "
      f"{r['job_fetches_max_per_peer'] / max(r['job_fetches_mean_per_peer'], 1e-9):.1f}x)"),
+    ("job start: fetches relayed by a host still binding", "job_fetches_relayed",
+     "{}"),
     ("job start: failed registrations", "job_failed_registrations", "{}"),
     ("watch events per registration", "job_watch_events_per_registration",
      "{:.0f}"),
     ("one registration bindable on all: p50 / p99 (s)", None,
      lambda r: f"{r['single_p50_s']:.2f} / {r['single_p99_s']:.2f}"),
+    ("one registration: fetches relayed by a host still binding",
+     "single_fetches_relayed", "{:.1f}"),
     ("etcd writes per single registration", "single_etcd_writes", "{:.1f}"),
     ("bind on a host lacking the module (s)", "bind_fetch_s", "{:.2f}"),
     ("compile on every host: compiles, s", None,
