@@ -24,6 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "common/paths.h"
 #include "common/version.h"
+#include "daemon/api/control_requests.h"
 #include "daemon/api/session_server.h"
 #include "daemon/base/adoption.h"
 #include "daemon/base/files.h"
@@ -632,6 +633,7 @@ void Daemon::FillConfig(v1::GetConfigResponse* r) const {
 void Daemon::FillBrokerContext() {
   BrokerContext& ctx = broker_ctx_;
   ctx.registrar = &registrar_;
+  ctx.control = HandleControl;
   ctx.registry = &registry_.core();
   ctx.store = &store_;
   ctx.pool = pool_.get();

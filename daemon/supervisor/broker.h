@@ -72,40 +72,22 @@ struct BrokerContext {
   // (hello_timeout_s), and so must each later request of a control
   // connection once its first byte came.
   int64_t hello_timeout_ms = 10000;
+  // Answers one request of a control connection (kregd:
+  // daemon/api/control_requests.h, HandleControl). Required.
+  std::function<v1::SessionResponse(const BrokerContext& ctx, uint64_t id,
+                                    const PeerCred& peer,
+                                    const v1::SessionRequest& request,
+                                    std::vector<UniqueFd> fds, bool* close)>
+      control;
 };
+
+// The field name of a session request's body, for errors.
+std::string SessionRequestName(v1::SessionRequest::BodyCase body);
 
 // The largest request kregd reads on a control connection, and the largest
 // first message of any connection (a Hello is much smaller): registrations
 // carry names, a path and sizes; module bytes travel as a sealed memfd.
 constexpr uint32_t kMaxControlRequestBytes = 64u << 10;
-
-// kregd's intake of a registration sent on a control connection with `fds`
-// attached to its frame: an upload (module.upload_size) must come as
-// exactly one memfd sealed with kModuleSeals of exactly that size, is
-// prechecked (Registrar::PrecheckUpload, for `peer`) before a byte is read
-// and its bytes are returned; any other registration carries no descriptor
-// and gets "" (INVALID_ARGUMENT otherwise). The module's announced bytes
-// are charged to `peer`'s share of upload bytes in flight in `account`
-// (null: unbounded) into `hold` before they are read: RESOURCE_EXHAUSTED,
-// naming the limit, when the uid's share cannot cover them; the caller
-// keeps `hold` until it is done with the bytes.
-absl::StatusOr<std::string> TakeUploadedModule(
-    Registrar* registrar, const v1::RegisterTargetHeader& header,
-    std::vector<UniqueFd> fds, const PeerCred& peer, uint64_t max_module_bytes,
-    UidAccount* account, UidAccount::Charge* hold);
-
-// Answers one request of a control connection (`request`, with `fds`
-// attached) of session id `id` from `peer`: control_hello (kregd's protocol
-// version and max_module_bytes; another major sets `*close`),
-// RegisterTarget (the registration is held by `id` until RemoveSession),
-// List and Watch (reserved with ctx.local_repointer: the caller then serves
-// the connection as a watch connection; refused, with `*close`, otherwise).
-// Any other request sets `*close` and gets an error naming it. Shared with
-// the fuzzer.
-v1::SessionResponse HandleControl(const BrokerContext& ctx, uint64_t id,
-                                  const PeerCred& peer,
-                                  const v1::SessionRequest& request,
-                                  std::vector<UniqueFd> fds, bool* close);
 
 // What a session binding of `key` runs: the current entry, or with
 // `generation` > 0 (a pin, docs/replace.md §7) an entry describing that

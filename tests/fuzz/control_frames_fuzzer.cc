@@ -29,11 +29,11 @@
 #include <vector>
 
 #include "common/wire.h"
+#include "daemon/api/control_requests.h"
 #include "daemon/base/module_upload.h"
 #include "daemon/base/protocol_version.h"
 #include "daemon/registry/registrar.h"
 #include "daemon/registry/registration_mapper.h"
-#include "daemon/supervisor/broker.h"
 #include "daemon/supervisor/local_repointer.h"
 #include "daemon/supervisor/session_bindings.h"
 #include "tests/daemon/registry/registry_fakes.h"

@@ -1,6 +1,7 @@
-// TakeUploadedModule (broker.cc): kregd's intake of a registration sent on
-// a control connection, with the module as a sealed memfd charged to its
-// uid's share of upload bytes in flight before a byte is read;
+// TakeUploadedModule and HandleControl (daemon/api/control_requests.cc):
+// the session socket's control connections, kregd's intake of a registration
+// sent on a control connection, with the module as a sealed memfd charged to
+// its uid's share of upload bytes in flight before a byte is read;
 // ResolveGeneration, what a pinned binding runs (docs/replace.md §7).
 #include "daemon/supervisor/broker.h"
 
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "daemon/api/control_requests.h"
 #include "daemon/base/module_upload.h"
 #include "daemon/base/protocol_version.h"
 #include "daemon/registry/registrar.h"
