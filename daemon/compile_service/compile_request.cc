@@ -7,9 +7,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "daemon/base/platform_table.h"
 #include "daemon/base/sha256.h"
-#include "daemon/base/status_macros.h"
 #include "daemon/base/validate.h"
 
 namespace kreg {

@@ -9,9 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "daemon/base/log_limit.h"
 #include "daemon/base/platform_table.h"
-#include "daemon/base/status_macros.h"
 #include "daemon/compile_service/compile_worker.h"
 #include "spdlog/spdlog.h"
 

@@ -17,8 +17,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/paths.h"
+#include "common/status_macros.h"
 #include "common/version.h"
-#include "daemon/base/status_macros.h"
 #include "daemon/config/config_keys.h"
 #include "daemon/metrics/listen_address.h"
 

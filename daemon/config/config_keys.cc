@@ -15,9 +15,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "common/version.h"
 #include "daemon/base/edit_distance.h"
-#include "daemon/base/status_macros.h"
 
 namespace kreg {
 namespace config_internal {

@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "common/version.h"
 #include "daemon/api/session_server.h"
 #include "daemon/base/platform_table.h"
-#include "daemon/base/status_macros.h"
 #include "daemon/base/target_stats.h"
 #include "daemon/base/uid_account.h"
 #include "daemon/compile_service/compile_service.h"

@@ -16,12 +16,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/generations.h"
+#include "common/status_macros.h"
 #include "common/wire.h"
 #include "daemon/base/broker_limits.h"
 #include "daemon/base/log_limit.h"
 #include "daemon/base/module_upload.h"
 #include "daemon/base/protocol_version.h"
-#include "daemon/base/status_macros.h"
 #include "daemon/base/validate.h"
 #include "daemon/registry/registrar.h"
 #include "daemon/registry/registration_mapper.h"
