@@ -836,10 +836,8 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::Resolve(
     held.registered = registered;
     generation = FollowedGeneration(*current, held, peer_.uid);
   }
-  absl::StatusOr<EntryPtr> found =
-      ResolveGeneration(*ctx_.registry, key, generation);
-  if (!found.ok()) return found.status();
-  const EntryPtr& e = *found;
+  KREG_ASSIGN_OR_RETURN(EntryPtr e,
+                        ResolveGeneration(*ctx_.registry, key, generation));
   if (r.local() && ctx_.local_modules == nullptr) {
     return absl::PermissionDeniedError(absl::StrCat(
         "target \"", key.name, "\" (", PlatformName(key.platform),
