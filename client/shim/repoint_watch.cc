@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "client/shim/conn.h"
+#include "common/status_macros.h"
 #include "common/unique_fd.h"
 #include "common/wire.h"
 #include "kreg/v1/session.pb.h"
@@ -73,8 +74,7 @@ ClientStatus WatchRepoints(const std::string& session_path,
   }
   if (g_watched->count(session_path) != 0) return ClientStatus::Ok();
   std::unique_ptr<Conn> conn;
-  ClientStatus s = OpenWatch(session_path, &conn);
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(OpenWatch(session_path, &conn));
   std::thread(WatchLoop, session_path, std::move(conn), apply).detach();
   g_watched->insert(session_path);
   return ClientStatus::Ok();
