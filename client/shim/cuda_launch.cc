@@ -172,8 +172,7 @@ ClientStatus StageInputs(CudaConnState* st, Call* call, Attempt* a,
     sb.bytes = arena->buffer()->size();
     sb.id = arena->id();
     sb.offset = 0;
-    ClientStatus s = PlanBuffer(st, &sb, &a->plan, &a->used, &a->mapped);
-    if (!s.ok()) return s;
+    KREG_RETURN_IF_ERROR(PlanBuffer(st, &sb, &a->plan, &a->used, &a->mapped));
     if (sb.staged) {
       return ClientStatus::Error(kInternal,
                                  "kreg: the staging buffer cannot be shared");

@@ -32,12 +32,11 @@ pid_t g_pid = 0;  // guarded by g_mu
 std::set<std::string>* g_watched = new std::set<std::string>();  // paths
 
 ClientStatus OpenWatch(const std::string& path, std::unique_ptr<Conn>* out) {
-  ClientStatus s = Conn::Open(path, out, /*control=*/true);
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(Conn::Open(path, out, /*control=*/true));
   v1::SessionRequest req;
   req.mutable_watch();
   v1::SessionResponse resp;
-  s = (*out)->Call(&req, &resp);
+  ClientStatus s = (*out)->Call(&req, &resp);
   if (s.ok() && !resp.has_watch()) {
     s = ClientStatus::Error(kInternal,
                             "kregd answered watch without a WatchReply");
