@@ -156,11 +156,10 @@ absl::Status ClusterRegistry::WriteSigned(const std::string& key,
                                           const std::string& body,
                                           int64_t lease) {
   for (int attempt = 0; attempt < 5; ++attempt) {
-    absl::StatusOr<EtcdRange> now = etcd_.Range(key, false);
-    if (!now.ok()) return now.status();
+    KREG_ASSIGN_OR_RETURN(EtcdRange now, etcd_.Range(key, false));
     KREG_ASSIGN_OR_RETURN(
         bool written,
-        WriteAfter(key, kind, body, now->kvs.empty() ? nullptr : &now->kvs[0],
+        WriteAfter(key, kind, body, now.kvs.empty() ? nullptr : &now.kvs[0],
                    lease));
     if (written) return absl::OkStatus();
   }

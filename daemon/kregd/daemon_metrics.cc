@@ -297,10 +297,9 @@ absl::Status Daemon::StartMetrics() {
                                             config_.metrics_allow_remote));
   MetricsServerOptions options;
   options.socket_gid = gid_;
-  absl::StatusOr<std::unique_ptr<MetricsServer>> server = MetricsServer::Start(
-      address, [this] { return RenderMetrics(); }, options);
-  if (!server.ok()) return server.status();
-  metrics_ = *std::move(server);
+  KREG_ASSIGN_OR_RETURN(
+      metrics_, MetricsServer::Start(
+                    address, [this] { return RenderMetrics(); }, options));
   spdlog::info("metrics: serving http://{}/metrics", metrics_->address());
   return absl::OkStatus();
 }

@@ -99,8 +99,7 @@ absl::Status NameReservations::Admit(const RegisterArgs& args,
 
 absl::Status NameReservations::Reserve(NameReservation r,
                                        const PeerCred& peer) {
-  absl::Status admin = registry_->CheckAdmin(peer, "reserving target names");
-  if (!admin.ok()) return admin;
+  KREG_RETURN_IF_ERROR(registry_->CheckAdmin(peer, "reserving target names"));
   r.by = peer;
   r.at_us = NowMicros();
   // NSS lookups before the lock: the owner's name, and for a group the
