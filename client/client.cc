@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/paths.h"
+#include "common/status_macros.h"
 #include "google/rpc/status.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
@@ -127,11 +128,9 @@ absl::StatusOr<Resp> Client::Unary(
 }
 
 absl::StatusOr<std::vector<v1::Target>> Client::List() {
-  auto resp =
-      Unary(&v1::Registry::Stub::ListTargets, *stub_, v1::ListTargetsRequest());
-  if (!resp.ok()) return resp.status();
-  return std::vector<v1::Target>(resp->targets().begin(),
-                                 resp->targets().end());
+  KREG_ASSIGN_OR_RETURN(auto resp, Unary(&v1::Registry::Stub::ListTargets,
+                                         *stub_, v1::ListTargetsRequest()));
+  return std::vector<v1::Target>(resp.targets().begin(), resp.targets().end());
 }
 
 absl::StatusOr<std::vector<v1::Target>> Client::Get(
@@ -139,10 +138,9 @@ absl::StatusOr<std::vector<v1::Target>> Client::Get(
   v1::GetTargetRequest req;
   req.set_target_name(name);
   req.set_platform(platform);
-  auto resp = Unary(&v1::Registry::Stub::GetTarget, *stub_, req);
-  if (!resp.ok()) return resp.status();
-  return std::vector<v1::Target>(resp->targets().begin(),
-                                 resp->targets().end());
+  KREG_ASSIGN_OR_RETURN(auto resp,
+                        Unary(&v1::Registry::Stub::GetTarget, *stub_, req));
+  return std::vector<v1::Target>(resp.targets().begin(), resp.targets().end());
 }
 
 absl::StatusOr<v1::GetStatusResponse> Client::Status() {
@@ -187,10 +185,9 @@ absl::StatusOr<std::vector<v1::Target>> Client::Retire(
   v1::RetireTargetRequest req;
   req.set_target_name(name);
   req.set_platform(platform);
-  auto resp = Unary(&v1::Registry::Stub::RetireTarget, *stub_, req);
-  if (!resp.ok()) return resp.status();
-  return std::vector<v1::Target>(resp->retired().begin(),
-                                 resp->retired().end());
+  KREG_ASSIGN_OR_RETURN(auto resp,
+                        Unary(&v1::Registry::Stub::RetireTarget, *stub_, req));
+  return std::vector<v1::Target>(resp.retired().begin(), resp.retired().end());
 }
 
 absl::StatusOr<v1::ReserveNamesResponse> Client::ReserveNames(
@@ -205,14 +202,14 @@ absl::StatusOr<v1::CollectGarbageResponse> Client::CollectGarbage() {
 
 absl::Status Client::Health() {
   using grpc::health::v1::HealthCheckResponse;
-  auto resp = Unary(&grpc::health::v1::Health::Stub::Check,
-                    *grpc::health::v1::Health::NewStub(channel_),
-                    grpc::health::v1::HealthCheckRequest());
-  if (!resp.ok()) return resp.status();
-  if (resp->status() != HealthCheckResponse::SERVING) {
+  KREG_ASSIGN_OR_RETURN(auto resp,
+                        Unary(&grpc::health::v1::Health::Stub::Check,
+                              *grpc::health::v1::Health::NewStub(channel_),
+                              grpc::health::v1::HealthCheckRequest()));
+  if (resp.status() != HealthCheckResponse::SERVING) {
     return absl::UnavailableError(
         absl::StrCat("kregd at ", socket_path_, " reports status ",
-                     HealthCheckResponse::ServingStatus_Name(resp->status())));
+                     HealthCheckResponse::ServingStatus_Name(resp.status())));
   }
   return absl::OkStatus();
 }

@@ -7,6 +7,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "client/kregctl/common.h"
+#include "common/status_macros.h"
 
 namespace kreg {
 namespace {
@@ -45,11 +46,10 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 
 absl::Status AddFile(const std::string& path, const std::string& name,
                      google::protobuf::RepeatedPtrField<v1::SourceFile>* out) {
-  absl::StatusOr<std::string> text = ReadFile(path);
-  if (!text.ok()) return text.status();
+  KREG_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
   v1::SourceFile* f = out->Add();
   f->set_name(name);
-  f->set_text(*std::move(text));
+  f->set_text(std::move(text));
   return absl::OkStatus();
 }
 

@@ -7,6 +7,7 @@
 
 #include "client/shim/launch_encoder.h"
 #include "common/dtype.h"
+#include "common/status_macros.h"
 
 namespace kreg {
 namespace shim {
@@ -143,8 +144,7 @@ ClientStatus AttrCache::Get(const XLA_FFI_Attrs* attrs,
   }
   ++misses_;
   block_.Clear();
-  ClientStatus s = EncodeAttrs(attrs, block_.mutable_attrs());
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(EncodeAttrs(attrs, block_.mutable_attrs()));
   block_.SerializeToString(&uncached_);
   if (!cacheable || uncached_.size() > kMaxEntryBytes) {
     *bytes = &uncached_;

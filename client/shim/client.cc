@@ -17,6 +17,7 @@
 #include "client/shim/cuda_trace.h"
 #include "common/generations.h"
 #include "common/platforms.h"
+#include "common/status_macros.h"
 
 namespace kreg {
 namespace shim {
@@ -61,8 +62,7 @@ std::string CanonicalPlatform(const std::string& platform) {
 ClientStatus CheckGeneration(Client* client, const std::string& target,
                              const std::string& platform, uint32_t generation) {
   v1::ListTargetsResponse list;
-  ClientStatus s = client->List(&list);
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(client->List(&list));
   std::vector<uint32_t> have;
   for (const v1::Target& t : list.targets()) {
     if (t.target_name() != target || t.platform() != platform) continue;
@@ -401,8 +401,7 @@ ClientStatus Client::WithControl(const std::function<ClientStatus(Conn*)>& op) {
   std::lock_guard<std::mutex> lock(control_mu_);
   ClientStatus s;
   for (int attempt = 0; attempt < kAttempts; ++attempt) {
-    s = FreshControlLocked();
-    if (!s.ok()) return s;
+    KREG_RETURN_IF_ERROR(FreshControlLocked());
     s = op(control_.get());
     if (!control_->broken() || control_->refused()) return s;
     control_.reset();  // kregd went away meanwhile: once more, on a new one
@@ -419,8 +418,7 @@ ClientStatus Client::Replay(Conn* conn) {
   // The registrations are held by the control connection: a kregd that
   // closed it (restarted) gets them again on a fresh one.
   if (registered) {
-    ClientStatus s = Ping();
-    if (!s.ok()) return s;
+    KREG_RETURN_IF_ERROR(Ping());
   }
   // Local holds: the module already runs in this process; the new kregd
   // only has to know (retire refuses while it does). Not fatal: a kregd
@@ -500,8 +498,7 @@ ClientStatus Client::StageCall(const ring::DescriptorView& d, uint32_t stage) {
     // ran on the host: an asynchronous ring launch of this session must
     // have run in the executor before the stage changes the state it read
     // (its error, if any, stays the session's next launch's).
-    ClientStatus reaped = conn->ReapAsync(true);
-    if (!reaped.ok()) return reaped;
+    KREG_RETURN_IF_ERROR(conn->ReapAsync(true));
     v1::SessionRequest req;
     req.mutable_stage_call()->set_descriptor(descriptor);
     req.mutable_stage_call()->set_stage(stage);

@@ -20,6 +20,7 @@
 #include "common/paths.h"
 #include "common/ring_layout.h"
 #include "common/session_protocol.h"
+#include "common/status_macros.h"
 #include "common/wire.h"
 #include "xla/ffi/api/c_api.h"
 
@@ -134,8 +135,7 @@ ClientStatus Conn::Open(const std::string& path, std::unique_ptr<Conn>* out,
   hello->set_ffi_api_major(XLA_FFI_API_MAJOR);
   hello->set_ffi_api_minor(XLA_FFI_API_MINOR);
   v1::SessionResponse resp;
-  ClientStatus s = conn->Call(&req, &resp);
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(conn->Call(&req, &resp));
   if (!resp.has_hello()) {
     return ClientStatus::Error(kInternal,
                                "kregd answered Hello without HelloReply");
@@ -151,8 +151,7 @@ ClientStatus Conn::Open(const std::string& path, std::unique_ptr<Conn>* out,
   conn->hello_ = resp.hello();
   const uint32_t offered = resp.hello().launch_ring();
   if (offered == ring::kVersion && RingWanted()) {
-    s = conn->SetUpRing();
-    if (!s.ok()) return s;
+    KREG_RETURN_IF_ERROR(conn->SetUpRing());
   } else if (offered != 0 && RingWanted()) {
     Trace(
         "session %llu: kregd serves launch ring version %u, this client "
@@ -188,8 +187,7 @@ ClientStatus Conn::Call(v1::SessionRequest* request,
   // channel: asynchronous ring launches complete before anything is sent
   // here (their errors are kept for the next launch).
   if (!async_targets_.empty()) {
-    ClientStatus drained = ReapAsync(true);
-    if (!drained.ok()) return drained;
+    KREG_RETURN_IF_ERROR(ReapAsync(true));
   }
   uint64_t id = next_id_++;
   request->set_id(id);
@@ -302,13 +300,11 @@ ClientStatus Conn::LaunchCpu(const ring::DescriptorView& launch,
                              v1::SessionRequest* request,
                              v1::SessionResponse* response) {
   if (!async_targets_.empty()) {
-    ClientStatus s = ReapAsync(true);
-    if (!s.ok()) return s;
+    KREG_RETURN_IF_ERROR(ReapAsync(true));
   }
   if (!async_error_.ok()) return TakeAsyncError();
   bool submitted = false;
-  ClientStatus s = SubmitRing(launch, /*async=*/false, "", &submitted);
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(SubmitRing(launch, /*async=*/false, "", &submitted));
   if (!submitted) {
     request->Clear();
     ring::EncodeDescriptor(launch,
@@ -324,12 +320,10 @@ ClientStatus Conn::SubmitRing(const ring::DescriptorView& launch, bool async,
   *submitted = false;
   if (ring_ == nullptr || broken_) return ClientStatus::Ok();
   if (!async && !async_targets_.empty()) {
-    ClientStatus s = ReapAsync(true);
-    if (!s.ok()) return s;
+    KREG_RETURN_IF_ERROR(ReapAsync(true));
   }
   while (ring_->in_flight() >= ring::kSlots) {  // full: the oldest first
-    ClientStatus s = ReapOne();
-    if (!s.ok()) return s;
+    KREG_RETURN_IF_ERROR(ReapOne());
   }
   if (!ring_->Submit(launch, next_id_)) return ClientStatus::Ok();
   ++next_id_;
@@ -342,8 +336,7 @@ ClientStatus Conn::SubmitRing(const ring::DescriptorView& launch, bool async,
 ClientStatus Conn::AwaitRing(uint32_t* flags) {
   int code = 0;
   *flags = 0;
-  ClientStatus s = AwaitOne(&code, &ring_message_, flags);
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(AwaitOne(&code, &ring_message_, flags));
   if (code == 0) return ClientStatus::Ok();
   return ClientStatus::Error(code, ring_message_);
 }
@@ -381,8 +374,7 @@ ClientStatus Conn::ReapOne() {
 ClientStatus Conn::ReapAsync(bool all) {
   while (!async_targets_.empty() && ring_ != nullptr && !broken_) {
     if (!all && !ring_->Ready()) break;
-    ClientStatus s = ReapOne();
-    if (!s.ok()) return s;
+    KREG_RETURN_IF_ERROR(ReapOne());
   }
   return ClientStatus::Ok();
 }

@@ -13,6 +13,7 @@
 #include "client/shim/launch_encoder.h"
 #include "common/ring_encode.h"
 #include "common/stage_trace.h"
+#include "common/status_macros.h"
 
 namespace kreg {
 namespace shim {
@@ -76,7 +77,7 @@ ClientStatus ForwardCpuCall(Client* client, const std::string& target,
   scratch.args.clear();
   scratch.rets.clear();
   scratch.views.clear();
-  ClientStatus s = ForEachBuffer(
+  KREG_RETURN_IF_ERROR(ForEachBuffer(
       frame, [&](const XLA_FFI_Buffer* b, uint64_t bytes, bool is_arg) {
         Region r{b, cursor, bytes, is_arg};
         bool shared = false;  // with an earlier input
@@ -93,11 +94,9 @@ ClientStatus ForwardCpuCall(Client* client, const std::string& target,
         scratch.views.push_back(ring::BufferView{static_cast<int32_t>(b->dtype),
                                                  static_cast<uint32_t>(b->rank),
                                                  b->dims, r.offset, bytes});
-      });
-  if (!s.ok()) return s;
+      }));
   const std::string* attrs;
-  s = scratch.attrs.Get(&frame->attrs, &attrs);
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(scratch.attrs.Get(&frame->attrs, &attrs));
   ring::DescriptorView launch;
   launch.target = target;
   launch.platform = "cpu";
@@ -119,10 +118,9 @@ ClientStatus ForwardCpuCall(Client* client, const std::string& target,
   } call{cursor, &launch, &scratch};
   thread_local Client::Rerun rerun;
   rerun.target = target;
-  s = client->WithConn(
+  ClientStatus s = client->WithConn(
       [c = &call](Conn* conn) {
-        ClientStatus st = conn->EnsureArena(c->arena_bytes);
-        if (!st.ok()) return st;
+        KREG_RETURN_IF_ERROR(conn->EnsureArena(c->arena_bytes));
         char* arena = conn->arena();
         for (const Region& r : c->scratch->args) {
           if (r.copy_in && r.bytes > 0) {
@@ -130,13 +128,12 @@ ClientStatus ForwardCpuCall(Client* client, const std::string& target,
           }
         }
         stage::Mark(stage::kPrepared);  // inputs copied into the arena
-        st = conn->LaunchCpu(*c->launch, &c->scratch->request,
-                             &c->scratch->response);
-        if (!st.ok()) return st;
+        KREG_RETURN_IF_ERROR(conn->LaunchCpu(*c->launch, &c->scratch->request,
+                                             &c->scratch->response));
         for (const Region& r : c->scratch->rets) {
           if (r.bytes > 0) Copy(r.buffer->data, arena + r.offset, r.bytes);
         }
-        return st;
+        return ClientStatus::Ok();
       },
       &rerun);
   if (!s.ok()) client->launch_errors.fetch_add(1, std::memory_order_relaxed);

@@ -12,6 +12,7 @@
 
 #include "client/shim/cuda_trace.h"
 #include "common/mps_control.h"
+#include "common/status_macros.h"
 
 namespace kreg {
 namespace shim {
@@ -262,8 +263,7 @@ ClientStatus PlanBuffer(CudaConnState* st, Buf* b, Plan* plan,
     }
   }
   cc::ExportedBuffer ex;
-  ClientStatus s = cc::ExportBuffer(st->d_, b->data, &ex);
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(cc::ExportBuffer(st->d_, b->data, &ex));
   CudaConnState::Entry entry;
   entry.id = b->id;  // identified once; ex.id is the same allocation
   entry.kind = ex.kind;

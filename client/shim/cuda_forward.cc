@@ -13,6 +13,7 @@
 #include "client/shim/cuda_trace.h"
 #include "client/shim/launch_encoder.h"
 #include "common/cuda_driver.h"
+#include "common/status_macros.h"
 
 namespace kreg {
 namespace shim {
@@ -63,24 +64,22 @@ ClientStatus ForwardCudaCall(Client* client, const std::string& target,
   call.d = d;
   call.bufs.clear();
   call.target = &target;
-  ClientStatus s = XlaStream(frame, &call.stream);
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(XlaStream(frame, &call.stream));
   cs = cc::StreamDevice(d, call.stream, &call.ctx, &call.ordinal, &call.uuid);
   if (!cs.ok()) return cs;
   cc::PushContext scope(*d, call.ctx);
 
-  s = ForEachBuffer(frame,
-                    [&](const XLA_FFI_Buffer* b, uint64_t bytes, bool is_arg) {
-                      Buf buf;
-                      buf.is_arg = is_arg;
-                      buf.data = b->data;
-                      buf.bytes = bytes;
-                      buf.dtype = static_cast<int32_t>(b->dtype);
-                      buf.rank = static_cast<uint32_t>(b->rank);
-                      buf.dims = b->dims;
-                      call.bufs.push_back(buf);
-                    });
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(ForEachBuffer(
+      frame, [&](const XLA_FFI_Buffer* b, uint64_t bytes, bool is_arg) {
+        Buf buf;
+        buf.is_arg = is_arg;
+        buf.data = b->data;
+        buf.bytes = bytes;
+        buf.dtype = static_cast<int32_t>(b->dtype);
+        buf.rank = static_cast<uint32_t>(b->rank);
+        buf.dims = b->dims;
+        call.bufs.push_back(buf);
+      }));
   for (Buf& b : call.bufs) {
     if (b.bytes == 0) continue;
     cs = cc::IdentifyBuffer(d, b.data, &b.id, &b.offset);
@@ -98,8 +97,7 @@ ClientStatus ForwardCudaCall(Client* client, const std::string& target,
     }
   }
   const std::string* attrs;
-  s = scratch.attrs.Get(&frame->attrs, &attrs);
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(scratch.attrs.Get(&frame->attrs, &attrs));
   ring::DescriptorView& launch = call.launch;
   launch = ring::DescriptorView{};
   launch.target = target;
@@ -132,7 +130,7 @@ ClientStatus ForwardCudaCall(Client* client, const std::string& target,
       }
     }
   }
-  s = client->WithConn(
+  ClientStatus s = client->WithConn(
       [sc = &scratch](Conn* conn) {  // one pointer: kept inline
         return LaunchOnConn(conn, &sc->call, &sc->req, &sc->resp);
       },

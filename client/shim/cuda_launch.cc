@@ -8,6 +8,7 @@
 #include "common/ring_encode.h"
 #include "common/ring_layout.h"
 #include "common/stage_trace.h"
+#include "common/status_macros.h"
 #include "common/wire.h"
 
 namespace kreg {
@@ -113,8 +114,7 @@ ClientStatus PlanAttempt(CudaConnState* st, Call* call, Attempt* a) {
     b.copy_in = b.copy_out = false;
     b.stage_offset = 0;
     if (b.bytes == 0) continue;  // nothing to share, stage or copy
-    ClientStatus s = PlanBuffer(st, &b, &a->plan, &a->used, &a->mapped);
-    if (!s.ok()) return s;
+    KREG_RETURN_IF_ERROR(PlanBuffer(st, &b, &a->plan, &a->used, &a->mapped));
   }
   // Staging layout: one aligned region per distinct staged buffer (an
   // aliased input/output pair shares one, holding the input's values).
@@ -172,8 +172,7 @@ ClientStatus StageInputs(CudaConnState* st, Call* call, Attempt* a,
     sb.bytes = arena->buffer()->size();
     sb.id = arena->id();
     sb.offset = 0;
-    ClientStatus s = PlanBuffer(st, &sb, &a->plan, &a->used, &a->mapped);
-    if (!s.ok()) return s;
+    KREG_RETURN_IF_ERROR(PlanBuffer(st, &sb, &a->plan, &a->used, &a->mapped));
     if (sb.staged) {
       return ClientStatus::Error(kInternal,
                                  "kreg: the staging buffer cannot be shared");
@@ -298,8 +297,7 @@ ClientStatus DescribeSocket(Conn* conn, CudaConnState* st, Call* call,
   if (bell == nullptr) {
     std::unique_ptr<cc::IpcEventPair>& p = st->events_.pairs[call->uuid];
     if (p == nullptr) {
-      ClientStatus cs = cc::IpcEventPair::Create(call->d, call->ctx, &p);
-      if (!cs.ok()) return cs;
+      KREG_RETURN_IF_ERROR(cc::IpcEventPair::Create(call->d, call->ctx, &p));
       st->events_.sent[call->uuid] = false;
     }
     a->pair = p.get();
@@ -332,9 +330,8 @@ ClientStatus DescribeSocket(Conn* conn, CudaConnState* st, Call* call,
       *sr->add_shares() = a->plan.shares[i++];
     }
     v1::SessionResponse share_resp;
-    ClientStatus s = conn->Call(&share_req, &share_resp, chunk_fds.data(),
-                                static_cast<int>(chunk_fds.size()));
-    if (!s.ok()) return s;
+    KREG_RETURN_IF_ERROR(conn->Call(&share_req, &share_resp, chunk_fds.data(),
+                                    static_cast<int>(chunk_fds.size())));
   }
   a->raw_fds.clear();
   return ClientStatus::Ok();
@@ -359,8 +356,7 @@ ClientStatus OrderAndSend(Conn* conn, CudaConnState* st, Call* call,
       return cs;
     }
   } else {
-    ClientStatus cs = a->pair->RecordReady(call->stream);
-    if (!cs.ok()) return cs;
+    KREG_RETURN_IF_ERROR(a->pair->RecordReady(call->stream));
   }
   a->ordered = true;
   if (on_ring) {
@@ -381,8 +377,7 @@ ClientStatus OrderAndSend(Conn* conn, CudaConnState* st, Call* call,
       return ClientStatus::Ok();
     }
     a->async = false;  // (not reached: it fit) the socket then
-    ClientStatus ds = DescribeSocket(conn, st, call, bell, req, a);
-    if (!ds.ok()) return ds;
+    KREG_RETURN_IF_ERROR(DescribeSocket(conn, st, call, bell, req, a));
   }
   call->launch.doorbell_seq = a->seq;
   v1::Launch* launch = req->mutable_launch();
@@ -477,10 +472,8 @@ ClientStatus LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
   // previous launch's completion is consumed first (by now kregd has
   // usually acknowledged it; waiting for it keeps "the next call" exact
   // and at most one launch in flight per session).
-  ClientStatus s = conn->ReapAsync(true);
-  if (!s.ok()) return s;
-  s = conn->TakeAsyncError();
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(conn->ReapAsync(true));
+  KREG_RETURN_IF_ERROR(conn->TakeAsyncError());
   if (conn->cuda_state == nullptr) {
     conn->cuda_state = new CudaConnState(call->d);
   }
@@ -490,22 +483,18 @@ ClientStatus LaunchOnConn(Conn* conn, Call* call, v1::SessionRequest* req,
                            : 256;
   ReleaseStaging release_staging;
   cc::Doorbell* bell = nullptr;
-  s = DoorbellFor(conn, st, *call, &bell);
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(DoorbellFor(conn, st, *call, &bell));
+  ClientStatus s;
   for (int number = 0; number < 2; ++number) {
     Attempt a;
     a.number = number;
-    s = PlanAttempt(st, call, &a);
-    if (!s.ok()) return s;
-    s = StageInputs(st, call, &a, &release_staging);
-    if (!s.ok()) return s;
-    s = BoundCache(st, limit, &a);
-    if (!s.ok()) return s;
+    KREG_RETURN_IF_ERROR(PlanAttempt(st, call, &a));
+    KREG_RETURN_IF_ERROR(StageInputs(st, call, &a, &release_staging));
+    KREG_RETURN_IF_ERROR(BoundCache(st, limit, &a));
     DescribeBuffers(call, a);
     const bool on_ring = RingLaunch(conn, st, call, bell, a);
     if (!on_ring) {
-      s = DescribeSocket(conn, st, call, bell, req, &a);
-      if (!s.ok()) return s;
+      KREG_RETURN_IF_ERROR(DescribeSocket(conn, st, call, bell, req, &a));
     }
     resp->Clear();
     s = OrderAndSend(conn, st, call, bell, on_ring, req, resp, &a);

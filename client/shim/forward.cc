@@ -15,6 +15,7 @@
 #include "client/shim/cuda_forward.h"
 #include "client/shim/launch_encoder.h"
 #include "common/ring_encode.h"
+#include "common/status_macros.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace kreg {
@@ -159,16 +160,14 @@ void DestroyFfiError(const XLA_FFI_Api* api, XLA_FFI_Error* err) {
 ClientStatus InstantiateForwarded(const Slot* slot, XLA_FFI_CallFrame* frame) {
   thread_local AttrCache attrs;
   const std::string* encoded;
-  ClientStatus s = attrs.Get(&frame->attrs, &encoded);
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(attrs.Get(&frame->attrs, &encoded));
   ring::DescriptorView d;
   d.target = slot->target;
   d.platform = slot->platform;
   d.generation = slot->generation;
   d.attrs = *encoded;
   uint64_t handle = 0;
-  s = slot->client->Instantiate(d, &handle);
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(slot->client->Instantiate(d, &handle));
   auto* state = new ForwardedState{slot->client, slot->target, handle};
   XLA_FFI_State_Set_Args args;
   memset(&args, 0, sizeof(args));
@@ -229,17 +228,15 @@ ClientStatus ForwardedStateOf(
 ClientStatus StageForwarded(const Slot* slot, XLA_FFI_CallFrame* frame) {
   uint64_t state = 0;
   if (slot->stateful) {
-    ClientStatus s = ForwardedStateOf(slot, frame, &state,
-                                      XLA_FFI_ExecutionStage_INSTANTIATE);
-    if (!s.ok()) return s;
+    KREG_RETURN_IF_ERROR(ForwardedStateOf(slot, frame, &state,
+                                          XLA_FFI_ExecutionStage_INSTANTIATE));
   }
   thread_local AttrCache attrs;
   const std::string* encoded;
-  ClientStatus s = attrs.Get(&frame->attrs, &encoded);
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(attrs.Get(&frame->attrs, &encoded));
   std::vector<ring::BufferView> buffers;
   buffers.reserve(static_cast<size_t>(frame->args.size + frame->rets.size));
-  s = ForEachBuffer(
+  KREG_RETURN_IF_ERROR(ForEachBuffer(
       frame, [&](const XLA_FFI_Buffer* b, uint64_t bytes, bool /*is_arg*/) {
         ring::BufferView v;
         v.dtype = static_cast<int32_t>(b->dtype);
@@ -247,8 +244,7 @@ ClientStatus StageForwarded(const Slot* slot, XLA_FFI_CallFrame* frame) {
         v.dims = b->dims;
         v.size = bytes;
         buffers.push_back(v);
-      });
-  if (!s.ok()) return s;
+      }));
   ring::DescriptorView d;
   d.target = slot->target;
   d.platform = slot->platform;
@@ -397,8 +393,8 @@ ClientStatus Bind(Client* client, const std::string& target,
                   Binding* out, bool stateful) {
   std::string canonical = CanonicalPlatform(platform);
   if (generation > 0) {
-    ClientStatus s = CheckGeneration(client, target, canonical, generation);
-    if (!s.ok()) return s;
+    KREG_RETURN_IF_ERROR(
+        CheckGeneration(client, target, canonical, generation));
   }
   std::lock_guard<std::mutex> lock(g_bind_mu);
   for (int i = 0; i < g_used; ++i) {

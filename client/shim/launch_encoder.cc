@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/status_macros.h"
 
 namespace kreg {
 namespace shim {
@@ -121,9 +122,9 @@ ClientStatus EncodeAttrs(const XLA_FFI_Attrs* attrs,
       }
       case XLA_FFI_AttrType_DICTIONARY: {
         a->set_kind(v1::ATTR_KIND_DICT);
-        ClientStatus s = EncodeAttrs(static_cast<const XLA_FFI_Attrs*>(value),
-                                     a->mutable_dict(), depth + 1);
-        if (!s.ok()) return s;
+        KREG_RETURN_IF_ERROR(
+            EncodeAttrs(static_cast<const XLA_FFI_Attrs*>(value),
+                        a->mutable_dict(), depth + 1));
         break;
       }
       default:

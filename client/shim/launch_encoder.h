@@ -9,6 +9,7 @@
 
 #include "common/ring_encode.h"
 #include "common/status.h"
+#include "common/status_macros.h"
 #include "kreg/v1/session.pb.h"
 #include "xla/ffi/api/c_api.h"
 
@@ -41,8 +42,7 @@ ClientStatus ForEachBuffer(const XLA_FFI_CallFrame* frame, Visit&& visit) {
     auto* b = static_cast<const XLA_FFI_Buffer*>(is_arg ? frame->args.args[i]
                                                         : frame->rets.rets[i]);
     uint64_t bytes;
-    ClientStatus s = BufferBytes(b, kind, i, &bytes);
-    if (!s.ok()) return s;
+    KREG_RETURN_IF_ERROR(BufferBytes(b, kind, i, &bytes));
     visit(b, bytes, is_arg);
   }
   return ClientStatus::Ok();

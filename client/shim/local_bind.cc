@@ -20,6 +20,7 @@
 #include "client/shim/forward.h"
 #include "client/shim/repoint_watch.h"
 #include "common/sha256.h"
+#include "common/status_macros.h"
 
 namespace kreg {
 namespace shim {
@@ -98,8 +99,7 @@ ClientStatus SpecOf(const v1::Target& target, HandlerSpec* spec) {
 // The execute handler of target.func_name() in the loaded module `dl`.
 ClientStatus Symbol(void* dl, const v1::Target& target, void** out) {
   HandlerSpec spec;
-  ClientStatus s = SpecOf(target, &spec);
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(SpecOf(target, &spec));
   return NamedSymbol(dl, target, spec.execute(), out);
 }
 
@@ -211,8 +211,7 @@ ClientStatus LoadModule(UniqueFd fd, const v1::Target& target, void** handler,
   // file.
   (void)fd.release();
   void* sym;
-  ClientStatus s = Symbol(dl, target, &sym);
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(Symbol(dl, target, &sym));
   // dlopen matches already loaded objects by name first: a path reused by
   // an earlier, closed fd would hand back that object. The symbol must lie
   // in this very file.
@@ -325,8 +324,7 @@ ClientStatus ApplyRepoint(const v1::Repoint& notice, UniqueFd module,
   info.set_func_name(notice.func_name());
   info.set_module_digest(notice.module_digest());
   info.set_module_size(notice.module_size());
-  ClientStatus s = CheckModuleFd(module.get(), info);
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(CheckModuleFd(module.get(), info));
   std::lock_guard<std::mutex> lock(g_mu);
   auto it = g_bound->find(key);
   if (it == g_bound->end()) {
@@ -345,8 +343,7 @@ ClientStatus ApplyRepoint(const v1::Repoint& notice, UniqueFd module,
             std::to_string(binding.target.generation()) + " until it exits");
   }
   void* handler = nullptr;
-  s = HandlerOf(std::move(module), info, &handler);
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(HandlerOf(std::move(module), info, &handler));
   SetRepointable(binding.repoint_slot, handler);
   binding.target.set_generation(notice.generation());
   binding.target.set_func_name(notice.func_name());

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "client/shim/conn.h"
+#include "common/status_macros.h"
 #include "common/unique_fd.h"
 #include "common/wire.h"
 #include "kreg/v1/session.pb.h"
@@ -31,12 +32,11 @@ pid_t g_pid = 0;  // guarded by g_mu
 std::set<std::string>* g_watched = new std::set<std::string>();  // paths
 
 ClientStatus OpenWatch(const std::string& path, std::unique_ptr<Conn>* out) {
-  ClientStatus s = Conn::Open(path, out, /*control=*/true);
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(Conn::Open(path, out, /*control=*/true));
   v1::SessionRequest req;
   req.mutable_watch();
   v1::SessionResponse resp;
-  s = (*out)->Call(&req, &resp);
+  ClientStatus s = (*out)->Call(&req, &resp);
   if (s.ok() && !resp.has_watch()) {
     s = ClientStatus::Error(kInternal,
                             "kregd answered watch without a WatchReply");
@@ -73,8 +73,7 @@ ClientStatus WatchRepoints(const std::string& session_path,
   }
   if (g_watched->count(session_path) != 0) return ClientStatus::Ok();
   std::unique_ptr<Conn> conn;
-  ClientStatus s = OpenWatch(session_path, &conn);
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(OpenWatch(session_path, &conn));
   std::thread(WatchLoop, session_path, std::move(conn), apply).detach();
   g_watched->insert(session_path);
   return ClientStatus::Ok();

@@ -9,6 +9,7 @@
 #include "common/ring_encode.h"
 #include "common/ring_layout.h"
 #include "common/stage_trace.h"
+#include "common/status_macros.h"
 
 namespace kreg {
 namespace shim {
@@ -44,9 +45,8 @@ ClientStatus ClientRing::Create(int64_t spin_ns,
                                 std::unique_ptr<ClientRing>* out) {
   int fd;
   char* base;
-  ClientStatus s = CreateSharedRegion("kreg-ring", ring::kRegionBytes,
-                                      "the launch ring", &fd, &base);
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(CreateSharedRegion("kreg-ring", ring::kRegionBytes,
+                                          "the launch ring", &fd, &base));
   ring::Control* c = ring::ControlOf(base);
   c->magic = ring::kMagic;
   c->version = ring::kVersion;

@@ -4,9 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/status_macros.h"
 #include "daemon/base/module_upload.h"
 #include "daemon/base/protocol_version.h"
-#include "daemon/base/status_macros.h"
 #include "daemon/base/validate.h"
 #include "daemon/registry/registrar.h"
 #include "daemon/registry/registration_mapper.h"

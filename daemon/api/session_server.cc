@@ -14,9 +14,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "common/wire.h"
 #include "daemon/base/files.h"
-#include "daemon/base/status_macros.h"
 #include "daemon/base/unix_listener.h"
 #include "spdlog/spdlog.h"
 

@@ -9,8 +9,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "common/unique_fd.h"
-#include "daemon/base/status_macros.h"
 
 namespace kreg {
 namespace {

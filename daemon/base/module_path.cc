@@ -22,9 +22,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "common/wire.h"
 #include "daemon/base/files.h"
-#include "daemon/base/status_macros.h"
 #include "daemon/base/types.h"
 
 extern char** environ;

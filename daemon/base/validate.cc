@@ -10,7 +10,7 @@
 #include "absl/strings/strip.h"
 #include "common/handler_spec.h"
 #include "common/platforms.h"
-#include "daemon/base/status_macros.h"
+#include "common/status_macros.h"
 
 namespace kreg {
 namespace {

@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "daemon/cluster/cluster_records.h"
 #include "daemon/cluster/cluster_registry.h"
 #include "spdlog/spdlog.h"
@@ -15,12 +16,11 @@ namespace kreg {
 absl::StatusOr<std::optional<ClusterRegistry::CompiledModule>>
 ClusterRegistry::FindCompiled(const std::string& key_hex) {
   const std::string key = absl::StrCat(prefix_, "compiled/", key_hex);
-  absl::StatusOr<EtcdRange> r = etcd_.Range(key, false);
-  if (!r.ok()) return r.status();
-  if (r->kvs.empty()) return std::nullopt;
+  KREG_ASSIGN_OR_RETURN(EtcdRange r, etcd_.Range(key, false));
+  if (r.kvs.empty()) return std::nullopt;
   // Signed "<digest> <size>" at its place; anything else is ignored (and
   // compiled here), a record not sealed yet silently.
-  const EtcdKv& kv = r->kvs[0];
+  const EtcdKv& kv = r.kvs[0];
   absl::StatusOr<SignedRecord> signed_record =
       signer_.Verify(key, kv.value, {kv.create_revision, kv.version});
   if (!signed_record.ok() || signed_record->kind != kCompiledRecord) {
@@ -52,16 +52,15 @@ absl::Status ClusterRegistry::RecordCompiled(const std::string& key_hex,
 
 absl::StatusOr<int64_t> ClusterRegistry::ClaimCompile(
     const std::string& key_hex, int64_t ttl_s) {
-  absl::StatusOr<int64_t> lease = etcd_.GrantLease(ttl_s);
-  if (!lease.ok()) return lease.status();
+  KREG_ASSIGN_OR_RETURN(int64_t lease, etcd_.GrantLease(ttl_s));
   absl::StatusOr<EtcdCreate> c = etcd_.CreateIfAbsent(
-      absl::StrCat(prefix_, "compiling/", key_hex), host_id_, *lease);
+      absl::StrCat(prefix_, "compiling/", key_hex), host_id_, lease);
   if (!c.ok() || !c->created) {
-    (void)etcd_.Revoke(*lease);
+    (void)etcd_.Revoke(lease);
     if (!c.ok()) return c.status();
     return 0;
   }
-  return *lease;
+  return lease;
 }
 
 void ClusterRegistry::ReleaseCompile(int64_t lease) {

@@ -5,6 +5,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "daemon/registry/refusals.h"
 #include "daemon/store/module_store.h"
 #include "spdlog/spdlog.h"
@@ -77,17 +78,13 @@ absl::StatusOr<RegisterOutcome> ClusterMirror::BindNew(
     proposed.module_size = args.module_bytes.size();
     // Probe before claiming: a module that is no handler must not win the
     // name cluster-wide, even for a moment.
-    absl::StatusOr<StagedModule> st = loader->Stage(args.module_bytes, digest);
-    if (!st.ok()) return st.status();
-    staged = *std::move(st);
-    absl::StatusOr<HandlerInfo> info = loader->Probe(*staged, args.func_name);
-    if (!info.ok()) return info.status();
-    proposed.handler_info = *info;
+    KREG_ASSIGN_OR_RETURN(staged, loader->Stage(args.module_bytes, digest));
+    KREG_ASSIGN_OR_RETURN(proposed.handler_info,
+                          loader->Probe(*staged, args.func_name));
   }
-  absl::StatusOr<ClaimResult> claim = authority->Claim(proposed);
-  if (!claim.ok()) return claim.status();
-  const bool created = claim->created;
-  TargetEntry binding = created ? proposed : claim->existing;
+  KREG_ASSIGN_OR_RETURN(ClaimResult claim, authority->Claim(proposed));
+  const bool created = claim.created;
+  TargetEntry binding = created ? proposed : claim.existing;
   if (!created) {
     bool replacing = false;
     absl::Status same =
@@ -114,18 +111,15 @@ absl::StatusOr<RegisterOutcome> ClusterMirror::BindNew(
     if (created) authority->Unclaim(proposed);
   });
   if (staged.has_value()) {
-    absl::Status st = loader->Commit(*staged);
-    if (!st.ok()) return st;
+    KREG_RETURN_IF_ERROR(loader->Commit(*staged));
     committed = true;
-    st = loader->Check(digest);
-    if (!st.ok()) return st;
+    KREG_RETURN_IF_ERROR(loader->Check(digest));
   }
-  absl::StatusOr<EntryPtr> entry = registry_->Insert(binding);
-  if (!entry.ok()) return entry.status();
+  KREG_ASSIGN_OR_RETURN(EntryPtr entry, registry_->Insert(binding));
   std::move(unclaim).Cancel();
   std::move(discard).Cancel();
-  authority->Committed(**entry);
-  return RegisterOutcome{created, *entry};
+  authority->Committed(*entry);
+  return RegisterOutcome{created, entry};
 }
 
 absl::StatusOr<RegisterOutcome> ClusterMirror::Adopt(
@@ -142,9 +136,8 @@ absl::StatusOr<RegisterOutcome> ClusterMirror::Adopt(
                      "from a peer: ",
                      bytes.status().message()));
   }
-  absl::StatusOr<EntryPtr> entry = registry_->Install(binding, *bytes);
-  if (!entry.ok()) return entry.status();
-  return RegisterOutcome{false, *entry};
+  KREG_ASSIGN_OR_RETURN(EntryPtr entry, registry_->Install(binding, *bytes));
+  return RegisterOutcome{false, entry};
 }
 
 absl::Status ClusterMirror::Committing(TargetEntry* entry,
@@ -209,8 +202,7 @@ absl::Status ClusterMirror::Mirror(const TargetEntry& binding,
         local->host.empty() ? "" : absl::StrCat(" on host ", local->host),
         binding.content_id, binding.module_digest, binding.func_name,
         binding.host, binding.registered_by.uid);
-    absl::Status removed = registry_->Remove(local, Self());
-    if (!removed.ok()) return removed;
+    KREG_RETURN_IF_ERROR(registry_->Remove(local, Self()));
   }
   absl::StatusOr<EntryPtr> entry;
   if (binding.kind == TargetKind::kInProcess) {
@@ -218,9 +210,8 @@ absl::Status ClusterMirror::Mirror(const TargetEntry& binding,
   } else if (!module_bytes.empty()) {
     entry = registry_->Install(binding, module_bytes);
   } else {
-    absl::Status stored =
-        registry_->loader()->CheckStored(binding.module_digest);
-    if (!stored.ok()) return stored;
+    KREG_RETURN_IF_ERROR(
+        registry_->loader()->CheckStored(binding.module_digest));
     entry = registry_->Insert(binding);
   }
   if (!entry.ok()) return entry.status();
@@ -283,10 +274,9 @@ absl::Status ClusterMirror::StoreModule(const std::string& digest,
                                             " have digest ",
                                             Sha256Digest(bytes), "; refused"));
   }
-  absl::StatusOr<StagedModule> staged = loader->Stage(bytes, digest);
-  if (!staged.ok()) return staged.status();
-  absl::Status st = loader->Commit(*staged);
-  if (!st.ok()) loader->Discard(*staged);
+  KREG_ASSIGN_OR_RETURN(StagedModule staged, loader->Stage(bytes, digest));
+  absl::Status st = loader->Commit(staged);
+  if (!st.ok()) loader->Discard(staged);
   return st;
 }
 
@@ -304,8 +294,7 @@ absl::Status ClusterMirror::Unmirror(const TargetEntry& retired,
         return true;
       });
   if (hold == nullptr) return absl::OkStatus();
-  absl::Status removed = registry_->Remove(local, Self());
-  if (!removed.ok()) return removed;
+  KREG_RETURN_IF_ERROR(registry_->Remove(local, Self()));
   std::string bound;
   if (BindingOracle* oracle = registry_->oracle()) {
     std::vector<PeerCred> holders = oracle->Holders(local->key);

@@ -6,6 +6,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "daemon/base/host_port.h"
 #include "daemon/base/validate.h"
 #include "daemon/registry/target_proto.h"
@@ -60,26 +61,24 @@ absl::StatusOr<TargetEntry> ParseBindingRecord(const std::string& prefix,
     return absl::DataLossError(absl::StrCat("etcd key ", Quoted(key),
                                             " does not hold a kreg binding"));
   }
-  absl::StatusOr<TargetEntry> e = FromProto(t);
-  if (!e.ok()) return e.status();
+  KREG_ASSIGN_OR_RETURN(TargetEntry e, FromProto(t));
   // What a registration on any host would have been refused for.
   auto check = [&](const std::string& func, const std::string& cid,
                    const std::string& digest) {
     absl::Status st = ValidateFuncName(func);
     if (st.ok()) st = ValidateContentId(cid);
-    if (st.ok() && e->kind == TargetKind::kModule &&
-        !WellFormedDigest(digest)) {
+    if (st.ok() && e.kind == TargetKind::kModule && !WellFormedDigest(digest)) {
       st = absl::InvalidArgumentError(
           absl::StrCat("module digest ", Quoted(digest),
                        " is not \"sha256:\" followed by 64 lowercase hex"));
     }
     return st;
   };
-  absl::Status st = check(e->func_name, e->content_id, e->module_digest);
+  absl::Status st = check(e.func_name, e.content_id, e.module_digest);
   // Every generation too (a pin loads its module): ascending, the last
   // one the binding's own (docs/replace.md §9).
   uint32_t before = 0;
-  for (const Generation& g : e->generations) {
+  for (const Generation& g : e.generations) {
     if (!st.ok()) break;
     st = check(g.func_name, g.content_id, g.module_digest);
     if (st.ok() && g.generation <= before) {
@@ -93,21 +92,21 @@ absl::StatusOr<TargetEntry> ParseBindingRecord(const std::string& prefix,
     }
     before = g.generation;
   }
-  if (st.ok() && !e->generations.empty() &&
-      (before != e->generation ||
-       e->generations.back().module_digest != e->module_digest)) {
+  if (st.ok() && !e.generations.empty() &&
+      (before != e.generation ||
+       e.generations.back().module_digest != e.module_digest)) {
     st = absl::InvalidArgumentError(absl::StrCat(
         "its last generation (", before, ", module ",
-        e->generations.back().module_digest, ") is not its current one (",
-        e->generation, ", module ", e->module_digest, ")"));
+        e.generations.back().module_digest, ") is not its current one (",
+        e.generation, ", module ", e.module_digest, ")"));
   }
   if (!st.ok()) {
     return absl::DataLossError(absl::StrCat(
         "etcd key ", Quoted(key), " holds an invalid binding: ", st.message()));
   }
-  if (BindingKey(prefix, e->key) != key) {
+  if (BindingKey(prefix, e.key) != key) {
     return absl::DataLossError(absl::StrCat(
-        "etcd key ", Quoted(key), " holds the binding of ", Named(e->key)));
+        "etcd key ", Quoted(key), " holds the binding of ", Named(e.key)));
   }
   return e;
 }
@@ -117,16 +116,14 @@ absl::StatusOr<BindingRecord> ParseSignedBinding(const RecordSigner& signer,
                                                  const std::string& key,
                                                  const std::string& value,
                                                  RecordPlace at) {
-  absl::StatusOr<SignedRecord> r = signer.Verify(key, value, at);
-  if (!r.ok()) return r.status();
-  if (r->kind != kBindRecord && r->kind != kRetireRecord) {
+  KREG_ASSIGN_OR_RETURN(SignedRecord r, signer.Verify(key, value, at));
+  if (r.kind != kBindRecord && r.kind != kRetireRecord) {
     return absl::DataLossError(absl::StrCat("etcd key ", Quoted(key),
-                                            " holds a ", r->kind,
+                                            " holds a ", r.kind,
                                             " record, not a binding"));
   }
-  absl::StatusOr<TargetEntry> e = ParseBindingRecord(prefix, key, r->body);
-  if (!e.ok()) return e.status();
-  return BindingRecord{*std::move(e), r->kind == kRetireRecord};
+  KREG_ASSIGN_OR_RETURN(TargetEntry e, ParseBindingRecord(prefix, key, r.body));
+  return BindingRecord{std::move(e), r.kind == kRetireRecord};
 }
 
 std::string ReservationKey(const std::string& prefix,
@@ -150,10 +147,9 @@ std::string ReservationJson(const NameReservation& r, bool lifted) {
 absl::StatusOr<ReservationEvent> ParseSignedReservation(
     const RecordSigner& signer, const std::string& prefix,
     const std::string& key, const std::string& value, RecordPlace at) {
-  absl::StatusOr<SignedRecord> r = signer.Verify(key, value, at);
-  if (!r.ok()) return r.status();
+  KREG_ASSIGN_OR_RETURN(SignedRecord r, signer.Verify(key, value, at));
   v1::ReservationRecord p;
-  if (r->kind != kReserveRecord || !RecordFromJson(r->body, &p)) {
+  if (r.kind != kReserveRecord || !RecordFromJson(r.body, &p)) {
     return absl::DataLossError(
         absl::StrCat("etcd key ", Quoted(key), " does not hold a reservation"));
   }
@@ -219,13 +215,12 @@ absl::StatusOr<AckRecord> ParseSignedAck(
   if (!PeerAddressOk(out.address)) {
     return bad(absl::StrCat("the key is not ", Quoted(under + "HOST:PORT")));
   }
-  absl::StatusOr<SignedRecord> r = signer.Verify(etcd_key, value, at);
-  if (!r.ok()) return r.status();
-  if (r->kind != kAckRecord) {
-    return bad(absl::StrCat("it is a ", r->kind, " record"));
+  KREG_ASSIGN_OR_RETURN(SignedRecord r, signer.Verify(etcd_key, value, at));
+  if (r.kind != kAckRecord) {
+    return bad(absl::StrCat("it is a ", r.kind, " record"));
   }
   v1::ClusterAck a;
-  if (!RecordFromJson(r->body, &a)) return bad("its body does not parse");
+  if (!RecordFromJson(r.body, &a)) return bad("its body does not parse");
   auto text_ok = [](const std::string& t) {
     if (t.size() > kMaxAckTextBytes) return false;
     for (char c : t) {
@@ -310,14 +305,13 @@ std::string HostKey(const std::string& prefix, const std::string& address) {
 absl::StatusOr<v1::ClusterHost> ParseSignedHostRecord(
     const RecordSigner& signer, const std::string& prefix,
     const std::string& etcd_key, const std::string& value, RecordPlace at) {
-  absl::StatusOr<SignedRecord> r = signer.Verify(etcd_key, value, at);
-  if (!r.ok()) return r.status();
-  if (r->kind != kHostRecord) {
+  KREG_ASSIGN_OR_RETURN(SignedRecord r, signer.Verify(etcd_key, value, at));
+  if (r.kind != kHostRecord) {
     return absl::DataLossError(absl::StrCat("etcd key ", Quoted(etcd_key),
-                                            " holds a ", r->kind,
+                                            " holds a ", r.kind,
                                             " record, not a host record"));
   }
-  absl::StatusOr<v1::ClusterHost> h = ParseHostRecord(r->body);
+  absl::StatusOr<v1::ClusterHost> h = ParseHostRecord(r.body);
   if (!h.ok()) {
     return absl::DataLossError(absl::StrCat("etcd key ", Quoted(etcd_key), ": ",
                                             h.status().message()));

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "common/version.h"
 #include "daemon/base/log_limit.h"
 #include "daemon/cluster/cluster_records.h"
@@ -141,12 +142,13 @@ absl::StatusOr<bool> ClusterRegistry::WriteAfter(const std::string& key,
   }
   // A key's create_revision is known only once it is created: the
   // creating write is a claim that counts once the next write seals it.
-  absl::StatusOr<EtcdCreate> c = etcd_.CreateIfAbsent(
-      key, signer_.Sign(key, kind, body, kCreatingWrite), lease);
-  if (!c.ok()) return c.status();
-  if (!c->created) return false;
+  KREG_ASSIGN_OR_RETURN(
+      EtcdCreate c,
+      etcd_.CreateIfAbsent(key, signer_.Sign(key, kind, body, kCreatingWrite),
+                           lease));
+  if (!c.created) return false;
   return etcd_.PutIfUnchanged(
-      key, signer_.Sign(key, kind, body, {c->revision, 2}), c->revision, lease);
+      key, signer_.Sign(key, kind, body, {c.revision, 2}), c.revision, lease);
 }
 
 absl::Status ClusterRegistry::WriteSigned(const std::string& key,
@@ -154,12 +156,12 @@ absl::Status ClusterRegistry::WriteSigned(const std::string& key,
                                           const std::string& body,
                                           int64_t lease) {
   for (int attempt = 0; attempt < 5; ++attempt) {
-    absl::StatusOr<EtcdRange> now = etcd_.Range(key, false);
-    if (!now.ok()) return now.status();
-    absl::StatusOr<bool> written = WriteAfter(
-        key, kind, body, now->kvs.empty() ? nullptr : &now->kvs[0], lease);
-    if (!written.ok()) return written.status();
-    if (*written) return absl::OkStatus();
+    KREG_ASSIGN_OR_RETURN(EtcdRange now, etcd_.Range(key, false));
+    KREG_ASSIGN_OR_RETURN(
+        bool written,
+        WriteAfter(key, kind, body, now.kvs.empty() ? nullptr : &now.kvs[0],
+                   lease));
+    if (written) return absl::OkStatus();
   }
   return absl::AbortedError(
       absl::StrCat("etcd key \"", key.substr(0, 200),
@@ -389,10 +391,10 @@ absl::Status ClusterRegistry::Release(const TargetEntry& entry) {
         entry.content_id, "; this host catches up shortly, then retry"));
   }
   // Never a bare delete: other hosts retire only on a signed retirement.
-  absl::StatusOr<bool> retired = WriteAfter(
-      key, kRetireRecord, RecordJson(ToProto(entry)), &now->kvs[0], 0);
-  if (!retired.ok()) return retired.status();
-  if (!*retired) {
+  KREG_ASSIGN_OR_RETURN(
+      bool retired, WriteAfter(key, kRetireRecord, RecordJson(ToProto(entry)),
+                               &now->kvs[0], 0));
+  if (!retired) {
     return absl::AbortedError(absl::StrCat(
         "cannot retire ", Named(entry.key),
         ": its cluster binding changed during the retirement; retry"));
@@ -452,9 +454,8 @@ absl::StatusOr<std::string> ClusterRegistry::FetchModule(
 absl::Status ClusterRegistry::Peers(const std::string& digest,
                                     std::vector<std::string>* holders,
                                     std::vector<std::string>* others) {
-  absl::StatusOr<EtcdRange> peers = etcd_.Range(prefix_ + "peers/", true);
-  if (!peers.ok()) return peers.status();
-  for (const EtcdKv& kv : peers->kvs) {
+  KREG_ASSIGN_OR_RETURN(EtcdRange peers, etcd_.Range(prefix_ + "peers/", true));
+  for (const EtcdKv& kv : peers.kvs) {
     absl::StatusOr<v1::ClusterHost> h =
         ParseSignedHostRecord(signer_, prefix_, kv.key, kv.value, PlaceOf(kv));
     if (!h.ok()) {
@@ -474,7 +475,7 @@ absl::StatusOr<std::string> ClusterRegistry::FetchFrom(
     const std::string& last) {
   if (size > options_.max_module_bytes) return TooLarge(digest, size);
   std::vector<std::string> first, then;
-  if (absl::Status st = Peers(digest, &first, &then); !st.ok()) return st;
+  KREG_RETURN_IF_ERROR(Peers(digest, &first, &then));
   // A host's record may not list what it got in the last seconds (its
   // rewrites are spaced out): `holder` has it all the same.
   if (auto it = std::find(then.begin(), then.end(), holder); it != then.end()) {
@@ -512,7 +513,7 @@ absl::StatusOr<std::string> ClusterRegistry::FetchNew(
     return FetchFrom(digest, size, "", origin);
   }
   std::vector<std::string> hosts, others;
-  if (absl::Status st = Peers(digest, &hosts, &others); !st.ok()) return st;
+  KREG_RETURN_IF_ERROR(Peers(digest, &hosts, &others));
   hosts.insert(hosts.end(), others.begin(), others.end());
   std::vector<std::string> chain =
       FetchChain(digest, origin, options_.advertise, hosts);
@@ -777,10 +778,9 @@ void ClusterRegistry::FetchGenerations(const TargetEntry& binding) {
 absl::Status ClusterRegistry::Reconcile(int64_t* revision) {
   ClusterMirror* r = registry_.load();
   std::vector<EntryPtr> before = r->registry().List();
-  absl::StatusOr<EtcdRange> all = etcd_.Range(prefix_ + "targets/", true);
-  if (!all.ok()) return all.status();
+  KREG_ASSIGN_OR_RETURN(EtcdRange all, etcd_.Range(prefix_ + "targets/", true));
   std::map<TargetKey, BindingRecord> records;
-  for (const EtcdKv& kv : all->kvs) {
+  for (const EtcdKv& kv : all.kvs) {
     absl::StatusOr<BindingRecord> b = Parse(kv);
     if (!b.ok()) {
       Ignored(b.status());
@@ -808,13 +808,12 @@ absl::Status ClusterRegistry::Reconcile(int64_t* revision) {
   }
   // Reservations made or lifted while this kregd was away (the watch
   // starts after the bindings' revision: later changes come again).
-  absl::StatusOr<EtcdRange> reserved =
-      etcd_.Range(prefix_ + "reservations/", true);
-  if (!reserved.ok()) return reserved.status();
-  for (const EtcdKv& kv : reserved->kvs) ApplyReservation(kv);
-  *revision = all->revision;
+  KREG_ASSIGN_OR_RETURN(EtcdRange reserved,
+                        etcd_.Range(prefix_ + "reservations/", true));
+  for (const EtcdKv& kv : reserved.kvs) ApplyReservation(kv);
+  *revision = all.revision;
   spdlog::info("cluster: in sync with etcd at revision {} ({} records)",
-               all->revision, all->kvs.size() + reserved->kvs.size());
+               all.revision, all.kvs.size() + reserved.kvs.size());
   return absl::OkStatus();
 }
 

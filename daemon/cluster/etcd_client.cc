@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "daemon/base/host_port.h"
 #include "daemon/cluster/etcd_decode.h"
 #include "spdlog/spdlog.h"
@@ -155,11 +156,10 @@ absl::StatusOr<EtcdCreate> EtcdClient::CreateIfAbsent(const std::string& key,
   put->set_lease(lease);
   req.add_failure()->mutable_request_range()->set_key(key);
   etcdserverpb::TxnResponse resp;
-  absl::Status st = OnAnyMember("a create-if-absent transaction",
-                                [&](Member& m, grpc::ClientContext* ctx) {
-                                  return m.kv->Txn(ctx, req, &resp);
-                                });
-  if (!st.ok()) return st;
+  KREG_RETURN_IF_ERROR(OnAnyMember("a create-if-absent transaction",
+                                   [&](Member& m, grpc::ClientContext* ctx) {
+                                     return m.kv->Txn(ctx, req, &resp);
+                                   }));
   return DecodeCreate(key, resp);
 }
 
@@ -169,11 +169,10 @@ absl::StatusOr<EtcdRange> EtcdClient::Range(const std::string& key,
   req.set_key(key);
   if (prefix) req.set_range_end(PrefixEnd(key));
   etcdserverpb::RangeResponse resp;
-  absl::Status st =
+  KREG_RETURN_IF_ERROR(
       OnAnyMember("a range read", [&](Member& m, grpc::ClientContext* ctx) {
         return m.kv->Range(ctx, req, &resp);
-      });
-  if (!st.ok()) return st;
+      }));
   return DecodeRange(resp);
 }
 
@@ -183,11 +182,10 @@ absl::StatusOr<int64_t> EtcdClient::Count(const std::string& prefix) {
   req.set_range_end(PrefixEnd(prefix));
   req.set_count_only(true);
   etcdserverpb::RangeResponse resp;
-  absl::Status st =
+  KREG_RETURN_IF_ERROR(
       OnAnyMember("a count", [&](Member& m, grpc::ClientContext* ctx) {
         return m.kv->Range(ctx, req, &resp);
-      });
-  if (!st.ok()) return st;
+      }));
   return resp.count();
 }
 
@@ -206,11 +204,10 @@ absl::StatusOr<bool> EtcdClient::PutIfUnchanged(const std::string& key,
   put->set_value(value);
   put->set_lease(lease);
   etcdserverpb::TxnResponse resp;
-  absl::Status st = OnAnyMember("a put-if-unchanged transaction",
-                                [&](Member& m, grpc::ClientContext* ctx) {
-                                  return m.kv->Txn(ctx, req, &resp);
-                                });
-  if (!st.ok()) return st;
+  KREG_RETURN_IF_ERROR(OnAnyMember("a put-if-unchanged transaction",
+                                   [&](Member& m, grpc::ClientContext* ctx) {
+                                     return m.kv->Txn(ctx, req, &resp);
+                                   }));
   return resp.succeeded();
 }
 
@@ -230,11 +227,10 @@ absl::StatusOr<int64_t> EtcdClient::GrantLease(int64_t ttl_s) {
   etcdserverpb::LeaseGrantRequest req;
   req.set_ttl(ttl_s);
   etcdserverpb::LeaseGrantResponse resp;
-  absl::Status st =
+  KREG_RETURN_IF_ERROR(
       OnAnyMember("a lease grant", [&](Member& m, grpc::ClientContext* ctx) {
         return m.lease->LeaseGrant(ctx, req, &resp);
-      });
-  if (!st.ok()) return st;
+      }));
   return DecodeLeaseGrant(resp);
 }
 
@@ -243,7 +239,7 @@ absl::StatusOr<int64_t> EtcdClient::KeepAlive(int64_t lease) {
   req.set_id(lease);
   etcdserverpb::LeaseKeepAliveResponse resp;
   bool got = false;
-  absl::Status st = OnAnyMember(
+  KREG_RETURN_IF_ERROR(OnAnyMember(
       "a lease keep-alive", [&](Member& m, grpc::ClientContext* ctx) {
         auto stream = m.lease->LeaseKeepAlive(ctx);
         got = stream->Write(req) && stream->Read(&resp);
@@ -251,8 +247,7 @@ absl::StatusOr<int64_t> EtcdClient::KeepAlive(int64_t lease) {
         if (got) ctx->TryCancel();  // the stream has no natural end
         grpc::Status fin = stream->Finish();
         return got ? grpc::Status::OK : fin;
-      });
-  if (!st.ok()) return st;
+      }));
   return DecodeKeepAlive(lease, resp);
 }
 
@@ -260,11 +255,10 @@ absl::StatusOr<int64_t> EtcdClient::TimeToLive(int64_t lease) {
   etcdserverpb::LeaseTimeToLiveRequest req;
   req.set_id(lease);
   etcdserverpb::LeaseTimeToLiveResponse resp;
-  absl::Status st = OnAnyMember(
+  KREG_RETURN_IF_ERROR(OnAnyMember(
       "a lease time-to-live", [&](Member& m, grpc::ClientContext* ctx) {
         return m.lease->LeaseTimeToLive(ctx, req, &resp);
-      });
-  if (!st.ok()) return st;
+      }));
   return resp.ttl();
 }
 

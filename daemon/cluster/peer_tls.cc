@@ -2,6 +2,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "daemon/base/files.h"
 
 namespace kreg {
@@ -32,16 +33,10 @@ absl::StatusOr<PeerTls> LoadPeerTls(const PeerTlsFiles& files) {
         "peer TLS needs all three of peer_tls_ca, peer_tls_cert and "
         "peer_tls_key (--peer-tls-ca/-cert/-key); only some are set");
   }
-  absl::StatusOr<std::string> ca = ReadPem(files.ca, "CA certificate");
-  if (!ca.ok()) return ca.status();
-  absl::StatusOr<std::string> cert = ReadPem(files.cert, "certificate");
-  if (!cert.ok()) return cert.status();
-  absl::StatusOr<std::string> key = ReadPem(files.key, "private key");
-  if (!key.ok()) return key.status();
+  KREG_ASSIGN_OR_RETURN(tls.ca_pem, ReadPem(files.ca, "CA certificate"));
+  KREG_ASSIGN_OR_RETURN(tls.cert_pem, ReadPem(files.cert, "certificate"));
+  KREG_ASSIGN_OR_RETURN(tls.key_pem, ReadPem(files.key, "private key"));
   tls.enabled = true;
-  tls.ca_pem = *std::move(ca);
-  tls.cert_pem = *std::move(cert);
-  tls.key_pem = *std::move(key);
   return tls;
 }
 

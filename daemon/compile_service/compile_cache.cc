@@ -12,9 +12,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "common/unique_fd.h"
 #include "daemon/base/files.h"
-#include "daemon/base/status_macros.h"
 #include "daemon/compile_service/compile_request.h"
 #include "spdlog/spdlog.h"
 

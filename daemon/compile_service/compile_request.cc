@@ -7,9 +7,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "daemon/base/platform_table.h"
 #include "daemon/base/sha256.h"
-#include "daemon/base/status_macros.h"
 #include "daemon/base/validate.h"
 
 namespace kreg {
@@ -90,12 +90,11 @@ absl::StatusOr<CompileRequest> ParseCompileRequest(
   CompileRequest out;
   KREG_RETURN_IF_ERROR(ValidateTargetName(req.target_name()));
   KREG_RETURN_IF_ERROR(ValidateFuncName(req.func_name()));
-  absl::StatusOr<Platform> platform = ParsePlatform(req.platform());
-  if (!platform.ok()) return platform.status();
+  KREG_ASSIGN_OR_RETURN(Platform platform, ParsePlatform(req.platform()));
   KREG_RETURN_IF_ERROR(ValidateClientContentId(req.content_id()));
   out.target_name = req.target_name();
   out.func_name = req.func_name();
-  out.platform = *platform;
+  out.platform = platform;
   out.content_id = req.content_id();
   out.replace = req.replace();
   const size_t files = req.sources_size() + req.headers_size();

@@ -9,9 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "daemon/base/log_limit.h"
 #include "daemon/base/platform_table.h"
-#include "daemon/base/status_macros.h"
 #include "daemon/compile_service/compile_worker.h"
 #include "spdlog/spdlog.h"
 
@@ -184,15 +184,15 @@ absl::StatusOr<std::string> CompileService::Identity(Platform platform) {
     job.set_uid(65534);
     job.set_gid(65534);
   }
-  absl::StatusOr<v1::CompileJobResult> r = RunWorker(
-      job, std::chrono::seconds(60), 1, [this] { return stopping_.load(); });
-  if (!r.ok()) return r.status();
-  if (r->code() != 0) {
+  KREG_ASSIGN_OR_RETURN(v1::CompileJobResult r,
+                        RunWorker(job, std::chrono::seconds(60), 1,
+                                  [this] { return stopping_.load(); }));
+  if (r.code() != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the compiler's identity could not be read: ", r->message()));
+        "the compiler's identity could not be read: ", r.message()));
   }
   std::string identity =
-      absl::StrCat(r->identity(), "\n", absl::StrJoin(BaseArgs(platform), " "),
+      absl::StrCat(r.identity(), "\n", absl::StrJoin(BaseArgs(platform), " "),
                    "\nXLA FFI headers ", options_.ffi_headers_digest);
   absl::MutexLock lock(&mu_);
   identities_[platform] = identity;

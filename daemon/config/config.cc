@@ -17,8 +17,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/paths.h"
+#include "common/status_macros.h"
 #include "common/version.h"
-#include "daemon/base/status_macros.h"
 #include "daemon/config/config_keys.h"
 #include "daemon/metrics/listen_address.h"
 
@@ -223,13 +223,13 @@ absl::Status ApplyFlags(const CLI::App& app, const FlagValues& f, Config* c) {
 // config file and the flags.
 absl::Status ApplyEnvironment(Config* c) {
   if (const char* env = std::getenv("KREGD_LAUNCH_RING")) {
-    KREG_ASSIGN_OR_RETURN(bool on, ParseOnOff(env, "$KREGD_LAUNCH_RING"));
-    c->launch_ring = on;
+    KREG_ASSIGN_OR_RETURN(c->launch_ring,
+                          ParseOnOff(env, "$KREGD_LAUNCH_RING"));
     c->origins["launch_ring"] = "$KREGD_LAUNCH_RING";
   }
   if (const char* env = std::getenv("KREGD_RING_SPIN_US")) {
-    KREG_ASSIGN_OR_RETURN(int64_t us, ParseSpinUs(env, "$KREGD_RING_SPIN_US"));
-    c->ring_spin_us = us;
+    KREG_ASSIGN_OR_RETURN(c->ring_spin_us,
+                          ParseSpinUs(env, "$KREGD_RING_SPIN_US"));
     c->origins["ring_spin_us"] = "$KREGD_RING_SPIN_US";
   }
   return absl::OkStatus();

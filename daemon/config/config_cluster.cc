@@ -3,8 +3,8 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "daemon/base/host_port.h"
-#include "daemon/base/status_macros.h"
 #include "daemon/cluster/cluster_records.h"
 #include "daemon/cluster/etcd_client.h"
 #include "daemon/config/config.h"

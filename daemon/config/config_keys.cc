@@ -15,9 +15,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "common/version.h"
 #include "daemon/base/edit_distance.h"
-#include "daemon/base/status_macros.h"
 
 namespace kreg {
 namespace config_internal {
@@ -117,16 +117,14 @@ bool RingSpinToml(const toml::node& value, Config* c, std::string* must_be) {
 
 absl::Status RingSpinFlag(const std::string& text, const char* flag,
                           Config* c) {
-  KREG_ASSIGN_OR_RETURN(int64_t us, ParseSpinUs(text, flag));
-  c->ring_spin_us = us;
+  KREG_ASSIGN_OR_RETURN(c->ring_spin_us, ParseSpinUs(text, flag));
   return absl::OkStatus();
 }
 
 // A boolean key whose flag takes on/off (ParseOnOff).
 absl::Status LaunchRingFlag(const std::string& text, const char* flag,
                             Config* c) {
-  KREG_ASSIGN_OR_RETURN(bool on, ParseOnOff(text, flag));
-  c->launch_ring = on;
+  KREG_ASSIGN_OR_RETURN(c->launch_ring, ParseOnOff(text, flag));
   return absl::OkStatus();
 }
 

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "daemon/executor/session_backend.h"
 #include "daemon/executor/state_table.h"
 
@@ -39,17 +40,15 @@ absl::Status CpuExecutor::Run(uint64_t request_id,
   if (decoded.state != 0) {
     // A call site with a state runs the bundle that made it
     // (docs/replace.md, "States across a replacement").
-    absl::StatusOr<StateTable::Entry> held =
-        ctx_.states->Get(decoded.state, ctx_.peer.pid, decoded.key);
-    if (!held.ok()) return held.status();
-    options.state = held->state;
-    run.handler = held->owner.stages[kExecute];
-    run.token = held->owner.token;
+    KREG_ASSIGN_OR_RETURN(
+        StateTable::Entry held,
+        ctx_.states->Get(decoded.state, ctx_.peer.pid, decoded.key));
+    options.state = held.state;
+    run.handler = held.owner.stages[kExecute];
+    run.token = held.owner.token;
   } else {
-    absl::StatusOr<ResolvedHandler> handler =
-        ctx_.handlers->Lookup(decoded.key, decoded.generation);
-    if (!handler.ok()) return handler.status();
-    run = *handler;
+    KREG_ASSIGN_OR_RETURN(
+        run, ctx_.handlers->Lookup(decoded.key, decoded.generation));
   }
   ctx_.backend->BeginLaunch(request_id, decoded.key, run.token);
   absl::Status status =

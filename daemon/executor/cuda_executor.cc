@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/ring_layout.h"
+#include "common/status_macros.h"
 #include "daemon/executor/cuda/cuda_devices.h"
 #include "daemon/executor/cuda/cuda_session.h"
 #include "daemon/executor/session_backend.h"
@@ -190,9 +191,8 @@ absl::Status CudaExecutor::Launch(uint64_t request_id,
                                   std::vector<UniqueFd> fds,
                                   v1::LaunchReply* reply) {
   CudaSession* cuda = nullptr;
-  absl::StatusOr<int> ordinal =
-      Device(header.target, header.device_uuid, &cuda);
-  if (!ordinal.ok()) return ordinal.status();
+  KREG_ASSIGN_OR_RETURN(int ordinal,
+                        Device(header.target, header.device_uuid, &cuda));
   for (const v1::CudaMappingRef& r : launch.release()) {
     cuda->mappings().Erase(KeyOf(r));
   }
@@ -221,7 +221,7 @@ absl::Status CudaExecutor::Launch(uint64_t request_id,
         fds.size(), " file descriptor(s) attached beyond the launch's shares"));
   }
   Outcome out;
-  absl::Status result = Run(request_id, cuda, *ordinal, header.device_uuid,
+  absl::Status result = Run(request_id, cuda, ordinal, header.device_uuid,
                             header.doorbell_seq, decode, &out);
   reply->set_cuda_mapping_missing(out.mapping_missing);
   reply->set_doorbell_signalled(out.signalled);
@@ -233,15 +233,14 @@ absl::Status CudaExecutor::RingLaunch(uint64_t tag,
                                       const RingDecode& decode, uint32_t* flags,
                                       bool* end_session) {
   CudaSession* cuda = nullptr;
-  absl::StatusOr<int> ordinal =
-      Device(header.target, header.device_uuid, &cuda);
-  if (!ordinal.ok()) return ordinal.status();
+  KREG_ASSIGN_OR_RETURN(int ordinal,
+                        Device(header.target, header.device_uuid, &cuda));
   Outcome out;
-  absl::Status result = Run(tag, cuda, *ordinal, header.device_uuid,
+  absl::Status result = Run(tag, cuda, ordinal, header.device_uuid,
                             header.doorbell_seq, decode, &out);
   if (!result.ok() && !out.signalled) {
     absl::Status s =
-        cuda->SignalDoorbell(*ordinal, header.doorbell_seq, &out.signalled);
+        cuda->SignalDoorbell(ordinal, header.doorbell_seq, &out.signalled);
     if (!s.ok()) {
       spdlog::debug("session {}: signalling doorbell {} of a failed launch: {}",
                     ctx_.id, header.doorbell_seq, std::string(s.message()));
@@ -320,11 +319,11 @@ absl::Status CudaExecutor::Run(uint64_t request_id, CudaSession* cuda,
   if ((*decoded)->state != 0) {
     // A call site with a state runs the bundle that made it
     // (docs/replace.md, "States across a replacement").
-    absl::StatusOr<StateTable::Entry> held =
-        ctx_.states->Get((*decoded)->state, ctx_.peer.pid, (*decoded)->key);
-    if (!held.ok()) return held.status();
-    state = held->state;
-    handler = ResolvedHandler{held->owner.stages[kExecute], held->owner.token};
+    KREG_ASSIGN_OR_RETURN(
+        StateTable::Entry held,
+        ctx_.states->Get((*decoded)->state, ctx_.peer.pid, (*decoded)->key));
+    state = held.state;
+    handler = ResolvedHandler{held.owner.stages[kExecute], held.owner.token};
   } else {
     handler = ctx_.handlers->Lookup((*decoded)->key, (*decoded)->generation);
   }

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/ring_layout.h"
+#include "common/status_macros.h"
 #include "common/wire.h"
 #include "daemon/base/broker_limits.h"
 #include "daemon/base/platform_table.h"
@@ -123,27 +124,23 @@ absl::StatusOr<v1::BindLocalReply> ExecutorBackend::BindLocal(
     const v1::BindLocal& request, UniqueFd* module) {
   // Checked here too: the broker's fields are strings, and kregd checks
   // them again (it trusts no executor).
-  if (absl::Status s = ValidateTargetName(request.target_name()); !s.ok()) {
-    return s;
-  }
-  absl::StatusOr<Platform> platform = ParsePlatform(request.platform());
-  if (!platform.ok()) return platform.status();
+  KREG_RETURN_IF_ERROR(ValidateTargetName(request.target_name()));
+  KREG_ASSIGN_OR_RETURN(Platform platform, ParsePlatform(request.platform()));
   v1::BrokerRequest req;
   req.mutable_resolve()->set_target_name(request.target_name());
-  req.mutable_resolve()->set_platform(PlatformName(*platform));
+  req.mutable_resolve()->set_platform(PlatformName(platform));
   req.mutable_resolve()->set_local(true);
   req.mutable_resolve()->set_generation(request.generation());
-  absl::StatusOr<v1::BrokerReply> r = Call(req, module);
-  if (!r.ok()) return r.status();
-  if (absl::Status s = StatusOf(r->status()); !s.ok()) {
+  KREG_ASSIGN_OR_RETURN(v1::BrokerReply r, Call(req, module));
+  if (absl::Status s = StatusOf(r.status()); !s.ok()) {
     module->reset();
     return s;
   }
   v1::BindLocalReply reply;
-  *reply.mutable_target() = r->resolve().target();
-  reply.set_replaceable(r->resolve().replaceable());
+  *reply.mutable_target() = r.resolve().target();
+  reply.set_replaceable(r.resolve().replaceable());
   // Once per target, however often the client binds it.
-  const Resolution local(TargetKey{request.target_name(), *platform}, 0);
+  const Resolution local(TargetKey{request.target_name(), platform}, 0);
   absl::MutexLock lock(&resolved_mu_);
   if (std::find(resolved_.begin(), resolved_.end(), local) == resolved_.end()) {
     resolved_.push_back(local);
@@ -159,10 +156,9 @@ absl::StatusOr<ResolvedBundle> ExecutorBackend::Resolve(const TargetKey& key,
   req.mutable_resolve()->set_platform(PlatformName(key.platform));
   req.mutable_resolve()->set_generation(generation);
   UniqueFd fd;
-  absl::StatusOr<v1::BrokerReply> r = Call(req, &fd);
-  if (!r.ok()) return r.status();
-  if (absl::Status s = StatusOf(r->status()); !s.ok()) return s;
-  const v1::ResolveReply& rr = r->resolve();
+  KREG_ASSIGN_OR_RETURN(v1::BrokerReply r, Call(req, &fd));
+  KREG_RETURN_IF_ERROR(StatusOf(r.status()));
+  const v1::ResolveReply& rr = r.resolve();
   absl::StatusOr<std::array<void*, kNumHandlerStages>> bundle =
       shared_.modules->Bundle(rr.module_digest(), std::move(fd),
                               rr.func_name());
@@ -184,9 +180,8 @@ absl::StatusOr<ResolvedBundle> ExecutorBackend::Resolve(const TargetKey& key,
 absl::StatusOr<ResolvedHandler> ExecutorBackend::Lookup(const TargetKey& key,
                                                         uint32_t generation) {
   bool content = false;
-  absl::StatusOr<ResolvedBundle> b = Resolve(key, generation, &content);
-  if (!b.ok()) return b.status();
-  return ResolvedHandler{b->stages[kExecute], b->token, content};
+  KREG_ASSIGN_OR_RETURN(ResolvedBundle b, Resolve(key, generation, &content));
+  return ResolvedHandler{b.stages[kExecute], b.token, content};
 }
 
 absl::StatusOr<ResolvedBundle> ExecutorBackend::LookupBundle(
@@ -198,9 +193,8 @@ absl::StatusOr<ResolvedBundle> ExecutorBackend::LookupBundle(
 absl::Status ExecutorBackend::ChargeState(int delta) {
   v1::BrokerRequest req;
   req.mutable_state_charge()->set_delta(delta);
-  absl::StatusOr<v1::BrokerReply> r = Call(req, nullptr);
-  if (!r.ok()) return r.status();
-  return StatusOf(r->status());
+  KREG_ASSIGN_OR_RETURN(v1::BrokerReply r, Call(req, nullptr));
+  return StatusOf(r.status());
 }
 
 absl::Status ExecutorBackend::Execute(void* handler, const LaunchFrame& frame) {

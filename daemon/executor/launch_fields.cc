@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
+#include "common/status_macros.h"
 #include "daemon/base/validate.h"
 
 namespace kreg {
@@ -42,12 +43,11 @@ absl::StatusOr<Attr> DecodeAttr(const v1::Attribute& a, const std::string& path,
   Attr out;
   switch (a.kind()) {
     case v1::ATTR_KIND_SCALAR: {
-      absl::StatusOr<int> width = CheckedWidth(a.dtype(), what);
-      if (!width.ok()) return width.status();
-      if (a.data().size() != static_cast<size_t>(*width)) {
+      KREG_ASSIGN_OR_RETURN(int width, CheckedWidth(a.dtype(), what));
+      if (a.data().size() != static_cast<size_t>(width)) {
         return absl::InvalidArgumentError(
             absl::StrCat(what, ": scalar of dtype ", DtypeName(a.dtype()),
-                         " needs ", *width, " bytes, got ", a.data().size()));
+                         " needs ", width, " bytes, got ", a.data().size()));
       }
       out.kind = Attr::Kind::kScalar;
       out.dtype = a.dtype();
@@ -55,12 +55,11 @@ absl::StatusOr<Attr> DecodeAttr(const v1::Attribute& a, const std::string& path,
       return out;
     }
     case v1::ATTR_KIND_ARRAY: {
-      absl::StatusOr<int> width = CheckedWidth(a.dtype(), what);
-      if (!width.ok()) return width.status();
+      KREG_ASSIGN_OR_RETURN(int width, CheckedWidth(a.dtype(), what));
       uint64_t need;
       if (a.count() < 0 ||
           __builtin_mul_overflow(static_cast<uint64_t>(a.count()),
-                                 static_cast<uint64_t>(*width), &need) ||
+                                 static_cast<uint64_t>(width), &need) ||
           need != a.data().size()) {
         return absl::InvalidArgumentError(absl::StrCat(
             what, ": array of ", a.count(), " ", DtypeName(a.dtype()),
@@ -82,11 +81,10 @@ absl::StatusOr<Attr> DecodeAttr(const v1::Attribute& a, const std::string& path,
             absl::StrCat(what, ": dictionaries nest deeper than ",
                          kMaxAttrDepth, " levels"));
       }
-      absl::StatusOr<AttrList> dict =
-          DecodeAttrList(a.dict(), path + ".", depth + 1, budget);
-      if (!dict.ok()) return dict.status();
+      KREG_ASSIGN_OR_RETURN(AttrList dict, DecodeAttrList(a.dict(), path + ".",
+                                                          depth + 1, budget));
       out.kind = Attr::Kind::kDict;
-      out.dict = *std::move(dict);
+      out.dict = std::move(dict);
       return out;
     }
     default:
@@ -118,9 +116,8 @@ absl::StatusOr<AttrList> DecodeAttrList(
                        QuoteForMessage(prefix + a.name()), " follows ",
                        QuoteForMessage(prefix + attrs.Get(i - 1).name())));
     }
-    absl::StatusOr<Attr> attr = DecodeAttr(a, path, depth, budget);
-    if (!attr.ok()) return attr.status();
-    out.emplace_back(a.name(), *std::move(attr));
+    KREG_ASSIGN_OR_RETURN(Attr attr, DecodeAttr(a, path, depth, budget));
+    out.emplace_back(a.name(), std::move(attr));
   }
   return out;
 }
@@ -128,8 +125,7 @@ absl::StatusOr<AttrList> DecodeAttrList(
 // dtype, rank, dims and size of a buffer (everything but where it lives).
 absl::Status CheckBufferShape(int32_t dtype, const int64_t* dims, size_t rank,
                               uint64_t size, const std::string& what) {
-  absl::StatusOr<int> width = CheckedWidth(dtype, what);
-  if (!width.ok()) return width.status();
+  KREG_ASSIGN_OR_RETURN(int width, CheckedWidth(dtype, what));
   if (rank > static_cast<size_t>(kMaxLaunchRank)) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": rank ", rank, " exceeds the maximum of ", kMaxLaunchRank));
@@ -138,7 +134,7 @@ absl::Status CheckBufferShape(int32_t dtype, const int64_t* dims, size_t rank,
     return absl::StrCat(
         "[", absl::StrJoin(absl::MakeConstSpan(dims, rank), ", "), "]");
   };
-  uint64_t bytes = static_cast<uint64_t>(*width);
+  uint64_t bytes = static_cast<uint64_t>(width);
   for (size_t i = 0; i < rank; ++i) {
     int64_t d = dims[i];
     if (d < 0) {
@@ -165,10 +161,7 @@ absl::Status DecodeArenaBuffer(int32_t dtype, const int64_t* dims, size_t rank,
                                uint64_t offset, uint64_t size,
                                const ShmArena& arena, const std::string& what,
                                BufferRef* out) {
-  if (absl::Status s = CheckBufferShape(dtype, dims, rank, size, what);
-      !s.ok()) {
-    return s;
-  }
+  KREG_RETURN_IF_ERROR(CheckBufferShape(dtype, dims, rank, size, what));
   absl::StatusOr<char*> data = arena.Region(offset, size);
   if (!data.ok()) {
     return absl::Status(data.status().code(),
@@ -192,10 +185,7 @@ absl::Status DecodeArenaBuffer(int32_t dtype, const int64_t* dims, size_t rank,
 absl::Status DecodeBufferShape(int32_t dtype, const int64_t* dims, size_t rank,
                                uint64_t size, const std::string& what,
                                BufferRef* out) {
-  if (absl::Status s = CheckBufferShape(dtype, dims, rank, size, what);
-      !s.ok()) {
-    return s;
-  }
+  KREG_RETURN_IF_ERROR(CheckBufferShape(dtype, dims, rank, size, what));
   out->dtype = dtype;
   out->dims.assign(dims, dims + rank);
   out->data = nullptr;
@@ -207,10 +197,7 @@ absl::Status DecodeCudaBufferFields(int32_t dtype, const int64_t* dims,
                                     uint64_t offset, uint64_t size,
                                     const CudaBufferResolver& cuda,
                                     const std::string& what, BufferRef* out) {
-  if (absl::Status s = CheckBufferShape(dtype, dims, rank, size, what);
-      !s.ok()) {
-    return s;
-  }
+  KREG_RETURN_IF_ERROR(CheckBufferShape(dtype, dims, rank, size, what));
   out->dtype = dtype;
   out->dims.assign(dims, dims + rank);
   out->data = nullptr;
@@ -220,9 +207,7 @@ absl::Status DecodeCudaBufferFields(int32_t dtype, const int64_t* dims,
         absl::StrCat(what, ": a CUDA launch's buffer of ", size,
                      " bytes names no CUDA allocation"));
   }
-  absl::StatusOr<void*> data = cuda(*ref, offset, size, what);
-  if (!data.ok()) return data.status();
-  out->data = *data;
+  KREG_ASSIGN_OR_RETURN(out->data, cuda(*ref, offset, size, what));
   return absl::OkStatus();
 }
 

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "daemon/executor/ffi/ffi_host.h"
 
 namespace kreg {
@@ -92,31 +93,25 @@ absl::StatusOr<std::array<void*, kNumHandlerStages>> ModuleCache::Bundle(
   absl::MutexLock lock(&mu_);
   auto key = std::make_pair(digest, func_name);
   if (auto it = bundles_.find(key); it != bundles_.end()) return it->second;
-  absl::StatusOr<void*> handle = ModuleOf(digest, module_fd);
-  if (!handle.ok()) return handle.status();
+  KREG_ASSIGN_OR_RETURN(void* handle, ModuleOf(digest, module_fd));
   if (!spec.state_type.empty()) {
-    absl::StatusOr<void*> id =
-        Symbol(*handle, digest, spec.state_type.id_symbol);
-    if (!id.ok()) return id.status();
-    absl::StatusOr<void*> info =
-        Symbol(*handle, digest, spec.state_type.info_symbol);
-    if (!info.ok()) return info.status();
+    KREG_ASSIGN_OR_RETURN(void* id,
+                          Symbol(handle, digest, spec.state_type.id_symbol));
+    KREG_ASSIGN_OR_RETURN(void* info,
+                          Symbol(handle, digest, spec.state_type.info_symbol));
     XLA_FFI_Type_Register_Args args{};
     args.struct_size = XLA_FFI_Type_Register_Args_STRUCT_SIZE;
     args.name = XLA_FFI_ByteSpan{spec.state_type.name.data(),
                                  spec.state_type.name.size()};
-    args.type_id = static_cast<XLA_FFI_TypeId*>(*id);
-    args.type_info = static_cast<const XLA_FFI_TypeInfo*>(*info);
-    absl::Status st = FfiHost::ErrorToStatus(
-        HostedApi(), HostedApi()->XLA_FFI_Type_Register(&args));
-    if (!st.ok()) return st;
+    args.type_id = static_cast<XLA_FFI_TypeId*>(id);
+    args.type_info = static_cast<const XLA_FFI_TypeInfo*>(info);
+    KREG_RETURN_IF_ERROR(FfiHost::ErrorToStatus(
+        HostedApi(), HostedApi()->XLA_FFI_Type_Register(&args)));
   }
   std::array<void*, kNumHandlerStages> out{};
   for (int i = 0; i < kNumHandlerStages; ++i) {
     if (spec.stages[i].empty()) continue;
-    absl::StatusOr<void*> sym = Symbol(*handle, digest, spec.stages[i]);
-    if (!sym.ok()) return sym.status();
-    out[i] = *sym;
+    KREG_ASSIGN_OR_RETURN(out[i], Symbol(handle, digest, spec.stages[i]));
   }
   bundles_[key] = out;
   return out;

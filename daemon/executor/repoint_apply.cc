@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "daemon/base/sha256.h"
 #include "daemon/base/validate.h"
 
@@ -39,24 +40,22 @@ absl::StatusOr<std::string> DigestOf(int fd) {
 
 absl::Status Apply(const v1::ExecRepoint& r, std::vector<UniqueFd> fds,
                    ModuleCache* modules, RepointTable* table) {
-  if (absl::Status s = ValidateTargetName(r.target_name()); !s.ok()) return s;
-  absl::StatusOr<Platform> platform = ParsePlatform(r.platform());
-  if (!platform.ok()) return platform.status();
+  KREG_RETURN_IF_ERROR(ValidateTargetName(r.target_name()));
+  KREG_ASSIGN_OR_RETURN(Platform platform, ParsePlatform(r.platform()));
   if (fds.size() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         fds.size(), " descriptors attached; expected the module's one"));
   }
-  absl::StatusOr<std::string> digest = DigestOf(fds[0].get());
-  if (!digest.ok()) return digest.status();
-  if (*digest != r.module_digest()) {
+  KREG_ASSIGN_OR_RETURN(std::string digest, DigestOf(fds[0].get()));
+  if (digest != r.module_digest()) {
     return absl::DataLossError(absl::StrCat("the attached module's digest is ",
-                                            *digest, ", not ",
+                                            digest, ", not ",
                                             r.module_digest()));
   }
-  absl::StatusOr<void*> handler =
-      modules->Handler(r.module_digest(), std::move(fds[0]), r.func_name());
-  if (!handler.ok()) return handler.status();
-  table->Set({r.target_name(), *platform}, r.generation(), *handler, r.token(),
+  KREG_ASSIGN_OR_RETURN(
+      void* handler,
+      modules->Handler(r.module_digest(), std::move(fds[0]), r.func_name()));
+  table->Set({r.target_name(), platform}, r.generation(), handler, r.token(),
              {r.content_sessions().begin(), r.content_sessions().end()});
   return absl::OkStatus();
 }

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/ring_layout.h"
+#include "common/status_macros.h"
 #include "daemon/base/platform_table.h"
 #include "daemon/base/validate.h"
 
@@ -125,14 +126,13 @@ absl::Status RingDecoder::DecodeAttrBytes(const char* data, size_t size) {
         "launch descriptor: its ", size,
         " attribute bytes do not parse as kreg.v1.AttributeBlock"));
   }
-  absl::StatusOr<AttrList> attrs = DecodeAttrs(attr_message_.attrs());
-  if (!attrs.ok()) return attrs.status();
+  KREG_ASSIGN_OR_RETURN(AttrList attrs, DecodeAttrs(attr_message_.attrs()));
   if (size > ring::kSubmitSlotBytes) {  // a socket Launch's: not kept
     if (current_ >= 0) {
       attr_entries_[current_].attrs = std::move(launch_.frame.attrs);
     }
     current_ = -1;
-    launch_.frame.attrs = *std::move(attrs);
+    launch_.frame.attrs = std::move(attrs);
     launch_.frame.attrs_generation = 0;
     return absl::OkStatus();
   }
@@ -154,13 +154,11 @@ absl::Status RingDecoder::DecodeAttrBytes(const char* data, size_t size) {
     }
   }
   Evict(slot);
-  if (absl::Status s = Charge(slot, size + AttrListBytes(*attrs)); !s.ok()) {
-    return s;
-  }
+  KREG_RETURN_IF_ERROR(Charge(slot, size + AttrListBytes(attrs)));
   AttrEntry& e = attr_entries_[slot];
   e.valid = true;
   e.bytes.assign(data, size);
-  e.attrs = *std::move(attrs);
+  e.attrs = std::move(attrs);
   // Unique across decoders and never reused: a cache keyed by it can never
   // confuse two blocks, an evicted one or another session's.
   static std::atomic<uint64_t> generations{0};
@@ -216,14 +214,13 @@ absl::Status RingDecoder::CheckHeader(const char* data, size_t size,
     return Truncated("platform", h.platform_len, in.left());
   }
   const absl::string_view target(name, h.target_len);
-  if (absl::Status s = ValidateTargetName(target); !s.ok()) return s;
-  absl::StatusOr<Platform> platform =
-      ParsePlatform(absl::string_view(platform_text, h.platform_len));
-  if (!platform.ok()) return platform.status();
+  KREG_RETURN_IF_ERROR(ValidateTargetName(target));
+  KREG_ASSIGN_OR_RETURN(Platform platform, ParsePlatform(absl::string_view(
+                                               platform_text, h.platform_len)));
   static constexpr uint8_t kNoUuid[sizeof(h.device_uuid)] = {};
   const bool has_uuid = memcmp(h.device_uuid, kNoUuid, sizeof(kNoUuid)) != 0;
-  const std::string upper = absl::AsciiStrToUpper(PlatformName(*platform));
-  switch (TraitsOf(*platform).memory) {
+  const std::string upper = absl::AsciiStrToUpper(PlatformName(platform));
+  switch (TraitsOf(platform).memory) {
     case PlatformMemory::kHost:
       if (h.doorbell_seq != 0 || has_uuid) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -243,9 +240,9 @@ absl::Status RingDecoder::CheckHeader(const char* data, size_t size,
       }
       break;
   }
-  out->platform = *platform;
+  out->platform = platform;
   out->target = target;
-  if (TraitsOf(*platform).memory == PlatformMemory::kCuda) {
+  if (TraitsOf(platform).memory == PlatformMemory::kCuda) {
     out->device_uuid =
         absl::string_view(data + offsetof(ring::SubmitHeader, device_uuid),
                           sizeof(h.device_uuid));
@@ -264,10 +261,7 @@ absl::StatusOr<RingLaunchHeader> RingDecoder::Header(
   ring::SubmitHeader h;
   RingLaunchHeader out;
   size_t pos;
-  if (absl::Status s = CheckHeader(data, size, seq, tag, &h, &out, &pos);
-      !s.ok()) {
-    return s;
-  }
+  KREG_RETURN_IF_ERROR(CheckHeader(data, size, seq, tag, &h, &out, &pos));
   return out;
 }
 
@@ -278,11 +272,8 @@ absl::StatusOr<DecodedLaunch*> RingDecoder::Decode(
   ring::SubmitHeader h;
   RingLaunchHeader head;
   size_t header_end;
-  if (absl::Status s =
-          CheckHeader(data, size, seq, tag, &h, &head, &header_end);
-      !s.ok()) {
-    return s;
-  }
+  KREG_RETURN_IF_ERROR(
+      CheckHeader(data, size, seq, tag, &h, &head, &header_end));
   const Platform platform = head.platform;
   const bool on_cuda = TraitsOf(platform).memory == PlatformMemory::kCuda;
   if (on_cuda && cuda == nullptr && !shapes_only) {
@@ -383,7 +374,7 @@ absl::StatusOr<DecodedLaunch*> RingDecoder::Decode(
     return absl::InvalidArgumentError(absl::StrCat(
         "launch descriptor has ", in.left(), " bytes after its attributes"));
   }
-  if (absl::Status s = DecodeAttrBytes(attrs, h.attrs_len); !s.ok()) return s;
+  KREG_RETURN_IF_ERROR(DecodeAttrBytes(attrs, h.attrs_len));
   if (h.device_ordinal < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("device ordinal ", h.device_ordinal, " is negative"));

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/ring_layout.h"
+#include "common/status_macros.h"
 #include "common/wire.h"
 #include "daemon/base/log_limit.h"
 #include "daemon/base/validate.h"
@@ -341,8 +342,7 @@ absl::Status Session::DoArenaGrow(const v1::ArenaGrow& grow,
     return absl::InvalidArgumentError(absl::StrCat(
         "ArenaGrow needs exactly one memfd attached, got ", fds.size()));
   }
-  absl::Status s = arena_.Replace(std::move(fds[0]), grow.size());
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(arena_.Replace(std::move(fds[0]), grow.size()));
   reply->set_size(arena_.size());
   backend_->ArenaSized(arena_.size());
   return absl::OkStatus();
@@ -394,10 +394,9 @@ absl::Status Session::DoInstantiate(const v1::Instantiate& request,
         " result(s); the instantiate stage takes attributes only"));
   }
   if (absl::Status room = states_->CheckRoom(id_); !room.ok()) return room;
-  absl::StatusOr<ResolvedBundle> bundle =
-      backend_->LookupBundle(d.key, d.generation);
-  if (!bundle.ok()) return bundle.status();
-  void* instantiate = bundle->stages[kInstantiate];
+  KREG_ASSIGN_OR_RETURN(ResolvedBundle bundle,
+                        backend_->LookupBundle(d.key, d.generation));
+  void* instantiate = bundle.stages[kInstantiate];
   if (instantiate != nullptr) {
     if (absl::Status charged = backend_->ChargeState(1); !charged.ok()) {
       return charged;
@@ -412,7 +411,7 @@ absl::Status Session::DoInstantiate(const v1::Instantiate& request,
   CallOptions options;
   options.stage = XLA_FFI_ExecutionStage_INSTANTIATE;
   options.state_out = &made;
-  backend_->BeginLaunch(request_id_, d.key, bundle->token);
+  backend_->BeginLaunch(request_id_, d.key, bundle.token);
   absl::Status status = backend_->ExecuteWith(instantiate, d.frame, options);
   backend_->EndLaunch(status.ok());
   if (!status.ok()) {
@@ -422,7 +421,7 @@ absl::Status Session::DoInstantiate(const v1::Instantiate& request,
   }
   SessionBackend* backend = backend_;
   absl::StatusOr<uint64_t> handle = states_->Add(
-      id_, peer_.pid, made, StateOwner{d.key, bundle->stages, bundle->token},
+      id_, peer_.pid, made, StateOwner{d.key, bundle.stages, bundle.token},
       backend_->StateGauge(), [backend] { backend->ChargeState(-1); });
   if (!handle.ok()) {
     backend_->ChargeState(-1);
@@ -459,18 +458,16 @@ absl::Status Session::DoStageCall(const v1::StageCall& request) {
   void* handler = nullptr;
   uint32_t token = 0;
   if (d.state != 0) {
-    absl::StatusOr<StateTable::Entry> held =
-        states_->Get(d.state, peer_.pid, d.key);
-    if (!held.ok()) return held.status();
-    options.state = held->state;
-    handler = held->owner.stages[which];
-    token = held->owner.token;
+    KREG_ASSIGN_OR_RETURN(StateTable::Entry held,
+                          states_->Get(d.state, peer_.pid, d.key));
+    options.state = held.state;
+    handler = held.owner.stages[which];
+    token = held.owner.token;
   } else {
-    absl::StatusOr<ResolvedBundle> bundle =
-        backend_->LookupBundle(d.key, d.generation);
-    if (!bundle.ok()) return bundle.status();
-    handler = bundle->stages[which];
-    token = bundle->token;
+    KREG_ASSIGN_OR_RETURN(ResolvedBundle bundle,
+                          backend_->LookupBundle(d.key, d.generation));
+    handler = bundle.stages[which];
+    token = bundle.token;
   }
   if (handler == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/ring_layout.h"
 #include "common/stage_trace.h"
+#include "common/status_macros.h"
 #include "daemon/base/log_limit.h"
 #include "daemon/executor/launch_ring.h"
 #include "daemon/executor/session.h"
@@ -40,10 +41,8 @@ absl::Status Session::DoRingSetup(const v1::RingSetup& setup,
     return absl::InvalidArgumentError(absl::StrCat(
         "RingSetup needs exactly one memfd attached, got ", fds.size()));
   }
-  absl::StatusOr<std::unique_ptr<LaunchRing>> ring =
-      LaunchRing::Map(std::move(fds[0]), setup.size());
-  if (!ring.ok()) return ring.status();
-  ring_ = *std::move(ring);
+  KREG_ASSIGN_OR_RETURN(ring_,
+                        LaunchRing::Map(std::move(fds[0]), setup.size()));
   ring_exited_.store(false);
   ring_thread_ = std::thread([this] { RingLoop(); });
   return absl::OkStatus();

@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "common/version.h"
 #include "daemon/api/session_server.h"
 #include "daemon/base/platform_table.h"
-#include "daemon/base/status_macros.h"
 #include "daemon/base/target_stats.h"
 #include "daemon/base/uid_account.h"
 #include "daemon/compile_service/compile_service.h"
@@ -297,10 +297,9 @@ absl::Status Daemon::StartMetrics() {
                                             config_.metrics_allow_remote));
   MetricsServerOptions options;
   options.socket_gid = gid_;
-  absl::StatusOr<std::unique_ptr<MetricsServer>> server = MetricsServer::Start(
-      address, [this] { return RenderMetrics(); }, options);
-  if (!server.ok()) return server.status();
-  metrics_ = *std::move(server);
+  KREG_ASSIGN_OR_RETURN(
+      metrics_, MetricsServer::Start(
+                    address, [this] { return RenderMetrics(); }, options));
   spdlog::info("metrics: serving http://{}/metrics", metrics_->address());
   return absl::OkStatus();
 }

@@ -23,13 +23,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/paths.h"
+#include "common/status_macros.h"
 #include "common/version.h"
 #include "daemon/api/control_requests.h"
 #include "daemon/api/session_server.h"
 #include "daemon/base/adoption.h"
 #include "daemon/base/files.h"
 #include "daemon/base/hosted_api.h"
-#include "daemon/base/status_macros.h"
 #include "daemon/cluster/cluster_registry.h"
 #include "daemon/cluster/cluster_service.h"
 #include "daemon/cluster/module_exchange.h"
@@ -311,8 +311,7 @@ absl::Status Daemon::Listen() {
 }
 
 absl::Status Daemon::Start() {
-  KREG_ASSIGN_OR_RETURN(gid_t gid, SocketGid(config_.socket_group));
-  gid_ = gid;
+  KREG_ASSIGN_OR_RETURN(gid_, SocketGid(config_.socket_group));
   absl::Status st = LockStateDir();
   if (st.ok()) st = Replay();
   if (st.ok()) st = StartCluster();
@@ -495,9 +494,7 @@ absl::StatusOr<PoolOptions> PoolOptionsOf(const Config& c) {
   pool.isolation = c.isolation == "uid"      ? Isolation::kUid
                    : c.isolation == "client" ? Isolation::kClient
                                              : Isolation::kShared;
-  absl::StatusOr<std::string> binary = ExecutorBinary(c);
-  if (!binary.ok()) return binary.status();
-  pool.binary = *std::move(binary);
+  KREG_ASSIGN_OR_RETURN(pool.binary, ExecutorBinary(c));
   pool.launch_timeout_ms = static_cast<int64_t>(c.launch_timeout_s * 1000.0);
   pool.idle_ms = c.executor_idle_s * 1000;
   pool.slots = static_cast<uint32_t>(std::max(1, c.max_sessions));
@@ -581,13 +578,13 @@ absl::Status Daemon::StartSessions() {
       SessionPathOf(config_, session_listen_fd_) + ".exec";
   AdoptionPolicy policy;
   if (config_.orphan_timeout_s > 0) {
-    absl::StatusOr<std::string> secret = LoadAdoptionSecret(config_.state_dir);
-    if (!secret.ok()) return secret.status();
-    policy.secret = *secret;
+    KREG_ASSIGN_OR_RETURN(std::string secret,
+                          LoadAdoptionSecret(config_.state_dir));
+    policy.secret = secret;
     policy.settings_digest = SettingsDigest(pool.init);
     policy.session_protocol_major = AdoptableProtocolMajor();
     policy.max_states_per_session = config_.max_states_per_session;
-    pool.adoption_secret = *secret;
+    pool.adoption_secret = secret;
     pool.init.set_supervision_socket(supervision_path);
     pool.init.set_settings_digest(policy.settings_digest);
   }
@@ -707,9 +704,9 @@ absl::Status Daemon::Readopt(ReadoptOffer offer,
   info.set_gid(h.gid());
   info.set_cuda_status(h.cuda_status());
   info.set_seccomp(h.seccomp());
-  absl::StatusOr<std::unique_ptr<Executor>> exec = Executor::Readopt(
-      h.pid(), std::move(offer.control), *std::move(offer.page), info);
-  if (!exec.ok()) return exec.status();
+  KREG_ASSIGN_OR_RETURN(std::unique_ptr<Executor> exec,
+                        Executor::Readopt(h.pid(), std::move(offer.control),
+                                          *std::move(offer.page), info));
   std::vector<ReadoptedSession> sessions;
   for (const ReadoptOffer::Session& s : offer.sessions) {
     ReadoptedSession r;
@@ -723,7 +720,7 @@ absl::Status Daemon::Readopt(ReadoptOffer offer,
   }
   KREG_ASSIGN_OR_RETURN(
       std::vector<ExecutorPool::Binding> bound,
-      pool_->Readopt(*std::move(exec), h.group(), sessions, confirm));
+      pool_->Readopt(std::move(exec), h.group(), sessions, confirm));
   for (size_t i = 0; i < sessions.size(); ++i) {
     const ReadoptedSession& r = sessions[i];
     ExecutorPool::Binding& b = (bound)[i];

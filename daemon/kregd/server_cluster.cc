@@ -3,6 +3,7 @@
 #include <functional>
 
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "daemon/cluster/cluster_registry.h"
 #include "daemon/cluster/cluster_service.h"
 #include "daemon/cluster/module_exchange.h"
@@ -16,18 +17,18 @@ absl::Status Daemon::StartCluster() {
     cluster_service_ = std::make_unique<ClusterService>(nullptr);
     return absl::OkStatus();
   }
-  absl::StatusOr<PeerTls> tls = LoadPeerTls(
-      {config_.peer_tls_ca, config_.peer_tls_cert, config_.peer_tls_key});
-  if (!tls.ok()) return tls.status();
-  if (!tls->enabled) {
+  KREG_ASSIGN_OR_RETURN(PeerTls tls,
+                        LoadPeerTls({config_.peer_tls_ca, config_.peer_tls_cert,
+                                     config_.peer_tls_key}));
+  if (!tls.enabled) {
     spdlog::warn(
         "cluster mode without peer TLS: module bytes travel in plaintext and "
         "any client that reaches {} can fetch registered modules (digests "
         "are still verified); set peer_tls_ca/cert/key between real hosts",
         config_.peer_listen);
   }
-  absl::StatusOr<std::string> key = ReadClusterKey(config_.cluster_key_file);
-  if (!key.ok()) return key.status();
+  KREG_ASSIGN_OR_RETURN(std::string key,
+                        ReadClusterKey(config_.cluster_key_file));
   if (config_.cluster_insecure) {
     spdlog::warn(
         "cluster_insecure: etcd ({}) may be reached in plaintext; bindings "
@@ -35,7 +36,7 @@ absl::Status Daemon::StartCluster() {
         absl::StrJoin(config_.etcd_endpoints, ","));
   }
   ClusterOptions opts;
-  opts.key = *std::move(key);
+  opts.key = std::move(key);
   opts.cluster = config_.cluster;
   opts.host_name = config_.host_name;
   opts.advertise = config_.advertise;
@@ -44,8 +45,8 @@ absl::Status Daemon::StartCluster() {
   // Hosts spread over the etcd members (docs/operator-guide.md, "Sizing").
   opts.etcd.first_member = std::hash<std::string>{}(config_.advertise);
   // https:// etcd endpoints use the peer CA and certificate too.
-  if (tls->enabled) opts.etcd.tls = PeerChannelCredentials(*tls);
-  opts.tls = *tls;
+  if (tls.enabled) opts.etcd.tls = PeerChannelCredentials(tls);
+  opts.tls = tls;
   opts.lease_ttl_s = config_.peer_lease_ttl_s;
   opts.max_module_bytes = config_.max_module_bytes;
   cluster_ = std::make_unique<ClusterRegistry>(std::move(opts), &store_);
@@ -60,10 +61,8 @@ absl::Status Daemon::StartCluster() {
       [cluster](const std::string& digest) {
         return cluster->Relayed(digest);
       });
-  absl::StatusOr<std::unique_ptr<grpc::Server>> peers =
-      StartPeerServer(config_.peer_listen, *tls, exchange_.get());
-  if (!peers.ok()) return peers.status();
-  peer_server_ = *std::move(peers);
+  KREG_ASSIGN_OR_RETURN(
+      peer_server_, StartPeerServer(config_.peer_listen, tls, exchange_.get()));
   cluster_mirror_ = std::make_unique<ClusterMirror>(
       &registry_.core(), &registry_.reservations(), &registry_.replacement(),
       cluster_.get());

@@ -17,8 +17,8 @@
 #include "boost/asio/local/stream_protocol.hpp"
 #include "boost/asio/steady_timer.hpp"
 #include "boost/asio/write.hpp"
+#include "common/status_macros.h"
 #include "common/unique_fd.h"
-#include "daemon/base/status_macros.h"
 #include "daemon/base/unix_listener.h"
 
 namespace kreg {

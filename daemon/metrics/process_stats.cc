@@ -10,8 +10,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "daemon/base/files.h"
-#include "daemon/base/status_macros.h"
 
 namespace kreg {
 namespace {

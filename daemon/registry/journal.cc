@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "daemon/base/files.h"
 #include "daemon/registry/journal_state.h"
 #include "kreg/v1/journal.pb.h"
@@ -191,18 +192,20 @@ absl::Status Journal::CompactLocked() {
   const size_t slash = path_.rfind('/');
   const std::string dir =
       slash == std::string::npos ? "." : path_.substr(0, slash);
-  absl::StatusOr<std::string> temp = WriteTempFile(
-      dir, path_.substr(slash == std::string::npos ? 0 : slash + 1), buf, 0600);
-  if (!temp.ok()) return temp.status();
+  KREG_ASSIGN_OR_RETURN(
+      std::string temp,
+      WriteTempFile(dir,
+                    path_.substr(slash == std::string::npos ? 0 : slash + 1),
+                    buf, 0600));
   // Opened before the rename: appends go on in the file that replaces the
   // journal, and a failure leaves the old one in use.
-  UniqueFd fd(::open(temp->c_str(), O_WRONLY | O_CLOEXEC));
+  UniqueFd fd(::open(temp.c_str(), O_WRONLY | O_CLOEXEC));
   if (!fd.ok() || ::lseek(fd.get(), 0, SEEK_END) < 0) {
-    absl::Status st = ErrnoError("cannot open compacted journal", *temp);
-    ::unlink(temp->c_str());
+    absl::Status st = ErrnoError("cannot open compacted journal", temp);
+    ::unlink(temp.c_str());
     return st;
   }
-  if (absl::Status st = CommitTempFile(*temp, path_); !st.ok()) return st;
+  KREG_RETURN_IF_ERROR(CommitTempFile(temp, path_));
   spdlog::info("journal {}: compacted {} bytes to {} ({} live records)", path_,
                file_bytes_, buf.size(),
                state_.entries.size() + state_.quarantines.size() +

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "daemon/base/validate.h"
 #include "daemon/registry/target_proto.h"
 #include "spdlog/spdlog.h"
@@ -75,13 +76,12 @@ TargetEntry* Replaced(std::vector<TargetEntry>* entries, const TargetKey& key,
 // a key with other content, as a live registration would be).
 absl::Status AddEntry(const v1::Target& target,
                       std::vector<TargetEntry>* entries) {
-  absl::StatusOr<TargetEntry> entry = FromProto(target);
-  if (!entry.ok()) return entry.status();
-  if (TargetEntry* e = Replaced(entries, entry->key, entry->generation)) {
-    *e = *std::move(entry);
+  KREG_ASSIGN_OR_RETURN(TargetEntry entry, FromProto(target));
+  if (TargetEntry* e = Replaced(entries, entry.key, entry.generation)) {
+    *e = std::move(entry);
     return absl::OkStatus();
   }
-  entries->push_back(*std::move(entry));
+  entries->push_back(std::move(entry));
   return absl::OkStatus();
 }
 
@@ -89,12 +89,11 @@ absl::Status AddEntry(const v1::Target& target,
 // and the ones it brings.
 absl::Status ApplyGenerations(const v1::GenerationRecord& r,
                               std::vector<TargetEntry>* entries) {
-  absl::StatusOr<TargetEntry> next = FromProto(r.target());
-  if (!next.ok()) return next.status();
-  TargetEntry* e = Replaced(entries, next->key, next->generation);
+  KREG_ASSIGN_OR_RETURN(TargetEntry next, FromProto(r.target()));
+  TargetEntry* e = Replaced(entries, next.key, next.generation);
   if (e == nullptr) {
     return absl::DataLossError(
-        absl::StrCat("generation ", next->generation, " of ", Named(next->key),
+        absl::StrCat("generation ", next.generation, " of ", Named(next.key),
                      " follows no earlier generation of it"));
   }
   std::map<uint32_t, Generation> gens;
@@ -104,30 +103,29 @@ absl::Status ApplyGenerations(const v1::GenerationRecord& r,
                      [&](const Generation& g) { return g.generation == kept; });
     if (it == e->generations.end()) {
       return absl::DataLossError(absl::StrCat(
-          "generation ", next->generation, " of ", Named(next->key),
+          "generation ", next.generation, " of ", Named(next.key),
           " keeps generation ", kept, ", which the record before it lacks"));
     }
     gens[kept] = *it;
   }
-  for (Generation& g : next->generations) {
+  for (Generation& g : next.generations) {
     const uint32_t n = g.generation;
     if (!gens.emplace(n, std::move(g)).second) {
       return absl::DataLossError(
-          absl::StrCat("generation ", n, " of ", Named(next->key), " twice"));
+          absl::StrCat("generation ", n, " of ", Named(next.key), " twice"));
     }
   }
-  next->generations.clear();
-  for (auto& [n, g] : gens) next->generations.push_back(std::move(g));
-  *e = *std::move(next);
+  next.generations.clear();
+  for (auto& [n, g] : gens) next.generations.push_back(std::move(g));
+  *e = std::move(next);
   return absl::OkStatus();
 }
 
 // Drops the registrations of the retired key recorded before it.
 absl::Status ApplyRetirement(const v1::RetirementRecord& r,
                              std::vector<TargetEntry>* entries) {
-  absl::StatusOr<Platform> platform = ParsePlatform(r.platform());
-  if (!platform.ok()) return platform.status();
-  const TargetKey key{r.target_name(), *platform};
+  KREG_ASSIGN_OR_RETURN(Platform platform, ParsePlatform(r.platform()));
+  const TargetKey key{r.target_name(), platform};
   size_t before = entries->size();
   entries->erase(
       std::remove_if(entries->begin(), entries->end(),
@@ -147,12 +145,10 @@ absl::Status ApplyRetirement(const v1::RetirementRecord& r,
 absl::Status ApplyQuarantine(const v1::QuarantineRecord& r,
                              std::vector<CrashRecord>* in_effect,
                              uint64_t* live) {
-  absl::Status st = ValidateTargetName(r.target_name());
-  if (!st.ok()) return st;
-  absl::StatusOr<Platform> platform = ParsePlatform(r.platform());
-  if (!platform.ok()) return platform.status();
+  KREG_RETURN_IF_ERROR(ValidateTargetName(r.target_name()));
+  KREG_ASSIGN_OR_RETURN(Platform platform, ParsePlatform(r.platform()));
   CrashRecord e;
-  e.key = {r.target_name(), *platform};
+  e.key = {r.target_name(), platform};
   e.uid = r.uid();
   e.quarantined = r.quarantined();
   e.crashes_in_window =
@@ -209,9 +205,8 @@ absl::StatusOr<TargetKey> KeyOf(const v1::JournalRecord& r) {
                                 : r.has_generation()
                                     ? r.generation().target().platform()
                                     : r.target().platform();
-  absl::StatusOr<Platform> p = ParsePlatform(platform);
-  if (!p.ok()) return p.status();
-  return TargetKey{name, *p};
+  KREG_ASSIGN_OR_RETURN(Platform p, ParsePlatform(platform));
+  return TargetKey{name, p};
 }
 
 // Folds one record into `state`, keeping `*live` (the bytes a compaction
@@ -224,16 +219,15 @@ absl::Status Apply(const v1::JournalRecord& record, JournalState* state,
   if (record.has_reservation()) {
     return ApplyReservation(record.reservation(), &state->reservations, live);
   }
-  absl::StatusOr<TargetKey> key = KeyOf(record);
-  if (!key.ok()) return key.status();
-  const uint64_t before = BytesOf(state->entries, *key);
-  absl::Status st = record.has_retirement()
-                        ? ApplyRetirement(record.retirement(), &state->entries)
-                    : record.has_generation()
-                        ? ApplyGenerations(record.generation(), &state->entries)
-                        : AddEntry(record.target(), &state->entries);
-  if (!st.ok()) return st;
-  *live = *live - before + BytesOf(state->entries, *key);
+  KREG_ASSIGN_OR_RETURN(TargetKey key, KeyOf(record));
+  const uint64_t before = BytesOf(state->entries, key);
+  KREG_RETURN_IF_ERROR(
+      record.has_retirement()
+          ? ApplyRetirement(record.retirement(), &state->entries)
+      : record.has_generation()
+          ? ApplyGenerations(record.generation(), &state->entries)
+          : AddEntry(record.target(), &state->entries));
+  *live = *live - before + BytesOf(state->entries, key);
   return absl::OkStatus();
 }
 

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/status_macros.h"
 #include "common/unique_fd.h"
 #include "daemon/base/files.h"
 #include "daemon/base/hosted_api.h"
@@ -183,9 +184,7 @@ absl::StatusOr<StagedModule> ModuleLoader::Stage(const std::string& bytes,
                                                  const std::string& digest) {
   StagedModule staged{digest, store_->PathOf(digest), false};
   if (store_->Verify(digest).ok()) return staged;
-  absl::StatusOr<std::string> temp = store_->WriteTemp(bytes, digest);
-  if (!temp.ok()) return temp.status();
-  staged.path = *std::move(temp);
+  KREG_ASSIGN_OR_RETURN(staged.path, store_->WriteTemp(bytes, digest));
   staged.fresh = true;
   return staged;
 }
@@ -208,21 +207,19 @@ void ModuleLoader::Discard(const StagedModule& staged) {
 absl::StatusOr<GcOutcome> ModuleLoader::RemoveUnreferenced(
     const std::set<std::string>& keep) {
   GcOutcome out;
-  absl::Status st =
+  KREG_RETURN_IF_ERROR(
       store_->RemoveUnreferenced(keep, &out.files_removed, &out.bytes_removed,
-                                 &out.files_kept, &out.bytes_kept);
-  if (!st.ok()) return st;
+                                 &out.files_kept, &out.bytes_kept));
   return out;
 }
 
 absl::StatusOr<HandlerInfo> ModuleLoader::Probe(const StagedModule& staged,
                                                 const std::string& func_name) {
-  absl::StatusOr<HandlerInfo> info = ProbeHandler(
-      probe_binary_, staged.path, staged.digest, func_name, probe_timeout_s_);
-  if (!info.ok()) return info.status();
-  absl::Status hostable = CheckHostable(
-      *info, func_name, absl::StrContains(func_name, "instantiate="));
-  if (!hostable.ok()) return hostable;
+  KREG_ASSIGN_OR_RETURN(HandlerInfo info,
+                        ProbeHandler(probe_binary_, staged.path, staged.digest,
+                                     func_name, probe_timeout_s_));
+  KREG_RETURN_IF_ERROR(CheckHostable(
+      info, func_name, absl::StrContains(func_name, "instantiate=")));
   return info;
 }
 

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
@@ -98,8 +99,7 @@ absl::Status NameReservations::Admit(const RegisterArgs& args,
 
 absl::Status NameReservations::Reserve(NameReservation r,
                                        const PeerCred& peer) {
-  absl::Status admin = registry_->CheckAdmin(peer, "reserving target names");
-  if (!admin.ok()) return admin;
+  KREG_RETURN_IF_ERROR(registry_->CheckAdmin(peer, "reserving target names"));
   r.by = peer;
   r.at_us = NowMicros();
   // NSS lookups before the lock: the owner's name, and for a group the
@@ -141,11 +141,9 @@ absl::Status NameReservations::Reserve(NameReservation r,
     // Cluster mode: every host's first (a bounded etcd call; this admin
     // request holds back the others meanwhile, so none escapes the check).
     if (BindingAuthority* authority = authority_.load()) {
-      absl::Status published = authority->PublishReservation(r, false);
-      if (!published.ok()) return published;
+      KREG_RETURN_IF_ERROR(authority->PublishReservation(r, false));
     }
-    absl::Status logged = log_->AppendReservation(r, /*lifted=*/false);
-    if (!logged.ok()) return logged;
+    KREG_RETURN_IF_ERROR(log_->AppendReservation(r, /*lifted=*/false));
     spdlog::info("names \"{}\" reserved for {} by uid {} pid {}", r.pattern,
                  owner, peer.uid, peer.pid);
     absl::MutexLock lock(&mu_);
@@ -156,9 +154,8 @@ absl::Status NameReservations::Reserve(NameReservation r,
 
 absl::Status NameReservations::Unreserve(const std::string& pattern,
                                          const PeerCred& peer) {
-  absl::Status admin =
-      registry_->CheckAdmin(peer, "lifting a name reservation");
-  if (!admin.ok()) return admin;
+  KREG_RETURN_IF_ERROR(
+      registry_->CheckAdmin(peer, "lifting a name reservation"));
   NameReservation lifted;
   {
     absl::MutexLock lock(&mu_);
@@ -173,11 +170,9 @@ absl::Status NameReservations::Unreserve(const std::string& pattern,
     lifted.by = peer;
     lifted.at_us = NowMicros();
     if (BindingAuthority* authority = authority_.load()) {
-      absl::Status published = authority->PublishReservation(lifted, true);
-      if (!published.ok()) return published;
+      KREG_RETURN_IF_ERROR(authority->PublishReservation(lifted, true));
     }
-    absl::Status logged = log_->AppendReservation(lifted, /*lifted=*/true);
-    if (!logged.ok()) return logged;
+    KREG_RETURN_IF_ERROR(log_->AppendReservation(lifted, /*lifted=*/true));
     reservations_.erase(it);
   }
   spdlog::info("reservation of \"{}\" for {} lifted by uid {} pid {}", pattern,
@@ -205,8 +200,7 @@ absl::Status NameReservations::Mirror(const NameReservation& r, bool lifted) {
                       it->second.owner == r.owner &&
                       it->second.group == r.group;
     if (same || (lifted && it == reservations_.end())) return absl::OkStatus();
-    absl::Status logged = log_->AppendReservation(r, lifted);
-    if (!logged.ok()) return logged;
+    KREG_RETURN_IF_ERROR(log_->AppendReservation(r, lifted));
     if (lifted) {
       reservations_.erase(it);
     } else {

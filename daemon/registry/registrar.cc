@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/status_macros.h"
 #include "common/unique_fd.h"
 #include "daemon/base/files.h"
 #include "daemon/base/log_limit.h"
@@ -155,8 +156,7 @@ absl::Status CheckElf(const std::string& bytes, const std::string& origin) {
 absl::StatusOr<std::string> ReadModuleForPeer(const std::string& path,
                                               const ModulePolicy& policy,
                                               const PeerCred& peer) {
-  absl::Status valid = ValidateModulePath(path);
-  if (!valid.ok()) return valid;
+  KREG_RETURN_IF_ERROR(ValidateModulePath(path));
   // Root may read anything; the daemon's own uid reads as itself. Another
   // uid: its own credentials in the helper when kregd is root, else the
   // mode bits along the path.
@@ -165,10 +165,9 @@ absl::StatusOr<std::string> ReadModuleForPeer(const std::string& path,
       !trusted && ::geteuid() == 0 && !policy.open_helper.empty();
   PathOpen r;
   if (as_caller) {
-    absl::StatusOr<PathOpen> helped = OpenModulePathAs(
-        policy.open_helper, path, policy.allowed_roots, peer.uid, peer.gid);
-    if (!helped.ok()) return helped.status();
-    r = *std::move(helped);
+    KREG_ASSIGN_OR_RETURN(
+        r, OpenModulePathAs(policy.open_helper, path, policy.allowed_roots,
+                            peer.uid, peer.gid));
     bool beneath = false;
     for (const std::string& root : policy.allowed_roots) {
       beneath =
@@ -187,8 +186,7 @@ absl::StatusOr<std::string> ReadModuleForPeer(const std::string& path,
     return PathOpenError(r, path, policy, peer, as_caller);
   }
   if (!trusted && !as_caller) {
-    absl::Status may = CheckModeBitsAlongPath(r.real, peer);
-    if (!may.ok()) return may;
+    KREG_RETURN_IF_ERROR(CheckModeBitsAlongPath(r.real, peer));
   }
   struct stat st;
   if (::fstat(r.fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -203,9 +201,8 @@ absl::StatusOr<std::string> ReadModuleForPeer(const std::string& path,
         policy.max_module_bytes, " (max_module_bytes)"));
   }
   std::string bytes;
-  absl::Status got = ReadAll(r.fd.get(), &bytes, policy.max_module_bytes,
-                             absl::StrCat("module \"", real, "\""));
-  if (!got.ok()) return got;
+  KREG_RETURN_IF_ERROR(ReadAll(r.fd.get(), &bytes, policy.max_module_bytes,
+                               absl::StrCat("module \"", real, "\"")));
   return bytes;
 }
 
@@ -335,19 +332,17 @@ absl::Status Registrar::PrecheckUpload(const std::string& target_name,
 
 absl::StatusOr<RegisterArgs> Registrar::Parse(RegistrationRequest& request,
                                               const PeerCred& peer) {
-  absl::Status st = ValidateTargetName(request.target_name);
-  if (!st.ok()) return st;
-  absl::StatusOr<Platform> platform = ParsePlatform(request.platform);
-  if (!platform.ok()) return platform.status();
-  absl::StatusOr<std::string> func_name = CanonicalFuncName(request.func_name);
-  if (!func_name.ok()) return func_name.status();
-  request.func_name = *std::move(func_name);
-  st = request.compiled ? ValidateContentId(request.content_id)
-                        : ValidateClientContentId(request.content_id);
-  if (!st.ok()) return st;
+  KREG_RETURN_IF_ERROR(ValidateTargetName(request.target_name));
+  KREG_ASSIGN_OR_RETURN(Platform platform, ParsePlatform(request.platform));
+  KREG_ASSIGN_OR_RETURN(std::string func_name,
+                        CanonicalFuncName(request.func_name));
+  request.func_name = std::move(func_name);
+  KREG_RETURN_IF_ERROR(request.compiled
+                           ? ValidateContentId(request.content_id)
+                           : ValidateClientContentId(request.content_id));
 
   RegisterArgs args;
-  args.key = {request.target_name, *platform};
+  args.key = {request.target_name, platform};
   args.func_name = request.func_name;
   args.content_id = request.content_id;
   args.peer = peer;
@@ -367,14 +362,11 @@ absl::StatusOr<RegisterArgs> Registrar::Parse(RegistrationRequest& request,
     args.origin = absl::StrCat("in-process:pid ", peer.pid);
     return args;
   }
-  st = ValidateModuleFileName(request.file_name);
-  if (!st.ok()) return st;
+  KREG_RETURN_IF_ERROR(ValidateModuleFileName(request.file_name));
   switch (request.source) {
     case RegistrationRequest::Source::kPath: {
-      absl::StatusOr<std::string> bytes =
-          ReadModuleForPeer(request.path, policy_, peer);
-      if (!bytes.ok()) return bytes.status();
-      args.module_bytes = *std::move(bytes);
+      KREG_ASSIGN_OR_RETURN(args.module_bytes,
+                            ReadModuleForPeer(request.path, policy_, peer));
       args.origin = absl::StrCat("path:", request.path);
       break;
     }
@@ -404,8 +396,7 @@ absl::StatusOr<RegisterArgs> Registrar::Parse(RegistrationRequest& request,
       return absl::InvalidArgumentError(
           "the request names no module: set module.path or module.upload_size");
   }
-  st = CheckElf(args.module_bytes, args.origin);
-  if (!st.ok()) return st;
+  KREG_RETURN_IF_ERROR(CheckElf(args.module_bytes, args.origin));
   return args;
 }
 

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/handler_spec.h"
+#include "common/status_macros.h"
 #include "daemon/base/validate.h"
 #include "daemon/registry/runnable.h"
 #include "daemon/registry/target_proto.h"
@@ -56,9 +57,7 @@ absl::StatusOr<RegistrationRequest> ToRegistrationRequest(
   const v1::ModuleSource& module = header.module();
   RegistrationRequest request;
   request.target_name = header.target_name();
-  absl::StatusOr<std::string> func_name = FuncNameOf(header);
-  if (!func_name.ok()) return func_name.status();
-  request.func_name = *std::move(func_name);
+  KREG_ASSIGN_OR_RETURN(request.func_name, FuncNameOf(header));
   request.platform = header.platform();
   request.content_id = header.content_id();
   request.file_name = module.file_name();
@@ -97,15 +96,13 @@ v1::Target DescribeTarget(const TargetEntry& entry, const absl::Status& cuda) {
 absl::StatusOr<v1::RegisterTargetResponse> RegisterFromHeader(
     Registrar* registrar, const v1::RegisterTargetHeader& header,
     std::string upload, const PeerCred& peer, const absl::Status& cuda) {
-  absl::StatusOr<RegistrationRequest> request =
-      ToRegistrationRequest(header, std::move(upload));
-  if (!request.ok()) return request.status();
-  absl::StatusOr<RegisterOutcome> out =
-      registrar->Register(*std::move(request), peer);
-  if (!out.ok()) return out.status();
+  KREG_ASSIGN_OR_RETURN(RegistrationRequest request,
+                        ToRegistrationRequest(header, std::move(upload)));
+  KREG_ASSIGN_OR_RETURN(RegisterOutcome out,
+                        registrar->Register(std::move(request), peer));
   v1::RegisterTargetResponse response;
-  response.set_created(out->created);
-  *response.mutable_target() = DescribeTarget(*out->entry, cuda);
+  response.set_created(out.created);
+  *response.mutable_target() = DescribeTarget(*out.entry, cuda);
   return response;
 }
 

@@ -5,6 +5,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "daemon/base/platform_table.h"
 #include "daemon/registry/refusals.h"
 #include "daemon/store/module_store.h"
@@ -72,8 +73,7 @@ absl::Status Registry::CheckIdentity(const TargetEntry& existing,
   if (same.ok()) return CheckOwnerOrDigest(existing, args.peer, digest);
   if (ChangePolicy* change = change_.load()) {
     bool take = false;
-    absl::Status accepted = change->Accept(existing, args, &take);
-    if (!accepted.ok()) return accepted;
+    KREG_RETURN_IF_ERROR(change->Accept(existing, args, &take));
     if (take) {
       *changing = true;
       return absl::OkStatus();
@@ -178,8 +178,7 @@ bool Registry::InProgress(const TargetKey& key,
 absl::StatusOr<RegisterOutcome> Registry::Decide(const RegisterArgs& args,
                                                  const std::string& digest) {
   if (args.kind == TargetKind::kModule) {
-    absl::Status claimed = CheckClaimedDigest(args.content_id, digest);
-    if (!claimed.ok()) return claimed;
+    KREG_RETURN_IF_ERROR(CheckClaimedDigest(args.content_id, digest));
   }
   const std::string& cid = args.content_id.empty() ? digest : args.content_id;
   // NSS lookups (the caller's groups, a holder's name in a refusal) run
@@ -219,9 +218,8 @@ absl::StatusOr<RegisterOutcome> Registry::Decide(const RegisterArgs& args,
     }
     if (existing == nullptr || changing) {
       // A change adds a module, not a registration.
-      absl::Status within =
-          CheckLimits(args, digest, /*new_name=*/existing == nullptr);
-      if (!within.ok()) return within;
+      KREG_RETURN_IF_ERROR(
+          CheckLimits(args, digest, /*new_name=*/existing == nullptr));
     }
     pending_[args.key] = Pending{
         args.peer.uid, digest,
@@ -268,14 +266,14 @@ absl::StatusOr<RegisterOutcome> Registry::RegisterModule(
     entry->registered_at_us = NowMicros();
     entry->origin = args.origin;
   }
-  absl::StatusOr<EntryPtr> installed =
-      Install(*entry, args.module_bytes, /*journal=*/existing == nullptr);
-  if (!installed.ok()) return installed.status();
+  KREG_ASSIGN_OR_RETURN(
+      EntryPtr installed,
+      Install(*entry, args.module_bytes, /*journal=*/existing == nullptr));
   if (existing != nullptr) {
     spdlog::info("repaired target {} ({}) from re-registered bytes",
                  entry->key.name, PlatformName(entry->key.platform));
   }
-  return RegisterOutcome{existing == nullptr, *installed};
+  return RegisterOutcome{existing == nullptr, installed};
 }
 
 absl::StatusOr<RegisterOutcome> Registry::RegisterInProcess(
@@ -288,9 +286,8 @@ absl::StatusOr<RegisterOutcome> Registry::RegisterInProcess(
   entry.registered_by = args.peer;
   entry.registered_at_us = NowMicros();
   entry.origin = args.origin;
-  absl::StatusOr<EntryPtr> inserted = Insert(entry);
-  if (!inserted.ok()) return inserted.status();
-  return RegisterOutcome{true, *inserted};
+  KREG_ASSIGN_OR_RETURN(EntryPtr inserted, Insert(entry));
+  return RegisterOutcome{true, inserted};
 }
 
 absl::StatusOr<EntryPtr> Registry::Install(const TargetEntry& entry,
@@ -304,8 +301,7 @@ absl::StatusOr<EntryPtr> Registry::Install(const TargetEntry& entry,
         "module bytes for ", Named(entry.key), " have digest ", digest,
         ", not the binding's ", entry.module_digest, "; refused"));
   }
-  absl::StatusOr<StagedModule> staged = loader_->Stage(bytes, digest);
-  if (!staged.ok()) return staged.status();
+  KREG_ASSIGN_OR_RETURN(StagedModule staged, loader_->Stage(bytes, digest));
   // Until the journal has the entry, a failure removes what this request
   // wrote: nothing of a refused module stays in the store.
   bool committed = false;
@@ -313,31 +309,26 @@ absl::StatusOr<EntryPtr> Registry::Install(const TargetEntry& entry,
     if (committed) {
       OweSweep();
     } else {
-      loader_->Discard(*staged);
+      loader_->Discard(staged);
     }
   });
-  absl::StatusOr<HandlerInfo> info = loader_->Probe(*staged, entry.func_name);
-  if (!info.ok()) return info.status();
+  KREG_ASSIGN_OR_RETURN(HandlerInfo info,
+                        loader_->Probe(staged, entry.func_name));
   const std::vector<InstallHook*> around = hooks();
   for (InstallHook* hook : around) {
-    absl::Status probed = hook->Probed(entry, *info);
-    if (!probed.ok()) return probed;
+    KREG_RETURN_IF_ERROR(hook->Probed(entry, info));
   }
-  absl::Status st = loader_->Commit(*staged);
-  if (!st.ok()) return st;
+  KREG_RETURN_IF_ERROR(loader_->Commit(staged));
   committed = true;
-  st = loader_->Check(digest);
-  if (!st.ok()) return st;
+  KREG_RETURN_IF_ERROR(loader_->Check(digest));
   auto local = std::make_shared<TargetEntry>(entry);
-  local->handler_info = *info;
+  local->handler_info = info;
   local->unavailable.clear();
   for (InstallHook* hook : around) {
-    st = hook->Committing(local.get(), previous);
-    if (!st.ok()) return st;
+    KREG_RETURN_IF_ERROR(hook->Committing(local.get(), previous));
   }
   if (journal) {
-    st = log_->Append(*local);
-    if (!st.ok()) return st;
+    KREG_RETURN_IF_ERROR(log_->Append(*local));
   }
   std::move(discard).Cancel();
   {
@@ -351,8 +342,7 @@ absl::StatusOr<EntryPtr> Registry::Install(const TargetEntry& entry,
 absl::StatusOr<EntryPtr> Registry::Insert(const TargetEntry& entry) {
   auto e = std::make_shared<TargetEntry>(entry);
   e->unavailable.clear();
-  absl::Status logged = log_->Append(*e);
-  if (!logged.ok()) return logged;
+  KREG_RETURN_IF_ERROR(log_->Append(*e));
   absl::MutexLock lock(&mu_);
   entries_[e->key] = e;
   return EntryPtr(e);
@@ -361,8 +351,7 @@ absl::StatusOr<EntryPtr> Registry::Insert(const TargetEntry& entry) {
 absl::Status Registry::Remove(const EntryPtr& entry, const PeerCred& by) {
   Retirement r{entry->key, entry->content_id, entry->module_digest, by,
                NowMicros()};
-  absl::Status logged = log_->AppendRetirement(r);
-  if (!logged.ok()) return logged;
+  KREG_RETURN_IF_ERROR(log_->AppendRetirement(r));
   {
     absl::MutexLock lock(&mu_);
     entries_.erase(entry->key);
@@ -396,8 +385,7 @@ absl::Status Registry::RefusalNow(const RegisterArgs& args,
                                   const std::string& digest,
                                   AdmissionNote* note) const {
   for (AdmissionPolicy* policy : admissions()) {
-    absl::Status screened = policy->Screen(args, note);
-    if (!screened.ok()) return screened;
+    KREG_RETURN_IF_ERROR(policy->Screen(args, note));
   }
   EntryPtr seen = Lookup(args.key);
   bool changing = false;
@@ -607,9 +595,8 @@ absl::Status Registry::CheckAdmin(const PeerCred& peer,
 }
 
 absl::StatusOr<GcOutcome> Registry::CollectGarbage(const PeerCred& peer) {
-  absl::Status admin =
-      CheckAdmin(peer, "garbage collection of the module store");
-  if (!admin.ok()) return admin;
+  KREG_RETURN_IF_ERROR(
+      CheckAdmin(peer, "garbage collection of the module store"));
   // Registrations stage and commit files: the sweep waits for those in
   // progress and holds back new ones until it is done.
   {

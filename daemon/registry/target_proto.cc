@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/handler_spec.h"
+#include "common/status_macros.h"
 #include "daemon/base/validate.h"
 
 namespace kreg {
@@ -83,12 +84,10 @@ v1::TargetStats StatsToProto(const TargetKey& key, const TargetStats& stats) {
 }
 
 absl::StatusOr<TargetEntry> FromProto(const v1::Target& t) {
-  absl::Status st = ValidateTargetName(t.target_name());
-  if (!st.ok()) return st;
-  absl::StatusOr<Platform> platform = ParsePlatform(t.platform());
-  if (!platform.ok()) return platform.status();
+  KREG_RETURN_IF_ERROR(ValidateTargetName(t.target_name()));
+  KREG_ASSIGN_OR_RETURN(Platform platform, ParsePlatform(t.platform()));
   TargetEntry e;
-  e.key = {t.target_name(), *platform};
+  e.key = {t.target_name(), platform};
   if (t.kind() == "in-process") {
     e.kind = TargetKind::kInProcess;
   } else if (!t.kind().empty() && t.kind() != "module") {

@@ -16,10 +16,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/generations.h"
+#include "common/status_macros.h"
 #include "common/wire.h"
 #include "daemon/base/broker_limits.h"
 #include "daemon/base/log_limit.h"
-#include "daemon/base/status_macros.h"
 #include "daemon/base/validate.h"
 #include "daemon/registry/registration_mapper.h"
 #include "daemon/registry/registry.h"
@@ -691,10 +691,8 @@ absl::StatusOr<v1::ResolveReply> SessionBroker::Resolve(
     held.registered = registered;
     generation = FollowedGeneration(*current, held, peer_.uid);
   }
-  absl::StatusOr<EntryPtr> found =
-      ResolveGeneration(*ctx_.registry, key, generation);
-  if (!found.ok()) return found.status();
-  const EntryPtr& e = *found;
+  KREG_ASSIGN_OR_RETURN(EntryPtr e,
+                        ResolveGeneration(*ctx_.registry, key, generation));
   if (r.local() && ctx_.local_modules == nullptr) {
     return absl::PermissionDeniedError(absl::StrCat(
         "target \"", key.name, "\" (", PlatformName(key.platform),

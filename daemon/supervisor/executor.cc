@@ -19,10 +19,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "common/wire.h"
 #include "daemon/base/files.h"
 #include "daemon/base/spawn.h"
-#include "daemon/base/status_macros.h"
 #include "spdlog/spdlog.h"
 
 extern char** environ;

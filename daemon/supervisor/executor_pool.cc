@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "daemon/base/adoption.h"
 #include "daemon/supervisor/crash_blame.h"
 #include "daemon/supervisor/executor.h"
@@ -225,9 +226,7 @@ absl::StatusOr<ExecutorPool::Binding> ExecutorPool::Bind(uint64_t session_id,
         find();
       }
       if (g == nullptr) {
-        absl::StatusOr<std::shared_ptr<Group>> started = Start(key, peer);
-        if (!started.ok()) return started.status();
-        g = *started;
+        KREG_ASSIGN_OR_RETURN(g, Start(key, peer));
         absl::MutexLock lock(&mu_);
         if (stopping_) return absl::UnavailableError("kregd is shutting down");
         groups_[key] = g;

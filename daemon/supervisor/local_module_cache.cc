@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "daemon/base/files.h"
-#include "daemon/base/status_macros.h"
 #include "daemon/store/module_store.h"
 
 namespace kreg {

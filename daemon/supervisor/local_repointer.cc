@@ -11,8 +11,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "common/wire.h"
-#include "daemon/base/status_macros.h"
 #include "daemon/base/validate.h"
 #include "daemon/supervisor/local_module_cache.h"
 #include "daemon/supervisor/session_bindings.h"

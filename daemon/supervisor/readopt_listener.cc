@@ -11,11 +11,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "common/wire.h"
 #include "daemon/base/files.h"
 #include "daemon/base/log_limit.h"
 #include "daemon/base/served_session.h"
-#include "daemon/base/status_macros.h"
 #include "daemon/base/validate.h"
 #include "spdlog/spdlog.h"
 

@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <utility>
 
+#include "common/status_macros.h"
+
 namespace kreg::cuda_client {
 namespace {
 
@@ -113,8 +115,7 @@ ClientStatus StreamDevice(const cu::CudaDriver* driver, cu::CUstream stream,
   }
   if (r != cu::CUDA_SUCCESS) return CuError(*driver, r, "cuCtxGetDevice");
   std::string device_uuid;
-  ClientStatus s = DeviceUuid(driver, dev, &device_uuid);
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(DeviceUuid(driver, dev, &device_uuid));
   if (id != 0) {
     KnownContext& k = t_contexts[t_contexts_next++ % kKnownContexts];
     k.id = id;
@@ -201,8 +202,7 @@ ClientStatus IdentifyBuffer(const cu::CudaDriver* driver, const void* ptr,
                                               "), which does not hold it");
   }
   AllocationId id;
-  ClientStatus s = DeviceUuid(driver, ordinal, &id.device_uuid);
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(DeviceUuid(driver, ordinal, &id.device_uuid));
   id.device_ordinal = ordinal;
   id.base = base;
   id.size = size;
@@ -236,8 +236,7 @@ void RetainedAllocation::Reset() {
 ClientStatus ExportBuffer(const cu::CudaDriver* driver, const void* ptr,
                           ExportedBuffer* out) {
   ExportedBuffer e;
-  ClientStatus s = IdentifyBuffer(driver, ptr, &e.id, &e.offset);
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(IdentifyBuffer(driver, ptr, &e.id, &e.offset));
   const cu::CudaDriver& d = *driver;
   void* base = reinterpret_cast<void*>(static_cast<uintptr_t>(e.id.base));
 

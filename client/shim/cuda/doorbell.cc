@@ -5,6 +5,8 @@
 #include <string>
 #include <utility>
 
+#include "common/status_macros.h"
+
 namespace kreg::cuda_client {
 namespace {
 
@@ -42,9 +44,8 @@ ClientStatus Doorbell::Create(const cu::CudaDriver* driver, int ordinal,
         "operations");
   }
   std::unique_ptr<Doorbell> bell(new Doorbell(driver, context));
-  ClientStatus s =
-      StagingBuffer::Create(driver, ordinal, kDoneOffset + 8, &bell->buffer_);
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(
+      StagingBuffer::Create(driver, ordinal, kDoneOffset + 8, &bell->buffer_));
   r = d.cuEventCreate(&bell->last_use_, cu::CU_EVENT_DISABLE_TIMING);
   if (r != cu::CUDA_SUCCESS) {
     bell->last_use_ = nullptr;
@@ -166,8 +167,7 @@ void Doorbell::Leak() {
 
 ClientStatus Doorbell::Export(UniqueFd* fd) const {
   ExportedBuffer ex;
-  ClientStatus s = buffer_->Export(&ex);
-  if (!s.ok()) return s;
+  KREG_RETURN_IF_ERROR(buffer_->Export(&ex));
   *fd = std::move(ex.fd);
   return ClientStatus::Ok();
 }

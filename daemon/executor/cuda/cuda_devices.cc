@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
@@ -210,7 +211,7 @@ absl::StatusOr<int> CudaDevices::FindByUuid(absl::string_view uuid) const {
 }
 
 absl::StatusOr<cu::CUcontext> CudaDevices::Context(int ordinal) const {
-  if (absl::Status s = CheckUsable(ordinal); !s.ok()) return s;
+  KREG_RETURN_IF_ERROR(CheckUsable(ordinal));
   return contexts_[ordinal];
 }
 
@@ -253,7 +254,7 @@ absl::Status CudaDevices::Check(int ordinal, CUresult result,
 }
 
 absl::Status CudaDevices::CheckStream(int ordinal, cu::CUstream stream) {
-  if (absl::Status s = CheckUsable(ordinal); !s.ok()) return s;
+  KREG_RETURN_IF_ERROR(CheckUsable(ordinal));
   CUresult r = driver_->cuStreamQuery(stream);
   if (r == cu::CUDA_SUCCESS || r == cu::CUDA_ERROR_NOT_READY) {
     return absl::OkStatus();

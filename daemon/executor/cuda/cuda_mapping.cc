@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
@@ -65,7 +66,7 @@ void LogReleased(CudaDevices* devices, int ordinal, cu::CUdeviceptr base,
 
 absl::StatusOr<std::unique_ptr<VmmImport>> VmmImport::Import(
     CudaDevices* devices, int ordinal, UniqueFd fd, uint64_t size) {
-  if (absl::Status s = devices->CheckUsable(ordinal); !s.ok()) return s;
+  KREG_RETURN_IF_ERROR(devices->CheckUsable(ordinal));
   const CudaDeviceInfo& info = devices->info(ordinal);
   if (!info.vmm || !info.posix_fd) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -163,7 +164,7 @@ VmmImport::~VmmImport() {
 absl::StatusOr<std::unique_ptr<IpcMemOpen>> IpcMemOpen::Open(
     CudaDevices* devices, int ordinal, const cu::CUipcMemHandle& handle,
     uint64_t size) {
-  if (absl::Status s = devices->CheckUsable(ordinal); !s.ok()) return s;
+  KREG_RETURN_IF_ERROR(devices->CheckUsable(ordinal));
   if (size == 0) {
     return absl::InvalidArgumentError("a CUDA IPC mapping of 0 bytes");
   }
@@ -205,7 +206,7 @@ IpcMemOpen::~IpcMemOpen() {
 
 absl::StatusOr<std::unique_ptr<IpcEventOpen>> IpcEventOpen::Open(
     CudaDevices* devices, int ordinal, const cu::CUipcEventHandle& handle) {
-  if (absl::Status s = devices->CheckUsable(ordinal); !s.ok()) return s;
+  KREG_RETURN_IF_ERROR(devices->CheckUsable(ordinal));
   CudaContextScope scope(*devices, ordinal);
   if (!scope.status().ok()) return scope.status();
   cu::CUevent event = nullptr;

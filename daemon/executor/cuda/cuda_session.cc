@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
@@ -27,12 +28,11 @@ CudaSession::~CudaSession() {
 }
 
 absl::Status CudaSession::ShareVmm(const CudaMappingKey& key, UniqueFd fd) {
-  absl::StatusOr<int> ordinal = devices_->FindByUuid(key.device_uuid);
-  if (!ordinal.ok()) return ordinal.status();
+  KREG_ASSIGN_OR_RETURN(int ordinal, devices_->FindByUuid(key.device_uuid));
   return cache_
       .GetOrImport(key,
                    [&] {
-                     return VmmImport::Import(devices_, *ordinal, std::move(fd),
+                     return VmmImport::Import(devices_, ordinal, std::move(fd),
                                               key.size);
                    })
       .status();
@@ -40,33 +40,27 @@ absl::Status CudaSession::ShareVmm(const CudaMappingKey& key, UniqueFd fd) {
 
 absl::Status CudaSession::ShareIpc(const CudaMappingKey& key,
                                    const cu::CUipcMemHandle& handle) {
-  absl::StatusOr<int> ordinal = devices_->FindByUuid(key.device_uuid);
-  if (!ordinal.ok()) return ordinal.status();
+  KREG_ASSIGN_OR_RETURN(int ordinal, devices_->FindByUuid(key.device_uuid));
   return cache_
-      .GetOrImport(key,
-                   [&] {
-                     return IpcMemOpen::Open(devices_, *ordinal, handle,
-                                             key.size);
-                   })
+      .GetOrImport(
+          key,
+          [&] { return IpcMemOpen::Open(devices_, ordinal, handle, key.size); })
       .status();
 }
 
 absl::Status CudaSession::SetEvents(absl::string_view device_uuid,
                                     const cu::CUipcEventHandle& ready,
                                     const cu::CUipcEventHandle& done) {
-  absl::StatusOr<int> ordinal = devices_->FindByUuid(device_uuid);
-  if (!ordinal.ok()) return ordinal.status();
+  KREG_ASSIGN_OR_RETURN(int ordinal, devices_->FindByUuid(device_uuid));
   auto pair = std::make_shared<EventPair>();
-  auto r = IpcEventOpen::Open(devices_, *ordinal, ready);
-  if (!r.ok()) return r.status();
-  auto d = IpcEventOpen::Open(devices_, *ordinal, done);
-  if (!d.ok()) return d.status();
-  pair->ready = std::move(*r);
-  pair->done = std::move(*d);
+  KREG_ASSIGN_OR_RETURN(pair->ready,
+                        IpcEventOpen::Open(devices_, ordinal, ready));
+  KREG_ASSIGN_OR_RETURN(pair->done,
+                        IpcEventOpen::Open(devices_, ordinal, done));
   std::shared_ptr<EventPair> old;
   {
     absl::MutexLock lock(&mu_);
-    old = std::exchange(events_[*ordinal], std::move(pair));
+    old = std::exchange(events_[ordinal], std::move(pair));
   }
   return absl::OkStatus();  // `old` is destroyed here, outside the lock.
 }
@@ -75,10 +69,9 @@ absl::Status CudaSession::SetDoorbell(absl::string_view device_uuid,
                                       UniqueFd fd, uint64_t size,
                                       uint64_t ready_offset,
                                       uint64_t done_offset) {
-  absl::StatusOr<int> ordinal = devices_->FindByUuid(device_uuid);
-  if (!ordinal.ok()) return ordinal.status();
-  if (absl::Status s = devices_->CheckUsable(*ordinal); !s.ok()) return s;
-  const CudaDeviceInfo& info = devices_->info(*ordinal);
+  KREG_ASSIGN_OR_RETURN(int ordinal, devices_->FindByUuid(device_uuid));
+  KREG_RETURN_IF_ERROR(devices_->CheckUsable(ordinal));
+  const CudaDeviceInfo& info = devices_->info(ordinal);
   if (!info.memops64) {
     return absl::FailedPreconditionError(absl::StrCat(
         "CUDA device ", info.uuid_text,
@@ -97,39 +90,34 @@ absl::Status CudaSession::SetDoorbell(absl::string_view device_uuid,
   }
   {
     absl::MutexLock lock(&mu_);
-    if (doorbells_.count(*ordinal) != 0) {
+    if (doorbells_.count(ordinal) != 0) {
       return absl::AlreadyExistsError(
           absl::StrCat("this session already has a doorbell for CUDA device ",
                        info.uuid_text));
     }
   }
-  absl::StatusOr<cu::CUstream> stream = streams_.Get(*ordinal);
-  if (!stream.ok()) return stream.status();
-  auto m = VmmImport::Import(devices_, *ordinal, std::move(fd), size);
-  if (!m.ok()) return m.status();
+  KREG_ASSIGN_OR_RETURN(cu::CUstream stream, streams_.Get(ordinal));
+  KREG_ASSIGN_OR_RETURN(
+      auto m, VmmImport::Import(devices_, ordinal, std::move(fd), size));
   auto bell = std::make_shared<Doorbell>();
-  bell->mapping = std::move(*m);
+  bell->mapping = std::move(m);
   bell->ready = bell->mapping->base() + ready_offset;
   bell->done = bell->mapping->base() + done_offset;
-  CudaContextScope scope(*devices_, *ordinal);
+  CudaContextScope scope(*devices_, ordinal);
   if (!scope.status().ok()) return scope.status();
   const cu::CudaDriver& d = *devices_->driver();
   for (cu::CUdeviceptr word : {bell->ready, bell->done}) {
-    absl::Status s = devices_->Check(
-        *ordinal,
-        d.cuStreamWriteValue64(*stream, word, 0,
-                               cu::CU_STREAM_WRITE_VALUE_DEFAULT),
-        "cuStreamWriteValue64 zeroing the doorbell");
-    if (!s.ok()) return s;
+    KREG_RETURN_IF_ERROR(
+        devices_->Check(ordinal,
+                        d.cuStreamWriteValue64(
+                            stream, word, 0, cu::CU_STREAM_WRITE_VALUE_DEFAULT),
+                        "cuStreamWriteValue64 zeroing the doorbell"));
   }
-  if (absl::Status s = devices_->Check(*ordinal, d.cuStreamSynchronize(*stream),
+  KREG_RETURN_IF_ERROR(devices_->Check(ordinal, d.cuStreamSynchronize(stream),
                                        "cuStreamSynchronize after zeroing "
-                                       "the doorbell");
-      !s.ok()) {
-    return s;
-  }
+                                       "the doorbell"));
   absl::MutexLock lock(&mu_);
-  doorbells_[*ordinal] = std::move(bell);
+  doorbells_[ordinal] = std::move(bell);
   return absl::OkStatus();
 }
 
@@ -196,9 +184,8 @@ absl::Status CudaSession::Launch(
     int ordinal, const std::function<absl::Status(const CallOptions&)>& run,
     uint64_t doorbell_seq, bool* signalled) {
   if (signalled != nullptr) *signalled = false;
-  if (absl::Status s = devices_->CheckUsable(ordinal); !s.ok()) return s;
-  absl::StatusOr<cu::CUstream> stream = streams_.Get(ordinal);
-  if (!stream.ok()) return stream.status();
+  KREG_RETURN_IF_ERROR(devices_->CheckUsable(ordinal));
+  KREG_ASSIGN_OR_RETURN(cu::CUstream stream, streams_.Get(ordinal));
   CudaContextScope scope(*devices_, ordinal);
   if (!scope.status().ok()) return scope.status();
   std::shared_ptr<EventPair> events;
@@ -210,33 +197,28 @@ absl::Status CudaSession::Launch(
   }
   const cu::CudaDriver& d = *devices_->driver();
   if (doorbell_seq > 0) {
-    absl::StatusOr<std::shared_ptr<Doorbell>> found =
-        DoorbellOf(ordinal, doorbell_seq);
-    if (!found.ok()) return found.status();
-    bell = *std::move(found);
-    absl::Status s = devices_->Check(
-        ordinal,
-        d.cuStreamWaitValue64(*stream, bell->ready, doorbell_seq,
-                              cu::CU_STREAM_WAIT_VALUE_GEQ),
-        "cuStreamWaitValue64 on the client's doorbell");
-    if (!s.ok()) return s;
+    KREG_ASSIGN_OR_RETURN(bell, DoorbellOf(ordinal, doorbell_seq));
+    KREG_RETURN_IF_ERROR(
+        devices_->Check(ordinal,
+                        d.cuStreamWaitValue64(stream, bell->ready, doorbell_seq,
+                                              cu::CU_STREAM_WAIT_VALUE_GEQ),
+                        "cuStreamWaitValue64 on the client's doorbell"));
     bell->last_seq.store(doorbell_seq);
   } else if (events != nullptr) {
-    if (absl::Status s = events->ready->WaitOn(*stream); !s.ok()) return s;
+    KREG_RETURN_IF_ERROR(events->ready->WaitOn(stream));
   }
   CallOptions options;
-  options.stream = *stream;
-  options.device_allocator = AllocatorFor(ordinal, *stream);
+  options.stream = stream;
+  options.device_allocator = AllocatorFor(ordinal, stream);
   absl::Status result = run(options);
   if (bell != nullptr) {
-    absl::Status s =
-        WriteDone(ordinal, *stream, *bell, doorbell_seq, signalled);
+    absl::Status s = WriteDone(ordinal, stream, *bell, doorbell_seq, signalled);
     if (result.ok()) result = s;
   } else if (events != nullptr) {
-    absl::Status s = events->done->RecordOn(*stream);
+    absl::Status s = events->done->RecordOn(stream);
     if (result.ok()) result = s;
   }
-  absl::Status probe = devices_->CheckStream(ordinal, *stream);
+  absl::Status probe = devices_->CheckStream(ordinal, stream);
   if (result.ok()) result = probe;
   cache_.Reap();
   return result;
@@ -245,15 +227,13 @@ absl::Status CudaSession::Launch(
 absl::Status CudaSession::SignalDoorbell(int ordinal, uint64_t doorbell_seq,
                                          bool* signalled) {
   *signalled = false;
-  if (absl::Status s = devices_->CheckUsable(ordinal); !s.ok()) return s;
-  absl::StatusOr<cu::CUstream> stream = streams_.Get(ordinal);
-  if (!stream.ok()) return stream.status();
+  KREG_RETURN_IF_ERROR(devices_->CheckUsable(ordinal));
+  KREG_ASSIGN_OR_RETURN(cu::CUstream stream, streams_.Get(ordinal));
   CudaContextScope scope(*devices_, ordinal);
   if (!scope.status().ok()) return scope.status();
-  absl::StatusOr<std::shared_ptr<Doorbell>> bell =
-      DoorbellOf(ordinal, doorbell_seq);
-  if (!bell.ok()) return bell.status();
-  return WriteDone(ordinal, *stream, **bell, doorbell_seq, signalled);
+  KREG_ASSIGN_OR_RETURN(std::shared_ptr<Doorbell> bell,
+                        DoorbellOf(ordinal, doorbell_seq));
+  return WriteDone(ordinal, stream, *bell, doorbell_seq, signalled);
 }
 
 absl::StatusOr<std::shared_ptr<CudaSession::Doorbell>> CudaSession::DoorbellOf(

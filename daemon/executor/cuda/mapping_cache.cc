@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace kreg {
 
@@ -22,9 +23,8 @@ CudaMappingCache::GetOrImport(const CudaMappingKey& key,
       hit.ok()) {
     return hit;
   }
-  absl::StatusOr<std::unique_ptr<CudaMapping>> made = import();
-  if (!made.ok()) return made.status();
-  std::shared_ptr<const CudaMapping> fresh = std::move(*made);
+  KREG_ASSIGN_OR_RETURN(std::unique_ptr<CudaMapping> made, import());
+  std::shared_ptr<const CudaMapping> fresh = std::move(made);
   if (fresh == nullptr || fresh->size() != key.size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the imported CUDA mapping has ", fresh ? fresh->size() : 0,
@@ -71,9 +71,8 @@ absl::StatusOr<std::shared_ptr<const CudaMapping>> CudaMappingCache::Find(
 
 absl::StatusOr<CudaMappingCache::Resolved> CudaMappingCache::Resolve(
     const CudaMappingKey& key, uint64_t offset, uint64_t length) {
-  absl::StatusOr<std::shared_ptr<const CudaMapping>> m = Find(key);
-  if (!m.ok()) return m.status();
-  const uint64_t size = (*m)->size();
+  KREG_ASSIGN_OR_RETURN(std::shared_ptr<const CudaMapping> m, Find(key));
+  const uint64_t size = (m)->size();
   if (length > UINT64_MAX - offset) {
     return absl::OutOfRangeError(absl::StrCat("CUDA buffer at offset ", offset,
                                               " with ", length,
@@ -85,8 +84,8 @@ absl::StatusOr<CudaMappingCache::Resolved> CudaMappingCache::Resolve(
                      ") ends past its allocation of ", size, " bytes"));
   }
   return Resolved{
-      reinterpret_cast<void*>(static_cast<uintptr_t>((*m)->base() + offset)),
-      *std::move(m)};
+      reinterpret_cast<void*>(static_cast<uintptr_t>((m)->base() + offset)),
+      std::move(m)};
 }
 
 bool CudaMappingCache::Erase(const CudaMappingKey& key) {

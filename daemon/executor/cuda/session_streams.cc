@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
@@ -63,7 +64,7 @@ SessionStreams::~SessionStreams() {
 }
 
 absl::StatusOr<cu::CUstream> SessionStreams::Get(int ordinal) {
-  if (absl::Status s = devices_->CheckUsable(ordinal); !s.ok()) return s;
+  KREG_RETURN_IF_ERROR(devices_->CheckUsable(ordinal));
   absl::MutexLock lock(&mu_);
   if (streams_.size() <= static_cast<size_t>(ordinal)) {
     streams_.resize(devices_->count(), nullptr);
@@ -72,11 +73,10 @@ absl::StatusOr<cu::CUstream> SessionStreams::Get(int ordinal) {
   CudaContextScope scope(*devices_, ordinal);
   if (!scope.status().ok()) return scope.status();
   cu::CUstream stream = nullptr;
-  absl::Status s = devices_->Check(
+  KREG_RETURN_IF_ERROR(devices_->Check(
       ordinal,
       devices_->driver()->cuStreamCreate(&stream, cu::CU_STREAM_NON_BLOCKING),
-      "cuStreamCreate of a session stream");
-  if (!s.ok()) return s;
+      "cuStreamCreate of a session stream"));
   streams_[ordinal] = stream;
   devices_->Watch(ordinal, stream);
   return stream;

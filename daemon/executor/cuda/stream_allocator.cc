@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace kreg {
 namespace {
@@ -34,7 +35,7 @@ absl::StatusOr<void*> StreamOrderedAllocator::Allocate(size_t size,
     return absl::InvalidArgumentError(absl::StrCat(
         "scratch alignment ", alignment, " is not a power of two"));
   }
-  if (absl::Status s = devices_->CheckUsable(ordinal_); !s.ok()) return s;
+  KREG_RETURN_IF_ERROR(devices_->CheckUsable(ordinal_));
   if (!devices_->info(ordinal_).memory_pools) {
     return absl::FailedPreconditionError(absl::StrCat(
         "CUDA device ", devices_->info(ordinal_).uuid_text,
@@ -48,10 +49,9 @@ absl::StatusOr<void*> StreamOrderedAllocator::Allocate(size_t size,
   CudaContextScope scope(*devices_, ordinal_);
   if (!scope.status().ok()) return scope.status();
   cu::CUdeviceptr raw = 0;
-  absl::Status s = devices_->Check(
+  KREG_RETURN_IF_ERROR(devices_->Check(
       ordinal_, devices_->driver()->cuMemAllocAsync(&raw, size + pad, stream_),
-      absl::StrCat("cuMemAllocAsync of ", size + pad, " scratch bytes"));
-  if (!s.ok()) return s;
+      absl::StrCat("cuMemAllocAsync of ", size + pad, " scratch bytes")));
   const cu::CUdeviceptr aligned =
       (raw + alignment - 1) & ~static_cast<cu::CUdeviceptr>(alignment - 1);
   if (aligned + size > raw + size + pad) {  // The pool under-aligned: redo.

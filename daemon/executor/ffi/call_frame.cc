@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "common/status_macros.h"
+
 namespace kreg {
 namespace ffi_internal {
 namespace {
@@ -100,10 +102,7 @@ absl::Status CallFrameStorage::Prepare(const LaunchFrame& frame) {
       }
     }
     Drop(tables);
-    if (absl::Status s = Charge(tables, AttrTablesBytes(frame.attrs));
-        !s.ok()) {
-      return s;
-    }
+    KREG_RETURN_IF_ERROR(Charge(tables, AttrTablesBytes(frame.attrs)));
     building_ = tables;
     BuildAttrs(frame.attrs, &tables->attrs);
     building_ = nullptr;

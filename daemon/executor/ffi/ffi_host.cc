@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/stage_trace.h"
+#include "common/status_macros.h"
 #include "daemon/executor/ffi/call_frame.h"
 #include "daemon/executor/ffi/ffi_internal.h"
 #include "daemon/executor/ffi/thread_pool.h"
@@ -105,7 +106,7 @@ absl::Status FfiHost::Execute(void* handler, const LaunchFrame& frame,
     own = std::make_unique<ffi_internal::CallFrameStorage>();
     storage = own.get();
   }
-  if (absl::Status s = storage->Prepare(frame); !s.ok()) return s;
+  KREG_RETURN_IF_ERROR(storage->Prepare(frame));
 
   // Destroyed before the storage is reused or freed, after any returned
   // future completed.

@@ -6,19 +6,22 @@
 //
 // The expression is evaluated once; its error is returned unchanged (the
 // caller adds context where a person needs it, not here).
-#ifndef KREGD_DAEMON_BASE_STATUS_MACROS_H_
-#define KREGD_DAEMON_BASE_STATUS_MACROS_H_
+//
+// libc only, like the rest of //common, so the client side uses it too:
+// KREG_RETURN_IF_ERROR takes the status type the function returns
+// (absl::Status in kregd and its helpers, kreg::ClientStatus from
+// common/status.h in the shim); KREG_ASSIGN_OR_RETURN takes an
+// absl::StatusOr<T>, whose header its caller includes.
+#ifndef KREGD_COMMON_STATUS_MACROS_H_
+#define KREGD_COMMON_STATUS_MACROS_H_
 
 #include <utility>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
-
-#define KREG_RETURN_IF_ERROR(expr)                                  \
-  do {                                                              \
-    if (::absl::Status kreg_status_ = (expr); !kreg_status_.ok()) { \
-      return kreg_status_;                                          \
-    }                                                               \
+#define KREG_RETURN_IF_ERROR(expr)                        \
+  do {                                                    \
+    if (auto kreg_status_ = (expr); !kreg_status_.ok()) { \
+      return kreg_status_;                                \
+    }                                                     \
   } while (0)
 
 // `lhs` is a declaration (`T name`) or an lvalue; `expr` an
@@ -35,4 +38,4 @@
   if (!tmp.ok()) return std::move(tmp).status();    \
   lhs = *std::move(tmp)
 
-#endif  // KREGD_DAEMON_BASE_STATUS_MACROS_H_
+#endif  // KREGD_COMMON_STATUS_MACROS_H_
