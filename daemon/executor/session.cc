@@ -358,13 +358,16 @@ absl::Status Session::DoLaunch(const v1::Launch& launch,
       descriptor.data(), descriptor.size(), std::nullopt, &tag);
   absl::Status status = header.status();
   if (header.ok()) {
-    status = executors_[static_cast<size_t>(header->platform)]->Launch(
-        request_id_, *header,
-        [&](const CudaBufferResolver* resolve) {
-          return ring_decoder_.Decode(descriptor.data(), descriptor.size(),
-                                      std::nullopt, arena_, &tag, resolve);
-        },
-        launch, std::move(fds), reply);
+    LaunchExecutor::SocketPart socket{&launch, std::move(fds), reply};
+    LaunchExecutor::Request request{request_id_, &*header,
+                                    [&](const CudaBufferResolver* resolve) {
+                                      return ring_decoder_.Decode(
+                                          descriptor.data(), descriptor.size(),
+                                          std::nullopt, arena_, &tag, resolve);
+                                    },
+                                    &socket};
+    status =
+        executors_[static_cast<size_t>(header->platform)]->Launch(&request);
   }
   if (!status.ok()) {
     counters_->launch_errors.fetch_add(1, std::memory_order_relaxed);
