@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <mutex>
 
+#include "common/shared_library.h"
+
 namespace kreg::cu {
 namespace {
 
@@ -108,12 +110,12 @@ bool Resolve(void* lib, CudaDriver* d, const char* path, std::string* error) {
 const CudaDriver* LoadCudaDriverFrom(const char* path, std::string* error) {
   // RTLD_LOCAL: the driver's symbols stay out of the global namespace, so
   // nothing the host process loads later can bind to them by accident.
-  void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  std::string why;
+  void* lib = OpenLibrary(path, RTLD_NOW | RTLD_LOCAL, &why);
   if (lib == nullptr) {
     if (error != nullptr) {
-      const char* why = dlerror();
       *error = std::string("no CUDA driver: dlopen(\"") + path +
-               "\") failed: " + (why != nullptr ? why : "unknown error");
+               "\") failed: " + why;
     }
     return nullptr;
   }
