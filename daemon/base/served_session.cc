@@ -17,9 +17,7 @@ void SendConnectionError(int sock, const absl::Status& status) {
   resp.set_id(0);
   resp.mutable_status()->set_code(static_cast<int>(status.code()));
   resp.mutable_status()->set_message(std::string(status.message()));
-  std::string out;
-  resp.SerializeToString(&out);
-  wire::SendFrame(sock, out.data(), out.size(), nullptr, 0);
+  wire::SendMessage(sock, resp);
 }
 
 absl::StatusOr<PeerCred> PeerCredOf(int sock) {

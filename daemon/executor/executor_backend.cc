@@ -56,11 +56,9 @@ ExecutorBackend::ExecutorBackend(UniqueFd broker, uint32_t slot,
 ExecutorBackend::~ExecutorBackend() {
   v1::BrokerRequest req;
   req.mutable_closed();
-  std::string out;
-  req.SerializeToString(&out);
   absl::MutexLock lock(&broker_mu_);
   closed_ = true;
-  wire::SendFrame(broker_.get(), out.data(), out.size(), nullptr, 0);
+  wire::SendMessage(broker_.get(), req);
 }
 
 bool ExecutorBackend::ReplaceBroker(UniqueFd* broker) {

@@ -489,7 +489,6 @@ int SessionBroker::NextRequest(uint32_t max_bytes, absl::Time idle_deadline,
 
 NextStep SessionBroker::StepControl(ConnectionParker::Wake why) {
   if (why == ConnectionParker::Wake::kStopping) return EndControl();
-  std::string out;
   for (;;) {
     // Idle as long as the client likes while the connection holds a
     // registration (it is what keeps them); one that holds nothing is
@@ -560,9 +559,7 @@ NextStep SessionBroker::StepControl(ConnectionParker::Wake why) {
     if (resp.has_register_target() && resp.status().code() == 0) {
       holds_registrations_ = true;
     }
-    resp.SerializeToString(&out);
-    if (wire::SendFrame(client_.get(), out.data(), out.size(), nullptr, 0) !=
-        wire::kOk) {
+    if (wire::SendMessage(client_.get(), resp) != wire::kOk) {
       if (resp.has_watch()) ctx_.local_repointer->Detach(id_);
       return EndControl();
     }
@@ -638,7 +635,6 @@ NextStep SessionBroker::StepWatch(ConnectionParker::Wake why) {
 }
 
 NextStep SessionBroker::StepSession(ConnectionParker::Wake why) {
-  std::string out;
   bool closed = false;
   bool refused = false;
   while (why != ConnectionParker::Wake::kStopping) {
@@ -678,10 +674,8 @@ NextStep SessionBroker::StepSession(ConnectionParker::Wake why) {
     }
     UniqueFd fd;
     v1::BrokerReply reply = Handle(req, &fd);  // `fds` are closed
-    reply.SerializeToString(&out);
     int reply_fds[1] = {fd.get()};
-    rc = wire::SendFrame(broker_fd_, out.data(), out.size(), reply_fds,
-                         fd.ok() ? 1 : 0);
+    rc = wire::SendMessage(broker_fd_, reply, reply_fds, fd.ok() ? 1 : 0);
     if (rc != wire::kOk) break;
   }
   EndSession(closed, refused);

@@ -177,13 +177,11 @@ absl::Status LocalRepointer::Notify(uint64_t session,
   r->set_module_digest(entry.module_digest);
   r->set_module_size(entry.module_size);
   r->set_func_name(entry.func_name);
-  std::string out;
-  notice.SerializeToString(&out);
   absl::MutexLock lock(&w->send_mu);
   const int fds[1] = {fd.get()};
-  const int rc = wire::SendFrame(
-      w->sock.get(), out.data(), out.size(), fds, 1,
-      wire::Clock::now() + absl::ToChronoNanoseconds(deadline - absl::Now()));
+  const wire::Clock::time_point by =
+      wire::Clock::now() + absl::ToChronoNanoseconds(deadline - absl::Now());
+  const int rc = wire::SendMessage(w->sock.get(), notice, fds, 1, &by);
   if (rc == wire::kOk) return absl::OkStatus();
   // Part of the frame may have gone: the connection is of no further use.
   // The shim reopens it when it reads again; Activate sends what it missed.
