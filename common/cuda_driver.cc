@@ -5,8 +5,6 @@
 #include <cstdio>
 #include <mutex>
 
-#include "common/shared_library.h"
-
 namespace kreg::cu {
 namespace {
 
@@ -110,12 +108,12 @@ bool Resolve(void* lib, CudaDriver* d, const char* path, std::string* error) {
 const CudaDriver* LoadCudaDriverFrom(const char* path, std::string* error) {
   // RTLD_LOCAL: the driver's symbols stay out of the global namespace, so
   // nothing the host process loads later can bind to them by accident.
-  std::string why;
-  void* lib = OpenLibrary(path, RTLD_NOW | RTLD_LOCAL, &why);
+  void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
     if (error != nullptr) {
+      const char* why = dlerror();
       *error = std::string("no CUDA driver: dlopen(\"") + path +
-               "\") failed: " + why;
+               "\") failed: " + (why != nullptr ? why : "unknown error");
     }
     return nullptr;
   }

@@ -20,7 +20,6 @@
 #include "client/shim/forward.h"
 #include "client/shim/repoint_watch.h"
 #include "common/sha256.h"
-#include "common/shared_library.h"
 
 namespace kreg {
 namespace shim {
@@ -75,7 +74,11 @@ bool MappedFrom(const void* addr, dev_t dev, ino_t ino) {
   return found;
 }
 
-ClientStatus NoSymbol(const v1::Target& target, const std::string& name) {
+ClientStatus NamedSymbol(void* dl, const v1::Target& target,
+                         const std::string& name, void** out) {
+  ::dlerror();
+  *out = ::dlsym(dl, name.c_str());
+  if (*out != nullptr) return ClientStatus::Ok();
   return ClientStatus::Error(
       kNotFound, "kreg: module " + target.module_digest() + " of " +
                      Describe(target) + " has no symbol \"" + name + "\"");
@@ -97,24 +100,27 @@ ClientStatus Symbol(void* dl, const v1::Target& target, void** out) {
   HandlerSpec spec;
   ClientStatus s = SpecOf(target, &spec);
   if (!s.ok()) return s;
-  *out = FindSymbol(dl, spec.execute());
-  return *out != nullptr ? s : NoSymbol(target, spec.execute());
+  return NamedSymbol(dl, target, spec.execute(), out);
 }
 
 // Every stage's handler and the state type of a bundle (LocalBinding).
 ClientStatus BundleOf(void* dl, const v1::Target& target, LocalBinding* b) {
   HandlerSpec spec;
   ClientStatus s = SpecOf(target, &spec);
-  if (!s.ok()) return s;
-  BundleSymbols found;
-  const std::string missing = FindBundle(dl, spec, &found);
-  if (!missing.empty()) return NoSymbol(target, missing);
-  b->stages = found.stages;
-  b->state_type_id = found.state_type_id;
-  b->state_type_info = found.state_type_info;
-  // Once per binding, kept for the process's life (the C ABI hands it out).
-  if (!spec.state_type.empty()) {
-    b->state_type_name = strdup(spec.state_type.name.c_str());
+  for (int i = 0; s.ok() && i < kNumHandlerStages; ++i) {
+    if (!spec.stages[i].empty()) {
+      s = NamedSymbol(dl, target, spec.stages[i], &b->stages[i]);
+    }
+  }
+  if (s.ok() && !spec.state_type.empty()) {
+    s = NamedSymbol(dl, target, spec.state_type.id_symbol, &b->state_type_id);
+    if (s.ok()) {
+      s = NamedSymbol(dl, target, spec.state_type.info_symbol,
+                      &b->state_type_info);
+    }
+    // Once per binding, kept for the process's life (the C ABI hands it
+    // out).
+    if (s.ok()) b->state_type_name = strdup(spec.state_type.name.c_str());
   }
   return s;
 }
@@ -191,13 +197,13 @@ ClientStatus LoadModule(UniqueFd fd, const v1::Target& target, void** handler,
   const std::string path = "/proc/self/fd/" + std::to_string(fd.get());
   // RTLD_LOCAL: its symbols cannot clash with jaxlib's or other modules';
   // RTLD_NODELETE: pinned for the process's life (XLA keeps the handler).
-  std::string why;
-  void* dl = OpenLibrary(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE, &why);
+  void* dl = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
   if (dl == nullptr) {
+    const char* why = ::dlerror();
     return ClientStatus::Error(
         kInternal, "kreg: cannot load the module of " + Describe(target) +
                        " (" + target.module_digest() +
-                       ") into this process: " + why +
+                       ") into this process: " + (why ? why : "dlopen failed") +
                        ". Run it isolated (execution=\"isolated\") instead");
   }
   // Kept open from here on, whatever follows: the library stays loaded

@@ -8,7 +8,6 @@
 #include <sys/stat.h>
 
 #include "absl/strings/str_cat.h"
-#include "common/shared_library.h"
 #include "daemon/executor/ffi/ffi_host.h"
 
 namespace kreg {
@@ -37,11 +36,11 @@ absl::StatusOr<void*> ModuleCache::Load(const std::string& digest,
     }
   }
   std::string path = absl::StrCat("/proc/self/fd/", memfd.get());
-  std::string error;
-  void* handle = OpenLibrary(path, RTLD_NOW | RTLD_LOCAL, &error);
+  void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
-    return absl::InternalError(
-        absl::StrCat("dlopen of module ", digest, " failed: ", error));
+    const char* err = ::dlerror();
+    return absl::InternalError(absl::StrCat("dlopen of module ", digest,
+                                            " failed: ", err ? err : "?"));
   }
   Module& m = modules_[digest];
   m.memfd = std::move(memfd);
@@ -59,6 +58,18 @@ absl::StatusOr<void*> ModuleCache::ModuleOf(const std::string& digest,
         absl::StrCat("kregd sent no descriptor for module ", digest));
   }
   return Load(digest, module_fd.get());
+}
+
+absl::StatusOr<void*> ModuleCache::Symbol(void* handle,
+                                          const std::string& digest,
+                                          const std::string& name) {
+  ::dlerror();
+  void* sym = ::dlsym(handle, name.c_str());
+  if (sym == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("symbol \"", name, "\" is not in module ", digest));
+  }
+  return sym;
 }
 
 absl::StatusOr<void*> ModuleCache::Handler(const std::string& digest,
@@ -83,19 +94,32 @@ absl::StatusOr<std::array<void*, kNumHandlerStages>> ModuleCache::Bundle(
   if (auto it = bundles_.find(key); it != bundles_.end()) return it->second;
   absl::StatusOr<void*> handle = ModuleOf(digest, module_fd);
   if (!handle.ok()) return handle.status();
-  BundleSymbols found;
-  const std::string missing = FindBundle(*handle, spec, &found);
-  if (!missing.empty()) {
-    return absl::NotFoundError(
-        absl::StrCat("symbol \"", missing, "\" is not in module ", digest));
-  }
   if (!spec.state_type.empty()) {
-    absl::Status st = RegisterStateType(
-        spec.state_type.name, found.state_type_id, found.state_type_info);
+    absl::StatusOr<void*> id =
+        Symbol(*handle, digest, spec.state_type.id_symbol);
+    if (!id.ok()) return id.status();
+    absl::StatusOr<void*> info =
+        Symbol(*handle, digest, spec.state_type.info_symbol);
+    if (!info.ok()) return info.status();
+    XLA_FFI_Type_Register_Args args{};
+    args.struct_size = XLA_FFI_Type_Register_Args_STRUCT_SIZE;
+    args.name = XLA_FFI_ByteSpan{spec.state_type.name.data(),
+                                 spec.state_type.name.size()};
+    args.type_id = static_cast<XLA_FFI_TypeId*>(*id);
+    args.type_info = static_cast<const XLA_FFI_TypeInfo*>(*info);
+    absl::Status st = FfiHost::ErrorToStatus(
+        HostedApi(), HostedApi()->XLA_FFI_Type_Register(&args));
     if (!st.ok()) return st;
   }
-  bundles_[key] = found.stages;
-  return found.stages;
+  std::array<void*, kNumHandlerStages> out{};
+  for (int i = 0; i < kNumHandlerStages; ++i) {
+    if (spec.stages[i].empty()) continue;
+    absl::StatusOr<void*> sym = Symbol(*handle, digest, spec.stages[i]);
+    if (!sym.ok()) return sym.status();
+    out[i] = *sym;
+  }
+  bundles_[key] = out;
+  return out;
 }
 
 size_t ModuleCache::size() const {

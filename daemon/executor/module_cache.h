@@ -53,6 +53,8 @@ class ModuleCache {
   absl::StatusOr<void*> ModuleOf(const std::string& digest,
                                  const UniqueFd& module_fd)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<void*> Symbol(void* handle, const std::string& digest,
+                               const std::string& name);
 
   mutable absl::Mutex mu_;
   std::map<std::string, Module> modules_ ABSL_GUARDED_BY(mu_);

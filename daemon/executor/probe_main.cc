@@ -22,7 +22,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/handler_spec.h"
-#include "common/shared_library.h"
 #include "daemon/base/module_path.h"
 #include "daemon/executor/elf_symbols.h"
 #include "daemon/executor/ffi/ffi_host.h"
@@ -60,6 +59,33 @@ std::string ExportedFunctions(const char* path, const char* wanted) {
                           : std::string());
 }
 
+// Registers the bundle's state type with kregd's host (XLA_FFI_Type_Register,
+// as jax.ffi.register_ffi_type does in-process) so that the instantiate
+// stage's metadata call can report its id. Empty, or the error to report.
+std::string RegisterStateType(void* handle, const kreg::StateTypeSpec& type) {
+  void* id = dlsym(handle, type.id_symbol.c_str());
+  void* info = dlsym(handle, type.info_symbol.c_str());
+  const char* missing = id == nullptr     ? type.id_symbol.c_str()
+                        : info == nullptr ? type.info_symbol.c_str()
+                                          : nullptr;
+  if (missing != nullptr) {
+    return absl::StrCat(
+        "error 3 state type \"", type.name,
+        "\": the module exports no symbol \"", missing,
+        "\" (the data symbol of its XLA_FFI_TypeId or XLA_FFI_TypeInfo)");
+  }
+  XLA_FFI_Type_Register_Args args{};
+  args.struct_size = XLA_FFI_Type_Register_Args_STRUCT_SIZE;
+  args.name = XLA_FFI_ByteSpan{type.name.data(), type.name.size()};
+  args.type_id = static_cast<XLA_FFI_TypeId*>(id);
+  args.type_info = static_cast<const XLA_FFI_TypeInfo*>(info);
+  absl::Status st = kreg::FfiHost::ErrorToStatus(
+      kreg::HostedApi(), kreg::HostedApi()->XLA_FFI_Type_Register(&args));
+  if (st.ok()) return "";
+  return absl::StrCat("error 3 state type \"", type.name,
+                      "\" cannot be registered: ", st.message());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -80,29 +106,15 @@ int main(int argc, char** argv) {
     std::printf("error 3 %s\n", bad.c_str());
     return 0;
   }
-  void* handle = kreg::OpenLibrary(argv[1], RTLD_NOW | RTLD_LOCAL, &bad);
+  void* handle = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
-    std::printf("error 3 cannot be loaded: %s\n", bad.c_str());
+    std::printf("error 3 cannot be loaded: %s\n", dlerror());
     return 0;
   }
-  const kreg::StateTypeSpec& type = spec.state_type;
-  if (!type.empty()) {
-    // Registered with kregd's host so that the instantiate stage's metadata
-    // call can report its id.
-    void* id = kreg::FindSymbol(handle, type.id_symbol);
-    void* info = kreg::FindSymbol(handle, type.info_symbol);
-    if (id == nullptr || info == nullptr) {
-      std::printf(
-          "error 3 state type \"%s\": the module exports no symbol \"%s\" "
-          "(the data symbol of its XLA_FFI_TypeId or XLA_FFI_TypeInfo)\n",
-          type.name.c_str(),
-          (id == nullptr ? type.id_symbol : type.info_symbol).c_str());
-      return 0;
-    }
-    absl::Status st = kreg::RegisterStateType(type.name, id, info);
-    if (!st.ok()) {
-      std::printf("error 3 state type \"%s\" cannot be registered: %s\n",
-                  type.name.c_str(), std::string(st.message()).c_str());
+  if (!spec.state_type.empty()) {
+    std::string error = RegisterStateType(handle, spec.state_type);
+    if (!error.empty()) {
+      std::printf("%s\n", error.c_str());
       return 0;
     }
   }
@@ -118,7 +130,7 @@ int main(int argc, char** argv) {
                                    ? absl::StrCat(kreg::HandlerStageName(stage),
                                                   " function \"", name, "\": ")
                                    : std::string();
-    void* symbol = kreg::FindSymbol(handle, name);
+    void* symbol = dlsym(handle, name.c_str());
     if (symbol == nullptr) {
       std::printf("error 3 %sthe module exports no symbol \"%s\"%s\n",
                   prefix.c_str(), name.c_str(),

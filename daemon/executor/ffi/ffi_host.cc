@@ -65,17 +65,6 @@ FfiHost::~FfiHost() = default;
 
 int FfiHost::num_threads() const { return pool_->num_threads(); }
 
-absl::Status RegisterStateType(const std::string& name, void* type_id,
-                               void* type_info) {
-  XLA_FFI_Type_Register_Args args{};
-  args.struct_size = XLA_FFI_Type_Register_Args_STRUCT_SIZE;
-  args.name = XLA_FFI_ByteSpan{name.data(), name.size()};
-  args.type_id = static_cast<XLA_FFI_TypeId*>(type_id);
-  args.type_info = static_cast<const XLA_FFI_TypeInfo*>(type_info);
-  return FfiHost::ErrorToStatus(HostedApi(),
-                                HostedApi()->XLA_FFI_Type_Register(&args));
-}
-
 absl::Status FfiHost::ErrorToStatus(const XLA_FFI_Api* api,
                                     XLA_FFI_Error* error) {
   if (error == nullptr) return absl::OkStatus();

@@ -119,12 +119,6 @@ class FfiHost {
 // kregd's XLA_FFI_Api table (static, valid for the process's lifetime).
 const XLA_FFI_Api* HostedApi();
 
-// Registers a module's state type `name` (its XLA_FFI_TypeId and
-// XLA_FFI_TypeInfo data symbols) with HostedApi(), as
-// jax.ffi.register_ffi_type does in-process; the registration's error.
-absl::Status RegisterStateType(const std::string& name, void* type_id,
-                               void* type_info);
-
 // Makes XLA's metadata call on `handler` (a call frame whose extension_start
 // is an XLA_FFI_Metadata_Extension) and returns the FFI API version the
 // handler was built with, its traits and state type id. INVALID_ARGUMENT if
