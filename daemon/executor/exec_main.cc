@@ -153,8 +153,7 @@ bool SendMessage(int fd, const google::protobuf::MessageLite& m,
 
 void Reply(const absl::Status& status, const v1::ExecInitReply& base) {
   v1::ExecInitReply reply = base;
-  reply.mutable_status()->set_code(static_cast<int>(status.code()));
-  reply.mutable_status()->set_message(std::string(status.message()));
+  ToWireStatus(status, reply.mutable_status());
   SendMessage(kControlFd, reply, {});
 }
 

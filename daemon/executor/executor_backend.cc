@@ -12,6 +12,7 @@
 #include "common/wire.h"
 #include "daemon/base/broker_limits.h"
 #include "daemon/base/platform_table.h"
+#include "daemon/base/served_session.h"
 #include "daemon/base/validate.h"
 #include "daemon/executor/cuda/cuda_devices.h"
 #include "daemon/executor/ffi/ffi_host.h"
@@ -22,11 +23,6 @@ namespace kreg {
 namespace {
 
 constexpr uint32_t kMaxReplyBytes = 64u << 20;
-
-absl::Status StatusOf(const v1::SessionStatus& s) {
-  if (s.code() == 0) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.code()), s.message());
-}
 
 // The slot whose handler this thread runs, -1 when none. Constant-
 // initialized thread-local data of the executable: readable from a signal
@@ -133,7 +129,7 @@ absl::StatusOr<v1::BindLocalReply> ExecutorBackend::BindLocal(
   req.mutable_resolve()->set_generation(request.generation());
   absl::StatusOr<v1::BrokerReply> r = Call(req, module);
   if (!r.ok()) return r.status();
-  if (absl::Status s = StatusOf(r->status()); !s.ok()) {
+  if (absl::Status s = FromWireStatus(r->status()); !s.ok()) {
     module->reset();
     return s;
   }
@@ -159,7 +155,7 @@ absl::StatusOr<ResolvedBundle> ExecutorBackend::Resolve(const TargetKey& key,
   UniqueFd fd;
   absl::StatusOr<v1::BrokerReply> r = Call(req, &fd);
   if (!r.ok()) return r.status();
-  if (absl::Status s = StatusOf(r->status()); !s.ok()) return s;
+  if (absl::Status s = FromWireStatus(r->status()); !s.ok()) return s;
   const v1::ResolveReply& rr = r->resolve();
   absl::StatusOr<std::array<void*, kNumHandlerStages>> bundle =
       shared_.modules->Bundle(rr.module_digest(), std::move(fd),
@@ -198,7 +194,7 @@ absl::Status ExecutorBackend::ChargeState(int delta) {
   req.mutable_state_charge()->set_delta(delta);
   absl::StatusOr<v1::BrokerReply> r = Call(req, nullptr);
   if (!r.ok()) return r.status();
-  return StatusOf(r->status());
+  return FromWireStatus(r->status());
 }
 
 absl::Status ExecutorBackend::Execute(void* handler, const LaunchFrame& frame) {

@@ -21,14 +21,6 @@
 #include "spdlog/spdlog.h"
 
 namespace kreg {
-namespace {
-
-void SetStatus(const absl::Status& s, v1::SessionResponse* resp) {
-  resp->mutable_status()->set_code(static_cast<int>(s.code()));
-  resp->mutable_status()->set_message(std::string(s.message()));
-}
-
-}  // namespace
 
 Session::Session(uint64_t id, UniqueFd sock, const PeerCred& peer,
                  const SessionLimits& limits, SessionBackend* backend,
@@ -163,10 +155,10 @@ void Session::Run() {
     v1::SessionResponse resp;
     const std::string& payload = buffer.payload();
     if (!request.ParseFromString(payload)) {
-      SetStatus(absl::InvalidArgumentError(absl::StrCat(
-                    "malformed session request (", payload.size(),
-                    " bytes do not parse as kreg.v1.SessionRequest)")),
-                &resp);
+      ToWireStatus(absl::InvalidArgumentError(absl::StrCat(
+                       "malformed session request (", payload.size(),
+                       " bytes do not parse as kreg.v1.SessionRequest)")),
+                   resp.mutable_status());
     } else {
       buffer.Shrink(kKeepBytes);  // parsed: the bytes are in `request`
       std::lock_guard<std::mutex> lock(mu_);
@@ -298,7 +290,7 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
       }
     }
   }
-  SetStatus(status, &resp);
+  ToWireStatus(status, resp.mutable_status());
   return resp;
 }
 

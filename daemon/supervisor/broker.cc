@@ -21,6 +21,7 @@
 #include "daemon/base/log_limit.h"
 #include "daemon/base/module_upload.h"
 #include "daemon/base/protocol_version.h"
+#include "daemon/base/served_session.h"
 #include "daemon/base/status_macros.h"
 #include "daemon/base/validate.h"
 #include "daemon/registry/registrar.h"
@@ -35,11 +36,6 @@
 
 namespace kreg {
 namespace {
-
-void SetStatus(const absl::Status& s, v1::SessionStatus* out) {
-  out->set_code(static_cast<int>(s.code()));
-  out->set_message(std::string(s.message()));
-}
 
 // The field name of a session request's body (the protos are lite: no
 // descriptors).
@@ -213,8 +209,7 @@ v1::SessionResponse HandleControl(const BrokerContext& ctx, uint64_t id,
           "Closing this connection"));
     }
   }
-  resp.mutable_status()->set_code(static_cast<int>(status.code()));
-  resp.mutable_status()->set_message(std::string(status.message()));
+  ToWireStatus(status, resp.mutable_status());
   return resp;
 }
 
@@ -751,7 +746,7 @@ v1::BrokerReply SessionBroker::Handle(const v1::BrokerRequest& req,
     default:
       status = absl::InvalidArgumentError("unknown broker request");
   }
-  SetStatus(status, reply.mutable_status());
+  ToWireStatus(status, reply.mutable_status());
   return reply;
 }
 

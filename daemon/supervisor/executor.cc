@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/wire.h"
 #include "daemon/base/files.h"
+#include "daemon/base/served_session.h"
 #include "daemon/base/spawn.h"
 #include "daemon/base/status_macros.h"
 #include "spdlog/spdlog.h"
@@ -228,12 +229,7 @@ absl::Status Executor::AwaitRepointAck(const v1::ExecRepoint& repoint,
       if (it != acks_.end() &&
           it->second.generation() >= repoint.generation()) {
         // The executor's word: a code absl does not know is UNKNOWN.
-        const v1::SessionStatus& st = it->second.status();
-        const int code = st.code();
-        return absl::Status(code >= 0 && code <= 16
-                                ? static_cast<absl::StatusCode>(code)
-                                : absl::StatusCode::kUnknown,
-                            st.message());
+        return FromWireStatus(it->second.status());
       }
     }
     // Slices of 50 ms, so that waiters for other targets take turns reading;

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/wire.h"
+#include "daemon/base/served_session.h"
 #include "daemon/base/status_macros.h"
 #include "daemon/base/validate.h"
 #include "daemon/supervisor/local_module_cache.h"
@@ -105,13 +106,7 @@ void LocalRepointer::Acked(uint64_t session, const v1::RepointAck& ack) {
   absl::StatusOr<Platform> platform = ParsePlatform(ack.platform());
   if (!platform.ok()) return;
   const TargetKey key{ack.target_name(), *platform};
-  const int code = ack.status().code();
-  const absl::Status status =
-      code == 0 ? absl::OkStatus()
-                : absl::Status(code > 0 && code <= 16
-                                   ? static_cast<absl::StatusCode>(code)
-                                   : absl::StatusCode::kUnknown,
-                               ack.status().message());
+  const absl::Status status = FromWireStatus(ack.status());
   absl::MutexLock lock(&mu_);
   auto it = watches_.find(session);
   if (it == watches_.end()) return;

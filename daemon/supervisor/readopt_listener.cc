@@ -57,8 +57,7 @@ absl::Status ReadFrame(int conn, std::chrono::steady_clock::time_point deadline,
 // False when the executor cannot be told (it went away).
 bool Reply(int conn, const absl::Status& status, bool drain) {
   v1::ExecReadoptReply reply;
-  reply.mutable_status()->set_code(static_cast<int>(status.code()));
-  reply.mutable_status()->set_message(std::string(status.message()));
+  ToWireStatus(status, reply.mutable_status());
   reply.set_drain(drain);
   return wire::SendMessage(conn, reply) == wire::kOk;
 }
