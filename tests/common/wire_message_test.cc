@@ -1,7 +1,5 @@
 // wire::SendMessage and RecvMessage (common/wire.h) over a socket pair,
 // with kreg.v1 messages.
-#include "common/wire.h"
-
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -11,6 +9,7 @@
 
 #include "catch2/catch.hpp"
 #include "common/unique_fd.h"
+#include "common/wire.h"
 #include "kreg/v1/session.pb.h"
 
 namespace kreg {

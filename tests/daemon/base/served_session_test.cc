@@ -1,10 +1,11 @@
 // The mapping between absl::Status and the protocol's SessionStatus
 // (daemon/base/served_session.h).
+#include "daemon/base/served_session.h"
+
 #include <string>
 
 #include "absl/status/status.h"
 #include "catch2/catch.hpp"
-#include "daemon/base/served_session.h"
 #include "kreg/v1/session.pb.h"
 
 namespace kreg {
