@@ -194,6 +194,8 @@ std::string ResultText(int result) {
       return "the message did not arrive in time";
     case kWouldBlock:
       return "the message has not arrived whole yet";
+    case kMalformed:
+      return "the message does not parse";
     default:
       return strerror(result);
   }

@@ -5,6 +5,8 @@
 #ifndef KREGD_COMMON_WIRE_H_
 #define KREGD_COMMON_WIRE_H_
 
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -28,6 +30,7 @@ enum : int {
   kOverBudget = -5,  // the receive buffers' shared budget is spent
   kTimedOut = -6,    // the deadline passed before the whole frame went through
   kWouldBlock = -7,  // TryPeekFrame: the frame is not all there yet
+  kMalformed = -8,   // RecvMessage: the frame is not the message expected
 };
 
 using Clock = std::chrono::steady_clock;
@@ -140,6 +143,30 @@ int RecvFrame(int sock, uint32_t max_bytes, RecvBuffer* buffer,
 // that sends part of a frame and stalls gets kTimedOut at the deadline.
 int RecvFrame(int sock, uint32_t max_bytes, RecvBuffer* buffer,
               std::vector<int>* fds, Clock::time_point deadline);
+
+// Sends the protobuf `message` as one frame with `fds` attached (not
+// closed), never waiting past `*deadline` when given: SendFrame's result.
+// A template, so that this header needs no protobuf (the includer links
+// protobuf or protobuf-lite).
+template <typename Message>
+int SendMessage(int sock, const Message& message, const int* fds = nullptr,
+                int num_fds = 0, const Clock::time_point* deadline = nullptr) {
+  const std::string out = message.SerializeAsString();
+  return deadline == nullptr
+             ? SendFrame(sock, out.data(), out.size(), fds, num_fds)
+             : SendFrame(sock, out.data(), out.size(), fds, num_fds, *deadline);
+}
+// Receives one frame of at most `max_bytes` into the protobuf `*message`,
+// closing the descriptors attached: RecvFrame's result, or kMalformed.
+template <typename Message>
+int RecvMessage(int sock, uint32_t max_bytes, Message* message) {
+  std::string payload;
+  std::vector<int> fds;
+  int rc = RecvFrame(sock, max_bytes, &payload, &fds);
+  for (int fd : fds) ::close(fd);
+  if (rc == kOk && !message->ParseFromString(payload)) rc = kMalformed;
+  return rc;
+}
 
 // Looks once, without waiting, at the next frame of `sock` without taking
 // it (MSG_PEEK), so that another reader (an executor kregd hands the socket

@@ -81,7 +81,6 @@ ClientStatus WatchRepoints(const std::string& session_path,
 
 ClientStatus ServeRepoints(int sock, RepointApplier apply) {
   std::string payload;
-  std::string out;
   for (;;) {
     std::vector<int> raw;
     const int rc = wire::RecvFrame(sock, kMaxNoticeBytes, &payload, &raw);
@@ -129,8 +128,7 @@ ClientStatus ServeRepoints(int sock, RepointApplier apply) {
       a->mutable_status()->set_code(s.code);
       a->mutable_status()->set_message(s.message.substr(0, kMaxAckMessage));
     }
-    ack.SerializeToString(&out);
-    const int sent = wire::SendFrame(sock, out.data(), out.size(), nullptr, 0);
+    const int sent = wire::SendMessage(sock, ack);
     if (sent != wire::kOk) {
       return ClientStatus::Error(kUnavailable,
                                  "kreg: the watch connection to kregd ended: " +

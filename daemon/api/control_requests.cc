@@ -7,6 +7,7 @@
 #include "common/status_macros.h"
 #include "daemon/base/module_upload.h"
 #include "daemon/base/protocol_version.h"
+#include "daemon/base/served_session.h"
 #include "daemon/base/validate.h"
 #include "daemon/registry/registrar.h"
 #include "daemon/registry/registration_mapper.h"
@@ -155,8 +156,7 @@ v1::SessionResponse HandleControl(const BrokerContext& ctx, uint64_t id,
           "Closing this connection"));
     }
   }
-  resp.mutable_status()->set_code(static_cast<int>(status.code()));
-  resp.mutable_status()->set_message(std::string(status.message()));
+  ToWireStatus(status, resp.mutable_status());
   return resp;
 }
 

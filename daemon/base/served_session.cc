@@ -12,14 +12,25 @@
 
 namespace kreg {
 
+void ToWireStatus(const absl::Status& status, v1::SessionStatus* out) {
+  out->set_code(static_cast<int>(status.code()));
+  out->set_message(std::string(status.message()));
+}
+
+absl::Status FromWireStatus(const v1::SessionStatus& status) {
+  const int code = status.code();
+  if (code == 0) return absl::OkStatus();
+  return absl::Status(code > 0 && code <= 16
+                          ? static_cast<absl::StatusCode>(code)
+                          : absl::StatusCode::kUnknown,
+                      status.message());
+}
+
 void SendConnectionError(int sock, const absl::Status& status) {
   v1::SessionResponse resp;
   resp.set_id(0);
-  resp.mutable_status()->set_code(static_cast<int>(status.code()));
-  resp.mutable_status()->set_message(std::string(status.message()));
-  std::string out;
-  resp.SerializeToString(&out);
-  wire::SendFrame(sock, out.data(), out.size(), nullptr, 0);
+  ToWireStatus(status, resp.mutable_status());
+  wire::SendMessage(sock, resp);
 }
 
 absl::StatusOr<PeerCred> PeerCredOf(int sock) {

@@ -16,6 +16,9 @@
 #include "daemon/base/types.h"
 
 namespace kreg {
+namespace v1 {
+class SessionStatus;
+}
 
 // What a served connection waits for before its next step: new bytes on
 // `fd` (or its peer closing) until `deadline`; or nothing (it is done).
@@ -66,6 +69,11 @@ struct SessionCounters {
 // drops the session (session limits, a missing Hello, an oversized frame,
 // an executor that died during the call). Best effort; errors are ignored.
 void SendConnectionError(int sock, const absl::Status& status);
+
+// The one mapping between absl::Status and the protocol's SessionStatus
+// (code: absl's number; a code absl does not know reads as UNKNOWN).
+void ToWireStatus(const absl::Status& status, v1::SessionStatus* out);
+absl::Status FromWireStatus(const v1::SessionStatus& status);
 
 // SO_PEERCRED of a connected Unix socket. INTERNAL if unavailable.
 absl::StatusOr<PeerCred> PeerCredOf(int sock);

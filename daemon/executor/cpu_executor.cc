@@ -9,27 +9,15 @@
 
 namespace kreg {
 
-absl::Status CpuExecutor::Launch(uint64_t request_id,
-                                 const RingLaunchHeader& header,
-                                 const RingDecode& decode,
-                                 const v1::Launch& /*launch*/,
-                                 std::vector<UniqueFd> fds,
-                                 v1::LaunchReply* /*reply*/) {
-  if (!fds.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        fds.size(), " file descriptor(s) attached to a CPU launch"));
+absl::Status CpuExecutor::Launch(Request* request) {
+  if (request->socket != nullptr && !request->socket->fds.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(request->socket->fds.size(),
+                     " file descriptor(s) attached to a CPU launch"));
   }
-  return RingLaunch(request_id, header, decode, nullptr, nullptr);
-}
-
-absl::Status CpuExecutor::RingLaunch(uint64_t tag,
-                                     const RingLaunchHeader& /*header*/,
-                                     const RingDecode& decode,
-                                     uint32_t* /*flags*/,
-                                     bool* /*end_session*/) {
-  absl::StatusOr<DecodedLaunch*> decoded = decode(nullptr);
+  absl::StatusOr<DecodedLaunch*> decoded = request->decode(nullptr);
   if (!decoded.ok()) return decoded.status();
-  return Run(tag, **decoded);
+  return Run(request->id, **decoded);
 }
 
 absl::Status CpuExecutor::Run(uint64_t request_id,

@@ -17,16 +17,9 @@ class CpuExecutor final : public LaunchExecutor {
   explicit CpuExecutor(const SessionContext& ctx)
       : ctx_(ctx), frames_(ctx.budget) {}
 
-  // A socket launch: INVALID_ARGUMENT when descriptors are attached, then
-  // as RingLaunch.
-  absl::Status Launch(uint64_t request_id, const RingLaunchHeader& header,
-                      const RingDecode& decode, const v1::Launch& launch,
-                      std::vector<UniqueFd> fds,
-                      v1::LaunchReply* reply) override;
-  // Decodes (arena buffers, no resolver), then Run.
-  absl::Status RingLaunch(uint64_t tag, const RingLaunchHeader& header,
-                          const RingDecode& decode, uint32_t* flags,
-                          bool* end_session) override;
+  // INVALID_ARGUMENT when descriptors are attached; then decodes (arena
+  // buffers, no resolver) and Runs.
+  absl::Status Launch(Request* request) override;
   // Resolves and runs the handler of a decoded launch (socket or launch
   // ring), telling the backend which request runs it. The handler's error
   // verbatim. The call frame is kept for the next Run: `decoded`'s

@@ -184,15 +184,9 @@ absl::StatusOr<int> CudaExecutor::Device(absl::string_view target,
   return ordinal;
 }
 
-absl::Status CudaExecutor::Launch(uint64_t request_id,
-                                  const RingLaunchHeader& header,
-                                  const RingDecode& decode,
-                                  const v1::Launch& launch,
-                                  std::vector<UniqueFd> fds,
-                                  v1::LaunchReply* reply) {
-  CudaSession* cuda = nullptr;
-  KREG_ASSIGN_OR_RETURN(int ordinal,
-                        Device(header.target, header.device_uuid, &cuda));
+absl::Status CudaExecutor::ApplySideData(CudaSession* cuda,
+                                         SocketPart* socket) {
+  const v1::Launch& launch = *socket->launch;
   for (const v1::CudaMappingRef& r : launch.release()) {
     cuda->mappings().Erase(KeyOf(r));
   }
@@ -215,29 +209,33 @@ absl::Status CudaExecutor::Launch(uint64_t request_id,
                        s.message()));
     }
   }
-  if (absl::Status s = ShareCuda(launch.shares(), &fds); !s.ok()) return s;
-  if (!fds.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        fds.size(), " file descriptor(s) attached beyond the launch's shares"));
+  if (absl::Status s = ShareCuda(launch.shares(), &socket->fds); !s.ok()) {
+    return s;
   }
-  Outcome out;
-  absl::Status result = Run(request_id, cuda, ordinal, header.device_uuid,
-                            header.doorbell_seq, decode, &out);
-  reply->set_cuda_mapping_missing(out.mapping_missing);
-  reply->set_doorbell_signalled(out.signalled);
-  return result;
+  if (!socket->fds.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        socket->fds.size(),
+        " file descriptor(s) attached beyond the launch's shares"));
+  }
+  return absl::OkStatus();
 }
 
-absl::Status CudaExecutor::RingLaunch(uint64_t tag,
-                                      const RingLaunchHeader& header,
-                                      const RingDecode& decode, uint32_t* flags,
-                                      bool* end_session) {
+absl::Status CudaExecutor::Launch(Request* request) {
+  const RingLaunchHeader& header = *request->header;
   CudaSession* cuda = nullptr;
   KREG_ASSIGN_OR_RETURN(int ordinal,
                         Device(header.target, header.device_uuid, &cuda));
+  if (request->socket != nullptr) {
+    KREG_RETURN_IF_ERROR(ApplySideData(cuda, request->socket));
+  }
   Outcome out;
-  absl::Status result = Run(tag, cuda, ordinal, header.device_uuid,
-                            header.doorbell_seq, decode, &out);
+  absl::Status result = Run(request->id, cuda, ordinal, header.device_uuid,
+                            header.doorbell_seq, request->decode, &out);
+  if (request->socket != nullptr) {
+    request->socket->reply->set_cuda_mapping_missing(out.mapping_missing);
+    request->socket->reply->set_doorbell_signalled(out.signalled);
+    return result;
+  }
   if (!result.ok() && !out.signalled) {
     absl::Status s =
         cuda->SignalDoorbell(ordinal, header.doorbell_seq, &out.signalled);
@@ -246,9 +244,10 @@ absl::Status CudaExecutor::RingLaunch(uint64_t tag,
                     ctx_.id, header.doorbell_seq, std::string(s.message()));
     }
   }
-  if (out.signalled) *flags |= ring::kDoneSignalled;
-  if (out.mapping_missing) *flags |= ring::kMappingMissing;
-  *end_session = (header.flags & ring::kSubmitAsync) != 0 && !out.signalled;
+  if (out.signalled) request->flags |= ring::kDoneSignalled;
+  if (out.mapping_missing) request->flags |= ring::kMappingMissing;
+  request->end_session =
+      (header.flags & ring::kSubmitAsync) != 0 && !out.signalled;
   return result;
 }
 

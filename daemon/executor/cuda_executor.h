@@ -24,22 +24,16 @@ class CudaExecutor final : public LaunchExecutor {
   explicit CudaExecutor(const SessionContext& ctx);
   ~CudaExecutor() override;
 
-  // A socket launch: finds the device by the header's UUID, applies the
-  // releases, events and shares of `launch` (its fds from `fds`), then Run.
-  absl::Status Launch(uint64_t request_id, const RingLaunchHeader& header,
-                      const RingDecode& decode, const v1::Launch& launch,
-                      std::vector<UniqueFd> fds,
-                      v1::LaunchReply* reply) override;
-  // A steady-state CUDA launch taken off the launch ring: the same sequence
-  // as Launch() without shares, events or releases. Whatever fails after
-  // the device is found, done := doorbell_seq is still enqueued when
-  // possible (CudaSession::SignalDoorbell), so an XLA stream that already
-  // waits for it (asynchronous mode) moves on; ring::kDoneSignalled says
-  // whether it was, and an asynchronous launch whose doorbell could not be
-  // signalled ends the session.
-  absl::Status RingLaunch(uint64_t tag, const RingLaunchHeader& header,
-                          const RingDecode& decode, uint32_t* flags,
-                          bool* end_session) override;
+  // Finds the device by the header's UUID; from the socket, applies the
+  // releases, events and shares of the request's side data (its fds from
+  // the request's), then Run. Off the launch ring (steady state: no shares,
+  // events or releases), whatever fails after the device is found,
+  // done := doorbell_seq is still enqueued when possible
+  // (CudaSession::SignalDoorbell), so an XLA stream that already waits for
+  // it (asynchronous mode) moves on; ring::kDoneSignalled says whether it
+  // was, and an asynchronous launch whose doorbell could not be signalled
+  // ends the session.
+  absl::Status Launch(Request* request) override;
   // CudaShare and CudaDoorbellSetup (ShareCuda, SetDoorbell).
   bool HandleRequest(const v1::SessionRequest& request,
                      std::vector<UniqueFd>* fds, v1::SessionResponse* resp,
@@ -55,6 +49,8 @@ class CudaExecutor final : public LaunchExecutor {
     bool signalled = false;        // done := doorbell_seq was enqueued
   };
 
+  // A socket launch's releases, events and shares (`socket`'s fds).
+  absl::Status ApplySideData(CudaSession* cuda, SocketPart* socket);
   // CudaDoorbellSetup with its one VMM fd.
   absl::Status SetDoorbell(const v1::CudaDoorbellSetup& setup,
                            std::vector<UniqueFd> fds);

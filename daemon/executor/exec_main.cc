@@ -147,16 +147,13 @@ void RecordFatalSignals() {
 
 bool SendMessage(int fd, const google::protobuf::MessageLite& m,
                  const std::vector<int>& fds) {
-  std::string out;
-  m.SerializeToString(&out);
-  return wire::SendFrame(fd, out.data(), out.size(), fds.data(),
-                         static_cast<int>(fds.size())) == wire::kOk;
+  return wire::SendMessage(fd, m, fds.data(), static_cast<int>(fds.size())) ==
+         wire::kOk;
 }
 
 void Reply(const absl::Status& status, const v1::ExecInitReply& base) {
   v1::ExecInitReply reply = base;
-  reply.mutable_status()->set_code(static_cast<int>(status.code()));
-  reply.mutable_status()->set_message(std::string(status.message()));
+  ToWireStatus(status, reply.mutable_status());
   SendMessage(kControlFd, reply, {});
 }
 
@@ -258,18 +255,15 @@ Offer OfferToKregd(const v1::ExecInit& init, const v1::ExecInitReply& info,
     return Offer::kNoKregd;
   };
   if (!SendMessage(sock.get(), m, {})) return lost();
-  std::string payload;
-  std::vector<int> fds;
-  int rc = wire::RecvFrame(sock.get(), 1 << 16, &payload, &fds);
-  for (int fd : fds) ::close(fd);
   v1::ExecReadoptReply reply;
-  if (rc != wire::kOk) {
+  int rc = wire::RecvMessage(sock.get(), 1 << 16, &reply);
+  if (rc != wire::kOk && rc != wire::kMalformed) {
     *why = absl::StrCat("no answer from the new kregd (", wire::ResultText(rc),
                         ")");
     return Offer::kNoKregd;
   }
   v1::ExecReadoptProof proof;
-  if (!reply.ParseFromString(payload) ||
+  if (rc == wire::kMalformed ||
       !SameBytes(KregdProof(init.adoption_key(), challenge), reply.proof()) ||
       reply.challenge().size() != kSupervisionChallengeBytes) {
     // Of kregd's uid, so most likely a kregd with another state
@@ -309,11 +303,8 @@ Offer OfferToKregd(const v1::ExecInit& init, const v1::ExecInitReply& info,
       return lost();
     }
   }
-  fds.clear();
-  rc = wire::RecvFrame(sock.get(), 1 << 16, &payload, &fds);
-  for (int fd : fds) ::close(fd);
-  reply.Clear();
-  if (rc != wire::kOk || !reply.ParseFromString(payload)) {
+  rc = wire::RecvMessage(sock.get(), 1 << 16, &reply);
+  if (rc != wire::kOk) {
     *why = absl::StrCat("no answer from the new kregd (", wire::ResultText(rc),
                         ")");
     return Offer::kNoKregd;
@@ -590,16 +581,14 @@ class ExecutorLoop {
 int StartUp(v1::ExecInit* init, v1::ExecInitReply* reply, uid_t* kregd_uid,
             std::optional<StatusPage>* page,
             std::unique_ptr<CudaDevices>* cuda) {
-  std::string payload;
-  std::vector<int> fds;
-  if (wire::RecvFrame(kControlFd, 1 << 20, &payload, &fds) != wire::kOk) {
+  const int rc = wire::RecvMessage(kControlFd, 1 << 20, init);
+  if (rc != wire::kOk && rc != wire::kMalformed) {
     std::fprintf(stderr,
                  "kregd-exec: started without kregd's control socket;"
                  " it is started by kregd only\n");
     return 2;
   }
-  for (int fd : fds) ::close(fd);
-  if (!init->ParseFromString(payload)) {
+  if (rc == wire::kMalformed) {
     Reply(absl::InvalidArgumentError("malformed ExecInit"), *reply);
     return 2;
   }

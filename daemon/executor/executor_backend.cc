@@ -13,6 +13,7 @@
 #include "common/wire.h"
 #include "daemon/base/broker_limits.h"
 #include "daemon/base/platform_table.h"
+#include "daemon/base/served_session.h"
 #include "daemon/base/validate.h"
 #include "daemon/executor/cuda/cuda_devices.h"
 #include "daemon/executor/ffi/ffi_host.h"
@@ -23,11 +24,6 @@ namespace kreg {
 namespace {
 
 constexpr uint32_t kMaxReplyBytes = 64u << 20;
-
-absl::Status StatusOf(const v1::SessionStatus& s) {
-  if (s.code() == 0) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.code()), s.message());
-}
 
 // The slot whose handler this thread runs, -1 when none. Constant-
 // initialized thread-local data of the executable: readable from a signal
@@ -57,11 +53,9 @@ ExecutorBackend::ExecutorBackend(UniqueFd broker, uint32_t slot,
 ExecutorBackend::~ExecutorBackend() {
   v1::BrokerRequest req;
   req.mutable_closed();
-  std::string out;
-  req.SerializeToString(&out);
   absl::MutexLock lock(&broker_mu_);
   closed_ = true;
-  wire::SendFrame(broker_.get(), out.data(), out.size(), nullptr, 0);
+  wire::SendMessage(broker_.get(), req);
 }
 
 bool ExecutorBackend::ReplaceBroker(UniqueFd* broker) {
@@ -132,7 +126,7 @@ absl::StatusOr<v1::BindLocalReply> ExecutorBackend::BindLocal(
   req.mutable_resolve()->set_local(true);
   req.mutable_resolve()->set_generation(request.generation());
   KREG_ASSIGN_OR_RETURN(v1::BrokerReply r, Call(req, module));
-  if (absl::Status s = StatusOf(r.status()); !s.ok()) {
+  if (absl::Status s = FromWireStatus(r.status()); !s.ok()) {
     module->reset();
     return s;
   }
@@ -157,7 +151,7 @@ absl::StatusOr<ResolvedBundle> ExecutorBackend::Resolve(const TargetKey& key,
   req.mutable_resolve()->set_generation(generation);
   UniqueFd fd;
   KREG_ASSIGN_OR_RETURN(v1::BrokerReply r, Call(req, &fd));
-  KREG_RETURN_IF_ERROR(StatusOf(r.status()));
+  KREG_RETURN_IF_ERROR(FromWireStatus(r.status()));
   const v1::ResolveReply& rr = r.resolve();
   absl::StatusOr<std::array<void*, kNumHandlerStages>> bundle =
       shared_.modules->Bundle(rr.module_digest(), std::move(fd),
@@ -194,7 +188,7 @@ absl::Status ExecutorBackend::ChargeState(int delta) {
   v1::BrokerRequest req;
   req.mutable_state_charge()->set_delta(delta);
   KREG_ASSIGN_OR_RETURN(v1::BrokerReply r, Call(req, nullptr));
-  return StatusOf(r.status());
+  return FromWireStatus(r.status());
 }
 
 absl::Status ExecutorBackend::Execute(void* handler, const LaunchFrame& frame) {

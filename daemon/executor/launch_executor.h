@@ -82,27 +82,30 @@ class LaunchExecutor {
   // platform whose buffers are device memory passes its resolver.
   using RingDecode = std::function<absl::StatusOr<DecodedLaunch*>(
       const CudaBufferResolver* resolve)>;
-  // A Launch request of this platform from the session socket, whose
-  // descriptor's header was checked (`header`; `decode` decodes the rest),
-  // with the request's side data (`launch`: CUDA shares, events, releases)
-  // and attached descriptors. `reply` may carry platform details on failure
-  // too (CUDA: a mapping the client must send again, a doorbell already
-  // signalled).
-  virtual absl::Status Launch(uint64_t request_id,
-                              const RingLaunchHeader& header,
-                              const RingDecode& decode,
-                              const v1::Launch& launch,
-                              std::vector<UniqueFd> fds,
-                              v1::LaunchReply* reply) = 0;
-  // A launch taken off the launch ring (DESIGN §9) whose header was checked
-  // (RingDecoder::Header); the request id is the descriptor's tag. `*flags`
-  // gets the completion's ring::k* flags (it starts at 0); `*end_session`
-  // set asks the session to end after the completion (CUDA: the doorbell
-  // of a failed asynchronous launch could not be signalled). The decoder's
-  // or the handler's error.
-  virtual absl::Status RingLaunch(uint64_t tag, const RingLaunchHeader& header,
-                                  const RingDecode& decode, uint32_t* flags,
-                                  bool* end_session) = 0;
+  // What a socket Launch request brings besides its descriptor.
+  struct SocketPart {
+    const v1::Launch* launch = nullptr;  // side data: CUDA shares, events...
+    std::vector<UniqueFd> fds;           // the request's attached descriptors
+    // May carry platform details on failure too (CUDA: a mapping the client
+    // must send again, a doorbell already signalled).
+    v1::LaunchReply* reply = nullptr;
+  };
+  // One launch of this platform, from the session socket or off the launch
+  // ring (DESIGN §9): one descriptor format, its header already checked.
+  struct Request {
+    uint64_t id = 0;  // the socket's request id; on the ring the tag
+    const RingLaunchHeader* header = nullptr;
+    RingDecode decode;             // decodes the rest of the descriptor
+    SocketPart* socket = nullptr;  // null: taken off the launch ring
+    // Out, ring only: the completion's ring::k* flags, and whether the
+    // session must end after the completion (CUDA: the doorbell of a failed
+    // asynchronous launch could not be signalled).
+    uint32_t flags = 0;
+    bool end_session = false;
+  };
+  // Runs `*request` (setting its out fields): the decoder's or the
+  // handler's error.
+  virtual absl::Status Launch(Request* request) = 0;
   // The platform's own session requests (CUDA: CudaShare,
   // CudaDoorbellSetup). False when `request` is none of them; true when it
   // was handled, with its reply part set in `*resp` or its error in

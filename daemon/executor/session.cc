@@ -22,14 +22,6 @@
 #include "spdlog/spdlog.h"
 
 namespace kreg {
-namespace {
-
-void SetStatus(const absl::Status& s, v1::SessionResponse* resp) {
-  resp->mutable_status()->set_code(static_cast<int>(s.code()));
-  resp->mutable_status()->set_message(std::string(s.message()));
-}
-
-}  // namespace
 
 Session::Session(uint64_t id, UniqueFd sock, const PeerCred& peer,
                  const SessionLimits& limits, SessionBackend* backend,
@@ -164,10 +156,10 @@ void Session::Run() {
     v1::SessionResponse resp;
     const std::string& payload = buffer.payload();
     if (!request.ParseFromString(payload)) {
-      SetStatus(absl::InvalidArgumentError(absl::StrCat(
-                    "malformed session request (", payload.size(),
-                    " bytes do not parse as kreg.v1.SessionRequest)")),
-                &resp);
+      ToWireStatus(absl::InvalidArgumentError(absl::StrCat(
+                       "malformed session request (", payload.size(),
+                       " bytes do not parse as kreg.v1.SessionRequest)")),
+                   resp.mutable_status());
     } else {
       buffer.Shrink(kKeepBytes);  // parsed: the bytes are in `request`
       std::lock_guard<std::mutex> lock(mu_);
@@ -299,7 +291,7 @@ v1::SessionResponse Session::Handle(const v1::SessionRequest& request,
       }
     }
   }
-  SetStatus(status, &resp);
+  ToWireStatus(status, resp.mutable_status());
   return resp;
 }
 
@@ -358,13 +350,16 @@ absl::Status Session::DoLaunch(const v1::Launch& launch,
       descriptor.data(), descriptor.size(), std::nullopt, &tag);
   absl::Status status = header.status();
   if (header.ok()) {
-    status = executors_[static_cast<size_t>(header->platform)]->Launch(
-        request_id_, *header,
-        [&](const CudaBufferResolver* resolve) {
-          return ring_decoder_.Decode(descriptor.data(), descriptor.size(),
-                                      std::nullopt, arena_, &tag, resolve);
-        },
-        launch, std::move(fds), reply);
+    LaunchExecutor::SocketPart socket{&launch, std::move(fds), reply};
+    LaunchExecutor::Request request{request_id_, &*header,
+                                    [&](const CudaBufferResolver* resolve) {
+                                      return ring_decoder_.Decode(
+                                          descriptor.data(), descriptor.size(),
+                                          std::nullopt, arena_, &tag, resolve);
+                                    },
+                                    &socket};
+    status =
+        executors_[static_cast<size_t>(header->platform)]->Launch(&request);
   }
   if (!status.ok()) {
     counters_->launch_errors.fetch_add(1, std::memory_order_relaxed);

@@ -141,16 +141,18 @@ absl::Status Session::RunRingLaunch(const std::string& descriptor,
     // An unreadable header is not signalled (nothing in it can be
     // trusted, its flags included): the client library never writes one.
   } else {
-    status = executors_[static_cast<size_t>(header->platform)]->RingLaunch(
-        *tag, *header,
-        [&](const CudaBufferResolver* resolve) {
+    LaunchExecutor::Request request{
+        *tag, &*header, [&](const CudaBufferResolver* resolve) {
           auto decoded =
               ring_decoder_.Decode(descriptor.data(), descriptor.size(),
                                    ring_->seq(), arena_, tag, resolve);
           stage::Mark(stage::kDecoded);
           return decoded;
-        },
-        flags, end_session);
+        }};
+    status =
+        executors_[static_cast<size_t>(header->platform)]->Launch(&request);
+    *flags = request.flags;
+    *end_session = request.end_session;
   }
   if (!status.ok()) {
     counters_->launch_errors.fetch_add(1, std::memory_order_relaxed);

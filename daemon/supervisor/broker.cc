@@ -20,6 +20,7 @@
 #include "common/wire.h"
 #include "daemon/base/broker_limits.h"
 #include "daemon/base/log_limit.h"
+#include "daemon/base/served_session.h"
 #include "daemon/base/validate.h"
 #include "daemon/registry/registration_mapper.h"
 #include "daemon/registry/registry.h"
@@ -31,14 +32,6 @@
 #include "spdlog/spdlog.h"
 
 namespace kreg {
-namespace {
-
-void SetStatus(const absl::Status& s, v1::SessionStatus* out) {
-  out->set_code(static_cast<int>(s.code()));
-  out->set_message(std::string(s.message()));
-}
-
-}  // namespace
 
 // The field name of a session request's body (the protos are lite: no
 // descriptors).
@@ -344,7 +337,6 @@ int SessionBroker::NextRequest(uint32_t max_bytes, absl::Time idle_deadline,
 
 NextStep SessionBroker::StepControl(ConnectionParker::Wake why) {
   if (why == ConnectionParker::Wake::kStopping) return EndControl();
-  std::string out;
   for (;;) {
     // Idle as long as the client likes while the connection holds a
     // registration (it is what keeps them); one that holds nothing is
@@ -415,9 +407,7 @@ NextStep SessionBroker::StepControl(ConnectionParker::Wake why) {
     if (resp.has_register_target() && resp.status().code() == 0) {
       holds_registrations_ = true;
     }
-    resp.SerializeToString(&out);
-    if (wire::SendFrame(client_.get(), out.data(), out.size(), nullptr, 0) !=
-        wire::kOk) {
+    if (wire::SendMessage(client_.get(), resp) != wire::kOk) {
       if (resp.has_watch()) ctx_.local_repointer->Detach(id_);
       return EndControl();
     }
@@ -493,7 +483,6 @@ NextStep SessionBroker::StepWatch(ConnectionParker::Wake why) {
 }
 
 NextStep SessionBroker::StepSession(ConnectionParker::Wake why) {
-  std::string out;
   bool closed = false;
   bool refused = false;
   while (why != ConnectionParker::Wake::kStopping) {
@@ -533,10 +522,8 @@ NextStep SessionBroker::StepSession(ConnectionParker::Wake why) {
     }
     UniqueFd fd;
     v1::BrokerReply reply = Handle(req, &fd);  // `fds` are closed
-    reply.SerializeToString(&out);
     int reply_fds[1] = {fd.get()};
-    rc = wire::SendFrame(broker_fd_, out.data(), out.size(), reply_fds,
-                         fd.ok() ? 1 : 0);
+    rc = wire::SendMessage(broker_fd_, reply, reply_fds, fd.ok() ? 1 : 0);
     if (rc != wire::kOk) break;
   }
   EndSession(closed, refused);
@@ -612,7 +599,7 @@ v1::BrokerReply SessionBroker::Handle(const v1::BrokerRequest& req,
     default:
       status = absl::InvalidArgumentError("unknown broker request");
   }
-  SetStatus(status, reply.mutable_status());
+  ToWireStatus(status, reply.mutable_status());
   return reply;
 }
 

@@ -22,6 +22,7 @@
 #include "common/status_macros.h"
 #include "common/wire.h"
 #include "daemon/base/files.h"
+#include "daemon/base/served_session.h"
 #include "daemon/base/spawn.h"
 #include "spdlog/spdlog.h"
 
@@ -128,27 +129,21 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Start(
                      pid, ") failed to start: ", what, "; it ",
                      DescribeWaitStatus(ws), " (kregd's log has its output)"));
   };
-  std::string out;
-  init.SerializeToString(&out);
   int control = -1;
   {
     // Not shared with another thread yet; locked for the annotation's sake.
     absl::MutexLock lock(&exec->control_mu_);
     control = exec->control_.get();
   }
-  if (int s = wire::SendFrame(control, out.data(), out.size(), nullptr, 0);
-      s != wire::kOk) {
+  if (int s = wire::SendMessage(control, init); s != wire::kOk) {
     return fail("sending its configuration failed: " + wire::ResultText(s));
   }
   if (!WaitReadable(control, timeout.count())) {
     return fail(absl::StrCat("no answer within ", timeout.count(), " ms"));
   }
-  std::string payload;
-  std::vector<int> fds;
-  int r = wire::RecvFrame(control, 1 << 16, &payload, &fds);
-  for (int fd : fds) ::close(fd);
+  int r = wire::RecvMessage(control, 1 << 16, &exec->info_);
+  if (r == wire::kMalformed) return fail("a malformed answer");
   if (r != wire::kOk) return fail("no answer: " + wire::ResultText(r));
-  if (!exec->info_.ParseFromString(payload)) return fail("a malformed answer");
   if (exec->info_.status().code() != 0) {
     return fail(exec->info_.status().message());
   }
@@ -194,14 +189,12 @@ absl::StatusOr<UniqueFd> Executor::Adopt(const v1::ExecAdopt& adopt,
   }
   UniqueFd ours(sv[0]);
   UniqueFd theirs(sv[1]);
-  std::string out;
-  adopt.SerializeToString(&out);
   int fds[2] = {client_fd, theirs.get()};
   absl::MutexLock lock(&control_mu_);
   if (!control_.ok()) {
     return absl::UnavailableError("the executor is stopping");
   }
-  int rc = wire::SendFrame(control_.get(), out.data(), out.size(), fds, 2);
+  int rc = wire::SendMessage(control_.get(), adopt, fds, 2);
   if (rc != wire::kOk) {
     return absl::UnavailableError(
         absl::StrCat("handing the session to executor pid ", pid_,
@@ -214,12 +207,9 @@ absl::Status Executor::SendRepoint(const v1::ExecRepoint& repoint,
                                    int module_fd) {
   v1::ExecAdopt frame;
   *frame.mutable_repoint() = repoint;
-  std::string out;
-  frame.SerializeToString(&out);
   absl::MutexLock lock(&control_mu_);
   if (!control_.ok()) return absl::UnavailableError("the executor is stopping");
-  int rc =
-      wire::SendFrame(control_.get(), out.data(), out.size(), &module_fd, 1);
+  int rc = wire::SendMessage(control_.get(), frame, &module_fd, 1);
   if (rc != wire::kOk) {
     return absl::UnavailableError(
         absl::StrCat("sending the re-point to executor pid ", pid_,
@@ -239,12 +229,7 @@ absl::Status Executor::AwaitRepointAck(const v1::ExecRepoint& repoint,
       if (it != acks_.end() &&
           it->second.generation() >= repoint.generation()) {
         // The executor's word: a code absl does not know is UNKNOWN.
-        const v1::SessionStatus& st = it->second.status();
-        const int code = st.code();
-        return absl::Status(code >= 0 && code <= 16
-                                ? static_cast<absl::StatusCode>(code)
-                                : absl::StatusCode::kUnknown,
-                            st.message());
+        return FromWireStatus(it->second.status());
       }
     }
     // Slices of 50 ms, so that waiters for other targets take turns reading;

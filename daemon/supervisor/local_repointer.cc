@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/wire.h"
+#include "daemon/base/served_session.h"
 #include "daemon/base/validate.h"
 #include "daemon/supervisor/local_module_cache.h"
 #include "daemon/supervisor/session_bindings.h"
@@ -105,13 +106,7 @@ void LocalRepointer::Acked(uint64_t session, const v1::RepointAck& ack) {
   absl::StatusOr<Platform> platform = ParsePlatform(ack.platform());
   if (!platform.ok()) return;
   const TargetKey key{ack.target_name(), *platform};
-  const int code = ack.status().code();
-  const absl::Status status =
-      code == 0 ? absl::OkStatus()
-                : absl::Status(code > 0 && code <= 16
-                                   ? static_cast<absl::StatusCode>(code)
-                                   : absl::StatusCode::kUnknown,
-                               ack.status().message());
+  const absl::Status status = FromWireStatus(ack.status());
   absl::MutexLock lock(&mu_);
   auto it = watches_.find(session);
   if (it == watches_.end()) return;
@@ -177,13 +172,11 @@ absl::Status LocalRepointer::Notify(uint64_t session,
   r->set_module_digest(entry.module_digest);
   r->set_module_size(entry.module_size);
   r->set_func_name(entry.func_name);
-  std::string out;
-  notice.SerializeToString(&out);
   absl::MutexLock lock(&w->send_mu);
   const int fds[1] = {fd.get()};
-  const int rc = wire::SendFrame(
-      w->sock.get(), out.data(), out.size(), fds, 1,
-      wire::Clock::now() + absl::ToChronoNanoseconds(deadline - absl::Now()));
+  const wire::Clock::time_point by =
+      wire::Clock::now() + absl::ToChronoNanoseconds(deadline - absl::Now());
+  const int rc = wire::SendMessage(w->sock.get(), notice, fds, 1, &by);
   if (rc == wire::kOk) return absl::OkStatus();
   // Part of the frame may have gone: the connection is of no further use.
   // The shim reopens it when it reads again; Activate sends what it missed.

@@ -57,12 +57,9 @@ absl::Status ReadFrame(int conn, std::chrono::steady_clock::time_point deadline,
 // False when the executor cannot be told (it went away).
 bool Reply(int conn, const absl::Status& status, bool drain) {
   v1::ExecReadoptReply reply;
-  reply.mutable_status()->set_code(static_cast<int>(status.code()));
-  reply.mutable_status()->set_message(std::string(status.message()));
+  ToWireStatus(status, reply.mutable_status());
   reply.set_drain(drain);
-  std::string out;
-  reply.SerializeToString(&out);
-  return wire::SendFrame(conn, out.data(), out.size(), nullptr, 0) == wire::kOk;
+  return wire::SendMessage(conn, reply) == wire::kOk;
 }
 
 // The handshake after an executor's first frame (`header`, which came
@@ -86,9 +83,7 @@ absl::StatusOr<std::string> Handshake(
   reply.set_proof(
       KregdProof(AdoptionKey(secret, IdentityOf(header)), header.challenge()));
   reply.set_challenge(challenge);
-  std::string out;
-  reply.SerializeToString(&out);
-  if (wire::SendFrame(conn, out.data(), out.size(), nullptr, 0) != wire::kOk) {
+  if (wire::SendMessage(conn, reply) != wire::kOk) {
     return absl::InvalidArgumentError(
         "the executor went away before kregd's challenge reached it");
   }

@@ -14,36 +14,15 @@ namespace kreg::testing {
 std::atomic<int> FakeExecutor::socket_launches{0};
 std::atomic<int> FakeExecutor::ring_launches{0};
 
-absl::Status FakeExecutor::Launch(uint64_t request_id,
-                                  const RingLaunchHeader& header,
-                                  const RingDecode& decode,
-                                  const v1::Launch& launch,
-                                  std::vector<UniqueFd> fds,
-                                  v1::LaunchReply* reply) {
-  (void)header;
-  (void)launch;
-  (void)reply;
-  if (!fds.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(fds.size(), " file descriptor(s) attached"));
+absl::Status FakeExecutor::Launch(Request* request) {
+  if (request->socket != nullptr && !request->socket->fds.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        request->socket->fds.size(), " file descriptor(s) attached"));
   }
-  absl::StatusOr<DecodedLaunch*> decoded = decode(nullptr);
+  absl::StatusOr<DecodedLaunch*> decoded = request->decode(nullptr);
   if (!decoded.ok()) return decoded.status();
-  ++socket_launches;
-  return Run(request_id, **decoded);
-}
-
-absl::Status FakeExecutor::RingLaunch(uint64_t tag,
-                                      const RingLaunchHeader& header,
-                                      const RingDecode& decode, uint32_t* flags,
-                                      bool* end_session) {
-  (void)header;
-  (void)flags;
-  (void)end_session;
-  absl::StatusOr<DecodedLaunch*> decoded = decode(nullptr);
-  if (!decoded.ok()) return decoded.status();
-  ++ring_launches;
-  return Run(tag, **decoded);
+  ++(request->socket != nullptr ? socket_launches : ring_launches);
+  return Run(request->id, **decoded);
 }
 
 void FakeExecutor::DescribeTo(v1::HelloReply* reply) const {

@@ -21,13 +21,7 @@ class FakeExecutor final : public LaunchExecutor {
  public:
   explicit FakeExecutor(const SessionContext& ctx) : ctx_(ctx) {}
 
-  absl::Status Launch(uint64_t request_id, const RingLaunchHeader& header,
-                      const RingDecode& decode, const v1::Launch& launch,
-                      std::vector<UniqueFd> fds,
-                      v1::LaunchReply* reply) override;
-  absl::Status RingLaunch(uint64_t tag, const RingLaunchHeader& header,
-                          const RingDecode& decode, uint32_t* flags,
-                          bool* end_session) override;
+  absl::Status Launch(Request* request) override;
   void DescribeTo(v1::HelloReply* reply) const override;
 
   // Launches run by every FakeExecutor (socket, ring).

@@ -244,21 +244,19 @@ TEST_CASE(
       MakeLaunchExecutors(ctx);
   REQUIRE(executors.size() == 3);
   const int before = FakeExecutor::ring_launches.load();
-  uint32_t flags = 0;
-  bool end_session = false;
-  absl::Status s = executors[static_cast<size_t>(header->platform)]->RingLaunch(
-      tag, *header,
-      [&](const CudaBufferResolver* resolve) {
+  LaunchExecutor::Request request{
+      tag, &*header, [&](const CudaBufferResolver* resolve) {
         CHECK(resolve == nullptr);
         return decoder.Decode(bytes.data(), bytes.size(), 0, arena, &tag,
                               resolve);
-      },
-      &flags, &end_session);
+      }};
+  absl::Status s =
+      executors[static_cast<size_t>(header->platform)]->Launch(&request);
   REQUIRE(s.ok());
   CHECK(FakeExecutor::ring_launches.load() == before + 1);
   CHECK(backend.last_platform == fake);
-  CHECK(flags == 0);
-  CHECK_FALSE(end_session);
+  CHECK(request.flags == 0);
+  CHECK_FALSE(request.end_session);
 }
 
 TEST_CASE("A fake platform's handlers get the XLA FFI pieces of its row",
