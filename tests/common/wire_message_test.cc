@@ -11,19 +11,12 @@
 #include "common/unique_fd.h"
 #include "common/wire.h"
 #include "kreg/v1/session.pb.h"
+#include "tests/testing/socket_pair.h"
 
 namespace kreg {
 namespace {
 
-struct Pair {
-  Pair() {
-    int sv[2];
-    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
-    a.reset(sv[0]);
-    b.reset(sv[1]);
-  }
-  UniqueFd a, b;
-};
+using Pair = testing::SocketPair;
 
 TEST_CASE("A message round-trips and attached descriptors are closed",
           "[wire]") {

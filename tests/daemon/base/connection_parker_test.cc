@@ -10,21 +10,14 @@
 #include "absl/time/clock.h"
 #include "catch2/catch.hpp"
 #include "common/unique_fd.h"
+#include "tests/testing/socket_pair.h"
 
 namespace kreg {
 namespace {
 
 using Wake = ConnectionParker::Wake;
 
-struct Pair {
-  Pair() {
-    int sv[2];
-    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
-    a.reset(sv[0]);
-    b.reset(sv[1]);
-  }
-  UniqueFd a, b;
-};
+using Pair = testing::SocketPair;
 
 // Waits (with a generous deadline) until `cond` holds.
 template <typename F>
