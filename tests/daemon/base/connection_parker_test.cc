@@ -138,7 +138,10 @@ TEST_CASE("Idle workers beyond a few exit", "[connection_parker]") {
     });
   }
   REQUIRE(Eventually([&] { return running.load() == 8; }));
-  CHECK(parker.workers() == 8);
+  // One worker per step, and more while steps waited kStarvedAfter for the
+  // first ones to start (a slow machine, TSan): at most one per step again.
+  CHECK(parker.workers() >= 8);
+  CHECK(parker.workers() <= 16);
   go.Notify();
   REQUIRE(Eventually([&] { return parker.workers() <= 2; }));
 }
