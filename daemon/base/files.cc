@@ -13,16 +13,24 @@
 #include "common/unique_fd.h"
 
 namespace kreg {
-namespace {
 
-// The directory of `path`: where its temp file goes, what is fsynced.
 std::string DirOf(const std::string& path) {
   const size_t slash = path.rfind('/');
   if (slash == std::string::npos) return ".";
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
-}  // namespace
+absl::Status MakeDirs(const std::string& dir, mode_t mode) {
+  for (size_t i = 1; i <= dir.size(); ++i) {
+    if (i == dir.size() || dir[i] == '/') {
+      const std::string part = dir.substr(0, i);
+      if (::mkdir(part.c_str(), mode) != 0 && errno != EEXIST) {
+        return ErrnoError("cannot create directory", part);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ErrnoError(absl::string_view what, absl::string_view path) {
   return absl::InternalError(absl::StrCat(what, path.empty() ? "" : " ", path,

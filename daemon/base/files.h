@@ -15,6 +15,11 @@ namespace kreg {
 // INTERNAL "<what>[ <path>]: <errno text>".
 absl::Status ErrnoError(absl::string_view what, absl::string_view path = "");
 
+// The directory of `path` ("." for a bare name).
+std::string DirOf(const std::string& path);
+// mkdir -p with `mode` for the directories it creates.
+absl::Status MakeDirs(const std::string& dir, mode_t mode);
+
 // Writes all of `bytes`, retrying EINTR and short writes.
 absl::Status WriteAll(int fd, absl::string_view bytes, absl::string_view what);
 

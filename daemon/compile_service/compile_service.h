@@ -70,7 +70,7 @@ struct CompileOptions {
       run_worker;
 };
 
-// The other hosts of a cluster (DESIGN §10, §13); see server_compile.cc.
+// The other hosts of a cluster (DESIGN §10, §13); see daemon/kregd/compile_part.cc.
 class CompilePeers {
  public:
   virtual ~CompilePeers() = default;

@@ -22,6 +22,21 @@
 #include "spdlog/spdlog.h"
 
 namespace kreg {
+namespace {
+
+// Gives a call-site state's charge back to its uid (the broker's
+// ChargeState(-1)); when kregd cannot be told, the broker keeps the charge
+// until the session ends.
+void GiveBackState(SessionBackend* backend, uint64_t session) {
+  if (absl::Status s = backend->ChargeState(-1); !s.ok()) {
+    spdlog::warn(
+        "session {}: a released state stays charged to its uid until the "
+        "session ends: {}",
+        session, std::string(s.message()));
+  }
+}
+
+}  // namespace
 
 Session::Session(uint64_t id, UniqueFd sock, const PeerCred& peer,
                  const SessionLimits& limits, SessionBackend* backend,
@@ -411,15 +426,16 @@ absl::Status Session::DoInstantiate(const v1::Instantiate& request,
   backend_->EndLaunch(status.ok());
   if (!status.ok()) {
     DestroyState(made);
-    backend_->ChargeState(-1);
+    GiveBackState(backend_, id_);
     return status;
   }
   SessionBackend* backend = backend_;
   absl::StatusOr<uint64_t> handle = states_->Add(
       id_, peer_.pid, made, StateOwner{d.key, bundle.stages, bundle.token},
-      backend_->StateGauge(), [backend] { backend->ChargeState(-1); });
+      backend_->StateGauge(),
+      [backend, id = id_] { GiveBackState(backend, id); });
   if (!handle.ok()) {
-    backend_->ChargeState(-1);
+    GiveBackState(backend_, id_);
     return handle.status();
   }
   reply->set_state(*handle);

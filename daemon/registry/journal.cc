@@ -190,11 +190,9 @@ absl::Status Journal::CompactLocked() {
     buf += Frame(ReservationRecordOf(r, false));
   }
   const size_t slash = path_.rfind('/');
-  const std::string dir =
-      slash == std::string::npos ? "." : path_.substr(0, slash);
   KREG_ASSIGN_OR_RETURN(
       std::string temp,
-      WriteTempFile(dir,
+      WriteTempFile(DirOf(path_),
                     path_.substr(slash == std::string::npos ? 0 : slash + 1),
                     buf, 0600));
   // Opened before the rename: appends go on in the file that replaces the

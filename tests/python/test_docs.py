@@ -221,7 +221,7 @@ def test_install_steps_install_every_binary_kregd_starts():
   helpers = set(
       re.findall(r'HelperBinary\([^,]+,\s*"(kregd-[\w-]+)"', "".join(
           (REPO / f"daemon/kregd/{f}").read_text()
-          for f in ("server.cc", "server_compile.cc"))))
+          for f in ("server.cc", "sessions_part.cc", "compile_part.cc"))))
   assert helpers == {"kregd-probe", "kregd-exec", "kregd-compile"}, helpers
   unit = (REPO / "daemon/systemd/kregd.service").read_text()
   exec_start = re.search(r"^ExecStart=(\S+)/kregd$", unit, re.M)

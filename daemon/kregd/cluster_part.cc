@@ -1,20 +1,25 @@
-// Daemon: cluster mode (DESIGN §10) — the etcd-backed registry authority
-// and the peer server for module bytes.
+// kregd's cluster part (parts.h, DESIGN §10).
 #include <functional>
 
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "daemon/cluster/cluster_mirror.h"
 #include "daemon/cluster/cluster_registry.h"
 #include "daemon/cluster/cluster_service.h"
 #include "daemon/cluster/module_exchange.h"
-#include "daemon/kregd/server.h"
+#include "daemon/kregd/parts.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
 
-absl::Status Daemon::StartCluster() {
+ClusterPart::ClusterPart(DaemonCore* core)
+    : core_(core), config_(core->config) {}
+
+ClusterPart::~ClusterPart() = default;
+
+absl::Status ClusterPart::Start() {
   if (config_.etcd_endpoints.empty()) {
-    cluster_service_ = std::make_unique<ClusterService>(nullptr);
+    service_ = std::make_unique<ClusterService>(nullptr);
     return absl::OkStatus();
   }
   KREG_ASSIGN_OR_RETURN(PeerTls tls,
@@ -49,11 +54,11 @@ absl::Status Daemon::StartCluster() {
   opts.tls = tls;
   opts.lease_ttl_s = config_.peer_lease_ttl_s;
   opts.max_module_bytes = config_.max_module_bytes;
-  cluster_ = std::make_unique<ClusterRegistry>(std::move(opts), &store_);
-  cluster_service_ = std::make_unique<ClusterService>(cluster_.get());
+  cluster_ = std::make_unique<ClusterRegistry>(std::move(opts), &core_->store);
+  service_ = std::make_unique<ClusterService>(cluster_.get());
   ClusterRegistry* cluster = cluster_.get();
   exchange_ = std::make_unique<ModuleExchangeService>(
-      &store_,
+      &core_->store,
       [cluster](const std::string& digest) {
         return cluster->Held().count(digest) > 0;
       },
@@ -63,14 +68,14 @@ absl::Status Daemon::StartCluster() {
       });
   KREG_ASSIGN_OR_RETURN(
       peer_server_, StartPeerServer(config_.peer_listen, tls, exchange_.get()));
-  cluster_mirror_ = std::make_unique<ClusterMirror>(
-      &registry_.core(), &registry_.reservations(), &registry_.replacement(),
-      cluster_.get());
-  cluster_->Start(cluster_mirror_.get());
+  mirror_ = std::make_unique<ClusterMirror>(
+      &core_->registry.core(), &core_->registry.reservations(),
+      &core_->registry.replacement(), cluster_.get());
+  cluster_->Start(mirror_.get());
   return absl::OkStatus();
 }
 
-void Daemon::StopCluster() {
+void ClusterPart::Stop() {
   if (peer_server_ != nullptr) {
     peer_server_->Shutdown(std::chrono::system_clock::now() +
                            std::chrono::seconds(2));

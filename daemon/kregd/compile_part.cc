@@ -1,4 +1,4 @@
-// The compile service's part of the kregd process (DESIGN §13).
+// kregd's compile part (parts.h, DESIGN §13).
 #include <dirent.h>
 #include <unistd.h>
 
@@ -17,7 +17,7 @@
 #include "daemon/cluster/cluster_registry.h"
 #include "daemon/compile_service/compile_cache.h"
 #include "daemon/compile_service/compile_service.h"
-#include "daemon/kregd/server.h"
+#include "daemon/kregd/parts.h"
 #include "spdlog/spdlog.h"
 
 namespace kreg {
@@ -161,10 +161,15 @@ class ClusterCompilePeers final : public CompilePeers {
 
 }  // namespace
 
-absl::Status Daemon::StartCompile() {
-  compile_cache_ = std::make_unique<CompileCache>(
-      config_.state_dir + "/compile", config_.compile_cache_bytes);
-  KREG_RETURN_IF_ERROR(compile_cache_->Init());
+CompilePart::CompilePart(DaemonCore* core, const ClusterPart* cluster)
+    : core_(core), config_(core->config), cluster_(cluster) {}
+
+CompilePart::~CompilePart() = default;
+
+absl::Status CompilePart::Start() {
+  cache_ = std::make_unique<CompileCache>(config_.state_dir + "/compile",
+                                          config_.compile_cache_bytes);
+  KREG_RETURN_IF_ERROR(cache_->Init());
   CompileOptions opts;
   opts.worker_binary =
       HelperBinary(config_.compile_binary, "kregd-compile", "kregd_compile");
@@ -203,26 +208,29 @@ absl::Status Daemon::StartCompile() {
       config_.compile_cache_bytes, opts.cxx,
       opts.nvcc.empty() ? "not found" : opts.nvcc);
   const double wall_s = opts.limits.wall_s();
-  compile_ = std::make_unique<CompileService>(&registrar_, compile_cache_.get(),
+  service_ = std::make_unique<CompileService>(&core_->registrar, cache_.get(),
                                               std::move(opts));
-  if (cluster_ != nullptr) {
-    compile_peers_ =
-        std::make_unique<ClusterCompilePeers>(cluster_.get(), wall_s);
-    compile_->set_peers(compile_peers_.get());
+  if (cluster_->cluster() != nullptr) {
+    peers_ = std::make_unique<ClusterCompilePeers>(cluster_->cluster(), wall_s);
+    service_->set_peers(peers_.get());
   }
   return absl::OkStatus();
 }
 
-void Daemon::FillCompileStatus(v1::GetStatusResponse* r) {
-  if (compile_ == nullptr) return;
-  CompileCounts c = compile_->counts();
+void CompilePart::Quiesce() {
+  if (service_ != nullptr) service_->Shutdown();
+}
+
+void CompilePart::FillStatus(v1::GetStatusResponse* r) {
+  if (service_ == nullptr) return;
+  CompileCounts c = service_->counts();
   r->set_compile_requests(c.requests);
   r->set_compiles(c.compiles);
   r->set_compile_cache_hits(c.cache_hits);
   r->set_compile_waits(c.waits);
   r->set_compile_failures(c.failures);
   r->set_compile_peer_fetches(c.peer_fetches);
-  CompileCacheUsage u = compile_cache_->Usage();
+  CompileCacheUsage u = cache_->Usage();
   r->set_compile_cache_bytes(u.bytes);
   r->set_compile_cache_entries(static_cast<uint32_t>(u.files));
 }

@@ -1,7 +1,7 @@
-// Daemon: launch statistics, the session list and the Prometheus endpoint
-// (docs/operator-guide.md "Watching it"). kregd runs no kernel: the executors
-// count calls in their status pages and the pool folds them (and those of
-// reaped executors) into per-target totals; this file matches them to
+// kregd's metrics part (parts.h) and launch statistics: the Prometheus
+// endpoint (docs/operator-guide.md "Watching it"). kregd runs no kernel: the
+// executors count calls in their status pages and the pool folds them (and
+// those of reaped executors) into per-target totals; this file matches them to
 // registered targets.
 #include <map>
 #include <set>
@@ -17,7 +17,7 @@
 #include "daemon/base/target_stats.h"
 #include "daemon/base/uid_account.h"
 #include "daemon/compile_service/compile_service.h"
-#include "daemon/kregd/server.h"
+#include "daemon/kregd/parts.h"
 #include "daemon/metrics/http_server.h"
 #include "daemon/metrics/process_stats.h"
 #include "daemon/metrics/prometheus_text.h"
@@ -290,33 +290,45 @@ void WriteTargetFamilies(const std::vector<TargetStatsRow>& stats,
 
 }  // namespace
 
-absl::Status Daemon::StartMetrics() {
+MetricsPart::MetricsPart(DaemonCore* core, const CompilePart* compile,
+                         const SessionsPart* sessions)
+    : core_(core),
+      config_(core->config),
+      compile_(compile),
+      sessions_(sessions) {}
+
+MetricsPart::~MetricsPart() = default;
+
+absl::Status MetricsPart::Start() {
   if (config_.metrics_listen.empty()) return absl::OkStatus();
   KREG_ASSIGN_OR_RETURN(MetricsAddress address,
                         ParseMetricsAddress(config_.metrics_listen,
                                             config_.metrics_allow_remote));
   MetricsServerOptions options;
-  options.socket_gid = gid_;
-  KREG_ASSIGN_OR_RETURN(
-      metrics_, MetricsServer::Start(
-                    address, [this] { return RenderMetrics(); }, options));
-  spdlog::info("metrics: serving http://{}/metrics", metrics_->address());
+  options.socket_gid = core_->gid;
+  KREG_ASSIGN_OR_RETURN(server_,
+                        MetricsServer::Start(
+                            address, [this] { return Render(); }, options));
+  spdlog::info("metrics: serving http://{}/metrics", server_->address());
   return absl::OkStatus();
 }
 
-std::vector<v1::TargetStats> Daemon::CurrentTargetStats() {
+void MetricsPart::Stop() { server_.reset(); }
+
+std::vector<v1::TargetStats> CurrentTargetStats(
+    ExecutorPool* pool, const std::vector<EntryPtr>& entries) {
   std::vector<v1::TargetStats> out;
-  if (pool_ == nullptr) return out;
+  if (pool == nullptr) return out;
   for (const auto& [key, s] :
-       PerTarget(Current(registry_.List(), pool_->TargetStatsSnapshot()))) {
+       PerTarget(Current(entries, pool->TargetStatsSnapshot()))) {
     out.push_back(StatsToProto(key, s));
   }
   return out;
 }
 
-void Daemon::StatsOf(const TargetEntry& entry, v1::Target* t) {
+void StatsOf(ExecutorPool* pool, const TargetEntry& entry, v1::Target* t) {
   std::vector<TargetStatsRow> rows;
-  if (pool_ != nullptr) rows = pool_->TargetStatsSnapshot();
+  if (pool != nullptr) rows = pool->TargetStatsSnapshot();
   TargetStats total;
   for (const TargetStatsRow& r : rows) {
     if (!(r.entry->key == entry.key &&
@@ -334,65 +346,40 @@ void Daemon::StatsOf(const TargetEntry& entry, v1::Target* t) {
   *t->mutable_stats() = StatsToProto(entry.key, total);
 }
 
-void Daemon::ListSessions(v1::ListSessionsResponse* resp) {
-  if (pool_ == nullptr) return;
-  if (isolated_repointer_ != nullptr) isolated_repointer_->Refresh();
-  std::map<uint64_t, std::vector<SessionBindings::Bound>> bound =
-      bindings_.Snapshot();
-  for (const BoundSession& b : pool_->Sessions()) {
-    v1::SessionInfo* s = resp->add_sessions();
-    s->set_session_id(b.session_id);
-    s->set_pid(b.peer.pid);
-    s->set_uid(b.peer.uid);
-    s->set_gid(b.peer.gid);
-    s->set_launches(b.launches);
-    s->set_since_us(b.since_us);
-    s->set_executor_pid(b.executor_pid);
-    s->set_executor(b.executor);
-    s->set_arena_bytes(b.arena_bytes);
-    s->set_states(b.states);
-    auto it = bound.find(b.session_id);
-    if (it == bound.end()) continue;
-    for (const SessionBindings::Bound& held : it->second) {
-      v1::TargetRef* t = s->add_targets();
-      t->set_target_name(held.key.name);
-      t->set_platform(PlatformName(held.key.platform));
-      t->set_mode(held.local ? "local" : "isolated");
-      t->set_generation(held.generation);
-    }
-  }
-}
-
-std::string Daemon::RenderMetrics() {
+std::string MetricsPart::Render() {
+  ExecutorPool* const pool = sessions_->pool();
   PromWriter w;
-  WriteDaemonFamilies(started_, &w);
-  const std::vector<EntryPtr> entries = registry_.List();
-  WriteRegistryFamilies(entries, registrar_.counts(), &w);
-  WriteReplaceFamily(registry_.replaces(), &w);
-  if (compile_ != nullptr) WriteCompileFamilies(compile_->counts(), &w);
+  WriteDaemonFamilies(core_->started, &w);
+  const std::vector<EntryPtr> entries = core_->registry.List();
+  WriteRegistryFamilies(entries, core_->registrar.counts(), &w);
+  WriteReplaceFamily(core_->registry.replaces(), &w);
+  if (compile_->service() != nullptr) {
+    WriteCompileFamilies(compile_->service()->counts(), &w);
+  }
 
   std::vector<BoundSession> sessions;
-  if (pool_ != nullptr) sessions = pool_->Sessions();
-  WriteSessionFamilies(
-      static_cast<uint64_t>(sessions_ ? sessions_->sessions() : 0), sessions,
-      local_binds_.load(), static_cast<uint64_t>(bindings_.LocalSessions()),
-      &w);
-  if (pool_ != nullptr) {
-    PoolCounters c = pool_->counters();
-    WriteExecutorFamilies(c, static_cast<uint64_t>(pool_->List().size()),
+  if (pool != nullptr) sessions = pool->Sessions();
+  WriteSessionFamilies(static_cast<uint64_t>(sessions_->open_sessions()),
+                       sessions, core_->local_binds.load(),
+                       static_cast<uint64_t>(core_->bindings.LocalSessions()),
+                       &w);
+  if (pool != nullptr) {
+    PoolCounters c = pool->counters();
+    WriteExecutorFamilies(c, static_cast<uint64_t>(pool->List().size()),
                           config_.isolation, &w);
   }
   w.Family("kregd_uid_held", "gauge",
            "what each uid holds now of a per-uid limit (operator guide, "
            "\"Per-uid limits\"); only uids holding something");
-  for (const UidAccount::Holding& h : account_.Snapshot()) {
+  for (const UidAccount::Holding& h : core_->account.Snapshot()) {
     w.Sample(
         "kregd_uid_held",
         {{"uid", absl::StrCat(h.uid)}, {"resource", InfoOf(h.resource).label}},
         h.held);
   }
   uint64_t quarantined = 0;
-  for (const CrashRecord& row : ledger_.Rows()) quarantined += row.quarantined;
+  for (const CrashRecord& row : core_->ledger.Rows())
+    quarantined += row.quarantined;
   w.Family("kregd_quarantined_targets", "gauge",
            "(target, caller uid) pairs quarantined after repeated crashes");
   w.Sample("kregd_quarantined_targets", {}, quarantined);
@@ -402,19 +389,18 @@ std::string Daemon::RenderMetrics() {
   // that a scrape sees where its counters ended before the series vanish
   // (operator guide, "Metrics").
   std::vector<TargetStatsRow> stats;
-  if (pool_ != nullptr) {
-    std::vector<TargetStatsRow> rows = pool_->TargetStatsSnapshot();
+  if (pool != nullptr) {
+    std::vector<TargetStatsRow> rows = pool->TargetStatsSnapshot();
     std::vector<TargetStatsRow> retired = RetiredStats(entries, rows);
     SplitDropped(entries, Current(entries, rows), &stats, &retired);
     std::set<GenerationId> now;
     for (const TargetStatsRow& r : retired) now.insert(GenerationId(*r.entry));
-    absl::MutexLock lock(&metrics_mu_);
-    for (auto it = metrics_retired_shown_.begin();
-         it != metrics_retired_shown_.end();) {
-      it = now.count(*it) ? std::next(it) : metrics_retired_shown_.erase(it);
+    absl::MutexLock lock(&mu_);
+    for (auto it = retired_shown_.begin(); it != retired_shown_.end();) {
+      it = now.count(*it) ? std::next(it) : retired_shown_.erase(it);
     }
     for (const TargetStatsRow& r : retired) {
-      if (metrics_retired_shown_.insert(GenerationId(*r.entry)).second) {
+      if (retired_shown_.insert(GenerationId(*r.entry)).second) {
         stats.push_back(r);
       }
     }
