@@ -1,4 +1,4 @@
-// kregd's parts (docs/design.md "kregd, the process"): the core every part
+// kregd's parts (docs/design.md §5): the core every part
 // shares, and one part per feature (cluster, compile, sessions, metrics,
 // gRPC) that starts and stops what it serves. Daemon (server.h) is the
 // shell that starts them in order and stops them in reverse.
