@@ -155,6 +155,8 @@ class SessionsPart final : public DaemonPart {
   explicit SessionsPart(DaemonCore* core);
   ~SessionsPart() override;
   absl::Status Start() override;
+  // Takes no executor an earlier kregd left running.
+  void Quiesce() override;
   void Stop() override;
   void FillStatus(v1::GetStatusResponse* r) override;
 

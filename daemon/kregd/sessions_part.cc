@@ -316,9 +316,12 @@ absl::Status SessionsPart::Readopt(ReadoptOffer offer,
   return absl::OkStatus();
 }
 
-void SessionsPart::Stop() {
+void SessionsPart::Quiesce() {
   // No executor may offer itself to a kregd that is going away.
   if (readopt_ != nullptr) readopt_->Stop();
+}
+
+void SessionsPart::Stop() {
   // Executors first: they end their sessions, so the brokers return.
   if (pool_ != nullptr) pool_->Shutdown();
   if (sessions_ != nullptr) sessions_->Stop();
