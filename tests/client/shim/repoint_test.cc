@@ -3,7 +3,6 @@
 // (ServeRepoints, ApplyRepoint) against a fake kregd on a socketpair.
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <string>
@@ -16,6 +15,7 @@
 #include "client/shim/repoint_watch.h"
 #include "common/sha256.h"
 #include "common/wire.h"
+#include "tests/testing/socket_pair.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace kreg {
@@ -91,10 +91,6 @@ UniqueFd Memfd(const std::string& bytes, bool sealed) {
 // on the other.
 struct FakeKregd {
   FakeKregd() {
-    int sv[2];
-    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
-    mine.reset(sv[0]);
-    theirs.reset(sv[1]);
     shim = std::thread(
         [this] { ended = ServeRepoints(theirs.get(), ApplyRepoint); });
   }
@@ -118,8 +114,9 @@ struct FakeKregd {
     REQUIRE(req.has_repoint_ack());
     return req.repoint_ack();
   }
-  UniqueFd mine;
-  UniqueFd theirs;
+  kreg::testing::SocketPair sockets;
+  UniqueFd& mine = sockets.a;
+  UniqueFd& theirs = sockets.b;
   std::thread shim;
   ClientStatus ended;
 };
