@@ -330,11 +330,12 @@ void Daemon::FillStatus(v1::GetStatusResponse* r) {
   r->set_uptime_s(std::chrono::duration_cast<std::chrono::seconds>(
                       std::chrono::steady_clock::now() - core_.started)
                       .count());
-  r->set_targets(static_cast<uint32_t>(core_.registry.List().size()));
+  const std::vector<EntryPtr> entries = core_.registry.List();
+  r->set_targets(static_cast<uint32_t>(entries.size()));
   // Modules executors load: the distinct store copies registered targets
   // use (kregd itself loads none).
   std::set<std::string> modules;
-  for (const EntryPtr& e : core_.registry.List()) {
+  for (const EntryPtr& e : entries) {
     if (!e->module_digest.empty()) modules.insert(e->module_digest);
   }
   r->set_modules_loaded(static_cast<uint32_t>(modules.size()));
